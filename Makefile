@@ -1,0 +1,26 @@
+# Two commands on a fresh machine:  `make run` (the main job) and `make test` (the test suite).
+# Both create or refresh the virtual environment at .venv from the pinned requirements.txt first;
+# when it is up to date that step is a file-time check and costs nothing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+READY := $(VENV)/.ready
+
+.PHONY: run test venv clean-venv
+
+run: $(READY)
+	$(PY) tools/model_info.py --all
+
+test: $(READY)
+	$(PY) -m pytest -q
+
+venv: $(READY)
+
+$(READY): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,173 @@
+"""Loading checkpoints into the suite's models: the official release files of every family and our own.
+
+One entry point, `load_checkpoint(model, path)`, used by every tool. It
+- reads `.pth`/`.pth.tar`/`.pt` files with `torch.load(weights_only=True)` (no code from the file runs) and
+  `.safetensors` files;
+- unwraps `{'state_dict': ...}` / `{'state_dict_ema': ...}` (timm-style training checkpoints: LV-ViT, T2T-ViT),
+  `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes;
+- resamples `pos_embed` to the model's token grid (class slot or not: CaiT's table has none);
+- drops the classifier(s) (`head`, and LV-ViT's `aux_head`) when the class count differs;
+- by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Tuple
+
+import torch
+import torch.nn as nn
+
+from .layers import resize_pos_embed
+
+StateDict = Dict[str, torch.Tensor]
+
+_WRAPPERS = ('state_dict', 'model', 'module')
+_EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
+_PREFIXES = ('module.', '_orig_mod.')
+# timm's training checkpoints store the command line as an argparse.Namespace: plain data, safe to rebuild.
+_SAFE_GLOBALS = [argparse.Namespace]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be read, or whose weights do not fit the model."""
+
+
+@dataclass
+class LoadReport:
+    """What `load_checkpoint` did besides copying tensors."""
+
+    path: str
+    resized: List[str] = field(default_factory=list)
+    dropped_classifier: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+    mismatched: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [f'loaded {self.path}']
+        for label, keys in (('resized', self.resized), ('new classifier, not loaded', self.dropped_classifier),
+                            ('missing', self.missing), ('unexpected', self.unexpected),
+                            ('mis-shaped, not loaded', self.mismatched)):
+            if keys:
+                parts.append(f'{label}: {_key_list(keys)}')
+        return '; '.join(parts)
+
+
+def _key_list(keys: List[str], limit: int = 12) -> str:
+    shown = ', '.join(keys[:limit])
+    return shown + (f' ... ({len(keys) - limit} more)' if len(keys) > limit else '')
+
+
+def _read_file(path: Path) -> object:
+    if path.suffix == '.safetensors':
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f'{path}: not a readable safetensors file ({exc})') from exc
+    try:
+        with torch.serialization.safe_globals(_SAFE_GLOBALS):
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f'{path}: holds Python objects that a weights-only load refuses ({exc}). Loading it fully would run '
+            'code from the file; if you trust it, re-save just its state dict with torch.save().') from exc
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise CheckpointError(f'{path}: not a readable PyTorch checkpoint ({exc})') from exc
+
+
+def _is_state_dict(obj: object) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def _unwrap(obj: object, path: Path, use_ema: bool) -> StateDict:
+    if _is_state_dict(obj) and not use_ema:
+        return dict(obj)
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f'{path}: expected a dict of tensors, found {type(obj).__name__}')
+    wrappers = _EMA_WRAPPERS if use_ema else _WRAPPERS
+    for key in wrappers:
+        if key in obj and _is_state_dict(obj[key]):
+            return dict(obj[key])
+    raise CheckpointError(
+        f'{path}: no {"EMA " if use_ema else ""}state dict under any of {list(wrappers)}; '
+        f'top-level keys: {_key_list(sorted(map(str, obj)))}')
+
+
+def _strip_prefixes(state_dict: StateDict) -> StateDict:
+    def strip(key: str) -> str:
+        while key.startswith(_PREFIXES):
+            key = next(key[len(p):] for p in _PREFIXES if key.startswith(p))
+        return key
+    return {strip(k): v for k, v in state_dict.items()}
+
+
+def read_state_dict(path: str | Path, use_ema: bool = False) -> StateDict:
+    """The state dict in a checkpoint file, unwrapped and without `module.` prefixes."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f'{path}: checkpoint file not found')
+    return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
+
+
+def _classifier_names(model: nn.Module) -> Tuple[str, ...]:
+    names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def _fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
+    """Resample a checkpoint's (square-grid) position table to the model's grid."""
+    grid = tuple(model.patch_embed.grid_size)
+    num_prefix = model.pos_embed.shape[1] - grid[0] * grid[1]
+    side = math.isqrt(value.shape[1] - num_prefix)
+    if side * side != value.shape[1] - num_prefix or value.shape[2] != model.pos_embed.shape[2]:
+        return value  # not a table of this family: reported as mis-shaped
+    return resize_pos_embed(value, grid, (side, side))
+
+
+def adapt_state_dict(model: nn.Module, state_dict: StateDict, report: LoadReport) -> StateDict:
+    """Fit a checkpoint to `model`: resized position table, classifiers of another class count dropped."""
+    own = model.state_dict()
+    classifiers = tuple(f'{name}.' for name in _classifier_names(model))
+    num_classes = getattr(model, 'num_classes', None)
+    adapted = {}
+    for key, value in state_dict.items():
+        if key.startswith(classifiers) and (key not in own or value.shape[0] != num_classes):
+            report.dropped_classifier.append(key)
+            continue
+        if key == 'pos_embed' and key in own and value.shape != own[key].shape:
+            value = _fit_pos_embed(model, value)
+            if value.shape == own[key].shape:
+                report.resized.append(key)
+        adapted[key] = value
+    return adapted
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, strict: bool = True) -> LoadReport:
+    """Load a checkpoint file into `model`; see the module docstring for the formats understood.
+
+    With `strict` (the default) any missing, unexpected or mis-shaped key raises a CheckpointError naming them
+    and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
+    """
+    report = LoadReport(str(path))
+    state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), report)
+    own = model.state_dict()
+    fresh_head = tuple(f'{name}.' for name in _classifier_names(model)) if report.dropped_classifier else ()
+    report.missing = [k for k in own if k not in state_dict and not k.endswith('num_batches_tracked')
+                      and not k.startswith(fresh_head)]
+    report.unexpected = [k for k in state_dict if k not in own]
+    report.mismatched = [f'{k} {tuple(v.shape)} vs model {tuple(own[k].shape)}'
+                         for k, v in state_dict.items() if k in own and v.shape != own[k].shape]
+    if strict and (report.missing or report.unexpected or report.mismatched):
+        problems = [f'{label}: {_key_list(keys)}' for label, keys in
+                    (('missing keys', report.missing), ('unexpected keys', report.unexpected),
+                     ('mis-shaped keys', report.mismatched)) if keys]
+        raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + '; '.join(problems))
+    fitting = {k: v for k, v in state_dict.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(fitting, strict=False)
+    return report

@@ -1,0 +1,178 @@
+"""Layers and model plumbing shared by the suite's own model families (LV-ViT, T2T-ViT, CaiT)."""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.layers import Attention, DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint_seq
+
+Grid = Tuple[int, int]
+Box = Tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
+
+
+class ScaledResidualBlock(nn.Module):
+    """Pre-norm transformer block whose residual branches are divided by `skip_lam`.
+
+    With `skip_lam=1` this is the plain ViT block (T2T-ViT); LV-ViT uses 2 or 3 ("residual scaling").
+    Attention is timm's, which runs on `scaled_dot_product_attention`.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mlp_ratio: float = 4.0,
+            qkv_bias: bool = False,
+            drop_path: float = 0.0,
+            skip_lam: float = 1.0,
+            norm_layer: type[nn.Module] = nn.LayerNorm,
+    ) -> None:
+        super().__init__()
+        self.skip_lam = skip_lam
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x))) / self.skip_lam
+        return x + self.drop_path(self.mlp(self.norm2(x))) / self.skip_lam
+
+
+def init_linear_and_norm(module: nn.Module) -> None:
+    """ViT initialisation (use with `model.apply`): truncated-normal(0.02) linear weights, zero biases, unit norms."""
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def linear_drop_path_rates(drop_path_rate: float, depth: int) -> List[float]:
+    """Stochastic-depth rate per block, rising linearly from 0 to `drop_path_rate`."""
+    return [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
+    """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    num_prefix = pos_embed.shape[1] - old_grid[0] * old_grid[1]
+    return resample_abs_pos_embed(pos_embed, list(new_grid), list(old_grid), num_prefix_tokens=num_prefix)
+
+
+def tokens_with_positions(
+        x: torch.Tensor,
+        pos_embed: torch.Tensor,
+        pos_grid: Grid,
+        cls_token: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Flatten a (B, H, W, D) token grid, prepend `cls_token` if given, add `pos_embed` resized to (H, W)."""
+    B, H, W, D = x.shape
+    x = x.reshape(B, H * W, D)
+    if cls_token is not None:
+        x = torch.cat([cls_token.expand(B, -1, -1), x], dim=1)
+    return x + resize_pos_embed(pos_embed, (H, W), pos_grid)
+
+
+class TokenModelMixin:
+    """`forward_features` and timm's `forward_intermediates` contract for a token model.
+
+    A model provides `_embed_tokens(x) -> (tokens, (H, W))` where the patch tokens are the LAST H*W tokens,
+    `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks.
+    """
+
+    grad_checkpointing: bool = False
+
+    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+        raise NotImplementedError
+
+    def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def _run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint_seq(self.blocks, x)
+        return self.blocks(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self._embed_tokens(x)
+        return self.norm(self._finish_tokens(self._run_blocks(x)))
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped.
+
+        Returns the intermediates as (B, D, H, W) maps (`output_fmt='NCHW'`) or (B, H*W, D) ('NLC');
+        with `intermediates_only=False` also the final normalised features, as timm does.
+        """
+        if output_fmt not in ('NCHW', 'NLC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x, (H, W) = self._embed_tokens(x)
+        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
+        intermediates = []
+        for i, block in enumerate(blocks):
+            x = block(x)
+            if i in take_indices:
+                y = (self.norm(x) if norm else x)[:, -H * W:]
+                if output_fmt == 'NCHW':
+                    y = y.reshape(y.shape[0], H, W, -1).permute(0, 3, 1, 2).contiguous()
+                intermediates.append(y)
+        if intermediates_only:
+            return intermediates
+        return self.norm(self._finish_tokens(x)), intermediates
+
+
+class TokenLabelingOutput(NamedTuple):
+    """What a model with a token head returns in training mode: what the token-labeling loss consumes."""
+
+    cls_logits: torch.Tensor  # (B, num_classes), from the class token
+    token_logits: torch.Tensor  # (B, H, W, num_classes), one prediction per patch token, grid layout
+    mix_box: Optional[Box]  # MixToken box on the token grid (patches there came from sample B-1-i)
+
+
+def sample_mix_box(grid: Grid, alpha: float = 1.0) -> Box:
+    """CutMix box on the token grid: area fraction (1 - lambda), lambda ~ Beta(alpha, alpha), clipped at borders.
+
+    Uses torch's global RNG so that seeding and checkpointed RNG state make it reproducible.
+    """
+    H, W = grid
+    lam = torch.distributions.Beta(alpha, alpha).sample().item()
+    cut = (1.0 - lam) ** 0.5
+    cut_h, cut_w = int(H * cut), int(W * cut)
+    cy, cx = torch.randint(H, ()).item(), torch.randint(W, ()).item()
+    top, bottom = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, H)
+    left, right = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, W)
+    return top, left, bottom, right
+
+
+def mix_box_lambda(box: Box, grid: Grid) -> float:
+    """Fraction of the grid a sample keeps from itself after MixToken with `box` (the clipped area)."""
+    top, left, bottom, right = box
+    return 1.0 - (bottom - top) * (right - left) / (grid[0] * grid[1])
+
+
+def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
+    """Replace the box of a (B, H, W, ...) grid by the same box of the flipped batch (sample B-1-i)."""
+    top, left, bottom, right = box
+    mixed = x.clone()
+    mixed[:, top:bottom, left:right] = x.flip(0)[:, top:bottom, left:right]
+    return mixed

@@ -1,0 +1,180 @@
+"""LV-ViT: "All Tokens Matter: Token Labeling for Training Better Vision Transformers" (Jiang et al., 2021).
+
+A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and
+an auxiliary head on every patch token. In training mode the forward applies MixToken and returns a
+`TokenLabelingOutput` for the token-labeling loss; in eval mode it returns the paper's inference logits,
+`head(cls) + 0.5 * max over tokens of aux_head(patch)`. Parameter names match the released checkpoints.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs
+
+from .layers import (
+    Grid, init_linear_and_norm, ScaledResidualBlock, TokenLabelingOutput, TokenModelMixin, linear_drop_path_rates, mix_token_grid,
+    sample_mix_box, tokens_with_positions,
+)
+from .registry import suite_model
+
+__all__ = ['LVViT']
+
+
+class ConvStemPatchEmbed(nn.Module):
+    """Three conv-BN-ReLU layers (7x7 stride 2, 3x3, 3x3) and an 8x8 stride-8 projection: total stride 16."""
+
+    def __init__(self, img_size: int, embed_dim: int, in_chans: int = 3, stem_chs: int = 64) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_chans, stem_chs, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(stem_chs)
+        self.conv2 = nn.Conv2d(stem_chs, stem_chs, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(stem_chs)
+        self.conv3 = nn.Conv2d(stem_chs, stem_chs, 3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(stem_chs)
+        self.relu = nn.ReLU(inplace=True)
+        self.proj = nn.Conv2d(stem_chs, embed_dim, 8, stride=8)
+        self.grid_size = (img_size // 16, img_size // 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid."""
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.relu(self.bn2(self.conv2(x)))
+        x = self.relu(self.bn3(self.conv3(x)))
+        return self.proj(x).permute(0, 2, 3, 1)
+
+
+class LVViT(TokenModelMixin, nn.Module):
+    def __init__(
+            self,
+            img_size: int = 224,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            embed_dim: int = 384,
+            depth: int = 16,
+            num_heads: int = 6,
+            mlp_ratio: float = 3.0,
+            skip_lam: float = 1.0,
+            stem_chs: int = 64,
+            drop_path_rate: float = 0.0,
+            token_head: bool = True,
+            mix_token: bool = True,
+            mix_token_alpha: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.num_features = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+        self.mix_token = mix_token
+        self.mix_token_alpha = mix_token_alpha
+        self.patch_embed = ConvStemPatchEmbed(img_size, embed_dim, in_chans, stem_chs)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, embed_dim))
+        self.blocks = nn.Sequential(*[
+            ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate, skip_lam=skip_lam)
+            for rate in linear_drop_path_rates(drop_path_rate, depth)
+        ])
+        self.norm = nn.LayerNorm(embed_dim)
+        self.token_head = token_head
+        self.head = self.aux_head = None
+        self.reset_classifier(num_classes)
+        trunc_normal_(self.pos_embed, std=0.02)
+        trunc_normal_(self.cls_token, std=0.02)
+        self.apply(init_linear_and_norm)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {'pos_embed', 'cls_token'}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """New class head (and token head) for `num_classes`; 0 removes both."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
+
+    def _patch_grid(self, x: torch.Tensor) -> torch.Tensor:
+        return self.patch_embed(x)
+
+    def _embed_grid(self, grid: torch.Tensor) -> torch.Tensor:
+        return tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token)
+
+    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+        grid = self._patch_grid(x)
+        return self._embed_grid(grid), grid.shape[1:3]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Inference logits from normalised tokens: class head plus half the class-wise max of the token head."""
+        if pre_logits:
+            return x[:, 0]
+        logits = self.head(x[:, 0])
+        if self.aux_head is not None:
+            logits = logits + 0.5 * self.aux_head(x[:, 1:]).amax(dim=1)
+        return logits
+
+    def forward_train(self, x: torch.Tensor) -> TokenLabelingOutput:
+        """Training forward with MixToken (if enabled): class logits, per-token logits and the mix box."""
+        grid = self._patch_grid(x)
+        H, W = grid.shape[1:3]
+        box = sample_mix_box((H, W), self.mix_token_alpha) if self.mix_token else None
+        if box is not None:
+            grid = mix_token_grid(grid, box)
+        x = self.norm(self._run_blocks(self._embed_grid(grid)))
+        token_logits = self.aux_head(x[:, 1:]).unflatten(1, (H, W))
+        return TokenLabelingOutput(self.head(x[:, 0]), token_logits, box)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
+        if self.training and self.aux_head is not None:
+            return self.forward_train(x)
+        return self.forward_head(self.forward_features(x))
+
+
+def _cfg(**kwargs) -> dict:
+    return {
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
+        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.conv1', 'classifier': ('head', 'aux_head'), **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    'lvvit_t': _cfg(),
+    'lvvit_s': _cfg(),
+    'lvvit_m': _cfg(),
+    'lvvit_l': _cfg(input_size=(3, 288, 288), crop_pct=1.0),
+})
+
+
+def _lvvit(variant: str, pretrained: bool, defaults: dict, kwargs: dict) -> LVViT:
+    return build_model_with_cfg(LVViT, variant, pretrained, **{**defaults, **kwargs})
+
+
+@suite_model('lvvit')
+def lvvit_t(pretrained: bool = False, **kwargs) -> LVViT:
+    """LV-ViT-T: 12 blocks, D 240, 4 heads, 8.5M parameters."""
+    return _lvvit('lvvit_t', pretrained, dict(embed_dim=240, depth=12, num_heads=4, skip_lam=1.0), kwargs)
+
+
+@suite_model('lvvit')
+def lvvit_s(pretrained: bool = False, **kwargs) -> LVViT:
+    """LV-ViT-S: 16 blocks, D 384, 6 heads, residual scaling 2, 26.2M parameters."""
+    return _lvvit('lvvit_s', pretrained, dict(embed_dim=384, depth=16, num_heads=6, skip_lam=2.0), kwargs)
+
+
+@suite_model('lvvit')
+def lvvit_m(pretrained: bool = False, **kwargs) -> LVViT:
+    """LV-ViT-M: 20 blocks, D 512, 8 heads, residual scaling 2, 55.8M parameters."""
+    return _lvvit('lvvit_m', pretrained, dict(embed_dim=512, depth=20, num_heads=8, skip_lam=2.0), kwargs)
+
+
+@suite_model('lvvit')
+def lvvit_l(pretrained: bool = False, **kwargs) -> LVViT:
+    """LV-ViT-L: 24 blocks, D 768, 12 heads, 128-channel stem, residual scaling 3, 150.5M parameters (at 288)."""
+    defaults = dict(img_size=288, embed_dim=768, depth=24, num_heads=12, skip_lam=3.0, stem_chs=128)
+    return _lvvit('lvvit_l', pretrained, defaults, kwargs)

@@ -1,0 +1,307 @@
+"""T2T-ViT: "Tokens-to-Token ViT: Training Vision Transformers from Scratch on ImageNet" (Yuan et al., 2021).
+
+The tokens-to-token module soft-splits the image three times (unfold with overlap) and re-structures the tokens
+in between with a light attention layer: a performer (linear attention with positive random features,
+`t2t_vit_*`) or a one-head transformer (`t2t_vit_t_*`). The backbone is a ViT with a frozen 1-D sinusoidal
+position table. Parameter names match the released checkpoints, frozen tables (`pos_embed`, performer `w`)
+included.
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import Mlp, trunc_normal_, use_fused_attn
+from timm.models import build_model_with_cfg, generate_default_cfgs
+
+from .layers import (
+    Grid, ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, linear_drop_path_rates, tokens_with_positions,
+)
+from .registry import suite_model
+
+__all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
+
+# (kernel, stride, padding) of the three soft splits: total stride 4 * 2 * 2 = 16.
+SOFT_SPLITS = ((7, 4, 2), (3, 2, 1), (3, 2, 1))
+
+
+def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
+    """[1, num_positions, dim] table: sin at even, cos at odd channels, angle pos / 10000^(2*(j//2)/dim)."""
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    j = torch.arange(dim, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode='floor') / dim)
+    table = torch.where(j.long() % 2 == 0, torch.sin(angle), torch.cos(angle))
+    return table.float().unsqueeze(0)
+
+
+class PerformerLayer(nn.Module):
+    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features.
+
+    Width changes from `dim` to `token_dim`, so the skip adds v, not the input. The feature map and the
+    normalisation run in fp32 even under autocast: exp() of large logits and a tiny denominator are the
+    source of the published fp16 NaNs.
+    """
+
+    def __init__(self, dim: int, token_dim: int = 64, kernel_ratio: float = 0.5, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.token_dim = token_dim
+        self.eps = eps
+        self.norm1 = nn.LayerNorm(dim)
+        self.kqv = nn.Linear(dim, 3 * token_dim)
+        self.dp = nn.Dropout(0.1)
+        self.proj = nn.Linear(token_dim, token_dim)
+        self.norm2 = nn.LayerNorm(token_dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(token_dim, token_dim), nn.GELU(), nn.Linear(token_dim, token_dim), nn.Dropout(0.1),
+        )
+        self.m = int(token_dim * kernel_ratio)
+        # Orthogonal random directions of norm sqrt(m), frozen: part of the released state dicts.
+        self.w = nn.Parameter(nn.init.orthogonal_(torch.empty(self.m, token_dim)) * math.sqrt(self.m),
+                              requires_grad=False)
+
+    def _random_features(self, x: torch.Tensor) -> torch.Tensor:
+        """phi(x) = exp(x w^T - |x|^2 / 2) / sqrt(m): (B, T, d) -> (B, T, m)."""
+        return torch.exp(x @ self.w.t() - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.m)
+
+    def _linear_attention(self, x: torch.Tensor) -> torch.Tensor:
+        k, q, v = self.kqv(x).float().split(self.token_dim, dim=-1)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            qp, kp = self._random_features(q), self._random_features(k)
+            numerator = qp @ (kp.transpose(1, 2) @ v)  # (B, T, m) @ (B, m, d)
+            denominator = qp @ kp.sum(dim=1).unsqueeze(-1)  # (B, T, 1)
+            y = numerator / (denominator + self.eps)
+        return v.to(x.dtype) + self.dp(self.proj(y.to(x.dtype)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._linear_attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TokenAttention(nn.Module):
+    """One-head softmax attention from width `dim` to `token_dim`, scaled by dim^-0.5 (the INPUT width)."""
+
+    def __init__(self, dim: int, token_dim: int = 64) -> None:
+        super().__init__()
+        self.scale = dim ** -0.5
+        self.token_dim = token_dim
+        self.qkv = nn.Linear(dim, 3 * token_dim, bias=False)
+        self.proj = nn.Linear(token_dim, token_dim)
+        self.fused_attn = use_fused_attn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unsqueeze(1).split(self.token_dim, dim=-1)  # (B, 1, T, d) each
+        if self.fused_attn:
+            y = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        else:
+            y = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+        return (v + self.proj(y)).squeeze(1)  # skip from v: the width changed
+
+
+class TransformerLayer(nn.Module):
+    """T2T layer of T2T-ViT_t: one-head attention (skip from v), then an MLP of ratio 1."""
+
+    def __init__(self, dim: int, token_dim: int = 64) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = TokenAttention(dim, token_dim)
+        self.norm2 = nn.LayerNorm(token_dim)
+        self.mlp = Mlp(token_dim, hidden_features=token_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+def _split_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+class TokensToToken(nn.Module):
+    """Soft split -> T2T layer -> soft split -> T2T layer -> soft split -> linear projection to `embed_dim`."""
+
+    def __init__(self, img_size: int, embed_dim: int, tokens_type: str = 'performer', in_chans: int = 3,
+                 token_dim: int = 64) -> None:
+        super().__init__()
+        layers = {'performer': PerformerLayer, 'transformer': TransformerLayer}
+        if tokens_type not in layers:
+            raise ValueError(f"tokens_type must be one of {sorted(layers)}, got {tokens_type!r}")
+        (k0, _, _), (k1, _, _), (k2, _, _) = SOFT_SPLITS
+        self.soft_splits = nn.ModuleList([nn.Unfold(kernel_size=k, stride=s, padding=p) for k, s, p in SOFT_SPLITS])
+        self.attention1 = layers[tokens_type](in_chans * k0 * k0, token_dim)
+        self.attention2 = layers[tokens_type](token_dim * k1 * k1, token_dim)
+        self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
+        self.grid_size = self.output_grid((img_size, img_size))
+
+    @staticmethod
+    def output_grid(image_size: Grid) -> Grid:
+        """Token grid after the three soft splits for an (H, W) image."""
+        h, w = image_size
+        for split in SOFT_SPLITS:
+            h, w = _split_size(h, *split), _split_size(w, *split)
+        return h, w
+
+    def _soft_split(self, x: torch.Tensor, i: int) -> Tuple[torch.Tensor, Grid]:
+        """Soft split i: (B, C, H, W) -> (B, h*w, C*k*k) overlapping patches and their (h, w) grid."""
+        size = tuple(_split_size(s, *SOFT_SPLITS[i]) for s in x.shape[-2:])
+        return self.soft_splits[i](x).transpose(1, 2), size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid."""
+        for i, layer in enumerate((self.attention1, self.attention2)):
+            tokens, size = self._soft_split(x, i)
+            x = layer(tokens).transpose(1, 2).unflatten(2, size)
+        tokens, size = self._soft_split(x, 2)
+        return self.project(tokens).unflatten(1, size)
+
+
+class T2TViT(TokenModelMixin, nn.Module):
+    def __init__(
+            self,
+            img_size: int = 224,
+            tokens_type: str = 'performer',
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            embed_dim: int = 384,
+            depth: int = 14,
+            num_heads: int = 6,
+            mlp_ratio: float = 3.0,
+            token_dim: int = 64,
+            drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.num_features = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+        self.tokens_to_token = TokensToToken(img_size, embed_dim, tokens_type, in_chans, token_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        grid = self.tokens_to_token.grid_size
+        self.pos_embed = nn.Parameter(sinusoid_table(1 + grid[0] * grid[1], embed_dim), requires_grad=False)
+        self.blocks = nn.Sequential(*[
+            ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate)
+            for rate in linear_drop_path_rates(drop_path_rate, depth)
+        ])
+        self.norm = nn.LayerNorm(embed_dim)
+        self.reset_classifier(num_classes)
+        trunc_normal_(self.cls_token, std=0.02)
+        self.apply(init_linear_and_norm)
+
+    @property
+    def patch_embed(self) -> TokensToToken:
+        """The tokens-to-token module under the name the other families use for their patch embedding."""
+        return self.tokens_to_token
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {'cls_token'}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+        grid = self.tokens_to_token(x)
+        tokens = tokens_with_positions(grid, self.pos_embed, self.tokens_to_token.grid_size, self.cls_token)
+        return tokens, grid.shape[1:3]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return x[:, 0] if pre_logits else self.head(x[:, 0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _cfg(**kwargs) -> dict:
+    return {
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
+        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'tokens_to_token.attention1.kqv', 'classifier': 'head', **kwargs,
+    }
+
+
+# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio)
+_VARIANTS = {
+    't2t_vit_7': ('performer', 256, 7, 4, 2.0),
+    't2t_vit_10': ('performer', 256, 10, 4, 2.0),
+    't2t_vit_12': ('performer', 256, 12, 4, 2.0),
+    't2t_vit_14': ('performer', 384, 14, 6, 3.0),
+    't2t_vit_19': ('performer', 448, 19, 7, 3.0),
+    't2t_vit_24': ('performer', 512, 24, 8, 3.0),
+    't2t_vit_t_14': ('transformer', 384, 14, 6, 3.0),
+    't2t_vit_t_19': ('transformer', 448, 19, 7, 3.0),
+    't2t_vit_t_24': ('transformer', 512, 24, 8, 3.0),
+}
+
+default_cfgs = generate_default_cfgs({
+    **{name: _cfg() for name in _VARIANTS},
+    't2t_vit_t_14': _cfg(first_conv='tokens_to_token.attention1.attn.qkv'),
+    't2t_vit_t_19': _cfg(first_conv='tokens_to_token.attention1.attn.qkv'),
+    't2t_vit_t_24': _cfg(first_conv='tokens_to_token.attention1.attn.qkv'),
+})
+
+
+def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
+    tokens_type, embed_dim, depth, num_heads, mlp_ratio = _VARIANTS[variant]
+    defaults = dict(tokens_type=tokens_type, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
+                    mlp_ratio=mlp_ratio)
+    return build_model_with_cfg(T2TViT, variant, pretrained, **{**defaults, **kwargs})
+
+
+@suite_model('t2t_vit')
+def t2t_vit_7(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT-7 (performer T2T): 7 blocks, D 256, 4.3M parameters."""
+    return _t2t_vit('t2t_vit_7', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_10(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT-10 (performer T2T): 10 blocks, D 256, 5.9M parameters."""
+    return _t2t_vit('t2t_vit_10', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_12(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT-12 (performer T2T): 12 blocks, D 256, 6.9M parameters."""
+    return _t2t_vit('t2t_vit_12', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_14(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT-14 (performer T2T): 14 blocks, D 384, 21.5M parameters."""
+    return _t2t_vit('t2t_vit_14', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_19(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT-19 (performer T2T): 19 blocks, D 448, 39.2M parameters."""
+    return _t2t_vit('t2t_vit_19', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_24(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT-24 (performer T2T): 24 blocks, D 512, 64.1M parameters."""
+    return _t2t_vit('t2t_vit_24', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_t_14(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT_t-14 (transformer T2T): 14 blocks, D 384."""
+    return _t2t_vit('t2t_vit_t_14', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_t_19(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT_t-19 (transformer T2T): 19 blocks, D 448."""
+    return _t2t_vit('t2t_vit_t_19', pretrained, kwargs)
+
+
+@suite_model('t2t_vit')
+def t2t_vit_t_24(pretrained: bool = False, **kwargs) -> T2TViT:
+    """T2T-ViT_t-24 (transformer T2T): 24 blocks, D 512."""
+    return _t2t_vit('t2t_vit_t_24', pretrained, kwargs)
