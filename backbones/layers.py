@@ -54,11 +54,6 @@ def init_linear_and_norm(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def linear_drop_path_rates(drop_path_rate: float, depth: int) -> List[float]:
-    """Stochastic-depth rate per block, rising linearly from 0 to `drop_path_rate`."""
-    return [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
-
-
 def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
     """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept."""
     if tuple(new_grid) == tuple(old_grid):

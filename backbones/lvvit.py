@@ -12,11 +12,11 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import trunc_normal_
+from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
 from .layers import (
-    Grid, init_linear_and_norm, ScaledResidualBlock, TokenLabelingOutput, TokenModelMixin, linear_drop_path_rates, mix_token_grid,
+    Grid, init_linear_and_norm, ScaledResidualBlock, TokenLabelingOutput, TokenModelMixin, mix_token_grid,
     sample_mix_box, tokens_with_positions,
 )
 from .registry import suite_model
@@ -76,7 +76,7 @@ class LVViT(TokenModelMixin, nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, embed_dim))
         self.blocks = nn.Sequential(*[
             ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate, skip_lam=skip_lam)
-            for rate in linear_drop_path_rates(drop_path_rate, depth)
+            for rate in calculate_drop_path_rates(drop_path_rate, depth)
         ])
         self.norm = nn.LayerNorm(embed_dim)
         self.token_head = token_head

@@ -45,8 +45,7 @@ def families() -> Dict[str, List[str]]:
 def create_model(name: str, **kwargs) -> nn.Module:
     """timm.create_model, but an unknown name raises a ValueError that lists the closest registered names."""
     if not timm.is_model(name):
-        candidates = suite_models() + timm.list_models()
-        close = difflib.get_close_matches(name, candidates, n=8, cutoff=0.6)
+        close = difflib.get_close_matches(name, timm.list_models(), n=8, cutoff=0.6)
         hint = f"did you mean: {', '.join(close)}?" if close else 'no registered name is close'
         raise ValueError(f'unknown model {name!r}; {hint} (the suite has: {", ".join(suite_models())})')
     return timm.create_model(name, **kwargs)

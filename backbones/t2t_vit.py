@@ -15,11 +15,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import Mlp, trunc_normal_, use_fused_attn
+from timm.layers import Mlp, calculate_drop_path_rates, trunc_normal_, use_fused_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
 from .layers import (
-    Grid, ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, linear_drop_path_rates, tokens_with_positions,
+    Grid, ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, tokens_with_positions,
 )
 from .registry import suite_model
 
@@ -69,7 +69,8 @@ class PerformerLayer(nn.Module):
 
     def _linear_attention(self, x: torch.Tensor) -> torch.Tensor:
         k, q, v = self.kqv(x).float().split(self.token_dim, dim=-1)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        # (meta tensors, used to count FLOPs, have no autocast of their own)
+        with torch.autocast(device_type='cpu' if x.is_meta else x.device.type, enabled=False):
             qp, kp = self._random_features(q), self._random_features(k)
             numerator = qp @ (kp.transpose(1, 2) @ v)  # (B, T, m) @ (B, m, d)
             denominator = qp @ kp.sum(dim=1).unsqueeze(-1)  # (B, T, 1)
@@ -182,7 +183,7 @@ class T2TViT(TokenModelMixin, nn.Module):
         self.pos_embed = nn.Parameter(sinusoid_table(1 + grid[0] * grid[1], embed_dim), requires_grad=False)
         self.blocks = nn.Sequential(*[
             ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate)
-            for rate in linear_drop_path_rates(drop_path_rate, depth)
+            for rate in calculate_drop_path_rates(drop_path_rate, depth)
         ])
         self.norm = nn.LayerNorm(embed_dim)
         self.reset_classifier(num_classes)

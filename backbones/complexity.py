@@ -1,0 +1,38 @@
+"""Parameter and MAC counts, measured by running the model on the meta device (no memory, no compute)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from .registry import create_model
+
+
+@dataclass(frozen=True)
+class Complexity:
+    params: int  # every parameter, frozen tables included (as the papers count them)
+    trainable_params: int
+    macs: int  # multiply-accumulates of one forward pass of one image in eval mode
+
+    def as_dict(self) -> Dict[str, int]:
+        return asdict(self)
+
+
+def measure_complexity(name: str, img_size: Optional[int] = None, **model_kwargs) -> Complexity:
+    """Count a registered model's parameters and its MACs at `img_size` (default: the model's own)."""
+    if img_size is not None:
+        model_kwargs['img_size'] = img_size
+    with torch.device('meta'):
+        model = create_model(name, **model_kwargs)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    size = img_size or model.pretrained_cfg['input_size'][-1]
+    model.eval().requires_grad_(False)  # autograd hooks of the counter do not work on meta leaves
+    image = torch.zeros(1, model_kwargs.get('in_chans', 3), size, size, device='meta')
+    # torch's counter knows no formula for the fused CPU attention kernel: count the math form, same MACs.
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(image)
+    return Complexity(params, trainable, counter.get_total_flops() // 2)
