@@ -1,0 +1,187 @@
+"""The model contract shared by the four families, and the published sizes."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from timm.layers import set_fused_attn
+
+import backbones
+from backbones import load_checkpoint
+from backbones.complexity import measure_complexity
+from backbones.layers import mix_box_lambda, mix_token_grid, sample_mix_box
+from conftest import save_release
+from reference_models import ref_sinusoid
+
+# Published parameter counts (millions), REFERENCE §1.
+PUBLISHED_PARAMS = {
+    'lvvit_t': 8.5, 'lvvit_s': 26.2, 'lvvit_m': 55.8, 'lvvit_l': 150.5,
+    't2t_vit_7': 4.3, 't2t_vit_10': 5.9, 't2t_vit_12': 6.9, 't2t_vit_14': 21.5, 't2t_vit_19': 39.2,
+    't2t_vit_24': 64.1,
+    'cait_xxs24_224': 12.0, 'cait_xxs36_224': 17.3, 'cait_xs24_224': 26.6, 'cait_s24_224': 46.9,
+    'cait_s36_224': 68.2, 'cait_m36_224': 270.9,
+    'vit_base_patch16_224': 86.6, 'vit_large_patch16_224': 304.3, 'deit_small_patch16_224': 22.1,
+    'vit_small_patch16_legacy_224': 48.6,
+}
+# Published MACs (G) at 224.
+PUBLISHED_MACS = {'lvvit_s': 6.6, 't2t_vit_14': 4.8, 't2t_vit_t_14': 6.1, 'cait_s24_224': 9.4}
+
+# One small but architecturally complete member of each family (fewer blocks keep the tests fast).
+SMALL = {
+    'lvvit': ('lvvit_t', dict(depth=3)),
+    't2t_vit': ('t2t_vit_7', dict(depth=3)),
+    't2t_vit_t': ('t2t_vit_t_14', dict(depth=3)),
+    'cait': ('cait_xxs24_224', dict(depth=3)),
+    'vit': ('deit_small_patch16_224', dict(depth=3)),
+}
+
+
+@pytest.mark.parametrize('name', list(PUBLISHED_PARAMS))
+def test_parameter_count_matches_paper(name):
+    params = measure_complexity(name).params / 1e6
+    # Within 0.5%, or within the rounding of a figure printed with one decimal (T2T-ViT-12: 6.94M printed 6.9M).
+    assert abs(params - PUBLISHED_PARAMS[name]) <= max(0.005 * PUBLISHED_PARAMS[name], 0.05)
+
+
+@pytest.mark.parametrize('name', list(PUBLISHED_MACS))
+def test_macs_match_paper(name):
+    macs = measure_complexity(name, img_size=224).macs
+    assert abs(macs / 1e9 - PUBLISHED_MACS[name]) <= 0.05 * PUBLISHED_MACS[name]
+
+
+def test_every_family_is_registered_in_timm():
+    assert set(backbones.families()) == {'vit', 't2t_vit', 'cait', 'lvvit'}
+    for name in backbones.suite_models():
+        assert timm.is_model(name)
+        assert name in timm.list_models()
+
+
+def test_wrong_model_name_suggests_close_names():
+    with pytest.raises(ValueError, match='lvvit_s') as info:
+        backbones.create_model('lvvit_ss')
+    assert 'did you mean' in str(info.value)
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_forward_intermediates_non_square(family):
+    name, kwargs = SMALL[family]
+    model = timm.create_model(name, num_classes=5, **kwargs).eval()
+    x = torch.randn(2, 3, 224, 320)
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, [0, 2], intermediates_only=True)
+        final, last = model.forward_intermediates(x, 1)
+        logits = model(x)
+    assert [m.shape for m in maps] == [(2, model.embed_dim, 14, 20)] * 2
+    assert last[0].shape == (2, model.embed_dim, 14, 20)
+    assert torch.allclose(final, model.forward_features(x), atol=1e-5)
+    assert logits.shape == (2, 5)
+    # NLC layout is the same tokens, row-major.
+    with torch.no_grad():
+        (tokens,) = model.forward_intermediates(x, [2], output_fmt='NLC', intermediates_only=True)
+    assert torch.equal(tokens, maps[1].flatten(2).transpose(1, 2))
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_intermediate_maps_keep_image_layout(family):
+    """Changing one 16x16 patch of a non-square image changes the map most at that patch's (row, col)."""
+    name, kwargs = SMALL[family]
+    model = timm.create_model(name, **kwargs).eval()
+    x = torch.randn(1, 3, 64, 112)
+    y = x.clone()
+    row, col = 1, 5
+    y[:, :, 16 * row:16 * row + 16, 16 * col:16 * col + 16] += 5.0
+    with torch.no_grad():
+        a, b = (model.forward_intermediates(t, [0], intermediates_only=True)[0] for t in (x, y))
+    change = (a - b).abs().sum(1)[0]  # (H, W)
+    assert change.shape == (4, 7)
+    assert divmod(change.argmax().item(), 7) == (row, col)
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_other_input_size_equals_model_built_for_it(family, tmp_path):
+    """Runtime position-embedding resampling agrees with the loader's resampling into a model of that size."""
+    name, kwargs = SMALL[family]
+    small = timm.create_model(name, img_size=64, num_classes=3, **kwargs).eval()
+    path = save_release(tmp_path / 'small.pth', small.state_dict(), 'plain')
+    large = timm.create_model(name, img_size=96, num_classes=3, **kwargs).eval()
+    report = load_checkpoint(large, path)
+    assert report.resized == ['pos_embed']
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        assert torch.allclose(small(x), large(x), atol=1e-5)
+
+
+def test_fused_attention_matches_explicit_softmax():
+    """SDPA paths (timm's Attention in our blocks, T2T's one-head layer) equal the explicit computation."""
+    x = torch.randn(2, 3, 96, 96)
+    outputs = []
+    for fused in (True, False):
+        set_fused_attn(fused)
+        try:
+            torch.manual_seed(0)
+            models = [timm.create_model(n, img_size=96, depth=2).eval() for n in ('lvvit_t', 't2t_vit_t_14')]
+        finally:
+            set_fused_attn(True)
+        assert all(m.blocks[0].attn.fused_attn == fused for m in models)
+        assert models[1].tokens_to_token.attention1.attn.fused_attn == fused
+        with torch.no_grad():
+            outputs.append([m(x) for m in models])
+    for fused_out, explicit_out in zip(*outputs):
+        assert torch.allclose(fused_out, explicit_out, atol=1e-4)
+
+
+def test_t2t_frozen_tables():
+    model = timm.create_model('t2t_vit_14')
+    assert torch.allclose(model.pos_embed, ref_sinusoid(197, 384), atol=1e-6)
+    w = model.tokens_to_token.attention1.w
+    assert w.shape == (32, 64) and not w.requires_grad and not model.pos_embed.requires_grad
+    assert torch.allclose(w @ w.t(), 32 * torch.eye(32), atol=1e-3)  # orthogonal rows of norm sqrt(m)
+
+
+def test_performer_stays_finite_and_accurate_under_low_precision_autocast():
+    model = timm.create_model('t2t_vit_7', img_size=64, depth=1).eval()
+    x = 4 * torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        exact = model(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            low = model(x)
+    assert torch.isfinite(low).all()
+    assert (low.float() - exact).abs().max() <= 0.05 * exact.abs().max()
+
+
+def test_drop_path_schedules():
+    lvvit = timm.create_model('lvvit_s', drop_path_rate=0.3)
+    rates = [b.drop_path.drop_prob if hasattr(b.drop_path, 'drop_prob') else 0.0 for b in lvvit.blocks]
+    assert rates[0] == 0.0 and rates[-1] == pytest.approx(0.3) and rates == sorted(rates)
+    cait = timm.create_model('cait_xxs24_224', drop_path_rate=0.2)
+    assert [b.drop_path.drop_prob for b in cait.blocks] == [pytest.approx(0.2)] * 24  # constant in CaiT
+
+
+def test_mix_token_box_and_grid_mixing():
+    torch.manual_seed(1)
+    grid = (14, 14)
+    boxes = [sample_mix_box(grid) for _ in range(200)]
+    for top, left, bottom, right in boxes:
+        assert 0 <= top <= bottom <= 14 and 0 <= left <= right <= 14
+    inside = [(b - t, r - l) for t, l, b, r in boxes if t > 0 and l > 0 and b < 14 and r < 14]
+    assert inside and all(h == w for h, w in inside)  # one cut ratio for both sides on a square grid
+    assert len(inside) < len(boxes)  # and boxes are clipped at the borders, hence lambda from the clipped box
+    x = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 3, 5, 2).clone()  # sample i holds value i
+    mixed = mix_token_grid(x, (1, 2, 3, 5))
+    assert torch.equal(mixed[:, 1:3, 2:5], x.flip(0)[:, 1:3, 2:5])
+    outside = torch.ones(3, 5, dtype=torch.bool)
+    outside[1:3, 2:5] = False
+    assert torch.equal(mixed[:, outside], x[:, outside])
+    assert mix_box_lambda((1, 2, 3, 5), (3, 5)) == pytest.approx(1 - 6 / 15)
+
+
+def test_lvvit_eval_and_training_outputs():
+    model = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=6)
+    x = torch.randn(3, 3, 64, 64)
+    out = model.train()(x)
+    assert isinstance(out, backbones.TokenLabelingOutput)
+    assert out.cls_logits.shape == (3, 6) and out.token_logits.shape == (3, 4, 4, 6)
+    plain = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=6, mix_token=False).train()
+    assert plain(x).mix_box is None
+    headless = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=0).eval()
+    assert headless(x).shape == (3, 240) and headless.aux_head is None
