@@ -1,0 +1,125 @@
+"""backbones.load_checkpoint: release formats, resizing, classifier replacement, and clear failures."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from backbones import CheckpointError, load_checkpoint
+from backbones.checkpoint import read_state_dict
+from conftest import save_release
+
+
+def tiny(name: str, **kwargs):
+    defaults = {'lvvit_s': dict(embed_dim=48, depth=2, num_heads=2), 't2t_vit_14': dict(depth=2),
+                'cait_xxs24_224': dict(depth=2), 'deit_small_patch16_224': dict(depth=2)}[name]
+    return timm.create_model(name, **{'img_size': 64, 'num_classes': 10, **defaults, **kwargs}).eval()
+
+
+def params_equal(a: torch.nn.Module, b: torch.nn.Module, skip=()) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return all(torch.equal(sa[k], sb[k]) for k in sa if not k.startswith(skip))
+
+
+@pytest.mark.parametrize('layout', ['timm_train', 'deit', 'plain'])
+def test_release_layouts_round_trip(layout, tmp_path):
+    source = tiny('lvvit_s')
+    path = save_release(tmp_path / 'ckpt.pth.tar', source.state_dict(), layout)
+    target = tiny('lvvit_s')
+    load_checkpoint(target, path)
+    assert params_equal(source, target)
+
+
+def test_ema_weights_are_chosen_on_request(tmp_path):
+    model, ema = tiny('t2t_vit_14'), tiny('t2t_vit_14')
+    path = tmp_path / 'train.pth.tar'
+    torch.save({'state_dict': model.state_dict(), 'state_dict_ema': ema.state_dict()}, path)
+    target = tiny('t2t_vit_14')
+    load_checkpoint(target, path, use_ema=True)
+    assert params_equal(target, ema) and not params_equal(target, model)
+    load_checkpoint(target, path)
+    assert params_equal(target, model)
+    torch.save({'state_dict': model.state_dict()}, path)
+    with pytest.raises(CheckpointError, match='no EMA state dict'):
+        load_checkpoint(target, path, use_ema=True)
+
+
+def test_safetensors(tmp_path):
+    source = tiny('cait_xxs24_224')
+    path = tmp_path / 'model.safetensors'
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    target = tiny('cait_xxs24_224')
+    load_checkpoint(target, path)
+    assert params_equal(source, target)
+
+
+@pytest.mark.parametrize('name', ['t2t_vit_14', 'cait_xxs24_224', 'lvvit_s', 'deit_small_patch16_224'])
+def test_pos_embed_resized_and_classifiers_replaced(name, tmp_path):
+    source = tiny(name)
+    path = save_release(tmp_path / 'src.pth', source.state_dict(), 'deit')
+    target = tiny(name, img_size=96, num_classes=3)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    report = load_checkpoint(target, path)
+    assert report.resized == ['pos_embed']
+    heads = ('head.', 'aux_head.')
+    assert report.dropped_classifier and all(k.startswith(heads) for k in report.dropped_classifier)
+    assert target.pos_embed.shape[1] == source.pos_embed.shape[1] - 16 + 36  # 4x4 grid -> 6x6, prefix kept
+    # Prefix slot (if any) copied verbatim; the new heads kept their fresh initialisation.
+    prefix = source.pos_embed.shape[1] - 16
+    assert torch.equal(target.pos_embed[:, :prefix], source.pos_embed[:, :prefix])
+    assert all(torch.equal(target.state_dict()[k], before[k]) for k in before if k.startswith(heads))
+    assert params_equal(source, target, skip=heads + ('pos_embed',))
+
+
+def test_wrong_shapes_name_the_keys_and_leave_the_model_untouched(tmp_path):
+    source = tiny('lvvit_s')
+    state = source.state_dict()
+    state['blocks.1.mlp.fc1.weight'] = torch.zeros(7, 48)
+    del state['blocks.0.norm1.bias']
+    state['blocks.5.extra'] = torch.zeros(1)
+    path = save_release(tmp_path / 'bad.pth', state, 'plain')
+    target = tiny('lvvit_s')
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(target, path)
+    message = str(info.value)
+    for key in ('blocks.1.mlp.fc1.weight (7, 48)', 'blocks.0.norm1.bias', 'blocks.5.extra', str(path)):
+        assert key in message
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in before.items())
+    report = load_checkpoint(target, path, strict=False)
+    assert report.missing == ['blocks.0.norm1.bias'] and report.unexpected == ['blocks.5.extra']
+    assert torch.equal(target.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
+
+
+def test_checkpoint_of_another_family_fails(tmp_path):
+    path = save_release(tmp_path / 't2t.pth', tiny('t2t_vit_14').state_dict(), 'timm_train')
+    with pytest.raises(CheckpointError, match='tokens_to_token') as info:
+        load_checkpoint(tiny('lvvit_s'), path)
+    assert 'missing keys' in str(info.value) and 'patch_embed.conv1.weight' in str(info.value)
+
+
+def test_missing_and_corrupt_files_are_named(tmp_path):
+    model = tiny('lvvit_s')
+    with pytest.raises(CheckpointError, match='not found') as info:
+        load_checkpoint(model, tmp_path / 'absent.pth')
+    assert 'absent.pth' in str(info.value)
+    good = save_release(tmp_path / 'good.pth', model.state_dict(), 'plain')
+    corrupt = tmp_path / 'corrupt.pth'
+    corrupt.write_bytes(good.read_bytes()[: os.path.getsize(good) // 2])
+    with pytest.raises(CheckpointError, match='corrupt.pth'):
+        load_checkpoint(model, corrupt)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ('echo pwned',))
+
+
+def test_pickled_code_is_refused(tmp_path):
+    path = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {'x': torch.zeros(1)}, 'extra': _Payload()}, path)
+    with pytest.raises(CheckpointError, match='weights-only'):
+        read_state_dict(path)
