@@ -42,10 +42,15 @@ def families() -> Dict[str, List[str]]:
     return {family: list(names) for family, names in _FAMILIES.items()}
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
-    """timm.create_model, but an unknown name raises a ValueError that lists the closest registered names."""
+def check_model_name(name: str) -> None:
+    """Raise a ValueError that lists the closest registered names if `name` is not a registered model."""
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=8, cutoff=0.6)
         hint = f"did you mean: {', '.join(close)}?" if close else 'no registered name is close'
         raise ValueError(f'unknown model {name!r}; {hint} (the suite has: {", ".join(suite_models())})')
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """timm.create_model, but an unknown name raises a ValueError that lists the closest registered names."""
+    check_model_name(name)
     return timm.create_model(name, **kwargs)
