@@ -80,7 +80,6 @@ class LVViT(TokenModelMixin, nn.Module):
         ])
         self.norm = nn.LayerNorm(embed_dim)
         self.token_head = token_head
-        self.head = self.aux_head = None
         self.reset_classifier(num_classes)
         trunc_normal_(self.pos_embed, std=0.02)
         trunc_normal_(self.cls_token, std=0.02)
@@ -99,14 +98,11 @@ class LVViT(TokenModelMixin, nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
 
-    def _patch_grid(self, x: torch.Tensor) -> torch.Tensor:
-        return self.patch_embed(x)
-
     def _embed_grid(self, grid: torch.Tensor) -> torch.Tensor:
         return tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token)
 
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
-        grid = self._patch_grid(x)
+        grid = self.patch_embed(x)
         return self._embed_grid(grid), grid.shape[1:3]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -120,7 +116,7 @@ class LVViT(TokenModelMixin, nn.Module):
 
     def forward_train(self, x: torch.Tensor) -> TokenLabelingOutput:
         """Training forward with MixToken (if enabled): class logits, per-token logits and the mix box."""
-        grid = self._patch_grid(x)
+        grid = self.patch_embed(x)
         H, W = grid.shape[1:3]
         box = sample_mix_box((H, W), self.mix_token_alpha) if self.mix_token else None
         if box is not None:
