@@ -130,9 +130,8 @@ def _fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
     return resize_pos_embed(value, grid, (side, side))
 
 
-def adapt_state_dict(model: nn.Module, state_dict: StateDict, report: LoadReport) -> StateDict:
-    """Fit a checkpoint to `model`: resized position table, classifiers of another class count dropped."""
-    own = model.state_dict()
+def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, report: LoadReport) -> StateDict:
+    """Fit a checkpoint to `model` (whose state dict is `own`): resized position table, foreign classifiers dropped."""
     classifiers = tuple(f'{name}.' for name in _classifier_names(model))
     num_classes = getattr(model, 'num_classes', None)
     adapted = {}
@@ -155,8 +154,8 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
     """
     report = LoadReport(str(path))
-    state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), report)
     own = model.state_dict()
+    state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report)
     fresh_head = tuple(f'{name}.' for name in _classifier_names(model)) if report.dropped_classifier else ()
     report.missing = [k for k in own if k not in state_dict and not k.endswith('num_batches_tracked')
                       and not k.startswith(fresh_head)]
