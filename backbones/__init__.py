@@ -6,7 +6,10 @@
 """
 from . import cait, lvvit, t2t_vit, vit  # noqa: F401  (importing registers the models)
 from .checkpoint import CheckpointError, load_checkpoint
-from .layers import TokenLabelingOutput
 from .registry import create_model, families, suite_models
+from .token_labeling import TokenLabelingModel, TokenLabelingOutput
 
-__all__ = ['CheckpointError', 'TokenLabelingOutput', 'create_model', 'families', 'load_checkpoint', 'suite_models']
+__all__ = [
+    'CheckpointError', 'TokenLabelingModel', 'TokenLabelingOutput', 'create_model', 'families', 'load_checkpoint',
+    'suite_models',
+]

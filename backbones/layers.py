@@ -1,7 +1,7 @@
 """Layers and model plumbing shared by the suite's own model families (LV-ViT, T2T-ViT, CaiT)."""
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -10,7 +10,6 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
 
 Grid = Tuple[int, int]
-Box = Tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
 
 
 class ScaledResidualBlock(nn.Module):
@@ -134,40 +133,3 @@ class TokenModelMixin:
         if intermediates_only:
             return intermediates
         return self.norm(self._finish_tokens(x)), intermediates
-
-
-class TokenLabelingOutput(NamedTuple):
-    """What a model with a token head returns in training mode: what the token-labeling loss consumes."""
-
-    cls_logits: torch.Tensor  # (B, num_classes), from the class token
-    token_logits: torch.Tensor  # (B, H, W, num_classes), one prediction per patch token, grid layout
-    mix_box: Optional[Box]  # MixToken box on the token grid (patches there came from sample B-1-i)
-
-
-def sample_mix_box(grid: Grid, alpha: float = 1.0) -> Box:
-    """CutMix box on the token grid: area fraction (1 - lambda), lambda ~ Beta(alpha, alpha), clipped at borders.
-
-    Uses torch's global RNG so that seeding and checkpointed RNG state make it reproducible.
-    """
-    H, W = grid
-    lam = torch.distributions.Beta(alpha, alpha).sample().item()
-    cut = (1.0 - lam) ** 0.5
-    cut_h, cut_w = int(H * cut), int(W * cut)
-    cy, cx = torch.randint(H, ()).item(), torch.randint(W, ()).item()
-    top, bottom = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, H)
-    left, right = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, W)
-    return top, left, bottom, right
-
-
-def mix_box_lambda(box: Box, grid: Grid) -> float:
-    """Fraction of the grid a sample keeps from itself after MixToken with `box` (the clipped area)."""
-    top, left, bottom, right = box
-    return 1.0 - (bottom - top) * (right - left) / (grid[0] * grid[1])
-
-
-def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
-    """Replace the box of a (B, H, W, ...) grid by the same box of the flipped batch (sample B-1-i)."""
-    top, left, bottom, right = box
-    mixed = x.clone()
-    mixed[:, top:bottom, left:right] = x.flip(0)[:, top:bottom, left:right]
-    return mixed

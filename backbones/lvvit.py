@@ -15,10 +15,8 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
-from .layers import (
-    Grid, init_linear_and_norm, ScaledResidualBlock, TokenLabelingOutput, TokenModelMixin, mix_token_grid,
-    sample_mix_box, tokens_with_positions,
-)
+from .layers import Grid, init_linear_and_norm, ScaledResidualBlock, TokenModelMixin, tokens_with_positions
+from .token_labeling import TokenLabelingOutput, forward_token_labeling, inference_logits
 from .registry import suite_model
 
 __all__ = ['LVViT']
@@ -98,32 +96,21 @@ class LVViT(TokenModelMixin, nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
 
-    def _embed_grid(self, grid: torch.Tensor) -> torch.Tensor:
-        return tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token)
-
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         grid = self.patch_embed(x)
-        return self._embed_grid(grid), grid.shape[1:3]
+        tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token)
+        return tokens, grid.shape[1:3]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Inference logits from normalised tokens: class head plus half the class-wise max of the token head."""
         if pre_logits:
             return x[:, 0]
         logits = self.head(x[:, 0])
-        if self.aux_head is not None:
-            logits = logits + 0.5 * self.aux_head(x[:, 1:]).amax(dim=1)
-        return logits
+        return logits if self.aux_head is None else inference_logits(logits, self.aux_head(x[:, 1:]))
 
     def forward_train(self, x: torch.Tensor) -> TokenLabelingOutput:
         """Training forward with MixToken (if enabled): class logits, per-token logits and the mix box."""
-        grid = self.patch_embed(x)
-        H, W = grid.shape[1:3]
-        box = sample_mix_box((H, W), self.mix_token_alpha) if self.mix_token else None
-        if box is not None:
-            grid = mix_token_grid(grid, box)
-        x = self.norm(self._run_blocks(self._embed_grid(grid)))
-        token_logits = self.aux_head(x[:, 1:]).unflatten(1, (H, W))
-        return TokenLabelingOutput(self.head(x[:, 0]), token_logits, box)
+        return forward_token_labeling(self, x, self.mix_token_alpha if self.mix_token else 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
         if self.training and self.aux_head is not None:

@@ -9,7 +9,7 @@ from timm.layers import set_fused_attn
 import backbones
 from backbones import load_checkpoint
 from backbones.complexity import measure_complexity
-from backbones.layers import mix_box_lambda, mix_token_grid, sample_mix_box
+from backbones.token_labeling import mix_box_lambda, mix_token_grid, sample_mix_box
 from conftest import save_release
 from reference_models import ref_sinusoid
 
