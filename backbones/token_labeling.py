@@ -67,6 +67,11 @@ def add_token_head(model: nn.Module) -> nn.Module:
         model.aux_head = nn.Linear(model.num_features, model.num_classes)
         trunc_normal_(model.aux_head.weight, std=0.02)
         nn.init.zeros_(model.aux_head.bias)
+        # a classifier for the checkpoint loader too: dropped, not mis-shaped, when the class count changes
+        cfg = dict(getattr(model, 'pretrained_cfg', None) or {})
+        heads = cfg.get('classifier', 'head')
+        cfg['classifier'] = (*((heads,) if isinstance(heads, str) else heads), 'aux_head')
+        model.pretrained_cfg = cfg
     return model
 
 

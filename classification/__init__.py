@@ -1,0 +1,1 @@
+"""ImageNet-style classification training with token labeling: data, augmentation, targets, loss, trainer."""

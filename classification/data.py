@@ -1,0 +1,125 @@
+"""ImageNet-layout image folders (`train/CLASS/*.JPEG`, `val/CLASS/*.JPEG`) for training and evaluation.
+
+Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): that is also the key of each image
+in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from PIL import Image
+from timm.data import create_transform
+from torch.utils.data import Dataset, default_collate
+
+from .label_store import TokenLabelStore
+
+IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
+
+
+class ImageReadError(RuntimeError):
+    """An image file that cannot be opened or decoded."""
+
+
+def read_image(path: Path) -> Image.Image:
+    """Decode an image file to RGB; any failure names the file."""
+    try:
+        with Image.open(path) as img:
+            return img.convert('RGB')
+    except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
+        raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e
+
+
+def find_classes(split_dir: Path) -> List[str]:
+    if not split_dir.is_dir():
+        raise FileNotFoundError(f'no image folder at {split_dir} (expected the ImageNet layout {split_dir}/CLASS/*.JPEG)')
+    classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+    if not classes:
+        raise FileNotFoundError(f'{split_dir} has no class folders (expected {split_dir}/CLASS/*.JPEG)')
+    return classes
+
+
+def scan_split(data_dir: Path, split: str, classes: Optional[Sequence[str]] = None) -> Tuple[List[str], List[Tuple[str, int]]]:
+    """Classes (sorted folder names, or those given) and (path relative to `data_dir`, label) of one split."""
+    split_dir = Path(data_dir) / split
+    found = find_classes(split_dir)
+    classes = list(classes) if classes is not None else found
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise ValueError(f'{split_dir} has classes the training split does not: {", ".join(unknown[:5])}')
+    samples = []
+    for label, name in enumerate(classes):
+        folder = split_dir / name
+        if folder.is_dir():
+            samples += [(f'{split}/{name}/{f.name}', label) for f in sorted(folder.iterdir())
+                        if f.suffix.lower() in IMG_EXTENSIONS]
+    if not samples:
+        raise FileNotFoundError(f'no images under {split_dir} (extensions {", ".join(IMG_EXTENSIONS)})')
+    return classes, samples
+
+
+class ImageFolderDataset(Dataset):
+    """One split of an ImageNet-layout folder.
+
+    Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
+    token-label store also the image's top-k `scores` and `classes` maps. With `skip_unreadable` an unreadable
+    image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
+    """
+
+    def __init__(
+            self,
+            data_dir: str | Path,
+            split: str,
+            transform: Callable,
+            classes: Optional[Sequence[str]] = None,
+            label_store: Optional[TokenLabelStore] = None,
+            skip_unreadable: bool = False,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.classes, self.samples = scan_split(self.data_dir, split, classes)
+        self.transform = transform
+        self.label_store = label_store
+        self.skip_unreadable = skip_unreadable
+        if label_store is not None:
+            label_store.check_covers([path for path, _ in self.samples])
+            if label_store.num_classes != len(self.classes):
+                raise ValueError(f'the token labels in {label_store.root} have {label_store.num_classes} classes, '
+                                 f'the data set {len(self.classes)}')
+            self.rows = [label_store.row_of(path) for path, _ in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Optional[dict]:
+        path, label = self.samples[index]
+        try:
+            img = read_image(self.data_dir / path)
+        except ImageReadError:
+            if self.skip_unreadable:
+                return None
+            raise
+        out = self.transform(img)
+        item = {'label': label, 'index': index}
+        if isinstance(out, tuple):
+            item['image'], item['geometry'] = out
+        else:
+            item['image'] = out
+        if self.label_store is not None:
+            scores, classes = self.label_store.read(self.rows[index])
+            item['scores'], item['classes'] = torch.from_numpy(scores), torch.from_numpy(classes.astype('int64'))
+        return item
+
+
+def collate_skipping(items: List[Optional[dict]]) -> dict:
+    """Collate the readable items of a batch; `skipped` counts the unreadable ones."""
+    kept = [item for item in items if item is not None]
+    batch = default_collate(kept) if kept else {}
+    batch['skipped'] = len(items) - len(kept)
+    return batch
+
+
+def eval_transform(img_size: int, crop_pct: float, interpolation: str, mean: Sequence[float], std: Sequence[float]):
+    """Resize the short side to img_size / crop_pct, centre-crop img_size (timm's eval transform)."""
+    return create_transform(img_size, is_training=False, interpolation=interpolation, mean=tuple(mean),
+                            std=tuple(std), crop_pct=crop_pct)

@@ -1,0 +1,71 @@
+"""torchrun process groups (NCCL on GPU, gloo on CPU), sharding without padding, and reductions."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device('cpu')
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: str | None = None) -> DistInfo:
+    """Join the process group torchrun describes in the environment (or run alone); pick this process's device."""
+    world_size = int(os.environ.get('WORLD_SIZE', 1))
+    local_rank = int(os.environ.get('LOCAL_RANK', 0))
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith('cuda')
+    dev = torch.device('cuda', local_rank) if use_cuda else torch.device('cpu')
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group('nccl' if use_cuda else 'gloo')
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return DistInfo(rank, world_size, local_rank, dev)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: Sequence[float], info: DistInfo) -> List[float]:
+    """Sum numbers over all processes (float64 on this process's device)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=info.device)
+    if info.distributed:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+class ShardSampler(Sampler[int]):
+    """Every world_size-th index from `rank`: each item seen exactly once over all processes (for evaluation)."""
+
+    def __init__(self, num_items: int, info: DistInfo) -> None:
+        self.indices = list(range(info.rank, num_items, info.world_size))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)

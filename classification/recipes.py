@@ -1,0 +1,78 @@
+"""The papers' ImageNet training recipes, one preset per model; every value can be overridden by the trainer.
+
+Learning rates follow the linear scaling rule: lr = lr_base * global batch / lr_base_batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from backbones import families
+
+
+@dataclass
+class Recipe:
+    epochs: int = 300
+    cooldown_epochs: int = 0
+    warmup_epochs: int = 5
+    batch_size: int = 128  # per process
+    img_size: Optional[int] = None  # None: the model's default input size
+    opt: str = 'adamw'
+    lr_base: float = 5e-4
+    lr_base_batch: int = 512
+    weight_decay: float = 0.05
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+    clip_grad: Optional[float] = None
+    drop_path: float = 0.1
+    ema_decay: float = 0.99996  # 0 turns the EMA off
+    token_labeling: bool = False
+    dense_weight: float = 0.5  # beta of the token-labeling loss (LV-ViT paper, Eq. 4)
+    cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
+    mix_token: float = 1.0  # MixToken Beta(alpha, alpha); 0 turns it off
+    mixup: float = 0.8  # vanilla mode only
+    cutmix: float = 1.0  # vanilla mode only
+    smoothing: float = 0.1
+    scale_min: float = 0.08
+    hflip: float = 0.5
+    auto_augment: Optional[str] = 'rand-m9-mstd0.5-inc1'
+    reprob: float = 0.25
+
+
+# LV-ViT (Jiang et al.): token labeling, AdamW lr 1e-3 per 640 images, 300 epochs, 5 warmup, EMA 0.99992.
+LVVIT = dict(token_labeling=True, lr_base=1e-3, lr_base_batch=640, ema_decay=0.99992, mixup=0.0, cutmix=0.0)
+LVVIT_DROP_PATH = {'lvvit_t': 0.1, 'lvvit_s': 0.1, 'lvvit_m': 0.2, 'lvvit_l': 0.3}
+# T2T-ViT (Yuan et al.): the DeiT recipe with 300 + 10 cooldown epochs and 10 warmup epochs.
+T2T = dict(cooldown_epochs=10, warmup_epochs=10)
+# DeiT (Touvron et al.), used for ViT and, with the CaiT paper's 400 epochs, for CaiT.
+DEIT: dict = {}
+CAIT = dict(epochs=400)
+
+FAMILY_RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'vit': DEIT, 'cait': CAIT}
+
+# The embedded digits run: small images, few epochs, a learning rate for a handful of steps per epoch.
+DIGITS = dict(epochs=12, warmup_epochs=1, batch_size=32, img_size=64, lr_base=2e-3, lr_base_batch=32,
+              min_lr=1e-5, ema_decay=0.0, scale_min=0.35, reprob=0.0, drop_path=0.0)
+
+
+def family_of(model_name: str) -> Optional[str]:
+    """The suite family of a model name; None for timm models outside the suite."""
+    for family, names in families().items():
+        if model_name in names:
+            return family
+    return None
+
+
+def recipe_for(model_name: str, digits: bool = False) -> Recipe:
+    """The model's family preset (the DeiT recipe for timm models outside the suite), optionally for digits."""
+    values = dict(FAMILY_RECIPES.get(family_of(model_name), DEIT))
+    if model_name in LVVIT_DROP_PATH:
+        values['drop_path'] = LVVIT_DROP_PATH[model_name]
+    if digits:
+        values.update(DIGITS)
+    return Recipe(**values)
+
+
+def recipe_fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(Recipe))

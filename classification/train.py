@@ -1,0 +1,359 @@
+"""ImageNet-style training of any suite model, with token labeling (LV-ViT's recipe) or the vanilla DeiT recipe.
+
+`tools/train_cls.py` is the command; `main(argv)` is the same thing callable from Python.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import timm
+import torch
+import torch.nn as nn
+from timm.data import Mixup, resolve_data_config
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from backbones import CheckpointError, TokenLabelingModel, create_model, load_checkpoint
+from backbones.registry import check_model_name
+
+from .augment import TrainTransform
+from .checkpointing import atomic_save, read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .data import ImageFolderDataset, collate_skipping, eval_transform
+from .distributed import DistInfo, ShardSampler, barrier, cleanup, init_distributed
+from .engine import Objective, StepState, evaluate, train_one_epoch
+from .label_store import TokenLabelStore
+from .loss import TokenLabelingLoss
+from .recipes import Recipe, family_of, recipe_fields, recipe_for
+from .targets import TokenTargetBuilder
+
+LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
+_OPTIONAL_TYPES = {'img_size': int, 'clip_grad': float, 'auto_augment': str}
+
+
+def _none_or(kind):
+    return lambda text: None if text.lower() == 'none' else kind(text)
+
+
+def parse_model_kwargs(items: List[str]) -> dict:
+    """`key=value` pairs, values parsed as Python literals where they are one (numbers, True, None)."""
+    kwargs = {}
+    for item in items:
+        key, sep, value = item.partition('=')
+        if not sep:
+            raise argparse.ArgumentTypeError(f'--model-kwargs takes key=value, got {item!r}')
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog='train_cls.py',
+        description='Train a suite model on an ImageNet-layout folder with its paper recipe (token labeling for '
+                    'LV-ViT). Without --data-dir it runs on the embedded scikit-learn digits data set.',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('model', help='model name (tools/model_info.py --all lists them)')
+    p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
+    p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py')
+    p.add_argument('--output', help='output folder (default output/train_cls/MODEL)')
+    p.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
+                   help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
+    p.add_argument('--finetune', metavar='CKPT', help='start from these weights (e.g. for 384 fine-tuning); '
+                   'position embeddings are resized and a classifier of another class count is replaced')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
+                   help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
+    p.add_argument('--workers', type=int, default=min(4, os.cpu_count() or 1),
+                   help='data-loading processes per training process')
+    p.add_argument('--seed', type=int, default=42)
+    p.add_argument('--device', help='cpu or cuda (default: cuda when available)')
+    p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto',
+                   help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
+    p.add_argument('--skip-unreadable', action='store_true',
+                   help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
+    p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
+    p.add_argument('--log-interval', type=int, default=50, help='updates between TensorBoard loss points')
+    recipe = p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)')
+    for f in recipe_fields():
+        flag = '--' + f.name.replace('_', '-')
+        if f.type in ('bool', bool):
+            recipe.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kind = _none_or(_OPTIONAL_TYPES[f.name]) if f.name in _OPTIONAL_TYPES else type(f.default)
+            recipe.add_argument(flag, dest=f.name, type=kind, default=None)
+    return p
+
+
+def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
+    recipe = recipe_for(args.model, digits)
+    for f in recipe_fields():
+        value = getattr(args, f.name)
+        if value is not None:
+            setattr(recipe, f.name, value)
+    if recipe.cls_target not in ('map', 'label'):
+        raise SystemExit(f'--cls-target must be map or label, got {recipe.cls_target}')
+    return recipe
+
+
+def pick_amp(amp: str, device: torch.device) -> str:
+    if amp != 'auto':
+        if amp != 'none' and device.type != 'cuda':
+            raise SystemExit(f'--amp {amp} needs a GPU; this run is on {device}')
+        return amp
+    if device.type != 'cuda':
+        return 'none'
+    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
+
+
+def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
+    kwargs = dict(num_classes=num_classes, drop_path_rate=recipe.drop_path)
+    family = family_of(args.model)
+    if family is not None:  # a timm model from outside the suite (e.g. a CNN annotator) keeps its own size
+        kwargs['img_size'] = img_size
+    if family == 'lvvit':
+        kwargs['token_head'] = recipe.token_labeling
+    model = create_model(args.model, **kwargs, **parse_model_kwargs(args.model_kwargs))
+    if recipe.token_labeling:
+        model = TokenLabelingModel(model, recipe.mix_token)
+    return model
+
+
+def bare_model(model: nn.Module) -> nn.Module:
+    """The classifier itself: without DDP and the token-labeling wrapper (what checkpoints hold)."""
+    model = model.module if isinstance(model, DistributedDataParallel) else model
+    return model.model if isinstance(model, TokenLabelingModel) else model
+
+
+def load_finetune_weights(model: nn.Module, path: str) -> str:
+    report = load_checkpoint(model, path, strict=False)
+    missing = [k for k in report.missing if not k.startswith('aux_head.')]  # a token head may be new
+    if missing or report.mismatched:
+        raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + report.summary())
+    return report.summary()
+
+
+def make_loaders(args, recipe: Recipe, info: DistInfo, data_dir: Path, store: Optional[TokenLabelStore],
+                 data_cfg: dict, img_size: int):
+    train_tf = TrainTransform(img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
+                              auto_augment=recipe.auto_augment, reprob=recipe.reprob,
+                              mean=data_cfg['mean'], std=data_cfg['std'])
+    train_set = ImageFolderDataset(data_dir, 'train', train_tf, label_store=store,
+                                   skip_unreadable=args.skip_unreadable)
+    val_tf = eval_transform(img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
+                            data_cfg['std'])
+    val_set = ImageFolderDataset(data_dir, 'val', val_tf, classes=train_set.classes,
+                                 skip_unreadable=args.skip_unreadable)
+    if len(train_set) < recipe.batch_size * info.world_size:
+        raise SystemExit(f'{len(train_set)} training images are fewer than one global batch '
+                         f'({recipe.batch_size} x {info.world_size} processes)')
+    common = dict(num_workers=args.workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_skipping)
+    sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=args.seed, drop_last=True)
+    train_loader = DataLoader(train_set, recipe.batch_size, sampler=sampler, drop_last=True, **common)
+    val_loader = DataLoader(val_set, recipe.batch_size, sampler=ShardSampler(len(val_set), info), **common)
+    return train_loader, val_loader, train_set.classes
+
+
+def make_objective(recipe: Recipe, num_classes: int, store: Optional[TokenLabelStore]) -> Objective:
+    if recipe.token_labeling:
+        return Objective(num_classes, recipe.smoothing, TokenTargetBuilder(num_classes, recipe.smoothing),
+                         TokenLabelingLoss(recipe.dense_weight), recipe.cls_target)
+    mixup = None
+    if recipe.mixup > 0 or recipe.cutmix > 0:
+        mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
+                      num_classes=num_classes)
+    return Objective(num_classes, recipe.smoothing, mixup=mixup)
+
+
+class RunLog:
+    """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only."""
+
+    def __init__(self, output: Path, info: DistInfo, interval: int) -> None:
+        self.output, self.enabled, self.interval = output, info.is_main, interval
+        self.writer = None
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(output / 'tensorboard'))
+
+    def step(self, update: int, loss: float, lr: float) -> None:
+        if self.writer is not None and update % self.interval == 0:
+            self.writer.add_scalar('train/loss', loss, update)
+            self.writer.add_scalar('train/lr', lr, update)
+
+    def epoch(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        for key, value in record.items():
+            if isinstance(value, float) and key != 'time':
+                self.writer.add_scalar(f'epoch/{key}', value, record['epoch'])
+        self.writer.flush()
+        with open(self.output / LOG, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        parts = [f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in record.items()]
+        print('  '.join(parts), flush=True)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.model not in timm.list_models():
+        try:
+            check_model_name(args.model)
+        except ValueError as e:
+            raise SystemExit(str(e))
+    info = init_distributed(args.device)
+    try:
+        return run(args, info)
+    finally:
+        cleanup(info)
+
+
+def run(args: argparse.Namespace, info: DistInfo) -> dict:
+    digits = args.data_dir is None
+    recipe = resolve_recipe(args, digits)
+    output = Path(args.output or f'output/train_cls/{args.model}')
+    seed_all(args.seed)
+    if digits:
+        from .digits import prepare_digits_run
+        data_dir, token_label_dir = prepare_digits_run(Path(args.digits_dir), recipe, info, args.workers)
+    else:
+        data_dir, token_label_dir = Path(args.data_dir), args.token_label_dir
+    if recipe.token_labeling and token_label_dir is None:
+        raise SystemExit(f'the {args.model} recipe trains with token labeling: pass --token-label-dir '
+                         f'(tools/generate_token_labels.py makes one) or --no-token-labeling')
+    store = TokenLabelStore(token_label_dir) if recipe.token_labeling else None
+
+    resume_path = None
+    if args.resume:
+        resume_path = output / LAST if args.resume == 'auto' else Path(args.resume)
+    elif (output / LAST).exists():
+        raise SystemExit(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
+    if info.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+    barrier(info)
+
+    data_cfg = resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(args.model).to_dict())
+    img_size = recipe.img_size or data_cfg['input_size'][-1]
+    recipe.img_size = img_size
+    train_loader, val_loader, classes = make_loaders(args, recipe, info, data_dir, store, data_cfg, img_size)
+    num_classes = len(classes)
+    seed_all(args.seed)  # the initial weights do not depend on what ran before
+    model = build_model(args, recipe, num_classes, img_size)
+    if args.finetune and not resume_path:
+        message = load_finetune_weights(bare_model(model), args.finetune)
+        if info.is_main:
+            print(message, flush=True)
+    model.to(info.device)
+
+    global_batch = recipe.batch_size * info.world_size
+    lr = recipe.lr_base * global_batch / recipe.lr_base_batch
+    optimizer = create_optimizer_v2(bare_model(model), opt=recipe.opt, lr=lr, weight_decay=recipe.weight_decay)
+    updates_per_epoch = len(train_loader)
+    scheduler, num_epochs = create_scheduler_v2(
+        optimizer, 'cosine', num_epochs=recipe.epochs, warmup_epochs=recipe.warmup_epochs,
+        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr, cooldown_epochs=recipe.cooldown_epochs,
+        step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    amp = pick_amp(args.amp, info.device)
+    scaler = torch.amp.GradScaler('cuda') if amp == 'fp16' else None
+    ema = ModelEmaV3(model, decay=recipe.ema_decay, use_warmup=True) if recipe.ema_decay > 0 else None
+    state = StepState(optimizer, scheduler, scaler, ema)
+
+    start_epoch, best = 0, {'top1': -1.0, 'epoch': -1}
+    if resume_path:
+        ckpt = read_training_checkpoint(resume_path)
+        bare_model(model).load_state_dict(ckpt['state_dict'])
+        if ema is not None and 'state_dict_ema' in ckpt:
+            bare_model(ema.module).load_state_dict(ckpt['state_dict_ema'])
+        optimizer.load_state_dict(ckpt['optimizer'])
+        scheduler.load_state_dict(ckpt['scheduler'])
+        if scaler is not None and 'scaler' in ckpt:
+            scaler.load_state_dict(ckpt['scaler'])
+        start_epoch, state.num_updates, best = ckpt['epoch'] + 1, ckpt['num_updates'], ckpt['best']
+        record = ckpt['metrics']
+        set_rng_state(ckpt['rng'][info.rank] if info.rank < len(ckpt['rng']) else ckpt['rng'][0])
+        if info.is_main:
+            print(f'resumed {resume_path} at epoch {start_epoch}', flush=True)
+    else:
+        record = {}
+        seed_all(args.seed + info.rank)  # augmentation and MixToken differ between processes
+
+    train_model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == 'cuda'
+                                          else None) if info.distributed else model
+    objective = make_objective(recipe, num_classes, store)
+    if info.is_main:
+        print(f'{args.model}: {num_classes} classes, {len(train_loader.dataset)} train / {len(val_loader.dataset)} '
+              f'val images, {info.world_size} process(es), global batch {global_batch}, lr {lr:.3g}, amp {amp}, '
+              f'token labeling {recipe.token_labeling}', flush=True)
+        print('recipe: ' + json.dumps(vars(recipe)), flush=True)
+    runlog = RunLog(output, info, args.log_interval)
+    for epoch in range(start_epoch, num_epochs):
+        started = time.time()
+        train_loader.sampler.set_epoch(epoch)
+        loss = train_one_epoch(train_model, train_loader, objective, state, info, amp, recipe.clip_grad,
+                               runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}')
+        scheduler.step(epoch + 1)
+        record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': optimizer.param_groups[0]['lr']}
+        record.update(evaluate(model, val_loader, info, amp, desc='val'))
+        if ema is not None:
+            ema_metrics = evaluate(ema.module, val_loader, info, amp, desc='val ema')
+            record.update(ema_top1=ema_metrics['top1'], ema_top5=ema_metrics['top5'])
+        record['skipped_train'] = state.skipped
+        record['time'] = round(time.time() - started, 1)
+        is_best = record['top1'] > best['top1']
+        if is_best:
+            best = {'top1': record['top1'], 'epoch': epoch + 1}
+        save_epoch(output, model, ema, state, epoch, best, record, args, recipe, info, is_best)
+        runlog.epoch(record)
+    runlog.close()
+    metrics = {'model': args.model, 'top1': record.get('top1'), 'top5': record.get('top5'), 'epochs': num_epochs,
+               'best_top1': best['top1'], 'best_epoch': best['epoch'], 'token_labeling': recipe.token_labeling,
+               'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
+    if ema is not None:
+        metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
+    if info.is_main:
+        (output / METRICS).write_text(json.dumps(metrics, indent=2) + '\n')
+        print(f'done: top-1 {metrics["top1"]:.2f}%  top-5 {metrics["top5"]:.2f}%  -> {output / METRICS}', flush=True)
+        if metrics['skipped_images']:
+            print(f'skipped {metrics["skipped_images"]} unreadable image(s)', flush=True)
+    return metrics
+
+
+def gather_rng_states(info: DistInfo) -> list:
+    """Every process's RNG state (index = rank), so a resumed DDP run continues each one's stream."""
+    state = rng_state()
+    if not info.distributed:
+        return [state]
+    states = [None] * info.world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def save_epoch(output: Path, model: nn.Module, ema, state: StepState, epoch: int, best: dict, record: dict,
+               args: argparse.Namespace, recipe: Recipe, info: DistInfo, is_best: bool) -> None:
+    rng = gather_rng_states(info)
+    if not info.is_main:
+        return
+    weights = {'state_dict': bare_model(model).state_dict()}
+    if ema is not None:
+        weights['state_dict_ema'] = bare_model(ema.module).state_dict()
+    ckpt = {**weights, 'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
+            'epoch': epoch, 'num_updates': state.num_updates, 'best': best, 'rng': rng,
+            'args': {'model': args.model, **vars(recipe)}, 'metrics': record}
+    if state.scaler is not None:
+        ckpt['scaler'] = state.scaler.state_dict()
+    atomic_save(ckpt, output / LAST)
+    if is_best:
+        atomic_save({**weights, 'epoch': epoch, 'metrics': record, 'args': ckpt['args']}, output / BEST)
+

@@ -1,0 +1,14 @@
+#!/usr/bin/env python
+"""Train a suite model on ImageNet (or the embedded digits data) with its paper recipe.
+
+    python tools/train_cls.py lvvit_s                                   # embedded digits run, a few minutes on CPU
+    torchrun --nproc-per-node 8 tools/train_cls.py lvvit_s --data-dir /data/imagenet \\
+        --token-label-dir /data/imagenet_token_labels --output runs/lvvit_s
+    python tools/train_cls.py t2t_vit_14 --data-dir /data/imagenet      # vanilla recipe (mixup/cutmix)
+
+An interrupted run continues with the same command plus --resume. See --help for every recipe value.
+"""
+from classification.train import main
+
+if __name__ == '__main__':
+    main()
