@@ -35,6 +35,7 @@ class Recipe:
     cutmix: float = 1.0  # vanilla mode only
     smoothing: float = 0.1
     scale_min: float = 0.08
+    interpolation: str = 'random'  # of the training crop: random (bilinear or bicubic), bilinear, bicubic
     hflip: float = 0.5
     auto_augment: Optional[str] = 'rand-m9-mstd0.5-inc1'
     reprob: float = 0.25

@@ -87,19 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     for f in recipe_fields():
         flag = '--' + f.name.replace('_', '-')
         if f.type in ('bool', bool):
-            recipe.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+            recipe.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
         else:
             kind = _none_or(_OPTIONAL_TYPES[f.name]) if f.name in _OPTIONAL_TYPES else type(f.default)
-            recipe.add_argument(flag, dest=f.name, type=kind, default=None)
+            recipe.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS)
     return p
 
 
 def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
     recipe = recipe_for(args.model, digits)
     for f in recipe_fields():
-        value = getattr(args, f.name)
-        if value is not None:
-            setattr(recipe, f.name, value)
+        if hasattr(args, f.name):  # given on the command line (None included: --auto-augment none)
+            setattr(recipe, f.name, getattr(args, f.name))
     if recipe.cls_target not in ('map', 'label'):
         raise SystemExit(f'--cls-target must be map or label, got {recipe.cls_target}')
     return recipe
@@ -146,7 +145,7 @@ def make_loaders(args, recipe: Recipe, info: DistInfo, data_dir: Path, store: Op
                  data_cfg: dict, img_size: int):
     train_tf = TrainTransform(img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
-                              mean=data_cfg['mean'], std=data_cfg['std'])
+                              interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
     train_set = ImageFolderDataset(data_dir, 'train', train_tf, label_store=store,
                                    skip_unreadable=args.skip_unreadable)
     val_tf = eval_transform(img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],

@@ -1,0 +1,141 @@
+"""Token-label generation: values against an independent computation, resume, torchrun sharding, clear errors."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+
+from classification.annotate import dense_scores, generate_token_labels
+from classification.augment import TrainTransform
+from classification.data import ImageFolderDataset, ImageReadError, collate_skipping
+from classification.distributed import DistInfo
+from classification.label_store import DONE, TokenLabelError, TokenLabelStore
+from cls_data import make_image_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+ANNOTATOR = 'resnet10t'
+KWARGS = {'output_stride': 16}
+
+
+@pytest.fixture(scope='module')
+def annotated(tmp_path_factory):
+    """A folder, a random-weight CNN annotator checkpoint, and its complete store (shards of 5 images)."""
+    tmp = tmp_path_factory.mktemp('labels')
+    data = make_image_folder(tmp / 'data')
+    torch.manual_seed(0)
+    model = timm.create_model(ANNOTATOR, num_classes=3, **KWARGS)
+    torch.save({'state_dict': model.state_dict()}, tmp / 'annotator.pth')
+    store = tmp / 'store'
+    generate_token_labels(data, ANNOTATOR, store, DistInfo(), checkpoint=str(tmp / 'annotator.pth'), img_size=64,
+                          topk=2, workers=0, shard_size=5, model_kwargs=KWARGS)
+    return tmp, data, model.eval(), store
+
+
+def independent_top_k(model, path: Path, k: int):
+    """Whole image squashed to 64x64, normalised, the fc layer at every position of the last feature map."""
+    img = Image.open(path).convert('RGB').resize((64, 64), Image.BICUBIC)
+    cfg = model.pretrained_cfg
+    x = TF.normalize(TF.to_tensor(img), cfg['mean'], cfg['std'])[None]
+    with torch.no_grad():
+        logits = model.fc(model.forward_features(x).permute(0, 2, 3, 1))[0]
+    return logits.topk(k, dim=-1)
+
+
+def test_store_holds_the_annotators_top_k_for_every_image(annotated):
+    _, data, model, root = annotated
+    store = TokenLabelStore(root)
+    paths = sorted(p.relative_to(data).as_posix() for p in (data / 'train').rglob('*') if p.is_file())
+    assert sorted(store.rows) == paths
+    assert store.grid == (4, 4) and store.meta['topk'] == 2
+    for path in paths[::7]:
+        scores, classes = store.read(store.row_of(path))
+        top = independent_top_k(model, data / path, 2)
+        np.testing.assert_allclose(scores.astype(np.float32), top.values.numpy(), rtol=2e-3, atol=2e-3)
+        assert (classes == top.indices.numpy()).all()
+    assert 'whole image' in store.meta['preprocessing']
+
+
+def test_dense_scores_of_a_token_model_use_every_patch_token():
+    model = timm.create_model('deit_small_patch16_224', num_classes=6, embed_dim=32, depth=1, num_heads=2).eval()
+    x = torch.randn(2, 3, 64, 64)
+    features = model.forward_features(x)
+    expected = model.head(features[:, 1:]).view(2, 4, 4, 6)
+    torch.testing.assert_close(dense_scores(model, x), expected)
+
+
+def test_interrupted_generation_resumes_without_redoing_finished_shards(annotated, tmp_path):
+    tmp, data, _, _ = annotated
+    broken = tmp_path / 'data'
+    make_image_folder(broken)
+    victim = sorted((broken / 'train' / 'n002').iterdir())[1]
+    victim.write_bytes(b'not an image')
+    store = tmp_path / 'store'
+    args = dict(checkpoint=str(tmp / 'annotator.pth'), img_size=64, topk=2, workers=0, shard_size=5,
+                model_kwargs=KWARGS)
+    with pytest.raises(ImageReadError, match=victim.name):
+        generate_token_labels(broken, ANNOTATOR, store, DistInfo(), **args)
+    with pytest.raises(TokenLabelError, match='incomplete'):
+        TokenLabelStore(store)
+    finished = {p.name: p.stat().st_mtime_ns for p in (store / DONE).iterdir()}
+    assert 0 < len(finished) < 5
+
+    make_image_folder(broken)  # the file is repaired; the same command finishes the job
+    generate_token_labels(broken, ANNOTATOR, store, DistInfo(), **args)
+    after = {p.name: p.stat().st_mtime_ns for p in (store / DONE).iterdir()}
+    assert len(after) == 5 and all(after[name] == t for name, t in finished.items())
+    resumed, reference = TokenLabelStore(store), TokenLabelStore(annotated[3])
+    for row in range(len(reference)):
+        np.testing.assert_array_equal(resumed.read(row)[1], reference.read(row)[1])
+
+
+def test_torchrun_sharded_generation_equals_one_process(annotated, tmp_path):
+    tmp, data, _, reference_root = annotated
+    out = tmp_path / 'store'
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', '29613',
+           str(ROOT / 'tools' / 'generate_token_labels.py'), '--data-dir', str(data), '--annotator', ANNOTATOR,
+           '--checkpoint', str(tmp / 'annotator.pth'), '--output', str(out), '--img-size', '64', '--topk', '2',
+           '--workers', '0', '--shard-size', '5', '--device', 'cpu', '--model-kwargs', 'output_stride=16']
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'every image has its row' in result.stdout
+    sharded, reference = TokenLabelStore(out), TokenLabelStore(reference_root)
+    assert sharded.rows == reference.rows
+    for row in range(len(reference)):
+        np.testing.assert_allclose(sharded.read(row)[0].astype(np.float32),
+                                   reference.read(row)[0].astype(np.float32), atol=1e-3)
+
+
+def test_generation_refuses_to_mix_two_annotations(annotated):
+    tmp, data, _, store = annotated
+    with pytest.raises(TokenLabelError, match='topk'):
+        generate_token_labels(data, ANNOTATOR, store, DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
+                              img_size=64, topk=3, workers=0, shard_size=5, model_kwargs=KWARGS)
+
+
+def test_training_set_errors_name_the_image(annotated, tmp_path):
+    _, data, _, root = annotated
+    copy = make_image_folder(tmp_path / 'data')
+    extra = copy / 'train' / 'n003' / 'extra.png'
+    Image.new('RGB', (40, 40)).save(extra)
+    with pytest.raises(TokenLabelError, match='train/n003/extra.png'):
+        ImageFolderDataset(copy, 'train', TrainTransform(32), label_store=TokenLabelStore(root))
+
+    extra.unlink()
+    bad = sorted((copy / 'train' / 'n001').iterdir())[0]
+    bad.write_bytes(bad.read_bytes()[:40])  # truncated file
+    strict = ImageFolderDataset(copy, 'train', TrainTransform(32), label_store=TokenLabelStore(root))
+    index = [p for p, _ in strict.samples].index(f'train/n001/{bad.name}')
+    with pytest.raises(ImageReadError, match=bad.name):
+        strict[index]
+    lenient = ImageFolderDataset(copy, 'train', TrainTransform(32), label_store=TokenLabelStore(root),
+                                 skip_unreadable=True)
+    batch = collate_skipping([lenient[index], lenient[index + 1]])
+    assert batch['skipped'] == 1 and batch['image'].shape == (1, 3, 32, 32)
+    assert batch['scores'].shape == (1, 4, 4, 2)

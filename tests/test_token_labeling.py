@@ -1,0 +1,80 @@
+"""The token-labeling loss by hand, MixToken on tokens and targets with one mask, token heads on every family."""
+import math
+
+import pytest
+import timm
+import torch
+
+import backbones  # noqa: F401
+from backbones.token_labeling import (
+    TokenLabelingModel, TokenLabelingOutput, add_token_head, forward_token_labeling, mix_box_lambda,
+)
+from classification.loss import TokenLabelingLoss, mix_targets
+
+
+def cross_entropy_by_hand(logits, target):
+    log_z = math.log(sum(math.exp(v) for v in logits))
+    return -sum(t * (v - log_z) for v, t in zip(logits, target))
+
+
+def test_loss_equals_a_hand_computation_with_mixtoken():
+    cls_logits = [[1.0, 0.0, -1.0], [0.5, 2.0, 1.0]]
+    token_logits = [[[[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]]], [[[0.0, 0.0, 3.0], [1.0, 1.0, 0.0]]]]  # (2, 1, 2, 3)
+    cls_target = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1]]
+    token_target = [[[[0.6, 0.2, 0.2], [0.2, 0.6, 0.2]]], [[[0.2, 0.2, 0.6], [0.3, 0.3, 0.4]]]]
+    box = (0, 1, 1, 2)  # the right token of each sample comes from the other sample; lambda = 1/2
+    beta = 0.5
+    out = TokenLabelingOutput(torch.tensor(cls_logits), torch.tensor(token_logits), box)
+    loss = TokenLabelingLoss(beta)(out, torch.tensor(cls_target), torch.tensor(token_target))
+
+    mixed_cls = [[0.5 * a + 0.5 * b for a, b in zip(cls_target[i], cls_target[1 - i])] for i in range(2)]
+    mixed_tokens = [[token_target[i][0][0], token_target[1 - i][0][1]] for i in range(2)]
+    cls_term = sum(cross_entropy_by_hand(cls_logits[i], mixed_cls[i]) for i in range(2)) / 2
+    token_term = sum(cross_entropy_by_hand(token_logits[i][0][j], mixed_tokens[i][j])
+                     for i in range(2) for j in range(2)) / 4
+    assert loss.item() == pytest.approx(cls_term + beta * token_term, rel=1e-6)
+
+
+def test_mix_targets_lambda_is_the_clipped_box_fraction():
+    cls = torch.eye(4)[:2]
+    tokens = torch.arange(2 * 3 * 5, dtype=torch.float32).view(2, 3, 5, 1)
+    box = (1, 2, 3, 5)
+    mixed_cls, mixed_tokens = mix_targets(cls, tokens, box)
+    lam = 1 - 2 * 3 / 15
+    assert mix_box_lambda(box, (3, 5)) == pytest.approx(lam)
+    torch.testing.assert_close(mixed_cls[0], lam * cls[0] + (1 - lam) * cls[1])
+    torch.testing.assert_close(mixed_tokens[0, 1:3, 2:5], tokens[1, 1:3, 2:5])
+    torch.testing.assert_close(mixed_tokens[0, 0], tokens[0, 0])
+
+
+@pytest.mark.parametrize('name, kwargs', [
+    ('lvvit_t', dict(img_size=64, embed_dim=32, num_heads=2, stem_chs=8)),
+    ('deit_small_patch16_224', dict(embed_dim=32, num_heads=2)),
+    ('t2t_vit_7', dict(img_size=64, embed_dim=32, num_heads=2, token_dim=8)),
+    ('cait_xxs24_224', dict(img_size=64, embed_dim=32, num_heads=2, depth_token_only=0)),
+])
+def test_mixtoken_mixes_patch_tokens_with_the_box_it_reports(name, kwargs):
+    """With no blocks each token's logits depend on its own patch only: inside the box they must be those of
+    the flipped batch, outside the sample's own."""
+    model = add_token_head(timm.create_model(name, num_classes=5, depth=0, **kwargs)).eval()
+    x = torch.randn(4, 3, 64, 64)
+    plain = forward_token_labeling(model, x, mix_alpha=0.0)
+    assert plain.mix_box is None and plain.token_logits.shape == (4, 4, 4, 5)
+    torch.manual_seed(3)
+    mixed = forward_token_labeling(model, x, mix_alpha=1.0)
+    top, left, bottom, right = mixed.mix_box
+    inside = torch.zeros(4, 4, dtype=torch.bool)
+    inside[top:bottom, left:right] = True
+    assert 0 < inside.sum() < 16
+    torch.testing.assert_close(mixed.token_logits[:, inside], plain.token_logits.flip(0)[:, inside])
+    torch.testing.assert_close(mixed.token_logits[:, ~inside], plain.token_logits[:, ~inside])
+
+
+def test_inference_adds_half_the_classwise_token_maximum():
+    model = timm.create_model('deit_small_patch16_224', num_classes=7, embed_dim=32, depth=1, num_heads=2)
+    wrapped = TokenLabelingModel(model).eval()
+    x = torch.randn(2, 3, 48, 48)
+    features = model.forward_features(x)
+    expected = model.head(features[:, 0]) + 0.5 * model.aux_head(features[:, 1:]).amax(dim=1)
+    torch.testing.assert_close(wrapped(x), expected)
+    assert 'aux_head' in model.pretrained_cfg['classifier']  # the loader treats it as a classifier

@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with the model's eval transform.
+
+    python tools/eval_cls.py lvvit_s --checkpoint lvvit_s-26M-224-83.3.pth.tar --data-dir /data/imagenet
+    python tools/eval_cls.py lvvit_s --checkpoint runs/lvvit_s/best.pth --data-dir /data/imagenet --real-labels
+
+Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
+class logits + 0.5 x the class-wise max over the token logits.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import timm
+import torch
+from timm.data import RealLabelsImagenet, resolve_data_config
+from torch.utils.data import DataLoader
+
+from backbones import CheckpointError, TokenLabelingModel, load_checkpoint
+from backbones.checkpoint import read_state_dict
+from classification.data import ImageFolderDataset, collate_skipping, eval_transform
+from classification.distributed import DistInfo
+from classification.engine import evaluate
+from classification.recipes import family_of
+from classification.train import parse_model_kwargs
+
+
+def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
+                     model_kwargs: dict) -> torch.nn.Module:
+    """The model with the checkpoint's weights; a token head is attached when the checkpoint has one."""
+    state = read_state_dict(checkpoint, use_ema)
+    kwargs = dict(num_classes=num_classes, **model_kwargs)
+    if img_size and family_of(name) is not None:
+        kwargs['img_size'] = img_size
+    if family_of(name) == 'lvvit':
+        kwargs['token_head'] = any(k.startswith('aux_head.') for k in state)
+    model = timm.create_model(name, **kwargs)
+    if any(k.startswith('aux_head.') for k in state):
+        model = TokenLabelingModel(model)
+    load_checkpoint(model.model if isinstance(model, TokenLabelingModel) else model, checkpoint, use_ema=use_ema)
+    return model.eval()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('model')
+    p.add_argument('--checkpoint', required=True)
+    p.add_argument('--data-dir', required=True)
+    p.add_argument('--split', default='val')
+    p.add_argument('--json', help='write the metrics to this file')
+    p.add_argument('--img-size', type=int, help='default: the model\'s own')
+    p.add_argument('--crop-pct', type=float, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
+    p.add_argument('--batch-size', type=int, default=100)
+    p.add_argument('--workers', type=int, default=4)
+    p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
+    p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
+                   help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
+    args = p.parse_args()
+    if args.model not in timm.list_models():
+        sys.exit(f'unknown model {args.model!r} (tools/model_info.py --all lists the suite models)')
+
+    data_cfg = resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(args.model).to_dict())
+    img_size = args.img_size or data_cfg['input_size'][-1]
+    crop_pct = args.crop_pct or data_cfg['crop_pct']
+    transform = eval_transform(img_size, crop_pct, data_cfg['interpolation'], data_cfg['mean'], data_cfg['std'])
+    dataset = ImageFolderDataset(args.data_dir, args.split, transform)
+    try:
+        model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
+                                 parse_model_kwargs(args.model_kwargs))
+    except CheckpointError as e:
+        sys.exit(str(e))
+    info = DistInfo(device=torch.device(args.device))
+    model.to(info.device)
+    loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
+    real = None
+    if args.real_labels:
+        files = [path for path, _ in dataset.samples]
+        real = RealLabelsImagenet(files, None if args.real_labels == 'timm' else args.real_labels)
+    metrics = evaluate(model, loader, info, args.amp, on_batch=(lambda logits, _: real.add_result(logits))
+                       if real else None)
+    metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct)
+    if real is not None:
+        metrics.update(real_top1=real.get_accuracy(1), real_top5=real.get_accuracy(5))
+    print(' '.join(f'{k} {v:.3f}' if isinstance(v, float) else f'{k} {v}' for k, v in metrics.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(metrics, indent=2) + '\n')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Dense token labels for token-labeling training: a machine annotator's top-k scores at every map position.
+
+    python tools/generate_token_labels.py --data-dir /data/imagenet --annotator nfnet_f6 \\
+        --output /data/imagenet_token_labels --img-size 576 --topk 5
+    torchrun --nproc-per-node 8 tools/generate_token_labels.py ...     # the same, data-parallel
+
+The annotator is any model of the suite's or timm's registry: timm's pretrained weights, or --checkpoint. The
+map describes the whole image resized to --img-size (no crop), so that training crops anywhere in the image
+find their labels. Run the same command again after an interruption: finished shards are kept. With several
+nodes, --output must be on a file system all of them share.
+"""
+import argparse
+
+from classification.annotate import generate_token_labels
+from classification.distributed import cleanup, init_distributed
+from classification.train import parse_model_kwargs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('--data-dir', required=True, help='ImageNet-layout folder (labels are made for SPLIT/)')
+    p.add_argument('--annotator', required=True, help='model name in the timm registry (suite models included)')
+    p.add_argument('--checkpoint', help='annotator weights (default: timm pretrained weights)')
+    p.add_argument('--output', required=True, help='folder of the token-label store')
+    p.add_argument('--img-size', type=int, help='annotator input size (default: its own)')
+    p.add_argument('--topk', type=int, default=5, help='classes kept per position (paper: 5)')
+    p.add_argument('--split', default='train')
+    p.add_argument('--batch-size', type=int, default=64)
+    p.add_argument('--workers', type=int, default=4)
+    p.add_argument('--shard-size', type=int, default=4096, help='images per resumable shard')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
+                   help='annotator arguments, e.g. output_stride=16 for a denser map')
+    p.add_argument('--device', help='cpu or cuda (default: cuda when available)')
+    args = p.parse_args()
+    info = init_distributed(args.device)
+    try:
+        meta = generate_token_labels(
+            args.data_dir, args.annotator, args.output, info, checkpoint=args.checkpoint, img_size=args.img_size,
+            topk=args.topk, split=args.split, batch_size=args.batch_size, workers=args.workers,
+            shard_size=args.shard_size, model_kwargs=parse_model_kwargs(args.model_kwargs))
+    finally:
+        cleanup(info)
+    if info.is_main:
+        h, w = meta['grid']
+        print(f'{args.output}: {h}x{w} x top-{meta["topk"]} maps of {meta["num_classes"]} classes for the '
+              f'{args.split} split ({h * w * meta["topk"] * 4} bytes per image); every image has its row')
+
+
+if __name__ == '__main__':
+    main()
