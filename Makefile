@@ -9,7 +9,7 @@ READY := $(VENV)/.ready
 .PHONY: run test venv clean-venv
 
 run: $(READY)
-	$(PY) tools/model_info.py --all
+	$(PY) tools/train_cls.py lvvit_s
 
 test: $(READY)
 	$(PY) -m pytest -q

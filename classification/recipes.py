@@ -52,9 +52,11 @@ CAIT = dict(epochs=400)
 
 FAMILY_RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'vit': DEIT, 'cait': CAIT}
 
-# The embedded digits run: small images, few epochs, a learning rate for a handful of steps per epoch.
-DIGITS = dict(epochs=12, warmup_epochs=1, batch_size=32, img_size=64, lr_base=2e-3, lr_base_batch=32,
-              min_lr=1e-5, ema_decay=0.0, scale_min=0.35, reprob=0.0, drop_path=0.0)
+# The embedded digits run (about 5 minutes on 2 CPU cores): 48x48 images (a 3x3 token grid), 8 epochs of 44
+# updates, milder crops and RandAugment than ImageNet's for 1,437 training images, no EMA for so few updates.
+DIGITS = dict(epochs=8, warmup_epochs=1, batch_size=32, img_size=48, lr_base=1e-3, lr_base_batch=32,
+              min_lr=1e-5, ema_decay=0.0, scale_min=0.5, auto_augment='rand-m5-mstd0.5-inc1', reprob=0.0,
+              drop_path=0.0)
 
 
 def family_of(model_name: str) -> Optional[str]:

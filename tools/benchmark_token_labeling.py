@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""What token labeling costs, measured against baselines in the same run.
+
+1. train step: token labeling (target building, token head, MixToken, loss) vs plain cross-entropy on the class
+   token, same model and batch;
+2. target builder: our batched builder vs a straightforward per-sample one (dense map, RoIAlign, per image);
+3. label store: bytes per image, and random-read throughput of the packed memory-mapped store vs one file per
+   image (the reference code's layout).
+
+    python tools/benchmark_token_labeling.py --model lvvit_s --batch-size 8 --device cpu
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torchvision.ops import roi_align
+
+from backbones import TokenLabelingModel, create_model
+from classification.augment import CropGeometry
+from classification.loss import TokenLabelingLoss, soft_cross_entropy
+from classification.targets import TokenTargetBuilder, one_hot_targets
+
+
+def synthetic_maps(B: int, h: int, k: int, C: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    top = torch.randn(B, h, h, C, device=device).topk(k, dim=-1)
+    return top.values.half(), top.indices
+
+
+def random_geometry(B: int, device) -> CropGeometry:
+    x1, y1 = torch.rand(B) * 0.5, torch.rand(B) * 0.5
+    box = torch.stack([x1, y1, x1 + 0.2 + torch.rand(B) * 0.3, y1 + 0.2 + torch.rand(B) * 0.3], dim=1)
+    return CropGeometry(box.to(device), (torch.rand(B) < 0.5).to(device), torch.eye(3)[:2].expand(B, 2, 3).to(device))
+
+
+def per_sample_targets(scores, classes, geometry, grid, C: int, smoothing: float):
+    """The straightforward way: per image, scatter the top-k into a dense C x h x w map, RoIAlign, flip."""
+    cls_targets, token_targets = [], []
+    h, w = scores.shape[1:3]
+    for i in range(scores.shape[0]):
+        dense = torch.zeros(C, h, w, device=scores.device)
+        dense.scatter_(0, classes[i].permute(2, 0, 1).long(), scores[i].float().softmax(-1).permute(2, 0, 1))
+        box = geometry.box[i] * torch.tensor([w, h, w, h], device=scores.device)
+        roi = torch.cat([torch.zeros(1, device=scores.device), box])[None]
+        tokens = roi_align(dense[None], roi, grid, 1.0, 2, aligned=True)[0]
+        cls = roi_align(dense[None], roi, (1, 1), 1.0, 2 * grid[0], aligned=True)[0, :, 0, 0]
+        if geometry.flip[i]:
+            tokens = tokens.flip(-1)
+        token_targets.append(tokens.permute(1, 2, 0) * (1 - smoothing) + smoothing / C)
+        cls_targets.append(cls * (1 - smoothing) + smoothing / C)
+    return torch.stack(cls_targets), torch.stack(token_targets)
+
+
+def timed(fn, steps: int, warmup: int, device) -> float:
+    """Median seconds per call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def bench_train_step(args, device) -> dict:
+    B, C, size = args.batch_size, args.num_classes, args.img_size
+    x = torch.randn(B, 3, size, size, device=device)
+    labels = torch.randint(C, (B,), device=device)
+    grid = size // 16
+    scores, classes = synthetic_maps(B, args.map_size, 5, C, device)
+    geometry = random_geometry(B, device)
+    builder, loss_fn = TokenTargetBuilder(C), TokenLabelingLoss(0.5)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if args.amp == 'bf16' else torch.autocast(
+        device.type, enabled=False)
+
+    def make(token_labeling: bool):
+        torch.manual_seed(0)
+        kwargs = {'token_head': token_labeling} if args.model.startswith('lvvit') else {}
+        model = create_model(args.model, num_classes=C, img_size=size, **kwargs)
+        model = (TokenLabelingModel(model) if token_labeling else model).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), 1e-4)
+
+        def step():
+            with amp:
+                out = model(x)
+            if token_labeling:
+                cls_t, tok_t = builder(scores, classes, geometry, out.token_logits.shape[1:3])
+                loss = loss_fn(out, cls_t, tok_t)
+            else:
+                loss = soft_cross_entropy(out, one_hot_targets(labels, C, 0.1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+
+    plain, tl = make(False), make(True)
+    # interleave repeats so drift of the machine's speed hits both alike
+    plain_t, tl_t = [], []
+    for _ in range(args.repeats):
+        plain_t.append(timed(plain, args.steps, args.warmup, device))
+        tl_t.append(timed(tl, args.steps, args.warmup, device))
+    p, t = float(np.median(plain_t)), float(np.median(tl_t))
+    return {'model': args.model, 'batch': B, 'img_size': size, 'token_grid': grid, 'plain_ce_s': p,
+            'token_labeling_s': t, 'overhead_pct': 100 * (t / p - 1)}
+
+
+def bench_builder(args, device) -> dict:
+    B, C, S = args.builder_batch, args.num_classes, args.img_size // 16
+    scores, classes = synthetic_maps(B, args.map_size, 5, C, device)
+    geometry = random_geometry(B, device)
+    builder = TokenTargetBuilder(C, 0.1)
+    ours = timed(lambda: builder(scores, classes, geometry, (S, S)), args.steps, 2, device)
+    naive = timed(lambda: per_sample_targets(scores, classes, geometry, (S, S), C, 0.1), max(2, args.steps // 3),
+                  1, device)
+    a = builder(scores, classes, geometry, (S, S))
+    b = per_sample_targets(scores, classes, geometry, (S, S), C, 0.1)
+    return {'batch': B, 'classes': C, 'map': args.map_size, 'grid': S, 'batched_img_s': B / ours,
+            'per_sample_img_s': B / naive, 'speedup': naive / ours,
+            'max_abs_difference': max((a[0] - b[0]).abs().max().item(), (a[1] - b[1]).abs().max().item())}
+
+
+def bench_store(args) -> dict:
+    N, h, k = args.store_images, args.map_size, 5
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((N, h, h, k)).astype(np.float16)
+    classes = rng.integers(0, args.num_classes, (N, h, h, k)).astype(np.int16)
+    order = rng.permutation(N)
+    with tempfile.TemporaryDirectory(dir=args.tmp_dir) as tmp:
+        tmp = Path(tmp)
+        np.save(tmp / 'scores.npy', scores)
+        np.save(tmp / 'classes.npy', classes)
+        files = tmp / 'files'
+        files.mkdir()
+        for i in range(N):  # the reference layout: one small torch file per image
+            torch.save(torch.stack([torch.from_numpy(scores[i].astype(np.float32)),
+                                    torch.from_numpy(classes[i].astype(np.float32))]), files / f'{i}.pt')
+        packed_bytes = (os.path.getsize(tmp / 'scores.npy') + os.path.getsize(tmp / 'classes.npy')) / N
+        file_bytes = sum(os.path.getsize(files / f'{i}.pt') for i in range(N)) / N
+        file_disk = sum(os.stat(files / f'{i}.pt').st_blocks * 512 for i in range(N)) / N
+
+        def read_packed():
+            s, c = np.load(tmp / 'scores.npy', mmap_mode='r'), np.load(tmp / 'classes.npy', mmap_mode='r')
+            for i in order:
+                np.array(s[i]), np.array(c[i])
+
+        def read_files():
+            for i in order:
+                torch.load(files / f'{i}.pt', weights_only=True)
+
+        packed_s = timed(read_packed, 3, 1, torch.device('cpu'))
+        files_s = timed(read_files, 3, 1, torch.device('cpu'))
+    return {'images': N, 'map': f'{h}x{h}x{k}', 'packed_bytes_per_image': packed_bytes,
+            'per_file_bytes_per_image': file_bytes, 'per_file_disk_bytes_per_image': file_disk,
+            'packed_reads_per_s': N / packed_s, 'per_file_reads_per_s': N / files_s, 'read_speedup': files_s / packed_s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--model', default='lvvit_s')
+    p.add_argument('--batch-size', type=int, default=8)
+    p.add_argument('--img-size', type=int, default=224)
+    p.add_argument('--num-classes', type=int, default=1000)
+    p.add_argument('--map-size', type=int, default=14, help='score-map side (paper: 18 from NFNet-F6 at 576)')
+    p.add_argument('--builder-batch', type=int, default=128)
+    p.add_argument('--store-images', type=int, default=5000)
+    p.add_argument('--steps', type=int, default=5)
+    p.add_argument('--warmup', type=int, default=2)
+    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--amp', choices=['none', 'bf16'], default='none')
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--tmp-dir', help='where the store benchmark writes its files (default: system temp)')
+    p.add_argument('--parts', nargs='*', default=['train', 'builder', 'store'])
+    p.add_argument('--json', help='also write the figures here')
+    args = p.parse_args()
+    device = torch.device(args.device)
+    random.seed(0)
+    torch.manual_seed(0)
+    results = {}
+    if 'train' in args.parts:
+        results['train_step'] = r = bench_train_step(args, device)
+        print(f"train step {r['model']} batch {r['batch']} @{r['img_size']}: plain CE {r['plain_ce_s'] * 1e3:.1f} ms, "
+              f"token labeling + MixToken {r['token_labeling_s'] * 1e3:.1f} ms, overhead {r['overhead_pct']:+.1f}%")
+    if 'builder' in args.parts:
+        results['target_builder'] = r = bench_builder(args, device)
+        print(f"target builder, batch {r['batch']}, {r['classes']} classes, {r['map']}x{r['map']} map -> "
+              f"{r['grid']}x{r['grid']}: batched {r['batched_img_s']:.0f} img/s, per-sample "
+              f"{r['per_sample_img_s']:.0f} img/s, x{r['speedup']:.1f} (max |diff| {r['max_abs_difference']:.1e})")
+    if 'store' in args.parts:
+        results['label_store'] = r = bench_store(args)
+        print(f"label store, {r['images']} images of {r['map']}: packed {r['packed_bytes_per_image']:.0f} B/image, "
+              f"one file per image {r['per_file_bytes_per_image']:.0f} B ({r['per_file_disk_bytes_per_image']:.0f} B "
+              f"on disk); random reads packed {r['packed_reads_per_s']:.0f}/s vs files "
+              f"{r['per_file_reads_per_s']:.0f}/s, x{r['read_speedup']:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + '\n')
+
+
+if __name__ == '__main__':
+    main()
