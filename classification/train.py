@@ -162,7 +162,7 @@ def make_loaders(args, recipe: Recipe, info: DistInfo, data_dir: Path, store: Op
     return train_loader, val_loader, train_set.classes
 
 
-def make_objective(recipe: Recipe, num_classes: int, store: Optional[TokenLabelStore]) -> Objective:
+def make_objective(recipe: Recipe, num_classes: int) -> Objective:
     if recipe.token_labeling:
         return Objective(num_classes, recipe.smoothing, TokenTargetBuilder(num_classes, recipe.smoothing),
                          TokenLabelingLoss(recipe.dense_weight), recipe.cls_target)
@@ -290,7 +290,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
 
     train_model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == 'cuda'
                                           else None) if info.distributed else model
-    objective = make_objective(recipe, num_classes, store)
+    objective = make_objective(recipe, num_classes)
     if info.is_main:
         print(f'{args.model}: {num_classes} classes, {len(train_loader.dataset)} train / {len(val_loader.dataset)} '
               f'val images, {info.world_size} process(es), global batch {global_batch}, lr {lr:.3g}, amp {amp}, '

@@ -1,5 +1,4 @@
 """Token targets follow the image geometry: known answers, RoIAlign equivalence, and the real image pipeline."""
-import math
 import random
 
 import numpy as np

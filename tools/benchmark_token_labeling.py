@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torchvision.ops import roi_align
 
 from backbones import TokenLabelingModel, create_model
