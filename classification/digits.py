@@ -23,8 +23,8 @@ VAL_EVERY = 5  # every fifth image (in the data set's order) is held out for val
 ANNOTATOR = 'resnet10t'  # a timm CNN: its head applied per position gives meaningful dense scores
 ANNOTATOR_ARGS = ['--epochs', '6', '--warmup-epochs', '1', '--lr-base', '2e-3', '--lr-base-batch', '32', '--ema-decay', '0',
                   '--drop-path', '0', '--mixup', '0', '--cutmix', '0', '--auto-augment', 'none', '--reprob', '0',
-                  '--scale-min', '0.5', '--model-kwargs', 'output_stride=16']
-ANNOTATOR_KWARGS = {'output_stride': 16}  # a 4x4 score map at 64x64, the token grid of the trained models
+                  '--scale-min', '0.5']
+ANNOTATOR_KWARGS = {'output_stride': 16}  # score maps on the same stride-16 grid as the trained models' tokens
 
 
 def write_digits_folder(root: Path) -> Path:
@@ -61,7 +61,8 @@ def prepare_digits_run(digits_dir: Path, recipe: Recipe, info: DistInfo, workers
     annotator_dir = digits_dir / 'annotator'
     if not (annotator_dir / 'metrics.json').exists():
         args = [ANNOTATOR, '--data-dir', str(data_dir), '--output', str(annotator_dir), '--workers', str(workers),
-                '--img-size', str(recipe.img_size), '--batch-size', str(recipe.batch_size), *ANNOTATOR_ARGS]
+                '--img-size', str(recipe.img_size), '--batch-size', str(recipe.batch_size), *ANNOTATOR_ARGS,
+                '--model-kwargs', *(f'{k}={v}' for k, v in ANNOTATOR_KWARGS.items())]
         if (annotator_dir / 'last.pth').exists():
             args.append('--resume')
         if info.is_main:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
@@ -97,8 +98,9 @@ def train_one_epoch(
         with autocast(info.device, amp):
             output = model(images)
         loss = objective.loss(output, batch, soft_labels, info.device)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f'loss is {loss.item()} at update {state.num_updates}; lower the learning rate '
+        value = loss.item()  # the step's one host-device sync
+        if not math.isfinite(value):
+            raise FloatingPointError(f'loss is {value} at update {state.num_updates}; lower the learning rate '
                                      f'or use bf16 instead of fp16')
         state.optimizer.zero_grad(set_to_none=True)
         if state.scaler is not None:
@@ -117,7 +119,6 @@ def train_one_epoch(
         if state.ema is not None:
             state.ema.update(model.module if hasattr(model, 'module') else model, step=state.num_updates)
         state.scheduler.step_update(state.num_updates)
-        value = loss.item()
         total, steps = total + value, steps + 1
         lr = state.optimizer.param_groups[0]['lr']
         bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}')

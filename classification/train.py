@@ -114,17 +114,21 @@ def pick_amp(amp: str, device: torch.device) -> str:
     return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
 
 
-def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
-    kwargs = dict(num_classes=num_classes, drop_path_rate=recipe.drop_path)
-    family = family_of(args.model)
-    if family is not None:  # a timm model from outside the suite (e.g. a CNN annotator) keeps its own size
+def create_classifier(name: str, num_classes: int, img_size: Optional[int] = None, token_labeling: bool = False,
+                      mix_token: float = 1.0, **kwargs) -> nn.Module:
+    """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken."""
+    family = family_of(name)
+    if family is not None and img_size is not None:  # timm models outside the suite (CNNs) keep their own size
         kwargs['img_size'] = img_size
     if family == 'lvvit':
-        kwargs['token_head'] = recipe.token_labeling
-    model = create_model(args.model, **kwargs, **parse_model_kwargs(args.model_kwargs))
-    if recipe.token_labeling:
-        model = TokenLabelingModel(model, recipe.mix_token)
-    return model
+        kwargs['token_head'] = token_labeling
+    model = create_model(name, num_classes=num_classes, **kwargs)
+    return TokenLabelingModel(model, mix_token) if token_labeling else model
+
+
+def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
+    return create_classifier(args.model, num_classes, img_size, recipe.token_labeling, recipe.mix_token,
+                             drop_path_rate=recipe.drop_path, **parse_model_kwargs(args.model_kwargs))
 
 
 def bare_model(model: nn.Module) -> nn.Module:

@@ -17,28 +17,20 @@ import torch
 from timm.data import RealLabelsImagenet, resolve_data_config
 from torch.utils.data import DataLoader
 
-from backbones import CheckpointError, TokenLabelingModel, load_checkpoint
+from backbones import CheckpointError, load_checkpoint
 from backbones.checkpoint import read_state_dict
 from classification.data import ImageFolderDataset, collate_skipping, eval_transform
 from classification.distributed import DistInfo
 from classification.engine import evaluate
-from classification.recipes import family_of
-from classification.train import parse_model_kwargs
+from classification.train import bare_model, create_classifier, parse_model_kwargs
 
 
 def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
                      model_kwargs: dict) -> torch.nn.Module:
     """The model with the checkpoint's weights; a token head is attached when the checkpoint has one."""
-    state = read_state_dict(checkpoint, use_ema)
-    kwargs = dict(num_classes=num_classes, **model_kwargs)
-    if img_size and family_of(name) is not None:
-        kwargs['img_size'] = img_size
-    if family_of(name) == 'lvvit':
-        kwargs['token_head'] = any(k.startswith('aux_head.') for k in state)
-    model = timm.create_model(name, **kwargs)
-    if any(k.startswith('aux_head.') for k in state):
-        model = TokenLabelingModel(model)
-    load_checkpoint(model.model if isinstance(model, TokenLabelingModel) else model, checkpoint, use_ema=use_ema)
+    token_head = any(k.startswith('aux_head.') for k in read_state_dict(checkpoint, use_ema))
+    model = create_classifier(name, num_classes, img_size, token_labeling=token_head, **model_kwargs)
+    load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
     return model.eval()
 
 
