@@ -29,6 +29,9 @@ class CaiT(TokenModelMixin, Cait):
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
         super().__init__(*args, **kwargs)
 
+    # timm's also drops the class token and the class-attention stage, which only the head uses.
+    prune_intermediate_layers = Cait.prune_intermediate_layers
+
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         grid = self.patch_embed(x)
         tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size)

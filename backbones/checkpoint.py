@@ -7,7 +7,8 @@ One entry point, `load_checkpoint(model, path)`, used by every tool. It
   `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes;
 - resamples `pos_embed` to the model's token grid (class slot or not: CaiT's table has none);
 - drops the classifier(s) (`head`, and LV-ViT's `aux_head`) when the class count differs;
-- by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys.
+- by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys,
+  and the family the file seems to hold (a T2T-ViT file given to an LV-ViT says so).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from .layers import resize_pos_embed
+from .registry import model_family
 
 StateDict = Dict[str, torch.Tensor]
 
@@ -115,6 +117,19 @@ def read_state_dict(path: str | Path, use_ema: bool = False) -> StateDict:
     return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
 
 
+# Keys that only one family's checkpoints have (registry family names), in the order they are tested: ViT's patch
+# projection is shared with CaiT, so it comes last.
+_FAMILY_SIGNS = (
+    ('t2t_vit', 'tokens_to_token.'), ('cait', 'blocks_token_only.'), ('lvvit', 'patch_embed.conv1.'),
+    ('vit', 'patch_embed.proj.'),
+)
+
+
+def guess_family(keys: List[str]) -> str | None:
+    """The suite family whose parameter names a checkpoint's keys carry, or None if none matches."""
+    return next((family for family, sign in _FAMILY_SIGNS if any(k.startswith(sign) for k in keys)), None)
+
+
 def _classifier_names(model: nn.Module) -> Tuple[str, ...]:
     names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
     return (names,) if isinstance(names, str) else tuple(names)
@@ -147,11 +162,13 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
     return adapted
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, strict: bool = True) -> LoadReport:
+def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, strict: bool = True,
+                    allow_unexpected: bool = False) -> LoadReport:
     """Load a checkpoint file into `model`; see the module docstring for the formats understood.
 
     With `strict` (the default) any missing, unexpected or mis-shaped key raises a CheckpointError naming them
     and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
+    `allow_unexpected` accepts (and reports) keys the model lacks: a backbone pruned of its head and last blocks.
     """
     report = LoadReport(str(path))
     own = model.state_dict()
@@ -162,10 +179,15 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     report.unexpected = [k for k in state_dict if k not in own]
     report.mismatched = [f'{k} {tuple(v.shape)} vs model {tuple(own[k].shape)}'
                          for k, v in state_dict.items() if k in own and v.shape != own[k].shape]
-    if strict and (report.missing or report.unexpected or report.mismatched):
+    unexpected = [] if allow_unexpected else report.unexpected
+    if strict and (report.missing or unexpected or report.mismatched):
         problems = [f'{label}: {_key_list(keys)}' for label, keys in
-                    (('missing keys', report.missing), ('unexpected keys', report.unexpected),
+                    (('missing keys', report.missing), ('unexpected keys', unexpected),
                      ('mis-shaped keys', report.mismatched)) if keys]
+        found = guess_family(list(state_dict))
+        name = getattr(model, 'pretrained_cfg', {}).get('architecture', type(model).__name__)
+        if found not in (None, model_family(name)):
+            problems.insert(0, f'the file holds a {found} model, not {name}')
         raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + '; '.join(problems))
     fitting = {k: v for k, v in state_dict.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(fitting, strict=False)

@@ -103,6 +103,21 @@ class TokenModelMixin:
         x, _ = self._embed_tokens(x)
         return self.norm(self._finish_tokens(self._run_blocks(x)))
 
+    def prune_intermediate_layers(
+            self,
+            indices: Union[int, List[int]] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> List[int]:
+        """Drop what `forward_intermediates(indices)` does not use: later blocks, the final norm, the heads."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0)
+        return take_indices
+
     def forward_intermediates(
             self,
             x: torch.Tensor,

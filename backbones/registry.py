@@ -42,6 +42,11 @@ def families() -> Dict[str, List[str]]:
     return {family: list(names) for family, names in _FAMILIES.items()}
 
 
+def model_family(name: str) -> str | None:
+    """The suite family a registered model name belongs to (None for other timm models)."""
+    return next((family for family, names in _FAMILIES.items() if name in names), None)
+
+
 def check_model_name(name: str) -> None:
     """Raise a ValueError that lists the closest registered names if `name` is not a registered model."""
     if not timm.is_model(name):

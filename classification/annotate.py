@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -30,6 +29,7 @@ from tqdm import tqdm
 from backbones import load_checkpoint
 from backbones.token_labeling import has_token_head, patch_tokens
 
+from .checkpointing import write_json_atomic
 from .data import read_image, scan_split
 from .distributed import DistInfo, barrier
 from .label_store import CLASSES, DONE, META, PATHS, SCORES, TokenLabelError, class_index_dtype, shard_ranges
@@ -115,15 +115,9 @@ def _open_or_create(output: Path, meta: dict, paths: List[str], grid, topk: int,
             np.lib.format.open_memmap(output / SCORES, 'w+', np.float16, shape).flush()
             np.lib.format.open_memmap(output / CLASSES, 'w+', class_index_dtype(meta['num_classes']), shape).flush()
             (output / PATHS).write_text('\n'.join(paths) + '\n')
-            _write_json(output / META, {**meta, 'complete': False})
+            write_json_atomic(output / META, {**meta, 'complete': False})
     barrier(info)
     return np.load(output / SCORES, mmap_mode='r+'), np.load(output / CLASSES, mmap_mode='r+')
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + '.tmp')
-    tmp.write_text(json.dumps(obj, indent=2) + '\n')
-    os.replace(tmp, path)
 
 
 def _shard_marker(output: Path, index: int) -> Path:
@@ -191,6 +185,6 @@ def generate_token_labels(
         listed = (output / PATHS).read_text().splitlines()
         if listed != paths:
             raise TokenLabelError(f'{output}: the stored image list does not match {data_dir / split}')
-        _write_json(output / META, {**meta, 'complete': True})
+        write_json_atomic(output / META, {**meta, 'complete': True})
     barrier(info)
     return meta

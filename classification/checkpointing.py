@@ -1,6 +1,7 @@
 """Training checkpoints: written atomically, read with `weights_only=True`, carrying every RNG state."""
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -19,6 +20,14 @@ def atomic_save(obj: object, path: str | Path) -> None:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | Path, obj: object) -> None:
+    """Write `obj` as indented JSON through a temporary file and a rename: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
+    tmp.write_text(json.dumps(obj, indent=2) + '\n')
     os.replace(tmp, path)
 
 

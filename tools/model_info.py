@@ -2,6 +2,7 @@
 
     python tools/model_info.py lvvit_s [--img-size 384] [--json]
     python tools/model_info.py --all
+    python tools/model_info.py --seg-config seg_configs/*.py     # segmentation models: parameters per part
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--img-size', type=int, default=None, help="input resolution (default: the model's own)")
     parser.add_argument('--json', action='store_true', help='print {"params", "trainable_params", "macs"}')
     parser.add_argument('--all', action='store_true', help='print the table of every model of the suite')
+    parser.add_argument('--seg-config', nargs='+', metavar='CONFIG', help='segmentation configs to count')
     args = parser.parse_args(argv)
-    if args.all == bool(args.model):
-        parser.error('give a model name or --all')
+    if sum((args.all, bool(args.model), bool(args.seg_config))) != 1:
+        parser.error('give a model name, --all or --seg-config')
     return args
 
 
@@ -35,8 +37,23 @@ def table(img_size: int | None) -> str:
     return '\n'.join(rows)
 
 
+def seg_table(configs: list[str]) -> str:
+    import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+    from segmentation.complexity import PARTS, segmentor_parameters
+    from segmentation.config import load_config
+    rows = [f"{'config':<40} " + ' '.join(f'{part:>15}' for part in PARTS) + f" {'total (M)':>10}"]
+    for path in configs:
+        counts = segmentor_parameters(load_config(path))
+        rows.append(f'{path:<40} ' + ' '.join(f'{counts.get(part, 0) / 1e6:>15.2f}' for part in PARTS)
+                    + f" {counts['total'] / 1e6:>10.2f}")
+    return '\n'.join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.seg_config:
+        print(seg_table(args.seg_config))
+        return 0
     if args.all:
         print(table(args.img_size))
         return 0

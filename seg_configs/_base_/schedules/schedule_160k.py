@@ -1,0 +1,26 @@
+# The LV-ViT paper's ADE20K schedule: AdamW lr 6e-5, weight decay 0.01, 1,500 linear warm-up iterations, then
+# linear (poly, power 1) decay to 5e-6 at 160k iterations. Layer-wise lr decay is available but off, as in the
+# paper: constructor='LayerDecayOptimWrapperConstructor', paramwise_cfg=dict(layer_decay_rate=0.9).
+max_iters = 160000
+warmup_iters = 1500
+interval = 16000
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=warmup_iters),
+    dict(type='PolyLR', power=1.0, eta_min=5e-6, by_epoch=False, begin=warmup_iters, end=max_iters),
+]
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=interval)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+default_hooks = dict(
+    timer=dict(type='IterTimerHook'),
+    logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
+    param_scheduler=dict(type='ParamSchedulerHook'),
+    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=interval, max_keep_ckpts=3,
+                    save_best='mIoU', rule='greater'),
+    sampler_seed=dict(type='DistSamplerSeedHook'),
+    visualization=dict(type='SegVisualizationHook'),
+)

@@ -1,0 +1,121 @@
+"""The suite's classification models as mmsegmentation backbones: one design, registered once per family.
+
+A backbone wraps a registered model (e.g. `lvvit_m`), pruned to what the chosen blocks need, and returns the patch
+tokens after the blocks in `out_indices` as stride-16 NCHW maps, class tokens dropped, no final norm (as the
+papers' segmentation code). `drop_path_rate` is stochastic depth (the reference passed it as MLP dropout).
+
+Any input size works, also in test mode where mmseg does not pad: the image is padded to the stride, the position
+embeddings are resampled to its token grid, and the maps are cropped back to the image's own extent, so that the
+decode head's final resize to the image size is exact.
+
+`pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)` loads a classification checkpoint (ours
+or an official release file) through `backbones.load_checkpoint`: wrappers, prefixes and the position-table resize
+are handled there, a missing backbone key is an error, and keys of the pruned parts (heads, final norm, later
+blocks) are reported in the log.
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+
+from backbones import create_model, load_checkpoint, suite_models
+from mmseg.registry import MODELS
+
+
+def crop_to_extent(maps: torch.Tensor, extent: Tuple[float, float]) -> torch.Tensor:
+    """Resample the top-left `extent` (fractions of height, width) of (B, C, h, w) maps back onto h x w cells."""
+    fy, fx = extent
+    if fy == 1 and fx == 1:
+        return maps
+    # align_corners=False: output edge -1 maps to input edge -1, output edge +1 to input position 2f - 1.
+    theta = maps.new_tensor([[fx, 0, fx - 1], [0, fy, fy - 1]]).expand(maps.shape[0], 2, 3)
+    grid = F.affine_grid(theta, list(maps.shape), align_corners=False)
+    return F.grid_sample(maps, grid, mode='bilinear', padding_mode='border', align_corners=False)
+
+
+class TokenBackbone(BaseModule):
+    """Shared design of the four families' backbones; subclasses name the family."""
+
+    family: ClassVar[str]
+
+    def __init__(
+            self,
+            model_name: str,
+            out_indices: Sequence[int],
+            img_size: int = 512,
+            drop_path_rate: float = 0.0,
+            pretrained: Optional[str] = None,
+            use_ema: bool = False,
+            model_kwargs: Optional[dict] = None,
+            init_cfg: Optional[dict] = None,
+    ) -> None:
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError('give the backbone either `pretrained` or `init_cfg`, not both')
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg)
+        family_models = suite_models(self.family)
+        if model_name not in family_models:
+            raise ValueError(f'{type(self).__name__} takes a {self.family} model, not {model_name!r}; '
+                             f'choose one of: {", ".join(family_models)}')
+        self.model = create_model(model_name, img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate,
+                                  **(model_kwargs or {}))
+        depth = len(self.model.blocks)
+        if not out_indices or any(not -depth <= i < depth for i in out_indices):
+            raise ValueError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
+        self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
+        self.stride = img_size // self.model.patch_embed.grid_size[0]
+        self.use_ema = use_ema
+
+    @property
+    def num_layers(self) -> int:
+        """Blocks kept (the depth that layer-wise learning-rate decay counts)."""
+        return len(self.model.blocks)
+
+    def init_weights(self) -> None:
+        """Load the `Pretrained` checkpoint through the suite's loader; otherwise keep the model's own init."""
+        if self.init_cfg is None:
+            return
+        if self.init_cfg.get('type') != 'Pretrained':
+            raise ValueError(f'{type(self).__name__} understands init_cfg type "Pretrained" only, '
+                             f'got {self.init_cfg!r}')
+        report = load_checkpoint(self.model, self.init_cfg['checkpoint'], use_ema=self.use_ema, strict=True,
+                                 allow_unexpected=True)
+        print_log(f'{type(self).__name__}: {report.summary()}', logger='current')
+        self._is_init = True
+
+    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        H, W = images.shape[-2:]
+        Hp, Wp = (math.ceil(size / self.stride) * self.stride for size in (H, W))
+        padded = F.pad(images, (0, Wp - W, 0, Hp - H))
+        maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
+        return tuple(crop_to_extent(m, (H / Hp, W / Wp)) for m in maps)
+
+
+@MODELS.register_module()
+class LVViTBackbone(TokenBackbone):
+    """LV-ViT (`lvvit_t/s/m/l`)."""
+    family = 'lvvit'
+
+
+@MODELS.register_module()
+class T2TViTBackbone(TokenBackbone):
+    """T2T-ViT (`t2t_vit_7` ... `t2t_vit_24`, `t2t_vit_t_*`)."""
+    family = 't2t_vit'
+
+
+@MODELS.register_module()
+class CaiTBackbone(TokenBackbone):
+    """CaiT (`cait_*`): the class-attention stage is not used; patch tokens after the self-attention blocks."""
+    family = 'cait'
+
+
+@MODELS.register_module()
+class ViTBackbone(TokenBackbone):
+    """ViT and DeiT (`vit_base_patch16_224`, `deit_small_patch16_224`, ...)."""
+    family = 'vit'

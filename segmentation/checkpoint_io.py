@@ -1,0 +1,76 @@
+"""mmengine's checkpoints: written atomically, and read under torch >= 2.6 without running pickled code.
+
+mmengine 0.10.7 writes a checkpoint straight into its final path, so a crash while saving leaves a torn file; the
+local file backend is replaced by one that writes to a temporary file, syncs it and renames it over the target.
+
+mmengine 0.10.7 reads local checkpoints with a bare `torch.load`, which torch >= 2.6 runs as a weights-only load
+that refuses mmengine's checkpoints: their message hub holds `HistoryBuffer` objects (NumPy arrays inside). This
+module replaces mmengine's loader for local paths with a weights-only load that additionally accepts exactly the
+types mmengine itself writes there (and `getattr` only for the HistoryBuffer methods they reference). Nothing else
+from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote URLs keep mmengine's own loaders.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+from numpy._core.multiarray import _reconstruct, scalar
+from mmengine.fileio import LocalBackend, io as fileio, register_backend
+from mmengine.logging.history_buffer import HistoryBuffer
+from mmengine.runner import CheckpointLoader
+
+from backbones import CheckpointError
+
+
+def _history_buffer_method(owner: object, name: str) -> object:
+    """The one use of `getattr` in mmengine's checkpoints: a HistoryBuffer's statistics methods, and nothing else."""
+    if owner is not HistoryBuffer or name not in ('min', 'max', 'mean', 'current'):
+        raise pickle.UnpicklingError(f'getattr({owner!r}, {name!r}) is not part of an mmengine checkpoint')
+    return getattr(HistoryBuffer, name)
+
+
+def mmengine_checkpoint_globals() -> List[object]:
+    """The non-tensor globals in the checkpoints mmengine writes: its log buffers (with their statistics methods,
+    pickled as `getattr(HistoryBuffer, name)`) and the NumPy arrays in them."""
+    dtypes = {type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)}
+    return [HistoryBuffer, (_history_buffer_method, 'builtins.getattr'), np.ndarray, np.dtype, _reconstruct, scalar,
+            *dtypes]
+
+
+def load_local_checkpoint(filename: str, map_location: Optional[str] = None) -> dict:
+    """mmengine's local-file loader, weights-only with mmengine's own types allowed."""
+    path = Path(filename).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f'{filename}: checkpoint file not found')
+    try:
+        with torch.serialization.safe_globals(mmengine_checkpoint_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f'{path}: holds Python objects beyond what mmengine writes into its checkpoints, and loading them '
+            f'would run code from the file ({exc})') from exc
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose writes are atomic (temporary file, fsync, rename)."""
+
+    def put(self, obj: bytes, filepath: str | Path) -> None:
+        path = Path(filepath)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
+        with open(tmp, 'wb') as f:
+            f.write(obj)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)
+register_backend('local', AtomicLocalBackend, force=True, prefixes='')
+# get_file_backend caches one instance per prefix: drop local ones made before the registration.
+for _key in [k for k, v in fileio.backend_instances.items() if type(v) is LocalBackend]:
+    del fileio.backend_instances[_key]

@@ -1,0 +1,65 @@
+"""The evaluator behind tools/test_seg.py: single-scale or the papers' multi-scale + flip mIoU of a checkpoint."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from mmengine.config import Config
+from mmengine.runner import Runner
+
+from .config import load_config, resolve_data
+from .train import add_common_options, work_dir_for
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('config', help='the config the checkpoint was trained with')
+    parser.add_argument('checkpoint', help=(
+        'a checkpoint written by tools/train_seg.py (or mmseg\'s train.py). mmengine checkpoints are pickles: '
+        'they are read with torch\'s weights-only unpickler that also accepts the few types mmengine stores in '
+        'them (its log buffers, NumPy arrays), and a file needing more is refused, as unpickling anything else '
+        'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
+    add_common_options(parser)
+    parser.add_argument('--ms', action='store_true',
+                        help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged')
+    parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
+    parser.add_argument('--out', help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
+    parser.add_argument('--pred-dir', help='save the predicted label maps here (PNG, ADE20K label values)')
+    return parser
+
+
+def use_multi_scale(cfg: Config, flip: bool) -> None:
+    """Test with the config's `tta_pipeline` (the papers' scales) and `tta_model`; without flip if asked."""
+    pipeline = cfg.tta_pipeline
+    if not flip:
+        tta = next(step for step in pipeline if step['type'] == 'TestTimeAug')
+        tta['transforms'] = [[dict(type='RandomFlip', prob=0.0)] if any(t['type'] == 'RandomFlip' for t in group)
+                             else group for group in tta['transforms']]
+    cfg.test_dataloader.dataset.pipeline = pipeline
+    cfg.tta_model['module'] = cfg.model
+    cfg.model = cfg.tta_model
+
+
+def prepare(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
+    if not Path(args.checkpoint).is_file():
+        raise FileNotFoundError(f'{args.checkpoint}: checkpoint file not found')
+    cfg.load_from = args.checkpoint
+    resolve_data(cfg, args.data_root)
+    if args.ms:
+        use_multi_scale(cfg, flip=not args.no_flip)
+    elif args.no_flip:
+        raise SystemExit('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+    cfg.test_evaluator = dict(type='IoUReport', json_file=args.out, output_dir=args.pred_dir)
+    return cfg
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
+    args = build_parser().parse_args(argv)
+    metrics = Runner.from_cfg(prepare(args)).test()
+    mode = 'multi-scale' + ('' if args.no_flip else ' + flip') if args.ms else 'single-scale'
+    print(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
+    return metrics

@@ -1,0 +1,61 @@
+"""The trainer behind tools/train_seg.py: a config, mmengine's Runner, and the suite's data fallback."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import List, Optional
+
+from mmengine.config import Config, DictAction
+from mmengine.runner import Runner
+
+from .config import check_pretrained, load_config, resolve_data, shorten_schedule
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Options train_seg and test_seg share."""
+    parser.add_argument('--work-dir', help='output folder (default: work_dirs/<config name>)')
+    parser.add_argument('--data-root', help='data set folder in ADE20K layout, instead of the config\'s')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                        help='override config values, e.g. train_dataloader.batch_size=4 model.backbone.pretrained=None')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none',
+                        help='"pytorch" under torchrun, "slurm" under srun; "none" for one process')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('config', help='config file, e.g. seg_configs/upernet_lvvit_m.py')
+    add_common_options(parser)
+    parser.add_argument('--resume', action='store_true',
+                        help='continue from the latest checkpoint in the work dir')
+    parser.add_argument('--iters', type=int,
+                        help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
+    parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
+    return parser
+
+
+def work_dir_for(cfg: Config, config_path: str, work_dir: Optional[str]) -> str:
+    return work_dir or cfg.get('work_dir') or os.path.join('work_dirs', Path(config_path).stem)
+
+
+def prepare(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
+    if not resolve_data(cfg, args.data_root):
+        check_pretrained(cfg)
+    if args.iters:
+        shorten_schedule(cfg, args.iters)
+    if args.amp:
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+    started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
+    if started and not args.resume:
+        raise SystemExit(f'{cfg.work_dir} already holds a run: add --resume to continue it, '
+                         'or choose another --work-dir')
+    cfg.resume = args.resume and started
+    return cfg
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
+    Runner.from_cfg(prepare(args)).train()

@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""Evaluate a segmentation checkpoint: single-scale, or multi-scale + flip as in the papers, mIoU/mAcc/aAcc.
+
+    python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --out ss.json
+    python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --ms --out ms.json
+"""
+from segmentation.test import main
+
+if __name__ == '__main__':
+    main()
