@@ -1,0 +1,77 @@
+"""Helpers for the segmentation tests: tiny versions of the real configs, a tiny ADE20K-format data set."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+from mmengine.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / 'seg_configs'
+DIM = 32
+# Per family: the model overrides that make a tiny version of each config's backbone.
+TINY_MODELS = {
+    'upernet_lvvit_s.py': dict(embed_dim=DIM, depth=4, num_heads=2, stem_chs=8),
+    'fcn_lvvit_s.py': dict(embed_dim=DIM, depth=4, num_heads=2, stem_chs=8),
+    'upernet_t2t_vit_14.py': dict(embed_dim=DIM, depth=4, num_heads=2, token_dim=8),
+    'upernet_cait_s24.py': dict(embed_dim=DIM, depth=4, num_heads=2, depth_token_only=1),
+    'upernet_deit_s.py': dict(embed_dim=DIM, depth=4, num_heads=2),
+}
+
+
+def tiny_model_overrides(config_name: str, img_size: int = 64) -> dict:
+    """Overrides (a config's `model` dict) for a 4-block, 32-wide backbone and 16-channel heads."""
+    levels = 2 if config_name.startswith('fcn') else 4
+    neck_out = (DIM,) * (levels - 1) + (48,)
+    model = dict(
+        backbone=dict(model_kwargs=TINY_MODELS[config_name], out_indices=tuple(range(4 - levels, 4)),
+                      img_size=img_size, pretrained=None),
+        neck=dict(in_channels=DIM, out_channels=neck_out),
+        auxiliary_head=dict(in_channels=DIM, channels=16),
+    )
+    if levels == 4:
+        model['decode_head'] = dict(in_channels=list(neck_out), channels=16)
+    else:
+        model['decode_head'] = dict(in_channels=neck_out[-1], channels=16)
+    return model
+
+
+def tiny_config(config_name: str, img_size: int = 64) -> Config:
+    cfg = Config.fromfile(CONFIGS / config_name)
+    cfg.merge_from_dict(dict(model=tiny_model_overrides(config_name, img_size)))
+    return cfg
+
+
+def write_tiny_config(path: Path, config_name: str, data_root: Path) -> Path:
+    """A config file that inherits a real one, with a tiny model, whole-image test, no loader workers."""
+    loader = dict(num_workers=0, persistent_workers=False, dataset=dict(data_root=str(data_root)))
+    overrides = dict(
+        model=dict(tiny_model_overrides(config_name), test_cfg=dict(_delete_=True, mode='whole')),
+        train_dataloader=loader, val_dataloader=loader, test_dataloader=loader,
+        default_hooks=dict(logger=dict(interval=1), visualization=dict(type='SegVisualizationHook')),
+    )
+    lines = [f'_base_ = [{str(CONFIGS / config_name)!r}]'] + [f'{k} = {v!r}' for k, v in overrides.items()]
+    path.write_text('\n'.join(lines) + '\n')
+    return path
+
+
+def write_tiny_ade(root: Path, counts=(('training', 4), ('validation', 3)), seed: int = 0) -> Path:
+    """Small images in ADE20K's layout: rectangles of a few classes (ADE labels 1..6) on class 1, some 0 (ignored)."""
+    rng = np.random.default_rng(seed)
+    for split, count in counts:
+        (root / 'images' / split).mkdir(parents=True, exist_ok=True)
+        (root / 'annotations' / split).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            h, w = rng.integers(40, 72, 2)
+            label = np.ones((h, w), np.uint8)
+            image = np.zeros((h, w, 3), np.uint8) + 60
+            for _ in range(3):
+                cls = int(rng.integers(2, 7))
+                y, x = rng.integers(0, h - 8), rng.integers(0, w - 8)
+                label[y:y + 12, x:x + 16] = cls
+                image[y:y + 12, x:x + 16] = (cls * 40) % 256
+            label[:2] = 0
+            cv2.imwrite(str(root / 'images' / split / f'img_{split}_{i}.jpg'), image)
+            cv2.imwrite(str(root / 'annotations' / split / f'img_{split}_{i}.png'), label)
+    return root

@@ -1,0 +1,90 @@
+"""tools/train_seg.py and tools/test_seg.py end to end on a tiny ADE20K-format set, and mmseg's own tools."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import mmseg
+from seg_data import REPO, write_tiny_ade, write_tiny_config
+
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def independent_scores(pred_dir: Path, ann_dir: Path, num_classes: int = 150) -> dict:
+    """mIoU / mAcc / aAcc from the saved PNGs (ADE20K values: 0 ignored, class c stored as c + 1)."""
+    hist = np.zeros((num_classes, num_classes), np.int64)
+    for ann in sorted(ann_dir.glob('*.png')):
+        gt = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED).astype(np.int64) - 1
+        pred = cv2.imread(str(pred_dir / ann.name), cv2.IMREAD_UNCHANGED).astype(np.int64) - 1
+        valid = gt >= 0
+        hist += np.bincount(gt[valid] * num_classes + pred[valid], minlength=num_classes ** 2).reshape(hist.shape)
+    tp = np.diag(hist).astype(float)
+    union = hist.sum(0) + hist.sum(1) - tp
+    present = union > 0
+    with np.errstate(invalid='ignore', divide='ignore'):
+        acc = tp / hist.sum(1)
+    return {'mIoU': 100 * np.mean(tp[present] / union[present]), 'aAcc': 100 * tp.sum() / hist.sum(),
+            'mAcc': 100 * np.nanmean(acc)}
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """A tiny UperNet + LV-ViT run of 2 iterations, then resumed to 3."""
+    root = tmp_path_factory.mktemp('seg')
+    data = write_tiny_ade(root / 'ade')
+    config = write_tiny_config(root / 'tiny_upernet_lvvit.py', 'upernet_lvvit_s.py', data)
+    work = root / 'work'
+    run('tools/train_seg.py', str(config), '--work-dir', str(work), '--iters', '2', cwd=REPO)
+    return root, config, work, data
+
+
+def test_train_refuses_to_overwrite_and_resumes(trained):
+    root, config, work, _ = trained
+    refused = subprocess.run([sys.executable, 'tools/train_seg.py', str(config), '--work-dir', str(work),
+                              '--iters', '3'], cwd=REPO, env=ENV, capture_output=True, text=True)
+    assert refused.returncode != 0 and 'add --resume' in refused.stderr
+    result = run('tools/train_seg.py', str(config), '--work-dir', str(work), '--iters', '3', '--resume', cwd=REPO)
+    log = result.stdout + result.stderr
+    assert 'resumed epoch: 0, iter: 2' in log
+    assert 'Iter(train) [3/3]' in log and 'Iter(train) [1/3]' not in log
+    assert (work / 'iter_3.pth').is_file()
+
+
+@pytest.mark.parametrize('mode', ['ss', 'ms'])
+def test_evaluation_matches_an_independent_computation(trained, mode):
+    root, config, work, data = trained
+    out, preds = root / f'{mode}.json', root / f'pred_{mode}'
+    args = ['tools/test_seg.py', str(config), str(work / 'iter_2.pth'), '--out', str(out), '--pred-dir', str(preds)]
+    result = run(*args, *(['--ms'] if mode == 'ms' else []), cwd=REPO)
+    report = json.loads(out.read_text())
+    expected = independent_scores(preds, data / 'annotations' / 'validation')
+    for key in ('mIoU', 'aAcc', 'mAcc'):
+        assert report[key] == pytest.approx(expected[key], abs=1e-6), key
+    assert len(report['per_class']) == 150 and set(report['per_class']['wall']) == {'IoU', 'Acc'}
+    label = 'multi-scale + flip' if mode == 'ms' else 'single-scale'
+    assert f'{label}: mIoU {report["mIoU"]:.2f}' in result.stdout
+
+
+def test_mmseg_stock_tools_run_the_configs(trained):
+    root, config, _, _ = trained
+    tools = Path(mmseg.__file__).parent / '.mim' / 'tools'
+    work = root / 'stock'
+    run(str(tools / 'train.py'), str(config), '--work-dir', str(work),
+        '--cfg-options', 'train_cfg.max_iters=1', 'train_cfg.val_interval=1', 'default_hooks.checkpoint.interval=1',
+        cwd=REPO)
+    result = run(str(tools / 'test.py'), str(config), str(work / 'iter_1.pth'), '--work-dir', str(work), '--tta',
+                 cwd=REPO)
+    assert 'mIoU' in result.stdout + result.stderr

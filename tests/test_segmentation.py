@@ -1,0 +1,200 @@
+"""Segmentation models: the mmseg backbones, neck, configs, checkpoint loading and layer-wise lr decay."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
+from mmengine.structures import PixelData
+
+import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from backbones import CheckpointError, create_model
+from conftest import save_release
+from mmseg.registry import MODELS
+from mmseg.structures import SegDataSample
+from seg_data import CONFIGS, TINY_MODELS, tiny_config
+from segmentation.backbone import crop_to_extent
+from segmentation.complexity import segmentor_parameters
+from segmentation.config import load_config
+
+init_default_scope('mmseg')
+
+
+def build(cfg):
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    return model
+
+
+def sample(height: int, width: int, num_classes: int = 150) -> SegDataSample:
+    data_sample = SegDataSample(metainfo=dict(img_shape=(height, width), ori_shape=(height, width)))
+    data_sample.gt_sem_seg = PixelData(data=torch.randint(0, num_classes, (1, height, width)))
+    return data_sample
+
+
+@pytest.mark.parametrize('config', sorted(p.name for p in CONFIGS.glob('*.py')))
+def test_every_config_builds_with_its_backbone(config):
+    cfg = load_config(str(CONFIGS / config))
+    counts = segmentor_parameters(cfg)
+    # The backbone holds exactly the classification model's parameters up to the last block used, without the
+    # final norm and heads (CaiT: also without the class token and class-attention stage).
+    with torch.device('meta'):
+        reference = create_model(cfg.model.backbone.model_name, img_size=512, num_classes=0)
+    last = max(cfg.model.backbone.out_indices)
+    kept = sum(p.numel() for name, p in reference.named_parameters()
+               if not name.startswith(('norm.', 'blocks_token_only.', 'cls_token' if 'cait' in config else '-'))
+               and not (name.startswith('blocks.') and int(name.split('.')[1]) > last))
+    assert counts['backbone'] == kept
+    assert counts['total'] == sum(v for k, v in counts.items() if k != 'total')
+
+
+@pytest.mark.parametrize('config', sorted(TINY_MODELS))
+def test_one_training_step_reaches_every_parameter(config):
+    cfg = tiny_config(config)
+    cfg.model.backbone.drop_path_rate = 0.0  # a dropped residual branch would rightly get no gradient
+    model = build(cfg).train()
+    optim = build_optim_wrapper(model, dict(optimizer=dict(type='AdamW', lr=1e-3)))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = dict(inputs=[torch.randint(0, 255, (3, 70, 90), dtype=torch.uint8) for _ in range(2)],
+                data_samples=[sample(70, 90) for _ in range(2)])
+    losses = model.train_step(data, optim)
+    assert all(torch.isfinite(v) for v in losses.values())
+    # Every parameter took part (no unused parameter: DDP without find_unused_parameters works) and moved.
+    unchanged = [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]
+    assert unchanged == []
+
+
+@pytest.mark.parametrize('config', sorted(TINY_MODELS))
+def test_prediction_at_full_resolution_for_odd_sizes(config):
+    cfg = tiny_config(config)
+    model = build(cfg).eval()
+    data = model.data_preprocessor(dict(inputs=[torch.randint(0, 255, (3, 333, 517), dtype=torch.uint8)],
+                                        data_samples=[sample(333, 517)]), training=False)
+    with torch.no_grad():
+        features = model.backbone(data['inputs'])
+        result = model.predict(**data)[0]
+    assert all(f.shape[-2:] == (math.ceil(333 / 16), math.ceil(517 / 16)) for f in features)
+    assert result.pred_sem_seg.data.shape == (1, 333, 517)
+    assert result.seg_logits.data.shape == (150, 333, 517)
+
+
+def test_crop_to_extent_resamples_the_valid_region():
+    # A map whose value is its column index: after keeping the first 13/16 of the width, output column j (centre
+    # at (j + 0.5) * 13/16 input cells) must hold (j + 0.5) * 13/16 - 0.5, the bilinear value there.
+    h, w = 3, 16
+    maps = torch.arange(w, dtype=torch.float32).expand(1, 2, h, w).clone()
+    out = crop_to_extent(maps, (1.0, 13 / 16))
+    expected = (torch.arange(w) + 0.5) * 13 / 16 - 0.5
+    torch.testing.assert_close(out[0, 1, 1], expected.clamp(min=0), atol=1e-5, rtol=0)
+    assert torch.equal(crop_to_extent(maps, (1.0, 1.0)), maps)
+
+
+def test_backbone_features_are_the_models_intermediates():
+    cfg = tiny_config('upernet_lvvit_s.py')
+    backbone = build(cfg).backbone.eval()
+    reference = create_model('lvvit_s', img_size=64, num_classes=0, **TINY_MODELS['upernet_lvvit_s.py']).eval()
+    reference.load_state_dict(backbone.model.state_dict(), strict=False)
+    x = torch.randn(1, 3, 96, 80)
+    with torch.no_grad():
+        expected = reference.forward_intermediates(x, [0, 1, 2, 3], intermediates_only=True)
+        for got, want in zip(backbone(x), expected):
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize('config', sorted(TINY_MODELS))
+def test_drop_path_is_stochastic_depth(config):
+    cfg = tiny_config(config)
+    cfg.model.backbone.drop_path_rate = 0.3
+    blocks = build(cfg).backbone.model.blocks
+    rates = [getattr(getattr(b, 'drop_path', None) or b.drop_path1, 'drop_prob', 0.0) for b in blocks]
+    # CaiT's rule is one rate for every block; the others ramp it up linearly from 0.
+    expected = [0.3] * len(blocks) if 'cait' in config else np.linspace(0, 0.3, len(blocks))
+    np.testing.assert_allclose(rates, expected, atol=1e-6)
+    dropouts = [m.p for b in blocks for m in b.mlp.modules() if isinstance(m, torch.nn.Dropout)]
+    assert all(p == 0 for p in dropouts)
+
+
+def release_of(name: str, tmp_path, layout: str, **kwargs):
+    """An ImageNet classifier of `name` (224 pixels, 1000 classes), saved in a release layout."""
+    model = create_model(name, num_classes=1000, **kwargs)
+    return model, save_release(tmp_path / f'{name}_{layout}.pth', model.state_dict(), layout)
+
+
+@pytest.mark.parametrize('config,name,layout', [
+    ('upernet_lvvit_s.py', 'lvvit_s', 'timm_train'), ('upernet_t2t_vit_14.py', 't2t_vit_14', 'timm_train'),
+    ('upernet_cait_s24.py', 'cait_s24_224', 'deit'), ('upernet_deit_s.py', 'deit_small_patch16_224', 'deit'),
+    ('upernet_lvvit_s.py', 'lvvit_s', 'ours'),
+])
+def test_classification_checkpoint_loads_into_backbone(config, name, layout, tmp_path):
+    kwargs = TINY_MODELS[config]
+    classifier, path = release_of(name, tmp_path, 'plain' if layout == 'ours' else layout, **kwargs)
+    if layout == 'ours':  # what tools/train_cls.py writes as best.pth
+        torch.save({'state_dict': classifier.state_dict(), 'state_dict_ema': classifier.state_dict(), 'epoch': 3,
+                    'metrics': {'top1': 50.0}, 'args': {'model': name}}, path)
+    cfg = tiny_config(config)
+    cfg.model.backbone.pretrained = str(path)
+    backbone = build(cfg).backbone
+    own = backbone.model.state_dict()
+    source = classifier.state_dict()
+    for key in own:
+        if key == 'pos_embed':  # resized from 14x14 to the backbone's 4x4 grid
+            assert own[key].shape[1] == source[key].shape[1] - 196 + 16
+        elif not key.endswith('num_batches_tracked'):
+            assert torch.equal(own[key], source[key]), key
+
+
+def test_wrong_family_and_missing_keys_are_errors(tmp_path):
+    _, t2t = release_of('t2t_vit_14', tmp_path, 'timm_train', **TINY_MODELS['upernet_t2t_vit_14.py'])
+    cfg = tiny_config('upernet_lvvit_s.py')
+    cfg.model.backbone.pretrained = str(t2t)
+    with pytest.raises(CheckpointError, match='holds a t2t_vit model, not lvvit_s'):
+        build(cfg)
+    classifier = create_model('lvvit_s', **TINY_MODELS['upernet_lvvit_s.py'])
+    state = {k: v for k, v in classifier.state_dict().items() if not k.startswith('blocks.2.')}
+    torch.save(state, tmp_path / 'partial.pth')
+    cfg.model.backbone.pretrained = str(tmp_path / 'partial.pth')
+    with pytest.raises(CheckpointError, match='missing keys: blocks.2.norm1.weight'):
+        build(cfg)
+    cfg.model.backbone.model_name = 't2t_vit_14'
+    with pytest.raises(ValueError, match='LVViTBackbone takes a lvvit model.*lvvit_s'):
+        build(cfg)
+
+
+def test_layer_decay_scales_lr_per_block():
+    cfg = tiny_config('upernet_lvvit_s.py')
+    model = build(cfg)
+    optim = build_optim_wrapper(model, dict(
+        optimizer=dict(type='AdamW', lr=1.0, weight_decay=0.05), constructor='LayerDecayOptimWrapperConstructor',
+        paramwise_cfg=dict(layer_decay_rate=0.5)))
+    group_of = {id(p): g for g in optim.optimizer.param_groups for p in g['params']}
+    num_layers = 4 + 1  # 4 blocks, plus the embedding
+    params = dict(model.named_parameters())
+    for name, lr, wd in [
+        ('backbone.model.patch_embed.conv1.weight', 0.5 ** num_layers, 0.05),
+        ('backbone.model.pos_embed', 0.5 ** num_layers, 0.0),
+        ('backbone.model.blocks.0.attn.qkv.weight', 0.5 ** 4, 0.05),
+        ('backbone.model.blocks.3.mlp.fc1.weight', 0.5, 0.05),
+        ('backbone.model.blocks.3.mlp.fc1.bias', 0.5, 0.0),
+        ('decode_head.conv_seg.weight', 1.0, 0.05),
+        ('neck.levels.0.0.weight', 1.0, 0.05),
+    ]:
+        group = group_of[id(params[name])]
+        assert group['lr'] == pytest.approx(lr), name
+        assert group['weight_decay'] == wd, name
+    assert sum(len(g['params']) for g in optim.optimizer.param_groups) == len(params)
+
+
+TABLE_8 = {'fcn_lvvit_s.py': 30, 'upernet_lvvit_s.py': 44, 'upernet_lvvit_m.py': 77, 'upernet_lvvit_l.py': 209}
+
+
+def test_lvvit_config_sizes_match_the_paper(capsys):
+    from tools.model_info import main
+    assert main(['--seg-config', *(str(CONFIGS / name) for name in TABLE_8)]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    for name, row in zip(TABLE_8, rows):
+        assert row.split()[0].endswith(name)
+        total = float(row.split()[-1])
+        assert abs(total - TABLE_8[name]) / TABLE_8[name] < 0.05, (name, total)
