@@ -48,15 +48,15 @@ def _scale_sizes(node, factor: float) -> None:
                 _scale_sizes(value, factor)
 
 
-def use_digits_data(cfg: Config) -> None:
-    """Point the config at the embedded digits set (written on first use), at a quarter of the sizes."""
+def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
+    """Point the config at the embedded digits set (written on first use), its sizes times `scale`."""
     write_digits_ade(DIGITS_ROOT)
     for dataset in _datasets(cfg):
         dataset.update(type='DigitsSegDataset', data_root=DIGITS_ROOT)
-        _scale_sizes(dataset['pipeline'], DIGITS_SCALE)
-    _scale_sizes(cfg.get('tta_pipeline', []), DIGITS_SCALE)
-    _scale_sizes(cfg.model.get('data_preprocessor', {}), DIGITS_SCALE)
-    _scale_sizes(cfg.model.get('test_cfg', {}), DIGITS_SCALE)
+        _scale_sizes(dataset['pipeline'], scale)
+    _scale_sizes(cfg.get('tta_pipeline', []), scale)
+    _scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
+    _scale_sizes(cfg.model.get('test_cfg', {}), scale)
     for head in ('decode_head', 'auxiliary_head'):
         if cfg.model.get(head):
             cfg.model[head]['num_classes'] = len(CLASSES)

@@ -23,8 +23,7 @@ from mmengine.runner import Runner
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from mmseg.registry import MODELS
-from segmentation.config import DIGITS_ROOT, load_config, use_digits_data
-from segmentation.digits import write_digits_ade
+from segmentation.config import DIGITS_SCALE, load_config, use_digits_data
 from segmentation.test import use_multi_scale
 
 
@@ -62,14 +61,7 @@ def main() -> None:
     args = parse_args()
     init_default_scope('mmseg')
     cfg = load_config(args.config, {'model.backbone.pretrained': None})
-    if args.full_size:
-        write_digits_ade(DIGITS_ROOT)
-        for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-            cfg[key]['dataset'].update(type='DigitsSegDataset', data_root=DIGITS_ROOT)
-        for head in ('decode_head', 'auxiliary_head'):
-            cfg.model[head]['num_classes'] = 11
-    else:
-        use_digits_data(cfg)
+    use_digits_data(cfg, scale=1.0 if args.full_size else DIGITS_SCALE)
     cfg.train_dataloader.batch_size = args.batch_size
     model = MODELS.build(cfg.model).to(args.device)
     results = {'config': args.config, 'device': args.device, 'full_size': args.full_size}
