@@ -6,7 +6,8 @@ One entry point, `load_checkpoint(model, path)`, used by every tool. It
 - unwraps `{'state_dict': ...}` / `{'state_dict_ema': ...}` (timm-style training checkpoints: LV-ViT, T2T-ViT),
   `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes;
 - resamples `pos_embed` to the model's token grid (class slot or not: CaiT's table has none);
-- drops the classifier(s) (`head`, and LV-ViT's `aux_head`) when the class count differs;
+- drops the classifier(s) (`head`, and the token head `aux_head`) when the class count differs, when the model
+  has no such head, or always with `new_head` (transfer to a new label set);
 - by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys,
   and the family the file seems to hold (a T2T-ViT file given to an LV-ViT says so).
 """
@@ -24,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from .layers import resize_pos_embed
+from .token_labeling import TOKEN_HEAD
 from .registry import model_family
 
 StateDict = Dict[str, torch.Tensor]
@@ -130,9 +132,11 @@ def guess_family(keys: List[str]) -> str | None:
     return next((family for family, sign in _FAMILY_SIGNS if any(k.startswith(sign) for k in keys)), None)
 
 
-def _classifier_names(model: nn.Module) -> Tuple[str, ...]:
+def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
+    """Key prefixes of the model's classifiers, and of the token head any model of the suite may carry."""
     names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
-    return (names,) if isinstance(names, str) else tuple(names)
+    names = (names,) if isinstance(names, str) else tuple(names)
+    return tuple(f'{name}.' for name in dict.fromkeys((*names, TOKEN_HEAD)))
 
 
 def _fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
@@ -145,13 +149,14 @@ def _fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
     return resize_pos_embed(value, grid, (side, side))
 
 
-def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, report: LoadReport) -> StateDict:
+def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, report: LoadReport,
+                     new_head: bool = False) -> StateDict:
     """Fit a checkpoint to `model` (whose state dict is `own`): resized position table, foreign classifiers dropped."""
-    classifiers = tuple(f'{name}.' for name in _classifier_names(model))
+    classifiers = _classifier_prefixes(model)
     num_classes = getattr(model, 'num_classes', None)
     adapted = {}
     for key, value in state_dict.items():
-        if key.startswith(classifiers) and (key not in own or value.shape[0] != num_classes):
+        if key.startswith(classifiers) and (new_head or key not in own or value.shape[0] != num_classes):
             report.dropped_classifier.append(key)
             continue
         if key == 'pos_embed' and key in own and value.shape != own[key].shape:
@@ -163,17 +168,18 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
 
 
 def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, strict: bool = True,
-                    allow_unexpected: bool = False) -> LoadReport:
+                    allow_unexpected: bool = False, new_head: bool = False) -> LoadReport:
     """Load a checkpoint file into `model`; see the module docstring for the formats understood.
 
     With `strict` (the default) any missing, unexpected or mis-shaped key raises a CheckpointError naming them
     and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
     `allow_unexpected` accepts (and reports) keys the model lacks: a backbone pruned of its head and last blocks.
+    `new_head` keeps the model's own (freshly initialised) classifiers even when the file's would fit.
     """
     report = LoadReport(str(path))
     own = model.state_dict()
-    state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report)
-    fresh_head = tuple(f'{name}.' for name in _classifier_names(model)) if report.dropped_classifier else ()
+    state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)
+    fresh_head = _classifier_prefixes(model) if report.dropped_classifier or new_head else ()
     report.missing = [k for k in own if k not in state_dict and not k.endswith('num_batches_tracked')
                       and not k.startswith(fresh_head)]
     report.unexpected = [k for k in state_dict if k not in own]

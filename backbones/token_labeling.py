@@ -17,6 +17,7 @@ from timm.layers import trunc_normal_
 Grid = Tuple[int, int]
 Box = Tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
 
+TOKEN_HEAD = 'aux_head'  # the token head's attribute and checkpoint key prefix in every family
 TOKEN_LOGIT_WEIGHT = 0.5  # inference: class logits + 0.5 * class-wise max of the token logits (LV-ViT paper)
 
 
@@ -58,20 +59,18 @@ def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
 
 
 def has_token_head(model: nn.Module) -> bool:
-    return getattr(model, 'aux_head', None) is not None
+    return getattr(model, TOKEN_HEAD, None) is not None
 
 
 def add_token_head(model: nn.Module) -> nn.Module:
-    """Give `model` a token head (`aux_head`: one linear classifier shared by all patch tokens) if it has none."""
+    """Give `model` a token head (`aux_head`: one linear classifier shared by all patch tokens) if it has none.
+
+    The checkpoint loader treats `aux_head` as a classifier of every model (dropped when the class count changes).
+    """
     if not has_token_head(model):
         model.aux_head = nn.Linear(model.num_features, model.num_classes)
         trunc_normal_(model.aux_head.weight, std=0.02)
         nn.init.zeros_(model.aux_head.bias)
-        # a classifier for the checkpoint loader too: dropped, not mis-shaped, when the class count changes
-        cfg = dict(getattr(model, 'pretrained_cfg', None) or {})
-        heads = cfg.get('classifier', 'head')
-        cfg['classifier'] = (*((heads,) if isinstance(heads, str) else heads), 'aux_head')
-        model.pretrained_cfg = cfg
     return model
 
 

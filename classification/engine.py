@@ -30,34 +30,45 @@ def show_progress(info: DistInfo) -> bool:
     return info.is_main and sys.stderr.isatty()
 
 
+BatchTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass
 class Objective:
-    """Turns a batch and the model's output into the loss: token labeling, or soft targets (mixup/cutmix)."""
+    """Turns a batch and the model's output into the loss: token labeling, or soft targets (mixup/cutmix).
+
+    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps
+    when `token_builder` is set, otherwise every token gets the image label (CIFAR transfer of an LV-ViT).
+    """
 
     num_classes: int
     smoothing: float
-    token_builder: Optional[TokenTargetBuilder] = None  # token labeling when set
-    token_loss: Optional[TokenLabelingLoss] = None
+    token_builder: Optional[TokenTargetBuilder] = None
+    token_loss: Optional[TokenLabelingLoss] = None  # token labeling when set
     cls_target: str = 'map'
     mixup: Optional[Callable] = None  # timm Mixup for the vanilla recipe
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Images and soft labels before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
-        if self.token_builder is not None:
+        if self.token_loss is not None:
             return images, None
         if self.mixup is not None:
             return self.mixup(images, labels)
         return images, one_hot_targets(labels, self.num_classes, self.smoothing)
 
     def loss(self, output, batch: dict, soft_labels: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
-        if self.token_builder is None:
+        if self.token_loss is None:
             return soft_cross_entropy(output, soft_labels)
         if not isinstance(output, TokenLabelingOutput):
             raise TypeError('token labeling needs a model with a token head in training mode')
+        grid = output.token_logits.shape[1:3]
+        if self.token_builder is None:
+            label_target = one_hot_targets(batch['label'].to(device), self.num_classes, self.smoothing)
+            return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
-            geometry, output.token_logits.shape[1:3])
+            geometry, grid)
         if self.cls_target == 'label':
             cls_target = one_hot_targets(batch['label'].to(device), self.num_classes, self.smoothing)
         return self.token_loss(output, cls_target, token_target)
@@ -83,8 +94,12 @@ def train_one_epoch(
         clip_grad: Optional[float] = None,
         log: Optional[Callable[[int, float, float], None]] = None,
         desc: str = 'train',
+        transform: Optional[BatchTransform] = None,
 ) -> float:
-    """Train for one pass over `loader`; returns the mean loss over all processes."""
+    """Train for one pass over `loader`; returns the mean loss over all processes.
+
+    `transform` turns the loader's images into the model's input on the device (CIFAR: upsample and augment).
+    """
     model.train()
     total, steps = 0.0, 0
     bar = tqdm(loader, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False)
@@ -93,6 +108,8 @@ def train_one_epoch(
         if 'image' not in batch:
             continue
         images = batch['image'].to(info.device, non_blocking=True)
+        if transform is not None:
+            images = transform(images)
         labels = batch['label'].to(info.device, non_blocking=True)
         images, soft_labels = objective.prepare(images, labels)
         with autocast(info.device, amp):
@@ -136,6 +153,7 @@ def evaluate(
         amp: str = 'none',
         on_batch: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
         desc: str = 'eval',
+        transform: Optional[BatchTransform] = None,
 ) -> dict:
     """Top-1 / top-5 accuracy (percent) over the shards of all processes; `on_batch(logits, indices)` sees each."""
     model.eval()
@@ -144,8 +162,11 @@ def evaluate(
         skipped += batch['skipped']
         if 'image' not in batch:
             continue
+        images = batch['image'].to(info.device, non_blocking=True)
+        if transform is not None:
+            images = transform(images)
         with autocast(info.device, amp):
-            logits = model(batch['image'].to(info.device, non_blocking=True)).float()
+            logits = model(images).float()
         labels = batch['label'].to(info.device)
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hits = top == labels[:, None]

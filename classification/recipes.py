@@ -4,11 +4,14 @@ Learning rates follow the linear scaling rule: lr = lr_base * global batch / lr_
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from backbones import families
+
+R = TypeVar('R')
 
 
 @dataclass
@@ -77,5 +80,27 @@ def recipe_for(model_name: str, digits: bool = False) -> Recipe:
     return Recipe(**values)
 
 
-def recipe_fields() -> list[dataclasses.Field]:
-    return list(dataclasses.fields(Recipe))
+def _none_or(kind: type) -> Callable[[str], object]:
+    return lambda text: None if text.lower() == 'none' else kind(text)
+
+
+def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type, optional_types: dict) -> None:
+    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given on the command line.
+
+    `optional_types` gives the value type of fields whose default is None (the word `none` sets None).
+    """
+    for f in dataclasses.fields(recipe_class):
+        flag = '--' + f.name.replace('_', '-')
+        if f.type in ('bool', bool):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+        else:
+            kind = _none_or(optional_types[f.name]) if f.name in optional_types else type(f.default)
+            group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS)
+
+
+def override_recipe(recipe: R, args: argparse.Namespace) -> R:
+    """The recipe with every field given on the command line (None included: `--auto-augment none`) replaced."""
+    for f in dataclasses.fields(recipe):
+        if hasattr(args, f.name):
+            setattr(recipe, f.name, getattr(args, f.name))
+    return recipe

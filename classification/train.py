@@ -8,7 +8,6 @@ import argparse
 import ast
 import json
 import os
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -19,28 +18,23 @@ from timm.data import Mixup, resolve_data_config
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from backbones import CheckpointError, TokenLabelingModel, create_model, load_checkpoint
 from backbones.registry import check_model_name
 
 from .augment import TrainTransform
-from .checkpointing import atomic_save, read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .checkpointing import seed_all, write_json_atomic
 from .data import ImageFolderDataset, collate_skipping, eval_transform
 from .distributed import DistInfo, ShardSampler, barrier, cleanup, init_distributed
-from .engine import Objective, StepState, evaluate, train_one_epoch
+from .engine import Objective, StepState
+from .fit import METRICS, Fit, RunLog, bare_model, resume_path
 from .label_store import TokenLabelStore
 from .loss import TokenLabelingLoss
-from .recipes import Recipe, family_of, recipe_fields, recipe_for
+from .recipes import Recipe, add_recipe_arguments, family_of, override_recipe, recipe_for
 from .targets import TokenTargetBuilder
 
-LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 _OPTIONAL_TYPES = {'img_size': int, 'clip_grad': float, 'auto_augment': str}
-
-
-def _none_or(kind):
-    return lambda text: None if text.lower() == 'none' else kind(text)
 
 
 def parse_model_kwargs(items: List[str]) -> dict:
@@ -83,22 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
     p.add_argument('--log-interval', type=int, default=50, help='updates between TensorBoard loss points')
-    recipe = p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)')
-    for f in recipe_fields():
-        flag = '--' + f.name.replace('_', '-')
-        if f.type in ('bool', bool):
-            recipe.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        else:
-            kind = _none_or(_OPTIONAL_TYPES[f.name]) if f.name in _OPTIONAL_TYPES else type(f.default)
-            recipe.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS)
+    add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
+                         Recipe, _OPTIONAL_TYPES)
     return p
 
 
 def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
-    recipe = recipe_for(args.model, digits)
-    for f in recipe_fields():
-        if hasattr(args, f.name):  # given on the command line (None included: --auto-augment none)
-            setattr(recipe, f.name, getattr(args, f.name))
+    recipe = override_recipe(recipe_for(args.model, digits), args)
     if recipe.cls_target not in ('map', 'label'):
         raise SystemExit(f'--cls-target must be map or label, got {recipe.cls_target}')
     return recipe
@@ -129,12 +114,6 @@ def create_classifier(name: str, num_classes: int, img_size: Optional[int] = Non
 def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
     return create_classifier(args.model, num_classes, img_size, recipe.token_labeling, recipe.mix_token,
                              drop_path_rate=recipe.drop_path, **parse_model_kwargs(args.model_kwargs))
-
-
-def bare_model(model: nn.Module) -> nn.Module:
-    """The classifier itself: without DDP and the token-labeling wrapper (what checkpoints hold)."""
-    model = model.module if isinstance(model, DistributedDataParallel) else model
-    return model.model if isinstance(model, TokenLabelingModel) else model
 
 
 def load_finetune_weights(model: nn.Module, path: str) -> str:
@@ -177,38 +156,6 @@ def make_objective(recipe: Recipe, num_classes: int) -> Objective:
     return Objective(num_classes, recipe.smoothing, mixup=mixup)
 
 
-class RunLog:
-    """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only."""
-
-    def __init__(self, output: Path, info: DistInfo, interval: int) -> None:
-        self.output, self.enabled, self.interval = output, info.is_main, interval
-        self.writer = None
-        if self.enabled:
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(str(output / 'tensorboard'))
-
-    def step(self, update: int, loss: float, lr: float) -> None:
-        if self.writer is not None and update % self.interval == 0:
-            self.writer.add_scalar('train/loss', loss, update)
-            self.writer.add_scalar('train/lr', lr, update)
-
-    def epoch(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        for key, value in record.items():
-            if isinstance(value, float) and key != 'time':
-                self.writer.add_scalar(f'epoch/{key}', value, record['epoch'])
-        self.writer.flush()
-        with open(self.output / LOG, 'a') as f:
-            f.write(json.dumps(record) + '\n')
-        parts = [f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in record.items()]
-        print('  '.join(parts), flush=True)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def main(argv: Optional[List[str]] = None) -> dict:
     args = build_parser().parse_args(argv)
     if args.model not in timm.list_models():
@@ -238,11 +185,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
                          f'(tools/generate_token_labels.py makes one) or --no-token-labeling')
     store = TokenLabelStore(token_label_dir) if recipe.token_labeling else None
 
-    resume_path = None
-    if args.resume:
-        resume_path = output / LAST if args.resume == 'auto' else Path(args.resume)
-    elif (output / LAST).exists():
-        raise SystemExit(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
+    resume = resume_path(args.resume, output)
     if info.is_main:
         output.mkdir(parents=True, exist_ok=True)
     barrier(info)
@@ -254,7 +197,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     num_classes = len(classes)
     seed_all(args.seed)  # the initial weights do not depend on what ran before
     model = build_model(args, recipe, num_classes, img_size)
-    if args.finetune and not resume_path:
+    if args.finetune and not resume:
         message = load_finetune_weights(bare_model(model), args.finetune)
         if info.is_main:
             print(message, flush=True)
@@ -273,90 +216,26 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     ema = ModelEmaV3(model, decay=recipe.ema_decay, use_warmup=True) if recipe.ema_decay > 0 else None
     state = StepState(optimizer, scheduler, scaler, ema)
 
-    start_epoch, best = 0, {'top1': -1.0, 'epoch': -1}
-    if resume_path:
-        ckpt = read_training_checkpoint(resume_path)
-        bare_model(model).load_state_dict(ckpt['state_dict'])
-        if ema is not None and 'state_dict_ema' in ckpt:
-            bare_model(ema.module).load_state_dict(ckpt['state_dict_ema'])
-        optimizer.load_state_dict(ckpt['optimizer'])
-        scheduler.load_state_dict(ckpt['scheduler'])
-        if scaler is not None and 'scaler' in ckpt:
-            scaler.load_state_dict(ckpt['scaler'])
-        start_epoch, state.num_updates, best = ckpt['epoch'] + 1, ckpt['num_updates'], ckpt['best']
-        record = ckpt['metrics']
-        set_rng_state(ckpt['rng'][info.rank] if info.rank < len(ckpt['rng']) else ckpt['rng'][0])
-        if info.is_main:
-            print(f'resumed {resume_path} at epoch {start_epoch}', flush=True)
-    else:
-        record = {}
-        seed_all(args.seed + info.rank)  # augmentation and MixToken differ between processes
-
-    train_model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == 'cuda'
-                                          else None) if info.distributed else model
-    objective = make_objective(recipe, num_classes)
+    fit = Fit(model, state, make_objective(recipe, num_classes), info, output, {'model': args.model, **vars(recipe)},
+              amp, recipe.clip_grad)
+    fit.start(resume, args.seed)
     if info.is_main:
         print(f'{args.model}: {num_classes} classes, {len(train_loader.dataset)} train / {len(val_loader.dataset)} '
               f'val images, {info.world_size} process(es), global batch {global_batch}, lr {lr:.3g}, amp {amp}, '
               f'token labeling {recipe.token_labeling}', flush=True)
         print('recipe: ' + json.dumps(vars(recipe)), flush=True)
-    runlog = RunLog(output, info, args.log_interval)
-    for epoch in range(start_epoch, num_epochs):
-        started = time.time()
-        train_loader.sampler.set_epoch(epoch)
-        loss = train_one_epoch(train_model, train_loader, objective, state, info, amp, recipe.clip_grad,
-                               runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}')
-        scheduler.step(epoch + 1)
-        record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': optimizer.param_groups[0]['lr']}
-        record.update(evaluate(model, val_loader, info, amp, desc='val'))
-        if ema is not None:
-            ema_metrics = evaluate(ema.module, val_loader, info, amp, desc='val ema')
-            record.update(ema_top1=ema_metrics['top1'], ema_top5=ema_metrics['top5'])
-        record['skipped_train'] = state.skipped
-        record['time'] = round(time.time() - started, 1)
-        is_best = record['top1'] > best['top1']
-        if is_best:
-            best = {'top1': record['top1'], 'epoch': epoch + 1}
-        save_epoch(output, model, ema, state, epoch, best, record, args, recipe, info, is_best)
-        runlog.epoch(record)
-    runlog.close()
+    record = fit.run(train_loader, val_loader, num_epochs, RunLog(output, info, args.log_interval))
+    best = fit.best
     metrics = {'model': args.model, 'top1': record.get('top1'), 'top5': record.get('top5'), 'epochs': num_epochs,
                'best_top1': best['top1'], 'best_epoch': best['epoch'], 'token_labeling': recipe.token_labeling,
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
     if ema is not None:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
     if info.is_main:
-        (output / METRICS).write_text(json.dumps(metrics, indent=2) + '\n')
+        write_json_atomic(output / METRICS, metrics)
         print(f'done: top-1 {metrics["top1"]:.2f}%  top-5 {metrics["top5"]:.2f}%  -> {output / METRICS}', flush=True)
         if metrics['skipped_images']:
             print(f'skipped {metrics["skipped_images"]} unreadable image(s)', flush=True)
     return metrics
 
-
-def gather_rng_states(info: DistInfo) -> list:
-    """Every process's RNG state (index = rank), so a resumed DDP run continues each one's stream."""
-    state = rng_state()
-    if not info.distributed:
-        return [state]
-    states = [None] * info.world_size
-    torch.distributed.all_gather_object(states, state)
-    return states
-
-
-def save_epoch(output: Path, model: nn.Module, ema, state: StepState, epoch: int, best: dict, record: dict,
-               args: argparse.Namespace, recipe: Recipe, info: DistInfo, is_best: bool) -> None:
-    rng = gather_rng_states(info)
-    if not info.is_main:
-        return
-    weights = {'state_dict': bare_model(model).state_dict()}
-    if ema is not None:
-        weights['state_dict_ema'] = bare_model(ema.module).state_dict()
-    ckpt = {**weights, 'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
-            'epoch': epoch, 'num_updates': state.num_updates, 'best': best, 'rng': rng,
-            'args': {'model': args.model, **vars(recipe)}, 'metrics': record}
-    if state.scaler is not None:
-        ckpt['scaler'] = state.scaler.state_dict()
-    atomic_save(ckpt, output / LAST)
-    if is_best:
-        atomic_save({**weights, 'epoch': epoch, 'metrics': record, 'args': ckpt['args']}, output / BEST)
 

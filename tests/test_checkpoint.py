@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 from backbones import CheckpointError, load_checkpoint
 from backbones.checkpoint import read_state_dict
+from backbones.token_labeling import add_token_head
 from conftest import save_release
 
 
@@ -72,6 +73,26 @@ def test_pos_embed_resized_and_classifiers_replaced(name, tmp_path):
     assert torch.equal(target.pos_embed[:, :prefix], source.pos_embed[:, :prefix])
     assert all(torch.equal(target.state_dict()[k], before[k]) for k in before if k.startswith(heads))
     assert params_equal(source, target, skip=heads + ('pos_embed',))
+
+
+def test_token_head_is_a_classifier_of_every_family_and_new_head_keeps_fresh_heads(tmp_path):
+    """A token-labeled T2T-ViT file (with `aux_head`) loads into a plain T2T-ViT; `new_head` drops fitting heads."""
+    source = add_token_head(tiny('t2t_vit_14'))
+    path = save_release(tmp_path / 'tl.pth', source.state_dict(), 'timm_train')
+    plain = tiny('t2t_vit_14')
+    report = load_checkpoint(plain, path)
+    assert report.dropped_classifier == ['aux_head.weight', 'aux_head.bias'] and not report.unexpected
+    assert torch.equal(plain.head.weight, source.head.weight)  # same class count: the class head is kept
+
+    fresh = tiny('t2t_vit_14')
+    head = fresh.head.weight.clone()
+    report = load_checkpoint(fresh, path, new_head=True)
+    assert sorted(report.dropped_classifier) == ['aux_head.bias', 'aux_head.weight', 'head.bias', 'head.weight']
+    assert torch.equal(fresh.head.weight, head) and params_equal(source, fresh, skip=('head.', 'aux_head.'))
+    headless = {k: v for k, v in source.state_dict().items() if not k.startswith(('head.', 'aux_head.'))}
+    report = load_checkpoint(tiny('t2t_vit_14'), save_release(tmp_path / 'bare.pth', headless, 'plain'),
+                             new_head=True)  # a backbone-only export: the missing heads are the fresh ones
+    assert not report.missing and not report.dropped_classifier
 
 
 def test_wrong_shapes_name_the_keys_and_leave_the_model_untouched(tmp_path):

@@ -22,7 +22,8 @@ from backbones.checkpoint import read_state_dict
 from classification.data import ImageFolderDataset, collate_skipping, eval_transform
 from classification.distributed import DistInfo
 from classification.engine import evaluate
-from classification.train import bare_model, create_classifier, parse_model_kwargs
+from classification.fit import bare_model
+from classification.train import create_classifier, parse_model_kwargs
 
 
 def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,

@@ -1,0 +1,170 @@
+"""The epoch loop shared by ImageNet training and CIFAR transfer: train, validate, keep the best, checkpoint, resume.
+
+Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state) atomically, and
+`best.pth` (weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses
+as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from backbones import TokenLabelingModel
+
+from .checkpointing import atomic_save, read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .distributed import DistInfo, barrier
+from .engine import BatchTransform, Objective, StepState, evaluate, train_one_epoch
+
+LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
+
+
+def resume_path(resume: Optional[str], output: Path) -> Optional[Path]:
+    """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently."""
+    if resume:
+        return output / LAST if resume == 'auto' else Path(resume)
+    if (output / LAST).exists():
+        raise SystemExit(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
+    return None
+
+
+def bare_model(model: nn.Module) -> nn.Module:
+    """The classifier itself: without DDP and the token-labeling wrapper (what checkpoints hold)."""
+    model = model.module if isinstance(model, DistributedDataParallel) else model
+    return model.model if isinstance(model, TokenLabelingModel) else model
+
+
+def gather_rng_states(info: DistInfo) -> list:
+    """Every process's RNG state (index = rank), so a resumed DDP run continues each one's stream."""
+    state = rng_state()
+    if not info.distributed:
+        return [state]
+    states = [None] * info.world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+class RunLog:
+    """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only."""
+
+    def __init__(self, output: Path, info: DistInfo, interval: int) -> None:
+        self.output, self.enabled, self.interval = output, info.is_main, interval
+        self.writer = None
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(output / 'tensorboard'))
+
+    def step(self, update: int, loss: float, lr: float) -> None:
+        if self.writer is not None and update % self.interval == 0:
+            self.writer.add_scalar('train/loss', loss, update)
+            self.writer.add_scalar('train/lr', lr, update)
+
+    def epoch(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        for key, value in record.items():
+            if isinstance(value, float) and key != 'time':
+                self.writer.add_scalar(f'epoch/{key}', value, record['epoch'])
+        self.writer.flush()
+        with open(self.output / LOG, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        parts = [f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in record.items()]
+        print('  '.join(parts), flush=True)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+@dataclass
+class Fit:
+    """One training run: the model as built (a classifier, or its token-labeling wrapper), its optimisation state,
+    where it writes, and the run's settings (`config`, stored in every checkpoint)."""
+
+    model: nn.Module
+    state: StepState
+    objective: Objective
+    info: DistInfo
+    output: Path
+    config: dict
+    amp: str = 'none'
+    clip_grad: Optional[float] = None
+    train_transform: Optional[BatchTransform] = None
+    eval_transform: Optional[BatchTransform] = None
+    start_epoch: int = 0
+    best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
+    record: dict = field(default_factory=dict)
+
+    def start(self, resume: Optional[Path], seed: int) -> None:
+        """Restore `resume` (weights, optimizer, scheduler, scaler, epoch, best, RNG), or seed a fresh run."""
+        if resume is None:
+            seed_all(seed + self.info.rank)  # augmentation and MixToken differ between processes
+            return
+        ckpt = read_training_checkpoint(resume)
+        bare_model(self.model).load_state_dict(ckpt['state_dict'])
+        if self.state.ema is not None and 'state_dict_ema' in ckpt:
+            bare_model(self.state.ema.module).load_state_dict(ckpt['state_dict_ema'])
+        self.state.optimizer.load_state_dict(ckpt['optimizer'])
+        self.state.scheduler.load_state_dict(ckpt['scheduler'])
+        if self.state.scaler is not None and 'scaler' in ckpt:
+            self.state.scaler.load_state_dict(ckpt['scaler'])
+        self.start_epoch, self.state.num_updates = ckpt['epoch'] + 1, ckpt['num_updates']
+        self.best, self.record = ckpt['best'], ckpt['metrics']
+        rng = ckpt['rng']
+        set_rng_state(rng[self.info.rank] if self.info.rank < len(rng) else rng[0])
+        if self.info.is_main:
+            print(f'resumed {resume} at epoch {self.start_epoch}', flush=True)
+
+    def run(self, train_loader, val_loader: Iterable[dict], num_epochs: int, runlog: RunLog) -> dict:
+        """Train from `start_epoch` to `num_epochs`, validating and checkpointing each epoch; the last record."""
+        info, state = self.info, self.state
+        train_model = DistributedDataParallel(
+            self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
+            if info.distributed else self.model
+        for epoch in range(self.start_epoch, num_epochs):
+            started = time.time()
+            train_loader.sampler.set_epoch(epoch)
+            loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
+                                   runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}',
+                                   transform=self.train_transform)
+            state.scheduler.step(epoch + 1)
+            record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': state.optimizer.param_groups[0]['lr']}
+            record.update(evaluate(self.model, val_loader, info, self.amp, desc='val', transform=self.eval_transform))
+            if state.ema is not None:
+                ema = evaluate(state.ema.module, val_loader, info, self.amp, desc='val ema',
+                               transform=self.eval_transform)
+                record.update(ema_top1=ema['top1'], ema_top5=ema['top5'])
+            record['skipped_train'] = state.skipped
+            record['time'] = round(time.time() - started, 1)
+            is_best = record['top1'] > self.best['top1']
+            if is_best:
+                self.best = {'top1': record['top1'], 'epoch': epoch + 1}
+            self.record = record
+            self.save(epoch, is_best)
+            runlog.epoch(record)
+        runlog.close()
+        barrier(info)  # best.pth and last.pth are complete for every process
+        return self.record
+
+    def save(self, epoch: int, is_best: bool) -> None:
+        rng = gather_rng_states(self.info)
+        if not self.info.is_main:
+            return
+        state = self.state
+        weights = {'state_dict': bare_model(self.model).state_dict()}
+        if state.ema is not None:
+            weights['state_dict_ema'] = bare_model(state.ema.module).state_dict()
+        ckpt = {**weights, 'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
+                'epoch': epoch, 'num_updates': state.num_updates, 'best': self.best, 'rng': rng,
+                'args': self.config, 'metrics': self.record}
+        if state.scaler is not None:
+            ckpt['scaler'] = state.scaler.state_dict()
+        atomic_save(ckpt, self.output / LAST)
+        if is_best:
+            atomic_save({**weights, 'epoch': epoch, 'metrics': self.record, 'args': self.config}, self.output / BEST)
