@@ -132,7 +132,7 @@ def guess_family(keys: List[str]) -> str | None:
     return next((family for family, sign in _FAMILY_SIGNS if any(k.startswith(sign) for k in keys)), None)
 
 
-def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
+def classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
     """Key prefixes of the model's classifiers, and of the token head any model of the suite may carry."""
     names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
     names = (names,) if isinstance(names, str) else tuple(names)
@@ -152,7 +152,7 @@ def _fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
 def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, report: LoadReport,
                      new_head: bool = False) -> StateDict:
     """Fit a checkpoint to `model` (whose state dict is `own`): resized position table, foreign classifiers dropped."""
-    classifiers = _classifier_prefixes(model)
+    classifiers = classifier_prefixes(model)
     num_classes = getattr(model, 'num_classes', None)
     adapted = {}
     for key, value in state_dict.items():
@@ -179,7 +179,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     report = LoadReport(str(path))
     own = model.state_dict()
     state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)
-    fresh_head = _classifier_prefixes(model) if report.dropped_classifier or new_head else ()
+    fresh_head = classifier_prefixes(model) if report.dropped_classifier or new_head else ()
     report.missing = [k for k in own if k not in state_dict and not k.endswith('num_batches_tracked')
                       and not k.startswith(fresh_head)]
     report.unexpected = [k for k in state_dict if k not in own]

@@ -1,4 +1,4 @@
-"""The papers' ImageNet training recipes, one preset per model; every value can be overridden by the trainer.
+"""The papers' recipes: ImageNet training, one preset per model, and CIFAR transfer; every value can be overridden.
 
 Learning rates follow the linear scaling rule: lr = lr_base * global batch / lr_base_batch.
 """
@@ -78,6 +78,45 @@ def recipe_for(model_name: str, digits: bool = False) -> Recipe:
     if digits:
         values.update(DIGITS)
     return Recipe(**values)
+
+
+@dataclass
+class TransferRecipe:
+    """CIFAR transfer (T2T-ViT paper, Table 5). The new classifier learns at `lr`, everything else at
+    `lr * backbone_lr_scale`; both follow one cosine to `min_lr` (a single floor for every group, as the paper's).
+    `lr` and `min_lr` hold for `lr_base_batch` images per update and scale linearly with the global batch."""
+
+    epochs: int = 60
+    warmup_epochs: int = 0
+    batch_size: int = 64  # per process
+    img_size: Optional[int] = None  # None: the model's default input size
+    opt: str = 'sgd'  # sgd (momentum, no Nesterov) or adamw
+    lr: float = 0.05
+    lr_base_batch: int = 64
+    backbone_lr_scale: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    min_lr: float = 2e-4
+    clip_grad: Optional[float] = None
+    drop_path: float = 0.1
+    crop_padding: Optional[int] = None  # random crop from the image padded by this much; None: img_size // 8
+    hflip: float = 0.5
+    smoothing: float = 0.0
+    val_fraction: float = 0.1  # of every class of the training set, held out for model selection
+    token_head: str = 'drop'  # drop, or label: keep it and train every token on the image label
+    dense_weight: float = 0.5  # with token_head label: weight of the token term of the loss
+    mix_token: float = 0.0  # with token_head label: MixToken Beta(alpha, alpha); 0 turns it off
+
+
+# AdamW wants a far smaller step than SGD: 1e-3 on the head, 1e-4 on the backbone, one warm-up epoch.
+TRANSFER_ADAMW = dict(opt='adamw', lr=1e-3, backbone_lr_scale=0.1, weight_decay=0.05, min_lr=1e-6, warmup_epochs=1)
+TRANSFER_OPTIMIZERS = {'sgd': {}, 'adamw': TRANSFER_ADAMW}
+
+
+def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
+    if opt not in TRANSFER_OPTIMIZERS:
+        raise SystemExit(f'--opt must be one of {", ".join(TRANSFER_OPTIMIZERS)}, got {opt}')
+    return TransferRecipe(**TRANSFER_OPTIMIZERS[opt])
 
 
 def _none_or(kind: type) -> Callable[[str], object]:

@@ -9,7 +9,7 @@ import ast
 import json
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import timm
 import torch
@@ -51,6 +51,22 @@ def parse_model_kwargs(items: List[str]) -> dict:
     return kwargs
 
 
+def add_run_arguments(p: argparse.ArgumentParser, default_output: str) -> None:
+    """Options every training command has: output and resume, model arguments, processes, device, precision."""
+    p.add_argument('--output', help=f'output folder (default {default_output})')
+    p.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
+                   help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
+                   help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
+    p.add_argument('--workers', type=int, default=min(4, os.cpu_count() or 1),
+                   help='data-loading processes per training process')
+    p.add_argument('--seed', type=int, default=42)
+    p.add_argument('--device', help='cpu or cuda (default: cuda when available)')
+    p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto',
+                   help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
+    p.add_argument('--log-interval', type=int, default=50, help='updates between TensorBoard loss points')
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog='train_cls.py',
@@ -60,23 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('model', help='model name (tools/model_info.py --all lists them)')
     p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py')
-    p.add_argument('--output', help='output folder (default output/train_cls/MODEL)')
-    p.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
-                   help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
     p.add_argument('--finetune', metavar='CKPT', help='start from these weights (e.g. for 384 fine-tuning); '
                    'position embeddings are resized and a classifier of another class count is replaced')
-    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
-                   help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
-    p.add_argument('--workers', type=int, default=min(4, os.cpu_count() or 1),
-                   help='data-loading processes per training process')
-    p.add_argument('--seed', type=int, default=42)
-    p.add_argument('--device', help='cpu or cuda (default: cuda when available)')
-    p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto',
-                   help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
-    p.add_argument('--log-interval', type=int, default=50, help='updates between TensorBoard loss points')
+    add_run_arguments(p, 'output/train_cls/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
                          Recipe, _OPTIONAL_TYPES)
     return p
@@ -156,8 +161,8 @@ def make_objective(recipe: Recipe, num_classes: int) -> Objective:
     return Objective(num_classes, recipe.smoothing, mixup=mixup)
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
-    args = build_parser().parse_args(argv)
+def launch(run_fn: Callable[[argparse.Namespace, DistInfo], dict], args: argparse.Namespace) -> dict:
+    """Check the model name, join the process group torchrun describes (or run alone), run, leave the group."""
     if args.model not in timm.list_models():
         try:
             check_model_name(args.model)
@@ -165,9 +170,13 @@ def main(argv: Optional[List[str]] = None) -> dict:
             raise SystemExit(str(e))
     info = init_distributed(args.device)
     try:
-        return run(args, info)
+        return run_fn(args, info)
     finally:
         cleanup(info)
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    return launch(run, build_parser().parse_args(argv))
 
 
 def run(args: argparse.Namespace, info: DistInfo) -> dict:

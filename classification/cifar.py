@@ -1,0 +1,253 @@
+"""CIFAR-10/100 from the standard Python archives, a held-out validation split, and the on-device input pipeline.
+
+The data sets are read from `cifar-10-python.tar.gz` / `cifar-100-python.tar.gz` (without extracting them) or
+from their extracted folders, `cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}` and
+`cifar-100-python/{train,test,meta}`: pickles holding `data` (uint8 [N, 3072], each row the R, G then B plane of
+a 32x32 image) and `labels` (CIFAR-100: `fine_labels`). The pickles are read with an unpickler that only builds
+NumPy arrays, so a tampered file cannot run code.
+
+Images stay 32x32 uint8 until they reach the device; there a batch is upsampled to the model resolution and, for
+training, randomly cropped from a zero-padded copy and flipped (the T2T-ViT transfer recipe), then normalised.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+
+@dataclass(frozen=True)
+class CifarFormat:
+    title: str
+    folder: str  # the folder the archive extracts to
+    archive: str
+    train: Tuple[str, ...]
+    test: Tuple[str, ...]
+    meta: str
+    label_key: str
+    names_key: str
+    num_classes: int
+
+    @property
+    def files(self) -> Tuple[str, ...]:
+        return (*self.train, *self.test, self.meta)
+
+
+FORMATS: Dict[str, CifarFormat] = {
+    'cifar10': CifarFormat('CIFAR-10', 'cifar-10-batches-py', 'cifar-10-python.tar.gz',
+                           tuple(f'data_batch_{i}' for i in range(1, 6)), ('test_batch',), 'batches.meta',
+                           'labels', 'label_names', 10),
+    'cifar100': CifarFormat('CIFAR-100', 'cifar-100-python', 'cifar-100-python.tar.gz', ('train',), ('test',), 'meta',
+                            'fine_labels', 'fine_label_names', 100),
+}
+
+
+class CifarFormatError(ValueError):
+    """CIFAR data that is missing, incomplete or not in the standard Python format; the message names the file."""
+
+
+@dataclass
+class CifarSplit:
+    images: np.ndarray  # uint8 (N, 3, 32, 32)
+    labels: np.ndarray  # int64 (N,)
+
+    def subset(self, indices: np.ndarray) -> 'CifarSplit':
+        return CifarSplit(self.images[indices], self.labels[indices])
+
+
+@dataclass
+class CifarData:
+    train: CifarSplit
+    test: CifarSplit
+    classes: List[str]
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, strings and NumPy arrays only: what the CIFAR pickles hold (Python 2 or 3 written)."""
+
+    ALLOWED = {('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),
+               ('numpy.core.numeric', '_frombuffer'), ('numpy._core.numeric', '_frombuffer'),
+               ('numpy', 'ndarray'), ('numpy', 'dtype'), ('_codecs', 'encode')}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f'refusing to build {module}.{name}: not part of a CIFAR pickle')
+        return super().find_class(module, name)
+
+
+def _text(value) -> str:
+    return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def _unpickle(raw: bytes, where: str) -> dict:
+    try:
+        obj = _ArrayUnpickler(io.BytesIO(raw), encoding='bytes').load()
+    except Exception as e:  # truncated or foreign files raise anything from EOFError to UnpicklingError
+        raise CifarFormatError(f'{where}: not a readable CIFAR pickle ({type(e).__name__}: {e})') from e
+    if not isinstance(obj, dict):
+        raise CifarFormatError(f'{where}: expected a dict, found {type(obj).__name__}')
+    return {_text(k): v for k, v in obj.items()}
+
+
+def _decode_batch(batch: dict, label_key: str, num_classes: int, where: str) -> CifarSplit:
+    missing = [key for key in ('data', label_key) if key not in batch]
+    if missing:
+        raise CifarFormatError(f'{where}: no {" or ".join(missing)} entry (has {", ".join(sorted(batch))})')
+    data = np.asarray(batch['data'])
+    labels = np.asarray(batch[label_key], dtype=np.int64)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise CifarFormatError(f'{where}: data is {data.dtype} {data.shape}, expected uint8 (N, 3072)')
+    if labels.shape != (data.shape[0],):
+        raise CifarFormatError(f'{where}: {labels.size} labels for {data.shape[0]} images')
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise CifarFormatError(f'{where}: labels outside 0..{num_classes - 1}')
+    return CifarSplit(data.reshape(-1, 3, 32, 32), labels)
+
+
+Files = Dict[str, Tuple[bytes, str]]  # file name -> (contents, where it was read: named in errors)
+
+
+def _read_folder(folder: Path, names: Sequence[str]) -> Files:
+    return {name: ((folder / name).read_bytes(), str(folder / name)) for name in names if (folder / name).is_file()}
+
+
+def _read_archive(archive: Path, folder: str, names: Sequence[str]) -> Files:
+    """The wanted members of the tar.gz in one streaming pass; nothing is extracted, so no path in it can escape."""
+    wanted = {f'{folder}/{name}': name for name in names}
+    files = {}
+    try:
+        with tarfile.open(archive, 'r|gz') as tar:
+            for member in tar:
+                name = wanted.get(member.name.removeprefix('./'))
+                if name is not None and member.isfile():
+                    files[name] = (tar.extractfile(member).read(), f'{archive}:{folder}/{name}')
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise CifarFormatError(f'{archive}: not a readable tar.gz archive ({e})') from e
+    return files
+
+
+def _read_files(data_dir: Path, fmt: CifarFormat) -> Tuple[Files, Path]:
+    """The data set's files from its extracted folder (in `data_dir`, or `data_dir` itself) or else its archive."""
+    for folder in (data_dir / fmt.folder, data_dir):
+        if folder.is_dir() and (folder.name == fmt.folder or (folder / fmt.meta).is_file()):
+            return _read_folder(folder, fmt.files), folder
+    if (data_dir / fmt.archive).is_file():
+        return _read_archive(data_dir / fmt.archive, fmt.folder, fmt.files), data_dir / fmt.archive
+    others = [f'{other.folder} ({other.title}: --dataset {key})' for key, other in FORMATS.items()
+              if other is not fmt and ((data_dir / other.folder).is_dir() or (data_dir / other.archive).is_file())]
+    hint = f'; found {others[0]} instead' if others else ''
+    raise CifarFormatError(f'no {fmt.title} data in {data_dir}: expected {data_dir / fmt.archive} or '
+                           f'{data_dir / fmt.folder}/ with {", ".join(fmt.files)}{hint}')
+
+
+def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
+    """Both splits and the class names of `dataset` ('cifar10' or 'cifar100') from `data_dir`."""
+    if dataset not in FORMATS:
+        raise ValueError(f'unknown data set {dataset!r}; choose from {", ".join(FORMATS)}')
+    fmt = FORMATS[dataset]
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise CifarFormatError(f'data folder {data_dir} does not exist')
+    files, source = _read_files(data_dir, fmt)
+    missing = [name for name in fmt.files if name not in files]
+    if missing:
+        raise CifarFormatError(f'{source} lacks {", ".join(missing)} (a complete {fmt.title} has {", ".join(fmt.files)})')
+
+    def split(names: Sequence[str]) -> CifarSplit:
+        parts = [_decode_batch(_unpickle(*files[name]), fmt.label_key, fmt.num_classes, files[name][1])
+                 for name in names]
+        return CifarSplit(np.concatenate([p.images for p in parts]), np.concatenate([p.labels for p in parts]))
+
+    meta = _unpickle(*files[fmt.meta])
+    names = meta.get(fmt.names_key)
+    if names is None or len(names) != fmt.num_classes:
+        raise CifarFormatError(f'{files[fmt.meta][1]}: expected {fmt.num_classes} class names under {fmt.names_key!r}')
+    return CifarData(split(fmt.train), split(fmt.test), [_text(n) for n in names])
+
+
+def hold_out(labels: np.ndarray, fraction: float, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """Indices (train, validation): `fraction` of every class, drawn with `seed`, held out for model selection."""
+    if not 0 < fraction < 1:
+        raise ValueError(f'the validation fraction must lie in (0, 1), got {fraction}')
+    rng = np.random.default_rng(seed)
+    val = []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        val.append(members[:round(fraction * len(members))])
+    val = np.sort(np.concatenate(val))
+    train = np.setdiff1d(np.arange(len(labels)), val)
+    if not len(val) or not len(train):
+        raise ValueError(f'a validation fraction of {fraction} leaves {len(train)} training and {len(val)} '
+                         f'validation images of {len(labels)}')
+    return train, val
+
+
+def channel_stats(images: np.ndarray) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """Per-channel mean and standard deviation of uint8 (N, 3, H, W) images, on the [0, 1] scale."""
+    counts = np.stack([np.bincount(images[:, c].ravel(), minlength=256) for c in range(images.shape[1])])
+    values = np.arange(256) / 255.0
+    total = counts.sum(axis=1)
+    mean = counts @ values / total
+    var = counts @ values ** 2 / total - mean ** 2
+    return tuple(mean.tolist()), tuple(np.sqrt(var).tolist())
+
+
+class CifarDataset(Dataset):
+    """Items {'image': uint8 (3, 32, 32), 'label', 'index'} of an in-memory split; the device does the rest."""
+
+    def __init__(self, split: CifarSplit) -> None:
+        self.images = torch.from_numpy(np.ascontiguousarray(split.images))
+        self.labels = split.labels.tolist()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict:
+        return {'image': self.images[index], 'label': self.labels[index], 'index': index}
+
+
+def pad_crop(images: torch.Tensor, padding: int, top: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+    """Per-sample crops of the zero-padded batch: sample i's window starts at (top[i], left[i]) of the padded image."""
+    B, C, H, W = images.shape
+    padded = F.pad(images, (padding,) * 4)
+    rows = (top.view(B, 1) + torch.arange(H, device=images.device)).view(B, 1, H, 1)
+    cols = (left.view(B, 1) + torch.arange(W, device=images.device)).view(B, 1, 1, W)
+    channels = torch.arange(C, device=images.device).view(1, C, 1, 1)
+    return padded[torch.arange(B, device=images.device).view(B, 1, 1, 1), channels, rows, cols]
+
+
+class CifarInput:
+    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`.
+
+    Bilinear upsampling, then for training a random crop from the image zero-padded by `img_size // 8` on every
+    side (28 px at 224, as T2T-ViT's transfer recipe) and a horizontal flip with probability `hflip`. The random
+    offsets come from torch's CPU generator, so a run is reproducible on any device and resumable.
+    """
+
+    def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
+                 hflip: float = 0.5, padding: int | None = None) -> None:
+        self.img_size, self.train, self.hflip = img_size, train, hflip
+        self.padding = img_size // 8 if padding is None else padding
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(std).view(1, -1, 1, 1)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.float().div_(255)
+        if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
+            x = F.interpolate(x, size=(self.img_size, self.img_size), mode='bilinear', align_corners=False)
+        if self.train:
+            B = x.shape[0]
+            if self.padding:
+                top, left = torch.randint(0, 2 * self.padding + 1, (2, B)).to(x.device)
+                x = pad_crop(x, self.padding, top, left)
+            flip = (torch.rand(B) < self.hflip).to(x.device).view(B, 1, 1, 1)
+            x = torch.where(flip, x.flip(-1), x)
+        return (x - self.mean.to(x.device)) / self.std.to(x.device)
