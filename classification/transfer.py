@@ -96,6 +96,13 @@ def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float,
     return [groups[key] for key in sorted(groups, reverse=True)]  # the head first: its lr is the one logged
 
 
+def make_optimizer(model: nn.Module, recipe: TransferRecipe, lr: float) -> torch.optim.Optimizer:
+    """SGD with momentum (or AdamW) over `transfer_param_groups`, the classifiers at `lr`."""
+    groups = transfer_param_groups(model, lr, recipe.backbone_lr_scale, recipe.weight_decay)
+    return create_optimizer_v2(groups, opt=_OPTIMIZERS[recipe.opt], lr=lr, weight_decay=recipe.weight_decay,
+                               momentum=recipe.momentum)
+
+
 def make_loaders(data: CifarData, train_idx, val_idx, batch_size: int, workers: int, seed: int, info: DistInfo):
     """Train (shuffled, sharded, whole batches), held-out validation and test loaders (each image once)."""
     train_set = CifarDataset(data.train.subset(train_idx))
@@ -150,9 +157,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     if lr * recipe.backbone_lr_scale < min_lr and info.is_main:
         print(f'warning: the backbone lr {lr * recipe.backbone_lr_scale:.3g} starts below the cosine floor '
               f'{min_lr:.3g} (--min-lr) and would rise towards it', flush=True)
-    optimizer = create_optimizer_v2(
-        transfer_param_groups(bare_model(model), lr, recipe.backbone_lr_scale, recipe.weight_decay),
-        opt=_OPTIMIZERS[recipe.opt], lr=lr, weight_decay=recipe.weight_decay, momentum=recipe.momentum)
+    optimizer = make_optimizer(bare_model(model), recipe, lr)
     scheduler, num_epochs = create_scheduler_v2(
         optimizer, 'cosine', num_epochs=recipe.epochs, warmup_epochs=recipe.warmup_epochs, min_lr=min_lr,
         step_on_epochs=False, updates_per_epoch=len(train_loader))

@@ -1,0 +1,177 @@
+"""CIFAR transfer, part 2: `tools/transfer_cifar.py` end to end on tiny archives in the real format: model selection
+on the held-out split, the test accuracy of the chosen epoch, pretrained weights that all keep training, the token
+head on image labels, resume after a kill, torchrun (gloo) against one process, and clear refusals."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from classification.cifar import hold_out
+from classification.transfer import main
+from cifar_data import tiny_cifar
+from test_cifar import FAMILIES, tiny_release
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
+DEIT = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
+LVVIT = ['lvvit_s', '--model-kwargs', *(f'{k}={v}' for k, v in FAMILIES['lvvit_s'][0].items())]
+
+
+@pytest.fixture(scope='module')
+def cifar10(tmp_path_factory):
+    return tiny_cifar(tmp_path_factory.mktemp('c10'), 'cifar10', per_class_train=12, per_class_test=4, archive=True)
+
+
+@pytest.fixture(scope='module')
+def cifar100(tmp_path_factory):
+    return tiny_cifar(tmp_path_factory.mktemp('c100'), 'cifar100', per_class_train=10, per_class_test=2,
+                      archive=False, num_classes=8)
+
+
+def transfer_args(model, dataset, data_dir, output, *extra):
+    return [*model, '--dataset', dataset, '--data-dir', str(data_dir), '--output', str(output), '--img-size', '32',
+            '--batch-size', '8', '--workers', '0', '--device', 'cpu', *extra]
+
+
+def read_log(output: Path) -> dict:
+    return {r['epoch']: r for r in map(json.loads, (output / 'log.jsonl').read_text().splitlines())}
+
+
+def weights(output: Path, name: str = 'last.pth') -> dict:
+    return torch.load(output / name, weights_only=True)['state_dict']
+
+
+def test_chosen_epoch_is_the_best_on_held_out_data_and_its_test_accuracy_is_reported(cifar10, tmp_path):
+    root, splits = cifar10
+    out = tmp_path / 'run'
+    metrics = main(transfer_args(DEIT, 'cifar10', root, out, '--epochs', '4', '--lr', '0.4'))
+
+    log = read_log(out)
+    best_epoch = max(log, key=lambda e: (log[e]['top1'], -e))  # the first epoch with the highest val top-1
+    assert metrics['best_epoch'] == best_epoch and metrics['val_top1'] == log[best_epoch]['top1']
+    assert metrics['epochs'] == 4 and metrics['last_val_top1'] == log[4]['top1']
+    assert (metrics['train_images'], metrics['val_images'], metrics['test_images']) == (110, 10, 40)
+    assert json.loads((out / 'metrics.json').read_text()) == metrics
+
+    # independent evaluation of the chosen weights on the test images, normalised with the numpy statistics of
+    # the training images that were not held out
+    images, labels = splits['test']
+    train_images = splits['train'][0]
+    _, val_idx = hold_out(splits['train'][1], 0.1, seed=0)
+    kept = np.delete(train_images, val_idx, axis=0).astype(np.float64) / 255
+    mean, std = kept.mean(axis=(0, 1, 2)), kept.std(axis=(0, 1, 2))
+    x = torch.from_numpy(((images / 255 - mean) / std).transpose(0, 3, 1, 2)).float()
+    model = timm.create_model('deit_small_patch16_224', num_classes=10, img_size=32, embed_dim=32, depth=2,
+                              num_heads=2)
+    best = torch.load(out / 'best.pth', weights_only=True)
+    assert best['epoch'] + 1 == best_epoch
+    model.load_state_dict(best['state_dict'])
+    with torch.no_grad():
+        predicted = model.eval()(x).argmax(dim=1).numpy()
+    assert metrics['test_top1'] == pytest.approx(100 * (predicted == labels).mean(), abs=1e-9)
+    np.testing.assert_allclose(best['args']['mean'], mean, rtol=1e-9)
+
+
+def test_pretrained_lvvit_trains_every_parameter_on_cifar100(cifar100, tmp_path):
+    root, _ = cifar100
+    source, path = tiny_release('lvvit_s', tmp_path)  # official layout, 1,000 classes, 64 px
+    out = tmp_path / 'run'
+    metrics = main(transfer_args(LVVIT, 'cifar100', root, out, '--pretrained', str(path), '--epochs', '1',
+                                 '--drop-path', '0'))
+    assert metrics['pretrained'] == str(path) and metrics['train_images'] == 72
+    start, end = source.state_dict(), weights(out)
+    assert end['head.weight'].shape == (100, 48) and 'aux_head.weight' not in end
+    moved = [k for k in end if not k.startswith(('head.', 'pos_embed')) and 'running' not in k
+             and 'num_batches' not in k]
+    assert {'cls_token', 'norm.weight', 'norm.bias'} <= set(moved)
+    assert [k for k in moved if torch.equal(end[k], start[k])] == []  # the class token and final norm too
+
+
+def test_lvvit_token_head_on_image_labels(cifar10, tmp_path):
+    root, _ = cifar10
+    out = tmp_path / 'run'
+    main(transfer_args(LVVIT, 'cifar10', root, out, '--epochs', '1', '--token-head', 'label', '--mix-token', '1'))
+    end = weights(out)
+    assert end['aux_head.weight'].shape == (10, 48) and end['head.weight'].shape == (10, 48)
+
+
+def transfer_cli(args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / 'tools' / 'transfer_cifar.py'), *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def test_killed_run_resumes_to_the_same_losses_and_weights(cifar10, tmp_path):
+    root, _ = cifar10
+    # augmentation (crop, flip), drop-path, two loader processes, the cosine schedule mid-way
+    common = ['--epochs', '6', '--workers', '2', '--drop-path', '0.1']
+    straight = tmp_path / 'straight'
+    assert transfer_cli(transfer_args(LVVIT, 'cifar10', root, straight, *common)).returncode == 0
+
+    cut = tmp_path / 'cut'
+    args = transfer_args(LVVIT, 'cifar10', root, cut, *common)
+    proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / 'transfer_cifar.py'), *args], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (cut / 'log.jsonl').exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / 'metrics.json').exists(), 'the run finished before it could be interrupted'
+    refused = transfer_cli(args)
+    assert refused.returncode != 0 and '--resume' in refused.stderr
+    resumed = transfer_cli([*args, '--resume'])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'resumed' in resumed.stdout
+
+    a, b = read_log(straight), read_log(cut)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for epoch in a:
+        assert b[epoch]['train_loss'] == a[epoch]['train_loss'], epoch
+        assert b[epoch]['top1'] == a[epoch]['top1']
+    assert all(torch.equal(weights(straight)[k], weights(cut)[k]) for k in weights(straight))
+    assert json.loads((cut / 'metrics.json').read_text()) == json.loads((straight / 'metrics.json').read_text())
+
+
+def test_two_gloo_processes_agree_with_one(cifar10, tmp_path):
+    root, _ = cifar10
+    deterministic = ['--epochs', '2', '--hflip', '0', '--crop-padding', '0', '--drop-path', '0']
+    one = main(transfer_args(DEIT, 'cifar10', root, tmp_path / 'one', *deterministic))
+    two = transfer_args(DEIT, 'cifar10', root, tmp_path / 'two', *deterministic)
+    two[two.index('--batch-size') + 1] = '4'  # the same global batch of 8
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', '29615',
+           str(ROOT / 'tools' / 'transfer_cifar.py'), *two]
+    result = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log_one, log_two = read_log(tmp_path / 'one'), read_log(tmp_path / 'two')
+    for epoch in (1, 2):
+        assert log_two[epoch]['train_loss'] == pytest.approx(log_one[epoch]['train_loss'], rel=1e-5)
+        assert log_two[epoch]['images'] == log_one[epoch]['images'] == 10  # each held-out image once
+    a, b = weights(tmp_path / 'one'), weights(tmp_path / 'two')
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
+    metrics = json.loads((tmp_path / 'two' / 'metrics.json').read_text())
+    assert metrics['test_images'] == 40 and metrics['test_top1'] == pytest.approx(one['test_top1'])
+
+
+def test_refusals_name_the_problem(cifar10, tmp_path):
+    root, _ = cifar10
+    with pytest.raises(SystemExit, match='no CIFAR-100 data'):
+        main(transfer_args(DEIT, 'cifar100', root, tmp_path / 'a'))
+    with pytest.raises(SystemExit, match='lvvit_s'):
+        main(transfer_args(['lvvit_z'], 'cifar10', root, tmp_path / 'b'))
+    _, t2t = tiny_release('t2t_vit_14', tmp_path)
+    with pytest.raises(SystemExit, match='holds a t2t_vit model, not lvvit_s'):
+        main(transfer_args(LVVIT, 'cifar10', root, tmp_path / 'c', '--pretrained', str(t2t)))
+    with pytest.raises(SystemExit, match='--token-head must be drop or label'):
+        main(transfer_args(LVVIT, 'cifar10', root, tmp_path / 'd', '--token-head', 'keep'))
+
