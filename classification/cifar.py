@@ -214,40 +214,50 @@ class CifarDataset(Dataset):
         return {'image': self.images[index], 'label': self.labels[index], 'index': index}
 
 
-def pad_crop(images: torch.Tensor, padding: int, top: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
-    """Per-sample crops of the zero-padded batch: sample i's window starts at (top[i], left[i]) of the padded image."""
-    B, C, H, W = images.shape
-    padded = F.pad(images, (padding,) * 4)
-    rows = (top.view(B, 1) + torch.arange(H, device=images.device)).view(B, 1, H, 1)
-    cols = (left.view(B, 1) + torch.arange(W, device=images.device)).view(B, 1, 1, W)
-    channels = torch.arange(C, device=images.device).view(1, C, 1, 1)
-    return padded[torch.arange(B, device=images.device).view(B, 1, 1, 1), channels, rows, cols]
+def bilinear_matrix(out_size: int, in_size: int) -> torch.Tensor:
+    """(out_size, in_size) matrix of 1-D bilinear resampling, the weights of F.interpolate(align_corners=False)."""
+    src = ((torch.arange(out_size, dtype=torch.float64) + 0.5) * in_size / out_size - 0.5).clamp(min=0)
+    low = src.floor().long().clamp(max=in_size - 1)
+    high = (low + 1).clamp(max=in_size - 1)
+    frac = src - low
+    matrix = torch.zeros(out_size, in_size, dtype=torch.float64)
+    rows = torch.arange(out_size)
+    matrix.index_put_((rows, low), 1 - frac, accumulate=True)
+    matrix.index_put_((rows, high), frac, accumulate=True)
+    return matrix.float()
 
 
 class CifarInput:
     """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`.
 
-    Bilinear upsampling, then for training a random crop from the image zero-padded by `img_size // 8` on every
-    side (28 px at 224, as T2T-ViT's transfer recipe) and a horizontal flip with probability `hflip`. The random
-    offsets come from torch's CPU generator, so a run is reproducible on any device and resumable.
+    Bilinear upsampling, then for training a random crop from the upsampled image zero-padded by `padding`
+    (default `img_size // 8`: 28 px at 224, as T2T-ViT's transfer recipe) and a horizontal flip with probability
+    `hflip`. Resampling is separable and linear, so all of it is two small matrix products per image: rows
+    `R_b = U[dy_b : dy_b + S]` and columns `C_b = U[dx_b : dx_b + S]` (reversed when flipped) of the upsampling
+    matrix U framed by `padding` zero rows, and `out_b = R_b x_b C_b^T`; no full-size intermediate is written.
+    The random offsets come from torch's CPU generator, so a run is reproducible on any device and resumable.
     """
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
-                 hflip: float = 0.5, padding: int | None = None) -> None:
+                 hflip: float = 0.5, padding: int | None = None, in_size: int = 32) -> None:
         self.img_size, self.train, self.hflip = img_size, train, hflip
         self.padding = img_size // 8 if padding is None else padding
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(std).view(1, -1, 1, 1)
+        self.framed = F.pad(bilinear_matrix(img_size, in_size), (0, 0, self.padding, self.padding))
+        std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.scale = 1.0 / (255.0 * std)  # uint8 -> [0, 1] -> divided by std, folded into one multiply
+        self.shift = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1) / std
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.float().div_(255)
-        if x.shape[-1] != self.img_size or x.shape[-2] != self.img_size:
-            x = F.interpolate(x, size=(self.img_size, self.img_size), mode='bilinear', align_corners=False)
+        B, device = images.shape[0], images.device
         if self.train:
-            B = x.shape[0]
-            if self.padding:
-                top, left = torch.randint(0, 2 * self.padding + 1, (2, B)).to(x.device)
-                x = pad_crop(x, self.padding, top, left)
-            flip = (torch.rand(B) < self.hflip).to(x.device).view(B, 1, 1, 1)
-            x = torch.where(flip, x.flip(-1), x)
-        return (x - self.mean.to(x.device)) / self.std.to(x.device)
+            top, left = torch.randint(0, 2 * self.padding + 1, (2, B))
+            flip = torch.rand(B) < self.hflip
+        else:
+            top = left = torch.full((B,), self.padding)
+            flip = torch.zeros(B, dtype=torch.bool)
+        framed, window = self.framed.to(device), torch.arange(self.img_size)
+        rows = framed[(top.view(B, 1) + window).to(device)]  # (B, S, 32)
+        cols = framed[(left.view(B, 1) + window).to(device)]
+        cols = torch.where(flip.to(device).view(B, 1, 1), cols.flip(1), cols)
+        x = images.float() * self.scale.to(device)
+        return (rows.unsqueeze(1) @ x @ cols.transpose(1, 2).unsqueeze(1)).sub_(self.shift.to(device))

@@ -16,7 +16,7 @@ from PIL import Image
 
 from backbones import CheckpointError
 from backbones.registry import model_family
-from classification.cifar import CifarFormatError, CifarInput, channel_stats, hold_out, pad_crop, read_cifar
+from classification.cifar import CifarFormatError, CifarInput, channel_stats, hold_out, read_cifar
 from classification.engine import Objective
 from classification.fit import bare_model
 from classification.loss import TokenLabelingLoss
@@ -144,16 +144,17 @@ def test_channel_stats_are_those_of_the_images():
     np.testing.assert_allclose(std, as_float.std(axis=(0, 2, 3)), rtol=1e-10)
 
 
-def test_pad_crop_cuts_each_sample_at_its_own_offset():
-    x = torch.randn(3, 2, 5, 6)
-    top, left = torch.tensor([0, 2, 4]), torch.tensor([4, 1, 0])
-    out = pad_crop(x, 2, top, left)
-    padded = F.pad(x, (2, 2, 2, 2))
-    for i in range(3):
-        torch.testing.assert_close(out[i], padded[i, :, top[i]:top[i] + 5, left[i]:left[i] + 6])
+@pytest.mark.parametrize('size', [224, 48, 20])
+def test_eval_input_is_interpolate_then_normalise(size):
+    images = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
+    mean, std = torch.tensor([0.4, 0.5, 0.6]).view(1, 3, 1, 1), torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+    expected = (F.interpolate(images.float() / 255, size=(size, size), mode='bilinear', align_corners=False)
+                - mean) / std
+    out = CifarInput(size, mean.flatten().tolist(), std.flatten().tolist(), train=False)(images)
+    torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
 
 
-def test_eval_input_is_a_bilinear_upsample_normalised():
+def test_eval_input_matches_the_reference_pil_resize():
     images = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
     mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
     out = CifarInput(48, mean, std, train=False)(torch.from_numpy(images).permute(0, 3, 1, 2))

@@ -1,0 +1,115 @@
+"""Speed of CIFAR transfer: the real training step of `tools/transfer_cifar.py` (on-device upsampling and
+augmentation, classifier and backbone groups, SGD, cosine), evaluation, the projected time of the paper's 60-epoch
+run, and the on-device input pipeline against the reference tool's per-image torchvision/PIL transforms.
+
+    python tools/benchmark_transfer.py                               # T2T-ViT-14 and LV-ViT-S, CPU
+    python tools/benchmark_transfer.py t2t_vit_14 --device cuda --batch-size 64 --steps 50
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from benchmark import images_per_second
+from PIL import Image
+from timm.scheduler import create_scheduler_v2
+from torchvision import transforms
+
+from classification.cifar import CifarInput
+from classification.distributed import DistInfo
+from classification.engine import Objective, StepState, evaluate, train_one_epoch
+from classification.recipes import TransferRecipe
+from classification.train import pick_amp
+from classification.transfer import build_transfer_model, make_optimizer
+
+CIFAR_MEAN, CIFAR_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES = 45_000, 5_000, 10_000  # CIFAR with a 10% held-out split
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('models', nargs='*', default=['t2t_vit_14', 'lvvit_s'])
+    p.add_argument('--batch-size', type=int, default=None, help='default: 64 on GPU (the recipe), 16 on CPU')
+    p.add_argument('--img-size', type=int, default=224)
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto')
+    p.add_argument('--steps', type=int, default=3, help='timed batches per measurement')
+    p.add_argument('--warmup', type=int, default=1)
+    return p.parse_args(argv)
+
+
+def cifar_batches(count: int, batch_size: int, device: torch.device) -> list[dict]:
+    """Batches as the transfer loader yields them: uint8 32x32 images, labels, nothing skipped."""
+    return [{'image': torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8).to(device),
+             'label': torch.randint(0, 100, (batch_size,)).to(device), 'skipped': 0} for _ in range(count)]
+
+
+def transfer_speed(name: str, args: argparse.Namespace, info: DistInfo, amp: str) -> dict:
+    """Training and evaluation images/s of the transfer step at `img_size` (CIFAR-100 head)."""
+    recipe = TransferRecipe()
+    model, _ = build_transfer_model(name, 100, args.img_size, recipe)
+    model.to(info.device)
+    optimizer = make_optimizer(model, recipe, recipe.lr)
+    scheduler, _ = create_scheduler_v2(optimizer, 'cosine', num_epochs=recipe.epochs, min_lr=recipe.min_lr,
+                                       step_on_epochs=False, updates_per_epoch=TRAIN_IMAGES // args.batch_size)
+    scaler = torch.amp.GradScaler('cuda') if amp == 'fp16' else None
+    state = StepState(optimizer, scheduler, scaler, None)
+    objective = Objective(100, 0.0)
+    train_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=True)
+    eval_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=False)
+    batches = cifar_batches(args.steps, args.batch_size, info.device)
+    return {
+        'train_img_s': images_per_second(
+            lambda: train_one_epoch(model, batches[:1], objective, state, info, amp, transform=train_tf),
+            args.batch_size, args.steps, args.warmup, info.device),
+        'eval_img_s': images_per_second(
+            lambda: evaluate(model, batches[:1], info, amp, transform=eval_tf),
+            args.batch_size, args.steps, args.warmup, info.device),
+    }
+
+
+def pipeline_speed(args: argparse.Namespace, device: torch.device) -> dict:
+    """Images/s of the training input pipeline: the reference's per-image PIL transforms (one CPU process) and
+    ours (one batched call on `device`)."""
+    size = args.img_size
+    reference = transforms.Compose([
+        transforms.Resize(size), transforms.RandomCrop(size, padding=size // 8), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(), transforms.Normalize(CIFAR_MEAN, CIFAR_STD)])
+    pil = [Image.fromarray(img) for img in np.random.default_rng(0).integers(0, 256, (64, 32, 32, 3), np.uint8)]
+    start = time.perf_counter()
+    for img in pil:
+        reference(img)
+    reference_ips = len(pil) / (time.perf_counter() - start)
+    ours = CifarInput(size, CIFAR_MEAN, CIFAR_STD, train=True)
+    batch = cifar_batches(1, 64, device)[0]['image']
+    ours_ips = images_per_second(lambda: ours(batch), 64, 5, 1, device)
+    return {'reference_img_s': reference_ips, 'ours_img_s': ours_ips}
+
+
+def hours(seconds: float) -> str:
+    return f'{seconds / 3600:.2f} h' if seconds < 360_000 else f'{seconds / 86_400:.0f} days'
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    info = DistInfo(device=torch.device(args.device))
+    args.batch_size = args.batch_size or (64 if info.device.type == 'cuda' else 16)
+    amp = pick_amp(args.amp, info.device)
+    torch.manual_seed(0)
+    print(f'CIFAR transfer at {args.img_size}px, batch {args.batch_size}, {info.device}, amp {amp}, '
+          f'{torch.get_num_threads()} threads')
+    pipe = pipeline_speed(args, info.device)
+    print(f"input pipeline: reference PIL transforms {pipe['reference_img_s']:8.0f} img/s per process, "
+          f"on-device batch {pipe['ours_img_s']:8.0f} img/s  (x{pipe['ours_img_s'] / pipe['reference_img_s']:.1f})")
+    for name in args.models:
+        speed = transfer_speed(name, args, info, amp)
+        epoch = TRAIN_IMAGES / speed['train_img_s'] + VAL_IMAGES / speed['eval_img_s']
+        total = 60 * epoch + TEST_IMAGES / speed['eval_img_s']
+        print(f"{name:12s} train {speed['train_img_s']:8.2f} img/s   eval {speed['eval_img_s']:8.2f} img/s   "
+              f"epoch {hours(epoch)}   60 epochs + test {hours(total)}")
+
+
+if __name__ == '__main__':
+    main()
