@@ -67,13 +67,17 @@ def add_run_arguments(p: argparse.ArgumentParser, default_output: str) -> None:
     p.add_argument('--log-interval', type=int, default=50, help='updates between TensorBoard loss points')
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog='train_cls.py',
-        description='Train a suite model on an ImageNet-layout folder with its paper recipe (token labeling for '
-                    'LV-ViT). Without --data-dir it runs on the embedded scikit-learn digits data set.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A training command's parser, its first argument the model name."""
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument('model', help='model name (tools/model_info.py --all lists them)')
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = model_parser('train_cls.py', 'Train a suite model on an ImageNet-layout folder with its paper recipe (token '
+                     'labeling for LV-ViT). Without --data-dir it runs on the embedded scikit-learn digits data set.')
     p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py')
     p.add_argument('--finetune', metavar='CKPT', help='start from these weights (e.g. for 384 fine-tuning); '

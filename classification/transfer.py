@@ -32,19 +32,15 @@ from .engine import Objective, StepState, evaluate
 from .fit import BEST, METRICS, Fit, RunLog, bare_model, resume_path
 from .loss import TokenLabelingLoss
 from .recipes import TransferRecipe, add_recipe_arguments, override_recipe, transfer_recipe
-from .train import add_run_arguments, create_classifier, launch, parse_model_kwargs, pick_amp
+from .train import add_run_arguments, create_classifier, launch, model_parser, parse_model_kwargs, pick_amp
 
 _OPTIONAL_TYPES = {'img_size': int, 'clip_grad': float, 'crop_padding': int}
 _OPTIMIZERS = {'sgd': 'momentum', 'adamw': 'adamw'}  # timm's 'sgd' is Nesterov; the recipe's is not
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog='transfer_cifar.py',
-        description='Fine-tune a model on CIFAR-10/100 with the T2T-ViT transfer recipe; the epoch is chosen on a '
-                    'held-out part of the training set and its test accuracy reported.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('model', help='model name (tools/model_info.py --all lists them)')
+    p = model_parser('transfer_cifar.py', 'Fine-tune a model on CIFAR-10/100 with the T2T-ViT transfer recipe; the '
+                     'epoch is chosen on a held-out part of the training set and its test accuracy reported.')
     p.add_argument('--dataset', required=True, choices=sorted(FORMATS))
     p.add_argument('--data-dir', required=True,
                    help='folder holding cifar-10-python.tar.gz / cifar-100-python.tar.gz or the extracted folder')

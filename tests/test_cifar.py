@@ -268,3 +268,23 @@ def test_image_label_token_objective_is_class_plus_half_the_token_cross_entropy(
                           torch.device('cpu'))
     token_ce = F.cross_entropy(token_logits.reshape(12, 5), labels.repeat_interleave(4))
     torch.testing.assert_close(loss, F.cross_entropy(cls_logits, labels) + 0.5 * token_ce)
+
+
+def test_adamw_variant_and_command_line_overrides():
+    from classification.transfer import build_parser, resolve_recipe
+    args = build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--opt', 'adamw',
+                                      '--lr', '3e-4'])
+    recipe = resolve_recipe(args)
+    assert (recipe.opt, recipe.lr, recipe.backbone_lr_scale, recipe.weight_decay, recipe.warmup_epochs) == \
+        ('adamw', 3e-4, 0.1, 0.05, 1)
+    model, _ = build_transfer_model('deit_small_patch16_224', 10, 32, recipe, model_kwargs=FAMILIES[
+        'deit_small_patch16_224'][0])
+    optimizer = make_optimizer(model, recipe, recipe.lr)
+    assert type(optimizer).__name__ == 'AdamW'
+    assert sorted({g['lr'] for g in optimizer.param_groups}) == pytest.approx([3e-5, 3e-4])
+    sgd = resolve_recipe(build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.']))
+    assert (sgd.opt, sgd.lr, sgd.backbone_lr_scale, sgd.weight_decay, sgd.min_lr, sgd.epochs, sgd.batch_size) == \
+        ('sgd', 0.05, 0.01, 5e-4, 2e-4, 60, 64)
+    with pytest.raises(SystemExit, match='--opt must be one of sgd, adamw'):
+        resolve_recipe(build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--opt',
+                                                  'lamb']))

@@ -4,12 +4,6 @@ head on image labels, resume after a kill, torchrun (gloo) against one process, 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,9 +14,8 @@ from classification.cifar import hold_out
 from classification.transfer import main
 from cifar_data import tiny_cifar
 from test_cifar import FAMILIES, tiny_release
+from training_runs import assert_same_run, last_weights, read_log, resume_killed_run, run_command, run_torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
 DEIT = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 LVVIT = ['lvvit_s', '--model-kwargs', *(f'{k}={v}' for k, v in FAMILIES['lvvit_s'][0].items())]
 
@@ -41,14 +34,6 @@ def cifar100(tmp_path_factory):
 def transfer_args(model, dataset, data_dir, output, *extra):
     return [*model, '--dataset', dataset, '--data-dir', str(data_dir), '--output', str(output), '--img-size', '32',
             '--batch-size', '8', '--workers', '0', '--device', 'cpu', *extra]
-
-
-def read_log(output: Path) -> dict:
-    return {r['epoch']: r for r in map(json.loads, (output / 'log.jsonl').read_text().splitlines())}
-
-
-def weights(output: Path, name: str = 'last.pth') -> dict:
-    return torch.load(output / name, weights_only=True)['state_dict']
 
 
 def test_chosen_epoch_is_the_best_on_held_out_data_and_its_test_accuracy_is_reported(cifar10, tmp_path):
@@ -89,7 +74,7 @@ def test_pretrained_lvvit_trains_every_parameter_on_cifar100(cifar100, tmp_path)
     metrics = main(transfer_args(LVVIT, 'cifar100', root, out, '--pretrained', str(path), '--epochs', '1',
                                  '--drop-path', '0'))
     assert metrics['pretrained'] == str(path) and metrics['train_images'] == 72
-    start, end = source.state_dict(), weights(out)
+    start, end = source.state_dict(), last_weights(out)
     assert end['head.weight'].shape == (100, 48) and 'aux_head.weight' not in end
     moved = [k for k in end if not k.startswith(('head.', 'pos_embed')) and 'running' not in k
              and 'num_batches' not in k]
@@ -101,44 +86,18 @@ def test_lvvit_token_head_on_image_labels(cifar10, tmp_path):
     root, _ = cifar10
     out = tmp_path / 'run'
     main(transfer_args(LVVIT, 'cifar10', root, out, '--epochs', '1', '--token-head', 'label', '--mix-token', '1'))
-    end = weights(out)
+    end = last_weights(out)
     assert end['aux_head.weight'].shape == (10, 48) and end['head.weight'].shape == (10, 48)
-
-
-def transfer_cli(args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / 'transfer_cifar.py'), *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def test_killed_run_resumes_to_the_same_losses_and_weights(cifar10, tmp_path):
     root, _ = cifar10
     # augmentation (crop, flip), drop-path, two loader processes, the cosine schedule mid-way
     common = ['--epochs', '6', '--workers', '2', '--drop-path', '0.1']
-    straight = tmp_path / 'straight'
-    assert transfer_cli(transfer_args(LVVIT, 'cifar10', root, straight, *common)).returncode == 0
-
-    cut = tmp_path / 'cut'
-    args = transfer_args(LVVIT, 'cifar10', root, cut, *common)
-    proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / 'transfer_cifar.py'), *args], cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while not (cut / 'log.jsonl').exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (cut / 'metrics.json').exists(), 'the run finished before it could be interrupted'
-    refused = transfer_cli(args)
-    assert refused.returncode != 0 and '--resume' in refused.stderr
-    resumed = transfer_cli([*args, '--resume'])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert 'resumed' in resumed.stdout
-
-    a, b = read_log(straight), read_log(cut)
-    assert sorted(a) == sorted(b) == list(range(1, 7))
-    for epoch in a:
-        assert b[epoch]['train_loss'] == a[epoch]['train_loss'], epoch
-        assert b[epoch]['top1'] == a[epoch]['top1']
-    assert all(torch.equal(weights(straight)[k], weights(cut)[k]) for k in weights(straight))
+    straight, cut = tmp_path / 'straight', tmp_path / 'cut'
+    assert run_command('transfer_cifar.py', transfer_args(LVVIT, 'cifar10', root, straight, *common)).returncode == 0
+    resume_killed_run('transfer_cifar.py', transfer_args(LVVIT, 'cifar10', root, cut, *common), cut)
+    assert_same_run(straight, cut, epochs=6)
     assert json.loads((cut / 'metrics.json').read_text()) == json.loads((straight / 'metrics.json').read_text())
 
 
@@ -148,17 +107,8 @@ def test_two_gloo_processes_agree_with_one(cifar10, tmp_path):
     one = main(transfer_args(DEIT, 'cifar10', root, tmp_path / 'one', *deterministic))
     two = transfer_args(DEIT, 'cifar10', root, tmp_path / 'two', *deterministic)
     two[two.index('--batch-size') + 1] = '4'  # the same global batch of 8
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', '29615',
-           str(ROOT / 'tools' / 'transfer_cifar.py'), *two]
-    result = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    log_one, log_two = read_log(tmp_path / 'one'), read_log(tmp_path / 'two')
-    for epoch in (1, 2):
-        assert log_two[epoch]['train_loss'] == pytest.approx(log_one[epoch]['train_loss'], rel=1e-5)
-        assert log_two[epoch]['images'] == log_one[epoch]['images'] == 10  # each held-out image once
-    a, b = weights(tmp_path / 'one'), weights(tmp_path / 'two')
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
+    run_torchrun('transfer_cifar.py', two, processes=2, port=29615)
+    assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=10)
     metrics = json.loads((tmp_path / 'two' / 'metrics.json').read_text())
     assert metrics['test_images'] == 40 and metrics['test_top1'] == pytest.approx(one['test_top1'])
 

@@ -1,11 +1,5 @@
 """The trainer: exact resume after a kill, torchrun (gloo) against one process, evaluation tool, errors."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import timm
@@ -19,10 +13,9 @@ from classification.data import read_image
 from classification.distributed import DistInfo
 from classification.train import main
 from cls_data import make_image_folder
+from training_runs import assert_same_run, last_weights, read_log, resume_killed_run, run_command, run_torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
-ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}
 
 
 @pytest.fixture(scope='module')
@@ -43,52 +36,16 @@ def train_args(data, labels, output, *extra):
             '--warmup-epochs', '1', '--device', 'cpu', *extra]
 
 
-def read_log(output: Path) -> dict:
-    lines = (output / 'log.jsonl').read_text().splitlines()
-    return {r['epoch']: r for r in map(json.loads, lines)}
-
-
-def final_weights(output: Path) -> dict:
-    return torch.load(output / 'last.pth', weights_only=True)['state_dict']
-
-
-def train_cls(args, **kwargs) -> subprocess.CompletedProcess:
-    """The command itself, in a fresh process (the same thread count for every run compared)."""
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / 'train_cls.py'), *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600, **kwargs)
-
-
 def test_killed_run_resumes_to_the_same_losses_and_weights(dataset, tmp_path):
     data, labels = dataset
     # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes
     common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1']
-    assert train_cls(train_args(data, labels, tmp_path / 'straight', *common)).returncode == 0
-
-    cut = tmp_path / 'cut'
-    proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / 'train_cls.py'),
-                             *train_args(data, labels, cut, *common)], cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while not (cut / 'log.jsonl').exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (cut / 'metrics.json').exists(), 'the run finished before it could be interrupted'
-    refused = train_cls(train_args(data, labels, cut, *common))  # will not overwrite the interrupted run
-    assert refused.returncode != 0 and '--resume' in refused.stderr
-    resumed_run = train_cls(train_args(data, labels, cut, *common, '--resume'))
-    assert resumed_run.returncode == 0, resumed_run.stderr[-3000:]
-    assert 'resumed' in resumed_run.stdout
-
-    straight, resumed = read_log(tmp_path / 'straight'), read_log(cut)
-    assert sorted(resumed) == sorted(straight) == list(range(1, 7))
-    for epoch in straight:
-        assert resumed[epoch]['train_loss'] == straight[epoch]['train_loss'], epoch
-        assert resumed[epoch]['top1'] == straight[epoch]['top1']
-    a, b = final_weights(tmp_path / 'straight'), final_weights(cut)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    straight, cut = tmp_path / 'straight', tmp_path / 'cut'
+    assert run_command('train_cls.py', train_args(data, labels, straight, *common)).returncode == 0
+    resume_killed_run('train_cls.py', train_args(data, labels, cut, *common), cut)
+    assert_same_run(straight, cut, epochs=6)
     metrics = json.loads((cut / 'metrics.json').read_text())
-    assert metrics['epochs'] == 6 and metrics['top1'] == straight[6]['top1']
+    assert metrics['epochs'] == 6 and metrics['top1'] == read_log(straight)[6]['top1']
 
 
 def test_two_gloo_processes_agree_with_one(dataset, tmp_path):
@@ -99,33 +56,22 @@ def test_two_gloo_processes_agree_with_one(dataset, tmp_path):
     main(train_args(data, labels, tmp_path / 'one', *deterministic))
     two = train_args(data, labels, tmp_path / 'two', *deterministic)
     two[two.index('--batch-size') + 1] = '2'  # the same global batch of 4
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', '29614',
-           str(ROOT / 'tools' / 'train_cls.py'), *two]
-    result = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    one_log, two_log = read_log(tmp_path / 'one'), read_log(tmp_path / 'two')
-    for epoch in (1, 2):
-        assert two_log[epoch]['train_loss'] == pytest.approx(one_log[epoch]['train_loss'], rel=1e-5)
-        assert two_log[epoch]['images'] == one_log[epoch]['images'] == 12  # each val image once
-    a, b = final_weights(tmp_path / 'one'), final_weights(tmp_path / 'two')
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
+    run_torchrun('train_cls.py', two, processes=2, port=29614)
+    assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=12)
 
 
 def test_eval_tool_matches_an_independent_evaluation(dataset, tmp_path):
     data, labels = dataset
     out = tmp_path / 'run'
     main(train_args(data, labels, out, '--epochs', '2', '--workers', '0'))
-    result = subprocess.run([sys.executable, str(ROOT / 'tools' / 'eval_cls.py'), *TINY, '--checkpoint',
-                             str(out / 'last.pth'), '--data-dir', str(data), '--img-size', '32', '--workers', '0',
-                             '--json', str(tmp_path / 'eval.json')], cwd=ROOT, env=ENV, capture_output=True,
-                            text=True, timeout=300)
+    result = run_command('eval_cls.py', [*TINY, '--checkpoint', str(out / 'last.pth'), '--data-dir', str(data),
+                                         '--img-size', '32', '--workers', '0', '--json', str(tmp_path / 'eval.json')])
     assert result.returncode == 0, result.stderr[-3000:]
     reported = json.loads((tmp_path / 'eval.json').read_text())
 
     model = add_token_head(timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32,
                                              depth=2, num_heads=2)).eval()
-    model.load_state_dict(final_weights(out))
+    model.load_state_dict(last_weights(out))
     cfg = model.pretrained_cfg
     transform = create_transform(32, interpolation=cfg['interpolation'], crop_pct=cfg['crop_pct'],
                                  mean=cfg['mean'], std=cfg['std'])

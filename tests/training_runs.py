@@ -1,0 +1,84 @@
+"""Running the training commands as users do (fresh processes, torchrun) and comparing what two runs wrote."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}  # the same thread count for every run compared
+
+
+def run_command(tool: str, args: Sequence[str]) -> subprocess.CompletedProcess:
+    """`python tools/TOOL args` in a fresh process."""
+    return subprocess.run([sys.executable, str(ROOT / 'tools' / tool), *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def run_torchrun(tool: str, args: Sequence[str], processes: int, port: int) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', str(processes), '--master-port',
+           str(port), str(ROOT / 'tools' / tool), *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def kill_after_first_epoch(tool: str, args: Sequence[str], output: Path) -> None:
+    """Start the command and SIGKILL it as soon as its first epoch is logged; it must not have finished."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / tool), *args], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (output / 'log.jsonl').exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (output / 'metrics.json').exists(), 'the run finished before it could be interrupted'
+
+
+def resume_killed_run(tool: str, args: Sequence[str], output: Path) -> None:
+    """Kill a run after its first epoch, check that it is not silently overwritten, and resume it to the end."""
+    kill_after_first_epoch(tool, args, output)
+    refused = run_command(tool, args)
+    assert refused.returncode != 0 and '--resume' in refused.stderr
+    resumed = run_command(tool, [*args, '--resume'])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'resumed' in resumed.stdout
+
+
+def read_log(output: Path) -> dict:
+    """log.jsonl by epoch."""
+    return {r['epoch']: r for r in map(json.loads, (output / 'log.jsonl').read_text().splitlines())}
+
+
+def last_weights(output: Path) -> dict:
+    return torch.load(output / 'last.pth', weights_only=True)['state_dict']
+
+
+def assert_same_run(a: Path, b: Path, epochs: int, exact: bool = True, images: int | None = None) -> None:
+    """The two runs logged the same losses and validation results and ended on the same weights: bit for bit
+    (`exact`: a resumed run), or to float tolerance (a different process count)."""
+    log_a, log_b = read_log(a), read_log(b)
+    assert sorted(log_a) == sorted(log_b) == list(range(1, epochs + 1))
+    for epoch in log_a:
+        if exact:
+            assert log_b[epoch]['train_loss'] == log_a[epoch]['train_loss'], epoch
+            assert log_b[epoch]['top1'] == log_a[epoch]['top1'], epoch
+        else:
+            assert log_b[epoch]['train_loss'] == pytest.approx(log_a[epoch]['train_loss'], rel=1e-5), epoch
+        if images is not None:
+            assert log_a[epoch]['images'] == log_b[epoch]['images'] == images  # each validation image once
+    wa, wb = last_weights(a), last_weights(b)
+    assert sorted(wa) == sorted(wb)
+    for k in wa:
+        if exact:
+            assert torch.equal(wa[k], wb[k]), k
+        else:
+            torch.testing.assert_close(wb[k], wa[k], atol=2e-5, rtol=1e-4)
