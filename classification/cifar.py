@@ -255,9 +255,11 @@ class CifarInput:
         else:
             top = left = torch.full((B,), self.padding)
             flip = torch.zeros(B, dtype=torch.bool)
-        framed, window = self.framed.to(device), torch.arange(self.img_size)
-        rows = framed[(top.view(B, 1) + window).to(device)]  # (B, S, 32)
-        cols = framed[(left.view(B, 1) + window).to(device)]
+        if self.framed.device != device:  # the constants move once, with the first batch
+            self.framed, self.scale, self.shift = (t.to(device) for t in (self.framed, self.scale, self.shift))
+        window = torch.arange(self.img_size)
+        rows = self.framed[(top.view(B, 1) + window).to(device)]  # (B, S, 32)
+        cols = self.framed[(left.view(B, 1) + window).to(device)]
         cols = torch.where(flip.to(device).view(B, 1, 1), cols.flip(1), cols)
-        x = images.float() * self.scale.to(device)
-        return (rows.unsqueeze(1) @ x @ cols.transpose(1, 2).unsqueeze(1)).sub_(self.shift.to(device))
+        x = images.float() * self.scale
+        return (rows.unsqueeze(1) @ x @ cols.transpose(1, 2).unsqueeze(1)).sub_(self.shift)
