@@ -159,7 +159,8 @@ def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
     files, source = _read_files(data_dir, fmt)
     missing = [name for name in fmt.files if name not in files]
     if missing:
-        raise CifarFormatError(f'{source} lacks {", ".join(missing)} (a complete {fmt.title} has {", ".join(fmt.files)})')
+        raise CifarFormatError(f'{source} lacks {", ".join(missing)} '
+                               f'(a complete {fmt.title} has {", ".join(fmt.files)})')
 
     def split(names: Sequence[str]) -> CifarSplit:
         parts = [_decode_batch(_unpickle(*files[name]), fmt.label_key, fmt.num_classes, files[name][1])

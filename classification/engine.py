@@ -63,15 +63,25 @@ class Objective:
             raise TypeError('token labeling needs a model with a token head in training mode')
         grid = output.token_logits.shape[1:3]
         if self.token_builder is None:
-            label_target = one_hot_targets(batch['label'].to(device), self.num_classes, self.smoothing)
+            label_target = self.label_target(batch, device)
             return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
             geometry, grid)
         if self.cls_target == 'label':
-            cls_target = one_hot_targets(batch['label'].to(device), self.num_classes, self.smoothing)
+            cls_target = self.label_target(batch, device)
         return self.token_loss(output, cls_target, token_target)
+
+    def label_target(self, batch: dict, device: torch.device) -> torch.Tensor:
+        """The (smoothed) one-hot target of each image's label."""
+        return one_hot_targets(batch['label'].to(device), self.num_classes, self.smoothing)
+
+
+def model_input(batch: dict, info: DistInfo, transform: Optional[BatchTransform]) -> torch.Tensor:
+    """The batch's images on the device, through `transform` when there is one (CIFAR: upsample and augment)."""
+    images = batch['image'].to(info.device, non_blocking=True)
+    return images if transform is None else transform(images)
 
 
 @dataclass
@@ -96,10 +106,7 @@ def train_one_epoch(
         desc: str = 'train',
         transform: Optional[BatchTransform] = None,
 ) -> float:
-    """Train for one pass over `loader`; returns the mean loss over all processes.
-
-    `transform` turns the loader's images into the model's input on the device (CIFAR: upsample and augment).
-    """
+    """Train for one pass over `loader`; returns the mean loss over all processes."""
     model.train()
     total, steps = 0.0, 0
     bar = tqdm(loader, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False)
@@ -107,9 +114,7 @@ def train_one_epoch(
         state.skipped += batch['skipped']
         if 'image' not in batch:
             continue
-        images = batch['image'].to(info.device, non_blocking=True)
-        if transform is not None:
-            images = transform(images)
+        images = model_input(batch, info, transform)
         labels = batch['label'].to(info.device, non_blocking=True)
         images, soft_labels = objective.prepare(images, labels)
         with autocast(info.device, amp):
@@ -162,11 +167,8 @@ def evaluate(
         skipped += batch['skipped']
         if 'image' not in batch:
             continue
-        images = batch['image'].to(info.device, non_blocking=True)
-        if transform is not None:
-            images = transform(images)
         with autocast(info.device, amp):
-            logits = model(images).float()
+            logits = model(model_input(batch, info, transform)).float()
         labels = batch['label'].to(info.device)
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hits = top == labels[:, None]

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from backbones import CheckpointError, TokenLabelingModel, create_model, load_checkpoint
 from backbones.registry import check_model_name
+from backbones.token_labeling import TOKEN_HEAD
 
 from .augment import TrainTransform
 from .checkpointing import seed_all, write_json_atomic
@@ -127,7 +128,7 @@ def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_
 
 def load_finetune_weights(model: nn.Module, path: str) -> str:
     report = load_checkpoint(model, path, strict=False)
-    missing = [k for k in report.missing if not k.startswith('aux_head.')]  # a token head may be new
+    missing = [k for k in report.missing if not k.startswith(f'{TOKEN_HEAD}.')]  # a token head may be new
     if missing or report.mismatched:
         raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + report.summary())
     return report.summary()

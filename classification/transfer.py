@@ -25,7 +25,8 @@ from backbones import CheckpointError, load_checkpoint
 from backbones.checkpoint import LoadReport, classifier_prefixes
 
 from .checkpointing import read_training_checkpoint, seed_all, write_json_atomic
-from .cifar import FORMATS, CifarData, CifarDataset, CifarFormatError, CifarInput, channel_stats, hold_out, read_cifar
+from .cifar import (FORMATS, CifarDataset, CifarFormatError, CifarInput, CifarSplit, channel_stats, hold_out,
+                    read_cifar)
 from .data import collate_skipping
 from .distributed import DistInfo, ShardSampler, barrier
 from .engine import Objective, StepState, evaluate
@@ -99,20 +100,20 @@ def make_optimizer(model: nn.Module, recipe: TransferRecipe, lr: float) -> torch
                                momentum=recipe.momentum)
 
 
-def make_loaders(data: CifarData, train_idx, val_idx, batch_size: int, workers: int, seed: int, info: DistInfo):
+def make_loaders(train: CifarSplit, val: CifarSplit, test: CifarSplit, batch_size: int, workers: int, seed: int,
+                 info: DistInfo):
     """Train (shuffled, sharded, whole batches), held-out validation and test loaders (each image once)."""
-    train_set = CifarDataset(data.train.subset(train_idx))
+    train_set = CifarDataset(train)
     if len(train_set) < batch_size * info.world_size:
         raise SystemExit(f'{len(train_set)} training images are fewer than one global batch '
                          f'({batch_size} x {info.world_size} processes)')
     common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_skipping)
     sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
-    train = DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)
-    evals = []
-    for split in (data.train.subset(val_idx), data.test):
+    loaders = [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)]
+    for split in (val, test):
         dataset = CifarDataset(split)
-        evals.append(DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common))
-    return train, *evals
+        loaders.append(DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common))
+    return loaders
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -132,11 +133,12 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
         output.mkdir(parents=True, exist_ok=True)
     barrier(info)
 
-    mean, std = channel_stats(data.train.images[train_idx])
+    train_split, val_split = data.train.subset(train_idx), data.train.subset(val_idx)
+    mean, std = channel_stats(train_split.images)
     data_cfg = resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(args.model).to_dict())
     recipe.img_size = img_size = recipe.img_size or data_cfg['input_size'][-1]
-    train_loader, val_loader, test_loader = make_loaders(data, train_idx, val_idx, recipe.batch_size, args.workers,
-                                                         args.seed, info)
+    train_loader, val_loader, test_loader = make_loaders(train_split, val_split, data.test, recipe.batch_size,
+                                                         args.workers, args.seed, info)
     num_classes = len(data.classes)
     seed_all(args.seed)  # the fresh classifiers do not depend on what ran before
     try:
@@ -150,8 +152,9 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     global_batch = recipe.batch_size * info.world_size
     scale = global_batch / recipe.lr_base_batch  # linear scaling of the whole schedule, floor included
     lr, min_lr = recipe.lr * scale, recipe.min_lr * scale
-    if lr * recipe.backbone_lr_scale < min_lr and info.is_main:
-        print(f'warning: the backbone lr {lr * recipe.backbone_lr_scale:.3g} starts below the cosine floor '
+    backbone_lr = lr * recipe.backbone_lr_scale
+    if backbone_lr < min_lr and info.is_main:
+        print(f'warning: the backbone lr {backbone_lr:.3g} starts below the cosine floor '
               f'{min_lr:.3g} (--min-lr) and would rise towards it', flush=True)
     optimizer = make_optimizer(bare_model(model), recipe, lr)
     scheduler, num_epochs = create_scheduler_v2(
@@ -163,15 +166,15 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
                           token_loss=TokenLabelingLoss(recipe.dense_weight) if recipe.token_head == 'label' else None)
     config = {'model': args.model, 'dataset': args.dataset, 'classes': data.classes, 'mean': mean, 'std': std,
               'split_seed': args.split_seed, 'pretrained': args.pretrained, **vars(recipe)}
-    fit = Fit(model, state, objective, info, output, config, amp, recipe.clip_grad,
-              train_transform=CifarInput(img_size, mean, std, train=True, hflip=recipe.hflip, padding=recipe.crop_padding),
+    train_input = CifarInput(img_size, mean, std, train=True, hflip=recipe.hflip, padding=recipe.crop_padding)
+    fit = Fit(model, state, objective, info, output, config, amp, recipe.clip_grad, train_transform=train_input,
               eval_transform=CifarInput(img_size, mean, std, train=False))
     fit.start(resume, args.seed)
     if info.is_main:
         print(f'{args.model} on {FORMATS[args.dataset].title}: {num_classes} classes, {len(train_idx)} train / '
               f'{len(val_idx)} held-out val / {len(data.test.labels)} test images at {img_size}px, '
               f'{info.world_size} process(es), global batch {global_batch}, head lr {lr:.3g}, backbone lr '
-              f'{lr * recipe.backbone_lr_scale:.3g}, cosine to {min_lr:.3g}, amp {amp}', flush=True)
+              f'{backbone_lr:.3g}, cosine to {min_lr:.3g}, amp {amp}', flush=True)
         print('normalisation (training split): mean ' + ', '.join(f'{m:.4f}' for m in mean) + '  std '
               + ', '.join(f'{s:.4f}' for s in std), flush=True)
         if report is not None:
