@@ -32,7 +32,7 @@ from .engine import Objective, StepState
 from .fit import METRICS, Fit, RunLog, bare_model, resume_path
 from .label_store import TokenLabelStore
 from .loss import TokenLabelingLoss
-from .recipes import Recipe, add_recipe_arguments, family_of, override_recipe, recipe_for
+from .recipes import PRESETS, Recipe, add_recipe_arguments, family_of, override_recipe, recipe_for
 from .targets import TokenTargetBuilder
 
 _OPTIONAL_TYPES = {'img_size': int, 'clip_grad': float, 'auto_augment': str}
@@ -86,16 +86,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
+    p.add_argument('--preset', choices=list(PRESETS), help=(
+        'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
+        'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
+        '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), '
+        'token-labeling-no-mixtoken'))
     add_run_arguments(p, 'output/train_cls/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
                          Recipe, _OPTIONAL_TYPES)
     return p
 
 
+def chosen_preset(args: argparse.Namespace) -> Optional[str]:
+    """--preset, or Standard when --no-token-labeling turns off LV-ViT's token labeling (the paper's baseline)."""
+    if args.preset is None and getattr(args, 'token_labeling', None) is False and family_of(args.model) == 'lvvit':
+        return 'standard'
+    return args.preset
+
+
 def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
-    recipe = override_recipe(recipe_for(args.model, digits), args)
-    if recipe.cls_target not in ('map', 'label'):
-        raise SystemExit(f'--cls-target must be map or label, got {recipe.cls_target}')
+    recipe = override_recipe(recipe_for(args.model, digits, chosen_preset(args)), args)
+    for name in ('cls_target', 'token_target'):
+        if getattr(recipe, name) not in ('map', 'label'):
+            raise SystemExit(f'--{name.replace("_", "-")} must be map or label, got {getattr(recipe, name)}')
     return recipe
 
 
@@ -157,8 +170,9 @@ def make_loaders(args, recipe: Recipe, info: DistInfo, data_dir: Path, store: Op
 
 def make_objective(recipe: Recipe, num_classes: int) -> Objective:
     if recipe.token_labeling:
-        return Objective(num_classes, recipe.smoothing, TokenTargetBuilder(num_classes, recipe.smoothing),
-                         TokenLabelingLoss(recipe.dense_weight), recipe.cls_target)
+        builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
+        return Objective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
+                         recipe.cls_target)
     mixup = None
     if recipe.mixup > 0 or recipe.cutmix > 0:
         mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
@@ -194,10 +208,10 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
         data_dir, token_label_dir = prepare_digits_run(Path(args.digits_dir), recipe, info, args.workers)
     else:
         data_dir, token_label_dir = Path(args.data_dir), args.token_label_dir
-    if recipe.token_labeling and token_label_dir is None:
+    if recipe.uses_score_maps and token_label_dir is None:
         raise SystemExit(f'the {args.model} recipe trains with token labeling: pass --token-label-dir '
-                         f'(tools/generate_token_labels.py makes one) or --no-token-labeling')
-    store = TokenLabelStore(token_label_dir) if recipe.token_labeling else None
+                         f'(tools/generate_token_labels.py makes one), --token-target label or --no-token-labeling')
+    store = TokenLabelStore(token_label_dir) if recipe.uses_score_maps else None
 
     resume = resume_path(args.resume, output)
     if info.is_main:
@@ -230,7 +244,9 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     ema = ModelEmaV3(model, decay=recipe.ema_decay, use_warmup=True) if recipe.ema_decay > 0 else None
     state = StepState(optimizer, scheduler, scaler, ema)
 
-    fit = Fit(model, state, make_objective(recipe, num_classes), info, output, {'model': args.model, **vars(recipe)},
+    preset = chosen_preset(args)
+    fit = Fit(model, state, make_objective(recipe, num_classes), info, output,
+              {'model': args.model, 'preset': preset, **vars(recipe)},
               amp, recipe.clip_grad)
     fit.start(resume, args.seed)
     if info.is_main:
@@ -242,6 +258,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     best = fit.best
     metrics = {'model': args.model, 'top1': record.get('top1'), 'top5': record.get('top5'), 'epochs': num_epochs,
                'best_top1': best['top1'], 'best_epoch': best['epoch'], 'token_labeling': recipe.token_labeling,
+               'preset': preset,
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
     if ema is not None:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))

@@ -9,7 +9,9 @@ from typing import List, Optional
 from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
 
-from .config import check_pretrained, load_config, resolve_data, shorten_schedule
+from .config import (check_pretrained, describe_schedule, load_config, resolve_data, shorten_schedule,
+                     use_digits_schedule)
+from .pretrain import describe_backbone, digits_backbone
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -28,24 +30,57 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_options(parser)
     parser.add_argument('--resume', action='store_true',
                         help='continue from the latest checkpoint in the work dir')
-    parser.add_argument('--iters', type=int,
+    parser.add_argument('--iters', type=positive_int,
                         help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
     parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
     return parser
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be a positive whole number, got {text}')
+    return value
 
 
 def work_dir_for(cfg: Config, config_path: str, work_dir: Optional[str]) -> str:
     return work_dir or cfg.get('work_dir') or os.path.join('work_dirs', Path(config_path).stem)
 
 
+def use_digits_backbone(cfg: Config, config_pretrained: Optional[str]) -> None:
+    """On the digits set, the config's ImageNet weights (not on disk) give way to the same model pretrained on the
+    embedded classification digits (trained on first use). A path given on the command line must exist; None
+    means random initialisation."""
+    backbone = cfg.model.backbone
+    pretrained = backbone.get('pretrained')
+    if pretrained is None:
+        print('backbone: random initialisation (model.backbone.pretrained=None)', flush=True)
+    elif Path(pretrained).is_file():
+        print(f'backbone: {pretrained}', flush=True)
+    elif pretrained != config_pretrained:
+        check_pretrained(cfg)
+    else:
+        checkpoint = digits_backbone(backbone.model_name, backbone.get('model_kwargs'))
+        backbone.pretrained = str(checkpoint)
+        print(f'backbone: {pretrained} not found; {describe_backbone(checkpoint)}', flush=True)
+
+
 def prepare(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.config, args.cfg_options)
+    cfg = load_config(args.config)
+    config_pretrained = cfg.model.backbone.get('pretrained')
+    options = args.cfg_options or {}
+    cfg.merge_from_dict(options)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
-    if not resolve_data(cfg, args.data_root):
+    if resolve_data(cfg, args.data_root):
+        use_digits_schedule(cfg)
+        cfg.merge_from_dict(options)  # what the command line says wins over the embedded set's schedule
+        use_digits_backbone(cfg, config_pretrained)
+    else:
         check_pretrained(cfg)
     if args.iters:
         shorten_schedule(cfg, args.iters)
+    print(f'schedule: {describe_schedule(cfg)}', flush=True)
     if args.amp:
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()

@@ -1,0 +1,46 @@
+"""Backbones for the embedded segmentation set: the same model, pretrained on the embedded classification digits.
+
+Without ImageNet weights on disk, a segmentation config on the digits set starts its backbone from a checkpoint
+of the *same* model (same name, same model arguments) trained by `tools/train_cls.py` on the embedded
+classification data, with token labeling unless a preset says otherwise. It is trained on first use (about 5
+minutes for LV-ViT-S, 10 for LV-ViT-M on 2 CPU cores), resumed if that was cut off, and reused afterwards.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from classification.fit import BEST, LAST, METRICS
+
+DIGITS_BACKBONES = 'data/digits/backbones'
+
+
+def backbone_run_dir(model_name: str, preset: str = 'token-labeling', seed: int = 42,
+                     root: str | Path = DIGITS_BACKBONES) -> Path:
+    suffix = '' if (preset, seed) == ('token-labeling', 42) else f'_{preset}_seed{seed}'
+    return Path(root) / f'{model_name}{suffix}'
+
+
+def digits_backbone(model_name: str, model_kwargs: Optional[dict] = None, preset: str = 'token-labeling',
+                    seed: int = 42, output: Optional[Path] = None, extra_args: tuple = ()) -> Path:
+    """`best.pth` of `model_name` pretrained on the embedded digits with `preset`; trained if not on disk yet."""
+    from classification.train import main as train_classifier
+    output = output or backbone_run_dir(model_name, preset, seed)
+    if not (output / METRICS).is_file():
+        args = [model_name, '--preset', preset, '--seed', str(seed), '--output', str(output), *extra_args]
+        if model_kwargs:
+            args += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())]
+        if (output / LAST).is_file():
+            args.append('--resume')
+        print(f'pretraining {model_name} ({preset}) on the embedded digits for the segmentation backbone '
+              f'-> {output}', flush=True)
+        train_classifier(args)
+    return output / BEST
+
+
+def describe_backbone(checkpoint: Path) -> str:
+    """One line saying where a digits-pretrained backbone came from, with its classification result."""
+    metrics = json.loads((checkpoint.parent / METRICS).read_text())
+    return (f'{metrics["model"]} pretrained on the embedded digits ({metrics.get("preset", "token-labeling")}, '
+            f'best val top-1 {metrics["best_top1"]:.1f}% at epoch {metrics["best_epoch"]}) from {checkpoint}')

@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""The token-labeling paper's central comparison in miniature ("All Tokens Matter", Table 7): does a backbone
+pretrained with token labeling segment better than one pretrained without?
+
+    python tools/reproduce_token_labeling.py                      # LV-ViT-S on the embedded digits, 2 seeds, CPU
+    python tools/reproduce_token_labeling.py --quick              # a smoke-sized run of every stage
+    python tools/reproduce_token_labeling.py --seeds 3 --device cuda --out runs/tl_repro
+
+For every seed, one model is pretrained three ways on the same data for the same epochs:
+  token-labeling   token labeling with the annotator's score maps, and MixToken (LV-ViT's recipe)
+  standard         the paper's Standard baseline: MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images
+  mixtoken-label   MixToken with the image label only (no annotator)
+and each backbone is transferred with FCN and with UperNet, then tested single-scale (SS) and multi-scale with
+flips (MS). DIR/table.md (the paper's layout, mean +- std over seeds), DIR/results.json (every run and the
+summary) and DIR/results.png (bars with error bars) come out.
+
+Every stage is the suite's own command (tools/train_cls.py, tools/train_seg.py, tools/test_seg.py), logged to
+DIR/runs/VARIANT/seed_S/*.log. A stage whose result is on disk is not run again, and an interrupted one resumes
+from its last checkpoint: rerun the same command to continue.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from classification.checkpointing import write_json_atomic  # noqa: E402
+from segmentation.config import load_config  # noqa: E402
+
+VARIANTS = {
+    'token-labeling': 'token labeling + MixToken',
+    'standard': 'Standard (MixUp + CutMix)',
+    'mixtoken-label': 'MixToken, image label only',
+}
+HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
+MODES = {'ss': 'SS', 'ms': 'MS'}
+METRICS = ('mIoU', 'aAcc')
+QUICK = dict(epochs=2, iters=20)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--quick', action='store_true',
+                   help=f'smoke-sized: {QUICK["epochs"]} pretraining epochs, {QUICK["iters"]} segmentation iterations')
+    p.add_argument('--seeds', type=int, default=2, help='seeds per variant (mean and std over them)')
+    p.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when there is one')
+    p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
+    p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
+    p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
+    p.add_argument('--epochs', type=int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
+    p.add_argument('--iters', type=int, help='segmentation iterations (default: the schedule\'s; 300 on the digits)')
+    p.add_argument('--cls-data-dir', help='ImageNet-layout folder for pretraining (default: the embedded digits)')
+    p.add_argument('--token-label-dir', help='its token-label store (needed with --cls-data-dir)')
+    p.add_argument('--seg-data-root', help='ADE20K-layout folder (default: the configs\', else the embedded set)')
+    p.add_argument('--cls-args', nargs=argparse.REMAINDER, default=[],
+                   help='further tools/train_cls.py options, e.g. --batch-size 16 --workers 0 (put it last)')
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.seeds < 1:
+        raise SystemExit(f'--seeds must be at least 1, got {args.seeds}')
+    if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
+        raise SystemExit('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
+    for option in ('epochs', 'iters'):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise SystemExit(f'--{option} must be at least 1, got {value}')
+    if args.quick:
+        args.epochs = args.epochs or QUICK['epochs']
+        args.iters = args.iters or QUICK['iters']
+
+
+def shared_backbone(configs: Dict[str, str]) -> tuple[str, dict]:
+    """The backbone model both configs use (name and model arguments): the model to pretrain."""
+    models = {}
+    for head, path in configs.items():
+        backbone = load_config(path).model.backbone
+        models[head] = (backbone.model_name, dict(backbone.get('model_kwargs') or {}))
+    if len({repr(m) for m in models.values()}) != 1:
+        raise SystemExit('the FCN and UperNet configs must use the same backbone model, got ' +
+                         ', '.join(f'{head}: {name} {kwargs or ""}' for head, (name, kwargs) in models.items()))
+    return next(iter(models.values()))
+
+
+class Stages:
+    """Runs the suite's commands as subprocesses, each logged to a file, each skipped when its result exists."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.env = dict(os.environ)
+        if args.device == 'cpu':
+            self.env['CUDA_VISIBLE_DEVICES'] = ''
+        self.seconds: Dict[str, float] = {}
+
+    def run(self, name: str, tool: str, argv: List[str], log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f'[{time.strftime("%H:%M:%S")}] {name}', flush=True)
+        started = time.time()
+        with open(log, 'a') as out:
+            result = subprocess.run([sys.executable, str(REPO / 'tools' / tool), *argv], cwd=REPO, env=self.env,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        self.seconds[name] = round(time.time() - started, 1)
+        if result.returncode != 0:
+            tail = log.read_text(errors='replace').splitlines()[-15:]
+            raise SystemExit(f'{name} failed (exit {result.returncode}); the end of {log}:\n' + '\n'.join(tail))
+
+    def pretrain(self, variant: str, seed: int, model: str, model_kwargs: dict, run_dir: Path) -> Path:
+        out = run_dir / 'cls'
+        if not (out / 'metrics.json').is_file():
+            a = self.args
+            argv = [model, '--preset', variant, '--seed', str(seed), '--output', str(out)]
+            argv += ['--resume'] if (out / 'last.pth').is_file() else []
+            argv += ['--epochs', str(a.epochs)] if a.epochs else []
+            argv += ['--device', a.device] if a.device else []
+            argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())] if model_kwargs else []
+            if a.cls_data_dir:
+                argv += ['--data-dir', a.cls_data_dir] + (
+                    ['--token-label-dir', a.token_label_dir] if a.token_label_dir else [])
+            self.run(f'{variant} seed {seed}: pretraining {model}', 'train_cls.py', argv + a.cls_args,
+                     run_dir / 'cls.log')
+        return out
+
+    def segment(self, variant: str, seed: int, head: str, config: str, backbone: Path, run_dir: Path) -> dict:
+        work = run_dir / head
+        data = ['--data-root', self.args.seg_data_root] if self.args.seg_data_root else []
+        if not (work / 'done').is_file():
+            argv = [config, '--work-dir', str(work), *data,
+                    '--cfg-options', f'model.backbone.pretrained={backbone}', f'randomness.seed={seed}']
+            argv += ['--iters', str(self.args.iters)] if self.args.iters else []
+            argv += ['--resume'] if (work / 'last_checkpoint').is_file() else []
+            self.run(f'{variant} seed {seed}: {HEADS[head]} training', 'train_seg.py', argv, run_dir / f'{head}.log')
+            (work / 'done').write_text((work / 'last_checkpoint').read_text())
+        checkpoint = (work / 'done').read_text().strip()
+        scores = {}
+        for mode in MODES:
+            report = work / f'{mode}.json'
+            if not report.is_file():
+                argv = [config, checkpoint, '--work-dir', str(work / f'test_{mode}'), *data, '--out', str(report)]
+                self.run(f'{variant} seed {seed}: {HEADS[head]} {MODES[mode]} test', 'test_seg.py',
+                         argv + (['--ms'] if mode == 'ms' else []), run_dir / f'{head}_test.log')
+            values = json.loads(report.read_text())
+            scores[mode] = {key: values[key] for key in METRICS}
+        return scores
+
+
+def mean_std(values: List[float]) -> dict:
+    return {'mean': statistics.fmean(values), 'std': statistics.stdev(values) if len(values) > 1 else 0.0,
+            'n': len(values)}
+
+
+def summarise(runs: List[dict]) -> dict:
+    """Per variant: mean and std over seeds of top-1 and of every head/mode/metric."""
+    summary = {}
+    for variant in dict.fromkeys(r['variant'] for r in runs):
+        mine = [r for r in runs if r['variant'] == variant]
+        entry = {'top1': mean_std([r['top1'] for r in mine])}
+        for head in HEADS:
+            entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in METRICS}
+                           for mode in MODES}
+        summary[variant] = entry
+    return summary
+
+
+def cell(stats: dict) -> str:
+    return f'{stats["mean"]:.1f} ± {stats["std"]:.1f}'
+
+
+def markdown_table(summary: dict, model: str, seeds: int) -> str:
+    """The paper's Table 7 layout: backbone and its pretraining, segmentation head, SS and MS mIoU / pixel acc."""
+    lines = [f'| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS | Pixel acc. MS |',
+             '|---|---|---:|---|---:|---:|---:|---:|']
+    for head, head_name in HEADS.items():
+        for variant, entry in summary.items():
+            scores = entry[head]
+            lines.append(f'| {model} | {VARIANTS[variant]} | {cell(entry["top1"])} | {head_name} | '
+                         f'{cell(scores["ss"]["mIoU"])} | {cell(scores["ss"]["aAcc"])} | '
+                         f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} |')
+    return '\n'.join(lines) + f'\n\nMean ± standard deviation over {seeds} seed(s); percent.\n'
+
+
+def plot(summary: dict, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    groups = [(head, mode) for head in HEADS for mode in MODES]
+    variants = list(summary)
+    width = 0.8 / len(variants)
+    fig, (ax_cls, ax_seg) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={'width_ratios': [1, 3]})
+    for i, variant in enumerate(variants):
+        top1 = summary[variant]['top1']
+        ax_cls.bar(i, top1['mean'], yerr=top1['std'], capsize=4, color=f'C{i}', label=VARIANTS[variant])
+        means = [summary[variant][h][m]['mIoU']['mean'] for h, m in groups]
+        stds = [summary[variant][h][m]['mIoU']['std'] for h, m in groups]
+        ax_seg.bar([g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))], means, width, yerr=stds,
+                   capsize=4, color=f'C{i}', label=VARIANTS[variant])
+    ax_cls.set_xticks(range(len(variants)), [v.replace('-', '\n', 1) for v in variants], fontsize=8)
+    ax_cls.set_ylabel('classification top-1 (%)')
+    ax_seg.set_xticks(range(len(groups)), [f'{HEADS[h]} {MODES[m]}' for h, m in groups])
+    ax_seg.set_ylabel('segmentation mIoU (%)')
+    ax_seg.legend(loc='lower right', fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    configs = {'fcn': args.fcn_config, 'upernet': args.upernet_config}
+    model, model_kwargs = shared_backbone(configs)
+    out = Path(args.out)
+    stages = Stages(args)
+    started = time.time()
+    runs = []
+    for seed in range(args.seeds):
+        for variant in args.variants:
+            run_dir = out / 'runs' / variant / f'seed_{seed}'
+            cls_dir = stages.pretrain(variant, seed, model, model_kwargs, run_dir)
+            cls_metrics = json.loads((cls_dir / 'metrics.json').read_text())
+            record = {'variant': variant, 'seed': seed, 'top1': cls_metrics['best_top1'],
+                      'cls_metrics': str(cls_dir / 'metrics.json')}
+            for head, config in configs.items():
+                record[head] = stages.segment(variant, seed, head, config, cls_dir / 'best.pth', run_dir)
+            runs.append(record)
+    summary = summarise(runs)
+    settings = {key: value for key, value in vars(args).items() if key != 'cls_args'}
+    results = {'model': model, 'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs,
+               'summary': summary, 'stage_seconds': stages.seconds, 'seconds': round(time.time() - started, 1)}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / 'results.json', results)
+    (out / 'table.md').write_text(markdown_table(summary, model, args.seeds))
+    plot(summary, out / 'results.png', f'{model}: pretraining -> segmentation, {args.seeds} seed(s)')
+    print((out / 'table.md').read_text())
+    print(f'-> {out / "table.md"}, {out / "results.json"}, {out / "results.png"}')
+    return results
+
+
+if __name__ == '__main__':
+    main()
