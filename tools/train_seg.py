@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a segmentation config on ADE20K (or the embedded digits set) with mmengine's Runner.
 
-    python tools/train_seg.py seg_configs/upernet_lvvit_m.py --iters 300   # no ADE20K on disk: digits, CPU
+    python tools/train_seg.py seg_configs/upernet_lvvit_m.py             # no ADE20K on disk: digits, CPU
     torchrun --nproc-per-node 8 tools/train_seg.py seg_configs/upernet_lvvit_m.py --launcher pytorch
     python tools/train_seg.py seg_configs/upernet_lvvit_m.py --resume      # continue an interrupted run
 

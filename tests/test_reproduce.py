@@ -1,0 +1,79 @@
+"""tools/reproduce_token_labeling.py: every stage runs, and its table and JSON hold what the runs wrote."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from seg_data import REPO, write_tiny_ade, write_tiny_config
+from test_train_cls import dataset  # noqa: F401  (tiny ImageNet-layout folder and its token-label store)
+from test_seg_tools import ENV
+
+VARIANTS = ('token-labeling', 'standard', 'mixtoken-label')
+
+
+@pytest.fixture(scope='module')
+def reproduction(dataset, tmp_path_factory):  # noqa: F811
+    data, labels = dataset
+    root = tmp_path_factory.mktemp('repro')
+    ade = write_tiny_ade(root / 'ade')
+    configs = {head: write_tiny_config(root / f'tiny_{head}.py', f'{head}_lvvit_s.py', ade) for head in ('fcn', 'upernet')}
+    out = root / 'out'
+    argv = [sys.executable, str(REPO / 'tools' / 'reproduce_token_labeling.py'), '--quick', '--seeds', '2',
+            '--device', 'cpu', '--out', str(out), '--fcn-config', str(configs['fcn']),
+            '--upernet-config', str(configs['upernet']), '--epochs', '1', '--iters', '2',
+            '--cls-data-dir', str(data), '--token-label-dir', str(labels),
+            '--cls-args', '--img-size', '32', '--batch-size', '4', '--lr-base-batch', '4', '--workers', '0']
+    result = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result.stdout, argv
+
+
+def test_results_are_the_runs_own_figures(reproduction):
+    out, _, _ = reproduction
+    results = json.loads((out / 'results.json').read_text())
+    assert [(r['variant'], r['seed']) for r in results['runs']] == [(v, s) for s in range(2) for v in VARIANTS]
+    for run in results['runs']:
+        run_dir = out / 'runs' / run['variant'] / f'seed_{run["seed"]}'
+        cls = json.loads((run_dir / 'cls' / 'metrics.json').read_text())
+        assert run['top1'] == cls['best_top1'] and cls['preset'] == run['variant']
+        assert cls['token_labeling'] == (run['variant'] != 'standard')
+        for head in ('fcn', 'upernet'):
+            for mode in ('ss', 'ms'):
+                report = json.loads((run_dir / head / f'{mode}.json').read_text())
+                assert run[head][mode] == {'mIoU': report['mIoU'], 'aAcc': report['aAcc']}
+    for variant in VARIANTS:
+        mine = [r for r in results['runs'] if r['variant'] == variant]
+        values = [r['upernet']['ms']['mIoU'] for r in mine]
+        stats = results['summary'][variant]['upernet']['ms']['mIoU']
+        assert stats['mean'] == pytest.approx(statistics.fmean(values))
+        assert stats['std'] == pytest.approx(statistics.stdev(values)) and stats['n'] == 2
+
+
+def test_table_shows_the_summary_in_the_papers_layout(reproduction):
+    out, stdout, _ = reproduction
+    results = json.loads((out / 'results.json').read_text())
+    table = (out / 'table.md').read_text()
+    assert table in stdout
+    rows = [line for line in table.splitlines() if line.startswith('| lvvit_s')]
+    assert len(rows) == 2 * len(VARIANTS)
+    fcn_tl = rows[0].split(' | ')
+    summary = results['summary']['token-labeling']
+    assert fcn_tl[3] == 'FCN'
+    assert fcn_tl[4] == f'{summary["fcn"]["ss"]["mIoU"]["mean"]:.1f} ± {summary["fcn"]["ss"]["mIoU"]["std"]:.1f}'
+    assert fcn_tl[2] == f'{summary["top1"]["mean"]:.1f} ± {summary["top1"]["std"]:.1f}'
+    assert (out / 'results.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_a_finished_reproduction_reruns_nothing(reproduction):
+    out, _, argv = reproduction
+    before = json.loads((out / 'results.json').read_text())
+    stamps = {p: p.stat().st_mtime for p in out.glob('runs/*/*/*/*.json')}
+    result = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not [line for line in result.stdout.splitlines() if line.startswith('[')]  # no stage ran
+    assert json.loads((out / 'results.json').read_text())['runs'] == before['runs']
+    assert stamps and all(p.stat().st_mtime == t for p, t in stamps.items())

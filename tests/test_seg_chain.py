@@ -1,0 +1,127 @@
+"""The chain the suite is for: pretraining on the embedded data feeding segmentation, and the fallback schedule."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from backbones import create_model
+from mmengine.registry import init_default_scope
+from mmseg.registry import MODELS
+from seg_data import CONFIGS, REPO, TINY_MODELS, tiny_model_overrides, write_tiny_ade
+from segmentation.config import DIGITS_SCHEDULE
+from segmentation.train import build_parser, prepare
+from test_seg_tools import ENV
+
+CONFIG = 'upernet_lvvit_s.py'
+ITERS = 80
+
+
+def tiny_digits_config(path: Path, config: str = CONFIG) -> Path:
+    """A tiny version of a real config that keeps its ImageNet `pretrained` path (absent here) and data root."""
+    model = tiny_model_overrides(config)
+    del model['backbone']['pretrained']
+    lines = [f'_base_ = [{str(CONFIGS / config)!r}]', f'model = {model!r}',
+             "train_dataloader = dict(num_workers=0, persistent_workers=False)",
+             "val_dataloader = dict(num_workers=0, persistent_workers=False)",
+             "test_dataloader = val_dataloader"]
+    path.write_text('\n'.join(lines) + '\n')
+    return path
+
+
+def prepared(tmp_path, monkeypatch, *argv):
+    monkeypatch.chdir(tmp_path)  # the embedded sets are written under ./data
+    return prepare(build_parser().parse_args([str(CONFIGS / CONFIG), *argv]))
+
+
+def test_digits_fallback_takes_its_schedule(tmp_path, monkeypatch):
+    cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None')
+    assert cfg.train_dataloader.dataset.type == 'DigitsSegDataset'
+    assert cfg.train_cfg.max_iters == DIGITS_SCHEDULE.iters and cfg.train_cfg.val_interval == DIGITS_SCHEDULE.val_interval
+    assert cfg.optim_wrapper.optimizer.lr == DIGITS_SCHEDULE.lr
+    assert cfg.train_dataloader.batch_size == DIGITS_SCHEDULE.batch_size
+    warmup, decay = cfg.param_scheduler
+    assert (warmup.end, decay.begin, decay.end) == (DIGITS_SCHEDULE.warmup_iters, DIGITS_SCHEDULE.warmup_iters,
+                                                   DIGITS_SCHEDULE.iters)
+    assert cfg.default_hooks.checkpoint.interval == DIGITS_SCHEDULE.checkpoint_interval
+    assert cfg.model.backbone.pretrained is None
+
+
+def test_explicit_options_win_over_the_fallback_schedule(tmp_path, monkeypatch):
+    cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None',
+                   'optim_wrapper.optimizer.lr=0.001', 'train_dataloader.batch_size=3')
+    assert cfg.optim_wrapper.optimizer.lr == 0.001 and cfg.train_dataloader.batch_size == 3
+    assert cfg.train_cfg.max_iters == DIGITS_SCHEDULE.iters
+    cfg = prepared(tmp_path, monkeypatch, '--iters', '30', '--cfg-options', 'model.backbone.pretrained=None')
+    assert cfg.train_cfg.max_iters == 30 and cfg.param_scheduler[-1].end == 30
+    assert cfg.param_scheduler[0].end == round(DIGITS_SCHEDULE.warmup_iters * 30 / DIGITS_SCHEDULE.iters)
+
+
+def test_real_data_keeps_the_config_schedule(tmp_path, monkeypatch):
+    data = write_tiny_ade(tmp_path / 'ade')
+    cfg = prepared(tmp_path, monkeypatch, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    assert cfg.train_cfg.max_iters == 160000 and cfg.optim_wrapper.optimizer.lr == 6e-5
+    assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
+
+
+def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match='nowhere.pth'):
+        prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
+
+
+@pytest.fixture(scope='module')
+def chain(tmp_path_factory):
+    """tools/train_seg.py on the embedded set with a tiny LV-ViT: its backbone is pretrained on the embedded
+    classification digits on first use, then segmentation trains from it; and the same run from random weights."""
+    root = tmp_path_factory.mktemp('chain')
+    config = tiny_digits_config(root / 'tiny_upernet_lvvit.py')
+    runs = {}
+    for name, extra in (('pretrained', []), ('random', ['--cfg-options', 'model.backbone.pretrained=None'])):
+        result = subprocess.run([sys.executable, str(REPO / 'tools' / 'train_seg.py'), str(config), '--iters',
+                                 str(ITERS), '--work-dir', f'work_{name}', *extra], cwd=root, env=ENV,
+                                capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        runs[name] = result.stdout + result.stderr
+    return root, config, runs
+
+
+def final_miou(log: str) -> float:
+    lines = [line for line in log.splitlines() if 'Iter(val)' in line and 'mIoU:' in line]
+    return float(lines[-1].split('mIoU:')[1].split()[0])
+
+
+def test_segmentation_learns_from_the_pretrained_backbone(chain):
+    root, _, runs = chain
+    log = runs['pretrained']
+    assert 'backbone: pretrained/lvvit_s-26M-224-83.3.pth.tar not found; lvvit_s pretrained on the embedded digits' \
+           in log
+    background_only = 100 / 11  # background right everywhere, every digit wrong: at most 1 IoU of 11 classes
+    assert final_miou(log) > 2 * background_only
+    assert final_miou(log) > final_miou(runs['random']) + 5  # the pretraining is what makes it learn this fast
+
+
+def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
+    root, config, _ = chain
+    checkpoint = root / 'data' / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
+    weights = torch.load(checkpoint, map_location='cpu', weights_only=True)['state_dict']
+    metrics = json.loads((checkpoint.parent / 'metrics.json').read_text())
+    assert metrics['token_labeling'] and metrics['preset'] == 'token-labeling'
+    init_default_scope('mmseg')
+    backbone_cfg = dict(tiny_model_overrides(CONFIG)['backbone'], type='LVViTBackbone', model_name='lvvit_s',
+                        pretrained=str(checkpoint))
+    backbone = MODELS.build(backbone_cfg)
+    backbone.init_weights()
+    state = backbone.model.state_dict()
+    reference = create_model('lvvit_s', num_classes=0, img_size=48, **TINY_MODELS[CONFIG])
+    assert set(state) <= set(weights)
+    for key, value in state.items():
+        if key == 'pos_embed':  # resampled from the 3x3 grid of the 48 px pretraining
+            assert value.shape != weights[key].shape
+            continue
+        assert torch.equal(value, weights[key]), key
+    assert set(state) <= set(reference.state_dict())
