@@ -1,15 +1,14 @@
 """The embedded segmentation set: scikit-learn's handwritten digits on real photographs, in ADE20K's layout.
 
 Used by the tools when no ADE20K is on disk. Each image is a dimmed crop of one of scikit-learn's two sample
-photographs with up to four digits inked on it in light colours, side by side without overlap: the same kind of
-scene as the embedded classification set (`classification/digits.py`), so that a backbone pretrained there
-transfers. Annotations follow ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft
-edges, which are ignored like ADE20K's "other" (reduce_zero_label).
+photographs with up to three digits inked on it in light colours, side by side without overlap (light strokes on a
+dark ground, as in the classification scans). Annotations follow ADE20K: 1 is background, 2..11 are the digits
+0..9, and 0 marks the digits' soft edges, which are ignored like ADE20K's "other" (reduce_zero_label).
 
 Sizes: images are 192x144 (4:3, a quarter of ADE20K's test scale, at which the tools run the configs) and a digit
-is 28-52 px, which the test resize shows at 25-46 px, the size the classification run trains on (20-40 px scenes
-of 48 px, cropped and enlarged by up to 1.4x): about two to three tokens of 16 px. The validation images use only
-the scans the classification run holds out (every fifth), so pretraining never saw their digits.
+is 44-72 px, which the test resize shows at 39-64 px, near the 48 px the classification digits are trained at
+(three tokens of 16 px). The validation images use only the scans the classification run holds out (every
+fifth), so pretraining never saw their digits.
 """
 from __future__ import annotations
 
@@ -20,16 +19,18 @@ from typing import List, Tuple
 import cv2
 import numpy as np
 
-from classification.digits import VAL_EVERY, ink_digit, load_photos, photo_background
+from classification.digits import VAL_EVERY
 from mmseg.datasets import BaseSegDataset
 from mmseg.registry import DATASETS
 
+BACKGROUND_GAIN = (0.2, 0.45)  # the photographs are dimmed so that the light ink stands out, as in the scans
+INK = (170, 255)  # per-channel range of the ink colour
 CLASSES = ('background',) + tuple(str(d) for d in range(10))
 SPLITS = {'training': 400, 'validation': 80}
 IMAGE_SIZE = (192, 144)  # width, height
-DIGIT_SIZE = (28, 52)  # pixels, the side of a digit's 8x8 scan once inked
-DIGITS_PER_IMAGE = 4  # at most; a digit that finds no free place after a few tries is left out
-VERSION = 'digits-seg v2: dimmed photographs, light ink, 28-52 px digits, held-out scans for validation\n'
+DIGIT_SIZE = (44, 72)  # pixels, the side of a digit's 8x8 scan once inked
+DIGITS_PER_IMAGE = 3  # at most; a digit that finds no free place after a few tries is left out
+VERSION = 'digits-seg v2: dimmed photographs, light ink, 44-72 px digits, held-out scans for validation\n'
 READY = 'READY'
 
 
@@ -44,6 +45,34 @@ class DigitsSegDataset(BaseSegDataset):
                  **kwargs) -> None:
         super().__init__(img_suffix=img_suffix, seg_map_suffix=seg_map_suffix, reduce_zero_label=reduce_zero_label,
                          **kwargs)
+
+
+def load_photos() -> List[np.ndarray]:
+    """scikit-learn's two sample photographs (RGB, uint8)."""
+    from sklearn.datasets import load_sample_images
+    return list(load_sample_images().images)
+
+
+def photo_background(rng: np.random.Generator, photos: List[np.ndarray]) -> np.ndarray:
+    """A random crop of a random photograph, resized to IMAGE_SIZE and dimmed; float32 RGB."""
+    width, height = IMAGE_SIZE
+    photo = photos[rng.integers(len(photos))]
+    crop_w = int(min(photo.shape[1], photo.shape[0] * width / height) * rng.uniform(0.35, 1.0))
+    crop_h = crop_w * height // width
+    y, x = rng.integers(photo.shape[0] - crop_h + 1), rng.integers(photo.shape[1] - crop_w + 1)
+    image = cv2.resize(photo[y:y + crop_h, x:x + crop_w], IMAGE_SIZE, interpolation=cv2.INTER_AREA).astype(np.float32)
+    return image * rng.uniform(*BACKGROUND_GAIN)
+
+
+def ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int
+              ) -> np.ndarray:
+    """Ink an 8x8 scan (values 0..16) into `image` as a `size` square at (top, left), in a random light colour, in
+    place; returns the ink coverage (0..1) of that square."""
+    ink = cv2.resize(scan / 16.0, (size, size), interpolation=cv2.INTER_LINEAR).clip(0, 1)
+    window = (slice(top, top + size), slice(left, left + size))
+    colour = rng.uniform(*INK, 3).astype(np.float32)
+    image[window] = image[window] * (1 - ink[..., None]) + colour * ink[..., None]
+    return ink
 
 
 def _free_place(rng: np.random.Generator, size: int, taken: List[Tuple[int, int, int]]) -> Tuple[int, int] | None:
@@ -61,7 +90,7 @@ def _compose(rng: np.random.Generator, photos: List[np.ndarray], scans: np.ndarr
              ) -> Tuple[np.ndarray, np.ndarray]:
     """One image (RGB) and its ADE20K-style annotation."""
     width, height = IMAGE_SIZE
-    image = photo_background(rng, photos, IMAGE_SIZE)
+    image = photo_background(rng, photos)
     label = np.ones((height, width), np.uint8)
     taken: List[Tuple[int, int, int]] = []
     for _ in range(DIGITS_PER_IMAGE):
