@@ -47,13 +47,13 @@ class DigitsSegDataset(BaseSegDataset):
                          **kwargs)
 
 
-def load_photos() -> List[np.ndarray]:
+def _load_photos() -> List[np.ndarray]:
     """scikit-learn's two sample photographs (RGB, uint8)."""
     from sklearn.datasets import load_sample_images
     return list(load_sample_images().images)
 
 
-def photo_background(rng: np.random.Generator, photos: List[np.ndarray]) -> np.ndarray:
+def _photo_background(rng: np.random.Generator, photos: List[np.ndarray]) -> np.ndarray:
     """A random crop of a random photograph, resized to IMAGE_SIZE and dimmed; float32 RGB."""
     width, height = IMAGE_SIZE
     photo = photos[rng.integers(len(photos))]
@@ -64,7 +64,7 @@ def photo_background(rng: np.random.Generator, photos: List[np.ndarray]) -> np.n
     return image * rng.uniform(*BACKGROUND_GAIN)
 
 
-def ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int
+def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int
               ) -> np.ndarray:
     """Ink an 8x8 scan (values 0..16) into `image` as a `size` square at (top, left), in a random light colour, in
     place; returns the ink coverage (0..1) of that square."""
@@ -90,7 +90,7 @@ def _compose(rng: np.random.Generator, photos: List[np.ndarray], scans: np.ndarr
              ) -> Tuple[np.ndarray, np.ndarray]:
     """One image (RGB) and its ADE20K-style annotation."""
     width, height = IMAGE_SIZE
-    image = photo_background(rng, photos)
+    image = _photo_background(rng, photos)
     label = np.ones((height, width), np.uint8)
     taken: List[Tuple[int, int, int]] = []
     for _ in range(DIGITS_PER_IMAGE):
@@ -100,7 +100,7 @@ def _compose(rng: np.random.Generator, photos: List[np.ndarray], scans: np.ndarr
             continue
         taken.append((*place, size))
         k = rng.integers(len(scans))
-        ink = ink_digit(rng, image, scans[k], *place, size)
+        ink = _ink_digit(rng, image, scans[k], *place, size)
         window = (slice(place[0], place[0] + size), slice(place[1], place[1] + size))
         label[window] = np.where(ink >= 0.5, digits[k] + 2, np.where(ink > 0.2, 0, label[window]))
     return image.round().astype(np.uint8), label
@@ -125,7 +125,7 @@ def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     scans, digits = load_digits(return_X_y=True)
     scans = scans.reshape(-1, 8, 8)
-    photos = load_photos()
+    photos = _load_photos()
     for index, (split, scan_index) in enumerate(scan_splits(len(scans)).items()):
         rng = np.random.default_rng([seed, index])
         (root / 'images' / split).mkdir(parents=True, exist_ok=True)

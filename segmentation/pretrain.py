@@ -1,9 +1,9 @@
 """Backbones for the embedded segmentation set: the same model, pretrained on the embedded classification digits.
 
 Without ImageNet weights on disk, a segmentation config on the digits set starts its backbone from a checkpoint
-of the *same* model (same name, same model arguments) trained by `tools/train_cls.py` on the embedded
-classification data, with token labeling unless a preset says otherwise. It is trained on first use (about 5
-minutes for LV-ViT-S, 10 for LV-ViT-M on 2 CPU cores), resumed if that was cut off, and reused afterwards.
+of the *same* model (same name, same model arguments) trained with token labeling by `tools/train_cls.py` on the
+embedded classification data. It is trained on first use (about 5 minutes for LV-ViT-S on 2 CPU cores), resumed
+if that was cut off, and reused afterwards.
 """
 from __future__ import annotations
 
@@ -13,27 +13,20 @@ from typing import Optional
 
 from classification.fit import BEST, LAST, METRICS
 
-DIGITS_BACKBONES = 'data/digits/backbones'
+DIGITS_BACKBONES = Path('data/digits/backbones')
 
 
-def backbone_run_dir(model_name: str, preset: str = 'token-labeling', seed: int = 42,
-                     root: str | Path = DIGITS_BACKBONES) -> Path:
-    suffix = '' if (preset, seed) == ('token-labeling', 42) else f'_{preset}_seed{seed}'
-    return Path(root) / f'{model_name}{suffix}'
-
-
-def digits_backbone(model_name: str, model_kwargs: Optional[dict] = None, preset: str = 'token-labeling',
-                    seed: int = 42, output: Optional[Path] = None, extra_args: tuple = ()) -> Path:
-    """`best.pth` of `model_name` pretrained on the embedded digits with `preset`; trained if not on disk yet."""
+def digits_backbone(model_name: str, model_kwargs: Optional[dict] = None) -> Path:
+    """`best.pth` of `model_name` pretrained with token labeling on the embedded digits; trained if not on disk."""
     from classification.train import main as train_classifier
-    output = output or backbone_run_dir(model_name, preset, seed)
+    output = DIGITS_BACKBONES / model_name
     if not (output / METRICS).is_file():
-        args = [model_name, '--preset', preset, '--seed', str(seed), '--output', str(output), *extra_args]
+        args = [model_name, '--preset', 'token-labeling', '--output', str(output)]
         if model_kwargs:
             args += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())]
         if (output / LAST).is_file():
             args.append('--resume')
-        print(f'pretraining {model_name} ({preset}) on the embedded digits for the segmentation backbone '
+        print(f'pretraining {model_name} with token labeling on the embedded digits for the segmentation backbone '
               f'-> {output}', flush=True)
         train_classifier(args)
     return output / BEST

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from classification.checkpointing import write_json_atomic  # noqa: E402
 from segmentation.config import load_config  # noqa: E402
+from segmentation.train import positive_int  # noqa: E402
 
 VARIANTS = {
     'token-labeling': 'token labeling + MixToken',
@@ -51,14 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--quick', action='store_true',
                    help=f'smoke-sized: {QUICK["epochs"]} pretraining epochs, {QUICK["iters"]} segmentation iterations')
-    p.add_argument('--seeds', type=int, default=2, help='seeds per variant (mean and std over them)')
+    p.add_argument('--seeds', type=positive_int, default=2, help='seeds per variant (mean and std over them)')
     p.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when there is one')
     p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
     p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
     p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
-    p.add_argument('--epochs', type=int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
-    p.add_argument('--iters', type=int, help='segmentation iterations (default: the schedule\'s; 300 on the digits)')
+    p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
+    p.add_argument('--iters', type=positive_int, help='segmentation iterations (default: the schedule\'s; 300 on the digits)')
     p.add_argument('--cls-data-dir', help='ImageNet-layout folder for pretraining (default: the embedded digits)')
     p.add_argument('--token-label-dir', help='its token-label store (needed with --cls-data-dir)')
     p.add_argument('--seg-data-root', help='ADE20K-layout folder (default: the configs\', else the embedded set)')
@@ -68,14 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if args.seeds < 1:
-        raise SystemExit(f'--seeds must be at least 1, got {args.seeds}')
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
         raise SystemExit('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
-    for option in ('epochs', 'iters'):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            raise SystemExit(f'--{option} must be at least 1, got {value}')
     if args.quick:
         args.epochs = args.epochs or QUICK['epochs']
         args.iters = args.iters or QUICK['iters']
@@ -85,7 +80,10 @@ def shared_backbone(configs: Dict[str, str]) -> tuple[str, dict]:
     """The backbone model both configs use (name and model arguments): the model to pretrain."""
     models = {}
     for head, path in configs.items():
-        backbone = load_config(path).model.backbone
+        try:
+            backbone = load_config(path).model.backbone
+        except FileNotFoundError as e:
+            raise SystemExit(str(e))
         models[head] = (backbone.model_name, dict(backbone.get('model_kwargs') or {}))
     if len({repr(m) for m in models.values()}) != 1:
         raise SystemExit('the FCN and UperNet configs must use the same backbone model, got ' +
