@@ -1,6 +1,10 @@
 """The embedded default data: scikit-learn's handwritten digits (1,797 real 8x8 scans shipped in the package),
 written as an ImageNet-layout folder, with a small CNN annotator and its token labels, all on the CPU.
 
+Each image is one scan drawn at a random size and place on a black page, not the scan filling the frame: the
+digit covers part of the token grid, so the annotator's score maps say where it is, token labeling teaches every
+token what lies under it, and the features carry over to pages holding several digits (the segmentation set).
+
 Every step is skipped when its result is already on disk, and the annotator's training resumes if it was cut off.
 """
 from __future__ import annotations
@@ -11,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Tuple
 
+import cv2
 import numpy as np
 from PIL import Image
 
@@ -18,7 +23,9 @@ from .distributed import DistInfo, barrier
 from .label_store import META
 from .recipes import Recipe
 
-IMAGE_SIZE = 32  # the 8x8 scans are stored upsampled; training resizes them again
+IMAGE_SIZE = 48  # the page; training resizes it again
+DIGIT_SIZE = (24, 40)  # pixels, the side of the scan on the page
+VERSION = 'sklearn.datasets.load_digits: scans of 24-40 px at random places on 48 px black pages\n'
 VAL_EVERY = 5  # every fifth image (in the data set's order) is held out for validation
 ANNOTATOR = 'resnet10t'  # a timm CNN: its head applied per position gives meaningful dense scores
 ANNOTATOR_ARGS = ['--epochs', '6', '--warmup-epochs', '1', '--lr-base', '2e-3', '--lr-base-batch', '32', '--ema-decay', '0',
@@ -27,24 +34,47 @@ ANNOTATOR_ARGS = ['--epochs', '6', '--warmup-epochs', '1', '--lr-base', '2e-3', 
 ANNOTATOR_KWARGS = {'output_stride': 16}  # score maps on the same stride-16 grid as the trained models' tokens
 
 
+def render_scan(scan: np.ndarray, size: int) -> np.ndarray:
+    """An 8x8 scan (values 0..16) as a `size` x `size` ink coverage map (0..1), bilinear."""
+    return cv2.resize(scan / 16.0, (size, size), interpolation=cv2.INTER_LINEAR).clip(0, 1)
+
+
+def digit_page(scan: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The scan at a random size and place on a black IMAGE_SIZE page (uint8 grey)."""
+    size = int(rng.integers(DIGIT_SIZE[0], DIGIT_SIZE[1] + 1))
+    top, left = rng.integers(IMAGE_SIZE - size + 1, size=2)
+    page = np.zeros((IMAGE_SIZE, IMAGE_SIZE), np.uint8)
+    page[top:top + size, left:left + size] = np.round(render_scan(scan, size) * 255)
+    return page
+
+
 def write_digits_folder(root: Path) -> Path:
-    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits; returns `root`."""
-    if (root / 'READY').exists():
+    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits; returns `root`.
+
+    A folder written by an older version of this function is replaced."""
+    if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
         return root
     from sklearn.datasets import load_digits
     digits = load_digits()
+    rng = np.random.default_rng(0)
     tmp = root.with_name(root.name + '.tmp')
     shutil.rmtree(tmp, ignore_errors=True)
-    for n, (pixels, label) in enumerate(zip(digits.images, digits.target)):
+    for n, (scan, label) in enumerate(zip(digits.images, digits.target)):
         split = 'val' if n % VAL_EVERY == 0 else 'train'
         folder = tmp / split / str(label)
         folder.mkdir(parents=True, exist_ok=True)
-        gray = Image.fromarray(np.uint8(np.round(pixels * 255 / 16)), 'L')
-        gray.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR).convert('RGB').save(folder / f'{n:04d}.png')
+        Image.fromarray(digit_page(scan, rng), 'L').convert('RGB').save(folder / f'{n:04d}.png')
     shutil.rmtree(root, ignore_errors=True)
     os.replace(tmp, root)
-    (root / 'READY').write_text('sklearn.datasets.load_digits\n')
+    (root / 'READY').write_text(VERSION)
     return root
+
+
+def discard_outdated(digits_dir: Path) -> None:
+    """Remove a digits folder whose images an older version wrote: its annotator, labels and models go too."""
+    ready = digits_dir / 'images' / 'READY'
+    if ready.is_file() and ready.read_text() != VERSION:
+        shutil.rmtree(digits_dir)
 
 
 def prepare_digits_run(digits_dir: Path, recipe: Recipe, info: DistInfo, workers: int) -> Tuple[Path, Path | None]:
@@ -54,6 +84,7 @@ def prepare_digits_run(digits_dir: Path, recipe: Recipe, info: DistInfo, workers
 
     data_dir = digits_dir / 'images'
     if info.is_main:
+        discard_outdated(digits_dir)
         write_digits_folder(data_dir)
     barrier(info)
     if not recipe.uses_score_maps:

@@ -11,15 +11,18 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from classification.digits import discard_outdated
 from classification.fit import BEST, LAST, METRICS
 
-DIGITS_BACKBONES = Path('data/digits/backbones')
+DIGITS_DIR = Path('data/digits')  # tools/train_cls.py's default --digits-dir
+DIGITS_BACKBONES = DIGITS_DIR / 'backbones'
 
 
 def digits_backbone(model_name: str, model_kwargs: Optional[dict] = None) -> Path:
     """`best.pth` of `model_name` pretrained with token labeling on the embedded digits; trained if not on disk."""
     from classification.train import main as train_classifier
     output = DIGITS_BACKBONES / model_name
+    discard_outdated(DIGITS_DIR)
     if not (output / METRICS).is_file():
         args = [model_name, '--preset', 'token-labeling', '--output', str(output)]
         if model_kwargs:
