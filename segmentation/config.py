@@ -58,14 +58,14 @@ class DigitsSchedule:
     of 16 images would take days there). AdamW as the config says, at this lr: linear warm-up, then linear decay.
     The neck and heads, which start from random weights, learn `head_lr_mult` times faster than the backbone."""
 
-    iters: int = 300
-    warmup_iters: int = 30
+    iters: int = 160
+    warmup_iters: int = 16
     lr: float = 3e-4
     head_lr_mult: float = 10.0
     min_lr: float = 1e-6
     batch_size: int = 4
-    val_interval: int = 100
-    checkpoint_interval: int = 100
+    val_interval: int = 80
+    checkpoint_interval: int = 80
     log_interval: int = 10
     workers: int = 2
     seed: int = 0
@@ -78,8 +78,10 @@ def use_digits_schedule(cfg: Config, schedule: DigitsSchedule = DIGITS_SCHEDULE)
     """Replace the config's ADE20K schedule by `schedule` (options given on the command line are merged after)."""
     cfg.train_cfg.update(max_iters=schedule.iters, val_interval=schedule.val_interval)
     cfg.optim_wrapper.optimizer['lr'] = schedule.lr
-    custom_keys = cfg.optim_wrapper.setdefault('paramwise_cfg', {}).setdefault('custom_keys', {})
-    custom_keys.update({part: dict(lr_mult=schedule.head_lr_mult) for part in ('neck', 'decode_head', 'auxiliary_head')})
+    paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
+    custom_keys = {**paramwise.get('custom_keys', {}),
+                   **{part: dict(lr_mult=schedule.head_lr_mult) for part in ('neck', 'decode_head', 'auxiliary_head')}}
+    cfg.optim_wrapper['paramwise_cfg'] = {**paramwise, 'custom_keys': custom_keys}
     cfg.param_scheduler = [
         dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=schedule.warmup_iters),
         dict(type='PolyLR', power=1.0, eta_min=schedule.min_lr, by_epoch=False, begin=schedule.warmup_iters,

@@ -27,12 +27,12 @@ from mmseg.registry import DATASETS
 CLASSES = ('background',) + tuple(str(d) for d in range(10))
 SPLITS = {'training': 400, 'validation': 80}
 IMAGE_SIZE = (192, 128)  # width, height
-GRID = (4, 2)  # cells across, down
-DIGIT_SIZE = (32, 48)  # pixels, the side of a digit's 8x8 scan once inked
+GRID = (3, 2)  # cells across, down
+DIGIT_SIZE = (40, 60)  # pixels, the side of a digit's 8x8 scan once inked
 FILL = 0.85  # chance that a cell holds a digit
 INK = (170, 255)  # per-channel range of the ink colour
 NOISE = 8.0  # standard deviation of the ground's noise, in grey levels
-VERSION = 'digits-seg v3: 4x2 grid of 32-48 px light digits on black, held-out scans for validation\n'
+VERSION = 'digits-seg v3: 3x2 grid of 40-60 px light digits on black, held-out scans for validation\n'
 READY = 'READY'
 
 

@@ -2,8 +2,8 @@
 
 Without ImageNet weights on disk, a segmentation config on the digits set starts its backbone from a checkpoint
 of the *same* model (same name, same model arguments) trained with token labeling by `tools/train_cls.py` on the
-embedded classification data. It is trained on first use (about 5 minutes for LV-ViT-S on 2 CPU cores), resumed
-if that was cut off, and reused afterwards.
+embedded classification data. It is trained on first use (on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for
+LV-ViT-M), resumed if that was cut off, and reused afterwards.
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from backbones import create_model
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 from seg_data import CONFIGS, REPO, TINY_MODELS, tiny_model_overrides, write_tiny_ade
-from segmentation.config import DIGITS_SCHEDULE
+from mmengine.optim import build_optim_wrapper
+from segmentation.config import DIGITS_RATIO_RANGE, DIGITS_SCHEDULE
 from segmentation.train import build_parser, prepare
 from test_seg_tools import ENV
 
@@ -50,6 +51,22 @@ def test_digits_fallback_takes_its_schedule(tmp_path, monkeypatch):
                                                    DIGITS_SCHEDULE.iters)
     assert cfg.default_hooks.checkpoint.interval == DIGITS_SCHEDULE.checkpoint_interval
     assert cfg.model.backbone.pretrained is None
+    resize = next(step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomResize')
+    assert tuple(resize.ratio_range) == DIGITS_RATIO_RANGE
+
+
+def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path, monkeypatch):
+    config = tiny_digits_config(tmp_path / 'tiny.py')
+    monkeypatch.chdir(tmp_path)
+    cfg = prepare(build_parser().parse_args([str(config), '--cfg-options', 'model.backbone.pretrained=None']))
+    init_default_scope('mmseg')
+    model = MODELS.build(cfg.model)
+    optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
+    lr_of = {id(p): group['lr'] for group in optimizer.param_groups for p in group['params']}
+    for name, param in model.named_parameters():
+        part = name.split('.')[0]
+        expected = DIGITS_SCHEDULE.lr * (1 if part == 'backbone' else DIGITS_SCHEDULE.head_lr_mult)
+        assert lr_of[id(param)] == pytest.approx(expected), name
 
 
 def test_explicit_options_win_over_the_fallback_schedule(tmp_path, monkeypatch):
