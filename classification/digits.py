@@ -1,9 +1,11 @@
 """The embedded default data: scikit-learn's handwritten digits (1,797 real 8x8 scans shipped in the package),
 written as an ImageNet-layout folder, with a small CNN annotator and its token labels, all on the CPU.
 
-Each image is one scan filling the frame. (Scans drawn small at random places on larger black pages teach the
-tokens to localise, but a ViT learns them far too slowly for a few CPU minutes: LV-ViT-S reached 34% top-1 after
-6 epochs, against about 80% on full-frame scans.)
+Every step is skipped when its result is already on disk, and the annotator's training resumes if it was cut off.
+
+Each image is one scan filling the frame. (Scans drawn small at random places on larger black pages would teach
+the tokens to localise, but a ViT learns them far too slowly for a few CPU minutes: LV-ViT-S reached 34% top-1
+after 6 epochs there, against 93% after 8 on full-frame scans.)
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ def write_digits_folder(root: Path) -> Path:
         split = 'val' if n % VAL_EVERY == 0 else 'train'
         folder = tmp / split / str(label)
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.uint8(np.round(render_scan(scan, IMAGE_SIZE) * 255)), 'L').convert('RGB').save(folder / f'{n:04d}.png')
+        grey = np.uint8(np.round(render_scan(scan, IMAGE_SIZE) * 255))
+        Image.fromarray(grey, 'L').convert('RGB').save(folder / f'{n:04d}.png')
     shutil.rmtree(root, ignore_errors=True)
     os.replace(tmp, root)
     (root / 'READY').write_text(VERSION)
