@@ -11,7 +11,9 @@ from .digits import CLASSES, write_digits_ade
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 DIGITS_ROOT = 'data/digits_seg'
-DIGITS_SCALE = 0.25  # the embedded set's images are a quarter of ADE20K's scale
+# The embedded set is drawn at 48/512 of ADE20K's scale: the configs' 512 px training crop becomes 48 px, the input
+# size of the classification pretraining on digits (segmentation/digits.py says why the two must match).
+DIGITS_SCALE = 48 / 512
 # Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
 # size they would span one or two tokens.
 DIGITS_RATIO_RANGE = (0.75, 1.5)
@@ -60,11 +62,11 @@ class DigitsSchedule:
 
     iters: int = 160
     warmup_iters: int = 16
-    lr: float = 3e-4
+    lr: float = 1.5e-4
     head_lr_mult: float = 10.0
     min_lr: float = 1e-6
-    batch_size: int = 4
-    val_interval: int = 80
+    batch_size: int = 16
+    val_interval: int = 160
     checkpoint_interval: int = 80
     log_interval: int = 10
     workers: int = 2
@@ -114,12 +116,33 @@ def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
         for step in dataset['pipeline']:
             if 'ratio_range' in step:
                 step['ratio_range'] = DIGITS_RATIO_RANGE
+            if step['type'] == 'RandomFlip':
+                step['prob'] = 0.0  # a mirrored digit is not a digit
+    if cfg.get('tta_pipeline'):
+        drop_tta_flips(cfg.tta_pipeline)
     _scale_sizes(cfg.get('tta_pipeline', []), scale)
     _scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
     _scale_sizes(cfg.model.get('test_cfg', {}), scale)
     for head in ('decode_head', 'auxiliary_head'):
         if cfg.model.get(head):
             cfg.model[head]['num_classes'] = len(CLASSES)
+
+
+def _tta_step(pipeline: list) -> dict:
+    return next(step for step in pipeline if step['type'] == 'TestTimeAug')
+
+
+def drop_tta_flips(pipeline: list) -> None:
+    """Keep only the unflipped copy of every scale in a test-time augmentation pipeline, in place."""
+    tta = _tta_step(pipeline)
+    tta['transforms'] = [[dict(type='RandomFlip', prob=0.0)] if any(t['type'] == 'RandomFlip' for t in group)
+                         else group for group in tta['transforms']]
+
+
+def tta_flips(pipeline: list) -> bool:
+    """Whether a test-time augmentation pipeline adds flipped copies."""
+    return any(t['type'] == 'RandomFlip' and t.get('prob', 0) > 0 for group in _tta_step(pipeline)['transforms']
+               for t in group)
 
 
 def resolve_data(cfg: Config, data_root: Optional[str] = None) -> bool:

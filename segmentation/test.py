@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from .config import load_config, resolve_data
+from .config import drop_tta_flips, load_config, resolve_data, tta_flips
 from .train import add_common_options, work_dir_for
 
 
@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
     parser.add_argument('--ms', action='store_true',
-                        help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged')
+                        help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged (no flip '
+                             'on the embedded digits: a mirrored digit is not a digit)')
     parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
     parser.add_argument('--out', help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
     parser.add_argument('--pred-dir', help='save the predicted label maps here (PNG, ADE20K label values)')
@@ -31,12 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def use_multi_scale(cfg: Config, flip: bool) -> None:
     """Test with the config's `tta_pipeline` (the papers' scales) and `tta_model`; without flip if asked."""
-    pipeline = cfg.tta_pipeline
     if not flip:
-        tta = next(step for step in pipeline if step['type'] == 'TestTimeAug')
-        tta['transforms'] = [[dict(type='RandomFlip', prob=0.0)] if any(t['type'] == 'RandomFlip' for t in group)
-                             else group for group in tta['transforms']]
-    cfg.test_dataloader.dataset.pipeline = pipeline
+        drop_tta_flips(cfg.tta_pipeline)
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
     cfg.tta_model['module'] = cfg.model
     cfg.model = cfg.tta_model
 
@@ -59,7 +57,9 @@ def prepare(args: argparse.Namespace) -> Config:
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     args = build_parser().parse_args(argv)
-    metrics = Runner.from_cfg(prepare(args)).test()
-    mode = 'multi-scale' + ('' if args.no_flip else ' + flip') if args.ms else 'single-scale'
+    cfg = prepare(args)
+    metrics = Runner.from_cfg(cfg).test()
+    mode = 'multi-scale' + (' + flip' if tta_flips(cfg.test_dataloader.dataset.pipeline) else '') if args.ms \
+        else 'single-scale'
     print(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
     return metrics
