@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
     p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
     p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
-    p.add_argument('--iters', type=positive_int, help='segmentation iterations (default: the schedule\'s; 300 on the digits)')
+    p.add_argument('--iters', type=positive_int, help='segmentation iterations (default: the schedule\'s; 160 on the digits)')
     p.add_argument('--cls-data-dir', help='ImageNet-layout folder for pretraining (default: the embedded digits)')
     p.add_argument('--token-label-dir', help='its token-label store (needed with --cls-data-dir)')
     p.add_argument('--seg-data-root', help='ADE20K-layout folder (default: the configs\', else the embedded set)')
