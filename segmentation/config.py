@@ -7,13 +7,16 @@ from typing import Iterator, Optional
 
 from mmengine.config import Config
 
+from classification.recipes import DIGITS as DIGITS_RECIPE
+
 from .digits import CLASSES, write_digits_ade
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 DIGITS_ROOT = 'data/digits_seg'
-# The embedded set is drawn at 48/512 of ADE20K's scale: the configs' 512 px training crop becomes 48 px, the input
-# size of the classification pretraining on digits (segmentation/digits.py says why the two must match).
-DIGITS_SCALE = 48 / 512
+ADE20K_CROP = 512  # the configs' training crop side
+# The configs run on the embedded set at the scale that makes their training crop the input size of the
+# classification pretraining on digits, 48/512 (segmentation/digits.py says why the two must match).
+DIGITS_SCALE = DIGITS_RECIPE['img_size'] / ADE20K_CROP
 # Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
 # size they would span one or two tokens.
 DIGITS_RATIO_RANGE = (0.75, 1.5)
