@@ -2,11 +2,11 @@
 
 Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: the token
 backbones (`LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone`, `ViTBackbone`), `TokenPyramidNeck`,
-`LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the embedded `DigitsSegDataset`; and lets mmengine
-load its own checkpoints under torch >= 2.6 (see `checkpoint_io`).
+`SlideBatchEncoderDecoder`, `LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the embedded
+`DigitsSegDataset`; and lets mmengine load its own checkpoints under torch >= 2.6 (see `checkpoint_io`).
 """
 from backbones.mmcv_compat import ensure_mmseg_importable
 
 ensure_mmseg_importable()  # before anything imports mmseg.models
 
-from . import backbone, checkpoint_io, digits, layer_decay, metrics, neck  # noqa: E402,F401  (registration)
+from . import backbone, checkpoint_io, digits, layer_decay, metrics, neck, segmentor  # noqa: E402,F401  (registration)

@@ -13,12 +13,14 @@ from mmengine.structures import PixelData
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import CheckpointError, create_model
 from conftest import save_release
+from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 from seg_data import CONFIGS, TINY_MODELS, tiny_config
 from segmentation.backbone import crop_to_extent
 from segmentation.complexity import segmentor_parameters
 from segmentation.config import load_config
+from segmentation.segmentor import slide_windows
 
 init_default_scope('mmseg')
 
@@ -198,3 +200,27 @@ def test_lvvit_config_sizes_match_the_paper(capsys):
         assert row.split()[0].endswith(name)
         total = float(row.split()[-1])
         assert abs(total - TABLE_8[name]) / TABLE_8[name] < 0.05, (name, total)
+
+
+@pytest.mark.parametrize('window_batch', [1, 3, 64])
+def test_batched_sliding_window_test_equals_mmsegs_window_by_window(window_batch):
+    cfg = tiny_config('upernet_lvvit_s.py')
+    cfg.model.test_cfg = dict(mode='slide', crop_size=(32, 48), stride=(21, 29), window_batch=window_batch)
+    model = build(cfg).eval()
+    assert type(model).__name__ == 'SlideBatchEncoderDecoder'
+    # Two images, a grid of 3 x 4 windows whose last row and column are moved back to the border.
+    inputs = torch.randn(2, 3, 70, 120)
+    metas = [dict(img_shape=(70, 120), ori_shape=(70, 120), pad_shape=(70, 120)) for _ in range(2)]
+    with torch.no_grad():
+        batched = model.slide_inference(inputs, [dict(m) for m in metas])
+        one_by_one = EncoderDecoder.slide_inference(model, inputs, [dict(m) for m in metas])
+        whole_small = model.slide_inference(inputs[:, :, :20, :30], [dict(m) for m in metas])  # smaller than a window
+        small_reference = EncoderDecoder.slide_inference(model, inputs[:, :, :20, :30], [dict(m) for m in metas])
+    assert batched.shape == (2, 150, 70, 120)
+    torch.testing.assert_close(batched, one_by_one, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(whole_small, small_reference, rtol=1e-4, atol=1e-5)
+
+
+def test_slide_windows_cover_the_image_like_mmseg():
+    # 70 px with 32 px windows every 21: starts 0, 21, then 42 moved back to 38 so the window ends at the border.
+    assert slide_windows((70, 20), (32, 48), (21, 29)) == [(0, 32, 0, 20), (21, 53, 0, 20), (38, 70, 0, 20)]

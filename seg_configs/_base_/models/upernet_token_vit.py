@@ -12,7 +12,7 @@ data_preprocessor = dict(
     size=(512, 512),
 )
 model = dict(
-    type='EncoderDecoder',
+    type='SlideBatchEncoderDecoder',  # mmseg's EncoderDecoder, sliding-window test in batches of windows
     data_preprocessor=data_preprocessor,
     backbone=dict(type='LVViTBackbone', model_name='lvvit_s', out_indices=(6, 9, 12, 15), img_size=512,
                   drop_path_rate=0.1, pretrained=None),
@@ -44,5 +44,5 @@ model = dict(
         loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=0.4),
     ),
     train_cfg=dict(),
-    test_cfg=dict(mode='slide', crop_size=(512, 512), stride=(341, 341)),
+    test_cfg=dict(mode='slide', crop_size=(512, 512), stride=(341, 341), window_batch=32),
 )
