@@ -6,8 +6,9 @@ One entry point, `load_checkpoint(model, path)`, used by every tool. It
 - unwraps `{'state_dict': ...}` / `{'state_dict_ema': ...}` (timm-style training checkpoints: LV-ViT, T2T-ViT),
   `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes;
 - resamples `pos_embed` to the model's token grid (class slot or not: CaiT's table has none);
-- drops the classifier(s) (`head`, and the token head `aux_head`) when the class count differs, when the model
-  has no such head, or always with `new_head` (transfer to a new label set);
+- drops the classifier(s) (`head`, and the token head `aux_head`) when the model has no such head, or always
+  with `new_head` (transfer to a new label set); a classifier for another number of classes is an error naming
+  both counts unless `new_head` is given (a random head must never pass for the trained one);
 - by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys,
   and the family the file seems to hold (a T2T-ViT file given to an LV-ViT says so).
 """
@@ -24,6 +25,7 @@ from typing import Dict, List, Mapping, Tuple
 import torch
 import torch.nn as nn
 
+from .errors import SuiteError
 from .layers import resize_pos_embed
 from .token_labeling import TOKEN_HEAD
 from .registry import model_family
@@ -37,7 +39,7 @@ _PREFIXES = ('module.', '_orig_mod.')
 _SAFE_GLOBALS = [argparse.Namespace]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SuiteError, RuntimeError):
     """A checkpoint file that cannot be read, or whose weights do not fit the model."""
 
 
@@ -156,7 +158,11 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
     num_classes = getattr(model, 'num_classes', None)
     adapted = {}
     for key, value in state_dict.items():
-        if key.startswith(classifiers) and (new_head or key not in own or value.shape[0] != num_classes):
+        if key.startswith(classifiers) and key in own and not new_head and value.shape[0] != num_classes:
+            raise CheckpointError(f'{report.path}: its classifier {key} has {value.shape[0]} classes, the model '
+                                  f'{num_classes}; the data set does not match the checkpoint (a new classifier '
+                                  f'for another class list needs the new-head option)')
+        if key.startswith(classifiers) and (new_head or key not in own):
             report.dropped_classifier.append(key)
             continue
         if key == 'pos_embed' and key in own and value.shape != own[key].shape:
@@ -174,7 +180,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     With `strict` (the default) any missing, unexpected or mis-shaped key raises a CheckpointError naming them
     and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
     `allow_unexpected` accepts (and reports) keys the model lacks: a backbone pruned of its head and last blocks.
-    `new_head` keeps the model's own (freshly initialised) classifiers even when the file's would fit.
+    `new_head` keeps the model's own (freshly initialised) classifiers, whatever the file's class count.
     """
     report = LoadReport(str(path))
     own = model.state_dict()

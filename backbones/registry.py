@@ -10,6 +10,8 @@ import timm
 import torch.nn as nn
 from timm.models import register_model
 
+from .errors import UsageError
+
 _F = TypeVar('_F', bound=Callable[..., nn.Module])
 _FAMILIES: Dict[str, List[str]] = defaultdict(list)
 
@@ -52,7 +54,7 @@ def check_model_name(name: str) -> None:
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=8, cutoff=0.6)
         hint = f"did you mean: {', '.join(close)}?" if close else 'no registered name is close'
-        raise ValueError(f'unknown model {name!r}; {hint} (the suite has: {", ".join(suite_models())})')
+        raise UsageError(f'unknown model {name!r}; {hint} (the suite has: {", ".join(suite_models())})')
 
 
 def create_model(name: str, **kwargs) -> nn.Module:

@@ -26,13 +26,16 @@ from timm.data import resolve_data_config
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from backbones import load_checkpoint
+from backbones import CheckpointError, load_checkpoint
+from backbones.cli import one_line
+from backbones.errors import DataError, UsageError
 from backbones.token_labeling import has_token_head, patch_tokens
 
 from .checkpointing import write_json_atomic
-from .data import read_image, scan_split
+from .data import ImageReadError, read_image, scan_split
 from .distributed import DistInfo, barrier
-from .label_store import CLASSES, DONE, META, PATHS, SCORES, TokenLabelError, class_index_dtype, shard_ranges
+from .label_store import (CLASSES, DONE, META, PATHS, SCORES, TokenLabelError, check_array, class_index_dtype,
+                          shard_ranges)
 
 
 @torch.no_grad()
@@ -62,15 +65,32 @@ def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class _WholeImages(Dataset):
-    def __init__(self, data_dir: Path, paths: Sequence[str], rows: Sequence[int], transform) -> None:
+    """Rows of the store as (image, row); an unreadable image gives None with `skip_unreadable`."""
+
+    def __init__(self, data_dir: Path, paths: Sequence[str], rows: Sequence[int], transform,
+                 skip_unreadable: bool) -> None:
         self.data_dir, self.paths, self.rows, self.transform = data_dir, paths, rows, transform
+        self.skip_unreadable = skip_unreadable
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int):
         row = self.rows[i]
-        return self.transform(read_image(self.data_dir / self.paths[row])), row
+        try:
+            return self.transform(read_image(self.data_dir / self.paths[row])), row
+        except ImageReadError:
+            if self.skip_unreadable:
+                return None, row
+            raise
+
+
+def _collate_rows(items):
+    """Readable images stacked with their rows, and the rows of the unreadable ones."""
+    kept = [(image, row) for image, row in items if image is not None]
+    images = torch.stack([image for image, _ in kept]) if kept else None
+    return images, torch.tensor([row for _, row in kept], dtype=torch.long), [row for image, row in items
+                                                                               if image is None]
 
 
 def annotator_transform(img_size: int, data_cfg: dict):
@@ -85,7 +105,14 @@ def annotator_transform(img_size: int, data_cfg: dict):
 def build_annotator(name: str, checkpoint: Optional[str], num_classes: int, **kwargs) -> nn.Module:
     """A registry model (suite or timm) with the given weights, or timm's pretrained weights without a file."""
     if checkpoint is None:
-        model = timm.create_model(name, pretrained=True, **kwargs)
+        cfg = timm.models.get_pretrained_cfg(name)
+        if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
+            raise UsageError(f'timm has no pretrained weights for the annotator {name}; pass --checkpoint')
+        try:
+            model = timm.create_model(name, pretrained=True, **kwargs)
+        except (OSError, RuntimeError) as e:  # offline, or a failed download
+            raise CheckpointError(f'could not fetch timm\'s pretrained weights for {name} ({type(e).__name__}: '
+                                  f'{one_line(e)}); pass --checkpoint with a local file') from e
     else:
         model = timm.create_model(name, num_classes=num_classes, **kwargs)
         load_checkpoint(model, checkpoint)
@@ -98,18 +125,47 @@ def _list_hash(paths: Sequence[str]) -> str:
     return hashlib.sha256('\n'.join(paths).encode()).hexdigest()
 
 
+DEFAULT_SHARD_SIZE = 4096
+# The meta data values that shape the store: a rerun must give the same ones (or leave them out).
+SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'topk', 'shard_size', 'split', 'classes',
+           'paths_sha256')
+
+
+def _describe(key: str, value) -> str:
+    if key == 'classes':
+        return f'{len(value)} classes'
+    return 'another image list' if key == 'paths_sha256' else f'{key}={value!r}'
+
+
+def _check_same_store(output: Path, old: dict, meta: dict) -> None:
+    changed = [k for k in SHAPING if old.get(k) != meta[k]]
+    if changed:
+        was = ', '.join(_describe(k, old.get(k)) for k in changed)
+        now = ', '.join(_describe(k, meta[k]) for k in changed)
+        raise TokenLabelError(f'{output} holds labels made with {was}; this run gives {now}: rerun with the '
+                              f'store\'s values to finish it, or use another --output')
+
+
+def _read_meta(output: Path) -> dict | None:
+    if not (output / META).exists():
+        return None
+    try:
+        return json.loads((output / META).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenLabelError(f'{output / META}: not readable JSON ({e}); delete {output} and generate again') from e
+
+
 def _open_or_create(output: Path, meta: dict, paths: List[str], grid, topk: int, info: DistInfo):
-    """Create the store files (main process) or check that an existing one was made with the same arguments."""
+    """Create the store files (main process) or check that an existing one was made with the same values."""
     if info.is_main:
         output.mkdir(parents=True, exist_ok=True)
         (output / DONE).mkdir(exist_ok=True)
-        if (output / META).exists():
-            old = json.loads((output / META).read_text())
-            changed = [k for k in ('annotator', 'checkpoint', 'img_size', 'topk', 'num_classes', 'paths_sha256')
-                       if old.get(k) != meta[k]]
-            if changed:
-                raise TokenLabelError(f'{output} holds labels made with other {", ".join(changed)}; '
-                                      f'use another --output or delete it')
+        old = _read_meta(output)
+        if old is not None:
+            _check_same_store(output, old, meta)
+            shape = (len(paths), *grid, topk)
+            for name in (SCORES, CLASSES):
+                check_array(output / name, shape)
         else:
             shape = (len(paths), *grid, topk)
             np.lib.format.open_memmap(output / SCORES, 'w+', np.float16, shape).flush()
@@ -124,6 +180,35 @@ def _shard_marker(output: Path, index: int) -> Path:
     return output / DONE / f'{index:06d}'
 
 
+def _rows_digest(scores: np.ndarray, class_ids: np.ndarray, start: int, stop: int) -> str:
+    digest = hashlib.sha256(np.ascontiguousarray(scores[start:stop]).tobytes())
+    digest.update(np.ascontiguousarray(class_ids[start:stop]).tobytes())
+    return digest.hexdigest()
+
+
+def _read_marker(path: Path) -> dict | None:
+    """A shard's marker, or None when it is absent or unreadable (a shard killed while marking is redone)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _verify(output: Path, shards, scores: np.ndarray, class_ids: np.ndarray) -> List[str]:
+    """Every shard marked, for its own rows, with the digest its rows have now; the unreadable images' paths."""
+    unreadable: List[str] = []
+    for i, (start, stop) in enumerate(shards):
+        marker = _read_marker(_shard_marker(output, i))
+        if marker is None:
+            raise TokenLabelError(f'{output}: rows {start}-{stop - 1} were not written (shard {i}); run again to '
+                                  f'finish')
+        if marker['rows'] != [start, stop] or marker['sha256'] != _rows_digest(scores, class_ids, start, stop):
+            raise TokenLabelError(f'{output}: rows {start}-{stop - 1} do not match what was written (shard {i}); '
+                                  f'the store is damaged, delete it and generate again')
+        unreadable += marker['unreadable']
+    return unreadable
+
+
 def generate_token_labels(
         data_dir: str | Path,
         annotator: str,
@@ -135,13 +220,26 @@ def generate_token_labels(
         split: str = 'train',
         batch_size: int = 64,
         workers: int = 4,
-        shard_size: int = 4096,
+        shard_size: Optional[int] = None,
         model_kwargs: Optional[dict] = None,
+        skip_unreadable: bool = False,
 ) -> dict:
-    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data."""
+    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data.
+
+    `shard_size` defaults to the existing store's (resuming), else DEFAULT_SHARD_SIZE images. With
+    `skip_unreadable`, images that cannot be decoded keep an empty row and are listed in the meta data."""
     data_dir, output = Path(data_dir), Path(output)
+    if topk < 1:
+        raise UsageError(f'--topk must be at least 1, got {topk}')
+    old = _read_meta(output)
+    shard_size = shard_size or (old or {}).get('shard_size') or DEFAULT_SHARD_SIZE
+    if shard_size < 1:
+        raise UsageError(f'--shard-size must be at least 1, got {shard_size}')
     classes, samples = scan_split(data_dir, split)
     paths = [path for path, _ in samples]
+    odd = next((path for path in paths if '\n' in path or '\r' in path), None)
+    if odd is not None:
+        raise DataError(f'{data_dir / odd!r}: a file name with a line break cannot be listed in {PATHS}; rename it')
     model = build_annotator(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
     data_cfg = resolve_data_config({}, model=model)
     img_size = img_size or data_cfg['input_size'][-1]
@@ -149,8 +247,9 @@ def generate_token_labels(
     with torch.no_grad():
         probe = dense_scores(model, torch.zeros(1, 3, img_size, img_size, device=info.device))
     grid, topk = tuple(probe.shape[1:3]), min(topk, len(classes))
-    meta = {'annotator': annotator, 'model_kwargs': model_kwargs or {}, 'checkpoint': str(checkpoint) if checkpoint else None, 'img_size': img_size,
-            'grid': list(grid), 'topk': topk, 'num_classes': len(classes), 'classes': classes,
+    meta = {'annotator': annotator, 'model_kwargs': model_kwargs or {},
+            'checkpoint': str(checkpoint) if checkpoint else None, 'img_size': img_size, 'grid': list(grid),
+            'topk': topk, 'shard_size': shard_size, 'num_classes': len(classes), 'classes': classes,
             'paths_sha256': _list_hash(paths), 'split': split, 'scores': 'top-k logits, best first',
             'preprocessing': f'whole image resized to {img_size}x{img_size} ({data_cfg["interpolation"]}), '
                              f'normalised with mean {list(data_cfg["mean"])} std {list(data_cfg["std"])}; '
@@ -158,33 +257,39 @@ def generate_token_labels(
     scores, class_ids = _open_or_create(output, meta, paths, grid, topk, info)
 
     shards = shard_ranges(len(paths), shard_size)
-    todo = [i for i in range(info.rank, len(shards), info.world_size) if not _shard_marker(output, i).exists()]
+    todo = [i for i in range(info.rank, len(shards), info.world_size)
+            if _read_marker(_shard_marker(output, i)) is None]
     bar = tqdm(total=sum(shards[i][1] - shards[i][0] for i in todo), desc=f'labels (rank {info.rank})',
                unit='img', disable=not info.is_main, dynamic_ncols=True)
     for i in todo:
         start, stop = shards[i]
-        loader = DataLoader(_WholeImages(data_dir, paths, range(start, stop), transform), batch_size,
-                            num_workers=workers, pin_memory=info.device.type == 'cuda')
-        for images, rows in loader:
+        rows_of = _WholeImages(data_dir, paths, range(start, stop), transform, skip_unreadable)
+        loader = DataLoader(rows_of, batch_size, num_workers=workers, collate_fn=_collate_rows,
+                            pin_memory=info.device.type == 'cuda')
+        unreadable = []
+        for images, rows, skipped in loader:
+            unreadable += [paths[row] for row in skipped]
+            scores[skipped], class_ids[skipped] = 0, 0
+            if images is None:
+                continue
             logits = dense_scores(model, images.to(info.device, non_blocking=True)).float()
             top = logits.topk(topk, dim=-1)
             scores[rows.numpy()] = top.values.cpu().numpy().astype(np.float16)
             class_ids[rows.numpy()] = top.indices.cpu().numpy().astype(class_ids.dtype)
-            bar.update(len(rows))
+            bar.update(len(rows) + len(skipped))
         scores.flush()
         class_ids.flush()
-        _shard_marker(output, i).touch()
+        marker = {'rows': [start, stop], 'sha256': _rows_digest(scores, class_ids, start, stop),
+                  'unreadable': unreadable}
+        write_json_atomic(_shard_marker(output, i), marker)
     bar.close()
     barrier(info)
 
     if info.is_main:
-        missing = [i for i in range(len(shards)) if not _shard_marker(output, i).exists()]
-        if missing:
-            raise TokenLabelError(f'{output}: {len(missing)} shard(s) were not written (first: rows '
-                                  f'{shards[missing[0]][0]}-{shards[missing[0]][1] - 1}); run again to finish')
         listed = (output / PATHS).read_text().splitlines()
         if listed != paths:
             raise TokenLabelError(f'{output}: the stored image list does not match {data_dir / split}')
+        meta['unreadable'] = _verify(output, shards, scores, class_ids)
         write_json_atomic(output / META, {**meta, 'complete': True})
     barrier(info)
     return meta

@@ -5,6 +5,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -23,12 +24,16 @@ def atomic_save(obj: object, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: str | Path, obj: object) -> None:
-    """Write `obj` as indented JSON through a temporary file and a rename: readers never see half a file."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file through a temporary file and a rename: readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    tmp.write_text(json.dumps(obj, indent=2) + '\n')
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | Path, obj: object) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + '\n')
 
 
 def seed_all(seed: int) -> None:
@@ -68,3 +73,14 @@ def read_training_checkpoint(path: str | Path) -> dict:
         return torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:
         raise CheckpointError(f'cannot read checkpoint {path}: {type(e).__name__}: {e}') from e
+
+
+def checkpoint_classes(path: str | Path) -> Optional[List[str]]:
+    """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+    except Exception:  # not ours, or not readable: the weight loader reports a damaged file with its own error
+        return None
+    args = ckpt.get('args') if isinstance(ckpt, dict) else None
+    classes = args.get('classes') if isinstance(args, dict) else None
+    return list(classes) if isinstance(classes, (list, tuple)) else None

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from backbones.errors import DataError, UsageError
+
 
 @dataclass(frozen=True)
 class CifarFormat:
@@ -50,7 +52,7 @@ FORMATS: Dict[str, CifarFormat] = {
 }
 
 
-class CifarFormatError(ValueError):
+class CifarFormatError(DataError):
     """CIFAR data that is missing, incomplete or not in the standard Python format; the message names the file."""
 
 
@@ -151,7 +153,7 @@ def _read_files(data_dir: Path, fmt: CifarFormat) -> Tuple[Files, Path]:
 def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
     """Both splits and the class names of `dataset` ('cifar10' or 'cifar100') from `data_dir`."""
     if dataset not in FORMATS:
-        raise ValueError(f'unknown data set {dataset!r}; choose from {", ".join(FORMATS)}')
+        raise UsageError(f'unknown data set {dataset!r}; choose from {", ".join(FORMATS)}')
     fmt = FORMATS[dataset]
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -177,7 +179,7 @@ def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
 def hold_out(labels: np.ndarray, fraction: float, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Indices (train, validation): `fraction` of every class, drawn with `seed`, held out for model selection."""
     if not 0 < fraction < 1:
-        raise ValueError(f'the validation fraction must lie in (0, 1), got {fraction}')
+        raise UsageError(f'the validation fraction must lie in (0, 1), got {fraction}')
     rng = np.random.default_rng(seed)
     val = []
     for label in np.unique(labels):
@@ -186,7 +188,7 @@ def hold_out(labels: np.ndarray, fraction: float, seed: int = 0) -> Tuple[np.nda
     val = np.sort(np.concatenate(val))
     train = np.setdiff1d(np.arange(len(labels)), val)
     if not len(val) or not len(train):
-        raise ValueError(f'a validation fraction of {fraction} leaves {len(train)} training and {len(val)} '
+        raise UsageError(f'a validation fraction of {fraction} leaves {len(train)} training and {len(val)} '
                          f'validation images of {len(labels)}')
     return train, val
 

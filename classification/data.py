@@ -13,12 +13,14 @@ from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate
 
+from backbones.errors import DataError
+
 from .label_store import TokenLabelStore
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 
 
-class ImageReadError(RuntimeError):
+class ImageReadError(DataError, RuntimeError):
     """An image file that cannot be opened or decoded."""
 
 
@@ -31,23 +33,47 @@ def read_image(path: Path) -> Image.Image:
         raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e
 
 
+def is_class_folder(path: Path) -> bool:
+    """A class is a visible folder holding at least one image (not `.ipynb_checkpoints`, not an empty folder)."""
+    return (path.is_dir() and not path.name.startswith('.')
+            and any(f.suffix.lower() in IMG_EXTENSIONS for f in path.iterdir()))
+
+
 def find_classes(split_dir: Path) -> List[str]:
     if not split_dir.is_dir():
-        raise FileNotFoundError(f'no image folder at {split_dir} (expected the ImageNet layout {split_dir}/CLASS/*.JPEG)')
-    classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+        raise DataError(f'no image folder at {split_dir} (expected the ImageNet layout {split_dir}/CLASS/*.JPEG)')
+    classes = sorted(p.name for p in split_dir.iterdir() if is_class_folder(p))
     if not classes:
-        raise FileNotFoundError(f'{split_dir} has no class folders (expected {split_dir}/CLASS/*.JPEG)')
+        raise DataError(f'{split_dir} has no class folders with images (expected {split_dir}/CLASS/*.JPEG, '
+                        f'extensions {", ".join(IMG_EXTENSIONS)})')
     return classes
 
 
-def scan_split(data_dir: Path, split: str, classes: Optional[Sequence[str]] = None) -> Tuple[List[str], List[Tuple[str, int]]]:
-    """Classes (sorted folder names, or those given) and (path relative to `data_dir`, label) of one split."""
+def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_from: str, found_from: str) -> None:
+    """Two class lists must be equal, names and order; otherwise an error naming what differs."""
+    if list(expected) == list(found):
+        return
+    only_expected = [c for c in expected if c not in set(found)]
+    only_found = [c for c in found if c not in set(expected)]
+    detail = (f'only in {expected_from}: {", ".join(only_expected[:5]) or "none"}; '
+              f'only in {found_from}: {", ".join(only_found[:5]) or "none"}')
+    if not only_expected and not only_found:
+        detail = 'the same names in another order'
+    raise DataError(f'{found_from} has {len(found)} classes, {expected_from} {len(expected)}, and they differ '
+                    f'({detail})')
+
+
+def scan_split(data_dir: Path, split: str, classes: Optional[Sequence[str]] = None,
+               classes_from: str = 'the training split') -> Tuple[List[str], List[Tuple[str, int]]]:
+    """Classes (sorted class folders, or those given, which come from `classes_from`) and (path relative to
+    `data_dir`, label) of one split. Given classes may lack a folder; a folder outside them is an error."""
     split_dir = Path(data_dir) / split
     found = find_classes(split_dir)
     classes = list(classes) if classes is not None else found
     unknown = sorted(set(found) - set(classes))
     if unknown:
-        raise ValueError(f'{split_dir} has classes the training split does not: {", ".join(unknown[:5])}')
+        raise DataError(f'{split_dir} has {len(unknown)} class folder(s) that {classes_from} does not: '
+                        f'{", ".join(unknown[:5])}')
     samples = []
     for label, name in enumerate(classes):
         folder = split_dir / name
@@ -55,7 +81,7 @@ def scan_split(data_dir: Path, split: str, classes: Optional[Sequence[str]] = No
             samples += [(f'{split}/{name}/{f.name}', label) for f in sorted(folder.iterdir())
                         if f.suffix.lower() in IMG_EXTENSIONS]
     if not samples:
-        raise FileNotFoundError(f'no images under {split_dir} (extensions {", ".join(IMG_EXTENSIONS)})')
+        raise DataError(f'no images under {split_dir} (extensions {", ".join(IMG_EXTENSIONS)})')
     return classes, samples
 
 
@@ -75,17 +101,17 @@ class ImageFolderDataset(Dataset):
             classes: Optional[Sequence[str]] = None,
             label_store: Optional[TokenLabelStore] = None,
             skip_unreadable: bool = False,
+            classes_from: str = 'the training split',
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.classes, self.samples = scan_split(self.data_dir, split, classes)
+        self.classes, self.samples = scan_split(self.data_dir, split, classes, classes_from)
         self.transform = transform
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
         if label_store is not None:
             label_store.check_covers([path for path, _ in self.samples])
-            if label_store.num_classes != len(self.classes):
-                raise ValueError(f'the token labels in {label_store.root} have {label_store.num_classes} classes, '
-                                 f'the data set {len(self.classes)}')
+            check_same_classes(label_store.classes, self.classes, f'the token-label store {label_store.root}',
+                               str(self.data_dir / split))
             self.rows = [label_store.row_of(path) for path, _ in self.samples]
 
     def __len__(self) -> int:

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from backbones.cli import resolve_device
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -30,7 +32,7 @@ def init_distributed(device: str | None = None) -> DistInfo:
     """Join the process group torchrun describes in the environment (or run alone); pick this process's device."""
     world_size = int(os.environ.get('WORLD_SIZE', 1))
     local_rank = int(os.environ.get('LOCAL_RANK', 0))
-    use_cuda = torch.cuda.is_available() if device is None else device.startswith('cuda')
+    use_cuda = resolve_device(device)
     dev = torch.device('cuda', local_rank) if use_cuda else torch.device('cpu')
     if use_cuda:
         torch.cuda.set_device(dev)

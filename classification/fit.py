@@ -1,8 +1,15 @@
 """The epoch loop shared by ImageNet training and CIFAR transfer: train, validate, keep the best, checkpoint, resume.
 
-Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state) atomically, and
-`best.pth` (weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses
-as an uninterrupted run.
+Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state), and `best.pth`
+(weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
+uninterrupted run.
+
+Crash consistency: `last.pth` is the run's record. Each file is written to a temporary name and renamed, so a
+kill leaves either the old or the new file, never half of one. `last.pth` is written before `best.pth`, and the
+best epoch it records is either an earlier one (whose `best.pth` is complete) or its own epoch (whose weights it
+holds itself). On resume, leftover temporary files are deleted, and a `best.pth` that does not hold the epoch
+`last.pth` names is rewritten from `last.pth`. `metrics.json` is written last, from the same state. A resume
+with other settings than the run's is refused, naming them.
 """
 from __future__ import annotations
 
@@ -16,9 +23,12 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from backbones import TokenLabelingModel
+from backbones import CheckpointError, TokenLabelingModel
+from backbones.cli import check_output_folder
+from backbones.errors import DataError, UsageError
 
-from .checkpointing import atomic_save, read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .checkpointing import (atomic_save, read_training_checkpoint, rng_state, seed_all, set_rng_state,
+                            write_text_atomic)
 from .distributed import DistInfo, barrier
 from .engine import BatchTransform, Objective, StepState, evaluate, train_one_epoch
 
@@ -27,10 +37,11 @@ LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 
 def resume_path(resume: Optional[str], output: Path) -> Optional[Path]:
     """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently."""
+    check_output_folder(output)
     if resume:
         return output / LAST if resume == 'auto' else Path(resume)
     if (output / LAST).exists():
-        raise SystemExit(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
+        raise UsageError(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
     return None
 
 
@@ -103,10 +114,20 @@ class Fit:
 
     def start(self, resume: Optional[Path], seed: int) -> None:
         """Restore `resume` (weights, optimizer, scheduler, scaler, epoch, best, RNG), or seed a fresh run."""
+        if self.info.is_main:
+            remove_leftovers(self.output)
         if resume is None:
             seed_all(seed + self.info.rank)  # augmentation and MixToken differ between processes
             return
         ckpt = read_training_checkpoint(resume)
+        for key in ('state_dict', 'optimizer', 'scheduler', 'epoch', 'num_updates', 'best', 'rng', 'args'):
+            if key not in ckpt:
+                raise CheckpointError(f'{resume} is not a training checkpoint of this suite (it has no {key!r}); '
+                                      f'--resume takes the last.pth of a run, --finetune other weights')
+        check_same_settings(resume, ckpt['args'], self.config)
+        if self.info.is_main:
+            repair_best(self.output, ckpt)
+            repair_log(self.output, ckpt)
         bare_model(self.model).load_state_dict(ckpt['state_dict'])
         if self.state.ema is not None and 'state_dict_ema' in ckpt:
             bare_model(self.state.ema.module).load_state_dict(ckpt['state_dict_ema'])
@@ -128,14 +149,20 @@ class Fit:
             self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
             if info.distributed else self.model
         for epoch in range(self.start_epoch, num_epochs):
-            started = time.time()
+            started, updates = time.time(), state.num_updates
             train_loader.sampler.set_epoch(epoch)
             loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
                                    runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}',
                                    transform=self.train_transform)
+            if state.num_updates == updates:
+                raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
+                                f'unreadable and skipped; check the data folder')
             state.scheduler.step(epoch + 1)
             record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': state.optimizer.param_groups[0]['lr']}
             record.update(evaluate(self.model, val_loader, info, self.amp, desc='val', transform=self.eval_transform))
+            if record['images'] == 0:
+                raise DataError(f'no validation image could be read ({record["skipped"]} skipped); check the data '
+                                f'folder')
             if state.ema is not None:
                 ema = evaluate(state.ema.module, val_loader, info, self.amp, desc='val ema',
                                transform=self.eval_transform)
@@ -165,6 +192,66 @@ class Fit:
                 'args': self.config, 'metrics': self.record}
         if state.scaler is not None:
             ckpt['scaler'] = state.scaler.state_dict()
-        atomic_save(ckpt, self.output / LAST)
+        atomic_save(ckpt, self.output / LAST)  # first: see the module docstring
         if is_best:
-            atomic_save({**weights, 'epoch': epoch, 'metrics': self.record, 'args': self.config}, self.output / BEST)
+            atomic_save(best_checkpoint(ckpt), self.output / BEST)
+
+
+def best_checkpoint(last: dict) -> dict:
+    """What best.pth holds: the weights of a last.pth, its epoch, metrics and settings."""
+    return {k: v for k, v in last.items() if k in ('state_dict', 'state_dict_ema', 'epoch', 'metrics', 'args')}
+
+
+def remove_leftovers(output: Path) -> None:
+    """Delete the temporary files of writes a kill interrupted (`.last.pth.tmp123`, ...)."""
+    for name in (LAST, BEST, METRICS, LOG):
+        for leftover in output.glob(f'.{name}.tmp*'):
+            leftover.unlink(missing_ok=True)
+
+
+def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
+    """A resumed run must keep the settings it started with (a changed schedule would be printed, not followed)."""
+    changed = [key for key in current if key in stored and stored[key] != current[key]]
+    if changed:
+        was = ', '.join(f'{key}={stored[key]!r}' for key in changed if key != 'classes')
+        now = ', '.join(f'{key}={current[key]!r}' for key in changed if key != 'classes')
+        if 'classes' in changed:
+            was, now = f'{was} its class list'.strip(), f'{now} another class list'.strip()
+        raise UsageError(f'--resume {resume}: the run was started with {was}; this command gives {now}. Resume '
+                         f'with the run\'s settings, or start a new run in another --output')
+
+
+def repair_log(output: Path, last: dict) -> None:
+    """Make log.jsonl hold one line per epoch up to last.pth's: a kill may have cut a line or come between
+    writing last.pth and logging its epoch (last.pth holds that epoch's record)."""
+    path, done = output / LOG, last['epoch'] + 1
+    records = {}
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short
+        if isinstance(record, dict) and isinstance(record.get('epoch'), int) and record['epoch'] <= done:
+            records[record['epoch']] = record
+    records[done] = last['metrics']
+    write_text_atomic(path, ''.join(json.dumps(records[epoch]) + '\n' for epoch in sorted(records)))
+
+
+def repair_best(output: Path, last: dict) -> None:
+    """Make best.pth hold the best epoch last.pth records, after a kill between the two writes."""
+    best_epoch = last['best']['epoch']
+    if best_epoch < 1:
+        return
+    path = output / BEST
+    try:
+        held = torch.load(path, map_location='cpu', weights_only=True, mmap=True)['epoch'] + 1
+    except Exception:  # absent, or damaged
+        held = None
+    if held == best_epoch:
+        return
+    if last['epoch'] + 1 != best_epoch:
+        raise CheckpointError(f'{path} does not hold epoch {best_epoch}, the best one {output / LAST} records, and '
+                              f'its weights are nowhere else; restore {path} or start a new run')
+    print(f'rewriting {path} from {output / LAST}: it held ' +
+          (f'epoch {held}' if held else 'no readable weights') + f', the best epoch is {best_epoch}', flush=True)
+    atomic_save(best_checkpoint(last), path)

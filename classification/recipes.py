@@ -7,9 +7,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Dict, Optional, Sequence, TypeVar
+
+from timm.data.auto_augment import rand_augment_transform
+from timm.optim import list_optimizers
 
 from backbones import families
+from backbones.errors import UsageError
+from backbones.cli import (below_one, fraction, non_negative_float, non_negative_int, open_fraction, positive_float,
+                           positive_int, probability)
 
 R = TypeVar('R')
 
@@ -155,26 +161,73 @@ TRANSFER_OPTIMIZERS = {'sgd': {}, 'adamw': TRANSFER_ADAMW}
 
 def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
     if opt not in TRANSFER_OPTIMIZERS:
-        raise SystemExit(f'--opt must be one of {", ".join(TRANSFER_OPTIMIZERS)}, got {opt}')
+        raise UsageError(f'--opt must be one of {", ".join(TRANSFER_OPTIMIZERS)}, got {opt}')
     return TransferRecipe(**TRANSFER_OPTIMIZERS[opt])
 
 
-def _none_or(kind: type) -> Callable[[str], object]:
-    return lambda text: None if text.lower() == 'none' else kind(text)
+def rand_augment_spec(text: str) -> str:
+    """A timm RandAugment string (`rand-m9-mstd0.5-inc1`): the only kind the label-aware augmentation replays."""
+    try:
+        if text.split('-')[0] != 'rand':
+            raise ValueError
+        rand_augment_transform(text, {'translate_const': 10, 'img_mean': (124, 116, 104)})
+    except (AssertionError, ValueError, KeyError, IndexError):
+        raise argparse.ArgumentTypeError(f'not a RandAugment string like rand-m9-mstd0.5-inc1: {text!r} '
+                                         f'(none turns it off)') from None
+    return text
 
 
-def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type, optional_types: dict) -> None:
+def timm_optimizer(text: str) -> str:
+    """An optimizer name timm's `create_optimizer_v2` knows."""
+    known = list_optimizers()
+    if text.lower() not in known:
+        raise argparse.ArgumentTypeError(f'unknown optimizer {text!r}; timm knows {", ".join(known[:12])}, ... '
+                                         f'(timm.optim.list_optimizers() lists all {len(known)})')
+    return text.lower()
+
+
+# The value each recipe field takes on the command line (both recipes: a name means the same in each).
+FIELD_TYPES: Dict[str, Callable[[str], object]] = {
+    'epochs': positive_int, 'cooldown_epochs': non_negative_int, 'warmup_epochs': non_negative_int,
+    'batch_size': positive_int, 'img_size': positive_int, 'lr_base': positive_float, 'lr_base_batch': positive_int,
+    'lr': positive_float, 'backbone_lr_scale': non_negative_float, 'momentum': below_one,
+    'weight_decay': non_negative_float, 'warmup_lr': non_negative_float, 'min_lr': non_negative_float,
+    'clip_grad': positive_float, 'drop_path': below_one, 'ema_decay': below_one, 'dense_weight': non_negative_float,
+    'mix_token': non_negative_float, 'mixup': non_negative_float, 'cutmix': non_negative_float,
+    'smoothing': below_one, 'scale_min': fraction, 'hflip': probability, 'reprob': probability,
+    'auto_augment': rand_augment_spec, 'opt': timm_optimizer, 'crop_padding': non_negative_int, 'val_fraction': open_fraction,
+}
+FIELD_CHOICES = {
+    'cls_target': ('map', 'label'), 'token_target': ('map', 'label'), 'token_head': ('drop', 'label'),
+    'interpolation': ('random', 'bilinear', 'bicubic'),
+}
+
+
+def _none_or(kind: Callable[[str], object]) -> Callable[[str], object]:
+    def parse(text: str):
+        return None if text.lower() == 'none' else kind(text)
+    parse.__name__ = getattr(kind, '__name__', 'value')
+    return parse
+
+
+def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
+                         choices: Optional[Dict[str, Sequence[str]]] = None) -> None:
     """One `--flag` per field of a recipe dataclass, absent from the namespace unless given on the command line.
 
-    `optional_types` gives the value type of fields whose default is None (the word `none` sets None).
+    Each value is checked against its meaning (FIELD_TYPES, FIELD_CHOICES, and the command's own `choices`);
+    fields whose default is None also take the word `none`.
     """
+    choices = {**FIELD_CHOICES, **(choices or {})}
     for f in dataclasses.fields(recipe_class):
         flag = '--' + f.name.replace('_', '-')
         if f.type in ('bool', bool):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        else:
-            kind = _none_or(optional_types[f.name]) if f.name in optional_types else type(f.default)
-            group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS)
+            continue
+        kind = FIELD_TYPES.get(f.name, str)
+        if 'Optional' in str(f.type):
+            kind = _none_or(kind)
+        group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
+                           default=argparse.SUPPRESS)
 
 
 def override_recipe(recipe: R, args: argparse.Namespace) -> R:

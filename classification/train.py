@@ -21,12 +21,14 @@ from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader, DistributedSampler
 
 from backbones import CheckpointError, TokenLabelingModel, create_model, load_checkpoint
+from backbones.cli import DEVICES, non_negative_int, positive_int
+from backbones.errors import DataError, UsageError
 from backbones.registry import check_model_name
 from backbones.token_labeling import TOKEN_HEAD
 
 from .augment import TrainTransform
-from .checkpointing import seed_all, write_json_atomic
-from .data import ImageFolderDataset, collate_skipping, eval_transform
+from .checkpointing import checkpoint_classes, seed_all, write_json_atomic
+from .data import ImageFolderDataset, check_same_classes, collate_skipping, eval_transform
 from .distributed import DistInfo, ShardSampler, barrier, cleanup, init_distributed
 from .engine import Objective, StepState
 from .fit import METRICS, Fit, RunLog, bare_model, resume_path
@@ -34,8 +36,6 @@ from .label_store import TokenLabelStore
 from .loss import TokenLabelingLoss
 from .recipes import PRESETS, Recipe, add_recipe_arguments, family_of, override_recipe, recipe_for
 from .targets import TokenTargetBuilder
-
-_OPTIONAL_TYPES = {'img_size': int, 'clip_grad': float, 'auto_augment': str}
 
 
 def parse_model_kwargs(items: List[str]) -> dict:
@@ -59,13 +59,13 @@ def add_run_arguments(p: argparse.ArgumentParser, default_output: str) -> None:
                    help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
                    help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
-    p.add_argument('--workers', type=int, default=min(4, os.cpu_count() or 1),
+    p.add_argument('--workers', type=non_negative_int, default=min(4, os.cpu_count() or 1),
                    help='data-loading processes per training process')
-    p.add_argument('--seed', type=int, default=42)
-    p.add_argument('--device', help='cpu or cuda (default: cuda when available)')
+    p.add_argument('--seed', type=non_negative_int, default=42)
+    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto',
                    help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
-    p.add_argument('--log-interval', type=int, default=50, help='updates between TensorBoard loss points')
+    p.add_argument('--log-interval', type=positive_int, default=50, help='updates between TensorBoard loss points')
 
 
 def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py')
     p.add_argument('--finetune', metavar='CKPT', help='start from these weights (e.g. for 384 fine-tuning); '
-                   'position embeddings are resized and a classifier of another class count is replaced')
+                   'position embeddings are resized; the classes must be the data\'s unless --new-head')
+    p.add_argument('--new-head', action='store_true',
+                   help='with --finetune: train new classifiers for this data set\'s classes')
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
@@ -93,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         'token-labeling-no-mixtoken'))
     add_run_arguments(p, 'output/train_cls/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
-                         Recipe, _OPTIONAL_TYPES)
+                         Recipe)
     return p
 
 
@@ -105,17 +107,13 @@ def chosen_preset(args: argparse.Namespace) -> Optional[str]:
 
 
 def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
-    recipe = override_recipe(recipe_for(args.model, digits, chosen_preset(args)), args)
-    for name in ('cls_target', 'token_target'):
-        if getattr(recipe, name) not in ('map', 'label'):
-            raise SystemExit(f'--{name.replace("_", "-")} must be map or label, got {getattr(recipe, name)}')
-    return recipe
+    return override_recipe(recipe_for(args.model, digits, chosen_preset(args)), args)
 
 
 def pick_amp(amp: str, device: torch.device) -> str:
     if amp != 'auto':
         if amp != 'none' and device.type != 'cuda':
-            raise SystemExit(f'--amp {amp} needs a GPU; this run is on {device}')
+            raise UsageError(f'--amp {amp} needs a GPU; this run is on {device}')
         return amp
     if device.type != 'cuda':
         return 'none'
@@ -130,8 +128,27 @@ def create_classifier(name: str, num_classes: int, img_size: Optional[int] = Non
         kwargs['img_size'] = img_size
     if family == 'lvvit':
         kwargs['token_head'] = token_labeling
-    model = create_model(name, num_classes=num_classes, **kwargs)
+    try:
+        model = create_model(name, num_classes=num_classes, **kwargs)
+    except TypeError as e:  # an argument the model does not take
+        raise UsageError(f'{name} does not take these arguments: {e}') from e
+    check_input_size(model, name, img_size)
     return TokenLabelingModel(model, mix_token) if token_labeling else model
+
+
+def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> None:
+    """The input size must give the model at least one patch, and a whole number of them where it needs that."""
+    patch_embed = getattr(model, 'patch_embed', None)
+    grid = getattr(patch_embed, 'grid_size', None)
+    if img_size is None or grid is None:
+        return
+    patch = getattr(patch_embed, 'patch_size', None)
+    if min(grid) < 1:
+        raise UsageError(f'--img-size {img_size} is smaller than one patch of {name}'
+                         + (f' ({patch[0]} px)' if patch else ''))
+    if patch and not getattr(patch_embed, 'dynamic_img_pad', False) and img_size % patch[0]:
+        raise UsageError(f'--img-size {img_size} does not fit {name}: it needs a multiple of its {patch[0]} px '
+                         f'patches')
 
 
 def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
@@ -139,8 +156,12 @@ def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_
                              drop_path_rate=recipe.drop_path, **parse_model_kwargs(args.model_kwargs))
 
 
-def load_finetune_weights(model: nn.Module, path: str) -> str:
-    report = load_checkpoint(model, path, strict=False)
+def load_finetune_weights(model: nn.Module, path: str, classes: List[str], new_head: bool) -> str:
+    """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
+    recorded = checkpoint_classes(path)
+    if recorded is not None and not new_head:
+        check_same_classes(recorded, classes, f'the checkpoint {path}', 'the training split')
+    report = load_checkpoint(model, path, strict=False, new_head=new_head)
     missing = [k for k in report.missing if not k.startswith(f'{TOKEN_HEAD}.')]  # a token head may be new
     if missing or report.mismatched:
         raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + report.summary())
@@ -159,7 +180,7 @@ def make_loaders(args, recipe: Recipe, info: DistInfo, data_dir: Path, store: Op
     val_set = ImageFolderDataset(data_dir, 'val', val_tf, classes=train_set.classes,
                                  skip_unreadable=args.skip_unreadable)
     if len(train_set) < recipe.batch_size * info.world_size:
-        raise SystemExit(f'{len(train_set)} training images are fewer than one global batch '
+        raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                          f'({recipe.batch_size} x {info.world_size} processes)')
     common = dict(num_workers=args.workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_skipping)
     sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=args.seed, drop_last=True)
@@ -183,10 +204,7 @@ def make_objective(recipe: Recipe, num_classes: int) -> Objective:
 def launch(run_fn: Callable[[argparse.Namespace, DistInfo], dict], args: argparse.Namespace) -> dict:
     """Check the model name, join the process group torchrun describes (or run alone), run, leave the group."""
     if args.model not in timm.list_models():
-        try:
-            check_model_name(args.model)
-        except ValueError as e:
-            raise SystemExit(str(e))
+        check_model_name(args.model)
     info = init_distributed(args.device)
     try:
         return run_fn(args, info)
@@ -199,6 +217,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 def run(args: argparse.Namespace, info: DistInfo) -> dict:
+    if args.new_head and not args.finetune:
+        raise UsageError('--new-head goes with --finetune (the weights to start from)')
     digits = args.data_dir is None
     recipe = resolve_recipe(args, digits)
     output = Path(args.output or f'output/train_cls/{args.model}')
@@ -209,7 +229,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     else:
         data_dir, token_label_dir = Path(args.data_dir), args.token_label_dir
     if recipe.uses_score_maps and token_label_dir is None:
-        raise SystemExit(f'the {args.model} recipe trains with token labeling: pass --token-label-dir '
+        raise UsageError(f'the {args.model} recipe trains with token labeling: pass --token-label-dir '
                          f'(tools/generate_token_labels.py makes one), --token-target label or --no-token-labeling')
     store = TokenLabelStore(token_label_dir) if recipe.uses_score_maps else None
 
@@ -226,7 +246,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     seed_all(args.seed)  # the initial weights do not depend on what ran before
     model = build_model(args, recipe, num_classes, img_size)
     if args.finetune and not resume:
-        message = load_finetune_weights(bare_model(model), args.finetune)
+        message = load_finetune_weights(bare_model(model), args.finetune, classes, args.new_head)
         if info.is_main:
             print(message, flush=True)
     model.to(info.device)
@@ -246,7 +266,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
 
     preset = chosen_preset(args)
     fit = Fit(model, state, make_objective(recipe, num_classes), info, output,
-              {'model': args.model, 'preset': preset, **vars(recipe)},
+              {'model': args.model, 'preset': preset, 'classes': classes, **vars(recipe)},
               amp, recipe.clip_grad)
     fit.start(resume, args.seed)
     if info.is_main:

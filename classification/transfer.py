@@ -21,21 +21,21 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, DistributedSampler
 
-from backbones import CheckpointError, load_checkpoint
+from backbones import load_checkpoint
+from backbones.errors import DataError
 from backbones.checkpoint import LoadReport, classifier_prefixes
 
 from .checkpointing import read_training_checkpoint, seed_all, write_json_atomic
-from .cifar import (FORMATS, CifarDataset, CifarFormatError, CifarInput, CifarSplit, channel_stats, hold_out,
+from .cifar import (FORMATS, CifarDataset, CifarInput, CifarSplit, channel_stats, hold_out,
                     read_cifar)
 from .data import collate_skipping
 from .distributed import DistInfo, ShardSampler, barrier
 from .engine import Objective, StepState, evaluate
 from .fit import BEST, METRICS, Fit, RunLog, bare_model, resume_path
 from .loss import TokenLabelingLoss
-from .recipes import TransferRecipe, add_recipe_arguments, override_recipe, transfer_recipe
+from .recipes import TRANSFER_OPTIMIZERS, TransferRecipe, add_recipe_arguments, override_recipe, transfer_recipe
 from .train import add_run_arguments, create_classifier, launch, model_parser, parse_model_kwargs, pick_amp
 
-_OPTIONAL_TYPES = {'img_size': int, 'clip_grad': float, 'crop_padding': int}
 _OPTIMIZERS = {'sgd': 'momentum', 'adamw': 'adamw'}  # timm's 'sgd' is Nesterov; the recipe's is not
 
 
@@ -53,15 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(p, 'output/transfer_cifar/DATASET/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the T2T-ViT transfer recipe, or its AdamW '
                                               'variant with --opt adamw; printed at start)'),
-                         TransferRecipe, _OPTIONAL_TYPES)
+                         TransferRecipe, choices={'opt': list(TRANSFER_OPTIMIZERS)})
     return p
 
 
 def resolve_recipe(args: argparse.Namespace) -> TransferRecipe:
-    recipe = override_recipe(transfer_recipe(getattr(args, 'opt', 'sgd')), args)
-    if recipe.token_head not in ('drop', 'label'):
-        raise SystemExit(f'--token-head must be drop or label, got {recipe.token_head}')
-    return recipe
+    return override_recipe(transfer_recipe(getattr(args, 'opt', 'sgd')), args)
 
 
 def build_transfer_model(name: str, num_classes: int, img_size: Optional[int], recipe: TransferRecipe,
@@ -105,7 +102,7 @@ def make_loaders(train: CifarSplit, val: CifarSplit, test: CifarSplit, batch_siz
     """Train (shuffled, sharded, whole batches), held-out validation and test loaders (each image once)."""
     train_set = CifarDataset(train)
     if len(train_set) < batch_size * info.world_size:
-        raise SystemExit(f'{len(train_set)} training images are fewer than one global batch '
+        raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                          f'({batch_size} x {info.world_size} processes)')
     common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_skipping)
     sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
@@ -124,11 +121,8 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     recipe = resolve_recipe(args)
     output = Path(args.output or f'output/transfer_cifar/{args.dataset}/{args.model}')
     resume = resume_path(args.resume, output)
-    try:
-        data = read_cifar(args.data_dir, args.dataset)
-        train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, args.split_seed)
-    except (CifarFormatError, ValueError) as e:
-        raise SystemExit(str(e))
+    data = read_cifar(args.data_dir, args.dataset)
+    train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, args.split_seed)
     if info.is_main:
         output.mkdir(parents=True, exist_ok=True)
     barrier(info)
@@ -141,12 +135,9 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
                                                          args.workers, args.seed, info)
     num_classes = len(data.classes)
     seed_all(args.seed)  # the fresh classifiers do not depend on what ran before
-    try:
-        model, report = build_transfer_model(args.model, num_classes, img_size, recipe,
-                                             None if resume else args.pretrained, args.use_ema,
-                                             parse_model_kwargs(args.model_kwargs))
-    except CheckpointError as e:
-        raise SystemExit(str(e))
+    model, report = build_transfer_model(args.model, num_classes, img_size, recipe,
+                                         None if resume else args.pretrained, args.use_ema,
+                                         parse_model_kwargs(args.model_kwargs))
     model.to(info.device)
 
     global_batch = recipe.batch_size * info.world_size

@@ -63,7 +63,12 @@ def test_pos_embed_resized_and_classifiers_replaced(name, tmp_path):
     path = save_release(tmp_path / 'src.pth', source.state_dict(), 'deit')
     target = tiny(name, img_size=96, num_classes=3)
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    report = load_checkpoint(target, path)
+    # A classifier for 10 classes never passes for the model's 3 (its place would be taken by a random one) ...
+    with pytest.raises(CheckpointError, match='head.weight has 10 classes, the model 3'):
+        load_checkpoint(target, path)
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in before.items())
+    # ... unless a new head is asked for.
+    report = load_checkpoint(target, path, new_head=True)
     assert report.resized == ['pos_embed']
     heads = ('head.', 'aux_head.')
     assert report.dropped_classifier and all(k.startswith(heads) for k in report.dropped_classifier)

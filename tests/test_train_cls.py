@@ -7,6 +7,7 @@ import torch
 from timm.data import create_transform
 
 import backbones  # noqa: F401
+from backbones.errors import UsageError
 from backbones.token_labeling import add_token_head
 from classification.annotate import generate_token_labels
 from classification.data import read_image
@@ -90,11 +91,11 @@ def test_eval_tool_matches_an_independent_evaluation(dataset, tmp_path):
 
 
 def test_unknown_model_lists_suite_models(tmp_path):
-    with pytest.raises(SystemExit, match='lvvit_s'):
+    with pytest.raises(UsageError, match='lvvit_s'):
         main(['lvvit_small', '--output', str(tmp_path)])
 
 
 def test_token_labeling_recipe_needs_labels(dataset, tmp_path):
     data, _ = dataset
-    with pytest.raises(SystemExit, match='--token-label-dir'):
+    with pytest.raises(UsageError, match='--token-label-dir'):
         main(['lvvit_t', '--data-dir', str(data), '--output', str(tmp_path), '--device', 'cpu'])

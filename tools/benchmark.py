@@ -24,6 +24,7 @@ from timm.layers import set_fused_attn
 import backbones
 from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
+from backbones.cli import run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -140,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_command(main)

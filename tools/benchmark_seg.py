@@ -23,6 +23,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
+from backbones.cli import run_command
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from mmseg.registry import MODELS
 from segmentation.config import DIGITS_SCALE, load_config, use_digits_data
@@ -98,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

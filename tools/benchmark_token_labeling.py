@@ -24,6 +24,7 @@ import torch
 from torchvision.ops import roi_align
 
 from backbones import TokenLabelingModel, create_model
+from backbones.cli import run_command
 from classification.augment import CropGeometry
 from classification.loss import TokenLabelingLoss, soft_cross_entropy
 from classification.targets import TokenTargetBuilder, one_hot_targets
@@ -208,4 +209,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

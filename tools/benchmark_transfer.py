@@ -17,6 +17,7 @@ from PIL import Image
 from timm.scheduler import create_scheduler_v2
 from torchvision import transforms
 
+from backbones.cli import run_command
 from classification.cifar import CifarInput
 from classification.distributed import DistInfo
 from classification.engine import Objective, StepState, evaluate, train_one_epoch
@@ -112,4 +113,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

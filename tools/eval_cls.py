@@ -8,17 +8,18 @@ Models with a token head (LV-ViT, or any model trained here with token labeling)
 class logits + 0.5 x the class-wise max over the token logits.
 """
 import argparse
-import json
-import sys
-from pathlib import Path
 
 import timm
 import torch
 from timm.data import RealLabelsImagenet, resolve_data_config
 from torch.utils.data import DataLoader
 
-from backbones import CheckpointError, load_checkpoint
+from backbones import load_checkpoint
 from backbones.checkpoint import read_state_dict
+from backbones.cli import (DEVICES, check_writable, fraction, non_negative_int, positive_int, resolve_device,
+                           run_command)
+from backbones.registry import check_model_name
+from classification.checkpointing import checkpoint_classes, write_json_atomic
 from classification.data import ImageFolderDataset, collate_skipping, eval_transform
 from classification.distributed import DistInfo
 from classification.engine import evaluate
@@ -28,11 +29,20 @@ from classification.train import create_classifier, parse_model_kwargs
 
 def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
                      model_kwargs: dict) -> torch.nn.Module:
-    """The model with the checkpoint's weights; a token head is attached when the checkpoint has one."""
+    """The model with the checkpoint's weights; a token head is attached when the checkpoint has one. A classifier
+    for another number of classes is an error (never a random head in its place)."""
     token_head = any(k.startswith('aux_head.') for k in read_state_dict(checkpoint, use_ema))
     model = create_classifier(name, num_classes, img_size, token_labeling=token_head, **model_kwargs)
     load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
     return model.eval()
+
+
+def load_split(data_dir: str, split: str, checkpoint: str, transform) -> ImageFolderDataset:
+    """The split labelled with the checkpoint's own class list when it records one (a class folder may be absent;
+    one it does not know is an error), else with the split's sorted class folders."""
+    classes = checkpoint_classes(checkpoint)
+    return ImageFolderDataset(data_dir, split, transform, classes=classes,
+                              classes_from=f'the checkpoint {checkpoint}')
 
 
 def main() -> None:
@@ -43,31 +53,30 @@ def main() -> None:
     p.add_argument('--data-dir', required=True)
     p.add_argument('--split', default='val')
     p.add_argument('--json', help='write the metrics to this file')
-    p.add_argument('--img-size', type=int, help='default: the model\'s own')
-    p.add_argument('--crop-pct', type=float, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
-    p.add_argument('--batch-size', type=int, default=100)
-    p.add_argument('--workers', type=int, default=4)
+    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
+    p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
+    p.add_argument('--batch-size', type=positive_int, default=100)
+    p.add_argument('--workers', type=non_negative_int, default=4)
     p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
     p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
                    help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     args = p.parse_args()
     if args.model not in timm.list_models():
-        sys.exit(f'unknown model {args.model!r} (tools/model_info.py --all lists the suite models)')
+        check_model_name(args.model)
+    if args.json:
+        check_writable(args.json)
 
     data_cfg = resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(args.model).to_dict())
     img_size = args.img_size or data_cfg['input_size'][-1]
     crop_pct = args.crop_pct or data_cfg['crop_pct']
     transform = eval_transform(img_size, crop_pct, data_cfg['interpolation'], data_cfg['mean'], data_cfg['std'])
-    dataset = ImageFolderDataset(args.data_dir, args.split, transform)
-    try:
-        model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
-                                 parse_model_kwargs(args.model_kwargs))
-    except CheckpointError as e:
-        sys.exit(str(e))
-    info = DistInfo(device=torch.device(args.device))
+    dataset = load_split(args.data_dir, args.split, args.checkpoint, transform)
+    model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
+                             parse_model_kwargs(args.model_kwargs))
+    info = DistInfo(device=torch.device('cuda' if resolve_device(args.device) else 'cpu'))
     model.to(info.device)
     loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
     real = None
@@ -81,8 +90,8 @@ def main() -> None:
         metrics.update(real_top1=real.get_accuracy(1), real_top5=real.get_accuracy(5))
     print(' '.join(f'{k} {v:.3f}' if isinstance(v, float) else f'{k} {v}' for k, v in metrics.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps(metrics, indent=2) + '\n')
+        write_json_atomic(args.json, metrics)
 
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

@@ -12,7 +12,8 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from classification.annotate import generate_token_labels
+from backbones.cli import DEVICES, non_negative_int, positive_int, run_command
+from classification.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
 from classification.distributed import cleanup, init_distributed
 from classification.train import parse_model_kwargs
 
@@ -24,29 +25,36 @@ def main() -> None:
     p.add_argument('--annotator', required=True, help='model name in the timm registry (suite models included)')
     p.add_argument('--checkpoint', help='annotator weights (default: timm pretrained weights)')
     p.add_argument('--output', required=True, help='folder of the token-label store')
-    p.add_argument('--img-size', type=int, help='annotator input size (default: its own)')
-    p.add_argument('--topk', type=int, default=5, help='classes kept per position (paper: 5)')
+    p.add_argument('--img-size', type=positive_int, help='annotator input size (default: its own)')
+    p.add_argument('--topk', type=positive_int, default=5, help='classes kept per position (paper: 5)')
     p.add_argument('--split', default='train')
-    p.add_argument('--batch-size', type=int, default=64)
-    p.add_argument('--workers', type=int, default=4)
-    p.add_argument('--shard-size', type=int, default=4096, help='images per resumable shard')
+    p.add_argument('--batch-size', type=positive_int, default=64)
+    p.add_argument('--workers', type=non_negative_int, default=4)
+    p.add_argument('--shard-size', type=positive_int,
+                   help=f'images per resumable shard (default: the store\'s own, else {DEFAULT_SHARD_SIZE})')
+    p.add_argument('--skip-unreadable', action='store_true',
+                   help='give images that cannot be decoded an empty row and list them in meta.json (default: stop, '
+                        'naming the file)')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
                    help='annotator arguments, e.g. output_stride=16 for a denser map')
-    p.add_argument('--device', help='cpu or cuda (default: cuda when available)')
+    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     args = p.parse_args()
     info = init_distributed(args.device)
     try:
         meta = generate_token_labels(
             args.data_dir, args.annotator, args.output, info, checkpoint=args.checkpoint, img_size=args.img_size,
             topk=args.topk, split=args.split, batch_size=args.batch_size, workers=args.workers,
-            shard_size=args.shard_size, model_kwargs=parse_model_kwargs(args.model_kwargs))
+            shard_size=args.shard_size, model_kwargs=parse_model_kwargs(args.model_kwargs),
+            skip_unreadable=args.skip_unreadable)
     finally:
         cleanup(info)
     if info.is_main:
         h, w = meta['grid']
         print(f'{args.output}: {h}x{w} x top-{meta["topk"]} maps of {meta["num_classes"]} classes for the '
-              f'{args.split} split ({h * w * meta["topk"] * 4} bytes per image); every image has its row')
+              f'{args.split} split ({h * w * meta["topk"] * 4} bytes per image); every image has its row, verified'
+              + (f'; {len(meta["unreadable"])} unreadable image(s) skipped, listed in meta.json'
+                 if meta['unreadable'] else ''))
 
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

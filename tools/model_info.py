@@ -12,6 +12,7 @@ import sys
 
 import backbones
 from backbones.complexity import measure_complexity
+from backbones.cli import run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,4 +72,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_command(main)

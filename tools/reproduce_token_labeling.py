@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from backbones.cli import run_command  # noqa: E402
 from classification.checkpointing import write_json_atomic  # noqa: E402
 from segmentation.config import load_config  # noqa: E402
 from segmentation.train import positive_int  # noqa: E402
@@ -247,4 +248,4 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

@@ -8,7 +8,8 @@
 
 An interrupted run continues with the same command plus --resume. See --help for every recipe value.
 """
+from backbones.cli import run_command
 from classification.train import main
 
 if __name__ == '__main__':
-    main()
+    run_command(main)

@@ -1,0 +1,101 @@
+"""What every command shares: one-line errors and argparse value types that check a value's meaning.
+
+The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line
+(`error: ...`) with exit status 2; `--debug` on the command line, or SUITE_DEBUG=1 in the environment, shows the
+traceback instead. Errors that are not the suite's (a bug, a library failure) keep their traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .errors import SuiteError, UsageError
+
+EXIT_CODE = 2
+
+
+def debug_requested(argv: list[str]) -> bool:
+    return '--debug' in argv or os.environ.get('SUITE_DEBUG', '') not in ('', '0')
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of an error; for one re-raised by a data-loader worker (its text is the worker's traceback),
+    the original error's own message."""
+    text = str(exc).strip()
+    if 'Original Traceback' in text:
+        text = text.splitlines()[-1].split(': ', 1)[-1]
+    return text
+
+
+def run_command(main: Callable[[], object]) -> None:
+    """Run a command's `main`: the suite's errors become one line on stderr and exit status 2 (see module doc)."""
+    debug = debug_requested(sys.argv)
+    sys.argv = [arg for arg in sys.argv if arg != '--debug']
+    try:
+        status = main()
+    except SuiteError as exc:
+        if debug:
+            raise
+        print(f'error: {one_line(exc)}  (--debug shows the traceback)', file=sys.stderr)
+        sys.exit(EXIT_CODE)
+    if isinstance(status, int):  # a command's own exit status; other return values are results, not statuses
+        sys.exit(status)
+
+
+def _checked(kind: type, test: Callable[[float], bool], meaning: str) -> Callable[[str], object]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'expected {meaning}, got {text!r}') from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f'expected {meaning}, got {text}')
+        return value
+    parse.__name__ = meaning  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _checked(int, lambda v: v >= 1, 'a whole number >= 1')
+non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number >= 0')
+positive_float = _checked(float, lambda v: v > 0, 'a number > 0')
+non_negative_float = _checked(float, lambda v: v >= 0, 'a number >= 0')
+probability = _checked(float, lambda v: 0 <= v <= 1, 'a probability in [0, 1]')
+fraction = _checked(float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]')
+below_one = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)')
+open_fraction = _checked(float, lambda v: 0 < v < 1, 'a number in (0, 1)')
+
+DEVICES = ('cpu', 'cuda')
+
+
+def resolve_device(device: str | None) -> bool:
+    """Whether to use CUDA for `--device` (None: when there is a GPU); a device that is not there is an error."""
+    if device is None:
+        return torch.cuda.is_available()
+    if device not in DEVICES:
+        raise UsageError(f'--device must be one of {", ".join(DEVICES)}, got {device!r}')
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise UsageError('--device cuda: no GPU is visible to PyTorch here (torch.cuda.is_available() is False); '
+                         'use --device cpu')
+    return device == 'cuda'
+
+
+def check_writable(path: str | Path) -> None:
+    """A file a command will write: its folder must exist, and the path must not be a folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f'{path} is a folder; give a file name to write')
+    if not path.parent.is_dir():
+        raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')
+
+
+def check_output_folder(path: str | Path) -> None:
+    """A folder a command will create or fill: it must not be a file, nor lie under one."""
+    path = Path(path)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise UsageError(f'cannot use {path} as output folder: {part} is a file')

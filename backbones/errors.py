@@ -1,0 +1,14 @@
+"""The suite's error types: library code raises them with a message that names the file or value at fault and the
+fix; the commands print them as one line (`backbones.cli.run_command`)."""
+
+
+class SuiteError(Exception):
+    """An error the suite explains in its message: bad input, a damaged file, a mismatch, with what to do."""
+
+
+class UsageError(SuiteError, ValueError):
+    """A command-line or configuration value outside its meaning (a size of 0, a device that is not there)."""
+
+
+class DataError(SuiteError, ValueError):
+    """A data set that is missing, damaged or does not match the model, checkpoint or labels."""
