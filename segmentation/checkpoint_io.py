@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -24,6 +25,10 @@ from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 
 from backbones import CheckpointError
+
+
+class CheckpointReadError(CheckpointError):
+    """A checkpoint file that cannot be read at all (truncated, damaged)."""
 
 
 def _history_buffer_method(owner: object, name: str) -> object:
@@ -45,7 +50,7 @@ def load_local_checkpoint(filename: str, map_location: Optional[str] = None) -> 
     """mmengine's local-file loader, weights-only with mmengine's own types allowed."""
     path = Path(filename).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f'{filename}: checkpoint file not found')
+        raise CheckpointReadError(f'{filename}: checkpoint file not found')
     try:
         with torch.serialization.safe_globals(mmengine_checkpoint_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -53,6 +58,9 @@ def load_local_checkpoint(filename: str, map_location: Optional[str] = None) -> 
         raise CheckpointError(
             f'{path}: holds Python objects beyond what mmengine writes into its checkpoints, and loading them '
             f'would run code from the file ({exc})') from exc
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise CheckpointReadError(f'{path}: not a readable checkpoint, truncated or damaged '
+                                  f'({type(exc).__name__}: {exc})') from exc
 
 
 class AtomicLocalBackend(LocalBackend):

@@ -6,9 +6,14 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from mmengine.config import Config
-from mmengine.runner import Runner
+
+from backbones import CheckpointError
+from backbones.cli import check_writable
+from backbones.errors import UsageError
 
 from .config import drop_tta_flips, load_config, resolve_data, tta_flips
+from .data_check import check_data
+from .runner import SuiteRunner
 from .train import add_common_options, work_dir_for
 
 
@@ -44,13 +49,16 @@ def prepare(args: argparse.Namespace) -> Config:
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     if not Path(args.checkpoint).is_file():
-        raise FileNotFoundError(f'{args.checkpoint}: checkpoint file not found')
+        raise CheckpointError(f'{args.checkpoint}: checkpoint file not found')
     cfg.load_from = args.checkpoint
     resolve_data(cfg, args.data_root)
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:
-        raise SystemExit('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+        raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+    if args.out:
+        check_writable(args.out)
+    check_data(cfg, ['test_dataloader'], args.skip_unreadable)
     cfg.test_evaluator = dict(type='IoUReport', json_file=args.out, output_dir=args.pred_dir)
     return cfg
 
@@ -58,7 +66,7 @@ def prepare(args: argparse.Namespace) -> Config:
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     args = build_parser().parse_args(argv)
     cfg = prepare(args)
-    metrics = Runner.from_cfg(cfg).test()
+    metrics = SuiteRunner.from_cfg(cfg).test()
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg.test_dataloader.dataset.pipeline) else '') if args.ms \
         else 'single-scale'
     print(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')

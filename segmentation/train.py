@@ -7,11 +7,15 @@ from pathlib import Path
 from typing import List, Optional
 
 from mmengine.config import Config, DictAction
-from mmengine.runner import Runner
+
+from backbones.cli import positive_int
+from backbones.errors import UsageError
 
 from .config import (check_pretrained, describe_schedule, load_config, resolve_data, shorten_schedule,
                      use_digits_schedule)
+from .data_check import check_data
 from .pretrain import describe_backbone, digits_backbone
+from .runner import SuiteRunner
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +26,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help='override config values, e.g. train_dataloader.batch_size=4 model.backbone.pretrained=None')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none',
                         help='"pytorch" under torchrun, "slurm" under srun; "none" for one process')
+    parser.add_argument('--skip-unreadable', action='store_true',
+                        help='leave out images that cannot be decoded and say how many (default: stop, naming them)')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,13 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
     parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
     return parser
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be a positive whole number, got {text}')
-    return value
 
 
 def work_dir_for(cfg: Config, config_path: str, work_dir: Optional[str]) -> str:
@@ -85,12 +84,16 @@ def prepare(args: argparse.Namespace) -> Config:
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
     if started and not args.resume:
-        raise SystemExit(f'{cfg.work_dir} already holds a run: add --resume to continue it, '
+        raise UsageError(f'{cfg.work_dir} already holds a run: add --resume to continue it, '
                          'or choose another --work-dir')
     cfg.resume = args.resume and started
+    if cfg.resume:
+        for leftover in Path(cfg.work_dir).glob('.*.pth.tmp*'):  # a checkpoint write a kill interrupted
+            leftover.unlink()
+    check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
     return cfg
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
-    Runner.from_cfg(prepare(args)).train()
+    SuiteRunner.from_cfg(prepare(args)).train()

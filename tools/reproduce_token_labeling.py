@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from backbones.cli import run_command  # noqa: E402
 from classification.checkpointing import write_json_atomic  # noqa: E402
 from segmentation.config import load_config  # noqa: E402
-from segmentation.train import positive_int  # noqa: E402
+from backbones.cli import positive_int  # noqa: E402
 
 VARIANTS = {
     'token-labeling': 'token labeling + MixToken',

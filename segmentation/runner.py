@@ -1,0 +1,61 @@
+"""The suite's mmengine Runner: a checkpoint must fit the model, and a run resumes from its newest readable one.
+
+mmengine loads `load_from` and resume checkpoints non-strictly: weights a checkpoint lacks keep their random
+initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
+deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
+checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
+readable `iter_*.pth`, with a warning naming both.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mmengine.logging import print_log
+from mmengine.runner import Runner
+
+from backbones import CheckpointError
+
+from .checkpoint_io import CheckpointReadError
+
+_SHOWN_CHARS = 600
+
+
+def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
+    """The run's `iter_N.pth` files, newest first."""
+    found = [(int(m.group(1)), p) for p in Path(work_dir).glob('iter_*.pth')
+             if (m := re.fullmatch(r'iter_(\d+)\.pth', p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+class SuiteRunner(Runner):
+    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint."""
+
+    def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
+                        revise_keys: list = [(r'^module.', '')]):  # noqa: B006  (mmengine's signature)
+        try:
+            return super().load_checkpoint(filename, map_location=map_location, strict=True,
+                                           revise_keys=revise_keys)
+        except RuntimeError as e:  # mmengine's strict load lists missing, unexpected and mis-shaped keys
+            if isinstance(e, CheckpointError):
+                raise
+            detail = '; '.join(line.strip() for line in str(e).splitlines() if line.strip())
+            if len(detail) > _SHOWN_CHARS:
+                detail = detail[:_SHOWN_CHARS] + ' ...'
+            raise CheckpointError(f'{filename} does not fit the model of this config (it would leave weights '
+                                  f'unloaded): {detail}') from e
+
+    def resume(self, filename: str, *args, **kwargs) -> None:
+        try:
+            return super().resume(filename, *args, **kwargs)
+        except CheckpointReadError as error:
+            older = [p for p in iteration_checkpoints(self.work_dir) if p.resolve() != Path(filename).resolve()]
+            for candidate in older:
+                try:
+                    super().resume(str(candidate), *args, **kwargs)
+                except CheckpointReadError:
+                    continue
+                print_log(f'warning: {filename} cannot be read ({error}); resumed from {candidate} instead',
+                          logger='current')
+                return None
+            raise
