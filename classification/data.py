@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
@@ -24,11 +25,20 @@ class ImageReadError(DataError, RuntimeError):
     """An image file that cannot be opened or decoded."""
 
 
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB. PIL's own conversion clips 16-bit and 32-bit grey to 255 (an almost white image): scale those."""
+    if img.mode.startswith('I') or img.mode == 'F':
+        values = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith('I;16') or values.max() <= 65535 else float(values.max())
+        img = Image.fromarray(np.clip(np.round(values * (255.0 / top)), 0, 255).astype(np.uint8))
+    return img.convert('RGB')
+
+
 def read_image(path: Path) -> Image.Image:
-    """Decode an image file to RGB; any failure names the file."""
+    """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it."""
     try:
         with Image.open(path) as img:
-            return img.convert('RGB')
+            return to_rgb(img)
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
         raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e
 
@@ -109,9 +119,9 @@ class ImageFolderDataset(Dataset):
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
         if label_store is not None:
-            label_store.check_covers([path for path, _ in self.samples])
             check_same_classes(label_store.classes, self.classes, f'the token-label store {label_store.root}',
                                str(self.data_dir / split))
+            label_store.check_covers([path for path, _ in self.samples])
             self.rows = [label_store.row_of(path) for path, _ in self.samples]
 
     def __len__(self) -> int:

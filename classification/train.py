@@ -151,6 +151,14 @@ def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> No
                          f'patches')
 
 
+def describe_epochs(recipe: Recipe) -> str:
+    """The epochs a run trains, the cooldown (T2T-ViT's recipe adds 10 at the floor lr) said out loud."""
+    if not recipe.cooldown_epochs:
+        return f'{recipe.epochs} epochs'
+    return (f'{recipe.epochs} epochs + {recipe.cooldown_epochs} cooldown epochs at the final lr = '
+            f'{recipe.epochs + recipe.cooldown_epochs} epochs (--cooldown-epochs 0 for none)')
+
+
 def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
     return create_classifier(args.model, num_classes, img_size, recipe.token_labeling, recipe.mix_token,
                              drop_path_rate=recipe.drop_path, **parse_model_kwargs(args.model_kwargs))
@@ -274,6 +282,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
               f'val images, {info.world_size} process(es), global batch {global_batch}, lr {lr:.3g}, amp {amp}, '
               f'token labeling {recipe.token_labeling}', flush=True)
         print('recipe: ' + json.dumps(vars(recipe)), flush=True)
+        print(f'schedule: {describe_epochs(recipe)}', flush=True)
     record = fit.run(train_loader, val_loader, num_epochs, RunLog(output, info, args.log_interval))
     best = fit.best
     metrics = {'model': args.model, 'top1': record.get('top1'), 'top5': record.get('top5'), 'epochs': num_epochs,

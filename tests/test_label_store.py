@@ -1,5 +1,6 @@
 """Token-label generation: values against an independent computation, resume, torchrun sharding, clear errors."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from backbones import CheckpointError
+from backbones.errors import DataError, UsageError
 from classification.annotate import dense_scores, generate_token_labels
 from classification.augment import TrainTransform
 from classification.data import ImageFolderDataset, ImageReadError, collate_skipping
@@ -85,7 +88,8 @@ def test_interrupted_generation_resumes_without_redoing_finished_shards(annotate
     finished = {p.name: p.stat().st_mtime_ns for p in (store / DONE).iterdir()}
     assert 0 < len(finished) < 5
 
-    make_image_folder(broken)  # the file is repaired; the same command finishes the job
+    make_image_folder(broken)  # the file is repaired; the same command, even without --shard-size, finishes the job
+    del args['shard_size']
     generate_token_labels(broken, ANNOTATOR, store, DistInfo(), **args)
     after = {p.name: p.stat().st_mtime_ns for p in (store / DONE).iterdir()}
     assert len(after) == 5 and all(after[name] == t for name, t in finished.items())
@@ -114,9 +118,66 @@ def test_torchrun_sharded_generation_equals_one_process(annotated, tmp_path):
 
 def test_generation_refuses_to_mix_two_annotations(annotated):
     tmp, data, _, store = annotated
-    with pytest.raises(TokenLabelError, match='topk'):
-        generate_token_labels(data, ANNOTATOR, store, DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
-                              img_size=64, topk=3, workers=0, shard_size=5, model_kwargs=KWARGS)
+    common = dict(checkpoint=str(tmp / 'annotator.pth'), img_size=64, workers=0, model_kwargs=KWARGS)
+    with pytest.raises(TokenLabelError, match=r'topk=2.*topk=3'):
+        generate_token_labels(data, ANNOTATOR, store, DistInfo(), topk=3, shard_size=5, **common)
+    # Another shard size would pair the finished-shard markers with other rows: refused, naming both values.
+    with pytest.raises(TokenLabelError, match=r'shard_size=5.*shard_size=7'):
+        generate_token_labels(data, ANNOTATOR, store, DistInfo(), topk=2, shard_size=7, **common)
+    with pytest.raises(UsageError, match='--topk must be at least 1'):
+        generate_token_labels(data, ANNOTATOR, store, DistInfo(), topk=0, **common)
+    assert TokenLabelStore(store).meta['shard_size'] == 5
+
+
+def test_annotator_for_another_class_count_is_refused(annotated, tmp_path):
+    tmp, data, _, _ = annotated
+    torch.save(timm.create_model(ANNOTATOR, num_classes=5, **KWARGS).state_dict(), tmp_path / 'five.pth')
+    with pytest.raises(CheckpointError, match='has 5 classes, the model 3'):
+        generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp_path / 'five.pth'),
+                              img_size=64, topk=2, workers=0, model_kwargs=KWARGS)
+
+
+def test_damaged_stores_are_refused_naming_the_file(annotated, tmp_path):
+    tmp, data, _, root = annotated
+    truncated = Path(shutil.copytree(root, tmp_path / 'truncated'))
+    (truncated / 'scores.npy').write_bytes((truncated / 'scores.npy').read_bytes()[:500])
+    with pytest.raises(TokenLabelError, match='scores.npy'):
+        TokenLabelStore(truncated)
+    # Rows changed after their shard was written fail the verification that marks a store complete.
+    altered = Path(shutil.copytree(root, tmp_path / 'altered'))
+    classes = np.load(altered / 'classes.npy', mmap_mode='r+')
+    classes[7] = (classes[7] + 1) % 3
+    classes.flush()
+    del classes
+    with pytest.raises(TokenLabelError, match='rows 5-9 do not match'):
+        generate_token_labels(data, ANNOTATOR, altered, DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
+                              img_size=64, topk=2, workers=0, model_kwargs=KWARGS)
+
+
+def test_store_classes_must_be_the_data_sets_by_name(annotated, tmp_path):
+    _, _, _, root = annotated
+    renamed = make_image_folder(tmp_path / 'data')
+    (renamed / 'train' / 'n003').rename(renamed / 'train' / 'n999')
+    (renamed / 'val' / 'n003').rename(renamed / 'val' / 'n999')
+    with pytest.raises(DataError, match=r'only in the token-label store .*: n003; only in .*: n999'):
+        ImageFolderDataset(renamed, 'train', TrainTransform(32), label_store=TokenLabelStore(root))
+
+
+def test_generation_can_skip_unreadable_images_and_lists_them(annotated, tmp_path):
+    tmp, _, _, reference_root = annotated
+    broken = make_image_folder(tmp_path / 'data')
+    victim = sorted((broken / 'train' / 'n002').iterdir())[1]
+    victim.write_bytes(victim.read_bytes()[:60])  # truncated
+    store = tmp_path / 'store'
+    meta = generate_token_labels(broken, ANNOTATOR, store, DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
+                                 img_size=64, topk=2, workers=0, shard_size=5, model_kwargs=KWARGS,
+                                 skip_unreadable=True)
+    victim_path = victim.relative_to(broken).as_posix()
+    assert meta['unreadable'] == [victim_path] == TokenLabelStore(store).meta['unreadable']
+    labels, reference = TokenLabelStore(store), TokenLabelStore(reference_root)
+    for path, row in reference.rows.items():
+        expected = reference.read(row)[1] * (path != victim_path)  # the unreadable image's row stays empty
+        np.testing.assert_array_equal(labels.read(labels.row_of(path))[1], expected)
 
 
 def test_training_set_errors_name_the_image(annotated, tmp_path):
