@@ -38,6 +38,9 @@ LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 def resume_path(resume: Optional[str], output: Path) -> Optional[Path]:
     """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently."""
     check_output_folder(output)
+    if resume == 'auto' and not (output / LAST).exists():
+        print(f'--resume: {output} holds no {LAST} yet; starting the run from the beginning', flush=True)
+        return None
     if resume:
         return output / LAST if resume == 'auto' else Path(resume)
     if (output / LAST).exists():
