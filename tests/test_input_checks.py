@@ -1,0 +1,213 @@
+"""Bad input named in one line, never a silent wrong result: command-line values, class folders, checkpoints
+whose classes differ from the data, damaged images, resumes that would change the run, and the tools' output."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+from backbones import CheckpointError
+from backbones.cli import resolve_device
+from backbones.errors import DataError, UsageError
+from classification import train, transfer
+from classification.data import ImageFolderDataset, ImageReadError, find_classes, read_image
+from classification.fit import METRICS
+from cls_data import CLASSES, make_image_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tools'))  # eval_cls's functions
+TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
+
+
+def tool(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / 'tools' / name), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def train_args(data: Path, output: Path, *extra: str) -> list:
+    return [*TINY, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
+            '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--ema-decay', '0',
+            '--output', str(output), *extra]
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """An image folder and a one-epoch run on it (its last.pth records the three class names)."""
+    tmp = tmp_path_factory.mktemp('checks')
+    data = make_image_folder(tmp / 'data')
+    train.main(train_args(data, tmp / 'run'))
+    return data, tmp / 'run'
+
+
+@pytest.mark.parametrize('flag, value, meaning', [
+    ('--epochs', '0', '>= 1'), ('--batch-size', '0', '>= 1'), ('--img-size', '0', '>= 1'),
+    ('--workers', '-1', '>= 0'), ('--drop-path', '1.5', '[0, 1)'), ('--smoothing', '2', '[0, 1)'),
+    ('--hflip', '1.2', '[0, 1]'), ('--scale-min', '0', '(0, 1]'), ('--opt', 'adamz', 'unknown optimizer'),
+    ('--interpolation', 'cubic', 'invalid choice'), ('--auto-augment', 'rand-x9', 'RandAugment string'),
+    ('--device', 'gpu', 'invalid choice'), ('--lr-base', '-1', '> 0'),
+])
+def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.build_parser().parse_args(['lvvit_s', flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert flag in err and meaning in err
+
+
+@pytest.mark.parametrize('tool_name, args, message', [
+    ('transfer_cifar.py', ['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--val-fraction', '1'], '(0, 1)'),
+    ('transfer_cifar.py', ['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--opt', 'lamb'], 'invalid choice'),
+    ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--topk', '0'], '>= 1'),
+    ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--shard-size', '0'],
+     '>= 1'),
+    ('eval_cls.py', ['lvvit_s', '--checkpoint', 'c', '--data-dir', '.', '--crop-pct', '-0.5'], '(0, 1]'),
+    ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--iters', '0'], '>= 1'),
+])
+def test_other_tools_check_their_values_in_one_line(tool_name, args, message):
+    result = tool(tool_name, *args)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+
+
+def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
+    result = tool('eval_cls.py', 'lvvit_s', '--checkpoint', str(tmp_path / 'absent.pth'), '--data-dir', '.')
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f'error: no image folder at val (expected the ImageNet layout val/CLASS/*.JPEG)  (--debug shows the '
+        f'traceback)']
+    debug = tool('eval_cls.py', 'lvvit_s', '--checkpoint', 'absent.pth', '--data-dir', '.', '--debug')
+    assert debug.returncode == 1 and 'Traceback' in debug.stderr and 'DataError' in debug.stderr
+
+
+def test_class_folders_are_the_visible_non_empty_ones(tmp_path):
+    data = make_image_folder(tmp_path / 'data')
+    (data / 'train' / '.ipynb_checkpoints').mkdir()
+    (data / 'train' / 'n000_empty').mkdir()
+    Image.new('RGB', (8, 8)).save(data / 'train' / '.ipynb_checkpoints' / 'x.png')
+    assert find_classes(data / 'train') == list(CLASSES)
+
+
+def test_evaluation_labels_images_by_the_checkpoints_class_names(trained, tmp_path):
+    from eval_cls import load_split
+    data, run = trained
+    partial = Path(shutil.copytree(data, tmp_path / 'partial'))
+    shutil.rmtree(partial / 'val' / 'n001')  # one class without validation images
+    dataset = load_split(str(partial), 'val', str(run / 'last.pth'), transform=lambda x: x)
+    assert dataset.classes == list(CLASSES)
+    assert {label for _, label in dataset.samples} == {1, 2}  # n002 and n003 keep their checkpoint indices
+    (partial / 'val' / 'n004').mkdir()
+    shutil.copy(next((data / 'val' / 'n001').iterdir()), partial / 'val' / 'n004')
+    with pytest.raises(DataError, match=r'class folder\(s\) that the checkpoint .* does not: n004'):
+        load_split(str(partial), 'val', str(run / 'last.pth'), transform=lambda x: x)
+
+
+def test_evaluating_a_checkpoint_for_another_class_count_is_an_error(tmp_path):
+    from eval_cls import build_eval_model
+    model = timm.create_model('deit_small_patch16_224', num_classes=5, img_size=32, embed_dim=32, depth=2,
+                              num_heads=2)
+    torch.save(model.state_dict(), tmp_path / 'five.pth')  # an official-style file: no class list
+    with pytest.raises(CheckpointError, match='head.weight has 5 classes, the model 3'):
+        build_eval_model('deit_small_patch16_224', str(tmp_path / 'five.pth'), 3, 32, False,
+                         dict(embed_dim=32, depth=2, num_heads=2))
+
+
+def test_finetuning_on_other_classes_needs_a_new_head(trained, tmp_path):
+    data, run = trained
+    other = Path(shutil.copytree(data, tmp_path / 'other'))
+    for split in ('train', 'val'):
+        (other / split / 'n003').rename(other / split / 'n009')
+    with pytest.raises(DataError, match='only in the checkpoint .*: n003; only in the training split: n009'):
+        train.main(train_args(other, tmp_path / 'a', '--finetune', str(run / 'last.pth')))
+    metrics = train.main(train_args(other, tmp_path / 'b', '--finetune', str(run / 'last.pth'), '--new-head'))
+    assert metrics['epochs'] == 1
+    with pytest.raises(UsageError, match='--new-head goes with --finetune'):
+        train.main(train_args(other, tmp_path / 'c', '--new-head'))
+
+
+def test_resume_refuses_other_settings_and_files_that_are_not_runs(trained, tmp_path):
+    data, run = trained
+    copy = Path(shutil.copytree(run, tmp_path / 'run'))
+    with pytest.raises(UsageError, match=r'started with epochs=1.*this command gives epochs=3'):
+        train.main(train_args(data, copy, '--resume') + ['--epochs', '3'])
+    with pytest.raises(UsageError, match=r'lr_base=0\.0005.*lr_base=0\.002'):
+        train.main(train_args(data, copy, '--resume', '--lr-base', '2e-3'))
+    weights_only = tmp_path / 'weights.pth'
+    torch.save({'state_dict': torch.load(run / 'last.pth', weights_only=True)['state_dict']}, weights_only)
+    with pytest.raises(CheckpointError, match="not a training checkpoint .* no 'optimizer'"):
+        train.main(train_args(data, tmp_path / 'x', '--resume', str(weights_only)))
+
+
+def test_a_file_as_output_and_a_json_into_a_missing_folder_are_refused(trained, tmp_path):
+    data, run = trained
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(UsageError, match='is a file'):
+        train.main(train_args(data, tmp_path / 'file' / 'run'))
+    result = tool('eval_cls.py', *TINY, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
+                  '--json', str(tmp_path / 'missing' / 'e.json'))
+    assert result.returncode == 2 and 'the folder' in result.stderr and 'does not exist' in result.stderr
+
+
+def test_model_arguments_and_sizes_that_do_not_fit_are_named(trained, tmp_path):
+    data, _ = trained
+    with pytest.raises(UsageError, match='does not take these arguments'):
+        train.main(train_args(data, tmp_path / 'a', '--model-kwargs', 'depht=2'))
+    with pytest.raises(UsageError, match='--img-size 8 is smaller than one patch'):
+        train.create_classifier('lvvit_s', 3, 8, depth=1)
+    with pytest.raises(UsageError, match='multiple of its 16 px patches'):
+        train.create_classifier('cait_xxs24_224', 3, 40, depth=1)
+
+
+def test_a_gpu_that_is_not_there_is_an_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(UsageError, match='--device cuda: no GPU'):
+        resolve_device('cuda')
+    assert resolve_device(None) is False and resolve_device('cpu') is False
+
+
+def test_cooldown_epochs_are_announced(trained, tmp_path, capsys):
+    data, _ = trained
+    metrics = train.main(train_args(data, tmp_path / 'a', '--cooldown-epochs', '1'))
+    assert metrics['epochs'] == 2
+    assert '1 epochs + 1 cooldown epochs at the final lr = 2 epochs' in capsys.readouterr().out
+
+
+def test_truncated_and_16_bit_images(tmp_path):
+    rgb = (np.random.default_rng(0).random((40, 50, 3)) * 255).astype(np.uint8)
+    Image.fromarray(rgb).save(tmp_path / 'a.jpg')
+    data = (tmp_path / 'a.jpg').read_bytes()
+    (tmp_path / 'cut.jpg').write_bytes(data[:len(data) // 2])
+    with pytest.raises(ImageReadError, match='cut.jpg'):
+        read_image(tmp_path / 'cut.jpg')
+    grey = np.linspace(0, 65535, 2000).reshape(40, 50).astype(np.uint16)
+    Image.fromarray(grey).save(tmp_path / 'g16.png')
+    decoded = np.asarray(read_image(tmp_path / 'g16.png')).astype(float)
+    np.testing.assert_allclose(decoded[..., 0], grey / 257, atol=0.51)
+
+
+def test_training_on_unreadable_images_only_is_an_error(tmp_path):
+    data = make_image_folder(tmp_path / 'data')
+    for path in (data / 'train').rglob('*.*'):
+        path.write_bytes(b'broken')
+    with pytest.raises(DataError, match='trained on no image'):
+        train.main(train_args(data, tmp_path / 'run', '--skip-unreadable'))
+    assert not (tmp_path / 'run' / METRICS).exists()
+
+
+def test_transfer_records_the_cifar_class_names(tmp_path):
+    from cifar_data import tiny_cifar
+    from classification.cifar import read_cifar
+    root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
+    out = tmp_path / 'run'
+    transfer.main([*TINY, '--dataset', 'cifar10', '--data-dir', str(root), '--output', str(out), '--img-size', '32',
+                   '--batch-size', '8', '--workers', '0', '--device', 'cpu', '--epochs', '1'])
+    stored = torch.load(out / 'last.pth', weights_only=True)['args']['classes']
+    assert stored == read_cifar(root, 'cifar10').classes and len(stored) == 10
+    assert json.loads((out / METRICS).read_text())['epochs'] == 1
