@@ -13,12 +13,13 @@ from pathlib import Path
 
 from mmengine.logging import print_log
 from mmengine.runner import Runner
+from mmengine.runner.checkpoint import _load_checkpoint
 
 from backbones import CheckpointError
 
 from .checkpoint_io import CheckpointReadError
 
-_SHOWN_CHARS = 600
+_SHOWN_KEYS = 4
 
 
 def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
@@ -36,14 +37,24 @@ class SuiteRunner(Runner):
         try:
             return super().load_checkpoint(filename, map_location=map_location, strict=True,
                                            revise_keys=revise_keys)
-        except RuntimeError as e:  # mmengine's strict load lists missing, unexpected and mis-shaped keys
+        except RuntimeError as e:  # mmengine's strict load: some key is missing, unexpected or mis-shaped
             if isinstance(e, CheckpointError):
                 raise
-            detail = '; '.join(line.strip() for line in str(e).splitlines() if line.strip())
-            if len(detail) > _SHOWN_CHARS:
-                detail = detail[:_SHOWN_CHARS] + ' ...'
             raise CheckpointError(f'{filename} does not fit the model of this config (it would leave weights '
-                                  f'unloaded): {detail}') from e
+                                  f'unloaded): {self.mismatch(filename)}') from e
+
+    def mismatch(self, filename: str) -> str:
+        """The missing, unexpected and mis-shaped keys of a checkpoint against this runner's model."""
+        state = _load_checkpoint(filename, map_location='cpu')
+        state = {re.sub(r'^module\.', '', k): v for k, v in state.get('state_dict', state).items()}
+        model = self.model.module if hasattr(self.model, 'module') else self.model
+        own = model.state_dict()
+        parts = [(label, keys) for label, keys in (
+            ('missing', [k for k in own if k not in state]),
+            ('unexpected', [k for k in state if k not in own]),
+            ('mis-shaped', [k for k in state if k in own and state[k].shape != own[k].shape])) if keys]
+        return '; '.join(f'{len(keys)} {label} keys ({", ".join(keys[:_SHOWN_KEYS])}'
+                         + (', ...)' if len(keys) > _SHOWN_KEYS else ')') for label, keys in parts)
 
     def resume(self, filename: str, *args, **kwargs) -> None:
         try:

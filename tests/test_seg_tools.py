@@ -88,3 +88,32 @@ def test_mmseg_stock_tools_run_the_configs(trained):
     result = run(str(tools / 'test.py'), str(config), str(work / 'iter_1.pth'), '--work-dir', str(work), '--tta',
                  cwd=REPO)
     assert 'mIoU' in result.stdout + result.stderr
+
+
+def test_a_checkpoint_that_does_not_fit_the_config_is_refused(trained, tmp_path):
+    root, config, _, _ = trained
+    import torch
+    from backbones import create_model
+    classifier = create_model('lvvit_s', num_classes=10, depth=2, embed_dim=32, num_heads=2)
+    torch.save({'state_dict': classifier.state_dict()}, tmp_path / 'classifier.pth')
+    result = subprocess.run([sys.executable, 'tools/test_seg.py', str(config), str(tmp_path / 'classifier.pth')],
+                            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()[-1]
+    assert 'classifier.pth does not fit the model of this config' in error and 'missing' in error
+
+
+def test_resume_falls_back_to_the_newest_readable_checkpoint(trained, tmp_path):
+    _, config, work, _ = trained
+    copy = tmp_path / 'work'
+    copy.mkdir()
+    for name in ('iter_1.pth', 'iter_2.pth'):
+        (copy / name).write_bytes((work / name).read_bytes())
+    (copy / 'iter_2.pth').write_bytes((copy / 'iter_2.pth').read_bytes()[:1000])  # cut short
+    (copy / 'last_checkpoint').write_text(str(copy / 'iter_2.pth'))
+    (copy / '.iter_3.pth.tmp123').write_bytes(b'left by a kill')
+    result = run('tools/train_seg.py', str(config), '--work-dir', str(copy), '--iters', '3', '--resume', cwd=REPO)
+    log = result.stdout + result.stderr
+    assert f'{copy / "iter_2.pth"} cannot be read' in log and f'resumed from {copy / "iter_1.pth"}' in log
+    assert 'resumed epoch: 0, iter: 1' in log and 'Iter(train) [2/3]' in log
+    assert (copy / 'iter_3.pth').is_file() and not (copy / '.iter_3.pth.tmp123').exists()

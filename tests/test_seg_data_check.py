@@ -1,0 +1,74 @@
+"""Segmentation data is checked before a run: each damaged or mismatched file is named, nothing is used silently."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from mmengine.registry import init_default_scope
+
+import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from backbones.errors import DataError
+from segmentation.data_check import check_dataset
+from seg_data import write_tiny_ade
+
+init_default_scope('mmseg')
+
+
+def training_set(root: Path) -> dict:
+    return dict(type='ADE20KDataset', data_root=str(root), pipeline=[],
+                data_prefix=dict(img_path='images/training', seg_map_path='annotations/training'))
+
+
+@pytest.fixture
+def ade(tmp_path) -> Path:
+    return write_tiny_ade(tmp_path / 'ade', counts=(('training', 4),))
+
+
+def first(root: Path, kind: str) -> Path:
+    return sorted((root / kind / 'training').iterdir())[0]
+
+
+def test_a_clean_set_passes_whole(ade):
+    assert check_dataset(training_set(ade)) == ([0, 1, 2, 3], [])
+
+
+def test_a_truncated_image_is_named_or_left_out_when_asked(ade):
+    image = first(ade, 'images')
+    image.write_bytes(image.read_bytes()[:300])
+    with pytest.raises(DataError, match=rf'1 of 4 images .*{image.name} cannot be decoded.*--skip-unreadable'):
+        check_dataset(training_set(ade))
+    keep, left_out = check_dataset(training_set(ade), skip_unreadable=True)
+    assert keep == [1, 2, 3] and left_out == [str(image)]
+
+
+@pytest.mark.parametrize('damage, message', [
+    ('missing', 'has no annotation'),
+    ('size', r'is \d+x\d+, its image'),
+    ('rgb', r'is RGB \(3 channels\)'),
+    ('range', r'label values 151, 200 beyond the 150 classes \(valid: 0..150, 255 ignored\)'),
+])
+def test_annotation_faults_are_named(ade, damage, message):
+    annotation = first(ade, 'annotations')
+    label = cv2.imread(str(annotation), cv2.IMREAD_UNCHANGED)
+    if damage == 'missing':
+        annotation.unlink()
+    elif damage == 'size':
+        cv2.imwrite(str(annotation), label[:-3])
+    elif damage == 'rgb':
+        cv2.imwrite(str(annotation), np.dstack([label] * 3))
+    else:
+        label[5, 5], label[6, 6], label[7, 7] = 151, 200, 255  # 255 is the ignore value: allowed
+        cv2.imwrite(str(annotation), label)
+    with pytest.raises(DataError, match=message) as info:
+        check_dataset(training_set(ade), skip_unreadable=True)  # only undecodable images may be left out
+    assert annotation.name in str(info.value) or damage == 'missing'
+
+
+def test_images_mmseg_would_not_list_are_named(ade):
+    image = first(ade, 'images')
+    cv2.imwrite(str(image.with_suffix('.png')), cv2.imread(str(image)))
+    image.unlink()
+    with pytest.raises(DataError, match=rf'1 image file\(s\) .* are not .jpg .*{image.with_suffix(".png").name}'):
+        check_dataset(training_set(ade))
