@@ -200,3 +200,13 @@ def test_training_set_errors_name_the_image(annotated, tmp_path):
     batch = collate_skipping([lenient[index], lenient[index + 1]])
     assert batch['skipped'] == 1 and batch['image'].shape == (1, 3, 32, 32)
     assert batch['scores'].shape == (1, 4, 4, 2)
+
+
+def test_a_file_name_the_image_list_cannot_hold_is_named(annotated, tmp_path):
+    tmp, _, _, _ = annotated
+    data = make_image_folder(tmp_path / 'data')
+    odd = data / 'train' / 'n001' / 'two\nlines.png'
+    Image.new('RGB', (40, 40)).save(odd, format='PNG')
+    with pytest.raises(DataError, match='line break'):
+        generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
+                              img_size=64, topk=2, workers=0, model_kwargs=KWARGS)
