@@ -195,7 +195,8 @@ FIELD_TYPES: Dict[str, Callable[[str], object]] = {
     'clip_grad': positive_float, 'drop_path': below_one, 'ema_decay': below_one, 'dense_weight': non_negative_float,
     'mix_token': non_negative_float, 'mixup': non_negative_float, 'cutmix': non_negative_float,
     'smoothing': below_one, 'scale_min': fraction, 'hflip': probability, 'reprob': probability,
-    'auto_augment': rand_augment_spec, 'opt': timm_optimizer, 'crop_padding': non_negative_int, 'val_fraction': open_fraction,
+    'auto_augment': rand_augment_spec, 'opt': timm_optimizer, 'crop_padding': non_negative_int,
+    'val_fraction': open_fraction,
 }
 FIELD_CHOICES = {
     'cls_target': ('map', 'label'), 'token_target': ('map', 'label'), 'token_head': ('drop', 'label'),

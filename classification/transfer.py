@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from backbones import load_checkpoint
 from backbones.errors import DataError
 from backbones.checkpoint import LoadReport, classifier_prefixes
+from backbones.cli import non_negative_int
 
 from .checkpointing import read_training_checkpoint, seed_all, write_json_atomic
 from .cifar import (FORMATS, CifarDataset, CifarInput, CifarSplit, channel_stats, hold_out,
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='start from these weights: an official release of the family or one of ours; the '
                         'classifiers are replaced and the position table resized (default: random initialisation)')
     p.add_argument('--use-ema', action='store_true', help='take the EMA weights of a training checkpoint')
-    p.add_argument('--split-seed', type=int, default=0, help='seed of the held-out validation draw')
+    p.add_argument('--split-seed', type=non_negative_int, default=0, help='seed of the held-out validation draw')
     add_run_arguments(p, 'output/transfer_cifar/DATASET/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the T2T-ViT transfer recipe, or its AdamW '
                                               'variant with --opt adamw; printed at start)'),

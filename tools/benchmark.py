@@ -24,18 +24,18 @@ from timm.layers import set_fused_attn
 import backbones
 from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
-from backbones.cli import run_command
+from backbones.cli import non_negative_int, positive_int, run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('model')
-    parser.add_argument('--batch-size', type=int, default=8)
-    parser.add_argument('--img-size', type=int, default=None, help="default: the model's own")
+    parser.add_argument('--batch-size', type=positive_int, default=8)
+    parser.add_argument('--img-size', type=positive_int, default=None, help="default: the model's own")
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
-    parser.add_argument('--steps', type=int, default=10, help='timed iterations per measurement')
-    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--steps', type=positive_int, default=10, help='timed iterations per measurement')
+    parser.add_argument('--warmup', type=non_negative_int, default=3)
     parser.add_argument('--compare-unfused', action='store_true',
                         help='also measure the same model with explicit-softmax attention and print ratios')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')

@@ -23,7 +23,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-from backbones.cli import run_command
+from backbones.cli import positive_int, run_command
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from mmseg.registry import MODELS
 from segmentation.config import DIGITS_SCALE, load_config, use_digits_data
@@ -35,9 +35,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--config', default='seg_configs/upernet_lvvit_s.py')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--full-size', action='store_true', help="ADE20K's sizes instead of a quarter of them")
-    parser.add_argument('--images', type=int, default=8, help='evaluation images timed per mode')
-    parser.add_argument('--iters', type=int, default=5, help='training iterations timed')
-    parser.add_argument('--batch-size', type=int, default=2, help='training images per iteration')
+    parser.add_argument('--images', type=positive_int, default=8, help='evaluation images timed per mode')
+    parser.add_argument('--iters', type=positive_int, default=5, help='training iterations timed')
+    parser.add_argument('--batch-size', type=positive_int, default=2, help='training images per iteration')
     parser.add_argument('--json', help='also write the figures here')
     return parser.parse_args()
 

@@ -24,7 +24,7 @@ import torch
 from torchvision.ops import roi_align
 
 from backbones import TokenLabelingModel, create_model
-from backbones.cli import run_command
+from backbones.cli import non_negative_int, positive_int, run_command
 from classification.augment import CropGeometry
 from classification.loss import TokenLabelingLoss, soft_cross_entropy
 from classification.targets import TokenTargetBuilder, one_hot_targets
@@ -170,15 +170,15 @@ def bench_store(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--model', default='lvvit_s')
-    p.add_argument('--batch-size', type=int, default=8)
-    p.add_argument('--img-size', type=int, default=224)
-    p.add_argument('--num-classes', type=int, default=1000)
-    p.add_argument('--map-size', type=int, default=14, help='score-map side (paper: 18 from NFNet-F6 at 576)')
-    p.add_argument('--builder-batch', type=int, default=128)
-    p.add_argument('--store-images', type=int, default=5000)
-    p.add_argument('--steps', type=int, default=5)
-    p.add_argument('--warmup', type=int, default=2)
-    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--batch-size', type=positive_int, default=8)
+    p.add_argument('--img-size', type=positive_int, default=224)
+    p.add_argument('--num-classes', type=positive_int, default=1000)
+    p.add_argument('--map-size', type=positive_int, default=14, help='score-map side (paper: 18 from NFNet-F6 at 576)')
+    p.add_argument('--builder-batch', type=positive_int, default=128)
+    p.add_argument('--store-images', type=positive_int, default=5000)
+    p.add_argument('--steps', type=positive_int, default=5)
+    p.add_argument('--warmup', type=non_negative_int, default=2)
+    p.add_argument('--repeats', type=positive_int, default=3)
     p.add_argument('--amp', choices=['none', 'bf16'], default='none')
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--tmp-dir', help='where the store benchmark writes its files (default: system temp)')

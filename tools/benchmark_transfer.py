@@ -17,7 +17,7 @@ from PIL import Image
 from timm.scheduler import create_scheduler_v2
 from torchvision import transforms
 
-from backbones.cli import run_command
+from backbones.cli import non_negative_int, positive_int, run_command
 from classification.cifar import CifarInput
 from classification.distributed import DistInfo
 from classification.engine import Objective, StepState, evaluate, train_one_epoch
@@ -32,12 +32,12 @@ TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES = 45_000, 5_000, 10_000  # CIFAR with a 10
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('models', nargs='*', default=['t2t_vit_14', 'lvvit_s'])
-    p.add_argument('--batch-size', type=int, default=None, help='default: 64 on GPU (the recipe), 16 on CPU')
-    p.add_argument('--img-size', type=int, default=224)
+    p.add_argument('--batch-size', type=positive_int, default=None, help='default: 64 on GPU (the recipe), 16 on CPU')
+    p.add_argument('--img-size', type=positive_int, default=224)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto')
-    p.add_argument('--steps', type=int, default=3, help='timed batches per measurement')
-    p.add_argument('--warmup', type=int, default=1)
+    p.add_argument('--steps', type=positive_int, default=3, help='timed batches per measurement')
+    p.add_argument('--warmup', type=non_negative_int, default=1)
     return p.parse_args(argv)
 
 

@@ -33,10 +33,9 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from backbones.cli import run_command  # noqa: E402
+from backbones.cli import positive_int, run_command  # noqa: E402
 from classification.checkpointing import write_json_atomic  # noqa: E402
 from segmentation.config import load_config  # noqa: E402
-from backbones.cli import positive_int  # noqa: E402
 
 VARIANTS = {
     'token-labeling': 'token labeling + MixToken',
