@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 from mmengine.config import Config
 
 from backbones import CheckpointError
-from backbones.cli import check_writable
+from backbones.cli import check_output_folder, check_writable
 from backbones.errors import UsageError
 
 from .config import drop_tta_flips, load_config, resolve_data, tta_flips
@@ -58,6 +58,8 @@ def prepare(args: argparse.Namespace) -> Config:
         raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
     if args.out:
         check_writable(args.out)
+    if args.pred_dir:
+        check_output_folder(args.pred_dir)
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
     cfg.test_evaluator = dict(type='IoUReport', json_file=args.out, output_dir=args.pred_dir)
     return cfg

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from mmengine.config import Config, DictAction
 
-from backbones.cli import positive_int
+from backbones.cli import check_output_folder, positive_int
 from backbones.errors import UsageError
 
 from .config import (check_pretrained, describe_schedule, load_config, resolve_data, shorten_schedule,
@@ -71,6 +71,7 @@ def prepare(args: argparse.Namespace) -> Config:
     cfg.merge_from_dict(options)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
+    check_output_folder(cfg.work_dir)
     if resolve_data(cfg, args.data_root):
         use_digits_schedule(cfg)
         cfg.merge_from_dict(options)  # what the command line says wins over the embedded set's schedule
