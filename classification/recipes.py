@@ -12,8 +12,8 @@ from typing import Callable, Dict, Optional, Sequence, TypeVar
 from timm.data.auto_augment import rand_augment_transform
 from timm.optim import list_optimizers
 
-from backbones import families
 from backbones.errors import UsageError
+from backbones.registry import model_family
 from backbones.cli import (below_one, fraction, non_negative_float, non_negative_int, open_fraction, positive_float,
                            positive_int, probability)
 
@@ -105,18 +105,10 @@ def apply_preset(values: dict, preset: str) -> dict:
     return values
 
 
-def family_of(model_name: str) -> Optional[str]:
-    """The suite family of a model name; None for timm models outside the suite."""
-    for family, names in families().items():
-        if model_name in names:
-            return family
-    return None
-
-
 def recipe_for(model_name: str, digits: bool = False, preset: Optional[str] = None) -> Recipe:
     """The model's family recipe (the DeiT recipe for timm models outside the suite), optionally for digits, with
     one of PRESETS applied."""
-    values = dict(FAMILY_RECIPES.get(family_of(model_name), DEIT))
+    values = dict(FAMILY_RECIPES.get(model_family(model_name), DEIT))
     if model_name in LVVIT_DROP_PATH:
         values['drop_path'] = LVVIT_DROP_PATH[model_name]
     if digits:

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from backbones import CheckpointError, TokenLabelingModel, create_model, load_checkpoint
 from backbones.cli import DEVICES, non_negative_int, positive_int
 from backbones.errors import DataError, UsageError
-from backbones.registry import check_model_name
+from backbones.registry import check_model_name, model_family
 from backbones.token_labeling import TOKEN_HEAD
 
 from .augment import TrainTransform
@@ -34,7 +34,7 @@ from .engine import Objective, StepState
 from .fit import METRICS, Fit, RunLog, bare_model, resume_path
 from .label_store import TokenLabelStore
 from .loss import TokenLabelingLoss
-from .recipes import PRESETS, Recipe, add_recipe_arguments, family_of, override_recipe, recipe_for
+from .recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
 from .targets import TokenTargetBuilder
 
 
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def chosen_preset(args: argparse.Namespace) -> Optional[str]:
     """--preset, or Standard when --no-token-labeling turns off LV-ViT's token labeling (the paper's baseline)."""
-    if args.preset is None and getattr(args, 'token_labeling', None) is False and family_of(args.model) == 'lvvit':
+    if args.preset is None and getattr(args, 'token_labeling', None) is False and model_family(args.model) == 'lvvit':
         return 'standard'
     return args.preset
 
@@ -123,7 +123,7 @@ def pick_amp(amp: str, device: torch.device) -> str:
 def create_classifier(name: str, num_classes: int, img_size: Optional[int] = None, token_labeling: bool = False,
                       mix_token: float = 1.0, **kwargs) -> nn.Module:
     """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken."""
-    family = family_of(name)
+    family = model_family(name)
     if family is not None and img_size is not None:  # timm models outside the suite (CNNs) keep their own size
         kwargs['img_size'] = img_size
     if family == 'lvvit':
