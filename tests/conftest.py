@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Dict
 
@@ -8,6 +9,9 @@ import pytest
 import torch
 
 import backbones  # noqa: F401  (registers the models)
+
+# The tools' functions are imported by module name (`from model_info import main`), under plain `pytest` too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
 
 
 def save_release(path: Path, state_dict: Dict[str, torch.Tensor], layout: str) -> Path:

@@ -23,7 +23,6 @@ from classification.fit import METRICS
 from cls_data import CLASSES, make_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / 'tools'))  # eval_cls's functions
 TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 
 
