@@ -1,9 +1,9 @@
 """Semantic segmentation with the suite's backbones on mmsegmentation 1.x.
 
-Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: the token
-backbones (`LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone`, `ViTBackbone`), `TokenPyramidNeck`,
-`SlideBatchEncoderDecoder`, `LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the embedded
-`DigitsSegDataset`; and lets mmengine load its own checkpoints under torch >= 2.6 (see `checkpoint_io`).
+Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
+(any suite model), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`, `LayerDecayOptimWrapperConstructor`, the
+`IoUReport` metric and the embedded `DigitsSegDataset`; and lets mmengine load its own checkpoints under
+torch >= 2.6 (see `checkpoint_io`).
 """
 from backbones.mmcv_compat import ensure_mmseg_importable
 

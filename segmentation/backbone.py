@@ -1,6 +1,6 @@
-"""The suite's classification models as mmsegmentation backbones: one design, registered once per family.
+"""The suite's classification models as one mmsegmentation backbone, `TokenBackbone`, for all four families.
 
-A backbone wraps a registered model (e.g. `lvvit_m`), pruned to what the chosen blocks need, and returns the patch
+The backbone wraps a registered suite model (`model_name`, e.g. `lvvit_m`; the family follows from it), pruned to what the chosen blocks need, and returns the patch
 tokens after the blocks in `out_indices` as stride-16 NCHW maps, class tokens dropped, no final norm (as the
 papers' segmentation code). `drop_path_rate` is stochastic depth (the reference passed it as MLP dropout).
 
@@ -16,7 +16,7 @@ blocks) are reported in the log.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 
 from backbones import create_model, load_checkpoint, suite_models
+from backbones.registry import model_family
 from mmseg.registry import MODELS
 
 
@@ -38,10 +39,9 @@ def crop_to_extent(maps: torch.Tensor, extent: Tuple[float, float]) -> torch.Ten
     return F.grid_sample(maps, grid, mode='bilinear', padding_mode='border', align_corners=False)
 
 
+@MODELS.register_module()
 class TokenBackbone(BaseModule):
-    """Shared design of the four families' backbones; subclasses name the family."""
-
-    family: ClassVar[str]
+    """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) as an mmseg backbone."""
 
     def __init__(
             self,
@@ -59,10 +59,9 @@ class TokenBackbone(BaseModule):
                 raise ValueError('give the backbone either `pretrained` or `init_cfg`, not both')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg)
-        family_models = suite_models(self.family)
-        if model_name not in family_models:
-            raise ValueError(f'{type(self).__name__} takes a {self.family} model, not {model_name!r}; '
-                             f'choose one of: {", ".join(family_models)}')
+        if model_family(model_name) is None:
+            raise ValueError(f'{type(self).__name__} takes a model of the suite, not {model_name!r}; choose one of: '
+                             f'{", ".join(suite_models())}')
         self.model = create_model(model_name, img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate,
                                   **(model_kwargs or {}))
         depth = len(self.model.blocks)
@@ -96,26 +95,3 @@ class TokenBackbone(BaseModule):
         maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
         return tuple(crop_to_extent(m, (H / Hp, W / Wp)) for m in maps)
 
-
-@MODELS.register_module()
-class LVViTBackbone(TokenBackbone):
-    """LV-ViT (`lvvit_t/s/m/l`)."""
-    family = 'lvvit'
-
-
-@MODELS.register_module()
-class T2TViTBackbone(TokenBackbone):
-    """T2T-ViT (`t2t_vit_7` ... `t2t_vit_24`, `t2t_vit_t_*`)."""
-    family = 't2t_vit'
-
-
-@MODELS.register_module()
-class CaiTBackbone(TokenBackbone):
-    """CaiT (`cait_*`): the class-attention stage is not used; patch tokens after the self-attention blocks."""
-    family = 'cait'
-
-
-@MODELS.register_module()
-class ViTBackbone(TokenBackbone):
-    """ViT and DeiT (`vit_base_patch16_224`, `deit_small_patch16_224`, ...)."""
-    family = 'vit'

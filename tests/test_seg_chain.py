@@ -130,7 +130,7 @@ def test_segmentation_starts_from_the_digits_pretrained_backbone(chain):
     checkpoint = root / 'data' / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
     assert ('backbone: pretrained/lvvit_s-26M-224-83.3.pth.tar not found; lvvit_s pretrained on the embedded '
             f'digits (token-labeling, best val top-1') in log and f'from data/digits/backbones/lvvit_s/best.pth' in log
-    assert f'LVViTBackbone: loaded {checkpoint.relative_to(root)}' in log
+    assert f'TokenBackbone: loaded {checkpoint.relative_to(root)}' in log
     assert f'schedule: {ITERS} iterations' in log  # --iters shortens the embedded set's schedule
     assert checkpoint.is_file() and (root / 'work' / f'iter_{ITERS}.pth').is_file()
 
@@ -159,7 +159,7 @@ def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
     metrics = json.loads((checkpoint.parent / 'metrics.json').read_text())
     assert metrics['token_labeling'] and metrics['preset'] == 'token-labeling'
     init_default_scope('mmseg')
-    backbone_cfg = dict(tiny_model_overrides(CONFIG)['backbone'], type='LVViTBackbone', model_name='lvvit_s',
+    backbone_cfg = dict(tiny_model_overrides(CONFIG)['backbone'], type='TokenBackbone', model_name='lvvit_s',
                         pretrained=str(checkpoint))
     backbone = MODELS.build(backbone_cfg)
     backbone.init_weights()

@@ -160,8 +160,8 @@ def test_wrong_family_and_missing_keys_are_errors(tmp_path):
     cfg.model.backbone.pretrained = str(tmp_path / 'partial.pth')
     with pytest.raises(CheckpointError, match='missing keys: blocks.2.norm1.weight'):
         build(cfg)
-    cfg.model.backbone.model_name = 't2t_vit_14'
-    with pytest.raises(ValueError, match='LVViTBackbone takes a lvvit model.*lvvit_s'):
+    cfg.model.backbone.model_name = 'resnet50'
+    with pytest.raises(ValueError, match='TokenBackbone takes a model of the suite, not .resnet50.*lvvit_s'):
         build(cfg)
 
 

@@ -14,7 +14,7 @@ data_preprocessor = dict(
 model = dict(
     type='SlideBatchEncoderDecoder',  # mmseg's EncoderDecoder, sliding-window test in batches of windows
     data_preprocessor=data_preprocessor,
-    backbone=dict(type='LVViTBackbone', model_name='lvvit_s', out_indices=(6, 9, 12, 15), img_size=512,
+    backbone=dict(type='TokenBackbone', model_name='lvvit_s', out_indices=(6, 9, 12, 15), img_size=512,
                   drop_path_rate=0.1, pretrained=None),
     neck=dict(type='TokenPyramidNeck', in_channels=384, out_channels=(384, 384, 384, 2048), scales=(4, 2, 1, 1),
               norm_cfg=norm_cfg),
