@@ -5,6 +5,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
@@ -85,7 +86,18 @@ class TokenModelMixin:
     grad_checkpointing: bool = False
 
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
-        raise NotImplementedError
+        """Patch embedding, the position table resampled to the input's grid, the class token in front."""
+        grid = self.patch_embed(x)
+        return tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token), grid.shape[1:3]
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """The trained position table and class token (T2T-ViT's sinusoid table is frozen: not listed)."""
+        return {name for name in ('pos_embed', 'cls_token')
+                if isinstance(getattr(self, name, None), nn.Parameter) and getattr(self, name).requires_grad}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
 
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -148,3 +160,12 @@ class TokenModelMixin:
         if intermediates_only:
             return intermediates
         return self.norm(self._finish_tokens(x)), intermediates
+
+
+def token_model_cfg(first_conv: str, classifier='head', **kwargs) -> dict:
+    """timm's pretrained_cfg of a suite model: ImageNet at 224, crop 0.9, bicubic, ImageNet mean and std."""
+    return {
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
+        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': first_conv, 'classifier': classifier, **kwargs,
+    }

@@ -7,15 +7,12 @@ an auxiliary head on every patch token. In training mode the forward applies Mix
 """
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 import torch.nn as nn
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
-from .layers import Grid, init_linear_and_norm, ScaledResidualBlock, TokenModelMixin, tokens_with_positions
+from .layers import ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, token_model_cfg
 from .token_labeling import TokenLabelingOutput, forward_token_labeling, inference_logits
 from .registry import suite_model
 
@@ -83,23 +80,11 @@ class LVViT(TokenModelMixin, nn.Module):
         trunc_normal_(self.cls_token, std=0.02)
         self.apply(init_linear_and_norm)
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        return {'pos_embed', 'cls_token'}
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """New class head (and token head) for `num_classes`; 0 removes both."""
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
-
-    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
-        grid = self.patch_embed(x)
-        tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token)
-        return tokens, grid.shape[1:3]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Inference logits from normalised tokens: class head plus half the class-wise max of the token head."""
@@ -119,11 +104,7 @@ class LVViT(TokenModelMixin, nn.Module):
 
 
 def _cfg(**kwargs) -> dict:
-    return {
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
-        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'patch_embed.conv1', 'classifier': ('head', 'aux_head'), **kwargs,
-    }
+    return token_model_cfg('patch_embed.conv1', classifier=('head', 'aux_head'), **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

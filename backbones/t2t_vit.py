@@ -14,13 +14,10 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Mlp, calculate_drop_path_rates, trunc_normal_, use_fused_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
-from .layers import (
-    Grid, ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, tokens_with_positions,
-)
+from .layers import Grid, ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, token_model_cfg
 from .registry import suite_model
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
@@ -195,21 +192,9 @@ class T2TViT(TokenModelMixin, nn.Module):
         """The tokens-to-token module under the name the other families use for their patch embedding."""
         return self.tokens_to_token
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        return {'cls_token'}
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
-        grid = self.tokens_to_token(x)
-        tokens = tokens_with_positions(grid, self.pos_embed, self.tokens_to_token.grid_size, self.cls_token)
-        return tokens, grid.shape[1:3]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return x[:, 0] if pre_logits else self.head(x[:, 0])
@@ -218,12 +203,8 @@ class T2TViT(TokenModelMixin, nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _cfg(**kwargs) -> dict:
-    return {
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
-        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'tokens_to_token.attention1.kqv', 'classifier': 'head', **kwargs,
-    }
+def _cfg(first_conv: str = 'tokens_to_token.attention1.kqv', **kwargs) -> dict:
+    return token_model_cfg(first_conv, **kwargs)
 
 
 # name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio)
