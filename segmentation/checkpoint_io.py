@@ -7,7 +7,8 @@ mmengine 0.10.7 reads local checkpoints with a bare `torch.load`, which torch >=
 that refuses mmengine's checkpoints: their message hub holds `HistoryBuffer` objects (NumPy arrays inside). This
 module replaces mmengine's loader for local paths with a weights-only load that additionally accepts exactly the
 types mmengine itself writes there (and `getattr` only for the HistoryBuffer methods they reference). Nothing else
-from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote URLs keep mmengine's own loaders.
+from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote
+URLs keep mmengine's own loaders.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from typing import List, Optional
 
 import numpy as np
 import torch
-from numpy._core.multiarray import _reconstruct, scalar
 from mmengine.fileio import LocalBackend, io as fileio, register_backend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import CheckpointLoader
@@ -42,6 +42,8 @@ def mmengine_checkpoint_globals() -> List[object]:
     """The non-tensor globals in the checkpoints mmengine writes: its log buffers (with their statistics methods,
     pickled as `getattr(HistoryBuffer, name)`) and the NumPy arrays in them."""
     dtypes = {type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)}
+    # NumPy's array and scalar rebuilders, taken from the public pickling protocol rather than its private modules
+    _reconstruct, scalar = np.empty(0).__reduce__()[0], np.float64(0).__reduce__()[0]
     return [HistoryBuffer, (_history_buffer_method, 'builtins.getattr'), np.ndarray, np.dtype, _reconstruct, scalar,
             *dtypes]
 
