@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +16,12 @@ from backbones import CheckpointError
 from backbones.cli import resolve_device
 from backbones.errors import DataError, UsageError
 from classification import train, transfer
-from classification.data import ImageFolderDataset, ImageReadError, find_classes, read_image
+from classification.data import ImageReadError, find_classes, read_image
 from classification.fit import METRICS
 from cls_data import CLASSES, make_image_folder
+from training_runs import run_command
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
-
-
-def tool(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / name), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
 
 
 def train_args(data: Path, output: Path, *extra: str) -> list:
@@ -71,18 +64,18 @@ def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning
     ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--iters', '0'], '>= 1'),
 ])
 def test_other_tools_check_their_values_in_one_line(tool_name, args, message):
-    result = tool(tool_name, *args)
+    result = run_command(tool_name, args)
     assert result.returncode == 2
     assert message in result.stderr.strip().splitlines()[-1]
 
 
 def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
-    result = tool('eval_cls.py', 'lvvit_s', '--checkpoint', str(tmp_path / 'absent.pth'), '--data-dir', '.')
+    result = run_command('eval_cls.py', ['lvvit_s', '--checkpoint', str(tmp_path / 'absent.pth'), '--data-dir', '.'])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f'error: no image folder at val (expected the ImageNet layout val/CLASS/*.JPEG)  (--debug shows the '
-        f'traceback)']
-    debug = tool('eval_cls.py', 'lvvit_s', '--checkpoint', 'absent.pth', '--data-dir', '.', '--debug')
+        'error: no image folder at val (expected the ImageNet layout val/CLASS/*.JPEG)  (--debug shows the '
+        'traceback)']
+    debug = run_command('eval_cls.py', ['lvvit_s', '--checkpoint', 'absent.pth', '--data-dir', '.', '--debug'])
     assert debug.returncode == 1 and 'Traceback' in debug.stderr and 'DataError' in debug.stderr
 
 
@@ -149,8 +142,8 @@ def test_a_file_as_output_and_a_json_into_a_missing_folder_are_refused(trained, 
     (tmp_path / 'file').write_text('x')
     with pytest.raises(UsageError, match='is a file'):
         train.main(train_args(data, tmp_path / 'file' / 'run'))
-    result = tool('eval_cls.py', *TINY, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
-                  '--json', str(tmp_path / 'missing' / 'e.json'))
+    result = run_command('eval_cls.py', [*TINY, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
+                                         '--json', str(tmp_path / 'missing' / 'e.json')])
     assert result.returncode == 2 and 'the folder' in result.stderr and 'does not exist' in result.stderr
 
 
