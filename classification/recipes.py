@@ -37,7 +37,7 @@ class Recipe:
     drop_path: float = 0.1
     ema_decay: float = 0.99996  # 0 turns the EMA off
     token_labeling: bool = False
-    dense_weight: float = 0.5  # beta of the token-labeling loss (LV-ViT paper, Eq. 4)
+    dense_weight: float = 0.5  # weight of the token term of the loss (the LV-ViT paper's beta, Eq. 4)
     cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
     token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps) or 'label' (image label)
     mix_token: float = 1.0  # MixToken Beta(alpha, alpha); 0 turns it off

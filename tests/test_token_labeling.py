@@ -23,16 +23,16 @@ def test_loss_equals_a_hand_computation_with_mixtoken():
     cls_target = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1]]
     token_target = [[[[0.6, 0.2, 0.2], [0.2, 0.6, 0.2]]], [[[0.2, 0.2, 0.6], [0.3, 0.3, 0.4]]]]
     box = (0, 1, 1, 2)  # the right token of each sample comes from the other sample; lambda = 1/2
-    beta = 0.5
+    dense_weight = 0.5
     out = TokenLabelingOutput(torch.tensor(cls_logits), torch.tensor(token_logits), box)
-    loss = TokenLabelingLoss(beta)(out, torch.tensor(cls_target), torch.tensor(token_target))
+    loss = TokenLabelingLoss(dense_weight)(out, torch.tensor(cls_target), torch.tensor(token_target))
 
     mixed_cls = [[0.5 * a + 0.5 * b for a, b in zip(cls_target[i], cls_target[1 - i])] for i in range(2)]
     mixed_tokens = [[token_target[i][0][0], token_target[1 - i][0][1]] for i in range(2)]
     cls_term = sum(cross_entropy_by_hand(cls_logits[i], mixed_cls[i]) for i in range(2)) / 2
     token_term = sum(cross_entropy_by_hand(token_logits[i][0][j], mixed_tokens[i][j])
                      for i in range(2) for j in range(2)) / 4
-    assert loss.item() == pytest.approx(cls_term + beta * token_term, rel=1e-6)
+    assert loss.item() == pytest.approx(cls_term + dense_weight * token_term, rel=1e-6)
 
 
 def test_mix_targets_lambda_is_the_clipped_box_fraction():
