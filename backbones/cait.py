@@ -16,7 +16,7 @@ from timm.layers import PatchEmbed
 from timm.models import build_model_with_cfg, cait as _timm_cait, generate_default_cfgs
 from timm.models.cait import Cait
 
-from .layers import Grid, TokenModelMixin, tokens_with_positions
+from .layers import Grid, TokenModelMixin, features_only_cfg, tokens_with_positions
 from .registry import suite_model
 
 __all__ = ['CaiT']
@@ -63,11 +63,10 @@ M = dict(patch_size=16, embed_dim=768, num_heads=16, init_values=1e-6)
 
 def _cait(variant: str, pretrained: bool, defaults: dict, kwargs: dict) -> CaiT:
     img_size = int(variant.rsplit('_', 1)[1])
-    out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(
         CaiT, variant, pretrained,
         pretrained_filter_fn=_timm_cait.checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        feature_cfg=features_only_cfg(kwargs),
         **{'img_size': img_size, **defaults, **kwargs},
     )
 

@@ -169,3 +169,14 @@ def token_model_cfg(first_conv: str, classifier='head', **kwargs) -> dict:
         'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
         'first_conv': first_conv, 'classifier': classifier, **kwargs,
     }
+
+
+def block_feature_info(depth: int, channels: int, reduction: int = 16) -> List[dict]:
+    """timm's `feature_info` of a token model: the output of every block, one token per `reduction` pixels."""
+    return [dict(module=f'blocks.{i}', num_chs=channels, reduction=reduction) for i in range(depth)]
+
+
+def features_only_cfg(kwargs: dict) -> dict:
+    """`build_model_with_cfg`'s feature_cfg: `features_only=True` returns the blocks in `out_indices` (default: the
+    last three) through `forward_intermediates`."""
+    return dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter')

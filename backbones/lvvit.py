@@ -12,7 +12,8 @@ import torch.nn as nn
 from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
-from .layers import ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, token_model_cfg
+from .layers import (ScaledResidualBlock, TokenModelMixin, block_feature_info, features_only_cfg, init_linear_and_norm,
+                     token_model_cfg)
 from .token_labeling import TokenLabelingOutput, forward_token_labeling, inference_logits
 from .registry import suite_model
 
@@ -74,6 +75,7 @@ class LVViT(TokenModelMixin, nn.Module):
             for rate in calculate_drop_path_rates(drop_path_rate, depth)
         ])
         self.norm = nn.LayerNorm(embed_dim)
+        self.feature_info = block_feature_info(depth, embed_dim)
         self.token_head = token_head
         self.reset_classifier(num_classes)
         trunc_normal_(self.pos_embed, std=0.02)
@@ -116,7 +118,8 @@ default_cfgs = generate_default_cfgs({
 
 
 def _lvvit(variant: str, pretrained: bool, defaults: dict, kwargs: dict) -> LVViT:
-    return build_model_with_cfg(LVViT, variant, pretrained, **{**defaults, **kwargs})
+    return build_model_with_cfg(LVViT, variant, pretrained, feature_cfg=features_only_cfg(kwargs),
+                                **{**defaults, **kwargs})
 
 
 @suite_model('lvvit')

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from timm.layers import Mlp, calculate_drop_path_rates, trunc_normal_, use_fused_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs
 
-from .layers import Grid, ScaledResidualBlock, TokenModelMixin, init_linear_and_norm, token_model_cfg
+from .layers import (Grid, ScaledResidualBlock, TokenModelMixin, block_feature_info, features_only_cfg,
+                     init_linear_and_norm, token_model_cfg)
 from .registry import suite_model
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
@@ -183,6 +184,7 @@ class T2TViT(TokenModelMixin, nn.Module):
             for rate in calculate_drop_path_rates(drop_path_rate, depth)
         ])
         self.norm = nn.LayerNorm(embed_dim)
+        self.feature_info = block_feature_info(depth, embed_dim)
         self.reset_classifier(num_classes)
         trunc_normal_(self.cls_token, std=0.02)
         self.apply(init_linear_and_norm)
@@ -232,7 +234,8 @@ def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
     tokens_type, embed_dim, depth, num_heads, mlp_ratio = _VARIANTS[variant]
     defaults = dict(tokens_type=tokens_type, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
                     mlp_ratio=mlp_ratio)
-    return build_model_with_cfg(T2TViT, variant, pretrained, **{**defaults, **kwargs})
+    return build_model_with_cfg(T2TViT, variant, pretrained, feature_cfg=features_only_cfg(kwargs),
+                                **{**defaults, **kwargs})
 
 
 @suite_model('t2t_vit')

@@ -185,3 +185,20 @@ def test_lvvit_eval_and_training_outputs():
     assert plain(x).mix_box is None
     headless = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=0).eval()
     assert headless(x).shape == (3, 240) and headless.aux_head is None
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_features_only_returns_the_blocks_forward_intermediates_gives(family):
+    """timm's feature extraction contract: `features_only=True`, `feature_info`, the chosen blocks' maps."""
+    name, kwargs = SMALL[family]
+    features = timm.create_model(name, features_only=True, out_indices=(0, 2), img_size=64, **kwargs).eval()
+    model = timm.create_model(name, img_size=64, **kwargs).eval()
+    model.load_state_dict(features.model.state_dict(), strict=False)  # the pruned net lacks the norm and heads
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        maps, expected = features(x), model.forward_intermediates(x, indices=[0, 2], intermediates_only=True)
+    assert features.feature_info.reduction() == [16, 16]
+    assert features.feature_info.channels() == [model.embed_dim] * 2
+    assert [m.shape for m in maps] == [(2, model.embed_dim, 4, 4)] * 2
+    for got, want in zip(maps, expected):
+        torch.testing.assert_close(got, want)
