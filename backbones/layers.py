@@ -8,7 +8,7 @@ import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
-from timm.models._manipulate import checkpoint_seq
+from timm.models._manipulate import checkpoint, checkpoint_seq
 
 Grid = Tuple[int, int]
 
@@ -151,7 +151,8 @@ class TokenModelMixin:
         blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
         intermediates = []
         for i, block in enumerate(blocks):
-            x = block(x)
+            # with grad checkpointing, each block's activations are recomputed in the backward pass
+            x = checkpoint(block, x) if self.grad_checkpointing and torch.is_grad_enabled() else block(x)
             if i in take_indices:
                 y = (self.norm(x) if norm else x)[:, -H * W:]
                 if output_fmt == 'NCHW':

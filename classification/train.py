@@ -66,6 +66,8 @@ def add_run_arguments(p: argparse.ArgumentParser, default_output: str) -> None:
     p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto',
                    help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
     p.add_argument('--log-interval', type=positive_int, default=50, help='updates between TensorBoard loss points')
+    p.add_argument('--grad-checkpointing', action='store_true',
+                   help='recompute each block\'s activations in the backward pass: less memory, more compute')
 
 
 def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -164,6 +166,16 @@ def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_
                              drop_path_rate=recipe.drop_path, **parse_model_kwargs(args.model_kwargs))
 
 
+def use_grad_checkpointing(model: nn.Module, enable: bool) -> None:
+    """Turn on the model's gradient checkpointing (timm's `set_grad_checkpointing`) when asked."""
+    if not enable:
+        return
+    target = bare_model(model)
+    if not hasattr(target, 'set_grad_checkpointing'):
+        raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
+    target.set_grad_checkpointing(True)
+
+
 def load_finetune_weights(model: nn.Module, path: str, classes: List[str], new_head: bool) -> str:
     """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
     recorded = checkpoint_classes(path)
@@ -257,6 +269,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
         message = load_finetune_weights(bare_model(model), args.finetune, classes, args.new_head)
         if info.is_main:
             print(message, flush=True)
+    use_grad_checkpointing(model, args.grad_checkpointing)
     model.to(info.device)
 
     global_batch = recipe.batch_size * info.world_size

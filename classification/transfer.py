@@ -35,7 +35,8 @@ from .engine import Objective, StepState, evaluate
 from .fit import BEST, METRICS, Fit, RunLog, bare_model, resume_path
 from .loss import TokenLabelingLoss
 from .recipes import TRANSFER_OPTIMIZERS, TransferRecipe, add_recipe_arguments, override_recipe, transfer_recipe
-from .train import add_run_arguments, create_classifier, launch, model_parser, parse_model_kwargs, pick_amp
+from .train import (add_run_arguments, create_classifier, launch, model_parser, parse_model_kwargs, pick_amp,
+                    use_grad_checkpointing)
 
 _OPTIMIZERS = {'sgd': 'momentum', 'adamw': 'adamw'}  # timm's 'sgd' is Nesterov; the recipe's is not
 
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace, info: DistInfo) -> dict:
     model, report = build_transfer_model(args.model, num_classes, img_size, recipe,
                                          None if resume else args.pretrained, args.use_ema,
                                          parse_model_kwargs(args.model_kwargs))
+    use_grad_checkpointing(model, args.grad_checkpointing)
     model.to(info.device)
 
     global_batch = recipe.batch_size * info.world_size

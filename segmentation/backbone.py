@@ -52,6 +52,7 @@ class TokenBackbone(BaseModule):
             pretrained: Optional[str] = None,
             use_ema: bool = False,
             model_kwargs: Optional[dict] = None,
+            grad_checkpointing: bool = False,
             init_cfg: Optional[dict] = None,
     ) -> None:
         if pretrained is not None:
@@ -68,6 +69,7 @@ class TokenBackbone(BaseModule):
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
             raise ValueError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
+        self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
         self.stride = img_size // self.model.patch_embed.grid_size[0]
         self.use_ema = use_ema
 

@@ -202,3 +202,40 @@ def test_features_only_returns_the_blocks_forward_intermediates_gives(family):
     assert [m.shape for m in maps] == [(2, model.embed_dim, 4, 4)] * 2
     for got, want in zip(maps, expected):
         torch.testing.assert_close(got, want)
+
+
+def counting(forward, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+    return counted
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_grad_checkpointing_gives_the_same_gradients(family):
+    """Checkpointed blocks (recomputed in the backward pass) change memory, not results: in the classifier's
+    forward and in forward_intermediates (what the segmentation backbone runs)."""
+    name, kwargs = SMALL[family]
+    torch.manual_seed(0)
+    plain = timm.create_model(name, img_size=64, num_classes=5, **kwargs).train()
+    checkpointed = timm.create_model(name, img_size=64, num_classes=5, **kwargs).train()
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.set_grad_checkpointing(True)
+    x = torch.randn(2, 3, 64, 64)
+    for run in (lambda m: m.forward_features(x).square().mean(),
+                lambda m: sum(f.square().mean() for f in m.forward_intermediates(x, indices=2,
+                                                                                 intermediates_only=True))):
+        grads, calls = [], []
+        for model in (plain, checkpointed):
+            model.zero_grad()
+            counted, block = [], model.blocks[0]
+            block.forward = counting(block.forward, counted)  # (a recomputation runs no forward hooks)
+            torch.manual_seed(1)  # the same draws for any randomness in the forward (Performer's features)
+            run(model).backward()
+            del block.forward
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            calls.append(len(counted))
+        assert calls == [1, 2]  # checkpointed: the block runs again in the backward pass
+        assert grads[0].keys() == grads[1].keys() and grads[0]
+        for key in grads[0]:
+            torch.testing.assert_close(grads[1][key], grads[0][key], rtol=1e-5, atol=1e-6)
