@@ -7,8 +7,9 @@ import cv2
 import numpy as np
 from mmengine.config import Config
 
-REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / 'seg_configs'
+from commands import ROOT
+
+CONFIGS = ROOT / 'seg_configs'
 DIM = 32
 # Per family: the model overrides that make a tiny version of each config's backbone.
 TINY_MODELS = {

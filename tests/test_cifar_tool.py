@@ -15,8 +15,9 @@ from backbones.errors import UsageError
 from classification.cifar import CifarFormatError, hold_out
 from classification.transfer import main
 from cifar_data import tiny_cifar
+from commands import run_tool, run_torchrun
 from test_cifar import FAMILIES, tiny_release
-from training_runs import assert_same_run, last_weights, read_log, resume_killed_run, run_command, run_torchrun
+from training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
 DEIT = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 LVVIT = ['lvvit_s', '--model-kwargs', *(f'{k}={v}' for k, v in FAMILIES['lvvit_s'][0].items())]
@@ -97,7 +98,7 @@ def test_killed_run_resumes_to_the_same_losses_and_weights(cifar10, tmp_path):
     # augmentation (crop, flip), drop-path, two loader processes, the cosine schedule mid-way
     common = ['--epochs', '6', '--workers', '2', '--drop-path', '0.1']
     straight, cut = tmp_path / 'straight', tmp_path / 'cut'
-    assert run_command('transfer_cifar.py', transfer_args(LVVIT, 'cifar10', root, straight, *common)).returncode == 0
+    assert run_tool('transfer_cifar.py', transfer_args(LVVIT, 'cifar10', root, straight, *common)).returncode == 0
     resume_killed_run('transfer_cifar.py', transfer_args(LVVIT, 'cifar10', root, cut, *common), cut)
     assert_same_run(straight, cut, epochs=6)
     assert json.loads((cut / 'metrics.json').read_text()) == json.loads((straight / 'metrics.json').read_text())

@@ -3,28 +3,20 @@ best epoch and metrics, and best.pth holding the best epoch's weights (train_cls
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from cifar_data import tiny_cifar
 from cls_data import make_image_folder
-from test_cifar_tool import DEIT, transfer_args
-from training_runs import ENV, assert_same_run
+from commands import ROOT, run_python, succeeded
+from training_runs import assert_same_run
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 
 
 def kill_everywhere(tool: str, args, out_root: Path) -> dict:
-    result = subprocess.run([sys.executable, str(ROOT / 'tests' / 'kill_at_write.py'), tool, str(out_root), *args],
-                            cwd=ROOT, env={**ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = succeeded(run_python([ROOT / 'tests' / 'kill_at_write.py', tool, out_root, *args], timeout=900))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -62,7 +54,7 @@ def test_train_cls_recovers_from_a_kill_at_every_write_point(tmp_path):
 
 def test_transfer_cifar_recovers_from_a_kill_at_every_write_point(tmp_path):
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
-    args = transfer_args(DEIT, 'cifar10', root, 'unused', '--epochs', '3')
-    args = args[:args.index('--output')] + args[args.index('--output') + 2:]
+    args = [*TINY, '--dataset', 'cifar10', '--data-dir', str(root), '--img-size', '32', '--batch-size', '8',
+            '--workers', '0', '--device', 'cpu', '--epochs', '3']
     summary = kill_everywhere('transfer_cifar.py', args, tmp_path / 'runs')
     assert_every_kill_recovers(summary, tmp_path / 'runs', epochs=3)

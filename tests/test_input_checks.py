@@ -19,7 +19,7 @@ from classification import train, transfer
 from classification.data import ImageReadError, find_classes, read_image
 from classification.fit import METRICS
 from cls_data import CLASSES, make_image_folder
-from training_runs import run_command
+from commands import run_tool
 
 TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 
@@ -64,18 +64,18 @@ def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning
     ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--iters', '0'], '>= 1'),
 ])
 def test_other_tools_check_their_values_in_one_line(tool_name, args, message):
-    result = run_command(tool_name, args)
+    result = run_tool(tool_name, args)
     assert result.returncode == 2
     assert message in result.stderr.strip().splitlines()[-1]
 
 
 def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
-    result = run_command('eval_cls.py', ['lvvit_s', '--checkpoint', str(tmp_path / 'absent.pth'), '--data-dir', '.'])
+    result = run_tool('eval_cls.py', ['lvvit_s', '--checkpoint', str(tmp_path / 'absent.pth'), '--data-dir', '.'])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         'error: no image folder at val (expected the ImageNet layout val/CLASS/*.JPEG)  (--debug shows the '
         'traceback)']
-    debug = run_command('eval_cls.py', ['lvvit_s', '--checkpoint', 'absent.pth', '--data-dir', '.', '--debug'])
+    debug = run_tool('eval_cls.py', ['lvvit_s', '--checkpoint', 'absent.pth', '--data-dir', '.', '--debug'])
     assert debug.returncode == 1 and 'Traceback' in debug.stderr and 'DataError' in debug.stderr
 
 
@@ -142,7 +142,7 @@ def test_a_file_as_output_and_a_json_into_a_missing_folder_are_refused(trained, 
     (tmp_path / 'file').write_text('x')
     with pytest.raises(UsageError, match='is a file'):
         train.main(train_args(data, tmp_path / 'file' / 'run'))
-    result = run_command('eval_cls.py', [*TINY, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
+    result = run_tool('eval_cls.py', [*TINY, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
                                          '--json', str(tmp_path / 'missing' / 'e.json')])
     assert result.returncode == 2 and 'the folder' in result.stderr and 'does not exist' in result.stderr
 

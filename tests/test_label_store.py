@@ -1,8 +1,5 @@
 """Token-label generation: values against an independent computation, resume, torchrun sharding, clear errors."""
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +17,8 @@ from classification.data import ImageFolderDataset, ImageReadError, collate_skip
 from classification.distributed import DistInfo
 from classification.label_store import DONE, TokenLabelError, TokenLabelStore
 from cls_data import make_image_folder
+from commands import run_torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 ANNOTATOR = 'resnet10t'
 KWARGS = {'output_stride': 16}
 
@@ -101,13 +98,10 @@ def test_interrupted_generation_resumes_without_redoing_finished_shards(annotate
 def test_torchrun_sharded_generation_equals_one_process(annotated, tmp_path):
     tmp, data, _, reference_root = annotated
     out = tmp_path / 'store'
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', '29613',
-           str(ROOT / 'tools' / 'generate_token_labels.py'), '--data-dir', str(data), '--annotator', ANNOTATOR,
-           '--checkpoint', str(tmp / 'annotator.pth'), '--output', str(out), '--img-size', '64', '--topk', '2',
-           '--workers', '0', '--shard-size', '5', '--device', 'cpu', '--model-kwargs', 'output_stride=16']
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_torchrun('generate_token_labels.py', [
+        '--data-dir', data, '--annotator', ANNOTATOR, '--checkpoint', tmp / 'annotator.pth', '--output', out,
+        '--img-size', '64', '--topk', '2', '--workers', '0', '--shard-size', '5', '--device', 'cpu',
+        '--model-kwargs', 'output_stride=16'], processes=2, port=29613)
     assert 'every image has its row' in result.stdout
     sharded, reference = TokenLabelStore(out), TokenLabelStore(reference_root)
     assert sharded.rows == reference.rows

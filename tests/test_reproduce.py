@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 
 import pytest
 
-from seg_data import REPO, write_tiny_ade, write_tiny_config
+from commands import run_tool
+from seg_data import write_tiny_ade, write_tiny_config
 from test_train_cls import dataset  # noqa: F401  (tiny ImageNet-layout folder and its token-label store)
-from test_seg_tools import ENV
 
 VARIANTS = ('token-labeling', 'standard')  # mixtoken-label trains in test_presets
 
@@ -22,12 +20,12 @@ def reproduction(dataset, tmp_path_factory):  # noqa: F811
     ade = write_tiny_ade(root / 'ade')
     configs = {head: write_tiny_config(root / f'tiny_{head}.py', f'{head}_lvvit_s.py', ade) for head in ('fcn', 'upernet')}
     out = root / 'out'
-    argv = [sys.executable, str(REPO / 'tools' / 'reproduce_token_labeling.py'), '--quick', '--seeds', '2',
+    argv = ['--quick', '--seeds', '2',
             '--device', 'cpu', '--out', str(out), '--fcn-config', str(configs['fcn']),
             '--upernet-config', str(configs['upernet']), '--epochs', '1', '--iters', '2',
             '--variants', *VARIANTS, '--cls-data-dir', str(data), '--token-label-dir', str(labels),
             '--cls-args', '--img-size', '32', '--batch-size', '4', '--lr-base-batch', '4', '--workers', '0']
-    result = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1200)
+    result = run_tool('reproduce_token_labeling.py', argv, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result.stdout, argv
 
@@ -72,7 +70,7 @@ def test_a_finished_reproduction_reruns_nothing(reproduction):
     out, _, argv = reproduction
     before = json.loads((out / 'results.json').read_text())
     stamps = {p: p.stat().st_mtime for p in out.glob('runs/*/*/*/*.json')}
-    result = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    result = run_tool('reproduce_token_labeling.py', argv, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not [line for line in result.stdout.splitlines() if line.startswith('[')]  # no stage ran
     assert json.loads((out / 'results.json').read_text())['runs'] == before['runs']

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -16,12 +14,12 @@ import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import create_model
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
-from seg_data import CONFIGS, REPO, TINY_MODELS, tiny_model_overrides, write_tiny_ade
+from seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from mmengine.optim import build_optim_wrapper
 from segmentation.digits import CLASSES
 from segmentation.config import DIGITS_RATIO_RANGE, DIGITS_SCHEDULE, tta_flips
 from segmentation.train import build_parser, prepare
-from test_seg_tools import ENV
+from commands import run_tool
 
 CONFIG = 'upernet_lvvit_s.py'
 ITERS = 400
@@ -118,9 +116,8 @@ def chain(tmp_path_factory):
     trains from it."""
     root = tmp_path_factory.mktemp('chain')
     config = tiny_digits_config(root / 'tiny_upernet_lvvit.py')
-    result = subprocess.run([sys.executable, str(REPO / 'tools' / 'train_seg.py'), str(config), '--iters',
-                             str(ITERS), '--work-dir', 'work', '--cfg-options', *TINY_SCHEDULE], cwd=root, env=ENV,
-                            capture_output=True, text=True, timeout=900)
+    result = run_tool('train_seg.py', [config, '--iters', ITERS, '--work-dir', 'work', '--cfg-options',
+                                       *TINY_SCHEDULE], cwd=root, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root, config, result.stdout + result.stderr
 

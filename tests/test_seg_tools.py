@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -12,16 +9,8 @@ import numpy as np
 import pytest
 
 import mmseg
-from seg_data import REPO, write_tiny_ade, write_tiny_config
-
-ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
-
-
-def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
+from commands import run_python, run_tool, succeeded
+from seg_data import write_tiny_ade, write_tiny_config
 
 def independent_scores(pred_dir: Path, ann_dir: Path, num_classes: int = 150) -> dict:
     """mIoU / mAcc / aAcc from the saved PNGs (ADE20K values: 0 ignored, class c stored as c + 1)."""
@@ -47,16 +36,15 @@ def trained(tmp_path_factory):
     data = write_tiny_ade(root / 'ade')
     config = write_tiny_config(root / 'tiny_upernet_lvvit.py', 'upernet_lvvit_s.py', data)
     work = root / 'work'
-    run('tools/train_seg.py', str(config), '--work-dir', str(work), '--iters', '2', cwd=REPO)
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2']))
     return root, config, work, data
 
 
 def test_train_refuses_to_overwrite_and_resumes(trained):
     root, config, work, _ = trained
-    refused = subprocess.run([sys.executable, 'tools/train_seg.py', str(config), '--work-dir', str(work),
-                              '--iters', '3'], cwd=REPO, env=ENV, capture_output=True, text=True)
+    refused = run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '3'])
     assert refused.returncode != 0 and 'add --resume' in refused.stderr
-    result = run('tools/train_seg.py', str(config), '--work-dir', str(work), '--iters', '3', '--resume', cwd=REPO)
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '3', '--resume']))
     log = result.stdout + result.stderr
     assert 'resumed epoch: 0, iter: 2' in log
     assert 'Iter(train) [3/3]' in log and 'Iter(train) [1/3]' not in log
@@ -67,8 +55,8 @@ def test_train_refuses_to_overwrite_and_resumes(trained):
 def test_evaluation_matches_an_independent_computation(trained, mode):
     root, config, work, data = trained
     out, preds = root / f'{mode}.json', root / f'pred_{mode}'
-    args = ['tools/test_seg.py', str(config), str(work / 'iter_2.pth'), '--out', str(out), '--pred-dir', str(preds)]
-    result = run(*args, *(['--ms'] if mode == 'ms' else []), cwd=REPO)
+    args = [config, work / 'iter_2.pth', '--out', out, '--pred-dir', preds]
+    result = succeeded(run_tool('test_seg.py', [*args, *(['--ms'] if mode == 'ms' else [])]))
     report = json.loads(out.read_text())
     expected = independent_scores(preds, data / 'annotations' / 'validation')
     for key in ('mIoU', 'aAcc', 'mAcc'):
@@ -82,11 +70,9 @@ def test_mmseg_stock_tools_run_the_configs(trained):
     root, config, _, _ = trained
     tools = Path(mmseg.__file__).parent / '.mim' / 'tools'
     work = root / 'stock'
-    run(str(tools / 'train.py'), str(config), '--work-dir', str(work),
-        '--cfg-options', 'train_cfg.max_iters=1', 'train_cfg.val_interval=1', 'default_hooks.checkpoint.interval=1',
-        cwd=REPO)
-    result = run(str(tools / 'test.py'), str(config), str(work / 'iter_1.pth'), '--work-dir', str(work), '--tta',
-                 cwd=REPO)
+    succeeded(run_python([tools / 'train.py', config, '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=1',
+                          'train_cfg.val_interval=1', 'default_hooks.checkpoint.interval=1']))
+    result = succeeded(run_python([tools / 'test.py', config, work / 'iter_1.pth', '--work-dir', work, '--tta']))
     assert 'mIoU' in result.stdout + result.stderr
 
 
@@ -96,8 +82,7 @@ def test_a_checkpoint_that_does_not_fit_the_config_is_refused(trained, tmp_path)
     from backbones import create_model
     classifier = create_model('lvvit_s', num_classes=10, depth=2, embed_dim=32, num_heads=2)
     torch.save({'state_dict': classifier.state_dict()}, tmp_path / 'classifier.pth')
-    result = subprocess.run([sys.executable, 'tools/test_seg.py', str(config), str(tmp_path / 'classifier.pth')],
-                            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    result = run_tool('test_seg.py', [config, tmp_path / 'classifier.pth'])
     assert result.returncode == 2
     error = result.stderr.strip().splitlines()[-1]
     assert 'classifier.pth does not fit the model of this config' in error and 'missing' in error
@@ -112,7 +97,7 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(trained, tmp_path):
     (copy / 'iter_2.pth').write_bytes((copy / 'iter_2.pth').read_bytes()[:1000])  # cut short
     (copy / 'last_checkpoint').write_text(str(copy / 'iter_2.pth'))
     (copy / '.iter_3.pth.tmp123').write_bytes(b'left by a kill')
-    result = run('tools/train_seg.py', str(config), '--work-dir', str(copy), '--iters', '3', '--resume', cwd=REPO)
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', copy, '--iters', '3', '--resume']))
     log = result.stdout + result.stderr
     assert f'{copy / "iter_2.pth"} cannot be read' in log and f'resumed from {copy / "iter_1.pth"}' in log
     assert 'resumed epoch: 0, iter: 1' in log and 'Iter(train) [2/3]' in log

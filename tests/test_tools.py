@@ -2,19 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import timm
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_tool(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+from commands import run_tool
 
 
 def vit_macs(depth: int, dim: int, mlp: int, tokens: int, patches: int, classes: int) -> int:
@@ -24,7 +15,7 @@ def vit_macs(depth: int, dim: int, mlp: int, tokens: int, patches: int, classes:
 
 
 def test_model_info_json_matches_independent_counts():
-    result = run_tool('tools/model_info.py', 'deit_small_patch16_224', '--json')
+    result = run_tool('model_info.py', ['deit_small_patch16_224', '--json'])
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     model = timm.create_model('deit_small_patch16_224')
@@ -33,14 +24,14 @@ def test_model_info_json_matches_independent_counts():
 
 
 def test_model_info_counts_frozen_tables_as_untrained():
-    result = run_tool('tools/model_info.py', 't2t_vit_7', '--img-size', '96', '--json')
+    result = run_tool('model_info.py', ['t2t_vit_7', '--img-size', '96', '--json'])
     info = json.loads(result.stdout)
     frozen = (6 * 6 + 1) * 256 + 2 * 32 * 64  # sinusoid table at 96 and the two performers' random features
     assert info['params'] - info['trainable_params'] == frozen
 
 
 def test_unknown_model_lists_close_names():
-    for tool in ('tools/model_info.py', 'tools/benchmark.py'):
-        result = run_tool(tool, 't2t_vit14')
+    for tool in ('model_info.py', 'benchmark.py'):
+        result = run_tool(tool, ['t2t_vit14'])
         assert result.returncode == 2
         assert "unknown model 't2t_vit14'" in result.stderr and 't2t_vit_14' in result.stderr

@@ -14,7 +14,8 @@ from classification.data import read_image
 from classification.distributed import DistInfo
 from classification.train import main
 from cls_data import make_image_folder
-from training_runs import assert_same_run, last_weights, read_log, resume_killed_run, run_command, run_torchrun
+from commands import run_tool, run_torchrun
+from training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
 TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 
@@ -42,7 +43,7 @@ def test_killed_run_resumes_to_the_same_losses_and_weights(dataset, tmp_path):
     # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes
     common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1']
     straight, cut = tmp_path / 'straight', tmp_path / 'cut'
-    assert run_command('train_cls.py', train_args(data, labels, straight, *common)).returncode == 0
+    assert run_tool('train_cls.py', train_args(data, labels, straight, *common)).returncode == 0
     resume_killed_run('train_cls.py', train_args(data, labels, cut, *common), cut)
     assert_same_run(straight, cut, epochs=6)
     metrics = json.loads((cut / 'metrics.json').read_text())
@@ -65,7 +66,7 @@ def test_eval_tool_matches_an_independent_evaluation(dataset, tmp_path):
     data, labels = dataset
     out = tmp_path / 'run'
     main(train_args(data, labels, out, '--epochs', '2', '--workers', '0'))
-    result = run_command('eval_cls.py', [*TINY, '--checkpoint', str(out / 'last.pth'), '--data-dir', str(data),
+    result = run_tool('eval_cls.py', [*TINY, '--checkpoint', str(out / 'last.pth'), '--data-dir', str(data),
                                          '--img-size', '32', '--workers', '0', '--json', str(tmp_path / 'eval.json')])
     assert result.returncode == 0, result.stderr[-3000:]
     reported = json.loads((tmp_path / 'eval.json').read_text())

@@ -1,8 +1,7 @@
-"""Running the training commands as users do (fresh processes, torchrun) and comparing what two runs wrote."""
+"""Interrupting a training command as a user's machine might, and comparing what two runs wrote."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,22 +12,7 @@ from typing import Sequence
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}  # the same thread count for every run compared
-
-
-def run_command(tool: str, args: Sequence[str]) -> subprocess.CompletedProcess:
-    """`python tools/TOOL args` in a fresh process."""
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / tool), *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
-
-
-def run_torchrun(tool: str, args: Sequence[str], processes: int, port: int) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', str(processes), '--master-port',
-           str(port), str(ROOT / 'tools' / tool), *args]
-    result = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+from commands import ENV, ROOT, run_tool
 
 
 def kill_after_first_epoch(tool: str, args: Sequence[str], output: Path) -> None:
@@ -46,9 +30,9 @@ def kill_after_first_epoch(tool: str, args: Sequence[str], output: Path) -> None
 def resume_killed_run(tool: str, args: Sequence[str], output: Path) -> None:
     """Kill a run after its first epoch, check that it is not silently overwritten, and resume it to the end."""
     kill_after_first_epoch(tool, args, output)
-    refused = run_command(tool, args)
+    refused = run_tool(tool, args)
     assert refused.returncode != 0 and '--resume' in refused.stderr
-    resumed = run_command(tool, [*args, '--resume'])
+    resumed = run_tool(tool, [*args, '--resume'])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert 'resumed' in resumed.stdout
 
