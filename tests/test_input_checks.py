@@ -171,7 +171,7 @@ def test_cooldown_epochs_are_announced(trained, tmp_path, capsys):
     assert '1 epochs + 1 cooldown epochs at the final lr = 2 epochs' in capsys.readouterr().out
 
 
-def test_truncated_and_16_bit_images(tmp_path):
+def test_truncated_16_bit_and_palette_images(tmp_path):
     rgb = (np.random.default_rng(0).random((40, 50, 3)) * 255).astype(np.uint8)
     Image.fromarray(rgb).save(tmp_path / 'a.jpg')
     data = (tmp_path / 'a.jpg').read_bytes()
@@ -182,6 +182,11 @@ def test_truncated_and_16_bit_images(tmp_path):
     Image.fromarray(grey).save(tmp_path / 'g16.png')
     decoded = np.asarray(read_image(tmp_path / 'g16.png')).astype(float)
     np.testing.assert_allclose(decoded[..., 0], grey / 257, atol=0.51)
+    palette = Image.fromarray((np.arange(12).reshape(3, 4) % 3).astype(np.uint8), 'P')
+    palette.putpalette([255, 0, 0, 0, 255, 0, 10, 20, 30] + [0] * 759)
+    palette.save(tmp_path / 'p.png')
+    assert np.asarray(read_image(tmp_path / 'p.png'))[0].tolist() == [[255, 0, 0], [0, 255, 0], [10, 20, 30],
+                                                                      [255, 0, 0]]
 
 
 def test_training_on_unreadable_images_only_is_an_error(tmp_path):
