@@ -155,19 +155,19 @@ def _read_meta(output: Path) -> dict | None:
         raise TokenLabelError(f'{output / META}: not readable JSON ({e}); delete {output} and generate again') from e
 
 
-def _open_or_create(output: Path, meta: dict, paths: List[str], grid, topk: int, info: DistInfo):
-    """Create the store files (main process) or check that an existing one was made with the same values."""
+def _open_or_create(output: Path, meta: dict, old: Optional[dict], paths: List[str], grid, topk: int,
+                    info: DistInfo):
+    """Create the store files (main process), or check that the existing one (meta data `old`) was made with the
+    same values."""
     if info.is_main:
         output.mkdir(parents=True, exist_ok=True)
         (output / DONE).mkdir(exist_ok=True)
-        old = _read_meta(output)
+        shape = (len(paths), *grid, topk)
         if old is not None:
             _check_same_store(output, old, meta)
-            shape = (len(paths), *grid, topk)
             for name in (SCORES, CLASSES):
                 check_array(output / name, shape)
         else:
-            shape = (len(paths), *grid, topk)
             np.lib.format.open_memmap(output / SCORES, 'w+', np.float16, shape).flush()
             np.lib.format.open_memmap(output / CLASSES, 'w+', class_index_dtype(meta['num_classes']), shape).flush()
             (output / PATHS).write_text('\n'.join(paths) + '\n')
@@ -254,7 +254,7 @@ def generate_token_labels(
             'preprocessing': f'whole image resized to {img_size}x{img_size} ({data_cfg["interpolation"]}), '
                              f'normalised with mean {list(data_cfg["mean"])} std {list(data_cfg["std"])}; '
                              f'map position (i, j) covers the same fraction of the whole image'}
-    scores, class_ids = _open_or_create(output, meta, paths, grid, topk, info)
+    scores, class_ids = _open_or_create(output, meta, old, paths, grid, topk, info)
 
     shards = shard_ranges(len(paths), shard_size)
     todo = [i for i in range(info.rank, len(shards), info.world_size)

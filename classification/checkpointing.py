@@ -65,12 +65,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-def read_training_checkpoint(path: str | Path) -> dict:
+def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
+    """A checkpoint of ours, weights-only; with `mmap`, tensors are read only when used (for a look at its fields)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f'no checkpoint at {path}')
     try:
-        return torch.load(path, map_location='cpu', weights_only=True)
+        return torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
     except Exception as e:
         raise CheckpointError(f'cannot read checkpoint {path}: {type(e).__name__}: {e}') from e
 
@@ -78,8 +79,8 @@ def read_training_checkpoint(path: str | Path) -> dict:
 def checkpoint_classes(path: str | Path) -> Optional[List[str]]:
     """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:  # not ours, or not readable: the weight loader reports a damaged file with its own error
+        ckpt = read_training_checkpoint(path, mmap=True)
+    except CheckpointError:  # not ours, or not readable: the weight loader reports a damaged file with its own error
         return None
     args = ckpt.get('args') if isinstance(ckpt, dict) else None
     classes = args.get('classes') if isinstance(args, dict) else None

@@ -63,8 +63,9 @@ def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_f
     """Two class lists must be equal, names and order; otherwise an error naming what differs."""
     if list(expected) == list(found):
         return
-    only_expected = [c for c in expected if c not in set(found)]
-    only_found = [c for c in found if c not in set(expected)]
+    expected_set, found_set = set(expected), set(found)
+    only_expected = [c for c in expected if c not in found_set]
+    only_found = [c for c in found if c not in expected_set]
     detail = (f'only in {expected_from}: {", ".join(only_expected[:5]) or "none"}; '
               f'only in {found_from}: {", ".join(only_found[:5]) or "none"}')
     if not only_expected and not only_found:

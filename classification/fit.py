@@ -247,8 +247,8 @@ def repair_best(output: Path, last: dict) -> None:
         return
     path = output / BEST
     try:
-        held = torch.load(path, map_location='cpu', weights_only=True, mmap=True)['epoch'] + 1
-    except Exception:  # absent, or damaged
+        held = read_training_checkpoint(path, mmap=True)['epoch'] + 1
+    except (CheckpointError, KeyError):  # absent, damaged, or not a best.pth
         held = None
     if held == best_epoch:
         return

@@ -9,13 +9,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, TypeVar
 
-from timm.data.auto_augment import rand_augment_transform
+from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.optim import list_optimizers
 
-from backbones.errors import UsageError
-from backbones.registry import model_family
 from backbones.cli import (below_one, fraction, non_negative_float, non_negative_int, open_fraction, positive_float,
                            positive_int, probability)
+from backbones.errors import UsageError
+from backbones.registry import model_family
+
+from .augment import LabelAwareRandAugment
 
 R = TypeVar('R')
 
@@ -162,7 +164,7 @@ def rand_augment_spec(text: str) -> str:
     try:
         if text.split('-')[0] != 'rand':
             raise ValueError
-        rand_augment_transform(text, {'translate_const': 10, 'img_mean': (124, 116, 104)})
+        LabelAwareRandAugment.from_config(text, 224, IMAGENET_DEFAULT_MEAN)  # as training builds it
     except (AssertionError, ValueError, KeyError, IndexError):
         raise argparse.ArgumentTypeError(f'not a RandAugment string like rand-m9-mstd0.5-inc1: {text!r} '
                                          f'(none turns it off)') from None
