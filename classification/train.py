@@ -44,7 +44,7 @@ def parse_model_kwargs(items: List[str]) -> dict:
     for item in items:
         key, sep, value = item.partition('=')
         if not sep:
-            raise argparse.ArgumentTypeError(f'--model-kwargs takes key=value, got {item!r}')
+            raise UsageError(f'--model-kwargs takes key=value, got {item!r}')
         try:
             kwargs[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

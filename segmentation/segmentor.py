@@ -11,6 +11,8 @@ from typing import Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from backbones.errors import UsageError
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 
@@ -43,7 +45,7 @@ class SlideBatchEncoderDecoder(EncoderDecoder):
     def slide_inference(self, inputs: torch.Tensor, batch_img_metas: List[dict]) -> torch.Tensor:
         window_batch = int(self.test_cfg.get('window_batch', 32))
         if window_batch < 1:
-            raise ValueError(f'test_cfg.window_batch must be at least 1, got {window_batch}')
+            raise UsageError(f'model.test_cfg.window_batch must be at least 1, got {window_batch}')
         batch_size, _, height, width = inputs.shape
         windows = slide_windows((height, width), tuple(self.test_cfg.crop_size), tuple(self.test_cfg.stride))
         preds = inputs.new_zeros((batch_size, self.out_channels, height, width))

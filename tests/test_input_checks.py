@@ -151,6 +151,8 @@ def test_model_arguments_and_sizes_that_do_not_fit_are_named(trained, tmp_path):
     data, _ = trained
     with pytest.raises(UsageError, match='does not take these arguments'):
         train.main(train_args(data, tmp_path / 'a', '--model-kwargs', 'depht=2'))
+    with pytest.raises(UsageError, match="--model-kwargs takes key=value, got 'depth'"):
+        train.parse_model_kwargs(['depth'])
     with pytest.raises(UsageError, match='--img-size 8 is smaller than one patch'):
         train.create_classifier('lvvit_s', 3, 8, depth=1)
     with pytest.raises(UsageError, match='multiple of its 16 px patches'):

@@ -12,6 +12,7 @@ from mmengine.structures import PixelData
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import CheckpointError, create_model
+from backbones.errors import UsageError
 from conftest import save_release
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
@@ -219,6 +220,9 @@ def test_batched_sliding_window_test_equals_mmsegs_window_by_window(window_batch
     assert batched.shape == (2, 150, 70, 120)
     torch.testing.assert_close(batched, one_by_one, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(whole_small, small_reference, rtol=1e-4, atol=1e-5)
+    model.test_cfg.window_batch = 0
+    with pytest.raises(UsageError, match='window_batch must be at least 1, got 0'):
+        model.slide_inference(inputs, [dict(m) for m in metas])
 
 
 def test_slide_windows_cover_the_image_like_mmseg():
