@@ -1,15 +1,16 @@
-"""The suite's model families, registered in timm's registry on import.
+"""The suite's model families in timm's registry, their weights, and the model side of token labeling.
 
-    import backbones, timm
-    model = timm.create_model('lvvit_s', num_classes=100)      # or backbones.create_model(...)
+    import backbones
+    model = backbones.create_model('lvvit_s', num_classes=100)     # or timm.create_model for the suite's own names
     backbones.load_checkpoint(model, 'lvvit_s-26M-224-83.3.pth.tar')
 """
 from . import cait, lvvit, t2t_vit, vit  # noqa: F401  (importing registers the models)
-from .checkpoint import CheckpointError, load_checkpoint
-from .registry import create_model, families, suite_models
-from .token_labeling import TokenLabelingModel, TokenLabelingOutput
+from .errors import CheckpointError
+from .registry import create_model, families, model_family, suite_models
+from .token_head import TokenLabelingModel, TokenLabelingOutput
+from .weights import load_checkpoint
 
 __all__ = [
     'CheckpointError', 'TokenLabelingModel', 'TokenLabelingOutput', 'create_model', 'families', 'load_checkpoint',
-    'suite_models',
+    'model_family', 'suite_models',
 ]

@@ -1,10 +1,12 @@
 """CaiT: "Going deeper with Image Transformers" (Touvron et al., 2021), on timm's implementation.
 
 timm's `Cait` has the official parameter names (LayerScale `gamma_*`, talking-heads `proj_l`/`proj_w`,
-`blocks_token_only`); this subclass adds what the suite's contract needs: inputs of any size (position
-embeddings resampled per forward) and `forward_intermediates` shared with the other families. The talking-heads
-attention mixes heads between the logits and the softmax, so it cannot run on `scaled_dot_product_attention`;
-the class-attention stage does (timm's `ClassAttn`).
+`blocks_token_only`) and weights, but a fixed input size. `CaiT` adds what the suite's contract needs: inputs of any
+size (position embeddings resampled per forward) and `forward_intermediates` shared with the other families.
+`backbones.create_model` builds every CaiT name with it; timm's names stay timm's in its registry, and only the
+224-pixel sizes timm lacks (those whose FLOPs the paper reports at 224, Table 3) are registered here. The
+talking-heads attention mixes heads between the logits and the softmax, so it cannot run on
+`scaled_dot_product_attention`; the class-attention stage does (timm's `ClassAttn`).
 """
 from __future__ import annotations
 
@@ -13,17 +15,17 @@ from typing import Tuple
 
 import torch
 from timm.layers import PatchEmbed
-from timm.models import build_model_with_cfg, cait as _timm_cait, generate_default_cfgs
+from timm.models import build_model_with_cfg, cait as _timm_cait, generate_default_cfgs, split_model_name_tag
 from timm.models.cait import Cait
 
 from .layers import Grid, TokenModelMixin, features_only_cfg, tokens_with_positions
-from .registry import suite_model
+from .registry import adopt_timm_models, suite_model
 
 __all__ = ['CaiT']
 
 
 class CaiT(TokenModelMixin, Cait):
-    """timm's Cait accepting any input size at inference; the position table has no class slot."""
+    """timm's Cait accepting any input size; the position table has no class slot."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
@@ -31,6 +33,7 @@ class CaiT(TokenModelMixin, Cait):
 
     # timm's also drops the class token and the class-attention stage, which only the head uses.
     prune_intermediate_layers = Cait.prune_intermediate_layers
+    group_matcher = Cait.group_matcher
 
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         grid = self.patch_embed(x)
@@ -42,102 +45,53 @@ class CaiT(TokenModelMixin, Cait):
         return self.forward_cls(x) if self.blocks_token_only is not None else x
 
 
-_TIMM_NAMES = (
-    'cait_xxs24_224', 'cait_xxs24_384', 'cait_xxs36_224', 'cait_xxs36_384', 'cait_xs24_384',
-    'cait_s24_224', 'cait_s24_384', 'cait_s36_384', 'cait_m36_384', 'cait_m48_448',
-)
-# timm's pretrained cfgs carry over to our registration of the same names; the 224 variants that timm lacks
-# are the ones whose FLOPs the paper reports at 224 (Table 3).
-default_cfgs = {
-    **{name: _timm_cait.default_cfgs[name] for name in _TIMM_NAMES},
-    **generate_default_cfgs({
-        name: _timm_cait._cfg(input_size=(3, 224, 224)) for name in ('cait_xs24_224', 'cait_s36_224', 'cait_m36_224')
-    }),
-}
-
 XXS = dict(patch_size=16, embed_dim=192, num_heads=4, init_values=1e-5)
 XS = dict(patch_size=16, embed_dim=288, num_heads=6, init_values=1e-5)
 S = dict(patch_size=16, embed_dim=384, num_heads=8)
 M = dict(patch_size=16, embed_dim=768, num_heads=16, init_values=1e-6)
+# The model arguments of every CaiT name (timm's and the three registered below).
+VARIANTS = {
+    'cait_xxs24_224': dict(XXS, depth=24), 'cait_xxs24_384': dict(XXS, depth=24),
+    'cait_xxs36_224': dict(XXS, depth=36), 'cait_xxs36_384': dict(XXS, depth=36),
+    'cait_xs24_224': dict(XS, depth=24), 'cait_xs24_384': dict(XS, depth=24),
+    'cait_s24_224': dict(S, depth=24, init_values=1e-5), 'cait_s24_384': dict(S, depth=24, init_values=1e-5),
+    'cait_s36_224': dict(S, depth=36, init_values=1e-6), 'cait_s36_384': dict(S, depth=36, init_values=1e-6),
+    'cait_m36_224': dict(M, depth=36), 'cait_m36_384': dict(M, depth=36), 'cait_m48_448': dict(M, depth=48),
+}
+_NEW = ('cait_xs24_224', 'cait_s36_224', 'cait_m36_224')
+
+default_cfgs = generate_default_cfgs({name: _timm_cait._cfg(input_size=(3, 224, 224)) for name in _NEW})
 
 
-def _cait(variant: str, pretrained: bool, defaults: dict, kwargs: dict) -> CaiT:
-    img_size = int(variant.rsplit('_', 1)[1])
+def build_cait(name: str, pretrained: bool = False, **kwargs) -> CaiT:
+    """Any CaiT name (a pretrained tag such as `.fb_dist_in1k` allowed) as the suite's `CaiT`, with timm's weights."""
+    variant, tag = split_model_name_tag(name)
+    if tag:
+        kwargs.setdefault('pretrained_cfg', tag)
     return build_model_with_cfg(
         CaiT, variant, pretrained,
         pretrained_filter_fn=_timm_cait.checkpoint_filter_fn,
         feature_cfg=features_only_cfg(kwargs),
-        **{'img_size': img_size, **defaults, **kwargs},
+        **{**VARIANTS[variant], **kwargs},
     )
 
 
-@suite_model('cait')
-def cait_xxs24_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-XXS24 at 224: D 192, 24 + 2 blocks, 12.0M parameters."""
-    return _cait('cait_xxs24_224', pretrained, dict(XXS, depth=24), kwargs)
-
-
-@suite_model('cait')
-def cait_xxs24_384(pretrained: bool = False, **kwargs) -> CaiT:
-    return _cait('cait_xxs24_384', pretrained, dict(XXS, depth=24), kwargs)
-
-
-@suite_model('cait')
-def cait_xxs36_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-XXS36 at 224: D 192, 36 + 2 blocks, 17.3M parameters."""
-    return _cait('cait_xxs36_224', pretrained, dict(XXS, depth=36), kwargs)
-
-
-@suite_model('cait')
-def cait_xxs36_384(pretrained: bool = False, **kwargs) -> CaiT:
-    return _cait('cait_xxs36_384', pretrained, dict(XXS, depth=36), kwargs)
+adopt_timm_models('cait', [name for name in VARIANTS if name not in _NEW], build_cait)
 
 
 @suite_model('cait')
 def cait_xs24_224(pretrained: bool = False, **kwargs) -> CaiT:
     """CaiT-XS24 at 224: D 288, 24 + 2 blocks, 26.6M parameters."""
-    return _cait('cait_xs24_224', pretrained, dict(XS, depth=24), kwargs)
-
-
-@suite_model('cait')
-def cait_xs24_384(pretrained: bool = False, **kwargs) -> CaiT:
-    return _cait('cait_xs24_384', pretrained, dict(XS, depth=24), kwargs)
-
-
-@suite_model('cait')
-def cait_s24_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-S24 at 224: D 384, 24 + 2 blocks, 46.9M parameters."""
-    return _cait('cait_s24_224', pretrained, dict(S, depth=24, init_values=1e-5), kwargs)
-
-
-@suite_model('cait')
-def cait_s24_384(pretrained: bool = False, **kwargs) -> CaiT:
-    return _cait('cait_s24_384', pretrained, dict(S, depth=24, init_values=1e-5), kwargs)
+    return build_cait('cait_xs24_224', pretrained, **kwargs)
 
 
 @suite_model('cait')
 def cait_s36_224(pretrained: bool = False, **kwargs) -> CaiT:
     """CaiT-S36 at 224: D 384, 36 + 2 blocks, 68.2M parameters."""
-    return _cait('cait_s36_224', pretrained, dict(S, depth=36, init_values=1e-6), kwargs)
-
-
-@suite_model('cait')
-def cait_s36_384(pretrained: bool = False, **kwargs) -> CaiT:
-    return _cait('cait_s36_384', pretrained, dict(S, depth=36, init_values=1e-6), kwargs)
+    return build_cait('cait_s36_224', pretrained, **kwargs)
 
 
 @suite_model('cait')
 def cait_m36_224(pretrained: bool = False, **kwargs) -> CaiT:
     """CaiT-M36 at 224: D 768, 36 + 2 blocks, 270.9M parameters."""
-    return _cait('cait_m36_224', pretrained, dict(M, depth=36), kwargs)
-
-
-@suite_model('cait')
-def cait_m36_384(pretrained: bool = False, **kwargs) -> CaiT:
-    return _cait('cait_m36_384', pretrained, dict(M, depth=36), kwargs)
-
-
-@suite_model('cait')
-def cait_m48_448(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-M48 at 448: D 768, 48 + 2 blocks, 356M parameters."""
-    return _cait('cait_m48_448', pretrained, dict(M, depth=48), kwargs)
+    return build_cait('cait_m36_224', pretrained, **kwargs)

@@ -1,5 +1,5 @@
 """The suite's error types: library code raises them with a message that names the file or value at fault and the
-fix; the commands print them as one line (`backbones.cli.run_command`)."""
+fix; the commands print them as one line (`engine.cli.run_command`)."""
 
 
 class SuiteError(Exception):
@@ -12,3 +12,7 @@ class UsageError(SuiteError, ValueError):
 
 class DataError(SuiteError, ValueError):
     """A data set that is missing, damaged or does not match the model, checkpoint or labels."""
+
+
+class CheckpointError(SuiteError, RuntimeError):
+    """A checkpoint file that cannot be read, or whose weights do not fit the model."""

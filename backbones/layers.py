@@ -1,12 +1,13 @@
 """Layers and model plumbing shared by the suite's own model families (LV-ViT, T2T-ViT, CaiT)."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.models import build_model_with_cfg, resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, checkpoint_seq
 
@@ -99,6 +100,13 @@ class TokenModelMixin:
     def get_classifier(self) -> nn.Module:
         return self.head
 
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter grouping (its layer-decay helpers use it): the embedding, each block, the final norm;
+        the heads, matched by nothing, come last."""
+        return dict(stem=r'^cls_token|^pos_embed|^patch_embed|^tokens_to_token',
+                    blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
+
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
@@ -163,13 +171,24 @@ class TokenModelMixin:
         return self.norm(self._finish_tokens(x)), intermediates
 
 
-def token_model_cfg(first_conv: str, classifier='head', **kwargs) -> dict:
+def token_model_cfg(first_conv: str, classifier='head', url: str = '', **kwargs) -> dict:
     """timm's pretrained_cfg of a suite model: ImageNet at 224, crop 0.9, bicubic, ImageNet mean and std."""
     return {
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
+        'url': url, 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.9,
         'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
         'first_conv': first_conv, 'classifier': classifier, **kwargs,
     }
+
+
+def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict, kwargs: dict,
+                      filter_fn: Callable) -> nn.Module:
+    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights (a tag such as
+    `lvvit_s.tl_in1k_384` gives a 384 model) unless `img_size` is given; `features_only` returns the blocks in
+    `out_indices` through `forward_intermediates`."""
+    cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
+    kwargs.setdefault('img_size', cfg.input_size[-1])
+    return build_model_with_cfg(cls, variant, pretrained, pretrained_filter_fn=filter_fn,
+                                feature_cfg=features_only_cfg(kwargs), **{**defaults, **kwargs})
 
 
 def block_feature_info(depth: int, channels: int, reduction: int = 16) -> List[dict]:

@@ -3,19 +3,21 @@
 A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and
 an auxiliary head on every patch token. In training mode the forward applies MixToken and returns a
 `TokenLabelingOutput` for the token-labeling loss; in eval mode it returns the paper's inference logits,
-`head(cls) + 0.5 * max over tokens of aux_head(patch)`. Parameter names match the released checkpoints.
+`head(cls) + 0.5 * max over tokens of aux_head(patch)`. Parameter names match the released checkpoints, and
+`pretrained=True` fetches them through timm's download cache (`lvvit_s.tl_in1k_384` for the 384 file).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 from timm.layers import calculate_drop_path_rates, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs
+from timm.models import generate_default_cfgs
 
-from .layers import (ScaledResidualBlock, TokenModelMixin, block_feature_info, features_only_cfg, init_linear_and_norm,
+from .layers import (ScaledResidualBlock, TokenModelMixin, block_feature_info, build_token_model, init_linear_and_norm,
                      token_model_cfg)
-from .token_labeling import TokenLabelingOutput, forward_token_labeling, inference_logits
 from .registry import suite_model
+from .token_head import TokenLabelingOutput, forward_token_labeling, inference_logits
+from .weights import release_filter
 
 __all__ = ['LVViT']
 
@@ -57,15 +59,13 @@ class LVViT(TokenModelMixin, nn.Module):
             stem_chs: int = 64,
             drop_path_rate: float = 0.0,
             token_head: bool = True,
-            mix_token: bool = True,
-            mix_token_alpha: float = 1.0,
+            mix_token: float = 1.0,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.num_features = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1
-        self.mix_token = mix_token
-        self.mix_token_alpha = mix_token_alpha
+        self.mix_token = mix_token  # MixToken's Beta(alpha, alpha) parameter; 0 turns it off
         self.patch_embed = ConvStemPatchEmbed(img_size, embed_dim, in_chans, stem_chs)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
@@ -97,7 +97,7 @@ class LVViT(TokenModelMixin, nn.Module):
 
     def forward_train(self, x: torch.Tensor) -> TokenLabelingOutput:
         """Training forward with MixToken (if enabled): class logits, per-token logits and the mix box."""
-        return forward_token_labeling(self, x, self.mix_token_alpha if self.mix_token else 0.0)
+        return forward_token_labeling(self, x, self.mix_token)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
         if self.training and self.aux_head is not None:
@@ -105,21 +105,32 @@ class LVViT(TokenModelMixin, nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _cfg(**kwargs) -> dict:
-    return token_model_cfg('patch_embed.conv1', classifier=('head', 'aux_head'), **kwargs)
+RELEASES = 'https://github.com/zihangJiang/TokenLabeling/releases/download'
 
 
+def _cfg(file: str = '', **kwargs) -> dict:
+    """The cfg of LV-ViT weights: an official release file (TokenLabeling's release tag / file name) or none."""
+    return token_model_cfg('patch_embed.conv1', classifier=('head', 'aux_head'),
+                           url=f'{RELEASES}/{file}' if file else '', **kwargs)
+
+
+# The released ImageNet weights (REFERENCE section 6); a tag picks the resolution, e.g. `lvvit_m.tl_in1k_448`.
 default_cfgs = generate_default_cfgs({
-    'lvvit_t': _cfg(),
-    'lvvit_s': _cfg(),
-    'lvvit_m': _cfg(),
-    'lvvit_l': _cfg(input_size=(3, 288, 288), crop_pct=1.0),
+    'lvvit_t.tl_in1k': _cfg('v0.2.0/lvvit_t.pth'),
+    'lvvit_s.tl_in1k': _cfg('1.0/lvvit_s-26M-224-83.3.pth.tar'),
+    'lvvit_s.tl_in1k_384': _cfg('1.0/lvvit_s-26M-384-84.4.pth.tar', input_size=(3, 384, 384), crop_pct=1.0),
+    'lvvit_m.tl_in1k': _cfg('1.0/lvvit_m-56M-224-84.0.pth.tar'),
+    'lvvit_m.tl_in1k_384': _cfg('1.0/lvvit_m-56M-384-85.4.pth.tar', input_size=(3, 384, 384), crop_pct=1.0),
+    'lvvit_m.tl_in1k_448': _cfg('1.0/lvvit_m-56M-448-85.5.pth.tar', input_size=(3, 448, 448), crop_pct=1.0),
+    'lvvit_l.tl_in1k_448': _cfg('1.0/lvvit_l-150M-448-86.2.pth.tar', input_size=(3, 448, 448), crop_pct=1.0),
+    'lvvit_l.tl_in1k_512': _cfg('1.0/lvvit_l-150M-512-86.4.pth.tar', input_size=(3, 512, 512), crop_pct=1.0),
+    # the default (last: a starred tag must follow the weighted ones in timm): the training resolution, no file
+    'lvvit_l.untrained*': _cfg(input_size=(3, 288, 288), crop_pct=1.0),
 })
 
 
 def _lvvit(variant: str, pretrained: bool, defaults: dict, kwargs: dict) -> LVViT:
-    return build_model_with_cfg(LVViT, variant, pretrained, feature_cfg=features_only_cfg(kwargs),
-                                **{**defaults, **kwargs})
+    return build_token_model(LVViT, variant, pretrained, defaults, kwargs, release_filter)
 
 
 @suite_model('lvvit')
@@ -143,5 +154,5 @@ def lvvit_m(pretrained: bool = False, **kwargs) -> LVViT:
 @suite_model('lvvit')
 def lvvit_l(pretrained: bool = False, **kwargs) -> LVViT:
     """LV-ViT-L: 24 blocks, D 768, 12 heads, 128-channel stem, residual scaling 3, 150.5M parameters (at 288)."""
-    defaults = dict(img_size=288, embed_dim=768, depth=24, num_heads=12, skip_lam=3.0, stem_chs=128)
+    defaults = dict(embed_dim=768, depth=24, num_heads=12, skip_lam=3.0, stem_chs=128)
     return _lvvit('lvvit_l', pretrained, defaults, kwargs)

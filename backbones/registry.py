@@ -1,36 +1,55 @@
-"""The suite's view of timm's model registry: which models are ours, and a create_model with helpful errors."""
+"""The suite's model families in timm's registry, and `create_model`, the one way the suite makes a model.
+
+LV-ViT and T2T-ViT (and the CaiT and ViT sizes timm lacks) are registered in timm's registry under their own names.
+For the ViT/DeiT and CaiT names timm already has, the suite uses timm's names and weights but never registers
+them again: after `import backbones`, `timm.create_model` still gives timm's own model for every one of its names.
+What the suite's contract adds (inputs of any size, position embeddings resampled on the fly) comes through
+`create_model`, by the family's builder: timm's own `dynamic_img_size` option for ViT, the suite's subclass of
+timm's `Cait` for CaiT (timm's class has no such option).
+"""
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections import defaultdict
 from typing import Callable, Dict, List, TypeVar
 
 import timm
 import torch.nn as nn
-from timm.models import register_model
+from timm.models import register_model, split_model_name_tag
 
 from .errors import UsageError
 
 _F = TypeVar('_F', bound=Callable[..., nn.Module])
+Builder = Callable[..., nn.Module]  # (model name, **kwargs) -> model
 _FAMILIES: Dict[str, List[str]] = defaultdict(list)
+_BUILDERS: Dict[str, Builder] = {}
 
 
 def suite_model(family: str) -> Callable[[_F], _F]:
-    """Register an entrypoint in timm's registry and record it as a model of the suite's `family`.
-
-    Names that timm already has are registered again only for the same architecture (CaiT, ViT), to give
-    them the suite's contract (any input size); timm's warning about the overwrite is expected then.
-    """
+    """Register an entrypoint under a name timm does not have, as a model of the suite's `family`."""
 
     def register(fn: _F) -> _F:
-        with warnings.catch_warnings():
-            warnings.filterwarnings('ignore', message=f'Overwriting {fn.__name__} in registry')
-            register_model(fn)
+        if timm.is_model(fn.__name__):
+            raise RuntimeError(f'{fn.__name__} is already in timm\'s registry; the suite never takes over a name')
+        register_model(fn)
         _FAMILIES[family].append(fn.__name__)
         return fn
 
     return register
+
+
+def adopt_timm_models(family: str, names: List[str], builder: Builder) -> None:
+    """Count timm's models `names` in the suite's `family`; `create_model` makes them with `builder`."""
+    missing = [name for name in names if not timm.is_model(name)]
+    if missing:
+        raise RuntimeError(f'timm has no model {", ".join(missing)}')
+    _FAMILIES[family].extend(names)
+    set_family_builder(family, builder)
+
+
+def set_family_builder(family: str, builder: Builder) -> None:
+    """How `create_model` makes every model of `family` (default: timm.create_model)."""
+    _BUILDERS[family] = builder
 
 
 def suite_models(family: str | None = None) -> List[str]:
@@ -45,12 +64,13 @@ def families() -> Dict[str, List[str]]:
 
 
 def model_family(name: str) -> str | None:
-    """The suite family a registered model name belongs to (None for other timm models)."""
-    return next((family for family, names in _FAMILIES.items() if name in names), None)
+    """The suite family of a model name (a pretrained tag such as `.tl_in1k` allowed); None for other models."""
+    base, _ = split_model_name_tag(name)
+    return next((family for family, names in _FAMILIES.items() if base in names), None)
 
 
 def check_model_name(name: str) -> None:
-    """Raise a ValueError that lists the closest registered names if `name` is not a registered model."""
+    """A UsageError listing the closest registered names if `name` is not a registered model."""
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=8, cutoff=0.6)
         hint = f"did you mean: {', '.join(close)}?" if close else 'no registered name is close'
@@ -58,6 +78,7 @@ def check_model_name(name: str) -> None:
 
 
 def create_model(name: str, **kwargs) -> nn.Module:
-    """timm.create_model, but an unknown name raises a ValueError that lists the closest registered names."""
+    """A model with the suite's contract: the family's builder (timm.create_model for models outside the suite);
+    an unknown name is a UsageError listing the closest registered names."""
     check_model_name(name)
-    return timm.create_model(name, **kwargs)
+    return _BUILDERS.get(model_family(name), timm.create_model)(name, **kwargs)

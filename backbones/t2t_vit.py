@@ -4,7 +4,7 @@ The tokens-to-token module soft-splits the image three times (unfold with overla
 in between with a light attention layer: a performer (linear attention with positive random features,
 `t2t_vit_*`) or a one-head transformer (`t2t_vit_t_*`). The backbone is a ViT with a frozen 1-D sinusoidal
 position table. Parameter names match the released checkpoints, frozen tables (`pos_embed`, performer `w`)
-included.
+included, and `pretrained=True` fetches them through timm's download cache (`t2t_vit_14.in1k_384` for 384).
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Mlp, calculate_drop_path_rates, trunc_normal_, use_fused_attn
-from timm.models import build_model_with_cfg, generate_default_cfgs
+from timm.models import generate_default_cfgs
 
-from .layers import (Grid, ScaledResidualBlock, TokenModelMixin, block_feature_info, features_only_cfg,
+from .layers import (Grid, ScaledResidualBlock, TokenModelMixin, block_feature_info, build_token_model,
                      init_linear_and_norm, token_model_cfg)
 from .registry import suite_model
+from .weights import release_filter
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
 
@@ -205,8 +206,13 @@ class T2TViT(TokenModelMixin, nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _cfg(first_conv: str = 'tokens_to_token.attention1.kqv', **kwargs) -> dict:
-    return token_model_cfg(first_conv, **kwargs)
+RELEASES = 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main'
+
+
+def _cfg(file: str = '', transformer: bool = False, **kwargs) -> dict:
+    """The cfg of T2T-ViT weights: an official release file (T2T-ViT's `main` release) or none."""
+    first_conv = 'tokens_to_token.attention1.' + ('attn.qkv' if transformer else 'kqv')
+    return token_model_cfg(first_conv, url=f'{RELEASES}/{file}' if file else '', **kwargs)
 
 
 # name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio)
@@ -222,11 +228,19 @@ _VARIANTS = {
     't2t_vit_t_24': ('transformer', 512, 24, 8, 3.0),
 }
 
+# The released ImageNet weights (REFERENCE section 6), named by their top-1; `.in1k_384` tags the 384 files.
 default_cfgs = generate_default_cfgs({
-    **{name: _cfg() for name in _VARIANTS},
-    't2t_vit_t_14': _cfg(first_conv='tokens_to_token.attention1.attn.qkv'),
-    't2t_vit_t_19': _cfg(first_conv='tokens_to_token.attention1.attn.qkv'),
-    't2t_vit_t_24': _cfg(first_conv='tokens_to_token.attention1.attn.qkv'),
+    't2t_vit_7.in1k': _cfg('71.7_T2T_ViT_7.pth.tar'),
+    't2t_vit_10.in1k': _cfg('75.2_T2T_ViT_10.pth.tar'),
+    't2t_vit_12.in1k': _cfg('76.5_T2T_ViT_12.pth.tar'),
+    't2t_vit_14.in1k': _cfg('81.5_T2T_ViT_14.pth.tar'),
+    't2t_vit_14.in1k_384': _cfg('83.3_T2T_ViT_14.pth.tar', input_size=(3, 384, 384), crop_pct=1.0),
+    't2t_vit_19.in1k': _cfg('81.9_T2T_ViT_19.pth.tar'),
+    't2t_vit_24.in1k': _cfg('82.3_T2T_ViT_24.pth.tar'),
+    't2t_vit_24.in1k_384': _cfg('84.2_T2T_ViT_24.pth.tar', input_size=(3, 384, 384), crop_pct=1.0),
+    't2t_vit_t_14.in1k': _cfg('81.7_T2T_ViTt_14.pth.tar', transformer=True),
+    't2t_vit_t_19.in1k': _cfg('82.4_T2T_ViTt_19.pth.tar', transformer=True),
+    't2t_vit_t_24.in1k': _cfg('82.6_T2T_ViTt_24.pth.tar', transformer=True),
 })
 
 
@@ -234,8 +248,7 @@ def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
     tokens_type, embed_dim, depth, num_heads, mlp_ratio = _VARIANTS[variant]
     defaults = dict(tokens_type=tokens_type, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
                     mlp_ratio=mlp_ratio)
-    return build_model_with_cfg(T2TViT, variant, pretrained, feature_cfg=features_only_cfg(kwargs),
-                                **{**defaults, **kwargs})
+    return build_token_model(T2TViT, variant, pretrained, defaults, kwargs, release_filter)
 
 
 @suite_model('t2t_vit')

@@ -1,47 +1,31 @@
-"""ViT (Dosovitskiy et al., 2021) and DeiT (Touvron et al., 2021): timm's VisionTransformer.
+"""ViT (Dosovitskiy et al., 2021) and DeiT (Touvron et al., 2021): timm's VisionTransformer, names and weights.
 
-timm implements these models with the official key layout, so the suite uses its class and entrypoints as they
-are, registered again under the same names only to default `dynamic_img_size=True` (inputs of any size, position
-embeddings resampled per forward), which the suite's contract requires of every model.
+timm implements these models with the official key layout. The suite counts timm's ViT-B/16, ViT-L/16 and DeiT-S
+among its models without registering them again, and registers only the ViT-S/16 that the T2T-ViT paper compares
+with (timm < 0.4's `vit_small_patch16_224`, a name timm now gives a DeiT-S sized model). `backbones.create_model`
+builds every one with timm's `dynamic_img_size=True`: inputs of any size, position embeddings resampled per forward.
 """
 from __future__ import annotations
 
+import timm
 import torch.nn as nn
-from timm.models import deit as _timm_deit, vision_transformer as _timm_vit
+from timm.models import vision_transformer as _timm_vit
 from timm.models.vision_transformer import VisionTransformer
 
-from .registry import suite_model
+from .registry import adopt_timm_models, suite_model
 
 __all__ = ['VisionTransformer']
 
-default_cfgs = {
-    'vit_base_patch16_224': _timm_vit.default_cfgs['vit_base_patch16_224'],
-    'vit_large_patch16_224': _timm_vit.default_cfgs['vit_large_patch16_224'],
-    'deit_small_patch16_224': _timm_deit.default_cfgs['deit_small_patch16_224'],
-    **_timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': _timm_vit._cfg()}),
-}
+
+def create_any_size(name: str, **kwargs) -> VisionTransformer:
+    """timm's model with `dynamic_img_size=True` unless told otherwise."""
+    return timm.create_model(name, **{'dynamic_img_size': True, **kwargs})
 
 
-def _any_size(kwargs: dict) -> dict:
-    return {'dynamic_img_size': True, **kwargs}
+adopt_timm_models('vit', ['vit_base_patch16_224', 'vit_large_patch16_224', 'deit_small_patch16_224'],
+                  create_any_size)
 
-
-@suite_model('vit')
-def vit_base_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-B/16: 12 blocks, D 768, MLP 3072, 12 heads, 86.6M parameters."""
-    return _timm_vit.vit_base_patch16_224(pretrained, **_any_size(kwargs))
-
-
-@suite_model('vit')
-def vit_large_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-L/16: 24 blocks, D 1024, MLP 4096, 16 heads, 304.3M parameters."""
-    return _timm_vit.vit_large_patch16_224(pretrained, **_any_size(kwargs))
-
-
-@suite_model('vit')
-def deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """DeiT-S/16: 12 blocks, D 384, MLP 1536, 6 heads, 22.1M parameters."""
-    return _timm_deit.deit_small_patch16_224(pretrained, **_any_size(kwargs))
+default_cfgs = _timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': _timm_vit._cfg()})
 
 
 @suite_model('vit')
@@ -52,5 +36,5 @@ def vit_small_patch16_legacy_224(pretrained: bool = False, **kwargs) -> VisionTr
     """
     model_args = dict(patch_size=16, embed_dim=768, depth=8, num_heads=8, mlp_ratio=3.0, qkv_bias=False,
                       norm_layer=nn.LayerNorm)
-    return _timm_vit._create_vision_transformer(
-        'vit_small_patch16_legacy_224', pretrained=pretrained, **_any_size({**model_args, **kwargs}))
+    return _timm_vit._create_vision_transformer('vit_small_patch16_legacy_224', pretrained=pretrained,
+                                                **{**model_args, **kwargs})

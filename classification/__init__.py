@@ -1,1 +1,2 @@
-"""ImageNet-style classification training with token labeling: data, augmentation, targets, loss, trainer."""
+"""The classification applications: ImageNet-style training with token labeling (`train`) and CIFAR transfer
+(`transfer`), with their data, recipes, models and loss."""

@@ -1,99 +1,15 @@
-"""ImageNet-layout image folders (`train/CLASS/*.JPEG`, `val/CLASS/*.JPEG`) for training and evaluation.
-
-Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): that is also the key of each image
-in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
-"""
+"""ImageNet-layout folders as training and evaluation data: images, labels, crop geometry and token labels."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
-import numpy as np
 import torch
-from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate
 
-from backbones.errors import DataError
-
-from .label_store import TokenLabelStore
-
-IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
-
-
-class ImageReadError(DataError, RuntimeError):
-    """An image file that cannot be opened or decoded."""
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """8-bit RGB. PIL's own conversion clips 16-bit and 32-bit grey to 255 (an almost white image): scale those."""
-    if img.mode.startswith('I') or img.mode == 'F':
-        values = np.asarray(img, dtype=np.float64)
-        top = 65535.0 if img.mode.startswith('I;16') or values.max() <= 65535 else float(values.max())
-        img = Image.fromarray(np.clip(np.round(values * (255.0 / top)), 0, 255).astype(np.uint8))
-    return img.convert('RGB')
-
-
-def read_image(path: Path) -> Image.Image:
-    """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it."""
-    try:
-        with Image.open(path) as img:
-            return to_rgb(img)
-    except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
-        raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e
-
-
-def is_class_folder(path: Path) -> bool:
-    """A class is a visible folder holding at least one image (not `.ipynb_checkpoints`, not an empty folder)."""
-    return (path.is_dir() and not path.name.startswith('.')
-            and any(f.suffix.lower() in IMG_EXTENSIONS for f in path.iterdir()))
-
-
-def find_classes(split_dir: Path) -> List[str]:
-    if not split_dir.is_dir():
-        raise DataError(f'no image folder at {split_dir} (expected the ImageNet layout {split_dir}/CLASS/*.JPEG)')
-    classes = sorted(p.name for p in split_dir.iterdir() if is_class_folder(p))
-    if not classes:
-        raise DataError(f'{split_dir} has no class folders with images (expected {split_dir}/CLASS/*.JPEG, '
-                        f'extensions {", ".join(IMG_EXTENSIONS)})')
-    return classes
-
-
-def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_from: str, found_from: str) -> None:
-    """Two class lists must be equal, names and order; otherwise an error naming what differs."""
-    if list(expected) == list(found):
-        return
-    expected_set, found_set = set(expected), set(found)
-    only_expected = [c for c in expected if c not in found_set]
-    only_found = [c for c in found if c not in expected_set]
-    detail = (f'only in {expected_from}: {", ".join(only_expected[:5]) or "none"}; '
-              f'only in {found_from}: {", ".join(only_found[:5]) or "none"}')
-    if not only_expected and not only_found:
-        detail = 'the same names in another order'
-    raise DataError(f'{found_from} has {len(found)} classes, {expected_from} {len(expected)}, and they differ '
-                    f'({detail})')
-
-
-def scan_split(data_dir: Path, split: str, classes: Optional[Sequence[str]] = None,
-               classes_from: str = 'the training split') -> Tuple[List[str], List[Tuple[str, int]]]:
-    """Classes (sorted class folders, or those given, which come from `classes_from`) and (path relative to
-    `data_dir`, label) of one split. Given classes may lack a folder; a folder outside them is an error."""
-    split_dir = Path(data_dir) / split
-    found = find_classes(split_dir)
-    classes = list(classes) if classes is not None else found
-    unknown = sorted(set(found) - set(classes))
-    if unknown:
-        raise DataError(f'{split_dir} has {len(unknown)} class folder(s) that {classes_from} does not: '
-                        f'{", ".join(unknown[:5])}')
-    samples = []
-    for label, name in enumerate(classes):
-        folder = split_dir / name
-        if folder.is_dir():
-            samples += [(f'{split}/{name}/{f.name}', label) for f in sorted(folder.iterdir())
-                        if f.suffix.lower() in IMG_EXTENSIONS]
-    if not samples:
-        raise DataError(f'no images under {split_dir} (extensions {", ".join(IMG_EXTENSIONS)})')
-    return classes, samples
+from engine.images import ImageReadError, check_same_classes, read_image, scan_split
+from token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):

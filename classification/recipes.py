@@ -12,12 +12,12 @@ from typing import Callable, Dict, Optional, Sequence, TypeVar
 from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.optim import list_optimizers
 
-from backbones.cli import (below_one, fraction, non_negative_float, non_negative_int, open_fraction, positive_float,
-                           positive_int, probability)
+from backbones import model_family
 from backbones.errors import UsageError
-from backbones.registry import model_family
-
-from .augment import LabelAwareRandAugment
+from engine.cli import (below_one, fraction, non_negative_float, non_negative_int, open_fraction, positive_float,
+                        positive_int, probability)
+from engine.trainer import Optimization
+from token_labeling.augment import LabelAwareRandAugment
 
 R = TypeVar('R')
 
@@ -56,6 +56,19 @@ class Recipe:
     def uses_score_maps(self) -> bool:
         """Whether training reads the annotator's token-label store (token labeling with map targets)."""
         return self.token_labeling and self.token_target == 'map'
+
+    def optimization(self, global_batch: int) -> Optimization:
+        """The recipe's optimisation at `global_batch` images per update: lr = lr_base x global_batch / lr_base_batch."""
+        return Optimization(self.opt, self.lr_base * global_batch / self.lr_base_batch, self.weight_decay,
+                            self.epochs, self.warmup_epochs, self.warmup_lr, self.min_lr, self.cooldown_epochs,
+                            clip_grad=self.clip_grad, ema_decay=self.ema_decay)
+
+    def describe_epochs(self) -> str:
+        """The epochs a run trains, the cooldown (T2T-ViT's recipe adds 10 at the floor lr) said out loud."""
+        if not self.cooldown_epochs:
+            return f'{self.epochs} epochs'
+        return (f'{self.epochs} epochs + {self.cooldown_epochs} cooldown epochs at the final lr = '
+                f'{self.epochs + self.cooldown_epochs} epochs (--cooldown-epochs 0 for none)')
 
 
 # LV-ViT (Jiang et al.): token labeling, AdamW lr 1e-3 per 640 images, 300 epochs, 5 warmup, EMA 0.99992.
@@ -143,14 +156,23 @@ class TransferRecipe:
     hflip: float = 0.5
     smoothing: float = 0.0
     val_fraction: float = 0.1  # of every class of the training set, held out for model selection
-    token_head: str = 'drop'  # drop, or label: keep it and train every token on the image label
-    dense_weight: float = 0.5  # with token_head label: weight of the token term of the loss
-    mix_token: float = 0.0  # with token_head label: MixToken Beta(alpha, alpha); 0 turns it off
+    token_labeling: bool = False  # keep (or add) the token head and train every token on the image label
+    dense_weight: float = 0.5  # with token labeling: weight of the token term of the loss
+    mix_token: float = 0.0  # with token labeling: MixToken Beta(alpha, alpha); 0 turns it off
+
+    def optimization(self, global_batch: int) -> Optimization:
+        """The recipe at `global_batch` images per update: `lr` and `min_lr` scale linearly (`lr` is the new
+        classifier's; the parameter groups give the backbone its fraction)."""
+        scale = global_batch / self.lr_base_batch
+        return Optimization(TRANSFER_OPTIMIZERS_TIMM[self.opt], self.lr * scale, self.weight_decay, self.epochs,
+                            self.warmup_epochs, min_lr=self.min_lr * scale, momentum=self.momentum,
+                            clip_grad=self.clip_grad)
 
 
 # AdamW wants a far smaller step than SGD: 1e-3 on the head, 1e-4 on the backbone, one warm-up epoch.
 TRANSFER_ADAMW = dict(opt='adamw', lr=1e-3, backbone_lr_scale=0.1, weight_decay=0.05, min_lr=1e-6, warmup_epochs=1)
 TRANSFER_OPTIMIZERS = {'sgd': {}, 'adamw': TRANSFER_ADAMW}
+TRANSFER_OPTIMIZERS_TIMM = {'sgd': 'momentum', 'adamw': 'adamw'}  # timm's name: its 'sgd' is Nesterov, the recipe's not
 
 
 def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
@@ -193,8 +215,7 @@ FIELD_TYPES: Dict[str, Callable[[str], object]] = {
     'val_fraction': open_fraction,
 }
 FIELD_CHOICES = {
-    'cls_target': ('map', 'label'), 'token_target': ('map', 'label'), 'token_head': ('drop', 'label'),
-    'interpolation': ('random', 'bilinear', 'bicubic'),
+    'cls_target': ('map', 'label'), 'token_target': ('map', 'label'), 'interpolation': ('random', 'bilinear', 'bicubic'),
 }
 
 

@@ -1,85 +1,57 @@
-"""ImageNet-style training of any suite model, with token labeling (LV-ViT's recipe) or the vanilla DeiT recipe.
+"""ImageNet-style training of any model (the suite's or any timm model) with its paper recipe: token labeling
+(LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`).
 
-`tools/train_cls.py` is the command; `main(argv)` is the same thing callable from Python.
+`tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info)` is the same run from
+Python, with a `Recipe` (`recipes.recipe_for`) and an `ImageData`.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import json
-import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional
 
-import timm
-import torch
 import torch.nn as nn
-from timm.data import Mixup, resolve_data_config
-from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
-from timm.utils import ModelEmaV3
-from torch.utils.data import DataLoader, DistributedSampler
+from timm.data import Mixup
 
-from backbones import CheckpointError, TokenLabelingModel, create_model, load_checkpoint
-from backbones.cli import DEVICES, non_negative_int, positive_int
-from backbones.errors import DataError, UsageError
-from backbones.registry import check_model_name, model_family
-from backbones.token_labeling import TOKEN_HEAD
+from backbones import load_checkpoint, model_family
+from backbones.errors import CheckpointError, UsageError
+from backbones.registry import check_model_name
+from backbones.token_head import TOKEN_HEAD
+from engine.checkpoints import checkpoint_classes, seed_all
+from engine.cli import model_parser
+from engine.distributed import DistInfo, run_distributed, sharded_loaders
+from engine.fit import bare_model
+from engine.images import check_same_classes
+from engine.log import logger
+from engine.trainer import RunOptions, Trainer, add_run_arguments
+from token_labeling.augment import TrainTransform
+from token_labeling.label_store import TokenLabelStore
+from token_labeling.loss import TokenLabelingLoss
+from token_labeling.targets import TokenTargetBuilder
 
-from .augment import TrainTransform
-from .checkpointing import checkpoint_classes, seed_all, write_json_atomic
-from .data import ImageFolderDataset, check_same_classes, collate_skipping, eval_transform
-from .distributed import DistInfo, ShardSampler, barrier, cleanup, init_distributed
-from .engine import Objective, StepState
-from .fit import METRICS, Fit, RunLog, bare_model, resume_path
-from .label_store import TokenLabelStore
-from .loss import TokenLabelingLoss
+from .data import ImageFolderDataset, collate_skipping, eval_transform
+from .models import create_classifier, model_data_config
+from .objective import ClassificationObjective
 from .recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
-from .targets import TokenTargetBuilder
 
 
-def parse_model_kwargs(items: List[str]) -> dict:
-    """`key=value` pairs, values parsed as Python literals where they are one (numbers, True, None)."""
-    kwargs = {}
-    for item in items:
-        key, sep, value = item.partition('=')
-        if not sep:
-            raise UsageError(f'--model-kwargs takes key=value, got {item!r}')
-        try:
-            kwargs[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            kwargs[key] = value
-    return kwargs
+@dataclass(frozen=True)
+class ImageData:
+    """An ImageNet-layout folder (`train/CLASS/*`, `val/CLASS/*`) and, for token labeling, its label store."""
+
+    root: Path
+    token_labels: Optional[Path] = None
+    skip_unreadable: bool = False
 
 
-def add_run_arguments(p: argparse.ArgumentParser, default_output: str) -> None:
-    """Options every training command has: output and resume, model arguments, processes, device, precision."""
-    p.add_argument('--output', help=f'output folder (default {default_output})')
-    p.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
-                   help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
-    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
-                   help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
-    p.add_argument('--workers', type=non_negative_int, default=min(4, os.cpu_count() or 1),
-                   help='data-loading processes per training process')
-    p.add_argument('--seed', type=non_negative_int, default=42)
-    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
-    p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto',
-                   help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
-    p.add_argument('--log-interval', type=positive_int, default=50, help='updates between TensorBoard loss points')
-    p.add_argument('--grad-checkpointing', action='store_true',
-                   help='recompute each block\'s activations in the backward pass: less memory, more compute')
-
-
-def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """A training command's parser, its first argument the model name."""
-    p = argparse.ArgumentParser(prog=prog, description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('model', help='model name (tools/model_info.py --all lists them)')
-    return p
+# Gives the data of a run without --data-dir: (digits folder, recipe, process info, loader workers) -> data.
+DefaultData = Callable[[Path, Recipe, DistInfo, int], ImageData]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = model_parser('train_cls.py', 'Train a suite model on an ImageNet-layout folder with its paper recipe (token '
+    p = model_parser('train_cls.py', 'Train a model on an ImageNet-layout folder with its paper recipe (token '
                      'labeling for LV-ViT). Without --data-dir it runs on the embedded scikit-learn digits data set.')
     p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py')
@@ -112,70 +84,6 @@ def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
     return override_recipe(recipe_for(args.model, digits, chosen_preset(args)), args)
 
 
-def pick_amp(amp: str, device: torch.device) -> str:
-    if amp != 'auto':
-        if amp != 'none' and device.type != 'cuda':
-            raise UsageError(f'--amp {amp} needs a GPU; this run is on {device}')
-        return amp
-    if device.type != 'cuda':
-        return 'none'
-    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
-
-
-def create_classifier(name: str, num_classes: int, img_size: Optional[int] = None, token_labeling: bool = False,
-                      mix_token: float = 1.0, **kwargs) -> nn.Module:
-    """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken."""
-    family = model_family(name)
-    if family is not None and img_size is not None:  # timm models outside the suite (CNNs) keep their own size
-        kwargs['img_size'] = img_size
-    if family == 'lvvit':
-        kwargs['token_head'] = token_labeling
-    try:
-        model = create_model(name, num_classes=num_classes, **kwargs)
-    except TypeError as e:  # an argument the model does not take
-        raise UsageError(f'{name} does not take these arguments: {e}') from e
-    check_input_size(model, name, img_size)
-    return TokenLabelingModel(model, mix_token) if token_labeling else model
-
-
-def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> None:
-    """The input size must give the model at least one patch, and a whole number of them where it needs that."""
-    patch_embed = getattr(model, 'patch_embed', None)
-    grid = getattr(patch_embed, 'grid_size', None)
-    if img_size is None or grid is None:
-        return
-    patch = getattr(patch_embed, 'patch_size', None)
-    if min(grid) < 1:
-        raise UsageError(f'--img-size {img_size} is smaller than one patch of {name}'
-                         + (f' ({patch[0]} px)' if patch else ''))
-    if patch and not getattr(patch_embed, 'dynamic_img_pad', False) and img_size % patch[0]:
-        raise UsageError(f'--img-size {img_size} does not fit {name}: it needs a multiple of its {patch[0]} px '
-                         f'patches')
-
-
-def describe_epochs(recipe: Recipe) -> str:
-    """The epochs a run trains, the cooldown (T2T-ViT's recipe adds 10 at the floor lr) said out loud."""
-    if not recipe.cooldown_epochs:
-        return f'{recipe.epochs} epochs'
-    return (f'{recipe.epochs} epochs + {recipe.cooldown_epochs} cooldown epochs at the final lr = '
-            f'{recipe.epochs + recipe.cooldown_epochs} epochs (--cooldown-epochs 0 for none)')
-
-
-def build_model(args: argparse.Namespace, recipe: Recipe, num_classes: int, img_size: int) -> nn.Module:
-    return create_classifier(args.model, num_classes, img_size, recipe.token_labeling, recipe.mix_token,
-                             drop_path_rate=recipe.drop_path, **parse_model_kwargs(args.model_kwargs))
-
-
-def use_grad_checkpointing(model: nn.Module, enable: bool) -> None:
-    """Turn on the model's gradient checkpointing (timm's `set_grad_checkpointing`) when asked."""
-    if not enable:
-        return
-    target = bare_model(model)
-    if not hasattr(target, 'set_grad_checkpointing'):
-        raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
-    target.set_grad_checkpointing(True)
-
-
 def load_finetune_weights(model: nn.Module, path: str, classes: List[str], new_head: bool) -> str:
     """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
     recorded = checkpoint_classes(path)
@@ -188,127 +96,91 @@ def load_finetune_weights(model: nn.Module, path: str, classes: List[str], new_h
     return report.summary()
 
 
-def make_loaders(args, recipe: Recipe, info: DistInfo, data_dir: Path, store: Optional[TokenLabelStore],
-                 data_cfg: dict, img_size: int):
-    train_tf = TrainTransform(img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
+def make_loaders(data: ImageData, store: Optional[TokenLabelStore], recipe: Recipe, data_cfg: dict, info: DistInfo,
+                 options: RunOptions):
+    """Training batches (label-aware augmentation, token labels) and validation batches, and the class list."""
+    train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
                               interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
-    train_set = ImageFolderDataset(data_dir, 'train', train_tf, label_store=store,
-                                   skip_unreadable=args.skip_unreadable)
-    val_tf = eval_transform(img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
+    train_set = ImageFolderDataset(data.root, 'train', train_tf, label_store=store,
+                                   skip_unreadable=data.skip_unreadable)
+    val_tf = eval_transform(recipe.img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
                             data_cfg['std'])
-    val_set = ImageFolderDataset(data_dir, 'val', val_tf, classes=train_set.classes,
-                                 skip_unreadable=args.skip_unreadable)
-    if len(train_set) < recipe.batch_size * info.world_size:
-        raise DataError(f'{len(train_set)} training images are fewer than one global batch '
-                         f'({recipe.batch_size} x {info.world_size} processes)')
-    common = dict(num_workers=args.workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_skipping)
-    sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=args.seed, drop_last=True)
-    train_loader = DataLoader(train_set, recipe.batch_size, sampler=sampler, drop_last=True, **common)
-    val_loader = DataLoader(val_set, recipe.batch_size, sampler=ShardSampler(len(val_set), info), **common)
+    val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
+                                 skip_unreadable=data.skip_unreadable)
+    train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
+                                               options.seed, collate_skipping)
     return train_loader, val_loader, train_set.classes
 
 
-def make_objective(recipe: Recipe, num_classes: int) -> Objective:
+def make_objective(recipe: Recipe, num_classes: int) -> ClassificationObjective:
     if recipe.token_labeling:
         builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
-        return Objective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
-                         recipe.cls_target)
+        return ClassificationObjective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
+                                       recipe.cls_target)
     mixup = None
     if recipe.mixup > 0 or recipe.cutmix > 0:
         mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
                       num_classes=num_classes)
-    return Objective(num_classes, recipe.smoothing, mixup=mixup)
+    return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup)
 
 
-def launch(run_fn: Callable[[argparse.Namespace, DistInfo], dict], args: argparse.Namespace) -> dict:
-    """Check the model name, join the process group torchrun describes (or run alone), run, leave the group."""
-    if args.model not in timm.list_models():
-        check_model_name(args.model)
-    info = init_distributed(args.device)
-    try:
-        return run_fn(args, info)
-    finally:
-        cleanup(info)
-
-
-def main(argv: Optional[List[str]] = None) -> dict:
-    return launch(run, build_parser().parse_args(argv))
-
-
-def run(args: argparse.Namespace, info: DistInfo) -> dict:
-    if args.new_head and not args.finetune:
+def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
+          preset: Optional[str] = None, finetune: Optional[str] = None, new_head: bool = False) -> dict:
+    """Train `model_name` on `data` with `recipe`; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
+    if new_head and not finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
-    digits = args.data_dir is None
-    recipe = resolve_recipe(args, digits)
-    output = Path(args.output or f'output/train_cls/{args.model}')
-    seed_all(args.seed)
-    if digits:
-        from .digits import prepare_digits_run
-        data_dir, token_label_dir = prepare_digits_run(Path(args.digits_dir), recipe, info, args.workers)
-    else:
-        data_dir, token_label_dir = Path(args.data_dir), args.token_label_dir
-    if recipe.uses_score_maps and token_label_dir is None:
-        raise UsageError(f'the {args.model} recipe trains with token labeling: pass --token-label-dir '
+    if recipe.uses_score_maps and data.token_labels is None:
+        raise UsageError(f'the {model_name} recipe trains with token labeling: pass --token-label-dir '
                          f'(tools/generate_token_labels.py makes one), --token-target label or --no-token-labeling')
-    store = TokenLabelStore(token_label_dir) if recipe.uses_score_maps else None
-
-    resume = resume_path(args.resume, output)
-    if info.is_main:
-        output.mkdir(parents=True, exist_ok=True)
-    barrier(info)
-
-    data_cfg = resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(args.model).to_dict())
-    img_size = recipe.img_size or data_cfg['input_size'][-1]
-    recipe.img_size = img_size
-    train_loader, val_loader, classes = make_loaders(args, recipe, info, data_dir, store, data_cfg, img_size)
-    num_classes = len(classes)
-    seed_all(args.seed)  # the initial weights do not depend on what ran before
-    model = build_model(args, recipe, num_classes, img_size)
-    if args.finetune and not resume:
-        message = load_finetune_weights(bare_model(model), args.finetune, classes, args.new_head)
-        if info.is_main:
-            print(message, flush=True)
-    use_grad_checkpointing(model, args.grad_checkpointing)
-    model.to(info.device)
-
-    global_batch = recipe.batch_size * info.world_size
-    lr = recipe.lr_base * global_batch / recipe.lr_base_batch
-    optimizer = create_optimizer_v2(bare_model(model), opt=recipe.opt, lr=lr, weight_decay=recipe.weight_decay)
-    updates_per_epoch = len(train_loader)
-    scheduler, num_epochs = create_scheduler_v2(
-        optimizer, 'cosine', num_epochs=recipe.epochs, warmup_epochs=recipe.warmup_epochs,
-        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr, cooldown_epochs=recipe.cooldown_epochs,
-        step_on_epochs=False, updates_per_epoch=updates_per_epoch)
-    amp = pick_amp(args.amp, info.device)
-    scaler = torch.amp.GradScaler('cuda') if amp == 'fp16' else None
-    ema = ModelEmaV3(model, decay=recipe.ema_decay, use_warmup=True) if recipe.ema_decay > 0 else None
-    state = StepState(optimizer, scheduler, scaler, ema)
-
-    preset = chosen_preset(args)
-    fit = Fit(model, state, make_objective(recipe, num_classes), info, output,
-              {'model': args.model, 'preset': preset, 'classes': classes, **vars(recipe)},
-              amp, recipe.clip_grad)
-    fit.start(resume, args.seed)
-    if info.is_main:
-        print(f'{args.model}: {num_classes} classes, {len(train_loader.dataset)} train / {len(val_loader.dataset)} '
-              f'val images, {info.world_size} process(es), global batch {global_batch}, lr {lr:.3g}, amp {amp}, '
-              f'token labeling {recipe.token_labeling}', flush=True)
-        print('recipe: ' + json.dumps(vars(recipe)), flush=True)
-        print(f'schedule: {describe_epochs(recipe)}', flush=True)
-    record = fit.run(train_loader, val_loader, num_epochs, RunLog(output, info, args.log_interval))
-    best = fit.best
-    metrics = {'model': args.model, 'top1': record.get('top1'), 'top5': record.get('top5'), 'epochs': num_epochs,
-               'best_top1': best['top1'], 'best_epoch': best['epoch'], 'token_labeling': recipe.token_labeling,
-               'preset': preset,
+    store = TokenLabelStore(data.token_labels) if recipe.uses_score_maps else None
+    trainer = Trainer(options, info)
+    data_cfg = model_data_config(model_name)
+    recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]
+    train_loader, val_loader, classes = make_loaders(data, store, recipe, data_cfg, info, options)
+    seed_all(options.seed)  # the initial weights do not depend on what ran before
+    model = create_classifier(model_name, len(classes), recipe.img_size, recipe.token_labeling, recipe.mix_token,
+                              drop_path_rate=recipe.drop_path, **options.model_kwargs)
+    if finetune and not trainer.resume:
+        logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
+    optimization = recipe.optimization(recipe.batch_size * info.world_size)
+    config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe)}
+    fit = trainer.start(model, bare_model(model), optimization, make_objective(recipe, len(classes)), config,
+                        len(train_loader))
+    logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
+                f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
+                f'{recipe.batch_size * info.world_size}, lr {optimization.lr:.3g}, amp {fit.amp}, token labeling '
+                f'{recipe.token_labeling}')
+    logger.info('recipe: ' + json.dumps(vars(recipe)))
+    logger.info(f'schedule: {recipe.describe_epochs()}')
+    record = trainer.run(fit, train_loader, val_loader)
+    metrics = {'model': model_name, 'top1': record.get('top1'), 'top5': record.get('top5'),
+               'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
+               'token_labeling': recipe.token_labeling, 'preset': preset,
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
-    if ema is not None:
+    if optimization.ema_decay > 0:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
-    if info.is_main:
-        write_json_atomic(output / METRICS, metrics)
-        print(f'done: top-1 {metrics["top1"]:.2f}%  top-5 {metrics["top5"]:.2f}%  -> {output / METRICS}', flush=True)
-        if metrics['skipped_images']:
-            print(f'skipped {metrics["skipped_images"]} unreadable image(s)', flush=True)
-    return metrics
+    summary = f'done: top-1 {metrics["top1"]:.2f}%  top-5 {metrics["top5"]:.2f}%'
+    if metrics['skipped_images']:
+        summary += f' ({metrics["skipped_images"]} unreadable image(s) skipped)'
+    return trainer.finish(metrics, summary)
 
 
+def main(argv: Optional[List[str]] = None, default_data: Optional[DefaultData] = None) -> dict:
+    """tools/train_cls.py: without --data-dir, `default_data` provides the data (the tool's: the embedded digits)."""
+    args = build_parser().parse_args(argv)
+    check_model_name(args.model)
+    if args.data_dir is None and default_data is None:
+        raise UsageError('--data-dir is required (the folder with train/CLASS/* and val/CLASS/*)')
+    recipe = resolve_recipe(args, digits=args.data_dir is None)
+    options = RunOptions.from_args(args, f'output/train_cls/{args.model}')
+
+    def run(info: DistInfo) -> dict:
+        if args.data_dir is None:
+            data = default_data(Path(args.digits_dir), recipe, info, options.workers)
+        else:
+            data = ImageData(Path(args.data_dir), args.token_label_dir and Path(args.token_label_dir),
+                             args.skip_unreadable)
+        return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head)
+
+    return run_distributed(run, args.device)

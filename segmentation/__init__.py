@@ -1,12 +1,13 @@
 """Semantic segmentation with the suite's backbones on mmsegmentation 1.x.
 
 Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
-(any suite model), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`, `LayerDecayOptimWrapperConstructor`, the
-`IoUReport` metric and the embedded `DigitsSegDataset`; and lets mmengine load its own checkpoints under
-torch >= 2.6 (see `checkpoint_io`).
+(any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
+`LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the embedded `DigitsSegDataset`; and lets mmengine
+write its checkpoints atomically, read them under torch >= 2.6, and read the LV-ViT segmentation releases of the
+reference's mmseg 0.x code (see `mmengine_io` and `release`).
 """
-from backbones.mmcv_compat import ensure_mmseg_importable
+from .mmcv_compat import ensure_mmseg_importable
 
 ensure_mmseg_importable()  # before anything imports mmseg.models
 
-from . import backbone, checkpoint_io, digits, layer_decay, metrics, neck, segmentor  # noqa: E402,F401  (registration)
+from . import backbone, digits, layer_decay, metrics, mmengine_io, neck, segmentor  # noqa: E402,F401  (registration)

@@ -11,7 +11,11 @@ decode head's final resize to the image size is exact.
 `pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)` loads a classification checkpoint (ours
 or an official release file) through `backbones.load_checkpoint`: wrappers, prefixes and the position-table resize
 are handled there, a missing backbone key is an error, and keys of the pruned parts (heads, final norm, later
-blocks) are reported in the log.
+blocks) are reported in the log. A segmentation checkpoint whose position table has another grid (the released
+LV-ViT segmentors, a run at another crop size) has it resampled to this backbone's grid when it loads.
+
+Registered as `TokenBackbone`, and under the former per-family names (`LVViTBackbone`, `T2TViTBackbone`,
+`CaiTBackbone`, `ViTBackbone`) so that configs written for those still run.
 """
 from __future__ import annotations
 
@@ -20,12 +24,15 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 
-from backbones import create_model, load_checkpoint, suite_models
-from backbones.registry import model_family
+from backbones import create_model, load_checkpoint, model_family, suite_models
+from backbones.errors import UsageError
+from backbones.weights import fit_pos_embed
+from engine.log import logger
 from mmseg.registry import MODELS
+
+FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
 
 
 def crop_to_extent(maps: torch.Tensor, extent: Tuple[float, float]) -> torch.Tensor:
@@ -57,17 +64,17 @@ class TokenBackbone(BaseModule):
     ) -> None:
         if pretrained is not None:
             if init_cfg is not None:
-                raise ValueError('give the backbone either `pretrained` or `init_cfg`, not both')
+                raise UsageError('give the backbone either `pretrained` or `init_cfg`, not both')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg)
         if model_family(model_name) is None:
-            raise ValueError(f'{type(self).__name__} takes a model of the suite, not {model_name!r}; choose one of: '
+            raise UsageError(f'{type(self).__name__} takes a model of the suite, not {model_name!r}; choose one of: '
                              f'{", ".join(suite_models())}')
         self.model = create_model(model_name, img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate,
                                   **(model_kwargs or {}))
         depth = len(self.model.blocks)
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
-            raise ValueError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
+            raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
         self.stride = img_size // self.model.patch_embed.grid_size[0]
@@ -83,12 +90,21 @@ class TokenBackbone(BaseModule):
         if self.init_cfg is None:
             return
         if self.init_cfg.get('type') != 'Pretrained':
-            raise ValueError(f'{type(self).__name__} understands init_cfg type "Pretrained" only, '
+            raise UsageError(f'{type(self).__name__} understands init_cfg type "Pretrained" only, '
                              f'got {self.init_cfg!r}')
         report = load_checkpoint(self.model, self.init_cfg['checkpoint'], use_ema=self.use_ema, strict=True,
                                  allow_unexpected=True)
-        print_log(f'{type(self).__name__}: {report.summary()}', logger='current')
+        logger.info(f'{type(self).__name__}: {report.summary()}')
         self._is_init = True
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        """A segmentor checkpoint's position table resampled to this backbone's grid (another crop size, or the
+        reference's released segmentors)."""
+        key = f'{prefix}model.pos_embed'
+        own = getattr(self.model, 'pos_embed', None)
+        if key in state_dict and own is not None and state_dict[key].shape != own.shape:
+            state_dict[key] = fit_pos_embed(self.model, state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         H, W = images.shape[-2:]
@@ -97,3 +113,6 @@ class TokenBackbone(BaseModule):
         maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
         return tuple(crop_to_extent(m, (H / Hp, W / Wp)) for m in maps)
 
+
+for _name in FORMER_NAMES:
+    MODELS.register_module(name=_name, module=TokenBackbone)

@@ -7,7 +7,9 @@ from typing import Iterator, Optional
 
 from mmengine.config import Config
 
+from backbones.errors import CheckpointError, DataError, UsageError
 from classification.recipes import DIGITS as DIGITS_RECIPE
+from engine.log import logger
 
 from .digits import CLASSES, write_digits_ade
 
@@ -26,7 +28,7 @@ _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
 
 def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
     if not Path(path).is_file():
-        raise FileNotFoundError(f'{path}: config file not found')
+        raise UsageError(f'{path}: config file not found')
     cfg = Config.fromfile(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -157,9 +159,9 @@ def resolve_data(cfg: Config, data_root: Optional[str] = None) -> bool:
     if not missing:
         return False
     if missing != [ADE20K_ROOT]:
-        raise FileNotFoundError(f'data root not found: {", ".join(missing)}')
-    print(f'ADE20K not found at {ADE20K_ROOT}: using the embedded digits set in {DIGITS_ROOT} '
-          '(see README, "Segmentation on ADE20K", to use the real data)')
+        raise DataError(f'data root not found: {", ".join(missing)}')
+    logger.info(f'ADE20K not found at {ADE20K_ROOT}: using the embedded digits set in {DIGITS_ROOT} '
+                '(see README, "Segmentation on ADE20K", to use the real data)')
     use_digits_data(cfg)
     return True
 
@@ -167,7 +169,7 @@ def resolve_data(cfg: Config, data_root: Optional[str] = None) -> bool:
 def check_pretrained(cfg: Config) -> None:
     pretrained = cfg.model.backbone.get('pretrained')
     if pretrained and not Path(pretrained).is_file():
-        raise FileNotFoundError(
+        raise CheckpointError(
             f'backbone checkpoint {pretrained} not found: download the ImageNet weights (README, "Segmentation on '
             'ADE20K"), point model.backbone.pretrained at yours, or set it to None to train from scratch')
 

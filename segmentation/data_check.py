@@ -18,7 +18,8 @@ from mmengine.config import ConfigDict
 from PIL import Image
 
 from backbones.errors import DataError
-from classification.data import IMG_EXTENSIONS
+from engine.images import IMG_EXTENSIONS
+from engine.log import logger
 from mmseg.registry import DATASETS
 
 IGNORE_INDEX = 255
@@ -110,4 +111,4 @@ def check_data(cfg, keys: Sequence[str], skip_unreadable: bool = False) -> None:
         keep, left_out = check_dataset(loader.dataset, skip_unreadable)
         if left_out:
             loader.dataset.indices = keep
-            print(f'{key}: left out {len(left_out)} unreadable image(s), e.g. {left_out[0]}', flush=True)
+            logger.info(f'{key}: left out {len(left_out)} unreadable image(s), e.g. {left_out[0]}')

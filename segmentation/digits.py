@@ -23,7 +23,7 @@ from typing import Tuple
 import cv2
 import numpy as np
 
-from classification.digits import VAL_EVERY, render_scan
+from digits.scans import VAL_EVERY, render_scan
 from mmseg.datasets import BaseSegDataset
 from mmseg.registry import DATASETS
 

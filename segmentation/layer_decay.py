@@ -4,31 +4,22 @@
         type='OptimWrapper', optimizer=dict(type='AdamW', lr=6e-5, weight_decay=0.01),
         constructor='LayerDecayOptimWrapperConstructor', paramwise_cfg=dict(layer_decay_rate=0.9))
 
-Layer 0 is the embedding (patch embedding, class token, position table), layer i + 1 is block i, and the neck and
-heads form the last layer, `num_layers` = blocks + 1. A parameter of layer l gets lr * rate ** (num_layers - l).
-As in BEiT's recipe, biases, norm weights (every 1-d parameter) and the model's `no_weight_decay()` tables get no
-weight decay.
+BEiT's recipe on timm's parameter groups: layer 0 is the embedding (patch embedding, class token, position table),
+layer i + 1 is block i, and the neck and heads form the last layer, one above the last block, at the base lr; a
+parameter of layer l gets lr * rate ** (last - l). Biases, norm weights (every 1-d parameter) and the model's
+`no_weight_decay()` tables get no weight decay.
 """
 from __future__ import annotations
 
-import re
 from typing import List
 
 import torch.nn as nn
-from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 
+from backbones.errors import UsageError
+from engine.log import logger
 from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
-
-_BLOCK = re.compile(r'^backbone\.model\.blocks\.(\d+)\.')
-
-
-def layer_id(name: str, num_layers: int) -> int:
-    """Decay layer of a segmentor parameter: 0 embedding, i + 1 for block i, `num_layers` for the rest."""
-    block = _BLOCK.match(name)
-    if block:
-        return int(block.group(1)) + 1
-    return 0 if name.startswith('backbone.') else num_layers
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -37,22 +28,18 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
         if 'layer_decay_rate' not in self.paramwise_cfg:
-            raise KeyError('LayerDecayOptimWrapperConstructor needs paramwise_cfg=dict(layer_decay_rate=...)')
+            raise UsageError('LayerDecayOptimWrapperConstructor needs paramwise_cfg=dict(layer_decay_rate=...)')
         rate = self.paramwise_cfg['layer_decay_rate']
-        num_layers = module.backbone.num_layers + 1
         model = module.backbone.model
-        no_decay_tables = {f'backbone.model.{n}' for n in getattr(model, 'no_weight_decay', set)()}
-        groups: dict = {}
-        for name, param in module.named_parameters():
-            if not param.requires_grad:
-                continue
-            layer = layer_id(name, num_layers)
-            decay = param.ndim > 1 and name not in no_decay_tables
-            group = groups.setdefault((layer, decay), {
-                'params': [], 'lr': self.base_lr * rate ** (num_layers - layer),
-                'weight_decay': self.base_wd if decay else 0.0,
-            })
-            group['params'].append(param)
-        params.extend(groups[key] for key in sorted(groups))
-        print_log(f'layer-wise lr decay {rate} over {num_layers + 1} layers: lr x{rate ** num_layers:.3g} '
-                  f'(embedding) ... x1 (neck and heads)', logger='current')
+        # timm counts the backbone's own layers and gives its last block the full lr; the neck and heads are the
+        # layer above it here, so every backbone group takes one more factor of `rate`.
+        for group in param_groups_layer_decay(model, self.base_wd, model.no_weight_decay(), layer_decay=rate):
+            params.append({'params': group['params'], 'weight_decay': group['weight_decay'],
+                           'lr': self.base_lr * group['lr_scale'] * rate})
+        for name, part in module.named_children():
+            if name != 'backbone':
+                params.extend({**group, 'lr': self.base_lr}
+                              for group in param_groups_weight_decay(part, self.base_wd) if group['params'])
+        num_layers = module.backbone.num_layers + 1
+        logger.info(f'layer-wise lr decay {rate} over {num_layers + 1} layers: lr x{rate ** num_layers:.3g} '
+                    f'(embedding) ... x1 (neck and heads)')

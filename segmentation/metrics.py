@@ -3,30 +3,32 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
 from mmengine.dist import is_main_process
 
-from classification.checkpointing import write_json_atomic
+from engine.files import write_json_atomic
 from mmseg.evaluation import IoUMetric
 from mmseg.registry import METRICS
 
 
-def summarise_areas(intersect: np.ndarray, union: np.ndarray, label: np.ndarray, classes) -> dict:
-    """mIoU, mAcc, aAcc (percent, classes absent from ground truth and prediction left out) and the class table."""
+def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Tensor, label: torch.Tensor,
+                    classes: Sequence[str]) -> dict:
+    """mIoU, mAcc, aAcc (percent; classes absent from ground truth and prediction left out of the means, as mmseg)
+    and the class table, from mmseg's own per-class arithmetic (`IoUMetric.total_area_to_metrics`)."""
     with np.errstate(divide='ignore', invalid='ignore'):
-        iou = intersect / union
-        acc = intersect / label
+        table = IoUMetric.total_area_to_metrics(intersect, union, pred, label, ['mIoU'])
 
     def percent(value: float) -> Optional[float]:
         return None if math.isnan(value) else float(value) * 100
 
     return {
-        'mIoU': percent(np.nanmean(iou)), 'aAcc': percent(intersect.sum() / label.sum()),
-        'mAcc': percent(np.nanmean(acc)),
-        'per_class': {name: {'IoU': percent(i), 'Acc': percent(a)} for name, i, a in zip(classes, iou, acc)},
+        'mIoU': percent(np.nanmean(table['IoU'])), 'aAcc': percent(table['aAcc']),
+        'mAcc': percent(np.nanmean(table['Acc'])),
+        'per_class': {name: {'IoU': percent(i), 'Acc': percent(a)}
+                      for name, i, a in zip(classes, table['IoU'], table['Acc'])},
     }
 
 
@@ -41,8 +43,8 @@ class IoUReport(IoUMetric):
 
     def compute_metrics(self, results: list) -> Dict[str, float]:
         super().compute_metrics(results)  # logs mmseg's per-class table
-        intersect, union, _, label = (torch.stack(areas).sum(0).cpu().double().numpy() for areas in zip(*results))
-        report = summarise_areas(intersect, union, label, self.dataset_meta['classes'])
+        areas = (torch.stack(area).sum(0).cpu().double() for area in zip(*results))
+        report = summarise_areas(*areas, self.dataset_meta['classes'])
         if self.json_file and is_main_process():
             Path(self.json_file).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.json_file, report)

@@ -8,6 +8,7 @@ import torch.nn as nn
 from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
 
+from backbones.errors import UsageError
 from mmseg.registry import MODELS
 
 
@@ -31,9 +32,9 @@ class TokenPyramidNeck(BaseModule):
     ) -> None:
         super().__init__(init_cfg)
         if len(out_channels) != len(scales):
-            raise ValueError(f'one scale per output level: out_channels {tuple(out_channels)}, scales {tuple(scales)}')
+            raise UsageError(f'one scale per output level: out_channels {tuple(out_channels)}, scales {tuple(scales)}')
         if any(int(s) != s or s < 1 for s in scales):
-            raise ValueError(f'scales must be positive integers (upsampling factors), got {tuple(scales)}')
+            raise UsageError(f'scales must be positive integers (upsampling factors), got {tuple(scales)}')
         self.levels = nn.ModuleList(
             nn.Sequential(*self._upsample(in_channels, int(scale), norm_cfg, act_cfg),
                           ConvModule(in_channels, channels, 1, bias=False, norm_cfg=norm_cfg, act_cfg=act_cfg))
@@ -48,6 +49,6 @@ class TokenPyramidNeck(BaseModule):
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
         if len(inputs) != len(self.levels):
-            raise ValueError(f'{type(self).__name__} has {len(self.levels)} levels but got {len(inputs)} maps; '
+            raise UsageError(f'{type(self).__name__} has {len(self.levels)} levels but got {len(inputs)} maps; '
                              "the backbone's out_indices and the neck's scales must have the same length")
         return tuple(level(x) for level, x in zip(self.levels, inputs))

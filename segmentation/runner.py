@@ -4,20 +4,25 @@ mmengine loads `load_from` and resume checkpoints non-strictly: weights a checkp
 initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
 deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
 checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
-readable `iter_*.pth`, with a warning naming both.
+readable `iter_*.pth`, with a warning naming both. While it trains or tests, the suite's own log lines also go to
+the run's log file.
 """
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
+from typing import Callable, TypeVar
 
-from mmengine.logging import print_log
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import _load_checkpoint
 
-from backbones import CheckpointError
+from backbones.errors import CheckpointError
+from engine.log import logger
 
-from .checkpoint_io import CheckpointReadError
+from .mmengine_io import CheckpointReadError
+
+T = TypeVar('T')
 
 _SHOWN_KEYS = 4
 
@@ -31,6 +36,23 @@ def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
 
 class SuiteRunner(Runner):
     """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint."""
+
+    def train(self):
+        return self._logging_to_run_file(super().train)
+
+    def test(self):
+        return self._logging_to_run_file(super().test)
+
+    def _logging_to_run_file(self, action: Callable[[], T]) -> T:
+        """`action()` with the suite's logger also writing to the log file of mmengine's logger."""
+        files = [handler for handler in self.logger.handlers if isinstance(handler, logging.FileHandler)]
+        for handler in files:
+            logger.addHandler(handler)
+        try:
+            return action()
+        finally:
+            for handler in files:
+                logger.removeHandler(handler)
 
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
                         revise_keys: list = [(r'^module.', '')]):  # noqa: B006  (mmengine's signature)
@@ -66,7 +88,6 @@ class SuiteRunner(Runner):
                     super().resume(str(candidate), *args, **kwargs)
                 except CheckpointReadError:
                     continue
-                print_log(f'warning: {filename} cannot be read ({error}); resumed from {candidate} instead',
-                          logger='current')
+                logger.warning(f'warning: {filename} cannot be read ({error}); resumed from {candidate} instead')
                 return None
             raise

@@ -7,9 +7,9 @@ from typing import Dict, List, Optional
 
 from mmengine.config import Config
 
-from backbones import CheckpointError
-from backbones.cli import check_output_folder, check_writable
-from backbones.errors import UsageError
+from backbones.errors import CheckpointError, UsageError
+from engine.cli import check_output_folder, check_writable
+from engine.log import logger
 
 from .config import drop_tta_flips, load_config, resolve_data, tta_flips
 from .data_check import check_data
@@ -71,5 +71,5 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     metrics = SuiteRunner.from_cfg(cfg).test()
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg.test_dataloader.dataset.pipeline) else '') if args.ms \
         else 'single-scale'
-    print(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
+    logger.info(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
     return metrics

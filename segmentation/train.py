@@ -8,13 +8,15 @@ from typing import List, Optional
 
 from mmengine.config import Config, DictAction
 
-from backbones.cli import check_output_folder, positive_int
 from backbones.errors import UsageError
+from digits.prepare import describe_backbone, pretrained_backbone
+from engine.cli import check_output_folder, positive_int
+from engine.files import remove_partial_writes
+from engine.log import logger
 
 from .config import (check_pretrained, describe_schedule, load_config, resolve_data, shorten_schedule,
                      use_digits_schedule)
 from .data_check import check_data
-from .pretrain import describe_backbone, digits_backbone
 from .runner import SuiteRunner
 
 
@@ -53,15 +55,15 @@ def use_digits_backbone(cfg: Config, config_pretrained: Optional[str]) -> None:
     backbone = cfg.model.backbone
     pretrained = backbone.get('pretrained')
     if pretrained is None:
-        print('backbone: random initialisation (model.backbone.pretrained=None)', flush=True)
+        logger.info('backbone: random initialisation (model.backbone.pretrained=None)')
     elif Path(pretrained).is_file():
-        print(f'backbone: {pretrained}', flush=True)
+        logger.info(f'backbone: {pretrained}')
     elif pretrained != config_pretrained:
         check_pretrained(cfg)
     else:
-        checkpoint = digits_backbone(backbone.model_name, backbone.get('model_kwargs'))
+        checkpoint = pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
         backbone.pretrained = str(checkpoint)
-        print(f'backbone: {pretrained} not found; {describe_backbone(checkpoint)}', flush=True)
+        logger.info(f'backbone: {pretrained} not found; {describe_backbone(checkpoint)}')
 
 
 def prepare(args: argparse.Namespace) -> Config:
@@ -80,7 +82,7 @@ def prepare(args: argparse.Namespace) -> Config:
         check_pretrained(cfg)
     if args.iters:
         shorten_schedule(cfg, args.iters)
-    print(f'schedule: {describe_schedule(cfg)}', flush=True)
+    logger.info(f'schedule: {describe_schedule(cfg)}')
     if args.amp:
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
@@ -89,8 +91,7 @@ def prepare(args: argparse.Namespace) -> Config:
                          'or choose another --work-dir')
     cfg.resume = args.resume and started
     if cfg.resume:
-        for leftover in Path(cfg.work_dir).glob('.*.pth.tmp*'):  # a checkpoint write a kill interrupted
-            leftover.unlink()
+        remove_partial_writes(cfg.work_dir)  # checkpoint writes a kill interrupted
     check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
     return cfg
 

@@ -6,18 +6,20 @@ import os
 import pytest
 import timm
 import torch
+
+import backbones
 from safetensors.torch import save_file
 
 from backbones import CheckpointError, load_checkpoint
-from backbones.checkpoint import read_state_dict
-from backbones.token_labeling import add_token_head
-from conftest import save_release
+from backbones.weights import read_state_dict
+from backbones.token_head import add_token_head
+from helpers.models import save_release
 
 
 def tiny(name: str, **kwargs):
     defaults = {'lvvit_s': dict(embed_dim=48, depth=2, num_heads=2), 't2t_vit_14': dict(depth=2),
                 'cait_xxs24_224': dict(depth=2), 'deit_small_patch16_224': dict(depth=2)}[name]
-    return timm.create_model(name, **{'img_size': 64, 'num_classes': 10, **defaults, **kwargs}).eval()
+    return backbones.create_model(name, **{'img_size': 64, 'num_classes': 10, **defaults, **kwargs}).eval()
 
 
 def params_equal(a: torch.nn.Module, b: torch.nn.Module, skip=()) -> bool:

@@ -18,22 +18,21 @@ from backbones import CheckpointError
 from backbones.errors import UsageError
 from backbones.registry import model_family
 from classification.cifar import CifarFormatError, CifarInput, channel_stats, hold_out, read_cifar
-from classification.engine import Objective
-from classification.fit import bare_model
-from classification.loss import TokenLabelingLoss
+from classification.objective import ClassificationObjective
 from classification.recipes import TransferRecipe, transfer_recipe
-from classification.transfer import build_transfer_model, make_optimizer
-from cifar_data import class_images, tiny_cifar, write_cifar
-from conftest import save_release
+from classification.transfer import build_transfer_model, transfer_param_groups
+from engine.fit import bare_model
+from engine.trainer import optimization_state
+from helpers.cifar_data import class_images, tiny_cifar, write_cifar
+from helpers.models import FAMILIES, tiny_release
+from token_labeling.loss import TokenLabelingLoss
 
-# a tiny configuration of one model per family, and the layout of that family's official release files
-FAMILIES = {
-    'lvvit_s': (dict(embed_dim=48, depth=2, num_heads=2), 'timm_train'),
-    't2t_vit_14': (dict(embed_dim=64, depth=2, num_heads=2), 'timm_train'),
-    'cait_xxs24_224': (dict(embed_dim=48, depth=2, num_heads=2), 'deit'),
-    'deit_small_patch16_224': (dict(embed_dim=48, depth=2, num_heads=2), 'deit'),
-}
 
+def transfer_optimizer(model: torch.nn.Module, recipe: TransferRecipe) -> torch.optim.Optimizer:
+    """The optimizer the transfer tool builds, at the recipe's own batch."""
+    optimization = recipe.optimization(recipe.lr_base_batch)
+    params = transfer_param_groups(model, optimization.lr, recipe.backbone_lr_scale, optimization.weight_decay)
+    return optimization_state(model, params, optimization, updates_per_epoch=1, amp='none')[0].optimizer
 
 @pytest.mark.parametrize('dataset', ['cifar10', 'cifar100'])
 @pytest.mark.parametrize('archive', [True, False], ids=['tar.gz', 'extracted'])
@@ -185,13 +184,6 @@ def test_train_input_is_a_padded_crop_of_the_upsampled_image_maybe_flipped():
     assert 0 < flips < 16 and shifts > 8  # both flips occur; most crops are shifted
 
 
-def tiny_release(name: str, tmp_path, num_classes: int = 1000):
-    """A tiny model of `name`'s family at 64 px, saved in that family's official release layout."""
-    kwargs, layout = FAMILIES[name]
-    source = timm.create_model(name, img_size=64, num_classes=num_classes, **kwargs)
-    return source, save_release(tmp_path / f'{name}.pth', source.state_dict(), layout)
-
-
 @pytest.mark.parametrize('name', list(FAMILIES))
 def test_official_checkpoint_loads_with_no_missing_backbone_key_and_a_fresh_head(name, tmp_path):
     source, path = tiny_release(name, tmp_path)
@@ -209,7 +201,7 @@ def test_official_checkpoint_loads_with_no_missing_backbone_key_and_a_fresh_head
 
 def test_token_head_kept_for_image_labels_is_fresh_too(tmp_path):
     source, path = tiny_release('lvvit_s', tmp_path)
-    recipe = TransferRecipe(token_head='label')
+    recipe = TransferRecipe(token_labeling=True)
     model, report = build_transfer_model('lvvit_s', 10, 32, recipe, str(path), model_kwargs=FAMILIES['lvvit_s'][0])
     assert bare_model(model).aux_head.weight.shape == (10, 48) and not report.missing
     _, path = tiny_release('t2t_vit_14', tmp_path)  # a family without a token head of its own gets one
@@ -230,7 +222,7 @@ def test_every_parameter_is_optimised_and_changes_in_one_step(name):
     parameter is in exactly one group (classifier at lr, the rest at 0.01 lr) and moves in one SGD step."""
     recipe = TransferRecipe(drop_path=0.0)
     model, _ = build_transfer_model(name, 10, 32, recipe, model_kwargs=FAMILIES[name][0])
-    optimizer = make_optimizer(model, recipe, lr=0.05)
+    optimizer = transfer_optimizer(model, recipe)
     trainable = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
     grouped = [id(p) for group in optimizer.param_groups for p in group['params']]
     assert sorted(grouped) == sorted(trainable)
@@ -262,7 +254,7 @@ def test_image_label_token_objective_is_class_plus_half_the_token_cross_entropy(
     from backbones import TokenLabelingOutput
     cls_logits, token_logits = torch.randn(3, 5), torch.randn(3, 2, 2, 5)
     labels = torch.tensor([4, 0, 2])
-    objective = Objective(5, 0.0, token_loss=TokenLabelingLoss(0.5))
+    objective = ClassificationObjective(5, 0.0, token_loss=TokenLabelingLoss(0.5))
     images, soft = objective.prepare(torch.zeros(3), labels)
     assert soft is None
     loss = objective.loss(TokenLabelingOutput(cls_logits, token_logits, None), {'label': labels}, soft,
@@ -280,7 +272,7 @@ def test_adamw_variant_and_command_line_overrides():
         ('adamw', 3e-4, 0.1, 0.05, 1)
     model, _ = build_transfer_model('deit_small_patch16_224', 10, 32, recipe, model_kwargs=FAMILIES[
         'deit_small_patch16_224'][0])
-    optimizer = make_optimizer(model, recipe, recipe.lr)
+    optimizer = transfer_optimizer(model, recipe)
     assert type(optimizer).__name__ == 'AdamW'
     assert sorted({g['lr'] for g in optimizer.param_groups}) == pytest.approx([3e-5, 3e-4])
     sgd = resolve_recipe(build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.']))

@@ -13,13 +13,14 @@ import torch
 from backbones import CheckpointError
 from backbones.errors import UsageError
 from classification.cifar import CifarFormatError, hold_out
-from classification.transfer import main
-from cifar_data import tiny_cifar
-from commands import run_tool, run_torchrun
-from test_cifar import FAMILIES, tiny_release
-from training_runs import assert_same_run, last_weights, read_log, resume_killed_run
+from classification.recipes import TransferRecipe
+from classification.transfer import build_transfer_model, main
+from engine.checkpoints import seed_all
+from helpers.cifar_data import tiny_cifar
+from helpers.commands import run_tool, run_torchrun
+from helpers.models import FAMILIES, TINY_DEIT as DEIT, tiny_release
+from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
-DEIT = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 LVVIT = ['lvvit_s', '--model-kwargs', *(f'{k}={v}' for k, v in FAMILIES['lvvit_s'][0].items())]
 
 
@@ -32,6 +33,16 @@ def cifar10(tmp_path_factory):
 def cifar100(tmp_path_factory):
     return tiny_cifar(tmp_path_factory.mktemp('c100'), 'cifar100', per_class_train=10, per_class_test=2,
                       archive=False, num_classes=8)
+
+
+def normalised_test_images(splits: dict) -> tuple:
+    """The test images normalised with the numpy statistics of the training images that were not held out, and
+    their labels (an independent statement of the tool's input pipeline at 32 px)."""
+    images, labels = splits['test']
+    _, val_idx = hold_out(splits['train'][1], 0.1, seed=0)
+    kept = np.delete(splits['train'][0], val_idx, axis=0).astype(np.float64) / 255
+    mean, std = kept.mean(axis=(0, 1, 2)), kept.std(axis=(0, 1, 2))
+    return torch.from_numpy(((images / 255 - mean) / std).transpose(0, 3, 1, 2)).float(), labels, mean
 
 
 def transfer_args(model, dataset, data_dir, output, *extra):
@@ -51,14 +62,8 @@ def test_chosen_epoch_is_the_best_on_held_out_data_and_its_test_accuracy_is_repo
     assert (metrics['train_images'], metrics['val_images'], metrics['test_images']) == (110, 10, 40)
     assert json.loads((out / 'metrics.json').read_text()) == metrics
 
-    # independent evaluation of the chosen weights on the test images, normalised with the numpy statistics of
-    # the training images that were not held out
-    images, labels = splits['test']
-    train_images = splits['train'][0]
-    _, val_idx = hold_out(splits['train'][1], 0.1, seed=0)
-    kept = np.delete(train_images, val_idx, axis=0).astype(np.float64) / 255
-    mean, std = kept.mean(axis=(0, 1, 2)), kept.std(axis=(0, 1, 2))
-    x = torch.from_numpy(((images / 255 - mean) / std).transpose(0, 3, 1, 2)).float()
+    # independent evaluation of the chosen weights on the test images
+    x, labels, mean = normalised_test_images(splits)
     model = timm.create_model('deit_small_patch16_224', num_classes=10, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)
     best = torch.load(out / 'best.pth', weights_only=True)
@@ -86,11 +91,25 @@ def test_pretrained_lvvit_trains_every_parameter_on_cifar100(cifar100, tmp_path)
 
 
 def test_lvvit_token_head_on_image_labels(cifar10, tmp_path):
-    root, _ = cifar10
+    """With --token-labeling LV-ViT keeps a (fresh) token head, trains it on the image label, and the test accuracy
+    is that of the paper's prediction rule: class logits + 0.5 x the class-wise max of the token logits."""
+    root, splits = cifar10
     out = tmp_path / 'run'
-    main(transfer_args(LVVIT, 'cifar10', root, out, '--epochs', '1', '--token-head', 'label', '--mix-token', '1'))
-    end = last_weights(out)
-    assert end['aux_head.weight'].shape == (10, 48) and end['head.weight'].shape == (10, 48)
+    metrics = main(transfer_args(LVVIT, 'cifar10', root, out, '--epochs', '1', '--token-labeling', '--mix-token', '1'))
+    seed_all(42)  # the tool's seed: the same initial weights
+    start, _ = build_transfer_model('lvvit_s', 10, 32, TransferRecipe(token_labeling=True),
+                                    model_kwargs=FAMILIES['lvvit_s'][0])
+    weights = torch.load(out / 'best.pth', weights_only=True)['state_dict']
+    assert weights['aux_head.weight'].shape == (10, 48) and weights['head.weight'].shape == (10, 48)
+    assert not torch.equal(weights['aux_head.weight'], start.model.aux_head.weight)  # the token head trained
+
+    x, labels, _ = normalised_test_images(splits)
+    model = timm.create_model('lvvit_s', num_classes=10, img_size=32, **FAMILIES['lvvit_s'][0]).eval()
+    model.load_state_dict(weights)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        logits = model.head(tokens[:, 0]) + 0.5 * model.aux_head(tokens[:, 1:]).amax(dim=1)
+    assert metrics['test_top1'] == pytest.approx(100 * (logits.argmax(dim=1).numpy() == labels).mean(), abs=1e-9)
 
 
 def test_killed_run_resumes_to_the_same_losses_and_weights(cifar10, tmp_path):

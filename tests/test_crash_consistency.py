@@ -7,16 +7,16 @@ from pathlib import Path
 
 import torch
 
-from cifar_data import tiny_cifar
-from cls_data import make_image_folder
-from commands import ROOT, run_python, succeeded
-from training_runs import assert_same_run
+from helpers.cifar_data import tiny_cifar
+from helpers.cls_data import make_image_folder
+from helpers.commands import ROOT, run_python, succeeded
+from helpers.models import TINY_DEIT
+from helpers.training_runs import assert_same_run
 
-TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 
 
 def kill_everywhere(tool: str, args, out_root: Path) -> dict:
-    result = succeeded(run_python([ROOT / 'tests' / 'kill_at_write.py', tool, out_root, *args], timeout=900))
+    result = succeeded(run_python([ROOT / 'tests' / 'helpers' / 'kill_at_write.py', tool, out_root, *args], timeout=900))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -45,7 +45,7 @@ def assert_every_kill_recovers(summary: dict, out_root: Path, epochs: int) -> No
 def test_train_cls_recovers_from_a_kill_at_every_write_point(tmp_path):
     data = make_image_folder(tmp_path / 'data')
     # A run whose validation top-1 improves in later epochs too (66.7, 66.7, 83.3, 100 here): best.pth is rewritten.
-    args = [*TINY, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
+    args = [*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
             '--lr-base', '1e-3', '--lr-base-batch', '4', '--epochs', '4', '--warmup-epochs', '1', '--workers', '0',
             '--device', 'cpu', '--ema-decay', '0']
     summary = kill_everywhere('train_cls.py', args, tmp_path / 'runs')
@@ -54,7 +54,7 @@ def test_train_cls_recovers_from_a_kill_at_every_write_point(tmp_path):
 
 def test_transfer_cifar_recovers_from_a_kill_at_every_write_point(tmp_path):
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
-    args = [*TINY, '--dataset', 'cifar10', '--data-dir', str(root), '--img-size', '32', '--batch-size', '8',
+    args = [*TINY_DEIT, '--dataset', 'cifar10', '--data-dir', str(root), '--img-size', '32', '--batch-size', '8',
             '--workers', '0', '--device', 'cpu', '--epochs', '3']
     summary = kill_everywhere('transfer_cifar.py', args, tmp_path / 'runs')
     assert_every_kill_recovers(summary, tmp_path / 'runs', epochs=3)

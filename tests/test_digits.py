@@ -4,8 +4,8 @@ import numpy as np
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from classification.data import scan_split
-from classification.digits import IMAGE_SIZE, VAL_EVERY, write_digits_folder
+from engine.images import scan_split
+from digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
 
 
 def test_digits_folder_holds_every_scan_under_its_label(tmp_path):

@@ -5,9 +5,11 @@ import pytest
 import timm
 import torch
 
+import backbones
+
 from backbones import load_checkpoint
-from conftest import save_release
-from reference_models import RefCaiT, RefLVViT, RefT2TViT, RefViT, randomize_
+from helpers.models import save_release
+from helpers.reference_models import RefCaiT, RefLVViT, RefT2TViT, RefViT, randomize_
 
 TOL = 1e-4
 
@@ -42,7 +44,7 @@ def test_same_outputs_as_original_from_release_file(case, tmp_path):
     reference = randomize_(make_reference())
     path = save_release(tmp_path / 'release.pth', reference.state_dict(), layout)
 
-    model = timm.create_model(name, **kwargs).eval()
+    model = backbones.create_model(name, **kwargs).eval()
     report = load_checkpoint(model, path, use_ema=use_ema)  # strict: every key present and of the right shape
     assert not (report.missing or report.unexpected or report.mismatched or report.resized)
 
@@ -56,7 +58,7 @@ def test_same_outputs_as_original_from_release_file(case, tmp_path):
 
 def test_lvvit_mixtoken_training_forward_matches_reference_with_the_same_box(tmp_path):
     reference = randomize_(RefLVViT(64, 96, 2, 2, 7, skip_lam=2.0))
-    model = timm.create_model('lvvit_s', img_size=64, embed_dim=96, depth=2, num_heads=2, num_classes=7)
+    model = backbones.create_model('lvvit_s', img_size=64, embed_dim=96, depth=2, num_heads=2, num_classes=7)
     load_checkpoint(model, save_release(tmp_path / 'r.pth', reference.state_dict(), 'plain'))
     model.train()
     for m in model.modules():  # BatchNorm in eval so that both see the same statistics

@@ -12,20 +12,22 @@ import timm
 import torch
 from PIL import Image
 
-from backbones import CheckpointError
-from backbones.cli import resolve_device
-from backbones.errors import DataError, UsageError
+from backbones.errors import CheckpointError, DataError, UsageError
 from classification import train, transfer
-from classification.data import ImageReadError, find_classes, read_image
-from classification.fit import METRICS
-from cls_data import CLASSES, make_image_folder
-from commands import run_tool
+from classification.evaluate import build_eval_model, load_split
+from classification.models import create_classifier
+from engine.cli import parse_model_kwargs, resolve_device
+from engine.fit import METRICS
+from engine.images import ImageReadError, find_classes, read_image
+from helpers.cifar_data import tiny_cifar
+from helpers.cls_data import CLASSES, make_image_folder
+from helpers.commands import run_tool
+from helpers.models import TINY_DEIT
 
-TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
 
 
 def train_args(data: Path, output: Path, *extra: str) -> list:
-    return [*TINY, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
+    return [*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
             '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--ema-decay', '0',
             '--output', str(output), *extra]
 
@@ -88,7 +90,6 @@ def test_class_folders_are_the_visible_non_empty_ones(tmp_path):
 
 
 def test_evaluation_labels_images_by_the_checkpoints_class_names(trained, tmp_path):
-    from eval_cls import load_split
     data, run = trained
     partial = Path(shutil.copytree(data, tmp_path / 'partial'))
     shutil.rmtree(partial / 'val' / 'n001')  # one class without validation images
@@ -102,7 +103,6 @@ def test_evaluation_labels_images_by_the_checkpoints_class_names(trained, tmp_pa
 
 
 def test_evaluating_a_checkpoint_for_another_class_count_is_an_error(tmp_path):
-    from eval_cls import build_eval_model
     model = timm.create_model('deit_small_patch16_224', num_classes=5, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)
     torch.save(model.state_dict(), tmp_path / 'five.pth')  # an official-style file: no class list
@@ -142,7 +142,7 @@ def test_a_file_as_output_and_a_json_into_a_missing_folder_are_refused(trained, 
     (tmp_path / 'file').write_text('x')
     with pytest.raises(UsageError, match='is a file'):
         train.main(train_args(data, tmp_path / 'file' / 'run'))
-    result = run_tool('eval_cls.py', [*TINY, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
+    result = run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', str(run / 'last.pth'), '--data-dir', str(data),
                                          '--json', str(tmp_path / 'missing' / 'e.json')])
     assert result.returncode == 2 and 'the folder' in result.stderr and 'does not exist' in result.stderr
 
@@ -152,11 +152,11 @@ def test_model_arguments_and_sizes_that_do_not_fit_are_named(trained, tmp_path):
     with pytest.raises(UsageError, match='does not take these arguments'):
         train.main(train_args(data, tmp_path / 'a', '--model-kwargs', 'depht=2'))
     with pytest.raises(UsageError, match="--model-kwargs takes key=value, got 'depth'"):
-        train.parse_model_kwargs(['depth'])
+        parse_model_kwargs(['depth'])
     with pytest.raises(UsageError, match='--img-size 8 is smaller than one patch'):
-        train.create_classifier('lvvit_s', 3, 8, depth=1)
+        create_classifier('lvvit_s', 3, 8, depth=1)
     with pytest.raises(UsageError, match='multiple of its 16 px patches'):
-        train.create_classifier('cait_xxs24_224', 3, 40, depth=1)
+        create_classifier('cait_xxs24_224', 3, 40, depth=1)
 
 
 def test_a_gpu_that_is_not_there_is_an_error(monkeypatch):
@@ -166,11 +166,12 @@ def test_a_gpu_that_is_not_there_is_an_error(monkeypatch):
     assert resolve_device(None) is False and resolve_device('cpu') is False
 
 
-def test_cooldown_epochs_are_announced(trained, tmp_path, capsys):
+def test_cooldown_epochs_are_announced(trained, tmp_path, caplog):
     data, _ = trained
-    metrics = train.main(train_args(data, tmp_path / 'a', '--cooldown-epochs', '1'))
+    with caplog.at_level('INFO', logger='vit_dense'):
+        metrics = train.main(train_args(data, tmp_path / 'a', '--cooldown-epochs', '1'))
     assert metrics['epochs'] == 2
-    assert '1 epochs + 1 cooldown epochs at the final lr = 2 epochs' in capsys.readouterr().out
+    assert '1 epochs + 1 cooldown epochs at the final lr = 2 epochs' in caplog.text
 
 
 def test_truncated_16_bit_and_palette_images(tmp_path):
@@ -201,11 +202,10 @@ def test_training_on_unreadable_images_only_is_an_error(tmp_path):
 
 
 def test_transfer_records_the_cifar_class_names(tmp_path):
-    from cifar_data import tiny_cifar
     from classification.cifar import read_cifar
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
     out = tmp_path / 'run'
-    transfer.main([*TINY, '--dataset', 'cifar10', '--data-dir', str(root), '--output', str(out), '--img-size', '32',
+    transfer.main([*TINY_DEIT, '--dataset', 'cifar10', '--data-dir', str(root), '--output', str(out), '--img-size', '32',
                    '--batch-size', '8', '--workers', '0', '--device', 'cpu', '--epochs', '1'])
     stored = torch.load(out / 'last.pth', weights_only=True)['args']['classes']
     assert stored == read_cifar(root, 'cifar10').classes and len(stored) == 10

@@ -11,13 +11,14 @@ from PIL import Image
 
 from backbones import CheckpointError
 from backbones.errors import DataError, UsageError
-from classification.annotate import dense_scores, generate_token_labels
-from classification.augment import TrainTransform
-from classification.data import ImageFolderDataset, ImageReadError, collate_skipping
-from classification.distributed import DistInfo
-from classification.label_store import DONE, TokenLabelError, TokenLabelStore
-from cls_data import make_image_folder
-from commands import run_torchrun
+from token_labeling.annotate import dense_scores, generate_token_labels
+from token_labeling.augment import TrainTransform
+from classification.data import ImageFolderDataset, collate_skipping
+from engine.images import ImageReadError
+from engine.distributed import DistInfo
+from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
+from helpers.cls_data import make_image_folder
+from helpers.commands import run_torchrun
 
 ANNOTATOR = 'resnet10t'
 KWARGS = {'output_stride': 16}

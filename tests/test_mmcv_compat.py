@@ -8,7 +8,16 @@ import textwrap
 import torch
 import torch.nn.functional as F
 
-from backbones import mmcv_compat
+from helpers.commands import ROOT
+from segmentation import mmcv_compat
+
+# The module on its own, without the segmentation package (whose import uses it and then imports mmseg's models).
+LOAD_ALONE = f'''
+import importlib.util
+_spec = importlib.util.spec_from_file_location('mmcv_compat', {str(ROOT / 'segmentation' / 'mmcv_compat.py')!r})
+mmcv_compat = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mmcv_compat)
+'''
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -25,10 +34,9 @@ def test_mmseg_needs_the_module_on_mmcv_lite():
 
 
 def test_without_compiled_ops_mmseg_heads_import_and_run():
-    result = run_python('''
+    result = run_python(LOAD_ALONE + textwrap.dedent('''
         import torch
-        from backbones.mmcv_compat import ensure_mmseg_importable
-        assert ensure_mmseg_importable() is True
+        assert mmcv_compat.ensure_mmseg_importable() is True
         import mmseg.models
         from mmseg.registry import MODELS
         head = MODELS.build(dict(type='UPerHead', in_channels=[8, 8, 8, 8], in_index=[0, 1, 2, 3], channels=8,
@@ -44,14 +52,14 @@ def test_without_compiled_ops_mmseg_heads_import_and_run():
         else:
             raise AssertionError('a compiled op was offered')
         print('ok')
-    ''')
+    '''))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == 'ok'
 
 
 def test_with_compiled_ops_it_stays_out_of_the_way():
     """Full mmcv is simulated by making `mmcv._ext` findable: nothing may be replaced then."""
-    result = run_python('''
+    result = run_python(textwrap.dedent('''
         import importlib.machinery, sys, types
         class FakeExtFinder:
             def find_spec(self, name, path=None, target=None):
@@ -61,12 +69,12 @@ def test_with_compiled_ops_it_stays_out_of_the_way():
         sys.meta_path.insert(0, FakeExtFinder())
         sentinel = types.ModuleType('mmcv.ops')
         sys.modules['mmcv.ops'] = sentinel
-        from backbones.mmcv_compat import compiled_ops_available, ensure_mmseg_importable
-        assert compiled_ops_available()
-        assert ensure_mmseg_importable() is False
+    ''') + LOAD_ALONE + textwrap.dedent('''
+        assert mmcv_compat.compiled_ops_available()
+        assert mmcv_compat.ensure_mmseg_importable() is False
         assert sys.modules['mmcv.ops'] is sentinel
         print('ok')
-    ''')
+    '''))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == 'ok'
 

@@ -9,9 +9,9 @@ from timm.layers import set_fused_attn
 import backbones
 from backbones import load_checkpoint
 from backbones.complexity import measure_complexity
-from backbones.token_labeling import mix_box_lambda, mix_token_grid, sample_mix_box
-from conftest import save_release
-from reference_models import ref_sinusoid
+from backbones.token_head import mix_box_lambda, mix_token_grid, sample_mix_box
+from helpers.models import save_release
+from helpers.reference_models import ref_sinusoid
 
 # Published parameter counts (millions), REFERENCE §1.
 PUBLISHED_PARAMS = {
@@ -65,7 +65,7 @@ def test_wrong_model_name_suggests_close_names():
 @pytest.mark.parametrize('family', list(SMALL))
 def test_forward_intermediates_non_square(family):
     name, kwargs = SMALL[family]
-    model = timm.create_model(name, num_classes=5, **kwargs).eval()
+    model = backbones.create_model(name, num_classes=5, **kwargs).eval()
     x = torch.randn(2, 3, 224, 320)
     with torch.no_grad():
         maps = model.forward_intermediates(x, [0, 2], intermediates_only=True)
@@ -85,7 +85,7 @@ def test_forward_intermediates_non_square(family):
 def test_intermediate_maps_keep_image_layout(family):
     """Changing one 16x16 patch of a non-square image changes the map most at that patch's (row, col)."""
     name, kwargs = SMALL[family]
-    model = timm.create_model(name, **kwargs).eval()
+    model = backbones.create_model(name, **kwargs).eval()
     x = torch.randn(1, 3, 64, 112)
     y = x.clone()
     row, col = 1, 5
@@ -101,9 +101,9 @@ def test_intermediate_maps_keep_image_layout(family):
 def test_other_input_size_equals_model_built_for_it(family, tmp_path):
     """Runtime position-embedding resampling agrees with the loader's resampling into a model of that size."""
     name, kwargs = SMALL[family]
-    small = timm.create_model(name, img_size=64, num_classes=3, **kwargs).eval()
+    small = backbones.create_model(name, img_size=64, num_classes=3, **kwargs).eval()
     path = save_release(tmp_path / 'small.pth', small.state_dict(), 'plain')
-    large = timm.create_model(name, img_size=96, num_classes=3, **kwargs).eval()
+    large = backbones.create_model(name, img_size=96, num_classes=3, **kwargs).eval()
     report = load_checkpoint(large, path)
     assert report.resized == ['pos_embed']
     x = torch.randn(2, 3, 96, 96)
@@ -119,7 +119,7 @@ def test_fused_attention_matches_explicit_softmax():
         set_fused_attn(fused)
         try:
             torch.manual_seed(0)
-            models = [timm.create_model(n, img_size=96, depth=2).eval() for n in ('lvvit_t', 't2t_vit_t_14')]
+            models = [backbones.create_model(n, img_size=96, depth=2).eval() for n in ('lvvit_t', 't2t_vit_t_14')]
         finally:
             set_fused_attn(True)
         assert all(m.blocks[0].attn.fused_attn == fused for m in models)
@@ -131,7 +131,7 @@ def test_fused_attention_matches_explicit_softmax():
 
 
 def test_t2t_frozen_tables():
-    model = timm.create_model('t2t_vit_14')
+    model = backbones.create_model('t2t_vit_14')
     assert torch.allclose(model.pos_embed, ref_sinusoid(197, 384), atol=1e-6)
     w = model.tokens_to_token.attention1.w
     assert w.shape == (32, 64) and not w.requires_grad and not model.pos_embed.requires_grad
@@ -139,7 +139,7 @@ def test_t2t_frozen_tables():
 
 
 def test_performer_stays_finite_and_accurate_under_low_precision_autocast():
-    model = timm.create_model('t2t_vit_7', img_size=64, depth=1).eval()
+    model = backbones.create_model('t2t_vit_7', img_size=64, depth=1).eval()
     x = 4 * torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         exact = model(x)
@@ -150,10 +150,10 @@ def test_performer_stays_finite_and_accurate_under_low_precision_autocast():
 
 
 def test_drop_path_schedules():
-    lvvit = timm.create_model('lvvit_s', drop_path_rate=0.3)
+    lvvit = backbones.create_model('lvvit_s', drop_path_rate=0.3)
     rates = [b.drop_path.drop_prob if hasattr(b.drop_path, 'drop_prob') else 0.0 for b in lvvit.blocks]
     assert rates[0] == 0.0 and rates[-1] == pytest.approx(0.3) and rates == sorted(rates)
-    cait = timm.create_model('cait_xxs24_224', drop_path_rate=0.2)
+    cait = backbones.create_model('cait_xxs24_224', drop_path_rate=0.2)
     assert [b.drop_path.drop_prob for b in cait.blocks] == [pytest.approx(0.2)] * 24  # constant in CaiT
 
 
@@ -176,14 +176,14 @@ def test_mix_token_box_and_grid_mixing():
 
 
 def test_lvvit_eval_and_training_outputs():
-    model = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=6)
+    model = backbones.create_model('lvvit_t', img_size=64, depth=2, num_classes=6)
     x = torch.randn(3, 3, 64, 64)
     out = model.train()(x)
     assert isinstance(out, backbones.TokenLabelingOutput)
     assert out.cls_logits.shape == (3, 6) and out.token_logits.shape == (3, 4, 4, 6)
-    plain = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=6, mix_token=False).train()
+    plain = backbones.create_model('lvvit_t', img_size=64, depth=2, num_classes=6, mix_token=0).train()
     assert plain(x).mix_box is None
-    headless = timm.create_model('lvvit_t', img_size=64, depth=2, num_classes=0).eval()
+    headless = backbones.create_model('lvvit_t', img_size=64, depth=2, num_classes=0).eval()
     assert headless(x).shape == (3, 240) and headless.aux_head is None
 
 
@@ -191,8 +191,8 @@ def test_lvvit_eval_and_training_outputs():
 def test_features_only_returns_the_blocks_forward_intermediates_gives(family):
     """timm's feature extraction contract: `features_only=True`, `feature_info`, the chosen blocks' maps."""
     name, kwargs = SMALL[family]
-    features = timm.create_model(name, features_only=True, out_indices=(0, 2), img_size=64, **kwargs).eval()
-    model = timm.create_model(name, img_size=64, **kwargs).eval()
+    features = backbones.create_model(name, features_only=True, out_indices=(0, 2), img_size=64, **kwargs).eval()
+    model = backbones.create_model(name, img_size=64, **kwargs).eval()
     model.load_state_dict(features.model.state_dict(), strict=False)  # the pruned net lacks the norm and heads
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
@@ -217,8 +217,8 @@ def test_grad_checkpointing_gives_the_same_gradients(family):
     forward and in forward_intermediates (what the segmentation backbone runs)."""
     name, kwargs = SMALL[family]
     torch.manual_seed(0)
-    plain = timm.create_model(name, img_size=64, num_classes=5, **kwargs).train()
-    checkpointed = timm.create_model(name, img_size=64, num_classes=5, **kwargs).train()
+    plain = backbones.create_model(name, img_size=64, num_classes=5, **kwargs).train()
+    checkpointed = backbones.create_model(name, img_size=64, num_classes=5, **kwargs).train()
     checkpointed.load_state_dict(plain.state_dict())
     checkpointed.set_grad_checkpointing(True)
     x = torch.randn(2, 3, 64, 64)

@@ -5,7 +5,7 @@ import pytest
 
 from classification.recipes import DIGITS, PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
-from test_train_cls import TINY, dataset  # noqa: F401
+from helpers.models import TINY_DEIT
 
 
 def lr_per_image(recipe) -> float:
@@ -46,10 +46,10 @@ def test_unknown_preset_lists_the_presets(capsys):
 
 
 @pytest.mark.parametrize('preset', ['mixtoken-label', 'standard'])
-def test_presets_train_without_a_label_store(dataset, tmp_path, preset):  # noqa: F811
-    data, _ = dataset
+def test_presets_train_without_a_label_store(labeled_images, tmp_path, preset):  # noqa: F811
+    data, _ = labeled_images
     out = tmp_path / preset
-    metrics = main([*TINY, '--data-dir', str(data), '--preset', preset, '--output', str(out), '--img-size', '32',
+    metrics = main([*TINY_DEIT, '--data-dir', str(data), '--preset', preset, '--output', str(out), '--img-size', '32',
                     '--batch-size', '4', '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu'])
     written = json.loads((out / 'metrics.json').read_text())
     assert written['preset'] == preset and written == metrics

@@ -6,16 +6,15 @@ import statistics
 
 import pytest
 
-from commands import run_tool
-from seg_data import write_tiny_ade, write_tiny_config
-from test_train_cls import dataset  # noqa: F401  (tiny ImageNet-layout folder and its token-label store)
+from helpers.commands import run_tool
+from helpers.seg_data import write_tiny_ade, write_tiny_config
 
 VARIANTS = ('token-labeling', 'standard')  # mixtoken-label trains in test_presets
 
 
 @pytest.fixture(scope='module')
-def reproduction(dataset, tmp_path_factory):  # noqa: F811
-    data, labels = dataset
+def reproduction(labeled_images, tmp_path_factory):  # noqa: F811
+    data, labels = labeled_images
     root = tmp_path_factory.mktemp('repro')
     ade = write_tiny_ade(root / 'ade')
     configs = {head: write_tiny_config(root / f'tiny_{head}.py', f'{head}_lvvit_s.py', ade) for head in ('fcn', 'upernet')}

@@ -12,14 +12,15 @@ import torch
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import create_model
+from backbones.errors import CheckpointError
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
-from seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
+from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from mmengine.optim import build_optim_wrapper
 from segmentation.digits import CLASSES
 from segmentation.config import DIGITS_RATIO_RANGE, DIGITS_SCHEDULE, tta_flips
 from segmentation.train import build_parser, prepare
-from commands import run_tool
+from helpers.commands import run_tool
 
 CONFIG = 'upernet_lvvit_s.py'
 ITERS = 400
@@ -105,7 +106,7 @@ def test_real_data_keeps_the_config_schedule(tmp_path, monkeypatch):
 
 
 def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match='nowhere.pth'):
+    with pytest.raises(CheckpointError, match='nowhere.pth'):
         prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
 
 

@@ -11,7 +11,7 @@ from mmengine.registry import init_default_scope
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.errors import DataError
 from segmentation.data_check import check_dataset
-from seg_data import write_tiny_ade
+from helpers.seg_data import write_tiny_ade
 
 init_default_scope('mmseg')
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import mmseg
-from commands import run_python, run_tool, succeeded
-from seg_data import write_tiny_ade, write_tiny_config
+from helpers.commands import run_python, run_tool, succeeded
+from helpers.seg_data import write_tiny_ade, write_tiny_config
 
 def independent_scores(pred_dir: Path, ann_dir: Path, num_classes: int = 150) -> dict:
     """mIoU / mAcc / aAcc from the saved PNGs (ADE20K values: 0 ignored, class c stored as c + 1)."""

@@ -13,11 +13,11 @@ from mmengine.structures import PixelData
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import CheckpointError, create_model
 from backbones.errors import UsageError
-from conftest import save_release
+from helpers.models import save_release
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
-from seg_data import CONFIGS, TINY_MODELS, tiny_config
+from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
 from segmentation.backbone import crop_to_extent
 from segmentation.complexity import segmentor_parameters
 from segmentation.config import load_config

@@ -6,10 +6,10 @@ import timm
 import torch
 
 import backbones  # noqa: F401
-from backbones.token_labeling import (
+from backbones.token_head import (
     TokenLabelingModel, TokenLabelingOutput, add_token_head, forward_token_labeling, mix_box_lambda,
 )
-from classification.loss import TokenLabelingLoss, mix_targets
+from token_labeling.loss import TokenLabelingLoss, mix_targets
 
 
 def cross_entropy_by_hand(logits, target):
@@ -56,12 +56,12 @@ def test_mix_targets_lambda_is_the_clipped_box_fraction():
 def test_mixtoken_mixes_patch_tokens_with_the_box_it_reports(name, kwargs):
     """With no blocks each token's logits depend on its own patch only: inside the box they must be those of
     the flipped batch, outside the sample's own."""
-    model = add_token_head(timm.create_model(name, num_classes=5, depth=0, **kwargs)).eval()
+    model = add_token_head(backbones.create_model(name, num_classes=5, depth=0, **kwargs)).eval()
     x = torch.randn(4, 3, 64, 64)
-    plain = forward_token_labeling(model, x, mix_alpha=0.0)
+    plain = forward_token_labeling(model, x, mix_token=0.0)
     assert plain.mix_box is None and plain.token_logits.shape == (4, 4, 4, 5)
     torch.manual_seed(3)
-    mixed = forward_token_labeling(model, x, mix_alpha=1.0)
+    mixed = forward_token_labeling(model, x, mix_token=1.0)
     top, left, bottom, right = mixed.mix_box
     inside = torch.zeros(4, 4, dtype=torch.bool)
     inside[top:bottom, left:right] = True
@@ -71,7 +71,7 @@ def test_mixtoken_mixes_patch_tokens_with_the_box_it_reports(name, kwargs):
 
 
 def test_inference_adds_half_the_classwise_token_maximum():
-    model = timm.create_model('deit_small_patch16_224', num_classes=7, embed_dim=32, depth=1, num_heads=2)
+    model = backbones.create_model('deit_small_patch16_224', num_classes=7, embed_dim=32, depth=1, num_heads=2)
     wrapped = TokenLabelingModel(model).eval()
     x = torch.randn(2, 3, 48, 48)
     features = model.forward_features(x)

@@ -9,10 +9,10 @@ from timm.data import auto_augment
 from timm.data.auto_augment import RandAugment, rand_augment_ops
 from torchvision.ops import roi_align
 
-from classification.augment import (
+from token_labeling.augment import (
     CropGeometry, LabelAwareRandAugment, TrainTransform, pil_affine_matrix, pixels_to_normalized,
 )
-from classification.targets import TokenTargetBuilder
+from token_labeling.targets import TokenTargetBuilder
 
 
 def one_hot_map(index_map: torch.Tensor, num_classes: int):

@@ -5,7 +5,7 @@ import json
 
 import timm
 
-from commands import run_tool
+from helpers.commands import run_tool
 
 
 def vit_macs(depth: int, dim: int, mlp: int, tokens: int, patches: int, classes: int) -> int:

@@ -8,38 +8,22 @@ from timm.data import create_transform
 
 import backbones  # noqa: F401
 from backbones.errors import UsageError
-from backbones.token_labeling import add_token_head
-from classification.annotate import generate_token_labels
-from classification.data import read_image
-from classification.distributed import DistInfo
+from backbones.token_head import add_token_head
 from classification.train import main
-from cls_data import make_image_folder
-from commands import run_tool, run_torchrun
-from training_runs import assert_same_run, last_weights, read_log, resume_killed_run
-
-TINY = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
-
-
-@pytest.fixture(scope='module')
-def dataset(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp('train')
-    data = make_image_folder(tmp / 'data')
-    torch.manual_seed(0)
-    annotator = timm.create_model('resnet10t', num_classes=3)
-    torch.save(annotator.state_dict(), tmp / 'annotator.pth')
-    generate_token_labels(data, 'resnet10t', tmp / 'labels', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
-                          img_size=64, topk=2, workers=0)
-    return data, tmp / 'labels'
+from engine.images import read_image
+from helpers.commands import run_tool, run_torchrun
+from helpers.models import TINY_DEIT
+from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
 
 def train_args(data, labels, output, *extra):
-    return [*TINY, '--data-dir', str(data), '--token-label-dir', str(labels), '--token-labeling', '--output',
+    return [*TINY_DEIT, '--data-dir', str(data), '--token-label-dir', str(labels), '--token-labeling', '--output',
             str(output), '--img-size', '32', '--batch-size', '4', '--lr-base', '1e-3', '--lr-base-batch', '4',
             '--warmup-epochs', '1', '--device', 'cpu', *extra]
 
 
-def test_killed_run_resumes_to_the_same_losses_and_weights(dataset, tmp_path):
-    data, labels = dataset
+def test_killed_run_resumes_to_the_same_losses_and_weights(labeled_images, tmp_path):
+    data, labels = labeled_images
     # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes
     common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1']
     straight, cut = tmp_path / 'straight', tmp_path / 'cut'
@@ -50,8 +34,8 @@ def test_killed_run_resumes_to_the_same_losses_and_weights(dataset, tmp_path):
     assert metrics['epochs'] == 6 and metrics['top1'] == read_log(straight)[6]['top1']
 
 
-def test_two_gloo_processes_agree_with_one(dataset, tmp_path):
-    data, labels = dataset
+def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
+    data, labels = labeled_images
     deterministic = ['--epochs', '2', '--workers', '0', '--auto-augment', 'none', '--hflip', '0', '--scale-min', '1',
                      '--reprob', '0', '--mix-token', '0', '--drop-path', '0', '--ema-decay', '0',
                      '--interpolation', 'bilinear']
@@ -62,11 +46,11 @@ def test_two_gloo_processes_agree_with_one(dataset, tmp_path):
     assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=12)
 
 
-def test_eval_tool_matches_an_independent_evaluation(dataset, tmp_path):
-    data, labels = dataset
+def test_eval_tool_matches_an_independent_evaluation(labeled_images, tmp_path):
+    data, labels = labeled_images
     out = tmp_path / 'run'
     main(train_args(data, labels, out, '--epochs', '2', '--workers', '0'))
-    result = run_tool('eval_cls.py', [*TINY, '--checkpoint', str(out / 'last.pth'), '--data-dir', str(data),
+    result = run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', str(out / 'last.pth'), '--data-dir', str(data),
                                          '--img-size', '32', '--workers', '0', '--json', str(tmp_path / 'eval.json')])
     assert result.returncode == 0, result.stderr[-3000:]
     reported = json.loads((tmp_path / 'eval.json').read_text())
@@ -96,7 +80,7 @@ def test_unknown_model_lists_suite_models(tmp_path):
         main(['lvvit_small', '--output', str(tmp_path)])
 
 
-def test_token_labeling_recipe_needs_labels(dataset, tmp_path):
-    data, _ = dataset
+def test_token_labeling_recipe_needs_labels(labeled_images, tmp_path):
+    data, _ = labeled_images
     with pytest.raises(UsageError, match='--token-label-dir'):
         main(['lvvit_t', '--data-dir', str(data), '--output', str(tmp_path), '--device', 'cpu'])

@@ -1,10 +1,12 @@
+#!/usr/bin/env python
 """Throughput and peak memory of a model: inference forward and a full training step (forward, loss, backward, AdamW).
 
     python tools/benchmark.py lvvit_s [--batch-size 32] [--img-size 224] [--device cuda] [--amp bf16]
-    python tools/benchmark.py t2t_vit_14 --compare-unfused     # also time explicit-softmax attention, print ratios
+    python tools/benchmark.py t2t_vit_14 --compare-unfused         # also explicit-softmax attention, with ratios
+    python tools/benchmark.py lvvit_s --compare-grad-checkpointing # also with gradient checkpointing, with ratios
 
-Peak memory is the accelerator's peak allocation on CUDA, and the peak resident size of the measuring process on
-CPU (each configuration is measured in a fresh process, so the figures do not carry over).
+Each configuration is measured in a fresh process, so that peak memory does not carry over: the accelerator's peak
+allocation on CUDA, the process's peak resident size on CPU. Times come from `torch.utils.benchmark.Timer`.
 """
 from __future__ import annotations
 
@@ -13,18 +15,21 @@ import contextlib
 import json
 import multiprocessing
 import resource
-import sys
-import time
 from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
+import torch.utils.benchmark as torch_benchmark
 from timm.layers import set_fused_attn
 
 import backbones
 from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
-from backbones.cli import non_negative_int, positive_int, run_command
+from engine.cli import non_negative_int, positive_int, run_command
+
+VARIANTS = {  # label: (fused attention, gradient checkpointing)
+    'plain': (True, False), 'unfused': (False, False), 'grad_checkpointing': (True, True),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,8 +43,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--warmup', type=non_negative_int, default=3)
     parser.add_argument('--compare-unfused', action='store_true',
                         help='also measure the same model with explicit-softmax attention and print ratios')
+    parser.add_argument('--compare-grad-checkpointing', action='store_true',
+                        help='also measure training with gradient checkpointing and print the memory it saves')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     return parser.parse_args(argv)
+
+
+def seconds_per_call(fn: Callable[[], object], steps: int, warmup: int = 1) -> float:
+    """Mean seconds of one call of `fn` over `steps` calls after `warmup` ones (torch's benchmark Timer: it waits for
+    the GPU, and here uses all of torch's threads)."""
+    for _ in range(warmup):
+        fn()
+    timer = torch_benchmark.Timer(stmt='fn()', globals={'fn': fn}, num_threads=torch.get_num_threads())
+    return timer.timeit(steps).mean
+
+
+def images_per_second(step: Callable[[], None], batch_size: int, steps: int, warmup: int) -> float:
+    return batch_size / seconds_per_call(step, steps, warmup)
 
 
 def training_loss(output, target: torch.Tensor) -> torch.Tensor:
@@ -57,21 +77,8 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def images_per_second(step: Callable[[], None], batch_size: int, steps: int, warmup: int,
-                      device: torch.device) -> float:
-    for _ in range(warmup):
-        step()
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    return batch_size * steps / (time.perf_counter() - start)
-
-
-def measure(args: argparse.Namespace, fused_attention: bool = True) -> Dict[str, float]:
+def measure(args: argparse.Namespace, variant: str) -> Dict[str, float]:
+    fused_attention, grad_checkpointing = VARIANTS[variant]
     device = torch.device(args.device)
     set_fused_attn(fused_attention)
     try:
@@ -79,6 +86,8 @@ def measure(args: argparse.Namespace, fused_attention: bool = True) -> Dict[str,
         model = backbones.create_model(args.model, **kwargs).to(device)
     finally:
         set_fused_attn(True)
+    if grad_checkpointing:
+        model.set_grad_checkpointing(True)
     size = args.img_size or model.pretrained_cfg['input_size'][-1]
     images = torch.randn(args.batch_size, 3, size, size, device=device)
     target = torch.randint(0, model.num_classes, (args.batch_size,), device=device)
@@ -99,44 +108,48 @@ def measure(args: argparse.Namespace, fused_attention: bool = True) -> Dict[str,
         scaler.step(optimizer)
         scaler.update()
 
-    if device.type == 'cuda':
-        torch.cuda.reset_peak_memory_stats(device)
-    model.eval()
-    forward = images_per_second(forward_step, args.batch_size, args.steps, args.warmup, device)
-    forward_mem = peak_memory_mib(device)
+    results = {}
+    if not grad_checkpointing:  # the forward pass does not depend on it
+        if device.type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(device)
+        model.eval()
+        results['forward_img_s'] = images_per_second(forward_step, args.batch_size, args.steps, args.warmup)
+        results['forward_peak_mib'] = peak_memory_mib(device)
     model.train()
-    train = images_per_second(train_step, args.batch_size, args.steps, args.warmup, device)
-    return {'forward_img_s': forward, 'forward_peak_mib': forward_mem,
-            'train_img_s': train, 'train_peak_mib': peak_memory_mib(device)}
+    results['train_img_s'] = images_per_second(train_step, args.batch_size, args.steps, args.warmup)
+    results['train_peak_mib'] = peak_memory_mib(device)
+    return results
 
 
-def measure_in_fresh_process(args: argparse.Namespace, fused_attention: bool) -> Dict[str, float]:
+def measure_in_fresh_process(args: argparse.Namespace, variant: str) -> Dict[str, float]:
     with multiprocessing.get_context('spawn').Pool(1) as pool:
-        return pool.apply(measure, (args, fused_attention))
+        return pool.apply(measure, (args, variant))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(0)
-    try:
-        check_model_name(args.model)
-        results = {'fused': measure_in_fresh_process(args, True)}
-        if args.compare_unfused:
-            results['unfused'] = measure_in_fresh_process(args, False)
-    except ValueError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2
+    check_model_name(args.model)
+    variants = ['plain'] + ['unfused'] * args.compare_unfused + ['grad_checkpointing'] * args.compare_grad_checkpointing
+    results = {variant: measure_in_fresh_process(args, variant) for variant in variants}
     if args.json:
         print(json.dumps({'model': args.model, 'batch_size': args.batch_size, 'device': args.device, **results}))
         return 0
     print(f'{args.model}  batch {args.batch_size}  {args.device}  amp {args.amp}  threads {torch.get_num_threads()}')
     for label, r in results.items():
-        print(f"  {label:8s} forward {r['forward_img_s']:8.1f} img/s (peak {r['forward_peak_mib']:7.0f} MiB)   "
-              f"train step {r['train_img_s']:8.1f} img/s (peak {r['train_peak_mib']:7.0f} MiB)")
+        forward = (f"forward {r['forward_img_s']:8.1f} img/s (peak {r['forward_peak_mib']:7.0f} MiB)   "
+                   if 'forward_img_s' in r else ' ' * 50)
+        print(f"  {label:18s} {forward}train step {r['train_img_s']:8.1f} img/s (peak {r['train_peak_mib']:7.0f} MiB)")
+    plain = results['plain']
     if 'unfused' in results:
-        fused, unfused = results['fused'], results['unfused']
-        print(f"  speed-up of fused attention: forward x{fused['forward_img_s'] / unfused['forward_img_s']:.2f}, "
-              f"train step x{fused['train_img_s'] / unfused['train_img_s']:.2f}")
+        unfused = results['unfused']
+        print(f"  speed-up of fused attention: forward x{plain['forward_img_s'] / unfused['forward_img_s']:.2f}, "
+              f"train step x{plain['train_img_s'] / unfused['train_img_s']:.2f}")
+    if 'grad_checkpointing' in results:
+        checkpointed = results['grad_checkpointing']
+        print(f"  gradient checkpointing: training peak memory x{checkpointed['train_peak_mib'] / plain['train_peak_mib']:.2f}"
+              f" ({plain['train_peak_mib'] - checkpointed['train_peak_mib']:.0f} MiB less), train step "
+              f"x{checkpointed['train_img_s'] / plain['train_img_s']:.2f} speed")
     return 0
 
 

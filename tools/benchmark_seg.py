@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import time
 from itertools import cycle, islice
 from pathlib import Path
 
@@ -23,8 +22,9 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-from backbones.cli import positive_int, run_command
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from benchmark import seconds_per_call
+from engine.cli import positive_int, run_command
 from mmseg.registry import MODELS
 from segmentation.config import DIGITS_SCALE, load_config, use_digits_data
 from segmentation.test import use_multi_scale
@@ -48,16 +48,11 @@ def loader(cfg, key: str):
     return Runner.build_dataloader(dataloader)
 
 
-def timed(fn, batches: list, device: str) -> float:
-    fn(batches[0])  # warm-up (kernel selection, allocator)
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for batch in batches[1:]:
-        fn(batch)
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def timed(fn, batches: list) -> float:
+    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0] (kernel selection, allocator)."""
+    fn(batches[0])
+    rest = iter(batches[1:])
+    return seconds_per_call(lambda: fn(next(rest)), len(batches) - 1, warmup=0) * (len(batches) - 1)
 
 
 def main() -> None:
@@ -72,7 +67,7 @@ def main() -> None:
     model.eval()
     ss_batches = list(islice(loader(cfg, 'test_dataloader'), args.images + 1))
     with torch.no_grad():
-        results['ss_img_per_s'] = args.images / timed(model.test_step, ss_batches, args.device)
+        results['ss_img_per_s'] = args.images / timed(model.test_step, ss_batches)
     ms_cfg = copy.deepcopy(cfg)
     use_multi_scale(ms_cfg, flip=True)
     ms_batches = list(islice(loader(ms_cfg, 'test_dataloader'), args.images + 1))
@@ -81,14 +76,14 @@ def main() -> None:
         tta = MODELS.build(ms_cfg.model).to(args.device).eval()
         tta.module.load_state_dict(model.state_dict())
         with torch.no_grad():
-            results[f'ms_flip_img_per_s{suffix}'] = args.images / timed(tta.test_step, ms_batches, args.device)
+            results[f'ms_flip_img_per_s{suffix}'] = args.images / timed(tta.test_step, ms_batches)
     results['ms_flip_slowdown'] = results['ss_img_per_s'] / results['ms_flip_img_per_s']
     results['window_batch_speedup'] = results['ms_flip_img_per_s'] / results['ms_flip_img_per_s_window_by_window']
 
     model.train()
     optim = build_optim_wrapper(model, cfg.optim_wrapper)
     train_batches = list(islice(cycle(loader(cfg, 'train_dataloader')), args.iters + 1))
-    seconds = timed(lambda batch: model.train_step(batch, optim), train_batches, args.device)
+    seconds = timed(lambda batch: model.train_step(batch, optim), train_batches)
     results['train_it_per_s'] = args.iters / seconds
     results['train_img_per_s'] = args.iters * args.batch_size / seconds
 

@@ -16,18 +16,19 @@ import json
 import os
 import random
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from timm.data.mixup import mixup_target
 from torchvision.ops import roi_align
 
 from backbones import TokenLabelingModel, create_model
-from backbones.cli import non_negative_int, positive_int, run_command
-from classification.augment import CropGeometry
-from classification.loss import TokenLabelingLoss, soft_cross_entropy
-from classification.targets import TokenTargetBuilder, one_hot_targets
+from benchmark import seconds_per_call
+from engine.cli import non_negative_int, positive_int, run_command
+from token_labeling.augment import CropGeometry
+from token_labeling.loss import TokenLabelingLoss, soft_cross_entropy
+from token_labeling.targets import TokenTargetBuilder
 
 
 def synthetic_maps(B: int, h: int, k: int, C: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,22 +60,6 @@ def per_sample_targets(scores, classes, geometry, grid, C: int, smoothing: float
     return torch.stack(cls_targets), torch.stack(token_targets)
 
 
-def timed(fn, steps: int, warmup: int, device) -> float:
-    """Median seconds per call."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(steps):
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def bench_train_step(args, device) -> dict:
     B, C, size = args.batch_size, args.num_classes, args.img_size
     x = torch.randn(B, 3, size, size, device=device)
@@ -100,7 +85,7 @@ def bench_train_step(args, device) -> dict:
                 cls_t, tok_t = builder(scores, classes, geometry, out.token_logits.shape[1:3])
                 loss = loss_fn(out, cls_t, tok_t)
             else:
-                loss = soft_cross_entropy(out, one_hot_targets(labels, C, 0.1))
+                loss = soft_cross_entropy(out, mixup_target(labels, C, smoothing=0.1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -110,8 +95,8 @@ def bench_train_step(args, device) -> dict:
     # interleave repeats so drift of the machine's speed hits both alike
     plain_t, tl_t = [], []
     for _ in range(args.repeats):
-        plain_t.append(timed(plain, args.steps, args.warmup, device))
-        tl_t.append(timed(tl, args.steps, args.warmup, device))
+        plain_t.append(seconds_per_call(plain, args.steps, args.warmup))
+        tl_t.append(seconds_per_call(tl, args.steps, args.warmup))
     p, t = float(np.median(plain_t)), float(np.median(tl_t))
     return {'model': args.model, 'batch': B, 'img_size': size, 'token_grid': grid, 'plain_ce_s': p,
             'token_labeling_s': t, 'overhead_pct': 100 * (t / p - 1)}
@@ -122,9 +107,9 @@ def bench_builder(args, device) -> dict:
     scores, classes = synthetic_maps(B, args.map_size, 5, C, device)
     geometry = random_geometry(B, device)
     builder = TokenTargetBuilder(C, 0.1)
-    ours = timed(lambda: builder(scores, classes, geometry, (S, S)), args.steps, 2, device)
-    naive = timed(lambda: per_sample_targets(scores, classes, geometry, (S, S), C, 0.1), max(2, args.steps // 3),
-                  1, device)
+    ours = seconds_per_call(lambda: builder(scores, classes, geometry, (S, S)), args.steps, 2)
+    naive = seconds_per_call(lambda: per_sample_targets(scores, classes, geometry, (S, S), C, 0.1),
+                             max(2, args.steps // 3), 1)
     a = builder(scores, classes, geometry, (S, S))
     b = per_sample_targets(scores, classes, geometry, (S, S), C, 0.1)
     return {'batch': B, 'classes': C, 'map': args.map_size, 'grid': S, 'batched_img_s': B / ours,
@@ -160,8 +145,8 @@ def bench_store(args) -> dict:
             for i in order:
                 torch.load(files / f'{i}.pt', weights_only=True)
 
-        packed_s = timed(read_packed, 3, 1, torch.device('cpu'))
-        files_s = timed(read_files, 3, 1, torch.device('cpu'))
+        packed_s = seconds_per_call(read_packed, 3, 1)
+        files_s = seconds_per_call(read_files, 3, 1)
     return {'images': N, 'map': f'{h}x{h}x{k}', 'packed_bytes_per_image': packed_bytes,
             'per_file_bytes_per_image': file_bytes, 'per_file_disk_bytes_per_image': file_disk,
             'packed_reads_per_s': N / packed_s, 'per_file_reads_per_s': N / files_s, 'read_speedup': files_s / packed_s}

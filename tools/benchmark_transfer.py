@@ -8,22 +8,21 @@ run, and the on-device input pipeline against the reference tool's per-image tor
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
-from benchmark import images_per_second
 from PIL import Image
-from timm.scheduler import create_scheduler_v2
 from torchvision import transforms
 
-from backbones.cli import non_negative_int, positive_int, run_command
+from benchmark import images_per_second
 from classification.cifar import CifarInput
-from classification.distributed import DistInfo
-from classification.engine import Objective, StepState, evaluate, train_one_epoch
+from classification.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
-from classification.train import pick_amp
-from classification.transfer import build_transfer_model, make_optimizer
+from classification.transfer import build_transfer_model, transfer_param_groups
+from engine.cli import non_negative_int, positive_int, run_command
+from engine.distributed import DistInfo
+from engine.steps import evaluate, pick_amp, train_one_epoch
+from engine.trainer import optimization_state
 
 CIFAR_MEAN, CIFAR_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES = 45_000, 5_000, 10_000  # CIFAR with a 10% held-out split
@@ -52,22 +51,20 @@ def transfer_speed(name: str, args: argparse.Namespace, info: DistInfo, amp: str
     recipe = TransferRecipe()
     model, _ = build_transfer_model(name, 100, args.img_size, recipe)
     model.to(info.device)
-    optimizer = make_optimizer(model, recipe, recipe.lr)
-    scheduler, _ = create_scheduler_v2(optimizer, 'cosine', num_epochs=recipe.epochs, min_lr=recipe.min_lr,
-                                       step_on_epochs=False, updates_per_epoch=TRAIN_IMAGES // args.batch_size)
-    scaler = torch.amp.GradScaler('cuda') if amp == 'fp16' else None
-    state = StepState(optimizer, scheduler, scaler, None)
-    objective = Objective(100, 0.0)
+    optimization = recipe.optimization(args.batch_size)
+    params = transfer_param_groups(model, optimization.lr, recipe.backbone_lr_scale, optimization.weight_decay)
+    state, _ = optimization_state(model, params, optimization, TRAIN_IMAGES // args.batch_size, amp)
+    objective = ClassificationObjective(100, 0.0)
     train_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=True)
     eval_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=False)
-    batches = cifar_batches(args.steps, args.batch_size, info.device)
+    batches = cifar_batches(1, args.batch_size, info.device)
     return {
         'train_img_s': images_per_second(
-            lambda: train_one_epoch(model, batches[:1], objective, state, info, amp, transform=train_tf),
-            args.batch_size, args.steps, args.warmup, info.device),
+            lambda: train_one_epoch(model, batches, objective, state, info, amp, transform=train_tf),
+            args.batch_size, args.steps, args.warmup),
         'eval_img_s': images_per_second(
-            lambda: evaluate(model, batches[:1], info, amp, transform=eval_tf),
-            args.batch_size, args.steps, args.warmup, info.device),
+            lambda: evaluate(model, batches, info, amp, transform=eval_tf),
+            args.batch_size, args.steps, args.warmup),
     }
 
 
@@ -79,14 +76,10 @@ def pipeline_speed(args: argparse.Namespace, device: torch.device) -> dict:
         transforms.Resize(size), transforms.RandomCrop(size, padding=size // 8), transforms.RandomHorizontalFlip(),
         transforms.ToTensor(), transforms.Normalize(CIFAR_MEAN, CIFAR_STD)])
     pil = [Image.fromarray(img) for img in np.random.default_rng(0).integers(0, 256, (64, 32, 32, 3), np.uint8)]
-    start = time.perf_counter()
-    for img in pil:
-        reference(img)
-    reference_ips = len(pil) / (time.perf_counter() - start)
     ours = CifarInput(size, CIFAR_MEAN, CIFAR_STD, train=True)
-    batch = cifar_batches(1, 64, device)[0]['image']
-    ours_ips = images_per_second(lambda: ours(batch), 64, 5, 1, device)
-    return {'reference_img_s': reference_ips, 'ours_img_s': ours_ips}
+    batch = cifar_batches(1, len(pil), device)[0]['image']
+    return {'reference_img_s': images_per_second(lambda: [reference(img) for img in pil], len(pil), 1, 0),
+            'ours_img_s': images_per_second(lambda: ours(batch), len(pil), 5, 1)}
 
 
 def hours(seconds: float) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Dense token labels for token-labeling training: a machine annotator's top-k scores at every map position.
 
-    python tools/generate_token_labels.py --data-dir /data/imagenet --annotator nfnet_f6 \\
+    python tools/generate_token_labels.py --data-dir /data/imagenet --annotator dm_nfnet_f6 \\
         --output /data/imagenet_token_labels --img-size 576 --topk 5
     torchrun --nproc-per-node 8 tools/generate_token_labels.py ...     # the same, data-parallel
 
@@ -12,10 +12,10 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from backbones.cli import DEVICES, non_negative_int, positive_int, run_command
-from classification.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
-from classification.distributed import cleanup, init_distributed
-from classification.train import parse_model_kwargs
+from engine.cli import DEVICES, non_negative_int, parse_model_kwargs, positive_int, run_command
+from engine.distributed import run_distributed
+from engine.log import logger
+from token_labeling.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
 
 
 def main() -> None:
@@ -39,21 +39,16 @@ def main() -> None:
                    help='annotator arguments, e.g. output_stride=16 for a denser map')
     p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     args = p.parse_args()
-    info = init_distributed(args.device)
-    try:
-        meta = generate_token_labels(
-            args.data_dir, args.annotator, args.output, info, checkpoint=args.checkpoint, img_size=args.img_size,
-            topk=args.topk, split=args.split, batch_size=args.batch_size, workers=args.workers,
-            shard_size=args.shard_size, model_kwargs=parse_model_kwargs(args.model_kwargs),
-            skip_unreadable=args.skip_unreadable)
-    finally:
-        cleanup(info)
-    if info.is_main:
-        h, w = meta['grid']
-        print(f'{args.output}: {h}x{w} x top-{meta["topk"]} maps of {meta["num_classes"]} classes for the '
-              f'{args.split} split ({h * w * meta["topk"] * 4} bytes per image); every image has its row, verified'
-              + (f'; {len(meta["unreadable"])} unreadable image(s) skipped, listed in meta.json'
-                 if meta['unreadable'] else ''))
+    meta = run_distributed(lambda info: generate_token_labels(
+        args.data_dir, args.annotator, args.output, info, checkpoint=args.checkpoint, img_size=args.img_size,
+        topk=args.topk, split=args.split, batch_size=args.batch_size, workers=args.workers,
+        shard_size=args.shard_size, model_kwargs=parse_model_kwargs(args.model_kwargs),
+        skip_unreadable=args.skip_unreadable), args.device)
+    h, w = meta['grid']
+    logger.info(f'{args.output}: {h}x{w} x top-{meta["topk"]} maps of {meta["num_classes"]} classes for the '
+                f'{args.split} split ({h * w * meta["topk"] * 4} bytes per image); every image has its row, verified'
+                + (f'; {len(meta["unreadable"])} unreadable image(s) skipped, listed in meta.json'
+                   if meta['unreadable'] else ''))
 
 
 if __name__ == '__main__':

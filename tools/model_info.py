@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import backbones
 from backbones.complexity import measure_complexity
-from backbones.cli import positive_int, run_command
+from engine.cli import positive_int, run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,11 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.all:
         print(table(args.img_size))
         return 0
-    try:
-        info = measure_complexity(args.model, args.img_size)
-    except ValueError as exc:
-        print(f'error: {exc}', file=sys.stderr)
-        return 2
+    info = measure_complexity(args.model, args.img_size)
     if args.json:
         print(json.dumps(info.as_dict()))
     else:

@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from backbones.errors import SuiteError, UsageError
+from engine.cli import positive_int, run_command
+from engine.files import write_json_atomic
+from segmentation.config import load_config
 
-from backbones.cli import positive_int, run_command  # noqa: E402
-from classification.checkpointing import write_json_atomic  # noqa: E402
-from segmentation.config import load_config  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 VARIANTS = {
     'token-labeling': 'token labeling + MixToken',
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
-        raise SystemExit('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
+        raise UsageError('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
     if args.quick:
         args.epochs = args.epochs or QUICK['epochs']
         args.iters = args.iters or QUICK['iters']
@@ -80,13 +80,10 @@ def shared_backbone(configs: Dict[str, str]) -> tuple[str, dict]:
     """The backbone model both configs use (name and model arguments): the model to pretrain."""
     models = {}
     for head, path in configs.items():
-        try:
-            backbone = load_config(path).model.backbone
-        except FileNotFoundError as e:
-            raise SystemExit(str(e))
+        backbone = load_config(path).model.backbone
         models[head] = (backbone.model_name, dict(backbone.get('model_kwargs') or {}))
     if len({repr(m) for m in models.values()}) != 1:
-        raise SystemExit('the FCN and UperNet configs must use the same backbone model, got ' +
+        raise UsageError('the FCN and UperNet configs must use the same backbone model, got ' +
                          ', '.join(f'{head}: {name} {kwargs or ""}' for head, (name, kwargs) in models.items()))
     return next(iter(models.values()))
 
@@ -111,7 +108,7 @@ class Stages:
         self.seconds[name] = round(time.time() - started, 1)
         if result.returncode != 0:
             tail = log.read_text(errors='replace').splitlines()[-15:]
-            raise SystemExit(f'{name} failed (exit {result.returncode}); the end of {log}:\n' + '\n'.join(tail))
+            raise SuiteError(f'{name} failed (exit {result.returncode}); the end of {log}:\n' + '\n'.join(tail))
 
     def pretrain(self, variant: str, seed: int, model: str, model_kwargs: dict, run_dir: Path) -> Path:
         out = run_dir / 'cls'

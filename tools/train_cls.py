@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a suite model on ImageNet (or the embedded digits data) with its paper recipe.
+"""Train a model on ImageNet (or the embedded digits data) with its paper recipe.
 
     python tools/train_cls.py lvvit_s                                   # embedded digits run, a few minutes on CPU
     torchrun --nproc-per-node 8 tools/train_cls.py lvvit_s --data-dir /data/imagenet \\
@@ -8,8 +8,9 @@
 
 An interrupted run continues with the same command plus --resume. See --help for every recipe value.
 """
-from backbones.cli import run_command
 from classification.train import main
+from digits.prepare import embedded_image_data
+from engine.cli import run_command
 
 if __name__ == '__main__':
-    run_command(main)
+    run_command(lambda: main(default_data=embedded_image_data))

@@ -1,6 +1,6 @@
 """Kill a training command at each of its checkpoint write points in turn, and resume it (used by the tests).
 
-    python tests/kill_at_write.py TOOL OUT_ROOT ARGS...      (ARGS without --output)
+    python tests/helpers/kill_at_write.py TOOL OUT_ROOT ARGS...      (ARGS without --output)
 
 A write point is one of the two moments of an atomic write of last.pth, best.pth or metrics.json: the temporary
 file complete but not yet renamed over the target, and just after the rename. The command runs once to the end in
@@ -18,10 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, List
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from classification import train, transfer  # noqa: E402
+from classification import train, transfer
 
 TOOLS = {'train_cls.py': train.main, 'transfer_cifar.py': transfer.main}
 TARGETS = ('last.pth', 'best.pth', 'metrics.json')

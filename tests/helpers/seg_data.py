@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 from mmengine.config import Config
 
-from commands import ROOT
+from helpers.commands import ROOT
 
 CONFIGS = ROOT / 'seg_configs'
 DIM = 32

@@ -12,7 +12,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from commands import ENV, ROOT, run_tool
+from helpers.commands import ENV, ROOT, run_tool
 
 
 def kill_after_first_epoch(tool: str, args: Sequence[str], output: Path) -> None:

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from backbones.token_labeling import TokenLabelingOutput, mix_box_lambda, mix_token_grid
+from backbones.token_head import TokenLabelingOutput, mix_box_lambda, mix_token_grid
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from backbones.cli import resolve_device
+from backbones.errors import DataError
+
+from .cli import resolve_device
+from .log import logger
+
+T = TypeVar('T')
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,18 @@ def init_distributed(device: str | None = None) -> DistInfo:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group('nccl' if use_cuda else 'gloo')
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank != 0:
+        logger.setLevel('ERROR')  # the main process speaks for all: they run the same code
     return DistInfo(rank, world_size, local_rank, dev)
+
+
+def run_distributed(run: Callable[[DistInfo], T], device: Optional[str] = None) -> T:
+    """`run(info)` in the process group torchrun describes (or alone), leaving the group afterwards."""
+    info = init_distributed(device)
+    try:
+        return run(info)
+    finally:
+        cleanup(info)
 
 
 def barrier(info: DistInfo) -> None:
@@ -71,3 +87,16 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
+                    seed: int, collate_fn: Callable) -> List[DataLoader]:
+    """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches
+    only), then one loader per evaluation set (each item exactly once over all processes)."""
+    if len(train_set) < batch_size * info.world_size:
+        raise DataError(f'{len(train_set)} training images are fewer than one global batch '
+                        f'({batch_size} x {info.world_size} processes)')
+    common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn)
+    sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
+    return [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)] + [
+        DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]

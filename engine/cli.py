@@ -1,4 +1,5 @@
-"""What every command shares: one-line errors and argparse value types that check a value's meaning.
+"""What every command shares: one-line errors, the log on standard output, and argparse value types that check a
+value's meaning.
 
 The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line
 (`error: ...`) with exit status 2; `--debug` on the command line, or SUITE_DEBUG=1 in the environment, shows the
@@ -7,14 +8,17 @@ traceback instead. Errors that are not the suite's (a bug, a library failure) ke
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List
 
 import torch
 
-from .errors import SuiteError, UsageError
+from backbones.errors import SuiteError, UsageError
+
+from .log import show_log
 
 EXIT_CODE = 2
 
@@ -36,6 +40,7 @@ def run_command(main: Callable[[], object]) -> None:
     """Run a command's `main`: the suite's errors become one line on stderr and exit status 2 (see module doc)."""
     debug = debug_requested(sys.argv)
     sys.argv = [arg for arg in sys.argv if arg != '--debug']
+    show_log()
     try:
         status = main()
     except SuiteError as exc:
@@ -45,6 +50,28 @@ def run_command(main: Callable[[], object]) -> None:
         sys.exit(EXIT_CODE)
     if isinstance(status, int):  # a command's own exit status; other return values are results, not statuses
         sys.exit(status)
+
+
+def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser whose first argument is a model name."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('model', help='model name (tools/model_info.py --all lists the suite\'s)')
+    return parser
+
+
+def parse_model_kwargs(items: List[str]) -> dict:
+    """`--model-kwargs key=value ...`: values parsed as Python literals where they are one (numbers, True, None)."""
+    kwargs = {}
+    for item in items:
+        key, sep, value = item.partition('=')
+        if not sep:
+            raise UsageError(f'--model-kwargs takes key=value, got {item!r}')
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
 
 
 def _checked(kind: type, test: Callable[[float], bool], meaning: str) -> Callable[[str], object]:

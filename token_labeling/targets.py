@@ -28,10 +28,6 @@ def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
     return target * (1.0 - smoothing) + smoothing / target.shape[-1] if smoothing > 0 else target
 
 
-def one_hot_targets(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
-    return smooth(F.one_hot(labels, num_classes).float(), smoothing)
-
-
 def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Where the sub-samples of each token of the augmented image came from: whole-image [-1, 1] coordinates.
 

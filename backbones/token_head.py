@@ -1,4 +1,5 @@
-"""Token labeling on any model of the suite: a token head, the MixToken training forward, inference logits.
+"""The model side of token labeling, for any model of the suite: a token head, the MixToken training forward, and
+the inference rule. (The data side, from the annotator's score maps to the loss, is the `token_labeling` package.)
 
 Every family's patch embedding returns a (B, H, W, D) grid, and every `forward_features` returns the normalised
 tokens with the H*W patch tokens last. So MixToken is a forward hook on `patch_embed` (mixing before or after
@@ -93,15 +94,16 @@ def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return inference_logits(class_logits(model, features), model.aux_head(patch_tokens(model, features)))
 
 
-def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_alpha: float = 1.0) -> TokenLabelingOutput:
-    """Training forward for token labeling; MixToken on the patch grid unless `mix_alpha` is 0."""
+def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0) -> TokenLabelingOutput:
+    """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the patch grid unless
+    `mix_token` is 0."""
     seen = {}
 
     def mix_patches(module: nn.Module, inputs: tuple, grid: torch.Tensor) -> torch.Tensor:
         seen['grid'] = grid.shape[1:3]
-        if mix_alpha <= 0:
+        if mix_token <= 0:
             return grid
-        seen['box'] = sample_mix_box(seen['grid'], mix_alpha)
+        seen['box'] = sample_mix_box(seen['grid'], mix_token)
         return mix_token_grid(grid, seen['box'])
 
     hook = model.patch_embed.register_forward_hook(mix_patches)
@@ -120,12 +122,12 @@ class TokenLabelingModel(nn.Module):
     A module (not a function) so that DistributedDataParallel sees the whole forward.
     """
 
-    def __init__(self, model: nn.Module, mix_alpha: float = 1.0) -> None:
+    def __init__(self, model: nn.Module, mix_token: float = 1.0) -> None:
         super().__init__()
         self.model = add_token_head(model)
-        self.mix_alpha = mix_alpha
+        self.mix_token = mix_token
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
         if self.training:
-            return forward_token_labeling(self.model, x, self.mix_alpha)
+            return forward_token_labeling(self.model, x, self.mix_token)
         return predict_with_token_head(self.model, x)

@@ -1,22 +1,33 @@
-"""One training epoch and one evaluation pass; the trainer and `tools/eval_cls.py` share them."""
+"""One training epoch and one evaluation pass, under mixed precision if asked; the trainers and the evaluation
+tool share them."""
 from __future__ import annotations
 
 import contextlib
 import math
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Protocol
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from backbones import TokenLabelingOutput
+from backbones.errors import UsageError
 
-from .augment import CropGeometry
 from .distributed import DistInfo, all_reduce_sum
-from .loss import TokenLabelingLoss, soft_cross_entropy
-from .targets import TokenTargetBuilder, one_hot_targets
+
+AMP_CHOICES = ('auto', 'none', 'bf16', 'fp16')
+
+
+def pick_amp(amp: str, device: torch.device) -> str:
+    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU."""
+    if amp != 'auto':
+        if amp != 'none' and device.type != 'cuda':
+            raise UsageError(f'--amp {amp} needs a GPU; this run is on {device}')
+        return amp
+    if device.type != 'cuda':
+        return 'none'
+    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
@@ -33,49 +44,14 @@ def show_progress(info: DistInfo) -> bool:
 BatchTransform = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass
-class Objective:
-    """Turns a batch and the model's output into the loss: token labeling, or soft targets (mixup/cutmix).
-
-    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps
-    when `token_builder` is set, otherwise every token gets the image label (CIFAR transfer of an LV-ViT).
-    """
-
-    num_classes: int
-    smoothing: float
-    token_builder: Optional[TokenTargetBuilder] = None
-    token_loss: Optional[TokenLabelingLoss] = None  # token labeling when set
-    cls_target: str = 'map'
-    mixup: Optional[Callable] = None  # timm Mixup for the vanilla recipe
+class Objective(Protocol):
+    """What turns a batch and the model's output into the loss (the classification applications define them)."""
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Images and soft labels before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
-        if self.token_loss is not None:
-            return images, None
-        if self.mixup is not None:
-            return self.mixup(images, labels)
-        return images, one_hot_targets(labels, self.num_classes, self.smoothing)
+        """Images and soft labels before the forward (mixup, cutmix; or as they are)."""
 
     def loss(self, output, batch: dict, soft_labels: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
-        if self.token_loss is None:
-            return soft_cross_entropy(output, soft_labels)
-        if not isinstance(output, TokenLabelingOutput):
-            raise TypeError('token labeling needs a model with a token head in training mode')
-        grid = output.token_logits.shape[1:3]
-        if self.token_builder is None:
-            label_target = self.label_target(batch, device)
-            return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
-        geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
-        cls_target, token_target = self.token_builder(
-            batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
-            geometry, grid)
-        if self.cls_target == 'label':
-            cls_target = self.label_target(batch, device)
-        return self.token_loss(output, cls_target, token_target)
-
-    def label_target(self, batch: dict, device: torch.device) -> torch.Tensor:
-        """The (smoothed) one-hot target of each image's label."""
-        return one_hot_targets(batch['label'].to(device), self.num_classes, self.smoothing)
+        """The loss of the model's `output` on `batch`."""
 
 
 def model_input(batch: dict, info: DistInfo, transform: Optional[BatchTransform]) -> torch.Tensor:

@@ -23,14 +23,15 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from backbones import CheckpointError, TokenLabelingModel
-from backbones.cli import check_output_folder
-from backbones.errors import DataError, UsageError
+from backbones import TokenLabelingModel
+from backbones.errors import CheckpointError, DataError, UsageError
 
-from .checkpointing import (atomic_save, read_training_checkpoint, rng_state, seed_all, set_rng_state,
-                            write_text_atomic)
+from .checkpoints import read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .cli import check_output_folder
 from .distributed import DistInfo, barrier
-from .engine import BatchTransform, Objective, StepState, evaluate, train_one_epoch
+from .files import remove_partial_writes, save_atomic, write_text_atomic
+from .log import logger
+from .steps import BatchTransform, Objective, StepState, evaluate, train_one_epoch
 
 LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 
@@ -39,7 +40,7 @@ def resume_path(resume: Optional[str], output: Path) -> Optional[Path]:
     """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently."""
     check_output_folder(output)
     if resume == 'auto' and not (output / LAST).exists():
-        print(f'--resume: {output} holds no {LAST} yet; starting the run from the beginning', flush=True)
+        logger.info(f'--resume: {output} holds no {LAST} yet; starting the run from the beginning')
         return None
     if resume:
         return output / LAST if resume == 'auto' else Path(resume)
@@ -89,7 +90,7 @@ class RunLog:
         with open(self.output / LOG, 'a') as f:
             f.write(json.dumps(record) + '\n')
         parts = [f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in record.items()]
-        print('  '.join(parts), flush=True)
+        logger.info('  '.join(parts))
 
     def close(self) -> None:
         if self.writer is not None:
@@ -118,7 +119,7 @@ class Fit:
     def start(self, resume: Optional[Path], seed: int) -> None:
         """Restore `resume` (weights, optimizer, scheduler, scaler, epoch, best, RNG), or seed a fresh run."""
         if self.info.is_main:
-            remove_leftovers(self.output)
+            remove_partial_writes(self.output)
         if resume is None:
             seed_all(seed + self.info.rank)  # augmentation and MixToken differ between processes
             return
@@ -142,8 +143,7 @@ class Fit:
         self.best, self.record = ckpt['best'], ckpt['metrics']
         rng = ckpt['rng']
         set_rng_state(rng[self.info.rank] if self.info.rank < len(rng) else rng[0])
-        if self.info.is_main:
-            print(f'resumed {resume} at epoch {self.start_epoch}', flush=True)
+        logger.info(f'resumed {resume} at epoch {self.start_epoch}')
 
     def run(self, train_loader, val_loader: Iterable[dict], num_epochs: int, runlog: RunLog) -> dict:
         """Train from `start_epoch` to `num_epochs`, validating and checkpointing each epoch; the last record."""
@@ -195,21 +195,14 @@ class Fit:
                 'args': self.config, 'metrics': self.record}
         if state.scaler is not None:
             ckpt['scaler'] = state.scaler.state_dict()
-        atomic_save(ckpt, self.output / LAST)  # first: see the module docstring
+        save_atomic(ckpt, self.output / LAST)  # first: see the module docstring
         if is_best:
-            atomic_save(best_checkpoint(ckpt), self.output / BEST)
+            save_atomic(best_checkpoint(ckpt), self.output / BEST)
 
 
 def best_checkpoint(last: dict) -> dict:
     """What best.pth holds: the weights of a last.pth, its epoch, metrics and settings."""
     return {k: v for k, v in last.items() if k in ('state_dict', 'state_dict_ema', 'epoch', 'metrics', 'args')}
-
-
-def remove_leftovers(output: Path) -> None:
-    """Delete the temporary files of writes a kill interrupted (`.last.pth.tmp123`, ...)."""
-    for name in (LAST, BEST, METRICS, LOG):
-        for leftover in output.glob(f'.{name}.tmp*'):
-            leftover.unlink(missing_ok=True)
 
 
 def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
@@ -255,6 +248,6 @@ def repair_best(output: Path, last: dict) -> None:
     if last['epoch'] + 1 != best_epoch:
         raise CheckpointError(f'{path} does not hold epoch {best_epoch}, the best one {output / LAST} records, and '
                               f'its weights are nowhere else; restore {path} or start a new run')
-    print(f'rewriting {path} from {output / LAST}: it held ' +
-          (f'epoch {held}' if held else 'no readable weights') + f', the best epoch is {best_epoch}', flush=True)
-    atomic_save(best_checkpoint(last), path)
+    logger.info(f'rewriting {path} from {output / LAST}: it held ' +
+                (f'epoch {held}' if held else 'no readable weights') + f', the best epoch is {best_epoch}')
+    save_atomic(best_checkpoint(last), path)

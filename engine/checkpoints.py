@@ -1,8 +1,6 @@
-"""Training checkpoints: written atomically, read with `weights_only=True`, carrying every RNG state."""
+"""What a training run's checkpoints hold besides weights (every RNG state, the run's settings), read weights-only."""
 from __future__ import annotations
 
-import json
-import os
 import random
 from pathlib import Path
 from typing import List, Optional
@@ -10,30 +8,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from backbones import CheckpointError
-
-
-def atomic_save(obj: object, path: str | Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over `path`: never a torn file."""
-    path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    with open(tmp, 'wb') as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a text file through a temporary file and a rename: readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: str | Path, obj: object) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2) + '\n')
+from backbones.errors import CheckpointError
 
 
 def seed_all(seed: int) -> None:

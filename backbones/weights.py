@@ -1,4 +1,4 @@
-"""Loading checkpoints into the suite's models: the official release files of every family and our own.
+"""Weights for the suite's models: the official release files of every family, timm's and our own checkpoints.
 
 One entry point, `load_checkpoint(model, path)`, used by every tool. It
 - reads `.pth`/`.pth.tar`/`.pt` files with `torch.load(weights_only=True)` (no code from the file runs) and
@@ -11,6 +11,9 @@ One entry point, `load_checkpoint(model, path)`, used by every tool. It
   both counts unless `new_head` is given (a random head must never pass for the trained one);
 - by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys,
   and the family the file seems to hold (a T2T-ViT file given to an LV-ViT says so).
+
+`release_filter` is the same unwrapping and resizing as timm's `pretrained_filter_fn`: with it, timm's own
+download and cache (`timm.create_model('lvvit_s', pretrained=True)`) reads the official LV-ViT and T2T-ViT files.
 """
 from __future__ import annotations
 
@@ -25,22 +28,19 @@ from typing import Dict, List, Mapping, Tuple
 import torch
 import torch.nn as nn
 
-from .errors import SuiteError
+from .errors import CheckpointError
 from .layers import resize_pos_embed
-from .token_labeling import TOKEN_HEAD
 from .registry import model_family
+from .token_head import TOKEN_HEAD
 
 StateDict = Dict[str, torch.Tensor]
 
 _WRAPPERS = ('state_dict', 'model', 'module')
 _EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
 _PREFIXES = ('module.', '_orig_mod.')
-# timm's training checkpoints store the command line as an argparse.Namespace: plain data, safe to rebuild.
-_SAFE_GLOBALS = [argparse.Namespace]
-
-
-class CheckpointError(SuiteError, RuntimeError):
-    """A checkpoint file that cannot be read, or whose weights do not fit the model."""
+# timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an argparse.Namespace:
+# plain data, safe to rebuild. Allowed for every weights-only load, timm's download path included.
+torch.serialization.add_safe_globals([argparse.Namespace])
 
 
 @dataclass
@@ -77,8 +77,7 @@ def _read_file(path: Path) -> object:
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(f'{path}: not a readable safetensors file ({exc})') from exc
     try:
-        with torch.serialization.safe_globals(_SAFE_GLOBALS):
-            return torch.load(path, map_location='cpu', weights_only=True)
+        return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f'{path}: holds Python objects that a weights-only load refuses ({exc}). Loading it fully would run '
@@ -121,6 +120,16 @@ def read_state_dict(path: str | Path, use_ema: bool = False) -> StateDict:
     return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
 
 
+def release_filter(checkpoint: Mapping, model: nn.Module) -> StateDict:
+    """timm's `pretrained_filter_fn` for the suite's families: the file's state dict unwrapped, without prefixes,
+    its position table resampled to the model's grid (timm itself then replaces classifiers for another class
+    count and loads strictly)."""
+    state_dict = _strip_prefixes(_unwrap(checkpoint, Path(model.pretrained_cfg.get('url') or 'weights'), False))
+    if 'pos_embed' in state_dict and state_dict['pos_embed'].shape != model.pos_embed.shape:
+        state_dict['pos_embed'] = fit_pos_embed(model, state_dict['pos_embed'])
+    return state_dict
+
+
 # Keys that only one family's checkpoints have (registry family names), in the order they are tested: ViT's patch
 # projection is shared with CaiT, so it comes last.
 _FAMILY_SIGNS = (
@@ -141,7 +150,7 @@ def classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
     return tuple(f'{name}.' for name in dict.fromkeys((*names, TOKEN_HEAD)))
 
 
-def _fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
+def fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
     """Resample a checkpoint's (square-grid) position table to the model's grid."""
     grid = tuple(model.patch_embed.grid_size)
     num_prefix = model.pos_embed.shape[1] - grid[0] * grid[1]
@@ -166,7 +175,7 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
             report.dropped_classifier.append(key)
             continue
         if key == 'pos_embed' and key in own and value.shape != own[key].shape:
-            value = _fit_pos_embed(model, value)
+            value = fit_pos_embed(model, value)
             if value.shape == own[key].shape:
                 report.resized.append(key)
         adapted[key] = value

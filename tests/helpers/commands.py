@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # No PYTHONPATH (the installed package is what users run), and one thread per process so that every run a test
 # compares with another computes the same way.
 ENV = {**{k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}, 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}

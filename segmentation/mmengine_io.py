@@ -1,4 +1,5 @@
-"""mmengine's checkpoints: written atomically, and read under torch >= 2.6 without running pickled code.
+"""mmengine's checkpoints: written atomically, read under torch >= 2.6 without running pickled code, and the LV-ViT
+segmentation releases (mmseg 0.x layout) read in this suite's layout.
 
 mmengine 0.10.7 writes a checkpoint straight into its final path, so a crash while saving leaves a torn file; the
 local file backend is replaced by one that writes to a temporary file, syncs it and renames it over the target.
@@ -8,11 +9,12 @@ that refuses mmengine's checkpoints: their message hub holds `HistoryBuffer` obj
 module replaces mmengine's loader for local paths with a weights-only load that additionally accepts exactly the
 types mmengine itself writes there (and `getattr` only for the HistoryBuffer methods they reference). Nothing else
 from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote
-URLs keep mmengine's own loaders.
+URLs keep mmengine's own loaders. A local checkpoint in the layout of the reference's LV-ViT segmentation releases
+is converted on reading (`release.py`), so `load_from`, `init_cfg=dict(type='Pretrained', ...)` and
+tools/test_seg.py all take those files.
 """
 from __future__ import annotations
 
-import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -24,7 +26,10 @@ from mmengine.fileio import LocalBackend, io as fileio, register_backend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 
-from backbones import CheckpointError
+from backbones.errors import CheckpointError
+from engine.files import write_bytes_atomic
+
+from .release import convert_mmseg0_release, is_mmseg0_release
 
 
 class CheckpointReadError(CheckpointError):
@@ -49,13 +54,14 @@ def mmengine_checkpoint_globals() -> List[object]:
 
 
 def load_local_checkpoint(filename: str, map_location: Optional[str] = None) -> dict:
-    """mmengine's local-file loader, weights-only with mmengine's own types allowed."""
+    """mmengine's local-file loader, weights-only with mmengine's own types allowed; a release of the reference's
+    segmentation code comes back in this suite's layout."""
     path = Path(filename).expanduser()
     if not path.is_file():
         raise CheckpointReadError(f'{filename}: checkpoint file not found')
     try:
         with torch.serialization.safe_globals(mmengine_checkpoint_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f'{path}: holds Python objects beyond what mmengine writes into its checkpoints, and loading them '
@@ -63,20 +69,18 @@ def load_local_checkpoint(filename: str, map_location: Optional[str] = None) -> 
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
         raise CheckpointReadError(f'{path}: not a readable checkpoint, truncated or damaged '
                                   f'({type(exc).__name__}: {exc})') from exc
+    weights = checkpoint.get('state_dict') if isinstance(checkpoint, dict) else None
+    if isinstance(weights, dict) and is_mmseg0_release(weights):
+        checkpoint = {**checkpoint, 'state_dict': convert_mmseg0_release(weights)}
+    return checkpoint
 
 
 class AtomicLocalBackend(LocalBackend):
     """mmengine's local file backend whose writes are atomic (temporary file, fsync, rename)."""
 
     def put(self, obj: bytes, filepath: str | Path) -> None:
-        path = Path(filepath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-        with open(tmp, 'wb') as f:
-            f.write(obj)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        Path(filepath).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(filepath, obj)
 
 
 CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)

@@ -21,19 +21,18 @@ import numpy as np
 import timm
 import torch
 import torch.nn as nn
-import torchvision.transforms as T
-from timm.data import resolve_data_config
+from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from backbones import CheckpointError, load_checkpoint
-from backbones.cli import one_line
-from backbones.errors import DataError, UsageError
-from backbones.token_labeling import has_token_head, patch_tokens
+from backbones import create_model, load_checkpoint
+from backbones.errors import CheckpointError, DataError, UsageError
+from backbones.token_head import has_token_head, patch_tokens
+from engine.cli import one_line
+from engine.distributed import DistInfo, barrier
+from engine.files import write_json_atomic
+from engine.images import ImageReadError, read_image, scan_split
 
-from .checkpointing import write_json_atomic
-from .data import ImageReadError, read_image, scan_split
-from .distributed import DistInfo, barrier
 from .label_store import (CLASSES, DONE, META, PATHS, SCORES, TokenLabelError, check_array, class_index_dtype,
                           shard_ranges)
 
@@ -94,12 +93,10 @@ def _collate_rows(items):
 
 
 def annotator_transform(img_size: int, data_cfg: dict):
-    """The whole image, squashed to img_size x img_size, normalised as the annotator expects."""
-    return T.Compose([
-        T.Resize((img_size, img_size), interpolation=T.InterpolationMode(data_cfg['interpolation']), antialias=True),
-        T.ToTensor(),
-        T.Normalize(data_cfg['mean'], data_cfg['std']),
-    ])
+    """The whole image, squashed to img_size x img_size, normalised as the annotator expects (timm's eval transform
+    in its 'squash' mode: no crop)."""
+    return create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
+                            interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
 
 
 def build_annotator(name: str, checkpoint: Optional[str], num_classes: int, **kwargs) -> nn.Module:
@@ -109,15 +106,15 @@ def build_annotator(name: str, checkpoint: Optional[str], num_classes: int, **kw
         if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
             raise UsageError(f'timm has no pretrained weights for the annotator {name}; pass --checkpoint')
         try:
-            model = timm.create_model(name, pretrained=True, **kwargs)
+            model = create_model(name, pretrained=True, **kwargs)
         except (OSError, RuntimeError) as e:  # offline, or a failed download
             raise CheckpointError(f'could not fetch timm\'s pretrained weights for {name} ({type(e).__name__}: '
                                   f'{one_line(e)}); pass --checkpoint with a local file') from e
     else:
-        model = timm.create_model(name, num_classes=num_classes, **kwargs)
+        model = create_model(name, num_classes=num_classes, **kwargs)
         load_checkpoint(model, checkpoint)
     if model.num_classes != num_classes:
-        raise ValueError(f'the annotator {name} predicts {model.num_classes} classes, the data set has {num_classes}')
+        raise DataError(f'the annotator {name} predicts {model.num_classes} classes, the data set has {num_classes}')
     return model.eval()
 
 

@@ -1,0 +1,97 @@
+"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with the model's eval transform; the
+logic of tools/eval_cls.py.
+
+Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
+class logits + 0.5 x the class-wise max over the token logits.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import List, Optional
+
+import torch
+from timm.data import RealLabelsImagenet
+from torch.utils.data import DataLoader
+
+from backbones import load_checkpoint
+from backbones.registry import check_model_name
+from backbones.token_head import TOKEN_HEAD
+from backbones.weights import read_state_dict
+from engine.checkpoints import checkpoint_classes
+from engine.cli import (DEVICES, check_writable, fraction, model_parser, non_negative_int, parse_model_kwargs,
+                        positive_int, resolve_device)
+from engine.distributed import DistInfo
+from engine.files import write_json_atomic
+from engine.fit import bare_model
+from engine.log import logger
+from engine.steps import evaluate
+
+from .data import ImageFolderDataset, collate_skipping, eval_transform
+from .models import create_classifier, model_data_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = model_parser('eval_cls.py', __doc__.split('\n')[0])
+    p.add_argument('--checkpoint', required=True)
+    p.add_argument('--data-dir', required=True)
+    p.add_argument('--split', default='val')
+    p.add_argument('--json', help='write the metrics to this file')
+    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
+    p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
+    p.add_argument('--batch-size', type=positive_int, default=100)
+    p.add_argument('--workers', type=non_negative_int, default=4)
+    p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
+    p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
+                   help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
+    p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
+    return p
+
+
+def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
+                     model_kwargs: dict) -> torch.nn.Module:
+    """The model with the checkpoint's weights; a token head is attached when the checkpoint has one. A classifier
+    for another number of classes is an error (never a random head in its place)."""
+    token_head = any(k.startswith(f'{TOKEN_HEAD}.') for k in read_state_dict(checkpoint, use_ema))
+    model = create_classifier(name, num_classes, img_size, token_labeling=token_head, **model_kwargs)
+    load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
+    return model.eval()
+
+
+def load_split(data_dir: str, split: str, checkpoint: str, transform) -> ImageFolderDataset:
+    """The split labelled with the checkpoint's own class list when it records one (a class folder may be absent;
+    one it does not know is an error), else with the split's sorted class folders."""
+    classes = checkpoint_classes(checkpoint)
+    return ImageFolderDataset(data_dir, split, transform, classes=classes,
+                              classes_from=f'the checkpoint {checkpoint}')
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = build_parser().parse_args(argv)
+    check_model_name(args.model)
+    if args.json:
+        check_writable(args.json)
+    data_cfg = model_data_config(args.model)
+    img_size = args.img_size or data_cfg['input_size'][-1]
+    crop_pct = args.crop_pct or data_cfg['crop_pct']
+    transform = eval_transform(img_size, crop_pct, data_cfg['interpolation'], data_cfg['mean'], data_cfg['std'])
+    dataset = load_split(args.data_dir, args.split, args.checkpoint, transform)
+    model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
+                             parse_model_kwargs(args.model_kwargs))
+    info = DistInfo(device=torch.device('cuda' if resolve_device(args.device) else 'cpu'))
+    model.to(info.device)
+    loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
+    real = None
+    if args.real_labels:
+        files = [path for path, _ in dataset.samples]
+        real = RealLabelsImagenet(files, None if args.real_labels == 'timm' else args.real_labels)
+    metrics = evaluate(model, loader, info, args.amp, on_batch=(lambda logits, _: real.add_result(logits))
+                       if real else None)
+    metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct)
+    if real is not None:
+        metrics.update(real_top1=real.get_accuracy(1), real_top5=real.get_accuracy(5))
+    logger.info(' '.join(f'{k} {v:.3f}' if isinstance(v, float) else f'{k} {v}' for k, v in metrics.items()))
+    if args.json:
+        write_json_atomic(args.json, metrics)
+    return metrics

@@ -1,0 +1,61 @@
+"""The loss of a classification batch: token labeling (score-map or image-label targets per token), or the image
+label as a soft target, mixed by MixUp/CutMix in the vanilla recipe."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from timm.data.mixup import mixup_target
+
+from backbones import TokenLabelingOutput
+from token_labeling.augment import CropGeometry
+from token_labeling.loss import TokenLabelingLoss, soft_cross_entropy
+from token_labeling.targets import TokenTargetBuilder
+
+
+@dataclass
+class ClassificationObjective:
+    """Turns a batch and the model's output into the loss (the engine's `Objective`).
+
+    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps
+    when `token_builder` is set, otherwise every token gets the image label (MixToken with the image label only,
+    CIFAR transfer of an LV-ViT).
+    """
+
+    num_classes: int
+    smoothing: float
+    token_builder: Optional[TokenTargetBuilder] = None
+    token_loss: Optional[TokenLabelingLoss] = None  # token labeling when set
+    cls_target: str = 'map'
+    mixup: Optional[Callable] = None  # timm's Mixup for the vanilla recipe
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Images and soft labels before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
+        if self.token_loss is not None:
+            return images, None
+        if self.mixup is not None:
+            return self.mixup(images, labels)
+        return images, self.label_target(labels)
+
+    def loss(self, output, batch: dict, soft_labels: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+        if self.token_loss is None:
+            return soft_cross_entropy(output, soft_labels)
+        if not isinstance(output, TokenLabelingOutput):
+            raise TypeError('token labeling needs a model with a token head in training mode')
+        grid = output.token_logits.shape[1:3]
+        labels = batch['label'].to(device, non_blocking=True)
+        if self.token_builder is None:
+            label_target = self.label_target(labels)
+            return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
+        geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
+        cls_target, token_target = self.token_builder(
+            batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
+            geometry, grid)
+        if self.cls_target == 'label':
+            cls_target = self.label_target(labels)
+        return self.token_loss(output, cls_target, token_target)
+
+    def label_target(self, labels: torch.Tensor) -> torch.Tensor:
+        """The (smoothed) one-hot target of each image's label."""
+        return mixup_target(labels, self.num_classes, smoothing=self.smoothing)

@@ -1,0 +1,53 @@
+"""scikit-learn's handwritten digits (1,797 real 8x8 scans shipped in the package) as an ImageNet-layout folder.
+
+Each image is one scan filling the frame. (Scans drawn small at random places on larger black pages would teach
+the tokens to localise, but a ViT learns them far too slowly for a few CPU minutes: LV-ViT-S reached 34% top-1
+after 6 epochs there, against 93% after 8 on full-frame scans.)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+IMAGE_SIZE = 32  # the 8x8 scans are stored upsampled; training resizes them again
+VERSION = 'sklearn.datasets.load_digits: full-frame scans, 32 px, bilinear\n'
+VAL_EVERY = 5  # every fifth image (in the data set's order) is held out for validation
+
+
+def render_scan(scan: np.ndarray, size: int) -> np.ndarray:
+    """An 8x8 scan (values 0..16) as a `size` x `size` ink coverage map (0..1), bilinear."""
+    return cv2.resize(scan / 16.0, (size, size), interpolation=cv2.INTER_LINEAR).clip(0, 1)
+
+
+def write_digits_folder(root: Path) -> Path:
+    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits; returns `root`.
+
+    A folder written by an older version of this function is replaced."""
+    if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
+        return root
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    tmp = root.with_name(root.name + '.tmp')
+    shutil.rmtree(tmp, ignore_errors=True)
+    for n, (scan, label) in enumerate(zip(digits.images, digits.target)):
+        split = 'val' if n % VAL_EVERY == 0 else 'train'
+        folder = tmp / split / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        grey = np.uint8(np.round(render_scan(scan, IMAGE_SIZE) * 255))
+        Image.fromarray(grey, 'L').convert('RGB').save(folder / f'{n:04d}.png')
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(tmp, root)
+    (root / 'READY').write_text(VERSION)
+    return root
+
+
+def discard_outdated(digits_dir: Path) -> None:
+    """Remove a digits folder whose images an older version wrote: its annotator, labels and models go too."""
+    ready = digits_dir / 'images' / 'READY'
+    if ready.is_file() and ready.read_text() != VERSION:
+        shutil.rmtree(digits_dir)

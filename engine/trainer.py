@@ -1,0 +1,158 @@
+"""The run sequence ImageNet training and CIFAR transfer share.
+
+    trainer = Trainer(RunOptions.from_args(args, default_output), info)   # output folder, resume point
+    fit = trainer.start(model, params, optimization, objective, config, updates_per_epoch)
+    record = trainer.run(fit, train_loader, val_loader)
+    return trainer.finish(metrics, 'done: ...')
+
+`start` builds timm's optimizer over `params` and its cosine schedule (stepped per update), mixed precision and
+its loss scaler, the EMA, and restores a resumed run; `run` is the epoch loop of `Fit`; `finish` writes the run's
+metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and what they report.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+
+from backbones.errors import UsageError
+
+from .cli import DEVICES, non_negative_int, parse_model_kwargs, positive_int
+from .distributed import DistInfo, barrier
+from .files import write_json_atomic
+from .fit import METRICS, Fit, RunLog, bare_model, resume_path
+from .log import logger
+from .steps import AMP_CHOICES, BatchTransform, Objective, StepState, pick_amp
+
+
+@dataclass
+class RunOptions:
+    """What every training command takes besides its recipe: where it writes, resuming, model arguments, loader
+    processes, seed, device and precision."""
+
+    output: Path
+    resume: Optional[str] = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
+    model_kwargs: dict = field(default_factory=dict)
+    workers: int = 2
+    seed: int = 42
+    device: Optional[str] = None  # None: cuda when there is a GPU
+    amp: str = 'auto'
+    log_interval: int = 50
+    grad_checkpointing: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
+        return cls(Path(args.output or default_output), args.resume, parse_model_kwargs(args.model_kwargs),
+                   args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
+    """The command-line options of `RunOptions`."""
+    parser.add_argument('--output', help=f'output folder (default {default_output})')
+    parser.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
+                        help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
+    parser.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
+                        help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
+    parser.add_argument('--workers', type=non_negative_int, default=min(4, os.cpu_count() or 1),
+                        help='data-loading processes per training process')
+    parser.add_argument('--seed', type=non_negative_int, default=42)
+    parser.add_argument('--device', choices=DEVICES, help='default: cuda when available')
+    parser.add_argument('--amp', choices=AMP_CHOICES, default='auto',
+                        help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
+    parser.add_argument('--log-interval', type=positive_int, default=50,
+                        help='updates between TensorBoard loss points')
+    parser.add_argument('--grad-checkpointing', action='store_true',
+                        help='recompute each block\'s activations in the backward pass: less memory, more compute')
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """How a run optimises: timm's optimizer `opt` at `lr` (for the global batch; parameter groups may set their
+    own), timm's cosine schedule over `epochs` with warm-up and cooldown, gradient clipping, and the EMA's decay
+    (0: none)."""
+
+    opt: str
+    lr: float
+    weight_decay: float
+    epochs: int
+    warmup_epochs: int = 0
+    warmup_lr: float = 1e-5  # timm's defaults
+    min_lr: float = 0.0
+    cooldown_epochs: int = 0
+    momentum: float = 0.9
+    clip_grad: Optional[float] = None
+    ema_decay: float = 0.0
+
+
+def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
+                       updates_per_epoch: int, amp: str) -> Tuple[StepState, int]:
+    """timm's optimizer over `params` (a model, or parameter groups) and its cosine schedule stepped per update,
+    the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the epochs the schedule spans."""
+    o = optimization
+    optimizer = create_optimizer_v2(params, opt=o.opt, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum)
+    scheduler, num_epochs = create_scheduler_v2(
+        optimizer, 'cosine', num_epochs=o.epochs, warmup_epochs=o.warmup_epochs, warmup_lr=o.warmup_lr,
+        min_lr=o.min_lr, cooldown_epochs=o.cooldown_epochs, step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    scaler = torch.amp.GradScaler('cuda') if amp == 'fp16' else None
+    ema = ModelEmaV3(model, decay=o.ema_decay, use_warmup=True) if o.ema_decay > 0 else None
+    return StepState(optimizer, scheduler, scaler, ema), num_epochs
+
+
+def use_grad_checkpointing(model: nn.Module) -> None:
+    """Turn on the model's gradient checkpointing (timm's `set_grad_checkpointing`)."""
+    target = bare_model(model)
+    if not hasattr(target, 'set_grad_checkpointing'):
+        raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
+    target.set_grad_checkpointing(True)
+
+
+class Trainer:
+    """One training run of a classification application: see the module docstring."""
+
+    def __init__(self, options: RunOptions, info: DistInfo) -> None:
+        self.options, self.info = options, info
+        self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
+        if info.is_main:
+            options.output.mkdir(parents=True, exist_ok=True)
+        barrier(info)
+        self.num_epochs = 0
+
+    @property
+    def output(self) -> Path:
+        return self.options.output
+
+    def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
+              config: dict, updates_per_epoch: int, train_transform: Optional[BatchTransform] = None,
+              eval_transform: Optional[BatchTransform] = None) -> Fit:
+        """The run's optimisation state for `model` (its parameters: `params`, a model or timm parameter groups),
+        restored from the resume point if there is one. `config` is stored in every checkpoint; a resume with other
+        values is refused."""
+        if self.options.grad_checkpointing:
+            use_grad_checkpointing(model)
+        model.to(self.info.device)
+        amp = pick_amp(self.options.amp, self.info.device)
+        state, self.num_epochs = optimization_state(model, params, optimization, updates_per_epoch, amp)
+        fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
+                  train_transform, eval_transform)
+        fit.start(self.resume, self.options.seed)
+        return fit
+
+    def run(self, fit: Fit, train_loader, val_loader: Iterable[dict]) -> dict:
+        """Train to the last epoch, validating and checkpointing each one; the last epoch's record."""
+        return fit.run(train_loader, val_loader, self.num_epochs, RunLog(self.output, self.info,
+                                                                         self.options.log_interval))
+
+    def finish(self, metrics: dict, summary: str) -> dict:
+        """Write the run's `metrics.json` (last, after every checkpoint) and say `summary`."""
+        if self.info.is_main:
+            write_json_atomic(self.output / METRICS, metrics)
+            logger.info(f'{summary}  -> {self.output / METRICS}')
+        return metrics

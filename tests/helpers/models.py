@@ -1,0 +1,45 @@
+"""Tiny models of every family, and their weights written the way each family's official release files hold them."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Dict, Tuple
+
+import timm
+import torch
+import torch.nn as nn
+
+# A tiny DeiT on the command line of the training tools.
+TINY_DEIT = ['deit_small_patch16_224', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
+
+# A tiny configuration of one model per family, and the layout of that family's official release files.
+FAMILIES = {
+    'lvvit_s': (dict(embed_dim=48, depth=2, num_heads=2), 'timm_train'),
+    't2t_vit_14': (dict(embed_dim=64, depth=2, num_heads=2), 'timm_train'),
+    'cait_xxs24_224': (dict(embed_dim=48, depth=2, num_heads=2), 'deit'),
+    'deit_small_patch16_224': (dict(embed_dim=48, depth=2, num_heads=2), 'deit'),
+}
+
+
+def save_release(path: Path, state_dict: Dict[str, torch.Tensor], layout: str) -> Path:
+    """Write `state_dict` the way a family's official release file holds it."""
+    prefixed = {f'module.{k}': v for k, v in state_dict.items()}
+    if layout == 'timm_train':  # LV-ViT, T2T-ViT: timm training checkpoint, DDP prefix, EMA copy, args
+        obj = {'epoch': 299, 'arch': 'x', 'state_dict': prefixed, 'state_dict_ema': dict(state_dict),
+               'optimizer': {'state': {}, 'param_groups': [{'lr': 1e-3, 'params': [0, 1]}]},
+               'version': 2, 'args': argparse.Namespace(model='x', lr=1e-3), 'metric': 83.3}
+    elif layout == 'deit':  # DeiT / CaiT: {'model': ...} with the DDP prefix
+        obj = {'model': prefixed}
+    elif layout == 'plain':  # timm hub / our exports
+        obj = dict(state_dict)
+    else:
+        raise ValueError(layout)
+    torch.save(obj, path)
+    return path
+
+
+def tiny_release(name: str, folder: Path, num_classes: int = 1000) -> Tuple[nn.Module, Path]:
+    """A tiny model of `name`'s family at 64 px (timm's own class), saved in that family's official release layout."""
+    kwargs, layout = FAMILIES[name]
+    source = timm.create_model(name, img_size=64, num_classes=num_classes, **kwargs)
+    return source, save_release(folder / f'{name}.pth', source.state_dict(), layout)
