@@ -58,7 +58,8 @@ class Recipe:
         return self.token_labeling and self.token_target == 'map'
 
     def optimization(self, global_batch: int) -> Optimization:
-        """The recipe's optimisation at `global_batch` images per update: lr = lr_base x global_batch / lr_base_batch."""
+        """The recipe's optimisation at `global_batch` images per update (lr = lr_base x global_batch /
+        lr_base_batch)."""
         return Optimization(self.opt, self.lr_base * global_batch / self.lr_base_batch, self.weight_decay,
                             self.epochs, self.warmup_epochs, self.warmup_lr, self.min_lr, self.cooldown_epochs,
                             clip_grad=self.clip_grad, ema_decay=self.ema_decay)
@@ -215,7 +216,8 @@ FIELD_TYPES: Dict[str, Callable[[str], object]] = {
     'val_fraction': open_fraction,
 }
 FIELD_CHOICES = {
-    'cls_target': ('map', 'label'), 'token_target': ('map', 'label'), 'interpolation': ('random', 'bilinear', 'bicubic'),
+    'cls_target': ('map', 'label'), 'token_target': ('map', 'label'),
+    'interpolation': ('random', 'bilinear', 'bicubic'),
 }
 
 

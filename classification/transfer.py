@@ -75,7 +75,7 @@ def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float,
     the classifiers' groups first (their lr is the one logged)."""
     heads = {id(p) for name, p in model.named_parameters() if name.startswith(classifier_prefixes(model))}
     skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
-    groups = param_groups_weight_decay(model, weight_decay, skip)
+    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
     return [{**group, 'params': params, 'lr': lr if head else lr * backbone_lr_scale}
             for head in (True, False) for group in groups
             if (params := [p for p in group['params'] if (id(p) in heads) == head])]

@@ -109,7 +109,8 @@ def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
         for i in range(SPLITS[split]):
             image, label = _compose(rng, scans[scan_index], digits[scan_index])
             stem = f'digits_{split}_{i:05d}'
-            cv2.imwrite(str(root / 'images' / split / f'{stem}.jpg'), cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 95])
+            cv2.imwrite(str(root / 'images' / split / f'{stem}.jpg'), cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+                        [cv2.IMWRITE_JPEG_QUALITY, 95])
             cv2.imwrite(str(root / 'annotations' / split / f'{stem}.png'), label)
     ready.write_text(VERSION)
     return root

@@ -33,7 +33,8 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         model = module.backbone.model
         # timm counts the backbone's own layers and gives its last block the full lr; the neck and heads are the
         # layer above it here, so every backbone group takes one more factor of `rate`.
-        for group in param_groups_layer_decay(model, self.base_wd, model.no_weight_decay(), layer_decay=rate):
+        for group in param_groups_layer_decay(model, self.base_wd, no_weight_decay_list=model.no_weight_decay(),
+                                              layer_decay=rate):
             params.append({'params': group['params'], 'weight_decay': group['weight_decay'],
                            'lr': self.base_lr * group['lr_scale'] * rate})
         for name, part in module.named_children():

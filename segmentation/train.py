@@ -25,7 +25,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--work-dir', help='output folder (default: work_dirs/<config name>)')
     parser.add_argument('--data-root', help='data set folder in ADE20K layout, instead of the config\'s')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override config values, e.g. train_dataloader.batch_size=4 model.backbone.pretrained=None')
+                        help='override config values, e.g. train_dataloader.batch_size=4 '
+                             'model.backbone.pretrained=None')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none',
                         help='"pytorch" under torchrun, "slurm" under srun; "none" for one process')
     parser.add_argument('--skip-unreadable', action='store_true',

@@ -9,7 +9,6 @@ import tarfile
 
 import numpy as np
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -274,7 +273,7 @@ def test_adamw_variant_and_command_line_overrides():
         'deit_small_patch16_224'][0])
     optimizer = transfer_optimizer(model, recipe)
     assert type(optimizer).__name__ == 'AdamW'
-    assert sorted({g['lr'] for g in optimizer.param_groups}) == pytest.approx([3e-5, 3e-4])
+    assert sorted({g['initial_lr'] for g in optimizer.param_groups}) == pytest.approx([3e-5, 3e-4])  # before warm-up
     sgd = resolve_recipe(build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.']))
     assert (sgd.opt, sgd.lr, sgd.backbone_lr_scale, sgd.weight_decay, sgd.min_lr, sgd.epochs, sgd.batch_size) == \
         ('sgd', 0.05, 0.01, 5e-4, 2e-4, 60, 64)

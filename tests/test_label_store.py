@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import timm
 import torch
+
+import backbones
 import torchvision.transforms.functional as TF
 from PIL import Image
 
@@ -63,7 +65,7 @@ def test_store_holds_the_annotators_top_k_for_every_image(annotated):
 
 
 def test_dense_scores_of_a_token_model_use_every_patch_token():
-    model = timm.create_model('deit_small_patch16_224', num_classes=6, embed_dim=32, depth=1, num_heads=2).eval()
+    model = backbones.create_model('deit_small_patch16_224', num_classes=6, embed_dim=32, depth=1, num_heads=2).eval()
     x = torch.randn(2, 3, 64, 64)
     features = model.forward_features(x)
     expected = model.head(features[:, 1:]).view(2, 4, 4, 6)

@@ -5,6 +5,7 @@ import pytest
 import timm
 import torch
 from timm.layers import set_fused_attn
+from timm.optim import param_groups_layer_decay
 
 import backbones
 from backbones import load_checkpoint
@@ -239,3 +240,29 @@ def test_grad_checkpointing_gives_the_same_gradients(family):
         assert grads[0].keys() == grads[1].keys() and grads[0]
         for key in grads[0]:
             torch.testing.assert_close(grads[1][key], grads[0][key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_group_matcher_gives_timms_layer_decay_the_embedding_blocks_and_head(family):
+    """timm's `param_groups_layer_decay` on the models, as on timm's own ViT: the embedding (the T2T module too) at
+    rate ** (depth + 1), block i at rate ** (depth - i), the final norm with the last block, the heads at the full
+    lr."""
+    name, kwargs = SMALL[family]
+    model = backbones.create_model(name, img_size=64, num_classes=5, **kwargs)
+    depth, rate = len(model.blocks), 0.5
+    scale_of = {id(p): group['lr_scale'] for group in param_groups_layer_decay(model, layer_decay=rate)
+                for p in group['params']}
+    for param_name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param_name.startswith(('patch_embed', 'tokens_to_token', 'cls_token', 'pos_embed')):
+            expected = rate ** (depth + 1)
+        elif param_name.startswith('blocks.'):
+            expected = rate ** (depth - int(param_name.split('.')[1]))
+        elif param_name.startswith('blocks_token_only.'):  # CaiT: timm overlaps them with the last blocks
+            continue
+        elif param_name.startswith('norm.'):
+            expected = rate
+        else:
+            expected = 1.0
+        assert scale_of[id(param)] == pytest.approx(expected), param_name

@@ -127,7 +127,7 @@ def test_segmentation_starts_from_the_digits_pretrained_backbone(chain):
     root, _, log = chain
     checkpoint = root / 'data' / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
     assert ('backbone: pretrained/lvvit_s-26M-224-83.3.pth.tar not found; lvvit_s pretrained on the embedded '
-            f'digits (token-labeling, best val top-1') in log and f'from data/digits/backbones/lvvit_s/best.pth' in log
+            'digits (token-labeling, best val top-1') in log and 'from data/digits/backbones/lvvit_s/best.pth' in log
     assert f'TokenBackbone: loaded {checkpoint.relative_to(root)}' in log
     assert f'schedule: {ITERS} iterations' in log  # --iters shortens the embedded set's schedule
     assert checkpoint.is_file() and (root / 'work' / f'iter_{ITERS}.pth').is_file()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import cv2
@@ -67,13 +68,21 @@ def test_evaluation_matches_an_independent_computation(trained, mode):
 
 
 def test_mmseg_stock_tools_run_the_configs(trained):
+    """mmseg's own train.py and test.py run the configs unchanged; its --tta takes the config's test-time pipeline
+    (the papers' multi-scale protocol), so it scores the checkpoint exactly as test_seg.py --ms does."""
     root, config, _, _ = trained
     tools = Path(mmseg.__file__).parent / '.mim' / 'tools'
     work = root / 'stock'
     succeeded(run_python([tools / 'train.py', config, '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=1',
                           'train_cfg.val_interval=1', 'default_hooks.checkpoint.interval=1']))
+    assert (work / 'iter_1.pth').is_file()
     result = succeeded(run_python([tools / 'test.py', config, work / 'iter_1.pth', '--work-dir', work, '--tta']))
-    assert 'mIoU' in result.stdout + result.stderr
+    stock = re.findall(r'Iter\(test\) \[\d+/\d+\]\s+aAcc: ([\d.]+)\s+mIoU: ([\d.]+)\s+mAcc: ([\d.]+)',
+                       result.stdout + result.stderr)[-1]
+    succeeded(run_tool('test_seg.py', [config, work / 'iter_1.pth', '--ms', '--out', root / 'stock_ms.json']))
+    ours = json.loads((root / 'stock_ms.json').read_text())
+    assert [float(value) for value in stock] == pytest.approx([ours[key] for key in ('aAcc', 'mIoU', 'mAcc')],
+                                                             abs=1e-4)
 
 
 def test_a_checkpoint_that_does_not_fit_the_config_is_refused(trained, tmp_path):

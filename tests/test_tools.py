@@ -25,6 +25,7 @@ def test_model_info_json_matches_independent_counts():
 
 def test_model_info_counts_frozen_tables_as_untrained():
     result = run_tool('model_info.py', ['t2t_vit_7', '--img-size', '96', '--json'])
+    assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     frozen = (6 * 6 + 1) * 256 + 2 * 32 * 64  # sinusoid table at 96 and the two performers' random features
     assert info['params'] - info['trainable_params'] == frozen

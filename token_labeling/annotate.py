@@ -221,7 +221,7 @@ def generate_token_labels(
         model_kwargs: Optional[dict] = None,
         skip_unreadable: bool = False,
 ) -> dict:
-    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data.
+    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data (`meta.json`).
 
     `shard_size` defaults to the existing store's (resuming), else DEFAULT_SHARD_SIZE images. With
     `skip_unreadable`, images that cannot be decoded keep an empty row and are listed in the meta data."""
@@ -289,4 +289,4 @@ def generate_token_labels(
         meta['unreadable'] = _verify(output, shards, scores, class_ids)
         write_json_atomic(output / META, {**meta, 'complete': True})
     barrier(info)
-    return meta
+    return _read_meta(output)  # the verified store's, the same on every process

@@ -39,7 +39,8 @@ class TokenLabelingLoss(nn.Module):
         super().__init__()
         self.dense_weight = dense_weight
 
-    def forward(self, output: TokenLabelingOutput, cls_target: torch.Tensor, token_target: torch.Tensor) -> torch.Tensor:
+    def forward(self, output: TokenLabelingOutput, cls_target: torch.Tensor,
+                token_target: torch.Tensor) -> torch.Tensor:
         cls_target, token_target = mix_targets(cls_target, token_target, output.mix_box)
         loss = soft_cross_entropy(output.cls_logits, cls_target)
         if self.dense_weight:

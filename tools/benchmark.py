@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
               f"train step x{plain['train_img_s'] / unfused['train_img_s']:.2f}")
     if 'grad_checkpointing' in results:
         checkpointed = results['grad_checkpointing']
-        print(f"  gradient checkpointing: training peak memory x{checkpointed['train_peak_mib'] / plain['train_peak_mib']:.2f}"
-              f" ({plain['train_peak_mib'] - checkpointed['train_peak_mib']:.0f} MiB less), train step "
-              f"x{checkpointed['train_img_s'] / plain['train_img_s']:.2f} speed")
+        memory, speed = (checkpointed[key] / plain[key] for key in ('train_peak_mib', 'train_img_s'))
+        print(f"  gradient checkpointing: training peak memory x{memory:.2f} "
+              f"({plain['train_peak_mib'] - checkpointed['train_peak_mib']:.0f} MiB less), train step x{speed:.2f} speed")
     return 0
 
 

@@ -17,7 +17,8 @@ from engine.cli import positive_int, run_command
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('model', nargs='?', help='registered model name, e.g. lvvit_s, t2t_vit_14, cait_s24_224')
-    parser.add_argument('--img-size', type=positive_int, default=None, help="input resolution (default: the model's own)")
+    parser.add_argument('--img-size', type=positive_int, default=None,
+                        help="input resolution (default: the model's own)")
     parser.add_argument('--json', action='store_true', help='print {"params", "trainable_params", "macs"}')
     parser.add_argument('--all', action='store_true', help='print the table of every model of the suite')
     parser.add_argument('--seg-config', nargs='+', metavar='CONFIG', help='segmentation configs to count')

@@ -173,7 +173,7 @@ def cell(stats: dict) -> str:
 
 def markdown_table(summary: dict, model: str, seeds: int) -> str:
     """The paper's Table 7 layout: backbone and its pretraining, segmentation head, SS and MS mIoU / pixel acc."""
-    lines = [f'| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS | Pixel acc. MS |',
+    lines = ['| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS | Pixel acc. MS |',
              '|---|---|---:|---|---:|---:|---:|---:|']
     for head, head_name in HEADS.items():
         for variant, entry in summary.items():

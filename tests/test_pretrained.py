@@ -1,0 +1,90 @@
+"""`pretrained=True` as in timm for LV-ViT and T2T-ViT: the official release URLs are in the pretrained cfgs, and
+timm's own download and cache path reads the release files through the suite's filter (no network here: a
+pre-filled cache and a file:// URL stand in for GitHub)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import backbones
+from backbones import load_checkpoint
+from helpers.models import save_release
+
+TINY = dict(embed_dim=48, depth=2, num_heads=2)
+RELEASE_FILES = {  # REFERENCE section 6
+    'lvvit_t': 'https://github.com/zihangJiang/TokenLabeling/releases/download/v0.2.0/lvvit_t.pth',
+    'lvvit_s.tl_in1k': 'https://github.com/zihangJiang/TokenLabeling/releases/download/1.0/lvvit_s-26M-224-83.3.pth.tar',
+    'lvvit_s.tl_in1k_384':
+        'https://github.com/zihangJiang/TokenLabeling/releases/download/1.0/lvvit_s-26M-384-84.4.pth.tar',
+    'lvvit_m.tl_in1k_448':
+        'https://github.com/zihangJiang/TokenLabeling/releases/download/1.0/lvvit_m-56M-448-85.5.pth.tar',
+    'lvvit_l.tl_in1k_512':
+        'https://github.com/zihangJiang/TokenLabeling/releases/download/1.0/lvvit_l-150M-512-86.4.pth.tar',
+    't2t_vit_14': 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main/81.5_T2T_ViT_14.pth.tar',
+    't2t_vit_14.in1k_384': 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main/83.3_T2T_ViT_14.pth.tar',
+    't2t_vit_t_19': 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main/82.4_T2T_ViTt_19.pth.tar',
+}
+
+
+@pytest.mark.parametrize('name', list(RELEASE_FILES))
+def test_the_pretrained_cfgs_point_at_the_official_release_files(name):
+    assert timm.models.get_pretrained_cfg(name).url == RELEASE_FILES[name]
+
+
+@pytest.mark.parametrize('name, size', [('lvvit_s.tl_in1k_384', 384), ('lvvit_l', 288), ('lvvit_l.tl_in1k_512', 512),
+                                        ('t2t_vit_14.in1k_384', 384), ('t2t_vit_14', 224)])
+def test_a_tag_gives_the_model_its_weights_resolution(name, size):
+    with torch.device('meta'):
+        model = timm.create_model(name, depth=1)
+    assert model.patch_embed.grid_size == (size // 16, size // 16)
+    assert model.pretrained_cfg['input_size'] == (3, size, size)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """torch's hub folder (timm's download cache) in a temporary place."""
+    monkeypatch.setattr(torch.hub, '_hub_dir', str(tmp_path / 'hub'))
+    (tmp_path / 'hub' / 'checkpoints').mkdir(parents=True)
+    return tmp_path / 'hub' / 'checkpoints'
+
+
+def release_of(name: str, folder: Path, img_size: int = 64, num_classes: int = 1000) -> tuple:
+    """A tiny model of `name` saved as its official release (training checkpoint, `module.` prefixes, EMA copy)."""
+    source = timm.create_model(name, img_size=img_size, num_classes=num_classes, **TINY).eval()
+    return source, save_release(folder / f'{name}.pth.tar', source.state_dict(), 'timm_train')
+
+
+def test_pretrained_true_reads_the_official_file_from_timms_cache(hub, tmp_path):
+    """The file sits in the cache under its release name, as timm leaves it after a download: create_model takes
+    it from there, unwrapped, prefixes stripped, the 4x4 position table of the 64 px file resampled to 14x14 at 224,
+    with the same outputs as the suite's own loader gives."""
+    _, path = release_of('lvvit_s', tmp_path)
+    path.rename(hub / 'lvvit_s-26M-224-83.3.pth.tar')
+    model = timm.create_model('lvvit_s', pretrained=True, **TINY).eval()
+    assert model.patch_embed.grid_size == (14, 14)
+    reference = timm.create_model('lvvit_s', **TINY).eval()
+    report = load_checkpoint(reference, hub / 'lvvit_s-26M-224-83.3.pth.tar')
+    assert report.resized == ['pos_embed'] and not report.missing
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+
+
+def test_pretrained_from_a_file_url_with_a_new_class_count(hub, tmp_path):
+    """A file:// URL (timm downloads it into its cache); for 10 classes timm drops both classifiers (the cfg names
+    `head` and the token head) and everything else is the file's."""
+    source, path = release_of('t2t_vit_14', tmp_path, img_size=224)
+    model = timm.create_model('t2t_vit_14', pretrained=True, num_classes=10, pretrained_cfg_overlay=dict(
+        url=path.as_uri()), **TINY).eval()
+    assert (hub / path.name).is_file()  # downloaded into the cache
+    mine, theirs = model.state_dict(), source.state_dict()
+    assert mine['head.weight'].shape == (10, 48)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine if not k.startswith('head.'))
+    lvvit, path = release_of('lvvit_s', tmp_path, img_size=224)
+    model = backbones.create_model('lvvit_s', pretrained=True, num_classes=10,
+                                   pretrained_cfg_overlay=dict(url=path.as_uri()), **TINY)
+    assert model.head.weight.shape == model.aux_head.weight.shape == (10, 48)
+    assert torch.equal(model.blocks[1].attn.qkv.weight, lvvit.blocks[1].attn.qkv.weight)

@@ -1,0 +1,185 @@
+"""The code base's structure: imports run one way between the packages with no cycle among the modules, library code
+neither prints nor exits, the README's layout is the tree, and the suite leaves timm's own models alone."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+from helpers.commands import ENV, ROOT, run_python, succeeded
+
+# The project's packages, lowest first: a module may import from its own package and the ones before it.
+LAYERS = ('backbones', 'engine', 'token_labeling', 'classification', 'digits', 'segmentation')
+
+
+def project_modules() -> Dict[str, Path]:
+    """Every module of the packages (dotted name -> file), and the tools (`tools.NAME`)."""
+    modules = {}
+    for package in LAYERS + ('tools',):
+        for path in sorted((ROOT / package).glob('*.py')):
+            name = package if path.stem == '__init__' else f'{package}.{path.stem}'
+            modules[name] = path
+    return modules
+
+
+def imports_of(path: Path, name: str, known: Set[str]) -> Set[str]:
+    """The project modules a module imports anywhere in its body (inside functions too), relative imports resolved;
+    `from package import module` counts the module."""
+    package = name if path.stem == '__init__' else name.rpartition('.')[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parts = package.split('.')
+                base = '.'.join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f'{base}.{alias.name}' for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if path.parent.name == 'tools' and target in {m.split('.', 1)[1] for m in known if m.startswith('tools.')}:
+                target = f'tools.{target}'  # a tool importing another tool by its module name
+            while target and target not in known:
+                target = target.rpartition('.')[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+@pytest.fixture(scope='module')
+def graph() -> Dict[str, Set[str]]:
+    modules = project_modules()
+    return {name: imports_of(path, name, set(modules)) for name, path in modules.items()}
+
+
+def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
+    """One import cycle (its modules in order, the first repeated at the end), or [] if there is none."""
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    path: List[str] = []
+
+    def visit(node: str) -> List[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': set()}) == ['a', 'b', 'c', 'a']
+    assert find_cycle({'a': {'b'}, 'b': set()}) == []
+
+
+def test_no_import_cycle_among_the_projects_modules(graph):
+    assert len(graph) > 50 and any(graph.values())
+    assert find_cycle(graph) == []
+
+
+def test_imports_run_one_way_from_the_tools_down_to_the_models(graph):
+    rank = {package: i for i, package in enumerate(LAYERS)}
+    upward = [f'{module} imports {target}' for module, targets in graph.items() for target in targets
+              if module.split('.')[0] in rank and (target.split('.')[0] == 'tools'
+                                                    or rank[target.split('.')[0]] > rank[module.split('.')[0]])]
+    assert upward == []
+
+
+def test_library_code_neither_prints_nor_exits():
+    """Library modules log through the suite's logger and raise the suite's errors; only the commands' runner
+    (`engine.cli.run_command`) prints an error line and sets the exit status."""
+    offending = []
+    for name, path in project_modules().items():
+        if name.startswith('tools'):
+            continue
+        tree = ast.parse(path.read_text())
+        runner = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == 'run_command']
+        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'engine.cli' else set()
+        for node in ast.walk(tree):
+            if id(node) in allowed:
+                continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'print':
+                offending.append(f'{name}:{node.lineno} print')
+            if isinstance(node, ast.Name) and node.id == 'SystemExit':
+                offending.append(f'{name}:{node.lineno} SystemExit')
+            if isinstance(node, ast.Attribute) and node.attr == 'exit' and getattr(node.value, 'id', '') == 'sys':
+                offending.append(f'{name}:{node.lineno} sys.exit')
+    assert offending == []
+
+
+def layout_entries() -> Dict[str, List[str]]:
+    """The README's layout block: folder -> the file names listed under it."""
+    text = (ROOT / 'README.md').read_text()
+    block = re.search(r'## Layout\n.*?```\n(.*?)```', text, re.S).group(1)
+    entries: Dict[str, List[str]] = {}
+    folder = None
+    for line in block.splitlines():
+        top = re.match(r'^(\S+)/\s', line + ' ')
+        if top:
+            folder = top.group(1)
+            entries[folder] = []
+            continue
+        names = re.match(r'^  ([\w.]+(?:, [\w.]+)*)\s', line + ' ')
+        if names and folder is not None:
+            entries[folder] += [n.strip() for n in names.group(1).split(',')]
+    return entries
+
+
+def test_the_readme_layout_is_the_tree():
+    entries = layout_entries()
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith('.')} - {'data', 'output',
+                                                                                             'work_dirs'}
+    folders = {f for f in folders if not f.endswith('.egg-info') and f != '__pycache__'}
+    assert set(entries) == folders
+    for package in LAYERS:
+        modules = sorted(p.name for p in (ROOT / package).glob('*.py') if p.name != '__init__.py')
+        assert sorted(entries[package]) == modules, package
+
+
+def test_importing_the_suite_leaves_timms_models_alone():
+    """Every name timm had before `import backbones` keeps timm's own entrypoint and builds timm's own class."""
+    result = succeeded(run_python(['-c', '''
+import torch, timm
+from timm.models import _registry
+before = dict(_registry._model_entrypoints)
+import backbones, segmentation
+after = _registry._model_entrypoints
+changed = [name for name, fn in before.items() if after[name] is not fn]
+added = sorted(set(after) - set(before))
+taken = [name for name in added if name in before]
+with torch.device('meta'):
+    kinds = {name: type(timm.create_model(name, depth=1)).__module__ for name in
+             ('cait_xxs24_224', 'cait_s24_384', 'vit_base_patch16_224', 'deit_small_patch16_224')}
+    suite = {name: type(backbones.create_model(name, depth=1)).__module__ for name in ('cait_xxs24_224',)}
+print(len(before), changed, taken, kinds, suite, sorted(backbones.suite_models()) == sorted(
+    set(backbones.suite_models())), sep='|')
+''']))
+    count, changed, taken, kinds, suite, unique = result.stdout.strip().splitlines()[-1].split('|')
+    assert int(count) > 1000 and changed == '[]' and taken == '[]' and unique == 'True'
+    assert kinds == str({'cait_xxs24_224': 'timm.models.cait', 'cait_s24_384': 'timm.models.cait',
+                         'vit_base_patch16_224': 'timm.models.vision_transformer',
+                         'deit_small_patch16_224': 'timm.models.vision_transformer'})
+    assert suite == str({'cait_xxs24_224': 'backbones.cait'})  # the suite's contract comes through create_model
+
+
+def test_plain_pytest_collects_the_suite_too():
+    """`pytest` (the console script, which puts no folder on the path itself) finds the helpers and the tools."""
+    command = [Path(sys.executable).with_name('pytest'), '--collect-only', '-q', '-p', 'no:cacheprovider']
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r'^\d+ tests collected', result.stdout.splitlines()[-1])
