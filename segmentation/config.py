@@ -46,17 +46,17 @@ def set_data_root(cfg: Config, root: str) -> None:
         dataset['data_root'] = root
 
 
-def _scale_sizes(node, factor: float) -> None:
+def scale_sizes(node, factor: float) -> None:
     """Multiply every (w, h) size under `node` (pipelines, preprocessor, slide window) by `factor`, in place."""
     if isinstance(node, list):
         for item in node:
-            _scale_sizes(item, factor)
+            scale_sizes(item, factor)
     elif isinstance(node, dict):
         for key, value in node.items():
             if key in _SIZE_KEYS and isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
                 node[key] = tuple(max(1, round(v * factor)) for v in value)
             else:
-                _scale_sizes(value, factor)
+                scale_sizes(value, factor)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
     write_digits_ade(DIGITS_ROOT)
     for dataset in _datasets(cfg):
         dataset.update(type='DigitsSegDataset', data_root=DIGITS_ROOT)
-        _scale_sizes(dataset['pipeline'], scale)
+        scale_sizes(dataset['pipeline'], scale)
         for step in dataset['pipeline']:
             if 'ratio_range' in step:
                 step['ratio_range'] = DIGITS_RATIO_RANGE
@@ -125,9 +125,9 @@ def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
                 step['prob'] = 0.0  # a mirrored digit is not a digit
     if cfg.get('tta_pipeline'):
         drop_tta_flips(cfg.tta_pipeline)
-    _scale_sizes(cfg.get('tta_pipeline', []), scale)
-    _scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
-    _scale_sizes(cfg.model.get('test_cfg', {}), scale)
+    scale_sizes(cfg.get('tta_pipeline', []), scale)
+    scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
+    scale_sizes(cfg.model.get('test_cfg', {}), scale)
     for head in ('decode_head', 'auxiliary_head'):
         if cfg.model.get(head):
             cfg.model[head]['num_classes'] = len(CLASSES)

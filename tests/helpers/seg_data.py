@@ -8,8 +8,10 @@ import numpy as np
 from mmengine.config import Config
 
 from helpers.commands import ROOT
+from segmentation.config import scale_sizes
 
 CONFIGS = ROOT / 'seg_configs'
+TINY_SCALE = 1 / 8  # ADE20K's 512 px crops and (2048, 512) test scale become 64 px and (256, 64)
 DIM = 32
 # Per family: the model overrides that make a tiny version of each config's backbone.
 TINY_MODELS = {
@@ -45,11 +47,22 @@ def tiny_config(config_name: str, img_size: int = 64) -> Config:
 
 
 def write_tiny_config(path: Path, config_name: str, data_root: Path) -> Path:
-    """A config file that inherits a real one, with a tiny model, whole-image test, no loader workers."""
-    loader = dict(num_workers=0, persistent_workers=False, dataset=dict(data_root=str(data_root)))
+    """A config file that inherits a real one, with a tiny model, whole-image test, no loader workers, and every
+    size of its pipelines at TINY_SCALE (the tiny sets' images are 40-72 px)."""
+    base = Config.fromfile(CONFIGS / config_name).to_dict()
+    loaders = {}
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        pipeline = base[key]['dataset']['pipeline']
+        scale_sizes(pipeline, TINY_SCALE)
+        loaders[key] = dict(num_workers=0, persistent_workers=False,
+                            dataset=dict(data_root=str(data_root), pipeline=pipeline))
+    scale_sizes(base['tta_pipeline'], TINY_SCALE)
+    preprocessor = base['model']['data_preprocessor']
+    scale_sizes(preprocessor, TINY_SCALE)
     overrides = dict(
-        model=dict(tiny_model_overrides(config_name), test_cfg=dict(_delete_=True, mode='whole')),
-        train_dataloader=loader, val_dataloader=loader, test_dataloader=loader,
+        model=dict(tiny_model_overrides(config_name), data_preprocessor=preprocessor,
+                   test_cfg=dict(_delete_=True, mode='whole')),
+        tta_pipeline=base['tta_pipeline'], **loaders,
         default_hooks=dict(logger=dict(interval=1), visualization=dict(type='SegVisualizationHook')),
     )
     lines = [f'_base_ = [{str(CONFIGS / config_name)!r}]'] + [f'{k} = {v!r}' for k, v in overrides.items()]
