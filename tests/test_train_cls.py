@@ -34,16 +34,27 @@ def test_killed_run_resumes_to_the_same_losses_and_weights(labeled_images, tmp_p
     assert metrics['epochs'] == 6 and metrics['top1'] == read_log(straight)[6]['top1']
 
 
+# No randomness in the data or the forward: runs that differ only in how they compute must agree.
+DETERMINISTIC = ['--epochs', '2', '--workers', '0', '--auto-augment', 'none', '--hflip', '0', '--scale-min', '1',
+                 '--reprob', '0', '--mix-token', '0', '--drop-path', '0', '--ema-decay', '0', '--interpolation',
+                 'bilinear']
+
+
 def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
     data, labels = labeled_images
-    deterministic = ['--epochs', '2', '--workers', '0', '--auto-augment', 'none', '--hflip', '0', '--scale-min', '1',
-                     '--reprob', '0', '--mix-token', '0', '--drop-path', '0', '--ema-decay', '0',
-                     '--interpolation', 'bilinear']
-    main(train_args(data, labels, tmp_path / 'one', *deterministic))
-    two = train_args(data, labels, tmp_path / 'two', *deterministic)
+    main(train_args(data, labels, tmp_path / 'one', *DETERMINISTIC))
+    two = train_args(data, labels, tmp_path / 'two', *DETERMINISTIC)
     two[two.index('--batch-size') + 1] = '2'  # the same global batch of 4
     run_torchrun('train_cls.py', two, processes=2, port=29614)
     assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=12)
+
+
+def test_grad_checkpointing_option_trains_to_the_same_weights(labeled_images, tmp_path):
+    """--grad-checkpointing recomputes the blocks in the backward pass: the same losses and weights."""
+    data, labels = labeled_images
+    main(train_args(data, labels, tmp_path / 'plain', *DETERMINISTIC))
+    main(train_args(data, labels, tmp_path / 'checkpointed', *DETERMINISTIC, '--grad-checkpointing'))
+    assert_same_run(tmp_path / 'plain', tmp_path / 'checkpointed', epochs=2, exact=False)
 
 
 def test_eval_tool_matches_an_independent_evaluation(labeled_images, tmp_path):
