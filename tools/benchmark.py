@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if 'grad_checkpointing' in results:
         checkpointed = results['grad_checkpointing']
         memory, speed = (checkpointed[key] / plain[key] for key in ('train_peak_mib', 'train_img_s'))
-        print(f"  gradient checkpointing: training peak memory x{memory:.2f} "
-              f"({plain['train_peak_mib'] - checkpointed['train_peak_mib']:.0f} MiB less), train step x{speed:.2f} speed")
+        saved = plain['train_peak_mib'] - checkpointed['train_peak_mib']
+        print(f"  gradient checkpointing: training peak memory x{memory:.2f} ({saved:.0f} MiB less), train step "
+              f"x{speed:.2f} speed")
     return 0
 
 
