@@ -2,6 +2,10 @@
 the suite's UperNet configs, through `init_cfg` and strict loading alike, and give the reference layout's outputs."""
 from __future__ import annotations
 
+import json
+
+import cv2
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -11,8 +15,9 @@ from mmengine.runner.checkpoint import load_checkpoint
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.errors import CheckpointError
+from helpers.commands import run_tool, succeeded
 from helpers.reference_models import RefBlock, RefLVViTStem, randomize_
-from helpers.seg_data import DIM, TINY_MODELS, tiny_config
+from helpers.seg_data import DIM, TINY_MODELS, tiny_config, write_tiny_ade, write_tiny_config
 from mmseg.registry import MODELS
 from segmentation.release import convert_mmseg0_release
 
@@ -111,3 +116,29 @@ def test_the_conversion_maps_every_side_layer_parameter():
         'backbone.model.blocks.0.attn.qkv.weight': 7, 'decode_head.conv_seg.weight': 8}
     with pytest.raises(CheckpointError, match='side_layer2.7.weight'):
         convert_mmseg0_release({'backbone.side_layer2.7.weight': 0, 'backbone.side_layer2.3.weight': 0})
+
+
+def test_test_seg_takes_the_release_file_strictly(release, tmp_path):
+    """tools/test_seg.py reads the release file itself, loading every key strictly: the same predictions and scores
+    as its weights saved in this suite's layout; a release lacking a side-layer weight is refused, naming the key."""
+    cfg, path, _, _ = release
+    model = MODELS.build(cfg.model)
+    load_checkpoint(model, str(path), strict=True)
+    torch.save({'state_dict': model.state_dict()}, tmp_path / 'suite_layout.pth')
+    config = write_tiny_config(tmp_path / 'tiny_upernet_lvvit.py', 'upernet_lvvit_s.py',
+                               write_tiny_ade(tmp_path / 'ade'))
+    reports, predictions = [], []
+    for checkpoint in (path, tmp_path / 'suite_layout.pth'):
+        out, preds = tmp_path / f'{checkpoint.stem}.json', tmp_path / f'pred_{checkpoint.stem}'
+        succeeded(run_tool('test_seg.py', [config, checkpoint, '--out', out, '--pred-dir', preds,
+                                           '--work-dir', tmp_path / 'work']))
+        reports.append(json.loads(out.read_text()))
+        predictions.append(np.concatenate([cv2.imread(str(p), cv2.IMREAD_UNCHANGED).ravel()
+                                           for p in sorted(preds.glob('*.png'))]))
+    assert reports[0] == reports[1] and np.array_equal(predictions[0], predictions[1])
+
+    broken = torch.load(path, weights_only=True)
+    del broken['state_dict']['backbone.side_layer4.0.weight']
+    torch.save(broken, tmp_path / 'broken.pth')
+    result = run_tool('test_seg.py', [config, tmp_path / 'broken.pth', '--work-dir', tmp_path / 'work'])
+    assert result.returncode == 2 and 'neck.levels.3.0.conv.weight' in result.stderr.strip().splitlines()[-1]
