@@ -25,15 +25,33 @@ __all__ = ['CaiT']
 
 
 class CaiT(TokenModelMixin, Cait):
-    """timm's Cait accepting any input size; the position table has no class slot."""
+    """timm's Cait accepting any input size; the position table has no class slot.
 
-    def __init__(self, *args, **kwargs) -> None:
+    With `distilled=True` a distillation token (DeiT's hard distillation) goes through the class-attention stage on its
+    own, as the class token does (each attends to itself and the patches), and feeds `head_dist`.
+    """
+
+    def __init__(self, *args, distilled: bool = False, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
         super().__init__(*args, **kwargs)
+        self._init_distillation(distilled)
+        if distilled:
+            self.num_prefix_tokens = 2
+            self._reset_heads(self.num_classes)
 
     # timm's also drops the class token and the class-attention stage, which only the head uses.
     prune_intermediate_layers = Cait.prune_intermediate_layers
     group_matcher = Cait.group_matcher
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        Cait.reset_classifier(self, num_classes, global_pool)
+        if self.distilled:
+            self._reset_heads(num_classes)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
+        if not self.distilled:
+            return Cait.forward_head(self, x, pre_logits)
+        return TokenModelMixin.forward_head(self, x, pre_logits)
 
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         grid = self.patch_embed(x)
@@ -41,8 +59,18 @@ class CaiT(TokenModelMixin, Cait):
         return self.pos_drop(tokens), grid.shape[1:3]
 
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Class-attention stage: the class token attends to the patches; the patches stay as they are."""
-        return self.forward_cls(x) if self.blocks_token_only is not None else x
+        """Class-attention stage: the class token (and the distillation token, on its own) attends to the patches,
+        which stay as they are."""
+        if self.blocks_token_only is None:
+            return x
+        return torch.cat([*(self._class_attention(token, x) for token in self.prefix_tokens().split(1, dim=1)), x],
+                         dim=1)
+
+    def _class_attention(self, token: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        query = token.expand(x.shape[0], -1, -1)
+        for block in self.blocks_token_only:
+            query = block(x, query)
+        return query
 
 
 XXS = dict(patch_size=16, embed_dim=192, num_heads=4, init_values=1e-5)

@@ -12,6 +12,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, checkpoint_seq
 
 Grid = Tuple[int, int]
+DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key prefix (DeiT's name)
 
 
 class ScaledResidualBlock(nn.Module):
@@ -67,13 +68,14 @@ def tokens_with_positions(
         x: torch.Tensor,
         pos_embed: torch.Tensor,
         pos_grid: Grid,
-        cls_token: Optional[torch.Tensor] = None,
+        prefix: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Flatten a (B, H, W, D) token grid, prepend `cls_token` if given, add `pos_embed` resized to (H, W)."""
+    """Flatten a (B, H, W, D) token grid, prepend the (1, P, D) `prefix` tokens if given (class token, distillation
+    token), add `pos_embed` resized to (H, W)."""
     B, H, W, D = x.shape
     x = x.reshape(B, H * W, D)
-    if cls_token is not None:
-        x = torch.cat([cls_token.expand(B, -1, -1), x], dim=1)
+    if prefix is not None:
+        x = torch.cat([prefix.expand(B, -1, -1), x], dim=1)
     return x + resize_pos_embed(pos_embed, (H, W), pos_grid)
 
 
@@ -82,29 +84,70 @@ class TokenModelMixin:
 
     A model provides `_embed_tokens(x) -> (tokens, (H, W))` where the patch tokens are the LAST H*W tokens,
     `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks.
+
+    DeiT's distillation token, where a family offers it (`distilled=True`: T2T-ViT, CaiT), sits right after the class
+    token (`dist_token`, with its own slot in the position table where the class token has one) and feeds its own
+    head (`head_dist`): the names of DeiT's checkpoints. In training, after `set_distilled_training()`, the head
+    returns (class logits, distillation logits), otherwise their mean (DeiT's inference rule).
     """
 
     grad_checkpointing: bool = False
+    distilled_training: bool = False
+
+    def _init_distillation(self, distilled: bool) -> None:
+        self.dist_token = nn.Parameter(trunc_normal_(torch.zeros(1, 1, self.embed_dim), std=0.02)) if distilled else None
+
+    @property
+    def distilled(self) -> bool:
+        """Whether the model has a distillation token (and head)."""
+        return getattr(self, 'dist_token', None) is not None
+
+    def _reset_heads(self, num_classes: int) -> None:
+        """The class head (and distillation head) for `num_classes`; 0 leaves none."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if self.distilled:
+            self.head_dist = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def prefix_tokens(self) -> torch.Tensor:
+        """The (1, P, D) tokens in front of the patch tokens: the class token, and the distillation token if any."""
+        return torch.cat([self.cls_token, self.dist_token], dim=1) if self.distilled else self.cls_token
 
     def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
-        """Patch embedding, the position table resampled to the input's grid, the class token in front."""
+        """Patch embedding, the position table resampled to the input's grid, the prefix tokens in front."""
         grid = self.patch_embed(x)
-        return tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.cls_token), grid.shape[1:3]
+        tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.prefix_tokens())
+        return tokens, grid.shape[1:3]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
+        """The class head on the class token; with a distillation token, DeiT's two heads (see the class doc)."""
+        if not self.distilled:
+            return x[:, 0] if pre_logits else self.head(x[:, 0])
+        if pre_logits:
+            return (x[:, 0] + x[:, 1]) / 2
+        logits, dist_logits = self.head(x[:, 0]), self.head_dist(x[:, 1])
+        if self.distilled_training and self.training:
+            return logits, dist_logits
+        return (logits + dist_logits) / 2
+
+    @torch.jit.ignore
+    def set_distilled_training(self, enable: bool = True) -> None:
+        self.distilled_training = enable
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """The trained position table and class token (T2T-ViT's sinusoid table is frozen: not listed)."""
-        return {name for name in ('pos_embed', 'cls_token')
+        """The trained position table and prefix tokens (T2T-ViT's sinusoid table is frozen: not listed)."""
+        return {name for name in ('pos_embed', 'cls_token', 'dist_token')
                 if isinstance(getattr(self, name, None), nn.Parameter) and getattr(self, name).requires_grad}
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    def get_classifier(self) -> nn.Module | Tuple[nn.Module, nn.Module]:
+        return (self.head, self.head_dist) if self.distilled else self.head
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         """timm's parameter grouping (its layer-decay helpers use it): the embedding, each block, the final norm;
         the heads, matched by nothing, come last."""
-        return dict(stem=r'^cls_token|^pos_embed|^patch_embed|^tokens_to_token',
+        return dict(stem=r'^cls_token|^dist_token|^pos_embed|^patch_embed|^tokens_to_token',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:

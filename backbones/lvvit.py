@@ -84,8 +84,7 @@ class LVViT(TokenModelMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """New class head (and token head) for `num_classes`; 0 removes both."""
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._reset_heads(num_classes)
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -171,15 +171,18 @@ class T2TViT(TokenModelMixin, nn.Module):
             mlp_ratio: float = 3.0,
             token_dim: int = 64,
             drop_path_rate: float = 0.0,
+            distilled: bool = False,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
+        self.num_prefix_tokens = 2 if distilled else 1
         self.tokens_to_token = TokensToToken(img_size, embed_dim, tokens_type, in_chans, token_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self._init_distillation(distilled)
         grid = self.tokens_to_token.grid_size
-        self.pos_embed = nn.Parameter(sinusoid_table(1 + grid[0] * grid[1], embed_dim), requires_grad=False)
+        self.pos_embed = nn.Parameter(sinusoid_table(self.num_prefix_tokens + grid[0] * grid[1], embed_dim),
+                                      requires_grad=False)
         self.blocks = nn.Sequential(*[
             ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate)
             for rate in calculate_drop_path_rates(drop_path_rate, depth)
@@ -196,11 +199,7 @@ class T2TViT(TokenModelMixin, nn.Module):
         return self.tokens_to_token
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return x[:, 0] if pre_logits else self.head(x[:, 0])
+        self._reset_heads(num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))

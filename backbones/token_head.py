@@ -1,19 +1,31 @@
-"""The model side of token labeling, for any model of the suite: a token head, the MixToken training forward, and
-the inference rule. (The data side, from the annotator's score maps to the loss, is the `token_labeling` package.)
+"""The model side of token labeling, for any model (the suite's, timm's ViTs and MLP-Mixers, CNNs): a token head,
+the MixToken training forward, and the inference rule. (The data side, from the annotator's score maps to the
+loss, is the `token_labeling` package.)
 
-Every family's patch embedding returns a (B, H, W, D) grid, and every `forward_features` returns the normalised
-tokens with the H*W patch tokens last. So MixToken is a forward hook on `patch_embed` (mixing before or after
-the position embedding is the same thing: both samples get the same table at the same place), and the token
-head is one linear layer on the patch tokens. LV-ViT has its token head (`aux_head`) built in; the other
-families get one from `add_token_head`, under the same name, so checkpoints look alike.
+Two kinds of model, told apart by their patch embedding:
+- token models (the suite's families, timm's ViTs, MLP-Mixer's `stem`): the patch embedding gives an (H, W) grid
+  of tokens (as (B, H, W, D), or flattened (B, H*W, D)) and `forward_features` returns the tokens with the H*W
+  patch tokens last. MixToken is a forward hook on the patch embedding: the box of the grid comes from the flipped
+  batch (mixing before or after the position embedding is the same: both samples get the same table at the same
+  place).
+- feature-map models (CNNs): `forward_features` returns a (B, C, h, w) map (NHWC where the model says so) whose
+  positions are the tokens. MixToken's equivalent is a CutMix box aligned to the map's stride: the box is drawn
+  on the (h, w) grid and the pixels under it, `stride` pixels a cell, come from the flipped batch; the token
+  targets are mixed with the same box on the grid, the class target by the box's area, as for token models.
+
+The token head is one linear layer on every patch token or map position. LV-ViT has its own (`aux_head`); every
+other model gets one from `add_token_head`, under the same name, so checkpoints look alike.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from timm.layers import trunc_normal_
+
+from .errors import UsageError
 
 Grid = Tuple[int, int]
 Box = Tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
@@ -75,13 +87,40 @@ def add_token_head(model: nn.Module) -> nn.Module:
     return model
 
 
+def patch_embedding(model: nn.Module) -> Optional[nn.Module]:
+    """The module that turns the image into a grid of patch tokens: `patch_embed`, or MLP-Mixer's `stem`; None for a
+    feature-map model (a CNN)."""
+    for name in ('patch_embed', 'stem'):
+        module = getattr(model, name, None)
+        if module is not None and hasattr(module, 'grid_size'):
+            return module
+    return None
+
+
+def feature_stride(model: nn.Module) -> int:
+    """Pixels per position of a feature-map model's last map (timm's `feature_info`)."""
+    info = getattr(model, 'feature_info', None)
+    if not info:
+        raise UsageError(f'{type(model).__name__} has neither a patch embedding nor timm\'s feature_info: token '
+                         f'labeling cannot tell where its features lie in the image')
+    return int(info[-1]['reduction'])
+
+
+def feature_grid(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """A feature-map model's `forward_features` output as a (B, h, w, C) grid of tokens."""
+    return features if getattr(model, 'output_fmt', 'NCHW') == 'NHWC' else features.permute(0, 2, 3, 1)
+
+
 def class_logits(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
     """The class head alone on `forward_features` output (for LV-ViT: without the token-head term)."""
     return model.get_classifier()(model.forward_head(features, pre_logits=True))
 
 
 def patch_tokens(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    return features[:, model.num_prefix_tokens:]
+    """The (B, N, D) patch tokens (token models) or map positions (feature-map models) of `forward_features` output."""
+    if features.ndim == 4:
+        return feature_grid(model, features).flatten(1, 2)
+    return features[:, getattr(model, 'num_prefix_tokens', 0):]
 
 
 def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor) -> torch.Tensor:
@@ -95,18 +134,27 @@ def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0) -> TokenLabelingOutput:
-    """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the patch grid unless
+    """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the token grid unless
     `mix_token` is 0."""
+    embedding = patch_embedding(model)
+    if embedding is None:
+        return _forward_feature_map(model, x, mix_token)
     seen = {}
 
-    def mix_patches(module: nn.Module, inputs: tuple, grid: torch.Tensor) -> torch.Tensor:
-        seen['grid'] = grid.shape[1:3]
+    def mix_patches(module: nn.Module, inputs: tuple, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.ndim == 4:  # (B, H, W, D)
+            grid = tokens
+        else:  # (B, H*W, D): the grid of this input's size
+            size = inputs[0].shape[-2:]
+            hw = module.dynamic_feat_size(size) if hasattr(module, 'dynamic_feat_size') else module.grid_size
+            grid = tokens.unflatten(1, tuple(hw))
+        seen['grid'] = tuple(grid.shape[1:3])
         if mix_token <= 0:
-            return grid
+            return tokens
         seen['box'] = sample_mix_box(seen['grid'], mix_token)
-        return mix_token_grid(grid, seen['box'])
+        return mix_token_grid(grid, seen['box']).reshape(tokens.shape)
 
-    hook = model.patch_embed.register_forward_hook(mix_patches)
+    hook = embedding.register_forward_hook(mix_patches)
     try:
         features = model.forward_features(x)
     finally:
@@ -116,8 +164,25 @@ def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float =
     return TokenLabelingOutput(class_logits(model, features), token_logits, seen.get('box'))
 
 
+def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) -> TokenLabelingOutput:
+    """Token labeling on a CNN: MixToken's box aligned to the last map's stride, mixed in the pixels."""
+    stride = feature_stride(model)
+    H, W = x.shape[-2:]
+    grid = (math.ceil(H / stride), math.ceil(W / stride))
+    box = sample_mix_box(grid, mix_token) if mix_token > 0 else None
+    if box is not None:
+        pixels = tuple(edge * stride for edge in box)
+        x = mix_token_grid(x.movedim(1, -1), pixels).movedim(-1, 1)
+    features = model.forward_features(x)
+    tokens = feature_grid(model, features)
+    if tuple(tokens.shape[1:3]) != grid:
+        raise UsageError(f'{type(model).__name__} gives a {tokens.shape[1]}x{tokens.shape[2]} map for a {H}x{W} input, '
+                         f'not the {grid[0]}x{grid[1]} its stride of {stride} implies: MixToken cannot align its box')
+    return TokenLabelingOutput(class_logits(model, features), model.aux_head(tokens), box)
+
+
 class TokenLabelingModel(nn.Module):
-    """Wraps any suite model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions.
+    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions.
 
     A module (not a function) so that DistributedDataParallel sees the whole forward.
     """

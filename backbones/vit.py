@@ -12,18 +12,39 @@ import torch.nn as nn
 from timm.models import vision_transformer as _timm_vit
 from timm.models.vision_transformer import VisionTransformer
 
+from .errors import UsageError
 from .registry import adopt_timm_models, suite_model
 
 __all__ = ['VisionTransformer']
 
 
-def create_any_size(name: str, **kwargs) -> VisionTransformer:
-    """timm's model with `dynamic_img_size=True` unless told otherwise."""
-    return timm.create_model(name, **{'dynamic_img_size': True, **kwargs})
+# DeiT's distilled models (timm's VisionTransformerDistilled, the official layout): the twins of the ViT sizes
+# that have one (ViT-B/16 is DeiT-B).
+DISTILLED_TWINS = {
+    'deit_tiny_patch16_224': 'deit_tiny_distilled_patch16_224', 'deit_small_patch16_224': 'deit_small_distilled_patch16_224',
+    'deit_base_patch16_224': 'deit_base_distilled_patch16_224', 'vit_base_patch16_224': 'deit_base_distilled_patch16_224',
+    'deit_base_patch16_384': 'deit_base_distilled_patch16_384',
+}
 
 
-adopt_timm_models('vit', ['vit_base_patch16_224', 'vit_large_patch16_224', 'deit_small_patch16_224'],
-                  create_any_size)
+def distilled_twin(name: str) -> str:
+    """The DeiT model with a distillation token and head that has `name`'s architecture."""
+    if name in DISTILLED_TWINS.values():
+        return name
+    if name not in DISTILLED_TWINS:
+        raise UsageError(f'{name} has no distilled twin with a distillation token; the ViT/DeiT sizes with one: '
+                         f'{", ".join(sorted(DISTILLED_TWINS))} (and {", ".join(sorted(set(DISTILLED_TWINS.values())))})')
+    return DISTILLED_TWINS[name]
+
+
+def create_any_size(name: str, distilled: bool = False, **kwargs) -> VisionTransformer:
+    """timm's model with `dynamic_img_size=True` unless told otherwise; `distilled`: its DeiT twin with a
+    distillation token and head."""
+    return timm.create_model(distilled_twin(name) if distilled else name, **{'dynamic_img_size': True, **kwargs})
+
+
+adopt_timm_models('vit', ['vit_base_patch16_224', 'vit_large_patch16_224', 'deit_small_patch16_224',
+                          'deit_small_distilled_patch16_224', 'deit_base_distilled_patch16_224'], create_any_size)
 
 default_cfgs = _timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': _timm_vit._cfg()})
 

@@ -23,14 +23,15 @@ import pickle
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
+import timm
 import torch
 import torch.nn as nn
 
-from .errors import CheckpointError
-from .layers import resize_pos_embed
-from .registry import model_family
+from .errors import CheckpointError, UsageError
+from .layers import DIST_HEAD, resize_pos_embed
+from .registry import create_model, model_family
 from .token_head import TOKEN_HEAD
 
 StateDict = Dict[str, torch.Tensor]
@@ -144,10 +145,10 @@ def guess_family(keys: List[str]) -> str | None:
 
 
 def classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
-    """Key prefixes of the model's classifiers, and of the token head any model of the suite may carry."""
+    """Key prefixes of the model's classifiers, and of the token and distillation heads any model may carry."""
     names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
     names = (names,) if isinstance(names, str) else tuple(names)
-    return tuple(f'{name}.' for name in dict.fromkeys((*names, TOKEN_HEAD)))
+    return tuple(f'{name}.' for name in dict.fromkeys((*names, TOKEN_HEAD, DIST_HEAD)))
 
 
 def fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:
@@ -213,3 +214,24 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     fitting = {k: v for k, v in state_dict.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(fitting, strict=False)
     return report
+
+
+def pretrained_model(name: str, checkpoint: Optional[str | Path], num_classes: int, **kwargs) -> nn.Module:
+    """A registered model (the suite's or timm's) in eval mode with the weights of `checkpoint`, or timm's pretrained
+    weights without one (a machine annotator, a distillation teacher); it must predict `num_classes` classes."""
+    if checkpoint is None:
+        cfg = timm.models.get_pretrained_cfg(name)
+        if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
+            raise UsageError(f'timm has no pretrained weights for {name}; give a checkpoint file')
+        try:
+            model = create_model(name, pretrained=True, **kwargs)
+        except (OSError, RuntimeError) as e:  # offline, or a failed download
+            reason = (str(e).strip().splitlines() or [''])[0]
+            raise CheckpointError(f'could not fetch timm\'s pretrained weights for {name} ({type(e).__name__}: '
+                                  f'{reason}); give a local checkpoint file') from e
+    else:
+        model = create_model(name, num_classes=num_classes, **kwargs)
+        load_checkpoint(model, checkpoint)
+    if model.num_classes != num_classes:
+        raise CheckpointError(f'{name} predicts {model.num_classes} classes, the data set has {num_classes}')
+    return model.eval()

@@ -2,7 +2,8 @@
 logic of tools/eval_cls.py.
 
 Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
-class logits + 0.5 x the class-wise max over the token logits.
+class logits + 0.5 x the class-wise max over the token logits; distilled models (a distillation token) with DeiT's:
+the mean of the class and distillation heads.
 """
 from __future__ import annotations
 
@@ -51,10 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
                      model_kwargs: dict) -> torch.nn.Module:
-    """The model with the checkpoint's weights; a token head is attached when the checkpoint has one. A classifier
-    for another number of classes is an error (never a random head in its place)."""
-    token_head = any(k.startswith(f'{TOKEN_HEAD}.') for k in read_state_dict(checkpoint, use_ema))
-    model = create_classifier(name, num_classes, img_size, token_labeling=token_head, **model_kwargs)
+    """The model with the checkpoint's weights; a token head or a distillation token is attached when the checkpoint
+    has one. A classifier for another number of classes is an error (never a random head in its place)."""
+    keys = read_state_dict(checkpoint, use_ema)
+    token_head = any(k.startswith(f'{TOKEN_HEAD}.') for k in keys)
+    model = create_classifier(name, num_classes, img_size, token_labeling=token_head,
+                              distilled='dist_token' in keys, **model_kwargs)
     load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
     return model.eval()
 

@@ -1,9 +1,11 @@
 """The classifiers the applications train and evaluate: any registered model (the suite's, or any timm model), at
-the input size asked for, with a token head and MixToken for token labeling."""
+the input size asked for, with a token head and MixToken for token labeling or a distillation token for DeiT's
+distillation; and the distillation teacher."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
+import torch
 import torch.nn as nn
 from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
@@ -11,12 +13,20 @@ from timm.models import get_pretrained_cfg
 from backbones import TokenLabelingModel, create_model, model_family
 from backbones.errors import UsageError
 
+DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
+
 
 def create_classifier(name: str, num_classes: int, img_size: Optional[int] = None, token_labeling: bool = False,
-                      mix_token: float = 1.0, **kwargs) -> nn.Module:
-    """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken."""
+                      mix_token: float = 1.0, distilled: bool = False, **kwargs) -> nn.Module:
+    """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken (for any
+    model: see `backbones.token_head`); `distilled`: with a distillation token and head."""
     family = model_family(name)
-    if family is not None and img_size is not None:  # timm models outside the suite (CNNs) keep their own size
+    if distilled:
+        if family not in DISTILLED_FAMILIES or token_labeling:
+            raise UsageError(f'distillation takes a ViT/DeiT, CaiT or T2T-ViT model without token labeling, not '
+                             f'{name}{" with token labeling" if token_labeling else ""}')
+        kwargs['distilled'] = True
+    if img_size is not None and takes_input_size(name):
         kwargs['img_size'] = img_size
     if family == 'lvvit':
         kwargs['token_head'] = token_labeling
@@ -26,6 +36,12 @@ def create_classifier(name: str, num_classes: int, img_size: Optional[int] = Non
         raise UsageError(f'{name} does not take these arguments: {e}') from e
     check_input_size(model, name, img_size)
     return TokenLabelingModel(model, mix_token) if token_labeling else model
+
+
+def takes_input_size(name: str) -> bool:
+    """Whether a model is built for one input size (`img_size`): the suite's, and timm's whose cfg says so (ViTs,
+    MLP-Mixers); CNNs take any size as they are."""
+    return model_family(name) is not None or bool(get_pretrained_cfg(name).fixed_input_size)
 
 
 def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> None:
@@ -46,3 +62,27 @@ def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> No
 def model_data_config(name: str) -> dict:
     """timm's data config of a registered model: input size, crop fraction, interpolation, mean and std."""
     return resolve_data_config({}, pretrained_cfg=get_pretrained_cfg(name).to_dict())
+
+
+class Teacher(nn.Module):
+    """A frozen classifier whose class the distillation head learns (DeiT's hard distillation): always in eval mode
+    and without gradients, fed the student's (mixed) images renormalised from the student's mean and std to its own."""
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        cfg = model.pretrained_cfg
+
+        def channels(values: Sequence[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)
+
+        self.register_buffer('scale', channels(std) / channels(cfg['std']), persistent=False)
+        self.register_buffer('shift', (channels(mean) - channels(cfg['mean'])) / channels(cfg['std']),
+                             persistent=False)
+
+    def train(self, mode: bool = True) -> 'Teacher':
+        return super().train(False)  # a teacher never trains: no dropout, frozen batch-norm statistics
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images * self.scale + self.shift).argmax(dim=-1)

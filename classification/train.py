@@ -1,5 +1,6 @@
 """ImageNet-style training of any model (the suite's or any timm model) with its paper recipe: token labeling
-(LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`).
+(LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`);
+with `--teacher`, DeiT's hard distillation.
 
 `tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info)` is the same run from
 Python, with a `Recipe` (`recipes.recipe_for`) and an `ImageData`.
@@ -19,6 +20,7 @@ from backbones import load_checkpoint, model_family
 from backbones.errors import CheckpointError, UsageError
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
+from backbones.weights import pretrained_model
 from engine.checkpoints import checkpoint_classes, seed_all
 from engine.cli import model_parser
 from engine.distributed import DistInfo, run_distributed, sharded_loaders
@@ -32,7 +34,7 @@ from token_labeling.loss import TokenLabelingLoss
 from token_labeling.targets import TokenTargetBuilder
 
 from .data import ImageFolderDataset, collate_skipping, eval_transform
-from .models import create_classifier, model_data_config
+from .models import Teacher, create_classifier, model_data_config, takes_input_size
 from .objective import ClassificationObjective
 from .recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
 
@@ -61,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='with --finetune: train new classifiers for this data set\'s classes')
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
+    p.add_argument('--teacher', metavar='MODEL', help='DeiT\'s hard distillation from this classifier (the student '
+                   'gets a distillation token and head: ViT/DeiT, CaiT, T2T-ViT; not with token labeling)')
+    p.add_argument('--teacher-checkpoint', metavar='CKPT',
+                   help='the teacher\'s weights (default: timm\'s pretrained weights of --teacher)')
     p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
     p.add_argument('--preset', choices=list(PRESETS), help=(
         'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
@@ -113,7 +119,22 @@ def make_loaders(data: ImageData, store: Optional[TokenLabelStore], recipe: Reci
     return train_loader, val_loader, train_set.classes
 
 
-def make_objective(recipe: Recipe, num_classes: int) -> ClassificationObjective:
+@dataclass(frozen=True)
+class TeacherSpec:
+    """The classifier a distilled student learns from, and its weights (None: timm's pretrained)."""
+
+    model: str
+    checkpoint: Optional[str] = None
+
+
+def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg: dict, info: DistInfo) -> Teacher:
+    """The teacher at the student's input size, on this process's device."""
+    kwargs = {'img_size': recipe.img_size} if takes_input_size(spec.model) else {}
+    model = pretrained_model(spec.model, spec.checkpoint, num_classes, **kwargs)
+    return Teacher(model, data_cfg['mean'], data_cfg['std']).to(info.device)
+
+
+def make_objective(recipe: Recipe, num_classes: int, teacher: Optional[Teacher] = None) -> ClassificationObjective:
     if recipe.token_labeling:
         builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
         return ClassificationObjective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
@@ -122,14 +143,19 @@ def make_objective(recipe: Recipe, num_classes: int) -> ClassificationObjective:
     if recipe.mixup > 0 or recipe.cutmix > 0:
         mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
                       num_classes=num_classes)
-    return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup)
+    return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup, teacher=teacher)
 
 
 def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
-          preset: Optional[str] = None, finetune: Optional[str] = None, new_head: bool = False) -> dict:
-    """Train `model_name` on `data` with `recipe`; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
+          preset: Optional[str] = None, finetune: Optional[str] = None, new_head: bool = False,
+          teacher: Optional[TeacherSpec] = None) -> dict:
+    """Train `model_name` on `data` with `recipe` (distilled from `teacher` if given); returns (and writes to
+    OUTPUT/metrics.json) the run's metrics."""
     if new_head and not finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
+    if teacher is not None and recipe.token_labeling:
+        raise UsageError('--teacher: hard distillation is not combined with token labeling (the token head and '
+                         'MixToken have no distillation counterpart); add --no-token-labeling')
     if recipe.uses_score_maps and data.token_labels is None:
         raise UsageError(f'the {model_name} recipe trains with token labeling: pass --token-label-dir '
                          f'(tools/generate_token_labels.py makes one), --token-target label or --no-token-labeling')
@@ -140,23 +166,27 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     train_loader, val_loader, classes = make_loaders(data, store, recipe, data_cfg, info, options)
     seed_all(options.seed)  # the initial weights do not depend on what ran before
     model = create_classifier(model_name, len(classes), recipe.img_size, recipe.token_labeling, recipe.mix_token,
-                              drop_path_rate=recipe.drop_path, **options.model_kwargs)
+                              distilled=teacher is not None, drop_path_rate=recipe.drop_path, **options.model_kwargs)
     if finetune and not trainer.resume:
         logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
+    if teacher is not None:
+        bare_model(model).set_distilled_training(True)
+    objective = make_objective(recipe, len(classes), teacher and build_teacher(teacher, len(classes), recipe,
+                                                                               data_cfg, info))
     optimization = recipe.optimization(recipe.batch_size * info.world_size)
-    config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe)}
-    fit = trainer.start(model, bare_model(model), optimization, make_objective(recipe, len(classes)), config,
-                        len(train_loader))
+    config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
+              'teacher': teacher and vars(teacher)}
+    fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader))
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
                 f'{recipe.batch_size * info.world_size}, lr {optimization.lr:.3g}, amp {fit.amp}, token labeling '
-                f'{recipe.token_labeling}')
+                f'{recipe.token_labeling}' + (f', distilled from {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(vars(recipe)))
     logger.info(f'schedule: {recipe.describe_epochs()}')
     record = trainer.run(fit, train_loader, val_loader)
     metrics = {'model': model_name, 'top1': record.get('top1'), 'top5': record.get('top5'),
                'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
-               'token_labeling': recipe.token_labeling, 'preset': preset,
+               'token_labeling': recipe.token_labeling, 'preset': preset, 'teacher': teacher and teacher.model,
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
     if optimization.ema_decay > 0:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
@@ -170,6 +200,10 @@ def main(argv: Optional[List[str]] = None, default_data: Optional[DefaultData] =
     """tools/train_cls.py: without --data-dir, `default_data` provides the data (the tool's: the embedded digits)."""
     args = build_parser().parse_args(argv)
     check_model_name(args.model)
+    if args.teacher:
+        check_model_name(args.teacher)
+    elif args.teacher_checkpoint:
+        raise UsageError('--teacher-checkpoint goes with --teacher (the teacher model)')
     if args.data_dir is None and default_data is None:
         raise UsageError('--data-dir is required (the folder with train/CLASS/* and val/CLASS/*)')
     recipe = resolve_recipe(args, digits=args.data_dir is None)
@@ -181,6 +215,8 @@ def main(argv: Optional[List[str]] = None, default_data: Optional[DefaultData] =
         else:
             data = ImageData(Path(args.data_dir), args.token_label_dir and Path(args.token_label_dir),
                              args.skip_unreadable)
-        return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head)
+        teacher = TeacherSpec(args.teacher, args.teacher_checkpoint) if args.teacher else None
+        return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
+                     teacher)
 
     return run_distributed(run, args.device)

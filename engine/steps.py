@@ -47,10 +47,10 @@ BatchTransform = Callable[[torch.Tensor], torch.Tensor]
 class Objective(Protocol):
     """What turns a batch and the model's output into the loss (the classification applications define them)."""
 
-    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Images and soft labels before the forward (mixup, cutmix; or as they are)."""
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """The images the model sees (mixed by mixup/cutmix, or as they are) and their targets, which the loss takes."""
 
-    def loss(self, output, batch: dict, soft_labels: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+    def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
         """The loss of the model's `output` on `batch`."""
 
 
@@ -92,10 +92,10 @@ def train_one_epoch(
             continue
         images = model_input(batch, info, transform)
         labels = batch['label'].to(info.device, non_blocking=True)
-        images, soft_labels = objective.prepare(images, labels)
-        with autocast(info.device, amp):
+        with autocast(info.device, amp):  # the objective's own forward passes (a teacher's) too
+            images, targets = objective.prepare(images, labels)
             output = model(images)
-        loss = objective.loss(output, batch, soft_labels, info.device)
+        loss = objective.loss(output, batch, targets, info.device)
         value = loss.item()  # the step's one host-device sync
         if not math.isfinite(value):
             raise FloatingPointError(f'loss is {value} at update {state.num_updates}; lower the learning rate '

@@ -18,17 +18,15 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import numpy as np
-import timm
 import torch
 import torch.nn as nn
 from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from backbones import create_model, load_checkpoint
-from backbones.errors import CheckpointError, DataError, UsageError
-from backbones.token_head import has_token_head, patch_tokens
-from engine.cli import one_line
+from backbones.errors import DataError, UsageError
+from backbones.token_head import feature_grid, has_token_head, patch_tokens
+from backbones.weights import pretrained_model
 from engine.distributed import DistInfo, barrier
 from engine.files import write_json_atomic
 from engine.images import ImageReadError, read_image, scan_split
@@ -43,24 +41,28 @@ def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     CNNs: the model's own head applied to each position as a 1x1 map (pooling a 1x1 map is the identity, so
     any norm or pre-logits layer of the head is kept). Token models: the token head if the model has one (it
-    was trained on patch tokens), else the class head, on every patch token.
+    was trained on patch tokens), else the class head (both heads averaged for a distilled model), on every patch
+    token.
     """
     features = model.forward_features(x)
     if features.ndim == 4:
-        if getattr(model, 'output_fmt', 'NCHW') == 'NHWC':
-            features = features.permute(0, 3, 1, 2)
-        B, D, h, w = features.shape
-        pixels = features.permute(0, 2, 3, 1).reshape(B * h * w, D, 1, 1)
+        grid = feature_grid(model, features)
+        B, h, w, D = grid.shape
+        pixels = grid.reshape(B * h * w, 1, 1, D)  # each position a 1x1 map, in the model's own layout
+        if getattr(model, 'output_fmt', 'NCHW') != 'NHWC':
+            pixels = pixels.permute(0, 3, 1, 2)
         return model.forward_head(pixels).view(B, h, w, -1)
     tokens = patch_tokens(model, features)
     B, N, D = tokens.shape
     h = w = math.isqrt(N)
     if h * w != N:
-        raise ValueError(f'{type(model).__name__} gives {N} patch tokens for a square input: not a square grid')
+        raise DataError(f'{type(model).__name__} gives {N} patch tokens for a square input: not a square grid')
     if has_token_head(model):
         return model.aux_head(tokens).view(B, h, w, -1)
-    norm = getattr(model, 'fc_norm', None) or nn.Identity()
-    return model.get_classifier()(norm(tokens)).view(B, h, w, -1)
+    tokens = (getattr(model, 'fc_norm', None) or nn.Identity())(tokens)
+    heads = model.get_classifier()
+    heads = heads if isinstance(heads, tuple) else (heads,)
+    return (sum(head(tokens) for head in heads) / len(heads)).view(B, h, w, -1)
 
 
 class _WholeImages(Dataset):
@@ -97,25 +99,6 @@ def annotator_transform(img_size: int, data_cfg: dict):
     in its 'squash' mode: no crop)."""
     return create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
                             interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
-
-
-def build_annotator(name: str, checkpoint: Optional[str], num_classes: int, **kwargs) -> nn.Module:
-    """A registry model (suite or timm) with the given weights, or timm's pretrained weights without a file."""
-    if checkpoint is None:
-        cfg = timm.models.get_pretrained_cfg(name)
-        if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
-            raise UsageError(f'timm has no pretrained weights for the annotator {name}; pass --checkpoint')
-        try:
-            model = create_model(name, pretrained=True, **kwargs)
-        except (OSError, RuntimeError) as e:  # offline, or a failed download
-            raise CheckpointError(f'could not fetch timm\'s pretrained weights for {name} ({type(e).__name__}: '
-                                  f'{one_line(e)}); pass --checkpoint with a local file') from e
-    else:
-        model = create_model(name, num_classes=num_classes, **kwargs)
-        load_checkpoint(model, checkpoint)
-    if model.num_classes != num_classes:
-        raise DataError(f'the annotator {name} predicts {model.num_classes} classes, the data set has {num_classes}')
-    return model.eval()
 
 
 def _list_hash(paths: Sequence[str]) -> str:
@@ -237,7 +220,7 @@ def generate_token_labels(
     odd = next((path for path in paths if '\n' in path or '\r' in path), None)
     if odd is not None:
         raise DataError(f'{data_dir / odd!r}: a file name with a line break cannot be listed in {PATHS}; rename it')
-    model = build_annotator(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
+    model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
     data_cfg = resolve_data_config({}, model=model)
     img_size = img_size or data_cfg['input_size'][-1]
     transform = annotator_transform(img_size, data_cfg)

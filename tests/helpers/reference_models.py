@@ -55,24 +55,35 @@ class RefBlock(nn.Module):
 
 
 class RefViT(nn.Module):
-    """ViT/DeiT with a class token and a class slot in the position table."""
+    """ViT/DeiT with a class token and a class slot in the position table; `distilled`: DeiT's distillation token
+    after it (its own slot too) and head, the prediction the mean of the two heads."""
 
-    def __init__(self, img_size, dim, depth, num_heads, mlp_ratio, num_classes, qkv_bias=True, eps=1e-6):
+    def __init__(self, img_size, dim, depth, num_heads, mlp_ratio, num_classes, qkv_bias=True, eps=1e-6,
+                 distilled=False):
         super().__init__()
+        prefix = 2 if distilled else 1
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(3, dim, 16, 16)
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
-        self.pos_embed = nn.Parameter(torch.randn(1, (img_size // 16) ** 2 + 1, dim) * 0.02)
+        if distilled:
+            self.dist_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+            self.head_dist = nn.Linear(dim, num_classes)
+        self.pos_embed = nn.Parameter(torch.randn(1, (img_size // 16) ** 2 + prefix, dim) * 0.02)
         self.blocks = nn.ModuleList([RefBlock(dim, num_heads, mlp_ratio, qkv_bias, eps) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.head = nn.Linear(dim, num_classes)
+        self.distilled = distilled
 
     def forward(self, x):
         x = self.patch_embed.proj(x).flatten(2).transpose(1, 2)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
+        prefix = [self.cls_token] + ([self.dist_token] if self.distilled else [])
+        x = torch.cat([t.expand(x.shape[0], -1, -1) for t in prefix] + [x], dim=1) + self.pos_embed
         for blk in self.blocks:
             x = blk(x)
-        return self.head(self.norm(x)[:, 0])
+        x = self.norm(x)
+        if self.distilled:
+            return (self.head(x[:, 0]) + self.head_dist(x[:, 1])) / 2
+        return self.head(x[:, 0])
 
 
 # ---------------------------------------------------------------- LV-ViT

@@ -1,0 +1,131 @@
+"""DeiT's hard distillation: a distillation token and head for ViT/DeiT, CaiT and T2T-ViT, a frozen teacher whose class
+the head learns, half-and-half loss, the mean of the two heads at inference, and the training tool with --teacher.
+(The official DeiT distilled checkpoints' outputs: test_equivalence.)"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import backbones
+from backbones.errors import CheckpointError, UsageError
+from classification.models import Teacher
+from classification.objective import ClassificationObjective
+from classification.train import main
+from helpers.commands import run_tool, succeeded
+from helpers.models import TINY_DEIT
+from helpers.training_runs import read_log
+
+TINY = {
+    't2t_vit': ('t2t_vit_7', dict(embed_dim=32, depth=2, num_heads=2, token_dim=8)),
+    'cait': ('cait_xxs24_224', dict(embed_dim=32, depth=2, num_heads=2)),
+    'vit': ('deit_small_patch16_224', dict(embed_dim=32, depth=2, num_heads=2)),
+}
+
+
+@pytest.mark.parametrize('family', list(TINY))
+def test_distilled_models_train_two_heads_and_predict_their_mean(family):
+    name, kwargs = TINY[family]
+    model = backbones.create_model(name, img_size=64, num_classes=5, distilled=True, **kwargs)
+    state = model.state_dict()
+    assert {'dist_token', 'head_dist.weight', 'head_dist.bias'} <= set(state)
+    x = torch.randn(3, 3, 64, 64)
+    model.eval()
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        cls_logits, dist_logits = model.head(tokens[:, 0]), model.head_dist(tokens[:, 1])
+        torch.testing.assert_close(model(x), (cls_logits + dist_logits) / 2)
+    model.train()
+    model.set_distilled_training(True)
+    for module in model.modules():  # the same computation as in eval mode: no dropout, drop-path 0
+        module.train(False) if isinstance(module, torch.nn.Dropout) else None
+    outputs = model(x)
+    assert isinstance(outputs, tuple) and [o.shape for o in outputs] == [(3, 5), (3, 5)]
+    torch.testing.assert_close(outputs[0], cls_logits)
+    torch.testing.assert_close(outputs[1], dist_logits)
+
+
+def test_cait_class_token_does_not_see_the_distillation_token():
+    """In CaiT's class-attention stage each prefix token attends to itself and the patches only: adding a
+    distillation token leaves the class token's path (and logits) as they were."""
+    name, kwargs = TINY['cait']
+    plain = backbones.create_model(name, img_size=64, num_classes=5, **kwargs).eval()
+    distilled = backbones.create_model(name, img_size=64, num_classes=5, distilled=True, **kwargs).eval()
+    missing, unexpected = distilled.load_state_dict(plain.state_dict(), strict=False)
+    assert sorted(missing) == ['dist_token', 'head_dist.bias', 'head_dist.weight'] and not unexpected
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(distilled.head(distilled.forward_features(x)[:, 0]), plain(x))
+
+
+def test_the_teacher_is_frozen_and_sees_its_own_normalisation():
+    torch.manual_seed(0)
+    model = timm.create_model('resnet10t', num_classes=4)
+    teacher = Teacher(model, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)).train()
+    assert not teacher.training and not model.training and not any(p.requires_grad for p in teacher.parameters())
+    x = torch.randn(3, 3, 32, 32)  # normalised with the student's mean and std
+    pixels = x * 0.25 + 0.5
+    cfg = model.pretrained_cfg
+    own = (pixels - torch.tensor(cfg['mean']).view(1, 3, 1, 1)) / torch.tensor(cfg['std']).view(1, 3, 1, 1)
+    with torch.no_grad():
+        assert torch.equal(teacher(x), model(own).argmax(dim=1))
+
+
+def test_the_loss_is_half_the_label_term_and_half_the_teachers_class():
+    teacher = Teacher(timm.create_model('resnet10t', num_classes=4), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    objective = ClassificationObjective(4, smoothing=0.1, teacher=teacher)
+    images, labels = torch.randn(3, 3, 32, 32), torch.tensor([0, 3, 1])
+    images_out, targets = objective.prepare(images, labels)
+    assert torch.equal(images_out, images) and torch.equal(targets.teacher, teacher(images))
+    cls_logits, dist_logits = torch.randn(3, 4), torch.randn(3, 4)
+    loss = objective.loss((cls_logits, dist_logits), {'label': labels}, targets, torch.device('cpu'))
+    smoothed = F.one_hot(labels, 4) * 0.9 + 0.1 / 4
+    expected = 0.5 * -(smoothed * cls_logits.log_softmax(1)).sum(1).mean() \
+        + 0.5 * F.cross_entropy(dist_logits, targets.teacher)
+    torch.testing.assert_close(loss, expected)
+
+
+@pytest.fixture(scope='module')
+def teacher_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp('teacher') / 'resnet10t.pth'
+    torch.save(timm.create_model('resnet10t', num_classes=3).state_dict(), path)
+    return path
+
+
+def distill_args(data, output, teacher_checkpoint, *extra):
+    return [*TINY_DEIT, '--data-dir', str(data), '--output', str(output), '--img-size', '32', '--batch-size', '4',
+            '--lr-base-batch', '4', '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu',
+            '--teacher', 'resnet10t', '--teacher-checkpoint', str(teacher_checkpoint), *extra]
+
+
+def test_training_with_a_teacher_and_evaluating_the_distilled_student(labeled_images, teacher_checkpoint, tmp_path):
+    data, _ = labeled_images
+    out = tmp_path / 'run'
+    metrics = main(distill_args(data, out, teacher_checkpoint))
+    assert metrics['teacher'] == 'resnet10t' and not metrics['token_labeling']
+    checkpoint = torch.load(out / 'last.pth', weights_only=True)
+    assert checkpoint['state_dict']['head_dist.weight'].shape == (3, 32) and 'dist_token' in checkpoint['state_dict']
+    assert checkpoint['args']['teacher'] == {'model': 'resnet10t', 'checkpoint': str(teacher_checkpoint)}
+    succeeded(run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', out / 'last.pth', '--data-dir', data,
+                                       '--img-size', '32', '--workers', '0', '--json', tmp_path / 'e.json']))
+    assert json.loads((tmp_path / 'e.json').read_text())['top1'] == pytest.approx(read_log(out)[1]['top1'])
+
+
+def test_distillation_refusals_name_the_problem(labeled_images, teacher_checkpoint, tmp_path):
+    data, labels = labeled_images
+    with pytest.raises(UsageError, match='not combined with token labeling'):
+        main(distill_args(data, tmp_path / 'a', teacher_checkpoint, '--token-labeling', '--token-label-dir',
+                          str(labels)))
+    lvvit = ['lvvit_t', *distill_args(data, tmp_path / 'b', teacher_checkpoint)[len(TINY_DEIT):],
+             '--no-token-labeling']
+    with pytest.raises(UsageError, match='distillation takes a ViT/DeiT, CaiT or T2T-ViT model'):
+        main(lvvit)
+    with pytest.raises(UsageError, match='--teacher-checkpoint goes with --teacher'):
+        main([*TINY_DEIT, '--data-dir', str(data), '--output', str(tmp_path / 'c'), '--teacher-checkpoint', 'x.pth'])
+    torch.save(timm.create_model('resnet10t', num_classes=5).state_dict(), tmp_path / 'five.pth')
+    with pytest.raises(CheckpointError, match='has 5 classes, the model 3'):
+        main(distill_args(data, tmp_path / 'd', tmp_path / 'five.pth'))
