@@ -4,7 +4,9 @@ timm's `Cait` has the official parameter names (LayerScale `gamma_*`, talking-he
 `blocks_token_only`) and weights, but a fixed input size. `CaiT` adds what the suite's contract needs: inputs of any
 size (position embeddings resampled per forward) and `forward_intermediates` shared with the other families.
 `backbones.create_model` builds every CaiT name with it; timm's names stay timm's in its registry, and only the
-224-pixel sizes timm lacks (those whose FLOPs the paper reports at 224, Table 3) are registered here. The
+sizes timm lacks (Table 3 at 224: XS24, XS36, S36, S48, M24, M36) are registered here. The LayerScale init of every
+size is Table 3's: XXS36 starts at 1e-6 here, where timm's `cait_xxs36_*` start at 1e-5 (it only matters when
+training from scratch: the gains are learned, and timm's weights load either way). The
 talking-heads attention mixes heads between the logits and the softmax, so it cannot run on
 `scaled_dot_product_attention`; the class-attention stage does (timm's `ClassAttn`).
 """
@@ -73,20 +75,23 @@ class CaiT(TokenModelMixin, Cait):
         return query
 
 
-XXS = dict(patch_size=16, embed_dim=192, num_heads=4, init_values=1e-5)
-XS = dict(patch_size=16, embed_dim=288, num_heads=6, init_values=1e-5)
+XXS = dict(patch_size=16, embed_dim=192, num_heads=4)
+XS = dict(patch_size=16, embed_dim=288, num_heads=6)
 S = dict(patch_size=16, embed_dim=384, num_heads=8)
-M = dict(patch_size=16, embed_dim=768, num_heads=16, init_values=1e-6)
-# The model arguments of every CaiT name (timm's and the three registered below).
-VARIANTS = {
-    'cait_xxs24_224': dict(XXS, depth=24), 'cait_xxs24_384': dict(XXS, depth=24),
-    'cait_xxs36_224': dict(XXS, depth=36), 'cait_xxs36_384': dict(XXS, depth=36),
-    'cait_xs24_224': dict(XS, depth=24), 'cait_xs24_384': dict(XS, depth=24),
-    'cait_s24_224': dict(S, depth=24, init_values=1e-5), 'cait_s24_384': dict(S, depth=24, init_values=1e-5),
-    'cait_s36_224': dict(S, depth=36, init_values=1e-6), 'cait_s36_384': dict(S, depth=36, init_values=1e-6),
-    'cait_m36_224': dict(M, depth=36), 'cait_m36_384': dict(M, depth=36), 'cait_m48_448': dict(M, depth=48),
+M = dict(patch_size=16, embed_dim=768, num_heads=16)
+# Depth and LayerScale init of every size (CaiT paper, Table 3; M48 as M36): 24 blocks start at 1e-5, deeper at 1e-6.
+SIZES = {
+    'xxs24': dict(XXS, depth=24, init_values=1e-5), 'xxs36': dict(XXS, depth=36, init_values=1e-6),
+    'xs24': dict(XS, depth=24, init_values=1e-5), 'xs36': dict(XS, depth=36, init_values=1e-6),
+    's24': dict(S, depth=24, init_values=1e-5), 's36': dict(S, depth=36, init_values=1e-6),
+    's48': dict(S, depth=48, init_values=1e-6), 'm24': dict(M, depth=24, init_values=1e-5),
+    'm36': dict(M, depth=36, init_values=1e-6), 'm48': dict(M, depth=48, init_values=1e-6),
 }
-_NEW = ('cait_xs24_224', 'cait_s36_224', 'cait_m36_224')
+_TIMM = ('cait_xxs24_224', 'cait_xxs24_384', 'cait_xxs36_224', 'cait_xxs36_384', 'cait_xs24_384', 'cait_s24_224',
+         'cait_s24_384', 'cait_s36_384', 'cait_m36_384', 'cait_m48_448')
+_NEW = ('cait_xs24_224', 'cait_xs36_224', 'cait_s36_224', 'cait_s48_224', 'cait_m24_224', 'cait_m36_224')
+# The model arguments of every CaiT name (timm's and those registered below).
+VARIANTS = {name: SIZES[name.split('_')[1]] for name in (*_TIMM, *_NEW)}
 
 default_cfgs = generate_default_cfgs({name: _timm_cait._cfg(input_size=(3, 224, 224)) for name in _NEW})
 
@@ -104,7 +109,7 @@ def build_cait(name: str, pretrained: bool = False, **kwargs) -> CaiT:
     )
 
 
-adopt_timm_models('cait', [name for name in VARIANTS if name not in _NEW], build_cait)
+adopt_timm_models('cait', list(_TIMM), build_cait)
 
 
 @suite_model('cait')
@@ -114,9 +119,27 @@ def cait_xs24_224(pretrained: bool = False, **kwargs) -> CaiT:
 
 
 @suite_model('cait')
+def cait_xs36_224(pretrained: bool = False, **kwargs) -> CaiT:
+    """CaiT-XS36 at 224: D 288, 36 + 2 blocks, 38.6M parameters."""
+    return build_cait('cait_xs36_224', pretrained, **kwargs)
+
+
+@suite_model('cait')
 def cait_s36_224(pretrained: bool = False, **kwargs) -> CaiT:
     """CaiT-S36 at 224: D 384, 36 + 2 blocks, 68.2M parameters."""
     return build_cait('cait_s36_224', pretrained, **kwargs)
+
+
+@suite_model('cait')
+def cait_s48_224(pretrained: bool = False, **kwargs) -> CaiT:
+    """CaiT-S48 at 224: D 384, 48 + 2 blocks, 89.5M parameters."""
+    return build_cait('cait_s48_224', pretrained, **kwargs)
+
+
+@suite_model('cait')
+def cait_m24_224(pretrained: bool = False, **kwargs) -> CaiT:
+    """CaiT-M24 at 224: D 768, 24 + 2 blocks, 185.9M parameters."""
+    return build_cait('cait_m24_224', pretrained, **kwargs)
 
 
 @suite_model('cait')

@@ -95,7 +95,8 @@ class TokenModelMixin:
     distilled_training: bool = False
 
     def _init_distillation(self, distilled: bool) -> None:
-        self.dist_token = nn.Parameter(trunc_normal_(torch.zeros(1, 1, self.embed_dim), std=0.02)) if distilled else None
+        token = nn.Parameter(trunc_normal_(torch.zeros(1, 1, self.embed_dim), std=0.02)) if distilled else None
+        self.dist_token = token
 
     @property
     def distilled(self) -> bool:

@@ -21,8 +21,10 @@ __all__ = ['VisionTransformer']
 # DeiT's distilled models (timm's VisionTransformerDistilled, the official layout): the twins of the ViT sizes
 # that have one (ViT-B/16 is DeiT-B).
 DISTILLED_TWINS = {
-    'deit_tiny_patch16_224': 'deit_tiny_distilled_patch16_224', 'deit_small_patch16_224': 'deit_small_distilled_patch16_224',
-    'deit_base_patch16_224': 'deit_base_distilled_patch16_224', 'vit_base_patch16_224': 'deit_base_distilled_patch16_224',
+    'deit_tiny_patch16_224': 'deit_tiny_distilled_patch16_224',
+    'deit_small_patch16_224': 'deit_small_distilled_patch16_224',
+    'deit_base_patch16_224': 'deit_base_distilled_patch16_224',
+    'vit_base_patch16_224': 'deit_base_distilled_patch16_224',
     'deit_base_patch16_384': 'deit_base_distilled_patch16_384',
 }
 
@@ -32,8 +34,8 @@ def distilled_twin(name: str) -> str:
     if name in DISTILLED_TWINS.values():
         return name
     if name not in DISTILLED_TWINS:
-        raise UsageError(f'{name} has no distilled twin with a distillation token; the ViT/DeiT sizes with one: '
-                         f'{", ".join(sorted(DISTILLED_TWINS))} (and {", ".join(sorted(set(DISTILLED_TWINS.values())))})')
+        raise UsageError(f'{name} has no distilled twin with a distillation token; the ViT/DeiT models with one: '
+                         f'{", ".join(sorted(DISTILLED_TWINS))}, and the twins themselves')
     return DISTILLED_TWINS[name]
 
 

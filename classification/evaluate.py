@@ -8,7 +8,8 @@ the mean of the class and distillation heads.
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional
+from pathlib import Path
+from typing import List, Optional, Tuple
 
 import torch
 from timm.data import RealLabelsImagenet
@@ -24,6 +25,7 @@ from engine.cli import (DEVICES, check_writable, fraction, model_parser, non_neg
 from engine.distributed import DistInfo
 from engine.files import write_json_atomic
 from engine.fit import bare_model
+from engine.images import find_classes
 from engine.log import logger
 from engine.steps import evaluate
 
@@ -62,12 +64,29 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
     return model.eval()
 
 
-def load_split(data_dir: str, split: str, checkpoint: str, transform) -> ImageFolderDataset:
+def class_order(split_dir: Path, recorded: Optional[List[str]]) -> Tuple[Optional[List[str]], str]:
+    """The class list that labels a split (None: its sorted class folders), and in words which order that is.
+
+    ImageNet-V2 names its class folders 0 ... 999, the index of each class in ImageNet's order (its sorted WordNet
+    ids): numeric folders the checkpoint's class list does not name are read that way, folder i as class i (sorting
+    the names would put 10 before 2)."""
+    found = find_classes(split_dir)
+    if all(name.isdigit() for name in found) and not (recorded and set(found) <= set(recorded)):
+        count = len(recorded) if recorded else max(map(int, found)) + 1
+        order = f'ImageNet-V2 layout: folder i is class i of the model\'s {count} classes'
+        return [str(i) for i in range(count)], order + (f' ({recorded[0]}, {recorded[1]}, ...)' if recorded else '')
+    if recorded:
+        return recorded, f'the class names the checkpoint records ({len(recorded)})'
+    return None, f'the {len(found)} class folders, sorted by name'
+
+
+def load_split(data_dir: str, split: str, checkpoint: str, transform) -> Tuple[ImageFolderDataset, str]:
     """The split labelled with the checkpoint's own class list when it records one (a class folder may be absent;
-    one it does not know is an error), else with the split's sorted class folders."""
-    classes = checkpoint_classes(checkpoint)
+    one it does not know is an error), ImageNet-V2's numeric folders by their number, else with the split's sorted
+    class folders; and which of these orders it is."""
+    classes, order = class_order(Path(data_dir) / split, checkpoint_classes(checkpoint))
     return ImageFolderDataset(data_dir, split, transform, classes=classes,
-                              classes_from=f'the checkpoint {checkpoint}')
+                              classes_from=f'the checkpoint {checkpoint}'), order
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -79,7 +98,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     img_size = args.img_size or data_cfg['input_size'][-1]
     crop_pct = args.crop_pct or data_cfg['crop_pct']
     transform = eval_transform(img_size, crop_pct, data_cfg['interpolation'], data_cfg['mean'], data_cfg['std'])
-    dataset = load_split(args.data_dir, args.split, args.checkpoint, transform)
+    dataset, order = load_split(args.data_dir, args.split, args.checkpoint, transform)
+    logger.info(f'class order: {order}')
     model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
                              parse_model_kwargs(args.model_kwargs))
     info = DistInfo(device=torch.device('cuda' if resolve_device(args.device) else 'cpu'))
@@ -91,7 +111,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         real = RealLabelsImagenet(files, None if args.real_labels == 'timm' else args.real_labels)
     metrics = evaluate(model, loader, info, args.amp, on_batch=(lambda logits, _: real.add_result(logits))
                        if real else None)
-    metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct)
+    metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct,
+                   class_order=order)
     if real is not None:
         metrics.update(real_top1=real.get_accuracy(1), real_top5=real.get_accuracy(5))
     logger.info(' '.join(f'{k} {v:.3f}' if isinstance(v, float) else f'{k} {v}' for k, v in metrics.items()))

@@ -12,6 +12,7 @@ from timm.models import get_pretrained_cfg
 
 from backbones import TokenLabelingModel, create_model, model_family
 from backbones.errors import UsageError
+from backbones.token_head import TOKEN_HEAD
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
 
@@ -36,6 +37,15 @@ def create_classifier(name: str, num_classes: int, img_size: Optional[int] = Non
         raise UsageError(f'{name} does not take these arguments: {e}') from e
     check_input_size(model, name, img_size)
     return TokenLabelingModel(model, mix_token) if token_labeling else model
+
+
+def zero_classifiers(model: nn.Module) -> None:
+    """Zero the weights and biases of the model's classifiers (the class head, and the distillation and token heads
+    it has): a new head's start in the ViT paper's fine-tuning."""
+    heads = model.get_classifier()
+    for head in (*(heads if isinstance(heads, tuple) else (heads,)), getattr(model, TOKEN_HEAD, None)):
+        for param in (head.parameters() if head is not None else ()):
+            nn.init.zeros_(param)
 
 
 def takes_input_size(name: str) -> bool:

@@ -51,6 +51,8 @@ class Recipe:
     hflip: float = 0.5
     auto_augment: Optional[str] = 'rand-m9-mstd0.5-inc1'
     reprob: float = 0.25
+    aug_repeats: int = 0  # repeated augmentation (DeiT, CaiT): each image this many times an epoch; 0: off
+    zero_head: bool = False  # a new classifier (--finetune --new-head) starts at zero (ViT's fine-tuning)
 
     @property
     def uses_score_maps(self) -> bool:
@@ -78,9 +80,13 @@ LVVIT = dict(token_labeling=True, lr_base=1e-3, lr_base_batch=640, ema_decay=0.9
 LVVIT_DROP_PATH = {'lvvit_t': 0.1, 'lvvit_s': 0.1, 'lvvit_m': 0.2, 'lvvit_l': 0.3}
 # T2T-ViT (Yuan et al.): the DeiT recipe with 300 + 10 cooldown epochs and 10 warmup epochs.
 T2T = dict(cooldown_epochs=10, warmup_epochs=10)
-# DeiT (Touvron et al.), used for ViT and, with the CaiT paper's 400 epochs, for CaiT.
+# DeiT (Touvron et al.), used for ViT and, for CaiT, with the CaiT paper's 400 epochs and DeiT's repeated augmentation
+# (3 copies); lr 1e-3 per 1024 images is DeiT's 5e-4 per 512. Stochastic depth (uniform) per size: CAIT_DROP_PATH.
 DEIT: dict = {}
-CAIT = dict(epochs=400)
+CAIT = dict(epochs=400, aug_repeats=3)
+# CaiT paper, Table 3 (d_r); M48 is not in the table: it takes the deepest listed size's, M36's.
+CAIT_DROP_PATH = {'xxs24': 0.1, 'xxs36': 0.1, 'xs24': 0.1, 'xs36': 0.2, 's24': 0.1, 's36': 0.2, 's48': 0.3,
+                  'm24': 0.2, 'm36': 0.3, 'm48': 0.3}
 
 FAMILY_RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'vit': DEIT, 'cait': CAIT}
 
@@ -89,7 +95,7 @@ FAMILY_RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'vit': DEIT, 'cait': CAIT}
 # no flips (a mirrored digit is not a digit).
 DIGITS = dict(epochs=8, warmup_epochs=1, batch_size=32, img_size=48, lr_base=1e-3, lr_base_batch=32,
               min_lr=1e-5, ema_decay=0.0, scale_min=0.5, auto_augment='rand-m5-mstd0.5-inc1', reprob=0.0,
-              drop_path=0.0, hflip=0.0)
+              drop_path=0.0, hflip=0.0, aug_repeats=0)
 
 
 # The LV-ViT paper's comparison rows (its Table 2 and MixToken ablation) as overrides of a model's recipe.
@@ -105,6 +111,14 @@ PRESETS = {
     'mixtoken-label': dict(token_labeling=True, token_target='label', cls_target='label', mix_token=1.0),
     # token labeling without MixToken
     'token-labeling-no-mixtoken': dict(token_labeling=True, token_target='map', mix_token=0.0),
+    # the ViT paper's fine-tuning (with --finetune; --new-head for a new class list): SGD momentum 0.9, no weight
+    # decay, gradients clipped at global norm 1, cosine decay, 384 px, the new classifier zero-initialised; lr 0.01
+    # per 512 images (its grid: 0.001 to 0.03) and 8 epochs (its 20k steps of 512 on ImageNet); inception crop and
+    # flip only, as the paper: no RandAugment, erasing, mixup, label smoothing, stochastic depth or EMA
+    'vit-finetune': dict(token_labeling=False, opt='momentum', lr_base=0.01, lr_base_batch=512, weight_decay=0.0,
+                         clip_grad=1.0, img_size=384, epochs=8, warmup_epochs=0, min_lr=0.0, zero_head=True,
+                         auto_augment=None, reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0, drop_path=0.0,
+                         ema_decay=0.0, aug_repeats=0),
 }
 
 
@@ -124,9 +138,12 @@ def apply_preset(values: dict, preset: str) -> dict:
 def recipe_for(model_name: str, digits: bool = False, preset: Optional[str] = None) -> Recipe:
     """The model's family recipe (the DeiT recipe for timm models outside the suite), optionally for digits, with
     one of PRESETS applied."""
-    values = dict(FAMILY_RECIPES.get(model_family(model_name), DEIT))
-    if model_name in LVVIT_DROP_PATH:
-        values['drop_path'] = LVVIT_DROP_PATH[model_name]
+    family, base = model_family(model_name), model_name.split('.')[0]  # without a pretrained tag
+    values = dict(FAMILY_RECIPES.get(family, DEIT))
+    if base in LVVIT_DROP_PATH:
+        values['drop_path'] = LVVIT_DROP_PATH[base]
+    if family == 'cait':
+        values['drop_path'] = CAIT_DROP_PATH[base.split('_')[1]]
     if digits:
         values.update(DIGITS)
     if preset is not None:
@@ -213,7 +230,7 @@ FIELD_TYPES: Dict[str, Callable[[str], object]] = {
     'mix_token': non_negative_float, 'mixup': non_negative_float, 'cutmix': non_negative_float,
     'smoothing': below_one, 'scale_min': fraction, 'hflip': probability, 'reprob': probability,
     'auto_augment': rand_augment_spec, 'opt': timm_optimizer, 'crop_padding': non_negative_int,
-    'val_fraction': open_fraction,
+    'val_fraction': open_fraction, 'aug_repeats': non_negative_int,
 }
 FIELD_CHOICES = {
     'cls_target': ('map', 'label'), 'token_target': ('map', 'label'),

@@ -34,7 +34,7 @@ from token_labeling.loss import TokenLabelingLoss
 from token_labeling.targets import TokenTargetBuilder
 
 from .data import ImageFolderDataset, collate_skipping, eval_transform
-from .models import Teacher, create_classifier, model_data_config, takes_input_size
+from .models import Teacher, create_classifier, model_data_config, takes_input_size, zero_classifiers
 from .objective import ClassificationObjective
 from .recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
 
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
         '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), '
-        'token-labeling-no-mixtoken'))
+        'token-labeling-no-mixtoken; and vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
     add_run_arguments(p, 'output/train_cls/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
                          Recipe)
@@ -115,7 +115,7 @@ def make_loaders(data: ImageData, store: Optional[TokenLabelStore], recipe: Reci
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
                                  skip_unreadable=data.skip_unreadable)
     train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
-                                               options.seed, collate_skipping)
+                                               options.seed, collate_skipping, recipe.aug_repeats)
     return train_loader, val_loader, train_set.classes
 
 
@@ -169,6 +169,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                               distilled=teacher is not None, drop_path_rate=recipe.drop_path, **options.model_kwargs)
     if finetune and not trainer.resume:
         logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
+        if new_head and recipe.zero_head:
+            zero_classifiers(bare_model(model))
     if teacher is not None:
         bare_model(model).set_distilled_training(True)
     objective = make_objective(recipe, len(classes), teacher and build_teacher(teacher, len(classes), recipe,

@@ -7,6 +7,7 @@ from typing import Callable, List, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
+from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from backbones.errors import DataError
@@ -90,13 +91,18 @@ class ShardSampler(Sampler[int]):
 
 
 def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
-                    seed: int, collate_fn: Callable) -> List[DataLoader]:
+                    seed: int, collate_fn: Callable, aug_repeats: int = 0) -> List[DataLoader]:
     """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches
-    only), then one loader per evaluation set (each item exactly once over all processes)."""
+    only; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image that many times an epoch, the
+    copies spread over the processes), then one loader per evaluation set (each item exactly once over all
+    processes)."""
     if len(train_set) < batch_size * info.world_size:
         raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                         f'({batch_size} x {info.world_size} processes)')
     common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn)
-    sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
+    if aug_repeats > 1:
+        sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True, num_repeats=aug_repeats)
+    else:
+        sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
     return [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)] + [
         DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]

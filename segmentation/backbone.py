@@ -2,7 +2,8 @@
 
 The backbone wraps a registered suite model (`model_name`, e.g. `lvvit_m`; the family follows from it), pruned to
 what the chosen blocks need, and returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps,
-class tokens dropped, no final norm (as the papers' segmentation code). `drop_path_rate` is stochastic depth (the reference passed it as MLP dropout).
+class tokens dropped, no final norm (as the papers' segmentation code). `drop_path_rate` is stochastic depth (the
+reference passed it as MLP dropout).
 
 Any input size works, also in test mode where mmseg does not pad: the image is padded to the stride, the position
 embeddings are resampled to its token grid, and the maps are cropped back to the image's own extent, so that the

@@ -14,7 +14,8 @@ from PIL import Image
 
 from backbones.errors import CheckpointError, DataError, UsageError
 from classification import train, transfer
-from classification.evaluate import build_eval_model, load_split
+from classification.data import ImageFolderDataset
+from classification.evaluate import build_eval_model, class_order, load_split
 from classification.models import create_classifier
 from engine.cli import parse_model_kwargs, resolve_device
 from engine.fit import METRICS
@@ -93,7 +94,8 @@ def test_evaluation_labels_images_by_the_checkpoints_class_names(trained, tmp_pa
     data, run = trained
     partial = Path(shutil.copytree(data, tmp_path / 'partial'))
     shutil.rmtree(partial / 'val' / 'n001')  # one class without validation images
-    dataset = load_split(str(partial), 'val', str(run / 'last.pth'), transform=lambda x: x)
+    dataset, order = load_split(str(partial), 'val', str(run / 'last.pth'), transform=lambda x: x)
+    assert order == 'the class names the checkpoint records (3)'
     assert dataset.classes == list(CLASSES)
     assert {label for _, label in dataset.samples} == {1, 2}  # n002 and n003 keep their checkpoint indices
     (partial / 'val' / 'n004').mkdir()
@@ -210,3 +212,28 @@ def test_transfer_records_the_cifar_class_names(tmp_path):
     stored = torch.load(out / 'last.pth', weights_only=True)['args']['classes']
     assert stored == read_cifar(root, 'cifar10').classes and len(stored) == 10
     assert json.loads((out / METRICS).read_text())['epochs'] == 1
+
+
+def test_imagenet_v2_numeric_folders_are_the_class_indices(tmp_path):
+    """ImageNet-V2 names its class folders 0 ... 999, each the index of the class in ImageNet's order: folder 10 is
+    class 10 (sorted names would make it class 2), for an official checkpoint (no class list) and for one recording
+    WordNet ids; the tool says which order it used."""
+    for i in range(12):
+        (tmp_path / 'v2' / 'val' / str(i)).mkdir(parents=True)
+        Image.new('RGB', (32, 32), (20 * i, 0, 0)).save(tmp_path / 'v2' / 'val' / str(i) / 'a.jpeg')
+    for recorded in (None, [f'n{i:08d}' for i in range(12)]):
+        classes, order = class_order(tmp_path / 'v2' / 'val', recorded)
+        dataset = ImageFolderDataset(tmp_path / 'v2', 'val', lambda x: x, classes=classes)
+        assert all(label == int(path.split('/')[1]) for path, label in dataset.samples)
+        assert order.startswith('ImageNet-V2 layout: folder i is class i of the model\'s 12 classes')
+    assert class_order(tmp_path / 'v2' / 'val', [str(i) for i in range(12)])[1] == \
+        'the class names the checkpoint records (12)'  # folders the checkpoint names: by name
+    model = timm.create_model('deit_small_patch16_224', num_classes=12, img_size=32, embed_dim=32, depth=2,
+                              num_heads=2)
+    torch.save(model.state_dict(), tmp_path / 'official.pth')
+    result = run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', str(tmp_path / 'official.pth'), '--data-dir',
+                                      str(tmp_path / 'v2'), '--img-size', '32', '--workers', '0', '--json',
+                                      str(tmp_path / 'e.json')])
+    assert result.returncode == 0, result.stderr
+    assert 'class order: ImageNet-V2 layout' in result.stdout
+    assert json.loads((tmp_path / 'e.json').read_text())['class_order'].startswith('ImageNet-V2 layout')

@@ -19,8 +19,8 @@ PUBLISHED_PARAMS = {
     'lvvit_t': 8.5, 'lvvit_s': 26.2, 'lvvit_m': 55.8, 'lvvit_l': 150.5,
     't2t_vit_7': 4.3, 't2t_vit_10': 5.9, 't2t_vit_12': 6.9, 't2t_vit_14': 21.5, 't2t_vit_19': 39.2,
     't2t_vit_24': 64.1,
-    'cait_xxs24_224': 12.0, 'cait_xxs36_224': 17.3, 'cait_xs24_224': 26.6, 'cait_s24_224': 46.9,
-    'cait_s36_224': 68.2, 'cait_m36_224': 270.9,
+    'cait_xxs24_224': 12.0, 'cait_xxs36_224': 17.3, 'cait_xs24_224': 26.6, 'cait_xs36_224': 38.6,
+    'cait_s24_224': 46.9, 'cait_s36_224': 68.2, 'cait_s48_224': 89.5, 'cait_m24_224': 185.9, 'cait_m36_224': 270.9,
     'vit_base_patch16_224': 86.6, 'vit_large_patch16_224': 304.3, 'deit_small_patch16_224': 22.1,
     'vit_small_patch16_legacy_224': 48.6,
 }

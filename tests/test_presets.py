@@ -1,10 +1,18 @@
-"""The LV-ViT paper's comparison rows as presets: Standard baseline, MixToken with the image label, no MixToken."""
+"""The papers' recipe rows: the LV-ViT paper's comparison rows as presets (Standard baseline, MixToken with the image
+label, no MixToken), CaiT's per-size stochastic depth and LayerScale with repeated augmentation, and the ViT paper's
+fine-tuning."""
 import json
+from collections import Counter
 
 import pytest
+import torch
+from torch.utils.data import default_collate
 
+from backbones import create_model
 from classification.recipes import DIGITS, PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
+from engine.distributed import DistInfo, sharded_loaders
+from helpers.commands import run_torchrun
 from helpers.models import TINY_DEIT
 
 
@@ -36,7 +44,8 @@ def test_no_token_labeling_gives_lvvit_the_standard_recipe():
     assert objective.token_builder is None and objective.token_loss is not None  # every token: the image label
     recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'token-labeling-no-mixtoken']), False)
     assert recipe.uses_score_maps and recipe.mix_token == 0.0
-    assert set(PRESETS) == {'token-labeling', 'standard', 'mixtoken-label', 'token-labeling-no-mixtoken'}
+    assert set(PRESETS) == {'token-labeling', 'standard', 'mixtoken-label', 'token-labeling-no-mixtoken',
+                            'vit-finetune'}
 
 
 def test_unknown_preset_lists_the_presets(capsys):
@@ -54,3 +63,65 @@ def test_presets_train_without_a_label_store(labeled_images, tmp_path, preset): 
     written = json.loads((out / 'metrics.json').read_text())
     assert written['preset'] == preset and written == metrics
     assert written['token_labeling'] == (preset == 'mixtoken-label')
+
+
+# CaiT paper, Table 3: stochastic depth d_r and LayerScale init per size
+CAIT_TABLE_3 = {'xxs24': (0.1, 1e-5), 'xxs36': (0.1, 1e-6), 'xs24': (0.1, 1e-5), 'xs36': (0.2, 1e-6),
+                's24': (0.1, 1e-5), 's36': (0.2, 1e-6), 's48': (0.3, 1e-6), 'm24': (0.2, 1e-5), 'm36': (0.3, 1e-6)}
+
+
+@pytest.mark.parametrize('size', list(CAIT_TABLE_3))
+def test_cait_recipe_and_layerscale_follow_table_3(size):
+    d_r, eps = CAIT_TABLE_3[size]
+    recipe = recipe_for(f'cait_{size}_224')
+    assert (recipe.drop_path, recipe.epochs, recipe.aug_repeats) == (d_r, 400, 3)
+    assert recipe.lr_base / recipe.lr_base_batch == pytest.approx(1e-3 / 1024) and recipe.warmup_epochs == 5
+    model = create_model(f'cait_{size}_224', depth=2, drop_path_rate=recipe.drop_path)
+    for block in model.blocks:  # uniform stochastic depth, every gain at the init value
+        assert block.drop_path.drop_prob == d_r
+        assert torch.all(block.gamma_1 == eps) and torch.all(block.gamma_2 == eps)
+
+
+def test_repeated_augmentation_spreads_each_images_copies_over_the_processes():
+    """timm's repeated-augmentation sampler under two processes: every image drawn in an epoch comes three times,
+    on both processes; the epoch has as many draws as the data set has images."""
+    dataset = list(range(24))
+    drawn = {}
+    for rank in (0, 1):
+        info = DistInfo(rank=rank, world_size=2)
+        loader, _ = sharded_loaders(dataset, [dataset], 4, info, 0, 0, default_collate, aug_repeats=3)
+        loader.sampler.set_epoch(5)
+        drawn[rank] = [int(i) for batch in loader for i in batch]
+    assert len(drawn[0]) == len(drawn[1]) == 12
+    counts = Counter(drawn[0] + drawn[1])
+    assert set(counts.values()) == {3} and len(counts) == 8
+    assert all(image in drawn[0] and image in drawn[1] for image in counts)
+
+
+def test_repeated_augmentation_trains_under_torchrun(labeled_images, tmp_path):
+    data, _ = labeled_images
+    args = [*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--aug-repeats', '3', '--output',
+            str(tmp_path / 'run'), '--img-size', '32', '--batch-size', '2', '--epochs', '2', '--warmup-epochs', '0',
+            '--workers', '0', '--device', 'cpu']
+    run_torchrun('train_cls.py', args, processes=2, port=29616)
+    checkpoint = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)
+    # 24 training images: 12 draws per process an epoch, 6 updates of 2 images
+    assert checkpoint['num_updates'] == 2 * 6 and checkpoint['args']['aug_repeats'] == 3
+
+
+def test_vit_finetuning_starts_a_new_classifier_at_zero(labeled_images, tmp_path):
+    """The ViT paper's fine-tuning preset: SGD momentum 0.9, no weight decay, clipping at 1, and with --finetune
+    --new-head a zero classifier (an lr of 1e-12 leaves it there)."""
+    recipe = recipe_for('vit_base_patch16_224', preset='vit-finetune')
+    assert (recipe.opt, recipe.weight_decay, recipe.clip_grad, recipe.img_size, recipe.zero_head) == \
+        ('momentum', 0.0, 1.0, 384, True)
+    assert (recipe.mixup, recipe.cutmix, recipe.auto_augment, recipe.smoothing) == (0.0, 0.0, None, 0.0)
+    data, _ = labeled_images
+    common = [*TINY_DEIT, '--data-dir', str(data), '--img-size', '32', '--batch-size', '4', '--epochs', '1',
+              '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu']
+    main([*common, '--no-token-labeling', '--output', str(tmp_path / 'pre')])
+    main([*common, '--preset', 'vit-finetune', '--finetune', str(tmp_path / 'pre' / 'last.pth'), '--new-head',
+          '--lr-base', '1e-12', '--output', str(tmp_path / 'ft')])
+    weights = torch.load(tmp_path / 'ft' / 'last.pth', weights_only=True)['state_dict']
+    assert weights['head.weight'].abs().max() < 1e-6 and weights['head.bias'].abs().max() < 1e-6
+    assert not torch.equal(weights['blocks.0.attn.qkv.weight'], torch.zeros_like(weights['blocks.0.attn.qkv.weight']))

@@ -4,6 +4,7 @@
     python tools/benchmark.py lvvit_s [--batch-size 32] [--img-size 224] [--device cuda] [--amp bf16]
     python tools/benchmark.py t2t_vit_14 --compare-unfused         # also explicit-softmax attention, with ratios
     python tools/benchmark.py lvvit_s --compare-grad-checkpointing # also with gradient checkpointing, with ratios
+    python tools/benchmark.py deit_small_patch16_224 --teacher regnety_160   # also DeiT's hard distillation
 
 Each configuration is measured in a fresh process, so that peak memory does not carry over: the accelerator's peak
 allocation on CUDA, the process's peak resident size on CPU. Times come from `torch.utils.benchmark.Timer`.
@@ -25,10 +26,13 @@ from timm.layers import set_fused_attn
 import backbones
 from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
+from classification.models import Teacher, create_classifier
+from classification.objective import ClassificationObjective
 from engine.cli import non_negative_int, positive_int, run_command
 
-VARIANTS = {  # label: (fused attention, gradient checkpointing)
-    'plain': (True, False), 'unfused': (False, False), 'grad_checkpointing': (True, True),
+VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
+    'plain': (True, False, False), 'unfused': (False, False, False), 'grad_checkpointing': (True, True, False),
+    'distillation': (True, False, True),
 }
 
 
@@ -45,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='also measure the same model with explicit-softmax attention and print ratios')
     parser.add_argument('--compare-grad-checkpointing', action='store_true',
                         help='also measure training with gradient checkpointing and print the memory it saves')
+    parser.add_argument('--teacher', metavar='MODEL',
+                        help='also measure the training step of DeiT\'s hard distillation from this teacher (a '
+                             'distillation token and head on the model; the teacher\'s forward included)')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     return parser.parse_args(argv)
 
@@ -78,17 +85,25 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def measure(args: argparse.Namespace, variant: str) -> Dict[str, float]:
-    fused_attention, grad_checkpointing = VARIANTS[variant]
+    fused_attention, grad_checkpointing, distilled = VARIANTS[variant]
     device = torch.device(args.device)
     set_fused_attn(fused_attention)
     try:
         kwargs = {'img_size': args.img_size} if args.img_size else {}
-        model = backbones.create_model(args.model, **kwargs).to(device)
+        model = backbones.create_model(args.model, distilled=True, **kwargs) if distilled else \
+            backbones.create_model(args.model, **kwargs)
+        model.to(device)
     finally:
         set_fused_attn(True)
     if grad_checkpointing:
         model.set_grad_checkpointing(True)
     size = args.img_size or model.pretrained_cfg['input_size'][-1]
+    objective = None
+    if distilled:  # the training tool's own objective, teacher included (random weights: the cost is the same)
+        model.set_distilled_training(True)
+        cfg = model.pretrained_cfg
+        teacher = Teacher(create_classifier(args.teacher, model.num_classes, size), cfg['mean'], cfg['std'])
+        objective = ClassificationObjective(model.num_classes, 0.1, teacher=teacher.to(device))
     images = torch.randn(args.batch_size, 3, size, size, device=device)
     target = torch.randint(0, model.num_classes, (args.batch_size,), device=device)
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp)
@@ -102,14 +117,18 @@ def measure(args: argparse.Namespace, variant: str) -> Dict[str, float]:
 
     def train_step() -> None:
         with autocast():
-            loss = training_loss(model(images), target)
+            if objective is None:
+                loss = training_loss(model(images), target)
+            else:
+                inputs, targets = objective.prepare(images, target)
+                loss = objective.loss(model(inputs), {}, targets, device)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
 
     results = {}
-    if not grad_checkpointing:  # the forward pass does not depend on it
+    if not (grad_checkpointing or distilled):  # the forward pass does not depend on them
         if device.type == 'cuda':
             torch.cuda.reset_peak_memory_stats(device)
         model.eval()
@@ -130,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(0)
     check_model_name(args.model)
-    variants = ['plain'] + ['unfused'] * args.compare_unfused + ['grad_checkpointing'] * args.compare_grad_checkpointing
+    if args.teacher:
+        check_model_name(args.teacher)
+    variants = ['plain'] + ['unfused'] * args.compare_unfused + \
+        ['grad_checkpointing'] * args.compare_grad_checkpointing + ['distillation'] * bool(args.teacher)
     results = {variant: measure_in_fresh_process(args, variant) for variant in variants}
     if args.json:
         print(json.dumps({'model': args.model, 'batch_size': args.batch_size, 'device': args.device, **results}))
@@ -145,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         unfused = results['unfused']
         print(f"  speed-up of fused attention: forward x{plain['forward_img_s'] / unfused['forward_img_s']:.2f}, "
               f"train step x{plain['train_img_s'] / unfused['train_img_s']:.2f}")
+    if 'distillation' in results:
+        ratio = results['distillation']['train_img_s'] / plain['train_img_s']
+        print(f"  hard distillation from {args.teacher}: train step x{ratio:.2f} speed, "
+              f"{1 / ratio - 1:+.0%} time per step (the teacher's forward included)")
     if 'grad_checkpointing' in results:
         checkpointed = results['grad_checkpointing']
         memory, speed = (checkpointed[key] / plain[key] for key in ('train_peak_mib', 'train_img_s'))

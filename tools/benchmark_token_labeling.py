@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What token labeling costs, measured against baselines in the same run.
 
-1. train step: token labeling (target building, token head, MixToken, loss) vs plain cross-entropy on the class
-   token, same model and batch;
+1. train step: token labeling (target building, token head, MixToken, loss) vs plain cross-entropy, same model
+   and batch, any model (`--model resnet50`: a CNN, its token grid the last feature map);
 2. target builder: our batched builder vs a straightforward per-sample one (dense map, RoIAlign, per image);
 3. label store: bytes per image, and random-read throughput of the packed memory-mapped store vs one file per
    image (the reference code's layout).
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timm.data.mixup import mixup_target
 from torchvision.ops import roi_align
 
-from backbones import TokenLabelingModel, create_model
 from benchmark import seconds_per_call
+from classification.models import create_classifier
+from classification.objective import ClassificationObjective
 from engine.cli import non_negative_int, positive_int, run_command
 from token_labeling.augment import CropGeometry
-from token_labeling.loss import TokenLabelingLoss, soft_cross_entropy
+from token_labeling.loss import TokenLabelingLoss
 from token_labeling.targets import TokenTargetBuilder
 
 
@@ -61,31 +61,31 @@ def per_sample_targets(scores, classes, geometry, grid, C: int, smoothing: float
 
 
 def bench_train_step(args, device) -> dict:
+    """One training step (forward, loss, backward, AdamW) with token labeling (targets built from score maps, token
+    head, MixToken) against plain cross-entropy, through the training tool's own model and objective: any model, a
+    CNN included (its token grid is its last feature map)."""
     B, C, size = args.batch_size, args.num_classes, args.img_size
     x = torch.randn(B, 3, size, size, device=device)
     labels = torch.randint(C, (B,), device=device)
-    grid = size // 16
     scores, classes = synthetic_maps(B, args.map_size, 5, C, device)
-    geometry = random_geometry(B, device)
-    builder, loss_fn = TokenTargetBuilder(C), TokenLabelingLoss(0.5)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if args.amp == 'bf16' else torch.autocast(
-        device.type, enabled=False)
+    batch = {'label': labels, 'scores': scores, 'classes': classes, 'geometry': random_geometry(B, device)}
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == 'bf16')
+    grids = []
 
     def make(token_labeling: bool):
         torch.manual_seed(0)
-        kwargs = {'token_head': token_labeling} if args.model.startswith('lvvit') else {}
-        model = create_model(args.model, num_classes=C, img_size=size, **kwargs)
-        model = (TokenLabelingModel(model) if token_labeling else model).to(device).train()
+        model = create_classifier(args.model, C, size, token_labeling=token_labeling).to(device).train()
+        objective = ClassificationObjective(C, 0.1, TokenTargetBuilder(C), TokenLabelingLoss(0.5)) \
+            if token_labeling else ClassificationObjective(C, 0.1)
         opt = torch.optim.AdamW(model.parameters(), 1e-4)
 
         def step():
             with amp:
-                out = model(x)
+                images, targets = objective.prepare(x, labels)
+                out = model(images)
             if token_labeling:
-                cls_t, tok_t = builder(scores, classes, geometry, out.token_logits.shape[1:3])
-                loss = loss_fn(out, cls_t, tok_t)
-            else:
-                loss = soft_cross_entropy(out, mixup_target(labels, C, smoothing=0.1))
+                grids.append(tuple(out.token_logits.shape[1:3]))
+            loss = objective.loss(out, batch, targets, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -98,7 +98,7 @@ def bench_train_step(args, device) -> dict:
         plain_t.append(seconds_per_call(plain, args.steps, args.warmup))
         tl_t.append(seconds_per_call(tl, args.steps, args.warmup))
     p, t = float(np.median(plain_t)), float(np.median(tl_t))
-    return {'model': args.model, 'batch': B, 'img_size': size, 'token_grid': grid, 'plain_ce_s': p,
+    return {'model': args.model, 'batch': B, 'img_size': size, 'token_grid': grids[-1], 'plain_ce_s': p,
             'token_labeling_s': t, 'overhead_pct': 100 * (t / p - 1)}
 
 
