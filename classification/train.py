@@ -24,13 +24,14 @@ from backbones.weights import pretrained_model
 from engine.checkpoints import checkpoint_classes, seed_all
 from engine.cli import model_parser
 from engine.distributed import DistInfo, run_distributed, sharded_loaders
-from engine.fit import bare_model
-from engine.images import check_same_classes
+from engine.fit import Pictures, bare_model
+from engine.images import check_same_classes, read_image
 from engine.log import logger
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.augment import TrainTransform
 from token_labeling.label_store import TokenLabelStore
 from token_labeling.loss import TokenLabelingLoss
+from token_labeling.pictures import token_label_figure, token_labels
 from token_labeling.targets import TokenTargetBuilder
 
 from .data import ImageFolderDataset, collate_skipping, eval_transform
@@ -134,6 +135,23 @@ def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg:
     return Teacher(model, data_cfg['mean'], data_cfg['std']).to(info.device)
 
 
+def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
+    """`count` training images (spread over the set) with their annotator maps and one augmentation's token targets,
+    for TensorBoard at every validation."""
+    picks = train_set.samples[::max(1, len(train_set.samples) // count)][:count]
+    store = train_set.label_store
+
+    def draw() -> dict:
+        pictures = {}
+        for i, (path, _) in enumerate(picks):
+            scores, classes = store.read(store.row_of(path))
+            labels = token_labels(read_image(train_set.data_dir / path), scores, classes, transform, store.num_classes)
+            pictures[f'token_labels/{i}'] = token_label_figure(labels, train_set.classes, path)
+        return pictures
+
+    return draw
+
+
 def make_objective(recipe: Recipe, num_classes: int, teacher: Optional[Teacher] = None) -> ClassificationObjective:
     if recipe.token_labeling:
         builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
@@ -185,7 +203,9 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                 f'{recipe.token_labeling}' + (f', distilled from {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(vars(recipe)))
     logger.info(f'schedule: {recipe.describe_epochs()}')
-    record = trainer.run(fit, train_loader, val_loader)
+    pictures = token_label_pictures(train_loader.dataset, train_loader.dataset.transform, options.pictures) \
+        if store is not None and options.pictures else None
+    record = trainer.run(fit, train_loader, val_loader, pictures)
     metrics = {'model': model_name, 'top1': record.get('top1'), 'top5': record.get('top5'),
                'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
                'token_labeling': recipe.token_labeling, 'preset': preset, 'teacher': teacher and teacher.model,

@@ -1,9 +1,10 @@
 """What a training run's checkpoints hold besides weights (every RNG state, the run's settings), read weights-only."""
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -38,6 +39,16 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state['torch'])
     if 'cuda' in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state['cuda'])
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run a block without changing the random streams a run continues with (Python, NumPy, torch, CUDA)."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:

@@ -17,8 +17,9 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from backbones import TokenLabelingModel
 from backbones.errors import CheckpointError, DataError, UsageError
 
-from .checkpoints import read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .checkpoints import preserved_rng, read_training_checkpoint, rng_state, seed_all, set_rng_state
 from .cli import check_output_folder
 from .distributed import DistInfo, barrier
 from .files import remove_partial_writes, save_atomic, write_text_atomic
@@ -65,11 +66,15 @@ def gather_rng_states(info: DistInfo) -> list:
     return states
 
 
-class RunLog:
-    """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only."""
+Pictures = Callable[[], Dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
 
-    def __init__(self, output: Path, info: DistInfo, interval: int) -> None:
-        self.output, self.enabled, self.interval = output, info.is_main, interval
+
+class RunLog:
+    """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only; and, after every
+    validation, the run's `pictures` (drawn without touching the random streams the run continues with)."""
+
+    def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Optional[Pictures] = None) -> None:
+        self.output, self.enabled, self.interval, self.pictures = output, info.is_main, interval, pictures
         self.writer = None
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter
@@ -86,6 +91,10 @@ class RunLog:
         for key, value in record.items():
             if isinstance(value, float) and key != 'time':
                 self.writer.add_scalar(f'epoch/{key}', value, record['epoch'])
+        if self.pictures is not None:
+            with preserved_rng():
+                for tag, image in self.pictures().items():
+                    self.writer.add_image(tag, image, record['epoch'], dataformats='HWC')
         self.writer.flush()
         with open(self.output / LOG, 'a') as f:
             f.write(json.dumps(record) + '\n')

@@ -28,7 +28,7 @@ from backbones.errors import UsageError
 from .cli import DEVICES, non_negative_int, parse_model_kwargs, positive_int
 from .distributed import DistInfo, barrier
 from .files import write_json_atomic
-from .fit import METRICS, Fit, RunLog, bare_model, resume_path
+from .fit import METRICS, Fit, Pictures, RunLog, bare_model, resume_path
 from .log import logger
 from .steps import AMP_CHOICES, BatchTransform, Objective, StepState, pick_amp
 
@@ -47,11 +47,13 @@ class RunOptions:
     amp: str = 'auto'
     log_interval: int = 50
     grad_checkpointing: bool = False
+    pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
         return cls(Path(args.output or default_output), args.resume, parse_model_kwargs(args.model_kwargs),
-                   args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing)
+                   args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing,
+                   args.pictures)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
@@ -71,6 +73,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
                         help='updates between TensorBoard loss points')
     parser.add_argument('--grad-checkpointing', action='store_true',
                         help='recompute each block\'s activations in the backward pass: less memory, more compute')
+    parser.add_argument('--pictures', type=non_negative_int, default=4,
+                        help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
+                             '0: none')
 
 
 @dataclass(frozen=True)
@@ -145,10 +150,11 @@ class Trainer:
         fit.start(self.resume, self.options.seed)
         return fit
 
-    def run(self, fit: Fit, train_loader, val_loader: Iterable[dict]) -> dict:
-        """Train to the last epoch, validating and checkpointing each one; the last epoch's record."""
-        return fit.run(train_loader, val_loader, self.num_epochs, RunLog(self.output, self.info,
-                                                                         self.options.log_interval))
+    def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Optional[Pictures] = None) -> dict:
+        """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
+        after each validation); the last epoch's record."""
+        runlog = RunLog(self.output, self.info, self.options.log_interval, pictures if self.options.pictures else None)
+        return fit.run(train_loader, val_loader, self.num_epochs, runlog)
 
     def finish(self, metrics: dict, summary: str) -> dict:
         """Write the run's `metrics.json` (last, after every checkpoint) and say `summary`."""

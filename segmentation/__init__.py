@@ -2,7 +2,7 @@
 
 Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
 (any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
-`LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the embedded `DigitsSegDataset`; and lets mmengine
+`LayerDecayOptimWrapperConstructor`, the `IoUReport` metric, the embedded `DigitsSegDataset` and the `ValidationPictures` hook; and lets mmengine
 write its checkpoints atomically, read them under torch >= 2.6, and read the LV-ViT segmentation releases of the
 reference's mmseg 0.x code (see `mmengine_io` and `release`).
 """
@@ -10,4 +10,5 @@ from .mmcv_compat import ensure_mmseg_importable
 
 ensure_mmseg_importable()  # before anything imports mmseg.models
 
-from . import backbone, digits, layer_decay, metrics, mmengine_io, neck, segmentor  # noqa: E402,F401  (registration)
+from . import (backbone, digits, layer_decay, metrics, mmengine_io, neck, pictures,  # noqa: E402,F401  (registration)
+               segmentor)

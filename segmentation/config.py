@@ -183,6 +183,8 @@ def shorten_schedule(cfg: Config, iters: int) -> None:
         for key in ('begin', 'end'):
             if key in scheduler:
                 scheduler[key] = min(iters, max(1 if scheduler[key] else 0, round(scheduler[key] * factor)))
+    # a phase left with no iteration (the decay of a 1-iteration run) is dropped: mmengine refuses begin == end
+    cfg.param_scheduler = [s for s in cfg.param_scheduler if s.get('end', iters) > s.get('begin', 0)]
     interval = max(1, round(cfg.default_hooks['checkpoint']['interval'] * factor))
     cfg.train_cfg['val_interval'] = iters
     cfg.default_hooks['checkpoint']['interval'] = interval

@@ -10,7 +10,7 @@ from mmengine.config import Config, DictAction
 
 from backbones.errors import UsageError
 from digits.prepare import describe_backbone, pretrained_backbone
-from engine.cli import check_output_folder, positive_int
+from engine.cli import check_output_folder, non_negative_int, positive_int
 from engine.files import remove_partial_writes
 from engine.log import logger
 
@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--iters', type=positive_int,
                         help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
     parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
+    parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
+                        help='validation images drawn (ground truth and prediction) into TensorBoard and '
+                             'vis_data/vis_image at every validation (default 4; 0: none)')
     return parser
 
 
@@ -84,6 +87,7 @@ def prepare(args: argparse.Namespace) -> Config:
     if args.iters:
         shorten_schedule(cfg, args.iters)
     logger.info(f'schedule: {describe_schedule(cfg)}')
+    cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
     if args.amp:
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()

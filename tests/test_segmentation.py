@@ -228,3 +228,15 @@ def test_batched_sliding_window_test_equals_mmsegs_window_by_window(window_batch
 def test_slide_windows_cover_the_image_like_mmseg():
     # 70 px with 32 px windows every 21: starts 0, 21, then 42 moved back to 38 so the window ends at the border.
     assert slide_windows((70, 20), (32, 48), (21, 29)) == [(0, 32, 0, 20), (21, 53, 0, 20), (38, 70, 0, 20)]
+
+
+@pytest.mark.parametrize('iters, phases', [
+    (1600, [('LinearLR', 0, 15), ('PolyLR', 15, 1600)]),  # 1,500 warm-up of 160k -> 15 of 1,600
+    (1, [('LinearLR', 0, 1)]),  # no iteration left for the decay: mmengine would refuse begin == end
+])
+def test_shortened_schedule_scales_its_phases(iters, phases):
+    from segmentation.config import shorten_schedule
+    cfg = load_config(CONFIGS / 'upernet_lvvit_m.py')
+    shorten_schedule(cfg, iters)
+    assert [(s['type'], s['begin'], s['end']) for s in cfg.param_scheduler] == phases
+    assert cfg.train_cfg['max_iters'] == cfg.train_cfg['val_interval'] == iters

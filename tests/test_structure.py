@@ -14,7 +14,7 @@ import pytest
 from helpers.commands import ENV, ROOT, run_python, succeeded
 
 # The project's packages, lowest first: a module may import from its own package and the ones before it.
-LAYERS = ('backbones', 'engine', 'token_labeling', 'classification', 'digits', 'segmentation')
+LAYERS = ('backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'digits', 'segmentation')
 
 
 def project_modules() -> Dict[str, Path]:

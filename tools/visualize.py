@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Pictures of what the models see: token labels, attention, segmentations and training curves, as PNG files.
+
+    python tools/visualize.py token-labels --data-dir D --token-label-dir T [--image PATH] --out labels.png
+    python tools/visualize.py attention MODEL [--checkpoint C] --image PATH [PATH ...] --out attention.png
+    python tools/visualize.py segmentation CONFIG CHECKPOINT [--image PATH] [--report R.json] --out seg.png
+    python tools/visualize.py curves RUN_DIR [RUN_DIR ...] --out curves.png
+
+`--show` also opens the picture where there is a display. See each subcommand's --help.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from backbones import create_model
+from backbones.errors import DataError, UsageError
+from backbones.weights import read_state_dict
+from engine.cli import check_writable, parse_model_kwargs, positive_int, probability, run_command
+from engine.files import write_json_atomic
+from engine.images import read_image
+from engine.log import logger
+from visualization.figures import write_png
+
+TRAINING_AUGMENTATION = 'rand-m9-mstd0.5-inc1'
+
+
+def add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--out', required=True, help='the PNG file to write')
+    parser.add_argument('--show', action='store_true', help='also open the picture (where there is a display)')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest='command', required=True)
+
+    p = commands.add_parser('token-labels', help='an annotator map and the token targets of one augmentation')
+    p.add_argument('--data-dir', required=True, help='the ImageNet-layout folder the store was made for')
+    p.add_argument('--token-label-dir', required=True, help='its token-label store')
+    p.add_argument('--image', help='an image of the store (default: the first), relative to --data-dir or not')
+    p.add_argument('--img-size', type=positive_int, help='training input size (default: the store\'s, at most 224)')
+    p.add_argument('--auto-augment', default=TRAINING_AUGMENTATION, help='RandAugment string, or none')
+    p.add_argument('--scale-min', type=probability, default=0.08, help='RandomResizedCrop\'s smallest area')
+    p.add_argument('--hflip', type=probability, default=0.5)
+    p.add_argument('--seed', type=int, default=0, help='which augmentation')
+    add_output(p)
+
+    p = commands.add_parser('attention', help='attention rollout or CaiT class attention, attention distance, '
+                                              'position-embedding similarity')
+    p.add_argument('model')
+    p.add_argument('--checkpoint', help='weights (default: the model\'s random initialisation, said in the title)')
+    p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
+    p.add_argument('--image', nargs='+', required=True,
+                   help='images: maps of the first; attention distance averaged over all')
+    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    p.add_argument('--json', help='also write the numbers drawn to this file: the rollout (or class attention) '
+                                  'over the patch grid, the mean attention distance per block and head, the '
+                                  'position-embedding similarity')
+    add_output(p)
+
+    p = commands.add_parser('segmentation', help='ground truth and prediction over an image; per-class IoU')
+    p.add_argument('config')
+    p.add_argument('checkpoint')
+    p.add_argument('--image', help='an image (default: the first of the config\'s test set)')
+    p.add_argument('--report', help='a tools/test_seg.py --out JSON: its per-class IoU as bars')
+    p.add_argument('--data-root', help='data set folder in ADE20K layout, instead of the config\'s')
+    p.add_argument('--alpha', type=probability, default=0.6, help='opacity of the class colours')
+    p.add_argument('--no-labels', action='store_true', help='no class names on the regions')
+    add_output(p)
+
+    p = commands.add_parser('curves', help='loss, accuracy and lr of runs (log.jsonl or mmengine logs)')
+    p.add_argument('runs', nargs='+', metavar='RUN_DIR')
+    add_output(p)
+    return parser
+
+
+def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
+    from token_labeling.augment import TrainTransform
+    from token_labeling.label_store import TokenLabelStore
+    from token_labeling.pictures import token_label_figure, token_labels
+
+    data_dir, store = Path(args.data_dir), TokenLabelStore(args.token_label_dir)
+    path = store_path(data_dir, args.image) if args.image else next(iter(store.rows))
+    scores, classes = store.read(store.row_of(path))
+    size = args.img_size or min(store.meta['img_size'], 224)
+    torch.manual_seed(args.seed)
+    __import__('random').seed(args.seed)
+    np.random.seed(args.seed)
+    augment = None if args.auto_augment.lower() == 'none' else args.auto_augment
+    transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=augment, reprob=0.0)
+    labels = token_labels(read_image(data_dir / path), scores, classes, transform, store.num_classes)
+    return token_label_figure(labels, store.classes, f'{path}: {store.meta["annotator"]} map, {size} px training crop')
+
+
+def store_path(data_dir: Path, image: str) -> str:
+    """An image's key in a label store: its path relative to the data folder."""
+    path = Path(image)
+    if path.is_absolute() or path.exists():
+        try:
+            return str(path.resolve().relative_to(data_dir.resolve()))
+        except ValueError:
+            raise UsageError(f'{image} is not inside {data_dir}') from None
+    return image
+
+
+def attention_picture(args: argparse.Namespace) -> np.ndarray:
+    from classification.data import eval_transform
+    from classification.evaluate import build_eval_model
+    from classification.models import model_data_config
+    from engine.fit import bare_model
+    from token_labeling.pictures import to_pixels
+    from visualization.attention import attention_figure, attention_values, model_attention
+
+    kwargs = parse_model_kwargs(args.model_kwargs)
+    if args.checkpoint:
+        num_classes = classifier_rows(args.model, args.checkpoint, args.use_ema)
+        model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, args.img_size, args.use_ema,
+                                            kwargs))
+        source = args.checkpoint
+    else:
+        model = create_model(args.model, **({'img_size': args.img_size} if args.img_size else {}), **kwargs)
+        source = 'random weights'
+    cfg = model_data_config(args.model)
+    size = args.img_size or cfg['input_size'][-1]
+    transform = eval_transform(size, cfg['crop_pct'], cfg['interpolation'], cfg['mean'], cfg['std'])
+    images = torch.stack([transform(read_image(Path(p))) for p in args.image])
+    maps, distances, similarity, patch_size = model_attention(model.eval(), images)
+    if args.json:
+        write_json_atomic(args.json, attention_values(maps, distances, similarity, patch_size))
+    return attention_figure(to_pixels(images[0], cfg['mean'], cfg['std']), maps, distances, similarity, patch_size,
+                            f'{args.model} ({source}), {Path(args.image[0]).name}; distances over '
+                            f'{len(args.image)} image(s)')
+
+
+def classifier_rows(model: str, checkpoint: str, use_ema: bool) -> int:
+    """The number of classes a checkpoint's classifier predicts."""
+    weights = read_state_dict(checkpoint, use_ema)
+    heads = [v for k, v in weights.items() if k.endswith('.weight') and k.startswith(('head.', 'fc.', 'classifier.'))]
+    if not heads:
+        raise DataError(f'{checkpoint}: no classifier weights (head, fc) to tell its class count')
+    return heads[0].shape[0]
+
+
+def segmentation_picture(args: argparse.Namespace) -> np.ndarray:
+    import cv2
+    import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+    from mmengine.registry import init_default_scope
+    from mmengine.runner.checkpoint import load_checkpoint
+
+    from mmseg.apis import inference_model
+    from mmseg.registry import DATASETS, MODELS
+    from segmentation.config import load_config, resolve_data
+    from segmentation.pictures import segmentation_picture as draw
+
+    cfg = load_config(args.config)
+    resolve_data(cfg, args.data_root)
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    cfg.model.backbone.pretrained = None
+    model = MODELS.build(cfg.model)
+    load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)
+    cfg.test_pipeline = cfg.test_dataloader.dataset.pipeline  # what inference_model runs: the test set's own
+    dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': False})
+    model.cfg, model.dataset_meta = cfg, dataset.metainfo
+    entries = [dataset.get_data_info(i) for i in range(len(dataset))]
+    entry = entries[0] if args.image is None else next(
+        (e for e in entries if Path(e['img_path']).resolve() == Path(args.image).resolve()
+         or Path(e['img_path']).name == Path(args.image).name), {'img_path': args.image})
+    image = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)
+    prediction = inference_model(model.eval(), entry['img_path']).pred_sem_seg.data[0].cpu().numpy()
+    truth = None
+    if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
+        truth = cv2.imread(entry['seg_map_path'], cv2.IMREAD_UNCHANGED).astype(np.int64)
+        if entry.get('reduce_zero_label'):
+            truth = np.where(truth == 0, 255, truth - 1)
+    report = json.loads(Path(args.report).read_text()) if args.report else None
+    meta = dataset.metainfo
+    return draw(image, prediction, meta['classes'], meta['palette'], truth, report, args.alpha, not args.no_labels)
+
+
+def curves_picture(args: argparse.Namespace) -> np.ndarray:
+    from visualization.curves import curves_figure, read_run
+    return curves_figure([read_run(run) for run in args.runs])
+
+
+PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture,
+            'segmentation': segmentation_picture, 'curves': curves_picture}
+
+
+def main(argv: Optional[List[str]] = None) -> Path:
+    args = build_parser().parse_args(argv)
+    check_writable(args.out)
+    path = write_png(PICTURES[args.command](args), args.out, args.show)
+    logger.info(f'{args.command}: {path}')
+    return path
+
+
+if __name__ == '__main__':
+    run_command(main)

@@ -1,0 +1,96 @@
+"""matplotlib figures as PNG files or as image arrays (TensorBoard), and class colours."""
+from __future__ import annotations
+
+import colorsys
+import os
+import sys
+from pathlib import Path
+from typing import Sequence, Tuple
+
+import matplotlib
+
+matplotlib.use('Agg')  # files and arrays; `show` switches to a window only where there is a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from backbones.errors import UsageError  # noqa: E402
+from engine.log import logger  # noqa: E402
+
+Colour = Tuple[int, int, int]
+
+
+def class_colours(count: int) -> np.ndarray:
+    """(count, 3) uint8 colours, distinct for neighbouring class indices: hues a golden-ratio step apart."""
+    hues = (np.arange(count) * 0.618033988749895) % 1.0
+    return np.array([[round(255 * c) for c in colorsys.hsv_to_rgb(h, 0.75, 0.95)] for h in hues], dtype=np.uint8)
+
+
+def figure(rows: int, cols: int, size: Tuple[float, float] = (4.0, 4.0)):
+    """A figure with rows x cols axes of `size` inches each."""
+    return plt.subplots(rows, cols, figsize=(cols * size[0], rows * size[1]), squeeze=False)
+
+
+def figure_array(fig) -> np.ndarray:
+    """The rendered figure as an (H, W, 3) uint8 image; the figure is closed."""
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return image
+
+
+def can_show() -> bool:
+    """Whether a window can open here (a display on Linux; macOS and Windows always)."""
+    return sys.platform in ('darwin', 'win32') or bool(os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY'))
+
+
+def write_png(image: np.ndarray, path: str | Path, show: bool = False) -> Path:
+    """Write an (H, W, 3) uint8 image as a PNG exactly (no resampling), and open it in a window if asked and there
+    is a display; returns the path."""
+    path = Path(path)
+    if path.parent and not path.parent.is_dir():
+        raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')
+    plt.imsave(path, np.ascontiguousarray(image))
+    if show:
+        show_image(image, path.name)
+    return path
+
+
+def show_image(image: np.ndarray, title: str) -> None:
+    if not can_show():
+        logger.warning(f'no display here: {title} is written, not shown')
+        return
+    plt.switch_backend(next(b for b in ('macosx', 'QtAgg', 'TkAgg') if _backend_works(b)))
+    plt.figure(title)
+    plt.imshow(image)
+    plt.axis('off')
+    plt.show()
+
+
+def _backend_works(name: str) -> bool:
+    try:
+        plt.switch_backend(name)
+        return True
+    except Exception:  # a backend whose toolkit is missing
+        return False
+
+
+def blend(image: np.ndarray, colours: np.ndarray, alpha: np.ndarray | float) -> np.ndarray:
+    """`colours` laid over `image` (both (H, W, 3) uint8) with opacity `alpha` (a number, or (H, W) in [0, 1])."""
+    alpha = np.asarray(alpha, dtype=np.float64)
+    if alpha.ndim == 2:
+        alpha = alpha[..., None]
+    return np.round(image * (1 - alpha) + colours * alpha).clip(0, 255).astype(np.uint8)
+
+
+def upscale(grid: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+    """An (h, w, ...) grid repeated to the nearest cells of an (H, W) image (cell edges at round(i * H / h))."""
+    rows = (np.arange(size[0]) * grid.shape[0] // size[0]).clip(0, grid.shape[0] - 1)
+    cols = (np.arange(size[1]) * grid.shape[1] // size[1]).clip(0, grid.shape[1] - 1)
+    return grid[rows][:, cols]
+
+
+def legend_entries(ax, names: Sequence[str], colours: np.ndarray, title: str = '') -> None:
+    """A legend of class colours on `ax`."""
+    from matplotlib.patches import Patch
+    handles = [Patch(color=np.asarray(c) / 255, label=n) for n, c in zip(names, colours)]
+    ax.legend(handles=handles, title=title, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
