@@ -16,7 +16,8 @@ from helpers.training_runs import assert_same_run
 
 
 def kill_everywhere(tool: str, args, out_root: Path) -> dict:
-    result = succeeded(run_python([ROOT / 'tests' / 'helpers' / 'kill_at_write.py', tool, out_root, *args], timeout=900))
+    killer = ROOT / 'tests' / 'helpers' / 'kill_at_write.py'
+    result = succeeded(run_python([killer, tool, out_root, *args], timeout=900))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

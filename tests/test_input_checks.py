@@ -207,8 +207,8 @@ def test_transfer_records_the_cifar_class_names(tmp_path):
     from classification.cifar import read_cifar
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
     out = tmp_path / 'run'
-    transfer.main([*TINY_DEIT, '--dataset', 'cifar10', '--data-dir', str(root), '--output', str(out), '--img-size', '32',
-                   '--batch-size', '8', '--workers', '0', '--device', 'cpu', '--epochs', '1'])
+    transfer.main([*TINY_DEIT, '--dataset', 'cifar10', '--data-dir', str(root), '--output', str(out),
+                   '--img-size', '32', '--batch-size', '8', '--workers', '0', '--device', 'cpu', '--epochs', '1'])
     stored = torch.load(out / 'last.pth', weights_only=True)['args']['classes']
     assert stored == read_cifar(root, 'cifar10').classes and len(stored) == 10
     assert json.loads((out / METRICS).read_text())['epochs'] == 1

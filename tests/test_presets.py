@@ -31,7 +31,8 @@ def test_standard_is_the_papers_baseline():
     assert lr_per_image(digits_token) == pytest.approx(DIGITS['lr_base'] / DIGITS['lr_base_batch'])
     assert lr_per_image(digits_standard) / lr_per_image(digits_token) == pytest.approx(640 / 1024)
     # a recipe that had no token labeling keeps its lr
-    assert recipe_for('deit_small_patch16_224', preset='standard').lr_base == recipe_for('deit_small_patch16_224').lr_base
+    deit = 'deit_small_patch16_224'
+    assert recipe_for(deit, preset='standard').lr_base == recipe_for(deit).lr_base
 
 
 def test_no_token_labeling_gives_lvvit_the_standard_recipe():

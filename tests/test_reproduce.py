@@ -17,7 +17,8 @@ def reproduction(labeled_images, tmp_path_factory):  # noqa: F811
     data, labels = labeled_images
     root = tmp_path_factory.mktemp('repro')
     ade = write_tiny_ade(root / 'ade')
-    configs = {head: write_tiny_config(root / f'tiny_{head}.py', f'{head}_lvvit_s.py', ade) for head in ('fcn', 'upernet')}
+    configs = {head: write_tiny_config(root / f'tiny_{head}.py', f'{head}_lvvit_s.py', ade)
+               for head in ('fcn', 'upernet')}
     out = root / 'out'
     argv = ['--quick', '--seeds', '2',
             '--device', 'cpu', '--out', str(out), '--fcn-config', str(configs['fcn']),

@@ -49,7 +49,8 @@ def prepared(tmp_path, monkeypatch, *argv):
 def test_digits_fallback_takes_its_schedule(tmp_path, monkeypatch):
     cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_dataloader.dataset.type == 'DigitsSegDataset'
-    assert cfg.train_cfg.max_iters == DIGITS_SCHEDULE.iters and cfg.train_cfg.val_interval == DIGITS_SCHEDULE.val_interval
+    assert cfg.train_cfg.max_iters == DIGITS_SCHEDULE.iters
+    assert cfg.train_cfg.val_interval == DIGITS_SCHEDULE.val_interval
     assert cfg.optim_wrapper.optimizer.lr == DIGITS_SCHEDULE.lr
     assert cfg.train_dataloader.batch_size == DIGITS_SCHEDULE.batch_size
     warmup, decay = cfg.param_scheduler

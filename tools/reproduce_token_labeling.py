@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
     p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
     p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
-    p.add_argument('--iters', type=positive_int, help='segmentation iterations (default: the schedule\'s; 160 on the digits)')
+    p.add_argument('--iters', type=positive_int,
+                   help='segmentation iterations (default: the schedule\'s; 160 on the digits)')
     p.add_argument('--cls-data-dir', help='ImageNet-layout folder for pretraining (default: the embedded digits)')
     p.add_argument('--token-label-dir', help='its token-label store (needed with --cls-data-dir)')
     p.add_argument('--seg-data-root', help='ADE20K-layout folder (default: the configs\', else the embedded set)')
@@ -173,7 +174,8 @@ def cell(stats: dict) -> str:
 
 def markdown_table(summary: dict, model: str, seeds: int) -> str:
     """The paper's Table 7 layout: backbone and its pretraining, segmentation head, SS and MS mIoU / pixel acc."""
-    lines = ['| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS | Pixel acc. MS |',
+    lines = ['| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS '
+             '| Pixel acc. MS |',
              '|---|---|---:|---|---:|---:|---:|---:|']
     for head, head_name in HEADS.items():
         for variant, entry in summary.items():
