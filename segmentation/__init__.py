@@ -3,8 +3,8 @@
 Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
 (any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
 `LayerDecayOptimWrapperConstructor`, the `IoUReport` metric, the embedded `DigitsSegDataset` and the
-`ValidationPictures` hook; and lets mmengine write its checkpoints atomically, read them under torch >= 2.6, and read the LV-ViT segmentation releases of the
-reference's mmseg 0.x code (see `mmengine_io` and `release`).
+`ValidationPictures` hook; and lets mmengine write its checkpoints atomically, read them under torch >= 2.6, and
+read the LV-ViT segmentation releases of the reference's mmseg 0.x code (see `mmengine_io` and `release`).
 """
 from .mmcv_compat import ensure_mmseg_importable
 
