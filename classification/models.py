@@ -11,6 +11,7 @@ from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
 from backbones import TokenLabelingModel, create_model, model_family
+from backbones.registry import check_model_name
 from backbones.errors import UsageError
 from backbones.token_head import TOKEN_HEAD
 
@@ -71,6 +72,7 @@ def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> No
 
 def model_data_config(name: str) -> dict:
     """timm's data config of a registered model: input size, crop fraction, interpolation, mean and std."""
+    check_model_name(name)
     return resolve_data_config({}, pretrained_cfg=get_pretrained_cfg(name).to_dict())
 
 

@@ -62,12 +62,18 @@ def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
         raise CheckpointError(f'cannot read checkpoint {path}: {type(e).__name__}: {e}') from e
 
 
-def checkpoint_classes(path: str | Path) -> Optional[List[str]]:
-    """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
+def checkpoint_setting(path: str | Path, key: str):
+    """A setting a checkpoint of ours records in its `args` (the class list, the input size, ...); None for other
+    files (official releases) and for settings it does not hold."""
     try:
         ckpt = read_training_checkpoint(path, mmap=True)
     except CheckpointError:  # not ours, or not readable: the weight loader reports a damaged file with its own error
         return None
     args = ckpt.get('args') if isinstance(ckpt, dict) else None
-    classes = args.get('classes') if isinstance(args, dict) else None
+    return args.get(key) if isinstance(args, dict) else None
+
+
+def checkpoint_classes(path: str | Path) -> Optional[List[str]]:
+    """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
+    classes = checkpoint_setting(path, 'classes')
     return list(classes) if isinstance(classes, (list, tuple)) else None

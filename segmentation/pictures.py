@@ -15,7 +15,7 @@ from mmseg.engine.hooks import SegVisualizationHook
 from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
-from visualization.figures import figure, figure_array
+from visualization.figures import enlarge, figure, finished
 
 HEADER = 22  # pixels of the title strip above each panel
 _NAMES = itertools.count()
@@ -88,8 +88,7 @@ def iou_bars(report: dict) -> np.ndarray:
     ax.set_xlabel('IoU (%)')
     ax.axvline(report['mIoU'], color='#c44e52', lw=1)
     ax.set_title(f'per-class IoU: mIoU {report["mIoU"]:.1f}, aAcc {report["aAcc"]:.1f}', fontsize=9)
-    fig.tight_layout()
-    return figure_array(fig)
+    return finished(fig)
 
 
 def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Sequence[str],
@@ -97,17 +96,16 @@ def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Seq
                          report: Optional[dict] = None, alpha: float = 0.6, with_labels: bool = True,
                          scale: Optional[int] = None) -> np.ndarray:
     """The image, its ground truth (if given) and the prediction over it, side by side, enlarged `scale` times
-    (default: to about 256 pixels high; nearest, so colours stay the palette's), the report's IoU bars below."""
+    (default: to about 256 pixels high; nearest, so colours stay the palette's) before drawing, the report's IoU
+    bars below."""
     scale = scale or max(1, 256 // image.shape[0])
-
-    def enlarge(picture: np.ndarray) -> np.ndarray:
-        return np.kron(picture, np.ones((scale, scale, 1), np.uint8)) if scale > 1 else picture
-
-    panels = [titled(enlarge(image), 'image')]
+    image = enlarge(image, scale)  # before drawing, so that the class names are legible
+    panels = [titled(image, 'image')]
     if ground_truth is not None:
-        panels.append(titled(enlarge(draw_labels(image, ground_truth, classes, palette, alpha, with_labels)),
+        panels.append(titled(draw_labels(image, enlarge(ground_truth, scale), classes, palette, alpha, with_labels),
                              'ground truth'))
-    panels.append(titled(enlarge(draw_labels(image, prediction, classes, palette, alpha, with_labels)), 'prediction'))
+    panels.append(titled(draw_labels(image, enlarge(prediction, scale), classes, palette, alpha, with_labels),
+                         'prediction'))
     picture = side_by_side(panels)
     if report is not None:
         bars = iou_bars(report)

@@ -162,9 +162,9 @@ def test_segmentation_overlay_pixels_are_the_palette_colours_of_the_prediction()
     assert np.array_equal(picture[HEADER:HEADER + 20, :30], image)
 
 
-def test_class_colours_are_distinct():
-    colours = class_colours(150)
-    assert len({tuple(c) for c in colours}) == 150
+@pytest.mark.parametrize('count', [10, 20, 150])
+def test_class_colours_are_distinct(count):
+    assert len({tuple(c) for c in class_colours(count)}) == count
 
 
 # --- curves ------------------------------------------------------------------------------------------------------

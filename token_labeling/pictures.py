@@ -7,13 +7,13 @@ records, and `TokenTargetBuilder`'s cut of the map along it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from visualization.figures import blend, class_colours, figure, figure_array, legend_entries, upscale
+from visualization.figures import blend, class_colours, enlarge, figure, finished, legend_entries, upscale
 
 from .augment import CropGeometry, TrainTransform
 from .targets import TokenTargetBuilder
@@ -61,26 +61,28 @@ def class_mosaic(image: np.ndarray, classes: np.ndarray, confidence: np.ndarray,
 def describe_geometry(geometry: CropGeometry) -> str:
     x1, y1, x2, y2 = (float(v) for v in geometry.box)
     warped = not torch.allclose(geometry.warp, torch.eye(3)[:2])
-    return (f'crop x {x1:.2f}-{x2:.2f}, y {y1:.2f}-{y2:.2f}' + (', flipped' if bool(geometry.flip) else '')
-            + (', rotated/sheared/translated' if warped else ''))
+    changes = [name for name, done in (('flipped', bool(geometry.flip)), ('rotated/sheared/translated', warped))
+               if done]
+    return f'x {x1:.2f}-{x2:.2f}, y {y1:.2f}-{y2:.2f} of the image\n' + (', '.join(changes) or 'no flip or warp')
 
 
-def token_label_figure(labels: TokenLabels, class_names: Sequence[str], title: str = '',
-                       scale: Optional[int] = None) -> np.ndarray:
+SHOWN_SIZE = 192  # pixels: smaller images and crops are enlarged to about this
+
+
+def token_label_figure(labels: TokenLabels, class_names: Sequence[str], title: str = '') -> np.ndarray:
     """Four panels: the image, the annotator's map over it, the augmented crop, its token targets on the token grid
     (class colour, opacity = probability, grid lines); a legend of the classes that occur."""
     colours = class_colours(len(class_names))
-    scale = scale or max(1, 192 // max(labels.crop.shape[0], 1))
-    crop = np.kron(labels.crop, np.ones((scale, scale, 1), dtype=np.uint8))
-    image = labels.image
-    if max(image.shape[:2]) < 192:
-        factor = 192 // max(image.shape[:2])
-        image = np.kron(image, np.ones((factor, factor, 1), dtype=np.uint8))
-    fig, axes = figure(1, 4, size=(3.2, 3.4))
-    panels = [('image', image), ('annotator map: top-1, opacity = probability',
-                                 class_mosaic(image, labels.map_classes, labels.map_confidence, colours)),
+    image = enlarge(labels.image, SHOWN_SIZE // max(labels.image.shape[:2]))
+    crop = enlarge(labels.crop, SHOWN_SIZE // labels.crop.shape[0])
+    fig, axes = figure(1, 4, size=(3.4, 3.6))
+    opacity = '\nopacity = probability'
+    panels = [('image', image),
+              ('annotator map: top-1' + opacity, class_mosaic(image, labels.map_classes, labels.map_confidence,
+                                                              colours)),
               ('training crop\n' + describe_geometry(labels.geometry), crop),
-              ('token targets: top-1', class_mosaic(crop, labels.token_classes, labels.token_confidence, colours))]
+              ('token targets: top-1' + opacity, class_mosaic(crop, labels.token_classes, labels.token_confidence,
+                                                              colours))]
     for ax, (name, picture) in zip(axes[0], panels):
         ax.imshow(picture, interpolation='nearest')
         ax.set_title(name, fontsize=8)
@@ -92,7 +94,4 @@ def token_label_figure(labels: TokenLabels, class_names: Sequence[str], title: s
         axes[0, 3].axvline(j * crop.shape[1] / grid_w - 0.5, color='white', lw=0.6)
     shown = sorted(set(labels.map_classes.flatten()) | set(labels.token_classes.flatten()))
     legend_entries(axes[0, 3], [class_names[c] for c in shown[:20]], colours[shown[:20]])
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return figure_array(fig)
+    return finished(fig, title)

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
     p.add_argument('--image', nargs='+', required=True,
                    help='images: maps of the first; attention distance averaged over all')
-    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
+    p.add_argument('--img-size', type=positive_int,
+                   help='default: the size the checkpoint was trained at when it records it, else the model\'s own')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
     p.add_argument('--json', help='also write the numbers drawn to this file: the rollout (or class attention) '
                                   'over the patch grid, the mean attention distance per block and head, the '
@@ -112,22 +113,22 @@ def store_path(data_dir: Path, image: str) -> str:
 def attention_picture(args: argparse.Namespace) -> np.ndarray:
     from classification.data import eval_transform
     from classification.evaluate import build_eval_model
-    from classification.models import model_data_config
+    from classification.models import model_data_config, takes_input_size
+    from engine.checkpoints import checkpoint_setting
     from engine.fit import bare_model
     from token_labeling.pictures import to_pixels
     from visualization.attention import attention_figure, attention_values, model_attention
 
-    kwargs = parse_model_kwargs(args.model_kwargs)
+    kwargs, cfg = parse_model_kwargs(args.model_kwargs), model_data_config(args.model)
+    size = args.img_size or (args.checkpoint and checkpoint_setting(args.checkpoint, 'img_size')) \
+        or cfg['input_size'][-1]
     if args.checkpoint:
         num_classes = classifier_rows(args.model, args.checkpoint, args.use_ema)
-        model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, args.img_size, args.use_ema,
-                                            kwargs))
+        model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, size, args.use_ema, kwargs))
         source = args.checkpoint
     else:
-        model = create_model(args.model, **({'img_size': args.img_size} if args.img_size else {}), **kwargs)
+        model = create_model(args.model, **({'img_size': size} if takes_input_size(args.model) else {}), **kwargs)
         source = 'random weights'
-    cfg = model_data_config(args.model)
-    size = args.img_size or cfg['input_size'][-1]
     transform = eval_transform(size, cfg['crop_pct'], cfg['interpolation'], cfg['mean'], cfg['std'])
     images = torch.stack([transform(read_image(Path(p))) for p in args.image])
     maps, distances, similarity, patch_size = model_attention(model.eval(), images)

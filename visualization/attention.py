@@ -21,7 +21,7 @@ from timm.models.cait import ClassAttn, TalkingHeadAttn
 from backbones.errors import UsageError
 from backbones.layers import resize_pos_embed
 
-from .figures import blend, figure, figure_array, upscale
+from .figures import blend, figure, finished, upscale
 
 Grid = Tuple[int, int]
 
@@ -209,9 +209,7 @@ def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Te
                            interpolation='nearest')
     sim_ax.set_title('position embedding similarity', fontsize=9)
     fig.colorbar(mosaic, ax=sim_ax, fraction=0.046, pad=0.04)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return figure_array(fig)
+    return finished(fig, title)
 
 
 def model_attention(model: nn.Module, images: torch.Tensor) -> Tuple[AttentionMaps, torch.Tensor, torch.Tensor,

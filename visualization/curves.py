@@ -13,7 +13,7 @@ import numpy as np
 
 from backbones.errors import DataError
 
-from .figures import figure, figure_array
+from .figures import figure, finished
 
 Series = Tuple[List[float], List[float]]  # x, y
 
@@ -87,5 +87,4 @@ def curves_figure(runs: Sequence[RunCurves]) -> np.ndarray:
             ax.set_yscale('log')
         ax.grid(alpha=0.3)
     axes[0, 1].legend(fontsize=7)
-    fig.tight_layout()
-    return figure_array(fig)
+    return finished(fig)

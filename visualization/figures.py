@@ -20,7 +20,11 @@ Colour = Tuple[int, int, int]
 
 
 def class_colours(count: int) -> np.ndarray:
-    """(count, 3) uint8 colours, distinct for neighbouring class indices: hues a golden-ratio step apart."""
+    """(count, 3) uint8 colours, distinct for neighbouring class indices: matplotlib's tab10 / tab20 up to 20
+    classes, beyond that hues a golden-ratio step apart."""
+    if count <= 20:
+        table = matplotlib.colormaps['tab10' if count <= 10 else 'tab20'].colors[:count]
+        return np.round(np.array(table) * 255).astype(np.uint8)
     hues = (np.arange(count) * 0.618033988749895) % 1.0
     return np.array([[round(255 * c) for c in colorsys.hsv_to_rgb(h, 0.75, 0.95)] for h in hues], dtype=np.uint8)
 
@@ -36,6 +40,14 @@ def figure_array(fig) -> np.ndarray:
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
     return image
+
+
+def finished(fig, title: str = '') -> np.ndarray:
+    """Lay the figure out (under its title, if any) and render it (`figure_array`)."""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()) if title else None)
+    return figure_array(fig)
 
 
 def can_show() -> bool:
@@ -80,6 +92,11 @@ def blend(image: np.ndarray, colours: np.ndarray, alpha: np.ndarray | float) -> 
     if alpha.ndim == 2:
         alpha = alpha[..., None]
     return np.round(image * (1 - alpha) + colours * alpha).clip(0, 255).astype(np.uint8)
+
+
+def enlarge(picture: np.ndarray, factor: int) -> np.ndarray:
+    """Each pixel of an (H, W, ...) picture as a factor x factor block (colours unchanged)."""
+    return picture.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else picture
 
 
 def upscale(grid: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
