@@ -1,6 +1,8 @@
 """Config preparation shared by tools/train_seg.py and tools/test_seg.py."""
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -123,8 +125,8 @@ def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
                 step['ratio_range'] = DIGITS_RATIO_RANGE
             if step['type'] == 'RandomFlip':
                 step['prob'] = 0.0  # a mirrored digit is not a digit
-    if cfg.get('tta_pipeline'):
-        drop_tta_flips(cfg.tta_pipeline)
+    if cfg.get('tta_model'):
+        drop_tta_flips(cfg)
     scale_sizes(cfg.get('tta_pipeline', []), scale)
     scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
     scale_sizes(cfg.model.get('test_cfg', {}), scale)
@@ -133,21 +135,24 @@ def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
             cfg.model[head]['num_classes'] = len(CLASSES)
 
 
-def _tta_step(pipeline: list) -> dict:
-    return next(step for step in pipeline if step['type'] == 'TestTimeAug')
+def drop_tta_flips(cfg: Config) -> None:
+    """Test at every scale of the multi-scale test without the mirror images."""
+    cfg.tta_model['flip'] = False
 
 
-def drop_tta_flips(pipeline: list) -> None:
-    """Keep only the unflipped copy of every scale in a test-time augmentation pipeline, in place."""
-    tta = _tta_step(pipeline)
-    tta['transforms'] = [[dict(type='RandomFlip', prob=0.0)] if any(t['type'] == 'RandomFlip' for t in group)
-                         else group for group in tta['transforms']]
+def flipping_tta_pipeline(pipeline: list) -> list:
+    """mmseg's way of a multi-scale + flip test, for comparison: a copy of a test-time pipeline that flips every
+    scale itself (each scale resized twice, ten views for SegTTAModel)."""
+    pipeline = copy.deepcopy(pipeline)
+    tta = next(step for step in pipeline if step['type'] == 'TestTimeAug')
+    tta['transforms'].insert(1, [dict(type='RandomFlip', prob=0.0, direction='horizontal'),
+                                 dict(type='RandomFlip', prob=1.0, direction='horizontal')])
+    return pipeline
 
 
-def tta_flips(pipeline: list) -> bool:
-    """Whether a test-time augmentation pipeline adds flipped copies."""
-    return any(t['type'] == 'RandomFlip' and t.get('prob', 0) > 0 for group in _tta_step(pipeline)['transforms']
-               for t in group)
+def tta_flips(cfg: Config) -> bool:
+    """Whether the multi-scale test adds each scale's mirror image."""
+    return bool(cfg.tta_model.get('flip', False))
 
 
 def resolve_data(cfg: Config, data_root: Optional[str] = None) -> bool:

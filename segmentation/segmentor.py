@@ -1,9 +1,15 @@
-"""`SlideBatchEncoderDecoder`: mmseg's EncoderDecoder whose sliding-window test runs the windows in batches.
+"""Batched tests: `SlideBatchEncoderDecoder`, mmseg's EncoderDecoder whose sliding-window test runs the windows in
+batches, and `FlipBatchTTAModel`, the multi-scale test that decodes each scale and its mirror image as one batch.
 
 mmseg runs every window of a sliding-window test through the model on its own. Windows of one image all have the
 same size, so they can be stacked and decoded together: the result is the same (the model is in eval mode, so no
 layer mixes samples), and a batch of windows costs far less than the same windows one by one, on CPUs above all.
 `test_cfg.window_batch` caps how many windows run at once (memory); 1 is mmseg's behaviour.
+
+mmseg's multi-scale + flip test makes every flipped copy in the data pipeline: each scale is resized twice, its
+annotation read twice, and the two copies run through the model one after the other. `FlipBatchTTAModel` takes
+one view per scale from the pipeline and mirrors it on the device, in the same batch: the same views, the same
+softmax average (tested against mmseg's `SegTTAModel`).
 """
 from __future__ import annotations
 
@@ -13,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from backbones.errors import UsageError
-from mmseg.models.segmentors import EncoderDecoder
+from mmseg.models.segmentors import EncoderDecoder, SegTTAModel
 from mmseg.registry import MODELS
+from mmseg.structures import SegDataSample
 
 Window = Tuple[int, int, int, int]  # y1, y2, x1, x2
 
@@ -60,3 +67,44 @@ class SlideBatchEncoderDecoder(EncoderDecoder):
                 preds += F.pad(logit, (x1, width - x2, y1, height - y2))
                 counts[:, :, y1:y2, x1:x2] += 1
         return preds / counts
+
+
+def mirror_image(view: dict) -> dict:
+    """A test batch's horizontal mirror image: inputs flipped, samples marked flipped (mmseg's `postprocess_result`
+    flips their logits back)."""
+    samples = view['data_samples']
+    if any(sample.metainfo.get('flip') for sample in samples):
+        raise UsageError('the test-time pipeline already flips its views, and FlipBatchTTAModel(flip=True) mirrors '
+                         'them again: drop RandomFlip from tta_pipeline, or set tta_model.flip=False')
+    return {'inputs': [image.flip(-1) for image in view['inputs']],
+            'data_samples': [SegDataSample(metainfo={**sample.metainfo, 'flip': True, 'flip_direction': 'horizontal'})
+                             for sample in samples]}
+
+
+def mirrored(view: dict) -> dict:
+    """A test batch and its mirror image as one batch."""
+    mirror = mirror_image(view)
+    return {key: [*view[key], *mirror[key]] for key in ('inputs', 'data_samples')}
+
+
+@MODELS.register_module()
+class FlipBatchTTAModel(SegTTAModel):
+    """mmseg's SegTTAModel over one pipeline view per scale; with `flip`, each view and its mirror image are decoded
+    as one batch. The softmax of every view (and mirror) is averaged, as SegTTAModel does."""
+
+    def __init__(self, flip: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.flip = flip
+
+    def view_predictions(self, data: dict) -> List[List[SegDataSample]]:
+        """The predictions of every view (each followed by its mirror image's, with `flip`), before merging."""
+        predictions = []
+        for i in range(len(data['inputs'])):
+            view = {key: value[i] for key, value in data.items()}
+            count = len(view['inputs'])
+            samples = self.module.test_step(mirrored(view) if self.flip else view)
+            predictions += [samples[:count]] + ([samples[count:]] if self.flip else [])
+        return predictions
+
+    def test_step(self, data: dict) -> List[SegDataSample]:
+        return self.merge_preds(list(zip(*self.view_predictions(data))))

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def use_multi_scale(cfg: Config, flip: bool) -> None:
     """Test with the config's `tta_pipeline` (the papers' scales) and `tta_model`; without flip if asked."""
     if not flip:
-        drop_tta_flips(cfg.tta_pipeline)
+        drop_tta_flips(cfg)
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
     cfg.tta_model['module'] = cfg.model
     cfg.model = cfg.tta_model
@@ -68,8 +68,7 @@ def prepare(args: argparse.Namespace) -> Config:
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     args = build_parser().parse_args(argv)
     cfg = prepare(args)
+    mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
     metrics = SuiteRunner.from_cfg(cfg).test()
-    mode = 'multi-scale' + (' + flip' if tta_flips(cfg.test_dataloader.dataset.pipeline) else '') if args.ms \
-        else 'single-scale'
     logger.info(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
     return metrics

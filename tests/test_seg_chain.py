@@ -66,12 +66,12 @@ def test_digits_are_never_mirrored_in_training_or_testing(tmp_path, monkeypatch)
     cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None')
     flips = [step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip']
     assert flips and all(step.prob == 0 for step in flips)
-    assert not tta_flips(cfg.tta_pipeline)
+    assert not tta_flips(cfg)
     tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
     assert len(tta.transforms[0]) == 5  # every scale is kept
     data = write_tiny_ade(tmp_path / 'ade')  # the papers' flips stay on real data
     cfg = prepared(tmp_path, monkeypatch, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
-    assert tta_flips(cfg.tta_pipeline)
+    assert tta_flips(cfg)
     assert [step.prob for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip'] == [0.5]
 
 

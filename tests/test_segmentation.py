@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from mmengine.config import ConfigDict
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.structures import PixelData
@@ -240,3 +241,42 @@ def test_shortened_schedule_scales_its_phases(iters, phases):
     shorten_schedule(cfg, iters)
     assert [(s['type'], s['begin'], s['end']) for s in cfg.param_scheduler] == phases
     assert cfg.train_cfg['max_iters'] == cfg.train_cfg['val_interval'] == iters
+
+
+@pytest.mark.parametrize('test_cfg', [dict(mode='whole'), dict(mode='slide', crop_size=(32, 32), stride=(21, 21))])
+def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, test_cfg):
+    """Each scale and its mirror image decoded as one batch give mmseg's views: its pipeline flipping every scale
+    (each resized twice) and SegTTAModel running the ten views one by one."""
+    from mmengine.dataset import pseudo_collate
+
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
+    from mmseg.models.segmentors import SegTTAModel
+    from segmentation.config import flipping_tta_pipeline
+    from segmentation.segmentor import FlipBatchTTAModel
+    data = write_tiny_ade(tmp_path / 'ade', counts=(('validation', 2),))
+    cfg = load_config(write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data))
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    module = MODELS.build(cfg.model).eval()
+    module.test_cfg = ConfigDict(test_cfg, window_batch=4)
+    mmseg_pipeline = flipping_tta_pipeline(cfg.tta_pipeline)
+
+    def batch(pipeline) -> dict:
+        from mmseg.registry import DATASETS
+        dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': pipeline})
+        return pseudo_collate([dataset[1]])
+
+    ours, theirs = batch(cfg.tta_pipeline), batch(mmseg_pipeline)
+    assert len(ours['inputs']) == 5 and len(theirs['inputs']) == 10
+    batched, reference = FlipBatchTTAModel(module=module), SegTTAModel(module=module)
+    with torch.no_grad():
+        our_views = batched.view_predictions(ours)
+        their_views = [reference.module.test_step({k: v[i] for k, v in theirs.items()}) for i in range(10)]
+        assert len(our_views) == 10
+        for our, their in zip(our_views, their_views):
+            torch.testing.assert_close(our[0].seg_logits.data, their[0].seg_logits.data, atol=1e-5, rtol=1e-4)
+        merged, expected = batched.test_step(ours)[0], reference.test_step(theirs)[0]
+    assert torch.equal(merged.pred_sem_seg.data, expected.pred_sem_seg.data)
+    assert torch.equal(merged.gt_sem_seg.data, expected.gt_sem_seg.data)
+    with pytest.raises(UsageError, match='already flips its views'):  # mmseg's flipping pipeline: refused
+        batched.test_step(theirs)

@@ -1,13 +1,16 @@
 #!/usr/bin/env python
-"""Segmentation speed: evaluation images/s single-scale vs multi-scale + flip, and training iterations/s.
+"""Segmentation speed: evaluation images/s single-scale vs multi-scale + flip (against the sum of its ten single
+passes, and mmseg's way), and training iterations/s.
 
     python tools/benchmark_seg.py                                   # UperNet + LV-ViT-S, CPU, the digits' scale
     python tools/benchmark_seg.py --device cuda --full-size --json bench.json
 
 Runs the config's real pipelines and model (random weights) on the embedded digits set: at the embedded set's
 scale by default (48/512 of ADE20K's sizes), or with --full-size at ADE20K's (images resized to 512 pixels on the
-short side, 512 crops). The sliding-window tests run twice: with the config's batches of windows and window by
-window (mmseg's own way, `window_batch=1`), and the ratio is printed.
+short side, 512 crops). The multi-scale + flip test runs with flips whatever the data set (the digits' own test
+has none), four ways: the suite's (each scale and its mirror image one batch, windows in batches), the same window
+by window (`window_batch=1`), mmseg's (the pipeline makes the ten views, run one by one), and as its ten single
+passes, each view a single-scale test, whose summed time is the baseline of `ms_flip_cost_over_single_passes`.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ from mmengine.runner import Runner
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from benchmark import seconds_per_call
 from engine.cli import positive_int, run_command
-from mmseg.registry import MODELS
-from segmentation.config import DIGITS_SCALE, load_config, use_digits_data
+from mmseg.models.segmentors import SegTTAModel
+from mmseg.registry import DATASETS, MODELS
+from segmentation.config import DIGITS_SCALE, flipping_tta_pipeline, load_config, use_digits_data
+from segmentation.segmentor import mirror_image
 from segmentation.test import use_multi_scale
 
 
@@ -49,10 +54,52 @@ def loader(cfg, key: str):
 
 
 def timed(fn, batches: list) -> float:
-    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0] (kernel selection, allocator)."""
+    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0] (kernel selection, allocator);
+    the timer's own warm-up calls take the next batches in turn."""
     fn(batches[0])
-    rest = iter(batches[1:])
+    rest = cycle(batches[1:])
     return seconds_per_call(lambda: fn(next(rest)), len(batches) - 1, warmup=0) * (len(batches) - 1)
+
+
+def multi_scale_costs(cfg, model, args) -> dict:
+    """Multi-scale + flip (flips on, as on ADE20K, whatever the data): the suite's test (each scale and its mirror
+    image in one batch), the same window by window, and mmseg's (ten pipeline views, one by one); against the sum of
+    the ten single passes (each view as a single-scale test); and the two test-time pipelines' images/s."""
+    ms_cfg = copy.deepcopy(cfg)
+    ms_cfg.tta_model['flip'] = True
+    use_multi_scale(ms_cfg, flip=True)
+    results, tta = {}, MODELS.build(ms_cfg.model).to(args.device).eval()
+    tta.module.load_state_dict(model.state_dict())
+    mmseg_cfg = copy.deepcopy(ms_cfg)
+    mmseg_cfg.test_dataloader.dataset.pipeline = flipping_tta_pipeline(ms_cfg.tta_pipeline)
+    for name, config in (('suite', ms_cfg), ('mmseg', mmseg_cfg)):
+        dataset = DATASETS.build(copy.deepcopy(config.test_dataloader.dataset))
+        results[f'ms_pipeline_img_per_s_{name}'] = args.images / seconds_per_call(
+            lambda: [dataset[i] for i in range(args.images)], 1, warmup=1)
+    batches = list(islice(loader(ms_cfg, 'test_dataloader'), args.images + 1))
+    mmseg_batches = list(islice(loader(mmseg_cfg, 'test_dataloader'), args.images + 1))
+    window_batch = tta.module.test_cfg.get('window_batch', 1)
+    with torch.no_grad():
+        seconds = timed(tta.test_step, batches)
+        tta.module.test_cfg.window_batch = 1
+        window_by_window = timed(tta.test_step, batches)
+        tta.module.test_cfg.window_batch = window_batch
+        mmseg_seconds = timed(SegTTAModel(module=tta.module).test_step, mmseg_batches)
+        single_passes = sum(timed(tta.module.test_step, [pick(batch, i) for batch in batches])
+                            for i in range(2 * len(batches[0]['inputs'])))
+    results['ms_flip_img_per_s'] = args.images / seconds
+    results['ms_flip_img_per_s_window_by_window'] = args.images / window_by_window
+    results['ms_flip_img_per_s_mmseg'] = args.images / mmseg_seconds
+    results['ms_flip_cost_over_single_passes'] = seconds / single_passes
+    results['ms_flip_speedup_over_mmseg'] = mmseg_seconds / seconds
+    results['window_batch_speedup'] = window_by_window / seconds
+    return results
+
+
+def pick(batch: dict, index: int) -> dict:
+    """View `index` of a multi-scale batch as a single-scale batch: even indices the scales, odd their mirrors."""
+    view = {key: value[index // 2] for key, value in batch.items()}
+    return mirror_image(view) if index % 2 else view
 
 
 def main() -> None:
@@ -68,17 +115,8 @@ def main() -> None:
     ss_batches = list(islice(loader(cfg, 'test_dataloader'), args.images + 1))
     with torch.no_grad():
         results['ss_img_per_s'] = args.images / timed(model.test_step, ss_batches)
-    ms_cfg = copy.deepcopy(cfg)
-    use_multi_scale(ms_cfg, flip=True)
-    ms_batches = list(islice(loader(ms_cfg, 'test_dataloader'), args.images + 1))
-    for suffix, window_batch in (('', ms_cfg.model.module.test_cfg.get('window_batch', 1)), ('_window_by_window', 1)):
-        ms_cfg.model.module.test_cfg.window_batch = window_batch
-        tta = MODELS.build(ms_cfg.model).to(args.device).eval()
-        tta.module.load_state_dict(model.state_dict())
-        with torch.no_grad():
-            results[f'ms_flip_img_per_s{suffix}'] = args.images / timed(tta.test_step, ms_batches)
+    results.update(multi_scale_costs(cfg, model, args))
     results['ms_flip_slowdown'] = results['ss_img_per_s'] / results['ms_flip_img_per_s']
-    results['window_batch_speedup'] = results['ms_flip_img_per_s'] / results['ms_flip_img_per_s_window_by_window']
 
     model.train()
     optim = build_optim_wrapper(model, cfg.optim_wrapper)

@@ -12,4 +12,4 @@ log_processor = dict(by_epoch=False)
 log_level = 'INFO'
 load_from = None
 resume = False
-tta_model = dict(type='SegTTAModel')
+tta_model = dict(type='FlipBatchTTAModel', flip=True)  # each scale and its mirror image in one batch

@@ -22,14 +22,13 @@ test_pipeline = [
 ]
 # Multi-scale test as the papers ran it (mmseg 0.x): each ratio scales (2048, 512), not the original image, and
 # the image is resized once from the original. mmseg 1.x's own `--tta` scales the original image instead.
+# One view per scale: the model (FlipBatchTTAModel, flip=True in default_runtime) adds each one's mirror image.
 img_ratios = [0.75, 1.0, 1.25, 1.5, 1.75]
 tta_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='TestTimeAug', transforms=[
         [dict(type='Resize', scale=(int(test_scale[0] * r), int(test_scale[1] * r)), keep_ratio=True)
          for r in img_ratios],
-        [dict(type='RandomFlip', prob=0.0, direction='horizontal'),
-         dict(type='RandomFlip', prob=1.0, direction='horizontal')],
         [dict(type='LoadAnnotations', reduce_zero_label=True)],
         [dict(type='PackSegInputs')],
     ]),
