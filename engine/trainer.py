@@ -5,9 +5,11 @@
     record = trainer.run(fit, train_loader, val_loader)
     return trainer.finish(metrics, 'done: ...')
 
-`start` builds timm's optimizer over `params` and its cosine schedule (stepped per update), mixed precision and
-its loss scaler, the EMA, and restores a resumed run; `run` is the epoch loop of `Fit`; `finish` writes the run's
-metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and what they report.
+`start` builds timm's optimizer over `params` (Adam/AdamW fused into one kernel where the device has it) and its
+cosine schedule (stepped per update), mixed precision and its loss scaler, the EMA, channels-last weights and
+inputs for models with convolutions, `torch.compile` if asked, and restores a resumed run; `run` is the epoch
+loop of `Fit`; `finish` writes the run's metrics. The applications keep what is theirs: data, model, parameter
+groups, the loss, and what they report.
 """
 from __future__ import annotations
 
@@ -47,13 +49,14 @@ class RunOptions:
     amp: str = 'auto'
     log_interval: int = 50
     grad_checkpointing: bool = False
+    compile: bool = False
     pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
         return cls(Path(args.output or default_output), args.resume, parse_model_kwargs(args.model_kwargs),
                    args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing,
-                   args.pictures)
+                   args.compile, args.pictures)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
@@ -68,11 +71,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     parser.add_argument('--seed', type=non_negative_int, default=42)
     parser.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     parser.add_argument('--amp', choices=AMP_CHOICES, default='auto',
-                        help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU')
+                        help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU '
+                             '(bf16 also runs on CPUs: faster where they have bf16 instructions)')
     parser.add_argument('--log-interval', type=positive_int, default=50,
                         help='updates between TensorBoard loss points')
     parser.add_argument('--grad-checkpointing', action='store_true',
                         help='recompute each block\'s activations in the backward pass: less memory, more compute')
+    parser.add_argument('--compile', action='store_true',
+                        help='torch.compile the model for the training and evaluation steps (the first steps compile)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
                         help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
                              '0: none')
@@ -97,12 +103,35 @@ class Optimization:
     ema_decay: float = 0.0
 
 
+FUSED_OPTIMIZERS = ('adam', 'adamw')  # timm builds these as torch's, whose fused kernels exist
+
+
+def fused_optimizer_device(model: nn.Module) -> bool:
+    """Whether torch's fused Adam/AdamW runs where the model's parameters are (CUDA, CPU)."""
+    return all(p.device.type in ('cuda', 'cpu') and p.is_floating_point() for p in model.parameters())
+
+
+def use_channels_last(model: nn.Module) -> None:
+    """Convolution weights and the model's input in channels-last layout, for models with 2-D convolutions (conv
+    stems, patch embeddings, CNNs): faster convolutions, the same values."""
+    if any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        model.to(memory_format=torch.channels_last)
+        model.register_forward_pre_hook(channels_last_input)
+
+
+def channels_last_input(module: nn.Module, args: tuple) -> tuple:
+    images = args[0]
+    return (images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images, *args[1:])
+
+
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
                        updates_per_epoch: int, amp: str) -> Tuple[StepState, int]:
     """timm's optimizer over `params` (a model, or parameter groups) and its cosine schedule stepped per update,
     the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the epochs the schedule spans."""
     o = optimization
-    optimizer = create_optimizer_v2(params, opt=o.opt, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum)
+    fused = {'fused': True} if o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
+    optimizer = create_optimizer_v2(params, opt=o.opt, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                                    **fused)
     scheduler, num_epochs = create_scheduler_v2(
         optimizer, 'cosine', num_epochs=o.epochs, warmup_epochs=o.warmup_epochs, warmup_lr=o.warmup_lr,
         min_lr=o.min_lr, cooldown_epochs=o.cooldown_epochs, step_on_epochs=False, updates_per_epoch=updates_per_epoch)
@@ -143,8 +172,11 @@ class Trainer:
         if self.options.grad_checkpointing:
             use_grad_checkpointing(model)
         model.to(self.info.device)
+        use_channels_last(model)
         amp = pick_amp(self.options.amp, self.info.device)
         state, self.num_epochs = optimization_state(model, params, optimization, updates_per_epoch, amp)
+        if self.options.compile:
+            model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager
         fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
                   train_transform, eval_transform)
         fit.start(self.resume, self.options.seed)

@@ -95,3 +95,14 @@ def test_token_labeling_recipe_needs_labels(labeled_images, tmp_path):
     data, _ = labeled_images
     with pytest.raises(UsageError, match='--token-label-dir'):
         main(['lvvit_t', '--data-dir', str(data), '--output', str(tmp_path), '--device', 'cpu'])
+
+
+def test_compiled_steps_train_like_eager_ones(labeled_images, tmp_path):
+    """--compile (torch.compile of the training and evaluation steps): the same losses, results and weights."""
+    data, labels = labeled_images
+    main(train_args(data, labels, tmp_path / 'eager', *DETERMINISTIC))
+    torch._dynamo.reset()
+    main(train_args(data, labels, tmp_path / 'compiled', *DETERMINISTIC, '--compile'))
+    assert torch._dynamo.utils.counters['stats']['unique_graphs'] > 0  # the steps did run compiled
+    assert_same_run(tmp_path / 'eager', tmp_path / 'compiled', epochs=2, exact=False)
+    assert read_log(tmp_path / 'compiled')[2]['top1'] == read_log(tmp_path / 'eager')[2]['top1']
