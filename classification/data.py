@@ -9,6 +9,7 @@ from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate
 
 from engine.images import ImageReadError, check_same_classes, read_image, scan_split
+from token_labeling.batch_augment import collate_regions
 from token_labeling.label_store import TokenLabelStore
 
 
@@ -47,15 +48,16 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> Optional[dict]:
         path, label = self.samples[index]
         try:
-            img = read_image(self.data_dir / path)
+            # a transform that `takes_path` decodes the file itself (no more of it than its crop needs)
+            out = self.transform(self.data_dir / path) if getattr(self.transform, 'takes_path', False) \
+                else self.transform(read_image(self.data_dir / path))
         except ImageReadError:
             if self.skip_unreadable:
                 return None
             raise
-        out = self.transform(img)
         item = {'label': label, 'index': index}
-        if isinstance(out, tuple):
-            item['image'], item['geometry'] = out
+        if isinstance(out, tuple):  # (image, geometry[, plan of the batched augmentation])
+            item.update(zip(('image', 'geometry', 'plan'), out))
         else:
             item['image'] = out
         if self.label_store is not None:
@@ -65,9 +67,15 @@ class ImageFolderDataset(Dataset):
 
 
 def collate_skipping(items: List[Optional[dict]]) -> dict:
-    """Collate the readable items of a batch; `skipped` counts the unreadable ones."""
+    """Collate the readable items of a batch; `skipped` counts the unreadable ones. Items of the batched
+    augmentation (regions of any size, and plans) become one `PendingImages`."""
     kept = [item for item in items if item is not None]
+    pending = None
+    if kept and 'plan' in kept[0]:
+        pending = collate_regions([item.pop('image') for item in kept], [item.pop('plan') for item in kept])
     batch = default_collate(kept) if kept else {}
+    if pending is not None:
+        batch['image'] = pending
     batch['skipped'] = len(items) - len(kept)
     return batch
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional
 
+import torch
 import torch.nn as nn
 from timm.data import Mixup
 
@@ -29,6 +30,7 @@ from engine.images import check_same_classes, read_image
 from engine.log import logger
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.augment import TrainTransform
+from token_labeling.batch_augment import BatchAugment, RegionTransform
 from token_labeling.label_store import TokenLabelStore
 from token_labeling.loss import TokenLabelingLoss
 from token_labeling.pictures import token_label_figure, token_labels
@@ -74,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
         '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), '
         'token-labeling-no-mixtoken; and vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
+    p.add_argument('--augment', choices=AUGMENT_CHOICES, default='auto', help=(
+        'where the training augmentation runs: pil (each image in the loader workers, the reference), batched (the '
+        'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '
+        'GPUs, pil on CPUs'))
     add_run_arguments(p, 'output/train_cls/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
                          Recipe)
@@ -103,21 +109,34 @@ def load_finetune_weights(model: nn.Module, path: str, classes: List[str], new_h
     return report.summary()
 
 
+AUGMENT_CHOICES = ('auto', 'pil', 'batched')
+
+
+def pick_augment(augment: str, device: torch.device) -> str:
+    """`--augment` resolved: auto is the batched path on GPUs and the PIL path on CPUs, where Pillow's resampling
+    is faster than `grid_sample` (tools/benchmark_loop.py measures both)."""
+    if augment == 'auto':
+        return 'batched' if device.type == 'cuda' else 'pil'
+    return augment
+
+
 def make_loaders(data: ImageData, store: Optional[TokenLabelStore], recipe: Recipe, data_cfg: dict, info: DistInfo,
-                 options: RunOptions):
-    """Training batches (label-aware augmentation, token labels) and validation batches, and the class list."""
+                 options: RunOptions, augment: str = 'pil'):
+    """Training batches (label-aware augmentation, token labels) and validation batches, the class list, and the
+    device half of the augmentation (`augment='batched'`) or None."""
     train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
                               interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
-    train_set = ImageFolderDataset(data.root, 'train', train_tf, label_store=store,
-                                   skip_unreadable=data.skip_unreadable)
+    device_tf = BatchAugment(recipe.img_size, data_cfg['mean'], data_cfg['std']) if augment == 'batched' else None
+    train_set = ImageFolderDataset(data.root, 'train', RegionTransform(train_tf) if device_tf else train_tf,
+                                   label_store=store, skip_unreadable=data.skip_unreadable)
     val_tf = eval_transform(recipe.img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
                             data_cfg['std'])
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
                                  skip_unreadable=data.skip_unreadable)
     train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
                                                options.seed, collate_skipping, recipe.aug_repeats)
-    return train_loader, val_loader, train_set.classes
+    return train_loader, val_loader, train_set.classes, device_tf
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,11 @@ def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg:
     kwargs = {'img_size': recipe.img_size} if takes_input_size(spec.model) else {}
     model = pretrained_model(spec.model, spec.checkpoint, num_classes, **kwargs)
     return Teacher(model, data_cfg['mean'], data_cfg['std']).to(info.device)
+
+
+def train_tf_reference(transform) -> TrainTransform:
+    """The PIL transform behind the training set's transform (itself, or the batched path's worker half)."""
+    return transform.reference if isinstance(transform, RegionTransform) else transform
 
 
 def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
@@ -166,9 +190,9 @@ def make_objective(recipe: Recipe, num_classes: int, teacher: Optional[Teacher] 
 
 def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
           preset: Optional[str] = None, finetune: Optional[str] = None, new_head: bool = False,
-          teacher: Optional[TeacherSpec] = None) -> dict:
-    """Train `model_name` on `data` with `recipe` (distilled from `teacher` if given); returns (and writes to
-    OUTPUT/metrics.json) the run's metrics."""
+          teacher: Optional[TeacherSpec] = None, augment: str = 'auto') -> dict:
+    """Train `model_name` on `data` with `recipe` (distilled from `teacher` if given), augmenting images the `augment`
+    way; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     if new_head and not finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
     if teacher is not None and recipe.token_labeling:
@@ -181,7 +205,9 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
     recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]
-    train_loader, val_loader, classes = make_loaders(data, store, recipe, data_cfg, info, options)
+    augment = pick_augment(augment, info.device)
+    train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
+                                                                augment)
     seed_all(options.seed)  # the initial weights do not depend on what ran before
     model = create_classifier(model_name, len(classes), recipe.img_size, recipe.token_labeling, recipe.mix_token,
                               distilled=teacher is not None, drop_path_rate=recipe.drop_path, **options.model_kwargs)
@@ -196,15 +222,16 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     optimization = recipe.optimization(recipe.batch_size * info.world_size)
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
               'teacher': teacher and vars(teacher)}
-    fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader))
+    fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
-                f'{recipe.batch_size * info.world_size}, lr {optimization.lr:.3g}, amp {fit.amp}, token labeling '
-                f'{recipe.token_labeling}' + (f', distilled from {teacher.model}' if teacher else ''))
+                f'{recipe.batch_size * info.world_size}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
+                f'{augment}, token labeling {recipe.token_labeling}'
+                + (f', distilled from {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(vars(recipe)))
     logger.info(f'schedule: {recipe.describe_epochs()}')
-    pictures = token_label_pictures(train_loader.dataset, train_loader.dataset.transform, options.pictures) \
-        if store is not None and options.pictures else None
+    pictures = token_label_pictures(train_loader.dataset, train_tf_reference(train_loader.dataset.transform),
+                                    options.pictures) if store is not None and options.pictures else None
     record = trainer.run(fit, train_loader, val_loader, pictures)
     metrics = {'model': model_name, 'top1': record.get('top1'), 'top5': record.get('top5'),
                'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
@@ -239,6 +266,6 @@ def main(argv: Optional[List[str]] = None, default_data: Optional[DefaultData] =
                              args.skip_unreadable)
         teacher = TeacherSpec(args.teacher, args.teacher_checkpoint) if args.teacher else None
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
-                     teacher)
+                     teacher, args.augment)
 
     return run_distributed(run, args.device)

@@ -6,7 +6,7 @@ in the token-label store, so a store generated on one machine works for a copy o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -26,13 +26,22 @@ def to_rgb(img: Image.Image) -> Image.Image:
         values = np.asarray(img, dtype=np.float64)
         top = 65535.0 if img.mode.startswith('I;16') or values.max() <= 65535 else float(values.max())
         img = Image.fromarray(np.clip(np.round(values * (255.0 / top)), 0, 255).astype(np.uint8))
+    if img.mode == 'RGB':
+        img.load()  # decoded now, in place: converting would copy it
+        return img
     return img.convert('RGB')
 
 
-def read_image(path: Path) -> Image.Image:
-    """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it."""
+def read_image(path: Path, before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image:
+    """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it.
+
+    `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
+    (`Image.draft`, JPEG's scaled decoding).
+    """
     try:
         with Image.open(path) as img:
+            if before_decode is not None:
+                before_decode(img)
             return to_rgb(img)
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
         raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e

@@ -12,6 +12,7 @@ from torchvision.ops import roi_align
 from token_labeling.augment import (
     CropGeometry, LabelAwareRandAugment, TrainTransform, pil_affine_matrix, pixels_to_normalized,
 )
+from token_labeling.batch_augment import BatchAugment, RegionTransform, collate_regions
 from token_labeling.targets import TokenTargetBuilder
 
 
@@ -140,9 +141,21 @@ def decode_tokens(image: torch.Tensor, grid: int):
     return pool(image[0] * real) / count.clamp_min(1), pool(image[1] * real) / count.clamp_min(1), count / p ** 2
 
 
-def test_targets_follow_the_real_augmentation_pipeline():
-    """Crops of a non-square image, flips, and RandAugment's rotate/shear/translate applied by timm to the image:
-    each token's target must point at the place its pixels came from, read back from the image itself."""
+def augmented(transform: TrainTransform, img: Image.Image, path: str, file) -> tuple:
+    """One augmentation of `img` (also saved losslessly at `file`) by the PIL path or by the batched path's two
+    halves (worker, then the device on a batch of one)."""
+    if path == 'pil':
+        return transform(img)
+    region, geo, plan = RegionTransform(transform)(file)
+    device = BatchAugment(transform.img_size, transform.mean, transform.std)
+    return device(collate_regions([region], [plan]))[0], geo
+
+
+@pytest.mark.parametrize('path', ['pil', 'batched'])
+def test_targets_follow_the_real_augmentation_pipeline(path, tmp_path):
+    """Crops of a non-square image, flips, and RandAugment's rotate/shear/translate applied by timm to the image
+    (or by the batched path): each token's target must point at the place its pixels came from, read back from
+    the image itself."""
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
@@ -154,9 +167,10 @@ def test_targets_follow_the_real_augmentation_pipeline():
     transform.rand_augment = LabelAwareRandAugment(RandAugment(ops, num_layers=2))
     builder = TokenTargetBuilder(w, smoothing=0.0, samples=4)
     img = coordinate_image(W0, H0)
+    img.save(tmp_path / 'coordinates.png')
     col_errors, row_errors = [], []
     for _ in range(40):
-        x, geo = transform(img)
+        x, geo = augmented(transform, img, path, tmp_path / 'coordinates.png')
         batch_geo = CropGeometry(geo.box[None], geo.flip[None], geo.warp[None])
         _, col_tokens = builder(*one_hot_map(column_map(h, w), w), batch_geo, (grid, grid))
         _, row_tokens = builder(*one_hot_map(row_map(h, w), h), batch_geo, (grid, grid))

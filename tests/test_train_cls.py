@@ -22,10 +22,11 @@ def train_args(data, labels, output, *extra):
             '--warmup-epochs', '1', '--device', 'cpu', *extra]
 
 
-def test_killed_run_resumes_to_the_same_losses_and_weights(labeled_images, tmp_path):
+@pytest.mark.parametrize('augment', ['pil', 'batched'])
+def test_killed_run_resumes_to_the_same_losses_and_weights(labeled_images, tmp_path, augment):
     data, labels = labeled_images
     # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes
-    common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1']
+    common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1', '--augment', augment]
     straight, cut = tmp_path / 'straight', tmp_path / 'cut'
     assert run_tool('train_cls.py', train_args(data, labels, straight, *common)).returncode == 0
     resume_killed_run('train_cls.py', train_args(data, labels, cut, *common), cut)
@@ -106,3 +107,15 @@ def test_compiled_steps_train_like_eager_ones(labeled_images, tmp_path):
     assert torch._dynamo.utils.counters['stats']['unique_graphs'] > 0  # the steps did run compiled
     assert_same_run(tmp_path / 'eager', tmp_path / 'compiled', epochs=2, exact=False)
     assert read_log(tmp_path / 'compiled')[2]['top1'] == read_log(tmp_path / 'eager')[2]['top1']
+
+
+def test_batched_augmentation_trains_like_the_pil_path(labeled_images, tmp_path):
+    """--augment batched (workers cut regions, the device augments batches): with the draws fixed, the same training
+    as the PIL path up to resampling differences, token targets included."""
+    data, labels = labeled_images
+    main(train_args(data, labels, tmp_path / 'pil', *DETERMINISTIC, '--augment', 'pil'))
+    main(train_args(data, labels, tmp_path / 'batched', *DETERMINISTIC, '--augment', 'batched'))
+    pil, batched = read_log(tmp_path / 'pil'), read_log(tmp_path / 'batched')
+    for epoch in (1, 2):
+        assert batched[epoch]['train_loss'] == pytest.approx(pil[epoch]['train_loss'], rel=1e-3), epoch
+        assert batched[epoch]['train_loss'] != pil[epoch]['train_loss']  # the batched path did run

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import NamedTuple, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -77,14 +77,22 @@ def pixels_to_normalized(m: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
     return np.linalg.inv(d) @ m @ d
 
 
-class _RecordingOp:
-    """Stands in for a geometric op's function: notes the op's affine map, then runs the op."""
+class AppliedOp(NamedTuple):
+    """One RandAugment op as timm applied it: its name, the arguments its magnitude gave, and its fill colour."""
 
-    def __init__(self, name: str, fn, log: list) -> None:
+    name: str
+    args: tuple
+    fill: Optional[tuple]
+
+
+class _RecordingOp:
+    """Stands in for an op's function: notes the op and its arguments, then runs it."""
+
+    def __init__(self, name: str, fn, log: List[AppliedOp]) -> None:
         self.name, self.fn, self.log = name, fn, log
 
     def __call__(self, img: Image.Image, *args, **kwargs) -> Image.Image:
-        self.log.append(pil_affine_matrix(self.name, args, img.size))
+        self.log.append(AppliedOp(self.name, args, kwargs.get('fillcolor')))
         return self.fn(img, *args, **kwargs)
 
 
@@ -99,17 +107,29 @@ class _ZeroBitPosterize:
         return Image.new(img.mode, img.size) if bits <= 0 else self.fn(img, bits, **kwargs)
 
 
+def warp_of(applied: Sequence[AppliedOp], size: Tuple[int, int]) -> torch.Tensor:
+    """The geometric ops of `applied` (in the order applied) composed: final image -> crop, [-1, 1] coordinates."""
+    m = np.eye(3)
+    for op in applied:  # the first op applied is the outermost: out -> ... -> input of op 1
+        if op.name in GEOMETRIC_OPS:
+            m = m @ pil_affine_matrix(op.name, op.args, size)
+    return torch.from_numpy(pixels_to_normalized(m, size)[:2]).float()
+
+
 class LabelAwareRandAugment:
-    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied."""
+    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied.
+
+    `plan` draws the same ops, magnitudes and random choices without touching an image (timm's ops run on a 1x1
+    stand-in), for the batched path that applies them later on the device.
+    """
 
     def __init__(self, augment: RandAugment) -> None:
         self.augment = augment
-        self._log: list = []
+        self.num_layers = augment.num_layers
+        self._log: List[AppliedOp] = []
         for op in augment.ops:
-            if op.name in GEOMETRIC_OPS:
-                op.aug_fn = _RecordingOp(op.name, op.aug_fn, self._log)
-            elif op.name.startswith('Posterize'):
-                op.aug_fn = _ZeroBitPosterize(op.aug_fn)
+            fn = _ZeroBitPosterize(op.aug_fn) if op.name.startswith('Posterize') else op.aug_fn
+            op.aug_fn = _RecordingOp(op.name, fn, self._log)
 
     @classmethod
     def from_config(cls, config: str, img_size: int, mean: Sequence[float]) -> 'LabelAwareRandAugment':
@@ -120,17 +140,40 @@ class LabelAwareRandAugment:
     def __call__(self, img: Image.Image) -> Tuple[Image.Image, torch.Tensor]:
         self._log.clear()
         img = self.augment(img)
-        m = np.eye(3)
-        for step in self._log:  # the first op applied is the outermost: out -> ... -> input of op 1
-            m = m @ step
-        return img, torch.from_numpy(pixels_to_normalized(m, img.size)[:2]).float()
+        return img, warp_of(self._log, img.size)
+
+    def plan(self, size: Tuple[int, int]) -> Tuple[List[AppliedOp], torch.Tensor]:
+        """The ops an image of `size` would get (the same random draws as a call), and their composed warp."""
+        self._log.clear()
+        self.augment(_STAND_IN)
+        return list(self._log), warp_of(self._log, size)
+
+
+_STAND_IN = Image.new('RGB', (1, 1))
+
+
+class EraseBoxes:
+    """Stands in for a (3, size, size) image tensor: records the boxes timm's RandomErasing draws for it, as
+    (top, left, height, width), with the same random draws as erasing a real image."""
+
+    def __init__(self, size: int) -> None:
+        self.shape, self.dtype, self.boxes = (3, size, size), torch.float32, []
+
+    def size(self) -> tuple:
+        return self.shape
+
+    def __setitem__(self, key: tuple, value: torch.Tensor) -> None:
+        _, rows, cols = key
+        self.boxes.append((rows.start, cols.start, rows.stop - rows.start, cols.stop - cols.start))
 
 
 class TrainTransform:
     """RandomResizedCrop (random bilinear/bicubic), flip, label-aware RandAugment, normalise, random erasing.
 
     Returns the image tensor and its `CropGeometry`. Random erasing touches the image only: the erased pixels
-    still show what the score map says about that place in the original.
+    still show what the score map says about that place in the original. This is the PIL path, one image at a
+    time; `token_labeling.batch_augment` draws the same parameters (`sample_*`, in the same order) and applies
+    them to whole batches on the training device.
     """
 
     def __init__(
@@ -152,14 +195,31 @@ class TrainTransform:
         self.rand_augment = LabelAwareRandAugment.from_config(auto_augment, img_size, mean) if auto_augment else None
         self.mean, self.std = tuple(mean), tuple(std)
         self.erase = RandomErasing(reprob, mode='pixel', device='cpu') if reprob > 0 else None
+        # the same draws as `erase`, without making the noise: erasing boxes for the batched path
+        self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
+
+    def sample_crop(self, img: Image.Image) -> Tuple[int, int, int, int]:
+        """RandomResizedCrop's (top, left, height, width) for an image (its size is all it reads)."""
+        return RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
+
+    def sample_view(self) -> Tuple[InterpolationMode, bool]:
+        """The crop's interpolation and whether it is mirrored."""
+        return random.choice(self.interpolations), random.random() < self.hflip
+
+    def sample_erasing(self) -> List[Tuple[int, int, int, int]]:
+        """Random erasing's boxes (top, left, height, width) on the output image; often none."""
+        if self.erase_boxes is None:
+            return []
+        stand_in = EraseBoxes(self.img_size)
+        self.erase_boxes(stand_in)
+        return stand_in.boxes
 
     def __call__(self, img: Image.Image) -> Tuple[torch.Tensor, CropGeometry]:
         W, H = img.size
-        top, left, h, w = RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
-        img = TF.resized_crop(img, top, left, h, w, [self.img_size, self.img_size],
-                              random.choice(self.interpolations), antialias=True)
+        top, left, h, w = self.sample_crop(img)
+        interpolation, flip = self.sample_view()
+        img = TF.resized_crop(img, top, left, h, w, [self.img_size, self.img_size], interpolation, antialias=True)
         box = torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H])
-        flip = random.random() < self.hflip
         if flip:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         warp = torch.eye(3)[:2].clone()

@@ -1,0 +1,186 @@
+"""The batched label-aware augmentation against the PIL path: the same draws, Pillow's colour ops, the same images."""
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from timm.data import auto_augment
+from timm.data.random_erasing import RandomErasing
+from torch.utils.data import DataLoader
+
+from classification.data import ImageFolderDataset, collate_skipping
+from token_labeling.augment import CropGeometry, TrainTransform
+from token_labeling.batch_augment import (
+    COLOUR_FUNCTIONS, BatchAugment, PendingImages, RegionTransform, collate_regions, cut_region, jpeg_draft_size,
+)
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def smooth_image(W: int, H: int) -> Image.Image:
+    """Gradients and slow waves: every value of every channel occurs, no edges for resampling to disagree on."""
+    y, x = np.mgrid[0:H, 0:W] + 0.5
+    rgb = np.stack([255 * x / W, 255 * y / H, 128 + 110 * np.sin(x / 9.0) * np.cos(y / 13.0)], axis=-1)
+    return Image.fromarray(np.uint8(np.clip(np.round(rgb), 0, 255)))
+
+
+def seed(value: int) -> None:
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+
+
+def draws() -> tuple:
+    """Where Python's and NumPy's random streams are."""
+    return random.getstate(), np.random.get_state()[1].tolist(), np.random.get_state()[2]
+
+
+@pytest.mark.parametrize('suffix, size', [('.jpg', (480, 360)), ('.png', (150, 200))])
+def test_same_seed_same_draws_and_geometry_on_both_paths(tmp_path, suffix, size):
+    """Crop, interpolation, flip, every RandAugment op and magnitude, and erasing: the worker half draws exactly
+    what the PIL path draws (the streams end in the same state) and records the same geometry."""
+    file = tmp_path / f'image{suffix}'
+    smooth_image(*size).save(file, quality=95) if suffix == '.jpg' else smooth_image(*size).save(file)
+    transform = TrainTransform(64, reprob=0.5)
+    worker = RegionTransform(transform)
+    warped = erased = 0
+    for s in range(40):
+        seed(s)
+        _, geo = transform(Image.open(file).convert('RGB'))
+        after_pil = draws()
+        seed(s)
+        _, worker_geo, plan = worker(file)
+        assert draws() == after_pil, s
+        for a, b in zip(geo, worker_geo):
+            assert torch.equal(a, b), s
+        warped += not torch.equal(geo.warp, torch.eye(3)[:2])
+        erased += int((plan['erase'][:, 2] > 0).any())
+    assert warped > 5 and erased > 5  # both kinds of draw were exercised
+
+
+def test_erasing_boxes_are_timms():
+    transform = TrainTransform(48, auto_augment=None, reprob=1.0)
+    for s in range(10):
+        seed(s)
+        image = torch.zeros(3, 48, 48)
+        RandomErasing(1.0, mode='pixel', device='cpu')(image)
+        rows, cols = image.abs().sum(0).nonzero().unbind(1)
+        seed(s)
+        (top, left, h, w), = transform.sample_erasing()
+        assert (top, left, top + h - 1, left + w - 1) == (rows.min(), cols.min(), rows.max(), cols.max())
+
+
+def test_large_jpeg_decodes_reduced_and_cuts_the_crop(tmp_path):
+    """A crop four times the output size decodes at 1/2 (JPEG draft) or smaller, then reduces to between one and
+    two output sizes; the box still frames the same part of the picture."""
+    img = smooth_image(800, 600)
+    crop = (100, 200, 400, 480)  # top, left, height, width
+    img.save(tmp_path / 'big.jpg', quality=95)
+    with Image.open(tmp_path / 'big.jpg') as lazy:
+        lazy.draft('RGB', jpeg_draft_size(lazy.size, crop, 100))
+        assert lazy.size[0] <= 400  # decoded at 1/2 or less
+        region = cut_region(lazy.convert('RGB'), (800, 600), crop, 100)
+    x1, y1, x2, y2 = region.box
+    assert 100 <= x2 - x1 < 200 and 100 <= y2 - y1 < 200
+    # the region's pixel at the box centre shows the full image's pixel at the crop centre (read on the linear
+    # gradients of red and green, which encode x and y)
+    centre = region.pixels[int((y1 + y2) / 2), int((x1 + x2) / 2), :2].astype(float)
+    np.testing.assert_allclose(centre, np.asarray(img)[300, 440, :2].astype(float), atol=3)
+
+
+OP_ARGS = {
+    'AutoContrast': [()], 'Equalize': [()], 'Invert': [()], 'Posterize': [(0,), (2,), (4,), (7,)],
+    'Solarize': [(0,), (100,), (200,), (256,)], 'SolarizeAdd': [(0,), (40,), (110,)],
+    'Color': [(0.1,), (0.6,), (1.9,)], 'Contrast': [(0.1,), (0.5,), (1.9,)],
+    'Brightness': [(0.1,), (0.7,), (1.9,)], 'Sharpness': [(0.1,), (0.5,), (1.9,)],
+}
+EXACT = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'SolarizeAdd')
+
+
+def low_contrast_image() -> Image.Image:
+    """The smooth image squeezed into 60..180 (so AutoContrast has something to stretch), with some grain."""
+    values = np.asarray(smooth_image(70, 50), dtype=np.float64) * (120 / 255) + 60
+    grain = np.random.default_rng(0).integers(-6, 7, values.shape)
+    return Image.fromarray(np.uint8(np.clip(values + grain, 0, 255)))
+
+
+@pytest.mark.parametrize('name', list(OP_ARGS))
+def test_colour_ops_are_pillows(name):
+    """Each colour op against timm's own (Pillow) op: look-up-table ops exactly, blends within one grey level."""
+    img = low_contrast_image()
+    x = torch.from_numpy(np.asarray(img, dtype=np.float32)).permute(2, 0, 1)[None]
+    everywhere = torch.ones(1, 1, *x.shape[2:])
+    for args in OP_ARGS[name]:
+        pil_name = 'PosterizeIncreasing' if name == 'Posterize' else name  # bits=0 is 'inc' posterize's black image
+        want = np.asarray(auto_augment.NAME_TO_OP[pil_name](img, *args) if args != (0,) or name != 'Posterize'
+                          else Image.new('RGB', img.size), dtype=np.float32)
+        got = COLOUR_FUNCTIONS[name](x, torch.tensor([float(a) for a in args] or [0.0]), everywhere)
+        diff = np.abs(got[0].permute(1, 2, 0).numpy() - want)
+        if name in EXACT:
+            assert diff.max() == 0, (name, args)
+        else:
+            assert diff.max() <= 1 and diff.mean() < 0.1, (name, args, diff.max(), diff.mean())
+
+
+def one_sample_batch(img: Image.Image, warp: torch.Tensor, ops: list, warped: list,
+                     fill=(10.0, 20.0, 30.0)) -> PendingImages:
+    """A hand-made plan: the whole image as the crop, `warp`, colour ops by index, no erasing."""
+    pixels = torch.from_numpy(np.array(img))
+    plan = {'box': torch.tensor([0.0, 0.0, img.size[0], img.size[1]]), 'bicubic': torch.tensor(False),
+            'flip': torch.tensor(False), 'warp': warp, 'ops': torch.tensor(ops), 'args': torch.zeros(len(ops)),
+            'warped': torch.tensor(warped), 'fill': torch.tensor(fill), 'erase': torch.zeros(1, 4, dtype=torch.long)}
+    return collate_regions([pixels], [plan])
+
+
+def test_a_colour_op_before_the_geometry_leaves_the_fill_alone():
+    """timm: Invert then Rotate gives fill-coloured corners; Rotate then Invert inverts the fill too. The inside is
+    inverted either way."""
+    S = 32
+    img = Image.new('RGB', (S, S), (200, 100, 50))
+    angle = np.radians(45)
+    warp = torch.tensor([[np.cos(angle), -np.sin(angle), 0.0], [np.sin(angle), np.cos(angle), 0.0]],
+                        dtype=torch.float32)
+    device = BatchAugment(S, (0, 0, 0), (1, 1, 1))
+    invert = list(COLOUR_FUNCTIONS).index('Invert')
+    for warped, corner in ((True, (10, 20, 30)), (False, (245, 235, 225))):
+        x = device(one_sample_batch(img, warp, [invert], [warped]))[0] * 255
+        torch.testing.assert_close(x[:, 0, 0], torch.tensor(corner, dtype=torch.float32))
+        torch.testing.assert_close(x[:, S // 2, S // 2], torch.tensor([55.0, 155.0, 205.0]))
+
+
+def test_batched_images_match_the_pil_path(tmp_path):
+    """Same seeds, full recipe without erasing (its noise is drawn elsewhere): the two paths' images agree to about
+    a grey level on average, and their colour statistics to half of one."""
+    file = tmp_path / 'image.png'
+    smooth_image(300, 220).save(file)
+    transform = TrainTransform(64, reprob=0.0, mean=MEAN, std=STD)
+    worker, device = RegionTransform(transform), BatchAugment(64, MEAN, STD)
+    std = torch.tensor(STD).view(3, 1, 1) * 255
+    errors, pil_means, batched_means = [], [], []
+    for s in range(30):
+        seed(s)
+        pil, _ = transform(Image.open(file).convert('RGB'))
+        seed(s)
+        region, _, plan = worker(file)
+        batched = device(collate_regions([region], [plan]))[0]
+        errors.append(((pil - batched) * std).abs().mean())
+        pil_means.append((pil * std).mean((1, 2)))
+        batched_means.append((batched * std).mean((1, 2)))
+    errors = torch.stack(errors)
+    assert errors.median() < 1.0 and errors.max() < 3.0
+    torch.testing.assert_close(torch.stack(batched_means).mean(0), torch.stack(pil_means).mean(0), atol=0.5, rtol=0)
+
+
+def test_loader_batches_of_the_batched_path(labeled_images):
+    """ImageFolderDataset + collate_skipping hand over one PendingImages per batch (regions of different sizes on
+    one canvas) and the geometry; the device half makes the model input."""
+    data, _ = labeled_images
+    transform = TrainTransform(32, mean=MEAN, std=STD)
+    dataset = ImageFolderDataset(data, 'train', RegionTransform(transform))
+    batch = next(iter(DataLoader(dataset, batch_size=6, collate_fn=collate_skipping, num_workers=2)))
+    assert isinstance(batch['image'], PendingImages) and len(batch['image']) == 6
+    assert isinstance(CropGeometry(*batch['geometry']), CropGeometry) and batch['geometry'][0].shape == (6, 4)
+    x = BatchAugment(32, MEAN, STD)(batch['image'].to(torch.device('cpu')))
+    assert x.shape == (6, 3, 32, 32) and x.dtype == torch.float32 and x.isfinite().all()
+    assert (x.std((1, 2, 3)) > 0.05).all()  # images, not fill
