@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import timm
 
 from helpers.commands import run_tool
@@ -36,3 +37,19 @@ def test_unknown_model_lists_close_names():
         result = run_tool(tool, ['t2t_vit14'])
         assert result.returncode == 2
         assert "unknown model 't2t_vit14'" in result.stderr and 't2t_vit_14' in result.stderr
+
+
+def test_loop_benchmark_names_the_slower_stage(tmp_path):
+    """The loop benchmark on synthetic JPEGs: every stage measured, its ratios its own figures', and the bound stage
+    the slower of the loop's input pipeline and the model step."""
+    result = run_tool('benchmark_loop.py', ['--models', 'deit_tiny_patch16_224', '--batch-size', '4', '--batches', '2',
+                                            '--images', '12', '--workers', '1', '--json'])
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    (f,) = figures['models']
+    core, pool = f['pipeline_per_core_img_s'], f['pipeline_1_workers_img_s']
+    assert core['batched_over_pil'] == pytest.approx(core['batched'] / core['pil'])
+    assert f['loop']['augment'] == 'pil'  # auto on a CPU
+    slower = 'input pipeline' if pool['pil'] < f['model_step_img_s'] else 'model step'
+    assert f['bound'] == slower
+    assert 0 < f['loop']['img_s'] <= 1.5 * min(pool['pil'], f['model_step_img_s'])  # not faster than its bound
