@@ -53,3 +53,10 @@ def test_loop_benchmark_names_the_slower_stage(tmp_path):
     slower = 'input pipeline' if pool['pil'] < f['model_step_img_s'] else 'model step'
     assert f['bound'] == slower
     assert 0 < f['loop']['img_s'] <= 1.5 * min(pool['pil'], f['model_step_img_s'])  # not faster than its bound
+
+
+def test_loop_benchmark_names_a_missing_data_folder(tmp_path):
+    missing = tmp_path / 'imagenet'
+    result = run_tool('benchmark_loop.py', ['--data-dir', str(missing)])
+    assert result.returncode == 2
+    assert f'no image folder at {missing / "train"}' in result.stderr and 'Traceback' not in result.stderr

@@ -39,6 +39,7 @@ from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
 from engine.cli import positive_int, run_command
 from engine.distributed import DistInfo
+from engine.images import find_classes
 from engine.steps import StepState, model_input, train_one_epoch
 from engine.trainer import RunOptions, optimization_state, use_channels_last
 from token_labeling.annotate import generate_token_labels
@@ -88,7 +89,7 @@ def synthetic_labels(data: Path, output: Path) -> Path:
     """A token-label store of a random-weight annotator: 14x14 top-5 maps, the shape LV-ViT's NFNet-F6 labels have."""
     annotator = output.parent / 'annotator.pth'
     torch.manual_seed(0)
-    torch.save(timm.create_model('resnet10t', num_classes=len(list((data / 'train').iterdir()))).state_dict(),
+    torch.save(timm.create_model('resnet10t', num_classes=len(find_classes(data / 'train'))).state_dict(),
                annotator)
     generate_token_labels(data, 'resnet10t', output, DistInfo(), checkpoint=str(annotator), img_size=448, topk=5,
                           workers=0)
