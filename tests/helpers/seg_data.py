@@ -89,3 +89,20 @@ def write_tiny_ade(root: Path, counts=(('training', 4), ('validation', 3)), seed
             cv2.imwrite(str(root / 'images' / split / f'img_{split}_{i}.jpg'), image)
             cv2.imwrite(str(root / 'annotations' / split / f'img_{split}_{i}.png'), label)
     return root
+
+
+def independent_scores(pred_dir: Path, ann_dir: Path, num_classes: int = 150) -> dict:
+    """mIoU / mAcc / aAcc from the saved PNGs (ADE20K values: 0 ignored, class c stored as c + 1)."""
+    hist = np.zeros((num_classes, num_classes), np.int64)
+    for ann in sorted(ann_dir.glob('*.png')):
+        gt = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED).astype(np.int64) - 1
+        pred = cv2.imread(str(pred_dir / ann.name), cv2.IMREAD_UNCHANGED).astype(np.int64) - 1
+        valid = gt >= 0
+        hist += np.bincount(gt[valid] * num_classes + pred[valid], minlength=num_classes ** 2).reshape(hist.shape)
+    tp = np.diag(hist).astype(float)
+    union = hist.sum(0) + hist.sum(1) - tp
+    present = union > 0
+    with np.errstate(invalid='ignore', divide='ignore'):
+        acc = tp / hist.sum(1)
+    return {'mIoU': 100 * np.mean(tp[present] / union[present]), 'aAcc': 100 * tp.sum() / hist.sum(),
+            'mAcc': 100 * np.nanmean(acc)}

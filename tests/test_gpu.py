@@ -1,0 +1,191 @@
+"""The suite on a CUDA GPU, each part against its CPU result: the batched augmentation's device half, bf16 training
+steps (token labeling, distillation, torch.compile), fused AdamW, label generation, segmentation training and its
+single- and multi-scale tests, and an NCCL process group. `pytest -m gpu` runs them; without CUDA they are skipped."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+import backbones  # noqa: F401
+from classification.train import main
+from engine.distributed import DistInfo
+from engine.trainer import Optimization, optimization_state
+from helpers.commands import ENV, run_python, run_tool, succeeded
+from helpers.models import TINY_DEIT
+from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
+from helpers.training_runs import last_weights, read_log
+from token_labeling.annotate import generate_token_labels
+from token_labeling.augment import TrainTransform
+from token_labeling.batch_augment import BatchAugment, RegionTransform, collate_regions
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
+
+CUDA = torch.device('cuda', 0)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# Training runs whose data and forward draw nothing: what differs between two of them is how they compute.
+FIXED = ['--epochs', '2', '--workers', '0', '--auto-augment', 'none', '--hflip', '0', '--scale-min', '1',
+         '--reprob', '0', '--mix-token', '0', '--drop-path', '0', '--ema-decay', '0', '--interpolation', 'bilinear']
+
+
+def tiny_run(data, output, device, *extra):
+    return [*TINY_DEIT, '--data-dir', str(data), '--output', str(output), '--img-size', '32', '--batch-size', '4',
+            '--lr-base', '1e-3', '--lr-base-batch', '4', '--warmup-epochs', '1', '--device', device, *FIXED, *extra]
+
+
+def assert_losses_close(a, b, rel: float) -> None:
+    log_a, log_b = read_log(a), read_log(b)
+    assert sorted(log_a) == sorted(log_b) == [1, 2]
+    for epoch in log_a:
+        assert log_b[epoch]['train_loss'] == pytest.approx(log_a[epoch]['train_loss'], rel=rel), epoch
+
+
+def test_batched_augmentation_on_cuda_equals_its_cpu_result(tmp_path):
+    """The device half (grid_sample per interpolation, Pillow's colour ops, normalisation) on a batch of 24 regions
+    of JPEG and PNG files with the full RandAugment: the same images on CUDA as on the CPU (erasing draws its noise
+    from the device's generator, so it is off here)."""
+    rng = np.random.default_rng(0)
+    transform = TrainTransform(64, reprob=0.0, mean=MEAN, std=STD)
+    worker = RegionTransform(transform)
+    regions, plans = [], []
+    for i in range(24):
+        w, h = rng.integers(80, 400, 2)
+        file = tmp_path / f'{i}.{"jpg" if i % 2 else "png"}'
+        y, x = np.mgrid[0:h, 0:w]
+        Image.fromarray(np.uint8(np.stack([x * 255 / w, y * 255 / h, (x * y) % 251], -1))).save(file)
+        torch.manual_seed(i)
+        region, _, plan = worker(file)
+        regions.append(region)
+        plans.append(plan)
+    pending = collate_regions(regions, plans)
+    device_half = BatchAugment(64, MEAN, STD)
+    on_cpu = device_half(pending)
+    on_gpu = device_half(pending.to(CUDA)).cpu()
+    grey = ((on_gpu - on_cpu) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
+    # Rounding ties of the resampling, at most: a tie decides a grey level either way, and a contrast stretch after
+    # it (AutoContrast, Equalize) can widen that to a few levels, so the count of such pixels is what is bounded.
+    assert (grey > 0.01).float().mean() < 0.005 and grey.mean() < 0.02
+
+
+def test_bf16_token_labeling_steps_on_cuda_train_like_fp32_on_cpu(labeled_images, tmp_path):
+    """LV-ViT's recipe (token targets, the token head) with bf16 autocast, fused AdamW and the batched augmentation
+    that --augment auto picks on a GPU: the losses of the fp32 CPU run with the batched path, to bf16's precision."""
+    data, labels = labeled_images
+    common = ['--token-label-dir', str(labels), '--token-labeling']
+    main(tiny_run(data, tmp_path / 'cpu', 'cpu', *common, '--augment', 'batched'))
+    metrics = main(tiny_run(data, tmp_path / 'gpu', 'cuda', *common, '--amp', 'bf16'))
+    assert_losses_close(tmp_path / 'cpu', tmp_path / 'gpu', rel=2e-2)
+    assert metrics['top1'] is not None and all(w.is_floating_point() and w.isfinite().all()
+                                               for w in last_weights(tmp_path / 'gpu').values())
+
+
+def test_bf16_distillation_on_cuda_trains_like_fp32_on_cpu(labeled_images, tmp_path):
+    data, _ = labeled_images
+    torch.manual_seed(0)
+    teacher = tmp_path / 'teacher.pth'
+    torch.save(timm.create_model('resnet10t', num_classes=3).state_dict(), teacher)
+    common = ['--teacher', 'resnet10t', '--teacher-checkpoint', str(teacher), '--augment', 'pil']
+    main(tiny_run(data, tmp_path / 'cpu', 'cpu', *common))
+    main(tiny_run(data, tmp_path / 'gpu', 'cuda', *common, '--amp', 'bf16'))
+    assert_losses_close(tmp_path / 'cpu', tmp_path / 'gpu', rel=2e-2)
+
+
+def test_compiled_steps_on_cuda_train_like_eager_ones(labeled_images, tmp_path):
+    data, labels = labeled_images
+    common = ['--token-label-dir', str(labels), '--token-labeling', '--amp', 'bf16']
+    main(tiny_run(data, tmp_path / 'eager', 'cuda', *common))
+    torch._dynamo.reset()
+    main(tiny_run(data, tmp_path / 'compiled', 'cuda', *common, '--compile'))
+    assert torch._dynamo.utils.counters['stats']['unique_graphs'] > 0
+    assert_losses_close(tmp_path / 'eager', tmp_path / 'compiled', rel=1e-2)
+
+
+def test_fused_adamw_on_cuda_takes_the_unfused_steps():
+    """The trainer builds AdamW fused on CUDA; five of its steps, on the same gradients, equal torch's unfused
+    AdamW's."""
+    torch.manual_seed(0)
+    model = timm.create_model('resnet10t', num_classes=3).to(CUDA)
+    reference = timm.create_model('resnet10t', num_classes=3).to(CUDA)
+    reference.load_state_dict(model.state_dict())
+    start = model.fc.weight.detach().clone()
+    optimization = Optimization('adamw', 1e-3, 0.05, epochs=1)
+    state, _ = optimization_state(model, model, optimization, updates_per_epoch=5, amp='bf16')
+    assert all(group['fused'] for group in state.optimizer.param_groups)
+    plain, _ = optimization_state(reference, reference, optimization, updates_per_epoch=5, amp='none')
+    for group in plain.optimizer.param_groups:
+        group['fused'] = None
+    for _ in range(5):
+        for a, b in zip(model.parameters(), reference.parameters()):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        state.optimizer.step()
+        plain.optimizer.step()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    assert not torch.equal(model.fc.weight, start)  # the steps did move the weights
+
+
+def test_label_generation_on_cuda_equals_the_cpu_store(labeled_images, tmp_path):
+    data, cpu_store = labeled_images
+    annotator = cpu_store.parent / 'annotator.pth'
+    generate_token_labels(data, 'resnet10t', tmp_path / 'gpu', DistInfo(device=CUDA), checkpoint=str(annotator),
+                          img_size=64, topk=2, workers=2)
+    cpu = {name: np.load(cpu_store / f'{name}.npy') for name in ('scores', 'classes')}
+    gpu = {name: np.load(tmp_path / 'gpu' / f'{name}.npy') for name in ('scores', 'classes')}
+    assert (tmp_path / 'gpu' / 'paths.txt').read_text() == (cpu_store / 'paths.txt').read_text()
+    np.testing.assert_allclose(gpu['scores'].astype(np.float32), cpu['scores'].astype(np.float32), atol=2e-2)
+    gap = cpu['scores'][..., 0].astype(np.float32) - cpu['scores'][..., 1].astype(np.float32)
+    clear = gap > 0.05  # positions whose top class is not a near tie
+    assert clear.mean() > 0.5 and (gpu['classes'][..., 0] == cpu['classes'][..., 0])[clear].all()
+
+
+def test_segmentation_training_and_tests_on_cuda(tmp_path):
+    """train_seg.py (mmengine picks the GPU) and test_seg.py single-scale and multi-scale + flip: reports equal to
+    an independent count over the saved predictions."""
+    data = write_tiny_ade(tmp_path / 'ade')
+    config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
+    trained = succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '4']))
+    assert 'memory:' in trained.stdout + trained.stderr  # mmengine logs GPU memory of CUDA runs only
+    for mode in ('ss', 'ms'):
+        out, preds = tmp_path / f'{mode}.json', tmp_path / f'pred_{mode}'
+        succeeded(run_tool('test_seg.py', [config, tmp_path / 'work' / 'iter_4.pth', '--out', out, '--pred-dir',
+                                           preds, *(['--ms'] if mode == 'ms' else [])]))
+        report = json.loads(out.read_text())
+        expected = independent_scores(preds, data / 'annotations' / 'validation')
+        assert report['mIoU'] == pytest.approx(expected['mIoU'], abs=1e-6), mode
+
+
+def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
+    """torchrun's environment for one process: the suite's NCCL group, a reduction, DDP's gradients equal to the
+    plain model's."""
+    script = textwrap.dedent('''
+        import torch, torch.nn as nn
+        from torch.nn.parallel import DistributedDataParallel
+        from engine.distributed import DistInfo, all_reduce_sum, init_distributed, cleanup
+        import torch.distributed as dist
+        dist.init_process_group('nccl', device_id=torch.device('cuda', 0))
+        info = init_distributed('cuda')
+        assert dist.get_backend() == 'nccl' and info.device == torch.device('cuda', 0)
+        t = torch.arange(4.0, device=info.device)
+        dist.all_reduce(t)
+        assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert all_reduce_sum([1.5, 2.0], DistInfo(0, 2, 0, info.device)) == [1.5, 2.0]
+        torch.manual_seed(0)
+        model = nn.Linear(8, 3).cuda()
+        ddp = DistributedDataParallel(nn.Linear(8, 3).cuda(), device_ids=[0])
+        ddp.module.load_state_dict(model.state_dict())
+        x = torch.randn(5, 8, device='cuda')
+        model(x).square().sum().backward()
+        ddp(x).square().sum().backward()
+        torch.testing.assert_close(ddp.module.weight.grad, model.weight.grad)
+        dist.destroy_process_group()
+        print('nccl ok')
+    ''')
+    env = {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29671'}
+    result = succeeded(run_python(['-c', script], env={**ENV, **env}))
+    assert 'nccl ok' in result.stdout
