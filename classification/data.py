@@ -17,7 +17,8 @@ class ImageFolderDataset(Dataset):
     """One split of an ImageNet-layout folder.
 
     Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
-    token-label store also the image's top-k `scores` and `classes` maps. With `skip_unreadable` an unreadable
+    token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers
+    (`extent`, whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an unreadable
     image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
     """
 
@@ -61,8 +62,11 @@ class ImageFolderDataset(Dataset):
         else:
             item['image'] = out
         if self.label_store is not None:
-            scores, classes = self.label_store.read(self.rows[index])
+            row = self.rows[index]
+            scores, classes = self.label_store.read(row)
             item['scores'], item['classes'] = torch.from_numpy(scores), torch.from_numpy(classes.astype('int64'))
+            item['extent'], item['has_map'] = torch.from_numpy(self.label_store.extent(row)), \
+                self.label_store.has_map(path)
         return item
 
 

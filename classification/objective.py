@@ -67,7 +67,11 @@ class ClassificationObjective:
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
-            geometry, grid)
+            geometry, grid, batch['extent'].to(device, non_blocking=True))
+        if not batch['has_map'].all():  # images the store has no map for learn their image label
+            mapped, label_target = batch['has_map'].to(device), self.label_target(labels)
+            cls_target = torch.where(mapped[:, None], cls_target, label_target)
+            token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
         if self.cls_target == 'label':
             cls_target = self.label_target(labels)
         return self.token_loss(output, cls_target, token_target)

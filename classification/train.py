@@ -49,6 +49,7 @@ class ImageData:
     root: Path
     token_labels: Optional[Path] = None
     skip_unreadable: bool = False
+    verify_labels: bool = True  # check the store against its digests when opening it
 
 
 # Gives the data of a run without --data-dir: (digits folder, recipe, process info, loader workers) -> data.
@@ -59,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = model_parser('train_cls.py', 'Train a model on an ImageNet-layout folder with its paper recipe (token '
                      'labeling for LV-ViT). Without --data-dir it runs on the embedded scikit-learn digits data set.')
     p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
-    p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py')
+    p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py or '
+                   'tools/import_token_labels.py')
+    p.add_argument('--no-verify', action='store_true', help='do not check the token-label store against its digests '
+                   'when opening it (for a store just checked: the check reads all of it)')
     p.add_argument('--finetune', metavar='CKPT', help='start from these weights (e.g. for 384 fine-tuning); '
                    'position embeddings are resized; the classes must be the data\'s unless --new-head')
     p.add_argument('--new-head', action='store_true',
@@ -168,8 +172,10 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
     def draw() -> dict:
         pictures = {}
         for i, (path, _) in enumerate(picks):
-            scores, classes = store.read(store.row_of(path))
-            labels = token_labels(read_image(train_set.data_dir / path), scores, classes, transform, store.num_classes)
+            row = store.row_of(path)
+            scores, classes = store.read(row)
+            labels = token_labels(read_image(train_set.data_dir / path), scores, classes, transform, store.num_classes,
+                                  extent=store.extent(row))
             pictures[f'token_labels/{i}'] = token_label_figure(labels, train_set.classes, path)
         return pictures
 
@@ -201,7 +207,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     if recipe.uses_score_maps and data.token_labels is None:
         raise UsageError(f'the {model_name} recipe trains with token labeling: pass --token-label-dir '
                          f'(tools/generate_token_labels.py makes one), --token-target label or --no-token-labeling')
-    store = TokenLabelStore(data.token_labels) if recipe.uses_score_maps else None
+    store = TokenLabelStore(data.token_labels, data.verify_labels) if recipe.uses_score_maps else None
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
     recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]
@@ -263,7 +269,7 @@ def main(argv: Optional[List[str]] = None, default_data: Optional[DefaultData] =
             data = default_data(Path(args.digits_dir), recipe, info, options.workers)
         else:
             data = ImageData(Path(args.data_dir), args.token_label_dir and Path(args.token_label_dir),
-                             args.skip_unreadable)
+                             args.skip_unreadable, not args.no_verify)
         teacher = TeacherSpec(args.teacher, args.teacher_checkpoint) if args.teacher else None
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
                      teacher, args.augment)

@@ -20,7 +20,7 @@ from engine.images import ImageReadError
 from engine.distributed import DistInfo
 from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
 from helpers.cls_data import make_image_folder
-from helpers.commands import run_torchrun
+from helpers.commands import run_tool, run_torchrun
 
 ANNOTATOR = 'resnet10t'
 KWARGS = {'output_stride': 16}
@@ -207,3 +207,28 @@ def test_a_file_name_the_image_list_cannot_hold_is_named(annotated, tmp_path):
     with pytest.raises(DataError, match='line break'):
         generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
                               img_size=64, topk=2, workers=0, model_kwargs=KWARGS)
+
+
+def test_a_store_changed_after_it_was_made_is_refused_where_it_is_opened(annotated, tmp_path):
+    """Two lines of paths.txt swapped, or five rows zeroed: opening the store (training, pictures) names the first
+    bad shard; --no-verify (verify=False) opens it as it is."""
+    _, data, _, root = annotated
+    swapped = Path(shutil.copytree(root, tmp_path / 'swapped'))
+    lines = (swapped / 'paths.txt').read_text().splitlines()
+    lines[6], lines[7] = lines[7], lines[6]
+    (swapped / 'paths.txt').write_text('\n'.join(lines) + '\n')
+    with pytest.raises(TokenLabelError, match=r'paths.txt: lines 6-10 are not the image list .*shard 1'):
+        TokenLabelStore(swapped)
+    zeroed = Path(shutil.copytree(root, tmp_path / 'zeroed'))
+    scores = np.load(zeroed / 'scores.npy', mmap_mode='r+')
+    scores[12:17] = 0
+    scores.flush()
+    del scores
+    with pytest.raises(TokenLabelError, match=r'rows 10-14 do not match what was written \(shard 2\).*--no-verify'):
+        TokenLabelStore(zeroed)
+    assert len(TokenLabelStore(zeroed, verify=False)) == len(lines)
+    for store in (swapped, zeroed):
+        result = run_tool('train_cls.py', ['deit_tiny_patch16_224', '--data-dir', data, '--token-label-dir', store,
+                                           '--token-labeling', '--output', tmp_path / 'run', '--device', 'cpu'])
+        assert result.returncode != 0 and str(store) in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and 'Traceback' not in result.stderr

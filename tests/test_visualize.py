@@ -232,6 +232,18 @@ def test_token_labels_tool_draws_the_seeded_augmentation(labeled_images, tmp_pat
     assert outside.returncode != 0 and f'{tmp_path / "a.png"} is not inside {data}' in outside.stderr
 
 
+def test_token_labels_tool_refuses_a_store_of_another_data_set(labeled_images, tmp_path):
+    """--data-dir of one set and --token-label-dir of another: refused like training refuses it (class list, every
+    image covered), not drawn with another image's map."""
+    from helpers.cls_data import make_image_folder
+    _, labels = labeled_images
+    other = make_image_folder(tmp_path / 'other', per_class={'train': 9, 'val': 1})
+    result = run_tool('visualize.py', ['token-labels', '--data-dir', other, '--token-label-dir', labels, '--out',
+                                       tmp_path / 'x.png'])
+    assert result.returncode != 0 and 'have no token labels' in result.stderr and 'n001_8' in result.stderr
+    assert not (tmp_path / 'x.png').exists()
+
+
 def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     """The prediction panel is the palette colours of what tools/test_seg.py predicts for the image."""
     from helpers.seg_data import write_tiny_ade, write_tiny_config

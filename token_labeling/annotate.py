@@ -11,11 +11,9 @@ marks it done after flushing, so a second run with the same arguments only does 
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,12 +25,10 @@ from tqdm import tqdm
 from backbones.errors import DataError, UsageError
 from backbones.token_head import feature_grid, has_token_head, patch_tokens
 from backbones.weights import pretrained_model
-from engine.distributed import DistInfo, barrier
-from engine.files import write_json_atomic
+from engine.distributed import DistInfo
 from engine.images import ImageReadError, read_image, scan_split
 
-from .label_store import (CLASSES, DONE, META, PATHS, SCORES, TokenLabelError, check_array, class_index_dtype,
-                          shard_ranges)
+from .label_store import DEFAULT_SHARD_SIZE, StoreWriter, list_digest, read_meta
 
 
 @torch.no_grad()
@@ -101,92 +97,9 @@ def annotator_transform(img_size: int, data_cfg: dict):
                             interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
 
 
-def _list_hash(paths: Sequence[str]) -> str:
-    return hashlib.sha256('\n'.join(paths).encode()).hexdigest()
-
-
-DEFAULT_SHARD_SIZE = 4096
 # The meta data values that shape the store: a rerun must give the same ones (or leave them out).
 SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'topk', 'shard_size', 'split', 'classes',
            'paths_sha256')
-
-
-def _describe(key: str, value) -> str:
-    if key == 'classes':
-        return f'{len(value)} classes'
-    return 'another image list' if key == 'paths_sha256' else f'{key}={value!r}'
-
-
-def _check_same_store(output: Path, old: dict, meta: dict) -> None:
-    changed = [k for k in SHAPING if old.get(k) != meta[k]]
-    if changed:
-        was = ', '.join(_describe(k, old.get(k)) for k in changed)
-        now = ', '.join(_describe(k, meta[k]) for k in changed)
-        raise TokenLabelError(f'{output} holds labels made with {was}; this run gives {now}: rerun with the '
-                              f'store\'s values to finish it, or use another --output')
-
-
-def _read_meta(output: Path) -> dict | None:
-    if not (output / META).exists():
-        return None
-    try:
-        return json.loads((output / META).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TokenLabelError(f'{output / META}: not readable JSON ({e}); delete {output} and generate again') from e
-
-
-def _open_or_create(output: Path, meta: dict, old: Optional[dict], paths: List[str], grid, topk: int,
-                    info: DistInfo):
-    """Create the store files (main process), or check that the existing one (meta data `old`) was made with the
-    same values."""
-    if info.is_main:
-        output.mkdir(parents=True, exist_ok=True)
-        (output / DONE).mkdir(exist_ok=True)
-        shape = (len(paths), *grid, topk)
-        if old is not None:
-            _check_same_store(output, old, meta)
-            for name in (SCORES, CLASSES):
-                check_array(output / name, shape)
-        else:
-            np.lib.format.open_memmap(output / SCORES, 'w+', np.float16, shape).flush()
-            np.lib.format.open_memmap(output / CLASSES, 'w+', class_index_dtype(meta['num_classes']), shape).flush()
-            (output / PATHS).write_text('\n'.join(paths) + '\n')
-            write_json_atomic(output / META, {**meta, 'complete': False})
-    barrier(info)
-    return np.load(output / SCORES, mmap_mode='r+'), np.load(output / CLASSES, mmap_mode='r+')
-
-
-def _shard_marker(output: Path, index: int) -> Path:
-    return output / DONE / f'{index:06d}'
-
-
-def _rows_digest(scores: np.ndarray, class_ids: np.ndarray, start: int, stop: int) -> str:
-    digest = hashlib.sha256(np.ascontiguousarray(scores[start:stop]).tobytes())
-    digest.update(np.ascontiguousarray(class_ids[start:stop]).tobytes())
-    return digest.hexdigest()
-
-
-def _read_marker(path: Path) -> dict | None:
-    """A shard's marker, or None when it is absent or unreadable (a shard killed while marking is redone)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
-def _verify(output: Path, shards, scores: np.ndarray, class_ids: np.ndarray) -> List[str]:
-    """Every shard marked, for its own rows, with the digest its rows have now; the unreadable images' paths."""
-    unreadable: List[str] = []
-    for i, (start, stop) in enumerate(shards):
-        marker = _read_marker(_shard_marker(output, i))
-        if marker is None:
-            raise TokenLabelError(f'{output}: rows {start}-{stop - 1} were not written (shard {i}); run again to '
-                                  f'finish')
-        if marker['rows'] != [start, stop] or marker['sha256'] != _rows_digest(scores, class_ids, start, stop):
-            raise TokenLabelError(f'{output}: rows {start}-{stop - 1} do not match what was written (shard {i}); '
-                                  f'the store is damaged, delete it and generate again')
-        unreadable += marker['unreadable']
-    return unreadable
 
 
 def generate_token_labels(
@@ -211,15 +124,12 @@ def generate_token_labels(
     data_dir, output = Path(data_dir), Path(output)
     if topk < 1:
         raise UsageError(f'--topk must be at least 1, got {topk}')
-    old = _read_meta(output)
+    old = read_meta(output)
     shard_size = shard_size or (old or {}).get('shard_size') or DEFAULT_SHARD_SIZE
     if shard_size < 1:
         raise UsageError(f'--shard-size must be at least 1, got {shard_size}')
     classes, samples = scan_split(data_dir, split)
     paths = [path for path, _ in samples]
-    odd = next((path for path in paths if '\n' in path or '\r' in path), None)
-    if odd is not None:
-        raise DataError(f'{data_dir / odd!r}: a file name with a line break cannot be listed in {PATHS}; rename it')
     model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
     data_cfg = resolve_data_config({}, model=model)
     img_size = img_size or data_cfg['input_size'][-1]
@@ -230,46 +140,27 @@ def generate_token_labels(
     meta = {'annotator': annotator, 'model_kwargs': model_kwargs or {},
             'checkpoint': str(checkpoint) if checkpoint else None, 'img_size': img_size, 'grid': list(grid),
             'topk': topk, 'shard_size': shard_size, 'num_classes': len(classes), 'classes': classes,
-            'paths_sha256': _list_hash(paths), 'split': split, 'scores': 'top-k logits, best first',
+            'paths_sha256': list_digest(paths), 'split': split, 'scores': 'top-k logits, best first',
             'preprocessing': f'whole image resized to {img_size}x{img_size} ({data_cfg["interpolation"]}), '
                              f'normalised with mean {list(data_cfg["mean"])} std {list(data_cfg["std"])}; '
                              f'map position (i, j) covers the same fraction of the whole image'}
-    scores, class_ids = _open_or_create(output, meta, old, paths, grid, topk, info)
-
-    shards = shard_ranges(len(paths), shard_size)
-    todo = [i for i in range(info.rank, len(shards), info.world_size)
-            if _read_marker(_shard_marker(output, i)) is None]
-    bar = tqdm(total=sum(shards[i][1] - shards[i][0] for i in todo), desc=f'labels (rank {info.rank})',
-               unit='img', disable=not info.is_main, dynamic_ncols=True)
-    for i in todo:
-        start, stop = shards[i]
+    writer = StoreWriter(output, meta, paths, SHAPING, info)
+    todo = writer.todo()
+    bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'labels (rank {info.rank})', unit='img',
+               disable=not info.is_main, dynamic_ncols=True)
+    for shard, start, stop in todo:
         rows_of = _WholeImages(data_dir, paths, range(start, stop), transform, skip_unreadable)
         loader = DataLoader(rows_of, batch_size, num_workers=workers, collate_fn=_collate_rows,
                             pin_memory=info.device.type == 'cuda')
         unreadable = []
         for images, rows, skipped in loader:
             unreadable += [paths[row] for row in skipped]
-            scores[skipped], class_ids[skipped] = 0, 0
-            if images is None:
-                continue
-            logits = dense_scores(model, images.to(info.device, non_blocking=True)).float()
-            top = logits.topk(topk, dim=-1)
-            scores[rows.numpy()] = top.values.cpu().numpy().astype(np.float16)
-            class_ids[rows.numpy()] = top.indices.cpu().numpy().astype(class_ids.dtype)
+            writer.write(np.array(skipped, dtype=np.int64), 0, 0)
+            if images is not None:
+                top = dense_scores(model, images.to(info.device, non_blocking=True)).float().topk(topk, dim=-1)
+                writer.write(rows.numpy(), top.values.cpu().numpy().astype(np.float16),
+                             top.indices.cpu().numpy())
             bar.update(len(rows) + len(skipped))
-        scores.flush()
-        class_ids.flush()
-        marker = {'rows': [start, stop], 'sha256': _rows_digest(scores, class_ids, start, stop),
-                  'unreadable': unreadable}
-        write_json_atomic(_shard_marker(output, i), marker)
+        writer.mark(shard, unreadable)
     bar.close()
-    barrier(info)
-
-    if info.is_main:
-        listed = (output / PATHS).read_text().splitlines()
-        if listed != paths:
-            raise TokenLabelError(f'{output}: the stored image list does not match {data_dir / split}')
-        meta['unreadable'] = _verify(output, shards, scores, class_ids)
-        write_json_atomic(output / META, {**meta, 'complete': True})
-    barrier(info)
-    return _read_meta(output)  # the verified store's, the same on every process
+    return writer.finish()

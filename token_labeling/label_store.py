@@ -6,23 +6,32 @@ Layout of a store folder:
 - `paths.txt`: one image path per line, relative to the data folder; line i is row i;
 - `scores.npy`: float16 (N, h, w, k), the annotator's top-k logits at every map position, best first;
 - `classes.npy`: int16 (int32 past 32767 classes) (N, h, w, k), their class indices;
-- `done/`: one marker per finished shard of rows, holding its row range and the SHA-256 of its rows, so an
-  interrupted generation resumes where it stopped and the finished store is verified row by row.
+- `extent.npy` (only where a map does not cover its whole image: the released NFNet-F6 labels cover the centre
+  square): float32 (N, 4), the box each map covers in whole-image coordinates, x1, y1, x2, y2 in [-1, 1];
+- `done/`: one marker per finished shard of rows, holding its row range, the SHA-256 of its rows and of its lines
+  of `paths.txt`, so an interrupted generation or import resumes where it stopped, and a store is verified row by
+  row whenever it is opened (a store copied incompletely, or edited, is refused naming the first bad shard).
 
 The arrays are opened lazily with `np.load(mmap_mode='r')` in each process that reads them (data-loader
 workers included), so no process holds the whole store in memory and nothing large is pickled.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from backbones.errors import DataError
+from engine.distributed import DistInfo, barrier
+from engine.files import write_json_atomic
 
-META, PATHS, SCORES, CLASSES, DONE = 'meta.json', 'paths.txt', 'scores.npy', 'classes.npy', 'done'
+META, PATHS, SCORES, CLASSES, EXTENT, DONE = 'meta.json', 'paths.txt', 'scores.npy', 'classes.npy', 'extent.npy', 'done'
+WHOLE_IMAGE = (-1.0, -1.0, 1.0, 1.0)  # the extent of a map that covers its whole image
+DEFAULT_SHARD_SIZE = 4096  # rows a shard holds: the unit of resuming and of verification
 
 
 class TokenLabelError(DataError, RuntimeError):
@@ -48,10 +57,71 @@ def shard_ranges(num_rows: int, shard_size: int) -> List[Tuple[int, int]]:
     return [(start, min(start + shard_size, num_rows)) for start in range(0, num_rows, shard_size)]
 
 
-class TokenLabelStore:
-    """Reads a store: `row_of(path)` and `read(row) -> (scores (h, w, k) float16, classes (h, w, k))`."""
+def list_digest(paths: Sequence[str]) -> str:
+    """SHA-256 of an image list as `paths.txt` holds it (one path a line)."""
+    return hashlib.sha256('\n'.join(paths).encode()).hexdigest()
 
-    def __init__(self, root: str | Path) -> None:
+
+def rows_digest(arrays: Sequence[np.ndarray], start: int, stop: int) -> str:
+    """SHA-256 of rows start..stop-1 of the store's arrays (scores, classes, and extent where there is one)."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array[start:stop]).tobytes())
+    return digest.hexdigest()
+
+
+def shard_marker(root: Path, index: int) -> Path:
+    return root / DONE / f'{index:06d}'
+
+
+def read_marker(path: Path) -> dict | None:
+    """A shard's marker, or None when it is absent or unreadable (a shard killed while marking is redone)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def store_arrays(root: Path, mode: str = 'r') -> List[np.ndarray]:
+    """The store's row arrays, memory-mapped: scores, classes, and extent where the store has one."""
+    names = [SCORES, CLASSES] + ([EXTENT] if (root / EXTENT).exists() else [])
+    return [np.load(root / name, mmap_mode=mode) for name in names]
+
+
+def verify_rows(root: Path, paths: Sequence[str], shard_size: int, arrays: Sequence[np.ndarray], fix: str,
+                unwritten_fix: str | None = None) -> List[str]:
+    """Every shard marked done for its own rows, with the digests its rows (and its lines of `paths.txt`, where the
+    marker records them) have now; returns the paths the markers list as skipped. `fix` ends each error message
+    (`unwritten_fix`, where given, that of a shard not marked). The shards are hashed by threads (hashlib releases
+    the GIL)."""
+    shards = shard_ranges(len(paths), shard_size)
+
+    def check(i: int) -> List[str]:
+        start, stop = shards[i]
+        marker = read_marker(shard_marker(root, i))
+        if marker is None:
+            raise TokenLabelError(f'{root}: rows {start}-{stop - 1} were not written (shard {i}); '
+                                  f'{unwritten_fix or fix}')
+        if 'paths_sha256' in marker and marker['paths_sha256'] != list_digest(paths[start:stop]):
+            raise TokenLabelError(f'{root / PATHS}: lines {start + 1}-{stop} are not the image list the rows were '
+                                  f'written for (shard {i}); {fix}')
+        if marker['rows'] != [start, stop] or marker['sha256'] != rows_digest(arrays, start, stop):
+            raise TokenLabelError(f'{root}: rows {start}-{stop - 1} do not match what was written (shard {i}); {fix}')
+        return list(marker.get('unreadable', []))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return [path for skipped in pool.map(check, range(len(shards))) for path in skipped]
+
+
+DAMAGED = 'the store changed after it was made (copied incompletely, or edited): copy or generate it again'
+
+
+class TokenLabelStore:
+    """Reads a store: `row_of(path)`, `read(row) -> (scores (h, w, k) float16, classes (h, w, k))` and
+    `extent(row)`. Opening it checks it against its own record (`verify`, default): the image list against its hash,
+    every row against its shard's digest; `verify=False` skips that for a store just checked."""
+
+    def __init__(self, root: str | Path, verify: bool = True) -> None:
         self.root = Path(root)
         for name in (META, PATHS, SCORES, CLASSES):
             if not (self.root / name).is_file():
@@ -71,7 +141,20 @@ class TokenLabelStore:
         expected = (len(paths), *self.meta['grid'], self.meta['topk'])
         for name in (SCORES, CLASSES):
             check_array(self.root / name, expected)
-        self._arrays: Tuple[np.ndarray, np.ndarray] | None = None
+        if (self.root / EXTENT).exists():
+            check_array(self.root / EXTENT, (len(paths), 4))
+        if verify:
+            self.verify(paths)
+        self.empty = set(self.meta.get('unreadable', [])) | set(self.meta.get('missing', []))
+        self._arrays: List[np.ndarray] | None = None
+
+    def verify(self, paths: List[str]) -> None:
+        """The image list and every row as they were written (see `verify_rows`)."""
+        fix = f'{DAMAGED}, or pass --no-verify to train on it as it is'
+        if 'paths_sha256' in self.meta and list_digest(paths) != self.meta['paths_sha256']:
+            verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)  # names the shard
+            raise TokenLabelError(f'{self.root / PATHS} is not the image list the store was made for; {fix}')
+        verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)
 
     @property
     def classes(self) -> List[str]:
@@ -108,6 +191,106 @@ class TokenLabelStore:
 
     def read(self, row: int) -> Tuple[np.ndarray, np.ndarray]:
         if self._arrays is None:
-            self._arrays = (np.load(self.root / SCORES, mmap_mode='r'), np.load(self.root / CLASSES, mmap_mode='r'))
-        scores, classes = self._arrays
-        return np.array(scores[row]), np.array(classes[row])
+            self._arrays = store_arrays(self.root)
+        return np.array(self._arrays[0][row]), np.array(self._arrays[1][row])
+
+    def extent(self, row: int) -> np.ndarray:
+        """The box row's map covers in whole-image [-1, 1] coordinates (x1, y1, x2, y2)."""
+        if self._arrays is None:
+            self._arrays = store_arrays(self.root)
+        return np.array(self._arrays[2][row] if len(self._arrays) > 2 else WHOLE_IMAGE, dtype=np.float32)
+
+    def has_map(self, path: str) -> bool:
+        """False for the images the store holds an empty row for (unreadable at generation, missing at import)."""
+        return path not in self.empty
+
+
+def read_meta(root: Path) -> dict | None:
+    """A store's meta data, or None where there is no store yet."""
+    if not (root / META).exists():
+        return None
+    try:
+        return json.loads((root / META).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenLabelError(f'{root / META}: not readable JSON ({e}); delete {root} and make the store again') from e
+
+
+def _describe(key: str, value) -> str:
+    if key == 'classes':
+        return f'{len(value)} classes'
+    return 'another image list' if key == 'paths_sha256' else f'{key}={value!r}'
+
+
+class StoreWriter:
+    """Writes a store shard by shard, resumably: each process of a torchrun job takes every world_size-th shard
+    not yet marked done, writes its rows, flushes and marks it (rows and lines digests, the paths it skipped).
+    A store folder that already holds a store must have been started with the same `shaping` values of `meta`; the
+    store is marked complete by `finish` only when every shard verifies."""
+
+    def __init__(self, root: Path, meta: dict, paths: List[str], shaping: Sequence[str], info: DistInfo,
+                 with_extent: bool = False, skipped_key: str = 'unreadable') -> None:
+        self.root, self.meta, self.paths, self.info, self.skipped_key = root, meta, paths, info, skipped_key
+        odd = next((path for path in paths if '\n' in path or '\r' in path), None)
+        if odd is not None:
+            raise DataError(f'{odd!r}: a file name with a line break cannot be listed in {PATHS}; rename it')
+        shape = (len(paths), *meta['grid'], meta['topk'])
+        if info.is_main:
+            old = read_meta(root)
+            root.mkdir(parents=True, exist_ok=True)
+            (root / DONE).mkdir(exist_ok=True)
+            if old is not None:
+                self._check_same_store(old, shaping)
+                for name in (SCORES, CLASSES):
+                    check_array(root / name, shape)
+            else:
+                np.lib.format.open_memmap(root / SCORES, 'w+', np.float16, shape).flush()
+                np.lib.format.open_memmap(root / CLASSES, 'w+', class_index_dtype(meta['num_classes']), shape).flush()
+                if with_extent:
+                    np.lib.format.open_memmap(root / EXTENT, 'w+', np.float32, (len(paths), 4)).flush()
+                (root / PATHS).write_text('\n'.join(paths) + '\n')
+                write_json_atomic(root / META, {**meta, 'complete': False})
+        barrier(info)
+        self.arrays = store_arrays(root, 'r+')
+        self.shards = shard_ranges(len(paths), meta['shard_size'])
+
+    def _check_same_store(self, old: dict, shaping: Sequence[str]) -> None:
+        changed = [k for k in shaping if old.get(k) != self.meta[k]]
+        if changed:
+            was = ', '.join(_describe(k, old.get(k)) for k in changed)
+            now = ', '.join(_describe(k, self.meta[k]) for k in changed)
+            raise TokenLabelError(f'{self.root} holds labels made with {was}; this run gives {now}: rerun with the '
+                                  f'store\'s values to finish it, or use another --output')
+
+    def todo(self) -> List[Tuple[int, int, int]]:
+        """(shard, first row, end row) of this process's shards not yet done."""
+        info = self.info
+        return [(i, *self.shards[i]) for i in range(info.rank, len(self.shards), info.world_size)
+                if read_marker(shard_marker(self.root, i)) is None]
+
+    def write(self, rows: np.ndarray, *values: np.ndarray) -> None:
+        """Rows' scores, classes (and extents, in a store that has them); an empty row is written as zeros."""
+        for array, value in zip(self.arrays, values):
+            array[rows] = value
+
+    def mark(self, shard: int, skipped: List[str]) -> None:
+        """Shard `shard` is written: flush its rows, record their digests and the paths it `skipped`."""
+        for array in self.arrays:
+            array.flush()
+        start, stop = self.shards[shard]
+        marker = {'rows': [start, stop], 'sha256': rows_digest(self.arrays, start, stop),
+                  'paths_sha256': list_digest(self.paths[start:stop]), 'unreadable': skipped}
+        write_json_atomic(shard_marker(self.root, shard), marker)
+
+    def finish(self) -> dict:
+        """Verify every shard and mark the store complete (main process); the complete meta data, on every
+        process."""
+        barrier(self.info)
+        if self.info.is_main:
+            if (self.root / PATHS).read_text().splitlines() != self.paths:
+                raise TokenLabelError(f'{self.root / PATHS}: the stored image list does not match this data folder')
+            self.meta[self.skipped_key] = verify_rows(
+                self.root, self.paths, self.meta['shard_size'], self.arrays,
+                'the store is damaged, delete it and make it again', unwritten_fix='run again to finish')
+            write_json_atomic(self.root / META, {**self.meta, 'complete': True})
+        barrier(self.info)
+        return read_meta(self.root)

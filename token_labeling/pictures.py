@@ -7,7 +7,7 @@ records, and `TokenTargetBuilder`'s cut of the map along it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -39,15 +39,18 @@ def to_pixels(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> n
 
 
 def token_labels(image: Image.Image, scores: np.ndarray, classes: np.ndarray, transform: TrainTransform,
-                 num_classes: int, patch_size: int = 16) -> TokenLabels:
-    """The dense map (`scores`, `classes`: (h, w, k) top-k logits and classes, best first) and the targets of one
-    augmentation of `image` by `transform`, on its token grid (`img_size` / `patch_size`; no label smoothing)."""
+                 num_classes: int, patch_size: int = 16, extent: Optional[np.ndarray] = None) -> TokenLabels:
+    """The dense map (`scores`, `classes`: (h, w, k) top-k logits and classes, best first; covering `extent` of the
+    image, default all of it) and the targets of one augmentation of `image` by `transform`, on its token grid
+    (`img_size` / `patch_size`; no label smoothing)."""
     scores_t, classes_t = torch.from_numpy(np.asarray(scores, np.float32)), torch.from_numpy(classes.astype(np.int64))
     map_probs = scores_t.softmax(dim=-1)
     x, geometry = transform(image)
     side = transform.img_size // patch_size
     batch = CropGeometry(*(t[None] for t in geometry))
-    _, targets = TokenTargetBuilder(num_classes, smoothing=0.0)(scores_t[None], classes_t[None], batch, (side, side))
+    extent_t = None if extent is None else torch.as_tensor(extent, dtype=torch.float32)[None]
+    _, targets = TokenTargetBuilder(num_classes, smoothing=0.0)(scores_t[None], classes_t[None], batch, (side, side),
+                                                                extent_t)
     confidence, top = targets[0].max(dim=-1)
     return TokenLabels(np.asarray(image.convert('RGB')), classes_t[..., 0].numpy(), map_probs[..., 0].numpy(),
                        to_pixels(x, transform.mean, transform.std), top.numpy(), confidence.numpy(), geometry)

@@ -3,9 +3,11 @@
 This is RoIAlign (torchvision's `roi_align(aligned=True)` with a fixed sampling ratio, boxes as x1, y1, x2, y2)
 generalised to the affine pre-image of each token, evaluated on the sparse top-k maps: every token averages
 `r x r` bilinear samples of the map's class distributions, taken at the points its pixels came from. Samples
-whose pre-image lies outside the crop (the fill RandAugment adds at the borders) carry no label; a token with
-no sample inside gets the class-token target. The class-token target is the average over the whole crop, i.e.
-RoIAlign of the crop box to 1x1. One batched pass, no per-sample loop; for axis-aligned crops the result is
+whose pre-image lies outside the crop (the fill RandAugment adds at the borders), or outside the part of the image
+the map covers (the released NFNet-F6 maps cover the centre square: `extent`), carry no label; a token with no
+sample inside gets the class-token target. The class-token target is the average over the covered part of the
+crop, i.e. RoIAlign of the crop box to 1x1; a crop the map does not cover at all takes the average of the whole
+map (the annotator's view of the image). One batched pass, no per-sample loop; for axis-aligned crops the result is
 identical to RoIAlign (a test checks it).
 
 The stored top-k logits are turned into probabilities over those k classes (renormalised), instead of the
@@ -13,7 +15,7 @@ reference's zero logits for the other classes, which hands them probability mass
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,16 @@ def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> Tuple[tor
     x = (x1 + x2 - 1).view(B, 1, 1) + x * (x2 - x1).view(B, 1, 1)
     y = (y1 + y2 - 1).view(B, 1, 1) + in_crop[..., 1] * (y2 - y1).view(B, 1, 1)
     return torch.stack([x, y], dim=-1), inside
+
+
+def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Whole-image points in the [-1, 1] coordinates of maps that cover `extent` (B, 4) of their images, and which
+    of them the maps cover."""
+    B = extent.shape[0]
+    centre = ((extent[:, :2] + extent[:, 2:]) / 2).view(B, 1, 1, 2)
+    half = ((extent[:, 2:] - extent[:, :2]) / 2).view(B, 1, 1, 2)
+    points = (points - centre) / half
+    return points, inside & (points.abs() <= 1).all(dim=-1)
 
 
 def bilinear_corners(points: torch.Tensor, map_size: Grid) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -76,13 +88,17 @@ class TokenTargetBuilder:
             classes: torch.Tensor,
             geometry: CropGeometry,
             grid: Grid,
+            extent: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """`scores`/`classes`: (B, h, w, k) top-k logits and class indices of each image's score map."""
+        """`scores`/`classes`: (B, h, w, k) top-k logits and class indices of each image's score map; `extent`
+        (B, 4): the box each map covers in whole-image [-1, 1] coordinates (x1, y1, x2, y2; default: all of it)."""
         B, h, w, k = scores.shape
         H, W = grid
         C, r = self.num_classes, self.samples
         probs = scores.float().softmax(dim=-1).reshape(B, h * w, k)
         points, inside = sample_points(geometry, grid, r)
+        if extent is not None:
+            points, inside = in_extent(points, inside, extent.float())
         cells, weights = bilinear_corners(points, (h, w))  # (B, H*r, W*r, 4)
         weights = weights * inside.unsqueeze(-1)
 
@@ -100,6 +116,8 @@ class TokenTargetBuilder:
         coverage = inside.view(B, H, r, W, r).sum(dim=(2, 4)).view(B, H * W, 1).float()
 
         cls_target = sums.sum(dim=1) / coverage.sum(dim=1).clamp_min(1)
-        cls_target = torch.where(coverage.sum(dim=1) > 0, cls_target, torch.full_like(cls_target, 1.0 / C))
+        whole_map = torch.zeros(B, C, device=scores.device).scatter_add_(
+            1, classes.reshape(B, -1).long(), probs.reshape(B, -1)) / (h * w)
+        cls_target = torch.where(coverage.sum(dim=1) > 0, cls_target, whole_map)
         token_target = torch.where(coverage > 0, sums / coverage.clamp_min(1), cls_target.unsqueeze(1))
         return smooth(cls_target, self.smoothing), smooth(token_target, self.smoothing).view(B, H, W, C)

@@ -23,7 +23,7 @@ from backbones.errors import DataError, UsageError
 from backbones.weights import read_state_dict
 from engine.cli import check_writable, parse_model_kwargs, positive_int, probability, run_command
 from engine.files import write_json_atomic
-from engine.images import read_image
+from engine.images import check_same_classes, read_image, scan_split
 from engine.log import logger
 from visualization.figures import write_png
 
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--scale-min', type=probability, default=0.08, help='RandomResizedCrop\'s smallest area')
     p.add_argument('--hflip', type=probability, default=0.5)
     p.add_argument('--seed', type=int, default=0, help='which augmentation')
+    p.add_argument('--no-verify', action='store_true', help='do not check the store against its digests')
     add_output(p)
 
     p = commands.add_parser('attention', help='attention rollout or CaiT class attention, attention distance, '
@@ -86,16 +87,22 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     from token_labeling.label_store import TokenLabelStore
     from token_labeling.pictures import token_label_figure, token_labels
 
-    data_dir, store = Path(args.data_dir), TokenLabelStore(args.token_label_dir)
+    data_dir, store = Path(args.data_dir), TokenLabelStore(args.token_label_dir, verify=not args.no_verify)
+    split = store.meta.get('split', 'train')
+    data_classes, samples = scan_split(data_dir, split)  # the store must be this folder's, as training checks
+    check_same_classes(store.classes, data_classes, f'the token-label store {store.root}', str(data_dir / split))
+    store.check_covers([sample for sample, _ in samples])
     path = store_path(data_dir, args.image) if args.image else next(iter(store.rows))
-    scores, classes = store.read(store.row_of(path))
+    row = store.row_of(path)
+    scores, classes = store.read(row)
     size = args.img_size or min(store.meta['img_size'], 224)
     torch.manual_seed(args.seed)
     __import__('random').seed(args.seed)
     np.random.seed(args.seed)
     augment = None if args.auto_augment.lower() == 'none' else args.auto_augment
     transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=augment, reprob=0.0)
-    labels = token_labels(read_image(data_dir / path), scores, classes, transform, store.num_classes)
+    labels = token_labels(read_image(data_dir / path), scores, classes, transform, store.num_classes,
+                          extent=store.extent(row))
     return token_label_figure(labels, store.classes, f'{path}: {store.meta["annotator"]} map, {size} px training crop')
 
 
