@@ -15,7 +15,6 @@ from PIL import Image
 from torchvision.ops import roi_align
 
 from backbones.errors import DataError, UsageError
-from classification.train import main
 from engine.distributed import DistInfo
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool
