@@ -1,19 +1,36 @@
-"""The loss of a classification batch: token labeling (score-map or image-label targets per token), or the image
-label as a soft target, mixed by MixUp/CutMix in the vanilla recipe, and with a teacher DeiT's hard distillation."""
+"""The loss of a classification batch: token labeling (score-map, pooled-map or image-label targets per token),
+ReLabel's label pooling (the annotator's map pooled over the crop, one soft label per image, mixed by CutMix), or the
+image label as a soft target, mixed by MixUp/CutMix in the vanilla recipe, and with a teacher DeiT's hard
+distillation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import numpy as np
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.data.mixup import mixup_target
+from timm.data.mixup import cutmix_bbox_and_lam, mixup_target
 
 from backbones import TokenLabelingOutput
 from token_labeling.augment import CropGeometry
 from token_labeling.loss import TokenLabelingLoss, soft_cross_entropy
 from token_labeling.targets import TokenTargetBuilder
+
+
+POOLING_GRID = (4, 4)  # label pooling: the crop's map averaged over (4 x 2)^2 RoIAlign samples
+
+
+def cutmix(images: torch.Tensor, alpha: float) -> Tuple[torch.Tensor, float]:
+    """CutMix within the batch (timm's box and lambda rule): a box of each image replaced by the same box of image
+    B-1-i; lambda, the share of each image that stayed its own, corrected for the clipped box."""
+    lam = float(np.random.beta(alpha, alpha))
+    (y1, y2, x1, x2), lam = cutmix_bbox_and_lam(images.shape, lam, correct_lam=True)
+    images = images.clone()
+    images[:, :, y1:y2, x1:x2] = images.flip(0)[:, :, y1:y2, x1:x2]
+    return images, lam
 
 
 class DistillationTargets(NamedTuple):
@@ -26,8 +43,10 @@ class ClassificationObjective:
     """Turns a batch and the model's output into the loss (the engine's `Objective`).
 
     With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps
-    when `token_builder` is set, otherwise every token gets the image label (MixToken with the image label only,
-    CIFAR transfer of an LV-ViT). With a `teacher` (DeiT's hard distillation) the model returns class and
+    when `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop),
+    otherwise every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT).
+    With `label_pooling` (ReLabel) a plain classifier learns the map pooled over the crop, the images and their
+    targets mixed by CutMix (`cutmix_alpha`; 0: none). With a `teacher` (DeiT's hard distillation) the model returns class and
     distillation logits: the loss is half the class term and half the cross-entropy of the distillation logits
     with the teacher's class of the same (mixed) image.
     """
@@ -37,6 +56,9 @@ class ClassificationObjective:
     token_builder: Optional[TokenTargetBuilder] = None
     token_loss: Optional[TokenLabelingLoss] = None  # token labeling when set
     cls_target: str = 'map'
+    token_target: str = 'map'
+    label_pooling: bool = False
+    cutmix_alpha: float = 0.0  # with label pooling
     mixup: Optional[Callable] = None  # timm's Mixup for the vanilla recipe
     teacher: Optional[nn.Module] = None  # images -> the teacher's class (classification.models.Teacher)
 
@@ -44,6 +66,8 @@ class ClassificationObjective:
         """Images and their targets before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
         if self.token_loss is not None:
             return images, None
+        if self.label_pooling:
+            return cutmix(images, self.cutmix_alpha) if self.cutmix_alpha > 0 else (images, 1.0)
         images, soft_labels = self.mixup(images, labels) if self.mixup is not None else (images,
                                                                                          self.label_target(labels))
         if self.teacher is not None:
@@ -55,26 +79,38 @@ class ClassificationObjective:
             cls_logits, dist_logits = output
             return (0.5 * soft_cross_entropy(cls_logits, targets.labels)
                     + 0.5 * F.cross_entropy(dist_logits.float(), targets.teacher))
+        if self.label_pooling:  # targets: the CutMix lambda
+            pooled, _ = self.map_targets(batch, POOLING_GRID, device)
+            return soft_cross_entropy(output, targets * pooled + (1 - targets) * pooled.flip(0))
         if self.token_loss is None:
             return soft_cross_entropy(output, targets)
         if not isinstance(output, TokenLabelingOutput):
             raise TypeError('token labeling needs a model with a token head in training mode')
         grid = output.token_logits.shape[1:3]
-        labels = batch['label'].to(device, non_blocking=True)
         if self.token_builder is None:
-            label_target = self.label_target(labels)
+            label_target = self.label_target(batch['label'].to(device, non_blocking=True))
             return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
+        cls_target, token_target = self.map_targets(batch, grid, device)
+        if self.token_target == 'pooled':
+            token_target = cls_target[:, None, None].expand(-1, *grid, -1)
+        if self.cls_target == 'label':
+            cls_target = self.label_target(batch['label'].to(device, non_blocking=True))
+        return self.token_loss(output, cls_target, token_target)
+
+    def map_targets(self, batch: dict, grid: Tuple[int, int], device: torch.device) -> Tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+        """(class target, token targets on `grid`) cut from the batch's annotator maps along each crop's geometry;
+        an image the store has no map for gets its image label in both."""
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
             geometry, grid, batch['extent'].to(device, non_blocking=True))
-        if not batch['has_map'].all():  # images the store has no map for learn their image label
-            mapped, label_target = batch['has_map'].to(device), self.label_target(labels)
+        if not batch['has_map'].all():
+            mapped = batch['has_map'].to(device)
+            label_target = self.label_target(batch['label'].to(device, non_blocking=True))
             cls_target = torch.where(mapped[:, None], cls_target, label_target)
             token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
-        if self.cls_target == 'label':
-            cls_target = self.label_target(labels)
-        return self.token_loss(output, cls_target, token_target)
+        return cls_target, token_target
 
     def label_target(self, labels: torch.Tensor) -> torch.Tensor:
         """The (smoothed) one-hot target of each image's label."""

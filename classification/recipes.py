@@ -41,7 +41,9 @@ class Recipe:
     token_labeling: bool = False
     dense_weight: float = 0.5  # weight of the token term of the loss (the LV-ViT paper's beta, Eq. 4)
     cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
-    token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps) or 'label' (image label)
+    token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps), 'pooled' (the map pooled
+    # over the crop, every token alike: ReLabel's target on every token) or 'label' (the image label)
+    label_pooling: bool = False  # ReLabel: no token head; the class target is the map pooled over the crop (CutMix)
     mix_token: float = 1.0  # MixToken Beta(alpha, alpha); 0 turns it off
     mixup: float = 0.8  # vanilla mode only
     cutmix: float = 1.0  # vanilla mode only
@@ -56,8 +58,9 @@ class Recipe:
 
     @property
     def uses_score_maps(self) -> bool:
-        """Whether training reads the annotator's token-label store (token labeling with map targets)."""
-        return self.token_labeling and self.token_target == 'map'
+        """Whether training reads the annotator's token-label store (token labeling with map or pooled targets, or
+        ReLabel's label pooling)."""
+        return (self.token_labeling and self.token_target != 'label') or self.label_pooling
 
     def optimization(self, global_batch: int) -> Optimization:
         """The recipe's optimisation at `global_batch` images per update (lr = lr_base x global_batch /
@@ -111,6 +114,13 @@ PRESETS = {
     'mixtoken-label': dict(token_labeling=True, token_target='label', cls_target='label', mix_token=1.0),
     # token labeling without MixToken
     'token-labeling-no-mixtoken': dict(token_labeling=True, token_target='map', mix_token=0.0),
+    # ReLabel (Table 2's CutMix + ReLabel, Table 4's ReLabel row): a plain classifier learns the annotator's map
+    # pooled over each crop (LabelPooling: one soft label per image), images and targets mixed by CutMix; no MixUp;
+    # lr 1e-3 per 1024 images as the paper's Re-labeling row
+    'relabel': dict(token_labeling=False, label_pooling=True, mixup=0.0, cutmix=1.0, lr_scale=640 / 1024),
+    # Table 2's MixToken + ReLabel: the token-labeling model and MixToken, every token (and the class token) learning
+    # the map pooled over the crop instead of its own region's: token labeling with the dense targets made coarse
+    'relabel-mixtoken': dict(token_labeling=True, token_target='pooled', cls_target='map', mix_token=1.0),
     # the ViT paper's fine-tuning (with --finetune; --new-head for a new class list): SGD momentum 0.9, no weight
     # decay, gradients clipped at global norm 1, cosine decay, 384 px, the new classifier zero-initialised; lr 0.01
     # per 512 images (its grid: 0.001 to 0.03) and 8 epochs (its 20k steps of 512 on ImageNet); inception crop and
@@ -233,7 +243,7 @@ FIELD_TYPES: Dict[str, Callable[[str], object]] = {
     'val_fraction': open_fraction, 'aug_repeats': non_negative_int,
 }
 FIELD_CHOICES = {
-    'cls_target': ('map', 'label'), 'token_target': ('map', 'label'),
+    'cls_target': ('map', 'label'), 'token_target': ('map', 'pooled', 'label'),
     'interpolation': ('random', 'bilinear', 'bicubic'),
 }
 

@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
         '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), '
-        'token-labeling-no-mixtoken; and vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
+        'token-labeling-no-mixtoken, relabel (ReLabel: the map pooled over the crop, CutMix, no token head), '
+        'relabel-mixtoken (MixToken, every token learning the pooled map); and vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
     p.add_argument('--augment', choices=AUGMENT_CHOICES, default='auto', help=(
         'where the training augmentation runs: pil (each image in the loader workers, the reference), batched (the '
         'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '
@@ -183,10 +184,13 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
 
 
 def make_objective(recipe: Recipe, num_classes: int, teacher: Optional[Teacher] = None) -> ClassificationObjective:
+    builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
     if recipe.token_labeling:
-        builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
         return ClassificationObjective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
-                                       recipe.cls_target)
+                                       recipe.cls_target, recipe.token_target)
+    if recipe.label_pooling:
+        return ClassificationObjective(num_classes, recipe.smoothing, builder, label_pooling=True,
+                                       cutmix_alpha=recipe.cutmix)
     mixup = None
     if recipe.mixup > 0 or recipe.cutmix > 0:
         mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
@@ -201,12 +205,17 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     way; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     if new_head and not finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
-    if teacher is not None and recipe.token_labeling:
-        raise UsageError('--teacher: hard distillation is not combined with token labeling (the token head and '
-                         'MixToken have no distillation counterpart); add --no-token-labeling')
+    if recipe.label_pooling and recipe.token_labeling:
+        raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
+                         'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
+    if teacher is not None and (recipe.token_labeling or recipe.label_pooling):
+        raise UsageError('--teacher: hard distillation is not combined with token labeling or label pooling (the '
+                         'token head, MixToken and the annotator\'s targets have no distillation counterpart); add '
+                         '--no-token-labeling, and no ReLabel preset')
     if recipe.uses_score_maps and data.token_labels is None:
-        raise UsageError(f'the {model_name} recipe trains with token labeling: pass --token-label-dir '
-                         f'(tools/generate_token_labels.py makes one), --token-target label or --no-token-labeling')
+        raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
+                         f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), --token-target '
+                         f'label or --no-token-labeling')
     store = TokenLabelStore(data.token_labels, data.verify_labels) if recipe.uses_score_maps else None
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)

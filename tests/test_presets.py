@@ -46,12 +46,12 @@ def test_no_token_labeling_gives_lvvit_the_standard_recipe():
     recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'token-labeling-no-mixtoken']), False)
     assert recipe.uses_score_maps and recipe.mix_token == 0.0
     assert set(PRESETS) == {'token-labeling', 'standard', 'mixtoken-label', 'token-labeling-no-mixtoken',
-                            'vit-finetune'}
+                            'relabel', 'relabel-mixtoken', 'vit-finetune'}
 
 
 def test_unknown_preset_lists_the_presets(capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(['lvvit_s', '--preset', 'relabel'])
+        build_parser().parse_args(['lvvit_s', '--preset', 'online-distillation'])
     assert 'token-labeling-no-mixtoken' in capsys.readouterr().err
 
 

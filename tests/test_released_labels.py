@@ -226,3 +226,60 @@ def test_the_import_tool_names_a_bad_release_dir_in_one_line(released, tmp_path)
                                                  '--output', tmp_path / 'out'])
     assert result.returncode == 2 and result.stderr.strip().count('\n') == 0
     assert f'no released label tree at {tmp_path / "nothing"}' in result.stderr
+
+
+def test_label_pooling_learns_the_map_pooled_over_the_crop_mixed_by_cutmix(released):
+    """--preset relabel's loss: soft cross-entropy with the crop's map pooled to one label (RoIAlign 1x1 of the
+    dense map, smoothed), the targets mixed with lambda as CutMix mixed the images (box from image B-1-i)."""
+    from classification.recipes import recipe_for
+    from classification.train import make_objective
+    from token_labeling.loss import soft_cross_entropy
+    recipe = recipe_for('lvvit_s', preset='relabel')
+    assert recipe.label_pooling and not recipe.token_labeling and recipe.uses_score_maps
+    assert (recipe.mixup, recipe.cutmix) == (0.0, 1.0) and recipe.lr_base / recipe.lr_base_batch == 1e-3 / 1024
+    _, data, trees, stores = released
+    store = TokenLabelStore(stores['relabel'])
+    rows = [0, 9, 17]
+    maps = [store.read(row) for row in rows]
+    box = torch.tensor([[0.1, 0.2, 0.9, 0.7]] * 3)
+    batch = {'scores': torch.stack([torch.from_numpy(s) for s, _ in maps]),
+             'classes': torch.stack([torch.from_numpy(c.astype(np.int64)) for _, c in maps]),
+             'geometry': (box, torch.zeros(3, dtype=torch.bool), torch.eye(3)[:2].expand(3, 2, 3)),
+             'extent': torch.tensor([[-1.0, -1.0, 1.0, 1.0]] * 3), 'has_map': torch.ones(3, dtype=torch.bool),
+             'label': torch.tensor([0, 1, 2])}
+    objective = make_objective(recipe, 3)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    images = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 3, 16, 16)
+    mixed, lam = objective.prepare(images, batch['label'])
+    kept = mixed[0] == 0
+    assert 0 < lam < 1 and kept.float().mean().item() == pytest.approx(lam, abs=1e-6)
+    assert (mixed[0][~kept] == 2).all()  # the box comes from image B-1-i
+    logits = torch.randn(3, 3)
+    pooled = []
+    paths = list(store.rows)  # in row order
+    for row in rows:
+        wnid, name = Path(paths[row]).parts[1:]
+        value = torch.load(trees['relabel'] / wnid / f'{Path(name).stem}.pt', weights_only=True)
+        box_cells = torch.tensor([0.1 * 15, 0.2 * 15, 0.9 * 15, 0.7 * 15])
+        target = roi_align(reference_dense_map(value, 3)[None], [box_cells[None]], (1, 1), 1.0, 8, True).flatten()
+        pooled.append(target * 0.9 + 0.1 / 3)
+    pooled = torch.stack(pooled)
+    expected = soft_cross_entropy(logits, lam * pooled + (1 - lam) * pooled.flip(0))
+    torch.testing.assert_close(objective.loss(logits, batch, lam, torch.device('cpu')), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('preset', ['relabel', 'relabel-mixtoken'])
+def test_relabel_presets_train_lvvit_on_an_imported_store(released, tmp_path, preset):
+    _, data, _, stores = released
+    result = run_tool('train_cls.py', [*TINY_LVVIT, '--data-dir', data, '--token-label-dir', stores['tokenlabeling'],
+                                       '--preset', preset, '--output', tmp_path / 'run', '--img-size', '32',
+                                       '--batch-size', '4', '--epochs', '2', '--warmup-epochs', '0', '--workers', '0',
+                                       '--device', 'cpu'])
+    assert result.returncode == 0, result.stderr[-2000:]
+    checkpoint = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)
+    has_token_head = any(key.startswith('aux_head') for key in checkpoint['state_dict'])
+    assert has_token_head == (preset == 'relabel-mixtoken') and checkpoint['args']['preset'] == preset
+    refused = run_tool('train_cls.py', [*TINY_LVVIT, '--data-dir', data, '--preset', preset, '--output',
+                                        tmp_path / 'other', '--device', 'cpu'])
+    assert refused.returncode == 2 and '--token-label-dir' in refused.stderr
