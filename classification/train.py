@@ -234,13 +234,13 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
         bare_model(model).set_distilled_training(True)
     objective = make_objective(recipe, len(classes), teacher and build_teacher(teacher, len(classes), recipe,
                                                                                data_cfg, info))
-    optimization = recipe.optimization(recipe.batch_size * info.world_size)
+    optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
               'teacher': teacher and vars(teacher)}
     fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
-                f'{recipe.batch_size * info.world_size}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
+                f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
                 f'{augment}, token labeling {recipe.token_labeling}'
                 + (f', distilled from {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(vars(recipe)))

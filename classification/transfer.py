@@ -98,7 +98,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
     model, report = build_transfer_model(model_name, num_classes, img_size, recipe,
                                          None if trainer.resume else pretrained, use_ema, options.model_kwargs)
 
-    optimization = recipe.optimization(recipe.batch_size * info.world_size)
+    optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     backbone_lr = optimization.lr * recipe.backbone_lr_scale
     if backbone_lr < optimization.min_lr:
         logger.warning(f'warning: the backbone lr {backbone_lr:.3g} starts below the cosine floor '
@@ -116,7 +116,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
                         eval_transform=CifarInput(img_size, mean, std, train=False))
     logger.info(f'{model_name} on {FORMATS[dataset].title}: {num_classes} classes, {len(train_idx)} train / '
                 f'{len(val_idx)} held-out val / {len(data.test.labels)} test images at {img_size}px, '
-                f'{info.world_size} process(es), global batch {recipe.batch_size * info.world_size}, head lr '
+                f'{info.world_size} process(es), global batch {trainer.global_batch(recipe.batch_size)}, head lr '
                 f'{optimization.lr:.3g}, backbone lr {backbone_lr:.3g}, cosine to {optimization.min_lr:.3g}, '
                 f'amp {fit.amp}')
     logger.info('normalisation (training split): mean ' + ', '.join(f'{m:.4f}' for m in mean) + '  std '

@@ -121,6 +121,7 @@ class Fit:
     clip_grad: Optional[float] = None
     train_transform: Optional[BatchTransform] = None
     eval_transform: Optional[BatchTransform] = None
+    accumulate: int = 1  # batches per optimizer update
     start_epoch: int = 0
     best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
     record: dict = field(default_factory=dict)
@@ -165,7 +166,7 @@ class Fit:
             train_loader.sampler.set_epoch(epoch)
             loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
                                    runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}',
-                                   transform=self.train_transform)
+                                   transform=self.train_transform, accumulate=self.accumulate)
             if state.num_updates == updates:
                 raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
                                 f'unreadable and skipped; check the data folder')

@@ -82,49 +82,74 @@ def train_one_epoch(
         log: Optional[Callable[[int, float, float], None]] = None,
         desc: str = 'train',
         transform: Optional[BatchTransform] = None,
+        accumulate: int = 1,
 ) -> float:
-    """Train for one pass over `loader`; returns the mean loss over all processes."""
+    """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
+    each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
+    mean loss over all processes. Batches left over at the end of the pass, fewer than `accumulate`, are not
+    trained on (as the loader drops an incomplete last batch)."""
     model.train()
     total, steps = 0.0, 0
-    bar = tqdm(loader, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False)
-    for batch in bar:
+    usable = len(loader) // accumulate * accumulate if hasattr(loader, '__len__') else None
+    bar = tqdm(loader, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False, total=usable)
+    pending = 0  # batches whose gradients wait for the update
+    for index, batch in enumerate(bar):
+        if usable is not None and index >= usable:
+            break
         state.skipped += batch['skipped']
-        if 'image' not in batch:
-            continue
-        images = model_input(batch, info, transform)
-        labels = batch['label'].to(info.device, non_blocking=True)
+        updating = (index + 1) % accumulate == 0
+        if 'image' in batch:
+            value = train_step(model, batch, objective, state, info, amp, transform, accumulate, updating)
+            total, steps, pending = total + value, steps + 1, pending + 1
+        if updating and pending:
+            update(model, state, clip_grad)
+            pending = 0
+            lr = state.optimizer.param_groups[0]['lr']
+            bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}')
+            if log is not None:
+                log(state.num_updates, value, lr)
+    total, steps = all_reduce_sum([total, steps], info)
+    return total / max(steps, 1)
+
+
+def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
+               transform: Optional[BatchTransform], accumulate: int, updating: bool) -> float:
+    """Forward and backward of one batch, its gradients added to those waiting for the update; returns its loss."""
+    images = model_input(batch, info, transform)
+    labels = batch['label'].to(info.device, non_blocking=True)
+    # DDP reduces the gradients only in the backward pass that completes an update
+    reduce = updating or not hasattr(model, 'no_sync')
+    with contextlib.nullcontext() if reduce else model.no_sync():
         with autocast(info.device, amp):  # the objective's own forward passes (a teacher's) too
             images, targets = objective.prepare(images, labels)
             output = model(images)
         loss = objective.loss(output, batch, targets, info.device)
         value = loss.item()  # the step's one host-device sync
         if not math.isfinite(value):
-            raise FloatingPointError(f'loss is {value} at update {state.num_updates}; lower the learning rate '
-                                     f'or use bf16 instead of fp16')
-        state.optimizer.zero_grad(set_to_none=True)
-        if state.scaler is not None:
-            state.scaler.scale(loss).backward()
-            state.scaler.unscale_(state.optimizer)
-        else:
-            loss.backward()
-        if clip_grad:
-            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-        if state.scaler is not None:
-            state.scaler.step(state.optimizer)
-            state.scaler.update()
-        else:
-            state.optimizer.step()
-        state.num_updates += 1
-        if state.ema is not None:
-            state.ema.update(model.module if hasattr(model, 'module') else model, step=state.num_updates)
-        state.scheduler.step_update(state.num_updates)
-        total, steps = total + value, steps + 1
-        lr = state.optimizer.param_groups[0]['lr']
-        bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}')
-        if log is not None:
-            log(state.num_updates, value, lr)
-    total, steps = all_reduce_sum([total, steps], info)
-    return total / max(steps, 1)
+            raise FloatingPointError(f'loss is {value} at update {state.num_updates}; lower the learning rate or '
+                                     f'use bf16 instead of fp16')
+        scaled = loss / accumulate if accumulate > 1 else loss
+        (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+    return value
+
+
+def update(model: nn.Module, state: StepState, clip_grad: Optional[float]) -> None:
+    """One optimizer update from the gradients summed since the last: clip, step (through the fp16 loss scaler),
+    clear, then the EMA and the per-update schedule."""
+    if state.scaler is not None:
+        state.scaler.unscale_(state.optimizer)
+    if clip_grad:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    if state.scaler is not None:
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+    else:
+        state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.num_updates += 1
+    if state.ema is not None:
+        state.ema.update(model.module if hasattr(model, 'module') else model, step=state.num_updates)
+    state.scheduler.step_update(state.num_updates)
 
 
 @torch.no_grad()

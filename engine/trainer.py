@@ -25,7 +25,7 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 
-from backbones.errors import UsageError
+from backbones.errors import DataError, UsageError
 
 from .cli import DEVICES, non_negative_int, parse_model_kwargs, positive_int
 from .distributed import DistInfo, barrier
@@ -51,12 +51,13 @@ class RunOptions:
     grad_checkpointing: bool = False
     compile: bool = False
     pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
+    grad_accum_steps: int = 1  # batches whose gradients make one update
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
         return cls(Path(args.output or default_output), args.resume, parse_model_kwargs(args.model_kwargs),
                    args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing,
-                   args.compile, args.pictures)
+                   args.compile, args.pictures, grad_accum_steps=args.grad_accum_steps)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
@@ -79,6 +80,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
                         help='recompute each block\'s activations in the backward pass: less memory, more compute')
     parser.add_argument('--compile', action='store_true',
                         help='torch.compile the model for the training and evaluation steps (the first steps compile)')
+    parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N',
+                        help='one optimizer update every N batches (their gradients summed): the global batch, which '
+                             'the lr follows, is batch size x processes x N; the schedule counts updates')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
                         help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
                              '0: none')
@@ -163,12 +167,23 @@ class Trainer:
     def output(self) -> Path:
         return self.options.output
 
+    def global_batch(self, batch_size: int) -> int:
+        """Images per optimizer update: the batch of each process, times the processes, times the batches
+        accumulated."""
+        return batch_size * self.info.world_size * self.options.grad_accum_steps
+
     def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
               config: dict, updates_per_epoch: int, train_transform: Optional[BatchTransform] = None,
               eval_transform: Optional[BatchTransform] = None) -> Fit:
         """The run's optimisation state for `model` (its parameters: `params`, a model or timm parameter groups),
         restored from the resume point if there is one. `config` is stored in every checkpoint; a resume with other
-        values is refused."""
+        values is refused. `updates_per_epoch` counts batches; with accumulation, updates are fewer."""
+        accumulate = self.options.grad_accum_steps
+        if updates_per_epoch < accumulate:
+            raise DataError(f'--grad-accum-steps {accumulate}: an epoch has only {updates_per_epoch} batch(es) per '
+                            f'process, fewer than one update')
+        updates_per_epoch //= accumulate
+        config = {**config, 'grad_accum_steps': accumulate}
         if self.options.grad_checkpointing:
             use_grad_checkpointing(model)
         model.to(self.info.device)
@@ -178,7 +193,7 @@ class Trainer:
         if self.options.compile:
             model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager
         fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
-                  train_transform, eval_transform)
+                  train_transform, eval_transform, accumulate)
         fit.start(self.resume, self.options.seed)
         return fit
 

@@ -108,10 +108,30 @@ def use_digits_schedule(cfg: Config, schedule: DigitsSchedule = DIGITS_SCHEDULE)
 def describe_schedule(cfg: Config) -> str:
     """The schedule a run takes, in one line."""
     warmup, decay = cfg.param_scheduler[0], cfg.param_scheduler[-1]
-    return (f'{cfg.train_cfg["max_iters"]} iterations of {cfg.train_dataloader["batch_size"]} images, '
+    accumulate = cfg.optim_wrapper.get('accumulative_counts', 1)
+    batches = (f', {accumulate} accumulated per update' if accumulate > 1 else '')
+    return (f'{cfg.train_cfg["max_iters"]} iterations of {cfg.train_dataloader["batch_size"]} images{batches}, '
             f'lr {cfg.optim_wrapper.optimizer["lr"]:.3g} ({warmup.get("end", 0)} warm-up, then to '
             f'{decay.get("eta_min", 0):.3g}), validation every {cfg.train_cfg["val_interval"]}, checkpoint every '
             f'{cfg.default_hooks["checkpoint"]["interval"]}')
+
+
+def accumulate_gradients(cfg: Config, steps: int) -> None:
+    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`: each loss divided by
+    `steps`, the gradients summed). mmengine counts iterations, not updates, so every count of the schedule (its
+    length, warm-up and decay, validation and checkpoint intervals) is multiplied by `steps`: the run makes the
+    config's number of updates, each of `steps` times the batch, along the same lr curve. The lr is the config's,
+    which the papers set for their global batch (ADE20K: 16 images per update)."""
+    if steps == 1:
+        return
+    cfg.optim_wrapper['accumulative_counts'] = steps
+    cfg.train_cfg['max_iters'] *= steps
+    cfg.train_cfg['val_interval'] *= steps
+    for scheduler in cfg.param_scheduler:
+        for key in ('begin', 'end'):
+            if key in scheduler:
+                scheduler[key] *= steps
+    cfg.default_hooks['checkpoint']['interval'] *= steps
 
 
 def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:

@@ -14,8 +14,8 @@ from engine.cli import check_output_folder, non_negative_int, positive_int
 from engine.files import remove_partial_writes
 from engine.log import logger
 
-from .config import (check_pretrained, describe_schedule, load_config, resolve_data, shorten_schedule,
-                     use_digits_schedule)
+from .config import (accumulate_gradients, check_pretrained, describe_schedule, load_config, resolve_data,
+                     shorten_schedule, use_digits_schedule)
 from .data_check import check_data
 from .runner import SuiteRunner
 
@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help='continue from the latest checkpoint in the work dir')
     parser.add_argument('--iters', type=positive_int,
                         help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
+    parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N', help=(
+        'one update every N iterations, their gradients summed: the global batch is GPUs x images per GPU x N (the '
+        'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
+        'config count updates; the lr stays the config\'s'))
     parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
     parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
                         help='validation images drawn (ground truth and prediction) into TensorBoard and '
@@ -86,6 +90,7 @@ def prepare(args: argparse.Namespace) -> Config:
         check_pretrained(cfg)
     if args.iters:
         shorten_schedule(cfg, args.iters)
+    accumulate_gradients(cfg, args.grad_accum_steps)
     logger.info(f'schedule: {describe_schedule(cfg)}')
     cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
     if args.amp:

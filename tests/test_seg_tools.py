@@ -93,3 +93,21 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint(trained, tmp_path):
     assert f'{copy / "iter_2.pth"} cannot be read' in log and f'resumed from {copy / "iter_1.pth"}' in log
     assert 'resumed epoch: 0, iter: 1' in log and 'Iter(train) [2/3]' in log
     assert (copy / 'iter_3.pth').is_file() and not (copy / '.iter_3.pth.tmp123').exists()
+
+
+def test_grad_accum_steps_makes_one_update_every_n_iterations(trained, tmp_path):
+    """--iters 2 --grad-accum-steps 2: 4 iterations and 2 optimizer updates (AdamW's step count), the schedule's
+    phases twice as many iterations as the plain run's."""
+    import torch
+    from mmengine.config import Config
+    _, config, plain_work, _ = trained
+    work = tmp_path / 'accumulated'
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2', '--grad-accum-steps', '2']))
+    assert '4 iterations of 2 images, 2 accumulated per update' in result.stdout + result.stderr
+    checkpoint = torch.load(work / 'iter_4.pth', map_location='cpu', weights_only=False)
+    assert {int(s['step']) for s in checkpoint['optimizer']['state'].values()} == {2}
+    phases = {}
+    for name, folder in (('plain', plain_work), ('accumulated', work)):
+        cfg = Config.fromfile(folder / Path(config).name)
+        phases[name] = [(s['begin'], s['end']) for s in cfg.param_scheduler]
+    assert phases['accumulated'] == [(2 * b, 2 * e) for b, e in phases['plain']]

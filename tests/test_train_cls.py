@@ -119,3 +119,44 @@ def test_batched_augmentation_trains_like_the_pil_path(labeled_images, tmp_path)
     for epoch in (1, 2):
         assert batched[epoch]['train_loss'] == pytest.approx(pil[epoch]['train_loss'], rel=1e-3), epoch
         assert batched[epoch]['train_loss'] != pil[epoch]['train_loss']  # the batched path did run
+
+
+def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
+    """--grad-accum-steps: gradients of 4 batches of 8 summed (each loss / 4) give the update of one batch of 32, for
+    two updates in a row (the gradients are cleared between them)."""
+    import copy
+
+    from classification.objective import ClassificationObjective
+    from engine.distributed import DistInfo
+    from engine.steps import train_one_epoch
+    from engine.trainer import Optimization, optimization_state
+    model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=2,
+                              num_heads=2)  # layer norms only: no batch statistics
+    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    images, labels = torch.randn(64, 3, 32, 32), torch.randint(0, 3, (64,))
+    objective = ClassificationObjective(3, 0.1)
+    for m, size, accumulate in ((model, 32, 1), (twin, 8, 4)):
+        state, _ = optimization_state(m, m, Optimization('momentum', 0.5, 0.0, epochs=1), 2, 'none')
+        batches = [{'image': images[i:i + size], 'label': labels[i:i + size], 'skipped': 0} for i in range(0, 64, size)]
+        train_one_epoch(m, batches, objective, state, DistInfo(), accumulate=accumulate)
+        assert state.num_updates == 2
+    for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+    assert not torch.equal(model.head.weight, start.head.weight)  # the updates did happen
+
+
+def test_grad_accum_steps_trains_like_the_whole_global_batch(labeled_images, tmp_path):
+    """train_cls.py --batch-size 3 --grad-accum-steps 4 against --batch-size 12: the same lr (global batch 12), the
+    same updates, losses and weights."""
+    data, labels = labeled_images
+    whole = train_args(data, labels, tmp_path / 'whole', *DETERMINISTIC)
+    whole[whole.index('--batch-size') + 1] = '12'
+    main(whole)
+    accumulated = train_args(data, labels, tmp_path / 'accumulated', *DETERMINISTIC, '--grad-accum-steps', '4')
+    accumulated[accumulated.index('--batch-size') + 1] = '3'
+    main(accumulated)
+    assert_same_run(tmp_path / 'whole', tmp_path / 'accumulated', epochs=2, exact=False)
+    checkpoint = torch.load(tmp_path / 'accumulated' / 'last.pth', weights_only=True)
+    assert checkpoint['num_updates'] == 4 and checkpoint['args']['grad_accum_steps'] == 4
+    with pytest.raises(UsageError, match='grad_accum_steps=4'):
+        main([*accumulated, '--resume', '--grad-accum-steps', '2'])
