@@ -16,3 +16,9 @@ class DataError(SuiteError, ValueError):
 
 class CheckpointError(SuiteError, RuntimeError):
     """A checkpoint file that cannot be read, or whose weights do not fit the model."""
+
+
+class Interrupted(SuiteError):
+    """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again (a scheduler's requeue)

@@ -6,8 +6,9 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 from timm.data import create_transform
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from engine.checkpoints import hash_seed, seed_all
 from engine.images import ImageReadError, check_same_classes, read_image, scan_split
 from token_labeling.batch_augment import collate_regions
 from token_labeling.label_store import TokenLabelStore
@@ -37,6 +38,7 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
+        self.epoch_seed: Optional[tuple] = None  # (run seed, epoch): see set_epoch
         if label_store is not None:
             check_same_classes(label_store.classes, self.classes, f'the token-label store {label_store.root}',
                                str(self.data_dir / split))
@@ -46,8 +48,16 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def set_epoch(self, seed: int, epoch: int) -> None:
+        """Loader workers seed each image's augmentation from (seed, epoch, index), so an image is augmented the same
+        whichever worker reads it and whenever: what a run resumed mid-epoch needs. (Without workers the images are
+        drawn from the training process's own streams, which checkpoints hold.)"""
+        self.epoch_seed = (seed, epoch)
+
     def __getitem__(self, index: int) -> Optional[dict]:
         path, label = self.samples[index]
+        if self.epoch_seed is not None and get_worker_info() is not None:
+            seed_all(hash_seed(*self.epoch_seed, index))
         try:
             # a transform that `takes_path` decodes the file itself (no more of it than its crop needs)
             out = self.transform(self.data_dir / path) if getattr(self.transform, 'takes_path', False) \

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import random
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -16,6 +17,12 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def hash_seed(*values: int) -> int:
+    """A seed for Python, NumPy and torch (below 2**32) drawn from integers: each tuple its own stream."""
+    digest = hashlib.sha256(','.join(map(str, values)).encode()).digest()
+    return int.from_bytes(digest[:4], 'little')
 
 
 def rng_state() -> dict:

@@ -2,7 +2,7 @@
 value's meaning.
 
 The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line
-(`error: ...`) with exit status 2; `--debug` on the command line, or SUITE_DEBUG=1 in the environment, shows the
+(`error: ...`) with exit status 2, a run stopped on request (`Interrupted`) with exit status 75; `--debug` on the command line, or SUITE_DEBUG=1 in the environment, shows the
 traceback instead. Errors that are not the suite's (a bug, a library failure) keep their traceback.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable, List
 
 import torch
 
-from backbones.errors import SuiteError, UsageError
+from backbones.errors import Interrupted, SuiteError, UsageError
 
 from .log import show_log
 
@@ -43,6 +43,9 @@ def run_command(main: Callable[[], object]) -> None:
     show_log()
     try:
         status = main()
+    except Interrupted as exc:
+        print(f'interrupted: {one_line(exc)}', file=sys.stderr)
+        sys.exit(exc.exit_code)
     except SuiteError as exc:
         if debug:
             raise

@@ -1,7 +1,9 @@
 """torchrun process groups (NCCL on GPU, gloo on CPU), sharding without padding, and reductions."""
 from __future__ import annotations
 
+import itertools
 import os
+import signal
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, TypeVar
 
@@ -77,6 +79,35 @@ def all_reduce_sum(values: Sequence[float], info: DistInfo) -> List[float]:
     return t.tolist()
 
 
+class ResumableSampler(Sampler[int]):
+    """A training sampler whose next pass can start part of the way in (`skip`): a run resumed mid-epoch reads the
+    rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone."""
+
+    def __init__(self, sampler: Sampler[int]) -> None:
+        self.sampler, self.start = sampler, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def skip(self, count: int) -> None:
+        """Leave out the first `count` indices of the next pass (only)."""
+        self.start = count
+
+    def __iter__(self):
+        start, self.start = self.start, 0
+        return itertools.islice(iter(self.sampler), start, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.start
+
+
+def ignore_stop_signals(_: int) -> None:
+    """Loader workers leave SIGTERM and SIGUSR1 to the training process, which stops them after its checkpoint (a
+    cluster scheduler signals every process of a job)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 class ShardSampler(Sampler[int]):
     """Every world_size-th index from `rank`: each item seen exactly once over all processes (for evaluation)."""
 
@@ -93,16 +124,17 @@ class ShardSampler(Sampler[int]):
 def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
                     seed: int, collate_fn: Callable, aug_repeats: int = 0) -> List[DataLoader]:
     """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches
-    only; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image that many times an epoch, the
+    only, resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image that many times an epoch, the
     copies spread over the processes), then one loader per evaluation set (each item exactly once over all
     processes)."""
     if len(train_set) < batch_size * info.world_size:
         raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                         f'({batch_size} x {info.world_size} processes)')
-    common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn)
+    common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn,
+                  worker_init_fn=ignore_stop_signals if workers else None)
     if aug_repeats > 1:
         sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True, num_repeats=aug_repeats)
     else:
         sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
-    return [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)] + [
+    return [DataLoader(train_set, batch_size, sampler=ResumableSampler(sampler), drop_last=True, **common)] + [
         DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]

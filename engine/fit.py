@@ -4,6 +4,14 @@ Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every proc
 (weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
 uninterrupted run.
 
+Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a job) lets the current update finish,
+then `last.pth` is written mid-epoch (the batches done, the epoch's loss so far, every RNG state) and the command
+exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a checkpoint at most every M
+minutes. A resume continues mid-epoch at the next batch, to the same losses and weights: the sampler skips what the
+epoch already read, and the loader workers seed each image's augmentation from the run's seed, the epoch and the
+image (not from the order they happen to read in). Under `torchrun --max-restarts`, a restarted run resumes from its
+own `last.pth` by itself.
+
 Crash consistency: `last.pth` is the run's record. Each file is written to a temporary name and renamed, so a
 kill leaves either the old or the new file, never half of one. `last.pth` is written before `best.pth`, and the
 best epoch it records is either an earlier one (whose `best.pth` is complete) or its own epoch (whose weights it
@@ -14,6 +22,9 @@ with other settings than the run's is refused, naming them.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,21 +36,30 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from backbones import TokenLabelingModel
-from backbones.errors import CheckpointError, DataError, UsageError
+from backbones.errors import CheckpointError, DataError, Interrupted, UsageError
 
 from .checkpoints import preserved_rng, read_training_checkpoint, rng_state, seed_all, set_rng_state
 from .cli import check_output_folder
-from .distributed import DistInfo, barrier
+from .distributed import DistInfo, all_reduce_sum, barrier
 from .files import remove_partial_writes, save_atomic, write_text_atomic
 from .log import logger
-from .steps import BatchTransform, Objective, StepState, evaluate, train_one_epoch
+from .steps import BatchTransform, EpochProgress, Objective, StepState, evaluate, train_one_epoch
 
 LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 
 
+def restarted_by_torchrun() -> bool:
+    """Whether torchrun restarted this run's processes after a failure (`--max-restarts`)."""
+    return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or 0) > 0
+
+
 def resume_path(resume: Optional[str], output: Path) -> Optional[Path]:
-    """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently."""
+    """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently.
+    A run torchrun restarted continues from its own last.pth, as `--resume` would."""
     check_output_folder(output)
+    if resume is None and restarted_by_torchrun() and (output / LAST).exists():
+        logger.info(f'torchrun restarted the run: resuming from {output / LAST}')
+        resume = 'auto'
     if resume == 'auto' and not (output / LAST).exists():
         logger.info(f'--resume: {output} holds no {LAST} yet; starting the run from the beginning')
         return None
@@ -56,17 +76,43 @@ def bare_model(model: nn.Module) -> nn.Module:
     return model.model if isinstance(model, TokenLabelingModel) else model
 
 
+def gather_objects(value, info: DistInfo) -> list:
+    """`value` of every process (index = rank)."""
+    if not info.distributed:
+        return [value]
+    values = [None] * info.world_size
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
 def gather_rng_states(info: DistInfo) -> list:
     """Every process's RNG state (index = rank), so a resumed DDP run continues each one's stream."""
-    state = rng_state()
-    if not info.distributed:
-        return [state]
-    states = [None] * info.world_size
-    torch.distributed.all_gather_object(states, state)
-    return states
+    return gather_objects(rng_state(), info)
 
 
 Pictures = Callable[[], Dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequests:
+    """SIGTERM and SIGUSR1 noted (not acted on at once) while a run trains; the handlers before are put back after."""
+
+    def __init__(self) -> None:
+        self.received: Optional[str] = None
+        self.previous: dict = {}
+
+    def __enter__(self) -> 'StopRequests':
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for sig in STOP_SIGNALS:
+                self.previous[sig] = signal.signal(sig, self.note)
+        return self
+
+    def note(self, signum: int, _frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *_) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 class RunLog:
@@ -122,14 +168,19 @@ class Fit:
     train_transform: Optional[BatchTransform] = None
     eval_transform: Optional[BatchTransform] = None
     accumulate: int = 1  # batches per optimizer update
+    checkpoint_minutes: Optional[float] = None  # a mid-epoch checkpoint at most this often
     start_epoch: int = 0
     best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
     record: dict = field(default_factory=dict)
+    seed: int = 0
+    resume_progress: Optional[EpochProgress] = None  # the epoch a mid-epoch checkpoint stopped in
+    resume_rng: Optional[dict] = None  # its random streams, restored once the epoch's loader has started
 
     def start(self, resume: Optional[Path], seed: int) -> None:
         """Restore `resume` (weights, optimizer, scheduler, scaler, epoch, best, RNG), or seed a fresh run."""
         if self.info.is_main:
             remove_partial_writes(self.output)
+        self.seed = seed
         if resume is None:
             seed_all(seed + self.info.rank)  # augmentation and MixToken differ between processes
             return
@@ -151,49 +202,89 @@ class Fit:
             self.state.scaler.load_state_dict(ckpt['scaler'])
         self.start_epoch, self.state.num_updates = ckpt['epoch'] + 1, ckpt['num_updates']
         self.best, self.record = ckpt['best'], ckpt['metrics']
-        rng = ckpt['rng']
-        set_rng_state(rng[self.info.rank] if self.info.rank < len(rng) else rng[0])
-        logger.info(f'resumed {resume} at epoch {self.start_epoch}')
+        rng = ckpt['rng'][self.info.rank] if self.info.rank < len(ckpt['rng']) else ckpt['rng'][0]
+        if 'batch' in ckpt:  # mid-epoch
+            loss_sum, steps = ckpt['epoch_loss'][self.info.rank]
+            self.resume_progress, self.resume_rng = EpochProgress(ckpt['batch'], loss_sum, steps), rng
+            where = f'epoch {self.start_epoch + 1}, batch {ckpt["batch"] + 1}'
+        else:
+            set_rng_state(rng)
+            where = f'epoch {self.start_epoch + 1}'
+        logger.info(f'resumed {resume} at {where}')
 
     def run(self, train_loader, val_loader: Iterable[dict], num_epochs: int, runlog: RunLog) -> dict:
         """Train from `start_epoch` to `num_epochs`, validating and checkpointing each epoch; the last record."""
-        info, state = self.info, self.state
+        info = self.info
         train_model = DistributedDataParallel(
             self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
             if info.distributed else self.model
-        for epoch in range(self.start_epoch, num_epochs):
-            started, updates = time.time(), state.num_updates
-            train_loader.sampler.set_epoch(epoch)
-            loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
-                                   runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}',
-                                   transform=self.train_transform, accumulate=self.accumulate)
-            if state.num_updates == updates:
-                raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
-                                f'unreadable and skipped; check the data folder')
-            state.scheduler.step(epoch + 1)
-            record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': state.optimizer.param_groups[0]['lr']}
-            record.update(evaluate(self.model, val_loader, info, self.amp, desc='val', transform=self.eval_transform))
-            if record['images'] == 0:
-                raise DataError(f'no validation image could be read ({record["skipped"]} skipped); check the data '
-                                f'folder')
-            if state.ema is not None:
-                ema = evaluate(state.ema.module, val_loader, info, self.amp, desc='val ema',
-                               transform=self.eval_transform)
-                record.update(ema_top1=ema['top1'], ema_top5=ema['top5'])
-            record['skipped_train'] = state.skipped
-            record['time'] = round(time.time() - started, 1)
-            is_best = record['top1'] > self.best['top1']
-            if is_best:
-                self.best = {'top1': record['top1'], 'epoch': epoch + 1}
-            self.record = record
-            self.save(epoch, is_best)
-            runlog.epoch(record)
+        with StopRequests() as stops:
+            for epoch in range(self.start_epoch, num_epochs):
+                self.run_epoch(train_model, epoch, num_epochs, train_loader, val_loader, runlog, stops)
         runlog.close()
-        barrier(info)  # best.pth and last.pth are complete for every process
+        barrier(self.info)  # best.pth and last.pth are complete for every process
         return self.record
 
-    def save(self, epoch: int, is_best: bool) -> None:
+    def run_epoch(self, train_model: nn.Module, epoch: int, num_epochs: int, train_loader,
+                  val_loader: Iterable[dict], runlog: RunLog, stops: StopRequests) -> None:
+        """One epoch (or the rest of one), its validation and checkpoint; mid-epoch checkpoints and the stop on a
+        signal after updates (see the module docstring)."""
+        info, state = self.info, self.state
+        started, updates = time.time(), state.num_updates
+        progress, rng = self.resume_progress, self.resume_rng
+        self.resume_progress = self.resume_rng = None
+        train_loader.sampler.set_epoch(epoch)
+        if progress is not None:
+            train_loader.sampler.skip(progress.batches * train_loader.batch_size)
+        if hasattr(train_loader.dataset, 'set_epoch'):
+            train_loader.dataset.set_epoch(self.seed, epoch)
+        last_save = time.time()
+
+        def after_update(done: EpochProgress) -> bool:
+            nonlocal last_save
+            due = self.checkpoint_minutes is not None and time.time() - last_save >= 60 * self.checkpoint_minutes
+            stop, due = (bool(v) for v in all_reduce_sum([stops.received is not None, due], info))
+            if stop or due:
+                self.save(epoch - 1, False, done)
+                last_save = time.time()
+            if stop:
+                runlog.close()
+                raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch + 1}, batch {done.batches}: '
+                                  f'{self.output / LAST} holds the run; the same command with --resume continues it')
+            return False
+
+        loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
+                               runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}', transform=self.train_transform,
+                               accumulate=self.accumulate, progress=progress,
+                               on_start=None if rng is None else lambda: set_rng_state(rng),
+                               after_update=after_update)
+        if state.num_updates == updates:
+            raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
+                            f'unreadable and skipped; check the data folder')
+        state.scheduler.step(epoch + 1)
+        record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': state.optimizer.param_groups[0]['lr']}
+        record.update(evaluate(self.model, val_loader, info, self.amp, desc='val', transform=self.eval_transform))
+        if record['images'] == 0:
+            raise DataError(f'no validation image could be read ({record["skipped"]} skipped); check the data '
+                            f'folder')
+        if state.ema is not None:
+            ema = evaluate(state.ema.module, val_loader, info, self.amp, desc='val ema',
+                           transform=self.eval_transform)
+            record.update(ema_top1=ema['top1'], ema_top5=ema['top5'])
+        record['skipped_train'] = state.skipped
+        record['time'] = round(time.time() - started, 1)
+        is_best = record['top1'] > self.best['top1']
+        if is_best:
+            self.best = {'top1': record['top1'], 'epoch': epoch + 1}
+        self.record = record
+        self.save(epoch, is_best)
+        runlog.epoch(record)
+
+    def save(self, epoch: int, is_best: bool, progress: Optional[EpochProgress] = None) -> None:
+        """last.pth after `epoch` (0-based; -1: none yet) and, mid-epoch, the `progress` of the next one; best.pth
+        too when `is_best`."""
         rng = gather_rng_states(self.info)
+        epoch_loss = gather_objects((progress.loss_sum, progress.steps), self.info) if progress else None
         if not self.info.is_main:
             return
         state = self.state
@@ -205,6 +296,8 @@ class Fit:
                 'args': self.config, 'metrics': self.record}
         if state.scaler is not None:
             ckpt['scaler'] = state.scaler.state_dict()
+        if progress is not None:
+            ckpt.update(batch=progress.batches, epoch_loss=epoch_loss)
         save_atomic(ckpt, self.output / LAST)  # first: see the module docstring
         if is_best:
             save_atomic(best_checkpoint(ckpt), self.output / BEST)
@@ -239,7 +332,8 @@ def repair_log(output: Path, last: dict) -> None:
             continue  # a line cut short
         if isinstance(record, dict) and isinstance(record.get('epoch'), int) and record['epoch'] <= done:
             records[record['epoch']] = record
-    records[done] = last['metrics']
+    if done >= 1:  # a mid-epoch checkpoint of the first epoch has no epoch record yet
+        records[done] = last['metrics']
     write_text_atomic(path, ''.join(json.dumps(records[epoch]) + '\n' for epoch in sorted(records)))
 
 
@@ -255,7 +349,7 @@ def repair_best(output: Path, last: dict) -> None:
         held = None
     if held == best_epoch:
         return
-    if last['epoch'] + 1 != best_epoch:
+    if last['epoch'] + 1 != best_epoch or 'batch' in last:  # mid-epoch: last.pth holds later weights
         raise CheckpointError(f'{path} does not hold epoch {best_epoch}, the best one {output / LAST} records, and '
                               f'its weights are nowhere else; restore {path} or start a new run')
     logger.info(f'rewriting {path} from {output / LAST}: it held ' +

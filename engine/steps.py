@@ -71,6 +71,16 @@ class StepState:
     skipped: int = 0
 
 
+@dataclass
+class EpochProgress:
+    """Where a training pass stands: batches done (of the loader's full pass), and this process's loss sum over
+    them and their count (a resumed pass continues its mean)."""
+
+    batches: int = 0
+    loss_sum: float = 0.0
+    steps: int = 0
+
+
 def train_one_epoch(
         model: nn.Module,
         loader: Iterable[dict],
@@ -83,24 +93,38 @@ def train_one_epoch(
         desc: str = 'train',
         transform: Optional[BatchTransform] = None,
         accumulate: int = 1,
-) -> float:
+        progress: Optional[EpochProgress] = None,
+        on_start: Optional[Callable[[], None]] = None,
+        after_update: Optional[Callable[[EpochProgress], bool]] = None,
+) -> Optional[float]:
     """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
     each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
     mean loss over all processes. Batches left over at the end of the pass, fewer than `accumulate`, are not
-    trained on (as the loader drops an incomplete last batch)."""
+    trained on (as the loader drops an incomplete last batch).
+
+    A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
+    `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
+    streams after that draw). `after_update(progress)` runs after every update; when it returns True the pass stops
+    there and returns None."""
     model.train()
-    total, steps = 0.0, 0
-    usable = len(loader) // accumulate * accumulate if hasattr(loader, '__len__') else None
-    bar = tqdm(loader, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False, total=usable)
+    progress = progress or EpochProgress()
+    # the batches of the whole pass that complete an update (an iterator without a length: all it yields)
+    usable = (progress.batches + len(loader)) // accumulate * accumulate if hasattr(loader, '__len__') else None
+    batches = iter(loader)
+    if on_start is not None:
+        on_start()
+    bar = tqdm(batches, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
+               initial=progress.batches, total=usable)
     pending = 0  # batches whose gradients wait for the update
-    for index, batch in enumerate(bar):
-        if usable is not None and index >= usable:
+    for batch in bar:
+        if usable is not None and progress.batches >= usable:
             break
         state.skipped += batch['skipped']
-        updating = (index + 1) % accumulate == 0
+        progress.batches += 1
+        updating = progress.batches % accumulate == 0
         if 'image' in batch:
             value = train_step(model, batch, objective, state, info, amp, transform, accumulate, updating)
-            total, steps, pending = total + value, steps + 1, pending + 1
+            progress.loss_sum, progress.steps, pending = progress.loss_sum + value, progress.steps + 1, pending + 1
         if updating and pending:
             update(model, state, clip_grad)
             pending = 0
@@ -108,7 +132,9 @@ def train_one_epoch(
             bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}')
             if log is not None:
                 log(state.num_updates, value, lr)
-    total, steps = all_reduce_sum([total, steps], info)
+        if updating and after_update is not None and after_update(progress):
+            return None
+    total, steps = all_reduce_sum([progress.loss_sum, progress.steps], info)
     return total / max(steps, 1)
 
 

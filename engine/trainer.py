@@ -27,7 +27,7 @@ from timm.utils import ModelEmaV3
 
 from backbones.errors import DataError, UsageError
 
-from .cli import DEVICES, non_negative_int, parse_model_kwargs, positive_int
+from .cli import DEVICES, non_negative_int, parse_model_kwargs, positive_float, positive_int
 from .distributed import DistInfo, barrier
 from .files import write_json_atomic
 from .fit import METRICS, Fit, Pictures, RunLog, bare_model, resume_path
@@ -52,12 +52,14 @@ class RunOptions:
     compile: bool = False
     pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
     grad_accum_steps: int = 1  # batches whose gradients make one update
+    checkpoint_minutes: Optional[float] = None  # a mid-epoch checkpoint at most this often; None: at epochs only
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
         return cls(Path(args.output or default_output), args.resume, parse_model_kwargs(args.model_kwargs),
                    args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing,
-                   args.compile, args.pictures, grad_accum_steps=args.grad_accum_steps)
+                   args.compile, args.pictures, grad_accum_steps=args.grad_accum_steps,
+                   checkpoint_minutes=args.checkpoint_minutes)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
@@ -83,6 +85,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N',
                         help='one optimizer update every N batches (their gradients summed): the global batch, which '
                              'the lr follows, is batch size x processes x N; the schedule counts updates')
+    parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
+                        help='also write last.pth mid-epoch, at most every M minutes (resumed at the next batch); '
+                             'SIGTERM and SIGUSR1 always write one before stopping')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
                         help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
                              '0: none')
@@ -193,7 +198,7 @@ class Trainer:
         if self.options.compile:
             model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager
         fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
-                  train_transform, eval_transform, accumulate)
+                  train_transform, eval_transform, accumulate, self.options.checkpoint_minutes)
         fit.start(self.resume, self.options.seed)
         return fit
 

@@ -66,3 +66,43 @@ def assert_same_run(a: Path, b: Path, epochs: int, exact: bool = True, images: i
             assert torch.equal(wa[k], wb[k]), k
         else:
             torch.testing.assert_close(wb[k], wa[k], atol=2e-5, rtol=1e-4)
+
+
+def mid_epoch_point(output: Path) -> tuple | None:
+    """(epoch, batch) of a mid-epoch last.pth, None while there is none."""
+    try:
+        checkpoint = torch.load(output / 'last.pth', map_location='cpu', weights_only=True)
+    except (FileNotFoundError, RuntimeError, EOFError):
+        return None
+    return (checkpoint['epoch'], checkpoint['batch']) if 'batch' in checkpoint else None
+
+
+def stop_mid_epoch(tool: str, args: Sequence[str], output: Path, after: tuple | None) -> tuple:
+    """Start the command (which writes a mid-epoch checkpoint after every update) and SIGTERM it once a checkpoint
+    later than `after` appears; it must exit with status 75 at a mid-epoch point, which is returned."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / tool), *args, '--checkpoint-minutes', '1e-6'],
+                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        point = mid_epoch_point(output)
+        if point is not None and point != after:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stderr[-2000:]
+    assert 'SIGTERM at epoch' in stderr and '--resume continues it' in stderr and 'Traceback' not in stderr
+    stopped = mid_epoch_point(output)
+    assert stopped is not None and stopped != after
+    return stopped
+
+
+def resume_after_stops(tool: str, args: Sequence[str], output: Path, stops: int) -> list:
+    """Stop a run mid-epoch `stops` times (SIGTERM), resuming it each time, then let it finish; the stop points."""
+    points, resume = [], []
+    for _ in range(stops):
+        points.append(stop_mid_epoch(tool, [*args, *resume], output, points[-1] if points else None))
+        resume = ['--resume']
+    finished = run_tool(tool, [*args, '--resume'])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return points

@@ -1,0 +1,80 @@
+"""Runs that survive preemption: SIGTERM mid-epoch writes a checkpoint and exits with status 75; resumed, the run
+continues at the next batch to the same losses and weights as an uninterrupted one (token labeling with the full
+recipe and loader workers; CIFAR transfer); torchrun restarts resume by themselves."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers.cifar_data import tiny_cifar
+from helpers.commands import ENV, ROOT, run_tool, succeeded
+from helpers.models import FAMILIES, TINY_DEIT
+from helpers.training_runs import assert_same_run, mid_epoch_point, resume_after_stops
+
+# the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes, accumulation
+FULL = ['--epochs', '3', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1', '--img-size', '32',
+        '--batch-size', '2', '--lr-base', '1e-3', '--lr-base-batch', '4', '--warmup-epochs', '1', '--device', 'cpu',
+        '--grad-accum-steps', '2']
+
+
+def test_token_labeling_run_stopped_twice_mid_epoch_ends_like_an_uninterrupted_one(labeled_images, tmp_path):
+    data, labels = labeled_images
+    args = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', *FULL]
+    succeeded(run_tool('train_cls.py', [*args, '--output', tmp_path / 'straight']))
+    points = resume_after_stops('train_cls.py', [*args, '--output', tmp_path / 'cut'], tmp_path / 'cut', stops=2)
+    assert len(set(points)) == 2 and all(batch > 0 for _, batch in points)
+    assert_same_run(tmp_path / 'straight', tmp_path / 'cut', epochs=3)
+
+
+def test_cifar_transfer_stopped_mid_epoch_ends_like_an_uninterrupted_one(tmp_path):
+    root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=12, per_class_test=4, archive=True)
+    lvvit = ['lvvit_s', '--model-kwargs', *(f'{k}={v}' for k, v in FAMILIES['lvvit_s'][0].items())]
+    args = [*lvvit, '--dataset', 'cifar10', '--data-dir', root, '--img-size', '32', '--batch-size', '8', '--workers',
+            '2', '--device', 'cpu', '--epochs', '3', '--drop-path', '0.1']
+    succeeded(run_tool('transfer_cifar.py', [*args, '--output', tmp_path / 'straight']))
+    resume_after_stops('transfer_cifar.py', [*args, '--output', tmp_path / 'cut'], tmp_path / 'cut', stops=2)
+    assert_same_run(tmp_path / 'straight', tmp_path / 'cut', epochs=3)
+    assert json.loads((tmp_path / 'cut' / 'metrics.json').read_text()) == \
+        json.loads((tmp_path / 'straight' / 'metrics.json').read_text())
+
+
+def worker_processes(parent: int) -> list:
+    """The processes `parent` started (from /proc)."""
+    children = []
+    for stat in Path('/proc').glob('[0-9]*/stat'):
+        try:
+            fields = stat.read_text().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def test_a_run_torchrun_restarts_resumes_from_its_own_checkpoint(labeled_images, tmp_path):
+    """torchrun --max-restarts 1: the training process is killed (SIGKILL, no warning) after a mid-epoch
+    checkpoint; torchrun starts it again, and it continues from its last.pth by itself to the same end."""
+    data, labels = labeled_images
+    args = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', *FULL]
+    succeeded(run_tool('train_cls.py', [*args, '--output', tmp_path / 'straight']))
+    cut = tmp_path / 'cut'
+    proc = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '1', '--max-restarts',
+                             '1', '--master-port', '29631', ROOT / 'tools' / 'train_cls.py', *args, '--output', cut,
+                             '--checkpoint-minutes', '1e-6'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while mid_epoch_point(cut) is None and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    victims = worker_processes(proc.pid)
+    assert victims, 'torchrun started no training process'
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    assert 'torchrun restarted the run: resuming from' in output
+    assert_same_run(tmp_path / 'straight', cut, epochs=3)
