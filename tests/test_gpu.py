@@ -189,3 +189,35 @@ def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
     env = {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29671'}
     result = succeeded(run_python(['-c', script], env={**ENV, **env}))
     assert 'nccl ok' in result.stdout
+
+
+def test_released_labels_train_on_cuda_like_on_cpu(tmp_path):
+    """An imported TokenLabeling tree (centre-square maps) trains with token labeling and with --preset relabel on
+    the GPU (batched augmentation, bf16) like on the CPU (fp32, the batched path too)."""
+    from helpers.cls_data import make_image_folder
+    from test_released_labels import TINY_LVVIT, write_release
+    from token_labeling.released import import_released_labels
+    data = make_image_folder(tmp_path / 'data')
+    import_released_labels(data, write_release(data, tmp_path / 'tree', 'tokenlabeling'), tmp_path / 'store',
+                           DistInfo(), workers=0)
+    for preset in ('token-labeling', 'relabel'):
+        args = [*TINY_LVVIT, '--data-dir', str(data), '--token-label-dir', str(tmp_path / 'store'), '--preset', preset,
+                '--img-size', '32', '--batch-size', '4', '--lr-base-batch', '4', '--warmup-epochs', '1', *FIXED]
+        main([*args, '--output', str(tmp_path / f'{preset}_cpu'), '--device', 'cpu', '--augment', 'batched'])
+        main([*args, '--output', str(tmp_path / f'{preset}_gpu'), '--device', 'cuda', '--amp', 'bf16'])
+        assert_losses_close(tmp_path / f'{preset}_cpu', tmp_path / f'{preset}_gpu', rel=2e-2)
+
+
+def test_a_cuda_run_stopped_mid_epoch_resumes_to_the_same_end(labeled_images, tmp_path):
+    """SIGTERM mid-epoch on the GPU (bf16, accumulation, loader workers, the batched augmentation): exit 75, then
+    --resume ends where the uninterrupted run ends (to the GPU's run-to-run precision)."""
+    from helpers.training_runs import resume_after_stops
+    data, labels = labeled_images
+    args = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', '--epochs', '3',
+            '--workers', '2', '--img-size', '32', '--batch-size', '2', '--lr-base-batch', '4', '--device', 'cuda',
+            '--amp', 'bf16', '--grad-accum-steps', '2']
+    succeeded(run_tool('train_cls.py', [*args, '--output', tmp_path / 'straight']))
+    resume_after_stops('train_cls.py', [*args, '--output', tmp_path / 'cut'], tmp_path / 'cut', stops=1)
+    straight, cut = read_log(tmp_path / 'straight'), read_log(tmp_path / 'cut')
+    for epoch in (1, 2, 3):
+        assert cut[epoch]['train_loss'] == pytest.approx(straight[epoch]['train_loss'], rel=1e-3), epoch

@@ -85,14 +85,14 @@ def synthetic_imagenet(root: Path, images: int, classes: int = 4, seed: int = 0)
     return root
 
 
-def synthetic_labels(data: Path, output: Path) -> Path:
-    """A token-label store of a random-weight annotator: 14x14 top-5 maps, the shape LV-ViT's NFNet-F6 labels have."""
+def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
+    """A token-label store of a random-weight annotator (made on `device`): 14x14 top-5 maps."""
     annotator = output.parent / 'annotator.pth'
     torch.manual_seed(0)
     torch.save(timm.create_model('resnet10t', num_classes=len(find_classes(data / 'train'))).state_dict(),
                annotator)
-    generate_token_labels(data, 'resnet10t', output, DistInfo(), checkpoint=str(annotator), img_size=448, topk=5,
-                          workers=0)
+    generate_token_labels(data, 'resnet10t', output, DistInfo(device=device), checkpoint=str(annotator), img_size=448,
+                          topk=5, workers=0)
     return output
 
 
@@ -280,7 +280,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         root = Path(args.data_dir) if args.data_dir else synthetic_imagenet(Path(tmp) / 'data', args.images)
         labels = Path(args.token_label_dir) if args.token_label_dir else None
         if labels is None and any(recipe_for(m).uses_score_maps for m in args.models):
-            labels = synthetic_labels(root, Path(tmp) / 'labels')
+            labels = synthetic_labels(root, Path(tmp) / 'labels', torch.device(args.device))
         data = ImageData(root, labels)
         results = [benchmark_model(name, data, args) for name in args.models]
     if args.json:
