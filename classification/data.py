@@ -18,9 +18,9 @@ class ImageFolderDataset(Dataset):
     """One split of an ImageNet-layout folder.
 
     Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
-    token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers
-    (`extent`, whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an unreadable
-    image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
+    token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers (`extent`,
+    whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an
+    unreadable image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
     """
 
     def __init__(

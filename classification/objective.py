@@ -42,13 +42,13 @@ class DistillationTargets(NamedTuple):
 class ClassificationObjective:
     """Turns a batch and the model's output into the loss (the engine's `Objective`).
 
-    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps
-    when `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop),
-    otherwise every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT).
-    With `label_pooling` (ReLabel) a plain classifier learns the map pooled over the crop, the images and their
-    targets mixed by CutMix (`cutmix_alpha`; 0: none). With a `teacher` (DeiT's hard distillation) the model returns class and
-    distillation logits: the loss is half the class term and half the cross-entropy of the distillation logits
-    with the teacher's class of the same (mixed) image.
+    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps when
+    `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop), otherwise
+    every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT). With
+    `label_pooling` (ReLabel) a plain classifier learns the map pooled over the crop, the images and their targets mixed
+    by CutMix (`cutmix_alpha`; 0: none). With a `teacher` (DeiT's hard distillation) the model returns class and
+    distillation logits: the loss is half the class term and half the cross-entropy of the distillation logits with the
+    teacher's class of the same (mixed) image.
     """
 
     num_classes: int

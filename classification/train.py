@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
         '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), '
         'token-labeling-no-mixtoken, relabel (ReLabel: the map pooled over the crop, CutMix, no token head), '
-        'relabel-mixtoken (MixToken, every token learning the pooled map); and vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
+        'relabel-mixtoken (MixToken, every token learning the pooled map); and vit-finetune, the ViT paper\'s '
+        'fine-tuning (with --finetune)'))
     p.add_argument('--augment', choices=AUGMENT_CHOICES, default='auto', help=(
         'where the training augmentation runs: pil (each image in the loader workers, the reference), batched (the '
         'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '

@@ -1,9 +1,10 @@
 """What every command shares: one-line errors, the log on standard output, and argparse value types that check a
 value's meaning.
 
-The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line
-(`error: ...`) with exit status 2, a run stopped on request (`Interrupted`) with exit status 75; `--debug` on the command line, or SUITE_DEBUG=1 in the environment, shows the
-traceback instead. Errors that are not the suite's (a bug, a library failure) keep their traceback.
+The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line (`error: ...`)
+with exit status 2, a run stopped on request (`Interrupted`) with exit status 75; `--debug` on the command line, or
+SUITE_DEBUG=1 in the environment, shows the traceback instead. Errors that are not the suite's (a bug, a library
+failure) keep their traceback.
 """
 from __future__ import annotations
 

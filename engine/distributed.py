@@ -123,10 +123,10 @@ class ShardSampler(Sampler[int]):
 
 def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
                     seed: int, collate_fn: Callable, aug_repeats: int = 0) -> List[DataLoader]:
-    """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches
-    only, resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image that many times an epoch, the
-    copies spread over the processes), then one loader per evaluation set (each item exactly once over all
-    processes)."""
+    """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches only,
+    resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image
+    that many times an epoch, the copies spread over the processes), then one loader per evaluation set (each item
+    exactly once over all processes)."""
     if len(train_set) < batch_size * info.world_size:
         raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                         f'({batch_size} x {info.world_size} processes)')

@@ -102,7 +102,8 @@ def test_grad_accum_steps_makes_one_update_every_n_iterations(trained, tmp_path)
     from mmengine.config import Config
     _, config, plain_work, _ = trained
     work = tmp_path / 'accumulated'
-    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2', '--grad-accum-steps', '2']))
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2',
+                                                 '--grad-accum-steps', '2']))
     assert '4 iterations of 2 images, 2 accumulated per update' in result.stdout + result.stderr
     checkpoint = torch.load(work / 'iter_4.pth', map_location='cpu', weights_only=False)
     assert {int(s['step']) for s in checkpoint['optimizer']['state'].values()} == {2}

@@ -12,7 +12,7 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from engine.cli import DEVICES, non_negative_int, parse_model_kwargs, positive_int, run_command
+from engine.cli import DEVICES, check_output_folder, non_negative_int, parse_model_kwargs, positive_int, run_command
 from engine.distributed import run_distributed
 from engine.log import logger
 from token_labeling.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
@@ -39,6 +39,7 @@ def main() -> None:
                    help='annotator arguments, e.g. output_stride=16 for a denser map')
     p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     args = p.parse_args()
+    check_output_folder(args.output)
     meta = run_distributed(lambda info: generate_token_labels(
         args.data_dir, args.annotator, args.output, info, checkpoint=args.checkpoint, img_size=args.img_size,
         topk=args.topk, split=args.split, batch_size=args.batch_size, workers=args.workers,

@@ -13,7 +13,7 @@ their image label). Run the same command again after an interruption: finished s
 """
 import argparse
 
-from engine.cli import positive_int, run_command
+from engine.cli import check_output_folder, non_negative_int, positive_int, run_command
 from engine.distributed import run_distributed
 from engine.log import logger
 from token_labeling.label_store import DEFAULT_SHARD_SIZE
@@ -30,11 +30,12 @@ def main() -> None:
         'tokenlabeling: NFNet-F6 maps of the centre square ([2, 5, 18, 18]); relabel: EfficientNet-L2 maps of the '
         'whole image ([2, 5, 15, 15]); auto: from the first file\'s map size'))
     p.add_argument('--split', default='train')
-    p.add_argument('--workers', type=positive_int, default=8, help='processes reading the files')
+    p.add_argument('--workers', type=non_negative_int, default=8, help='processes reading the files (0: this one)')
     p.add_argument('--shard-size', type=positive_int, default=DEFAULT_SHARD_SIZE, help='images per resumable shard')
     p.add_argument('--skip-missing', action='store_true',
                    help='give images without a file an empty row (listed in meta.json; they train on their label)')
     args = p.parse_args()
+    check_output_folder(args.output)
     meta = run_distributed(lambda info: import_released_labels(
         args.data_dir, args.release_dir, args.output, info, fmt=args.format, split=args.split, workers=args.workers,
         shard_size=args.shard_size, skip_missing=args.skip_missing), 'cpu')
