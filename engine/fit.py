@@ -240,7 +240,7 @@ class Fit:
             train_loader.dataset.set_epoch(self.seed, epoch)
         last_save = time.time()
 
-        def after_update(done: EpochProgress) -> bool:
+        def after_update(done: EpochProgress) -> None:
             nonlocal last_save
             due = self.checkpoint_minutes is not None and time.time() - last_save >= 60 * self.checkpoint_minutes
             stop, due = (bool(v) for v in all_reduce_sum([stops.received is not None, due], info))
@@ -251,14 +251,13 @@ class Fit:
                 runlog.close()
                 raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch + 1}, batch {done.batches}: '
                                   f'{self.output / LAST} holds the run; the same command with --resume continues it')
-            return False
 
         loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
                                runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}', transform=self.train_transform,
                                accumulate=self.accumulate, progress=progress,
                                on_start=None if rng is None else lambda: set_rng_state(rng),
                                after_update=after_update)
-        if state.num_updates == updates:
+        if state.num_updates == updates and (progress is None or progress.steps == 0):
             raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
                             f'unreadable and skipped; check the data folder')
         state.scheduler.step(epoch + 1)

@@ -95,8 +95,8 @@ def train_one_epoch(
         accumulate: int = 1,
         progress: Optional[EpochProgress] = None,
         on_start: Optional[Callable[[], None]] = None,
-        after_update: Optional[Callable[[EpochProgress], bool]] = None,
-) -> Optional[float]:
+        after_update: Optional[Callable[[EpochProgress], None]] = None,
+) -> float:
     """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
     each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
     mean loss over all processes. Batches left over at the end of the pass, fewer than `accumulate`, are not
@@ -104,8 +104,7 @@ def train_one_epoch(
 
     A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
     `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
-    streams after that draw). `after_update(progress)` runs after every update; when it returns True the pass stops
-    there and returns None."""
+    streams after that draw). `after_update(progress)` runs after every update (it raises to stop the run there)."""
     model.train()
     progress = progress or EpochProgress()
     # the batches of the whole pass that complete an update (an iterator without a length: all it yields)
@@ -132,8 +131,8 @@ def train_one_epoch(
             bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}')
             if log is not None:
                 log(state.num_updates, value, lr)
-        if updating and after_update is not None and after_update(progress):
-            return None
+        if updating and after_update is not None:
+            after_update(progress)
     total, steps = all_reduce_sum([progress.loss_sum, progress.steps], info)
     return total / max(steps, 1)
 

@@ -4,8 +4,10 @@ mmengine loads `load_from` and resume checkpoints non-strictly: weights a checkp
 initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
 deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
 checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
-readable `iter_*.pth`, with a warning naming both. While it trains or tests, the suite's own log lines also go to
-the run's log file.
+readable `iter_*.pth`, with a warning naming both. A run resumes from its own work dir's checkpoints only:
+mmengine's `last_checkpoint` holds an absolute path, which in a copied (or moved) work dir names the original's
+file; the file of that name in this work dir is taken instead (or its newest `iter_*.pth`), and the file a run
+resumes from is always logged. While it trains or tests, the suite's own log lines also go to the run's log file.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from mmengine.runner import Runner
-from mmengine.runner.checkpoint import _load_checkpoint
+from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
 from backbones.errors import CheckpointError
 from engine.log import logger
@@ -78,9 +80,33 @@ class SuiteRunner(Runner):
         return '; '.join(f'{len(keys)} {label} keys ({", ".join(keys[:_SHOWN_KEYS])}'
                          + (', ...)' if len(keys) > _SHOWN_KEYS else ')') for label, keys in parts)
 
+    def load_or_resume(self) -> None:
+        if self._resume and self._load_from is None:  # mmengine would take last_checkpoint's path as it is
+            latest = find_latest_checkpoint(self.work_dir)
+            if latest is not None:
+                self._load_from = self.own_checkpoint(latest)
+        return super().load_or_resume()
+
+    def own_checkpoint(self, named: str) -> str:
+        """The checkpoint of this work dir that `last_checkpoint` (`named`) means: itself when it lies here, else the
+        file of the same name here, else this work dir's newest iter_*.pth."""
+        work = Path(self.work_dir).resolve()
+        if Path(named).resolve().parent == work:
+            return named
+        own = work / Path(named).name
+        chosen = own if own.is_file() else next(iter(iteration_checkpoints(work)), None)
+        if chosen is None:
+            raise CheckpointError(f'{work / "last_checkpoint"} names {named}, outside this work dir, which holds no '
+                                  f'checkpoint of its own: resume the run where it is, or start a new one')
+        logger.warning(f'warning: {work / "last_checkpoint"} names {named}, outside this work dir (a copied or moved '
+                       f'run); resuming from this work dir\'s own {chosen}')
+        return str(chosen)
+
     def resume(self, filename: str, *args, **kwargs) -> None:
         try:
-            return super().resume(filename, *args, **kwargs)
+            super().resume(filename, *args, **kwargs)
+            logger.info(f'resumed from {filename}')
+            return None
         except CheckpointReadError as error:
             older = [p for p in iteration_checkpoints(self.work_dir) if p.resolve() != Path(filename).resolve()]
             for candidate in older:

@@ -110,3 +110,27 @@ def test_grad_accum_steps_makes_one_update_every_n_iterations(trained, tmp_path)
     cfg = Config.fromfile(work / Path(config).name)
     # the 2-update schedule (warm-up over update 1, decay over update 2) in iterations of 2 batches
     assert [(s['begin'], s['end']) for s in cfg.param_scheduler] == [(0, 2), (2, 4)]
+
+
+def test_a_copied_work_dir_resumes_from_its_own_checkpoints(trained, tmp_path):
+    """mmengine's last_checkpoint holds an absolute path: in a copy it names the original's file. The copy resumes
+    from its own file of that name (the original's is damaged here, so using it would fail), and a copy whose own
+    newest checkpoint is cut short falls back to its own older one, never to the original's."""
+    import shutil
+    _, config, work, _ = trained
+    original = Path(shutil.copytree(work, tmp_path / 'original'))
+    for later in original.glob('iter_[3-9]*.pth'):  # another test of this module may have resumed the run
+        later.unlink()
+    (original / 'last_checkpoint').write_text(str(original / 'iter_2.pth'))
+    copy, cut = (Path(shutil.copytree(original, tmp_path / name)) for name in ('copy', 'cut'))
+    (original / 'iter_2.pth').write_bytes(b'a new run is writing here')
+    for folder in (copy, cut):
+        assert (folder / 'last_checkpoint').read_text() == str(original / 'iter_2.pth')
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', copy, '--iters', '3', '--resume']))
+    log = result.stdout + result.stderr
+    assert f'resuming from this work dir\'s own {copy / "iter_2.pth"}' in log
+    assert f'resumed from {copy / "iter_2.pth"}' in log and 'Iter(train) [3/3]' in log
+    (cut / 'iter_2.pth').write_bytes((cut / 'iter_2.pth').read_bytes()[:1000])
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', cut, '--iters', '3', '--resume']))
+    log = result.stdout + result.stderr
+    assert f'resumed from {cut / "iter_1.pth"} instead' in log and str(original / 'iter_1.pth') not in log
