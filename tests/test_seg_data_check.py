@@ -72,3 +72,30 @@ def test_images_mmseg_would_not_list_are_named(ade):
     image.unlink()
     with pytest.raises(DataError, match=rf'1 image file\(s\) .* are not .jpg .*{image.with_suffix(".png").name}'):
         check_dataset(training_set(ade))
+
+
+@pytest.mark.parametrize('orientation', [3, 6])
+def test_every_reader_takes_the_pixels_as_stored_ignoring_exif_orientation(tmp_path, orientation):
+    """The suite's rule: images as stored, EXIF orientation ignored, as annotations are. A JPEG tagged to be turned
+    (3: 180 degrees, 6: 90 degrees) keeps its stored pixels in every segmentation pipeline (so it still matches its
+    PNG annotation) and in the classification / label-generation reader."""
+    from PIL import Image
+    from mmseg.registry import TRANSFORMS
+
+    from engine.images import read_image
+    from helpers.seg_data import CONFIGS
+    from segmentation.config import load_config
+    y, x = np.mgrid[0:48, 0:80]
+    stored = np.stack([x * 3, y * 5, (x + y) * 2], axis=-1).astype(np.uint8)  # no symmetry
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / 'turned.jpg'
+    Image.fromarray(stored).save(path, quality=100, exif=exif.tobytes())
+    decoded = np.asarray(Image.open(path).convert('RGB')).astype(np.float32)  # PIL: the stored pixels
+    assert np.abs(decoded - stored).mean() < 2
+    cfg = load_config(CONFIGS / 'upernet_lvvit_s.py')
+    for pipeline in (cfg.train_pipeline, cfg.test_pipeline, cfg.tta_pipeline):
+        loaded = TRANSFORMS.build(pipeline[0])({'img_path': str(path)})['img'][..., ::-1]  # BGR -> RGB
+        assert loaded.shape == stored.shape
+        assert np.abs(loaded.astype(np.float32) - decoded).mean() < 2
+    np.testing.assert_array_equal(np.asarray(read_image(path)), decoded.astype(np.uint8))
