@@ -75,3 +75,20 @@ def test_a_finished_reproduction_reruns_nothing(reproduction):
     assert not [line for line in result.stdout.splitlines() if line.startswith('[')]  # no stage ran
     assert json.loads((out / 'results.json').read_text())['runs'] == before['runs']
     assert stamps and all(p.stat().st_mtime == t for p, t in stamps.items())
+
+
+@pytest.mark.parametrize('changed, stage', [(('--epochs', '2'), 'cls'), (('--iters', '3'), 'fcn')])
+def test_a_rerun_with_other_settings_is_refused_not_given_the_old_results(reproduction, changed, stage):
+    """The same --out with another --epochs (pretraining) or --iters (segmentation): refused, naming the stage
+    folder and the new setting, before any stage runs and with results.json untouched."""
+    out, _, argv = reproduction
+    before = (out / 'results.json').read_text()
+    option, value = changed
+    rerun = list(argv)
+    rerun[rerun.index(option) + 1] = value
+    result = run_tool('reproduce_token_labeling.py', rerun, timeout=300)
+    assert result.returncode == 2 and result.stderr.count('error:') == 1
+    assert f'{out / "runs" / "token-labeling" / "seed_0"} was made by' in result.stderr
+    assert f'{option} {value}' in result.stderr or value in result.stderr
+    assert not [line for line in result.stdout.splitlines() if line.startswith('[')]
+    assert (out / 'results.json').read_text() == before

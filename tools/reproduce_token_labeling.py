@@ -90,7 +90,9 @@ def shared_backbone(configs: Dict[str, str]) -> tuple[str, dict]:
 
 
 class Stages:
-    """Runs the suite's commands as subprocesses, each logged to a file, each skipped when its result exists."""
+    """Runs the suite's commands as subprocesses, each logged to a file, each skipped when its result exists. Each
+    stage's command is recorded (`command.json` files) when it first runs; a rerun into the same --out with other
+    settings is refused, naming the stage, rather than reusing results made with the old ones."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -111,29 +113,49 @@ class Stages:
             tail = log.read_text(errors='replace').splitlines()[-15:]
             raise SuiteError(f'{name} failed (exit {result.returncode}); the end of {log}:\n' + '\n'.join(tail))
 
+    @staticmethod
+    def same_command(record: Path, tool: str, argv: List[str], started: bool) -> None:
+        """The stage whose command `record` holds must be run with the same command (`--resume` aside); the first
+        time, the command is recorded. A stage `started` without a record (an older version's) is refused too."""
+        command = [tool, *(arg for arg in argv if arg != '--resume')]
+        if started and not record.is_file():
+            raise UsageError(f'{record.parent} holds results with no record of the settings they were made with: '
+                             f'use another --out')
+        if record.is_file():
+            made = json.loads(record.read_text())
+            if made != command:
+                changed = ' '.join(arg for arg in command if arg not in made) or 'fewer options'
+                raise UsageError(f'{record.parent} was made by `{" ".join(made)}`; this run gives it {changed}: '
+                                 f'use another --out, or the settings it was made with')
+            return
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(record, command)
+
     def pretrain(self, variant: str, seed: int, model: str, model_kwargs: dict, run_dir: Path) -> Path:
-        out = run_dir / 'cls'
+        out, a = run_dir / 'cls', self.args
+        argv = [model, '--preset', variant, '--seed', str(seed), '--output', str(out)]
+        argv += ['--epochs', str(a.epochs)] if a.epochs else []
+        argv += ['--device', a.device] if a.device else []
+        argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())] if model_kwargs else []
+        if a.cls_data_dir:
+            argv += ['--data-dir', a.cls_data_dir] + (['--token-label-dir', a.token_label_dir] if a.token_label_dir
+                                                      else [])
+        argv += a.cls_args
+        self.same_command(run_dir / 'cls.command.json', 'train_cls.py', argv, (out / 'last.pth').is_file())
         if not (out / 'metrics.json').is_file():
-            a = self.args
-            argv = [model, '--preset', variant, '--seed', str(seed), '--output', str(out)]
             argv += ['--resume'] if (out / 'last.pth').is_file() else []
-            argv += ['--epochs', str(a.epochs)] if a.epochs else []
-            argv += ['--device', a.device] if a.device else []
-            argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())] if model_kwargs else []
-            if a.cls_data_dir:
-                argv += ['--data-dir', a.cls_data_dir] + (
-                    ['--token-label-dir', a.token_label_dir] if a.token_label_dir else [])
-            self.run(f'{variant} seed {seed}: pretraining {model}', 'train_cls.py', argv + a.cls_args,
-                     run_dir / 'cls.log')
+            self.run(f'{variant} seed {seed}: pretraining {model}', 'train_cls.py', argv, run_dir / 'cls.log')
         return out
 
     def segment(self, variant: str, seed: int, head: str, config: str, backbone: Path, run_dir: Path) -> dict:
         work = run_dir / head
         data = ['--data-root', self.args.seg_data_root] if self.args.seg_data_root else []
+        argv = [config, '--work-dir', str(work), *data,
+                '--cfg-options', f'model.backbone.pretrained={backbone}', f'randomness.seed={seed}']
+        argv += ['--iters', str(self.args.iters)] if self.args.iters else []
+        self.same_command(run_dir / f'{head}.command.json', 'train_seg.py', argv,
+                          (work / 'last_checkpoint').is_file())
         if not (work / 'done').is_file():
-            argv = [config, '--work-dir', str(work), *data,
-                    '--cfg-options', f'model.backbone.pretrained={backbone}', f'randomness.seed={seed}']
-            argv += ['--iters', str(self.args.iters)] if self.args.iters else []
             argv += ['--resume'] if (work / 'last_checkpoint').is_file() else []
             self.run(f'{variant} seed {seed}: {HEADS[head]} training', 'train_seg.py', argv, run_dir / f'{head}.log')
             (work / 'done').write_text((work / 'last_checkpoint').read_text())
@@ -141,10 +163,12 @@ class Stages:
         scores = {}
         for mode in MODES:
             report = work / f'{mode}.json'
+            argv = [config, checkpoint, '--work-dir', str(work / f'test_{mode}'), *data, '--out', str(report),
+                    *(['--ms'] if mode == 'ms' else [])]
+            self.same_command(run_dir / f'{head}_{mode}.command.json', 'test_seg.py', argv, report.is_file())
             if not report.is_file():
-                argv = [config, checkpoint, '--work-dir', str(work / f'test_{mode}'), *data, '--out', str(report)]
-                self.run(f'{variant} seed {seed}: {HEADS[head]} {MODES[mode]} test', 'test_seg.py',
-                         argv + (['--ms'] if mode == 'ms' else []), run_dir / f'{head}_test.log')
+                self.run(f'{variant} seed {seed}: {HEADS[head]} {MODES[mode]} test', 'test_seg.py', argv,
+                         run_dir / f'{head}_test.log')
             values = json.loads(report.read_text())
             scores[mode] = {key: values[key] for key in METRICS}
         return scores
