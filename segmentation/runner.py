@@ -1,7 +1,7 @@
 """The suite's mmengine Runner: a checkpoint must fit the model, and a run resumes from its newest readable one.
 
-mmengine loads `load_from` and resume checkpoints non-strictly: weights a checkpoint lacks keep their random
-initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
+mmengine loads `load_from`, resume and `init_cfg` checkpoints non-strictly: weights a checkpoint lacks keep their
+random initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
 deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
 checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
 readable `iter_*.pth`, with a warning naming both. A run resumes from its own work dir's checkpoints only:
@@ -16,12 +16,14 @@ import re
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import torch.nn as nn
 from mmengine.runner import Runner
-from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
+from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint
 
 from backbones.errors import CheckpointError
 from engine.log import logger
 
+from .backbone import TokenBackbone
 from .mmengine_io import CheckpointReadError
 
 T = TypeVar('T')
@@ -34,6 +36,33 @@ def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
     found = [(int(m.group(1)), p) for p in Path(work_dir).glob('iter_*.pth')
              if (m := re.fullmatch(r'iter_(\d+)\.pth', p.name))]
     return [p for _, p in sorted(found, reverse=True)]
+
+
+def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
+    """A checkpoint's weights as mmengine reads them (`prefix`: only the keys under it, without it), no `module.`."""
+    state = _load_checkpoint_with_prefix(prefix, filename) if prefix else _load_checkpoint(filename,
+                                                                                           map_location='cpu')
+    state = state.get('state_dict', state) if isinstance(state, dict) else {}
+    return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
+
+
+def key_mismatch(state: dict, own: dict) -> str:
+    """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict ('' when it fits;
+    position tables are resampled on loading, so their shape may differ)."""
+    parts = [(label, keys) for label, keys in (
+        ('missing', [k for k in own if k not in state]),
+        ('unexpected', [k for k in state if k not in own]),
+        ('mis-shaped', [k for k in state if k in own and state[k].shape != own[k].shape
+                        and not k.endswith('pos_embed')])) if keys]
+    return '; '.join(f'{len(keys)} {label} keys ({", ".join(keys[:_SHOWN_KEYS])}'
+                     + (', ...)' if len(keys) > _SHOWN_KEYS else ')') for label, keys in parts)
+
+
+def pretrained_inits(module: nn.Module) -> list:
+    """The `Pretrained` entries of a module's init_cfg (a dict or a list of them)."""
+    init = getattr(module, 'init_cfg', None)
+    inits = init if isinstance(init, list) else [init] if init else []
+    return [entry for entry in inits if isinstance(entry, dict) and entry.get('type') == 'Pretrained']
 
 
 class SuiteRunner(Runner):
@@ -69,16 +98,24 @@ class SuiteRunner(Runner):
 
     def mismatch(self, filename: str) -> str:
         """The missing, unexpected and mis-shaped keys of a checkpoint against this runner's model."""
-        state = _load_checkpoint(filename, map_location='cpu')
-        state = {re.sub(r'^module\.', '', k): v for k, v in state.get('state_dict', state).items()}
         model = self.model.module if hasattr(self.model, 'module') else self.model
-        own = model.state_dict()
-        parts = [(label, keys) for label, keys in (
-            ('missing', [k for k in own if k not in state]),
-            ('unexpected', [k for k in state if k not in own]),
-            ('mis-shaped', [k for k in state if k in own and state[k].shape != own[k].shape])) if keys]
-        return '; '.join(f'{len(keys)} {label} keys ({", ".join(keys[:_SHOWN_KEYS])}'
-                         + (', ...)' if len(keys) > _SHOWN_KEYS else ')') for label, keys in parts)
+        return key_mismatch(checkpoint_state(filename), model.state_dict())
+
+    def _init_model_weights(self) -> None:
+        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (the segmentor's, a
+        head's: mmengine loads them non-strictly) holds every weight of its module and nothing else. The backbone
+        loads its own, strictly (`TokenBackbone.init_weights`)."""
+        model = self.model.module if hasattr(self.model, 'module') else self.model
+        for name, module in model.named_modules():
+            if isinstance(module, TokenBackbone):
+                continue
+            for init in pretrained_inits(module):
+                state = checkpoint_state(init['checkpoint'], init.get('prefix'))
+                problem = key_mismatch(state, module.state_dict())
+                if problem:
+                    raise CheckpointError(f'init_cfg of {name or "the model"}: {init["checkpoint"]} does not fit it '
+                                          f'(it would leave weights at random): {problem}')
+        super()._init_model_weights()
 
     def load_or_resume(self) -> None:
         if self._resume and self._load_from is None:  # mmengine would take last_checkpoint's path as it is

@@ -134,3 +134,26 @@ def test_a_copied_work_dir_resumes_from_its_own_checkpoints(trained, tmp_path):
     result = succeeded(run_tool('train_seg.py', [config, '--work-dir', cut, '--iters', '3', '--resume']))
     log = result.stdout + result.stderr
     assert f'resumed from {cut / "iter_1.pth"} instead' in log and str(original / 'iter_1.pth') not in log
+
+
+def test_an_init_cfg_checkpoint_that_does_not_fit_is_refused(trained, tmp_path):
+    """model.init_cfg=Pretrained (mmengine loads it non-strictly): a classification checkpoint, or a segmentor
+    checkpoint missing one weight, stops the run naming the keys; the whole segmentor checkpoint trains."""
+    import timm
+    import torch
+    _, config, work, _ = trained
+    classifier = tmp_path / 'best.pth'
+    torch.save({'state_dict': timm.create_model('deit_tiny_patch16_224', num_classes=3).state_dict()}, classifier)
+    segmentor = torch.load(work / 'iter_2.pth', map_location='cpu', weights_only=False)
+    missing_one = tmp_path / 'missing_one.pth'
+    removed = 'decode_head.conv_seg.weight'
+    torch.save({'state_dict': {k: v for k, v in segmentor['state_dict'].items() if k != removed}}, missing_one)
+    for checkpoint, named in ((classifier, 'unexpected keys (cls_token'), (missing_one, f'1 missing keys ({removed})')):
+        result = run_tool('train_seg.py', [config, '--work-dir', tmp_path / f'run_{checkpoint.stem}', '--iters', '1',
+                                           '--cfg-options', 'model.init_cfg.type=Pretrained',
+                                           f'model.init_cfg.checkpoint={checkpoint}'])
+        assert result.returncode == 2 and f'{checkpoint} does not fit it' in result.stderr, result.stderr[-2000:]
+        assert named in result.stderr and 'Traceback' not in result.stderr
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'run_whole', '--iters', '1', '--cfg-options',
+                                        'model.init_cfg.type=Pretrained',
+                                        f'model.init_cfg.checkpoint={work}/iter_2.pth']))
