@@ -13,7 +13,7 @@ from timm.models import get_pretrained_cfg
 from backbones import TokenLabelingModel, create_model, model_family
 from backbones.registry import check_model_name
 from backbones.errors import UsageError
-from backbones.token_head import TOKEN_HEAD
+from backbones.token_head import TOKEN_HEAD, patch_embedding
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
 
@@ -56,8 +56,9 @@ def takes_input_size(name: str) -> bool:
 
 
 def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> None:
-    """The input size must give the model at least one patch, and a whole number of them where it needs that."""
-    patch_embed = getattr(model, 'patch_embed', None)
+    """The input size must give the model at least one patch, and a whole number of them where it needs that (its
+    patch embedding: `patch_embed`, or MLP-Mixer's `stem`)."""
+    patch_embed = patch_embedding(model)
     grid = getattr(patch_embed, 'grid_size', None)
     if img_size is None or grid is None:
         return

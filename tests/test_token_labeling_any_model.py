@@ -139,3 +139,16 @@ def test_the_training_tool_trains_any_model_with_token_labeling(labeled_images, 
                                                 *(['--model-kwargs', *kwargs] if kwargs else [])]))
     assert result.returncode == 0
     assert json.loads((tmp_path / 'e.json').read_text())['top1'] == pytest.approx(read_log(out)[1]['top1'])
+
+
+def test_a_size_the_mixer_patches_do_not_tile_is_refused(labeled_images, tmp_path):
+    """MLP-Mixer's patch embedding is `stem`: at 48 px its one 32-px token would see the top-left corner while its
+    target is cut from the whole crop. Refused, naming the patch size; 64 px (2x2 tokens) trains."""
+    from backbones.errors import UsageError
+    from classification.train import main
+    data, labels = labeled_images
+    args = ['mixer_s32_224', '--data-dir', str(data), '--token-label-dir', str(labels), '--token-labeling',
+            '--batch-size', '4', '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu']
+    with pytest.raises(UsageError, match='--img-size 48 does not fit mixer_s32_224: it needs a multiple of its 32 px'):
+        main([*args, '--img-size', '48', '--output', str(tmp_path / 'a')])
+    assert main([*args, '--img-size', '64', '--output', str(tmp_path / 'b')])['epochs'] == 1
