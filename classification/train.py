@@ -206,6 +206,12 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     way; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     if new_head and not finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
+    if recipe.zero_head and not finetune:
+        raise UsageError(f'--preset {preset} fine-tunes pretrained weights: give them with --finetune CKPT '
+                         f'(--new-head for a new class list)')
+    if data.token_labels is not None and not recipe.uses_score_maps:
+        logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: this recipe learns from no '
+                       f'annotator maps (no token labeling with map targets, no label pooling)')
     if recipe.label_pooling and recipe.token_labeling:
         raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
                          'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
@@ -237,7 +243,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                                                                                data_cfg, info))
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
-              'teacher': teacher and vars(teacher)}
+              'teacher': teacher and vars(teacher), 'augment': augment}
     fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '

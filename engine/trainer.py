@@ -188,12 +188,16 @@ class Trainer:
             raise DataError(f'--grad-accum-steps {accumulate}: an epoch has only {updates_per_epoch} batch(es) per '
                             f'process, fewer than one update')
         updates_per_epoch //= accumulate
-        config = {**config, 'grad_accum_steps': accumulate}
+        amp = pick_amp(self.options.amp, self.info.device)
+        config = {**config, 'grad_accum_steps': accumulate, 'amp': amp}
+        if optimization.lr < optimization.min_lr:
+            logger.warning(f'warning: the lr for this global batch, {optimization.lr:.3g}, is below the schedule\'s '
+                           f'floor (min lr {optimization.min_lr:.3g}): the cosine schedule will raise it; give a '
+                           f'larger batch, --lr-base, or --min-lr')
         if self.options.grad_checkpointing:
             use_grad_checkpointing(model)
         model.to(self.info.device)
         use_channels_last(model)
-        amp = pick_amp(self.options.amp, self.info.device)
         state, self.num_epochs = optimization_state(model, params, optimization, updates_per_epoch, amp)
         if self.options.compile:
             model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager

@@ -237,3 +237,26 @@ def test_imagenet_v2_numeric_folders_are_the_class_indices(tmp_path):
     assert result.returncode == 0, result.stderr
     assert 'class order: ImageNet-V2 layout' in result.stdout
     assert json.loads((tmp_path / 'e.json').read_text())['class_order'].startswith('ImageNet-V2 layout')
+
+
+def test_resume_refuses_another_precision_or_augmentation_path(trained, tmp_path):
+    data, run = trained
+    copy = Path(shutil.copytree(run, tmp_path / 'run'))
+    with pytest.raises(UsageError, match=r"started with amp='none'.*this command gives amp='bf16'"):
+        train.main(train_args(data, copy, '--resume', '--amp', 'bf16'))
+    with pytest.raises(UsageError, match=r"started with augment='pil'.*this command gives augment='batched'"):
+        train.main(train_args(data, copy, '--resume', '--augment', 'batched'))
+
+
+def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
+    """--preset vit-finetune without weights to fine-tune is refused; a label store the recipe does not read, and an
+    lr below the schedule's floor, are said."""
+    data, _ = trained
+    with pytest.raises(UsageError, match='--preset vit-finetune fine-tunes pretrained weights: give them with '
+                                         '--finetune'):
+        train.main(train_args(data, tmp_path / 'a', '--preset', 'vit-finetune', '--img-size', '32'))
+    train.main(train_args(data, tmp_path / 'b', '--token-label-dir', str(tmp_path), '--lr-base', '1e-6',
+                          '--min-lr', '1e-4'))
+    said = caplog.text
+    assert f'--token-label-dir {tmp_path} is not used' in said
+    assert "is below the schedule's floor (min lr 0.0001)" in said
