@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, TypeVar
 
@@ -212,7 +213,10 @@ def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
 def rand_augment_spec(text: str) -> str:
     """A timm RandAugment string (`rand-m9-mstd0.5-inc1`): the only kind the label-aware augmentation replays."""
     try:
-        if text.split('-')[0] != 'rand':
+        name, *sections = text.split('-')
+        # timm skips a section it cannot split into a key and a number: rand-zz would silently be the default
+        if name != 'rand' or not all(s.startswith('t') or re.fullmatch(r'(mstd|mmax|inc|m|n|p)\d[\d.]*', s)
+                                     for s in sections):
             raise ValueError
         LabelAwareRandAugment.from_config(text, 224, IMAGENET_DEFAULT_MEAN)  # as training builds it
     except (AssertionError, ValueError, KeyError, IndexError):

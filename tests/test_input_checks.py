@@ -47,6 +47,8 @@ def trained(tmp_path_factory):
     ('--workers', '-1', '>= 0'), ('--drop-path', '1.5', '[0, 1)'), ('--smoothing', '2', '[0, 1)'),
     ('--hflip', '1.2', '[0, 1]'), ('--scale-min', '0', '(0, 1]'), ('--opt', 'adamz', 'unknown optimizer'),
     ('--interpolation', 'cubic', 'invalid choice'), ('--auto-augment', 'rand-x9', 'RandAugment string'),
+    ('--auto-augment', 'rand-zz', 'RandAugment string'), ('--grad-accum-steps', '0', '>= 1'),
+    ('--checkpoint-minutes', '-3', '> 0'),
     ('--device', 'gpu', 'invalid choice'), ('--lr-base', '-1', '> 0'),
 ])
 def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning, capsys):
@@ -65,6 +67,11 @@ def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning
      '>= 1'),
     ('eval_cls.py', ['lvvit_s', '--checkpoint', 'c', '--data-dir', '.', '--crop-pct', '-0.5'], '(0, 1]'),
     ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--iters', '0'], '>= 1'),
+    ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--grad-accum-steps', '0'], '>= 1'),
+    ('import_token_labels.py', ['--data-dir', '.', '--release-dir', '.', '--output', 'o', '--format', 'nfnet'],
+     'invalid choice'),
+    ('import_token_labels.py', ['--data-dir', '.', '--release-dir', '.', '--output', 'o', '--shard-size', '0'],
+     '>= 1'),
 ])
 def test_other_tools_check_their_values_in_one_line(tool_name, args, message):
     result = run_tool(tool_name, args)
