@@ -8,6 +8,8 @@ the mean of the class and distillation heads.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -16,6 +18,7 @@ from timm.data import RealLabelsImagenet
 from torch.utils.data import DataLoader
 
 from backbones import load_checkpoint
+from backbones.errors import UsageError
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
 from backbones.weights import read_state_dict
@@ -89,6 +92,24 @@ def load_split(data_dir: str, split: str, checkpoint: str, transform) -> Tuple[I
                               classes_from=f'the checkpoint {checkpoint}'), order
 
 
+REAL_NAME = re.compile(r'ILSVRC2012_val_\d{8}\.JPEG')
+
+
+def real_labels(files: List[str], source: str) -> RealLabelsImagenet:
+    """timm's ReaL labels for ImageNet's validation images (`source`: 'timm', its bundled file, or a real.json)."""
+    unknown = [Path(f).name for f in files if not REAL_NAME.fullmatch(Path(f).name)]
+    try:
+        if not unknown:
+            return RealLabelsImagenet(files, None if source == 'timm' else source)
+    except AssertionError:
+        pass  # timm's check that there is one image per label
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f'--real-labels {source}: not a readable ReaL label file ({e})') from None
+    raise UsageError(f'--real-labels: the ReaL labels are for ImageNet\'s 50,000 validation images, by file name '
+                     f'(ILSVRC2012_val_00000001.JPEG, ...); this split has {len(files)} image(s)'
+                     + (f', e.g. {unknown[0]}' if unknown else ''))
+
+
 def main(argv: Optional[List[str]] = None) -> dict:
     args = build_parser().parse_args(argv)
     check_model_name(args.model)
@@ -107,8 +128,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
     real = None
     if args.real_labels:
-        files = [path for path, _ in dataset.samples]
-        real = RealLabelsImagenet(files, None if args.real_labels == 'timm' else args.real_labels)
+        real = real_labels([path for path, _ in dataset.samples], args.real_labels)
     metrics = evaluate(model, loader, info, args.amp, on_batch=(lambda logits, _: real.add_result(logits))
                        if real else None)
     metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct,

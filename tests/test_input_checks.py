@@ -267,3 +267,24 @@ def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
     said = caplog.text
     assert f'--token-label-dir {tmp_path} is not used' in said
     assert "is below the schedule's floor (min lr 0.0001)" in said
+
+
+@pytest.mark.parametrize('tool_name, args, message', [
+    ('benchmark_loop.py', ['--device', 'cuda'], '--device cuda: no GPU is visible'),
+    ('benchmark_loop.py', ['--device', 'cpu', '--amp', 'fp16'], '--amp fp16 needs a GPU'),
+    ('reproduce_token_labeling.py', ['--out', 'README.md'], 'cannot use README.md as output folder'),
+])
+def test_tools_refuse_a_device_precision_or_output_they_cannot_use(tool_name, args, message):
+    if 'cuda' in args and torch.cuda.is_available():
+        pytest.skip('a GPU is here')
+    result = run_tool(tool_name, args)
+    assert result.returncode == 2 and message in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_real_labels_on_a_folder_that_is_not_imagenets_validation_set(trained, tmp_path):
+    data, run = trained
+    result = run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', run / 'last.pth', '--data-dir', data, '--img-size',
+                                      '32', '--workers', '0', '--real-labels'])
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert "the ReaL labels are for ImageNet's 50,000 validation images" in result.stderr
+    assert 'this split has 12 image(s), e.g. n001_0.png' in result.stderr

@@ -37,10 +37,10 @@ from benchmark import seconds_per_call
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
-from engine.cli import positive_int, run_command
+from engine.cli import DEVICES, positive_int, resolve_device, run_command
 from engine.distributed import DistInfo
 from engine.images import find_classes
-from engine.steps import StepState, model_input, train_one_epoch
+from engine.steps import StepState, model_input, pick_amp, train_one_epoch
 from engine.trainer import RunOptions, optimization_state, use_channels_last
 from token_labeling.annotate import generate_token_labels
 from token_labeling.label_store import TokenLabelStore
@@ -60,7 +60,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--batches', type=positive_int, default=4, help='batches timed per stage')
     parser.add_argument('--repeats', type=positive_int, default=3, help='timings of the model step (median)')
     parser.add_argument('--workers', type=positive_int, default=2, help='loader processes of the pipeline and loop')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--device', choices=DEVICES, default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     parser.add_argument('--augment', choices=['auto', 'pil', 'batched'], default='auto',
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
@@ -276,6 +276,8 @@ def describe(f: Dict[str, object], workers: int) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    resolve_device(args.device)  # a GPU that is not there is a one-line error
+    pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data_dir) if args.data_dir else synthetic_imagenet(Path(tmp) / 'data', args.images)
         labels = Path(args.token_label_dir) if args.token_label_dir else None

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from backbones.errors import SuiteError, UsageError
-from engine.cli import positive_int, run_command
+from engine.cli import check_output_folder, positive_int, run_command
 from engine.files import write_json_atomic
 from segmentation.config import load_config
 
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    check_output_folder(args.out)
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
         raise UsageError('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
     if args.quick:
