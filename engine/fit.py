@@ -243,7 +243,9 @@ class Fit:
         def after_update(done: EpochProgress) -> None:
             nonlocal last_save
             due = self.checkpoint_minutes is not None and time.time() - last_save >= 60 * self.checkpoint_minutes
-            stop, due = (bool(v) for v in all_reduce_sum([stops.received is not None, due], info))
+            stop = stops.received is not None
+            if info.distributed:  # every process stops or saves at the same update
+                stop, due = (bool(v) for v in all_reduce_sum([stop, due], info))
             if stop or due:
                 self.save(epoch - 1, False, done)
                 last_save = time.time()

@@ -151,10 +151,9 @@ class TokenLabelStore:
     def verify(self, paths: List[str]) -> None:
         """The image list and every row as they were written (see `verify_rows`)."""
         fix = f'{DAMAGED}, or pass --no-verify to train on it as it is'
-        if 'paths_sha256' in self.meta and list_digest(paths) != self.meta['paths_sha256']:
-            verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)  # names the shard
+        verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)  # names the shard
+        if 'paths_sha256' in self.meta and list_digest(paths) != self.meta['paths_sha256']:  # an older store's markers
             raise TokenLabelError(f'{self.root / PATHS} is not the image list the store was made for; {fix}')
-        verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)
 
     @property
     def classes(self) -> List[str]:
@@ -189,16 +188,20 @@ class TokenLabelStore:
             raise TokenLabelError(f'{len(missing)} image(s) have no token labels in {self.root}, e.g. {shown}; '
                                   f'generate the labels for this data folder')
 
-    def read(self, row: int) -> Tuple[np.ndarray, np.ndarray]:
+    def arrays(self) -> List[np.ndarray]:
+        """The row arrays, memory-mapped on first use in each process."""
         if self._arrays is None:
             self._arrays = store_arrays(self.root)
-        return np.array(self._arrays[0][row]), np.array(self._arrays[1][row])
+        return self._arrays
+
+    def read(self, row: int) -> Tuple[np.ndarray, np.ndarray]:
+        scores, classes = self.arrays()[:2]
+        return np.array(scores[row]), np.array(classes[row])
 
     def extent(self, row: int) -> np.ndarray:
         """The box row's map covers in whole-image [-1, 1] coordinates (x1, y1, x2, y2)."""
-        if self._arrays is None:
-            self._arrays = store_arrays(self.root)
-        return np.array(self._arrays[2][row] if len(self._arrays) > 2 else WHOLE_IMAGE, dtype=np.float32)
+        arrays = self.arrays()
+        return np.array(arrays[2][row] if len(arrays) > 2 else WHOLE_IMAGE, dtype=np.float32)
 
     def has_map(self, path: str) -> bool:
         """False for the images the store holds an empty row for (unreadable at generation, missing at import)."""
