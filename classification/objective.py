@@ -33,6 +33,17 @@ def cutmix(images: torch.Tensor, alpha: float) -> Tuple[torch.Tensor, float]:
     return images, lam
 
 
+def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor,
+                                                                                         torch.Tensor]:
+    """timm's MixUp/CutMix on a batch of any size. timm refuses an odd batch (one that --skip-unreadable left an image
+    short); it pairs image i with image B-1-i, so a batch made even by a copy of its first image mixes the first image
+    with itself and every other with another image of the batch, and the copy is dropped again."""
+    if len(images) % 2 == 0:
+        return mixup(images, labels)
+    images, targets = mixup(torch.cat([images, images[:1]]), torch.cat([labels, labels[:1]]))
+    return images[:-1], targets[:-1]
+
+
 class DistillationTargets(NamedTuple):
     labels: torch.Tensor  # (B, C) soft image labels (mixed like the images)
     teacher: torch.Tensor  # (B,) the teacher's class of every image the student sees
@@ -68,8 +79,8 @@ class ClassificationObjective:
             return images, None
         if self.label_pooling:
             return cutmix(images, self.cutmix_alpha) if self.cutmix_alpha > 0 else (images, 1.0)
-        images, soft_labels = self.mixup(images, labels) if self.mixup is not None else (images,
-                                                                                         self.label_target(labels))
+        images, soft_labels = mix_within_batch(self.mixup, images, labels) if self.mixup is not None \
+            else (images, self.label_target(labels))
         if self.teacher is not None:
             return images, DistillationTargets(soft_labels, self.teacher(images))
         return images, soft_labels

@@ -210,6 +210,32 @@ def test_training_on_unreadable_images_only_is_an_error(tmp_path):
     assert not (tmp_path / 'run' / METRICS).exists()
 
 
+def test_skipping_one_unreadable_image_leaves_an_odd_batch_that_mixup_still_mixes(tmp_path):
+    """timm's Mixup refuses odd batches; a batch one image short still trains with MixUp/CutMix (standard recipe)."""
+    data = make_image_folder(tmp_path / 'data')
+    (data / 'train' / CLASSES[0] / f'{CLASSES[0]}_1.JPEG').write_bytes(b'broken')
+    train.main(train_args(data, tmp_path / 'run', '--skip-unreadable', '--preset', 'standard'))
+    assert json.loads((tmp_path / 'run' / METRICS).read_text())['skipped_images'] == 1
+
+
+def test_mixup_of_an_odd_batch_pairs_image_i_with_image_b_minus_i():
+    """Known answer: with MixUp only, image k of 3 (k > 0) becomes lam x_k + (1 - lam) x_(3-k), image 0 stays itself,
+    and each target mixes the same two labels."""
+    from timm.data import Mixup
+    from classification.objective import mix_within_batch
+    torch.manual_seed(0)
+    np.random.seed(0)
+    images, labels = torch.randn(3, 3, 4, 4), torch.tensor([0, 1, 2])
+    mixup = Mixup(mixup_alpha=1.0, cutmix_alpha=0.0, label_smoothing=0.0, num_classes=3)
+    mixed, targets = mix_within_batch(mixup, images.clone(), labels)
+    lam = float(targets[1, 1])
+    assert mixed.shape == images.shape and 0 < lam < 1
+    torch.testing.assert_close(mixed[0], images[0])
+    torch.testing.assert_close(mixed[1], lam * images[1] + (1 - lam) * images[2])
+    torch.testing.assert_close(mixed[2], lam * images[2] + (1 - lam) * images[1])
+    torch.testing.assert_close(targets, torch.tensor([[1, 0, 0], [0, lam, 1 - lam], [0, 1 - lam, lam]]))
+
+
 def test_transfer_records_the_cifar_class_names(tmp_path):
     from classification.cifar import read_cifar
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
