@@ -59,6 +59,27 @@ def test_same_seed_same_draws_and_geometry_on_both_paths(tmp_path, suffix, size)
     assert warped > 5 and erased > 5  # both kinds of draw were exercised
 
 
+@pytest.mark.parametrize('suffix', ['.png', '.jpg'])
+def test_a_one_pixel_image_is_cropped_to_its_pixel_on_both_paths(tmp_path, suffix):
+    """timm's crop draw rounds to a crop of no pixel on a 1x1 image about one time in five; both paths crop the pixel:
+    a uniform image of its colour, its geometry the whole image."""
+    file = tmp_path / f'dot{suffix}'
+    Image.new('RGB', (1, 1), (200, 40, 90)).save(file)
+    transform = TrainTransform(8, auto_augment=None, reprob=0.0)
+    worker, batched = RegionTransform(transform), BatchAugment(8, MEAN, STD)
+    expected = (torch.tensor(np.asarray(Image.open(file).convert('RGB')), dtype=torch.float32).view(3, 1, 1) / 255
+                - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+    for s in range(30):
+        seed(s)
+        image, geometry = transform(Image.open(file).convert('RGB'))
+        torch.testing.assert_close(image, expected.expand(3, 8, 8), atol=1e-5, rtol=0)
+        assert geometry.box.tolist() == [0.0, 0.0, 1.0, 1.0]
+        seed(s)
+        region, _, plan = worker(file)
+        torch.testing.assert_close(batched(collate_regions([region], [plan]))[0], expected.expand(3, 8, 8),
+                                   atol=1e-5, rtol=0)
+
+
 def test_erasing_boxes_are_timms():
     transform = TrainTransform(48, auto_augment=None, reprob=1.0)
     for s in range(10):

@@ -199,8 +199,11 @@ class TrainTransform:
         self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
 
     def sample_crop(self, img: Image.Image) -> Tuple[int, int, int, int]:
-        """RandomResizedCrop's (top, left, height, width) for an image (its size is all it reads)."""
-        return RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
+        """RandomResizedCrop's (top, left, height, width) for an image (its size is all it reads), at least one pixel
+        each way: timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
+        top, left, h, w = RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
+        h, w = max(h, 1), max(w, 1)
+        return min(top, img.size[1] - h), min(left, img.size[0] - w), h, w
 
     def sample_view(self) -> Tuple[InterpolationMode, bool]:
         """The crop's interpolation and whether it is mirrored."""
