@@ -45,8 +45,10 @@ def create_any_size(name: str, distilled: bool = False, **kwargs) -> VisionTrans
     return timm.create_model(distilled_twin(name) if distilled else name, **{'dynamic_img_size': True, **kwargs})
 
 
-adopt_timm_models('vit', ['vit_base_patch16_224', 'vit_large_patch16_224', 'deit_small_patch16_224',
-                          'deit_small_distilled_patch16_224', 'deit_base_distilled_patch16_224'], create_any_size)
+# the published ViT sizes and every DeiT with a distilled twin (each can be a distilled student), and the twins
+adopt_timm_models('vit', ['vit_base_patch16_224', 'vit_large_patch16_224'] + [
+    name for name in dict.fromkeys([*DISTILLED_TWINS, *DISTILLED_TWINS.values()]) if name != 'vit_base_patch16_224'],
+    create_any_size)
 
 default_cfgs = _timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': _timm_vit._cfg()})
 

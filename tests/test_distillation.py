@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import backbones
 from backbones.errors import CheckpointError, UsageError
-from classification.models import Teacher
+from backbones.vit import DISTILLED_TWINS
+from classification.models import Teacher, create_classifier
 from classification.objective import ClassificationObjective
 from classification.train import main
 from helpers.commands import run_tool, succeeded
@@ -46,6 +47,17 @@ def test_distilled_models_train_two_heads_and_predict_their_mean(family):
     assert isinstance(outputs, tuple) and [o.shape for o in outputs] == [(3, 5), (3, 5)]
     torch.testing.assert_close(outputs[0], cls_logits)
     torch.testing.assert_close(outputs[1], dist_logits)
+
+
+@pytest.mark.parametrize('name', ['deit_tiny_patch16_224', 'deit_small_patch16_224', 'deit_base_patch16_224',
+                                  'deit_base_patch16_384', 'vit_base_patch16_224'])
+def test_every_deit_size_is_a_student_with_its_twins_architecture(name):
+    """Each DeiT the README names (deit_*) takes a distillation token: the student is its distilled twin, every
+    weight of the same shape."""
+    student = create_classifier(name, num_classes=3, distilled=True, img_size=32)
+    twin = timm.create_model(DISTILLED_TWINS[name], num_classes=3, img_size=32)
+    assert type(student) is type(twin) and 'dist_token' in student.state_dict()
+    assert {k: v.shape for k, v in student.state_dict().items()} == {k: v.shape for k, v in twin.state_dict().items()}
 
 
 def test_cait_class_token_does_not_see_the_distillation_token():
