@@ -17,23 +17,19 @@ import torch
 from timm.data import RealLabelsImagenet
 from torch.utils.data import DataLoader
 
-from backbones import load_checkpoint
 from backbones.errors import UsageError
 from backbones.registry import check_model_name
-from backbones.token_head import TOKEN_HEAD
-from backbones.weights import read_state_dict
 from engine.checkpoints import checkpoint_classes
 from engine.cli import (DEVICES, check_writable, fraction, model_parser, non_negative_int, parse_model_kwargs,
                         positive_int, resolve_device)
 from engine.distributed import DistInfo
 from engine.files import write_json_atomic
-from engine.fit import bare_model
 from engine.images import find_classes
 from engine.log import logger
 from engine.steps import evaluate
 
 from .data import ImageFolderDataset, collate_skipping, eval_transform
-from .models import create_classifier, model_data_config
+from .models import build_eval_model, model_data_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,18 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
     p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     return p
-
-
-def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
-                     model_kwargs: dict) -> torch.nn.Module:
-    """The model with the checkpoint's weights; a token head or a distillation token is attached when the checkpoint
-    has one. A classifier for another number of classes is an error (never a random head in its place)."""
-    keys = read_state_dict(checkpoint, use_ema)
-    token_head = any(k.startswith(f'{TOKEN_HEAD}.') for k in keys)
-    model = create_classifier(name, num_classes, img_size, token_labeling=token_head,
-                              distilled='dist_token' in keys, **model_kwargs)
-    load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
-    return model.eval()
 
 
 def class_order(split_dir: Path, recorded: Optional[List[str]]) -> Tuple[Optional[List[str]], str]:

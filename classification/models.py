@@ -1,6 +1,6 @@
 """The classifiers the applications train and evaluate: any registered model (the suite's, or any timm model), at
 the input size asked for, with a token head and MixToken for token labeling or a distillation token for DeiT's
-distillation; and the distillation teacher."""
+distillation; a trained classifier from its checkpoint; and the distillation teacher."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -10,10 +10,12 @@ import torch.nn as nn
 from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
-from backbones import TokenLabelingModel, create_model, model_family
-from backbones.registry import check_model_name
+from backbones import TokenLabelingModel, create_model, load_checkpoint, model_family
 from backbones.errors import UsageError
+from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding
+from backbones.weights import read_state_dict
+from engine.fit import bare_model
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
 
@@ -38,6 +40,18 @@ def create_classifier(name: str, num_classes: int, img_size: Optional[int] = Non
         raise UsageError(f'{name} does not take these arguments: {e}') from e
     check_input_size(model, name, img_size)
     return TokenLabelingModel(model, mix_token) if token_labeling else model
+
+
+def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
+                     model_kwargs: dict) -> torch.nn.Module:
+    """The model with the checkpoint's weights; a token head or a distillation token is attached when the checkpoint
+    has one. A classifier for another number of classes is an error (never a random head in its place)."""
+    keys = read_state_dict(checkpoint, use_ema)
+    token_head = any(k.startswith(f'{TOKEN_HEAD}.') for k in keys)
+    model = create_classifier(name, num_classes, img_size, token_labeling=token_head,
+                              distilled='dist_token' in keys, **model_kwargs)
+    load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
+    return model.eval()
 
 
 def zero_classifiers(model: nn.Module) -> None:
@@ -84,7 +98,7 @@ class Teacher(nn.Module):
     def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
         super().__init__()
         self.model = model.eval().requires_grad_(False)
-        cfg = model.pretrained_cfg
+        cfg = bare_model(model).pretrained_cfg
 
         def channels(values: Sequence[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)

@@ -37,7 +37,7 @@ from token_labeling.pictures import token_label_figure, token_labels
 from token_labeling.targets import TokenTargetBuilder
 
 from .data import ImageFolderDataset, collate_skipping, eval_transform
-from .models import Teacher, create_classifier, model_data_config, takes_input_size, zero_classifiers
+from .models import Teacher, build_eval_model, create_classifier, model_data_config, takes_input_size, zero_classifiers
 from .objective import ClassificationObjective
 from .recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
 
@@ -154,9 +154,13 @@ class TeacherSpec:
 
 
 def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg: dict, info: DistInfo) -> Teacher:
-    """The teacher at the student's input size, on this process's device."""
-    kwargs = {'img_size': recipe.img_size} if takes_input_size(spec.model) else {}
-    model = pretrained_model(spec.model, spec.checkpoint, num_classes, **kwargs)
+    """The teacher at the student's input size, on this process's device; its checkpoint is read as eval_cls reads
+    one (with the token head or distillation token it has, and its eval-mode output)."""
+    if spec.checkpoint is not None:
+        model = build_eval_model(spec.model, spec.checkpoint, num_classes, recipe.img_size, False, {})
+    else:
+        kwargs = {'img_size': recipe.img_size} if takes_input_size(spec.model) else {}
+        model = pretrained_model(spec.model, None, num_classes, **kwargs)
     return Teacher(model, data_cfg['mean'], data_cfg['std']).to(info.device)
 
 

@@ -15,7 +15,10 @@ from backbones.errors import CheckpointError, UsageError
 from backbones.vit import DISTILLED_TWINS
 from classification.models import Teacher, create_classifier
 from classification.objective import ClassificationObjective
-from classification.train import main
+from classification.recipes import Recipe
+from classification.train import TeacherSpec, build_teacher, main
+from engine.distributed import DistInfo
+from engine.fit import bare_model
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import read_log
@@ -125,6 +128,24 @@ def test_training_with_a_teacher_and_evaluating_the_distilled_student(labeled_im
     succeeded(run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', out / 'last.pth', '--data-dir', data,
                                        '--img-size', '32', '--workers', '0', '--json', tmp_path / 'e.json']))
     assert json.loads((tmp_path / 'e.json').read_text())['top1'] == pytest.approx(read_log(out)[1]['top1'])
+
+
+@pytest.mark.parametrize('name, token_labeling', [('lvvit_t', False), ('lvvit_t', True),
+                                                   ('deit_tiny_patch16_224', True)])
+def test_a_classifier_trained_with_or_without_token_labeling_teaches(name, token_labeling, tmp_path):
+    """A teacher checkpoint is read as eval_cls reads it: an LV-ViT trained without token labeling (no token head)
+    and any model trained with it (a token head) teach their eval-mode class."""
+    torch.manual_seed(0)
+    trained = create_classifier(name, num_classes=3, img_size=32, token_labeling=token_labeling).eval()
+    torch.save({'state_dict': bare_model(trained).state_dict()}, tmp_path / 'teacher.pth')
+    teacher = build_teacher(TeacherSpec(name, str(tmp_path / 'teacher.pth')), 3, Recipe(img_size=32),
+                            {'mean': (0.5,) * 3, 'std': (0.5,) * 3}, DistInfo())
+    x = torch.randn(4, 3, 32, 32)
+    own = bare_model(trained).pretrained_cfg
+    renormalised = (x * 0.5 + 0.5 - torch.tensor(own['mean']).view(1, 3, 1, 1)) / torch.tensor(own['std']).view(
+        1, 3, 1, 1)
+    with torch.no_grad():
+        assert torch.equal(teacher(x), trained(renormalised).argmax(-1))
 
 
 def test_distillation_refusals_name_the_problem(labeled_images, teacher_checkpoint, tmp_path):

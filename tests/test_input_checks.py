@@ -15,8 +15,8 @@ from PIL import Image
 from backbones.errors import CheckpointError, DataError, UsageError
 from classification import train, transfer
 from classification.data import ImageFolderDataset
-from classification.evaluate import build_eval_model, class_order, load_split
-from classification.models import create_classifier
+from classification.evaluate import class_order, load_split
+from classification.models import build_eval_model, create_classifier
 from engine.cli import parse_model_kwargs, resolve_device
 from engine.fit import METRICS
 from engine.images import ImageReadError, find_classes, read_image

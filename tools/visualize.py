@@ -119,7 +119,7 @@ def store_path(data_dir: Path, image: str) -> str:
 
 def attention_picture(args: argparse.Namespace) -> np.ndarray:
     from classification.data import eval_transform
-    from classification.evaluate import build_eval_model
+    from classification.models import build_eval_model
     from classification.models import model_data_config, takes_input_size
     from engine.checkpoints import checkpoint_setting
     from engine.fit import bare_model
