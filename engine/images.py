@@ -48,9 +48,18 @@ def read_image(path: Path, before_decode: Optional[Callable[[Image.Image], None]
 
 
 def is_class_folder(path: Path) -> bool:
-    """A class is a visible folder holding at least one image (not `.ipynb_checkpoints`, not an empty folder)."""
-    return (path.is_dir() and not path.name.startswith('.')
-            and any(f.suffix.lower() in IMG_EXTENSIONS for f in path.iterdir()))
+    """A class is a visible folder holding at least one image (not `.ipynb_checkpoints`, not an empty folder). A
+    visible folder whose files are none of them images the suite reads (GIFs, say) is an error, never a class
+    silently lost."""
+    if not path.is_dir() or path.name.startswith('.'):
+        return False
+    if any(f.suffix.lower() in IMG_EXTENSIONS for f in path.iterdir()):
+        return True
+    others = sorted({f.suffix.lower() or f.name for f in path.iterdir() if f.is_file() and not f.name.startswith('.')})
+    if others:
+        raise DataError(f'{path} holds no image the suite reads (its files: {", ".join(others[:5])}; read: '
+                        f'{", ".join(IMG_EXTENSIONS)}): convert them, or move the folder out of the split')
+    return False
 
 
 def find_classes(split_dir: Path) -> List[str]:

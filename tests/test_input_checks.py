@@ -236,6 +236,19 @@ def test_mixup_of_an_odd_batch_pairs_image_i_with_image_b_minus_i():
     torch.testing.assert_close(targets, torch.tensor([[1, 0, 0], [0, lam, 1 - lam], [0, 1 - lam, lam]]))
 
 
+def test_a_class_folder_of_images_the_suite_does_not_read_is_named_not_dropped(tmp_path):
+    """A class folder holding only GIFs would silently leave the class list one short: it is named instead."""
+    data = make_image_folder(tmp_path / 'data')
+    gifs = data / 'train' / 'n004'
+    gifs.mkdir()
+    Image.new('RGB', (40, 40)).save(gifs / 'a.gif')
+    with pytest.raises(DataError, match=r'n004 holds no image the suite reads \(its files: \.gif;'):
+        train.main(train_args(data, tmp_path / 'run'))
+    shutil.rmtree(gifs)
+    (data / 'train' / 'n005').mkdir()  # an empty folder is no class and no error
+    assert find_classes(data / 'train') == list(CLASSES)
+
+
 def test_transfer_records_the_cifar_class_names(tmp_path):
     from classification.cifar import read_cifar
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)

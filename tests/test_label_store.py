@@ -1,4 +1,5 @@
 """Token-label generation: values against an independent computation, resume, torchrun sharding, clear errors."""
+import os
 import shutil
 from pathlib import Path
 
@@ -207,6 +208,26 @@ def test_a_file_name_the_image_list_cannot_hold_is_named(annotated, tmp_path):
     with pytest.raises(DataError, match='line break'):
         generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
                               img_size=64, topk=2, workers=0, model_kwargs=KWARGS)
+
+
+def test_names_with_unicode_line_separators_or_other_bytes_are_listed_and_read_back(annotated, tmp_path):
+    """U+2028, U+2029, U+0085 and a form feed end a line for `str.splitlines`, not for the store's list, and a name in
+    Latin-1 (not UTF-8) is listed as its bytes: each image keeps its own row, the one the annotator's map of that image
+    is in."""
+    tmp, _, model, _ = annotated
+    data = make_image_folder(tmp_path / 'data')
+    names = ['a\u2028b.png', 'c\u2029d.png', 'e\x85f.png', 'g\x0ch.png', os.fsdecode(b'caf\xe9.png')]
+    for i, name in enumerate(names):
+        Image.fromarray(np.full((40, 40, 3), 40 * i, np.uint8)).save(data / 'train' / 'n002' / name, format='PNG')
+    generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
+                          img_size=64, topk=2, workers=0, shard_size=5, model_kwargs=KWARGS)
+    store = TokenLabelStore(tmp_path / 'store')
+    assert len(store.rows) == 12 * 2 + len(names)
+    for name in names:
+        scores, classes = store.read(store.row_of(f'train/n002/{name}'))
+        top_scores, top_classes = independent_top_k(model, data / 'train' / 'n002' / name, 2)
+        np.testing.assert_array_equal(classes, top_classes.numpy())
+        np.testing.assert_allclose(scores, top_scores.numpy(), rtol=2e-3, atol=2e-3)
 
 
 def test_a_store_changed_after_it_was_made_is_refused_where_it_is_opened(annotated, tmp_path):

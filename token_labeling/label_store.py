@@ -59,7 +59,14 @@ def shard_ranges(num_rows: int, shard_size: int) -> List[Tuple[int, int]]:
 
 def list_digest(paths: Sequence[str]) -> str:
     """SHA-256 of an image list as `paths.txt` holds it (one path a line)."""
-    return hashlib.sha256('\n'.join(paths).encode()).hexdigest()
+    return hashlib.sha256('\n'.join(paths).encode('utf-8', 'surrogateescape')).hexdigest()
+
+
+def read_paths(root: Path) -> List[str]:
+    """The store's image list, one path a line: only the line feed ends a line (a name may hold U+2028, say, which
+    `splitlines` would break). Names are the file system's bytes (UTF-8, or undecodable bytes as Python's
+    surrogate escapes), so a Latin-1 name is listed and found again."""
+    return (root / PATHS).read_text(encoding='utf-8', errors='surrogateescape').split('\n')[:-1]
 
 
 def rows_digest(arrays: Sequence[np.ndarray], start: int, stop: int) -> str:
@@ -136,7 +143,7 @@ class TokenLabelStore:
                                   f'again with the same arguments to finish it')
         if 'classes' not in self.meta:
             raise TokenLabelError(f'{self.root / META} has no class list (an older store): generate it again')
-        paths = (self.root / PATHS).read_text().splitlines()
+        paths = read_paths(self.root)
         self.rows: Dict[str, int] = {path: row for row, path in enumerate(paths)}
         expected = (len(paths), *self.meta['grid'], self.meta['topk'])
         for name in (SCORES, CLASSES):
@@ -250,7 +257,7 @@ class StoreWriter:
                 np.lib.format.open_memmap(root / CLASSES, 'w+', class_index_dtype(meta['num_classes']), shape).flush()
                 if with_extent:
                     np.lib.format.open_memmap(root / EXTENT, 'w+', np.float32, (len(paths), 4)).flush()
-                (root / PATHS).write_text('\n'.join(paths) + '\n')
+                (root / PATHS).write_text('\n'.join(paths) + '\n', encoding='utf-8', errors='surrogateescape')
                 write_json_atomic(root / META, {**meta, 'complete': False})
         barrier(info)
         self.arrays = store_arrays(root, 'r+')
@@ -289,7 +296,7 @@ class StoreWriter:
         process."""
         barrier(self.info)
         if self.info.is_main:
-            if (self.root / PATHS).read_text().splitlines() != self.paths:
+            if read_paths(self.root) != self.paths:
                 raise TokenLabelError(f'{self.root / PATHS}: the stored image list does not match this data folder')
             self.meta[self.skipped_key] = verify_rows(
                 self.root, self.paths, self.meta['shard_size'], self.arrays,
