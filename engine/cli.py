@@ -2,14 +2,16 @@
 value's meaning.
 
 The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line (`error: ...`)
-with exit status 2, a run stopped on request (`Interrupted`) with exit status 75; `--debug` on the command line, or
-SUITE_DEBUG=1 in the environment, shows the traceback instead. Errors that are not the suite's (a bug, a library
-failure) keep their traceback.
+with exit status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a
+run stopped on request (`Interrupted`) exits with status 75. `--debug` on the command line, or SUITE_DEBUG=1 in the
+environment, shows the traceback instead. Errors that are not the suite's (a bug, a library failure) keep their
+traceback.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import os
 import sys
 from pathlib import Path
@@ -22,6 +24,8 @@ from backbones.errors import Interrupted, SuiteError, UsageError
 from .log import show_log
 
 EXIT_CODE = 2
+# a disk that is full or over quota, read-only, or refuses a file: the path and the reason are the whole story
+STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 
 
 def debug_requested(argv: list[str]) -> bool:
@@ -47,13 +51,23 @@ def run_command(main: Callable[[], object]) -> None:
     except Interrupted as exc:
         print(f'interrupted: {one_line(exc)}', file=sys.stderr)
         sys.exit(exc.exit_code)
-    except SuiteError as exc:
-        if debug:
+    except (SuiteError, OSError) as exc:
+        if debug or (isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS):
             raise
-        print(f'error: {one_line(exc)}  (--debug shows the traceback)', file=sys.stderr)
+        print(f'error: {one_line(exc)}{storage_hint(exc)}  (--debug shows the traceback)', file=sys.stderr)
         sys.exit(EXIT_CODE)
     if isinstance(status, int):  # a command's own exit status; other return values are results, not statuses
         sys.exit(status)
+
+
+def storage_hint(exc: BaseException) -> str:
+    """What to do about a file that could not be written."""
+    if not isinstance(exc, OSError):
+        return ''
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ('; nothing was left half-written: free space there and run again (a training run continues with '
+                '--resume, a label store where it stopped)')
+    return '; give an output path elsewhere'
 
 
 def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -116,17 +130,39 @@ def resolve_device(device: str | None) -> bool:
 
 
 def check_writable(path: str | Path) -> None:
-    """A file a command will write: its folder must exist, and the path must not be a folder."""
+    """A file a command will write: its folder must exist and be writable, and the path must not be a folder."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f'{path} is a folder; give a file name to write')
     if not path.parent.is_dir():
         raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')
+    check_folder_writable(path.parent, path)
+
+
+def output_file(value: str) -> str:
+    """argparse type of a file a command will write: checked (`check_writable`) before any work."""
+    try:
+        check_writable(value)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def check_output_folder(path: str | Path) -> None:
-    """A folder a command will create or fill: it must not be a file, nor lie under one."""
+    """A folder a command will create or fill: it must not be a file, nor lie under one, and the folder (or the
+    nearest one above it that exists, where it is to be made) must be writable."""
     path = Path(path)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
             raise UsageError(f'cannot use {path} as output folder: {part} is a file')
+    check_folder_writable(next(part for part in (path, *path.parents) if part.exists()), path)
+
+
+def check_folder_writable(folder: Path, target: Path) -> None:
+    """Files can be made in `folder` (to write `target`): before the work, not after it. access(2) says so for a
+    read-only file system too, root included."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return
+    read_only_fs = hasattr(os, 'statvfs') and os.statvfs(folder).f_flag & os.ST_RDONLY
+    why = 'is on a read-only file system' if read_only_fs else 'is not writable by this user'
+    raise UsageError(f'cannot write {target}: {folder} {why}; give an output path elsewhere')

@@ -12,19 +12,53 @@ TMP_MARK = '.tmp'  # a file being written is `.NAME.tmpPID` beside NAME until it
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call `write(file)` on a temporary file beside `path`, sync it to disk, then rename it over `path`."""
+    """Call `write(file)` on a temporary file beside `path`, sync it to disk, then rename it over `path`. A write
+    that fails (a full disk) leaves `path` as it was and no temporary file."""
     path = Path(path)
     tmp = path.with_name(f'.{path.name}{TMP_MARK}{os.getpid()}')
-    with open(tmp, 'wb') as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(path)) from e  # the file that could not be written, not its temp
+        raise
+
+
+class _KeepsWriteErrors:
+    """A file whose failed write is kept: torch.save reports it as a RuntimeError that no longer says why."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def save_atomic(obj: object, path: str | Path) -> None:
-    """torch.save, atomically."""
-    write_atomic(path, lambda f: torch.save(obj, f))
+    """torch.save, atomically; a write that fails raises its own OSError (ENOSPC: the disk is full)."""
+
+    def save(f: BinaryIO) -> None:
+        file = _KeepsWriteErrors(f)
+        try:
+            torch.save(obj, file)
+        except RuntimeError:
+            if file.error is not None:
+                raise file.error from None
+            raise
+
+    write_atomic(path, save)
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:

@@ -60,3 +60,19 @@ def test_loop_benchmark_names_a_missing_data_folder(tmp_path):
     result = run_tool('benchmark_loop.py', ['--data-dir', str(missing)])
     assert result.returncode == 2
     assert f'no image folder at {missing / "train"}' in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_token_labeling_benchmark_measures_the_training_step_and_checks_its_builder(tmp_path):
+    """The token-labeling benchmark through the training tool's objective (a batch as the loader gives it, whole-image
+    maps); its batched target builder agrees with the per-image way, and the store packs 2 + 2 bytes per score."""
+    result = run_tool('benchmark_token_labeling.py', [
+        '--model', 'lvvit_t', '--batch-size', '2', '--img-size', '64', '--num-classes', '10', '--builder-batch', '8',
+        '--store-images', '20', '--steps', '1', '--warmup', '0', '--repeats', '1', '--tmp-dir', tmp_path,
+        '--json', tmp_path / 'figures.json'])
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / 'figures.json').read_text())
+    step = figures['train_step']
+    assert step['token_grid'] == [4, 4] and step['overhead_pct'] == pytest.approx(
+        100 * (step['token_labeling_s'] / step['plain_ce_s'] - 1))
+    assert figures['target_builder']['max_abs_difference'] < 1e-5
+    assert 14 * 14 * 5 * 4 <= figures['label_store']['packed_bytes_per_image'] < 14 * 14 * 5 * 4 + 64

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -231,6 +232,24 @@ def _describe(key: str, value) -> str:
     return 'another image list' if key == 'paths_sha256' else f'{key}={value!r}'
 
 
+def create_arrays(root: Path, arrays: Sequence[Tuple[str, np.dtype, Tuple[int, ...]]]) -> None:
+    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small for the
+    store is an error here (an OSError naming the file, no array left behind), not a crash (SIGBUS) when a memory-
+    mapped row finds no space hours later."""
+    made: List[Path] = []
+    try:
+        for name, dtype, shape in arrays:
+            made.append(root / name)
+            np.lib.format.open_memmap(root / name, 'w+', dtype, shape).flush()
+            if hasattr(os, 'posix_fallocate'):
+                with open(root / name, 'r+b') as f:
+                    os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    except OSError as e:
+        for path in made:
+            path.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(made[-1])) from e
+
+
 class StoreWriter:
     """Writes a store shard by shard, resumably: each process of a torchrun job takes every world_size-th shard
     not yet marked done, writes its rows, flushes and marks it (rows and lines digests, the paths it skipped).
@@ -253,10 +272,8 @@ class StoreWriter:
                 for name in (SCORES, CLASSES):
                     check_array(root / name, shape)
             else:
-                np.lib.format.open_memmap(root / SCORES, 'w+', np.float16, shape).flush()
-                np.lib.format.open_memmap(root / CLASSES, 'w+', class_index_dtype(meta['num_classes']), shape).flush()
-                if with_extent:
-                    np.lib.format.open_memmap(root / EXTENT, 'w+', np.float32, (len(paths), 4)).flush()
+                arrays = [(SCORES, np.float16, shape), (CLASSES, class_index_dtype(meta['num_classes']), shape)]
+                create_arrays(root, arrays + ([(EXTENT, np.float32, (len(paths), 4))] if with_extent else []))
                 (root / PATHS).write_text('\n'.join(paths) + '\n', encoding='utf-8', errors='surrogateescape')
                 write_json_atomic(root / META, {**meta, 'complete': False})
         barrier(info)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 from itertools import cycle, islice
-from pathlib import Path
 
 import torch
 from mmengine.optim import build_optim_wrapper
@@ -27,7 +25,8 @@ from mmengine.runner import Runner
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from benchmark import seconds_per_call
-from engine.cli import positive_int, run_command
+from engine.cli import output_file, positive_int, run_command
+from engine.files import write_json_atomic
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
 from segmentation.config import DIGITS_SCALE, flipping_tta_pipeline, load_config, use_digits_data
@@ -43,7 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--images', type=positive_int, default=8, help='evaluation images timed per mode')
     parser.add_argument('--iters', type=positive_int, default=5, help='training iterations timed')
     parser.add_argument('--batch-size', type=positive_int, default=2, help='training images per iteration')
-    parser.add_argument('--json', help='also write the figures here')
+    parser.add_argument('--json', type=output_file, help='also write the figures here')
     return parser.parse_args()
 
 
@@ -128,7 +127,7 @@ def main() -> None:
     for key, value in results.items():
         print(f'{key}: {value:.3f}' if isinstance(value, float) else f'{key}: {value}')
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + '\n')
+        write_json_atomic(args.json, results)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import tempfile
@@ -25,8 +24,10 @@ from torchvision.ops import roi_align
 from benchmark import seconds_per_call
 from classification.models import create_classifier
 from classification.objective import ClassificationObjective
-from engine.cli import non_negative_int, positive_int, run_command
+from engine.cli import non_negative_int, output_file, positive_int, run_command
+from engine.files import write_json_atomic
 from token_labeling.augment import CropGeometry
+from token_labeling.label_store import WHOLE_IMAGE
 from token_labeling.loss import TokenLabelingLoss
 from token_labeling.targets import TokenTargetBuilder
 
@@ -68,7 +69,8 @@ def bench_train_step(args, device) -> dict:
     x = torch.randn(B, 3, size, size, device=device)
     labels = torch.randint(C, (B,), device=device)
     scores, classes = synthetic_maps(B, args.map_size, 5, C, device)
-    batch = {'label': labels, 'scores': scores, 'classes': classes, 'geometry': random_geometry(B, device)}
+    batch = {'label': labels, 'scores': scores, 'classes': classes, 'geometry': random_geometry(B, device),
+             'extent': torch.tensor(WHOLE_IMAGE).expand(B, 4), 'has_map': torch.ones(B, dtype=torch.bool)}
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == 'bf16')
     grids = []
 
@@ -168,7 +170,7 @@ def main() -> None:
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--tmp-dir', help='where the store benchmark writes its files (default: system temp)')
     p.add_argument('--parts', nargs='*', default=['train', 'builder', 'store'])
-    p.add_argument('--json', help='also write the figures here')
+    p.add_argument('--json', type=output_file, help='also write the figures here')
     args = p.parse_args()
     device = torch.device(args.device)
     random.seed(0)
@@ -190,7 +192,7 @@ def main() -> None:
               f"on disk); random reads packed {r['packed_reads_per_s']:.0f}/s vs files "
               f"{r['per_file_reads_per_s']:.0f}/s, x{r['read_speedup']:.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + '\n')
+        write_json_atomic(args.json, results)
 
 
 if __name__ == '__main__':

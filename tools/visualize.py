@@ -21,7 +21,7 @@ import torch
 from backbones import create_model
 from backbones.errors import DataError, UsageError
 from backbones.weights import read_state_dict
-from engine.cli import check_writable, parse_model_kwargs, positive_int, probability, run_command
+from engine.cli import check_writable, output_file, parse_model_kwargs, positive_int, probability, run_command
 from engine.files import write_json_atomic
 from engine.images import check_same_classes, read_image, scan_split
 from engine.log import logger
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--img-size', type=positive_int,
                    help='default: the size the checkpoint was trained at when it records it, else the model\'s own')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
-    p.add_argument('--json', help='also write the numbers drawn to this file: the rollout (or class attention) '
+    p.add_argument('--json', type=output_file, help='also write the numbers drawn to this file: the rollout (or class attention) '
                                   'over the patch grid, the mean attention distance per block and head, the '
                                   'position-embedding similarity')
     add_output(p)
