@@ -1,6 +1,7 @@
 """mmseg's IoUMetric, with unrounded results and a JSON report of the per-class table."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 from mmengine.dist import is_main_process
 
+from backbones.errors import DataError
 from engine.files import write_json_atomic
 from mmseg.evaluation import IoUMetric
 from mmseg.registry import METRICS
@@ -49,3 +51,21 @@ class IoUReport(IoUMetric):
             Path(self.json_file).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.json_file, report)
         return {key: report[key] for key in ('aAcc', 'mIoU', 'mAcc')}
+
+
+def read_report(path: str | Path, classes: Sequence[str]) -> dict:
+    """A report `IoUReport` wrote (tools/test_seg.py --out) for a data set of `classes`; a file that is no such report
+    (damaged, another kind of JSON, or for other classes) is a DataError naming it."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path}: not a readable test_seg.py report ({type(e).__name__}: {e})') from e
+    keys = ('mIoU', 'aAcc', 'mAcc', 'per_class')
+    if not isinstance(report, dict) or not all(k in report for k in keys) or not isinstance(report['per_class'], dict):
+        raise DataError(f'{path}: not a test_seg.py report (it needs {", ".join(keys)}); write one with '
+                        f'tools/test_seg.py --out')
+    named = list(report['per_class'])
+    if named != list(classes):
+        raise DataError(f'{path}: a report on {len(named)} classes ({", ".join(named[:3])}, ...), not on this data '
+                        f'set\'s {len(classes)} ({", ".join(classes[:3])}, ...)')
+    return report

@@ -10,11 +10,13 @@ import cv2
 import numpy as np
 import torch
 from mmengine.structures import PixelData
+from PIL import Image
 
 from mmseg.engine.hooks import SegVisualizationHook
 from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
+from backbones.errors import DataError
 from visualization.figures import enlarge, figure, finished
 
 HEADER = 22  # pixels of the title strip above each panel
@@ -89,6 +91,17 @@ def iou_bars(report: dict) -> np.ndarray:
     ax.axvline(report['mIoU'], color='#c44e52', lw=1)
     ax.set_title(f'per-class IoU: mIoU {report["mIoU"]:.1f}, aAcc {report["aAcc"]:.1f}', fontsize=9)
     return finished(fig)
+
+
+def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
+    """A label map as mmseg's LoadAnnotations reads it (Pillow, the stored values), 0 made 255 and the rest one less
+    with `reduce_zero_label` (ADE20K); a damaged file is a DataError naming it."""
+    try:
+        with Image.open(path) as annotation:
+            labels = np.asarray(annotation).astype(np.int64)
+    except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
+        raise DataError(f'cannot read annotation {path}: {type(e).__name__}: {e}') from e
+    return np.where(labels == 0, 255, labels - 1) if reduce_zero_label else labels
 
 
 def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Sequence[str],

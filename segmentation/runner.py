@@ -18,7 +18,8 @@ from typing import Callable, TypeVar
 
 import torch.nn as nn
 from mmengine.runner import Runner
-from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint
+from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
+                                        load_checkpoint)
 
 from backbones.errors import CheckpointError
 from engine.log import logger
@@ -56,6 +57,15 @@ def key_mismatch(state: dict, own: dict) -> str:
                         and not k.endswith('pos_embed')])) if keys]
     return '; '.join(f'{len(keys)} {label} keys ({", ".join(keys[:_SHOWN_KEYS])}'
                      + (', ...)' if len(keys) > _SHOWN_KEYS else ')') for label, keys in parts)
+
+
+def load_weights(model: nn.Module, filename: str) -> None:
+    """A checkpoint's weights into `model`: every weight of it and nothing else, else a CheckpointError naming the
+    keys that do not fit (mmengine's own strict load fails with a traceback)."""
+    problem = key_mismatch(checkpoint_state(filename), model.state_dict())
+    if problem:
+        raise CheckpointError(f'{filename} does not fit the model of this config: {problem}')
+    load_checkpoint(model, filename, map_location='cpu', strict=True)
 
 
 def pretrained_inits(module: nn.Module) -> list:

@@ -272,6 +272,62 @@ def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     assert picture.shape[0] > expected.shape[0]  # the report's IoU bars below
 
 
+@pytest.fixture(scope='module')
+def seg_model(tmp_path_factory):
+    """A tiny ADE20K set, its UperNet + LV-ViT config, and a checkpoint of that model's weights."""
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
+    import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+    from mmengine.registry import init_default_scope
+
+    from mmseg.registry import MODELS
+    from segmentation.config import load_config
+    tmp = tmp_path_factory.mktemp('seg_picture')
+    data = write_tiny_ade(tmp / 'ade', counts=(('training', 1), ('validation', 2)))
+    config = write_tiny_config(tmp / 'tiny.py', 'upernet_lvvit_s.py', data)
+    cfg = load_config(str(config))
+    init_default_scope('mmseg')
+    cfg.model.backbone.pretrained = None
+    torch.save({'state_dict': MODELS.build(cfg.model).state_dict()}, tmp / 'model.pth')
+    return data, config, tmp / 'model.pth'
+
+
+def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, tmp_path):
+    """A checkpoint of another model, a missing or truncated image, a damaged report or one of other classes: each a
+    one-line error naming the file (OpenCV would draw a truncated JPEG grey)."""
+    from visualize import main as visualize
+    from backbones.errors import CheckpointError, DataError
+    from engine.images import ImageReadError
+    data, config, checkpoint = seg_model
+    image = data / 'images' / 'validation' / 'img_validation_0.jpg'
+
+    def draw(*extra, weights=checkpoint):
+        return visualize(['segmentation', str(config), str(weights), '--out', str(tmp_path / 's.png'),
+                          *map(str, extra)])
+
+    torch.save({'state_dict': timm.create_model('resnet10t').state_dict()}, tmp_path / 'resnet.pth')
+    with pytest.raises(CheckpointError, match=r'resnet.pth does not fit the model of this config: \d+ missing keys'):
+        draw(weights=tmp_path / 'resnet.pth')
+    with pytest.raises(ImageReadError, match='nowhere.jpg'):
+        draw('--image', tmp_path / 'nowhere.jpg')
+    cut = tmp_path / 'cut.jpg'
+    cut.write_bytes(image.read_bytes()[:len(image.read_bytes()) // 2])
+    with pytest.raises(ImageReadError, match='cut.jpg'):
+        draw('--image', cut)
+    (tmp_path / 'damaged.json').write_text('{"mIoU": 4')
+    with pytest.raises(DataError, match='damaged.json: not a readable test_seg.py report'):
+        draw('--report', tmp_path / 'damaged.json')
+    (tmp_path / 'metrics.json').write_text(json.dumps({'top1': 80.0, 'top5': 95.0}))
+    with pytest.raises(DataError, match='metrics.json: not a test_seg.py report'):
+        draw('--report', tmp_path / 'metrics.json')
+    (tmp_path / 'voc.json').write_text(json.dumps({'mIoU': 1.0, 'aAcc': 2.0, 'mAcc': 3.0, 'per_class': {
+        'background': {'IoU': 1.0, 'Acc': 1.0}, 'aeroplane': {'IoU': 1.0, 'Acc': 1.0}}}))
+    with pytest.raises(DataError, match=r'voc.json: a report on 2 classes \(background, aeroplane, ...\), not on this '
+                                        r'data set\'s 150 \(wall, building'):
+        draw('--report', tmp_path / 'voc.json')
+    assert not (tmp_path / 's.png').exists()
+    assert draw('--image', image) == tmp_path / 's.png'
+
+
 def test_curves_tool_refuses_a_folder_without_logs(tmp_path):
     result = run_tool('visualize.py', ['curves', tmp_path, '--out', tmp_path / 'c.png'])
     assert result.returncode != 0 and f'{tmp_path}: no log.jsonl' in result.stderr

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -61,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--img-size', type=positive_int,
                    help='default: the size the checkpoint was trained at when it records it, else the model\'s own')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
-    p.add_argument('--json', type=output_file, help='also write the numbers drawn to this file: the rollout (or class attention) '
-                                  'over the patch grid, the mean attention distance per block and head, the '
-                                  'position-embedding similarity')
+    p.add_argument('--json', type=output_file, help='also write the numbers drawn to this file: the rollout (or '
+                   'class attention) over the patch grid, the mean attention distance per block and head, the '
+                   'position-embedding similarity')
     add_output(p)
 
     p = commands.add_parser('segmentation', help='ground truth and prediction over an image; per-class IoU')
@@ -159,35 +158,35 @@ def segmentation_picture(args: argparse.Namespace) -> np.ndarray:
     import cv2
     import segmentation  # noqa: F401  (registers the suite's mmseg modules)
     from mmengine.registry import init_default_scope
-    from mmengine.runner.checkpoint import load_checkpoint
 
     from mmseg.apis import inference_model
     from mmseg.registry import DATASETS, MODELS
     from segmentation.config import load_config, resolve_data
-    from segmentation.pictures import segmentation_picture as draw
+    from segmentation.metrics import read_report
+    from segmentation.pictures import read_annotation, segmentation_picture as draw
+    from segmentation.runner import load_weights
 
     cfg = load_config(args.config)
     resolve_data(cfg, args.data_root)
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     cfg.model.backbone.pretrained = None
     model = MODELS.build(cfg.model)
-    load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)
+    load_weights(model, args.checkpoint)
     cfg.test_pipeline = cfg.test_dataloader.dataset.pipeline  # what inference_model runs: the test set's own
     dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': False})
-    model.cfg, model.dataset_meta = cfg, dataset.metainfo
+    meta = dataset.metainfo
+    report = read_report(args.report, meta['classes']) if args.report else None
+    model.cfg, model.dataset_meta = cfg, meta
     entries = [dataset.get_data_info(i) for i in range(len(dataset))]
     entry = entries[0] if args.image is None else next(
         (e for e in entries if Path(e['img_path']).resolve() == Path(args.image).resolve()
          or Path(e['img_path']).name == Path(args.image).name), {'img_path': args.image})
-    image = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)
+    read_image(Path(entry['img_path']))  # decodes the whole file: OpenCV would draw a truncated JPEG grey, silently
+    image = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)  # the model's decoder
     prediction = inference_model(model.eval(), entry['img_path']).pred_sem_seg.data[0].cpu().numpy()
     truth = None
     if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
-        truth = cv2.imread(entry['seg_map_path'], cv2.IMREAD_UNCHANGED).astype(np.int64)
-        if entry.get('reduce_zero_label'):
-            truth = np.where(truth == 0, 255, truth - 1)
-    report = json.loads(Path(args.report).read_text()) if args.report else None
-    meta = dataset.metainfo
+        truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
     return draw(image, prediction, meta['classes'], meta['palette'], truth, report, args.alpha, not args.no_labels)
 
 
