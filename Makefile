@@ -11,8 +11,9 @@ READY := $(VENV)/.ready
 run: $(READY)
 	$(PY) tools/train_cls.py lvvit_s
 
+# every core runs test files (a file's tests stay on one worker: its module fixtures are built once)
 test: $(READY)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 venv: $(READY)
 
