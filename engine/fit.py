@@ -21,9 +21,11 @@ with other settings than the run's is refused, naming them.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from .cli import check_output_folder
 from .distributed import DistInfo, all_reduce_sum, barrier
 from .files import remove_partial_writes, save_atomic, write_text_atomic
 from .log import logger
-from .steps import BatchTransform, EpochProgress, Objective, StepState, evaluate, train_one_epoch
+from .steps import BatchTransform, EpochProgress, Objective, StepState, TrainingStep, evaluate, train_one_epoch
 
 LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 
@@ -115,6 +117,15 @@ class StopRequests:
             signal.signal(sig, handler)
 
 
+def step_line(step: TrainingStep) -> str:
+    """A training log line: `update 150  batch 150/1251  loss 6.1234  lr 1.00e-03  1234 img/s  data 12%  ETA 0:04:31`
+    (the ETA is the pass's)."""
+    batch = f'{step.batch}/{step.batches}' if step.batches is not None else str(step.batch)
+    eta = '' if step.seconds_left is None else f'  ETA {datetime.timedelta(seconds=round(step.seconds_left))}'
+    return (f'update {step.update}  batch {batch}  loss {step.loss:.4f}  lr {step.lr:.2e}  '
+            f'{step.images_per_second:.0f} img/s  data {step.data_wait:.0%}{eta}')
+
+
 class RunLog:
     """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only; and, after every
     validation, the run's `pictures` (drawn without touching the random streams the run continues with)."""
@@ -126,10 +137,16 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(output / 'tensorboard'))
 
-    def step(self, update: int, loss: float, lr: float) -> None:
-        if self.writer is not None and update % self.interval == 0:
-            self.writer.add_scalar('train/loss', loss, update)
-            self.writer.add_scalar('train/lr', lr, update)
+    def step(self, step: TrainingStep) -> None:
+        """Every `interval` updates: the step's loss, lr and pace to TensorBoard, and a log line when no progress bar
+        shows them (a log file, a batch job)."""
+        if self.writer is None or step.update % self.interval:
+            return
+        for key, value in (('loss', step.loss), ('lr', step.lr), ('img_s', step.images_per_second),
+                           ('data_wait', step.data_wait)):
+            self.writer.add_scalar(f'train/{key}', value, step.update)
+        if not sys.stderr.isatty():
+            logger.info(step_line(step))
 
     def epoch(self, record: dict) -> None:
         if not self.enabled:
@@ -254,7 +271,7 @@ class Fit:
                 raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch + 1}, batch {done.batches}: '
                                   f'{self.output / LAST} holds the run; the same command with --resume continues it')
 
-        loss = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
+        trained = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
                                runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}', transform=self.train_transform,
                                accumulate=self.accumulate, progress=progress,
                                on_start=None if rng is None else lambda: set_rng_state(rng),
@@ -263,7 +280,8 @@ class Fit:
             raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
                             f'unreadable and skipped; check the data folder')
         state.scheduler.step(epoch + 1)
-        record = {'epoch': epoch + 1, 'train_loss': loss, 'lr': state.optimizer.param_groups[0]['lr']}
+        record = {'epoch': epoch + 1, 'train_loss': trained.loss, 'lr': state.optimizer.param_groups[0]['lr'],
+                  'img_s': trained.images_per_second, 'data_wait': trained.data_wait}
         record.update(evaluate(self.model, val_loader, info, self.amp, desc='val', transform=self.eval_transform))
         if record['images'] == 0:
             raise DataError(f'no validation image could be read ({record["skipped"]} skipped); check the data '

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Protocol
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, NamedTuple, Optional, Protocol
 
 import torch
 import torch.nn as nn
@@ -81,6 +82,47 @@ class EpochProgress:
     steps: int = 0
 
 
+@dataclass
+class Pace:
+    """How fast a training pass goes: images trained on by all processes, seconds spent waiting for the loader, and
+    the time since the pass (or its resumed part) began."""
+
+    started: float = field(default_factory=time.perf_counter)
+    images: int = 0
+    waiting: float = 0.0
+
+    def images_per_second(self) -> float:
+        return self.images / max(time.perf_counter() - self.started, 1e-9)
+
+    def data_wait(self) -> float:
+        """The share of the time spent waiting for batches (near 1: the input pipeline is the bound)."""
+        return self.waiting / max(time.perf_counter() - self.started, 1e-9)
+
+    def seconds_left(self, done: int, left: int) -> float:
+        """The time the pass needs for `left` more batches at its pace over the `done` it has trained on."""
+        return (time.perf_counter() - self.started) / max(done, 1) * left
+
+
+class TrainingStep(NamedTuple):
+    """What a training log line reports: the update, its batch's loss and lr, the pass's batch and length (None: an
+    iterator without one), and its pace."""
+
+    update: int
+    loss: float
+    lr: float
+    batch: int
+    batches: Optional[int]
+    images_per_second: float
+    data_wait: float
+    seconds_left: Optional[float]
+
+
+class PassResult(NamedTuple):
+    loss: float  # the mean over all processes
+    images_per_second: float  # of all processes together
+    data_wait: float  # the share of the pass spent waiting for batches (this process's)
+
+
 def train_one_epoch(
         model: nn.Module,
         loader: Iterable[dict],
@@ -89,18 +131,18 @@ def train_one_epoch(
         info: DistInfo,
         amp: str = 'none',
         clip_grad: Optional[float] = None,
-        log: Optional[Callable[[int, float, float], None]] = None,
+        log: Optional[Callable[[TrainingStep], None]] = None,
         desc: str = 'train',
         transform: Optional[BatchTransform] = None,
         accumulate: int = 1,
         progress: Optional[EpochProgress] = None,
         on_start: Optional[Callable[[], None]] = None,
         after_update: Optional[Callable[[EpochProgress], None]] = None,
-) -> float:
+) -> PassResult:
     """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
     each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
-    mean loss over all processes. Batches left over at the end of the pass, fewer than `accumulate`, are not
-    trained on (as the loader drops an incomplete last batch).
+    mean loss over all processes and the pass's pace. `log` sees every update (`TrainingStep`). Batches left over at
+    the end of the pass, fewer than `accumulate`, are not trained on (as the loader drops an incomplete last batch).
 
     A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
     `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
@@ -115,10 +157,14 @@ def train_one_epoch(
     bar = tqdm(batches, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
                initial=progress.batches, total=usable)
     pending = 0  # batches whose gradients wait for the update
+    pace, first_batch = Pace(), progress.batches
+    ready = time.perf_counter()
     for batch in bar:
+        pace.waiting += time.perf_counter() - ready
         if usable is not None and progress.batches >= usable:
             break
         state.skipped += batch['skipped']
+        pace.images += len(batch.get('label', ())) * info.world_size
         progress.batches += 1
         updating = progress.batches % accumulate == 0
         if 'image' in batch:
@@ -128,13 +174,18 @@ def train_one_epoch(
             update(model, state, clip_grad)
             pending = 0
             lr = state.optimizer.param_groups[0]['lr']
-            bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}')
+            bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}', img_s=f'{pace.images_per_second():.0f}',
+                            data=f'{pace.data_wait():.0%}')
             if log is not None:
-                log(state.num_updates, value, lr)
+                left = None if usable is None else pace.seconds_left(progress.batches - first_batch,
+                                                                     usable - progress.batches)
+                log(TrainingStep(state.num_updates, value, lr, progress.batches, usable, pace.images_per_second(),
+                                 pace.data_wait(), left))
         if updating and after_update is not None:
             after_update(progress)
+        ready = time.perf_counter()
     total, steps = all_reduce_sum([progress.loss_sum, progress.steps], info)
-    return total / max(steps, 1)
+    return PassResult(total / max(steps, 1), pace.images_per_second(), pace.data_wait())
 
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,

@@ -177,6 +177,24 @@ print(len(before), changed, taken, kinds, suite, sorted(backbones.suite_models()
     assert suite == str({'cait_xxs24_224': 'backbones.cait'})  # the suite's contract comes through create_model
 
 
+def test_importing_and_drawing_leave_matplotlibs_backend_alone():
+    """A notebook's backend (here 'svg') stays after importing the trainer, the tools' picture code and drawing a
+    picture, and no figure is left in pyplot's registry."""
+    result = succeeded(run_python(['-c', '''
+import matplotlib
+matplotlib.use('svg')
+import numpy as np
+import classification.train, segmentation.pictures, visualization.curves
+from visualization.figures import class_colours, figure, finished
+fig, axes = figure(1, 2)
+axes[0, 0].imshow(np.zeros((4, 4, 3), np.uint8) + class_colours(3)[1])
+picture = finished(fig, 'title')
+import matplotlib.pyplot as plt
+print(matplotlib.get_backend(), picture.ndim, picture.dtype, len(plt.get_fignums()), sep='|')
+''']))
+    assert result.stdout.strip().splitlines()[-1] == 'svg|3|uint8|0'
+
+
 def test_plain_pytest_collects_the_suite_too():
     """`pytest` (the console script, which puts no folder on the path itself) finds the helpers and the tools."""
     command = [Path(sys.executable).with_name('pytest'), '--collect-only', '-q', '-p', 'no:cacheprovider']

@@ -1,5 +1,7 @@
 """The trainer: exact resume after a kill, torchrun (gloo) against one process, evaluation tool, errors."""
 import json
+import re
+import time
 
 import pytest
 import timm
@@ -26,9 +28,16 @@ def train_args(data, labels, output, *extra):
 def test_killed_run_resumes_to_the_same_losses_and_weights(labeled_images, tmp_path, augment):
     data, labels = labeled_images
     # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes
-    common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1', '--augment', augment]
+    common = ['--epochs', '6', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1', '--augment', augment,
+              '--log-interval', '3']
     straight, cut = tmp_path / 'straight', tmp_path / 'cut'
-    assert run_tool('train_cls.py', train_args(data, labels, straight, *common)).returncode == 0
+    result = run_tool('train_cls.py', train_args(data, labels, straight, *common))
+    assert result.returncode == 0, result.stderr
+    # a log line every 3 updates (6 batches an epoch) with the pace, and the epoch's pace in log.jsonl
+    steps = re.findall(r'update (\d+)  batch (\d)/6  loss [\d.]+  lr [\d.e+-]+  \d+ img/s  data \d+%  ETA 0:00:\d\d',
+                       result.stdout)
+    assert [int(update) for update, _ in steps] == list(range(3, 37, 3)) and {b for _, b in steps} == {'3', '6'}
+    assert all(r['img_s'] > 0 and 0 <= r['data_wait'] <= 1 for r in read_log(straight).values())
     resume_killed_run('train_cls.py', train_args(data, labels, cut, *common), cut)
     assert_same_run(straight, cut, epochs=6)
     metrics = json.loads((cut / 'metrics.json').read_text())
@@ -143,6 +152,33 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
     assert not torch.equal(model.head.weight, start.head.weight)  # the updates did happen
+
+
+def test_the_pace_counts_the_time_spent_waiting_for_batches():
+    """A loader that takes 0.1 s a batch of 8 and a step of a few milliseconds: almost all of the pass waits for data,
+    at most 80 images/s, and the time left falls to 0 at the last batch."""
+    from classification.objective import ClassificationObjective
+    from engine.distributed import DistInfo
+    from engine.steps import train_one_epoch
+    from engine.trainer import Optimization, optimization_state
+
+    class SlowLoader:
+        def __len__(self):
+            return 4
+
+        def __iter__(self):
+            for _ in range(4):
+                time.sleep(0.1)
+                yield {'image': torch.randn(8, 3, 8, 8), 'label': torch.randint(0, 3, (8,)), 'skipped': 0}
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3))
+    state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 4, 'none')
+    steps = []
+    result = train_one_epoch(model, SlowLoader(), ClassificationObjective(3, 0.0), state, DistInfo(),
+                             log=steps.append)
+    assert [(s.update, s.batch, s.batches) for s in steps] == [(1, 1, 4), (2, 2, 4), (3, 3, 4), (4, 4, 4)]
+    assert steps[-1].seconds_left == 0 and 0.05 < steps[0].seconds_left / 3 < 1.0
+    assert result.data_wait > 0.7 and 10 < result.images_per_second <= 80
 
 
 def test_grad_accum_steps_trains_like_the_whole_global_batch(labeled_images, tmp_path):

@@ -212,14 +212,13 @@ def markdown_table(summary: dict, model: str, seeds: int) -> str:
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    from visualization.figures import figure
 
     groups = [(head, mode) for head in HEADS for mode in MODES]
     variants = list(summary)
     width = 0.8 / len(variants)
-    fig, (ax_cls, ax_seg) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={'width_ratios': [1, 3]})
+    fig, axes = figure(1, 2, (6.0, 4.5), width_ratios=[1, 3])
+    ax_cls, ax_seg = axes[0]
     for i, variant in enumerate(variants):
         top1 = summary[variant]['top1']
         ax_cls.bar(i, top1['mean'], yerr=top1['std'], capsize=4, color=f'C{i}', label=VARIANTS[variant])
@@ -235,7 +234,6 @@ def plot(summary: dict, path: Path, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: Optional[List[str]] = None) -> dict:

@@ -1,20 +1,24 @@
-"""matplotlib figures as PNG files or as image arrays (TensorBoard), and class colours."""
+"""matplotlib figures as PNG files or as image arrays (TensorBoard), and class colours.
+
+Figures are matplotlib `Figure` objects drawn on their own Agg canvas, never through pyplot's global state: importing
+or using this module leaves the process's matplotlib backend (a notebook's inline plots) as it was. Only `show_image`,
+which opens a window on request, uses pyplot."""
 from __future__ import annotations
 
 import colorsys
 import os
 import sys
 from pathlib import Path
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.image import imsave
 
-matplotlib.use('Agg')  # files and arrays; `show` switches to a window only where there is a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from backbones.errors import UsageError  # noqa: E402
-from engine.log import logger  # noqa: E402
+from backbones.errors import UsageError
+from engine.log import logger
 
 Colour = Tuple[int, int, int]
 
@@ -29,17 +33,19 @@ def class_colours(count: int) -> np.ndarray:
     return np.array([[round(255 * c) for c in colorsys.hsv_to_rgb(h, 0.75, 0.95)] for h in hues], dtype=np.uint8)
 
 
-def figure(rows: int, cols: int, size: Tuple[float, float] = (4.0, 4.0)):
-    """A figure with rows x cols axes of `size` inches each."""
-    return plt.subplots(rows, cols, figsize=(cols * size[0], rows * size[1]), squeeze=False)
+def figure(rows: int, cols: int, size: Tuple[float, float] = (4.0, 4.0),
+           width_ratios: Optional[Sequence[float]] = None):
+    """A figure with rows x cols axes of `size` inches each on average (columns as wide as `width_ratios` say):
+    (figure, axes array)."""
+    fig = Figure(figsize=(cols * size[0], rows * size[1]))
+    FigureCanvasAgg(fig)  # the figure's own canvas: rendered without pyplot
+    return fig, fig.subplots(rows, cols, squeeze=False, width_ratios=width_ratios)
 
 
 def figure_array(fig) -> np.ndarray:
-    """The rendered figure as an (H, W, 3) uint8 image; the figure is closed."""
+    """The rendered figure as an (H, W, 3) uint8 image."""
     fig.canvas.draw()
-    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-    plt.close(fig)
-    return image
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
 def finished(fig, title: str = '') -> np.ndarray:
@@ -61,16 +67,18 @@ def write_png(image: np.ndarray, path: str | Path, show: bool = False) -> Path:
     path = Path(path)
     if path.parent and not path.parent.is_dir():
         raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')
-    plt.imsave(path, np.ascontiguousarray(image))
+    imsave(path, np.ascontiguousarray(image))
     if show:
         show_image(image, path.name)
     return path
 
 
 def show_image(image: np.ndarray, title: str) -> None:
+    """Open the image in a window (a GUI backend for pyplot, asked for by `--show`)."""
     if not can_show():
         logger.warning(f'no display here: {title} is written, not shown')
         return
+    import matplotlib.pyplot as plt
     plt.switch_backend(next(b for b in ('macosx', 'QtAgg', 'TkAgg') if _backend_works(b)))
     plt.figure(title)
     plt.imshow(image)
@@ -79,6 +87,7 @@ def show_image(image: np.ndarray, title: str) -> None:
 
 
 def _backend_works(name: str) -> bool:
+    import matplotlib.pyplot as plt
     try:
         plt.switch_backend(name)
         return True
