@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 from backbones.errors import UsageError
 from backbones.registry import check_model_name
 from engine.checkpoints import checkpoint_classes
-from engine.cli import (DEVICES, check_writable, fraction, model_parser, non_negative_int, parse_model_kwargs,
-                        positive_int, resolve_device)
+from engine.cli import (DEFAULT_WORKERS, DEVICES, check_writable, fraction, model_parser, non_negative_int,
+                        parse_model_kwargs, positive_int, resolve_device)
 from engine.distributed import DistInfo
 from engine.files import write_json_atomic
 from engine.images import find_classes
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
     p.add_argument('--batch-size', type=positive_int, default=100)
-    p.add_argument('--workers', type=non_negative_int, default=4)
+    p.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS)
     p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
     p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
                    help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')

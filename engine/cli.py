@@ -24,6 +24,8 @@ from backbones.errors import Interrupted, SuiteError, UsageError
 from .log import show_log
 
 EXIT_CODE = 2
+# loader processes by default: 4, or fewer on a smaller machine (PyTorch warns beyond the cores there are)
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 # a disk that is full or over quota, read-only, or refuses a file: the path and the reason are the whole story
 STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 

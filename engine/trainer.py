@@ -14,7 +14,6 @@ groups, the loss, and what they report.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Tuple
@@ -27,7 +26,7 @@ from timm.utils import ModelEmaV3
 
 from backbones.errors import DataError, UsageError
 
-from .cli import DEVICES, non_negative_int, parse_model_kwargs, positive_float, positive_int
+from .cli import DEFAULT_WORKERS, DEVICES, non_negative_int, parse_model_kwargs, positive_float, positive_int
 from .distributed import DistInfo, barrier
 from .files import write_json_atomic
 from .fit import METRICS, Fit, Pictures, RunLog, bare_model, resume_path
@@ -69,7 +68,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
                         help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
     parser.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
                         help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
-    parser.add_argument('--workers', type=non_negative_int, default=min(4, os.cpu_count() or 1),
+    parser.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS,
                         help='data-loading processes per training process')
     parser.add_argument('--seed', type=non_negative_int, default=42)
     parser.add_argument('--device', choices=DEVICES, help='default: cuda when available')

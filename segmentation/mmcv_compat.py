@@ -13,9 +13,11 @@ installed it changes nothing. Import it before `mmseg.models`: the suite's segme
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -79,4 +81,9 @@ def ensure_mmseg_importable() -> bool:
     ops.sigmoid_focal_loss = sigmoid_focal_loss
     sys.modules['mmcv.ops'] = ops
     mmcv.ops = ops
+    # mmcv's transformer bricks warn at import that mmcv-lite has no MultiScaleDeformableAttention; no model of the
+    # suite uses it, so that warning is silenced (it told the user nothing to do)
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='Fail to import ``MultiScaleDeformableAttention``')
+        importlib.import_module('mmcv.cnn.bricks.transformer')
     return True

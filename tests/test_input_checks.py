@@ -3,6 +3,7 @@ whose classes differ from the data, damaged images, resumes that would change th
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -247,6 +248,14 @@ def test_a_class_folder_of_images_the_suite_does_not_read_is_named_not_dropped(t
     shutil.rmtree(gifs)
     (data / 'train' / 'n005').mkdir()  # an empty folder is no class and no error
     assert find_classes(data / 'train') == list(CLASSES)
+
+
+def test_default_loader_workers_fit_the_machine():
+    """No more loader processes by default than cores (PyTorch warns beyond them): 4, or fewer on a smaller machine."""
+    from classification import evaluate
+    for parser, argv in ((train.build_parser(), ['lvvit_s']),
+                         (evaluate.build_parser(), ['lvvit_s', '--checkpoint', 'c.pth', '--data-dir', 'd'])):
+        assert parser.parse_args(argv).workers == min(4, os.cpu_count())
 
 
 def test_transfer_records_the_cifar_class_names(tmp_path):

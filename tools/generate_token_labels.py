@@ -12,7 +12,8 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from engine.cli import DEVICES, check_output_folder, non_negative_int, parse_model_kwargs, positive_int, run_command
+from engine.cli import (DEFAULT_WORKERS, DEVICES, check_output_folder, non_negative_int, parse_model_kwargs,
+                        positive_int, run_command)
 from engine.distributed import run_distributed
 from engine.log import logger
 from token_labeling.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
@@ -29,7 +30,7 @@ def main() -> None:
     p.add_argument('--topk', type=positive_int, default=5, help='classes kept per position (paper: 5)')
     p.add_argument('--split', default='train')
     p.add_argument('--batch-size', type=positive_int, default=64)
-    p.add_argument('--workers', type=non_negative_int, default=4)
+    p.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS)
     p.add_argument('--shard-size', type=positive_int,
                    help=f'images per resumable shard (default: the store\'s own, else {DEFAULT_SHARD_SIZE})')
     p.add_argument('--skip-unreadable', action='store_true',
