@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import default_collate
 
 from backbones import create_model
+from backbones.token_head import TOKEN_HEAD
 from classification.recipes import DIGITS, PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
 from engine.distributed import DistInfo, sharded_loaders
@@ -63,7 +64,10 @@ def test_presets_train_without_a_label_store(labeled_images, tmp_path, preset): 
                     '--batch-size', '4', '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu'])
     written = json.loads((out / 'metrics.json').read_text())
     assert written['preset'] == preset and written == metrics
-    assert written['token_labeling'] == (preset == 'mixtoken-label')
+    # what trained: MixToken with image labels, a token head over the 32-wide tokens; the standard run, none
+    weights = torch.load(out / 'last.pth', weights_only=True)['state_dict']
+    token_head = [tuple(v.shape) for k, v in weights.items() if k.startswith(f'{TOKEN_HEAD}.')]
+    assert token_head == ([(3, 32), (3,)] if preset == 'mixtoken-label' else [])
 
 
 # CaiT paper, Table 3: stochastic depth d_r and LayerScale init per size

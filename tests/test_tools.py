@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import timm
 
 from helpers.commands import run_tool
@@ -40,15 +39,14 @@ def test_unknown_model_lists_close_names():
 
 
 def test_loop_benchmark_names_the_slower_stage(tmp_path):
-    """The loop benchmark on synthetic JPEGs: every stage measured, its ratios its own figures', and the bound stage
+    """The loop benchmark on synthetic JPEGs: every stage measured, and the bound stage
     the slower of the loop's input pipeline and the model step."""
     result = run_tool('benchmark_loop.py', ['--models', 'deit_tiny_patch16_224', '--batch-size', '4', '--batches', '2',
                                             '--images', '12', '--workers', '1', '--json'])
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     (f,) = figures['models']
-    core, pool = f['pipeline_per_core_img_s'], f['pipeline_1_workers_img_s']
-    assert core['batched_over_pil'] == pytest.approx(core['batched'] / core['pil'])
+    pool = f['pipeline_1_workers_img_s']
     assert f['loop']['augment'] == 'pil'  # auto on a CPU
     slower = 'input pipeline' if pool['pil'] < f['model_step_img_s'] else 'model step'
     assert f['bound'] == slower
@@ -71,8 +69,6 @@ def test_token_labeling_benchmark_measures_the_training_step_and_checks_its_buil
         '--json', tmp_path / 'figures.json'])
     assert result.returncode == 0, result.stderr
     figures = json.loads((tmp_path / 'figures.json').read_text())
-    step = figures['train_step']
-    assert step['token_grid'] == [4, 4] and step['overhead_pct'] == pytest.approx(
-        100 * (step['token_labeling_s'] / step['plain_ce_s'] - 1))
+    assert figures['train_step']['token_grid'] == [4, 4]  # the model's own grid at 64 px: 16 px patches
     assert figures['target_builder']['max_abs_difference'] < 1e-5
     assert 14 * 14 * 5 * 4 <= figures['label_store']['packed_bytes_per_image'] < 14 * 14 * 5 * 4 + 64
