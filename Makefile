@@ -11,8 +11,10 @@ READY := $(VENV)/.ready
 run: $(READY)
 	$(PY) tools/train_cls.py lvvit_s
 
-# every core runs test files (a file's tests stay on one worker: its module fixtures are built once)
+# ruff first (pyproject.toml); then every core runs test files (a file's tests stay on one worker: its module
+# fixtures are built once)
 test: $(READY)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n auto --dist loadfile
 
 venv: $(READY)

@@ -13,7 +13,6 @@ talking-heads attention mixes heads between the logits and the softmax, so it ca
 from __future__ import annotations
 
 from functools import partial
-from typing import Tuple
 
 import torch
 from timm.layers import PatchEmbed
@@ -55,7 +54,7 @@ class CaiT(TokenModelMixin, Cait):
             return Cait.forward_head(self, x, pre_logits)
         return TokenModelMixin.forward_head(self, x, pre_logits)
 
-    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+    def _embed_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
         grid = self.patch_embed(x)
         tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size)
         return self.pos_drop(tokens), grid.shape[1:3]

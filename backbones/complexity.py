@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -17,11 +16,11 @@ class Complexity:
     trainable_params: int
     macs: int  # multiply-accumulates of one forward pass of one image in eval mode
 
-    def as_dict(self) -> Dict[str, int]:
+    def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
-def measure_complexity(name: str, img_size: Optional[int] = None, **model_kwargs) -> Complexity:
+def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -> Complexity:
     """Count a registered model's parameters and its MACs at `img_size` (default: the model's own)."""
     if img_size is not None:
         model_kwargs['img_size'] = img_size

@@ -1,7 +1,7 @@
 """Layers and model plumbing shared by the suite's own model families (LV-ViT, T2T-ViT, CaiT)."""
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple, Union
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -11,7 +11,7 @@ from timm.models import build_model_with_cfg, resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, checkpoint_seq
 
-Grid = Tuple[int, int]
+Grid = tuple[int, int]
 DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key prefix (DeiT's name)
 
 
@@ -68,7 +68,7 @@ def tokens_with_positions(
         x: torch.Tensor,
         pos_embed: torch.Tensor,
         pos_grid: Grid,
-        prefix: Optional[torch.Tensor] = None,
+        prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flatten a (B, H, W, D) token grid, prepend the (1, P, D) `prefix` tokens if given (class token, distillation
     token), add `pos_embed` resized to (H, W)."""
@@ -114,7 +114,7 @@ class TokenModelMixin:
         """The (1, P, D) tokens in front of the patch tokens: the class token, and the distillation token if any."""
         return torch.cat([self.cls_token, self.dist_token], dim=1) if self.distilled else self.cls_token
 
-    def _embed_tokens(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+    def _embed_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
         """Patch embedding, the position table resampled to the input's grid, the prefix tokens in front."""
         grid = self.patch_embed(x)
         tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.prefix_tokens())
@@ -141,7 +141,7 @@ class TokenModelMixin:
         return {name for name in ('pos_embed', 'cls_token', 'dist_token')
                 if isinstance(getattr(self, name, None), nn.Parameter) and getattr(self, name).requires_grad}
 
-    def get_classifier(self) -> nn.Module | Tuple[nn.Module, nn.Module]:
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
         return (self.head, self.head_dist) if self.distilled else self.head
 
     @torch.jit.ignore
@@ -169,10 +169,10 @@ class TokenModelMixin:
 
     def prune_intermediate_layers(
             self,
-            indices: Union[int, List[int]] = 1,
+            indices: int | list[int] = 1,
             prune_norm: bool = False,
             prune_head: bool = True,
-    ) -> List[int]:
+    ) -> list[int]:
         """Drop what `forward_intermediates(indices)` does not use: later blocks, the final norm, the heads."""
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[:max_index + 1]
@@ -185,12 +185,12 @@ class TokenModelMixin:
     def forward_intermediates(
             self,
             x: torch.Tensor,
-            indices: Optional[Union[int, List[int]]] = None,
+            indices: int | list[int] | None = None,
             norm: bool = False,
             stop_early: bool = False,
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
-    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped.
 
         Returns the intermediates as (B, D, H, W) maps (`output_fmt='NCHW'`) or (B, H*W, D) ('NLC');
@@ -235,7 +235,7 @@ def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict,
                                 feature_cfg=features_only_cfg(kwargs), **{**defaults, **kwargs})
 
 
-def block_feature_info(depth: int, channels: int, reduction: int = 16) -> List[dict]:
+def block_feature_info(depth: int, channels: int, reduction: int = 16) -> list[dict]:
     """timm's `feature_info` of a token model: the output of every block, one token per `reduction` pixels."""
     return [dict(module=f'blocks.{i}', num_chs=channels, reduction=reduction) for i in range(depth)]
 

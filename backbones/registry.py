@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from typing import Callable, Dict, List, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 import timm
 import torch.nn as nn
@@ -21,8 +22,8 @@ from .errors import UsageError
 
 _F = TypeVar('_F', bound=Callable[..., nn.Module])
 Builder = Callable[..., nn.Module]  # (model name, **kwargs) -> model
-_FAMILIES: Dict[str, List[str]] = defaultdict(list)
-_BUILDERS: Dict[str, Builder] = {}
+_FAMILIES: dict[str, list[str]] = defaultdict(list)
+_BUILDERS: dict[str, Builder] = {}
 
 
 def suite_model(family: str) -> Callable[[_F], _F]:
@@ -38,7 +39,7 @@ def suite_model(family: str) -> Callable[[_F], _F]:
     return register
 
 
-def adopt_timm_models(family: str, names: List[str], builder: Builder) -> None:
+def adopt_timm_models(family: str, names: list[str], builder: Builder) -> None:
     """Count timm's models `names` in the suite's `family`; `create_model` makes them with `builder`."""
     missing = [name for name in names if not timm.is_model(name)]
     if missing:
@@ -52,14 +53,14 @@ def set_family_builder(family: str, builder: Builder) -> None:
     _BUILDERS[family] = builder
 
 
-def suite_models(family: str | None = None) -> List[str]:
+def suite_models(family: str | None = None) -> list[str]:
     """Names of the suite's models, in registration order, of one family or all."""
     if family is not None:
         return list(_FAMILIES[family])
     return [name for names in _FAMILIES.values() for name in names]
 
 
-def families() -> Dict[str, List[str]]:
+def families() -> dict[str, list[str]]:
     return {family: list(names) for family, names in _FAMILIES.items()}
 
 

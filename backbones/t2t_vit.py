@@ -9,7 +9,6 @@ included, and `pretrained=True` fetches them through timm's download cache (`t2t
 from __future__ import annotations
 
 import math
-from typing import Tuple
 
 import torch
 import torch.nn as nn
@@ -144,7 +143,7 @@ class TokensToToken(nn.Module):
             h, w = _split_size(h, *split), _split_size(w, *split)
         return h, w
 
-    def _soft_split(self, x: torch.Tensor, i: int) -> Tuple[torch.Tensor, Grid]:
+    def _soft_split(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, Grid]:
         """Soft split i: (B, C, H, W) -> (B, h*w, C*k*k) overlapping patches and their (h, w) grid."""
         size = tuple(_split_size(s, *SOFT_SPLITS[i]) for s in x.shape[-2:])
         return self.soft_splits[i](x).transpose(1, 2), size

@@ -19,7 +19,7 @@ other model gets one from `add_token_head`, under the same name, so checkpoints 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -27,8 +27,8 @@ from timm.layers import trunc_normal_
 
 from .errors import UsageError
 
-Grid = Tuple[int, int]
-Box = Tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
+Grid = tuple[int, int]
+Box = tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
 
 TOKEN_HEAD = 'aux_head'  # the token head's attribute and checkpoint key prefix in every family
 TOKEN_LOGIT_WEIGHT = 0.5  # inference: class logits + 0.5 * class-wise max of the token logits (LV-ViT paper)
@@ -39,7 +39,7 @@ class TokenLabelingOutput(NamedTuple):
 
     cls_logits: torch.Tensor  # (B, num_classes), from the class token
     token_logits: torch.Tensor  # (B, H, W, num_classes), one prediction per patch token, grid layout
-    mix_box: Optional[Box]  # MixToken box on the token grid (patches there came from sample B-1-i)
+    mix_box: Box | None  # MixToken box on the token grid (patches there came from sample B-1-i)
 
 
 def sample_mix_box(grid: Grid, alpha: float = 1.0) -> Box:
@@ -87,7 +87,7 @@ def add_token_head(model: nn.Module) -> nn.Module:
     return model
 
 
-def patch_embedding(model: nn.Module) -> Optional[nn.Module]:
+def patch_embedding(model: nn.Module) -> nn.Module | None:
     """The module that turns the image into a grid of patch tokens: `patch_embed`, or MLP-Mixer's `stem`; None for a
     feature-map model (a CNN)."""
     for name in ('patch_embed', 'stem'):

@@ -23,7 +23,7 @@ import pickle
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 import timm
 import torch
@@ -34,7 +34,7 @@ from .layers import DIST_HEAD, resize_pos_embed
 from .registry import create_model, model_family
 from .token_head import TOKEN_HEAD
 
-StateDict = Dict[str, torch.Tensor]
+StateDict = dict[str, torch.Tensor]
 
 _WRAPPERS = ('state_dict', 'model', 'module')
 _EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
@@ -49,11 +49,11 @@ class LoadReport:
     """What `load_checkpoint` did besides copying tensors."""
 
     path: str
-    resized: List[str] = field(default_factory=list)
-    dropped_classifier: List[str] = field(default_factory=list)
-    missing: List[str] = field(default_factory=list)
-    unexpected: List[str] = field(default_factory=list)
-    mismatched: List[str] = field(default_factory=list)
+    resized: list[str] = field(default_factory=list)
+    dropped_classifier: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f'loaded {self.path}']
@@ -65,7 +65,7 @@ class LoadReport:
         return '; '.join(parts)
 
 
-def _key_list(keys: List[str], limit: int = 12) -> str:
+def _key_list(keys: list[str], limit: int = 12) -> str:
     shown = ', '.join(keys[:limit])
     return shown + (f' ... ({len(keys) - limit} more)' if len(keys) > limit else '')
 
@@ -139,12 +139,12 @@ _FAMILY_SIGNS = (
 )
 
 
-def guess_family(keys: List[str]) -> str | None:
+def guess_family(keys: list[str]) -> str | None:
     """The suite family whose parameter names a checkpoint's keys carry, or None if none matches."""
     return next((family for family, sign in _FAMILY_SIGNS if any(k.startswith(sign) for k in keys)), None)
 
 
-def classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
+def classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
     """Key prefixes of the model's classifiers, and of the token and distillation heads any model may carry."""
     names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
     names = (names,) if isinstance(names, str) else tuple(names)
@@ -216,7 +216,7 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     return report
 
 
-def pretrained_model(name: str, checkpoint: Optional[str | Path], num_classes: int, **kwargs) -> nn.Module:
+def pretrained_model(name: str, checkpoint: str | Path | None, num_classes: int, **kwargs) -> nn.Module:
     """A registered model (the suite's or timm's) in eval mode with the weights of `checkpoint`, or timm's pretrained
     weights without one (a machine annotator, a distillation teacher); it must predict `num_classes` classes."""
     if checkpoint is None:

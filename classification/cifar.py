@@ -16,7 +16,7 @@ import pickle
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -31,19 +31,19 @@ class CifarFormat:
     title: str
     folder: str  # the folder the archive extracts to
     archive: str
-    train: Tuple[str, ...]
-    test: Tuple[str, ...]
+    train: tuple[str, ...]
+    test: tuple[str, ...]
     meta: str
     label_key: str
     names_key: str
     num_classes: int
 
     @property
-    def files(self) -> Tuple[str, ...]:
+    def files(self) -> tuple[str, ...]:
         return (*self.train, *self.test, self.meta)
 
 
-FORMATS: Dict[str, CifarFormat] = {
+FORMATS: dict[str, CifarFormat] = {
     'cifar10': CifarFormat('CIFAR-10', 'cifar-10-batches-py', 'cifar-10-python.tar.gz',
                            tuple(f'data_batch_{i}' for i in range(1, 6)), ('test_batch',), 'batches.meta',
                            'labels', 'label_names', 10),
@@ -69,7 +69,7 @@ class CifarSplit:
 class CifarData:
     train: CifarSplit
     test: CifarSplit
-    classes: List[str]
+    classes: list[str]
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -114,7 +114,7 @@ def _decode_batch(batch: dict, label_key: str, num_classes: int, where: str) -> 
     return CifarSplit(data.reshape(-1, 3, 32, 32), labels)
 
 
-Files = Dict[str, Tuple[bytes, str]]  # file name -> (contents, where it was read: named in errors)
+Files = dict[str, tuple[bytes, str]]  # file name -> (contents, where it was read: named in errors)
 
 
 def _read_folder(folder: Path, names: Sequence[str]) -> Files:
@@ -136,7 +136,7 @@ def _read_archive(archive: Path, folder: str, names: Sequence[str]) -> Files:
     return files
 
 
-def _read_files(data_dir: Path, fmt: CifarFormat) -> Tuple[Files, Path]:
+def _read_files(data_dir: Path, fmt: CifarFormat) -> tuple[Files, Path]:
     """The data set's files from its extracted folder (in `data_dir`, or `data_dir` itself) or else its archive."""
     for folder in (data_dir / fmt.folder, data_dir):
         if folder.is_dir() and (folder.name == fmt.folder or (folder / fmt.meta).is_file()):
@@ -176,7 +176,7 @@ def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
     return CifarData(split(fmt.train), split(fmt.test), [_text(n) for n in names])
 
 
-def hold_out(labels: np.ndarray, fraction: float, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+def hold_out(labels: np.ndarray, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Indices (train, validation): `fraction` of every class, drawn with `seed`, held out for model selection."""
     if not 0 < fraction < 1:
         raise UsageError(f'the validation fraction must lie in (0, 1), got {fraction}')
@@ -193,7 +193,7 @@ def hold_out(labels: np.ndarray, fraction: float, seed: int = 0) -> Tuple[np.nda
     return train, val
 
 
-def channel_stats(images: np.ndarray) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+def channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation of uint8 (N, 3, H, W) images, on the [0, 1] scale."""
     counts = np.stack([np.bincount(images[:, c].ravel(), minlength=256) for c in range(images.shape[1])])
     values = np.arange(256) / 255.0

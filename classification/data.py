@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from timm.data import create_transform
@@ -28,8 +28,8 @@ class ImageFolderDataset(Dataset):
             data_dir: str | Path,
             split: str,
             transform: Callable,
-            classes: Optional[Sequence[str]] = None,
-            label_store: Optional[TokenLabelStore] = None,
+            classes: Sequence[str] | None = None,
+            label_store: TokenLabelStore | None = None,
             skip_unreadable: bool = False,
             classes_from: str = 'the training split',
     ) -> None:
@@ -38,7 +38,7 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
-        self.epoch_seed: Optional[tuple] = None  # (run seed, epoch): see set_epoch
+        self.epoch_seed: tuple | None = None  # (run seed, epoch): see set_epoch
         if label_store is not None:
             check_same_classes(label_store.classes, self.classes, f'the token-label store {label_store.root}',
                                str(self.data_dir / split))
@@ -54,7 +54,7 @@ class ImageFolderDataset(Dataset):
         drawn from the training process's own streams, which checkpoints hold.)"""
         self.epoch_seed = (seed, epoch)
 
-    def __getitem__(self, index: int) -> Optional[dict]:
+    def __getitem__(self, index: int) -> dict | None:
         path, label = self.samples[index]
         if self.epoch_seed is not None and get_worker_info() is not None:
             seed_all(hash_seed(*self.epoch_seed, index))
@@ -80,7 +80,7 @@ class ImageFolderDataset(Dataset):
         return item
 
 
-def collate_skipping(items: List[Optional[dict]]) -> dict:
+def collate_skipping(items: list[dict | None]) -> dict:
     """Collate the readable items of a batch; `skipped` counts the unreadable ones. Items of the batched
     augmentation (regions of any size, and plans) become one `PendingImages`."""
     kept = [item for item in items if item is not None]

@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 import torch
 from timm.data import RealLabelsImagenet
@@ -51,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def class_order(split_dir: Path, recorded: Optional[List[str]]) -> Tuple[Optional[List[str]], str]:
+def class_order(split_dir: Path, recorded: list[str] | None) -> tuple[list[str] | None, str]:
     """The class list that labels a split (None: its sorted class folders), and in words which order that is.
 
     ImageNet-V2 names its class folders 0 ... 999, the index of each class in ImageNet's order (its sorted WordNet
@@ -67,7 +66,7 @@ def class_order(split_dir: Path, recorded: Optional[List[str]]) -> Tuple[Optiona
     return None, f'the {len(found)} class folders, sorted by name'
 
 
-def load_split(data_dir: str, split: str, checkpoint: str, transform) -> Tuple[ImageFolderDataset, str]:
+def load_split(data_dir: str, split: str, checkpoint: str, transform) -> tuple[ImageFolderDataset, str]:
     """The split labelled with the checkpoint's own class list when it records one (a class folder may be absent;
     one it does not know is an error), ImageNet-V2's numeric folders by their number, else with the split's sorted
     class folders; and which of these orders it is."""
@@ -79,7 +78,7 @@ def load_split(data_dir: str, split: str, checkpoint: str, transform) -> Tuple[I
 REAL_NAME = re.compile(r'ILSVRC2012_val_\d{8}\.JPEG')
 
 
-def real_labels(files: List[str], source: str) -> RealLabelsImagenet:
+def real_labels(files: list[str], source: str) -> RealLabelsImagenet:
     """timm's ReaL labels for ImageNet's validation images (`source`: 'timm', its bundled file, or a real.json)."""
     unknown = [Path(f).name for f in files if not REAL_NAME.fullmatch(Path(f).name)]
     try:
@@ -94,7 +93,7 @@ def real_labels(files: List[str], source: str) -> RealLabelsImagenet:
                      + (f', e.g. {unknown[0]}' if unknown else ''))
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     check_model_name(args.model)
     if args.json:

@@ -3,7 +3,7 @@ the input size asked for, with a token head and MixToken for token labeling or a
 distillation; a trained classifier from its checkpoint; and the distillation teacher."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -20,7 +20,7 @@ from engine.fit import bare_model
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
 
 
-def create_classifier(name: str, num_classes: int, img_size: Optional[int] = None, token_labeling: bool = False,
+def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
                       mix_token: float = 1.0, distilled: bool = False, **kwargs) -> nn.Module:
     """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken (for any
     model: see `backbones.token_head`); `distilled`: with a distillation token and head."""
@@ -69,7 +69,7 @@ def takes_input_size(name: str) -> bool:
     return model_family(name) is not None or bool(get_pretrained_cfg(name).fixed_input_size)
 
 
-def check_input_size(model: nn.Module, name: str, img_size: Optional[int]) -> None:
+def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
     """The input size must give the model at least one patch, and a whole number of them where it needs that (its
     patch embedding: `patch_embed`, or MLP-Mixer's `stem`)."""
     patch_embed = patch_embedding(model)

@@ -5,7 +5,8 @@ distillation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from token_labeling.targets import TokenTargetBuilder
 POOLING_GRID = (4, 4)  # label pooling: the crop's map averaged over (4 x 2)^2 RoIAlign samples
 
 
-def cutmix(images: torch.Tensor, alpha: float) -> Tuple[torch.Tensor, float]:
+def cutmix(images: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
     """CutMix within the batch (timm's box and lambda rule): a box of each image replaced by the same box of image
     B-1-i; lambda, the share of each image that stayed its own, corrected for the clipped box."""
     lam = float(np.random.beta(alpha, alpha))
@@ -33,7 +34,7 @@ def cutmix(images: torch.Tensor, alpha: float) -> Tuple[torch.Tensor, float]:
     return images, lam
 
 
-def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor,
+def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
                                                                                          torch.Tensor]:
     """timm's MixUp/CutMix on a batch of any size. timm refuses an odd batch (one that --skip-unreadable left an image
     short); it pairs image i with image B-1-i, so a batch made even by a copy of its first image mixes the first image
@@ -64,14 +65,14 @@ class ClassificationObjective:
 
     num_classes: int
     smoothing: float
-    token_builder: Optional[TokenTargetBuilder] = None
-    token_loss: Optional[TokenLabelingLoss] = None  # token labeling when set
+    token_builder: TokenTargetBuilder | None = None
+    token_loss: TokenLabelingLoss | None = None  # token labeling when set
     cls_target: str = 'map'
     token_target: str = 'map'
     label_pooling: bool = False
     cutmix_alpha: float = 0.0  # with label pooling
-    mixup: Optional[Callable] = None  # timm's Mixup for the vanilla recipe
-    teacher: Optional[nn.Module] = None  # images -> the teacher's class (classification.models.Teacher)
+    mixup: Callable | None = None  # timm's Mixup for the vanilla recipe
+    teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
         """Images and their targets before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
@@ -108,7 +109,7 @@ class ClassificationObjective:
             cls_target = self.label_target(batch['label'].to(device, non_blocking=True))
         return self.token_loss(output, cls_target, token_target)
 
-    def map_targets(self, batch: dict, grid: Tuple[int, int], device: torch.device) -> Tuple[torch.Tensor,
+    def map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
                                                                                              torch.Tensor]:
         """(class target, token targets on `grid`) cut from the batch's annotator maps along each crop's geometry;
         an image the store has no map for gets its image label in both."""

@@ -8,7 +8,8 @@ import argparse
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Sequence
 
 from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.optim import list_optimizers
@@ -29,14 +30,14 @@ class Recipe:
     cooldown_epochs: int = 0
     warmup_epochs: int = 5
     batch_size: int = 128  # per process
-    img_size: Optional[int] = None  # None: the model's default input size
+    img_size: int | None = None  # None: the model's default input size
     opt: str = 'adamw'
     lr_base: float = 5e-4
     lr_base_batch: int = 512
     weight_decay: float = 0.05
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    clip_grad: Optional[float] = None
+    clip_grad: float | None = None
     drop_path: float = 0.1
     ema_decay: float = 0.99996  # 0 turns the EMA off
     token_labeling: bool = False
@@ -52,7 +53,7 @@ class Recipe:
     scale_min: float = 0.08
     interpolation: str = 'random'  # of the training crop: random (bilinear or bicubic), bilinear, bicubic
     hflip: float = 0.5
-    auto_augment: Optional[str] = 'rand-m9-mstd0.5-inc1'
+    auto_augment: str | None = 'rand-m9-mstd0.5-inc1'
     reprob: float = 0.25
     aug_repeats: int = 0  # repeated augmentation (DeiT, CaiT): each image this many times an epoch; 0: off
     zero_head: bool = False  # a new classifier (--finetune --new-head) starts at zero (ViT's fine-tuning)
@@ -146,7 +147,7 @@ def apply_preset(values: dict, preset: str) -> dict:
     return values
 
 
-def recipe_for(model_name: str, digits: bool = False, preset: Optional[str] = None) -> Recipe:
+def recipe_for(model_name: str, digits: bool = False, preset: str | None = None) -> Recipe:
     """The model's family recipe (the DeiT recipe for timm models outside the suite), optionally for digits, with
     one of PRESETS applied."""
     family, base = model_family(model_name), model_name.split('.')[0]  # without a pretrained tag
@@ -171,7 +172,7 @@ class TransferRecipe:
     epochs: int = 60
     warmup_epochs: int = 0
     batch_size: int = 64  # per process
-    img_size: Optional[int] = None  # None: the model's default input size
+    img_size: int | None = None  # None: the model's default input size
     opt: str = 'sgd'  # sgd (momentum, no Nesterov) or adamw
     lr: float = 0.05
     lr_base_batch: int = 64
@@ -179,9 +180,9 @@ class TransferRecipe:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     min_lr: float = 2e-4
-    clip_grad: Optional[float] = None
+    clip_grad: float | None = None
     drop_path: float = 0.1
-    crop_padding: Optional[int] = None  # random crop from the image padded by this much; None: img_size // 8
+    crop_padding: int | None = None  # random crop from the image padded by this much; None: img_size // 8
     hflip: float = 0.5
     smoothing: float = 0.0
     val_fraction: float = 0.1  # of every class of the training set, held out for model selection
@@ -235,7 +236,7 @@ def timm_optimizer(text: str) -> str:
 
 
 # The value each recipe field takes on the command line (both recipes: a name means the same in each).
-FIELD_TYPES: Dict[str, Callable[[str], object]] = {
+FIELD_TYPES: dict[str, Callable[[str], object]] = {
     'epochs': positive_int, 'cooldown_epochs': non_negative_int, 'warmup_epochs': non_negative_int,
     'batch_size': positive_int, 'img_size': positive_int, 'lr_base': positive_float, 'lr_base_batch': positive_int,
     'lr': positive_float, 'backbone_lr_scale': non_negative_float, 'momentum': below_one,
@@ -260,7 +261,7 @@ def _none_or(kind: Callable[[str], object]) -> Callable[[str], object]:
 
 
 def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
-                         choices: Optional[Dict[str, Sequence[str]]] = None) -> None:
+                         choices: dict[str, Sequence[str]] | None = None) -> None:
     """One `--flag` per field of a recipe dataclass, absent from the namespace unless given on the command line.
 
     Each value is checked against its meaning (FIELD_TYPES, FIELD_CHOICES, and the command's own `choices`);

@@ -11,7 +11,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -47,7 +47,7 @@ class ImageData:
     """An ImageNet-layout folder (`train/CLASS/*`, `val/CLASS/*`) and, for token labeling, its label store."""
 
     root: Path
-    token_labels: Optional[Path] = None
+    token_labels: Path | None = None
     skip_unreadable: bool = False
     verify_labels: bool = True  # check the store against its digests when opening it
 
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def chosen_preset(args: argparse.Namespace) -> Optional[str]:
+def chosen_preset(args: argparse.Namespace) -> str | None:
     """--preset, or Standard when --no-token-labeling turns off LV-ViT's token labeling (the paper's baseline)."""
     if args.preset is None and getattr(args, 'token_labeling', None) is False and model_family(args.model) == 'lvvit':
         return 'standard'
@@ -103,7 +103,7 @@ def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
     return override_recipe(recipe_for(args.model, digits, chosen_preset(args)), args)
 
 
-def load_finetune_weights(model: nn.Module, path: str, classes: List[str], new_head: bool) -> str:
+def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:
     """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
     recorded = checkpoint_classes(path)
     if recorded is not None and not new_head:
@@ -126,7 +126,7 @@ def pick_augment(augment: str, device: torch.device) -> str:
     return augment
 
 
-def make_loaders(data: ImageData, store: Optional[TokenLabelStore], recipe: Recipe, data_cfg: dict, info: DistInfo,
+def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,
                  options: RunOptions, augment: str = 'pil'):
     """Training batches (label-aware augmentation, token labels) and validation batches, the class list, and the
     device half of the augmentation (`augment='batched'`) or None."""
@@ -150,7 +150,7 @@ class TeacherSpec:
     """The classifier a distilled student learns from, and its weights (None: timm's pretrained)."""
 
     model: str
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
 
 
 def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg: dict, info: DistInfo) -> Teacher:
@@ -188,7 +188,7 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
     return draw
 
 
-def make_objective(recipe: Recipe, num_classes: int, teacher: Optional[Teacher] = None) -> ClassificationObjective:
+def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = None) -> ClassificationObjective:
     builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
     if recipe.token_labeling:
         return ClassificationObjective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
@@ -204,8 +204,8 @@ def make_objective(recipe: Recipe, num_classes: int, teacher: Optional[Teacher] 
 
 
 def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
-          preset: Optional[str] = None, finetune: Optional[str] = None, new_head: bool = False,
-          teacher: Optional[TeacherSpec] = None, augment: str = 'auto') -> dict:
+          preset: str | None = None, finetune: str | None = None, new_head: bool = False,
+          teacher: TeacherSpec | None = None, augment: str = 'auto') -> dict:
     """Train `model_name` on `data` with `recipe` (distilled from `teacher` if given), augmenting images the `augment`
     way; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     if new_head and not finetune:
@@ -271,7 +271,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     return trainer.finish(metrics, summary)
 
 
-def main(argv: Optional[List[str]] = None, default_data: Optional[DefaultData] = None) -> dict:
+def main(argv: list[str] | None = None, default_data: DefaultData | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, `default_data` provides the data (the tool's: the embedded digits)."""
     args = build_parser().parse_args(argv)
     check_model_name(args.model)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import List, Optional, Tuple
 
 import torch.nn as nn
 from timm.optim import param_groups_weight_decay
@@ -56,9 +55,9 @@ def resolve_recipe(args: argparse.Namespace) -> TransferRecipe:
     return override_recipe(transfer_recipe(getattr(args, 'opt', 'sgd')), args)
 
 
-def build_transfer_model(name: str, num_classes: int, img_size: Optional[int], recipe: TransferRecipe,
-                         pretrained: Optional[str] = None, use_ema: bool = False,
-                         model_kwargs: Optional[dict] = None) -> Tuple[nn.Module, Optional[LoadReport]]:
+def build_transfer_model(name: str, num_classes: int, img_size: int | None, recipe: TransferRecipe,
+                         pretrained: str | None = None, use_ema: bool = False,
+                         model_kwargs: dict | None = None) -> tuple[nn.Module, LoadReport | None]:
     """The model with fresh classifiers for `num_classes` on top of the `pretrained` weights (every other key must
     be in the file). With token labeling it keeps a token head (LV-ViT's, or a new one for other families)."""
     model = create_classifier(name, num_classes, img_size, token_labeling=recipe.token_labeling,
@@ -69,7 +68,7 @@ def build_transfer_model(name: str, num_classes: int, img_size: Optional[int], r
     return model, report
 
 
-def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float, weight_decay: float) -> List[dict]:
+def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float, weight_decay: float) -> list[dict]:
     """Every trainable parameter: timm's weight-decay groups (none on biases, norms and the model's
     `no_weight_decay()` tables), each split into the classifiers at `lr` and the rest at `lr * backbone_lr_scale`;
     the classifiers' groups first (their lr is the one logged)."""
@@ -82,7 +81,7 @@ def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float,
 
 
 def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecipe, options: RunOptions,
-             info: DistInfo, pretrained: Optional[str] = None, use_ema: bool = False, split_seed: int = 0) -> dict:
+             info: DistInfo, pretrained: str | None = None, use_ema: bool = False, split_seed: int = 0) -> dict:
     """Fine-tune `model_name` on CIFAR `dataset`; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     trainer = Trainer(options, info)
     data = read_cifar(data_dir, dataset)
@@ -139,7 +138,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
                                    f'{test["top5"]:.2f}%')
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     """tools/transfer_cifar.py."""
     args = build_parser().parse_args(argv)
     check_model_name(args.model)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 from classification.recipes import Recipe, recipe_for
 from classification.train import ImageData, train
@@ -66,7 +65,7 @@ def embedded_image_data(digits_dir: Path, recipe: Recipe, info: DistInfo, worker
     return ImageData(data.root, labels_dir)
 
 
-def pretrained_backbone(model_name: str, model_kwargs: Optional[dict] = None) -> Path:
+def pretrained_backbone(model_name: str, model_kwargs: dict | None = None) -> Path:
     """`best.pth` of `model_name` pretrained with token labeling on the embedded digits; trained if not on disk."""
     output = DIGITS_DIR / 'backbones' / model_name
     discard_outdated(DIGITS_DIR)

@@ -5,7 +5,7 @@ import contextlib
 import hashlib
 import random
 from pathlib import Path
-from typing import Iterator, List, Optional
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -80,7 +80,7 @@ def checkpoint_setting(path: str | Path, key: str):
     return args.get(key) if isinstance(args, dict) else None
 
 
-def checkpoint_classes(path: str | Path) -> Optional[List[str]]:
+def checkpoint_classes(path: str | Path) -> list[str] | None:
     """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
     classes = checkpoint_setting(path, 'classes')
     return list(classes) if isinstance(classes, (list, tuple)) else None

@@ -15,7 +15,7 @@ import errno
 import os
 import sys
 from pathlib import Path
-from typing import Callable, List
+from collections.abc import Callable
 
 import torch
 
@@ -80,7 +80,7 @@ def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_model_kwargs(items: List[str]) -> dict:
+def parse_model_kwargs(items: list[str]) -> dict:
     """`--model-kwargs key=value ...`: values parsed as Python literals where they are one (numbers, True, None)."""
     kwargs = {}
     for item in items:

@@ -5,7 +5,8 @@ import itertools
 import os
 import signal
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,7 @@ def init_distributed(device: str | None = None) -> DistInfo:
     return DistInfo(rank, world_size, local_rank, dev)
 
 
-def run_distributed(run: Callable[[DistInfo], T], device: Optional[str] = None) -> T:
+def run_distributed(run: Callable[[DistInfo], T], device: str | None = None) -> T:
     """`run(info)` in the process group torchrun describes (or alone), leaving the group afterwards."""
     info = init_distributed(device)
     try:
@@ -71,7 +72,7 @@ def cleanup(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(values: Sequence[float], info: DistInfo) -> List[float]:
+def all_reduce_sum(values: Sequence[float], info: DistInfo) -> list[float]:
     """Sum numbers over all processes (float64 on this process's device)."""
     t = torch.tensor(list(values), dtype=torch.float64, device=info.device)
     if info.distributed:
@@ -122,7 +123,7 @@ class ShardSampler(Sampler[int]):
 
 
 def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
-                    seed: int, collate_fn: Callable, aug_repeats: int = 0) -> List[DataLoader]:
+                    seed: int, collate_fn: Callable, aug_repeats: int = 0) -> list[DataLoader]:
     """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches only,
     resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image
     that many times an epoch, the copies spread over the processes), then one loader per evaluation set (each item

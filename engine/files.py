@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
+from collections.abc import Callable
 
 import torch
 

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ def restarted_by_torchrun() -> bool:
     return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or 0) > 0
 
 
-def resume_path(resume: Optional[str], output: Path) -> Optional[Path]:
+def resume_path(resume: str | None, output: Path) -> Path | None:
     """The checkpoint `--resume` names (OUTPUT/last.pth when given without a path); never overwrite a run silently.
     A run torchrun restarted continues from its own last.pth, as `--resume` would."""
     check_output_folder(output)
@@ -92,7 +92,7 @@ def gather_rng_states(info: DistInfo) -> list:
     return gather_objects(rng_state(), info)
 
 
-Pictures = Callable[[], Dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
+Pictures = Callable[[], dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -100,7 +100,7 @@ class StopRequests:
     """SIGTERM and SIGUSR1 noted (not acted on at once) while a run trains; the handlers before are put back after."""
 
     def __init__(self) -> None:
-        self.received: Optional[str] = None
+        self.received: str | None = None
         self.previous: dict = {}
 
     def __enter__(self) -> 'StopRequests':
@@ -130,7 +130,7 @@ class RunLog:
     """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only; and, after every
     validation, the run's `pictures` (drawn without touching the random streams the run continues with)."""
 
-    def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Optional[Pictures] = None) -> None:
+    def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None) -> None:
         self.output, self.enabled, self.interval, self.pictures = output, info.is_main, interval, pictures
         self.writer = None
         if self.enabled:
@@ -181,19 +181,19 @@ class Fit:
     output: Path
     config: dict
     amp: str = 'none'
-    clip_grad: Optional[float] = None
-    train_transform: Optional[BatchTransform] = None
-    eval_transform: Optional[BatchTransform] = None
+    clip_grad: float | None = None
+    train_transform: BatchTransform | None = None
+    eval_transform: BatchTransform | None = None
     accumulate: int = 1  # batches per optimizer update
-    checkpoint_minutes: Optional[float] = None  # a mid-epoch checkpoint at most this often
+    checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often
     start_epoch: int = 0
     best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
     record: dict = field(default_factory=dict)
     seed: int = 0
-    resume_progress: Optional[EpochProgress] = None  # the epoch a mid-epoch checkpoint stopped in
-    resume_rng: Optional[dict] = None  # its random streams, restored once the epoch's loader has started
+    resume_progress: EpochProgress | None = None  # the epoch a mid-epoch checkpoint stopped in
+    resume_rng: dict | None = None  # its random streams, restored once the epoch's loader has started
 
-    def start(self, resume: Optional[Path], seed: int) -> None:
+    def start(self, resume: Path | None, seed: int) -> None:
         """Restore `resume` (weights, optimizer, scheduler, scaler, epoch, best, RNG), or seed a fresh run."""
         if self.info.is_main:
             remove_partial_writes(self.output)
@@ -299,7 +299,7 @@ class Fit:
         self.save(epoch, is_best)
         runlog.epoch(record)
 
-    def save(self, epoch: int, is_best: bool, progress: Optional[EpochProgress] = None) -> None:
+    def save(self, epoch: int, is_best: bool, progress: EpochProgress | None = None) -> None:
         """last.pth after `epoch` (0-based; -1: none yet) and, mid-epoch, the `progress` of the next one; best.pth
         too when `is_best`."""
         rng = gather_rng_states(self.info)

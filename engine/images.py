@@ -6,7 +6,7 @@ in the token-label store, so a store generated on one machine works for a copy o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -32,7 +32,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert('RGB')
 
 
-def read_image(path: Path, before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image:
+def read_image(path: Path, before_decode: Callable[[Image.Image], None] | None = None) -> Image.Image:
     """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it.
 
     `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
@@ -62,7 +62,7 @@ def is_class_folder(path: Path) -> bool:
     return False
 
 
-def find_classes(split_dir: Path) -> List[str]:
+def find_classes(split_dir: Path) -> list[str]:
     if not split_dir.is_dir():
         raise DataError(f'no image folder at {split_dir} (expected the ImageNet layout {split_dir}/CLASS/*.JPEG)')
     classes = sorted(p.name for p in split_dir.iterdir() if is_class_folder(p))
@@ -87,8 +87,8 @@ def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_f
                     f'({detail})')
 
 
-def scan_split(data_dir: Path, split: str, classes: Optional[Sequence[str]] = None,
-               classes_from: str = 'the training split') -> Tuple[List[str], List[Tuple[str, int]]]:
+def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
+               classes_from: str = 'the training split') -> tuple[list[str], list[tuple[str, int]]]:
     """Classes (sorted class folders, or those given, which come from `classes_from`) and (path relative to
     `data_dir`, label) of one split. Given classes may lack a folder; a folder outside them is an error."""
     split_dir = Path(data_dir) / split

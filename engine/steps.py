@@ -7,7 +7,8 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Optional, Protocol
+from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -56,7 +57,7 @@ class Objective(Protocol):
         """The loss of the model's `output` on `batch`."""
 
 
-def model_input(batch: dict, info: DistInfo, transform: Optional[BatchTransform]) -> torch.Tensor:
+def model_input(batch: dict, info: DistInfo, transform: BatchTransform | None) -> torch.Tensor:
     """The batch's images on the device, through `transform` when there is one (CIFAR: upsample and augment)."""
     images = batch['image'].to(info.device, non_blocking=True)
     return images if transform is None else transform(images)
@@ -66,8 +67,8 @@ def model_input(batch: dict, info: DistInfo, transform: Optional[BatchTransform]
 class StepState:
     optimizer: torch.optim.Optimizer
     scheduler: object  # timm scheduler, stepped per update
-    scaler: Optional[torch.amp.GradScaler]
-    ema: Optional[nn.Module]
+    scaler: torch.amp.GradScaler | None
+    ema: nn.Module | None
     num_updates: int = 0
     skipped: int = 0
 
@@ -111,10 +112,10 @@ class TrainingStep(NamedTuple):
     loss: float
     lr: float
     batch: int
-    batches: Optional[int]
+    batches: int | None
     images_per_second: float
     data_wait: float
-    seconds_left: Optional[float]
+    seconds_left: float | None
 
 
 class PassResult(NamedTuple):
@@ -130,14 +131,14 @@ def train_one_epoch(
         state: StepState,
         info: DistInfo,
         amp: str = 'none',
-        clip_grad: Optional[float] = None,
-        log: Optional[Callable[[TrainingStep], None]] = None,
+        clip_grad: float | None = None,
+        log: Callable[[TrainingStep], None] | None = None,
         desc: str = 'train',
-        transform: Optional[BatchTransform] = None,
+        transform: BatchTransform | None = None,
         accumulate: int = 1,
-        progress: Optional[EpochProgress] = None,
-        on_start: Optional[Callable[[], None]] = None,
-        after_update: Optional[Callable[[EpochProgress], None]] = None,
+        progress: EpochProgress | None = None,
+        on_start: Callable[[], None] | None = None,
+        after_update: Callable[[EpochProgress], None] | None = None,
 ) -> PassResult:
     """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
     each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
@@ -189,7 +190,7 @@ def train_one_epoch(
 
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
-               transform: Optional[BatchTransform], accumulate: int, updating: bool) -> float:
+               transform: BatchTransform | None, accumulate: int, updating: bool) -> float:
     """Forward and backward of one batch, its gradients added to those waiting for the update; returns its loss."""
     images = model_input(batch, info, transform)
     labels = batch['label'].to(info.device, non_blocking=True)
@@ -209,7 +210,7 @@ def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepS
     return value
 
 
-def update(model: nn.Module, state: StepState, clip_grad: Optional[float]) -> None:
+def update(model: nn.Module, state: StepState, clip_grad: float | None) -> None:
     """One optimizer update from the gradients summed since the last: clip, step (through the fp16 loss scaler),
     clear, then the EMA and the per-update schedule."""
     if state.scaler is not None:
@@ -234,9 +235,9 @@ def evaluate(
         loader: Iterable[dict],
         info: DistInfo,
         amp: str = 'none',
-        on_batch: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
+        on_batch: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
         desc: str = 'eval',
-        transform: Optional[BatchTransform] = None,
+        transform: BatchTransform | None = None,
 ) -> dict:
     """Top-1 / top-5 accuracy (percent) over the shards of all processes; `on_batch(logits, indices)` sees each."""
     model.eval()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
 
 import torch
 import torch.nn as nn
@@ -40,18 +40,18 @@ class RunOptions:
     processes, seed, device and precision."""
 
     output: Path
-    resume: Optional[str] = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
+    resume: str | None = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
     model_kwargs: dict = field(default_factory=dict)
     workers: int = 2
     seed: int = 42
-    device: Optional[str] = None  # None: cuda when there is a GPU
+    device: str | None = None  # None: cuda when there is a GPU
     amp: str = 'auto'
     log_interval: int = 50
     grad_checkpointing: bool = False
     compile: bool = False
     pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
     grad_accum_steps: int = 1  # batches whose gradients make one update
-    checkpoint_minutes: Optional[float] = None  # a mid-epoch checkpoint at most this often; None: at epochs only
+    checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often; None: at epochs only
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
@@ -107,7 +107,7 @@ class Optimization:
     min_lr: float = 0.0
     cooldown_epochs: int = 0
     momentum: float = 0.9
-    clip_grad: Optional[float] = None
+    clip_grad: float | None = None
     ema_decay: float = 0.0
 
 
@@ -133,7 +133,7 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
-                       updates_per_epoch: int, amp: str) -> Tuple[StepState, int]:
+                       updates_per_epoch: int, amp: str) -> tuple[StepState, int]:
     """timm's optimizer over `params` (a model, or parameter groups) and its cosine schedule stepped per update,
     the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the epochs the schedule spans."""
     o = optimization
@@ -177,8 +177,8 @@ class Trainer:
         return batch_size * self.info.world_size * self.options.grad_accum_steps
 
     def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
-              config: dict, updates_per_epoch: int, train_transform: Optional[BatchTransform] = None,
-              eval_transform: Optional[BatchTransform] = None) -> Fit:
+              config: dict, updates_per_epoch: int, train_transform: BatchTransform | None = None,
+              eval_transform: BatchTransform | None = None) -> Fit:
         """The run's optimisation state for `model` (its parameters: `params`, a model or timm parameter groups),
         restored from the resume point if there is one. `config` is stored in every checkpoint; a resume with other
         values is refused. `updates_per_epoch` counts batches; with accumulation, updates are fewer."""
@@ -205,7 +205,7 @@ class Trainer:
         fit.start(self.resume, self.options.seed)
         return fit
 
-    def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Optional[Pictures] = None) -> dict:
+    def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Pictures | None = None) -> dict:
         """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
         after each validation); the last epoch's record."""
         runlog = RunLog(self.output, self.info, self.options.log_interval, pictures if self.options.pictures else None)

@@ -21,7 +21,7 @@ Registered as `TokenBackbone`, and under the former per-family names (`LVViTBack
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from mmseg.registry import MODELS
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
 
 
-def crop_to_extent(maps: torch.Tensor, extent: Tuple[float, float]) -> torch.Tensor:
+def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float]) -> torch.Tensor:
     """Resample the top-left `extent` (fractions of height, width) of (B, C, h, w) maps back onto h x w cells."""
     fy, fx = extent
     if fy == 1 and fx == 1:
@@ -57,11 +57,11 @@ class TokenBackbone(BaseModule):
             out_indices: Sequence[int],
             img_size: int = 512,
             drop_path_rate: float = 0.0,
-            pretrained: Optional[str] = None,
+            pretrained: str | None = None,
             use_ema: bool = False,
-            model_kwargs: Optional[dict] = None,
+            model_kwargs: dict | None = None,
             grad_checkpointing: bool = False,
-            init_cfg: Optional[dict] = None,
+            init_cfg: dict | None = None,
     ) -> None:
         if pretrained is not None:
             if init_cfg is not None:
@@ -107,7 +107,7 @@ class TokenBackbone(BaseModule):
             state_dict[key] = fit_pos_embed(self.model, state_dict[key])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         H, W = images.shape[-2:]
         Hp, Wp = (math.ceil(size / self.stride) * self.stride for size in (H, W))
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))

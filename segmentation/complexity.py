@@ -1,7 +1,6 @@
 """Parameter counts of a segmentation config's model, per part (built on the meta device: no memory, no weights)."""
 from __future__ import annotations
 
-from typing import Dict
 
 import torch
 from mmengine.config import Config
@@ -12,7 +11,7 @@ from mmseg.registry import MODELS
 PARTS = ('backbone', 'neck', 'decode_head', 'auxiliary_head')
 
 
-def segmentor_parameters(cfg: Config) -> Dict[str, int]:
+def segmentor_parameters(cfg: Config) -> dict[str, int]:
     """{'backbone', 'neck', 'decode_head', 'auxiliary_head', 'total'}: parameter counts (the papers count all)."""
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     model_cfg = cfg.model.copy()

@@ -5,7 +5,7 @@ import copy
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from mmengine.config import Config
 
@@ -28,7 +28,7 @@ LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
 
 
-def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+def load_config(path: str, cfg_options: dict | None = None) -> Config:
     if not Path(path).is_file():
         raise UsageError(f'{path}: config file not found')
     cfg = Config.fromfile(path)
@@ -175,7 +175,7 @@ def tta_flips(cfg: Config) -> bool:
     return bool(cfg.tta_model.get('flip', False))
 
 
-def resolve_data(cfg: Config, data_root: Optional[str] = None) -> bool:
+def resolve_data(cfg: Config, data_root: str | None = None) -> bool:
     """Apply `data_root`; fall back to the digits set when the config's ADE20K is not on disk. True if it did."""
     if data_root:
         set_data_root(cfg, data_root)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 from mmengine.config import ConfigDict
@@ -39,7 +40,7 @@ def decoded(path: str) -> Image.Image:
         return img.copy()
 
 
-def pair_problem(img_path: str, seg_path: str, num_classes: int, reduce_zero_label: bool) -> Optional[Problem]:
+def pair_problem(img_path: str, seg_path: str, num_classes: int, reduce_zero_label: bool) -> Problem | None:
     """What is wrong with one image and its annotation, or None."""
     try:
         image = decoded(img_path)
@@ -67,14 +68,14 @@ def pair_problem(img_path: str, seg_path: str, num_classes: int, reduce_zero_lab
     return None
 
 
-def stray_images(img_dir: Path, suffix: str) -> List[Path]:
+def stray_images(img_dir: Path, suffix: str) -> list[Path]:
     """Image files in `img_dir` that mmseg will not list because their suffix is not `suffix`."""
     if not img_dir.is_dir():
         return []
     return sorted(p for p in img_dir.rglob('*') if p.suffix.lower() in IMG_EXTENSIONS and not p.name.endswith(suffix))
 
 
-def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> Tuple[List[int], List[str]]:
+def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check a dataset config's files; returns the indices to use and the images left out as unreadable."""
     dataset = DATASETS.build({**dataset_cfg, 'pipeline': [], 'lazy_init': False})
     data_list = [dataset.get_data_info(i) for i in range(len(dataset))]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Tuple
 
 import cv2
 import numpy as np
@@ -63,7 +62,7 @@ def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, to
     return ink
 
 
-def _compose(rng: np.random.Generator, scans: np.ndarray, digits: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _compose(rng: np.random.Generator, scans: np.ndarray, digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One image (RGB) and its ADE20K-style annotation."""
     width, height = IMAGE_SIZE
     cell_w, cell_h = width // GRID[0], height // GRID[1]

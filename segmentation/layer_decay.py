@@ -11,7 +11,6 @@ parameter of layer l gets lr * rate ** (last - l). Biases, norm weights (every 1
 """
 from __future__ import annotations
 
-from typing import List
 
 import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor
@@ -26,7 +25,7 @@ from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
 class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     """Parameter groups per (layer, weight decay or not), lr scaled by `paramwise_cfg['layer_decay_rate']`."""
 
-    def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
+    def add_params(self, params: list[dict], module: nn.Module, **kwargs) -> None:
         if 'layer_decay_rate' not in self.paramwise_cfg:
             raise UsageError('LayerDecayOptimWrapperConstructor needs paramwise_cfg=dict(layer_decay_rate=...)')
         rate = self.paramwise_cfg['layer_decay_rate']

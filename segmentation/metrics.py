@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Te
     with np.errstate(divide='ignore', invalid='ignore'):
         table = IoUMetric.total_area_to_metrics(intersect, union, pred, label, ['mIoU'])
 
-    def percent(value: float) -> Optional[float]:
+    def percent(value: float) -> float | None:
         return None if math.isnan(value) else float(value) * 100
 
     return {
@@ -39,11 +39,11 @@ class IoUReport(IoUMetric):
     """IoUMetric (mIoU) that returns unrounded mIoU/mAcc/aAcc and, with `json_file`, writes them and the per-class
     IoU/Acc table there as {"mIoU", "aAcc", "mAcc", "per_class": {class: {"IoU", "Acc"}}} (percent)."""
 
-    def __init__(self, json_file: Optional[str] = None, **kwargs) -> None:
+    def __init__(self, json_file: str | None = None, **kwargs) -> None:
         super().__init__(iou_metrics=['mIoU'], **kwargs)
         self.json_file = json_file
 
-    def compute_metrics(self, results: list) -> Dict[str, float]:
+    def compute_metrics(self, results: list) -> dict[str, float]:
         super().compute_metrics(results)  # logs mmseg's per-class table
         areas = (torch.stack(area).sum(0).cpu().double() for area in zip(*results))
         report = summarise_areas(*areas, self.dataset_meta['classes'])

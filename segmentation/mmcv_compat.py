@@ -19,7 +19,6 @@ import sys
 import types
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +30,7 @@ def compiled_ops_available() -> bool:
 
 
 def sigmoid_focal_loss(input: torch.Tensor, target: torch.Tensor, gamma: float = 2.0, alpha: float = 0.25,
-                       weight: Optional[torch.Tensor] = None, reduction: str = 'mean') -> torch.Tensor:
+                       weight: torch.Tensor | None = None, reduction: str = 'mean') -> torch.Tensor:
     """PyTorch form of mmcv's compiled op: `target` holds class indices, index C meaning "no class".
 
     Per element: -alpha_t (1 - p_t)^gamma log p_t, times `weight[target]` per row when given; 'mean' divides by N.

@@ -18,7 +18,6 @@ from __future__ import annotations
 import pickle
 import zipfile
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ def _history_buffer_method(owner: object, name: str) -> object:
     return getattr(HistoryBuffer, name)
 
 
-def mmengine_checkpoint_globals() -> List[object]:
+def mmengine_checkpoint_globals() -> list[object]:
     """The non-tensor globals in the checkpoints mmengine writes: its log buffers (with their statistics methods,
     pickled as `getattr(HistoryBuffer, name)`) and the NumPy arrays in them."""
     dtypes = {type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)}
@@ -53,7 +52,7 @@ def mmengine_checkpoint_globals() -> List[object]:
             *dtypes]
 
 
-def load_local_checkpoint(filename: str, map_location: Optional[str] = None) -> dict:
+def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:
     """mmengine's local-file loader, weights-only with mmengine's own types allowed; a release of the reference's
     segmentation code comes back in this suite's layout."""
     path = Path(filename).expanduser()

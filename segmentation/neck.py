@@ -1,7 +1,7 @@
 """The neck that turns a token backbone's stride-16 maps into the multi-level pyramid UperNet (or FCN) reads."""
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -47,7 +47,7 @@ class TokenPyramidNeck(BaseModule):
         return [nn.ConvTranspose2d(channels, channels, scale, stride=scale, bias=False),
                 build_norm_layer(norm_cfg, channels)[1], build_activation_layer(act_cfg)]
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if len(inputs) != len(self.levels):
             raise UsageError(f'{type(self).__name__} has {len(self.levels)} levels but got {len(inputs)} maps; '
                              "the backbone's out_indices and the neck's scales must have the same length")

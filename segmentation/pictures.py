@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Optional, Sequence, Set
+from collections.abc import Sequence
 
 import cv2
 import numpy as np
@@ -48,7 +48,7 @@ class ValidationPictures(SegVisualizationHook):
     def __init__(self, count: int = 4, **kwargs) -> None:
         super().__init__(draw=count > 0, interval=1, **kwargs)
         self.count = count
-        self._drawn: Set[int] = set()
+        self._drawn: set[int] = set()
 
     def before_val_epoch(self, runner) -> None:
         batches = len(runner.val_loop.dataloader)
@@ -105,9 +105,9 @@ def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
 
 
 def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Sequence[str],
-                         palette: Sequence[Sequence[int]], ground_truth: Optional[np.ndarray] = None,
-                         report: Optional[dict] = None, alpha: float = 0.6, with_labels: bool = True,
-                         scale: Optional[int] = None) -> np.ndarray:
+                         palette: Sequence[Sequence[int]], ground_truth: np.ndarray | None = None,
+                         report: dict | None = None, alpha: float = 0.6, with_labels: bool = True,
+                         scale: int | None = None) -> np.ndarray:
     """The image, its ground truth (if given) and the prediction over it, side by side, enlarged `scale` times
     (default: to about 256 pixels high; nearest, so colours stay the palette's) before drawing, the report's IoU
     bars below."""

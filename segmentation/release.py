@@ -11,7 +11,6 @@ both. (The position table is resampled to the config's grid when the model loads
 from __future__ import annotations
 
 import re
-from typing import Dict
 
 from backbones.errors import CheckpointError
 
@@ -21,12 +20,12 @@ _UPSAMPLING_LEVEL = {0: '0', 1: '1', 3: '3.conv', 4: '3.bn'}
 _PLAIN_LEVEL = {0: '0.conv', 1: '0.bn'}
 
 
-def is_mmseg0_release(state_dict: Dict[str, object]) -> bool:
+def is_mmseg0_release(state_dict: dict[str, object]) -> bool:
     """Whether a segmentor state dict is in the reference's layout (a neck inside the backbone)."""
     return any(key.startswith('backbone.side_layer') for key in state_dict)
 
 
-def convert_mmseg0_release(state_dict: Dict[str, object]) -> Dict[str, object]:
+def convert_mmseg0_release(state_dict: dict[str, object]) -> dict[str, object]:
     """The state dict in this suite's layout (see the module docstring)."""
     upsampling = {int(m[1]) for key in state_dict if (m := _SIDE_LAYER.match(key)) and int(m[2]) > 2}
     converted = {}

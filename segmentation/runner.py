@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 import torch.nn as nn
 from mmengine.runner import Runner

@@ -13,7 +13,7 @@ softmax average (tested against mmseg's `SegTTAModel`).
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +23,13 @@ from mmseg.models.segmentors import EncoderDecoder, SegTTAModel
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 
-Window = Tuple[int, int, int, int]  # y1, y2, x1, x2
+Window = tuple[int, int, int, int]  # y1, y2, x1, x2
 
 
-def slide_windows(size: Tuple[int, int], crop: Tuple[int, int], stride: Tuple[int, int]) -> List[Window]:
+def slide_windows(size: tuple[int, int], crop: tuple[int, int], stride: tuple[int, int]) -> list[Window]:
     """mmseg's window grid: windows of `crop` every `stride`, the last one of a row or column moved back to end
     at the border; an image smaller than `crop` gives one window of the image's size."""
-    def starts(length: int, crop_len: int, step: int) -> List[Tuple[int, int]]:
+    def starts(length: int, crop_len: int, step: int) -> list[tuple[int, int]]:
         count = max(length - crop_len + step - 1, 0) // step + 1
         spans = []
         for i in range(count):
@@ -40,7 +40,7 @@ def slide_windows(size: Tuple[int, int], crop: Tuple[int, int], stride: Tuple[in
             for x1, x2 in starts(size[1], crop[1], stride[1])]
 
 
-def chunks(items: List[Window], size: int) -> Iterator[List[Window]]:
+def chunks(items: list[Window], size: int) -> Iterator[list[Window]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
 
@@ -49,7 +49,7 @@ def chunks(items: List[Window], size: int) -> Iterator[List[Window]]:
 class SlideBatchEncoderDecoder(EncoderDecoder):
     """EncoderDecoder whose `slide` test decodes up to `test_cfg.window_batch` windows (default 32) per forward."""
 
-    def slide_inference(self, inputs: torch.Tensor, batch_img_metas: List[dict]) -> torch.Tensor:
+    def slide_inference(self, inputs: torch.Tensor, batch_img_metas: list[dict]) -> torch.Tensor:
         window_batch = int(self.test_cfg.get('window_batch', 32))
         if window_batch < 1:
             raise UsageError(f'model.test_cfg.window_batch must be at least 1, got {window_batch}')
@@ -96,7 +96,7 @@ class FlipBatchTTAModel(SegTTAModel):
         super().__init__(**kwargs)
         self.flip = flip
 
-    def view_predictions(self, data: dict) -> List[List[SegDataSample]]:
+    def view_predictions(self, data: dict) -> list[list[SegDataSample]]:
         """The predictions of every view (each followed by its mirror image's, with `flip`), before merging."""
         predictions = []
         for i in range(len(data['inputs'])):
@@ -106,5 +106,5 @@ class FlipBatchTTAModel(SegTTAModel):
             predictions += [samples[:count]] + ([samples[count:]] if self.flip else [])
         return predictions
 
-    def test_step(self, data: dict) -> List[SegDataSample]:
+    def test_step(self, data: dict) -> list[SegDataSample]:
         return self.merge_preds(list(zip(*self.view_predictions(data))))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from mmengine.config import Config
 
@@ -65,7 +64,7 @@ def prepare(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     cfg = prepare(args)
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'

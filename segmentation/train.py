@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import List, Optional
 
 from mmengine.config import Config, DictAction
 
@@ -52,11 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def work_dir_for(cfg: Config, config_path: str, work_dir: Optional[str]) -> str:
+def work_dir_for(cfg: Config, config_path: str, work_dir: str | None) -> str:
     return work_dir or cfg.get('work_dir') or os.path.join('work_dirs', Path(config_path).stem)
 
 
-def use_digits_backbone(cfg: Config, config_pretrained: Optional[str]) -> None:
+def use_digits_backbone(cfg: Config, config_pretrained: str | None) -> None:
     """On the digits set, the config's ImageNet weights (not on disk) give way to the same model pretrained on the
     embedded classification digits (trained on first use). A path given on the command line must exist; None
     means random initialisation."""
@@ -106,6 +105,6 @@ def prepare(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     SuiteRunner.from_cfg(prepare(args)).train()

@@ -164,7 +164,8 @@ def test_mix_token_box_and_grid_mixing():
     boxes = [sample_mix_box(grid) for _ in range(200)]
     for top, left, bottom, right in boxes:
         assert 0 <= top <= bottom <= 14 and 0 <= left <= right <= 14
-    inside = [(b - t, r - l) for t, l, b, r in boxes if t > 0 and l > 0 and b < 14 and r < 14]
+    inside = [(bottom - top, right - left) for top, left, bottom, right in boxes
+              if top > 0 and left > 0 and bottom < 14 and right < 14]
     assert inside and all(h == w for h, w in inside)  # one cut ratio for both sides on a square grid
     assert len(inside) < len(boxes)  # and boxes are clipped at the borders, hence lambda from the clipped box
     x = torch.arange(4.0).view(4, 1, 1, 1).expand(4, 3, 5, 2).clone()  # sample i holds value i

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Set
 
 import pytest
 
@@ -17,7 +16,7 @@ from helpers.commands import ENV, ROOT, run_python, succeeded
 LAYERS = ('backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'digits', 'segmentation')
 
 
-def project_modules() -> Dict[str, Path]:
+def project_modules() -> dict[str, Path]:
     """Every module of the packages (dotted name -> file), and the tools (`tools.NAME`)."""
     modules = {}
     for package in LAYERS + ('tools',):
@@ -27,7 +26,7 @@ def project_modules() -> Dict[str, Path]:
     return modules
 
 
-def imports_of(path: Path, name: str, known: Set[str]) -> Set[str]:
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
     """The project modules a module imports anywhere in its body (inside functions too), relative imports resolved;
     `from package import module` counts the module."""
     package = name if path.stem == '__init__' else name.rpartition('.')[0]
@@ -54,17 +53,17 @@ def imports_of(path: Path, name: str, known: Set[str]) -> Set[str]:
 
 
 @pytest.fixture(scope='module')
-def graph() -> Dict[str, Set[str]]:
+def graph() -> dict[str, set[str]]:
     modules = project_modules()
     return {name: imports_of(path, name, set(modules)) for name, path in modules.items()}
 
 
-def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     """One import cycle (its modules in order, the first repeated at the end), or [] if there is none."""
-    state: Dict[str, int] = {}  # 1: on the current path, 2: done
-    path: List[str] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
 
-    def visit(node: str) -> List[str]:
+    def visit(node: str) -> list[str]:
         state[node] = 1
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
@@ -122,11 +121,11 @@ def test_library_code_neither_prints_nor_exits():
     assert offending == []
 
 
-def layout_entries() -> Dict[str, List[str]]:
+def layout_entries() -> dict[str, list[str]]:
     """The README's layout block: folder -> the file names listed under it."""
     text = (ROOT / 'README.md').read_text()
     block = re.search(r'## Layout\n.*?```\n(.*?)```', text, re.S).group(1)
-    entries: Dict[str, List[str]] = {}
+    entries: dict[str, list[str]] = {}
     folder = None
     for line in block.splitlines():
         top = re.match(r'^(\S+)/\s', line + ' ')

@@ -4,7 +4,6 @@ positions, MixToken (a stride-aligned pixel box on a CNN), the inference rule, a
 from __future__ import annotations
 
 import json
-from typing import Dict, Tuple
 
 import pytest
 import timm
@@ -21,7 +20,7 @@ from token_labeling.targets import TokenTargetBuilder
 SIZE = (64, 96)  # non-square: a transposed grid cannot pass
 
 
-def tiny(kind: str) -> Tuple[torch.nn.Module, int]:
+def tiny(kind: str) -> tuple[torch.nn.Module, int]:
     """A tiny model of each kind with a token head, and the pixels per token of its grid."""
     torch.manual_seed(0)
     if kind == 'resnet':
@@ -56,7 +55,7 @@ def test_token_logits_are_the_token_head_at_every_position(kind):
     torch.testing.assert_close(out.cls_logits, model(x))  # the class head is the model's own
 
 
-def most_influential_cells(model: torch.nn.Module, x: torch.Tensor, stride: int) -> Dict[tuple, tuple]:
+def most_influential_cells(model: torch.nn.Module, x: torch.Tensor, stride: int) -> dict[tuple, tuple]:
     """For every token of the grid, the stride x stride image cell its logits depend on most (input gradients)."""
     x = x.clone().requires_grad_(True)
     out = forward_token_labeling(model, x, mix_token=0.0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -107,14 +107,14 @@ def generate_token_labels(
         annotator: str,
         output: str | Path,
         info: DistInfo,
-        checkpoint: Optional[str] = None,
-        img_size: Optional[int] = None,
+        checkpoint: str | None = None,
+        img_size: int | None = None,
         topk: int = 5,
         split: str = 'train',
         batch_size: int = 64,
         workers: int = 4,
-        shard_size: Optional[int] = None,
-        model_kwargs: Optional[dict] = None,
+        shard_size: int | None = None,
+        model_kwargs: dict | None = None,
         skip_unreadable: bool = False,
 ) -> dict:
     """Write (or finish) the token-label store of `data_dir/split`; returns its meta data (`meta.json`).

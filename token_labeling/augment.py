@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ def identity_geometry() -> CropGeometry:
     return CropGeometry(torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor(False), torch.eye(3)[:2].clone())
 
 
-def pil_affine_matrix(op_name: str, args: Sequence[float], size: Tuple[int, int]) -> np.ndarray:
+def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]) -> np.ndarray:
     """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops.
 
     PIL's affine transforms sample the input at `M @ (x, y, 1)` for output pixel-edge coordinates (x, y);
@@ -70,7 +71,7 @@ def pil_affine_matrix(op_name: str, args: Sequence[float], size: Tuple[int, int]
     return m
 
 
-def pixels_to_normalized(m: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+def pixels_to_normalized(m: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Re-express a pixel-coordinate map of a (w, h) image in [-1, 1] coordinates."""
     w, h = size
     d = np.array([[w / 2, 0.0, w / 2], [0.0, h / 2, h / 2], [0.0, 0.0, 1.0]])  # normalised -> pixels
@@ -82,13 +83,13 @@ class AppliedOp(NamedTuple):
 
     name: str
     args: tuple
-    fill: Optional[tuple]
+    fill: tuple | None
 
 
 class _RecordingOp:
     """Stands in for an op's function: notes the op and its arguments, then runs it."""
 
-    def __init__(self, name: str, fn, log: List[AppliedOp]) -> None:
+    def __init__(self, name: str, fn, log: list[AppliedOp]) -> None:
         self.name, self.fn, self.log = name, fn, log
 
     def __call__(self, img: Image.Image, *args, **kwargs) -> Image.Image:
@@ -107,7 +108,7 @@ class _ZeroBitPosterize:
         return Image.new(img.mode, img.size) if bits <= 0 else self.fn(img, bits, **kwargs)
 
 
-def warp_of(applied: Sequence[AppliedOp], size: Tuple[int, int]) -> torch.Tensor:
+def warp_of(applied: Sequence[AppliedOp], size: tuple[int, int]) -> torch.Tensor:
     """The geometric ops of `applied` (in the order applied) composed: final image -> crop, [-1, 1] coordinates."""
     m = np.eye(3)
     for op in applied:  # the first op applied is the outermost: out -> ... -> input of op 1
@@ -126,7 +127,7 @@ class LabelAwareRandAugment:
     def __init__(self, augment: RandAugment) -> None:
         self.augment = augment
         self.num_layers = augment.num_layers
-        self._log: List[AppliedOp] = []
+        self._log: list[AppliedOp] = []
         for op in augment.ops:
             fn = _ZeroBitPosterize(op.aug_fn) if op.name.startswith('Posterize') else op.aug_fn
             op.aug_fn = _RecordingOp(op.name, fn, self._log)
@@ -137,12 +138,12 @@ class LabelAwareRandAugment:
         hparams = dict(translate_const=int(img_size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
         return cls(rand_augment_transform(config, hparams))
 
-    def __call__(self, img: Image.Image) -> Tuple[Image.Image, torch.Tensor]:
+    def __call__(self, img: Image.Image) -> tuple[Image.Image, torch.Tensor]:
         self._log.clear()
         img = self.augment(img)
         return img, warp_of(self._log, img.size)
 
-    def plan(self, size: Tuple[int, int]) -> Tuple[List[AppliedOp], torch.Tensor]:
+    def plan(self, size: tuple[int, int]) -> tuple[list[AppliedOp], torch.Tensor]:
         """The ops an image of `size` would get (the same random draws as a call), and their composed warp."""
         self._log.clear()
         self.augment(_STAND_IN)
@@ -179,8 +180,8 @@ class TrainTransform:
     def __init__(
             self,
             img_size: int,
-            scale: Tuple[float, float] = (0.08, 1.0),
-            ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+            scale: tuple[float, float] = (0.08, 1.0),
+            ratio: tuple[float, float] = (3 / 4, 4 / 3),
             hflip: float = 0.5,
             auto_augment: str | None = 'rand-m9-mstd0.5-inc1',
             reprob: float = 0.25,
@@ -198,18 +199,18 @@ class TrainTransform:
         # the same draws as `erase`, without making the noise: erasing boxes for the batched path
         self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
 
-    def sample_crop(self, img: Image.Image) -> Tuple[int, int, int, int]:
+    def sample_crop(self, img: Image.Image) -> tuple[int, int, int, int]:
         """RandomResizedCrop's (top, left, height, width) for an image (its size is all it reads), at least one pixel
         each way: timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
         top, left, h, w = RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
         h, w = max(h, 1), max(w, 1)
         return min(top, img.size[1] - h), min(left, img.size[0] - w), h, w
 
-    def sample_view(self) -> Tuple[InterpolationMode, bool]:
+    def sample_view(self) -> tuple[InterpolationMode, bool]:
         """The crop's interpolation and whether it is mirrored."""
         return random.choice(self.interpolations), random.random() < self.hflip
 
-    def sample_erasing(self) -> List[Tuple[int, int, int, int]]:
+    def sample_erasing(self) -> list[tuple[int, int, int, int]]:
         """Random erasing's boxes (top, left, height, width) on the output image; often none."""
         if self.erase_boxes is None:
             return []
@@ -217,7 +218,7 @@ class TrainTransform:
         self.erase_boxes(stand_in)
         return stand_in.boxes
 
-    def __call__(self, img: Image.Image) -> Tuple[torch.Tensor, CropGeometry]:
+    def __call__(self, img: Image.Image) -> tuple[torch.Tensor, CropGeometry]:
         W, H = img.size
         top, left, h, w = self.sample_crop(img)
         interpolation, flip = self.sample_view()

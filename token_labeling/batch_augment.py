@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ def colour_op_code(name: str) -> int:
     return COLOUR_OPS.index(base)
 
 
-def jpeg_draft_size(size: Tuple[int, int], crop: Tuple[int, int, int, int], out: int) -> Tuple[int, int]:
+def jpeg_draft_size(size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> tuple[int, int]:
     """The smallest whole-image size (w, h) at which the crop (top, left, height, width) still covers `out` pixels
     each way: what to ask `Image.draft` for."""
     W, H = size
@@ -64,10 +64,10 @@ class Region:
     """A crop's neighbourhood as decoded: uint8 (h, w, 3) pixels, and the crop box in them, (x1, y1, x2, y2) pixels."""
 
     pixels: np.ndarray
-    box: Tuple[float, float, float, float]
+    box: tuple[float, float, float, float]
 
 
-def cut_region(img: Image.Image, full_size: Tuple[int, int], crop: Tuple[int, int, int, int], out: int) -> Region:
+def cut_region(img: Image.Image, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
     """The whole pixels around `crop` (given on the full-size image) from a possibly draft-decoded `img`, reduced by
     whole factors (box averages) as long as the crop stays at least `out` pixels each way."""
     top, left, h, w = crop
@@ -94,7 +94,7 @@ class RegionTransform:
         self.layers = layers
         self.max_boxes = reference.erase_boxes.max_count if reference.erase_boxes is not None else 0
 
-    def __call__(self, path: Path) -> Tuple[torch.Tensor, CropGeometry, Dict[str, torch.Tensor]]:
+    def __call__(self, path: Path) -> tuple[torch.Tensor, CropGeometry, dict[str, torch.Tensor]]:
         t, out = self.reference, self.reference.img_size
         drawn = {}
 
@@ -116,7 +116,7 @@ class RegionTransform:
                 'flip': geometry.flip, 'warp': warp, **self.colour_plan(applied), **self.erase_plan(boxes)}
         return torch.from_numpy(region.pixels.copy()), geometry, plan
 
-    def colour_plan(self, applied: Sequence[AppliedOp]) -> Dict[str, torch.Tensor]:
+    def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, torch.Tensor]:
         """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last
         geometric op, so it sees the crop's pixels only; `fill`: the geometric ops' fill colour."""
         ops, args, warped = [NO_OP] * self.layers, [0.0] * self.layers, [False] * self.layers
@@ -129,7 +129,7 @@ class RegionTransform:
         return {'ops': torch.tensor(ops), 'args': torch.tensor(args), 'warped': torch.tensor(warped),
                 'fill': torch.tensor(fill, dtype=torch.float32)}
 
-    def erase_plan(self, boxes: Sequence[Tuple[int, int, int, int]]) -> Dict[str, torch.Tensor]:
+    def erase_plan(self, boxes: Sequence[tuple[int, int, int, int]]) -> dict[str, torch.Tensor]:
         erase = torch.zeros(self.max_boxes, 4, dtype=torch.long)  # height 0: no box
         if boxes:
             erase[:len(boxes)] = torch.tensor(boxes)
@@ -142,7 +142,7 @@ class PendingImages:
     canvas with its last row and column repeated to the canvas edge, and the collated plans."""
 
     pixels: torch.Tensor
-    plan: Dict[str, torch.Tensor]
+    plan: dict[str, torch.Tensor]
 
     def to(self, device: torch.device, non_blocking: bool = False) -> 'PendingImages':
         return PendingImages(self.pixels.to(device, non_blocking=non_blocking),
@@ -253,14 +253,14 @@ def sharpness(x, factor, _):
     return blend(degenerate, x, factor)
 
 
-COLOUR_FUNCTIONS: Dict[str, Callable] = {
+COLOUR_FUNCTIONS: dict[str, Callable] = {
     'AutoContrast': autocontrast, 'Equalize': equalize, 'Invert': invert, 'Posterize': posterize,
     'Solarize': solarize, 'SolarizeAdd': solarize_add, 'Color': color, 'Contrast': contrast,
     'Brightness': brightness, 'Sharpness': sharpness,
 }
 
 
-def canvas_map(plan: Dict[str, torch.Tensor], canvas: Tuple[int, int]) -> torch.Tensor:
+def canvas_map(plan: dict[str, torch.Tensor], canvas: tuple[int, int]) -> torch.Tensor:
     """(B, 2, 3) affine map of `grid_sample`: output [-1, 1] -> (warp) crop -> (flip) unmirrored crop -> canvas."""
     box, H, W = plan['box'], *canvas
     B = box.shape[0]
@@ -297,7 +297,7 @@ class BatchAugment:
         x = (x - self.mean.to(x.device)) / self.std.to(x.device)
         return self.erase(x, pending.plan['erase'])
 
-    def resample(self, pending: PendingImages) -> Tuple[torch.Tensor, torch.Tensor]:
+    def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
         which output pixels came from the crop (B, 1, S, S)."""
         plan, S, pixels = pending.plan, self.img_size, pending.pixels
@@ -315,7 +315,7 @@ class BatchAugment:
         x = torch.where(inside, x.clamp(0, 255).round(), plan['fill'].view(B, 3, 1, 1))
         return x, inside
 
-    def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: Dict[str, torch.Tensor]) -> torch.Tensor:
+    def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: dict[str, torch.Tensor]) -> torch.Tensor:
         """Each layer's colour op on the images that drew it (over the crop's pixels only when it came before a
         geometric op)."""
         ops, args, warped = plan['ops'], plan['args'].float(), plan['warped']

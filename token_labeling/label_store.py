@@ -22,7 +22,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -43,7 +43,7 @@ def class_index_dtype(num_classes: int) -> np.dtype:
     return np.dtype(np.int16 if num_classes <= np.iinfo(np.int16).max + 1 else np.int32)
 
 
-def check_array(path: Path, shape: Tuple[int, ...]) -> None:
+def check_array(path: Path, shape: tuple[int, ...]) -> None:
     """A store array must open (whole, not truncated) with the shape its meta data gives."""
     try:
         array = np.load(path, mmap_mode='r')
@@ -54,7 +54,7 @@ def check_array(path: Path, shape: Tuple[int, ...]) -> None:
                               f'the store is damaged, generate it again')
 
 
-def shard_ranges(num_rows: int, shard_size: int) -> List[Tuple[int, int]]:
+def shard_ranges(num_rows: int, shard_size: int) -> list[tuple[int, int]]:
     return [(start, min(start + shard_size, num_rows)) for start in range(0, num_rows, shard_size)]
 
 
@@ -63,7 +63,7 @@ def list_digest(paths: Sequence[str]) -> str:
     return hashlib.sha256('\n'.join(paths).encode('utf-8', 'surrogateescape')).hexdigest()
 
 
-def read_paths(root: Path) -> List[str]:
+def read_paths(root: Path) -> list[str]:
     """The store's image list, one path a line: only the line feed ends a line (a name may hold U+2028, say, which
     `splitlines` would break). Names are the file system's bytes (UTF-8, or undecodable bytes as Python's
     surrogate escapes), so a Latin-1 name is listed and found again."""
@@ -90,21 +90,21 @@ def read_marker(path: Path) -> dict | None:
         return None
 
 
-def store_arrays(root: Path, mode: str = 'r') -> List[np.ndarray]:
+def store_arrays(root: Path, mode: str = 'r') -> list[np.ndarray]:
     """The store's row arrays, memory-mapped: scores, classes, and extent where the store has one."""
     names = [SCORES, CLASSES] + ([EXTENT] if (root / EXTENT).exists() else [])
     return [np.load(root / name, mmap_mode=mode) for name in names]
 
 
 def verify_rows(root: Path, paths: Sequence[str], shard_size: int, arrays: Sequence[np.ndarray], fix: str,
-                unwritten_fix: str | None = None) -> List[str]:
+                unwritten_fix: str | None = None) -> list[str]:
     """Every shard marked done for its own rows, with the digests its rows (and its lines of `paths.txt`, where the
     marker records them) have now; returns the paths the markers list as skipped. `fix` ends each error message
     (`unwritten_fix`, where given, that of a shard not marked). The shards are hashed by threads (hashlib releases
     the GIL)."""
     shards = shard_ranges(len(paths), shard_size)
 
-    def check(i: int) -> List[str]:
+    def check(i: int) -> list[str]:
         start, stop = shards[i]
         marker = read_marker(shard_marker(root, i))
         if marker is None:
@@ -145,7 +145,7 @@ class TokenLabelStore:
         if 'classes' not in self.meta:
             raise TokenLabelError(f'{self.root / META} has no class list (an older store): generate it again')
         paths = read_paths(self.root)
-        self.rows: Dict[str, int] = {path: row for row, path in enumerate(paths)}
+        self.rows: dict[str, int] = {path: row for row, path in enumerate(paths)}
         expected = (len(paths), *self.meta['grid'], self.meta['topk'])
         for name in (SCORES, CLASSES):
             check_array(self.root / name, expected)
@@ -154,9 +154,9 @@ class TokenLabelStore:
         if verify:
             self.verify(paths)
         self.empty = set(self.meta.get('unreadable', [])) | set(self.meta.get('missing', []))
-        self._arrays: List[np.ndarray] | None = None
+        self._arrays: list[np.ndarray] | None = None
 
-    def verify(self, paths: List[str]) -> None:
+    def verify(self, paths: list[str]) -> None:
         """The image list and every row as they were written (see `verify_rows`)."""
         fix = f'{DAMAGED}, or pass --no-verify to train on it as it is'
         verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)  # names the shard
@@ -164,7 +164,7 @@ class TokenLabelStore:
             raise TokenLabelError(f'{self.root / PATHS} is not the image list the store was made for; {fix}')
 
     @property
-    def classes(self) -> List[str]:
+    def classes(self) -> list[str]:
         return list(self.meta['classes'])
 
     @property
@@ -172,7 +172,7 @@ class TokenLabelStore:
         return self.meta['num_classes']
 
     @property
-    def grid(self) -> Tuple[int, int]:
+    def grid(self) -> tuple[int, int]:
         return tuple(self.meta['grid'])
 
     def __len__(self) -> int:
@@ -196,13 +196,13 @@ class TokenLabelStore:
             raise TokenLabelError(f'{len(missing)} image(s) have no token labels in {self.root}, e.g. {shown}; '
                                   f'generate the labels for this data folder')
 
-    def arrays(self) -> List[np.ndarray]:
+    def arrays(self) -> list[np.ndarray]:
         """The row arrays, memory-mapped on first use in each process."""
         if self._arrays is None:
             self._arrays = store_arrays(self.root)
         return self._arrays
 
-    def read(self, row: int) -> Tuple[np.ndarray, np.ndarray]:
+    def read(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         scores, classes = self.arrays()[:2]
         return np.array(scores[row]), np.array(classes[row])
 
@@ -232,11 +232,11 @@ def _describe(key: str, value) -> str:
     return 'another image list' if key == 'paths_sha256' else f'{key}={value!r}'
 
 
-def create_arrays(root: Path, arrays: Sequence[Tuple[str, np.dtype, Tuple[int, ...]]]) -> None:
+def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
     """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small for the
     store is an error here (an OSError naming the file, no array left behind), not a crash (SIGBUS) when a memory-
     mapped row finds no space hours later."""
-    made: List[Path] = []
+    made: list[Path] = []
     try:
         for name, dtype, shape in arrays:
             made.append(root / name)
@@ -256,7 +256,7 @@ class StoreWriter:
     A store folder that already holds a store must have been started with the same `shaping` values of `meta`; the
     store is marked complete by `finish` only when every shard verifies."""
 
-    def __init__(self, root: Path, meta: dict, paths: List[str], shaping: Sequence[str], info: DistInfo,
+    def __init__(self, root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                  with_extent: bool = False, skipped_key: str = 'unreadable') -> None:
         self.root, self.meta, self.paths, self.info, self.skipped_key = root, meta, paths, info, skipped_key
         odd = next((path for path in paths if '\n' in path or '\r' in path), None)
@@ -288,7 +288,7 @@ class StoreWriter:
             raise TokenLabelError(f'{self.root} holds labels made with {was}; this run gives {now}: rerun with the '
                                   f'store\'s values to finish it, or use another --output')
 
-    def todo(self) -> List[Tuple[int, int, int]]:
+    def todo(self) -> list[tuple[int, int, int]]:
         """(shard, first row, end row) of this process's shards not yet done."""
         info = self.info
         return [(i, *self.shards[i]) for i in range(info.rank, len(self.shards), info.world_size)
@@ -299,7 +299,7 @@ class StoreWriter:
         for array, value in zip(self.arrays, values):
             array[rows] = value
 
-    def mark(self, shard: int, skipped: List[str]) -> None:
+    def mark(self, shard: int, skipped: list[str]) -> None:
         """Shard `shard` is written: flush its rows, record their digests and the paths it `skipped`."""
         for array in self.arrays:
             array.flush()

@@ -7,7 +7,7 @@ records, and `TokenTargetBuilder`'s cut of the map along it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ def to_pixels(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> n
 
 
 def token_labels(image: Image.Image, scores: np.ndarray, classes: np.ndarray, transform: TrainTransform,
-                 num_classes: int, patch_size: int = 16, extent: Optional[np.ndarray] = None) -> TokenLabels:
+                 num_classes: int, patch_size: int = 16, extent: np.ndarray | None = None) -> TokenLabels:
     """The dense map (`scores`, `classes`: (h, w, k) top-k logits and classes, best first; covering `extent` of the
     image, default all of it) and the targets of one augmentation of `image` by `transform`, on its token grid
     (`img_size` / `patch_size`; no label smoothing)."""

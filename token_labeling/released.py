@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ def shown(items: Sequence[str]) -> str:
     return ', '.join(items[:SHOWN]) + (f', ... ({len(items)} in all)' if len(items) > SHOWN else '')
 
 
-def release_files(release_dir: Path) -> Tuple[List[str], Dict[str, str], List[str]]:
+def release_files(release_dir: Path) -> tuple[list[str], dict[str, str], list[str]]:
     """The release tree's class folders, `class/stem -> file` of its .pt files, and its other files."""
     if not release_dir.is_dir():
         raise DataError(f'no released label tree at {release_dir} (expected {release_dir}/<wnid>/<image stem>.pt)')
@@ -99,7 +99,7 @@ def load_map(path: Path) -> torch.Tensor:
     return value
 
 
-def detect_release(path: Path, fmt: str) -> Tuple[Release, Tuple[int, ...]]:
+def detect_release(path: Path, fmt: str) -> tuple[Release, tuple[int, ...]]:
     """The release a tree is (from its first file's map side, or `fmt`) and the shape all its files must have."""
     value = load_map(path)
     if value.dim() != 4 or value.shape[0] != 2 or not value.is_floating_point():
@@ -115,7 +115,7 @@ def detect_release(path: Path, fmt: str) -> Tuple[Release, Tuple[int, ...]]:
                      f'15x15); name the release with --format')
 
 
-def started_release(output: Path, fmt: str) -> Optional[Tuple[Release, Tuple[int, ...]]]:
+def started_release(output: Path, fmt: str) -> tuple[Release, tuple[int, ...]] | None:
     """The release and file shape of an import started in `output` (resuming), or None."""
     old = read_meta(output)
     if old is None or old.get('format') not in RELEASES or fmt not in ('auto', old['format']):
@@ -123,7 +123,7 @@ def started_release(output: Path, fmt: str) -> Optional[Tuple[Release, Tuple[int
     return RELEASES[old['format']], (2, old['topk'], *old['grid'])
 
 
-def check_map(value: torch.Tensor, path: Path, shape: Tuple[int, ...], num_classes: int) -> None:
+def check_map(value: torch.Tensor, path: Path, shape: tuple[int, ...], num_classes: int) -> None:
     """A release file's tensor: the release's shape, finite scores, whole class indices in [0, num_classes)."""
     if tuple(value.shape) != shape or not value.is_floating_point():
         raise DataError(f'{path}: a {value.dtype} tensor of shape {list(value.shape)}; this release\'s files are '
@@ -137,7 +137,7 @@ def check_map(value: torch.Tensor, path: Path, shape: Tuple[int, ...], num_class
                         f'({num_classes} classes) do not belong together')
 
 
-def centre_square(size: Tuple[int, int]) -> Tuple[float, float, float, float]:
+def centre_square(size: tuple[int, int]) -> tuple[float, float, float, float]:
     """The centre square of a (width, height) image in whole-image [-1, 1] coordinates."""
     width, height = size
     side = min(width, height)
@@ -149,8 +149,8 @@ class ReleaseRows(Dataset):
     without a file, (row, None, None, None); a file that fails its check gives (row, error message) so the error
     reaches the main process as one line."""
 
-    def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], files: Sequence[Optional[str]],
-                 rows: Sequence[int], shape: Tuple[int, ...], num_classes: int, release: Release) -> None:
+    def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], files: Sequence[str | None],
+                 rows: Sequence[int], shape: tuple[int, ...], num_classes: int, release: Release) -> None:
         self.data_dir, self.release_dir, self.paths, self.files, self.rows = data_dir, release_dir, paths, files, rows
         self.shape, self.num_classes, self.release = shape, num_classes, release
 

@@ -15,14 +15,13 @@ reference's zero logits for the other classes, which hands them probability mass
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .augment import CropGeometry
 
-Grid = Tuple[int, int]
+Grid = tuple[int, int]
 
 
 def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -30,7 +29,7 @@ def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
     return target * (1.0 - smoothing) + smoothing / target.shape[-1] if smoothing > 0 else target
 
 
-def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Where the sub-samples of each token of the augmented image came from: whole-image [-1, 1] coordinates.
 
     Returns points (B, H*r, W*r, 2) as (x, y) and whether each point lies inside the crop (not fill).
@@ -47,7 +46,7 @@ def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> Tuple[tor
     return torch.stack([x, y], dim=-1), inside
 
 
-def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole-image points in the [-1, 1] coordinates of maps that cover `extent` (B, 4) of their images, and which
     of them the maps cover."""
     B = extent.shape[0]
@@ -57,7 +56,7 @@ def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) 
     return points, inside & (points.abs() <= 1).all(dim=-1)
 
 
-def bilinear_corners(points: torch.Tensor, map_size: Grid) -> Tuple[torch.Tensor, torch.Tensor]:
+def bilinear_corners(points: torch.Tensor, map_size: Grid) -> tuple[torch.Tensor, torch.Tensor]:
     """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points.
 
     Same conventions as `grid_sample(align_corners=False, padding_mode='border')` and RoIAlign(aligned=True).
@@ -88,8 +87,8 @@ class TokenTargetBuilder:
             classes: torch.Tensor,
             geometry: CropGeometry,
             grid: Grid,
-            extent: Optional[torch.Tensor] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+            extent: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`scores`/`classes`: (B, h, w, k) top-k logits and class indices of each image's score map; `extent`
         (B, 4): the box each map covers in whole-image [-1, 1] coordinates (x1, y1, x2, y2; default: all of it)."""
         B, h, w, k = scores.shape

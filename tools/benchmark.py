@@ -16,7 +16,7 @@ import contextlib
 import json
 import multiprocessing
 import resource
-from typing import Callable, Dict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +84,7 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def measure(args: argparse.Namespace, variant: str) -> Dict[str, float]:
+def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
     fused_attention, grad_checkpointing, distilled = VARIANTS[variant]
     device = torch.device(args.device)
     set_fused_attn(fused_attention)
@@ -140,7 +140,7 @@ def measure(args: argparse.Namespace, variant: str) -> Dict[str, float]:
     return results
 
 
-def measure_in_fresh_process(args: argparse.Namespace, variant: str) -> Dict[str, float]:
+def measure_in_fresh_process(args: argparse.Namespace, variant: str) -> dict[str, float]:
     with multiprocessing.get_context('spawn').Pool(1) as pool:
         return pool.apply(measure, (args, variant))
 

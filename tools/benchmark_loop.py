@@ -26,7 +26,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from collections.abc import Iterable
 
 import numpy as np
 import timm
@@ -49,7 +49,7 @@ MODELS = ('lvvit_s', 'deit_small_patch16_224')
 STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', default=list(MODELS),
                         help='models, each with its own recipe (token labeling for LV-ViT)')
@@ -160,8 +160,8 @@ class Setup:
         return model, make_objective(r, self.num_classes), state
 
 
-def step_images_per_second(setup: Setup, batch: dict, variants: Dict[str, tuple], batches: int,
-                           repeats: int) -> Dict[str, float]:
+def step_images_per_second(setup: Setup, batch: dict, variants: dict[str, tuple], batches: int,
+                           repeats: int) -> dict[str, float]:
     """The training step alone (the token targets' building included) on one batch already on the device, for each
     variant (step options, amp): the median of `repeats` timings of `batches` steps, the variants interleaved so
     that drift of the machine's speed hits them alike."""
@@ -191,10 +191,10 @@ def device_batch(setup: Setup, augment: str) -> dict:
     return batch
 
 
-def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) -> Dict[str, object]:
+def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) -> dict[str, object]:
     info = DistInfo(device=torch.device(args.device))
     setup = Setup(model_name, data, args, info)
-    figures: Dict[str, object] = {'model': model_name, 'token_labeling': setup.recipe.uses_score_maps,
+    figures: dict[str, object] = {'model': model_name, 'token_labeling': setup.recipe.uses_score_maps,
                                   'batch_size': args.batch_size, 'img_size': setup.recipe.img_size}
     per_core = {}
     with torch_threads(1):
@@ -249,7 +249,7 @@ def loop_images_per_second(model, loader, objective, state: StepState, info: Dis
     return args.batches * args.batch_size / (time.perf_counter() - started)
 
 
-def step_variants() -> Dict[str, tuple]:
+def step_variants() -> dict[str, tuple]:
     """The step with none of the trainer's step options, then with each alone: (options, amp)."""
     plain = dict(fused=False, channels_last=False, compile=False)
     return {'plain': (plain, 'none'), 'fused_optimizer': ({**plain, 'fused': True}, 'none'),
@@ -257,7 +257,7 @@ def step_variants() -> Dict[str, tuple]:
             'compile': ({**plain, 'compile': True}, 'none')}
 
 
-def describe(f: Dict[str, object], workers: int) -> List[str]:
+def describe(f: dict[str, object], workers: int) -> list[str]:
     core, pool = f['pipeline_per_core_img_s'], f[f'pipeline_{workers}_workers_img_s']
     lines = [f"{f['model']}  batch {f['batch_size']}  {f['img_size']} px  token labeling {f['token_labeling']}",
              f"  input pipeline, 1 core:      pil {core['pil']:7.1f} img/s   batched {core['batched']:7.1f} img/s "
@@ -274,7 +274,7 @@ def describe(f: Dict[str, object], workers: int) -> List[str]:
     return lines
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     resolve_device(args.device)  # a GPU that is not there is a one-line error
     pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU

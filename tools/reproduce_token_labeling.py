@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from backbones.errors import SuiteError, UsageError
 from engine.cli import check_output_folder, positive_int, run_command
@@ -78,7 +77,7 @@ def check_args(args: argparse.Namespace) -> None:
         args.iters = args.iters or QUICK['iters']
 
 
-def shared_backbone(configs: Dict[str, str]) -> tuple[str, dict]:
+def shared_backbone(configs: dict[str, str]) -> tuple[str, dict]:
     """The backbone model both configs use (name and model arguments): the model to pretrain."""
     models = {}
     for head, path in configs.items():
@@ -100,9 +99,9 @@ class Stages:
         self.env = dict(os.environ)
         if args.device == 'cpu':
             self.env['CUDA_VISIBLE_DEVICES'] = ''
-        self.seconds: Dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
 
-    def run(self, name: str, tool: str, argv: List[str], log: Path) -> None:
+    def run(self, name: str, tool: str, argv: list[str], log: Path) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f'[{time.strftime("%H:%M:%S")}] {name}', flush=True)
         started = time.time()
@@ -115,7 +114,7 @@ class Stages:
             raise SuiteError(f'{name} failed (exit {result.returncode}); the end of {log}:\n' + '\n'.join(tail))
 
     @staticmethod
-    def same_command(record: Path, tool: str, argv: List[str], started: bool) -> None:
+    def same_command(record: Path, tool: str, argv: list[str], started: bool) -> None:
         """The stage whose command `record` holds must be run with the same command (`--resume` aside); the first
         time, the command is recorded. A stage `started` without a record (an older version's) is refused too."""
         command = [tool, *(arg for arg in argv if arg != '--resume')]
@@ -175,12 +174,12 @@ class Stages:
         return scores
 
 
-def mean_std(values: List[float]) -> dict:
+def mean_std(values: list[float]) -> dict:
     return {'mean': statistics.fmean(values), 'std': statistics.stdev(values) if len(values) > 1 else 0.0,
             'n': len(values)}
 
 
-def summarise(runs: List[dict]) -> dict:
+def summarise(runs: list[dict]) -> dict:
     """Per variant: mean and std over seeds of top-1 and of every head/mode/metric."""
     summary = {}
     for variant in dict.fromkeys(r['variant'] for r in runs):
@@ -236,7 +235,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     check_args(args)
     configs = {'fcn': args.fcn_config, 'upernet': args.upernet_config}

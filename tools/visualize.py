@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 import torch
@@ -199,7 +198,7 @@ PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture
             'segmentation': segmentation_picture, 'curves': curves_picture}
 
 
-def main(argv: Optional[List[str]] = None) -> Path:
+def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
     check_writable(args.out)
     path = write_png(PICTURES[args.command](args), args.out, args.show)

@@ -10,7 +10,7 @@ itself and the patches).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -23,15 +23,15 @@ from backbones.layers import resize_pos_embed
 
 from .figures import blend, figure, finished, upscale
 
-Grid = Tuple[int, int]
+Grid = tuple[int, int]
 
 
 @dataclass
 class AttentionMaps:
     """The attention weights of one forward pass."""
 
-    blocks: List[torch.Tensor] = field(default_factory=list)  # per block (B, heads, N, N), over every token
-    class_attention: List[torch.Tensor] = field(default_factory=list)  # CaiT: per block (B, heads, 1 + patches)
+    blocks: list[torch.Tensor] = field(default_factory=list)  # per block (B, heads, N, N), over every token
+    class_attention: list[torch.Tensor] = field(default_factory=list)  # CaiT: per block (B, heads, 1 + patches)
     grid: Grid = (0, 0)  # the patch grid
     num_prefix: int = 0  # tokens before the patches in `blocks` (class, distillation)
 
@@ -58,7 +58,7 @@ def _class_attention(module: ClassAttn, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def attention_maps(model: nn.Module, images: torch.Tensor) -> AttentionMaps:
     """The attention weights of every block of a token model for `images` (a forward in eval mode)."""
-    inputs: Dict[nn.Module, torch.Tensor] = {}
+    inputs: dict[nn.Module, torch.Tensor] = {}
     modules = [m for m in model.modules() if isinstance(m, (Attention, TalkingHeadAttn, ClassAttn))
                and not _inside_patch_embedding(model, m)]
     if not modules:
@@ -156,7 +156,7 @@ def heat_overlay(image: np.ndarray, values: np.ndarray) -> np.ndarray:
     return blend(image, colours, 0.25 + 0.65 * big)
 
 
-def shown_maps(maps: AttentionMaps) -> List[Tuple[str, np.ndarray]]:
+def shown_maps(maps: AttentionMaps) -> list[tuple[str, np.ndarray]]:
     """The maps over the patch grid a figure shows for the first image: the class token's attention rollout, or for
     CaiT the class attention of every head of the last class-attention block."""
     if maps.class_attention:
@@ -212,8 +212,8 @@ def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Te
     return finished(fig, title)
 
 
-def model_attention(model: nn.Module, images: torch.Tensor) -> Tuple[AttentionMaps, torch.Tensor, torch.Tensor,
-                                                                      Optional[float]]:
+def model_attention(model: nn.Module, images: torch.Tensor) -> tuple[AttentionMaps, torch.Tensor, torch.Tensor,
+                                                                      float | None]:
     """The attention maps of the first image's forward, the mean attention distance per block and head over all the
     images (blocks, heads), the position-embedding similarity, and the pixels per patch."""
     maps = attention_maps(model, images)
@@ -226,7 +226,7 @@ def model_attention(model: nn.Module, images: torch.Tensor) -> Tuple[AttentionMa
     return first, distances, similarity, patch_size
 
 
-def _pos_table(model: nn.Module, grid: Grid) -> Tuple[torch.Tensor, int]:
+def _pos_table(model: nn.Module, grid: Grid) -> tuple[torch.Tensor, int]:
     """The model's position table at the grid of the image (resampled as the forward does), and its prefix slots."""
     own = tuple(model.patch_embed.grid_size)
     prefix = model.pos_embed.shape[1] - own[0] * own[1]

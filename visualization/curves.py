@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -15,17 +15,17 @@ from backbones.errors import DataError
 
 from .figures import figure, finished
 
-Series = Tuple[List[float], List[float]]  # x, y
+Series = tuple[list[float], list[float]]  # x, y
 
 
 @dataclass
 class RunCurves:
     name: str
     x_label: str  # 'epoch' or 'iteration'
-    series: Dict[str, Series] = field(default_factory=dict)  # loss, lr, top1, ema_top1, mIoU
+    series: dict[str, Series] = field(default_factory=dict)  # loss, lr, top1, ema_top1, mIoU
 
 
-def _json_lines(path: Path) -> List[dict]:
+def _json_lines(path: Path) -> list[dict]:
     records = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -37,7 +37,7 @@ def _json_lines(path: Path) -> List[dict]:
     return records
 
 
-def _series(records: List[dict], x_key: str, y_key: str) -> Series:
+def _series(records: list[dict], x_key: str, y_key: str) -> Series:
     points = sorted({r[x_key]: r[y_key] for r in records if y_key in r and x_key in r}.items())
     return [float(x) for x, _ in points], [float(y) for _, y in points]
 

@@ -9,7 +9,7 @@ import colorsys
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import matplotlib
 import numpy as np
@@ -20,7 +20,7 @@ from matplotlib.image import imsave
 from backbones.errors import UsageError
 from engine.log import logger
 
-Colour = Tuple[int, int, int]
+Colour = tuple[int, int, int]
 
 
 def class_colours(count: int) -> np.ndarray:
@@ -33,8 +33,8 @@ def class_colours(count: int) -> np.ndarray:
     return np.array([[round(255 * c) for c in colorsys.hsv_to_rgb(h, 0.75, 0.95)] for h in hues], dtype=np.uint8)
 
 
-def figure(rows: int, cols: int, size: Tuple[float, float] = (4.0, 4.0),
-           width_ratios: Optional[Sequence[float]] = None):
+def figure(rows: int, cols: int, size: tuple[float, float] = (4.0, 4.0),
+           width_ratios: Sequence[float] | None = None):
     """A figure with rows x cols axes of `size` inches each on average (columns as wide as `width_ratios` say):
     (figure, axes array)."""
     fig = Figure(figsize=(cols * size[0], rows * size[1]))
@@ -108,7 +108,7 @@ def enlarge(picture: np.ndarray, factor: int) -> np.ndarray:
     return picture.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else picture
 
 
-def upscale(grid: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+def upscale(grid: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """An (h, w, ...) grid repeated to the nearest cells of an (H, W) image (cell edges at round(i * H / h))."""
     rows = (np.arange(size[0]) * grid.shape[0] // size[0]).clip(0, grid.shape[0] - 1)
     cols = (np.arange(size[1]) * grid.shape[1] // size[1]).clip(0, grid.shape[1] - 1)

@@ -6,7 +6,6 @@ import io
 import pickle
 import tarfile
 from pathlib import Path
-from typing import Dict, Tuple
 
 import numpy as np
 
@@ -35,7 +34,7 @@ def _pickle(obj: dict) -> bytes:
     return buffer.getvalue()
 
 
-def cifar_files(dataset: str, splits: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> Dict[str, bytes]:
+def cifar_files(dataset: str, splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, bytes]:
     """The data set's files (name -> pickle bytes) from {'train': (images, labels), 'test': (images, labels)}."""
     fmt = FORMATS[dataset]
     files = {}
@@ -64,7 +63,7 @@ def cifar_files(dataset: str, splits: Dict[str, Tuple[np.ndarray, np.ndarray]]) 
     return files
 
 
-def write_cifar(root: Path, dataset: str, splits: Dict[str, Tuple[np.ndarray, np.ndarray]],
+def write_cifar(root: Path, dataset: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],
                 archive: bool) -> Path:
     """Write the data set under `root` as the official archive or its extracted folder; returns `root`."""
     fmt = FORMATS[dataset]
@@ -85,7 +84,7 @@ def write_cifar(root: Path, dataset: str, splits: Dict[str, Tuple[np.ndarray, np
 
 
 def tiny_cifar(root: Path, dataset: str, per_class_train: int, per_class_test: int, archive: bool = True,
-               num_classes: int | None = None, seed: int = 0) -> Tuple[Path, Dict[str, Tuple[np.ndarray, np.ndarray]]]:
+               num_classes: int | None = None, seed: int = 0) -> tuple[Path, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """A class-balanced tiny data set (the first `num_classes` classes only, if given) and its arrays."""
     classes = num_classes or FORMATS[dataset].num_classes
     splits = {}

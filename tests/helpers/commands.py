@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 # No PYTHONPATH (the installed package is what users run), and one thread per process so that every run a test
@@ -14,7 +14,7 @@ ENV = {**{k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}, 'OMP_NUM_TH
 
 
 def run_python(argv: Sequence[str], cwd: Path = ROOT, timeout: int = 600,
-               env: Optional[dict] = None) -> subprocess.CompletedProcess:
+               env: dict | None = None) -> subprocess.CompletedProcess:
     """`python ARGV` in a fresh process, output captured."""
     return subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, env=env or ENV, capture_output=True,
                           text=True, timeout=timeout)
@@ -26,7 +26,7 @@ def run_tool(tool: str, args: Sequence[str] = (), **kwargs) -> subprocess.Comple
 
 
 def run_tool_on_tmpfs(tool: str, args: Sequence[str], mount: Path, size_kb: int = 1024, read_only: bool = False,
-                      timeout: int = 600) -> Tuple[subprocess.CompletedProcess, List[str]]:
+                      timeout: int = 600) -> tuple[subprocess.CompletedProcess, list[str]]:
     """`python tools/TOOL ARGS` with a fresh tmpfs of `size_kb` (a disk that fills up), read-only if asked, mounted at
     `mount`, in user and mount namespaces of the command's own (`unshare`): the machine's disks are left alone.
     Returns the command's result and the files it left on the tmpfs (relative paths). The test is skipped where this

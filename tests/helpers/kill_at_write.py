@@ -16,7 +16,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, List
+from collections.abc import Callable
 
 from classification import train, transfer
 
@@ -47,7 +47,7 @@ def install_write_points(kill_at: int, record: Path) -> None:
     os.replace = replace
 
 
-def run_forked(main: Callable[[List[str]], object], argv: List[str], kill_at: int, record: Path) -> int:
+def run_forked(main: Callable[[list[str]], object], argv: list[str], kill_at: int, record: Path) -> int:
     """Run main(argv) in a child process; its exit code (negative: the signal that ended it)."""
     pid = os.fork()
     if pid == 0:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Dict, Tuple
 
 import timm
 import torch
@@ -21,7 +20,7 @@ FAMILIES = {
 }
 
 
-def save_release(path: Path, state_dict: Dict[str, torch.Tensor], layout: str) -> Path:
+def save_release(path: Path, state_dict: dict[str, torch.Tensor], layout: str) -> Path:
     """Write `state_dict` the way a family's official release file holds it."""
     prefixed = {f'module.{k}': v for k, v in state_dict.items()}
     if layout == 'timm_train':  # LV-ViT, T2T-ViT: timm training checkpoint, DDP prefix, EMA copy, args
@@ -38,7 +37,7 @@ def save_release(path: Path, state_dict: Dict[str, torch.Tensor], layout: str) -
     return path
 
 
-def tiny_release(name: str, folder: Path, num_classes: int = 1000) -> Tuple[nn.Module, Path]:
+def tiny_release(name: str, folder: Path, num_classes: int = 1000) -> tuple[nn.Module, Path]:
     """A tiny model of `name`'s family at 64 px (timm's own class), saved in that family's official release layout."""
     kwargs, layout = FAMILIES[name]
     source = timm.create_model(name, img_size=64, num_classes=num_classes, **kwargs)

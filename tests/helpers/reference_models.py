@@ -121,9 +121,9 @@ class RefLVViT(nn.Module):
         """Normalised tokens; `box` = (top, left, bottom, right) MixToken box on the token grid."""
         x = self.patch_embed(x)
         if box is not None:
-            t, l, b, r = box
+            top, left, bottom, right = box
             mixed = x.clone()
-            mixed[:, :, t:b, l:r] = x.flip(0)[:, :, t:b, l:r]
+            mixed[:, :, top:bottom, left:right] = x.flip(0)[:, :, top:bottom, left:right]
             x = mixed
         x = x.flatten(2).transpose(1, 2)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
