@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.ready
 
-.PHONY: run test venv clean-venv
+.PHONY: run test test-fast venv clean-venv
 
 run: $(READY)
 	$(PY) tools/train_cls.py lvvit_s
@@ -16,6 +16,11 @@ run: $(READY)
 test: $(READY)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n auto --dist loadfile
+
+# the edit-run loop: everything but the tests marked slow (a few minutes on 2 cores)
+test-fast: $(READY)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow"
 
 venv: $(READY)
 

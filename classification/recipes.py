@@ -274,7 +274,7 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
             continue
         kind = FIELD_TYPES.get(f.name, str)
-        if 'Optional' in str(f.type):
+        if str(f.type).endswith('| None'):  # the field's annotation (a string: postponed evaluation)
             kind = _none_or(kind)
         group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
                            default=argparse.SUPPRESS)

@@ -21,6 +21,8 @@ from helpers.commands import run_tool, run_torchrun
 from helpers.models import FAMILIES, TINY_DEIT as DEIT, tiny_release
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 LVVIT = ['lvvit_s', '--model-kwargs', *(f'{k}={v}' for k, v in FAMILIES['lvvit_s'][0].items())]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers.cifar_data import tiny_cifar
@@ -12,6 +13,8 @@ from helpers.cls_data import make_image_folder
 from helpers.commands import ROOT, run_python, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
+
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
 
 

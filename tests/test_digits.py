@@ -5,6 +5,7 @@ import re
 
 import cv2
 import numpy as np
+import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
@@ -12,6 +13,8 @@ from digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
 from engine.images import scan_split
 from helpers.commands import ROOT, run_python, succeeded
 from token_labeling.label_store import TokenLabelStore
+
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
 
 def test_digits_folder_holds_every_scan_under_its_label(tmp_path):

@@ -117,6 +117,7 @@ def distill_args(data, output, teacher_checkpoint, *extra):
             '--teacher', 'resnet10t', '--teacher-checkpoint', str(teacher_checkpoint), *extra]
 
 
+@pytest.mark.slow
 def test_training_with_a_teacher_and_evaluating_the_distilled_student(labeled_images, teacher_checkpoint, tmp_path):
     data, _ = labeled_images
     out = tmp_path / 'run'

@@ -74,12 +74,14 @@ def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning
     ('import_token_labels.py', ['--data-dir', '.', '--release-dir', '.', '--output', 'o', '--shard-size', '0'],
      '>= 1'),
 ])
+@pytest.mark.slow
 def test_other_tools_check_their_values_in_one_line(tool_name, args, message):
     result = run_tool(tool_name, args)
     assert result.returncode == 2
     assert message in result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
     result = run_tool('eval_cls.py', ['lvvit_s', '--checkpoint', str(tmp_path / 'absent.pth'), '--data-dir', '.'])
     assert result.returncode == 2
@@ -147,6 +149,7 @@ def test_resume_refuses_other_settings_and_files_that_are_not_runs(trained, tmp_
         train.main(train_args(data, tmp_path / 'x', '--resume', str(weights_only)))
 
 
+@pytest.mark.slow
 def test_a_file_as_output_and_a_json_into_a_missing_folder_are_refused(trained, tmp_path):
     data, run = trained
     (tmp_path / 'file').write_text('x')
@@ -322,6 +325,7 @@ def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
     ('benchmark_loop.py', ['--device', 'cpu', '--amp', 'fp16'], '--amp fp16 needs a GPU'),
     ('reproduce_token_labeling.py', ['--out', 'README.md'], 'cannot use README.md as output folder'),
 ])
+@pytest.mark.slow
 def test_tools_refuse_a_device_precision_or_output_they_cannot_use(tool_name, args, message):
     if 'cuda' in args and torch.cuda.is_available():
         pytest.skip('a GPU is here')

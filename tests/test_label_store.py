@@ -99,6 +99,7 @@ def test_interrupted_generation_resumes_without_redoing_finished_shards(annotate
         np.testing.assert_array_equal(resumed.read(row)[1], reference.read(row)[1])
 
 
+@pytest.mark.slow
 def test_torchrun_sharded_generation_equals_one_process(annotated, tmp_path):
     tmp, data, _, reference_root = annotated
     out = tmp_path / 'store'
@@ -230,6 +231,7 @@ def test_names_with_unicode_line_separators_or_other_bytes_are_listed_and_read_b
         np.testing.assert_allclose(scores, top_scores.numpy(), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_a_store_changed_after_it_was_made_is_refused_where_it_is_opened(annotated, tmp_path):
     """Two lines of paths.txt swapped, or five rows zeroed: opening the store (training, pictures) names the first
     bad shard; --no-verify (verify=False) opens it as it is."""

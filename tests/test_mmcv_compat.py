@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -34,6 +35,7 @@ def test_mmseg_needs_the_module_on_mmcv_lite():
     assert result.returncode != 0 and "No module named 'mmcv._ext'" in result.stderr
 
 
+@pytest.mark.slow
 def test_without_compiled_ops_mmseg_heads_import_and_run():
     result = run_python(LOAD_ALONE + textwrap.dedent('''
         import torch

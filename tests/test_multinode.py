@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import timm
 import torch
 
@@ -13,6 +14,8 @@ from helpers.commands import ENV, ROOT, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
 from token_labeling.label_store import TokenLabelStore
+
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
 
 def run_two_nodes(tool: str, args: list, port: int) -> None:

@@ -12,6 +12,8 @@ from helpers.commands import run_tool_on_tmpfs
 from helpers.models import TINY_DEIT
 from helpers.seg_data import write_tiny_ade, write_tiny_config
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 
 @pytest.fixture(scope='module')
 def inputs(tmp_path_factory):

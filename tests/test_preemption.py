@@ -11,10 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import ENV, ROOT, run_tool, succeeded
 from helpers.models import FAMILIES, TINY_DEIT
 from helpers.training_runs import assert_same_run, mid_epoch_point, resume_after_stops
+
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
 # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes, accumulation
 FULL = ['--epochs', '3', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1', '--img-size', '32',

@@ -103,6 +103,7 @@ def test_repeated_augmentation_spreads_each_images_copies_over_the_processes():
     assert all(image in drawn[0] and image in drawn[1] for image in counts)
 
 
+@pytest.mark.slow
 def test_repeated_augmentation_trains_under_torchrun(labeled_images, tmp_path):
     data, _ = labeled_images
     args = [*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--aug-repeats', '3', '--output',

@@ -23,6 +23,8 @@ from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
 from token_labeling.released import import_released_labels
 from token_labeling.targets import TokenTargetBuilder
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 K = 3  # top-k of the tiny trees (three classes)
 LAYOUTS = {'tokenlabeling': (18, torch.float16), 'relabel': (15, torch.float32)}
 

@@ -9,6 +9,8 @@ import pytest
 from helpers.commands import run_tool
 from helpers.seg_data import write_tiny_ade, write_tiny_config
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 VARIANTS = ('token-labeling', 'standard')  # mixtoken-label trains in test_presets
 
 

@@ -22,6 +22,8 @@ from segmentation.config import DIGITS_RATIO_RANGE, DIGITS_SCHEDULE, tta_flips
 from segmentation.train import build_parser, prepare
 from helpers.commands import run_tool
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 CONFIG = 'upernet_lvvit_s.py'
 ITERS = 400
 # A 32-wide, 4-block backbone learns at a larger lr than the embedded schedule's (set for LV-ViT-S to L).

@@ -21,6 +21,8 @@ from helpers.seg_data import DIM, TINY_MODELS, tiny_config, write_tiny_ade, writ
 from mmseg.registry import MODELS
 from segmentation.release import convert_mmseg0_release
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 init_default_scope('mmseg')
 IMG = 64
 NECK_OUT = (DIM, DIM, DIM, 48)  # the tiny configs' neck: levels at strides 4, 8, 16, 16

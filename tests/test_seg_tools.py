@@ -11,6 +11,8 @@ import mmseg
 from helpers.commands import run_python, run_tool, succeeded
 from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
 
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):

@@ -56,6 +56,7 @@ def test_every_config_builds_with_its_backbone(config):
 
 
 @pytest.mark.parametrize('config', sorted(TINY_MODELS))
+@pytest.mark.slow
 def test_one_training_step_reaches_every_parameter(config):
     cfg = tiny_config(config)
     cfg.model.backbone.drop_path_rate = 0.0  # a dropped residual branch would rightly get no gradient
@@ -244,6 +245,7 @@ def test_shortened_schedule_scales_its_phases(iters, phases):
 
 
 @pytest.mark.parametrize('test_cfg', [dict(mode='whole'), dict(mode='slide', crop_size=(32, 32), stride=(21, 21))])
+@pytest.mark.slow
 def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, test_cfg):
     """Each scale and its mirror image decoded as one batch give mmseg's views: its pipeline flipping every scale
     (each resized twice) and SegTTAModel running the ten views one by one."""

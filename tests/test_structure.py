@@ -150,6 +150,7 @@ def test_the_readme_layout_is_the_tree():
         assert sorted(entries[package]) == modules, package
 
 
+@pytest.mark.slow
 def test_importing_the_suite_leaves_timms_models_alone():
     """Every name timm had before `import backbones` keeps timm's own entrypoint and builds timm's own class."""
     result = succeeded(run_python(['-c', '''
@@ -176,6 +177,7 @@ print(len(before), changed, taken, kinds, suite, sorted(backbones.suite_models()
     assert suite == str({'cait_xxs24_224': 'backbones.cait'})  # the suite's contract comes through create_model
 
 
+@pytest.mark.slow
 def test_importing_and_drawing_leave_matplotlibs_backend_alone():
     """A notebook's backend (here 'svg') stays after importing the trainer, the tools' picture code and drawing a
     picture, and no figure is left in pyplot's registry."""
@@ -194,6 +196,7 @@ print(matplotlib.get_backend(), picture.ndim, picture.dtype, len(plt.get_fignums
     assert result.stdout.strip().splitlines()[-1] == 'svg|3|uint8|0'
 
 
+@pytest.mark.slow
 def test_plain_pytest_collects_the_suite_too():
     """`pytest` (the console script, which puts no folder on the path itself) finds the helpers and the tools."""
     command = [Path(sys.executable).with_name('pytest'), '--collect-only', '-q', '-p', 'no:cacheprovider']

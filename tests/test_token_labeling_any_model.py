@@ -121,6 +121,7 @@ def test_prediction_adds_half_the_classwise_token_maximum(kind):
 
 
 @pytest.mark.parametrize('name, kwargs', [('resnet10t', []), ('vit_tiny_patch16_224', ['depth=2'])])
+@pytest.mark.slow
 def test_the_training_tool_trains_any_model_with_token_labeling(labeled_images, tmp_path, name, kwargs):
     """timm's CNN and timm's own ViT (no special arguments) train with the annotator's token labels and MixToken;
     the evaluation tool finds the token head and scores the checkpoint as validation did."""
@@ -140,6 +141,7 @@ def test_the_training_tool_trains_any_model_with_token_labeling(labeled_images, 
     assert json.loads((tmp_path / 'e.json').read_text())['top1'] == pytest.approx(read_log(out)[1]['top1'])
 
 
+@pytest.mark.slow
 def test_a_size_the_mixer_patches_do_not_tile_is_refused(labeled_images, tmp_path):
     """MLP-Mixer's patch embedding is `stem`: at 48 px its one 32-px token would see the top-left corner while its
     target is cut from the whole crop. Refused, naming the patch size; 64 px (2x2 tokens) trains."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import timm
 
 from helpers.commands import run_tool
@@ -31,6 +32,7 @@ def test_model_info_counts_frozen_tables_as_untrained():
     assert info['params'] - info['trainable_params'] == frozen
 
 
+@pytest.mark.slow
 def test_unknown_model_lists_close_names():
     for tool in ('model_info.py', 'benchmark.py'):
         result = run_tool(tool, ['t2t_vit14'])
@@ -38,6 +40,7 @@ def test_unknown_model_lists_close_names():
         assert "unknown model 't2t_vit14'" in result.stderr and 't2t_vit_14' in result.stderr
 
 
+@pytest.mark.slow
 def test_loop_benchmark_names_the_slower_stage(tmp_path):
     """The loop benchmark on synthetic JPEGs: every stage measured, and the bound stage
     the slower of the loop's input pipeline and the model step."""
@@ -60,6 +63,7 @@ def test_loop_benchmark_names_a_missing_data_folder(tmp_path):
     assert f'no image folder at {missing / "train"}' in result.stderr and 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_token_labeling_benchmark_measures_the_training_step_and_checks_its_builder(tmp_path):
     """The token-labeling benchmark through the training tool's objective (a batch as the loader gives it, whole-image
     maps); its batched target builder agrees with the per-image way, and the store packs 2 + 2 bytes per score."""

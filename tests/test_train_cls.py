@@ -25,6 +25,7 @@ def train_args(data, labels, output, *extra):
 
 
 @pytest.mark.parametrize('augment', ['pil', 'batched'])
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_losses_and_weights(labeled_images, tmp_path, augment):
     data, labels = labeled_images
     # the full recipe: RandAugment, random erasing, MixToken, drop-path, EMA, two loader processes
@@ -50,6 +51,7 @@ DETERMINISTIC = ['--epochs', '2', '--workers', '0', '--auto-augment', 'none', '-
                  'bilinear']
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
     data, labels = labeled_images
     main(train_args(data, labels, tmp_path / 'one', *DETERMINISTIC))
@@ -107,6 +109,7 @@ def test_token_labeling_recipe_needs_labels(labeled_images, tmp_path):
         main(['lvvit_t', '--data-dir', str(data), '--output', str(tmp_path), '--device', 'cpu'])
 
 
+@pytest.mark.slow
 def test_compiled_steps_train_like_eager_ones(labeled_images, tmp_path):
     """--compile (torch.compile of the training and evaluation steps): the same losses, results and weights."""
     data, labels = labeled_images
@@ -118,6 +121,7 @@ def test_compiled_steps_train_like_eager_ones(labeled_images, tmp_path):
     assert read_log(tmp_path / 'compiled')[2]['top1'] == read_log(tmp_path / 'eager')[2]['top1']
 
 
+@pytest.mark.slow
 def test_batched_augmentation_trains_like_the_pil_path(labeled_images, tmp_path):
     """--augment batched (workers cut regions, the device augments batches): with the draws fixed, the same training
     as the PIL path up to resampling differences, token targets included."""
@@ -181,6 +185,7 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     assert result.data_wait > 0.7 and 10 < result.images_per_second <= 80
 
 
+@pytest.mark.slow
 def test_grad_accum_steps_trains_like_the_whole_global_batch(labeled_images, tmp_path):
     """train_cls.py --batch-size 3 --grad-accum-steps 4 against --batch-size 12: the same lr (global batch 12), the
     same updates, losses and weights."""

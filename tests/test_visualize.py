@@ -216,6 +216,7 @@ def test_attention_tool_numbers_of_a_model_whose_attention_is_uniform(tmp_path):
     assert read_png(tmp_path / 'a.png').shape[1] > 600
 
 
+@pytest.mark.slow
 def test_token_labels_tool_draws_the_seeded_augmentation(labeled_images, tmp_path):
     data, labels = labeled_images
     image = sorted((data / 'train').rglob('*.png'))[0]
@@ -232,6 +233,7 @@ def test_token_labels_tool_draws_the_seeded_augmentation(labeled_images, tmp_pat
     assert outside.returncode != 0 and f'{tmp_path / "a.png"} is not inside {data}' in outside.stderr
 
 
+@pytest.mark.slow
 def test_token_labels_tool_refuses_a_store_of_another_data_set(labeled_images, tmp_path):
     """--data-dir of one set and --token-label-dir of another: refused like training refuses it (class list, every
     image covered), not drawn with another image's map."""
@@ -244,6 +246,7 @@ def test_token_labels_tool_refuses_a_store_of_another_data_set(labeled_images, t
     assert not (tmp_path / 'x.png').exists()
 
 
+@pytest.mark.slow
 def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     """The prediction panel is the palette colours of what tools/test_seg.py predicts for the image."""
     from helpers.seg_data import write_tiny_ade, write_tiny_config
@@ -291,6 +294,7 @@ def seg_model(tmp_path_factory):
     return data, config, tmp / 'model.pth'
 
 
+@pytest.mark.slow
 def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, tmp_path):
     """A checkpoint of another model, a missing or truncated image, a damaged report or one of other classes: each a
     one-line error naming the file (OpenCV would draw a truncated JPEG grey)."""
@@ -328,6 +332,7 @@ def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, t
     assert draw('--image', image) == tmp_path / 's.png'
 
 
+@pytest.mark.slow
 def test_curves_tool_refuses_a_folder_without_logs(tmp_path):
     result = run_tool('visualize.py', ['curves', tmp_path, '--out', tmp_path / 'c.png'])
     assert result.returncode != 0 and f'{tmp_path}: no log.jsonl' in result.stderr
@@ -342,6 +347,7 @@ def tensorboard_images(output: Path) -> dict:
     return {tag: [e.step for e in events.Images(tag)] for tag in events.Tags()['images']}
 
 
+@pytest.mark.slow
 def test_token_label_pictures_go_to_tensorboard_without_changing_the_run(labeled_images, tmp_path):
     data, labels = labeled_images
     common = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', '--img-size', '32',
