@@ -4,13 +4,14 @@
     model = backbones.create_model('lvvit_s', num_classes=100)     # or timm.create_model for the suite's own names
     backbones.load_checkpoint(model, 'lvvit_s-26M-224-83.3.pth.tar')
 """
+from common.errors import CheckpointError
+
 from . import cait, lvvit, t2t_vit, vit  # noqa: F401  (importing registers the models)
-from .errors import CheckpointError
 from .registry import create_model, families, model_family, suite_models
-from .token_head import TokenLabelingModel, TokenLabelingOutput
+from .token_head import TokenLabelingModel, TokenLabelingOutput, bare_model
 from .weights import load_checkpoint
 
 __all__ = [
-    'CheckpointError', 'TokenLabelingModel', 'TokenLabelingOutput', 'create_model', 'families', 'load_checkpoint',
-    'model_family', 'suite_models',
+    'CheckpointError', 'TokenLabelingModel', 'TokenLabelingOutput', 'bare_model', 'create_model', 'families',
+    'load_checkpoint', 'model_family', 'suite_models',
 ]

@@ -16,7 +16,8 @@ from functools import partial
 
 import torch
 from timm.layers import PatchEmbed
-from timm.models import build_model_with_cfg, cait as _timm_cait, generate_default_cfgs, split_model_name_tag
+from timm.models import build_model_with_cfg, generate_default_cfgs, split_model_name_tag
+from timm.models import cait as _timm_cait
 from timm.models.cait import Cait
 
 from .layers import Grid, TokenModelMixin, features_only_cfg, tokens_with_positions

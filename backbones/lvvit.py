@@ -13,8 +13,14 @@ import torch.nn as nn
 from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs
 
-from .layers import (ScaledResidualBlock, TokenModelMixin, block_feature_info, build_token_model, init_linear_and_norm,
-                     token_model_cfg)
+from .layers import (
+    ScaledResidualBlock,
+    TokenModelMixin,
+    block_feature_info,
+    build_token_model,
+    init_linear_and_norm,
+    token_model_cfg,
+)
 from .registry import suite_model
 from .token_head import TokenLabelingOutput, forward_token_labeling, inference_logits
 from .weights import release_filter

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from typing import TypeVar
 from collections.abc import Callable
+from typing import TypeVar
 
 import timm
 import torch.nn as nn
 from timm.models import register_model, split_model_name_tag
 
-from .errors import UsageError
+from common.errors import UsageError
 
 _F = TypeVar('_F', bound=Callable[..., nn.Module])
 Builder = Callable[..., nn.Module]  # (model name, **kwargs) -> model

@@ -16,8 +16,15 @@ import torch.nn.functional as F
 from timm.layers import Mlp, calculate_drop_path_rates, trunc_normal_, use_fused_attn
 from timm.models import generate_default_cfgs
 
-from .layers import (Grid, ScaledResidualBlock, TokenModelMixin, block_feature_info, build_token_model,
-                     init_linear_and_norm, token_model_cfg)
+from .layers import (
+    Grid,
+    ScaledResidualBlock,
+    TokenModelMixin,
+    block_feature_info,
+    build_token_model,
+    init_linear_and_norm,
+    token_model_cfg,
+)
 from .registry import suite_model
 from .weights import release_filter
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from timm.layers import trunc_normal_
 
-from .errors import UsageError
+from common.errors import UsageError
 
 Grid = tuple[int, int]
 Box = tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
@@ -196,3 +196,10 @@ class TokenLabelingModel(nn.Module):
         if self.training:
             return forward_token_labeling(self.model, x, self.mix_token)
         return predict_with_token_head(self.model, x)
+
+
+def bare_model(model: nn.Module) -> nn.Module:
+    """The classifier itself: without DDP (or any wrapper with a `.module`) and the token-labeling wrapper: what
+    checkpoints hold."""
+    model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return model.model if isinstance(model, TokenLabelingModel) else model

@@ -21,15 +21,16 @@ import argparse
 import math
 import pickle
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 
 import timm
 import torch
 import torch.nn as nn
 
-from .errors import CheckpointError, UsageError
+from common.errors import CheckpointError, UsageError
+
 from .layers import DIST_HEAD, resize_pos_embed
 from .registry import create_model, model_family
 from .token_head import TOKEN_HEAD

@@ -14,16 +14,16 @@ from __future__ import annotations
 import io
 import pickle
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from backbones.errors import DataError, UsageError
+from common.errors import DataError, UsageError
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """ImageNet-layout folders as training and evaluation data: images, labels, crop geometry and token labels."""
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from common.images import ImageReadError, check_same_classes, read_image, scan_split
 from engine.checkpoints import hash_seed, seed_all
-from engine.images import ImageReadError, check_same_classes, read_image, scan_split
 from token_labeling.batch_augment import collate_regions
 from token_labeling.label_store import TokenLabelStore
 

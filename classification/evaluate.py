@@ -16,15 +16,24 @@ import torch
 from timm.data import RealLabelsImagenet
 from torch.utils.data import DataLoader
 
-from backbones.errors import UsageError
 from backbones.registry import check_model_name
+from common.cli import (
+    DEFAULT_WORKERS,
+    DEVICES,
+    check_writable,
+    fraction,
+    model_parser,
+    non_negative_int,
+    parse_model_kwargs,
+    positive_int,
+    resolve_device,
+)
+from common.distributed import DistInfo
+from common.errors import UsageError
+from common.files import write_json_atomic
+from common.images import find_classes
+from common.log import logger
 from engine.checkpoints import checkpoint_classes
-from engine.cli import (DEFAULT_WORKERS, DEVICES, check_writable, fraction, model_parser, non_negative_int,
-                        parse_model_kwargs, positive_int, resolve_device)
-from engine.distributed import DistInfo
-from engine.files import write_json_atomic
-from engine.images import find_classes
-from engine.log import logger
 from engine.steps import evaluate
 
 from .data import ImageFolderDataset, collate_skipping, eval_transform

@@ -10,12 +10,11 @@ import torch.nn as nn
 from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
-from backbones import TokenLabelingModel, create_model, load_checkpoint, model_family
-from backbones.errors import UsageError
+from backbones import TokenLabelingModel, bare_model, create_model, load_checkpoint, model_family
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding
 from backbones.weights import read_state_dict
-from engine.fit import bare_model
+from common.errors import UsageError
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
 

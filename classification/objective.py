@@ -4,12 +4,11 @@ image label as a soft target, mixed by MixUp/CutMix in the vanilla recipe, and w
 distillation."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
-from collections.abc import Callable
 
 import numpy as np
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -19,7 +18,6 @@ from backbones import TokenLabelingOutput
 from token_labeling.augment import CropGeometry
 from token_labeling.loss import TokenLabelingLoss, soft_cross_entropy
 from token_labeling.targets import TokenTargetBuilder
-
 
 POOLING_GRID = (4, 4)  # label pooling: the crop's map averaged over (4 x 2)^2 RoIAlign samples
 

@@ -7,17 +7,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-from collections.abc import Callable, Sequence
 
 from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.optim import list_optimizers
 
 from backbones import model_family
-from backbones.errors import UsageError
-from engine.cli import (below_one, fraction, non_negative_float, non_negative_int, open_fraction, positive_float,
-                        positive_int, probability)
+from common.cli import (
+    below_one,
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    open_fraction,
+    positive_float,
+    positive_int,
+    probability,
+)
+from common.errors import UsageError
 from engine.trainer import Optimization
 from token_labeling.augment import LabelAwareRandAugment
 

@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 from timm.data import Mixup
 
-from backbones import load_checkpoint, model_family
-from backbones.errors import CheckpointError, UsageError
+from backbones import bare_model, load_checkpoint, model_family
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
 from backbones.weights import pretrained_model
+from common.cli import model_parser
+from common.distributed import DistInfo, run_distributed, sharded_loaders
+from common.errors import CheckpointError, UsageError
+from common.images import check_same_classes, read_image
+from common.log import logger
 from engine.checkpoints import checkpoint_classes, seed_all
-from engine.cli import model_parser
-from engine.distributed import DistInfo, run_distributed, sharded_loaders
-from engine.fit import Pictures, bare_model
-from engine.images import check_same_classes, read_image
-from engine.log import logger
+from engine.fit import Pictures
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.augment import TrainTransform
 from token_labeling.batch_augment import BatchAugment, RegionTransform

@@ -14,14 +14,14 @@ import json
 import torch.nn as nn
 from timm.optim import param_groups_weight_decay
 
-from backbones import load_checkpoint
+from backbones import bare_model, load_checkpoint
 from backbones.registry import check_model_name
 from backbones.weights import LoadReport, classifier_prefixes
+from common.cli import model_parser, non_negative_int
+from common.distributed import DistInfo, run_distributed, sharded_loaders
+from common.log import logger
 from engine.checkpoints import read_training_checkpoint, seed_all
-from engine.cli import model_parser, non_negative_int
-from engine.distributed import DistInfo, run_distributed, sharded_loaders
-from engine.fit import BEST, bare_model
-from engine.log import logger
+from engine.fit import BEST
 from engine.steps import evaluate
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.loss import TokenLabelingLoss

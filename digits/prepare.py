@@ -15,9 +15,9 @@ from pathlib import Path
 
 from classification.recipes import Recipe, recipe_for
 from classification.train import ImageData, train
-from engine.distributed import DistInfo, barrier, run_distributed
+from common.distributed import DistInfo, barrier, run_distributed
+from common.log import logger
 from engine.fit import BEST, LAST, METRICS
-from engine.log import logger
 from engine.trainer import RunOptions
 from token_labeling.annotate import generate_token_labels
 from token_labeling.label_store import META

@@ -1,2 +1,2 @@
-"""The training engine ImageNet training, CIFAR transfer and segmentation share: commands and their errors, the
-suite's logger, atomic files, torchrun processes, image files, and the epoch loop with its crash-safe checkpoints."""
+"""The classification training loop ImageNet training and CIFAR transfer share: the epoch loop under mixed precision
+and gradient accumulation, evaluation, crash-safe checkpoints that resume exactly, and the run's logs."""

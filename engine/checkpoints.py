@@ -4,13 +4,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from backbones.errors import CheckpointError
+from common.errors import CheckpointError
 
 
 def seed_all(seed: int) -> None:

@@ -28,23 +28,23 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from backbones import TokenLabelingModel
-from backbones.errors import CheckpointError, DataError, Interrupted, UsageError
+from backbones import bare_model
+from common.cli import check_output_folder
+from common.distributed import DistInfo, all_reduce_sum, barrier
+from common.errors import CheckpointError, DataError, Interrupted, UsageError
+from common.files import remove_partial_writes, save_atomic, write_text_atomic
+from common.log import logger
 
 from .checkpoints import preserved_rng, read_training_checkpoint, rng_state, seed_all, set_rng_state
-from .cli import check_output_folder
-from .distributed import DistInfo, all_reduce_sum, barrier
-from .files import remove_partial_writes, save_atomic, write_text_atomic
-from .log import logger
 from .steps import BatchTransform, EpochProgress, Objective, StepState, TrainingStep, evaluate, train_one_epoch
 
 LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
@@ -70,12 +70,6 @@ def resume_path(resume: str | None, output: Path) -> Path | None:
     if (output / LAST).exists():
         raise UsageError(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
     return None
-
-
-def bare_model(model: nn.Module) -> nn.Module:
-    """The classifier itself: without DDP and the token-labeling wrapper (what checkpoints hold)."""
-    model = model.module if isinstance(model, DistributedDataParallel) else model
-    return model.model if isinstance(model, TokenLabelingModel) else model
 
 
 def gather_objects(value, info: DistInfo) -> list:

@@ -6,17 +6,16 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
-from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from backbones.errors import UsageError
-
-from .distributed import DistInfo, all_reduce_sum
+from common.distributed import DistInfo, all_reduce_sum
+from common.errors import UsageError
 
 AMP_CHOICES = ('auto', 'none', 'bf16', 'fp16')
 

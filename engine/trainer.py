@@ -14,9 +14,9 @@ groups, the loss, and what they report.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
 
 import torch
 import torch.nn as nn
@@ -24,13 +24,14 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 
-from backbones.errors import DataError, UsageError
+from backbones import bare_model
+from common.cli import DEFAULT_WORKERS, DEVICES, non_negative_int, parse_model_kwargs, positive_float, positive_int
+from common.distributed import DistInfo, barrier
+from common.errors import DataError, UsageError
+from common.files import write_json_atomic
+from common.log import logger
 
-from .cli import DEFAULT_WORKERS, DEVICES, non_negative_int, parse_model_kwargs, positive_float, positive_int
-from .distributed import DistInfo, barrier
-from .files import write_json_atomic
-from .fit import METRICS, Fit, Pictures, RunLog, bare_model, resume_path
-from .log import logger
+from .fit import METRICS, Fit, Pictures, RunLog, resume_path
 from .steps import AMP_CHOICES, BatchTransform, Objective, StepState, pick_amp
 
 

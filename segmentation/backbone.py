@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from backbones import create_model, load_checkpoint, model_family, suite_models
-from backbones.errors import UsageError
+from common.errors import UsageError
 from backbones.weights import fit_pos_embed
-from engine.log import logger
+from common.log import logger
 from mmseg.registry import MODELS
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')

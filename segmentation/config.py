@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 from mmengine.config import Config
 
-from backbones.errors import CheckpointError, DataError, UsageError
+from common.errors import CheckpointError, DataError, UsageError
 from classification.recipes import DIGITS as DIGITS_RECIPE
-from engine.log import logger
+from common.log import logger
 
 from .digits import CLASSES, write_digits_ade
 

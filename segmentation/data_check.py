@@ -18,9 +18,9 @@ import numpy as np
 from mmengine.config import ConfigDict
 from PIL import Image
 
-from backbones.errors import DataError
-from engine.images import IMG_EXTENSIONS
-from engine.log import logger
+from common.errors import DataError
+from common.images import IMG_EXTENSIONS
+from common.log import logger
 from mmseg.registry import DATASETS
 
 IGNORE_INDEX = 255

@@ -16,8 +16,8 @@ import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 
-from backbones.errors import UsageError
-from engine.log import logger
+from common.errors import UsageError
+from common.log import logger
 from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from mmengine.dist import is_main_process
 
-from backbones.errors import DataError
-from engine.files import write_json_atomic
+from common.errors import DataError
+from common.files import write_json_atomic
 from mmseg.evaluation import IoUMetric
 from mmseg.registry import METRICS
 

@@ -25,8 +25,8 @@ from mmengine.fileio import LocalBackend, io as fileio, register_backend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 
-from backbones.errors import CheckpointError
-from engine.files import write_bytes_atomic
+from common.errors import CheckpointError
+from common.files import write_bytes_atomic
 
 from .release import convert_mmseg0_release, is_mmseg0_release
 

@@ -8,7 +8,7 @@ import torch.nn as nn
 from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
 
-from backbones.errors import UsageError
+from common.errors import UsageError
 from mmseg.registry import MODELS
 
 

@@ -16,7 +16,7 @@ from mmseg.engine.hooks import SegVisualizationHook
 from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
-from backbones.errors import DataError
+from common.errors import DataError
 from visualization.figures import enlarge, figure, finished
 
 HEADER = 22  # pixels of the title strip above each panel

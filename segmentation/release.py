@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from backbones.errors import CheckpointError
+from common.errors import CheckpointError
 
 _SIDE_LAYER = re.compile(r'^backbone\.side_layer(\d+)\.(\d+)\.(.+)$')
 # index in a reference side layer -> the same module in a neck level: with upsampling (six modules), without (three)

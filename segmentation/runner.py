@@ -22,8 +22,8 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
                                         load_checkpoint)
 
-from backbones.errors import CheckpointError
-from engine.log import logger
+from common.errors import CheckpointError
+from common.log import logger
 
 from .backbone import TokenBackbone
 from .mmengine_io import CheckpointReadError

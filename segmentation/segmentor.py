@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from backbones.errors import UsageError
+from common.errors import UsageError
 from mmseg.models.segmentors import EncoderDecoder, SegTTAModel
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from mmengine.config import Config
 
-from backbones.errors import CheckpointError, UsageError
-from engine.cli import check_output_folder, check_writable
-from engine.log import logger
+from common.errors import CheckpointError, UsageError
+from common.cli import check_output_folder, check_writable
+from common.log import logger
 
 from .config import drop_tta_flips, load_config, resolve_data, tta_flips
 from .data_check import check_data

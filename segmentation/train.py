@@ -7,11 +7,11 @@ from pathlib import Path
 
 from mmengine.config import Config, DictAction
 
-from backbones.errors import UsageError
+from common.errors import UsageError
 from digits.prepare import describe_backbone, pretrained_backbone
-from engine.cli import check_output_folder, non_negative_int, positive_int
-from engine.files import remove_partial_writes
-from engine.log import logger
+from common.cli import check_output_folder, non_negative_int, positive_int
+from common.files import remove_partial_writes
+from common.log import logger
 
 from .config import (accumulate_gradients, check_pretrained, describe_schedule, load_config, resolve_data,
                      shorten_schedule, use_digits_schedule)

@@ -9,7 +9,7 @@ import timm
 import torch
 
 import backbones  # noqa: F401  (registers the models)
-from engine.distributed import DistInfo
+from common.distributed import DistInfo
 from helpers.cls_data import make_image_folder
 from token_labeling.annotate import generate_token_labels
 

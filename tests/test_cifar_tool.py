@@ -11,7 +11,7 @@ import timm
 import torch
 
 from backbones import CheckpointError
-from backbones.errors import UsageError
+from common.errors import UsageError
 from classification.cifar import CifarFormatError, hold_out
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, main

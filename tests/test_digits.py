@@ -10,7 +10,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
-from engine.images import scan_split
+from common.images import scan_split
 from helpers.commands import ROOT, run_python, succeeded
 from token_labeling.label_store import TokenLabelStore
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 import backbones  # noqa: F401
 from classification.train import main
-from engine.distributed import DistInfo
+from common.distributed import DistInfo
 from engine.trainer import Optimization, optimization_state
 from helpers.commands import ENV, run_python, run_tool, succeeded
 from helpers.models import TINY_DEIT
@@ -166,7 +166,7 @@ def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
     script = textwrap.dedent('''
         import torch, torch.nn as nn
         from torch.nn.parallel import DistributedDataParallel
-        from engine.distributed import DistInfo, all_reduce_sum, init_distributed, cleanup
+        from common.distributed import DistInfo, all_reduce_sum, init_distributed, cleanup
         import torch.distributed as dist
         dist.init_process_group('nccl', device_id=torch.device('cuda', 0))
         info = init_distributed('cuda')

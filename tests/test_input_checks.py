@@ -13,14 +13,14 @@ import timm
 import torch
 from PIL import Image
 
-from backbones.errors import CheckpointError, DataError, UsageError
+from common.errors import CheckpointError, DataError, UsageError
 from classification import train, transfer
 from classification.data import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
-from engine.cli import parse_model_kwargs, resolve_device
+from common.cli import parse_model_kwargs, resolve_device
 from engine.fit import METRICS
-from engine.images import ImageReadError, find_classes, read_image
+from common.images import ImageReadError, find_classes, read_image
 from helpers.cifar_data import tiny_cifar
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool

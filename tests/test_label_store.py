@@ -13,12 +13,12 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from backbones import CheckpointError
-from backbones.errors import DataError, UsageError
+from common.errors import DataError, UsageError
 from token_labeling.annotate import dense_scores, generate_token_labels
 from token_labeling.augment import TrainTransform
 from classification.data import ImageFolderDataset, collate_skipping
-from engine.images import ImageReadError
-from engine.distributed import DistInfo
+from common.images import ImageReadError
+from common.distributed import DistInfo
 from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
 from helpers.cls_data import make_image_folder
 from helpers.commands import run_tool, run_torchrun

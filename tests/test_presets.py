@@ -12,7 +12,7 @@ from backbones import create_model
 from backbones.token_head import TOKEN_HEAD
 from classification.recipes import DIGITS, PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
-from engine.distributed import DistInfo, sharded_loaders
+from common.distributed import DistInfo, sharded_loaders
 from helpers.commands import run_torchrun
 from helpers.models import TINY_DEIT
 

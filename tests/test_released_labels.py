@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from torchvision.ops import roi_align
 
-from backbones.errors import DataError, UsageError
-from engine.distributed import DistInfo
+from common.errors import DataError, UsageError
+from common.distributed import DistInfo
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool
 from token_labeling.augment import CropGeometry

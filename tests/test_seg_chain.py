@@ -12,7 +12,7 @@ import torch
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import create_model
-from backbones.errors import CheckpointError
+from common.errors import CheckpointError
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade

@@ -9,7 +9,7 @@ import pytest
 from mmengine.registry import init_default_scope
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from backbones.errors import DataError
+from common.errors import DataError
 from segmentation.data_check import check_dataset
 from helpers.seg_data import write_tiny_ade
 
@@ -82,7 +82,7 @@ def test_every_reader_takes_the_pixels_as_stored_ignoring_exif_orientation(tmp_p
     from PIL import Image
     from mmseg.registry import TRANSFORMS
 
-    from engine.images import read_image
+    from common.images import read_image
     from helpers.seg_data import CONFIGS
     from segmentation.config import load_config
     y, x = np.mgrid[0:48, 0:80]

@@ -14,7 +14,7 @@ from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from backbones.errors import CheckpointError
+from common.errors import CheckpointError
 from helpers.commands import run_tool, succeeded
 from helpers.reference_models import RefBlock, RefLVViTStem, randomize_
 from helpers.seg_data import DIM, TINY_MODELS, tiny_config, write_tiny_ade, write_tiny_config

@@ -13,7 +13,7 @@ from mmengine.structures import PixelData
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import CheckpointError, create_model
-from backbones.errors import UsageError
+from common.errors import UsageError
 from helpers.models import save_release
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS

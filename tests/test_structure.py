@@ -13,7 +13,8 @@ import pytest
 from helpers.commands import ENV, ROOT, run_python, succeeded
 
 # The project's packages, lowest first: a module may import from its own package and the ones before it.
-LAYERS = ('backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'digits', 'segmentation')
+LAYERS = ('common', 'backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'digits',
+          'segmentation')
 
 
 def project_modules() -> dict[str, Path]:
@@ -101,14 +102,14 @@ def test_imports_run_one_way_from_the_tools_down_to_the_models(graph):
 
 def test_library_code_neither_prints_nor_exits():
     """Library modules log through the suite's logger and raise the suite's errors; only the commands' runner
-    (`engine.cli.run_command`) prints an error line and sets the exit status."""
+    (`common.cli.run_command`) prints an error line and sets the exit status."""
     offending = []
     for name, path in project_modules().items():
         if name.startswith('tools'):
             continue
         tree = ast.parse(path.read_text())
         runner = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == 'run_command']
-        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'engine.cli' else set()
+        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'common.cli' else set()
         for node in ast.walk(tree):
             if id(node) in allowed:
                 continue

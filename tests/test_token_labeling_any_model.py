@@ -145,7 +145,7 @@ def test_the_training_tool_trains_any_model_with_token_labeling(labeled_images, 
 def test_a_size_the_mixer_patches_do_not_tile_is_refused(labeled_images, tmp_path):
     """MLP-Mixer's patch embedding is `stem`: at 48 px its one 32-px token would see the top-left corner while its
     target is cut from the whole crop. Refused, naming the patch size; 64 px (2x2 tokens) trains."""
-    from backbones.errors import UsageError
+    from common.errors import UsageError
     from classification.train import main
     data, labels = labeled_images
     args = ['mixer_s32_224', '--data-dir', str(data), '--token-label-dir', str(labels), '--token-labeling',

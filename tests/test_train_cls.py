@@ -9,10 +9,10 @@ import torch
 from timm.data import create_transform
 
 import backbones  # noqa: F401
-from backbones.errors import UsageError
+from common.errors import UsageError
 from backbones.token_head import add_token_head
 from classification.train import main
-from engine.images import read_image
+from common.images import read_image
 from helpers.commands import run_tool, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
@@ -140,7 +140,7 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     import copy
 
     from classification.objective import ClassificationObjective
-    from engine.distributed import DistInfo
+    from common.distributed import DistInfo
     from engine.steps import train_one_epoch
     from engine.trainer import Optimization, optimization_state
     model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=2,
@@ -162,7 +162,7 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     """A loader that takes 0.1 s a batch of 8 and a step of a few milliseconds: almost all of the pass waits for data,
     at most 80 images/s, and the time left falls to 0 at the last batch."""
     from classification.objective import ClassificationObjective
-    from engine.distributed import DistInfo
+    from common.distributed import DistInfo
     from engine.steps import train_one_epoch
     from engine.trainer import Optimization, optimization_state
 

@@ -299,8 +299,8 @@ def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, t
     """A checkpoint of another model, a missing or truncated image, a damaged report or one of other classes: each a
     one-line error naming the file (OpenCV would draw a truncated JPEG grey)."""
     from visualize import main as visualize
-    from backbones.errors import CheckpointError, DataError
-    from engine.images import ImageReadError
+    from common.errors import CheckpointError, DataError
+    from common.images import ImageReadError
     data, config, checkpoint = seg_model
     image = data / 'images' / 'validation' / 'img_validation_0.jpg'
 

@@ -12,8 +12,8 @@ marks it done after flushing, so a second run with the same arguments only does 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,11 +22,11 @@ from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from backbones.errors import DataError, UsageError
 from backbones.token_head import feature_grid, has_token_head, patch_tokens
 from backbones.weights import pretrained_model
-from engine.distributed import DistInfo
-from engine.images import ImageReadError, read_image, scan_split
+from common.distributed import DistInfo
+from common.errors import DataError, UsageError
+from common.images import ImageReadError, read_image, scan_split
 
 from .label_store import DEFAULT_SHARD_SIZE, StoreWriter, list_digest, read_meta
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import NamedTuple
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch

@@ -21,9 +21,9 @@ that came from the crop and the fill left as it is (as the later geometric op wo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,8 +32,8 @@ from PIL import Image
 from torch.utils.data import default_collate
 from torchvision.transforms import InterpolationMode
 
-from backbones.errors import UsageError
-from engine.images import read_image
+from common.errors import UsageError
+from common.images import read_image
 
 from .augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
 

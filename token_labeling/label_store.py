@@ -20,15 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from collections.abc import Sequence
 
 import numpy as np
 
-from backbones.errors import DataError
-from engine.distributed import DistInfo, barrier
-from engine.files import write_json_atomic
+from common.distributed import DistInfo, barrier
+from common.errors import DataError
+from common.files import write_json_atomic
 
 META, PATHS, SCORES, CLASSES, EXTENT, DONE = 'meta.json', 'paths.txt', 'scores.npy', 'classes.npy', 'extent.npy', 'done'
 WHOLE_IMAGE = (-1.0, -1.0, 1.0, 1.0)  # the extent of a map that covers its whole image

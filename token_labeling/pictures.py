@@ -6,8 +6,8 @@ records, and `TokenTargetBuilder`'s cut of the map along it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch

@@ -20,9 +20,9 @@ shard and resumes like generation (`StoreWriter`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -30,10 +30,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from backbones.errors import DataError, UsageError
-from engine.distributed import DistInfo
-from engine.images import check_same_classes, scan_split
-from engine.log import logger
+from common.distributed import DistInfo
+from common.errors import DataError, UsageError
+from common.images import check_same_classes, scan_split
+from common.log import logger
 
 from .label_store import WHOLE_IMAGE, StoreWriter, list_digest, read_meta
 

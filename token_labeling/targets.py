@@ -15,7 +15,6 @@ reference's zero logits for the other classes, which hands them probability mass
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

@@ -28,7 +28,7 @@ from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
 from classification.models import Teacher, create_classifier
 from classification.objective import ClassificationObjective
-from engine.cli import non_negative_int, positive_int, run_command
+from common.cli import non_negative_int, positive_int, run_command
 
 VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
     'plain': (True, False, False), 'unfused': (False, False, False), 'grad_checkpointing': (True, True, False),

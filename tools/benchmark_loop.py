@@ -37,9 +37,9 @@ from benchmark import seconds_per_call
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
-from engine.cli import DEVICES, positive_int, resolve_device, run_command
-from engine.distributed import DistInfo
-from engine.images import find_classes
+from common.cli import DEVICES, positive_int, resolve_device, run_command
+from common.distributed import DistInfo
+from common.images import find_classes
 from engine.steps import StepState, model_input, pick_amp, train_one_epoch
 from engine.trainer import RunOptions, optimization_state, use_channels_last
 from token_labeling.annotate import generate_token_labels

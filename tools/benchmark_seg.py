@@ -25,8 +25,8 @@ from mmengine.runner import Runner
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from benchmark import seconds_per_call
-from engine.cli import output_file, positive_int, run_command
-from engine.files import write_json_atomic
+from common.cli import output_file, positive_int, run_command
+from common.files import write_json_atomic
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
 from segmentation.config import DIGITS_SCALE, flipping_tta_pipeline, load_config, use_digits_data

@@ -24,8 +24,8 @@ from torchvision.ops import roi_align
 from benchmark import seconds_per_call
 from classification.models import create_classifier
 from classification.objective import ClassificationObjective
-from engine.cli import non_negative_int, output_file, positive_int, run_command
-from engine.files import write_json_atomic
+from common.cli import non_negative_int, output_file, positive_int, run_command
+from common.files import write_json_atomic
 from token_labeling.augment import CropGeometry
 from token_labeling.label_store import WHOLE_IMAGE
 from token_labeling.loss import TokenLabelingLoss

@@ -19,8 +19,8 @@ from classification.cifar import CifarInput
 from classification.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, transfer_param_groups
-from engine.cli import non_negative_int, positive_int, run_command
-from engine.distributed import DistInfo
+from common.cli import non_negative_int, positive_int, run_command
+from common.distributed import DistInfo
 from engine.steps import evaluate, pick_amp, train_one_epoch
 from engine.trainer import optimization_state
 

@@ -12,10 +12,10 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from engine.cli import (DEFAULT_WORKERS, DEVICES, check_output_folder, non_negative_int, parse_model_kwargs,
+from common.cli import (DEFAULT_WORKERS, DEVICES, check_output_folder, non_negative_int, parse_model_kwargs,
                         positive_int, run_command)
-from engine.distributed import run_distributed
-from engine.log import logger
+from common.distributed import run_distributed
+from common.log import logger
 from token_labeling.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
 
 

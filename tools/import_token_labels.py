@@ -13,9 +13,9 @@ their image label). Run the same command again after an interruption: finished s
 """
 import argparse
 
-from engine.cli import check_output_folder, non_negative_int, positive_int, run_command
-from engine.distributed import run_distributed
-from engine.log import logger
+from common.cli import check_output_folder, non_negative_int, positive_int, run_command
+from common.distributed import run_distributed
+from common.log import logger
 from token_labeling.label_store import DEFAULT_SHARD_SIZE
 from token_labeling.released import FORMATS, import_released_labels
 

@@ -11,7 +11,7 @@ import json
 
 import backbones
 from backbones.complexity import measure_complexity
-from engine.cli import positive_int, run_command
+from common.cli import positive_int, run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

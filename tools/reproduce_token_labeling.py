@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from backbones.errors import SuiteError, UsageError
-from engine.cli import check_output_folder, positive_int, run_command
-from engine.files import write_json_atomic
+from common.errors import SuiteError, UsageError
+from common.cli import check_output_folder, positive_int, run_command
+from common.files import write_json_atomic
 from segmentation.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
     python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --out ss.json
     python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --ms --out ms.json
 """
-from engine.cli import run_command
+from common.cli import run_command
 from segmentation.test import main
 
 if __name__ == '__main__':

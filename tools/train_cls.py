@@ -10,7 +10,7 @@ An interrupted run continues with the same command plus --resume. See --help for
 """
 from classification.train import main
 from digits.prepare import embedded_image_data
-from engine.cli import run_command
+from common.cli import run_command
 
 if __name__ == '__main__':
     run_command(lambda: main(default_data=embedded_image_data))

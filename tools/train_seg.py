@@ -7,7 +7,7 @@
 
 See --help for every option.
 """
-from engine.cli import run_command
+from common.cli import run_command
 from segmentation.train import main
 
 if __name__ == '__main__':

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from backbones import create_model
-from backbones.errors import DataError, UsageError
+from common.errors import DataError, UsageError
 from backbones.weights import read_state_dict
-from engine.cli import check_writable, output_file, parse_model_kwargs, positive_int, probability, run_command
-from engine.files import write_json_atomic
-from engine.images import check_same_classes, read_image, scan_split
-from engine.log import logger
+from common.cli import check_writable, output_file, parse_model_kwargs, positive_int, probability, run_command
+from common.files import write_json_atomic
+from common.images import check_same_classes, read_image, scan_split
+from common.log import logger
 from visualization.figures import write_png
 
 TRAINING_AUGMENTATION = 'rand-m9-mstd0.5-inc1'
@@ -120,7 +120,7 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
     from classification.models import build_eval_model
     from classification.models import model_data_config, takes_input_size
     from engine.checkpoints import checkpoint_setting
-    from engine.fit import bare_model
+    from backbones import bare_model
     from token_labeling.pictures import to_pixels
     from visualization.attention import attention_figure, attention_values, model_attention
 

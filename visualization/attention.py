@@ -9,8 +9,8 @@ itself and the patches).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,8 +18,8 @@ import torch.nn as nn
 from timm.layers import Attention
 from timm.models.cait import ClassAttn, TalkingHeadAttn
 
-from backbones.errors import UsageError
 from backbones.layers import resize_pos_embed
+from common.errors import UsageError
 
 from .figures import blend, figure, finished, upscale
 

@@ -5,13 +5,13 @@ per validation)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 
 import numpy as np
 
-from backbones.errors import DataError
+from common.errors import DataError
 
 from .figures import figure, finished
 

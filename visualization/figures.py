@@ -8,8 +8,8 @@ from __future__ import annotations
 import colorsys
 import os
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -17,8 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imsave
 
-from backbones.errors import UsageError
-from engine.log import logger
+from common.errors import UsageError
+from common.log import logger
 
 Colour = tuple[int, int, int]
 

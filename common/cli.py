@@ -14,13 +14,12 @@ import ast
 import errno
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from backbones.errors import Interrupted, SuiteError, UsageError
-
+from .errors import Interrupted, SuiteError, UsageError
 from .log import show_log
 
 EXIT_CODE = 2

@@ -5,13 +5,13 @@ in the token-label store, so a store generated on one machine works for a copy o
 """
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from backbones.errors import DataError
+from .errors import DataError
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 

@@ -4,18 +4,17 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from backbones.errors import DataError
-
 from .cli import resolve_device
+from .errors import DataError
 from .log import logger
 
 T = TypeVar('T')

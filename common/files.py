@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
-from collections.abc import Callable
 
 import torch
 
