@@ -19,14 +19,14 @@ from torch.utils.data import DataLoader
 from backbones.registry import check_model_name
 from common.cli import (
     DEFAULT_WORKERS,
-    DEVICES,
+    add_device_argument,
     check_writable,
+    device_name,
     fraction,
     model_parser,
     non_negative_int,
     parse_model_kwargs,
     positive_int,
-    resolve_device,
 )
 from common.distributed import DistInfo
 from common.errors import UsageError
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
                    help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
-    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
+    add_device_argument(p)
     p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     return p
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     logger.info(f'class order: {order}')
     model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
                              parse_model_kwargs(args.model_kwargs))
-    info = DistInfo(device=torch.device('cuda' if resolve_device(args.device) else 'cpu'))
+    info = DistInfo(device=torch.device(device_name(args.device)))
     model.to(info.device)
     loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
     real = None

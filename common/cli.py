@@ -130,6 +130,16 @@ def resolve_device(device: str | None) -> bool:
     return device == 'cuda'
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """`--device cpu|cuda` (without it: cuda when PyTorch sees a GPU; see `resolve_device`, `device_name`)."""
+    parser.add_argument('--device', choices=DEVICES, help='default: cuda when PyTorch sees a GPU')
+
+
+def device_name(device: str | None) -> str:
+    """`--device` resolved to 'cuda' or 'cpu' (`resolve_device`: a GPU that is not there is an error)."""
+    return 'cuda' if resolve_device(device) else 'cpu'
+
+
 def check_writable(path: str | Path) -> None:
     """A file a command will write: its folder must exist and be writable, and the path must not be a folder."""
     path = Path(path)

@@ -25,7 +25,14 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 
 from backbones import bare_model
-from common.cli import DEFAULT_WORKERS, DEVICES, non_negative_int, parse_model_kwargs, positive_float, positive_int
+from common.cli import (
+    DEFAULT_WORKERS,
+    add_device_argument,
+    non_negative_int,
+    parse_model_kwargs,
+    positive_float,
+    positive_int,
+)
 from common.distributed import DistInfo, barrier
 from common.errors import DataError, UsageError
 from common.files import write_json_atomic
@@ -72,7 +79,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     parser.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS,
                         help='data-loading processes per training process')
     parser.add_argument('--seed', type=non_negative_int, default=42)
-    parser.add_argument('--device', choices=DEVICES, help='default: cuda when available')
+    add_device_argument(parser)
     parser.add_argument('--amp', choices=AMP_CHOICES, default='auto',
                         help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU '
                              '(bf16 also runs on CPUs: faster where they have bf16 instructions)')

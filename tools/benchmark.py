@@ -28,7 +28,7 @@ from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
 from classification.models import Teacher, create_classifier
 from classification.objective import ClassificationObjective
-from common.cli import non_negative_int, positive_int, run_command
+from common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
 
 VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
     'plain': (True, False, False), 'unfused': (False, False, False), 'grad_checkpointing': (True, True, False),
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('model')
     parser.add_argument('--batch-size', type=positive_int, default=8)
     parser.add_argument('--img-size', type=positive_int, default=None, help="default: the model's own")
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    add_device_argument(parser)
     parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     parser.add_argument('--steps', type=positive_int, default=10, help='timed iterations per measurement')
     parser.add_argument('--warmup', type=non_negative_int, default=3)
@@ -53,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='also measure the training step of DeiT\'s hard distillation from this teacher (a '
                              'distillation token and head on the model; the teacher\'s forward included)')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.device = device_name(args.device)
+    return args
 
 
 def seconds_per_call(fn: Callable[[], object], steps: int, warmup: int = 1) -> float:

@@ -37,7 +37,7 @@ from benchmark import seconds_per_call
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
-from common.cli import DEVICES, positive_int, resolve_device, run_command
+from common.cli import add_device_argument, device_name, positive_int, run_command
 from common.distributed import DistInfo
 from common.images import find_classes
 from engine.steps import StepState, model_input, pick_amp, train_one_epoch
@@ -60,14 +60,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--batches', type=positive_int, default=4, help='batches timed per stage')
     parser.add_argument('--repeats', type=positive_int, default=3, help='timings of the model step (median)')
     parser.add_argument('--workers', type=positive_int, default=2, help='loader processes of the pipeline and loop')
-    parser.add_argument('--device', choices=DEVICES, default='cuda' if torch.cuda.is_available() else 'cpu')
+    add_device_argument(parser)
     parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     parser.add_argument('--augment', choices=['auto', 'pil', 'batched'], default='auto',
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.device = device_name(args.device)  # a GPU that is not there is a one-line error
+    return args
 
 
 def synthetic_imagenet(root: Path, images: int, classes: int = 4, seed: int = 0) -> Path:
@@ -276,7 +278,6 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    resolve_device(args.device)  # a GPU that is not there is a one-line error
     pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data_dir) if args.data_dir else synthetic_imagenet(Path(tmp) / 'data', args.images)

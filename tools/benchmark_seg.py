@@ -25,7 +25,7 @@ from mmengine.runner import Runner
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from benchmark import seconds_per_call
-from common.cli import output_file, positive_int, run_command
+from common.cli import add_device_argument, device_name, output_file, positive_int, run_command
 from common.files import write_json_atomic
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
@@ -37,13 +37,15 @@ from segmentation.test import use_multi_scale
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--config', default='seg_configs/upernet_lvvit_s.py')
-    parser.add_argument('--device', default='cpu')
+    add_device_argument(parser)
     parser.add_argument('--full-size', action='store_true', help="ADE20K's sizes instead of a quarter of them")
     parser.add_argument('--images', type=positive_int, default=8, help='evaluation images timed per mode')
     parser.add_argument('--iters', type=positive_int, default=5, help='training iterations timed')
     parser.add_argument('--batch-size', type=positive_int, default=2, help='training images per iteration')
     parser.add_argument('--json', type=output_file, help='also write the figures here')
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.device = device_name(args.device)
+    return args
 
 
 def loader(cfg, key: str):

@@ -24,7 +24,7 @@ from torchvision.ops import roi_align
 from benchmark import seconds_per_call
 from classification.models import create_classifier
 from classification.objective import ClassificationObjective
-from common.cli import non_negative_int, output_file, positive_int, run_command
+from common.cli import add_device_argument, device_name, non_negative_int, output_file, positive_int, run_command
 from common.files import write_json_atomic
 from token_labeling.augment import CropGeometry
 from token_labeling.label_store import WHOLE_IMAGE
@@ -167,11 +167,12 @@ def main() -> None:
     p.add_argument('--warmup', type=non_negative_int, default=2)
     p.add_argument('--repeats', type=positive_int, default=3)
     p.add_argument('--amp', choices=['none', 'bf16'], default='none')
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    add_device_argument(p)
     p.add_argument('--tmp-dir', help='where the store benchmark writes its files (default: system temp)')
     p.add_argument('--parts', nargs='*', default=['train', 'builder', 'store'])
     p.add_argument('--json', type=output_file, help='also write the figures here')
     args = p.parse_args()
+    args.device = device_name(args.device)
     device = torch.device(args.device)
     random.seed(0)
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ from classification.cifar import CifarInput
 from classification.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, transfer_param_groups
-from common.cli import non_negative_int, positive_int, run_command
+from common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
 from common.distributed import DistInfo
 from engine.steps import evaluate, pick_amp, train_one_epoch
 from engine.trainer import optimization_state
@@ -33,11 +33,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument('models', nargs='*', default=['t2t_vit_14', 'lvvit_s'])
     p.add_argument('--batch-size', type=positive_int, default=None, help='default: 64 on GPU (the recipe), 16 on CPU')
     p.add_argument('--img-size', type=positive_int, default=224)
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    add_device_argument(p)
     p.add_argument('--amp', choices=['auto', 'none', 'bf16', 'fp16'], default='auto')
     p.add_argument('--steps', type=positive_int, default=3, help='timed batches per measurement')
     p.add_argument('--warmup', type=non_negative_int, default=1)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.device = device_name(args.device)
+    return args
 
 
 def cifar_batches(count: int, batch_size: int, device: torch.device) -> list[dict]:

@@ -12,8 +12,8 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from common.cli import (DEFAULT_WORKERS, DEVICES, check_output_folder, non_negative_int, parse_model_kwargs,
-                        positive_int, run_command)
+from common.cli import (DEFAULT_WORKERS, add_device_argument, check_output_folder, non_negative_int,
+                        parse_model_kwargs, positive_int, run_command)
 from common.distributed import run_distributed
 from common.log import logger
 from token_labeling.annotate import DEFAULT_SHARD_SIZE, generate_token_labels
@@ -38,7 +38,7 @@ def main() -> None:
                         'naming the file)')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
                    help='annotator arguments, e.g. output_stride=16 for a denser map')
-    p.add_argument('--device', choices=DEVICES, help='default: cuda when available')
+    add_device_argument(p)
     args = p.parse_args()
     check_output_folder(args.output)
     meta = run_distributed(lambda info: generate_token_labels(

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from common.errors import SuiteError, UsageError
-from common.cli import check_output_folder, positive_int, run_command
+from common.cli import add_device_argument, check_output_folder, positive_int, run_command
 from common.files import write_json_atomic
 from segmentation.config import load_config
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--quick', action='store_true',
                    help=f'smoke-sized: {QUICK["epochs"]} pretraining epochs, {QUICK["iters"]} segmentation iterations')
     p.add_argument('--seeds', type=positive_int, default=2, help='seeds per variant (mean and std over them)')
-    p.add_argument('--device', choices=['cpu', 'cuda'], help='default: cuda when there is one')
+    add_device_argument(p)
     p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
     p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
