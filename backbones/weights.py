@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import pickle
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from common.errors import CheckpointError, UsageError
+from common.files import load_weights_only
 
 from .layers import DIST_HEAD, resize_pos_embed
 from .registry import create_model, model_family
@@ -78,14 +77,7 @@ def _read_file(path: Path) -> object:
             return load_file(str(path))
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(f'{path}: not a readable safetensors file ({exc})') from exc
-    try:
-        return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f'{path}: holds Python objects that a weights-only load refuses ({exc}). Loading it fully would run '
-            'code from the file; if you trust it, re-save just its state dict with torch.save().') from exc
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
-        raise CheckpointError(f'{path}: not a readable PyTorch checkpoint ({exc})') from exc
+    return load_weights_only(path)
 
 
 def _is_state_dict(obj: object) -> bool:
@@ -117,8 +109,6 @@ def _strip_prefixes(state_dict: StateDict) -> StateDict:
 def read_state_dict(path: str | Path, use_ema: bool = False) -> StateDict:
     """The state dict in a checkpoint file, unwrapped and without `module.` prefixes."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f'{path}: checkpoint file not found')
     return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
 
 

@@ -18,6 +18,10 @@ class CheckpointError(SuiteError, RuntimeError):
     """A checkpoint file that cannot be read, or whose weights do not fit the model."""
 
 
+class CheckpointReadError(CheckpointError):
+    """A checkpoint file that is missing or cannot be read at all (truncated, damaged, not a checkpoint)."""
+
+
 class Interrupted(SuiteError):
     """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75."""
 

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import pickle
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
+
+from .errors import CheckpointError, CheckpointReadError
 
 TMP_MARK = '.tmp'  # a file being written is `.NAME.tmpPID` beside NAME until it is renamed over NAME
 
@@ -79,3 +83,27 @@ def remove_partial_writes(folder: str | Path) -> None:
     for leftover in Path(folder).glob(f'.*{TMP_MARK}*'):
         if leftover.is_file() and leftover.name.rsplit(TMP_MARK, 1)[1].isdigit():
             leftover.unlink(missing_ok=True)
+
+
+def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowed: Sequence[object] = (),
+                      mmap: bool = False, map_location: str | None = 'cpu') -> object:
+    """`torch.load` with `weights_only=True` (tensors and plain containers, and the `allowed` globals: nothing from
+    the file runs), every failure naming the file: a file that is missing or cannot be read is a CheckpointReadError;
+    one that holds other Python objects is a CheckpointError (loading it would run code from it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointReadError(f'{path}: {what} not found')
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f'{path}: holds Python objects a weights-only load refuses, and loading them would run '
+                              f'code from the file ({first_line(exc)}); if you trust it, re-save its tensors with '
+                              f'torch.save()') from exc
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged ({type(exc).__name__}: '
+                                  f'{first_line(exc)})') from exc
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [''])[0]

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from common.errors import CheckpointError
+from common.files import load_weights_only
 
 
 def seed_all(seed: int) -> None:
@@ -60,13 +61,7 @@ def preserved_rng() -> Iterator[None]:
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
     """A checkpoint of ours, weights-only; with `mmap`, tensors are read only when used (for a look at its fields)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f'no checkpoint at {path}')
-    try:
-        return torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
-    except Exception as e:
-        raise CheckpointError(f'cannot read checkpoint {path}: {type(e).__name__}: {e}') from e
+    return load_weights_only(path, mmap=mmap)
 
 
 def checkpoint_setting(path: str | Path, key: str):

@@ -16,23 +16,16 @@ tools/test_seg.py all take those files.
 from __future__ import annotations
 
 import pickle
-import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 from mmengine.fileio import LocalBackend, io as fileio, register_backend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 
-from common.errors import CheckpointError
-from common.files import write_bytes_atomic
+from common.files import load_weights_only, write_bytes_atomic
 
 from .release import convert_mmseg0_release, is_mmseg0_release
-
-
-class CheckpointReadError(CheckpointError):
-    """A checkpoint file that cannot be read at all (truncated, damaged)."""
 
 
 def _history_buffer_method(owner: object, name: str) -> object:
@@ -55,19 +48,8 @@ def mmengine_checkpoint_globals() -> list[object]:
 def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:
     """mmengine's local-file loader, weights-only with mmengine's own types allowed; a release of the reference's
     segmentation code comes back in this suite's layout."""
-    path = Path(filename).expanduser()
-    if not path.is_file():
-        raise CheckpointReadError(f'{filename}: checkpoint file not found')
-    try:
-        with torch.serialization.safe_globals(mmengine_checkpoint_globals()):
-            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f'{path}: holds Python objects beyond what mmengine writes into its checkpoints, and loading them '
-            f'would run code from the file ({exc})') from exc
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
-        raise CheckpointReadError(f'{path}: not a readable checkpoint, truncated or damaged '
-                                  f'({type(exc).__name__}: {exc})') from exc
+    checkpoint = load_weights_only(Path(filename).expanduser(), 'checkpoint', mmengine_checkpoint_globals(),
+                                   map_location=map_location)
     weights = checkpoint.get('state_dict') if isinstance(checkpoint, dict) else None
     if isinstance(weights, dict) and is_mmseg0_release(weights):
         checkpoint = {**checkpoint, 'state_dict': convert_mmseg0_release(weights)}

@@ -22,11 +22,10 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
                                         load_checkpoint)
 
-from common.errors import CheckpointError
+from common.errors import CheckpointError, CheckpointReadError
 from common.log import logger
 
 from .backbone import TokenBackbone
-from .mmengine_io import CheckpointReadError
 
 T = TypeVar('T')
 

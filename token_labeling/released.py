@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from common.distributed import DistInfo
-from common.errors import DataError, UsageError
+from common.errors import CheckpointError, DataError, UsageError
+from common.files import load_weights_only
 from common.images import check_same_classes, scan_split
 from common.log import logger
 
@@ -90,10 +91,9 @@ def release_files(release_dir: Path) -> tuple[list[str], dict[str, str], list[st
 def load_map(path: Path) -> torch.Tensor:
     """One release file's tensor (weights-only load: a file that holds anything else is refused, never run)."""
     try:
-        value = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:
-        first_line = (str(e).strip().splitlines() or [''])[0]
-        raise DataError(f'{path}: not a readable tensor file ({type(e).__name__}: {first_line})') from None
+        value = load_weights_only(path, what='tensor file')
+    except CheckpointError as e:  # a damaged release is a data problem here
+        raise DataError(str(e)) from None
     if not isinstance(value, torch.Tensor):
         raise DataError(f'{path}: holds a {type(value).__name__}, not the [2, k, h, w] tensor of a released label set')
     return value
