@@ -70,6 +70,24 @@ def _key_list(keys: list[str], limit: int = 12) -> str:
     return shown + (f' ... ({len(keys) - limit} more)' if len(keys) > limit else '')
 
 
+def key_mismatch(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+                 resampled: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """The keys of a checkpoint's `state` that do not fit a module's `own` state dict: `missing` (batch-norm counters
+    aside: torch fills them in), `unexpected`, and `mis-shaped` (with both shapes; keys ending in `resampled`, such
+    as position tables a module resamples on loading, may differ)."""
+    return {
+        'missing': [k for k in own if k not in state and not k.endswith('num_batches_tracked')],
+        'unexpected': [k for k in state if k not in own],
+        'mis-shaped': [f'{k} {tuple(v.shape)} vs model {tuple(own[k].shape)}' for k, v in state.items()
+                       if k in own and v.shape != own[k].shape and not (resampled and k.endswith(resampled))],
+    }
+
+
+def describe_mismatch(problems: Mapping[str, list[str]]) -> str:
+    """`key_mismatch`'s findings in words ('2 missing keys: a, b; ...'); '' when the checkpoint fits."""
+    return '; '.join(f'{len(keys)} {kind} keys: {_key_list(keys)}' for kind, keys in problems.items() if keys)
+
+
 def _read_file(path: Path) -> object:
     if path.suffix == '.safetensors':
         from safetensors.torch import load_file
@@ -187,21 +205,16 @@ def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, s
     own = model.state_dict()
     state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)
     fresh_head = classifier_prefixes(model) if report.dropped_classifier or new_head else ()
-    report.missing = [k for k in own if k not in state_dict and not k.endswith('num_batches_tracked')
-                      and not k.startswith(fresh_head)]
-    report.unexpected = [k for k in state_dict if k not in own]
-    report.mismatched = [f'{k} {tuple(v.shape)} vs model {tuple(own[k].shape)}'
-                         for k, v in state_dict.items() if k in own and v.shape != own[k].shape]
-    unexpected = [] if allow_unexpected else report.unexpected
-    if strict and (report.missing or unexpected or report.mismatched):
-        problems = [f'{label}: {_key_list(keys)}' for label, keys in
-                    (('missing keys', report.missing), ('unexpected keys', unexpected),
-                     ('mis-shaped keys', report.mismatched)) if keys]
+    mismatch = key_mismatch(state_dict, own)
+    report.missing = [k for k in mismatch['missing'] if not k.startswith(fresh_head)]
+    report.unexpected, report.mismatched = mismatch['unexpected'], mismatch['mis-shaped']
+    problems = {'missing': report.missing, 'unexpected': [] if allow_unexpected else report.unexpected,
+                'mis-shaped': report.mismatched}
+    if strict and any(problems.values()):
         found = guess_family(list(state_dict))
         name = getattr(model, 'pretrained_cfg', {}).get('architecture', type(model).__name__)
-        if found not in (None, model_family(name)):
-            problems.insert(0, f'the file holds a {found} model, not {name}')
-        raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + '; '.join(problems))
+        family = f'the file holds a {found} model, not {name}; ' if found not in (None, model_family(name)) else ''
+        raise CheckpointError(f'{path} does not fit {type(model).__name__}: {family}{describe_mismatch(problems)}')
     fitting = {k: v for k, v in state_dict.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(fitting, strict=False)
     return report

@@ -22,15 +22,13 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
                                         load_checkpoint)
 
+from backbones.weights import describe_mismatch, key_mismatch
 from common.errors import CheckpointError, CheckpointReadError
 from common.log import logger
 
 from .backbone import TokenBackbone
 
 T = TypeVar('T')
-
-_SHOWN_KEYS = 4
-
 
 def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
     """The run's `iter_N.pth` files, newest first."""
@@ -47,22 +45,16 @@ def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
     return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
 
 
-def key_mismatch(state: dict, own: dict) -> str:
-    """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict ('' when it fits;
-    position tables are resampled on loading, so their shape may differ)."""
-    parts = [(label, keys) for label, keys in (
-        ('missing', [k for k in own if k not in state]),
-        ('unexpected', [k for k in state if k not in own]),
-        ('mis-shaped', [k for k in state if k in own and state[k].shape != own[k].shape
-                        and not k.endswith('pos_embed')])) if keys]
-    return '; '.join(f'{len(keys)} {label} keys ({", ".join(keys[:_SHOWN_KEYS])}'
-                     + (', ...)' if len(keys) > _SHOWN_KEYS else ')') for label, keys in parts)
+def misfit(state: dict, own: dict) -> str:
+    """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict, in words ('' when
+    it fits; position tables are resampled on loading, so their shape may differ)."""
+    return describe_mismatch(key_mismatch(state, own, resampled=('pos_embed',)))
 
 
 def load_weights(model: nn.Module, filename: str) -> None:
     """A checkpoint's weights into `model`: every weight of it and nothing else, else a CheckpointError naming the
     keys that do not fit (mmengine's own strict load fails with a traceback)."""
-    problem = key_mismatch(checkpoint_state(filename), model.state_dict())
+    problem = misfit(checkpoint_state(filename), model.state_dict())
     if problem:
         raise CheckpointError(f'{filename} does not fit the model of this config: {problem}')
     load_checkpoint(model, filename, map_location='cpu', strict=True)
@@ -109,7 +101,7 @@ class SuiteRunner(Runner):
     def mismatch(self, filename: str) -> str:
         """The missing, unexpected and mis-shaped keys of a checkpoint against this runner's model."""
         model = self.model.module if hasattr(self.model, 'module') else self.model
-        return key_mismatch(checkpoint_state(filename), model.state_dict())
+        return misfit(checkpoint_state(filename), model.state_dict())
 
     def _init_model_weights(self) -> None:
         """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (the segmentor's, a
@@ -121,7 +113,7 @@ class SuiteRunner(Runner):
                 continue
             for init in pretrained_inits(module):
                 state = checkpoint_state(init['checkpoint'], init.get('prefix'))
-                problem = key_mismatch(state, module.state_dict())
+                problem = misfit(state, module.state_dict())
                 if problem:
                     raise CheckpointError(f'init_cfg of {name or "the model"}: {init["checkpoint"]} does not fit it '
                                           f'(it would leave weights at random): {problem}')

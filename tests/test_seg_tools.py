@@ -150,7 +150,7 @@ def test_an_init_cfg_checkpoint_that_does_not_fit_is_refused(trained, tmp_path):
     missing_one = tmp_path / 'missing_one.pth'
     removed = 'decode_head.conv_seg.weight'
     torch.save({'state_dict': {k: v for k, v in segmentor['state_dict'].items() if k != removed}}, missing_one)
-    for checkpoint, named in ((classifier, 'unexpected keys (cls_token'), (missing_one, f'1 missing keys ({removed})')):
+    for checkpoint, named in ((classifier, 'unexpected keys: cls_token'), (missing_one, f'1 missing keys: {removed}')):
         result = run_tool('train_seg.py', [config, '--work-dir', tmp_path / f'run_{checkpoint.stem}', '--iters', '1',
                                            '--cfg-options', 'model.init_cfg.type=Pretrained',
                                            f'model.init_cfg.checkpoint={checkpoint}'])
