@@ -123,9 +123,9 @@ def test_library_code_neither_prints_nor_exits():
 
 
 def layout_entries() -> dict[str, list[str]]:
-    """The README's layout block: folder -> the file names listed under it."""
-    text = (ROOT / 'README.md').read_text()
-    block = re.search(r'## Layout\n.*?```\n(.*?)```', text, re.S).group(1)
+    """The layout page's block (docs/layout.md): folder -> the file names listed under it."""
+    text = (ROOT / 'docs' / 'layout.md').read_text()
+    block = re.search(r'# Layout\n.*?```\n(.*?)```', text, re.S).group(1)
     entries: dict[str, list[str]] = {}
     folder = None
     for line in block.splitlines():
@@ -152,6 +152,19 @@ def test_the_readme_layout_is_the_tree():
 
 
 @pytest.mark.slow
+def test_the_readme_points_at_every_docs_page_and_every_link_resolves():
+    """The README is the front door: each page under docs/ is linked from it, and no link (README or docs) points at a
+    file that is not there."""
+    readme = (ROOT / 'README.md').read_text()
+    pages = sorted(p.name for p in (ROOT / 'docs').glob('*.md') if p.name != 'reproduce_token_labeling.md')
+    assert [p for p in pages if f'](docs/{p})' not in readme] == []
+    for page in [ROOT / 'README.md', *(ROOT / 'docs').glob('*.md')]:
+        for target in re.findall(r'\]\(([^)#]+?)\)', page.read_text()):
+            if '://' not in target:
+                assert (page.parent / target).exists(), f'{page.name}: {target}'
+    assert len(readme.splitlines()) <= 250
+
+
 def test_importing_the_suite_leaves_timms_models_alone():
     """Every name timm had before `import backbones` keeps timm's own entrypoint and builds timm's own class."""
     result = succeeded(run_python(['-c', '''
