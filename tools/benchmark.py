@@ -16,11 +16,9 @@ import contextlib
 import json
 import multiprocessing
 import resource
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import torch.utils.benchmark as torch_benchmark
 from timm.layers import set_fused_attn
 
 import backbones
@@ -29,6 +27,7 @@ from backbones.registry import check_model_name
 from classification.models import Teacher, create_classifier
 from classification.objective import ClassificationObjective
 from common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
+from common.timing import images_per_second
 
 VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
     'plain': (True, False, False), 'unfused': (False, False, False), 'grad_checkpointing': (True, True, False),
@@ -56,19 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = device_name(args.device)
     return args
-
-
-def seconds_per_call(fn: Callable[[], object], steps: int, warmup: int = 1) -> float:
-    """Mean seconds of one call of `fn` over `steps` calls after `warmup` ones (torch's benchmark Timer: it waits for
-    the GPU, and here uses all of torch's threads)."""
-    for _ in range(warmup):
-        fn()
-    timer = torch_benchmark.Timer(stmt='fn()', globals={'fn': fn}, num_threads=torch.get_num_threads())
-    return timer.timeit(steps).mean
-
-
-def images_per_second(step: Callable[[], None], batch_size: int, steps: int, warmup: int) -> float:
-    return batch_size / seconds_per_call(step, steps, warmup)
 
 
 def training_loss(output, target: torch.Tensor) -> torch.Tensor:

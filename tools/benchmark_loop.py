@@ -33,7 +33,7 @@ import timm
 import torch
 from PIL import Image
 
-from benchmark import seconds_per_call
+from common.timing import seconds_per_call, synchronize
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
@@ -106,11 +106,6 @@ def torch_threads(count: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
 
 
 def pipeline_images_per_second(loader: Iterable[dict], device_tf, info: DistInfo, batches: int) -> float:

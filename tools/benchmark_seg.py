@@ -24,7 +24,7 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from benchmark import seconds_per_call
+from common.timing import seconds_per_call
 from common.cli import add_device_argument, device_name, output_file, positive_int, run_command
 from common.files import write_json_atomic
 from mmseg.models.segmentors import SegTTAModel

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torchvision.ops import roi_align
 
-from benchmark import seconds_per_call
+from common.timing import seconds_per_call
 from classification.models import create_classifier
 from classification.objective import ClassificationObjective
 from common.cli import add_device_argument, device_name, non_negative_int, output_file, positive_int, run_command

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from benchmark import images_per_second
+from common.timing import images_per_second
 from classification.cifar import CifarInput
 from classification.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
