@@ -243,11 +243,11 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
             zero_classifiers(bare_model(model))
     if teacher is not None:
         bare_model(model).set_distilled_training(True)
-    objective = make_objective(recipe, len(classes), teacher and build_teacher(teacher, len(classes), recipe,
-                                                                               data_cfg, info))
+    teacher_model = build_teacher(teacher, len(classes), recipe, data_cfg, info) if teacher is not None else None
+    objective = make_objective(recipe, len(classes), teacher_model)
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
-              'teacher': teacher and vars(teacher), 'augment': augment}
+              'teacher': vars(teacher) if teacher is not None else None, 'augment': augment}
     fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None, default_data: DefaultData | None = None)
         if args.data_dir is None:
             data = default_data(Path(args.digits_dir), recipe, info, options.workers)
         else:
-            data = ImageData(Path(args.data_dir), args.token_label_dir and Path(args.token_label_dir),
-                             args.skip_unreadable, not args.no_verify)
+            labels = Path(args.token_label_dir) if args.token_label_dir else None
+            data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
         teacher = TeacherSpec(args.teacher, args.teacher_checkpoint) if args.teacher else None
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
                      teacher, args.augment)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -63,10 +63,10 @@ class RunOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
-        return cls(Path(args.output or default_output), args.resume, parse_model_kwargs(args.model_kwargs),
-                   args.workers, args.seed, args.device, args.amp, args.log_interval, args.grad_checkpointing,
-                   args.compile, args.pictures, grad_accum_steps=args.grad_accum_steps,
-                   checkpoint_minutes=args.checkpoint_minutes)
+        """The options `add_run_arguments` declared, by name."""
+        taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in ('output', 'model_kwargs')}
+        return cls(output=Path(args.output or default_output), model_kwargs=parse_model_kwargs(args.model_kwargs),
+                   **taken)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:

@@ -125,8 +125,8 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
     from visualization.attention import attention_figure, attention_values, model_attention
 
     kwargs, cfg = parse_model_kwargs(args.model_kwargs), model_data_config(args.model)
-    size = args.img_size or (args.checkpoint and checkpoint_setting(args.checkpoint, 'img_size')) \
-        or cfg['input_size'][-1]
+    trained_at = checkpoint_setting(args.checkpoint, 'img_size') if args.checkpoint else None
+    size = args.img_size or trained_at or cfg['input_size'][-1]
     if args.checkpoint:
         num_classes = classifier_rows(args.model, args.checkpoint, args.use_ema)
         model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, size, args.use_ema, kwargs))
