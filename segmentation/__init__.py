@@ -7,8 +7,10 @@ Importing this package (configs do, through `custom_imports`) registers in mmseg
 read the LV-ViT segmentation releases of the reference's mmseg 0.x code (see `mmengine_io` and `release`).
 """
 from .mmcv_compat import ensure_mmseg_importable
+from .notices import silence_harmless_warnings
 
 ensure_mmseg_importable()  # before anything imports mmseg.models
+silence_harmless_warnings()
 
 from . import (backbone, digits, layer_decay, metrics, mmengine_io, neck, pictures,  # noqa: E402,F401  (registration)
                segmentor)

@@ -27,6 +27,7 @@ from common.errors import CheckpointError, CheckpointReadError
 from common.log import logger
 
 from .backbone import TokenBackbone
+from .notices import HarmlessLogLines
 
 T = TypeVar('T')
 
@@ -68,7 +69,12 @@ def pretrained_inits(module: nn.Module) -> list:
 
 
 class SuiteRunner(Runner):
-    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint."""
+    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
+    leaves out mmengine's notices that ask nothing of the user (`notices`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger.addFilter(HarmlessLogLines())
 
     def train(self):
         return self._logging_to_run_file(super().train)

@@ -21,8 +21,19 @@ def trained(tmp_path_factory):
     data = write_tiny_ade(root / 'ade')
     config = write_tiny_config(root / 'tiny_upernet_lvvit.py', 'upernet_lvvit_s.py', data)
     work = root / 'work'
-    succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2']))
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2']))
+    (root / 'train_output.txt').write_text(result.stdout + result.stderr)
     return root, config, work, data
+
+
+def test_a_run_prints_no_notice_the_user_can_do_nothing_about(trained):
+    """mmcv-lite's, mmseg's and mmengine's notices that ask nothing of the user (segmentation.notices) stay out of
+    the output, and the configs take reduce_zero_label from the data set, as mmseg asks."""
+    from segmentation.notices import HARMLESS_LOG_LINES, HARMLESS_WARNINGS
+    output = (trained[0] / 'train_output.txt').read_text()
+    notices = [*HARMLESS_WARNINGS, *HARMLESS_LOG_LINES, 'MultiScaleDeformableAttention', '`reduce_zero_label` will be']
+    assert [notice for notice in notices if notice in output] == []
+    assert 'Iter(train) [2/2]' in output  # the run did log
 
 
 def test_train_refuses_to_overwrite_and_resumes(trained):

@@ -1,5 +1,6 @@
 # ADE20K (150 classes) in its standard layout, data/ade/ADEChallengeData2016/{images,annotations}/{training,validation}.
-# Label 0 ("other") is ignored: reduce_zero_label maps 1..150 to 0..149 and 0 to 255.
+# Label 0 ("other") is ignored: the data set's reduce_zero_label (ADE20KDataset's, on by default; LoadAnnotations
+# takes it from there) maps 1..150 to 0..149 and 0 to 255.
 # 16 images per iteration: 2 per GPU on 8 GPUs (raise batch_size when training on fewer).
 # Images are read as stored, EXIF orientation ignored, as the annotations are (and as the suite's classification and
 # label generation read images): a JPEG turned by its EXIF tag would no longer match its PNG annotation.
@@ -9,7 +10,7 @@ crop_size = (512, 512)
 test_scale = (2048, 512)
 train_pipeline = [
     dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='LoadAnnotations'),
     dict(type='RandomResize', scale=test_scale, ratio_range=(0.5, 2.0), keep_ratio=True),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
     dict(type='RandomFlip', prob=0.5),
@@ -19,7 +20,7 @@ train_pipeline = [
 test_pipeline = [
     dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
     dict(type='Resize', scale=test_scale, keep_ratio=True),
-    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='LoadAnnotations'),
     dict(type='PackSegInputs'),
 ]
 # Multi-scale test as the papers ran it (mmseg 0.x): each ratio scales (2048, 512), not the original image, and
@@ -31,7 +32,7 @@ tta_pipeline = [
     dict(type='TestTimeAug', transforms=[
         [dict(type='Resize', scale=(int(test_scale[0] * r), int(test_scale[1] * r)), keep_ratio=True)
          for r in img_ratios],
-        [dict(type='LoadAnnotations', reduce_zero_label=True)],
+        [dict(type='LoadAnnotations')],
         [dict(type='PackSegInputs')],
     ]),
 ]
