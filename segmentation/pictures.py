@@ -1,23 +1,32 @@
 """Segmentations as pictures: the ground truth and the prediction laid over the image with the data set's palette
 (mmseg's own visualiser), side by side, and the per-class IoU of a test_seg.py report as bars; and the
-`ValidationPictures` hook, which has mmseg draw a few validation images at every validation of a training run."""
+`ValidationPictures` hook, which has mmseg draw a few validation images at every validation of a training run; and
+`prediction_picture`, the picture of a trained segmentor's prediction that tools/visualize.py draws."""
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
+from mmengine.registry import init_default_scope
 from mmengine.structures import PixelData
 from PIL import Image
 
+from mmseg.apis import inference_model
 from mmseg.engine.hooks import SegVisualizationHook
-from mmseg.registry import HOOKS
+from mmseg.registry import DATASETS, HOOKS, MODELS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
 from common.errors import DataError
+from common.images import read_image
 from visualization.figures import enlarge, figure, finished
+
+from .config import load_config, resolve_data
+from .metrics import read_report
+from .runner import load_weights
 
 HEADER = 22  # pixels of the title strip above each panel
 _NAMES = itertools.count()
@@ -102,6 +111,43 @@ def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
         raise DataError(f'cannot read annotation {path}: {type(e).__name__}: {e}') from e
     return np.where(labels == 0, 255, labels - 1) if reduce_zero_label else labels
+
+
+def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
+                       report: str | None = None, alpha: float = 0.6, with_labels: bool = True) -> np.ndarray:
+    """`segmentation_picture` of what the model of `config` with the weights of `checkpoint` predicts for `image`
+    (a path; None: the test set's first image), with its ground truth where the test set has it and the per-class
+    IoU of a test_seg.py `report`. The config's data fallback applies (the embedded set without ADE20K)."""
+    cfg = load_config(config)
+    resolve_data(cfg, data_root)
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    cfg.model.backbone.pretrained = None
+    model = MODELS.build(cfg.model)
+    load_weights(model, checkpoint)
+    cfg.test_pipeline = cfg.test_dataloader.dataset.pipeline  # what inference_model runs: the test set's own
+    dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': False})
+    meta = dataset.metainfo
+    scores = read_report(report, meta['classes']) if report else None
+    model.cfg, model.dataset_meta = cfg, meta
+    entry = test_entry(dataset, image)
+    read_image(Path(entry['img_path']))  # decodes the whole file: OpenCV would draw a truncated JPEG grey, silently
+    pixels = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)  # the model's decoder
+    prediction = inference_model(model.eval(), entry['img_path']).pred_sem_seg.data[0].cpu().numpy()
+    truth = None
+    if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
+        truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
+    return segmentation_picture(pixels, prediction, meta['classes'], meta['palette'], truth, scores, alpha,
+                                with_labels)
+
+
+def test_entry(dataset, image: str | None) -> dict:
+    """The data set's entry of `image` (the same file, or the same name), its first without one; an image outside
+    the set has no ground truth."""
+    entries = [dataset.get_data_info(i) for i in range(len(dataset))]
+    if image is None:
+        return entries[0]
+    return next((e for e in entries if Path(e['img_path']).resolve() == Path(image).resolve()
+                 or Path(e['img_path']).name == Path(image).name), {'img_path': image})
 
 
 def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Sequence[str],

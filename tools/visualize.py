@@ -154,39 +154,9 @@ def classifier_rows(model: str, checkpoint: str, use_ema: bool) -> int:
 
 
 def segmentation_picture(args: argparse.Namespace) -> np.ndarray:
-    import cv2
-    import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-    from mmengine.registry import init_default_scope
-
-    from mmseg.apis import inference_model
-    from mmseg.registry import DATASETS, MODELS
-    from segmentation.config import load_config, resolve_data
-    from segmentation.metrics import read_report
-    from segmentation.pictures import read_annotation, segmentation_picture as draw
-    from segmentation.runner import load_weights
-
-    cfg = load_config(args.config)
-    resolve_data(cfg, args.data_root)
-    init_default_scope(cfg.get('default_scope', 'mmseg'))
-    cfg.model.backbone.pretrained = None
-    model = MODELS.build(cfg.model)
-    load_weights(model, args.checkpoint)
-    cfg.test_pipeline = cfg.test_dataloader.dataset.pipeline  # what inference_model runs: the test set's own
-    dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': False})
-    meta = dataset.metainfo
-    report = read_report(args.report, meta['classes']) if args.report else None
-    model.cfg, model.dataset_meta = cfg, meta
-    entries = [dataset.get_data_info(i) for i in range(len(dataset))]
-    entry = entries[0] if args.image is None else next(
-        (e for e in entries if Path(e['img_path']).resolve() == Path(args.image).resolve()
-         or Path(e['img_path']).name == Path(args.image).name), {'img_path': args.image})
-    read_image(Path(entry['img_path']))  # decodes the whole file: OpenCV would draw a truncated JPEG grey, silently
-    image = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)  # the model's decoder
-    prediction = inference_model(model.eval(), entry['img_path']).pred_sem_seg.data[0].cpu().numpy()
-    truth = None
-    if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
-        truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
-    return draw(image, prediction, meta['classes'], meta['palette'], truth, report, args.alpha, not args.no_labels)
+    from segmentation.pictures import prediction_picture
+    return prediction_picture(args.config, args.checkpoint, args.image, args.data_root, args.report, args.alpha,
+                              not args.no_labels)
 
 
 def curves_picture(args: argparse.Namespace) -> np.ndarray:
