@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import tempfile
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 from torchvision.ops import roi_align
 
 from common.timing import seconds_per_call
+from engine.checkpoints import seed_all
 from classification.models import create_classifier
 from classification.objective import ClassificationObjective
 from common.cli import add_device_argument, device_name, non_negative_int, output_file, positive_int, run_command
@@ -174,8 +174,7 @@ def main() -> None:
     args = p.parse_args()
     args.device = device_name(args.device)
     device = torch.device(args.device)
-    random.seed(0)
-    torch.manual_seed(0)
+    seed_all(0)
     results = {}
     if 'train' in args.parts:
         results['train_step'] = r = bench_train_step(args, device)

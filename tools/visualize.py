@@ -23,6 +23,7 @@ from common.cli import check_writable, output_file, parse_model_kwargs, positive
 from common.files import write_json_atomic
 from common.images import check_same_classes, read_image, scan_split
 from common.log import logger
+from engine.checkpoints import seed_all
 from visualization.figures import write_png
 
 TRAINING_AUGMENTATION = 'rand-m9-mstd0.5-inc1'
@@ -94,9 +95,7 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     row = store.row_of(path)
     scores, classes = store.read(row)
     size = args.img_size or min(store.meta['img_size'], 224)
-    torch.manual_seed(args.seed)
-    __import__('random').seed(args.seed)
-    np.random.seed(args.seed)
+    seed_all(args.seed)  # the augmentation drawn: the trainer's draws from these streams
     augment = None if args.auto_augment.lower() == 'none' else args.auto_augment
     transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=augment, reprob=0.0)
     labels = token_labels(read_image(data_dir / path), scores, classes, transform, store.num_classes,
