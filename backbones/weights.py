@@ -153,11 +153,28 @@ def guess_family(keys: list[str]) -> str | None:
     return next((family for family, sign in _FAMILY_SIGNS if any(k.startswith(sign) for k in keys)), None)
 
 
+def classifier_names(pretrained_cfg: Mapping | None) -> tuple[str, ...]:
+    """The modules timm's pretrained config names as a model's classifiers (`head` when it names none)."""
+    names = (pretrained_cfg or {}).get('classifier') or 'head'
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
 def classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
     """Key prefixes of the model's classifiers, and of the token and distillation heads any model may carry."""
-    names = getattr(model, 'pretrained_cfg', {}).get('classifier', 'head')
-    names = (names,) if isinstance(names, str) else tuple(names)
+    names = classifier_names(getattr(model, 'pretrained_cfg', None))
     return tuple(f'{name}.' for name in dict.fromkeys((*names, TOKEN_HEAD, DIST_HEAD)))
+
+
+def checkpoint_class_count(name: str, checkpoint: str | Path, use_ema: bool = False) -> int:
+    """The number of classes the classifier of a checkpoint of model `name` predicts."""
+    cfg = timm.models.get_pretrained_cfg(name)
+    names = classifier_names(cfg.to_dict() if cfg is not None else None)
+    weights = read_state_dict(checkpoint, use_ema)
+    key = next((f'{n}.weight' for n in names if f'{n}.weight' in weights), None)
+    if key is None:
+        raise CheckpointError(f'{checkpoint}: no weights of {name}\'s classifier ({", ".join(names)}) to tell '
+                              f'its class count')
+    return weights[key].shape[0]
 
 
 def fit_pos_embed(model: nn.Module, value: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from backbones import create_model
-from common.errors import DataError, UsageError
-from backbones.weights import read_state_dict
+from common.errors import UsageError
+from backbones.weights import checkpoint_class_count
 from common.cli import check_writable, output_file, parse_model_kwargs, positive_int, probability, run_command
 from common.files import write_json_atomic
 from common.images import check_same_classes, read_image, scan_split
@@ -127,7 +127,7 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
     trained_at = checkpoint_setting(args.checkpoint, 'img_size') if args.checkpoint else None
     size = args.img_size or trained_at or cfg['input_size'][-1]
     if args.checkpoint:
-        num_classes = classifier_rows(args.model, args.checkpoint, args.use_ema)
+        num_classes = checkpoint_class_count(args.model, args.checkpoint, args.use_ema)
         model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, size, args.use_ema, kwargs))
         source = args.checkpoint
     else:
@@ -141,15 +141,6 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
     return attention_figure(to_pixels(images[0], cfg['mean'], cfg['std']), maps, distances, similarity, patch_size,
                             f'{args.model} ({source}), {Path(args.image[0]).name}; distances over '
                             f'{len(args.image)} image(s)')
-
-
-def classifier_rows(model: str, checkpoint: str, use_ema: bool) -> int:
-    """The number of classes a checkpoint's classifier predicts."""
-    weights = read_state_dict(checkpoint, use_ema)
-    heads = [v for k, v in weights.items() if k.endswith('.weight') and k.startswith(('head.', 'fc.', 'classifier.'))]
-    if not heads:
-        raise DataError(f'{checkpoint}: no classifier weights (head, fc) to tell its class count')
-    return heads[0].shape[0]
 
 
 def segmentation_picture(args: argparse.Namespace) -> np.ndarray:
