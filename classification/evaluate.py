@@ -20,11 +20,11 @@ from backbones.registry import check_model_name
 from common.cli import (
     DEFAULT_WORKERS,
     add_device_argument,
-    check_writable,
     device_name,
     fraction,
     model_parser,
     non_negative_int,
+    output_file,
     parse_model_kwargs,
     positive_int,
 )
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--checkpoint', required=True)
     p.add_argument('--data-dir', required=True)
     p.add_argument('--split', default='val')
-    p.add_argument('--json', help='write the metrics to this file')
+    p.add_argument('--json', type=output_file, help='write the metrics to this file')
     p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
     p.add_argument('--batch-size', type=positive_int, default=100)
@@ -105,8 +105,6 @@ def real_labels(files: list[str], source: str) -> RealLabelsImagenet:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     check_model_name(args.model)
-    if args.json:
-        check_writable(args.json)
     data_cfg = model_data_config(args.model)
     img_size = args.img_size or data_cfg['input_size'][-1]
     crop_pct = args.crop_pct or data_cfg['crop_pct']

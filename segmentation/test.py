@@ -7,7 +7,7 @@ from pathlib import Path
 from mmengine.config import Config
 
 from common.errors import CheckpointError, UsageError
-from common.cli import check_output_folder, check_writable
+from common.cli import check_output_folder, output_file
 from common.log import logger
 
 from .config import drop_tta_flips, load_config, resolve_data, tta_flips
@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged (no flip '
                              'on the embedded digits: a mirrored digit is not a digit)')
     parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
-    parser.add_argument('--out', help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
+    parser.add_argument('--out', type=output_file,
+                        help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
     parser.add_argument('--pred-dir', help='save the predicted label maps here (PNG, ADE20K label values)')
     return parser
 
@@ -55,8 +56,6 @@ def prepare(args: argparse.Namespace) -> Config:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:
         raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
-    if args.out:
-        check_writable(args.out)
     if args.pred_dir:
         check_output_folder(args.pred_dir)
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)

@@ -19,7 +19,7 @@ import torch
 from backbones import create_model
 from common.errors import UsageError
 from backbones.weights import checkpoint_class_count
-from common.cli import check_writable, output_file, parse_model_kwargs, positive_int, probability, run_command
+from common.cli import output_file, parse_model_kwargs, positive_int, probability, run_command
 from common.files import write_json_atomic
 from common.images import check_same_classes, read_image, scan_split
 from common.log import logger
@@ -30,7 +30,7 @@ TRAINING_AUGMENTATION = 'rand-m9-mstd0.5-inc1'
 
 
 def add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--out', required=True, help='the PNG file to write')
+    parser.add_argument('--out', required=True, type=output_file, help='the PNG file to write')
     parser.add_argument('--show', action='store_true', help='also open the picture (where there is a display)')
 
 
@@ -160,7 +160,6 @@ PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture
 
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
-    check_writable(args.out)
     path = write_png(PICTURES[args.command](args), args.out, args.show)
     logger.info(f'{args.command}: {path}')
     return path
