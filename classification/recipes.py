@@ -103,14 +103,6 @@ CAIT_DROP_PATH = {'xxs24': 0.1, 'xxs36': 0.1, 'xs24': 0.1, 'xs36': 0.2, 's24': 0
 
 FAMILY_RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'vit': DEIT, 'cait': CAIT}
 
-# The embedded digits run (about 7 minutes for LV-ViT-S on 2 CPU cores): 48x48 images (a 3x3 token grid), 8 epochs of 44
-# updates, milder crops and RandAugment than ImageNet's for 1,437 training images, no EMA for so few updates, and
-# no flips (a mirrored digit is not a digit).
-DIGITS = dict(epochs=8, warmup_epochs=1, batch_size=32, img_size=48, lr_base=1e-3, lr_base_batch=32,
-              min_lr=1e-5, ema_decay=0.0, scale_min=0.5, auto_augment='rand-m5-mstd0.5-inc1', reprob=0.0,
-              drop_path=0.0, hflip=0.0, aug_repeats=0)
-
-
 # The LV-ViT paper's comparison rows (its Table 2 and MixToken ablation) as overrides of a model's recipe.
 # `lr_scale` multiplies lr_base when the recipe it replaces trained with token labeling: Standard takes 1e-3 per
 # 1024 images where token labeling takes 1e-3 per 640.
@@ -155,17 +147,17 @@ def apply_preset(values: dict, preset: str) -> dict:
     return values
 
 
-def recipe_for(model_name: str, digits: bool = False, preset: str | None = None) -> Recipe:
-    """The model's family recipe (the DeiT recipe for timm models outside the suite), optionally for digits, with
-    one of PRESETS applied."""
+def recipe_for(model_name: str, preset: str | None = None, data_values: dict | None = None) -> Recipe:
+    """The model's family recipe (the DeiT recipe for timm models outside the suite), with the values a data set
+    sets for itself (`data_values`: a small set's epochs, input size and augmentation) and then one of PRESETS
+    applied."""
     family, base = model_family(model_name), model_name.split('.')[0]  # without a pretrained tag
     values = dict(FAMILY_RECIPES.get(family, DEIT))
     if base in LVVIT_DROP_PATH:
         values['drop_path'] = LVVIT_DROP_PATH[base]
     if family == 'cait':
         values['drop_path'] = CAIT_DROP_PATH[base.split('_')[1]]
-    if digits:
-        values.update(DIGITS)
+    values.update(data_values or {})
     if preset is not None:
         values = apply_preset(values, preset)
     return Recipe(**values)

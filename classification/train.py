@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn as nn
@@ -21,7 +21,7 @@ from backbones import bare_model, load_checkpoint, model_family
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
 from backbones.weights import pretrained_model
-from common.cli import model_parser
+from common.cli import EmbeddedData, model_parser
 from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.errors import CheckpointError, UsageError
 from common.images import check_same_classes, read_image
@@ -52,13 +52,20 @@ class ImageData:
     verify_labels: bool = True  # check the store against its digests when opening it
 
 
-# Gives the data of a run without --data-dir: (digits folder, recipe, process info, loader workers) -> data.
-DefaultData = Callable[[Path, Recipe, DistInfo, int], ImageData]
+class DefaultData(EmbeddedData, Protocol):
+    """The data a run takes without --data-dir, which a tool gives `main` (tools/train_cls.py: its embedded set):
+    besides its options, the recipe values it sets for itself (applied before a preset), and the data, prepared on
+    first use."""
+
+    recipe_values: ClassVar[dict]
+
+    def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData: ...
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(default_data: type[DefaultData] | None = None) -> argparse.ArgumentParser:
+    fallback = f' Without --data-dir it runs on {default_data.description}.' if default_data else ''
     p = model_parser('train_cls.py', 'Train a model on an ImageNet-layout folder with its paper recipe (token '
-                     'labeling for LV-ViT). Without --data-dir it runs on the embedded scikit-learn digits data set.')
+                     'labeling for LV-ViT).' + fallback)
     p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py or '
                    'tools/import_token_labels.py')
@@ -74,7 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
                    'gets a distillation token and head: ViT/DeiT, CaiT, T2T-ViT; not with token labeling)')
     p.add_argument('--teacher-checkpoint', metavar='CKPT',
                    help='the teacher\'s weights (default: timm\'s pretrained weights of --teacher)')
-    p.add_argument('--digits-dir', default='data/digits', help='where the embedded digits run writes its data')
     p.add_argument('--preset', choices=list(PRESETS), help=(
         'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
@@ -87,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '
         'GPUs, pil on CPUs'))
     add_run_arguments(p, 'output/train_cls/MODEL')
+    if default_data:
+        default_data.add_arguments(p)
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
                          Recipe)
     return p
@@ -99,8 +107,9 @@ def chosen_preset(args: argparse.Namespace) -> str | None:
     return args.preset
 
 
-def resolve_recipe(args: argparse.Namespace, digits: bool) -> Recipe:
-    return override_recipe(recipe_for(args.model, digits, chosen_preset(args)), args)
+def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) -> Recipe:
+    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied."""
+    return override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
 
 
 def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:
@@ -271,9 +280,9 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     return trainer.finish(metrics, summary)
 
 
-def main(argv: list[str] | None = None, default_data: DefaultData | None = None) -> dict:
-    """tools/train_cls.py: without --data-dir, `default_data` provides the data (the tool's: the embedded digits)."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, default_data: type[DefaultData] | None = None) -> dict:
+    """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
+    args = build_parser(default_data).parse_args(argv)
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
@@ -281,12 +290,13 @@ def main(argv: list[str] | None = None, default_data: DefaultData | None = None)
         raise UsageError('--teacher-checkpoint goes with --teacher (the teacher model)')
     if args.data_dir is None and default_data is None:
         raise UsageError('--data-dir is required (the folder with train/CLASS/* and val/CLASS/*)')
-    recipe = resolve_recipe(args, digits=args.data_dir is None)
+    fallback = default_data.from_args(args) if args.data_dir is None else None
+    recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
     options = RunOptions.from_args(args, f'output/train_cls/{args.model}')
 
     def run(info: DistInfo) -> dict:
-        if args.data_dir is None:
-            data = default_data(Path(args.digits_dir), recipe, info, options.workers)
+        if fallback:
+            data = fallback.image_data(recipe, info, options.workers)
         else:
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)

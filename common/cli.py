@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -69,6 +70,22 @@ def storage_hint(exc: BaseException) -> str:
         return ('; nothing was left half-written: free space there and run again (a training run continues with '
                 '--resume, a label store where it stopped)')
     return '; give an output path elsewhere'
+
+
+E = TypeVar('E', bound='EmbeddedData')
+
+
+class EmbeddedData(Protocol):
+    """Data a tool hands its trainer for runs given no data set (the tools give their embedded set): a description
+    for --help, its own options (where it lives), and the instance those options make."""
+
+    description: ClassVar[str]
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None: ...
+
+    @classmethod
+    def from_args(cls: type[E], args: argparse.Namespace) -> E: ...
 
 
 def model_parser(prog: str, description: str) -> argparse.ArgumentParser:

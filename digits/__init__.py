@@ -1,3 +1,3 @@
-"""The embedded default data: scikit-learn's handwritten digit scans, used by every tool when no real data set is
-on disk, and the classification runs that prepare what the tools need from them (annotator, token labels, and
-digits-pretrained backbones for segmentation)."""
+"""The embedded default data: scikit-learn's handwritten digit scans, which the tools hand the trainers when no real
+data set is given: a folder of scans for classification (`cls_data.EmbeddedScans`: recipe, annotator, token labels,
+pretrained backbones) and pages of scans in rows for segmentation (`seg_data.EmbeddedPages`: scale, schedule)."""

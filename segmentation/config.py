@@ -2,28 +2,18 @@
 from __future__ import annotations
 
 import copy
-
-from dataclasses import dataclass
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
 
 from mmengine.config import Config
 
+from common.cli import EmbeddedData
 from common.errors import CheckpointError, DataError, UsageError
-from classification.recipes import DIGITS as DIGITS_RECIPE
 from common.log import logger
 
-from .digits import CLASSES, write_digits_ade
-
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
-DIGITS_ROOT = 'data/digits_seg'
 ADE20K_CROP = 512  # the configs' training crop side
-# The configs run on the embedded set at the scale that makes their training crop the input size of the
-# classification pretraining on digits, 48/512 (segmentation/digits.py says why the two must match).
-DIGITS_SCALE = DIGITS_RECIPE['img_size'] / ADE20K_CROP
-# Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
-# size they would span one or two tokens.
-DIGITS_RATIO_RANGE = (0.75, 1.5)
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
 
@@ -37,14 +27,27 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
     return cfg
 
 
-def _datasets(cfg: Config) -> Iterator[dict]:
+class DataFallback(EmbeddedData, Protocol):
+    """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
+    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
+    the schedule a run takes there, and a backbone pretrained for it when the config's weights are not on disk
+    (with a line saying where it came from)."""
+
+    def use_data(self, cfg: Config) -> None: ...
+
+    def use_schedule(self, cfg: Config) -> None: ...
+
+    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]: ...
+
+
+def datasets(cfg: Config) -> Iterator[dict]:
     for loader in LOADERS:
         if cfg.get(loader):
             yield cfg[loader]['dataset']
 
 
 def set_data_root(cfg: Config, root: str) -> None:
-    for dataset in _datasets(cfg):
+    for dataset in datasets(cfg):
         dataset['data_root'] = root
 
 
@@ -59,50 +62,6 @@ def scale_sizes(node, factor: float) -> None:
                 node[key] = tuple(max(1, round(v * factor)) for v in value)
             else:
                 scale_sizes(value, factor)
-
-
-@dataclass(frozen=True)
-class DigitsSchedule:
-    """The schedule a config takes on the embedded set, sized for minutes on 2 CPU cores (ADE20K's 160k iterations
-    of 16 images would take days there). AdamW as the config says, at this lr: linear warm-up, then linear decay.
-    The neck and heads, which start from random weights, learn `head_lr_mult` times faster than the backbone."""
-
-    iters: int = 160
-    warmup_iters: int = 16
-    lr: float = 1.5e-4
-    head_lr_mult: float = 10.0
-    min_lr: float = 1e-6
-    batch_size: int = 16
-    val_interval: int = 160
-    checkpoint_interval: int = 80
-    log_interval: int = 10
-    workers: int = 2
-    seed: int = 0
-
-
-DIGITS_SCHEDULE = DigitsSchedule()
-
-
-def use_digits_schedule(cfg: Config, schedule: DigitsSchedule = DIGITS_SCHEDULE) -> None:
-    """Replace the config's ADE20K schedule by `schedule` (options given on the command line are merged after)."""
-    cfg.train_cfg.update(max_iters=schedule.iters, val_interval=schedule.val_interval)
-    cfg.optim_wrapper.optimizer['lr'] = schedule.lr
-    paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
-    custom_keys = {**paramwise.get('custom_keys', {}),
-                   **{part: dict(lr_mult=schedule.head_lr_mult) for part in ('neck', 'decode_head', 'auxiliary_head')}}
-    cfg.optim_wrapper['paramwise_cfg'] = {**paramwise, 'custom_keys': custom_keys}
-    cfg.param_scheduler = [
-        dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=schedule.warmup_iters),
-        dict(type='PolyLR', power=1.0, eta_min=schedule.min_lr, by_epoch=False, begin=schedule.warmup_iters,
-             end=schedule.iters),
-    ]
-    cfg.train_dataloader['batch_size'] = schedule.batch_size
-    for loader in LOADERS:
-        if cfg.get(loader):
-            cfg[loader]['num_workers'] = min(cfg[loader].get('num_workers', 0), schedule.workers)
-    cfg.default_hooks['checkpoint']['interval'] = schedule.checkpoint_interval
-    cfg.default_hooks['logger']['interval'] = schedule.log_interval
-    cfg.randomness = dict(seed=schedule.seed)
 
 
 def describe_schedule(cfg: Config) -> str:
@@ -134,27 +93,6 @@ def accumulate_gradients(cfg: Config, steps: int) -> None:
     cfg.default_hooks['checkpoint']['interval'] *= steps
 
 
-def use_digits_data(cfg: Config, scale: float = DIGITS_SCALE) -> None:
-    """Point the config at the embedded digits set (written on first use), its sizes times `scale`."""
-    write_digits_ade(DIGITS_ROOT)
-    for dataset in _datasets(cfg):
-        dataset.update(type='DigitsSegDataset', data_root=DIGITS_ROOT)
-        scale_sizes(dataset['pipeline'], scale)
-        for step in dataset['pipeline']:
-            if 'ratio_range' in step:
-                step['ratio_range'] = DIGITS_RATIO_RANGE
-            if step['type'] == 'RandomFlip':
-                step['prob'] = 0.0  # a mirrored digit is not a digit
-    if cfg.get('tta_model'):
-        drop_tta_flips(cfg)
-    scale_sizes(cfg.get('tta_pipeline', []), scale)
-    scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
-    scale_sizes(cfg.model.get('test_cfg', {}), scale)
-    for head in ('decode_head', 'auxiliary_head'):
-        if cfg.model.get(head):
-            cfg.model[head]['num_classes'] = len(CLASSES)
-
-
 def drop_tta_flips(cfg: Config) -> None:
     """Test at every scale of the multi-scale test without the mirror images."""
     cfg.tta_model['flip'] = False
@@ -175,19 +113,18 @@ def tta_flips(cfg: Config) -> bool:
     return bool(cfg.tta_model.get('flip', False))
 
 
-def resolve_data(cfg: Config, data_root: str | None = None) -> bool:
-    """Apply `data_root`; fall back to the digits set when the config's ADE20K is not on disk. True if it did."""
+def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
+    """Apply `data_root`; when the config's ADE20K is not on disk, use `fallback`'s data. True if it did."""
     if data_root:
         set_data_root(cfg, data_root)
-    roots = {dataset['data_root'] for dataset in _datasets(cfg)}
+    roots = {dataset['data_root'] for dataset in datasets(cfg)}
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
         return False
-    if missing != [ADE20K_ROOT]:
-        raise DataError(f'data root not found: {", ".join(missing)}')
-    logger.info(f'ADE20K not found at {ADE20K_ROOT}: using the embedded digits set in {DIGITS_ROOT} '
-                '(see README, "Segmentation on ADE20K", to use the real data)')
-    use_digits_data(cfg)
+    if missing != [ADE20K_ROOT] or fallback is None:
+        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the ADE20K-layout folder)')
+    logger.info(f'ADE20K not found at {ADE20K_ROOT} (docs/segmentation.md says how to use it): the embedded data')
+    fallback.use_data(cfg)
     return True
 
 

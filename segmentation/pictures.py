@@ -24,7 +24,7 @@ from common.errors import DataError
 from common.images import read_image
 from visualization.figures import enlarge, figure, finished
 
-from .config import load_config, resolve_data
+from .config import DataFallback, load_config, resolve_data
 from .metrics import read_report
 from .runner import load_weights
 
@@ -114,12 +114,13 @@ def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
 
 
 def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
-                       report: str | None = None, alpha: float = 0.6, with_labels: bool = True) -> np.ndarray:
+                       report: str | None = None, alpha: float = 0.6, with_labels: bool = True,
+                       fallback: DataFallback | None = None) -> np.ndarray:
     """`segmentation_picture` of what the model of `config` with the weights of `checkpoint` predicts for `image`
     (a path; None: the test set's first image), with its ground truth where the test set has it and the per-class
-    IoU of a test_seg.py `report`. The config's data fallback applies (the embedded set without ADE20K)."""
+    IoU of a test_seg.py `report`. Without the config's ADE20K, the data is `fallback`'s."""
     cfg = load_config(config)
-    resolve_data(cfg, data_root)
+    resolve_data(cfg, data_root, fallback)
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     cfg.model.backbone.pretrained = None
     model = MODELS.build(cfg.model)

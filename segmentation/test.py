@@ -10,10 +10,10 @@ from common.errors import CheckpointError, UsageError
 from common.cli import check_output_folder, output_file
 from common.log import logger
 
-from .config import drop_tta_flips, load_config, resolve_data, tta_flips
+from .config import DataFallback, drop_tta_flips, load_config, resolve_data, tta_flips
 from .data_check import check_data
 from .runner import SuiteRunner
-from .train import add_common_options, work_dir_for
+from .train import add_common_options, parse_with_fallback, work_dir_for
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
     parser.add_argument('--ms', action='store_true',
-                        help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged (no flip '
-                             'on the embedded digits: a mirrored digit is not a digit)')
+                        help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged (on the '
+                             'embedded data without ADE20K, without flip when its training has none)')
     parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
     parser.add_argument('--out', type=output_file,
                         help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
@@ -44,14 +44,14 @@ def use_multi_scale(cfg: Config, flip: bool) -> None:
     cfg.model = cfg.tta_model
 
 
-def prepare(args: argparse.Namespace) -> Config:
+def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
     cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     if not Path(args.checkpoint).is_file():
         raise CheckpointError(f'{args.checkpoint}: checkpoint file not found')
     cfg.load_from = args.checkpoint
-    resolve_data(cfg, args.data_root)
+    resolve_data(cfg, args.data_root, fallback)
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:
@@ -63,9 +63,10 @@ def prepare(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    args = build_parser().parse_args(argv)
-    cfg = prepare(args)
+def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None) -> dict[str, float]:
+    """tools/test_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
+    args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
+    cfg = prepare(args, data_fallback)
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
     metrics = SuiteRunner.from_cfg(cfg).test()
     logger.info(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')

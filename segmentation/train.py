@@ -7,14 +7,13 @@ from pathlib import Path
 
 from mmengine.config import Config, DictAction
 
-from common.errors import UsageError
-from digits.prepare import describe_backbone, pretrained_backbone
 from common.cli import check_output_folder, non_negative_int, positive_int
+from common.errors import UsageError
 from common.files import remove_partial_writes
 from common.log import logger
 
-from .config import (accumulate_gradients, check_pretrained, describe_schedule, load_config, resolve_data,
-                     shorten_schedule, use_digits_schedule)
+from .config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule, load_config,
+                     resolve_data, shorten_schedule)
 from .data_check import check_data
 from .runner import SuiteRunner
 
@@ -55,10 +54,10 @@ def work_dir_for(cfg: Config, config_path: str, work_dir: str | None) -> str:
     return work_dir or cfg.get('work_dir') or os.path.join('work_dirs', Path(config_path).stem)
 
 
-def use_digits_backbone(cfg: Config, config_pretrained: str | None) -> None:
-    """On the digits set, the config's ImageNet weights (not on disk) give way to the same model pretrained on the
-    embedded classification digits (trained on first use). A path given on the command line must exist; None
-    means random initialisation."""
+def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFallback) -> None:
+    """On the fallback's data, the config's ImageNet weights (not on disk) give way to the same model pretrained
+    for it (trained on first use). A path given on the command line must exist; None means random
+    initialisation."""
     backbone = cfg.model.backbone
     pretrained = backbone.get('pretrained')
     if pretrained is None:
@@ -68,12 +67,13 @@ def use_digits_backbone(cfg: Config, config_pretrained: str | None) -> None:
     elif pretrained != config_pretrained:
         check_pretrained(cfg)
     else:
-        checkpoint = pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
+        checkpoint, origin = fallback.pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
         backbone.pretrained = str(checkpoint)
-        logger.info(f'backbone: {pretrained} not found; {describe_backbone(checkpoint)}')
+        logger.info(f'backbone: {pretrained} not found; {origin}')
 
 
-def prepare(args: argparse.Namespace) -> Config:
+def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
+    """The config a run takes: the command line's options, the data (`fallback`'s without ADE20K), the schedule."""
     cfg = load_config(args.config)
     config_pretrained = cfg.model.backbone.get('pretrained')
     options = args.cfg_options or {}
@@ -81,10 +81,10 @@ def prepare(args: argparse.Namespace) -> Config:
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
-    if resolve_data(cfg, args.data_root):
-        use_digits_schedule(cfg)
-        cfg.merge_from_dict(options)  # what the command line says wins over the embedded set's schedule
-        use_digits_backbone(cfg, config_pretrained)
+    if resolve_data(cfg, args.data_root, fallback):
+        fallback.use_schedule(cfg)
+        cfg.merge_from_dict(options)  # what the command line says wins over the fallback's schedule
+        choose_backbone(cfg, config_pretrained, fallback)
     else:
         check_pretrained(cfg)
     if args.iters:
@@ -105,6 +105,17 @@ def prepare(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    SuiteRunner.from_cfg(prepare(args)).train()
+def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
+                        fallback: type[DataFallback] | None) -> tuple[argparse.Namespace, DataFallback | None]:
+    """The command line, with the fallback's own options; and the fallback those options make."""
+    if fallback is None:
+        return parser.parse_args(argv), None
+    fallback.add_arguments(parser)
+    args = parser.parse_args(argv)
+    return args, fallback.from_args(args)
+
+
+def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None) -> None:
+    """tools/train_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
+    args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
+    SuiteRunner.from_cfg(prepare(args, data_fallback)).train()

@@ -43,7 +43,7 @@ def test_an_older_folder_is_replaced(tmp_path):
 
 
 def test_segmentation_pages_label_every_digit_where_its_ink_is(tmp_path):
-    from segmentation.digits import GRID, IMAGE_SIZE as PAGE, SPLITS, scan_splits, write_digits_ade
+    from digits.pages import GRID, IMAGE_SIZE as PAGE, SPLITS, scan_splits, write_digits_ade
     root = write_digits_ade(tmp_path / 'seg')
     cell_w, cell_h = PAGE[0] // GRID[0], PAGE[1] // GRID[1]
     for split, count in SPLITS.items():

@@ -10,9 +10,10 @@ from torch.utils.data import default_collate
 
 from backbones import create_model
 from backbones.token_head import TOKEN_HEAD
-from classification.recipes import DIGITS, PRESETS, recipe_for
+from classification.recipes import PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
 from common.distributed import DistInfo, sharded_loaders
+from digits.cls_data import RECIPE as DIGITS
 from helpers.commands import run_torchrun
 from helpers.models import TINY_DEIT
 
@@ -28,7 +29,7 @@ def test_standard_is_the_papers_baseline():
     assert lr_per_image(token) == pytest.approx(1e-3 / 640)
     assert lr_per_image(standard) == pytest.approx(1e-3 / 1024)
     # on the digits the two keep the paper's ratio, at the digits run's own lr
-    digits_token, digits_standard = recipe_for('lvvit_s', True), recipe_for('lvvit_s', True, 'standard')
+    digits_token, digits_standard = recipe_for('lvvit_s', data_values=DIGITS), recipe_for('lvvit_s', 'standard', DIGITS)
     assert lr_per_image(digits_token) == pytest.approx(DIGITS['lr_base'] / DIGITS['lr_base_batch'])
     assert lr_per_image(digits_standard) / lr_per_image(digits_token) == pytest.approx(640 / 1024)
     # a recipe that had no token labeling keeps its lr
@@ -38,13 +39,13 @@ def test_standard_is_the_papers_baseline():
 
 def test_no_token_labeling_gives_lvvit_the_standard_recipe():
     args = build_parser().parse_args(['lvvit_s', '--no-token-labeling'])
-    assert vars(resolve_recipe(args, digits=False)) == vars(recipe_for('lvvit_s', preset='standard'))
+    assert vars(resolve_recipe(args)) == vars(recipe_for('lvvit_s', preset='standard'))
     args = build_parser().parse_args(['lvvit_s', '--preset', 'mixtoken-label'])
-    recipe = resolve_recipe(args, digits=False)
+    recipe = resolve_recipe(args)
     assert recipe.token_labeling and recipe.token_target == 'label' and recipe.mix_token == 1.0
     objective = make_objective(recipe, 10)
     assert objective.token_builder is None and objective.token_loss is not None  # every token: the image label
-    recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'token-labeling-no-mixtoken']), False)
+    recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'token-labeling-no-mixtoken']))
     assert recipe.uses_score_maps and recipe.mix_token == 0.0
     assert set(PRESETS) == {'token-labeling', 'standard', 'mixtoken-label', 'token-labeling-no-mixtoken',
                             'relabel', 'relabel-mixtoken', 'vit-finetune'}

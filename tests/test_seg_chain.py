@@ -17,12 +17,16 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from mmengine.optim import build_optim_wrapper
-from segmentation.digits import CLASSES
-from segmentation.config import DIGITS_RATIO_RANGE, DIGITS_SCHEDULE, tta_flips
+from digits.cls_data import EmbeddedScans
+from digits.pages import CLASSES
+from digits.seg_data import RATIO_RANGE, EmbeddedPages, Schedule
+from segmentation.config import ADE20K_ROOT, tta_flips
 from segmentation.train import build_parser, prepare
-from helpers.commands import run_tool
+from helpers.commands import ROOT, run_tool
 
-pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+pytestmark = [pytest.mark.slow,  # tools run end to end here: make test-fast leaves this file out
+              pytest.mark.skipif((ROOT / ADE20K_ROOT).is_dir(), reason='ADE20K is on disk: no fallback to test')]
+SCHEDULE = Schedule()
 
 CONFIG = 'upernet_lvvit_s.py'
 ITERS = 400
@@ -43,74 +47,78 @@ def tiny_digits_config(path: Path, config: str = CONFIG) -> Path:
     return path
 
 
-def prepared(tmp_path, monkeypatch, *argv):
-    monkeypatch.chdir(tmp_path)  # the embedded sets are written under ./data
-    return prepare(build_parser().parse_args([str(CONFIGS / CONFIG), *argv]))
+def embedded(root: Path) -> EmbeddedPages:
+    """The embedded pages and scans under `root`."""
+    return EmbeddedPages(root / 'digits_seg', EmbeddedScans(root / 'digits'))
 
 
-def test_digits_fallback_takes_its_schedule(tmp_path, monkeypatch):
-    cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None')
-    assert cfg.train_dataloader.dataset.type == 'DigitsSegDataset'
-    assert cfg.train_cfg.max_iters == DIGITS_SCHEDULE.iters
-    assert cfg.train_cfg.val_interval == DIGITS_SCHEDULE.val_interval
-    assert cfg.optim_wrapper.optimizer.lr == DIGITS_SCHEDULE.lr
-    assert cfg.train_dataloader.batch_size == DIGITS_SCHEDULE.batch_size
+def prepared(tmp_path, *argv, config: Path = CONFIGS / CONFIG):
+    return prepare(build_parser().parse_args([str(config), *argv]), embedded(tmp_path))
+
+
+def test_digits_fallback_takes_its_schedule(tmp_path):
+    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
+    assert cfg.train_dataloader.dataset.metainfo.classes == CLASSES
+    assert cfg.train_dataloader.dataset.data_root == str(tmp_path / 'digits_seg')
+    assert cfg.train_cfg.max_iters == SCHEDULE.iters
+    assert cfg.train_cfg.val_interval == SCHEDULE.val_interval
+    assert cfg.optim_wrapper.optimizer.lr == SCHEDULE.lr
+    assert cfg.train_dataloader.batch_size == SCHEDULE.batch_size
     warmup, decay = cfg.param_scheduler
-    assert (warmup.end, decay.begin, decay.end) == (DIGITS_SCHEDULE.warmup_iters, DIGITS_SCHEDULE.warmup_iters,
-                                                   DIGITS_SCHEDULE.iters)
-    assert cfg.default_hooks.checkpoint.interval == DIGITS_SCHEDULE.checkpoint_interval
+    assert (warmup.end, decay.begin, decay.end) == (SCHEDULE.warmup_iters, SCHEDULE.warmup_iters,
+                                                   SCHEDULE.iters)
+    assert cfg.default_hooks.checkpoint.interval == SCHEDULE.checkpoint_interval
     assert cfg.model.backbone.pretrained is None
     resize = next(step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomResize')
-    assert tuple(resize.ratio_range) == DIGITS_RATIO_RANGE
+    assert tuple(resize.ratio_range) == RATIO_RANGE
 
 
-def test_digits_are_never_mirrored_in_training_or_testing(tmp_path, monkeypatch):
-    cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None')
+def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
+    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
     flips = [step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip']
     assert flips and all(step.prob == 0 for step in flips)
     assert not tta_flips(cfg)
     tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
     assert len(tta.transforms[0]) == 5  # every scale is kept
     data = write_tiny_ade(tmp_path / 'ade')  # the papers' flips stay on real data
-    cfg = prepared(tmp_path, monkeypatch, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
     assert tta_flips(cfg)
     assert [step.prob for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip'] == [0.5]
 
 
-def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path, monkeypatch):
+def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path):
     config = tiny_digits_config(tmp_path / 'tiny.py')
-    monkeypatch.chdir(tmp_path)
-    cfg = prepare(build_parser().parse_args([str(config), '--cfg-options', 'model.backbone.pretrained=None']))
+    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None', config=config)
     init_default_scope('mmseg')
     model = MODELS.build(cfg.model)
     optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
     lr_of = {id(p): group['lr'] for group in optimizer.param_groups for p in group['params']}
     for name, param in model.named_parameters():
         part = name.split('.')[0]
-        expected = DIGITS_SCHEDULE.lr * (1 if part == 'backbone' else DIGITS_SCHEDULE.head_lr_mult)
+        expected = SCHEDULE.lr * (1 if part == 'backbone' else SCHEDULE.head_lr_mult)
         assert lr_of[id(param)] == pytest.approx(expected), name
 
 
-def test_explicit_options_win_over_the_fallback_schedule(tmp_path, monkeypatch):
-    cfg = prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=None',
+def test_explicit_options_win_over_the_fallback_schedule(tmp_path):
+    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None',
                    'optim_wrapper.optimizer.lr=0.001', 'train_dataloader.batch_size=3')
     assert cfg.optim_wrapper.optimizer.lr == 0.001 and cfg.train_dataloader.batch_size == 3
-    assert cfg.train_cfg.max_iters == DIGITS_SCHEDULE.iters
-    cfg = prepared(tmp_path, monkeypatch, '--iters', '30', '--cfg-options', 'model.backbone.pretrained=None')
+    assert cfg.train_cfg.max_iters == SCHEDULE.iters
+    cfg = prepared(tmp_path, '--iters', '30', '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_cfg.max_iters == 30 and cfg.param_scheduler[-1].end == 30
-    assert cfg.param_scheduler[0].end == round(DIGITS_SCHEDULE.warmup_iters * 30 / DIGITS_SCHEDULE.iters)
+    assert cfg.param_scheduler[0].end == round(SCHEDULE.warmup_iters * 30 / SCHEDULE.iters)
 
 
-def test_real_data_keeps_the_config_schedule(tmp_path, monkeypatch):
+def test_real_data_keeps_the_config_schedule(tmp_path):
     data = write_tiny_ade(tmp_path / 'ade')
-    cfg = prepared(tmp_path, monkeypatch, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_cfg.max_iters == 160000 and cfg.optim_wrapper.optimizer.lr == 6e-5
     assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
 
 
-def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path, monkeypatch):
+def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match='nowhere.pth'):
-        prepared(tmp_path, monkeypatch, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
+        prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
 
 
 @pytest.fixture(scope='module')
@@ -120,18 +128,19 @@ def chain(tmp_path_factory):
     trains from it."""
     root = tmp_path_factory.mktemp('chain')
     config = tiny_digits_config(root / 'tiny_upernet_lvvit.py')
-    result = run_tool('train_seg.py', [config, '--iters', ITERS, '--work-dir', 'work', '--cfg-options',
-                                       *TINY_SCHEDULE], cwd=root, timeout=900)
+    result = run_tool('train_seg.py', [config, '--iters', ITERS, '--work-dir', root / 'work', '--digits-dir',
+                                       root / 'digits', '--digits-seg-dir', root / 'digits_seg', '--cfg-options',
+                                       *TINY_SCHEDULE], timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root, config, result.stdout + result.stderr
 
 
 def test_segmentation_starts_from_the_digits_pretrained_backbone(chain):
     root, _, log = chain
-    checkpoint = root / 'data' / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
+    checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
     assert ('backbone: pretrained/lvvit_s-26M-224-83.3.pth.tar not found; lvvit_s pretrained on the embedded '
-            'digits (token-labeling, best val top-1') in log and 'from data/digits/backbones/lvvit_s/best.pth' in log
-    assert f'TokenBackbone: loaded {checkpoint.relative_to(root)}' in log
+            'digits (token-labeling, best val top-1') in log and f'from {checkpoint}' in log
+    assert f'TokenBackbone: loaded {checkpoint}' in log
     assert f'schedule: {ITERS} iterations' in log  # --iters shortens the embedded set's schedule
     assert checkpoint.is_file() and (root / 'work' / f'iter_{ITERS}.pth').is_file()
 
@@ -150,7 +159,7 @@ def test_segmentation_from_the_pretrained_backbone_finds_digits(chain):
     that segmentation learns them is shown by the full-size runs in the README, 77.7 mIoU for LV-ViT-S)."""
     root, _, log = chain
     miou = float(re.findall(r'Iter\(val\) \[\d+/\d+\]\s+aAcc: [\d.]+\s+mIoU: ([\d.]+)', log)[-1])
-    floor = background_only_miou(root / 'data' / 'digits_seg' / 'annotations' / 'validation')
+    floor = background_only_miou(root / 'digits_seg' / 'annotations' / 'validation')
     assert 6 < floor < 8
     assert miou > floor + 2, (miou, floor)
     digit_ious = [float(iou) for iou in re.findall(r'\|\s+\d\s+\|\s+([\d.]+)\s+\|', log)[-10:]]
@@ -159,7 +168,7 @@ def test_segmentation_from_the_pretrained_backbone_finds_digits(chain):
 
 def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
     root, _, _ = chain
-    checkpoint = root / 'data' / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
+    checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
     weights = torch.load(checkpoint, map_location='cpu', weights_only=True)['state_dict']
     metrics = json.loads((checkpoint.parent / 'metrics.json').read_text())
     assert metrics['token_labeling'] and metrics['preset'] == 'token-labeling'

@@ -13,8 +13,8 @@ import pytest
 from helpers.commands import ENV, ROOT, run_python, succeeded
 
 # The project's packages, lowest first: a module may import from its own package and the ones before it.
-LAYERS = ('common', 'backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'digits',
-          'segmentation')
+LAYERS = ('common', 'backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'segmentation',
+          'digits')
 
 
 def project_modules() -> dict[str, Path]:
@@ -98,6 +98,19 @@ def test_imports_run_one_way_from_the_tools_down_to_the_models(graph):
               if module.split('.')[0] in rank and (target.split('.')[0] == 'tools'
                                                     or rank[target.split('.')[0]] > rank[module.split('.')[0]])]
     assert upward == []
+
+
+def test_the_embedded_data_lives_in_one_package():
+    """Only `digits` (and the tools that hand it to the trainers) knows the embedded set: no library module outside it
+    names digits, in code or in words, and the config files do not either."""
+    named = re.compile(r'\bdigits?\b', re.I)
+    outside = [(name, path) for name, path in project_modules().items()
+               if name.split('.')[0] not in ('digits', 'tools')]
+    outside += [(path.name, path) for path in (ROOT / 'seg_configs').rglob('*.py')]
+    assert len(outside) > 60
+    mentions = [f'{name}:{n}' for name, path in outside
+                for n, line in enumerate(path.read_text().splitlines(), 1) if named.search(line)]
+    assert mentions == []
 
 
 def test_library_code_neither_prints_nor_exits():

@@ -29,7 +29,8 @@ from common.cli import add_device_argument, device_name, output_file, positive_i
 from common.files import write_json_atomic
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
-from segmentation.config import DIGITS_SCALE, flipping_tta_pipeline, load_config, use_digits_data
+from digits.seg_data import EmbeddedPages
+from segmentation.config import flipping_tta_pipeline, load_config
 from segmentation.segmentor import mirror_image
 from segmentation.test import use_multi_scale
 
@@ -107,7 +108,8 @@ def main() -> None:
     args = parse_args()
     init_default_scope('mmseg')
     cfg = load_config(args.config, {'model.backbone.pretrained': None})
-    use_digits_data(cfg, scale=1.0 if args.full_size else DIGITS_SCALE)
+    pages = EmbeddedPages(scale=1.0) if args.full_size else EmbeddedPages()
+    pages.use_data(cfg)
     cfg.train_dataloader.batch_size = args.batch_size
     model = MODELS.build(cfg.model).to(args.device)
     results = {'config': args.config, 'device': args.device, 'full_size': args.full_size}

@@ -9,8 +9,8 @@
 An interrupted run continues with the same command plus --resume. See --help for every recipe value.
 """
 from classification.train import main
-from digits.prepare import embedded_image_data
 from common.cli import run_command
+from digits.cls_data import EmbeddedScans
 
 if __name__ == '__main__':
-    run_command(lambda: main(default_data=embedded_image_data))
+    run_command(lambda: main(default_data=EmbeddedScans))

@@ -8,7 +8,8 @@
 See --help for every option.
 """
 from common.cli import run_command
+from digits.seg_data import EmbeddedPages
 from segmentation.train import main
 
 if __name__ == '__main__':
-    run_command(main)
+    run_command(lambda: main(fallback=EmbeddedPages))

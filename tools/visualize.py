@@ -23,6 +23,7 @@ from common.cli import output_file, parse_model_kwargs, positive_int, probabilit
 from common.files import write_json_atomic
 from common.images import check_same_classes, read_image, scan_split
 from common.log import logger
+from digits.seg_data import EmbeddedPages
 from engine.checkpoints import seed_all
 from visualization.figures import write_png
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--data-root', help='data set folder in ADE20K layout, instead of the config\'s')
     p.add_argument('--alpha', type=probability, default=0.6, help='opacity of the class colours')
     p.add_argument('--no-labels', action='store_true', help='no class names on the regions')
+    EmbeddedPages.add_arguments(p)
     add_output(p)
 
     p = commands.add_parser('curves', help='loss, accuracy and lr of runs (log.jsonl or mmengine logs)')
@@ -146,7 +148,7 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
 def segmentation_picture(args: argparse.Namespace) -> np.ndarray:
     from segmentation.pictures import prediction_picture
     return prediction_picture(args.config, args.checkpoint, args.image, args.data_root, args.report, args.alpha,
-                              not args.no_labels)
+                              not args.no_labels, EmbeddedPages.from_args(args))
 
 
 def curves_picture(args: argparse.Namespace) -> np.ndarray:

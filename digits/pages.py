@@ -1,11 +1,11 @@
-"""The embedded segmentation set: scikit-learn's handwritten digits in a row of cells on a dark page, in ADE20K's
-layout.
+"""The embedded segmentation set, "pages": scikit-learn's handwritten digits in a row of cells on a dark page, in
+ADE20K's layout.
 
-Used by the tools when no ADE20K is on disk. An image is a row of three 48 px cells, most of them holding one digit
-scan inked in a light colour at a random size and place inside its cell, on a black ground with faint noise: the
-look of the classification scans (light strokes on black), so that a backbone pretrained on those transfers.
-Annotations follow ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft edges, which
-are ignored like ADE20K's "other" (reduce_zero_label).
+Used by the segmentation tools when no ADE20K is on disk (`seg_data`). An image is a row of three 48 px cells, most
+of them holding one digit scan inked in a light colour at a random size and place inside its cell, on a black ground
+with faint noise: the look of the classification scans (light strokes on black), so that a backbone pretrained on
+those transfers. Annotations follow ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft
+edges, which are ignored like ADE20K's "other" (reduce_zero_label).
 
 Sizes: the configs' sizes are scaled so that their 512 px training crop becomes 48 px, the input size of the
 classification pretraining, and a digit is 40-48 px, as it is there (three tokens of 16 px). The scale matters:
@@ -22,9 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from digits.scans import VAL_EVERY, render_scan
-from mmseg.datasets import BaseSegDataset
-from mmseg.registry import DATASETS
+from .scans import VAL_EVERY, render_scan
 
 CLASSES = ('background',) + tuple(str(d) for d in range(10))
 SPLITS = {'training': 800, 'validation': 160}
@@ -36,19 +34,11 @@ INK = (170, 255)  # per-channel range of the ink colour
 NOISE = 8.0  # standard deviation of the ground's noise, in grey levels
 VERSION = 'digits-seg v4: row of three 48 px cells, 40-48 px light digits on black, held-out scans for validation\n'
 READY = 'READY'
-
-
-@DATASETS.register_module()
-class DigitsSegDataset(BaseSegDataset):
-    """The embedded digits set: ADE20K's file layout and label convention, 11 classes."""
-
-    METAINFO = dict(classes=CLASSES, palette=[[120, 120, 120]] + [
-        [int(c) for c in cv2.cvtColor(np.uint8([[[18 * d, 220, 255]]]), cv2.COLOR_HSV2RGB)[0, 0]] for d in range(10)])
-
-    def __init__(self, img_suffix: str = '.jpg', seg_map_suffix: str = '.png', reduce_zero_label: bool = True,
-                 **kwargs) -> None:
-        super().__init__(img_suffix=img_suffix, seg_map_suffix=seg_map_suffix, reduce_zero_label=reduce_zero_label,
-                         **kwargs)
+PALETTE = [[120, 120, 120]] + [[int(c) for c in cv2.cvtColor(np.uint8([[[18 * d, 220, 255]]]), cv2.COLOR_HSV2RGB)[0, 0]]
+                               for d in range(10)]  # grey background, digits around the hue circle
+# mmseg's plain dataset with the pages' classes: ADE20K's file suffixes and label convention
+DATASET = dict(type='BaseSegDataset', metainfo=dict(classes=CLASSES, palette=PALETTE), img_suffix='.jpg',
+               seg_map_suffix='.png', reduce_zero_label=True)
 
 
 def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int

@@ -1,0 +1,119 @@
+"""The embedded pages as a segmentation config's data: what tools/train_seg.py, tools/test_seg.py and the
+segmentation pictures run on when the config's ADE20K is not on disk (`segmentation.config.DataFallback`).
+
+The config keeps its model, heads, pipelines and test modes; its sizes are scaled to the pages, its schedule is
+replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
+disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from mmengine.config import Config
+
+from common.log import logger
+from segmentation.config import ADE20K_CROP, LOADERS, datasets, drop_tta_flips, scale_sizes
+
+from .cls_data import RECIPE, EmbeddedScans, describe_backbone
+from .pages import CLASSES, DATASET, write_digits_ade
+
+PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
+# The configs run on the pages at the scale that makes their training crop the input size of the classification
+# pretraining on the scans, 48/512 (pages.py says why the two must match).
+SCALE = RECIPE['img_size'] / ADE20K_CROP
+# Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
+# size they would span one or two tokens.
+RATIO_RANGE = (0.75, 1.5)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores (ADE20K's 160k iterations of 16
+    images would take days there). AdamW as the config says, at this lr: linear warm-up, then linear decay. The neck
+    and heads, which start from random weights, learn `head_lr_mult` times faster than the backbone."""
+
+    iters: int = 160
+    warmup_iters: int = 16
+    lr: float = 1.5e-4
+    head_lr_mult: float = 10.0
+    min_lr: float = 1e-6
+    batch_size: int = 16
+    val_interval: int = 160
+    checkpoint_interval: int = 80
+    log_interval: int = 10
+    workers: int = 2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EmbeddedPages:
+    """The pages under `root`, written on first use; backbones pretrained on the scans of `scans`."""
+
+    root: Path = PAGES_DIR
+    scans: EmbeddedScans = field(default_factory=EmbeddedScans)
+    scale: float = SCALE
+    schedule: Schedule = field(default_factory=Schedule)
+    description: ClassVar[str] = 'the embedded digits pages (scikit-learn\'s scans in rows, written on first use)'
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group('the embedded digits, used when the config\'s ADE20K is not on disk')
+        group.add_argument('--digits-seg-dir', type=Path, default=PAGES_DIR,
+                           help=f'where the embedded pages are written (default {PAGES_DIR})')
+        EmbeddedScans.add_arguments(group)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbeddedPages:
+        return cls(args.digits_seg_dir, EmbeddedScans.from_args(args))
+
+    def use_data(self, cfg: Config) -> None:
+        """Point the config at the pages (written on first use), its sizes times `scale`, mirror images off."""
+        logger.info(f'data: the embedded digits pages in {self.root}')
+        write_digits_ade(self.root)
+        for dataset in datasets(cfg):
+            dataset.update(DATASET, data_root=str(self.root))
+            scale_sizes(dataset['pipeline'], self.scale)
+            for step in dataset['pipeline']:
+                if 'ratio_range' in step:
+                    step['ratio_range'] = RATIO_RANGE
+                if step['type'] == 'RandomFlip':
+                    step['prob'] = 0.0  # a mirrored digit is not a digit
+        if cfg.get('tta_model'):
+            drop_tta_flips(cfg)
+        scale_sizes(cfg.get('tta_pipeline', []), self.scale)
+        scale_sizes(cfg.model.get('data_preprocessor', {}), self.scale)
+        scale_sizes(cfg.model.get('test_cfg', {}), self.scale)
+        for head in ('decode_head', 'auxiliary_head'):
+            if cfg.model.get(head):
+                cfg.model[head]['num_classes'] = len(CLASSES)
+
+    def use_schedule(self, cfg: Config) -> None:
+        """Replace the config's ADE20K schedule by `schedule` (the tool merges command-line options after)."""
+        schedule = self.schedule
+        cfg.train_cfg.update(max_iters=schedule.iters, val_interval=schedule.val_interval)
+        cfg.optim_wrapper.optimizer['lr'] = schedule.lr
+        paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
+        custom_keys = {**paramwise.get('custom_keys', {}),
+                       **{part: dict(lr_mult=schedule.head_lr_mult)
+                          for part in ('neck', 'decode_head', 'auxiliary_head')}}
+        cfg.optim_wrapper['paramwise_cfg'] = {**paramwise, 'custom_keys': custom_keys}
+        cfg.param_scheduler = [
+            dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=schedule.warmup_iters),
+            dict(type='PolyLR', power=1.0, eta_min=schedule.min_lr, by_epoch=False, begin=schedule.warmup_iters,
+                 end=schedule.iters),
+        ]
+        cfg.train_dataloader['batch_size'] = schedule.batch_size
+        for loader in LOADERS:
+            if cfg.get(loader):
+                cfg[loader]['num_workers'] = min(cfg[loader].get('num_workers', 0), schedule.workers)
+        cfg.default_hooks['checkpoint']['interval'] = schedule.checkpoint_interval
+        cfg.default_hooks['logger']['interval'] = schedule.log_interval
+        cfg.randomness = dict(seed=schedule.seed)
+
+    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]:
+        """The model pretrained with token labeling on the scans (trained on first use), and where it came from."""
+        checkpoint = self.scans.pretrained_backbone(model_name, model_kwargs)
+        return checkpoint, describe_backbone(checkpoint)
