@@ -14,6 +14,7 @@ from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs
 
 from .layers import (
+    Grid,
     ScaledResidualBlock,
     TokenModelMixin,
     block_feature_info,
@@ -41,7 +42,13 @@ class ConvStemPatchEmbed(nn.Module):
         self.bn3 = nn.BatchNorm2d(stem_chs)
         self.relu = nn.ReLU(inplace=True)
         self.proj = nn.Conv2d(stem_chs, embed_dim, 8, stride=8)
-        self.grid_size = (img_size // 16, img_size // 16)
+        self.grid_size = self.dynamic_feat_size((img_size, img_size))
+
+    @staticmethod
+    def dynamic_feat_size(image_size: Grid) -> Grid:
+        """Token grid for an (H, W) image (timm's name for it, as its PatchEmbed): the first conv halves a side
+        rounding up, the projection takes whole 8-pixel patches."""
+        return tuple((side + 1) // 2 // 8 for side in image_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) image -> (B, H/16, W/16, D) token grid."""

@@ -140,11 +140,11 @@ class TokensToToken(nn.Module):
         self.attention1 = layers[tokens_type](in_chans * k0 * k0, token_dim)
         self.attention2 = layers[tokens_type](token_dim * k1 * k1, token_dim)
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
-        self.grid_size = self.output_grid((img_size, img_size))
+        self.grid_size = self.dynamic_feat_size((img_size, img_size))
 
     @staticmethod
-    def output_grid(image_size: Grid) -> Grid:
-        """Token grid after the three soft splits for an (H, W) image."""
+    def dynamic_feat_size(image_size: Grid) -> Grid:
+        """Token grid after the three soft splits for an (H, W) image (timm's name for it, as its PatchEmbed)."""
         h, w = image_size
         for split in SOFT_SPLITS:
             h, w = _split_size(h, *split), _split_size(w, *split)

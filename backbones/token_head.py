@@ -19,6 +19,7 @@ other model gets one from `add_token_head`, under the same name, so checkpoints 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -27,7 +28,8 @@ from timm.layers import trunc_normal_
 
 from common.errors import UsageError
 
-Grid = tuple[int, int]
+from .layers import Grid
+
 Box = tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
 
 TOKEN_HEAD = 'aux_head'  # the token head's attribute and checkpoint key prefix in every family
@@ -97,6 +99,14 @@ def patch_embedding(model: nn.Module) -> nn.Module | None:
     return None
 
 
+def token_grid(embedding: nn.Module, image_size: Sequence[int]) -> Grid:
+    """The (h, w) token grid a patch embedding gives an (H, W) image: its `dynamic_feat_size` (timm's patch
+    embeddings and the suite's), else the grid of the size it was built for (`grid_size`)."""
+    if hasattr(embedding, 'dynamic_feat_size'):
+        return tuple(embedding.dynamic_feat_size(tuple(image_size)))
+    return tuple(embedding.grid_size)
+
+
 def feature_stride(model: nn.Module) -> int:
     """Pixels per position of a feature-map model's last map (timm's `feature_info`)."""
     info = getattr(model, 'feature_info', None)
@@ -145,9 +155,7 @@ def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float =
         if tokens.ndim == 4:  # (B, H, W, D)
             grid = tokens
         else:  # (B, H*W, D): the grid of this input's size
-            size = inputs[0].shape[-2:]
-            hw = module.dynamic_feat_size(size) if hasattr(module, 'dynamic_feat_size') else module.grid_size
-            grid = tokens.unflatten(1, tuple(hw))
+            grid = tokens.unflatten(1, token_grid(module, inputs[0].shape[-2:]))
         seen['grid'] = tuple(grid.shape[1:3])
         if mix_token <= 0:
             return tokens

@@ -12,7 +12,7 @@ from timm.models import get_pretrained_cfg
 
 from backbones import TokenLabelingModel, bare_model, create_model, load_checkpoint, model_family
 from backbones.registry import check_model_name
-from backbones.token_head import TOKEN_HEAD, patch_embedding
+from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
 from backbones.weights import read_state_dict
 from common.errors import UsageError
 
@@ -72,9 +72,9 @@ def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
     """The input size must give the model at least one patch, and a whole number of them where it needs that (its
     patch embedding: `patch_embed`, or MLP-Mixer's `stem`)."""
     patch_embed = patch_embedding(model)
-    grid = getattr(patch_embed, 'grid_size', None)
-    if img_size is None or grid is None:
+    if img_size is None or patch_embed is None:
         return
+    grid = token_grid(patch_embed, (img_size, img_size))
     patch = getattr(patch_embed, 'patch_size', None)
     if min(grid) < 1:
         raise UsageError(f'--img-size {img_size} is smaller than one patch of {name}'

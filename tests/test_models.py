@@ -10,7 +10,7 @@ from timm.optim import param_groups_layer_decay
 import backbones
 from backbones import load_checkpoint
 from backbones.complexity import measure_complexity
-from backbones.token_head import mix_box_lambda, mix_token_grid, sample_mix_box
+from backbones.token_head import mix_box_lambda, mix_token_grid, patch_embedding, sample_mix_box, token_grid
 from helpers.models import save_release
 from helpers.reference_models import ref_sinusoid
 
@@ -156,6 +156,17 @@ def test_drop_path_schedules():
     assert rates[0] == 0.0 and rates[-1] == pytest.approx(0.3) and rates == sorted(rates)
     cait = backbones.create_model('cait_xxs24_224', drop_path_rate=0.2)
     assert [b.drop_path.drop_prob for b in cait.blocks] == [pytest.approx(0.2)] * 24  # constant in CaiT
+
+
+@pytest.mark.parametrize('name', ['lvvit_t', 't2t_vit_7', 't2t_vit_t_14'])
+@pytest.mark.parametrize('size', [(48, 48), (70, 50), (33, 47), (96, 17)])
+def test_token_grid_is_the_grid_the_patch_embedding_makes(name, size):
+    """The suite's patch embeddings take any size: the grid computed from their layers' arithmetic is the grid
+    their forward makes (odd sizes round differently in each layer)."""
+    embedding = patch_embedding(backbones.create_model(name, img_size=64))
+    with torch.no_grad():
+        tokens = embedding(torch.zeros(1, 3, *size))
+    assert token_grid(embedding, size) == tuple(tokens.shape[1:3])
 
 
 def test_mix_token_box_and_grid_mixing():

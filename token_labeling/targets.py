@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .augment import CropGeometry
+from backbones.layers import Grid
 
-Grid = tuple[int, int]
+from .augment import CropGeometry
 
 
 def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:

@@ -18,12 +18,11 @@ import torch.nn as nn
 from timm.layers import Attention
 from timm.models.cait import ClassAttn, TalkingHeadAttn
 
-from backbones.layers import resize_pos_embed
+from backbones.layers import Grid, resize_pos_embed
+from backbones.token_head import token_grid
 from common.errors import UsageError
 
 from .figures import blend, figure, finished, upscale
-
-Grid = tuple[int, int]
 
 
 @dataclass
@@ -70,8 +69,7 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> AttentionMaps:
     finally:
         for hook in hooks:
             hook.remove()
-    maps = AttentionMaps(grid=tuple(model.patch_embed.dynamic_feat_size(images.shape[-2:]))
-                         if hasattr(model.patch_embed, 'dynamic_feat_size') else _grid_of(model, images),
+    maps = AttentionMaps(grid=token_grid(model.patch_embed, images.shape[-2:]),
                          num_prefix=getattr(model, 'num_prefix_tokens', 0))
     for module in modules:
         if isinstance(module, ClassAttn):
@@ -86,15 +84,6 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> AttentionMaps:
 def _inside_patch_embedding(model: nn.Module, module: nn.Module) -> bool:
     embedding = getattr(model, 'patch_embed', None)
     return embedding is not None and any(m is module for m in embedding.modules())
-
-
-def _grid_of(model: nn.Module, images: torch.Tensor) -> Grid:
-    """The patch grid of the suite's own patch embeddings for this input size."""
-    embedding = model.patch_embed
-    if hasattr(embedding, 'output_grid'):  # T2T-ViT
-        return tuple(embedding.output_grid(tuple(images.shape[-2:])))
-    with torch.no_grad():
-        return tuple(embedding(images[:1]).shape[1:3])
 
 
 def attention_rollout(blocks: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
