@@ -60,8 +60,12 @@ def preserved_rng() -> Iterator[None]:
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
-    """A checkpoint of ours, weights-only; with `mmap`, tensors are read only when used (for a look at its fields)."""
-    return load_weights_only(path, mmap=mmap)
+    """A checkpoint of ours, weights-only; with `mmap`, tensors are read only when used (for a look at its fields).
+    One written before epochs were numbered from 1 (its `epoch` was 0-based, timm's way) reads as the same point."""
+    ckpt = load_weights_only(path, mmap=mmap)
+    if isinstance(ckpt, dict) and 'args' in ckpt and 'epoch' in ckpt and 'epochs_done' not in ckpt:
+        ckpt['epochs_done'] = ckpt.pop('epoch') + 1
+    return ckpt
 
 
 def checkpoint_setting(path: str | Path, key: str):

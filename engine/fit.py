@@ -180,7 +180,7 @@ class Fit:
     eval_transform: BatchTransform | None = None
     accumulate: int = 1  # batches per optimizer update
     checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often
-    start_epoch: int = 0
+    epochs_done: int = 0  # epochs are numbered from 1 everywhere: checkpoints, logs, seeds, the scheduler
     best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
     record: dict = field(default_factory=dict)
     seed: int = 0
@@ -196,7 +196,7 @@ class Fit:
             seed_all(seed + self.info.rank)  # augmentation and MixToken differ between processes
             return
         ckpt = read_training_checkpoint(resume)
-        for key in ('state_dict', 'optimizer', 'scheduler', 'epoch', 'num_updates', 'best', 'rng', 'args'):
+        for key in ('state_dict', 'optimizer', 'scheduler', 'epochs_done', 'num_updates', 'best', 'rng', 'args'):
             if key not in ckpt:
                 raise CheckpointError(f'{resume} is not a training checkpoint of this suite (it has no {key!r}); '
                                       f'--resume takes the last.pth of a run, --finetune other weights')
@@ -211,26 +211,27 @@ class Fit:
         self.state.scheduler.load_state_dict(ckpt['scheduler'])
         if self.state.scaler is not None and 'scaler' in ckpt:
             self.state.scaler.load_state_dict(ckpt['scaler'])
-        self.start_epoch, self.state.num_updates = ckpt['epoch'] + 1, ckpt['num_updates']
+        self.epochs_done, self.state.num_updates = ckpt['epochs_done'], ckpt['num_updates']
         self.best, self.record = ckpt['best'], ckpt['metrics']
         rng = ckpt['rng'][self.info.rank] if self.info.rank < len(ckpt['rng']) else ckpt['rng'][0]
         if 'batch' in ckpt:  # mid-epoch
             loss_sum, steps = ckpt['epoch_loss'][self.info.rank]
             self.resume_progress, self.resume_rng = EpochProgress(ckpt['batch'], loss_sum, steps), rng
-            where = f'epoch {self.start_epoch + 1}, batch {ckpt["batch"] + 1}'
+            where = f', {ckpt["batch"]} batches into the next'
         else:
             set_rng_state(rng)
-            where = f'epoch {self.start_epoch + 1}'
-        logger.info(f'resumed {resume} at {where}')
+            where = ''
+        logger.info(f'resumed {resume} after {self.epochs_done} epoch(s){where}')
 
     def run(self, train_loader, val_loader: Iterable[dict], num_epochs: int, runlog: RunLog) -> dict:
-        """Train from `start_epoch` to `num_epochs`, validating and checkpointing each epoch; the last record."""
+        """Train the epochs after `epochs_done` up to `num_epochs`, validating and checkpointing each; the last
+        record."""
         info = self.info
         train_model = DistributedDataParallel(
             self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
             if info.distributed else self.model
         with StopRequests() as stops:
-            for epoch in range(self.start_epoch, num_epochs):
+            for epoch in range(self.epochs_done + 1, num_epochs + 1):
                 self.run_epoch(train_model, epoch, num_epochs, train_loader, val_loader, runlog, stops)
         runlog.close()
         barrier(self.info)  # best.pth and last.pth are complete for every process
@@ -262,19 +263,19 @@ class Fit:
                 last_save = time.time()
             if stop:
                 runlog.close()
-                raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch + 1}, batch {done.batches}: '
+                raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch}, batch {done.batches}: '
                                   f'{self.output / LAST} holds the run; the same command with --resume continues it')
 
         trained = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
-                               runlog.step, desc=f'epoch {epoch + 1}/{num_epochs}', transform=self.train_transform,
+                               runlog.step, desc=f'epoch {epoch}/{num_epochs}', transform=self.train_transform,
                                accumulate=self.accumulate, progress=progress,
                                on_start=None if rng is None else lambda: set_rng_state(rng),
                                after_update=after_update)
         if state.num_updates == updates and (progress is None or progress.steps == 0):
-            raise DataError(f'epoch {epoch + 1} trained on no image: all {state.skipped} images read were '
+            raise DataError(f'epoch {epoch} trained on no image: all {state.skipped} images read were '
                             f'unreadable and skipped; check the data folder')
-        state.scheduler.step(epoch + 1)
-        record = {'epoch': epoch + 1, 'train_loss': trained.loss, 'lr': state.optimizer.param_groups[0]['lr'],
+        state.scheduler.step(epoch)
+        record = {'epoch': epoch, 'train_loss': trained.loss, 'lr': state.optimizer.param_groups[0]['lr'],
                   'img_s': trained.images_per_second, 'data_wait': trained.data_wait}
         record.update(evaluate(self.model, val_loader, info, self.amp, desc='val', transform=self.eval_transform))
         if record['images'] == 0:
@@ -288,14 +289,14 @@ class Fit:
         record['time'] = round(time.time() - started, 1)
         is_best = record['top1'] > self.best['top1']
         if is_best:
-            self.best = {'top1': record['top1'], 'epoch': epoch + 1}
+            self.best = {'top1': record['top1'], 'epoch': epoch}
         self.record = record
         self.save(epoch, is_best)
         runlog.epoch(record)
 
-    def save(self, epoch: int, is_best: bool, progress: EpochProgress | None = None) -> None:
-        """last.pth after `epoch` (0-based; -1: none yet) and, mid-epoch, the `progress` of the next one; best.pth
-        too when `is_best`."""
+    def save(self, epochs_done: int, is_best: bool, progress: EpochProgress | None = None) -> None:
+        """last.pth after `epochs_done` epochs and, mid-epoch, the `progress` of the next one; best.pth too when
+        `is_best`."""
         rng = gather_rng_states(self.info)
         epoch_loss = gather_objects((progress.loss_sum, progress.steps), self.info) if progress else None
         if not self.info.is_main:
@@ -305,7 +306,7 @@ class Fit:
         if state.ema is not None:
             weights['state_dict_ema'] = bare_model(state.ema.module).state_dict()
         ckpt = {**weights, 'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
-                'epoch': epoch, 'num_updates': state.num_updates, 'best': self.best, 'rng': rng,
+                'epochs_done': epochs_done, 'num_updates': state.num_updates, 'best': self.best, 'rng': rng,
                 'args': self.config, 'metrics': self.record}
         if state.scaler is not None:
             ckpt['scaler'] = state.scaler.state_dict()
@@ -318,7 +319,7 @@ class Fit:
 
 def best_checkpoint(last: dict) -> dict:
     """What best.pth holds: the weights of a last.pth, its epoch, metrics and settings."""
-    return {k: v for k, v in last.items() if k in ('state_dict', 'state_dict_ema', 'epoch', 'metrics', 'args')}
+    return {k: v for k, v in last.items() if k in ('state_dict', 'state_dict_ema', 'epochs_done', 'metrics', 'args')}
 
 
 def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
@@ -336,7 +337,7 @@ def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
 def repair_log(output: Path, last: dict) -> None:
     """Make log.jsonl hold one line per epoch up to last.pth's: a kill may have cut a line or come between
     writing last.pth and logging its epoch (last.pth holds that epoch's record)."""
-    path, done = output / LOG, last['epoch'] + 1
+    path, done = output / LOG, last['epochs_done']
     records = {}
     for line in (path.read_text().splitlines() if path.exists() else []):
         try:
@@ -357,12 +358,12 @@ def repair_best(output: Path, last: dict) -> None:
         return
     path = output / BEST
     try:
-        held = read_training_checkpoint(path, mmap=True)['epoch'] + 1
+        held = read_training_checkpoint(path, mmap=True)['epochs_done']
     except (CheckpointError, KeyError):  # absent, damaged, or not a best.pth
         held = None
     if held == best_epoch:
         return
-    if last['epoch'] + 1 != best_epoch or 'batch' in last:  # mid-epoch: last.pth holds later weights
+    if last['epochs_done'] != best_epoch or 'batch' in last:  # mid-epoch: last.pth holds later weights
         raise CheckpointError(f'{path} does not hold epoch {best_epoch}, the best one {output / LAST} records, and '
                               f'its weights are nowhere else; restore {path} or start a new run')
     logger.info(f'rewriting {path} from {output / LAST}: it held ' +

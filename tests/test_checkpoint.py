@@ -150,3 +150,15 @@ def test_pickled_code_is_refused(tmp_path):
     torch.save({'state_dict': {'x': torch.zeros(1)}, 'extra': _Payload()}, path)
     with pytest.raises(CheckpointError, match='weights-only'):
         read_state_dict(path)
+
+
+def test_a_training_checkpoint_of_the_0_based_days_reads_as_the_same_point(tmp_path):
+    """Checkpoints count epochs done (1-based, as the logs); one written when `epoch` was timm's 0-based index of the
+    last epoch reads as the same number of epochs done. Other files (releases) keep their own `epoch`."""
+    from engine.checkpoints import read_training_checkpoint
+    torch.save({'state_dict': {}, 'epoch': 2, 'args': {'epochs': 5}}, tmp_path / 'old.pth')
+    torch.save({'state_dict': {}, 'epochs_done': 3, 'args': {'epochs': 5}}, tmp_path / 'new.pth')
+    torch.save({'state_dict': {}, 'epoch': 299}, tmp_path / 'release.pth')
+    old, new = read_training_checkpoint(tmp_path / 'old.pth'), read_training_checkpoint(tmp_path / 'new.pth')
+    assert old['epochs_done'] == new['epochs_done'] == 3 and 'epoch' not in old
+    assert read_training_checkpoint(tmp_path / 'release.pth')['epoch'] == 299

@@ -69,7 +69,7 @@ def test_chosen_epoch_is_the_best_on_held_out_data_and_its_test_accuracy_is_repo
     model = timm.create_model('deit_small_patch16_224', num_classes=10, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)
     best = torch.load(out / 'best.pth', weights_only=True)
-    assert best['epoch'] + 1 == best_epoch
+    assert best['epochs_done'] == best_epoch
     model.load_state_dict(best['state_dict'])
     with torch.no_grad():
         predicted = model.eval()(x).argmax(dim=1).numpy()

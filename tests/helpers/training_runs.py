@@ -69,12 +69,12 @@ def assert_same_run(a: Path, b: Path, epochs: int, exact: bool = True, images: i
 
 
 def mid_epoch_point(output: Path) -> tuple | None:
-    """(epoch, batch) of a mid-epoch last.pth, None while there is none."""
+    """(epochs done, batch) of a mid-epoch last.pth, None while there is none."""
     try:
         checkpoint = torch.load(output / 'last.pth', map_location='cpu', weights_only=True)
     except (FileNotFoundError, RuntimeError, EOFError):
         return None
-    return (checkpoint['epoch'], checkpoint['batch']) if 'batch' in checkpoint else None
+    return (checkpoint['epochs_done'], checkpoint['batch']) if 'batch' in checkpoint else None
 
 
 def stop_mid_epoch(tool: str, args: Sequence[str], output: Path, after: tuple | None) -> tuple:
