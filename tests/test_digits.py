@@ -89,6 +89,6 @@ def test_make_run_path_at_a_tiny_size(tmp_path):
     assert metrics['token_labeling'] and metrics['epochs'] == 2 and metrics['model'] == 'lvvit_s'
     log = [json.loads(line) for line in (out / 'log.jsonl').read_text().splitlines()]
     assert [r['epoch'] for r in log] == [1, 2] and log[1]['train_loss'] < log[0]['train_loss']
-    # chance is 10%; a 2-block model after 2 epochs is at 25-35% depending on the seed
+    # chance is 10%; a 2-block model after 2 epochs reaches about 30% (28.3% and above 30% with two seedings)
     assert metrics['best_top1'] > 20, metrics
     assert 'digits: training the annotator resnet10t' in result.stdout and 'done: top-1' in result.stdout
