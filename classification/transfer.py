@@ -20,8 +20,7 @@ from backbones.weights import LoadReport, classifier_prefixes
 from common.cli import model_parser, non_negative_int
 from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.log import logger
-from engine.checkpoints import read_training_checkpoint, seed_all
-from engine.fit import BEST
+from engine.checkpoints import BEST, read_training_checkpoint, seed_all
 from engine.steps import evaluate
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.loss import TokenLabelingLoss

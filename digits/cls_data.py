@@ -20,7 +20,7 @@ from classification.train import ImageData, train
 from common.cli import DEFAULT_WORKERS
 from common.distributed import DistInfo, barrier, run_distributed
 from common.log import logger
-from engine.fit import BEST, LAST, METRICS
+from engine.checkpoints import BEST, LAST, METRICS
 from engine.trainer import RunOptions
 from token_labeling.annotate import generate_token_labels
 from token_labeling.label_store import META

@@ -1,4 +1,5 @@
-"""What a training run's checkpoints hold besides weights (every RNG state, the run's settings), read weights-only."""
+"""A training run's folder and what its checkpoints hold besides weights (every RNG state, the run's settings), read
+weights-only."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,10 @@ import torch
 
 from common.errors import CheckpointError
 from common.files import load_weights_only
+
+# The files of a run folder: the latest state (resumable), the best epoch's weights, the final metrics, one line per
+# epoch
+LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 
 
 def seed_all(seed: int) -> None:

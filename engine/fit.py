@@ -44,10 +44,17 @@ from common.errors import CheckpointError, DataError, Interrupted, UsageError
 from common.files import remove_partial_writes, save_atomic, write_text_atomic
 from common.log import logger
 
-from .checkpoints import preserved_rng, read_training_checkpoint, rng_state, seed_all, set_rng_state
+from .checkpoints import (
+    BEST,
+    LAST,
+    LOG,
+    preserved_rng,
+    read_training_checkpoint,
+    rng_state,
+    seed_all,
+    set_rng_state,
+)
 from .steps import BatchTransform, EpochProgress, Objective, StepState, TrainingStep, evaluate, train_one_epoch
-
-LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 
 
 def restarted_by_torchrun() -> bool:

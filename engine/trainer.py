@@ -38,7 +38,8 @@ from common.errors import DataError, UsageError
 from common.files import write_json_atomic
 from common.log import logger
 
-from .fit import METRICS, Fit, Pictures, RunLog, resume_path
+from .checkpoints import METRICS
+from .fit import Fit, Pictures, RunLog, resume_path
 from .steps import AMP_CHOICES, BatchTransform, Objective, StepState, pick_amp
 
 

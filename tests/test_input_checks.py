@@ -19,7 +19,7 @@ from classification.data import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
 from common.cli import parse_model_kwargs, resolve_device
-from engine.fit import METRICS
+from engine.checkpoints import METRICS
 from common.images import ImageReadError, find_classes, read_image
 from helpers.cifar_data import tiny_cifar
 from helpers.cls_data import CLASSES, make_image_folder
