@@ -50,6 +50,7 @@ class Recipe:
     ema_decay: float = 0.99996  # 0 turns the EMA off
     token_labeling: bool = False
     dense_weight: float = 0.5  # weight of the token term of the loss (the LV-ViT paper's beta, Eq. 4)
+    token_participation: float = 1.0  # the fraction of each image's tokens in the token term (paper's Fig. 4, left)
     cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
     token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps), 'pooled' (the map pooled
     # over the crop, every token alike: ReLabel's target on every token) or 'label' (the image label)
@@ -242,8 +243,9 @@ FIELD_TYPES: dict[str, Callable[[str], object]] = {
     'lr': positive_float, 'backbone_lr_scale': non_negative_float, 'momentum': below_one,
     'weight_decay': non_negative_float, 'warmup_lr': non_negative_float, 'min_lr': non_negative_float,
     'clip_grad': positive_float, 'drop_path': below_one, 'ema_decay': below_one, 'dense_weight': non_negative_float,
-    'mix_token': non_negative_float, 'mixup': non_negative_float, 'cutmix': non_negative_float,
-    'smoothing': below_one, 'scale_min': fraction, 'hflip': probability, 'reprob': probability,
+    'token_participation': fraction, 'mix_token': non_negative_float, 'mixup': non_negative_float,
+    'cutmix': non_negative_float, 'smoothing': below_one, 'scale_min': fraction, 'hflip': probability,
+    'reprob': probability,
     'auto_augment': rand_augment_spec, 'opt': timm_optimizer, 'crop_padding': non_negative_int,
     'val_fraction': open_fraction, 'aug_repeats': non_negative_int,
 }

@@ -200,8 +200,9 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
 def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = None) -> ClassificationObjective:
     builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
     if recipe.token_labeling:
-        return ClassificationObjective(num_classes, recipe.smoothing, builder, TokenLabelingLoss(recipe.dense_weight),
-                                       recipe.cls_target, recipe.token_target)
+        loss = TokenLabelingLoss(recipe.dense_weight, recipe.token_participation)
+        return ClassificationObjective(num_classes, recipe.smoothing, builder, loss, recipe.cls_target,
+                                       recipe.token_target)
     if recipe.label_pooling:
         return ClassificationObjective(num_classes, recipe.smoothing, builder, label_pooling=True,
                                        cutmix_alpha=recipe.cutmix)
@@ -225,6 +226,9 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     if data.token_labels is not None and not recipe.uses_score_maps:
         logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: this recipe learns from no '
                        f'annotator maps (no token labeling with map targets, no label pooling)')
+    if recipe.token_participation < 1 and not recipe.token_labeling:
+        raise UsageError(f'--token-participation {recipe.token_participation} applies to the token term of token '
+                         f'labeling; this recipe has none')
     if recipe.label_pooling and recipe.token_labeling:
         raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
                          'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')

@@ -13,6 +13,7 @@ from backbones.token_head import TOKEN_HEAD
 from classification.recipes import PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
 from common.distributed import DistInfo, sharded_loaders
+from common.errors import UsageError
 from digits.cls_data import RECIPE as DIGITS
 from helpers.commands import run_torchrun
 from helpers.models import TINY_DEIT
@@ -132,3 +133,14 @@ def test_vit_finetuning_starts_a_new_classifier_at_zero(labeled_images, tmp_path
     weights = torch.load(tmp_path / 'ft' / 'last.pth', weights_only=True)['state_dict']
     assert weights['head.weight'].abs().max() < 1e-6 and weights['head.bias'].abs().max() < 1e-6
     assert not torch.equal(weights['blocks.0.attn.qkv.weight'], torch.zeros_like(weights['blocks.0.attn.qkv.weight']))
+
+
+def test_token_participation_reaches_the_loss_and_needs_token_labeling(tmp_path):
+    recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--token-participation', '0.4']))
+    assert recipe.token_participation == 0.4 and make_objective(recipe, 10).token_loss.participation == 0.4
+    for rate in ('0', '1.5'):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(['lvvit_s', '--token-participation', rate])
+    with pytest.raises(UsageError, match='--token-participation 0.5 applies to the token term'):
+        main(['lvvit_s', '--preset', 'standard', '--token-participation', '0.5', '--data-dir', str(tmp_path),
+              '--output', str(tmp_path / 'out'), '--device', 'cpu'])

@@ -9,7 +9,7 @@ from backbones.token_head import (
     TokenLabelingModel, TokenLabelingOutput, add_token_head, forward_token_labeling, mix_box_lambda,
 )
 from classification.objective import ClassificationObjective
-from token_labeling.loss import TokenLabelingLoss, mix_targets
+from token_labeling.loss import TokenLabelingLoss, mix_targets, participating_tokens
 
 
 def cross_entropy_by_hand(logits, target):
@@ -33,6 +33,37 @@ def test_loss_equals_a_hand_computation_with_mixtoken():
     token_term = sum(cross_entropy_by_hand(token_logits[i][0][j], mixed_tokens[i][j])
                      for i in range(2) for j in range(2)) / 4
     assert loss.item() == pytest.approx(cls_term + dense_weight * token_term, rel=1e-6)
+
+
+@pytest.mark.parametrize('rate', [0.2, 0.4, 0.6, 0.8])
+def test_token_participation_draws_the_asked_fraction_of_each_images_tokens_uniformly(rate):
+    torch.manual_seed(0)
+    masks = torch.stack([participating_tokens(4, 49, rate) for _ in range(500)])  # (draws, B, N)
+    assert (masks.sum(dim=-1) == round(rate * 49)).all()  # exactly that many in every image, every draw
+    frequency = masks.float().mean(dim=(0, 1))  # each token's share of the 2,000 rows: about `rate`
+    assert (frequency - round(rate * 49) / 49).abs().max() < 0.05
+    assert participating_tokens(2, 9, 0.01).sum(dim=1).tolist() == [1, 1]  # never no token at all
+
+
+def test_token_participation_averages_the_token_term_over_the_drawn_tokens_only():
+    """The loss with 40% participation is the class term plus beta times the mean cross-entropy of the tokens the
+    mask drawn from the same generator state picks, computed by hand; at 100% it is the plain loss."""
+    g = torch.Generator().manual_seed(1)
+    B, H, W, C = 3, 4, 5, 6
+    out = TokenLabelingOutput(torch.randn(B, C, generator=g), torch.randn(B, H, W, C, generator=g), None)
+    cls_target = torch.rand(B, C, generator=g).softmax(-1)
+    token_target = torch.rand(B, H, W, C, generator=g).softmax(-1)
+    torch.manual_seed(7)
+    loss = TokenLabelingLoss(0.5, participation=0.4)(out, cls_target, token_target)
+    torch.manual_seed(7)
+    mask = participating_tokens(B, H * W, 0.4)
+    logits, targets = out.token_logits.reshape(B, H * W, C).tolist(), token_target.reshape(B, H * W, C).tolist()
+    picked = [(i, j) for i in range(B) for j in range(H * W) if mask[i, j]]
+    token_term = sum(cross_entropy_by_hand(logits[i][j], targets[i][j]) for i, j in picked) / len(picked)
+    cls_term = sum(cross_entropy_by_hand(out.cls_logits[i].tolist(), cls_target[i].tolist()) for i in range(B)) / B
+    assert len(picked) == B * 8 and loss.item() == pytest.approx(cls_term + 0.5 * token_term, rel=1e-5)
+    assert TokenLabelingLoss(0.5, participation=1.0)(out, cls_target, token_target).item() == pytest.approx(
+        TokenLabelingLoss(0.5)(out, cls_target, token_target).item())
 
 
 def test_mix_targets_lambda_is_the_clipped_box_fraction():
