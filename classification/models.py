@@ -15,6 +15,7 @@ from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
 from backbones.weights import read_state_dict
 from common.errors import UsageError
+from token_labeling.annotate import dense_scores
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
 
@@ -91,8 +92,9 @@ def model_data_config(name: str) -> dict:
 
 
 class Teacher(nn.Module):
-    """A frozen classifier whose class the distillation head learns (DeiT's hard distillation): always in eval mode
-    and without gradients, fed the student's (mixed) images renormalised from the student's mean and std to its own."""
+    """A frozen classifier whose class the distillation head learns (DeiT's hard distillation), or whose dense map of
+    each batch gives the token targets (online token labeling): always in eval mode and without gradients, fed the
+    student's (augmented, mixed) images renormalised from the student's mean and std to its own."""
 
     def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
         super().__init__()
@@ -112,3 +114,10 @@ class Teacher(nn.Module):
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images * self.scale + self.shift).argmax(dim=-1)
+
+    @torch.no_grad()
+    def dense_map(self, images: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k logits and classes at every position of the teacher's dense scores of `images` (the map an
+        annotator gives, as a token-label store keeps it): (B, h, w, k) each, best first."""
+        top = dense_scores(bare_model(self.model), images * self.scale + self.shift).float().topk(topk, dim=-1)
+        return top.values, top.indices

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from timm.data.mixup import cutmix_bbox_and_lam, mixup_target
 
 from backbones import TokenLabelingOutput
-from token_labeling.augment import CropGeometry
+from token_labeling.augment import CropGeometry, identity_geometry
 from token_labeling.loss import TokenLabelingLoss, soft_cross_entropy
 from token_labeling.targets import TokenTargetBuilder
 
@@ -43,6 +43,12 @@ def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor
     return images[:-1], targets[:-1]
 
 
+class AnnotatorMaps(NamedTuple):
+    """An online annotator's dense map of the batch the model sees, as a store keeps one: top-k, best first."""
+    scores: torch.Tensor  # (B, h, w, k) logits
+    classes: torch.Tensor  # (B, h, w, k)
+
+
 class DistillationTargets(NamedTuple):
     labels: torch.Tensor  # (B, C) soft image labels (mixed like the images)
     teacher: torch.Tensor  # (B,) the teacher's class of every image the student sees
@@ -58,7 +64,9 @@ class ClassificationObjective:
     `label_pooling` (ReLabel) a plain classifier learns the map pooled over the crop, the images and their targets mixed
     by CutMix (`cutmix_alpha`; 0: none). With a `teacher` (DeiT's hard distillation) the model returns class and
     distillation logits: the loss is half the class term and half the cross-entropy of the distillation logits with the
-    teacher's class of the same (mixed) image.
+    teacher's class of the same (mixed) image. With an `annotator` (online token labeling) the token targets come
+    from its dense map of the very images the model sees (augmented, before MixToken), cut by the same target
+    builder as a store's maps, over the whole image (no crop follows): no store is read.
     """
 
     num_classes: int
@@ -71,11 +79,13 @@ class ClassificationObjective:
     cutmix_alpha: float = 0.0  # with label pooling
     mixup: Callable | None = None  # timm's Mixup for the vanilla recipe
     teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
+    annotator: nn.Module | None = None  # online token labeling: a Teacher whose dense_map gives the token targets
+    annotator_topk: int = 5  # the classes kept per position, as a store keeps them
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
         """Images and their targets before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
         if self.token_loss is not None:
-            return images, None
+            return images, self.annotator_maps(images) if self.annotator is not None else None
         if self.label_pooling:
             return cutmix(images, self.cutmix_alpha) if self.cutmix_alpha > 0 else (images, 1.0)
         images, soft_labels = mix_within_batch(self.mixup, images, labels) if self.mixup is not None \
@@ -100,7 +110,8 @@ class ClassificationObjective:
         if self.token_builder is None:
             label_target = self.label_target(batch['label'].to(device, non_blocking=True))
             return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
-        cls_target, token_target = self.map_targets(batch, grid, device)
+        cls_target, token_target = self.online_targets(targets, grid) if isinstance(targets, AnnotatorMaps) \
+            else self.map_targets(batch, grid, device)
         if self.token_target == 'pooled':
             token_target = cls_target[:, None, None].expand(-1, *grid, -1)
         if self.cls_target == 'label':
@@ -121,6 +132,16 @@ class ClassificationObjective:
             cls_target = torch.where(mapped[:, None], cls_target, label_target)
             token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
         return cls_target, token_target
+
+    def annotator_maps(self, images: torch.Tensor) -> AnnotatorMaps:
+        return AnnotatorMaps(*self.annotator.dense_map(images, self.annotator_topk))
+
+    def online_targets(self, maps: AnnotatorMaps, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(class target, token targets on `grid`) from the annotator's map of the images the model saw: the map
+        covers the whole image and no crop or flip follows (the identity geometry)."""
+        B = maps.scores.shape[0]
+        geometry = CropGeometry(*(t.to(maps.scores.device).expand(B, *t.shape) for t in identity_geometry()))
+        return self.token_builder(maps.scores, maps.classes, geometry, grid)
 
     def label_target(self, labels: torch.Tensor) -> torch.Tensor:
         """The (smoothed) one-hot target of each image's label."""

@@ -115,6 +115,8 @@ PRESETS = {
     # MixToken with the image label only: every token (and the class token) learns the image label, mixed by
     # the MixToken box; no annotator
     'mixtoken-label': dict(token_labeling=True, token_target='label', cls_target='label', mix_token=1.0),
+    # Table 2's CutMix + image label: a plain classifier with CutMix alone (no MixUp, no token labels), lr as Standard
+    'cutmix-label': dict(token_labeling=False, mixup=0.0, cutmix=1.0, lr_scale=640 / 1024),
     # token labeling without MixToken
     'token-labeling-no-mixtoken': dict(token_labeling=True, token_target='map', mix_token=0.0),
     # ReLabel (Table 2's CutMix + ReLabel, Table 4's ReLabel row): a plain classifier learns the annotator's map

@@ -1,6 +1,7 @@
 """ImageNet-style training of any model (the suite's or any timm model) with its paper recipe: token labeling
 (LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`);
-with `--teacher`, DeiT's hard distillation.
+with `--teacher`, DeiT's hard distillation, or with token labeling, online token labeling (the teacher's dense map of
+each batch gives the token targets)
 
 `tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info)` is the same run from
 Python, with a `Recipe` (`recipes.recipe_for`) and an `ImageData`.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -21,7 +22,7 @@ from backbones import bare_model, load_checkpoint, model_family
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
 from backbones.weights import pretrained_model
-from common.cli import EmbeddedData, model_parser
+from common.cli import EmbeddedData, model_parser, parse_model_kwargs
 from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.errors import CheckpointError, UsageError
 from common.images import check_same_classes, read_image
@@ -77,17 +78,21 @@ def build_parser(default_data: type[DefaultData] | None = None) -> argparse.Argu
                    help='with --finetune: train new classifiers for this data set\'s classes')
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
-    p.add_argument('--teacher', metavar='MODEL', help='DeiT\'s hard distillation from this classifier (the student '
-                   'gets a distillation token and head: ViT/DeiT, CaiT, T2T-ViT; not with token labeling)')
+    p.add_argument('--teacher', metavar='MODEL', help=(
+        'DeiT\'s hard distillation from this classifier (the student gets a distillation token and head: ViT/DeiT, '
+        'CaiT, T2T-ViT); with token labeling, online token labeling: the teacher is the annotator, its dense map of '
+        'each augmented batch gives the token targets (the paper\'s Table 4), and no store is read'))
     p.add_argument('--teacher-checkpoint', metavar='CKPT',
                    help='the teacher\'s weights (default: timm\'s pretrained weights of --teacher)')
+    p.add_argument('--teacher-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
+                   help='the teacher model\'s arguments, e.g. output_stride=16 for a CNN annotator\'s denser map')
     p.add_argument('--preset', choices=list(PRESETS), help=(
         'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
-        '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), '
-        'token-labeling-no-mixtoken, relabel (ReLabel: the map pooled over the crop, CutMix, no token head), '
-        'relabel-mixtoken (MixToken, every token learning the pooled map); and vit-finetune, the ViT paper\'s '
-        'fine-tuning (with --finetune)'))
+        '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), cutmix-label '
+        '(standard without MixUp), token-labeling-no-mixtoken, relabel (ReLabel: the map pooled over the crop, '
+        'CutMix, no token head), relabel-mixtoken (MixToken, every token learning the pooled map); and '
+        'vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
     p.add_argument('--augment', choices=AUGMENT_CHOICES, default='auto', help=(
         'where the training augmentation runs: pil (each image in the loader workers, the reference), batched (the '
         'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '
@@ -160,16 +165,17 @@ class TeacherSpec:
 
     model: str
     checkpoint: str | None = None
+    model_kwargs: dict = field(default_factory=dict)
 
 
 def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg: dict, info: DistInfo) -> Teacher:
     """The teacher at the student's input size, on this process's device; its checkpoint is read as eval_cls reads
     one (with the token head or distillation token it has, and its eval-mode output)."""
     if spec.checkpoint is not None:
-        model = build_eval_model(spec.model, spec.checkpoint, num_classes, recipe.img_size, False, {})
+        model = build_eval_model(spec.model, spec.checkpoint, num_classes, recipe.img_size, False, spec.model_kwargs)
     else:
         kwargs = {'img_size': recipe.img_size} if takes_input_size(spec.model) else {}
-        model = pretrained_model(spec.model, None, num_classes, **kwargs)
+        model = pretrained_model(spec.model, None, num_classes, **kwargs, **spec.model_kwargs)
     return Teacher(model, data_cfg['mean'], data_cfg['std']).to(info.device)
 
 
@@ -198,11 +204,12 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
 
 
 def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = None) -> ClassificationObjective:
+    """The loss of the recipe; a `teacher` distils, or with token labeling annotates each batch (online)."""
     builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
     if recipe.token_labeling:
         loss = TokenLabelingLoss(recipe.dense_weight, recipe.token_participation)
         return ClassificationObjective(num_classes, recipe.smoothing, builder, loss, recipe.cls_target,
-                                       recipe.token_target)
+                                       recipe.token_target, annotator=teacher)
     if recipe.label_pooling:
         return ClassificationObjective(num_classes, recipe.smoothing, builder, label_pooling=True,
                                        cutmix_alpha=recipe.cutmix)
@@ -232,15 +239,19 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     if recipe.label_pooling and recipe.token_labeling:
         raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
                          'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
-    if teacher is not None and (recipe.token_labeling or recipe.label_pooling):
-        raise UsageError('--teacher: hard distillation is not combined with token labeling or label pooling (the '
-                         'token head, MixToken and the annotator\'s targets have no distillation counterpart); add '
-                         '--no-token-labeling, and no ReLabel preset')
-    if recipe.uses_score_maps and data.token_labels is None:
+    online = teacher is not None and recipe.token_labeling  # online token labeling: the teacher annotates
+    distilled = teacher is not None and not online
+    if teacher is not None and (recipe.label_pooling or (online and not recipe.uses_score_maps)):
+        raise UsageError('--teacher: hard distillation does not go with label pooling (ReLabel), and online token '
+                         'labeling needs the annotator\'s maps (--token-target map or pooled)')
+    if online and data.token_labels is not None:
+        logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: with --teacher, token labeling '
+                       f'is online (the teacher\'s maps of each batch)')
+    if recipe.uses_score_maps and data.token_labels is None and not online:
         raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
                          f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), --token-target '
                          f'label or --no-token-labeling')
-    store = TokenLabelStore(data.token_labels, data.verify_labels) if recipe.uses_score_maps else None
+    store = TokenLabelStore(data.token_labels, data.verify_labels) if recipe.uses_score_maps and not online else None
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
     recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]
@@ -249,12 +260,12 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                                                                 augment)
     seed_all(options.seed)  # the initial weights do not depend on what ran before
     model = create_classifier(model_name, len(classes), recipe.img_size, recipe.token_labeling, recipe.mix_token,
-                              distilled=teacher is not None, drop_path_rate=recipe.drop_path, **options.model_kwargs)
+                              distilled=distilled, drop_path_rate=recipe.drop_path, **options.model_kwargs)
     if finetune and not trainer.resume:
         logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
         if new_head and recipe.zero_head:
             zero_classifiers(bare_model(model))
-    if teacher is not None:
+    if distilled:
         bare_model(model).set_distilled_training(True)
     teacher_model = build_teacher(teacher, len(classes), recipe, data_cfg, info) if teacher is not None else None
     objective = make_objective(recipe, len(classes), teacher_model)
@@ -266,7 +277,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
                 f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
                 f'{augment}, token labeling {recipe.token_labeling}'
-                + (f', distilled from {teacher.model}' if teacher else ''))
+                + (f', {"annotated online" if online else "distilled"} by {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(vars(recipe)))
     logger.info(f'schedule: {recipe.describe_epochs()}')
     pictures = token_label_pictures(train_loader.dataset, train_tf_reference(train_loader.dataset.transform),
@@ -274,7 +285,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     record = trainer.run(fit, train_loader, val_loader, pictures)
     metrics = {'model': model_name, 'top1': record.get('top1'), 'top5': record.get('top5'),
                'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
-               'token_labeling': recipe.token_labeling, 'preset': preset, 'teacher': teacher and teacher.model,
+               'token_labeling': recipe.token_labeling, 'preset': preset,
+               'teacher': teacher.model if teacher else None, 'online_token_labeling': online,
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
     if optimization.ema_decay > 0:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
@@ -290,8 +302,8 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
-    elif args.teacher_checkpoint:
-        raise UsageError('--teacher-checkpoint goes with --teacher (the teacher model)')
+    elif args.teacher_checkpoint or args.teacher_kwargs:
+        raise UsageError('--teacher-checkpoint and --teacher-kwargs go with --teacher (the teacher model)')
     if args.data_dir is None and default_data is None:
         raise UsageError('--data-dir is required (the folder with train/CLASS/* and val/CLASS/*)')
     fallback = default_data.from_args(args) if args.data_dir is None else None
@@ -304,7 +316,8 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
         else:
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
-        teacher = TeacherSpec(args.teacher, args.teacher_checkpoint) if args.teacher else None
+        teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, parse_model_kwargs(args.teacher_kwargs)) \
+            if args.teacher else None
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
                      teacher, args.augment)
 

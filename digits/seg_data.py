@@ -27,6 +27,8 @@ SCALE = RECIPE['img_size'] / ADE20K_CROP
 # Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
 # size they would span one or two tokens.
 RATIO_RANGE = (0.75, 1.5)
+# The multi-scale test's ratios of the single-scale size: the sizes training saw, not ADE20K's 0.75-1.75.
+TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class EmbeddedPages:
     scans: EmbeddedScans = field(default_factory=EmbeddedScans)
     scale: float = SCALE
     schedule: Schedule = field(default_factory=Schedule)
+    test_ratios: tuple[float, ...] = TEST_RATIOS
     description: ClassVar[str] = 'the embedded digits pages (scikit-learn\'s scans in rows, written on first use)'
 
     @classmethod
@@ -83,12 +86,20 @@ class EmbeddedPages:
                     step['prob'] = 0.0  # a mirrored digit is not a digit
         if cfg.get('tta_model'):
             drop_tta_flips(cfg)
-        scale_sizes(cfg.get('tta_pipeline', []), self.scale)
+        if cfg.get('tta_pipeline'):
+            self.use_test_ratios(cfg)
         scale_sizes(cfg.model.get('data_preprocessor', {}), self.scale)
         scale_sizes(cfg.model.get('test_cfg', {}), self.scale)
         for head in ('decode_head', 'auxiliary_head'):
             if cfg.model.get(head):
                 cfg.model[head]['num_classes'] = len(CLASSES)
+
+    def use_test_ratios(self, cfg: Config) -> None:
+        """The multi-scale test resizes to `test_ratios` times the single-scale test's size (already scaled)."""
+        size = next(step['scale'] for step in cfg.test_dataloader.dataset.pipeline if step['type'] == 'Resize')
+        tta = next(step for step in cfg.tta_pipeline if step['type'] == 'TestTimeAug')
+        tta['transforms'][0] = [dict(type='Resize', scale=(round(size[0] * r), round(size[1] * r)), keep_ratio=True)
+                                for r in self.test_ratios]
 
     def use_schedule(self, cfg: Config) -> None:
         """Replace the config's ADE20K schedule by `schedule` (the tool merges command-line options after)."""

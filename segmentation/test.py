@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
     parser.add_argument('--ms', action='store_true',
-                        help='multi-scale test: ratios 0.75..1.75 of (2048, 512) with flip, softmax averaged (on the '
-                             'embedded data without ADE20K, without flip when its training has none)')
+                        help='multi-scale test with the config\'s tta_pipeline (the papers\': ratios 0.75..1.75 of '
+                             '(2048, 512) with flip), softmax averaged; the embedded data without ADE20K takes its own '
+                             'ratios and flips')
     parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
     parser.add_argument('--out', type=output_file,
                         help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')

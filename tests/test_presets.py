@@ -49,7 +49,12 @@ def test_no_token_labeling_gives_lvvit_the_standard_recipe():
     recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'token-labeling-no-mixtoken']))
     assert recipe.uses_score_maps and recipe.mix_token == 0.0
     assert set(PRESETS) == {'token-labeling', 'standard', 'mixtoken-label', 'token-labeling-no-mixtoken',
-                            'relabel', 'relabel-mixtoken', 'vit-finetune'}
+                            'relabel', 'relabel-mixtoken', 'cutmix-label', 'vit-finetune'}
+    cutmix = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'cutmix-label']))
+    standard = resolve_recipe(build_parser().parse_args(['lvvit_s', '--preset', 'standard']))
+    assert not cutmix.token_labeling and (cutmix.mixup, cutmix.cutmix) == (0.0, 1.0)
+    assert {k: v for k, v in vars(cutmix).items() if k != 'mixup'} == {k: v for k, v in vars(standard).items()
+                                                                       if k != 'mixup'}  # MixUp alone differs
 
 
 def test_unknown_preset_lists_the_presets(capsys):

@@ -5,7 +5,9 @@ import json
 import statistics
 
 import pytest
+from scipy.stats import ttest_rel
 
+from common.statistics import describe_difference
 from helpers.commands import run_tool
 from helpers.seg_data import write_tiny_ade, write_tiny_config
 
@@ -51,6 +53,18 @@ def test_results_are_the_runs_own_figures(reproduction):
         stats = results['summary'][variant]['upernet']['ms']['mIoU']
         assert stats['mean'] == pytest.approx(statistics.fmean(values))
         assert stats['std'] == pytest.approx(statistics.stdev(values)) and stats['n'] == 2
+    # the Standard row against token labeling, seed by seed: the differences of the runs' own figures
+    by_seed = {(r['variant'], r['seed']): r for r in results['runs']}
+    differences = [by_seed[('standard', s)]['upernet']['ms']['mIoU'] - by_seed[('token-labeling', s)]['upernet']['ms']
+                   ['mIoU'] for s in range(2)]
+    compared = results['summary']['standard']['vs_token_labeling']['upernet']['ms']
+    reference = ttest_rel([by_seed[('standard', s)]['upernet']['ms']['mIoU'] for s in range(2)],
+                          [by_seed[('token-labeling', s)]['upernet']['ms']['mIoU'] for s in range(2)])
+    assert compared['mean'] == pytest.approx(statistics.fmean(differences)) and compared['n'] == 2
+    if statistics.stdev(differences) > 0:
+        interval = reference.confidence_interval(0.95)
+        assert (compared['low'], compared['high']) == (pytest.approx(interval.low), pytest.approx(interval.high))
+    assert 'vs_token_labeling' not in results['summary']['token-labeling']
 
 
 def test_table_shows_the_summary_in_the_papers_layout(reproduction):
@@ -66,6 +80,11 @@ def test_table_shows_the_summary_in_the_papers_layout(reproduction):
     assert fcn_tl[4] == f'{summary["fcn"]["ss"]["mIoU"]["mean"]:.1f} ± {summary["fcn"]["ss"]["mIoU"]["std"]:.1f}'
     assert fcn_tl[2] == f'{summary["top1"]["mean"]:.1f} ± {summary["top1"]["std"]:.1f}'
     assert (out / 'results.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    difference_rows = [line.split(' | ') for line in table.splitlines() if line.startswith('| Standard')]
+    compared = results['summary']['standard']['vs_token_labeling']
+    assert len(difference_rows) == 3  # twice in the main table (FCN, UperNet), once among the differences
+    assert difference_rows[-1][1] == describe_difference(compared['top1'])
+    assert difference_rows[-1][-1] == describe_difference(compared['upernet']['ms']) + ' |'
 
 
 def test_a_finished_reproduction_reruns_nothing(reproduction):

@@ -19,7 +19,7 @@ from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_t
 from mmengine.optim import build_optim_wrapper
 from digits.cls_data import EmbeddedScans
 from digits.pages import CLASSES
-from digits.seg_data import RATIO_RANGE, EmbeddedPages, Schedule
+from digits.seg_data import RATIO_RANGE, TEST_RATIOS, EmbeddedPages, Schedule
 from segmentation.config import ADE20K_ROOT, tta_flips
 from segmentation.train import build_parser, prepare
 from helpers.commands import ROOT, run_tool
@@ -79,11 +79,27 @@ def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
     assert flips and all(step.prob == 0 for step in flips)
     assert not tta_flips(cfg)
     tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
-    assert len(tta.transforms[0]) == 5  # every scale is kept
+    assert len(tta.transforms[0]) == len(TEST_RATIOS)  # every scale is kept
     data = write_tiny_ade(tmp_path / 'ade')  # the papers' flips stay on real data
     cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
     assert tta_flips(cfg)
     assert [step.prob for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip'] == [0.5]
+
+
+def test_the_multi_scale_test_on_the_pages_takes_the_sizes_training_saw(tmp_path):
+    """ADE20K's ratios 0.75-1.75 of the single-scale size become TEST_RATIOS of the pages' single-scale size, the
+    range the pages' training resizes over; the real data keeps the config's."""
+    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
+    single = next(step.scale for step in cfg.test_dataloader.dataset.pipeline if step.type == 'Resize')
+    tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
+    assert [tuple(step['scale']) for step in tta.transforms[0]] == [(round(single[0] * r), round(single[1] * r))
+                                                                for r in TEST_RATIOS]
+    assert min(TEST_RATIOS) >= RATIO_RANGE[0] and max(TEST_RATIOS) <= RATIO_RANGE[1] and 1.0 in TEST_RATIOS
+    data = write_tiny_ade(tmp_path / 'ade')
+    cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
+    assert [tuple(step['scale']) for step in tta.transforms[0]] == [(int(2048 * r), int(512 * r))
+                                                                for r in (0.75, 1.0, 1.25, 1.5, 1.75)]
 
 
 def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path):

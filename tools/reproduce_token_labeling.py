@@ -2,7 +2,7 @@
 """The token-labeling paper's central comparison in miniature ("All Tokens Matter", Table 7): does a backbone
 pretrained with token labeling segment better than one pretrained without?
 
-    python tools/reproduce_token_labeling.py                      # LV-ViT-S on the embedded digits, 2 seeds, CPU
+    python tools/reproduce_token_labeling.py                      # LV-ViT-S on the embedded digits, 3 seeds, CPU
     python tools/reproduce_token_labeling.py --quick              # a smoke-sized run of every stage
     python tools/reproduce_token_labeling.py --seeds 3 --device cuda --out runs/tl_repro
 
@@ -11,8 +11,11 @@ For every seed, one model is pretrained three ways on the same data for the same
   standard         the paper's Standard baseline: MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images
   mixtoken-label   MixToken with the image label only (no annotator)
 and each backbone is transferred with FCN and with UperNet, then tested single-scale (SS) and multi-scale with
-flips (MS). DIR/table.md (the paper's layout, mean +- std over seeds), DIR/results.json (every run and the
-summary) and DIR/results.png (bars with error bars) come out.
+flips (MS). `--variants` adds the paper's other rows (Table 2): relabel (CutMix + ReLabel), relabel-mixtoken
+(MixToken + ReLabel), cutmix-label (CutMix + image label), token-labeling-no-mixtoken. DIR/table.md (the paper's
+layout, mean +- std over seeds; then each variant minus token labeling, paired by seed, with its 95% interval and
+"within noise" where the interval holds 0), DIR/results.json (every run and the summary) and DIR/results.png (bars
+with error bars) come out.
 
 Every stage is the suite's own command (tools/train_cls.py, tools/train_seg.py, tools/test_seg.py), logged to
 DIR/runs/VARIANT/seed_S/*.log. A stage whose result is on disk is not run again, and an interrupted one resumes
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ from pathlib import Path
 from common.errors import SuiteError, UsageError
 from common.cli import add_device_argument, check_output_folder, positive_int, run_command
 from common.files import write_json_atomic
+from common.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
 from segmentation.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +43,13 @@ VARIANTS = {
     'token-labeling': 'token labeling + MixToken',
     'standard': 'Standard (MixUp + CutMix)',
     'mixtoken-label': 'MixToken, image label only',
+    'relabel': 'ReLabel + CutMix',
+    'relabel-mixtoken': 'ReLabel + MixToken',
+    'cutmix-label': 'CutMix, image label only',
+    'token-labeling-no-mixtoken': 'token labeling, no MixToken',
 }
+DEFAULT_VARIANTS = ('token-labeling', 'standard', 'mixtoken-label')
+BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
 METRICS = ('mIoU', 'aAcc')
@@ -51,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--quick', action='store_true',
                    help=f'smoke-sized: {QUICK["epochs"]} pretraining epochs, {QUICK["iters"]} segmentation iterations')
-    p.add_argument('--seeds', type=positive_int, default=2, help='seeds per variant (mean and std over them)')
+    p.add_argument('--seeds', type=positive_int, default=3,
+                   help='seeds per variant (mean and std over them; differences from token labeling paired by seed)')
     add_device_argument(p)
     p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
-    p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(DEFAULT_VARIANTS),
+                   help=f'pretraining presets to compare (default: {", ".join(DEFAULT_VARIANTS)})')
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
     p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
     p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
@@ -174,13 +185,9 @@ class Stages:
         return scores
 
 
-def mean_std(values: list[float]) -> dict:
-    return {'mean': statistics.fmean(values), 'std': statistics.stdev(values) if len(values) > 1 else 0.0,
-            'n': len(values)}
-
-
 def summarise(runs: list[dict]) -> dict:
-    """Per variant: mean and std over seeds of top-1 and of every head/mode/metric."""
+    """Per variant: mean and std over seeds of top-1 and of every head/mode/metric; for each variant but token
+    labeling, its paired difference from token labeling over the seeds both ran (`vs_token_labeling`)."""
     summary = {}
     for variant in dict.fromkeys(r['variant'] for r in runs):
         mine = [r for r in runs if r['variant'] == variant]
@@ -189,7 +196,26 @@ def summarise(runs: list[dict]) -> dict:
             entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in METRICS}
                            for mode in MODES}
         summary[variant] = entry
+    for variant, entry in summary.items():
+        if variant != BASELINE and BASELINE in summary:
+            entry['vs_token_labeling'] = compare(runs, variant)
     return summary
+
+
+def compare(runs: list[dict], variant: str) -> dict:
+    """`variant` against token labeling, seed by seed (the same seed: the same initialisation and data order):
+    the paired difference of top-1 and of every head/mode mIoU."""
+    by_seed = {(r['variant'], r['seed']): r for r in runs}
+    seeds = [r['seed'] for r in runs if r['variant'] == variant and (BASELINE, r['seed']) in by_seed]
+    pairs = [(by_seed[(variant, seed)], by_seed[(BASELINE, seed)]) for seed in seeds]
+
+    def difference(value) -> dict:
+        return paired_difference([value(mine) for mine, _ in pairs], [value(base) for _, base in pairs])
+
+    result = {'top1': difference(lambda r: r['top1'])}
+    for head in HEADS:
+        result[head] = {mode: difference(lambda r, h=head, m=mode: r[h][m]['mIoU']) for mode in MODES}
+    return result
 
 
 def cell(stats: dict) -> str:
@@ -207,7 +233,25 @@ def markdown_table(summary: dict, model: str, seeds: int) -> str:
             lines.append(f'| {model} | {VARIANTS[variant]} | {cell(entry["top1"])} | {head_name} | '
                          f'{cell(scores["ss"]["mIoU"])} | {cell(scores["ss"]["aAcc"])} | '
                          f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} |')
-    return '\n'.join(lines) + f'\n\nMean ± standard deviation over {seeds} seed(s); percent.\n'
+    table = '\n'.join(lines) + f'\n\nMean ± standard deviation over {seeds} seed(s); percent.\n'
+    compared = {variant: entry['vs_token_labeling'] for variant, entry in summary.items()
+                if 'vs_token_labeling' in entry}
+    return table + (difference_table(compared, seeds) if compared else '')
+
+
+def difference_table(compared: dict, seeds: int) -> str:
+    """Each variant minus token labeling, paired by seed: mean difference and its 95% interval, per column."""
+    columns = [(head, mode) for head in HEADS for mode in MODES]
+    lines = ['', '| Pretraining, minus token labeling | Top-1 | ' +
+             ' | '.join(f'{HEADS[h]} mIoU {MODES[m]}' for h, m in columns) + ' |',
+             '|---|' + '---:|' * (1 + len(columns))]
+    for variant, difference in compared.items():
+        cells = [describe_difference(difference['top1'])]
+        cells += [describe_difference(difference[head][mode]) for head, mode in columns]
+        lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + (f'\n\nPaired by seed ({seeds} seed(s): the same initialisation and data order); '
+                                f'mean difference [{CONFIDENCE:.0%} t interval], percentage points; "within '
+                                f'noise" where the interval holds 0.\n')
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
