@@ -85,9 +85,9 @@ class TokenModelMixin:
     A model provides `_embed_tokens(x) -> (tokens, (H, W))` where the patch tokens are the LAST H*W tokens,
     `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks.
 
-    DeiT's distillation token, where a family offers it (`distilled=True`: T2T-ViT, CaiT), sits right after the class
-    token (`dist_token`, with its own slot in the position table where the class token has one) and feeds its own
-    head (`head_dist`): the names of DeiT's checkpoints. In training, after `set_distilled_training()`, the head
+    DeiT's distillation token, where a family offers it (`distilled=True`: T2T-ViT, CaiT, LV-ViT), sits right after
+    the class token (`dist_token`, with its own slot in the position table where the class token has one) and feeds
+    its own head (`head_dist`): the names of DeiT's checkpoints. In training, after `set_distilled_training()`, the head
     returns (class logits, distillation logits), otherwise their mean (DeiT's inference rule).
     """
 

@@ -73,16 +73,21 @@ class LVViT(TokenModelMixin, nn.Module):
             drop_path_rate: float = 0.0,
             token_head: bool = True,
             mix_token: float = 1.0,
+            distilled: bool = False,
     ) -> None:
         super().__init__()
+        if distilled and token_head:
+            raise ValueError('LV-ViT takes a distillation token (DeiT\'s hard distillation) or a token head (token '
+                             'labeling), not both')
         self.num_classes = num_classes
         self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
+        self.num_prefix_tokens = 2 if distilled else 1
         self.mix_token = mix_token  # MixToken's Beta(alpha, alpha) parameter; 0 turns it off
         self.patch_embed = ConvStemPatchEmbed(img_size, embed_dim, in_chans, stem_chs)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self._init_distillation(distilled)
         num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, embed_dim))
         self.blocks = nn.Sequential(*[
             ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate, skip_lam=skip_lam)
             for rate in calculate_drop_path_rates(drop_path_rate, depth)
@@ -101,7 +106,10 @@ class LVViT(TokenModelMixin, nn.Module):
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Inference logits from normalised tokens: class head plus half the class-wise max of the token head."""
+        """Inference logits from normalised tokens: class head plus half the class-wise max of the token head (with a
+        distillation token instead, DeiT's two heads)."""
+        if self.distilled:
+            return super().forward_head(x, pre_logits)
         if pre_logits:
             return x[:, 0]
         logits = self.head(x[:, 0])

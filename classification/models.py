@@ -17,7 +17,7 @@ from backbones.weights import read_state_dict
 from common.errors import UsageError
 from token_labeling.annotate import dense_scores
 
-DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit')  # those with a distillation token (DeiT's hard distillation)
+DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distillation token (DeiT's hard distillation)
 
 
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
@@ -27,8 +27,8 @@ def create_classifier(name: str, num_classes: int, img_size: int | None = None, 
     family = model_family(name)
     if distilled:
         if family not in DISTILLED_FAMILIES or token_labeling:
-            raise UsageError(f'distillation takes a ViT/DeiT, CaiT or T2T-ViT model without token labeling, not '
-                             f'{name}{" with token labeling" if token_labeling else ""}')
+            raise UsageError(f'distillation takes a ViT/DeiT, CaiT, T2T-ViT or LV-ViT model without token labeling, '
+                             f'not {name}{" with token labeling" if token_labeling else ""}')
         kwargs['distilled'] = True
     if img_size is not None and takes_input_size(name):
         kwargs['img_size'] = img_size

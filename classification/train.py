@@ -80,8 +80,9 @@ def build_parser(default_data: type[DefaultData] | None = None) -> argparse.Argu
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--teacher', metavar='MODEL', help=(
         'DeiT\'s hard distillation from this classifier (the student gets a distillation token and head: ViT/DeiT, '
-        'CaiT, T2T-ViT); with token labeling, online token labeling: the teacher is the annotator, its dense map of '
-        'each augmented batch gives the token targets (the paper\'s Table 4), and no store is read'))
+        'CaiT, T2T-ViT, LV-ViT without token labeling); with token labeling, online token labeling: the teacher is '
+        'the annotator, its dense map of each augmented batch gives the token targets (the paper\'s Table 4), and '
+        'no store is read'))
     p.add_argument('--teacher-checkpoint', metavar='CKPT',
                    help='the teacher\'s weights (default: timm\'s pretrained weights of --teacher)')
     p.add_argument('--teacher-kwargs', nargs='*', default=[], metavar='KEY=VALUE',

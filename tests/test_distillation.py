@@ -27,6 +27,7 @@ TINY = {
     't2t_vit': ('t2t_vit_7', dict(embed_dim=32, depth=2, num_heads=2, token_dim=8)),
     'cait': ('cait_xxs24_224', dict(embed_dim=32, depth=2, num_heads=2)),
     'vit': ('deit_small_patch16_224', dict(embed_dim=32, depth=2, num_heads=2)),
+    'lvvit': ('lvvit_t', dict(embed_dim=32, depth=2, num_heads=2, token_head=False)),  # the paper's online KD row
 }
 
 
@@ -44,8 +45,8 @@ def test_distilled_models_train_two_heads_and_predict_their_mean(family):
         torch.testing.assert_close(model(x), (cls_logits + dist_logits) / 2)
     model.train()
     model.set_distilled_training(True)
-    for module in model.modules():  # the same computation as in eval mode: no dropout, drop-path 0
-        module.train(False) if isinstance(module, torch.nn.Dropout) else None
+    for module in model.modules():  # the same computation as in eval mode: no dropout, drop-path 0, BN statistics
+        module.train(False) if isinstance(module, (torch.nn.Dropout, torch.nn.BatchNorm2d)) else None
     outputs = model(x)
     assert isinstance(outputs, tuple) and [o.shape for o in outputs] == [(3, 5), (3, 5)]
     torch.testing.assert_close(outputs[0], cls_logits)
@@ -125,7 +126,8 @@ def test_training_with_a_teacher_and_evaluating_the_distilled_student(labeled_im
     assert metrics['teacher'] == 'resnet10t' and not metrics['token_labeling']
     checkpoint = torch.load(out / 'last.pth', weights_only=True)
     assert checkpoint['state_dict']['head_dist.weight'].shape == (3, 32) and 'dist_token' in checkpoint['state_dict']
-    assert checkpoint['args']['teacher'] == {'model': 'resnet10t', 'checkpoint': str(teacher_checkpoint)}
+    assert checkpoint['args']['teacher'] == {'model': 'resnet10t', 'checkpoint': str(teacher_checkpoint),
+                                             'model_kwargs': {}}
     succeeded(run_tool('eval_cls.py', [*TINY_DEIT, '--checkpoint', out / 'last.pth', '--data-dir', data,
                                        '--img-size', '32', '--workers', '0', '--json', tmp_path / 'e.json']))
     assert json.loads((tmp_path / 'e.json').read_text())['top1'] == pytest.approx(read_log(out)[1]['top1'])
@@ -151,15 +153,16 @@ def test_a_classifier_trained_with_or_without_token_labeling_teaches(name, token
 
 def test_distillation_refusals_name_the_problem(labeled_images, teacher_checkpoint, tmp_path):
     data, labels = labeled_images
-    with pytest.raises(UsageError, match='not combined with token labeling'):
-        main(distill_args(data, tmp_path / 'a', teacher_checkpoint, '--token-labeling', '--token-label-dir',
+    with pytest.raises(UsageError, match='does not go with label pooling'):
+        main(distill_args(data, tmp_path / 'a', teacher_checkpoint, '--preset', 'relabel', '--token-label-dir',
                           str(labels)))
-    lvvit = ['lvvit_t', *distill_args(data, tmp_path / 'b', teacher_checkpoint)[len(TINY_DEIT):],
-             '--no-token-labeling']
-    with pytest.raises(UsageError, match='distillation takes a ViT/DeiT, CaiT or T2T-ViT model'):
-        main(lvvit)
-    with pytest.raises(UsageError, match='--teacher-checkpoint goes with --teacher'):
+    resnet = ['resnet10t', *distill_args(data, tmp_path / 'b', teacher_checkpoint)[len(TINY_DEIT):]]
+    with pytest.raises(UsageError, match='distillation takes a ViT/DeiT, CaiT, T2T-ViT or LV-ViT model'):
+        main(resnet)
+    with pytest.raises(UsageError, match='--teacher-checkpoint and --teacher-kwargs go with --teacher'):
         main([*TINY_DEIT, '--data-dir', str(data), '--output', str(tmp_path / 'c'), '--teacher-checkpoint', 'x.pth'])
+    with pytest.raises(ValueError, match='distillation token .* or a token head'):
+        backbones.create_model('lvvit_t', distilled=True, token_head=True)
     torch.save(timm.create_model('resnet10t', num_classes=5).state_dict(), tmp_path / 'five.pth')
     with pytest.raises(CheckpointError, match='has 5 classes, the model 3'):
         main(distill_args(data, tmp_path / 'd', tmp_path / 'five.pth'))
