@@ -13,7 +13,7 @@ from helpers.seg_data import write_tiny_ade, write_tiny_config
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
-VARIANTS = ('token-labeling', 'standard')  # mixtoken-label trains in test_presets
+VARIANTS = ('token-labeling', 'standard', 'online-token-labeling')  # mixtoken-label trains in test_presets
 
 
 @pytest.fixture(scope='module')
@@ -28,6 +28,7 @@ def reproduction(labeled_images, tmp_path_factory):  # noqa: F811
             '--device', 'cpu', '--out', str(out), '--fcn-config', str(configs['fcn']),
             '--upernet-config', str(configs['upernet']), '--epochs', '1', '--iters', '2',
             '--variants', *VARIANTS, '--cls-data-dir', str(data), '--token-label-dir', str(labels),
+            '--annotator', 'resnet10t', '--annotator-checkpoint', str(labels.parent / 'annotator.pth'),
             '--cls-args', '--img-size', '32', '--batch-size', '4', '--lr-base-batch', '4', '--workers', '0']
     result = run_tool('reproduce_token_labeling.py', argv, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -41,8 +42,13 @@ def test_results_are_the_runs_own_figures(reproduction):
     for run in results['runs']:
         run_dir = out / 'runs' / run['variant'] / f'seed_{run["seed"]}'
         cls = json.loads((run_dir / 'cls' / 'metrics.json').read_text())
-        assert run['top1'] == cls['best_top1'] and cls['preset'] == run['variant']
+        preset = 'token-labeling' if run['variant'] == 'online-token-labeling' else run['variant']
+        assert run['top1'] == cls['best_top1'] and cls['preset'] == preset
         assert cls['token_labeling'] == (run['variant'] != 'standard')
+        assert cls['online_token_labeling'] == (run['variant'] == 'online-token-labeling')
+        assert cls['teacher'] == ('resnet10t' if cls['online_token_labeling'] else None)
+        epochs = [json.loads(line) for line in (run_dir / 'cls' / 'log.jsonl').read_text().splitlines()]
+        assert run['train_seconds'] == pytest.approx(sum(epoch['time'] for epoch in epochs), abs=0.05)
         for head in ('fcn', 'upernet'):
             for mode in ('ss', 'ms'):
                 report = json.loads((run_dir / head / f'{mode}.json').read_text())

@@ -10,12 +10,15 @@ For every seed, one model is pretrained three ways on the same data for the same
   token-labeling   token labeling with the annotator's score maps, and MixToken (LV-ViT's recipe)
   standard         the paper's Standard baseline: MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images
   mixtoken-label   MixToken with the image label only (no annotator)
-and each backbone is transferred with FCN and with UperNet, then tested single-scale (SS) and multi-scale with
-flips (MS). `--variants` adds the paper's other rows (Table 2): relabel (CutMix + ReLabel), relabel-mixtoken
-(MixToken + ReLabel), cutmix-label (CutMix + image label), token-labeling-no-mixtoken. DIR/table.md (the paper's
-layout, mean +- std over seeds; then each variant minus token labeling, paired by seed, with its 95% interval and
-"within noise" where the interval holds 0), DIR/results.json (every run and the summary) and DIR/results.png (bars
-with error bars) come out.
+and each backbone is transferred with FCN and with UperNet, then tested single-scale (SS) and multi-scale (MS).
+`--variants` adds the paper's other rows: Table 2 (relabel: CutMix + ReLabel, relabel-mixtoken: MixToken + ReLabel,
+cutmix-label: CutMix + image label), Table 4 (online-kd, online-token-labeling: the annotator as a teacher), Figure
+4 left (participation-20 ... -80: that share of the tokens in the token loss), token-labeling-no-mixtoken, and
+standard-same-lr (Standard at token labeling's lr: one factor fewer).
+
+DIR/table.md (the paper's layout, mean +- std over seeds, pretraining times; then each variant minus token labeling,
+paired by seed, with its 95% interval and "within noise" where the interval holds 0), DIR/results.json (every run
+and the summary) and DIR/results.png (bars with error bars) come out.
 
 Every stage is the suite's own command (tools/train_cls.py, tools/train_seg.py, tools/test_seg.py), logged to
 DIR/runs/VARIANT/seed_S/*.log. A stage whose result is on disk is not run again, and an interrupted one resumes
@@ -34,6 +37,10 @@ from pathlib import Path
 from common.errors import SuiteError, UsageError
 from common.cli import add_device_argument, check_output_folder, positive_int, run_command
 from common.files import write_json_atomic
+from classification.recipes import recipe_for
+from digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, SCANS_DIR
+from digits.cls_data import RECIPE as DIGITS_RECIPE
+from engine.checkpoints import LAST, LOG
 from common.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
 from segmentation.config import load_config
 
@@ -47,7 +54,18 @@ VARIANTS = {
     'relabel-mixtoken': 'ReLabel + MixToken',
     'cutmix-label': 'CutMix, image label only',
     'token-labeling-no-mixtoken': 'token labeling, no MixToken',
+    'online-kd': 'online KD (annotator as DeiT teacher)',
+    'online-token-labeling': 'online token labeling',
+    'standard-same-lr': 'Standard at token labeling\'s lr',
+    **{f'participation-{rate}': f'token labeling, {rate}% of tokens' for rate in (20, 40, 60, 80)},
 }
+# The rows that are not a preset alone: the preset they start from, and their own options (Figure 4 left: the token
+# participation rate); the online rows add the annotator as --teacher (Table 4); `standard-same-lr` is Standard
+# with token labeling's lr, the one factor Standard changes besides the supervision and the mixing
+DERIVED = {'standard-same-lr': ('standard', []),  # the lr: Stages.pretrain_argv (it depends on the data)
+           **{f'participation-{rate}': ('token-labeling', ['--token-participation', f'{rate / 100:g}'])
+              for rate in (20, 40, 60, 80)}}
+ONLINE = {'online-kd': 'standard', 'online-token-labeling': 'token-labeling'}
 DEFAULT_VARIANTS = ('token-labeling', 'standard', 'mixtoken-label')
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
@@ -73,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help='segmentation iterations (default: the schedule\'s; 160 on the digits)')
     p.add_argument('--cls-data-dir', help='ImageNet-layout folder for pretraining (default: the embedded digits)')
     p.add_argument('--token-label-dir', help='its token-label store (needed with --cls-data-dir)')
+    p.add_argument('--annotator', nargs='+', metavar=('MODEL', 'KEY=VALUE'), help=(
+        'the online rows\' annotator and its model arguments (default on the embedded digits: their annotator, '
+        f'{ANNOTATOR} {" ".join(f"{k}={v}" for k, v in ANNOTATOR_KWARGS.items())})'))
+    p.add_argument('--annotator-checkpoint', help='its weights (default on the digits: the one token labeling trains '
+                   f'first, {SCANS_DIR / "annotator" / LAST})')
     p.add_argument('--seg-data-root', help='ADE20K-layout folder (default: the configs\', else the embedded set)')
     p.add_argument('--cls-args', nargs=argparse.REMAINDER, default=[],
                    help='further tools/train_cls.py options, e.g. --batch-size 16 --workers 0 (put it last)')
@@ -83,6 +106,10 @@ def check_args(args: argparse.Namespace) -> None:
     check_output_folder(args.out)
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
         raise UsageError('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
+    if args.cls_data_dir and set(ONLINE) & set(args.variants) and not args.annotator_checkpoint:
+        raise UsageError('the online rows on your data need --annotator and --annotator-checkpoint (the annotator '
+                         'your store was made with)')
+    args.variants = [variant for variant in VARIANTS if variant in args.variants]  # token labeling first
     if args.quick:
         args.epochs = args.epochs or QUICK['epochs']
         args.iters = args.iters or QUICK['iters']
@@ -142,9 +169,16 @@ class Stages:
         record.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(record, command)
 
+    def pretrain_argv(self, variant: str, seed: int, model: str, out: Path) -> list[str]:
+        """tools/train_cls.py's options for a row: its preset and the row's own options."""
+        preset, options = DERIVED.get(variant, (ONLINE.get(variant, variant), []))
+        argv = [model, '--preset', preset, '--seed', str(seed), '--output', str(out), *options]
+        argv += self.annotator_args() if variant in ONLINE else []
+        return argv + (['--lr-base', f'{self.token_labeling_lr(model):g}'] if variant == 'standard-same-lr' else [])
+
     def pretrain(self, variant: str, seed: int, model: str, model_kwargs: dict, run_dir: Path) -> Path:
         out, a = run_dir / 'cls', self.args
-        argv = [model, '--preset', variant, '--seed', str(seed), '--output', str(out)]
+        argv = self.pretrain_argv(variant, seed, model, out)
         argv += ['--epochs', str(a.epochs)] if a.epochs else []
         argv += ['--device', a.device] if a.device else []
         argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())] if model_kwargs else []
@@ -157,6 +191,23 @@ class Stages:
             argv += ['--resume'] if (out / 'last.pth').is_file() else []
             self.run(f'{variant} seed {seed}: pretraining {model}', 'train_cls.py', argv, run_dir / 'cls.log')
         return out
+
+    def token_labeling_lr(self, model: str) -> float:
+        """lr_base of token labeling for `model` on the data of the run (what `standard` scales by 640/1024)."""
+        return recipe_for(model, 'token-labeling', None if self.args.cls_data_dir else DIGITS_RECIPE).lr_base
+
+    def annotator_args(self) -> list[str]:
+        """The online rows' --teacher options: the annotator the stores come from (on the digits, the one the first
+        token-labeling pretraining trained)."""
+        a = self.args
+        model, *kwargs = a.annotator or [ANNOTATOR, *(f'{k}={v}' for k, v in ANNOTATOR_KWARGS.items())]
+        checkpoint = a.annotator_checkpoint or str(REPO / SCANS_DIR / 'annotator' / LAST)
+        if not Path(checkpoint).is_file():
+            raise UsageError(f'the online rows need the annotator\'s weights, {checkpoint}: give '
+                             f'--annotator-checkpoint, or, on the digits, add token-labeling to --variants (it trains '
+                             f'the annotator first)')
+        return ['--teacher', model, '--teacher-checkpoint', checkpoint] + (['--teacher-kwargs', *kwargs] if kwargs
+                                                                            else [])
 
     def segment(self, variant: str, seed: int, head: str, config: str, backbone: Path, run_dir: Path) -> dict:
         work = run_dir / head
@@ -185,13 +236,19 @@ class Stages:
         return scores
 
 
+def training_seconds(run: Path) -> float:
+    """The pretraining's own time: the sum of its epochs' times (training and validation) in its log."""
+    return round(sum(json.loads(line)['time'] for line in (run / LOG).read_text().splitlines()), 1)
+
+
 def summarise(runs: list[dict]) -> dict:
     """Per variant: mean and std over seeds of top-1 and of every head/mode/metric; for each variant but token
     labeling, its paired difference from token labeling over the seeds both ran (`vs_token_labeling`)."""
     summary = {}
     for variant in dict.fromkeys(r['variant'] for r in runs):
         mine = [r for r in runs if r['variant'] == variant]
-        entry = {'top1': mean_std([r['top1'] for r in mine])}
+        entry = {'top1': mean_std([r['top1'] for r in mine]),
+                 'train_seconds': mean_std([r['train_seconds'] for r in mine])}
         for head in HEADS:
             entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in METRICS}
                            for mode in MODES}
@@ -225,18 +282,28 @@ def cell(stats: dict) -> str:
 def markdown_table(summary: dict, model: str, seeds: int) -> str:
     """The paper's Table 7 layout: backbone and its pretraining, segmentation head, SS and MS mIoU / pixel acc."""
     lines = ['| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS '
-             '| Pixel acc. MS |',
-             '|---|---|---:|---|---:|---:|---:|---:|']
+             '| Pixel acc. MS | Pretraining time |',
+             '|---|---|---:|---|---:|---:|---:|---:|---:|']
     for head, head_name in HEADS.items():
         for variant, entry in summary.items():
             scores = entry[head]
             lines.append(f'| {model} | {VARIANTS[variant]} | {cell(entry["top1"])} | {head_name} | '
                          f'{cell(scores["ss"]["mIoU"])} | {cell(scores["ss"]["aAcc"])} | '
-                         f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} |')
-    table = '\n'.join(lines) + f'\n\nMean ± standard deviation over {seeds} seed(s); percent.\n'
+                         f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} | '
+                         f'{time_cell(summary, variant)} |')
+    table = '\n'.join(lines) + (f'\n\nMean ± standard deviation over {seeds} seed(s); percent. Pretraining time: '
+                                 f'its epochs\' seconds summed, mean over seeds; its ratio to the Standard (vanilla) '
+                                 f'row\'s.\n')
     compared = {variant: entry['vs_token_labeling'] for variant, entry in summary.items()
                 if 'vs_token_labeling' in entry}
     return table + (difference_table(compared, seeds) if compared else '')
+
+
+def time_cell(summary: dict, variant: str) -> str:
+    seconds = summary[variant]['train_seconds']['mean']
+    if 'standard' not in summary:
+        return f'{seconds:.0f} s'
+    return f'{seconds:.0f} s (×{seconds / summary["standard"]["train_seconds"]["mean"]:.2f})'
 
 
 def difference_table(compared: dict, seeds: int) -> str:
@@ -294,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
             cls_dir = stages.pretrain(variant, seed, model, model_kwargs, run_dir)
             cls_metrics = json.loads((cls_dir / 'metrics.json').read_text())
             record = {'variant': variant, 'seed': seed, 'top1': cls_metrics['best_top1'],
-                      'cls_metrics': str(cls_dir / 'metrics.json')}
+                      'train_seconds': training_seconds(cls_dir), 'cls_metrics': str(cls_dir / 'metrics.json')}
             for head, config in configs.items():
                 record[head] = stages.segment(variant, seed, head, config, cls_dir / 'best.pth', run_dir)
             runs.append(record)
