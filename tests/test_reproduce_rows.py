@@ -40,3 +40,16 @@ def test_standard_at_token_labelings_lr_changes_supervision_and_mixing_not_the_l
     # token labeling off: the image labels, and the recipe's MixUp 0.8 + CutMix 1.0 (unused with token labeling)
     # instead of MixToken
     assert same_lr == {'token_labeling': (True, False)}
+
+
+def test_a_table_runs_the_papers_rows_token_labeling_first(tmp_path):
+    def rows(*argv: str) -> list[str]:
+        args = reproduce.build_parser().parse_args([*argv, '--out', str(tmp_path)])
+        reproduce.check_args(args)
+        return args.variants
+
+    assert rows() == ['token-labeling', 'standard', 'mixtoken-label']
+    assert rows('--table', '4') == ['token-labeling', 'standard', 'relabel', 'online-kd', 'online-token-labeling']
+    assert rows('--table', '2', '--variants', 'standard') == ['token-labeling', 'standard', 'mixtoken-label',
+                                                              'relabel', 'relabel-mixtoken', 'cutmix-label']
+    assert rows('--table', 'fig4')[1:] == [f'participation-{rate}' for rate in (20, 40, 60, 80)]

@@ -67,6 +67,13 @@ DERIVED = {'standard-same-lr': ('standard', []),  # the lr: Stages.pretrain_argv
               for rate in (20, 40, 60, 80)}}
 ONLINE = {'online-kd': 'standard', 'online-token-labeling': 'token-labeling'}
 DEFAULT_VARIANTS = ('token-labeling', 'standard', 'mixtoken-label')
+# The paper's tables as rows of this tool (`--table`); Table 7 is the transfer of the Table 4 backbones
+TABLES = {
+    '2': ('token-labeling', 'relabel-mixtoken', 'relabel', 'mixtoken-label', 'cutmix-label'),
+    '4': ('standard', 'relabel', 'token-labeling', 'online-kd', 'online-token-labeling'),
+    '7': ('token-labeling', 'standard'),
+    'fig4': ('token-labeling', 'participation-20', 'participation-40', 'participation-60', 'participation-80'),
+}
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
@@ -82,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='seeds per variant (mean and std over them; differences from token labeling paired by seed)')
     add_device_argument(p)
     p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
-    p.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(DEFAULT_VARIANTS),
-                   help=f'pretraining presets to compare (default: {", ".join(DEFAULT_VARIANTS)})')
+    p.add_argument('--variants', nargs='+', choices=list(VARIANTS),
+                   help=f'pretraining rows to compare (default: {", ".join(DEFAULT_VARIANTS)})')
+    p.add_argument('--table', nargs='+', choices=list(TABLES), help='the rows of these tables of the paper (added to '
+                   '--variants): ' + '; '.join(f'{name}: {", ".join(rows)}' for name, rows in TABLES.items()))
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
     p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
     p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
@@ -104,12 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     check_output_folder(args.out)
+    chosen = set(args.variants or ()) | {row for table in args.table or () for row in TABLES[table]}
+    args.variants = [variant for variant in VARIANTS if variant in (chosen or DEFAULT_VARIANTS)]  # token labeling first
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
         raise UsageError('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
     if args.cls_data_dir and set(ONLINE) & set(args.variants) and not args.annotator_checkpoint:
         raise UsageError('the online rows on your data need --annotator and --annotator-checkpoint (the annotator '
                          'your store was made with)')
-    args.variants = [variant for variant in VARIANTS if variant in args.variants]  # token labeling first
     if args.quick:
         args.epochs = args.epochs or QUICK['epochs']
         args.iters = args.iters or QUICK['iters']
