@@ -118,6 +118,8 @@ class Teacher(nn.Module):
     @torch.no_grad()
     def dense_map(self, images: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-k logits and classes at every position of the teacher's dense scores of `images` (the map an
-        annotator gives, as a token-label store keeps it): (B, h, w, k) each, best first."""
-        top = dense_scores(bare_model(self.model), images * self.scale + self.shift).float().topk(topk, dim=-1)
+        annotator gives, as a token-label store keeps it): (B, h, w, k) each, best first; k is at most the number of
+        classes."""
+        scores = dense_scores(bare_model(self.model), images * self.scale + self.shift).float()
+        top = scores.topk(min(topk, scores.shape[-1]), dim=-1)
         return top.values, top.indices

@@ -88,3 +88,12 @@ def test_training_with_an_online_annotator_reads_no_store(crops, tmp_path):
     assert metrics['online_token_labeling'] and metrics['token_labeling'] and metrics['teacher'] == 'resnet10t'
     settings = json.loads((out / 'metrics.json').read_text())
     assert settings['online_token_labeling']
+
+
+def test_an_annotator_with_fewer_classes_than_the_top_k_gives_all_of_them(crops):
+    root, _ = crops
+    recipe = recipe_for('lvvit_s', data_values={'img_size': SIZE})
+    annotator = build_teacher(TeacherSpec('resnet10t', str(root / 'annotator.pth'), ANNOTATOR_KWARGS), CLASSES,
+                              recipe, {'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD}, DistInfo())
+    scores, classes = annotator.dense_map(torch.zeros(2, 3, SIZE, SIZE), topk=CLASSES + 4)
+    assert scores.shape == (2, 3, 3, CLASSES) and (classes.sort(dim=-1).values == torch.arange(CLASSES)).all()
