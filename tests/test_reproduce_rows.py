@@ -53,3 +53,31 @@ def test_a_table_runs_the_papers_rows_token_labeling_first(tmp_path):
     assert rows('--table', '2', '--variants', 'standard') == ['token-labeling', 'standard', 'mixtoken-label',
                                                               'relabel', 'relabel-mixtoken', 'cutmix-label']
     assert rows('--table', 'fig4')[1:] == [f'participation-{rate}' for rate in (20, 40, 60, 80)]
+
+
+def fake_runs(variants: list[str], seeds: int = 2) -> list[dict]:
+    """Runs whose figures say which row and seed they are: top-1 = 50 + row + seed, mIoU = 40 + row + seed."""
+    return [{'variant': variant, 'seed': seed, 'top1': 50.0 + i + seed, 'train_seconds': 100.0 + 10 * i,
+             **{head: {mode: {'mIoU': 40.0 + i + seed, 'aAcc': 80.0} for mode in reproduce.MODES}
+                for head in reproduce.HEADS}}
+            for seed in range(seeds) for i, variant in enumerate(variants)]
+
+
+def table_rows(text: str, title: str) -> list[list[str]]:
+    block = text.split(title, 1)[1].split('\n\n')[1]  # the table after its title line
+    return [[cell.strip() for cell in line.strip('|').split('|')] for line in block.splitlines()[2:]]
+
+
+def test_the_papers_layouts_hold_each_rows_own_figures():
+    variants = ['token-labeling', 'standard', 'relabel', 'relabel-mixtoken', 'participation-20', 'participation-60']
+    summary = reproduce.summarise(fake_runs(variants))
+    text = reproduce.paper_tables(summary)
+    table2 = table_rows(text, 'Table 2 layout')
+    assert table2[0] == ['MixToken', '50.5 ± 0.7 / 40.5 ± 0.7', '53.5 ± 0.7 / 43.5 ± 0.7', '—']  # rows 0 and 3
+    assert table2[1] == ['CutMix', '—', '52.5 ± 0.7 / 42.5 ± 0.7', '—']  # relabel is row 2
+    table4 = table_rows(text, 'Table 4 layout')
+    assert [row[0] for row in table4] == ['vanilla', 'token labeling', 'ReLabel']
+    assert table4[1][3] == '100 s (×0.91)'  # token labeling's 100 s against Standard's 110 s
+    figure4 = table_rows(text, 'Figure 4 (left)')
+    assert figure4[0] == ['Top-1', '54.5 ± 0.7', '55.5 ± 0.7', '50.5 ± 0.7']  # 20%, 60%, then 100%: token labeling
+    assert reproduce.paper_tables(reproduce.summarise(fake_runs(['token-labeling']))) == ''  # one row: no layout

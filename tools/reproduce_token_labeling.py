@@ -306,7 +306,7 @@ def markdown_table(summary: dict, model: str, seeds: int) -> str:
                                  f'row\'s.\n')
     compared = {variant: entry['vs_token_labeling'] for variant, entry in summary.items()
                 if 'vs_token_labeling' in entry}
-    return table + (difference_table(compared, seeds) if compared else '')
+    return table + (difference_table(compared, seeds) if compared else '') + paper_tables(summary)
 
 
 def time_cell(summary: dict, variant: str) -> str:
@@ -314,6 +314,51 @@ def time_cell(summary: dict, variant: str) -> str:
     if 'standard' not in summary:
         return f'{seconds:.0f} s'
     return f'{seconds:.0f} s (×{seconds / summary["standard"]["train_seconds"]["mean"]:.2f})'
+
+
+# The paper's own layouts: Table 2 (augmentation x supervision), Table 4 (training, tokens used, time) and Figure 4
+# left (participation rate); a cell whose row did not run is a dash
+TABLE2_CELLS = {('MixToken', 'token labeling'): 'token-labeling', ('MixToken', 'ReLabel'): 'relabel-mixtoken',
+                ('CutMix', 'ReLabel'): 'relabel', ('MixToken', 'image label'): 'mixtoken-label',
+                ('CutMix', 'image label'): 'cutmix-label'}
+TABLE4_ROWS = {'standard': ('vanilla', '1'), 'online-kd': ('online KD', '2'),
+               'online-token-labeling': ('online token labeling', 'all'), 'token-labeling': ('token labeling', 'all'),
+               'relabel': ('ReLabel', '1')}
+PARTICIPATION = {20: 'participation-20', 40: 'participation-40', 60: 'participation-60', 80: 'participation-80',
+                 100: 'token-labeling'}
+
+
+def top1_and_miou(summary: dict, variant: str) -> str:
+    """'top-1 / UperNet SS mIoU' of a row, or a dash where it did not run."""
+    if variant not in summary:
+        return '—'
+    return f'{cell(summary[variant]["top1"])} / {cell(summary[variant]["upernet"]["ss"]["mIoU"])}'
+
+
+def paper_tables(summary: dict) -> str:
+    """The paper's Table 2, Table 4 and Figure 4 (left) in their layouts, for those with at least two rows run."""
+    parts = []
+    if len(set(TABLE2_CELLS.values()) & set(summary)) >= 2:
+        lines = ['| Augmentation | token labeling | ReLabel | image label |', '|---|---:|---:|---:|']
+        for mixing in ('MixToken', 'CutMix'):
+            lines.append(f'| {mixing} | ' + ' | '.join(
+                top1_and_miou(summary, TABLE2_CELLS[(mixing, supervision)]) if (mixing, supervision) in TABLE2_CELLS
+                else '—' for supervision in ('token labeling', 'ReLabel', 'image label')) + ' |')
+        parts.append('Table 2 layout (top-1 / UperNet mIoU SS):\n\n' + '\n'.join(lines))
+    if len(set(TABLE4_ROWS) & set(summary)) >= 2:
+        lines = ['| Training | Tokens used | Top-1 / UperNet mIoU SS | Pretraining time |', '|---|---|---:|---:|']
+        lines += [f'| {name} | {tokens} | {top1_and_miou(summary, variant)} | {time_cell(summary, variant)} |'
+                  for variant, (name, tokens) in TABLE4_ROWS.items() if variant in summary]
+        parts.append('Table 4 layout:\n\n' + '\n'.join(lines))
+    if len(set(PARTICIPATION.values()) & set(summary)) >= 2:
+        rates = [rate for rate, variant in PARTICIPATION.items() if variant in summary]
+        lines = ['| Token participation | ' + ' | '.join(f'{rate}%' for rate in rates) + ' |',
+                 '|---|' + '---:|' * len(rates),
+                 '| Top-1 | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['top1']) for r in rates) + ' |',
+                 '| UperNet mIoU SS | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['upernet']['ss']['mIoU'])
+                                                    for r in rates) + ' |']
+        parts.append('Figure 4 (left) as a table:\n\n' + '\n'.join(lines))
+    return ''.join(f'\n{part}\n' for part in parts)
 
 
 def difference_table(compared: dict, seeds: int) -> str:
