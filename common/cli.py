@@ -167,13 +167,24 @@ def check_writable(path: str | Path) -> None:
     check_folder_writable(path.parent, path)
 
 
-def output_file(value: str) -> str:
-    """argparse type of a file a command will write: checked (`check_writable`) before any work."""
+def _checked_argument(check: Callable[[str], None], value: str) -> None:
+    """Run an output check on a command-line value: its UsageError becomes argparse's error for the option."""
     try:
-        check_writable(value)
+        check(value)
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def output_file(value: str) -> str:
+    """argparse type of a file a command will write: checked (`check_writable`) before any work."""
+    _checked_argument(check_writable, value)
     return value
+
+
+def output_folder(value: str) -> Path:
+    """argparse type of a folder a command will create or fill: checked (`check_output_folder`) before any work."""
+    _checked_argument(check_output_folder, value)
+    return Path(value)
 
 
 def check_output_folder(path: str | Path) -> None:

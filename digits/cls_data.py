@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from classification.recipes import Recipe, recipe_for
 from classification.train import ImageData, train
-from common.cli import DEFAULT_WORKERS
+from common.cli import DEFAULT_WORKERS, output_folder
 from common.distributed import DistInfo, barrier, run_distributed
 from common.log import logger
 from engine.checkpoints import BEST, LAST, METRICS
@@ -63,7 +63,7 @@ class EmbeddedScans:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument('--digits-dir', type=Path, default=SCANS_DIR,
+        parser.add_argument('--digits-dir', type=output_folder, default=SCANS_DIR,
                             help=f'where the embedded digits and what is trained on them live (default {SCANS_DIR})')
 
     @classmethod

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from mmengine.config import Config
 
+from common.cli import output_folder
 from common.log import logger
 from segmentation.config import ADE20K_CROP, LOADERS, datasets, drop_tta_flips, scale_sizes
 
@@ -65,7 +66,7 @@ class EmbeddedPages:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group('the embedded digits, used when the config\'s ADE20K is not on disk')
-        group.add_argument('--digits-seg-dir', type=Path, default=PAGES_DIR,
+        group.add_argument('--digits-seg-dir', type=output_folder, default=PAGES_DIR,
                            help=f'where the embedded pages are written (default {PAGES_DIR})')
         EmbeddedScans.add_arguments(group)
 

@@ -340,3 +340,25 @@ def test_real_labels_on_a_folder_that_is_not_imagenets_validation_set(trained, t
     assert result.returncode == 2 and 'Traceback' not in result.stderr
     assert "the ReaL labels are for ImageNet's 50,000 validation images" in result.stderr
     assert 'this split has 12 image(s), e.g. n001_0.png' in result.stderr
+
+
+@pytest.mark.parametrize('option', ['--digits-dir', '--digits-seg-dir'])
+def test_an_embedded_data_folder_that_is_a_file_is_refused_by_name(option, tmp_path, capsys):
+    """The embedded data's folders are written into: a file there (or above) is an argparse error naming the option,
+    before any work, not a traceback from the first mkdir."""
+    from digits.cls_data import EmbeddedScans
+    from digits.seg_data import EmbeddedPages
+    from segmentation.train import build_parser as seg_parser
+    taken = tmp_path / 'taken'
+    taken.write_text('')
+    if option == '--digits-dir':
+        parser, argv = train.build_parser(EmbeddedScans), ['lvvit_s']
+    else:
+        parser, argv = seg_parser(), ['config.py']
+        EmbeddedPages.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*argv, option, str(taken / 'below')])
+    assert f'argument {option}: cannot use {taken / "below"} as output folder: {taken} is a file' in \
+        capsys.readouterr().err
+    assert parser.parse_args([*argv, option, str(tmp_path / 'new')]).__dict__[option[2:].replace('-', '_')] == \
+        tmp_path / 'new'
