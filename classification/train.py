@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
     fallback = default_data.from_args(args) if args.data_dir is None else None
     recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
     options = RunOptions.from_args(args, f'output/train_cls/{args.model}')
+    teacher_kwargs = parse_model_kwargs(args.teacher_kwargs, '--teacher-kwargs')
+    teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, teacher_kwargs) if args.teacher else None
 
     def run(info: DistInfo) -> dict:
         if fallback:
@@ -317,8 +319,6 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
         else:
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
-        teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, parse_model_kwargs(args.teacher_kwargs)) \
-            if args.teacher else None
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
                      teacher, args.augment)
 

@@ -96,13 +96,14 @@ def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_model_kwargs(items: list[str]) -> dict:
-    """`--model-kwargs key=value ...`: values parsed as Python literals where they are one (numbers, True, None)."""
+def parse_model_kwargs(items: list[str], option: str = '--model-kwargs') -> dict:
+    """`--model-kwargs key=value ...` (or another `option` of model arguments): values parsed as Python literals
+    where they are one (numbers, True, None)."""
     kwargs = {}
     for item in items:
         key, sep, value = item.partition('=')
         if not sep:
-            raise UsageError(f'--model-kwargs takes key=value, got {item!r}')
+            raise UsageError(f'{option} takes key=value, got {item!r}')
         try:
             kwargs[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -159,6 +159,8 @@ def test_distillation_refusals_name_the_problem(labeled_images, teacher_checkpoi
     resnet = ['resnet10t', *distill_args(data, tmp_path / 'b', teacher_checkpoint)[len(TINY_DEIT):]]
     with pytest.raises(UsageError, match='distillation takes a ViT/DeiT, CaiT, T2T-ViT or LV-ViT model'):
         main(resnet)
+    with pytest.raises(UsageError, match="--teacher-kwargs takes key=value, got 'output_stride'"):
+        main(distill_args(data, tmp_path / 'e', teacher_checkpoint, '--teacher-kwargs', 'output_stride'))
     with pytest.raises(UsageError, match='--teacher-checkpoint and --teacher-kwargs go with --teacher'):
         main([*TINY_DEIT, '--data-dir', str(data), '--output', str(tmp_path / 'c'), '--teacher-checkpoint', 'x.pth'])
     with pytest.raises(ValueError, match='distillation token .* or a token head'):
