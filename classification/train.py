@@ -1,7 +1,7 @@
 """ImageNet-style training of any model (the suite's or any timm model) with its paper recipe: token labeling
 (LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`);
 with `--teacher`, DeiT's hard distillation, or with token labeling, online token labeling (the teacher's dense map of
-each batch gives the token targets)
+each batch gives the token targets).
 
 `tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info)` is the same run from
 Python, with a `Recipe` (`recipes.recipe_for`) and an `ImageData`.
