@@ -46,6 +46,8 @@ from segmentation.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
+PARTICIPATION_RATES = (20, 40, 60, 80)  # percent of each image's tokens in the token loss (Figure 4 left; 100: token
+# labeling itself)
 VARIANTS = {
     'token-labeling': 'token labeling + MixToken',
     'standard': 'Standard (MixUp + CutMix)',
@@ -57,23 +59,28 @@ VARIANTS = {
     'online-kd': 'online KD (annotator as DeiT teacher)',
     'online-token-labeling': 'online token labeling',
     'standard-same-lr': 'Standard at token labeling\'s lr',
-    **{f'participation-{rate}': f'token labeling, {rate}% of tokens' for rate in (20, 40, 60, 80)},
+    **{f'participation-{rate}': f'token labeling, {rate}% of tokens' for rate in PARTICIPATION_RATES},
 }
 # The rows that are not a preset alone: the preset they start from, and their own options (Figure 4 left: the token
 # participation rate); the online rows add the annotator as --teacher (Table 4); `standard-same-lr` is Standard
 # with token labeling's lr, the one factor Standard changes besides the supervision and the mixing
 DERIVED = {'standard-same-lr': ('standard', []),  # the lr: Stages.pretrain_argv (it depends on the data)
            **{f'participation-{rate}': ('token-labeling', ['--token-participation', f'{rate / 100:g}'])
-              for rate in (20, 40, 60, 80)}}
+              for rate in PARTICIPATION_RATES}}
 ONLINE = {'online-kd': 'standard', 'online-token-labeling': 'token-labeling'}
 DEFAULT_VARIANTS = ('token-labeling', 'standard', 'mixtoken-label')
-# The paper's tables as rows of this tool (`--table`); Table 7 is the transfer of the Table 4 backbones
-TABLES = {
-    '2': ('token-labeling', 'relabel-mixtoken', 'relabel', 'mixtoken-label', 'cutmix-label'),
-    '4': ('standard', 'relabel', 'token-labeling', 'online-kd', 'online-token-labeling'),
-    '7': ('token-labeling', 'standard'),
-    'fig4': ('token-labeling', 'participation-20', 'participation-40', 'participation-60', 'participation-80'),
-}
+# The paper's own layouts: Table 2 (augmentation x supervision), Table 4 (training, tokens used, time) and Figure 4
+# left (participation rate); a cell whose row did not run is a dash
+TABLE2_CELLS = {('MixToken', 'token labeling'): 'token-labeling', ('MixToken', 'ReLabel'): 'relabel-mixtoken',
+                ('CutMix', 'ReLabel'): 'relabel', ('MixToken', 'image label'): 'mixtoken-label',
+                ('CutMix', 'image label'): 'cutmix-label'}
+TABLE4_ROWS = {'standard': ('vanilla', '1'), 'online-kd': ('online KD', '2'),
+               'online-token-labeling': ('online token labeling', 'all'), 'token-labeling': ('token labeling', 'all'),
+               'relabel': ('ReLabel', '1')}
+PARTICIPATION = {**{rate: f'participation-{rate}' for rate in PARTICIPATION_RATES}, 100: 'token-labeling'}
+# The paper's tables as rows of this tool (`--table`): the rows of their layouts; Table 7 transfers backbones
+TABLES = {'2': tuple(TABLE2_CELLS.values()), '4': tuple(TABLE4_ROWS), '7': ('token-labeling', 'standard'),
+          'fig4': tuple(PARTICIPATION.values())}
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
@@ -314,18 +321,6 @@ def time_cell(summary: dict, variant: str) -> str:
     if 'standard' not in summary:
         return f'{seconds:.0f} s'
     return f'{seconds:.0f} s (×{seconds / summary["standard"]["train_seconds"]["mean"]:.2f})'
-
-
-# The paper's own layouts: Table 2 (augmentation x supervision), Table 4 (training, tokens used, time) and Figure 4
-# left (participation rate); a cell whose row did not run is a dash
-TABLE2_CELLS = {('MixToken', 'token labeling'): 'token-labeling', ('MixToken', 'ReLabel'): 'relabel-mixtoken',
-                ('CutMix', 'ReLabel'): 'relabel', ('MixToken', 'image label'): 'mixtoken-label',
-                ('CutMix', 'image label'): 'cutmix-label'}
-TABLE4_ROWS = {'standard': ('vanilla', '1'), 'online-kd': ('online KD', '2'),
-               'online-token-labeling': ('online token labeling', 'all'), 'token-labeling': ('token labeling', 'all'),
-               'relabel': ('ReLabel', '1')}
-PARTICIPATION = {20: 'participation-20', 40: 'participation-40', 60: 'participation-60', 80: 'participation-80',
-                 100: 'token-labeling'}
 
 
 def top1_and_miou(summary: dict, variant: str) -> str:
