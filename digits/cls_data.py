@@ -35,6 +35,9 @@ RECIPE = dict(epochs=8, warmup_epochs=1, batch_size=32, img_size=48, lr_base=1e-
               min_lr=1e-5, ema_decay=0.0, scale_min=0.5, auto_augment='rand-m5-mstd0.5-inc1', reprob=0.0,
               drop_path=0.0, hflip=0.0, aug_repeats=0)
 ANNOTATOR = 'resnet10t'  # a timm CNN: its head applied per position gives meaningful dense scores
+# The annotators a run may choose (--digits-annotator), smallest first: timm ResNets of growing size (4.9M, 11.2M,
+# 21.3M parameters), for the paper's Figure 4 right (token labeling is robust to the annotator)
+ANNOTATORS = (ANNOTATOR, 'resnet18', 'resnet34')
 ANNOTATOR_KWARGS = {'output_stride': 16}  # score maps on the same stride-16 grid as the trained models' tokens
 # The annotator's recipe over timm's defaults for a CNN: a few epochs, no EMA, mixup, cutmix, RandAugment or erasing.
 ANNOTATOR_RECIPE = dict(epochs=6, warmup_epochs=1, lr_base=2e-3, lr_base_batch=32, ema_decay=0.0, drop_path=0.0,
@@ -58,6 +61,7 @@ class EmbeddedScans:
     data of the tools when no ImageNet is given (`classification.train.DefaultData`)."""
 
     root: Path = SCANS_DIR
+    annotator: str = ANNOTATOR
     description: ClassVar[str] = 'the embedded scikit-learn digits (1,797 real 8x8 scans, written on first use)'
     recipe_values: ClassVar[dict] = RECIPE
 
@@ -65,10 +69,24 @@ class EmbeddedScans:
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument('--digits-dir', type=output_folder, default=SCANS_DIR,
                             help=f'where the embedded digits and what is trained on them live (default {SCANS_DIR})')
+        parser.add_argument('--digits-annotator', choices=ANNOTATORS, default=ANNOTATOR,
+                            help=f'the CNN whose score maps are the digits\' token labels (default {ANNOTATOR}); '
+                                 f'trained and its store written on first use')
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EmbeddedScans:
-        return cls(args.digits_dir)
+        return cls(args.digits_dir, args.digits_annotator)
+
+    def annotator_dir(self) -> Path:
+        """The annotator's run folder: `annotator/` for the default one, `annotator_NAME/` for another."""
+        return self.root / self._own('annotator')
+
+    def labels_dir(self) -> Path:
+        """The annotator's token-label store: `token_labels/`, or `token_labels_NAME/`."""
+        return self.root / self._own('token_labels')
+
+    def _own(self, folder: str) -> str:
+        return folder if self.annotator == ANNOTATOR else f'{folder}_{self.annotator}'
 
     def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
         """The scans folder and, if `recipe` trains on score maps, its token labels (annotator trained first)."""
@@ -79,15 +97,15 @@ class EmbeddedScans:
         barrier(info)
         if not recipe.uses_score_maps:
             return data
-        annotator_dir, labels_dir = self.root / 'annotator', self.root / 'token_labels'
+        annotator_dir, labels_dir = self.annotator_dir(), self.labels_dir()
         if not (annotator_dir / METRICS).is_file():
-            logger.info(f'digits: training the annotator {ANNOTATOR} ...')
+            logger.info(f'digits: training the annotator {self.annotator} ...')
             options = RunOptions(annotator_dir, resume='auto' if (annotator_dir / LAST).is_file() else None,
                                  model_kwargs=ANNOTATOR_KWARGS, workers=workers)
-            train(ANNOTATOR, annotator_recipe(recipe), data, options, info)
+            train(self.annotator, annotator_recipe(recipe), data, options, info)
         if not label_store_complete(labels_dir):
-            logger.info('digits: generating token labels ...')
-            generate_token_labels(data.root, ANNOTATOR, labels_dir, info, checkpoint=str(annotator_dir / LAST),
+            logger.info(f'digits: generating token labels with {self.annotator} ...')
+            generate_token_labels(data.root, self.annotator, labels_dir, info, checkpoint=str(annotator_dir / LAST),
                                   img_size=recipe.img_size, workers=workers, model_kwargs=ANNOTATOR_KWARGS)
         return ImageData(data.root, labels_dir)
 

@@ -38,9 +38,9 @@ from common.errors import SuiteError, UsageError
 from common.cli import add_device_argument, check_output_folder, positive_int, run_command
 from common.files import write_json_atomic
 from classification.recipes import recipe_for
-from digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, SCANS_DIR
+from digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, ANNOTATORS, EmbeddedScans
 from digits.cls_data import RECIPE as DIGITS_RECIPE
-from engine.checkpoints import LAST, LOG
+from engine.checkpoints import BEST, LAST, LOG
 from common.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
 from segmentation.config import load_config
 
@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 PARTICIPATION_RATES = (20, 40, 60, 80)  # percent of each image's tokens in the token loss (Figure 4 left; 100: token
 # labeling itself)
+OTHER_ANNOTATORS = ANNOTATORS[1:]  # Figure 4 right: token labeling from the digits' larger annotators
 VARIANTS = {
     'token-labeling': 'token labeling + MixToken',
     'standard': 'Standard (MixUp + CutMix)',
@@ -60,17 +61,19 @@ VARIANTS = {
     'online-token-labeling': 'online token labeling',
     'standard-same-lr': 'Standard at token labeling\'s lr',
     **{f'participation-{rate}': f'token labeling, {rate}% of tokens' for rate in PARTICIPATION_RATES},
+    **{f'annotator-{name}': f'token labeling, {name} annotator' for name in OTHER_ANNOTATORS},
 }
 # The rows that are not a preset alone: the preset they start from, and their own options (Figure 4 left: the token
-# participation rate); the online rows add the annotator as --teacher (Table 4); `standard-same-lr` is Standard
-# with token labeling's lr, the one factor Standard changes besides the supervision and the mixing
+# participation rate; right: the digits' annotator); the online rows add the annotator as --teacher (Table 4);
+# `standard-same-lr` is Standard with token labeling's lr, the one factor Standard changes besides the supervision
+# and the mixing
 DERIVED = {'standard-same-lr': ('standard', []),  # the lr: Stages.pretrain_argv (it depends on the data)
            **{f'participation-{rate}': ('token-labeling', ['--token-participation', f'{rate / 100:g}'])
-              for rate in PARTICIPATION_RATES}}
+              for rate in PARTICIPATION_RATES},
+           **{f'annotator-{name}': ('token-labeling', ['--digits-annotator', name]) for name in OTHER_ANNOTATORS}}
 ONLINE = {'online-kd': 'standard', 'online-token-labeling': 'token-labeling'}
-DEFAULT_VARIANTS = ('token-labeling', 'standard', 'mixtoken-label')
 # The paper's own layouts: Table 2 (augmentation x supervision), Table 4 (training, tokens used, time) and Figure 4
-# left (participation rate); a cell whose row did not run is a dash
+# (left: participation rate; right: annotator); a cell whose row did not run is a dash
 TABLE2_CELLS = {('MixToken', 'token labeling'): 'token-labeling', ('MixToken', 'ReLabel'): 'relabel-mixtoken',
                 ('CutMix', 'ReLabel'): 'relabel', ('MixToken', 'image label'): 'mixtoken-label',
                 ('CutMix', 'image label'): 'cutmix-label'}
@@ -78,9 +81,14 @@ TABLE4_ROWS = {'standard': ('vanilla', '1'), 'online-kd': ('online KD', '2'),
                'online-token-labeling': ('online token labeling', 'all'), 'token-labeling': ('token labeling', 'all'),
                'relabel': ('ReLabel', '1')}
 PARTICIPATION = {**{rate: f'participation-{rate}' for rate in PARTICIPATION_RATES}, 100: 'token-labeling'}
-# The paper's tables as rows of this tool (`--table`): the rows of their layouts; Table 7 transfers backbones
-TABLES = {'2': tuple(TABLE2_CELLS.values()), '4': tuple(TABLE4_ROWS), '7': ('token-labeling', 'standard'),
-          'fig4': tuple(PARTICIPATION.values())}
+ANNOTATOR_ROWS = {ANNOTATOR: 'token-labeling', **{name: f'annotator-{name}' for name in OTHER_ANNOTATORS}}
+# The paper's tables as rows of this tool (`--table`). Table 7 transfers backbones to segmentation: with and without
+# token labeling as the paper's, and MixToken with the image label, which differs from token labeling in the
+# supervision alone. Table 4's Standard row comes with its one-factor twin at token labeling's lr.
+TABLES = {'2': tuple(TABLE2_CELLS.values()), '4': (*TABLE4_ROWS, 'standard-same-lr'),
+          '7': ('token-labeling', 'standard', 'mixtoken-label'),
+          'fig4': (*PARTICIPATION.values(), *ANNOTATOR_ROWS.values())}
+DEFAULT_TABLES = ('2', '4', '7')  # about 3 hours on 2 CPU cores; Figure 4 adds its six rows (--table fig4)
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
@@ -96,10 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help='seeds per variant (mean and std over them; differences from token labeling paired by seed)')
     add_device_argument(p)
     p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
-    p.add_argument('--variants', nargs='+', choices=list(VARIANTS),
-                   help=f'pretraining rows to compare (default: {", ".join(DEFAULT_VARIANTS)})')
+    p.add_argument('--variants', nargs='+', choices=list(VARIANTS), help='pretraining rows to compare')
     p.add_argument('--table', nargs='+', choices=list(TABLES), help='the rows of these tables of the paper (added to '
-                   '--variants): ' + '; '.join(f'{name}: {", ".join(rows)}' for name, rows in TABLES.items()))
+                   '--variants; without either: ' + ' '.join(DEFAULT_TABLES) + '): ' +
+                   '; '.join(f'{name}: {", ".join(rows)}' for name, rows in TABLES.items()))
+    p.add_argument('--transfer', choices=('table7', 'all', 'none'), default='table7', help=(
+        'the rows whose backbones are transferred to segmentation (FCN and UperNet, SS and MS): those of Table 7 '
+        'among the rows run (default), all of them, or none; the others are compared by classification alone'))
     p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
     p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
     p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
@@ -111,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         'the online rows\' annotator and its model arguments (default on the embedded digits: their annotator, '
         f'{ANNOTATOR} {" ".join(f"{k}={v}" for k, v in ANNOTATOR_KWARGS.items())})'))
     p.add_argument('--annotator-checkpoint', help='its weights (default on the digits: the one token labeling trains '
-                   f'first, {SCANS_DIR / "annotator" / LAST})')
+                   f'first, {EmbeddedScans().annotator_dir() / LAST})')
     p.add_argument('--seg-data-root', help='ADE20K-layout folder (default: the configs\', else the embedded set)')
     p.add_argument('--cls-args', nargs=argparse.REMAINDER, default=[],
                    help='further tools/train_cls.py options, e.g. --batch-size 16 --workers 0 (put it last)')
@@ -120,8 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     check_output_folder(args.out)
-    chosen = set(args.variants or ()) | {row for table in args.table or () for row in TABLES[table]}
-    args.variants = [variant for variant in VARIANTS if variant in (chosen or DEFAULT_VARIANTS)]  # token labeling first
+    tables = args.table or ([] if args.variants else DEFAULT_TABLES)
+    chosen = set(args.variants or ()) | {row for table in tables for row in TABLES[table]}
+    args.variants = [variant for variant in VARIANTS if variant in chosen]  # token labeling first
+    transfer = {'all': args.variants, 'table7': TABLES['7'], 'none': ()}[args.transfer]
+    args.transferred = [variant for variant in args.variants if variant in transfer]
+    if args.cls_data_dir and (set(ANNOTATOR_ROWS.values()) - {BASELINE}) & set(args.variants):
+        raise UsageError('the annotator rows (Figure 4 right) train on the embedded digits; on your data, make a '
+                         'store per annotator (tools/generate_token_labels.py) and run token-labeling once per store')
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
         raise UsageError('--cls-data-dir and --token-label-dir go together (token labeling needs the store)')
     if args.cls_data_dir and set(ONLINE) & set(args.variants) and not args.annotator_checkpoint:
@@ -218,8 +235,9 @@ class Stages:
         token-labeling pretraining trained)."""
         a = self.args
         model, *kwargs = a.annotator or [ANNOTATOR, *(f'{k}={v}' for k, v in ANNOTATOR_KWARGS.items())]
-        checkpoint = a.annotator_checkpoint or str(REPO / SCANS_DIR / 'annotator' / LAST)
-        if not Path(checkpoint).is_file():
+        # the default relative to the repository, where the stages run: the runs' recorded commands stay valid there
+        checkpoint = a.annotator_checkpoint or str(EmbeddedScans().annotator_dir() / LAST)
+        if not (REPO / checkpoint).is_file():
             raise UsageError(f'the online rows need the annotator\'s weights, {checkpoint}: give '
                              f'--annotator-checkpoint, or, on the digits, add token-labeling to --variants (it trains '
                              f'the annotator first)')
@@ -253,22 +271,28 @@ class Stages:
         return scores
 
 
+def run_folder(out: Path, variant: str, seed: int) -> Path:
+    return out / 'runs' / variant / f'seed_{seed}'
+
+
 def training_seconds(run: Path) -> float:
     """The pretraining's own time: the sum of its epochs' times (training and validation) in its log."""
     return round(sum(json.loads(line)['time'] for line in (run / LOG).read_text().splitlines()), 1)
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Per variant: mean and std over seeds of top-1 and of every head/mode/metric; for each variant but token
-    labeling, its paired difference from token labeling over the seeds both ran (`vs_token_labeling`)."""
+    """Per variant: mean and std over seeds of top-1, of the pretraining time and, for a transferred row, of every
+    head/mode/metric; for each variant but token labeling, its paired difference from token labeling over the seeds
+    both ran (`vs_token_labeling`)."""
     summary = {}
     for variant in dict.fromkeys(r['variant'] for r in runs):
         mine = [r for r in runs if r['variant'] == variant]
         entry = {'top1': mean_std([r['top1'] for r in mine]),
                  'train_seconds': mean_std([r['train_seconds'] for r in mine])}
-        for head in HEADS:
-            entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in METRICS}
-                           for mode in MODES}
+        if transferred(mine):
+            for head in HEADS:
+                entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in METRICS}
+                               for mode in MODES}
         summary[variant] = entry
     for variant, entry in summary.items():
         if variant != BASELINE and BASELINE in summary:
@@ -276,9 +300,14 @@ def summarise(runs: list[dict]) -> dict:
     return summary
 
 
+def transferred(runs: list[dict]) -> bool:
+    """Whether these runs' backbones were all transferred to segmentation."""
+    return all(head in run for run in runs for head in HEADS)
+
+
 def compare(runs: list[dict], variant: str) -> dict:
     """`variant` against token labeling, seed by seed (the same seed: the same initialisation and data order):
-    the paired difference of top-1 and of every head/mode mIoU."""
+    the paired difference of top-1 and, where both rows were transferred, of every head/mode mIoU."""
     by_seed = {(r['variant'], r['seed']): r for r in runs}
     seeds = [r['seed'] for r in runs if r['variant'] == variant and (BASELINE, r['seed']) in by_seed]
     pairs = [(by_seed[(variant, seed)], by_seed[(BASELINE, seed)]) for seed in seeds]
@@ -287,8 +316,9 @@ def compare(runs: list[dict], variant: str) -> dict:
         return paired_difference([value(mine) for mine, _ in pairs], [value(base) for _, base in pairs])
 
     result = {'top1': difference(lambda r: r['top1'])}
-    for head in HEADS:
-        result[head] = {mode: difference(lambda r, h=head, m=mode: r[h][m]['mIoU']) for mode in MODES}
+    if transferred([run for pair in pairs for run in pair]):
+        for head in HEADS:
+            result[head] = {mode: difference(lambda r, h=head, m=mode: r[h][m]['mIoU']) for mode in MODES}
     return result
 
 
@@ -404,17 +434,21 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     stages = Stages(args)
     started = time.time()
-    runs = []
+    runs = {}  # every row is pretrained (all seeds) before any is transferred: the classification rows come first
     for seed in range(args.seeds):
         for variant in args.variants:
-            run_dir = out / 'runs' / variant / f'seed_{seed}'
-            cls_dir = stages.pretrain(variant, seed, model, model_kwargs, run_dir)
+            cls_dir = stages.pretrain(variant, seed, model, model_kwargs, run_folder(out, variant, seed))
             cls_metrics = json.loads((cls_dir / 'metrics.json').read_text())
-            record = {'variant': variant, 'seed': seed, 'top1': cls_metrics['best_top1'],
-                      'train_seconds': training_seconds(cls_dir), 'cls_metrics': str(cls_dir / 'metrics.json')}
+            runs[(variant, seed)] = {'variant': variant, 'seed': seed, 'top1': cls_metrics['best_top1'],
+                                     'train_seconds': training_seconds(cls_dir),
+                                     'cls_metrics': str(cls_dir / 'metrics.json')}
+    for seed in range(args.seeds):
+        for variant in args.transferred:
+            run_dir = run_folder(out, variant, seed)
             for head, config in configs.items():
-                record[head] = stages.segment(variant, seed, head, config, cls_dir / 'best.pth', run_dir)
-            runs.append(record)
+                runs[(variant, seed)][head] = stages.segment(variant, seed, head, config, run_dir / 'cls' / BEST,
+                                                             run_dir)
+    runs = list(runs.values())
     summary = summarise(runs)
     settings = {key: value for key, value in vars(args).items() if key != 'cls_args'}
     results = {'model': model, 'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs,
