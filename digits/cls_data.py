@@ -86,6 +86,7 @@ class EmbeddedScans:
         return self.root / self._own('token_labels')
 
     def _own(self, folder: str) -> str:
+        """`folder` for the default annotator; for another, suffixed with its name (what it made is its own)."""
         return folder if self.annotator == ANNOTATOR else f'{folder}_{self.annotator}'
 
     def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
@@ -110,8 +111,9 @@ class EmbeddedScans:
         return ImageData(data.root, labels_dir)
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
-        """`best.pth` of `model_name` pretrained with token labeling on the scans; trained if not on disk."""
-        output = self.root / 'backbones' / model_name
+        """`best.pth` of `model_name` pretrained with token labeling on the scans (`backbones/MODEL`, or
+        `backbones/MODEL_ANNOTATOR` from another annotator's labels); trained if not on disk."""
+        output = self.root / 'backbones' / self._own(model_name)
         discard_outdated(self.root)
         if not (output / METRICS).is_file():
             logger.info(f'pretraining {model_name} with token labeling on the embedded digits for the segmentation '

@@ -92,3 +92,18 @@ def test_make_run_path_at_a_tiny_size(tmp_path):
     # chance is 10%; a 2-block model after 2 epochs reaches about 30% (28.3% and above 30% with two seedings)
     assert metrics['best_top1'] > 20, metrics
     assert 'digits: training the annotator resnet10t' in result.stdout and 'done: top-1' in result.stdout
+
+
+def test_another_annotator_labels_the_digits_in_folders_of_its_own(tmp_path):
+    """--digits-annotator (Figure 4 right): that model is trained and writes its own store, which the run learns
+    from; the default annotator's folders are not made."""
+    digits, out = tmp_path / 'digits', tmp_path / 'run'
+    succeeded(run_python(['tools/train_cls.py', 'lvvit_s', '--digits-dir', digits, '--digits-annotator', 'resnet18',
+                          '--output', out, '--epochs', '1', '--workers', '0',
+                          '--model-kwargs', 'depth=1', 'embed_dim=64', 'num_heads=2'], timeout=900))
+    annotator = json.loads((digits / 'annotator_resnet18' / 'metrics.json').read_text())
+    assert annotator['model'] == 'resnet18' and annotator['top1'] > 90
+    store = TokenLabelStore(digits / 'token_labels_resnet18')
+    assert store.meta['annotator'] == 'resnet18' and store.grid == (3, 3)
+    assert json.loads((out / 'metrics.json').read_text())['token_labeling']
+    assert not (digits / 'annotator').exists() and not (digits / 'token_labels').exists()

@@ -1,28 +1,33 @@
 #!/usr/bin/env python
-"""The token-labeling paper's central comparison in miniature ("All Tokens Matter", Table 7): does a backbone
-pretrained with token labeling segment better than one pretrained without?
+"""The token-labeling paper's ablations in miniature ("All Tokens Matter": Tables 2, 4 and 7, Figure 4), each row
+differing from token labeling in the factor its name gives:
 
-    python tools/reproduce_token_labeling.py                      # LV-ViT-S on the embedded digits, 3 seeds, CPU
-    python tools/reproduce_token_labeling.py --quick              # a smoke-sized run of every stage
-    python tools/reproduce_token_labeling.py --seeds 3 --device cuda --out runs/tl_repro
+    python tools/reproduce_token_labeling.py                      # Tables 2, 4 and 7: LV-ViT-S on the digits, 3 seeds
+    python tools/reproduce_token_labeling.py --table fig4         # Figure 4: participation rate and annotator
+    python tools/reproduce_token_labeling.py --quick              # every row, smoke-sized (1 seed, 1 epoch)
+    python tools/reproduce_token_labeling.py --device cuda --out runs/tl_repro --table 2 4 7 fig4
 
-For every seed, one model is pretrained three ways on the same data for the same epochs:
-  token-labeling   token labeling with the annotator's score maps, and MixToken (LV-ViT's recipe)
-  standard         the paper's Standard baseline: MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images
-  mixtoken-label   MixToken with the image label only (no annotator)
-and each backbone is transferred with FCN and with UperNet, then tested single-scale (SS) and multi-scale (MS).
-`--variants` adds the paper's other rows: Table 2 (relabel: CutMix + ReLabel, relabel-mixtoken: MixToken + ReLabel,
-cutmix-label: CutMix + image label), Table 4 (online-kd, online-token-labeling: the annotator as a teacher), Figure
-4 left (participation-20 ... -80: that share of the tokens in the token loss), token-labeling-no-mixtoken, and
-standard-same-lr (Standard at token labeling's lr: one factor fewer).
+The rows (`--table` picks the paper's, `--variants` names them):
+  Table 2   token-labeling (MixToken), relabel-mixtoken and relabel (the annotator's map pooled to one label per
+            image, MixToken or CutMix), mixtoken-label and cutmix-label (the image label alone)
+  Table 4   standard (vanilla: the paper's MixUp 0.8 + CutMix 1.0 at lr 1e-3 per 1024 images), relabel,
+            token-labeling, online-kd (the annotator as DeiT's hard-distillation teacher), online-token-labeling
+            (the annotator's dense map of each augmented batch as token targets, no store), with their training
+            times; and standard-same-lr (Standard at token labeling's lr: the lr is not the factor compared)
+  Table 7   the backbones of token-labeling, standard and mixtoken-label (the image label alone: the one-factor
+            row) transferred with FCN and UperNet, tested single-scale (SS) and multi-scale (MS)
+  Figure 4  participation-20 ... -80 (that share of each image's tokens in the token loss) and annotator-resnet18,
+            annotator-resnet34 (token labels from larger annotators than the digits' resnet10t)
+Every row is pretrained, for every seed, before any is transferred; `--transfer all` transfers every row.
 
-DIR/table.md (the paper's layout, mean +- std over seeds, pretraining times; then each variant minus token labeling,
-paired by seed, with its 95% interval and "within noise" where the interval holds 0), DIR/results.json (every run
-and the summary) and DIR/results.png (bars with error bars) come out.
+DIR/table.md: each row's top-1 (mean +- std over seeds) and pretraining time with its ratio to Standard's, each row
+minus token labeling paired by seed with its 95% interval and "within noise" where the interval holds 0; the Table 7
+layout with its paired differences; the paper's Table 2, Table 4 and Figure 4 layouts. DIR/results.json holds every
+run and the summary; DIR/table2.png, table4.png, table7.png and figure4.png one figure per table.
 
 Every stage is the suite's own command (tools/train_cls.py, tools/train_seg.py, tools/test_seg.py), logged to
 DIR/runs/VARIANT/seed_S/*.log. A stage whose result is on disk is not run again, and an interrupted one resumes
-from its last checkpoint: rerun the same command to continue.
+from its last checkpoint: rerun the same command to continue, or add tables to an earlier run's DIR.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -40,7 +46,7 @@ from common.files import write_json_atomic
 from classification.recipes import recipe_for
 from digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, ANNOTATORS, EmbeddedScans
 from digits.cls_data import RECIPE as DIGITS_RECIPE
-from engine.checkpoints import BEST, LAST, LOG
+from engine.checkpoints import BEST, LAST, LOG, METRICS
 from common.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
 from segmentation.config import load_config
 
@@ -92,16 +98,19 @@ DEFAULT_TABLES = ('2', '4', '7')  # about 3 hours on 2 CPU cores; Figure 4 adds 
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
-METRICS = ('mIoU', 'aAcc')
-QUICK = dict(epochs=2, iters=20)
+SEG_METRICS = ('mIoU', 'aAcc')
+QUICK = dict(seeds=1, epochs=1, iters=20, images=16)  # --quick: every row, smoke-sized
+SEEDS = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--quick', action='store_true',
-                   help=f'smoke-sized: {QUICK["epochs"]} pretraining epochs, {QUICK["iters"]} segmentation iterations')
-    p.add_argument('--seeds', type=positive_int, default=3,
-                   help='seeds per variant (mean and std over them; differences from token labeling paired by seed)')
+    p.add_argument('--quick', action='store_true', help=(
+        f'smoke-sized: every table\'s rows (unless --table or --variants say), {QUICK["seeds"]} seed, '
+        f'{QUICK["epochs"]} pretraining epoch, {QUICK["iters"]} segmentation iterations, the first '
+        f'{QUICK["images"]} validation images'))
+    p.add_argument('--seeds', type=positive_int, help=f'seeds per variant (default {SEEDS}; mean and std over them; '
+                   f'differences from token labeling paired by seed)')
     add_device_argument(p)
     p.add_argument('--out', default='output/reproduce_token_labeling', help='output folder')
     p.add_argument('--variants', nargs='+', choices=list(VARIANTS), help='pretraining rows to compare')
@@ -131,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     check_output_folder(args.out)
-    tables = args.table or ([] if args.variants else DEFAULT_TABLES)
+    tables = args.table or ([] if args.variants else list(TABLES) if args.quick else DEFAULT_TABLES)
     chosen = set(args.variants or ()) | {row for table in tables for row in TABLES[table]}
     args.variants = [variant for variant in VARIANTS if variant in chosen]  # token labeling first
     transfer = {'all': args.variants, 'table7': TABLES['7'], 'none': ()}[args.transfer]
@@ -144,6 +153,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.cls_data_dir and set(ONLINE) & set(args.variants) and not args.annotator_checkpoint:
         raise UsageError('the online rows on your data need --annotator and --annotator-checkpoint (the annotator '
                          'your store was made with)')
+    args.seeds = args.seeds or (QUICK['seeds'] if args.quick else SEEDS)
     if args.quick:
         args.epochs = args.epochs or QUICK['epochs']
         args.iters = args.iters or QUICK['iters']
@@ -221,7 +231,7 @@ class Stages:
                                                       else [])
         argv += a.cls_args
         self.same_command(run_dir / 'cls.command.json', 'train_cls.py', argv, (out / 'last.pth').is_file())
-        if not (out / 'metrics.json').is_file():
+        if not (out / METRICS).is_file():
             argv += ['--resume'] if (out / 'last.pth').is_file() else []
             self.run(f'{variant} seed {seed}: pretraining {model}', 'train_cls.py', argv, run_dir / 'cls.log')
         return out
@@ -247,8 +257,8 @@ class Stages:
     def segment(self, variant: str, seed: int, head: str, config: str, backbone: Path, run_dir: Path) -> dict:
         work = run_dir / head
         data = ['--data-root', self.args.seg_data_root] if self.args.seg_data_root else []
-        argv = [config, '--work-dir', str(work), *data,
-                '--cfg-options', f'model.backbone.pretrained={backbone}', f'randomness.seed={seed}']
+        argv = [config, '--work-dir', str(work), *data, '--cfg-options', f'model.backbone.pretrained={backbone}',
+                f'randomness.seed={seed}', *self.validation_subset('val_dataloader')]
         argv += ['--iters', str(self.args.iters)] if self.args.iters else []
         self.same_command(run_dir / f'{head}.command.json', 'train_seg.py', argv,
                           (work / 'last_checkpoint').is_file())
@@ -262,13 +272,19 @@ class Stages:
             report = work / f'{mode}.json'
             argv = [config, checkpoint, '--work-dir', str(work / f'test_{mode}'), *data, '--out', str(report),
                     *(['--ms'] if mode == 'ms' else [])]
+            subset = self.validation_subset('test_dataloader')
+            argv += ['--cfg-options', *subset] if subset else []
             self.same_command(run_dir / f'{head}_{mode}.command.json', 'test_seg.py', argv, report.is_file())
             if not report.is_file():
                 self.run(f'{variant} seed {seed}: {HEADS[head]} {MODES[mode]} test', 'test_seg.py', argv,
                          run_dir / f'{head}_test.log')
             values = json.loads(report.read_text())
-            scores[mode] = {key: values[key] for key in METRICS}
+            scores[mode] = {key: values[key] for key in SEG_METRICS}
         return scores
+
+    def validation_subset(self, loader: str) -> list[str]:
+        """--quick: the config option that keeps the first validation images of `loader` alone (none otherwise)."""
+        return [f'{loader}.dataset.indices={QUICK["images"]}'] if self.args.quick else []
 
 
 def run_folder(out: Path, variant: str, seed: int) -> Path:
@@ -291,7 +307,7 @@ def summarise(runs: list[dict]) -> dict:
                  'train_seconds': mean_std([r['train_seconds'] for r in mine])}
         if transferred(mine):
             for head in HEADS:
-                entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in METRICS}
+                entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in SEG_METRICS}
                                for mode in MODES}
         summary[variant] = entry
     for variant, entry in summary.items():
@@ -326,24 +342,41 @@ def cell(stats: dict) -> str:
     return f'{stats["mean"]:.1f} ± {stats["std"]:.1f}'
 
 
-def markdown_table(summary: dict, model: str, seeds: int) -> str:
-    """The paper's Table 7 layout: backbone and its pretraining, segmentation head, SS and MS mIoU / pixel acc."""
+def markdown_table(summary: dict, model: str, seeds: int, annotators: dict) -> str:
+    """Every row's pretraining (top-1, time, paired difference from token labeling); the transferred rows in the
+    paper's Table 7 layout with their paired differences; then the paper's other layouts for the rows that ran."""
+    lines = ['| Pretraining | Top-1 (%) | Top-1 minus token labeling | Pretraining time |', '|---|---:|---:|---:|']
+    for variant, entry in summary.items():
+        difference = describe_difference(entry['vs_token_labeling']['top1']) if 'vs_token_labeling' in entry else '—'
+        lines.append(f'| {VARIANTS[variant]} | {cell(entry["top1"])} | {difference} | {time_cell(summary, variant)} |')
+    text = (f'{model}, {seeds} seed(s). Top-1 on the validation split, mean ± standard deviation over the seeds; '
+            f'each row minus token labeling paired by seed (the same initialisation and data order), mean difference '
+            f'[{CONFIDENCE:.0%} t interval] in percentage points, "within noise" where the interval holds 0. '
+            f'Pretraining time: its epochs\' seconds summed, mean over seeds, and its ratio to the Standard '
+            f'(vanilla) row\'s.\n\n' + '\n'.join(lines) + '\n')
+    transfers = {variant: entry for variant, entry in summary.items() if 'upernet' in entry}
+    return text + (table7(transfers, model) if transfers else '') + paper_tables(summary, annotators)
+
+
+def table7(transfers: dict, model: str) -> str:
+    """The paper's Table 7 layout (backbone, pretraining, head, SS and MS mIoU / pixel accuracy), then each
+    transferred row's mIoU minus token labeling's."""
     lines = ['| Backbone | Pretraining | Top-1 (%) | Segmentation | mIoU SS | Pixel acc. SS | mIoU MS '
-             '| Pixel acc. MS | Pretraining time |',
-             '|---|---|---:|---|---:|---:|---:|---:|---:|']
+             '| Pixel acc. MS |', '|---|---|---:|---|---:|---:|---:|---:|']
     for head, head_name in HEADS.items():
-        for variant, entry in summary.items():
+        for variant, entry in transfers.items():
             scores = entry[head]
             lines.append(f'| {model} | {VARIANTS[variant]} | {cell(entry["top1"])} | {head_name} | '
                          f'{cell(scores["ss"]["mIoU"])} | {cell(scores["ss"]["aAcc"])} | '
-                         f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} | '
-                         f'{time_cell(summary, variant)} |')
-    table = '\n'.join(lines) + (f'\n\nMean ± standard deviation over {seeds} seed(s); percent. Pretraining time: '
-                                 f'its epochs\' seconds summed, mean over seeds; its ratio to the Standard (vanilla) '
-                                 f'row\'s.\n')
-    compared = {variant: entry['vs_token_labeling'] for variant, entry in summary.items()
-                if 'vs_token_labeling' in entry}
-    return table + (difference_table(compared, seeds) if compared else '') + paper_tables(summary)
+                         f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} |')
+    columns = [(head, mode) for head in HEADS for mode in MODES]
+    differences = ['| Pretraining, minus token labeling | ' +
+                   ' | '.join(f'{HEADS[h]} mIoU {MODES[m]}' for h, m in columns) + ' |', '|---|' + '---:|' * 4]
+    differences += [f'| {VARIANTS[variant]} | ' + ' | '.join(
+        describe_difference(entry['vs_token_labeling'][head][mode]) for head, mode in columns) + ' |'
+        for variant, entry in transfers.items() if 'upernet' in entry.get('vs_token_labeling', {})]
+    return ('\nTable 7 layout (the backbones transferred to segmentation; percent):\n\n' + '\n'.join(lines) + '\n' +
+            ('\n' + '\n'.join(differences) + '\n' if len(differences) > 2 else ''))
 
 
 def time_cell(summary: dict, variant: str) -> str:
@@ -354,14 +387,15 @@ def time_cell(summary: dict, variant: str) -> str:
 
 
 def top1_and_miou(summary: dict, variant: str) -> str:
-    """'top-1 / UperNet SS mIoU' of a row, or a dash where it did not run."""
+    """'top-1 / UperNet SS mIoU' of a transferred row, its top-1 alone for another, a dash where it did not run."""
     if variant not in summary:
         return '—'
-    return f'{cell(summary[variant]["top1"])} / {cell(summary[variant]["upernet"]["ss"]["mIoU"])}'
+    entry = summary[variant]
+    return cell(entry['top1']) + (f' / {cell(entry["upernet"]["ss"]["mIoU"])}' if 'upernet' in entry else '')
 
 
-def paper_tables(summary: dict) -> str:
-    """The paper's Table 2, Table 4 and Figure 4 (left) in their layouts, for those with at least two rows run."""
+def paper_tables(summary: dict, annotators: dict) -> str:
+    """The paper's Table 2, Table 4 and Figure 4 (left and right) in their layouts, each where two of its rows ran."""
     parts = []
     if len(set(TABLE2_CELLS.values()) & set(summary)) >= 2:
         lines = ['| Augmentation | token labeling | ReLabel | image label |', '|---|---:|---:|---:|']
@@ -369,61 +403,106 @@ def paper_tables(summary: dict) -> str:
             lines.append(f'| {mixing} | ' + ' | '.join(
                 top1_and_miou(summary, TABLE2_CELLS[(mixing, supervision)]) if (mixing, supervision) in TABLE2_CELLS
                 else '—' for supervision in ('token labeling', 'ReLabel', 'image label')) + ' |')
-        parts.append('Table 2 layout (top-1 / UperNet mIoU SS):\n\n' + '\n'.join(lines))
+        parts.append('Table 2 layout (top-1, and UperNet mIoU SS where the row was transferred):\n\n' +
+                     '\n'.join(lines))
     if len(set(TABLE4_ROWS) & set(summary)) >= 2:
-        lines = ['| Training | Tokens used | Top-1 / UperNet mIoU SS | Pretraining time |', '|---|---|---:|---:|']
+        lines = ['| Training | Tokens used | Top-1 (/ UperNet mIoU SS) | Pretraining time |', '|---|---|---:|---:|']
         lines += [f'| {name} | {tokens} | {top1_and_miou(summary, variant)} | {time_cell(summary, variant)} |'
                   for variant, (name, tokens) in TABLE4_ROWS.items() if variant in summary]
         parts.append('Table 4 layout:\n\n' + '\n'.join(lines))
-    if len(set(PARTICIPATION.values()) & set(summary)) >= 2:
-        rates = [rate for rate, variant in PARTICIPATION.items() if variant in summary]
+    rates = [rate for rate, variant in PARTICIPATION.items() if variant in summary]
+    if len(rates) >= 2:
         lines = ['| Token participation | ' + ' | '.join(f'{rate}%' for rate in rates) + ' |',
                  '|---|' + '---:|' * len(rates),
-                 '| Top-1 | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['top1']) for r in rates) + ' |',
-                 '| UperNet mIoU SS | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['upernet']['ss']['mIoU'])
-                                                    for r in rates) + ' |']
+                 '| Top-1 | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['top1']) for r in rates) + ' |']
         parts.append('Figure 4 (left) as a table:\n\n' + '\n'.join(lines))
+    names = [name for name, variant in ANNOTATOR_ROWS.items() if variant in summary and name in annotators]
+    if len(names) >= 2:
+        lines = ['| Annotator | Parameters | Annotator top-1 | Token labeling top-1 |', '|---|---:|---:|---:|']
+        lines += [f'| {name} | {annotators[name]["params"] / 1e6:.1f}M | {annotators[name]["top1"]:.1f} | '
+                  f'{cell(summary[ANNOTATOR_ROWS[name]]["top1"])} |' for name in names]
+        parts.append('Figure 4 (right) as a table:\n\n' + '\n'.join(lines))
     return ''.join(f'\n{part}\n' for part in parts)
 
 
-def difference_table(compared: dict, seeds: int) -> str:
-    """Each variant minus token labeling, paired by seed: mean difference and its 95% interval, per column."""
-    columns = [(head, mode) for head in HEADS for mode in MODES]
-    lines = ['', '| Pretraining, minus token labeling | Top-1 | ' +
-             ' | '.join(f'{HEADS[h]} mIoU {MODES[m]}' for h, m in columns) + ' |',
-             '|---|' + '---:|' * (1 + len(columns))]
-    for variant, difference in compared.items():
-        cells = [describe_difference(difference['top1'])]
-        cells += [describe_difference(difference[head][mode]) for head, mode in columns]
-        lines.append(f'| {VARIANTS[variant]} | ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines) + (f'\n\nPaired by seed ({seeds} seed(s): the same initialisation and data order); '
-                                f'mean difference [{CONFIDENCE:.0%} t interval], percentage points; "within '
-                                f'noise" where the interval holds 0.\n')
+def annotator_facts(variants: list[str]) -> dict:
+    """Size and top-1 of the digits' annotators whose token-labeling rows ran (Figure 4 right)."""
+    import timm
+
+    names = [name for name, variant in ANNOTATOR_ROWS.items() if variant in variants]
+    if len(names) < 2:
+        return {}
+    facts = {}
+    for name in names:
+        metrics = json.loads((REPO / EmbeddedScans(annotator=name).annotator_dir() / METRICS).read_text())
+        model = timm.create_model(name, num_classes=10, **ANNOTATOR_KWARGS)
+        facts[name] = {'top1': metrics['best_top1'], 'params': sum(p.numel() for p in model.parameters())}
+    return facts
 
 
-def plot(summary: dict, path: Path, title: str) -> None:
+def plot_tables(summary: dict, annotators: dict, out: Path, title: str) -> list[Path]:
+    """One figure per table of the paper with two rows run: OUT/table2.png, table4.png (top-1 bars), table7.png
+    (top-1 and every head/mode mIoU), figure4.png (top-1 against the participation rate; top-1 by annotator)."""
     from visualization.figures import figure
 
+    written = []
+
+    def save(fig, name: str, table_title: str) -> None:
+        fig.suptitle(f'{title}: {table_title}')
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        written.append(out / name)
+
+    for table in ('2', '4'):
+        rows = [variant for variant in TABLES[table] if variant in summary]
+        if len(rows) >= 2:
+            fig, axes = figure(1, 1, (1.0 + 0.9 * len(rows), 4.0))
+            top1_bars(axes[0][0], summary, rows)
+            save(fig, f'table{table}.png', f'Table {table}')
+    transfers = [variant for variant in summary if 'upernet' in summary[variant]]
+    if len(transfers) >= 2:
+        fig, axes = figure(1, 2, (6.0, 4.5), width_ratios=[1, 3])
+        top1_bars(axes[0][0], summary, transfers)
+        miou_bars(axes[0][1], summary, transfers)
+        save(fig, 'table7.png', 'Table 7')
+    rates = [rate for rate, variant in PARTICIPATION.items() if variant in summary]
+    names = [name for name, variant in ANNOTATOR_ROWS.items() if variant in summary and name in annotators]
+    if len(rates) >= 2 or len(names) >= 2:
+        fig, axes = figure(1, 2, (4.5, 4.0))
+        if len(rates) >= 2:
+            stats = [summary[PARTICIPATION[rate]]['top1'] for rate in rates]
+            axes[0][0].errorbar(rates, [s['mean'] for s in stats], yerr=[s['std'] for s in stats], marker='o',
+                                capsize=4)
+            axes[0][0].set(xlabel='token participation rate (%)', ylabel='top-1 (%)', xticks=rates)
+        if len(names) >= 2:
+            top1_bars(axes[0][1], summary, [ANNOTATOR_ROWS[name] for name in names], [
+                f'{name}\n{annotators[name]["params"] / 1e6:.1f}M, {annotators[name]["top1"]:.1f}%' for name in names])
+            axes[0][1].set_xlabel('annotator (parameters, its top-1)')
+        save(fig, 'figure4.png', 'Figure 4')
+    return written
+
+
+def top1_bars(ax, summary: dict, variants: list[str], labels: list[str] | None = None) -> None:
+    """Top-1 of each row: mean with the standard deviation as its error bar."""
+    stats = [summary[variant]['top1'] for variant in variants]
+    ax.bar(range(len(variants)), [s['mean'] for s in stats], yerr=[s['std'] for s in stats], capsize=4,
+           color=[f'C{list(VARIANTS).index(v) % 10}' for v in variants])
+    ax.set_xticks(range(len(variants)), labels or [textwrap.fill(VARIANTS[v], 13) for v in variants], fontsize=7)
+    ax.set_ylabel('classification top-1 (%)')
+
+
+def miou_bars(ax, summary: dict, variants: list[str]) -> None:
+    """mIoU of each row for every head and test mode, grouped by head and mode."""
     groups = [(head, mode) for head in HEADS for mode in MODES]
-    variants = list(summary)
     width = 0.8 / len(variants)
-    fig, axes = figure(1, 2, (6.0, 4.5), width_ratios=[1, 3])
-    ax_cls, ax_seg = axes[0]
     for i, variant in enumerate(variants):
-        top1 = summary[variant]['top1']
-        ax_cls.bar(i, top1['mean'], yerr=top1['std'], capsize=4, color=f'C{i}', label=VARIANTS[variant])
-        means = [summary[variant][h][m]['mIoU']['mean'] for h, m in groups]
-        stds = [summary[variant][h][m]['mIoU']['std'] for h, m in groups]
-        ax_seg.bar([g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))], means, width, yerr=stds,
-                   capsize=4, color=f'C{i}', label=VARIANTS[variant])
-    ax_cls.set_xticks(range(len(variants)), [v.replace('-', '\n', 1) for v in variants], fontsize=8)
-    ax_cls.set_ylabel('classification top-1 (%)')
-    ax_seg.set_xticks(range(len(groups)), [f'{HEADS[h]} {MODES[m]}' for h, m in groups])
-    ax_seg.set_ylabel('segmentation mIoU (%)')
-    ax_seg.legend(loc='lower right', fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        stats = [summary[variant][head][mode]['mIoU'] for head, mode in groups]
+        ax.bar([g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))], [s['mean'] for s in stats],
+               width, yerr=[s['std'] for s in stats], capsize=3, color=f'C{list(VARIANTS).index(variant) % 10}',
+               label=VARIANTS[variant])
+    ax.set_xticks(range(len(groups)), [f'{HEADS[h]} {MODES[m]}' for h, m in groups])
+    ax.set_ylabel('segmentation mIoU (%)')
+    ax.legend(loc='lower right', fontsize=7)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -438,10 +517,10 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in range(args.seeds):
         for variant in args.variants:
             cls_dir = stages.pretrain(variant, seed, model, model_kwargs, run_folder(out, variant, seed))
-            cls_metrics = json.loads((cls_dir / 'metrics.json').read_text())
+            cls_metrics = json.loads((cls_dir / METRICS).read_text())
             runs[(variant, seed)] = {'variant': variant, 'seed': seed, 'top1': cls_metrics['best_top1'],
                                      'train_seconds': training_seconds(cls_dir),
-                                     'cls_metrics': str(cls_dir / 'metrics.json')}
+                                     'cls_metrics': str(cls_dir / METRICS)}
     for seed in range(args.seeds):
         for variant in args.transferred:
             run_dir = run_folder(out, variant, seed)
@@ -450,15 +529,17 @@ def main(argv: list[str] | None = None) -> dict:
                                                              run_dir)
     runs = list(runs.values())
     summary = summarise(runs)
+    annotators = {} if args.cls_data_dir else annotator_facts(args.variants)
     settings = {key: value for key, value in vars(args).items() if key != 'cls_args'}
     results = {'model': model, 'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs,
-               'summary': summary, 'stage_seconds': stages.seconds, 'seconds': round(time.time() - started, 1)}
+               'summary': summary, 'annotators': annotators, 'stage_seconds': stages.seconds,
+               'seconds': round(time.time() - started, 1)}
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / 'results.json', results)
-    (out / 'table.md').write_text(markdown_table(summary, model, args.seeds))
-    plot(summary, out / 'results.png', f'{model}: pretraining -> segmentation, {args.seeds} seed(s)')
+    (out / 'table.md').write_text(markdown_table(summary, model, args.seeds, annotators))
+    figures = plot_tables(summary, annotators, out, f'{model}, {args.seeds} seed(s)')
     print((out / 'table.md').read_text())
-    print(f'-> {out / "table.md"}, {out / "results.json"}, {out / "results.png"}')
+    print(f'-> {out / "table.md"}, {out / "results.json"}' + ''.join(f', {path}' for path in figures))
     return results
 
 
