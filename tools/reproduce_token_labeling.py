@@ -94,7 +94,7 @@ ANNOTATOR_ROWS = {ANNOTATOR: 'token-labeling', **{name: f'annotator-{name}' for 
 TABLES = {'2': tuple(TABLE2_CELLS.values()), '4': (*TABLE4_ROWS, 'standard-same-lr'),
           '7': ('token-labeling', 'standard', 'mixtoken-label'),
           'fig4': (*PARTICIPATION.values(), *ANNOTATOR_ROWS.values())}
-DEFAULT_TABLES = ('2', '4', '7')  # about 3 hours on 2 CPU cores; Figure 4 adds its six rows (--table fig4)
+DEFAULT_TABLES = ('2', '4', '7')  # Figure 4 adds its six rows (--table fig4): docs/reproduction.md has the times
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
