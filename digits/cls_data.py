@@ -45,7 +45,8 @@ ANNOTATOR_RECIPE = dict(epochs=6, warmup_epochs=1, lr_base=2e-3, lr_base_batch=3
 
 
 def annotator_recipe(recipe: Recipe) -> Recipe:
-    """The annotator's recipe, at the input size and batch of the run it labels for."""
+    """The annotator's recipe, at the input size and batch of the run it labels for: the same for every annotator
+    (`ANNOTATORS`), so that their size is what differs."""
     values = {**vars(recipe_for(ANNOTATOR)), **ANNOTATOR_RECIPE, 'img_size': recipe.img_size,
               'batch_size': recipe.batch_size}
     return Recipe(**values)
