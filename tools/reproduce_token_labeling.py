@@ -305,7 +305,7 @@ def summarise(runs: list[dict]) -> dict:
         mine = [r for r in runs if r['variant'] == variant]
         entry = {'top1': mean_std([r['top1'] for r in mine]),
                  'train_seconds': fastest([r['train_seconds'] for r in mine])}
-        if transferred(mine):
+        if transferred(*mine):
             for head in HEADS:
                 entry[head] = {mode: {key: mean_std([r[head][mode][key] for r in mine]) for key in SEG_METRICS}
                                for mode in MODES}
@@ -322,9 +322,25 @@ def fastest(seconds: list[float]) -> dict:
     return {**mean_std(seconds), 'fastest': min(seconds)}
 
 
-def transferred(runs: list[dict]) -> bool:
-    """Whether these runs' backbones were all transferred to segmentation."""
-    return all(head in run for run in runs for head in HEADS)
+def transferred(*records: dict) -> bool:
+    """Whether every record (a run, a row's summary or its differences) holds segmentation figures: whether its
+    backbones were transferred."""
+    return all(head in record for record in records for head in HEADS)
+
+
+def rates_run(summary: dict) -> list[int]:
+    """The participation rates (Figure 4 left) whose rows ran."""
+    return [rate for rate, variant in PARTICIPATION.items() if variant in summary]
+
+
+def annotators_run(summary: dict, annotators: dict) -> list[str]:
+    """The annotators (Figure 4 right) whose rows ran and whose facts are known."""
+    return [name for name, variant in ANNOTATOR_ROWS.items() if variant in summary and name in annotators]
+
+
+def row_colour(variant: str) -> str:
+    """A row's colour, the same in every figure."""
+    return f'C{list(VARIANTS).index(variant) % 10}'
 
 
 def compare(runs: list[dict], variant: str) -> dict:
@@ -338,7 +354,7 @@ def compare(runs: list[dict], variant: str) -> dict:
         return paired_difference([value(mine) for mine, _ in pairs], [value(base) for _, base in pairs])
 
     result = {'top1': difference(lambda r: r['top1'])}
-    if transferred([run for pair in pairs for run in pair]):
+    if transferred(*(run for pair in pairs for run in pair)):
         for head in HEADS:
             result[head] = {mode: difference(lambda r, h=head, m=mode: r[h][m]['mIoU']) for mode in MODES}
     return result
@@ -360,7 +376,7 @@ def markdown_table(summary: dict, model: str, seeds: int, annotators: dict) -> s
             f'[{CONFIDENCE:.0%} t interval] in percentage points, "within noise" where the interval holds 0. '
             f'Pretraining time: its epochs\' seconds summed, the fastest seed\'s, and its ratio to the Standard '
             f'(vanilla) row\'s.\n\n' + '\n'.join(lines) + '\n')
-    transfers = {variant: entry for variant, entry in summary.items() if 'upernet' in entry}
+    transfers = {variant: entry for variant, entry in summary.items() if transferred(entry)}
     return text + (table7(transfers, model) if transfers else '') + paper_tables(summary, annotators)
 
 
@@ -377,10 +393,11 @@ def table7(transfers: dict, model: str) -> str:
                          f'{cell(scores["ms"]["mIoU"])} | {cell(scores["ms"]["aAcc"])} |')
     columns = [(head, mode) for head in HEADS for mode in MODES]
     differences = ['| Pretraining, minus token labeling | ' +
-                   ' | '.join(f'{HEADS[h]} mIoU {MODES[m]}' for h, m in columns) + ' |', '|---|' + '---:|' * 4]
+                   ' | '.join(f'{HEADS[h]} mIoU {MODES[m]}' for h, m in columns) + ' |',
+                   '|---|' + '---:|' * len(columns)]
     differences += [f'| {VARIANTS[variant]} | ' + ' | '.join(
         describe_difference(entry['vs_token_labeling'][head][mode]) for head, mode in columns) + ' |'
-        for variant, entry in transfers.items() if 'upernet' in entry.get('vs_token_labeling', {})]
+        for variant, entry in transfers.items() if transferred(entry.get('vs_token_labeling', {}))]
     return ('\nTable 7 layout (the backbones transferred to segmentation; percent):\n\n' + '\n'.join(lines) + '\n' +
             ('\n' + '\n'.join(differences) + '\n' if len(differences) > 2 else ''))
 
@@ -397,7 +414,7 @@ def top1_and_miou(summary: dict, variant: str) -> str:
     if variant not in summary:
         return '—'
     entry = summary[variant]
-    return cell(entry['top1']) + (f' / {cell(entry["upernet"]["ss"]["mIoU"])}' if 'upernet' in entry else '')
+    return cell(entry['top1']) + (f' / {cell(entry["upernet"]["ss"]["mIoU"])}' if transferred(entry) else '')
 
 
 def paper_tables(summary: dict, annotators: dict) -> str:
@@ -416,13 +433,13 @@ def paper_tables(summary: dict, annotators: dict) -> str:
         lines += [f'| {name} | {tokens} | {top1_and_miou(summary, variant)} | {time_cell(summary, variant)} |'
                   for variant, (name, tokens) in TABLE4_ROWS.items() if variant in summary]
         parts.append('Table 4 layout:\n\n' + '\n'.join(lines))
-    rates = [rate for rate, variant in PARTICIPATION.items() if variant in summary]
+    rates = rates_run(summary)
     if len(rates) >= 2:
         lines = ['| Token participation | ' + ' | '.join(f'{rate}%' for rate in rates) + ' |',
                  '|---|' + '---:|' * len(rates),
                  '| Top-1 | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['top1']) for r in rates) + ' |']
         parts.append('Figure 4 (left) as a table:\n\n' + '\n'.join(lines))
-    names = [name for name, variant in ANNOTATOR_ROWS.items() if variant in summary and name in annotators]
+    names = annotators_run(summary, annotators)
     if len(names) >= 2:
         lines = ['| Annotator | Parameters | Annotator top-1 | Token labeling top-1 |', '|---|---:|---:|---:|']
         lines += [f'| {name} | {annotators[name]["params"] / 1e6:.1f}M | {annotators[name]["top1"]:.1f} | '
@@ -465,14 +482,14 @@ def plot_tables(summary: dict, annotators: dict, out: Path, title: str) -> list[
             fig, axes = figure(1, 1, (1.0 + 0.9 * len(rows), 4.0))
             top1_bars(axes[0][0], summary, rows)
             save(fig, f'table{table}.png', f'Table {table}')
-    transfers = [variant for variant in summary if 'upernet' in summary[variant]]
+    transfers = [variant for variant, entry in summary.items() if transferred(entry)]
     if len(transfers) >= 2:
         fig, axes = figure(1, 2, (6.0, 4.5), width_ratios=[1, 3])
         top1_bars(axes[0][0], summary, transfers)
         miou_bars(axes[0][1], summary, transfers)
         save(fig, 'table7.png', 'Table 7')
-    rates = [rate for rate, variant in PARTICIPATION.items() if variant in summary]
-    names = [name for name, variant in ANNOTATOR_ROWS.items() if variant in summary and name in annotators]
+    rates = rates_run(summary)
+    names = annotators_run(summary, annotators)
     if len(rates) >= 2 or len(names) >= 2:
         fig, axes = figure(1, 2, (4.5, 4.0))
         if len(rates) >= 2:
@@ -492,7 +509,7 @@ def top1_bars(ax, summary: dict, variants: list[str], labels: list[str] | None =
     """Top-1 of each row: mean with the standard deviation as its error bar."""
     stats = [summary[variant]['top1'] for variant in variants]
     ax.bar(range(len(variants)), [s['mean'] for s in stats], yerr=[s['std'] for s in stats], capsize=4,
-           color=[f'C{list(VARIANTS).index(v) % 10}' for v in variants])
+           color=[row_colour(v) for v in variants])
     ax.set_xticks(range(len(variants)), labels or [textwrap.fill(VARIANTS[v], 13) for v in variants], fontsize=7)
     ax.set_ylabel('classification top-1 (%)')
 
@@ -504,7 +521,7 @@ def miou_bars(ax, summary: dict, variants: list[str]) -> None:
     for i, variant in enumerate(variants):
         stats = [summary[variant][head][mode]['mIoU'] for head, mode in groups]
         ax.bar([g + (i - (len(variants) - 1) / 2) * width for g in range(len(groups))], [s['mean'] for s in stats],
-               width, yerr=[s['std'] for s in stats], capsize=3, color=f'C{list(VARIANTS).index(variant) % 10}',
+               width, yerr=[s['std'] for s in stats], capsize=3, color=row_colour(variant),
                label=VARIANTS[variant])
     ax.set_xticks(range(len(groups)), [f'{HEADS[h]} {MODES[m]}' for h, m in groups])
     ax.set_ylabel('segmentation mIoU (%)')
