@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from classification.train import build_parser, resolve_recipe
+from common.errors import UsageError
 from digits.cls_data import EmbeddedScans
 from helpers.commands import ROOT
 
@@ -69,6 +70,11 @@ def test_a_table_runs_the_papers_rows_token_labeling_first(tmp_path):
                                        'annotator-resnet18', 'annotator-resnet34']
     assert set(rows()) == set(table2) | set(table4)  # the default: Tables 2, 4 and 7 (whose rows are in 2 and 4)
     assert rows('--variants', 'standard') == ['standard']
+    on_your_data = ['--cls-data-dir', str(tmp_path), '--token-label-dir', str(tmp_path), '--annotator', 'resnet10t',
+                    '--annotator-checkpoint', str(tmp_path / 'annotator.pth')]  # the online rows' annotator
+    assert rows('--quick', *on_your_data) == [row for row in rows('--quick') if not row.startswith('annotator-')]
+    with pytest.raises(UsageError, match='annotator rows'):  # asked for by name: refused, saying why
+        rows('--table', 'fig4', *on_your_data)
 
 
 @pytest.mark.parametrize('transfer, rows', [('table7', ['token-labeling', 'standard', 'mixtoken-label']),

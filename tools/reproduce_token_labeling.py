@@ -88,6 +88,7 @@ TABLE4_ROWS = {'standard': ('vanilla', '1'), 'online-kd': ('online KD', '2'),
                'relabel': ('ReLabel', '1')}
 PARTICIPATION = {**{rate: f'participation-{rate}' for rate in PARTICIPATION_RATES}, 100: 'token-labeling'}
 ANNOTATOR_ROWS = {ANNOTATOR: 'token-labeling', **{name: f'annotator-{name}' for name in OTHER_ANNOTATORS}}
+DIGITS_ONLY = set(ANNOTATOR_ROWS.values()) - {'token-labeling'}  # the annotators are the digits' own
 # The paper's tables as rows of this tool (`--table`). Table 7 transfers backbones to segmentation: with and without
 # token labeling as the paper's, and MixToken with the image label, which differs from token labeling in the
 # supervision alone. Table 4's Standard row comes with its one-factor twin at token labeling's lr.
@@ -142,10 +143,12 @@ def check_args(args: argparse.Namespace) -> None:
     check_output_folder(args.out)
     tables = args.table or ([] if args.variants else list(TABLES) if args.quick else DEFAULT_TABLES)
     chosen = set(args.variants or ()) | {row for table in tables for row in TABLES[table]}
+    if args.cls_data_dir and not (args.table or args.variants):
+        chosen -= DIGITS_ONLY  # --quick's every row, on your data: those that can run there
     args.variants = [variant for variant in VARIANTS if variant in chosen]  # token labeling first
     transfer = {'all': args.variants, 'table7': TABLES['7'], 'none': ()}[args.transfer]
     args.transferred = [variant for variant in args.variants if variant in transfer]
-    if args.cls_data_dir and (set(ANNOTATOR_ROWS.values()) - {BASELINE}) & set(args.variants):
+    if args.cls_data_dir and DIGITS_ONLY & set(args.variants):
         raise UsageError('the annotator rows (Figure 4 right) train on the embedded digits; on your data, make a '
                          'store per annotator (tools/generate_token_labels.py) and run token-labeling once per store')
     if (args.cls_data_dir is None) != (args.token_label_dir is None) and 'token-labeling' in args.variants:
