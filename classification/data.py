@@ -21,6 +21,7 @@ class ImageFolderDataset(Dataset):
     token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers (`extent`,
     whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an
     unreadable image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
+    `max_images` keeps at most that many of the split's images, spread evenly over it (`spread_evenly`).
     """
 
     def __init__(
@@ -32,9 +33,12 @@ class ImageFolderDataset(Dataset):
             label_store: TokenLabelStore | None = None,
             skip_unreadable: bool = False,
             classes_from: str = 'the training split',
+            max_images: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.classes, self.samples = scan_split(self.data_dir, split, classes, classes_from)
+        if max_images is not None:
+            self.samples = spread_evenly(self.samples, max_images)
         self.transform = transform
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
@@ -78,6 +82,14 @@ class ImageFolderDataset(Dataset):
             item['extent'], item['has_map'] = torch.from_numpy(self.label_store.extent(row)), \
                 self.label_store.has_map(path)
         return item
+
+
+def spread_evenly(samples: list, count: int) -> list:
+    """At most `count` of `samples`, evenly spaced over the list: a split's files are listed class by class, so
+    every class keeps its share (where the first `count` would hold the first classes alone)."""
+    if count >= len(samples):
+        return samples
+    return [samples[i * len(samples) // count] for i in range(count)]
 
 
 def collate_skipping(items: list[dict | None]) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -22,7 +22,7 @@ from backbones import bare_model, load_checkpoint, model_family
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
 from backbones.weights import pretrained_model
-from common.cli import EmbeddedData, model_parser, parse_model_kwargs
+from common.cli import EmbeddedData, model_parser, parse_model_kwargs, positive_int
 from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.errors import CheckpointError, UsageError
 from common.images import check_same_classes, read_image
@@ -51,6 +51,7 @@ class ImageData:
     token_labels: Path | None = None
     skip_unreadable: bool = False
     verify_labels: bool = True  # check the store against its digests when opening it
+    train_images: int | None = None  # train on at most this many images, spread over the split (a smoke run)
 
 
 class DefaultData(EmbeddedData, Protocol):
@@ -78,6 +79,9 @@ def build_parser(default_data: type[DefaultData] | None = None) -> argparse.Argu
                    help='with --finetune: train new classifiers for this data set\'s classes')
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
+    p.add_argument('--train-images', type=positive_int, metavar='N', help=(
+        'train on at most N of the training split\'s images, spread evenly over its classes (a smoke run of a '
+        'recipe; validation keeps the whole split)'))
     p.add_argument('--teacher', metavar='MODEL', help=(
         'DeiT\'s hard distillation from this classifier (the student gets a distillation token and head: ViT/DeiT, '
         'CaiT, T2T-ViT, LV-ViT without token labeling); with token labeling, online token labeling: the teacher is '
@@ -150,7 +154,8 @@ def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe,
                               interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
     device_tf = BatchAugment(recipe.img_size, data_cfg['mean'], data_cfg['std']) if augment == 'batched' else None
     train_set = ImageFolderDataset(data.root, 'train', RegionTransform(train_tf) if device_tf else train_tf,
-                                   label_store=store, skip_unreadable=data.skip_unreadable)
+                                   label_store=store, skip_unreadable=data.skip_unreadable,
+                                   max_images=data.train_images)
     val_tf = eval_transform(recipe.img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
                             data_cfg['std'])
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
@@ -272,7 +277,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     objective = make_objective(recipe, len(classes), teacher_model)
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
-              'teacher': vars(teacher) if teacher is not None else None, 'augment': augment}
+              'teacher': vars(teacher) if teacher is not None else None, 'augment': augment,
+              'train_images': len(train_loader.dataset)}  # a resume on another --train-images is refused
     fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
@@ -288,6 +294,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
                'token_labeling': recipe.token_labeling, 'preset': preset,
                'teacher': teacher.model if teacher else None, 'online_token_labeling': online,
+               'train_images': len(train_loader.dataset),
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
     if optimization.ema_decay > 0:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
@@ -319,6 +326,7 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
         else:
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
+        data = replace(data, train_images=args.train_images)
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
                      teacher, args.augment)
 

@@ -11,11 +11,14 @@ from timm.data import create_transform
 import backbones  # noqa: F401
 from common.errors import UsageError
 from backbones.token_head import add_token_head
+from classification.data import ImageFolderDataset
 from classification.train import main
 from common.images import read_image
 from helpers.commands import run_tool, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
+from token_labeling.augment import TrainTransform
+from token_labeling.label_store import TokenLabelStore
 
 
 def train_args(data, labels, output, *extra):
@@ -96,6 +99,24 @@ def test_eval_tool_matches_an_independent_evaluation(labeled_images, tmp_path):
     assert reported['images'] == total
     assert reported['top1'] == pytest.approx(100 * correct / total)
     assert reported['top1'] == pytest.approx(read_log(out)[2]['top1'])
+
+
+def test_max_images_keeps_each_class_its_share_of_the_split(labeled_images):
+    data, labels = labeled_images
+    whole = ImageFolderDataset(data, 'train', TrainTransform(32))
+    assert [label for _, label in whole.samples] == [0] * 8 + [1] * 8 + [2] * 8  # listed class by class
+    part = ImageFolderDataset(data, 'train', TrainTransform(32), label_store=TokenLabelStore(labels), max_images=6)
+    assert part.samples == whole.samples[::4]  # every fourth: two of each class, not the first class alone
+    assert ImageFolderDataset(data, 'train', TrainTransform(32), max_images=100).samples == whole.samples
+
+
+def test_train_images_is_recorded_and_kept_on_resume(labeled_images, tmp_path):
+    data, labels = labeled_images
+    run = ['--epochs', '1', '--workers', '0', '--log-interval', '1']
+    metrics = main(train_args(data, labels, tmp_path, *run, '--train-images', '6'))
+    assert metrics['train_images'] == 6 and len(read_log(tmp_path)) == 1
+    with pytest.raises(UsageError, match='train_images=6.*train_images=8'):
+        main(train_args(data, labels, tmp_path, *run, '--train-images', '8', '--resume'))
 
 
 def test_unknown_model_lists_suite_models(tmp_path):

@@ -100,7 +100,7 @@ BASELINE = 'token-labeling'  # every other variant is compared with it, seed by 
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
 SEG_METRICS = ('mIoU', 'aAcc')
-QUICK = dict(seeds=1, epochs=1, iters=20, images=16)  # --quick: every row, smoke-sized
+QUICK = dict(seeds=1, epochs=1, train_images=480, iters=20, images=16)  # --quick: every row, smoke-sized
 SEEDS = 3
 
 
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--quick', action='store_true', help=(
         f'smoke-sized: every table\'s rows (unless --table or --variants say), {QUICK["seeds"]} seed, '
-        f'{QUICK["epochs"]} pretraining epoch, {QUICK["iters"]} segmentation iterations, the first '
+        f'{QUICK["epochs"]} pretraining epoch on at most {QUICK["train_images"]} images (spread over the classes), '
+        f'{QUICK["iters"]} segmentation iterations, the first '
         f'{QUICK["images"]} validation images'))
     p.add_argument('--seeds', type=positive_int, help=f'seeds per variant (default {SEEDS}; mean and std over them; '
                    f'differences from token labeling paired by seed)')
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--variants', nargs='+', choices=list(VARIANTS), help='pretraining rows to compare')
     p.add_argument('--table', nargs='+', choices=list(TABLES), help='the rows of these tables of the paper (added to '
                    '--variants; without either: ' + ' '.join(DEFAULT_TABLES) + '): ' +
-                   '; '.join(f'{name}: {", ".join(rows)}' for name, rows in TABLES.items()))
+                   '; '.join(f'{name}: {", ".join(dict.fromkeys(rows))}' for name, rows in TABLES.items()))
     p.add_argument('--transfer', choices=('table7', 'all', 'none'), default='table7', help=(
         'the rows whose backbones are transferred to segmentation (FCN and UperNet, SS and MS): those of Table 7 '
         'among the rows run (default), all of them, or none; the others are compared by classification alone'))
@@ -227,6 +228,7 @@ class Stages:
         out, a = run_dir / 'cls', self.args
         argv = self.pretrain_argv(variant, seed, model, out)
         argv += ['--epochs', str(a.epochs)] if a.epochs else []
+        argv += ['--train-images', str(QUICK['train_images'])] if a.quick else []
         argv += ['--device', a.device] if a.device else []
         argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in model_kwargs.items())] if model_kwargs else []
         if a.cls_data_dir:
