@@ -43,6 +43,9 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+DEBUG_HINT = '(--debug shows the traceback)'
+
+
 def run_command(main: Callable[[], object]) -> None:
     """Run a command's `main`: the suite's errors become one line on stderr and exit status 2 (see module doc)."""
     debug = debug_requested(sys.argv)
@@ -56,7 +59,10 @@ def run_command(main: Callable[[], object]) -> None:
     except (SuiteError, OSError) as exc:
         if debug or (isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS):
             raise
-        print(f'error: {one_line(exc)}{storage_hint(exc)}  (--debug shows the traceback)', file=sys.stderr)
+        message = f'{one_line(exc)}{storage_hint(exc)}'
+        # an error quoting a failed inner command's output may end with that command's hint already
+        hint = '' if message.endswith(DEBUG_HINT) else f'  {DEBUG_HINT}'
+        print(f'error: {message}{hint}', file=sys.stderr)
         sys.exit(EXIT_CODE)
     if isinstance(status, int):  # a command's own exit status; other return values are results, not statuses
         sys.exit(status)

@@ -18,7 +18,7 @@ from classification import train, transfer
 from classification.data import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
-from common.cli import parse_model_kwargs, resolve_device
+from common.cli import parse_model_kwargs, resolve_device, run_command
 from engine.checkpoints import METRICS
 from common.images import ImageReadError, find_classes, read_image
 from helpers.cifar_data import tiny_cifar
@@ -90,6 +90,15 @@ def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
         'traceback)']
     debug = run_tool('eval_cls.py', ['lvvit_s', '--checkpoint', 'absent.pth', '--data-dir', '.', '--debug'])
     assert debug.returncode == 1 and 'Traceback' in debug.stderr and 'DataError' in debug.stderr
+
+
+def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys):
+    def failing_stage():
+        raise DataError('stage failed; the end of its log:\nerror: bad file  (--debug shows the traceback)')
+
+    with pytest.raises(SystemExit) as stopped:
+        run_command(failing_stage)
+    assert stopped.value.code == 2 and capsys.readouterr().err.count('--debug shows the traceback') == 1
 
 
 def test_class_folders_are_the_visible_non_empty_ones(tmp_path):
