@@ -100,7 +100,7 @@ BASELINE = 'token-labeling'  # every other variant is compared with it, seed by 
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
 SEG_METRICS = ('mIoU', 'aAcc')
-QUICK = dict(seeds=1, epochs=1, train_images=480, iters=20, images=16)  # --quick: every row, smoke-sized
+QUICK = dict(seeds=1, epochs=1, train_images=320, iters=20, images=16)  # --quick: every row, smoke-sized
 SEEDS = 3
 
 
