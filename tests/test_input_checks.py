@@ -92,7 +92,10 @@ def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
     assert debug.returncode == 1 and 'Traceback' in debug.stderr and 'DataError' in debug.stderr
 
 
-def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys):
+def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys, monkeypatch):
+    # run_command's log handler would write to this test's captured stdout for every later test: left out
+    monkeypatch.setattr('common.cli.show_log', lambda: None)
+
     def failing_stage():
         raise DataError('stage failed; the end of its log:\nerror: bad file  (--debug shows the traceback)')
 
