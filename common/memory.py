@@ -1,0 +1,42 @@
+"""A process's memory as Linux accounts it: private (USS) and proportional (PSS) set sizes, and its children.
+
+RSS counts the pages a forked loader worker shares with its parent; USS counts only the pages the process has to
+itself (those it wrote to, copy-on-write included), which is what a worker adds to a machine's memory.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes: resident (RSS), private (USS: private clean + private dirty) and proportional (PSS)."""
+
+    rss: int
+    uss: int
+    pss: int
+
+
+def process_memory(pid: int | None = None) -> Memory:
+    """The memory of process `pid` (default: this one) from /proc/PID/smaps_rollup (Linux 4.14+)."""
+    fields = {}
+    for line in Path(f'/proc/{pid or os.getpid()}/smaps_rollup').read_text().splitlines()[1:]:
+        name, _, value = line.partition(':')
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == 'kB':
+            fields[name] = int(parts[0]) * 1024
+    return Memory(fields['Rss'], fields['Private_Clean'] + fields['Private_Dirty'], fields['Pss'])
+
+
+def child_pids(pid: int | None = None) -> list[int]:
+    """The direct children of process `pid` (default: this one): a DataLoader's worker processes, say."""
+    pid = pid or os.getpid()
+    children: list[int] = []
+    for task in Path(f'/proc/{pid}/task').iterdir():
+        try:
+            children += [int(child) for child in (task / 'children').read_text().split()]
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return children

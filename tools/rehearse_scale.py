@@ -1,0 +1,415 @@
+#!/usr/bin/env python
+"""The real ImageNet job's size, rehearsed on this machine with the suite's own code.
+
+Builds on local disk a synthetic tree with ImageNet's counts (1,281,167 training and 50,000 validation JPEGs of a few
+KB in 1,000 class folders) and a released-layout label tree for it (one `<wnid>/<stem>.pt` NFNet-F6-shaped map per
+training image, [2, 5, 18, 18] float16: an 8 GB store once imported), then times each stage of the real job:
+
+- listing: the training split listed as every training process lists it (files/s);
+- import: the release imported into the store (tools/import_token_labels.py's code; files/s);
+- store: the store opened with and without its verification (what each process does at start);
+- dataset: the training set built as train_cls builds it (listing, store rows), and the main process's memory;
+- pass: one shuffled epoch of the training sampler through the loader workers (each image decoded, its store row
+  read; no augmentation, so the index and the store are what is measured), every worker's private (USS) and
+  proportional (PSS) memory sampled from /proc at its start and end;
+- val-listing: the validation split listed;
+- first-step: `torchrun train_cls.py` (a 2-block LV-ViT-S, token labeling) from launch to its first update, twice
+  (a second start in a fresh output: what a restart costs), with the training processes' memory at that step;
+- checkpoint: a training checkpoint (weights, EMA, AdamW state) of LV-ViT-L and CaiT-M48 written as train_cls
+  writes one: size and seconds.
+
+    python tools/rehearse_scale.py                                   # full scale: about 25 GB of disk
+    python tools/rehearse_scale.py --scale 0.01 --stages build listing pass --json out.json
+
+The trees are kept in --root and reused by later runs of the same --scale (the store too): delete --root to free
+the disk. The embedded default is the full job's size; `--scale` gives a fraction of its images (1,000 classes).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from backbones import bare_model
+from classification.data import ImageFolderDataset, collate_skipping
+from classification.models import create_classifier, model_data_config
+from classification.recipes import recipe_for
+from classification.train import make_objective
+from common.cli import output_file, positive_int, run_command
+from common.distributed import DistInfo, sharded_loaders
+from common.errors import UsageError
+from common.images import scan_split
+from common.memory import Memory, child_pids, process_memory
+from engine.trainer import RunOptions, Trainer
+from token_labeling.label_store import TokenLabelStore, read_meta
+from token_labeling.released import import_released_labels
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1000
+RELEASE_SHAPE = (2, 5, 18, 18)  # TokenLabeling's NFNet-F6 release: [scores, classes] x top-5 x 18 x 18
+JPEG_SIZES = ((64, 48), (48, 64), (56, 56))  # wide, tall and square: the centre-square extents differ
+STAGES = ('build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing', 'first-step', 'checkpoint')
+CHECKPOINT_MODELS = ('lvvit_l', 'cait_m48_448')
+MB = 1024 ** 2
+
+
+def scale_fraction(value: str) -> float:
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not 0 < scale <= 1:
+        raise argparse.ArgumentTypeError(f'{value!r} is not a fraction in (0, 1]')
+    return scale
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--root', type=Path, default=ROOT / 'output' / 'rehearse_scale',
+                   help='where the trees, the store and the runs go (kept and reused)')
+    p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
+    p.add_argument('--stages', nargs='+', choices=STAGES, default=list(STAGES), help='the stages to run, in order')
+    p.add_argument('--workers', type=positive_int, default=2, help='loader workers (import, pass, first step)')
+    p.add_argument('--processes', type=positive_int, default=2, help='training processes of the first step')
+    p.add_argument('--batch-size', type=positive_int, default=256, help='batch of the pass')
+    p.add_argument('--checkpoint-models', nargs='+', default=list(CHECKPOINT_MODELS), metavar='MODEL')
+    p.add_argument('--json', type=output_file, metavar='FILE', help='also write the figures as JSON')
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------- trees
+
+def class_names() -> list[str]:
+    return [f'n{i:08d}' for i in range(NUM_CLASSES)]
+
+
+def per_class(total: int, scale: float) -> list[int]:
+    """Images of each class: `total x scale` spread over the classes, at least one each."""
+    count = max(NUM_CLASSES, round(total * scale))
+    return [count // NUM_CLASSES + (c < count % NUM_CLASSES) for c in range(NUM_CLASSES)]
+
+
+def tiny_jpegs() -> list[bytes]:
+    """Noise JPEGs of a few KB, one per size of JPEG_SIZES."""
+    rng = np.random.default_rng(0)
+    encoded = []
+    for width, height in JPEG_SIZES:
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, 'JPEG', quality=75)
+        encoded.append(buffer.getvalue())
+    return encoded
+
+
+def release_file() -> bytes:
+    """One released map, as the release saves it: top-5 logits (descending) and class indices stored as floats."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(RELEASE_SHAPE[1:], generator=generator).sort(dim=0, descending=True).values
+    classes = torch.randint(0, NUM_CLASSES, RELEASE_SHAPE[1:], generator=generator).float()
+    buffer = io.BytesIO()
+    torch.save(torch.stack([scores, classes]).half(), buffer)
+    return buffer.getvalue()
+
+
+def write_class(data: Path, release: Path, name: str, train: int, val: int, first_val: int, jpegs: list[bytes],
+                label: bytes) -> None:
+    for folder in (data / 'train' / name, data / 'val' / name, release / name):
+        folder.mkdir(parents=True, exist_ok=True)
+    for i in range(train):
+        stem = f'{name}_{i}'
+        (data / 'train' / name / f'{stem}.JPEG').write_bytes(jpegs[i % len(jpegs)])
+        (release / name / f'{stem}.pt').write_bytes(label)
+    for i in range(val):
+        (data / 'val' / name / f'ILSVRC2012_val_{first_val + i + 1:08d}.JPEG').write_bytes(jpegs[i % len(jpegs)])
+
+
+def disk_used(path: Path) -> int:
+    usage = shutil.disk_usage(path)
+    return usage.total - usage.free
+
+
+def build_trees(root: Path, scale: float) -> dict:
+    """The image tree (`root/imagenet`) and the release tree (`root/release`), unless `root/built.json` says they
+    were built at this scale."""
+    record = root / 'built.json'
+    if record.exists() and json.loads(record.read_text())['scale'] == scale:
+        return {**json.loads(record.read_text()), 'reused': True}
+    for folder in ('imagenet', 'release', 'store'):
+        shutil.rmtree(root / folder, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    train, val = per_class(TRAIN_IMAGES, scale), per_class(VAL_IMAGES, scale)
+    first_val = np.concatenate([[0], np.cumsum(val)[:-1]]).tolist()
+    jpegs, label = tiny_jpegs(), release_file()
+    before, start = disk_used(root), time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
+        list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c], val[c],
+                                            first_val[c], jpegs, label), range(NUM_CLASSES)))
+    os.sync()
+    built = {'scale': scale, 'train': sum(train), 'val': sum(val), 'files': 2 * sum(train) + sum(val),
+             'seconds': time.perf_counter() - start, 'disk_bytes': disk_used(root) - before}
+    record.write_text(json.dumps(built))
+    return {**built, 'reused': False}
+
+
+# --------------------------------------------------------------------------------------------------------- stages
+
+class Figures:
+    """The rehearsal's figures: a table row each (stage, what, value) and the same in JSON."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str]] = []
+        self.values: dict[str, dict] = {}
+
+    def add(self, stage: str, what: str, value: float | int | str, shown: str | None = None) -> None:
+        self.values.setdefault(stage, {})[what] = value
+        self.rows.append((stage, what, shown if shown is not None else str(value)))
+        print(f'  {stage:12s} {what:44s} {self.rows[-1][2]}', flush=True)
+
+    def table(self) -> str:
+        lines = ['| stage | figure | value |', '|---|---|---:|']
+        return '\n'.join(lines + [f'| {stage} | {what} | {value} |' for stage, what, value in self.rows])
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def mb(value: int) -> str:
+    return f'{value / MB:,.0f} MB'
+
+
+def stage_build(args: argparse.Namespace, figures: Figures) -> None:
+    built = build_trees(args.root, args.scale)
+    figures.add('build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    if built['reused']:
+        figures.add('build', 'trees', 'reused from an earlier run')
+        return
+    figures.add('build', 'files written (images and release)', built['files'])
+    figures.add('build', 'seconds', round(built['seconds'], 1))
+    figures.add('build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
+
+
+def stage_listing(args: argparse.Namespace, figures: Figures, split: str = 'train') -> None:
+    stage = 'listing' if split == 'train' else 'val-listing'
+    before = process_memory().uss
+    (_, samples), seconds = timed(lambda: scan_split(args.root / 'imagenet', split))
+    figures.add(stage, 'files listed', len(samples))
+    figures.add(stage, 'seconds', round(seconds, 2))
+    figures.add(stage, 'files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
+    figures.add(stage, 'memory of the listing (USS)', process_memory().uss - before,
+                mb(process_memory().uss - before))
+
+
+def stage_import(args: argparse.Namespace, figures: Figures) -> None:
+    store = args.root / 'store'
+    if (read_meta(store) or {}).get('complete'):
+        figures.add('import', 'store', 'reused from an earlier run')
+        return
+    meta, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
+                                                         DistInfo(), workers=args.workers))
+    rows = len(TokenLabelStore(store, verify=False))
+    size = sum(f.stat().st_size for f in store.iterdir() if f.is_file())
+    figures.add('import', 'files imported', rows)
+    figures.add('import', 'seconds', round(seconds, 1))
+    figures.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
+    figures.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
+
+
+def stage_store(args: argparse.Namespace, figures: Figures) -> None:
+    before = process_memory().uss
+    store, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=False))
+    figures.add('store', 'open without verification, seconds', round(seconds, 2))
+    figures.add('store', 'memory of the open store (USS)', process_memory().uss - before,
+                mb(process_memory().uss - before))
+    del store
+    _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
+    figures.add('store', 'open with verification, seconds', round(seconds, 1))
+
+
+class ImageSize:
+    """A stand-in for the augmentation: the decoded image's size (the pass measures the index and the store)."""
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return torch.tensor(image.size)
+
+
+def training_set(args: argparse.Namespace) -> ImageFolderDataset:
+    return ImageFolderDataset(args.root / 'imagenet', 'train', ImageSize(),
+                              label_store=TokenLabelStore(args.root / 'store', verify=False))
+
+
+def stage_dataset(args: argparse.Namespace, figures: Figures) -> None:
+    before = process_memory().uss
+    dataset, seconds = timed(lambda: training_set(args))
+    figures.add('dataset', 'images', len(dataset))
+    figures.add('dataset', 'seconds to build', round(seconds, 1))
+    figures.add('dataset', 'memory of the dataset (USS)', process_memory().uss - before,
+                mb(process_memory().uss - before))
+
+
+class WorkerMemory:
+    """Samples every child process's memory twice a second while running: the first and last sample of each."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, Memory] = {}
+        self.last: dict[int, Memory] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+
+    def sample(self) -> None:
+        while not self.stop.wait(0.5):
+            for pid in child_pids():
+                try:
+                    memory = process_memory(pid)
+                except OSError:  # a worker that has just ended
+                    continue
+                self.first.setdefault(pid, memory)
+                self.last[pid] = memory
+
+    def __enter__(self) -> 'WorkerMemory':
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def stage_pass(args: argparse.Namespace, figures: Figures) -> None:
+    dataset = training_set(args)
+    info = DistInfo()
+    loader = sharded_loaders(dataset, [], args.batch_size, info, args.workers, 0, collate_skipping)[0]
+    loader.sampler.set_epoch(0)
+    dataset.set_epoch(0, 0)
+    seen, start = 0, time.perf_counter()
+    with WorkerMemory() as memory:
+        for batch in loader:
+            seen += len(batch['label'])
+            if not memory.first:  # wait for the workers' first sample before the pass goes on
+                while not memory.first:
+                    time.sleep(0.1)
+    seconds = time.perf_counter() - start
+    figures.add('pass', 'images read (shuffled, every row of the store)', seen)
+    figures.add('pass', 'seconds', round(seconds, 1))
+    figures.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+    for n, pid in enumerate(sorted(memory.first)):
+        first, last = memory.first[pid], memory.last[pid]
+        figures.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
+                    f'{mb(first.uss)} / {mb(last.uss)}')
+        figures.add('pass', f'worker {n}: USS growth over the epoch', last.uss - first.uss, mb(last.uss - first.uss))
+        figures.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
+
+
+FIRST_UPDATE = re.compile(r'\bupdate\s+1\b')
+
+
+def first_step(args: argparse.Namespace, output: Path, port: int) -> tuple[float, list[Memory], list[str]]:
+    """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
+    and the log up to it."""
+    shutil.rmtree(output, ignore_errors=True)
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', str(args.processes),
+               '--master-port', str(port), str(ROOT / 'tools' / 'train_cls.py'), 'lvvit_s', '--model-kwargs',
+               'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', str(args.root / 'imagenet'),
+               '--token-label-dir', str(args.root / 'store'), '--img-size', '32', '--batch-size', '32',
+               '--workers', str(args.workers), '--log-interval', '1', '--pictures', '0', '--device', 'cpu',
+               '--output', str(output)]
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    start = time.perf_counter()
+    launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    log: list[str] = []
+    try:
+        for line in launcher.stdout:
+            log.append(line.rstrip())
+            if FIRST_UPDATE.search(line):
+                seconds = time.perf_counter() - start
+                return seconds, [process_memory(pid) for pid in child_pids(launcher.pid)], log
+        raise RuntimeError(f'train_cls ended (exit {launcher.wait()}) before its first update:\n'
+                           + '\n'.join(log[-20:]))
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def stage_first_step(args: argparse.Namespace, figures: Figures) -> None:
+    for n, name in enumerate(('first start', 'second start')):
+        seconds, memory, log = first_step(args, args.root / 'first_step', 29751 + n)
+        figures.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
+        figures.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
+                    ' / '.join(mb(m.uss) for m in memory))
+        store_lines = [line for line in log if 'store' in line and ('verif' in line or 'listed' in line)]
+        for line in store_lines:
+            figures.add('first-step', f'{name}: log', line.split('] ')[-1][:120])
+
+
+def stage_checkpoint(args: argparse.Namespace, figures: Figures) -> None:
+    for name in args.checkpoint_models:
+        recipe = recipe_for(name)
+        recipe.img_size = recipe.img_size or model_data_config(name)['input_size'][-1]
+        output = args.root / 'checkpoint' / name
+        shutil.rmtree(output, ignore_errors=True)
+        trainer = Trainer(RunOptions(output=output), DistInfo())
+        model = create_classifier(name, NUM_CLASSES, recipe.img_size, recipe.token_labeling, recipe.mix_token)
+        optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
+        fit = trainer.start(model, bare_model(model), optimization, make_objective(recipe, NUM_CLASSES),
+                            {'model': name}, 1)
+        for param in model.parameters():
+            param.grad = torch.zeros_like(param)
+        fit.state.optimizer.step()  # AdamW's moments exist, as in any checkpoint after the first update
+        start = time.perf_counter()
+        fit.save(1, is_best=False)
+        seconds = time.perf_counter() - start
+        size = (output / 'last.pth').stat().st_size
+        params = sum(p.numel() for p in model.parameters())
+        figures.add('checkpoint', f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size,
+                    f'{size / 1024 ** 3:.2f} GB')
+        figures.add('checkpoint', f'{name}: seconds to write', round(seconds, 1))
+        shutil.rmtree(output)
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace, Figures], None]] = {
+    'build': stage_build, 'listing': stage_listing, 'import': stage_import, 'store': stage_store,
+    'dataset': stage_dataset, 'pass': stage_pass, 'val-listing': lambda a, f: stage_listing(a, f, 'val'),
+    'first-step': stage_first_step, 'checkpoint': stage_checkpoint}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    needs_trees = set(args.stages) - {'build', 'checkpoint'}
+    if needs_trees and 'build' not in args.stages and not (args.root / 'built.json').exists():
+        raise UsageError(f'{args.root} holds no rehearsal trees yet: run the build stage first')
+    if set(args.stages) & {'store', 'dataset', 'pass', 'first-step'} and 'import' not in args.stages \
+            and not (read_meta(args.root / 'store') or {}).get('complete'):
+        raise UsageError(f'{args.root / "store"} holds no complete store yet: run the import stage first')
+    figures = Figures()
+    print(f'rehearsal at scale {args.scale} in {args.root} ({os.cpu_count()} cores, torch {torch.__version__})')
+    start = time.perf_counter()
+    for stage in STAGES:
+        if stage in args.stages:
+            RUNNERS[stage](args, figures)
+    figures.add('all', 'seconds', round(time.perf_counter() - start, 1))
+    print(figures.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures.values, indent=2) + '\n')
+    return figures.values
+
+
+if __name__ == '__main__':
+    run_command(main)
