@@ -4,11 +4,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from common.distributed import DistInfo, computed_once
 from common.images import ImageReadError, check_same_classes, read_image, scan_split
+from common.path_list import PathList
 from engine.checkpoints import hash_seed, seed_all
 from token_labeling.batch_augment import collate_regions
 from token_labeling.label_store import TokenLabelStore
@@ -22,6 +25,10 @@ class ImageFolderDataset(Dataset):
     whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an
     unreadable image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
     `max_images` keeps at most that many of the split's images, spread evenly over it (`spread_evenly`).
+
+    The index (`paths`, `labels`, the store `rows`) is held in NumPy arrays, which forked loader workers share with
+    the training process however long they run (`common.path_list`). Given `info`, the main process lists the
+    split and the others receive its listing (`split_listing`).
     """
 
     def __init__(
@@ -34,11 +41,11 @@ class ImageFolderDataset(Dataset):
             skip_unreadable: bool = False,
             classes_from: str = 'the training split',
             max_images: int | None = None,
+            info: DistInfo | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.classes, self.samples = scan_split(self.data_dir, split, classes, classes_from)
-        if max_images is not None:
-            self.samples = spread_evenly(self.samples, max_images)
+        self.classes, self.paths, self.labels = split_listing(self.data_dir, split, classes, classes_from,
+                                                              max_images, info or DistInfo())
         self.transform = transform
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
@@ -46,11 +53,14 @@ class ImageFolderDataset(Dataset):
         if label_store is not None:
             check_same_classes(label_store.classes, self.classes, f'the token-label store {label_store.root}',
                                str(self.data_dir / split))
-            label_store.check_covers([path for path, _ in self.samples])
-            self.rows = [label_store.row_of(path) for path, _ in self.samples]
+            self.rows = label_store.rows_of(self.paths)
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.paths)
+
+    def sample(self, index: int) -> tuple[str, int]:
+        """Image `index`'s path (relative to the data folder) and label."""
+        return self.paths[index], int(self.labels[index])
 
     def set_epoch(self, seed: int, epoch: int) -> None:
         """Loader workers seed each image's augmentation from (seed, epoch, index), so an image is augmented the same
@@ -59,7 +69,7 @@ class ImageFolderDataset(Dataset):
         self.epoch_seed = (seed, epoch)
 
     def __getitem__(self, index: int) -> dict | None:
-        path, label = self.samples[index]
+        path, label = self.sample(index)
         if self.epoch_seed is not None and get_worker_info() is not None:
             seed_all(hash_seed(*self.epoch_seed, index))
         try:
@@ -76,12 +86,27 @@ class ImageFolderDataset(Dataset):
         else:
             item['image'] = out
         if self.label_store is not None:
-            row = self.rows[index]
+            row = int(self.rows[index])
             scores, classes = self.label_store.read(row)
             item['scores'], item['classes'] = torch.from_numpy(scores), torch.from_numpy(classes.astype('int64'))
             item['extent'], item['has_map'] = torch.from_numpy(self.label_store.extent(row)), \
-                self.label_store.has_map(path)
+                self.label_store.has_map(row)
         return item
+
+
+def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
+                  max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray]:
+    """The split's classes, image paths and labels (`scan_split`, at most `max_images` spread over the split), listed
+    by the main process and given to the others: one listing of 1.28 million files per run, not one per process."""
+
+    def listing() -> tuple[list[str], PathList, np.ndarray]:
+        found, samples = scan_split(data_dir, split, classes, classes_from)
+        if max_images is not None:
+            samples = spread_evenly(samples, max_images)
+        label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32
+        return found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type)
+
+    return computed_once(listing, info)
 
 
 def spread_evenly(samples: list, count: int) -> list:

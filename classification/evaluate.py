@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
     real = None
     if args.real_labels:
-        real = real_labels([path for path, _ in dataset.samples], args.real_labels)
+        real = real_labels(list(dataset.paths), args.real_labels)
     metrics = evaluate(model, loader, info, args.amp, on_batch=(lambda logits, _: real.add_result(logits))
                        if real else None)
     metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct,

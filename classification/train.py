@@ -32,7 +32,7 @@ from engine.fit import Pictures
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.augment import TrainTransform
 from token_labeling.batch_augment import BatchAugment, RegionTransform
-from token_labeling.label_store import TokenLabelStore
+from token_labeling.label_store import TokenLabelStore, open_store
 from token_labeling.loss import TokenLabelingLoss
 from token_labeling.pictures import token_label_figure, token_labels
 from token_labeling.targets import TokenTargetBuilder
@@ -155,11 +155,11 @@ def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe,
     device_tf = BatchAugment(recipe.img_size, data_cfg['mean'], data_cfg['std']) if augment == 'batched' else None
     train_set = ImageFolderDataset(data.root, 'train', RegionTransform(train_tf) if device_tf else train_tf,
                                    label_store=store, skip_unreadable=data.skip_unreadable,
-                                   max_images=data.train_images)
+                                   max_images=data.train_images, info=info)
     val_tf = eval_transform(recipe.img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
                             data_cfg['std'])
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
-                                 skip_unreadable=data.skip_unreadable)
+                                 skip_unreadable=data.skip_unreadable, info=info)
     train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
                                                options.seed, collate_skipping, recipe.aug_repeats)
     return train_loader, val_loader, train_set.classes, device_tf
@@ -193,13 +193,13 @@ def train_tf_reference(transform) -> TrainTransform:
 def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
     """`count` training images (spread over the set) with their annotator maps and one augmentation's token targets,
     for TensorBoard at every validation."""
-    picks = train_set.samples[::max(1, len(train_set.samples) // count)][:count]
+    picks = range(0, len(train_set), max(1, len(train_set) // count))[:count]
     store = train_set.label_store
 
     def draw() -> dict:
         pictures = {}
-        for i, (path, _) in enumerate(picks):
-            row = store.row_of(path)
+        for i, index in enumerate(picks):
+            path, row = train_set.paths[index], int(train_set.rows[index])
             scores, classes = store.read(row)
             labels = token_labels(read_image(train_set.data_dir / path), scores, classes, transform, store.num_classes,
                                   extent=store.extent(row))
@@ -257,7 +257,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
         raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
                          f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), --token-target '
                          f'label or --no-token-labeling')
-    store = TokenLabelStore(data.token_labels, data.verify_labels) if recipe.uses_score_maps and not online else None
+    store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
     recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]

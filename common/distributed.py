@@ -61,6 +61,24 @@ def run_distributed(run: Callable[[DistInfo], T], device: str | None = None) -> 
         cleanup(info)
 
 
+def computed_once(compute: Callable[[], T], info: DistInfo) -> T:
+    """`compute()` in the main process alone, its result (or the error it raised) given to every process: a file
+    listing of 1.28 million images made once per run instead of once per process."""
+    if not info.distributed:
+        return compute()
+    box: list = [None]
+    if info.is_main:
+        try:
+            box[0] = (True, compute())
+        except Exception as e:  # every process stops with the same one-line error
+            box[0] = (False, e)
+    dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 def barrier(info: DistInfo) -> None:
     if info.distributed:
         dist.barrier()

@@ -40,3 +40,25 @@ def child_pids(pid: int | None = None) -> list[int]:
         except OSError:  # a thread that ended meanwhile
             continue
     return children
+
+
+class ChildMemory:
+    """The memory of this process's children (a DataLoader's workers) at the moments `sample` is called: the first
+    and the last sample of each child."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, Memory] = {}
+        self.last: dict[int, Memory] = {}
+
+    def sample(self) -> None:
+        for pid in child_pids():
+            try:
+                memory = process_memory(pid)
+            except OSError:  # a child that has just ended
+                continue
+            self.first.setdefault(pid, memory)
+            self.last[pid] = memory
+
+    def growth(self) -> dict[int, int]:
+        """USS bytes each child gained between its first and last sample."""
+        return {pid: self.last[pid].uss - self.first[pid].uss for pid in self.first}

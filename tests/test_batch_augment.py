@@ -200,11 +200,11 @@ def test_loader_batches_of_the_batched_path(labeled_images):
     transform = TrainTransform(32, mean=MEAN, std=STD)
     dataset = ImageFolderDataset(data, 'train', RegionTransform(transform))
     batch = next(iter(DataLoader(dataset, batch_size=6, collate_fn=collate_skipping, num_workers=2)))
-    assert len(batch['image']) == 6 and batch['label'].tolist() == [dataset.samples[i][1] for i in range(6)]
+    assert len(batch['image']) == 6 and batch['label'].tolist() == [dataset.sample(i)[1] for i in range(6)]
     box = CropGeometry(*batch['geometry']).box  # each crop a box of its own image, RandomResizedCrop's area and shape
     width, height = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
     assert box.shape == (6, 4) and (box >= 0).all() and (box <= 1).all() and (width > 0).all() and (height > 0).all()
-    sizes = torch.tensor([Image.open(data / dataset.samples[i][0]).size for i in range(6)], dtype=torch.float32)
+    sizes = torch.tensor([Image.open(data / dataset.sample(i)[0]).size for i in range(6)], dtype=torch.float32)
     area = width * height
     aspect = width * sizes[:, 0] / (height * sizes[:, 1])
     assert (area >= 0.05).all() and (aspect > 3 / 4 - 0.2).all() and (aspect < 4 / 3 + 0.2).all()  # whole pixels

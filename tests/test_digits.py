@@ -83,7 +83,7 @@ def test_make_run_path_at_a_tiny_size(tmp_path):
     assert annotator['model'] == 'resnet10t' and annotator['top1'] > 90  # it labels the digits it sees
     store = TokenLabelStore(digits / 'token_labels')
     _, train = scan_split(digits / 'images', 'train')
-    store.check_covers([path for path, _ in train])
+    store.rows_of([path for path, _ in train])
     assert len(store) == len(train) and store.grid == (3, 3) and store.meta['topk'] == 5  # 48 px, stride 16
     metrics = json.loads((out / 'metrics.json').read_text())
     assert metrics['token_labeling'] and metrics['epochs'] == 2 and metrics['model'] == 'lvvit_s'

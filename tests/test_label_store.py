@@ -55,7 +55,7 @@ def test_store_holds_the_annotators_top_k_for_every_image(annotated):
     _, data, model, root = annotated
     store = TokenLabelStore(root)
     paths = sorted(p.relative_to(data).as_posix() for p in (data / 'train').rglob('*') if p.is_file())
-    assert sorted(store.rows) == paths
+    assert sorted(store.paths) == paths
     assert store.grid == (4, 4) and store.meta['topk'] == 2
     for path in paths[::7]:
         scores, classes = store.read(store.row_of(path))
@@ -109,7 +109,7 @@ def test_torchrun_sharded_generation_equals_one_process(annotated, tmp_path):
         '--model-kwargs', 'output_stride=16'], processes=2, port=29613)
     assert 'every image has its row' in result.stdout
     sharded, reference = TokenLabelStore(out), TokenLabelStore(reference_root)
-    assert sharded.rows == reference.rows
+    assert sharded.paths == reference.paths
     for row in range(len(reference)):
         np.testing.assert_allclose(sharded.read(row)[0].astype(np.float32),
                                    reference.read(row)[0].astype(np.float32), atol=1e-3)
@@ -174,7 +174,7 @@ def test_generation_can_skip_unreadable_images_and_lists_them(annotated, tmp_pat
     victim_path = victim.relative_to(broken).as_posix()
     assert meta['unreadable'] == [victim_path] == TokenLabelStore(store).meta['unreadable']
     labels, reference = TokenLabelStore(store), TokenLabelStore(reference_root)
-    for path, row in reference.rows.items():
+    for row, path in enumerate(reference.paths):
         expected = reference.read(row)[1] * (path != victim_path)  # the unreadable image's row stays empty
         np.testing.assert_array_equal(labels.read(labels.row_of(path))[1], expected)
 
@@ -191,7 +191,7 @@ def test_training_set_errors_name_the_image(annotated, tmp_path):
     bad = sorted((copy / 'train' / 'n001').iterdir())[0]
     bad.write_bytes(bad.read_bytes()[:40])  # truncated file
     strict = ImageFolderDataset(copy, 'train', TrainTransform(32), label_store=TokenLabelStore(root))
-    index = [p for p, _ in strict.samples].index(f'train/n001/{bad.name}')
+    index = list(strict.paths).index(f'train/n001/{bad.name}')
     with pytest.raises(ImageReadError, match=bad.name):
         strict[index]
     lenient = ImageFolderDataset(copy, 'train', TrainTransform(32), label_store=TokenLabelStore(root),
@@ -223,7 +223,7 @@ def test_names_with_unicode_line_separators_or_other_bytes_are_listed_and_read_b
     generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
                           img_size=64, topk=2, workers=0, shard_size=5, model_kwargs=KWARGS)
     store = TokenLabelStore(tmp_path / 'store')
-    assert len(store.rows) == 12 * 2 + len(names)
+    assert len(store.paths) == 12 * 2 + len(names)
     for name in names:
         scores, classes = store.read(store.row_of(f'train/n002/{name}'))
         top_scores, top_classes = independent_top_k(model, data / 'train' / 'n002' / name, 2)

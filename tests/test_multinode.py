@@ -48,7 +48,7 @@ def test_two_nodes_generate_the_store_one_node_does(labeled_images, tmp_path):
     run_torchrun('generate_token_labels.py', [*args, '--output', tmp_path / 'one_node'], processes=2, port=29645)
     run_two_nodes('generate_token_labels.py', [*args, '--output', tmp_path / 'two_nodes'], port=29647)
     one, two = TokenLabelStore(tmp_path / 'one_node'), TokenLabelStore(tmp_path / 'two_nodes')
-    assert one.rows == two.rows
+    assert one.paths == two.paths
     for row in range(len(one)):
         for a, b in zip(one.read(row), two.read(row)):
             np.testing.assert_array_equal(a, b)

@@ -64,7 +64,7 @@ def test_the_store_holds_every_files_maps_and_what_they_cover(released, layout):
     side = LAYOUTS[layout][0]
     assert store.meta['format'] == layout and store.grid == (side, side) and store.meta['topk'] == K
     assert store.classes == list(CLASSES) and len(store) == 24
-    for path, row in store.rows.items():
+    for row, path in enumerate(store.paths):
         wnid, name = Path(path).parts[1:]
         value = torch.load(trees[layout] / wnid / f'{Path(name).stem}.pt', weights_only=True)
         scores, classes = store.read(row)
@@ -74,7 +74,7 @@ def test_the_store_holds_every_files_maps_and_what_they_cover(released, layout):
         s = min(width, height)
         expected = [-s / width, -s / height, s / width, s / height] if layout == 'tokenlabeling' else [-1, -1, 1, 1]
         np.testing.assert_allclose(store.extent(row), expected, rtol=1e-6)
-    assert any(Image.open(data / p).size[0] != Image.open(data / p).size[1] for p in store.rows)  # wide images too
+    assert any(Image.open(data / p).size[0] != Image.open(data / p).size[1] for p in store.paths)  # wide images too
 
 
 def reference_dense_map(value: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -90,7 +90,7 @@ def test_token_targets_of_a_crop_inside_the_centre_square_are_roi_align_of_the_d
     (aligned, 2x2 samples) of the dense map over the crop's box in the map's own coordinates."""
     _, data, trees, stores = released
     store = TokenLabelStore(stores['tokenlabeling'])
-    path = next(p for p in store.rows if Image.open(data / p).size == (60, 40))
+    path = next(p for p in store.paths if Image.open(data / p).size == (60, 40))
     row = store.row_of(path)
     wnid, name = Path(path).parts[1:]
     value = torch.load(trees['tokenlabeling'] / wnid / f'{Path(name).stem}.pt', weights_only=True)
@@ -114,7 +114,7 @@ def test_tokens_outside_the_centre_square_take_the_class_token_target(released):
     the class-token target, which is the average over the square only."""
     _, data, _, stores = released
     store = TokenLabelStore(stores['tokenlabeling'])
-    path = next(p for p in store.rows if Image.open(data / p).size == (60, 40))
+    path = next(p for p in store.paths if Image.open(data / p).size == (60, 40))
     row = store.row_of(path)
     scores, classes = (torch.from_numpy(a)[None] for a in store.read(row))
     whole_image = CropGeometry(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), torch.tensor([False]), torch.eye(3)[:2][None])
@@ -205,7 +205,7 @@ def test_images_without_a_file_train_on_their_label_with_skip_missing(released, 
     path = image.relative_to(data).as_posix()
     assert meta['missing'] == [path] and meta['extra_files'] == 1
     store = TokenLabelStore(tmp_path / 'store')
-    assert not store.has_map(path) and store.has_map(next(p for p in store.rows if p != path))
+    assert not store.has_map(store.row_of(path)) and store.mapped.sum() == len(store) - 1
 
 
 TINY_LVVIT = ['lvvit_t', '--model-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2', 'stem_chs=8']
@@ -259,7 +259,7 @@ def test_label_pooling_learns_the_map_pooled_over_the_crop_mixed_by_cutmix(relea
     assert (mixed[0][~kept] == 2).all()  # the box comes from image B-1-i
     logits = torch.randn(3, 3)
     pooled = []
-    paths = list(store.rows)  # in row order
+    paths = list(store.paths)  # in row order
     for row in rows:
         wnid, name = Path(paths[row]).parts[1:]
         value = torch.load(trees['relabel'] / wnid / f'{Path(name).stem}.pt', weights_only=True)

@@ -104,10 +104,11 @@ def test_eval_tool_matches_an_independent_evaluation(labeled_images, tmp_path):
 def test_max_images_keeps_each_class_its_share_of_the_split(labeled_images):
     data, labels = labeled_images
     whole = ImageFolderDataset(data, 'train', TrainTransform(32))
-    assert [label for _, label in whole.samples] == [0] * 8 + [1] * 8 + [2] * 8  # listed class by class
+    assert whole.labels.tolist() == [0] * 8 + [1] * 8 + [2] * 8  # listed class by class
     part = ImageFolderDataset(data, 'train', TrainTransform(32), label_store=TokenLabelStore(labels), max_images=6)
-    assert part.samples == whole.samples[::4]  # every fourth: two of each class, not the first class alone
-    assert ImageFolderDataset(data, 'train', TrainTransform(32), max_images=100).samples == whole.samples
+    # every fourth: two of each class, not the first class alone
+    assert list(part.paths) == list(whole.paths)[::4] and part.labels.tolist() == whole.labels.tolist()[::4]
+    assert ImageFolderDataset(data, 'train', TrainTransform(32), max_images=100).paths == whole.paths
 
 
 def test_train_images_is_recorded_and_kept_on_resume(labeled_images, tmp_path):

@@ -10,16 +10,20 @@ Layout of a store folder:
   square): float32 (N, 4), the box each map covers in whole-image coordinates, x1, y1, x2, y2 in [-1, 1];
 - `done/`: one marker per finished shard of rows, holding its row range, the SHA-256 of its rows and of its lines
   of `paths.txt`, so an interrupted generation or import resumes where it stopped, and a store is verified row by
-  row whenever it is opened (a store copied incompletely, or edited, is refused naming the first bad shard).
+  row when it is opened (a store copied incompletely, or edited, is refused naming the first bad shard);
+- `verified.json` (where the folder is writable): the size, modification time and inode of each of those files when
+  the store last verified, so a restart of a run, or the next run, does not read 8 GB again while none changed.
 
 The arrays are opened lazily with `np.load(mmap_mode='r')` in each process that reads them (data-loader
-workers included), so no process holds the whole store in memory and nothing large is pickled.
+workers included), so no process holds the whole store in memory and nothing large is pickled. The image list is a
+`PathList`, which forked loader workers share instead of copying.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,8 +33,12 @@ import numpy as np
 from common.distributed import DistInfo, barrier
 from common.errors import DataError
 from common.files import write_json_atomic
+from common.log import logger
+from common.path_list import PathList
 
 META, PATHS, SCORES, CLASSES, EXTENT, DONE = 'meta.json', 'paths.txt', 'scores.npy', 'classes.npy', 'extent.npy', 'done'
+VERIFIED = 'verified.json'
+RACY_SECONDS = 2.0  # a file changed this recently may change again within its time stamp's resolution: no record
 WHOLE_IMAGE = (-1.0, -1.0, 1.0, 1.0)  # the extent of a map that covers its whole image
 DEFAULT_SHARD_SIZE = 4096  # rows a shard holds: the unit of resuming and of verification
 
@@ -124,10 +132,33 @@ def verify_rows(root: Path, paths: Sequence[str], shard_size: int, arrays: Seque
 DAMAGED = 'the store changed after it was made (copied incompletely, or edited): copy or generate it again'
 
 
+def file_stamps(root: Path) -> dict[str, list[int]]:
+    """Size, modification time (ns) and inode of each file the verification reads: a copy (new inodes), a rewrite or
+    a truncation changes them."""
+    names = [name for name in (META, PATHS, SCORES, CLASSES, EXTENT) if (root / name).exists()]
+    names += sorted(f'{DONE}/{f.name}' for f in (root / DONE).iterdir() if not f.name.startswith('.')) \
+        if (root / DONE).is_dir() else []
+    return {name: [(st := (root / name).stat()).st_size, st.st_mtime_ns, st.st_ino] for name in names}
+
+
+def record_verification(root: Path, stamps: dict[str, list[int]]) -> None:
+    """Remember that the store verified with these files, unless one changed within RACY_SECONDS (its time stamp
+    could then hide a change to come) or the folder is read-only (the next start verifies again)."""
+    newest = max(mtime for _, mtime, _ in stamps.values())
+    if time.time_ns() - newest < RACY_SECONDS * 1e9:
+        return
+    try:
+        write_json_atomic(root / VERIFIED, {'files': stamps})
+    except OSError as e:
+        logger.info(f'{root}: cannot record its verification ({e.strerror}): the next start reads it again')
+
+
 class TokenLabelStore:
-    """Reads a store: `row_of(path)`, `read(row) -> (scores (h, w, k) float16, classes (h, w, k))` and
-    `extent(row)`. Opening it checks it against its own record (`verify`, default): the image list against its hash,
-    every row against its shard's digest; `verify=False` skips that for a store just checked."""
+    """Reads a store: `row_of(path)`, `rows_of(paths)`, `read(row) -> (scores (h, w, k) float16, classes (h, w, k))`,
+    `extent(row)` and `has_map(row)`. Opening it checks it against its own record (`verify`, default): the image
+    list against its hash, every row against its shard's digest, unless `verified.json` shows it verified with its
+    files as they are; `verify=False` skips that for a store just checked (`open_store`: one process per node
+    checks)."""
 
     def __init__(self, root: str | Path, verify: bool = True) -> None:
         self.root = Path(root)
@@ -145,23 +176,35 @@ class TokenLabelStore:
         if 'classes' not in self.meta:
             raise TokenLabelError(f'{self.root / META} has no class list (an older store): generate it again')
         paths = read_paths(self.root)
-        self.rows: dict[str, int] = {path: row for row, path in enumerate(paths)}
         expected = (len(paths), *self.meta['grid'], self.meta['topk'])
         for name in (SCORES, CLASSES):
             check_array(self.root / name, expected)
         if (self.root / EXTENT).exists():
             check_array(self.root / EXTENT, (len(paths), 4))
+        self.verified_now = False  # whether opening it read every row (not a recorded verification)
         if verify:
             self.verify(paths)
-        self.empty = set(self.meta.get('unreadable', [])) | set(self.meta.get('missing', []))
+        self.paths = PathList(paths)
+        del paths
+        self.mapped = np.ones(len(self.paths), dtype=bool)  # False: an empty row (unreadable, or missing at import)
+        empty = self.meta.get('unreadable', []) + self.meta.get('missing', [])
+        if empty:
+            rows = self.paths.find(empty)
+            self.mapped[rows[rows >= 0]] = False
         self._arrays: list[np.ndarray] | None = None
 
     def verify(self, paths: list[str]) -> None:
-        """The image list and every row as they were written (see `verify_rows`)."""
+        """The image list and every row as they were written (see `verify_rows`), unless `verified.json` records a
+        verification of these very files."""
+        stamps = file_stamps(self.root)
+        if (read_marker(self.root / VERIFIED) or {}).get('files') == stamps:
+            return
         fix = f'{DAMAGED}, or pass --no-verify to train on it as it is'
         verify_rows(self.root, paths, self.meta['shard_size'], store_arrays(self.root), fix)  # names the shard
         if 'paths_sha256' in self.meta and list_digest(paths) != self.meta['paths_sha256']:  # an older store's markers
             raise TokenLabelError(f'{self.root / PATHS} is not the image list the store was made for; {fix}')
+        self.verified_now = True
+        record_verification(self.root, stamps)
 
     @property
     def classes(self) -> list[str]:
@@ -176,25 +219,27 @@ class TokenLabelStore:
         return tuple(self.meta['grid'])
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.paths)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, '_arrays': None}  # workers open their own memory maps
 
     def row_of(self, path: str) -> int:
-        try:
-            return self.rows[path]
-        except KeyError:
+        row = self.paths.position(path)
+        if row < 0:
             raise TokenLabelError(f'no token labels for image {path} in {self.root}: the store was generated for '
-                                  f'other images; generate it for this data folder') from None
+                                  f'other images; generate it for this data folder')
+        return row
 
-    def check_covers(self, paths: Sequence[str]) -> None:
-        """Fail with the images (the first few and the count) that have no row."""
-        missing = [path for path in paths if path not in self.rows]
-        if missing:
-            shown = ', '.join(missing[:5])
+    def rows_of(self, paths: Sequence[str]) -> np.ndarray:
+        """The row of each image; fails with the images (the first few and the count) that have none."""
+        rows = self.paths.find(paths)
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            shown = ', '.join(paths[i] for i in missing[:5])
             raise TokenLabelError(f'{len(missing)} image(s) have no token labels in {self.root}, e.g. {shown}; '
                                   f'generate the labels for this data folder')
+        return rows
 
     def arrays(self) -> list[np.ndarray]:
         """The row arrays, memory-mapped on first use in each process."""
@@ -211,9 +256,19 @@ class TokenLabelStore:
         arrays = self.arrays()
         return np.array(arrays[2][row] if len(arrays) > 2 else WHOLE_IMAGE, dtype=np.float32)
 
-    def has_map(self, path: str) -> bool:
-        """False for the images the store holds an empty row for (unreadable at generation, missing at import)."""
-        return path not in self.empty
+    def has_map(self, row: int) -> bool:
+        """False for the rows the store holds empty (images unreadable at generation, missing at import)."""
+        return bool(self.mapped[row])
+
+
+def open_store(root: str | Path, verify: bool, info: DistInfo) -> TokenLabelStore:
+    """The store for a training process: with `verify`, the first process of each node checks it (or finds its
+    record) while the others wait, then they open it unchecked; 64 processes read 8 GB once per node, not 64 times."""
+    if not info.distributed:
+        return TokenLabelStore(root, verify)
+    store = TokenLabelStore(root, verify) if verify and info.local_rank == 0 else None
+    barrier(info)
+    return store or TokenLabelStore(root, verify=False)
 
 
 def read_meta(root: Path) -> dict | None:

@@ -171,9 +171,25 @@ class ReleaseRows(Dataset):
                     extent = centre_square(image.size)
         except (DataError, OSError) as e:
             return row, str(e) if isinstance(e, DataError) else f'{self.data_dir / self.paths[row]}: {e}'
-        scores = value[0].permute(1, 2, 0).numpy().astype(np.float16)
-        classes = value[1].permute(1, 2, 0).round().numpy().astype(np.int64)
-        return row, scores, classes, np.asarray(extent, np.float32)
+        return row, *store_row(value), np.asarray(extent, np.float32)
+
+
+def store_row(value: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A checked release tensor [2, k, h, w] as the store's row: scores and class indices, each (h, w, k)."""
+    return (value[0].permute(1, 2, 0).numpy().astype(np.float16),
+            value[1].permute(1, 2, 0).round().numpy().astype(np.int64))
+
+
+def release_meta(release: Release, shape: tuple[int, ...], release_dir: Path, classes: list[str], paths: list[str],
+                 split: str, shard_size: int, extra_files: int = 0) -> dict:
+    """The meta data of the store of a release whose files are `shape` [2, k, h, w], for the images `paths`."""
+    k, h, w = shape[1:]
+    return {'annotator': release.annotator, 'format': release.name, 'source': str(release_dir),
+            'img_size': release.img_size, 'grid': [h, w], 'topk': k, 'shard_size': shard_size,
+            'num_classes': len(classes), 'classes': classes, 'paths_sha256': list_digest(paths), 'split': split,
+            'scores': 'top-k logits, best first',
+            'coverage': 'the centre square of each image (extent.npy)' if release.centre_square else 'the whole image',
+            'extra_files': extra_files}
 
 
 def as_list(items: list) -> list:
@@ -203,13 +219,7 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
         logger.warning(f'{len(other)} other file(s) in {release_dir} are not label files, ignored: {shown(other)}')
     release, shape = started_release(output, fmt) or detect_release(
         release_dir / next(file for file in row_files if file is not None), fmt)
-    k, h, w = shape[1:]
-    meta = {'annotator': release.annotator, 'format': release.name, 'source': str(release_dir),
-            'img_size': release.img_size, 'grid': [h, w], 'topk': k, 'shard_size': shard_size,
-            'num_classes': len(classes), 'classes': classes, 'paths_sha256': list_digest(paths), 'split': split,
-            'scores': 'top-k logits, best first',
-            'coverage': 'the centre square of each image (extent.npy)' if release.centre_square else 'the whole image',
-            'extra_files': len(extra)}
+    meta = release_meta(release, shape, release_dir, classes, paths, split, shard_size, len(extra))
     writer = StoreWriter(output, meta, paths, SHAPING, info, with_extent=release.centre_square,
                          skipped_key='missing')
     todo = writer.todo()

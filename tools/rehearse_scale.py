@@ -2,11 +2,14 @@
 """The real ImageNet job's size, rehearsed on this machine with the suite's own code.
 
 Builds on local disk a synthetic tree with ImageNet's counts (1,281,167 training and 50,000 validation JPEGs of a few
-KB in 1,000 class folders) and a released-layout label tree for it (one `<wnid>/<stem>.pt` NFNet-F6-shaped map per
-training image, [2, 5, 18, 18] float16: an 8 GB store once imported), then times each stage of the real job:
+KB in 1,000 class folders), a released-layout label tree for it (one `<wnid>/<stem>.pt` NFNet-F6-shaped map per
+training image, [2, 5, 18, 18] float16) and the 8 GB store that importing it gives (written directly by the store's
+writer, every row the release's one map: importing 1.28 million files takes about an hour on 2 cores), then times
+each stage of the real job:
 
-- listing: the training split listed as every training process lists it (files/s);
-- import: the release imported into the store (tools/import_token_labels.py's code; files/s);
+- listing: the training split listed as a training run lists it (files/s);
+- import: the release tree imported into a second store (tools/import_token_labels.py's code; files/s): not in the
+  default stages at full scale (`--stages import` adds it; a fraction of the tree gives the rate);
 - store: the store opened with and without its verification (what each process does at start);
 - dataset: the training set built as train_cls builds it (listing, store rows), and the main process's memory;
 - pass: one shuffled epoch of the training sampler through the loader workers (each image decoded, its store row
@@ -18,7 +21,8 @@ training image, [2, 5, 18, 18] float16: an 8 GB store once imported), then times
 - checkpoint: a training checkpoint (weights, EMA, AdamW state) of LV-ViT-L and CaiT-M48 written as train_cls
   writes one: size and seconds.
 
-    python tools/rehearse_scale.py                                   # full scale: about 25 GB of disk
+    python tools/rehearse_scale.py                                   # full scale: about 24 GB of disk
+    python tools/rehearse_scale.py --scale 0.04 --stages build import  # the import's files/s
     python tools/rehearse_scale.py --scale 0.01 --stages build listing pass --json out.json
 
 The trees are kept in --root and reused by later runs of the same --scale (the store too): delete --root to free
@@ -35,7 +39,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -54,16 +57,25 @@ from common.cli import output_file, positive_int, run_command
 from common.distributed import DistInfo, sharded_loaders
 from common.errors import UsageError
 from common.images import scan_split
-from common.memory import Memory, child_pids, process_memory
+from common.memory import ChildMemory, Memory, child_pids, process_memory
 from engine.trainer import RunOptions, Trainer
-from token_labeling.label_store import TokenLabelStore, read_meta
-from token_labeling.released import import_released_labels
+from token_labeling.label_store import DEFAULT_SHARD_SIZE, StoreWriter, TokenLabelStore, read_meta
+from token_labeling.released import (
+    RELEASES,
+    SHAPING,
+    centre_square,
+    import_released_labels,
+    load_map,
+    release_meta,
+    store_row,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1000
 RELEASE_SHAPE = (2, 5, 18, 18)  # TokenLabeling's NFNet-F6 release: [scores, classes] x top-5 x 18 x 18
 JPEG_SIZES = ((64, 48), (48, 64), (56, 56))  # wide, tall and square: the centre-square extents differ
 STAGES = ('build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing', 'first-step', 'checkpoint')
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != 'import')
 CHECKPOINT_MODELS = ('lvvit_l', 'cait_m48_448')
 MB = 1024 ** 2
 
@@ -83,7 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument('--root', type=Path, default=ROOT / 'output' / 'rehearse_scale',
                    help='where the trees, the store and the runs go (kept and reused)')
     p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
-    p.add_argument('--stages', nargs='+', choices=STAGES, default=list(STAGES), help='the stages to run, in order')
+    p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
+                   help='the stages to run (in the order above)')
     p.add_argument('--workers', type=positive_int, default=2, help='loader workers (import, pass, first step)')
     p.add_argument('--processes', type=positive_int, default=2, help='training processes of the first step')
     p.add_argument('--batch-size', type=positive_int, default=256, help='batch of the pass')
@@ -147,6 +160,9 @@ def build_trees(root: Path, scale: float) -> dict:
     were built at this scale."""
     record = root / 'built.json'
     if record.exists() and json.loads(record.read_text())['scale'] == scale:
+        if not (read_meta(root / 'store') or {}).get('complete'):  # a build stopped while writing the store
+            shutil.rmtree(root / 'store', ignore_errors=True)
+            write_store(root)
         return {**json.loads(record.read_text()), 'reused': True}
     for folder in ('imagenet', 'release', 'store'):
         shutil.rmtree(root / folder, ignore_errors=True)
@@ -158,11 +174,31 @@ def build_trees(root: Path, scale: float) -> dict:
     with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
         list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c], val[c],
                                             first_val[c], jpegs, label), range(NUM_CLASSES)))
+    write_store(root)
     os.sync()
     built = {'scale': scale, 'train': sum(train), 'val': sum(val), 'files': 2 * sum(train) + sum(val),
              'seconds': time.perf_counter() - start, 'disk_bytes': disk_used(root) - before}
     record.write_text(json.dumps(built))
     return {**built, 'reused': False}
+
+
+def write_store(root: Path) -> None:
+    """`root/store`: the store importing `root/release` gives (its meta data, rows and extents), written directly by
+    the store's writer: every release file holds the same map, and the n-th image of a class has JPEG_SIZES[n % 3]."""
+    classes, samples = scan_split(root / 'imagenet', 'train')
+    paths = [path for path, _ in samples]
+    release = RELEASES['tokenlabeling']
+    value = load_map(root / 'release' / classes[0] / f'{Path(paths[0]).stem}.pt')
+    meta = release_meta(release, tuple(value.shape), root / 'release', classes, paths, 'train', DEFAULT_SHARD_SIZE)
+    writer = StoreWriter(root / 'store', meta, paths, SHAPING, DistInfo(), with_extent=True, skipped_key='missing')
+    scores, class_ids = store_row(value)
+    extents = np.array([centre_square(size) for size in JPEG_SIZES], dtype=np.float32)
+    sizes = np.array([int(Path(path).stem.rsplit('_', 1)[1]) % len(JPEG_SIZES) for path in paths])
+    for shard, start, stop in writer.todo():
+        rows = np.arange(start, stop)
+        writer.write(rows, scores, class_ids, extents[sizes[start:stop]])
+        writer.mark(shard, [])
+    writer.finish()
 
 
 # --------------------------------------------------------------------------------------------------------- stages
@@ -217,18 +253,20 @@ def stage_listing(args: argparse.Namespace, figures: Figures, split: str = 'trai
 
 
 def stage_import(args: argparse.Namespace, figures: Figures) -> None:
-    store = args.root / 'store'
-    if (read_meta(store) or {}).get('complete'):
-        figures.add('import', 'store', 'reused from an earlier run')
-        return
-    meta, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
-                                                         DistInfo(), workers=args.workers))
+    store = args.root / 'imported'
+    shutil.rmtree(store, ignore_errors=True)
+    _, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
+                                                      DistInfo(), workers=args.workers))
     rows = len(TokenLabelStore(store, verify=False))
     size = sum(f.stat().st_size for f in store.iterdir() if f.is_file())
     figures.add('import', 'files imported', rows)
     figures.add('import', 'seconds', round(seconds, 1))
     figures.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
     figures.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
+    same = all(np.array_equal(a, b) for a, b in zip(TokenLabelStore(store, verify=False).arrays(),
+                                                      TokenLabelStore(args.root / 'store', verify=False).arrays()))
+    figures.add('import', 'rows equal to the directly written store', same)
+    shutil.rmtree(store)
 
 
 def stage_store(args: argparse.Namespace, figures: Figures) -> None:
@@ -263,47 +301,16 @@ def stage_dataset(args: argparse.Namespace, figures: Figures) -> None:
                 mb(process_memory().uss - before))
 
 
-class WorkerMemory:
-    """Samples every child process's memory twice a second while running: the first and last sample of each."""
-
-    def __init__(self) -> None:
-        self.first: dict[int, Memory] = {}
-        self.last: dict[int, Memory] = {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.sample, daemon=True)
-
-    def sample(self) -> None:
-        while not self.stop.wait(0.5):
-            for pid in child_pids():
-                try:
-                    memory = process_memory(pid)
-                except OSError:  # a worker that has just ended
-                    continue
-                self.first.setdefault(pid, memory)
-                self.last[pid] = memory
-
-    def __enter__(self) -> 'WorkerMemory':
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 def stage_pass(args: argparse.Namespace, figures: Figures) -> None:
     dataset = training_set(args)
-    info = DistInfo()
-    loader = sharded_loaders(dataset, [], args.batch_size, info, args.workers, 0, collate_skipping)[0]
+    loader = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0, collate_skipping)[0]
     loader.sampler.set_epoch(0)
     dataset.set_epoch(0, 0)
-    seen, start = 0, time.perf_counter()
-    with WorkerMemory() as memory:
-        for batch in loader:
-            seen += len(batch['label'])
-            if not memory.first:  # wait for the workers' first sample before the pass goes on
-                while not memory.first:
-                    time.sleep(0.1)
+    memory, seen, start = ChildMemory(), 0, time.perf_counter()
+    for n, batch in enumerate(loader, 1):
+        seen += len(batch['label'])
+        if n in (1, len(loader)):  # the workers' memory once they started, and once they read their last batch
+            memory.sample()
     seconds = time.perf_counter() - start
     figures.add('pass', 'images read (shuffled, every row of the store)', seen)
     figures.add('pass', 'seconds', round(seconds, 1))
@@ -395,9 +402,8 @@ def main(argv: list[str] | None = None) -> dict:
     needs_trees = set(args.stages) - {'build', 'checkpoint'}
     if needs_trees and 'build' not in args.stages and not (args.root / 'built.json').exists():
         raise UsageError(f'{args.root} holds no rehearsal trees yet: run the build stage first')
-    if set(args.stages) & {'store', 'dataset', 'pass', 'first-step'} and 'import' not in args.stages \
-            and not (read_meta(args.root / 'store') or {}).get('complete'):
-        raise UsageError(f'{args.root / "store"} holds no complete store yet: run the import stage first')
+    if needs_trees and 'build' not in args.stages and not (read_meta(args.root / 'store') or {}).get('complete'):
+        raise UsageError(f'{args.root / "store"} is not complete (a build interrupted): run the build stage again')
     figures = Figures()
     print(f'rehearsal at scale {args.scale} in {args.root} ({os.cpu_count()} cores, torch {torch.__version__})')
     start = time.perf_counter()

@@ -92,8 +92,8 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     split = store.meta.get('split', 'train')
     data_classes, samples = scan_split(data_dir, split)  # the store must be this folder's, as training checks
     check_same_classes(store.classes, data_classes, f'the token-label store {store.root}', str(data_dir / split))
-    store.check_covers([sample for sample, _ in samples])
-    path = store_path(data_dir, args.image) if args.image else next(iter(store.rows))
+    store.rows_of([sample for sample, _ in samples])
+    path = store_path(data_dir, args.image) if args.image else store.paths[0]
     row = store.row_of(path)
     scores, classes = store.read(row)
     size = args.img_size or min(store.meta['img_size'], 224)
