@@ -1,6 +1,7 @@
 """ImageNet-layout folders as training and evaluation data: images, labels, crop geometry and token labels."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from common.distributed import DistInfo, computed_once
 from common.images import ImageReadError, check_same_classes, read_image, scan_split
+from common.log import logger
 from common.path_list import PathList
 from engine.checkpoints import hash_seed, seed_all
 from token_labeling.batch_augment import collate_regions
@@ -100,7 +102,9 @@ def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, cla
     by the main process and given to the others: one listing of 1.28 million files per run, not one per process."""
 
     def listing() -> tuple[list[str], PathList, np.ndarray]:
+        start = time.perf_counter()
         found, samples = scan_split(data_dir, split, classes, classes_from)
+        logger.info(f'{data_dir / split}: listed {len(samples)} images in {time.perf_counter() - start:.1f} s')
         if max_images is not None:
             samples = spread_evenly(samples, max_images)
         label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32

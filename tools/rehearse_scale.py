@@ -361,7 +361,7 @@ def stage_first_step(args: argparse.Namespace, figures: Figures) -> None:
         figures.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
         figures.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
                     ' / '.join(mb(m.uss) for m in memory))
-        store_lines = [line for line in log if 'store' in line and ('verif' in line or 'listed' in line)]
+        store_lines = [line for line in log if ' verified' in line or ': listed ' in line]
         for line in store_lines:
             figures.add('first-step', f'{name}: log', line.split('] ')[-1][:120])
 
