@@ -1,7 +1,9 @@
 """A process's memory as Linux accounts it: private (USS) and proportional (PSS) set sizes, and its children.
 
 RSS counts the pages a forked loader worker shares with its parent; USS counts only the pages the process has to
-itself (those it wrote to, copy-on-write included), which is what a worker adds to a machine's memory.
+itself. Of those, the dirty ones (`dirty`: copy-on-write copies of the parent's objects, the process's own heap) are
+what a worker adds to a machine's memory; the clean ones include file pages it alone maps, such as the token-label
+store's rows it has read through its own memory map, which the page cache holds once and can drop.
 """
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes: resident (RSS), private (USS: private clean + private dirty) and proportional (PSS)."""
+    """Bytes: resident (RSS), private (USS: private clean + private dirty), proportional (PSS) and private dirty."""
 
     rss: int
     uss: int
     pss: int
+    dirty: int
 
 
 def process_memory(pid: int | None = None) -> Memory:
@@ -27,7 +30,8 @@ def process_memory(pid: int | None = None) -> Memory:
         parts = value.split()
         if len(parts) == 2 and parts[1] == 'kB':
             fields[name] = int(parts[0]) * 1024
-    return Memory(fields['Rss'], fields['Private_Clean'] + fields['Private_Dirty'], fields['Pss'])
+    return Memory(fields['Rss'], fields['Private_Clean'] + fields['Private_Dirty'], fields['Pss'],
+                  fields['Private_Dirty'])
 
 
 def child_pids(pid: int | None = None) -> list[int]:
@@ -60,5 +64,5 @@ class ChildMemory:
             self.last[pid] = memory
 
     def growth(self) -> dict[int, int]:
-        """USS bytes each child gained between its first and last sample."""
-        return {pid: self.last[pid].uss - self.first[pid].uss for pid in self.first}
+        """Private dirty bytes each child gained between its first and last sample (see the module docstring)."""
+        return {pid: self.last[pid].dirty - self.first[pid].dirty for pid in self.first}

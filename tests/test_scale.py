@@ -177,8 +177,8 @@ def test_the_rehearsal_measures_every_stage_at_a_small_scale(tmp_path):
     assert figures['listing']['files listed'] == figures['import']['files imported'] == train
     assert figures['val-listing']['files listed'] == 1000  # at least one per class
     assert figures['import']['rows equal to the directly written store'] is True
-    assert figures['pass']['images read (shuffled, every row of the store)'] == train // 64 * 64
-    growth = [value for key, value in figures['pass'].items() if key.endswith('growth over the epoch')]
+    assert figures['pass']['images read (shuffled order)'] == train // 64 * 64
+    growth = [value for key, value in figures['pass'].items() if key.endswith('growth over the pass')]
     assert len(growth) == 2 and max(growth) < GROWTH_BOUND
     lines = (tmp_path / 'rehearsal' / 'store' / PATHS).read_text().splitlines()
     assert len(lines) == train and lines[0] == 'train/n00000000/n00000000_0.JPEG'

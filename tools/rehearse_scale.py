@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument('--workers', type=positive_int, default=2, help='loader workers (import, pass, first step)')
     p.add_argument('--processes', type=positive_int, default=2, help='training processes of the first step')
     p.add_argument('--batch-size', type=positive_int, default=256, help='batch of the pass')
+    p.add_argument('--pass-images', type=positive_int, metavar='N',
+                   help='end the pass after about N images (default: the whole epoch)')
     p.add_argument('--checkpoint-models', nargs='+', default=list(CHECKPOINT_MODELS), metavar='MODEL')
     p.add_argument('--json', type=output_file, metavar='FILE', help='also write the figures as JSON')
     return p.parse_args(argv)
@@ -315,20 +317,26 @@ def stage_pass(args: argparse.Namespace, figures: Figures) -> None:
     loader = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0, collate_skipping)[0]
     loader.sampler.set_epoch(0)
     dataset.set_epoch(0, 0)
+    batches = min(len(loader), -(-(args.pass_images or len(dataset)) // args.batch_size))
     memory, seen, start = ChildMemory(), 0, time.perf_counter()
     for n, batch in enumerate(loader, 1):
         seen += len(batch['label'])
-        if n in (1, len(loader)):  # the workers' memory once they started, and once they read their last batch
+        if n in (1, batches):  # the workers' memory once they started, and once they read their last batch
             memory.sample()
+        if n == batches:
+            break
     seconds = time.perf_counter() - start
-    figures.add('pass', 'images read (shuffled, every row of the store)', seen)
+    figures.add('pass', 'images read (shuffled order)', seen)
     figures.add('pass', 'seconds', round(seconds, 1))
     figures.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
     for n, pid in enumerate(sorted(memory.first)):
         first, last = memory.first[pid], memory.last[pid]
         figures.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
                     f'{mb(first.uss)} / {mb(last.uss)}')
-        figures.add('pass', f'worker {n}: USS growth over the epoch', last.uss - first.uss, mb(last.uss - first.uss))
+        figures.add('pass', f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
+                    f'{mb(first.dirty)} / {mb(last.dirty)}')
+        figures.add('pass', f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
+                    mb(last.dirty - first.dirty))
         figures.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
 
 
