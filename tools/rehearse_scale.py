@@ -31,6 +31,7 @@ the disk. The embedded default is the full job's size; `--scale` gives a fractio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -356,7 +357,7 @@ def first_step(args: argparse.Namespace, output: Path, port: int) -> tuple[float
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
     start = time.perf_counter()
     launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True)
     log: list[str] = []
     try:
         for line in launcher.stdout:
@@ -367,9 +368,18 @@ def first_step(args: argparse.Namespace, output: Path, port: int) -> tuple[float
         raise RuntimeError(f'train_cls ended (exit {launcher.wait()}) before its first update:\n'
                            + '\n'.join(log[-20:]))
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+        for pid in [launcher.pid, *descendants(launcher.pid)]:  # torchrun's workers have sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         launcher.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: its children, theirs, and so on."""
+    found = []
+    for child in child_pids(pid):
+        found += [child, *descendants(child)]
+    return found
 
 
 def stage_first_step(args: argparse.Namespace, figures: Figures) -> None:
