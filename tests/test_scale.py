@@ -102,21 +102,30 @@ def test_a_verified_store_is_not_read_again_until_a_file_changes(labeled_images,
 
 
 def run_two_processes(script: str, *args, port: int, folder: Path) -> list[dict]:
-    """`torchrun --nproc-per-node 2` of a script printing one JSON line per process; those lines by rank."""
-    (folder / 'script.py').write_text(script)
-    result = succeeded(run_python(['-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', port,
-                                   folder / 'script.py', *args]))
-    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{')]
-    return sorted(lines, key=lambda line: line['rank'])
+    """`torchrun --nproc-per-node 2` of a script whose processes each call `report(info, **values)`; those values by
+    rank. (Each writes a file of its own: two processes printing long lines to one pipe interleave them.)"""
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob('rank*.json'):  # a run's reports, never an earlier run's
+        old.unlink()
+    (folder / 'script.py').write_text(REPORT + script)
+    succeeded(run_python(['-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', port,
+                          folder / 'script.py', folder, *args]))
+    return [{'rank': rank, **json.loads((folder / f'rank{rank}.json').read_text())} for rank in (0, 1)]
+
+
+REPORT = '''
+import json, sys
+from pathlib import Path
+def report(info, **values):
+    Path(sys.argv[1], f'rank{info.rank}.json').write_text(json.dumps(values))
+'''
 
 
 OPEN_STORE = '''
-import json, sys
 from common.distributed import run_distributed
 from token_labeling.label_store import open_store
-run_distributed(lambda info: print(json.dumps({'rank': info.rank, 'verified': open_store(sys.argv[1], True, info)
-                                               .verified_now, 'rows': len(open_store(sys.argv[1], False, info))})),
-                'cpu')
+run_distributed(lambda info: report(info, verified=open_store(sys.argv[2], True, info).verified_now,
+                                    rows=len(open_store(sys.argv[2], False, info))), 'cpu')
 '''
 
 
@@ -132,7 +141,6 @@ def test_one_process_per_node_verifies_the_store(labeled_images, tmp_path):
 
 
 LIST_SPLIT = '''
-import json, sys
 import classification.data as data
 from common.distributed import run_distributed
 from common.errors import DataError
@@ -142,11 +150,11 @@ data.scan_split = lambda *args: scans.append(args) or listed(*args)
 
 def run(info):
     try:
-        dataset = data.ImageFolderDataset(sys.argv[1], sys.argv[2], None, info=info)
-        print(json.dumps({'rank': info.rank, 'scans': len(scans), 'paths': list(dataset.paths),
-                          'labels': dataset.labels.tolist(), 'classes': dataset.classes}))
+        dataset = data.ImageFolderDataset(sys.argv[2], sys.argv[3], None, info=info)
+        report(info, scans=len(scans), paths=list(dataset.paths), labels=dataset.labels.tolist(),
+               classes=dataset.classes)
     except DataError as e:
-        print(json.dumps({'rank': info.rank, 'scans': len(scans), 'error': str(e)}))
+        report(info, scans=len(scans), error=str(e))
 
 run_distributed(run, 'cpu')
 '''
@@ -162,7 +170,7 @@ def test_the_main_process_lists_the_split_for_all(labeled_images, tmp_path):
         assert (rank['paths'], rank['labels'], rank['classes']) == (list(alone.paths), alone.labels.tolist(),
                                                                     alone.classes)
     # no such split: every process says so
-    failed = run_two_processes(LIST_SPLIT, data, 'test', port=29667, folder=tmp_path)
+    failed = run_two_processes(LIST_SPLIT, data, 'test', port=29667, folder=tmp_path / 'missing')
     assert failed[0]['error'] == failed[1]['error'] and str(data / 'test') in failed[0]['error']
 
 
