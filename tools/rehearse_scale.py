@@ -50,17 +50,25 @@ import torch
 from PIL import Image
 
 from backbones import bare_model
+from backbones.registry import check_model_name
 from classification.data import ImageFolderDataset, collate_skipping
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import make_objective
-from common.cli import output_file, positive_int, run_command
+from common.cli import output_file, output_folder, positive_int, run_command
 from common.distributed import DistInfo, sharded_loaders
 from common.errors import UsageError
 from common.images import scan_split
 from common.memory import ChildMemory, Memory, child_pids, process_memory
 from engine.trainer import RunOptions, Trainer
-from token_labeling.label_store import DEFAULT_SHARD_SIZE, VERIFIED, StoreWriter, TokenLabelStore, read_meta
+from token_labeling.label_store import (
+    DEFAULT_SHARD_SIZE,
+    VERIFIED,
+    StoreWriter,
+    TokenLabelStore,
+    read_marker,
+    read_meta,
+)
 from token_labeling.released import (
     RELEASES,
     SHAPING,
@@ -93,7 +101,7 @@ def scale_fraction(value: str) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--root', type=Path, default=ROOT / 'output' / 'rehearse_scale',
+    p.add_argument('--root', type=output_folder, default=ROOT / 'output' / 'rehearse_scale',
                    help='where the trees, the store and the runs go (kept and reused)')
     p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
     p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
@@ -162,11 +170,12 @@ def build_trees(root: Path, scale: float) -> dict:
     """The image tree (`root/imagenet`) and the release tree (`root/release`), unless `root/built.json` says they
     were built at this scale."""
     record = root / 'built.json'
-    if record.exists() and json.loads(record.read_text())['scale'] == scale:
+    built = read_marker(record) or {}  # unreadable (a build killed while writing it): built again
+    if built.get('scale') == scale:
         if not (read_meta(root / 'store') or {}).get('complete'):  # a build stopped while writing the store
             shutil.rmtree(root / 'store', ignore_errors=True)
             write_store(root)
-        return {**json.loads(record.read_text()), 'reused': True}
+        return {**built, 'reused': True}
     for folder in ('imagenet', 'release', 'store'):
         shutil.rmtree(root / folder, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -427,8 +436,11 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Figures], None]] = {
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if 'checkpoint' in args.stages:
+        for name in args.checkpoint_models:  # before hours of other stages
+            check_model_name(name)
     needs_trees = set(args.stages) - {'build', 'checkpoint'}
-    if needs_trees and 'build' not in args.stages and not (args.root / 'built.json').exists():
+    if needs_trees and 'build' not in args.stages and read_marker(args.root / 'built.json') is None:
         raise UsageError(f'{args.root} holds no rehearsal trees yet: run the build stage first')
     if needs_trees and 'build' not in args.stages and not (read_meta(args.root / 'store') or {}).get('complete'):
         raise UsageError(f'{args.root / "store"} is not complete (a build interrupted): run the build stage again')
