@@ -3,18 +3,23 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 logger = logging.getLogger('vit_dense')
 _HANDLER_NAME = 'vit_dense.stdout'
 
 
-def show_log(main_process: bool = True) -> None:
-    """Print the suite's messages as plain lines on standard output: INFO and up on the main process, errors only on
-    the others (under torchrun every process runs the same code)."""
-    if not any(handler.get_name() == _HANDLER_NAME for handler in logger.handlers):
-        handler = logging.StreamHandler(sys.stdout)
+def show_log(main_process: bool = True, stream: TextIO | None = None) -> None:
+    """Print the suite's messages as plain lines on standard output (or `stream`: standard error for a command whose
+    output is a JSON document): INFO and up on the main process, errors only on the others (under torchrun every
+    process runs the same code)."""
+    handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
+    if handler is None:
+        handler = logging.StreamHandler(stream or sys.stdout)
         handler.set_name(_HANDLER_NAME)
         handler.setFormatter(logging.Formatter('%(message)s'))
         logger.addHandler(handler)
         logger.propagate = False
+    elif stream is not None:
+        handler.setStream(stream)
     logger.setLevel(logging.INFO if main_process else logging.ERROR)

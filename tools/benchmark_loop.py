@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
 from common.cli import add_device_argument, device_name, positive_int, run_command
+from common.log import show_log
 from common.distributed import DistInfo
 from common.images import find_classes
 from engine.steps import StepState, model_input, pick_amp, train_one_epoch
@@ -273,6 +275,8 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.json:
+        show_log(stream=sys.stderr)  # standard output is the JSON document
     pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.data_dir) if args.data_dir else synthetic_imagenet(Path(tmp) / 'data', args.images)
