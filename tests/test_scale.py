@@ -78,7 +78,7 @@ def test_loader_workers_share_the_dataset_index():
 def aged_copy(store: Path, target: Path) -> Path:
     """A copy of a store whose files were last changed a minute ago (a store made just now is not recorded as
     verified: its time stamps could still hide a change)."""
-    shutil.copytree(store, target)
+    shutil.copytree(store, target, ignore=shutil.ignore_patterns(VERIFIED))  # a copy, unverified yet
     old = time.time() - 60
     for path in [target, *target.rglob('*')]:
         os.utime(path, (old, old))
@@ -97,7 +97,7 @@ def test_a_verified_store_is_not_read_again_until_a_file_changes(labeled_images,
     with pytest.raises(TokenLabelError, match='do not match what was written'):
         TokenLabelStore(store)
     copy = tmp_path / 'copy'
-    shutil.copytree(labels, copy)
+    shutil.copytree(labels, copy, ignore=shutil.ignore_patterns(VERIFIED))  # a store just made has no record
     changed = time.time() + 60  # not yet RACY_SECONDS old however loaded the machine (copytree keeps the times)
     for path in copy.rglob('*'):
         os.utime(path, (changed, changed))
