@@ -58,6 +58,7 @@ from classification.train import make_objective
 from common.cli import output_file, output_folder, positive_int, run_command
 from common.distributed import DistInfo, sharded_loaders
 from common.errors import UsageError
+from common.files import write_json_atomic
 from common.images import scan_split
 from common.memory import ChildMemory, Memory, child_pids, process_memory
 from engine.trainer import RunOptions, Trainer
@@ -190,7 +191,7 @@ def build_trees(root: Path, scale: float) -> dict:
     os.sync()
     built = {'scale': scale, 'train': sum(train), 'val': sum(val), 'files': 2 * sum(train) + sum(val),
              'seconds': time.perf_counter() - start, 'disk_bytes': disk_used(root) - before}
-    record.write_text(json.dumps(built))
+    write_json_atomic(record, built)
     return {**built, 'reused': False}
 
 
@@ -260,8 +261,8 @@ def stage_listing(args: argparse.Namespace, figures: Figures, split: str = 'trai
     figures.add(stage, 'files listed', len(samples))
     figures.add(stage, 'seconds', round(seconds, 2))
     figures.add(stage, 'files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
-    figures.add(stage, 'memory of the listing (USS)', process_memory().uss - before,
-                mb(process_memory().uss - before))
+    grown = process_memory().uss - before
+    figures.add(stage, 'memory of the listing (USS)', grown, mb(grown))
 
 
 def stage_import(args: argparse.Namespace, figures: Figures) -> None:
@@ -269,13 +270,14 @@ def stage_import(args: argparse.Namespace, figures: Figures) -> None:
     shutil.rmtree(store, ignore_errors=True)
     _, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
                                                       DistInfo(), workers=args.workers))
-    rows = len(TokenLabelStore(store, verify=False))
+    imported = TokenLabelStore(store, verify=False)
+    rows = len(imported)
     size = sum(f.stat().st_size for f in store.iterdir() if f.is_file())
     figures.add('import', 'files imported', rows)
     figures.add('import', 'seconds', round(seconds, 1))
     figures.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
     figures.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
-    same = all(np.array_equal(a, b) for a, b in zip(TokenLabelStore(store, verify=False).arrays(),
+    same = all(np.array_equal(a, b) for a, b in zip(imported.arrays(),
                                                       TokenLabelStore(args.root / 'store', verify=False).arrays()))
     figures.add('import', 'rows equal to the directly written store', same)
     shutil.rmtree(store)
@@ -285,8 +287,8 @@ def stage_store(args: argparse.Namespace, figures: Figures) -> None:
     before = process_memory().uss
     store, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=False))
     figures.add('store', 'open without verification, seconds', round(seconds, 2))
-    figures.add('store', 'memory of the open store (USS)', process_memory().uss - before,
-                mb(process_memory().uss - before))
+    grown = process_memory().uss - before
+    figures.add('store', 'memory of the open store (USS)', grown, mb(grown))
     del store
     forget_verification(args.root)
     _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
@@ -318,8 +320,8 @@ def stage_dataset(args: argparse.Namespace, figures: Figures) -> None:
     dataset, seconds = timed(lambda: training_set(args))
     figures.add('dataset', 'images', len(dataset))
     figures.add('dataset', 'seconds to build', round(seconds, 1))
-    figures.add('dataset', 'memory of the dataset (USS)', process_memory().uss - before,
-                mb(process_memory().uss - before))
+    grown = process_memory().uss - before
+    figures.add('dataset', 'memory of the dataset (USS)', grown, mb(grown))
 
 
 def stage_pass(args: argparse.Namespace, figures: Figures) -> None:
