@@ -223,7 +223,7 @@ class Figures:
         self.rows: list[tuple[str, str, str]] = []
         self.values: dict[str, dict] = {}
 
-    def add(self, stage: str, what: str, value: float | int | str, shown: str | None = None) -> None:
+    def add(self, stage: str, what: str, value: float | int | str | list, shown: str | None = None) -> None:
         self.values.setdefault(stage, {})[what] = value
         self.rows.append((stage, what, shown if shown is not None else str(value)))
         print(f'  {stage:12s} {what:44s} {self.rows[-1][2]}', flush=True)
@@ -400,9 +400,8 @@ def stage_first_step(args: argparse.Namespace, figures: Figures) -> None:
         figures.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
         figures.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
                     ' / '.join(mb(m.uss) for m in memory))
-        store_lines = [line for line in log if ' verified' in line or ': listed ' in line]
-        for line in store_lines:
-            figures.add('first-step', f'{name}: log', line.split('] ')[-1][:120])
+        store_lines = [line.split('] ')[-1][:120] for line in log if ' verified' in line or ': listed ' in line]
+        figures.add('first-step', f'{name}: log', store_lines, '; '.join(store_lines))
 
 
 def stage_checkpoint(args: argparse.Namespace, figures: Figures) -> None:
