@@ -1,18 +1,28 @@
 #!/usr/bin/env python
-"""Images/s of each stage of the real training loop, and the stage that bounds it.
+"""Images/s of each stage of the real training loop in its steady state, and the stage that bounds it.
 
 For each model (default: LV-ViT-S with token labeling, DeiT-S with the vanilla DeiT recipe), through the training
 tool's own loaders, model, objective and optimizer:
 - input pipeline per core: one process, one thread; the PIL path (`--augment pil`), and the batched path
   (`--augment batched`: the workers' half, then the device's half where the device is this CPU);
-- input pipeline with `--workers` loader processes, both paths (the device's half included);
-- model step: forward, loss (token targets included), backward and optimizer on batches already on the device;
+- input pipeline with `--workers` loader processes, both paths (the device's half included), each beside its
+  physical ceiling: the workers' share of the work at the one-core rate, times the workers (at most the cores);
+- model step: forward, loss (token targets included), backward and optimizer on a batch already on the device;
 - whole loop: `train_one_epoch` over the loader, with the path `--augment` picks.
-The bound stage is the slower of the input pipeline (the loop's path, with workers) and the model step.
-`--compare-step` also times the model step with each of the trainer's step options alone (fused optimizer,
-channels-last, bf16 autocast, torch.compile) against the step without any of them.
+Every stage is timed in its steady state: untimed warm-up batches past what the loader workers prefetch (workers x
+prefetch factor, plus one), then a window of at least `--seconds` and `--min-batches` batches, the loader running
+epoch after epoch as training does. A figure above its ceiling (N-worker pipeline) or above the slower of its stages
+(the loop) is reported as a measurement error, not a result. The bound stage is the slower of the input pipeline
+(the loop's path, with workers) and the model step. `--compare-step` also times the model step with each of the
+trainer's step options alone (fused optimizer, channels-last, bf16 autocast, torch.compile) against the step
+without any of them.
 
-    python tools/benchmark_loop.py                      # synthetic ImageNet-size JPEGs (500x375), 2 workers
+The synthetic data set (unless `--data-dir`) holds `--images` training entries of ImageNet's typical size
+(500x375): 64 distinct JPEGs, the rest hard links to them (decoding costs the same; the disk and the label
+generation do not grow), and a token-label store made by a random-weight annotator for the distinct images.
+
+    python tools/benchmark_loop.py                      # 2 workers, batch 16, 30 s per stage: about 10 minutes
+    python tools/benchmark_loop.py --device cuda --amp bf16 --batch-size 256 --workers 15 --images 200000
     python tools/benchmark_loop.py --device cuda --amp bf16 --batch-size 256 --workers 16 \\
         --data-dir /data/imagenet --token-label-dir /data/imagenet_labels
     python tools/benchmark_loop.py --models lvvit_s --compare-step --json
@@ -27,28 +37,32 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import timm
 import torch
 from PIL import Image
 
-from common.timing import seconds_per_call, synchronize
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
-from common.cli import add_device_argument, device_name, positive_int, run_command
-from common.log import show_log
+from common.cli import add_device_argument, device_name, non_negative_float, positive_int, run_command
 from common.distributed import DistInfo
-from common.images import find_classes
-from engine.steps import StepState, model_input, pick_amp, train_one_epoch
+from common.errors import UsageError
+from common.images import find_classes, scan_split
+from common.log import show_log
+from common.timing import available_cores, measured_on, synchronize
+from engine.steps import model_input, pick_amp, train_one_epoch
 from engine.trainer import RunOptions, optimization_state, use_channels_last
-from token_labeling.annotate import generate_token_labels
-from token_labeling.label_store import TokenLabelStore
+from token_labeling.annotate import SHAPING, generate_token_labels
+from token_labeling.label_store import StoreWriter, TokenLabelStore, list_digest
 
 MODELS = ('lvvit_s', 'deit_small_patch16_224')
 STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
+DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
+PREFETCH_FACTOR = 2  # torch's DataLoader default, which the training loaders keep
+TOLERANCE = 1.1  # separate windows of a noisy machine: a figure this far above its ceiling is an error
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,11 +70,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--models', nargs='+', default=list(MODELS),
                         help='models, each with its own recipe (token labeling for LV-ViT)')
     parser.add_argument('--data-dir', help='an ImageNet-layout folder (default: synthetic JPEGs)')
-    parser.add_argument('--token-label-dir', help='its token-label store (default: made for the synthetic data)')
-    parser.add_argument('--images', type=positive_int, default=64, help='synthetic training images')
+    parser.add_argument('--token-label-dir', help='its token-label store (needed with --data-dir for token-labeling models; default: made for the synthetic data)')
+    parser.add_argument('--images', type=positive_int, default=16384,
+                        help='synthetic training entries (64 distinct JPEGs, the rest hard links)')
     parser.add_argument('--batch-size', type=positive_int, default=16)
-    parser.add_argument('--batches', type=positive_int, default=4, help='batches timed per stage')
-    parser.add_argument('--repeats', type=positive_int, default=3, help='timings of the model step (median)')
+    parser.add_argument('--seconds', type=non_negative_float, default=30.0,
+                        help='the least time each stage is timed, after its warm-up')
+    parser.add_argument('--min-batches', type=positive_int,
+                        help='the fewest batches each stage is timed (default: 200 on a GPU, 4 on a CPU, whose '
+                             'steps take seconds)')
     parser.add_argument('--workers', type=positive_int, default=2, help='loader processes of the pipeline and loop')
     add_device_argument(parser)
     parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
@@ -71,17 +89,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
+    if args.min_batches is None:
+        args.min_batches = 200 if args.device == 'cuda' else 4
     return args
 
 
 def synthetic_imagenet(root: Path, images: int, classes: int = 4, seed: int = 0) -> Path:
-    """ImageNet-like JPEGs: 500x375 (ImageNet's typical size), quality 90, smooth shapes with grain."""
+    """ImageNet-like JPEGs: 500x375 (ImageNet's typical size), quality 90, smooth shapes with grain; the training
+    split's first DISTINCT_IMAGES entries are files, the n-th entry after them a hard link to entry n mod
+    DISTINCT_IMAGES (of the same class: n mod `classes` is its class)."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:375, 0:500]
     for split, count in (('train', images), ('val', classes)):
         for i in range(count):
             folder = root / split / f'n{i % classes:08d}'
             folder.mkdir(parents=True, exist_ok=True)
+            if split == 'train' and i >= DISTINCT_IMAGES:
+                (folder / f'{i:05d}.JPEG').hardlink_to(root / source_entry(i, classes))
+                continue
             fx, fy, phase = rng.uniform(5, 40, 3)
             rgb = np.stack([128 + 90 * np.sin(x / fx + phase * c) * np.cos(y / fy - c) for c in range(3)], -1)
             rgb += rng.normal(0, 12, rgb.shape)
@@ -89,15 +114,66 @@ def synthetic_imagenet(root: Path, images: int, classes: int = 4, seed: int = 0)
     return root
 
 
+def source_entry(i: int, classes: int = 4) -> str:
+    """The distinct training JPEG that synthetic entry `i` is a link to, or is (relative to the data folder)."""
+    source = i % DISTINCT_IMAGES
+    return f'train/n{source % classes:08d}/{source:05d}.JPEG'
+
+
 def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
-    """A token-label store of a random-weight annotator (made on `device`): 14x14 top-5 maps."""
-    annotator = output.parent / 'annotator.pth'
+    """A token-label store for the synthetic set: a random-weight annotator's 14x14 top-5 maps of the distinct
+    JPEGs (made on `device`), each hard link given its source's row."""
+    tmp = output.parent
+    distinct = tmp / 'distinct'
+    for path in sorted({source_entry(i) for i in range(DISTINCT_IMAGES)}):
+        (distinct / path).parent.mkdir(parents=True, exist_ok=True)
+        (distinct / path).hardlink_to(data / path)
+    annotator = tmp / 'annotator.pth'
     torch.manual_seed(0)
     torch.save(timm.create_model('resnet10t', num_classes=len(find_classes(data / 'train'))).state_dict(),
                annotator)
-    generate_token_labels(data, 'resnet10t', output, DistInfo(device=device), checkpoint=str(annotator), img_size=448,
-                          topk=5, workers=0)
+    meta = generate_token_labels(distinct, 'resnet10t', tmp / 'distinct_labels', DistInfo(device=device),
+                                 checkpoint=str(annotator), img_size=448, topk=5, workers=0)
+    source = TokenLabelStore(tmp / 'distinct_labels')
+    paths = [path for path, _ in scan_split(data, 'train')[1]]
+    rows = source.rows_of([source_entry(int(Path(path).stem)) for path in paths])
+    writer = StoreWriter(output, {**meta, 'paths_sha256': list_digest(paths)}, paths, SHAPING, DistInfo())
+    for shard, start, stop in writer.todo():
+        writer.write(np.arange(start, stop), *(array[rows[start:stop]] for array in source.arrays()))
+        writer.mark(shard, [])
+    writer.finish()
     return output
+
+
+def endless(loader: Iterable[dict]) -> Iterator[dict]:
+    """The loader's batches epoch after epoch (each epoch starts its workers again, as in training)."""
+    while True:
+        yield from loader
+
+
+class Window:
+    """A steady-state timing: `batches(source)` yields `warmup` untimed batches, then timed ones until at least
+    `seconds` have passed and `min_batches` were yielded; `images_per_second()` once they have been used. The
+    clock starts when the device has finished the warm-up's work and stops when it has finished the window's."""
+
+    def __init__(self, seconds: float, min_batches: int, warmup: int, device: torch.device) -> None:
+        self.seconds, self.min_batches, self.warmup, self.device = seconds, min_batches, warmup, device
+        self.images, self.started = 0, None
+
+    def batches(self, source: Iterator[dict]) -> Iterator[dict]:
+        for _ in range(self.warmup):
+            yield next(source)
+        synchronize(self.device)
+        self.started, count = time.perf_counter(), 0
+        while count < self.min_batches or time.perf_counter() - self.started < self.seconds:
+            batch = next(source)
+            self.images += len(batch['label'])
+            count += 1
+            yield batch
+
+    def images_per_second(self) -> float:
+        synchronize(self.device)
+        return self.images / (time.perf_counter() - self.started)
 
 
 @contextlib.contextmanager
@@ -110,21 +186,8 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-def pipeline_images_per_second(loader: Iterable[dict], device_tf, info: DistInfo, batches: int) -> float:
-    """Batches through the loader (and the device's half) to model input on the device; the first is not timed."""
-    iterator = iter(loader)
-    model_input(next(iterator), info, device_tf)
-    synchronize(info.device)
-    started, images = time.perf_counter(), 0
-    for batch in itertools.islice(iterator, batches):
-        x = model_input(batch, info, device_tf)
-        images += x.shape[0]
-    synchronize(info.device)
-    return images / (time.perf_counter() - started)
-
-
 class Setup:
-    """One model's training pieces, as `classification.train` builds them."""
+    """One model's training pieces, as `classification.train` builds them, and its timing windows."""
 
     def __init__(self, model_name: str, data: ImageData, args: argparse.Namespace, info: DistInfo) -> None:
         self.name, self.data, self.args, self.info = model_name, data, args, info
@@ -134,8 +197,13 @@ class Setup:
         self.recipe.img_size = self.data_cfg['input_size'][-1]
         self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
 
+    def window(self, workers: int) -> Window:
+        """A timing window past what `workers` loader processes prefetch (2 batches of warm-up without workers:
+        the first one also builds what the step builds once)."""
+        return Window(self.args.seconds, self.args.min_batches, workers * PREFETCH_FACTOR + 2, self.info.device)
+
     def loaders(self, augment: str, workers: int):
-        """(training loader, the device's half of the augmentation or None)."""
+        """(training loader, the device half of the augmentation or None)."""
         options = RunOptions(Path('unused'), workers=workers, seed=0)
         train_loader, _, classes, device_tf = make_loaders(self.data, self.store, self.recipe, self.data_cfg, self.info,
                                                            options, augment)
@@ -159,22 +227,33 @@ class Setup:
         return model, make_objective(r, self.num_classes), state
 
 
-def step_images_per_second(setup: Setup, batch: dict, variants: dict[str, tuple], batches: int,
-                           repeats: int) -> dict[str, float]:
-    """The training step alone (the token targets' building included) on one batch already on the device, for each
-    variant (step options, amp): the median of `repeats` timings of `batches` steps, the variants interleaved so
-    that drift of the machine's speed hits them alike."""
-    steps = {}
-    for label, (options, amp) in variants.items():
-        model, objective, state = setup.step_pieces(**options)
-        train_one_epoch(model, [batch] * 2, objective, state, setup.info, amp)  # warm-up (compiles when asked)
-        steps[label] = lambda m=model, o=objective, st=state, a=amp: train_one_epoch(
-            m, [batch] * batches, o, st, setup.info, a)
-    timings = {label: [] for label in variants}
-    for _ in range(repeats):
-        for label, step in steps.items():
-            timings[label].append(seconds_per_call(step, 1, 0))
-    return {label: batches * batch['label'].shape[0] / float(np.median(t)) for label, t in timings.items()}
+def pipeline_images_per_second(setup: Setup, augment: str, workers: int, with_device_half: bool = True) -> float:
+    """Batches through the loader (and, `with_device_half`, the device's half to model input on the device)."""
+    loader, device_tf = setup.loaders(augment, workers)
+    window = setup.window(workers)
+    for batch in window.batches(endless(loader)):
+        if with_device_half:
+            model_input(batch, setup.info, device_tf)
+    return window.images_per_second()
+
+
+def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -> float:
+    """The training step alone (the token targets' building included) on one batch already on the device (the
+    warm-up compiles when asked)."""
+    model, objective, state = setup.step_pieces(**options)
+    window = setup.window(0)
+    train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, setup.info, amp)
+    return window.images_per_second()
+
+
+def loop_images_per_second(setup: Setup, augment: str) -> float:
+    """`train_one_epoch` over the real loader, epoch after epoch."""
+    loader, device_tf = setup.loaders(augment, setup.args.workers)
+    model, objective, state = setup.step_pieces()
+    window = setup.window(setup.args.workers)
+    train_one_epoch(model, window.batches(endless(loader)), objective, state, setup.info, setup.args.amp,
+                    transform=device_tf)
+    return window.images_per_second()
 
 
 def device_batch(setup: Setup, augment: str) -> dict:
@@ -190,62 +269,59 @@ def device_batch(setup: Setup, augment: str) -> dict:
     return batch
 
 
+def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, device: str) -> dict[str, float]:
+    """Images/s that `workers` loader processes cannot beat on `cores` cores: each does the workers' share of the
+    work at best at the one-core rate, and no more of them run at once than there are cores. On a CPU device the
+    batched path's device half runs on the same cores, so the whole path's one-core rate bounds it too."""
+    busy = min(workers, cores)
+    batched = busy * per_core['batched_workers_half']
+    if device == 'cpu':
+        batched = min(batched, cores * per_core['batched'])
+    return {'pil': busy * per_core['pil'], 'batched': batched}
+
+
+def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
+    """The figures that cannot be true: an N-worker pipeline above its ceiling, a loop above the slower of its
+    input pipeline and its step (more than TOLERANCE above: separate windows of a machine differ a little)."""
+    pool, ceiling = f[f'pipeline_{workers}_workers_img_s'], f[f'pipeline_{workers}_workers_ceiling_img_s']
+    errors = [f'the {workers}-worker {path} pipeline\'s {pool[path]:.1f} img/s is above its ceiling of '
+              f'{ceiling[path]:.1f}' for path in ('pil', 'batched') if pool[path] > TOLERANCE * ceiling[path]]
+    loop = f['loop']
+    stages = min(pool[loop['augment']], f['model_step_img_s'])
+    if loop['img_s'] > TOLERANCE * stages:
+        errors.append(f"the whole loop's {loop['img_s']:.1f} img/s is above the slower of its input pipeline and "
+                      f"its step, {stages:.1f}")
+    return errors
+
+
 def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) -> dict[str, object]:
     info = DistInfo(device=torch.device(args.device))
     setup = Setup(model_name, data, args, info)
     figures: dict[str, object] = {'model': model_name, 'token_labeling': setup.recipe.uses_score_maps,
                                   'batch_size': args.batch_size, 'img_size': setup.recipe.img_size}
-    per_core = {}
     with torch_threads(1):
-        for path in ('pil', 'batched'):
-            loader, device_tf = setup.loaders(path, workers=0)
-            per_core[path] = pipeline_images_per_second(loader, device_tf, info, args.batches)
-        loader, _ = setup.loaders('batched', workers=0)
-        per_core['batched_workers_half'] = workers_half_images_per_second(loader, args.batches)
+        per_core = {path: pipeline_images_per_second(setup, path, 0) for path in ('pil', 'batched')}
+        per_core['batched_workers_half'] = pipeline_images_per_second(setup, 'batched', 0, with_device_half=False)
     per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
     figures['pipeline_per_core_img_s'] = per_core
-    with_workers = {}
-    for path in ('pil', 'batched'):
-        loader, device_tf = setup.loaders(path, args.workers)
-        with_workers[path] = pipeline_images_per_second(loader, device_tf, info, args.batches)
-    figures[f'pipeline_{args.workers}_workers_img_s'] = with_workers
+    figures[f'pipeline_{args.workers}_workers_img_s'] = pool = {
+        path: pipeline_images_per_second(setup, path, args.workers) for path in ('pil', 'batched')}
+    figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = pipeline_ceilings(per_core, args.workers,
+                                                                                 available_cores(), args.device)
     loop_path = pick_augment(args.augment, info.device)
     batch = device_batch(setup, loop_path)
-    trainer_step = {'trainer': (dict(fused=True, channels_last=True, compile=False), args.amp)}
-    steps = step_images_per_second(setup, batch, {**trainer_step, **(step_variants() if args.compare_step else {})},
-                                   args.batches, args.repeats)
+    variants = {'trainer': (dict(fused=True, channels_last=True, compile=False), args.amp)}
+    if args.compare_step:
+        variants.update(step_variants())
+    steps = {label: step_images_per_second(setup, batch, options, amp) for label, (options, amp) in variants.items()}
     step = figures['model_step_img_s'] = steps['trainer']
     if args.compare_step:
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
-    loader, device_tf = setup.loaders(loop_path, args.workers)
-    model, objective, state = setup.step_pieces()
-    loop = loop_images_per_second(model, loader, objective, state, info, args, device_tf)
-    figures['loop'] = {'augment': loop_path, 'img_s': loop}
-    pipeline = with_workers[loop_path]
-    figures['bound'] = 'input pipeline' if pipeline < step else 'model step'
+    figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
+    figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
+    figures['measurement_errors'] = measurement_errors(figures, args.workers)
     return figures
-
-
-def workers_half_images_per_second(loader: Iterable[dict], batches: int) -> float:
-    """The batched path's loader alone: decode, cut regions, collate (what the CPU cores do for a GPU)."""
-    iterator = iter(loader)
-    next(iterator)
-    started = time.perf_counter()
-    images = sum(len(batch['label']) for batch in itertools.islice(iterator, batches))
-    return images / (time.perf_counter() - started)
-
-
-def loop_images_per_second(model, loader, objective, state: StepState, info: DistInfo, args, device_tf) -> float:
-    """`train_one_epoch` over `--batches` batches of the real loader, after one untimed batch."""
-    iterator = iter(loader)
-    train_one_epoch(model, itertools.islice(iterator, 1), objective, state, info, args.amp, transform=device_tf)
-    synchronize(info.device)
-    started = time.perf_counter()
-    train_one_epoch(model, itertools.islice(iterator, args.batches), objective, state, info, args.amp,
-                    transform=device_tf)
-    synchronize(info.device)
-    return args.batches * args.batch_size / (time.perf_counter() - started)
 
 
 def step_variants() -> dict[str, tuple]:
@@ -258,11 +334,12 @@ def step_variants() -> dict[str, tuple]:
 
 def describe(f: dict[str, object], workers: int) -> list[str]:
     core, pool = f['pipeline_per_core_img_s'], f[f'pipeline_{workers}_workers_img_s']
+    ceiling = f[f'pipeline_{workers}_workers_ceiling_img_s']
     lines = [f"{f['model']}  batch {f['batch_size']}  {f['img_size']} px  token labeling {f['token_labeling']}",
              f"  input pipeline, 1 core:      pil {core['pil']:7.1f} img/s   batched {core['batched']:7.1f} img/s "
              f"(x{core['batched_over_pil']:.2f}; its workers' half alone {core['batched_workers_half']:7.1f} img/s)",
-             f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s   batched "
-             f"{pool['batched']:7.1f} img/s",
+             f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
+             f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
              f"  model step:                  {f['model_step_img_s']:7.1f} img/s",
              f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   bound by the "
              f"{f['bound']}"]
@@ -270,7 +347,7 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
         o = f['step_options']
         lines.append(f"  step options alone vs plain step ({o['plain_img_s']:.1f} img/s): "
                      + ', '.join(f"{k} x{o[k + '_ratio']:.2f}" for k in STEP_OPTIONS))
-    return lines
+    return lines + [f'  MEASUREMENT ERROR: {error}' for error in f['measurement_errors']]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,19 +355,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         show_log(stream=sys.stderr)  # standard output is the JSON document
     pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU
+    labelled = [m for m in args.models if recipe_for(m).uses_score_maps]
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.data_dir) if args.data_dir else synthetic_imagenet(Path(tmp) / 'data', args.images)
         labels = Path(args.token_label_dir) if args.token_label_dir else None
-        if labels is None and any(recipe_for(m).uses_score_maps for m in args.models):
-            labels = synthetic_labels(root, Path(tmp) / 'labels', torch.device(args.device))
+        if args.data_dir:
+            root = Path(args.data_dir)
+            find_classes(root / 'train')  # a missing folder is named first
+            if labels is None and labelled:
+                raise UsageError(f'{labelled[0]} trains with token labels: give --token-label-dir, the store of '
+                                 f'{root} (tools/generate_token_labels.py or tools/import_token_labels.py)')
+        else:
+            root = synthetic_imagenet(Path(tmp) / 'data', args.images)
+            if labels is None and labelled:
+                labels = synthetic_labels(root, Path(tmp) / 'labels', torch.device(args.device))
         data = ImageData(root, labels)
         results = [benchmark_model(name, data, args) for name in args.models]
+    setting = {**measured_on(args.device), 'amp': args.amp, 'workers': args.workers, 'seconds': args.seconds,
+               'min_batches': args.min_batches}
     if args.json:
-        print(json.dumps({'device': args.device, 'amp': args.amp, 'workers': args.workers, 'models': results}))
-        return 0
-    print(f'{args.device}  amp {args.amp}  {torch.get_num_threads()} threads  {args.batches} timed batches per stage')
-    for figures in results:
-        print('\n'.join(describe(figures, args.workers)))
+        print(json.dumps({**setting, 'models': results}))
+    else:
+        print(f"{setting['device']}  torch {setting['torch']}  commit {setting['commit']}  amp {args.amp}  "
+              f"{setting['cores']} cores  each stage timed >= {args.seconds:g} s and >= {args.min_batches} batches "
+              f"after its warm-up")
+        for figures in results:
+            print('\n'.join(describe(figures, args.workers)))
+    if any(f['measurement_errors'] for f in results):
+        print('some figures are above what the machine can do (MEASUREMENT ERROR): time longer windows on a quiet '
+              'machine', file=sys.stderr)
+        return 1
     return 0
 
 
