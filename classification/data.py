@@ -107,6 +107,7 @@ def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, cla
         logger.info(f'{data_dir / split}: listed {len(samples)} images in {time.perf_counter() - start:.1f} s')
         if max_images is not None:
             samples = spread_evenly(samples, max_images)
+            warn_of_empty_classes(found, samples, f'{data_dir / split}: {max_images} images kept')
         label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32
         return found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type)
 
@@ -119,6 +120,15 @@ def spread_evenly(samples: list, count: int) -> list:
     if count >= len(samples):
         return samples
     return [samples[i * len(samples) // count] for i in range(count)]
+
+
+def warn_of_empty_classes(classes: Sequence[str], samples: list[tuple[str, int]], what: str) -> None:
+    """Say which classes `samples` leave without an image: the model never trains on them."""
+    empty = sorted(set(range(len(classes))) - {label for _, label in samples})
+    if empty:
+        logger.warning(f'warning: {what} leave {len(empty)} of {len(classes)} classes without an image '
+                       f'({", ".join(classes[i] for i in empty[:5])}{", ..." if len(empty) > 5 else ""}): the '
+                       f'model never trains on them; keep at least as many images as classes')
 
 
 def collate_skipping(items: list[dict | None]) -> dict:

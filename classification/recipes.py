@@ -257,7 +257,8 @@ FIELD_CHOICES = {
 }
 
 
-def _none_or(kind: Callable[[str], object]) -> Callable[[str], object]:
+def none_or(kind: Callable[[str], object]) -> Callable[[str], object]:
+    """A command-line value of `kind`, or the word `none` (None)."""
     def parse(text: str):
         return None if text.lower() == 'none' else kind(text)
     parse.__name__ = getattr(kind, '__name__', 'value')
@@ -279,7 +280,7 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
             continue
         kind = FIELD_TYPES.get(f.name, str)
         if str(f.type).endswith('| None'):  # the field's annotation (a string: postponed evaluation)
-            kind = _none_or(kind)
+            kind = none_or(kind)
         group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
                            default=argparse.SUPPRESS)
 

@@ -25,9 +25,9 @@ from backbones.weights import pretrained_model
 from common.cli import EmbeddedData, model_parser, parse_model_kwargs, positive_int
 from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.errors import CheckpointError, UsageError
-from common.images import check_same_classes, read_image
+from common.images import read_image
 from common.log import logger
-from engine.checkpoints import checkpoint_classes, seed_all
+from engine.checkpoints import check_checkpoint_classes, seed_all
 from engine.fit import Pictures
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.augment import TrainTransform
@@ -124,9 +124,8 @@ def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) ->
 
 def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:
     """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
-    recorded = checkpoint_classes(path)
-    if recorded is not None and not new_head:
-        check_same_classes(recorded, classes, f'the checkpoint {path}', 'the training split')
+    if not new_head:
+        check_checkpoint_classes(path, classes, 'the training split')
     report = load_checkpoint(model, path, strict=False, new_head=new_head)
     missing = [k for k in report.missing if not k.startswith(f'{TOKEN_HEAD}.')]  # a token head may be new
     if missing or report.mismatched:
@@ -254,9 +253,10 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
         logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: with --teacher, token labeling '
                        f'is online (the teacher\'s maps of each batch)')
     if recipe.uses_score_maps and data.token_labels is None and not online:
+        other_ways = ('another --preset (label pooling, ReLabel\'s target, always reads the maps)'
+                      if recipe.label_pooling else '--token-target label or --no-token-labeling')
         raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
-                         f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), --token-target '
-                         f'label or --no-token-labeling')
+                         f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), or {other_ways}')
     store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
@@ -273,6 +273,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
             zero_classifiers(bare_model(model))
     if distilled:
         bare_model(model).set_distilled_training(True)
+    if teacher is not None and teacher.checkpoint is not None:
+        check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
     teacher_model = build_teacher(teacher, len(classes), recipe, data_cfg, info) if teacher is not None else None
     objective = make_objective(recipe, len(classes), teacher_model)
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import torch
+from safetensors import SafetensorError
 
 from .errors import CheckpointError, CheckpointReadError
 
@@ -100,6 +101,9 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
         raise CheckpointError(f'{path}: holds Python objects a weights-only load refuses, and loading them would run '
                               f'code from the file ({first_line(exc)}); if you trust it, re-save its tensors with '
                               f'torch.save()') from exc
+    except SafetensorError as exc:  # torch.load reads a file named .safetensors as one
+        raise CheckpointReadError(f'{path}: not a readable safetensors file ({first_line(exc)}); a PyTorch '
+                                  f'checkpoint under this name: rename it .pth') from exc
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
         raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged ({type(exc).__name__}: '
                                   f'{first_line(exc)})') from exc

@@ -13,6 +13,7 @@ import torch
 
 from common.errors import CheckpointError
 from common.files import load_weights_only
+from common.images import check_same_classes
 
 # The files of a run folder: the latest state (resumable), the best epoch's weights, the final metrics, one line per
 # epoch
@@ -88,3 +89,11 @@ def checkpoint_classes(path: str | Path) -> list[str] | None:
     """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
     classes = checkpoint_setting(path, 'classes')
     return list(classes) if isinstance(classes, (list, tuple)) else None
+
+
+def check_checkpoint_classes(path: str | Path, classes: list[str], classes_from: str) -> None:
+    """A checkpoint of ours must have been trained on `classes` (names and order: the same count of other classes
+    would turn its scores for one class into another's); other files record none and pass."""
+    recorded = checkpoint_classes(path)
+    if recorded is not None:
+        check_same_classes(recorded, classes, f'the checkpoint {path}', classes_from)

@@ -98,9 +98,11 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     if started and not args.resume:
         raise UsageError(f'{cfg.work_dir} already holds a run: add --resume to continue it, '
                          'or choose another --work-dir')
+    remove_partial_writes(cfg.work_dir)  # checkpoint writes a kill interrupted (the first one too)
     cfg.resume = args.resume and started
-    if cfg.resume:
-        remove_partial_writes(cfg.work_dir)  # checkpoint writes a kill interrupted
+    if args.resume and not started:
+        logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
+                       f'stopped while writing its first): starting from iteration 0')
     check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
     return cfg
 

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from backbones import CheckpointError, load_checkpoint
 from backbones.weights import read_state_dict
 from backbones.token_head import add_token_head
+from common.files import load_weights_only
 from helpers.models import save_release
 
 
@@ -138,6 +139,15 @@ def test_missing_and_corrupt_files_are_named(tmp_path):
     corrupt.write_bytes(good.read_bytes()[: os.path.getsize(good) // 2])
     with pytest.raises(CheckpointError, match='corrupt.pth'):
         load_checkpoint(model, corrupt)
+
+
+def test_a_pickle_named_safetensors_is_named_with_the_fix(tmp_path):
+    """torch.load reads any file named .safetensors as safetensors: the mmengine loader (test_seg, train_seg
+    --resume) once let the library's own error through as a traceback."""
+    path = tmp_path / 'iter_4.safetensors'
+    torch.save({'state_dict': {'x': torch.zeros(1)}}, path)
+    with pytest.raises(CheckpointError, match=rf'{path}: not a readable safetensors file .*rename it .pth'):
+        load_weights_only(path, 'checkpoint')
 
 
 class _Payload:

@@ -19,12 +19,14 @@ from classification.data import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
 from common.cli import parse_model_kwargs, resolve_device, run_command
+from common.distributed import DistInfo
 from engine.checkpoints import METRICS
 from common.images import ImageReadError, find_classes, read_image
 from helpers.cifar_data import tiny_cifar
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool
 from helpers.models import TINY_DEIT
+from token_labeling.annotate import generate_token_labels
 
 
 
@@ -58,6 +60,24 @@ def test_train_cls_values_are_checked_against_their_meaning(flag, value, meaning
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert flag in err and meaning in err
+
+
+def test_relabel_without_a_store_suggests_what_works(trained, tmp_path):
+    """--token-target label and --no-token-labeling leave ReLabel's label pooling reading the maps: not suggested."""
+    data, _ = trained
+    with pytest.raises(UsageError, match=r"pass --token-label-dir \(.*\), or another --preset \(label pooling"):
+        train.main(train_args(data, tmp_path / 'a', '--preset', 'relabel'))
+    with pytest.raises(UsageError, match='or --token-target label or --no-token-labeling'):
+        train.main(['lvvit_t', '--data-dir', str(data), '--output', str(tmp_path / 'b'), '--device', 'cpu'])
+
+
+def test_a_subset_that_leaves_a_class_without_an_image_is_said(trained, caplog):
+    data, _ = trained
+    ImageFolderDataset(data, 'train', transform=None, max_images=2)  # three classes
+    assert f"{data / 'train'}: 2 images kept leave 1 of 3 classes without an image (n003)" in caplog.text
+    caplog.clear()
+    ImageFolderDataset(data, 'train', transform=None, max_images=6)
+    assert 'without an image' not in caplog.text
 
 
 @pytest.mark.parametrize('tool_name, args, message', [
@@ -137,15 +157,48 @@ def test_evaluating_a_checkpoint_for_another_class_count_is_an_error(tmp_path):
 
 def test_finetuning_on_other_classes_needs_a_new_head(trained, tmp_path):
     data, run = trained
-    other = Path(shutil.copytree(data, tmp_path / 'other'))
-    for split in ('train', 'val'):
-        (other / split / 'n003').rename(other / split / 'n009')
+    other = other_classes_same_count(data, tmp_path / 'other')
     with pytest.raises(DataError, match='only in the checkpoint .*: n003; only in the training split: n009'):
         train.main(train_args(other, tmp_path / 'a', '--finetune', str(run / 'last.pth')))
     metrics = train.main(train_args(other, tmp_path / 'b', '--finetune', str(run / 'last.pth'), '--new-head'))
     assert metrics['epochs'] == 1
     with pytest.raises(UsageError, match='--new-head goes with --finetune'):
         train.main(train_args(other, tmp_path / 'c', '--new-head'))
+
+
+def other_classes_same_count(data: Path, copy: Path) -> Path:
+    """A copy of the image folder with class n003 renamed n009: as many classes, one of them another."""
+    other = Path(shutil.copytree(data, copy))
+    for split in ('train', 'val'):
+        (other / split / 'n003').rename(other / split / 'n009')
+    return other
+
+
+@pytest.mark.parametrize('student', [
+    [*TINY_DEIT, '--no-token-labeling'],  # hard distillation
+    ['lvvit_t', '--model-kwargs', 'depth=1'],  # with token labeling: online token labeling, the teacher annotates
+])
+def test_a_teacher_or_annotator_trained_on_other_classes_of_the_same_count_is_refused(trained, tmp_path, student):
+    """Its scores for n003 would become targets for n009; the checkpoint records its class names."""
+    data, run = trained
+    other = other_classes_same_count(data, tmp_path / 'other')
+    teacher = ['--teacher', 'deit_small_patch16_224', '--teacher-checkpoint', str(run / 'last.pth'),
+               '--teacher-kwargs', 'embed_dim=32', 'depth=2', 'num_heads=2']
+    args = [*student, '--data-dir', str(other), '--img-size', '32', '--batch-size', '4', '--epochs', '1',
+            '--workers', '0', '--device', 'cpu', '--output', str(tmp_path / 'run'), *teacher]
+    with pytest.raises(DataError, match='only in the checkpoint .*: n003; only in the training split: n009'):
+        train.main(args)
+    assert not (tmp_path / 'run' / 'last.pth').exists()
+
+
+def test_label_generation_refuses_an_annotator_trained_on_other_classes(trained, tmp_path):
+    data, run = trained
+    other = other_classes_same_count(data, tmp_path / 'other')
+    with pytest.raises(DataError, match=f'only in the checkpoint .*: n003; only in {other / "train"}: n009'):
+        generate_token_labels(other, 'deit_small_patch16_224', tmp_path / 'labels', DistInfo(),
+                              checkpoint=str(run / 'last.pth'), img_size=32,
+                              model_kwargs=dict(embed_dim=32, depth=2, num_heads=2))
+    assert not (tmp_path / 'labels').exists()  # nothing started
 
 
 def test_resume_refuses_other_settings_and_files_that_are_not_runs(trained, tmp_path):

@@ -189,10 +189,39 @@ def test_damaged_trees_are_refused_naming_the_file(released, tmp_path):
     (wrong_classes / CLASSES[2]).rename(wrong_classes / 'n999')
     refused(wrong_classes, r'only in the released labels .*: n999; only in .*: n003')
     odd = damaged(lambda f: None)
-    torch.save(torch.zeros(2, K, 9, 9), next((odd / CLASSES[0]).iterdir()))
-    for f in sorted((odd / CLASSES[0]).iterdir()):
+    for f in sorted(odd.glob('*/*.pt')):
         torch.save(torch.zeros(2, K, 9, 9), f)
     refused(odd, 'neither release', error=UsageError)
+
+
+def test_one_damaged_file_does_not_decide_the_release_and_format_must_fit_the_maps(released, tmp_path):
+    """The release is read from files spread over the tree: a first file of ReLabel's size in an 18x18 tree is named
+    as the odd one before any store is started (it once made the whole tree ReLabel's and blocked the rerun); and
+    --format relabel on TokenLabeling's 18x18 maps is refused (it once placed them over the whole image)."""
+    _, data, trees, _ = released
+    tree = Path(shutil.copytree(trees['tokenlabeling'], tmp_path / 'tree'))
+    first = sorted((tree / CLASSES[0]).iterdir())[0]
+    torch.save(torch.zeros(2, K, 15, 15), first)
+    with pytest.raises(DataError, match=rf'its files differ in shape \({CLASSES[0]}/{first.name}: \[2, 3, 15, 15\]; '
+                                        rf'.*: \[2, 3, 18, 18\]\).*replace the damaged one'):
+        import_released_labels(data, tree, tmp_path / 'store', DistInfo(), workers=0)
+    assert not (tmp_path / 'store').exists()
+    with pytest.raises(UsageError, match=r"--format relabel: .* holds 18x18 maps, the tokenlabeling release's \(the "
+                                         r"relabel release's are 15x15\)"):
+        import_released_labels(data, trees['tokenlabeling'], tmp_path / 'store', DistInfo(), fmt='relabel',
+                               workers=0)
+    assert not (tmp_path / 'store').exists()
+
+
+def test_two_images_with_one_stem_in_a_class_are_refused(released, tmp_path):
+    """x.JPEG and x.png of one class would both take x.pt: refused naming both, not imported as 'verified'."""
+    _, data, trees, _ = released
+    copy = Path(shutil.copytree(data, tmp_path / 'data'))
+    jpeg = next(f for f in sorted((copy / 'train' / CLASSES[1]).iterdir()) if f.suffix == '.JPEG')
+    Image.open(jpeg).save(jpeg.with_suffix('.png'))
+    with pytest.raises(DataError, match=f'train/{CLASSES[1]}/{jpeg.name} and train/{CLASSES[1]}/{jpeg.stem}.png '
+                                        f'would both take .*{CLASSES[1]}/{jpeg.stem}.pt'):
+        import_released_labels(copy, trees['tokenlabeling'], tmp_path / 'store', DistInfo(), workers=0)
 
 
 def test_images_without_a_file_train_on_their_label_with_skip_missing(released, tmp_path):

@@ -73,6 +73,18 @@ def test_digits_fallback_takes_its_schedule(tmp_path):
     assert tuple(resize.ratio_range) == RATIO_RANGE
 
 
+def test_resume_before_the_first_checkpoint_removes_the_torn_write_and_says_it_starts_over(tmp_path, caplog):
+    """A run killed while writing its first checkpoint leaves only a temporary file: --resume removes it and says
+    the run starts from iteration 0 (it once started over in silence, the file left behind)."""
+    work = tmp_path / 'work'
+    work.mkdir()
+    torn = work / '.iter_16000.pth.tmp4242'
+    torn.write_bytes(b'half a checkpoint')
+    prepared(tmp_path, '--work-dir', str(work), '--resume', '--cfg-options', 'model.backbone.pretrained=None')
+    assert not torn.exists()
+    assert f'--resume: {work} holds no checkpoint' in caplog.text and 'starting from iteration 0' in caplog.text
+
+
 def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
     flips = [step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip']

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import cv2
@@ -18,11 +19,11 @@ from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
 from token_labeling.augment import TrainTransform
-from token_labeling.pictures import class_mosaic, token_labels
+from token_labeling.pictures import class_mosaic, token_label_figure, token_labels
 from visualization.attention import (attention_maps, attention_rollout, mean_attention_distance, patch_distances,
                                      position_similarity)
 from visualization.curves import read_run
-from visualization.figures import class_colours
+from visualization.figures import class_colours, drawable
 
 GRID = (3, 4)
 PATCHES = GRID[0] * GRID[1]
@@ -146,6 +147,19 @@ def test_token_targets_of_a_column_map_are_mirrored_stripes_after_a_flip(flip):
         assert (overlay[:, 16 * column:16 * (column + 1)] == colours[stripes[0, column]]).all()
 
 
+def test_a_token_label_picture_of_an_undecodable_file_name_is_drawn():
+    """A Latin-1 name on a UTF-8 file system (surrogate escapes in Python) once stopped train_cls after its first
+    epoch at the default --pictures 4: matplotlib refuses the title; the name is drawn with U+FFFD instead."""
+    image = Image.fromarray(np.zeros((32, 32, 3), np.uint8))
+    scores, classes = column_map(2, num_classes=2)
+    transform = TrainTransform(32, scale=(1.0, 1.0), ratio=(1.0, 1.0), hflip=0.0, auto_augment=None, reprob=0.0)
+    labels = token_labels(image, scores, classes, transform, num_classes=2, patch_size=16)
+    name = os.fsdecode(b'caf\xe9')
+    picture = token_label_figure(labels, [name, 'n002'], f'train/{name}/{name}.JPEG')
+    assert picture.ndim == 3 and picture.shape[2] == 3
+    assert drawable(name) == 'caf\ufffd'
+
+
 def test_segmentation_overlay_pixels_are_the_palette_colours_of_the_prediction():
     from segmentation.pictures import HEADER, segmentation_picture
     rng = np.random.default_rng(0)
@@ -244,6 +258,13 @@ def test_token_labels_tool_refuses_a_store_of_another_data_set(labeled_images, t
                                        tmp_path / 'x.png'])
     assert result.returncode != 0 and 'have no token labels' in result.stderr and 'n001_8' in result.stderr
     assert not (tmp_path / 'x.png').exists()
+
+
+def test_token_labels_tool_refuses_a_randaugment_string_training_would_refuse(tmp_path):
+    """timm reads rand-zz as its default RandAugment: the picture would not show the augmentation asked for."""
+    result = run_tool('visualize.py', ['token-labels', '--data-dir', tmp_path, '--token-label-dir', tmp_path,
+                                       '--auto-augment', 'rand-zz', '--out', tmp_path / 'x.png'])
+    assert result.returncode == 2 and "not a RandAugment string like rand-m9-mstd0.5-inc1: 'rand-zz'" in result.stderr
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from backbones.weights import pretrained_model
 from common.distributed import DistInfo
 from common.errors import DataError, UsageError
 from common.images import ImageReadError, read_image, scan_split
+from engine.checkpoints import check_checkpoint_classes
 
 from .label_store import DEFAULT_SHARD_SIZE, StoreWriter, list_digest, read_meta
 
@@ -130,6 +131,8 @@ def generate_token_labels(
         raise UsageError(f'--shard-size must be at least 1, got {shard_size}')
     classes, samples = scan_split(data_dir, split)
     paths = [path for path, _ in samples]
+    if checkpoint:
+        check_checkpoint_classes(checkpoint, classes, str(Path(data_dir) / split))  # its scores by class name
     model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
     data_cfg = resolve_data_config({}, model=model)
     img_size = img_size or data_cfg['input_size'][-1]

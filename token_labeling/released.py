@@ -59,6 +59,7 @@ RELEASES = {
 FORMATS = ('auto', *RELEASES)
 SHAPING = ('annotator', 'format', 'img_size', 'grid', 'topk', 'shard_size', 'split', 'classes', 'paths_sha256')
 SHOWN = 5  # names shown of a list of files
+SAMPLED = 8  # files spread over a release tree whose shapes decide its format
 
 
 def shown(items: Sequence[str]) -> str:
@@ -88,6 +89,20 @@ def release_files(release_dir: Path) -> tuple[list[str], dict[str, str], list[st
     return classes, files, other
 
 
+def check_one_image_per_file(keys: Sequence[str], paths: Sequence[str], files: dict[str, str],
+                             release_dir: Path) -> None:
+    """A release file is matched by class folder and image stem (`keys`): two images of one class with the same stem
+    (x.JPEG and x.png) would both take x.pt."""
+    first: dict[str, str] = {}
+    for key, path in zip(keys, paths):
+        if key not in files:
+            continue
+        other = first.setdefault(key, path)
+        if other != path:
+            raise DataError(f'{other} and {path} would both take {release_dir / key}.pt (a release file is matched '
+                            f'by class folder and image stem): rename or remove one of them')
+
+
 def load_map(path: Path) -> torch.Tensor:
     """One release file's tensor (weights-only load: a file that holds anything else is refused, never run)."""
     try:
@@ -99,20 +114,33 @@ def load_map(path: Path) -> torch.Tensor:
     return value
 
 
-def detect_release(path: Path, fmt: str) -> tuple[Release, tuple[int, ...]]:
-    """The release a tree is (from its first file's map side, or `fmt`) and the shape all its files must have."""
-    value = load_map(path)
-    if value.dim() != 4 or value.shape[0] != 2 or not value.is_floating_point():
-        raise DataError(f'{path}: a {value.dtype} tensor of shape {list(value.shape)}; a released label file is a '
-                        f'float tensor [2, k, h, w] (scores, class indices)')
-    if fmt != 'auto':
-        return RELEASES[fmt], tuple(value.shape)
-    side = value.shape[-1]
-    for release in RELEASES.values():
-        if value.shape[-2:] == (release.grid, release.grid):
-            return release, tuple(value.shape)
-    raise UsageError(f'{path}: maps of {value.shape[-2]}x{side} are neither release\'s (tokenlabeling 18x18, relabel '
-                     f'15x15); name the release with --format')
+def detect_release(release_dir: Path, files: Sequence[str], fmt: str) -> tuple[Release, tuple[int, ...]]:
+    """The release a tree is (from the maps of files spread over it, or `fmt`) and the shape all its files must have.
+    Files spread over the tree must agree: one damaged file does not decide the shape of the others."""
+    picks = sorted({files[i * (len(files) - 1) // max(SAMPLED - 1, 1)] for i in range(SAMPLED)})
+    shapes: dict[tuple[int, ...], str] = {}
+    for file in picks:
+        value = load_map(release_dir / file)
+        if value.dim() != 4 or value.shape[0] != 2 or not value.is_floating_point():
+            raise DataError(f'{release_dir / file}: a {value.dtype} tensor of shape {list(value.shape)}; a released '
+                            f'label file is a float tensor [2, k, h, w] (scores, class indices)')
+        shapes.setdefault(tuple(value.shape), file)
+    if len(shapes) > 1:
+        raise DataError(f'{release_dir}: its files differ in shape ('
+                        + '; '.join(f'{file}: {list(shape)}' for shape, file in shapes.items())
+                        + '); all files of a release have one shape: replace the damaged one')
+    ((shape, file),) = shapes.items()
+    h, w = shape[-2:]
+    known = next((release for release in RELEASES.values() if (h, w) == (release.grid, release.grid)), None)
+    if fmt == 'auto':
+        if known is None:
+            raise UsageError(f'{release_dir / file}: maps of {h}x{w} are neither release\'s (tokenlabeling 18x18, '
+                             f'relabel 15x15); name the release with --format')
+        return known, shape
+    if known is not None and known.name != fmt:
+        raise UsageError(f'--format {fmt}: {release_dir / file} holds {h}x{w} maps, the {known.name} release\'s '
+                         f'(the {fmt} release\'s are {RELEASES[fmt].grid}x{RELEASES[fmt].grid}); leave --format out')
+    return RELEASES[fmt], shape
 
 
 def started_release(output: Path, fmt: str) -> tuple[Release, tuple[int, ...]] | None:
@@ -206,6 +234,7 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
     release_classes, files, other = release_files(release_dir)
     check_same_classes(release_classes, classes, f'the released labels {release_dir}', str(data_dir / split))
     keys = [str(Path(path).relative_to(split).with_suffix('').as_posix()) for path in paths]
+    check_one_image_per_file(keys, paths, files, release_dir)
     row_files = [files.get(key) for key in keys]
     missing = [path for path, file in zip(paths, row_files) if file is None]
     if missing and not skip_missing:
@@ -217,8 +246,11 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
                        f'imported: {shown([files[key] for key in extra])}')
     if other:
         logger.warning(f'{len(other)} other file(s) in {release_dir} are not label files, ignored: {shown(other)}')
-    release, shape = started_release(output, fmt) or detect_release(
-        release_dir / next(file for file in row_files if file is not None), fmt)
+    matched = [file for file in row_files if file is not None]
+    if not matched:
+        raise DataError(f'no file of {release_dir} is for an image of {data_dir / split} (files are matched by '
+                        f'class folder and image stem)')
+    release, shape = started_release(output, fmt) or detect_release(release_dir, matched, fmt)
     meta = release_meta(release, shape, release_dir, classes, paths, split, shard_size, len(extra))
     writer = StoreWriter(output, meta, paths, SHAPING, info, with_extent=release.centre_square,
                          skipped_key='missing')

@@ -19,6 +19,7 @@ import torch
 from backbones import create_model
 from common.errors import UsageError
 from backbones.weights import checkpoint_class_count
+from classification.recipes import none_or, rand_augment_spec
 from common.cli import output_file, parse_model_kwargs, positive_int, probability, run_command
 from common.files import write_json_atomic
 from common.images import check_same_classes, read_image, scan_split
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--token-label-dir', required=True, help='its token-label store')
     p.add_argument('--image', help='an image of the store (default: the first), relative to --data-dir or not')
     p.add_argument('--img-size', type=positive_int, help='training input size (default: the store\'s, at most 224)')
-    p.add_argument('--auto-augment', default=TRAINING_AUGMENTATION, help='RandAugment string, or none')
+    p.add_argument('--auto-augment', default=TRAINING_AUGMENTATION, type=none_or(rand_augment_spec),
+                   help='RandAugment string, or none')
     p.add_argument('--scale-min', type=probability, default=0.08, help='RandomResizedCrop\'s smallest area')
     p.add_argument('--hflip', type=probability, default=0.5)
     p.add_argument('--seed', type=int, default=0, help='which augmentation')
@@ -98,8 +100,8 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     scores, classes = store.read(row)
     size = args.img_size or min(store.meta['img_size'], 224)
     seed_all(args.seed)  # the augmentation drawn: the trainer's draws from these streams
-    augment = None if args.auto_augment.lower() == 'none' else args.auto_augment
-    transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=augment, reprob=0.0)
+    transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=args.auto_augment,
+                               reprob=0.0)
     labels = token_labels(read_image(data_dir / path), scores, classes, transform, store.num_classes,
                           extent=store.extent(row))
     return token_label_figure(labels, store.classes, f'{path}: {store.meta["annotator"]} map, {size} px training crop')

@@ -48,10 +48,16 @@ def figure_array(fig) -> np.ndarray:
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
+def drawable(text: str) -> str:
+    """`text` as the fonts can draw it: a file or folder name's undecodable bytes (surrogate escapes, which
+    matplotlib refuses) shown as U+FFFD."""
+    return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
+
+
 def finished(fig, title: str = '') -> np.ndarray:
     """Lay the figure out (under its title, if any) and render it (`figure_array`)."""
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(drawable(title), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()) if title else None)
     return figure_array(fig)
 
@@ -118,5 +124,5 @@ def upscale(grid: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 def legend_entries(ax, names: Sequence[str], colours: np.ndarray, title: str = '') -> None:
     """A legend of class colours on `ax`."""
     from matplotlib.patches import Patch
-    handles = [Patch(color=np.asarray(c) / 255, label=n) for n, c in zip(names, colours)]
+    handles = [Patch(color=np.asarray(c) / 255, label=drawable(n)) for n, c in zip(names, colours)]
     ax.legend(handles=handles, title=title, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
