@@ -8,7 +8,9 @@ tool's own loaders, model, objective and optimizer:
 - input pipeline with `--workers` loader processes, both paths (the device's half included), each beside its
   physical ceiling: the workers' share of the work at the one-core rate, times the workers (at most the cores);
 - model step: forward, loss (token targets included), backward and optimizer on a batch already on the device;
-- whole loop: `train_one_epoch` over the loader, with the path `--augment` picks.
+- whole loop: `train_one_epoch` over the loader, with the path `--augment` picks;
+- `--train-cls`: tools/train_cls.py itself on the same data, model, batch, workers, device and precision, timed from
+  its update lines after its first `--skip-updates` (50) updates, then stopped.
 Every stage is timed in its steady state: untimed warm-up batches past what the loader workers prefetch (workers x
 prefetch factor, plus one), then a window of at least `--seconds` and `--min-batches` batches, the loader running
 epoch after epoch as training does. A figure above its ceiling (N-worker pipeline) or above the slower of its stages
@@ -22,7 +24,7 @@ The synthetic data set (unless `--data-dir`) holds `--images` training entries o
 generation do not grow), and a token-label store made by a random-weight annotator for the distinct images.
 
     python tools/benchmark_loop.py                      # 2 workers, batch 16, 30 s per stage: about 10 minutes
-    python tools/benchmark_loop.py --device cuda --amp bf16 --batch-size 256 --workers 15 --images 200000
+    python tools/benchmark_loop.py --device cuda --amp bf16 --batch-size 256 --workers 15 --images 200000 --train-cls
     python tools/benchmark_loop.py --device cuda --amp bf16 --batch-size 256 --workers 16 \\
         --data-dir /data/imagenet --token-label-dir /data/imagenet_labels
     python tools/benchmark_loop.py --models lvvit_s --compare-step --json
@@ -33,6 +35,10 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
+import re
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +55,7 @@ from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
 from common.cli import add_device_argument, device_name, non_negative_float, positive_int, run_command
 from common.distributed import DistInfo
-from common.errors import UsageError
+from common.errors import DataError, UsageError
 from common.images import find_classes, scan_split
 from common.log import show_log
 from common.timing import available_cores, measured_on, synchronize
@@ -58,6 +64,7 @@ from engine.trainer import RunOptions, optimization_state, use_channels_last
 from token_labeling.annotate import SHAPING, generate_token_labels
 from token_labeling.label_store import StoreWriter, TokenLabelStore, list_digest
 
+ROOT = Path(__file__).resolve().parents[1]
 MODELS = ('lvvit_s', 'deit_small_patch16_224')
 STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
 DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
@@ -70,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--models', nargs='+', default=list(MODELS),
                         help='models, each with its own recipe (token labeling for LV-ViT)')
     parser.add_argument('--data-dir', help='an ImageNet-layout folder (default: synthetic JPEGs)')
-    parser.add_argument('--token-label-dir', help='its token-label store (needed with --data-dir for token-labeling models; default: made for the synthetic data)')
+    parser.add_argument('--token-label-dir', help='its token-label store (with --data-dir, for token-labeling models; '
+                                                  'default: made for the synthetic data)')
     parser.add_argument('--images', type=positive_int, default=16384,
                         help='synthetic training entries (64 distinct JPEGs, the rest hard links)')
     parser.add_argument('--batch-size', type=positive_int, default=16)
@@ -86,6 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
+    parser.add_argument('--train-cls', action='store_true',
+                        help='also time a real tools/train_cls.py run on the data: its update lines as they arrive, '
+                             'after --skip-updates updates, over the same window; the run is then stopped')
+    parser.add_argument('--skip-updates', type=positive_int, default=50,
+                        help="train_cls's updates left out of its timing (start-up and the loader's prefetch)")
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
@@ -256,6 +269,44 @@ def loop_images_per_second(setup: Setup, augment: str) -> float:
     return window.images_per_second()
 
 
+def train_cls_images_per_second(model_name: str, data: ImageData, args: argparse.Namespace, augment: str,
+                                output: Path) -> dict[str, float | int]:
+    """`tools/train_cls.py` itself on the data, one update line per update: images/s between its update
+    `--skip-updates` (past the start-up and the loader's prefetch) and the first update at least `--seconds` and
+    `--min-batches` updates later, each line timed as it arrives; then the run is stopped (its whole session:
+    the loader workers too)."""
+    command = [sys.executable, str(ROOT / 'tools' / 'train_cls.py'), model_name, '--data-dir', str(data.root),
+               '--output', str(output), '--epochs', '1000', '--batch-size', str(args.batch_size), '--workers',
+               str(args.workers), '--device', args.device, '--amp', args.amp, '--augment', augment,
+               '--log-interval', '1', '--pictures', '0']
+    if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
+        command += ['--token-label-dir', str(data.token_labels)]
+    skip = max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    start, lines = None, []
+    try:
+        for line in process.stdout:
+            lines = lines[-20:] + [line.rstrip()]
+            found = re.search(r'\bupdate (\d+)  batch ', line)
+            if found is None:
+                continue
+            update, now = int(found[1]), time.perf_counter()
+            if update == skip:
+                start = (update, now)
+            elif start is not None and update - start[0] >= args.min_batches and now - start[1] >= args.seconds:
+                updates = update - start[0]
+                return {'img_s': updates * args.batch_size / (now - start[1]), 'updates_timed': updates,
+                        'after_updates': skip}
+        process.wait()
+        raise DataError(f'tools/train_cls.py stopped (exit {process.returncode}) before {skip} updates and the '
+                        f'timing window: ' + ' | '.join(lines[-3:]))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 def device_batch(setup: Setup, augment: str) -> dict:
     """One training batch with its images as model input, everything on the device (read in this process: no
     loader workers left running beside the step timings)."""
@@ -288,9 +339,10 @@ def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
               f'{ceiling[path]:.1f}' for path in ('pil', 'batched') if pool[path] > TOLERANCE * ceiling[path]]
     loop = f['loop']
     stages = min(pool[loop['augment']], f['model_step_img_s'])
-    if loop['img_s'] > TOLERANCE * stages:
-        errors.append(f"the whole loop's {loop['img_s']:.1f} img/s is above the slower of its input pipeline and "
-                      f"its step, {stages:.1f}")
+    for what, rate in (("the whole loop's", loop['img_s']), ("train_cls's", f.get('train_cls', {}).get('img_s'))):
+        if rate is not None and rate > TOLERANCE * stages:
+            errors.append(f'{what} {rate:.1f} img/s is above the slower of its input pipeline and its step, '
+                          f'{stages:.1f}')
     return errors
 
 
@@ -319,6 +371,9 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
     figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
+    if args.train_cls:
+        with tempfile.TemporaryDirectory() as output:
+            figures['train_cls'] = train_cls_images_per_second(model_name, data, args, loop_path, Path(output))
     figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
     figures['measurement_errors'] = measurement_errors(figures, args.workers)
     return figures
@@ -343,6 +398,10 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
              f"  model step:                  {f['model_step_img_s']:7.1f} img/s",
              f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   bound by the "
              f"{f['bound']}"]
+    if 'train_cls' in f:
+        run = f['train_cls']
+        lines.append(f"  tools/train_cls.py:          {run['img_s']:7.1f} img/s   ({run['updates_timed']} updates "
+                     f"after its first {run['after_updates']})")
     if 'step_options' in f:
         o = f['step_options']
         lines.append(f"  step options alone vs plain step ({o['plain_img_s']:.1f} img/s): "
