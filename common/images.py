@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .errors import DataError
+from .errors import DataError, UsageError
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 
@@ -107,3 +107,19 @@ def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
     if not samples:
         raise DataError(f'no images under {split_dir} (extensions {", ".join(IMG_EXTENSIONS)})')
     return classes, samples
+
+
+def image_files(items: Sequence[str]) -> list[Path]:
+    """The images named: files as given, folders as the image files in them (sorted); nothing else."""
+    files = []
+    for item in map(Path, items):
+        if item.is_dir():
+            found = sorted(f for f in item.iterdir() if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
+            if not found:
+                raise UsageError(f'{item}: a folder without images ({", ".join(IMG_EXTENSIONS)})')
+            files += found
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise UsageError(f'{item}: no such image file or folder')
+    return files

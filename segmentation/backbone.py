@@ -11,8 +11,10 @@ decode head's final resize to the image size is exact.
 
 `pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)` loads a classification checkpoint (ours
 or an official release file) through `backbones.load_checkpoint`: wrappers, prefixes and the position-table resize
-are handled there, a missing backbone key is an error, and keys of the pruned parts (heads, final norm, later
-blocks) are reported in the log. A segmentation checkpoint whose position table has another grid (the released
+are handled there. Instead of a path, an http(s):// or file:// URL, or `timm` (the release file the model's timm
+config names), is downloaded once into timm's cache (torch hub's `checkpoints` folder) and read from there. A
+missing backbone key is an error, and keys of the pruned parts (heads, final norm, later blocks) are reported in
+the log. A segmentation checkpoint whose position table has another grid (the released
 LV-ViT segmentors, a run at another crop size) has it resampled to this backbone's grid when it loads.
 
 Registered as `TokenBackbone`, and under the former per-family names (`LVViTBackbone`, `T2TViTBackbone`,
@@ -21,19 +23,25 @@ Registered as `TokenBackbone`, and under the former per-family names (`LVViTBack
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import hf_hub_download
 from mmengine.model import BaseModule
+from timm.models import get_pretrained_cfg
+from timm.models._hub import download_cached_file
 
 from backbones import create_model, load_checkpoint, model_family, suite_models
-from common.errors import UsageError
+from common.errors import CheckpointError, UsageError
 from backbones.weights import fit_pos_embed
 from common.log import logger
 from mmseg.registry import MODELS
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
+TIMM_RELEASE = 'timm'  # `pretrained='timm'`: the release file the model's timm config names
+URL_SCHEMES = ('http', 'https', 'file')
 
 
 def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float]) -> torch.Tensor:
@@ -45,6 +53,31 @@ def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float]) -> torch.Ten
     theta = maps.new_tensor([[fx, 0, fx - 1], [0, fy, fy - 1]]).expand(maps.shape[0], 2, 3)
     grid = F.affine_grid(theta, list(maps.shape), align_corners=False)
     return F.grid_sample(maps, grid, mode='bilinear', padding_mode='border', align_corners=False)
+
+
+def fetch_pretrained(source: str, model_name: str) -> str:
+    """A `pretrained` checkpoint as a local file: a path as it is; a URL, or `timm` (the URL in the model's timm
+    config, else its Hugging Face repo's weights), downloaded into timm's cache the first time."""
+    if source == TIMM_RELEASE:
+        cfg = get_pretrained_cfg(model_name)
+        if cfg is None or not (cfg.url or cfg.hf_hub_id):
+            raise CheckpointError(f"pretrained='timm': the timm config of {model_name} names no release file; give "
+                                  f"the path or URL of its ImageNet weights")
+        if not cfg.url:
+            return fetched(cfg.hf_hub_id, lambda: hf_hub_download(cfg.hf_hub_id, 'model.safetensors'))
+        source = cfg.url
+    if urlparse(source).scheme in URL_SCHEMES:
+        # no hash check: the releases' names hold accuracies ('-83.3.') where torch hub looks for a hash prefix
+        return fetched(source, lambda: download_cached_file(source, check_hash=False))
+    return source
+
+
+def fetched(source: str, download: Callable[[], str]) -> str:
+    try:
+        return download()
+    except Exception as e:  # urllib, http.client and huggingface_hub raise their own kinds
+        raise CheckpointError(f'cannot download the backbone weights {source} ({type(e).__name__}: {e}); download '
+                              f'them by hand and set model.backbone.pretrained to the file') from e
 
 
 @MODELS.register_module()
@@ -79,7 +112,7 @@ class TokenBackbone(BaseModule):
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
         self.stride = img_size // self.model.patch_embed.grid_size[0]
-        self.use_ema = use_ema
+        self.use_ema, self.model_name = use_ema, model_name
 
     @property
     def num_layers(self) -> int:
@@ -93,8 +126,8 @@ class TokenBackbone(BaseModule):
         if self.init_cfg.get('type') != 'Pretrained':
             raise UsageError(f'{type(self).__name__} understands init_cfg type "Pretrained" only, '
                              f'got {self.init_cfg!r}')
-        report = load_checkpoint(self.model, self.init_cfg['checkpoint'], use_ema=self.use_ema, strict=True,
-                                 allow_unexpected=True)
+        checkpoint = fetch_pretrained(self.init_cfg['checkpoint'], self.model_name)
+        report = load_checkpoint(self.model, checkpoint, use_ema=self.use_ema, strict=True, allow_unexpected=True)
         logger.info(f'{type(self).__name__}: {report.summary()}')
         self._is_init = True
 

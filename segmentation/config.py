@@ -5,12 +5,15 @@ import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlparse
 
 from mmengine.config import Config
 
 from common.cli import EmbeddedData
 from common.errors import CheckpointError, DataError, UsageError
 from common.log import logger
+
+from .backbone import TIMM_RELEASE, URL_SCHEMES
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 ADE20K_CROP = 512  # the configs' training crop side
@@ -129,11 +132,14 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallba
 
 
 def check_pretrained(cfg: Config) -> None:
+    """The backbone's ImageNet file is there (a URL or `timm` is downloaded when the model is built)."""
     pretrained = cfg.model.backbone.get('pretrained')
-    if pretrained and not Path(pretrained).is_file():
+    if pretrained and pretrained != TIMM_RELEASE and urlparse(pretrained).scheme not in URL_SCHEMES \
+            and not Path(pretrained).is_file():
         raise CheckpointError(
             f'backbone checkpoint {pretrained} not found: download the ImageNet weights (README, "Segmentation on '
-            'ADE20K"), point model.backbone.pretrained at yours, or set it to None to train from scratch')
+            'ADE20K"), or set model.backbone.pretrained to yours, to a URL, to timm (the release file the model\'s '
+            'timm config names, downloaded once), or to None to train from scratch')
 
 
 def shorten_schedule(cfg: Config, iters: int) -> None:

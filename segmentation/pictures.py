@@ -11,22 +11,19 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-from mmengine.registry import init_default_scope
 from mmengine.structures import PixelData
 from PIL import Image
 
-from mmseg.apis import inference_model
 from mmseg.engine.hooks import SegVisualizationHook
-from mmseg.registry import DATASETS, HOOKS, MODELS
+from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
 from common.errors import DataError
-from common.images import read_image
 from visualization.figures import enlarge, figure, finished
 
-from .config import DataFallback, load_config, resolve_data
+from .config import DataFallback
 from .metrics import read_report
-from .runner import load_weights
+from .predict import SegPredictor
 
 HEADER = 22  # pixels of the title strip above each panel
 _NAMES = itertools.count()
@@ -119,25 +116,15 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
     """`segmentation_picture` of what the model of `config` with the weights of `checkpoint` predicts for `image`
     (a path; None: the test set's first image), with its ground truth where the test set has it and the per-class
     IoU of a test_seg.py `report`. Without the config's ADE20K, the data is `fallback`'s."""
-    cfg = load_config(config)
-    resolve_data(cfg, data_root, fallback)
-    init_default_scope(cfg.get('default_scope', 'mmseg'))
-    cfg.model.backbone.pretrained = None
-    model = MODELS.build(cfg.model)
-    load_weights(model, checkpoint)
-    cfg.test_pipeline = cfg.test_dataloader.dataset.pipeline  # what inference_model runs: the test set's own
-    dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': False})
-    meta = dataset.metainfo
-    scores = read_report(report, meta['classes']) if report else None
-    model.cfg, model.dataset_meta = cfg, meta
-    entry = test_entry(dataset, image)
-    read_image(Path(entry['img_path']))  # decodes the whole file: OpenCV would draw a truncated JPEG grey, silently
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    scores = read_report(report, predictor.classes) if report else None
+    entry = test_entry(predictor.test_set(), image)
+    prediction = predictor(entry['img_path'])
     pixels = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)  # the model's decoder
-    prediction = inference_model(model.eval(), entry['img_path']).pred_sem_seg.data[0].cpu().numpy()
     truth = None
     if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
         truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
-    return segmentation_picture(pixels, prediction, meta['classes'], meta['palette'], truth, scores, alpha,
+    return segmentation_picture(pixels, prediction, predictor.classes, predictor.palette, truth, scores, alpha,
                                 with_labels)
 
 

@@ -65,7 +65,8 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFa
     elif Path(pretrained).is_file():
         logger.info(f'backbone: {pretrained}')
     elif pretrained != config_pretrained:
-        check_pretrained(cfg)
+        check_pretrained(cfg)  # a URL or timm's release: downloaded when the model is built
+        logger.info(f'backbone: {pretrained}')
     else:
         checkpoint, origin = fallback.pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
         backbone.pretrained = str(checkpoint)

@@ -1,10 +1,13 @@
-"""tools/train_seg.py and tools/test_seg.py end to end on a tiny ADE20K-format set, and mmseg's own tools."""
+"""tools/train_seg.py, tools/test_seg.py and tools/predict_seg.py end to end on a tiny ADE20K-format set, and
+mmseg's own tools."""
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 import mmseg
@@ -170,3 +173,32 @@ def test_an_init_cfg_checkpoint_that_does_not_fit_is_refused(trained, tmp_path):
     succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'run_whole', '--iters', '1', '--cfg-options',
                                         'model.init_cfg.type=Pretrained',
                                         f'model.init_cfg.checkpoint={work}/iter_2.pth']))
+
+
+def read_mask(path: Path) -> np.ndarray:
+    return cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+
+
+def test_predict_seg_writes_test_segs_masks_single_and_multi_scale_in_each_images_size(trained, tmp_path):
+    """tools/predict_seg.py on the validation images and on an image of no data set: test_seg's masks exactly, in
+    the data set's label values, single-scale, multi-scale + flip and multi-scale alone; overlays of each size."""
+    _, config, work, data = trained
+    images = data / 'images' / 'validation'
+    new = tmp_path / 'new'
+    new.mkdir()
+    photo = cv2.imread(str(next(images.iterdir())))
+    cv2.imwrite(str(new / 'photo.png'), cv2.resize(photo, (83, 37)))  # an image of no data set, of its own size
+    for mode in ([], ['--ms'], ['--ms', '--no-flip']):
+        name = '_'.join(['ss', *mode])
+        succeeded(run_tool('test_seg.py', [config, work / 'iter_2.pth', *mode, '--pred-dir', tmp_path / f'pred{name}',
+                                           '--out', tmp_path / f'r{name}.json']))
+        succeeded(run_tool('predict_seg.py', [config, work / 'iter_2.pth', images, new / 'photo.png', *mode,
+                                              '--out', tmp_path / f'masks{name}', '--overlay']))
+        expected = sorted((tmp_path / f'pred{name}').glob('*.png'))
+        assert len(expected) == 3
+        for pred in expected:
+            assert np.array_equal(read_mask(tmp_path / f'masks{name}' / pred.name), read_mask(pred)), (mode, pred)
+        mask = read_mask(tmp_path / f'masks{name}' / 'photo.png')
+        assert mask.shape == (37, 83) and mask.min() >= 1  # ADE20K's label values: class + 1
+        overlay = cv2.imread(str(tmp_path / f'masks{name}' / 'photo_overlay.png'))
+        assert overlay.shape == (37, 83, 3)

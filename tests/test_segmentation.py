@@ -19,9 +19,9 @@ from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
-from segmentation.backbone import crop_to_extent
+from segmentation.backbone import crop_to_extent, fetch_pretrained
 from segmentation.complexity import segmentor_parameters
-from segmentation.config import load_config
+from segmentation.config import check_pretrained, load_config
 from segmentation.segmentor import slide_windows
 
 init_default_scope('mmseg')
@@ -166,6 +166,37 @@ def test_wrong_family_and_missing_keys_are_errors(tmp_path):
     cfg.model.backbone.model_name = 'resnet50'
     with pytest.raises(ValueError, match='TokenBackbone takes a model of the suite, not .resnet50.*lvvit_s'):
         build(cfg)
+
+
+def test_backbone_weights_by_url_or_timms_release_name_come_through_timms_cache(tmp_path, monkeypatch):
+    """`pretrained` as a URL is downloaded once into timm's cache (torch hub's checkpoints folder) and loads as the
+    file does; `timm` is the release URL of the model's timm config (here found in the cache: no network); a URL
+    that cannot be read and a model without a release are one-line errors; the tools' check lets both through."""
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))
+    cache = tmp_path / 'torch' / 'hub' / 'checkpoints'
+    classifier, path = release_of('lvvit_s', tmp_path, 'timm_train', **TINY_MODELS['upernet_lvvit_s.py'])
+    cfg = tiny_config('upernet_lvvit_s.py')
+    cfg.model.backbone.pretrained = str(path)
+    from_file = build(cfg).backbone.model.state_dict()
+    cfg.model.backbone.pretrained = path.as_uri()
+    check_pretrained(cfg)
+    from_url = build(cfg).backbone.model.state_dict()
+    assert all(torch.equal(from_url[k], from_file[k]) for k in from_file)
+    assert (cache / path.name).is_file()
+    release = cache / 'lvvit_s-26M-224-83.3.pth.tar'  # the file name of the URL lvvit_s's timm config names
+    path.rename(release)
+    cfg.model.backbone.pretrained = 'timm'
+    check_pretrained(cfg)
+    from_release = build(cfg).backbone.model.state_dict()
+    assert all(torch.equal(from_release[k], from_file[k]) for k in from_file)
+    cfg.model.backbone.pretrained = (tmp_path / 'absent.pth').as_uri()
+    with pytest.raises(CheckpointError, match='cannot download the backbone weights file://.*absent.pth .*by hand'):
+        build(cfg)
+    with pytest.raises(CheckpointError, match="pretrained='timm': the timm config of lvvit_l names no release"):
+        fetch_pretrained('timm', 'lvvit_l')
+    cfg.model.backbone.pretrained = str(tmp_path / 'absent.pth')
+    with pytest.raises(CheckpointError, match='absent.pth not found: .*to a URL, to timm'):
+        check_pretrained(cfg)
 
 
 def test_layer_decay_scales_lr_per_block():

@@ -53,7 +53,7 @@ def test_loop_benchmark_names_the_slower_stage_and_flags_figures_above_their_cei
     (windows this short on a busy machine may give one)."""
     result = run_tool('benchmark_loop.py', ['--models', 'deit_tiny_patch16_224', '--batch-size', '4', '--seconds', '0',
                                             '--min-batches', '2', '--images', '80', '--workers', '1', '--train-cls',
-                                            '--skip-updates', '1', '--json'])
+                                            '--skip-updates', '1', '--peak-tflops', '0.5', '--json'])
     figures = json.loads(result.stdout)
     assert figures['device'] == 'CPU' and figures['torch'] == torch.__version__ and figures['commit']
     (f,) = figures['models']
@@ -64,11 +64,15 @@ def test_loop_benchmark_names_the_slower_stage_and_flags_figures_above_their_cei
     assert f['loop']['augment'] == 'pil'  # auto on a CPU
     slower = 'input pipeline' if pool['pil'] < f['model_step_img_s'] else 'model step'
     assert f['bound'] == slower
+    flops = f['step_flops']  # 6 FLOPs per MAC of DeiT-Ti's forward at 224 (4 synthetic classes)
+    assert flops['per_image_gflop'] == pytest.approx(6 * vit_macs(12, 192, 768, 197, 196, 4) / 1e9)
+    assert flops['tflop_s'] == pytest.approx(flops['per_image_gflop'] * f['model_step_img_s'] / 1e3)
+    assert flops['mfu'] == pytest.approx(flops['tflop_s'] / 0.5)
     run = f['train_cls']  # the tool itself, timed after the loader's prefetch (1 worker x 2 + 2 batches)
     assert run['after_updates'] == 4 and run['updates_timed'] >= 2 and run['img_s'] > 0
     stages = min(pool['pil'], f['model_step_img_s'])
     impossible = (pool['pil'] > 1.1 * ceiling['pil'] or pool['batched'] > 1.1 * ceiling['batched']
-                  or f['loop']['img_s'] > 1.1 * stages or run['img_s'] > 1.1 * stages)
+                  or f['loop']['img_s'] > 1.1 * stages or run['img_s'] > 1.1 * stages or flops['mfu'] > 1)
     assert bool(f['measurement_errors']) == impossible
     assert result.returncode == (1 if impossible else 0), result.stderr
 

@@ -50,10 +50,11 @@ import timm
 import torch
 from PIL import Image
 
+from backbones.complexity import measure_complexity
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
 from classification.train import ImageData, make_loaders, make_objective, pick_augment
-from common.cli import add_device_argument, device_name, non_negative_float, positive_int, run_command
+from common.cli import add_device_argument, device_name, non_negative_float, positive_float, positive_int, run_command
 from common.distributed import DistInfo
 from common.errors import DataError, UsageError
 from common.images import find_classes, scan_split
@@ -70,6 +71,10 @@ STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
 DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
 PREFETCH_FACTOR = 2  # torch's DataLoader default, which the training loaders keep
 TOLERANCE = 1.1  # separate windows of a noisy machine: a figure this far above its ceiling is an error
+TRAIN_FLOPS_PER_MAC = 6  # a training step: the forward's 2 FLOPs per MAC, the backward's 4 (the usual MFU count)
+# dense bf16/fp16 tensor-core peaks, TFLOP/s (NVIDIA's data sheets), by the device's name; the first match counts
+HALF_PRECISION_PEAKS = (('H100 PCIe', 756.0), ('H100 NVL', 835.0), ('H100', 989.4), ('H200', 989.4),
+                        ('A100', 312.0))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              'after --skip-updates updates, over the same window; the run is then stopped')
     parser.add_argument('--skip-updates', type=positive_int, default=50,
                         help="train_cls's updates left out of its timing (start-up and the loader's prefetch)")
+    parser.add_argument('--peak-tflops', type=positive_float,
+                        help="the device's peak TFLOP/s for the step's MFU (default: the bf16/fp16 tensor-core peak "
+                             "of H100, H200 and A100 under --amp bf16/fp16; none on CPUs)")
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
@@ -320,6 +328,24 @@ def device_batch(setup: Setup, augment: str) -> dict:
     return batch
 
 
+def peak_tflops(args: argparse.Namespace) -> float | None:
+    """The device's peak for the step's precision: `--peak-tflops`, or the known half-precision peak of the GPU."""
+    if args.peak_tflops or args.device != 'cuda' or args.amp == 'none':
+        return args.peak_tflops
+    name = measured_on(args.device)['device']
+    return next((peak for key, peak in HALF_PRECISION_PEAKS if key in name), None)
+
+
+def step_flops(setup: Setup, images_per_second: float, peak: float | None) -> dict[str, float | None]:
+    """The training step's FLOPs per image (6 per MAC of the model's forward at the recipe's size: forward and
+    backward), the TFLOP/s it runs at, and its share of the device's `peak` (MFU; None without a peak)."""
+    macs = measure_complexity(setup.name, setup.recipe.img_size, num_classes=setup.num_classes).macs
+    per_image = TRAIN_FLOPS_PER_MAC * macs
+    achieved = per_image * images_per_second / 1e12
+    return {'per_image_gflop': per_image / 1e9, 'tflop_s': achieved, 'peak_tflop_s': peak,
+            'mfu': achieved / peak if peak else None}
+
+
 def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, device: str) -> dict[str, float]:
     """Images/s that `workers` loader processes cannot beat on `cores` cores: each does the workers' share of the
     work at best at the one-core rate, and no more of them run at once than there are cores. On a CPU device the
@@ -332,13 +358,18 @@ def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, devi
 
 
 def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
-    """The figures that cannot be true: an N-worker pipeline above its ceiling, a loop above the slower of its
-    input pipeline and its step (more than TOLERANCE above: separate windows of a machine differ a little)."""
+    """The figures that cannot be true: an N-worker pipeline above its ceiling, a step above the device's peak, a
+    loop above the slower of its input pipeline and its step (more than TOLERANCE above: separate windows of a
+    machine differ a little)."""
     pool, ceiling = f[f'pipeline_{workers}_workers_img_s'], f[f'pipeline_{workers}_workers_ceiling_img_s']
     errors = [f'the {workers}-worker {path} pipeline\'s {pool[path]:.1f} img/s is above its ceiling of '
               f'{ceiling[path]:.1f}' for path in ('pil', 'batched') if pool[path] > TOLERANCE * ceiling[path]]
     loop = f['loop']
     stages = min(pool[loop['augment']], f['model_step_img_s'])
+    mfu = f.get('step_flops', {}).get('mfu')
+    if mfu is not None and mfu > 1:
+        errors.append(f"the step's {f['step_flops']['tflop_s']:.1f} TFLOP/s is above the device's peak of "
+                      f"{f['step_flops']['peak_tflop_s']:g}")
     for what, rate in (("the whole loop's", loop['img_s']), ("train_cls's", f.get('train_cls', {}).get('img_s'))):
         if rate is not None and rate > TOLERANCE * stages:
             errors.append(f'{what} {rate:.1f} img/s is above the slower of its input pipeline and its step, '
@@ -367,6 +398,7 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
         variants.update(step_variants())
     steps = {label: step_images_per_second(setup, batch, options, amp) for label, (options, amp) in variants.items()}
     step = figures['model_step_img_s'] = steps['trainer']
+    figures['step_flops'] = step_flops(setup, step, peak_tflops(args))
     if args.compare_step:
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
@@ -395,7 +427,7 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
              f"(x{core['batched_over_pil']:.2f}; its workers' half alone {core['batched_workers_half']:7.1f} img/s)",
              f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
              f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
-             f"  model step:                  {f['model_step_img_s']:7.1f} img/s",
+             f"  model step:                  {f['model_step_img_s']:7.1f} img/s   {describe_flops(f['step_flops'])}",
              f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   bound by the "
              f"{f['bound']}"]
     if 'train_cls' in f:
@@ -407,6 +439,11 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
         lines.append(f"  step options alone vs plain step ({o['plain_img_s']:.1f} img/s): "
                      + ', '.join(f"{k} x{o[k + '_ratio']:.2f}" for k in STEP_OPTIONS))
     return lines + [f'  MEASUREMENT ERROR: {error}' for error in f['measurement_errors']]
+
+
+def describe_flops(flops: dict) -> str:
+    line = f"({flops['tflop_s']:.3g} TFLOP/s at {flops['per_image_gflop']:.1f} GFLOP per image"
+    return line + (f", MFU {flops['mfu']:.1%} of {flops['peak_tflop_s']:g})" if flops['mfu'] is not None else ')')
 
 
 def main(argv: list[str] | None = None) -> int:

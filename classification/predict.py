@@ -1,0 +1,120 @@
+"""Top-k classes of new images with a classification checkpoint: the logic of tools/predict_cls.py.
+
+The images go through the model's eval transform and the eval-mode model as tools/eval_cls.py builds them (the token
+head's rule for LV-ViT and models trained with token labeling, the two heads' mean for distilled ones). The class
+names are the ones the checkpoint records; an official release records none, and a 1000-class one is named with
+ImageNet's classes (timm's ImageNetInfo), its WordNet id and its description.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from timm.data import ImageNetInfo
+
+from backbones.registry import check_model_name
+from backbones.weights import checkpoint_class_count
+from common.cli import (
+    add_device_argument,
+    device_name,
+    fraction,
+    model_parser,
+    output_file,
+    parse_model_kwargs,
+    positive_int,
+)
+from common.files import write_json_atomic
+from common.images import image_files, read_image
+from common.log import logger
+from engine.checkpoints import checkpoint_classes
+
+from .data import eval_transform
+from .models import build_eval_model, model_data_config
+
+IMAGENET_CLASSES = 1000
+
+
+def class_names(checkpoint: str, count: int) -> tuple[list[str], list[str] | None]:
+    """The checkpoint's class names (ImageNet's WordNet ids for an official 1000-class release, else '0', '1', ...)
+    and, where they are ImageNet's ids, their descriptions."""
+    names = checkpoint_classes(checkpoint)
+    if names is None:
+        names = ImageNetInfo().label_names() if count == IMAGENET_CLASSES else [str(i) for i in range(count)]
+    info = ImageNetInfo()
+    known = set(info.label_names())
+    descriptions = [info.label_name_to_description(n) for n in names] if all(n in known for n in names) else None
+    return names, descriptions
+
+
+class ClassPredictor:
+    """A classification checkpoint ready to name the top-k classes of images: `predictor(paths, k)`."""
+
+    def __init__(self, model_name: str, checkpoint: str, img_size: int | None = None, crop_pct: float | None = None,
+                 use_ema: bool = False, model_kwargs: dict | None = None, device: str = 'cpu') -> None:
+        check_model_name(model_name)
+        data_cfg = model_data_config(model_name)
+        img_size = img_size or data_cfg['input_size'][-1]
+        self.transform = eval_transform(img_size, crop_pct or data_cfg['crop_pct'], data_cfg['interpolation'],
+                                        data_cfg['mean'], data_cfg['std'])
+        count = checkpoint_class_count(model_name, checkpoint, use_ema)
+        self.classes, self.descriptions = class_names(checkpoint, count)
+        self.device = torch.device(device)
+        self.model = build_eval_model(model_name, checkpoint, count, img_size, use_ema,
+                                      model_kwargs or {}).to(self.device).eval()
+
+    def probabilities(self, paths: Sequence[Path], batch_size: int = 32) -> Iterator[torch.Tensor]:
+        """The softmax over the classes of each image, in batches (an unreadable image is an error naming it)."""
+        for start in range(0, len(paths), batch_size):
+            images = torch.stack([self.transform(read_image(Path(p))) for p in paths[start:start + batch_size]])
+            with torch.no_grad():
+                yield self.model(images.to(self.device)).float().softmax(-1).cpu()
+
+    def __call__(self, paths: Sequence[str | Path], k: int = 5) -> list[dict]:
+        """For each image: {'image', 'top': [{'class', 'index', 'probability'[, 'description']}, ...]}, best first."""
+        k = min(k, len(self.classes))
+        results = []
+        probabilities = torch.cat(list(self.probabilities(paths))) if paths else torch.empty(0)
+        for path, p in zip(paths, probabilities):
+            top = p.topk(k)
+            results.append({'image': str(path), 'top': [self.entry(int(i), float(v))
+                                                        for v, i in zip(top.values, top.indices)]})
+        return results
+
+    def entry(self, index: int, probability: float) -> dict:
+        entry = {'class': self.classes[index], 'index': index, 'probability': probability}
+        if self.descriptions is not None:
+            entry['description'] = self.descriptions[index]
+        return entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = model_parser('predict_cls.py', __doc__.split('\n')[0])
+    p.add_argument('images', nargs='+', help='image files, or folders (their images, sorted by name)')
+    p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
+    p.add_argument('--topk', type=positive_int, default=5)
+    p.add_argument('--json', type=output_file,
+                   help="write the predictions to this file: [{'image', 'top': [{'class', 'index', 'probability'"
+                        "[, 'description']}]}]")
+    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
+    p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own')
+    p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
+    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    add_device_argument(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = build_parser().parse_args(argv)
+    paths = image_files(args.images)
+    predictor = ClassPredictor(args.model, args.checkpoint, args.img_size, args.crop_pct, args.use_ema,
+                               parse_model_kwargs(args.model_kwargs), device_name(args.device))
+    results = predictor(paths, args.topk)
+    for result in results:
+        best = ', '.join(f"{e.get('description', e['class']).split(',')[0]} {e['probability']:.1%}"
+                         for e in result['top'])
+        logger.info(f"{result['image']}: {best}")
+    if args.json:
+        write_json_atomic(args.json, results)
+    return results

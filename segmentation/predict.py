@@ -1,0 +1,80 @@
+"""Segmentation of new images with a trained checkpoint: the model of a config with every weight of the checkpoint
+(strictly, as tools/test_seg.py loads it), the config's test pipeline without its annotations, single-scale or the
+multi-scale (+ flip) test of its `tta_model`; a label map of the image's own size per image."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+from mmcv.transforms import Compose
+from mmengine.dataset import pseudo_collate
+from mmengine.registry import init_default_scope
+
+from mmseg.registry import DATASETS, MODELS
+from common.images import read_image
+
+from .config import DataFallback, drop_tta_flips, load_config, resolve_data
+from .runner import load_weights
+
+ANNOTATION_STEPS = ('LoadAnnotations',)
+
+
+def without_annotations(pipeline: list) -> list:
+    """A test pipeline (its TestTimeAug's lists too) without the steps that read ground truth."""
+    kept = []
+    for step in copy.deepcopy(pipeline):
+        if step['type'] in ANNOTATION_STEPS:
+            continue
+        if step['type'] == 'TestTimeAug':
+            step['transforms'] = [[t for t in group if t['type'] not in ANNOTATION_STEPS]
+                                  for group in step['transforms']]
+            step['transforms'] = [group for group in step['transforms'] if group]
+        kept.append(step)
+    return kept
+
+
+class SegPredictor:
+    """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
+    it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False). The config's data is
+    resolved as test_seg resolves it (`data_root`; without ADE20K on disk, `fallback`'s): its classes, palette
+    and label values are the predictor's."""
+
+    def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
+                 data_root: str | None = None, cfg_options: dict | None = None,
+                 fallback: DataFallback | None = None, device: str = 'cpu') -> None:
+        cfg = load_config(config, cfg_options)
+        resolve_data(cfg, data_root, fallback)
+        init_default_scope(cfg.get('default_scope', 'mmseg'))
+        cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
+        model = MODELS.build(cfg.model)
+        load_weights(model, checkpoint)
+        pipeline = cfg.test_dataloader.dataset.pipeline
+        if multi_scale:
+            if not flip:
+                drop_tta_flips(cfg)
+            model = MODELS.build({**cfg.tta_model, 'module': model})
+            pipeline = cfg.tta_pipeline
+        self.cfg, self.model = cfg, model.to(device).eval()
+        self.pipeline = Compose(without_annotations(pipeline))
+        test_set = self.test_set(lazy=True)
+        meta = test_set.metainfo
+        self.classes, self.palette = list(meta['classes']), [list(c) for c in meta['palette']]
+        self.reduce_zero_label = bool(test_set.reduce_zero_label)  # ADE20K's data set class sets it
+
+    def test_set(self, lazy: bool = False):
+        """The config's test set (`lazy`: its meta data only, no files listed)."""
+        return DATASETS.build({**self.cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': lazy})
+
+    def __call__(self, path: str | Path) -> np.ndarray:
+        read_image(Path(path))  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
+        data = pseudo_collate([self.pipeline({'img_path': str(path)})])
+        with torch.no_grad():
+            sample = self.model.test_step(data)[0]
+        return sample.pred_sem_seg.data[0].cpu().numpy()
+
+    def label_values(self, prediction: np.ndarray) -> np.ndarray:
+        """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other'), the
+        values tools/test_seg.py --pred-dir writes."""
+        return prediction + 1 if self.reduce_zero_label else prediction

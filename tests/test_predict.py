@@ -1,0 +1,105 @@
+"""Predictions on new images: tools/predict_cls.py names the classes tools/eval_cls.py scores, by the checkpoint's own
+names (ImageNet's for an official release); tools/predict_seg.py's bad input (its masks against test_seg's are in
+test_seg_tools.py, beside a trained segmentor)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import timm
+import torch
+
+from classification import train
+from classification.evaluate import main as eval_cls
+from classification.predict import ClassPredictor
+from helpers.cls_data import CLASSES, make_image_folder
+from helpers.commands import run_tool, succeeded
+from helpers.models import TINY_DEIT
+
+TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
+
+
+@pytest.fixture(scope='module')
+def classifier(tmp_path_factory):
+    """An image folder and a one-epoch DeiT run on it (its last.pth records the three class names)."""
+    tmp = tmp_path_factory.mktemp('predict')
+    data = make_image_folder(tmp / 'data')
+    train.main([*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
+                '--epochs', '2', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--output',
+                str(tmp / 'run')])
+    return data, tmp / 'run' / 'last.pth'
+
+
+def val_images(data: Path) -> list[Path]:
+    return sorted((data / 'val').glob('*/*'))
+
+
+def test_top1_of_the_predictions_is_eval_cls_top1(classifier):
+    data, checkpoint = classifier
+    metrics = eval_cls([*TINY_DEIT, '--checkpoint', str(checkpoint), '--data-dir', str(data), '--img-size', '32',
+                        '--workers', '0'])
+    predictor = ClassPredictor('deit_small_patch16_224', str(checkpoint), img_size=32, model_kwargs=TINY_KWARGS)
+    results = predictor(val_images(data), k=3)
+    hits = [r['top'][0]['class'] == Path(r['image']).parent.name for r in results]
+    assert 100 * np.mean(hits) == pytest.approx(metrics['top1'])
+    for result in results:
+        top = result['top']
+        assert [e['class'] for e in top] == [CLASSES[e['index']] for e in top]  # the checkpoint's names
+        assert sorted({e['class'] for e in top}) == sorted(CLASSES)
+        probabilities = [e['probability'] for e in top]
+        assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) == pytest.approx(1)
+
+
+def test_the_tool_writes_what_the_predictor_gives(classifier, tmp_path):
+    data, checkpoint = classifier
+    folder = data / 'val' / CLASSES[1]
+    succeeded(run_tool('predict_cls.py', [*TINY_DEIT, '--checkpoint', checkpoint, folder, '--img-size', '32',
+                                          '--topk', '2', '--json', tmp_path / 'p.json']))
+    written = json.loads((tmp_path / 'p.json').read_text())
+    expected = ClassPredictor('deit_small_patch16_224', str(checkpoint), img_size=32,
+                              model_kwargs=TINY_KWARGS)(sorted(folder.iterdir()), k=2)
+    assert [r['image'] for r in written] == [r['image'] for r in expected]
+    for got, want in zip(written, expected):
+        assert [e['class'] for e in got['top']] == [e['class'] for e in want['top']]
+        assert [e['probability'] for e in got['top']] == pytest.approx([e['probability'] for e in want['top']],
+                                                                        abs=1e-5)
+
+
+def test_an_official_release_is_named_with_imagenets_classes(tmp_path):
+    torch.manual_seed(0)
+    model = timm.create_model('deit_small_patch16_224', num_classes=1000, img_size=32, **TINY_KWARGS)
+    torch.save(model.state_dict(), tmp_path / 'release.pth')
+    image = tmp_path / 'photo.png'
+    cv2.imwrite(str(image), np.full((40, 50, 3), 90, np.uint8))
+    predictor = ClassPredictor('deit_small_patch16_224', str(tmp_path / 'release.pth'), img_size=32,
+                               model_kwargs=TINY_KWARGS)
+    assert predictor.classes[0] == 'n01440764' and predictor.descriptions[0] == 'tench, Tinca tinca'
+    (result,) = predictor([image], k=5)
+    assert len(result['top']) == 5
+    for entry in result['top']:
+        assert entry['class'] == predictor.classes[entry['index']]
+        assert entry['description'] == timm.data.ImageNetInfo().index_to_description(entry['index'])
+
+
+def test_predict_cls_names_a_missing_image_and_an_empty_folder(classifier, tmp_path):
+    _, checkpoint = classifier
+    result = run_tool('predict_cls.py', [*TINY_DEIT, '--checkpoint', checkpoint, tmp_path / 'absent.jpg'])
+    assert result.returncode == 2 and f'{tmp_path / "absent.jpg"}: no such image file or folder' in result.stderr
+    (tmp_path / 'empty').mkdir()
+    result = run_tool('predict_cls.py', [*TINY_DEIT, '--checkpoint', checkpoint, tmp_path / 'empty'])
+    assert result.returncode == 2 and f'{tmp_path / "empty"}: a folder without images' in result.stderr
+
+
+def test_predict_seg_refuses_two_images_that_would_write_one_mask(tmp_path):
+    (tmp_path / 'a').mkdir()
+    (tmp_path / 'b').mkdir()
+    for folder in ('a', 'b'):
+        cv2.imwrite(str(tmp_path / folder / 'x.jpg'), np.zeros((8, 8, 3), np.uint8))
+    result = run_tool('predict_seg.py', ['seg_configs/upernet_lvvit_s.py', tmp_path / 'none.pth', tmp_path / 'a',
+                                         tmp_path / 'b', '--out', tmp_path / 'out'])
+    assert result.returncode == 2 and f'{tmp_path / "a" / "x.jpg"} and {tmp_path / "b" / "x.jpg"} would both write' \
+        in result.stderr
+    assert not (tmp_path / 'out').exists()

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Segment new images with a trained checkpoint: one PNG label map per image, in the image's own size.
+
+    python tools/predict_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth \\
+        photos/ --out masks/ --overlay
+    python tools/predict_seg.py CONFIG CHECKPOINT a.jpg b.jpg --out masks/ --ms      # the papers' multi-scale + flip
+
+A mask holds the data set's label values, as its annotations and `tools/test_seg.py --pred-dir` do (ADE20K: class
+index + 1, 0 being 'other'); `--overlay` also writes NAME_overlay.png, the classes in the data set's palette over
+the image. The config is read as test_seg reads it (`--data-root`; without ADE20K on disk, the embedded digits set),
+so the classes are the ones the checkpoint was trained on. From Python: `segmentation.predict.SegPredictor(config,
+checkpoint)(path)` gives the class index of every pixel.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from common.images import image_files
+from common.cli import check_output_folder, run_command
+from common.errors import UsageError
+from common.files import write_atomic
+from common.log import logger
+from digits.seg_data import EmbeddedPages
+from segmentation.pictures import draw_labels
+from segmentation.predict import SegPredictor
+from segmentation.train import parse_with_fallback
+from visualization.figures import write_png
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', help='the config the checkpoint was trained with')
+    parser.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
+    parser.add_argument('images', nargs='+', help='image files, or folders (their images, sorted by name)')
+    parser.add_argument('--out', required=True, help='the folder for the masks (made if absent)')
+    parser.add_argument('--ms', action='store_true', help="the config's multi-scale test (tta_pipeline), with flip")
+    parser.add_argument('--no-flip', action='store_true', help='the multi-scale test without the flipped copies')
+    parser.add_argument('--overlay', action='store_true', help='also NAME_overlay.png: the classes over the image')
+    parser.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the masks\')')
+    parser.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
+    return parser
+
+
+def mask_paths(images: list[Path], out: Path) -> list[Path]:
+    """`out/<image stem>.png` for each image; two images of one stem would overwrite each other's mask."""
+    masks: dict[Path, Path] = {}
+    for image in images:
+        mask = out / f'{image.stem}.png'
+        if mask in masks:
+            raise UsageError(f'{masks[mask]} and {image} would both write {mask}: predict them into separate --out '
+                             f'folders')
+        masks[mask] = image
+    return list(masks)
+
+
+def write_mask(values: np.ndarray, path: Path) -> None:
+    """A label map as a PNG of 8 bits (16 beyond 255 classes), written atomically."""
+    image = Image.fromarray(values.astype(np.uint8 if values.max(initial=0) < 256 else np.uint16))
+    write_atomic(path, lambda f: image.save(f, format='PNG'))
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    args, fallback = parse_with_fallback(build_parser(), argv, EmbeddedPages)
+    if args.no_flip and not args.ms:
+        raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+    images = image_files(args.images)
+    out = Path(args.out)
+    check_output_folder(out)
+    masks = mask_paths(images, out)
+    predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
+                             fallback=fallback, device=args.device)
+    out.mkdir(parents=True, exist_ok=True)
+    for image, mask in zip(images, masks):
+        prediction = predictor(image)
+        write_mask(predictor.label_values(prediction), mask)
+        if args.overlay:
+            pixels = cv2.cvtColor(cv2.imread(str(image)), cv2.COLOR_BGR2RGB)  # the model's decoder
+            write_png(draw_labels(pixels, prediction, predictor.classes, predictor.palette),
+                      mask.with_name(f'{mask.stem}_overlay.png'))
+        found = np.unique(prediction)
+        logger.info(f'{image} -> {mask}: ' + ', '.join(predictor.classes[c] for c in found[:8])
+                    + (f', ... ({len(found)} classes)' if len(found) > 8 else ''))
+    return masks
+
+
+if __name__ == '__main__':
+    run_command(main)
