@@ -11,6 +11,7 @@ from common.cli import check_output_folder, non_negative_int, positive_int
 from common.errors import UsageError
 from common.files import remove_partial_writes
 from common.log import logger
+from engine.fit import restarted_by_torchrun
 
 from .config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule, load_config,
                      resolve_data, shorten_schedule)
@@ -96,11 +97,14 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     if args.amp:
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
-    if started and not args.resume:
+    resume = args.resume or (started and restarted_by_torchrun())
+    if started and not args.resume and resume:
+        logger.info(f'torchrun restarted the run: resuming from the latest checkpoint in {cfg.work_dir}')
+    if started and not resume:
         raise UsageError(f'{cfg.work_dir} already holds a run: add --resume to continue it, '
                          'or choose another --work-dir')
     remove_partial_writes(cfg.work_dir)  # checkpoint writes a kill interrupted (the first one too)
-    cfg.resume = args.resume and started
+    cfg.resume = resume and started
     if args.resume and not started:
         logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
                        f'stopped while writing its first): starting from iteration 0')

@@ -17,6 +17,7 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from mmengine.optim import build_optim_wrapper
+from common.errors import UsageError
 from digits.cls_data import EmbeddedScans
 from digits.pages import CLASSES
 from digits.seg_data import RATIO_RANGE, TEST_RATIOS, EmbeddedPages, Schedule
@@ -83,6 +84,20 @@ def test_resume_before_the_first_checkpoint_removes_the_torn_write_and_says_it_s
     prepared(tmp_path, '--work-dir', str(work), '--resume', '--cfg-options', 'model.backbone.pretrained=None')
     assert not torn.exists()
     assert f'--resume: {work} holds no checkpoint' in caplog.text and 'starting from iteration 0' in caplog.text
+
+
+def test_a_run_torchrun_restarts_resumes_by_itself(tmp_path, monkeypatch, caplog):
+    """Under torchrun --max-restarts a restarted run continues from its work dir without --resume; a new command on
+    the same work dir is still refused."""
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'last_checkpoint').write_text(str(work / 'iter_8.pth'))
+    with pytest.raises(UsageError, match='already holds a run: add --resume'):
+        prepared(tmp_path, '--work-dir', str(work), '--cfg-options', 'model.backbone.pretrained=None')
+    monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
+    with caplog.at_level('INFO', logger='vit_dense'):
+        cfg = prepared(tmp_path, '--work-dir', str(work), '--cfg-options', 'model.backbone.pretrained=None')
+    assert cfg.resume and f'torchrun restarted the run: resuming from the latest checkpoint in {work}' in caplog.text
 
 
 def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
