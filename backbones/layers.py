@@ -231,6 +231,11 @@ def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict,
     `out_indices` through `forward_intermediates`."""
     cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
     kwargs.setdefault('img_size', cfg.input_size[-1])
+    size = kwargs['img_size']
+    if isinstance(size, (list, tuple)):  # timm's (H, W), as an exported config.json records it
+        if len(size) != 2 or size[0] != size[1]:
+            raise ValueError(f'{variant} takes square inputs: img_size {size}')
+        kwargs['img_size'] = int(size[0])
     return build_model_with_cfg(cls, variant, pretrained, pretrained_filter_fn=filter_fn,
                                 feature_cfg=features_only_cfg(kwargs), **{**defaults, **kwargs})
 

@@ -16,7 +16,7 @@ from mmengine.config import Config
 
 from common.cli import output_folder
 from common.log import logger
-from segmentation.config import ADE20K_CROP, LOADERS, datasets, drop_tta_flips, scale_sizes
+from segmentation.config import ADE20K_CROP, LOADERS, drop_tta_flips, scale_sizes
 
 from .cls_data import RECIPE, EmbeddedScans, describe_backbone
 from .pages import CLASSES, DATASET, write_digits_ade
@@ -78,8 +78,13 @@ class EmbeddedPages:
         """Point the config at the pages (written on first use), its sizes times `scale`, mirror images off."""
         logger.info(f'data: the embedded digits pages in {self.root}')
         write_digits_ade(self.root)
-        for dataset in datasets(cfg):
-            dataset.update(DATASET, data_root=str(self.root))
+        for loader in LOADERS:
+            if not cfg.get(loader):
+                continue
+            dataset = cfg[loader]['dataset']
+            split = 'training' if loader == 'train_dataloader' else 'validation'
+            dataset.update(DATASET, data_root=str(self.root),
+                           data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
             scale_sizes(dataset['pipeline'], self.scale)
             for step in dataset['pipeline']:
                 if 'ratio_range' in step:

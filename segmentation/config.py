@@ -14,6 +14,7 @@ from common.errors import CheckpointError, DataError, UsageError
 from common.log import logger
 
 from .backbone import TIMM_RELEASE, URL_SCHEMES
+from .own_data import OWN_DATA_ROOT, is_own_data_config, read_own_data, use_own_data
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 ADE20K_CROP = 512  # the configs' training crop side
@@ -69,11 +70,12 @@ def scale_sizes(node, factor: float) -> None:
 
 def describe_schedule(cfg: Config) -> str:
     """The schedule a run takes, in one line."""
-    warmup, decay = cfg.param_scheduler[0], cfg.param_scheduler[-1]
+    first, decay = cfg.param_scheduler[0], cfg.param_scheduler[-1]
+    warmup = first.get('end', 0) if first['type'] == 'LinearLR' else 0
     accumulate = cfg.optim_wrapper.get('accumulative_counts', 1)
     batches = (f', {accumulate} accumulated per update' if accumulate > 1 else '')
     return (f'{cfg.train_cfg["max_iters"]} iterations of {cfg.train_dataloader["batch_size"]} images{batches}, '
-            f'lr {cfg.optim_wrapper.optimizer["lr"]:.3g} ({warmup.get("end", 0)} warm-up, then to '
+            f'lr {cfg.optim_wrapper.optimizer["lr"]:.3g} ({warmup} warm-up, then to '
             f'{decay.get("eta_min", 0):.3g}), validation every {cfg.train_cfg["val_interval"]}, checkpoint every '
             f'{cfg.default_hooks["checkpoint"]["interval"]}')
 
@@ -94,6 +96,15 @@ def accumulate_gradients(cfg: Config, steps: int) -> None:
             if key in scheduler:
                 scheduler[key] *= steps
     cfg.default_hooks['checkpoint']['interval'] *= steps
+
+
+def drop_one_step_warmup(cfg: Config) -> None:
+    """A warm-up of one iteration (a short run's scaled one) is dropped: mmengine's LinearLR steps begin .. end - 1,
+    so in one step it never leaves its start factor, and the chained decay after it would run the whole schedule at
+    1e-6 of the lr."""
+    phases = cfg.param_scheduler
+    if len(phases) > 1 and phases[0]['type'] == 'LinearLR' and phases[0].get('end', 0) - phases[0].get('begin', 0) == 1:
+        cfg.param_scheduler = phases[1:]
 
 
 def drop_tta_flips(cfg: Config) -> None:
@@ -117,16 +128,22 @@ def tta_flips(cfg: Config) -> bool:
 
 
 def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
-    """Apply `data_root`; when the config's ADE20K is not on disk, use `fallback`'s data. True if it did."""
+    """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
+    own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
+    did."""
     if data_root:
         set_data_root(cfg, data_root)
     roots = {dataset['data_root'] for dataset in datasets(cfg)}
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
+        if is_own_data_config(cfg):
+            use_own_data(cfg, read_own_data(roots.pop()))
         return False
-    if missing != [ADE20K_ROOT] or fallback is None:
-        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the ADE20K-layout folder)')
-    logger.info(f'ADE20K not found at {ADE20K_ROOT} (docs/segmentation.md says how to use it): the embedded data')
+    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
+        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
+    what = 'ADE20K' if missing == [ADE20K_ROOT] else 'a data set of your own'
+    logger.info(f'{what} not found at {missing[0]} (docs/segmentation.md says how to use it; --data-root names another '
+                'folder): the embedded data')
     fallback.use_data(cfg)
     return True
 

@@ -9,6 +9,7 @@ counted instead.
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -21,11 +22,13 @@ from PIL import Image
 from common.errors import DataError
 from common.images import IMG_EXTENSIONS
 from common.log import logger
+from mmseg.datasets import ADE20KDataset
 from mmseg.registry import DATASETS
 
 IGNORE_INDEX = 255
 SINGLE_CHANNEL = ('1', 'L', 'P', 'I', 'I;16', 'I;16L', 'I;16B')
 SHOWN = 5
+ADE20K_NAME = re.compile(r'ADE_(train|val|test)_\d+$')  # ADE_train_00000001.jpg: every ADE20K image's name
 
 
 class Problem(NamedTuple):
@@ -75,6 +78,20 @@ def stray_images(img_dir: Path, suffix: str) -> list[Path]:
     return sorted(p for p in img_dir.rglob('*') if p.suffix.lower() in IMG_EXTENSIONS and not p.name.endswith(suffix))
 
 
+def check_ade20k_names(dataset, data_list: list[dict], img_dir: Path) -> None:
+    """An ADE20K config takes ADE20K's images only: a folder of other images (a data set of its own classes) would
+    be trained as ADE20K's 150 classes, its value 0 ignored and 1, 2, ... read as wall, building, ..."""
+    if not isinstance(dataset, ADE20KDataset):
+        return
+    foreign = [d['img_path'] for d in data_list if not ADE20K_NAME.match(Path(d['img_path']).stem)]
+    if foreign:
+        raise DataError(f'{img_dir} holds images that are not ADE20K\'s (e.g. {Path(foreign[0]).name}; ADE20K\'s are '
+                        f'ADE_train_*, ADE_val_*), and this config trains ADE20K\'s 150 classes (mask value 0 '
+                        f'ignored): for a data set of your own classes take an own-data config, e.g. '
+                        f'seg_configs/upernet_lvvit_s_own_data.py --data-root {dataset.data_root} '
+                        f'(docs/segmentation.md, "Your own data")')
+
+
 def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check a dataset config's files; returns the indices to use and the images left out as unreadable."""
     dataset = DATASETS.build({**dataset_cfg, 'pipeline': [], 'lazy_init': False})
@@ -82,6 +99,7 @@ def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tup
     img_dir = Path(dataset.data_prefix['img_path'])
     if not data_list:
         raise DataError(f'no {dataset.img_suffix} images in {img_dir}')
+    check_ade20k_names(dataset, data_list, img_dir)
     stray = stray_images(img_dir, dataset.img_suffix)
     if stray:
         raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {dataset.img_suffix} and would be left '

@@ -16,6 +16,7 @@ from mmseg.registry import DATASETS, MODELS
 from common.images import read_image
 
 from .config import DataFallback, drop_tta_flips, load_config, resolve_data
+from .own_data import OWN_DATA_ROOT, is_own_data_config, use_trained_classes
 from .runner import load_weights
 
 ANNOTATION_STEPS = ('LoadAnnotations',)
@@ -39,13 +40,17 @@ class SegPredictor:
     """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
     it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False). The config's data is
     resolved as test_seg resolves it (`data_root`; without ADE20K on disk, `fallback`'s): its classes, palette
-    and label values are the predictor's."""
+    and label values are the predictor's. An own-data config without its data at hand takes the classes the
+    checkpoint records."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
                  fallback: DataFallback | None = None, device: str = 'cpu') -> None:
         cfg = load_config(config, cfg_options)
-        resolve_data(cfg, data_root, fallback)
+        if is_own_data_config(cfg) and not data_root and not Path(OWN_DATA_ROOT).is_dir():
+            use_trained_classes(cfg, checkpoint)  # new images need no data set: the classes trained on
+        else:
+            resolve_data(cfg, data_root, fallback)
         init_default_scope(cfg.get('default_scope', 'mmseg'))
         cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
         model = MODELS.build(cfg.model)

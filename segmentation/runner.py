@@ -46,6 +46,13 @@ def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
     return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
 
 
+def checkpoint_meta(filename: str) -> dict:
+    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`), or {}."""
+    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
 def misfit(state: dict, own: dict) -> str:
     """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict, in words ('' when
     it fits; position tables are resampled on loading, so their shape may differ)."""

@@ -12,6 +12,7 @@ from common.log import logger
 
 from .config import DataFallback, drop_tta_flips, load_config, resolve_data, tta_flips
 from .data_check import check_data
+from .own_data import check_trained_classes, is_own_data_config
 from .runner import SuiteRunner
 from .train import add_common_options, parse_with_fallback, work_dir_for
 
@@ -52,7 +53,8 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     if not Path(args.checkpoint).is_file():
         raise CheckpointError(f'{args.checkpoint}: checkpoint file not found')
     cfg.load_from = args.checkpoint
-    resolve_data(cfg, args.data_root, fallback)
+    if not resolve_data(cfg, args.data_root, fallback) and is_own_data_config(cfg):
+        check_trained_classes(cfg, args.checkpoint)
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:

@@ -13,16 +13,19 @@ from common.files import remove_partial_writes
 from common.log import logger
 from engine.fit import restarted_by_torchrun
 
-from .config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule, load_config,
-                     resolve_data, shorten_schedule)
+from .config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule, drop_one_step_warmup,
+                     load_config, resolve_data, shorten_schedule)
 from .data_check import check_data
+from .own_data import is_own_data_config, sized_iterations
 from .runner import SuiteRunner
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """Options train_seg and test_seg share."""
     parser.add_argument('--work-dir', help='output folder (default: work_dirs/<config name>)')
-    parser.add_argument('--data-root', help='data set folder in ADE20K layout, instead of the config\'s')
+    parser.add_argument('--data-root', help=(
+        'the data set\'s folder, instead of the config\'s: ADE20K\'s for the ADE20K configs, yours for the own-data '
+        'configs (*_own_data.py: images/{train,val}/, masks/{train,val}/, optional classes.txt)'))
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                         help='override config values, e.g. train_dataloader.batch_size=4 '
                              'model.backbone.pretrained=None')
@@ -53,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def work_dir_for(cfg: Config, config_path: str, work_dir: str | None) -> str:
     return work_dir or cfg.get('work_dir') or os.path.join('work_dirs', Path(config_path).stem)
+
+
+def processes(launcher: str) -> int:
+    """How many processes train together (torchrun and srun say it in the environment)."""
+    if launcher == 'none':
+        return 1
+    return int(os.environ.get('WORLD_SIZE') or os.environ.get('SLURM_NTASKS') or 1)
 
 
 def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFallback) -> None:
@@ -89,9 +99,13 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
         choose_backbone(cfg, config_pretrained, fallback)
     else:
         check_pretrained(cfg)
+        if is_own_data_config(cfg) and not args.iters:
+            shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps))
+            cfg.train_cfg['val_interval'] = cfg.default_hooks['checkpoint']['interval']  # save_best needs scores
     if args.iters:
         shorten_schedule(cfg, args.iters)
     accumulate_gradients(cfg, args.grad_accum_steps)
+    drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
     cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
     if args.amp:

@@ -22,6 +22,7 @@ from digits.cls_data import EmbeddedScans
 from digits.pages import CLASSES
 from digits.seg_data import RATIO_RANGE, TEST_RATIOS, EmbeddedPages, Schedule
 from segmentation.config import ADE20K_ROOT, tta_flips
+from segmentation.own_data import OWN_DATA_ROOT
 from segmentation.train import build_parser, prepare
 from helpers.commands import ROOT, run_tool
 
@@ -150,6 +151,15 @@ def test_explicit_options_win_over_the_fallback_schedule(tmp_path):
     cfg = prepared(tmp_path, '--iters', '30', '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_cfg.max_iters == 30 and cfg.param_scheduler[-1].end == 30
     assert cfg.param_scheduler[0].end == round(SCHEDULE.warmup_iters * 30 / SCHEDULE.iters)
+
+
+@pytest.mark.skipif((ROOT / OWN_DATA_ROOT).is_dir(), reason='a data set of your own is on disk: no fallback to test')
+def test_an_own_data_config_without_its_data_runs_on_the_digits(tmp_path):
+    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None',
+                   config=CONFIGS / 'upernet_lvvit_s_own_data.py')
+    assert cfg.train_dataloader.dataset.metainfo.classes == CLASSES
+    assert cfg.model.decode_head.num_classes == len(CLASSES)
+    assert cfg.train_cfg.max_iters == SCHEDULE.iters  # the pages' schedule, not one sized by own_data
 
 
 def test_real_data_keeps_the_config_schedule(tmp_path):

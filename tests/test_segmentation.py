@@ -313,3 +313,19 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
     assert torch.equal(merged.gt_sem_seg.data, expected.gt_sem_seg.data)
     with pytest.raises(UsageError, match='already flips its views'):  # mmseg's flipping pipeline: refused
         batched.test_step(theirs)
+
+
+@pytest.mark.parametrize('iters, accumulate, phases', [
+    (40, 1, [('PolyLR', 1, 40)]),  # 1,500 of 160k -> 1 iteration: no warm-up, the lr is the config's from the start
+    (40, 2, [('LinearLR', 0, 2), ('PolyLR', 2, 80)]),  # one update of two iterations warms up
+    (1, 1, [('LinearLR', 0, 1)]),  # a 1-iteration run keeps its one phase
+])
+def test_a_warmup_of_one_iteration_is_dropped(iters, accumulate, phases):
+    """mmengine's LinearLR over one iteration stays at its start factor, and the decay after it chains on that: the
+    whole run would train at 1e-6 of the lr."""
+    from segmentation.config import accumulate_gradients, drop_one_step_warmup, shorten_schedule
+    cfg = load_config(CONFIGS / 'upernet_lvvit_m.py')
+    shorten_schedule(cfg, iters)
+    accumulate_gradients(cfg, accumulate)
+    drop_one_step_warmup(cfg)
+    assert [(s['type'], s['begin'], s['end']) for s in cfg.param_scheduler] == phases

@@ -278,10 +278,10 @@ def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
     work = tmp_path / 'work'
     succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '1', '--pictures', '1']))
-    assert [p.name for p in (work.glob('*/vis_data/vis_image/*'))] == ['val_img_validation_0.jpg_1.png']
+    assert [p.name for p in (work.glob('*/vis_data/vis_image/*'))] == ['val_ADE_val_00000000.jpg_1.png']
     succeeded(run_tool('test_seg.py', [config, work / 'iter_1.pth', '--pred-dir', tmp_path / 'pred',
                                        '--out', tmp_path / 'r.json']))
-    name = 'img_validation_1'
+    name = 'ADE_val_00000001'
     succeeded(run_tool('visualize.py', ['segmentation', config, work / 'iter_1.pth', '--image',
                                         data / 'images' / 'validation' / f'{name}.jpg', '--alpha', '1', '--no-labels',
                                         '--out', tmp_path / 's.png', '--report', tmp_path / 'r.json']))
@@ -323,7 +323,7 @@ def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, t
     from common.errors import CheckpointError, DataError
     from common.images import ImageReadError
     data, config, checkpoint = seg_model
-    image = data / 'images' / 'validation' / 'img_validation_0.jpg'
+    image = data / 'images' / 'validation' / 'ADE_val_00000000.jpg'
 
     def draw(*extra, weights=checkpoint):
         return visualize(['segmentation', str(config), str(weights), '--out', str(tmp_path / 's.png'),

@@ -11,6 +11,7 @@ from helpers.commands import ROOT
 from segmentation.config import scale_sizes
 
 CONFIGS = ROOT / 'seg_configs'
+OWN_CLASSES = ('background', 'road', 'car', 'tree', 'sky')  # write_own_seg's: class 0 is a real class
 TINY_SCALE = 1 / 8  # ADE20K's 512 px crops and (2048, 512) test scale become 64 px and (256, 64)
 DIM = 32
 # Per family: the model overrides that make a tiny version of each config's backbone.
@@ -28,7 +29,8 @@ def tiny_model_overrides(config_name: str, img_size: int = 64) -> dict:
     levels = 2 if config_name.startswith('fcn') else 4
     neck_out = (DIM,) * (levels - 1) + (48,)
     model = dict(
-        backbone=dict(model_kwargs=TINY_MODELS[config_name], out_indices=tuple(range(4 - levels, 4)),
+        backbone=dict(model_kwargs=TINY_MODELS[config_name.replace('_own_data', '')],
+                      out_indices=tuple(range(4 - levels, 4)),
                       img_size=img_size, pretrained=None),
         neck=dict(in_channels=DIM, out_channels=neck_out),
         auxiliary_head=dict(in_channels=DIM, channels=16),
@@ -70,8 +72,14 @@ def write_tiny_config(path: Path, config_name: str, data_root: Path) -> Path:
     return path
 
 
+def ade20k_name(split: str, index: int) -> str:
+    """ADE20K's name of an image (without suffix): ADE_train_00000001, ADE_val_00000001."""
+    return f'ADE_{"train" if split == "training" else "val"}_{index:08d}'
+
+
 def write_tiny_ade(root: Path, counts=(('training', 4), ('validation', 3)), seed: int = 0) -> Path:
-    """Small images in ADE20K's layout: rectangles of a few classes (ADE labels 1..6) on class 1, some 0 (ignored)."""
+    """Small images in ADE20K's layout and names (ADE_train_00000000.jpg): rectangles of a few classes (ADE labels
+    1..6) on class 1, some 0 (ignored)."""
     rng = np.random.default_rng(seed)
     for split, count in counts:
         (root / 'images' / split).mkdir(parents=True, exist_ok=True)
@@ -86,18 +94,46 @@ def write_tiny_ade(root: Path, counts=(('training', 4), ('validation', 3)), seed
                 label[y:y + 12, x:x + 16] = cls
                 image[y:y + 12, x:x + 16] = (cls * 40) % 256
             label[:2] = 0
-            cv2.imwrite(str(root / 'images' / split / f'img_{split}_{i}.jpg'), image)
-            cv2.imwrite(str(root / 'annotations' / split / f'img_{split}_{i}.png'), label)
+            name = ade20k_name(split, i)
+            cv2.imwrite(str(root / 'images' / split / f'{name}.jpg'), image)
+            cv2.imwrite(str(root / 'annotations' / split / f'{name}.png'), label)
     return root
 
 
-def independent_scores(pred_dir: Path, ann_dir: Path, num_classes: int = 150) -> dict:
-    """mIoU / mAcc / aAcc from the saved PNGs (ADE20K values: 0 ignored, class c stored as c + 1)."""
+def write_own_seg(root: Path, classes=OWN_CLASSES, counts=(('train', 6), ('val', 3)), classes_file: bool = True,
+                  seed: int = 0) -> Path:
+    """A data set in the own-data layout (images/SPLIT, masks/SPLIT, classes.txt): class 0 ('background', a class
+    like the others) fills each image but for rectangles of the other classes, each drawn in its own grey; a few
+    pixels are 255 (ignored)."""
+    rng = np.random.default_rng(seed)
+    for split, count in counts:
+        (root / 'images' / split).mkdir(parents=True, exist_ok=True)
+        (root / 'masks' / split).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            h, w = rng.integers(56, 80, 2)
+            mask = np.zeros((h, w), np.uint8)
+            for cls in range(1, len(classes)):
+                y, x = rng.integers(0, h - 24), rng.integers(0, w - 24)
+                mask[y:y + 24, x:x + 24] = cls
+            image = np.stack([mask * 50 + 20] * 3, -1).astype(np.uint8)
+            mask[-2:, :3] = 255
+            cv2.imwrite(str(root / 'images' / split / f'{split}_{i}.jpg'), image)
+            cv2.imwrite(str(root / 'masks' / split / f'{split}_{i}.png'), mask)
+    if classes_file:
+        (root / 'classes.txt').write_text('# name, optional R G B\n' + '\n'.join(
+            f'{name} {i * 40} 100 200' if i % 2 else name for i, name in enumerate(classes)) + '\n')
+    return root
+
+
+def independent_scores(pred_dir: Path, ann_dir: Path, num_classes: int = 150, zero_ignored: bool = True) -> dict:
+    """mIoU / mAcc / aAcc from the saved PNGs (ADE20K values: 0 ignored, class c stored as c + 1; without
+    `zero_ignored`, class c stored as c and 255 ignored)."""
     hist = np.zeros((num_classes, num_classes), np.int64)
+    shift = 1 if zero_ignored else 0
     for ann in sorted(ann_dir.glob('*.png')):
-        gt = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED).astype(np.int64) - 1
-        pred = cv2.imread(str(pred_dir / ann.name), cv2.IMREAD_UNCHANGED).astype(np.int64) - 1
-        valid = gt >= 0
+        gt = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED).astype(np.int64) - shift
+        pred = cv2.imread(str(pred_dir / ann.name), cv2.IMREAD_UNCHANGED).astype(np.int64) - shift
+        valid = (gt >= 0) & (gt < num_classes)
         hist += np.bincount(gt[valid] * num_classes + pred[valid], minlength=num_classes ** 2).reshape(hist.shape)
     tp = np.diag(hist).astype(float)
     union = hist.sum(0) + hist.sum(1) - tp

@@ -1,0 +1,109 @@
+"""tools/export.py: a classification checkpoint as safetensors + timm's config.json (and torch.export's program) that
+timm and torch load to the suite's own eval model, with one weight set chosen the same way in every loader."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+
+import backbones  # noqa: F401  (the suite's models in timm's registry)
+from backbones.token_head import TOKEN_HEAD
+from classification import train
+from classification.export import EXPORTED_PROGRAM, WEIGHTS, export_classifier, main as export
+from classification.models import build_eval_model, create_classifier
+from common.errors import CheckpointReadError, UsageError
+from helpers.cls_data import CLASSES, make_image_folder
+from helpers.commands import run_tool, succeeded
+from helpers.models import TINY_DEIT
+
+TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
+DEIT = 'deit_small_patch16_224'
+
+
+@pytest.fixture(scope='module')
+def checkpoint_with_ema(tmp_path_factory):
+    """A DeiT run's checkpoint (three named classes), with an EMA copy that differs from the trained weights."""
+    tmp = tmp_path_factory.mktemp('export')
+    data = make_image_folder(tmp / 'data')
+    train.main([*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
+                '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--output',
+                str(tmp / 'run')])
+    checkpoint = torch.load(tmp / 'run' / 'last.pth', weights_only=False)
+    checkpoint['state_dict_ema'] = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+                                    for k, v in checkpoint['state_dict'].items()}
+    torch.save(checkpoint, tmp / 'with_ema.pth')
+    return tmp / 'with_ema.pth'
+
+
+def images(count: int = 3) -> torch.Tensor:
+    return torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def suite_outputs(checkpoint, use_ema: bool, name: str = DEIT, **kwargs) -> torch.Tensor:
+    model = build_eval_model(name, str(checkpoint), len(CLASSES), 32, use_ema, kwargs or TINY_KWARGS)
+    with torch.no_grad():
+        return model(images())
+
+
+@pytest.mark.parametrize('use_ema', [False, True])
+def test_timm_loads_the_export_to_the_suites_model(checkpoint_with_ema, tmp_path, use_ema):
+    out = export_classifier(DEIT, str(checkpoint_with_ema), tmp_path / 'deit', use_ema=use_ema,
+                            img_size=32, model_kwargs=TINY_KWARGS)
+    expected = suite_outputs(checkpoint_with_ema, use_ema)
+    assert not torch.allclose(expected, suite_outputs(checkpoint_with_ema, not use_ema))  # two models in one file
+    model = timm.create_model(f'local-dir:{out}', pretrained=True).eval()
+    by_file = timm.create_model(DEIT, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / WEIGHTS),
+                                                                                 num_classes=len(CLASSES)),
+                                num_classes=len(CLASSES), img_size=32, **TINY_KWARGS).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(images()), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(by_file(images()), expected, rtol=1e-5, atol=1e-6)
+    config = json.loads((out / 'config.json').read_text())
+    assert config['label_names'] == list(CLASSES) and config['suite_weights'] == ('ema' if use_ema else 'trained')
+    assert config['architecture'] == DEIT and config['model_args']['img_size'] in (32, [32, 32])
+
+
+def test_timm_reads_the_raw_checkpoint_as_the_ema_model_and_the_export_says_which(checkpoint_with_ema, tmp_path):
+    """The issue's "one file, two models": timm's loader takes a training checkpoint's EMA copy, the suite's loaders
+    the trained weights; an export holds one set and names it."""
+    model = timm.create_model(DEIT, num_classes=len(CLASSES), img_size=32, **TINY_KWARGS).eval()
+    timm.models.load_checkpoint(model, str(checkpoint_with_ema))
+    with torch.no_grad():
+        torch.testing.assert_close(model(images()), suite_outputs(checkpoint_with_ema, True))
+    out = export_classifier(DEIT, str(checkpoint_with_ema), tmp_path / 'deit', img_size=32, model_kwargs=TINY_KWARGS)
+    from_export = timm.create_model(f'local-dir:{out}', pretrained=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(from_export(images()), suite_outputs(checkpoint_with_ema, False))
+
+
+def test_lvvit_with_its_token_head_and_torch_export(tmp_path):
+    """LV-ViT trained with token labeling: its eval rule (class token plus the tokens' best) is in the model, so
+    timm's rebuilt model and torch.export's program give its outputs, the program at any batch size."""
+    kwargs = dict(embed_dim=32, depth=2, num_heads=2, stem_chs=8)
+    model = create_classifier('lvvit_s', len(CLASSES), 32, token_labeling=True, **kwargs)
+    state = model.model.state_dict() if hasattr(model, 'model') else model.state_dict()
+    assert any(k.startswith(f'{TOKEN_HEAD}.') for k in state)
+    torch.save({'state_dict': state, 'args': {'classes': CLASSES}}, tmp_path / 'lvvit.pth')
+    succeeded(run_tool('export.py', ['lvvit_s', '--checkpoint', tmp_path / 'lvvit.pth', '--out', tmp_path / 'lv',
+                                     '--img-size', '32', '--torch-export', '--model-kwargs',
+                                     *(f'{k}={v}' for k, v in kwargs.items())]))
+    expected = suite_outputs(tmp_path / 'lvvit.pth', False, 'lvvit_s', **kwargs)
+    rebuilt = timm.create_model(f'local-dir:{tmp_path / "lv"}', pretrained=True).eval()
+    program = torch.export.load(tmp_path / 'lv' / EXPORTED_PROGRAM).module()
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(images()), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(program(images()), expected, rtol=1e-4, atol=1e-5)
+        larger = build_eval_model('lvvit_s', str(tmp_path / 'lvvit.pth'), len(CLASSES), 32, False, kwargs)(images(5))
+        torch.testing.assert_close(program(images(5)), larger, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(checkpoint_with_ema, tmp_path):
+    (tmp_path / 'taken').mkdir()
+    (tmp_path / 'taken' / 'notes.txt').write_text('mine')
+    with pytest.raises(UsageError, match='taken exists and is not an export folder'):
+        export([DEIT, '--checkpoint', str(checkpoint_with_ema), '--out', str(tmp_path / 'taken')])
+    with pytest.raises(CheckpointReadError, match='absent.pth'):
+        export([DEIT, '--checkpoint', str(tmp_path / 'absent.pth'), '--out', str(tmp_path / 'x')])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['taken']
