@@ -11,16 +11,17 @@ The model is built as tools/eval_cls.py builds it, with one of the checkpoint's 
   **model_args)` (without `num_classes` in the overlay timm drops the head as one of ImageNet's 1000 classes);
   the file holds one weight set only, so every loader takes the same model.
 - with `torch_export`, `model.pt2`: the eval-mode model traced by torch.export with a dynamic batch size, for
-  runtimes without the suite (`torch.export.load(path).module()(images)`).
+  runtimes without the suite (`torch.export.load(path).module()(images)`);
+- with `onnx`, `model.onnx`: the same as ONNX (input `images`, normalised as the config says; output `logits`),
+  the batch size dynamic. The models are built for one input size (their position tables), so that stays fixed.
 
-Each written file is checked against the eval model's outputs before the folder is given its name.
+Each written file is checked against the eval model's outputs (ONNX in onnxruntime) before the folder is given its
+name.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -30,27 +31,29 @@ from timm.models._hub import load_model_config_from_path, save_for_hf
 from backbones.registry import check_model_name
 from backbones.token_head import TokenLabelingModel, bare_model
 from backbones.weights import checkpoint_class_count
-from common.cli import check_output_folder, model_parser, parse_model_kwargs, positive_int
-from common.errors import CheckpointError, UsageError
+from common.cli import parse_model_kwargs, positive_int
+from common.errors import UsageError
+from common.exporting import (
+    EXPORTED_PROGRAM,
+    ONNX_MODEL,
+    TOLERANCE,
+    check_same_outputs,
+    staged_folder,
+    write_exported_program,
+    write_onnx,
+)
 from common.log import logger
 
 from .models import build_eval_model, model_data_config
 from .predict import class_names
 
 WEIGHTS = 'model.safetensors'
-EXPORTED_PROGRAM = 'model.pt2'
-TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # float32, the same weights: the graphs may order sums differently
+BATCH = {0: 'batch'}
 
 
 def example_images(img_size: int, count: int = 2) -> torch.Tensor:
     """Normalised-looking inputs the exported files are checked on."""
     return torch.randn(count, 3, img_size, img_size, generator=torch.Generator().manual_seed(0))
-
-
-def check_same_outputs(expected: torch.Tensor, got: torch.Tensor, what: str) -> None:
-    if not torch.allclose(expected, got, **TOLERANCE):
-        raise CheckpointError(f'{what} gives other outputs than the model (largest difference '
-                              f'{(expected - got).abs().max().item():.3g}): nothing was written')
 
 
 def timm_model_from(folder: Path) -> torch.nn.Module:
@@ -75,7 +78,7 @@ def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images:
 
 
 def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool = False, img_size: int | None = None,
-                      torch_export: bool = False, model_kwargs: dict | None = None) -> Path:
+                      torch_export: bool = False, onnx: bool = False, model_kwargs: dict | None = None) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it. The files are written into a
     temporary folder beside `out` and checked there, then renamed: `out` is complete or absent."""
     check_model_name(model_name)
@@ -88,37 +91,22 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
         expected = model(images)
     model = timm_model(model, checkpoint, model_name, images, expected)
     names, descriptions = class_names(checkpoint, count)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
-    try:
-        model_config = {'label_names': names, 'suite_weights': 'ema' if use_ema else 'trained',
-                        'suite_checkpoint': str(checkpoint)}
-        if descriptions:
-            model_config['label_descriptions'] = dict(zip(names, descriptions))
+    model_config = {'label_names': names, 'suite_weights': 'ema' if use_ema else 'trained',
+                    'suite_checkpoint': str(checkpoint)}
+    if descriptions:
+        model_config['label_descriptions'] = dict(zip(names, descriptions))
+    examples = [images, example_images(size, count=3)]  # another batch size: the dynamic dimension
+    with staged_folder(out) as staging:
         save_for_hf(model, str(staging), model_config=model_config, safe_serialization=True)
         with torch.no_grad():
             check_same_outputs(expected, timm_model_from(staging)(images), f'timm\'s model from {WEIGHTS}')
         if torch_export:
-            write_exported_program(model, images, staging / EXPORTED_PROGRAM, expected)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            write_exported_program(model, examples, staging / EXPORTED_PROGRAM, BATCH)
+        if onnx:
+            write_onnx(model, examples, staging / ONNX_MODEL, BATCH, 'logits')
     logger.info(f'{out}: {model_name}, {count} classes, the {"EMA" if use_ema else "trained"} weights of '
                 f'{checkpoint}: {", ".join(sorted(p.name for p in out.iterdir()))}')
     return out
-
-
-def write_exported_program(model: torch.nn.Module, images: torch.Tensor, path: Path, expected: torch.Tensor) -> None:
-    """torch.export's program of the eval model, the batch size dynamic, checked on a batch of another size too."""
-    batch = torch.export.Dim('batch', min=1, max=4096)
-    program = torch.export.export(model, (images,), dynamic_shapes=({0: batch},))
-    torch.export.save(program, path)
-    loaded = torch.export.load(path).module()
-    with torch.no_grad():
-        check_same_outputs(expected, loaded(images), EXPORTED_PROGRAM)
-        check_same_outputs(model(images[:1]), loaded(images[:1]), f'{EXPORTED_PROGRAM} at batch size 1')
 
 
 def exported_config(folder: str | Path) -> dict:
@@ -129,23 +117,16 @@ def exported_config(folder: str | Path) -> dict:
             'suite_weights': raw.get('suite_weights')}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = model_parser('export.py', __doc__.split('\n')[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """tools/export.py classifier's arguments."""
+    p.add_argument('model', help='model name (tools/model_info.py --all lists the suite\'s)')
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
-    p.add_argument('--out', required=True, help='the folder to write (replaced if it holds an earlier export)')
     p.add_argument('--use-ema', action='store_true',
                    help='the EMA weights of a training checkpoint (default: the trained weights, as eval_cls)')
     p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
-    p.add_argument('--torch-export', action='store_true', help='also model.pt2, torch.export\'s program')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
-    return p
 
 
-def main(argv: list[str] | None = None) -> Path:
-    args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    if out.exists() and not (out / 'config.json').is_file():
-        raise UsageError(f'--out {out} exists and is not an export folder: choose a new folder')
-    check_output_folder(out.parent)
+def export_from_args(args: argparse.Namespace, out: Path) -> Path:
     return export_classifier(args.model, args.checkpoint, out, args.use_ema, args.img_size, args.torch_export,
-                             parse_model_kwargs(args.model_kwargs))
+                             args.onnx, parse_model_kwargs(args.model_kwargs))

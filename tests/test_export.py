@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import onnxruntime
 import pytest
 import timm
 import torch
@@ -11,12 +12,14 @@ import torch
 import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
 from classification import train
-from classification.export import EXPORTED_PROGRAM, WEIGHTS, export_classifier, main as export
+from classification.export import WEIGHTS, export_classifier
+from common.exporting import EXPORTED_PROGRAM, ONNX_MODEL
 from classification.models import build_eval_model, create_classifier
 from common.errors import CheckpointReadError, UsageError
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
+from export import main as export
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
 DEIT = 'deit_small_patch16_224'
@@ -86,8 +89,8 @@ def test_lvvit_with_its_token_head_and_torch_export(tmp_path):
     state = model.model.state_dict() if hasattr(model, 'model') else model.state_dict()
     assert any(k.startswith(f'{TOKEN_HEAD}.') for k in state)
     torch.save({'state_dict': state, 'args': {'classes': CLASSES}}, tmp_path / 'lvvit.pth')
-    succeeded(run_tool('export.py', ['lvvit_s', '--checkpoint', tmp_path / 'lvvit.pth', '--out', tmp_path / 'lv',
-                                     '--img-size', '32', '--torch-export', '--model-kwargs',
+    succeeded(run_tool('export.py', ['classifier', 'lvvit_s', '--checkpoint', tmp_path / 'lvvit.pth', '--out',
+                                     tmp_path / 'lv', '--img-size', '32', '--torch-export', '--onnx', '--model-kwargs',
                                      *(f'{k}={v}' for k, v in kwargs.items())]))
     expected = suite_outputs(tmp_path / 'lvvit.pth', False, 'lvvit_s', **kwargs)
     rebuilt = timm.create_model(f'local-dir:{tmp_path / "lv"}', pretrained=True).eval()
@@ -95,15 +98,74 @@ def test_lvvit_with_its_token_head_and_torch_export(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(images()), expected, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(program(images()), expected, rtol=1e-4, atol=1e-5)
+        session = onnxruntime.InferenceSession(str(tmp_path / 'lv' / ONNX_MODEL))
+        torch.testing.assert_close(torch.from_numpy(session.run(None, {'images': images(4).numpy()})[0]),
+                                   build_eval_model('lvvit_s', str(tmp_path / 'lvvit.pth'), len(CLASSES), 32, False,
+                                                    kwargs)(images(4)), rtol=1e-4, atol=1e-4)
         larger = build_eval_model('lvvit_s', str(tmp_path / 'lvvit.pth'), len(CLASSES), 32, False, kwargs)(images(5))
         torch.testing.assert_close(program(images(5)), larger, rtol=1e-4, atol=1e-5)
+
+
+def test_a_token_head_timm_cannot_rebuild_is_refused(tmp_path):
+    """DeiT trained with token labeling predicts through the suite's wrapper (class token plus the token head's best):
+    timm would rebuild a plain DeiT that ignores the token head."""
+    model = create_classifier(DEIT, len(CLASSES), 32, token_labeling=True, **TINY_KWARGS)
+    torch.save({'state_dict': model.model.state_dict()}, tmp_path / 'deit_tl.pth')
+    with pytest.raises(UsageError, match='predicts through the suite.s token-head wrapper, which timm cannot rebuild'):
+        export(['classifier', DEIT, '--checkpoint', str(tmp_path / 'deit_tl.pth'), '--out', str(tmp_path / 'x'),
+                '--img-size', '32', '--model-kwargs', *(f'{k}={v}' for k, v in TINY_KWARGS.items())])
+    assert not (tmp_path / 'x').exists() and [p.name for p in tmp_path.iterdir()] == ['deit_tl.pth']
 
 
 def test_bad_input_is_one_line_and_writes_nothing(checkpoint_with_ema, tmp_path):
     (tmp_path / 'taken').mkdir()
     (tmp_path / 'taken' / 'notes.txt').write_text('mine')
     with pytest.raises(UsageError, match='taken exists and is not an export folder'):
-        export([DEIT, '--checkpoint', str(checkpoint_with_ema), '--out', str(tmp_path / 'taken')])
+        export(['classifier', DEIT, '--checkpoint', str(checkpoint_with_ema), '--out', str(tmp_path / 'taken')])
     with pytest.raises(CheckpointReadError, match='absent.pth'):
-        export([DEIT, '--checkpoint', str(tmp_path / 'absent.pth'), '--out', str(tmp_path / 'x')])
+        export(['classifier', DEIT, '--checkpoint', str(tmp_path / 'absent.pth'), '--out', str(tmp_path / 'x')])
     assert sorted(p.name for p in tmp_path.iterdir()) == ['taken']
+
+
+def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_path):
+    """The exported window forward is mmseg's encode_decode, in torch.export's program, in onnxruntime and rebuilt from
+    the safetensors + config.py; on an image of the window's size, the argmax of the ONNX logits over the pixels
+    normalised as export.json says is predict_seg's mask."""
+    import cv2
+    import numpy as np
+    from mmengine.registry import init_default_scope
+
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
+    from mmseg.registry import MODELS
+    from segmentation.config import load_config
+    from segmentation.export import segmentor_from
+    from segmentation.predict import SegPredictor
+    data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 1), ('validation', 1)))
+    config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
+    cfg = load_config(str(config))
+    init_default_scope('mmseg')
+    cfg.model.backbone.pretrained = None
+    model = MODELS.build(cfg.model).eval()
+    torch.save({'state_dict': model.state_dict()}, tmp_path / 'seg.pth')
+    out = tmp_path / 'exported'
+    succeeded(run_tool('export.py', ['segmentor', config, tmp_path / 'seg.pth', '--out', out, '--torch-export',
+                                     '--onnx']))
+    described = json.loads((out / 'export.json').read_text())
+    assert described['input']['size'] == [64, 64] and len(described['classes']) == 150
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        expected = model.encode_decode(x, [dict(img_shape=(64, 64), ori_shape=(64, 64), pad_shape=(64, 64))] * 3)
+        torch.testing.assert_close(torch.export.load(out / EXPORTED_PROGRAM).module()(x), expected,
+                                   rtol=1e-4, atol=1e-4)
+        rebuilt = segmentor_from(out)
+        torch.testing.assert_close(rebuilt.encode_decode(x, [dict(img_shape=(64, 64))] * 3), expected)
+    session = onnxruntime.InferenceSession(str(out / ONNX_MODEL))
+    torch.testing.assert_close(torch.from_numpy(session.run(None, {'images': x.numpy()})[0]), expected,
+                               rtol=1e-4, atol=1e-4)
+    rng = np.random.default_rng(0)
+    image = tmp_path / 'new.png'
+    cv2.imwrite(str(image), rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    pixels = cv2.cvtColor(cv2.imread(str(image)), cv2.COLOR_BGR2RGB).astype(np.float32)
+    normalised = (pixels - described['input']['mean']) / described['input']['std']
+    logits = session.run(None, {'images': normalised.transpose(2, 0, 1)[None].astype(np.float32)})[0]
+    assert np.array_equal(logits[0].argmax(0), SegPredictor(str(config), str(tmp_path / 'seg.pth'))(image))
