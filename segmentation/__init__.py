@@ -13,4 +13,4 @@ ensure_mmseg_importable()  # before anything imports mmseg.models
 silence_harmless_warnings()
 
 from . import (backbone, layer_decay, metrics, mmengine_io, neck, pictures,  # noqa: E402,F401  (registration)
-               segmentor)
+               preemption, segmentor)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mmengine.config import Config, DictAction
 
-from common.cli import check_output_folder, non_negative_int, positive_int
+from common.cli import check_output_folder, non_negative_int, positive_float, positive_int
 from common.errors import UsageError
 from common.files import remove_partial_writes
 from common.log import logger
@@ -17,6 +17,7 @@ from .config import (DataFallback, accumulate_gradients, check_pretrained, descr
                      load_config, resolve_data, shorten_schedule)
 from .data_check import check_data
 from .own_data import is_own_data_config, sized_iterations
+from .preemption import run_seed
 from .runner import SuiteRunner
 
 
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
         'config count updates; the lr stays the config\'s'))
     parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
+    parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
+                        help='also write a checkpoint at most every M minutes (each replacing the previous timed one); '
+                             'SIGTERM and SIGUSR1 always write one, then exit with status 75')
     parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
                         help='validation images drawn (ground truth and prediction) into TensorBoard and '
                              'vis_data/vis_image at every validation (default 4; 0: none)')
@@ -119,6 +123,11 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
                          'or choose another --work-dir')
     remove_partial_writes(cfg.work_dir)  # checkpoint writes a kill interrupted (the first one too)
     cfg.resume = resume and started
+    # the run's own seed, also on resume: the sampler's order and the workers' augmentation follow it
+    cfg.randomness = {**cfg.get('randomness', {}),
+                      'seed': run_seed(cfg.get('randomness', {}).get('seed'), cfg.work_dir, cfg.resume)}
+    cfg.custom_hooks = [*cfg.get('custom_hooks', []),
+                        dict(type='PreemptionCheckpoints', minutes=args.checkpoint_minutes)]
     if args.resume and not started:
         logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
                        f'stopped while writing its first): starting from iteration 0')

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import ENV, ROOT, run_tool, succeeded
@@ -82,3 +83,39 @@ def test_a_run_torchrun_restarts_resumes_from_its_own_checkpoint(labeled_images,
     assert proc.returncode == 0, output[-3000:]
     assert 'torchrun restarted the run: resuming from' in output
     assert_same_run(tmp_path / 'straight', cut, epochs=3)
+
+
+def test_segmentation_stopped_mid_schedule_ends_like_an_uninterrupted_run(tmp_path):
+    """train_seg (UperNet with drop path and dropout, two loader workers, a timed checkpoint every iteration): SIGTERM
+    finishes the iteration, writes a checkpoint and exits 75; --resume continues to the very weights and optimizer
+    state of a run that was never stopped, which takes the seed the stopped run drew and recorded."""
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
+    from segmentation.runner import checkpoint_meta
+    data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 6), ('validation', 2)))
+    config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
+    args = [ROOT / 'tools' / 'train_seg.py', config, '--iters', '8', '--pictures', '0', '--cfg-options',
+            'default_hooks.checkpoint.interval=80000', 'train_dataloader.num_workers=2',
+            'train_dataloader.persistent_workers=True', 'train_dataloader.batch_size=2']
+    cut = tmp_path / 'cut'
+    proc = subprocess.Popen([sys.executable, *map(str, args), '--work-dir', str(cut), '--checkpoint-minutes', '1e-6'],
+                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline and not (cut / 'iter_2.pth').is_file():
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stderr[-2000:]
+    assert 'SIGTERM at iteration' in stderr and '--resume continues it' in stderr and 'Traceback' not in stderr
+    stopped = sorted(cut.glob('iter_*.pth'))
+    assert len(stopped) == 1 and stopped[0].name != 'iter_8.pth'  # one timed checkpoint, the previous ones replaced
+    seed = checkpoint_meta(str(stopped[0]))['seed']
+    succeeded(run_tool('train_seg.py', [*args[1:], '--work-dir', cut, '--resume']))
+    succeeded(run_tool('train_seg.py', [*args[1:], f'randomness.seed={seed}', '--work-dir', tmp_path / 'straight']))
+    a = torch.load(tmp_path / 'straight' / 'iter_8.pth', weights_only=False)
+    b = torch.load(cut / 'iter_8.pth', weights_only=False)
+    assert sorted(a['state_dict']) == sorted(b['state_dict'])
+    for key, value in a['state_dict'].items():
+        assert torch.equal(value, b['state_dict'][key]), key
+    for key, state in a['optimizer']['state'].items():
+        for name in ('exp_avg', 'exp_avg_sq'):
+            assert torch.equal(state[name], b['optimizer']['state'][key][name]), (key, name)
