@@ -57,8 +57,9 @@ def init_linear_and_norm(module: nn.Module) -> None:
 
 
 def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
-    """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept."""
-    if tuple(new_grid) == tuple(old_grid):
+    """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept. Under
+    torch.export it resamples at the same grid too (as timm's does): the shortcut would fix the traced input size."""
+    if not torch.compiler.is_exporting() and tuple(new_grid) == tuple(old_grid):
         return pos_embed
     num_prefix = pos_embed.shape[1] - old_grid[0] * old_grid[1]
     return resample_abs_pos_embed(pos_embed, list(new_grid), list(old_grid), num_prefix_tokens=num_prefix)

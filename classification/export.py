@@ -48,7 +48,7 @@ from .models import build_eval_model, model_data_config
 from .predict import class_names
 
 WEIGHTS = 'model.safetensors'
-BATCH = {0: 'batch'}
+BATCH = {0: ('batch', 1)}
 
 
 def example_images(img_size: int, count: int = 2) -> torch.Tensor:
@@ -95,7 +95,7 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
                     'suite_checkpoint': str(checkpoint)}
     if descriptions:
         model_config['label_descriptions'] = dict(zip(names, descriptions))
-    examples = [images, example_images(size, count=3)]  # another batch size: the dynamic dimension
+    examples = [images, example_images(size, count=1), example_images(size, count=3)]  # the batch is dynamic
     with staged_folder(out) as staging:
         save_for_hf(model, str(staging), model_config=model_config, safe_serialization=True)
         with torch.no_grad():

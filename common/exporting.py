@@ -16,7 +16,7 @@ from .errors import CheckpointError
 EXPORTED_PROGRAM = 'model.pt2'
 ONNX_MODEL = 'model.onnx'
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32, the same weights: the runtimes may order sums differently
-DynamicDims = dict[int, str]  # input dimension -> its name, e.g. {0: 'batch'}
+DynamicDims = dict[int, tuple[str, int]]  # input dimension -> its name and the multiple it must be, {0: ('batch', 1)}
 
 
 def check_same_outputs(expected: torch.Tensor, got: torch.Tensor, what: str) -> None:
@@ -42,22 +42,38 @@ def staged_folder(out: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def export_dims(example: torch.Tensor, dynamic: DynamicDims) -> tuple[dict, ...]:
-    """torch.export's `dynamic_shapes` for one input tensor."""
-    return ({dim: torch.export.Dim(name, min=1 if dim == 0 else 16, max=4096 if dim == 0 else 8192)
-             for dim, name in dynamic.items()},)
+def export_dims(dynamic: DynamicDims) -> tuple[dict, ...]:
+    """torch.export's `dynamic_shapes` for one input tensor: each dynamic dimension any size (a batch: from 1), or
+    any multiple of its `multiple` from two of them (an image side: whole patches)."""
+    dims = {}
+    for dim, (name, multiple) in dynamic.items():
+        if multiple == 1:
+            dims[dim] = torch.export.Dim(name, min=1, max=65536)
+        else:
+            dims[dim] = multiple * torch.export.Dim(f'{name}_{multiple}', min=2, max=65536 // multiple)
+    return (dims,)
+
+
+def run_checked(run, example: torch.Tensor, what: str) -> torch.Tensor:
+    """An exported file's outputs for `example`; a runtime that refuses the input is a CheckpointError naming it."""
+    try:
+        return run(example)
+    except Exception as e:  # the guards torch.export recorded, onnxruntime's shape errors
+        raise CheckpointError(f'{what} cannot run at input {tuple(example.shape)} ({type(e).__name__}: '
+                              f'{str(e).splitlines()[0][:200]}): nothing was written') from e
 
 
 def write_exported_program(model: torch.nn.Module, examples: list[torch.Tensor], path: Path,
                            dynamic: DynamicDims) -> None:
     """torch.export's program of the eval-mode `model`, traced on `examples[0]` with the `dynamic` dimensions, and
     checked on every example (give ones of other sizes along those dimensions)."""
-    program = torch.export.export(model, (examples[0],), dynamic_shapes=export_dims(examples[0], dynamic))
+    program = torch.export.export(model, (examples[0],), dynamic_shapes=export_dims(dynamic))
     torch.export.save(program, path)
     loaded = torch.export.load(path).module()
     with torch.no_grad():
         for example in examples:
-            check_same_outputs(model(example), loaded(example), f'{path.name} at input {tuple(example.shape)}')
+            check_same_outputs(model(example), run_checked(loaded, example, path.name),
+                               f'{path.name} at input {tuple(example.shape)}')
 
 
 def write_onnx(model: torch.nn.Module, examples: list[torch.Tensor], path: Path, dynamic: DynamicDims,
@@ -67,9 +83,13 @@ def write_onnx(model: torch.nn.Module, examples: list[torch.Tensor], path: Path,
     import onnxruntime  # the export's own dependencies, imported when asked for
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter reports its steps on stdout
         torch.onnx.export(model, (examples[0],), str(path), dynamo=True, input_names=['images'],
-                          output_names=[output_name], dynamic_shapes=export_dims(examples[0], dynamic))
+                          output_names=[output_name], dynamic_shapes=export_dims(dynamic))
     session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+
+    def run(example: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {'images': example.numpy()})[0])
+
     with torch.no_grad():
         for example in examples:
-            got = torch.from_numpy(session.run(None, {'images': example.numpy()})[0])
+            got = run_checked(run, example, f'{path.name} in onnxruntime')
             check_same_outputs(model(example), got, f'{path.name} in onnxruntime at input {tuple(example.shape)}')

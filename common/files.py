@@ -1,6 +1,7 @@
 """Files written atomically: a reader, or a kill at any moment, finds the old file or the new one, never half of one."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
@@ -95,7 +96,12 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')
     try:
-        with torch.serialization.safe_globals(list(allowed)):
+        # timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an
+        # argparse.Namespace: plain data, safe to rebuild. backbones.weights allows it globally (for timm's download
+        # path), but torch's safe_globals context removes on exit whatever it was given, a global registration
+        # included (timm's own loader uses one): so each load allows it too, adding only what is not yet allowed.
+        missing = [g for g in (argparse.Namespace, *allowed) if g not in torch.serialization.get_safe_globals()]
+        with torch.serialization.safe_globals(missing):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(f'{path}: holds Python objects a weights-only load refuses, and loading them would run '

@@ -22,7 +22,6 @@ Registered as `TokenBackbone`, and under the former per-family names (`LVViTBack
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from urllib.parse import urlparse
 
@@ -142,7 +141,7 @@ class TokenBackbone(BaseModule):
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         H, W = images.shape[-2:]
-        Hp, Wp = (math.ceil(size / self.stride) * self.stride for size in (H, W))
+        Hp, Wp = (-(-size // self.stride) * self.stride for size in (H, W))  # integers: torch.export saves them
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))
         maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
         return tuple(crop_to_extent(m, (H / Hp, W / Wp)) for m in maps)

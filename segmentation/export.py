@@ -5,9 +5,11 @@ The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(c
 `export.json` (classes, palette, the label values a mask stores, the input's size, channel order and
 normalisation). With `torch_export` and `onnx`, `model.pt2` and `model.onnx`: the segmentor's whole-image forward,
 normalised RGB images (B, 3, H, W) -> per-class logits (B, classes, H, W) at the input's size, what mmseg's
-`encode_decode` gives for one sliding window. H and W are fixed at the config's test window (`--size` for another),
-the batch size is dynamic: a caller slides the window over larger images and batches the windows. Each file is
-checked against the model's outputs before the folder is given its name.
+`encode_decode` gives for one sliding window or a whole image. By default H and W are fixed at the config's test
+window (`size` for another) and the batch size is dynamic: a caller slides the window over larger images and
+batches the windows. With `dynamic_size`, H and W may be any multiples of the backbone's stride (whole patches)
+from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
+against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from mmengine.registry import init_default_scope
 from safetensors.torch import load_model, save_model
 
 from common.cli import positive_int
+from common.errors import UsageError
 from common.exporting import (EXPORTED_PROGRAM, ONNX_MODEL, check_same_outputs, staged_folder, write_exported_program,
                               write_onnx)
 from common.files import write_json_atomic
@@ -32,7 +35,6 @@ from .config import DataFallback
 from .predict import SegPredictor
 
 WEIGHTS = 'model.safetensors'
-BATCH = {0: 'batch'}
 
 
 class SegmentationLogits(nn.Module):
@@ -61,13 +63,27 @@ def example_images(size: tuple[int, int], count: int) -> torch.Tensor:
     return torch.randn(count, 3, *size, generator=torch.Generator().manual_seed(0))
 
 
-def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int]) -> dict:
+def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
+    """The inputs an export is traced on (the first) and checked on, and its dynamic dimensions."""
+    if not dynamic_size:
+        return [example_images(size, n) for n in (2, 1, 3)], {0: ('batch', 1)}
+    if size[0] % stride or size[1] % stride:
+        raise UsageError(f'--dynamic-size: the traced size {size[0]}x{size[1]} must be whole {stride} px patches')
+    h, w = size
+    others = [(h, w), (h + stride, w + 2 * stride), (max(2 * stride, h - stride), w + stride)]
+    examples = [example_images(others[0], 2), example_images(others[1], 1), example_images(others[2], 3)]
+    return examples, {0: ('batch', 1), 2: ('height', stride), 3: ('width', stride)}
+
+
+def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int], stride: int,
+                dynamic_size: bool) -> dict:
     """export.json: what a runtime needs besides the network."""
     preprocessor = predictor.cfg.model.data_preprocessor
     return {
         'classes': predictor.classes, 'palette': predictor.palette,
         'mask_values': 'class index + 1, 0 for none (ADE20K)' if predictor.reduce_zero_label else 'class index',
-        'input': {'size': list(size), 'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
+        'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
+                  'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
                   'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
         'output': 'logits (batch, classes, H, W); the class of a pixel is the argmax',
         'checkpoint': str(checkpoint),
@@ -75,25 +91,30 @@ def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int])
 
 
 def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
-                     torch_export: bool = False, onnx: bool = False, data_root: str | None = None,
-                     fallback: DataFallback | None = None) -> Path:
+                     torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
+                     data_root: str | None = None, fallback: DataFallback | None = None) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it."""
+    if dynamic_size and onnx:
+        raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
+                         'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     model = SegmentationLogits(predictor.model).eval()
     size = size or window_size(predictor.cfg)
-    examples = [example_images(size, 2), example_images(size, 3)]
+    examples, dynamic = checked_inputs(size, predictor.model.backbone.stride, dynamic_size)
     with staged_folder(out) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
-        write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size))
+        stride = predictor.model.backbone.stride
+        write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
             check_same_outputs(model(examples[0]), SegmentationLogits(segmentor_from(staging))(examples[0]),
                                f'{WEIGHTS} with config.py')
         if torch_export:
-            write_exported_program(model, examples, staging / EXPORTED_PROGRAM, BATCH)
+            write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
         if onnx:
-            write_onnx(model, examples, staging / ONNX_MODEL, BATCH, 'logits')
-    logger.info(f'{out}: {len(predictor.classes)} classes, {size[0]}x{size[1]} windows, from {checkpoint}: '
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, 'logits')
+    shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
+    logger.info(f'{out}: {len(predictor.classes)} classes, inputs {shape}, from {checkpoint}: '
                 f'{", ".join(sorted(p.name for p in out.iterdir()))}')
     return out
 
@@ -114,9 +135,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
     p.add_argument('--size', type=positive_int, nargs=2, metavar=('H', 'W'),
                    help="the exported input size (default: the config's test window)")
+    p.add_argument('--dynamic-size', action='store_true',
+                   help='any input height and width (multiples of the backbone\'s stride), not only the window\'s')
     p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')
 
 
 def export_from_args(args: argparse.Namespace, out: Path, fallback: DataFallback | None = None) -> Path:
     return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
-                            args.torch_export, args.onnx, args.data_root, fallback)
+                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from common.errors import Interrupted
+from common.errors import CheckpointReadError, Interrupted
 from common.files import remove_partial_writes, write_text_atomic
 from engine.fit import StopRequests
 
@@ -46,10 +46,15 @@ def set_torch_rng_state(state: dict) -> None:
 
 
 def recorded_seed(work_dir: str | Path) -> int | None:
-    """The seed of the run a work dir holds (its newest checkpoint's), or None."""
-    newest = next(iter(iteration_checkpoints(work_dir)), None)
-    seed = checkpoint_meta(str(newest)).get('seed') if newest is not None else None
-    return int(seed) if seed is not None else None
+    """The seed of the run a work dir holds (its newest readable checkpoint's: resuming passes over damaged ones
+    too), or None."""
+    for checkpoint in iteration_checkpoints(work_dir):
+        try:
+            seed = checkpoint_meta(str(checkpoint)).get('seed')
+        except CheckpointReadError:
+            continue
+        return int(seed) if seed is not None else None
+    return None
 
 
 def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int:

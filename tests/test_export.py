@@ -169,3 +169,12 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
     normalised = (pixels - described['input']['mean']) / described['input']['std']
     logits = session.run(None, {'images': normalised.transpose(2, 0, 1)[None].astype(np.float32)})[0]
     assert np.array_equal(logits[0].argmax(0), SegPredictor(str(config), str(tmp_path / 'seg.pth'))(image))
+    # any height and width of whole patches: a new image of another size, whole, gives predict_seg's mask
+    succeeded(run_tool('export.py', ['segmentor', config, tmp_path / 'seg.pth', '--out', tmp_path / 'any',
+                                     '--torch-export', '--dynamic-size']))
+    cv2.imwrite(str(image), rng.integers(0, 256, (64, 128, 3), dtype=np.uint8))  # kept whole by the test resize
+    pixels = cv2.cvtColor(cv2.imread(str(image)), cv2.COLOR_BGR2RGB).astype(np.float32)
+    normalised = ((pixels - described['input']['mean']) / described['input']['std']).transpose(2, 0, 1)[None]
+    mask = SegPredictor(str(config), str(tmp_path / 'seg.pth'))(image)
+    program = torch.export.load(tmp_path / 'any' / EXPORTED_PROGRAM).module()
+    assert np.array_equal(program(torch.from_numpy(normalised.astype(np.float32)))[0].argmax(0).numpy(), mask)

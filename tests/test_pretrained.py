@@ -93,3 +93,13 @@ def test_pretrained_from_a_file_url_with_a_new_class_count(hub, tmp_path):
                                    pretrained_cfg_overlay=dict(url=path.as_uri()), **TINY)
     assert model.head.weight.shape == model.aux_head.weight.shape == (10, 48)
     assert torch.equal(model.blocks[1].attn.qkv.weight, lvvit.blocks[1].attn.qkv.weight)
+
+
+def test_a_release_still_loads_after_timms_own_loader_ran(tmp_path):
+    """timm's load_checkpoint allows argparse.Namespace in torch's safe_globals context, which on exit removes it from
+    the allowed globals altogether, the suite's registration included: the suite's loader allows it per load."""
+    source, path = release_of('lvvit_s', tmp_path)
+    timm.models.load_checkpoint(timm.create_model('lvvit_s', img_size=64, **TINY), str(path))
+    model = timm.create_model('lvvit_s', img_size=64, **TINY)
+    backbones.load_checkpoint(model, str(path))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
