@@ -11,14 +11,13 @@ import torch
 
 import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
-from classification import train
 from classification.export import WEIGHTS, export_classifier
 from common.exporting import EXPORTED_PROGRAM, ONNX_MODEL
 from classification.models import build_eval_model, create_classifier
 from common.errors import CheckpointReadError, UsageError
-from helpers.cls_data import CLASSES, make_image_folder
+from helpers.cls_data import CLASSES
 from helpers.commands import run_tool, succeeded
-from helpers.models import TINY_DEIT
+from helpers.training_runs import tiny_deit_run
 from export import main as export
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
@@ -29,11 +28,8 @@ DEIT = 'deit_small_patch16_224'
 def checkpoint_with_ema(tmp_path_factory):
     """A DeiT run's checkpoint (three named classes), with an EMA copy that differs from the trained weights."""
     tmp = tmp_path_factory.mktemp('export')
-    data = make_image_folder(tmp / 'data')
-    train.main([*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
-                '--epochs', '1', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--output',
-                str(tmp / 'run')])
-    checkpoint = torch.load(tmp / 'run' / 'last.pth', weights_only=False)
+    _, last = tiny_deit_run(tmp, epochs=1)
+    checkpoint = torch.load(last, weights_only=False)
     checkpoint['state_dict_ema'] = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
                                     for k, v in checkpoint['state_dict'].items()}
     torch.save(checkpoint, tmp / 'with_ema.pth')

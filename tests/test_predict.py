@@ -12,25 +12,20 @@ import pytest
 import timm
 import torch
 
-from classification import train
 from classification.evaluate import main as eval_cls
 from classification.predict import ClassPredictor
-from helpers.cls_data import CLASSES, make_image_folder
+from helpers.cls_data import CLASSES
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
+from helpers.training_runs import tiny_deit_run
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
 
 
 @pytest.fixture(scope='module')
 def classifier(tmp_path_factory):
-    """An image folder and a one-epoch DeiT run on it (its last.pth records the three class names)."""
-    tmp = tmp_path_factory.mktemp('predict')
-    data = make_image_folder(tmp / 'data')
-    train.main([*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
-                '--epochs', '2', '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--output',
-                str(tmp / 'run')])
-    return data, tmp / 'run' / 'last.pth'
+    """An image folder and a two-epoch DeiT run on it (its last.pth records the three class names)."""
+    return tiny_deit_run(tmp_path_factory.mktemp('predict'), epochs=2)
 
 
 def val_images(data: Path) -> list[Path]:

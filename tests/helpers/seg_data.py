@@ -82,8 +82,6 @@ def write_tiny_ade(root: Path, counts=(('training', 4), ('validation', 3)), seed
     1..6) on class 1, some 0 (ignored)."""
     rng = np.random.default_rng(seed)
     for split, count in counts:
-        (root / 'images' / split).mkdir(parents=True, exist_ok=True)
-        (root / 'annotations' / split).mkdir(parents=True, exist_ok=True)
         for i in range(count):
             h, w = rng.integers(40, 72, 2)
             label = np.ones((h, w), np.uint8)
@@ -94,10 +92,15 @@ def write_tiny_ade(root: Path, counts=(('training', 4), ('validation', 3)), seed
                 label[y:y + 12, x:x + 16] = cls
                 image[y:y + 12, x:x + 16] = (cls * 40) % 256
             label[:2] = 0
-            name = ade20k_name(split, i)
-            cv2.imwrite(str(root / 'images' / split / f'{name}.jpg'), image)
-            cv2.imwrite(str(root / 'annotations' / split / f'{name}.png'), label)
+            write_pair(root, 'annotations', split, ade20k_name(split, i), image, label)
     return root
+
+
+def write_pair(root: Path, mask_dir: str, split: str, name: str, image: np.ndarray, mask: np.ndarray) -> None:
+    """root/images/SPLIT/NAME.jpg and root/MASK_DIR/SPLIT/NAME.png (folders made as needed)."""
+    for folder, suffix, pixels in (('images', '.jpg', image), (mask_dir, '.png', mask)):
+        (root / folder / split).mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(root / folder / split / f'{name}{suffix}'), pixels)
 
 
 def write_own_seg(root: Path, classes=OWN_CLASSES, counts=(('train', 6), ('val', 3)), classes_file: bool = True,
@@ -107,8 +110,6 @@ def write_own_seg(root: Path, classes=OWN_CLASSES, counts=(('train', 6), ('val',
     pixels are 255 (ignored)."""
     rng = np.random.default_rng(seed)
     for split, count in counts:
-        (root / 'images' / split).mkdir(parents=True, exist_ok=True)
-        (root / 'masks' / split).mkdir(parents=True, exist_ok=True)
         for i in range(count):
             h, w = rng.integers(56, 80, 2)
             mask = np.zeros((h, w), np.uint8)
@@ -117,8 +118,7 @@ def write_own_seg(root: Path, classes=OWN_CLASSES, counts=(('train', 6), ('val',
                 mask[y:y + 24, x:x + 24] = cls
             image = np.stack([mask * 50 + 20] * 3, -1).astype(np.uint8)
             mask[-2:, :3] = 255
-            cv2.imwrite(str(root / 'images' / split / f'{split}_{i}.jpg'), image)
-            cv2.imwrite(str(root / 'masks' / split / f'{split}_{i}.png'), mask)
+            write_pair(root, 'masks', split, f'{split}_{i}', image, mask)
     if classes_file:
         (root / 'classes.txt').write_text('# name, optional R G B\n' + '\n'.join(
             f'{name} {i * 40} 100 200' if i % 2 else name for i, name in enumerate(classes)) + '\n')

@@ -106,3 +106,16 @@ def resume_after_stops(tool: str, args: Sequence[str], output: Path, stops: int)
     finished = run_tool(tool, [*args, '--resume'])
     assert finished.returncode == 0, finished.stderr[-3000:]
     return points
+
+
+def tiny_deit_run(folder: Path, epochs: int) -> tuple[Path, Path]:
+    """An image folder of three named classes (helpers.cls_data) and a tiny DeiT trained on it for `epochs`, in
+    process: the folder and the run's last.pth."""
+    from classification import train
+    from helpers.cls_data import make_image_folder
+    from helpers.models import TINY_DEIT
+    data = make_image_folder(folder / 'data')
+    train.main([*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--img-size', '32', '--batch-size', '4',
+                '--epochs', str(epochs), '--warmup-epochs', '0', '--workers', '0', '--device', 'cpu', '--output',
+                str(folder / 'run')])
+    return data, folder / 'run' / 'last.pth'
