@@ -13,6 +13,7 @@ from common.files import remove_partial_writes
 from common.log import logger
 from engine.fit import restarted_by_torchrun
 
+from .backbone import TIMM_RELEASE
 from .config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule, drop_one_step_warmup,
                      load_config, resolve_data, shorten_schedule)
 from .data_check import check_data
@@ -85,7 +86,9 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFa
     else:
         checkpoint, origin = fallback.pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
         backbone.pretrained = str(checkpoint)
-        logger.info(f'backbone: {pretrained} not found; {origin}')
+        said = (f'{pretrained} (the ImageNet release) left aside on the embedded data' if pretrained == TIMM_RELEASE
+                else f'{pretrained} not found')
+        logger.info(f'backbone: {said}; {origin}')
 
 
 def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:

@@ -55,7 +55,9 @@ def embedded(root: Path) -> EmbeddedPages:
 
 
 def prepared(tmp_path, *argv, config: Path = CONFIGS / CONFIG):
-    return prepare(build_parser().parse_args([str(config), *argv]), embedded(tmp_path))
+    """train_seg's config for these arguments (a work dir under `tmp_path` unless they name one)."""
+    work = [] if '--work-dir' in argv else ['--work-dir', str(tmp_path / 'work')]
+    return prepare(build_parser().parse_args([str(config), *work, *argv]), embedded(tmp_path))
 
 
 def test_digits_fallback_takes_its_schedule(tmp_path):
