@@ -21,12 +21,11 @@ name.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 from timm.models import create_model
-from timm.models._hub import load_model_config_from_path, save_for_hf
+from timm.models._hub import save_for_hf
 
 from backbones.registry import check_model_name
 from backbones.token_head import TokenLabelingModel, bare_model
@@ -34,9 +33,12 @@ from backbones.weights import checkpoint_class_count
 from common.cli import parse_model_kwargs, positive_int
 from common.errors import UsageError
 from common.exporting import (
+    BATCH,
     EXPORTED_PROGRAM,
     ONNX_MODEL,
     TOLERANCE,
+    WEIGHTS,
+    batch_examples,
     check_same_outputs,
     staged_folder,
     write_exported_program,
@@ -46,14 +48,6 @@ from common.log import logger
 
 from .models import build_eval_model, model_data_config
 from .predict import class_names
-
-WEIGHTS = 'model.safetensors'
-BATCH = {0: ('batch', 1)}
-
-
-def example_images(img_size: int, count: int = 2) -> torch.Tensor:
-    """Normalised-looking inputs the exported files are checked on."""
-    return torch.randn(count, 3, img_size, img_size, generator=torch.Generator().manual_seed(0))
 
 
 def timm_model_from(folder: Path) -> torch.nn.Module:
@@ -86,7 +80,8 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
     data_cfg = model_data_config(model_name)
     size = img_size or data_cfg['input_size'][-1]
     model = build_eval_model(model_name, checkpoint, count, size, use_ema, model_kwargs or {})
-    images = example_images(size)
+    examples = batch_examples(size, size)  # the batch is dynamic
+    images = examples[0]
     with torch.no_grad():
         expected = model(images)
     model = timm_model(model, checkpoint, model_name, images, expected)
@@ -95,7 +90,6 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
                     'suite_checkpoint': str(checkpoint)}
     if descriptions:
         model_config['label_descriptions'] = dict(zip(names, descriptions))
-    examples = [images, example_images(size, count=1), example_images(size, count=3)]  # the batch is dynamic
     with staged_folder(out) as staging:
         save_for_hf(model, str(staging), model_config=model_config, safe_serialization=True)
         with torch.no_grad():
@@ -107,14 +101,6 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
     logger.info(f'{out}: {model_name}, {count} classes, the {"EMA" if use_ema else "trained"} weights of '
                 f'{checkpoint}: {", ".join(sorted(p.name for p in out.iterdir()))}')
     return out
-
-
-def exported_config(folder: str | Path) -> dict:
-    """An export folder's config.json (timm's reading of it: architecture, arguments, preprocessing)."""
-    pretrained_cfg, name, model_args = load_model_config_from_path(folder)
-    raw = json.loads((Path(folder) / 'config.json').read_text())
-    return {'architecture': name, 'model_args': model_args, 'pretrained_cfg': pretrained_cfg,
-            'suite_weights': raw.get('suite_weights')}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,10 +13,23 @@ import torch
 
 from .errors import CheckpointError
 
+WEIGHTS = 'model.safetensors'
 EXPORTED_PROGRAM = 'model.pt2'
 ONNX_MODEL = 'model.onnx'
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32, the same weights: the runtimes may order sums differently
 DynamicDims = dict[int, tuple[str, int]]  # input dimension -> its name and the multiple it must be, {0: ('batch', 1)}
+BATCH: DynamicDims = {0: ('batch', 1)}  # a dynamic batch size, the rest of the input fixed
+CHECKED_BATCHES = (2, 1, 3)  # traced on the first; 1 too, which a trace of 2 may have specialised away
+
+
+def example_images(count: int, height: int, width: int) -> torch.Tensor:
+    """Normalised-looking (count, 3, height, width) inputs the exported files are traced and checked on."""
+    return torch.randn(count, 3, height, width, generator=torch.Generator().manual_seed(0))
+
+
+def batch_examples(height: int, width: int) -> list[torch.Tensor]:
+    """Inputs of one size at each of CHECKED_BATCHES, the one to trace first."""
+    return [example_images(count, height, width) for count in CHECKED_BATCHES]
 
 
 def check_same_outputs(expected: torch.Tensor, got: torch.Tensor, what: str) -> None:

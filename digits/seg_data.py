@@ -17,9 +17,10 @@ from mmengine.config import Config
 from common.cli import output_folder
 from common.log import logger
 from segmentation.config import ADE20K_CROP, LOADERS, drop_tta_flips, scale_sizes
+from segmentation.own_data import set_classes
 
 from .cls_data import RECIPE, EmbeddedScans, describe_backbone
-from .pages import CLASSES, DATASET, write_digits_ade
+from .pages import CLASSES, DATASET, PALETTE, write_digits_ade
 
 PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
 # The configs run on the pages at the scale that makes their training crop the input size of the classification
@@ -97,9 +98,7 @@ class EmbeddedPages:
             self.use_test_ratios(cfg)
         scale_sizes(cfg.model.get('data_preprocessor', {}), self.scale)
         scale_sizes(cfg.model.get('test_cfg', {}), self.scale)
-        for head in ('decode_head', 'auxiliary_head'):
-            if cfg.model.get(head):
-                cfg.model[head]['num_classes'] = len(CLASSES)
+        set_classes(cfg, CLASSES, PALETTE, reduce_zero_label=True)  # data sets and heads
 
     def use_test_ratios(self, cfg: Config) -> None:
         """The multi-scale test resizes to `test_ratios` times the single-scale test's size (already scaled)."""

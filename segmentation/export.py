@@ -25,8 +25,8 @@ from safetensors.torch import load_model, save_model
 
 from common.cli import positive_int
 from common.errors import UsageError
-from common.exporting import (EXPORTED_PROGRAM, ONNX_MODEL, check_same_outputs, staged_folder, write_exported_program,
-                              write_onnx)
+from common.exporting import (BATCH, CHECKED_BATCHES, EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS, batch_examples,
+                              check_same_outputs, example_images, staged_folder, write_exported_program, write_onnx)
 from common.files import write_json_atomic
 from common.log import logger
 from mmseg.registry import MODELS
@@ -34,7 +34,6 @@ from mmseg.registry import MODELS
 from .config import DataFallback
 from .predict import SegPredictor
 
-WEIGHTS = 'model.safetensors'
 
 
 class SegmentationLogits(nn.Module):
@@ -59,20 +58,16 @@ def window_size(cfg: Config) -> tuple[int, int]:
     return tuple(cfg.model.data_preprocessor['size'])
 
 
-def example_images(size: tuple[int, int], count: int) -> torch.Tensor:
-    return torch.randn(count, 3, *size, generator=torch.Generator().manual_seed(0))
-
-
 def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
     """The inputs an export is traced on (the first) and checked on, and its dynamic dimensions."""
     if not dynamic_size:
-        return [example_images(size, n) for n in (2, 1, 3)], {0: ('batch', 1)}
+        return batch_examples(*size), BATCH
     if size[0] % stride or size[1] % stride:
         raise UsageError(f'--dynamic-size: the traced size {size[0]}x{size[1]} must be whole {stride} px patches')
     h, w = size
     others = [(h, w), (h + stride, w + 2 * stride), (max(2 * stride, h - stride), w + stride)]
-    examples = [example_images(others[0], 2), example_images(others[1], 1), example_images(others[2], 3)]
-    return examples, {0: ('batch', 1), 2: ('height', stride), 3: ('width', stride)}
+    examples = [example_images(count, *other) for count, other in zip(CHECKED_BATCHES, others)]
+    return examples, {**BATCH, 2: ('height', stride), 3: ('width', stride)}
 
 
 def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int], stride: int,

@@ -115,25 +115,24 @@ def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
     return names, colours
 
 
-def mask_values(mask_dirs: list[Path]) -> tuple[set[int], list[str]]:
-    """Every label value the masks under `mask_dirs` use (255 left out), and the masks that could not be read (the
-    data check names what is wrong with them)."""
+def mask_values(mask_dirs: list[Path]) -> set[int]:
+    """Every label value the masks under `mask_dirs` use (255 left out); masks that cannot be read are passed over
+    here (the data check names what is wrong with them)."""
     values: set[int] = set()
-    unread = []
     for folder in mask_dirs:
         for path in sorted(folder.rglob(f'*{MASK_SUFFIX}')):
             try:
                 values.update(int(v) for v in np.unique(np.asarray(decoded(str(path)))))
-            except Exception:  # a damaged or multi-channel mask: the data check reports it
-                unread.append(str(path))
+            except Exception:  # a damaged or multi-channel mask
+                continue
     values.discard(IGNORE_INDEX)
-    return values, unread
+    return values
 
 
 def counted_classes(root: Path, mask_dirs: list[Path]) -> list[str]:
     """Classes 0 .. the largest value of the masks, named 'class N'. Masks that use few of those values are refused:
     they hold colours or 0/255 masks rather than class indices, which only a classes file can declare."""
-    values, _ = mask_values(mask_dirs)
+    values = mask_values(mask_dirs)
     if not values:
         raise DataError(f'the masks of {root} hold no class value (only {IGNORE_INDEX}, ignored)')
     count = max(values) + 1

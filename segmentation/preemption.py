@@ -23,6 +23,7 @@ import torch.distributed as dist
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from common.distributed import DistInfo, all_reduce_sum
 from common.errors import CheckpointReadError, Interrupted
 from common.files import remove_partial_writes, write_text_atomic
 from engine.fit import StopRequests
@@ -66,15 +67,6 @@ def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int:
     return int(np.random.SeedSequence().entropy % 2 ** 31)
 
 
-def any_process(flag: bool) -> bool:
-    """Whether `flag` holds in any process (every process stops or saves at the same iteration)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    value = torch.tensor([int(flag)], device='cuda' if dist.get_backend() == 'nccl' else 'cpu')
-    dist.all_reduce(value)
-    return bool(value.item())
-
-
 @HOOKS.register_module()
 class PreemptionCheckpoints(Hook):
     """A checkpoint and exit 75 on SIGTERM/SIGUSR1, a checkpoint every `minutes` (see the module docstring); and
@@ -87,10 +79,14 @@ class PreemptionCheckpoints(Hook):
         self.stops = StopRequests()
         self.last_save = time.time()
         self.timed: Path | None = None  # the previous timed checkpoint, replaced by the next
+        self.info = DistInfo()  # the processes training together, known at before_train
 
     def before_train(self, runner) -> None:
         self.stops.__enter__()
         self.last_save = time.time()
+        nccl = dist.is_available() and dist.is_initialized() and dist.get_backend() == 'nccl'
+        self.info = DistInfo(rank=runner.rank, world_size=runner.world_size,
+                             device=torch.device('cuda', torch.cuda.current_device()) if nccl else torch.device('cpu'))
 
     def after_train(self, runner) -> None:
         self.stops.__exit__()
@@ -105,7 +101,7 @@ class PreemptionCheckpoints(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         due = self.minutes is not None and time.time() - self.last_save >= 60 * self.minutes
         stop = self.stops.received is not None
-        stop, due = any_process(stop), any_process(due)
+        stop, due = (bool(v) for v in all_reduce_sum([stop, due], self.info))  # every process at the same iteration
         if not (stop or due):
             return
         done = runner.iter + 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import zipfile
 from pathlib import Path
 from typing import TypeVar
 from collections.abc import Callable
@@ -24,9 +25,11 @@ from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_
 
 from backbones.weights import describe_mismatch, key_mismatch
 from common.errors import CheckpointError, CheckpointReadError
+from common.files import load_weights_only
 from common.log import logger
 
 from .backbone import TokenBackbone
+from .mmengine_io import mmengine_checkpoint_globals
 from .notices import HarmlessLogLines
 
 T = TypeVar('T')
@@ -47,8 +50,11 @@ def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
 
 
 def checkpoint_meta(filename: str) -> dict:
-    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`), or {}."""
-    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
+    {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
+    on disk."""
+    checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
+                                   mmap=zipfile.is_zipfile(filename))
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
     return meta if isinstance(meta, dict) else {}
 

@@ -11,8 +11,8 @@ import torch
 
 import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
-from classification.export import WEIGHTS, export_classifier
-from common.exporting import EXPORTED_PROGRAM, ONNX_MODEL
+from classification.export import export_classifier
+from common.exporting import EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS
 from classification.models import build_eval_model, create_classifier
 from common.errors import CheckpointReadError, UsageError
 from helpers.cls_data import CLASSES
