@@ -86,6 +86,8 @@ def test_a_subset_that_leaves_a_class_without_an_image_is_said(trained, caplog):
     ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--topk', '0'], '>= 1'),
     ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--shard-size', '0'],
      '>= 1'),
+    ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--amp', 'fp16'],
+     'invalid choice'),
     ('eval_cls.py', ['lvvit_s', '--checkpoint', 'c', '--data-dir', '.', '--crop-pct', '-0.5'], '(0, 1]'),
     ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--iters', '0'], '>= 1'),
     ('train_seg.py', ['seg_configs/upernet_lvvit_s.py', '--grad-accum-steps', '0'], '>= 1'),

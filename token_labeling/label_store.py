@@ -284,6 +284,10 @@ def read_meta(root: Path) -> dict | None:
         raise TokenLabelError(f'{root / META}: not readable JSON ({e}); delete {root} and make the store again') from e
 
 
+# Shaping values older stores do not record, and what they were made with: such a store is finished only with it.
+UNRECORDED = {'amp': 'none'}
+
+
 def _describe(key: str, value) -> str:
     if key == 'classes':
         return f'{len(value)} classes'
@@ -339,6 +343,7 @@ class StoreWriter:
         self.shards = shard_ranges(len(paths), meta['shard_size'])
 
     def _check_same_store(self, old: dict, shaping: Sequence[str]) -> None:
+        old = {**UNRECORDED, **old}
         changed = [k for k in shaping if old.get(k) != self.meta[k]]
         if changed:
             was = ', '.join(_describe(k, old.get(k)) for k in changed)

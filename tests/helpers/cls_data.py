@@ -1,4 +1,5 @@
 """Tiny ImageNet-layout folders of real image files for the classification tests."""
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +22,12 @@ def class_pattern(label: int, rng: np.random.Generator, size: int) -> np.ndarray
 
 
 def make_image_folder(root: Path, per_class: dict = None, size: int = 40, seed: int = 0,
-                      wide: bool = True) -> Path:
+                      wide: bool = True, classes: Sequence[str] = CLASSES) -> Path:
     """root/{train,val}/CLASS/*.{JPEG,png} with a few images per class; some non-square when `wide`."""
     per_class = per_class or {'train': 8, 'val': 4}
     rng = np.random.default_rng(seed)
     for split, count in per_class.items():
-        for label, name in enumerate(CLASSES):
+        for label, name in enumerate(classes):
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
