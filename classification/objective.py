@@ -5,7 +5,7 @@ distillation."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -81,6 +81,8 @@ class ClassificationObjective:
     teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
     annotator: nn.Module | None = None  # online token labeling: a Teacher whose dense_map gives the token targets
     annotator_topk: int = 5  # the classes kept per position, as a store keeps them
+    # the model's token grid, from its first output: the grid `targets_ahead` cuts the next batches' map targets for
+    token_grid: tuple[int, int] | None = field(default=None, init=False)
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
         """Images and their targets before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
@@ -100,37 +102,50 @@ class ClassificationObjective:
             return (0.5 * soft_cross_entropy(cls_logits, targets.labels)
                     + 0.5 * F.cross_entropy(dist_logits.float(), targets.teacher))
         if self.label_pooling:  # targets: the CutMix lambda
-            pooled, _ = self.map_targets(batch, POOLING_GRID, device)
+            pooled, _ = self.batch_map_targets(batch, POOLING_GRID, device)
             return soft_cross_entropy(output, targets * pooled + (1 - targets) * pooled.flip(0))
         if self.token_loss is None:
             return soft_cross_entropy(output, targets)
         if not isinstance(output, TokenLabelingOutput):
             raise TypeError('token labeling needs a model with a token head in training mode')
-        grid = output.token_logits.shape[1:3]
+        grid = self.token_grid = tuple(output.token_logits.shape[1:3])
         if self.token_builder is None:
             label_target = self.label_target(batch['label'].to(device, non_blocking=True))
             return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
         cls_target, token_target = self.online_targets(targets, grid) if isinstance(targets, AnnotatorMaps) \
-            else self.map_targets(batch, grid, device)
+            else self.batch_map_targets(batch, grid, device)
         if self.token_target == 'pooled':
             token_target = cls_target[:, None, None].expand(-1, *grid, -1)
         if self.cls_target == 'label':
             cls_target = self.label_target(batch['label'].to(device, non_blocking=True))
         return self.token_loss(output, cls_target, token_target)
 
+    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
+        """`batch` with its map targets ('map_targets': grid, (class target, token targets)) where the grid is known
+        before the forward: label pooling's, or the token grid of the model's previous output."""
+        grid = POOLING_GRID if self.label_pooling else self.token_grid
+        if grid is None or self.token_builder is None or self.annotator is not None:
+            return batch
+        return {**batch, 'map_targets': (grid, self.map_targets(batch, grid, device))}
+
+    def batch_map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
+        """The map targets on `grid` made ahead for `batch` (`targets_ahead`), else made now."""
+        ahead = batch.get('map_targets')
+        return ahead[1] if ahead is not None and ahead[0] == grid else self.map_targets(batch, grid, device)
+
     def map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
                                                                                              torch.Tensor]:
         """(class target, token targets on `grid`) cut from the batch's annotator maps along each crop's geometry;
-        an image the store has no map for gets its image label in both."""
+        an image the store has no map for gets its image label in both (chosen on the device: no host sync)."""
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
             geometry, grid, batch['extent'].to(device, non_blocking=True))
-        if not batch['has_map'].all():
-            mapped = batch['has_map'].to(device)
-            label_target = self.label_target(batch['label'].to(device, non_blocking=True))
-            cls_target = torch.where(mapped[:, None], cls_target, label_target)
-            token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
+        mapped = batch['has_map'].to(device, non_blocking=True)
+        label_target = self.label_target(batch['label'].to(device, non_blocking=True))
+        cls_target = torch.where(mapped[:, None], cls_target, label_target)
+        token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
         return cls_target, token_target
 
     def annotator_maps(self, images: torch.Tensor) -> AnnotatorMaps:

@@ -97,6 +97,46 @@ def all_reduce_sum(values: Sequence[float], info: DistInfo) -> list[float]:
     return t.tolist()
 
 
+class LaggingSum:
+    """Sums of a few numbers over all processes, read one round late so that no round waits for the device.
+
+    `exchange(values)` starts summing `values` and returns the sums the previous round started (zeros at the first).
+    Every process gets the same sums at the same round, which is what agreeing on a stop needs; a per-round
+    `all_reduce_sum` would instead make the host wait for everything queued on the training stream, every update.
+    On a GPU the numbers travel through pinned host memory and an event marks when the sum reached it: by the next
+    round the training stream has long passed that point, so reading it costs no wait."""
+
+    def __init__(self, info: DistInfo, size: int) -> None:
+        self.info, self.size = info, size
+        self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
+
+    def exchange(self, values: Sequence[float]) -> list[float]:
+        previous = self.read()
+        local = torch.tensor(list(values), dtype=torch.float64)
+        if self.info.device.type != 'cuda':
+            if self.info.distributed:
+                dist.all_reduce(local)
+            self.pending = (local, None)
+            return previous
+        summed = local.pin_memory().to(self.info.device, non_blocking=True)
+        if self.info.distributed:
+            dist.all_reduce(summed, async_op=True).wait()  # the training stream waits, not the host
+        host = torch.empty(len(local), dtype=torch.float64, pin_memory=True)
+        host.copy_(summed, non_blocking=True)
+        reached = torch.cuda.Event()
+        reached.record()
+        self.pending = (host, reached)
+        return previous
+
+    def read(self) -> list[float]:
+        if self.pending is None:
+            return [0.0] * self.size
+        host, reached = self.pending
+        if reached is not None:
+            reached.synchronize()
+        return host.tolist()
+
+
 class ResumableSampler(Sampler[int]):
     """A training sampler whose next pass can start part of the way in (`skip`): a run resumed mid-epoch reads the
     rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone."""

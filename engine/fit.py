@@ -4,8 +4,9 @@ Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every proc
 (weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
 uninterrupted run.
 
-Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a job) lets the current update finish,
-then `last.pth` is written mid-epoch (the batches done, the epoch's loss so far, every RNG state) and the command
+Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a job) lets the current update finish
+(under torchrun, all processes stop after the next one: they agree without waiting for the device), then `last.pth`
+is written mid-epoch (the batches done, the epoch's loss so far, every RNG state) and the command
 exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a checkpoint at most every M
 minutes. A resume continues mid-epoch at the next batch, to the same losses and weights: the sampler skips what the
 epoch already read, and the loader workers seed each image's augmentation from the run's seed, the epoch and the
@@ -39,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from backbones import bare_model
 from common.cli import check_output_folder
-from common.distributed import DistInfo, all_reduce_sum, barrier
+from common.distributed import DistInfo, LaggingSum, barrier
 from common.errors import CheckpointError, DataError, Interrupted, UsageError
 from common.files import remove_partial_writes, save_atomic, write_text_atomic
 from common.log import logger
@@ -187,6 +188,7 @@ class Fit:
     eval_transform: BatchTransform | None = None
     accumulate: int = 1  # batches per optimizer update
     checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often
+    overlap: bool = True  # batches prepared beside the previous step (engine.steps.BatchPreparation)
     epochs_done: int = 0  # epochs are numbered from 1 everywhere: checkpoints, logs, seeds, the scheduler
     best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
     record: dict = field(default_factory=dict)
@@ -237,17 +239,18 @@ class Fit:
         train_model = DistributedDataParallel(
             self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
             if info.distributed else self.model
+        agreement = LaggingSum(info, 2)
         with StopRequests() as stops:
             for epoch in range(self.epochs_done + 1, num_epochs + 1):
-                self.run_epoch(train_model, epoch, num_epochs, train_loader, val_loader, runlog, stops)
+                self.run_epoch(train_model, epoch, num_epochs, train_loader, val_loader, runlog, stops, agreement)
         runlog.close()
         barrier(self.info)  # best.pth and last.pth are complete for every process
         return self.record
 
     def run_epoch(self, train_model: nn.Module, epoch: int, num_epochs: int, train_loader,
-                  val_loader: Iterable[dict], runlog: RunLog, stops: StopRequests) -> None:
+                  val_loader: Iterable[dict], runlog: RunLog, stops: StopRequests, agreement: LaggingSum) -> None:
         """One epoch (or the rest of one), its validation and checkpoint; mid-epoch checkpoints and the stop on a
-        signal after updates (see the module docstring)."""
+        signal after updates (see the module docstring), agreed on by all processes through `agreement`."""
         info, state = self.info, self.state
         started, updates = time.time(), state.num_updates
         progress, rng = self.resume_progress, self.resume_rng
@@ -263,8 +266,8 @@ class Fit:
             nonlocal last_save
             due = self.checkpoint_minutes is not None and time.time() - last_save >= 60 * self.checkpoint_minutes
             stop = stops.received is not None
-            if info.distributed:  # every process stops or saves at the same update
-                stop, due = (bool(v) for v in all_reduce_sum([stop, due], info))
+            if info.distributed:  # every process stops or saves at the same update (the one after it was asked)
+                stop, due = (bool(v) for v in agreement.exchange([stop, due]))
             if stop or due:
                 self.save(epoch - 1, False, done)
                 last_save = time.time()
@@ -277,7 +280,7 @@ class Fit:
                                runlog.step, desc=f'epoch {epoch}/{num_epochs}', transform=self.train_transform,
                                accumulate=self.accumulate, progress=progress,
                                on_start=None if rng is None else lambda: set_rng_state(rng),
-                               after_update=after_update)
+                               after_update=after_update, overlap=self.overlap)
         if state.num_updates == updates and (progress is None or progress.steps == 0):
             raise DataError(f'epoch {epoch} trained on no image: all {state.skipped} images read were '
                             f'unreadable and skipped; check the data folder')

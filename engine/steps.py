@@ -6,7 +6,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -55,11 +55,66 @@ class Objective(Protocol):
     def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
         """The loss of the model's `output` on `batch`."""
 
+    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
+        """`batch` with the targets the objective can make before the model runs (its loss then uses them), or as it
+        is; random draws belong in `prepare`, not here."""
+
 
 def model_input(batch: dict, info: DistInfo, transform: BatchTransform | None) -> torch.Tensor:
     """The batch's images on the device, through `transform` when there is one (CIFAR: upsample and augment)."""
     images = batch['image'].to(info.device, non_blocking=True)
     return images if transform is None else transform(images)
+
+
+def to_device(value, device: torch.device):
+    """A batch value on `device`: tensors (and what has `.to`, such as the batched path's `PendingImages`) copied
+    without blocking the host, sequences of them element by element, anything else as it is."""
+    if isinstance(value, (list, tuple)):
+        moved = [to_device(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, '_fields') else type(value)(moved)  # named tuples too
+    return value.to(device, non_blocking=True) if hasattr(value, 'to') else value
+
+
+def tensors_in(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors_in(v)
+
+
+class BatchPreparation:
+    """Each training batch made ready for its step: its tensors on the device, `transform` on the images (the
+    batched path's device half, CIFAR's upsampling and augmentation) and, with `overlap`, the objective's targets
+    made ahead (`Objective.targets_ahead`).
+
+    With `overlap` on a GPU this runs on a stream of its own: the host issues it right after the previous update
+    (nothing between syncs the host), so the copy, the augmentation and the targets run while that batch's backward
+    pass and update still run on the training stream, which waits for them (an event) before the forward. Tensors
+    made on the side stream are marked as used by the training stream, so that their memory is not reused before
+    it is done with them. The same calls in the same order either way, so the same random draws: the overlapped
+    and the serial loop (`overlap=False`: in place, the targets made in the loss) train alike, and a resumed run
+    alike. On a CPU the overlap makes only the targets ahead."""
+
+    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
+                 overlap: bool = True) -> None:
+        self.device, self.transform, self.objective, self.overlap = info.device, transform, objective, overlap
+        self.stream = torch.cuda.Stream(info.device) if overlap and info.device.type == 'cuda' else None
+
+    def __call__(self, batch: dict) -> dict:
+        with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
+            ready = {key: to_device(value, self.device) for key, value in batch.items()}
+            if self.transform is not None:
+                ready['image'] = self.transform(ready['image'])
+            if self.overlap:
+                ready = self.objective.targets_ahead(ready, self.device)
+        if self.stream is not None:
+            training = torch.cuda.current_stream(self.device)
+            training.wait_stream(self.stream)
+            for tensor in tensors_in(list(ready.values())):
+                if tensor.device.type == 'cuda':
+                    tensor.record_stream(training)
+        return ready
 
 
 @dataclass
@@ -138,6 +193,7 @@ def train_one_epoch(
         progress: EpochProgress | None = None,
         on_start: Callable[[], None] | None = None,
         after_update: Callable[[EpochProgress], None] | None = None,
+        overlap: bool = True,
 ) -> PassResult:
     """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
     each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
@@ -146,7 +202,8 @@ def train_one_epoch(
 
     A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
     `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
-    streams after that draw). `after_update(progress)` runs after every update (it raises to stop the run there)."""
+    streams after that draw). `after_update(progress)` runs after every update (it raises to stop the run there).
+    `overlap`: each batch prepared ahead, on a side stream on GPUs (`BatchPreparation`); False: serially."""
     model.train()
     progress = progress or EpochProgress()
     # the batches of the whole pass that complete an update (an iterator without a length: all it yields)
@@ -158,6 +215,7 @@ def train_one_epoch(
                initial=progress.batches, total=usable)
     pending = 0  # batches whose gradients wait for the update
     pace, first_batch = Pace(), progress.batches
+    prepare = BatchPreparation(info, transform, objective, overlap)
     ready = time.perf_counter()
     for batch in bar:
         pace.waiting += time.perf_counter() - ready
@@ -168,7 +226,7 @@ def train_one_epoch(
         progress.batches += 1
         updating = progress.batches % accumulate == 0
         if 'image' in batch:
-            value = train_step(model, batch, objective, state, info, amp, transform, accumulate, updating)
+            value = train_step(model, prepare(batch), objective, state, info, amp, accumulate, updating)
             progress.loss_sum, progress.steps, pending = progress.loss_sum + value, progress.steps + 1, pending + 1
         if updating and pending:
             update(model, state, clip_grad)
@@ -189,10 +247,10 @@ def train_one_epoch(
 
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
-               transform: BatchTransform | None, accumulate: int, updating: bool) -> float:
-    """Forward and backward of one batch, its gradients added to those waiting for the update; returns its loss."""
-    images = model_input(batch, info, transform)
-    labels = batch['label'].to(info.device, non_blocking=True)
+               accumulate: int, updating: bool) -> float:
+    """Forward and backward of one prepared batch (`BatchPreparation`), its gradients added to those waiting for the
+    update; returns its loss."""
+    images, labels = batch['image'], batch['label']
     # DDP reduces the gradients only in the backward pass that completes an update
     reduce = updating or not hasattr(model, 'no_sync')
     with contextlib.nullcontext() if reduce else model.no_sync():

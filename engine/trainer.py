@@ -61,6 +61,7 @@ class RunOptions:
     pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
     grad_accum_steps: int = 1  # batches whose gradients make one update
     checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often; None: at epochs only
+    serial_loop: bool = False  # each batch prepared between the steps, not beside them (for comparison)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
@@ -96,6 +97,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write last.pth mid-epoch, at most every M minutes (resumed at the next batch); '
                              'SIGTERM and SIGUSR1 always write one before stopping')
+    parser.add_argument('--serial-loop', action='store_true',
+                        help='prepare each batch (copy, device half of the augmentation, token targets) between the '
+                             'steps on the training stream, not beside the previous step on a side stream: the same '
+                             'numbers, slower on GPUs (for comparison)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
                         help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
                              '0: none')
@@ -210,7 +215,8 @@ class Trainer:
         if self.options.compile:
             model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager
         fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
-                  train_transform, eval_transform, accumulate, self.options.checkpoint_minutes)
+                  train_transform, eval_transform, accumulate, self.options.checkpoint_minutes,
+                  overlap=not self.options.serial_loop)
         fit.start(self.resume, self.options.seed)
         return fit
 

@@ -156,6 +156,35 @@ def test_batched_augmentation_trains_like_the_pil_path(labeled_images, tmp_path)
         assert batched[epoch]['train_loss'] != pil[epoch]['train_loss']  # the batched path did run
 
 
+@pytest.mark.parametrize('preset', ['token-labeling', 'relabel'])
+def test_overlapped_loop_trains_like_the_serial_one(labeled_images, tmp_path, monkeypatch, preset):
+    """Batches prepared ahead (their map targets made before the forward; on a GPU on a side stream) against
+    --serial-loop (targets made in the loss), with every random draw of the full recipe on the batched path
+    (RandAugment, random erasing's noise on the device, MixToken or CutMix, drop-path, EMA, two loader workers):
+    the same losses and weights, bit for bit."""
+    from classification.objective import ClassificationObjective
+    data, labels = labeled_images
+    made_ahead = []
+    targets_ahead = ClassificationObjective.targets_ahead
+
+    def spy(self, batch, device):
+        ready = targets_ahead(self, batch, device)
+        made_ahead.append('map_targets' in ready)
+        return ready
+
+    monkeypatch.setattr(ClassificationObjective, 'targets_ahead', spy)
+    common = ['--preset', preset, '--epochs', '2', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1',
+              '--augment', 'batched']
+    args = [arg for arg in train_args(data, labels, tmp_path / 'overlapped', *common) if arg != '--token-labeling']
+    main(args)
+    assert made_ahead and all(made_ahead[1:])  # every batch after the first (whose forward gives the token grid)
+    made_ahead.clear()
+    args[args.index('--output') + 1] = str(tmp_path / 'serial')
+    main([*args, '--serial-loop'])
+    assert not made_ahead
+    assert_same_run(tmp_path / 'overlapped', tmp_path / 'serial', epochs=2)
+
+
 def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     """--grad-accum-steps: gradients of 4 batches of 8 summed (each loss / 4) give the update of one batch of 32, for
     two updates in a row (the gradients are cleared between them)."""
