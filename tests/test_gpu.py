@@ -1,6 +1,7 @@
 """The suite on a CUDA GPU, each part against its CPU result: the batched augmentation's device half, bf16 training
-steps (token labeling, distillation, torch.compile), fused AdamW, label generation, segmentation training and its
-single- and multi-scale tests, and an NCCL process group. `pytest -m gpu` runs them; without CUDA they are skipped."""
+steps (token labeling, distillation, torch.compile), the overlapped loop, fused AdamW, label generation (fp32 and
+bf16), segmentation training and its single- and multi-scale tests, and an NCCL process group. `pytest -m gpu`
+runs them; without CUDA they are skipped."""
 from __future__ import annotations
 
 import json
@@ -83,6 +84,18 @@ def test_bf16_token_labeling_steps_on_cuda_train_like_fp32_on_cpu(labeled_images
     assert_losses_close(tmp_path / 'cpu', tmp_path / 'gpu', rel=2e-2)
     assert metrics['top1'] is not None and all(w.is_floating_point() and w.isfinite().all()
                                                for w in last_weights(tmp_path / 'gpu').values())
+
+
+def test_overlapped_loop_on_cuda_trains_like_the_serial_one(labeled_images, tmp_path):
+    """Batches prepared on the side stream beside the previous step (copy, the batched path's device half, the map
+    targets) against --serial-loop, bf16 token labeling on the GPU with its random draws (erasing's noise is drawn
+    on the side stream, from the same generator in the same order): the same losses to bf16's precision."""
+    data, labels = labeled_images
+    common = ['--token-label-dir', str(labels), '--token-labeling', '--amp', 'bf16', '--augment', 'batched',
+              '--reprob', '0.25', '--mix-token', '1']
+    main(tiny_run(data, tmp_path / 'overlapped', 'cuda', *common))
+    main(tiny_run(data, tmp_path / 'serial', 'cuda', *common, '--serial-loop'))
+    assert_losses_close(tmp_path / 'serial', tmp_path / 'overlapped', rel=1e-2)
 
 
 def test_bf16_distillation_on_cuda_trains_like_fp32_on_cpu(labeled_images, tmp_path):

@@ -8,7 +8,8 @@ tool's own loaders, model, objective and optimizer:
 - input pipeline with `--workers` loader processes, both paths (the device's half included), each beside its
   physical ceiling: the workers' share of the work at the one-core rate, times the workers (at most the cores);
 - model step: forward, loss (token targets included), backward and optimizer on a batch already on the device;
-- whole loop: `train_one_epoch` over the loader, with the path `--augment` picks;
+- whole loop: `train_one_epoch` over the loader, with the path `--augment` picks, and its share of the model step
+  (`--compare-loop`: also the serial loop, each batch prepared between the steps instead of beside them);
 - `--train-cls`: tools/train_cls.py itself on the same data, model, batch, workers, device and precision, timed from
   its update lines after its first `--skip-updates` (50) updates, then stopped.
 Every stage is timed in its steady state: untimed warm-up batches past what the loader workers prefetch (workers x
@@ -99,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
+    parser.add_argument('--compare-loop', action='store_true',
+                        help='also time the serial loop (train_cls --serial-loop) against the overlapped one')
     parser.add_argument('--train-cls', action='store_true',
                         help='also time a real tools/train_cls.py run on the data: its update lines as they arrive, '
                              'after --skip-updates updates, over the same window; the run is then stopped')
@@ -267,13 +270,13 @@ def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -
     return window.images_per_second()
 
 
-def loop_images_per_second(setup: Setup, augment: str) -> float:
-    """`train_one_epoch` over the real loader, epoch after epoch."""
+def loop_images_per_second(setup: Setup, augment: str, overlap: bool = True) -> float:
+    """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: batches prepared ahead)."""
     loader, device_tf = setup.loaders(augment, setup.args.workers)
     model, objective, state = setup.step_pieces()
     window = setup.window(setup.args.workers)
     train_one_epoch(model, window.batches(endless(loader)), objective, state, setup.info, setup.args.amp,
-                    transform=device_tf)
+                    transform=device_tf, overlap=overlap)
     return window.images_per_second()
 
 
@@ -370,7 +373,8 @@ def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
     if mfu is not None and mfu > 1:
         errors.append(f"the step's {f['step_flops']['tflop_s']:.1f} TFLOP/s is above the device's peak of "
                       f"{f['step_flops']['peak_tflop_s']:g}")
-    for what, rate in (("the whole loop's", loop['img_s']), ("train_cls's", f.get('train_cls', {}).get('img_s'))):
+    for what, rate in (("the whole loop's", loop['img_s']), ("the serial loop's", loop.get('serial_img_s')),
+                       ("train_cls's", f.get('train_cls', {}).get('img_s'))):
         if rate is not None and rate > TOLERANCE * stages:
             errors.append(f'{what} {rate:.1f} img/s is above the slower of its input pipeline and its step, '
                           f'{stages:.1f}')
@@ -402,7 +406,11 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     if args.compare_step:
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
-    figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
+    loop = figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
+    loop['of_step'] = loop['img_s'] / step
+    if args.compare_loop:
+        loop['serial_img_s'] = loop_images_per_second(setup, loop_path, overlap=False)
+        loop['overlap_gain'] = loop['img_s'] / loop['serial_img_s']
     if args.train_cls:
         with tempfile.TemporaryDirectory() as output:
             figures['train_cls'] = train_cls_images_per_second(model_name, data, args, loop_path, Path(output))
@@ -428,8 +436,11 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
              f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
              f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
              f"  model step:                  {f['model_step_img_s']:7.1f} img/s   {describe_flops(f['step_flops'])}",
-             f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   bound by the "
-             f"{f['bound']}"]
+             f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   "
+             f"(x{f['loop']['of_step']:.2f} of the step)   bound by the {f['bound']}"]
+    if 'serial_img_s' in f['loop']:
+        lines.append(f"  whole loop, serial:          {f['loop']['serial_img_s']:7.1f} img/s   (the overlapped loop "
+                     f"x{f['loop']['overlap_gain']:.2f})")
     if 'train_cls' in f:
         run = f['train_cls']
         lines.append(f"  tools/train_cls.py:          {run['img_s']:7.1f} img/s   ({run['updates_timed']} updates "
