@@ -394,6 +394,7 @@ def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
 @pytest.mark.parametrize('tool_name, args, message', [
     ('benchmark_loop.py', ['--device', 'cuda'], '--device cuda: no GPU is visible'),
     ('benchmark_loop.py', ['--device', 'cpu', '--amp', 'fp16'], '--amp fp16 needs a GPU'),
+    ('benchmark_loop.py', ['--device', 'cpu', '--timm-train', 'nowhere/train.py'], 'nowhere/train.py: no such file'),
     ('reproduce_token_labeling.py', ['--out', 'README.md'], 'cannot use README.md as output folder'),
 ])
 @pytest.mark.slow

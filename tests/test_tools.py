@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 
 import pytest
 import timm
 import torch
 from PIL import Image
-from benchmark_loop import Window, measurement_errors, pipeline_ceilings
+from benchmark_loop import Window, measurement_errors, pipeline_ceilings, timm_update, train_cls_update
 
 from helpers.commands import run_tool
 
@@ -86,7 +87,7 @@ def test_the_burst_figures_once_quoted_for_an_h100_are_reported_as_measurement_e
     core's 132 and 256 img/s cannot be true; its loop below its step can."""
     per_core = {'pil': 132.0, 'batched': 256.0, 'batched_workers_half': 256.0}
     ceilings = pipeline_ceilings(per_core, workers=15, cores=16, device='cuda')
-    assert ceilings == {'pil': 15 * 132.0, 'batched': 15 * 256.0}
+    assert ceilings == {'pil': 15 * 132.0, 'batched': 15 * 256.0, 'workers_half': 15 * 256.0}
     assert pipeline_ceilings(per_core, workers=15, cores=8, device='cuda')['pil'] == 8 * 132.0  # 8 cores at once
     figures = {'pipeline_15_workers_img_s': {'pil': 3548.0, 'batched': 14961.0},
                'pipeline_15_workers_ceiling_img_s': ceilings, 'model_step_img_s': 2819.0,
@@ -98,6 +99,16 @@ def test_the_burst_figures_once_quoted_for_an_h100_are_reported_as_measurement_e
     figures['loop']['img_s'] = 3200.0  # faster than its step
     assert measurement_errors(figures, 15) == ["the whole loop's 3200.0 img/s is above the slower of its input "
                                                "pipeline and its step, 2819.0"]
+
+
+def test_update_counts_read_from_the_log_lines_of_train_cls_and_timm():
+    """Both runs are timed by their update lines: train_cls's counts updates, timm's train.py gives the epoch and the
+    update in it from 0 (its format: 'Train: {epoch} [{update:>4d}/{updates per epoch} ({percent:>3.0f}%)]')."""
+    timm_line = 'Train: 2 [  41/195 ( 21%)]  Loss: 6.891 (6.902)  Time: 0.084s, 3047.62/s  (0.085s, 3011.76/s)'
+    assert timm_update(timm_line) == 2 * 195 + 41 + 1
+    assert timm_update('Train: 0 [   0/195 (  0%)]  Loss: 6.9') == 1
+    assert train_cls_update('update 391  batch 1/390  loss 6.8813  lr 1.2e-05  2801 img/s  data 3%  ETA 0:02:11') == 391
+    assert timm_update('Test: [   0/4]  Time: 0.3') is None and train_cls_update('epoch 1  train_loss 6.9') is None
 
 
 def test_a_timing_window_starts_after_its_warm_up_and_lasts_its_seconds_and_batches():
@@ -117,6 +128,32 @@ def test_a_timing_window_starts_after_its_warm_up_and_lasts_its_seconds_and_batc
     timed = used - 5
     assert timed >= 4 and window.images == 3 * timed  # 0.2 s of 0.05 s batches, only the timed ones counted
     assert len(list(Window(seconds=0, min_batches=2, warmup=1, device=torch.device('cpu')).batches(source()))) == 3
+
+
+@pytest.mark.slow
+def test_a_training_run_is_not_timed_across_its_first_epochs_end(tmp_path):
+    """16 images of batch 4: train_cls's window (after its first 4 updates, the loader's prefetch) would reach the
+    epoch's end and its validation: refused, saying what to change."""
+    result = run_tool('benchmark_loop.py', ['--models', 'deit_tiny_patch16_224', '--batch-size', '4', '--seconds', '0',
+                                            '--min-batches', '2', '--images', '16', '--workers', '1', '--train-cls',
+                                            '--skip-updates', '1'])
+    assert result.returncode == 2 and 'Traceback' not in result.stderr
+    assert 'tools/train_cls.py: the timing window reached the end of the first epoch (4 updates)' in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('TIMM_TRAIN_PY'), reason="set TIMM_TRAIN_PY to timm's train.py")
+def test_loop_benchmark_times_timms_train_py_beside_train_cls(tmp_path):
+    """timm's own train.py (from a clone of timm's repository) with the DeiT recipe on the same data, batch and
+    workers: both runs timed from their update lines, the ratio printed."""
+    result = run_tool('benchmark_loop.py', ['--models', 'deit_tiny_patch16_224', '--batch-size', '4', '--seconds', '0',
+                                            '--min-batches', '2', '--images', '80', '--workers', '1',
+                                            '--skip-updates', '1', '--timm-train', os.environ['TIMM_TRAIN_PY'],
+                                            '--json'])
+    (f,) = json.loads(result.stdout)['models']
+    timm_run, suite = f['timm_train'], f['train_cls']
+    assert timm_run['updates_timed'] >= 2 and timm_run['after_updates'] == 4 and timm_run['img_s'] > 0
+    assert timm_run['suite_ratio'] == pytest.approx(suite['img_s'] / timm_run['img_s'])
 
 
 def test_loop_benchmark_names_a_missing_data_folder(tmp_path):

@@ -107,12 +107,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              'after --skip-updates updates, over the same window; the run is then stopped')
     parser.add_argument('--skip-updates', type=positive_int, default=50,
                         help="train_cls's updates left out of its timing (start-up and the loader's prefetch)")
+    parser.add_argument('--timm-train', metavar='TRAIN_PY',
+                        help="timm's own train.py (from timm's repository: it is not in the wheel): for each model "
+                             'without token labeling, also time it with the DeiT recipe beside train_cls (implies '
+                             '--train-cls for those models) and print the ratio')
+    parser.add_argument('--timm-args', nargs='*', default=[], metavar='ARG',
+                        help="more arguments for timm's train.py, e.g. --channels-last (after the recipe's)")
     parser.add_argument('--peak-tflops', type=positive_float,
                         help="the device's peak TFLOP/s for the step's MFU (default: the bf16/fp16 tensor-core peak "
                              "of H100, H200 and A100 under --amp bf16/fp16; none on CPUs)")
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
+    if args.timm_train and not Path(args.timm_train).is_file():
+        raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
+                         f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
     if args.min_batches is None:
         args.min_batches = 200 if args.device == 'cuda' else 4
     return args
@@ -234,10 +243,12 @@ class Setup:
         self.num_classes = len(classes)
         return train_loader, device_tf
 
-    def step_pieces(self, fused: bool = True, channels_last: bool = True, compile: bool = False):
-        """(model, objective, step state) as the trainer builds them, with the given step options."""
+    def step_pieces(self, fused: bool = True, channels_last: bool = True, compile: bool = False,
+                    preset: str | None = None):
+        """(model, objective, step state) as the trainer builds them, with the given step options (and `preset`
+        over the model's recipe)."""
         torch.manual_seed(0)
-        r = self.recipe
+        r = self.recipe if preset is None else recipe_for(self.name, preset)
         model = create_classifier(self.name, self.num_classes, r.img_size, r.token_labeling, r.mix_token,
                                   drop_path_rate=r.drop_path).to(self.info.device)
         if channels_last:
@@ -265,7 +276,7 @@ def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -
     """The training step alone (the token targets' building included) on one batch already on the device (the
     warm-up compiles when asked)."""
     model, objective, state = setup.step_pieces(**options)
-    window = setup.window(0)
+    window = setup.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
     train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, setup.info, amp)
     return window.images_per_second()
 
@@ -280,29 +291,75 @@ def loop_images_per_second(setup: Setup, augment: str, overlap: bool = True) -> 
     return window.images_per_second()
 
 
+TRAIN_CLS_UPDATE = re.compile(r'\bupdate (\d+)  batch ')  # train_cls's log line of its n-th update
+TIMM_UPDATE = re.compile(r'Train: (\d+) \[\s*(\d+)/(\d+)')  # timm's: epoch, update in the epoch (from 0), updates
+
+
+def train_cls_update(line: str) -> int | None:
+    """The run's update count a train_cls log line reports, or None."""
+    found = TRAIN_CLS_UPDATE.search(line)
+    return None if found is None else int(found[1])
+
+
+def timm_update(line: str) -> int | None:
+    """The run's update count (from 1) a timm train.py log line reports, or None."""
+    found = TIMM_UPDATE.search(line)
+    return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
+
+
 def train_cls_images_per_second(model_name: str, data: ImageData, args: argparse.Namespace, augment: str,
                                 output: Path) -> dict[str, float | int]:
-    """`tools/train_cls.py` itself on the data, one update line per update: images/s between its update
-    `--skip-updates` (past the start-up and the loader's prefetch) and the first update at least `--seconds` and
-    `--min-batches` updates later, each line timed as it arrives; then the run is stopped (its whole session:
-    the loader workers too)."""
+    """`tools/train_cls.py` itself on the data, one update line per update (`timed_updates`)."""
     command = [sys.executable, str(ROOT / 'tools' / 'train_cls.py'), model_name, '--data-dir', str(data.root),
                '--output', str(output), '--epochs', '1000', '--batch-size', str(args.batch_size), '--workers',
                str(args.workers), '--device', args.device, '--amp', args.amp, '--augment', augment,
                '--log-interval', '1', '--pictures', '0']
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
         command += ['--token-label-dir', str(data.token_labels)]
+    return timed_updates(command, train_cls_update, 'tools/train_cls.py', data, args)
+
+
+def timm_train_images_per_second(script: Path, model_name: str, data: ImageData, args: argparse.Namespace,
+                                 output: Path) -> dict[str, float | int]:
+    """timm's own train.py with the recipe train_cls gives the model (DeiT's: AdamW, RandAugment, random erasing,
+    MixUp/CutMix, label smoothing, drop-path, EMA), the same batch, workers, device and precision, and timm's own
+    defaults otherwise (its GPU prefetcher, pinned memory), one update line per update (`timed_updates`)."""
+    r = recipe_for(model_name)
+    amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
+    command = [sys.executable, str(script), '--data-dir', str(data.root), '--model', model_name, '--num-classes',
+               str(len(find_classes(data.root / 'train'))), '-b', str(args.batch_size), '-j', str(args.workers),
+               '--device', args.device, *amp, '--epochs', '1000', '--opt', r.opt,
+               '--lr', str(r.lr_base * args.batch_size / r.lr_base_batch), '--weight-decay', str(r.weight_decay),
+               '--sched', 'cosine', '--warmup-epochs', str(r.warmup_epochs), '--warmup-lr', str(r.warmup_lr),
+               '--min-lr', str(r.min_lr), '--reprob', str(r.reprob), '--remode', 'pixel',
+               '--mixup', str(r.mixup), '--cutmix', str(r.cutmix), '--smoothing', str(r.smoothing),
+               '--drop-path', str(r.drop_path), '--train-interpolation', r.interpolation, '--pin-mem',
+               '--log-interval', '1', '--output', str(output)]
+    command += ['--aa', r.auto_augment] if r.auto_augment else []
+    command += ['--model-ema', '--model-ema-decay', str(r.ema_decay)] if r.ema_decay else []
+    return timed_updates([*command, *args.timm_args], timm_update, f'timm\'s {script.name}', data, args)
+
+
+def timed_updates(command: list[str], update_of, name: str, data: ImageData,
+                  args: argparse.Namespace) -> dict[str, float | int]:
+    """Images/s of a training command from its update lines as they arrive: between its update `--skip-updates`
+    (past the start-up and the loader's prefetch) and the first update at least `--seconds` and `--min-batches`
+    updates later; then the command is stopped (its whole session: the loader workers too). The window must end
+    within the first epoch: an epoch's end (validation, checkpoint) is not the training pace."""
     skip = max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2)
+    per_epoch = len(scan_split(data.root, 'train')[1]) // args.batch_size
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     start, lines = None, []
     try:
         for line in process.stdout:
             lines = lines[-20:] + [line.rstrip()]
-            found = re.search(r'\bupdate (\d+)  batch ', line)
-            if found is None:
+            update, now = update_of(line), time.perf_counter()
+            if update is None:
                 continue
-            update, now = int(found[1]), time.perf_counter()
+            if update > per_epoch:
+                raise UsageError(f'{name}: the timing window reached the end of the first epoch ({per_epoch} '
+                                 f'updates); give more --images, or fewer --skip-updates or --min-batches')
             if update == skip:
                 start = (update, now)
             elif start is not None and update - start[0] >= args.min_batches and now - start[1] >= args.seconds:
@@ -310,8 +367,8 @@ def train_cls_images_per_second(model_name: str, data: ImageData, args: argparse
                 return {'img_s': updates * args.batch_size / (now - start[1]), 'updates_timed': updates,
                         'after_updates': skip}
         process.wait()
-        raise DataError(f'tools/train_cls.py stopped (exit {process.returncode}) before {skip} updates and the '
-                        f'timing window: ' + ' | '.join(lines[-3:]))
+        raise DataError(f'{name} stopped (exit {process.returncode}) before {skip} updates and the timing window: '
+                        + ' | '.join(lines[-3:]))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -354,10 +411,9 @@ def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, devi
     work at best at the one-core rate, and no more of them run at once than there are cores. On a CPU device the
     batched path's device half runs on the same cores, so the whole path's one-core rate bounds it too."""
     busy = min(workers, cores)
-    batched = busy * per_core['batched_workers_half']
-    if device == 'cpu':
-        batched = min(batched, cores * per_core['batched'])
-    return {'pil': busy * per_core['pil'], 'batched': batched}
+    workers_half = busy * per_core['batched_workers_half']  # also bounds any pipeline that does more per image
+    batched = min(workers_half, cores * per_core['batched']) if device == 'cpu' else workers_half
+    return {'pil': busy * per_core['pil'], 'batched': batched, 'workers_half': workers_half}
 
 
 def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
@@ -378,6 +434,10 @@ def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
         if rate is not None and rate > TOLERANCE * stages:
             errors.append(f'{what} {rate:.1f} img/s is above the slower of its input pipeline and its step, '
                           f'{stages:.1f}')
+    timm_rate = f.get('timm_train', {}).get('img_s')
+    if timm_rate is not None and timm_rate > TOLERANCE * ceiling['workers_half']:
+        errors.append(f"timm's train.py's {timm_rate:.1f} img/s is above what {workers} workers can decode and "
+                      f"draw, {ceiling['workers_half']:.1f} (the batched path's workers' half, which does less)")
     return errors
 
 
@@ -400,20 +460,30 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     variants = {'trainer': (dict(fused=True, channels_last=True, compile=False), args.amp)}
     if args.compare_step:
         variants.update(step_variants())
+        if setup.recipe.token_labeling:  # what token labeling costs: the same model's step in the Standard recipe
+            variants['standard'] = ({**variants['trainer'][0], 'preset': 'standard'}, args.amp)
     steps = {label: step_images_per_second(setup, batch, options, amp) for label, (options, amp) in variants.items()}
     step = figures['model_step_img_s'] = steps['trainer']
     figures['step_flops'] = step_flops(setup, step, peak_tflops(args))
     if args.compare_step:
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
+        if 'standard' in steps:
+            figures['step_options']['token_labeling_ratio'] = step / steps['standard']
     loop = figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
     loop['of_step'] = loop['img_s'] / step
     if args.compare_loop:
         loop['serial_img_s'] = loop_images_per_second(setup, loop_path, overlap=False)
         loop['overlap_gain'] = loop['img_s'] / loop['serial_img_s']
-    if args.train_cls:
+    against_timm = args.timm_train is not None and not setup.recipe.token_labeling
+    if args.train_cls or against_timm:
         with tempfile.TemporaryDirectory() as output:
             figures['train_cls'] = train_cls_images_per_second(model_name, data, args, loop_path, Path(output))
+    if against_timm:
+        with tempfile.TemporaryDirectory() as output:
+            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), model_name, data,
+                                                                            args, Path(output))
+        timm_run['suite_ratio'] = figures['train_cls']['img_s'] / timm_run['img_s']
     figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
     figures['measurement_errors'] = measurement_errors(figures, args.workers)
     return figures
@@ -445,10 +515,17 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
         run = f['train_cls']
         lines.append(f"  tools/train_cls.py:          {run['img_s']:7.1f} img/s   ({run['updates_timed']} updates "
                      f"after its first {run['after_updates']})")
+    if 'timm_train' in f:
+        run = f['timm_train']
+        lines.append(f"  timm's train.py:             {run['img_s']:7.1f} img/s   ({run['updates_timed']} updates "
+                     f"after its first {run['after_updates']}; train_cls x{run['suite_ratio']:.2f})")
     if 'step_options' in f:
         o = f['step_options']
         lines.append(f"  step options alone vs plain step ({o['plain_img_s']:.1f} img/s): "
                      + ', '.join(f"{k} x{o[k + '_ratio']:.2f}" for k in STEP_OPTIONS))
+        if 'token_labeling_ratio' in o:
+            lines.append(f"  the same model's step without token labeling (Standard recipe): {o['standard_img_s']:.1f} "
+                         f"img/s (token labeling x{o['token_labeling_ratio']:.2f})")
     return lines + [f'  MEASUREMENT ERROR: {error}' for error in f['measurement_errors']]
 
 
