@@ -102,6 +102,10 @@ def build_parser(default_data: type[DefaultData] | None = None) -> argparse.Argu
         'where the training augmentation runs: pil (each image in the loader workers, the reference), batched (the '
         'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '
         'GPUs, pil on CPUs'))
+    p.add_argument('--decode', choices=DECODE_CHOICES, default='cpu', help=(
+        'where the batched path decodes the JPEGs: cpu (the loader workers, at a reduced size where the crop allows), '
+        'gpu (the workers read the files and draw the augmentation, the GPU decodes each batch with nvJPEG: for nodes '
+        'with few cores per GPU; grey, CMYK and non-JPEG files are still decoded by the workers)'))
     add_run_arguments(p, 'output/train_cls/MODEL')
     if default_data:
         default_data.add_arguments(p)
@@ -134,6 +138,7 @@ def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_h
 
 
 AUGMENT_CHOICES = ('auto', 'pil', 'batched')
+DECODE_CHOICES = ('cpu', 'gpu')
 
 
 def pick_augment(augment: str, device: torch.device) -> str:
@@ -144,15 +149,25 @@ def pick_augment(augment: str, device: torch.device) -> str:
     return augment
 
 
+def check_decode(decode: str, augment: str, device: torch.device) -> None:
+    """`--decode gpu` decodes the batched path's JPEGs on the training GPU."""
+    if decode == 'gpu' and augment != 'batched':
+        raise UsageError('--decode gpu decodes for the batched augmentation: give --augment batched (auto on a GPU)')
+    if decode == 'gpu' and device.type != 'cuda':
+        raise UsageError(f'--decode gpu needs a GPU; this run is on {device}')
+
+
 def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,
-                 options: RunOptions, augment: str = 'pil'):
+                 options: RunOptions, augment: str = 'pil', decode: str = 'cpu'):
     """Training batches (label-aware augmentation, token labels) and validation batches, the class list, and the
-    device half of the augmentation (`augment='batched'`) or None."""
+    device half of the augmentation (`augment='batched'`) or None; `decode='gpu'`: the batched path's JPEGs are
+    decoded by the device half, on the training device."""
     train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
                               interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
     device_tf = BatchAugment(recipe.img_size, data_cfg['mean'], data_cfg['std']) if augment == 'batched' else None
-    train_set = ImageFolderDataset(data.root, 'train', RegionTransform(train_tf) if device_tf else train_tf,
+    worker_tf = RegionTransform(train_tf, 'device' if decode == 'gpu' else 'worker') if device_tf else train_tf
+    train_set = ImageFolderDataset(data.root, 'train', worker_tf,
                                    label_store=store, skip_unreadable=data.skip_unreadable,
                                    max_images=data.train_images, info=info)
     val_tf = eval_transform(recipe.img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
@@ -227,11 +242,13 @@ def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = N
 
 def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
           preset: str | None = None, finetune: str | None = None, new_head: bool = False,
-          teacher: TeacherSpec | None = None, augment: str = 'auto') -> dict:
+          teacher: TeacherSpec | None = None, augment: str = 'auto', decode: str = 'cpu') -> dict:
     """Train `model_name` on `data` with `recipe` (distilled from `teacher` if given), augmenting images the `augment`
-    way; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
+    way (decoding them where `decode` says); returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     if new_head and not finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
+    augment = pick_augment(augment, info.device)
+    check_decode(decode, augment, info.device)
     if recipe.zero_head and not finetune:
         raise UsageError(f'--preset {preset} fine-tunes pretrained weights: give them with --finetune CKPT '
                          f'(--new-head for a new class list)')
@@ -261,9 +278,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
     recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]
-    augment = pick_augment(augment, info.device)
     train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
-                                                                augment)
+                                                                augment, decode)
     seed_all(options.seed)  # the initial weights do not depend on what ran before
     model = create_classifier(model_name, len(classes), recipe.img_size, recipe.token_labeling, recipe.mix_token,
                               distilled=distilled, drop_path_rate=recipe.drop_path, **options.model_kwargs)
@@ -279,13 +295,13 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     objective = make_objective(recipe, len(classes), teacher_model)
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
-              'teacher': vars(teacher) if teacher is not None else None, 'augment': augment,
+              'teacher': vars(teacher) if teacher is not None else None, 'augment': augment, 'decode': decode,
               'train_images': len(train_loader.dataset)}  # a resume on another --train-images is refused
     fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
                 f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
-                f'{augment}, token labeling {recipe.token_labeling}'
+                f'{augment}{" (decoded on the GPU)" if decode == "gpu" else ""}, token labeling {recipe.token_labeling}'
                 + (f', {"annotated online" if online else "distilled"} by {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(vars(recipe)))
     logger.info(f'schedule: {recipe.describe_epochs()}')
@@ -330,6 +346,6 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
         data = replace(data, train_images=args.train_images)
         return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
-                     teacher, args.augment)
+                     teacher, args.augment, args.decode)
 
     return run_distributed(run, args.device)

@@ -32,16 +32,16 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert('RGB')
 
 
-def read_image(path: Path, before_decode: Callable[[Image.Image], None] | None = None) -> Image.Image:
+def read_image(path: Path, before_decode: Callable[[Image.Image], bool | None] | None = None) -> Image.Image | None:
     """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it.
 
     `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
-    (`Image.draft`, JPEG's scaled decoding).
+    (`Image.draft`, JPEG's scaled decoding), or return False to leave the file undecoded (then None is returned).
     """
     try:
         with Image.open(path) as img:
-            if before_decode is not None:
-                before_decode(img)
+            if before_decode is not None and before_decode(img) is False:
+                return None
             return to_rgb(img)
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
         raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e

@@ -11,8 +11,13 @@ from torch.utils.data import DataLoader
 
 from classification.data import ImageFolderDataset, collate_skipping
 from token_labeling.augment import CropGeometry, TrainTransform
+from torchvision.io import decode_jpeg
+
+from common.images import ImageReadError
+from helpers.cls_data import textured_jpegs
 from token_labeling.batch_augment import (
-    COLOUR_FUNCTIONS, BatchAugment, PendingImages, RegionTransform, collate_regions, cut_region, jpeg_draft_size,
+    COLOUR_FUNCTIONS, BatchAugment, EncodedImages, EncodedJpeg, PendingImages, RegionTransform, collate_regions,
+    cut_decoded, cut_region, jpeg_draft_size, region_bounds,
 )
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -211,3 +216,76 @@ def test_loader_batches_of_the_batched_path(labeled_images):
     x = BatchAugment(32, MEAN, STD)(batch['image'].to(torch.device('cpu')))
     assert x.shape == (6, 3, 32, 32) and x.dtype == torch.float32 and x.isfinite().all()
     assert (x.std((1, 2, 3)) > 0.05).all()  # images, not fill
+
+
+def test_device_decoding_cuts_pillows_regions_from_the_decoded_file(tmp_path):
+    """--decode gpu: the worker sends the file and the region's bounds on the full-size image; the device half
+    decodes (here torchvision's CPU decoder, libjpeg-turbo as Pillow's) and cuts the region, its whole-factor box
+    averages Pillow's `reduce` to the rounding (one grey level)."""
+    (file,) = textured_jpegs(tmp_path, [(500, 375)])
+    img = Image.open(file).convert('RGB')
+    decoded = decode_jpeg(torch.frombuffer(bytearray(file.read_bytes()), dtype=torch.uint8))
+    assert torch.equal(decoded.permute(1, 2, 0), torch.from_numpy(np.asarray(img).copy()))
+    for crop in [(10, 20, 300, 400), (0, 0, 375, 500), (50, 60, 100, 120), (200, 301, 175, 199)]:
+        region, bounds = cut_region(img, img.size, crop, 64), region_bounds(img.size, img.size, crop, 64)
+        cut = cut_decoded(decoded, bounds).numpy().astype(int)
+        assert bounds.box == region.box and cut.shape == region.pixels.shape
+        assert np.abs(cut - region.pixels).max() <= 1, crop
+    assert region_bounds(img.size, img.size, (10, 20, 300, 400), 64).factors == (6, 4)
+
+
+def test_device_decoding_draws_the_same_and_makes_the_same_images(tmp_path):
+    """The same seeds give the same geometry and plans with the JPEGs decoded in the workers (reduced, by
+    Pillow) or on the device (whole, then reduced by box averages); the images agree to under a grey level on average.
+    Grey and PNG files in the same batch are decoded by the workers: their images are the worker path's exactly."""
+    files = textured_jpegs(tmp_path, [(500, 375), (375, 500), (640, 480), (300, 300)])
+    Image.open(files[0]).convert('L').save(tmp_path / 'grey.JPEG', quality=90)
+    smooth_image(150, 200).save(tmp_path / 'plain.png')
+    files += [tmp_path / 'grey.JPEG', tmp_path / 'plain.png']
+    transform = TrainTransform(64, reprob=0.25, mean=MEAN, std=STD)
+    made = {}
+    for decode in ('worker', 'device'):
+        items = []
+        for s, file in enumerate(files):
+            seed(s)
+            items.append(RegionTransform(transform, decode)(file))
+        batch = collate_regions([item[0] for item in items], [item[2] for item in items])
+        seed(99)
+        made[decode] = items, BatchAugment(64, MEAN, STD)(batch)
+    (worker_items, worker), (device_items, device) = made['worker'], made['device']
+    assert [type(item[0]).__name__ for item in device_items] == ['EncodedJpeg'] * 4 + ['Tensor'] * 2
+    for a, b in zip(worker_items, device_items):
+        assert all(torch.equal(x, y) for x, y in zip(a[1], b[1])) and a[2].keys() == b[2].keys()
+        # the crop's box in the region differs where the worker decoded a reduced JPEG: the rest is the same plan
+        assert all(torch.equal(a[2][key], b[2][key]) for key in a[2] if key != 'box')
+    grey = ((worker - device) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
+    assert grey[:4].mean() < 1.5 and grey[:4].mean((1, 2, 3)).max() < 3
+    assert torch.equal(worker[4:], device[4:])
+
+
+def test_a_truncated_jpeg_is_decoded_and_refused_by_the_worker(tmp_path):
+    """A file without its end-of-image marker never reaches the device's decoder: the worker's decode names it."""
+    (file,) = textured_jpegs(tmp_path, [(120, 90)])
+    file.write_bytes(file.read_bytes()[:-200])
+    with pytest.raises(ImageReadError, match=f'cannot read image {file}'):
+        RegionTransform(TrainTransform(32), 'device')(file)
+
+
+def test_loader_batches_with_device_decoding(labeled_images):
+    """Through two loader workers and pinned memory: one EncodedImages per batch, the model input made by the device
+    half; the same geometry as with the workers decoding."""
+    data, _ = labeled_images
+    transform = TrainTransform(32, mean=MEAN, std=STD)
+    batches = {}
+    for decode in ('worker', 'device'):
+        dataset = ImageFolderDataset(data, 'train', RegionTransform(transform, decode))
+        dataset.set_epoch(0, 1)  # the workers seed each image's draws
+        loader = DataLoader(dataset, batch_size=6, collate_fn=collate_skipping, num_workers=2, pin_memory=True)
+        batches[decode] = next(iter(loader))
+    encoded = batches['device']['image']
+    assert isinstance(encoded, EncodedImages) and len(encoded) == 6
+    assert sum(isinstance(r, EncodedJpeg) for r in encoded.regions) == 4  # the folder's JPEGs; PNGs come decoded
+    for a, b in zip(batches['worker']['geometry'], batches['device']['geometry']):
+        assert torch.equal(a, b)
+    x = BatchAugment(32, MEAN, STD)(encoded.to(torch.device('cpu')))
+    assert x.shape == (6, 3, 32, 32) and x.isfinite().all() and (x.std((1, 2, 3)) > 0.05).all()

@@ -12,13 +12,16 @@ import pytest
 import timm
 import torch
 from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg
 
 import backbones  # noqa: F401
 from classification.train import main
 from common.distributed import DistInfo
+from engine.checkpoints import seed_all
 from engine.trainer import Optimization, optimization_state
 from helpers.commands import ENV, run_python, run_tool, succeeded
 from helpers.label_stores import assert_same_annotation
+from helpers.cls_data import textured_jpegs
 from helpers.models import TINY_DEIT
 from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
 from helpers.training_runs import last_weights, read_log
@@ -72,6 +75,29 @@ def test_batched_augmentation_on_cuda_equals_its_cpu_result(tmp_path):
     # Rounding ties of the resampling, at most: a tie decides a grey level either way, and a contrast stretch after
     # it (AutoContrast, Equalize) can widen that to a few levels, so the count of such pixels is what is bounded.
     assert (grey > 0.01).float().mean() < 0.005 and grey.mean() < 0.02
+
+
+def test_nvjpeg_decodes_as_pillow_does_and_the_batched_path_agrees(tmp_path):
+    """--decode gpu: nvJPEG's pixels against Pillow's (libjpeg-turbo) within JPEG decoders' tolerance (their IDCT and
+    chroma upsampling differ by a few levels at colour edges), and a batch decoded on the GPU through the device half
+    against the workers' decode on the CPU, the same draws: to under two grey levels on average."""
+    files = textured_jpegs(tmp_path, [(500, 375), (375, 500), (640, 480), (300, 300)])
+    for file in files:
+        on_gpu = decode_jpeg(torch.frombuffer(bytearray(file.read_bytes()), dtype=torch.uint8),
+                             mode=ImageReadMode.RGB, device=CUDA).permute(1, 2, 0).cpu().int()
+        diff = (on_gpu - torch.from_numpy(np.asarray(Image.open(file).convert('RGB')).copy()).int()).abs()
+        assert diff.float().mean() < 1.0 and (diff > 8).float().mean() < 0.01, file
+    transform = TrainTransform(64, reprob=0.0, mean=MEAN, std=STD)
+    made = {}
+    for decode, device in (('worker', torch.device('cpu')), ('device', CUDA)):
+        items = []
+        for s, file in enumerate(files):
+            seed_all(s)  # the same draws for both
+            items.append(RegionTransform(transform, decode)(file))
+        batch = collate_regions([item[0] for item in items], [item[2] for item in items]).to(device)
+        made[decode] = BatchAugment(64, MEAN, STD)(batch).cpu()
+    grey = ((made['worker'] - made['device']) * torch.tensor(STD).view(1, 3, 1, 1) * 255).abs()
+    assert grey.mean() < 2.0
 
 
 def test_bf16_token_labeling_steps_on_cuda_train_like_fp32_on_cpu(labeled_images, tmp_path):

@@ -71,6 +71,15 @@ def test_relabel_without_a_store_suggests_what_works(trained, tmp_path):
         train.main(['lvvit_t', '--data-dir', str(data), '--output', str(tmp_path / 'b'), '--device', 'cpu'])
 
 
+def test_gpu_decoding_needs_the_batched_path_and_a_gpu(trained, tmp_path):
+    data, _ = trained
+    with pytest.raises(UsageError, match=r'--decode gpu decodes for the batched augmentation: give --augment batched'):
+        train.main(train_args(data, tmp_path / 'a', '--decode', 'gpu', '--augment', 'pil'))
+    with pytest.raises(UsageError, match='--decode gpu needs a GPU; this run is on cpu'):
+        train.main(train_args(data, tmp_path / 'b', '--decode', 'gpu', '--augment', 'batched'))
+    assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
+
+
 def test_a_subset_that_leaves_a_class_without_an_image_is_said(trained, caplog):
     data, _ = trained
     ImageFolderDataset(data, 'train', transform=None, max_images=2)  # three classes
@@ -395,6 +404,7 @@ def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
     ('benchmark_loop.py', ['--device', 'cuda'], '--device cuda: no GPU is visible'),
     ('benchmark_loop.py', ['--device', 'cpu', '--amp', 'fp16'], '--amp fp16 needs a GPU'),
     ('benchmark_loop.py', ['--device', 'cpu', '--timm-train', 'nowhere/train.py'], 'nowhere/train.py: no such file'),
+    ('benchmark_loop.py', ['--device', 'cpu', '--decode', 'gpu'], '--decode gpu needs a GPU'),
     ('reproduce_token_labeling.py', ['--out', 'README.md'], 'cannot use README.md as output folder'),
 ])
 @pytest.mark.slow

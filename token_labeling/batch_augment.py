@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import default_collate
+from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 
 from common.errors import UsageError
-from common.images import read_image
+from common.images import ImageReadError, read_image
 
 from .augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
 
@@ -67,54 +68,119 @@ class Region:
     box: tuple[float, float, float, float]
 
 
+@dataclass(frozen=True)
+class RegionBounds:
+    """Where a crop's region lies in an image decoded at some size: its whole pixels (x1, y1, x2, y2), the whole
+    factors (fx, fy) it is reduced by (box averages) while the crop stays at least the output size, and the crop box
+    in the reduced region."""
+
+    pixels: tuple[int, int, int, int]
+    factors: tuple[int, int]
+    box: tuple[float, float, float, float]
+
+
+def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], crop: tuple[int, int, int, int],
+                  out: int) -> RegionBounds:
+    """The region of `crop` (given on the full-size image) in the image as decoded (`decoded_size`: smaller for a
+    draft decode)."""
+    top, left, h, w = crop
+    sx, sy = decoded_size[0] / full_size[0], decoded_size[1] / full_size[1]
+    x1, y1, x2, y2 = left * sx, top * sy, (left + w) * sx, (top + h) * sy
+    bx1, by1 = math.floor(x1), math.floor(y1)
+    bx2, by2 = min(decoded_size[0], math.ceil(x2)), min(decoded_size[1], math.ceil(y2))
+    fx, fy = max(1, int((x2 - x1) // out)), max(1, int((y2 - y1) // out))
+    return RegionBounds((bx1, by1, bx2, by2), (fx, fy),
+                        ((x1 - bx1) / fx, (y1 - by1) / fy, (x2 - bx1) / fx, (y2 - by1) / fy))
+
+
 def cut_region(img: Image.Image, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
     """The whole pixels around `crop` (given on the full-size image) from a possibly draft-decoded `img`, reduced by
     whole factors (box averages) as long as the crop stays at least `out` pixels each way."""
-    top, left, h, w = crop
-    sx, sy = img.size[0] / full_size[0], img.size[1] / full_size[1]
-    x1, y1, x2, y2 = left * sx, top * sy, (left + w) * sx, (top + h) * sy
-    bx1, by1 = math.floor(x1), math.floor(y1)
-    bx2, by2 = min(img.size[0], math.ceil(x2)), min(img.size[1], math.ceil(y2))
-    fx, fy = max(1, int((x2 - x1) // out)), max(1, int((y2 - y1) // out))
-    if (fx, fy) == (1, 1):
-        region = img.crop((bx1, by1, bx2, by2))
+    bounds = region_bounds(full_size, img.size, crop, out)
+    if bounds.factors == (1, 1):
+        region = img.crop(bounds.pixels)
     else:
-        region = img.reduce((fx, fy), box=(bx1, by1, bx2, by2))
-    return Region(np.asarray(region), ((x1 - bx1) / fx, (y1 - by1) / fy, (x2 - bx1) / fx, (y2 - by1) / fy))
+        region = img.reduce(bounds.factors, box=bounds.pixels)
+    return Region(np.asarray(region), bounds.box)
+
+
+def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
+    """`cut_region` on a decoded (3, H, W) uint8 tensor, on its device: (h, w, 3) uint8. The box averages of the
+    last, partial blocks take the pixels there are, as Pillow's `reduce` does."""
+    x1, y1, x2, y2 = bounds.pixels
+    region = image[:, y1:y2, x1:x2]
+    if bounds.factors != (1, 1):
+        fx, fy = bounds.factors
+        region = F.avg_pool2d(region[None].float(), (fy, fx), ceil_mode=True)[0].round().to(torch.uint8)
+    return region.permute(1, 2, 0)
+
+
+@dataclass
+class EncodedJpeg:
+    """A JPEG file's bytes on their way to the training device's decoder (`--decode gpu`), with the region of its
+    crop there; the path names it if it does not decode."""
+
+    data: torch.Tensor  # uint8 (n,)
+    bounds: RegionBounds
+    path: str
+
+
+def decodable_on_device(img: Image.Image, data: bytes) -> bool:
+    """A baseline or progressive colour JPEG that ends with its end-of-image marker: what the device's decoder
+    takes. Others (grey, CMYK, PNG, a truncated file) are decoded by the worker, which names or skips a broken
+    one."""
+    return img.format == 'JPEG' and img.mode == 'RGB' and data.rstrip(b'\0')[-2:] == b'\xff\xd9'
 
 
 class RegionTransform:
-    """The worker half: reads an image file and returns (uint8 region (h, w, 3), `CropGeometry`, plan)."""
+    """The worker half: reads an image file and returns (uint8 region (h, w, 3), `CropGeometry`, plan); with
+    `decode='device'`, a colour JPEG's bytes instead (`EncodedJpeg`), decoded a batch at a time on the training
+    device. The same draws either way."""
 
     takes_path = True  # ImageFolderDataset hands it the file, for the reduced decode
 
-    def __init__(self, reference: TrainTransform) -> None:
-        self.reference = reference
+    def __init__(self, reference: TrainTransform, decode: str = 'worker') -> None:
+        if decode not in ('worker', 'device'):
+            raise UsageError(f'decode must be worker or device, got {decode!r}')
+        self.reference, self.decode = reference, decode
         layers = reference.rand_augment.num_layers if reference.rand_augment is not None else 0
         self.layers = layers
         self.max_boxes = reference.erase_boxes.max_count if reference.erase_boxes is not None else 0
 
-    def __call__(self, path: Path) -> tuple[torch.Tensor, CropGeometry, dict[str, torch.Tensor]]:
+    def __call__(self, path: Path) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry, dict[str, torch.Tensor]]:
         t, out = self.reference, self.reference.img_size
         drawn = {}
 
-        def plan_decode(img: Image.Image) -> None:
+        def plan_decode(img: Image.Image) -> bool:
+            """Draw the crop; ask for the reduced decode, or for none where the device decodes the file."""
             drawn['size'] = img.size
             drawn['crop'] = crop = t.sample_crop(img)
+            if self.decode == 'device':
+                data = Path(path).read_bytes()
+                if decodable_on_device(img, data):
+                    drawn['encoded'] = data
+                    return False
             img.draft('RGB', jpeg_draft_size(img.size, crop, out))
+            return True
 
         img = read_image(path, plan_decode)
         (W, H), (top, left, h, w) = drawn['size'], drawn['crop']
         interpolation, flip = t.sample_view()
         applied, warp = t.rand_augment.plan((out, out)) if t.rand_augment is not None else ([], torch.eye(3)[:2])
         boxes = t.sample_erasing()
-        region = cut_region(img, (W, H), drawn['crop'], out)
+        if img is None:
+            bounds = region_bounds((W, H), (W, H), drawn['crop'], out)
+            image, box = EncodedJpeg(torch.frombuffer(bytearray(drawn['encoded']), dtype=torch.uint8), bounds,
+                                     str(path)), bounds.box
+        else:
+            region = cut_region(img, (W, H), drawn['crop'], out)
+            image, box = torch.from_numpy(region.pixels.copy()), region.box
         geometry = CropGeometry(torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H]), torch.tensor(flip),
                                 warp)
-        plan = {'box': torch.tensor(region.box, dtype=torch.float32),
+        plan = {'box': torch.tensor(box, dtype=torch.float32),
                 'bicubic': torch.tensor(interpolation == InterpolationMode.BICUBIC),
                 'flip': geometry.flip, 'warp': warp, **self.colour_plan(applied), **self.erase_plan(boxes)}
-        return torch.from_numpy(region.pixels.copy()), geometry, plan
+        return image, geometry, plan
 
     def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, torch.Tensor]:
         """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last
@@ -155,15 +221,70 @@ class PendingImages:
         return self.pixels.shape[0]
 
 
-def collate_regions(regions: Sequence[torch.Tensor], plans: Sequence[dict]) -> PendingImages:
+@dataclass
+class EncodedImages:
+    """A batch whose regions are still, some or all of them, JPEG files (`EncodedJpeg`; the others decoded regions):
+    `decode` makes them `PendingImages` on the plans' device, all JPEGs of the batch in one call of the decoder
+    (nvJPEG on a GPU)."""
+
+    regions: list[torch.Tensor | EncodedJpeg]
+    plan: dict[str, torch.Tensor]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> 'EncodedImages':
+        """The plans on `device`; the files stay in host memory, where the decoder reads them."""
+        return EncodedImages(self.regions, {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()})
+
+    def pin_memory(self) -> 'EncodedImages':
+        return EncodedImages(self.regions, {k: v.pin_memory() for k, v in self.plan.items()})
+
+    def __len__(self) -> int:
+        return len(self.regions)
+
+    def decode(self) -> PendingImages:
+        device = self.plan['box'].device
+        files = [(i, r) for i, r in enumerate(self.regions) if isinstance(r, EncodedJpeg)]
+        regions = [r if isinstance(r, EncodedJpeg) else r.to(device, non_blocking=True) for r in self.regions]
+        for (i, jpeg), image in zip(files, decode_jpegs([jpeg for _, jpeg in files], device)):
+            regions[i] = cut_decoded(image, jpeg.bounds)
+        return PendingImages(canvas(regions), self.plan)
+
+
+def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[torch.Tensor]:
+    """The files as (3, H, W) uint8 RGB on `device`, decoded there in one call; a file the decoder refuses is named
+    (the batch is decoded again one file at a time to find it)."""
+    if not files:
+        return []
+    try:
+        return decode_jpeg([f.data for f in files], mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        for f in files:
+            try:
+                decode_jpeg(f.data, mode=ImageReadMode.RGB, device=device)
+            except RuntimeError as e:
+                raise ImageReadError(f'cannot read image {f.path}: the {device.type} JPEG decoder: {e}; decode it '
+                                     f'in the workers (--decode cpu) or replace the file') from e
+        raise
+
+
+def canvas(regions: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Regions (h, w, 3) at the top left of one (B, H, W, 3) canvas, on their device, each with its last row and
+    column repeated to the canvas edge: interpolation at the crop border reads the region's own pixels."""
     H, W = max(r.shape[0] for r in regions), max(r.shape[1] for r in regions)
-    canvas = torch.empty(len(regions), H, W, 3, dtype=torch.uint8)
-    for c, r in zip(canvas, regions):
+    out = torch.empty(len(regions), H, W, 3, dtype=torch.uint8, device=regions[0].device)
+    for c, r in zip(out, regions):
         h, w = r.shape[:2]
         c[:h, :w] = r
-        c[:h, w:] = r[:, -1:]  # repeated edges: interpolation at the crop border reads the region's own pixels
+        c[:h, w:] = r[:, -1:]
         c[h:] = c[h - 1:h]
-    return PendingImages(canvas, default_collate(list(plans)))
+    return out
+
+
+def collate_regions(regions: Sequence[torch.Tensor | EncodedJpeg],
+                    plans: Sequence[dict]) -> PendingImages | EncodedImages:
+    plan = default_collate(list(plans))
+    if any(isinstance(r, EncodedJpeg) for r in regions):
+        return EncodedImages(list(regions), plan)
+    return PendingImages(canvas(regions), plan)
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:
@@ -291,7 +412,9 @@ class BatchAugment:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
 
-    def __call__(self, pending: PendingImages) -> torch.Tensor:
+    def __call__(self, pending: PendingImages | EncodedImages) -> torch.Tensor:
+        if isinstance(pending, EncodedImages):
+            pending = pending.decode()
         x, inside = self.resample(pending)
         x = self.colour(x, inside, pending.plan)
         x = (x - self.mean.to(x.device)) / self.std.to(x.device)

@@ -54,7 +54,7 @@ from PIL import Image
 from backbones.complexity import measure_complexity
 from classification.models import create_classifier, model_data_config
 from classification.recipes import recipe_for
-from classification.train import ImageData, make_loaders, make_objective, pick_augment
+from classification.train import DECODE_CHOICES, ImageData, check_decode, make_loaders, make_objective, pick_augment
 from common.cli import add_device_argument, device_name, non_negative_float, positive_float, positive_int, run_command
 from common.distributed import DistInfo
 from common.errors import DataError, UsageError
@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
     parser.add_argument('--augment', choices=['auto', 'pil', 'batched'], default='auto',
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
+    parser.add_argument('--decode', choices=DECODE_CHOICES, default='cpu',
+                        help="where the batched path's JPEGs are decoded (gpu: by the device half, with nvJPEG)")
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
     parser.add_argument('--compare-loop', action='store_true',
@@ -119,6 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
+    check_decode(args.decode, 'batched', torch.device(args.device))
     if args.timm_train and not Path(args.timm_train).is_file():
         raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
                          f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
@@ -239,7 +242,7 @@ class Setup:
         """(training loader, the device half of the augmentation or None)."""
         options = RunOptions(Path('unused'), workers=workers, seed=0)
         train_loader, _, classes, device_tf = make_loaders(self.data, self.store, self.recipe, self.data_cfg, self.info,
-                                                           options, augment)
+                                                           options, augment, self.args.decode)
         self.num_classes = len(classes)
         return train_loader, device_tf
 
@@ -313,7 +316,7 @@ def train_cls_images_per_second(model_name: str, data: ImageData, args: argparse
     command = [sys.executable, str(ROOT / 'tools' / 'train_cls.py'), model_name, '--data-dir', str(data.root),
                '--output', str(output), '--epochs', '1000', '--batch-size', str(args.batch_size), '--workers',
                str(args.workers), '--device', args.device, '--amp', args.amp, '--augment', augment,
-               '--log-interval', '1', '--pictures', '0']
+               '--log-interval', '1', '--pictures', '0', *(['--decode', args.decode] if augment == 'batched' else [])]
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
         command += ['--token-label-dir', str(data.token_labels)]
     return timed_updates(command, train_cls_update, 'tools/train_cls.py', data, args)

@@ -37,3 +37,16 @@ def make_image_folder(root: Path, per_class: dict = None, size: int = 40, seed: 
                 suffix = 'JPEG' if i % 3 else 'png'
                 img.save(folder / f'{name}_{i}.{suffix}', quality=95)
     return root
+
+
+def textured_jpegs(folder: Path, sizes: Sequence[tuple[int, int]]) -> list[Path]:
+    """JPEGs (quality 90) of colour gradients and waves with noise: texture for decoders and reductions to differ
+    on. `sizes`: (width, height) of each."""
+    rng = np.random.default_rng(0)
+    files = []
+    for i, (W, H) in enumerate(sizes):
+        y, x = np.mgrid[0:H, 0:W] + 0.5
+        rgb = np.stack([255 * x / W, 255 * y / H, 128 + 110 * np.sin(x / 9.0) * np.cos(y / 13.0)], axis=-1)
+        files.append(folder / f'{i}.JPEG')
+        Image.fromarray(np.uint8(np.clip(rgb + rng.normal(0, 10, (H, W, 3)), 0, 255))).save(files[-1], quality=90)
+    return files
