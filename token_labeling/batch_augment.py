@@ -4,7 +4,9 @@ a time on the training device.
 `RegionTransform` (workers) draws everything `TrainTransform` draws, in the same order from the same random streams,
 so a seed gives the same `CropGeometry` on both paths; then it decodes the file (at 1/2, 1/4 or 1/8 of its size
 where JPEG's scaled decoding still leaves the crop at least the output size), cuts out the crop's region and shrinks
-it by whole factors while it stays at least the output size. What it sends is that uint8 region and a plan.
+it by whole factors while it stays at least the output size. What it sends is that uint8 region and a plan. With
+`decode='device'` (`--decode gpu`) it sends a colour JPEG's bytes instead, with the region's bounds on the full-size
+image: the device half decodes the batch's files in one call (nvJPEG on a GPU) and cuts the same regions.
 
 `BatchAugment` (device) turns a batch of regions into model input:
 - crop, resize, flip and RandAugment's rotate/shear/translate are one affine map per image, so one `grid_sample`
