@@ -256,6 +256,12 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
     (the batch is decoded again one file at a time to find it)."""
     if not files:
         return []
+    if device.type == 'cuda':
+        # torchvision's CUDA decoder allocates its outputs on the calling stream but writes them from a stream of
+        # its own that does not wait for the calling one: a block just freed there, which queued kernels still
+        # read, can be overwritten (pytorch/vision#9606, reproduced on H100s). Draining the calling stream first
+        # (the preparation's side stream: a few kernels) closes that window.
+        torch.cuda.current_stream(device).synchronize()
     try:
         return decode_jpeg([f.data for f in files], mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
