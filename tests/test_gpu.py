@@ -197,12 +197,13 @@ def test_segmentation_training_and_tests_on_cuda(tmp_path):
 
 
 def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
-    """torchrun's environment for one process: the suite's NCCL group, a reduction, DDP's gradients equal to the
-    plain model's."""
+    """torchrun's environment for one process: the suite's NCCL group, a reduction, the stop agreement's sums one
+    round late (through pinned memory, behind a long queue on the stream), DDP's gradients equal to the plain
+    model's."""
     script = textwrap.dedent('''
         import torch, torch.nn as nn
         from torch.nn.parallel import DistributedDataParallel
-        from common.distributed import DistInfo, all_reduce_sum, init_distributed, cleanup
+        from common.distributed import DistInfo, LaggingSum, all_reduce_sum, init_distributed, cleanup
         import torch.distributed as dist
         dist.init_process_group('nccl', device_id=torch.device('cuda', 0))
         info = init_distributed('cuda')
@@ -211,6 +212,12 @@ def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
         dist.all_reduce(t)
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
         assert all_reduce_sum([1.5, 2.0], DistInfo(0, 2, 0, info.device)) == [1.5, 2.0]
+        agreement = LaggingSum(DistInfo(0, 2, 0, info.device), 2)
+        assert agreement.exchange([1.0, 0.0]) == [0.0, 0.0]
+        busy = torch.randn(4096, 4096, device='cuda')
+        for _ in range(20):
+            busy = busy @ busy / 64  # queued work the next exchange must not wait for, nor be confused by
+        assert agreement.exchange([0.0, 1.0]) == [1.0, 0.0] and agreement.read() == [0.0, 1.0]
         torch.manual_seed(0)
         model = nn.Linear(8, 3).cuda()
         ddp = DistributedDataParallel(nn.Linear(8, 3).cuda(), device_ids=[0])

@@ -209,6 +209,16 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     assert not torch.equal(model.head.weight, start.head.weight)  # the updates did happen
 
 
+def test_processes_agree_on_a_stop_one_round_late():
+    """The preemption hook's agreement under torchrun: each exchange starts summing its values and returns what the
+    previous one summed (zeros at first), so no update waits for the device to read a sum."""
+    from common.distributed import DistInfo, LaggingSum
+    agreement = LaggingSum(DistInfo(), 2)
+    assert agreement.exchange([1.0, 0.0]) == [0.0, 0.0]
+    assert agreement.exchange([0.0, 1.0]) == [1.0, 0.0]
+    assert agreement.read() == [0.0, 1.0]
+
+
 def test_the_pace_counts_the_time_spent_waiting_for_batches():
     """A loader that sleeps 0.1 s before each batch of 8: the pass counts at least those 0.4 s as waiting for data,
     runs at most 80 images/s, and the time left falls to 0 at the last batch. (Bounds the sleeps guarantee, not
