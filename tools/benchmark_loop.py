@@ -243,7 +243,7 @@ class Setup:
         options = RunOptions(Path('unused'), workers=workers, seed=0)
         train_loader, _, classes, device_tf = make_loaders(self.data, self.store, self.recipe, self.data_cfg, self.info,
                                                            options, augment, self.args.decode)
-        self.num_classes = len(classes)
+        self.num_classes, self.updates_per_epoch = len(classes), len(train_loader)
         return train_loader, device_tf
 
     def step_pieces(self, fused: bool = True, channels_last: bool = True, compile: bool = False,
@@ -310,27 +310,26 @@ def timm_update(line: str) -> int | None:
     return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
 
 
-def train_cls_images_per_second(model_name: str, data: ImageData, args: argparse.Namespace, augment: str,
-                                output: Path) -> dict[str, float | int]:
-    """`tools/train_cls.py` itself on the data, one update line per update (`timed_updates`)."""
+def train_cls_images_per_second(setup: Setup, augment: str, output: Path) -> dict[str, float | int]:
+    """`tools/train_cls.py` itself on the setup's model and data, one update line per update (`timed_updates`)."""
+    model_name, data, args = setup.name, setup.data, setup.args
     command = [sys.executable, str(ROOT / 'tools' / 'train_cls.py'), model_name, '--data-dir', str(data.root),
                '--output', str(output), '--epochs', '1000', '--batch-size', str(args.batch_size), '--workers',
                str(args.workers), '--device', args.device, '--amp', args.amp, '--augment', augment,
                '--log-interval', '1', '--pictures', '0', *(['--decode', args.decode] if augment == 'batched' else [])]
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
         command += ['--token-label-dir', str(data.token_labels)]
-    return timed_updates(command, train_cls_update, 'tools/train_cls.py', data, args)
+    return timed_updates(command, train_cls_update, 'tools/train_cls.py', setup)
 
 
-def timm_train_images_per_second(script: Path, model_name: str, data: ImageData, args: argparse.Namespace,
-                                 output: Path) -> dict[str, float | int]:
+def timm_train_images_per_second(script: Path, setup: Setup, output: Path) -> dict[str, float | int]:
     """timm's own train.py with the recipe train_cls gives the model (DeiT's: AdamW, RandAugment, random erasing,
     MixUp/CutMix, label smoothing, drop-path, EMA), the same batch, workers, device and precision, and timm's own
     defaults otherwise (its GPU prefetcher, pinned memory), one update line per update (`timed_updates`)."""
-    r = recipe_for(model_name)
+    model_name, data, args, r = setup.name, setup.data, setup.args, recipe_for(setup.name)
     amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
     command = [sys.executable, str(script), '--data-dir', str(data.root), '--model', model_name, '--num-classes',
-               str(len(find_classes(data.root / 'train'))), '-b', str(args.batch_size), '-j', str(args.workers),
+               str(setup.num_classes), '-b', str(args.batch_size), '-j', str(args.workers),
                '--device', args.device, *amp, '--epochs', '1000', '--opt', r.opt,
                '--lr', str(r.lr_base * args.batch_size / r.lr_base_batch), '--weight-decay', str(r.weight_decay),
                '--sched', 'cosine', '--warmup-epochs', str(r.warmup_epochs), '--warmup-lr', str(r.warmup_lr),
@@ -342,17 +341,16 @@ def timm_train_images_per_second(script: Path, model_name: str, data: ImageData,
     # between or equal to 1 and 8' at the first such draw. The policy without 'inc' has the same ops at the same cost.
     command += ['--aa', r.auto_augment.replace('-inc1', '')] if r.auto_augment else []
     command += ['--model-ema', '--model-ema-decay', str(r.ema_decay)] if r.ema_decay else []
-    return timed_updates([*command, *args.timm_args], timm_update, f'timm\'s {script.name}', data, args)
+    return timed_updates([*command, *args.timm_args], timm_update, f'timm\'s {script.name}', setup)
 
 
-def timed_updates(command: list[str], update_of, name: str, data: ImageData,
-                  args: argparse.Namespace) -> dict[str, float | int]:
+def timed_updates(command: list[str], update_of, name: str, setup: Setup) -> dict[str, float | int]:
     """Images/s of a training command from its update lines as they arrive: between its update `--skip-updates`
     (past the start-up and the loader's prefetch) and the first update at least `--seconds` and `--min-batches`
     updates later; then the command is stopped (its whole session: the loader workers too). The window must end
     within the first epoch: an epoch's end (validation, checkpoint) is not the training pace."""
+    args, per_epoch = setup.args, setup.updates_per_epoch  # the training split as the loaders listed it
     skip = max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2)
-    per_epoch = len(scan_split(data.root, 'train')[1]) // args.batch_size
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     start, lines = None, []
@@ -483,11 +481,11 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     against_timm = args.timm_train is not None and not setup.recipe.token_labeling
     if args.train_cls or against_timm:
         with tempfile.TemporaryDirectory() as output:
-            figures['train_cls'] = train_cls_images_per_second(model_name, data, args, loop_path, Path(output))
+            figures['train_cls'] = train_cls_images_per_second(setup, loop_path, Path(output))
     if against_timm:
         with tempfile.TemporaryDirectory() as output:
-            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), model_name, data,
-                                                                            args, Path(output))
+            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), setup,
+                                                                            Path(output))
         timm_run['suite_ratio'] = figures['train_cls']['img_s'] / timm_run['img_s']
     figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
     figures['measurement_errors'] = measurement_errors(figures, args.workers)
