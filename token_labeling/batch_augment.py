@@ -127,11 +127,14 @@ class EncodedJpeg:
     path: str
 
 
-def decodable_on_device(img: Image.Image, data: bytes) -> bool:
-    """A baseline or progressive colour JPEG that ends with its end-of-image marker: what the device's decoder
-    takes. Others (grey, CMYK, PNG, a truncated file) are decoded by the worker, which names or skips a broken
-    one."""
-    return img.format == 'JPEG' and img.mode == 'RGB' and data.rstrip(b'\0')[-2:] == b'\xff\xd9'
+def bytes_for_device(img: Image.Image, path: Path) -> bytes | None:
+    """The file's bytes when the device's decoder takes it: a baseline or progressive colour JPEG that ends with its
+    end-of-image marker. Others (grey, CMYK, PNG, a truncated file: None) are decoded by the worker, which names or
+    skips a broken one; only colour JPEGs are read whole here."""
+    if img.format != 'JPEG' or img.mode != 'RGB':
+        return None
+    data = Path(path).read_bytes()
+    return data if data.rstrip(b'\0')[-2:] == b'\xff\xd9' else None
 
 
 class RegionTransform:
@@ -158,9 +161,8 @@ class RegionTransform:
             drawn['size'] = img.size
             drawn['crop'] = crop = t.sample_crop(img)
             if self.decode == 'device':
-                data = Path(path).read_bytes()
-                if decodable_on_device(img, data):
-                    drawn['encoded'] = data
+                drawn['encoded'] = bytes_for_device(img, path)
+                if drawn['encoded'] is not None:
                     return False
             img.draft('RGB', jpeg_draft_size(img.size, crop, out))
             return True
