@@ -59,7 +59,7 @@ from common.cli import add_device_argument, device_name, non_negative_float, pos
 from common.distributed import DistInfo
 from common.errors import DataError, UsageError
 from common.images import find_classes, scan_split
-from common.log import show_log
+from common.log import logger, show_log
 from common.timing import available_cores, measured_on, synchronize
 from engine.steps import model_input, pick_amp, train_one_epoch
 from engine.trainer import RunOptions, optimization_state, use_channels_last
@@ -71,6 +71,7 @@ MODELS = ('lvvit_s', 'deit_small_patch16_224')
 STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
 DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
 PREFETCH_FACTOR = 2  # torch's DataLoader default, which the training loaders keep
+CPU_MIN_BATCHES = 4  # the fewest batches of a window on a CPU (its steps take seconds) and of one core's pipeline
 TOLERANCE = 1.1  # separate windows of a noisy machine: a figure this far above its ceiling is an error
 TRAIN_FLOPS_PER_MAC = 6  # a training step: the forward's 2 FLOPs per MAC, the backward's 4 (the usual MFU count)
 # dense bf16/fp16 tensor-core peaks, TFLOP/s (NVIDIA's data sheets), by the device's name; the first match counts
@@ -126,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
                          f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
     if args.min_batches is None:
-        args.min_batches = 200 if args.device == 'cuda' else 4
+        args.min_batches = 200 if args.device == 'cuda' else CPU_MIN_BATCHES
     return args
 
 
@@ -233,10 +234,11 @@ class Setup:
         self.recipe.img_size = self.data_cfg['input_size'][-1]
         self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
 
-    def window(self, workers: int) -> Window:
+    def window(self, workers: int, min_batches: int | None = None) -> Window:
         """A timing window past what `workers` loader processes prefetch (2 batches of warm-up without workers:
-        the first one also builds what the step builds once)."""
-        return Window(self.args.seconds, self.args.min_batches, workers * PREFETCH_FACTOR + 2, self.info.device)
+        the first one also builds what the step builds once), of at least `min_batches` (default `--min-batches`)."""
+        return Window(self.args.seconds, min_batches or self.args.min_batches, workers * PREFETCH_FACTOR + 2,
+                      self.info.device)
 
     def loaders(self, augment: str, workers: int):
         """(training loader, the device half of the augmentation or None)."""
@@ -265,14 +267,22 @@ class Setup:
         return model, make_objective(r, self.num_classes), state
 
 
+def reported(images_per_second: float, setup: Setup, stage: str) -> float:
+    """Logs a stage's figure as soon as it is measured (a run stopped by a time limit keeps what it measured)."""
+    logger.info(f'{setup.name}: {stage}: {images_per_second:.1f} img/s')
+    return images_per_second
+
+
 def pipeline_images_per_second(setup: Setup, augment: str, workers: int, with_device_half: bool = True) -> float:
     """Batches through the loader (and, `with_device_half`, the device's half to model input on the device)."""
     loader, device_tf = setup.loaders(augment, workers)
-    window = setup.window(workers)
+    # --min-batches is for the GPU's short steps: one core's pipeline makes 200 batches of 256 in minutes, not seconds
+    window = setup.window(workers, min_batches=CPU_MIN_BATCHES if workers == 0 else None)
     for batch in window.batches(endless(loader)):
         if with_device_half:
             model_input(batch, setup.info, device_tf)
-    return window.images_per_second()
+    return reported(window.images_per_second(), setup, f'input pipeline, {augment} path, {workers} workers'
+                    + ('' if with_device_half else " (the workers' half alone)"))
 
 
 def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -> float:
@@ -281,7 +291,7 @@ def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -
     model, objective, state = setup.step_pieces(**options)
     window = setup.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
     train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, setup.info, amp)
-    return window.images_per_second()
+    return reported(window.images_per_second(), setup, f'model step {options} amp {amp}')
 
 
 def loop_images_per_second(setup: Setup, augment: str, overlap: bool = True) -> float:
@@ -291,7 +301,8 @@ def loop_images_per_second(setup: Setup, augment: str, overlap: bool = True) -> 
     window = setup.window(setup.args.workers)
     train_one_epoch(model, window.batches(endless(loader)), objective, state, setup.info, setup.args.amp,
                     transform=device_tf, overlap=overlap)
-    return window.images_per_second()
+    order = 'overlapped' if overlap else 'serial'
+    return reported(window.images_per_second(), setup, f'whole loop, {augment} path, {order}')
 
 
 TRAIN_CLS_UPDATE = re.compile(r'\bupdate (\d+)  batch ')  # train_cls's log line of its n-th update
@@ -367,8 +378,8 @@ def timed_updates(command: list[str], update_of, name: str, setup: Setup) -> dic
                 start = (update, now)
             elif start is not None and update - start[0] >= args.min_batches and now - start[1] >= args.seconds:
                 updates = update - start[0]
-                return {'img_s': updates * args.batch_size / (now - start[1]), 'updates_timed': updates,
-                        'after_updates': skip}
+                rate = reported(updates * args.batch_size / (now - start[1]), setup, name)
+                return {'img_s': rate, 'updates_timed': updates, 'after_updates': skip}
         process.wait()
         raise DataError(f'{name} stopped (exit {process.returncode}) before {skip} updates and the timing window: '
                         + ' | '.join(lines[-3:]))
@@ -539,8 +550,7 @@ def describe_flops(flops: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.json:
-        show_log(stream=sys.stderr)  # standard output is the JSON document
+    show_log(stream=sys.stderr if args.json else None)  # with --json standard output is the JSON document
     pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU
     labelled = [m for m in args.models if recipe_for(m).uses_score_maps]
     with tempfile.TemporaryDirectory() as tmp:
