@@ -1,6 +1,7 @@
 """ImageNet-layout folders as training and evaluation data: images, labels, crop geometry and token labels."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -106,8 +107,9 @@ def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, cla
         found, samples = scan_split(data_dir, split, classes, classes_from)
         logger.info(f'{data_dir / split}: listed {len(samples)} images in {time.perf_counter() - start:.1f} s')
         if max_images is not None:
-            samples = spread_evenly(samples, max_images)
-            warn_of_empty_classes(found, samples, f'{data_dir / split}: {max_images} images kept')
+            kept = spread_evenly(samples, max_images)
+            warn_of_empty_classes(found, samples, kept, f'{data_dir / split}: {max_images} images kept')
+            samples = kept
         label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32
         return found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type)
 
@@ -122,13 +124,19 @@ def spread_evenly(samples: list, count: int) -> list:
     return [samples[i * len(samples) // count] for i in range(count)]
 
 
-def warn_of_empty_classes(classes: Sequence[str], samples: list[tuple[str, int]], what: str) -> None:
-    """Say which classes `samples` leave without an image: the model never trains on them."""
-    empty = sorted(set(range(len(classes))) - {label for _, label in samples})
+def warn_of_empty_classes(classes: Sequence[str], listed: list[tuple[str, int]], kept: list[tuple[str, int]],
+                          what: str) -> None:
+    """Say which classes the `kept` part of the `listed` split leaves without an image (the model never trains on
+    them), and the smallest count that keeps every class: the even spread takes every (listed / kept)-th image of a
+    listing made class by class, so it reaches every class once the spacing is at most the smallest class."""
+    empty = sorted(set(range(len(classes))) - {label for _, label in kept})
     if empty:
+        smallest = min(np.bincount([label for _, label in listed], minlength=len(classes))[
+            sorted({label for _, label in listed})])
         logger.warning(f'warning: {what} leave {len(empty)} of {len(classes)} classes without an image '
                        f'({", ".join(classes[i] for i in empty[:5])}{", ..." if len(empty) > 5 else ""}): the '
-                       f'model never trains on them; keep at least as many images as classes')
+                       f'model never trains on them; the smallest class has {smallest} images, so keep at least '
+                       f'{math.ceil(len(listed) / smallest)} images to reach every class')
 
 
 def collate_skipping(items: list[dict | None]) -> dict:

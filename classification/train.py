@@ -80,8 +80,9 @@ def build_parser(default_data: type[DefaultData] | None = None) -> argparse.Argu
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--train-images', type=positive_int, metavar='N', help=(
-        'train on at most N of the training split\'s images, spread evenly over its classes (a smoke run of a '
-        'recipe; validation keeps the whole split)'))
+        'train on at most N of the training split\'s images, evenly spaced over its listing (class by class, so '
+        'each class keeps about its share; a class smaller than the spacing can be missed, which is reported) (a '
+        'smoke run of a recipe; validation keeps the whole split)'))
     p.add_argument('--teacher', metavar='MODEL', help=(
         'DeiT\'s hard distillation from this classifier (the student gets a distillation token and head: ViT/DeiT, '
         'CaiT, T2T-ViT, LV-ViT without token labeling); with token labeling, online token labeling: the teacher is '
@@ -151,10 +152,10 @@ def pick_augment(augment: str, device: torch.device) -> str:
 
 def check_decode(decode: str, augment: str, device: torch.device) -> None:
     """`--decode gpu` decodes the batched path's JPEGs on the training GPU."""
+    if decode == 'gpu' and device.type != 'cuda':  # first: on a CPU no --augment would make it work
+        raise UsageError(f'--decode gpu needs a GPU; this run is on {device}')
     if decode == 'gpu' and augment != 'batched':
         raise UsageError('--decode gpu decodes for the batched augmentation: give --augment batched (auto on a GPU)')
-    if decode == 'gpu' and device.type != 'cuda':
-        raise UsageError(f'--decode gpu needs a GPU; this run is on {device}')
 
 
 def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,

@@ -73,17 +73,24 @@ def test_relabel_without_a_store_suggests_what_works(trained, tmp_path):
 
 def test_gpu_decoding_needs_the_batched_path_and_a_gpu(trained, tmp_path):
     data, _ = trained
+    for augment in ('pil', 'batched'):  # on a CPU the GPU is what is missing, whatever --augment says
+        with pytest.raises(UsageError, match='--decode gpu needs a GPU; this run is on cpu'):
+            train.main(train_args(data, tmp_path / augment, '--decode', 'gpu', '--augment', augment))
+        assert not (tmp_path / augment).exists()
     with pytest.raises(UsageError, match=r'--decode gpu decodes for the batched augmentation: give --augment batched'):
-        train.main(train_args(data, tmp_path / 'a', '--decode', 'gpu', '--augment', 'pil'))
-    with pytest.raises(UsageError, match='--decode gpu needs a GPU; this run is on cpu'):
-        train.main(train_args(data, tmp_path / 'b', '--decode', 'gpu', '--augment', 'batched'))
-    assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
+        train.check_decode('gpu', 'pil', torch.device('cuda'))
 
 
 def test_a_subset_that_leaves_a_class_without_an_image_is_said(trained, caplog):
     data, _ = trained
     ImageFolderDataset(data, 'train', transform=None, max_images=2)  # three classes
     assert f"{data / 'train'}: 2 images kept leave 1 of 3 classes without an image (n003)" in caplog.text
+    sizes = [len(list(folder.iterdir())) for folder in (data / 'train').iterdir()]
+    enough = -(-sum(sizes) // min(sizes))  # the spacing of the even spread at most the smallest class
+    assert f'the smallest class has {min(sizes)} images, so keep at least {enough} images' in caplog.text
+    caplog.clear()
+    ImageFolderDataset(data, 'train', transform=None, max_images=enough)
+    assert 'without an image' not in caplog.text
     caplog.clear()
     ImageFolderDataset(data, 'train', transform=None, max_images=6)
     assert 'without an image' not in caplog.text
@@ -404,6 +411,10 @@ def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
     ('benchmark_loop.py', ['--device', 'cuda'], '--device cuda: no GPU is visible'),
     ('benchmark_loop.py', ['--device', 'cpu', '--amp', 'fp16'], '--amp fp16 needs a GPU'),
     ('benchmark_loop.py', ['--device', 'cpu', '--timm-train', 'nowhere/train.py'], 'nowhere/train.py: no such file'),
+    ('benchmark_loop.py', ['--device', 'cpu', '--timm-train', 'tools/eval_cls.py'],
+     "--timm-train tools/eval_cls.py: not timm's train.py (it takes no --aa, --cutmix,"),
+    ('benchmark_loop.py', ['--device', 'cpu', '--models', 'lvvit_s', '--timm-train', 'tools/eval_cls.py'],
+     "--timm-train: timm's train.py runs the models without token labeling, and --models gives only token-labeling"),
     ('benchmark_loop.py', ['--device', 'cpu', '--decode', 'gpu'], '--decode gpu needs a GPU'),
     ('reproduce_token_labeling.py', ['--out', 'README.md'], 'cannot use README.md as output folder'),
 ])

@@ -126,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.timm_train and not Path(args.timm_train).is_file():
         raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
                          f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
+    if args.timm_train:
+        check_timm_train(args)
     if args.min_batches is None:
         args.min_batches = 200 if args.device == 'cuda' else CPU_MIN_BATCHES
     return args
@@ -333,14 +335,15 @@ def train_cls_images_per_second(setup: Setup, augment: str, output: Path) -> dic
     return timed_updates(command, train_cls_update, 'tools/train_cls.py', setup)
 
 
-def timm_train_images_per_second(script: Path, setup: Setup, output: Path) -> dict[str, float | int]:
+def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,
+                       args: argparse.Namespace) -> list[str]:
     """timm's own train.py with the recipe train_cls gives the model (DeiT's: AdamW, RandAugment, random erasing,
     MixUp/CutMix, label smoothing, drop-path, EMA), the same batch, workers, device and precision, and timm's own
-    defaults otherwise (its GPU prefetcher, pinned memory), one update line per update (`timed_updates`)."""
-    model_name, data, args, r = setup.name, setup.data, setup.args, recipe_for(setup.name)
+    defaults otherwise (its GPU prefetcher, pinned memory), one update line per update."""
+    r = recipe_for(model_name)
     amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
-    command = [sys.executable, str(script), '--data-dir', str(data.root), '--model', model_name, '--num-classes',
-               str(setup.num_classes), '-b', str(args.batch_size), '-j', str(args.workers),
+    command = [sys.executable, str(script), '--data-dir', str(data_root), '--model', model_name, '--num-classes',
+               str(num_classes), '-b', str(args.batch_size), '-j', str(args.workers),
                '--device', args.device, *amp, '--epochs', '1000', '--opt', r.opt,
                '--lr', str(r.lr_base * args.batch_size / r.lr_base_batch), '--weight-decay', str(r.weight_decay),
                '--sched', 'cosine', '--warmup-epochs', str(r.warmup_epochs), '--warmup-lr', str(r.warmup_lr),
@@ -352,7 +355,32 @@ def timm_train_images_per_second(script: Path, setup: Setup, output: Path) -> di
     # between or equal to 1 and 8' at the first such draw. The policy without 'inc' has the same ops at the same cost.
     command += ['--aa', r.auto_augment.replace('-inc1', '')] if r.auto_augment else []
     command += ['--model-ema', '--model-ema-decay', str(r.ema_decay)] if r.ema_decay else []
-    return timed_updates([*command, *args.timm_args], timm_update, f'timm\'s {script.name}', setup)
+    return [*command, *args.timm_args]
+
+
+def check_timm_train(args: argparse.Namespace) -> None:
+    """Before any timing: `--timm-train` has a model to run (one without token labeling, whose recipe timm's train.py
+    can run) and is a train.py that takes every option the comparison passes (from its --help: seconds, not the
+    minutes of the other stages)."""
+    plain = [m for m in args.models if not recipe_for(m).token_labeling]
+    if not plain:
+        raise UsageError(f"--timm-train: timm's train.py runs the models without token labeling, and --models gives "
+                         f"only token-labeling ones ({', '.join(args.models)}); add e.g. deit_small_patch16_224")
+    command = timm_train_command(Path(args.timm_train), plain[0], 1000, Path('data'), Path('out'), args)
+    wanted = sorted({a for a in command[2:] if a.startswith('--')} - set(args.timm_args))
+    shown = subprocess.run([sys.executable, args.timm_train, '--help'], capture_output=True, text=True, timeout=300)
+    missing = [option for option in wanted if option not in shown.stdout]
+    if shown.returncode != 0 or missing:
+        why = (f"its --help failed: {(shown.stderr.strip().splitlines() or ['(no message)'])[-1]}"
+               if shown.returncode != 0 else f"it takes no {', '.join(missing)}")
+        raise UsageError(f"--timm-train {args.timm_train}: not timm's train.py ({why}); give train.py from a clone of "
+                         f"https://github.com/huggingface/pytorch-image-models at the installed timm's version")
+
+
+def timm_train_images_per_second(script: Path, setup: Setup, output: Path) -> dict[str, float | int]:
+    """timm's train.py on the setup's model and data (`timm_train_command`), timed by `timed_updates`."""
+    command = timm_train_command(script, setup.name, setup.num_classes, setup.data.root, output, setup.args)
+    return timed_updates(command, timm_update, f'timm\'s {script.name}', setup)
 
 
 def timed_updates(command: list[str], update_of, name: str, setup: Setup) -> dict[str, float | int]:
