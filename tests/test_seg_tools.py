@@ -61,6 +61,11 @@ def test_evaluation_matches_an_independent_computation(trained, mode):
     for key in ('mIoU', 'aAcc', 'mAcc'):
         assert report[key] == pytest.approx(expected[key], abs=1e-6), key
     assert len(report['per_class']) == 150 and set(report['per_class']['wall']) == {'IoU', 'Acc'}
+    labelled = set().union(*(np.unique(read_mask(ann)).tolist()
+                             for ann in (data / 'annotations' / 'validation').glob('*.png')))
+    names = list(report['per_class'])
+    assert report['unlabelled'] == [name for i, name in enumerate(names) if i + 1 not in labelled]  # ADE: class + 1
+    assert f'warning: {len(report["unlabelled"])} of 150 classes have no pixel in the ground truth' in result.stdout
     label = 'multi-scale + flip' if mode == 'ms' else 'single-scale'
     assert f'{label}: mIoU {report["mIoU"]:.2f}' in result.stdout
 
