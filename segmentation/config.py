@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -9,12 +11,15 @@ from urllib.parse import urlparse
 
 from mmengine.config import Config
 
+from backbones.weights import guess_family
 from common.cli import EmbeddedData
 from common.errors import CheckpointError, DataError, UsageError
+from common.files import load_weights_only
 from common.log import logger
 
 from .backbone import TIMM_RELEASE, URL_SCHEMES
-from .own_data import OWN_DATA_ROOT, is_own_data_config, read_own_data, use_own_data
+from .mmengine_io import mmengine_checkpoint_globals
+from .own_data import OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data, use_own_data
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 ADE20K_CROP = 512  # the configs' training crop side
@@ -146,6 +151,43 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallba
                 'folder): the embedded data')
     fallback.use_data(cfg)
     return True
+
+
+def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None,
+                         fallback: DataFallback | None = None) -> bool:
+    """`resolve_data` for a trained checkpoint (test_seg, predict_seg, export): an own-data set's classes must be the
+    ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
+    others."""
+    used_fallback = resolve_data(cfg, data_root, fallback)
+    if not used_fallback and is_own_data_config(cfg):
+        check_trained_classes(cfg, checkpoint)
+    return used_fallback
+
+
+def weight_names(checkpoint: str) -> list[str]:
+    """The names in a checkpoint and in each dict right under it (its state dict's weights, wherever it keeps them),
+    `module.` left out; read memory-mapped where the file allows (the tensors stay on disk)."""
+    content = load_weights_only(checkpoint, 'checkpoint', mmengine_checkpoint_globals(),
+                                mmap=zipfile.is_zipfile(checkpoint))
+    if not isinstance(content, dict):
+        return []
+    return [re.sub(r'^module\.', '', key) for part in (content, *content.values()) if isinstance(part, dict)
+            for key in part if isinstance(key, str)]
+
+
+def check_segmentor_checkpoint(checkpoint: str) -> None:
+    """A checkpoint a segmentation tool is given: there (checked before any work, such as writing the embedded
+    data), and a segmentor's: an image classifier's weights would fail on every key, after the tool had asked for
+    the data set it was trained on."""
+    if not Path(checkpoint).is_file():
+        raise CheckpointError(f'{checkpoint}: checkpoint file not found')
+    names = weight_names(checkpoint)
+    family = guess_family(names)
+    if family is not None and not any(name.startswith('decode_head.') for name in names):
+        raise CheckpointError(f'{checkpoint} holds an image classifier ({family} weights, no decode head), not a '
+                              f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
+                              f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='
+                              f'{checkpoint}')
 
 
 def check_pretrained(cfg: Config) -> None:

@@ -12,6 +12,7 @@ from mmengine.dist import is_main_process
 
 from common.errors import DataError
 from common.files import write_json_atomic
+from common.log import logger
 from mmseg.evaluation import IoUMetric
 from mmseg.registry import METRICS
 
@@ -19,7 +20,9 @@ from mmseg.registry import METRICS
 def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Tensor, label: torch.Tensor,
                     classes: Sequence[str]) -> dict:
     """mIoU, mAcc, aAcc (percent; classes absent from ground truth and prediction left out of the means, as mmseg)
-    and the class table, from mmseg's own per-class arithmetic (`IoUMetric.total_area_to_metrics`)."""
+    and the class table, from mmseg's own per-class arithmetic (`IoUMetric.total_area_to_metrics`); and the classes
+    the ground truth holds no pixel of (`unlabelled`: the means leave them out or count them at 0, so that a set
+    that labels only its background scores 100)."""
     with np.errstate(divide='ignore', invalid='ignore'):
         table = IoUMetric.total_area_to_metrics(intersect, union, pred, label, ['mIoU'])
 
@@ -31,7 +34,19 @@ def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Te
         'mAcc': percent(np.nanmean(table['Acc'])),
         'per_class': {name: {'IoU': percent(i), 'Acc': percent(a)}
                       for name, i, a in zip(classes, table['IoU'], table['Acc'])},
+        'unlabelled': [name for name, pixels in zip(classes, label.tolist()) if pixels == 0],
     }
+
+
+def unlabelled_warning(report: dict) -> str | None:
+    """A line saying which classes the ground truth holds no pixel of, and what that does to the means; None when it
+    holds every class."""
+    missing, count = report['unlabelled'], len(report['per_class'])
+    if not missing:
+        return None
+    return (f'warning: {len(missing)} of {count} classes have no pixel in the ground truth ({", ".join(missing[:5])}'
+            f'{", ..." if len(missing) > 5 else ""}): mAcc averages over the other {count - len(missing)}, and mIoU '
+            f'leaves them out too unless they are predicted (then at 0); these scores do not measure those classes')
 
 
 @METRICS.register_module()
@@ -47,6 +62,9 @@ class IoUReport(IoUMetric):
         super().compute_metrics(results)  # logs mmseg's per-class table
         areas = (torch.stack(area).sum(0).cpu().double() for area in zip(*results))
         report = summarise_areas(*areas, self.dataset_meta['classes'])
+        warning = unlabelled_warning(report)
+        if warning:
+            logger.warning(warning)
         if self.json_file and is_main_process():
             Path(self.json_file).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.json_file, report)

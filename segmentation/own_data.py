@@ -15,6 +15,7 @@ takes its classes, heads and schedule from the data; ADE20K's configs take only 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from common.images import IMG_EXTENSIONS
 from common.log import logger
 from mmseg.datasets import ADE20KDataset
 
-from .data_check import IGNORE_INDEX, SHOWN, decoded
+from .data_check import (IGNORE_INDEX, SINGLE_CHANNEL, SHOWN, binary_masks_message, colour_mask_message,
+                         decoded)
 from .runner import checkpoint_meta
 
 OWN_DATA_ROOT = 'data/own_seg'  # what the own-data configs name: your data set there, or --data-root
@@ -36,6 +38,9 @@ MASK_DIRS = ('masks', 'annotations')
 SPLITS = {'train': ('train', 'training'), 'val': ('val', 'validation'), 'test': ('test', 'testing')}
 MASK_SUFFIX = '.png'
 HEADS = ('decode_head', 'auxiliary_head')
+NUMBER = re.compile(r'[+-]?\d+')
+# a colour written otherwise than R G B: #ff0000, 0xff0000, ff0000, 128,64,128
+COLOUR_LIKE = re.compile(r'^(#|0x)[0-9a-f]+$|^(?=.*\d)[0-9a-f]{6}$|\d,\d', re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -83,26 +88,44 @@ def image_suffix(folders: list[Path]) -> str:
     return next(iter(suffixes))
 
 
+def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
+    """A classes-file line's name and colour (None without one): "name" or "name R G B", three whole numbers 0-255.
+    Anything else that looks like a colour (two or four numbers, hex, commas) is an error naming `where`: it would
+    become part of the name."""
+    words = line.split()
+    numbers = 0
+    while numbers < len(words) and NUMBER.fullmatch(words[-1 - numbers]):
+        numbers += 1
+    odd = next((w for w in words if COLOUR_LIKE.search(w)), None)
+    if odd is not None:
+        raise DataError(f'{where}: {odd!r} is no colour of this format: write a colour as three whole numbers 0-255 '
+                        f'after the name ("road 128 64 128")')
+    if numbers not in (0, 3) or numbers == len(words):
+        raise DataError(f'{where}: {line!r} is not "name" or "name R G B": a colour is three whole numbers 0-255 after '
+                        f'the name, and a name may not end in a number (it would read as part of a colour)')
+    if numbers == 0:
+        return line, None
+    colour = [int(w) for w in words[-3:]]
+    if not all(0 <= c <= 255 for c in colour):
+        raise DataError(f'{where}: colour {" ".join(words[-3:])} is not three values 0-255')
+    return ' '.join(words[:-3]), colour
+
+
 def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
     """The class names of a classes file and each one's colour (None where the line gives none). A line is a name,
-    optionally followed by three integers 0-255 (R G B); empty lines and lines starting with # are skipped."""
+    optionally followed by three integers 0-255 (R G B); empty lines and lines starting with # are skipped, and a
+    byte order mark (Windows editors write one) is no part of the first name."""
     names, colours = [], []
     try:
-        lines = path.read_text(encoding='utf-8').splitlines()
+        lines = path.read_text(encoding='utf-8-sig').splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f'{path}: not a readable classes file ({type(e).__name__}: {e})') from e
     for number, line in enumerate(lines, 1):
-        line = line.strip()
+        line = ' '.join(line.split())
         if not line or line.startswith('#'):
             continue
-        words = line.split()
-        colour = None
-        if len(words) > 3 and all(w.lstrip('-').isdigit() for w in words[-3:]):
-            colour = [int(w) for w in words[-3:]]
-            if not all(0 <= c <= 255 for c in colour):
-                raise DataError(f'{path}, line {number}: colour {" ".join(words[-3:])} is not three values 0-255')
-            words = words[:-3]
-        names.append(' '.join(words))
+        name, colour = class_line(line, f'{path}, line {number}')
+        names.append(name)
         colours.append(colour)
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -116,32 +139,38 @@ def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
 
 
 def mask_values(mask_dirs: list[Path]) -> set[int]:
-    """Every label value the masks under `mask_dirs` use (255 left out); masks that cannot be read are passed over
-    here (the data check names what is wrong with them)."""
+    """Every label value the masks under `mask_dirs` use, 255 (ignored) included; masks that cannot be read are
+    passed over here (the data check names what is wrong with them), colour masks are an error."""
     values: set[int] = set()
     for folder in mask_dirs:
         for path in sorted(folder.rglob(f'*{MASK_SUFFIX}')):
             try:
-                values.update(int(v) for v in np.unique(np.asarray(decoded(str(path)))))
-            except Exception:  # a damaged or multi-channel mask
+                mask = decoded(str(path))
+            except Exception:  # a damaged mask
                 continue
-    values.discard(IGNORE_INDEX)
+            if mask.mode not in SINGLE_CHANNEL:
+                raise DataError(colour_mask_message(path, mask))
+            values.update(int(v) for v in np.unique(np.asarray(mask)))
     return values
 
 
 def counted_classes(root: Path, mask_dirs: list[Path]) -> list[str]:
     """Classes 0 .. the largest value of the masks, named 'class N'. Masks that use few of those values are refused:
-    they hold colours or 0/255 masks rather than class indices, which only a classes file can declare."""
-    values = mask_values(mask_dirs)
+    they hold grey levels or 0/255 masks rather than class indices."""
+    found = mask_values(mask_dirs)
+    values = found - {IGNORE_INDEX}
     if not values:
-        raise DataError(f'the masks of {root} hold no class value (only {IGNORE_INDEX}, ignored)')
+        raise DataError(f'the masks of {root} hold no class value (only {IGNORE_INDEX}, ignored)' if found else
+                        f'no readable mask in {", ".join(map(str, mask_dirs))}')
+    if values == {0}:
+        raise DataError(binary_masks_message(root) if IGNORE_INDEX in found else
+                        f'the masks of {root} hold one class (value 0); a data set needs at least 2')
     count = max(values) + 1
-    if count < 2:
-        raise DataError(f'the masks of {root} hold one class (value 0); a data set needs at least 2')
     if len(values) * 2 < count:
         raise DataError(f'the masks of {root} use {len(values)} of the values 0..{count - 1} '
-                        f'({", ".join(map(str, sorted(values)[:8]))}): masks hold class indices 0, 1, 2, ... (255 '
-                        f'ignored); write {root / CLASSES_FILE} (one class per line, in label order) to declare them')
+                        f'({", ".join(map(str, sorted(values)[:8]))}): grey levels or colours, not class indices '
+                        f'0, 1, 2, ... ({IGNORE_INDEX} ignored); write each class as its index, or declare all '
+                        f'{count} classes in {root / CLASSES_FILE} if the values are indices')
     return [f'class {v}' for v in range(count)]
 
 

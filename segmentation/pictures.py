@@ -10,7 +10,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import torch
 from mmengine.structures import PixelData
 from PIL import Image
 
@@ -37,7 +36,9 @@ def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], p
     visualizer = SegLocalVisualizer(name=f'suite-picture-{next(_NAMES)}', alpha=alpha)
     visualizer.dataset_meta = dict(classes=list(classes), palette=[list(c) for c in palette])
     sample = SegDataSample()
-    sample.pred_sem_seg = PixelData(data=torch.from_numpy(labels.astype(np.int64))[None])
+    # NumPy labels: mmseg indexes the image with `labels == class`, which for a one-pixel torch tensor numpy takes
+    # for an integer index
+    sample.pred_sem_seg = PixelData(data=labels.astype(np.int64)[None])
     visualizer.add_datasample('labels', image, sample, draw_gt=False, draw_pred=True, with_labels=with_labels)
     drawn = visualizer.get_image().copy()
     unpainted = (labels >= len(classes)) & (drawn == (image * (1 - alpha)).astype(np.uint8)).all(axis=-1)
@@ -119,8 +120,7 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     scores = read_report(report, predictor.classes) if report else None
     entry = test_entry(predictor.test_set(), image)
-    prediction = predictor(entry['img_path'])
-    pixels = cv2.cvtColor(cv2.imread(entry['img_path']), cv2.COLOR_BGR2RGB)  # the model's decoder
+    pixels, prediction = predictor.segment(entry['img_path'])
     truth = None
     if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
         truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))

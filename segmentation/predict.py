@@ -4,18 +4,21 @@ multi-scale (+ flip) test of its `tta_model`; a label map of the image's own siz
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from mmcv.transforms import Compose
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import init_default_scope
 
-from mmseg.registry import DATASETS, MODELS
-from common.images import read_image
+from mmseg.registry import DATASETS, MODELS, TRANSFORMS
+from common.errors import UsageError
+from common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from .config import DataFallback, drop_tta_flips, load_config, resolve_data
+from .config import DataFallback, check_segmentor_checkpoint, drop_tta_flips, load_config, resolve_trained_data
 from .own_data import OWN_DATA_ROOT, is_own_data_config, use_trained_classes
 from .runner import load_weights
 
@@ -36,6 +39,28 @@ def without_annotations(pipeline: list) -> list:
     return kept
 
 
+def check_opencv_reads(path: Path) -> None:
+    """An image file of a format OpenCV decodes, as the configs' pipelines read images (a GIF is not: mmcv fails on
+    it with an assertion)."""
+    if not cv2.haveImageReader(str(path)):
+        raise ImageReadError(f'{path}: OpenCV, the segmentation pipeline\'s decoder, does not read this format (it '
+                             f'reads {", ".join(IMG_EXTENSIONS)}): convert it to PNG')
+
+
+def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
+    """`out/<image stem>.png` for each image, the name tools/predict_seg.py and tools/test_seg.py --pred-dir (mmseg's
+    IoUMetric) give its mask; two images of one stem (in two folders, or of two suffixes) would write one file, which
+    is refused, naming both."""
+    masks: dict[Path, Path] = {}
+    for image in images:
+        mask = out / f'{image.stem}.png'
+        if mask in masks:
+            raise UsageError(f'{masks[mask]} and {image} would both write {mask}: give images of distinct names (or '
+                             f'predict them into separate folders)')
+        masks[mask] = image
+    return list(masks)
+
+
 class SegPredictor:
     """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
     it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False). The config's data is
@@ -47,10 +72,11 @@ class SegPredictor:
                  data_root: str | None = None, cfg_options: dict | None = None,
                  fallback: DataFallback | None = None, device: str = 'cpu') -> None:
         cfg = load_config(config, cfg_options)
+        check_segmentor_checkpoint(checkpoint)
         if is_own_data_config(cfg) and not data_root and not Path(OWN_DATA_ROOT).is_dir():
             use_trained_classes(cfg, checkpoint)  # new images need no data set: the classes trained on
         else:
-            resolve_data(cfg, data_root, fallback)
+            resolve_trained_data(cfg, checkpoint, data_root, fallback)
         init_default_scope(cfg.get('default_scope', 'mmseg'))
         cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
         model = MODELS.build(cfg.model)
@@ -62,7 +88,8 @@ class SegPredictor:
             model = MODELS.build({**cfg.tta_model, 'module': model})
             pipeline = cfg.tta_pipeline
         self.cfg, self.model = cfg, model.to(device).eval()
-        self.pipeline = Compose(without_annotations(pipeline))
+        steps = without_annotations(pipeline)
+        self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo
         self.classes, self.palette = list(meta['classes']), [list(c) for c in meta['palette']]
@@ -73,11 +100,20 @@ class SegPredictor:
         return DATASETS.build({**self.cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': lazy})
 
     def __call__(self, path: str | Path) -> np.ndarray:
-        read_image(Path(path))  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
-        data = pseudo_collate([self.pipeline({'img_path': str(path)})])
+        return self.segment(path)[1]
+
+    def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+        """The image as the model reads it (RGB, the config's decoding: pixels as stored, EXIF orientation ignored),
+        which a picture of the prediction is drawn on, and the class index of each of its pixels."""
+        path = Path(path)
+        read_image(path)  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
+        check_opencv_reads(path)
+        loaded = self.load({'img_path': str(path)})
+        pixels = np.ascontiguousarray(loaded['img'][..., ::-1])  # BGR -> RGB, a copy the pipeline leaves alone
+        data = pseudo_collate([self.pipeline(loaded)])
         with torch.no_grad():
             sample = self.model.test_step(data)[0]
-        return sample.pred_sem_seg.data[0].cpu().numpy()
+        return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray:
         """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other'), the

@@ -6,13 +6,15 @@ from pathlib import Path
 
 from mmengine.config import Config
 
-from common.errors import CheckpointError, UsageError
+from common.errors import UsageError
 from common.cli import check_output_folder, output_file
 from common.log import logger
+from mmseg.registry import DATASETS
 
-from .config import DataFallback, drop_tta_flips, load_config, resolve_data, tta_flips
+from .config import (DataFallback, check_segmentor_checkpoint, drop_tta_flips, load_config, resolve_trained_data,
+                     tta_flips)
 from .data_check import check_data
-from .own_data import check_trained_classes, is_own_data_config
+from .predict import mask_paths
 from .runner import SuiteRunner
 from .train import add_common_options, parse_with_fallback, work_dir_for
 
@@ -46,15 +48,19 @@ def use_multi_scale(cfg: Config, flip: bool) -> None:
     cfg.model = cfg.tta_model
 
 
+def test_images(cfg: Config) -> list[Path]:
+    """The test set's images."""
+    dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'serialize_data': False})
+    return [Path(dataset.get_data_info(i)['img_path']) for i in range(len(dataset))]
+
+
 def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
     cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
-    if not Path(args.checkpoint).is_file():
-        raise CheckpointError(f'{args.checkpoint}: checkpoint file not found')
+    check_segmentor_checkpoint(args.checkpoint)
     cfg.load_from = args.checkpoint
-    if not resolve_data(cfg, args.data_root, fallback) and is_own_data_config(cfg):
-        check_trained_classes(cfg, args.checkpoint)
+    resolve_trained_data(cfg, args.checkpoint, args.data_root, fallback)
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:
@@ -62,6 +68,8 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     if args.pred_dir:
         check_output_folder(args.pred_dir)
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
+    if args.pred_dir:
+        mask_paths(test_images(cfg), Path(args.pred_dir))
     cfg.test_evaluator = dict(type='IoUReport', json_file=args.out, output_dir=args.pred_dir)
     return cfg
 

@@ -14,7 +14,7 @@ from backbones.token_head import TOKEN_HEAD
 from classification.export import export_classifier
 from common.exporting import EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS
 from classification.models import build_eval_model, create_classifier
-from common.errors import CheckpointReadError, UsageError
+from common.errors import CheckpointError, CheckpointReadError, UsageError
 from helpers.cls_data import CLASSES
 from helpers.commands import run_tool, succeeded
 from helpers.training_runs import tiny_deit_run
@@ -121,6 +121,14 @@ def test_bad_input_is_one_line_and_writes_nothing(checkpoint_with_ema, tmp_path)
     with pytest.raises(CheckpointReadError, match='absent.pth'):
         export(['classifier', DEIT, '--checkpoint', str(tmp_path / 'absent.pth'), '--out', str(tmp_path / 'x')])
     assert sorted(p.name for p in tmp_path.iterdir()) == ['taken']
+
+
+def test_a_missing_segmentor_checkpoint_is_named_before_any_work(tmp_path):
+    """Nothing is written (the embedded pages an ADE20K config falls back to included) for a checkpoint not there."""
+    with pytest.raises(CheckpointError, match=f'{tmp_path / "absent.pth"}: checkpoint file not found'):
+        export(['segmentor', 'seg_configs/upernet_lvvit_s.py', str(tmp_path / 'absent.pth'), '--out',
+                str(tmp_path / 'x'), '--digits-seg-dir', str(tmp_path / 'pages')])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_path):

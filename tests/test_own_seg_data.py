@@ -9,9 +9,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from common.errors import CheckpointError, DataError
+from common.errors import CheckpointError, DataError, UsageError
 from helpers.commands import run_tool, succeeded
 from helpers.seg_data import OWN_CLASSES, independent_scores, write_own_seg, write_tiny_config
 from segmentation.own_data import read_own_data
@@ -56,10 +57,16 @@ def test_without_a_classes_file_the_masks_are_counted(tmp_path):
     ('named twice', r'classes\.txt: classes named twice: car'),
     ('bad colour', r'classes\.txt, line 3: colour 40 100 300 is not three values 0-255'),
     ('one class', r'classes\.txt: 1 class\(es\); a segmentation data set needs at least 2'),
-    ('binary masks', r'use 2 of the values 0\.\.254 \(0, 254\): masks hold class indices .* write .*classes\.txt'),
+    ('two-number colour', r'classes\.txt, line 3: \'road 40 100\' is not "name" or "name R G B": a colour is three '
+                          r'whole numbers'),
+    ('hex colour', r'classes\.txt, line 2: \'#ff8000\' is no colour of this format: write a colour as three whole'),
+    ('comma colour', r'classes\.txt, line 2: \'40,100,200\' is no colour of this format'),
+    ('grey-level masks', r'use 2 of the values 0\.\.254 \(0, 254\): grey levels or colours, not class indices 0, 1, 2'),
+    ('colour masks', r'train_0\.png is RGB \(3 channels\), a colour mask: masks hold one class index per pixel in one '
+                     r'channel .*convert each colour to its class index'),
 ])
 def test_a_data_set_that_cannot_be_read_as_declared_is_named(tmp_path, damage, message):
-    root = write_own_seg(tmp_path / 'own', classes_file=damage != 'binary masks')
+    root = write_own_seg(tmp_path / 'own', classes_file=not damage.endswith('masks'))
     classes = root / 'classes.txt'
     if damage == 'no val':
         (root / 'images' / 'val').rename(root / 'images' / 'check')
@@ -73,12 +80,75 @@ def test_a_data_set_that_cannot_be_read_as_declared_is_named(tmp_path, damage, m
         classes.write_text('background\n\nroad 40 100 300\n')
     elif damage == 'one class':
         classes.write_text('# only one\nbackground\n')
-    else:  # 0/254 masks: colours, not class indices
+    elif damage == 'two-number colour':
+        classes.write_text('background\n\nroad 40 100\n')
+    elif damage == 'hex colour':
+        classes.write_text('background\nroad #ff8000\n')
+    elif damage == 'comma colour':
+        classes.write_text('background\nroad 40,100,200\n')
+    else:  # 0/254 masks, or colour masks: not class indices
         for mask in (root / 'masks').rglob('*.png'):
             values = cv2.imread(str(mask), cv2.IMREAD_UNCHANGED)
-            cv2.imwrite(str(mask), np.where(values == 0, 0, 254).astype(np.uint8))
+            cv2.imwrite(str(mask), np.where(values == 0, 0, 254).astype(np.uint8) if damage == 'grey-level masks'
+                        else np.stack([values * 40, values * 10, 255 - values], axis=-1).astype(np.uint8))
     with pytest.raises(DataError, match=message):
         read_own_data(root)
+
+
+@pytest.mark.parametrize('classes_file', [True, False])
+def test_masks_of_0_and_255_are_refused_saying_that_255_is_ignored(tmp_path, classes_file):
+    """The tester's case: one foreground drawn as 255, two classes declared. 255 is the ignore index: the run would
+    learn the background only, and score it 100 mIoU."""
+    root = write_own_seg(tmp_path / 'own', classes_file=False)
+    for mask in (root / 'masks').rglob('*.png'):
+        values = cv2.imread(str(mask), cv2.IMREAD_UNCHANGED)
+        cv2.imwrite(str(mask), np.where(values == 0, 0, 255).astype(np.uint8))
+    if classes_file:
+        (root / 'classes.txt').write_text('background\nforeground\n')
+    message = (r'the masks of .*own.* hold only the values 0 and 255: 255 marks ignored pixels \(no loss or score '
+               r'counts them\), not a class, so the foreground would never be learned; write class indices instead '
+               r'\(0 background, 1 foreground: mask // 255\)')
+    with pytest.raises(DataError, match=message):
+        prepared(tmp_path, '--data-root', str(root), '--cfg-options', 'model.backbone.pretrained=None')
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_name(tmp_path):
+    root = write_own_seg(tmp_path / 'own')
+    classes = root / 'classes.txt'
+    classes.write_bytes(b'\xef\xbb\xbf' + classes.read_bytes())  # what Notepad writes
+    assert read_own_data(root).classes == OWN_CLASSES
+
+
+@pytest.mark.parametrize('case', ['empty val', 'own layout, ADE20K config'])
+def test_a_split_folder_that_is_empty_or_absent_is_named(tmp_path, case):
+    root = write_own_seg(tmp_path / 'own')
+    config = UPERNET
+    if case == 'empty val':
+        for image in (root / 'images' / 'val').iterdir():
+            image.unlink()
+        message = rf'no \.jpg images in {root / "images" / "val"}$'
+    else:
+        config = 'seg_configs/upernet_lvvit_s.py'
+        message = (rf'{root / "images" / "training"}: no such folder \(ADE20K\'s configs read its layout.*own-data '
+                   rf'config, e\.g\. seg_configs/upernet_lvvit_s_own_data\.py --data-root {root} ')
+    with pytest.raises(DataError, match=message):
+        prepared(tmp_path, '--data-root', str(root), '--cfg-options', 'model.backbone.pretrained=None', config=config)
+
+
+def test_a_class_without_ground_truth_pixels_is_said_not_scored_in_silence(caplog):
+    """mmseg leaves a class absent from ground truth and prediction out of mIoU: a set whose foreground was never
+    labelled scores 100. The report lists such classes and the log says what the means leave out."""
+    from segmentation.metrics import summarise_areas, unlabelled_warning
+    areas = [torch.tensor(v, dtype=torch.float64) for v in ([90., 0.], [100., 0.], [100., 0.], [90., 0.])]
+    report = summarise_areas(*areas, ['background', 'foreground'])  # intersect, union, predicted, labelled
+    assert report['mIoU'] == 90.0 and report['per_class']['foreground'] == {'IoU': None, 'Acc': None}
+    assert report['unlabelled'] == ['foreground']
+    assert unlabelled_warning(report) == (
+        'warning: 1 of 2 classes have no pixel in the ground truth (foreground): mAcc averages over the other 1, and '
+        'mIoU leaves them out too unless they are predicted (then at 0); these scores do not measure those classes')
+    labelled = summarise_areas(*[torch.tensor([90., 5.]), torch.tensor([100., 5.]), torch.tensor([95., 5.]),
+                                 torch.tensor([95., 5.])], ['background', 'foreground'])
+    assert labelled['unlabelled'] == [] and unlabelled_warning(labelled) is None
 
 
 def test_an_own_data_config_takes_the_classes_and_a_schedule_sized_to_the_data(tmp_path):
@@ -176,12 +246,91 @@ def test_predict_seg_needs_only_the_checkpoint_for_the_classes(trained, tmp_path
     assert len(list((tmp_path / 'masks').glob('*_overlay.png'))) == 4
 
 
-@pytest.mark.slow
-def test_test_seg_refuses_a_checkpoint_of_other_classes(trained, tmp_path):
-    root, config, checkpoint = trained
-    other = write_own_seg(tmp_path / 'other', classes=('background', 'road', 'bus', 'tree', 'sky'))
+@pytest.fixture(scope='module')
+def untrained(tmp_path_factory):
+    """A tiny UperNet for the 5-class own set as it starts (no training: what the tools do with a checkpoint's classes
+    needs no skill), saved with the classes as mmengine records a run's."""
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    from segmentation.config import load_config, resolve_data
+    tmp = tmp_path_factory.mktemp('own_untrained')
+    root = write_own_seg(tmp / 'own', counts=(('train', 2), ('val', 2)))
+    config = write_tiny_config(tmp / 'tiny_own.py', 'upernet_lvvit_s_own_data.py', root)
+    cfg = load_config(str(config))
+    resolve_data(cfg)
+    init_default_scope('mmseg')
+    model = MODELS.build(cfg.model)
+    meta = cfg.test_dataloader.dataset.metainfo
+    torch.save({'state_dict': model.state_dict(), 'meta': {'dataset_meta': dict(classes=meta['classes'],
+                                                                                palette=meta['palette'])}},
+               tmp / 'seg.pth')
+    return root, config, tmp / 'seg.pth'
+
+
+@pytest.mark.parametrize('tool', ['test_seg', 'predict_seg', 'export'])
+def test_every_tool_refuses_a_checkpoint_of_other_classes(untrained, tmp_path, tool):
+    """Where a checkpoint meets a data set, their classes must be the same names: a (background, road, car, ...)
+    model's masks must not be named, coloured and exported as another set's classes of the same count."""
+    _, config, checkpoint = untrained
+    other = write_own_seg(tmp_path / 'other', classes=('background', 'road', 'bus', 'tree', 'sky'),
+                          counts=(('train', 1), ('val', 1)))
     with pytest.raises(CheckpointError, match=r'trained on 5 classes \(background, road, car, tree, sky\), the data '
                                               r'set holds 5 \(background, road, bus, tree, sky\)'):
-        from segmentation.test import build_parser as test_parser, prepare as test_prepare
-        test_prepare(test_parser().parse_args([str(config), str(checkpoint), '--data-root', str(other),
-                                               '--work-dir', str(tmp_path / 'w')]))
+        if tool == 'test_seg':
+            from segmentation.test import build_parser as test_parser, prepare as test_prepare
+            test_prepare(test_parser().parse_args([str(config), str(checkpoint), '--data-root', str(other),
+                                                   '--work-dir', str(tmp_path / 'w')]))
+        elif tool == 'predict_seg':  # and tools/visualize.py: the same predictor
+            from segmentation.predict import SegPredictor
+            SegPredictor(str(config), str(checkpoint), data_root=str(other))
+        else:
+            from export import main as export
+            export(['segmentor', str(config), str(checkpoint), '--data-root', str(other), '--out',
+                    str(tmp_path / 'exported')])
+    assert not (tmp_path / 'exported').exists()
+
+
+def test_test_seg_refuses_two_images_that_would_write_one_prediction(untrained, tmp_path):
+    """--pred-dir names a mask by its image's name, as predict_seg does: two of one name in two sub-folders of the
+    split would write one file (4 masks for 5 images), so both refuse, naming the two."""
+    _, config, checkpoint = untrained
+    root = write_own_seg(tmp_path / 'own', counts=(('train', 1), ('val', 2)))
+    for kind, suffix in (('images', 'jpg'), ('masks', 'png')):
+        for i, folder in enumerate('ab'):
+            (root / kind / 'val' / folder).mkdir()
+            (root / kind / 'val' / f'val_{i}.{suffix}').rename(root / kind / 'val' / folder / f'photo.{suffix}')
+    from segmentation.test import build_parser as test_parser, prepare as test_prepare
+    args = [str(config), str(checkpoint), '--data-root', str(root), '--work-dir', str(tmp_path / 'w')]
+    test_prepare(test_parser().parse_args(args))  # the data set itself is fine
+    a, b = (root / 'images' / 'val' / folder / 'photo.jpg' for folder in 'ab')
+    with pytest.raises(UsageError, match=rf'{a} and {b} would both write {tmp_path / "pred" / "photo.png"}'):
+        test_prepare(test_parser().parse_args([*args, '--pred-dir', str(tmp_path / 'pred')]))
+
+
+def test_predict_seg_overlays_a_one_pixel_image_and_one_with_an_exif_orientation(untrained, tmp_path):
+    """The overlay is drawn on the pixels the model read (as stored, EXIF orientation aside: a square photo tagged to
+    be shown turned would otherwise be overlaid turned), and a one-pixel image is one like any other."""
+    from PIL import Image
+    from segmentation.predict import SegPredictor
+    _, config, checkpoint = untrained
+    photos = tmp_path / 'photos'
+    photos.mkdir()
+    y, x = np.mgrid[0:64, 0:64]
+    stored = np.stack([x * 4, y * 3, (x + 2 * y)], axis=-1).astype(np.uint8)  # no symmetry
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(stored).save(photos / 'turned.jpg', quality=100, exif=exif.tobytes())
+    Image.fromarray(np.full((1, 1, 3), 120, np.uint8)).save(photos / 'dot.png')
+    result = succeeded(run_tool('predict_seg.py', [config, checkpoint, photos, '--out', tmp_path / 'masks',
+                                                   '--overlay']))
+    assert f'{photos / "turned.jpg"} has EXIF orientation 6: its mask fits the pixels as stored' in result.stdout
+    predictor = SegPredictor(str(config), str(checkpoint))
+    for image, shape in ((photos / 'dot.png', (1, 1)), (photos / 'turned.jpg', (64, 64))):
+        mask = cv2.imread(str(tmp_path / 'masks' / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)
+        assert mask.shape == shape and np.array_equal(mask, predictor(image))
+    overlay = cv2.cvtColor(cv2.imread(str(tmp_path / 'masks' / 'turned_overlay.png')), cv2.COLOR_BGR2RGB)
+    mask = cv2.imread(str(tmp_path / 'masks' / 'turned.png'), cv2.IMREAD_UNCHANGED)
+    pixels = np.asarray(Image.open(photos / 'turned.jpg').convert('RGB')).astype(np.float64)  # as stored
+    blend = pixels * 0.4 + np.asarray(predictor.palette, np.float64)[mask] * 0.6  # alpha 0.6 (draw_labels)
+    assert np.median(np.abs(overlay - blend)) <= 1  # the class names' boxes aside
+    assert np.median(np.abs(overlay - (np.rot90(pixels, -1) * 0.4 + np.asarray(predictor.palette)[mask] * 0.6))) > 5

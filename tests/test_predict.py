@@ -98,3 +98,30 @@ def test_predict_seg_refuses_two_images_that_would_write_one_mask(tmp_path):
     assert result.returncode == 2 and f'{tmp_path / "a" / "x.jpg"} and {tmp_path / "b" / "x.jpg"} would both write' \
         in result.stderr
     assert not (tmp_path / 'out').exists()
+
+
+def test_predict_seg_names_a_classification_checkpoint(classifier, tmp_path):
+    """A classifier's checkpoint is named as one, with the tools that take it (not asked for a data set, then
+    refused for every key of the segmentor)."""
+    _, checkpoint = classifier
+    cv2.imwrite(str(tmp_path / 'x.jpg'), np.zeros((8, 8, 3), np.uint8))
+    result = run_tool('predict_seg.py', ['seg_configs/upernet_lvvit_s_own_data.py', checkpoint, tmp_path / 'x.jpg',
+                                         '--out', tmp_path / 'out'])
+    assert result.returncode == 2 and f'error: {checkpoint} holds an image classifier (vit weights, no decode head), ' \
+        'not a segmentor: tools/predict_cls.py and tools/eval_cls.py take it' in result.stderr
+    assert 'Traceback' not in result.stderr and not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('case', ['gif', 'no gpu'])
+def test_predict_seg_names_an_image_opencv_cannot_read_and_a_missing_gpu(tmp_path, case):
+    from PIL import Image
+    image = tmp_path / ('x.gif' if case == 'gif' else 'x.png')
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+    if case == 'no gpu' and torch.cuda.is_available():
+        pytest.skip('a GPU is here')
+    result = run_tool('predict_seg.py', ['seg_configs/upernet_lvvit_s.py', tmp_path / 'none.pth', image, '--out',
+                                         tmp_path / 'out', *(['--device', 'cuda'] if case == 'no gpu' else [])])
+    expected = (f'{image}: OpenCV, the segmentation pipeline\'s decoder, does not read this format' if case == 'gif'
+                else '--device cuda: no GPU is visible to PyTorch here')
+    assert result.returncode == 2 and f'error: {expected}' in result.stderr and 'Traceback' not in result.stderr
+    assert not (tmp_path / 'out').exists()

@@ -11,7 +11,7 @@ from mmengine.registry import init_default_scope
 import segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from common.errors import DataError
 from segmentation.data_check import check_dataset
-from helpers.seg_data import write_tiny_ade
+from helpers.seg_data import ade20k_name, write_pair, write_tiny_ade
 
 init_default_scope('mmseg')
 
@@ -99,3 +99,35 @@ def test_every_reader_takes_the_pixels_as_stored_ignoring_exif_orientation(tmp_p
         assert loaded.shape == stored.shape
         assert np.abs(loaded.astype(np.float32) - decoded).mean() < 2
     np.testing.assert_array_equal(np.asarray(read_image(path)), decoded.astype(np.uint8))
+
+
+def tag_orientation(image: Path, orientation: int) -> None:
+    """Give a JPEG the EXIF orientation tag (its pixels stay as they are)."""
+    from PIL import Image
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    with Image.open(image) as opened:
+        pixels = opened.copy()
+    pixels.save(image, quality=95, exif=exif.tobytes())
+
+
+@pytest.mark.parametrize('shape', ['square', 'turned mask'])
+def test_an_image_with_an_exif_orientation_is_named_with_what_to_do(tmp_path, shape):
+    """A photo stored on its side and tagged to be shown upright (orientation 6), its mask drawn on the upright
+    picture in an EXIF-aware tool: square, the mask fits the stored image's size but not its pixels (trained turned by
+    90 degrees, silently); otherwise the sizes differ, and the message says why."""
+    root = tmp_path / 'ade'
+    side = 48 if shape == 'square' else 40
+    rng = np.random.default_rng(0)
+    label = rng.integers(1, 5, (48, side)).astype(np.uint8)
+    write_pair(root, 'annotations', 'training', ade20k_name('training', 0), np.rot90(label[..., None] * 40, -1)
+               .repeat(3, axis=-1), label)  # stored turned: shown upright, the mask's way
+    image = root / 'images' / 'training' / f'{ade20k_name("training", 0)}.jpg'
+    tag_orientation(image, 6)
+    sizes = '' if shape == 'square' else r' \(its annotation .*\.png is 40x48, the stored image 48x40\)'
+    with pytest.raises(DataError, match=rf'{image.name} has EXIF orientation 6 \(viewers show it turned 90 degrees\)'
+                                        rf'{sizes}: images and masks are read as stored.*ImageOps\.exif_transpose'):
+        check_dataset(training_set(root))
+    tag_orientation(image, 1)  # "as stored": nothing to say
+    if shape == 'square':
+        assert check_dataset(training_set(root)) == ([0], [])

@@ -61,6 +61,11 @@ def test_evaluation_matches_an_independent_computation(trained, mode):
     for key in ('mIoU', 'aAcc', 'mAcc'):
         assert report[key] == pytest.approx(expected[key], abs=1e-6), key
     assert len(report['per_class']) == 150 and set(report['per_class']['wall']) == {'IoU', 'Acc'}
+    labelled = set().union(*(np.unique(read_mask(ann)).tolist()
+                             for ann in (data / 'annotations' / 'validation').glob('*.png')))
+    names = list(report['per_class'])
+    assert report['unlabelled'] == [name for i, name in enumerate(names) if i + 1 not in labelled]  # ADE: class + 1
+    assert f'warning: {len(report["unlabelled"])} of 150 classes have no pixel in the ground truth' in result.stdout
     label = 'multi-scale + flip' if mode == 'ms' else 'single-scale'
     assert f'{label}: mIoU {report["mIoU"]:.2f}' in result.stdout
 
@@ -84,15 +89,23 @@ def test_mmseg_stock_tools_run_the_configs(trained):
 
 
 def test_a_checkpoint_that_does_not_fit_the_config_is_refused(trained, tmp_path):
-    root, config, _, _ = trained
+    """A segmentor's checkpoint that lacks a weight of the config's model is refused naming it; an image classifier's
+    is named as one, with the tools that take it."""
+    root, config, work, _ = trained
     import torch
     from backbones import create_model
     classifier = create_model('lvvit_s', num_classes=10, depth=2, embed_dim=32, num_heads=2)
     torch.save({'state_dict': classifier.state_dict()}, tmp_path / 'classifier.pth')
-    result = run_tool('test_seg.py', [config, tmp_path / 'classifier.pth'])
-    assert result.returncode == 2
-    error = result.stderr.strip().splitlines()[-1]
-    assert 'classifier.pth does not fit the model of this config' in error and 'missing' in error
+    segmentor = torch.load(work / 'iter_2.pth', weights_only=False)
+    del segmentor['state_dict']['decode_head.conv_seg.weight']
+    torch.save(segmentor, tmp_path / 'incomplete.pth')
+    for checkpoint, expected in (
+            ('incomplete.pth', 'incomplete.pth does not fit the model of this config (it would leave weights '
+                               'unloaded): 1 missing keys: decode_head.conv_seg.weight'),
+            ('classifier.pth', 'classifier.pth holds an image classifier (lvvit weights, no decode head), not a '
+                               'segmentor: tools/predict_cls.py and tools/eval_cls.py take it')):
+        result = run_tool('test_seg.py', [config, tmp_path / checkpoint, '--work-dir', tmp_path / 'work'])
+        assert result.returncode == 2 and expected in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
 
 
 def test_resume_falls_back_to_the_newest_readable_checkpoint(trained, tmp_path):

@@ -16,18 +16,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import cv2
 import numpy as np
 from PIL import Image
 
 from common.images import image_files
-from common.cli import check_output_folder, run_command
+from common.cli import check_output_folder, device_name, run_command
 from common.errors import UsageError
 from common.files import write_atomic
 from common.log import logger
 from digits.seg_data import EmbeddedPages
+from segmentation.data_check import TURNS, file_orientation
 from segmentation.pictures import draw_labels
-from segmentation.predict import SegPredictor
+from segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
 from segmentation.train import parse_with_fallback
 from visualization.figures import write_png
 
@@ -46,18 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def mask_paths(images: list[Path], out: Path) -> list[Path]:
-    """`out/<image stem>.png` for each image; two images of one stem would overwrite each other's mask."""
-    masks: dict[Path, Path] = {}
-    for image in images:
-        mask = out / f'{image.stem}.png'
-        if mask in masks:
-            raise UsageError(f'{masks[mask]} and {image} would both write {mask}: predict them into separate --out '
-                             f'folders')
-        masks[mask] = image
-    return list(masks)
-
-
 def write_mask(values: np.ndarray, path: Path) -> None:
     """A label map as a PNG of 8 bits (16 beyond 255 classes), written atomically."""
     image = Image.fromarray(values.astype(np.uint8 if values.max(initial=0) < 256 else np.uint16))
@@ -72,14 +60,19 @@ def main(argv: list[str] | None = None) -> list[Path]:
     out = Path(args.out)
     check_output_folder(out)
     masks = mask_paths(images, out)
+    for image in images:
+        check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
-                             fallback=fallback, device=args.device)
+                             fallback=fallback, device=device_name(args.device))
     out.mkdir(parents=True, exist_ok=True)
     for image, mask in zip(images, masks):
-        prediction = predictor(image)
+        pixels, prediction = predictor.segment(image)
+        orientation = file_orientation(image)
+        if orientation != 1:
+            logger.warning(f'warning: {image} has EXIF orientation {orientation}: its mask fits the pixels as stored, '
+                           f'which viewers show {TURNS.get(orientation, "turned")}')
         write_mask(predictor.label_values(prediction), mask)
         if args.overlay:
-            pixels = cv2.cvtColor(cv2.imread(str(image)), cv2.COLOR_BGR2RGB)  # the model's decoder
             write_png(draw_labels(pixels, prediction, predictor.classes, predictor.palette),
                       mask.with_name(f'{mask.stem}_overlay.png'))
         found = np.unique(prediction)
