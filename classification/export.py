@@ -16,6 +16,8 @@ The model is built as tools/eval_cls.py builds it, with one of the checkpoint's 
   runtimes without the suite (`torch.export.load(path).module()(images)`);
 - with `onnx`, `model.onnx`: the same as ONNX (input `images`, normalised as the config says; output `logits`),
   the batch size dynamic. The models are built for one input size (their position tables), so that stays fixed.
+- `suite_export.json`, the suite's mark (common/exporting.py): the export's kind and checkpoint and each file's
+  SHA-256. Only such a folder, an empty one or a new one is written.
 
 Each written file is checked against the eval model's outputs (ONNX in onnxruntime) before the folder is given its
 name; the timm model is checked as a timm user runs it, on an image file through the preprocessing timm reads from
