@@ -1,5 +1,5 @@
-"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with the model's eval transform; the
-logic of tools/eval_cls.py.
+"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with its eval transform (what the
+checkpoint's run recorded: `engine.checkpoints.checkpoint_data_config`); the logic of tools/eval_cls.py.
 
 Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
 class logits + 0.5 x the class-wise max over the token logits; distilled models (a distillation token) with DeiT's:
