@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from common.errors import CheckpointError, UsageError
+from common.exporting import check_exported_file
 from common.files import load_weights_only
 
 from .layers import DIST_HEAD, resize_pos_embed
@@ -91,6 +92,7 @@ def describe_mismatch(problems: Mapping[str, list[str]]) -> str:
 def _read_file(path: Path) -> object:
     if path.suffix == '.safetensors':
         from safetensors.torch import load_file
+        check_exported_file(path)  # safetensors files hold no checksum: an export's marker records one
         try:
             return load_file(str(path))
         except Exception as exc:  # safetensors raises its own error types

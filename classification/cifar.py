@@ -250,6 +250,13 @@ class CifarInput:
         self.scale = 1.0 / (255.0 * std)  # uint8 -> [0, 1] -> divided by std, folded into one multiply
         self.shift = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1) / std
 
+    @staticmethod
+    def data_config(img_size: int, mean: Sequence[float], std: Sequence[float]) -> dict:
+        """This evaluation input in timm's data-config keys, for images of any size: the shorter side resized
+        (bilinear) to img_size, the centre square kept (on CIFAR's square images, the whole image), normalised."""
+        return {'input_size': (3, img_size, img_size), 'crop_pct': 1.0, 'crop_mode': 'center',
+                'interpolation': 'bilinear', 'mean': tuple(mean), 'std': tuple(std)}
+
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         B, device = images.shape[0], images.device
         if self.train:

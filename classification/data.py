@@ -157,3 +157,10 @@ def eval_transform(img_size: int, crop_pct: float, interpolation: str, mean: Seq
     """Resize the short side to img_size / crop_pct, centre-crop img_size (timm's eval transform)."""
     return create_transform(img_size, is_training=False, interpolation=interpolation, mean=tuple(mean),
                             std=tuple(std), crop_pct=crop_pct)
+
+
+def config_eval_transform(data_cfg: dict):
+    """`eval_transform` as a timm data config describes it (`input_size`, `crop_pct`, `interpolation`, `mean`,
+    `std`)."""
+    return eval_transform(data_cfg['input_size'][-1], data_cfg['crop_pct'], data_cfg['interpolation'],
+                          data_cfg['mean'], data_cfg['std'])

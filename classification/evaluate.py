@@ -1,5 +1,5 @@
-"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with the model's eval transform; the
-logic of tools/eval_cls.py.
+"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with its eval transform (what the
+checkpoint's run recorded: `engine.checkpoints.checkpoint_data_config`); the logic of tools/eval_cls.py.
 
 Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
 class logits + 0.5 x the class-wise max over the token logits; distilled models (a distillation token) with DeiT's:
@@ -33,11 +33,11 @@ from common.errors import UsageError
 from common.files import write_json_atomic
 from common.images import find_classes
 from common.log import logger
-from engine.checkpoints import checkpoint_classes
+from engine.checkpoints import checkpoint_classes, checkpoint_data_config
 from engine.steps import evaluate
 
-from .data import ImageFolderDataset, collate_skipping, eval_transform
-from .models import build_eval_model, model_data_config
+from .data import ImageFolderDataset, collate_skipping, config_eval_transform
+from .models import build_eval_model, check_finite, model_data_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--data-dir', required=True)
     p.add_argument('--split', default='val')
     p.add_argument('--json', type=output_file, help='write the metrics to this file')
-    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
-    p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own (LV-ViT 0.9, bicubic)')
+    p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
+                   'model\'s own')
+    p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own (LV-ViT 0.9, '
+                   'bicubic)')
     p.add_argument('--batch-size', type=positive_int, default=100)
     p.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS)
     p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
@@ -105,22 +107,23 @@ def real_labels(files: list[str], source: str) -> RealLabelsImagenet:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     check_model_name(args.model)
-    data_cfg = model_data_config(args.model)
-    img_size = args.img_size or data_cfg['input_size'][-1]
-    crop_pct = args.crop_pct or data_cfg['crop_pct']
-    transform = eval_transform(img_size, crop_pct, data_cfg['interpolation'], data_cfg['mean'], data_cfg['std'])
-    dataset, order = load_split(args.data_dir, args.split, args.checkpoint, transform)
+    data_cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size, args.crop_pct)
+    img_size, crop_pct = data_cfg['input_size'][-1], data_cfg['crop_pct']
+    dataset, order = load_split(args.data_dir, args.split, args.checkpoint, config_eval_transform(data_cfg))
     logger.info(f'class order: {order}')
-    model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), args.img_size, args.use_ema,
+    model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), img_size, args.use_ema,
                              parse_model_kwargs(args.model_kwargs))
     info = DistInfo(device=torch.device(device_name(args.device)))
     model.to(info.device)
     loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)
-    real = None
-    if args.real_labels:
-        real = real_labels(list(dataset.paths), args.real_labels)
-    metrics = evaluate(model, loader, info, args.amp, on_batch=(lambda logits, _: real.add_result(logits))
-                       if real else None)
+    real = real_labels(list(dataset.paths), args.real_labels) if args.real_labels else None
+
+    def on_batch(logits: torch.Tensor, _) -> None:
+        check_finite(logits, args.checkpoint)
+        if real is not None:
+            real.add_result(logits)
+
+    metrics = evaluate(model, loader, info, args.amp, on_batch=on_batch)
     metrics.update(model=args.model, checkpoint=args.checkpoint, img_size=img_size, crop_pct=crop_pct,
                    class_order=order)
     if real is not None:

@@ -4,9 +4,11 @@ The model is built as tools/eval_cls.py builds it, with one of the checkpoint's 
 (what eval_cls, predict_cls and the segmentation backbones load), or with `use_ema` the EMA copy. The folder gets:
 
 - `model.safetensors` and `config.json`, written by timm's own `save_for_hf`: the architecture, the arguments that
-  rebuild it (class count, input size, LV-ViT's token head, a distillation token), the preprocessing, the class
-  names, and which weight set it holds (`suite_weights`). `timm.create_model('local-dir:FOLDER')` builds the model
-  from it (with the suite's models registered: `import backbones`), and so does
+  rebuild it (class count, input size, LV-ViT's token head, a distillation token), the preprocessing it was exported
+  with (the input size the checkpoint was trained at, or `img_size`; the crop, interpolation, mean and std it
+  records, else the model's), the class names, and which weight set it holds (`suite_weights`).
+  `timm.create_model('local-dir:FOLDER')` builds the model from it (with the suite's models registered:
+  `import backbones`), and so does
   `create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file='FOLDER/model.safetensors', num_classes=N),
   **model_args)` (without `num_classes` in the overlay timm drops the head as one of ImageNet's 1000 classes);
   the file holds one weight set only, so every loader takes the same model.
@@ -14,16 +16,23 @@ The model is built as tools/eval_cls.py builds it, with one of the checkpoint's 
   runtimes without the suite (`torch.export.load(path).module()(images)`);
 - with `onnx`, `model.onnx`: the same as ONNX (input `images`, normalised as the config says; output `logits`),
   the batch size dynamic. The models are built for one input size (their position tables), so that stays fixed.
+- `suite_export.json`, the suite's mark (common/exporting.py): the export's kind and checkpoint and each file's
+  SHA-256. Only such a folder, an empty one or a new one is written.
 
 Each written file is checked against the eval model's outputs (ONNX in onnxruntime) before the folder is given its
-name.
+name; the timm model is checked as a timm user runs it, on an image file through the preprocessing timm reads from
+config.json (`resolve_data_config`, `create_transform`), against the suite's prediction for that image.
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
+from timm.data import create_transform, resolve_data_config
 from timm.models import create_model
 from timm.models._hub import save_for_hf
 
@@ -37,22 +46,55 @@ from common.exporting import (
     EXPORTED_PROGRAM,
     ONNX_MODEL,
     TOLERANCE,
-    WEIGHTS,
     batch_examples,
     check_same_outputs,
+    run_checked,
     staged_folder,
     write_exported_program,
     write_onnx,
 )
+from common.images import read_image
 from common.log import logger
+from engine.checkpoints import checkpoint_data_config
 
-from .models import build_eval_model, model_data_config
+from .data import config_eval_transform
+from .models import build_eval_model, check_finite, model_data_config
 from .predict import class_names
+
+# the preprocessing config.json records: what the export was checked with, as timm's resolve_data_config reads it
+TIMM_DATA_KEYS = ('input_size', 'crop_pct', 'crop_mode', 'interpolation', 'mean', 'std')
 
 
 def timm_model_from(folder: Path) -> torch.nn.Module:
     """The model timm builds from an export folder, as a user's `create_model('local-dir:FOLDER')` does."""
     return create_model(f'local-dir:{folder}', pretrained=True).eval()
+
+
+def check_image(path: Path, size: int) -> Path:
+    """A PNG at `path` that an eval transform both resizes and crops (wider than tall, not the input size): colour
+    gradients and noise."""
+    height, width = size + size // 3 + 5, 2 * size + 7
+    y, x = np.mgrid[0:height, 0:width] + 0.5
+    rgb = np.stack([255 * x / width, 255 * y / height, 128 + 100 * np.sin(x / 5.0) * np.cos(y / 7.0)], axis=-1)
+    noisy = rgb + np.random.default_rng(0).normal(0, 20, rgb.shape)
+    Image.fromarray(np.uint8(np.clip(noisy, 0, 255))).save(path)
+    return path
+
+
+def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dict) -> None:
+    """timm's own way with the folder, its model and its preprocessing from config.json (`resolve_data_config`,
+    `create_transform`), on an image file gives the suite's prediction: the eval model on the image through the
+    eval transform of `data_cfg`."""
+    timm_model = timm_model_from(folder)
+    timm_transform = create_transform(**resolve_data_config({}, model=timm_model))
+    with tempfile.TemporaryDirectory() as tmp:
+        image = check_image(Path(tmp) / 'check.png', data_cfg['input_size'][-1])
+        with Image.open(image) as img:
+            timm_input = timm_transform(img.convert('RGB'))[None]
+        suite_input = config_eval_transform(data_cfg)(read_image(image))[None]
+    what = f'timm\'s model and preprocessing from {folder.name}/config.json, on an image,'
+    with torch.no_grad():
+        check_same_outputs(model(suite_input), run_checked(timm_model, timm_input, what), what)
 
 
 def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images: torch.Tensor,
@@ -77,23 +119,23 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
     temporary folder beside `out` and checked there, then renamed: `out` is complete or absent."""
     check_model_name(model_name)
     count = checkpoint_class_count(model_name, checkpoint, use_ema)
-    data_cfg = model_data_config(model_name)
-    size = img_size or data_cfg['input_size'][-1]
+    data_cfg = checkpoint_data_config(checkpoint, model_data_config(model_name), img_size)
+    size = data_cfg['input_size'][-1]
     model = build_eval_model(model_name, checkpoint, count, size, use_ema, model_kwargs or {})
     examples = batch_examples(size, size)  # the batch is dynamic
     images = examples[0]
     with torch.no_grad():
-        expected = model(images)
+        expected = check_finite(model(images), checkpoint)
     model = timm_model(model, checkpoint, model_name, images, expected)
     names, descriptions = class_names(checkpoint, count)
     model_config = {'label_names': names, 'suite_weights': 'ema' if use_ema else 'trained',
                     'suite_checkpoint': str(checkpoint)}
     if descriptions:
         model_config['label_descriptions'] = dict(zip(names, descriptions))
-    with staged_folder(out) as staging:
-        save_for_hf(model, str(staging), model_config=model_config, safe_serialization=True)
-        with torch.no_grad():
-            check_same_outputs(expected, timm_model_from(staging)(images), f'timm\'s model from {WEIGHTS}')
+    with staged_folder(out, {'export': 'classifier', 'checkpoint': str(checkpoint)}) as staging:
+        save_for_hf(model, str(staging), model_config=model_config, safe_serialization=True,
+                    data_config={key: data_cfg[key] for key in TIMM_DATA_KEYS if key in data_cfg})
+        check_timm_preprocessing(staging, model, data_cfg)
         if torch_export:
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, BATCH)
         if onnx:
@@ -109,7 +151,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
     p.add_argument('--use-ema', action='store_true',
                    help='the EMA weights of a training checkpoint (default: the trained weights, as eval_cls)')
-    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
+    p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
+                   'model\'s own')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
 
 

@@ -14,7 +14,7 @@ from backbones import TokenLabelingModel, bare_model, create_model, load_checkpo
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
 from backbones.weights import read_state_dict
-from common.errors import UsageError
+from common.errors import CheckpointError, UsageError
 from token_labeling.annotate import dense_scores
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distillation token (DeiT's hard distillation)
@@ -52,6 +52,17 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
                               distilled='dist_token' in keys, **model_kwargs)
     load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
     return model.eval()
+
+
+def check_finite(logits: torch.Tensor, checkpoint: str) -> torch.Tensor:
+    """`logits` when all of them are numbers, else a CheckpointError naming the checkpoint: NaN or infinite logits
+    still give an argmax, and an accuracy or a probability that looks like one."""
+    finite = torch.isfinite(logits).flatten(1).all(dim=1)
+    if not finite.all():
+        raise CheckpointError(f'{checkpoint}: the model gives NaN or infinite logits for {int((~finite).sum())} of '
+                              f'{len(finite)} images: its weights hold such values, or a reduced-precision '
+                              f'computation (--amp) overflows; no result')
+    return logits
 
 
 def zero_classifiers(model: nn.Module) -> None:

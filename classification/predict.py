@@ -1,7 +1,7 @@
 """Top-k classes of new images with a classification checkpoint: the logic of tools/predict_cls.py.
 
-The images go through the model's eval transform and the eval-mode model as tools/eval_cls.py builds them (the token
-head's rule for LV-ViT and models trained with token labeling, the two heads' mean for distilled ones). The class
+The images go through the checkpoint's eval transform and the eval-mode model as tools/eval_cls.py builds them (the
+token head's rule for LV-ViT and models trained with token labeling, the two heads' mean for distilled ones). The class
 names are the ones the checkpoint records; an official release records none, and a 1000-class one is named with
 ImageNet's classes (timm's ImageNetInfo), its WordNet id and its description.
 """
@@ -28,10 +28,10 @@ from common.cli import (
 from common.files import write_json_atomic
 from common.images import image_files, read_image
 from common.log import logger
-from engine.checkpoints import checkpoint_classes
+from engine.checkpoints import checkpoint_classes, checkpoint_data_config
 
-from .data import eval_transform
-from .models import build_eval_model, model_data_config
+from .data import config_eval_transform
+from .models import build_eval_model, check_finite, model_data_config
 
 IMAGENET_CLASSES = 1000
 
@@ -54,14 +54,13 @@ class ClassPredictor:
     def __init__(self, model_name: str, checkpoint: str, img_size: int | None = None, crop_pct: float | None = None,
                  use_ema: bool = False, model_kwargs: dict | None = None, device: str = 'cpu') -> None:
         check_model_name(model_name)
-        data_cfg = model_data_config(model_name)
-        img_size = img_size or data_cfg['input_size'][-1]
-        self.transform = eval_transform(img_size, crop_pct or data_cfg['crop_pct'], data_cfg['interpolation'],
-                                        data_cfg['mean'], data_cfg['std'])
+        self.checkpoint = checkpoint
+        self.data_config = checkpoint_data_config(checkpoint, model_data_config(model_name), img_size, crop_pct)
+        self.transform = config_eval_transform(self.data_config)
         count = checkpoint_class_count(model_name, checkpoint, use_ema)
         self.classes, self.descriptions = class_names(checkpoint, count)
         self.device = torch.device(device)
-        self.model = build_eval_model(model_name, checkpoint, count, img_size, use_ema,
+        self.model = build_eval_model(model_name, checkpoint, count, self.data_config['input_size'][-1], use_ema,
                                       model_kwargs or {}).to(self.device).eval()
 
     def probabilities(self, paths: Sequence[Path], batch_size: int = 32) -> Iterator[torch.Tensor]:
@@ -69,7 +68,7 @@ class ClassPredictor:
         for start in range(0, len(paths), batch_size):
             images = torch.stack([self.transform(read_image(Path(p))) for p in paths[start:start + batch_size]])
             with torch.no_grad():
-                yield self.model(images.to(self.device)).float().softmax(-1).cpu()
+                yield check_finite(self.model(images.to(self.device)).float(), self.checkpoint).softmax(-1).cpu()
 
     def __call__(self, paths: Sequence[str | Path], k: int = 5) -> list[dict]:
         """For each image: {'image', 'top': [{'class', 'index', 'probability'[, 'description']}, ...]}, best first."""
@@ -97,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--json', type=output_file,
                    help="write the predictions to this file: [{'image', 'top': [{'class', 'index', 'probability'"
                         "[, 'description']}]}]")
-    p.add_argument('--img-size', type=positive_int, help='default: the model\'s own')
-    p.add_argument('--crop-pct', type=fraction, help='default: the model\'s own')
+    p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
+                   'model\'s own')
+    p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own')
     p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
     p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
     add_device_argument(p)

@@ -27,7 +27,7 @@ from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.errors import CheckpointError, UsageError
 from common.images import read_image
 from common.log import logger
-from engine.checkpoints import check_checkpoint_classes, seed_all
+from engine.checkpoints import DATA_CONFIG, check_checkpoint_classes, checkpoint_data_config, seed_all
 from engine.fit import Pictures
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.augment import TrainTransform
@@ -278,7 +278,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
     trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
-    recipe.img_size = recipe.img_size or data_cfg['input_size'][-1]
+    # by default a fine-tuning runs at the size its weights were trained at
+    recipe.img_size = checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1]
     train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
                                                                 augment, decode)
     seed_all(options.seed)  # the initial weights do not depend on what ran before
@@ -296,6 +297,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     objective = make_objective(recipe, len(classes), teacher_model)
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
+              DATA_CONFIG: {**data_cfg, 'input_size': (3, recipe.img_size, recipe.img_size)},  # the val transform's
               'teacher': vars(teacher) if teacher is not None else None, 'augment': augment, 'decode': decode,
               'train_images': len(train_loader.dataset)}  # a resume on another --train-images is refused
     fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)

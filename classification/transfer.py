@@ -20,7 +20,7 @@ from backbones.weights import LoadReport, classifier_prefixes
 from common.cli import model_parser, non_negative_int
 from common.distributed import DistInfo, run_distributed, sharded_loaders
 from common.log import logger
-from engine.checkpoints import BEST, read_training_checkpoint, seed_all
+from engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint, seed_all
 from engine.steps import evaluate
 from engine.trainer import RunOptions, Trainer, add_run_arguments
 from token_labeling.loss import TokenLabelingLoss
@@ -87,7 +87,9 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
     train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, split_seed)
     train_split, val_split = data.train.subset(train_idx), data.train.subset(val_idx)
     mean, std = channel_stats(train_split.images)
-    recipe.img_size = img_size = recipe.img_size or model_data_config(model_name)['input_size'][-1]
+    # by default the size the pretrained weights were trained at
+    recipe.img_size = img_size = checkpoint_data_config(pretrained, model_data_config(model_name),
+                                                        recipe.img_size)['input_size'][-1]
     train_loader, val_loader, test_loader = sharded_loaders(
         CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)], recipe.batch_size, info,
         options.workers, options.seed, collate_skipping)
@@ -107,7 +109,8 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
         num_classes, recipe.smoothing,
         token_loss=TokenLabelingLoss(recipe.dense_weight) if recipe.token_labeling else None)
     config = {'model': model_name, 'dataset': dataset, 'classes': data.classes, 'mean': mean, 'std': std,
-              'split_seed': split_seed, 'pretrained': pretrained, **vars(recipe)}
+              'split_seed': split_seed, 'pretrained': pretrained, **vars(recipe),
+              DATA_CONFIG: CifarInput.data_config(img_size, mean, std)}
     fit = trainer.start(model, params, optimization, objective, config, len(train_loader),
                         train_transform=CifarInput(img_size, mean, std, train=True, hflip=recipe.hflip,
                                                    padding=recipe.crop_padding),

@@ -1,9 +1,11 @@
 """A model as files for runtimes without the suite: torch.export's program and ONNX, each checked against the model's
-own outputs before it counts, written into a folder that appears whole or not at all."""
+own outputs before it counts, written into a folder that appears whole or not at all, marked as the suite's export
+with its files' checksums (a folder it did not write is never replaced)."""
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointReadError, UsageError
+from .files import file_sha256, write_json_atomic
 
 WEIGHTS = 'model.safetensors'
 EXPORTED_PROGRAM = 'model.pt2'
@@ -20,6 +23,8 @@ TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32, the same weights: the runtime
 DynamicDims = dict[int, tuple[str, int]]  # input dimension -> its name and the multiple it must be, {0: ('batch', 1)}
 BATCH: DynamicDims = {0: ('batch', 1)}  # a dynamic batch size, the rest of the input fixed
 CHECKED_BATCHES = (2, 1, 3)  # traced on the first; 1 too, which a trace of 2 may have specialised away
+MARKER = 'suite_export.json'  # in every export folder: the suite, the export's kind and source, its files' SHA-256
+SUITE = 'vit-dense-transfer'
 
 
 def example_images(count: int, height: int, width: int) -> torch.Tensor:
@@ -40,14 +45,48 @@ def check_same_outputs(expected: torch.Tensor, got: torch.Tensor, what: str) -> 
         raise CheckpointError(f'{what} gives other outputs than the model ({difference}): nothing was written')
 
 
+def read_marker(folder: Path) -> dict | None:
+    """The marker of an export folder this suite wrote; None for any other folder."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get('suite') == SUITE else None
+
+
+def check_export_folder(out: Path) -> None:
+    """`out` may be (re)written: absent, an empty folder, or an export of this suite (its MARKER); anything else, a
+    model folder of another tool say, is a UsageError naming it (an export replaces its folder whole)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and (not any(out.iterdir()) or read_marker(out) is not None):
+        return
+    raise UsageError(f'--out {out} exists and is not an export folder of this suite (no {MARKER}), which the export '
+                     f'would replace whole: give a new or empty folder')
+
+
+def check_exported_file(path: Path) -> None:
+    """A file of an export folder must have the SHA-256 the folder's marker records (safetensors files hold no
+    checksum of their own), else a CheckpointReadError naming it; files outside an export pass."""
+    recorded = (read_marker(path.parent) or {}).get('files', {}).get(path.name)
+    if recorded is not None and path.is_file() and file_sha256(path) != recorded:
+        raise CheckpointReadError(f'{path}: damaged: its bytes do not match the SHA-256 {path.parent / MARKER} '
+                                  f'records; the file changed after it was exported: export it again')
+
+
 @contextlib.contextmanager
-def staged_folder(out: Path) -> Iterator[Path]:
-    """A temporary folder beside `out` to write into; renamed to `out` (an earlier one replaced) when the block ends
-    without an error, removed otherwise."""
+def staged_folder(out: Path, description: dict) -> Iterator[Path]:
+    """A temporary folder beside `out` to write into; when the block ends without an error, marked as the suite's
+    export (`description`, and the SHA-256 of every file) and renamed to `out` (an earlier export or an empty folder
+    replaced, see `check_export_folder`); removed otherwise."""
+    check_export_folder(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
     try:
         yield staging
+        files = {path.name: file_sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
+        write_json_atomic(staging / MARKER, {'suite': SUITE, **description, 'files': files})
+        check_export_folder(out)  # again: the folder may have been filled while the export ran
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

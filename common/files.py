@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
 import pickle
@@ -95,6 +97,7 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
     path = Path(path)
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')
+    check_zip_checksums(path, what)
     try:
         # timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an
         # argparse.Namespace: plain data, safe to rebuild. backbones.weights allows it globally (for timm's download
@@ -113,6 +116,56 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
         raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged ({type(exc).__name__}: '
                                   f'{first_line(exc)})') from exc
+
+
+ZIP_MAGIC = b'PK\x03\x04'
+
+
+def file_version(path: Path) -> tuple[int, ...]:
+    """What tells one version of a file from another: its device, inode, size and modification time (a file
+    replaced by a rename, or rewritten, is another version)."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def check_zip_checksums(path: Path, what: str = 'PyTorch checkpoint') -> None:
+    """A file in torch's zip format (what torch.save writes) must match the CRC-32 its zip records for every
+    member, else a CheckpointReadError naming it: torch.load does not check them, so a flipped byte in a tensor
+    would load as a wrong number. Files in torch's legacy format record no checksum and pass."""
+    _check_zip_checksums(path, what, file_version(path))
+
+
+# The tools read a checkpoint several times (its settings, classes, weights): each version of a file is read whole
+# for its checksums once.
+@functools.lru_cache(maxsize=64)
+def _check_zip_checksums(path: Path, what: str, version: tuple[int, ...]) -> None:
+    with open(path, 'rb') as f:
+        head = f.read(len(ZIP_MAGIC))
+    if head != ZIP_MAGIC and not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # reads every member, 1 MiB at a time, and compares its CRC-32
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged ({type(exc).__name__}: '
+                                  f'{first_line(exc)})') from exc
+    if damaged is not None:
+        raise CheckpointReadError(f'{path}: damaged: {damaged} does not match the checksum (CRC-32) written with it; '
+                                  f'the file changed after it was saved (a disk or copy error): use another copy')
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read once for each version of the file."""
+    return _file_sha256(path, file_version(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: Path, version: tuple[int, ...]) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def first_line(exc: BaseException) -> str:

@@ -26,7 +26,8 @@ from safetensors.torch import load_model, save_model
 from common.cli import positive_int
 from common.errors import UsageError
 from common.exporting import (BATCH, CHECKED_BATCHES, EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS, batch_examples,
-                              check_same_outputs, example_images, staged_folder, write_exported_program, write_onnx)
+                              check_exported_file, check_same_outputs, example_images, staged_folder,
+                              write_exported_program, write_onnx)
 from common.files import write_json_atomic
 from common.log import logger
 from mmseg.registry import MODELS
@@ -96,7 +97,7 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
     model = SegmentationLogits(predictor.model).eval()
     size = size or window_size(predictor.cfg)
     examples, dynamic = checked_inputs(size, predictor.model.backbone.stride, dynamic_size)
-    with staged_folder(out) as staging:
+    with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
         stride = predictor.model.backbone.stride
@@ -120,6 +121,7 @@ def segmentor_from(folder: Path) -> nn.Module:
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     cfg.model.backbone.pretrained = None
     segmentor = MODELS.build(cfg.model)
+    check_exported_file(folder / WEIGHTS)
     load_model(segmentor, str(folder / WEIGHTS), strict=True)
     return segmentor.eval()
 

@@ -13,7 +13,7 @@ from backbones import CheckpointError, load_checkpoint
 from backbones.weights import read_state_dict
 from backbones.token_head import add_token_head
 from common.files import load_weights_only
-from helpers.models import save_release
+from helpers.models import damaged_copy, save_release
 
 
 def tiny(name: str, **kwargs):
@@ -139,6 +139,33 @@ def test_missing_and_corrupt_files_are_named(tmp_path):
     corrupt.write_bytes(good.read_bytes()[: os.path.getsize(good) // 2])
     with pytest.raises(CheckpointError, match='corrupt.pth'):
         load_checkpoint(model, corrupt)
+
+
+def test_a_byte_flipped_after_saving_is_named_by_every_loader(tmp_path):
+    """torch.load reads a checkpoint whose tensor bytes changed after it was written (a disk or copy error) as other
+    numbers; the zip's CRC-32s find it: the weight loader, a run's settings and mmengine's loader (segmentation)
+    name the file. A file in torch's legacy format records no checksum and loads as before."""
+    from mmengine.runner import CheckpointLoader
+
+    import segmentation.mmengine_io  # noqa: F401  (the suite's loader for mmengine's local checkpoints)
+    from common.errors import CheckpointReadError
+    from engine.checkpoints import read_training_checkpoint
+    model = tiny('lvvit_s')
+    good = tmp_path / 'good.pth'
+    torch.save({'state_dict': model.state_dict(), 'args': {'img_size': 64}, 'meta': {'iter': 4}}, good)
+    damaged = damaged_copy(good, tmp_path / 'damaged.pth')
+    read_by_torch = torch.load(damaged, weights_only=True)['state_dict']
+    assert any(not torch.equal(v, model.state_dict()[k]) for k, v in read_by_torch.items())  # no word from torch
+    for load in (lambda: load_checkpoint(tiny('lvvit_s'), damaged), lambda: read_training_checkpoint(damaged, True),
+                 lambda: CheckpointLoader.load_checkpoint(str(damaged))):
+        with pytest.raises(CheckpointReadError, match=rf'{damaged}: damaged: .*data/\d+ does not match the checksum'):
+            load()
+    load_checkpoint(tiny('lvvit_s'), good)
+    legacy = tmp_path / 'legacy.pth'
+    torch.save({'state_dict': model.state_dict()}, legacy, _use_new_zipfile_serialization=False)
+    fresh = tiny('lvvit_s')
+    load_checkpoint(fresh, legacy)
+    assert params_equal(fresh, model)
 
 
 def test_a_pickle_named_safetensors_is_named_with_the_fix(tmp_path):

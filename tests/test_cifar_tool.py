@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import timm
 import torch
+from PIL import Image
 
 from backbones import CheckpointError
 from common.errors import UsageError
 from classification.cifar import CifarFormatError, hold_out
+from classification.predict import ClassPredictor
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, main
 from engine.checkpoints import seed_all
@@ -75,6 +77,32 @@ def test_chosen_epoch_is_the_best_on_held_out_data_and_its_test_accuracy_is_repo
         predicted = model.eval()(x).argmax(dim=1).numpy()
     assert metrics['test_top1'] == pytest.approx(100 * (predicted == labels).mean(), abs=1e-9)
     np.testing.assert_allclose(best['args']['mean'], mean, rtol=1e-9)
+
+
+def test_a_transfer_checkpoint_is_read_at_its_own_size_and_normalisation(cifar10, tmp_path):
+    """The run records its evaluation input (32 px, the whole image, the training split's mean and std):
+    predict_cls on test images written as files gives the chosen weights' predictions on the tool's own input (an
+    independent statement of it), and a transfer from it without --img-size runs at 32 px."""
+    root, splits = cifar10
+    out = tmp_path / 'run'
+    main(transfer_args(DEIT, 'cifar10', root, out, '--epochs', '1'))
+    x, _, _ = normalised_test_images(splits)
+    model = timm.create_model('deit_small_patch16_224', num_classes=10, img_size=32, embed_dim=32, depth=2,
+                              num_heads=2)
+    model.load_state_dict(torch.load(out / 'best.pth', weights_only=True)['state_dict'])
+    with torch.no_grad():
+        expected = model.eval()(x[:6]).softmax(-1)
+    files = []
+    for i, image in enumerate(splits['test'][0][:6]):
+        files.append(tmp_path / f'{i}.png')
+        Image.fromarray(image).save(files[-1])
+    predictor = ClassPredictor('deit_small_patch16_224', str(out / 'best.pth'),
+                               model_kwargs=dict(embed_dim=32, depth=2, num_heads=2))
+    torch.testing.assert_close(torch.cat(list(predictor.probabilities(files))), expected, rtol=1e-4, atol=1e-5)
+    args = transfer_args(DEIT, 'cifar10', root, tmp_path / 'on', '--epochs', '1', '--pretrained', str(out / 'best.pth'))
+    at = args.index('--img-size')
+    main(args[:at] + args[at + 2:])
+    assert torch.load(tmp_path / 'on' / 'last.pth', weights_only=True)['args']['img_size'] == 32
 
 
 def test_pretrained_lvvit_trains_every_parameter_on_cifar100(cifar100, tmp_path):

@@ -2,21 +2,25 @@
 timm and torch load to the suite's own eval model, with one weight set chosen the same way in every loader."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import onnxruntime
 import pytest
 import timm
 import torch
+from PIL import Image
 
 import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
 from classification.export import export_classifier
-from common.exporting import EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS
+from classification.predict import ClassPredictor
+from common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
 from classification.models import build_eval_model, create_classifier
 from common.errors import CheckpointError, CheckpointReadError, UsageError
-from helpers.cls_data import CLASSES
+from helpers.cls_data import CLASSES, textured_jpegs
 from helpers.commands import run_tool, succeeded
+from helpers.models import damaged_copy
 from helpers.training_runs import tiny_deit_run
 from export import main as export
 
@@ -62,6 +66,99 @@ def test_timm_loads_the_export_to_the_suites_model(checkpoint_with_ema, tmp_path
     config = json.loads((out / 'config.json').read_text())
     assert config['label_names'] == list(CLASSES) and config['suite_weights'] == ('ema' if use_ema else 'trained')
     assert config['architecture'] == DEIT and config['model_args']['img_size'] in (32, [32, 32])
+
+
+def timm_probabilities(folder, image) -> torch.Tensor:
+    """An image's class probabilities as a timm user gets them from an export folder: its model, and its
+    preprocessing from config.json through timm's resolve_data_config and create_transform."""
+    model = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+    with Image.open(image) as img, torch.no_grad():
+        return model(transform(img.convert('RGB'))[None])[0].softmax(-1)
+
+
+@pytest.mark.parametrize('use_ema', [False, True])
+def test_the_export_is_at_the_trained_size_and_timms_preprocessing_predicts_as_the_suite(checkpoint_with_ema,
+                                                                                       tmp_path, use_ema, caplog):
+    """The run trained at 32 px: without --img-size the export is at 32 px and config.json says so, with the crop,
+    interpolation, mean, std and class names, so timm's own preprocessing feeds the exported model what
+    predict_cls feeds the suite's model (the architecture's 224 px fed it another input). --img-size still wins,
+    said in one line."""
+    out = export_classifier(DEIT, str(checkpoint_with_ema), tmp_path / 'deit', use_ema=use_ema,
+                            model_kwargs=TINY_KWARGS)
+    config = json.loads((out / 'config.json').read_text())
+    predictor = ClassPredictor(DEIT, str(checkpoint_with_ema), use_ema=use_ema, model_kwargs=TINY_KWARGS)
+    cfg = config['pretrained_cfg']
+    assert cfg['input_size'] == [3, 32, 32] and config['model_args']['img_size'] in (32, [32, 32])
+    assert cfg['num_classes'] == config['num_classes'] == len(CLASSES)
+    assert [cfg['crop_pct'], cfg['interpolation'], cfg['mean'], cfg['std']] == [
+        predictor.data_config['crop_pct'], predictor.data_config['interpolation'],
+        list(predictor.data_config['mean']), list(predictor.data_config['std'])]
+    (image,) = textured_jpegs(tmp_path, [(61, 45)])  # resized and cropped by the eval transform
+    (result,) = predictor([image], k=len(CLASSES))
+    suite = torch.tensor([e['probability'] for e in sorted(result['top'], key=lambda e: e['index'])])
+    torch.testing.assert_close(timm_probabilities(out, image), suite, rtol=1e-5, atol=1e-6)
+    assert timm.create_model(f'local-dir:{out}').pretrained_cfg['label_names'] == list(CLASSES)
+    with caplog.at_level('WARNING', logger='vit_dense'):
+        out = export_classifier(DEIT, str(checkpoint_with_ema), tmp_path / 'at48', use_ema=use_ema, img_size=48,
+                                model_kwargs=TINY_KWARGS)
+    assert caplog.text.count(f'{checkpoint_with_ema} was trained at 32 px; it runs at 48 px here') == 1
+    assert json.loads((out / 'config.json').read_text())['pretrained_cfg']['input_size'] == [3, 48, 48]
+    at_48 = ClassPredictor(DEIT, str(checkpoint_with_ema), img_size=48, use_ema=use_ema, model_kwargs=TINY_KWARGS)
+    (result,) = at_48([image], k=len(CLASSES))
+    suite = torch.tensor([e['probability'] for e in sorted(result['top'], key=lambda e: e['index'])])
+    torch.testing.assert_close(timm_probabilities(out, image), suite, rtol=1e-5, atol=1e-6)
+
+
+def tree(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob('*'))}
+
+
+def test_export_writes_only_into_a_new_or_empty_folder_or_its_own(checkpoint_with_ema, tmp_path):
+    """A Hugging Face model folder (config.json, README.md, a sub-folder) was taken for an earlier export and
+    replaced whole. Only a folder the export marked as its own is replaced; anything else is one line naming it."""
+    hf = tmp_path / 'hf_model'
+    (hf / 'onnx').mkdir(parents=True)
+    (hf / 'config.json').write_text('{"architecture": "vit_base_patch16_224"}')
+    (hf / 'README.md').write_text('my model card')
+    (hf / 'onnx' / 'model.onnx').write_bytes(b'weights')
+    before = tree(hf)
+    args = ['classifier', DEIT, '--checkpoint', str(checkpoint_with_ema), '--model-kwargs',
+            *(f'{k}={v}' for k, v in TINY_KWARGS.items())]
+    result = run_tool('export.py', [*args, '--out', hf])
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[0].startswith(
+        f'error: --out {hf} exists and is not an export folder of this suite (no {MARKER})')
+    assert tree(hf) == before and sorted(p.name for p in tmp_path.iterdir()) == ['hf_model']
+    (tmp_path / 'empty').mkdir()
+    for _ in range(2):  # an empty folder, then the export it holds
+        out = export([*args, '--out', str(tmp_path / 'empty')])
+    marker = json.loads((out / MARKER).read_text())
+    assert marker['export'] == 'classifier' and marker['checkpoint'] == str(checkpoint_with_ema)
+    assert marker['files'][WEIGHTS] == hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
+    assert sorted(marker['files']) == sorted(p.name for p in out.iterdir() if p.name != MARKER)
+
+
+def test_a_damaged_checkpoint_or_export_is_named_first(checkpoint_with_ema, tmp_path):
+    """A checkpoint damaged after saving: the export names the file as the cause (not its own output check) and
+    writes nothing; an exported safetensors file damaged later is named when the suite reads it."""
+    damaged = damaged_copy(checkpoint_with_ema, tmp_path / 'damaged.pth')
+    args = [DEIT, '--model-kwargs', *(f'{k}={v}' for k, v in TINY_KWARGS.items())]
+    result = run_tool('export.py', ['classifier', *args, '--checkpoint', damaged, '--out', tmp_path / 'x'])
+    (line,) = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and line.startswith(f'error: {damaged}: damaged: ') and 'CRC-32' in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['damaged.pth']
+    out = export(['classifier', *args, '--checkpoint', str(checkpoint_with_ema), '--out', str(tmp_path / 'x')])
+    weights = damaged_safetensors(out / WEIGHTS)
+    with pytest.raises(CheckpointReadError, match=rf'{weights}: damaged: its bytes do not match the SHA-256'):
+        ClassPredictor(DEIT, str(weights), model_kwargs=TINY_KWARGS)
+
+
+def damaged_safetensors(path):
+    """`path` with the last byte of its tensor data flipped (safetensors files hold no checksum)."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x7F
+    path.write_bytes(bytes(data))
+    return path
 
 
 def test_timm_reads_the_raw_checkpoint_as_the_ema_model_and_the_export_says_which(checkpoint_with_ema, tmp_path):
@@ -182,3 +279,8 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
     mask = SegPredictor(str(config), str(tmp_path / 'seg.pth'))(image)
     program = torch.export.load(tmp_path / 'any' / EXPORTED_PROGRAM).module()
     assert np.array_equal(program(torch.from_numpy(normalised.astype(np.float32)))[0].argmax(0).numpy(), mask)
+    # the folder is marked as the suite's, with its files' checksums: its weights damaged later are named
+    assert json.loads((out / MARKER).read_text())['export'] == 'segmentor'
+    damaged_safetensors(out / WEIGHTS)
+    with pytest.raises(CheckpointReadError, match=rf'{out / WEIGHTS}: damaged: its bytes do not match the SHA-256'):
+        segmentor_from(out)

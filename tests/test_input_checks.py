@@ -188,6 +188,16 @@ def test_finetuning_on_other_classes_needs_a_new_head(trained, tmp_path):
         train.main(train_args(other, tmp_path / 'c', '--new-head'))
 
 
+def test_finetuning_runs_at_the_size_its_weights_were_trained_at(trained, tmp_path):
+    """Without --img-size a fine-tuning takes the size its --finetune checkpoint records (32 px), not the model's
+    own 224."""
+    data, run = trained
+    args = train_args(data, tmp_path / 'a', '--finetune', str(run / 'last.pth'))
+    at = args.index('--img-size')
+    train.main(args[:at] + args[at + 2:])
+    assert torch.load(tmp_path / 'a' / 'last.pth', weights_only=True)['args']['img_size'] == 32
+
+
 def other_classes_same_count(data: Path, copy: Path) -> Path:
     """A copy of the image folder with class n003 renamed n009: as many classes, one of them another."""
     other = Path(shutil.copytree(data, copy))

@@ -21,9 +21,9 @@ from classification.data import ImageFolderDataset, collate_skipping
 from common.images import ImageReadError
 from common.distributed import DistInfo
 from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore, shard_marker
-from helpers.cls_data import make_image_folder
+from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool, run_torchrun
-from helpers.label_stores import assert_same_annotation
+from helpers.label_stores import assert_same_annotation, read_store
 
 ANNOTATOR = 'resnet10t'
 KWARGS = {'output_stride': 16}
@@ -65,6 +65,19 @@ def test_store_holds_the_annotators_top_k_for_every_image(annotated):
         np.testing.assert_allclose(scores.astype(np.float32), top.values.numpy(), rtol=2e-3, atol=2e-3)
         assert (classes == top.indices.numpy()).all()
     assert 'whole image' in store.meta['preprocessing']
+
+
+def test_an_annotator_checkpoint_of_ours_labels_at_the_size_it_was_trained_at(annotated, tmp_path):
+    """A checkpoint of train_cls records its input size (64 px here): without --img-size the annotator labels at
+    it, as the store made at 64 px explicitly (the model's own 224 px gave other maps)."""
+    tmp, data, model, reference = annotated
+    torch.save({'state_dict': model.state_dict(), 'args': {'classes': list(CLASSES), 'img_size': 64}},
+               tmp_path / 'ours.pth')
+    meta = generate_token_labels(data, ANNOTATOR, tmp_path / 'store', DistInfo(), checkpoint=str(tmp_path / 'ours.pth'),
+                                 topk=2, workers=0, shard_size=5, model_kwargs=KWARGS)
+    assert meta['img_size'] == 64 and meta['grid'] == [4, 4]
+    for ours, theirs in zip(read_store(tmp_path / 'store'), read_store(reference)):
+        np.testing.assert_array_equal(ours, theirs)
 
 
 def test_dense_scores_of_a_token_model_use_every_patch_token():

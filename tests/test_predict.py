@@ -14,9 +14,10 @@ import torch
 
 from classification.evaluate import main as eval_cls
 from classification.predict import ClassPredictor
+from common.errors import CheckpointError
 from helpers.cls_data import CLASSES
 from helpers.commands import run_tool, succeeded
-from helpers.models import TINY_DEIT
+from helpers.models import TINY_DEIT, damaged_copy
 from helpers.training_runs import tiny_deit_run
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
@@ -46,6 +47,55 @@ def test_top1_of_the_predictions_is_eval_cls_top1(classifier):
         assert sorted({e['class'] for e in top}) == sorted(CLASSES)
         probabilities = [e['probability'] for e in top]
         assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) == pytest.approx(1)
+
+
+def test_eval_and_predict_default_to_the_size_the_checkpoint_was_trained_at(classifier, caplog):
+    """The run (at 32 px) records the preprocessing it validated with; eval_cls and predict_cls without --img-size
+    take it, the trained or the EMA weights alike (the model's own 224 px gave chance accuracy on the digits), and
+    another size is said in one line."""
+    data, checkpoint = classifier
+    recorded = torch.load(checkpoint, weights_only=True)['args']['data_config']
+    assert tuple(recorded['input_size']) == (3, 32, 32)
+    common = [*TINY_DEIT, '--checkpoint', str(checkpoint), '--data-dir', str(data), '--workers', '0']
+    for weights in ([], ['--use-ema']):
+        default, explicit = eval_cls([*common, *weights]), eval_cls([*common, *weights, '--img-size', '32'])
+        assert (default['img_size'], default['crop_pct']) == (32, recorded['crop_pct'])
+        assert default['top1'] == explicit['top1'] and default['top5'] == explicit['top5']
+    images = val_images(data)
+    by_default = ClassPredictor('deit_small_patch16_224', str(checkpoint), model_kwargs=TINY_KWARGS)
+    at_32 = ClassPredictor('deit_small_patch16_224', str(checkpoint), img_size=32, model_kwargs=TINY_KWARGS)
+    assert torch.equal(torch.cat(list(by_default.probabilities(images))), torch.cat(list(at_32.probabilities(images))))
+    with caplog.at_level('WARNING', logger='vit_dense'):
+        ClassPredictor('deit_small_patch16_224', str(checkpoint), img_size=48, model_kwargs=TINY_KWARGS)
+    assert caplog.text.count(f'{checkpoint} was trained at 32 px; it runs at 48 px here') == 1
+
+
+def test_nan_logits_are_refused_not_scored(classifier, tmp_path):
+    """Weights that give NaN logits (a head bias here) would still give an argmax: eval_cls printed a top-1 near
+    chance, predict_cls 'nan%'. Both refuse in one line naming the checkpoint."""
+    data, checkpoint = classifier
+    state = torch.load(checkpoint, weights_only=True)
+    state['state_dict']['head.bias'][1] = float('nan')
+    torch.save(state, tmp_path / 'nan.pth')
+    with pytest.raises(CheckpointError, match=rf'{tmp_path / "nan.pth"}: the model gives NaN or infinite logits'):
+        eval_cls([*TINY_DEIT, '--checkpoint', str(tmp_path / 'nan.pth'), '--data-dir', str(data), '--workers', '0'])
+    result = run_tool('predict_cls.py', [*TINY_DEIT, '--checkpoint', tmp_path / 'nan.pth', val_images(data)[0]])
+    assert result.returncode != 0 and 'nan%' not in result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f'error: {tmp_path / "nan.pth"}: the model gives NaN or infinite logits for 1 of 1 images')
+
+
+def test_a_checkpoint_damaged_after_saving_is_named_by_eval_cls_and_predict_cls(classifier, tmp_path):
+    """A byte flipped in the file after it was written (torch.load reads it without a word): each tool stops with one
+    line naming the file, before any number."""
+    data, checkpoint = classifier
+    damaged = damaged_copy(checkpoint, tmp_path / 'damaged.pth')
+    for tool, args in (('eval_cls.py', ['--data-dir', data, '--workers', '0']),
+                       ('predict_cls.py', [val_images(data)[0]])):
+        result = run_tool(tool, [*TINY_DEIT, '--checkpoint', damaged, *args])
+        assert result.returncode != 0 and 'top1' not in result.stdout and '%' not in result.stdout, tool
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f'error: {damaged}: damaged: ') and 'does not match the checksum (CRC-32)' in line
 
 
 def test_the_tool_writes_what_the_predictor_gives(classifier, tmp_path):

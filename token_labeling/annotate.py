@@ -27,7 +27,7 @@ from backbones.weights import pretrained_model
 from common.distributed import DistInfo
 from common.errors import DataError, UsageError
 from common.images import ImageReadError, read_image, scan_split
-from engine.checkpoints import check_checkpoint_classes
+from engine.checkpoints import check_checkpoint_classes, checkpoint_data_config
 from engine.steps import autocast
 
 from .label_store import DEFAULT_SHARD_SIZE, StoreWriter, list_digest, read_meta
@@ -140,8 +140,8 @@ def generate_token_labels(
     if checkpoint:
         check_checkpoint_classes(checkpoint, classes, str(Path(data_dir) / split))  # its scores by class name
     model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
-    data_cfg = resolve_data_config({}, model=model)
-    img_size = img_size or data_cfg['input_size'][-1]
+    data_cfg = checkpoint_data_config(checkpoint, resolve_data_config({}, model=model), img_size)
+    img_size = data_cfg['input_size'][-1]
     transform = annotator_transform(img_size, data_cfg)
     with torch.no_grad():
         probe = dense_scores(model, torch.zeros(1, 3, img_size, img_size, device=info.device))

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with the model's eval transform.
+"""Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with its eval transform (the input size,
+crop and normalisation the checkpoint's run recorded, else the model's own).
 
     python tools/eval_cls.py lvvit_s --checkpoint lvvit_s-26M-224-83.3.pth.tar --data-dir /data/imagenet
     python tools/eval_cls.py lvvit_s --checkpoint runs/lvvit_s/best.pth --data-dir /data/imagenet --real-labels

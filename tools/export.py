@@ -22,7 +22,7 @@ from pathlib import Path
 
 from classification import export as classifier_export
 from common.cli import check_output_folder, run_command
-from common.errors import UsageError
+from common.exporting import MARKER, check_export_folder
 from digits.seg_data import EmbeddedPages
 from segmentation import export as segmentor_export
 
@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
             ('segmentor', segmentor_export, 'CONFIG CHECKPOINT: safetensors + config.py + export.json')):
         sub = kinds.add_parser(kind, help=what)
         module.add_arguments(sub)
-        sub.add_argument('--out', required=True, help='the folder to write (an earlier export there is replaced)')
+        sub.add_argument('--out', required=True, help=f'the folder to write: a new or empty one, or an earlier '
+                         f'export (its {MARKER}), which is replaced')
         sub.add_argument('--torch-export', action='store_true', help="also model.pt2, torch.export's program")
         sub.add_argument('--onnx', action='store_true', help='also model.onnx, checked in onnxruntime')
         if kind == 'segmentor':
@@ -46,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    if out.exists() and not (out.is_dir() and any((out / name).is_file() for name in ('config.json', 'config.py'))):
-        raise UsageError(f'--out {out} exists and is not an export folder: choose a new folder')
+    check_export_folder(out)
     check_output_folder(out.parent)
     if args.kind == 'classifier':
         return classifier_export.export_from_args(args, out)

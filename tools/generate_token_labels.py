@@ -26,7 +26,8 @@ def main() -> None:
     p.add_argument('--annotator', required=True, help='model name in the timm registry (suite models included)')
     p.add_argument('--checkpoint', help='annotator weights (default: timm pretrained weights)')
     p.add_argument('--output', required=True, help='folder of the token-label store')
-    p.add_argument('--img-size', type=positive_int, help='annotator input size (default: its own)')
+    p.add_argument('--img-size', type=positive_int,
+                   help='annotator input size (default: the size --checkpoint was trained at, else its own)')
     p.add_argument('--topk', type=positive_int, default=5, help='classes kept per position (paper: 5)')
     p.add_argument('--split', default='train')
     p.add_argument('--batch-size', type=positive_int, default=64)

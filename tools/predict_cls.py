@@ -4,7 +4,7 @@
     python tools/predict_cls.py lvvit_s --checkpoint runs/lvvit_s/best.pth photos/ --topk 3
     python tools/predict_cls.py lvvit_s --checkpoint lvvit_s-26M-224-83.3.pth.tar cat.jpg --json cat.json
 
-The images take the model's eval transform and its eval-mode prediction, as in tools/eval_cls.py. From Python:
+The images take the checkpoint's eval transform and its eval-mode prediction, as in tools/eval_cls.py. From Python:
 `classification.predict.ClassPredictor(model, checkpoint)(paths, k)`.
 """
 from classification.predict import main

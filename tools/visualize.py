@@ -119,17 +119,17 @@ def store_path(data_dir: Path, image: str) -> str:
 
 
 def attention_picture(args: argparse.Namespace) -> np.ndarray:
-    from classification.data import eval_transform
+    from classification.data import config_eval_transform
     from classification.models import build_eval_model
     from classification.models import model_data_config, takes_input_size
-    from engine.checkpoints import checkpoint_setting
+    from engine.checkpoints import checkpoint_data_config
     from backbones import bare_model
     from token_labeling.pictures import to_pixels
     from visualization.attention import attention_figure, attention_values, model_attention
 
-    kwargs, cfg = parse_model_kwargs(args.model_kwargs), model_data_config(args.model)
-    trained_at = checkpoint_setting(args.checkpoint, 'img_size') if args.checkpoint else None
-    size = args.img_size or trained_at or cfg['input_size'][-1]
+    kwargs = parse_model_kwargs(args.model_kwargs)
+    cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size)
+    size = cfg['input_size'][-1]
     if args.checkpoint:
         num_classes = checkpoint_class_count(args.model, args.checkpoint, args.use_ema)
         model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, size, args.use_ema, kwargs))
@@ -137,7 +137,7 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
     else:
         model = create_model(args.model, **({'img_size': size} if takes_input_size(args.model) else {}), **kwargs)
         source = 'random weights'
-    transform = eval_transform(size, cfg['crop_pct'], cfg['interpolation'], cfg['mean'], cfg['std'])
+    transform = config_eval_transform(cfg)
     images = torch.stack([transform(read_image(Path(p))) for p in args.image])
     maps, distances, similarity, patch_size = model_attention(model.eval(), images)
     if args.json:

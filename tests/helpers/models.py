@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import timm
@@ -42,3 +45,20 @@ def tiny_release(name: str, folder: Path, num_classes: int = 1000) -> tuple[nn.M
     kwargs, layout = FAMILIES[name]
     source = timm.create_model(name, img_size=64, num_classes=num_classes, **kwargs)
     return source, save_release(folder / f'{name}.pth', source.state_dict(), layout)
+
+
+def damaged_copy(checkpoint: Path, copy: Path) -> Path:
+    """A copy of a torch checkpoint (zip format) with one byte of its largest tensor flipped, the zip's structure
+    intact: what a disk or copy error does, and what torch.load reads without a word (the exponent byte of one
+    float32: another value)."""
+    shutil.copyfile(checkpoint, copy)
+    with zipfile.ZipFile(copy) as archive:
+        member = max((m for m in archive.infolist() if '/data/' in m.filename), key=lambda m: m.file_size)
+    with open(copy, 'r+b') as f:
+        f.seek(member.header_offset + 26)  # the local header's name and extra-field lengths, then the data
+        name_length, extra_length = struct.unpack('<HH', f.read(4))
+        f.seek(member.header_offset + 30 + name_length + extra_length + 4 * (member.file_size // 8) + 3)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 0x7F]))
+    return copy
