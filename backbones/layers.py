@@ -1,6 +1,6 @@
 """Layers and model plumbing shared by the suite's own model families (LV-ViT, T2T-ViT, CaiT)."""
-from __future__ import annotations
-
+# (No postponed annotations here: torch.fx copies the annotations of `forward` into the code it generates, where
+# TorchScript cannot read them as strings.)
 from collections.abc import Callable
 
 import torch

@@ -375,16 +375,21 @@ def fx_graph(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize('family', list(SMALL))
-def test_torch_fx_graph_gives_the_eager_outputs_and_gradients(family):
-    """timm's torch.fx tests: the traced graph gives the eager model's outputs (at a size other than the built one too:
-    no input size is baked in), and in training mode its backward pass reaches every parameter."""
-    model = small_model(family, num_classes=42).eval()
+def test_torch_fx_graph_gives_the_eager_outputs_scripted_too_and_gradients(family):
+    """timm's torch.fx tests: the traced graph, and the graph scripted, give the eager model's outputs (at a size other
+    than the built one too: no input size is baked in), and in training mode its backward pass reaches every
+    parameter."""
+    with timm.set_scriptable(True):
+        model = small_model(family, num_classes=42).eval()
     graph = fx_graph(model)
+    scripted = torch.jit.script(graph)
     with torch.no_grad():
         for size in ((64, 64), (80, 48)):
             x = torch.randn(2, 3, *size)
-            (out,) = graph(x).values()
-            torch.testing.assert_close(out, model(x))
+            expected = model(x)
+            for run in (graph, scripted):
+                (out,) = run(x).values()
+                torch.testing.assert_close(out, expected)
     (out,) = graph.train()(torch.randn(2, 3, 64, 64)).values()
     assert out.shape == (2, 42)
     out.mean().backward()
