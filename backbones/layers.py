@@ -63,7 +63,7 @@ def init_linear_and_norm(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-@register_notrace_function  # torch.fx: a leaf, its size test runs on the traced values
+@register_notrace_function  # torch.fx: called whole at run time (its same-grid test needs the sizes, not proxies)
 def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
     """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept (timm's
     resampling: the table as it is at the same grid, except under torch.export, where the shortcut would fix the

@@ -44,7 +44,7 @@ def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
     return table.float().unsqueeze(0)
 
 
-@register_notrace_function  # torch.fx: a leaf (its autocast switch asks the device of a traced value)
+@register_notrace_function  # torch.fx: called whole at run time (its autocast switch needs the input's device)
 def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
                         eps: float) -> torch.Tensor:
     """Linear attention with the positive random features of `w`, in fp32 even under autocast."""
