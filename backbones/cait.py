@@ -36,7 +36,7 @@ class CaiT(TokenModelMixin, Cait):
     def __init__(self, *args, distilled: bool = False, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
         super().__init__(*args, **kwargs)
-        self._init_distillation(distilled)
+        self._init_token_model(distilled)
         if distilled:
             self.num_prefix_tokens = 2
             self._reset_heads(self.num_classes)
@@ -50,23 +50,27 @@ class CaiT(TokenModelMixin, Cait):
         if self.distilled:
             self._reset_heads(num_classes)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
-        if not self.distilled:
-            return Cait.forward_head(self, x, pre_logits)
-        return TokenModelMixin.forward_head(self, x, pre_logits)
+    def _class_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """timm's `Cait.forward_head` (written out: TorchScript cannot call it through the class)."""
+        if self.global_pool:
+            x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.global_pool == 'avg' else x[:, 0]
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
 
     def _embed_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
         grid = self.patch_embed(x)
-        tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size)
-        return self.pos_drop(tokens), grid.shape[1:3]
+        tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, None)
+        return self.pos_drop(tokens), (grid.shape[1], grid.shape[2])
 
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Class-attention stage: the class token (and the distillation token, on its own) attends to the patches,
         which stay as they are."""
         if self.blocks_token_only is None:
             return x
-        return torch.cat([*(self._class_attention(token, x) for token in self.prefix_tokens().split(1, dim=1)), x],
-                         dim=1)
+        cls_token = self._class_attention(self.cls_token, x)
+        if self.dist_token is None:
+            return torch.cat([cls_token, x], dim=1)
+        return torch.cat([cls_token, self._class_attention(self.dist_token, x), x], dim=1)
 
     def _class_attention(self, token: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         query = token.expand(x.shape[0], -1, -1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -12,7 +13,7 @@ from .registry import create_model
 
 @dataclass(frozen=True)
 class Complexity:
-    params: int  # every parameter, frozen tables included (as the papers count them)
+    params: int  # every parameter, the fixed tables (buffers) included, as the papers count them
     trainable_params: int
     macs: int  # multiply-accumulates of one forward pass of one image in eval mode
 
@@ -26,7 +27,7 @@ def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -
         model_kwargs['img_size'] = img_size
     with torch.device('meta'):
         model = create_model(name, **model_kwargs)
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in model.parameters()) + fixed_table_size(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     size = img_size or model.pretrained_cfg['input_size'][-1]
     model.eval().requires_grad_(False)  # autograd hooks of the counter do not work on meta leaves
@@ -35,3 +36,11 @@ def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(image)
     return Complexity(params, trainable, counter.get_total_flops() // 2)
+
+
+def fixed_table_size(model: nn.Module) -> int:
+    """Elements of the fixed tables a model keeps as buffers in its state dict (T2T-ViT's sinusoid table and performer
+    projections): weights of the model, which the papers count; normalisation statistics are not."""
+    statistics = {id(b) for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) for b in m.buffers()}
+    buffers = {id(b) for b in model.buffers()}
+    return sum(t.numel() for t in model.state_dict(keep_vars=True).values() if id(t) in buffers - statistics)

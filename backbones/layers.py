@@ -1,12 +1,19 @@
 """Layers and model plumbing shared by the suite's own model families (LV-ViT, T2T-ViT, CaiT)."""
-from __future__ import annotations
-
+# (No postponed annotations here: torch.fx copies the annotations of `forward` into the code it generates, where
+# TorchScript cannot read them as strings.)
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import Attention, DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.layers import (
+    Attention,
+    DropPath,
+    Mlp,
+    register_notrace_function,
+    resample_abs_pos_embed,
+    trunc_normal_,
+)
 from timm.models import build_model_with_cfg, resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, checkpoint_seq
@@ -56,13 +63,14 @@ def init_linear_and_norm(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+@register_notrace_function  # torch.fx: called whole at run time (its same-grid test needs the sizes, not proxies)
 def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
-    """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept. Under
-    torch.export it resamples at the same grid too (as timm's does): the shortcut would fix the traced input size."""
-    if not torch.compiler.is_exporting() and tuple(new_grid) == tuple(old_grid):
-        return pos_embed
+    """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept (timm's
+    resampling: the table as it is at the same grid, except under torch.export, where the shortcut would fix the
+    traced input size)."""
     num_prefix = pos_embed.shape[1] - old_grid[0] * old_grid[1]
-    return resample_abs_pos_embed(pos_embed, list(new_grid), list(old_grid), num_prefix_tokens=num_prefix)
+    return resample_abs_pos_embed(pos_embed, [new_grid[0], new_grid[1]], [old_grid[0], old_grid[1]],
+                                  num_prefix_tokens=num_prefix)
 
 
 def tokens_with_positions(
@@ -81,10 +89,12 @@ def tokens_with_positions(
 
 
 class TokenModelMixin:
-    """`forward_features` and timm's `forward_intermediates` contract for a token model.
+    """`forward`, `forward_features` and timm's `forward_intermediates` contract for a token model, scriptable
+    (TorchScript) and traceable (torch.fx, with timm's leaf functions).
 
     A model provides `_embed_tokens(x) -> (tokens, (H, W))` where the patch tokens are the LAST H*W tokens,
-    `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks.
+    `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks. Its `__init__`
+    calls `_init_token_model`.
 
     DeiT's distillation token, where a family offers it (`distilled=True`: T2T-ViT, CaiT, LV-ViT), sits right after
     the class token (`dist_token`, with its own slot in the position table where the class token has one) and feeds
@@ -92,12 +102,15 @@ class TokenModelMixin:
     returns (class logits, distillation logits), otherwise their mean (DeiT's inference rule).
     """
 
-    grad_checkpointing: bool = False
-    distilled_training: bool = False
+    __jit_unused_properties__ = ['distilled']
 
-    def _init_distillation(self, distilled: bool) -> None:
-        token = nn.Parameter(trunc_normal_(torch.zeros(1, 1, self.embed_dim), std=0.02)) if distilled else None
-        self.dist_token = token
+    def _init_token_model(self, distilled: bool) -> None:
+        """The attributes every token model has (instance attributes: TorchScript reads no mixin class attributes)."""
+        self.head_hidden_size = self.embed_dim  # timm's name for the width of `forward_head(pre_logits=True)`
+        self.grad_checkpointing = False
+        self.distilled_training = False
+        self.dist_token = nn.Parameter(trunc_normal_(torch.zeros(1, 1, self.embed_dim), std=0.02)) if distilled \
+            else None
 
     @property
     def distilled(self) -> bool:
@@ -113,24 +126,38 @@ class TokenModelMixin:
 
     def prefix_tokens(self) -> torch.Tensor:
         """The (1, P, D) tokens in front of the patch tokens: the class token, and the distillation token if any."""
-        return torch.cat([self.cls_token, self.dist_token], dim=1) if self.distilled else self.cls_token
+        if self.dist_token is None:
+            return self.cls_token
+        return torch.cat([self.cls_token, self.dist_token], dim=1)
 
     def _embed_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
         """Patch embedding, the position table resampled to the input's grid, the prefix tokens in front."""
-        grid = self.patch_embed(x)
-        tokens = tokens_with_positions(grid, self.pos_embed, self.patch_embed.grid_size, self.prefix_tokens())
-        return tokens, grid.shape[1:3]
+        return self._tokens_with_positions(self.patch_embed(x), self.patch_embed.grid_size)
+
+    def _tokens_with_positions(self, grid: torch.Tensor, pos_grid: Grid) -> tuple[torch.Tensor, Grid]:
+        """A (B, H, W, D) token grid with the prefix tokens in front and the position table (made for `pos_grid`)
+        added; and (H, W)."""
+        tokens = tokens_with_positions(grid, self.pos_embed, pos_grid, self.prefix_tokens())
+        return tokens, (grid.shape[1], grid.shape[2])
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False):
         """The class head on the class token; with a distillation token, DeiT's two heads (see the class doc)."""
-        if not self.distilled:
-            return x[:, 0] if pre_logits else self.head(x[:, 0])
+        if self.dist_token is None:
+            return self._class_head(x, pre_logits)
         if pre_logits:
             return (x[:, 0] + x[:, 1]) / 2
         logits, dist_logits = self.head(x[:, 0]), self.head_dist(x[:, 1])
-        if self.distilled_training and self.training:
+        if self.distilled_training and self.training and not torch.jit.is_scripting():
             return logits, dist_logits
         return (logits + dist_logits) / 2
+
+    def _class_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return x[:, 0] if pre_logits else self.head(x[:, 0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits, in training mode as in eval mode (timm's contract; token labeling's dense outputs come from
+        `backbones.token_head.forward_token_labeling`, or LV-ViT's `forward_train`)."""
+        return self.forward_head(self.forward_features(x))
 
     @torch.jit.ignore
     def set_distilled_training(self, enable: bool = True) -> None:
@@ -138,7 +165,7 @@ class TokenModelMixin:
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """The trained position table and prefix tokens (T2T-ViT's sinusoid table is frozen: not listed)."""
+        """The trained position table and prefix tokens (T2T-ViT's sinusoid table is a buffer: not listed)."""
         return {name for name in ('pos_embed', 'cls_token', 'dist_token')
                 if isinstance(getattr(self, name, None), nn.Parameter) and getattr(self, name).requires_grad}
 

@@ -1,9 +1,10 @@
 """LV-ViT: "All Tokens Matter: Token Labeling for Training Better Vision Transformers" (Jiang et al., 2021).
 
 A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and
-an auxiliary head on every patch token. In training mode the forward applies MixToken and returns a
-`TokenLabelingOutput` for the token-labeling loss; in eval mode it returns the paper's inference logits,
-`head(cls) + 0.5 * max over tokens of aux_head(patch)`. Parameter names match the released checkpoints, and
+an auxiliary head on every patch token. `forward` returns the paper's inference logits,
+`head(cls) + 0.5 * max over tokens of aux_head(patch)`, in training mode too (timm's contract, as its VOLO);
+token labeling trains through `forward_train`, which applies MixToken and returns a `TokenLabelingOutput` for the
+token-labeling loss. Parameter names match the released checkpoints, and
 `pretrained=True` fetches them through timm's download cache (`lvvit_s.tl_in1k_384` for the 384 file).
 """
 from __future__ import annotations
@@ -82,10 +83,10 @@ class LVViT(TokenModelMixin, nn.Module):
         self.num_classes = num_classes
         self.num_features = self.embed_dim = embed_dim
         self.num_prefix_tokens = 2 if distilled else 1
-        self.mix_token = mix_token  # MixToken's Beta(alpha, alpha) parameter; 0 turns it off
+        self.mix_token = mix_token  # MixToken's Beta(alpha, alpha) parameter (forward_train); 0 turns it off
         self.patch_embed = ConvStemPatchEmbed(img_size, embed_dim, in_chans, stem_chs)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self._init_distillation(distilled)
+        self._init_token_model(distilled)
         num_patches = self.patch_embed.grid_size[0] * self.patch_embed.grid_size[1]
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, embed_dim))
         self.blocks = nn.Sequential(*[
@@ -105,24 +106,20 @@ class LVViT(TokenModelMixin, nn.Module):
         self._reset_heads(num_classes)
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Inference logits from normalised tokens: class head plus half the class-wise max of the token head (with a
-        distillation token instead, DeiT's two heads)."""
-        if self.distilled:
-            return super().forward_head(x, pre_logits)
+    def _class_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Inference logits from normalised tokens: the class head plus half the class-wise max of the token head.
+        (With a distillation token, which rules out a token head, `forward_head` gives DeiT's two heads instead.)"""
         if pre_logits:
             return x[:, 0]
         logits = self.head(x[:, 0])
-        return logits if self.aux_head is None else inference_logits(logits, self.aux_head(x[:, 1:]))
+        if self.aux_head is None:
+            return logits
+        return inference_logits(logits, self.aux_head(x[:, 1:]))
 
     def forward_train(self, x: torch.Tensor) -> TokenLabelingOutput:
-        """Training forward with MixToken (if enabled): class logits, per-token logits and the mix box."""
+        """Token labeling's training forward: MixToken (unless `mix_token` is 0) after the patch embedding, then the
+        class logits, the per-token logits and the mix box (the token-head wrapper's path, `forward_token_labeling`)."""
         return forward_token_labeling(self, x, self.mix_token)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
-        if self.training and self.aux_head is not None:
-            return self.forward_train(x)
-        return self.forward_head(self.forward_features(x))
 
 
 RELEASES = 'https://github.com/zihangJiang/TokenLabeling/releases/download'

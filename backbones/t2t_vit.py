@@ -2,9 +2,10 @@
 
 The tokens-to-token module soft-splits the image three times (unfold with overlap) and re-structures the tokens
 in between with a light attention layer: a performer (linear attention with positive random features,
-`t2t_vit_*`) or a one-head transformer (`t2t_vit_t_*`). The backbone is a ViT with a frozen 1-D sinusoidal
-position table. Parameter names match the released checkpoints, frozen tables (`pos_embed`, performer `w`)
-included, and `pretrained=True` fetches them through timm's download cache (`t2t_vit_14.in1k_384` for 384).
+`t2t_vit_*`) or a one-head transformer (`t2t_vit_t_*`). The backbone is a ViT with a fixed 1-D sinusoidal
+position table. State-dict keys match the released checkpoints, the fixed tables (`pos_embed`, performer `w`:
+buffers here, parameters without gradient there, the same keys) included, and `pretrained=True` fetches them through
+timm's download cache (`t2t_vit_14.in1k_384` for 384).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Mlp, calculate_drop_path_rates, trunc_normal_, use_fused_attn
+from timm.layers import Mlp, calculate_drop_path_rates, register_notrace_function, trunc_normal_, use_fused_attn
 from timm.models import generate_default_cfgs
 
 from .layers import (
@@ -43,6 +44,30 @@ def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
     return table.float().unsqueeze(0)
 
 
+@register_notrace_function  # torch.fx: called whole at run time (its autocast switch needs the input's device)
+def performer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                        eps: float) -> torch.Tensor:
+    """Linear attention with the positive random features of `w`, in fp32 even under autocast."""
+    if torch.jit.is_scripting():  # (TorchScript's autocast needs a constant device; scripted models run no autocast)
+        return _performer_attention_fp32(q.float(), k.float(), v.float(), w.float(), eps)
+    # (meta tensors, used to count FLOPs, have no autocast of their own)
+    with torch.autocast(device_type='cpu' if q.is_meta else q.device.type, enabled=False):
+        return _performer_attention_fp32(q.float(), k.float(), v.float(), w.float(), eps)
+
+
+def _performer_attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                              eps: float) -> torch.Tensor:
+    qp, kp = _random_features(q, w), _random_features(k, w)
+    numerator = qp @ (kp.transpose(1, 2) @ v)  # (B, T, m) @ (B, m, d)
+    denominator = qp @ kp.sum(dim=1).unsqueeze(-1)  # (B, T, 1)
+    return numerator / (denominator + eps)
+
+
+def _random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """phi(x) = exp(x w^T - |x|^2 / 2) / sqrt(m): (B, T, d) -> (B, T, m)."""
+    return torch.exp(x @ w.t() - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(w.shape[0])
+
+
 class PerformerLayer(nn.Module):
     """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features.
 
@@ -64,22 +89,12 @@ class PerformerLayer(nn.Module):
             nn.Linear(token_dim, token_dim), nn.GELU(), nn.Linear(token_dim, token_dim), nn.Dropout(0.1),
         )
         self.m = int(token_dim * kernel_ratio)
-        # Orthogonal random directions of norm sqrt(m), frozen: part of the released state dicts.
-        self.w = nn.Parameter(nn.init.orthogonal_(torch.empty(self.m, token_dim)) * math.sqrt(self.m),
-                              requires_grad=False)
-
-    def _random_features(self, x: torch.Tensor) -> torch.Tensor:
-        """phi(x) = exp(x w^T - |x|^2 / 2) / sqrt(m): (B, T, d) -> (B, T, m)."""
-        return torch.exp(x @ self.w.t() - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.m)
+        # Orthogonal random directions of norm sqrt(m), frozen: a buffer, part of the released state dicts.
+        self.register_buffer('w', nn.init.orthogonal_(torch.empty(self.m, token_dim)) * math.sqrt(self.m))
 
     def _linear_attention(self, x: torch.Tensor) -> torch.Tensor:
         k, q, v = self.kqv(x).float().split(self.token_dim, dim=-1)
-        # (meta tensors, used to count FLOPs, have no autocast of their own)
-        with torch.autocast(device_type='cpu' if x.is_meta else x.device.type, enabled=False):
-            qp, kp = self._random_features(q), self._random_features(k)
-            numerator = qp @ (kp.transpose(1, 2) @ v)  # (B, T, m) @ (B, m, d)
-            denominator = qp @ kp.sum(dim=1).unsqueeze(-1)  # (B, T, 1)
-            y = numerator / (denominator + self.eps)
+        y = performer_attention(q, k, v, self.w, self.eps)
         return v.to(x.dtype) + self.dp(self.proj(y.to(x.dtype)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,6 +141,21 @@ def _split_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+class SoftSplit(nn.Module):
+    """Overlapping patches (an unfold): (B, C, H, W) -> (B, h*w, C*k*k) and their (h, w) grid."""
+
+    def __init__(self, kernel: int, stride: int, padding: int) -> None:
+        super().__init__()
+        self.kernel, self.stride, self.padding = kernel, stride, padding
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
+        H, W = x.shape[-2:]
+        grid = (_split_size(H, self.kernel, self.stride, self.padding),
+                _split_size(W, self.kernel, self.stride, self.padding))
+        patches = F.unfold(x, self.kernel, padding=self.padding, stride=self.stride)
+        return patches.transpose(1, 2), grid
+
+
 class TokensToToken(nn.Module):
     """Soft split -> T2T layer -> soft split -> T2T layer -> soft split -> linear projection to `embed_dim`."""
 
@@ -136,7 +166,7 @@ class TokensToToken(nn.Module):
         if tokens_type not in layers:
             raise ValueError(f"tokens_type must be one of {sorted(layers)}, got {tokens_type!r}")
         (k0, _, _), (k1, _, _), (k2, _, _) = SOFT_SPLITS
-        self.soft_splits = nn.ModuleList([nn.Unfold(kernel_size=k, stride=s, padding=p) for k, s, p in SOFT_SPLITS])
+        self.soft_splits = nn.ModuleList([SoftSplit(*split) for split in SOFT_SPLITS])
         self.attention1 = layers[tokens_type](in_chans * k0 * k0, token_dim)
         self.attention2 = layers[tokens_type](token_dim * k1 * k1, token_dim)
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
@@ -150,18 +180,15 @@ class TokensToToken(nn.Module):
             h, w = _split_size(h, *split), _split_size(w, *split)
         return h, w
 
-    def _soft_split(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, Grid]:
-        """Soft split i: (B, C, H, W) -> (B, h*w, C*k*k) overlapping patches and their (h, w) grid."""
-        size = tuple(_split_size(s, *SOFT_SPLITS[i]) for s in x.shape[-2:])
-        return self.soft_splits[i](x).transpose(1, 2), size
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid."""
-        for i, layer in enumerate((self.attention1, self.attention2)):
-            tokens, size = self._soft_split(x, i)
-            x = layer(tokens).transpose(1, 2).unflatten(2, size)
-        tokens, size = self._soft_split(x, 2)
-        return self.project(tokens).unflatten(1, size)
+        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid. (Written out step by step: TorchScript takes no
+        loop over different layers.)"""
+        tokens, (h, w) = self.soft_splits[0](x)
+        x = self.attention1(tokens).transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
+        tokens, (h, w) = self.soft_splits[1](x)
+        x = self.attention2(tokens).transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
+        tokens, (h, w) = self.soft_splits[2](x)
+        return self.project(tokens).reshape(tokens.shape[0], h, w, -1)
 
 
 class T2TViT(TokenModelMixin, nn.Module):
@@ -185,10 +212,10 @@ class T2TViT(TokenModelMixin, nn.Module):
         self.num_prefix_tokens = 2 if distilled else 1
         self.tokens_to_token = TokensToToken(img_size, embed_dim, tokens_type, in_chans, token_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self._init_distillation(distilled)
+        self._init_token_model(distilled)
         grid = self.tokens_to_token.grid_size
-        self.pos_embed = nn.Parameter(sinusoid_table(self.num_prefix_tokens + grid[0] * grid[1], embed_dim),
-                                      requires_grad=False)
+        # fixed, not learned: a buffer (under the released checkpoints' key)
+        self.register_buffer('pos_embed', sinusoid_table(self.num_prefix_tokens + grid[0] * grid[1], embed_dim))
         self.blocks = nn.Sequential(*[
             ScaledResidualBlock(embed_dim, num_heads, mlp_ratio, drop_path=rate)
             for rate in calculate_drop_path_rates(drop_path_rate, depth)
@@ -199,16 +226,18 @@ class T2TViT(TokenModelMixin, nn.Module):
         trunc_normal_(self.cls_token, std=0.02)
         self.apply(init_linear_and_norm)
 
+    __jit_unused_properties__ = [*TokenModelMixin.__jit_unused_properties__, 'patch_embed']
+
     @property
     def patch_embed(self) -> TokensToToken:
         """The tokens-to-token module under the name the other families use for their patch embedding."""
         return self.tokens_to_token
 
+    def _embed_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
+        return self._tokens_with_positions(self.tokens_to_token(x), self.tokens_to_token.grid_size)
+
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self._reset_heads(num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 RELEASES = 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main'

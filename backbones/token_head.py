@@ -133,9 +133,11 @@ def patch_tokens(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
     return features[:, getattr(model, 'num_prefix_tokens', 0):]
 
 
-def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor) -> torch.Tensor:
-    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits."""
-    return cls_logits + TOKEN_LOGIT_WEIGHT * token_logits.amax(dim=1)
+def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor,
+                     weight: float = TOKEN_LOGIT_WEIGHT) -> torch.Tensor:
+    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits. (The weight is an
+    argument: TorchScript reads no module-level float.)"""
+    return cls_logits + weight * token_logits.amax(dim=1)
 
 
 def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

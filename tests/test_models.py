@@ -6,6 +6,7 @@ import timm
 import torch
 from timm.layers import set_fused_attn
 from timm.optim import param_groups_layer_decay
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import backbones
 from backbones import load_checkpoint
@@ -191,11 +192,11 @@ def test_mix_token_box_and_grid_mixing():
 def test_lvvit_eval_and_training_outputs():
     model = backbones.create_model('lvvit_t', img_size=64, depth=2, num_classes=6)
     x = torch.randn(3, 3, 64, 64)
-    out = model.train()(x)
+    out = model.train().forward_train(x)
     assert isinstance(out, backbones.TokenLabelingOutput)
     assert out.cls_logits.shape == (3, 6) and out.token_logits.shape == (3, 4, 4, 6)
     plain = backbones.create_model('lvvit_t', img_size=64, depth=2, num_classes=6, mix_token=0).train()
-    assert plain(x).mix_box is None
+    assert plain.forward_train(x).mix_box is None
     headless = backbones.create_model('lvvit_t', img_size=64, depth=2, num_classes=0).eval()
     assert headless(x).shape == (3, 240) and headless.aux_head is None
 
@@ -278,3 +279,118 @@ def test_group_matcher_gives_timms_layer_decay_the_embedding_blocks_and_head(fam
         else:
             expected = 1.0
         assert scale_of[id(param)] == pytest.approx(expected), param_name
+
+
+# timm's own model tests (pytorch-image-models tests/test_models.py) hold every model in its registry to a contract:
+# cfgs that name the model's weights and widths, a plain-tensor training forward whose backward reaches every
+# parameter, TorchScript and torch.fx. The tests below hold the suite's families to it (small models at 64 px), and
+# compare the scripted and traced models with the eager one where timm only runs them.
+
+def small_model(family: str, **kwargs) -> torch.nn.Module:
+    name, defaults = SMALL[family]
+    return backbones.create_model(name, img_size=64, **{**defaults, **kwargs})
+
+
+def as_names(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@pytest.mark.parametrize('name', [*backbones.suite_models('lvvit'), *backbones.suite_models('t2t_vit'),
+                                  'cait_xs24_224', 'vit_small_patch16_legacy_224'])
+def test_every_pretrained_cfg_names_the_models_first_layer_and_classifiers(name):
+    """timm's cfg test, for every tag: `first_conv` and `classifier` are weights of the model it builds, which has
+    timm's widths."""
+    for tag in timm.list_models(name, include_tags=True):
+        with torch.device('meta'):  # (no memory, no initialisation)
+            model = timm.create_model(tag)
+        keys = model.state_dict().keys()
+        cfg = model.pretrained_cfg
+        assert model.head_hidden_size > 0 and model.num_features > 0
+        for layer in (*as_names(cfg['first_conv']), *as_names(cfg['classifier'])):
+            assert f'{layer}.weight' in keys, (tag, layer)
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_feature_widths_and_the_headless_model(family):
+    """timm's cfg test for token models (the one its ViTs run): `num_features` is the width of forward_features,
+    `head_hidden_size` that of forward_head(pre_logits=True); without classifier (reset_classifier(0), or
+    num_classes=0) the model returns those pre-logits."""
+    model = small_model(family).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        features = model.forward_features(x)
+        pre_logits = model.forward_head(features, pre_logits=True)
+        assert features.shape[-1] == model.num_features
+        assert pre_logits.shape == (2, model.head_hidden_size)
+        model.reset_classifier(0)
+        assert model.num_classes == 0
+        torch.testing.assert_close(model(x), pre_logits)
+        assert small_model(family, num_classes=0).eval()(x).shape == (2, model.head_hidden_size)
+
+
+def eval_computation(model: torch.nn.Module) -> torch.nn.Module:
+    """Dropout and batch-norm as in eval mode, the rest of the model in training mode."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Dropout, torch.nn.BatchNorm2d)):
+            module.eval()
+    return model
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_training_forward_returns_the_logits_and_every_parameter_gets_a_gradient(family):
+    """timm's backward test: in training mode `forward` returns the (B, num_classes) logits, the eval-mode computation
+    (LV-ViT's token-labeling outputs, MixToken included, come from `forward_train`), and the backward pass reaches every
+    parameter (T2T-ViT's fixed tables are buffers)."""
+    model = small_model(family, num_classes=42).train()
+    x = torch.randn(2, 3, 64, 64)
+    out = model(x)
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 42)
+    out.mean().backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    with torch.no_grad():
+        torch.testing.assert_close(eval_computation(model)(x), model.eval()(x))
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_torchscript_gives_the_eager_outputs_at_any_input_size(family):
+    """timm's TorchScript test (model built scriptable, then scripted), outputs compared with the eager model's, at
+    the built size and at another, non-square one (the position table resampled inside the script)."""
+    with timm.set_scriptable(True):
+        model = small_model(family).eval()
+    scripted = torch.jit.script(model)
+    with torch.no_grad():
+        for size in ((64, 64), (80, 48)):
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(scripted(x), model(x))
+
+
+def fx_graph(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's forward traced by torch.fx as timm's tests and feature extraction trace it (timm's leaf modules and
+    functions), with the output node in both modes."""
+    tracer_kwargs = dict(leaf_modules=timm.layers.get_notrace_modules(),
+                         autowrap_functions=timm.layers.get_notrace_functions(), param_shapes_constant=True)
+    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    return create_feature_extractor(model, train_return_nodes=train_nodes[-1:], eval_return_nodes=eval_nodes[-1:],
+                                    tracer_kwargs=tracer_kwargs)
+
+
+@pytest.mark.parametrize('family', list(SMALL))
+def test_torch_fx_graph_gives_the_eager_outputs_scripted_too_and_gradients(family):
+    """timm's torch.fx tests: the traced graph, and the graph scripted, give the eager model's outputs (at a size other
+    than the built one too: no input size is baked in), and in training mode its backward pass reaches every
+    parameter."""
+    with timm.set_scriptable(True):
+        model = small_model(family, num_classes=42).eval()
+    graph = fx_graph(model)
+    scripted = torch.jit.script(graph)
+    with torch.no_grad():
+        for size in ((64, 64), (80, 48)):
+            x = torch.randn(2, 3, *size)
+            expected = model(x)
+            for run in (graph, scripted):
+                (out,) = run(x).values()
+                torch.testing.assert_close(out, expected)
+    (out,) = graph.train()(torch.randn(2, 3, 64, 64)).values()
+    assert out.shape == (2, 42)
+    out.mean().backward()
+    assert [name for name, p in graph.named_parameters() if p.grad is None] == []

@@ -24,6 +24,7 @@ from timm.layers import set_fused_attn
 import backbones
 from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
+from backbones.token_head import has_token_head
 from classification.models import Teacher, create_classifier
 from classification.objective import ClassificationObjective
 from common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
@@ -105,8 +106,8 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
 
     def train_step() -> None:
         with autocast():
-            if objective is None:
-                loss = training_loss(model(images), target)
+            if objective is None:  # LV-ViT (with its token head) trains through its token-labeling forward
+                loss = training_loss(model.forward_train(images) if has_token_head(model) else model(images), target)
             else:
                 inputs, targets = objective.prepare(images, target)
                 loss = objective.loss(model(inputs), {}, targets, device)
