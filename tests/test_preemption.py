@@ -3,6 +3,7 @@ continues at the next batch to the same losses and weights as an uninterrupted o
 recipe and loader workers; CIFAR transfer); torchrun restarts resume by themselves."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmengine.hooks import Hook
+
+from common.errors import Interrupted
 
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import ENV, ROOT, run_tool, succeeded
@@ -119,3 +123,98 @@ def test_segmentation_stopped_mid_schedule_ends_like_an_uninterrupted_run(tmp_pa
     for key, state in a['optimizer']['state'].items():
         for name in ('exp_avg', 'exp_avg_sq'):
             assert torch.equal(state[name], b['optimizer']['state'][key][name]), (key, name)
+
+
+
+class SignalAt(Hook):
+    """Sends this process `signum` during iteration `iteration` (before the suite's hook ends the iteration), as a
+    scheduler might at that moment."""
+
+    priority = 'NORMAL'
+
+    def __init__(self, iteration: int, signum: int) -> None:
+        self.iteration, self.signum = iteration, signum
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if runner.iter + 1 == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+SEG_ITERS = 4  # 2 batches of 2 a pass over the 4 training images; validation every 2, an interval checkpoint every 3
+RUNS = itertools.count()
+
+
+def seg_run(config: Path, work: Path, *options: str, stop_at: int | None = None) -> None:
+    """tools/train_seg.py's run of the tiny config, in this process (so that a stop lands on a chosen iteration: a
+    SIGUSR1 at `stop_at`)."""
+    from segmentation.runner import SuiteRunner
+    from segmentation.train import build_parser, prepare
+    args = build_parser().parse_args([str(config), '--work-dir', str(work), '--iters', str(SEG_ITERS), '--pictures',
+                                      '0', *options, '--cfg-options', 'randomness.seed=3',
+                                      'train_dataloader.batch_size=2'])
+    cfg = prepare(args)
+    cfg.train_cfg.val_interval, cfg.default_hooks.checkpoint.interval = 2, 3  # --iters validates at the end only
+    cfg.experiment_name = cfg.visualizer.name = f'run{next(RUNS)}'  # mmengine keeps them by name: one per run
+    cfg.visualizer.vis_backends = [dict(type='LocalVisBackend')]  # the metrics compared, without TensorBoard's
+    runner = SuiteRunner.from_cfg(cfg)
+    if stop_at is not None:
+        runner.register_hook(SignalAt(stop_at, signal.SIGUSR1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the tools run here (helpers.commands.ENV): several times faster on 2 busy cores
+    try:
+        runner.train()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def logged_metrics(work: Path) -> dict:
+    """Every training and validation line of a run's vis_data/scalars.json files (one per session), by step and
+    kind, without the timings."""
+    lines = {}
+    for path in work.glob('*/vis_data/scalars.json'):
+        for line in map(json.loads, path.read_text().splitlines()):
+            kind = 'val' if 'mIoU' in line else 'train'
+            lines[(line['step'], kind)] = {k: v for k, v in line.items() if k not in ('time', 'data_time')}
+    return lines
+
+
+@pytest.fixture(scope='module')
+def straight_seg_run(tmp_path_factory):
+    """The tiny config and its run, never stopped."""
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
+    root = tmp_path_factory.mktemp('seg_resume')
+    data = write_tiny_ade(root / 'ade', counts=(('training', 4), ('validation', 2)))
+    config = write_tiny_config(root / 'tiny.py', 'upernet_lvvit_s.py', data)
+    seg_run(config, root / 'straight')
+    return config, root / 'straight'
+
+
+def assert_same_checkpoint(a: Path, b: Path, optimizer: bool = True) -> None:
+    """Same weights (and optimizer and schedule state), bit for bit."""
+    a, b = torch.load(a, weights_only=False), torch.load(b, weights_only=False)
+    assert sorted(a['state_dict']) == sorted(b['state_dict'])
+    for key, value in a['state_dict'].items():
+        assert torch.equal(value, b['state_dict'][key]), key
+    if optimizer:
+        for key, state in a['optimizer']['state'].items():
+            for name, value in state.items():
+                assert torch.equal(value, b['optimizer']['state'][key][name]), (key, name)
+        assert a['param_schedulers'] == b['param_schedulers']
+
+
+@pytest.mark.parametrize('stop', [2, 3, SEG_ITERS], ids=['validating', 'past-a-pass', 'last'])
+def test_segmentation_stopped_on_any_iteration_resumes_to_the_run_never_stopped(straight_seg_run, stop, tmp_path):
+    """A stop (SIGUSR1) on any iteration, then --resume: the validations (the last one's mIoU too), best checkpoint,
+    log lines, weights, optimizer and schedule of the run never stopped. A stop on a validating iteration resumes
+    into its validation; a resumed run replays the passes over the data before it takes torch's random state back."""
+    config, straight = straight_seg_run
+    cut = tmp_path / 'cut'
+    with pytest.raises(Interrupted, match=f'SIGUSR1 at iteration {stop}'):
+        seg_run(config, cut, stop_at=stop)
+    seg_run(config, cut, '--resume')
+    assert logged_metrics(cut) == logged_metrics(straight)
+    assert (SEG_ITERS, 'val') in logged_metrics(cut)
+    best = sorted(p.name for p in straight.glob('best_mIoU_iter_*.pth'))
+    assert len(best) == 1 and sorted(p.name for p in cut.glob('best_mIoU_iter_*.pth')) == best
+    assert_same_checkpoint(straight / best[0], cut / best[0], optimizer=False)
+    assert_same_checkpoint(straight / f'iter_{SEG_ITERS}.pth', cut / f'iter_{SEG_ITERS}.pth')
