@@ -128,11 +128,13 @@ class ResumableIterLoop(IterBasedTrainLoop):
             next(self.dataloader_iterator)
         if self.resumed_rng is not None:
             set_torch_rng_state(self.resumed_rng)
-        if self.resumed_before_validation:
+        if self.resumed_before_validation and self.validates(self._iter):  # (a schedule changed on resume may not)
             logger.info(f'the checkpoint precedes the validation of iteration {self._iter}: validating')
             self.validate()
 
     def validate(self) -> None:
+        """The validation, training's random streams left as they were (its loader draws from torch's when it starts
+        its worker processes: at the first validation of a process, with persistent ones)."""
         with preserved_rng():
             self.runner.val_loop.run()
 

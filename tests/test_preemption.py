@@ -1,6 +1,7 @@
 """Runs that survive preemption: SIGTERM mid-epoch writes a checkpoint and exits with status 75; resumed, the run
 continues at the next batch to the same losses and weights as an uninterrupted one (token labeling with the full
-recipe and loader workers; CIFAR transfer); torchrun restarts resume by themselves."""
+recipe and loader workers; CIFAR transfer; segmentation stopped on any iteration, its validating ones and the last
+included, or signalled as a whole job); torchrun restarts resume by themselves."""
 from __future__ import annotations
 
 import itertools
@@ -209,11 +210,16 @@ def test_segmentation_job_signalled_mid_schedule_stops_and_resumes_to_the_run_ne
         proc = subprocess.Popen([sys.executable, ROOT / 'tools' / 'train_seg.py', config, '--work-dir', cut,
                                  *SEG_OPTIONS], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=errors,
                                 start_new_session=True)  # a process group of its own: the job
-        deadline = time.time() + 300
-        while proc.poll() is None and time.time() < deadline and not logged_metrics(cut):
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=300)
+        try:
+            deadline = time.time() + 300
+            while proc.poll() is None and time.time() < deadline and not logged_metrics(cut):
+                time.sleep(0.02)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:  # a job that does not end (its loader processes waited for) is not left behind
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     stderr = (tmp_path / 'stderr').read_text()
     assert proc.returncode == 75, stderr[-2000:]
     assert 'Traceback' not in stderr and '--resume continues it' in stderr
