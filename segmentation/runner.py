@@ -8,22 +8,27 @@ readable `iter_*.pth`, with a warning naming both. A run resumes from its own wo
 mmengine's `last_checkpoint` holds an absolute path, which in a copied (or moved) work dir names the original's
 file; the file of that name in this work dir is taken instead (or its newest `iter_*.pth`), and the file a run
 resumes from is always logged. While it trains or tests, the suite's own log lines also go to the run's log file.
+Its data loaders' worker processes leave SIGTERM and SIGUSR1 to the training process, which writes its checkpoint
+first (`preemption.py`): a scheduler signals every process of a job.
 """
 from __future__ import annotations
 
 import logging
 import re
 import zipfile
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 from collections.abc import Callable
 
 import torch.nn as nn
-from mmengine.runner import Runner
+from torch.utils.data import DataLoader
+from mmengine.runner import BaseLoop, Runner
 from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
                                         load_checkpoint)
 
 from backbones.weights import describe_mismatch, key_mismatch
+from common.distributed import ignore_stop_signals
 from common.errors import CheckpointError, CheckpointReadError
 from common.files import load_weights_only
 from common.log import logger
@@ -81,6 +86,14 @@ def pretrained_inits(module: nn.Module) -> list:
     return [entry for entry in inits if isinstance(entry, dict) and entry.get('type') == 'Pretrained']
 
 
+def start_worker(worker_id: int, init: Callable[[int], None] | None) -> None:
+    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`
+    (mmengine's seeding)."""
+    ignore_stop_signals(worker_id)
+    if init is not None:
+        init(worker_id)
+
+
 class SuiteRunner(Runner):
     """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
     leaves out mmengine's notices that ask nothing of the user (`notices`)."""
@@ -90,13 +103,14 @@ class SuiteRunner(Runner):
         self.logger.addFilter(HarmlessLogLines())
 
     def train(self):
-        return self._logging_to_run_file(super().train)
+        return self._running(super().train)
 
     def test(self):
-        return self._logging_to_run_file(super().test)
+        return self._running(super().test)
 
-    def _logging_to_run_file(self, action: Callable[[], T]) -> T:
-        """`action()` with the suite's logger also writing to the log file of mmengine's logger."""
+    def _running(self, action: Callable[[], T]) -> T:
+        """`action()` with the suite's logger also writing to the log file of mmengine's logger; the data loaders'
+        worker processes ended after it, however it ends."""
         files = [handler for handler in self.logger.handlers if isinstance(handler, logging.FileHandler)]
         for handler in files:
             logger.addHandler(handler)
@@ -105,6 +119,30 @@ class SuiteRunner(Runner):
         finally:
             for handler in files:
                 logger.removeHandler(handler)
+            self.end_loader_workers()
+
+    def end_loader_workers(self) -> None:
+        """Ends the worker processes of the loops' data loaders now. torch ends them when their iterator goes, but
+        the runner keeps its loops (and a persistent loader its iterator) to the exit, where Python's multiprocessing
+        stops them with SIGTERM, which they ignore (`start_worker`), and waits for them: for ever."""
+        for loop in (self._train_loop, self._val_loop, self._test_loop):
+            if not isinstance(loop, BaseLoop):  # a loop not built (its config)
+                continue
+            kept = getattr(loop.dataloader, '_iterator', None)  # a persistent loader's iterator
+            read = getattr(getattr(loop, 'dataloader_iterator', None), '_iterator', None)  # the iteration loop's
+            for iterator in (kept, read):
+                if hasattr(iterator, '_shutdown_workers'):  # one with worker processes
+                    iterator._shutdown_workers()
+
+    @staticmethod
+    def build_dataloader(dataloader: DataLoader | dict, seed: int | None = None,
+                         diff_rank_seed: bool = False) -> DataLoader:
+        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process (signalled
+        with the job, they died before the checkpoint was written: a traceback, exit status 1)."""
+        loader = Runner.build_dataloader(dataloader, seed=seed, diff_rank_seed=diff_rank_seed)
+        if isinstance(dataloader, dict) and loader.num_workers:  # built here, not handed over built
+            loader.worker_init_fn = partial(start_worker, init=loader.worker_init_fn)
+        return loader
 
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
                         revise_keys: list = [(r'^module.', '')]):  # noqa: B006  (mmengine's signature)

@@ -18,7 +18,7 @@ from .config import (DataFallback, accumulate_gradients, check_pretrained, descr
                      load_config, resolve_data, shorten_schedule)
 from .data_check import check_data
 from .own_data import is_own_data_config, sized_iterations
-from .preemption import run_seed
+from .preemption import make_resumable, run_seed
 from .runner import SuiteRunner
 
 
@@ -129,8 +129,7 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     # the run's own seed, also on resume: the sampler's order and the workers' augmentation follow it
     cfg.randomness = {**cfg.get('randomness', {}),
                       'seed': run_seed(cfg.get('randomness', {}).get('seed'), cfg.work_dir, cfg.resume)}
-    cfg.custom_hooks = [*cfg.get('custom_hooks', []),
-                        dict(type='PreemptionCheckpoints', minutes=args.checkpoint_minutes)]
+    make_resumable(cfg, args.checkpoint_minutes)
     if args.resume and not started:
         logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
                        f'stopped while writing its first): starting from iteration 0')

@@ -1,10 +1,13 @@
 """Runs that survive preemption: SIGTERM mid-epoch writes a checkpoint and exits with status 75; resumed, the run
 continues at the next batch to the same losses and weights as an uninterrupted one (token labeling with the full
-recipe and loader workers; CIFAR transfer); torchrun restarts resume by themselves."""
+recipe and loader workers; CIFAR transfer; segmentation stopped on any iteration, its validating ones and the last
+included, or signalled as a whole job); torchrun restarts resume by themselves."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmengine.hooks import Hook
+
+from common.errors import Interrupted
 
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import ENV, ROOT, run_tool, succeeded
@@ -85,37 +91,139 @@ def test_a_run_torchrun_restarts_resumes_from_its_own_checkpoint(labeled_images,
     assert_same_run(tmp_path / 'straight', cut, epochs=3)
 
 
-def test_segmentation_stopped_mid_schedule_ends_like_an_uninterrupted_run(tmp_path):
-    """train_seg (UperNet with drop path and dropout, two loader workers, a timed checkpoint every iteration): SIGTERM
-    finishes the iteration, writes a checkpoint and exits 75; --resume continues to the very weights and optimizer
-    state of a run that was never stopped, which takes the seed the stopped run drew and recorded."""
+class SignalAt(Hook):
+    """Sends this process `signum` during iteration `iteration` (before the suite's hook ends the iteration), as a
+    scheduler might at that moment."""
+
+    priority = 'NORMAL'
+
+    def __init__(self, iteration: int, signum: int) -> None:
+        self.iteration, self.signum = iteration, signum
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if runner.iter + 1 == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+SEG_ITERS = 5
+# train_seg on the tiny config: validation every 2 iterations (and after the last), an interval checkpoint every 3;
+# two loader processes started anew for each pass over the 6 training images (3 batches: a config's own sampler,
+# where the configs' never ends), one validation loader process kept (as the configs do)
+SEG_OPTIONS = ('--pictures', '0', '--cfg-options', 'randomness.seed=3', f'train_cfg.max_iters={SEG_ITERS}',
+               'train_cfg.val_interval=2', 'default_hooks.checkpoint.interval=3', 'train_dataloader.batch_size=2',
+               'train_dataloader.num_workers=2', 'train_dataloader.persistent_workers=False',
+               'train_dataloader.sampler.type=DefaultSampler', 'val_dataloader.num_workers=1',
+               'val_dataloader.persistent_workers=True')
+RUNS = itertools.count()
+
+
+def seg_run(config: Path, work: Path, stop_at: int | None = None) -> None:
+    """tools/train_seg.py CONFIG SEG_OPTIONS, in this process (so that a stop lands on a chosen iteration: a SIGUSR1
+    at `stop_at`); with --resume where `work` holds a run."""
+    from segmentation.runner import SuiteRunner
+    from segmentation.train import build_parser, prepare
+    resume = ['--resume'] if (work / 'last_checkpoint').is_file() else []
+    cfg = prepare(build_parser().parse_args([str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS]))
+    cfg.experiment_name = cfg.visualizer.name = f'run{next(RUNS)}'  # mmengine keeps them by name: one per run
+    cfg.visualizer.vis_backends = [dict(type='LocalVisBackend')]  # the metrics compared, without TensorBoard's
+    runner = SuiteRunner.from_cfg(cfg)
+    if stop_at is not None:
+        runner.register_hook(SignalAt(stop_at, signal.SIGUSR1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the tools run here (helpers.commands.ENV): several times faster on 2 busy cores
+    try:
+        runner.train()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def logged_metrics(work: Path) -> dict:
+    """Every training and validation line of a run's vis_data/scalars.json files (one per session), by step and
+    kind, without the timings."""
+    lines = {}
+    for path in work.glob('*/vis_data/scalars.json'):
+        for line in map(json.loads, path.read_text().splitlines()):
+            kind = 'val' if 'mIoU' in line else 'train'
+            lines[(line['step'], kind)] = {k: v for k, v in line.items() if k not in ('time', 'data_time')}
+    return lines
+
+
+@pytest.fixture(scope='module')
+def seg_straight(tmp_path_factory):
+    """The tiny config, and its run never stopped."""
     from helpers.seg_data import write_tiny_ade, write_tiny_config
-    from segmentation.runner import checkpoint_meta
-    data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 6), ('validation', 2)))
-    config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
-    args = [ROOT / 'tools' / 'train_seg.py', config, '--iters', '8', '--pictures', '0', '--cfg-options',
-            'default_hooks.checkpoint.interval=80000', 'train_dataloader.num_workers=2',
-            'train_dataloader.persistent_workers=True', 'train_dataloader.batch_size=2']
-    cut = tmp_path / 'cut'
-    proc = subprocess.Popen([sys.executable, *map(str, args), '--work-dir', str(cut), '--checkpoint-minutes', '1e-6'],
-                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline and not (cut / 'iter_2.pth').is_file():
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 75, stderr[-2000:]
-    assert 'SIGTERM at iteration' in stderr and '--resume continues it' in stderr and 'Traceback' not in stderr
-    stopped = sorted(cut.glob('iter_*.pth'))
-    assert len(stopped) == 1 and stopped[0].name != 'iter_8.pth'  # one timed checkpoint, the previous ones replaced
-    seed = checkpoint_meta(str(stopped[0]))['seed']
-    succeeded(run_tool('train_seg.py', [*args[1:], '--work-dir', cut, '--resume']))
-    succeeded(run_tool('train_seg.py', [*args[1:], f'randomness.seed={seed}', '--work-dir', tmp_path / 'straight']))
-    a = torch.load(tmp_path / 'straight' / 'iter_8.pth', weights_only=False)
-    b = torch.load(cut / 'iter_8.pth', weights_only=False)
+    root = tmp_path_factory.mktemp('seg_resume')
+    data = write_tiny_ade(root / 'ade', counts=(('training', 6), ('validation', 2)))
+    config = write_tiny_config(root / 'tiny.py', 'upernet_lvvit_s.py', data)
+    seg_run(config, root / 'straight')
+    return config, root / 'straight'
+
+
+def assert_same_checkpoint(a: Path, b: Path, optimizer: bool = True) -> None:
+    """Same weights (and optimizer and schedule state), bit for bit."""
+    a, b = torch.load(a, weights_only=False), torch.load(b, weights_only=False)
     assert sorted(a['state_dict']) == sorted(b['state_dict'])
     for key, value in a['state_dict'].items():
         assert torch.equal(value, b['state_dict'][key]), key
-    for key, state in a['optimizer']['state'].items():
-        for name in ('exp_avg', 'exp_avg_sq'):
-            assert torch.equal(state[name], b['optimizer']['state'][key][name]), (key, name)
+    if optimizer:
+        for key, state in a['optimizer']['state'].items():
+            for name, value in state.items():
+                assert torch.equal(value, b['optimizer']['state'][key][name]), (key, name)
+        assert a['param_schedulers'] == b['param_schedulers']
+
+
+def assert_same_seg_run(straight: Path, cut: Path) -> None:
+    """The stopped and resumed run logged what the run never stopped logged (every training and validation line,
+    the last validation's too), kept the same best checkpoint and ended on the same weights, optimizer and
+    schedule, bit for bit."""
+    assert logged_metrics(cut) == logged_metrics(straight)
+    assert (SEG_ITERS, 'val') in logged_metrics(cut)
+    best = sorted(p.name for p in straight.glob('best_mIoU_iter_*.pth'))
+    assert len(best) == 1 and sorted(p.name for p in cut.glob('best_mIoU_iter_*.pth')) == best
+    assert_same_checkpoint(straight / best[0], cut / best[0], optimizer=False)
+    assert_same_checkpoint(straight / f'iter_{SEG_ITERS}.pth', cut / f'iter_{SEG_ITERS}.pth')
+
+
+@pytest.mark.parametrize('stop', [2, 4, SEG_ITERS], ids=['validating', 'validating-in-a-new-pass', 'last'])
+def test_segmentation_stopped_on_a_validating_iteration_resumes_into_its_validation(seg_straight, stop, tmp_path):
+    """A stop (SIGUSR1) on a validating iteration, the last one included, leaves a checkpoint written before the
+    validation; --resume runs that validation, then goes on as the run never stopped. At 4 the resumed run also
+    replays a new pass over the data (which draws from torch's random stream before the run takes the checkpoint's
+    back) and starts its validation loader there (drawing again: each validation is kept out of training's
+    random streams)."""
+    config, straight = seg_straight
+    cut = tmp_path / 'cut'
+    with pytest.raises(Interrupted, match=f'SIGUSR1 at iteration {stop}'):
+        seg_run(config, cut, stop_at=stop)
+    seg_run(config, cut)
+    assert_same_seg_run(straight, cut)
+
+
+def test_segmentation_job_signalled_mid_schedule_stops_and_resumes_to_the_run_never_stopped(seg_straight, tmp_path):
+    """SIGTERM to the whole job (its process group, as SLURM's scancel sends it) while train_seg trains with loader
+    processes: they leave the signal to the training process, which finishes the iteration, writes a checkpoint and
+    exits 75 (the loader processes died with the signal: a traceback, exit status 1, no checkpoint); --resume then
+    ends on the run never stopped."""
+    config, straight = seg_straight
+    cut = tmp_path / 'cut'
+    with open(tmp_path / 'stderr', 'w') as errors:  # a file, not a pipe the test would have to keep reading
+        proc = subprocess.Popen([sys.executable, ROOT / 'tools' / 'train_seg.py', config, '--work-dir', cut,
+                                 *SEG_OPTIONS], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=errors,
+                                start_new_session=True)  # a process group of its own: the job
+        try:
+            deadline = time.time() + 300
+            while proc.poll() is None and time.time() < deadline and not logged_metrics(cut):
+                time.sleep(0.02)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:  # a job that does not end (its loader processes waited for) is not left behind
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    stderr = (tmp_path / 'stderr').read_text()
+    assert proc.returncode == 75, stderr[-2000:]
+    assert 'Traceback' not in stderr and '--resume continues it' in stderr
+    stop = int(re.search(r'SIGTERM at iteration (\d+)', stderr).group(1))
+    assert stop < SEG_ITERS and (cut / f'iter_{stop}.pth').is_file()
+    seg_run(config, cut)
+    assert_same_seg_run(straight, cut)

@@ -103,6 +103,25 @@ def test_a_run_torchrun_restarts_resumes_by_itself(tmp_path, monkeypatch, caplog
     assert cfg.resume and f'torchrun restarted the run: resuming from the latest checkpoint in {work}' in caplog.text
 
 
+def test_a_resumed_run_keeps_the_seed_it_drew(tmp_path):
+    """A config without a seed (ADE20K's; the digits fallback sets one): a new run draws one (mmengine records it in
+    every checkpoint), --resume takes it from the run's newest checkpoint: the sampler's order and the workers'
+    augmentation go on as they were."""
+    data = write_tiny_ade(tmp_path / 'ade')
+    work, options = tmp_path / 'work', ('--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    drawn = prepared(tmp_path, '--work-dir', str(work), *options).randomness.seed
+    assert prepared(tmp_path, '--work-dir', str(tmp_path / 'other'), *options).randomness.seed != drawn
+    work.mkdir(exist_ok=True)
+    torch.save({'meta': {'seed': drawn}}, work / 'iter_8.pth')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_8.pth'))
+    assert prepared(tmp_path, '--work-dir', str(work), '--resume', *options).randomness.seed == drawn
+
+
+def test_train_seg_refuses_a_schedule_it_cannot_resume_exactly(tmp_path):
+    with pytest.raises(UsageError, match='EpochBasedTrainLoop: train_seg runs iteration-based schedules'):
+        prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None', 'train_cfg.type=EpochBasedTrainLoop')
+
+
 def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
     flips = [step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip']
