@@ -20,8 +20,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, split_model
 from timm.models import cait as _timm_cait
 from timm.models.cait import Cait
 
-from .layers import Grid, TokenModelMixin, features_only_cfg, tokens_with_positions
-from .registry import adopt_timm_models, suite_model
+from backbones.layers import Grid, TokenModelMixin, features_only_cfg, tokens_with_positions
+from backbones.registry import adopt_timm_models, suite_model
 
 __all__ = ['CaiT']
 

@@ -8,7 +8,7 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from .registry import create_model
+from backbones.registry import create_model
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch.nn as nn
 from timm.layers import calculate_drop_path_rates, trunc_normal_
 from timm.models import generate_default_cfgs
 
-from .layers import (
+from backbones.layers import (
     Grid,
     ScaledResidualBlock,
     TokenModelMixin,
@@ -23,9 +23,9 @@ from .layers import (
     init_linear_and_norm,
     token_model_cfg,
 )
-from .registry import suite_model
-from .token_head import TokenLabelingOutput, forward_token_labeling, inference_logits
-from .weights import release_filter
+from backbones.registry import suite_model
+from backbones.token_head import TokenLabelingOutput, forward_token_labeling, inference_logits
+from backbones.weights import release_filter
 
 __all__ = ['LVViT']
 

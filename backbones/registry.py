@@ -18,7 +18,7 @@ import timm
 import torch.nn as nn
 from timm.models import register_model, split_model_name_tag
 
-from common.errors import UsageError
+from backbones.common.errors import UsageError
 
 _F = TypeVar('_F', bound=Callable[..., nn.Module])
 Builder = Callable[..., nn.Module]  # (model name, **kwargs) -> model

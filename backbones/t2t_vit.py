@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from timm.layers import Mlp, calculate_drop_path_rates, register_notrace_function, trunc_normal_, use_fused_attn
 from timm.models import generate_default_cfgs
 
-from .layers import (
+from backbones.layers import (
     Grid,
     ScaledResidualBlock,
     TokenModelMixin,
@@ -26,8 +26,8 @@ from .layers import (
     init_linear_and_norm,
     token_model_cfg,
 )
-from .registry import suite_model
-from .weights import release_filter
+from backbones.registry import suite_model
+from backbones.weights import release_filter
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
 

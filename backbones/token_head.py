@@ -26,9 +26,8 @@ import torch
 import torch.nn as nn
 from timm.layers import trunc_normal_
 
-from common.errors import UsageError
-
-from .layers import Grid
+from backbones.common.errors import UsageError
+from backbones.layers import Grid
 
 Box = tuple[int, int, int, int]  # (top, left, bottom, right) on the token grid, bottom/right exclusive
 

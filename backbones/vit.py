@@ -12,9 +12,8 @@ import torch.nn as nn
 from timm.models import vision_transformer as _timm_vit
 from timm.models.vision_transformer import VisionTransformer
 
-from common.errors import UsageError
-
-from .registry import adopt_timm_models, suite_model
+from backbones.common.errors import UsageError
+from backbones.registry import adopt_timm_models, suite_model
 
 __all__ = ['VisionTransformer']
 

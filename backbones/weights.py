@@ -27,13 +27,12 @@ import timm
 import torch
 import torch.nn as nn
 
-from common.errors import CheckpointError, UsageError
-from common.exporting import check_exported_file
-from common.files import load_weights_only
-
-from .layers import DIST_HEAD, resize_pos_embed
-from .registry import create_model, model_family
-from .token_head import TOKEN_HEAD
+from backbones.common.errors import CheckpointError, UsageError
+from backbones.common.exporting import check_exported_file
+from backbones.common.files import load_weights_only
+from backbones.layers import DIST_HEAD, resize_pos_embed
+from backbones.registry import create_model, model_family
+from backbones.token_head import TOKEN_HEAD
 
 StateDict = dict[str, torch.Tensor]
 

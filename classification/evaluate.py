@@ -1,5 +1,5 @@
 """Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with its eval transform (what the
-checkpoint's run recorded: `engine.checkpoints.checkpoint_data_config`); the logic of tools/eval_cls.py.
+checkpoint's run recorded: `classification.engine.checkpoints.checkpoint_data_config`); the logic of tools/eval_cls.py.
 
 Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
 class logits + 0.5 x the class-wise max over the token logits; distilled models (a distillation token) with DeiT's:
@@ -16,8 +16,7 @@ import torch
 from timm.data import RealLabelsImagenet
 from torch.utils.data import DataLoader
 
-from backbones.registry import check_model_name
-from common.cli import (
+from backbones.common.cli import (
     DEFAULT_WORKERS,
     add_device_argument,
     device_name,
@@ -28,16 +27,16 @@ from common.cli import (
     parse_model_kwargs,
     positive_int,
 )
-from common.distributed import DistInfo
-from common.errors import UsageError
-from common.files import write_json_atomic
-from common.images import find_classes
-from common.log import logger
-from engine.checkpoints import checkpoint_classes, checkpoint_data_config
-from engine.steps import evaluate
-
-from .data import ImageFolderDataset, collate_skipping, config_eval_transform
-from .models import build_eval_model, check_finite, model_data_config
+from backbones.common.distributed import DistInfo
+from backbones.common.errors import UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.images import find_classes
+from backbones.common.log import logger
+from backbones.registry import check_model_name
+from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
+from classification.engine.checkpoints import checkpoint_classes, checkpoint_data_config
+from classification.engine.steps import evaluate
+from classification.models import build_eval_model, check_finite, model_data_config
 
 
 def build_parser() -> argparse.ArgumentParser:

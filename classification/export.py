@@ -16,8 +16,8 @@ The model is built as tools/eval_cls.py builds it, with one of the checkpoint's 
   runtimes without the suite (`torch.export.load(path).module()(images)`);
 - with `onnx`, `model.onnx`: the same as ONNX (input `images`, normalised as the config says; output `logits`),
   the batch size dynamic. The models are built for one input size (their position tables), so that stays fixed.
-- `suite_export.json`, the suite's mark (common/exporting.py): the export's kind and checkpoint and each file's
-  SHA-256. Only such a folder, an empty one or a new one is written.
+- `suite_export.json`, the suite's mark (backbones/common/exporting.py): the export's kind and checkpoint and each
+  file's SHA-256. Only such a folder, an empty one or a new one is written.
 
 Each written file is checked against the eval model's outputs (ONNX in onnxruntime) before the folder is given its
 name; the timm model is checked as a timm user runs it, on an image file through the preprocessing timm reads from
@@ -36,12 +36,9 @@ from timm.data import create_transform, resolve_data_config
 from timm.models import create_model
 from timm.models._hub import save_for_hf
 
-from backbones.registry import check_model_name
-from backbones.token_head import TokenLabelingModel, bare_model
-from backbones.weights import checkpoint_class_count
-from common.cli import parse_model_kwargs, positive_int
-from common.errors import UsageError
-from common.exporting import (
+from backbones.common.cli import parse_model_kwargs, positive_int
+from backbones.common.errors import UsageError
+from backbones.common.exporting import (
     BATCH,
     EXPORTED_PROGRAM,
     ONNX_MODEL,
@@ -53,13 +50,15 @@ from common.exporting import (
     write_exported_program,
     write_onnx,
 )
-from common.images import read_image
-from common.log import logger
-from engine.checkpoints import checkpoint_data_config
-
-from .data import config_eval_transform
-from .models import build_eval_model, check_finite, model_data_config
-from .predict import class_names
+from backbones.common.images import read_image
+from backbones.common.log import logger
+from backbones.registry import check_model_name
+from backbones.token_head import TokenLabelingModel, bare_model
+from backbones.weights import checkpoint_class_count
+from classification.data.folders import config_eval_transform
+from classification.engine.checkpoints import checkpoint_data_config
+from classification.models import build_eval_model, check_finite, model_data_config
+from classification.predict import class_names
 
 # the preprocessing config.json records: what the export was checked with, as timm's resolve_data_config reads it
 TIMM_DATA_KEYS = ('input_size', 'crop_pct', 'crop_mode', 'interpolation', 'mean', 'std')

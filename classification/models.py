@@ -11,11 +11,11 @@ from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
 from backbones import TokenLabelingModel, bare_model, create_model, load_checkpoint, model_family
+from backbones.common.errors import CheckpointError, UsageError
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
 from backbones.weights import read_state_dict
-from common.errors import CheckpointError, UsageError
-from token_labeling.annotate import dense_scores
+from classification.token_labeling.annotate import dense_scores
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distillation token (DeiT's hard distillation)
 

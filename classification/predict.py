@@ -14,9 +14,7 @@ from pathlib import Path
 import torch
 from timm.data import ImageNetInfo
 
-from backbones.registry import check_model_name
-from backbones.weights import checkpoint_class_count
-from common.cli import (
+from backbones.common.cli import (
     add_device_argument,
     device_name,
     fraction,
@@ -25,13 +23,14 @@ from common.cli import (
     parse_model_kwargs,
     positive_int,
 )
-from common.files import write_json_atomic
-from common.images import image_files, read_image
-from common.log import logger
-from engine.checkpoints import checkpoint_classes, checkpoint_data_config
-
-from .data import config_eval_transform
-from .models import build_eval_model, check_finite, model_data_config
+from backbones.common.files import write_json_atomic
+from backbones.common.images import image_files, read_image
+from backbones.common.log import logger
+from backbones.registry import check_model_name
+from backbones.weights import checkpoint_class_count
+from classification.data.folders import config_eval_transform
+from classification.engine.checkpoints import checkpoint_classes, checkpoint_data_config
+from classification.models import build_eval_model, check_finite, model_data_config
 
 IMAGENET_CLASSES = 1000
 

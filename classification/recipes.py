@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.optim import list_optimizers
 
 from backbones import model_family
-from common.cli import (
+from backbones.common.cli import (
     below_one,
     fraction,
     non_negative_float,
@@ -25,9 +25,9 @@ from common.cli import (
     positive_int,
     probability,
 )
-from common.errors import UsageError
-from engine.trainer import Optimization
-from token_labeling.augment import LabelAwareRandAugment
+from backbones.common.errors import UsageError
+from classification.data.augment import LabelAwareRandAugment
+from classification.engine.trainer import Optimization
 
 R = TypeVar('R')
 

@@ -19,28 +19,35 @@ import torch.nn as nn
 from timm.data import Mixup
 
 from backbones import bare_model, load_checkpoint, model_family
+from backbones.common.cli import EmbeddedData, model_parser, parse_model_kwargs, positive_int
+from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
+from backbones.common.errors import CheckpointError, UsageError
+from backbones.common.images import read_image
+from backbones.common.log import logger
+from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD
 from backbones.weights import pretrained_model
-from common.cli import EmbeddedData, model_parser, parse_model_kwargs, positive_int
-from common.distributed import DistInfo, run_distributed, sharded_loaders
-from common.errors import CheckpointError, UsageError
-from common.images import read_image
-from common.log import logger
-from engine.checkpoints import DATA_CONFIG, check_checkpoint_classes, checkpoint_data_config, seed_all
-from engine.fit import Pictures
-from engine.trainer import RunOptions, Trainer, add_run_arguments
-from token_labeling.augment import TrainTransform
-from token_labeling.batch_augment import BatchAugment, RegionTransform
-from token_labeling.label_store import TokenLabelStore, open_store
-from token_labeling.loss import TokenLabelingLoss
-from token_labeling.pictures import token_label_figure, token_labels
-from token_labeling.targets import TokenTargetBuilder
-
-from .data import ImageFolderDataset, collate_skipping, eval_transform
-from .models import Teacher, build_eval_model, create_classifier, model_data_config, takes_input_size, zero_classifiers
-from .objective import ClassificationObjective
-from .recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
+from classification.data.augment import TrainTransform
+from classification.data.batch_augment import BatchAugment, RegionTransform
+from classification.data.folders import ImageFolderDataset, collate_skipping, eval_transform
+from classification.engine.checkpoints import DATA_CONFIG, check_checkpoint_classes, checkpoint_data_config
+from classification.engine.fit import Pictures
+from classification.engine.trainer import RunOptions, Trainer, add_run_arguments
+from classification.models import (
+    Teacher,
+    build_eval_model,
+    create_classifier,
+    model_data_config,
+    takes_input_size,
+    zero_classifiers,
+)
+from classification.objectives.objective import ClassificationObjective
+from classification.objectives.token_loss import TokenLabelingLoss
+from classification.objectives.token_targets import TokenTargetBuilder
+from classification.pictures.token_labels import token_label_figure, token_labels
+from classification.recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
+from classification.token_labeling.label_store import TokenLabelStore, open_store
 
 
 @dataclass(frozen=True)

@@ -15,21 +15,27 @@ import torch.nn as nn
 from timm.optim import param_groups_weight_decay
 
 from backbones import bare_model, load_checkpoint
+from backbones.common.cli import model_parser, non_negative_int
+from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
+from backbones.common.log import logger
+from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
 from backbones.weights import LoadReport, classifier_prefixes
-from common.cli import model_parser, non_negative_int
-from common.distributed import DistInfo, run_distributed, sharded_loaders
-from common.log import logger
-from engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint, seed_all
-from engine.steps import evaluate
-from engine.trainer import RunOptions, Trainer, add_run_arguments
-from token_labeling.loss import TokenLabelingLoss
-
-from .cifar import FORMATS, CifarDataset, CifarInput, channel_stats, hold_out, read_cifar
-from .data import collate_skipping
-from .models import create_classifier, model_data_config
-from .objective import ClassificationObjective
-from .recipes import TRANSFER_OPTIMIZERS, TransferRecipe, add_recipe_arguments, override_recipe, transfer_recipe
+from classification.data.cifar import FORMATS, CifarDataset, CifarInput, channel_stats, hold_out, read_cifar
+from classification.data.folders import collate_skipping
+from classification.engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint
+from classification.engine.steps import evaluate
+from classification.engine.trainer import RunOptions, Trainer, add_run_arguments
+from classification.models import create_classifier, model_data_config
+from classification.objectives.objective import ClassificationObjective
+from classification.objectives.token_loss import TokenLabelingLoss
+from classification.recipes import (
+    TRANSFER_OPTIMIZERS,
+    TransferRecipe,
+    add_recipe_arguments,
+    override_recipe,
+    transfer_recipe,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,9 +9,9 @@ import timm
 import torch
 
 import backbones  # noqa: F401  (registers the models)
-from common.distributed import DistInfo
+from backbones.common.distributed import DistInfo
 from helpers.cls_data import make_image_folder
-from token_labeling.annotate import generate_token_labels
+from classification.token_labeling.annotate import generate_token_labels
 
 # The tools' own functions are imported by module name (`from benchmark import ...`), under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))

@@ -9,13 +9,13 @@ from timm.data import auto_augment
 from timm.data.random_erasing import RandomErasing
 from torch.utils.data import DataLoader
 
-from classification.data import ImageFolderDataset, collate_skipping
-from token_labeling.augment import CropGeometry, TrainTransform
+from classification.data.folders import ImageFolderDataset, collate_skipping
+from classification.data.augment import CropGeometry, TrainTransform
 from torchvision.io import decode_jpeg
 
-from common.images import ImageReadError
+from backbones.common.images import ImageReadError
 from helpers.cls_data import textured_jpegs
-from token_labeling.batch_augment import (
+from classification.data.batch_augment import (
     COLOUR_FUNCTIONS, BatchAugment, EncodedImages, EncodedJpeg, PendingImages, RegionTransform, collate_regions,
     cut_decoded, cut_region, jpeg_draft_size, region_bounds,
 )

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from backbones import CheckpointError, load_checkpoint
 from backbones.weights import read_state_dict
 from backbones.token_head import add_token_head
-from common.files import load_weights_only
+from backbones.common.files import load_weights_only
 from helpers.models import damaged_copy, save_release
 
 
@@ -147,9 +147,9 @@ def test_a_byte_flipped_after_saving_is_named_by_every_loader(tmp_path):
     name the file. A file in torch's legacy format records no checksum and loads as before."""
     from mmengine.runner import CheckpointLoader
 
-    import segmentation.mmengine_io  # noqa: F401  (the suite's loader for mmengine's local checkpoints)
-    from common.errors import CheckpointReadError
-    from engine.checkpoints import read_training_checkpoint
+    import backbones.segmentation.mmengine_io  # noqa: F401  (the suite's loader for mmengine's local checkpoints)
+    from backbones.common.errors import CheckpointReadError
+    from classification.engine.checkpoints import read_training_checkpoint
     model = tiny('lvvit_s')
     good = tmp_path / 'good.pth'
     torch.save({'state_dict': model.state_dict(), 'args': {'img_size': 64}, 'meta': {'iter': 4}}, good)
@@ -192,7 +192,7 @@ def test_pickled_code_is_refused(tmp_path):
 def test_a_training_checkpoint_of_the_0_based_days_reads_as_the_same_point(tmp_path):
     """Checkpoints count epochs done (1-based, as the logs); one written when `epoch` was timm's 0-based index of the
     last epoch reads as the same number of epochs done. Other files (releases) keep their own `epoch`."""
-    from engine.checkpoints import read_training_checkpoint
+    from classification.engine.checkpoints import read_training_checkpoint
     torch.save({'state_dict': {}, 'epoch': 2, 'args': {'epochs': 5}}, tmp_path / 'old.pth')
     torch.save({'state_dict': {}, 'epochs_done': 3, 'args': {'epochs': 5}}, tmp_path / 'new.pth')
     torch.save({'state_dict': {}, 'epoch': 299}, tmp_path / 'release.pth')

@@ -12,12 +12,12 @@ import torch
 from PIL import Image
 
 from backbones import CheckpointError
-from common.errors import UsageError
-from classification.cifar import CifarFormatError, hold_out
+from backbones.common.errors import UsageError
+from classification.data.cifar import CifarFormatError, hold_out
 from classification.predict import ClassPredictor
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, main
-from engine.checkpoints import seed_all
+from backbones.common.random_state import seed_all
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import run_tool, run_torchrun
 from helpers.models import FAMILIES, TINY_DEIT as DEIT, tiny_release

@@ -9,10 +9,10 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
-from common.images import scan_split
+from classification.digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
+from backbones.common.images import scan_split
 from helpers.commands import ROOT, run_python, succeeded
-from token_labeling.label_store import TokenLabelStore
+from classification.token_labeling.label_store import TokenLabelStore
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
@@ -43,7 +43,7 @@ def test_an_older_folder_is_replaced(tmp_path):
 
 
 def test_segmentation_pages_label_every_digit_where_its_ink_is(tmp_path):
-    from digits.pages import GRID, IMAGE_SIZE as PAGE, SPLITS, scan_splits, write_digits_ade
+    from classification.digits.pages import GRID, IMAGE_SIZE as PAGE, SPLITS, scan_splits, write_digits_ade
     root = write_digits_ade(tmp_path / 'seg')
     cell_w, cell_h = PAGE[0] // GRID[0], PAGE[1] // GRID[1]
     for split, count in SPLITS.items():

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import backbones
-from common.errors import CheckpointError, UsageError
+from backbones.common.errors import CheckpointError, UsageError
 from backbones.vit import DISTILLED_TWINS
 from classification.models import Teacher, create_classifier
-from classification.objective import ClassificationObjective
+from classification.objectives.objective import ClassificationObjective
 from classification.recipes import Recipe
 from classification.train import TeacherSpec, build_teacher, main
-from common.distributed import DistInfo
+from backbones.common.distributed import DistInfo
 from backbones import bare_model
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT

@@ -15,9 +15,9 @@ import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
 from classification.export import export_classifier
 from classification.predict import ClassPredictor
-from common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
+from backbones.common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
 from classification.models import build_eval_model, create_classifier
-from common.errors import CheckpointError, CheckpointReadError, UsageError
+from backbones.common.errors import CheckpointError, CheckpointReadError, UsageError
 from helpers.cls_data import CLASSES, textured_jpegs
 from helpers.commands import run_tool, succeeded
 from helpers.models import damaged_copy
@@ -238,9 +238,9 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
 
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     from mmseg.registry import MODELS
-    from segmentation.config import load_config
-    from segmentation.export import segmentor_from
-    from segmentation.predict import SegPredictor
+    from backbones.segmentation.config import load_config
+    from backbones.segmentation.export import segmentor_from
+    from backbones.segmentation.predict import SegPredictor
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 1), ('validation', 1)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
     cfg = load_config(str(config))
@@ -260,6 +260,17 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
                                    rtol=1e-4, atol=1e-4)
         rebuilt = segmentor_from(out)
         torch.testing.assert_close(rebuilt.encode_decode(x, [dict(img_shape=(64, 64))] * 3), expected)
+        # a folder exported before the suite's packages moved (0.2.0) names the former `segmentation` in its config's
+        # custom_imports, and carries no marker: it loads to the same segmentor
+        before_move = tmp_path / 'before_move'
+        before_move.mkdir()
+        for name in (WEIGHTS, 'config.py', 'export.json'):
+            (before_move / name).write_bytes((out / name).read_bytes())
+        config_text = (before_move / 'config.py').read_text()
+        assert "'backbones.segmentation'" in config_text
+        (before_move / 'config.py').write_text(config_text.replace("'backbones.segmentation'", "'segmentation'"))
+        torch.testing.assert_close(segmentor_from(before_move).encode_decode(x, [dict(img_shape=(64, 64))] * 3),
+                                   expected)
     session = onnxruntime.InferenceSession(str(out / ONNX_MODEL))
     torch.testing.assert_close(torch.from_numpy(session.run(None, {'images': x.numpy()})[0]), expected,
                                rtol=1e-4, atol=1e-4)

@@ -16,18 +16,18 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 import backbones  # noqa: F401
 from classification.train import main
-from common.distributed import DistInfo
-from engine.checkpoints import seed_all
-from engine.trainer import Optimization, optimization_state
+from backbones.common.distributed import DistInfo
+from backbones.common.random_state import seed_all
+from classification.engine.trainer import Optimization, optimization_state
 from helpers.commands import ENV, run_python, run_tool, succeeded
 from helpers.label_stores import assert_same_annotation
 from helpers.cls_data import textured_jpegs
 from helpers.models import TINY_DEIT
 from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
 from helpers.training_runs import last_weights, read_log
-from token_labeling.annotate import generate_token_labels
-from token_labeling.augment import TrainTransform
-from token_labeling.batch_augment import BatchAugment, RegionTransform, collate_regions
+from classification.token_labeling.annotate import generate_token_labels
+from classification.data.augment import TrainTransform
+from classification.data.batch_augment import BatchAugment, RegionTransform, collate_regions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 
@@ -206,7 +206,7 @@ def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
     script = textwrap.dedent('''
         import torch, torch.nn as nn
         from torch.nn.parallel import DistributedDataParallel
-        from common.distributed import DistInfo, LaggingSum, all_reduce_sum, init_distributed, cleanup
+        from backbones.common.distributed import DistInfo, LaggingSum, all_reduce_sum, init_distributed, cleanup
         import torch.distributed as dist
         dist.init_process_group('nccl', device_id=torch.device('cuda', 0))
         info = init_distributed('cuda')
@@ -242,7 +242,7 @@ def test_released_labels_train_on_cuda_like_on_cpu(tmp_path):
     the GPU (batched augmentation, bf16) like on the CPU (fp32, the batched path too)."""
     from helpers.cls_data import make_image_folder
     from test_released_labels import TINY_LVVIT, write_release
-    from token_labeling.released import import_released_labels
+    from classification.token_labeling.released_labels import import_released_labels
     data = make_image_folder(tmp_path / 'data')
     import_released_labels(data, write_release(data, tmp_path / 'tree', 'tokenlabeling'), tmp_path / 'store',
                            DistInfo(), workers=0)

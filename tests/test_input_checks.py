@@ -13,20 +13,20 @@ import timm
 import torch
 from PIL import Image
 
-from common.errors import CheckpointError, DataError, UsageError
+from backbones.common.errors import CheckpointError, DataError, UsageError
 from classification import train, transfer
-from classification.data import ImageFolderDataset
+from classification.data.folders import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
-from common.cli import parse_model_kwargs, resolve_device, run_command
-from common.distributed import DistInfo
-from engine.checkpoints import METRICS
-from common.images import ImageReadError, find_classes, read_image
+from backbones.common.cli import parse_model_kwargs, resolve_device, run_command
+from backbones.common.distributed import DistInfo
+from classification.engine.checkpoints import METRICS
+from backbones.common.images import ImageReadError, find_classes, read_image
 from helpers.cifar_data import tiny_cifar
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool
 from helpers.models import TINY_DEIT
-from token_labeling.annotate import generate_token_labels
+from classification.token_labeling.annotate import generate_token_labels
 
 
 
@@ -136,7 +136,7 @@ def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
 
 def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys, monkeypatch):
     # run_command's log handler would write to this test's captured stdout for every later test: left out
-    monkeypatch.setattr('common.cli.show_log', lambda: None)
+    monkeypatch.setattr('backbones.common.cli.show_log', lambda: None)
 
     def failing_stage():
         raise DataError('stage failed; the end of its log:\nerror: bad file  (--debug shows the traceback)')
@@ -323,7 +323,7 @@ def test_mixup_of_an_odd_batch_pairs_image_i_with_image_b_minus_i():
     """Known answer: with MixUp only, image k of 3 (k > 0) becomes lam x_k + (1 - lam) x_(3-k), image 0 stays itself,
     and each target mixes the same two labels."""
     from timm.data import Mixup
-    from classification.objective import mix_within_batch
+    from classification.objectives.objective import mix_within_batch
     torch.manual_seed(0)
     np.random.seed(0)
     images, labels = torch.randn(3, 3, 4, 4), torch.tensor([0, 1, 2])
@@ -359,7 +359,7 @@ def test_default_loader_workers_fit_the_machine():
 
 
 def test_transfer_records_the_cifar_class_names(tmp_path):
-    from classification.cifar import read_cifar
+    from classification.data.cifar import read_cifar
     root, _ = tiny_cifar(tmp_path / 'c10', 'cifar10', per_class_train=6, per_class_test=2, archive=True)
     out = tmp_path / 'run'
     transfer.main([*TINY_DEIT, '--dataset', 'cifar10', '--data-dir', str(root), '--output', str(out),
@@ -449,9 +449,9 @@ def test_real_labels_on_a_folder_that_is_not_imagenets_validation_set(trained, t
 def test_an_embedded_data_folder_that_is_a_file_is_refused_by_name(option, tmp_path, capsys):
     """The embedded data's folders are written into: a file there (or above) is an argparse error naming the option,
     before any work, not a traceback from the first mkdir."""
-    from digits.cls_data import EmbeddedScans
-    from digits.seg_data import EmbeddedPages
-    from segmentation.train import build_parser as seg_parser
+    from classification.digits.cls_data import EmbeddedScans
+    from classification.digits.seg_data import EmbeddedPages
+    from backbones.segmentation.train import build_parser as seg_parser
     taken = tmp_path / 'taken'
     taken.write_text('')
     if option == '--digits-dir':

@@ -14,13 +14,13 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from backbones import CheckpointError
-from common.errors import DataError, UsageError
-from token_labeling.annotate import dense_scores, generate_token_labels
-from token_labeling.augment import TrainTransform
-from classification.data import ImageFolderDataset, collate_skipping
-from common.images import ImageReadError
-from common.distributed import DistInfo
-from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore, shard_marker
+from backbones.common.errors import DataError, UsageError
+from classification.token_labeling.annotate import dense_scores, generate_token_labels
+from classification.data.augment import TrainTransform
+from classification.data.folders import ImageFolderDataset, collate_skipping
+from backbones.common.images import ImageReadError
+from backbones.common.distributed import DistInfo
+from classification.token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore, shard_marker
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool, run_torchrun
 from helpers.label_stores import assert_same_annotation, read_store

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from helpers.commands import ROOT
-from segmentation import mmcv_compat
+from backbones.segmentation import mmcv_compat
 
 # The module on its own, without the segmentation package (whose import uses it and then imports mmseg's models).
+MODULE = ROOT / 'backbones' / 'segmentation' / 'mmcv_compat.py'
 LOAD_ALONE = f'''
 import importlib.util
-_spec = importlib.util.spec_from_file_location('mmcv_compat', {str(ROOT / 'segmentation' / 'mmcv_compat.py')!r})
+_spec = importlib.util.spec_from_file_location('mmcv_compat', {str(MODULE)!r})
 mmcv_compat = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mmcv_compat)
 '''

@@ -13,7 +13,7 @@ import torch
 from helpers.commands import ENV, ROOT, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
-from token_labeling.label_store import TokenLabelStore
+from classification.token_labeling.label_store import TokenLabelStore
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 

@@ -13,10 +13,10 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from classification.recipes import recipe_for
 from classification.train import TeacherSpec, build_teacher, main, make_objective
-from common.distributed import DistInfo
-from token_labeling.annotate import generate_token_labels
-from token_labeling.augment import CropGeometry, identity_geometry
-from token_labeling.label_store import TokenLabelStore
+from backbones.common.distributed import DistInfo
+from classification.token_labeling.annotate import generate_token_labels
+from classification.data.augment import CropGeometry, identity_geometry
+from classification.token_labeling.label_store import TokenLabelStore
 
 SIZE, CLASSES, TOPK = 48, 6, 5
 ANNOTATOR_KWARGS = {'output_stride': 16}  # a 3x3 map at 48 px, the student's token grid

@@ -18,7 +18,7 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 
-from common.errors import Interrupted
+from backbones.common.errors import Interrupted
 
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import ENV, ROOT, run_tool, succeeded
@@ -120,8 +120,8 @@ RUNS = itertools.count()
 def seg_run(config: Path, work: Path, stop_at: int | None = None) -> None:
     """tools/train_seg.py CONFIG SEG_OPTIONS, in this process (so that a stop lands on a chosen iteration: a SIGUSR1
     at `stop_at`); with --resume where `work` holds a run."""
-    from segmentation.runner import SuiteRunner
-    from segmentation.train import build_parser, prepare
+    from backbones.segmentation.runner import SuiteRunner
+    from backbones.segmentation.train import build_parser, prepare
     resume = ['--resume'] if (work / 'last_checkpoint').is_file() else []
     cfg = prepare(build_parser().parse_args([str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS]))
     cfg.experiment_name = cfg.visualizer.name = f'run{next(RUNS)}'  # mmengine keeps them by name: one per run

@@ -12,9 +12,9 @@ from backbones import create_model
 from backbones.token_head import TOKEN_HEAD
 from classification.recipes import PRESETS, recipe_for
 from classification.train import build_parser, main, make_objective, resolve_recipe
-from common.distributed import DistInfo, sharded_loaders
-from common.errors import UsageError
-from digits.cls_data import RECIPE as DIGITS
+from backbones.common.distributed import DistInfo, sharded_loaders
+from backbones.common.errors import UsageError
+from classification.digits.cls_data import RECIPE as DIGITS
 from helpers.commands import run_torchrun
 from helpers.models import TINY_DEIT
 

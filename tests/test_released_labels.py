@@ -14,14 +14,14 @@ import torch
 from PIL import Image
 from torchvision.ops import roi_align
 
-from common.errors import DataError, UsageError
-from common.distributed import DistInfo
+from backbones.common.errors import DataError, UsageError
+from backbones.common.distributed import DistInfo
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool
-from token_labeling.augment import CropGeometry
-from token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
-from token_labeling.released import import_released_labels
-from token_labeling.targets import TokenTargetBuilder
+from classification.data.augment import CropGeometry
+from classification.token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
+from classification.token_labeling.released_labels import import_released_labels
+from classification.objectives.token_targets import TokenTargetBuilder
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
@@ -264,7 +264,7 @@ def test_label_pooling_learns_the_map_pooled_over_the_crop_mixed_by_cutmix(relea
     dense map, smoothed), the targets mixed with lambda as CutMix mixed the images (box from image B-1-i)."""
     from classification.recipes import recipe_for
     from classification.train import make_objective
-    from token_labeling.loss import soft_cross_entropy
+    from classification.objectives.token_loss import soft_cross_entropy
     recipe = recipe_for('lvvit_s', preset='relabel')
     assert recipe.label_pooling and not recipe.token_labeling and recipe.uses_score_maps
     assert (recipe.mixup, recipe.cutmix) == (0.0, 1.0) and recipe.lr_base / recipe.lr_base_batch == 1e-3 / 1024

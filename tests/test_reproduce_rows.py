@@ -2,18 +2,14 @@
 that factor (the recipe train_cls.py builds from the row's own options)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from classification.train import build_parser, resolve_recipe
-from common.errors import UsageError
-from digits.cls_data import EmbeddedScans
-from helpers.commands import ROOT
-
-sys.path.insert(0, str(ROOT / 'tools'))
-import reproduce_token_labeling as reproduce  # noqa: E402
+from backbones.common.errors import UsageError
+from classification.digits.cls_data import EmbeddedScans
+from classification.studies import reproduction as reproduce
 
 
 def options_of(variant: str):

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from classification.data import ImageFolderDataset
-from common.memory import ChildMemory
-from common.path_list import PathList
+from classification.data.folders import ImageFolderDataset
+from backbones.common.memory import ChildMemory
+from backbones.common.path_list import PathList
 from helpers.commands import ENV, ROOT, run_python, succeeded
-from token_labeling.label_store import PATHS, VERIFIED, TokenLabelError, TokenLabelStore
+from classification.token_labeling.label_store import PATHS, VERIFIED, TokenLabelError, TokenLabelStore
 
 ENTRIES = 300_000  # index entries of the memory test: a quarter of ImageNet's, no image files
 GROWTH_BOUND = 10 * 1024 ** 2  # USS a worker may gain over one epoch of the index
@@ -125,8 +125,8 @@ def report(info, **values):
 
 
 OPEN_STORE = '''
-from common.distributed import run_distributed
-from token_labeling.label_store import open_store
+from backbones.common.distributed import run_distributed
+from classification.token_labeling.label_store import open_store
 run_distributed(lambda info: report(info, verified=open_store(sys.argv[2], True, info).verified_now,
                                     rows=len(open_store(sys.argv[2], False, info))), 'cpu')
 '''
@@ -144,9 +144,9 @@ def test_one_process_per_node_verifies_the_store(labeled_images, tmp_path):
 
 
 LIST_SPLIT = '''
-import classification.data as data
-from common.distributed import run_distributed
-from common.errors import DataError
+import classification.data.folders as data
+from backbones.common.distributed import run_distributed
+from backbones.common.errors import DataError
 scans = []
 listed = data.scan_split
 data.scan_split = lambda *args: scans.append(args) or listed(*args)

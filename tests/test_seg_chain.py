@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import create_model
-from common.errors import CheckpointError
+from backbones.common.errors import CheckpointError
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from mmengine.optim import build_optim_wrapper
-from common.errors import UsageError
-from digits.cls_data import EmbeddedScans
-from digits.pages import CLASSES
-from digits.seg_data import RATIO_RANGE, TEST_RATIOS, EmbeddedPages, Schedule
-from segmentation.config import ADE20K_ROOT, tta_flips
-from segmentation.own_data import OWN_DATA_ROOT
-from segmentation.train import build_parser, prepare
+from backbones.common.errors import UsageError
+from classification.digits.cls_data import EmbeddedScans
+from classification.digits.pages import CLASSES
+from classification.digits.seg_data import RATIO_RANGE, TEST_RATIOS, EmbeddedPages, Schedule
+from backbones.segmentation.config import ADE20K_ROOT, tta_flips
+from backbones.segmentation.own_data import OWN_DATA_ROOT
+from backbones.segmentation.train import build_parser, prepare
 from helpers.commands import ROOT, run_tool
 
 pytestmark = [pytest.mark.slow,  # tools run end to end here: make test-fast leaves this file out

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from mmengine.registry import init_default_scope
 
-import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from common.errors import DataError
-from segmentation.data_check import check_dataset
+import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from backbones.common.errors import DataError
+from backbones.segmentation.data_check import check_dataset
 from helpers.seg_data import ade20k_name, write_pair, write_tiny_ade
 
 init_default_scope('mmseg')
@@ -82,9 +82,9 @@ def test_every_reader_takes_the_pixels_as_stored_ignoring_exif_orientation(tmp_p
     from PIL import Image
     from mmseg.registry import TRANSFORMS
 
-    from common.images import read_image
+    from backbones.common.images import read_image
     from helpers.seg_data import CONFIGS
-    from segmentation.config import load_config
+    from backbones.segmentation.config import load_config
     y, x = np.mgrid[0:48, 0:80]
     stored = np.stack([x * 3, y * 5, (x + y) * 2], axis=-1).astype(np.uint8)  # no symmetry
     exif = Image.Exif()

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
-import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from common.errors import CheckpointError
+import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from backbones.common.errors import CheckpointError
 from helpers.commands import run_tool, succeeded
 from helpers.reference_models import RefBlock, RefLVViTStem, randomize_
 from helpers.seg_data import DIM, TINY_MODELS, tiny_config, write_tiny_ade, write_tiny_config
 from mmseg.registry import MODELS
-from segmentation.release import convert_mmseg0_release
+from backbones.segmentation.released_segmentors import convert_mmseg0_release
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 

@@ -32,7 +32,7 @@ def trained(tmp_path_factory):
 def test_a_run_prints_no_notice_the_user_can_do_nothing_about(trained):
     """mmcv-lite's, mmseg's and mmengine's notices that ask nothing of the user (segmentation.notices) stay out of
     the output, and the configs take reduce_zero_label from the data set, as mmseg asks."""
-    from segmentation.notices import HARMLESS_LOG_LINES, HARMLESS_WARNINGS
+    from backbones.segmentation.silenced_warnings import HARMLESS_LOG_LINES, HARMLESS_WARNINGS
     output = (trained[0] / 'train_output.txt').read_text()
     notices = [*HARMLESS_WARNINGS, *HARMLESS_LOG_LINES, 'MultiScaleDeformableAttention', '`reduce_zero_label` will be']
     assert [notice for notice in notices if notice in output] == []

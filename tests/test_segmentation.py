@@ -11,18 +11,18 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.structures import PixelData
 
-import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import CheckpointError, create_model
-from common.errors import UsageError
+from backbones.common.errors import UsageError
 from helpers.models import save_release
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
-from segmentation.backbone import crop_to_extent, fetch_pretrained
-from segmentation.complexity import segmentor_parameters
-from segmentation.config import check_pretrained, load_config
-from segmentation.segmentor import slide_windows
+from backbones.segmentation.backbone import crop_to_extent, fetch_pretrained
+from backbones.segmentation.complexity import segmentor_parameters
+from backbones.segmentation.config import check_pretrained, load_config
+from backbones.segmentation.segmentor import slide_windows
 
 init_default_scope('mmseg')
 
@@ -268,7 +268,7 @@ def test_slide_windows_cover_the_image_like_mmseg():
     (1, [('LinearLR', 0, 1)]),  # no iteration left for the decay: mmengine would refuse begin == end
 ])
 def test_shortened_schedule_scales_its_phases(iters, phases):
-    from segmentation.config import shorten_schedule
+    from backbones.segmentation.config import shorten_schedule
     cfg = load_config(CONFIGS / 'upernet_lvvit_m.py')
     shorten_schedule(cfg, iters)
     assert [(s['type'], s['begin'], s['end']) for s in cfg.param_scheduler] == phases
@@ -284,8 +284,8 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
 
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     from mmseg.models.segmentors import SegTTAModel
-    from segmentation.config import flipping_tta_pipeline
-    from segmentation.segmentor import FlipBatchTTAModel
+    from backbones.segmentation.config import flipping_tta_pipeline
+    from backbones.segmentation.segmentor import FlipBatchTTAModel
     data = write_tiny_ade(tmp_path / 'ade', counts=(('validation', 2),))
     cfg = load_config(write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data))
     init_default_scope('mmseg')
@@ -323,7 +323,7 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
 def test_a_warmup_of_one_iteration_is_dropped(iters, accumulate, phases):
     """mmengine's LinearLR over one iteration stays at its start factor, and the decay after it chains on that: the
     whole run would train at 1e-6 of the lr."""
-    from segmentation.config import accumulate_gradients, drop_one_step_warmup, shorten_schedule
+    from backbones.segmentation.config import accumulate_gradients, drop_one_step_warmup, shorten_schedule
     cfg = load_config(CONFIGS / 'upernet_lvvit_m.py')
     shorten_schedule(cfg, iters)
     accumulate_gradients(cfg, accumulate)

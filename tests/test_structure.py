@@ -12,18 +12,32 @@ import pytest
 
 from helpers.commands import ENV, ROOT, run_python, succeeded
 
-# The project's packages, lowest first: a module may import from its own package and the ones before it.
-LAYERS = ('common', 'backbones', 'engine', 'visualization', 'token_labeling', 'classification', 'segmentation',
-          'digits')
+# The two installed packages' parts, lowest first: a module may import from its own part and the ones before it
+# (a part is its longest listed prefix). `backbones` is the models and what the dense tasks need, and never imports
+# `classification`, the pretraining application; the engine knows the objectives only through its protocol.
+LAYERS = ('backbones.common', 'backbones', 'backbones.segmentation', 'classification.engine',
+          'classification.token_labeling', 'classification.data', 'classification.objectives',
+          'classification.pictures', 'classification', 'classification.digits', 'classification.studies')
+PACKAGES = ('backbones', 'classification')
+FORMER_PACKAGES = ('common', 'engine', 'digits', 'visualization', 'token_labeling', 'segmentation')
+
+
+def layer_of(module: str) -> str:
+    """The layer a module belongs to: its longest prefix in LAYERS ('tools' for the tools)."""
+    if module.split('.')[0] == 'tools':
+        return 'tools'
+    return max((layer for layer in LAYERS if module == layer or module.startswith(layer + '.')), key=len)
 
 
 def project_modules() -> dict[str, Path]:
     """Every module of the packages (dotted name -> file), and the tools (`tools.NAME`)."""
     modules = {}
-    for package in LAYERS + ('tools',):
-        for path in sorted((ROOT / package).glob('*.py')):
-            name = package if path.stem == '__init__' else f'{package}.{path.stem}'
-            modules[name] = path
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob('*.py')):
+            parts = list(path.relative_to(ROOT).with_suffix('').parts)
+            modules['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = path
+    for path in sorted((ROOT / 'tools').glob('*.py')):
+        modules[f'tools.{path.stem}'] = path
     return modules
 
 
@@ -93,19 +107,31 @@ def test_no_import_cycle_among_the_projects_modules(graph):
 
 
 def test_imports_run_one_way_from_the_tools_down_to_the_models(graph):
-    rank = {package: i for i, package in enumerate(LAYERS)}
+    rank = {layer: i for i, layer in enumerate(LAYERS)} | {'tools': len(LAYERS)}
     upward = [f'{module} imports {target}' for module, targets in graph.items() for target in targets
-              if module.split('.')[0] in rank and (target.split('.')[0] == 'tools'
-                                                    or rank[target.split('.')[0]] > rank[module.split('.')[0]])]
+              if rank[layer_of(target)] > rank[layer_of(module)] or (layer_of(target) == 'tools' != layer_of(module))]
     assert upward == []
+    assert not any(target.startswith('classification') for module, targets in graph.items()
+                   if module.startswith('backbones') for target in targets)
+
+
+def test_the_former_top_level_packages_are_gone_and_only_two_are_installed():
+    """`import common` (or engine, digits, ...) fails from outside the repository: only `backbones` and
+    `classification` are installed."""
+    result = succeeded(run_python(['-c', f'''
+import importlib.util
+found = [name for name in {FORMER_PACKAGES!r} if importlib.util.find_spec(name) is not None]
+print(found, sorted(importlib.util.find_spec(n) is not None for n in {PACKAGES!r}))
+'''], cwd='/'))
+    assert result.stdout.strip().splitlines()[-1] == '[] [True, True]'
 
 
 def test_the_embedded_data_lives_in_one_package():
-    """Only `digits` (and the tools that hand it to the trainers) knows the embedded set: no library module outside it
-    names digits, in code or in words, and the config files do not either."""
+    """Only `classification.digits` (and the tools and studies that hand it to the trainers) knows the embedded set:
+    no library module outside it names digits, in code or in words, and the config files do not either."""
     named = re.compile(r'\bdigits?\b', re.I)
     outside = [(name, path) for name, path in project_modules().items()
-               if name.split('.')[0] not in ('digits', 'tools')]
+               if not name.startswith(('classification.digits', 'classification.studies', 'tools.'))]
     outside += [(path.name, path) for path in (ROOT / 'seg_configs').rglob('*.py')]
     assert len(outside) > 60
     mentions = [f'{name}:{n}' for name, path in outside
@@ -115,14 +141,15 @@ def test_the_embedded_data_lives_in_one_package():
 
 def test_library_code_neither_prints_nor_exits():
     """Library modules log through the suite's logger and raise the suite's errors; only the commands' runner
-    (`common.cli.run_command`) prints an error line and sets the exit status."""
+    (`backbones.common.cli.run_command`) prints an error line and sets the exit status."""
     offending = []
     for name, path in project_modules().items():
         if name.startswith('tools'):
             continue
         tree = ast.parse(path.read_text())
-        runner = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == 'run_command']
-        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'common.cli' else set()
+        runner = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+                  and node.name in ('run_command', 'write_document')]
+        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'backbones.common.cli' else set()
         for node in ast.walk(tree):
             if id(node) in allowed:
                 continue
@@ -158,8 +185,11 @@ def test_the_readme_layout_is_the_tree():
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith('.')} - {'data', 'output',
                                                                                              'work_dirs'}
     folders = {f for f in folders if not f.endswith('.egg-info') and f != '__pycache__'}
-    assert set(entries) == folders
-    for package in LAYERS:
+    assert {folder.split('/')[0] for folder in entries} == folders
+    packages = sorted({str(p.parent.relative_to(ROOT)) for name in PACKAGES for p in (ROOT / name).rglob('*.py')
+                       if '__pycache__' not in p.parts})
+    assert sorted(f for f in entries if f.split('/')[0] in PACKAGES) == packages
+    for package in packages:
         modules = sorted(p.name for p in (ROOT / package).glob('*.py') if p.name != '__init__.py')
         assert sorted(entries[package]) == modules, package
 
@@ -184,7 +214,7 @@ def test_importing_the_suite_leaves_timms_models_alone():
 import torch, timm
 from timm.models import _registry
 before = dict(_registry._model_entrypoints)
-import backbones, segmentation
+import backbones, backbones.segmentation
 after = _registry._model_entrypoints
 changed = [name for name, fn in before.items() if after[name] is not fn]
 added = sorted(set(after) - set(before))
@@ -212,8 +242,8 @@ def test_importing_and_drawing_leave_matplotlibs_backend_alone():
 import matplotlib
 matplotlib.use('svg')
 import numpy as np
-import classification.train, segmentation.pictures, visualization.curves
-from visualization.figures import class_colours, figure, finished
+import classification.train, backbones.segmentation.pictures, classification.pictures.curves
+from backbones.common.drawing import class_colours, figure, finished
 fig, axes = figure(1, 2)
 axes[0, 0].imshow(np.zeros((4, 4, 3), np.uint8) + class_colours(3)[1])
 picture = finished(fig, 'title')

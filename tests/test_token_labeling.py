@@ -8,8 +8,8 @@ import backbones  # noqa: F401
 from backbones.token_head import (
     TokenLabelingModel, TokenLabelingOutput, add_token_head, forward_token_labeling, mix_box_lambda,
 )
-from classification.objective import ClassificationObjective
-from token_labeling.loss import TokenLabelingLoss, mix_targets, participating_tokens
+from classification.objectives.objective import ClassificationObjective
+from classification.objectives.token_loss import TokenLabelingLoss, mix_targets, participating_tokens
 
 
 def cross_entropy_by_hand(logits, target):

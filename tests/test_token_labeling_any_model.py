@@ -14,8 +14,8 @@ from backbones.token_head import add_token_head, feature_grid, forward_token_lab
 from classification.train import main
 from helpers.commands import run_tool, succeeded
 from helpers.training_runs import read_log
-from token_labeling.augment import CropGeometry
-from token_labeling.targets import TokenTargetBuilder
+from classification.data.augment import CropGeometry
+from classification.objectives.token_targets import TokenTargetBuilder
 
 SIZE = (64, 96)  # non-square: a transposed grid cannot pass
 
@@ -145,7 +145,7 @@ def test_the_training_tool_trains_any_model_with_token_labeling(labeled_images, 
 def test_a_size_the_mixer_patches_do_not_tile_is_refused(labeled_images, tmp_path):
     """MLP-Mixer's patch embedding is `stem`: at 48 px its one 32-px token would see the top-left corner while its
     target is cut from the whole crop. Refused, naming the patch size; 64 px (2x2 tokens) trains."""
-    from common.errors import UsageError
+    from backbones.common.errors import UsageError
     from classification.train import main
     data, labels = labeled_images
     args = ['mixer_s32_224', '--data-dir', str(data), '--token-label-dir', str(labels), '--token-labeling',

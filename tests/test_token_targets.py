@@ -9,11 +9,11 @@ from timm.data import auto_augment
 from timm.data.auto_augment import RandAugment, rand_augment_ops
 from torchvision.ops import roi_align
 
-from token_labeling.augment import (
+from classification.data.augment import (
     CropGeometry, LabelAwareRandAugment, TrainTransform, pil_affine_matrix, pixels_to_normalized,
 )
-from token_labeling.batch_augment import BatchAugment, RegionTransform, collate_regions
-from token_labeling.targets import TokenTargetBuilder
+from classification.data.batch_augment import BatchAugment, RegionTransform, collate_regions
+from classification.objectives.token_targets import TokenTargetBuilder
 
 
 def one_hot_map(index_map: torch.Tensor, num_classes: int):

@@ -10,7 +10,8 @@ import pytest
 import timm
 import torch
 from PIL import Image
-from benchmark_loop import Window, measurement_errors, pipeline_ceilings, timm_update, train_cls_update
+from classification.studies.loop_benchmark import (Window, measurement_errors, pipeline_ceilings, timm_update,
+                                                  train_cls_update)
 
 from helpers.commands import run_tool
 

@@ -9,16 +9,16 @@ import torch
 from timm.data import create_transform
 
 import backbones  # noqa: F401
-from common.errors import UsageError
+from backbones.common.errors import UsageError
 from backbones.token_head import add_token_head
-from classification.data import ImageFolderDataset
+from classification.data.folders import ImageFolderDataset
 from classification.train import main
-from common.images import read_image
+from backbones.common.images import read_image
 from helpers.commands import run_tool, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
-from token_labeling.augment import TrainTransform
-from token_labeling.label_store import TokenLabelStore
+from classification.data.augment import TrainTransform
+from classification.token_labeling.label_store import TokenLabelStore
 
 
 def train_args(data, labels, output, *extra):
@@ -162,7 +162,7 @@ def test_overlapped_loop_trains_like_the_serial_one(labeled_images, tmp_path, mo
     --serial-loop (targets made in the loss), with every random draw of the full recipe on the batched path
     (RandAugment, random erasing's noise on the device, MixToken or CutMix, drop-path, EMA, two loader workers):
     the same losses and weights, bit for bit."""
-    from classification.objective import ClassificationObjective
+    from classification.objectives.objective import ClassificationObjective
     data, labels = labeled_images
     made_ahead = []
     targets_ahead = ClassificationObjective.targets_ahead
@@ -190,10 +190,10 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     two updates in a row (the gradients are cleared between them)."""
     import copy
 
-    from classification.objective import ClassificationObjective
-    from common.distributed import DistInfo
-    from engine.steps import train_one_epoch
-    from engine.trainer import Optimization, optimization_state
+    from classification.objectives.objective import ClassificationObjective
+    from backbones.common.distributed import DistInfo
+    from classification.engine.steps import train_one_epoch
+    from classification.engine.trainer import Optimization, optimization_state
     model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)  # layer norms only: no batch statistics
     twin, start = copy.deepcopy(model), copy.deepcopy(model)
@@ -212,7 +212,7 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
 def test_processes_agree_on_a_stop_one_round_late():
     """The preemption hook's agreement under torchrun: each exchange starts summing its values and returns what the
     previous one summed (zeros at first), so no update waits for the device to read a sum."""
-    from common.distributed import DistInfo, LaggingSum
+    from backbones.common.distributed import DistInfo, LaggingSum
     agreement = LaggingSum(DistInfo(), 2)
     assert agreement.exchange([1.0, 0.0]) == [0.0, 0.0]
     assert agreement.exchange([0.0, 1.0]) == [1.0, 0.0]
@@ -223,10 +223,10 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     """A loader that sleeps 0.1 s before each batch of 8: the pass counts at least those 0.4 s as waiting for data,
     runs at most 80 images/s, and the time left falls to 0 at the last batch. (Bounds the sleeps guarantee, not
     shares of wall-clock time: a busy machine stretches the steps, never the sleeps' minimum.)"""
-    from classification.objective import ClassificationObjective
-    from common.distributed import DistInfo
-    from engine.steps import train_one_epoch
-    from engine.trainer import Optimization, optimization_state
+    from classification.objectives.objective import ClassificationObjective
+    from backbones.common.distributed import DistInfo
+    from classification.engine.steps import train_one_epoch
+    from classification.engine.trainer import Optimization, optimization_state
 
     class SlowLoader:
         def __len__(self):

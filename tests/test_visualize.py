@@ -18,12 +18,12 @@ import backbones  # noqa: F401  (registers the suite's models)
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
-from token_labeling.augment import TrainTransform
-from token_labeling.pictures import class_mosaic, token_label_figure, token_labels
-from visualization.attention import (attention_maps, attention_rollout, mean_attention_distance, patch_distances,
-                                     position_similarity)
-from visualization.curves import read_run
-from visualization.figures import class_colours, drawable
+from classification.data.augment import TrainTransform
+from classification.pictures.token_labels import class_mosaic, token_label_figure, token_labels
+from classification.pictures.attention import (attention_maps, attention_rollout, mean_attention_distance,
+                                               patch_distances, position_similarity)
+from classification.pictures.curves import read_run
+from backbones.common.drawing import class_colours, drawable
 
 GRID = (3, 4)
 PATCHES = GRID[0] * GRID[1]
@@ -161,7 +161,7 @@ def test_a_token_label_picture_of_an_undecodable_file_name_is_drawn():
 
 
 def test_segmentation_overlay_pixels_are_the_palette_colours_of_the_prediction():
-    from segmentation.pictures import HEADER, segmentation_picture
+    from backbones.segmentation.pictures import HEADER, segmentation_picture
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)
     prediction = rng.integers(0, 3, (20, 30))
@@ -271,7 +271,7 @@ def test_token_labels_tool_refuses_a_randaugment_string_training_would_refuse(tm
 def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     """The prediction panel is the palette colours of what tools/test_seg.py predicts for the image."""
     from helpers.seg_data import write_tiny_ade, write_tiny_config
-    from segmentation.pictures import segmentation_picture  # first: lets mmseg import on mmcv-lite
+    from backbones.segmentation.pictures import segmentation_picture  # first: lets mmseg import on mmcv-lite
 
     from mmseg.datasets import ADE20KDataset
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 2), ('validation', 2)))
@@ -300,11 +300,11 @@ def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
 def seg_model(tmp_path_factory):
     """A tiny ADE20K set, its UperNet + LV-ViT config, and a checkpoint of that model's weights."""
     from helpers.seg_data import write_tiny_ade, write_tiny_config
-    import segmentation  # noqa: F401  (registers the suite's mmseg modules)
+    import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
     from mmengine.registry import init_default_scope
 
     from mmseg.registry import MODELS
-    from segmentation.config import load_config
+    from backbones.segmentation.config import load_config
     tmp = tmp_path_factory.mktemp('seg_picture')
     data = write_tiny_ade(tmp / 'ade', counts=(('training', 1), ('validation', 2)))
     config = write_tiny_config(tmp / 'tiny.py', 'upernet_lvvit_s.py', data)
@@ -320,8 +320,8 @@ def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, t
     """A checkpoint of another model, a missing or truncated image, a damaged report or one of other classes: each a
     one-line error naming the file (OpenCV would draw a truncated JPEG grey)."""
     from visualize import main as visualize
-    from common.errors import CheckpointError, DataError
-    from common.images import ImageReadError
+    from backbones.common.errors import CheckpointError, DataError
+    from backbones.common.images import ImageReadError
     data, config, checkpoint = seg_model
     image = data / 'images' / 'validation' / 'ADE_val_00000000.jpg'
 

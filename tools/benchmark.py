@@ -26,9 +26,9 @@ from backbones import TokenLabelingOutput
 from backbones.registry import check_model_name
 from backbones.token_head import has_token_head
 from classification.models import Teacher, create_classifier
-from classification.objective import ClassificationObjective
-from common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
-from common.timing import images_per_second
+from classification.objectives.objective import ClassificationObjective
+from backbones.common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
+from backbones.common.timing import images_per_second
 
 VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
     'plain': (True, False, False), 'unfused': (False, False, False), 'grad_checkpointing': (True, True, False),

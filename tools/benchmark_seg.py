@@ -23,16 +23,16 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from common.timing import seconds_per_call
-from common.cli import add_device_argument, device_name, output_file, positive_int, run_command
-from common.files import write_json_atomic
+import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+from backbones.common.timing import seconds_per_call
+from backbones.common.cli import add_device_argument, device_name, output_file, positive_int, run_command
+from backbones.common.files import write_json_atomic
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
-from digits.seg_data import EmbeddedPages
-from segmentation.config import flipping_tta_pipeline, load_config
-from segmentation.segmentor import mirror_image
-from segmentation.test import use_multi_scale
+from classification.digits.seg_data import EmbeddedPages
+from backbones.segmentation.config import flipping_tta_pipeline, load_config
+from backbones.segmentation.segmentor import mirror_image
+from backbones.segmentation.test import use_multi_scale
 
 
 def parse_args() -> argparse.Namespace:

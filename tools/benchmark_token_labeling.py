@@ -20,16 +20,17 @@ import numpy as np
 import torch
 from torchvision.ops import roi_align
 
-from common.timing import seconds_per_call
-from engine.checkpoints import seed_all
+from backbones.common.timing import seconds_per_call
+from backbones.common.random_state import seed_all
 from classification.models import create_classifier
-from classification.objective import ClassificationObjective
-from common.cli import add_device_argument, device_name, non_negative_int, output_file, positive_int, run_command
-from common.files import write_json_atomic
-from token_labeling.augment import CropGeometry
-from token_labeling.label_store import WHOLE_IMAGE
-from token_labeling.loss import TokenLabelingLoss
-from token_labeling.targets import TokenTargetBuilder
+from classification.objectives.objective import ClassificationObjective
+from backbones.common.cli import (add_device_argument, device_name, non_negative_int, output_file, positive_int,
+                                  run_command)
+from backbones.common.files import write_json_atomic
+from classification.data.augment import CropGeometry
+from classification.token_labeling.label_store import WHOLE_IMAGE
+from classification.objectives.token_loss import TokenLabelingLoss
+from classification.objectives.token_targets import TokenTargetBuilder
 
 
 def synthetic_maps(B: int, h: int, k: int, C: int, device) -> tuple[torch.Tensor, torch.Tensor]:

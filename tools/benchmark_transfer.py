@@ -14,15 +14,15 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from common.timing import images_per_second
-from classification.cifar import CifarInput
-from classification.objective import ClassificationObjective
+from backbones.common.timing import images_per_second
+from classification.data.cifar import CifarInput
+from classification.objectives.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, transfer_param_groups
-from common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
-from common.distributed import DistInfo
-from engine.steps import evaluate, pick_amp, train_one_epoch
-from engine.trainer import optimization_state
+from backbones.common.cli import add_device_argument, device_name, non_negative_int, positive_int, run_command
+from backbones.common.distributed import DistInfo
+from classification.engine.steps import evaluate, pick_amp, train_one_epoch
+from classification.engine.trainer import optimization_state
 
 CIFAR_MEAN, CIFAR_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES = 45_000, 5_000, 10_000  # CIFAR with a 10% held-out split

@@ -9,7 +9,7 @@ Models with a token head (LV-ViT, or any model trained here with token labeling)
 class logits + 0.5 x the class-wise max over the token logits.
 """
 from classification.evaluate import main
-from common.cli import run_command
+from backbones.common.cli import run_command
 
 if __name__ == '__main__':
     run_command(main)

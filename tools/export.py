@@ -13,7 +13,7 @@
 
 A classifier's folder holds one weight set: the trained weights, as eval_cls and predict_cls load them, or the EMA
 copy with --use-ema (config.json's "suite_weights" says which). classification/export.py and
-segmentation/export.py say what each file holds.
+backbones/segmentation/export.py say what each file holds.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import argparse
 from pathlib import Path
 
 from classification import export as classifier_export
-from common.cli import check_output_folder, run_command
-from common.exporting import MARKER, check_export_folder
-from digits.seg_data import EmbeddedPages
-from segmentation import export as segmentor_export
+from backbones.common.cli import check_output_folder, run_command
+from backbones.common.exporting import MARKER, check_export_folder
+from classification.digits.seg_data import EmbeddedPages
+from backbones.segmentation import export as segmentor_export
 
 
 def build_parser() -> argparse.ArgumentParser:

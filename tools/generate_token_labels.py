@@ -12,11 +12,11 @@ nodes, --output must be on a file system all of them share.
 """
 import argparse
 
-from common.cli import (DEFAULT_WORKERS, add_device_argument, check_output_folder, non_negative_int,
+from backbones.common.cli import (DEFAULT_WORKERS, add_device_argument, check_output_folder, non_negative_int,
                         parse_model_kwargs, positive_int, run_command)
-from common.distributed import run_distributed
-from common.log import logger
-from token_labeling.annotate import AMP_CHOICES, DEFAULT_SHARD_SIZE, generate_token_labels
+from backbones.common.distributed import run_distributed
+from backbones.common.log import logger
+from classification.token_labeling.annotate import AMP_CHOICES, DEFAULT_SHARD_SIZE, generate_token_labels
 
 
 def main() -> None:

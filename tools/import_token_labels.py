@@ -13,11 +13,11 @@ their image label). Run the same command again after an interruption: finished s
 """
 import argparse
 
-from common.cli import check_output_folder, non_negative_int, positive_int, run_command
-from common.distributed import run_distributed
-from common.log import logger
-from token_labeling.label_store import DEFAULT_SHARD_SIZE
-from token_labeling.released import FORMATS, import_released_labels
+from backbones.common.cli import check_output_folder, non_negative_int, positive_int, run_command
+from backbones.common.distributed import run_distributed
+from backbones.common.log import logger
+from classification.token_labeling.label_store import DEFAULT_SHARD_SIZE
+from classification.token_labeling.released_labels import FORMATS, import_released_labels
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import json
 
 import backbones
 from backbones.complexity import measure_complexity
-from common.cli import positive_int, run_command
+from backbones.common.cli import positive_int, run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,9 +39,9 @@ def table(img_size: int | None) -> str:
 
 
 def seg_table(configs: list[str]) -> str:
-    import segmentation  # noqa: F401  (registers the suite's mmseg modules)
-    from segmentation.complexity import PARTS, segmentor_parameters
-    from segmentation.config import load_config
+    import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+    from backbones.segmentation.complexity import PARTS, segmentor_parameters
+    from backbones.segmentation.config import load_config
     rows = [f"{'config':<40} " + ' '.join(f'{part:>15}' for part in PARTS) + f" {'total (M)':>10}"]
     for path in configs:
         counts = segmentor_parameters(load_config(path))

@@ -8,7 +8,7 @@ The images take the checkpoint's eval transform and its eval-mode prediction, as
 `classification.predict.ClassPredictor(model, checkpoint)(paths, k)`.
 """
 from classification.predict import main
-from common.cli import run_command
+from backbones.common.cli import run_command
 
 if __name__ == '__main__':
     run_command(main)

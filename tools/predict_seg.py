@@ -8,8 +8,8 @@
 A mask holds the data set's label values, as its annotations and `tools/test_seg.py --pred-dir` do (ADE20K: class
 index + 1, 0 being 'other'); `--overlay` also writes NAME_overlay.png, the classes in the data set's palette over
 the image. The config is read as test_seg reads it (`--data-root`; without ADE20K on disk, the embedded digits set),
-so the classes are the ones the checkpoint was trained on. From Python: `segmentation.predict.SegPredictor(config,
-checkpoint)(path)` gives the class index of every pixel.
+so the classes are the ones the checkpoint was trained on. From Python:
+`backbones.segmentation.predict.SegPredictor(config, checkpoint)(path)` gives the class index of every pixel.
 """
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common.images import image_files
-from common.cli import check_output_folder, device_name, run_command
-from common.errors import UsageError
-from common.files import write_atomic
-from common.log import logger
-from digits.seg_data import EmbeddedPages
-from segmentation.data_check import TURNS, file_orientation
-from segmentation.pictures import draw_labels
-from segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
-from segmentation.train import parse_with_fallback
-from visualization.figures import write_png
+from backbones.common.images import image_files
+from backbones.common.cli import check_output_folder, device_name, run_command
+from backbones.common.errors import UsageError
+from backbones.common.files import write_atomic
+from backbones.common.log import logger
+from classification.digits.seg_data import EmbeddedPages
+from backbones.segmentation.data_check import TURNS, file_orientation
+from backbones.segmentation.pictures import draw_labels
+from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
+from backbones.segmentation.train import parse_with_fallback
+from backbones.common.drawing import write_png
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,9 +4,9 @@
     python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --out ss.json
     python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --ms --out ms.json
 """
-from common.cli import run_command
-from digits.seg_data import EmbeddedPages
-from segmentation.test import main
+from backbones.common.cli import run_command
+from classification.digits.seg_data import EmbeddedPages
+from backbones.segmentation.test import main
 
 if __name__ == '__main__':
     run_command(lambda: main(fallback=EmbeddedPages))

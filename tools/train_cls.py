@@ -9,8 +9,8 @@
 An interrupted run continues with the same command plus --resume. See --help for every recipe value.
 """
 from classification.train import main
-from common.cli import run_command
-from digits.cls_data import EmbeddedScans
+from backbones.common.cli import run_command
+from classification.digits.cls_data import EmbeddedScans
 
 if __name__ == '__main__':
     run_command(lambda: main(default_data=EmbeddedScans))

@@ -7,9 +7,9 @@
 
 See --help for every option.
 """
-from common.cli import run_command
-from digits.seg_data import EmbeddedPages
-from segmentation.train import main
+from backbones.common.cli import run_command
+from classification.digits.seg_data import EmbeddedPages
+from backbones.segmentation.train import main
 
 if __name__ == '__main__':
     run_command(lambda: main(fallback=EmbeddedPages))

@@ -10,7 +10,7 @@ chosen on a held-out part of the training set.
 
 An interrupted run continues with the same command plus --resume. See --help for every recipe value.
 """
-from common.cli import run_command
+from backbones.common.cli import run_command
 from classification.transfer import main
 
 if __name__ == '__main__':

@@ -17,16 +17,16 @@ import numpy as np
 import torch
 
 from backbones import create_model
-from common.errors import UsageError
+from backbones.common.errors import UsageError
 from backbones.weights import checkpoint_class_count
 from classification.recipes import none_or, rand_augment_spec
-from common.cli import output_file, parse_model_kwargs, positive_int, probability, run_command
-from common.files import write_json_atomic
-from common.images import check_same_classes, read_image, scan_split
-from common.log import logger
-from digits.seg_data import EmbeddedPages
-from engine.checkpoints import seed_all
-from visualization.figures import write_png
+from backbones.common.cli import output_file, parse_model_kwargs, positive_int, probability, run_command
+from backbones.common.files import write_json_atomic
+from backbones.common.images import check_same_classes, read_image, scan_split
+from backbones.common.log import logger
+from classification.digits.seg_data import EmbeddedPages
+from backbones.common.random_state import seed_all
+from backbones.common.drawing import write_png
 
 TRAINING_AUGMENTATION = 'rand-m9-mstd0.5-inc1'
 
@@ -86,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
-    from token_labeling.augment import TrainTransform
-    from token_labeling.label_store import TokenLabelStore
-    from token_labeling.pictures import token_label_figure, token_labels
+    from classification.data.augment import TrainTransform
+    from classification.token_labeling.label_store import TokenLabelStore
+    from classification.pictures.token_labels import token_label_figure, token_labels
 
     data_dir, store = Path(args.data_dir), TokenLabelStore(args.token_label_dir, verify=not args.no_verify)
     split = store.meta.get('split', 'train')
@@ -119,13 +119,13 @@ def store_path(data_dir: Path, image: str) -> str:
 
 
 def attention_picture(args: argparse.Namespace) -> np.ndarray:
-    from classification.data import config_eval_transform
+    from classification.data.folders import config_eval_transform
     from classification.models import build_eval_model
     from classification.models import model_data_config, takes_input_size
-    from engine.checkpoints import checkpoint_data_config
+    from classification.engine.checkpoints import checkpoint_data_config
     from backbones import bare_model
-    from token_labeling.pictures import to_pixels
-    from visualization.attention import attention_figure, attention_values, model_attention
+    from classification.pictures.token_labels import to_pixels
+    from classification.pictures.attention import attention_figure, attention_values, model_attention
 
     kwargs = parse_model_kwargs(args.model_kwargs)
     cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size)
@@ -148,13 +148,13 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
 
 
 def segmentation_picture(args: argparse.Namespace) -> np.ndarray:
-    from segmentation.pictures import prediction_picture
+    from backbones.segmentation.pictures import prediction_picture
     return prediction_picture(args.config, args.checkpoint, args.image, args.data_root, args.report, args.alpha,
                               not args.no_labels, EmbeddedPages.from_args(args))
 
 
 def curves_picture(args: argparse.Namespace) -> np.ndarray:
-    from visualization.curves import curves_figure, read_run
+    from classification.pictures.curves import curves_figure, read_run
     return curves_figure([read_run(run) for run in args.runs])
 
 

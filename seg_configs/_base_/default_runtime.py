@@ -1,6 +1,6 @@
 # Runtime shared by every config: mmseg scope, the suite's modules, logging, TTA wrapper.
 default_scope = 'mmseg'
-custom_imports = dict(imports=['segmentation'], allow_failed_imports=False)
+custom_imports = dict(imports=['backbones.segmentation'], allow_failed_imports=False)
 env_cfg = dict(
     cudnn_benchmark=True,
     mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),

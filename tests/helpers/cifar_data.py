@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from classification.cifar import FORMATS
+from classification.data.cifar import FORMATS
 
 
 def class_images(labels: np.ndarray, seed: int) -> np.ndarray:

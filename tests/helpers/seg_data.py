@@ -8,7 +8,7 @@ import numpy as np
 from mmengine.config import Config
 
 from helpers.commands import ROOT
-from segmentation.config import scale_sizes
+from backbones.segmentation.config import scale_sizes
 
 CONFIGS = ROOT / 'seg_configs'
 OWN_CLASSES = ('background', 'road', 'car', 'tree', 'sky')  # write_own_seg's: class 0 is a real class

@@ -1,0 +1,220 @@
+"""What every command shares: one-line errors, the log on standard output, and argparse value types that check a
+value's meaning.
+
+The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line (`error: ...`)
+with exit status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a
+run stopped on request (`Interrupted`) exits with status 75. `--debug` on the command line, or SUITE_DEBUG=1 in the
+environment, shows the traceback instead. Errors that are not the suite's (a bug, a library failure) keep their
+traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import errno
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar, Protocol, TypeVar
+
+import torch
+
+from backbones.common.errors import Interrupted, SuiteError, UsageError
+from backbones.common.log import show_log
+
+EXIT_CODE = 2
+# loader processes by default: 4, or fewer on a smaller machine (PyTorch warns beyond the cores there are)
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+# a disk that is full or over quota, read-only, or refuses a file: the path and the reason are the whole story
+STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+
+
+def debug_requested(argv: list[str]) -> bool:
+    return '--debug' in argv or os.environ.get('SUITE_DEBUG', '') not in ('', '0')
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of an error; for one re-raised by a data-loader worker (its text is the worker's traceback),
+    the original error's own message."""
+    text = str(exc).strip()
+    if 'Original Traceback' in text:
+        text = text.splitlines()[-1].split(': ', 1)[-1]
+    return text
+
+
+DEBUG_HINT = '(--debug shows the traceback)'
+
+
+def run_command(main: Callable[[], object]) -> None:
+    """Run a command's `main`: the suite's errors become one line on stderr and exit status 2 (see module doc)."""
+    debug = debug_requested(sys.argv)
+    sys.argv = [arg for arg in sys.argv if arg != '--debug']
+    show_log()
+    try:
+        status = main()
+    except Interrupted as exc:
+        print(f'interrupted: {one_line(exc)}', file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except (SuiteError, OSError) as exc:
+        if debug or (isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS):
+            raise
+        message = f'{one_line(exc)}{storage_hint(exc)}'
+        # an error quoting a failed inner command's output may end with that command's hint already
+        hint = '' if message.endswith(DEBUG_HINT) else f'  {DEBUG_HINT}'
+        print(f'error: {message}{hint}', file=sys.stderr)
+        sys.exit(EXIT_CODE)
+    if isinstance(status, int):  # a command's own exit status; other return values are results, not statuses
+        sys.exit(status)
+
+
+def write_document(text: str) -> None:
+    """A command's result document (JSON) on standard output, where `--json` commands send their log to standard
+    error: the one place besides `run_command` where library code writes to a stream itself."""
+    print(text, flush=True)
+
+
+def storage_hint(exc: BaseException) -> str:
+    """What to do about a file that could not be written."""
+    if not isinstance(exc, OSError):
+        return ''
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ('; nothing was left half-written: free space there and run again (a training run continues with '
+                '--resume, a label store where it stopped)')
+    return '; give an output path elsewhere'
+
+
+E = TypeVar('E', bound='EmbeddedData')
+
+
+class EmbeddedData(Protocol):
+    """Data a tool hands its trainer for runs given no data set (the tools give their embedded set): a description
+    for --help, its own options (where it lives), and the instance those options make."""
+
+    description: ClassVar[str]
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None: ...
+
+    @classmethod
+    def from_args(cls: type[E], args: argparse.Namespace) -> E: ...
+
+
+def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser whose first argument is a model name."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('model', help='model name (tools/model_info.py --all lists the suite\'s)')
+    return parser
+
+
+def parse_model_kwargs(items: list[str], option: str = '--model-kwargs') -> dict:
+    """`--model-kwargs key=value ...` (or another `option` of model arguments): values parsed as Python literals
+    where they are one (numbers, True, None)."""
+    kwargs = {}
+    for item in items:
+        key, sep, value = item.partition('=')
+        if not sep:
+            raise UsageError(f'{option} takes key=value, got {item!r}')
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return kwargs
+
+
+def _checked(kind: type, test: Callable[[float], bool], meaning: str) -> Callable[[str], object]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'expected {meaning}, got {text!r}') from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f'expected {meaning}, got {text}')
+        return value
+    parse.__name__ = meaning  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _checked(int, lambda v: v >= 1, 'a whole number >= 1')
+non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number >= 0')
+positive_float = _checked(float, lambda v: v > 0, 'a number > 0')
+non_negative_float = _checked(float, lambda v: v >= 0, 'a number >= 0')
+probability = _checked(float, lambda v: 0 <= v <= 1, 'a probability in [0, 1]')
+fraction = _checked(float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]')
+below_one = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)')
+open_fraction = _checked(float, lambda v: 0 < v < 1, 'a number in (0, 1)')
+
+DEVICES = ('cpu', 'cuda')
+
+
+def resolve_device(device: str | None) -> bool:
+    """Whether to use CUDA for `--device` (None: when there is a GPU); a device that is not there is an error."""
+    if device is None:
+        return torch.cuda.is_available()
+    if device not in DEVICES:
+        raise UsageError(f'--device must be one of {", ".join(DEVICES)}, got {device!r}')
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise UsageError('--device cuda: no GPU is visible to PyTorch here (torch.cuda.is_available() is False); '
+                         'use --device cpu')
+    return device == 'cuda'
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """`--device cpu|cuda` (without it: cuda when PyTorch sees a GPU; see `resolve_device`, `device_name`)."""
+    parser.add_argument('--device', choices=DEVICES, help='default: cuda when PyTorch sees a GPU')
+
+
+def device_name(device: str | None) -> str:
+    """`--device` resolved to 'cuda' or 'cpu' (`resolve_device`: a GPU that is not there is an error)."""
+    return 'cuda' if resolve_device(device) else 'cpu'
+
+
+def check_writable(path: str | Path) -> None:
+    """A file a command will write: its folder must exist and be writable, and the path must not be a folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f'{path} is a folder; give a file name to write')
+    if not path.parent.is_dir():
+        raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')
+    check_folder_writable(path.parent, path)
+
+
+def _checked_argument(check: Callable[[str], None], value: str) -> None:
+    """Run an output check on a command-line value: its UsageError becomes argparse's error for the option."""
+    try:
+        check(value)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def output_file(value: str) -> str:
+    """argparse type of a file a command will write: checked (`check_writable`) before any work."""
+    _checked_argument(check_writable, value)
+    return value
+
+
+def output_folder(value: str) -> Path:
+    """argparse type of a folder a command will create or fill: checked (`check_output_folder`) before any work."""
+    _checked_argument(check_output_folder, value)
+    return Path(value)
+
+
+def check_output_folder(path: str | Path) -> None:
+    """A folder a command will create or fill: it must not be a file, nor lie under one, and the folder (or the
+    nearest one above it that exists, where it is to be made) must be writable."""
+    path = Path(path)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise UsageError(f'cannot use {path} as output folder: {part} is a file')
+    check_folder_writable(next(part for part in (path, *path.parents) if part.exists()), path)
+
+
+def check_folder_writable(folder: Path, target: Path) -> None:
+    """Files can be made in `folder` (to write `target`): before the work, not after it. access(2) says so for a
+    read-only file system too, root included."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return
+    read_only_fs = hasattr(os, 'statvfs') and os.statvfs(folder).f_flag & os.ST_RDONLY
+    why = 'is on a read-only file system' if read_only_fs else 'is not writable by this user'
+    raise UsageError(f'cannot write {target}: {folder} {why}; give an output path elsewhere')

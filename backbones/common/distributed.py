@@ -1,0 +1,191 @@
+"""torchrun process groups (NCCL on GPU, gloo on CPU), sharding without padding, and reductions."""
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from timm.data.distributed_sampler import RepeatAugSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from backbones.common.cli import resolve_device
+from backbones.common.errors import DataError
+from backbones.common.lifecycle import ignore_stop_signals
+from backbones.common.log import logger
+
+T = TypeVar('T')
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device('cpu')
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: str | None = None) -> DistInfo:
+    """Join the process group torchrun describes in the environment (or run alone); pick this process's device."""
+    world_size = int(os.environ.get('WORLD_SIZE', 1))
+    local_rank = int(os.environ.get('LOCAL_RANK', 0))
+    use_cuda = resolve_device(device)
+    dev = torch.device('cuda', local_rank) if use_cuda else torch.device('cpu')
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group('nccl' if use_cuda else 'gloo')
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank != 0:
+        logger.setLevel('ERROR')  # the main process speaks for all: they run the same code
+    return DistInfo(rank, world_size, local_rank, dev)
+
+
+def run_distributed(run: Callable[[DistInfo], T], device: str | None = None) -> T:
+    """`run(info)` in the process group torchrun describes (or alone), leaving the group afterwards."""
+    info = init_distributed(device)
+    try:
+        return run(info)
+    finally:
+        cleanup(info)
+
+
+def computed_once(compute: Callable[[], T], info: DistInfo) -> T:
+    """`compute()` in the main process alone, its result (or the error it raised) given to every process: a file
+    listing of 1.28 million images made once per run instead of once per process."""
+    if not info.distributed:
+        return compute()
+    box: list = [None]
+    if info.is_main:
+        try:
+            box[0] = (True, compute())
+        except Exception as e:  # every process stops with the same one-line error
+            box[0] = (False, e)
+    dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: Sequence[float], info: DistInfo) -> list[float]:
+    """Sum numbers over all processes (float64 on this process's device)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=info.device)
+    if info.distributed:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+class LaggingSum:
+    """Sums of a few numbers over all processes, read one round late so that no round waits for the device.
+
+    `exchange(values)` starts summing `values` and returns the sums the previous round started (zeros at the first).
+    Every process gets the same sums at the same round, which is what agreeing on a stop needs; a per-round
+    `all_reduce_sum` would instead make the host wait for everything queued on the training stream, every update.
+    On a GPU the numbers travel through pinned host memory and an event marks when the sum reached it: by the next
+    round the training stream has long passed that point, so reading it costs no wait."""
+
+    def __init__(self, info: DistInfo, size: int) -> None:
+        self.info, self.size = info, size
+        self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
+
+    def exchange(self, values: Sequence[float]) -> list[float]:
+        previous = self.read()
+        local = torch.tensor(list(values), dtype=torch.float64)
+        if self.info.device.type != 'cuda':
+            if self.info.distributed:
+                dist.all_reduce(local)
+            self.pending = (local, None)
+            return previous
+        summed = local.pin_memory().to(self.info.device, non_blocking=True)
+        if self.info.distributed:
+            dist.all_reduce(summed, async_op=True).wait()  # the training stream waits, not the host
+        host = torch.empty(len(local), dtype=torch.float64, pin_memory=True)
+        host.copy_(summed, non_blocking=True)
+        reached = torch.cuda.Event()
+        reached.record()
+        self.pending = (host, reached)
+        return previous
+
+    def read(self) -> list[float]:
+        if self.pending is None:
+            return [0.0] * self.size
+        host, reached = self.pending
+        if reached is not None:
+            reached.synchronize()
+        return host.tolist()
+
+
+class ResumableSampler(Sampler[int]):
+    """A training sampler whose next pass can start part of the way in (`skip`): a run resumed mid-epoch reads the
+    rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone."""
+
+    def __init__(self, sampler: Sampler[int]) -> None:
+        self.sampler, self.start = sampler, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def skip(self, count: int) -> None:
+        """Leave out the first `count` indices of the next pass (only)."""
+        self.start = count
+
+    def __iter__(self):
+        start, self.start = self.start, 0
+        return itertools.islice(iter(self.sampler), start, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.start
+
+
+class ShardSampler(Sampler[int]):
+    """Every world_size-th index from `rank`: each item seen exactly once over all processes (for evaluation)."""
+
+    def __init__(self, num_items: int, info: DistInfo) -> None:
+        self.indices = list(range(info.rank, num_items, info.world_size))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
+                    seed: int, collate_fn: Callable, aug_repeats: int = 0) -> list[DataLoader]:
+    """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches only,
+    resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image
+    that many times an epoch, the copies spread over the processes), then one loader per evaluation set (each item
+    exactly once over all processes)."""
+    if len(train_set) < batch_size * info.world_size:
+        raise DataError(f'{len(train_set)} training images are fewer than one global batch '
+                        f'({batch_size} x {info.world_size} processes)')
+    common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn,
+                  worker_init_fn=ignore_stop_signals if workers else None)
+    if aug_repeats > 1:
+        sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True, num_repeats=aug_repeats)
+    else:
+        sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
+    return [DataLoader(train_set, batch_size, sampler=ResumableSampler(sampler), drop_last=True, **common)] + [
+        DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]

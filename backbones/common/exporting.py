@@ -1,0 +1,147 @@
+"""A model as files for runtimes without the suite: torch.export's program and ONNX, each checked against the model's
+own outputs before it counts, written into a folder that appears whole or not at all, marked as the suite's export
+with its files' checksums (a folder it did not write is never replaced)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from backbones.common.errors import CheckpointError, CheckpointReadError, UsageError
+from backbones.common.files import file_sha256, write_json_atomic
+
+WEIGHTS = 'model.safetensors'
+EXPORTED_PROGRAM = 'model.pt2'
+ONNX_MODEL = 'model.onnx'
+TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32, the same weights: the runtimes may order sums differently
+DynamicDims = dict[int, tuple[str, int]]  # input dimension -> its name and the multiple it must be, {0: ('batch', 1)}
+BATCH: DynamicDims = {0: ('batch', 1)}  # a dynamic batch size, the rest of the input fixed
+CHECKED_BATCHES = (2, 1, 3)  # traced on the first; 1 too, which a trace of 2 may have specialised away
+MARKER = 'suite_export.json'  # in every export folder: the suite, the export's kind and source, its files' SHA-256
+SUITE = 'vit-dense-transfer'
+
+
+def example_images(count: int, height: int, width: int) -> torch.Tensor:
+    """Normalised-looking (count, 3, height, width) inputs the exported files are traced and checked on."""
+    return torch.randn(count, 3, height, width, generator=torch.Generator().manual_seed(0))
+
+
+def batch_examples(height: int, width: int) -> list[torch.Tensor]:
+    """Inputs of one size at each of CHECKED_BATCHES, the one to trace first."""
+    return [example_images(count, height, width) for count in CHECKED_BATCHES]
+
+
+def check_same_outputs(expected: torch.Tensor, got: torch.Tensor, what: str) -> None:
+    """`got` (an exported file's outputs) are the model's `expected` ones, else a CheckpointError."""
+    if got.shape != expected.shape or not torch.allclose(expected, got, **TOLERANCE):
+        difference = ((expected - got).abs().max().item() if got.shape == expected.shape
+                      else f'shape {tuple(got.shape)} for {tuple(expected.shape)}')
+        raise CheckpointError(f'{what} gives other outputs than the model ({difference}): nothing was written')
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The marker of an export folder this suite wrote; None for any other folder."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get('suite') == SUITE else None
+
+
+def check_export_folder(out: Path) -> None:
+    """`out` may be (re)written: absent, an empty folder, or an export of this suite (its MARKER); anything else, a
+    model folder of another tool say, is a UsageError naming it (an export replaces its folder whole)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and (not any(out.iterdir()) or read_marker(out) is not None):
+        return
+    raise UsageError(f'--out {out} exists and is not an export folder of this suite (no {MARKER}), which the export '
+                     f'would replace whole: give a new or empty folder')
+
+
+def check_exported_file(path: Path) -> None:
+    """A file of an export folder must have the SHA-256 the folder's marker records (safetensors files hold no
+    checksum of their own), else a CheckpointReadError naming it; files outside an export pass."""
+    recorded = (read_marker(path.parent) or {}).get('files', {}).get(path.name)
+    if recorded is not None and path.is_file() and file_sha256(path) != recorded:
+        raise CheckpointReadError(f'{path}: damaged: its bytes do not match the SHA-256 {path.parent / MARKER} '
+                                  f'records; the file changed after it was exported: export it again')
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path, description: dict) -> Iterator[Path]:
+    """A temporary folder beside `out` to write into; when the block ends without an error, marked as the suite's
+    export (`description`, and the SHA-256 of every file) and renamed to `out` (an earlier export or an empty folder
+    replaced, see `check_export_folder`); removed otherwise."""
+    check_export_folder(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
+    try:
+        yield staging
+        files = {path.name: file_sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
+        write_json_atomic(staging / MARKER, {'suite': SUITE, **description, 'files': files})
+        check_export_folder(out)  # again: the folder may have been filled while the export ran
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def export_dims(dynamic: DynamicDims) -> tuple[dict, ...]:
+    """torch.export's `dynamic_shapes` for one input tensor: each dynamic dimension any size (a batch: from 1), or
+    any multiple of its `multiple` from two of them (an image side: whole patches)."""
+    dims = {}
+    for dim, (name, multiple) in dynamic.items():
+        if multiple == 1:
+            dims[dim] = torch.export.Dim(name, min=1, max=65536)
+        else:
+            dims[dim] = multiple * torch.export.Dim(f'{name}_{multiple}', min=2, max=65536 // multiple)
+    return (dims,)
+
+
+def run_checked(run, example: torch.Tensor, what: str) -> torch.Tensor:
+    """An exported file's outputs for `example`; a runtime that refuses the input is a CheckpointError naming it."""
+    try:
+        return run(example)
+    except Exception as e:  # the guards torch.export recorded, onnxruntime's shape errors
+        raise CheckpointError(f'{what} cannot run at input {tuple(example.shape)} ({type(e).__name__}: '
+                              f'{str(e).splitlines()[0][:200]}): nothing was written') from e
+
+
+def write_exported_program(model: torch.nn.Module, examples: list[torch.Tensor], path: Path,
+                           dynamic: DynamicDims) -> None:
+    """torch.export's program of the eval-mode `model`, traced on `examples[0]` with the `dynamic` dimensions, and
+    checked on every example (give ones of other sizes along those dimensions)."""
+    program = torch.export.export(model, (examples[0],), dynamic_shapes=export_dims(dynamic))
+    torch.export.save(program, path)
+    loaded = torch.export.load(path).module()
+    with torch.no_grad():
+        for example in examples:
+            check_same_outputs(model(example), run_checked(loaded, example, path.name),
+                               f'{path.name} at input {tuple(example.shape)}')
+
+
+def write_onnx(model: torch.nn.Module, examples: list[torch.Tensor], path: Path, dynamic: DynamicDims,
+               output_name: str) -> None:
+    """The eval-mode `model` as ONNX (torch's dynamo exporter; input `images`, output `output_name`), with the
+    `dynamic` dimensions, checked with onnxruntime on every example."""
+    import onnxruntime  # the export's own dependencies, imported when asked for
+    with contextlib.redirect_stdout(io.StringIO()):  # the exporter reports its steps on stdout
+        torch.onnx.export(model, (examples[0],), str(path), dynamo=True, input_names=['images'],
+                          output_names=[output_name], dynamic_shapes=export_dims(dynamic))
+    session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+
+    def run(example: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {'images': example.numpy()})[0])
+
+    with torch.no_grad():
+        for example in examples:
+            got = run_checked(run, example, f'{path.name} in onnxruntime')
+            check_same_outputs(model(example), got, f'{path.name} in onnxruntime at input {tuple(example.shape)}')

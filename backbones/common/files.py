@@ -1,0 +1,172 @@
+"""Files written atomically: a reader, or a kill at any moment, finds the old file or the new one, never half of one."""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import pickle
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+from safetensors import SafetensorError
+
+from backbones.common.errors import CheckpointError, CheckpointReadError
+
+TMP_MARK = '.tmp'  # a file being written is `.NAME.tmpPID` beside NAME until it is renamed over NAME
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call `write(file)` on a temporary file beside `path`, sync it to disk, then rename it over `path`. A write
+    that fails (a full disk) leaves `path` as it was and no temporary file."""
+    path = Path(path)
+    tmp = path.with_name(f'.{path.name}{TMP_MARK}{os.getpid()}')
+    try:
+        with open(tmp, 'wb') as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(path)) from e  # the file that could not be written, not its temp
+        raise
+
+
+class _KeepsWriteErrors:
+    """A file whose failed write is kept: torch.save reports it as a RuntimeError that no longer says why."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def save_atomic(obj: object, path: str | Path) -> None:
+    """torch.save, atomically; a write that fails raises its own OSError (ENOSPC: the disk is full)."""
+
+    def save(f: BinaryIO) -> None:
+        file = _KeepsWriteErrors(f)
+        try:
+            torch.save(obj, file)
+        except RuntimeError:
+            if file.error is not None:
+                raise file.error from None
+            raise
+
+    write_atomic(path, save)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    write_atomic(path, lambda f: f.write(data))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
+
+
+def write_json_atomic(path: str | Path, obj: object) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + '\n')
+
+
+def remove_partial_writes(folder: str | Path) -> None:
+    """Delete the temporary files that writes interrupted by a kill left in `folder` (`.last.pth.tmp123`, ...)."""
+    for leftover in Path(folder).glob(f'.*{TMP_MARK}*'):
+        if leftover.is_file() and leftover.name.rsplit(TMP_MARK, 1)[1].isdigit():
+            leftover.unlink(missing_ok=True)
+
+
+def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowed: Sequence[object] = (),
+                      mmap: bool = False, map_location: str | None = 'cpu') -> object:
+    """`torch.load` with `weights_only=True` (tensors and plain containers, and the `allowed` globals: nothing from
+    the file runs), every failure naming the file: a file that is missing or cannot be read is a CheckpointReadError;
+    one that holds other Python objects is a CheckpointError (loading it would run code from it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointReadError(f'{path}: {what} not found')
+    check_zip_checksums(path, what)
+    try:
+        # timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an
+        # argparse.Namespace: plain data, safe to rebuild. backbones.weights allows it globally (for timm's download
+        # path), but torch's safe_globals context removes on exit whatever it was given, a global registration
+        # included (timm's own loader uses one): so each load allows it too, adding only what is not yet allowed.
+        missing = [g for g in (argparse.Namespace, *allowed) if g not in torch.serialization.get_safe_globals()]
+        with torch.serialization.safe_globals(missing):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f'{path}: holds Python objects a weights-only load refuses, and loading them would run '
+                              f'code from the file ({first_line(exc)}); if you trust it, re-save its tensors with '
+                              f'torch.save()') from exc
+    except SafetensorError as exc:  # torch.load reads a file named .safetensors as one
+        raise CheckpointReadError(f'{path}: not a readable safetensors file ({first_line(exc)}); a PyTorch '
+                                  f'checkpoint under this name: rename it .pth') from exc
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged ({type(exc).__name__}: '
+                                  f'{first_line(exc)})') from exc
+
+
+ZIP_MAGIC = b'PK\x03\x04'
+
+
+def file_version(path: Path) -> tuple[int, ...]:
+    """What tells one version of a file from another: its device, inode, size and modification time (a file
+    replaced by a rename, or rewritten, is another version)."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def check_zip_checksums(path: Path, what: str = 'PyTorch checkpoint') -> None:
+    """A file in torch's zip format (what torch.save writes) must match the CRC-32 its zip records for every
+    member, else a CheckpointReadError naming it: torch.load does not check them, so a flipped byte in a tensor
+    would load as a wrong number. Files in torch's legacy format record no checksum and pass."""
+    _check_zip_checksums(path, what, file_version(path))
+
+
+# The tools read a checkpoint several times (its settings, classes, weights): each version of a file is read whole
+# for its checksums once.
+@functools.lru_cache(maxsize=64)
+def _check_zip_checksums(path: Path, what: str, version: tuple[int, ...]) -> None:
+    with open(path, 'rb') as f:
+        head = f.read(len(ZIP_MAGIC))
+    if head != ZIP_MAGIC and not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # reads every member, 1 MiB at a time, and compares its CRC-32
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged ({type(exc).__name__}: '
+                                  f'{first_line(exc)})') from exc
+    if damaged is not None:
+        raise CheckpointReadError(f'{path}: damaged: {damaged} does not match the checksum (CRC-32) written with it; '
+                                  f'the file changed after it was saved (a disk or copy error): use another copy')
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read once for each version of the file."""
+    return _file_sha256(path, file_version(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: Path, version: tuple[int, ...]) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [''])[0]

@@ -1,0 +1,42 @@
+"""A training process's life on a cluster: the stop signals schedulers send before they kill a job (noted by the
+training process, ignored by its loader workers), and whether torchrun restarted the run."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what cluster schedulers send before they kill a job
+
+
+def restarted_by_torchrun() -> bool:
+    """Whether torchrun restarted this run's processes after a failure (`--max-restarts`)."""
+    return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') or 0) > 0
+
+
+class StopRequests:
+    """SIGTERM and SIGUSR1 noted (not acted on at once) while a run trains; the handlers before are put back after."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.previous: dict = {}
+
+    def __enter__(self) -> 'StopRequests':
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for sig in STOP_SIGNALS:
+                self.previous[sig] = signal.signal(sig, self.note)
+        return self
+
+    def note(self, signum: int, _frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *_) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def ignore_stop_signals(_: int) -> None:
+    """Loader workers leave SIGTERM and SIGUSR1 to the training process, which stops them after its checkpoint (a
+    cluster scheduler signals every process of a job)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

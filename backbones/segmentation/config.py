@@ -1,0 +1,244 @@
+"""Config preparation shared by tools/train_seg.py and tools/test_seg.py."""
+from __future__ import annotations
+
+import copy
+import re
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from mmengine.config import Config
+from mmengine.utils import import_modules_from_strings
+
+from backbones.weights import guess_family
+from backbones.common.cli import EmbeddedData
+from backbones.common.errors import CheckpointError, DataError, UsageError
+from backbones.common.files import load_weights_only
+from backbones.common.log import logger
+
+from backbones.segmentation.backbone import TIMM_RELEASE, URL_SCHEMES
+from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
+from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,
+                                             use_own_data)
+
+ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
+ADE20K_CROP = 512  # the configs' training crop side
+LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
+_SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
+
+
+# The suite's mmseg side lived at the top level as `segmentation` until 0.2.0 (CHANGELOG.md): configs and export
+# folders saved before then name it in their custom_imports.
+FORMER_PACKAGE, PACKAGE = 'segmentation', 'backbones.segmentation'
+
+
+def present_module(name: str) -> str:
+    """A module a config imports, under its present path (the suite's former `segmentation...` paths moved)."""
+    if name == FORMER_PACKAGE or name.startswith(FORMER_PACKAGE + '.'):
+        return PACKAGE + name[len(FORMER_PACKAGE):]
+    return name
+
+
+def read_config(path: str | Path) -> Config:
+    """A config file as mmengine reads it, its `custom_imports` under their present paths (a config saved before the
+    suite's packages moved names `segmentation`), then imported."""
+    cfg = Config.fromfile(str(path), import_custom_modules=False)
+    custom = cfg.get('custom_imports')
+    if custom:
+        names = custom['imports']
+        custom['imports'] = [present_module(n) for n in ([names] if isinstance(names, str) else names)]
+        import_modules_from_strings(**custom)
+    return cfg
+
+
+def load_config(path: str, cfg_options: dict | None = None) -> Config:
+    if not Path(path).is_file():
+        raise UsageError(f'{path}: config file not found')
+    cfg = read_config(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    return cfg
+
+
+class DataFallback(EmbeddedData, Protocol):
+    """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
+    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
+    the schedule a run takes there, and a backbone pretrained for it when the config's weights are not on disk
+    (with a line saying where it came from)."""
+
+    def use_data(self, cfg: Config) -> None: ...
+
+    def use_schedule(self, cfg: Config) -> None: ...
+
+    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]: ...
+
+
+def datasets(cfg: Config) -> Iterator[dict]:
+    for loader in LOADERS:
+        if cfg.get(loader):
+            yield cfg[loader]['dataset']
+
+
+def set_data_root(cfg: Config, root: str) -> None:
+    for dataset in datasets(cfg):
+        dataset['data_root'] = root
+
+
+def scale_sizes(node, factor: float) -> None:
+    """Multiply every (w, h) size under `node` (pipelines, preprocessor, slide window) by `factor`, in place."""
+    if isinstance(node, list):
+        for item in node:
+            scale_sizes(item, factor)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in _SIZE_KEYS and isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+                node[key] = tuple(max(1, round(v * factor)) for v in value)
+            else:
+                scale_sizes(value, factor)
+
+
+def describe_schedule(cfg: Config) -> str:
+    """The schedule a run takes, in one line."""
+    first, decay = cfg.param_scheduler[0], cfg.param_scheduler[-1]
+    warmup = first.get('end', 0) if first['type'] == 'LinearLR' else 0
+    accumulate = cfg.optim_wrapper.get('accumulative_counts', 1)
+    batches = (f', {accumulate} accumulated per update' if accumulate > 1 else '')
+    return (f'{cfg.train_cfg["max_iters"]} iterations of {cfg.train_dataloader["batch_size"]} images{batches}, '
+            f'lr {cfg.optim_wrapper.optimizer["lr"]:.3g} ({warmup} warm-up, then to '
+            f'{decay.get("eta_min", 0):.3g}), validation every {cfg.train_cfg["val_interval"]}, checkpoint every '
+            f'{cfg.default_hooks["checkpoint"]["interval"]}')
+
+
+def accumulate_gradients(cfg: Config, steps: int) -> None:
+    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`: each loss divided by
+    `steps`, the gradients summed). mmengine counts iterations, not updates, so every count of the schedule (its
+    length, warm-up and decay, validation and checkpoint intervals) is multiplied by `steps`: the run makes the
+    config's number of updates, each of `steps` times the batch, along the same lr curve. The lr is the config's,
+    which the papers set for their global batch (ADE20K: 16 images per update)."""
+    if steps == 1:
+        return
+    cfg.optim_wrapper['accumulative_counts'] = steps
+    cfg.train_cfg['max_iters'] *= steps
+    cfg.train_cfg['val_interval'] *= steps
+    for scheduler in cfg.param_scheduler:
+        for key in ('begin', 'end'):
+            if key in scheduler:
+                scheduler[key] *= steps
+    cfg.default_hooks['checkpoint']['interval'] *= steps
+
+
+def drop_one_step_warmup(cfg: Config) -> None:
+    """A warm-up of one iteration (a short run's scaled one) is dropped: mmengine's LinearLR steps begin .. end - 1,
+    so in one step it never leaves its start factor, and the chained decay after it would run the whole schedule at
+    1e-6 of the lr."""
+    phases = cfg.param_scheduler
+    if len(phases) > 1 and phases[0]['type'] == 'LinearLR' and phases[0].get('end', 0) - phases[0].get('begin', 0) == 1:
+        cfg.param_scheduler = phases[1:]
+
+
+def drop_tta_flips(cfg: Config) -> None:
+    """Test at every scale of the multi-scale test without the mirror images."""
+    cfg.tta_model['flip'] = False
+
+
+def flipping_tta_pipeline(pipeline: list) -> list:
+    """mmseg's way of a multi-scale + flip test, for comparison: a copy of a test-time pipeline that flips every
+    scale itself (each scale resized twice, ten views for SegTTAModel)."""
+    pipeline = copy.deepcopy(pipeline)
+    tta = next(step for step in pipeline if step['type'] == 'TestTimeAug')
+    tta['transforms'].insert(1, [dict(type='RandomFlip', prob=0.0, direction='horizontal'),
+                                 dict(type='RandomFlip', prob=1.0, direction='horizontal')])
+    return pipeline
+
+
+def tta_flips(cfg: Config) -> bool:
+    """Whether the multi-scale test adds each scale's mirror image."""
+    return bool(cfg.tta_model.get('flip', False))
+
+
+def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
+    """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
+    own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
+    did."""
+    if data_root:
+        set_data_root(cfg, data_root)
+    roots = {dataset['data_root'] for dataset in datasets(cfg)}
+    missing = sorted(root for root in roots if not Path(root).is_dir())
+    if not missing:
+        if is_own_data_config(cfg):
+            use_own_data(cfg, read_own_data(roots.pop()))
+        return False
+    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
+        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
+    what = 'ADE20K' if missing == [ADE20K_ROOT] else 'a data set of your own'
+    logger.info(f'{what} not found at {missing[0]} (docs/segmentation.md says how to use it; --data-root names another '
+                'folder): the embedded data')
+    fallback.use_data(cfg)
+    return True
+
+
+def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None,
+                         fallback: DataFallback | None = None) -> bool:
+    """`resolve_data` for a trained checkpoint (test_seg, predict_seg, export): an own-data set's classes must be the
+    ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
+    others."""
+    used_fallback = resolve_data(cfg, data_root, fallback)
+    if not used_fallback and is_own_data_config(cfg):
+        check_trained_classes(cfg, checkpoint)
+    return used_fallback
+
+
+def weight_names(checkpoint: str) -> list[str]:
+    """The names in a checkpoint and in each dict right under it (its state dict's weights, wherever it keeps them),
+    `module.` left out; read memory-mapped where the file allows (the tensors stay on disk)."""
+    content = load_weights_only(checkpoint, 'checkpoint', mmengine_checkpoint_globals(),
+                                mmap=zipfile.is_zipfile(checkpoint))
+    if not isinstance(content, dict):
+        return []
+    return [re.sub(r'^module\.', '', key) for part in (content, *content.values()) if isinstance(part, dict)
+            for key in part if isinstance(key, str)]
+
+
+def check_segmentor_checkpoint(checkpoint: str) -> None:
+    """A checkpoint a segmentation tool is given: there (checked before any work, such as writing the embedded
+    data), and a segmentor's: an image classifier's weights would fail on every key, after the tool had asked for
+    the data set it was trained on."""
+    if not Path(checkpoint).is_file():
+        raise CheckpointError(f'{checkpoint}: checkpoint file not found')
+    names = weight_names(checkpoint)
+    family = guess_family(names)
+    if family is not None and not any(name.startswith('decode_head.') for name in names):
+        raise CheckpointError(f'{checkpoint} holds an image classifier ({family} weights, no decode head), not a '
+                              f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
+                              f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='
+                              f'{checkpoint}')
+
+
+def check_pretrained(cfg: Config) -> None:
+    """The backbone's ImageNet file is there (a URL or `timm` is downloaded when the model is built)."""
+    pretrained = cfg.model.backbone.get('pretrained')
+    if pretrained and pretrained != TIMM_RELEASE and urlparse(pretrained).scheme not in URL_SCHEMES \
+            and not Path(pretrained).is_file():
+        raise CheckpointError(
+            f'backbone checkpoint {pretrained} not found: download the ImageNet weights (README, "Segmentation on '
+            'ADE20K"), or set model.backbone.pretrained to yours, to a URL, to timm (the release file the model\'s '
+            'timm config names, downloaded once), or to None to train from scratch')
+
+
+def shorten_schedule(cfg: Config, iters: int) -> None:
+    """Run the schedule in `iters` iterations: warm-up, decay and the checkpoint interval shrink with it, and
+    validation (the slow part of a short run) happens once, at the end."""
+    factor = iters / cfg.train_cfg['max_iters']
+    cfg.train_cfg['max_iters'] = iters
+    for scheduler in cfg.param_scheduler:
+        for key in ('begin', 'end'):
+            if key in scheduler:
+                scheduler[key] = min(iters, max(1 if scheduler[key] else 0, round(scheduler[key] * factor)))
+    # a phase left with no iteration (the decay of a 1-iteration run) is dropped: mmengine refuses begin == end
+    cfg.param_scheduler = [s for s in cfg.param_scheduler if s.get('end', iters) > s.get('begin', 0)]
+    interval = max(1, round(cfg.default_hooks['checkpoint']['interval'] * factor))
+    cfg.train_cfg['val_interval'] = iters
+    cfg.default_hooks['checkpoint']['interval'] = interval
+    cfg.default_hooks['logger']['interval'] = min(cfg.default_hooks['logger']['interval'], interval)

@@ -1,0 +1,142 @@
+"""A segmentation checkpoint as files for runtimes without mmseg: the logic of tools/export.py segmentor.
+
+The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them),
+`config.py` (the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and
+`export.json` (classes, palette, the label values a mask stores, the input's size, channel order and
+normalisation). With `torch_export` and `onnx`, `model.pt2` and `model.onnx`: the segmentor's whole-image forward,
+normalised RGB images (B, 3, H, W) -> per-class logits (B, classes, H, W) at the input's size, what mmseg's
+`encode_decode` gives for one sliding window or a whole image. By default H and W are fixed at the config's test
+window (`size` for another) and the batch size is dynamic: a caller slides the window over larger images and
+batches the windows. With `dynamic_size`, H and W may be any multiples of the backbone's stride (whole patches)
+from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
+against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from safetensors.torch import load_model, save_model
+
+from backbones.common.cli import positive_int
+from backbones.common.errors import UsageError
+from backbones.common.exporting import (BATCH, CHECKED_BATCHES, EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS, batch_examples,
+                              check_exported_file, check_same_outputs, example_images, staged_folder,
+                              write_exported_program, write_onnx)
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+from mmseg.registry import MODELS
+
+from backbones.segmentation.config import DataFallback, read_config
+from backbones.segmentation.predict import SegPredictor
+
+
+
+class SegmentationLogits(nn.Module):
+    """A segmentor's whole-image forward on normalised RGB images: per-class logits at the input's size (mmseg's
+    `encode_decode` without its image metas)."""
+
+    def __init__(self, segmentor: nn.Module) -> None:
+        super().__init__()
+        self.segmentor = segmentor
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits = self.segmentor.decode_head(self.segmentor.extract_feat(images))
+        return F.interpolate(logits, size=images.shape[2:], mode='bilinear',
+                             align_corners=self.segmentor.align_corners)
+
+
+def window_size(cfg: Config) -> tuple[int, int]:
+    """(H, W) a segmentor is exported at: its sliding test window, or (a whole-image test) its preprocessor's size."""
+    test_cfg = cfg.model.get('test_cfg') or {}
+    if test_cfg.get('mode') == 'slide':
+        return tuple(test_cfg['crop_size'])
+    return tuple(cfg.model.data_preprocessor['size'])
+
+
+def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
+    """The inputs an export is traced on (the first) and checked on, and its dynamic dimensions."""
+    if not dynamic_size:
+        return batch_examples(*size), BATCH
+    if size[0] % stride or size[1] % stride:
+        raise UsageError(f'--dynamic-size: the traced size {size[0]}x{size[1]} must be whole {stride} px patches')
+    h, w = size
+    others = [(h, w), (h + stride, w + 2 * stride), (max(2 * stride, h - stride), w + stride)]
+    examples = [example_images(count, *other) for count, other in zip(CHECKED_BATCHES, others)]
+    return examples, {**BATCH, 2: ('height', stride), 3: ('width', stride)}
+
+
+def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int], stride: int,
+                dynamic_size: bool) -> dict:
+    """export.json: what a runtime needs besides the network."""
+    preprocessor = predictor.cfg.model.data_preprocessor
+    return {
+        'classes': predictor.classes, 'palette': predictor.palette,
+        'mask_values': 'class index + 1, 0 for none (ADE20K)' if predictor.reduce_zero_label else 'class index',
+        'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
+                  'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
+                  'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
+        'output': 'logits (batch, classes, H, W); the class of a pixel is the argmax',
+        'checkpoint': str(checkpoint),
+    }
+
+
+def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
+                     torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
+                     data_root: str | None = None, fallback: DataFallback | None = None) -> Path:
+    """Write the export folder `out` (see the module's docstring); returns it."""
+    if dynamic_size and onnx:
+        raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
+                         'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    model = SegmentationLogits(predictor.model).eval()
+    size = size or window_size(predictor.cfg)
+    examples, dynamic = checked_inputs(size, predictor.model.backbone.stride, dynamic_size)
+    with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
+        save_model(predictor.model, str(staging / WEIGHTS))
+        predictor.cfg.dump(str(staging / 'config.py'))
+        stride = predictor.model.backbone.stride
+        write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
+        with torch.no_grad():
+            check_same_outputs(model(examples[0]), SegmentationLogits(segmentor_from(staging))(examples[0]),
+                               f'{WEIGHTS} with config.py')
+        if torch_export:
+            write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
+        if onnx:
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, 'logits')
+    shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
+    logger.info(f'{out}: {len(predictor.classes)} classes, inputs {shape}, from {checkpoint}: '
+                f'{", ".join(sorted(p.name for p in out.iterdir()))}')
+    return out
+
+
+def segmentor_from(folder: Path) -> nn.Module:
+    """The segmentor an export folder holds: its config's model with the safetensors weights (strictly)."""
+    cfg = read_config(folder / 'config.py')
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    cfg.model.backbone.pretrained = None
+    segmentor = MODELS.build(cfg.model)
+    check_exported_file(folder / WEIGHTS)
+    load_model(segmentor, str(folder / WEIGHTS), strict=True)
+    return segmentor.eval()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """tools/export.py segmentor's arguments."""
+    p.add_argument('config', help='the config the checkpoint was trained with')
+    p.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
+    p.add_argument('--size', type=positive_int, nargs=2, metavar=('H', 'W'),
+                   help="the exported input size (default: the config's test window)")
+    p.add_argument('--dynamic-size', action='store_true',
+                   help='any input height and width (multiples of the backbone\'s stride), not only the window\'s')
+    p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')
+
+
+def export_from_args(args: argparse.Namespace, out: Path, fallback: DataFallback | None = None) -> Path:
+    return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
+                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback)

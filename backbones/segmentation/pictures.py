@@ -1,0 +1,163 @@
+"""Segmentations as pictures: the ground truth and the prediction laid over the image with the data set's palette
+(mmseg's own visualiser), side by side, and the per-class IoU of a test_seg.py report as bars; and the
+`ValidationPictures` hook, which has mmseg draw a few validation images at every validation of a training run; and
+`prediction_picture`, the picture of a trained segmentor's prediction that tools/visualize.py draws."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+from mmengine.structures import PixelData
+from PIL import Image
+
+from mmseg.engine.hooks import SegVisualizationHook
+from mmseg.registry import HOOKS
+from mmseg.structures import SegDataSample
+from mmseg.visualization import SegLocalVisualizer
+from backbones.common.errors import DataError
+from backbones.common.drawing import enlarge, figure, finished
+
+from backbones.segmentation.config import DataFallback
+from backbones.segmentation.metrics import read_report
+from backbones.segmentation.predict import SegPredictor
+
+HEADER = 22  # pixels of the title strip above each panel
+_NAMES = itertools.count()
+
+
+def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], palette: Sequence[Sequence[int]],
+                alpha: float = 0.6, with_labels: bool = True) -> np.ndarray:
+    """A label map over an (H, W, 3) RGB image, by mmseg's SegLocalVisualizer: palette colours with opacity `alpha`,
+    class names at the regions' centres. Pixels of no class (255, ignored) show the image as it is, where mmseg
+    would darken them as if painted black."""
+    visualizer = SegLocalVisualizer(name=f'suite-picture-{next(_NAMES)}', alpha=alpha)
+    visualizer.dataset_meta = dict(classes=list(classes), palette=[list(c) for c in palette])
+    sample = SegDataSample()
+    # NumPy labels: mmseg indexes the image with `labels == class`, which for a one-pixel torch tensor numpy takes
+    # for an integer index
+    sample.pred_sem_seg = PixelData(data=labels.astype(np.int64)[None])
+    visualizer.add_datasample('labels', image, sample, draw_gt=False, draw_pred=True, with_labels=with_labels)
+    drawn = visualizer.get_image().copy()
+    unpainted = (labels >= len(classes)) & (drawn == (image * (1 - alpha)).astype(np.uint8)).all(axis=-1)
+    drawn[unpainted] = image[unpainted]  # a class name's box drawn there stays
+    return drawn
+
+
+@HOOKS.register_module()
+class ValidationPictures(SegVisualizationHook):
+    """mmseg's SegVisualizationHook drawing `count` validation batches spread evenly over the set (the same ones at
+    every validation, so that their pictures show the run's progress), ground truth and prediction, into the
+    visualizer's backends (TensorBoard, and `vis_data/vis_image` of the work dir); 0 draws none."""
+
+    def __init__(self, count: int = 4, **kwargs) -> None:
+        super().__init__(draw=count > 0, interval=1, **kwargs)
+        self.count = count
+        self._drawn: set[int] = set()
+
+    def before_val_epoch(self, runner) -> None:
+        batches = len(runner.val_loop.dataloader)
+        self._drawn = {i * batches // self.count for i in range(min(self.count, batches))}
+
+    def _after_iter(self, runner, batch_idx: int, data_batch: dict, outputs: Sequence[SegDataSample],
+                    mode: str = 'val') -> None:
+        if mode == 'val' and batch_idx in self._drawn:
+            super()._after_iter(runner, batch_idx, data_batch, outputs, mode)
+
+
+def titled(panel: np.ndarray, title: str) -> np.ndarray:
+    """A panel with a white strip above it holding its title."""
+    strip = np.full((HEADER, panel.shape[1], 3), 255, np.uint8)
+    cv2.putText(strip, title, (4, HEADER - 7), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
+    return np.concatenate([strip, panel])
+
+
+def side_by_side(panels: Sequence[np.ndarray], gap: int = 6) -> np.ndarray:
+    """Panels of one height in a row, a white gap between them."""
+    height = max(p.shape[0] for p in panels)
+    spacer = np.full((height, gap, 3), 255, np.uint8)
+    row = [spacer] * (2 * len(panels) - 1)
+    row[::2] = [np.pad(p, ((0, height - p.shape[0]), (0, 0), (0, 0)), constant_values=255) for p in panels]
+    return np.concatenate(row, axis=1)
+
+
+def iou_bars(report: dict) -> np.ndarray:
+    """The per-class IoU of a test_seg.py report as horizontal bars, best first; classes absent from both ground
+    truth and prediction (IoU None) are left out."""
+    rows = sorted(((name, v['IoU']) for name, v in report['per_class'].items() if v['IoU'] is not None),
+                  key=lambda row: row[1], reverse=True)
+    fig, axes = figure(1, 1, size=(6.0, max(1.5, 0.18 * len(rows) + 0.8)))
+    ax = axes[0, 0]
+    ax.barh(range(len(rows)), [iou for _, iou in rows], color='#4878b0')
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel('IoU (%)')
+    ax.axvline(report['mIoU'], color='#c44e52', lw=1)
+    ax.set_title(f'per-class IoU: mIoU {report["mIoU"]:.1f}, aAcc {report["aAcc"]:.1f}', fontsize=9)
+    return finished(fig)
+
+
+def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
+    """A label map as mmseg's LoadAnnotations reads it (Pillow, the stored values), 0 made 255 and the rest one less
+    with `reduce_zero_label` (ADE20K); a damaged file is a DataError naming it."""
+    try:
+        with Image.open(path) as annotation:
+            labels = np.asarray(annotation).astype(np.int64)
+    except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
+        raise DataError(f'cannot read annotation {path}: {type(e).__name__}: {e}') from e
+    return np.where(labels == 0, 255, labels - 1) if reduce_zero_label else labels
+
+
+def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
+                       report: str | None = None, alpha: float = 0.6, with_labels: bool = True,
+                       fallback: DataFallback | None = None) -> np.ndarray:
+    """`segmentation_picture` of what the model of `config` with the weights of `checkpoint` predicts for `image`
+    (a path; None: the test set's first image), with its ground truth where the test set has it and the per-class
+    IoU of a test_seg.py `report`. Without the config's ADE20K, the data is `fallback`'s."""
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    scores = read_report(report, predictor.classes) if report else None
+    entry = test_entry(predictor.test_set(), image)
+    pixels, prediction = predictor.segment(entry['img_path'])
+    truth = None
+    if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
+        truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
+    return segmentation_picture(pixels, prediction, predictor.classes, predictor.palette, truth, scores, alpha,
+                                with_labels)
+
+
+def test_entry(dataset, image: str | None) -> dict:
+    """The data set's entry of `image` (the same file, or the same name), its first without one; an image outside
+    the set has no ground truth."""
+    entries = [dataset.get_data_info(i) for i in range(len(dataset))]
+    if image is None:
+        return entries[0]
+    return next((e for e in entries if Path(e['img_path']).resolve() == Path(image).resolve()
+                 or Path(e['img_path']).name == Path(image).name), {'img_path': image})
+
+
+def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Sequence[str],
+                         palette: Sequence[Sequence[int]], ground_truth: np.ndarray | None = None,
+                         report: dict | None = None, alpha: float = 0.6, with_labels: bool = True,
+                         scale: int | None = None) -> np.ndarray:
+    """The image, its ground truth (if given) and the prediction over it, side by side, enlarged `scale` times
+    (default: to about 256 pixels high; nearest, so colours stay the palette's) before drawing, the report's IoU
+    bars below."""
+    scale = scale or max(1, 256 // image.shape[0])
+    image = enlarge(image, scale)  # before drawing, so that the class names are legible
+    panels = [titled(image, 'image')]
+    if ground_truth is not None:
+        panels.append(titled(draw_labels(image, enlarge(ground_truth, scale), classes, palette, alpha, with_labels),
+                             'ground truth'))
+    panels.append(titled(draw_labels(image, enlarge(prediction, scale), classes, palette, alpha, with_labels),
+                         'prediction'))
+    picture = side_by_side(panels)
+    if report is not None:
+        bars = iou_bars(report)
+        width = max(picture.shape[1], bars.shape[1])
+        picture, bars = (np.pad(p, ((0, 0), (0, width - p.shape[1]), (0, 0)), constant_values=255)
+                         for p in (picture, bars))
+        picture = np.concatenate([picture, bars])
+    return picture

@@ -1,0 +1,122 @@
+"""Segmentation of new images with a trained checkpoint: the model of a config with every weight of the checkpoint
+(strictly, as tools/test_seg.py loads it), the config's test pipeline without its annotations, single-scale or the
+multi-scale (+ flip) test of its `tta_model`; a label map of the image's own size per image."""
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from mmcv.transforms import Compose
+from mmengine.dataset import pseudo_collate
+from mmengine.registry import init_default_scope
+
+from mmseg.registry import DATASETS, MODELS, TRANSFORMS
+from backbones.common.errors import UsageError
+from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
+
+from backbones.segmentation.config import (DataFallback, check_segmentor_checkpoint, drop_tta_flips, load_config,
+                                           resolve_trained_data)
+from backbones.segmentation.own_data import OWN_DATA_ROOT, is_own_data_config, use_trained_classes
+from backbones.segmentation.runner import load_weights
+
+ANNOTATION_STEPS = ('LoadAnnotations',)
+
+
+def without_annotations(pipeline: list) -> list:
+    """A test pipeline (its TestTimeAug's lists too) without the steps that read ground truth."""
+    kept = []
+    for step in copy.deepcopy(pipeline):
+        if step['type'] in ANNOTATION_STEPS:
+            continue
+        if step['type'] == 'TestTimeAug':
+            step['transforms'] = [[t for t in group if t['type'] not in ANNOTATION_STEPS]
+                                  for group in step['transforms']]
+            step['transforms'] = [group for group in step['transforms'] if group]
+        kept.append(step)
+    return kept
+
+
+def check_opencv_reads(path: Path) -> None:
+    """An image file of a format OpenCV decodes, as the configs' pipelines read images (a GIF is not: mmcv fails on
+    it with an assertion)."""
+    if not cv2.haveImageReader(str(path)):
+        raise ImageReadError(f'{path}: OpenCV, the segmentation pipeline\'s decoder, does not read this format (it '
+                             f'reads {", ".join(IMG_EXTENSIONS)}): convert it to PNG')
+
+
+def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
+    """`out/<image stem>.png` for each image, the name tools/predict_seg.py and tools/test_seg.py --pred-dir (mmseg's
+    IoUMetric) give its mask; two images of one stem (in two folders, or of two suffixes) would write one file, which
+    is refused, naming both."""
+    masks: dict[Path, Path] = {}
+    for image in images:
+        mask = out / f'{image.stem}.png'
+        if mask in masks:
+            raise UsageError(f'{masks[mask]} and {image} would both write {mask}: give images of distinct names (or '
+                             f'predict them into separate folders)')
+        masks[mask] = image
+    return list(masks)
+
+
+class SegPredictor:
+    """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
+    it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False). The config's data is
+    resolved as test_seg resolves it (`data_root`; without ADE20K on disk, `fallback`'s): its classes, palette
+    and label values are the predictor's. An own-data config without its data at hand takes the classes the
+    checkpoint records."""
+
+    def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
+                 data_root: str | None = None, cfg_options: dict | None = None,
+                 fallback: DataFallback | None = None, device: str = 'cpu') -> None:
+        cfg = load_config(config, cfg_options)
+        check_segmentor_checkpoint(checkpoint)
+        if is_own_data_config(cfg) and not data_root and not Path(OWN_DATA_ROOT).is_dir():
+            use_trained_classes(cfg, checkpoint)  # new images need no data set: the classes trained on
+        else:
+            resolve_trained_data(cfg, checkpoint, data_root, fallback)
+        init_default_scope(cfg.get('default_scope', 'mmseg'))
+        cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
+        model = MODELS.build(cfg.model)
+        load_weights(model, checkpoint)
+        pipeline = cfg.test_dataloader.dataset.pipeline
+        if multi_scale:
+            if not flip:
+                drop_tta_flips(cfg)
+            model = MODELS.build({**cfg.tta_model, 'module': model})
+            pipeline = cfg.tta_pipeline
+        self.cfg, self.model = cfg, model.to(device).eval()
+        steps = without_annotations(pipeline)
+        self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
+        test_set = self.test_set(lazy=True)
+        meta = test_set.metainfo
+        self.classes, self.palette = list(meta['classes']), [list(c) for c in meta['palette']]
+        self.reduce_zero_label = bool(test_set.reduce_zero_label)  # ADE20K's data set class sets it
+
+    def test_set(self, lazy: bool = False):
+        """The config's test set (`lazy`: its meta data only, no files listed)."""
+        return DATASETS.build({**self.cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': lazy})
+
+    def __call__(self, path: str | Path) -> np.ndarray:
+        return self.segment(path)[1]
+
+    def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+        """The image as the model reads it (RGB, the config's decoding: pixels as stored, EXIF orientation ignored),
+        which a picture of the prediction is drawn on, and the class index of each of its pixels."""
+        path = Path(path)
+        read_image(path)  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
+        check_opencv_reads(path)
+        loaded = self.load({'img_path': str(path)})
+        pixels = np.ascontiguousarray(loaded['img'][..., ::-1])  # BGR -> RGB, a copy the pipeline leaves alone
+        data = pseudo_collate([self.pipeline(loaded)])
+        with torch.no_grad():
+            sample = self.model.test_step(data)[0]
+        return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
+
+    def label_values(self, prediction: np.ndarray) -> np.ndarray:
+        """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other'), the
+        values tools/test_seg.py --pred-dir writes."""
+        return prediction + 1 if self.reduce_zero_label else prediction

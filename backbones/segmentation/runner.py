@@ -1,0 +1,215 @@
+"""The suite's mmengine Runner: a checkpoint must fit the model, and a run resumes from its newest readable one.
+
+mmengine loads `load_from`, resume and `init_cfg` checkpoints non-strictly: weights a checkpoint lacks keep their
+random initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
+deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
+checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
+readable `iter_*.pth`, with a warning naming both. A run resumes from its own work dir's checkpoints only:
+mmengine's `last_checkpoint` holds an absolute path, which in a copied (or moved) work dir names the original's
+file; the file of that name in this work dir is taken instead (or its newest `iter_*.pth`), and the file a run
+resumes from is always logged. While it trains or tests, the suite's own log lines also go to the run's log file.
+Its data loaders' worker processes leave SIGTERM and SIGUSR1 to the training process, which writes its checkpoint
+first (`preemption.py`): a scheduler signals every process of a job.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import zipfile
+from functools import partial
+from pathlib import Path
+from typing import TypeVar
+from collections.abc import Callable
+
+import torch.nn as nn
+from torch.utils.data import DataLoader
+from mmengine.runner import BaseLoop, Runner
+from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
+                                        load_checkpoint)
+
+from backbones.weights import describe_mismatch, key_mismatch
+from backbones.common.lifecycle import ignore_stop_signals
+from backbones.common.errors import CheckpointError, CheckpointReadError
+from backbones.common.files import load_weights_only
+from backbones.common.log import logger
+
+from backbones.segmentation.backbone import TokenBackbone
+from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
+from backbones.segmentation.silenced_warnings import HarmlessLogLines
+
+T = TypeVar('T')
+
+def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
+    """The run's `iter_N.pth` files, newest first."""
+    found = [(int(m.group(1)), p) for p in Path(work_dir).glob('iter_*.pth')
+             if (m := re.fullmatch(r'iter_(\d+)\.pth', p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
+    """A checkpoint's weights as mmengine reads them (`prefix`: only the keys under it, without it), no `module.`."""
+    state = _load_checkpoint_with_prefix(prefix, filename) if prefix else _load_checkpoint(filename,
+                                                                                           map_location='cpu')
+    state = state.get('state_dict', state) if isinstance(state, dict) else {}
+    return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
+
+
+def checkpoint_meta(filename: str) -> dict:
+    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
+    {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
+    on disk."""
+    checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
+                                   mmap=zipfile.is_zipfile(filename))
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def misfit(state: dict, own: dict) -> str:
+    """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict, in words ('' when
+    it fits; position tables are resampled on loading, so their shape may differ)."""
+    return describe_mismatch(key_mismatch(state, own, resampled=('pos_embed',)))
+
+
+def load_weights(model: nn.Module, filename: str) -> None:
+    """A checkpoint's weights into `model`: every weight of it and nothing else, else a CheckpointError naming the
+    keys that do not fit (mmengine's own strict load fails with a traceback)."""
+    problem = misfit(checkpoint_state(filename), model.state_dict())
+    if problem:
+        raise CheckpointError(f'{filename} does not fit the model of this config: {problem}')
+    load_checkpoint(model, filename, map_location='cpu', strict=True)
+
+
+def pretrained_inits(module: nn.Module) -> list:
+    """The `Pretrained` entries of a module's init_cfg (a dict or a list of them)."""
+    init = getattr(module, 'init_cfg', None)
+    inits = init if isinstance(init, list) else [init] if init else []
+    return [entry for entry in inits if isinstance(entry, dict) and entry.get('type') == 'Pretrained']
+
+
+def start_worker(worker_id: int, init: Callable[[int], None] | None) -> None:
+    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`
+    (mmengine's seeding)."""
+    ignore_stop_signals(worker_id)
+    if init is not None:
+        init(worker_id)
+
+
+class SuiteRunner(Runner):
+    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
+    leaves out mmengine's notices that ask nothing of the user (`notices`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger.addFilter(HarmlessLogLines())
+
+    def train(self):
+        return self._running(super().train)
+
+    def test(self):
+        return self._running(super().test)
+
+    def _running(self, action: Callable[[], T]) -> T:
+        """`action()` with the suite's logger also writing to the log file of mmengine's logger; the data loaders'
+        worker processes ended after it, however it ends."""
+        files = [handler for handler in self.logger.handlers if isinstance(handler, logging.FileHandler)]
+        for handler in files:
+            logger.addHandler(handler)
+        try:
+            return action()
+        finally:
+            for handler in files:
+                logger.removeHandler(handler)
+            self.end_loader_workers()
+
+    def end_loader_workers(self) -> None:
+        """Ends the worker processes of the loops' data loaders now. torch ends them when their iterator goes, but
+        the runner keeps its loops (and a persistent loader its iterator) to the exit, where Python's multiprocessing
+        stops them with SIGTERM, which they ignore (`start_worker`), and waits for them: for ever."""
+        for loop in (self._train_loop, self._val_loop, self._test_loop):
+            if not isinstance(loop, BaseLoop):  # a loop not built (its config)
+                continue
+            kept = getattr(loop.dataloader, '_iterator', None)  # a persistent loader's iterator
+            read = getattr(getattr(loop, 'dataloader_iterator', None), '_iterator', None)  # the iteration loop's
+            for iterator in (kept, read):
+                if hasattr(iterator, '_shutdown_workers'):  # one with worker processes
+                    iterator._shutdown_workers()
+
+    @staticmethod
+    def build_dataloader(dataloader: DataLoader | dict, seed: int | None = None,
+                         diff_rank_seed: bool = False) -> DataLoader:
+        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process (signalled
+        with the job, they died before the checkpoint was written: a traceback, exit status 1)."""
+        loader = Runner.build_dataloader(dataloader, seed=seed, diff_rank_seed=diff_rank_seed)
+        if isinstance(dataloader, dict) and loader.num_workers:  # built here, not handed over built
+            loader.worker_init_fn = partial(start_worker, init=loader.worker_init_fn)
+        return loader
+
+    def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
+                        revise_keys: list = [(r'^module.', '')]):  # noqa: B006  (mmengine's signature)
+        try:
+            return super().load_checkpoint(filename, map_location=map_location, strict=True,
+                                           revise_keys=revise_keys)
+        except RuntimeError as e:  # mmengine's strict load: some key is missing, unexpected or mis-shaped
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f'{filename} does not fit the model of this config (it would leave weights '
+                                  f'unloaded): {self.mismatch(filename)}') from e
+
+    def mismatch(self, filename: str) -> str:
+        """The missing, unexpected and mis-shaped keys of a checkpoint against this runner's model."""
+        model = self.model.module if hasattr(self.model, 'module') else self.model
+        return misfit(checkpoint_state(filename), model.state_dict())
+
+    def _init_model_weights(self) -> None:
+        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (the segmentor's, a
+        head's: mmengine loads them non-strictly) holds every weight of its module and nothing else. The backbone
+        loads its own, strictly (`TokenBackbone.init_weights`)."""
+        model = self.model.module if hasattr(self.model, 'module') else self.model
+        for name, module in model.named_modules():
+            if isinstance(module, TokenBackbone):
+                continue
+            for init in pretrained_inits(module):
+                state = checkpoint_state(init['checkpoint'], init.get('prefix'))
+                problem = misfit(state, module.state_dict())
+                if problem:
+                    raise CheckpointError(f'init_cfg of {name or "the model"}: {init["checkpoint"]} does not fit it '
+                                          f'(it would leave weights at random): {problem}')
+        super()._init_model_weights()
+
+    def load_or_resume(self) -> None:
+        if self._resume and self._load_from is None:  # mmengine would take last_checkpoint's path as it is
+            latest = find_latest_checkpoint(self.work_dir)
+            if latest is not None:
+                self._load_from = self.own_checkpoint(latest)
+        return super().load_or_resume()
+
+    def own_checkpoint(self, named: str) -> str:
+        """The checkpoint of this work dir that `last_checkpoint` (`named`) means: itself when it lies here, else the
+        file of the same name here, else this work dir's newest iter_*.pth."""
+        work = Path(self.work_dir).resolve()
+        if Path(named).resolve().parent == work:
+            return named
+        own = work / Path(named).name
+        chosen = own if own.is_file() else next(iter(iteration_checkpoints(work)), None)
+        if chosen is None:
+            raise CheckpointError(f'{work / "last_checkpoint"} names {named}, outside this work dir, which holds no '
+                                  f'checkpoint of its own: resume the run where it is, or start a new one')
+        logger.warning(f'warning: {work / "last_checkpoint"} names {named}, outside this work dir (a copied or moved '
+                       f'run); resuming from this work dir\'s own {chosen}')
+        return str(chosen)
+
+    def resume(self, filename: str, *args, **kwargs) -> None:
+        try:
+            super().resume(filename, *args, **kwargs)
+            logger.info(f'resumed from {filename}')
+            return None
+        except CheckpointReadError as error:
+            older = [p for p in iteration_checkpoints(self.work_dir) if p.resolve() != Path(filename).resolve()]
+            for candidate in older:
+                try:
+                    super().resume(str(candidate), *args, **kwargs)
+                except CheckpointReadError:
+                    continue
+                logger.warning(f'warning: {filename} cannot be read ({error}); resumed from {candidate} instead')
+                return None
+            raise

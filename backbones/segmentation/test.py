@@ -1,0 +1,84 @@
+"""The evaluator behind tools/test_seg.py: single-scale or the papers' multi-scale + flip mIoU of a checkpoint."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mmengine.config import Config
+
+from backbones.common.errors import UsageError
+from backbones.common.cli import check_output_folder, output_file
+from backbones.common.log import logger
+from mmseg.registry import DATASETS
+
+from backbones.segmentation.config import (DataFallback, check_segmentor_checkpoint, drop_tta_flips, load_config,
+                                           resolve_trained_data, tta_flips)
+from backbones.segmentation.data_check import check_data
+from backbones.segmentation.predict import mask_paths
+from backbones.segmentation.runner import SuiteRunner
+from backbones.segmentation.train import add_common_options, parse_with_fallback, work_dir_for
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('config', help='the config the checkpoint was trained with')
+    parser.add_argument('checkpoint', help=(
+        'a checkpoint written by tools/train_seg.py (or mmseg\'s train.py). mmengine checkpoints are pickles: '
+        'they are read with torch\'s weights-only unpickler that also accepts the few types mmengine stores in '
+        'them (its log buffers, NumPy arrays), and a file needing more is refused, as unpickling anything else '
+        'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
+    add_common_options(parser)
+    parser.add_argument('--ms', action='store_true',
+                        help='multi-scale test with the config\'s tta_pipeline (the papers\': ratios 0.75..1.75 of '
+                             '(2048, 512) with flip), softmax averaged; the embedded data without ADE20K takes its own '
+                             'ratios and flips')
+    parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
+    parser.add_argument('--out', type=output_file,
+                        help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
+    parser.add_argument('--pred-dir', help='save the predicted label maps here (PNG, ADE20K label values)')
+    return parser
+
+
+def use_multi_scale(cfg: Config, flip: bool) -> None:
+    """Test with the config's `tta_pipeline` (the papers' scales) and `tta_model`; without flip if asked."""
+    if not flip:
+        drop_tta_flips(cfg)
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+    cfg.tta_model['module'] = cfg.model
+    cfg.model = cfg.tta_model
+
+
+def test_images(cfg: Config) -> list[Path]:
+    """The test set's images."""
+    dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'serialize_data': False})
+    return [Path(dataset.get_data_info(i)['img_path']) for i in range(len(dataset))]
+
+
+def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
+    check_segmentor_checkpoint(args.checkpoint)
+    cfg.load_from = args.checkpoint
+    resolve_trained_data(cfg, args.checkpoint, args.data_root, fallback)
+    if args.ms:
+        use_multi_scale(cfg, flip=not args.no_flip)
+    elif args.no_flip:
+        raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+    if args.pred_dir:
+        check_output_folder(args.pred_dir)
+    check_data(cfg, ['test_dataloader'], args.skip_unreadable)
+    if args.pred_dir:
+        mask_paths(test_images(cfg), Path(args.pred_dir))
+    cfg.test_evaluator = dict(type='IoUReport', json_file=args.out, output_dir=args.pred_dir)
+    return cfg
+
+
+def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None) -> dict[str, float]:
+    """tools/test_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
+    args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
+    cfg = prepare(args, data_fallback)
+    mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
+    metrics = SuiteRunner.from_cfg(cfg).test()
+    logger.info(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
+    return metrics

@@ -1,0 +1,153 @@
+"""The trainer behind tools/train_seg.py: a config, mmengine's Runner, and the suite's data fallback."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from mmengine.config import Config, DictAction
+
+from backbones.common.cli import check_output_folder, non_negative_int, positive_float, positive_int
+from backbones.common.errors import UsageError
+from backbones.common.files import remove_partial_writes
+from backbones.common.log import logger
+from backbones.common.lifecycle import restarted_by_torchrun
+
+from backbones.segmentation.backbone import TIMM_RELEASE
+from backbones.segmentation.config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule,
+                                           drop_one_step_warmup, load_config, resolve_data, shorten_schedule)
+from backbones.segmentation.data_check import check_data
+from backbones.segmentation.own_data import is_own_data_config, sized_iterations
+from backbones.segmentation.preemption import make_resumable, run_seed
+from backbones.segmentation.runner import SuiteRunner
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Options train_seg and test_seg share."""
+    parser.add_argument('--work-dir', help='output folder (default: work_dirs/<config name>)')
+    parser.add_argument('--data-root', help=(
+        'the data set\'s folder, instead of the config\'s: ADE20K\'s for the ADE20K configs, yours for the own-data '
+        'configs (*_own_data.py: images/{train,val}/, masks/{train,val}/, optional classes.txt)'))
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                        help='override config values, e.g. train_dataloader.batch_size=4 '
+                             'model.backbone.pretrained=None')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none',
+                        help='"pytorch" under torchrun, "slurm" under srun; "none" for one process')
+    parser.add_argument('--skip-unreadable', action='store_true',
+                        help='leave out images that cannot be decoded and say how many (default: stop, naming them)')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('config', help='config file, e.g. seg_configs/upernet_lvvit_m.py')
+    add_common_options(parser)
+    parser.add_argument('--resume', action='store_true',
+                        help='continue from the latest checkpoint in the work dir')
+    parser.add_argument('--iters', type=positive_int,
+                        help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
+    parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N', help=(
+        'one update every N iterations, their gradients summed: the global batch is GPUs x images per GPU x N (the '
+        'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
+        'config count updates; the lr stays the config\'s'))
+    parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
+    parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
+                        help='also write a checkpoint at most every M minutes (each replacing the previous timed one); '
+                             'SIGTERM and SIGUSR1 always write one, then exit with status 75')
+    parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
+                        help='validation images drawn (ground truth and prediction) into TensorBoard and '
+                             'vis_data/vis_image at every validation (default 4; 0: none)')
+    return parser
+
+
+def work_dir_for(cfg: Config, config_path: str, work_dir: str | None) -> str:
+    return work_dir or cfg.get('work_dir') or os.path.join('work_dirs', Path(config_path).stem)
+
+
+def processes(launcher: str) -> int:
+    """How many processes train together (torchrun and srun say it in the environment)."""
+    if launcher == 'none':
+        return 1
+    return int(os.environ.get('WORLD_SIZE') or os.environ.get('SLURM_NTASKS') or 1)
+
+
+def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFallback) -> None:
+    """On the fallback's data, the config's ImageNet weights (not on disk) give way to the same model pretrained
+    for it (trained on first use). A path given on the command line must exist; None means random
+    initialisation."""
+    backbone = cfg.model.backbone
+    pretrained = backbone.get('pretrained')
+    if pretrained is None:
+        logger.info('backbone: random initialisation (model.backbone.pretrained=None)')
+    elif Path(pretrained).is_file():
+        logger.info(f'backbone: {pretrained}')
+    elif pretrained != config_pretrained:
+        check_pretrained(cfg)  # a URL or timm's release: downloaded when the model is built
+        logger.info(f'backbone: {pretrained}')
+    else:
+        checkpoint, origin = fallback.pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
+        backbone.pretrained = str(checkpoint)
+        said = (f'{pretrained} (the ImageNet release) left aside on the embedded data' if pretrained == TIMM_RELEASE
+                else f'{pretrained} not found')
+        logger.info(f'backbone: {said}; {origin}')
+
+
+def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
+    """The config a run takes: the command line's options, the data (`fallback`'s without ADE20K), the schedule."""
+    cfg = load_config(args.config)
+    config_pretrained = cfg.model.backbone.get('pretrained')
+    options = args.cfg_options or {}
+    cfg.merge_from_dict(options)
+    cfg.launcher = args.launcher
+    cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
+    check_output_folder(cfg.work_dir)
+    if resolve_data(cfg, args.data_root, fallback):
+        fallback.use_schedule(cfg)
+        cfg.merge_from_dict(options)  # what the command line says wins over the fallback's schedule
+        choose_backbone(cfg, config_pretrained, fallback)
+    else:
+        check_pretrained(cfg)
+        if is_own_data_config(cfg) and not args.iters:
+            shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps))
+            cfg.train_cfg['val_interval'] = cfg.default_hooks['checkpoint']['interval']  # save_best needs scores
+    if args.iters:
+        shorten_schedule(cfg, args.iters)
+    accumulate_gradients(cfg, args.grad_accum_steps)
+    drop_one_step_warmup(cfg)
+    logger.info(f'schedule: {describe_schedule(cfg)}')
+    cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
+    if args.amp:
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+    started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
+    resume = args.resume or (started and restarted_by_torchrun())
+    if started and not args.resume and resume:
+        logger.info(f'torchrun restarted the run: resuming from the latest checkpoint in {cfg.work_dir}')
+    if started and not resume:
+        raise UsageError(f'{cfg.work_dir} already holds a run: add --resume to continue it, '
+                         'or choose another --work-dir')
+    remove_partial_writes(cfg.work_dir)  # checkpoint writes a kill interrupted (the first one too)
+    cfg.resume = resume and started
+    # the run's own seed, also on resume: the sampler's order and the workers' augmentation follow it
+    cfg.randomness = {**cfg.get('randomness', {}),
+                      'seed': run_seed(cfg.get('randomness', {}).get('seed'), cfg.work_dir, cfg.resume)}
+    make_resumable(cfg, args.checkpoint_minutes)
+    if args.resume and not started:
+        logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
+                       f'stopped while writing its first): starting from iteration 0')
+    check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
+    return cfg
+
+
+def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
+                        fallback: type[DataFallback] | None) -> tuple[argparse.Namespace, DataFallback | None]:
+    """The command line, with the fallback's own options; and the fallback those options make."""
+    if fallback is None:
+        return parser.parse_args(argv), None
+    fallback.add_arguments(parser)
+    args = parser.parse_args(argv)
+    return args, fallback.from_args(args)
+
+
+def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None) -> None:
+    """tools/train_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
+    args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
+    SuiteRunner.from_cfg(prepare(args, data_fallback)).train()

@@ -1,0 +1,235 @@
+"""Label-aware training augmentation: the image is transformed as timm does it, and every geometric step is
+recorded so that the token targets can be cut from the score map along the same geometry.
+
+Geometry of one sample, as `CropGeometry`:
+- `box`: the RandomResizedCrop box as fractions of the whole image, (x1, y1, x2, y2);
+- `flip`: whether the crop was mirrored left-right;
+- `warp`: RandAugment's rotate/shear/translate composed into one 2x3 affine map that takes a point of the
+  final image to the crop it came from, both in [-1, 1] coordinates (x right, y down; -1 and 1 are the outer
+  pixel edges, as in `grid_sample(align_corners=False)`). Points it sends outside [-1, 1] were filled in.
+
+Composed, these send any point of the augmented image back to the whole image the score map describes.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+from timm.data import RandomResizedCropAndInterpolation
+from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.random_erasing import RandomErasing
+from torchvision.transforms import InterpolationMode
+
+GEOMETRIC_OPS = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel', 'TranslateX', 'TranslateY')
+_INTERPOLATIONS = {'bilinear': InterpolationMode.BILINEAR, 'bicubic': InterpolationMode.BICUBIC}
+
+
+class CropGeometry(NamedTuple):
+    box: torch.Tensor  # (4,) or (B, 4): x1, y1, x2, y2 as fractions of the whole image
+    flip: torch.Tensor  # () or (B,): bool
+    warp: torch.Tensor  # (2, 3) or (B, 2, 3): final image -> crop, in [-1, 1] coordinates
+
+
+def identity_geometry() -> CropGeometry:
+    return CropGeometry(torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor(False), torch.eye(3)[:2].clone())
+
+
+def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]) -> np.ndarray:
+    """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops.
+
+    PIL's affine transforms sample the input at `M @ (x, y, 1)` for output pixel-edge coordinates (x, y);
+    the op arguments are the ones timm passes to `timm.data.auto_augment.<op>`.
+    """
+    w, h = size
+    (arg,) = args
+    if op_name == 'Rotate':  # PIL Image.rotate: counter-clockwise about the centre (w/2, h/2)
+        a = -math.radians(arg)
+        rot = np.array([[math.cos(a), math.sin(a), 0.0], [-math.sin(a), math.cos(a), 0.0], [0.0, 0.0, 1.0]])
+        to_centre = np.array([[1.0, 0.0, -w / 2], [0.0, 1.0, -h / 2], [0.0, 0.0, 1.0]])
+        return np.linalg.inv(to_centre) @ rot @ to_centre
+    m = np.eye(3)
+    if op_name == 'ShearX':
+        m[0, 1] = arg
+    elif op_name == 'ShearY':
+        m[1, 0] = arg
+    elif op_name == 'TranslateXRel':
+        m[0, 2] = arg * w
+    elif op_name == 'TranslateYRel':
+        m[1, 2] = arg * h
+    elif op_name == 'TranslateX':
+        m[0, 2] = arg
+    elif op_name == 'TranslateY':
+        m[1, 2] = arg
+    else:
+        raise ValueError(f'not a geometric RandAugment op: {op_name}')
+    return m
+
+
+def pixels_to_normalized(m: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Re-express a pixel-coordinate map of a (w, h) image in [-1, 1] coordinates."""
+    w, h = size
+    d = np.array([[w / 2, 0.0, w / 2], [0.0, h / 2, h / 2], [0.0, 0.0, 1.0]])  # normalised -> pixels
+    return np.linalg.inv(d) @ m @ d
+
+
+class AppliedOp(NamedTuple):
+    """One RandAugment op as timm applied it: its name, the arguments its magnitude gave, and its fill colour."""
+
+    name: str
+    args: tuple
+    fill: tuple | None
+
+
+class _RecordingOp:
+    """Stands in for an op's function: notes the op and its arguments, then runs it."""
+
+    def __init__(self, name: str, fn, log: list[AppliedOp]) -> None:
+        self.name, self.fn, self.log = name, fn, log
+
+    def __call__(self, img: Image.Image, *args, **kwargs) -> Image.Image:
+        self.log.append(AppliedOp(self.name, args, kwargs.get('fillcolor')))
+        return self.fn(img, *args, **kwargs)
+
+
+class _ZeroBitPosterize:
+    """timm's posterize, keeping 0 bits (a black image) as Pillow < 12 did; Pillow 12+ rejects bits=0, which
+    timm's 'inc' posterize reaches at magnitude 10 (m9 with mstd0.5 gets there)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, img: Image.Image, bits: int, **kwargs) -> Image.Image:
+        return Image.new(img.mode, img.size) if bits <= 0 else self.fn(img, bits, **kwargs)
+
+
+def warp_of(applied: Sequence[AppliedOp], size: tuple[int, int]) -> torch.Tensor:
+    """The geometric ops of `applied` (in the order applied) composed: final image -> crop, [-1, 1] coordinates."""
+    m = np.eye(3)
+    for op in applied:  # the first op applied is the outermost: out -> ... -> input of op 1
+        if op.name in GEOMETRIC_OPS:
+            m = m @ pil_affine_matrix(op.name, op.args, size)
+    return torch.from_numpy(pixels_to_normalized(m, size)[:2]).float()
+
+
+class LabelAwareRandAugment:
+    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied.
+
+    `plan` draws the same ops, magnitudes and random choices without touching an image (timm's ops run on a 1x1
+    stand-in), for the batched path that applies them later on the device.
+    """
+
+    def __init__(self, augment: RandAugment) -> None:
+        self.augment = augment
+        self.num_layers = augment.num_layers
+        self._log: list[AppliedOp] = []
+        for op in augment.ops:
+            fn = _ZeroBitPosterize(op.aug_fn) if op.name.startswith('Posterize') else op.aug_fn
+            op.aug_fn = _RecordingOp(op.name, fn, self._log)
+
+    @classmethod
+    def from_config(cls, config: str, img_size: int, mean: Sequence[float]) -> 'LabelAwareRandAugment':
+        """As timm's `create_transform` builds it: translate limit 45% of the size, fill with the mean colour."""
+        hparams = dict(translate_const=int(img_size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
+        return cls(rand_augment_transform(config, hparams))
+
+    def __call__(self, img: Image.Image) -> tuple[Image.Image, torch.Tensor]:
+        self._log.clear()
+        img = self.augment(img)
+        return img, warp_of(self._log, img.size)
+
+    def plan(self, size: tuple[int, int]) -> tuple[list[AppliedOp], torch.Tensor]:
+        """The ops an image of `size` would get (the same random draws as a call), and their composed warp."""
+        self._log.clear()
+        self.augment(_STAND_IN)
+        return list(self._log), warp_of(self._log, size)
+
+
+_STAND_IN = Image.new('RGB', (1, 1))
+
+
+class EraseBoxes:
+    """Stands in for a (3, size, size) image tensor: records the boxes timm's RandomErasing draws for it, as
+    (top, left, height, width), with the same random draws as erasing a real image."""
+
+    def __init__(self, size: int) -> None:
+        self.shape, self.dtype, self.boxes = (3, size, size), torch.float32, []
+
+    def size(self) -> tuple:
+        return self.shape
+
+    def __setitem__(self, key: tuple, value: torch.Tensor) -> None:
+        _, rows, cols = key
+        self.boxes.append((rows.start, cols.start, rows.stop - rows.start, cols.stop - cols.start))
+
+
+class TrainTransform:
+    """RandomResizedCrop (random bilinear/bicubic), flip, label-aware RandAugment, normalise, random erasing.
+
+    Returns the image tensor and its `CropGeometry`. Random erasing touches the image only: the erased pixels
+    still show what the score map says about that place in the original. This is the PIL path, one image at a
+    time; `classification.data.batch_augment` draws the same parameters (`sample_*`, in the same order) and applies
+    them to whole batches on the training device.
+    """
+
+    def __init__(
+            self,
+            img_size: int,
+            scale: tuple[float, float] = (0.08, 1.0),
+            ratio: tuple[float, float] = (3 / 4, 4 / 3),
+            hflip: float = 0.5,
+            auto_augment: str | None = 'rand-m9-mstd0.5-inc1',
+            reprob: float = 0.25,
+            interpolation: str = 'random',
+            mean: Sequence[float] = (0.485, 0.456, 0.406),
+            std: Sequence[float] = (0.229, 0.224, 0.225),
+    ) -> None:
+        self.img_size = img_size
+        self.scale, self.ratio, self.hflip = tuple(scale), tuple(ratio), hflip
+        self.interpolations = list(_INTERPOLATIONS.values()) if interpolation == 'random' else [
+            _INTERPOLATIONS[interpolation]]
+        self.rand_augment = LabelAwareRandAugment.from_config(auto_augment, img_size, mean) if auto_augment else None
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.erase = RandomErasing(reprob, mode='pixel', device='cpu') if reprob > 0 else None
+        # the same draws as `erase`, without making the noise: erasing boxes for the batched path
+        self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
+
+    def sample_crop(self, img: Image.Image) -> tuple[int, int, int, int]:
+        """RandomResizedCrop's (top, left, height, width) for an image (its size is all it reads), at least one pixel
+        each way: timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
+        top, left, h, w = RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
+        h, w = max(h, 1), max(w, 1)
+        return min(top, img.size[1] - h), min(left, img.size[0] - w), h, w
+
+    def sample_view(self) -> tuple[InterpolationMode, bool]:
+        """The crop's interpolation and whether it is mirrored."""
+        return random.choice(self.interpolations), random.random() < self.hflip
+
+    def sample_erasing(self) -> list[tuple[int, int, int, int]]:
+        """Random erasing's boxes (top, left, height, width) on the output image; often none."""
+        if self.erase_boxes is None:
+            return []
+        stand_in = EraseBoxes(self.img_size)
+        self.erase_boxes(stand_in)
+        return stand_in.boxes
+
+    def __call__(self, img: Image.Image) -> tuple[torch.Tensor, CropGeometry]:
+        W, H = img.size
+        top, left, h, w = self.sample_crop(img)
+        interpolation, flip = self.sample_view()
+        img = TF.resized_crop(img, top, left, h, w, [self.img_size, self.img_size], interpolation, antialias=True)
+        box = torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H])
+        if flip:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        warp = torch.eye(3)[:2].clone()
+        if self.rand_augment is not None:
+            img, warp = self.rand_augment(img)
+        x = TF.normalize(TF.to_tensor(img), self.mean, self.std)
+        if self.erase is not None:
+            x = self.erase(x)
+        return x, CropGeometry(box, torch.tensor(flip), warp)

@@ -1,0 +1,480 @@
+"""Label-aware augmentation in two halves: parameters and a small decode in the loader workers, the pixels a batch at
+a time on the training device.
+
+`RegionTransform` (workers) draws everything `TrainTransform` draws, in the same order from the same random streams,
+so a seed gives the same `CropGeometry` on both paths; then it decodes the file (at 1/2, 1/4 or 1/8 of its size
+where JPEG's scaled decoding still leaves the crop at least the output size), cuts out the crop's region and shrinks
+it by whole factors while it stays at least the output size. What it sends is that uint8 region and a plan. With
+`decode='device'` (`--decode gpu`) it sends a colour JPEG's bytes instead, with the region's bounds on the full-size
+image: the device half decodes the batch's files in one call (nvJPEG on a GPU) and cuts the same regions.
+
+`BatchAugment` (device) turns a batch of regions into model input:
+- crop, resize, flip and RandAugment's rotate/shear/translate are one affine map per image, so one `grid_sample`
+  for each of the two interpolations (bilinear, bicubic), with timm's fill colour where the map leaves the crop;
+- the colour ops (AutoContrast, Equalize, Invert, Posterize, Solarize, SolarizeAdd, Color, Contrast, Brightness,
+  Sharpness) run layer by layer, each op on the images that drew it, with Pillow's formulas (its luma weights, its
+  histogram rules, truncation after blends, a smoothing kernel that keeps the border) on uint8 values;
+- normalisation, then random erasing with per-pixel normal noise.
+
+What differs from the PIL path, by construction: one resampling instead of one per geometric op (sharper), and a
+colour op that timm applied before a geometric op now sees the warped image, its statistics taken over the pixels
+that came from the crop and the fill left as it is (as the later geometric op would have left it).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import default_collate
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import InterpolationMode
+
+from backbones.common.errors import UsageError
+from backbones.common.images import ImageReadError, read_image
+from classification.data.augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
+
+COLOUR_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color', 'Contrast',
+              'Brightness', 'Sharpness')
+NO_OP = -1
+
+
+def colour_op_code(name: str) -> int:
+    """Index in COLOUR_OPS of a timm op name ('ColorIncreasing' -> 'Color'); a geometric op or another is an error."""
+    base = name.removesuffix('Increasing').removesuffix('Original')
+    if base not in COLOUR_OPS:
+        raise UsageError(f'the batched augmentation has no {name!r}; it applies {", ".join(COLOUR_OPS)} and the '
+                         f'geometric ops {", ".join(GEOMETRIC_OPS)} (use --augment pil for other policies)')
+    return COLOUR_OPS.index(base)
+
+
+def jpeg_draft_size(size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> tuple[int, int]:
+    """The smallest whole-image size (w, h) at which the crop (top, left, height, width) still covers `out` pixels
+    each way: what to ask `Image.draft` for."""
+    W, H = size
+    _, _, h, w = crop
+    return math.ceil(W * out / w), math.ceil(H * out / h)
+
+
+@dataclass
+class Region:
+    """A crop's neighbourhood as decoded: uint8 (h, w, 3) pixels, and the crop box in them, (x1, y1, x2, y2) pixels."""
+
+    pixels: np.ndarray
+    box: tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class RegionBounds:
+    """Where a crop's region lies in an image decoded at some size: its whole pixels (x1, y1, x2, y2), the whole
+    factors (fx, fy) it is reduced by (box averages) while the crop stays at least the output size, and the crop box
+    in the reduced region."""
+
+    pixels: tuple[int, int, int, int]
+    factors: tuple[int, int]
+    box: tuple[float, float, float, float]
+
+
+def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], crop: tuple[int, int, int, int],
+                  out: int) -> RegionBounds:
+    """The region of `crop` (given on the full-size image) in the image as decoded (`decoded_size`: smaller for a
+    draft decode)."""
+    top, left, h, w = crop
+    sx, sy = decoded_size[0] / full_size[0], decoded_size[1] / full_size[1]
+    x1, y1, x2, y2 = left * sx, top * sy, (left + w) * sx, (top + h) * sy
+    bx1, by1 = math.floor(x1), math.floor(y1)
+    bx2, by2 = min(decoded_size[0], math.ceil(x2)), min(decoded_size[1], math.ceil(y2))
+    fx, fy = max(1, int((x2 - x1) // out)), max(1, int((y2 - y1) // out))
+    return RegionBounds((bx1, by1, bx2, by2), (fx, fy),
+                        ((x1 - bx1) / fx, (y1 - by1) / fy, (x2 - bx1) / fx, (y2 - by1) / fy))
+
+
+def cut_region(img: Image.Image, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
+    """The whole pixels around `crop` (given on the full-size image) from a possibly draft-decoded `img`, reduced by
+    whole factors (box averages) as long as the crop stays at least `out` pixels each way."""
+    bounds = region_bounds(full_size, img.size, crop, out)
+    if bounds.factors == (1, 1):
+        region = img.crop(bounds.pixels)
+    else:
+        region = img.reduce(bounds.factors, box=bounds.pixels)
+    return Region(np.asarray(region), bounds.box)
+
+
+def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
+    """`cut_region` on a decoded (3, H, W) uint8 tensor, on its device: (h, w, 3) uint8. The box averages of the
+    last, partial blocks take the pixels there are, as Pillow's `reduce` does."""
+    x1, y1, x2, y2 = bounds.pixels
+    region = image[:, y1:y2, x1:x2]
+    if bounds.factors != (1, 1):
+        fx, fy = bounds.factors
+        region = F.avg_pool2d(region[None].float(), (fy, fx), ceil_mode=True)[0].round().to(torch.uint8)
+    return region.permute(1, 2, 0)
+
+
+@dataclass
+class EncodedJpeg:
+    """A JPEG file's bytes on their way to the training device's decoder (`--decode gpu`), with the region of its
+    crop there; the path names it if it does not decode."""
+
+    data: torch.Tensor  # uint8 (n,)
+    bounds: RegionBounds
+    path: str
+
+
+def bytes_for_device(img: Image.Image, path: Path) -> bytes | None:
+    """The file's bytes when the device's decoder takes it: a baseline or progressive colour JPEG that ends with its
+    end-of-image marker. Others (grey, CMYK, PNG, a truncated file: None) are decoded by the worker, which names or
+    skips a broken one; only colour JPEGs are read whole here."""
+    if img.format != 'JPEG' or img.mode != 'RGB':
+        return None
+    data = Path(path).read_bytes()
+    return data if data.rstrip(b'\0')[-2:] == b'\xff\xd9' else None
+
+
+class RegionTransform:
+    """The worker half: reads an image file and returns (uint8 region (h, w, 3), `CropGeometry`, plan); with
+    `decode='device'`, a colour JPEG's bytes instead (`EncodedJpeg`), decoded a batch at a time on the training
+    device. The same draws either way."""
+
+    takes_path = True  # ImageFolderDataset hands it the file, for the reduced decode
+
+    def __init__(self, reference: TrainTransform, decode: str = 'worker') -> None:
+        if decode not in ('worker', 'device'):
+            raise UsageError(f'decode must be worker or device, got {decode!r}')
+        self.reference, self.decode = reference, decode
+        layers = reference.rand_augment.num_layers if reference.rand_augment is not None else 0
+        self.layers = layers
+        self.max_boxes = reference.erase_boxes.max_count if reference.erase_boxes is not None else 0
+
+    def __call__(self, path: Path) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry, dict[str, torch.Tensor]]:
+        t, out = self.reference, self.reference.img_size
+        drawn = {}
+
+        def plan_decode(img: Image.Image) -> bool:
+            """Draw the crop; ask for the reduced decode, or for none where the device decodes the file."""
+            drawn['size'] = img.size
+            drawn['crop'] = crop = t.sample_crop(img)
+            if self.decode == 'device':
+                drawn['encoded'] = bytes_for_device(img, path)
+                if drawn['encoded'] is not None:
+                    return False
+            img.draft('RGB', jpeg_draft_size(img.size, crop, out))
+            return True
+
+        img = read_image(path, plan_decode)
+        (W, H), (top, left, h, w) = drawn['size'], drawn['crop']
+        interpolation, flip = t.sample_view()
+        applied, warp = t.rand_augment.plan((out, out)) if t.rand_augment is not None else ([], torch.eye(3)[:2])
+        boxes = t.sample_erasing()
+        if img is None:
+            bounds = region_bounds((W, H), (W, H), drawn['crop'], out)
+            image, box = EncodedJpeg(torch.frombuffer(bytearray(drawn['encoded']), dtype=torch.uint8), bounds,
+                                     str(path)), bounds.box
+        else:
+            region = cut_region(img, (W, H), drawn['crop'], out)
+            image, box = torch.from_numpy(region.pixels.copy()), region.box
+        geometry = CropGeometry(torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H]), torch.tensor(flip),
+                                warp)
+        plan = {'box': torch.tensor(box, dtype=torch.float32),
+                'bicubic': torch.tensor(interpolation == InterpolationMode.BICUBIC),
+                'flip': geometry.flip, 'warp': warp, **self.colour_plan(applied), **self.erase_plan(boxes)}
+        return image, geometry, plan
+
+    def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, torch.Tensor]:
+        """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last
+        geometric op, so it sees the crop's pixels only; `fill`: the geometric ops' fill colour."""
+        ops, args, warped = [NO_OP] * self.layers, [0.0] * self.layers, [False] * self.layers
+        geometric = [i for i, op in enumerate(applied) if op.name in GEOMETRIC_OPS]
+        fill = next((op.fill for op in applied if op.fill is not None), (0, 0, 0))
+        colour = [(i, op) for i, op in enumerate(applied) if op.name not in GEOMETRIC_OPS]
+        for layer, (i, op) in enumerate(colour):
+            ops[layer], warped[layer] = colour_op_code(op.name), bool(geometric) and i < geometric[-1]
+            args[layer] = float(op.args[0]) if op.args else 0.0
+        return {'ops': torch.tensor(ops), 'args': torch.tensor(args), 'warped': torch.tensor(warped),
+                'fill': torch.tensor(fill, dtype=torch.float32)}
+
+    def erase_plan(self, boxes: Sequence[tuple[int, int, int, int]]) -> dict[str, torch.Tensor]:
+        erase = torch.zeros(self.max_boxes, 4, dtype=torch.long)  # height 0: no box
+        if boxes:
+            erase[:len(boxes)] = torch.tensor(boxes)
+        return {'erase': erase}
+
+
+@dataclass
+class PendingImages:
+    """A batch of regions on their way to `BatchAugment`: uint8 (B, H, W, 3), each region at the top left of the
+    canvas with its last row and column repeated to the canvas edge, and the collated plans."""
+
+    pixels: torch.Tensor
+    plan: dict[str, torch.Tensor]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> 'PendingImages':
+        return PendingImages(self.pixels.to(device, non_blocking=non_blocking),
+                             {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()})
+
+    def pin_memory(self) -> 'PendingImages':
+        return PendingImages(self.pixels.pin_memory(), {k: v.pin_memory() for k, v in self.plan.items()})
+
+    def __len__(self) -> int:
+        return self.pixels.shape[0]
+
+
+@dataclass
+class EncodedImages:
+    """A batch whose regions are still, some or all of them, JPEG files (`EncodedJpeg`; the others decoded regions):
+    `decode` makes them `PendingImages` on the plans' device, all JPEGs of the batch in one call of the decoder
+    (nvJPEG on a GPU)."""
+
+    regions: list[torch.Tensor | EncodedJpeg]
+    plan: dict[str, torch.Tensor]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> 'EncodedImages':
+        """The plans on `device`; the files stay in host memory, where the decoder reads them."""
+        return EncodedImages(self.regions, {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()})
+
+    def pin_memory(self) -> 'EncodedImages':
+        return EncodedImages(self.regions, {k: v.pin_memory() for k, v in self.plan.items()})
+
+    def __len__(self) -> int:
+        return len(self.regions)
+
+    def decode(self) -> PendingImages:
+        device = self.plan['box'].device
+        files = [(i, r) for i, r in enumerate(self.regions) if isinstance(r, EncodedJpeg)]
+        regions = [r if isinstance(r, EncodedJpeg) else r.to(device, non_blocking=True) for r in self.regions]
+        for (i, jpeg), image in zip(files, decode_jpegs([jpeg for _, jpeg in files], device)):
+            regions[i] = cut_decoded(image, jpeg.bounds)
+        return PendingImages(canvas(regions), self.plan)
+
+
+def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[torch.Tensor]:
+    """The files as (3, H, W) uint8 RGB on `device`, decoded there in one call; a file the decoder refuses is named
+    (the batch is decoded again one file at a time to find it)."""
+    if not files:
+        return []
+    if device.type == 'cuda':
+        # torchvision's CUDA decoder allocates its outputs on the calling stream but writes them from a stream of
+        # its own that does not wait for the calling one: a block just freed there, which queued kernels still
+        # read, can be overwritten (pytorch/vision#9606, reproduced on H100s). Draining the calling stream first
+        # (the preparation's side stream: a few kernels) closes that window.
+        torch.cuda.current_stream(device).synchronize()
+    try:
+        return decode_jpeg([f.data for f in files], mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        for f in files:
+            try:
+                decode_jpeg(f.data, mode=ImageReadMode.RGB, device=device)
+            except RuntimeError as e:
+                raise ImageReadError(f'cannot read image {f.path}: the {device.type} JPEG decoder: {e}; decode it '
+                                     f'in the workers (--decode cpu) or replace the file') from e
+        raise
+
+
+def canvas(regions: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Regions (h, w, 3) at the top left of one (B, H, W, 3) canvas, on their device, each with its last row and
+    column repeated to the canvas edge: interpolation at the crop border reads the region's own pixels."""
+    H, W = max(r.shape[0] for r in regions), max(r.shape[1] for r in regions)
+    out = torch.empty(len(regions), H, W, 3, dtype=torch.uint8, device=regions[0].device)
+    for c, r in zip(out, regions):
+        h, w = r.shape[:2]
+        c[:h, :w] = r
+        c[:h, w:] = r[:, -1:]
+        c[h:] = c[h - 1:h]
+    return out
+
+
+def collate_regions(regions: Sequence[torch.Tensor | EncodedJpeg],
+                    plans: Sequence[dict]) -> PendingImages | EncodedImages:
+    plan = default_collate(list(plans))
+    if any(isinstance(r, EncodedJpeg) for r in regions):
+        return EncodedImages(list(regions), plan)
+    return PendingImages(canvas(regions), plan)
+
+
+def luma(x: torch.Tensor) -> torch.Tensor:
+    """Pillow's RGB -> L: (19595 R + 38470 G + 7471 B + 2^15) >> 16, on (n, 3, H, W) integer values."""
+    return torch.floor((x[:, 0:1] * 19595 + x[:, 1:2] * 38470 + x[:, 2:3] * 7471 + 32768) / 65536)
+
+
+def blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """ImageEnhance: degenerate + factor * (x - degenerate), truncated to uint8 as `Image.blend` does."""
+    return (degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)).clamp(0, 255).floor()
+
+
+def masked_histogram(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(n, c, 256) counts of each value per image and channel, over the pixels of `mask` (n, 1, H, W)."""
+    n, c = x.shape[:2]
+    weights = mask.expand_as(x).reshape(n * c, -1).float()
+    hist = torch.zeros(n * c, 256, device=x.device)
+    return hist.scatter_add_(1, x.reshape(n * c, -1).long(), weights).view(n, c, 256)
+
+
+def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """Per image and channel look-up tables (n, c, 256) applied to integer values."""
+    n, c = x.shape[:2]
+    return lut.view(n * c, 256).gather(1, x.reshape(n * c, -1).long()).view_as(x).to(x.dtype)
+
+
+def autocontrast(x: torch.Tensor, _: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    hist = masked_histogram(x, mask)
+    values = torch.arange(256, device=x.device, dtype=torch.float32)
+    present = hist > 0
+    lo = torch.where(present, values, 256.0).amin(-1, keepdim=True)
+    hi = torch.where(present, values, -1.0).amax(-1, keepdim=True)
+    scale = 255.0 / (hi - lo).clamp_min(1)
+    lut = (values * scale - lo * scale + 1e-4).clamp(0, 255).floor()
+    return apply_lut(x, torch.where(hi > lo, lut, values))
+
+
+def equalize(x: torch.Tensor, _: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    hist = masked_histogram(x, mask)
+    values = torch.arange(256, device=x.device, dtype=torch.float32)
+    last = torch.where(hist > 0, values, -1.0).argmax(-1, keepdim=True)  # the highest value present
+    step = torch.div(hist.sum(-1, keepdim=True) - hist.gather(-1, last), 255, rounding_mode='floor')
+    before = hist.cumsum(-1) - hist
+    lut = torch.div(torch.div(step, 2, rounding_mode='floor') + before, step.clamp_min(1), rounding_mode='floor')
+    flat = (step == 0) | ((hist > 0).sum(-1, keepdim=True) <= 1)
+    return apply_lut(x, torch.where(flat, values, lut.clamp(max=255)))
+
+
+def invert(x, _, __):
+    return 255 - x
+
+
+def posterize(x, bits, _):
+    quantum = torch.exp2(8 - bits.clamp(0, 8)).view(-1, 1, 1, 1)
+    return torch.floor(x / quantum) * quantum
+
+
+def solarize(x, threshold, _):
+    return torch.where(x < threshold.view(-1, 1, 1, 1), x, 255 - x)
+
+
+def solarize_add(x, add, _, threshold: float = 128):
+    return torch.where(x < threshold, (x + add.view(-1, 1, 1, 1)).clamp(max=255), x)
+
+
+def color(x, factor, _):
+    return blend(luma(x).expand_as(x), x, factor)
+
+
+def contrast(x, factor, mask):
+    grey = luma(x)
+    mean = (grey * mask).sum((1, 2, 3)) / mask.sum((1, 2, 3)).clamp_min(1)
+    return blend(torch.floor(mean + 0.5).view(-1, 1, 1, 1).expand_as(x), x, factor)
+
+
+def brightness(x, factor, _):
+    return blend(torch.zeros_like(x), x, factor)
+
+
+SMOOTH = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13  # ImageFilter.SMOOTH
+
+
+def sharpness(x, factor, _):
+    smooth = F.conv2d(x, SMOOTH.to(x.device).expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
+    degenerate = x.clone()
+    degenerate[:, :, 1:-1, 1:-1] = torch.floor(smooth + 0.5).clamp(0, 255)  # Pillow keeps the border pixels
+    return blend(degenerate, x, factor)
+
+
+COLOUR_FUNCTIONS: dict[str, Callable] = {
+    'AutoContrast': autocontrast, 'Equalize': equalize, 'Invert': invert, 'Posterize': posterize,
+    'Solarize': solarize, 'SolarizeAdd': solarize_add, 'Color': color, 'Contrast': contrast,
+    'Brightness': brightness, 'Sharpness': sharpness,
+}
+
+
+def canvas_map(plan: dict[str, torch.Tensor], canvas: tuple[int, int]) -> torch.Tensor:
+    """(B, 2, 3) affine map of `grid_sample`: output [-1, 1] -> (warp) crop -> (flip) unmirrored crop -> canvas."""
+    box, H, W = plan['box'], *canvas
+    B = box.shape[0]
+    to_canvas = torch.zeros(B, 3, 3, device=box.device)
+    to_canvas[:, 0, 0], to_canvas[:, 1, 1] = (box[:, 2] - box[:, 0]) / W, (box[:, 3] - box[:, 1]) / H
+    to_canvas[:, 0, 2], to_canvas[:, 1, 2] = (box[:, 0] + box[:, 2]) / W - 1, (box[:, 1] + box[:, 3]) / H - 1
+    to_canvas[:, 2, 2] = 1
+    mirror = torch.ones(B, 3, device=box.device)
+    mirror[:, 0] = torch.where(plan['flip'], -1.0, 1.0)
+    warp = torch.cat([plan['warp'].float(), torch.tensor([0.0, 0.0, 1.0], device=box.device).expand(B, 1, 3)], 1)
+    return (to_canvas @ torch.diag_embed(mirror) @ warp)[:, :2]
+
+
+def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
+    """`F.affine_grid(theta, [B, C, size, size], align_corners=False)`, as two broadcast sums (affine_grid's
+    batched matrix product with an inner size of 3 is several times slower on CPU)."""
+    centres = (torch.arange(size, device=theta.device, dtype=torch.float32) * 2 + 1) / size - 1
+    x, y = centres.view(1, 1, size), centres.view(1, size, 1)
+    t = theta.float().unsqueeze(-1).unsqueeze(-1)  # (B, 2, 3, 1, 1)
+    return torch.stack([t[:, i, 0] * x + t[:, i, 1] * y + t[:, i, 2] for i in range(2)], dim=-1)
+
+
+class BatchAugment:
+    """The device half: `PendingImages` -> normalised (B, 3, S, S) float images, as `TrainTransform` makes them."""
+
+    def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.img_size = img_size
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+
+    def __call__(self, pending: PendingImages | EncodedImages) -> torch.Tensor:
+        if isinstance(pending, EncodedImages):
+            pending = pending.decode()
+        x, inside = self.resample(pending)
+        x = self.colour(x, inside, pending.plan)
+        x = (x - self.mean.to(x.device)) / self.std.to(x.device)
+        return self.erase(x, pending.plan['erase'])
+
+    def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
+        """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
+        which output pixels came from the crop (B, 1, S, S)."""
+        plan, S, pixels = pending.plan, self.img_size, pending.pixels
+        B = pixels.shape[0]
+        grid = sampling_grid(canvas_map(plan, pixels.shape[1:3]), S)
+        x = torch.empty(B, 3, S, S, device=pixels.device)
+        for mode, pick in (('bilinear', ~plan['bicubic']), ('bicubic', plan['bicubic'])):
+            if pick.all():
+                pick = slice(None)  # no copies of the batch
+            elif not pick.any():
+                continue
+            source = pixels[pick].permute(0, 3, 1, 2).float()
+            x[pick] = F.grid_sample(source, grid[pick], mode=mode, padding_mode='border', align_corners=False)
+        inside = (sampling_grid(plan['warp'], S).abs() <= 1).all(dim=-1).unsqueeze(1)
+        x = torch.where(inside, x.clamp(0, 255).round(), plan['fill'].view(B, 3, 1, 1))
+        return x, inside
+
+    def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each layer's colour op on the images that drew it (over the crop's pixels only when it came before a
+        geometric op)."""
+        ops, args, warped = plan['ops'], plan['args'].float(), plan['warped']
+        everywhere = torch.ones_like(inside)
+        for layer in range(ops.shape[1]):
+            for code in ops[:, layer].unique().tolist():
+                if code == NO_OP:
+                    continue
+                pick = (ops[:, layer] == code).nonzero().squeeze(1)
+                mask = torch.where(warped[pick, layer].view(-1, 1, 1, 1), inside[pick], everywhere[pick])
+                before = x[pick]
+                after = COLOUR_FUNCTIONS[COLOUR_OPS[code]](before, args[pick, layer], mask.float())
+                x[pick] = torch.where(mask, after, before)
+        return x
+
+    def erase(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """Per-pixel normal noise in each drawn box (top, left, height, width)."""
+        if boxes.numel() == 0 or not (boxes[..., 2] > 0).any():
+            return x
+        rows = torch.arange(x.shape[2], device=x.device).view(1, 1, -1, 1)
+        cols = torch.arange(x.shape[3], device=x.device).view(1, 1, 1, -1)
+        mask = torch.zeros(x.shape[0], 1, x.shape[2], x.shape[3], dtype=torch.bool, device=x.device)
+        shape = (-1, 1, 1, 1)
+        for top, left, h, w in (box.unbind(1) for box in boxes.unbind(1)):
+            mask |= ((rows >= top.view(shape)) & (rows < (top + h).view(shape))
+                     & (cols >= left.view(shape)) & (cols < (left + w).view(shape)))
+        erased = mask.flatten(1).any(1).nonzero().squeeze(1)
+        x[erased] = torch.where(mask[erased], torch.randn_like(x[erased]), x[erased])
+        return x
+

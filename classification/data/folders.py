@@ -1,0 +1,166 @@
+"""ImageNet-layout folders as training and evaluation data: images, labels, crop geometry and token labels."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from timm.data import create_transform
+from torch.utils.data import Dataset, default_collate, get_worker_info
+
+from backbones.common.distributed import DistInfo, computed_once
+from backbones.common.images import ImageReadError, check_same_classes, read_image, scan_split
+from backbones.common.log import logger
+from backbones.common.path_list import PathList
+from backbones.common.random_state import hash_seed, seed_all
+from classification.data.batch_augment import collate_regions
+from classification.token_labeling.label_store import TokenLabelStore
+
+
+class ImageFolderDataset(Dataset):
+    """One split of an ImageNet-layout folder.
+
+    Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
+    token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers (`extent`,
+    whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an
+    unreadable image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
+    `max_images` keeps at most that many of the split's images, spread evenly over it (`spread_evenly`).
+
+    The index (`paths`, `labels`, the store `rows`) is held in NumPy arrays, which forked loader workers share with
+    the training process however long they run (`backbones.common.path_list`). Given `info`, the main process lists the
+    split and the others receive its listing (`split_listing`).
+    """
+
+    def __init__(
+            self,
+            data_dir: str | Path,
+            split: str,
+            transform: Callable,
+            classes: Sequence[str] | None = None,
+            label_store: TokenLabelStore | None = None,
+            skip_unreadable: bool = False,
+            classes_from: str = 'the training split',
+            max_images: int | None = None,
+            info: DistInfo | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.classes, self.paths, self.labels = split_listing(self.data_dir, split, classes, classes_from,
+                                                              max_images, info or DistInfo())
+        self.transform = transform
+        self.label_store = label_store
+        self.skip_unreadable = skip_unreadable
+        self.epoch_seed: tuple | None = None  # (run seed, epoch): see set_epoch
+        if label_store is not None:
+            check_same_classes(label_store.classes, self.classes, f'the token-label store {label_store.root}',
+                               str(self.data_dir / split))
+            self.rows = label_store.rows_of(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def sample(self, index: int) -> tuple[str, int]:
+        """Image `index`'s path (relative to the data folder) and label."""
+        return self.paths[index], int(self.labels[index])
+
+    def set_epoch(self, seed: int, epoch: int) -> None:
+        """Loader workers seed each image's augmentation from (seed, epoch, index), so an image is augmented the same
+        whichever worker reads it and whenever: what a run resumed mid-epoch needs. (Without workers the images are
+        drawn from the training process's own streams, which checkpoints hold.)"""
+        self.epoch_seed = (seed, epoch)
+
+    def __getitem__(self, index: int) -> dict | None:
+        path, label = self.sample(index)
+        if self.epoch_seed is not None and get_worker_info() is not None:
+            seed_all(hash_seed(*self.epoch_seed, index))
+        try:
+            # a transform that `takes_path` decodes the file itself (no more of it than its crop needs)
+            out = self.transform(self.data_dir / path) if getattr(self.transform, 'takes_path', False) \
+                else self.transform(read_image(self.data_dir / path))
+        except ImageReadError:
+            if self.skip_unreadable:
+                return None
+            raise
+        item = {'label': label, 'index': index}
+        if isinstance(out, tuple):  # (image, geometry[, plan of the batched augmentation])
+            item.update(zip(('image', 'geometry', 'plan'), out))
+        else:
+            item['image'] = out
+        if self.label_store is not None:
+            row = int(self.rows[index])
+            scores, classes = self.label_store.read(row)
+            item['scores'], item['classes'] = torch.from_numpy(scores), torch.from_numpy(classes.astype('int64'))
+            item['extent'], item['has_map'] = torch.from_numpy(self.label_store.extent(row)), \
+                self.label_store.has_map(row)
+        return item
+
+
+def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
+                  max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray]:
+    """The split's classes, image paths and labels (`scan_split`, at most `max_images` spread over the split), listed
+    by the main process and given to the others: one listing of 1.28 million files per run, not one per process."""
+
+    def listing() -> tuple[list[str], PathList, np.ndarray]:
+        start = time.perf_counter()
+        found, samples = scan_split(data_dir, split, classes, classes_from)
+        logger.info(f'{data_dir / split}: listed {len(samples)} images in {time.perf_counter() - start:.1f} s')
+        if max_images is not None:
+            kept = spread_evenly(samples, max_images)
+            warn_of_empty_classes(found, samples, kept, f'{data_dir / split}: {max_images} images kept')
+            samples = kept
+        label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32
+        return found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type)
+
+    return computed_once(listing, info)
+
+
+def spread_evenly(samples: list, count: int) -> list:
+    """At most `count` of `samples`, evenly spaced over the list: a split's files are listed class by class, so
+    every class keeps its share (where the first `count` would hold the first classes alone)."""
+    if count >= len(samples):
+        return samples
+    return [samples[i * len(samples) // count] for i in range(count)]
+
+
+def warn_of_empty_classes(classes: Sequence[str], listed: list[tuple[str, int]], kept: list[tuple[str, int]],
+                          what: str) -> None:
+    """Say which classes the `kept` part of the `listed` split leaves without an image (the model never trains on
+    them), and the smallest count that keeps every class: the even spread takes every (listed / kept)-th image of a
+    listing made class by class, so it reaches every class once the spacing is at most the smallest class."""
+    empty = sorted(set(range(len(classes))) - {label for _, label in kept})
+    if empty:
+        smallest = min(np.bincount([label for _, label in listed], minlength=len(classes))[
+            sorted({label for _, label in listed})])
+        logger.warning(f'warning: {what} leave {len(empty)} of {len(classes)} classes without an image '
+                       f'({", ".join(classes[i] for i in empty[:5])}{", ..." if len(empty) > 5 else ""}): the '
+                       f'model never trains on them; the smallest class has {smallest} images, so keep at least '
+                       f'{math.ceil(len(listed) / smallest)} images to reach every class')
+
+
+def collate_skipping(items: list[dict | None]) -> dict:
+    """Collate the readable items of a batch; `skipped` counts the unreadable ones. Items of the batched
+    augmentation (regions of any size, and plans) become one `PendingImages`."""
+    kept = [item for item in items if item is not None]
+    pending = None
+    if kept and 'plan' in kept[0]:
+        pending = collate_regions([item.pop('image') for item in kept], [item.pop('plan') for item in kept])
+    batch = default_collate(kept) if kept else {}
+    if pending is not None:
+        batch['image'] = pending
+    batch['skipped'] = len(items) - len(kept)
+    return batch
+
+
+def eval_transform(img_size: int, crop_pct: float, interpolation: str, mean: Sequence[float], std: Sequence[float]):
+    """Resize the short side to img_size / crop_pct, centre-crop img_size (timm's eval transform)."""
+    return create_transform(img_size, is_training=False, interpolation=interpolation, mean=tuple(mean),
+                            std=tuple(std), crop_pct=crop_pct)
+
+
+def config_eval_transform(data_cfg: dict):
+    """`eval_transform` as a timm data config describes it (`input_size`, `crop_pct`, `interpolation`, `mean`,
+    `std`)."""
+    return eval_transform(data_cfg['input_size'][-1], data_cfg['crop_pct'], data_cfg['interpolation'],
+                          data_cfg['mean'], data_cfg['std'])

@@ -1,0 +1,134 @@
+"""The embedded digits as a classification run's data, prepared on first use, each step skipped when its result is
+on disk and resumed when it was cut off:
+
+- `EmbeddedScans.image_data`: the scans folder, a small CNN annotator (timm's `resnet10t`, trained on the folder)
+  and its token labels: what `tools/train_cls.py` trains on without --data-dir;
+- `EmbeddedScans.pretrained_backbone`: a model pretrained with token labeling on that data, which a segmentation
+  config on the embedded pages starts from when its ImageNet weights are not on disk (the *same* model: same name,
+  same model arguments; on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for LV-ViT-M).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from backbones.common.cli import DEFAULT_WORKERS, output_folder
+from backbones.common.distributed import DistInfo, barrier, run_distributed
+from backbones.common.log import logger
+from classification.digits.scans import discard_outdated, write_digits_folder
+from classification.engine.checkpoints import BEST, LAST, METRICS
+from classification.engine.trainer import RunOptions
+from classification.recipes import Recipe, recipe_for
+from classification.token_labeling.annotate import generate_token_labels
+from classification.token_labeling.label_store import META
+from classification.train import ImageData, train
+
+SCANS_DIR = Path('data/digits')  # the default --digits-dir
+# The recipe on the digits (about 7 minutes for LV-ViT-S on 2 CPU cores): 48x48 images (a 3x3 token grid), 8 epochs
+# of 44 updates, milder crops and RandAugment than ImageNet's for 1,437 training images, no EMA for so few updates,
+# and no flips (a mirrored digit is not a digit).
+RECIPE = dict(epochs=8, warmup_epochs=1, batch_size=32, img_size=48, lr_base=1e-3, lr_base_batch=32,
+              min_lr=1e-5, ema_decay=0.0, scale_min=0.5, auto_augment='rand-m5-mstd0.5-inc1', reprob=0.0,
+              drop_path=0.0, hflip=0.0, aug_repeats=0)
+ANNOTATOR = 'resnet10t'  # a timm CNN: its head applied per position gives meaningful dense scores
+# The annotators a run may choose (--digits-annotator), smallest first: timm ResNets of growing size (4.9M, 11.2M,
+# 21.3M parameters), for the paper's Figure 4 right (token labeling is robust to the annotator)
+ANNOTATORS = (ANNOTATOR, 'resnet18', 'resnet34')
+ANNOTATOR_KWARGS = {'output_stride': 16}  # score maps on the same stride-16 grid as the trained models' tokens
+# The annotator's recipe over timm's defaults for a CNN: a few epochs, no EMA, mixup, cutmix, RandAugment or erasing.
+ANNOTATOR_RECIPE = dict(epochs=6, warmup_epochs=1, lr_base=2e-3, lr_base_batch=32, ema_decay=0.0, drop_path=0.0,
+                        mixup=0.0, cutmix=0.0, auto_augment=None, reprob=0.0, scale_min=0.5)
+
+
+def annotator_recipe(recipe: Recipe) -> Recipe:
+    """The annotator's recipe, at the input size and batch of the run it labels for: the same for every annotator
+    (`ANNOTATORS`), so that their size is what differs."""
+    values = {**vars(recipe_for(ANNOTATOR)), **ANNOTATOR_RECIPE, 'img_size': recipe.img_size,
+              'batch_size': recipe.batch_size}
+    return Recipe(**values)
+
+
+def label_store_complete(labels_dir: Path) -> bool:
+    return (labels_dir / META).is_file() and json.loads((labels_dir / META).read_text()).get('complete', False)
+
+
+@dataclass(frozen=True)
+class EmbeddedScans:
+    """scikit-learn's digit scans under `root` (images/, annotator/, token_labels/, backbones/): the classification
+    data of the tools when no ImageNet is given (`classification.train.DefaultData`)."""
+
+    root: Path = SCANS_DIR
+    annotator: str = ANNOTATOR
+    description: ClassVar[str] = 'the embedded scikit-learn digits (1,797 real 8x8 scans, written on first use)'
+    recipe_values: ClassVar[dict] = RECIPE
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument('--digits-dir', type=output_folder, default=SCANS_DIR,
+                            help=f'where the embedded digits and what is trained on them live (default {SCANS_DIR})')
+        parser.add_argument('--digits-annotator', choices=ANNOTATORS, default=ANNOTATOR,
+                            help=f'the CNN whose score maps are the digits\' token labels (default {ANNOTATOR}); '
+                                 f'trained and its store written on first use')
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbeddedScans:
+        return cls(args.digits_dir, args.digits_annotator)
+
+    def annotator_dir(self) -> Path:
+        """The annotator's run folder: `annotator/` for the default one, `annotator_NAME/` for another."""
+        return self.root / self._own('annotator')
+
+    def labels_dir(self) -> Path:
+        """The annotator's token-label store: `token_labels/`, or `token_labels_NAME/`."""
+        return self.root / self._own('token_labels')
+
+    def _own(self, folder: str) -> str:
+        """`folder` for the default annotator; for another, suffixed with its name (what it made is its own)."""
+        return folder if self.annotator == ANNOTATOR else f'{folder}_{self.annotator}'
+
+    def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
+        """The scans folder and, if `recipe` trains on score maps, its token labels (annotator trained first)."""
+        data = ImageData(self.root / 'images')
+        if info.is_main:
+            discard_outdated(self.root)
+            write_digits_folder(data.root)
+        barrier(info)
+        if not recipe.uses_score_maps:
+            return data
+        annotator_dir, labels_dir = self.annotator_dir(), self.labels_dir()
+        if not (annotator_dir / METRICS).is_file():
+            logger.info(f'digits: training the annotator {self.annotator} ...')
+            options = RunOptions(annotator_dir, resume='auto' if (annotator_dir / LAST).is_file() else None,
+                                 model_kwargs=ANNOTATOR_KWARGS, workers=workers)
+            train(self.annotator, annotator_recipe(recipe), data, options, info)
+        if not label_store_complete(labels_dir):
+            logger.info(f'digits: generating token labels with {self.annotator} ...')
+            generate_token_labels(data.root, self.annotator, labels_dir, info, checkpoint=str(annotator_dir / LAST),
+                                  img_size=recipe.img_size, workers=workers, model_kwargs=ANNOTATOR_KWARGS)
+        return ImageData(data.root, labels_dir)
+
+    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
+        """`best.pth` of `model_name` pretrained with token labeling on the scans (`backbones/MODEL`, or
+        `backbones/MODEL_ANNOTATOR` from another annotator's labels); trained if not on disk."""
+        output = self.root / 'backbones' / self._own(model_name)
+        discard_outdated(self.root)
+        if not (output / METRICS).is_file():
+            logger.info(f'pretraining {model_name} with token labeling on the embedded digits for the segmentation '
+                        f'backbone -> {output}')
+            preset = 'token-labeling'
+            recipe = recipe_for(model_name, preset, RECIPE)
+            options = RunOptions(output, resume='auto' if (output / LAST).is_file() else None,
+                                 model_kwargs=dict(model_kwargs or {}), workers=DEFAULT_WORKERS)
+            run_distributed(lambda info: train(model_name, recipe, self.image_data(recipe, info, options.workers),
+                                               options, info, preset))
+        return output / BEST
+
+
+def describe_backbone(checkpoint: Path) -> str:
+    """One line saying where a digits-pretrained backbone came from, with its classification result."""
+    metrics = json.loads((checkpoint.parent / METRICS).read_text())
+    return (f'{metrics["model"]} pretrained on the embedded digits ({metrics.get("preset", "token-labeling")}, '
+            f'best val top-1 {metrics["best_top1"]:.1f}% at epoch {metrics["best_epoch"]}) from {checkpoint}')

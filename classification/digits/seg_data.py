@@ -1,0 +1,135 @@
+"""The embedded pages as a segmentation config's data: what tools/train_seg.py, tools/test_seg.py and the
+segmentation pictures run on when the config's ADE20K is not on disk (`backbones.segmentation.config.DataFallback`).
+
+The config keeps its model, heads, pipelines and test modes; its sizes are scaled to the pages, its schedule is
+replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
+disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from mmengine.config import Config
+
+from backbones.common.cli import output_folder
+from backbones.common.log import logger
+from backbones.segmentation.config import ADE20K_CROP, LOADERS, drop_tta_flips, scale_sizes
+from backbones.segmentation.own_data import set_classes
+from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
+from classification.digits.pages import CLASSES, DATASET, PALETTE, write_digits_ade
+
+PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
+# The configs run on the pages at the scale that makes their training crop the input size of the classification
+# pretraining on the scans, 48/512 (pages.py says why the two must match).
+SCALE = RECIPE['img_size'] / ADE20K_CROP
+# Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
+# size they would span one or two tokens.
+RATIO_RANGE = (0.75, 1.5)
+# The multi-scale test's ratios of the single-scale size: the sizes training saw, not ADE20K's 0.75-1.75, which blow
+# the digits up beyond them and scored below single-scale (docs/segmentation.md has the measurements).
+TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores (ADE20K's 160k iterations of 16
+    images would take days there). AdamW as the config says, at this lr: linear warm-up, then linear decay. The neck
+    and heads, which start from random weights, learn `head_lr_mult` times faster than the backbone."""
+
+    iters: int = 160
+    warmup_iters: int = 16
+    lr: float = 1.5e-4
+    head_lr_mult: float = 10.0
+    min_lr: float = 1e-6
+    batch_size: int = 16
+    val_interval: int = 160
+    checkpoint_interval: int = 80
+    log_interval: int = 10
+    workers: int = 2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EmbeddedPages:
+    """The pages under `root`, written on first use; backbones pretrained on the scans of `scans`."""
+
+    root: Path = PAGES_DIR
+    scans: EmbeddedScans = field(default_factory=EmbeddedScans)
+    scale: float = SCALE
+    schedule: Schedule = field(default_factory=Schedule)
+    test_ratios: tuple[float, ...] = TEST_RATIOS
+    description: ClassVar[str] = 'the embedded digits pages (scikit-learn\'s scans in rows, written on first use)'
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group('the embedded digits, used when the config\'s ADE20K is not on disk')
+        group.add_argument('--digits-seg-dir', type=output_folder, default=PAGES_DIR,
+                           help=f'where the embedded pages are written (default {PAGES_DIR})')
+        EmbeddedScans.add_arguments(group)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbeddedPages:
+        return cls(args.digits_seg_dir, EmbeddedScans.from_args(args))
+
+    def use_data(self, cfg: Config) -> None:
+        """Point the config at the pages (written on first use), its sizes times `scale`, mirror images off."""
+        logger.info(f'data: the embedded digits pages in {self.root}')
+        write_digits_ade(self.root)
+        for loader in LOADERS:
+            if not cfg.get(loader):
+                continue
+            dataset = cfg[loader]['dataset']
+            split = 'training' if loader == 'train_dataloader' else 'validation'
+            dataset.update(DATASET, data_root=str(self.root),
+                           data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
+            scale_sizes(dataset['pipeline'], self.scale)
+            for step in dataset['pipeline']:
+                if 'ratio_range' in step:
+                    step['ratio_range'] = RATIO_RANGE
+                if step['type'] == 'RandomFlip':
+                    step['prob'] = 0.0  # a mirrored digit is not a digit
+        if cfg.get('tta_model'):
+            drop_tta_flips(cfg)
+        if cfg.get('tta_pipeline'):
+            self.use_test_ratios(cfg)
+        scale_sizes(cfg.model.get('data_preprocessor', {}), self.scale)
+        scale_sizes(cfg.model.get('test_cfg', {}), self.scale)
+        set_classes(cfg, CLASSES, PALETTE, reduce_zero_label=True)  # data sets and heads
+
+    def use_test_ratios(self, cfg: Config) -> None:
+        """The multi-scale test resizes to `test_ratios` times the single-scale test's size (already scaled)."""
+        size = next(step['scale'] for step in cfg.test_dataloader.dataset.pipeline if step['type'] == 'Resize')
+        tta = next(step for step in cfg.tta_pipeline if step['type'] == 'TestTimeAug')
+        tta['transforms'][0] = [dict(type='Resize', scale=(round(size[0] * r), round(size[1] * r)), keep_ratio=True)
+                                for r in self.test_ratios]
+
+    def use_schedule(self, cfg: Config) -> None:
+        """Replace the config's ADE20K schedule by `schedule` (the tool merges command-line options after)."""
+        schedule = self.schedule
+        cfg.train_cfg.update(max_iters=schedule.iters, val_interval=schedule.val_interval)
+        cfg.optim_wrapper.optimizer['lr'] = schedule.lr
+        paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
+        custom_keys = {**paramwise.get('custom_keys', {}),
+                       **{part: dict(lr_mult=schedule.head_lr_mult)
+                          for part in ('neck', 'decode_head', 'auxiliary_head')}}
+        cfg.optim_wrapper['paramwise_cfg'] = {**paramwise, 'custom_keys': custom_keys}
+        cfg.param_scheduler = [
+            dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=schedule.warmup_iters),
+            dict(type='PolyLR', power=1.0, eta_min=schedule.min_lr, by_epoch=False, begin=schedule.warmup_iters,
+                 end=schedule.iters),
+        ]
+        cfg.train_dataloader['batch_size'] = schedule.batch_size
+        for loader in LOADERS:
+            if cfg.get(loader):
+                cfg[loader]['num_workers'] = min(cfg[loader].get('num_workers', 0), schedule.workers)
+        cfg.default_hooks['checkpoint']['interval'] = schedule.checkpoint_interval
+        cfg.default_hooks['logger']['interval'] = schedule.log_interval
+        cfg.randomness = dict(seed=schedule.seed)
+
+    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]:
+        """The model pretrained with token labeling on the scans (trained on first use), and where it came from."""
+        checkpoint = self.scans.pretrained_backbone(model_name, model_kwargs)
+        return checkpoint, describe_backbone(checkpoint)

@@ -1,0 +1,318 @@
+"""One training epoch and one evaluation pass, under mixed precision if asked; the trainers and the evaluation
+tool share them."""
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from backbones.common.distributed import DistInfo, all_reduce_sum
+from backbones.common.errors import UsageError
+
+AMP_CHOICES = ('auto', 'none', 'bf16', 'fp16')
+
+
+def pick_amp(amp: str, device: torch.device) -> str:
+    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (bf16 runs there too
+    when asked: faster on CPUs with bf16 instructions, but a run's numbers then depend on the CPU)."""
+    if amp != 'auto':
+        if amp == 'fp16' and device.type != 'cuda':
+            raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (bf16 runs on CPUs)')
+        return amp
+    if device.type != 'cuda':
+        return 'none'
+    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
+
+
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
+    if amp == 'none':
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == 'bf16' else torch.float16)
+
+
+def show_progress(info: DistInfo) -> bool:
+    """Progress bars on the main process in a terminal; logs (non-tty) get the per-epoch lines only."""
+    return info.is_main and sys.stderr.isatty()
+
+
+BatchTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Objective(Protocol):
+    """What turns a batch and the model's output into the loss (the classification applications define them)."""
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """The images the model sees (mixed by mixup/cutmix, or as they are) and their targets, which the loss takes."""
+
+    def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
+        """The loss of the model's `output` on `batch`."""
+
+    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
+        """`batch` with the targets the objective can make before the model runs (its loss then uses them), or as it
+        is; random draws belong in `prepare`, not here."""
+
+
+def model_input(batch: dict, info: DistInfo, transform: BatchTransform | None) -> torch.Tensor:
+    """The batch's images on the device, through `transform` when there is one (CIFAR: upsample and augment)."""
+    images = batch['image'].to(info.device, non_blocking=True)
+    return images if transform is None else transform(images)
+
+
+def to_device(value, device: torch.device):
+    """A batch value on `device`: tensors (and what has `.to`, such as the batched path's `PendingImages`) copied
+    without blocking the host, sequences of them element by element, anything else as it is."""
+    if isinstance(value, (list, tuple)):
+        moved = [to_device(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, '_fields') else type(value)(moved)  # named tuples too
+    return value.to(device, non_blocking=True) if hasattr(value, 'to') else value
+
+
+def tensors_in(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors_in(v)
+
+
+class BatchPreparation:
+    """Each training batch made ready for its step: its tensors on the device, `transform` on the images (the
+    batched path's device half, CIFAR's upsampling and augmentation) and, with `overlap`, the objective's targets
+    made ahead (`Objective.targets_ahead`).
+
+    With `overlap` on a GPU this runs on a stream of its own: the host issues it right after the previous update
+    (nothing between syncs the host), so the copy, the augmentation and the targets run while that batch's backward
+    pass and update still run on the training stream, which waits for them (an event) before the forward. Tensors
+    made on the side stream are marked as used by the training stream, so that their memory is not reused before
+    it is done with them. The same calls in the same order either way, so the same random draws: the overlapped
+    and the serial loop (`overlap=False`: in place, the targets made in the loss) train alike, and a resumed run
+    alike. On a CPU the overlap makes only the targets ahead."""
+
+    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
+                 overlap: bool = True) -> None:
+        self.device, self.transform, self.objective, self.overlap = info.device, transform, objective, overlap
+        self.stream = torch.cuda.Stream(info.device) if overlap and info.device.type == 'cuda' else None
+
+    def __call__(self, batch: dict) -> dict:
+        with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
+            ready = {key: to_device(value, self.device) for key, value in batch.items()}
+            if self.transform is not None:
+                ready['image'] = self.transform(ready['image'])
+            if self.overlap:
+                ready = self.objective.targets_ahead(ready, self.device)
+        if self.stream is not None:
+            training = torch.cuda.current_stream(self.device)
+            training.wait_stream(self.stream)
+            for tensor in tensors_in(list(ready.values())):
+                if tensor.device.type == 'cuda':
+                    tensor.record_stream(training)
+        return ready
+
+
+@dataclass
+class StepState:
+    optimizer: torch.optim.Optimizer
+    scheduler: object  # timm scheduler, stepped per update
+    scaler: torch.amp.GradScaler | None
+    ema: nn.Module | None
+    num_updates: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class EpochProgress:
+    """Where a training pass stands: batches done (of the loader's full pass), and this process's loss sum over
+    them and their count (a resumed pass continues its mean)."""
+
+    batches: int = 0
+    loss_sum: float = 0.0
+    steps: int = 0
+
+
+@dataclass
+class Pace:
+    """How fast a training pass goes: images trained on by all processes, seconds spent waiting for the loader, and
+    the time since the pass (or its resumed part) began."""
+
+    started: float = field(default_factory=time.perf_counter)
+    images: int = 0
+    waiting: float = 0.0
+
+    def images_per_second(self) -> float:
+        return self.images / max(time.perf_counter() - self.started, 1e-9)
+
+    def data_wait(self) -> float:
+        """The share of the time spent waiting for batches (near 1: the input pipeline is the bound)."""
+        return self.waiting / max(time.perf_counter() - self.started, 1e-9)
+
+    def seconds_left(self, done: int, left: int) -> float:
+        """The time the pass needs for `left` more batches at its pace over the `done` it has trained on."""
+        return (time.perf_counter() - self.started) / max(done, 1) * left
+
+
+class TrainingStep(NamedTuple):
+    """What a training log line reports: the update, its batch's loss and lr, the pass's batch and length (None: an
+    iterator without one), and its pace."""
+
+    update: int
+    loss: float
+    lr: float
+    batch: int
+    batches: int | None
+    images_per_second: float
+    data_wait: float
+    seconds_left: float | None
+
+
+class PassResult(NamedTuple):
+    loss: float  # the mean over all processes
+    images_per_second: float  # of all processes together
+    data_wait: float  # the share of the pass spent waiting for batches (this process's)
+
+
+def train_one_epoch(
+        model: nn.Module,
+        loader: Iterable[dict],
+        objective: Objective,
+        state: StepState,
+        info: DistInfo,
+        amp: str = 'none',
+        clip_grad: float | None = None,
+        log: Callable[[TrainingStep], None] | None = None,
+        desc: str = 'train',
+        transform: BatchTransform | None = None,
+        accumulate: int = 1,
+        progress: EpochProgress | None = None,
+        on_start: Callable[[], None] | None = None,
+        after_update: Callable[[EpochProgress], None] | None = None,
+        overlap: bool = True,
+) -> PassResult:
+    """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
+    each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
+    mean loss over all processes and the pass's pace. `log` sees every update (`TrainingStep`). Batches left over at
+    the end of the pass, fewer than `accumulate`, are not trained on (as the loader drops an incomplete last batch).
+
+    A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
+    `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
+    streams after that draw). `after_update(progress)` runs after every update (it raises to stop the run there).
+    `overlap`: each batch prepared ahead, on a side stream on GPUs (`BatchPreparation`); False: serially."""
+    model.train()
+    progress = progress or EpochProgress()
+    # the batches of the whole pass that complete an update (an iterator without a length: all it yields)
+    usable = (progress.batches + len(loader)) // accumulate * accumulate if hasattr(loader, '__len__') else None
+    batches = iter(loader)
+    if on_start is not None:
+        on_start()
+    bar = tqdm(batches, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
+               initial=progress.batches, total=usable)
+    pending = 0  # batches whose gradients wait for the update
+    pace, first_batch = Pace(), progress.batches
+    prepare = BatchPreparation(info, transform, objective, overlap)
+    ready = time.perf_counter()
+    for batch in bar:
+        pace.waiting += time.perf_counter() - ready
+        if usable is not None and progress.batches >= usable:
+            break
+        state.skipped += batch['skipped']
+        pace.images += len(batch.get('label', ())) * info.world_size
+        progress.batches += 1
+        updating = progress.batches % accumulate == 0
+        if 'image' in batch:
+            value = train_step(model, prepare(batch), objective, state, info, amp, accumulate, updating)
+            progress.loss_sum, progress.steps, pending = progress.loss_sum + value, progress.steps + 1, pending + 1
+        if updating and pending:
+            update(model, state, clip_grad)
+            pending = 0
+            lr = state.optimizer.param_groups[0]['lr']
+            bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}', img_s=f'{pace.images_per_second():.0f}',
+                            data=f'{pace.data_wait():.0%}')
+            if log is not None:
+                left = None if usable is None else pace.seconds_left(progress.batches - first_batch,
+                                                                     usable - progress.batches)
+                log(TrainingStep(state.num_updates, value, lr, progress.batches, usable, pace.images_per_second(),
+                                 pace.data_wait(), left))
+        if updating and after_update is not None:
+            after_update(progress)
+        ready = time.perf_counter()
+    total, steps = all_reduce_sum([progress.loss_sum, progress.steps], info)
+    return PassResult(total / max(steps, 1), pace.images_per_second(), pace.data_wait())
+
+
+def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
+               accumulate: int, updating: bool) -> float:
+    """Forward and backward of one prepared batch (`BatchPreparation`), its gradients added to those waiting for the
+    update; returns its loss."""
+    images, labels = batch['image'], batch['label']
+    # DDP reduces the gradients only in the backward pass that completes an update
+    reduce = updating or not hasattr(model, 'no_sync')
+    with contextlib.nullcontext() if reduce else model.no_sync():
+        with autocast(info.device, amp):  # the objective's own forward passes (a teacher's) too
+            images, targets = objective.prepare(images, labels)
+            output = model(images)
+        loss = objective.loss(output, batch, targets, info.device)
+        value = loss.item()  # the step's one host-device sync
+        if not math.isfinite(value):
+            raise FloatingPointError(f'loss is {value} at update {state.num_updates}; lower the learning rate or '
+                                     f'use bf16 instead of fp16')
+        scaled = loss / accumulate if accumulate > 1 else loss
+        (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+    return value
+
+
+def update(model: nn.Module, state: StepState, clip_grad: float | None) -> None:
+    """One optimizer update from the gradients summed since the last: clip, step (through the fp16 loss scaler),
+    clear, then the EMA and the per-update schedule."""
+    if state.scaler is not None:
+        state.scaler.unscale_(state.optimizer)
+    if clip_grad:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    if state.scaler is not None:
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+    else:
+        state.optimizer.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.num_updates += 1
+    if state.ema is not None:
+        state.ema.update(model.module if hasattr(model, 'module') else model, step=state.num_updates)
+    state.scheduler.step_update(state.num_updates)
+
+
+@torch.no_grad()
+def evaluate(
+        model: nn.Module,
+        loader: Iterable[dict],
+        info: DistInfo,
+        amp: str = 'none',
+        on_batch: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+        desc: str = 'eval',
+        transform: BatchTransform | None = None,
+) -> dict:
+    """Top-1 / top-5 accuracy (percent) over the shards of all processes; `on_batch(logits, indices)` sees each."""
+    model.eval()
+    correct1 = correct5 = count = skipped = 0
+    for batch in tqdm(loader, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False):
+        skipped += batch['skipped']
+        if 'image' not in batch:
+            continue
+        with autocast(info.device, amp):
+            logits = model(model_input(batch, info, transform)).float()
+        labels = batch['label'].to(info.device)
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hits = top == labels[:, None]
+        correct1 += hits[:, 0].sum().item()
+        correct5 += hits.any(dim=1).sum().item()
+        count += labels.numel()
+        if on_batch is not None:
+            on_batch(logits, batch['index'])
+    correct1, correct5, count, skipped = all_reduce_sum([correct1, correct5, count, skipped], info)
+    return {'top1': 100.0 * correct1 / max(count, 1), 'top5': 100.0 * correct5 / max(count, 1),
+            'images': int(count), 'skipped': int(skipped)}

@@ -1,0 +1,233 @@
+"""The run sequence ImageNet training and CIFAR transfer share.
+
+    trainer = Trainer(RunOptions.from_args(args, default_output), info)   # output folder, resume point
+    fit = trainer.start(model, params, optimization, objective, config, updates_per_epoch)
+    record = trainer.run(fit, train_loader, val_loader)
+    return trainer.finish(metrics, 'done: ...')
+
+`start` builds timm's optimizer over `params` (Adam/AdamW fused into one kernel where the device has it) and its
+cosine schedule (stepped per update), mixed precision and its loss scaler, the EMA, channels-last weights and
+inputs for models with convolutions, `torch.compile` if asked, and restores a resumed run; `run` is the epoch
+loop of `Fit`; `finish` writes the run's metrics. The applications keep what is theirs: data, model, parameter
+groups, the loss, and what they report.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+
+from backbones import bare_model
+from backbones.common.cli import (
+    DEFAULT_WORKERS,
+    add_device_argument,
+    non_negative_int,
+    parse_model_kwargs,
+    positive_float,
+    positive_int,
+)
+from backbones.common.distributed import DistInfo, barrier
+from backbones.common.errors import DataError, UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+from classification.engine.checkpoints import METRICS
+from classification.engine.fit import Fit, Pictures, RunLog, resume_path
+from classification.engine.steps import AMP_CHOICES, BatchTransform, Objective, StepState, pick_amp
+
+
+@dataclass
+class RunOptions:
+    """What every training command takes besides its recipe: where it writes, resuming, model arguments, loader
+    processes, seed, device and precision."""
+
+    output: Path
+    resume: str | None = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
+    model_kwargs: dict = field(default_factory=dict)
+    workers: int = 2
+    seed: int = 42
+    device: str | None = None  # None: cuda when there is a GPU
+    amp: str = 'auto'
+    log_interval: int = 50
+    grad_checkpointing: bool = False
+    compile: bool = False
+    pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
+    grad_accum_steps: int = 1  # batches whose gradients make one update
+    checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often; None: at epochs only
+    serial_loop: bool = False  # each batch prepared between the steps, not beside them (for comparison)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
+        """The options `add_run_arguments` declared, by name."""
+        taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in ('output', 'model_kwargs')}
+        return cls(output=Path(args.output or default_output), model_kwargs=parse_model_kwargs(args.model_kwargs),
+                   **taken)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
+    """The command-line options of `RunOptions`."""
+    parser.add_argument('--output', help=f'output folder (default {default_output})')
+    parser.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
+                        help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
+    parser.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
+                        help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
+    parser.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS,
+                        help='data-loading processes per training process')
+    parser.add_argument('--seed', type=non_negative_int, default=42)
+    add_device_argument(parser)
+    parser.add_argument('--amp', choices=AMP_CHOICES, default='auto',
+                        help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU '
+                             '(bf16 also runs on CPUs: faster where they have bf16 instructions)')
+    parser.add_argument('--log-interval', type=positive_int, default=50,
+                        help='updates between TensorBoard loss points')
+    parser.add_argument('--grad-checkpointing', action='store_true',
+                        help='recompute each block\'s activations in the backward pass: less memory, more compute')
+    parser.add_argument('--compile', action='store_true',
+                        help='torch.compile the model for the training and evaluation steps (the first steps compile)')
+    parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N',
+                        help='one optimizer update every N batches (their gradients summed): the global batch, which '
+                             'the lr follows, is batch size x processes x N; the schedule counts updates')
+    parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
+                        help='also write last.pth mid-epoch, at most every M minutes (resumed at the next batch); '
+                             'SIGTERM and SIGUSR1 always write one before stopping')
+    parser.add_argument('--serial-loop', action='store_true',
+                        help='prepare each batch (copy, device half of the augmentation, token targets) between the '
+                             'steps on the training stream, not beside the previous step on a side stream: the same '
+                             'numbers, slower on GPUs (for comparison)')
+    parser.add_argument('--pictures', type=non_negative_int, default=4,
+                        help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
+                             '0: none')
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """How a run optimises: timm's optimizer `opt` at `lr` (for the global batch; parameter groups may set their
+    own), timm's cosine schedule over `epochs` with warm-up and cooldown, gradient clipping, and the EMA's decay
+    (0: none)."""
+
+    opt: str
+    lr: float
+    weight_decay: float
+    epochs: int
+    warmup_epochs: int = 0
+    warmup_lr: float = 1e-5  # timm's defaults
+    min_lr: float = 0.0
+    cooldown_epochs: int = 0
+    momentum: float = 0.9
+    clip_grad: float | None = None
+    ema_decay: float = 0.0
+
+
+FUSED_OPTIMIZERS = ('adam', 'adamw')  # timm builds these as torch's, whose fused kernels exist
+
+
+def fused_optimizer_device(model: nn.Module) -> bool:
+    """Whether torch's fused Adam/AdamW runs where the model's parameters are (CUDA, CPU)."""
+    return all(p.device.type in ('cuda', 'cpu') and p.is_floating_point() for p in model.parameters())
+
+
+def use_channels_last(model: nn.Module) -> None:
+    """Convolution weights and the model's input in channels-last layout, for models with 2-D convolutions (conv
+    stems, patch embeddings, CNNs): faster convolutions, the same values."""
+    if any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        model.to(memory_format=torch.channels_last)
+        model.register_forward_pre_hook(channels_last_input)
+
+
+def channels_last_input(module: nn.Module, args: tuple) -> tuple:
+    images = args[0]
+    return (images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images, *args[1:])
+
+
+def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
+                       updates_per_epoch: int, amp: str) -> tuple[StepState, int]:
+    """timm's optimizer over `params` (a model, or parameter groups) and its cosine schedule stepped per update,
+    the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the epochs the schedule spans."""
+    o = optimization
+    fused = {'fused': True} if o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
+    optimizer = create_optimizer_v2(params, opt=o.opt, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                                    **fused)
+    scheduler, num_epochs = create_scheduler_v2(
+        optimizer, 'cosine', num_epochs=o.epochs, warmup_epochs=o.warmup_epochs, warmup_lr=o.warmup_lr,
+        min_lr=o.min_lr, cooldown_epochs=o.cooldown_epochs, step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    scaler = torch.amp.GradScaler('cuda') if amp == 'fp16' else None
+    ema = ModelEmaV3(model, decay=o.ema_decay, use_warmup=True) if o.ema_decay > 0 else None
+    return StepState(optimizer, scheduler, scaler, ema), num_epochs
+
+
+def use_grad_checkpointing(model: nn.Module) -> None:
+    """Turn on the model's gradient checkpointing (timm's `set_grad_checkpointing`)."""
+    target = bare_model(model)
+    if not hasattr(target, 'set_grad_checkpointing'):
+        raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
+    target.set_grad_checkpointing(True)
+
+
+class Trainer:
+    """One training run of a classification application: see the module docstring."""
+
+    def __init__(self, options: RunOptions, info: DistInfo) -> None:
+        self.options, self.info = options, info
+        self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
+        if info.is_main:
+            options.output.mkdir(parents=True, exist_ok=True)
+        barrier(info)
+        self.num_epochs = 0
+
+    @property
+    def output(self) -> Path:
+        return self.options.output
+
+    def global_batch(self, batch_size: int) -> int:
+        """Images per optimizer update: the batch of each process, times the processes, times the batches
+        accumulated."""
+        return batch_size * self.info.world_size * self.options.grad_accum_steps
+
+    def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
+              config: dict, updates_per_epoch: int, train_transform: BatchTransform | None = None,
+              eval_transform: BatchTransform | None = None) -> Fit:
+        """The run's optimisation state for `model` (its parameters: `params`, a model or timm parameter groups),
+        restored from the resume point if there is one. `config` is stored in every checkpoint; a resume with other
+        values is refused. `updates_per_epoch` counts batches; with accumulation, updates are fewer."""
+        accumulate = self.options.grad_accum_steps
+        if updates_per_epoch < accumulate:
+            raise DataError(f'--grad-accum-steps {accumulate}: an epoch has only {updates_per_epoch} batch(es) per '
+                            f'process, fewer than one update')
+        updates_per_epoch //= accumulate
+        amp = pick_amp(self.options.amp, self.info.device)
+        config = {**config, 'grad_accum_steps': accumulate, 'amp': amp}
+        if optimization.lr < optimization.min_lr:
+            logger.warning(f'warning: the lr for this global batch, {optimization.lr:.3g}, is below the schedule\'s '
+                           f'floor (min lr {optimization.min_lr:.3g}): the cosine schedule will raise it; give a '
+                           f'larger batch, --lr-base, or --min-lr')
+        if self.options.grad_checkpointing:
+            use_grad_checkpointing(model)
+        model.to(self.info.device)
+        use_channels_last(model)
+        state, self.num_epochs = optimization_state(model, params, optimization, updates_per_epoch, amp)
+        if self.options.compile:
+            model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager
+        fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
+                  train_transform, eval_transform, accumulate, self.options.checkpoint_minutes,
+                  overlap=not self.options.serial_loop)
+        fit.start(self.resume, self.options.seed)
+        return fit
+
+    def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Pictures | None = None) -> dict:
+        """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
+        after each validation); the last epoch's record."""
+        runlog = RunLog(self.output, self.info, self.options.log_interval, pictures if self.options.pictures else None)
+        return fit.run(train_loader, val_loader, self.num_epochs, runlog)
+
+    def finish(self, metrics: dict, summary: str) -> dict:
+        """Write the run's `metrics.json` (last, after every checkpoint) and say `summary`."""
+        if self.info.is_main:
+            write_json_atomic(self.output / METRICS, metrics)
+            logger.info(f'{summary}  -> {self.output / METRICS}')
+        return metrics

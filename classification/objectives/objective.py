@@ -1,0 +1,163 @@
+"""The loss of a classification batch: token labeling (score-map, pooled-map or image-label targets per token),
+ReLabel's label pooling (the annotator's map pooled over the crop, one soft label per image, mixed by CutMix), or the
+image label as a soft target, mixed by MixUp/CutMix in the vanilla recipe, and with a teacher DeiT's hard
+distillation."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.data.mixup import cutmix_bbox_and_lam, mixup_target
+
+from backbones import TokenLabelingOutput
+from classification.data.augment import CropGeometry, identity_geometry
+from classification.objectives.token_loss import TokenLabelingLoss, soft_cross_entropy
+from classification.objectives.token_targets import TokenTargetBuilder
+
+POOLING_GRID = (4, 4)  # label pooling: the crop's map averaged over (4 x 2)^2 RoIAlign samples
+
+
+def cutmix(images: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
+    """CutMix within the batch (timm's box and lambda rule): a box of each image replaced by the same box of image
+    B-1-i; lambda, the share of each image that stayed its own, corrected for the clipped box."""
+    lam = float(np.random.beta(alpha, alpha))
+    (y1, y2, x1, x2), lam = cutmix_bbox_and_lam(images.shape, lam, correct_lam=True)
+    images = images.clone()
+    images[:, :, y1:y2, x1:x2] = images.flip(0)[:, :, y1:y2, x1:x2]
+    return images, lam
+
+
+def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                         torch.Tensor]:
+    """timm's MixUp/CutMix on a batch of any size. timm refuses an odd batch (one that --skip-unreadable left an image
+    short); it pairs image i with image B-1-i, so a batch made even by a copy of its first image mixes the first image
+    with itself and every other with another image of the batch, and the copy is dropped again."""
+    if len(images) % 2 == 0:
+        return mixup(images, labels)
+    images, targets = mixup(torch.cat([images, images[:1]]), torch.cat([labels, labels[:1]]))
+    return images[:-1], targets[:-1]
+
+
+class AnnotatorMaps(NamedTuple):
+    """An online annotator's dense map of the batch the model sees, as a store keeps one: top-k, best first."""
+    scores: torch.Tensor  # (B, h, w, k) logits
+    classes: torch.Tensor  # (B, h, w, k)
+
+
+class DistillationTargets(NamedTuple):
+    labels: torch.Tensor  # (B, C) soft image labels (mixed like the images)
+    teacher: torch.Tensor  # (B,) the teacher's class of every image the student sees
+
+
+@dataclass
+class ClassificationObjective:
+    """Turns a batch and the model's output into the loss (the engine's `Objective`).
+
+    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps when
+    `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop), otherwise
+    every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT). With
+    `label_pooling` (ReLabel) a plain classifier learns the map pooled over the crop, the images and their targets mixed
+    by CutMix (`cutmix_alpha`; 0: none). With a `teacher` (DeiT's hard distillation) the model returns class and
+    distillation logits: the loss is half the class term and half the cross-entropy of the distillation logits with the
+    teacher's class of the same (mixed) image. With an `annotator` (online token labeling) the token targets come
+    from its dense map of the very images the model sees (augmented, before MixToken), cut by the same target
+    builder as a store's maps, over the whole image (no crop follows): no store is read.
+    """
+
+    num_classes: int
+    smoothing: float
+    token_builder: TokenTargetBuilder | None = None
+    token_loss: TokenLabelingLoss | None = None  # token labeling when set
+    cls_target: str = 'map'
+    token_target: str = 'map'
+    label_pooling: bool = False
+    cutmix_alpha: float = 0.0  # with label pooling
+    mixup: Callable | None = None  # timm's Mixup for the vanilla recipe
+    teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
+    annotator: nn.Module | None = None  # online token labeling: a Teacher whose dense_map gives the token targets
+    annotator_topk: int = 5  # the classes kept per position, as a store keeps them
+    # the model's token grid, from its first output: the grid `targets_ahead` cuts the next batches' map targets for
+    token_grid: tuple[int, int] | None = field(default=None, init=False)
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Images and their targets before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
+        if self.token_loss is not None:
+            return images, self.annotator_maps(images) if self.annotator is not None else None
+        if self.label_pooling:
+            return cutmix(images, self.cutmix_alpha) if self.cutmix_alpha > 0 else (images, 1.0)
+        images, soft_labels = mix_within_batch(self.mixup, images, labels) if self.mixup is not None \
+            else (images, self.label_target(labels))
+        if self.teacher is not None:
+            return images, DistillationTargets(soft_labels, self.teacher(images))
+        return images, soft_labels
+
+    def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
+        if self.teacher is not None:
+            cls_logits, dist_logits = output
+            return (0.5 * soft_cross_entropy(cls_logits, targets.labels)
+                    + 0.5 * F.cross_entropy(dist_logits.float(), targets.teacher))
+        if self.label_pooling:  # targets: the CutMix lambda
+            pooled, _ = self.batch_map_targets(batch, POOLING_GRID, device)
+            return soft_cross_entropy(output, targets * pooled + (1 - targets) * pooled.flip(0))
+        if self.token_loss is None:
+            return soft_cross_entropy(output, targets)
+        if not isinstance(output, TokenLabelingOutput):
+            raise TypeError('token labeling needs a model with a token head in training mode')
+        grid = self.token_grid = tuple(output.token_logits.shape[1:3])
+        if self.token_builder is None:
+            label_target = self.label_target(batch['label'].to(device, non_blocking=True))
+            return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
+        cls_target, token_target = self.online_targets(targets, grid) if isinstance(targets, AnnotatorMaps) \
+            else self.batch_map_targets(batch, grid, device)
+        if self.token_target == 'pooled':
+            token_target = cls_target[:, None, None].expand(-1, *grid, -1)
+        if self.cls_target == 'label':
+            cls_target = self.label_target(batch['label'].to(device, non_blocking=True))
+        return self.token_loss(output, cls_target, token_target)
+
+    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
+        """`batch` with its map targets ('map_targets': grid, (class target, token targets)) where the grid is known
+        before the forward: label pooling's, or the token grid of the model's previous output."""
+        grid = POOLING_GRID if self.label_pooling else self.token_grid
+        if grid is None or self.token_builder is None or self.annotator is not None:
+            return batch
+        return {**batch, 'map_targets': (grid, self.map_targets(batch, grid, device))}
+
+    def batch_map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
+        """The map targets on `grid` made ahead for `batch` (`targets_ahead`), else made now."""
+        ahead = batch.get('map_targets')
+        return ahead[1] if ahead is not None and ahead[0] == grid else self.map_targets(batch, grid, device)
+
+    def map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+        """(class target, token targets on `grid`) cut from the batch's annotator maps along each crop's geometry;
+        an image the store has no map for gets its image label in both (chosen on the device: no host sync)."""
+        geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
+        cls_target, token_target = self.token_builder(
+            batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
+            geometry, grid, batch['extent'].to(device, non_blocking=True))
+        mapped = batch['has_map'].to(device, non_blocking=True)
+        label_target = self.label_target(batch['label'].to(device, non_blocking=True))
+        cls_target = torch.where(mapped[:, None], cls_target, label_target)
+        token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
+        return cls_target, token_target
+
+    def annotator_maps(self, images: torch.Tensor) -> AnnotatorMaps:
+        return AnnotatorMaps(*self.annotator.dense_map(images, self.annotator_topk))
+
+    def online_targets(self, maps: AnnotatorMaps, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(class target, token targets on `grid`) from the annotator's map of the images the model saw: the map
+        covers the whole image and no crop or flip follows (the identity geometry)."""
+        B = maps.scores.shape[0]
+        geometry = CropGeometry(*(t.to(maps.scores.device).expand(B, *t.shape) for t in identity_geometry()))
+        return self.token_builder(maps.scores, maps.classes, geometry, grid)
+
+    def label_target(self, labels: torch.Tensor) -> torch.Tensor:
+        """The (smoothed) one-hot target of each image's label."""
+        return mixup_target(labels, self.num_classes, smoothing=self.smoothing)

@@ -1,0 +1,590 @@
+"""Images/s of each stage of the real training loop in its steady state, beside its physical ceiling, and the
+stage that bounds it (tools/benchmark_loop.py)."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+from PIL import Image
+
+from backbones.common.cli import (
+    add_device_argument,
+    device_name,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    write_document,
+)
+from backbones.common.distributed import DistInfo
+from backbones.common.errors import DataError, UsageError
+from backbones.common.images import find_classes, scan_split
+from backbones.common.log import logger, show_log
+from backbones.common.timing import available_cores, measured_on, synchronize
+from backbones.complexity import measure_complexity
+from classification.engine.steps import model_input, pick_amp, train_one_epoch
+from classification.engine.trainer import RunOptions, optimization_state, use_channels_last
+from classification.models import create_classifier, model_data_config
+from classification.recipes import recipe_for
+from classification.token_labeling.annotate import SHAPING, generate_token_labels
+from classification.token_labeling.label_store import StoreWriter, TokenLabelStore, list_digest
+from classification.train import DECODE_CHOICES, ImageData, check_decode, make_loaders, make_objective, pick_augment
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
+MODELS = ('lvvit_s', 'deit_small_patch16_224')
+STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
+DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
+PREFETCH_FACTOR = 2  # torch's DataLoader default, which the training loaders keep
+CPU_MIN_BATCHES = 4  # the fewest batches of a window on a CPU (its steps take seconds) and of one core's pipeline
+TOLERANCE = 1.1  # separate windows of a noisy machine: a figure this far above its ceiling is an error
+TRAIN_FLOPS_PER_MAC = 6  # a training step: the forward's 2 FLOPs per MAC, the backward's 4 (the usual MFU count)
+# dense bf16/fp16 tensor-core peaks, TFLOP/s (NVIDIA's data sheets), by the device's name; the first match counts
+HALF_PRECISION_PEAKS = (('H100 PCIe', 756.0), ('H100 NVL', 835.0), ('H100', 989.4), ('H200', 989.4),
+                        ('A100', 312.0))
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--models', nargs='+', default=list(MODELS),
+                        help='models, each with its own recipe (token labeling for LV-ViT)')
+    parser.add_argument('--data-dir', help='an ImageNet-layout folder (default: synthetic JPEGs)')
+    parser.add_argument('--token-label-dir', help='its token-label store (with --data-dir, for token-labeling models; '
+                                                  'default: made for the synthetic data)')
+    parser.add_argument('--images', type=positive_int, default=16384,
+                        help='synthetic training entries (64 distinct JPEGs, the rest hard links)')
+    parser.add_argument('--batch-size', type=positive_int, default=16)
+    parser.add_argument('--seconds', type=non_negative_float, default=30.0,
+                        help='the least time each stage is timed, after its warm-up')
+    parser.add_argument('--min-batches', type=positive_int,
+                        help='the fewest batches each stage is timed (default: 200 on a GPU, 4 on a CPU, whose '
+                             'steps take seconds)')
+    parser.add_argument('--workers', type=positive_int, default=2, help='loader processes of the pipeline and loop')
+    add_device_argument(parser)
+    parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
+    parser.add_argument('--augment', choices=['auto', 'pil', 'batched'], default='auto',
+                        help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
+    parser.add_argument('--decode', choices=DECODE_CHOICES, default='cpu',
+                        help="where the batched path's JPEGs are decoded (gpu: by the device half, with nvJPEG)")
+    parser.add_argument('--compare-step', action='store_true',
+                        help='also time the model step with each step option alone against the plain step')
+    parser.add_argument('--compare-loop', action='store_true',
+                        help='also time the serial loop (train_cls --serial-loop) against the overlapped one')
+    parser.add_argument('--train-cls', action='store_true',
+                        help='also time a real tools/train_cls.py run on the data: its update lines as they arrive, '
+                             'after --skip-updates updates, over the same window; the run is then stopped')
+    parser.add_argument('--skip-updates', type=positive_int, default=50,
+                        help="train_cls's updates left out of its timing (start-up and the loader's prefetch)")
+    parser.add_argument('--timm-train', metavar='TRAIN_PY',
+                        help="timm's own train.py (from timm's repository: it is not in the wheel): for each model "
+                             'without token labeling, also time it with the DeiT recipe beside train_cls (implies '
+                             '--train-cls for those models) and print the ratio')
+    parser.add_argument('--timm-args', nargs='*', default=[], metavar='ARG',
+                        help="more arguments for timm's train.py, e.g. --channels-last (after the recipe's)")
+    parser.add_argument('--peak-tflops', type=positive_float,
+                        help="the device's peak TFLOP/s for the step's MFU (default: the bf16/fp16 tensor-core peak "
+                             "of H100, H200 and A100 under --amp bf16/fp16; none on CPUs)")
+    parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
+    args = parser.parse_args(argv)
+    args.device = device_name(args.device)  # a GPU that is not there is a one-line error
+    check_decode(args.decode, 'batched', torch.device(args.device))
+    if args.timm_train and not Path(args.timm_train).is_file():
+        raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
+                         f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
+    if args.timm_train:
+        check_timm_train(args)
+    if args.min_batches is None:
+        args.min_batches = 200 if args.device == 'cuda' else CPU_MIN_BATCHES
+    return args
+
+
+def synthetic_imagenet(root: Path, images: int, classes: int = 4, seed: int = 0) -> Path:
+    """ImageNet-like JPEGs: 500x375 (ImageNet's typical size), quality 90, smooth shapes with grain; the training
+    split's first DISTINCT_IMAGES entries are files, the n-th entry after them a hard link to entry n mod
+    DISTINCT_IMAGES (of the same class: n mod `classes` is its class)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:375, 0:500]
+    for split, count in (('train', images), ('val', classes)):
+        for i in range(count):
+            folder = root / split / f'n{i % classes:08d}'
+            folder.mkdir(parents=True, exist_ok=True)
+            if split == 'train' and i >= DISTINCT_IMAGES:
+                (folder / f'{i:05d}.JPEG').hardlink_to(root / source_entry(i, classes))
+                continue
+            fx, fy, phase = rng.uniform(5, 40, 3)
+            rgb = np.stack([128 + 90 * np.sin(x / fx + phase * c) * np.cos(y / fy - c) for c in range(3)], -1)
+            rgb += rng.normal(0, 12, rgb.shape)
+            Image.fromarray(np.uint8(np.clip(rgb, 0, 255))).save(folder / f'{i:05d}.JPEG', quality=90)
+    return root
+
+
+def source_entry(i: int, classes: int = 4) -> str:
+    """The distinct training JPEG that synthetic entry `i` is a link to, or is (relative to the data folder)."""
+    source = i % DISTINCT_IMAGES
+    return f'train/n{source % classes:08d}/{source:05d}.JPEG'
+
+
+def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
+    """A token-label store for the synthetic set: a random-weight annotator's 14x14 top-5 maps of the distinct
+    JPEGs (made on `device`), each hard link given its source's row."""
+    tmp = output.parent
+    distinct = tmp / 'distinct'
+    for path in sorted({source_entry(i) for i in range(DISTINCT_IMAGES)}):
+        (distinct / path).parent.mkdir(parents=True, exist_ok=True)
+        (distinct / path).hardlink_to(data / path)
+    annotator = tmp / 'annotator.pth'
+    torch.manual_seed(0)
+    torch.save(timm.create_model('resnet10t', num_classes=len(find_classes(data / 'train'))).state_dict(),
+               annotator)
+    meta = generate_token_labels(distinct, 'resnet10t', tmp / 'distinct_labels', DistInfo(device=device),
+                                 checkpoint=str(annotator), img_size=448, topk=5, workers=0)
+    source = TokenLabelStore(tmp / 'distinct_labels')
+    paths = [path for path, _ in scan_split(data, 'train')[1]]
+    rows = source.rows_of([source_entry(int(Path(path).stem)) for path in paths])
+    writer = StoreWriter(output, {**meta, 'paths_sha256': list_digest(paths)}, paths, SHAPING, DistInfo())
+    for shard, start, stop in writer.todo():
+        writer.write(np.arange(start, stop), *(array[rows[start:stop]] for array in source.arrays()))
+        writer.mark(shard, [])
+    writer.finish()
+    return output
+
+
+def endless(loader: Iterable[dict]) -> Iterator[dict]:
+    """The loader's batches epoch after epoch (each epoch starts its workers again, as in training)."""
+    while True:
+        yield from loader
+
+
+class Window:
+    """A steady-state timing: `batches(source)` yields `warmup` untimed batches, then timed ones until at least
+    `seconds` have passed and `min_batches` were yielded; `images_per_second()` once they have been used. The
+    clock starts when the device has finished the warm-up's work and stops when it has finished the window's."""
+
+    def __init__(self, seconds: float, min_batches: int, warmup: int, device: torch.device) -> None:
+        self.seconds, self.min_batches, self.warmup, self.device = seconds, min_batches, warmup, device
+        self.images, self.started = 0, None
+
+    def batches(self, source: Iterator[dict]) -> Iterator[dict]:
+        for _ in range(self.warmup):
+            yield next(source)
+        synchronize(self.device)
+        self.started, count = time.perf_counter(), 0
+        while count < self.min_batches or time.perf_counter() - self.started < self.seconds:
+            batch = next(source)
+            self.images += len(batch['label'])
+            count += 1
+            yield batch
+
+    def images_per_second(self) -> float:
+        synchronize(self.device)
+        return self.images / (time.perf_counter() - self.started)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Setup:
+    """One model's training pieces, as `classification.train` builds them, and its timing windows."""
+
+    def __init__(self, model_name: str, data: ImageData, args: argparse.Namespace, info: DistInfo) -> None:
+        self.name, self.data, self.args, self.info = model_name, data, args, info
+        self.recipe = recipe_for(model_name)
+        self.recipe.batch_size = args.batch_size
+        self.data_cfg = model_data_config(model_name)
+        self.recipe.img_size = self.data_cfg['input_size'][-1]
+        self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
+
+    def window(self, workers: int, min_batches: int | None = None) -> Window:
+        """A timing window past what `workers` loader processes prefetch (2 batches of warm-up without workers:
+        the first one also builds what the step builds once), of at least `min_batches` (default `--min-batches`)."""
+        return Window(self.args.seconds, min_batches or self.args.min_batches, workers * PREFETCH_FACTOR + 2,
+                      self.info.device)
+
+    def loaders(self, augment: str, workers: int):
+        """(training loader, the device half of the augmentation or None)."""
+        options = RunOptions(Path('unused'), workers=workers, seed=0)
+        train_loader, _, classes, device_tf = make_loaders(self.data, self.store, self.recipe, self.data_cfg, self.info,
+                                                           options, augment, self.args.decode)
+        self.num_classes, self.updates_per_epoch = len(classes), len(train_loader)
+        return train_loader, device_tf
+
+    def step_pieces(self, fused: bool = True, channels_last: bool = True, compile: bool = False,
+                    preset: str | None = None):
+        """(model, objective, step state) as the trainer builds them, with the given step options (and `preset`
+        over the model's recipe)."""
+        torch.manual_seed(0)
+        r = self.recipe if preset is None else recipe_for(self.name, preset)
+        model = create_classifier(self.name, self.num_classes, r.img_size, r.token_labeling, r.mix_token,
+                                  drop_path_rate=r.drop_path).to(self.info.device)
+        if channels_last:
+            use_channels_last(model)
+        state, _ = optimization_state(model, model, r.optimization(r.batch_size), 1000, self.args.amp)
+        if not fused:
+            for group in state.optimizer.param_groups:
+                group['fused'] = None
+        if compile:
+            model.compile()
+        return model, make_objective(r, self.num_classes), state
+
+
+def reported(images_per_second: float, setup: Setup, stage: str) -> float:
+    """Logs a stage's figure as soon as it is measured (a run stopped by a time limit keeps what it measured)."""
+    logger.info(f'{setup.name}: {stage}: {images_per_second:.1f} img/s')
+    return images_per_second
+
+
+def pipeline_images_per_second(setup: Setup, augment: str, workers: int, with_device_half: bool = True) -> float:
+    """Batches through the loader (and, `with_device_half`, the device's half to model input on the device)."""
+    loader, device_tf = setup.loaders(augment, workers)
+    # --min-batches is for the GPU's short steps: one core's pipeline makes 200 batches of 256 in minutes, not seconds
+    window = setup.window(workers, min_batches=CPU_MIN_BATCHES if workers == 0 else None)
+    for batch in window.batches(endless(loader)):
+        if with_device_half:
+            model_input(batch, setup.info, device_tf)
+    return reported(window.images_per_second(), setup, f'input pipeline, {augment} path, {workers} workers'
+                    + ('' if with_device_half else " (the workers' half alone)"))
+
+
+def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -> float:
+    """The training step alone (the token targets' building included) on one batch already on the device (the
+    warm-up compiles when asked)."""
+    model, objective, state = setup.step_pieces(**options)
+    window = setup.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
+    train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, setup.info, amp)
+    return reported(window.images_per_second(), setup, f'model step {options} amp {amp}')
+
+
+def loop_images_per_second(setup: Setup, augment: str, overlap: bool = True) -> float:
+    """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: batches prepared ahead)."""
+    loader, device_tf = setup.loaders(augment, setup.args.workers)
+    model, objective, state = setup.step_pieces()
+    window = setup.window(setup.args.workers)
+    train_one_epoch(model, window.batches(endless(loader)), objective, state, setup.info, setup.args.amp,
+                    transform=device_tf, overlap=overlap)
+    order = 'overlapped' if overlap else 'serial'
+    return reported(window.images_per_second(), setup, f'whole loop, {augment} path, {order}')
+
+
+TRAIN_CLS_UPDATE = re.compile(r'\bupdate (\d+)  batch ')  # train_cls's log line of its n-th update
+TIMM_UPDATE = re.compile(r'Train: (\d+) \[\s*(\d+)/(\d+)')  # timm's: epoch, update in the epoch (from 0), updates
+
+
+def train_cls_update(line: str) -> int | None:
+    """The run's update count a train_cls log line reports, or None."""
+    found = TRAIN_CLS_UPDATE.search(line)
+    return None if found is None else int(found[1])
+
+
+def timm_update(line: str) -> int | None:
+    """The run's update count (from 1) a timm train.py log line reports, or None."""
+    found = TIMM_UPDATE.search(line)
+    return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
+
+
+def train_cls_images_per_second(setup: Setup, augment: str, output: Path) -> dict[str, float | int]:
+    """`tools/train_cls.py` itself on the setup's model and data, one update line per update (`timed_updates`)."""
+    model_name, data, args = setup.name, setup.data, setup.args
+    command = [sys.executable, str(ROOT / 'tools' / 'train_cls.py'), model_name, '--data-dir', str(data.root),
+               '--output', str(output), '--epochs', '1000', '--batch-size', str(args.batch_size), '--workers',
+               str(args.workers), '--device', args.device, '--amp', args.amp, '--augment', augment,
+               '--log-interval', '1', '--pictures', '0', *(['--decode', args.decode] if augment == 'batched' else [])]
+    if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
+        command += ['--token-label-dir', str(data.token_labels)]
+    return timed_updates(command, train_cls_update, 'tools/train_cls.py', setup)
+
+
+def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,
+                       args: argparse.Namespace) -> list[str]:
+    """timm's own train.py with the recipe train_cls gives the model (DeiT's: AdamW, RandAugment, random erasing,
+    MixUp/CutMix, label smoothing, drop-path, EMA), the same batch, workers, device and precision, and timm's own
+    defaults otherwise (its GPU prefetcher, pinned memory), one update line per update."""
+    r = recipe_for(model_name)
+    amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
+    command = [sys.executable, str(script), '--data-dir', str(data_root), '--model', model_name, '--num-classes',
+               str(num_classes), '-b', str(args.batch_size), '-j', str(args.workers),
+               '--device', args.device, *amp, '--epochs', '1000', '--opt', r.opt,
+               '--lr', str(r.lr_base * args.batch_size / r.lr_base_batch), '--weight-decay', str(r.weight_decay),
+               '--sched', 'cosine', '--warmup-epochs', str(r.warmup_epochs), '--warmup-lr', str(r.warmup_lr),
+               '--min-lr', str(r.min_lr), '--reprob', str(r.reprob), '--remode', 'pixel',
+               '--mixup', str(r.mixup), '--cutmix', str(r.cutmix), '--smoothing', str(r.smoothing),
+               '--drop-path', str(r.drop_path), '--train-interpolation', r.interpolation, '--pin-mem',
+               '--log-interval', '1', '--output', str(output)]
+    # timm's increasing Posterize reaches 0 bits, which Pillow 12 refuses: its train.py stops with 'bits must be
+    # between or equal to 1 and 8' at the first such draw. The policy without 'inc' has the same ops at the same cost.
+    command += ['--aa', r.auto_augment.replace('-inc1', '')] if r.auto_augment else []
+    command += ['--model-ema', '--model-ema-decay', str(r.ema_decay)] if r.ema_decay else []
+    return [*command, *args.timm_args]
+
+
+def check_timm_train(args: argparse.Namespace) -> None:
+    """Before any timing: `--timm-train` has a model to run (one without token labeling, whose recipe timm's train.py
+    can run) and is a train.py that takes every option the comparison passes (from its --help: seconds, not the
+    minutes of the other stages)."""
+    plain = [m for m in args.models if not recipe_for(m).token_labeling]
+    if not plain:
+        raise UsageError(f"--timm-train: timm's train.py runs the models without token labeling, and --models gives "
+                         f"only token-labeling ones ({', '.join(args.models)}); add e.g. deit_small_patch16_224")
+    command = timm_train_command(Path(args.timm_train), plain[0], 1000, Path('data'), Path('out'), args)
+    wanted = sorted({a for a in command[2:] if a.startswith('--')} - set(args.timm_args))
+    shown = subprocess.run([sys.executable, args.timm_train, '--help'], capture_output=True, text=True, timeout=300)
+    missing = [option for option in wanted if option not in shown.stdout]
+    if shown.returncode != 0 or missing:
+        why = (f"its --help failed: {(shown.stderr.strip().splitlines() or ['(no message)'])[-1]}"
+               if shown.returncode != 0 else f"it takes no {', '.join(missing)}")
+        raise UsageError(f"--timm-train {args.timm_train}: not timm's train.py ({why}); give train.py from a clone of "
+                         f"https://github.com/huggingface/pytorch-image-models at the installed timm's version")
+
+
+def timm_train_images_per_second(script: Path, setup: Setup, output: Path) -> dict[str, float | int]:
+    """timm's train.py on the setup's model and data (`timm_train_command`), timed by `timed_updates`."""
+    command = timm_train_command(script, setup.name, setup.num_classes, setup.data.root, output, setup.args)
+    return timed_updates(command, timm_update, f'timm\'s {script.name}', setup)
+
+
+def timed_updates(command: list[str], update_of, name: str, setup: Setup) -> dict[str, float | int]:
+    """Images/s of a training command from its update lines as they arrive: between its update `--skip-updates`
+    (past the start-up and the loader's prefetch) and the first update at least `--seconds` and `--min-batches`
+    updates later; then the command is stopped (its whole session: the loader workers too). The window must end
+    within the first epoch: an epoch's end (validation, checkpoint) is not the training pace."""
+    args, per_epoch = setup.args, setup.updates_per_epoch  # the training split as the loaders listed it
+    skip = max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    start, lines = None, []
+    try:
+        for line in process.stdout:
+            lines = lines[-20:] + [line.rstrip()]
+            update, now = update_of(line), time.perf_counter()
+            if update is None:
+                continue
+            if update > per_epoch:
+                raise UsageError(f'{name}: the timing window reached the end of the first epoch ({per_epoch} '
+                                 f'updates); give more --images, or fewer --skip-updates or --min-batches')
+            if update == skip:
+                start = (update, now)
+            elif start is not None and update - start[0] >= args.min_batches and now - start[1] >= args.seconds:
+                updates = update - start[0]
+                rate = reported(updates * args.batch_size / (now - start[1]), setup, name)
+                return {'img_s': rate, 'updates_timed': updates, 'after_updates': skip}
+        process.wait()
+        raise DataError(f'{name} stopped (exit {process.returncode}) before {skip} updates and the timing window: '
+                        + ' | '.join(lines[-3:]))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def device_batch(setup: Setup, augment: str) -> dict:
+    """One training batch with its images as model input, everything on the device (read in this process: no
+    loader workers left running beside the step timings)."""
+    loader, device_tf = setup.loaders(augment, workers=0)
+    info = setup.info
+    batch = next(iter(loader))
+    batch['image'] = model_input(batch, info, device_tf)
+    for key in ('label', 'scores', 'classes'):
+        if key in batch:
+            batch[key] = batch[key].to(info.device)
+    return batch
+
+
+def peak_tflops(args: argparse.Namespace) -> float | None:
+    """The device's peak for the step's precision: `--peak-tflops`, or the known half-precision peak of the GPU."""
+    if args.peak_tflops or args.device != 'cuda' or args.amp == 'none':
+        return args.peak_tflops
+    name = measured_on(args.device)['device']
+    return next((peak for key, peak in HALF_PRECISION_PEAKS if key in name), None)
+
+
+def step_flops(setup: Setup, images_per_second: float, peak: float | None) -> dict[str, float | None]:
+    """The training step's FLOPs per image (6 per MAC of the model's forward at the recipe's size: forward and
+    backward), the TFLOP/s it runs at, and its share of the device's `peak` (MFU; None without a peak)."""
+    macs = measure_complexity(setup.name, setup.recipe.img_size, num_classes=setup.num_classes).macs
+    per_image = TRAIN_FLOPS_PER_MAC * macs
+    achieved = per_image * images_per_second / 1e12
+    return {'per_image_gflop': per_image / 1e9, 'tflop_s': achieved, 'peak_tflop_s': peak,
+            'mfu': achieved / peak if peak else None}
+
+
+def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, device: str) -> dict[str, float]:
+    """Images/s that `workers` loader processes cannot beat on `cores` cores: each does the workers' share of the
+    work at best at the one-core rate, and no more of them run at once than there are cores. On a CPU device the
+    batched path's device half runs on the same cores, so the whole path's one-core rate bounds it too."""
+    busy = min(workers, cores)
+    workers_half = busy * per_core['batched_workers_half']  # also bounds any pipeline that does more per image
+    batched = min(workers_half, cores * per_core['batched']) if device == 'cpu' else workers_half
+    return {'pil': busy * per_core['pil'], 'batched': batched, 'workers_half': workers_half}
+
+
+def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
+    """The figures that cannot be true: an N-worker pipeline above its ceiling, a step above the device's peak, a
+    loop above the slower of its input pipeline and its step (more than TOLERANCE above: separate windows of a
+    machine differ a little)."""
+    pool, ceiling = f[f'pipeline_{workers}_workers_img_s'], f[f'pipeline_{workers}_workers_ceiling_img_s']
+    errors = [f'the {workers}-worker {path} pipeline\'s {pool[path]:.1f} img/s is above its ceiling of '
+              f'{ceiling[path]:.1f}' for path in ('pil', 'batched') if pool[path] > TOLERANCE * ceiling[path]]
+    loop = f['loop']
+    stages = min(pool[loop['augment']], f['model_step_img_s'])
+    mfu = f.get('step_flops', {}).get('mfu')
+    if mfu is not None and mfu > 1:
+        errors.append(f"the step's {f['step_flops']['tflop_s']:.1f} TFLOP/s is above the device's peak of "
+                      f"{f['step_flops']['peak_tflop_s']:g}")
+    for what, rate in (("the whole loop's", loop['img_s']), ("the serial loop's", loop.get('serial_img_s')),
+                       ("train_cls's", f.get('train_cls', {}).get('img_s'))):
+        if rate is not None and rate > TOLERANCE * stages:
+            errors.append(f'{what} {rate:.1f} img/s is above the slower of its input pipeline and its step, '
+                          f'{stages:.1f}')
+    timm_rate = f.get('timm_train', {}).get('img_s')
+    if timm_rate is not None and timm_rate > TOLERANCE * ceiling['workers_half']:
+        errors.append(f"timm's train.py's {timm_rate:.1f} img/s is above what {workers} workers can decode and "
+                      f"draw, {ceiling['workers_half']:.1f} (the batched path's workers' half, which does less)")
+    return errors
+
+
+def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) -> dict[str, object]:
+    info = DistInfo(device=torch.device(args.device))
+    setup = Setup(model_name, data, args, info)
+    figures: dict[str, object] = {'model': model_name, 'token_labeling': setup.recipe.uses_score_maps,
+                                  'batch_size': args.batch_size, 'img_size': setup.recipe.img_size}
+    with torch_threads(1):
+        per_core = {path: pipeline_images_per_second(setup, path, 0) for path in ('pil', 'batched')}
+        per_core['batched_workers_half'] = pipeline_images_per_second(setup, 'batched', 0, with_device_half=False)
+    per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
+    figures['pipeline_per_core_img_s'] = per_core
+    figures[f'pipeline_{args.workers}_workers_img_s'] = pool = {
+        path: pipeline_images_per_second(setup, path, args.workers) for path in ('pil', 'batched')}
+    figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = pipeline_ceilings(per_core, args.workers,
+                                                                                 available_cores(), args.device)
+    loop_path = pick_augment(args.augment, info.device)
+    batch = device_batch(setup, loop_path)
+    variants = {'trainer': (dict(fused=True, channels_last=True, compile=False), args.amp)}
+    if args.compare_step:
+        variants.update(step_variants())
+        if setup.recipe.token_labeling:  # what token labeling costs: the same model's step in the Standard recipe
+            variants['standard'] = ({**variants['trainer'][0], 'preset': 'standard'}, args.amp)
+    steps = {label: step_images_per_second(setup, batch, options, amp) for label, (options, amp) in variants.items()}
+    step = figures['model_step_img_s'] = steps['trainer']
+    figures['step_flops'] = step_flops(setup, step, peak_tflops(args))
+    if args.compare_step:
+        figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
+                                   **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
+        if 'standard' in steps:
+            figures['step_options']['token_labeling_ratio'] = step / steps['standard']
+    loop = figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
+    loop['of_step'] = loop['img_s'] / step
+    if args.compare_loop:
+        loop['serial_img_s'] = loop_images_per_second(setup, loop_path, overlap=False)
+        loop['overlap_gain'] = loop['img_s'] / loop['serial_img_s']
+    against_timm = args.timm_train is not None and not setup.recipe.token_labeling
+    if args.train_cls or against_timm:
+        with tempfile.TemporaryDirectory() as output:
+            figures['train_cls'] = train_cls_images_per_second(setup, loop_path, Path(output))
+    if against_timm:
+        with tempfile.TemporaryDirectory() as output:
+            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), setup,
+                                                                            Path(output))
+        timm_run['suite_ratio'] = figures['train_cls']['img_s'] / timm_run['img_s']
+    figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
+    figures['measurement_errors'] = measurement_errors(figures, args.workers)
+    return figures
+
+
+def step_variants() -> dict[str, tuple]:
+    """The step with none of the trainer's step options, then with each alone: (options, amp)."""
+    plain = dict(fused=False, channels_last=False, compile=False)
+    return {'plain': (plain, 'none'), 'fused_optimizer': ({**plain, 'fused': True}, 'none'),
+            'channels_last': ({**plain, 'channels_last': True}, 'none'), 'bf16': (plain, 'bf16'),
+            'compile': ({**plain, 'compile': True}, 'none')}
+
+
+def describe(f: dict[str, object], workers: int) -> list[str]:
+    core, pool = f['pipeline_per_core_img_s'], f[f'pipeline_{workers}_workers_img_s']
+    ceiling = f[f'pipeline_{workers}_workers_ceiling_img_s']
+    lines = [f"{f['model']}  batch {f['batch_size']}  {f['img_size']} px  token labeling {f['token_labeling']}",
+             f"  input pipeline, 1 core:      pil {core['pil']:7.1f} img/s   batched {core['batched']:7.1f} img/s "
+             f"(x{core['batched_over_pil']:.2f}; its workers' half alone {core['batched_workers_half']:7.1f} img/s)",
+             f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
+             f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
+             f"  model step:                  {f['model_step_img_s']:7.1f} img/s   {describe_flops(f['step_flops'])}",
+             f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   "
+             f"(x{f['loop']['of_step']:.2f} of the step)   bound by the {f['bound']}"]
+    if 'serial_img_s' in f['loop']:
+        lines.append(f"  whole loop, serial:          {f['loop']['serial_img_s']:7.1f} img/s   (the overlapped loop "
+                     f"x{f['loop']['overlap_gain']:.2f})")
+    if 'train_cls' in f:
+        run = f['train_cls']
+        lines.append(f"  tools/train_cls.py:          {run['img_s']:7.1f} img/s   ({run['updates_timed']} updates "
+                     f"after its first {run['after_updates']})")
+    if 'timm_train' in f:
+        run = f['timm_train']
+        lines.append(f"  timm's train.py:             {run['img_s']:7.1f} img/s   ({run['updates_timed']} updates "
+                     f"after its first {run['after_updates']}; train_cls x{run['suite_ratio']:.2f})")
+    if 'step_options' in f:
+        o = f['step_options']
+        lines.append(f"  step options alone vs plain step ({o['plain_img_s']:.1f} img/s): "
+                     + ', '.join(f"{k} x{o[k + '_ratio']:.2f}" for k in STEP_OPTIONS))
+        if 'token_labeling_ratio' in o:
+            lines.append(f"  the same model's step without token labeling (Standard recipe): {o['standard_img_s']:.1f} "
+                         f"img/s (token labeling x{o['token_labeling_ratio']:.2f})")
+    return lines + [f'  MEASUREMENT ERROR: {error}' for error in f['measurement_errors']]
+
+
+def describe_flops(flops: dict) -> str:
+    line = f"({flops['tflop_s']:.3g} TFLOP/s at {flops['per_image_gflop']:.1f} GFLOP per image"
+    return line + (f", MFU {flops['mfu']:.1%} of {flops['peak_tflop_s']:g})" if flops['mfu'] is not None else ')')
+
+
+def main(argv: list[str] | None = None, description: str | None = None) -> int:
+    args = parse_args(argv, description)
+    show_log(stream=sys.stderr if args.json else None)  # with --json standard output is the JSON document
+    pick_amp(args.amp, torch.device(args.device))  # and so is fp16 on a CPU
+    labelled = [m for m in args.models if recipe_for(m).uses_score_maps]
+    with tempfile.TemporaryDirectory() as tmp:
+        labels = Path(args.token_label_dir) if args.token_label_dir else None
+        if args.data_dir:
+            root = Path(args.data_dir)
+            find_classes(root / 'train')  # a missing folder is named first
+            if labels is None and labelled:
+                raise UsageError(f'{labelled[0]} trains with token labels: give --token-label-dir, the store of '
+                                 f'{root} (tools/generate_token_labels.py or tools/import_token_labels.py)')
+        else:
+            root = synthetic_imagenet(Path(tmp) / 'data', args.images)
+            if labels is None and labelled:
+                labels = synthetic_labels(root, Path(tmp) / 'labels', torch.device(args.device))
+        data = ImageData(root, labels)
+        results = [benchmark_model(name, data, args) for name in args.models]
+    setting = {**measured_on(args.device), 'amp': args.amp, 'workers': args.workers, 'seconds': args.seconds,
+               'min_batches': args.min_batches}
+    if args.json:
+        write_document(json.dumps({**setting, 'models': results}))
+    else:
+        logger.info(f"{setting['device']}  torch {setting['torch']}  commit {setting['commit']}  amp {args.amp}  "
+                    f"{setting['cores']} cores  each stage timed >= {args.seconds:g} s and >= {args.min_batches} "
+                    f"batches after its warm-up")
+        for figures in results:
+            logger.info('\n'.join(describe(figures, args.workers)))
+    if any(f['measurement_errors'] for f in results):
+        logger.error('some figures are above what the machine can do (MEASUREMENT ERROR): time longer windows on a '
+                     'quiet machine')
+        return 1
+    return 0
+

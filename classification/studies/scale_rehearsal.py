@@ -1,0 +1,432 @@
+"""ImageNet's size rehearsed on local disk through the suite's own code (tools/rehearse_scale.py): file trees,
+the label store, listing, loader-worker memory, the first update and checkpoints at full size."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from backbones import bare_model
+from backbones.common.cli import output_file, output_folder, positive_int
+from backbones.common.distributed import DistInfo, sharded_loaders
+from backbones.common.errors import UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.images import scan_split
+from backbones.common.log import logger
+from backbones.common.memory import ChildMemory, Memory, child_pids, process_memory
+from backbones.registry import check_model_name
+from classification.data.folders import ImageFolderDataset, collate_skipping
+from classification.engine.trainer import RunOptions, Trainer
+from classification.models import create_classifier, model_data_config
+from classification.recipes import recipe_for
+from classification.token_labeling.label_store import (
+    DEFAULT_SHARD_SIZE,
+    VERIFIED,
+    StoreWriter,
+    TokenLabelStore,
+    read_marker,
+    read_meta,
+)
+from classification.token_labeling.released_labels import (
+    RELEASES,
+    SHAPING,
+    centre_square,
+    import_released_labels,
+    load_map,
+    release_meta,
+    store_row,
+)
+from classification.train import make_objective
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
+TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1000
+RELEASE_SHAPE = (2, 5, 18, 18)  # TokenLabeling's NFNet-F6 release: [scores, classes] x top-5 x 18 x 18
+JPEG_SIZES = ((64, 48), (48, 64), (56, 56))  # wide, tall and square: the centre-square extents differ
+STAGES = ('build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing', 'first-step', 'checkpoint')
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != 'import')
+CHECKPOINT_MODELS = ('lvvit_l', 'cait_m48_448')
+MB = 1024 ** 2
+
+
+def scale_fraction(value: str) -> float:
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = -1.0
+    if not 0 < scale <= 1:
+        raise argparse.ArgumentTypeError(f'{value!r} is not a fraction in (0, 1]')
+    return scale
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--root', type=output_folder, default=ROOT / 'output' / 'rehearse_scale',
+                   help='where the trees, the store and the runs go (kept and reused)')
+    p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
+    p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
+                   help='the stages to run (in the order above)')
+    p.add_argument('--workers', type=positive_int, default=2, help='loader workers (import, pass, first step)')
+    p.add_argument('--processes', type=positive_int, default=2, help='training processes of the first step')
+    p.add_argument('--batch-size', type=positive_int, default=256, help='batch of the pass')
+    p.add_argument('--pass-images', type=positive_int, metavar='N',
+                   help='end the pass after about N images (default: the whole epoch)')
+    p.add_argument('--checkpoint-models', nargs='+', default=list(CHECKPOINT_MODELS), metavar='MODEL')
+    p.add_argument('--json', type=output_file, metavar='FILE', help='also write the figures as JSON')
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------- trees
+
+def class_names() -> list[str]:
+    return [f'n{i:08d}' for i in range(NUM_CLASSES)]
+
+
+def per_class(total: int, scale: float) -> list[int]:
+    """Images of each class: `total x scale` spread over the classes, at least one each."""
+    count = max(NUM_CLASSES, round(total * scale))
+    return [count // NUM_CLASSES + (c < count % NUM_CLASSES) for c in range(NUM_CLASSES)]
+
+
+def tiny_jpegs() -> list[bytes]:
+    """Noise JPEGs of a few KB, one per size of JPEG_SIZES."""
+    rng = np.random.default_rng(0)
+    encoded = []
+    for width, height in JPEG_SIZES:
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, 'JPEG', quality=75)
+        encoded.append(buffer.getvalue())
+    return encoded
+
+
+def release_file() -> bytes:
+    """One released map, as the release saves it: top-5 logits (descending) and class indices stored as floats."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(RELEASE_SHAPE[1:], generator=generator).sort(dim=0, descending=True).values
+    classes = torch.randint(0, NUM_CLASSES, RELEASE_SHAPE[1:], generator=generator).float()
+    buffer = io.BytesIO()
+    torch.save(torch.stack([scores, classes]).half(), buffer)
+    return buffer.getvalue()
+
+
+def write_class(data: Path, release: Path, name: str, train: int, val: int, first_val: int, jpegs: list[bytes],
+                label: bytes) -> None:
+    for folder in (data / 'train' / name, data / 'val' / name, release / name):
+        folder.mkdir(parents=True, exist_ok=True)
+    for i in range(train):
+        stem = f'{name}_{i}'
+        (data / 'train' / name / f'{stem}.JPEG').write_bytes(jpegs[i % len(jpegs)])
+        (release / name / f'{stem}.pt').write_bytes(label)
+    for i in range(val):
+        (data / 'val' / name / f'ILSVRC2012_val_{first_val + i + 1:08d}.JPEG').write_bytes(jpegs[i % len(jpegs)])
+
+
+def disk_used(path: Path) -> int:
+    usage = shutil.disk_usage(path)
+    return usage.total - usage.free
+
+
+def build_trees(root: Path, scale: float) -> dict:
+    """The image tree (`root/imagenet`) and the release tree (`root/release`), unless `root/built.json` says they
+    were built at this scale."""
+    record = root / 'built.json'
+    built = read_marker(record) or {}  # unreadable (a build killed while writing it): built again
+    if built.get('scale') == scale:
+        if not (read_meta(root / 'store') or {}).get('complete'):  # a build stopped while writing the store
+            shutil.rmtree(root / 'store', ignore_errors=True)
+            write_store(root)
+        return {**built, 'reused': True}
+    for folder in ('imagenet', 'release', 'store'):
+        shutil.rmtree(root / folder, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    train, val = per_class(TRAIN_IMAGES, scale), per_class(VAL_IMAGES, scale)
+    first_val = np.concatenate([[0], np.cumsum(val)[:-1]]).tolist()
+    jpegs, label = tiny_jpegs(), release_file()
+    before, start = disk_used(root), time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
+        list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c], val[c],
+                                            first_val[c], jpegs, label), range(NUM_CLASSES)))
+    write_store(root)
+    os.sync()
+    built = {'scale': scale, 'train': sum(train), 'val': sum(val), 'files': 2 * sum(train) + sum(val),
+             'seconds': time.perf_counter() - start, 'disk_bytes': disk_used(root) - before}
+    write_json_atomic(record, built)
+    return {**built, 'reused': False}
+
+
+def write_store(root: Path) -> None:
+    """`root/store`: the store importing `root/release` gives (its meta data, rows and extents), written directly by
+    the store's writer: every release file holds the same map, and the n-th image of a class has JPEG_SIZES[n % 3]."""
+    classes, samples = scan_split(root / 'imagenet', 'train')
+    paths = [path for path, _ in samples]
+    release = RELEASES['tokenlabeling']
+    value = load_map(root / 'release' / classes[0] / f'{Path(paths[0]).stem}.pt')
+    meta = release_meta(release, tuple(value.shape), root / 'release', classes, paths, 'train', DEFAULT_SHARD_SIZE)
+    writer = StoreWriter(root / 'store', meta, paths, SHAPING, DistInfo(), with_extent=True, skipped_key='missing')
+    scores, class_ids = store_row(value)
+    extents = np.array([centre_square(size) for size in JPEG_SIZES], dtype=np.float32)
+    sizes = np.array([int(Path(path).stem.rsplit('_', 1)[1]) % len(JPEG_SIZES) for path in paths])
+    for shard, start, stop in writer.todo():
+        rows = np.arange(start, stop)
+        writer.write(rows, scores, class_ids, extents[sizes[start:stop]])
+        writer.mark(shard, [])
+    writer.finish()
+
+
+# --------------------------------------------------------------------------------------------------------- stages
+
+class Figures:
+    """The rehearsal's figures: a table row each (stage, what, value) and the same in JSON."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str]] = []
+        self.values: dict[str, dict] = {}
+
+    def add(self, stage: str, what: str, value: float | int | str | list, shown: str | None = None) -> None:
+        self.values.setdefault(stage, {})[what] = value
+        self.rows.append((stage, what, shown if shown is not None else str(value)))
+        logger.info(f'  {stage:12s} {what:44s} {self.rows[-1][2]}')
+
+    def table(self) -> str:
+        lines = ['| stage | figure | value |', '|---|---|---:|']
+        return '\n'.join(lines + [f'| {stage} | {what} | {value} |' for stage, what, value in self.rows])
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def mb(value: int) -> str:
+    return f'{value / MB:,.0f} MB'
+
+
+def stage_build(args: argparse.Namespace, figures: Figures) -> None:
+    built = build_trees(args.root, args.scale)
+    figures.add('build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    if built['reused']:
+        figures.add('build', 'trees', 'reused from an earlier run')
+        return
+    figures.add('build', 'files written (images and release)', built['files'])
+    figures.add('build', 'seconds', round(built['seconds'], 1))
+    figures.add('build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
+
+
+def stage_listing(args: argparse.Namespace, figures: Figures, split: str = 'train') -> None:
+    stage = 'listing' if split == 'train' else 'val-listing'
+    before = process_memory().uss
+    (_, samples), seconds = timed(lambda: scan_split(args.root / 'imagenet', split))
+    figures.add(stage, 'files listed', len(samples))
+    figures.add(stage, 'seconds', round(seconds, 2))
+    figures.add(stage, 'files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
+    grown = process_memory().uss - before
+    figures.add(stage, 'memory of the listing (USS)', grown, mb(grown))
+
+
+def stage_import(args: argparse.Namespace, figures: Figures) -> None:
+    store = args.root / 'imported'
+    shutil.rmtree(store, ignore_errors=True)
+    _, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
+                                                      DistInfo(), workers=args.workers))
+    imported = TokenLabelStore(store, verify=False)
+    rows = len(imported)
+    size = sum(f.stat().st_size for f in store.iterdir() if f.is_file())
+    figures.add('import', 'files imported', rows)
+    figures.add('import', 'seconds', round(seconds, 1))
+    figures.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
+    figures.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
+    same = all(np.array_equal(a, b) for a, b in zip(imported.arrays(),
+                                                      TokenLabelStore(args.root / 'store', verify=False).arrays()))
+    figures.add('import', 'rows equal to the directly written store', same)
+    shutil.rmtree(store)
+
+
+def stage_store(args: argparse.Namespace, figures: Figures) -> None:
+    before = process_memory().uss
+    store, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=False))
+    figures.add('store', 'open without verification, seconds', round(seconds, 2))
+    grown = process_memory().uss - before
+    figures.add('store', 'memory of the open store (USS)', grown, mb(grown))
+    del store
+    forget_verification(args.root)
+    _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
+    figures.add('store', 'open with verification, seconds', round(seconds, 1))
+    if (args.root / 'store' / VERIFIED).exists():  # recorded: the next opening reads no row
+        _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
+        figures.add('store', f'open again ({VERIFIED} recorded), seconds', round(seconds, 2))
+
+
+def forget_verification(root: Path) -> None:
+    """Remove the store's record of its last verification: the next opening reads every row, as a first run's."""
+    (root / 'store' / VERIFIED).unlink(missing_ok=True)
+
+
+class ImageSize:
+    """A stand-in for the augmentation: the decoded image's size (the pass measures the index and the store)."""
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return torch.tensor(image.size)
+
+
+def training_set(args: argparse.Namespace) -> ImageFolderDataset:
+    return ImageFolderDataset(args.root / 'imagenet', 'train', ImageSize(),
+                              label_store=TokenLabelStore(args.root / 'store', verify=False))
+
+
+def stage_dataset(args: argparse.Namespace, figures: Figures) -> None:
+    before = process_memory().uss
+    dataset, seconds = timed(lambda: training_set(args))
+    figures.add('dataset', 'images', len(dataset))
+    figures.add('dataset', 'seconds to build', round(seconds, 1))
+    grown = process_memory().uss - before
+    figures.add('dataset', 'memory of the dataset (USS)', grown, mb(grown))
+
+
+def stage_pass(args: argparse.Namespace, figures: Figures) -> None:
+    dataset = training_set(args)
+    loader = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0, collate_skipping)[0]
+    loader.sampler.set_epoch(0)
+    dataset.set_epoch(0, 0)
+    batches = min(len(loader), -(-(args.pass_images or len(dataset)) // args.batch_size))
+    memory, seen, start = ChildMemory(), 0, time.perf_counter()
+    for n, batch in enumerate(loader, 1):
+        seen += len(batch['label'])
+        if n in (1, batches):  # the workers' memory once they started, and once they read their last batch
+            memory.sample()
+        if n == batches:
+            break
+    seconds = time.perf_counter() - start
+    figures.add('pass', 'images read (shuffled order)', seen)
+    figures.add('pass', 'seconds', round(seconds, 1))
+    figures.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+    for n, pid in enumerate(sorted(memory.first)):
+        first, last = memory.first[pid], memory.last[pid]
+        figures.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
+                    f'{mb(first.uss)} / {mb(last.uss)}')
+        figures.add('pass', f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
+                    f'{mb(first.dirty)} / {mb(last.dirty)}')
+        figures.add('pass', f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
+                    mb(last.dirty - first.dirty))
+        figures.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
+
+
+FIRST_UPDATE = re.compile(r'\bupdate\s+1\b')
+
+
+def first_step(args: argparse.Namespace, output: Path, port: int) -> tuple[float, list[Memory], list[str]]:
+    """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
+    and the log up to it."""
+    shutil.rmtree(output, ignore_errors=True)
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', str(args.processes),
+               '--master-port', str(port), str(ROOT / 'tools' / 'train_cls.py'), 'lvvit_s', '--model-kwargs',
+               'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', str(args.root / 'imagenet'),
+               '--token-label-dir', str(args.root / 'store'), '--img-size', '32', '--batch-size', '32',
+               '--workers', str(args.workers), '--log-interval', '1', '--pictures', '0', '--device', 'cpu',
+               '--output', str(output)]
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+    start = time.perf_counter()
+    launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    log: list[str] = []
+    try:
+        for line in launcher.stdout:
+            log.append(line.rstrip())
+            if FIRST_UPDATE.search(line):
+                seconds = time.perf_counter() - start
+                return seconds, [process_memory(pid) for pid in child_pids(launcher.pid)], log
+        raise RuntimeError(f'train_cls ended (exit {launcher.wait()}) before its first update:\n'
+                           + '\n'.join(log[-20:]))
+    finally:
+        for pid in [launcher.pid, *descendants(launcher.pid)]:  # torchrun's workers have sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: its children, theirs, and so on."""
+    found = []
+    for child in child_pids(pid):
+        found += [child, *descendants(child)]
+    return found
+
+
+def stage_first_step(args: argparse.Namespace, figures: Figures) -> None:
+    forget_verification(args.root)
+    for n, name in enumerate(('first start', 'second start')):
+        seconds, memory, log = first_step(args, args.root / 'first_step', 29751 + n)
+        figures.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
+        figures.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
+                    ' / '.join(mb(m.uss) for m in memory))
+        store_lines = [line.split('] ')[-1][:120] for line in log if ' verified' in line or ': listed ' in line]
+        figures.add('first-step', f'{name}: log', store_lines, '; '.join(store_lines))
+
+
+def stage_checkpoint(args: argparse.Namespace, figures: Figures) -> None:
+    for name in args.checkpoint_models:
+        recipe = recipe_for(name)
+        recipe.img_size = recipe.img_size or model_data_config(name)['input_size'][-1]
+        output = args.root / 'checkpoint' / name
+        shutil.rmtree(output, ignore_errors=True)
+        trainer = Trainer(RunOptions(output=output), DistInfo())
+        model = create_classifier(name, NUM_CLASSES, recipe.img_size, recipe.token_labeling, recipe.mix_token)
+        optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
+        fit = trainer.start(model, bare_model(model), optimization, make_objective(recipe, NUM_CLASSES),
+                            {'model': name}, 1)
+        for param in model.parameters():
+            param.grad = torch.zeros_like(param)
+        fit.state.optimizer.step()  # AdamW's moments exist, as in any checkpoint after the first update
+        start = time.perf_counter()
+        fit.save(1, is_best=False)
+        seconds = time.perf_counter() - start
+        size = (output / 'last.pth').stat().st_size
+        params = sum(p.numel() for p in model.parameters())
+        figures.add('checkpoint', f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size,
+                    f'{size / 1024 ** 3:.2f} GB')
+        figures.add('checkpoint', f'{name}: seconds to write', round(seconds, 1))
+        shutil.rmtree(output)
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace, Figures], None]] = {
+    'build': stage_build, 'listing': stage_listing, 'import': stage_import, 'store': stage_store,
+    'dataset': stage_dataset, 'pass': stage_pass, 'val-listing': lambda a, f: stage_listing(a, f, 'val'),
+    'first-step': stage_first_step, 'checkpoint': stage_checkpoint}
+
+
+def main(argv: list[str] | None = None, description: str | None = None) -> dict:
+    args = parse_args(argv, description)
+    if 'checkpoint' in args.stages:
+        for name in args.checkpoint_models:  # before hours of other stages
+            check_model_name(name)
+    needs_trees = set(args.stages) - {'build', 'checkpoint'}
+    if needs_trees and 'build' not in args.stages and read_marker(args.root / 'built.json') is None:
+        raise UsageError(f'{args.root} holds no rehearsal trees yet: run the build stage first')
+    if needs_trees and 'build' not in args.stages and not (read_meta(args.root / 'store') or {}).get('complete'):
+        raise UsageError(f'{args.root / "store"} is not complete (a build interrupted): run the build stage again')
+    figures = Figures()
+    logger.info(f'rehearsal at scale {args.scale} in {args.root} ({os.cpu_count()} cores, torch {torch.__version__})')
+    start = time.perf_counter()
+    for stage in STAGES:
+        if stage in args.stages:
+            RUNNERS[stage](args, figures)
+    figures.add('all', 'seconds', round(time.perf_counter() - start, 1))
+    logger.info(figures.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures.values, indent=2) + '\n')
+    return figures.values
+
