@@ -113,8 +113,9 @@ def test_the_papers_layouts_hold_each_rows_own_figures():
     assert table4[0][2] == '51.5 ± 0.7 / 41.5 ± 0.7' and table4[1][3] == '100 s (×0.91)'
     figure4 = table_rows(text, 'Figure 4 (left)')
     assert figure4[0] == ['Top-1', '54.5 ± 0.7', '55.5 ± 0.7', '50.5 ± 0.7']  # 20%, 60%, then 100%: token labeling
-    assert table_rows(text, 'Figure 4 (right)') == [['resnet10t', '4.9M', '98.6', '50.5 ± 0.7'],
-                                                    ['resnet18', '11.2M', '99.2', '56.5 ± 0.7']]
+    assert figure4[1] == ['Minus 100%', '+4.0 [+4.0, +4.0]', '+5.0 [+5.0, +5.0]', '']  # paired by seed
+    assert table_rows(text, 'Figure 4 (right)') == [['resnet10t', '4.9M', '98.6', '50.5 ± 0.7', ''],
+                                                    ['resnet18', '11.2M', '99.2', '56.5 ± 0.7', '+6.0 [+6.0, +6.0]']]
     assert reproduce.paper_tables(reproduce.summarise(fake_runs(['token-labeling'])), {}) == ''  # one row: no layout
 
 

@@ -32,10 +32,14 @@ def paired_difference(values: Sequence[float], baseline: Sequence[float], confid
     return {'mean': mean, 'low': low, 'high': high, 'n': n, 'within_noise': low <= 0 <= high}
 
 
+def describe_interval(difference: dict) -> str:
+    """'+3.1 [+1.2, +5.0]': the mean difference and its interval ('+3.1' alone for a single pair)."""
+    text = f'{difference["mean"]:+.1f}'
+    return text if difference['low'] is None else text + f' [{difference["low"]:+.1f}, {difference["high"]:+.1f}]'
+
+
 def describe_difference(difference: dict) -> str:
     """'+3.1 [+1.2, +5.0]', with '(within noise)' where the interval holds 0; a single pair has no interval."""
-    text = f'{difference["mean"]:+.1f}'
     if difference['low'] is None:
-        return text + ' (one seed: no interval)'
-    text += f' [{difference["low"]:+.1f}, {difference["high"]:+.1f}]'
-    return text + (' (within noise)' if difference['within_noise'] else '')
+        return describe_interval(difference) + ' (one seed: no interval)'
+    return describe_interval(difference) + (' (within noise)' if difference['within_noise'] else '')

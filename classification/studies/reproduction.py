@@ -11,11 +11,12 @@ import textwrap
 import time
 from pathlib import Path
 
-from backbones.common.cli import add_device_argument, check_output_folder, positive_int
+from backbones.common.cli import add_device_argument, check_output_folder, device_name, positive_int
 from backbones.common.errors import SuiteError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.common.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
+from backbones.common.timing import measured_on
 from backbones.segmentation.config import load_config
 from classification.digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, ANNOTATORS, EmbeddedScans
 from classification.digits.cls_data import RECIPE as DIGITS_RECIPE
@@ -69,6 +70,11 @@ TABLES = {'2': tuple(TABLE2_CELLS.values()), '4': (*TABLE4_ROWS, 'standard-same-
           'fig4': (*PARTICIPATION.values(), *ANNOTATOR_ROWS.values())}
 DEFAULT_TABLES = ('2', '4', '7')  # Figure 4 adds its six rows (--table fig4): docs/reproduction.md has the times
 BASELINE = 'token-labeling'  # every other variant is compared with it, seed by seed
+# The paper's other comparisons, each row minus the row it is set against (where both ran): online token labeling
+# against online KD, each online row against its offline one (token labeling's is in every row's summary), the pooled
+# map against the image label under MixToken, and Standard at token labeling's lr against Standard
+PAIRS = (('online-token-labeling', 'online-kd'), ('online-kd', 'standard'), ('relabel-mixtoken', 'mixtoken-label'),
+         ('standard-same-lr', 'standard'))
 HEADS = {'fcn': 'FCN', 'upernet': 'UperNet'}
 MODES = {'ss': 'SS', 'ms': 'MS'}
 SEG_METRICS = ('mIoU', 'aAcc')
@@ -320,12 +326,12 @@ def row_colour(variant: str) -> str:
     return f'C{list(VARIANTS).index(variant) % 10}'
 
 
-def compare(runs: list[dict], variant: str) -> dict:
-    """`variant` against token labeling, seed by seed (the same seed: the same initialisation and data order):
-    the paired difference of top-1 and, where both rows were transferred, of every head/mode mIoU."""
+def compare(runs: list[dict], variant: str, baseline: str = BASELINE) -> dict:
+    """`variant` against `baseline` (token labeling), seed by seed (the same seed: the same initialisation and data
+    order): the paired difference of top-1 and, where both rows were transferred, of every head/mode mIoU."""
     by_seed = {(r['variant'], r['seed']): r for r in runs}
-    seeds = [r['seed'] for r in runs if r['variant'] == variant and (BASELINE, r['seed']) in by_seed]
-    pairs = [(by_seed[(variant, seed)], by_seed[(BASELINE, seed)]) for seed in seeds]
+    seeds = [r['seed'] for r in runs if r['variant'] == variant and (baseline, r['seed']) in by_seed]
+    pairs = [(by_seed[(variant, seed)], by_seed[(baseline, seed)]) for seed in seeds]
 
     def difference(value) -> dict:
         return paired_difference([value(mine) for mine, _ in pairs], [value(base) for _, base in pairs])
@@ -335,6 +341,13 @@ def compare(runs: list[dict], variant: str) -> dict:
         for head in HEADS:
             result[head] = {mode: difference(lambda r, h=head, m=mode: r[h][m]['mIoU']) for mode in MODES}
     return result
+
+
+def compare_pairs(runs: list[dict]) -> dict:
+    """The paper's other comparisons (PAIRS) among the rows that ran, keyed 'ROW minus ROW'."""
+    ran = {r['variant'] for r in runs}
+    return {f'{variant} minus {baseline}': compare(runs, variant, baseline) for variant, baseline in PAIRS
+            if variant in ran and baseline in ran}
 
 
 def cell(stats: dict) -> str:
@@ -410,19 +423,70 @@ def paper_tables(summary: dict, annotators: dict) -> str:
         lines += [f'| {name} | {tokens} | {top1_and_miou(summary, variant)} | {time_cell(summary, variant)} |'
                   for variant, (name, tokens) in TABLE4_ROWS.items() if variant in summary]
         parts.append('Table 4 layout:\n\n' + '\n'.join(lines))
-    rates = rates_run(summary)
-    if len(rates) >= 2:
-        lines = ['| Token participation | ' + ' | '.join(f'{rate}%' for rate in rates) + ' |',
-                 '|---|' + '---:|' * len(rates),
-                 '| Top-1 | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['top1']) for r in rates) + ' |']
-        parts.append('Figure 4 (left) as a table:\n\n' + '\n'.join(lines))
-    names = annotators_run(summary, annotators)
-    if len(names) >= 2:
-        lines = ['| Annotator | Parameters | Annotator top-1 | Token labeling top-1 |', '|---|---:|---:|---:|']
-        lines += [f'| {name} | {annotators[name]["params"] / 1e6:.1f}M | {annotators[name]["top1"]:.1f} | '
-                  f'{cell(summary[ANNOTATOR_ROWS[name]]["top1"])} |' for name in names]
-        parts.append('Figure 4 (right) as a table:\n\n' + '\n'.join(lines))
+    if len(rates_run(summary)) >= 2:
+        parts.append('Figure 4 (left) as a table:\n\n' + participation_table(summary))
+    if len(annotators_run(summary, annotators)) >= 2:
+        parts.append('Figure 4 (right) as a table:\n\n' + annotator_table(summary, annotators))
     return ''.join(f'\n{part}\n' for part in parts)
+
+
+def top1_minus_token_labeling(summary: dict, variant: str) -> str:
+    """A row's top-1 minus token labeling's, paired by seed; empty for token labeling itself."""
+    compared = summary[variant].get('vs_token_labeling')
+    return describe_difference(compared['top1']) if compared else ''
+
+
+def participation_table(summary: dict) -> str:
+    """Figure 4 (left): top-1 at each participation rate that ran, and each rate minus 100% (token labeling)."""
+    rates = rates_run(summary)
+    return '\n'.join(['| Token participation | ' + ' | '.join(f'{rate}%' for rate in rates) + ' |',
+                      '|---|' + '---:|' * len(rates),
+                      '| Top-1 | ' + ' | '.join(cell(summary[PARTICIPATION[r]]['top1']) for r in rates) + ' |',
+                      '| Minus 100% | ' + ' | '.join(top1_minus_token_labeling(summary, PARTICIPATION[r])
+                                                    for r in rates) + ' |'])
+
+
+def annotator_table(summary: dict, annotators: dict) -> str:
+    """Figure 4 (right): each annotator's size and top-1, the top-1 its token labels give, and that minus the
+    default annotator's."""
+    lines = [f'| Annotator | Parameters | Annotator top-1 | Token labeling top-1 | Minus {ANNOTATOR}\'s |',
+             '|---|---:|---:|---:|---:|']
+    for name in annotators_run(summary, annotators):
+        row = ANNOTATOR_ROWS[name]
+        lines.append(f'| {name} | {annotators[name]["params"] / 1e6:.1f}M | {annotators[name]["top1"]:.1f} | '
+                     f'{cell(summary[row]["top1"])} | {top1_minus_token_labeling(summary, row)} |')
+    return '\n'.join(lines)
+
+
+def rows_beside_the_paper(results: dict, paper_top1: dict, variants: list[str]) -> str:
+    """`variants`' pretraining figures (top-1, its difference from token labeling, time) beside the paper's
+    ImageNet top-1 of the same row (a dash where the paper has none): the rows of Tables 2 and 4 for the docs."""
+    summary = results['summary']
+    lines = [f'| Row | Paper (ImageNet) | Top-1, {results["settings"]["seeds"]} seeds | Minus token labeling '
+             f'[{CONFIDENCE:.0%}] | Pretraining time, × vanilla |', '|---|---:|---:|---:|---:|']
+    for variant in variants:
+        paper = f'{paper_top1[variant]:.1f}' if variant in paper_top1 else '—'
+        lines.append(f'| {VARIANTS[variant]} | {paper} | {cell(summary[variant]["top1"])} | '
+                     f'{top1_minus_token_labeling(summary, variant)} | {time_cell(summary, variant)} |')
+    return '\n'.join(lines)
+
+
+def table7_beside_the_paper(results: dict, paper_table7: dict) -> str:
+    """Table 7 for the docs: the paper's rows (top-1 and each head/mode mIoU), the transferred rows' mean ± std,
+    then each transferred row minus token labeling, paired by seed."""
+    columns = [(head, mode) for head in HEADS for mode in MODES]
+    summary = results['summary']
+    transfers = [variant for variant, entry in summary.items() if transferred(entry)]
+    lines = ['| Pretraining | Top-1 | ' + ' | '.join(f'{HEADS[h]} {MODES[m]}' for h, m in columns) + ' |',
+             '|---|' + '---:|' * (len(columns) + 1)]
+    lines += [f'| paper: {VARIANTS[variant]} | {row["top1"]:.1f} | ' +
+              ' | '.join(f'{row[h][m]:.1f}' for h, m in columns) + ' |' for variant, row in paper_table7.items()]
+    lines += [f'| {VARIANTS[variant]} | {cell(summary[variant]["top1"])} | ' +
+              ' | '.join(cell(summary[variant][h][m]['mIoU']) for h, m in columns) + ' |' for variant in transfers]
+    lines += [f'| {VARIANTS[variant]}, minus token labeling | {top1_minus_token_labeling(summary, variant)} | ' +
+              ' | '.join(describe_difference(summary[variant]['vs_token_labeling'][h][m]) for h, m in columns) + ' |'
+              for variant in transfers if transferred(summary[variant].get('vs_token_labeling', {}))]
+    return '\n'.join(lines)
 
 
 def annotator_facts(variants: list[str]) -> dict:
@@ -531,8 +595,9 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     summary = summarise(runs)
     annotators = {} if args.cls_data_dir else annotator_facts(args.variants)
     settings = {key: value for key, value in vars(args).items() if key != 'cls_args'}
-    results = {'model': model, 'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs,
-               'summary': summary, 'annotators': annotators, 'stage_seconds': stages.seconds,
+    results = {**measured_on(device_name(args.device)), 'date': time.strftime('%Y-%m-%d'), 'model': model,
+               'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs, 'summary': summary,
+               'pairs': compare_pairs(runs), 'annotators': annotators, 'stage_seconds': stages.seconds,
                'seconds': round(time.time() - started, 1)}
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / 'results.json', results)
