@@ -8,11 +8,11 @@ markers that name what renders it:
 
 NAME is one of BLOCKS; ARGS are shell-style words. `value FILE EXPRESSION [FORMAT]` is a figure inside a sentence:
 FILE a data file's name (`reproduction` for docs/results/reproduction.json, `metafile` for the metafile), EXPRESSION
-its keys joined by dots (a list item by its index or by its Name), or such paths and numbers joined by `*` and `/`
-(evaluated left to right), FORMAT a Python format (`{:.1f}`, `{:,.0f}`, `{:.0%}`) or one of FORMATS. The other
-blocks are tables and stand on lines of their own: they are rendered between blank lines, at their marker's
-indentation (a table inside a list item). `render_pages(root)` rewrites every block of the pages under `root`;
-`differing_blocks(root)` names those whose text is not what their data give.
+its keys joined by dots (a list item by its index or by its Name), or such paths and numbers joined by ` * ` and
+` / ` (spaced, the expression quoted; evaluated left to right), FORMAT a Python format (`{:.1f}`, `{:,.0f}`,
+`{:.0%}`) or one of FORMATS. The other blocks are tables and stand on lines of their own: they are rendered between
+blank lines, at their marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block
+of the pages under `root`, or names those whose text is not what their data give.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ RESULTS = Path('docs/results')
 METAFILE = Path('seg_configs/metafile.yaml')
 PAGES = ('README.md', 'docs/*.md')
 BLOCK = re.compile(r'<!-- results: (?P<spec>.*?) -->(?P<body>.*?)<!-- /results -->', re.S)
-OPERATOR = re.compile(r'([*/])')
+OPERATOR = re.compile(r' ([*/]) ')  # spaced: a key may hold a slash, as mmseg's 'inference time (ms/im)'
 MODEL_NAMES = {'lvvit_s': 'LV-ViT-S', 'deit_small_patch16_224': 'DeiT-S'}
 
 
@@ -65,7 +65,7 @@ class DataFiles:
         return lookup(self[name], path, str(self.path(name)))
 
     def evaluate(self, name: str, expression: str) -> object:
-        """A path's value, or paths and numbers joined by `*` and `/`, evaluated left to right."""
+        """A path's value, or paths and numbers joined by ' * ' and ' / ', evaluated left to right."""
         words = OPERATOR.split(expression)
         result = self.operand(name, words[0])
         for operator, word in zip(words[1::2], words[2::2]):

@@ -1,0 +1,447 @@
+"""One borrowed GPU machine's measurements, in parts that each fit one call (tools/measure_gpu.py).
+
+The issue's order of value: part 1, the suite against timm's train.py on DeiT-S and the whole loop against its step
+in their steady state (tools/benchmark_loop.py); part 2, the trainer's eager and compiled bf16 steps with their MFU,
+the GPU suite (`pytest -m gpu`), nvJPEG decoding against the workers' and bf16 label generation against fp32. A part
+runs its stages in that order, each in a process of its own under the part's remaining time (`--budget`); a stage
+whose predicted length no longer fits is skipped with a line saying so, and one stopped at its limit keeps what it
+measured: every figure is written into the results file as it comes (atomically), and the file is merged across
+parts (`--merge` part 1's file into part 2's run). `--smoke` runs every stage at tiny sizes (on a CPU: the stages
+that need CUDA are skipped, each with a line saying so); the tests run it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from backbones.common.cli import non_negative_float, positive_float
+from backbones.common.errors import UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+from backbones.common.timing import measured_on
+
+REPO = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
+AMP = 'bf16'
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the stages run: the GPU session's sizes, or the smoke run's."""
+    model: str
+    batch_size: int
+    workers: int
+    images: int  # the loop benchmark's synthetic training entries: its train_cls and timm windows stay in epoch 1
+    seconds: float  # each timing window's least length
+    min_batches: int | None  # each window's fewest batches (None: benchmark_loop's default, 200 on a GPU)
+    skip_updates: int  # train_cls's and timm's updates before their window
+    decode_workers: int  # the loader processes of the decoding comparison (a node with few cores per GPU)
+    annotator: str
+    annotator_size: int
+    label_batch: int  # label generation's batch
+
+
+GPU = Sizes(model='deit_small_patch16_224', batch_size=256, workers=15, images=100_000, seconds=30.0,
+            min_batches=None, skip_updates=50, decode_workers=4, annotator='dm_nfnet_f6', annotator_size=576,
+            label_batch=32)
+SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64, seconds=0.0, min_batches=1,
+              skip_updates=1, decode_workers=1, annotator='resnet10t', annotator_size=64, label_batch=2)
+
+PARTS = {1: ('loop_benchmark',), 2: ('steps', 'gpu_tests', 'decoding', 'label_generation')}
+NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA (on a CPU every test is a skip)',
+              'decoding': 'nvJPEG decodes on CUDA'}
+RESERVE = 15.0  # seconds a part keeps for writing its file after its last stage
+
+
+def predicted_seconds(stage: str, sizes: Sizes) -> float:
+    """A stage's length on one H100 with `sizes` (from the 2026-11-26 session: 16 cores, torch 2.11): its start-ups
+    and untimed warm-ups, plus each timing window. A smoke run's own lengths are in its results file."""
+    window = sizes.seconds
+    return {'loop_benchmark': 60 + 8 * (window + 6) + 2 * (45 + window),  # data; 8 windows; train_cls and timm
+            'steps': 40 + (window + 5) + (window + 70),  # data and a batch; eager; compiled (compiling first)
+            'gpu_tests': 190.0,  # 179 s on 2026-11-26
+            'decoding': 30 + 2 * (window + 15),  # data; the workers' decoding, then nvJPEG
+            'label_generation': 40 + 2 * (window + 10)}[stage]  # the annotator built; fp32, then bf16
+
+
+class Results:
+    """The session's results file: every figure written as it comes, atomically; a part adds to the file it merges."""
+
+    def __init__(self, path: Path, data: dict) -> None:
+        self.path, self.data = path, data
+
+    def update(self, key: str, value: object) -> None:
+        self.data[key] = value
+        write_json_atomic(self.path, self.data)
+
+    def stage(self, name: str, **facts: object) -> None:
+        self.update('stages', {**self.data.get('stages', {}), name: {**self.data.get('stages', {}).get(name, {}),
+                                                                     **facts}})
+
+
+def machine_facts(device: str, commit: str | None, smoke: bool) -> dict:
+    """The device, cores, versions, the source's commit (git's, or `commit` where this copy has no history: a device
+    machine's copy of the working tree) and the date."""
+    import timm
+    import torchvision
+
+    facts = measured_on(device)
+    if commit and facts['commit'] not in ('unknown', commit):
+        raise UsageError(f'--commit {commit}: this checkout is at {facts["commit"]}')
+    if facts['commit'] == 'unknown' and not commit:
+        raise UsageError('give --commit (git rev-parse --short HEAD where the session was prepared): this copy has '
+                         'no git history, and a figure needs its commit')
+    return {'date': time.strftime('%Y-%m-%d'), **facts, 'commit': commit or facts['commit'],
+            'torchvision': torchvision.__version__, 'timm': timm.__version__,
+            'python': '.'.join(map(str, sys.version_info[:3])), 'smoke': smoke}
+
+
+def open_results(out: Path, merge: Path | None, facts: dict, part: int) -> Results:
+    """The results file `out`, starting from `merge` (an earlier part's file) or from `out` itself where it exists;
+    an earlier file of another device or commit is refused, not mixed in."""
+    source = merge if merge is not None else out
+    if merge is not None and not merge.is_file():
+        raise UsageError(f'--merge {merge}: no such file')
+    try:
+        data = json.loads(source.read_text()) if source.is_file() else {}
+    except ValueError as exc:
+        raise UsageError(f'{source}: not a results file ({exc})') from None
+    for key in ('device', 'commit', 'smoke'):
+        if key in data and data[key] != facts[key]:
+            raise UsageError(f'{source} holds figures of {key} {data[key]!r}, this session\'s is {facts[key]!r}: '
+                             f'give another --out (and no --merge)')
+    results = Results(out, {**facts, **data})
+    results.update('parts', sorted({*data.get('parts', []), part}))
+    return results
+
+
+GRACE = 10.0  # seconds between the interrupt at a stage's limit and the kill
+
+
+def run_streaming(command: list[str], limit: float, on_line: Callable[[str], None],
+                  stdout: Path | None = None) -> int | None:
+    """Run `command` in a session of its own, handing each line of its output (its standard error alone where
+    `stdout` takes its standard output) to `on_line` as it comes. At `limit` seconds its session is interrupted
+    (SIGINT: Python's `finally` blocks run, so the benchmark stops the training runs it started in sessions of their
+    own, and pytest prints its summary), then killed GRACE seconds later. Returns its exit status, or None where
+    the limit stopped it."""
+    with open(stdout, 'w') if stdout else contextlib.nullcontext() as out:
+        process = subprocess.Popen(command, cwd=REPO, stdout=out if stdout else subprocess.PIPE,
+                                   stderr=subprocess.PIPE if stdout else subprocess.STDOUT, text=True,
+                                   start_new_session=True, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+        stopped = threading.Event()
+
+        def signal_session(number: int) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, number)
+
+        def interrupt() -> None:
+            stopped.set()
+            signal_session(signal.SIGINT)
+
+        timers = [threading.Timer(limit, interrupt), threading.Timer(limit + GRACE, signal_session, [signal.SIGKILL])]
+        for timer in timers:
+            timer.start()
+        try:
+            for line in (process.stderr if stdout else process.stdout):
+                on_line(line.rstrip('\n'))
+            process.wait()
+        finally:
+            for timer in timers:
+                timer.cancel()
+            if process.poll() is None:  # an error here: leave nothing running
+                signal_session(signal.SIGKILL)
+            process.wait()
+    return None if stopped.is_set() else process.returncode
+
+
+# ---- the parts' stages, run by the parent: each a command whose lines it reads
+
+
+BENCHMARK_FIGURE = re.compile(r'^(\S+): (.+): ([\d.]+) img/s$')  # loop_benchmark's `reported` lines
+
+
+def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: float) -> str:
+    """tools/benchmark_loop.py on DeiT-S: the whole loop against its step (and the serial loop), train_cls and,
+    given --timm-train, timm's train.py on the same data; each figure recorded as the benchmark logs it, its JSON
+    document at the end."""
+    sizes = args.sizes
+    command = [sys.executable, str(REPO / 'tools' / 'benchmark_loop.py'), '--models', sizes.model, '--device',
+               args.device, '--amp', AMP, '--batch-size', str(sizes.batch_size), '--workers', str(sizes.workers),
+               '--images', str(sizes.images), '--seconds', f'{sizes.seconds:g}', '--skip-updates',
+               str(sizes.skip_updates), '--compare-loop', '--train-cls', '--json']
+    command += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
+    command += ['--timm-train', str(args.timm_train)] if args.timm_train else []
+    if not args.timm_train:
+        logger.info("loop_benchmark: no --timm-train: timm's train.py is not timed (the suite against it is part 1's "
+                    "first figure: bring train.py from a clone of timm's repository)")
+    progress: dict[str, float] = {}
+
+    def on_line(line: str) -> None:
+        logger.info(f'  {line}')
+        found = BENCHMARK_FIGURE.match(line)
+        if found:
+            progress[found[2]] = float(found[3])
+            results.update('loop_benchmark_progress', dict(progress))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        document = Path(tmp) / 'benchmark.json'
+        status = run_streaming(command, limit, on_line, stdout=document)
+        if status is not None and document.is_file() and document.read_text().strip():
+            results.update('loop_benchmark', json.loads(document.read_text()))
+    return outcome(status, 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such' if status == 1
+                   else None)
+
+
+PYTEST_OUTCOME = re.compile(r'^(tests/\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)')
+PYTEST_FAILURE = re.compile(r'^(?:FAILED|ERROR) tests/\S+::(\S+) - (.*)$')
+
+
+def gpu_tests_stage(results: Results, args: argparse.Namespace, limit: float) -> str:
+    """`pytest -m gpu tests/test_gpu.py`, each test's outcome recorded as it comes (a run stopped by its limit keeps
+    the outcomes it reached)."""
+    outcomes: dict[str, str] = {}
+    failures: dict[str, str] = {}
+    started = time.perf_counter()
+
+    def record(timed_out: bool = False) -> None:
+        counted = {kind: sum(1 for o in outcomes.values() if o == kind) for kind in ('PASSED', 'FAILED', 'SKIPPED')}
+        results.update('gpu_tests', {
+            'how': 'python -m pytest -m gpu tests/test_gpu.py', 'passed': counted['PASSED'],
+            'failed': counted['FAILED'] + sum(1 for o in outcomes.values() if o == 'ERROR'),
+            'skipped': counted['SKIPPED'], 'outcomes': dict(outcomes), 'failures': dict(failures),
+            'seconds': round(time.perf_counter() - started, 1), 'timed_out': timed_out})
+
+    def on_line(line: str) -> None:
+        logger.info(f'  {line}')
+        found, failure = PYTEST_OUTCOME.match(line), PYTEST_FAILURE.match(line)
+        if found:
+            outcomes[found[1].split('::', 1)[1]] = found[2]
+            record()
+        elif failure:
+            failures[failure[1]] = failure[2][:300]
+            record()
+
+    status = run_streaming([sys.executable, '-m', 'pytest', '-m', 'gpu', 'tests/test_gpu.py', '-v', '-rfE',
+                            '-p', 'no:cacheprovider'], limit, on_line)
+    record(timed_out=status is None)
+    return outcome(status, 'some tests failed, recorded with their messages' if status == 1 else None)
+
+
+def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str]:
+    """A stage run in a process of its own (this tool's `--stage NAME`): it writes its figures into a file of its
+    own as they come, merged here when it ends or is stopped."""
+    def run(results: Results, args: argparse.Namespace, limit: float) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = Path(tmp) / f'{name}.json'
+            command = [sys.executable, str(REPO / 'tools' / 'measure_gpu.py'), '--stage', name, '--stage-out',
+                       str(figures), '--device', args.device, '--seconds', f'{args.sizes.seconds:g}',
+                       *(['--smoke'] if args.smoke else [])]
+            status = run_streaming(command, limit, lambda line: logger.info(f'  {line}'))
+            if figures.is_file():
+                for key, value in json.loads(figures.read_text()).items():
+                    results.update(key, value)
+        return outcome(status)
+    return run
+
+
+def outcome(status: int | None, known: str | None = None) -> str:
+    if status is None:
+        return 'stopped at its time limit (its figures so far are kept)'
+    return 'done' if status == 0 else known or f'failed (exit {status}): its output is above'
+
+
+STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
+    'loop_benchmark': loop_benchmark_stage, 'steps': child_stage('steps'), 'gpu_tests': gpu_tests_stage,
+    'decoding': child_stage('decoding'), 'label_generation': child_stage('label_generation')}
+
+
+def run_part(args: argparse.Namespace) -> Results:
+    """The part's stages in order, each under the part's remaining time, skipped with a line where its predicted
+    length no longer fits or it needs CUDA the machine lacks."""
+    started = time.perf_counter()
+    facts = machine_facts(args.device, args.commit, args.smoke)
+    results = open_results(Path(args.out), Path(args.merge) if args.merge else None, facts, args.part)
+    plan = {stage: predicted_seconds(stage, args.sizes) for stage in PARTS[args.part]}
+    logger.info(f'part {args.part} on {facts["device"]} at {facts["commit"]}, budget {args.budget:g} s; predicted on '
+                f'an H100: ' + ', '.join(f'{stage} {seconds:.0f} s' for stage, seconds in plan.items()))
+    for stage, predicted in plan.items():
+        left = args.budget - (time.perf_counter() - started) - RESERVE
+        if stage in NEEDS_CUDA and args.device != 'cuda':
+            status = f'skipped: needs CUDA ({NEEDS_CUDA[stage]})'
+        elif predicted > left and not args.smoke:
+            status = f'skipped: predicted {predicted:.0f} s, {max(left, 0):.0f} s left of the budget'
+        else:
+            logger.info(f'{stage}: starting ({left:.0f} s left)')
+            stage_started = time.perf_counter()
+            status = STAGES[stage](results, args, max(left, 1.0))
+            results.stage(stage, seconds=round(time.perf_counter() - stage_started, 1),
+                          predicted_seconds=round(predicted))
+        results.stage(stage, status=status)
+        logger.info(f'{stage}: {status}')
+    logger.info(f'part {args.part}: {time.perf_counter() - started:.0f} s -> {args.out}')
+    return results
+
+
+# ---- the stages run in a process of their own (`--stage`): each writes its figures as they come
+
+
+def benchmark_setup(sizes: Sizes, device: str, folder: Path, images: int, decode: str = 'cpu',
+                    workers: int | None = None):
+    """loop_benchmark's pieces for `sizes.model` on `images` synthetic JPEGs written under `folder`: its Setup."""
+    from backbones.common.distributed import DistInfo
+    from classification.studies import loop_benchmark
+    from classification.train import ImageData
+
+    argv = ['--models', sizes.model, '--device', device, '--amp', AMP, '--batch-size', str(sizes.batch_size),
+            '--workers', str(workers or sizes.workers), '--seconds', f'{sizes.seconds:g}', '--decode', decode]
+    argv += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
+    args = loop_benchmark.parse_args(argv)
+    root = loop_benchmark.synthetic_imagenet(folder, images)
+    return loop_benchmark.Setup(sizes.model, ImageData(root, None), args, DistInfo(device=torch.device(device)))
+
+
+def steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
+    """The trainer's step (bf16 autocast, fused AdamW, channels-last) on one batch on the device, eager then
+    compiled, with its FLOPs and MFU (compiling for a CPU takes minutes and has no peak to compare: GPU only)."""
+    from classification.studies import loop_benchmark
+    from classification.train import pick_augment
+
+    setup = benchmark_setup(sizes, device, tmp / 'data', images=2 * sizes.batch_size)
+    batch = loop_benchmark.device_batch(setup, pick_augment('auto', torch.device(device)))
+    figures: dict[str, object] = {}
+    step = {'how': f'the trainer step ({AMP} autocast, fused AdamW, channels-last) on one batch of '
+                   f'{sizes.batch_size} at {setup.recipe.img_size} on the device, eager and torch.compile, each '
+                   f'timed >= {sizes.seconds:g} s after its warm-up', 'models': {sizes.model: figures}}
+    for label, compiled in (('eager', False), ('compiled', True)):
+        if compiled and device != 'cuda':
+            logger.info('steps: the compiled step is skipped on a CPU (compiling takes minutes there; its figure is '
+                        "the GPU's)")
+            continue
+        rate = loop_benchmark.step_images_per_second(setup, batch, dict(fused=True, channels_last=True,
+                                                                        compile=compiled), AMP)
+        figures[label] = {'img_s': rate, **loop_benchmark.step_flops(setup, rate, loop_benchmark.peak_tflops(
+            setup.args))}
+        if 'eager' in figures and 'compiled' in figures:
+            figures['compiled_over_eager'] = figures['compiled']['img_s'] / figures['eager']['img_s']
+        save('step', step)
+
+
+def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
+    """The batched path's input pipeline with `decode_workers` loader processes: JPEGs decoded by the workers, then
+    by nvJPEG on the device (`--decode gpu`), each in its steady state."""
+    from classification.studies import loop_benchmark
+
+    figures = {'how': f'the batched path\'s input pipeline, {sizes.decode_workers} workers, batch {sizes.batch_size}, '
+                      f'synthetic 500x375 JPEGs, each timed >= {sizes.seconds:g} s after its warm-up',
+               'workers': sizes.decode_workers}
+    for decode in ('cpu', 'gpu'):
+        setup = benchmark_setup(sizes, device, tmp / f'data_{decode}', images=sizes.batch_size * 64, decode=decode,
+                                workers=sizes.decode_workers)
+        figures[f'{decode}_img_s'] = loop_benchmark.pipeline_images_per_second(setup, 'batched', sizes.decode_workers)
+        save('decoding', figures)
+
+
+def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
+    """The paper's annotator at its size (random weights time the same) as generate_token_labels runs it on each
+    batch: the dense forward under fp32, then bf16 autocast, and the top-5 on fp32 scores, on a batch already on the
+    device, each timed in its steady state (the decoding is the decoding stage's)."""
+    import itertools
+
+    import timm
+
+    from classification.engine.steps import autocast
+    from classification.studies.loop_benchmark import Window
+    from classification.token_labeling.annotate import dense_scores
+
+    on = torch.device(device)
+    model = timm.create_model(sizes.annotator, num_classes=1000).eval().to(on)
+    size = sizes.annotator_size
+    batch = {'image': torch.randn(sizes.label_batch, 3, size, size, device=on),
+             'label': torch.zeros(sizes.label_batch, dtype=torch.long)}
+    figures = {'how': f"{sizes.annotator} (random weights) at {size} px, batch {sizes.label_batch} on the device: the "
+                      f"dense forward and its top-5 as generate_token_labels runs them, each timed >= "
+                      f"{sizes.seconds:g} s after its warm-up", 'annotator': sizes.annotator, 'img_size': size}
+    for amp in ('none', 'bf16'):
+        window = Window(sizes.seconds, sizes.min_batches or 20, warmup=2, device=on)
+        with torch.no_grad():
+            for images in window.batches(itertools.repeat(batch)):
+                with autocast(on, amp):
+                    scores = dense_scores(model, images['image'])
+                scores.float().topk(5, dim=-1)
+        key = 'fp32_img_s' if amp == 'none' else 'bf16_img_s'
+        figures[key] = window.images_per_second()
+        logger.info(f"label generation's forward, {'fp32' if amp == 'none' else amp}: {figures[key]:.1f} img/s")
+        save('label_generation', figures)
+
+
+CHILD_STAGES = {'steps': steps_stage, 'decoding': decoding_stage, 'label_generation': label_generation_stage}
+
+
+def run_child_stage(name: str, out: Path, sizes: Sizes, device: str) -> None:
+    written: dict[str, object] = {}
+
+    def save(key: str, value: object) -> None:
+        written[key] = value
+        write_json_atomic(out, written)
+
+    with tempfile.TemporaryDirectory(prefix='measure_gpu_') as tmp:  # SIGINT at a limit still removes it
+        CHILD_STAGES[name](sizes, device, Path(tmp), save)
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument('--part', type=int, choices=sorted(PARTS), help='the part to run: ' + '; '.join(
+        f'{part}: {", ".join(stages)}' for part, stages in PARTS.items()))
+    p.add_argument('--out', help='the results file: every figure is written into it as it comes (on the device '
+                                 'machine, under $OUT, so that it comes back)')
+    p.add_argument('--merge', help="an earlier part's results file to add this part's figures to (the same device "
+                                   'and commit)')
+    p.add_argument('--timm-train', help="timm's train.py, from a clone of timm's repository at the installed timm's "
+                                        'version (part 1: without it the suite is not timed against it)')
+    p.add_argument('--commit', help="the source's commit, where this copy has no git history (a device machine's)")
+    p.add_argument('--budget', type=positive_float, default=510.0,
+                   help='seconds this part may take (default 510: a call is at most 10 minutes); a stage whose '
+                        'predicted length does not fit what is left is skipped, the last one stopped at the budget')
+    p.add_argument('--seconds', type=non_negative_float,
+                   help=f'each timing window\'s least length (default {GPU.seconds:g}; smoke {SMOKE.seconds:g})')
+    p.add_argument('--device', choices=('cuda', 'cpu'), help='default: cuda; cpu only with --smoke')
+    p.add_argument('--smoke', action='store_true', help='tiny sizes, for a CPU: every stage runs its code once, the '
+                                                        'stages that need CUDA skipped with a line saying so')
+    p.add_argument('--stage', choices=sorted(CHILD_STAGES), help=argparse.SUPPRESS)  # a part runs its stages so
+    p.add_argument('--stage-out', help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None, description: str | None = None) -> int:
+    args = build_parser(description).parse_args(argv)
+    args.device = args.device or ('cuda' if torch.cuda.is_available() or not args.smoke else 'cpu')
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        raise UsageError('no GPU is visible: this tool measures a GPU (--smoke --device cpu runs it at tiny sizes)')
+    if args.device == 'cpu' and not args.smoke:
+        raise UsageError('--device cpu: only with --smoke (the figures are a GPU\'s)')
+    sizes = SMOKE if args.smoke else GPU
+    args.sizes = replace(sizes, seconds=sizes.seconds if args.seconds is None else args.seconds)
+    if args.stage:
+        run_child_stage(args.stage, Path(args.stage_out), args.sizes, args.device)
+        return 0
+    if args.part is None or args.out is None:
+        raise UsageError('give --part and --out')
+    if args.timm_train and not Path(args.timm_train).is_file():
+        raise UsageError(f'--timm-train {args.timm_train}: no such file')
+    run_part(args)
+    return 0
