@@ -414,9 +414,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--timm-train', help="timm's train.py, from a clone of timm's repository at the installed timm's "
                                         'version (part 1: without it the suite is not timed against it)')
     p.add_argument('--commit', help="the source's commit, where this copy has no git history (a device machine's)")
-    p.add_argument('--budget', type=positive_float, default=510.0,
-                   help='seconds this part may take (default 510: a call is at most 10 minutes); a stage whose '
-                        'predicted length does not fit what is left is skipped, the last one stopped at the budget')
+    p.add_argument('--budget', type=positive_float, default=540.0,
+                   help='seconds this part may take (default 540: a call is at most 10 minutes, the install before '
+                        'it included); a stage whose predicted length does not fit what is left is skipped, the last '
+                        'one stopped at the budget')
     p.add_argument('--seconds', type=non_negative_float,
                    help=f'each timing window\'s least length (default {GPU.seconds:g}; smoke {SMOKE.seconds:g})')
     p.add_argument('--device', choices=('cuda', 'cpu'), help='default: cuda; cpu only with --smoke')

@@ -367,7 +367,8 @@ def gpu_step(kind: str) -> Callable[[dict], str]:
         for model, figures in steps.items():
             step = figures.get(kind)
             if step:
-                mfu = f', MFU {step["mfu"]:.1%} of {step["peak_tflop_s"]:g}' if step.get('mfu') is not None else ''
+                mfu = (f', MFU {step["mfu"]:.1%} of {step["peak_tflop_s"]:g} TFLOP/s' if step.get('mfu') is not None
+                       else '')
                 ratio = (f', x{figures["compiled_over_eager"]:.2f} the eager step'
                          if kind == 'compiled' and 'compiled_over_eager' in figures else '')
                 parts.append(f'{MODEL_NAMES.get(model, model)}: {rate(step["img_s"])} img/s '

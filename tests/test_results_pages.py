@@ -1,0 +1,129 @@
+"""The figures the pages quote come from their data files (tools/render_results.py), and the prepared GPU session
+(tools/measure_gpu.py) runs end to end at smoke sizes on a CPU."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from classification.studies import results_pages
+from helpers.commands import ROOT, run_tool
+
+
+def copy_pages_and_data(root: Path) -> Path:
+    """The pages (README.md, docs/*.md) and their data files, as render_results reads them, under `root`."""
+    (root / 'docs').mkdir(parents=True)
+    shutil.copy(ROOT / 'README.md', root / 'README.md')
+    for page in (ROOT / 'docs').glob('*.md'):
+        shutil.copy(page, root / 'docs' / page.name)
+    shutil.copytree(ROOT / 'docs' / 'results', root / 'docs' / 'results')
+    (root / 'seg_configs').mkdir()
+    shutil.copy(ROOT / 'seg_configs' / 'metafile.yaml', root / 'seg_configs' / 'metafile.yaml')
+    return root
+
+
+def test_the_repository_pages_say_what_their_data_say():
+    result = run_tool('render_results.py', ['--check'])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'no block(s) differ' in result.stderr
+
+
+def test_a_figure_edited_by_hand_fails_the_check_names_its_block_and_is_put_back(tmp_path):
+    root = copy_pages_and_data(tmp_path / 'repo')
+    readme = root / 'README.md'
+    marker = '<!-- results: value make_run top1_best {:.1f}% -->'
+    text = readme.read_text()
+    published = text.split(marker, 1)[1].split('<!--', 1)[0]
+    edited = text.replace(marker + published, marker + '99.9%', 1)
+    readme.write_text(edited)
+
+    checked = run_tool('render_results.py', ['--check', '--root', root])
+    assert checked.returncode == 1
+    assert 'README.md:' in checked.stderr and 'block "value make_run top1_best {:.1f}%" differs' in checked.stderr
+    assert '1 block(s) differ' in checked.stderr  # only the edited one
+    assert readme.read_text() == edited  # --check changes nothing
+
+    rendered = run_tool('render_results.py', ['--root', root])
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    assert readme.read_text() == text
+    assert run_tool('render_results.py', ['--check', '--root', root]).returncode == 0
+
+
+def test_a_figure_changed_in_its_data_file_reaches_every_page_that_quotes_it(tmp_path):
+    root = copy_pages_and_data(tmp_path / 'repo')
+    data = root / 'docs' / 'results' / 'make_run.json'
+    run = json.loads(data.read_text())
+    run['top1_best'] = 12.34
+    data.write_text(json.dumps(run))
+
+    differing = results_pages.render_pages(root, write=False)
+    assert differing and all('make_run top1_best' in block for block in differing)
+    assert len(differing) == (root / 'README.md').read_text().count('value make_run top1_best')
+    results_pages.render_pages(root)
+    assert '12.3% top-1' in (root / 'README.md').read_text()
+
+
+def test_a_block_naming_a_missing_figure_is_one_error_naming_page_line_and_file(tmp_path):
+    root = tmp_path / 'repo'
+    (root / 'docs' / 'results').mkdir(parents=True)
+    (root / 'docs' / 'results' / 'run.json').write_text(json.dumps({'top1': 0.5}))
+    (root / 'README.md').write_text('Top-1\n<!-- results: value run top5 {:.0%} -->50%<!-- /results -->\n')
+    result = run_tool('render_results.py', ['--check', '--root', root])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: README.md:2: {root}/docs/results/run.json: no top5 (stopped at 'top5')  (--debug shows the "
+        f'traceback)')
+
+
+def test_expressions_evaluate_left_to_right_over_the_data():
+    files = results_pages.DataFiles(ROOT)
+    burst = json.loads((ROOT / 'docs' / 'results' / 'gpu_h100_burst.json').read_text())
+    lvvit = burst['models'][0]
+    expected = lvvit['pipeline_15_workers_img_s']['batched'] / 15 / lvvit['pipeline_per_core_img_s']['batched']
+    assert files.evaluate('gpu_h100_burst', 'models.0.pipeline_15_workers_img_s.batched / workers / '
+                          'models.0.pipeline_per_core_img_s.batched') == pytest.approx(expected)
+    assert results_pages.value(files, 'gpu_h100_burst', 'workers * models.0.pipeline_per_core_img_s.batched',
+                               '{:,.0f}') == f'{15 * lvvit["pipeline_per_core_img_s"]["batched"]:,.0f}'
+
+
+@pytest.mark.slow
+def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_path):
+    first, both = tmp_path / 'part1.json', tmp_path / 'gpu.json'
+    part1 = run_tool('measure_gpu.py', ['--part', '1', '--smoke', '--device', 'cpu', '--out', first])
+    assert part1.returncode == 0, part1.stderr[-3000:]
+    part2 = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', first, '--out', both])
+    assert part2.returncode == 0, part2.stderr[-3000:]
+    session = json.loads(both.read_text())
+
+    assert session['parts'] == [1, 2] and session['smoke'] and session['device'] == 'CPU'
+    (loop,) = session['loop_benchmark']['models']  # part 1's figures, merged
+    assert loop['loop']['img_s'] > 0 and loop['loop']['serial_img_s'] > 0 and loop['train_cls']['img_s'] > 0
+    assert loop['model_step_img_s'] > 0
+    assert session['stages']['loop_benchmark']['status'] == 'done'
+    eager = session['step']['models']['deit_tiny_patch16_224']['eager']
+    assert eager['img_s'] > 0 and eager['tflop_s'] > 0
+    assert 'compiled' not in session['step']['models']['deit_tiny_patch16_224']  # GPU only
+    labels = session['label_generation']
+    assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
+    for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
+        assert session['stages'][stage]['status'].startswith('skipped: needs CUDA')
+        assert f'{stage}: skipped: needs CUDA' in part2.stderr
+        assert stage not in session
+
+    (tmp_path / 'docs' / 'results').mkdir(parents=True)
+    shutil.copy(both, tmp_path / 'docs' / 'results' / 'smoke.json')
+    table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'smoke')
+    assert '| the whole loop against its step (DeiT-S) | loop ' in table
+    assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
+
+
+def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_path):
+    earlier = tmp_path / 'gpu.json'
+    earlier.write_text(json.dumps({'device': 'NVIDIA H100 80GB HBM3', 'commit': 'abc1234', 'smoke': False}))
+    result = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', earlier, '--out',
+                                         tmp_path / 'out.json'])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of device 'NVIDIA H100")
+    assert not (tmp_path / 'out.json').exists()
