@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from classification.studies import results_pages
 from helpers.commands import ROOT, run_tool
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    """A command's log (standard output) and its one-line error (standard error), in that order."""
+    return result.stdout + result.stderr
 
 
 def copy_pages_and_data(root: Path) -> Path:
@@ -26,8 +32,8 @@ def copy_pages_and_data(root: Path) -> Path:
 
 def test_the_repository_pages_say_what_their_data_say():
     result = run_tool('render_results.py', ['--check'])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert 'no block(s) differ' in result.stderr
+    assert result.returncode == 0, output(result)[-2000:]
+    assert 'no block(s) differ' in output(result)
 
 
 def test_a_figure_edited_by_hand_fails_the_check_names_its_block_and_is_put_back(tmp_path):
@@ -41,12 +47,12 @@ def test_a_figure_edited_by_hand_fails_the_check_names_its_block_and_is_put_back
 
     checked = run_tool('render_results.py', ['--check', '--root', root])
     assert checked.returncode == 1
-    assert 'README.md:' in checked.stderr and 'block "value make_run top1_best {:.1f}%" differs' in checked.stderr
-    assert '1 block(s) differ' in checked.stderr  # only the edited one
+    assert 'README.md:' in output(checked) and 'block "value make_run top1_best {:.1f}%" differs' in output(checked)
+    assert '1 block(s) differ' in output(checked)  # only the edited one
     assert readme.read_text() == edited  # --check changes nothing
 
     rendered = run_tool('render_results.py', ['--root', root])
-    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    assert rendered.returncode == 0, output(rendered)[-2000:]
     assert readme.read_text() == text
     assert run_tool('render_results.py', ['--check', '--root', root]).returncode == 0
 
@@ -62,7 +68,7 @@ def test_a_figure_changed_in_its_data_file_reaches_every_page_that_quotes_it(tmp
     assert differing and all('make_run top1_best' in block for block in differing)
     assert len(differing) == (root / 'README.md').read_text().count('value make_run top1_best')
     results_pages.render_pages(root)
-    assert '12.3% top-1' in (root / 'README.md').read_text()
+    assert '-->12.3%<!-- /results --> top-1' in (root / 'README.md').read_text()
 
 
 def test_a_block_naming_a_missing_figure_is_one_error_naming_page_line_and_file(tmp_path):
@@ -71,8 +77,8 @@ def test_a_block_naming_a_missing_figure_is_one_error_naming_page_line_and_file(
     (root / 'docs' / 'results' / 'run.json').write_text(json.dumps({'top1': 0.5}))
     (root / 'README.md').write_text('Top-1\n<!-- results: value run top5 {:.0%} -->50%<!-- /results -->\n')
     result = run_tool('render_results.py', ['--check', '--root', root])
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert result.returncode == 2  # an error, not a difference
+    assert output(result).strip().splitlines()[-1] == (
         f"error: README.md:2: {root}/docs/results/run.json: no top5 (stopped at 'top5')  (--debug shows the "
         f'traceback)')
 
@@ -92,9 +98,9 @@ def test_expressions_evaluate_left_to_right_over_the_data():
 def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_path):
     first, both = tmp_path / 'part1.json', tmp_path / 'gpu.json'
     part1 = run_tool('measure_gpu.py', ['--part', '1', '--smoke', '--device', 'cpu', '--out', first])
-    assert part1.returncode == 0, part1.stderr[-3000:]
+    assert part1.returncode == 0, output(part1)[-3000:]
     part2 = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', first, '--out', both])
-    assert part2.returncode == 0, part2.stderr[-3000:]
+    assert part2.returncode == 0, output(part2)[-3000:]
     session = json.loads(both.read_text())
 
     assert session['parts'] == [1, 2] and session['smoke'] and session['device'] == 'CPU'
@@ -109,7 +115,7 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_p
     assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
     for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
         assert session['stages'][stage]['status'].startswith('skipped: needs CUDA')
-        assert f'{stage}: skipped: needs CUDA' in part2.stderr
+        assert f'{stage}: skipped: needs CUDA' in output(part2)
         assert stage not in session
 
     (tmp_path / 'docs' / 'results').mkdir(parents=True)
@@ -124,6 +130,6 @@ def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_p
     earlier.write_text(json.dumps({'device': 'NVIDIA H100 80GB HBM3', 'commit': 'abc1234', 'smoke': False}))
     result = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', earlier, '--out',
                                          tmp_path / 'out.json'])
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of device 'NVIDIA H100")
+    assert result.returncode == 2
+    assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of device 'NVIDIA H100")
     assert not (tmp_path / 'out.json').exists()

@@ -61,7 +61,7 @@ SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64,
               skip_updates=1, decode_workers=1, annotator='resnet10t', annotator_size=64, label_batch=2)
 
 PARTS = {1: ('loop_benchmark',), 2: ('steps', 'gpu_tests', 'decoding', 'label_generation')}
-NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA (on a CPU every test is a skip)',
+NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA; on a CPU every test is a skip',
               'decoding': 'nvJPEG decodes on CUDA'}
 RESERVE = 15.0  # seconds a part keeps for writing its file after its last stage
 
