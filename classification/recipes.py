@@ -73,6 +73,18 @@ class Recipe:
         ReLabel's label pooling)."""
         return (self.token_labeling and self.token_target != 'label') or self.label_pooling
 
+    @property
+    def unused_fields(self) -> tuple[str, ...]:
+        """The fields this recipe's objective does not read: token labeling mixes images with MixToken, not MixUp or
+        CutMix; label pooling mixes with CutMix alone."""
+        if self.token_labeling:
+            return 'mixup', 'cutmix'
+        return ('mixup',) if self.label_pooling else ()
+
+    def applied(self) -> dict:
+        """The recipe's values that training applies (what the log shows)."""
+        return {k: v for k, v in vars(self).items() if k not in self.unused_fields}
+
     def optimization(self, global_batch: int) -> Optimization:
         """The recipe's optimisation at `global_batch` images per update (lr = lr_base x global_batch /
         lr_base_batch)."""

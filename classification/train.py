@@ -313,7 +313,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                 f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
                 f'{augment}{" (decoded on the GPU)" if decode == "gpu" else ""}, token labeling {recipe.token_labeling}'
                 + (f', {"annotated online" if online else "distilled"} by {teacher.model}' if teacher else ''))
-    logger.info('recipe: ' + json.dumps(vars(recipe)))
+    logger.info('recipe: ' + json.dumps(recipe.applied()))
     logger.info(f'schedule: {recipe.describe_epochs()}')
     pictures = token_label_pictures(train_loader.dataset, train_tf_reference(train_loader.dataset.transform),
                                     options.pictures) if store is not None and options.pictures else None
@@ -342,8 +342,16 @@ def main(argv: list[str] | None = None, default_data: type[DefaultData] | None =
         raise UsageError('--teacher-checkpoint and --teacher-kwargs go with --teacher (the teacher model)')
     if args.data_dir is None and default_data is None:
         raise UsageError('--data-dir is required (the folder with train/CLASS/* and val/CLASS/*)')
+    if args.data_dir is None and args.token_label_dir:
+        raise UsageError(f'--token-label-dir {args.token_label_dir} goes with --data-dir (the images it labels); '
+                         f'without --data-dir the run takes the embedded data and its own token labels')
     fallback = default_data.from_args(args) if args.data_dir is None else None
     recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
+    ignored = [f'--{name.replace("_", "-")}' for name in recipe.unused_fields if hasattr(args, name)]
+    if ignored:
+        logger.warning(f'warning: {" and ".join(ignored)} not used: '
+                       + ('token labeling mixes images with MixToken (--mix-token)' if recipe.token_labeling
+                          else 'label pooling mixes images with CutMix alone'))
     options = RunOptions.from_args(args, f'output/train_cls/{args.model}')
     teacher_kwargs = parse_model_kwargs(args.teacher_kwargs, '--teacher-kwargs')
     teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, teacher_kwargs) if args.teacher else None

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> Path:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    check_export_folder(out)
+    check_export_folder(out, args.kind)
     check_output_folder(out.parent)
     if args.kind == 'classifier':
         return classifier_export.export_from_args(args, out)

@@ -15,7 +15,8 @@ from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.segmentation.backbone import TIMM_RELEASE
 from backbones.segmentation.config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule,
-                                           drop_one_step_warmup, load_config, resolve_data, shorten_schedule)
+                                           check_loader_sizes, drop_one_step_warmup, load_config, resolve_data,
+                                           shorten_schedule)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
@@ -97,6 +98,7 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     config_pretrained = cfg.model.backbone.get('pretrained')
     options = args.cfg_options or {}
     cfg.merge_from_dict(options)
+    check_loader_sizes(cfg, args.config)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
