@@ -21,6 +21,7 @@ from typing import ClassVar, Protocol, TypeVar
 import torch
 
 from backbones.common.errors import Interrupted, SuiteError, UsageError
+from backbones.common.lifecycle import interrupt_on_stop_signals
 from backbones.common.log import show_log
 
 EXIT_CODE = 2
@@ -51,6 +52,7 @@ def run_command(main: Callable[[], object]) -> None:
     debug = debug_requested(sys.argv)
     sys.argv = [arg for arg in sys.argv if arg != '--debug']
     show_log()
+    interrupt_on_stop_signals()
     try:
         status = main()
     except Interrupted as exc:
