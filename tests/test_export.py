@@ -14,7 +14,7 @@ from PIL import Image
 
 import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
-from classification.export import export_classifier
+from classification.export import export_classifier, main
 from classification.predict import ClassPredictor
 from backbones.common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
 from classification.models import build_eval_model, create_classifier
@@ -23,7 +23,13 @@ from helpers.cls_data import CLASSES, textured_jpegs
 from helpers.commands import run_tool, succeeded
 from helpers.models import damaged_copy
 from helpers.training_runs import tiny_deit_run
-from export import main as export
+from classification.digits.seg_data import EmbeddedPages
+
+
+def export(argv: list[str]):
+    """tools/export.py, as the tool calls it."""
+    return main(argv, fallback=EmbeddedPages)
+
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
 DEIT = 'deit_small_patch16_224'

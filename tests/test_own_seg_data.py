@@ -288,9 +288,10 @@ def test_every_tool_refuses_a_checkpoint_of_other_classes(untrained, tmp_path, t
             from backbones.segmentation.predict import SegPredictor
             SegPredictor(str(config), str(checkpoint), data_root=str(other))
         else:
-            from export import main as export
+            from classification.digits.seg_data import EmbeddedPages
+            from classification.export import main as export
             export(['segmentor', str(config), str(checkpoint), '--data-root', str(other), '--out',
-                    str(tmp_path / 'exported')])
+                    str(tmp_path / 'exported')], fallback=EmbeddedPages)
     assert not (tmp_path / 'exported').exists()
 
 
