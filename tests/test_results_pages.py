@@ -66,9 +66,12 @@ def test_a_figure_changed_in_its_data_file_reaches_every_page_that_quotes_it(tmp
 
     differing = results_pages.render_pages(root, write=False)
     assert differing and all('make_run top1_best' in block for block in differing)
-    assert len(differing) == (root / 'README.md').read_text().count('value make_run top1_best')
+    quoting = [root / 'README.md', *sorted((root / 'docs').glob('*.md'))]
+    assert len(differing) == sum(page.read_text().count('value make_run top1_best') for page in quoting)
+    assert {block.split(':')[0] for block in differing} == {'README.md', 'docs/imagenet.md'}
     results_pages.render_pages(root)
-    assert '-->12.3%<!-- /results --> top-1' in (root / 'README.md').read_text()
+    for page in ('README.md', 'docs/imagenet.md'):
+        assert '-->12.3%<!-- /results --> top-1' in (root / page).read_text()
 
 
 def test_a_block_naming_a_missing_figure_is_one_error_naming_page_line_and_file(tmp_path):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from backbones.common.cli import non_negative_float, positive_float
+from backbones.common.cli import add_device_argument, command_parser, device_name, non_negative_float, positive_float
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
@@ -403,8 +403,7 @@ def run_child_stage(name: str, out: Path, sizes: Sizes, device: str) -> None:
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = command_parser(description, 'measure_gpu.py')
     p.add_argument('--part', type=int, choices=sorted(PARTS), help='the part to run: ' + '; '.join(
         f'{part}: {", ".join(stages)}' for part, stages in PARTS.items()))
     p.add_argument('--out', help='the results file: every figure is written into it as it comes (on the device '
@@ -420,7 +419,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                         'one stopped at the budget')
     p.add_argument('--seconds', type=non_negative_float,
                    help=f'each timing window\'s least length (default {GPU.seconds:g}; smoke {SMOKE.seconds:g})')
-    p.add_argument('--device', choices=('cuda', 'cpu'), help='default: cuda; cpu only with --smoke')
+    add_device_argument(p)  # cpu only with --smoke
     p.add_argument('--smoke', action='store_true', help='tiny sizes, for a CPU: every stage runs its code once, the '
                                                         'stages that need CUDA skipped with a line saying so')
     p.add_argument('--stage', choices=sorted(CHILD_STAGES), help=argparse.SUPPRESS)  # a part runs its stages so
@@ -430,9 +429,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     args = build_parser(description).parse_args(argv)
-    args.device = args.device or ('cuda' if torch.cuda.is_available() or not args.smoke else 'cpu')
-    if args.device == 'cuda' and not torch.cuda.is_available():
+    if args.device is None and not args.smoke and not torch.cuda.is_available():
         raise UsageError('no GPU is visible: this tool measures a GPU (--smoke --device cpu runs it at tiny sizes)')
+    args.device = device_name(args.device)
     if args.device == 'cpu' and not args.smoke:
         raise UsageError('--device cpu: only with --smoke (the figures are a GPU\'s)')
     sizes = SMOKE if args.smoke else GPU

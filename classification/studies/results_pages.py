@@ -16,7 +16,6 @@ of the pages under `root`, or names those whose text is not what their data give
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from backbones.common.cli import command_parser
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
@@ -480,8 +480,7 @@ def render_pages(root: Path, write: bool = True) -> list[str]:
 
 
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = command_parser(description, 'render_results.py')
     parser.add_argument('--check', action='store_true',
                         help='change nothing; exit 1 naming each page and block whose text differs from its data')
     parser.add_argument('--root', type=Path, default=REPO,
