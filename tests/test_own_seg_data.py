@@ -23,7 +23,7 @@ UPERNET = 'seg_configs/upernet_lvvit_s_own_data.py'
 
 def prepared(tmp_path: Path, *argv: str, config: str = UPERNET):
     args = build_parser().parse_args([config, '--work-dir', str(tmp_path / 'work'), *argv])
-    return prepare(args)
+    return prepare(args).cfg
 
 
 def with_ade20k_folder_names(root: Path) -> Path:

@@ -8,8 +8,18 @@
 See --help for every option.
 """
 from backbones.common.cli import run_command
+from backbones.segmentation.train import build_parser, parse_with_fallback, prepare, train
 from classification.digits.seg_data import EmbeddedPages
-from backbones.segmentation.train import main
+
+
+def main() -> None:
+    """Without ADE20K on disk, the embedded pages; where the config's ImageNet weights are not on disk either, two
+    stages: the backbone pretrained on the embedded scans (kept for the next run), then the segmentor from it."""
+    args, pages = parse_with_fallback(build_parser(), None, EmbeddedPages)
+    run = prepare(args, pages)
+    backbone = pages.pretrained_backbone(run.pretraining) if run.pretraining else None
+    train(run, backbone)
+
 
 if __name__ == '__main__':
-    run_command(lambda: main(fallback=EmbeddedPages))
+    run_command(main)

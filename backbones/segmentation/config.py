@@ -64,15 +64,13 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
 
 class DataFallback(EmbeddedData, Protocol):
     """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
-    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
-    the schedule a run takes there, and a backbone pretrained for it when the config's weights are not on disk
-    (with a line saying where it came from)."""
+    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use)
+    and the schedule a run takes there. Config edits only: a backbone pretrained for that data is the tool's to
+    make (tools/train_seg.py's first stage), and reaches the trainer as a checkpoint."""
 
     def use_data(self, cfg: Config) -> None: ...
 
     def use_schedule(self, cfg: Config) -> None: ...
-
-    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]: ...
 
 
 def datasets(cfg: Config) -> Iterator[dict]:
@@ -158,22 +156,41 @@ def tta_flips(cfg: Config) -> bool:
     return bool(cfg.tta_model.get('flip', False))
 
 
+def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> set[str]:
+    """The data sets' folders: `data_root` (--data-root) for all, else each loader's as `cfg_options` (the command
+    line's, not merged yet: `LOADER.dataset.data_root`) or the config give it."""
+    if data_root:
+        return {data_root}
+    options = cfg_options or {}
+    return {options.get(f'{loader}.dataset.data_root', cfg[loader]['dataset']['data_root'])
+            for loader in LOADERS if cfg.get(loader)}
+
+
+def missing_data(roots: set[str], fallback: DataFallback | None) -> str | None:
+    """The config's own folder that is not on disk (ADE20K's, or the own-data configs' data/own_seg), where
+    `fallback`'s data stands in for it; None when every folder is there. Any other missing folder is an error."""
+    missing = sorted(root for root in roots if not Path(root).is_dir())
+    if not missing:
+        return None
+    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
+        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
+    return missing[0]
+
+
 def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
     """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
     own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
     did."""
     if data_root:
         set_data_root(cfg, data_root)
-    roots = {dataset['data_root'] for dataset in datasets(cfg)}
-    missing = sorted(root for root in roots if not Path(root).is_dir())
-    if not missing:
+    roots = data_roots(cfg)
+    missing = missing_data(roots, fallback)
+    if missing is None:
         if is_own_data_config(cfg):
             use_own_data(cfg, read_own_data(roots.pop()))
         return False
-    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
-        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
-    what = 'ADE20K' if missing == [ADE20K_ROOT] else 'a data set of your own'
-    logger.info(f'{what} not found at {missing[0]} (docs/segmentation.md says how to use it; --data-root names another '
+    what = 'ADE20K' if missing == ADE20K_ROOT else 'a data set of your own'
+    logger.info(f'{what} not found at {missing} (docs/segmentation.md says how to use it; --data-root names another '
                 'folder): the embedded data')
     fallback.use_data(cfg)
     return True
