@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -244,9 +244,11 @@ def check_pretrained(cfg: Config) -> None:
             'timm config names, downloaded once), or to None to train from scratch')
 
 
-def shorten_schedule(cfg: Config, iters: int) -> None:
+def shorten_schedule(cfg: Config, iters: int, given: Collection[str] = (),
+                     validate_at_checkpoints: bool = False) -> None:
     """Run the schedule in `iters` iterations: warm-up, decay and the checkpoint interval shrink with it, and
-    validation (the slow part of a short run) happens once, at the end."""
+    validation (the slow part of a short run) happens once, at the end, or at every checkpoint. The intervals the
+    command line's --cfg-options name (`given`, their keys) keep the values it gave."""
     factor = iters / cfg.train_cfg['max_iters']
     cfg.train_cfg['max_iters'] = iters
     for scheduler in cfg.param_scheduler:
@@ -255,7 +257,10 @@ def shorten_schedule(cfg: Config, iters: int) -> None:
                 scheduler[key] = min(iters, max(1 if scheduler[key] else 0, round(scheduler[key] * factor)))
     # a phase left with no iteration (the decay of a 1-iteration run) is dropped: mmengine refuses begin == end
     cfg.param_scheduler = [s for s in cfg.param_scheduler if s.get('end', iters) > s.get('begin', 0)]
-    interval = max(1, round(cfg.default_hooks['checkpoint']['interval'] * factor))
-    cfg.train_cfg['val_interval'] = iters
-    cfg.default_hooks['checkpoint']['interval'] = interval
-    cfg.default_hooks['logger']['interval'] = min(cfg.default_hooks['logger']['interval'], interval)
+    checkpoint, log = cfg.default_hooks['checkpoint'], cfg.default_hooks['logger']
+    if 'default_hooks.checkpoint.interval' not in given:
+        checkpoint['interval'] = max(1, round(checkpoint['interval'] * factor))
+    if 'train_cfg.val_interval' not in given:
+        cfg.train_cfg['val_interval'] = checkpoint['interval'] if validate_at_checkpoints else iters
+    if 'default_hooks.logger.interval' not in given:
+        log['interval'] = min(log['interval'], checkpoint['interval'])

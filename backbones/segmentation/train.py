@@ -139,10 +139,10 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> P
     on_fallback = resolve_data(cfg, args.data_root, fallback)
     pretraining = choose_backbone(cfg, config_pretrained, on_fallback)
     if not on_fallback and is_own_data_config(cfg) and not args.iters:
-        shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps))
-        cfg.train_cfg['val_interval'] = cfg.default_hooks['checkpoint']['interval']  # save_best needs scores
+        shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps), options,
+                         validate_at_checkpoints=True)  # save_best needs scores
     if args.iters:
-        shorten_schedule(cfg, args.iters)
+        shorten_schedule(cfg, args.iters, options)
     accumulate_gradients(cfg, args.grad_accum_steps)
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
