@@ -29,7 +29,7 @@ from classification.digits.pages import CLASSES
 from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
 from backbones.segmentation.config import ADE20K_ROOT, tta_flips
 from backbones.segmentation.own_data import OWN_DATA_ROOT
-from backbones.segmentation.test import build_parser as test_parser, prepare as test_prepare
+from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.train import Pretraining, build_parser, prepare, train
 from helpers.commands import ENV, ROOT, run_tool, succeeded
 from helpers.training_runs import assert_same_run
@@ -234,7 +234,7 @@ def test_cfg_options_are_applied_once_so_train_seg_and_test_seg_run_one_config(t
     trained = prepared(tmp_path, *options)
     checkpoint = tmp_path / 'segmentor.pth'
     torch.save({'state_dict': {'decode_head.conv_seg.bias': torch.zeros(len(CLASSES))}}, checkpoint)
-    tested = test_prepare(test_parser().parse_args([str(CONFIGS / CONFIG), str(checkpoint), *options]),
+    tested = tester.prepare(tester.build_parser().parse_args([str(CONFIGS / CONFIG), str(checkpoint), *options]),
                           embedded(tmp_path))
     size = (round(1024 * SCALE), round(256 * SCALE))
     assert [step.get('scale') for step in trained.test_dataloader.dataset.pipeline] == [None, size, None, None]
