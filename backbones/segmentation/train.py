@@ -202,8 +202,8 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
 
 def train(run: PreparedRun, backbone: PretrainedBackbone | None = None) -> None:
     """Train the segmentor with mmengine's Runner. A run that needs a pretraining (`run.pretraining`) starts its
-    backbone from `backbone`, the checkpoint of that first stage, which its caller made (tools/train_seg.py's
-    `classification.digits.seg_data.train_seg`)."""
+    backbone from `backbone`, the checkpoint of that first stage, which its caller made (the function
+    tools/train_seg.py calls)."""
     cfg = run.cfg
     if run.pretraining is not None:
         if backbone is None:
