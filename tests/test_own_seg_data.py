@@ -23,7 +23,7 @@ UPERNET = 'seg_configs/upernet_lvvit_s_own_data.py'
 
 def prepared(tmp_path: Path, *argv: str, config: str = UPERNET):
     args = build_parser().parse_args([config, '--work-dir', str(tmp_path / 'work'), *argv])
-    return prepare(args)
+    return prepare(args).cfg
 
 
 def with_ade20k_folder_names(root: Path) -> Path:
@@ -183,6 +183,25 @@ def test_an_own_data_config_takes_the_classes_and_a_schedule_sized_to_the_data(t
         (root / split / 'val' / name).rename(root / split / 'test' / name)
     cfg = prepared(tmp_path, '--data-root', str(root), '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.test_dataloader.dataset.data_prefix == dict(img_path='images/test', seg_map_path='masks/test')
+
+
+@pytest.mark.parametrize('iters', [[], ['--iters', '30']])
+def test_the_counts_the_command_line_sets_win_over_the_schedule_sized_to_the_data(tmp_path, iters):
+    """The schedule's shortening (sized to the data, or --iters) scales the checkpoint and log intervals and sets
+    validation; the ones --cfg-options names keep the user's values, counted in updates as the config's are."""
+    root = write_own_seg(tmp_path / 'own')
+    options = ['model.backbone.pretrained=None', 'own_data.min_iters=400', 'default_hooks.checkpoint.interval=200',
+               'train_cfg.val_interval=50', 'default_hooks.logger.interval=7']
+    cfg = prepared(tmp_path, '--data-root', str(root), *iters, '--cfg-options', *options)
+    assert cfg.train_cfg.max_iters == (30 if iters else 400)
+    assert (cfg.default_hooks.checkpoint.interval, cfg.train_cfg.val_interval, cfg.default_hooks.logger.interval) == (
+        200, 50, 7)
+    cfg = prepared(tmp_path, '--data-root', str(root), *iters, '--grad-accum-steps', '2', '--cfg-options', *options)
+    assert (cfg.default_hooks.checkpoint.interval, cfg.train_cfg.val_interval) == (400, 100)
+    # the counts it does not name are still the shortening's
+    cfg = prepared(tmp_path, '--data-root', str(root), *iters, '--cfg-options', *options[:3])
+    assert cfg.train_cfg.val_interval == (30 if iters else 200)
+    assert cfg.default_hooks.logger.interval <= 200
 
 
 def test_a_mask_value_beyond_the_declared_classes_is_named(tmp_path):

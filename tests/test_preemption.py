@@ -123,7 +123,7 @@ def seg_run(config: Path, work: Path, stop_at: int | None = None) -> None:
     from backbones.segmentation.runner import SuiteRunner
     from backbones.segmentation.train import build_parser, prepare
     resume = ['--resume'] if (work / 'last_checkpoint').is_file() else []
-    cfg = prepare(build_parser().parse_args([str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS]))
+    cfg = prepare(build_parser().parse_args([str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS])).cfg
     cfg.experiment_name = cfg.visualizer.name = f'run{next(RUNS)}'  # mmengine keeps them by name: one per run
     cfg.visualizer.vis_backends = [dict(type='LocalVisBackend')]  # the metrics compared, without TensorBoard's
     runner = SuiteRunner.from_cfg(cfg)

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -18,13 +23,16 @@ from mmseg.registry import MODELS
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from mmengine.optim import build_optim_wrapper
 from backbones.common.errors import UsageError
-from classification.digits.cls_data import EmbeddedScans
+from classification.digits.cls_data import FINISHED, NEW, RECIPE, STOPPED, EmbeddedScans, pretraining_state
+from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
 from classification.digits.pages import CLASSES
-from classification.digits.seg_data import RATIO_RANGE, TEST_RATIOS, EmbeddedPages, Schedule
+from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
 from backbones.segmentation.config import ADE20K_ROOT, tta_flips
 from backbones.segmentation.own_data import OWN_DATA_ROOT
-from backbones.segmentation.train import build_parser, prepare
-from helpers.commands import ROOT, run_tool
+from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
+from backbones.segmentation.train import Pretraining, build_parser, prepare, train
+from helpers.commands import ENV, ROOT, run_tool, succeeded
+from helpers.training_runs import assert_same_run
 
 pytestmark = [pytest.mark.slow,  # tools run end to end here: make test-fast leaves this file out
               pytest.mark.skipif((ROOT / ADE20K_ROOT).is_dir(), reason='ADE20K is on disk: no fallback to test')]
@@ -57,7 +65,7 @@ def embedded(root: Path) -> EmbeddedPages:
 def prepared(tmp_path, *argv, config: Path = CONFIGS / CONFIG):
     """train_seg's config for these arguments (a work dir under `tmp_path` unless they name one)."""
     work = [] if '--work-dir' in argv else ['--work-dir', str(tmp_path / 'work')]
-    return prepare(build_parser().parse_args([str(config), *work, *argv]), embedded(tmp_path))
+    return prepare(build_parser().parse_args([str(config), *work, *argv]), embedded(tmp_path)).cfg
 
 
 def test_digits_fallback_takes_its_schedule(tmp_path):
@@ -195,6 +203,48 @@ def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path)
         prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
 
 
+@pytest.mark.skipif((ROOT / OWN_DATA_ROOT).is_dir(), reason='a data set of your own is on disk: no fallback to test')
+@pytest.mark.parametrize('config, reason', [
+    (CONFIG, 'pretrained/lvvit_s-26M-224-83.3.pth.tar not found'),
+    ('upernet_lvvit_s_own_data.py', 'timm (the ImageNet release) left aside on the embedded data')])
+def test_the_segmentation_trainer_asks_for_the_pretraining_and_trains_nothing_itself(tmp_path, config, reason):
+    """Control runs one way: on the embedded set, a config whose ImageNet weights are not there comes back from
+    `prepare` with the pretraining its tool is to run first (nothing trained, no scans written), and the trainer
+    starts from the checkpoint that stage gives it, refusing to start without one."""
+    run = prepare(build_parser().parse_args([str(CONFIGS / config), '--work-dir', str(tmp_path / 'work')]),
+                  embedded(tmp_path))
+    assert run.pretraining == Pretraining('lvvit_s', {}, reason)
+    assert not (tmp_path / 'digits').exists()
+    with pytest.raises(UsageError, match=f'backbone: {re.escape(reason)}: pretrain lvvit_s first and pass its '
+                                         'checkpoint'):
+        train(run)
+    given = prepare(build_parser().parse_args([str(CONFIGS / config), '--work-dir', str(tmp_path / 'other'),
+                                               '--cfg-options', 'model.backbone.pretrained=None']),
+                    embedded(tmp_path))
+    assert given.pretraining is None and given.cfg.model.backbone.pretrained is None
+
+
+def test_cfg_options_are_applied_once_so_train_seg_and_test_seg_run_one_config(tmp_path):
+    """A --cfg-options value the embedded set transforms (a size: scaled to the pages) is applied once, before the
+    scaling, as test_seg applies it: the single-scale test size of train_seg's config (the one its work dir keeps) is
+    test_seg's, and the multi-scale sizes are its ratios. Merged a second time after the embedded set's changes, the
+    option undid the scaling of the test size (1024 x 256 tested on 48 px pages) but not of the multi-scale sizes
+    derived from it."""
+    options = ('--cfg-options', 'model.backbone.pretrained=None', 'test_dataloader.dataset.pipeline.1.scale=(1024,256)')
+    trained = prepared(tmp_path, *options)
+    checkpoint = tmp_path / 'segmentor.pth'
+    torch.save({'state_dict': {'decode_head.conv_seg.bias': torch.zeros(len(CLASSES))}}, checkpoint)
+    tested = tester.prepare(tester.build_parser().parse_args([str(CONFIGS / CONFIG), str(checkpoint), *options]),
+                          embedded(tmp_path))
+    size = (round(1024 * SCALE), round(256 * SCALE))
+    assert [step.get('scale') for step in trained.test_dataloader.dataset.pipeline] == [None, size, None, None]
+    assert trained.test_dataloader.dataset.pipeline == tested.test_dataloader.dataset.pipeline
+    tta = next(step for step in trained.tta_pipeline if step.type == 'TestTimeAug')
+    assert [tuple(step['scale']) for step in tta.transforms[0]] == [(round(size[0] * r), round(size[1] * r))
+                                                                for r in TEST_RATIOS]
+    assert trained.tta_pipeline == tested.tta_pipeline
+
+
 @pytest.fixture(scope='module')
 def chain(tmp_path_factory):
     """tools/train_seg.py on the embedded set with a tiny LV-ViT: its backbone is pretrained on the embedded
@@ -260,3 +310,82 @@ def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
             continue
         assert torch.equal(value, weights[key]), key
     assert set(state) <= set(reference.state_dict())
+
+
+# The first stage the chain's tiny config asks for
+TINY_PRETRAINING = Pretraining('lvvit_s', TINY_MODELS[CONFIG], 'pretrained/lvvit_s-26M-224-83.3.pth.tar not found')
+
+
+def test_the_log_names_each_stage_and_where_the_backbone_comes_from(chain):
+    root, _, log = chain
+    folder = root / 'digits' / 'backbones' / 'lvvit_s'
+    first = log.index('stage 1 of 2: pretraining lvvit_s with token labeling on the embedded digits for the '
+                      f'segmentation backbone -> {folder}')
+    assert log.index(f'stage 2 of 2: the segmentor, its backbone from {folder / BEST}') > first
+
+
+def test_a_second_run_keeps_the_pretraining_the_first_made(chain, caplog):
+    root, _, _ = chain
+    checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / BEST
+    before = checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns
+    with caplog.at_level('INFO', logger='vit_dense'):
+        backbone = embedded(root).pretrained_backbone(TINY_PRETRAINING)
+    assert backbone.checkpoint == checkpoint and (checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns) == before
+    assert (f'stage 1 of 2: lvvit_s pretrained on the embedded digits, kept from an earlier run in '
+            f'{checkpoint.parent}') in caplog.text
+    assert 'training' not in caplog.text and 'pretraining lvvit_s' not in caplog.text
+    assert backbone.origin.startswith('lvvit_s pretrained on the embedded digits (token-labeling, best val top-1')
+
+
+def test_a_pretraining_whose_file_does_not_read_is_done_again(chain, tmp_path, caplog):
+    """A finished pretraining is kept, a stopped one (no metrics.json: they are written last) continued; one whose
+    checkpoint does not read (best.pth of a finished run, last.pth of a stopped one) is removed, to be done again,
+    with a warning naming the file."""
+    root, _, _ = chain
+    digits = tmp_path / 'digits'
+    shutil.copytree(root / 'digits' / 'images', digits / 'images')
+    run = digits / 'backbones' / 'lvvit_s'
+    for damaged, expected in ((None, FINISHED), (BEST, NEW), (LAST, NEW)):
+        shutil.copytree(root / 'digits' / 'backbones' / 'lvvit_s', run, dirs_exist_ok=True)
+        if damaged == LAST:
+            (run / METRICS).unlink()
+            assert pretraining_state(digits, run) == STOPPED
+        if damaged:
+            content = (run / damaged).read_bytes()
+            (run / damaged).write_bytes(content[:len(content) // 2])
+        assert pretraining_state(digits, run) == expected, damaged
+        assert run.is_dir() == (expected != NEW)
+        if damaged:
+            assert f'warning: {run / damaged}: not a readable' in caplog.text and 'starts again' in caplog.text
+
+
+def test_a_stop_in_the_pretraining_stops_the_command_and_the_next_run_continues_it_exactly(chain, tmp_path):
+    """The first stage is train_cls's training: a SIGTERM there writes its checkpoint and stops the command (status
+    75) before any segmentation, and the stopped pretraining is not taken for a finished one: the same command again
+    continues it to the log and weights of the run never stopped (the chain's), then trains the segmentor from it."""
+    root, config, _ = chain
+    digits = tmp_path / 'digits'
+    for part in ('images', 'annotator', 'token_labels'):  # made by the chain: the pretraining starts at once
+        shutil.copytree(root / 'digits' / part, digits / part)
+    run, work = digits / 'backbones' / 'lvvit_s', tmp_path / 'work'
+    argv = [config, '--iters', 1, '--work-dir', work, '--digits-dir', digits, '--digits-seg-dir', root / 'digits_seg',
+            '--cfg-options', *TINY_SCHEDULE]
+    proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / 'train_seg.py'), *map(str, argv)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 600
+    while not (run / LOG).exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)  # the first epoch is done
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, output[-3000:]
+    assert 'SIGTERM at epoch' in output and 'Traceback' not in output and 'stage 2 of 2' not in output
+    assert pretraining_state(digits, run) == STOPPED and not list(work.glob('*.pth'))
+    resumed = succeeded(run_tool('train_seg.py', argv, timeout=900))
+    log = resumed.stdout + resumed.stderr
+    assert f'stage 1 of 2: continuing the stopped pretraining of lvvit_s on the embedded digits in {run}' in log
+    assert f'resumed {run / LAST} after' in log
+    assert f'stage 2 of 2: the segmentor, its backbone from {run / BEST}' in log
+    straight = root / 'digits' / 'backbones' / 'lvvit_s'
+    assert_same_run(straight, run, epochs=RECIPE['epochs'])
+    weights = [torch.load(folder / BEST, weights_only=True)['state_dict'] for folder in (straight, run)]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

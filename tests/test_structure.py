@@ -161,6 +161,24 @@ def test_the_embedded_data_lives_in_one_package():
     assert mentions == []
 
 
+def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
+    """Control runs one way: `backbones` never imports `classification` (above), and what a tool hands the
+    segmentation library for its data (`DataFallback`) only edits a config: no member returns anything (a
+    backbone, a checkpoint) that it would have to train. The backbone a run on that data needs comes from the tool's
+    first stage, as a checkpoint the trainer takes."""
+    from typing import get_type_hints
+
+    from mmengine.config import Config
+
+    from backbones.common.cli import EmbeddedData
+    from backbones.segmentation.config import DataFallback
+    from backbones.segmentation.train import PretrainedBackbone, train
+    members = sorted(name for name in vars(DataFallback) if not name.startswith('_') and name not in vars(EmbeddedData))
+    assert {'use_data', 'use_schedule'} <= set(members)
+    assert all(get_type_hints(getattr(DataFallback, name)) == {'cfg': Config, 'return': type(None)} for name in members)
+    assert get_type_hints(train)['backbone'] == PretrainedBackbone | None
+
+
 def test_library_code_neither_prints_nor_exits():
     """Library modules log through the suite's logger and raise the suite's errors; only the commands' runner
     (`backbones.common.cli.run_command`) prints an error line and sets the exit status."""

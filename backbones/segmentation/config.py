@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -76,15 +76,13 @@ def check_loader_sizes(cfg: Config, path: str) -> None:
 
 class DataFallback(EmbeddedData, Protocol):
     """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
-    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
-    the schedule a run takes there, and a backbone pretrained for it when the config's weights are not on disk
-    (with a line saying where it came from)."""
+    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use)
+    and the schedule a run takes there. Config edits only: a backbone pretrained for that data is the tool's to
+    make (tools/train_seg.py's first stage), and reaches the trainer as a checkpoint."""
 
     def use_data(self, cfg: Config) -> None: ...
 
     def use_schedule(self, cfg: Config) -> None: ...
-
-    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]: ...
 
 
 def datasets(cfg: Config) -> Iterator[dict]:
@@ -170,22 +168,41 @@ def tta_flips(cfg: Config) -> bool:
     return bool(cfg.tta_model.get('flip', False))
 
 
+def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> set[str]:
+    """The data sets' folders: `data_root` (--data-root) for all, else each loader's as `cfg_options` (the command
+    line's, not merged yet: `LOADER.dataset.data_root`) or the config give it."""
+    if data_root:
+        return {data_root}
+    options = cfg_options or {}
+    return {options.get(f'{loader}.dataset.data_root', cfg[loader]['dataset']['data_root'])
+            for loader in LOADERS if cfg.get(loader)}
+
+
+def missing_data(roots: set[str], fallback: DataFallback | None) -> str | None:
+    """The config's own folder that is not on disk (ADE20K's, or the own-data configs' data/own_seg), where
+    `fallback`'s data stands in for it; None when every folder is there. Any other missing folder is an error."""
+    missing = sorted(root for root in roots if not Path(root).is_dir())
+    if not missing:
+        return None
+    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
+        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
+    return missing[0]
+
+
 def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
     """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
     own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
     did."""
     if data_root:
         set_data_root(cfg, data_root)
-    roots = {dataset['data_root'] for dataset in datasets(cfg)}
-    missing = sorted(root for root in roots if not Path(root).is_dir())
-    if not missing:
+    roots = data_roots(cfg)
+    missing = missing_data(roots, fallback)
+    if missing is None:
         if is_own_data_config(cfg):
             use_own_data(cfg, read_own_data(roots.pop()))
         return False
-    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
-        raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
-    what = 'ADE20K' if missing == [ADE20K_ROOT] else 'a data set of your own'
-    logger.info(f'{what} not found at {missing[0]} (docs/segmentation.md says how to use it; --data-root names another '
+    what = 'ADE20K' if missing == ADE20K_ROOT else 'a data set of your own'
+    logger.info(f'{what} not found at {missing} (docs/segmentation.md says how to use it; --data-root names another '
                 'folder): the embedded data')
     fallback.use_data(cfg)
     return True
@@ -239,9 +256,11 @@ def check_pretrained(cfg: Config) -> None:
             'timm config names, downloaded once), or to None to train from scratch')
 
 
-def shorten_schedule(cfg: Config, iters: int) -> None:
+def shorten_schedule(cfg: Config, iters: int, given: Collection[str] = (),
+                     validate_at_checkpoints: bool = False) -> None:
     """Run the schedule in `iters` iterations: warm-up, decay and the checkpoint interval shrink with it, and
-    validation (the slow part of a short run) happens once, at the end."""
+    validation (the slow part of a short run) happens once, at the end, or at every checkpoint. The intervals the
+    command line's --cfg-options name (`given`, their keys) keep the values it gave."""
     factor = iters / cfg.train_cfg['max_iters']
     cfg.train_cfg['max_iters'] = iters
     for scheduler in cfg.param_scheduler:
@@ -250,7 +269,10 @@ def shorten_schedule(cfg: Config, iters: int) -> None:
                 scheduler[key] = min(iters, max(1 if scheduler[key] else 0, round(scheduler[key] * factor)))
     # a phase left with no iteration (the decay of a 1-iteration run) is dropped: mmengine refuses begin == end
     cfg.param_scheduler = [s for s in cfg.param_scheduler if s.get('end', iters) > s.get('begin', 0)]
-    interval = max(1, round(cfg.default_hooks['checkpoint']['interval'] * factor))
-    cfg.train_cfg['val_interval'] = iters
-    cfg.default_hooks['checkpoint']['interval'] = interval
-    cfg.default_hooks['logger']['interval'] = min(cfg.default_hooks['logger']['interval'], interval)
+    checkpoint, log = cfg.default_hooks['checkpoint'], cfg.default_hooks['logger']
+    if 'default_hooks.checkpoint.interval' not in given:
+        checkpoint['interval'] = max(1, round(checkpoint['interval'] * factor))
+    if 'train_cfg.val_interval' not in given:
+        cfg.train_cfg['val_interval'] = checkpoint['interval'] if validate_at_checkpoints else iters
+    if 'default_hooks.logger.interval' not in given:
+        log['interval'] = min(log['interval'], checkpoint['interval'])

@@ -1,8 +1,12 @@
-"""The trainer behind tools/train_seg.py: a config, mmengine's Runner, and the suite's data fallback."""
+"""The trainer behind tools/train_seg.py: a config, mmengine's Runner, and the suite's data fallback.
+
+On the fallback's data a run whose config names ImageNet weights that are not on disk asks for a pretraining first
+(`prepare` returns it): its caller runs it and hands `train` the checkpoint. This module trains nothing else."""
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,9 +20,9 @@ from backbones.common.log import logger
 from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.segmentation.backbone import TIMM_RELEASE
-from backbones.segmentation.config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule,
-                                           check_loader_sizes, drop_one_step_warmup, load_config, resolve_data,
-                                           shorten_schedule)
+from backbones.segmentation.config import (DataFallback, accumulate_gradients, check_loader_sizes, check_pretrained,
+                                           data_roots, describe_schedule, drop_one_step_warmup, load_config,
+                                           missing_data, resolve_data, shorten_schedule)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
@@ -77,13 +81,41 @@ def processes(launcher: str) -> int:
     return int(os.environ.get('WORLD_SIZE') or os.environ.get('SLURM_NTASKS') or 1)
 
 
-def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFallback) -> None:
-    """On the fallback's data, the config's ImageNet weights (not on disk) give way to the same model pretrained
-    for it (trained on first use). A path given on the command line must exist; None means random
-    initialisation."""
+@dataclass(frozen=True)
+class Pretraining:
+    """The first stage a run on the fallback's data asks of its tool: the config's backbone (`model_name` with
+    `model_kwargs`) pretrained on that data, because the config's ImageNet weights are not on disk (`reason`)."""
+
+    model_name: str
+    model_kwargs: dict
+    reason: str
+
+
+@dataclass(frozen=True)
+class PretrainedBackbone:
+    """What the first stage hands the second: the backbone's checkpoint, and one line saying what it is."""
+
+    checkpoint: Path
+    origin: str
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run's config, and the pretraining it needs first (None: its backbone's weights are the config's)."""
+
+    cfg: Config
+    pretraining: Pretraining | None = None
+
+
+def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: bool) -> Pretraining | None:
+    """The backbone's start: on the fallback's data, the config's ImageNet weights (not on disk) give way to the same
+    model pretrained for it (the Pretraining returned: the tool's first stage). A path given on the command line
+    must exist; None means random initialisation."""
     backbone = cfg.model.backbone
     pretrained = backbone.get('pretrained')
-    if pretrained is None:
+    if not on_fallback:
+        check_pretrained(cfg)
+    elif pretrained is None:
         logger.info('backbone: random initialisation (model.backbone.pretrained=None)')
     elif Path(pretrained).is_file():
         logger.info(f'backbone: {pretrained}')
@@ -91,34 +123,33 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFa
         check_pretrained(cfg)  # a URL or timm's release: downloaded when the model is built
         logger.info(f'backbone: {pretrained}')
     else:
-        checkpoint, origin = fallback.pretrained_backbone(backbone.model_name, backbone.get('model_kwargs'))
-        backbone.pretrained = str(checkpoint)
         said = (f'{pretrained} (the ImageNet release) left aside on the embedded data' if pretrained == TIMM_RELEASE
                 else f'{pretrained} not found')
-        logger.info(f'backbone: {said}; {origin}')
+        return Pretraining(backbone.model_name, dict(backbone.get('model_kwargs') or {}), said)
+    return None
 
 
-def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
-    """The config a run takes: the command line's options, the data (`fallback`'s without ADE20K), the schedule."""
+def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> PreparedRun:
+    """The config a run takes: the data (`fallback`'s without ADE20K, with its schedule), the command line's
+    options, the schedule; and the pretraining it needs first, if any (the tool's to run: `train` takes its
+    checkpoint)."""
     cfg = load_config(args.config)
     config_pretrained = cfg.model.backbone.get('pretrained')
     options = args.cfg_options or {}
-    cfg.merge_from_dict(options)
+    if fallback is not None and missing_data(data_roots(cfg, args.data_root, options), fallback):
+        fallback.use_schedule(cfg)  # under the command line's options: they win
+    cfg.merge_from_dict(options)  # once; the data is resolved on the config they made, as test_seg does
     check_loader_sizes(cfg, args.config)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
-    if resolve_data(cfg, args.data_root, fallback):
-        fallback.use_schedule(cfg)
-        cfg.merge_from_dict(options)  # what the command line says wins over the fallback's schedule
-        choose_backbone(cfg, config_pretrained, fallback)
-    else:
-        check_pretrained(cfg)
-        if is_own_data_config(cfg) and not args.iters:
-            shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps))
-            cfg.train_cfg['val_interval'] = cfg.default_hooks['checkpoint']['interval']  # save_best needs scores
+    on_fallback = resolve_data(cfg, args.data_root, fallback)
+    pretraining = choose_backbone(cfg, config_pretrained, on_fallback)
+    if not on_fallback and is_own_data_config(cfg) and not args.iters:
+        shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps), options,
+                         validate_at_checkpoints=True)  # save_best needs scores
     if args.iters:
-        shorten_schedule(cfg, args.iters)
+        shorten_schedule(cfg, args.iters, options)
     accumulate_gradients(cfg, args.grad_accum_steps)
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
@@ -141,7 +172,7 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
         logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
                        f'stopped while writing its first): starting from iteration 0')
     check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
-    return cfg
+    return PreparedRun(cfg, pretraining)
 
 
 def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
@@ -169,8 +200,16 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
     return args, fallback.from_args(args)
 
 
-def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None,
-         description: str | None = None) -> None:
-    """tools/train_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
-    args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
-    SuiteRunner.from_cfg(prepare(args, data_fallback)).train()
+def train(run: PreparedRun, backbone: PretrainedBackbone | None = None) -> None:
+    """Train the segmentor with mmengine's Runner. A run that needs a pretraining (`run.pretraining`) starts its
+    backbone from `backbone`, the checkpoint of that first stage, which its caller made (the function
+    tools/train_seg.py calls)."""
+    cfg = run.cfg
+    if run.pretraining is not None:
+        if backbone is None:
+            raise UsageError(f'backbone: {run.pretraining.reason}: pretrain {run.pretraining.model_name} first and '
+                             'pass its checkpoint, or set model.backbone.pretrained')
+        cfg.model.backbone.pretrained = str(backbone.checkpoint)
+        logger.info(f'stage 2 of 2: the segmentor, its backbone from {backbone.checkpoint}')
+        logger.info(f'backbone: {run.pretraining.reason}; {backbone.origin}')
+    SuiteRunner.from_cfg(cfg).train()

@@ -5,21 +5,24 @@ on disk and resumed when it was cut off:
   and its token labels: what `tools/train_cls.py` trains on without --data-dir;
 - `EmbeddedScans.pretrained_backbone`: a model pretrained with token labeling on that data, which a segmentation
   config on the embedded pages starts from when its ImageNet weights are not on disk (the *same* model: same name,
-  same model arguments; on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for LV-ViT-M).
+  same model arguments; on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for LV-ViT-M): the first of the two stages
+  tools/train_seg.py runs there, kept for the next run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from backbones.common.cli import DEFAULT_WORKERS, output_folder
-from backbones.common.distributed import DistInfo, barrier, run_distributed
+from backbones.common.distributed import DistInfo, barrier, computed_once, run_distributed
+from backbones.common.errors import CheckpointError
 from backbones.common.log import logger
 from classification.digits.scans import discard_outdated, write_digits_folder
-from classification.engine.checkpoints import BEST, LAST, METRICS
+from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
 from classification.engine.trainer import RunOptions
 from classification.recipes import Recipe, recipe_for
 from classification.token_labeling.annotate import generate_token_labels
@@ -112,19 +115,52 @@ class EmbeddedScans:
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
         """`best.pth` of `model_name` pretrained with token labeling on the scans (`backbones/MODEL`, or
-        `backbones/MODEL_ANNOTATOR` from another annotator's labels); trained if not on disk."""
+        `backbones/MODEL_ANNOTATOR` from another annotator's labels): the first stage of a segmentation config on
+        the embedded pages. Kept from an earlier run when finished and readable; a run stopped part-way (SIGTERM,
+        SIGUSR1, a kill) is continued exactly as train_cls --resume does, and a stop here stops the command (exit
+        status 75) with nothing taken for finished; a file that does not read is trained again."""
         output = self.root / 'backbones' / self._own(model_name)
-        discard_outdated(self.root)
-        if not (output / METRICS).is_file():
-            logger.info(f'pretraining {model_name} with token labeling on the embedded digits for the segmentation '
-                        f'backbone -> {output}')
-            preset = 'token-labeling'
-            recipe = recipe_for(model_name, preset, RECIPE)
-            options = RunOptions(output, resume='auto' if (output / LAST).is_file() else None,
-                                 model_kwargs=dict(model_kwargs or {}), workers=DEFAULT_WORKERS)
-            run_distributed(lambda info: train(model_name, recipe, self.image_data(recipe, info, options.workers),
-                                               options, info, preset))
+        run_distributed(lambda info: self._pretrain(model_name, dict(model_kwargs or {}), output, info))
         return output / BEST
+
+    def _pretrain(self, model_name: str, model_kwargs: dict, output: Path, info: DistInfo) -> None:
+        state = computed_once(lambda: pretraining_state(self.root, output), info)
+        if state == FINISHED:
+            logger.info(f'stage 1 of 2: {model_name} pretrained on the embedded digits, kept from an earlier run in '
+                        f'{output}')
+            return
+        if state == STOPPED:
+            logger.info(f'stage 1 of 2: continuing the stopped pretraining of {model_name} on the embedded digits '
+                        f'in {output}')
+        else:
+            logger.info(f'stage 1 of 2: pretraining {model_name} with token labeling on the embedded digits for the '
+                        f'segmentation backbone -> {output}')
+        preset = 'token-labeling'
+        recipe = recipe_for(model_name, preset, RECIPE)
+        options = RunOptions(output, resume='auto' if state == STOPPED else None, model_kwargs=model_kwargs,
+                             workers=DEFAULT_WORKERS)
+        train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info, preset)
+
+
+# Where a backbone's pretraining stands (`pretraining_state`)
+FINISHED, STOPPED, NEW = 'finished', 'stopped', 'new'
+
+
+def pretraining_state(digits_dir: Path, output: Path) -> str:
+    """Where the pretraining in `output` stands: FINISHED (its metrics.json, written last, and a readable best.pth),
+    STOPPED (no metrics.json, a readable last.pth to continue from) or NEW. A run made from outdated scans, or
+    whose file does not read (a disk or copy error: the writes themselves are atomic), is removed: NEW."""
+    discard_outdated(digits_dir)
+    finished = (output / METRICS).is_file()
+    checked = output / (BEST if finished else LAST)
+    if finished or checked.is_file():
+        try:
+            read_training_checkpoint(checked, mmap=True)
+            return FINISHED if finished else STOPPED
+        except CheckpointError as exc:
+            logger.warning(f'warning: {exc}: the pretraining in {output} starts again')
+    shutil.rmtree(output, ignore_errors=True)  # what a run left before its first checkpoint, or a damaged one
+    return NEW
 
 
 def describe_backbone(checkpoint: Path) -> str:

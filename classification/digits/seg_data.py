@@ -3,7 +3,8 @@ segmentation pictures run on when the config's ADE20K is not on disk (`backbones
 
 The config keeps its model, heads, pipelines and test modes; its sizes are scaled to the pages, its schedule is
 replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
-disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`).
+disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`): the first stage of
+tools/train_seg.py (`train_seg`), whose checkpoint the segmentation trainer then starts from.
 """
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ from backbones.common.cli import output_folder
 from backbones.common.log import logger
 from backbones.segmentation.config import ADE20K_CROP, LOADERS, drop_tta_flips, scale_sizes
 from backbones.segmentation.own_data import set_classes
+from backbones.segmentation.train import (
+    PretrainedBackbone,
+    Pretraining,
+    build_parser,
+    parse_with_fallback,
+    prepare,
+    train,
+)
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
 from classification.digits.pages import CLASSES, DATASET, PALETTE, write_digits_ade
 
@@ -129,7 +138,17 @@ class EmbeddedPages:
         cfg.default_hooks['logger']['interval'] = schedule.log_interval
         cfg.randomness = dict(seed=schedule.seed)
 
-    def pretrained_backbone(self, model_name: str, model_kwargs: dict | None) -> tuple[Path, str]:
-        """The model pretrained with token labeling on the scans (trained on first use), and where it came from."""
-        checkpoint = self.scans.pretrained_backbone(model_name, model_kwargs)
-        return checkpoint, describe_backbone(checkpoint)
+    def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone:
+        """The first stage of a run on the pages that asks for it: the config's backbone pretrained with token
+        labeling on the scans (trained on first use, kept afterwards), and where it came from."""
+        checkpoint = self.scans.pretrained_backbone(pretraining.model_name, pretraining.model_kwargs)
+        return PretrainedBackbone(checkpoint, describe_backbone(checkpoint))
+
+
+def train_seg(argv: list[str] | None = None, description: str | None = None) -> None:
+    """tools/train_seg.py: a segmentation config trained; without its data on disk, on the embedded pages, and where
+    its ImageNet weights are not on disk either, in two stages: the backbone pretrained on the embedded scans (kept
+    for the next run), then the segmentor from that checkpoint."""
+    args, pages = parse_with_fallback(build_parser(description), argv, EmbeddedPages)
+    run = prepare(args, pages)
+    train(run, pages.pretrained_backbone(run.pretraining) if run.pretraining else None)
