@@ -62,7 +62,7 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
     return cfg
 
 
-class DataFallback(EmbeddedData, Protocol):
+class EmbeddedSegData(EmbeddedData, Protocol):
     """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
     segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
     the schedule a run takes there, and a backbone pretrained for it when the config's weights are not on disk
@@ -158,7 +158,7 @@ def tta_flips(cfg: Config) -> bool:
     return bool(cfg.tta_model.get('flip', False))
 
 
-def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
+def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSegData | None = None) -> bool:
     """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
     own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
     did."""
@@ -180,7 +180,7 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallba
 
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None,
-                         fallback: DataFallback | None = None) -> bool:
+                         fallback: EmbeddedSegData | None = None) -> bool:
     """`resolve_data` for a trained checkpoint (test_seg, predict_seg, export): an own-data set's classes must be the
     ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
     others."""

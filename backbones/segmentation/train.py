@@ -14,7 +14,7 @@ from backbones.common.log import logger
 from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.segmentation.backbone import TIMM_RELEASE
-from backbones.segmentation.config import (DataFallback, accumulate_gradients, check_pretrained, describe_schedule,
+from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_pretrained, describe_schedule,
                                            drop_one_step_warmup, load_config, resolve_data, shorten_schedule)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
@@ -70,7 +70,7 @@ def processes(launcher: str) -> int:
     return int(os.environ.get('WORLD_SIZE') or os.environ.get('SLURM_NTASKS') or 1)
 
 
-def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFallback) -> None:
+def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: EmbeddedSegData) -> None:
     """On the fallback's data, the config's ImageNet weights (not on disk) give way to the same model pretrained
     for it (trained on first use). A path given on the command line must exist; None means random
     initialisation."""
@@ -91,7 +91,7 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, fallback: DataFa
         logger.info(f'backbone: {said}; {origin}')
 
 
-def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
+def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
     """The config a run takes: the command line's options, the data (`fallback`'s without ADE20K), the schedule."""
     cfg = load_config(args.config)
     config_pretrained = cfg.model.backbone.get('pretrained')
@@ -138,7 +138,7 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
 
 
 def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
-                        fallback: type[DataFallback] | None) -> tuple[argparse.Namespace, DataFallback | None]:
+                        fallback: type[EmbeddedSegData] | None) -> tuple[argparse.Namespace, EmbeddedSegData | None]:
     """The command line, with the fallback's own options; and the fallback those options make."""
     if fallback is None:
         return parser.parse_args(argv), None
@@ -147,7 +147,7 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
     return args, fallback.from_args(args)
 
 
-def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None) -> None:
+def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None) -> None:
     """tools/train_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
     args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
     SuiteRunner.from_cfg(prepare(args, data_fallback)).train()
