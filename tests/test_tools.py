@@ -161,7 +161,8 @@ def test_the_loop_benchmark_times_the_step_the_trainer_trains(labeled_images, tm
     losses = []
     for net, goal, state in ((model, objective, fit.state), benched):
         seed_all(1)  # the same MixUp/CutMix and drop-path draws
-        own = {key: value.clone() if torch.is_tensor(value) else value for key, value in batch.items()}  # mixed in place
+        # its own tensors: Mixup mixes the images in place
+        own = {key: value.clone() if torch.is_tensor(value) else value for key, value in batch.items()}
         losses.append(train_one_epoch(net, [own], goal, state, info).loss)
     assert losses[0] == losses[1]
     for (name, a), b in zip(model.state_dict().items(), benched[0].state_dict().values()):

@@ -6,7 +6,6 @@ import argparse
 import io
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -152,14 +151,18 @@ def build_trees(root: Path, scale: float) -> dict:
     train, val = per_class(TRAIN_IMAGES, scale), per_class(VAL_IMAGES, scale)
     first_val = np.concatenate([[0], np.cumsum(val)[:-1]]).tolist()
     jpegs, label = tiny_jpegs(), release_file()
-    before, start = disk_used(root), time.perf_counter()
-    with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
-        list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c], val[c],
-                                            first_val[c], jpegs, label), range(NUM_CLASSES)))
-    write_store(root)
-    os.sync()
+
+    def write_trees() -> None:
+        with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
+            list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c],
+                                                val[c], first_val[c], jpegs, label), range(NUM_CLASSES)))
+        write_store(root)
+        os.sync()
+
+    before = disk_used(root)
+    _, seconds = timed(write_trees)
     built = {'scale': scale, 'train': sum(train), 'val': sum(val), 'files': 2 * sum(train) + sum(val),
-             'seconds': time.perf_counter() - start, 'disk_bytes': disk_used(root) - before}
+             'seconds': seconds, 'disk_bytes': disk_used(root) - before}
     write_json_atomic(record, built)
     return {**built, 'reused': False}
 
@@ -293,25 +296,30 @@ def stage_pass(args: argparse.Namespace, measurements: MeasurementTable) -> None
     loader.sampler.set_epoch(0)
     dataset.set_epoch(0, 0)
     batches = min(len(loader), -(-(args.pass_images or len(dataset)) // args.batch_size))
-    memory, seen, start = ChildMemory(), 0, time.perf_counter()
-    for n, batch in enumerate(loader, 1):
-        seen += len(batch['label'])
-        if n in (1, batches):  # the workers' memory once they started, and once they read their last batch
-            memory.sample()
-        if n == batches:
-            break
-    seconds = time.perf_counter() - start
+    memory = ChildMemory()
+
+    def read_pass() -> int:
+        seen = 0
+        for n, batch in enumerate(loader, 1):
+            seen += len(batch['label'])
+            if n in (1, batches):  # the workers' memory once they started, and once they read their last batch
+                memory.sample()
+            if n == batches:
+                break
+        return seen
+
+    seen, seconds = timed(read_pass)
     measurements.add('pass', 'images read (shuffled order)', seen)
     measurements.add('pass', 'seconds', round(seconds, 1))
     measurements.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
     for n, pid in enumerate(sorted(memory.first)):
         first, last = memory.first[pid], memory.last[pid]
         measurements.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
-                    f'{mb(first.uss)} / {mb(last.uss)}')
+                         f'{mb(first.uss)} / {mb(last.uss)}')
         measurements.add('pass', f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
-                    f'{mb(first.dirty)} / {mb(last.dirty)}')
+                         f'{mb(first.dirty)} / {mb(last.dirty)}')
         measurements.add('pass', f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
-                    mb(last.dirty - first.dirty))
+                         mb(last.dirty - first.dirty))
         measurements.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
 
 
@@ -325,8 +333,7 @@ def first_step(args: argparse.Namespace, output: Path) -> tuple[float, list[Memo
          '--log-interval', '1', '--pictures', '0', '--device', 'cpu', '--output', output], processes=args.processes)
     with TrainingRun(command, 'torchrun tools/train_cls.py', env={'OMP_NUM_THREADS': '1'}) as run:
         for _ in run.updates():
-            seconds = time.perf_counter() - run.launched
-            return seconds, [process_memory(pid) for pid in child_pids(run.process.pid)], run.log
+            return run.seconds_since_launch(), [process_memory(pid) for pid in child_pids(run.process.pid)], run.log
         raise run.ended_before('its first update')
 
 
@@ -336,7 +343,7 @@ def stage_first_step(args: argparse.Namespace, measurements: MeasurementTable) -
         seconds, memory, log = first_step(args, args.root / 'first_step')
         measurements.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
         measurements.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
-                    ' / '.join(mb(m.uss) for m in memory))
+                         ' / '.join(mb(m.uss) for m in memory))
         store_lines = [line.split('] ')[-1][:120] for line in log if ' verified' in line or ': listed ' in line]
         measurements.add('first-step', f'{name}: log', store_lines, '; '.join(store_lines))
 
@@ -358,7 +365,7 @@ def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -
         size = (output / 'last.pth').stat().st_size
         params = sum(p.numel() for p in model.parameters())
         measurements.add('checkpoint', f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size,
-                    f'{size / 1024 ** 3:.2f} GB')
+                         f'{size / 1024 ** 3:.2f} GB')
         measurements.add('checkpoint', f'{name}: seconds to write', round(seconds, 1))
         shutil.rmtree(output)
 
@@ -381,11 +388,14 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
         raise UsageError(f'{args.root / "store"} is not complete (a build interrupted): run the build stage again')
     measurements = MeasurementTable()
     logger.info(f'rehearsal at scale {args.scale} in {args.root} ({os.cpu_count()} cores, torch {torch.__version__})')
-    start = time.perf_counter()
-    for stage in STAGES:
-        if stage in args.stages:
-            RUNNERS[stage](args, measurements)
-    measurements.add('all', 'seconds', round(time.perf_counter() - start, 1))
+
+    def run_stages() -> None:
+        for stage in STAGES:
+            if stage in args.stages:
+                RUNNERS[stage](args, measurements)
+
+    _, seconds = timed(run_stages)
+    measurements.add('all', 'seconds', round(seconds, 1))
     logger.info(measurements.markdown())
     if args.json:
         write_json_atomic(Path(args.json), measurements.values)

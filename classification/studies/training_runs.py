@@ -29,11 +29,11 @@ def update_of_timm_line(line: str) -> int | None:
     return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
 
 
-def train_cls_command(args: Sequence[str], processes: int = 1) -> list[str]:
-    """tools/train_cls.py with `args`, alone or (`processes` > 1) under torchrun, whose rendezvous takes a port the
-    operating system gives (`--standalone`: no fixed port another job could hold)."""
+def train_cls_command(args: Sequence[str], processes: int | None = None) -> list[str]:
+    """tools/train_cls.py with `args`, alone (`processes` None) or as `processes` workers under torchrun, whose
+    rendezvous takes a port the operating system gives (`--standalone`: no fixed port another job could hold)."""
     launcher = ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', str(processes)]
-    return [sys.executable, *(launcher if processes > 1 else []), str(TRAIN_CLS), *map(str, args)]
+    return [sys.executable, *(launcher if processes is not None else []), str(TRAIN_CLS), *map(str, args)]
 
 
 def process_tree(pid: int) -> list[int]:
@@ -109,6 +109,9 @@ class TrainingRun:
         kill_process_tree(self.process.pid)
         self.process.wait()
         self.process.stdout.close()
+
+    def seconds_since_launch(self) -> float:
+        return time.perf_counter() - self.launched
 
     def updates(self) -> Iterator[int]:
         """The update counts the run's log lines report, as they arrive; ends when the run's output does."""
