@@ -8,7 +8,7 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from backbones.registry import create_model
+from backbones.registry import create_model, families
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,14 @@ def fixed_table_size(model: nn.Module) -> int:
     statistics = {id(b) for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) for b in m.buffers()}
     buffers = {id(b) for b in model.buffers()}
     return sum(t.numel() for t in model.state_dict(keep_vars=True).values() if id(t) in buffers - statistics)
+
+
+def model_table(img_size: int | None = None) -> str:
+    """Every suite model's counts, family by family, at `img_size` (default: each model's own)."""
+    rows = [f"{'family':<8} {'model':<30} {'params (M)':>11} {'trainable (M)':>14} {'GMACs':>8}"]
+    for family, names in families().items():
+        for name in names:
+            info = measure_complexity(name, img_size)
+            rows.append(f'{family:<8} {name:<30} {info.params / 1e6:>11.2f} {info.trainable_params / 1e6:>14.2f} '
+                        f'{info.macs / 1e9:>8.2f}')
+    return '\n'.join(rows)

@@ -14,9 +14,8 @@ from timm.layers import (
     resample_abs_pos_embed,
     trunc_normal_,
 )
-from timm.models import build_model_with_cfg, resolve_pretrained_cfg
-from timm.models._features import feature_take_indices
-from timm.models._manipulate import checkpoint, checkpoint_seq
+from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, resolve_pretrained_cfg
+from timm.models._features import feature_take_indices  # private: no public twin (docs/layout.md)
 
 Grid = tuple[int, int]
 DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key prefix (DeiT's name)

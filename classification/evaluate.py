@@ -17,12 +17,13 @@ from timm.data import RealLabelsImagenet
 from torch.utils.data import DataLoader
 
 from backbones.common.cli import (
-    DEFAULT_WORKERS,
+    add_amp_argument,
     add_device_argument,
+    add_model_kwargs_argument,
+    add_workers_argument,
     device_name,
     fraction,
     model_parser,
-    non_negative_int,
     output_file,
     parse_model_kwargs,
     positive_int,
@@ -39,24 +40,26 @@ from classification.engine.steps import evaluate
 from classification.models import build_eval_model, check_finite, model_data_config
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = model_parser('eval_cls.py', __doc__.split('\n')[0])
-    p.add_argument('--checkpoint', required=True)
-    p.add_argument('--data-dir', required=True)
-    p.add_argument('--split', default='val')
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """tools/eval_cls.py's options (`description`: its usage text)."""
+    p = model_parser('eval_cls.py', description)
+    p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
+    p.add_argument('--data-dir', required=True, help='an ImageNet-layout folder (SPLIT/CLASS/*.JPEG)')
+    p.add_argument('--split', default='val', help='the folder of --data-dir evaluated')
     p.add_argument('--json', type=output_file, help='write the metrics to this file')
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
                    'model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own (LV-ViT 0.9, '
                    'bicubic)')
-    p.add_argument('--batch-size', type=positive_int, default=100)
-    p.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS)
+    p.add_argument('--batch-size', type=positive_int, default=100, help='images per forward pass')
+    add_workers_argument(p)
     p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
     p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
                    help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')
-    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    add_model_kwargs_argument(p)
     add_device_argument(p)
-    p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
+    add_amp_argument(p, 'none', "a checkpoint's figures in float32 are the same on every device",
+                     ('none', 'bf16', 'fp16'))
     return p
 
 
@@ -103,8 +106,9 @@ def real_labels(files: list[str], source: str) -> RealLabelsImagenet:
                      + (f', e.g. {unknown[0]}' if unknown else ''))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, description: str | None = None) -> dict:
+    """tools/eval_cls.py."""
+    args = build_parser(description).parse_args(argv)
     check_model_name(args.model)
     data_cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size, args.crop_pct)
     img_size, crop_pct = data_cfg['input_size'][-1], data_cfg['crop_pct']

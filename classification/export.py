@@ -33,17 +33,25 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform, resolve_data_config
-from timm.models import create_model
-from timm.models._hub import save_for_hf
+from timm.models import create_model, save_for_hf
 
-from backbones.common.cli import parse_model_kwargs, positive_int
+from backbones.common.cli import (
+    add_model_argument,
+    add_model_kwargs_argument,
+    check_output_folder,
+    command_parser,
+    parse_model_kwargs,
+    positive_int,
+)
 from backbones.common.errors import UsageError
 from backbones.common.exporting import (
     BATCH,
     EXPORTED_PROGRAM,
+    MARKER,
     ONNX_MODEL,
     TOLERANCE,
     batch_examples,
+    check_export_folder,
     check_same_outputs,
     run_checked,
     staged_folder,
@@ -53,6 +61,8 @@ from backbones.common.exporting import (
 from backbones.common.images import read_image
 from backbones.common.log import logger
 from backbones.registry import check_model_name
+from backbones.segmentation import export as segmentor_export
+from backbones.segmentation.config import EmbeddedSegData
 from backbones.token_head import TokenLabelingModel, bare_model
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform
@@ -146,15 +156,57 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """tools/export.py classifier's arguments."""
-    p.add_argument('model', help='model name (tools/model_info.py --all lists the suite\'s)')
+    add_model_argument(p)
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
     p.add_argument('--use-ema', action='store_true',
                    help='the EMA weights of a training checkpoint (default: the trained weights, as eval_cls)')
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
                    'model\'s own')
-    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    add_model_kwargs_argument(p)
 
 
 def export_from_args(args: argparse.Namespace, out: Path) -> Path:
     return export_classifier(args.model, args.checkpoint, out, args.use_ema, args.img_size, args.torch_export,
                              args.onnx, parse_model_kwargs(args.model_kwargs))
+
+
+KINDS = {  # tools/export.py's subcommands: what each exports, in a line and in full
+    'classifier': ('MODEL --checkpoint C: safetensors + timm config.json',
+                   'A classification checkpoint as safetensors + timm\'s config.json (timm.create_model('
+                   '"local-dir:OUT")\nbuilds it), with torch.export\'s program and ONNX if asked; every file checked '
+                   'against the\nmodel\'s outputs first.'),
+    'segmentor': ('CONFIG CHECKPOINT: safetensors + config.py + export.json',
+                  'A segmentation checkpoint as safetensors + its config + export.json, with torch.export and ONNX\n'
+                  'of its test window\'s forward if asked; every file checked against the segmentor\'s outputs first.'),
+}
+
+
+def build_parser(description: str | None = None, fallback: type[EmbeddedSegData] | None = None
+                 ) -> argparse.ArgumentParser:
+    """tools/export.py's options (`description`: its usage text): a subcommand per kind of checkpoint; the
+    segmentor's takes `fallback`'s options (the data its config runs on without ADE20K)."""
+    parser = command_parser(description, 'export.py')
+    kinds = parser.add_subparsers(dest='kind', required=True)
+    for kind, (what, described) in KINDS.items():
+        sub = kinds.add_parser(kind, help=what, description=described)
+        (add_arguments if kind == 'classifier' else segmentor_export.add_arguments)(sub)
+        sub.add_argument('--out', required=True, help=f'the folder to write: a new or empty one, or an earlier '
+                         f'export (its {MARKER}), which is replaced')
+        sub.add_argument('--torch-export', action='store_true', help="also model.pt2, torch.export's program")
+        sub.add_argument('--onnx', action='store_true', help='also model.onnx, checked in onnxruntime')
+        if kind == 'segmentor' and fallback:
+            fallback.add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None, description: str | None = None,
+         fallback: type[EmbeddedSegData] | None = None) -> Path:
+    """tools/export.py: a classifier or a segmentor (without ADE20K on disk, its config runs on `fallback`'s data:
+    the tool gives its embedded set)."""
+    args = build_parser(description, fallback).parse_args(argv)
+    out = Path(args.out)
+    check_export_folder(out, args.kind)
+    check_output_folder(out.parent)
+    if args.kind == 'classifier':
+        return export_from_args(args, out)
+    return segmentor_export.export_from_args(args, out, fallback.from_args(args) if fallback else None)

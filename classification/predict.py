@@ -16,6 +16,7 @@ from timm.data import ImageNetInfo
 
 from backbones.common.cli import (
     add_device_argument,
+    add_model_kwargs_argument,
     device_name,
     fraction,
     model_parser,
@@ -87,11 +88,12 @@ class ClassPredictor:
         return entry
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = model_parser('predict_cls.py', __doc__.split('\n')[0])
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """tools/predict_cls.py's options (`description`: its usage text)."""
+    p = model_parser('predict_cls.py', description)
     p.add_argument('images', nargs='+', help='image files, or folders (their images, sorted by name)')
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
-    p.add_argument('--topk', type=positive_int, default=5)
+    p.add_argument('--topk', type=positive_int, default=5, help='classes given per image, best first')
     p.add_argument('--json', type=output_file,
                    help="write the predictions to this file: [{'image', 'top': [{'class', 'index', 'probability'"
                         "[, 'description']}]}]")
@@ -99,13 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                    'model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own')
     p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
-    p.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE')
+    add_model_kwargs_argument(p)
     add_device_argument(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, description: str | None = None) -> list[dict]:
+    """tools/predict_cls.py."""
+    args = build_parser(description).parse_args(argv)
     paths = image_files(args.images)
     predictor = ClassPredictor(args.model, args.checkpoint, args.img_size, args.crop_pct, args.use_ema,
                                parse_model_kwargs(args.model_kwargs), device_name(args.device))

@@ -73,6 +73,18 @@ class Recipe:
         ReLabel's label pooling)."""
         return (self.token_labeling and self.token_target != 'label') or self.label_pooling
 
+    @property
+    def unused_fields(self) -> tuple[str, ...]:
+        """The fields this recipe's objective does not read: token labeling mixes images with MixToken, not MixUp or
+        CutMix; label pooling mixes with CutMix alone."""
+        if self.token_labeling:
+            return 'mixup', 'cutmix'
+        return ('mixup',) if self.label_pooling else ()
+
+    def applied(self) -> dict:
+        """The recipe's values that training applies (what the log shows)."""
+        return {k: v for k, v in vars(self).items() if k not in self.unused_fields}
+
     def optimization(self, global_batch: int) -> Optimization:
         """The recipe's optimisation at `global_batch` images per update (lr = lr_base x global_batch /
         lr_base_batch)."""
@@ -255,6 +267,36 @@ FIELD_CHOICES = {
     'cls_target': ('map', 'label'), 'token_target': ('map', 'pooled', 'label'),
     'interpolation': ('random', 'bilinear', 'bicubic'),
 }
+# What each recipe field sets, for --help (both recipes: a name means the same in each).
+FIELD_HELP = {
+    'epochs': 'training epochs', 'cooldown_epochs': 'epochs at the final lr after the schedule',
+    'warmup_epochs': 'epochs of linear lr warm-up', 'batch_size': 'images per process per batch',
+    'img_size': "training input size (none: the model's own)",
+    'opt': "optimizer (timm's name; the transfer recipe: sgd or adamw)",
+    'lr_base': 'learning rate for lr_base_batch images per update (scaled linearly with the global batch)',
+    'lr': "the new classifier's learning rate for lr_base_batch images per update (scaled linearly)",
+    'lr_base_batch': 'the global batch the base learning rate is given for',
+    'backbone_lr_scale': "the backbone's learning rate as a fraction of the classifier's",
+    'momentum': "SGD's momentum", 'weight_decay': 'weight decay (none on biases, norms and position tables)',
+    'warmup_lr': 'learning rate the warm-up starts from', 'min_lr': 'the floor the cosine schedule decays to',
+    'clip_grad': 'clip gradients at this global norm (none: no clipping)',
+    'drop_path': 'stochastic depth rate', 'ema_decay': 'decay of the weights\' EMA (0: no EMA)',
+    'token_labeling': 'token labeling: a token head trained on per-token targets',
+    'dense_weight': "weight of the token term of the loss (the LV-ViT paper's beta)",
+    'token_participation': "fraction of each image's tokens in the token term (the paper's Figure 4)",
+    'cls_target': "the class token's target with token labeling: the annotator's map (RoIAlign 1x1) or the label",
+    'token_target': "patch tokens' targets: the annotator's maps, the map pooled over the crop, or the label",
+    'label_pooling': "ReLabel: no token head; the class target is the map pooled over the crop (with CutMix)",
+    'mix_token': 'MixToken Beta(alpha, alpha) (0: off)', 'mixup': 'MixUp alpha without token labeling (0: off)',
+    'cutmix': 'CutMix alpha without token labeling (0: off)', 'smoothing': 'label smoothing',
+    'scale_min': "RandomResizedCrop's smallest area", 'interpolation': 'resampling of the training crop',
+    'hflip': 'probability of a horizontal flip', 'auto_augment': 'RandAugment string (none: off)',
+    'reprob': 'random erasing probability',
+    'aug_repeats': 'repeated augmentation: each image this many times an epoch (0: off)',
+    'zero_head': 'a new classifier (--finetune --new-head) starts at zero',
+    'crop_padding': 'random crop from the image padded by this much (none: img_size // 8)',
+    'val_fraction': 'share of every class held out of the training set for model selection',
+}
 
 
 def none_or(kind: Callable[[str], object]) -> Callable[[str], object]:
@@ -276,13 +318,14 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
     for f in dataclasses.fields(recipe_class):
         flag = '--' + f.name.replace('_', '-')
         if f.type in ('bool', bool):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                               help=FIELD_HELP[f.name])
             continue
         kind = FIELD_TYPES.get(f.name, str)
         if str(f.type).endswith('| None'):  # the field's annotation (a string: postponed evaluation)
             kind = none_or(kind)
         group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
-                           default=argparse.SUPPRESS)
+                           default=argparse.SUPPRESS, help=FIELD_HELP[f.name])
 
 
 def override_recipe(recipe: R, args: argparse.Namespace) -> R:

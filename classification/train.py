@@ -19,7 +19,7 @@ import torch.nn as nn
 from timm.data import Mixup
 
 from backbones import bare_model, load_checkpoint, model_family
-from backbones.common.cli import EmbeddedData, model_parser, parse_model_kwargs, positive_int
+from backbones.common.cli import EmbeddedData, add_model_kwargs_argument, model_parser, parse_model_kwargs, positive_int
 from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.images import read_image
@@ -71,11 +71,12 @@ class EmbeddedImageData(EmbeddedData, Protocol):
     def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData: ...
 
 
-def build_parser(default_data: type[EmbeddedImageData] | None = None) -> argparse.ArgumentParser:
-    fallback = f' Without --data-dir it runs on {default_data.description}.' if default_data else ''
-    p = model_parser('train_cls.py', 'Train a model on an ImageNet-layout folder with its paper recipe (token '
-                     'labeling for LV-ViT).' + fallback)
-    p.add_argument('--data-dir', help='folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG')
+def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None
+                 ) -> argparse.ArgumentParser:
+    """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them."""
+    p = model_parser('train_cls.py', description)
+    without = f' (default: {default_data.description})' if default_data else ''
+    p.add_argument('--data-dir', help=f'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG{without}')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py or '
                    'tools/import_token_labels.py')
     p.add_argument('--no-verify', action='store_true', help='do not check the token-label store against its digests '
@@ -97,8 +98,7 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None) -> argpars
         'no store is read'))
     p.add_argument('--teacher-checkpoint', metavar='CKPT',
                    help='the teacher\'s weights (default: timm\'s pretrained weights of --teacher)')
-    p.add_argument('--teacher-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
-                   help='the teacher model\'s arguments, e.g. output_stride=16 for a CNN annotator\'s denser map')
+    add_model_kwargs_argument(p, 'output_stride=16 (a CNN annotator\'s denser map)', '--teacher-kwargs', 'the teacher')
     p.add_argument('--preset', choices=list(PRESETS), help=(
         'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
         'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
@@ -325,7 +325,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                 f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
                 f'{augment}{" (decoded on the GPU)" if decode == "gpu" else ""}, token labeling {recipe.token_labeling}'
                 + (f', {"annotated online" if online else "distilled"} by {teacher.model}' if teacher else ''))
-    logger.info('recipe: ' + json.dumps(vars(recipe)))
+    logger.info('recipe: ' + json.dumps(recipe.applied()))
     logger.info(f'schedule: {recipe.describe_epochs()}')
     pictures = token_label_pictures(train_loader.dataset, train_tf_reference(train_loader.dataset.transform),
                                     options.pictures) if store is not None and options.pictures else None
@@ -344,9 +344,10 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     return trainer.finish(metrics, summary)
 
 
-def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | None = None) -> dict:
+def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | None = None,
+         description: str | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
-    args = build_parser(default_data).parse_args(argv)
+    args = build_parser(default_data, description).parse_args(argv)
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
@@ -354,8 +355,16 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
         raise UsageError('--teacher-checkpoint and --teacher-kwargs go with --teacher (the teacher model)')
     if args.data_dir is None and default_data is None:
         raise UsageError('--data-dir is required (the folder with train/CLASS/* and val/CLASS/*)')
+    if args.data_dir is None and args.token_label_dir:
+        raise UsageError(f'--token-label-dir {args.token_label_dir} goes with --data-dir (the images it labels); '
+                         f'without --data-dir the run takes the embedded data and its own token labels')
     fallback = default_data.from_args(args) if args.data_dir is None else None
     recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
+    ignored = [f'--{name.replace("_", "-")}' for name in recipe.unused_fields if hasattr(args, name)]
+    if ignored:
+        logger.warning(f'warning: {" and ".join(ignored)} not used: '
+                       + ('token labeling mixes images with MixToken (--mix-token)' if recipe.token_labeling
+                          else 'label pooling mixes images with CutMix alone'))
     options = RunOptions.from_args(args, f'output/train_cls/{args.model}')
     teacher_kwargs = parse_model_kwargs(args.teacher_kwargs, '--teacher-kwargs')
     teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, teacher_kwargs) if args.teacher else None

@@ -38,10 +38,10 @@ from classification.recipes import (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = model_parser('transfer_cifar.py', 'Fine-tune a model on CIFAR-10/100 with the T2T-ViT transfer recipe; the '
-                     'epoch is chosen on a held-out part of the training set and its test accuracy reported.')
-    p.add_argument('--dataset', required=True, choices=sorted(FORMATS))
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """tools/transfer_cifar.py's options (`description`: its usage text)."""
+    p = model_parser('transfer_cifar.py', description)
+    p.add_argument('--dataset', required=True, choices=sorted(FORMATS), help='which CIFAR')
     p.add_argument('--data-dir', required=True,
                    help='folder holding cifar-10-python.tar.gz / cifar-100-python.tar.gz or the extracted folder')
     p.add_argument('--pretrained', metavar='CKPT',
@@ -146,9 +146,9 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
                                    f'{test["top5"]:.2f}%')
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     """tools/transfer_cifar.py."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(description).parse_args(argv)
     check_model_name(args.model)
     recipe = resolve_recipe(args)
     options = RunOptions.from_args(args, f'output/transfer_cifar/{args.dataset}/{args.model}')

@@ -1,8 +1,6 @@
 """Fixtures shared by the test modules (helpers live in the `helpers` package)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import timm
@@ -12,9 +10,6 @@ import backbones  # noqa: F401  (registers the models)
 from backbones.common.distributed import DistInfo
 from helpers.cls_data import make_image_folder
 from classification.token_labeling.annotate import generate_token_labels
-
-# The tools' own functions are imported by module name (`from benchmark import ...`), under plain `pytest` too.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
 
 
 @pytest.fixture(autouse=True)

@@ -177,6 +177,34 @@ def test_a_pickle_named_safetensors_is_named_with_the_fix(tmp_path):
         load_weights_only(path, 'checkpoint')
 
 
+@pytest.mark.parametrize('content, said', [
+    (b'', 'an empty file'),
+    (b'hello world\n', 'a text file'),
+    (b'<!DOCTYPE html><html><body>Sign in</body></html>', 'an HTML page'),
+    (b'version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 12\n', 'a git-lfs pointer'),
+    (bytes([0xff, 0xfe, 0x00, 0x9c]) * 20, 'no format torch writes'),
+], ids=['empty', 'text', 'html', 'lfs', 'binary'])
+def test_a_file_that_is_no_checkpoint_at_all_is_named_for_what_it_is(tmp_path, content, said):
+    """Text, an HTML page, a git-lfs pointer or other bytes under a .pth name: one line saying what the file looks
+    like (torch's legacy reader raised a KeyError traceback on text; its weights-only reader blamed Python objects),
+    and a read error, so train_seg's resume passes over such a file as over a damaged one."""
+    from backbones.common.errors import CheckpointReadError
+    path = tmp_path / 'iter_2.pth'
+    path.write_bytes(content)
+    with pytest.raises(CheckpointReadError, match=rf'{path}: (not a checkpoint: )?{said}'):
+        load_weights_only(path, 'checkpoint')
+
+
+def test_a_segmentors_checkpoint_given_to_a_classifier_loader_is_named_as_one(tmp_path):
+    """An mmengine checkpoint (its meta holds mmengine's objects) given where a classifier's is read: named as a
+    segmentor's, with the tools that take it, not as a file of unsafe Python objects."""
+    from mmengine.logging import HistoryBuffer
+    path = tmp_path / 'iter_160.pth'
+    torch.save({'meta': {'buffer': HistoryBuffer()}, 'state_dict': tiny('lvvit_s').state_dict()}, path)
+    with pytest.raises(CheckpointError, match=rf"{path}: an mmengine checkpoint \(a segmentor's.*tools/test_seg.py"):
+        load_checkpoint(tiny('lvvit_s'), path)
+
+
 class _Payload:
     def __reduce__(self):
         return (os.system, ('echo pwned',))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import onnxruntime
 import pytest
@@ -13,7 +14,7 @@ from PIL import Image
 
 import backbones  # noqa: F401  (the suite's models in timm's registry)
 from backbones.token_head import TOKEN_HEAD
-from classification.export import export_classifier
+from classification.export import export_classifier, main
 from classification.predict import ClassPredictor
 from backbones.common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
 from classification.models import build_eval_model, create_classifier
@@ -22,7 +23,13 @@ from helpers.cls_data import CLASSES, textured_jpegs
 from helpers.commands import run_tool, succeeded
 from helpers.models import damaged_copy
 from helpers.training_runs import tiny_deit_run
-from export import main as export
+from classification.digits.seg_data import EmbeddedPages
+
+
+def export(argv: list[str]):
+    """tools/export.py, as the tool calls it."""
+    return main(argv, fallback=EmbeddedPages)
+
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
 DEIT = 'deit_small_patch16_224'
@@ -57,13 +64,15 @@ def test_timm_loads_the_export_to_the_suites_model(checkpoint_with_ema, tmp_path
     expected = suite_outputs(checkpoint_with_ema, use_ema)
     assert not torch.allclose(expected, suite_outputs(checkpoint_with_ema, not use_ema))  # two models in one file
     model = timm.create_model(f'local-dir:{out}', pretrained=True).eval()
-    by_file = timm.create_model(DEIT, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / WEIGHTS),
-                                                                                 num_classes=len(CLASSES)),
-                                num_classes=len(CLASSES), img_size=32, **TINY_KWARGS).eval()
+    # by name, as docs/export.md shows it: the preprocessing in the overlay, or timm's transforms feed 224 px
+    config = json.loads((out / 'config.json').read_text())
+    by_file = timm.create_model(DEIT, pretrained=True, pretrained_cfg_overlay=dict(
+        file=str(out / WEIGHTS), num_classes=len(CLASSES), input_size=tuple(config['pretrained_cfg']['input_size']),
+        crop_pct=config['pretrained_cfg']['crop_pct']), num_classes=len(CLASSES), img_size=32, **TINY_KWARGS).eval()
+    assert timm.data.resolve_data_config({}, model=by_file)['input_size'] == (3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(images()), expected, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(by_file(images()), expected, rtol=1e-5, atol=1e-6)
-    config = json.loads((out / 'config.json').read_text())
     assert config['label_names'] == list(CLASSES) and config['suite_weights'] == ('ema' if use_ema else 'trained')
     assert config['architecture'] == DEIT and config['model_args']['img_size'] in (32, [32, 32])
 
@@ -136,6 +145,19 @@ def test_export_writes_only_into_a_new_or_empty_folder_or_its_own(checkpoint_wit
     assert marker['export'] == 'classifier' and marker['checkpoint'] == str(checkpoint_with_ema)
     assert marker['files'][WEIGHTS] == hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
     assert sorted(marker['files']) == sorted(p.name for p in out.iterdir() if p.name != MARKER)
+    # an earlier export the user added files to is not replaced (they would be deleted with it)
+    (out / 'my_notes.txt').write_text('results of the run')
+    (out / 'sub').mkdir()
+    before = tree(out)
+    with pytest.raises(UsageError, match=rf'--out {out} is an earlier export with files it did not write '
+                                         rf'\(my_notes.txt, sub/\)'):
+        export([*args, '--out', str(out)])
+    assert tree(out) == before
+    shutil.rmtree(out / 'sub')
+    (out / 'my_notes.txt').unlink()
+    # nor is an export of another kind
+    with pytest.raises(UsageError, match=rf'--out {out} holds a classifier export, which this segmentor export '):
+        export(['segmentor', 'seg_configs/fcn_lvvit_s.py', str(checkpoint_with_ema), '--out', str(out)])
 
 
 def test_a_damaged_checkpoint_or_export_is_named_first(checkpoint_with_ema, tmp_path):

@@ -415,6 +415,19 @@ def test_silent_settings_are_refused_or_said(trained, tmp_path, caplog):
     said = caplog.text
     assert f'--token-label-dir {tmp_path} is not used' in said
     assert "is below the schedule's floor (min lr 0.0001)" in said
+    # a label store given without the images it labels: the embedded data would train with its own labels instead
+    from classification.digits.cls_data import EmbeddedScans
+    with pytest.raises(UsageError, match=r'--token-label-dir /x goes with --data-dir \(the images it labels\)'):
+        train.main(['lvvit_s', '--token-label-dir', '/x', '--output', str(tmp_path / 'c')], default_data=EmbeddedScans)
+    # MixUp and CutMix do nothing under token labeling (MixToken mixes): said, and not shown as the recipe's
+    caplog.clear()
+    caplog.set_level('INFO', logger='vit_dense')
+    args = train_args(data, tmp_path / 'd', '--mixup', '0.5', '--cutmix', '0.5')
+    train.main([a for a in args if a != '--no-token-labeling'] + ['--token-labeling', '--token-target', 'label'])
+    said = caplog.text
+    assert 'warning: --mixup and --cutmix not used: token labeling mixes images with MixToken (--mix-token)' in said
+    recipe = json.loads(next(line for line in said.splitlines() if 'recipe: ' in line).split('recipe: ', 1)[1])
+    assert recipe['token_labeling'] and 'mixup' not in recipe and 'cutmix' not in recipe
 
 
 @pytest.mark.parametrize('tool_name, args, message', [

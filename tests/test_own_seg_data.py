@@ -173,6 +173,10 @@ def test_an_own_data_config_takes_the_classes_and_a_schedule_sized_to_the_data(t
     cfg = prepared(tmp_path, '--data-root', str(root), '--iters', '7', '--cfg-options',
                    'model.backbone.pretrained=None')
     assert cfg.train_cfg.max_iters == 7  # --iters wins
+    for value in ('0', '-2', '1.5'):  # a batch of 0 sized the schedule by a division by zero
+        with pytest.raises(UsageError, match=rf'train_dataloader.batch_size = {value}; it must be a whole number'):
+            prepared(tmp_path, '--data-root', str(root), '--cfg-options', 'model.backbone.pretrained=None',
+                     f'train_dataloader.batch_size={value}')
     (root / 'images' / 'test').mkdir()
     (root / 'masks' / 'test').mkdir()
     for split, name in (('images', 'val_0.jpg'), ('masks', 'val_0.png')):
@@ -284,9 +288,10 @@ def test_every_tool_refuses_a_checkpoint_of_other_classes(untrained, tmp_path, t
             from backbones.segmentation.predict import SegPredictor
             SegPredictor(str(config), str(checkpoint), data_root=str(other))
         else:
-            from export import main as export
+            from classification.digits.seg_data import EmbeddedPages
+            from classification.export import main as export
             export(['segmentor', str(config), str(checkpoint), '--data-root', str(other), '--out',
-                    str(tmp_path / 'exported')])
+                    str(tmp_path / 'exported')], fallback=EmbeddedPages)
     assert not (tmp_path / 'exported').exists()
 
 

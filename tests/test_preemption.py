@@ -227,3 +227,35 @@ def test_segmentation_job_signalled_mid_schedule_stops_and_resumes_to_the_run_ne
     assert stop < SEG_ITERS and (cut / f'iter_{stop}.pth').is_file()
     seg_run(config, cut)
     assert_same_seg_run(straight, cut)
+
+
+STARTING_COMMAND = '''
+import os, signal, time
+from backbones.common.cli import run_command
+
+def main():
+    child = os.fork()
+    if child == 0:  # a loader-like child that sets no handler: the signal's default action ends it
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(1)  # past the fork's own set-up (Python drops a signal that arrives before it)
+    os.kill(child, signal.SIGTERM)
+    _, status = os.waitpid(child, 0)
+    print('child', os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, flush=True)
+    time.sleep(60)  # the start-up of a command: no training loop notes the signals yet
+
+run_command(main)
+'''
+
+
+def test_a_command_signalled_before_its_loop_stops_with_a_word_not_status_143():
+    """SIGTERM during a command's start-up (before a training loop notes it, or in an evaluation or export) ended it
+    with status 143 and no word: it is one 'interrupted' line and status 75, and forked children keep the default."""
+    process = subprocess.Popen([sys.executable, '-c', STARTING_COMMAND], cwd=ROOT, env=ENV, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    assert process.stdout.readline().strip() == 'child True'
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 75, stderr
+    assert stderr.strip().splitlines() == ["interrupted: SIGTERM before the command's work was done (nothing "
+                                           "half-written is left): run the same command again"]

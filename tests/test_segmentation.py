@@ -227,7 +227,7 @@ TABLE_8 = {'fcn_lvvit_s.py': 30, 'upernet_lvvit_s.py': 44, 'upernet_lvvit_m.py':
 
 
 def test_lvvit_config_sizes_match_the_paper(capsys):
-    from model_info import main
+    from backbones.segmentation.complexity import main
     assert main(['--seg-config', *(str(CONFIGS / name) for name in TABLE_8)]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     for name, row in zip(TABLE_8, rows):

@@ -126,6 +126,28 @@ print(found, sorted(importlib.util.find_spec(n) is not None for n in {PACKAGES!r
     assert result.stdout.strip().splitlines()[-1] == '[] [True, True]'
 
 
+def test_no_test_imports_a_tool():
+    """The tests reach a command's code through the library (`classification.train.main`, ...) or run the tool as a
+    user does; none imports a tool's module, and the tools' folder is on no import path."""
+    tools = {path.stem for path in (ROOT / 'tools').glob('*.py')} | {'tools'}
+    found = []
+    for path in sorted((ROOT / 'tests').rglob('*.py')):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ''] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f'{path.relative_to(ROOT)}:{node.lineno} {name}' for name in names
+                      if name.split('.')[0] in tools]
+    assert len(tools) > 15 and found == []
+    assert '/tools' not in [p.rstrip('/')[-6:] for p in sys.path]
+
+
+def test_a_tool_is_a_usage_text_and_a_call():
+    """The tools hold no logic of their own: each under 200 lines (the logic lives in the libraries)."""
+    lines = {path.name: len(path.read_text().splitlines()) for path in (ROOT / 'tools').glob('*.py')}
+    assert len(lines) > 15 and {name: count for name, count in lines.items() if count > 200} == {}
+
+
 def test_the_embedded_data_lives_in_one_package():
     """Only `classification.digits` (and the tools and studies that hand it to the trainers) knows the embedded set:
     no library module outside it names digits, in code or in words, and the config files do not either."""
@@ -255,7 +277,7 @@ print(matplotlib.get_backend(), picture.ndim, picture.dtype, len(plt.get_fignums
 
 @pytest.mark.slow
 def test_plain_pytest_collects_the_suite_too():
-    """`pytest` (the console script, which puts no folder on the path itself) finds the helpers and the tools."""
+    """`pytest` (the console script, which puts no folder on the path itself) finds the helpers."""
     command = [Path(sys.executable).with_name('pytest'), '--collect-only', '-q', '-p', 'no:cacheprovider']
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

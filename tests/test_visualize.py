@@ -319,15 +319,16 @@ def seg_model(tmp_path_factory):
 def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, tmp_path):
     """A checkpoint of another model, a missing or truncated image, a damaged report or one of other classes: each a
     one-line error naming the file (OpenCV would draw a truncated JPEG grey)."""
-    from visualize import main as visualize
+    from classification.digits.seg_data import EmbeddedPages
+    from classification.visualize import main
     from backbones.common.errors import CheckpointError, DataError
     from backbones.common.images import ImageReadError
     data, config, checkpoint = seg_model
     image = data / 'images' / 'validation' / 'ADE_val_00000000.jpg'
 
     def draw(*extra, weights=checkpoint):
-        return visualize(['segmentation', str(config), str(weights), '--out', str(tmp_path / 's.png'),
-                          *map(str, extra)])
+        return main(['segmentation', str(config), str(weights), '--out', str(tmp_path / 's.png'),
+                     *map(str, extra)], fallback=EmbeddedPages)
 
     torch.save({'state_dict': timm.create_model('resnet10t').state_dict()}, tmp_path / 'resnet.pth')
     with pytest.raises(CheckpointError, match=r'resnet.pth does not fit the model of this config: \d+ missing keys'):

@@ -8,8 +8,8 @@ crop and normalisation the checkpoint's run recorded, else the model's own).
 Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
 class logits + 0.5 x the class-wise max over the token logits.
 """
-from classification.evaluate import main
 from backbones.common.cli import run_command
+from classification.evaluate import main
 
 if __name__ == '__main__':
-    run_command(main)
+    run_command(lambda: main(description=__doc__))

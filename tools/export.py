@@ -15,44 +15,9 @@ A classifier's folder holds one weight set: the trained weights, as eval_cls and
 copy with --use-ema (config.json's "suite_weights" says which). classification/export.py and
 backbones/segmentation/export.py say what each file holds.
 """
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
-from classification import export as classifier_export
-from backbones.common.cli import check_output_folder, run_command
-from backbones.common.exporting import MARKER, check_export_folder
+from backbones.common.cli import run_command
 from classification.digits.seg_data import EmbeddedPages
-from backbones.segmentation import export as segmentor_export
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    kinds = parser.add_subparsers(dest='kind', required=True)
-    for kind, module, what in (
-            ('classifier', classifier_export, 'MODEL --checkpoint C: safetensors + timm config.json'),
-            ('segmentor', segmentor_export, 'CONFIG CHECKPOINT: safetensors + config.py + export.json')):
-        sub = kinds.add_parser(kind, help=what)
-        module.add_arguments(sub)
-        sub.add_argument('--out', required=True, help=f'the folder to write: a new or empty one, or an earlier '
-                         f'export (its {MARKER}), which is replaced')
-        sub.add_argument('--torch-export', action='store_true', help="also model.pt2, torch.export's program")
-        sub.add_argument('--onnx', action='store_true', help='also model.onnx, checked in onnxruntime')
-        if kind == 'segmentor':
-            EmbeddedPages.add_arguments(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> Path:
-    args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    check_export_folder(out)
-    check_output_folder(out.parent)
-    if args.kind == 'classifier':
-        return classifier_export.export_from_args(args, out)
-    return segmentor_export.export_from_args(args, out, EmbeddedPages.from_args(args))
-
+from classification.export import main
 
 if __name__ == '__main__':
-    run_command(main)
+    run_command(lambda: main(description=__doc__, fallback=EmbeddedPages))

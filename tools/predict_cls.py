@@ -7,8 +7,8 @@
 The images take the checkpoint's eval transform and its eval-mode prediction, as in tools/eval_cls.py. From Python:
 `classification.predict.ClassPredictor(model, checkpoint)(paths, k)`.
 """
-from classification.predict import main
 from backbones.common.cli import run_command
+from classification.predict import main
 
 if __name__ == '__main__':
-    run_command(main)
+    run_command(lambda: main(description=__doc__))

@@ -5,8 +5,8 @@
     python tools/test_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth --ms --out ms.json
 """
 from backbones.common.cli import run_command
-from classification.digits.seg_data import EmbeddedPages
 from backbones.segmentation.test import main
+from classification.digits.seg_data import EmbeddedPages
 
 if __name__ == '__main__':
-    run_command(lambda: main(fallback=EmbeddedPages))
+    run_command(lambda: main(description=__doc__, fallback=EmbeddedPages))

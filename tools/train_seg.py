@@ -5,11 +5,14 @@
     torchrun --nproc-per-node 8 tools/train_seg.py seg_configs/upernet_lvvit_m.py --launcher pytorch
     python tools/train_seg.py seg_configs/upernet_lvvit_m.py --resume      # continue an interrupted run
 
-See --help for every option.
+Without ADE20K on disk the config runs on the embedded digits pages, with a backbone pretrained on the digits scans
+in place of the config's ImageNet weights (trained on first use); --data-root gives a data set elsewhere, and the
+*_own_data.py configs take your own.
+An interrupted run continues with --resume (torchrun's restarts resume by themselves).
 """
 from backbones.common.cli import run_command
-from classification.digits.seg_data import EmbeddedPages
 from backbones.segmentation.train import main
+from classification.digits.seg_data import EmbeddedPages
 
 if __name__ == '__main__':
-    run_command(lambda: main(fallback=EmbeddedPages))
+    run_command(lambda: main(description=__doc__, fallback=EmbeddedPages))

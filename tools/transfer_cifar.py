@@ -8,10 +8,11 @@ chosen on a held-out part of the training set.
         --pretrained lvvit_s-26M-224-83.3.pth.tar --batch-size 16
     python tools/transfer_cifar.py vit_small_patch16_224 --dataset cifar100 --data-dir /data/cifar --opt adamw
 
-An interrupted run continues with the same command plus --resume. See --help for every recipe value.
+An interrupted run continues with the same command plus --resume. The recipe's values are printed at start; each has
+its option below.
 """
 from backbones.common.cli import run_command
 from classification.transfer import main
 
 if __name__ == '__main__':
-    run_command(main)
+    run_command(lambda: main(description=__doc__))

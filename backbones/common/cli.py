@@ -21,6 +21,7 @@ from typing import ClassVar, Protocol, TypeVar
 import torch
 
 from backbones.common.errors import Interrupted, SuiteError, UsageError
+from backbones.common.lifecycle import interrupt_on_stop_signals
 from backbones.common.log import show_log
 
 EXIT_CODE = 2
@@ -51,6 +52,7 @@ def run_command(main: Callable[[], object]) -> None:
     debug = debug_requested(sys.argv)
     sys.argv = [arg for arg in sys.argv if arg != '--debug']
     show_log()
+    interrupt_on_stop_signals()
     try:
         status = main()
     except Interrupted as exc:
@@ -101,12 +103,44 @@ class EmbeddedData(Protocol):
     def from_args(cls: type[E], args: argparse.Namespace) -> E: ...
 
 
-def model_parser(prog: str, description: str) -> argparse.ArgumentParser:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The usage text as written (its examples keep their lines), and an option's default after its help where there
+    is one to show: not for a required option, a flag, an option whose default is None or an empty list, or a help
+    that names its default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:  # the hook ArgumentDefaultsHelpFormatter overrides
+        text = action.help or ''
+        nothing = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+        shown = (not nothing and action.default != [] and not action.required and 'default' not in text
+                 and (action.option_strings or action.nargs in ('?', '*')))
+        return f'{text} (default: %(default)s)' if shown else text
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Every command's parser (`command_parser`), its subcommands' parsers included: no abbreviated options (with
+    them `--model lvvit_s` would be read as `--model-kwargs lvvit_s`), the usage text as written, defaults shown."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs['allow_abbrev'] = False
+        kwargs.setdefault('formatter_class', HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def command_parser(description: str | None, prog: str | None = None) -> CommandParser:
+    """A command's parser: `description` is its usage text (a tool's docstring)."""
+    return CommandParser(prog=prog, description=description)
+
+
+def model_parser(prog: str, description: str | None) -> CommandParser:
     """A command's parser whose first argument is a model name."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument('model', help='model name (tools/model_info.py --all lists the suite\'s)')
+    parser = command_parser(description, prog)
+    add_model_argument(parser)
     return parser
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """A command's (or subcommand's) first argument, a model name."""
+    parser.add_argument('model', help='model name (tools/model_info.py --all lists the suite\'s)')
 
 
 def parse_model_kwargs(items: list[str], option: str = '--model-kwargs') -> dict:
@@ -161,14 +195,88 @@ def resolve_device(device: str | None) -> bool:
     return device == 'cuda'
 
 
-def add_device_argument(parser: argparse.ArgumentParser) -> None:
-    """`--device cpu|cuda` (without it: cuda when PyTorch sees a GPU; see `resolve_device`, `device_name`)."""
-    parser.add_argument('--device', choices=DEVICES, help='default: cuda when PyTorch sees a GPU')
-
-
 def device_name(device: str | None) -> str:
     """`--device` resolved to 'cuda' or 'cpu' (`resolve_device`: a GPU that is not there is an error)."""
     return 'cuda' if resolve_device(device) else 'cpu'
+
+
+# The options every command that has them declares through these helpers, with one meaning and one default; a
+# command whose default differs says why in its help.
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """`--device cpu|cuda` (without it: cuda when PyTorch sees a GPU; see `resolve_device`, `device_name`)."""
+    parser.add_argument('--device', choices=DEVICES, help='where the command runs (default: cuda when PyTorch sees '
+                        'a GPU, else cpu)')
+
+
+AMP_CHOICES = ('auto', 'none', 'bf16', 'fp16')
+AMP_MEANINGS = {'auto': 'bf16 on GPUs that have it, fp16 on older GPUs, none on CPUs',
+                'none': 'float32 throughout',
+                'bf16': 'bfloat16 autocast (CPUs run it too: faster where they have bf16 instructions)',
+                'fp16': 'float16 autocast (GPUs only; training scales its loss)'}
+
+# why the benchmarks' --amp is none unless asked, and the studies' --workers a number of their own
+TIMED_IN_FP32 = 'the benchmark times float32 unless asked, so that its figures compare across devices and runs'
+SAME_WORK_EVERYWHERE = 'the same work on every machine, so that the figures compare'
+
+
+def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why: str = '',
+                     choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None) -> None:
+    """`--amp`, mixed precision (`pick_amp` resolves it): `choices`, those of AMP_CHOICES a command can run;
+    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag)."""
+    if not set(choices) <= set(AMP_CHOICES) or default not in choices or bool(why) != (default != 'auto'):
+        raise ValueError(f'--amp: choices {choices} must be among {AMP_CHOICES}, the default {default!r} among '
+                         'them, and a default other than auto needs its reason')
+    text = 'mixed precision; ' + '; '.join(f'{choice}: {AMP_MEANINGS[choice]}' for choice in choices)
+    if why:
+        text += f' (default: {default}, {why})'
+    if alone:
+        text += f'; --amp alone: {alone}'
+    parser.add_argument('--amp', choices=choices, default=default, help=text,
+                        **({'nargs': '?', 'const': alone} if alone else {}))
+
+
+def pick_amp(amp: str, device: torch.device) -> str:
+    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (bf16 runs there too
+    when asked: faster on CPUs with bf16 instructions, but a run's numbers then depend on the CPU)."""
+    if amp != 'auto':
+        if amp == 'fp16' and device.type != 'cuda':
+            raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (bf16 runs on CPUs)')
+        return amp
+    if device.type != 'cuda':
+        return 'none'
+    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
+
+
+def add_model_kwargs_argument(parser: argparse.ArgumentParser, example: str = 'depth=2 embed_dim=64 (a tiny model)',
+                              option: str = '--model-kwargs', whose: str = 'the model') -> None:
+    """`--model-kwargs KEY=VALUE ...` (`parse_model_kwargs` reads them); `option` and `whose` for another model of
+    the command (a teacher)."""
+    parser.add_argument(option, nargs='*', default=[], metavar='KEY=VALUE',
+                        help=f'arguments of {whose}\'s constructor, values read as Python literals, e.g. {example}')
+
+
+def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = None, why: str = '',
+                         least: int = 0) -> None:
+    """`--workers`: loader processes, by default DEFAULT_WORKERS; a `default` of the command's own only with `why`;
+    `least` 1 for a command that measures its workers."""
+    if (default is None) == bool(why) or least not in (0, 1):
+        raise ValueError('--workers: a default of the command\'s own needs its reason, and only then; least is 0 or 1')
+    text = 'loader processes beside each process of the command, reading and decoding its data'
+    text += '; 0: the process reads it itself' if least == 0 else ''
+    text += f' (default: {default}, {why})' if why else ' (default: 4, or the cores where fewer)'
+    parser.add_argument('--workers', type=non_negative_int if least == 0 else positive_int,
+                        default=DEFAULT_WORKERS if default is None else default, help=text)
+
+
+DEFAULT_SEED = 42
+
+
+def add_seed_argument(parser: argparse.ArgumentParser, effect: str = '') -> None:
+    """`--seed`: the seed of the random streams (`backbones.common.random_state.seed_all`); `effect`, what it
+    decides in this command."""
+    parser.add_argument('--seed', type=non_negative_int, default=DEFAULT_SEED,
+                        help='seed of the random streams (Python, NumPy, torch)' + (f': {effect}' if effect else ''))
 
 
 def check_writable(path: str | Path) -> None:

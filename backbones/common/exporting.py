@@ -54,15 +54,27 @@ def read_marker(folder: Path) -> dict | None:
     return marker if isinstance(marker, dict) and marker.get('suite') == SUITE else None
 
 
-def check_export_folder(out: Path) -> None:
-    """`out` may be (re)written: absent, an empty folder, or an export of this suite (its MARKER); anything else, a
-    model folder of another tool say, is a UsageError naming it (an export replaces its folder whole)."""
+def check_export_folder(out: Path, kind: str | None = None) -> None:
+    """`out` may be (re)written: absent, an empty folder, or an export of this suite (its MARKER) of the same `kind`
+    holding only the files it wrote; anything else (a model folder of another tool, an export with files of the
+    user's added, an export of another kind) is a UsageError naming it: an export replaces its folder whole."""
     if not out.exists() and not out.is_symlink():
         return
-    if out.is_dir() and not out.is_symlink() and (not any(out.iterdir()) or read_marker(out) is not None):
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
         return
-    raise UsageError(f'--out {out} exists and is not an export folder of this suite (no {MARKER}), which the export '
-                     f'would replace whole: give a new or empty folder')
+    marker = read_marker(out) if out.is_dir() and not out.is_symlink() else None
+    if marker is None:
+        raise UsageError(f'--out {out} exists and is not an export folder of this suite (no {MARKER}), which the '
+                         f'export would replace whole: give a new or empty folder')
+    if kind is not None and marker.get('export') != kind:
+        raise UsageError(f'--out {out} holds a {marker.get("export")} export, which this {kind} export would replace: '
+                         f'give another folder (or delete it first)')
+    added = sorted(p.name + ('/' if p.is_dir() else '') for p in out.iterdir()
+                   if p.name != MARKER and (p.is_dir() or p.name not in marker.get('files', {})))
+    if added:
+        raise UsageError(f'--out {out} is an earlier export with files it did not write ({", ".join(added[:5])}'
+                         f'{", ..." if len(added) > 5 else ""}), which replacing it would delete: move them out or '
+                         f'give another folder')
 
 
 def check_exported_file(path: Path) -> None:
@@ -79,14 +91,14 @@ def staged_folder(out: Path, description: dict) -> Iterator[Path]:
     """A temporary folder beside `out` to write into; when the block ends without an error, marked as the suite's
     export (`description`, and the SHA-256 of every file) and renamed to `out` (an earlier export or an empty folder
     replaced, see `check_export_folder`); removed otherwise."""
-    check_export_folder(out)
+    check_export_folder(out, description.get('export'))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
     try:
         yield staging
         files = {path.name: file_sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
         write_json_atomic(staging / MARKER, {'suite': SUITE, **description, 'files': files})
-        check_export_folder(out)  # again: the folder may have been filled while the export ran
+        check_export_folder(out, description.get('export'))  # again: it may have been filled while the export ran
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -97,6 +98,7 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
     path = Path(path)
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')
+    check_torch_format(path, what)
     check_zip_checksums(path, what)
     try:
         # timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an
@@ -107,9 +109,15 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
         with torch.serialization.safe_globals(missing):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
+        if MMENGINE_GLOBAL.search(str(exc)):
+            raise CheckpointError(f'{path}: an mmengine checkpoint (a segmentor\'s, as tools/train_seg.py writes '
+                                  f'them), not a {what}: tools/test_seg.py, predict_seg.py and export.py segmentor '
+                                  f'take it') from exc
         raise CheckpointError(f'{path}: holds Python objects a weights-only load refuses, and loading them would run '
                               f'code from the file ({first_line(exc)}); if you trust it, re-save its tensors with '
                               f'torch.save()') from exc
+    except KeyError as exc:  # torch's legacy reader on a file that only starts like a pickle
+        raise CheckpointReadError(f'{path}: not a readable {what}, truncated or damaged (KeyError: {exc})') from exc
     except SafetensorError as exc:  # torch.load reads a file named .safetensors as one
         raise CheckpointReadError(f'{path}: not a readable safetensors file ({first_line(exc)}); a PyTorch '
                                   f'checkpoint under this name: rename it .pth') from exc
@@ -119,6 +127,32 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
 
 
 ZIP_MAGIC = b'PK\x03\x04'
+PICKLE_PROTOCOL = b'\x80'  # torch's legacy format opens with a pickle's protocol marker
+MMENGINE_GLOBAL = re.compile(r'\b(mmengine|mmseg|mmcv)\.')  # an unpickling error naming one of their classes
+# What a file that is no checkpoint at all usually is, by its first bytes
+NOT_CHECKPOINTS = ((b'version https://git-lfs', 'a git-lfs pointer, not the file itself: fetch it with `git lfs pull`'),
+                   (b'<!doctype html', 'an HTML page (a download that fetched an error or login page?)'),
+                   (b'<html', 'an HTML page (a download that fetched an error or login page?)'))
+
+
+def check_torch_format(path: Path, what: str) -> None:
+    """A file that is neither torch's zip format nor its legacy pickle is named for what it looks like, not
+    reported as holding unsafe Python objects."""
+    with open(path, 'rb') as f:
+        head = f.read(64)
+    if (head.startswith(ZIP_MAGIC) or head.startswith(PICKLE_PROTOCOL) or path.suffix == '.safetensors'
+            or zipfile.is_zipfile(path)):
+        return
+    if not head:
+        raise CheckpointReadError(f'{path}: an empty file, not a {what}')
+    looks = next((kind for start, kind in NOT_CHECKPOINTS if head.lstrip().lower().startswith(start)), None)
+    if looks is None:
+        try:
+            head.decode('utf-8')
+            looks = 'a text file'
+        except UnicodeDecodeError:
+            looks = 'no format torch writes'
+    raise CheckpointReadError(f'{path}: not a {what}: {looks}')
 
 
 def file_version(path: Path) -> tuple[int, ...]:

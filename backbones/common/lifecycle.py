@@ -6,6 +6,8 @@ import os
 import signal
 import threading
 
+from backbones.common.errors import Interrupted
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what cluster schedulers send before they kill a job
 
 
@@ -40,3 +42,23 @@ def ignore_stop_signals(_: int) -> None:
     cluster scheduler signals every process of a job)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def interrupt_on_stop_signals() -> None:
+    """A command's own process turns SIGTERM and SIGUSR1 into `Interrupted` (one line, exit 75) wherever no training
+    loop notes them itself (start-up, evaluation, export): a job signalled then stops with a word instead of dying
+    with status 143, its atomic writes leaving nothing half-written. Processes forked from it (loader workers that
+    set no handler of their own) keep the signals' default action."""
+    owner = os.getpid()
+
+    def interrupt(signum: int, _frame) -> None:
+        if os.getpid() != owner:  # a forked child: end as the signal ends a process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Interrupted(f'{signal.Signals(signum).name} before the command\'s work was done (nothing half-written '
+                          f'is left): run the same command again')
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, interrupt)

@@ -59,7 +59,19 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
     cfg = read_config(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
+    check_loader_sizes(cfg, path)
     return cfg
+
+
+def check_loader_sizes(cfg: Config, path: str) -> None:
+    """Every data loader's batch size and workers are whole numbers that work (a batch of 0 ended in a division by
+    zero when the schedule was sized to the data)."""
+    for name in LOADERS:
+        loader = cfg.get(name) or {}
+        for key, least in (('batch_size', 1), ('num_workers', 0)):
+            value = loader.get(key, least)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise UsageError(f'{path}: {name}.{key} = {value!r}; it must be a whole number of at least {least}')
 
 
 class EmbeddedSegData(EmbeddedData, Protocol):

@@ -7,7 +7,7 @@ from pathlib import Path
 from mmengine.config import Config
 
 from backbones.common.errors import UsageError
-from backbones.common.cli import check_output_folder, output_file
+from backbones.common.cli import check_output_folder, command_parser, output_file
 from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
@@ -19,8 +19,9 @@ from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.train import add_common_options, parse_with_fallback, work_dir_for
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__)
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """tools/test_seg.py's options (`description`: its usage text)."""
+    parser = command_parser(description, 'test_seg.py')
     parser.add_argument('config', help='the config the checkpoint was trained with')
     parser.add_argument('checkpoint', help=(
         'a checkpoint written by tools/train_seg.py (or mmseg\'s train.py). mmengine checkpoints are pickles: '
@@ -74,9 +75,10 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     return cfg
 
 
-def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,
+         description: str | None = None) -> dict[str, float]:
     """tools/test_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
-    args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
+    args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     cfg = prepare(args, data_fallback)
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
     metrics = SuiteRunner.from_cfg(cfg).test()

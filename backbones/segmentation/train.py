@@ -5,9 +5,11 @@ import argparse
 import os
 from pathlib import Path
 
+import torch
 from mmengine.config import Config, DictAction
 
-from backbones.common.cli import check_output_folder, non_negative_int, positive_float, positive_int
+from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, non_negative_int, pick_amp,
+                                  positive_float, positive_int)
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.log import logger
@@ -15,11 +17,14 @@ from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.segmentation.backbone import TIMM_RELEASE
 from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_pretrained, describe_schedule,
-                                           drop_one_step_warmup, load_config, resolve_data, shorten_schedule)
+                                           check_loader_sizes, drop_one_step_warmup, load_config, resolve_data,
+                                           shorten_schedule)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
 from backbones.segmentation.runner import SuiteRunner
+
+AMP_DTYPES = {'bf16': 'bfloat16', 'fp16': 'float16'}  # --amp's precisions as AmpOptimWrapper's dtype names
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +42,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help='leave out images that cannot be decoded and say how many (default: stop, naming them)')
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__)
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """tools/train_seg.py's options (`description`: its usage text)."""
+    parser = command_parser(description, 'train_seg.py')
     parser.add_argument('config', help='config file, e.g. seg_configs/upernet_lvvit_m.py')
     add_common_options(parser)
     parser.add_argument('--resume', action='store_true',
@@ -49,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         'one update every N iterations, their gradients summed: the global batch is GPUs x images per GPU x N (the '
         'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
         'config count updates; the lr stays the config\'s'))
-    parser.add_argument('--amp', action='store_true', help='mixed precision (AmpOptimWrapper, dynamic loss scale)')
+    add_amp_argument(parser, 'none', "the configs' optimizer is mmseg's float32 OptimWrapper; a mixed precision "
+                     "runs mmengine's AmpOptimWrapper (dynamic loss scale, GPUs only)", alone='fp16')
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write a checkpoint at most every M minutes (each replacing the previous timed one); '
                              'SIGTERM and SIGUSR1 always write one, then exit with status 75')
@@ -97,6 +104,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     config_pretrained = cfg.model.backbone.get('pretrained')
     options = args.cfg_options or {}
     cfg.merge_from_dict(options)
+    check_loader_sizes(cfg, args.config)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
@@ -115,8 +123,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
     cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
-    if args.amp:
-        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+    use_amp(cfg, args.amp)
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
     resume = args.resume or (started and restarted_by_torchrun())
     if started and not args.resume and resume:
@@ -137,6 +144,21 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     return cfg
 
 
+def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
+    """`--amp` (`gpu`: whether the run has one, default: whether PyTorch sees one): bf16 and fp16 train through
+    mmengine's AmpOptimWrapper in that precision, which runs on GPUs only; none (auto without a GPU) leaves the
+    config's optimizer."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    if not gpu:
+        if amp not in ('none', 'auto'):
+            raise UsageError(f"--amp {amp}: mmengine's AmpOptimWrapper trains on GPUs only, and PyTorch sees none "
+                             'here (leave --amp out)')
+        return
+    amp = pick_amp(amp, torch.device('cuda'))
+    if amp != 'none':
+        cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic', dtype=AMP_DTYPES[amp])
+
+
 def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
                         fallback: type[EmbeddedSegData] | None) -> tuple[argparse.Namespace, EmbeddedSegData | None]:
     """The command line, with the fallback's own options; and the fallback those options make."""
@@ -147,7 +169,8 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
     return args, fallback.from_args(args)
 
 
-def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None) -> None:
+def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,
+         description: str | None = None) -> None:
     """tools/train_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
-    args, data_fallback = parse_with_fallback(build_parser(), argv, fallback)
+    args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     SuiteRunner.from_cfg(prepare(args, data_fallback)).train()

@@ -15,21 +15,6 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo, all_reduce_sum
-from backbones.common.errors import UsageError
-
-AMP_CHOICES = ('auto', 'none', 'bf16', 'fp16')
-
-
-def pick_amp(amp: str, device: torch.device) -> str:
-    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (bf16 runs there too
-    when asked: faster on CPUs with bf16 instructions, but a run's numbers then depend on the CPU)."""
-    if amp != 'auto':
-        if amp == 'fp16' and device.type != 'cuda':
-            raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (bf16 runs on CPUs)')
-        return amp
-    if device.type != 'cuda':
-        return 'none'
-    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:

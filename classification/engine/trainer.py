@@ -26,10 +26,15 @@ from timm.utils import ModelEmaV3
 
 from backbones import bare_model
 from backbones.common.cli import (
-    DEFAULT_WORKERS,
+    DEFAULT_SEED,
+    add_amp_argument,
     add_device_argument,
+    add_model_kwargs_argument,
+    add_seed_argument,
+    add_workers_argument,
     non_negative_int,
     parse_model_kwargs,
+    pick_amp,
     positive_float,
     positive_int,
 )
@@ -39,7 +44,7 @@ from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from classification.engine.checkpoints import METRICS
 from classification.engine.fit import Fit, Pictures, RunLog, resume_path
-from classification.engine.steps import AMP_CHOICES, BatchTransform, Objective, StepState, pick_amp
+from classification.engine.steps import BatchTransform, Objective, StepState
 
 
 @dataclass
@@ -51,7 +56,7 @@ class RunOptions:
     resume: str | None = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
     model_kwargs: dict = field(default_factory=dict)
     workers: int = 2
-    seed: int = 42
+    seed: int = DEFAULT_SEED
     device: str | None = None  # None: cuda when there is a GPU
     amp: str = 'auto'
     log_interval: int = 50
@@ -75,15 +80,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     parser.add_argument('--output', help=f'output folder (default {default_output})')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
                         help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
-    parser.add_argument('--model-kwargs', nargs='*', default=[], metavar='KEY=VALUE',
-                        help='extra model arguments, e.g. depth=2 embed_dim=64 (tiny test models)')
-    parser.add_argument('--workers', type=non_negative_int, default=DEFAULT_WORKERS,
-                        help='data-loading processes per training process')
-    parser.add_argument('--seed', type=non_negative_int, default=42)
+    add_model_kwargs_argument(parser)
+    add_workers_argument(parser)
+    add_seed_argument(parser, 'the initialisation, the data order and the augmentation')
     add_device_argument(parser)
-    parser.add_argument('--amp', choices=AMP_CHOICES, default='auto',
-                        help='mixed precision; auto: bf16 on GPUs that have it, fp16 on older GPUs, none on CPU '
-                             '(bf16 also runs on CPUs: faster where they have bf16 instructions)')
+    add_amp_argument(parser)
     parser.add_argument('--log-interval', type=positive_int, default=50,
                         help='updates between TensorBoard loss points')
     parser.add_argument('--grad-checkpointing', action='store_true',

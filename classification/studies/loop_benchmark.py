@@ -19,9 +19,15 @@ import torch
 from PIL import Image
 
 from backbones.common.cli import (
+    SAME_WORK_EVERYWHERE,
+    TIMED_IN_FP32,
+    add_amp_argument,
     add_device_argument,
+    add_workers_argument,
+    command_parser,
     device_name,
     non_negative_float,
+    pick_amp,
     positive_float,
     positive_int,
     write_document,
@@ -33,7 +39,7 @@ from backbones.common.log import logger, show_log
 from backbones.common.random_state import seed_all
 from backbones.common.timing import SteadyWindow, available_cores, measured_on
 from backbones.complexity import measure_complexity
-from classification.engine.steps import model_input, pick_amp, train_one_epoch
+from classification.engine.steps import model_input, train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, training_state
 from classification.models import model_data_config
 from classification.recipes import recipe_for
@@ -55,7 +61,7 @@ HALF_PRECISION_PEAKS = (('H100 PCIe', 756.0), ('H100 NVL', 835.0), ('H100', 989.
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(description, 'benchmark_loop.py')
     parser.add_argument('--models', nargs='+', default=list(MODELS),
                         help='models, each with its own recipe (token labeling for LV-ViT)')
     parser.add_argument('--data-dir', help='an ImageNet-layout folder (default: synthetic JPEGs)')
@@ -63,15 +69,15 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                                                   'default: made for the synthetic data)')
     parser.add_argument('--images', type=positive_int, default=16384,
                         help='synthetic training entries (64 distinct JPEGs, the rest hard links)')
-    parser.add_argument('--batch-size', type=positive_int, default=16)
+    parser.add_argument('--batch-size', type=positive_int, default=16, help='images per batch')
     parser.add_argument('--seconds', type=non_negative_float, default=30.0,
                         help='the least time each stage is timed, after its warm-up')
     parser.add_argument('--min-batches', type=positive_int,
                         help='the fewest batches each stage is timed (default: 200 on a GPU, 4 on a CPU, whose '
                              'steps take seconds)')
-    parser.add_argument('--workers', type=positive_int, default=2, help='loader processes of the pipeline and loop')
+    add_workers_argument(parser, 2, SAME_WORK_EVERYWHERE, least=1)
     add_device_argument(parser)
-    parser.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none')
+    add_amp_argument(parser, 'none', TIMED_IN_FP32, ('none', 'bf16', 'fp16'))
     parser.add_argument('--augment', choices=['auto', 'pil', 'batched'], default='auto',
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
     parser.add_argument('--decode', choices=DECODE_CHOICES, default='cpu',

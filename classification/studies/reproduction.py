@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from backbones.common.cli import add_device_argument, check_output_folder, positive_int
+from backbones.common.cli import add_device_argument, check_output_folder, command_parser, positive_int
 from backbones.common.errors import SuiteError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
@@ -77,7 +77,7 @@ SEEDS = 3
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description, 'reproduce_token_labeling.py')
     p.add_argument('--quick', action='store_true', help=(
         f'smoke-sized: every table\'s rows (unless --table or --variants say), {QUICK["seeds"]} seed, '
         f'{QUICK["epochs"]} pretraining epoch on at most {QUICK["train_images"]} images (spread over the classes), '
@@ -94,8 +94,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--transfer', choices=('table7', 'all', 'none'), default='table7', help=(
         'the rows whose backbones are transferred to segmentation (FCN and UperNet, SS and MS): those of Table 7 '
         'among the rows run (default), all of them, or none; the others are compared by classification alone'))
-    p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py')
-    p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py')
+    p.add_argument('--fcn-config', default='seg_configs/fcn_lvvit_s.py', help='the FCN config of the transfer')
+    p.add_argument('--upernet-config', default='seg_configs/upernet_lvvit_s.py',
+                   help='the UperNet config of the transfer')
     p.add_argument('--epochs', type=positive_int, help='pretraining epochs (default: the recipe\'s; 8 on the digits)')
     p.add_argument('--iters', type=positive_int,
                    help='segmentation iterations (default: the schedule\'s; 160 on the digits)')

@@ -15,7 +15,14 @@ import torch
 from PIL import Image
 
 from backbones import bare_model
-from backbones.common.cli import output_file, output_folder, positive_int
+from backbones.common.cli import (
+    SAME_WORK_EVERYWHERE,
+    add_workers_argument,
+    command_parser,
+    output_file,
+    output_folder,
+    positive_int,
+)
 from backbones.common.distributed import DistInfo, sharded_loaders
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
@@ -69,18 +76,19 @@ def scale_fraction(value: str) -> float:
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(description, 'rehearse_scale.py')
     p.add_argument('--root', type=output_folder, default=ROOT / 'output' / 'rehearse_scale',
                    help='where the trees, the store and the runs go (kept and reused)')
     p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
     p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
                    help='the stages to run (in the order above)')
-    p.add_argument('--workers', type=positive_int, default=2, help='loader workers (import, pass, first step)')
+    add_workers_argument(p, 2, SAME_WORK_EVERYWHERE, least=1)
     p.add_argument('--processes', type=positive_int, default=2, help='training processes of the first step')
     p.add_argument('--batch-size', type=positive_int, default=256, help='batch of the pass')
     p.add_argument('--pass-images', type=positive_int, metavar='N',
                    help='end the pass after about N images (default: the whole epoch)')
-    p.add_argument('--checkpoint-models', nargs='+', default=list(CHECKPOINT_MODELS), metavar='MODEL')
+    p.add_argument('--checkpoint-models', nargs='+', default=list(CHECKPOINT_MODELS), metavar='MODEL',
+                   help='the models whose training checkpoints are written and timed')
     p.add_argument('--json', type=output_file, metavar='FILE', help='also write the figures as JSON')
     return p.parse_args(argv)
 

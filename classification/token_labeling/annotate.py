@@ -106,7 +106,7 @@ def annotator_transform(img_size: int, data_cfg: dict):
 # The meta data values that shape a generated store: a rerun must give the same ones (or leave them out).
 GENERATION_SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'amp', 'topk', 'shard_size', 'split',
                       'classes', 'paths_sha256')
-AMP_CHOICES = ('none', 'bf16')
+ANNOTATOR_AMP = ('none', 'bf16')  # the annotator's --amp choices
 
 
 def generate_token_labels(
@@ -133,8 +133,8 @@ def generate_token_labels(
     data_dir, output = Path(data_dir), Path(output)
     if topk < 1:
         raise UsageError(f'--topk must be at least 1, got {topk}')
-    if amp not in AMP_CHOICES:
-        raise UsageError(f'--amp must be one of {", ".join(AMP_CHOICES)}, got {amp!r}')
+    if amp not in ANNOTATOR_AMP:
+        raise UsageError(f'--amp must be one of {", ".join(ANNOTATOR_AMP)}, got {amp!r}')
     old = read_meta(output)
     shard_size = shard_size or (old or {}).get('shard_size') or DEFAULT_SHARD_SIZE
     if shard_size < 1:

@@ -1,0 +1,128 @@
+"""Segmentation speed on the embedded digits pages: evaluation images/s single-scale against multi-scale + flip
+(four ways, and its ten single passes), and training iterations/s: the logic of tools/benchmark_seg.py."""
+from __future__ import annotations
+
+import argparse
+import copy
+from itertools import cycle, islice
+
+import torch
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
+from mmengine.runner import Runner
+
+import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+
+# isort: split
+from mmseg.models.segmentors import SegTTAModel
+from mmseg.registry import DATASETS, MODELS
+
+from backbones.common.cli import add_device_argument, command_parser, device_name, output_file, positive_int
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+from backbones.common.timing import seconds_per_call
+from backbones.segmentation.config import flipping_tta_pipeline, load_config
+from backbones.segmentation.segmentor import mirror_image
+from backbones.segmentation.test import use_multi_scale
+from classification.digits.seg_data import EmbeddedPages
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+    parser = command_parser(description, 'benchmark_seg.py')
+    parser.add_argument('--config', default='seg_configs/upernet_lvvit_s.py', help='the config whose model is timed')
+    add_device_argument(parser)
+    parser.add_argument('--full-size', action='store_true', help="ADE20K's sizes instead of a quarter of them")
+    parser.add_argument('--images', type=positive_int, default=8, help='evaluation images timed per mode')
+    parser.add_argument('--iters', type=positive_int, default=5, help='training iterations timed')
+    parser.add_argument('--batch-size', type=positive_int, default=2, help='training images per iteration')
+    parser.add_argument('--json', type=output_file, help='also write the figures here')
+    args = parser.parse_args(argv)
+    args.device = device_name(args.device)
+    return args
+
+
+def loader(cfg, key: str):
+    dataloader = copy.deepcopy(cfg[key])
+    dataloader.update(num_workers=0, persistent_workers=False)
+    return Runner.build_dataloader(dataloader)
+
+
+def timed(fn, batches: list) -> float:
+    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0] (kernel selection, allocator);
+    the timer's own warm-up calls take the next batches in turn."""
+    fn(batches[0])
+    rest = cycle(batches[1:])
+    return seconds_per_call(lambda: fn(next(rest)), len(batches) - 1, warmup=0) * (len(batches) - 1)
+
+
+def multi_scale_costs(cfg, model, args) -> dict:
+    """Multi-scale + flip (flips on, as on ADE20K, whatever the data): the suite's test (each scale and its mirror
+    image in one batch), the same window by window, and mmseg's (ten pipeline views, one by one); against the sum of
+    the ten single passes (each view as a single-scale test); and the two test-time pipelines' images/s."""
+    ms_cfg = copy.deepcopy(cfg)
+    ms_cfg.tta_model['flip'] = True
+    use_multi_scale(ms_cfg, flip=True)
+    results, tta = {}, MODELS.build(ms_cfg.model).to(args.device).eval()
+    tta.module.load_state_dict(model.state_dict())
+    mmseg_cfg = copy.deepcopy(ms_cfg)
+    mmseg_cfg.test_dataloader.dataset.pipeline = flipping_tta_pipeline(ms_cfg.tta_pipeline)
+    for name, config in (('suite', ms_cfg), ('mmseg', mmseg_cfg)):
+        dataset = DATASETS.build(copy.deepcopy(config.test_dataloader.dataset))
+        results[f'ms_pipeline_img_per_s_{name}'] = args.images / seconds_per_call(
+            lambda: [dataset[i] for i in range(args.images)], 1, warmup=1)
+    batches = list(islice(loader(ms_cfg, 'test_dataloader'), args.images + 1))
+    mmseg_batches = list(islice(loader(mmseg_cfg, 'test_dataloader'), args.images + 1))
+    window_batch = tta.module.test_cfg.get('window_batch', 1)
+    with torch.no_grad():
+        seconds = timed(tta.test_step, batches)
+        tta.module.test_cfg.window_batch = 1
+        window_by_window = timed(tta.test_step, batches)
+        tta.module.test_cfg.window_batch = window_batch
+        mmseg_seconds = timed(SegTTAModel(module=tta.module).test_step, mmseg_batches)
+        single_passes = sum(timed(tta.module.test_step, [pick(batch, i) for batch in batches])
+                            for i in range(2 * len(batches[0]['inputs'])))
+    results['ms_flip_img_per_s'] = args.images / seconds
+    results['ms_flip_img_per_s_window_by_window'] = args.images / window_by_window
+    results['ms_flip_img_per_s_mmseg'] = args.images / mmseg_seconds
+    results['ms_flip_cost_over_single_passes'] = seconds / single_passes
+    results['ms_flip_speedup_over_mmseg'] = mmseg_seconds / seconds
+    results['window_batch_speedup'] = window_by_window / seconds
+    return results
+
+
+def pick(batch: dict, index: int) -> dict:
+    """View `index` of a multi-scale batch as a single-scale batch: even indices the scales, odd their mirrors."""
+    view = {key: value[index // 2] for key, value in batch.items()}
+    return mirror_image(view) if index % 2 else view
+
+
+def main(argv: list[str] | None = None, description: str | None = None) -> dict:
+    """tools/benchmark_seg.py."""
+    args = parse_args(argv, description)
+    init_default_scope('mmseg')
+    cfg = load_config(args.config, {'model.backbone.pretrained': None})
+    pages = EmbeddedPages(scale=1.0) if args.full_size else EmbeddedPages()
+    pages.use_data(cfg)
+    cfg.train_dataloader.batch_size = args.batch_size
+    model = MODELS.build(cfg.model).to(args.device)
+    results = {'config': args.config, 'device': args.device, 'full_size': args.full_size}
+
+    model.eval()
+    ss_batches = list(islice(loader(cfg, 'test_dataloader'), args.images + 1))
+    with torch.no_grad():
+        results['ss_img_per_s'] = args.images / timed(model.test_step, ss_batches)
+    results.update(multi_scale_costs(cfg, model, args))
+    results['ms_flip_slowdown'] = results['ss_img_per_s'] / results['ms_flip_img_per_s']
+
+    model.train()
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    train_batches = list(islice(cycle(loader(cfg, 'train_dataloader')), args.iters + 1))
+    seconds = timed(lambda batch: model.train_step(batch, optim), train_batches)
+    results['train_it_per_s'] = args.iters / seconds
+    results['train_img_per_s'] = args.iters * args.batch_size / seconds
+
+    for key, value in results.items():
+        logger.info(f'{key}: {value:.3f}' if isinstance(value, float) else f'{key}: {value}')
+    if args.json:
+        write_json_atomic(args.json, results)
+    return results
