@@ -248,6 +248,11 @@ def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = N
     return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup, teacher=teacher)
 
 
+def annotates_online(recipe: Recipe, teacher: TeacherSpec | None) -> bool:
+    """Whether the run's `teacher` annotates each batch (online token labeling) rather than distils."""
+    return teacher is not None and recipe.token_labeling
+
+
 def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int, info: DistInfo,
                     teacher: TeacherSpec | None = None, data_cfg: dict | None = None,
                     model_kwargs: dict | None = None) -> tuple[nn.Module, ClassificationObjective]:
@@ -255,10 +260,9 @@ def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int
     initial weights drawn from `seed` (not from what ran before), then the `teacher` (on `info`'s device, normalising
     with `data_cfg`), which distils or, with token labeling, annotates each batch (online)."""
     seed_all(seed)
-    online = teacher is not None and recipe.token_labeling
     model = create_classifier(model_name, num_classes, recipe.img_size, recipe.token_labeling, recipe.mix_token,
-                              distilled=teacher is not None and not online, drop_path_rate=recipe.drop_path,
-                              **(model_kwargs or {}))
+                              distilled=teacher is not None and not annotates_online(recipe, teacher),
+                              drop_path_rate=recipe.drop_path, **(model_kwargs or {}))
     teacher_model = build_teacher(teacher, num_classes, recipe, data_cfg, info) if teacher is not None else None
     return model, make_objective(recipe, num_classes, teacher_model)
 
@@ -284,7 +288,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     if recipe.label_pooling and recipe.token_labeling:
         raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
                          'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
-    online = teacher is not None and recipe.token_labeling  # online token labeling: the teacher annotates
+    online = annotates_online(recipe, teacher)
     distilled = teacher is not None and not online
     if teacher is not None and (recipe.label_pooling or (online and not recipe.uses_score_maps)):
         raise UsageError('--teacher: hard distillation does not go with label pooling (ReLabel), and online token '
