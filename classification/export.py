@@ -62,7 +62,7 @@ from backbones.common.images import read_image
 from backbones.common.log import logger
 from backbones.registry import check_model_name
 from backbones.segmentation import export as segmentor_export
-from backbones.segmentation.config import DataFallback
+from backbones.segmentation.config import EmbeddedSegData
 from backbones.token_head import TokenLabelingModel, bare_model
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform
@@ -181,7 +181,7 @@ KINDS = {  # tools/export.py's subcommands: what each exports, in a line and in 
 }
 
 
-def build_parser(description: str | None = None, fallback: type[DataFallback] | None = None
+def build_parser(description: str | None = None, fallback: type[EmbeddedSegData] | None = None
                  ) -> argparse.ArgumentParser:
     """tools/export.py's options (`description`: its usage text): a subcommand per kind of checkpoint; the
     segmentor's takes `fallback`'s options (the data its config runs on without ADE20K)."""
@@ -200,7 +200,7 @@ def build_parser(description: str | None = None, fallback: type[DataFallback] | 
 
 
 def main(argv: list[str] | None = None, description: str | None = None,
-         fallback: type[DataFallback] | None = None) -> Path:
+         fallback: type[EmbeddedSegData] | None = None) -> Path:
     """tools/export.py: a classifier or a segmentor (without ADE20K on disk, its config runs on `fallback`'s data:
     the tool gives its embedded set)."""
     args = build_parser(description, fallback).parse_args(argv)

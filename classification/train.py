@@ -61,7 +61,7 @@ class ImageData:
     train_images: int | None = None  # train on at most this many images, spread over the split (a smoke run)
 
 
-class DefaultData(EmbeddedData, Protocol):
+class EmbeddedImageData(EmbeddedData, Protocol):
     """The data a run takes without --data-dir, which a tool gives `main` (tools/train_cls.py: its embedded set):
     besides its options, the recipe values it sets for itself (applied before a preset), and the data, prepared on
     first use."""
@@ -71,7 +71,7 @@ class DefaultData(EmbeddedData, Protocol):
     def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData: ...
 
 
-def build_parser(default_data: type[DefaultData] | None = None, description: str | None = None
+def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None
                  ) -> argparse.ArgumentParser:
     """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them."""
     p = model_parser('train_cls.py', description)
@@ -248,6 +248,25 @@ def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = N
     return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup, teacher=teacher)
 
 
+def annotates_online(recipe: Recipe, teacher: TeacherSpec | None) -> bool:
+    """Whether the run's `teacher` annotates each batch (online token labeling) rather than distils."""
+    return teacher is not None and recipe.token_labeling
+
+
+def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int, info: DistInfo,
+                    teacher: TeacherSpec | None = None, data_cfg: dict | None = None,
+                    model_kwargs: dict | None = None) -> tuple[nn.Module, ClassificationObjective]:
+    """The model and the objective a run of `recipe` trains, the one way every run and study builds them: the model's
+    initial weights drawn from `seed` (not from what ran before), then the `teacher` (on `info`'s device, normalising
+    with `data_cfg`), which distils or, with token labeling, annotates each batch (online)."""
+    seed_all(seed)
+    model = create_classifier(model_name, num_classes, recipe.img_size, recipe.token_labeling, recipe.mix_token,
+                              distilled=teacher is not None and not annotates_online(recipe, teacher),
+                              drop_path_rate=recipe.drop_path, **(model_kwargs or {}))
+    teacher_model = build_teacher(teacher, num_classes, recipe, data_cfg, info) if teacher is not None else None
+    return model, make_objective(recipe, num_classes, teacher_model)
+
+
 def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
           preset: str | None = None, finetune: str | None = None, new_head: bool = False,
           teacher: TeacherSpec | None = None, augment: str = 'auto', decode: str = 'cpu') -> dict:
@@ -269,7 +288,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     if recipe.label_pooling and recipe.token_labeling:
         raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
                          'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
-    online = teacher is not None and recipe.token_labeling  # online token labeling: the teacher annotates
+    online = annotates_online(recipe, teacher)
     distilled = teacher is not None and not online
     if teacher is not None and (recipe.label_pooling or (online and not recipe.uses_score_maps)):
         raise UsageError('--teacher: hard distillation does not go with label pooling (ReLabel), and online token '
@@ -289,19 +308,16 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     recipe.img_size = checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1]
     train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
                                                                 augment, decode)
-    seed_all(options.seed)  # the initial weights do not depend on what ran before
-    model = create_classifier(model_name, len(classes), recipe.img_size, recipe.token_labeling, recipe.mix_token,
-                              distilled=distilled, drop_path_rate=recipe.drop_path, **options.model_kwargs)
+    if teacher is not None and teacher.checkpoint is not None:
+        check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
+    model, objective = training_pieces(model_name, recipe, len(classes), options.seed, info, teacher, data_cfg,
+                                       options.model_kwargs)
     if finetune and not trainer.resume:
         logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
         if new_head and recipe.zero_head:
             zero_classifiers(bare_model(model))
     if distilled:
         bare_model(model).set_distilled_training(True)
-    if teacher is not None and teacher.checkpoint is not None:
-        check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
-    teacher_model = build_teacher(teacher, len(classes), recipe, data_cfg, info) if teacher is not None else None
-    objective = make_objective(recipe, len(classes), teacher_model)
     optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
     config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
               DATA_CONFIG: {**data_cfg, 'input_size': (3, recipe.img_size, recipe.img_size)},  # the val transform's
@@ -332,7 +348,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     return trainer.finish(metrics, summary)
 
 
-def main(argv: list[str] | None = None, default_data: type[DefaultData] | None = None,
+def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | None = None,
          description: str | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
     args = build_parser(default_data, description).parse_args(argv)

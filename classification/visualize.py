@@ -27,7 +27,7 @@ from backbones.common.files import write_json_atomic
 from backbones.common.images import check_same_classes, read_image, scan_split
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
-from backbones.segmentation.config import DataFallback
+from backbones.segmentation.config import EmbeddedSegData
 from backbones.weights import checkpoint_class_count
 from classification.recipes import none_or, rand_augment_spec
 
@@ -40,7 +40,7 @@ def add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--show', action='store_true', help='also open the picture (where there is a display)')
 
 
-def build_parser(description: str | None = None, fallback: type[DataFallback] | None = None
+def build_parser(description: str | None = None, fallback: type[EmbeddedSegData] | None = None
                  ) -> argparse.ArgumentParser:
     """tools/visualize.py's options (`description`: its usage text): a subcommand per picture; the segmentation's
     takes `fallback`'s options (the data its config runs on without ADE20K)."""
@@ -162,7 +162,7 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
                             f'{len(args.image)} image(s)')
 
 
-def segmentation_picture(args: argparse.Namespace, fallback: DataFallback | None) -> np.ndarray:
+def segmentation_picture(args: argparse.Namespace, fallback: EmbeddedSegData | None) -> np.ndarray:
     from backbones.segmentation.pictures import prediction_picture
     return prediction_picture(args.config, args.checkpoint, args.image, args.data_root, args.report, args.alpha,
                               not args.no_labels, fallback)
@@ -177,7 +177,7 @@ PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture
 
 
 def main(argv: list[str] | None = None, description: str | None = None,
-         fallback: type[DataFallback] | None = None) -> Path:
+         fallback: type[EmbeddedSegData] | None = None) -> Path:
     """tools/visualize.py (a segmentation's config runs on `fallback`'s data without ADE20K: the tool gives its
     embedded set)."""
     args = build_parser(description, fallback).parse_args(argv)

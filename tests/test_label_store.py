@@ -21,6 +21,7 @@ from classification.data.folders import ImageFolderDataset, collate_skipping
 from backbones.common.images import ImageReadError
 from backbones.common.distributed import DistInfo
 from classification.token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore, shard_marker
+from classification.token_labeling.released_labels import import_released_labels
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool, run_torchrun
 from helpers.label_stores import assert_same_annotation, read_store
@@ -224,6 +225,39 @@ def test_generation_can_skip_unreadable_images_and_lists_them(annotated, tmp_pat
     for row, path in enumerate(reference.paths):
         expected = reference.read(row)[1] * (path != victim_path)  # the unreadable image's row stays empty
         np.testing.assert_array_equal(labels.read(labels.row_of(path))[1], expected)
+
+
+def test_generation_and_import_write_the_same_store_for_the_same_rows(annotated, tmp_path):
+    """One writer behind generation and import: the rows an annotator gave, imported back as a released tree (an
+    unreadable image at generation, a missing file at import: an empty row either way), make the same store file for
+    file: arrays, image list, every shard's marker (its rows' digests, the paths it left empty)."""
+    tmp, _, _, _ = annotated
+    data = make_image_folder(tmp_path / 'data')
+    victim = sorted((data / 'train' / 'n002').iterdir())[1]
+    victim.write_bytes(victim.read_bytes()[:60])  # truncated
+    generated = tmp_path / 'generated'
+    generate_token_labels(data, ANNOTATOR, generated, DistInfo(), checkpoint=str(tmp / 'annotator.pth'), img_size=64,
+                          topk=2, workers=0, shard_size=5, model_kwargs=KWARGS, skip_unreadable=True)
+    store = TokenLabelStore(generated)
+    release = tmp_path / 'release'
+    for row, path in enumerate(store.paths):
+        if store.has_map(row):
+            scores, classes = store.read(row)
+            file = release / Path(path).relative_to('train').with_suffix('.pt')
+            file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(torch.stack([torch.from_numpy(scores), torch.from_numpy(classes.astype(np.float16))]).permute(
+                0, 3, 1, 2).contiguous(), file)
+    imported = tmp_path / 'imported'
+    import_released_labels(data, release, imported, DistInfo(), fmt='relabel', workers=0, shard_size=5,
+                           skip_missing=True)
+    victim_path = victim.relative_to(data).as_posix()
+    assert store.meta['unreadable'] == [victim_path] == TokenLabelStore(imported).meta['missing']
+    for name in ('scores.npy', 'classes.npy', 'paths.txt'):
+        assert (imported / name).read_bytes() == (generated / name).read_bytes(), name
+    markers = sorted(path.name for path in (generated / DONE).iterdir())
+    assert len(markers) == 5 and sorted(path.name for path in (imported / DONE).iterdir()) == markers
+    for name in markers:
+        assert json.loads((imported / DONE / name).read_text()) == json.loads((generated / DONE / name).read_text())
 
 
 def test_training_set_errors_name_the_image(annotated, tmp_path):

@@ -163,7 +163,7 @@ def test_the_embedded_data_lives_in_one_package():
 
 def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
     """Control runs one way: `backbones` never imports `classification` (above), and what a tool hands the
-    segmentation library for its data (`DataFallback`) only edits a config: no member returns anything (a
+    segmentation library for its data (`EmbeddedSegData`) only edits a config: no member returns anything (a
     backbone, a checkpoint) that it would have to train. The backbone a run on that data needs comes from the tool's
     first stage, as a checkpoint the trainer takes."""
     from typing import get_type_hints
@@ -171,11 +171,12 @@ def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
     from mmengine.config import Config
 
     from backbones.common.cli import EmbeddedData
-    from backbones.segmentation.config import DataFallback
+    from backbones.segmentation.config import EmbeddedSegData
     from backbones.segmentation.train import PretrainedBackbone, train
-    members = sorted(name for name in vars(DataFallback) if not name.startswith('_') and name not in vars(EmbeddedData))
+    role = EmbeddedSegData
+    members = sorted(name for name in vars(role) if not name.startswith('_') and name not in vars(EmbeddedData))
     assert {'use_data', 'use_schedule'} <= set(members)
-    assert all(get_type_hints(getattr(DataFallback, name)) == {'cfg': Config, 'return': type(None)} for name in members)
+    assert all(get_type_hints(getattr(role, name)) == {'cfg': Config, 'return': type(None)} for name in members)
     assert get_type_hints(train)['backbone'] == PretrainedBackbone | None
 
 

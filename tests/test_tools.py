@@ -1,6 +1,7 @@
 """Command-line tools, run as a user runs them: from the repository root, no PYTHONPATH."""
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -10,8 +11,15 @@ import pytest
 import timm
 import torch
 from PIL import Image
-from classification.studies.loop_benchmark import (Window, measurement_errors, pipeline_ceilings, timm_update,
-                                                  train_cls_update)
+from backbones.common.distributed import DistInfo
+from backbones.common.random_state import seed_all
+from backbones.common.timing import SteadyWindow
+from classification.engine.fit import update_of_step_line
+from classification.engine.steps import train_one_epoch
+from classification.engine.trainer import RunOptions, StepOptions, Trainer
+from classification.studies.loop_benchmark import BenchedModel, measurement_errors, pipeline_ceilings
+from classification.train import ImageData, training_pieces
+from classification.studies.training_runs import update_of_timm_line
 
 from helpers.commands import run_tool
 
@@ -106,10 +114,12 @@ def test_update_counts_read_from_the_log_lines_of_train_cls_and_timm():
     """Both runs are timed by their update lines: train_cls's counts updates, timm's train.py gives the epoch and the
     update in it from 0 (its format: 'Train: {epoch} [{update:>4d}/{updates per epoch} ({percent:>3.0f}%)]')."""
     timm_line = 'Train: 2 [  41/195 ( 21%)]  Loss: 6.891 (6.902)  Time: 0.084s, 3047.62/s  (0.085s, 3011.76/s)'
-    assert timm_update(timm_line) == 2 * 195 + 41 + 1
-    assert timm_update('Train: 0 [   0/195 (  0%)]  Loss: 6.9') == 1
-    assert train_cls_update('update 391  batch 1/390  loss 6.8813  lr 1.2e-05  2801 img/s  data 3%  ETA 0:02:11') == 391
-    assert timm_update('Test: [   0/4]  Time: 0.3') is None and train_cls_update('epoch 1  train_loss 6.9') is None
+    assert update_of_timm_line(timm_line) == 2 * 195 + 41 + 1
+    assert update_of_timm_line('Train: 0 [   0/195 (  0%)]  Loss: 6.9') == 1
+    train_cls_line = 'update 391  batch 1/390  loss 6.8813  lr 1.2e-05  2801 img/s  data 3%  ETA 0:02:11'
+    assert update_of_step_line(train_cls_line) == 391
+    assert update_of_timm_line('Test: [   0/4]  Time: 0.3') is None
+    assert update_of_step_line('epoch 1  train_loss 6.9') is None
 
 
 def test_a_timing_window_starts_after_its_warm_up_and_lasts_its_seconds_and_batches():
@@ -120,7 +130,7 @@ def test_a_timing_window_starts_after_its_warm_up_and_lasts_its_seconds_and_batc
             pulled.append(time.perf_counter())
             yield {'label': [n] * 3}
 
-    window = Window(seconds=0.2, min_batches=2, warmup=5, device=torch.device('cpu'))
+    window = SteadyWindow(seconds=0.2, min_batches=2, warmup=5, device=torch.device('cpu'))
     used = 0
     for _ in window.batches(source()):
         time.sleep(0.05)
@@ -128,7 +138,36 @@ def test_a_timing_window_starts_after_its_warm_up_and_lasts_its_seconds_and_batc
     assert window.started >= pulled[4]  # the clock starts after the warm-up's five batches
     timed = used - 5
     assert timed >= 4 and window.images == 3 * timed  # 0.2 s of 0.05 s batches, only the timed ones counted
-    assert len(list(Window(seconds=0, min_batches=2, warmup=1, device=torch.device('cpu')).batches(source()))) == 3
+    shortest = SteadyWindow(seconds=0, min_batches=2, warmup=1, device=torch.device('cpu'))
+    assert len(list(shortest.batches(source()))) == 3
+
+
+def test_the_loop_benchmark_times_the_step_the_trainer_trains(labeled_images, tmp_path):
+    """The benchmark's model, objective and optimization state are the trainer's (one assembly): from the same
+    seed, one step on the same batch gives the same loss and the same weights."""
+    data, _ = labeled_images
+    args = argparse.Namespace(batch_size=4, seconds=0.0, min_batches=1, decode='cpu', amp='none')
+    info = DistInfo()
+    bench = BenchedModel('deit_tiny_patch16_224', ImageData(data), args, info)
+    bench.num_classes = 3
+    recipe = bench.recipe
+    trainer = Trainer(RunOptions(output=tmp_path / 'run', seed=0, amp='none'), info)
+    model, objective = training_pieces(bench.name, recipe, 3, trainer.options.seed, info)
+    fit = trainer.start(model, model, recipe.optimization(trainer.global_batch(recipe.batch_size)), objective,
+                        {'model': bench.name}, 4)
+    initial = model.head.weight.detach().clone()
+    benched = bench.step_pieces(StepOptions(), 'none')
+    batch = {'image': torch.randn(4, 3, 224, 224), 'label': torch.tensor([0, 1, 2, 0]), 'skipped': 0}
+    losses = []
+    for net, goal, state in ((model, objective, fit.state), benched):
+        seed_all(1)  # the same MixUp/CutMix and drop-path draws
+        # its own tensors: Mixup mixes the images in place
+        own = {key: value.clone() if torch.is_tensor(value) else value for key, value in batch.items()}
+        losses.append(train_one_epoch(net, [own], goal, state, info).loss)
+    assert losses[0] == losses[1]
+    for (name, a), b in zip(model.state_dict().items(), benched[0].state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(model.head.weight, initial)  # the step did update
 
 
 @pytest.mark.slow

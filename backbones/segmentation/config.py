@@ -74,7 +74,7 @@ def check_loader_sizes(cfg: Config, path: str) -> None:
                 raise UsageError(f'{path}: {name}.{key} = {value!r}; it must be a whole number of at least {least}')
 
 
-class DataFallback(EmbeddedData, Protocol):
+class EmbeddedSegData(EmbeddedData, Protocol):
     """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
     segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use)
     and the schedule a run takes there. Config edits only: a backbone pretrained for that data is the tool's to
@@ -178,7 +178,7 @@ def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | No
             for loader in LOADERS if cfg.get(loader)}
 
 
-def missing_data(roots: set[str], fallback: DataFallback | None) -> str | None:
+def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | None:
     """The config's own folder that is not on disk (ADE20K's, or the own-data configs' data/own_seg), where
     `fallback`'s data stands in for it; None when every folder is there. Any other missing folder is an error."""
     missing = sorted(root for root in roots if not Path(root).is_dir())
@@ -189,7 +189,7 @@ def missing_data(roots: set[str], fallback: DataFallback | None) -> str | None:
     return missing[0]
 
 
-def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallback | None = None) -> bool:
+def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSegData | None = None) -> bool:
     """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
     own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
     did."""
@@ -209,7 +209,7 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: DataFallba
 
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None,
-                         fallback: DataFallback | None = None) -> bool:
+                         fallback: EmbeddedSegData | None = None) -> bool:
     """`resolve_data` for a trained checkpoint (test_seg, predict_seg, export): an own-data set's classes must be the
     ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
     others."""

@@ -32,7 +32,7 @@ from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from mmseg.registry import MODELS
 
-from backbones.segmentation.config import DataFallback, read_config
+from backbones.segmentation.config import EmbeddedSegData, read_config
 from backbones.segmentation.predict import SegPredictor
 
 
@@ -88,7 +88,7 @@ def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int],
 
 def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
                      torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
-                     data_root: str | None = None, fallback: DataFallback | None = None) -> Path:
+                     data_root: str | None = None, fallback: EmbeddedSegData | None = None) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it."""
     if dynamic_size and onnx:
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
@@ -137,6 +137,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')
 
 
-def export_from_args(args: argparse.Namespace, out: Path, fallback: DataFallback | None = None) -> Path:
+def export_from_args(args: argparse.Namespace, out: Path, fallback: EmbeddedSegData | None = None) -> Path:
     return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
                             args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback)

@@ -14,7 +14,7 @@ from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic
 from backbones.common.images import image_files
 from backbones.common.log import logger
-from backbones.segmentation.config import DataFallback
+from backbones.segmentation.config import EmbeddedSegData
 from backbones.segmentation.data_check import TURNS, file_orientation
 from backbones.segmentation.pictures import draw_labels
 from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
@@ -43,7 +43,7 @@ def write_mask(values: np.ndarray, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None, description: str | None = None,
-         fallback: type[DataFallback] | None = None) -> list[Path]:
+         fallback: type[EmbeddedSegData] | None = None) -> list[Path]:
     """tools/predict_seg.py: without the config's data on disk, its classes are `fallback`'s (the tool gives its
     embedded set)."""
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)

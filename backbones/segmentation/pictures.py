@@ -20,7 +20,7 @@ from mmseg.visualization import SegLocalVisualizer
 from backbones.common.errors import DataError
 from backbones.common.drawing import enlarge, figure, finished
 
-from backbones.segmentation.config import DataFallback
+from backbones.segmentation.config import EmbeddedSegData
 from backbones.segmentation.metrics import read_report
 from backbones.segmentation.predict import SegPredictor
 
@@ -113,7 +113,7 @@ def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
 
 def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
                        report: str | None = None, alpha: float = 0.6, with_labels: bool = True,
-                       fallback: DataFallback | None = None) -> np.ndarray:
+                       fallback: EmbeddedSegData | None = None) -> np.ndarray:
     """`segmentation_picture` of what the model of `config` with the weights of `checkpoint` predicts for `image`
     (a path; None: the test set's first image), with its ground truth where the test set has it and the per-class
     IoU of a test_seg.py `report`. Without the config's ADE20K, the data is `fallback`'s."""

@@ -18,7 +18,7 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (DataFallback, check_segmentor_checkpoint, drop_tta_flips, load_config,
+from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, drop_tta_flips, load_config,
                                            resolve_trained_data)
 from backbones.segmentation.own_data import OWN_DATA_ROOT, is_own_data_config, use_trained_classes
 from backbones.segmentation.runner import load_weights
@@ -71,7 +71,7 @@ class SegPredictor:
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
-                 fallback: DataFallback | None = None, device: str = 'cpu') -> None:
+                 fallback: EmbeddedSegData | None = None, device: str = 'cpu') -> None:
         cfg = load_config(config, cfg_options)
         check_segmentor_checkpoint(checkpoint)
         if is_own_data_config(cfg) and not data_root and not Path(OWN_DATA_ROOT).is_dir():

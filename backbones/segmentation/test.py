@@ -11,7 +11,7 @@ from backbones.common.cli import check_output_folder, command_parser, output_fil
 from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
-from backbones.segmentation.config import (DataFallback, check_segmentor_checkpoint, drop_tta_flips, load_config,
+from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, drop_tta_flips, load_config,
                                            resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
@@ -55,7 +55,7 @@ def test_images(cfg: Config) -> list[Path]:
     return [Path(dataset.get_data_info(i)['img_path']) for i in range(len(dataset))]
 
 
-def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> Config:
+def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
     cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
@@ -75,7 +75,7 @@ def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> C
     return cfg
 
 
-def main(argv: list[str] | None = None, fallback: type[DataFallback] | None = None,
+def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,
          description: str | None = None) -> dict[str, float]:
     """tools/test_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)

@@ -20,9 +20,9 @@ from backbones.common.log import logger
 from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.segmentation.backbone import TIMM_RELEASE
-from backbones.segmentation.config import (DataFallback, accumulate_gradients, check_loader_sizes, check_pretrained,
-                                           data_roots, describe_schedule, drop_one_step_warmup, load_config,
-                                           missing_data, resolve_data, shorten_schedule)
+from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_loader_sizes,
+                                           check_pretrained, data_roots, describe_schedule, drop_one_step_warmup,
+                                           load_config, missing_data, resolve_data, shorten_schedule)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
@@ -129,7 +129,7 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: boo
     return None
 
 
-def prepare(args: argparse.Namespace, fallback: DataFallback | None = None) -> PreparedRun:
+def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> PreparedRun:
     """The config a run takes: the data (`fallback`'s without ADE20K, with its schedule), the command line's
     options, the schedule; and the pretraining it needs first, if any (the tool's to run: `train` takes its
     checkpoint)."""
@@ -191,7 +191,7 @@ def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
 
 
 def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
-                        fallback: type[DataFallback] | None) -> tuple[argparse.Namespace, DataFallback | None]:
+                        fallback: type[EmbeddedSegData] | None) -> tuple[argparse.Namespace, EmbeddedSegData | None]:
     """The command line, with the fallback's own options; and the fallback those options make."""
     if fallback is None:
         return parser.parse_args(argv), None

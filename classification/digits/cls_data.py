@@ -61,7 +61,7 @@ def label_store_complete(labels_dir: Path) -> bool:
 @dataclass(frozen=True)
 class EmbeddedScans:
     """scikit-learn's digit scans under `root` (images/, annotator/, token_labels/, backbones/): the classification
-    data of the tools when no ImageNet is given (`classification.train.DefaultData`)."""
+    data of the tools when no ImageNet is given (`classification.train.EmbeddedImageData`)."""
 
     root: Path = SCANS_DIR
     annotator: str = ANNOTATOR

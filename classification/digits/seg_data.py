@@ -1,5 +1,5 @@
 """The embedded pages as a segmentation config's data: what tools/train_seg.py, tools/test_seg.py and the
-segmentation pictures run on when the config's ADE20K is not on disk (`backbones.segmentation.config.DataFallback`).
+segmentation pictures run on when the config's ADE20K is not on disk (`backbones.segmentation.config.EmbeddedSegData`).
 
 The config keeps its model, heads, pipelines and test modes; its sizes are scaled to the pages, its schedule is
 replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on

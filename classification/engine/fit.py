@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -94,6 +95,16 @@ def step_line(step: TrainingStep) -> str:
     eta = '' if step.seconds_left is None else f'  ETA {datetime.timedelta(seconds=round(step.seconds_left))}'
     return (f'update {step.update}  batch {batch}  loss {step.loss:.4f}  lr {step.lr:.2e}  '
             f'{step.images_per_second:.0f} img/s  data {step.data_wait:.0%}{eta}')
+
+
+STEP_LINE = re.compile(r'\bupdate (\d+)  batch \d')  # what `step_line` writes first: the update count
+
+
+def update_of_step_line(line: str) -> int | None:
+    """The update count a training log line (`step_line`, as the logger prints it) reports, or None for other
+    lines."""
+    found = STEP_LINE.search(line)
+    return None if found is None else int(found[1])
 
 
 class RunLog:

@@ -7,9 +7,9 @@
 
 `start` builds timm's optimizer over `params` (Adam/AdamW fused into one kernel where the device has it) and its
 cosine schedule (stepped per update), mixed precision and its loss scaler, the EMA, channels-last weights and
-inputs for models with convolutions, `torch.compile` if asked, and restores a resumed run; `run` is the epoch
-loop of `Fit`; `finish` writes the run's metrics. The applications keep what is theirs: data, model, parameter
-groups, the loss, and what they report.
+inputs for models with convolutions, `torch.compile` if asked (`training_state`, which the loop benchmark's steps
+share), and restores a resumed run; `run` is the epoch loop of `Fit`; `finish` writes the run's metrics. The
+applications keep what is theirs: data, model, parameter groups, the loss, and what they report.
 """
 from __future__ import annotations
 
@@ -147,11 +147,12 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
-                       updates_per_epoch: int, amp: str) -> tuple[StepState, int]:
-    """timm's optimizer over `params` (a model, or parameter groups) and its cosine schedule stepped per update,
-    the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the epochs the schedule spans."""
+                       updates_per_epoch: int, amp: str, fused: bool = True) -> tuple[StepState, int]:
+    """timm's optimizer over `params` (a model, or parameter groups; `fused` into one kernel where it can be) and its
+    cosine schedule stepped per update, the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the
+    epochs the schedule spans."""
     o = optimization
-    fused = {'fused': True} if o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
+    fused = {'fused': True} if fused and o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
     optimizer = create_optimizer_v2(params, opt=o.opt, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
                                     **fused)
     scheduler, num_epochs = create_scheduler_v2(
@@ -168,6 +169,34 @@ def use_grad_checkpointing(model: nn.Module) -> None:
     if not hasattr(target, 'set_grad_checkpointing'):
         raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
     target.set_grad_checkpointing(True)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a training step runs besides its precision: the trainer's defaults, which the loop benchmark turns off one
+    by one."""
+
+    fused_optimizer: bool = True  # Adam/AdamW in one kernel where the device has it
+    channels_last: bool = True  # for models with convolutions
+    compile: bool = False
+    grad_checkpointing: bool = False
+
+
+def training_state(model: nn.Module, params: nn.Module | list, optimization: Optimization, updates_per_epoch: int,
+                   amp: str, device: torch.device, options: StepOptions = StepOptions()) -> tuple[StepState, int]:
+    """`model` made ready to train, the one way every run and benchmark does it: gradient checkpointing, on `device`,
+    channels-last, its optimization state (`optimization_state`; the EMA copies the model before it is compiled, so
+    it stays eager), then `torch.compile` in place (the state dict keeps its keys); and the epochs of the schedule."""
+    if options.grad_checkpointing:
+        use_grad_checkpointing(model)
+    model.to(device)
+    if options.channels_last:
+        use_channels_last(model)
+    state, num_epochs = optimization_state(model, params, optimization, updates_per_epoch, amp,
+                                           options.fused_optimizer)
+    if options.compile:
+        model.compile()
+    return state, num_epochs
 
 
 class Trainer:
@@ -207,13 +236,9 @@ class Trainer:
             logger.warning(f'warning: the lr for this global batch, {optimization.lr:.3g}, is below the schedule\'s '
                            f'floor (min lr {optimization.min_lr:.3g}): the cosine schedule will raise it; give a '
                            f'larger batch, --lr-base, or --min-lr')
-        if self.options.grad_checkpointing:
-            use_grad_checkpointing(model)
-        model.to(self.info.device)
-        use_channels_last(model)
-        state, self.num_epochs = optimization_state(model, params, optimization, updates_per_epoch, amp)
-        if self.options.compile:
-            model.compile()  # in place: the state dict keeps its keys; the EMA copy (made above) stays eager
+        step = StepOptions(compile=self.options.compile, grad_checkpointing=self.options.grad_checkpointing)
+        state, self.num_epochs = training_state(model, params, optimization, updates_per_epoch, amp, self.info.device,
+                                                step)
         fit = Fit(model, state, objective, self.info, self.output, config, amp, optimization.clip_grad,
                   train_transform, eval_transform, accumulate, self.options.checkpoint_minutes,
                   overlap=not self.options.serial_loop)

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -36,20 +33,21 @@ from backbones.common.cli import (
     write_document,
 )
 from backbones.common.distributed import DistInfo
-from backbones.common.errors import DataError, UsageError
+from backbones.common.errors import UsageError
 from backbones.common.images import find_classes, scan_split
 from backbones.common.log import logger, show_log
-from backbones.common.timing import available_cores, measured_on, synchronize
+from backbones.common.random_state import seed_all
+from backbones.common.timing import SteadyWindow, available_cores, measured_on
 from backbones.complexity import measure_complexity
 from classification.engine.steps import model_input, train_one_epoch
-from classification.engine.trainer import RunOptions, optimization_state, use_channels_last
-from classification.models import create_classifier, model_data_config
+from classification.engine.trainer import RunOptions, StepOptions, training_state
+from classification.models import model_data_config
 from classification.recipes import recipe_for
-from classification.token_labeling.annotate import SHAPING, generate_token_labels
-from classification.token_labeling.label_store import StoreWriter, TokenLabelStore, list_digest
-from classification.train import DECODE_CHOICES, ImageData, check_decode, make_loaders, make_objective, pick_augment
+from classification.studies.training_runs import TrainingRun, train_cls_command, update_of_timm_line
+from classification.token_labeling.annotate import GENERATION_SHAPING, generate_token_labels
+from classification.token_labeling.label_store import StoreRows, TokenLabelStore, list_digest, write_label_store
+from classification.train import DECODE_CHOICES, ImageData, check_decode, make_loaders, pick_augment, training_pieces
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
 MODELS = ('lvvit_s', 'deit_small_patch16_224')
 STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
 DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
@@ -151,7 +149,7 @@ def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
         (distinct / path).parent.mkdir(parents=True, exist_ok=True)
         (distinct / path).hardlink_to(data / path)
     annotator = tmp / 'annotator.pth'
-    torch.manual_seed(0)
+    seed_all(0)
     torch.save(timm.create_model('resnet10t', num_classes=len(find_classes(data / 'train'))).state_dict(),
                annotator)
     meta = generate_token_labels(distinct, 'resnet10t', tmp / 'distinct_labels', DistInfo(device=device),
@@ -159,11 +157,12 @@ def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
     source = TokenLabelStore(tmp / 'distinct_labels')
     paths = [path for path, _ in scan_split(data, 'train')[1]]
     rows = source.rows_of([source_entry(int(Path(path).stem)) for path in paths])
-    writer = StoreWriter(output, {**meta, 'paths_sha256': list_digest(paths)}, paths, SHAPING, DistInfo())
-    for shard, start, stop in writer.todo():
-        writer.write(np.arange(start, stop), *(array[rows[start:stop]] for array in source.arrays()))
-        writer.mark(shard, [])
-    writer.finish()
+
+    def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
+        yield StoreRows(np.arange(start, stop), tuple(array[rows[start:stop]] for array in source.arrays()))
+
+    write_label_store(output, {**meta, 'paths_sha256': list_digest(paths)}, paths, GENERATION_SHAPING, DistInfo(),
+                      shard_rows)
     return output
 
 
@@ -171,31 +170,6 @@ def endless(loader: Iterable[dict]) -> Iterator[dict]:
     """The loader's batches epoch after epoch (each epoch starts its workers again, as in training)."""
     while True:
         yield from loader
-
-
-class Window:
-    """A steady-state timing: `batches(source)` yields `warmup` untimed batches, then timed ones until at least
-    `seconds` have passed and `min_batches` were yielded; `images_per_second()` once they have been used. The
-    clock starts when the device has finished the warm-up's work and stops when it has finished the window's."""
-
-    def __init__(self, seconds: float, min_batches: int, warmup: int, device: torch.device) -> None:
-        self.seconds, self.min_batches, self.warmup, self.device = seconds, min_batches, warmup, device
-        self.images, self.started = 0, None
-
-    def batches(self, source: Iterator[dict]) -> Iterator[dict]:
-        for _ in range(self.warmup):
-            yield next(source)
-        synchronize(self.device)
-        self.started, count = time.perf_counter(), 0
-        while count < self.min_batches or time.perf_counter() - self.started < self.seconds:
-            batch = next(source)
-            self.images += len(batch['label'])
-            count += 1
-            yield batch
-
-    def images_per_second(self) -> float:
-        synchronize(self.device)
-        return self.images / (time.perf_counter() - self.started)
 
 
 @contextlib.contextmanager
@@ -208,8 +182,9 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-class Setup:
-    """One model's training pieces, as `classification.train` builds them, and its timing windows."""
+class BenchedModel:
+    """One model under the benchmark: its recipe at the benchmark's batch, data and store, the training pieces
+    `classification.train` builds for it, and its timing windows."""
 
     def __init__(self, model_name: str, data: ImageData, args: argparse.Namespace, info: DistInfo) -> None:
         self.name, self.data, self.args, self.info = model_name, data, args, info
@@ -219,11 +194,11 @@ class Setup:
         self.recipe.img_size = self.data_cfg['input_size'][-1]
         self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
 
-    def window(self, workers: int, min_batches: int | None = None) -> Window:
+    def window(self, workers: int, min_batches: int | None = None) -> SteadyWindow:
         """A timing window past what `workers` loader processes prefetch (2 batches of warm-up without workers:
         the first one also builds what the step builds once), of at least `min_batches` (default `--min-batches`)."""
-        return Window(self.args.seconds, min_batches or self.args.min_batches, workers * PREFETCH_FACTOR + 2,
-                      self.info.device)
+        return SteadyWindow(self.args.seconds, min_batches or self.args.min_batches, workers * PREFETCH_FACTOR + 2,
+                            self.info.device)
 
     def loaders(self, augment: str, workers: int):
         """(training loader, the device half of the augmentation or None)."""
@@ -233,89 +208,65 @@ class Setup:
         self.num_classes, self.updates_per_epoch = len(classes), len(train_loader)
         return train_loader, device_tf
 
-    def step_pieces(self, fused: bool = True, channels_last: bool = True, compile: bool = False,
-                    preset: str | None = None):
-        """(model, objective, step state) as the trainer builds them, with the given step options (and `preset`
-        over the model's recipe)."""
-        torch.manual_seed(0)
+    def step_pieces(self, options: StepOptions, amp: str, preset: str | None = None):
+        """(model, objective, step state) as a training run builds them, with the given step options and precision
+        (and `preset` over the model's recipe)."""
         r = self.recipe if preset is None else recipe_for(self.name, preset)
-        model = create_classifier(self.name, self.num_classes, r.img_size, r.token_labeling, r.mix_token,
-                                  drop_path_rate=r.drop_path).to(self.info.device)
-        if channels_last:
-            use_channels_last(model)
-        state, _ = optimization_state(model, model, r.optimization(r.batch_size), 1000, self.args.amp)
-        if not fused:
-            for group in state.optimizer.param_groups:
-                group['fused'] = None
-        if compile:
-            model.compile()
-        return model, make_objective(r, self.num_classes), state
+        model, objective = training_pieces(self.name, r, self.num_classes, 0, self.info)
+        state, _ = training_state(model, model, r.optimization(r.batch_size), 1000, amp, self.info.device, options)
+        return model, objective, state
 
 
-def reported(images_per_second: float, setup: Setup, stage: str) -> float:
+def reported(images_per_second: float, bench: BenchedModel, stage: str) -> float:
     """Logs a stage's figure as soon as it is measured (a run stopped by a time limit keeps what it measured)."""
-    logger.info(f'{setup.name}: {stage}: {images_per_second:.1f} img/s')
+    logger.info(f'{bench.name}: {stage}: {images_per_second:.1f} img/s')
     return images_per_second
 
 
-def pipeline_images_per_second(setup: Setup, augment: str, workers: int, with_device_half: bool = True) -> float:
+def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, with_device_half: bool = True) -> float:
     """Batches through the loader (and, `with_device_half`, the device's half to model input on the device)."""
-    loader, device_tf = setup.loaders(augment, workers)
+    loader, device_tf = bench.loaders(augment, workers)
     # --min-batches is for the GPU's short steps: one core's pipeline makes 200 batches of 256 in minutes, not seconds
-    window = setup.window(workers, min_batches=CPU_MIN_BATCHES if workers == 0 else None)
+    window = bench.window(workers, min_batches=CPU_MIN_BATCHES if workers == 0 else None)
     for batch in window.batches(endless(loader)):
         if with_device_half:
-            model_input(batch, setup.info, device_tf)
-    return reported(window.images_per_second(), setup, f'input pipeline, {augment} path, {workers} workers'
+            model_input(batch, bench.info, device_tf)
+    return reported(window.images_per_second(), bench, f'input pipeline, {augment} path, {workers} workers'
                     + ('' if with_device_half else " (the workers' half alone)"))
 
 
-def step_images_per_second(setup: Setup, batch: dict, options: dict, amp: str) -> float:
+def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOptions, amp: str,
+                           preset: str | None = None) -> float:
     """The training step alone (the token targets' building included) on one batch already on the device (the
     warm-up compiles when asked)."""
-    model, objective, state = setup.step_pieces(**options)
-    window = setup.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
-    train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, setup.info, amp)
-    return reported(window.images_per_second(), setup, f'model step {options} amp {amp}')
+    model, objective, state = bench.step_pieces(options, amp, preset)
+    window = bench.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
+    train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, bench.info, amp)
+    return reported(window.images_per_second(), bench, f'model step {options} amp {amp}'
+                    + (f' ({preset} recipe)' if preset else ''))
 
 
-def loop_images_per_second(setup: Setup, augment: str, overlap: bool = True) -> float:
+def loop_images_per_second(bench: BenchedModel, augment: str, overlap: bool = True) -> float:
     """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: batches prepared ahead)."""
-    loader, device_tf = setup.loaders(augment, setup.args.workers)
-    model, objective, state = setup.step_pieces()
-    window = setup.window(setup.args.workers)
-    train_one_epoch(model, window.batches(endless(loader)), objective, state, setup.info, setup.args.amp,
+    loader, device_tf = bench.loaders(augment, bench.args.workers)
+    model, objective, state = bench.step_pieces(StepOptions(), bench.args.amp)
+    window = bench.window(bench.args.workers)
+    train_one_epoch(model, window.batches(endless(loader)), objective, state, bench.info, bench.args.amp,
                     transform=device_tf, overlap=overlap)
     order = 'overlapped' if overlap else 'serial'
-    return reported(window.images_per_second(), setup, f'whole loop, {augment} path, {order}')
+    return reported(window.images_per_second(), bench, f'whole loop, {augment} path, {order}')
 
 
-TRAIN_CLS_UPDATE = re.compile(r'\bupdate (\d+)  batch ')  # train_cls's log line of its n-th update
-TIMM_UPDATE = re.compile(r'Train: (\d+) \[\s*(\d+)/(\d+)')  # timm's: epoch, update in the epoch (from 0), updates
-
-
-def train_cls_update(line: str) -> int | None:
-    """The run's update count a train_cls log line reports, or None."""
-    found = TRAIN_CLS_UPDATE.search(line)
-    return None if found is None else int(found[1])
-
-
-def timm_update(line: str) -> int | None:
-    """The run's update count (from 1) a timm train.py log line reports, or None."""
-    found = TIMM_UPDATE.search(line)
-    return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
-
-
-def train_cls_images_per_second(setup: Setup, augment: str, output: Path) -> dict[str, float | int]:
-    """`tools/train_cls.py` itself on the setup's model and data, one update line per update (`timed_updates`)."""
-    model_name, data, args = setup.name, setup.data, setup.args
-    command = [sys.executable, str(ROOT / 'tools' / 'train_cls.py'), model_name, '--data-dir', str(data.root),
-               '--output', str(output), '--epochs', '1000', '--batch-size', str(args.batch_size), '--workers',
-               str(args.workers), '--device', args.device, '--amp', args.amp, '--augment', augment,
-               '--log-interval', '1', '--pictures', '0', *(['--decode', args.decode] if augment == 'batched' else [])]
+def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path) -> dict[str, float | int]:
+    """`tools/train_cls.py` itself on the benched model and data, one update line per update (`timed_updates`)."""
+    model_name, data, args = bench.name, bench.data, bench.args
+    options = [model_name, '--data-dir', data.root, '--output', output, '--epochs', '1000', '--batch-size',
+               args.batch_size, '--workers', args.workers, '--device', args.device, '--amp', args.amp, '--augment',
+               augment, '--log-interval', '1', '--pictures', '0',
+               *(['--decode', args.decode] if augment == 'batched' else [])]
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
-        command += ['--token-label-dir', str(data.token_labels)]
-    return timed_updates(command, train_cls_update, 'tools/train_cls.py', setup)
+        options += ['--token-label-dir', data.token_labels]
+    return timed_updates(TrainingRun(train_cls_command(options), 'tools/train_cls.py'), bench)
 
 
 def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,
@@ -360,51 +311,29 @@ def check_timm_train(args: argparse.Namespace) -> None:
                          f"https://github.com/huggingface/pytorch-image-models at the installed timm's version")
 
 
-def timm_train_images_per_second(script: Path, setup: Setup, output: Path) -> dict[str, float | int]:
-    """timm's train.py on the setup's model and data (`timm_train_command`), timed by `timed_updates`."""
-    command = timm_train_command(script, setup.name, setup.num_classes, setup.data.root, output, setup.args)
-    return timed_updates(command, timm_update, f'timm\'s {script.name}', setup)
+def timm_train_images_per_second(script: Path, bench: BenchedModel, output: Path) -> dict[str, float | int]:
+    """timm's train.py on the benched model and data (`timm_train_command`), timed by `timed_updates`."""
+    command = timm_train_command(script, bench.name, bench.num_classes, bench.data.root, output, bench.args)
+    return timed_updates(TrainingRun(command, f'timm\'s {script.name}', update_of_timm_line), bench)
 
 
-def timed_updates(command: list[str], update_of, name: str, setup: Setup) -> dict[str, float | int]:
-    """Images/s of a training command from its update lines as they arrive: between its update `--skip-updates`
-    (past the start-up and the loader's prefetch) and the first update at least `--seconds` and `--min-batches`
-    updates later; then the command is stopped (its whole session: the loader workers too). The window must end
-    within the first epoch: an epoch's end (validation, checkpoint) is not the training pace."""
-    args, per_epoch = setup.args, setup.updates_per_epoch  # the training split as the loaders listed it
-    skip = max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    start, lines = None, []
-    try:
-        for line in process.stdout:
-            lines = lines[-20:] + [line.rstrip()]
-            update, now = update_of(line), time.perf_counter()
-            if update is None:
-                continue
-            if update > per_epoch:
-                raise UsageError(f'{name}: the timing window reached the end of the first epoch ({per_epoch} '
-                                 f'updates); give more --images, or fewer --skip-updates or --min-batches')
-            if update == skip:
-                start = (update, now)
-            elif start is not None and update - start[0] >= args.min_batches and now - start[1] >= args.seconds:
-                updates = update - start[0]
-                rate = reported(updates * args.batch_size / (now - start[1]), setup, name)
-                return {'img_s': rate, 'updates_timed': updates, 'after_updates': skip}
-        process.wait()
-        raise DataError(f'{name} stopped (exit {process.returncode}) before {skip} updates and the timing window: '
-                        + ' | '.join(lines[-3:]))
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def timed_updates(run: TrainingRun, bench: BenchedModel) -> dict[str, float | int]:
+    """Images/s of a training run from its update lines as they arrive, in a steady-state window: after its update
+    `--skip-updates` (past the start-up and the loader's prefetch), at least `--seconds` and `--min-batches`
+    updates; then the run is stopped (every process of it). The window must end within the first epoch."""
+    args = bench.args
+    window = SteadyWindow(args.seconds, args.min_batches, max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2))
+    with run:
+        rate, updates = run.steady_rate(window, args.batch_size, bench.updates_per_epoch,  # as the loaders listed it
+                                        'give more --images, or fewer --skip-updates or --min-batches')
+    return {'img_s': reported(rate, bench, run.name), 'updates_timed': updates, 'after_updates': window.first}
 
 
-def device_batch(setup: Setup, augment: str) -> dict:
+def device_batch(bench: BenchedModel, augment: str) -> dict:
     """One training batch with its images as model input, everything on the device (read in this process: no
     loader workers left running beside the step timings)."""
-    loader, device_tf = setup.loaders(augment, workers=0)
-    info = setup.info
+    loader, device_tf = bench.loaders(augment, workers=0)
+    info = bench.info
     batch = next(iter(loader))
     batch['image'] = model_input(batch, info, device_tf)
     for key in ('label', 'scores', 'classes'):
@@ -421,10 +350,10 @@ def peak_tflops(args: argparse.Namespace) -> float | None:
     return next((peak for key, peak in HALF_PRECISION_PEAKS if key in name), None)
 
 
-def step_flops(setup: Setup, images_per_second: float, peak: float | None) -> dict[str, float | None]:
+def step_flops(bench: BenchedModel, images_per_second: float, peak: float | None) -> dict[str, float | None]:
     """The training step's FLOPs per image (6 per MAC of the model's forward at the recipe's size: forward and
     backward), the TFLOP/s it runs at, and its share of the device's `peak` (MFU; None without a peak)."""
-    macs = measure_complexity(setup.name, setup.recipe.img_size, num_classes=setup.num_classes).macs
+    macs = measure_complexity(bench.name, bench.recipe.img_size, num_classes=bench.num_classes).macs
     per_image = TRAIN_FLOPS_PER_MAC * macs
     achieved = per_image * images_per_second / 1e12
     return {'per_image_gflop': per_image / 1e9, 'tflop_s': achieved, 'peak_tflop_s': peak,
@@ -468,45 +397,45 @@ def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
 
 def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) -> dict[str, object]:
     info = DistInfo(device=torch.device(args.device))
-    setup = Setup(model_name, data, args, info)
-    figures: dict[str, object] = {'model': model_name, 'token_labeling': setup.recipe.uses_score_maps,
-                                  'batch_size': args.batch_size, 'img_size': setup.recipe.img_size}
+    bench = BenchedModel(model_name, data, args, info)
+    figures: dict[str, object] = {'model': model_name, 'token_labeling': bench.recipe.uses_score_maps,
+                                  'batch_size': args.batch_size, 'img_size': bench.recipe.img_size}
     with torch_threads(1):
-        per_core = {path: pipeline_images_per_second(setup, path, 0) for path in ('pil', 'batched')}
-        per_core['batched_workers_half'] = pipeline_images_per_second(setup, 'batched', 0, with_device_half=False)
+        per_core = {path: pipeline_images_per_second(bench, path, 0) for path in ('pil', 'batched')}
+        per_core['batched_workers_half'] = pipeline_images_per_second(bench, 'batched', 0, with_device_half=False)
     per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
     figures['pipeline_per_core_img_s'] = per_core
     figures[f'pipeline_{args.workers}_workers_img_s'] = pool = {
-        path: pipeline_images_per_second(setup, path, args.workers) for path in ('pil', 'batched')}
+        path: pipeline_images_per_second(bench, path, args.workers) for path in ('pil', 'batched')}
     figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = pipeline_ceilings(per_core, args.workers,
                                                                                  available_cores(), args.device)
     loop_path = pick_augment(args.augment, info.device)
-    batch = device_batch(setup, loop_path)
-    variants = {'trainer': (dict(fused=True, channels_last=True, compile=False), args.amp)}
+    batch = device_batch(bench, loop_path)
+    variants = {'trainer': (StepOptions(), args.amp, None)}
     if args.compare_step:
         variants.update(step_variants())
-        if setup.recipe.token_labeling:  # what token labeling costs: the same model's step in the Standard recipe
-            variants['standard'] = ({**variants['trainer'][0], 'preset': 'standard'}, args.amp)
-    steps = {label: step_images_per_second(setup, batch, options, amp) for label, (options, amp) in variants.items()}
+        if bench.recipe.token_labeling:  # what token labeling costs: the same model's step in the Standard recipe
+            variants['standard'] = (StepOptions(), args.amp, 'standard')
+    steps = {label: step_images_per_second(bench, batch, *variant) for label, variant in variants.items()}
     step = figures['model_step_img_s'] = steps['trainer']
-    figures['step_flops'] = step_flops(setup, step, peak_tflops(args))
+    figures['step_flops'] = step_flops(bench, step, peak_tflops(args))
     if args.compare_step:
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
         if 'standard' in steps:
             figures['step_options']['token_labeling_ratio'] = step / steps['standard']
-    loop = figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(setup, loop_path)}
+    loop = figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(bench, loop_path)}
     loop['of_step'] = loop['img_s'] / step
     if args.compare_loop:
-        loop['serial_img_s'] = loop_images_per_second(setup, loop_path, overlap=False)
+        loop['serial_img_s'] = loop_images_per_second(bench, loop_path, overlap=False)
         loop['overlap_gain'] = loop['img_s'] / loop['serial_img_s']
-    against_timm = args.timm_train is not None and not setup.recipe.token_labeling
+    against_timm = args.timm_train is not None and not bench.recipe.token_labeling
     if args.train_cls or against_timm:
         with tempfile.TemporaryDirectory() as output:
-            figures['train_cls'] = train_cls_images_per_second(setup, loop_path, Path(output))
+            figures['train_cls'] = train_cls_images_per_second(bench, loop_path, Path(output))
     if against_timm:
         with tempfile.TemporaryDirectory() as output:
-            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), setup,
+            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), bench,
                                                                             Path(output))
         timm_run['suite_ratio'] = figures['train_cls']['img_s'] / timm_run['img_s']
     figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
@@ -514,12 +443,13 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     return figures
 
 
-def step_variants() -> dict[str, tuple]:
-    """The step with none of the trainer's step options, then with each alone: (options, amp)."""
-    plain = dict(fused=False, channels_last=False, compile=False)
-    return {'plain': (plain, 'none'), 'fused_optimizer': ({**plain, 'fused': True}, 'none'),
-            'channels_last': ({**plain, 'channels_last': True}, 'none'), 'bf16': (plain, 'bf16'),
-            'compile': ({**plain, 'compile': True}, 'none')}
+def step_variants() -> dict[str, tuple[StepOptions, str, None]]:
+    """The step with none of the trainer's step options, then with each alone: (options, amp, preset)."""
+    plain = StepOptions(fused_optimizer=False, channels_last=False, compile=False)
+    return {'plain': (plain, 'none', None),
+            'fused_optimizer': (dataclasses.replace(plain, fused_optimizer=True), 'none', None),
+            'channels_last': (dataclasses.replace(plain, channels_last=True), 'none', None),
+            'bf16': (plain, 'bf16', None), 'compile': (dataclasses.replace(plain, compile=True), 'none', None)}
 
 
 def describe(f: dict[str, object], workers: int) -> list[str]:

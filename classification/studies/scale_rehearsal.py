@@ -3,17 +3,10 @@ the label store, listing, loader-worker memory, the first update and checkpoints
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
-import json
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,31 +29,33 @@ from backbones.common.files import write_json_atomic
 from backbones.common.images import scan_split
 from backbones.common.log import logger
 from backbones.common.memory import ChildMemory, Memory, child_pids, process_memory
+from backbones.common.timing import timed
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping
 from classification.engine.trainer import RunOptions, Trainer
-from classification.models import create_classifier, model_data_config
+from classification.models import model_data_config
 from classification.recipes import recipe_for
+from classification.studies.training_runs import ROOT, TrainingRun, train_cls_command
 from classification.token_labeling.label_store import (
     DEFAULT_SHARD_SIZE,
     VERIFIED,
-    StoreWriter,
+    StoreRows,
     TokenLabelStore,
     read_marker,
     read_meta,
+    write_label_store,
 )
 from classification.token_labeling.released_labels import (
+    IMPORT_SHAPING,
     RELEASES,
-    SHAPING,
     centre_square,
     import_released_labels,
     load_map,
     release_meta,
     store_row,
 )
-from classification.train import make_objective
+from classification.train import training_pieces
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1000
 RELEASE_SHAPE = (2, 5, 18, 18)  # TokenLabeling's NFNet-F6 release: [scores, classes] x top-5 x 18 x 18
 JPEG_SIZES = ((64, 48), (48, 64), (56, 56))  # wide, tall and square: the centre-square extents differ
@@ -164,14 +159,18 @@ def build_trees(root: Path, scale: float) -> dict:
     train, val = per_class(TRAIN_IMAGES, scale), per_class(VAL_IMAGES, scale)
     first_val = np.concatenate([[0], np.cumsum(val)[:-1]]).tolist()
     jpegs, label = tiny_jpegs(), release_file()
-    before, start = disk_used(root), time.perf_counter()
-    with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
-        list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c], val[c],
-                                            first_val[c], jpegs, label), range(NUM_CLASSES)))
-    write_store(root)
-    os.sync()
+
+    def write_trees() -> None:
+        with ThreadPoolExecutor(4) as pool:  # file creation waits on the file system more than on Python
+            list(pool.map(lambda c: write_class(root / 'imagenet', root / 'release', class_names()[c], train[c],
+                                                val[c], first_val[c], jpegs, label), range(NUM_CLASSES)))
+        write_store(root)
+        os.sync()
+
+    before = disk_used(root)
+    _, seconds = timed(write_trees)
     built = {'scale': scale, 'train': sum(train), 'val': sum(val), 'files': 2 * sum(train) + sum(val),
-             'seconds': time.perf_counter() - start, 'disk_bytes': disk_used(root) - before}
+             'seconds': seconds, 'disk_bytes': disk_used(root) - before}
     write_json_atomic(record, built)
     return {**built, 'reused': False}
 
@@ -184,21 +183,21 @@ def write_store(root: Path) -> None:
     release = RELEASES['tokenlabeling']
     value = load_map(root / 'release' / classes[0] / f'{Path(paths[0]).stem}.pt')
     meta = release_meta(release, tuple(value.shape), root / 'release', classes, paths, 'train', DEFAULT_SHARD_SIZE)
-    writer = StoreWriter(root / 'store', meta, paths, SHAPING, DistInfo(), with_extent=True, skipped_key='missing')
     scores, class_ids = store_row(value)
     extents = np.array([centre_square(size) for size in JPEG_SIZES], dtype=np.float32)
     sizes = np.array([int(Path(path).stem.rsplit('_', 1)[1]) % len(JPEG_SIZES) for path in paths])
-    for shard, start, stop in writer.todo():
-        rows = np.arange(start, stop)
-        writer.write(rows, scores, class_ids, extents[sizes[start:stop]])
-        writer.mark(shard, [])
-    writer.finish()
+
+    def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
+        yield StoreRows(np.arange(start, stop), (scores, class_ids, extents[sizes[start:stop]]))
+
+    write_label_store(root / 'store', meta, paths, IMPORT_SHAPING, DistInfo(), shard_rows, with_extent=True,
+                      skipped_key='missing')
 
 
 # --------------------------------------------------------------------------------------------------------- stages
 
-class Figures:
-    """The rehearsal's figures: a table row each (stage, what, value) and the same in JSON."""
+class MeasurementTable:
+    """The rehearsal's measurements: a table row each (stage, what, value), and the values by stage for JSON."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, str]] = []
@@ -209,44 +208,38 @@ class Figures:
         self.rows.append((stage, what, shown if shown is not None else str(value)))
         logger.info(f'  {stage:12s} {what:44s} {self.rows[-1][2]}')
 
-    def table(self) -> str:
+    def markdown(self) -> str:
         lines = ['| stage | figure | value |', '|---|---|---:|']
         return '\n'.join(lines + [f'| {stage} | {what} | {value} |' for stage, what, value in self.rows])
-
-
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
 
 
 def mb(value: int) -> str:
     return f'{value / MB:,.0f} MB'
 
 
-def stage_build(args: argparse.Namespace, figures: Figures) -> None:
+def stage_build(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     built = build_trees(args.root, args.scale)
-    figures.add('build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    measurements.add('build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
     if built['reused']:
-        figures.add('build', 'trees', 'reused from an earlier run')
+        measurements.add('build', 'trees', 'reused from an earlier run')
         return
-    figures.add('build', 'files written (images and release)', built['files'])
-    figures.add('build', 'seconds', round(built['seconds'], 1))
-    figures.add('build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
+    measurements.add('build', 'files written (images and release)', built['files'])
+    measurements.add('build', 'seconds', round(built['seconds'], 1))
+    measurements.add('build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
 
 
-def stage_listing(args: argparse.Namespace, figures: Figures, split: str = 'train') -> None:
+def stage_listing(args: argparse.Namespace, measurements: MeasurementTable, split: str = 'train') -> None:
     stage = 'listing' if split == 'train' else 'val-listing'
     before = process_memory().uss
     (_, samples), seconds = timed(lambda: scan_split(args.root / 'imagenet', split))
-    figures.add(stage, 'files listed', len(samples))
-    figures.add(stage, 'seconds', round(seconds, 2))
-    figures.add(stage, 'files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
+    measurements.add(stage, 'files listed', len(samples))
+    measurements.add(stage, 'seconds', round(seconds, 2))
+    measurements.add(stage, 'files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
     grown = process_memory().uss - before
-    figures.add(stage, 'memory of the listing (USS)', grown, mb(grown))
+    measurements.add(stage, 'memory of the listing (USS)', grown, mb(grown))
 
 
-def stage_import(args: argparse.Namespace, figures: Figures) -> None:
+def stage_import(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     store = args.root / 'imported'
     shutil.rmtree(store, ignore_errors=True)
     _, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
@@ -254,29 +247,29 @@ def stage_import(args: argparse.Namespace, figures: Figures) -> None:
     imported = TokenLabelStore(store, verify=False)
     rows = len(imported)
     size = sum(f.stat().st_size for f in store.iterdir() if f.is_file())
-    figures.add('import', 'files imported', rows)
-    figures.add('import', 'seconds', round(seconds, 1))
-    figures.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
-    figures.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
+    measurements.add('import', 'files imported', rows)
+    measurements.add('import', 'seconds', round(seconds, 1))
+    measurements.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
+    measurements.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
     same = all(np.array_equal(a, b) for a, b in zip(imported.arrays(),
                                                       TokenLabelStore(args.root / 'store', verify=False).arrays()))
-    figures.add('import', 'rows equal to the directly written store', same)
+    measurements.add('import', 'rows equal to the directly written store', same)
     shutil.rmtree(store)
 
 
-def stage_store(args: argparse.Namespace, figures: Figures) -> None:
+def stage_store(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     before = process_memory().uss
     store, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=False))
-    figures.add('store', 'open without verification, seconds', round(seconds, 2))
+    measurements.add('store', 'open without verification, seconds', round(seconds, 2))
     grown = process_memory().uss - before
-    figures.add('store', 'memory of the open store (USS)', grown, mb(grown))
+    measurements.add('store', 'memory of the open store (USS)', grown, mb(grown))
     del store
     forget_verification(args.root)
     _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
-    figures.add('store', 'open with verification, seconds', round(seconds, 1))
+    measurements.add('store', 'open with verification, seconds', round(seconds, 1))
     if (args.root / 'store' / VERIFIED).exists():  # recorded: the next opening reads no row
         _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
-        figures.add('store', f'open again ({VERIFIED} recorded), seconds', round(seconds, 2))
+        measurements.add('store', f'open again ({VERIFIED} recorded), seconds', round(seconds, 2))
 
 
 def forget_verification(root: Path) -> None:
@@ -296,121 +289,96 @@ def training_set(args: argparse.Namespace) -> ImageFolderDataset:
                               label_store=TokenLabelStore(args.root / 'store', verify=False))
 
 
-def stage_dataset(args: argparse.Namespace, figures: Figures) -> None:
+def stage_dataset(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     before = process_memory().uss
     dataset, seconds = timed(lambda: training_set(args))
-    figures.add('dataset', 'images', len(dataset))
-    figures.add('dataset', 'seconds to build', round(seconds, 1))
+    measurements.add('dataset', 'images', len(dataset))
+    measurements.add('dataset', 'seconds to build', round(seconds, 1))
     grown = process_memory().uss - before
-    figures.add('dataset', 'memory of the dataset (USS)', grown, mb(grown))
+    measurements.add('dataset', 'memory of the dataset (USS)', grown, mb(grown))
 
 
-def stage_pass(args: argparse.Namespace, figures: Figures) -> None:
+def stage_pass(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     dataset = training_set(args)
     loader = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0, collate_skipping)[0]
     loader.sampler.set_epoch(0)
     dataset.set_epoch(0, 0)
     batches = min(len(loader), -(-(args.pass_images or len(dataset)) // args.batch_size))
-    memory, seen, start = ChildMemory(), 0, time.perf_counter()
-    for n, batch in enumerate(loader, 1):
-        seen += len(batch['label'])
-        if n in (1, batches):  # the workers' memory once they started, and once they read their last batch
-            memory.sample()
-        if n == batches:
-            break
-    seconds = time.perf_counter() - start
-    figures.add('pass', 'images read (shuffled order)', seen)
-    figures.add('pass', 'seconds', round(seconds, 1))
-    figures.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+    memory = ChildMemory()
+
+    def read_pass() -> int:
+        seen = 0
+        for n, batch in enumerate(loader, 1):
+            seen += len(batch['label'])
+            if n in (1, batches):  # the workers' memory once they started, and once they read their last batch
+                memory.sample()
+            if n == batches:
+                break
+        return seen
+
+    seen, seconds = timed(read_pass)
+    measurements.add('pass', 'images read (shuffled order)', seen)
+    measurements.add('pass', 'seconds', round(seconds, 1))
+    measurements.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
     for n, pid in enumerate(sorted(memory.first)):
         first, last = memory.first[pid], memory.last[pid]
-        figures.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
-                    f'{mb(first.uss)} / {mb(last.uss)}')
-        figures.add('pass', f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
-                    f'{mb(first.dirty)} / {mb(last.dirty)}')
-        figures.add('pass', f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
-                    mb(last.dirty - first.dirty))
-        figures.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
+        measurements.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
+                         f'{mb(first.uss)} / {mb(last.uss)}')
+        measurements.add('pass', f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
+                         f'{mb(first.dirty)} / {mb(last.dirty)}')
+        measurements.add('pass', f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
+                         mb(last.dirty - first.dirty))
+        measurements.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
 
 
-FIRST_UPDATE = re.compile(r'\bupdate\s+1\b')
-
-
-def first_step(args: argparse.Namespace, output: Path, port: int) -> tuple[float, list[Memory], list[str]]:
+def first_step(args: argparse.Namespace, output: Path) -> tuple[float, list[Memory], list[str]]:
     """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
     and the log up to it."""
     shutil.rmtree(output, ignore_errors=True)
-    command = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', str(args.processes),
-               '--master-port', str(port), str(ROOT / 'tools' / 'train_cls.py'), 'lvvit_s', '--model-kwargs',
-               'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', str(args.root / 'imagenet'),
-               '--token-label-dir', str(args.root / 'store'), '--img-size', '32', '--batch-size', '32',
-               '--workers', str(args.workers), '--log-interval', '1', '--pictures', '0', '--device', 'cpu',
-               '--output', str(output)]
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
-    start = time.perf_counter()
-    launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-    log: list[str] = []
-    try:
-        for line in launcher.stdout:
-            log.append(line.rstrip())
-            if FIRST_UPDATE.search(line):
-                seconds = time.perf_counter() - start
-                return seconds, [process_memory(pid) for pid in child_pids(launcher.pid)], log
-        raise RuntimeError(f'train_cls ended (exit {launcher.wait()}) before its first update:\n'
-                           + '\n'.join(log[-20:]))
-    finally:
-        for pid in [launcher.pid, *descendants(launcher.pid)]:  # torchrun's workers have sessions of their own
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        launcher.wait()
+    command = train_cls_command(
+        ['lvvit_s', '--model-kwargs', 'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', args.root / 'imagenet',
+         '--token-label-dir', args.root / 'store', '--img-size', '32', '--batch-size', '32', '--workers', args.workers,
+         '--log-interval', '1', '--pictures', '0', '--device', 'cpu', '--output', output], processes=args.processes)
+    with TrainingRun(command, 'torchrun tools/train_cls.py', env={'OMP_NUM_THREADS': '1'}) as run:
+        for _ in run.updates():
+            return run.seconds_since_launch(), [process_memory(pid) for pid in child_pids(run.process.pid)], run.log
+        raise run.ended_before('its first update')
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`: its children, theirs, and so on."""
-    found = []
-    for child in child_pids(pid):
-        found += [child, *descendants(child)]
-    return found
-
-
-def stage_first_step(args: argparse.Namespace, figures: Figures) -> None:
+def stage_first_step(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     forget_verification(args.root)
-    for n, name in enumerate(('first start', 'second start')):
-        seconds, memory, log = first_step(args, args.root / 'first_step', 29751 + n)
-        figures.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
-        figures.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
-                    ' / '.join(mb(m.uss) for m in memory))
+    for name in ('first start', 'second start'):
+        seconds, memory, log = first_step(args, args.root / 'first_step')
+        measurements.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
+        measurements.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
+                         ' / '.join(mb(m.uss) for m in memory))
         store_lines = [line.split('] ')[-1][:120] for line in log if ' verified' in line or ': listed ' in line]
-        figures.add('first-step', f'{name}: log', store_lines, '; '.join(store_lines))
+        measurements.add('first-step', f'{name}: log', store_lines, '; '.join(store_lines))
 
 
-def stage_checkpoint(args: argparse.Namespace, figures: Figures) -> None:
+def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     for name in args.checkpoint_models:
         recipe = recipe_for(name)
         recipe.img_size = recipe.img_size or model_data_config(name)['input_size'][-1]
         output = args.root / 'checkpoint' / name
         shutil.rmtree(output, ignore_errors=True)
         trainer = Trainer(RunOptions(output=output), DistInfo())
-        model = create_classifier(name, NUM_CLASSES, recipe.img_size, recipe.token_labeling, recipe.mix_token)
+        model, objective = training_pieces(name, recipe, NUM_CLASSES, trainer.options.seed, trainer.info)
         optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
-        fit = trainer.start(model, bare_model(model), optimization, make_objective(recipe, NUM_CLASSES),
-                            {'model': name}, 1)
+        fit = trainer.start(model, bare_model(model), optimization, objective, {'model': name}, 1)
         for param in model.parameters():
             param.grad = torch.zeros_like(param)
         fit.state.optimizer.step()  # AdamW's moments exist, as in any checkpoint after the first update
-        start = time.perf_counter()
-        fit.save(1, is_best=False)
-        seconds = time.perf_counter() - start
+        _, seconds = timed(lambda: fit.save(1, is_best=False))
         size = (output / 'last.pth').stat().st_size
         params = sum(p.numel() for p in model.parameters())
-        figures.add('checkpoint', f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size,
-                    f'{size / 1024 ** 3:.2f} GB')
-        figures.add('checkpoint', f'{name}: seconds to write', round(seconds, 1))
+        measurements.add('checkpoint', f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size,
+                         f'{size / 1024 ** 3:.2f} GB')
+        measurements.add('checkpoint', f'{name}: seconds to write', round(seconds, 1))
         shutil.rmtree(output)
 
 
-RUNNERS: dict[str, Callable[[argparse.Namespace, Figures], None]] = {
+RUNNERS: dict[str, Callable[[argparse.Namespace, MeasurementTable], None]] = {
     'build': stage_build, 'listing': stage_listing, 'import': stage_import, 'store': stage_store,
     'dataset': stage_dataset, 'pass': stage_pass, 'val-listing': lambda a, f: stage_listing(a, f, 'val'),
     'first-step': stage_first_step, 'checkpoint': stage_checkpoint}
@@ -426,15 +394,18 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
         raise UsageError(f'{args.root} holds no rehearsal trees yet: run the build stage first')
     if needs_trees and 'build' not in args.stages and not (read_meta(args.root / 'store') or {}).get('complete'):
         raise UsageError(f'{args.root / "store"} is not complete (a build interrupted): run the build stage again')
-    figures = Figures()
+    measurements = MeasurementTable()
     logger.info(f'rehearsal at scale {args.scale} in {args.root} ({os.cpu_count()} cores, torch {torch.__version__})')
-    start = time.perf_counter()
-    for stage in STAGES:
-        if stage in args.stages:
-            RUNNERS[stage](args, figures)
-    figures.add('all', 'seconds', round(time.perf_counter() - start, 1))
-    logger.info(figures.table())
+
+    def run_stages() -> None:
+        for stage in STAGES:
+            if stage in args.stages:
+                RUNNERS[stage](args, measurements)
+
+    _, seconds = timed(run_stages)
+    measurements.add('all', 'seconds', round(seconds, 1))
+    logger.info(measurements.markdown())
     if args.json:
-        Path(args.json).write_text(json.dumps(figures.values, indent=2) + '\n')
-    return figures.values
+        write_json_atomic(Path(args.json), measurements.values)
+    return measurements.values
 

@@ -23,7 +23,7 @@ from backbones.common.log import logger
 from backbones.common.timing import images_per_second
 from classification.data.cifar import CifarInput
 from classification.engine.steps import evaluate, train_one_epoch
-from classification.engine.trainer import optimization_state
+from classification.engine.trainer import training_state
 from classification.objectives.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, transfer_param_groups
@@ -57,10 +57,9 @@ def transfer_speed(name: str, args: argparse.Namespace, info: DistInfo, amp: str
     """Training and evaluation images/s of the transfer step at `img_size` (CIFAR-100 head)."""
     recipe = TransferRecipe()
     model, _ = build_transfer_model(name, 100, args.img_size, recipe)
-    model.to(info.device)
     optimization = recipe.optimization(args.batch_size)
     params = transfer_param_groups(model, optimization.lr, recipe.backbone_lr_scale, optimization.weight_decay)
-    state, _ = optimization_state(model, params, optimization, TRAIN_IMAGES // args.batch_size, amp)
+    state, _ = training_state(model, params, optimization, TRAIN_IMAGES // args.batch_size, amp, info.device)
     objective = ClassificationObjective(100, 0.0)
     train_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=True)
     eval_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=False)

@@ -12,7 +12,7 @@ marks it done after flushing, so a second run with the same arguments only does 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,6 @@ import torch
 import torch.nn as nn
 from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError, UsageError
@@ -29,7 +28,13 @@ from backbones.token_head import feature_grid, has_token_head, patch_tokens
 from backbones.weights import pretrained_model
 from classification.engine.checkpoints import check_checkpoint_classes, checkpoint_data_config
 from classification.engine.steps import autocast
-from classification.token_labeling.label_store import DEFAULT_SHARD_SIZE, StoreWriter, list_digest, read_meta
+from classification.token_labeling.label_store import (
+    DEFAULT_SHARD_SIZE,
+    StoreRows,
+    list_digest,
+    read_meta,
+    write_label_store,
+)
 
 
 @torch.no_grad()
@@ -98,9 +103,9 @@ def annotator_transform(img_size: int, data_cfg: dict):
                             interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
 
 
-# The meta data values that shape the store: a rerun must give the same ones (or leave them out).
-SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'amp', 'topk', 'shard_size', 'split', 'classes',
-           'paths_sha256')
+# The meta data values that shape a generated store: a rerun must give the same ones (or leave them out).
+GENERATION_SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'amp', 'topk', 'shard_size', 'split',
+                      'classes', 'paths_sha256')
 ANNOTATOR_AMP = ('none', 'bf16')  # the annotator's --amp choices
 
 
@@ -152,25 +157,18 @@ def generate_token_labels(
             'preprocessing': f'whole image resized to {img_size}x{img_size} ({data_cfg["interpolation"]}), '
                              f'normalised with mean {list(data_cfg["mean"])} std {list(data_cfg["std"])}; '
                              f'map position (i, j) covers the same fraction of the whole image'}
-    writer = StoreWriter(output, meta, paths, SHAPING, info)
-    todo = writer.todo()
-    bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'labels (rank {info.rank})', unit='img',
-               disable=not info.is_main, dynamic_ncols=True)
-    for shard, start, stop in todo:
-        rows_of = _WholeImages(data_dir, paths, range(start, stop), transform, skip_unreadable)
-        loader = DataLoader(rows_of, batch_size, num_workers=workers, collate_fn=_collate_rows,
+
+    def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
+        images_of = _WholeImages(data_dir, paths, range(start, stop), transform, skip_unreadable)
+        loader = DataLoader(images_of, batch_size, num_workers=workers, collate_fn=_collate_rows,
                             pin_memory=info.device.type == 'cuda')
-        unreadable = []
         for images, rows, skipped in loader:
-            unreadable += [paths[row] for row in skipped]
-            writer.write(np.array(skipped, dtype=np.int64), 0, 0)
-            if images is not None:
+            values = ()
+            if images is not None:  # else a batch of unreadable images only
                 with autocast(info.device, amp):
                     scores = dense_scores(model, images.to(info.device, non_blocking=True))
                 top = scores.float().topk(topk, dim=-1)
-                writer.write(rows.numpy(), top.values.cpu().numpy().astype(np.float16),
-                             top.indices.cpu().numpy())
-            bar.update(len(rows) + len(skipped))
-        writer.mark(shard, unreadable)
-    bar.close()
-    return writer.finish()
+                values = (top.values.cpu().numpy().astype(np.float16), top.indices.cpu().numpy())
+            yield StoreRows(rows.numpy(), values, skipped)
+
+    return write_label_store(output, meta, paths, GENERATION_SHAPING, info, shard_rows, progress='labels')

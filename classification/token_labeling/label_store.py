@@ -24,11 +24,13 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError
@@ -358,9 +360,16 @@ class StoreWriter:
                 if read_marker(shard_marker(self.root, i)) is None]
 
     def write(self, rows: np.ndarray, *values: np.ndarray) -> None:
-        """Rows' scores, classes (and extents, in a store that has them); an empty row is written as zeros."""
+        """Rows' scores, classes (and extents, in a store that has them)."""
+        if len(values) != len(self.arrays):
+            raise ValueError(f'{len(values)} arrays of values for a store of {len(self.arrays)} arrays')
         for array, value in zip(self.arrays, values):
             array[rows] = value
+
+    def write_empty(self, rows: np.ndarray) -> None:
+        """Rows without a map (an image unreadable, or without a released file): zero scores and classes, and the
+        whole image as their extent."""
+        self.write(rows, 0, 0, *([WHOLE_IMAGE] if len(self.arrays) > 2 else []))
 
     def mark(self, shard: int, skipped: list[str]) -> None:
         """Shard `shard` is written: flush its rows, record their digests and the paths it `skipped`."""
@@ -384,3 +393,39 @@ class StoreWriter:
             write_json_atomic(self.root / META, {**self.meta, 'complete': True})
         barrier(self.info)
         return read_meta(self.root)
+
+
+@dataclass(frozen=True)
+class StoreRows:
+    """Rows of a store to write: `rows` with their `values` (scores, classes and, in a store with extents, extents),
+    and the rows left `empty` (their images unreadable, or without a released file)."""
+
+    rows: np.ndarray
+    values: tuple[np.ndarray, ...] = ()
+    empty: Sequence[int] = ()
+
+
+def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
+                      shard_rows: Callable[[int, int], Iterable[StoreRows]], with_extent: bool = False,
+                      skipped_key: str = 'unreadable', progress: str | None = None) -> dict:
+    """Write (or finish) the store of `paths` in `root`, the one way every store is written (generation, import,
+    the studies): each of this process's shards not yet done gets the rows `shard_rows(start, stop)` yields and is
+    marked with the paths of its empty rows; then the store is verified and marked complete, its empty rows'
+    paths under `skipped_key` of its meta data (`StoreWriter`). `progress` names the progress bar (None: none).
+    Returns the complete meta data."""
+    writer = StoreWriter(root, meta, paths, shaping, info, with_extent, skipped_key)
+    todo = writer.todo()
+    bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'{progress} (rank {info.rank})', unit='row',
+               disable=progress is None or not info.is_main, dynamic_ncols=True)
+    for shard, start, stop in todo:
+        skipped: list[str] = []
+        for part in shard_rows(start, stop):
+            if len(part.empty):
+                writer.write_empty(np.asarray(part.empty, dtype=np.int64))
+                skipped += [paths[row] for row in part.empty]
+            if len(part.rows):
+                writer.write(part.rows, *part.values)
+            bar.update(len(part.rows) + len(part.empty))
+        writer.mark(shard, skipped)
+    bar.close()
+    return writer.finish()

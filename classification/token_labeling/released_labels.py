@@ -15,12 +15,12 @@ stored as floats):
 Every file is checked (a tensor of the release's shape, finite scores, whole class indices in range); the release's
 class folders must be the data folder's classes; images without a file are named, and refused unless
 `skip_missing` gives them an empty row (they then train on their image label). The import is written shard by
-shard and resumes like generation (`StoreWriter`).
+shard and resumes like generation (`write_label_store`).
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +28,13 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only
 from backbones.common.images import check_same_classes, scan_split
 from backbones.common.log import logger
-from classification.token_labeling.label_store import WHOLE_IMAGE, StoreWriter, list_digest, read_meta
+from classification.token_labeling.label_store import WHOLE_IMAGE, StoreRows, list_digest, read_meta, write_label_store
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ RELEASES = {
                        False),
 }
 FORMATS = ('auto', *RELEASES)
-SHAPING = ('annotator', 'format', 'img_size', 'grid', 'topk', 'shard_size', 'split', 'classes', 'paths_sha256')
+# The meta data values that shape an imported store: a rerun must give the same ones.
+IMPORT_SHAPING = ('annotator', 'format', 'img_size', 'grid', 'topk', 'shard_size', 'split', 'classes', 'paths_sha256')
 SHOWN = 5  # names shown of a list of files
 SAMPLED = 8  # files spread over a release tree whose shapes decide its format
 
@@ -146,7 +146,7 @@ def started_release(output: Path, fmt: str) -> tuple[Release, tuple[int, ...]] |
     """The release and file shape of an import started in `output` (resuming), or None."""
     old = read_meta(output)
     if old is None or old.get('format') not in RELEASES or fmt not in ('auto', old['format']):
-        return None  # a new store, or another one: StoreWriter names the difference
+        return None  # a new store, or another one: the store's writer names the difference
     return RELEASES[old['format']], (2, old['topk'], *old['grid'])
 
 
@@ -251,26 +251,19 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
                         f'class folder and image stem)')
     release, shape = started_release(output, fmt) or detect_release(release_dir, matched, fmt)
     meta = release_meta(release, shape, release_dir, classes, paths, split, shard_size, len(extra))
-    writer = StoreWriter(output, meta, paths, SHAPING, info, with_extent=release.centre_square,
-                         skipped_key='missing')
-    todo = writer.todo()
-    bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'import (rank {info.rank})', unit='file',
-               disable=not info.is_main, dynamic_ncols=True)
-    for shard, start, stop in todo:
+
+    def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
         rows = ReleaseRows(data_dir, release_dir, paths, row_files, range(start, stop), shape, len(classes), release)
-        skipped = []
         for items in DataLoader(rows, batch_size=256, num_workers=workers, collate_fn=as_list):
             failed = next((item[1] for item in items if len(item) == 2), None)
             if failed is not None:
                 raise DataError(failed)
-            empty = [item[0] for item in items if item[1] is None]
-            skipped += [paths[row] for row in empty]
-            writer.write(np.array(empty, dtype=np.int64), 0, 0, *([WHOLE_IMAGE] if release.centre_square else []))
             kept = [item for item in items if item[1] is not None]
+            row_ids, values = np.empty(0, dtype=np.int64), ()
             if kept:
                 row_ids, scores, class_ids, extents = (np.stack(values) for values in zip(*kept))
-                writer.write(row_ids, scores, class_ids, *([extents] if release.centre_square else []))
-            bar.update(len(items))
-        writer.mark(shard, skipped)
-    bar.close()
-    return writer.finish()
+                values = (scores, class_ids, *([extents] if release.centre_square else []))
+            yield StoreRows(row_ids, values, [item[0] for item in items if item[1] is None])
+
+    return write_label_store(output, meta, paths, IMPORT_SHAPING, info, shard_rows,
+                             with_extent=release.centre_square, skipped_key='missing', progress='import')
