@@ -387,20 +387,25 @@ def gpu_tests(session: dict) -> str:
             f'{duration(tests["seconds"])}{stopped}{failures}')
 
 
+def against(name: str, fast: float, base_name: str, base: float) -> str:
+    """Two rates and their ratio: '<name> R img/s, <base_name> B img/s (xR/B)'."""
+    return f'{name} {rate(fast)} img/s, {base_name} {rate(base)} img/s (x{fast / base:.2f})'
+
+
 def gpu_decoding(session: dict) -> str:
     decoding = session.get('decoding')
     if not decoding or 'gpu_img_s' not in decoding:
         return ''
-    return (f'{decoding["workers"]} workers: nvJPEG {rate(decoding["gpu_img_s"])} img/s, the workers\' decoding '
-            f'{rate(decoding["cpu_img_s"])} img/s (x{decoding["gpu_img_s"] / decoding["cpu_img_s"]:.2f})')
+    return f'{decoding["workers"]} workers: ' + against('nvJPEG', decoding['gpu_img_s'], "the workers' decoding",
+                                                        decoding['cpu_img_s'])
 
 
 def gpu_labels(session: dict) -> str:
     labels = session.get('label_generation')
     if not labels or 'bf16_img_s' not in labels:
         return ''
-    return (f'{labels["annotator"]} at {labels["img_size"]} px: fp32 {rate(labels["fp32_img_s"])} img/s, bf16 '
-            f'{rate(labels["bf16_img_s"])} img/s (x{labels["bf16_img_s"] / labels["fp32_img_s"]:.2f})')
+    return f'{labels["annotator"]} at {labels["img_size"]} px: ' + against('bf16', labels['bf16_img_s'], 'fp32',
+                                                                          labels['fp32_img_s'])
 
 
 # the GPU session's figures in the issue's order of value
