@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper
 
-from backbones.common.cli import AMP_CHOICES, DEFAULT_SEED, DEFAULT_WORKERS, DEVICES, CommandParser
+from backbones.common.cli import (AMP_CHOICES, DEFAULT_SEED, DEFAULT_WORKERS, DEVICES, MAX_WORKERS, CommandParser,
+                                  check_precision)
 from backbones.common.errors import UsageError
 from helpers.commands import ROOT
 
@@ -132,10 +134,19 @@ def test_the_shared_options_mean_one_thing_in_every_tool(tool, monkeypatch):
             workers = found['--workers']
             own = f'(default: {workers.default}, ' in workers.help  # a default of the tool's own, and why
             assert own or (workers.default == DEFAULT_WORKERS and '(default: 4, or the cores' in workers.help), name
+            assert workers.type(str(MAX_WORKERS)) == MAX_WORKERS, name
+            with pytest.raises(argparse.ArgumentTypeError, match=f'from [01] to {MAX_WORKERS} '):
+                workers.type('100000')  # thousands of loader processes forked by a typo
         if '--amp' in found:
             amp = found['--amp']
             assert set(amp.choices) <= set(AMP_CHOICES), name
             assert amp.default == 'auto' or f'(default: {amp.default}, ' in amp.help, name
+            assert isinstance(each, CommandParser), name  # whose parsing refuses --amp fp16 where it cannot run
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match='--amp fp16 needs a GPU; this run is on cpu'):
+            check_precision(argparse.Namespace(amp='fp16'))
+        with pytest.raises(UsageError, match='--amp fp16 needs a GPU; this run is on cpu'):
+            check_precision(argparse.Namespace(amp='fp16', device='cpu'))
 
 
 def literal_options(path: Path) -> Iterator[str]:
@@ -169,8 +180,12 @@ def test_train_segs_amp_takes_the_shared_values_and_alone_means_fp16():
     AmpOptimWrapper in float16); each precision becomes the wrapper's dtype, which runs on GPUs only."""
     from backbones.segmentation.train import build_parser, use_amp
     parse = build_parser().parse_args
-    assert [parse(['c.py', *amp]).amp for amp in ([], ['--amp'], ['--amp', 'bf16'], ['--amp', 'auto'])] == \
-        ['none', 'fp16', 'bf16', 'auto']
+    assert [parse(['c.py', *amp]).amp for amp in ([], ['--amp', 'bf16'], ['--amp', 'auto'])] == ['none', 'bf16', 'auto']
+    if torch.cuda.is_available():
+        assert parse(['c.py', '--amp']).amp == 'fp16'
+    else:  # fp16 is refused where it cannot run, as in every command
+        with pytest.raises(UsageError, match='--amp fp16 needs a GPU'):
+            parse(['c.py', '--amp'])
 
     def optim_wrapper(amp: str, gpu: bool) -> dict:
         cfg = Config(dict(optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-4))))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from classification.studies import results_pages
+from backbones.common.errors import UsageError
+from classification.studies import gpu_session, results_pages
 from helpers.commands import ROOT, run_tool
 
 
@@ -84,6 +85,19 @@ def test_a_block_naming_a_missing_figure_is_one_error_naming_page_line_and_file(
     assert output(result).strip().splitlines()[-1] == (
         f"error: README.md:2: {root}/docs/results/run.json: no top5 (stopped at 'top5')  (--debug shows the "
         f'traceback)')
+
+
+def test_a_root_without_the_pages_is_an_error_not_a_pass(tmp_path):
+    (tmp_path / 'notes.txt').write_text('no pages here')
+    for root in (tmp_path, tmp_path / 'absent'):  # a mistyped --root would check nothing and pass
+        with pytest.raises(UsageError, match=f'{root}: no README.md there'):
+            results_pages.render_pages(root, write=False)
+
+
+def test_a_gpu_results_file_that_is_a_folder_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_session.build_parser().parse_args(['--part', '1', '--smoke', '--device', 'cpu', '--out', str(tmp_path)])
+    assert f'argument --out: {tmp_path}' in capsys.readouterr().err
 
 
 def test_expressions_evaluate_left_to_right_over_the_data():

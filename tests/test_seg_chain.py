@@ -379,6 +379,8 @@ def test_a_stop_in_the_pretraining_stops_the_command_and_the_next_run_continues_
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 75, output[-3000:]
     assert 'SIGTERM at epoch' in output and 'Traceback' not in output and 'stage 2 of 2' not in output
+    assert "interrupted: stage 1 of 2 (the backbone's pretraining): SIGTERM at epoch" in output
+    assert 'the same command again continues it' in output and '--resume' not in output  # it continues by itself
     assert pretraining_state(digits, run) == STOPPED and not list(work.glob('*.pth'))
     resumed = succeeded(run_tool('train_seg.py', argv, timeout=900))
     log = resumed.stdout + resumed.stderr

@@ -27,6 +27,8 @@ from backbones.common.log import show_log
 EXIT_CODE = 2
 # loader processes by default: 4, or fewer on a smaller machine (PyTorch warns beyond the cores there are)
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+# beyond 8 loader processes a core they only contend for it (and a typo like 4000 would fork thousands of processes)
+MAX_WORKERS = 8 * (os.cpu_count() or 1)
 # a disk that is full or over quota, read-only, or refuses a file: the path and the reason are the whole story
 STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 
@@ -58,6 +60,13 @@ def run_command(main: Callable[[], object]) -> None:
     except Interrupted as exc:
         print(f'interrupted: {one_line(exc)}', file=sys.stderr)
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        # Ctrl-C: the writes are atomic, so nothing half-written is left; 130 is the shell's status for SIGINT
+        print('interrupted: SIGINT (Ctrl-C) before the command\'s work was done (nothing half-written is left): run '
+              'the same command again', file=sys.stderr)
+        sys.exit(130)
     except (SuiteError, OSError) as exc:
         if debug or (isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS):
             raise
@@ -124,6 +133,17 @@ class CommandParser(argparse.ArgumentParser):
         kwargs['allow_abbrev'] = False
         kwargs.setdefault('formatter_class', HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        check_precision(namespace)
+        return namespace, rest
+
+
+def check_precision(args: argparse.Namespace) -> None:
+    """--amp fp16 means the same in every command: refused before any work where the command runs on a CPU."""
+    if getattr(args, 'amp', None) == 'fp16':
+        pick_amp('fp16', torch.device(device_name(getattr(args, 'device', None))))
 
 
 def command_parser(description: str | None, prog: str | None = None) -> CommandParser:
@@ -265,8 +285,10 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
     text = 'loader processes beside each process of the command, reading and decoding its data'
     text += '; 0: the process reads it itself' if least == 0 else ''
     text += f' (default: {default}, {why})' if why else ' (default: 4, or the cores where fewer)'
-    parser.add_argument('--workers', type=non_negative_int if least == 0 else positive_int,
-                        default=DEFAULT_WORKERS if default is None else default, help=text)
+    text += f'; at most {MAX_WORKERS}, 8 a core'
+    workers = _checked(int, lambda v: least <= v <= MAX_WORKERS,
+                       f'a whole number from {least} to {MAX_WORKERS} (8 loader processes a core here)')
+    parser.add_argument('--workers', type=workers, default=DEFAULT_WORKERS if default is None else default, help=text)
 
 
 DEFAULT_SEED = 42

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from backbones.common.cli import DEFAULT_WORKERS, output_folder
 from backbones.common.distributed import DistInfo, barrier, computed_once, run_distributed
-from backbones.common.errors import CheckpointError
+from backbones.common.errors import CheckpointError, Interrupted
 from backbones.common.log import logger
 from classification.digits.scans import discard_outdated, write_digits_folder
 from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
@@ -139,7 +139,12 @@ class EmbeddedScans:
         recipe = recipe_for(model_name, preset, RECIPE)
         options = RunOptions(output, resume='auto' if state == STOPPED else None, model_kwargs=model_kwargs,
                              workers=DEFAULT_WORKERS)
-        train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info, preset)
+        try:
+            train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info, preset)
+        except Interrupted as stop:  # train_cls's advice (--resume) is not this command's: it continues by itself
+            where = str(stop).split('; the same command', 1)[0]
+            raise Interrupted(f'stage 1 of 2 (the backbone\'s pretraining): {where}; the same command again '
+                              'continues it') from None
 
 
 # Where a backbone's pretraining stands (`pretraining_state`)

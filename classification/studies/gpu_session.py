@@ -28,7 +28,14 @@ from pathlib import Path
 
 import torch
 
-from backbones.common.cli import add_device_argument, command_parser, device_name, non_negative_float, positive_float
+from backbones.common.cli import (
+    add_device_argument,
+    command_parser,
+    device_name,
+    non_negative_float,
+    output_file,
+    positive_float,
+)
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
@@ -406,8 +413,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p = command_parser(description, 'measure_gpu.py')
     p.add_argument('--part', type=int, choices=sorted(PARTS), help='the part to run: ' + '; '.join(
         f'{part}: {", ".join(stages)}' for part, stages in PARTS.items()))
-    p.add_argument('--out', help='the results file: every figure is written into it as it comes (on the device '
-                                 'machine, under $OUT, so that it comes back)')
+    p.add_argument('--out', type=output_file, help='the results file: every figure is written into it as it comes '
+                   '(on the device machine, under $OUT, so that it comes back)')
     p.add_argument('--merge', help="an earlier part's results file to add this part's figures to (the same device "
                                    'and commit)')
     p.add_argument('--timm-train', help="timm's train.py, from a clone of timm's repository at the installed timm's "

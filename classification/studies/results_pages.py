@@ -474,6 +474,8 @@ def pages(root: Path) -> list[Path]:
 def render_pages(root: Path, write: bool = True) -> list[str]:
     """Render every block of the pages under `root` from the data files there; `write`: rewrite the pages whose
     blocks changed. Returns the blocks that differed, as 'PAGE:LINE: block "WORDS"'."""
+    if not (root / 'README.md').is_file():  # a mistyped root would otherwise check nothing and pass
+        raise UsageError(f'{root}: no README.md there (give the repository\'s folder)')
     files, differing = DataFiles(root), []
     for path in pages(root):
         text = path.read_text()
