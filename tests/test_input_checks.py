@@ -146,6 +146,20 @@ def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys, monkeypat
     assert stopped.value.code == 2 and capsys.readouterr().err.count('--debug shows the traceback') == 1
 
 
+def test_ctrl_c_is_one_interrupted_line_with_the_shells_status(capsys, monkeypatch):
+    monkeypatch.setattr('backbones.common.cli.show_log', lambda: None)
+
+    def pressed_ctrl_c():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stopped:
+        run_command(pressed_ctrl_c)
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted: SIGINT (Ctrl-C) before the command's work was done (nothing half-written is left): run the "
+        'same command again']
+
+
 def test_class_folders_are_the_visible_non_empty_ones(tmp_path):
     data = make_image_folder(tmp_path / 'data')
     (data / 'train' / '.ipynb_checkpoints').mkdir()
