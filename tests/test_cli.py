@@ -135,7 +135,7 @@ def test_the_shared_options_mean_one_thing_in_every_tool(tool, monkeypatch):
             own = f'(default: {workers.default}, ' in workers.help  # a default of the tool's own, and why
             assert own or (workers.default == DEFAULT_WORKERS and '(default: 4, or the cores' in workers.help), name
             assert workers.type(str(MAX_WORKERS)) == MAX_WORKERS, name
-            with pytest.raises(argparse.ArgumentTypeError, match=f'from [01] to {MAX_WORKERS} '):
+            with pytest.raises(argparse.ArgumentTypeError, match=f'>= [01], at most {MAX_WORKERS} '):
                 workers.type('100000')  # thousands of loader processes forked by a typo
         if '--amp' in found:
             amp = found['--amp']

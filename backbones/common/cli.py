@@ -287,7 +287,7 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
     text += f' (default: {default}, {why})' if why else ' (default: 4, or the cores where fewer)'
     text += f'; at most {MAX_WORKERS}, 8 a core'
     workers = _checked(int, lambda v: least <= v <= MAX_WORKERS,
-                       f'a whole number from {least} to {MAX_WORKERS} (8 loader processes a core here)')
+                       f'a whole number >= {least}, at most {MAX_WORKERS} (8 loader processes a core here)')
     parser.add_argument('--workers', type=workers, default=DEFAULT_WORKERS if default is None else default, help=text)
 
 

@@ -308,7 +308,8 @@ def run_part(args: argparse.Namespace) -> Results:
 
 def benchmark_setup(sizes: Sizes, device: str, folder: Path, images: int, decode: str = 'cpu',
                     workers: int | None = None):
-    """loop_benchmark's pieces for `sizes.model` on `images` synthetic JPEGs written under `folder`: its Setup."""
+    """loop_benchmark's pieces for `sizes.model` on `images` synthetic JPEGs written under `folder`: its
+    BenchedModel."""
     from backbones.common.distributed import DistInfo
     from classification.studies import loop_benchmark
     from classification.train import ImageData
@@ -318,12 +319,13 @@ def benchmark_setup(sizes: Sizes, device: str, folder: Path, images: int, decode
     argv += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
     args = loop_benchmark.parse_args(argv)
     root = loop_benchmark.synthetic_imagenet(folder, images)
-    return loop_benchmark.Setup(sizes.model, ImageData(root, None), args, DistInfo(device=torch.device(device)))
+    return loop_benchmark.BenchedModel(sizes.model, ImageData(root, None), args, DistInfo(device=torch.device(device)))
 
 
 def steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
     """The trainer's step (bf16 autocast, fused AdamW, channels-last) on one batch on the device, eager then
     compiled, with its FLOPs and MFU (compiling for a CPU takes minutes and has no peak to compare: GPU only)."""
+    from classification.engine.trainer import StepOptions
     from classification.studies import loop_benchmark
     from classification.train import pick_augment
 
@@ -338,8 +340,7 @@ def steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, objec
             logger.info('steps: the compiled step is skipped on a CPU (compiling takes minutes there; its figure is '
                         "the GPU's)")
             continue
-        rate = loop_benchmark.step_images_per_second(setup, batch, dict(fused=True, channels_last=True,
-                                                                        compile=compiled), AMP)
+        rate = loop_benchmark.step_images_per_second(setup, batch, StepOptions(compile=compiled), AMP)
         figures[label] = {'img_s': rate, **loop_benchmark.step_flops(setup, rate, loop_benchmark.peak_tflops(
             setup.args))}
         if 'eager' in figures and 'compiled' in figures:
@@ -370,8 +371,8 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
 
     import timm
 
+    from backbones.common.timing import SteadyWindow
     from classification.engine.steps import autocast
-    from classification.studies.loop_benchmark import Window
     from classification.token_labeling.annotate import dense_scores
 
     on = torch.device(device)
@@ -383,7 +384,7 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
                       f"dense forward and its top-5 as generate_token_labels runs them, each timed >= "
                       f"{sizes.seconds:g} s after its warm-up", 'annotator': sizes.annotator, 'img_size': size}
     for amp in ('none', 'bf16'):
-        window = Window(sizes.seconds, sizes.min_batches or 20, warmup=2, device=on)
+        window = SteadyWindow(sizes.seconds, sizes.min_batches or 20, warmup=2, device=on)
         with torch.no_grad():
             for images in window.batches(itertools.repeat(batch)):
                 with autocast(on, amp):
@@ -450,5 +451,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         raise UsageError('give --part and --out')
     if args.timm_train and not Path(args.timm_train).is_file():
         raise UsageError(f'--timm-train {args.timm_train}: no such file')
-    run_part(args)
+    results = run_part(args)
+    failed = [name for name, stage in results.data.get('stages', {}).items()
+              if str(stage.get('status', '')).startswith('failed')]
+    if failed:  # the figures measured are kept in the file; the part is not a success
+        logger.error(f'part {args.part}: {", ".join(failed)} failed (their output is above); the other figures are '
+                     f'in {args.out}')
+        return 1
     return 0
