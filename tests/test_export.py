@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 
 import onnxruntime
 import pytest
@@ -145,6 +147,10 @@ def test_export_writes_only_into_a_new_or_empty_folder_or_its_own(checkpoint_wit
     assert marker['export'] == 'classifier' and marker['checkpoint'] == str(checkpoint_with_ema)
     assert marker['files'][WEIGHTS] == hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
     assert sorted(marker['files']) == sorted(p.name for p in out.iterdir() if p.name != MARKER)
+    mask = os.umask(0)
+    os.umask(mask)  # the folder and its files readable as any the user makes (mkdtemp's folder is private)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o666 & ~mask}
     # an earlier export the user added files to is not replaced (they would be deleted with it)
     (out / 'my_notes.txt').write_text('results of the run')
     (out / 'sub').mkdir()
