@@ -96,10 +96,10 @@ def staged_folder(out: Path, description: dict) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
     try:
-        shared_like_any_folder(staging)
+        give_the_umasks_mode(staging)
         yield staging
-        for path in staging.iterdir():  # writers that stage through temporary files leave them private as well
-            shared_like_any_file(path)
+        for path in staging.iterdir():
+            give_the_umasks_mode(path)
         files = {path.name: file_sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
         write_json_atomic(staging / MARKER, {'suite': SUITE, **description, 'files': files})
         check_export_folder(out, description.get('export'))  # again: it may have been filled while the export ran
@@ -110,21 +110,12 @@ def staged_folder(out: Path, description: dict) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def umask() -> int:
+def give_the_umasks_mode(path: Path) -> None:
+    """The mode any new folder or file gets (the umask's), for mkdtemp's folder and for files staged through
+    private temporary files, which only their owner could read."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
-
-
-def shared_like_any_folder(path: Path) -> None:
-    """mkdtemp makes a folder only its owner can read: give it the mode any new folder gets (the umask's)."""
-    path.chmod(0o777 & ~umask())
-
-
-def shared_like_any_file(path: Path) -> None:
-    """A file written through a private temporary file: the mode any new file gets (the umask's)."""
-    if path.is_file():
-        path.chmod(0o666 & ~umask())
+    path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def export_dims(dynamic: DynamicDims) -> tuple[dict, ...]:
