@@ -150,3 +150,21 @@ def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_p
     assert result.returncode == 2
     assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of device 'NVIDIA H100")
     assert not (tmp_path / 'out.json').exists()
+
+
+def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_from_its_progress_lines(tmp_path):
+    progress = {'input pipeline, batched path, 0 workers': 300.0, 'input pipeline, batched path, 15 workers': 3000.0,
+                'model step StepOptions(fused_optimizer=True) amp bf16': 5000.0,
+                'whole loop, batched path, overlapped': 2500.0, 'whole loop, batched path, serial': 2000.0}
+    session = {'device': 'GPU', 'cores': 16, 'torch': '2', 'commit': 'abc', 'date': 'today',
+               'loop_benchmark_progress': progress}
+    (tmp_path / 'docs' / 'results').mkdir(parents=True)
+    (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
+    table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')
+    row = next(line for line in table.splitlines() if line.startswith('| the whole loop against its step'))
+    assert "loop 2,500 img/s against its step's 5,000: **x0.50**" in row
+    assert 'serial loop 2,000 img/s (overlap x1.25)' in row and 'bound by the input pipeline (3,000 img/s' in row
+
+    progress['input pipeline, batched path, 15 workers'] = 6000.0  # a pipeline faster than the step
+    (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
+    assert 'bound by the model step' in results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')
