@@ -47,15 +47,16 @@ def child_pids(pid: int | None = None) -> list[int]:
 
 
 class ChildMemory:
-    """The memory of this process's children (a DataLoader's workers) at the moments `sample` is called: the first
-    and the last sample of each child."""
+    """The memory of this process's children started after it was made (a DataLoader's workers) at the moments
+    `sample` is called: the first and the last sample of each child."""
 
     def __init__(self) -> None:
         self.first: dict[int, Memory] = {}
         self.last: dict[int, Memory] = {}
+        self.earlier = set(child_pids())  # children of other work (a server, an earlier loader's)
 
     def sample(self) -> None:
-        for pid in child_pids():
+        for pid in set(child_pids()) - self.earlier:
             try:
                 memory = process_memory(pid)
             except OSError:  # a child that has just ended

@@ -1,9 +1,17 @@
-"""Running the suite's commands as a user does: fresh processes from the repository root, no PYTHONPATH."""
+"""Running the suite's commands as a user does: processes of their own from the repository root, no PYTHONPATH (the
+tools in children of a tool server that has imported their libraries once: zygote.py)."""
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from collections.abc import Sequence
 
@@ -13,16 +21,88 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}, 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
 
 
-def run_python(argv: Sequence[str], cwd: Path = ROOT, timeout: int = 600,
-               env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python ARGV` in a fresh process, output captured."""
-    return subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, env=env or ENV, capture_output=True,
-                          text=True, timeout=timeout)
+def run_python(argv: Sequence[str], cwd: Path = ROOT, timeout: int = 600, env: dict | None = None,
+               fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python ARGV` in a process of its own, output captured: a tool (`argv[0]` a script in tools/) in a child of
+    the tool server (zygote.py says what differs from a fresh interpreter), anything else, or with `env`, or
+    `fresh`, in a fresh interpreter."""
+    argv = [str(arg) for arg in argv]
+    if fresh or env is not None or not ToolServer.serves(argv, Path(cwd)):
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env or ENV, capture_output=True, text=True,
+                              timeout=timeout)
+    return ToolServer.shared().run(argv, Path(cwd), timeout)
 
 
 def run_tool(tool: str, args: Sequence[str] = (), **kwargs) -> subprocess.CompletedProcess:
     """`python tools/TOOL ARGS`."""
     return run_python([ROOT / 'tools' / tool, *args], **kwargs)
+
+
+class ToolServer:
+    """This test process's tool server (zygote.py), started on first use and ended with the process."""
+
+    _shared: ToolServer | None = None
+
+    @staticmethod
+    def serves(argv: Sequence[str], cwd: Path) -> bool:
+        return (not os.environ.get('SUITE_TESTS_FRESH_PYTHON') and bool(argv) and argv[0].endswith('.py')
+                and (cwd / argv[0]).resolve().parent == ROOT / 'tools')
+
+    @classmethod
+    def shared(cls) -> ToolServer:
+        if cls._shared is None or cls._shared.process.poll() is not None:
+            cls._shared = cls()
+        return cls._shared
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix='tool_server_'))
+        self.socket_path = self.folder / 'socket'
+        self.process = subprocess.Popen([sys.executable, ROOT / 'tests' / 'helpers' / 'zygote.py', self.socket_path],
+                                        cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL)
+        atexit.register(self.close)
+        self.calls = 0
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def connect(self) -> socket.socket:
+        """A connection, once the server has imported the tools' libraries and listens."""
+        deadline = time.monotonic() + 300
+        while True:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                connection.connect(str(self.socket_path))
+                return connection
+            except (FileNotFoundError, ConnectionRefusedError):
+                connection.close()
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f'the tool server ended or did not start (status {self.process.poll()})')
+                time.sleep(0.05)
+
+    def run(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        self.calls += 1
+        stdout, stderr = self.folder / f'{self.calls}.out', self.folder / f'{self.calls}.err'
+        command = [sys.executable, *argv]
+        with self.connect() as connection:
+            connection.sendall(json.dumps({'argv': argv, 'cwd': str(cwd), 'stdout': str(stdout),
+                                           'stderr': str(stderr)}).encode() + b'\n')
+            answers = connection.makefile()
+            pid = json.loads(answers.readline())['pid']
+            connection.settimeout(timeout)
+            try:
+                returncode = json.loads(answers.readline())['returncode']
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(command, timeout, *map(read_and_remove, (stdout, stderr))) from None
+        return subprocess.CompletedProcess(command, returncode, *map(read_and_remove, (stdout, stderr)))
+
+
+def read_and_remove(path: Path) -> str:
+    text = path.read_text(errors='replace') if path.exists() else ''
+    path.unlink(missing_ok=True)
+    return text
 
 
 def run_tool_on_tmpfs(tool: str, args: Sequence[str], mount: Path, size_kb: int = 1024, read_only: bool = False,
