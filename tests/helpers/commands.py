@@ -45,8 +45,9 @@ class ToolServer:
 
     @staticmethod
     def serves(argv: Sequence[str], cwd: Path) -> bool:
-        return (not os.environ.get('SUITE_TESTS_FRESH_PYTHON') and bool(argv) and argv[0].endswith('.py')
-                and (cwd / argv[0]).resolve().parent == ROOT / 'tools')
+        import torch
+        return (not os.environ.get('SUITE_TESTS_FRESH_PYTHON') and not torch.cuda.is_available() and bool(argv)
+                and argv[0].endswith('.py') and (cwd / argv[0]).resolve().parent == ROOT / 'tools')
 
     @classmethod
     def shared(cls) -> ToolServer:
@@ -86,17 +87,27 @@ class ToolServer:
         stdout, stderr = self.folder / f'{self.calls}.out', self.folder / f'{self.calls}.err'
         command = [sys.executable, *argv]
         with self.connect() as connection:
+            connection.settimeout(timeout)
             connection.sendall(json.dumps({'argv': argv, 'cwd': str(cwd), 'stdout': str(stdout),
                                            'stderr': str(stderr)}).encode() + b'\n')
             answers = connection.makefile()
             pid = json.loads(answers.readline())['pid']
-            connection.settimeout(timeout)
             try:
                 returncode = json.loads(answers.readline())['returncode']
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
+                end_child(pid)
                 raise subprocess.TimeoutExpired(command, timeout, *map(read_and_remove, (stdout, stderr))) from None
+            except BaseException:  # the test stopped (its own timeout, Ctrl-C): so does its command, as subprocess does
+                end_child(pid)
+                raise
         return subprocess.CompletedProcess(command, returncode, *map(read_and_remove, (stdout, stderr)))
+
+
+def end_child(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def read_and_remove(path: Path) -> str:
