@@ -98,12 +98,13 @@ def test_another_annotator_labels_the_digits_in_folders_of_its_own(tmp_path):
     """--digits-annotator (Figure 4 right): that model is trained and writes its own store, which the run learns
     from; the default annotator's folders are not made."""
     digits, out = tmp_path / 'digits', tmp_path / 'run'
+    # at 32 px (the annotator trains at the run's size): 2x2 tokens, under half the default size's work
     succeeded(run_python(['tools/train_cls.py', 'lvvit_s', '--digits-dir', digits, '--digits-annotator', 'resnet18',
-                          '--output', out, '--epochs', '1', '--workers', '0',
+                          '--output', out, '--epochs', '1', '--workers', '0', '--img-size', '32',
                           '--model-kwargs', 'depth=1', 'embed_dim=64', 'num_heads=2'], timeout=900))
     annotator = json.loads((digits / 'annotator_resnet18' / 'metrics.json').read_text())
-    assert annotator['model'] == 'resnet18' and annotator['top1'] > 90
+    assert annotator['model'] == 'resnet18' and annotator['top1'] > 90  # 96.1% when written
     store = TokenLabelStore(digits / 'token_labels_resnet18')
-    assert store.meta['annotator'] == 'resnet18' and store.grid == (3, 3)
+    assert store.meta['annotator'] == 'resnet18' and store.grid == (2, 2)
     assert json.loads((out / 'metrics.json').read_text())['token_labeling']
     assert not (digits / 'annotator').exists() and not (digits / 'token_labels').exists()
