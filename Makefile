@@ -12,15 +12,15 @@ run: $(READY)
 	$(PY) tools/train_cls.py lvvit_s
 
 # ruff first (pyproject.toml); then every core runs test files (a file's tests stay on one worker: its module
-# fixtures are built once)
+# fixtures are built once), the longest files first (tests/conftest.py's LONGEST_FIRST, in that order)
 test: $(READY)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # the edit-run loop: everything but the tests marked slow (a few minutes on 2 cores)
 test-fast: $(READY)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not slow"
 
 venv: $(READY)
 

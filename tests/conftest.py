@@ -29,3 +29,16 @@ def labeled_images(tmp_path_factory):
     generate_token_labels(data, 'resnet10t', tmp / 'labels', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
                           img_size=64, topk=2, workers=0)
     return data, tmp / 'labels'
+
+
+# The files that take longest (`--durations`, 2 cores), started first: pytest-xdist hands whole files to its workers
+# in collection order, and one of these started last leaves the other core idle for minutes at the end of the run.
+LONGEST_FIRST = ('test_reproduce.py', 'test_seg_chain.py', 'test_digits.py', 'test_seg_tools.py',
+                 'test_preemption.py', 'test_train_cls.py')
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: the other files, and each file's tests, keep their order
