@@ -360,6 +360,14 @@ def gpu_loop(session: dict) -> str:
             f'**x{f["loop"]["of_step"]:.2f}**{serial}; bound by the {f["bound"]}')
 
 
+def gpu_loop_text(files: DataFiles, name: str) -> str:
+    """A GPU session's whole loop against its step, inline (its table's row)."""
+    text = gpu_loop(files[name])
+    if not text:
+        raise DataError(f'{files.path(name)}: no loop figures')
+    return text
+
+
 def gpu_loop_from_progress(session: dict) -> str:
     """The loop against its step from the benchmark's progress lines, where it stopped before its document (a later
     window failed): the same steady-state windows, logged as each was measured."""
@@ -454,6 +462,7 @@ BLOCKS: dict[str, tuple[Callable[..., str], bool]] = {
     'burst-table': (burst_table, False),
     'rehearsal-table': (rehearsal_table, False),
     'gpu-session': (gpu_session_table, False),
+    'gpu-loop': (gpu_loop_text, True),
 }
 
 
