@@ -124,7 +124,9 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_p
     (loop,) = session['loop_benchmark']['models']  # part 1's figures, merged
     assert loop['loop']['img_s'] > 0 and loop['loop']['serial_img_s'] > 0 and loop['train_cls']['img_s'] > 0
     assert loop['model_step_img_s'] > 0
-    assert session['stages']['loop_benchmark']['status'] == 'done'
+    # a smoke window is one batch: on a busy machine a figure may exceed its ceiling, and is then recorded as such
+    measured_wrong = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
+    assert session['stages']['loop_benchmark']['status'] == (measured_wrong if loop['measurement_errors'] else 'done')
     eager = session['step']['models']['deit_tiny_patch16_224']['eager']
     assert eager['img_s'] > 0 and eager['tflop_s'] > 0
     assert 'compiled' not in session['step']['models']['deit_tiny_patch16_224']  # GPU only
