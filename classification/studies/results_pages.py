@@ -377,16 +377,17 @@ def gpu_loop_from_progress(session: dict) -> str:
         return next((value for label, value in progress.items() if label.startswith(prefix)), None)
 
     loop, step = figure('whole loop, batched path, overlapped'), figure('model step')
-    # the batched path's pipeline with the most loader workers (the one the loop ran with)
-    pipelines = {int(found[1]): value for label, value in progress.items()
-                 if (found := re.fullmatch(r'input pipeline, batched path, (\d+) workers', label))}
-    pipeline = pipelines[max(pipelines)] if pipelines else None
     if loop is None or step is None:
         return ''
     serial = figure('whole loop, batched path, serial')
     serial_text = f', serial loop {rate(serial)} img/s (overlap x{loop / serial:.2f})' if serial else ''
-    bound = ('the input pipeline' + (f' ({rate(pipeline)} img/s, batched path)' if pipeline else '')
-             if pipeline is not None and pipeline < step else 'the model step')
+    # the batched path's pipeline with the most loader workers (the one the loop ran with); the bound as the
+    # benchmark names it: the slower of that pipeline and the step
+    pipelines = {int(found[1]): value for label, value in progress.items()
+                 if (found := re.fullmatch(r'input pipeline, batched path, (\d+) workers', label))}
+    pipeline = pipelines[max(pipelines)] if pipelines else None
+    bound = (f'the input pipeline ({rate(pipeline)} img/s, batched path)' if pipeline is not None and pipeline < step
+             else 'the model step')
     return (f'loop {rate(loop)} img/s against its step\'s {rate(step)}: **x{loop / step:.2f}**{serial_text}; bound by '
             f'{bound} (from the benchmark\'s progress lines: its later train_cls window failed)')
 
