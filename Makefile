@@ -24,10 +24,12 @@ test-fast: $(READY)
 
 venv: $(READY)
 
+# --no-cache-dir: torch's CUDA libraries are about 4 GB of wheels, and a second copy in pip's cache has filled a
+# fresh machine's disk before now
 $(READY): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-cache-dir -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation -e .
 	touch $@
 
 clean-venv:

@@ -17,6 +17,8 @@ from timm.layers import (
 from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, resolve_pretrained_cfg
 from timm.models._features import feature_take_indices  # private: no public twin (docs/layout.md)
 
+from backbones.common.files import release_globals_allowed
+
 Grid = tuple[int, int]
 DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key prefix (DeiT's name)
 
@@ -263,8 +265,9 @@ def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict,
         if len(size) != 2 or size[0] != size[1]:
             raise ValueError(f'{variant} takes square inputs: img_size {size}')
         kwargs['img_size'] = int(size[0])
-    return build_model_with_cfg(cls, variant, pretrained, pretrained_filter_fn=filter_fn,
-                                feature_cfg=features_only_cfg(kwargs), **{**defaults, **kwargs})
+    with release_globals_allowed():  # timm's download path reads the release files weights-only
+        return build_model_with_cfg(cls, variant, pretrained, pretrained_filter_fn=filter_fn,
+                                    feature_cfg=features_only_cfg(kwargs), **{**defaults, **kwargs})
 
 
 def block_feature_info(depth: int, channels: int, reduction: int = 16) -> list[dict]:

@@ -17,7 +17,6 @@ download and cache (`timm.create_model('lvvit_s', pretrained=True)`) reads the o
 """
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,9 +38,6 @@ StateDict = dict[str, torch.Tensor]
 _WRAPPERS = ('state_dict', 'model', 'module')
 _EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
 _PREFIXES = ('module.', '_orig_mod.')
-# timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an argparse.Namespace:
-# plain data, safe to rebuild. Allowed for every weights-only load, timm's download path included.
-torch.serialization.add_safe_globals([argparse.Namespace])
 
 
 @dataclass

@@ -3,6 +3,7 @@ timm's own download and cache path reads the release files through the suite's f
 pre-filled cache and a file:// URL stand in for GitHub)."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -95,11 +96,17 @@ def test_pretrained_from_a_file_url_with_a_new_class_count(hub, tmp_path):
     assert torch.equal(model.blocks[1].attn.qkv.weight, lvvit.blocks[1].attn.qkv.weight)
 
 
-def test_a_release_still_loads_after_timms_own_loader_ran(tmp_path):
+def test_a_release_still_loads_after_timms_own_loader_ran(hub, tmp_path):
     """timm's load_checkpoint allows argparse.Namespace in torch's safe_globals context, which on exit removes it from
-    the allowed globals altogether, the suite's registration included: the suite's loader allows it per load."""
+    the allowed globals altogether, a global registration included: the suite's loader and timm's download path
+    through the suite's families both allow it per load, whatever ran before in the process."""
     source, path = release_of('lvvit_s', tmp_path)
     timm.models.load_checkpoint(timm.create_model('lvvit_s', img_size=64, **TINY), str(path))
+    assert argparse.Namespace not in torch.serialization.get_safe_globals()
     model = timm.create_model('lvvit_s', img_size=64, **TINY)
     backbones.load_checkpoint(model, str(path))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
+    path.rename(hub / 'lvvit_s-26M-224-83.3.pth.tar')
+    model = timm.create_model('lvvit_s', pretrained=True, img_size=64, **TINY)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
+    assert argparse.Namespace not in torch.serialization.get_safe_globals()  # and nothing left behind

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -9,7 +10,7 @@ import os
 import pickle
 import re
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -90,6 +91,21 @@ def remove_partial_writes(folder: str | Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
+# timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an argparse.Namespace:
+# plain data, safe to rebuild.
+RELEASE_GLOBALS = (argparse.Namespace,)
+
+
+@contextlib.contextmanager
+def release_globals_allowed(extra: Sequence[object] = ()) -> Iterator[None]:
+    """Weights-only loads inside also accept the release files' `RELEASE_GLOBALS` and `extra`. torch's safe_globals
+    context removes on exit every global it was given, one registered globally before included (timm's own loader
+    uses such a context), so each load asks for them again and gives the context only those not yet allowed."""
+    allowed = torch.serialization.get_safe_globals()
+    with torch.serialization.safe_globals([g for g in (*RELEASE_GLOBALS, *extra) if g not in allowed]):
+        yield
+
+
 def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowed: Sequence[object] = (),
                       mmap: bool = False, map_location: str | None = 'cpu') -> object:
     """`torch.load` with `weights_only=True` (tensors and plain containers, and the `allowed` globals: nothing from
@@ -101,12 +117,7 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
     check_torch_format(path, what)
     check_zip_checksums(path, what)
     try:
-        # timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an
-        # argparse.Namespace: plain data, safe to rebuild. backbones.weights allows it globally (for timm's download
-        # path), but torch's safe_globals context removes on exit whatever it was given, a global registration
-        # included (timm's own loader uses one): so each load allows it too, adding only what is not yet allowed.
-        missing = [g for g in (argparse.Namespace, *allowed) if g not in torch.serialization.get_safe_globals()]
-        with torch.serialization.safe_globals(missing):
+        with release_globals_allowed(allowed):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         if MMENGINE_GLOBAL.search(str(exc)):
