@@ -31,7 +31,7 @@ def reproduction(labeled_images, tmp_path_factory):  # noqa: F811
             '--variants', *VARIANTS, '--cls-data-dir', str(data), '--token-label-dir', str(labels),
             '--annotator', 'resnet10t', '--annotator-checkpoint', str(labels.parent / 'annotator.pth'),
             '--cls-args', '--img-size', '32', '--batch-size', '4', '--lr-base-batch', '4', '--workers', '0']
-    result = run_tool('reproduce_token_labeling.py', argv, timeout=1200)
+    result = run_tool('reproduce_token_labeling.py', argv, timeout=1200, nested=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result.stdout, argv
 
@@ -102,7 +102,7 @@ def test_a_finished_reproduction_reruns_nothing(reproduction):
     out, _, argv = reproduction
     before = json.loads((out / 'results.json').read_text())
     stamps = {p: p.stat().st_mtime for p in out.glob('runs/*/*/*/*.json')}
-    result = run_tool('reproduce_token_labeling.py', argv, timeout=300)
+    result = run_tool('reproduce_token_labeling.py', argv, timeout=300, nested=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not [line for line in result.stdout.splitlines() if line.startswith('[')]  # no stage ran
     assert json.loads((out / 'results.json').read_text())['runs'] == before['runs']
@@ -118,7 +118,7 @@ def test_a_rerun_with_other_settings_is_refused_not_given_the_old_results(reprod
     option, value = changed
     rerun = list(argv)
     rerun[rerun.index(option) + 1] = value
-    result = run_tool('reproduce_token_labeling.py', rerun, timeout=300)
+    result = run_tool('reproduce_token_labeling.py', rerun, timeout=300, nested=True)
     assert result.returncode == 2 and result.stderr.count('error:') == 1
     assert f'{out / "runs" / "token-labeling" / "seed_0"} was made by' in result.stderr
     assert f'{option} {value}' in result.stderr or value in result.stderr

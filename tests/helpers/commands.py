@@ -3,7 +3,6 @@ tools in children of a tool server that has imported their libraries once: zygot
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import signal
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 from collections.abc import Sequence
 
+from helpers.zygote import is_tool, read_answer, send_request
+
 ROOT = Path(__file__).resolve().parents[2]
 # No PYTHONPATH (the installed package is what users run), and one thread per process so that every run a test
 # compares with another computes the same way.
@@ -22,15 +23,16 @@ ENV = {**{k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}, 'OMP_NUM_TH
 
 
 def run_python(argv: Sequence[str], cwd: Path = ROOT, timeout: int = 600, env: dict | None = None,
-               fresh: bool = False) -> subprocess.CompletedProcess:
+               fresh: bool = False, nested: bool = False) -> subprocess.CompletedProcess:
     """`python ARGV` in a process of its own, output captured: a tool (`argv[0]` a script in tools/) in a child of
     the tool server (zygote.py says what differs from a fresh interpreter), anything else, or with `env`, or
-    `fresh`, in a fresh interpreter."""
+    `fresh`, in a fresh interpreter. `nested`: the tools the tool runs with `sys.executable` are the server's
+    children too."""
     argv = [str(arg) for arg in argv]
     if fresh or env is not None or not ToolServer.serves(argv, Path(cwd)):
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env or ENV, capture_output=True, text=True,
                               timeout=timeout)
-    return ToolServer.shared().run(argv, Path(cwd), timeout)
+    return ToolServer.shared().run(argv, Path(cwd), timeout, nested)
 
 
 def run_tool(tool: str, args: Sequence[str] = (), **kwargs) -> subprocess.CompletedProcess:
@@ -46,8 +48,7 @@ class ToolServer:
     @staticmethod
     def serves(argv: Sequence[str], cwd: Path) -> bool:
         import torch
-        return (not os.environ.get('SUITE_TESTS_FRESH_PYTHON') and not torch.cuda.is_available() and bool(argv)
-                and argv[0].endswith('.py') and (cwd / argv[0]).resolve().parent == ROOT / 'tools')
+        return not os.environ.get('SUITE_TESTS_FRESH_PYTHON') and not torch.cuda.is_available() and is_tool(argv, cwd)
 
     @classmethod
     def shared(cls) -> ToolServer:
@@ -82,18 +83,17 @@ class ToolServer:
                     raise RuntimeError(f'the tool server ended or did not start (status {self.process.poll()})')
                 time.sleep(0.05)
 
-    def run(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: Path, timeout: float, nested: bool = False) -> subprocess.CompletedProcess:
         self.calls += 1
         stdout, stderr = self.folder / f'{self.calls}.out', self.folder / f'{self.calls}.err'
         command = [sys.executable, *argv]
-        with self.connect() as connection:
+        request = {'argv': argv, 'cwd': str(cwd), 'env': None, 'nested': nested}
+        with (open(os.devnull, 'rb') as stdin, open(stdout, 'wb') as out, open(stderr, 'wb') as err,
+              self.connect() as connection):
             connection.settimeout(timeout)
-            connection.sendall(json.dumps({'argv': argv, 'cwd': str(cwd), 'stdout': str(stdout),
-                                           'stderr': str(stderr)}).encode() + b'\n')
-            answers = connection.makefile()
-            pid = json.loads(answers.readline())['pid']
+            pid = send_request(connection, request, (stdin.fileno(), out.fileno(), err.fileno()))
             try:
-                returncode = json.loads(answers.readline())['returncode']
+                returncode = read_answer(connection, 'returncode')
             except TimeoutError:
                 end_child(pid)
                 raise subprocess.TimeoutExpired(command, timeout, *map(read_and_remove, (stdout, stderr))) from None
