@@ -114,9 +114,10 @@ def test_expressions_evaluate_left_to_right_over_the_data():
 @pytest.mark.slow
 def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_path):
     first, both = tmp_path / 'part1.json', tmp_path / 'gpu.json'
-    part1 = run_tool('measure_gpu.py', ['--part', '1', '--smoke', '--device', 'cpu', '--out', first])
+    part1 = run_tool('measure_gpu.py', ['--part', '1', '--smoke', '--device', 'cpu', '--out', first], nested=True)
     assert part1.returncode == 0, output(part1)[-3000:]
-    part2 = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', first, '--out', both])
+    part2 = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', first, '--out', both],
+                     nested=True)
     assert part2.returncode == 0, output(part2)[-3000:]
     session = json.loads(both.read_text())
 

@@ -112,6 +112,9 @@ def run_as_main(request: dict, fds: list[int], stand_in: str) -> None:
     if request.get('env') is not None:
         os.environ.clear()
         os.environ.update(request['env'])
+    if os.environ.get('PYTHONUNBUFFERED'):  # as `python -u`: what is printed is written at once
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(write_through=True)
     if request.get('nested'):
         sys.executable = stand_in
     tool = request['argv'][0]
