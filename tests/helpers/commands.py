@@ -65,8 +65,12 @@ class ToolServer:
         self.calls = 0
 
     def close(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        self.process.terminate()  # the server kills its running commands, then ends
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def connect(self) -> socket.socket:
@@ -88,26 +92,31 @@ class ToolServer:
         stdout, stderr = self.folder / f'{self.calls}.out', self.folder / f'{self.calls}.err'
         command = [sys.executable, *argv]
         request = {'argv': argv, 'cwd': str(cwd), 'env': None, 'nested': nested}
+        pid = None
         with (open(os.devnull, 'rb') as stdin, open(stdout, 'wb') as out, open(stderr, 'wb') as err,
               self.connect() as connection):
             connection.settimeout(timeout)
-            pid = send_request(connection, request, (stdin.fileno(), out.fileno(), err.fileno()))
             try:
-                returncode = read_answer(connection, 'returncode')
+                answers = send_request(connection, request, (stdin.fileno(), out.fileno(), err.fileno()))
+                pid = read_answer(answers, 'pid')
+                returncode = read_answer(answers, 'returncode')
             except TimeoutError:
-                end_child(pid)
+                end_command(pid)
                 raise subprocess.TimeoutExpired(command, timeout, *map(read_and_remove, (stdout, stderr))) from None
             except BaseException:  # the test stopped (its own timeout, Ctrl-C): so does its command, as subprocess does
-                end_child(pid)
+                end_command(pid)
                 raise
         return subprocess.CompletedProcess(command, returncode, *map(read_and_remove, (stdout, stderr)))
 
 
-def end_child(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def end_command(pid: int | None) -> None:
+    """Kill a command's process group (the command and the processes it started); the server kills it anyway once
+    the connection closes."""
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def read_and_remove(path: Path) -> str:
