@@ -11,6 +11,11 @@ from backbones.common.distributed import DistInfo
 from helpers.cls_data import make_image_folder
 from classification.token_labeling.annotate import generate_token_labels
 
+# One thread per test process, as the commands the tests run have (helpers.commands.ENV): pytest-xdist runs a worker
+# per core, and torch's default of a thread per core in each of them oversubscribes the machine (on 2 cores the
+# in-process tests took twice as long).
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():
