@@ -63,6 +63,8 @@ class ToolServer:
                                         cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL)
         atexit.register(self.close)
         self.calls = 0
+        # the nested commands' stand-in is an executable in this folder: on a noexec mount they run fresh instead
+        self.nests = not os.statvfs(self.folder).f_flag & os.ST_NOEXEC
 
     def close(self) -> None:
         self.process.terminate()  # the server kills its running commands, then ends
@@ -91,7 +93,7 @@ class ToolServer:
         self.calls += 1
         stdout, stderr = self.folder / f'{self.calls}.out', self.folder / f'{self.calls}.err'
         command = [sys.executable, *argv]
-        request = {'argv': argv, 'cwd': str(cwd), 'env': None, 'nested': nested}
+        request = {'argv': argv, 'cwd': str(cwd), 'env': None, 'nested': nested and self.nests}
         pid = None
         with (open(os.devnull, 'rb') as stdin, open(stdout, 'wb') as out, open(stderr, 'wb') as err,
               self.connect() as connection):
