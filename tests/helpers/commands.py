@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 from collections.abc import Sequence
 
-from helpers.zygote import is_tool, read_answer, send_request
+from helpers.zygote import is_tool, kill_group, read_answer, send_request
 
 ROOT = Path(__file__).resolve().parents[2]
 # No PYTHONPATH (the installed package is what users run), and one thread per process so that every run a test
@@ -112,13 +111,10 @@ class ToolServer:
 
 
 def end_command(pid: int | None) -> None:
-    """Kill a command's process group (the command and the processes it started); the server kills it anyway once
-    the connection closes."""
+    """Kill a command's process group (the command and the processes it started), if it started; the server kills
+    it anyway once the connection closes."""
     if pid is not None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(pid)
 
 
 def read_and_remove(path: Path) -> str:

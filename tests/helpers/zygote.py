@@ -79,6 +79,11 @@ def send_request(connection: socket.socket, request: dict, fds: tuple[int, int, 
     return connection.makefile('rb')
 
 
+def send_answer(connection: socket.socket, key: str, value: int) -> None:
+    """The server's answer {"pid": N} or {"returncode": N} (`read_answer` reads it)."""
+    connection.sendall(json.dumps({key: value}).encode() + b'\n')
+
+
 def read_answer(answers: BinaryIO, key: str) -> int:
     """The server's next answer, {"pid": N} or {"returncode": N}: its `key`."""
     line = answers.readline()
@@ -252,7 +257,7 @@ class Server:
         self.running[pid] = (connection, pidfd)
         self.events.register(pidfd, selectors.EVENT_READ, ('ended', pid))
         try:
-            connection.sendall(json.dumps({'pid': pid}).encode() + b'\n')
+            send_answer(connection, 'pid', pid)
             self.events.register(connection, selectors.EVENT_READ, ('caller', pid))
         except OSError:  # the caller has gone already: so does its command
             kill_group(pid)
@@ -266,7 +271,7 @@ class Server:
         _, status = os.waitpid(pid, 0)
         returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         try:
-            connection.sendall(json.dumps({'returncode': returncode}).encode() + b'\n')
+            send_answer(connection, 'returncode', returncode)
         except OSError:
             pass  # the caller has gone
         connection.close()
