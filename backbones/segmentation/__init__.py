@@ -1,4 +1,5 @@
-"""Semantic segmentation with the suite's backbones on mmsegmentation 1.x.
+"""Dense prediction with the suite's backbones on mmsegmentation 1.x and mmengine: semantic segmentation; instance
+segmentation and detection (`instances`: Mask R-CNN); depth (`depth`).
 
 Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
 (any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
@@ -12,5 +13,5 @@ from backbones.segmentation.silenced_warnings import silence_harmless_warnings
 ensure_mmseg_importable()  # before anything imports mmseg.models
 silence_harmless_warnings()
 
-from backbones.segmentation import (backbone, layer_decay, metrics, mmengine_io, neck, pictures,  # noqa: E402,F401  (registration)
-               preemption, segmentor)
+from backbones.segmentation import (backbone, depth, instances, layer_decay, metrics, mmengine_io, neck,  # noqa: E402,F401  (registration)
+               pictures, preemption, segmentor)

@@ -19,11 +19,20 @@ from backbones.common.files import load_weights_only
 from backbones.common.log import logger
 
 from backbones.segmentation.backbone import TIMM_RELEASE, URL_SCHEMES
+from backbones.segmentation.instances.coco import check_trained_categories, use_coco_categories
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
+from backbones.segmentation.runner import checkpoint_meta
 from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,
                                              use_own_data)
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
+COCO_ROOT = 'data/coco'
+NYU_ROOT = 'data/nyu'
+# the data sets a config is written for, by its folder, which the embedded data stands in for when not on disk
+KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN_DATA_ROOT: 'a data set of your own'}
+# The dense tasks, by the model a config builds: semantic segmentation (any other model), instances, depth
+INSTANCE_MODELS = ('TokenMaskRCNN',)
+DEPTH_MODELS = ('DepthEstimator', 'TokenDepthEstimator')
 ADE20K_CROP = 512  # the configs' training crop side
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
@@ -61,6 +70,14 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
         cfg.merge_from_dict(cfg_options)
     check_loader_sizes(cfg, path)
     return cfg
+
+
+def dense_task(cfg: Config) -> str:
+    """What a config predicts: 'instances' (boxes and masks), 'depth', or 'semantic' (a class per pixel)."""
+    model = cfg.model.get('type')
+    if cfg.model.get('module'):  # a test-time-augmentation wrapper
+        model = cfg.model.module.get('type')
+    return 'instances' if model in INSTANCE_MODELS else 'depth' if model in DEPTH_MODELS else 'semantic'
 
 
 def check_loader_sizes(cfg: Config, path: str) -> None:
@@ -184,7 +201,7 @@ def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | Non
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
         return None
-    if missing not in ([ADE20K_ROOT], [OWN_DATA_ROOT]) or fallback is None:
+    if len(missing) > 1 or missing[0] not in KNOWN_ROOTS or fallback is None:
         raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
     return missing[0]
 
@@ -197,14 +214,18 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
         set_data_root(cfg, data_root)
     roots = data_roots(cfg)
     missing = missing_data(roots, fallback)
+    task = dense_task(cfg)
     if missing is None:
-        if is_own_data_config(cfg):
+        if task == 'semantic' and is_own_data_config(cfg):
             use_own_data(cfg, read_own_data(roots.pop()))
+        if task == 'instances':
+            use_coco_categories(cfg)
         return False
-    what = 'ADE20K' if missing == ADE20K_ROOT else 'a data set of your own'
-    logger.info(f'{what} not found at {missing} (docs/segmentation.md says how to use it; --data-root names another '
-                'folder): the embedded data')
+    logger.info(f'{KNOWN_ROOTS[missing]} not found at {missing} (docs/segmentation.md and docs/instances_and_depth.md '
+                'say how to use it; --data-root names another folder): the embedded data')
     fallback.use_data(cfg)
+    if task == 'instances':
+        use_coco_categories(cfg)
     return True
 
 
@@ -214,7 +235,9 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = N
     ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
     others."""
     used_fallback = resolve_data(cfg, data_root, fallback)
-    if not used_fallback and is_own_data_config(cfg):
+    if dense_task(cfg) == 'instances':
+        check_trained_categories(cfg, checkpoint_meta(checkpoint), checkpoint)
+    elif not used_fallback and is_own_data_config(cfg):
         check_trained_classes(cfg, checkpoint)
     return used_fallback
 
@@ -238,7 +261,7 @@ def check_segmentor_checkpoint(checkpoint: str) -> None:
         raise CheckpointError(f'{checkpoint}: checkpoint file not found')
     names = weight_names(checkpoint)
     family = guess_family(names)
-    if family is not None and not any(name.startswith('decode_head.') for name in names):
+    if family is not None and not any(name.startswith(('decode_head.', 'roi_heads.')) for name in names):
         raise CheckpointError(f'{checkpoint} holds an image classifier ({family} weights, no decode head), not a '
                               f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
                               f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='

@@ -166,6 +166,53 @@ def check_labels_used(dataset, values: set[int]) -> None:
         raise DataError(binary_masks_message(dataset.data_prefix['seg_map_path']))
 
 
+def image_check(img_path: str, size: tuple[int, int]) -> Problem | None:
+    """What is wrong with an image its annotation file says is `size` (width, height), or None."""
+    if not Path(img_path).is_file():
+        return Problem(f'{img_path}: image file not found')
+    try:
+        image = decoded(img_path)
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... for damaged files
+        return Problem(f'{img_path} cannot be decoded ({type(e).__name__}: {e})', unreadable_image=True)
+    orientation = exif_orientation(image)
+    if orientation != 1:
+        return oriented_image_problem(img_path, orientation)
+    if image.size != size:
+        return Problem(f'{img_path} is {size_text(image)}, its annotation says {size[0]}x{size[1]}')
+    return None
+
+
+def depth_pair_check(img_path: str, depth_path: str) -> Problem | None:
+    """What is wrong with an image and its depth map (one channel, the image's size), or None."""
+    if not Path(depth_path).is_file():
+        return Problem(f'{img_path} has no depth map {depth_path}')
+    try:
+        depth = decoded(depth_path)
+    except Exception as e:
+        return Problem(f'depth map {depth_path} cannot be decoded ({type(e).__name__}: {e})')
+    if depth.mode not in SINGLE_CHANNEL:
+        return Problem(f'depth map {depth_path} has {len(depth.getbands())} channels ({depth.mode}); a depth map is '
+                       f'one channel of depth x the data set\'s scale (NYU-v2: 16-bit millimetres)')
+    return image_check(img_path, depth.size)
+
+
+def checked_pairs(data_list: list[dict], num_classes: int) -> list[PairCheck]:
+    """Every entry of a data set checked: a COCO-format set's images against their annotation file, a depth set's
+    images with their depth maps, a semantic set's with their masks."""
+    if 'instances' in data_list[0]:
+        items = [(d['img_path'], (d['width'], d['height'])) for d in data_list]
+        check = lambda item: PairCheck(image_check(*item))  # noqa: E731
+    elif 'depth_map_path' in data_list[0]:
+        items = [(d['img_path'], d['depth_map_path']) for d in data_list]
+        check = lambda item: PairCheck(depth_pair_check(*item))  # noqa: E731
+    else:
+        items = [(d['img_path'], d['seg_map_path'], num_classes, d.get('reduce_zero_label', False))
+                 for d in data_list]
+        check = lambda item: pair_check(*item)  # noqa: E731
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
+        return list(pool.map(check, items))
+
+
 def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check a dataset config's files; returns the indices to use and the images left out as unreadable."""
     # unserialised: mmengine's serialisation fails on an empty list with a traceback
@@ -173,29 +220,28 @@ def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tup
     img_dir = check_image_folder(dataset)
     dataset.full_init()
     data_list = [dataset.get_data_info(i) for i in range(len(dataset))]
+    suffix = getattr(dataset, 'img_suffix', None)  # a folder-listed set's (a COCO-format set lists its images)
     if not data_list:
-        raise DataError(f'no {dataset.img_suffix} images in {img_dir}')
+        raise DataError(f'no {suffix or ""} images in {img_dir}' if suffix else
+                        f'{dataset.ann_file} lists no images')
     check_ade20k_names(dataset, data_list, img_dir)
-    stray = stray_images(img_dir, dataset.img_suffix)
+    stray = stray_images(img_dir, suffix) if suffix else []
     if stray:
-        raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {dataset.img_suffix} and would be left '
+        raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {suffix} and would be left '
                         f'out: {", ".join(map(str, stray[:SHOWN]))}; convert them or set img_suffix')
-    num_classes = len(dataset.metainfo['classes'])
-    items = [(d['img_path'], d['seg_map_path'], num_classes, d.get('reduce_zero_label', False))
-             for d in data_list]
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
-        checks = list(pool.map(lambda item: pair_check(*item), items))
+    checks = checked_pairs(data_list, len(dataset.metainfo['classes'] or ()))
     problems = [check.problem for check in checks]
     fatal = [p.message for p in problems if p and not (skip_unreadable and p.unreadable_image)]
     if fatal:
         hint = ''
         if not skip_unreadable and all(p.unreadable_image for p in problems if p):
             hint = ' (--skip-unreadable leaves out images that do not decode)'
-        raise DataError(f'{len(fatal)} of {len(items)} images in {img_dir} cannot be used: '
+        raise DataError(f'{len(fatal)} of {len(checks)} images in {img_dir} cannot be used: '
                         + '; '.join(fatal[:SHOWN]) + ('; ...' if len(fatal) > SHOWN else '') + hint)
-    check_labels_used(dataset, set().union(*(check.values for check in checks)))
+    if 'seg_map_path' in data_list[0]:
+        check_labels_used(dataset, set().union(*(check.values for check in checks)))
     keep = [i for i, problem in enumerate(problems) if problem is None]
-    return keep, [items[i][0] for i, problem in enumerate(problems) if problem is not None]
+    return keep, [data_list[i]['img_path'] for i, problem in enumerate(problems) if problem is not None]
 
 
 def check_data(cfg, keys: Sequence[str], skip_unreadable: bool = False) -> None:

@@ -1,4 +1,5 @@
-"""The evaluator behind tools/test_seg.py: single-scale or the papers' multi-scale + flip mIoU of a checkpoint."""
+"""The evaluator behind tools/test_seg.py: single-scale or the papers' multi-scale + flip mIoU of a segmentor; COCO's
+box and mask AP of a detector; the depth metrics of a depth model."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,8 @@ from backbones.common.cli import check_output_folder, command_parser, output_fil
 from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
-from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, drop_tta_flips, load_config,
-                                           resolve_trained_data, tta_flips)
+from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
+                                           load_config, resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
@@ -34,9 +35,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                              '(2048, 512) with flip), softmax averaged; the embedded data without ADE20K takes its own '
                              'ratios and flips')
     parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
-    parser.add_argument('--out', type=output_file,
-                        help='write {"mIoU", "aAcc", "mAcc", "per_class"} (percent) to this JSON file')
-    parser.add_argument('--pred-dir', help='save the predicted label maps here (PNG, ADE20K label values)')
+    parser.add_argument('--out', type=output_file, help=(
+        'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class"} (percent) for a segmentor; '
+        '{"box_AP", ..., "mask_AP", ..., "per_class"} (percent) for a detector; {"d1", "abs_rel", "rmse", "log10", '
+        '...} for a depth model'))
+    parser.add_argument('--pred-dir', help=(
+        'save the predictions here: label maps (PNG, the data set\'s label values) for a segmentor, COCO-format '
+        'results (predictions.json) for a detector, depth maps (16-bit PNG in the data set\'s scale) for a depth '
+        'model'))
     return parser
 
 
@@ -62,6 +68,9 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     check_segmentor_checkpoint(args.checkpoint)
     cfg.load_from = args.checkpoint
     resolve_trained_data(cfg, args.checkpoint, args.data_root, fallback)
+    task = dense_task(cfg)
+    if args.ms and task != 'semantic':
+        raise UsageError(f'--ms: the multi-scale test is for semantic segmentation; {args.config} is a {task} config')
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:
@@ -69,10 +78,32 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     if args.pred_dir:
         check_output_folder(args.pred_dir)
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
-    if args.pred_dir:
+    if args.pred_dir and task != 'instances':
         mask_paths(test_images(cfg), Path(args.pred_dir))
-    cfg.test_evaluator = dict(type='IoUReport', json_file=args.out, output_dir=args.pred_dir)
+    cfg.test_evaluator = test_evaluator(cfg, task, args.out, args.pred_dir)
     return cfg
+
+
+def test_evaluator(cfg: Config, task: str, out: str | None, pred_dir: str | None) -> dict:
+    """The task's metric, writing its scores to `out` and its predictions into `pred_dir`; a depth config's own
+    evaluation settings (depth range, crop, scale) kept."""
+    if task == 'instances':
+        return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
+    if task == 'depth':
+        own = cfg.get('test_evaluator') or {}
+        return {**own, 'type': 'DepthReport', 'json_file': out, 'output_dir': pred_dir}
+    return dict(type='IoUReport', json_file=out, output_dir=pred_dir)
+
+
+def summary(task: str, metrics: dict[str, float]) -> str:
+    """The scores of a test in one line."""
+    if task == 'instances':
+        keys = ('box_AP', 'box_AP50', 'mask_AP', 'mask_AP50')
+    elif task == 'depth':
+        keys = ('d1', 'abs_rel', 'rmse', 'log10')
+    else:
+        keys = ('mIoU', 'mAcc', 'aAcc')
+    return '  '.join(f'{key} {metrics[key]:.{3 if task == "depth" else 2}f}' for key in keys)
 
 
 def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,
@@ -82,5 +113,5 @@ def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None =
     cfg = prepare(args, data_fallback)
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
     metrics = SuiteRunner.from_cfg(cfg).test()
-    logger.info(f'{mode}: mIoU {metrics["mIoU"]:.2f}  mAcc {metrics["mAcc"]:.2f}  aAcc {metrics["aAcc"]:.2f}')
+    logger.info(f'{mode}: {summary(dense_task(cfg), metrics)}')
     return metrics

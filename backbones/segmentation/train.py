@@ -21,7 +21,8 @@ from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.segmentation.backbone import TIMM_RELEASE
 from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_loader_sizes,
-                                           check_pretrained, data_roots, describe_schedule, drop_one_step_warmup,
+                                           check_pretrained, data_roots, dense_task, describe_schedule,
+                                           drop_one_step_warmup,
                                            load_config, missing_data, resolve_data, shorten_schedule)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
@@ -153,7 +154,10 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     accumulate_gradients(cfg, args.grad_accum_steps)
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
-    cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
+    if dense_task(cfg) == 'semantic':
+        cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
+    else:
+        cfg.default_hooks.pop('visualization', None)  # mmseg's drawing knows class maps only
     use_amp(cfg, args.amp)
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
     resume = args.resume or (started and restarted_by_torchrun())

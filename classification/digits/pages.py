@@ -1,5 +1,5 @@
-"""The embedded segmentation set, "pages": scikit-learn's handwritten digits in a row of cells on a dark page, in
-ADE20K's layout.
+"""The embedded dense-prediction set, "pages": scikit-learn's handwritten digits in a row of cells on a dark page, in
+ADE20K's layout, with the same pages' digits as COCO-format instances and a synthetic depth map in NYU-v2's format.
 
 Used by the segmentation tools when no ADE20K is on disk (`seg_data`). An image is a row of three 48 px cells, most
 of them holding one digit scan inked in a light colour at a random size and place inside its cell, on a black ground
@@ -13,14 +13,23 @@ a backbone pretrained on digits that fill its 48 px frame recognises 66% of thes
 digits seen in a 64 px window (LV-ViT-M, measured), and digits of one or two tokens are too small for a stride-16
 backbone. The validation images use only the scans the classification run holds out (every fifth), so pretraining
 never saw their digits.
+
+Instances (annotations/instances_{training,validation}.json, COCO's format): every digit is one instance of category
+`digit + 1` (named "0" .. "9"), its mask the pixels its annotation labels as that digit (RLE, exact), its box that
+mask's extent. Depth (depth/{training,validation}/NAME.png, 16-bit millimetres as NYU-v2's maps): a synthetic scene,
+the ground a plane from 6 m at the top of the page to 4 m at its bottom, and each digit standing in front of it at
+1.5 m + 0.25 m x its value, so that a model reads a digit's depth from what the digit is; the digits' soft edges
+hold 0 (no measurement), as NYU's invalid pixels.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import cv2
 import numpy as np
+from pycocotools import mask as mask_utils
 
 from classification.digits.scans import VAL_EVERY, render_scan
 
@@ -32,7 +41,12 @@ DIGIT_SIZE = (40, 48)  # pixels, the side of a digit's 8x8 scan once inked
 FILL = 0.85  # chance that a cell holds a digit
 INK = (170, 255)  # per-channel range of the ink colour
 NOISE = 8.0  # standard deviation of the ground's noise, in grey levels
-VERSION = 'digits-seg v4: row of three 48 px cells, 40-48 px light digits on black, held-out scans for validation\n'
+VERSION = ('digits-seg v5: row of three 48 px cells, 40-48 px light digits on black, held-out scans for validation; '
+           'COCO instances, synthetic depth\n')
+GROUND_DEPTH = (6.0, 4.0)  # metres at the top and at the bottom of a page
+DIGIT_DEPTH = (1.5, 0.25)  # metres: digit d stands at 1.5 + 0.25 d
+DEPTH_SCALE = 1000  # depth PNG values per metre (NYU-v2's millimetres)
+INSTANCE_CATEGORIES = [dict(id=d + 1, name=str(d)) for d in range(10)]
 READY = 'READY'
 PALETTE = [[120, 120, 120]] + [[int(c) for c in cv2.cvtColor(np.uint8([[[18 * d, 220, 255]]]), cv2.COLOR_HSV2RGB)[0, 0]]
                                for d in range(10)]  # grey background, digits around the hue circle
@@ -52,12 +66,14 @@ def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, to
     return ink
 
 
-def _compose(rng: np.random.Generator, scans: np.ndarray, digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One image (RGB) and its ADE20K-style annotation."""
+def _compose(rng: np.random.Generator, scans: np.ndarray, digits: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, np.ndarray]]]:
+    """One image (RGB), its ADE20K-style annotation, and its digits with their masks."""
     width, height = IMAGE_SIZE
     cell_w, cell_h = width // GRID[0], height // GRID[1]
     image = np.abs(rng.normal(0, NOISE, (height, width, 3))).astype(np.float32)
     label = np.ones((height, width), np.uint8)
+    instances = []
     for row in range(GRID[1]):
         for col in range(GRID[0]):
             if rng.random() > FILL:
@@ -69,7 +85,31 @@ def _compose(rng: np.random.Generator, scans: np.ndarray, digits: np.ndarray) ->
             ink = _ink_digit(rng, image, scans[k], top, left, size)
             window = (slice(top, top + size), slice(left, left + size))
             label[window] = np.where(ink >= 0.5, digits[k] + 2, np.where(ink > 0.2, 0, label[window]))
-    return image.clip(0, 255).round().astype(np.uint8), label
+            mask = np.zeros_like(label, dtype=bool)
+            mask[window] = ink >= 0.5  # the pixels the annotation labels as this digit
+            instances.append((int(digits[k]), mask))
+    return image.clip(0, 255).round().astype(np.uint8), label, instances
+
+
+def depth_map(label: np.ndarray) -> np.ndarray:
+    """A page's synthetic depth (uint16, DEPTH_SCALE per metre) from its annotation: the ground plane, the digits
+    in front of it, 0 on the digits' soft edges."""
+    height = label.shape[0]
+    top, bottom = GROUND_DEPTH
+    metres = np.repeat(np.linspace(top, bottom, height)[:, None], label.shape[1], axis=1)
+    digit = label.astype(np.float64) - 2
+    metres = np.where(label >= 2, DIGIT_DEPTH[0] + DIGIT_DEPTH[1] * digit, metres)
+    metres = np.where(label == 0, 0.0, metres)
+    return np.round(metres * DEPTH_SCALE).astype(np.uint16)
+
+
+def coco_annotation(mask: np.ndarray, digit: int, image_id: int, annotation_id: int) -> dict:
+    """One digit as a COCO instance: its mask as compressed RLE, its box the mask's extent."""
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    box = [float(v) for v in mask_utils.toBbox(rle)]
+    return dict(id=annotation_id, image_id=image_id, category_id=digit + 1, iscrowd=0, bbox=box,
+                area=float(mask_utils.area(rle)), segmentation=dict(size=list(rle['size']),
+                                                                      counts=rle['counts'].decode('ascii')))
 
 
 def scan_splits(count: int) -> dict:
@@ -79,7 +119,8 @@ def scan_splits(count: int) -> dict:
 
 
 def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
-    """Write the set under `root` ({images,annotations}/{training,validation}); do nothing if it is complete.
+    """Write the set under `root` ({images,annotations,depth}/{training,validation} and
+    annotations/instances_{training,validation}.json); do nothing if it is complete.
 
     A set written by an older version of this function is replaced.
     """
@@ -93,13 +134,19 @@ def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
     scans = scans.reshape(-1, 8, 8)
     for index, (split, scan_index) in enumerate(scan_splits(len(scans)).items()):
         rng = np.random.default_rng([seed, index])
-        (root / 'images' / split).mkdir(parents=True, exist_ok=True)
-        (root / 'annotations' / split).mkdir(parents=True, exist_ok=True)
+        for folder in ('images', 'annotations', 'depth'):
+            (root / folder / split).mkdir(parents=True, exist_ok=True)
+        coco = dict(images=[], annotations=[], categories=INSTANCE_CATEGORIES)
         for i in range(SPLITS[split]):
-            image, label = _compose(rng, scans[scan_index], digits[scan_index])
+            image, label, instances = _compose(rng, scans[scan_index], digits[scan_index])
             stem = f'digits_{split}_{i:05d}'
             cv2.imwrite(str(root / 'images' / split / f'{stem}.jpg'), cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
                         [cv2.IMWRITE_JPEG_QUALITY, 95])
             cv2.imwrite(str(root / 'annotations' / split / f'{stem}.png'), label)
+            cv2.imwrite(str(root / 'depth' / split / f'{stem}.png'), depth_map(label))
+            coco['images'].append(dict(id=i + 1, file_name=f'{stem}.jpg', width=IMAGE_SIZE[0], height=IMAGE_SIZE[1]))
+            coco['annotations'] += [coco_annotation(mask, digit, i + 1, len(coco['annotations']) + n + 1)
+                                    for n, (digit, mask) in enumerate(instances) if mask.any()]
+        (root / 'annotations' / f'instances_{split}.json').write_text(json.dumps(coco))
     ready.write_text(VERSION)
     return root

@@ -17,7 +17,7 @@ from mmengine.config import Config
 
 from backbones.common.cli import output_folder
 from backbones.common.log import logger
-from backbones.segmentation.config import ADE20K_CROP, LOADERS, drop_tta_flips, scale_sizes
+from backbones.segmentation.config import ADE20K_CROP, LOADERS, dense_task, drop_tta_flips, scale_sizes
 from backbones.segmentation.own_data import set_classes
 from backbones.segmentation.train import (
     PretrainedBackbone,
@@ -28,7 +28,7 @@ from backbones.segmentation.train import (
     train,
 )
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
-from classification.digits.pages import CLASSES, DATASET, PALETTE, write_digits_ade
+from classification.digits.pages import CLASSES, DATASET, IMAGE_SIZE, PALETTE, write_digits_ade
 
 PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
 # The configs run on the pages at the scale that makes their training crop the input size of the classification
@@ -40,6 +40,13 @@ RATIO_RANGE = (0.75, 1.5)
 # The multi-scale test's ratios of the single-scale size: the sizes training saw, not ADE20K's 0.75-1.75, which blow
 # the digits up beyond them and scored below single-scale (docs/segmentation.md has the measurements).
 TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
+# A detector's heads on the pages, sized for minutes on 2 CPU cores (ViTDet's 256-channel heads on 512 regions per
+# image take 45 s an iteration there): 64-channel pyramid and heads, 64 sampled regions per image, fewer proposals.
+DETECTOR_ON_PAGES = dict(neck=dict(out_channels=64), fc_channels=256, roi_heads=dict(batch_size_per_image=64),
+                         rpn=dict(pre_nms_top_n=dict(training=300, testing=300),
+                                  post_nms_top_n=dict(training=100, testing=100)))
+# The depth configs' sizes on the pages: NYU's 480 px crops become the pages' 48 px height.
+DEPTH_SCALE = 48 / 480
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,11 @@ class Schedule:
     seed: int = 0
 
 
+# A detector's: its heads start from random weights and learn at a higher lr for longer, on fewer images a batch
+# (with the config's layer-wise lr decay, the backbone's lr shrinks towards its input).
+DETECTOR_SCHEDULE = Schedule(iters=400, lr=5e-4, batch_size=8, val_interval=400, checkpoint_interval=200)
+
+
 @dataclass(frozen=True)
 class EmbeddedPages:
     """The pages under `root`, written on first use; backbones pretrained on the scans of `scans`."""
@@ -69,6 +81,7 @@ class EmbeddedPages:
     scans: EmbeddedScans = field(default_factory=EmbeddedScans)
     scale: float = SCALE
     schedule: Schedule = field(default_factory=Schedule)
+    detector_schedule: Schedule = DETECTOR_SCHEDULE
     test_ratios: tuple[float, ...] = TEST_RATIOS
     description: ClassVar[str] = 'the embedded digits pages (scikit-learn\'s scans in rows, written on first use)'
 
@@ -84,22 +97,33 @@ class EmbeddedPages:
         return cls(args.digits_seg_dir, EmbeddedScans.from_args(args))
 
     def use_data(self, cfg: Config) -> None:
-        """Point the config at the pages (written on first use), its sizes times `scale`, mirror images off."""
+        """Point the config at the pages (written on first use), its sizes times `scale`, mirror images off: their
+        class maps for a semantic config, their digits as COCO instances for a detector, their synthetic depth for a
+        depth model."""
         logger.info(f'data: the embedded digits pages in {self.root}')
         write_digits_ade(self.root)
+        task = dense_task(cfg)
         for loader in LOADERS:
             if not cfg.get(loader):
                 continue
             dataset = cfg[loader]['dataset']
             split = 'training' if loader == 'train_dataloader' else 'validation'
-            dataset.update(DATASET, data_root=str(self.root),
-                           data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
-            scale_sizes(dataset['pipeline'], self.scale)
-            for step in dataset['pipeline']:
-                if 'ratio_range' in step:
-                    step['ratio_range'] = RATIO_RANGE
-                if step['type'] == 'RandomFlip':
-                    step['prob'] = 0.0  # a mirrored digit is not a digit
+            if task == 'instances':
+                dataset.update(type='CocoInstances', data_root=str(self.root),
+                               ann_file=f'annotations/instances_{split}.json',
+                               data_prefix=dict(img_path=f'images/{split}'))
+            elif task == 'depth':
+                dataset.update(type='NYUDataset', data_root=str(self.root), img_suffix='.jpg', seg_map_suffix='.png',
+                               data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
+            else:
+                dataset.update(DATASET, data_root=str(self.root),
+                               data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
+            self.fit_pipeline(dataset['pipeline'], task)
+        if task == 'depth':
+            for evaluator in ('val_evaluator', 'test_evaluator'):
+                cfg[evaluator].update(crop_type=None)  # NYU's crop is for NYU's 640x480 images
+        if task != 'semantic':
+            return
         if cfg.get('tta_model'):
             drop_tta_flips(cfg)
         if cfg.get('tta_pipeline'):
@@ -107,6 +131,24 @@ class EmbeddedPages:
         scale_sizes(cfg.model.get('data_preprocessor', {}), self.scale)
         scale_sizes(cfg.model.get('test_cfg', {}), self.scale)
         set_classes(cfg, CLASSES, PALETTE, reduce_zero_label=True)  # data sets and heads
+
+    def fit_pipeline(self, pipeline: list[dict], task: str) -> None:
+        """A pipeline's sizes for the pages, in place: a semantic or depth config's times `scale` (its training crop
+        becomes the pretraining's input size), a detector's large-scale jitter and test size the page's own, the
+        jitter within RATIO_RANGE; no mirror images."""
+        if task == 'instances':
+            for step in pipeline:
+                if step['type'] == 'LargeScaleJitter':
+                    step.update(size=IMAGE_SIZE, scale_range=RATIO_RANGE)
+                if step['type'] == 'Resize':
+                    step['scale'] = IMAGE_SIZE
+        else:
+            scale_sizes(pipeline, self.scale if task == 'semantic' else DEPTH_SCALE)
+        for step in pipeline:
+            if 'ratio_range' in step:
+                step['ratio_range'] = RATIO_RANGE
+            if step['type'] in ('RandomFlip', 'RandomInstanceFlip'):
+                step['prob'] = 0.0  # a mirrored digit is not a digit
 
     def use_test_ratios(self, cfg: Config) -> None:
         """The multi-scale test resizes to `test_ratios` times the single-scale test's size (already scaled)."""
@@ -117,7 +159,8 @@ class EmbeddedPages:
 
     def use_schedule(self, cfg: Config) -> None:
         """Replace the config's ADE20K schedule by `schedule` (the tool merges command-line options after)."""
-        schedule = self.schedule
+        detector = dense_task(cfg) == 'instances'
+        schedule = self.detector_schedule if detector else self.schedule
         cfg.train_cfg.update(max_iters=schedule.iters, val_interval=schedule.val_interval)
         cfg.optim_wrapper.optimizer['lr'] = schedule.lr
         paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
@@ -131,6 +174,8 @@ class EmbeddedPages:
                  end=schedule.iters),
         ]
         cfg.train_dataloader['batch_size'] = schedule.batch_size
+        if detector:
+            cfg.merge_from_dict(dict(model=DETECTOR_ON_PAGES))
         for loader in LOADERS:
             if cfg.get(loader):
                 cfg[loader]['num_workers'] = min(cfg[loader].get('num_workers', 0), schedule.workers)

@@ -1,0 +1,55 @@
+"""`DepthFusionHead`: a DPT-style depth head over the neck's pyramid (Ranftl et al. 2021, "reassemble and fuse").
+
+Each level is projected to `channels`; from the coarsest, each is upsampled to the next finer level, added to it and
+refined by a residual unit of two 3x3 convolutions; two more convolutions give the depth at stride 4, as
+`max_depth` x sigmoid (VPD's output in mmseg). mmseg's `VPDDepthHead` serves the loss (SiLog by default, invalid
+pixels, 0, left out) and the prediction; its own layers expect VPD's diffusion features.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmseg.models.decode_heads import VPDDepthHead
+from mmseg.models.decode_heads.decode_head import BaseDecodeHead
+from mmseg.registry import MODELS
+
+
+class ResidualUnit(nn.Sequential):
+    """x + conv(relu(conv(relu(x)))), DPT's refinement."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(nn.ReLU(), nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + super().forward(x)
+
+
+@MODELS.register_module()
+class DepthFusionHead(VPDDepthHead):
+    """Depth from the pyramid's levels `in_channels` (finest first), fused top-down in `channels`."""
+
+    def __init__(self, in_channels: Sequence[int], channels: int = 256, max_depth: float = 10.0,
+                 align_corners: bool = False, loss_decode: dict | Sequence[dict] = dict(type='SiLogLoss'),
+                 init_cfg: dict | None = dict(type='TruncNormal', std=0.02, layer=['Conv2d'])) -> None:
+        super(BaseDecodeHead, self).__init__(init_cfg=init_cfg)  # VPD's layers left out
+        self.in_channels, self.channels = list(in_channels), channels
+        self.max_depth, self.align_corners = max_depth, align_corners
+        self.projections = nn.ModuleList(nn.Conv2d(c, channels, 1) for c in in_channels)
+        self.refinements = nn.ModuleList(ResidualUnit(channels) for _ in in_channels)
+        self.depth_layer = nn.Sequential(nn.Conv2d(channels, channels // 2, 3, padding=1), nn.ReLU(),
+                                         nn.Conv2d(channels // 2, 1, 3, padding=1))
+        losses = [loss_decode] if isinstance(loss_decode, dict) else list(loss_decode)
+        built = [MODELS.build(loss) for loss in losses]
+        self.loss_decode = built[0] if isinstance(loss_decode, dict) else nn.ModuleList(built)
+
+    def forward(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        levels = [project(x) for project, x in zip(self.projections, inputs)]
+        fused = self.refinements[-1](levels[-1])
+        for level, refine in zip(reversed(levels[:-1]), reversed(list(self.refinements)[:-1])):
+            fused = refine(level + F.interpolate(fused, size=level.shape[-2:], mode='bilinear',
+                                                 align_corners=self.align_corners))
+        return torch.sigmoid(self.depth_layer(fused)) * self.max_depth

@@ -1,0 +1,79 @@
+"""`DepthReport`: mmseg's DepthMetric (per-image delta < 1.25, AbsRel, RMSE, log10, ..., averaged over images) with
+its faults mended: an explicit metric list works (mmseg 1.2.2 raises a TypeError), an image without a valid pixel
+is left out and counted instead of turning every mean into NaN, NYU's evaluation crop is refused on images of
+another size than NYU's, and predictions are written as 16-bit PNGs in the data set's scale, rounded and clipped
+(mmseg's cut off the fraction and wrap past 65,535). With `json_file` the figures go there too."""
+from __future__ import annotations
+
+import os.path as osp
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+from mmengine.dist import is_main_process
+from mmseg.evaluation.metrics import DepthMetric
+from mmseg.registry import METRICS
+
+from backbones.common.errors import DataError, UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+
+NYU_SIZE = (480, 640)  # the size NYU's evaluation crop (rows 45..470, columns 41..600) is written for
+UINT16_MAX = 65535
+
+
+def depth_png(depth: np.ndarray, scale: float) -> np.ndarray:
+    """Metres as a 16-bit map of `scale` units per metre, rounded, clipped to what 16 bits hold."""
+    return np.clip(np.round(depth * scale), 0, UINT16_MAX).astype(np.uint16)
+
+
+@METRICS.register_module()
+class DepthReport(DepthMetric):
+    """DepthMetric, mended (see the module's docstring); `depth_metrics`: a subset of METRICS (default: all)."""
+
+    default_prefix = None
+
+    def __init__(self, depth_metrics: Sequence[str] | None = None, json_file: str | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if depth_metrics is not None:
+            unknown = [m for m in depth_metrics if m not in self.METRICS]
+            if isinstance(depth_metrics, str) or unknown or not depth_metrics:
+                raise UsageError(f'DepthReport: depth_metrics is a list of {", ".join(self.METRICS)}; got '
+                                 f'{depth_metrics!r}')
+            self.metrics = tuple(depth_metrics)
+        self.json_file = json_file
+        self.empty = 0
+
+    def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
+        for sample in data_samples:
+            predicted = sample['pred_depth_map']['data'].squeeze()
+            if self.output_dir is not None:
+                name = osp.splitext(osp.basename(sample['img_path']))[0]
+                cv2.imwrite(osp.join(self.output_dir, f'{name}.png'),
+                            depth_png(predicted.cpu().numpy(), self.depth_scale_factor))
+            if self.format_only:
+                continue
+            truth = sample['gt_depth_map']['data'].squeeze().to(predicted)
+            if self.crop_type == 'nyu_crop' and tuple(truth.shape) != NYU_SIZE:
+                raise DataError(f'{sample["img_path"]}: NYU\'s evaluation crop (crop_type="nyu_crop") is written for '
+                                f'{NYU_SIZE[1]}x{NYU_SIZE[0]} depth maps, this one is {truth.shape[1]}x'
+                                f'{truth.shape[0]}; set crop_type=None')
+            mask = self._get_eval_mask(truth)
+            if not mask.any():
+                self.empty += 1
+                continue
+            self.results.append((truth[mask], predicted[mask]))
+
+    def compute_metrics(self, results: list) -> dict[str, float]:
+        if self.empty:
+            logger.warning(f'warning: {self.empty} image(s) hold no valid depth pixel (between '
+                           f'{self.min_depth_eval} and {self.max_depth_eval} m): left out of the means')
+        if not results:
+            raise DataError('no test image holds a valid depth pixel: nothing to score')
+        metrics = super().compute_metrics(results)
+        if self.json_file and is_main_process():
+            Path(self.json_file).parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.json_file, {**metrics, 'images': len(results), 'left_out': self.empty})
+        self.empty = 0
+        return metrics

@@ -1,0 +1,171 @@
+"""COCO-format instance data: the annotation file read and checked, and `CocoInstances`, the data set over it.
+
+A file is COCO's `instances_*.json`: `images` (id, file_name, width, height), `categories` (id, name) and
+`annotations` (image_id, category_id, bbox as x, y, width, height, segmentation as polygons or RLE, iscrowd). Any
+category ids work: the categories, sorted by id, become labels 0 .. N-1, and the data set's metainfo records both
+(`classes`, `cat_ids`), so mmengine writes them into every checkpoint. Anything that would train or score wrongly
+is a one-line DataError naming the file: an annotation of an undeclared category or image, a box or a mask outside
+its image, a mask of another size than its image.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+
+from mmengine.config import Config
+from mmengine.dataset import BaseDataset
+from pycocotools.coco import COCO
+
+from backbones.common.errors import CheckpointError, DataError
+from backbones.common.log import logger
+from mmseg.registry import DATASETS
+
+SHOWN = 5
+EDGE = 1.0  # pixels a polygon may reach past its image's border (rounding in annotation tools)
+
+
+def load_coco(path: str | Path) -> COCO:
+    """An annotation file as pycocotools reads it, checked (`check_coco`); its summary lines go to the log."""
+    try:
+        content = json.loads(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise DataError(f'{path}: annotation file not found') from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path}: not a readable COCO annotation file ({type(e).__name__}: {e})') from e
+    check_coco(content, path)
+    coco = COCO()
+    coco.dataset = content
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def number_list(value, count: int) -> bool:
+    return (isinstance(value, list) and len(value) == count
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+
+
+def check_coco(content, path: str | Path) -> None:
+    """The parts of a COCO annotation file the suite relies on, each wrong one a DataError naming `path`."""
+    if not isinstance(content, dict) or not all(isinstance(content.get(k), list) for k in ('images', 'categories')):
+        raise DataError(f'{path}: not a COCO annotation file (it needs "images" and "categories" lists)')
+    categories = content['categories']
+    if not categories:
+        raise DataError(f'{path}: declares no categories')
+    ids = [c.get('id') if isinstance(c, dict) else None for c in categories]
+    names = [c.get('name') if isinstance(c, dict) else None for c in categories]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or not all(isinstance(n, str) for n in names):
+        raise DataError(f'{path}: every category needs a whole-number "id" and a "name"')
+    for what, values in (('id', ids), ('name', names)):
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise DataError(f'{path}: category {what}s declared more than once: {", ".join(repeated[:SHOWN])}')
+    images = {}
+    for image in content['images']:
+        if not isinstance(image, dict) or not isinstance(image.get('file_name'), str) \
+                or not all(isinstance(image.get(k), int) and image[k] > 0 for k in ('width', 'height')):
+            raise DataError(f'{path}: every image needs an "id", a "file_name", and a positive "width" and "height" '
+                            f'({str(image)[:80]})')
+        images[image.get('id')] = image
+    declared = set(ids)
+    for annotation in content.get('annotations', []):
+        check_annotation(annotation, images, declared, path)
+
+
+def check_annotation(annotation, images: dict, declared: set, path: str | Path) -> None:
+    if not isinstance(annotation, dict):
+        raise DataError(f'{path}: an annotation is not an object ({str(annotation)[:80]})')
+    where = f'{path}: annotation {annotation.get("id")} (image {annotation.get("image_id")})'
+    if annotation.get('category_id') not in declared:
+        raise DataError(f'{where} has category_id {annotation.get("category_id")!r}, which the file does not '
+                        f'declare (its categories: {", ".join(map(str, sorted(declared)[:10]))})')
+    image = images.get(annotation.get('image_id'))
+    if image is None:
+        raise DataError(f'{where} names an image the file does not list')
+    width, height = image['width'], image['height']
+    box = annotation.get('bbox')
+    if not number_list(box, 4) or box[2] < 0 or box[3] < 0 or box[0] < -EDGE or box[1] < -EDGE \
+            or box[0] + box[2] > width + EDGE or box[1] + box[3] > height + EDGE:
+        raise DataError(f'{where}: bbox {box} is not x, y, width, height inside its {width}x{height} image')
+    mask = annotation.get('segmentation')
+    if isinstance(mask, dict):
+        if mask.get('size') != [height, width] or 'counts' not in mask:
+            raise DataError(f'{where}: its RLE mask is {mask.get("size")} (height, width), its image '
+                            f'{[height, width]}')
+    elif isinstance(mask, list):
+        for polygon in mask:
+            if not number_list(polygon, len(polygon) if isinstance(polygon, list) else -1) \
+                    or len(polygon) < 6 or len(polygon) % 2:
+                raise DataError(f'{where}: a polygon must be a list of at least three x, y pairs')
+            xs, ys = polygon[0::2], polygon[1::2]
+            if min(xs) < -EDGE or min(ys) < -EDGE or max(xs) > width + EDGE or max(ys) > height + EDGE:
+                raise DataError(f'{where}: its mask reaches outside its {width}x{height} image')
+    else:
+        raise DataError(f'{where}: segmentation must be polygons or an RLE mask')
+
+
+def categories(coco: COCO) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The categories' names and ids, in label order (sorted by id)."""
+    found = sorted(coco.dataset['categories'], key=lambda c: c['id'])
+    return tuple(c['name'] for c in found), tuple(c['id'] for c in found)
+
+
+@DATASETS.register_module()
+class CocoInstances(BaseDataset):
+    """A COCO-format set: `ann_file` (under `data_root`) and its images in `data_prefix['img_path']`. Each entry holds
+    its image's instances: box (x1, y1, x2, y2), label, mask (COCO's polygons or RLE) and `ignore_flag` (crowd)."""
+
+    METAINFO: dict = dict(classes=None)
+
+    def load_data_list(self) -> list[dict]:
+        coco = load_coco(self.ann_file)
+        names, ids = categories(coco)
+        self._metainfo.update(classes=names, cat_ids=ids, ann_file=os.path.abspath(self.ann_file))
+        label_of = {cat: label for label, cat in enumerate(ids)}
+        folder = self.data_prefix.get('img_path', '')
+        data_list = []
+        for image_id in sorted(coco.imgs):
+            image = coco.imgs[image_id]
+            instances = [dict(bbox=[x, y, x + w, y + h], bbox_label=label_of[a['category_id']],
+                              mask=a['segmentation'], ignore_flag=int(bool(a.get('iscrowd', 0))))
+                         for a in coco.imgToAnns.get(image_id, []) for x, y, w, h in [a['bbox']]]
+            data_list.append(dict(img_path=os.path.join(folder, image['file_name']), img_id=image_id,
+                                  width=image['width'], height=image['height'], instances=instances))
+        return data_list
+
+
+def annotation_file(dataset: dict) -> Path:
+    return Path(dataset.get('data_root') or '') / dataset['ann_file']
+
+
+def use_coco_categories(cfg: Config) -> tuple[str, ...]:
+    """The model's class count from the training set's categories; every other split must declare the same ones.
+    Returns the names."""
+    loaders = [name for name in ('train_dataloader', 'val_dataloader', 'test_dataloader') if cfg.get(name)]
+    found = {name: (annotation_file(cfg[name].dataset), categories(load_coco(annotation_file(cfg[name].dataset))))
+             for name in loaders}
+    reference_file, (names, ids) = found[loaders[0]]
+    for path, other in found.values():
+        if other != (names, ids):
+            raise DataError(f'{path} declares other categories than {reference_file} ({len(other[0])} against '
+                            f'{len(names)}): every split needs the same ones, with the same ids')
+    cfg.model['num_classes'] = len(names)
+    shown = ', '.join(names[:8]) + (', ...' if len(names) > 8 else '')
+    logger.info(f'data: {len(names)} categories ({shown}) from {reference_file}')
+    return names
+
+
+def check_trained_categories(cfg: Config, meta: dict, checkpoint: str) -> None:
+    """The test set declares the categories (names and ids) the checkpoint was trained on, as it recorded them."""
+    trained = meta.get('dataset_meta') or {}
+    if not trained.get('classes'):
+        return
+    path = annotation_file(cfg.test_dataloader.dataset)
+    names, ids = categories(load_coco(path))
+    if tuple(trained['classes']) != names or tuple(trained.get('cat_ids', ids)) != ids:
+        raise CheckpointError(f'{checkpoint} was trained on {len(trained["classes"])} categories '
+                              f'({", ".join(trained["classes"][:5])}, ...), {path} declares {len(names)} '
+                              f'({", ".join(names[:5])}, ...) or other ids')

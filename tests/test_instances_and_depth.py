@@ -1,0 +1,274 @@
+"""Instance segmentation, detection and depth: COCO's AP through the suite's metric against known answers and
+pycocotools, COCO-format sets of one's own (any category ids, polygons, RLE, crowd regions, images without objects),
+their errors, a training step of every backbone family for both tasks, and the tools end to end."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from pycocotools import mask as mask_utils
+from pycocotools.cocoeval import COCOeval
+
+from helpers.commands import run_tool, succeeded
+from helpers.dense_data import (CATEGORIES, write_tiny_coco, write_tiny_dense_config, write_tiny_nyu,
+                                tiny_dense_overrides)
+from helpers.seg_data import CONFIGS
+import backbones.segmentation  # noqa: F401  (registration)
+from backbones.common.errors import DataError, UsageError
+from backbones.segmentation.depth.metric import DepthReport
+from backbones.segmentation.instances.coco import categories, load_coco
+from backbones.segmentation.instances.metric import CocoAP
+from backbones.segmentation.instances.transforms import LargeScaleJitter, decode_mask
+
+
+def one_line_error(result) -> str:
+    """The command failed with the suite's one-line error (no traceback); its text."""
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope='module')
+def coco_set(tmp_path_factory) -> Path:
+    return write_tiny_coco(tmp_path_factory.mktemp('coco'))
+
+
+def metric_on(ann_file: Path, predictions: dict[int, dict]) -> dict:
+    """CocoAP's scores of per-image predictions (bboxes x1, y1, x2, y2; labels from 0; scores; boolean masks)."""
+    names, ids = categories(load_coco(ann_file))
+    metric = CocoAP()
+    metric.dataset_meta = dict(classes=names, cat_ids=ids, ann_file=str(ann_file))
+    metric.process({}, [dict(img_id=image_id, pred_instances=p) for image_id, p in predictions.items()])
+    return metric.compute_metrics(metric.results)
+
+
+def ground_truth_predictions(ann_file: Path, shift: int = 0) -> dict[int, dict]:
+    """Every non-crowd instance of a file predicted as it is, or moved `shift` pixels to the right."""
+    coco = load_coco(ann_file)
+    ids = categories(coco)[1]
+    predictions = {}
+    for image_id, image in coco.imgs.items():
+        found = [a for a in coco.imgToAnns.get(image_id, []) if not a['iscrowd']]
+        boxes = torch.tensor([[x + shift, y, x + w + shift, y + h] for x, y, w, h in (a['bbox'] for a in found)],
+                             dtype=torch.float64).reshape(-1, 4)
+        masks = [np.roll(decode_mask(a['segmentation'], image['height'], image['width']), shift, axis=1)
+                 for a in found]
+        for mask in masks:
+            mask[:, :shift] = 0
+        predictions[image_id] = dict(
+            bboxes=boxes, labels=torch.tensor([ids.index(a['category_id']) for a in found], dtype=torch.long),
+            scores=torch.linspace(1.0, 0.5, len(found)),
+            masks=torch.from_numpy(np.stack(masks).astype(bool)) if masks else torch.zeros(0, image['height'],
+                                                                                             image['width']))
+    return predictions
+
+
+def test_perfect_predictions_score_an_ap_of_100_under_any_category_ids(coco_set):
+    scores = metric_on(coco_set / 'annotations' / 'instances_val.json',
+                       ground_truth_predictions(coco_set / 'annotations' / 'instances_val.json'))
+    assert scores['box_AP'] == pytest.approx(100) and scores['mask_AP'] == pytest.approx(100)
+
+
+def test_shifted_predictions_score_what_pycocotools_gives_them(coco_set):
+    """Boxes and masks moved 3 px: the metric's AP equals pycocotools' on the same detections written by hand."""
+    ann_file = coco_set / 'annotations' / 'instances_val.json'
+    scores = metric_on(ann_file, ground_truth_predictions(ann_file, shift=3))
+    gt = load_coco(ann_file)
+    for kind, key in (('bbox', 'box_AP'), ('segm', 'mask_AP')):
+        results = []
+        for image_id, p in ground_truth_predictions(ann_file, shift=3).items():
+            for box, label, score, mask in zip(p['bboxes'].tolist(), p['labels'], p['scores'], p['masks']):
+                rle = mask_utils.encode(np.asfortranarray(mask.numpy().astype(np.uint8)))
+                results.append(dict(image_id=image_id, category_id=sorted(CATEGORIES)[label], score=float(score),
+                                    bbox=[box[0], box[1], box[2] - box[0], box[3] - box[1]], segmentation=rle))
+        evaluation = COCOeval(gt, gt.loadRes(results), kind)
+        evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
+        assert 0 < scores[key] < 100
+        assert scores[key] == pytest.approx(100 * evaluation.stats[0], abs=1e-9), kind
+
+
+def test_one_detection_at_iou_0_62_scores_3_of_the_10_thresholds(tmp_path):
+    """COCO's AP averages over IoU thresholds 0.50, 0.55, ..., 0.95: a lone match at IoU 0.62 passes three."""
+    ann_file = tmp_path / 'one.json'
+    ann_file.write_text(json.dumps(dict(
+        images=[dict(id=1, file_name='a.jpg', width=120, height=120)], categories=[dict(id=5, name='box')],
+        annotations=[dict(id=1, image_id=1, category_id=5, iscrowd=0, area=10000.0, bbox=[0, 0, 100, 100],
+                          segmentation=[[0, 0, 100, 0, 100, 100, 0, 100]])])))
+    mask = torch.zeros(1, 120, 120, dtype=torch.bool)
+    mask[0, :62, :100] = True
+    scores = metric_on(ann_file, {1: dict(bboxes=torch.tensor([[0.0, 0, 100, 62]]), labels=torch.tensor([0]),
+                                          scores=torch.tensor([0.9]), masks=mask)})
+    assert scores['box_AP'] == pytest.approx(30) and scores['mask_AP'] == pytest.approx(30)
+    assert scores['box_AP50'] == pytest.approx(100) and scores['box_AP75'] == pytest.approx(0)
+
+
+def test_a_coco_set_of_ones_own_keeps_its_categories_crowds_and_empty_images(coco_set):
+    from mmseg.registry import DATASETS
+    dataset = DATASETS.build(dict(type='CocoInstances', data_root=str(coco_set),
+                                  ann_file='annotations/instances_train.json', data_prefix=dict(img_path='train/')))
+    assert dataset.metainfo['classes'] == tuple(CATEGORIES[i] for i in sorted(CATEGORIES))
+    assert dataset.metainfo['cat_ids'] == tuple(sorted(CATEGORIES))
+    entries = [dataset.get_data_info(i) for i in range(len(dataset))]
+    assert len(entries) == 6 and entries[-1]['instances'] == []
+    assert sum(i['ignore_flag'] for i in entries[0]['instances']) == 1
+    assert {i['bbox_label'] for e in entries for i in e['instances']} <= {0, 1, 2}
+
+
+def damaged_files(coco_set: Path, tmp_path: Path) -> dict[str, Path]:
+    """Copies of the tiny training file, each with one fault."""
+    content = json.loads((coco_set / 'annotations' / 'instances_train.json').read_text())
+    faults = {
+        'undeclared category': lambda c: c['annotations'][0].update(category_id=99),
+        'rle of another size': lambda c: next(a for a in c['annotations'] if isinstance(a['segmentation'], dict))[
+            'segmentation'].update(size=[10, 10]),
+        'polygon outside': lambda c: c['annotations'][0].update(segmentation=[[0, 0, 500, 0, 500, 40]]),
+        'repeated category': lambda c: c['categories'].append(dict(c['categories'][0])),
+        'not json': None,
+    }
+    paths = {}
+    for name, fault in faults.items():
+        path = tmp_path / f'{name.replace(" ", "_")}.json'
+        if fault is None:
+            path.write_text('{"images": [')
+        else:
+            broken = json.loads(json.dumps(content))
+            fault(broken)
+            path.write_text(json.dumps(broken))
+        paths[name] = path
+    return paths
+
+
+def test_a_damaged_annotation_file_is_an_error_naming_it(coco_set, tmp_path):
+    for name, path in damaged_files(coco_set, tmp_path).items():
+        with pytest.raises(DataError, match=str(path)):
+            load_coco(path)
+
+
+def test_nonsense_settings_are_errors_naming_them():
+    with pytest.raises(UsageError, match='scale_range'):
+        LargeScaleJitter(size=(64, 64), scale_range=(2.0, 0.5))
+    with pytest.raises(UsageError, match='depth_metrics'):
+        DepthReport(depth_metrics=['abs_rel', 'accuracy'])
+    from mmseg.registry import MODELS
+    with pytest.raises(UsageError, match='num_classes'):
+        MODELS.build(dict(Config_model('maskrcnn_lvvit_s.py'), num_classes=0))
+
+
+def Config_model(config_name: str) -> dict:  # noqa: N802
+    from mmengine.config import Config
+    cfg = Config.fromfile(CONFIGS / config_name)
+    cfg.merge_from_dict(dict(model=tiny_dense_overrides(config_name)))
+    return cfg.model.to_dict()
+
+
+@pytest.fixture(scope='module')
+def nyu_set(tmp_path_factory) -> Path:
+    return write_tiny_nyu(tmp_path_factory.mktemp('nyu'))
+
+
+FAMILIES = ('upernet_lvvit_s.py', 'upernet_t2t_vit_14.py', 'upernet_cait_s24.py', 'upernet_deit_s.py')
+
+
+@pytest.mark.parametrize('family', FAMILIES, ids=lambda f: f.split('_', 1)[1][:-3])
+@pytest.mark.parametrize('config_name', ['maskrcnn_lvvit_s.py', 'depth_lvvit_s.py'], ids=['detector', 'depth'])
+def test_every_backbone_family_trains_a_detector_and_a_depth_model(config_name, family, coco_set, nyu_set, tmp_path):
+    """A training step on two images through the config's real pipeline: finite losses, and every weight of the
+    backbone, neck and heads gets a gradient."""
+    from mmengine.config import Config
+    from mmengine.dataset import pseudo_collate
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import DATASETS, MODELS
+    init_default_scope('mmseg')
+    config = write_tiny_dense_config(tmp_path / 'tiny.py', config_name,
+                                     coco_set if config_name.startswith('maskrcnn') else nyu_set, family)
+    cfg = Config.fromfile(config)
+    if config_name.startswith('maskrcnn'):
+        cfg.model.num_classes = len(CATEGORIES)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.train()
+    dataset = DATASETS.build(cfg.train_dataloader.dataset)
+    batch = model.data_preprocessor(pseudo_collate([dataset[0], dataset[1]]), True)
+    total, _ = model.parse_losses(model(**batch, mode='loss'))  # mmengine's sum of the `loss` terms
+    assert torch.isfinite(total)
+    total.backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, missing[:5]
+
+
+def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(coco_set, tmp_path):
+    """train_seg and test_seg on a COCO-format set with category ids 3, 17, 42: the checkpoint records them, the
+    report names the categories, predictions.json uses the set's own ids; a set of other categories is refused."""
+    config = write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set)
+    work = tmp_path / 'work'
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2']))
+    checkpoint = work / 'iter_2.pth'
+    meta = torch.load(checkpoint, weights_only=False)['meta']['dataset_meta']
+    assert tuple(meta['cat_ids']) == tuple(sorted(CATEGORIES)) and tuple(meta['classes']) == ('cat', 'dog', 'bird')
+    out, preds = tmp_path / 'ap.json', tmp_path / 'preds'
+    tested = succeeded(run_tool('test_seg.py', [config, checkpoint, '--out', out, '--pred-dir', preds]))
+    assert 'box_AP' in tested.stdout + tested.stderr
+    report = json.loads(out.read_text())
+    assert list(report['per_class']) == ['cat', 'dog', 'bird'] and report['images'] == 3
+    detections = json.loads((preds / 'predictions.json').read_text())
+    assert {d['category_id'] for d in detections} <= set(CATEGORIES)
+    other = json.loads((coco_set / 'annotations' / 'instances_val.json').read_text())
+    other['categories'][0]['name'] = 'lion'
+    renamed = tmp_path / 'renamed'
+    (renamed / 'annotations').mkdir(parents=True)
+    (renamed / 'val').symlink_to(coco_set / 'val')
+    (renamed / 'train').symlink_to(coco_set / 'train')
+    (renamed / 'annotations' / 'instances_val.json').write_text(json.dumps(other))
+    (renamed / 'annotations' / 'instances_train.json').write_text(json.dumps(other))
+    refused = one_line_error(run_tool('test_seg.py', [config, checkpoint, '--data-root', renamed]))
+    assert str(checkpoint) in refused and 'lion' in refused
+
+
+def test_an_annotation_of_an_undeclared_category_stops_training_naming_the_file(coco_set, tmp_path):
+    broken = tmp_path / 'broken'
+    (broken / 'annotations').mkdir(parents=True)
+    (broken / 'train').symlink_to(coco_set / 'train')
+    (broken / 'val').symlink_to(coco_set / 'val')
+    content = json.loads((coco_set / 'annotations' / 'instances_train.json').read_text())
+    content['annotations'][1]['category_id'] = 7
+    (broken / 'annotations' / 'instances_train.json').write_text(json.dumps(content))
+    (broken / 'annotations' / 'instances_val.json').write_text(
+        (coco_set / 'annotations' / 'instances_val.json').read_text())
+    config = write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', broken)
+    error = one_line_error(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2']))
+    assert 'instances_train.json' in error and 'category_id 7' in error
+
+
+def independent_depth_scores(pred_dir: Path, depth_dir: Path) -> dict[str, float]:
+    """delta < 1.25, AbsRel, RMSE and log10 of the saved 16-bit predictions against the 16-bit ground truth (both
+    millimetres), per image over its measured pixels, then averaged over the images."""
+    per_image = []
+    for truth_file in sorted(depth_dir.glob('*.png')):
+        truth = cv2.imread(str(truth_file), cv2.IMREAD_UNCHANGED).astype(np.float64) / 1000
+        predicted = cv2.imread(str(pred_dir / truth_file.name), cv2.IMREAD_UNCHANGED).astype(np.float64) / 1000
+        valid = (truth > 1e-3) & (truth < 10)
+        t, p = truth[valid], predicted[valid]
+        ratio = np.maximum(t / p, p / t)
+        per_image.append(dict(d1=np.mean(ratio < 1.25), abs_rel=np.mean(np.abs(p - t) / t),
+                              rmse=np.sqrt(np.mean((p - t) ** 2)), log10=np.mean(np.abs(np.log10(p) - np.log10(t)))))
+    return {key: float(np.mean([image[key] for image in per_image])) for key in per_image[0]}
+
+
+def test_depth_scores_equal_an_independent_count_over_the_saved_predictions(nyu_set, tmp_path):
+    config = write_tiny_dense_config(tmp_path / 'tiny.py', 'depth_lvvit_s.py', nyu_set)
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2']))
+    out, preds = tmp_path / 'depth.json', tmp_path / 'preds'
+    tested = succeeded(run_tool('test_seg.py', [config, tmp_path / 'work' / 'iter_2.pth', '--out', out,
+                                                '--pred-dir', preds]))
+    assert 'abs_rel' in tested.stdout + tested.stderr
+    report = json.loads(out.read_text())
+    expected = independent_depth_scores(preds, nyu_set / 'annotations' / 'test')
+    # the PNGs hold whole millimetres: the saved depth is within 0.5 mm of the scored one
+    assert report['abs_rel'] == pytest.approx(expected['abs_rel'], abs=2e-4)
+    assert report['rmse'] == pytest.approx(expected['rmse'], abs=1e-3)
+    assert report['log10'] == pytest.approx(expected['log10'], abs=1e-4)
+    assert report['d1'] == pytest.approx(expected['d1'], abs=0.01)
+    assert report['images'] == 3 and report['left_out'] == 0
