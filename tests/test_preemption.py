@@ -143,7 +143,7 @@ def logged_metrics(work: Path) -> dict:
     lines = {}
     for path in work.glob('*/vis_data/scalars.json'):
         for line in map(json.loads, path.read_text().splitlines()):
-            kind = 'val' if 'mIoU' in line else 'train'
+            kind = 'val' if {'mIoU', 'mask_AP', 'abs_rel'} & set(line) else 'train'
             lines[(line['step'], kind)] = {k: v for k, v in line.items() if k not in ('time', 'data_time')}
     return lines
 
@@ -172,14 +172,14 @@ def assert_same_checkpoint(a: Path, b: Path, optimizer: bool = True) -> None:
         assert a['param_schedulers'] == b['param_schedulers']
 
 
-def assert_same_seg_run(straight: Path, cut: Path) -> None:
+def assert_same_seg_run(straight: Path, cut: Path, score: str = 'mIoU') -> None:
     """The stopped and resumed run logged what the run never stopped logged (every training and validation line,
-    the last validation's too), kept the same best checkpoint and ended on the same weights, optimizer and
-    schedule, bit for bit."""
+    the last validation's too), kept the same best checkpoint (by `score`) and ended on the same weights, optimizer
+    and schedule, bit for bit."""
     assert logged_metrics(cut) == logged_metrics(straight)
     assert (SEG_ITERS, 'val') in logged_metrics(cut)
-    best = sorted(p.name for p in straight.glob('best_mIoU_iter_*.pth'))
-    assert len(best) == 1 and sorted(p.name for p in cut.glob('best_mIoU_iter_*.pth')) == best
+    best = sorted(p.name for p in straight.glob(f'best_{score}_iter_*.pth'))
+    assert len(best) == 1 and sorted(p.name for p in cut.glob(f'best_{score}_iter_*.pth')) == best
     assert_same_checkpoint(straight / best[0], cut / best[0], optimizer=False)
     assert_same_checkpoint(straight / f'iter_{SEG_ITERS}.pth', cut / f'iter_{SEG_ITERS}.pth')
 
@@ -197,6 +197,22 @@ def test_segmentation_stopped_on_a_validating_iteration_resumes_into_its_validat
         seg_run(config, cut, stop_at=stop)
     seg_run(config, cut)
     assert_same_seg_run(straight, cut)
+
+
+@pytest.mark.parametrize('config_name, score', [('maskrcnn_lvvit_s.py', 'mask_AP'), ('depth_lvvit_s.py', 'abs_rel')],
+                         ids=['detector', 'depth'])
+def test_a_detector_and_a_depth_model_stopped_resume_to_the_run_never_stopped(config_name, score, tmp_path):
+    """The detector's (torchvision's region sampling draws from torch's stream) and the depth model's runs, stopped
+    on a validating iteration at the start of a new pass over the data, resume into the run never stopped."""
+    from helpers.dense_data import write_tiny_coco, write_tiny_dense_config, write_tiny_nyu
+    detector = config_name.startswith('maskrcnn')
+    data = write_tiny_coco(tmp_path / 'coco') if detector else write_tiny_nyu(tmp_path / 'nyu')
+    config = write_tiny_dense_config(tmp_path / 'tiny.py', config_name, data)
+    seg_run(config, tmp_path / 'straight')
+    with pytest.raises(Interrupted, match='SIGUSR1 at iteration 4'):
+        seg_run(config, tmp_path / 'cut', stop_at=4)
+    seg_run(config, tmp_path / 'cut')
+    assert_same_seg_run(tmp_path / 'straight', tmp_path / 'cut', score)
 
 
 def test_segmentation_job_signalled_mid_schedule_stops_and_resumes_to_the_run_never_stopped(seg_straight, tmp_path):

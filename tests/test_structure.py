@@ -175,7 +175,7 @@ def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
     from backbones.segmentation.train import PretrainedBackbone, train
     role = EmbeddedSegData
     members = sorted(name for name in vars(role) if not name.startswith('_') and name not in vars(EmbeddedData))
-    assert {'use_data', 'use_schedule'} <= set(members)
+    assert {'use_data', 'use_schedule', 'use_model'} <= set(members)
     assert all(get_type_hints(getattr(role, name)) == {'cfg': Config, 'return': type(None)} for name in members)
     assert get_type_hints(train)['backbone'] == PretrainedBackbone | None
 

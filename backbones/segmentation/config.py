@@ -80,6 +80,20 @@ def dense_task(cfg: Config) -> str:
     return 'instances' if model in INSTANCE_MODELS else 'depth' if model in DEPTH_MODELS else 'semantic'
 
 
+def load_trained_config(path: str, cfg_options: dict | None = None, data_root: str | None = None,
+                        fallback: EmbeddedSegData | None = None) -> Config:
+    """`load_config` for a trained checkpoint's config (test_seg, predict_seg): where `fallback`'s data stands in for
+    the config's, the model takes the sizes it trained with there (`use_model`), under the command line's
+    options."""
+    cfg = load_config(path)
+    if fallback is not None and missing_data(data_roots(cfg, data_root, cfg_options), fallback):
+        fallback.use_model(cfg)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+        check_loader_sizes(cfg, path)
+    return cfg
+
+
 def check_loader_sizes(cfg: Config, path: str) -> None:
     """Every data loader's batch size and workers are whole numbers that work (a batch of 0 ended in a division by
     zero when the schedule was sized to the data)."""
@@ -93,13 +107,16 @@ def check_loader_sizes(cfg: Config, path: str) -> None:
 
 class EmbeddedSegData(EmbeddedData, Protocol):
     """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
-    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use)
-    and the schedule a run takes there. Config edits only: a backbone pretrained for that data is the tool's to
-    make (tools/train_seg.py's first stage), and reaches the trainer as a checkpoint."""
+    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
+    the schedule a run takes there, and the model's sizes there (which tests and predictions take too). Config
+    edits only: a backbone pretrained for that data is the tool's to make (tools/train_seg.py's first stage), and
+    reaches the trainer as a checkpoint."""
 
     def use_data(self, cfg: Config) -> None: ...
 
     def use_schedule(self, cfg: Config) -> None: ...
+
+    def use_model(self, cfg: Config) -> None: ...
 
 
 def datasets(cfg: Config) -> Iterator[dict]:

@@ -1,5 +1,7 @@
-"""The masks of new images, written as PNG files (with the classes over the image, if asked): the logic of
-tools/predict_seg.py, on `predict.SegPredictor`."""
+"""The predictions of new images, written as files: the logic of tools/predict_seg.py, on `predict.SegPredictor`.
+A segmentor's label maps as PNG files (with the classes over the image, if asked); a detector's instances as one
+COCO-format file, instances.json (with each image's instances drawn over it, if asked); a depth model's depth maps
+as 16-bit PNGs in the data set's scale, each with a coloured picture."""
 from __future__ import annotations
 
 import argparse
@@ -8,15 +10,17 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from backbones.common.cli import add_device_argument, check_output_folder, command_parser, device_name
+from backbones.common.cli import add_device_argument, check_output_folder, command_parser, device_name, probability
 from backbones.common.drawing import write_png
 from backbones.common.errors import UsageError
-from backbones.common.files import write_atomic
+from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.images import image_files
 from backbones.common.log import logger
 from backbones.segmentation.config import EmbeddedSegData
 from backbones.segmentation.data_check import TURNS, file_orientation
-from backbones.segmentation.pictures import draw_labels
+from backbones.segmentation.depth.metric import depth_png
+from backbones.segmentation.instances.metric import coco_results
+from backbones.segmentation.pictures import colour_depth, draw_instances, draw_labels
 from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
 from backbones.segmentation.train import parse_with_fallback
 
@@ -27,10 +31,13 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('config', help='the config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
     parser.add_argument('images', nargs='+', help='image files, or folders (their images, sorted by name)')
-    parser.add_argument('--out', required=True, help='the folder for the masks (made if absent)')
+    parser.add_argument('--out', required=True, help='the folder for the predictions (made if absent)')
     parser.add_argument('--ms', action='store_true', help="the config's multi-scale test (tta_pipeline), with flip")
     parser.add_argument('--no-flip', action='store_true', help='the multi-scale test without the flipped copies')
-    parser.add_argument('--overlay', action='store_true', help='also NAME_overlay.png: the classes over the image')
+    parser.add_argument('--overlay', action='store_true',
+                        help='also NAME_overlay.png: the classes (a detector\'s instances) over the image')
+    parser.add_argument('--score-threshold', type=probability, default=0.5, metavar='S',
+                        help='a detector\'s instances scoring at least S are written and drawn (default 0.5)')
     parser.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the masks\')')
     add_device_argument(parser)
     return parser
@@ -40,6 +47,48 @@ def write_mask(values: np.ndarray, path: Path) -> None:
     """A label map as a PNG of 8 bits (16 beyond 255 classes), written atomically."""
     image = Image.fromarray(values.astype(np.uint8 if values.max(initial=0) < 256 else np.uint16))
     write_atomic(path, lambda f: image.save(f, format='PNG'))
+
+
+INSTANCES = 'instances.json'  # a detector's predictions in --out
+
+
+def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[Path], path: Path, threshold: float,
+                    overlay: bool) -> Path:
+    """Every image's instances scoring `threshold` or more as one COCO-format file (images, the categories with the
+    ids the checkpoint was trained with, annotations with RLE masks and scores); with `overlay`, each image's
+    instances drawn over it (at the overlay paths, NAME.png becoming NAME_overlay.png)."""
+    content = dict(images=[], categories=[dict(id=i, name=n) for i, n in zip(predictor.cat_ids, predictor.classes)],
+                   annotations=[])
+    for image_id, (image, picture) in enumerate(zip(images, overlays), start=1):
+        pixels, sample = predictor.predict(image)
+        found = sample.pred_instances[sample.pred_instances.scores >= threshold]
+        content['images'].append(dict(id=image_id, file_name=str(image), height=pixels.shape[0],
+                                      width=pixels.shape[1]))
+        for entry in coco_results(image_id, found, predictor.cat_ids):
+            content['annotations'].append(dict(entry, id=len(content['annotations']) + 1, iscrowd=0,
+                                               area=float(entry['bbox'][2] * entry['bbox'][3])))
+        if overlay:
+            write_png(draw_instances(pixels, found.bboxes.cpu().numpy(), found.labels.tolist(),
+                                     found.masks.cpu().numpy(), predictor.classes, predictor.palette,
+                                     found.scores.tolist()), picture.with_name(f'{picture.stem}_overlay.png'))
+        names = [predictor.classes[label] for label in found.labels.tolist()]
+        logger.info(f'{image}: {len(names)} instance(s)' + (f' ({", ".join(names[:8])})' if names else ''))
+    write_json_atomic(path, content)
+    logger.info(f'instances of {len(images)} image(s) -> {path}')
+    return path
+
+
+def write_depth_maps(predictor: SegPredictor, images: list[Path], paths: list[Path]) -> list[Path]:
+    """Each image's depth as a 16-bit PNG in the data set's scale (`predictor.depth_scale` per metre), and beside it
+    NAME_color.png, near bright and far dark over 0 .. the model's largest depth."""
+    top = float(predictor.model.decode_head.max_depth)
+    for image, path in zip(images, paths):
+        _, sample = predictor.predict(image)
+        depth = sample.pred_depth_map.data[0].cpu().numpy()
+        write_atomic(path, lambda f: Image.fromarray(depth_png(depth, predictor.depth_scale)).save(f, format='PNG'))
+        write_png(colour_depth(depth, top), path.with_name(f'{path.stem}_color.png'))
+        logger.info(f'{image} -> {path}: {depth.min():.2f} .. {depth.max():.2f} m')
+    return paths
 
 
 def main(argv: list[str] | None = None, description: str | None = None,
@@ -58,6 +107,10 @@ def main(argv: list[str] | None = None, description: str | None = None,
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
                              fallback=data_fallback, device=device_name(args.device))
     out.mkdir(parents=True, exist_ok=True)
+    if predictor.task == 'instances':
+        return [write_instances(predictor, images, masks, out / INSTANCES, args.score_threshold, args.overlay)]
+    if predictor.task == 'depth':
+        return write_depth_maps(predictor, images, masks)
     for image, mask in zip(images, masks):
         pixels, prediction = predictor.segment(image)
         orientation = file_orientation(image)

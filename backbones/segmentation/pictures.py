@@ -1,7 +1,8 @@
-"""Segmentations as pictures: the ground truth and the prediction laid over the image with the data set's palette
-(mmseg's own visualiser), side by side, and the per-class IoU of a test_seg.py report as bars; and the
-`ValidationPictures` hook, which has mmseg draw a few validation images at every validation of a training run; and
-`prediction_picture`, the picture of a trained segmentor's prediction that tools/visualize.py draws."""
+"""Dense predictions as pictures: label maps laid over the image with the data set's palette (mmseg's own
+visualiser), instances as coloured masks with their boxes, names and scores, depth in a colour scale; the ground truth
+and the prediction side by side, and the per-class IoU of a test_seg.py report as bars; the `ValidationPictures`
+hook, which has mmseg draw a few validation images at every validation of a training run; and
+`prediction_picture`, the picture of a trained model's prediction that tools/visualize.py draws."""
 from __future__ import annotations
 
 import itertools
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import cv2
+import matplotlib
 import numpy as np
 from mmengine.structures import PixelData
 from PIL import Image
@@ -17,10 +19,11 @@ from mmseg.engine.hooks import SegVisualizationHook
 from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
-from backbones.common.errors import DataError
+from backbones.common.errors import DataError, UsageError
 from backbones.common.drawing import enlarge, figure, finished
 
 from backbones.segmentation.config import EmbeddedSegData
+from backbones.segmentation.instances.transforms import decode_mask
 from backbones.segmentation.metrics import read_report
 from backbones.segmentation.predict import SegPredictor
 
@@ -44,6 +47,34 @@ def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], p
     unpainted = (labels >= len(classes)) & (drawn == (image * (1 - alpha)).astype(np.uint8)).all(axis=-1)
     drawn[unpainted] = image[unpainted]  # a class name's box drawn there stays
     return drawn
+
+
+def draw_instances(image: np.ndarray, boxes: np.ndarray, labels: Sequence[int], masks: np.ndarray,
+                   classes: Sequence[str], palette: Sequence[Sequence[int]], scores: Sequence[float] | None = None,
+                   alpha: float = 0.5) -> np.ndarray:
+    """Instances over an (H, W, 3) RGB image: each mask in its category's colour with opacity `alpha`, its box
+    outlined, its name (and score) above the box."""
+    drawn = image.copy()
+    for mask, label in zip(masks, labels):
+        colour = np.array(palette[label], np.float32)
+        drawn[mask] = (drawn[mask] * (1 - alpha) + colour * alpha).astype(np.uint8)
+    for i, (box, label) in enumerate(zip(boxes, labels)):
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        colour = tuple(int(c) for c in palette[label])
+        cv2.rectangle(drawn, (x1, y1), (max(x1, x2 - 1), max(y1, y2 - 1)), colour, 1)
+        text = classes[label] + (f' {scores[i]:.2f}' if scores is not None else '')
+        cv2.putText(drawn, text, (x1 + 1, max(8, y1 - 2)), cv2.FONT_HERSHEY_SIMPLEX, 0.3, colour, 1, cv2.LINE_AA)
+    return drawn
+
+
+def colour_depth(depth: np.ndarray, top: float) -> np.ndarray:
+    """A depth map (metres) as an RGB picture: near bright, far dark (matplotlib's magma over 0 .. `top` metres);
+    pixels without a depth (0) black."""
+    scale = matplotlib.colormaps['magma']
+    shade = 1 - np.clip(depth / max(top, 1e-6), 0, 1)
+    rgb = (scale(shade)[..., :3] * 255).round().astype(np.uint8)
+    rgb[depth <= 0] = 0
+    return rgb
 
 
 @HOOKS.register_module()
@@ -113,11 +144,17 @@ def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
 
 def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
                        report: str | None = None, alpha: float = 0.6, with_labels: bool = True,
-                       fallback: EmbeddedSegData | None = None) -> np.ndarray:
-    """`segmentation_picture` of what the model of `config` with the weights of `checkpoint` predicts for `image`
-    (a path; None: the test set's first image), with its ground truth where the test set has it and the per-class
-    IoU of a test_seg.py `report`. Without the config's ADE20K, the data is `fallback`'s."""
+                       fallback: EmbeddedSegData | None = None, score_threshold: float = 0.5) -> np.ndarray:
+    """The picture of what the model of `config` with the weights of `checkpoint` predicts for `image` (a path;
+    None: the test set's first image), beside its ground truth where the test set has it: a segmentor's classes
+    (with the per-class IoU of a test_seg.py `report`), a detector's instances (those scoring `score_threshold`
+    or more), a depth model's depth. Without the config's data on disk, the data is `fallback`'s."""
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    if predictor.task != 'semantic':
+        if report:
+            raise UsageError('--report draws a segmentor\'s per-class IoU; this is a '
+                             f'{predictor.task} config')
+        return dense_picture(predictor, test_entry(predictor.test_set(), image), alpha, score_threshold)
     scores = read_report(report, predictor.classes) if report else None
     entry = test_entry(predictor.test_set(), image)
     pixels, prediction = predictor.segment(entry['img_path'])
@@ -126,6 +163,37 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
         truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
     return segmentation_picture(pixels, prediction, predictor.classes, predictor.palette, truth, scores, alpha,
                                 with_labels)
+
+
+def dense_picture(predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float) -> np.ndarray:
+    """A detector's or a depth model's prediction for a test entry's image, beside the entry's ground truth if it
+    has one, enlarged to about 256 pixels high."""
+    pixels, sample = predictor.predict(entry['img_path'])
+    scale = max(1, 256 // pixels.shape[0])
+    big = enlarge(pixels, scale)
+    panels = [titled(big, 'image')]
+    if predictor.task == 'instances':
+        def drawn(boxes, labels, masks, scores=None):
+            masks = np.stack([enlarge(m.astype(np.uint8), scale) for m in masks]).astype(bool) if len(masks) \
+                else np.zeros((0, *big.shape[:2]), bool)
+            return draw_instances(big, np.asarray(boxes, np.float64).reshape(-1, 4) * scale, list(labels), masks,
+                                  predictor.classes, predictor.palette, scores, alpha)
+        found = sample.pred_instances[sample.pred_instances.scores >= score_threshold]
+        if entry.get('instances') is not None:
+            truth = [i for i in entry['instances'] if not i['ignore_flag']]
+            height, width = pixels.shape[:2]
+            panels.append(titled(drawn([i['bbox'] for i in truth], [i['bbox_label'] for i in truth],
+                                       [decode_mask(i['mask'], height, width) for i in truth]), 'ground truth'))
+        panels.append(titled(drawn(found.bboxes.cpu().numpy(), found.labels.tolist(), found.masks.cpu().numpy(),
+                                   found.scores.tolist()), f'prediction (score >= {score_threshold:g})'))
+    else:
+        predicted = sample.pred_depth_map.data[0].cpu().numpy()
+        top = float(predictor.model.decode_head.max_depth)
+        if entry.get('depth_map_path') and Path(entry['depth_map_path']).is_file():
+            truth = cv2.imread(entry['depth_map_path'], cv2.IMREAD_UNCHANGED).astype(np.float64)
+            panels.append(titled(enlarge(colour_depth(truth / predictor.depth_scale, top), scale), 'ground truth'))
+        panels.append(titled(enlarge(colour_depth(predicted, top), scale), f'prediction (0-{top:g} m)'))
+    return side_by_side(panels)
 
 
 def test_entry(dataset, image: str | None) -> dict:

@@ -1,6 +1,7 @@
-"""Segmentation of new images with a trained checkpoint: the model of a config with every weight of the checkpoint
-(strictly, as tools/test_seg.py loads it), the config's test pipeline without its annotations, single-scale or the
-multi-scale (+ flip) test of its `tta_model`; a label map of the image's own size per image."""
+"""Dense predictions for new images with a trained checkpoint: the model of a config with every weight of the
+checkpoint (strictly, as tools/test_seg.py loads it), the config's test pipeline without its annotations,
+single-scale or the multi-scale (+ flip) test of its `tta_model`; per image, at its own size, a label map
+(segmentors), instances with boxes, masks and scores (detectors) or a depth map in metres (depth models)."""
 from __future__ import annotations
 
 import copy
@@ -18,12 +19,14 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, drop_tta_flips, load_config,
-                                           resolve_trained_data)
-from backbones.segmentation.own_data import OWN_DATA_ROOT, is_own_data_config, use_trained_classes
+from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
+                                           load_trained_config, resolve_trained_data)
+from backbones.segmentation.own_data import OWN_DATA_ROOT, default_palette, is_own_data_config, use_trained_classes
+from backbones.segmentation.runner import checkpoint_meta
 from backbones.segmentation.runner import load_weights
 
-ANNOTATION_STEPS = ('LoadAnnotations',)
+ANNOTATION_STEPS = ('LoadAnnotations', 'LoadInstances', 'LoadDepthAnnotation')
+DEPTH_SCALE = 1000  # depth PNG values per metre where a config names none (NYU-v2's millimetres)
 
 
 def without_annotations(pipeline: list) -> list:
@@ -64,15 +67,16 @@ def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
 
 class SegPredictor:
     """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
-    it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False). The config's data is
-    resolved as test_seg resolves it (`data_root`; without ADE20K on disk, `fallback`'s): its classes, palette
-    and label values are the predictor's. An own-data config without its data at hand takes the classes the
-    checkpoint records."""
+    it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False); `predictor.predict(path)`:
+    the model's data sample, for any dense task (`task`). The config's data is resolved as test_seg resolves it
+    (`data_root`; without ADE20K on disk, `fallback`'s): its classes, palette and label values are the
+    predictor's. An own-data config without its data at hand takes the classes the checkpoint records; a detector
+    takes the categories (names and ids) its checkpoint records."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
                  fallback: EmbeddedSegData | None = None, device: str = 'cpu') -> None:
-        cfg = load_config(config, cfg_options)
+        cfg = load_trained_config(config, cfg_options, data_root, fallback)
         check_segmentor_checkpoint(checkpoint)
         if is_own_data_config(cfg) and not data_root and not Path(OWN_DATA_ROOT).is_dir():
             use_trained_classes(cfg, checkpoint)  # new images need no data set: the classes trained on
@@ -83,18 +87,26 @@ class SegPredictor:
         model = MODELS.build(cfg.model)
         load_weights(model, checkpoint)
         pipeline = cfg.test_dataloader.dataset.pipeline
+        if multi_scale and dense_task(cfg) != 'semantic':
+            raise UsageError(f'the multi-scale test is for semantic segmentation; {config} is a {dense_task(cfg)} '
+                             'config')
         if multi_scale:
             if not flip:
                 drop_tta_flips(cfg)
             model = MODELS.build({**cfg.tta_model, 'module': model})
             pipeline = cfg.tta_pipeline
-        self.cfg, self.model = cfg, model.to(device).eval()
+        self.cfg, self.model, self.task = cfg, model.to(device).eval(), dense_task(cfg)
         steps = without_annotations(pipeline)
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo
-        self.classes, self.palette = list(meta['classes']), [list(c) for c in meta['palette']]
-        self.reduce_zero_label = bool(test_set.reduce_zero_label)  # ADE20K's data set class sets it
+        if self.task == 'instances':  # the categories trained on, with their ids
+            meta = checkpoint_meta(checkpoint).get('dataset_meta') or {}
+        self.classes = list(meta.get('classes') or ())
+        self.cat_ids = list(meta.get('cat_ids') or ())
+        self.palette = [list(c) for c in meta.get('palette') or default_palette(len(self.classes))]
+        self.reduce_zero_label = bool(getattr(test_set, 'reduce_zero_label', False))  # ADE20K's data set sets it
+        self.depth_scale = float((cfg.get('test_evaluator') or {}).get('depth_scale_factor', DEPTH_SCALE))
 
     def test_set(self, lazy: bool = False):
         """The config's test set (`lazy`: its meta data only, no files listed)."""
@@ -106,6 +118,12 @@ class SegPredictor:
     def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         """The image as the model reads it (RGB, the config's decoding: pixels as stored, EXIF orientation ignored),
         which a picture of the prediction is drawn on, and the class index of each of its pixels."""
+        pixels, sample = self.predict(path)
+        return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
+
+    def predict(self, path: str | Path):
+        """The image as the model reads it (RGB), and the model's data sample for it: `pred_sem_seg`,
+        `pred_instances` (boxes, labels from 0, scores, boolean masks) or `pred_depth_map` (metres)."""
         path = Path(path)
         read_image(path)  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
         check_opencv_reads(path)
@@ -114,7 +132,7 @@ class SegPredictor:
         data = pseudo_collate([self.pipeline(loaded)])
         with torch.no_grad():
             sample = self.model.test_step(data)[0]
-        return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
+        return pixels, sample
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray:
         """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other'), the

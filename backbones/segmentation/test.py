@@ -13,7 +13,7 @@ from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
 from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
-                                           load_config, resolve_trained_data, tta_flips)
+                                           load_trained_config, resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
@@ -62,7 +62,7 @@ def test_images(cfg: Config) -> list[Path]:
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
-    cfg = load_config(args.config, args.cfg_options)
+    cfg = load_trained_config(args.config, args.cfg_options, args.data_root, fallback)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_segmentor_checkpoint(args.checkpoint)

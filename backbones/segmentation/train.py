@@ -139,6 +139,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     options = args.cfg_options or {}
     if fallback is not None and missing_data(data_roots(cfg, args.data_root, options), fallback):
         fallback.use_schedule(cfg)  # under the command line's options: they win
+        fallback.use_model(cfg)
     cfg.merge_from_dict(options)  # once; the data is resolved on the config they made, as test_seg does
     check_loader_sizes(cfg, args.config)
     cfg.launcher = args.launcher

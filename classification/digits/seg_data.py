@@ -113,7 +113,7 @@ class EmbeddedPages:
                                ann_file=f'annotations/instances_{split}.json',
                                data_prefix=dict(img_path=f'images/{split}'))
             elif task == 'depth':
-                dataset.update(type='NYUDataset', data_root=str(self.root), img_suffix='.jpg', seg_map_suffix='.png',
+                dataset.update(type='NYUDataset', data_root=str(self.root), img_suffix='.jpg', depth_map_suffix='.png',
                                data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
             else:
                 dataset.update(DATASET, data_root=str(self.root),
@@ -174,14 +174,18 @@ class EmbeddedPages:
                  end=schedule.iters),
         ]
         cfg.train_dataloader['batch_size'] = schedule.batch_size
-        if detector:
-            cfg.merge_from_dict(dict(model=DETECTOR_ON_PAGES))
         for loader in LOADERS:
             if cfg.get(loader):
                 cfg[loader]['num_workers'] = min(cfg[loader].get('num_workers', 0), schedule.workers)
         cfg.default_hooks['checkpoint']['interval'] = schedule.checkpoint_interval
         cfg.default_hooks['logger']['interval'] = schedule.log_interval
         cfg.randomness = dict(seed=schedule.seed)
+
+    def use_model(self, cfg: Config) -> None:
+        """A detector's pyramid and heads sized for the pages (DETECTOR_ON_PAGES), in training, tests and
+        predictions alike; other models keep the config's sizes."""
+        if dense_task(cfg) == 'instances':
+            cfg.merge_from_dict(dict(model=DETECTOR_ON_PAGES))
 
     def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone:
         """The first stage of a run on the pages that asks for it: the config's backbone pretrained with token
