@@ -199,13 +199,29 @@ def test_every_backbone_family_trains_a_detector_and_a_depth_model(config_name, 
     assert not missing, missing[:5]
 
 
-def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(coco_set, tmp_path):
+@pytest.fixture(scope='module')
+def trained_detector(coco_set, tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny detector's config on the tiny COCO-format set (category ids 3, 17, 42), and its checkpoint after two
+    iterations of train_seg."""
+    root = tmp_path_factory.mktemp('detector')
+    config = write_tiny_dense_config(root / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set)
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', root / 'work', '--iters', '2']))
+    return config, root / 'work' / 'iter_2.pth'
+
+
+@pytest.fixture(scope='module')
+def trained_depth(nyu_set, tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny depth model's config on the tiny NYU-layout set, and its checkpoint after two iterations."""
+    root = tmp_path_factory.mktemp('depth')
+    config = write_tiny_dense_config(root / 'tiny.py', 'depth_lvvit_s.py', nyu_set)
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', root / 'work', '--iters', '2']))
+    return config, root / 'work' / 'iter_2.pth'
+
+
+def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(trained_detector, coco_set, tmp_path):
     """train_seg and test_seg on a COCO-format set with category ids 3, 17, 42: the checkpoint records them, the
     report names the categories, predictions.json uses the set's own ids; a set of other categories is refused."""
-    config = write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set)
-    work = tmp_path / 'work'
-    succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '2']))
-    checkpoint = work / 'iter_2.pth'
+    config, checkpoint = trained_detector
     meta = torch.load(checkpoint, weights_only=False)['meta']['dataset_meta']
     assert tuple(meta['cat_ids']) == tuple(sorted(CATEGORIES)) and tuple(meta['classes']) == ('cat', 'dog', 'bird')
     out, preds = tmp_path / 'ap.json', tmp_path / 'preds'
@@ -225,6 +241,63 @@ def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(coco_set, 
     (renamed / 'annotations' / 'instances_train.json').write_text(json.dumps(other))
     refused = one_line_error(run_tool('test_seg.py', [config, checkpoint, '--data-root', renamed]))
     assert str(checkpoint) in refused and 'lion' in refused
+
+
+def test_predict_seg_writes_a_detectors_instances_as_a_coco_file_and_overlays(trained_detector, coco_set, tmp_path):
+    """instances.json loads in pycocotools, its masks are the images' size, its ids the set's own and its scores at
+    least the threshold; each image gets an overlay."""
+    from pycocotools.coco import COCO
+    config, checkpoint = trained_detector
+    images = sorted((coco_set / 'val').glob('*.jpg'))
+    out = tmp_path / 'out'
+    succeeded(run_tool('predict_seg.py', [config, checkpoint, *images, '--out', out, '--overlay',
+                                          '--score-threshold', '0.05']))
+    content = json.loads((out / 'instances.json').read_text())
+    coco = COCO()
+    coco.dataset = content
+    coco.createIndex()
+    assert [i['file_name'] for i in content['images']] == [str(i) for i in images]
+    assert [c['id'] for c in content['categories']] == sorted(CATEGORIES)
+    for annotation in content['annotations']:
+        assert annotation['score'] >= 0.05 and annotation['category_id'] in CATEGORIES
+        assert coco.annToMask(annotation).shape == (48, 64)
+    assert sorted(p.name for p in out.glob('*_overlay.png')) == [f'{i.stem}_overlay.png' for i in images]
+
+
+def test_a_depth_export_gives_the_depth_predict_seg_writes(trained_depth, nyu_set, tmp_path):
+    """predict_seg's 16-bit PNG and the exported program (fed as export.json says: RGB, normalised) agree to the
+    millimetre on the same image; the detector's export stops at its pyramid."""
+    config, checkpoint = trained_depth
+    image = sorted((nyu_set / 'images' / 'test').glob('*.jpg'))[0]
+    succeeded(run_tool('predict_seg.py', [config, checkpoint, image, '--out', tmp_path / 'depth']))
+    written = cv2.imread(str(tmp_path / 'depth' / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)
+    assert written.dtype == np.uint16 and written.shape == (48, 64)
+    assert (tmp_path / 'depth' / f'{image.stem}_color.png').is_file()
+    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export', '--size', '48',
+                                     '64', '--torch-export']))
+    description = json.loads((tmp_path / 'export' / 'export.json').read_text())
+    assert description['task'] == 'depth' and description['depth_png_scale'] == 1000
+    rgb = cv2.cvtColor(cv2.imread(str(image)), cv2.COLOR_BGR2RGB).astype(np.float32)
+    normalised = ((rgb - description['input']['mean']) / description['input']['std']).astype(np.float32)
+    program = torch.export.load(tmp_path / 'export' / 'model.pt2').module()
+    with torch.no_grad():
+        depth = program(torch.from_numpy(normalised).permute(2, 0, 1)[None].contiguous())[0, 0].numpy()
+    assert np.abs(depth * 1000 - written).max() <= 1
+
+
+def test_a_detectors_export_holds_its_pyramid_and_visualize_draws_its_instances(trained_detector, tmp_path):
+    config, checkpoint = trained_detector
+    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export', '--size', '48',
+                                     '64', '--torch-export']))
+    description = json.loads((tmp_path / 'export' / 'export.json').read_text())
+    assert description['levels'] == ['p2', 'p3', 'p4', 'p5', 'p6'] and 'batched_nms' in description['output']
+    program = torch.export.load(tmp_path / 'export' / 'model.pt2').module()
+    with torch.no_grad():
+        levels = program(torch.zeros(1, 3, 48, 64))
+    assert [tuple(level.shape[-2:]) for level in levels] == [(12, 16), (6, 8), (3, 4), (1, 2), (1, 1)]
+    succeeded(run_tool('visualize.py', ['segmentation', config, checkpoint, '--out', tmp_path / 'picture.png']))
+    picture = cv2.imread(str(tmp_path / 'picture.png'))
+    assert picture.shape[1] > 3 * 64 * 5  # image, ground truth and prediction, each enlarged to about 256 px high
 
 
 def test_an_annotation_of_an_undeclared_category_stops_training_naming_the_file(coco_set, tmp_path):
@@ -257,12 +330,10 @@ def independent_depth_scores(pred_dir: Path, depth_dir: Path) -> dict[str, float
     return {key: float(np.mean([image[key] for image in per_image])) for key in per_image[0]}
 
 
-def test_depth_scores_equal_an_independent_count_over_the_saved_predictions(nyu_set, tmp_path):
-    config = write_tiny_dense_config(tmp_path / 'tiny.py', 'depth_lvvit_s.py', nyu_set)
-    succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2']))
+def test_depth_scores_equal_an_independent_count_over_the_saved_predictions(trained_depth, nyu_set, tmp_path):
+    config, checkpoint = trained_depth
     out, preds = tmp_path / 'depth.json', tmp_path / 'preds'
-    tested = succeeded(run_tool('test_seg.py', [config, tmp_path / 'work' / 'iter_2.pth', '--out', out,
-                                                '--pred-dir', preds]))
+    tested = succeeded(run_tool('test_seg.py', [config, checkpoint, '--out', out, '--pred-dir', preds]))
     assert 'abs_rel' in tested.stdout + tested.stderr
     report = json.loads(out.read_text())
     expected = independent_depth_scores(preds, nyu_set / 'annotations' / 'test')

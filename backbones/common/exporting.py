@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -38,8 +38,16 @@ def batch_examples(height: int, width: int) -> list[torch.Tensor]:
     return [example_images(count, height, width) for count in CHECKED_BATCHES]
 
 
-def check_same_outputs(expected: torch.Tensor, got: torch.Tensor, what: str) -> None:
-    """`got` (an exported file's outputs) are the model's `expected` ones, else a CheckpointError."""
+def check_same_outputs(expected: torch.Tensor | Sequence[torch.Tensor], got: torch.Tensor | Sequence[torch.Tensor],
+                       what: str) -> None:
+    """`got` (an exported file's outputs: a tensor, or several) are the model's `expected` ones, else a
+    CheckpointError."""
+    if not torch.is_tensor(expected):
+        if torch.is_tensor(got) or len(got) != len(expected):
+            raise CheckpointError(f'{what} gives other outputs than the model: nothing was written')
+        for number, (one, other) in enumerate(zip(expected, got)):
+            check_same_outputs(one, other, f'{what} (output {number})')
+        return
     if got.shape != expected.shape or not torch.allclose(expected, got, **TOLERANCE):
         difference = ((expected - got).abs().max().item() if got.shape == expected.shape
                       else f'shape {tuple(got.shape)} for {tuple(expected.shape)}')
@@ -153,17 +161,19 @@ def write_exported_program(model: torch.nn.Module, examples: list[torch.Tensor],
 
 
 def write_onnx(model: torch.nn.Module, examples: list[torch.Tensor], path: Path, dynamic: DynamicDims,
-               output_name: str) -> None:
-    """The eval-mode `model` as ONNX (torch's dynamo exporter; input `images`, output `output_name`), with the
-    `dynamic` dimensions, checked with onnxruntime on every example."""
+               output_name: str | Sequence[str]) -> None:
+    """The eval-mode `model` as ONNX (torch's dynamo exporter; input `images`, output `output_name`, or one name per
+    output of a model of several), with the `dynamic` dimensions, checked with onnxruntime on every example."""
+    names = [output_name] if isinstance(output_name, str) else list(output_name)
     import onnxruntime  # the export's own dependencies, imported when asked for
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter reports its steps on stdout
         torch.onnx.export(model, (examples[0],), str(path), dynamo=True, input_names=['images'],
-                          output_names=[output_name], dynamic_shapes=export_dims(dynamic))
+                          output_names=names, dynamic_shapes=export_dims(dynamic))
     session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
 
-    def run(example: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run(None, {'images': example.numpy()})[0])
+    def run(example: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outputs = tuple(torch.from_numpy(o) for o in session.run(None, {'images': example.numpy()}))
+        return outputs[0] if isinstance(output_name, str) else outputs
 
     with torch.no_grad():
         for example in examples:

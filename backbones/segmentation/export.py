@@ -1,4 +1,5 @@
-"""A segmentation checkpoint as files for runtimes without mmseg: the logic of tools/export.py segmentor.
+"""A segmentation, detection or depth checkpoint as files for runtimes without mmseg: the logic of tools/export.py
+segmentor.
 
 The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them),
 `config.py` (the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and
@@ -10,6 +11,12 @@ window (`size` for another) and the batch size is dynamic: a caller slides the w
 batches the windows. With `dynamic_size`, H and W may be any multiples of the backbone's stride (whole patches)
 from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
 against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
+
+A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's stops at its
+feature pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each): its RPN and RoI heads keep a number of
+boxes that depends on the image (torchvision's `batched_nms`), which torch.export cannot trace into a program; the
+whole detector is in model.safetensors with config.py. Detectors and depth models test images at their own size, so
+their export takes `size` (--size H W).
 """
 from __future__ import annotations
 
@@ -51,12 +58,47 @@ class SegmentationLogits(nn.Module):
                              align_corners=self.segmentor.align_corners)
 
 
+class DepthMap(nn.Module):
+    """A depth model's whole-image forward on normalised RGB images: metres at the input's size."""
+
+    def __init__(self, estimator: nn.Module) -> None:
+        super().__init__()
+        self.estimator = estimator
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        depth = self.estimator.decode_head(self.estimator.extract_feat(images))
+        return F.interpolate(depth, size=images.shape[2:], mode='bilinear',
+                             align_corners=self.estimator.decode_head.align_corners)
+
+
+class PyramidFeatures(nn.Module):
+    """A detector's backbone and feature pyramid: its levels, finest first."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.detector.extract_feat(images).values())
+
+
+EXPORTED = {'semantic': SegmentationLogits, 'depth': DepthMap, 'instances': PyramidFeatures}
+OUTPUTS = {'semantic': 'logits (batch, classes, H, W); the class of a pixel is the argmax',
+           'depth': 'depth in metres (batch, 1, H, W)',
+           'instances': 'the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the '
+                        'RPN and RoI heads are in model.safetensors with config.py (torch.export stops at '
+                        'torchvision\'s batched_nms: the number of boxes depends on the image)'}
+
+
 def window_size(cfg: Config) -> tuple[int, int]:
     """(H, W) a segmentor is exported at: its sliding test window, or (a whole-image test) its preprocessor's size."""
     test_cfg = cfg.model.get('test_cfg') or {}
     if test_cfg.get('mode') == 'slide':
         return tuple(test_cfg['crop_size'])
-    return tuple(cfg.model.data_preprocessor['size'])
+    size = cfg.model.data_preprocessor.get('size')
+    if size is None:
+        raise UsageError('this config tests images at their own size: give the exported input size, --size H W')
+    return tuple(size)
 
 
 def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
@@ -75,13 +117,21 @@ def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int],
                 dynamic_size: bool) -> dict:
     """export.json: what a runtime needs besides the network."""
     preprocessor = predictor.cfg.model.data_preprocessor
+    if predictor.task == 'instances':
+        task = {'classes': predictor.classes, 'category_ids': predictor.cat_ids,
+                'levels': list(predictor.model.neck.names)}
+    elif predictor.task == 'depth':
+        task = {'depth_png_scale': predictor.depth_scale, 'max_depth': float(predictor.model.decode_head.max_depth)}
+    else:
+        task = {'classes': predictor.classes, 'palette': predictor.palette,
+                'mask_values': 'class index + 1, 0 for none (ADE20K)' if predictor.reduce_zero_label
+                else 'class index'}
     return {
-        'classes': predictor.classes, 'palette': predictor.palette,
-        'mask_values': 'class index + 1, 0 for none (ADE20K)' if predictor.reduce_zero_label else 'class index',
+        'task': predictor.task, **task,
         'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
                   'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
                   'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
-        'output': 'logits (batch, classes, H, W); the class of a pixel is the argmax',
+        'output': OUTPUTS[predictor.task],
         'checkpoint': str(checkpoint),
     }
 
@@ -94,7 +144,7 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
-    model = SegmentationLogits(predictor.model).eval()
+    model = EXPORTED[predictor.task](predictor.model).eval()
     size = size or window_size(predictor.cfg)
     examples, dynamic = checked_inputs(size, predictor.model.backbone.stride, dynamic_size)
     with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
@@ -103,14 +153,17 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
         stride = predictor.model.backbone.stride
         write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
-            check_same_outputs(model(examples[0]), SegmentationLogits(segmentor_from(staging))(examples[0]),
+            check_same_outputs(model(examples[0]), EXPORTED[predictor.task](segmentor_from(staging))(examples[0]),
                                f'{WEIGHTS} with config.py')
         if torch_export:
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
         if onnx:
-            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, 'logits')
+            names = list(predictor.model.neck.names) if predictor.task == 'instances' else \
+                'depth' if predictor.task == 'depth' else 'logits'
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, names)
     shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
-    logger.info(f'{out}: {len(predictor.classes)} classes, inputs {shape}, from {checkpoint}: '
+    what = 'depth' if predictor.task == 'depth' else f'{len(predictor.classes)} classes'
+    logger.info(f'{out}: {what}, inputs {shape}, from {checkpoint}: '
                 f'{", ".join(sorted(p.name for p in out.iterdir()))}')
     return out
 
@@ -131,7 +184,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('config', help='the config the checkpoint was trained with')
     p.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
     p.add_argument('--size', type=positive_int, nargs=2, metavar=('H', 'W'),
-                   help="the exported input size (default: the config's test window)")
+                   help="the exported input size (default: the config's test window; detectors and depth models "
+                        'need it)')
     p.add_argument('--dynamic-size', action='store_true',
                    help='any input height and width (multiples of the backbone\'s stride), not only the window\'s')
     p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')

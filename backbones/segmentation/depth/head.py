@@ -46,6 +46,9 @@ class DepthFusionHead(VPDDepthHead):
         built = [MODELS.build(loss) for loss in losses]
         self.loss_decode = built[0] if isinstance(loss_decode, dict) else nn.ModuleList(built)
 
+    def extra_repr(self) -> str:  # BaseDecodeHead's names attributes of a class head this one does not have
+        return f'channels={self.channels}, max_depth={self.max_depth}, align_corners={self.align_corners}'
+
     def forward(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         levels = [project(x) for project, x in zip(self.projections, inputs)]
         fused = self.refinements[-1](levels[-1])
