@@ -19,7 +19,7 @@ from classification.train import main
 from backbones.common.distributed import DistInfo
 from backbones.common.random_state import seed_all
 from classification.engine.trainer import Optimization, optimization_state
-from helpers.commands import ENV, run_python, run_tool, succeeded
+from helpers.commands import ENV, ROOT, run_python, run_tool, succeeded
 from helpers.label_stores import assert_same_annotation
 from helpers.cls_data import textured_jpegs
 from helpers.models import TINY_DEIT
@@ -267,3 +267,36 @@ def test_a_cuda_run_stopped_mid_epoch_resumes_to_the_same_end(labeled_images, tm
     straight, cut = read_log(tmp_path / 'straight'), read_log(tmp_path / 'cut')
     for epoch in (1, 2, 3):
         assert cut[epoch]['train_loss'] == pytest.approx(straight[epoch]['train_loss'], rel=1e-3), epoch
+
+
+def seg_losses(work) -> list[float]:
+    """The training losses a train_seg run logged, by iteration."""
+    lines = [json.loads(line) for path in work.glob('*/vis_data/scalars.json')
+             for line in path.read_text().splitlines()]
+    return [line['loss'] for line in sorted(lines, key=lambda line: line['step']) if 'loss' in line]
+
+
+# every region the samplers see is taken (all anchors, all proposals): their random choice, drawn from the CPU's or
+# the GPU's torch generator, would otherwise make the runs differ by more than their precision
+TAKE_ALL_REGIONS = ['model.rpn.batch_size_per_image=100000', 'model.rpn.positive_fraction=1.0',
+                    'model.roi_heads.batch_size_per_image=100000', 'model.roi_heads.positive_fraction=1.0']
+
+
+@pytest.mark.parametrize('config_name', ['maskrcnn_lvvit_s.py', 'depth_lvvit_s.py'], ids=['detector', 'depth'])
+def test_bf16_detector_and_depth_steps_on_cuda_train_like_fp32_on_cpu(config_name, tmp_path):
+    """Three training iterations of the tiny detector (and depth model) in bf16 on the GPU log the losses the same
+    iterations log in fp32 on the CPU, within bf16's precision; then test_seg scores the GPU's checkpoint."""
+    from helpers.dense_data import write_tiny_coco, write_tiny_dense_config, write_tiny_nyu
+    detector = config_name.startswith('maskrcnn')
+    data = write_tiny_coco(tmp_path / 'coco') if detector else write_tiny_nyu(tmp_path / 'nyu')
+    config = write_tiny_dense_config(tmp_path / 'tiny.py', config_name, data)
+    options = ['--iters', '3', '--cfg-options', 'randomness.seed=0', 'default_hooks.logger.interval=1',
+               *(TAKE_ALL_REGIONS if detector else [])]
+    succeeded(run_python([ROOT / 'tools' / 'train_seg.py', config, '--work-dir', tmp_path / 'cpu', *options],
+                         env={**ENV, 'CUDA_VISIBLE_DEVICES': ''}))
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'gpu', '--amp', 'bf16', *options]))
+    cpu, gpu = seg_losses(tmp_path / 'cpu'), seg_losses(tmp_path / 'gpu')
+    assert len(cpu) == len(gpu) == 3
+    assert gpu == pytest.approx(cpu, rel=0.05)
+    tested = succeeded(run_tool('test_seg.py', [config, tmp_path / 'gpu' / 'iter_3.pth']))
+    assert ('box_AP' if detector else 'abs_rel') in tested.stdout + tested.stderr

@@ -201,11 +201,13 @@ def test_every_backbone_family_trains_a_detector_and_a_depth_model(config_name, 
 
 @pytest.fixture(scope='module')
 def trained_detector(coco_set, tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny detector's config on the tiny COCO-format set (category ids 3, 17, 42), and its checkpoint after two
-    iterations of train_seg."""
+    """A tiny detector's config on the tiny COCO-format set (category ids 3, 17, 42), and its checkpoint after the
+    two iterations train_seg sizes the own-data config's schedule to (1 epoch of 6 images, at least 2 updates)."""
     root = tmp_path_factory.mktemp('detector')
-    config = write_tiny_dense_config(root / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set)
-    succeeded(run_tool('train_seg.py', [config, '--work-dir', root / 'work', '--iters', '2']))
+    config = write_tiny_dense_config(root / 'tiny.py', 'maskrcnn_lvvit_s_own_data.py', coco_set)
+    trained = succeeded(run_tool('train_seg.py', [config, '--work-dir', root / 'work', '--cfg-options',
+                                                  'own_data.epochs=1', 'own_data.min_iters=2']))
+    assert '1 epochs of 6 images' in trained.stdout + trained.stderr
     return config, root / 'work' / 'iter_2.pth'
 
 

@@ -46,7 +46,7 @@ def test_every_config_builds_with_its_backbone(config):
     # The backbone holds exactly the classification model's parameters up to the last block used, without the
     # final norm and heads (CaiT: also without the class token and class-attention stage).
     with torch.device('meta'):
-        reference = create_model(cfg.model.backbone.model_name, img_size=512, num_classes=0)
+        reference = create_model(cfg.model.backbone.model_name, img_size=cfg.model.backbone.img_size, num_classes=0)
     last = max(cfg.model.backbone.out_indices)
     kept = sum(p.numel() for name, p in reference.named_parameters()
                if not name.startswith(('norm.', 'blocks_token_only.', 'cls_token' if 'cait' in config else '-'))

@@ -7,9 +7,9 @@ machine and date, and seg_configs/metafile.yaml), or check that the pages still 
 
 A page marks what is rendered: `<!-- results: NAME ARGS -->` ... `<!-- /results -->`, NAME naming what renders it
 (`value FILE PATH [FORMAT]` for a figure inside a sentence, or a table: reproduction-table, reproduction-rows,
-reproduction-table7, reproduction-figure4, segmentation-runs, loop-table, timm-table, burst-table, rehearsal-table,
-gpu-session). To change a figure, change its data file (or write a new one: a new run is a new file) and render;
-a figure edited in a page by hand is put back, and `--check` (run by the tests) fails until then.
+reproduction-table7, reproduction-figure4, segmentation-runs, dense-defaults, loop-table, timm-table, burst-table,
+rehearsal-table, gpu-session). To change a figure, change its data file (or write a new one: a new run is a new
+file) and render; a figure edited in a page by hand is put back, and `--check` (run by the tests) fails until then.
 """
 from backbones.common.cli import run_command
 from classification.studies.results_pages import main

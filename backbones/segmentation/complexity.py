@@ -14,11 +14,11 @@ from backbones.complexity import measure_complexity, model_table
 from backbones.segmentation.config import load_config
 from mmseg.registry import MODELS
 
-PARTS = ('backbone', 'neck', 'decode_head', 'auxiliary_head')
+PARTS = ('backbone', 'neck', 'decode_head', 'auxiliary_head', 'rpn', 'roi_heads')  # segmentors' and detectors'
 
 
 def segmentor_parameters(cfg: Config) -> dict[str, int]:
-    """{'backbone', 'neck', 'decode_head', 'auxiliary_head', 'total'}: parameter counts (the papers count all)."""
+    """Parameter counts of each part a model has (PARTS) and 'total' (the papers count all)."""
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     model_cfg = cfg.model.copy()
     model_cfg.backbone = {**model_cfg.backbone, 'pretrained': None}

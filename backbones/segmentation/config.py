@@ -27,9 +27,11 @@ from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classe
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 COCO_ROOT = 'data/coco'
+OWN_COCO_ROOT = 'data/own_coco'
 NYU_ROOT = 'data/nyu'
 # the data sets a config is written for, by its folder, which the embedded data stands in for when not on disk
-KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN_DATA_ROOT: 'a data set of your own'}
+KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN_DATA_ROOT: 'a data set of your own',
+               OWN_COCO_ROOT: 'a COCO-format set of your own'}
 # The dense tasks, by the model a config builds: semantic segmentation (any other model), instances, depth
 INSTANCE_MODELS = ('TokenMaskRCNN',)
 DEPTH_MODELS = ('DepthEstimator', 'TokenDepthEstimator')

@@ -184,9 +184,9 @@ def image_check(img_path: str, size: tuple[int, int]) -> Problem | None:
 
 def depth_pair_check(img_path: str, depth_path: str) -> Problem | None:
     """What is wrong with an image and its depth map (one channel, the image's size), or None."""
-    if not any(c.isdigit() for c in Path(img_path).name):  # mmseg's NYUDataset fails on such a name, deep inside
+    if not re.search(r'[0-9]', Path(img_path).name):  # mmseg's NYUDataset fails on such a name, deep inside
         return Problem(f'{img_path}: mmseg\'s NYU data set reads a scene name and a number from an image\'s name '
-                       f'(bedroom_0001.jpg); this name holds no digit')
+                       f'(bedroom_0001.jpg); this name holds no number')
     if not Path(depth_path).is_file():
         return Problem(f'{img_path} has no depth map {depth_path}')
     try:

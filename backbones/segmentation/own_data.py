@@ -14,6 +14,7 @@ takes its classes, heads and schedule from the data; ADE20K's configs take only 
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -267,8 +268,11 @@ def check_trained_classes(cfg: Config, checkpoint: str) -> None:
 
 
 def training_images(cfg: Config) -> int:
-    """How many images the config's training split holds (its folder, its suffix)."""
+    """How many images the config's training split holds (its folder, its suffix; a COCO-format set's annotation
+    file)."""
     dataset = cfg.train_dataloader.dataset
+    if dataset.get('ann_file'):
+        return len(json.loads((Path(dataset['data_root']) / dataset['ann_file']).read_text())['images'])
     folder = Path(dataset['data_root']) / dataset['data_prefix']['img_path']
     return sum(1 for p in folder.rglob(f'*{dataset["img_suffix"]}') if p.is_file())
 

@@ -19,9 +19,10 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
-                                           load_trained_config, resolve_trained_data)
-from backbones.segmentation.own_data import OWN_DATA_ROOT, default_palette, is_own_data_config, use_trained_classes
+from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, data_roots, dense_task,
+                                           drop_tta_flips, load_trained_config, resolve_trained_data)
+from backbones.segmentation.instances.coco import use_trained_categories
+from backbones.segmentation.own_data import default_palette, is_own_data_config, use_trained_classes
 from backbones.segmentation.runner import checkpoint_meta
 from backbones.segmentation.runner import load_weights
 
@@ -78,8 +79,12 @@ class SegPredictor:
                  fallback: EmbeddedSegData | None = None, device: str = 'cpu') -> None:
         cfg = load_trained_config(config, cfg_options, data_root, fallback)
         check_segmentor_checkpoint(checkpoint)
-        if is_own_data_config(cfg) and not data_root and not Path(OWN_DATA_ROOT).is_dir():
-            use_trained_classes(cfg, checkpoint)  # new images need no data set: the classes trained on
+        if is_own_data_config(cfg) and not data_root and not any(Path(r).is_dir() for r in data_roots(cfg)):
+            # new images need no data set: the classes (a detector's categories) trained on
+            if dense_task(cfg) == 'instances':
+                use_trained_categories(cfg, checkpoint)
+            else:
+                use_trained_classes(cfg, checkpoint)
         else:
             resolve_trained_data(cfg, checkpoint, data_root, fallback)
         init_default_scope(cfg.get('default_scope', 'mmseg'))

@@ -194,6 +194,21 @@ def segmentation_runs(files: DataFiles) -> str:
     return '\n'.join(lines)
 
 
+def dense_defaults(files: DataFiles, name: str = 'dense_defaults') -> str:
+    """The detector's and the depth model's embedded defaults: their figures, what they compare with (simple
+    predictors, other runs), and their times."""
+    runs = files[name]
+    lines = ['| config | iterations | scores on the validation pages | for comparison | time |',
+             '|---|---:|---|---|---|']
+    for run in runs['runs']:
+        scores = ', '.join(f'{label} {run["scores"][key]:{form}}' for key, label, form in run['shown'])
+        baselines = '; '.join(f'{b["what"]}: {b["scores"]}' for b in run['baselines'])
+        lines.append(f'| {run["config"]} | {run["iterations"]} | **{scores}** | {baselines} | '
+                     f'{duration(run["seconds"])} |')
+    return '\n'.join(lines) + (f'\n\n{runs["note"]} ({runs["machine"]}, torch {runs["torch"]}, commit '
+                               f'{runs["commit"]}, [docs/results/{name}.json](results/{name}.json)).')
+
+
 def loop_table(files: DataFiles, name: str, train_cls_name: str | None = None) -> str:
     """benchmark_loop's figures on a CPU, one column per model; `train_cls_name`: a second run's train_cls row."""
     document = files[name]
@@ -458,6 +473,7 @@ BLOCKS: dict[str, tuple[Callable[..., str], bool]] = {
     'reproduction-table7': (reproduction_table7, False),
     'reproduction-figure4': (reproduction_figure4, False),
     'segmentation-runs': (segmentation_runs, False),
+    'dense-defaults': (dense_defaults, False),
     'loop-table': (loop_table, False),
     'timm-table': (timm_table, False),
     'burst-table': (burst_table, False),

@@ -23,6 +23,8 @@ from backbones.common.errors import CheckpointError, DataError
 from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
+from backbones.segmentation.runner import checkpoint_meta
+
 SHOWN = 5
 EDGE = 1.0  # pixels a polygon may reach past its image's border (rounding in annotation tools)
 
@@ -156,6 +158,15 @@ def use_coco_categories(cfg: Config) -> tuple[str, ...]:
     shown = ', '.join(names[:8]) + (', ...' if len(names) > 8 else '')
     logger.info(f'data: {len(names)} categories ({shown}) from {reference_file}')
     return names
+
+
+def use_trained_categories(cfg: Config, checkpoint: str) -> None:
+    """A detector's config with no data set at hand takes the number of categories its checkpoint was trained on."""
+    trained = (checkpoint_meta(checkpoint).get('dataset_meta') or {}).get('classes')
+    if not trained:
+        raise CheckpointError(f'{checkpoint} records no categories (mmengine\'s meta.dataset_meta): give --data-root, '
+                              'the data set it was trained on')
+    cfg.model['num_classes'] = len(trained)
 
 
 def check_trained_categories(cfg: Config, meta: dict, checkpoint: str) -> None:
