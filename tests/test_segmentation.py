@@ -275,6 +275,17 @@ def test_shortened_schedule_scales_its_phases(iters, phases):
     assert cfg.train_cfg['max_iters'] == cfg.train_cfg['val_interval'] == iters
 
 
+def test_a_step_schedule_drops_its_lr_at_the_same_fractions_when_shortened_or_accumulated():
+    """ViTDet's lr drops (iterations 163,889 and 177,546 of 184,375) move with the schedule: a run sized to a set of
+    one's own, or of accumulated gradients, still drops its lr twice near its end."""
+    from backbones.segmentation.config import accumulate_gradients, shorten_schedule
+    cfg = load_config(CONFIGS / 'maskrcnn_lvvit_s.py')
+    shorten_schedule(cfg, 1000)
+    assert cfg.param_scheduler[-1]['milestones'] == [889, 963]
+    accumulate_gradients(cfg, 4)
+    assert cfg.param_scheduler[-1]['milestones'] == [3556, 3852] and cfg.train_cfg['max_iters'] == 4000
+
+
 @pytest.mark.parametrize('test_cfg', [dict(mode='whole'), dict(mode='slide', crop_size=(32, 32), stride=(21, 21))])
 @pytest.mark.slow
 def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, test_cfg):

@@ -172,6 +172,8 @@ def accumulate_gradients(cfg: Config, steps: int) -> None:
         for key in ('begin', 'end'):
             if key in scheduler:
                 scheduler[key] *= steps
+        if 'milestones' in scheduler:  # a step schedule's (ViTDet's)
+            scheduler['milestones'] = [m * steps for m in scheduler['milestones']]
     cfg.default_hooks['checkpoint']['interval'] *= steps
 
 
@@ -300,15 +302,18 @@ def check_pretrained(cfg: Config) -> None:
 
 def shorten_schedule(cfg: Config, iters: int, given: Collection[str] = (),
                      validate_at_checkpoints: bool = False) -> None:
-    """Run the schedule in `iters` iterations: warm-up, decay and the checkpoint interval shrink with it, and
-    validation (the slow part of a short run) happens once, at the end, or at every checkpoint. The intervals the
-    command line's --cfg-options name (`given`, their keys) keep the values it gave."""
+    """Run the schedule in `iters` iterations: warm-up, decay (a step schedule's milestones too) and the checkpoint
+    interval shrink with it, and validation (the slow part of a short run) happens once, at the end, or at every
+    checkpoint. The intervals the command line's --cfg-options name (`given`, their keys) keep the values it
+    gave."""
     factor = iters / cfg.train_cfg['max_iters']
     cfg.train_cfg['max_iters'] = iters
     for scheduler in cfg.param_scheduler:
         for key in ('begin', 'end'):
             if key in scheduler:
                 scheduler[key] = min(iters, max(1 if scheduler[key] else 0, round(scheduler[key] * factor)))
+        if 'milestones' in scheduler:  # a step schedule's (ViTDet's) lr drops, at the same fractions of the run
+            scheduler['milestones'] = [min(iters, max(1, round(m * factor))) for m in scheduler['milestones']]
     # a phase left with no iteration (the decay of a 1-iteration run) is dropped: mmengine refuses begin == end
     cfg.param_scheduler = [s for s in cfg.param_scheduler if s.get('end', iters) > s.get('begin', 0)]
     checkpoint, log = cfg.default_hooks['checkpoint'], cfg.default_hooks['logger']
