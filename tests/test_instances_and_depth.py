@@ -126,6 +126,9 @@ def damaged_files(coco_set: Path, tmp_path: Path) -> dict[str, Path]:
             'segmentation'].update(size=[10, 10]),
         'polygon outside': lambda c: c['annotations'][0].update(segmentation=[[0, 0, 500, 0, 500, 40]]),
         'repeated category': lambda c: c['categories'].append(dict(c['categories'][0])),
+        'repeated annotation id': lambda c: c['annotations'][1].update(id=c['annotations'][0]['id']),
+        'repeated image id': lambda c: c['images'][1].update(id=c['images'][0]['id']),
+        'no polygon': lambda c: c['annotations'][0].update(segmentation=[]),
         'not json': None,
     }
     paths = {}
@@ -139,6 +142,69 @@ def damaged_files(coco_set: Path, tmp_path: Path) -> dict[str, Path]:
             path.write_text(json.dumps(broken))
         paths[name] = path
     return paths
+
+
+def test_masks_are_scored_in_the_size_range_of_their_own_area(tmp_path):
+    """A small object found exactly, after a higher-scored false L-shaped mask (small in pixels, large in its box):
+    among small objects the mask AP is 50, as the L counts among them; scored by its box's area it would be 100."""
+    ann_file = tmp_path / 'small.json'
+    ann_file.write_text(json.dumps(dict(
+        images=[dict(id=1, file_name='a.jpg', width=200, height=200)], categories=[dict(id=1, name='thing')],
+        annotations=[dict(id=1, image_id=1, category_id=1, iscrowd=0, area=100.0, bbox=[5, 5, 10, 10],
+                          segmentation=[[5, 5, 15, 5, 15, 15, 5, 15]])])))
+    masks = torch.zeros(2, 200, 200, dtype=torch.bool)
+    masks[0, 100:160, 100:105] = masks[0, 155:160, 100:160] = True  # an L of 575 px in a 60x60 box
+    masks[1, 5:15, 5:15] = True
+    scores = metric_on(ann_file, {1: dict(bboxes=torch.tensor([[100.0, 100, 160, 160], [5, 5, 15, 15]]),
+                                          labels=torch.tensor([0, 0]), scores=torch.tensor([0.9, 0.8]), masks=masks)})
+    assert scores['mask_APs'] == pytest.approx(50) and scores['box_APs'] == pytest.approx(100)
+
+
+def test_a_file_without_iscrowd_and_area_gets_them_from_its_masks(coco_set, tmp_path):
+    content = json.loads((coco_set / 'annotations' / 'instances_val.json').read_text())
+    for annotation in content['annotations']:
+        del annotation['iscrowd'], annotation['area']
+    path = tmp_path / 'plain.json'
+    path.write_text(json.dumps(content))
+    filled = load_coco(path).anns
+    original = load_coco(coco_set / 'annotations' / 'instances_val.json').anns
+    assert {i: (a['iscrowd'], a['area']) for i, a in filled.items()} == \
+        {i: (0, a['area']) for i, a in original.items()}
+
+
+def test_the_region_pools_take_the_pyramids_strides_whatever_the_first_image(coco_set, tmp_path):
+    """torchvision guesses each level's scale from the first batch (a level off for a 40 px high image padded to
+    64) and keeps it: the detector sets them from its pyramid."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import BaseDataElement
+    from mmseg.registry import MODELS
+    init_default_scope('mmseg')
+    cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set))
+    cfg.model.num_classes = 3
+    model = MODELS.build(cfg.model).eval()
+    sample = BaseDataElement(metainfo=dict(img_shape=(40, 64), ori_shape=(40, 64)))
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 64, 64), [sample], mode='predict')
+    for pool in (model.roi_heads.box_roi_pool, model.roi_heads.mask_roi_pool):
+        assert pool.scales == [1 / 4, 1 / 8, 1 / 16, 1 / 32]
+        assert (pool.map_levels.k_min, pool.map_levels.k_max) == (2, 5)
+
+
+def test_a_depth_image_without_measurement_is_left_out_and_counted(tmp_path):
+    """One entry per image, an empty one too (mmengine gathers processes' results by position): the means are
+    the measured images', the report says how many were left out."""
+    metric = DepthReport(json_file=str(tmp_path / 'depth.json'), min_depth_eval=1e-3, max_depth_eval=10.0)
+    truth = torch.full((1, 4, 4), 2.0)
+    samples = [dict(img_path=f'{i}.jpg', pred_depth_map=dict(data=torch.full((1, 4, 4), 2.5)),
+                    gt_depth_map=dict(data=truth * (i != 1))) for i in range(3)]
+    metric.process({}, samples)
+    assert len(metric.results) == 3 and metric.results[1] is None
+    scores = metric.compute_metrics(metric.results)
+    assert scores['abs_rel'] == pytest.approx(0.25)
+    assert json.loads((tmp_path / 'depth.json').read_text())['left_out'] == 1
+    from backbones.segmentation.test import summary
+    assert summary('depth', {'abs_rel': 0.25}) == 'abs_rel 0.250'  # a config scoring only some metrics
 
 
 def test_a_damaged_annotation_file_is_an_error_naming_it(coco_set, tmp_path):
@@ -220,6 +286,7 @@ def trained_depth(nyu_set, tmp_path_factory) -> tuple[Path, Path]:
     return config, root / 'work' / 'iter_2.pth'
 
 
+@pytest.mark.slow  # tools run end to end
 def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(trained_detector, coco_set, tmp_path):
     """train_seg and test_seg on a COCO-format set with category ids 3, 17, 42: the checkpoint records them, the
     report names the categories, predictions.json uses the set's own ids; a set of other categories is refused."""
@@ -243,8 +310,15 @@ def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(trained_de
     (renamed / 'annotations' / 'instances_train.json').write_text(json.dumps(other))
     refused = one_line_error(run_tool('test_seg.py', [config, checkpoint, '--data-root', renamed]))
     assert str(checkpoint) in refused and 'lion' in refused
+    # a test needs the test split's file only
+    (renamed / 'annotations' / 'instances_train.json').unlink()
+    (renamed / 'annotations' / 'instances_val.json').write_text(
+        (coco_set / 'annotations' / 'instances_val.json').read_text())
+    succeeded(run_tool('test_seg.py', [config, checkpoint, '--data-root', renamed, '--out', tmp_path / 'val.json']))
+    assert json.loads((tmp_path / 'val.json').read_text()) == report
 
 
+@pytest.mark.slow  # tools run end to end
 def test_predict_seg_writes_a_detectors_instances_as_a_coco_file_and_overlays(trained_detector, coco_set, tmp_path):
     """instances.json loads in pycocotools, its masks are the images' size, its ids the set's own and its scores at
     least the threshold; each image gets an overlay."""
@@ -264,8 +338,14 @@ def test_predict_seg_writes_a_detectors_instances_as_a_coco_file_and_overlays(tr
         assert annotation['score'] >= 0.05 and annotation['category_id'] in CATEGORIES
         assert coco.annToMask(annotation).shape == (48, 64)
     assert sorted(p.name for p in out.glob('*_overlay.png')) == [f'{i.stem}_overlay.png' for i in images]
+    # without the data set at hand, the categories come from the checkpoint: the same instances
+    elsewhere = write_tiny_dense_config(tmp_path / 'elsewhere.py', 'maskrcnn_lvvit_s_own_data.py', tmp_path / 'gone')
+    succeeded(run_tool('predict_seg.py', [elsewhere, checkpoint, *images, '--out', tmp_path / 'again',
+                                          '--score-threshold', '0.05']))
+    assert json.loads((tmp_path / 'again' / 'instances.json').read_text()) == content
 
 
+@pytest.mark.slow  # tools run end to end
 def test_a_depth_export_gives_the_depth_predict_seg_writes(trained_depth, nyu_set, tmp_path):
     """predict_seg's 16-bit PNG and the exported program (fed as export.json says: RGB, normalised) agree to the
     millimetre on the same image; the detector's export stops at its pyramid."""
@@ -287,21 +367,27 @@ def test_a_depth_export_gives_the_depth_predict_seg_writes(trained_depth, nyu_se
     assert np.abs(depth * 1000 - written).max() <= 1
 
 
+@pytest.mark.slow  # tools run end to end
 def test_a_detectors_export_holds_its_pyramid_and_visualize_draws_its_instances(trained_detector, tmp_path):
     config, checkpoint = trained_detector
-    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export', '--size', '48',
+    refused = one_line_error(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export',
+                                                    '--size', '48', '64']))
+    assert 'multiples of 32' in refused and not (tmp_path / 'export').exists()
+    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export', '--size', '64',
                                      '64', '--torch-export']))
     description = json.loads((tmp_path / 'export' / 'export.json').read_text())
     assert description['levels'] == ['p2', 'p3', 'p4', 'p5', 'p6'] and 'batched_nms' in description['output']
+    assert description['input']['stride'] == 32
     program = torch.export.load(tmp_path / 'export' / 'model.pt2').module()
     with torch.no_grad():
-        levels = program(torch.zeros(1, 3, 48, 64))
-    assert [tuple(level.shape[-2:]) for level in levels] == [(12, 16), (6, 8), (3, 4), (1, 2), (1, 1)]
+        levels = program(torch.zeros(1, 3, 64, 64))
+    assert [tuple(level.shape[-2:]) for level in levels] == [(16, 16), (8, 8), (4, 4), (2, 2), (1, 1)]
     succeeded(run_tool('visualize.py', ['segmentation', config, checkpoint, '--out', tmp_path / 'picture.png']))
     picture = cv2.imread(str(tmp_path / 'picture.png'))
     assert picture.shape[1] > 3 * 64 * 5  # image, ground truth and prediction, each enlarged to about 256 px high
 
 
+@pytest.mark.slow  # tools run end to end
 def test_an_annotation_of_an_undeclared_category_stops_training_naming_the_file(coco_set, tmp_path):
     broken = tmp_path / 'broken'
     (broken / 'annotations').mkdir(parents=True)
@@ -332,6 +418,7 @@ def independent_depth_scores(pred_dir: Path, depth_dir: Path) -> dict[str, float
     return {key: float(np.mean([image[key] for image in per_image])) for key in per_image[0]}
 
 
+@pytest.mark.slow  # tools run end to end
 def test_depth_scores_equal_an_independent_count_over_the_saved_predictions(trained_depth, nyu_set, tmp_path):
     config, checkpoint = trained_depth
     out, preds = tmp_path / 'depth.json', tmp_path / 'preds'

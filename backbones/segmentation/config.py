@@ -19,9 +19,8 @@ from backbones.common.files import load_weights_only
 from backbones.common.log import logger
 
 from backbones.segmentation.backbone import TIMM_RELEASE, URL_SCHEMES
-from backbones.segmentation.instances.coco import check_trained_categories, use_coco_categories
+from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
-from backbones.segmentation.runner import checkpoint_meta
 from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,
                                              use_own_data)
 
@@ -88,7 +87,8 @@ def load_trained_config(path: str, cfg_options: dict | None = None, data_root: s
     the config's, the model takes the sizes it trained with there (`use_model`), under the command line's
     options."""
     cfg = load_config(path)
-    if fallback is not None and missing_data(data_roots(cfg, data_root, cfg_options), fallback):
+    if fallback is not None and not own_data_absent(cfg, data_root, cfg_options) \
+            and missing_data(data_roots(cfg, data_root, cfg_options), fallback):
         fallback.use_model(cfg)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -216,9 +216,17 @@ def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | No
             for loader in LOADERS if cfg.get(loader)}
 
 
+def own_data_absent(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> bool:
+    """An own-data config whose data set is not on disk (and not named by --data-root): what a checkpoint trained on
+    it predicts for new images needs only the classes it records, never the embedded data's."""
+    return is_own_data_config(cfg) and not data_root and \
+        not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
+
+
 def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | None:
-    """The config's own folder that is not on disk (ADE20K's, or the own-data configs' data/own_seg), where
-    `fallback`'s data stands in for it; None when every folder is there. Any other missing folder is an error."""
+    """The config's own folder that is not on disk (one of KNOWN_ROOTS: ADE20K's, COCO's, NYU-v2's, the own-data
+    configs'), where `fallback`'s data stands in for it; None when every folder is there. Any other missing folder
+    is an error."""
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
         return None
@@ -227,9 +235,11 @@ def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | Non
     return missing[0]
 
 
-def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSegData | None = None) -> bool:
-    """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`). When the config's
-    own folder (ADE20K's, or the own-data configs' data/own_seg) is not on disk, use `fallback`'s data. True if it
+def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSegData | None = None,
+                 checkpoint: str | None = None) -> bool:
+    """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`), a detector its class
+    count (the training set's categories; with a trained `checkpoint`, the ones it records, which the test set must
+    declare). When the config's own folder (one of KNOWN_ROOTS) is not on disk, use `fallback`'s data. True if it
     did."""
     if data_root:
         set_data_root(cfg, data_root)
@@ -240,14 +250,23 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
         if task == 'semantic' and is_own_data_config(cfg):
             use_own_data(cfg, read_own_data(roots.pop()))
         if task == 'instances':
-            use_coco_categories(cfg)
+            use_categories(cfg, checkpoint)
         return False
     logger.info(f'{KNOWN_ROOTS[missing]} not found at {missing} (docs/segmentation.md and docs/instances_and_depth.md '
                 'say how to use it; --data-root names another folder): the embedded data')
     fallback.use_data(cfg)
     if task == 'instances':
-        use_coco_categories(cfg)
+        use_categories(cfg, checkpoint)
     return True
+
+
+def use_categories(cfg: Config, checkpoint: str | None) -> None:
+    """A detector's class count: a trained checkpoint's (its test set declaring the same categories), else the
+    training set's."""
+    if checkpoint is None:
+        use_coco_categories(cfg)
+    else:
+        use_test_categories(cfg, checkpoint)
 
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None,
@@ -255,10 +274,8 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = N
     """`resolve_data` for a trained checkpoint (test_seg, predict_seg, export): an own-data set's classes must be the
     ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
     others."""
-    used_fallback = resolve_data(cfg, data_root, fallback)
-    if dense_task(cfg) == 'instances':
-        check_trained_categories(cfg, checkpoint_meta(checkpoint), checkpoint)
-    elif not used_fallback and is_own_data_config(cfg):
+    used_fallback = resolve_data(cfg, data_root, fallback, checkpoint)
+    if dense_task(cfg) == 'semantic' and not used_fallback and is_own_data_config(cfg):
         check_trained_classes(cfg, checkpoint)
     return used_fallback
 

@@ -101,6 +101,19 @@ def window_size(cfg: Config) -> tuple[int, int]:
     return tuple(size)
 
 
+def input_stride(model: nn.Module, task: str, size: tuple[int, int]) -> int:
+    """What an exported input's sides are multiples of: the backbone's stride; a detector's padding (its data
+    preprocessor pads every batch to 32 px, so that the pyramid's levels halve exactly), which a fixed size must
+    be a multiple of."""
+    if task != 'instances':
+        return model.backbone.stride
+    stride = max(model.backbone.stride, model.data_preprocessor.pad_size_divisor)
+    if size[0] % stride or size[1] % stride:
+        raise UsageError(f'--size {size[0]} {size[1]}: the detector reads images padded to multiples of {stride} px '
+                         f'(its data preprocessor): export it at such a size')
+    return stride
+
+
 def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
     """The inputs an export is traced on (the first) and checked on, and its dynamic dimensions."""
     if not dynamic_size:
@@ -146,11 +159,11 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     model = EXPORTED[predictor.task](predictor.model).eval()
     size = size or window_size(predictor.cfg)
-    examples, dynamic = checked_inputs(size, predictor.model.backbone.stride, dynamic_size)
+    stride = input_stride(predictor.model, predictor.task, size)
+    examples, dynamic = checked_inputs(size, stride, dynamic_size)
     with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
-        stride = predictor.model.backbone.stride
         write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
             check_same_outputs(model(examples[0]), EXPORTED[predictor.task](segmentor_from(staging))(examples[0]),

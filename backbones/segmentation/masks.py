@@ -64,9 +64,10 @@ def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[
         found = sample.pred_instances[sample.pred_instances.scores >= threshold]
         content['images'].append(dict(id=image_id, file_name=str(image), height=pixels.shape[0],
                                       width=pixels.shape[1]))
-        for entry in coco_results(image_id, found, predictor.cat_ids):
+        areas = found.masks.flatten(1).sum(1).tolist()
+        for entry, area in zip(coco_results(image_id, found, predictor.cat_ids), areas):
             content['annotations'].append(dict(entry, id=len(content['annotations']) + 1, iscrowd=0,
-                                               area=float(entry['bbox'][2] * entry['bbox'][3])))
+                                               area=float(area)))
         if overlay:
             write_png(draw_instances(pixels, found.bboxes.cpu().numpy(), found.labels.tolist(),
                                      found.masks.cpu().numpy(), predictor.classes, predictor.palette,

@@ -19,12 +19,11 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, data_roots, dense_task,
-                                           drop_tta_flips, load_trained_config, resolve_trained_data)
+from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
+                                           load_trained_config, own_data_absent, resolve_trained_data)
 from backbones.segmentation.instances.coco import use_trained_categories
-from backbones.segmentation.own_data import default_palette, is_own_data_config, use_trained_classes
-from backbones.segmentation.runner import checkpoint_meta
-from backbones.segmentation.runner import load_weights
+from backbones.segmentation.own_data import default_palette, use_trained_classes
+from backbones.segmentation.runner import checkpoint_meta, load_weights
 
 ANNOTATION_STEPS = ('LoadAnnotations', 'LoadInstances', 'LoadDepthAnnotation')
 DEPTH_SCALE = 1000  # depth PNG values per metre where a config names none (NYU-v2's millimetres)
@@ -79,7 +78,7 @@ class SegPredictor:
                  fallback: EmbeddedSegData | None = None, device: str = 'cpu') -> None:
         cfg = load_trained_config(config, cfg_options, data_root, fallback)
         check_segmentor_checkpoint(checkpoint)
-        if is_own_data_config(cfg) and not data_root and not any(Path(r).is_dir() for r in data_roots(cfg)):
+        if own_data_absent(cfg, data_root):
             # new images need no data set: the classes (a detector's categories) trained on
             if dense_task(cfg) == 'instances':
                 use_trained_categories(cfg, checkpoint)
@@ -105,8 +104,8 @@ class SegPredictor:
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo
-        if self.task == 'instances':  # the categories trained on, with their ids
-            meta = checkpoint_meta(checkpoint).get('dataset_meta') or {}
+        if self.task == 'instances':  # the categories trained on, with their ids (else the test set's)
+            meta = checkpoint_meta(checkpoint).get('dataset_meta') or self.test_set().metainfo
         self.classes = list(meta.get('classes') or ())
         self.cat_ids = list(meta.get('cat_ids') or ())
         self.palette = [list(c) for c in meta.get('palette') or default_palette(len(self.classes))]

@@ -103,7 +103,7 @@ def summary(task: str, metrics: dict[str, float]) -> str:
         keys = ('d1', 'abs_rel', 'rmse', 'log10')
     else:
         keys = ('mIoU', 'mAcc', 'aAcc')
-    return '  '.join(f'{key} {metrics[key]:.{3 if task == "depth" else 2}f}' for key in keys)
+    return '  '.join(f'{key} {metrics[key]:.{3 if task == "depth" else 2}f}' for key in keys if key in metrics)
 
 
 def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,

@@ -166,7 +166,7 @@ class EmbeddedPages:
         paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
         custom_keys = {**paramwise.get('custom_keys', {}),
                        **{part: dict(lr_mult=schedule.head_lr_mult)
-                          for part in ('neck', 'decode_head', 'auxiliary_head')}}
+                          for part in ('neck', 'decode_head', 'auxiliary_head', 'rpn', 'roi_heads')}}
         cfg.optim_wrapper['paramwise_cfg'] = {**paramwise, 'custom_keys': custom_keys}
         cfg.param_scheduler = [
             dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=schedule.warmup_iters),

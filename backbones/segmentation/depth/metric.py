@@ -43,7 +43,6 @@ class DepthReport(DepthMetric):
                                  f'{depth_metrics!r}')
             self.metrics = tuple(depth_metrics)
         self.json_file = json_file
-        self.empty = 0
 
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
         for sample in data_samples:
@@ -60,20 +59,21 @@ class DepthReport(DepthMetric):
                                 f'{NYU_SIZE[1]}x{NYU_SIZE[0]} depth maps, this one is {truth.shape[1]}x'
                                 f'{truth.shape[0]}; set crop_type=None')
             mask = self._get_eval_mask(truth)
-            if not mask.any():
-                self.empty += 1
-                continue
-            self.results.append((truth[mask], predicted[mask]))
+            # one entry per image, an empty one too: mmengine gathers the processes' results by position
+            self.results.append((truth[mask], predicted[mask]) if mask.any() else None)
 
     def compute_metrics(self, results: list) -> dict[str, float]:
-        if self.empty:
-            logger.warning(f'warning: {self.empty} image(s) hold no valid depth pixel (between '
-                           f'{self.min_depth_eval} and {self.max_depth_eval} m): left out of the means')
-        if not results:
+        if self.format_only:
+            return super().compute_metrics(results)
+        scored = [result for result in results if result is not None]
+        empty = len(results) - len(scored)
+        if empty:
+            logger.warning(f'warning: {empty} image(s) hold no valid depth pixel (between {self.min_depth_eval} and '
+                           f'{self.max_depth_eval} m): left out of the means')
+        if not scored:
             raise DataError('no test image holds a valid depth pixel: nothing to score')
-        metrics = super().compute_metrics(results)
+        metrics = super().compute_metrics(scored)
         if self.json_file and is_main_process():
             Path(self.json_file).parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.json_file, {**metrics, 'images': len(results), 'left_out': self.empty})
-        self.empty = 0
+            write_json_atomic(self.json_file, {**metrics, 'images': len(scored), 'left_out': empty})
         return metrics

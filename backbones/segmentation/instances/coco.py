@@ -1,7 +1,8 @@
 """COCO-format instance data: the annotation file read and checked, and `CocoInstances`, the data set over it.
 
 A file is COCO's `instances_*.json`: `images` (id, file_name, width, height), `categories` (id, name) and
-`annotations` (image_id, category_id, bbox as x, y, width, height, segmentation as polygons or RLE, iscrowd). Any
+`annotations` (id, image_id, category_id, bbox as x, y, width, height, segmentation as polygons or RLE; `iscrowd`
+and `area` are filled in where absent: not crowd, the mask's area). Ids are whole numbers, each used once. Any
 category ids work: the categories, sorted by id, become labels 0 .. N-1, and the data set's metainfo records both
 (`classes`, `cat_ids`), so mmengine writes them into every checkpoint. Anything that would train or score wrongly
 is a one-line DataError naming the file: an annotation of an undeclared category or image, a box or a mask outside
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from mmengine.config import Config
 from mmengine.dataset import BaseDataset
+from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from backbones.common.errors import CheckpointError, DataError
@@ -38,11 +40,44 @@ def load_coco(path: str | Path) -> COCO:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f'{path}: not a readable COCO annotation file ({type(e).__name__}: {e})') from e
     check_coco(content, path)
+    fill_in_annotations(content)
     coco = COCO()
     coco.dataset = content
     with contextlib.redirect_stdout(io.StringIO()):
         coco.createIndex()
     return coco
+
+
+def fill_in_annotations(content: dict) -> None:
+    """What COCO's evaluation reads and a file may leave out: `iscrowd` (0) and `area` (the mask's pixels), in
+    place."""
+    sizes = {image['id']: (image['height'], image['width']) for image in content['images']}
+    for annotation in content.get('annotations', []):
+        annotation.setdefault('iscrowd', 0)
+        if 'area' not in annotation:
+            height, width = sizes[annotation['image_id']]
+            annotation['area'] = float(mask_utils.area(mask_rle(annotation['segmentation'], height, width)))
+
+
+def mask_rle(mask, height: int, width: int) -> dict:
+    """A COCO mask (polygons, uncompressed or compressed RLE) as one compressed RLE."""
+    if isinstance(mask, list):
+        return mask_utils.merge(mask_utils.frPyObjects(mask, height, width))
+    if isinstance(mask['counts'], list):
+        return mask_utils.frPyObjects(mask, height, width)
+    return mask
+
+
+def check_ids(items: list, what: str, path: str | Path) -> None:
+    """Every item of a list has a whole-number `id`, none used twice (pycocotools keys them by id: a repeated one
+    silently replaces the other)."""
+    ids = [item.get('id') if isinstance(item, dict) else None for item in items]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise DataError(f'{path}: every {what} needs a whole-number "id"')
+    if len(set(ids)) != len(ids):
+        repeated = sorted({i for i in ids if ids.count(i) > 1}) if len(ids) < 10000 else []
+        raise DataError(f'{path}: {what} ids used more than once{": " if repeated else ""}'
+                        f'{", ".join(map(str, repeated[:SHOWN]))}')
 
 
 def number_list(value, count: int) -> bool:
@@ -65,6 +100,8 @@ def check_coco(content, path: str | Path) -> None:
         repeated = sorted({str(v) for v in values if values.count(v) > 1})
         if repeated:
             raise DataError(f'{path}: category {what}s declared more than once: {", ".join(repeated[:SHOWN])}')
+    check_ids(content['images'], 'image', path)
+    check_ids(content.get('annotations', []), 'annotation', path)
     images = {}
     for image in content['images']:
         if not isinstance(image, dict) or not isinstance(image.get('file_name'), str) \
@@ -98,6 +135,8 @@ def check_annotation(annotation, images: dict, declared: set, path: str | Path) 
             raise DataError(f'{where}: its RLE mask is {mask.get("size")} (height, width), its image '
                             f'{[height, width]}')
     elif isinstance(mask, list):
+        if not mask:
+            raise DataError(f'{where}: its mask has no polygon')
         for polygon in mask:
             if not number_list(polygon, len(polygon) if isinstance(polygon, list) else -1) \
                     or len(polygon) < 6 or len(polygon) % 2:
@@ -169,14 +208,14 @@ def use_trained_categories(cfg: Config, checkpoint: str) -> None:
     cfg.model['num_classes'] = len(trained)
 
 
-def check_trained_categories(cfg: Config, meta: dict, checkpoint: str) -> None:
-    """The test set declares the categories (names and ids) the checkpoint was trained on, as it recorded them."""
-    trained = meta.get('dataset_meta') or {}
-    if not trained.get('classes'):
-        return
+def use_test_categories(cfg: Config, checkpoint: str) -> None:
+    """A trained detector's class count from the test set's categories, which must be the ones (names and ids) the
+    checkpoint records, where it records them."""
+    trained = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     path = annotation_file(cfg.test_dataloader.dataset)
     names, ids = categories(load_coco(path))
-    if tuple(trained['classes']) != names or tuple(trained.get('cat_ids', ids)) != ids:
+    if trained.get('classes') and (tuple(trained['classes']) != names or tuple(trained.get('cat_ids', ids)) != ids):
         raise CheckpointError(f'{checkpoint} was trained on {len(trained["classes"])} categories '
                               f'({", ".join(trained["classes"][:5])}, ...), {path} declares {len(names)} '
                               f'({", ".join(names[:5])}, ...) or other ids')
+    cfg.model['num_classes'] = len(names)

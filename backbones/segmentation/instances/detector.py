@@ -11,6 +11,7 @@ the original image (`ori_shape`): boxes divided by the test resize's `scale_fact
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,6 +25,7 @@ from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import AnchorGenerator, RegionProposalNetwork, RPNHead
 from torchvision.models.detection.transform import paste_masks_in_image
 from torchvision.ops import MultiScaleRoIAlign
+from torchvision.ops.poolers import initLevelMapper
 
 from backbones.common.errors import UsageError
 from mmseg.registry import MODELS
@@ -35,6 +37,16 @@ RPN = dict(fg_iou_thresh=0.7, bg_iou_thresh=0.3, batch_size_per_image=256, posit
 ROI_HEADS = dict(fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=512, positive_fraction=0.25,
                  bbox_reg_weights=None, score_thresh=0.05, nms_thresh=0.5, detections_per_img=100)
 MASK_THRESHOLD = 0.5  # a pasted mask's probability from which a pixel belongs to the instance
+
+
+def roi_align(levels: Sequence[str], strides: Sequence[float], size: int) -> MultiScaleRoIAlign:
+    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides. Left to itself it
+    infers them from the first batch it sees (feature size over the largest image, rounded to a power of two),
+    which is a level off for padded images of some heights, and keeps them for every later batch."""
+    pool = MultiScaleRoIAlign(list(levels), output_size=size, sampling_ratio=0)
+    pool.scales = [1 / stride for stride in strides]
+    pool.map_levels = initLevelMapper(round(math.log2(strides[0])), round(math.log2(strides[-1])))
+    return pool
 
 
 @MODELS.register_module()
@@ -71,10 +83,10 @@ class TokenMaskRCNN(BaseModel):
             anchors, RPNHead(channels, anchors.num_anchors_per_location()[0], conv_depth=2), **{**RPN, **(rpn or {})})
         convs = [channels] * head_convs
         self.roi_heads = RoIHeads(
-            box_roi_pool=MultiScaleRoIAlign(levels, output_size=7, sampling_ratio=0),
+            box_roi_pool=roi_align(levels, self.neck.strides, 7),
             box_head=FastRCNNConvFCHead((channels, 7, 7), convs, [fc_channels], norm_layer=LayerNorm2d),
             box_predictor=FastRCNNPredictor(fc_channels, num_classes + 1),
-            mask_roi_pool=MultiScaleRoIAlign(levels, output_size=14, sampling_ratio=0),
+            mask_roi_pool=roi_align(levels, self.neck.strides, 14),
             mask_head=MaskRCNNHeads(channels, convs, 1, norm_layer=LayerNorm2d),
             mask_predictor=MaskRCNNPredictor(channels, channels, num_classes + 1),
             **{**ROI_HEADS, **(roi_heads or {})})

@@ -56,9 +56,14 @@ def per_category_ap(evaluation: COCOeval, names: Sequence[str]) -> dict[str, flo
 
 
 def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOeval:
-    """pycocotools' evaluation of `results` on `image_ids`, its printout kept out of the output."""
+    """pycocotools' evaluation of `results` on `image_ids`, its printout kept out of the output. Each kind sees
+    copies of the entries (loadRes writes into them) holding only its own geometry: with a box present, loadRes
+    would give a mask the box's area, and the mask APs of small, medium and large objects would sort detections by
+    their boxes (as detectron2 and mmdetection, the box is dropped for the masks' evaluation)."""
+    dropped = 'segmentation' if kind == 'box' else 'bbox'
+    entries = [{key: value for key, value in entry.items() if key != dropped} for entry in results]
     with contextlib.redirect_stdout(io.StringIO()):
-        evaluation = COCOeval(gt, gt.loadRes(results), KINDS[kind])
+        evaluation = COCOeval(gt, gt.loadRes(entries), KINDS[kind])
         evaluation.params.imgIds = image_ids
         evaluation.evaluate()
         evaluation.accumulate()

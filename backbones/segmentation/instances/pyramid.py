@@ -54,6 +54,7 @@ class SimpleFeaturePyramid(BaseModule):
                 nn.Conv2d(channels, out_channels, 1, bias=False), LayerNorm2d(out_channels),
                 nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False), LayerNorm2d(out_channels)))
             strides.append(in_stride / scale)
+        self.strides = strides  # of the RoI levels
         self.names = [f'p{round(math.log2(stride))}' for stride in strides]
         self.names.append(f'p{round(math.log2(strides[-1])) + 1}')
 

@@ -16,18 +16,14 @@ from pycocotools import mask as mask_utils
 from backbones.common.errors import DataError, UsageError
 from mmseg.registry import TRANSFORMS
 
+from backbones.segmentation.instances.coco import mask_rle
+
 META_KEYS = ('img_path', 'img_id', 'ori_shape', 'img_shape', 'scale_factor', 'flip')
 
 
 def decode_mask(mask, height: int, width: int) -> np.ndarray:
     """A COCO mask (polygons, uncompressed or compressed RLE) as a (height, width) uint8 bitmap."""
-    if isinstance(mask, list):
-        rle = mask_utils.merge(mask_utils.frPyObjects(mask, height, width))
-    elif isinstance(mask['counts'], list):
-        rle = mask_utils.frPyObjects(mask, height, width)
-    else:
-        rle = mask
-    return mask_utils.decode(rle)
+    return mask_utils.decode(mask_rle(mask, height, width))
 
 
 @TRANSFORMS.register_module()

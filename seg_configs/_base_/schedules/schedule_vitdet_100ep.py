@@ -12,8 +12,8 @@ optim_wrapper = dict(
 )
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=warmup_iters),
-    dict(type='MultiStepLR', milestones=[163889, 177546], gamma=0.1, by_epoch=False, begin=warmup_iters,
-         end=max_iters),
+    # from iteration 0 (as mmdetection's ViTDet config): mmengine counts the milestones from `begin`
+    dict(type='MultiStepLR', milestones=[163889, 177546], gamma=0.1, by_epoch=False, begin=0, end=max_iters),
 ]
 train_cfg = dict(max_iters=max_iters, val_interval=interval)
 default_hooks = dict(checkpoint=dict(interval=interval, save_best='mask_AP', rule='greater'))
