@@ -129,6 +129,10 @@ def damaged_files(coco_set: Path, tmp_path: Path) -> dict[str, Path]:
         'repeated annotation id': lambda c: c['annotations'][1].update(id=c['annotations'][0]['id']),
         'repeated image id': lambda c: c['images'][1].update(id=c['images'][0]['id']),
         'no polygon': lambda c: c['annotations'][0].update(segmentation=[]),
+        'rle runs short': lambda c: c['annotations'][0].update(segmentation=dict(size=[48, 64], counts=[10, 5])),
+        'rle not decoding': lambda c: c['annotations'][0].update(segmentation=dict(size=[48, 64], counts='@@@@')),
+        'box of nan': lambda c: c['annotations'][0].update(bbox=[float('nan'), 1, 2, 3]),
+        'annotations not a list': lambda c: c.update(annotations=None),
         'not json': None,
     }
     paths = {}
@@ -211,6 +215,25 @@ def test_a_damaged_annotation_file_is_an_error_naming_it(coco_set, tmp_path):
     for name, path in damaged_files(coco_set, tmp_path).items():
         with pytest.raises(DataError, match=str(path)):
             load_coco(path)
+
+
+def test_a_depth_set_of_8_bit_maps_or_names_without_a_number_is_refused_naming_them(nyu_set, tmp_path):
+    """An 8-bit depth map would be read as 0 .. 255 mm; mmseg's NYU data set fails deep inside on a name without a
+    number."""
+    import shutil
+
+    from PIL import Image
+
+    from backbones.segmentation.data_check import check_dataset, depth_pair_check
+    image = sorted((nyu_set / 'images' / 'train').glob('*.jpg'))[0]
+    Image.new('L', (64, 48), 30).save(tmp_path / 'eight.png')
+    assert '8 bits' in depth_pair_check(str(image), str(tmp_path / 'eight.png')).message
+    copy = shutil.copytree(nyu_set, tmp_path / 'nyu')
+    (copy / 'images' / 'train' / image.name).rename(copy / 'images' / 'train' / 'room_abc.jpg')
+    from mmengine.config import Config
+    cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'depth_lvvit_s.py', copy))
+    with pytest.raises(DataError, match='room_abc.jpg'):
+        check_dataset(cfg.train_dataloader.dataset)
 
 
 def test_nonsense_settings_are_errors_naming_them():
@@ -338,6 +361,13 @@ def test_predict_seg_writes_a_detectors_instances_as_a_coco_file_and_overlays(tr
         assert annotation['score'] >= 0.05 and annotation['category_id'] in CATEGORIES
         assert coco.annToMask(annotation).shape == (48, 64)
     assert sorted(p.name for p in out.glob('*_overlay.png')) == [f'{i.stem}_overlay.png' for i in images]
+    # an input image where a prediction would go is refused before any work, the image kept
+    photo = tmp_path / 'own' / f'{images[0].stem}.png'
+    photo.parent.mkdir()
+    cv2.imwrite(str(photo), cv2.imread(str(images[0])))
+    before = photo.read_bytes()
+    refused = one_line_error(run_tool('predict_seg.py', [config, checkpoint, photo, '--out', photo.parent]))
+    assert str(photo) in refused and photo.read_bytes() == before
     # without the data set at hand, the categories come from the checkpoint: the same instances
     elsewhere = write_tiny_dense_config(tmp_path / 'elsewhere.py', 'maskrcnn_lvvit_s_own_data.py', tmp_path / 'gone')
     succeeded(run_tool('predict_seg.py', [elsewhere, checkpoint, *images, '--out', tmp_path / 'again',

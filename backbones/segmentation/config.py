@@ -34,6 +34,7 @@ KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN
 # The dense tasks, by the model a config builds: semantic segmentation (any other model), instances, depth
 INSTANCE_MODELS = ('TokenMaskRCNN',)
 DEPTH_MODELS = ('DepthEstimator', 'TokenDepthEstimator')
+TASK_NAMES = {'semantic': 'semantic segmentation', 'instances': 'detection', 'depth': 'depth'}
 ADE20K_CROP = 512  # the configs' training crop side
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')

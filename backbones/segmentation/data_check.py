@@ -24,11 +24,12 @@ from PIL import Image
 from backbones.common.errors import DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
-from mmseg.datasets import ADE20KDataset
+from mmseg.datasets import ADE20KDataset, NYUDataset
 from mmseg.registry import DATASETS
 
 IGNORE_INDEX = 255
 SINGLE_CHANNEL = ('1', 'L', 'P', 'I', 'I;16', 'I;16L', 'I;16B')
+DEPTH_MODES = ('I', 'I;16', 'I;16L', 'I;16B')  # 16-bit (Pillow opens a 16-bit PNG as I;16 or I)
 SHOWN = 5
 ADE20K_NAME = re.compile(r'ADE_(train|val|test)_\d+$')  # ADE_train_00000001.jpg: every ADE20K image's name
 
@@ -148,6 +149,17 @@ def check_ade20k_names(dataset, data_list: list[dict], img_dir: Path) -> None:
                         f'ignored): {own_data_hint(dataset.data_root)}')
 
 
+def check_nyu_names(dataset, img_dir: Path) -> None:
+    """mmseg's NYU data set reads a scene name and a number from each image's name, and fails on a name without a
+    number while it lists the folder."""
+    if not isinstance(dataset, NYUDataset):
+        return
+    unnamed = sorted(p for p in img_dir.rglob(f'*{dataset.img_suffix}') if not re.search(r'[0-9]', p.name))
+    if unnamed:
+        raise DataError(f'{len(unnamed)} image(s) in {img_dir} have no number in their name, e.g. {unnamed[0]}: '
+                        f'mmseg\'s NYU data set reads a scene and a number from each (bedroom_0001.jpg)')
+
+
 def check_image_folder(dataset) -> Path:
     """The folder a data set lists its images from, which must be there (mmengine's listing fails with a
     traceback)."""
@@ -166,8 +178,9 @@ def check_labels_used(dataset, values: set[int]) -> None:
         raise DataError(binary_masks_message(dataset.data_prefix['seg_map_path']))
 
 
-def image_check(img_path: str, size: tuple[int, int]) -> Problem | None:
-    """What is wrong with an image its annotation file says is `size` (width, height), or None."""
+def image_check(img_path: str, size: tuple[int, int], said: str = 'its annotation says') -> Problem | None:
+    """What is wrong with an image its annotation (`said`: which, in words) says is `size` (width, height), or
+    None."""
     if not Path(img_path).is_file():
         return Problem(f'{img_path}: image file not found')
     try:
@@ -178,25 +191,23 @@ def image_check(img_path: str, size: tuple[int, int]) -> Problem | None:
     if orientation != 1:
         return oriented_image_problem(img_path, orientation)
     if image.size != size:
-        return Problem(f'{img_path} is {size_text(image)}, its annotation says {size[0]}x{size[1]}')
+        return Problem(f'{img_path} is {size_text(image)}, {said} {size[0]}x{size[1]}')
     return None
 
 
 def depth_pair_check(img_path: str, depth_path: str) -> Problem | None:
     """What is wrong with an image and its depth map (one channel, the image's size), or None."""
-    if not re.search(r'[0-9]', Path(img_path).name):  # mmseg's NYUDataset fails on such a name, deep inside
-        return Problem(f'{img_path}: mmseg\'s NYU data set reads a scene name and a number from an image\'s name '
-                       f'(bedroom_0001.jpg); this name holds no number')
     if not Path(depth_path).is_file():
         return Problem(f'{img_path} has no depth map {depth_path}')
     try:
         depth = decoded(depth_path)
     except Exception as e:
         return Problem(f'depth map {depth_path} cannot be decoded ({type(e).__name__}: {e})')
-    if depth.mode not in SINGLE_CHANNEL:
-        return Problem(f'depth map {depth_path} has {len(depth.getbands())} channels ({depth.mode}); a depth map is '
-                       f'one channel of depth x the data set\'s scale (NYU-v2: 16-bit millimetres)')
-    return image_check(img_path, depth.size)
+    if depth.mode not in DEPTH_MODES:
+        return Problem(f'depth map {depth_path} is {depth.mode} ({len(depth.getbands())} channel(s) of '
+                       f'{"8" if depth.mode in ("L", "P", "1") else "other"} bits); a depth map is one 16-bit channel '
+                       f'of depth x the data set\'s scale (NYU-v2: millimetres)')
+    return image_check(img_path, depth.size, f'its depth map {depth_path} is')
 
 
 def checked_pairs(data_list: list[dict], num_classes: int) -> list[PairCheck]:
@@ -221,6 +232,7 @@ def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tup
     # unserialised: mmengine's serialisation fails on an empty list with a traceback
     dataset = DATASETS.build({**dataset_cfg, 'pipeline': [], 'lazy_init': True, 'serialize_data': False})
     img_dir = check_image_folder(dataset)
+    check_nyu_names(dataset, img_dir)
     dataset.full_init()
     data_list = [dataset.get_data_info(i) for i in range(len(dataset))]
     suffix = getattr(dataset, 'img_suffix', None)  # a folder-listed set's (a COCO-format set lists its images)

@@ -52,6 +52,16 @@ def write_mask(values: np.ndarray, path: Path) -> None:
 INSTANCES = 'instances.json'  # a detector's predictions in --out
 
 
+def check_inputs_kept(images: list[Path], outputs: list[Path]) -> None:
+    """No file the command may write is one of its input images (--out their own folder, an image named as a
+    mask)."""
+    inputs = {image.resolve() for image in images}
+    clash = next((path for path in outputs if path.resolve() in inputs), None)
+    if clash is not None:
+        raise UsageError(f'{clash} is an input image, and a prediction would be written over it: give --out another '
+                         f'folder')
+
+
 def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[Path], path: Path, threshold: float,
                     overlay: bool) -> Path:
     """Every image's instances scoring `threshold` or more as one COCO-format file (images, the categories with the
@@ -103,6 +113,8 @@ def main(argv: list[str] | None = None, description: str | None = None,
     out = Path(args.out)
     check_output_folder(out)
     masks = mask_paths(images, out)
+    check_inputs_kept(images, [out / INSTANCES] + [path.with_name(f'{path.stem}{tail}') for path in masks
+                                                   for tail in ('.png', '_overlay.png', '_color.png')])
     for image in images:
         check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,

@@ -19,8 +19,9 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
-                                           load_trained_config, own_data_absent, resolve_trained_data)
+from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, check_segmentor_checkpoint, dense_task,
+                                           drop_tta_flips, load_trained_config, own_data_absent,
+                                           resolve_trained_data)
 from backbones.segmentation.instances.coco import use_trained_categories
 from backbones.segmentation.own_data import default_palette, use_trained_classes
 from backbones.segmentation.runner import checkpoint_meta, load_weights
@@ -92,8 +93,8 @@ class SegPredictor:
         load_weights(model, checkpoint)
         pipeline = cfg.test_dataloader.dataset.pipeline
         if multi_scale and dense_task(cfg) != 'semantic':
-            raise UsageError(f'the multi-scale test is for semantic segmentation; {config} is a {dense_task(cfg)} '
-                             'config')
+            raise UsageError(f'the multi-scale test is for semantic segmentation; {config} is a '
+                             f'{TASK_NAMES[dense_task(cfg)]} config')
         if multi_scale:
             if not flip:
                 drop_tta_flips(cfg)

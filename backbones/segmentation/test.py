@@ -12,8 +12,8 @@ from backbones.common.cli import check_output_folder, command_parser, output_fil
 from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
-from backbones.segmentation.config import (EmbeddedSegData, check_segmentor_checkpoint, dense_task, drop_tta_flips,
-                                           load_trained_config, resolve_trained_data, tta_flips)
+from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, check_segmentor_checkpoint, dense_task,
+                                           drop_tta_flips, load_trained_config, resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
@@ -70,7 +70,8 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     resolve_trained_data(cfg, args.checkpoint, args.data_root, fallback)
     task = dense_task(cfg)
     if args.ms and task != 'semantic':
-        raise UsageError(f'--ms: the multi-scale test is for semantic segmentation; {args.config} is a {task} config')
+        raise UsageError(f'--ms: the multi-scale test is for semantic segmentation; {args.config} is a '
+                         f'{TASK_NAMES[task]} config')
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:

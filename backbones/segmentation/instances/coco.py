@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 from pathlib import Path
 
@@ -81,14 +82,17 @@ def check_ids(items: list, what: str, path: str | Path) -> None:
 
 
 def number_list(value, count: int) -> bool:
+    """`value` is a list of `count` finite numbers."""
     return (isinstance(value, list) and len(value) == count
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
 
 
 def check_coco(content, path: str | Path) -> None:
     """The parts of a COCO annotation file the suite relies on, each wrong one a DataError naming `path`."""
-    if not isinstance(content, dict) or not all(isinstance(content.get(k), list) for k in ('images', 'categories')):
-        raise DataError(f'{path}: not a COCO annotation file (it needs "images" and "categories" lists)')
+    if not isinstance(content, dict) or not all(isinstance(content.get(k), list) for k in ('images', 'categories')) \
+            or not isinstance(content.get('annotations', []), list):
+        raise DataError(f'{path}: not a COCO annotation file (it needs "images", "categories" and "annotations" '
+                        f'lists)')
     categories = content['categories']
     if not categories:
         raise DataError(f'{path}: declares no categories')
@@ -129,11 +133,12 @@ def check_annotation(annotation, images: dict, declared: set, path: str | Path) 
     if not number_list(box, 4) or box[2] < 0 or box[3] < 0 or box[0] < -EDGE or box[1] < -EDGE \
             or box[0] + box[2] > width + EDGE or box[1] + box[3] > height + EDGE:
         raise DataError(f'{where}: bbox {box} is not x, y, width, height inside its {width}x{height} image')
+    if 'area' in annotation and not number_list([annotation['area']], 1) or annotation.get('iscrowd', 0) not in (0, 1):
+        raise DataError(f'{where}: "area" must be a number and "iscrowd" 0 or 1 (got {annotation.get("area")!r}, '
+                        f'{annotation.get("iscrowd")!r})')
     mask = annotation.get('segmentation')
     if isinstance(mask, dict):
-        if mask.get('size') != [height, width] or 'counts' not in mask:
-            raise DataError(f'{where}: its RLE mask is {mask.get("size")} (height, width), its image '
-                            f'{[height, width]}')
+        check_rle(mask, height, width, where)
     elif isinstance(mask, list):
         if not mask:
             raise DataError(f'{where}: its mask has no polygon')
@@ -146,6 +151,26 @@ def check_annotation(annotation, images: dict, declared: set, path: str | Path) 
                 raise DataError(f'{where}: its mask reaches outside its {width}x{height} image')
     else:
         raise DataError(f'{where}: segmentation must be polygons or an RLE mask')
+
+
+def check_rle(mask: dict, height: int, width: int, where: str) -> None:
+    """An RLE mask of its image's size whose runs decode: uncompressed, whole numbers from 0 adding up to its
+    pixels (pycocotools reads past the end of shorter ones); compressed, a string pycocotools decodes to that size."""
+    if mask.get('size') != [height, width] or 'counts' not in mask:
+        raise DataError(f'{where}: its RLE mask is {mask.get("size")} (height, width), its image {[height, width]}')
+    counts = mask['counts']
+    if isinstance(counts, list):
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) \
+                or sum(counts) != height * width:
+            raise DataError(f'{where}: its RLE counts must be whole numbers from 0 adding up to its {height}x{width} '
+                            f'pixels')
+        return
+    try:
+        if not isinstance(counts, str) or mask_utils.decode(dict(size=mask['size'], counts=counts)).shape != \
+                (height, width):
+            raise ValueError('not a string of its size')
+    except (ValueError, TypeError, OverflowError) as e:
+        raise DataError(f'{where}: its compressed RLE mask does not decode ({e})') from e
 
 
 def categories(coco: COCO) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -214,8 +239,12 @@ def use_test_categories(cfg: Config, checkpoint: str) -> None:
     trained = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     path = annotation_file(cfg.test_dataloader.dataset)
     names, ids = categories(load_coco(path))
-    if trained.get('classes') and (tuple(trained['classes']) != names or tuple(trained.get('cat_ids', ids)) != ids):
-        raise CheckpointError(f'{checkpoint} was trained on {len(trained["classes"])} categories '
-                              f'({", ".join(trained["classes"][:5])}, ...), {path} declares {len(names)} '
-                              f'({", ".join(names[:5])}, ...) or other ids')
+    if trained.get('classes'):
+        recorded = list(zip(trained.get('cat_ids', ids), trained['classes']))
+        declared = list(zip(ids, names))
+        if recorded != declared:
+            shown = ', '.join(f'{i} {n}' for i, n in recorded[:SHOWN]) + (', ...' if len(recorded) > SHOWN else '')
+            differ = ', '.join([f'{i} {n}' for i, n in declared if (i, n) not in recorded][:SHOWN]) or 'no others'
+            raise CheckpointError(f'{checkpoint} was trained on {len(recorded)} categories (id and name: {shown}); '
+                                  f'{path} declares {len(declared)}, among them {differ}')
     cfg.model['num_classes'] = len(names)

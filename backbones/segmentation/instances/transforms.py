@@ -30,14 +30,16 @@ def decode_mask(mask, height: int, width: int) -> np.ndarray:
 class LoadInstances(BaseTransform):
     """`gt_bboxes` (N, 4: x1, y1, x2, y2), `gt_labels` and `gt_masks` (N, H, W uint8) of the image's instances, crowd
     regions left out (Mask R-CNN has no ignored regions: torchvision's and detectron2's trainers leave them out
-    too; the AP counts them as COCO does)."""
+    too; the AP counts them as COCO does), and boxes without width or height."""
 
     def transform(self, results: dict) -> dict:
         height, width = results['img'].shape[:2]
         if (height, width) != (results['height'], results['width']):
             raise DataError(f'{results["img_path"]}: {width}x{height} pixels, its annotation says '
                             f'{results["width"]}x{results["height"]}')
-        kept = [i for i in results['instances'] if not i['ignore_flag']]
+        # crowd regions and boxes of no extent (which torchvision's box coder cannot encode) left out
+        kept = [i for i in results['instances'] if not i['ignore_flag']
+                and i['bbox'][2] > i['bbox'][0] and i['bbox'][3] > i['bbox'][1]]
         results['gt_bboxes'] = np.array([i['bbox'] for i in kept], np.float32).reshape(-1, 4)
         results['gt_labels'] = np.array([i['bbox_label'] for i in kept], np.int64)
         masks = [decode_mask(i['mask'], height, width) for i in kept]
