@@ -13,9 +13,9 @@ import torch
 from pycocotools import mask as mask_utils
 from pycocotools.cocoeval import COCOeval
 
-from helpers.commands import run_tool, succeeded
-from helpers.dense_data import (CATEGORIES, write_tiny_coco, write_tiny_dense_config, write_tiny_nyu,
-                                tiny_dense_overrides)
+from helpers.commands import one_line_error, run_tool, succeeded
+from helpers.dense_data import (CATEGORIES, linked_coco, tiny_dense_overrides, write_tiny_coco,
+                                write_tiny_dense_config, write_tiny_nyu)
 from helpers.seg_data import CONFIGS
 import backbones.segmentation  # noqa: F401  (registration)
 from backbones.common.errors import DataError, UsageError
@@ -23,12 +23,6 @@ from backbones.segmentation.depth.metric import DepthReport
 from backbones.segmentation.instances.coco import categories, load_coco
 from backbones.segmentation.instances.metric import CocoAP
 from backbones.segmentation.instances.transforms import LargeScaleJitter, decode_mask
-
-
-def one_line_error(result) -> str:
-    """The command failed with the suite's one-line error (no traceback); its text."""
-    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
-    return result.stderr.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope='module')
@@ -325,19 +319,13 @@ def test_own_coco_set_trains_tests_and_reports_its_categories_by_name(trained_de
     assert {d['category_id'] for d in detections} <= set(CATEGORIES)
     other = json.loads((coco_set / 'annotations' / 'instances_val.json').read_text())
     other['categories'][0]['name'] = 'lion'
-    renamed = tmp_path / 'renamed'
-    (renamed / 'annotations').mkdir(parents=True)
-    (renamed / 'val').symlink_to(coco_set / 'val')
-    (renamed / 'train').symlink_to(coco_set / 'train')
-    (renamed / 'annotations' / 'instances_val.json').write_text(json.dumps(other))
-    (renamed / 'annotations' / 'instances_train.json').write_text(json.dumps(other))
+    renamed = linked_coco(coco_set, tmp_path / 'renamed', dict(train=other, val=other))
     refused = one_line_error(run_tool('test_seg.py', [config, checkpoint, '--data-root', renamed]))
     assert str(checkpoint) in refused and 'lion' in refused
     # a test needs the test split's file only
-    (renamed / 'annotations' / 'instances_train.json').unlink()
-    (renamed / 'annotations' / 'instances_val.json').write_text(
-        (coco_set / 'annotations' / 'instances_val.json').read_text())
-    succeeded(run_tool('test_seg.py', [config, checkpoint, '--data-root', renamed, '--out', tmp_path / 'val.json']))
+    val_only = linked_coco(coco_set, tmp_path / 'val_only', dict(
+        val=json.loads((coco_set / 'annotations' / 'instances_val.json').read_text())))
+    succeeded(run_tool('test_seg.py', [config, checkpoint, '--data-root', val_only, '--out', tmp_path / 'val.json']))
     assert json.loads((tmp_path / 'val.json').read_text()) == report
 
 
@@ -419,15 +407,10 @@ def test_a_detectors_export_holds_its_pyramid_and_visualize_draws_its_instances(
 
 @pytest.mark.slow  # tools run end to end
 def test_an_annotation_of_an_undeclared_category_stops_training_naming_the_file(coco_set, tmp_path):
-    broken = tmp_path / 'broken'
-    (broken / 'annotations').mkdir(parents=True)
-    (broken / 'train').symlink_to(coco_set / 'train')
-    (broken / 'val').symlink_to(coco_set / 'val')
     content = json.loads((coco_set / 'annotations' / 'instances_train.json').read_text())
     content['annotations'][1]['category_id'] = 7
-    (broken / 'annotations' / 'instances_train.json').write_text(json.dumps(content))
-    (broken / 'annotations' / 'instances_val.json').write_text(
-        (coco_set / 'annotations' / 'instances_val.json').read_text())
+    broken = linked_coco(coco_set, tmp_path / 'broken', dict(
+        train=content, val=json.loads((coco_set / 'annotations' / 'instances_val.json').read_text())))
     config = write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', broken)
     error = one_line_error(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2']))
     assert 'instances_train.json' in error and 'category_id 7' in error

@@ -8,7 +8,7 @@ import timm
 import torch
 
 from helpers.cls_data import make_image_folder
-from helpers.commands import run_tool_on_tmpfs
+from helpers.commands import one_line_error, run_tool_on_tmpfs
 from helpers.models import TINY_DEIT
 from helpers.seg_data import write_tiny_ade, write_tiny_config
 
@@ -34,12 +34,6 @@ def train_cls_args(data, output) -> list:
 def generate_args(tmp, data, output, img_size: int = 64) -> list:
     return ['--data-dir', data, '--annotator', 'resnet10t', '--checkpoint', tmp / 'resnet.pth', '--output', output,
             '--img-size', img_size, '--workers', '0']
-
-
-def one_line_error(result) -> str:
-    """The command failed with the suite's one-line error (no traceback); its text."""
-    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
-    return result.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize('command', ['train_cls', 'generate', 'eval_cls', 'attention_json', 'train_seg', 'test_seg',

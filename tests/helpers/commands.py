@@ -144,6 +144,12 @@ def run_tool_on_tmpfs(tool: str, args: Sequence[str], mount: Path, size_kb: int 
     return result, sorted(line[2:] for line in listing.splitlines())
 
 
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The command failed with the suite's one-line error (no traceback); its text."""
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
 def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """The result of a command that must have succeeded (else its output's end is the failure message)."""
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -84,6 +84,17 @@ def write_tiny_coco(root: Path, counts=(('train', 6), ('val', 3)), seed: int = 0
     return root
 
 
+def linked_coco(coco_set: Path, folder: Path, annotations: dict[str, dict]) -> Path:
+    """A COCO-format set at `folder` holding `coco_set`'s images (its split folders linked) and the annotation files
+    `annotations` gives (split -> the file's content; a split it leaves out has no file)."""
+    (folder / 'annotations').mkdir(parents=True)
+    for split in ('train', 'val'):
+        (folder / split).symlink_to(coco_set / split)
+    for split, content in annotations.items():
+        (folder / 'annotations' / f'instances_{split}.json').write_text(json.dumps(content))
+    return folder
+
+
 def write_tiny_nyu(root: Path, counts=(('train', 6), ('test', 3)), seed: int = 0) -> Path:
     """NYU-v2's layout (images/SPLIT/NAME.jpg, annotations/SPLIT/NAME.png in 16-bit millimetres): a ground getting
     nearer towards the bottom and a few boxes whose depth follows their grey; a strip without measurement (0)."""
