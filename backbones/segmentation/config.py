@@ -247,18 +247,16 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
     roots = data_roots(cfg)
     missing = missing_data(roots, fallback)
     task = dense_task(cfg)
-    if missing is None:
-        if task == 'semantic' and is_own_data_config(cfg):
-            use_own_data(cfg, read_own_data(roots.pop()))
-        if task == 'instances':
-            use_categories(cfg, checkpoint)
-        return False
-    logger.info(f'{KNOWN_ROOTS[missing]} not found at {missing} (docs/segmentation.md and docs/instances_and_depth.md '
-                'say how to use it; --data-root names another folder): the embedded data')
-    fallback.use_data(cfg)
+    if missing is not None:
+        logger.info(f'{KNOWN_ROOTS[missing]} not found at {missing} (docs/segmentation.md and '
+                    'docs/instances_and_depth.md say how to use it; --data-root names another folder): the embedded '
+                    'data')
+        fallback.use_data(cfg)
+    elif task == 'semantic' and is_own_data_config(cfg):
+        use_own_data(cfg, read_own_data(roots.pop()))
     if task == 'instances':
         use_categories(cfg, checkpoint)
-    return True
+    return missing is not None
 
 
 def use_categories(cfg: Config, checkpoint: str | None) -> None:

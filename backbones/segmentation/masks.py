@@ -18,7 +18,7 @@ from backbones.common.images import image_files
 from backbones.common.log import logger
 from backbones.segmentation.config import EmbeddedSegData
 from backbones.segmentation.data_check import TURNS, file_orientation
-from backbones.segmentation.depth.metric import depth_png
+from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.instances.metric import coco_results
 from backbones.segmentation.pictures import colour_depth, draw_instances, draw_labels
 from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
@@ -96,7 +96,7 @@ def write_depth_maps(predictor: SegPredictor, images: list[Path], paths: list[Pa
     for image, path in zip(images, paths):
         _, sample = predictor.predict(image)
         depth = sample.pred_depth_map.data[0].cpu().numpy()
-        write_atomic(path, lambda f: Image.fromarray(depth_png(depth, predictor.depth_scale)).save(f, format='PNG'))
+        write_depth_png(path, depth, predictor.depth_scale)
         write_png(colour_depth(depth, top), path.with_name(f'{path.stem}_color.png'))
         logger.info(f'{image} -> {path}: {depth.min():.2f} .. {depth.max():.2f} m')
     return paths

@@ -30,6 +30,7 @@ from mmseg.datasets import ADE20KDataset
 
 from backbones.segmentation.data_check import (IGNORE_INDEX, SINGLE_CHANNEL, SHOWN, binary_masks_message,
                                                colour_mask_message, decoded)
+from backbones.segmentation.instances.coco import annotation_file
 from backbones.segmentation.runner import checkpoint_meta
 
 OWN_DATA_ROOT = 'data/own_seg'  # what the own-data configs name: your data set there, or --data-root
@@ -272,7 +273,7 @@ def training_images(cfg: Config) -> int:
     file)."""
     dataset = cfg.train_dataloader.dataset
     if dataset.get('ann_file'):
-        return len(json.loads((Path(dataset['data_root']) / dataset['ann_file']).read_text())['images'])
+        return len(json.loads(annotation_file(dataset).read_text())['images'])
     folder = Path(dataset['data_root']) / dataset['data_prefix']['img_path']
     return sum(1 for p in folder.rglob(f'*{dataset["img_suffix"]}') if p.is_file())
 

@@ -22,7 +22,7 @@ from mmseg.visualization import SegLocalVisualizer
 from backbones.common.errors import DataError, UsageError
 from backbones.common.drawing import enlarge, figure, finished
 
-from backbones.segmentation.config import EmbeddedSegData
+from backbones.segmentation.config import TASK_NAMES, EmbeddedSegData
 from backbones.segmentation.instances.transforms import decode_mask
 from backbones.segmentation.metrics import read_report
 from backbones.segmentation.predict import SegPredictor
@@ -152,8 +152,8 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     if predictor.task != 'semantic':
         if report:
-            raise UsageError('--report draws a segmentor\'s per-class IoU; this is a '
-                             f'{predictor.task} config')
+            raise UsageError(f'--report draws a segmentor\'s per-class IoU; {config} is a '
+                             f'{TASK_NAMES[predictor.task]} config')
         return dense_picture(predictor, test_entry(predictor.test_set(), image), alpha, score_threshold)
     scores = read_report(report, predictor.classes) if report else None
     entry = test_entry(predictor.test_set(), image)

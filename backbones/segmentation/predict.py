@@ -78,10 +78,11 @@ class SegPredictor:
                  data_root: str | None = None, cfg_options: dict | None = None,
                  fallback: EmbeddedSegData | None = None, device: str = 'cpu') -> None:
         cfg = load_trained_config(config, cfg_options, data_root, fallback)
+        self.task = task = dense_task(cfg)
         check_segmentor_checkpoint(checkpoint)
         if own_data_absent(cfg, data_root):
             # new images need no data set: the classes (a detector's categories) trained on
-            if dense_task(cfg) == 'instances':
+            if task == 'instances':
                 use_trained_categories(cfg, checkpoint)
             else:
                 use_trained_classes(cfg, checkpoint)
@@ -92,20 +93,20 @@ class SegPredictor:
         model = MODELS.build(cfg.model)
         load_weights(model, checkpoint)
         pipeline = cfg.test_dataloader.dataset.pipeline
-        if multi_scale and dense_task(cfg) != 'semantic':
-            raise UsageError(f'the multi-scale test is for semantic segmentation; {config} is a '
-                             f'{TASK_NAMES[dense_task(cfg)]} config')
+        if multi_scale and task != 'semantic':
+            raise UsageError(f'the multi-scale test is for semantic segmentation; {config} is a {TASK_NAMES[task]} '
+                             'config')
         if multi_scale:
             if not flip:
                 drop_tta_flips(cfg)
             model = MODELS.build({**cfg.tta_model, 'module': model})
             pipeline = cfg.tta_pipeline
-        self.cfg, self.model, self.task = cfg, model.to(device).eval(), dense_task(cfg)
+        self.cfg, self.model = cfg, model.to(device).eval()
         steps = without_annotations(pipeline)
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo
-        if self.task == 'instances':  # the categories trained on, with their ids (else the test set's)
+        if task == 'instances':  # the categories trained on, with their ids (else the test set's)
             meta = checkpoint_meta(checkpoint).get('dataset_meta') or self.test_set().metainfo
         self.classes = list(meta.get('classes') or ())
         self.cat_ids = list(meta.get('cat_ids') or ())

@@ -2,21 +2,21 @@
 its faults mended: an explicit metric list works (mmseg 1.2.2 raises a TypeError), an image without a valid pixel
 is left out and counted instead of turning every mean into NaN, NYU's evaluation crop is refused on images of
 another size than NYU's, and predictions are written as 16-bit PNGs in the data set's scale, rounded and clipped
-(mmseg's cut off the fraction and wrap past 65,535). With `json_file` the figures go there too."""
+(mmseg's cut off the fraction and wrap past 65,535), each written whole. With `json_file` the figures go there too."""
 from __future__ import annotations
 
 import os.path as osp
 from collections.abc import Sequence
 from pathlib import Path
 
-import cv2
 import numpy as np
 from mmengine.dist import is_main_process
 from mmseg.evaluation.metrics import DepthMetric
+from PIL import Image
 from mmseg.registry import METRICS
 
 from backbones.common.errors import DataError, UsageError
-from backbones.common.files import write_json_atomic
+from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.log import logger
 
 NYU_SIZE = (480, 640)  # the size NYU's evaluation crop (rows 45..470, columns 41..600) is written for
@@ -26,6 +26,13 @@ UINT16_MAX = 65535
 def depth_png(depth: np.ndarray, scale: float) -> np.ndarray:
     """Metres as a 16-bit map of `scale` units per metre, rounded, clipped to what 16 bits hold."""
     return np.clip(np.round(depth * scale), 0, UINT16_MAX).astype(np.uint16)
+
+
+def write_depth_png(path: str | Path, depth: np.ndarray, scale: float) -> None:
+    """A depth map (metres) as a 16-bit PNG of `scale` units per metre (`depth_png`), written atomically: what
+    test_seg --pred-dir and predict_seg write."""
+    image = Image.fromarray(depth_png(depth, scale))
+    write_atomic(path, lambda f: image.save(f, format='PNG'))
 
 
 @METRICS.register_module()
@@ -49,8 +56,8 @@ class DepthReport(DepthMetric):
             predicted = sample['pred_depth_map']['data'].squeeze()
             if self.output_dir is not None:
                 name = osp.splitext(osp.basename(sample['img_path']))[0]
-                cv2.imwrite(osp.join(self.output_dir, f'{name}.png'),
-                            depth_png(predicted.cpu().numpy(), self.depth_scale_factor))
+                write_depth_png(osp.join(self.output_dir, f'{name}.png'), predicted.cpu().numpy(),
+                                self.depth_scale_factor)
             if self.format_only:
                 continue
             truth = sample['gt_depth_map']['data'].squeeze().to(predicted)
