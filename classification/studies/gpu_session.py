@@ -1,8 +1,9 @@
 """One borrowed GPU machine's measurements, in parts that each fit one call (tools/measure_gpu.py).
 
-The issue's order of value: part 1, the suite against timm's train.py on DeiT-S and the whole loop against its step
-in their steady state (tools/benchmark_loop.py); part 2, the trainer's eager and compiled bf16 steps with their MFU,
-the GPU suite (`pytest -m gpu`), nvJPEG decoding against the workers' and bf16 label generation against fp32. A part
+The order of value: part 1, the suite against timm's train.py on DeiT-S and the whole loop against its step in
+their steady state (tools/benchmark_loop.py); part 2, the GPU suite (`pytest -m gpu`), nvJPEG decoding against the
+workers' and bf16 label generation against fp32, then the trainer's eager and compiled bf16 steps with their MFU
+(measured on an H100 and an H200 already, so last). A part
 runs its stages in that order, each in a process of its own under the part's remaining time (`--budget`); a stage
 whose predicted length no longer fits is skipped with a line saying so, and one stopped at its limit keeps what it
 measured: every figure is written into the results file as it comes (atomically), and the file is merged across
@@ -69,7 +70,7 @@ GPU = Sizes(model='deit_small_patch16_224', batch_size=256, workers=15, images=3
 SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64, seconds=0.0, min_batches=1,
               skip_updates=1, decode_workers=1, annotator='resnet10t', annotator_size=64, label_batch=2)
 
-PARTS = {1: ('loop_benchmark',), 2: ('steps', 'gpu_tests', 'decoding', 'label_generation')}
+PARTS = {1: ('loop_benchmark',), 2: ('gpu_tests', 'decoding', 'label_generation', 'steps')}
 NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA; on a CPU every test is a skip',
               'decoding': 'nvJPEG decodes on CUDA'}
 RESERVE = 15.0  # seconds a part keeps for writing its file after its last stage
