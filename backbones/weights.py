@@ -4,7 +4,10 @@ One entry point, `load_checkpoint(model, path)`, used by every tool. It
 - reads `.pth`/`.pth.tar`/`.pt` files with `torch.load(weights_only=True)` (no code from the file runs) and
   `.safetensors` files;
 - unwraps `{'state_dict': ...}` / `{'state_dict_ema': ...}` (timm-style training checkpoints: LV-ViT, T2T-ViT),
-  `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes;
+  `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes. By default it
+  takes `state_dict` (or `model`), which in the suite's checkpoints is the run's model: the EMA when the run kept one,
+  as timm's loaders take it too; `use_ema=True` takes the EMA copy, `use_ema=False` the trained weights (the suite's
+  `state_dict_trained` where a checkpoint holds both);
 - resamples `pos_embed` to the model's token grid (class slot or not: CaiT's table has none);
 - drops the classifier(s) (`head`, and the token head `aux_head`) when the model has no such head, or always
   with `new_head` (transfer to a new label set); a classifier for another number of classes is an error naming
@@ -37,6 +40,8 @@ StateDict = dict[str, torch.Tensor]
 
 _WRAPPERS = ('state_dict', 'model', 'module')
 _EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
+# the suite's checkpoints of a run with an EMA: `state_dict` holds the EMA (the run's model), this the trained weights
+TRAINED_WEIGHTS = 'state_dict_trained'
 _PREFIXES = ('module.', '_orig_mod.')
 
 
@@ -99,12 +104,12 @@ def _is_state_dict(obj: object) -> bool:
     return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
-def _unwrap(obj: object, path: Path, use_ema: bool) -> StateDict:
+def _unwrap(obj: object, path: Path, use_ema: bool | None) -> StateDict:
     if _is_state_dict(obj) and not use_ema:
         return dict(obj)
     if not isinstance(obj, Mapping):
         raise CheckpointError(f'{path}: expected a dict of tensors, found {type(obj).__name__}')
-    wrappers = _EMA_WRAPPERS if use_ema else _WRAPPERS
+    wrappers = _EMA_WRAPPERS if use_ema else (TRAINED_WEIGHTS, *_WRAPPERS) if use_ema is False else _WRAPPERS
     for key in wrappers:
         if key in obj and _is_state_dict(obj[key]):
             return dict(obj[key])
@@ -121,8 +126,9 @@ def _strip_prefixes(state_dict: StateDict) -> StateDict:
     return {strip(k): v for k, v in state_dict.items()}
 
 
-def read_state_dict(path: str | Path, use_ema: bool = False) -> StateDict:
-    """The state dict in a checkpoint file, unwrapped and without `module.` prefixes."""
+def read_state_dict(path: str | Path, use_ema: bool | None = None) -> StateDict:
+    """The state dict in a checkpoint file, unwrapped and without `module.` prefixes: the file's model (None), its
+    EMA copy (True) or its trained weights (False)."""
     path = Path(path)
     return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
 
@@ -162,7 +168,7 @@ def classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
     return tuple(f'{name}.' for name in dict.fromkeys((*names, TOKEN_HEAD, DIST_HEAD)))
 
 
-def checkpoint_class_count(name: str, checkpoint: str | Path, use_ema: bool = False) -> int:
+def checkpoint_class_count(name: str, checkpoint: str | Path, use_ema: bool | None = None) -> int:
     """The number of classes the classifier of a checkpoint of model `name` predicts."""
     cfg = timm.models.get_pretrained_cfg(name)
     names = classifier_names(cfg.to_dict() if cfg is not None else None)
@@ -206,7 +212,7 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
     return adapted
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool = False, strict: bool = True,
+def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool | None = None, strict: bool = True,
                     allow_unexpected: bool = False, new_head: bool = False) -> LoadReport:
     """Load a checkpoint file into `model`; see the module docstring for the formats understood.
 

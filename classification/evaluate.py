@@ -20,6 +20,7 @@ from backbones.common.cli import (
     add_amp_argument,
     add_device_argument,
     add_model_kwargs_argument,
+    add_weights_argument,
     add_workers_argument,
     device_name,
     fraction,
@@ -53,7 +54,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                    'bicubic)')
     p.add_argument('--batch-size', type=positive_int, default=100, help='images per forward pass')
     add_workers_argument(p)
-    p.add_argument('--use-ema', action='store_true', help='evaluate the EMA weights of a training checkpoint')
+    add_weights_argument(p)
     p.add_argument('--real-labels', nargs='?', const='timm', metavar='REAL_JSON',
                    help='also ImageNet-ReaL accuracy (timm ships the labels; or give real.json)')
     add_model_kwargs_argument(p)

@@ -1,7 +1,8 @@
 """A classification checkpoint as files other tools load: the logic of tools/export.py.
 
-The model is built as tools/eval_cls.py builds it, with one of the checkpoint's two weight sets: the trained weights
-(what eval_cls, predict_cls and the segmentation backbones load), or with `use_ema` the EMA copy. The folder gets:
+The model is built as tools/eval_cls.py builds it, with the checkpoint's model (the EMA when its run kept one: what
+eval_cls, predict_cls, the segmentation backbones and timm's loaders take), or with `use_ema` True or False its EMA
+copy or its trained weights. The folder gets:
 
 - `model.safetensors` and `config.json`, written by timm's own `save_for_hf`: the architecture, the arguments that
   rebuild it (class count, input size, LV-ViT's token head, a distillation token), the preprocessing it was exported
@@ -38,6 +39,7 @@ from timm.models import create_model, save_for_hf
 from backbones.common.cli import (
     add_model_argument,
     add_model_kwargs_argument,
+    add_weights_argument,
     check_output_folder,
     command_parser,
     parse_model_kwargs,
@@ -66,7 +68,7 @@ from backbones.segmentation.config import EmbeddedSegData
 from backbones.token_head import TokenLabelingModel, bare_model
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform
-from classification.engine.checkpoints import checkpoint_data_config
+from classification.engine.checkpoints import checkpoint_data_config, weights_taken
 from classification.models import build_eval_model, check_finite, model_data_config
 from classification.predict import class_names
 
@@ -122,7 +124,8 @@ def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images:
                      'trained without token labeling, or an LV-ViT')
 
 
-def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool = False, img_size: int | None = None,
+def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool | None = None,
+                      img_size: int | None = None,
                       torch_export: bool = False, onnx: bool = False, model_kwargs: dict | None = None) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it. The files are written into a
     temporary folder beside `out` and checked there, then renamed: `out` is complete or absent."""
@@ -137,7 +140,8 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
         expected = check_finite(model(images), checkpoint)
     model = timm_model(model, checkpoint, model_name, images, expected)
     names, descriptions = class_names(checkpoint, count)
-    model_config = {'label_names': names, 'suite_weights': 'ema' if use_ema else 'trained',
+    weights = weights_taken(checkpoint, use_ema)
+    model_config = {'label_names': names, 'suite_weights': weights,
                     'suite_checkpoint': str(checkpoint)}
     if descriptions:
         model_config['label_descriptions'] = dict(zip(names, descriptions))
@@ -149,7 +153,7 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, BATCH)
         if onnx:
             write_onnx(model, examples, staging / ONNX_MODEL, BATCH, 'logits')
-    logger.info(f'{out}: {model_name}, {count} classes, the {"EMA" if use_ema else "trained"} weights of '
+    logger.info(f'{out}: {model_name}, {count} classes, the {"EMA" if weights == "ema" else "trained"} weights of '
                 f'{checkpoint}: {", ".join(sorted(p.name for p in out.iterdir()))}')
     return out
 
@@ -158,8 +162,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """tools/export.py classifier's arguments."""
     add_model_argument(p)
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
-    p.add_argument('--use-ema', action='store_true',
-                   help='the EMA weights of a training checkpoint (default: the trained weights, as eval_cls)')
+    add_weights_argument(p)
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
                    'model\'s own')
     add_model_kwargs_argument(p)

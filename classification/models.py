@@ -23,7 +23,10 @@ DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distill
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
                       mix_token: float = 1.0, distilled: bool = False, **kwargs) -> nn.Module:
     """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken (for any
-    model: see `backbones.token_head`); `distilled`: with a distillation token and head."""
+    model: see `backbones.token_head`); `distilled`: with a distillation token and head. The model's `architecture`
+    records these arguments (training checkpoints store it)."""
+    architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
+                    'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
     family = model_family(name)
     if distilled:
         if family not in DISTILLED_FAMILIES or token_labeling:
@@ -39,10 +42,12 @@ def create_classifier(name: str, num_classes: int, img_size: int | None = None, 
     except TypeError as e:  # an argument the model does not take
         raise UsageError(f'{name} does not take these arguments: {e}') from e
     check_input_size(model, name, img_size)
-    return TokenLabelingModel(model, mix_token) if token_labeling else model
+    model = TokenLabelingModel(model, mix_token) if token_labeling else model
+    model.architecture = architecture
+    return model
 
 
-def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool,
+def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int | None, use_ema: bool | None,
                      model_kwargs: dict) -> torch.nn.Module:
     """The model with the checkpoint's weights; a token head or a distillation token is attached when the checkpoint
     has one. A classifier for another number of classes is an error (never a random head in its place)."""

@@ -17,6 +17,7 @@ from timm.data import ImageNetInfo
 from backbones.common.cli import (
     add_device_argument,
     add_model_kwargs_argument,
+    add_weights_argument,
     device_name,
     fraction,
     model_parser,
@@ -52,7 +53,7 @@ class ClassPredictor:
     """A classification checkpoint ready to name the top-k classes of images: `predictor(paths, k)`."""
 
     def __init__(self, model_name: str, checkpoint: str, img_size: int | None = None, crop_pct: float | None = None,
-                 use_ema: bool = False, model_kwargs: dict | None = None, device: str = 'cpu') -> None:
+                 use_ema: bool | None = None, model_kwargs: dict | None = None, device: str = 'cpu') -> None:
         check_model_name(model_name)
         self.checkpoint = checkpoint
         self.data_config = checkpoint_data_config(checkpoint, model_data_config(model_name), img_size, crop_pct)
@@ -100,7 +101,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
                    'model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own')
-    p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
+    add_weights_argument(p)
     add_model_kwargs_argument(p)
     add_device_argument(p)
     return p

@@ -33,7 +33,7 @@ from classification.data.batch_augment import BatchAugment, RegionTransform
 from classification.data.folders import ImageFolderDataset, collate_skipping, eval_transform
 from classification.engine.checkpoints import DATA_CONFIG, check_checkpoint_classes, checkpoint_data_config
 from classification.engine.fit import Pictures
-from classification.engine.trainer import RunOptions, Trainer, add_run_arguments
+from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
 from classification.models import (
     Teacher,
     build_eval_model,
@@ -351,7 +351,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
 def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | None = None,
          description: str | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
-    args = build_parser(default_data, description).parse_args(argv)
+    parser = build_parser(default_data, description)
+    args = parse_run_arguments(parser, argv)
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
         logger.warning(f'warning: {" and ".join(ignored)} not used: '
                        + ('token labeling mixes images with MixToken (--mix-token)' if recipe.token_labeling
                           else 'label pooling mixes images with CutMix alone'))
-    options = RunOptions.from_args(args, f'output/train_cls/{args.model}')
+    options = RunOptions.from_args(args, f'output/train_cls/{args.model}', parser.prog, run_settings(args, recipe))
     teacher_kwargs = parse_model_kwargs(args.teacher_kwargs, '--teacher-kwargs')
     teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, teacher_kwargs) if args.teacher else None
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 from timm.optim import param_groups_weight_decay
 
 from backbones import bare_model, load_checkpoint
-from backbones.common.cli import model_parser, non_negative_int
+from backbones.common.cli import add_weights_argument, model_parser, non_negative_int
 from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
@@ -25,7 +25,7 @@ from classification.data.cifar import FORMATS, CifarDataset, CifarInput, channel
 from classification.data.folders import collate_skipping
 from classification.engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint
 from classification.engine.steps import evaluate
-from classification.engine.trainer import RunOptions, Trainer, add_run_arguments
+from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
 from classification.models import create_classifier, model_data_config
 from classification.objectives.objective import ClassificationObjective
 from classification.objectives.token_loss import TokenLabelingLoss
@@ -47,7 +47,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--pretrained', metavar='CKPT',
                    help='start from these weights: an official release of the family or one of ours; the '
                         'classifiers are replaced and the position table resized (default: random initialisation)')
-    p.add_argument('--use-ema', action='store_true', help='take the EMA weights of a training checkpoint')
+    add_weights_argument(p)
     p.add_argument('--split-seed', type=non_negative_int, default=0, help='seed of the held-out validation draw')
     add_run_arguments(p, 'output/transfer_cifar/DATASET/MODEL')
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the T2T-ViT transfer recipe, or its AdamW '
@@ -61,7 +61,7 @@ def resolve_recipe(args: argparse.Namespace) -> TransferRecipe:
 
 
 def build_transfer_model(name: str, num_classes: int, img_size: int | None, recipe: TransferRecipe,
-                         pretrained: str | None = None, use_ema: bool = False,
+                         pretrained: str | None = None, use_ema: bool | None = None,
                          model_kwargs: dict | None = None) -> tuple[nn.Module, LoadReport | None]:
     """The model with fresh classifiers for `num_classes` on top of the `pretrained` weights (every other key must
     be in the file). With token labeling it keeps a token head (LV-ViT's, or a new one for other families)."""
@@ -86,7 +86,7 @@ def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float,
 
 
 def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecipe, options: RunOptions,
-             info: DistInfo, pretrained: str | None = None, use_ema: bool = False, split_seed: int = 0) -> dict:
+             info: DistInfo, pretrained: str | None = None, use_ema: bool | None = None, split_seed: int = 0) -> dict:
     """Fine-tune `model_name` on CIFAR `dataset`; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     trainer = Trainer(options, info)
     data = read_cifar(data_dir, dataset)
@@ -148,9 +148,11 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
 
 def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     """tools/transfer_cifar.py."""
-    args = build_parser(description).parse_args(argv)
+    parser = build_parser(description)
+    args = parse_run_arguments(parser, argv)
     check_model_name(args.model)
     recipe = resolve_recipe(args)
-    options = RunOptions.from_args(args, f'output/transfer_cifar/{args.dataset}/{args.model}')
+    options = RunOptions.from_args(args, f'output/transfer_cifar/{args.dataset}/{args.model}', parser.prog,
+                                   run_settings(args, recipe))
     return run_distributed(lambda info: transfer(args.model, args.dataset, args.data_dir, recipe, options, info,
                                                  args.pretrained, args.use_ema, args.split_seed), args.device)

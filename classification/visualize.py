@@ -15,6 +15,7 @@ from backbones.common.cli import (
     add_model_argument,
     add_model_kwargs_argument,
     add_seed_argument,
+    add_weights_argument,
     command_parser,
     output_file,
     parse_model_kwargs,
@@ -68,7 +69,7 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
         f'What a model attends to (random weights or a checkpoint\'s), on images: {what}.', WIDTH))
     add_model_argument(p)
     p.add_argument('--checkpoint', help='weights (default: the model\'s random initialisation, said in the title)')
-    p.add_argument('--use-ema', action='store_true', help='the EMA weights of a training checkpoint')
+    add_weights_argument(p)
     p.add_argument('--image', nargs='+', required=True,
                    help='images: maps of the first; attention distance averaged over all')
     p.add_argument('--img-size', type=positive_int,

@@ -39,10 +39,13 @@ DEIT = 'deit_small_patch16_224'
 
 @pytest.fixture(scope='module')
 def checkpoint_with_ema(tmp_path_factory):
-    """A DeiT run's checkpoint (three named classes), with an EMA copy that differs from the trained weights."""
+    """A DeiT run's checkpoint (three named classes) as written before the EMA rule: its trained weights as
+    `state_dict`, with an EMA copy that differs from them."""
     tmp = tmp_path_factory.mktemp('export')
     _, last = tiny_deit_run(tmp, epochs=1)
     checkpoint = torch.load(last, weights_only=False)
+    checkpoint['state_dict'] = checkpoint.pop('state_dict_trained', checkpoint['state_dict'])
+    del checkpoint['weights']
     checkpoint['state_dict_ema'] = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
                                     for k, v in checkpoint['state_dict'].items()}
     torch.save(checkpoint, tmp / 'with_ema.pth')
@@ -190,8 +193,9 @@ def damaged_safetensors(path):
 
 
 def test_timm_reads_the_raw_checkpoint_as_the_ema_model_and_the_export_says_which(checkpoint_with_ema, tmp_path):
-    """The issue's "one file, two models": timm's loader takes a training checkpoint's EMA copy, the suite's loaders
-    the trained weights; an export holds one set and names it."""
+    """"One file, two models" in a checkpoint from before the EMA rule: timm's loader takes its EMA copy, the suite's
+    loaders its `state_dict`, the trained weights; an export holds one set and names it. (The rule's checkpoints hold
+    one model for both: test_train_cls.)"""
     model = timm.create_model(DEIT, num_classes=len(CLASSES), img_size=32, **TINY_KWARGS).eval()
     timm.models.load_checkpoint(model, str(checkpoint_with_ema))
     with torch.no_grad():

@@ -1,4 +1,5 @@
 """The trainer: exact resume after a kill, torchrun (gloo) against one process, evaluation tool, errors."""
+import csv
 import json
 import re
 import time
@@ -264,3 +265,53 @@ def test_grad_accum_steps_trains_like_the_whole_global_batch(labeled_images, tmp
     assert checkpoint['num_updates'] == 4 and checkpoint['args']['grad_accum_steps'] == 4
     with pytest.raises(UsageError, match='grad_accum_steps=4'):
         main([*accumulated, '--resume', '--grad-accum-steps', '2'])
+
+
+@pytest.mark.slow
+def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_trackers(labeled_images, tmp_path,
+                                                                                    monkeypatch):
+    """args.yaml holds the resolved settings and `--config` relaunches the same run bit for bit; summary.csv is
+    log.jsonl as a table; wandb (offline) and MLflow (a file store) received the run's settings and each epoch's
+    figures. With an EMA, the EMA is the run's model: best.pth is its best epoch, and every loader takes it."""
+    from backbones.weights import read_state_dict
+    from classification.engine.checkpoints import read_run_args
+    from helpers.trackers import mlflow_run, wandb_history
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    monkeypatch.setenv('WANDB_SILENT', 'true')
+    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+    data, labels = labeled_images
+    first, again = tmp_path / 'first', tmp_path / 'again'
+    main(train_args(data, labels, first, *DETERMINISTIC, '--epochs', '3', '--ema-decay', '0.5'))
+    settings = read_run_args(first / 'args.yaml', 'train_cls.py')
+    assert settings['model'] == 'deit_small_patch16_224' and settings['ema_decay'] == 0.5
+    assert settings['epochs'] == 3 and settings['smoothing'] == 0.1 and 'mixup' not in settings  # resolved, applied
+    main(['--config', str(first / 'args.yaml'), '--output', str(again), '--log-wandb', '--log-mlflow'])
+    assert_same_run(first, again, epochs=3)
+    assert read_run_args(again / 'args.yaml', 'train_cls.py') == {**settings, 'output': str(again), 'log_wandb': True,
+                                                                    'log_mlflow': True}
+
+    log = read_log(first)
+    with open(first / 'summary.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert [float(row['ema_top1']) for row in rows] == [log[e]['ema_top1'] for e in (1, 2, 3)]
+    assert [int(row['epoch']) for row in rows] == [1, 2, 3]
+
+    best_epoch = max(log, key=lambda e: (log[e]['ema_top1'], -e))  # the first epoch of the best EMA top-1
+    best, last = (torch.load(first / name, weights_only=True) for name in ('best.pth', 'last.pth'))
+    assert best['epochs_done'] == best_epoch and best['weights'] == last['weights'] == 'ema'
+    assert best['architecture']['model'] == 'deit_small_patch16_224'
+    assert best['architecture']['kwargs'] == {'embed_dim': 32, 'depth': 2, 'num_heads': 2, 'drop_path_rate': 0.0}
+    assert 'state_dict_trained' not in best and not torch.equal(last['state_dict_trained']['head.weight'],
+                                                                last['state_dict']['head.weight'])
+    for path in (first / 'best.pth', first / 'last.pth'):  # the suite's default, timm's either way: the EMA
+        ema = read_state_dict(path, use_ema=True)
+        for loaded in (read_state_dict(path), timm.models.load_state_dict(str(path), use_ema=False),
+                       timm.models.load_state_dict(str(path), use_ema=True)):
+            assert all(torch.equal(loaded[k], ema[k]) for k in ema)
+
+    metrics, params = mlflow_run(again / 'mlruns', (again / 'mlflow_run_id').read_text().strip())
+    assert [value for _, value in metrics['epoch/ema_top1']] == [log[e]['ema_top1'] for e in (1, 2, 3)]
+    assert params['ema_decay'] == '0.5' and params['model'] == 'deit_small_patch16_224'
+    history, config = wandb_history(again)
+    logged = {row['epoch']: row['epoch/top1'] for row in history if 'epoch/top1' in row}
+    assert logged == {e: log[e]['top1'] for e in (1, 2, 3)} and config['ema_decay'] == 0.5

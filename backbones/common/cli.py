@@ -291,6 +291,18 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
     parser.add_argument('--workers', type=workers, default=DEFAULT_WORKERS if default is None else default, help=text)
 
 
+def add_weights_argument(parser: argparse.ArgumentParser) -> None:
+    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (the EMA
+    when its run kept one, as timm's loaders take it), `--use-ema` its EMA copy, `--trained-weights` the trained
+    weights (`backbones.weights.read_state_dict`)."""
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument('--use-ema', dest='use_ema', action='store_const', const=True, default=None,
+                         help='the EMA weights of a training checkpoint (default: its model, which is the EMA when '
+                              'the run kept one)')
+    weights.add_argument('--trained-weights', dest='use_ema', action='store_const', const=False,
+                         help='the trained weights of a training checkpoint that also holds an EMA')
+
+
 DEFAULT_SEED = 42
 
 

@@ -90,7 +90,7 @@ class TokenBackbone(BaseModule):
             img_size: int = 512,
             drop_path_rate: float = 0.0,
             pretrained: str | None = None,
-            use_ema: bool = False,
+            use_ema: bool | None = None,
             model_kwargs: dict | None = None,
             grad_checkpointing: bool = False,
             init_cfg: dict | None = None,

@@ -1,17 +1,30 @@
-"""A training run's folder and what its checkpoints hold besides weights (the run's settings), read weights-only."""
+"""A training run's folder: what its checkpoints hold besides weights (the run's settings), read weights-only; the
+settings it was launched with (`args.yaml`, which `--config` relaunches) and its epochs as a table (`summary.csv`)."""
 from __future__ import annotations
 
+import argparse
+import csv
+import io
+import json
 from pathlib import Path
 
-from backbones.common.errors import CheckpointError
-from backbones.common.files import load_weights_only
+import yaml
+
+from backbones.common.errors import CheckpointError, DataError
+from backbones.common.files import load_weights_only, write_text_atomic
 from backbones.common.images import check_same_classes
 from backbones.common.log import logger
 
 # The files of a run folder: the latest state (resumable), the best epoch's weights, the final metrics, one line per
-# epoch
+# epoch, the settings the run was launched with, the epochs as a table (timm's names)
 LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
+ARGS, SUMMARY = 'args.yaml', 'summary.csv'
+ARGS_VERSION = 1  # args.yaml's layout: the command's option names (dests) and values
 DATA_CONFIG = 'data_config'  # the run's settings key of its evaluation's preprocessing (timm's data-config keys)
+# A checkpoint's key naming the weights its `state_dict` holds, the run's model: 'ema' when the run kept an EMA (the
+# trained weights then under backbones.weights.TRAINED_WEIGHTS), else 'trained'; and the one recording the
+# architecture with the arguments that built it (classification.models.create_classifier's)
+WEIGHTS, ARCHITECTURE = 'weights', 'architecture'
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
@@ -65,6 +78,19 @@ def checkpoint_data_config(checkpoint: str | Path | None, model_config: dict, im
     return config
 
 
+def weights_taken(path: str | Path, use_ema: bool | None) -> str:
+    """Which weights a loader takes from `path` with `use_ema` (`backbones.weights.read_state_dict`): 'ema' or
+    'trained'. By default the checkpoint's model, which a checkpoint of ours names (`weights`); other files' model is
+    their trained weights."""
+    if use_ema is not None:
+        return 'ema' if use_ema else 'trained'
+    try:
+        ckpt = read_training_checkpoint(path, mmap=True)
+    except CheckpointError:
+        return 'trained'
+    return ckpt.get(WEIGHTS, 'trained') if isinstance(ckpt, dict) else 'trained'
+
+
 def checkpoint_classes(path: str | Path) -> list[str] | None:
     """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
     classes = checkpoint_settings(path).get('classes')
@@ -77,3 +103,85 @@ def check_checkpoint_classes(path: str | Path, classes: list[str], classes_from:
     recorded = checkpoint_classes(path)
     if recorded is not None:
         check_same_classes(recorded, classes, f'the checkpoint {path}', classes_from)
+
+
+# ---- args.yaml: the run's settings, which `--config` relaunches
+
+
+def write_run_args(output: Path, command: str, settings: dict) -> None:
+    """OUTPUT/args.yaml: the `command`'s settings (option dest -> value, as `run_arguments` reads them back)."""
+    plain = {key: str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+             for key, value in settings.items()}
+    text = yaml.safe_dump({'command': command, 'args_version': ARGS_VERSION, **plain}, sort_keys=False)
+    write_text_atomic(output / ARGS, f'# {command} --config {output / ARGS} launches this run again\n{text}')
+
+
+def read_run_args(path: str | Path, command: str) -> dict:
+    """The settings an args.yaml of `command` holds; a file that is not one, or of another layout, is a DataError
+    naming it."""
+    try:
+        values = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise DataError(f'--config {path}: {e.strerror or e}') from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise DataError(f'--config {path}: not a YAML file ({str(e).splitlines()[0]})') from None
+    if not isinstance(values, dict) or 'command' not in values:
+        raise DataError(f'--config {path}: not the args.yaml of a run (it names no command)')
+    if values['command'] != command:
+        raise DataError(f'--config {path}: the settings of a {values["command"]} run, not of {command}')
+    if values.get('args_version') != ARGS_VERSION:
+        raise DataError(f'--config {path}: args.yaml layout {values.get("args_version")!r}; this version of the suite '
+                        f'reads layout {ARGS_VERSION}: launch it with the suite\'s version that wrote it')
+    return {key: value for key, value in values.items() if key not in ('command', 'args_version')}
+
+
+def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str | Path) -> list[str]:
+    """The command line that gives `parser` the `settings` of an args.yaml (`source`): its positional arguments,
+    then an option per setting, so that every value is checked as a typed one is, and options typed after it
+    override it."""
+    actions: dict[str, list[argparse.Action]] = {}
+    for action in parser._actions:
+        actions.setdefault(action.dest, []).append(action)
+    unknown = [key for key in settings if key not in actions]
+    if unknown:
+        raise DataError(f'--config {source}: settings this version of {parser.prog} does not have: '
+                        f'{", ".join(unknown)} (written by another version of the suite?)')
+    positional, options = [], []
+    for dest, value in settings.items():
+        first = actions[dest][0]
+        if not first.option_strings:
+            positional.append(str(value))
+        else:
+            options += next((tokens for action in actions[dest] if (tokens := option_tokens(action, value))), [])
+    return positional + options
+
+
+def option_tokens(action: argparse.Action, value: object) -> list[str]:
+    """`action`'s option with `value` as typed; [] where the option is left out (its default, or another action of
+    the same setting gives the value)."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [] if value is None else [flag if value else action.option_strings[1]]
+    if action.nargs == 0:  # store_true, store_false, store_const
+        return [flag] if value == action.const else []
+    if action.nargs in ('*', '+'):
+        return [flag, *map(str, value)] if value else []
+    if value is None:  # a recipe field (absent unless typed) takes the word `none`; other options default to None
+        return [flag, 'none'] if action.default is argparse.SUPPRESS else []
+    if action.nargs == '?' and value == action.const:
+        return [flag]
+    return [flag, str(value)]
+
+
+# ---- summary.csv: the epochs' records as a table
+
+
+def write_summary(output: Path) -> None:
+    """OUTPUT/summary.csv from log.jsonl: one row per epoch, a column per figure (in the order they first appear)."""
+    records = [json.loads(line) for line in (output / LOG).read_text().splitlines() if line.strip()]
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    table = io.StringIO()
+    writer = csv.DictWriter(table, columns, lineterminator='\n')
+    writer.writeheader()
+    writer.writerows(records)
+    write_text_atomic(output / SUMMARY, table.getvalue())

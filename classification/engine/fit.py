@@ -2,7 +2,11 @@
 
 Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state), and `best.pth`
 (weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
-uninterrupted run.
+uninterrupted run. One EMA rule: with an EMA, the EMA is the run's model. Its top-1 chooses `best.pth`, and both files
+hold it as `state_dict` (and `state_dict_ema`, the same tensors), so that the suite's loaders and timm's (either
+`use_ema`) take it by default; `last.pth` keeps the trained weights for the resume as `state_dict_trained`. Each file
+names its model's weights (`weights`: 'ema' or 'trained') and the architecture that reads them (`architecture`:
+`create_classifier`'s arguments).
 
 Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a job) lets the current update finish
 (under torchrun, all processes stop after the next one: they agree without waiting for the device), then `last.pth`
@@ -44,7 +48,16 @@ from backbones.common.files import remove_partial_writes, save_atomic, write_tex
 from backbones.common.lifecycle import StopRequests, restarted_by_torchrun
 from backbones.common.log import logger
 from backbones.common.random_state import preserved_rng, rng_state, seed_all, set_rng_state
-from classification.engine.checkpoints import BEST, LAST, LOG, read_training_checkpoint
+from backbones.weights import TRAINED_WEIGHTS
+from classification.engine.checkpoints import (
+    ARCHITECTURE,
+    BEST,
+    LAST,
+    LOG,
+    WEIGHTS,
+    read_training_checkpoint,
+    write_summary,
+)
 from classification.engine.steps import (
     BatchTransform,
     EpochProgress,
@@ -54,6 +67,7 @@ from classification.engine.steps import (
     evaluate,
     train_one_epoch,
 )
+from classification.engine.trackers import Tracker
 
 
 def resume_path(resume: str | None, output: Path) -> Path | None:
@@ -108,46 +122,63 @@ def update_of_step_line(line: str) -> int | None:
 
 
 class RunLog:
-    """log.jsonl (one line per epoch) and TensorBoard scalars, written by the main process only; and, after every
-    validation, the run's `pictures` (drawn without touching the random streams the run continues with)."""
+    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for,
+    written by the main process only; and, after every validation, the run's `pictures` (drawn without touching the
+    random streams the run continues with)."""
 
-    def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None) -> None:
+    def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None,
+                 trackers: Callable[[], list[Tracker]] = list) -> None:
         self.output, self.enabled, self.interval, self.pictures = output, info.is_main, interval, pictures
-        self.writer = None
+        self.writer, self.trackers = None, []
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(output / 'tensorboard'))
+            self.trackers = trackers()
 
     def step(self, step: TrainingStep) -> None:
         """Every `interval` updates: the step's loss, lr and pace to TensorBoard, and a log line when no progress bar
         shows them (a log file, a batch job)."""
         if self.writer is None or step.update % self.interval:
             return
-        for key, value in (('loss', step.loss), ('lr', step.lr), ('img_s', step.images_per_second),
-                           ('data_wait', step.data_wait)):
-            self.writer.add_scalar(f'train/{key}', value, step.update)
+        scalars = {f'train/{key}': value for key, value in (('loss', step.loss), ('lr', step.lr),
+                                                            ('img_s', step.images_per_second),
+                                                            ('data_wait', step.data_wait))}
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step.update)
+        for tracker in self.trackers:
+            tracker.log(scalars, step.update, 'update')
         if not sys.stderr.isatty():
             logger.info(step_line(step))
 
     def epoch(self, record: dict) -> None:
         if not self.enabled:
             return
-        for key, value in record.items():
-            if isinstance(value, float) and key != 'time':
-                self.writer.add_scalar(f'epoch/{key}', value, record['epoch'])
+        epoch = record['epoch']
+        scalars = {f'epoch/{key}': value for key, value in record.items() if isinstance(value, float) and key != 'time'}
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, epoch)
+        pictures = {}
         if self.pictures is not None:
             with preserved_rng():
-                for tag, image in self.pictures().items():
-                    self.writer.add_image(tag, image, record['epoch'], dataformats='HWC')
+                pictures = self.pictures()
+            for tag, image in pictures.items():
+                self.writer.add_image(tag, image, epoch, dataformats='HWC')
         self.writer.flush()
+        for tracker in self.trackers:
+            tracker.log(scalars, epoch, 'epoch')
+            tracker.log_images(pictures, epoch)
         with open(self.output / LOG, 'a') as f:
             f.write(json.dumps(record) + '\n')
+        write_summary(self.output)
         parts = [f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in record.items()]
         logger.info('  '.join(parts))
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.writer, self.trackers = None, []
 
 
 @dataclass
@@ -192,7 +223,7 @@ class Fit:
         if self.info.is_main:
             repair_best(self.output, ckpt)
             repair_log(self.output, ckpt)
-        bare_model(self.model).load_state_dict(ckpt['state_dict'])
+        bare_model(self.model).load_state_dict(ckpt.get(TRAINED_WEIGHTS, ckpt['state_dict']))
         if self.state.ema is not None and 'state_dict_ema' in ckpt:
             bare_model(self.state.ema.module).load_state_dict(ckpt['state_dict_ema'])
         self.state.optimizer.load_state_dict(ckpt['optimizer'])
@@ -276,9 +307,10 @@ class Fit:
             record.update(ema_top1=ema['top1'], ema_top5=ema['top5'])
         record['skipped_train'] = state.skipped
         record['time'] = round(time.time() - started, 1)
-        is_best = record['top1'] > self.best['top1']
+        chosen = record['ema_top1'] if state.ema is not None else record['top1']  # the run's model's
+        is_best = chosen > self.best['top1']
         if is_best:
-            self.best = {'top1': record['top1'], 'epoch': epoch}
+            self.best = {'top1': chosen, 'epoch': epoch}
         self.record = record
         self.save(epoch, is_best)
         runlog.epoch(record)
@@ -291,10 +323,14 @@ class Fit:
         if not self.info.is_main:
             return
         state = self.state
-        weights = {'state_dict': bare_model(self.model).state_dict()}
-        if state.ema is not None:
-            weights['state_dict_ema'] = bare_model(state.ema.module).state_dict()
-        ckpt = {**weights, 'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
+        trained = bare_model(self.model).state_dict()
+        if state.ema is not None:  # the EMA is the run's model (see the module docstring)
+            ema = bare_model(state.ema.module).state_dict()
+            weights = {'state_dict': ema, 'state_dict_ema': ema, TRAINED_WEIGHTS: trained, WEIGHTS: 'ema'}
+        else:
+            weights = {'state_dict': trained, WEIGHTS: 'trained'}
+        ckpt = {**weights, ARCHITECTURE: getattr(self.model, 'architecture', None),
+                'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
                 'epochs_done': epochs_done, 'num_updates': state.num_updates, 'best': self.best, 'rng': rng,
                 'args': self.config, 'metrics': self.record}
         if state.scaler is not None:
@@ -307,8 +343,10 @@ class Fit:
 
 
 def best_checkpoint(last: dict) -> dict:
-    """What best.pth holds: the weights of a last.pth, its epoch, metrics and settings."""
-    return {k: v for k, v in last.items() if k in ('state_dict', 'state_dict_ema', 'epochs_done', 'metrics', 'args')}
+    """What best.pth holds: the model of a last.pth (not its trained weights where its model is the EMA), its epoch,
+    metrics and settings."""
+    return {k: v for k, v in last.items()
+            if k in ('state_dict', 'state_dict_ema', WEIGHTS, ARCHITECTURE, 'epochs_done', 'metrics', 'args')}
 
 
 def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
@@ -338,6 +376,7 @@ def repair_log(output: Path, last: dict) -> None:
     if done >= 1:  # a mid-epoch checkpoint of the first epoch has no epoch record yet
         records[done] = last['metrics']
     write_text_atomic(path, ''.join(json.dumps(records[epoch]) + '\n' for epoch in sorted(records)))
+    write_summary(output)
 
 
 def repair_best(output: Path, last: dict) -> None:

@@ -14,6 +14,7 @@ applications keep what is theirs: data, model, parameter groups, the loss, and w
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -42,9 +43,10 @@ from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from classification.engine.checkpoints import METRICS
+from classification.engine.checkpoints import ARGS, METRICS, read_run_args, run_arguments, write_run_args
 from classification.engine.fit import Fit, Pictures, RunLog, resume_path
 from classification.engine.steps import BatchTransform, Objective, StepState
+from classification.engine.trackers import check_trackers, open_trackers
 
 
 @dataclass
@@ -66,17 +68,45 @@ class RunOptions:
     grad_accum_steps: int = 1  # batches whose gradients make one update
     checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often; None: at epochs only
     serial_loop: bool = False  # each batch prepared between the steps, not beside them (for comparison)
+    log_wandb: bool = False
+    log_mlflow: bool = False
+    experiment: str | None = None  # the trackers' project (wandb) or experiment (MLflow); None: the command's name
+    command: str | None = None  # the command and its settings, written to OUTPUT/args.yaml on a run's first start
+    settings: dict | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, default_output: str) -> 'RunOptions':
-        """The options `add_run_arguments` declared, by name."""
-        taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in ('output', 'model_kwargs')}
+    def from_args(cls, args: argparse.Namespace, default_output: str, command: str | None = None,
+                  settings: dict | None = None) -> 'RunOptions':
+        """The options `add_run_arguments` declared, by name; the `command`'s `settings` for args.yaml."""
+        own = ('output', 'model_kwargs', 'command', 'settings')
+        taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in own}
         return cls(output=Path(args.output or default_output), model_kwargs=parse_model_kwargs(args.model_kwargs),
-                   **taken)
+                   command=command, settings=settings, **taken)
+
+
+def run_settings(args: argparse.Namespace, recipe: object) -> dict:
+    """What args.yaml records of a run: every option as given or defaulted (but --config and --resume, which say how
+    it was launched), and every recipe value it applies as resolved, so that a changed default cannot change it."""
+    applied = recipe.applied() if hasattr(recipe, 'applied') else vars(recipe)
+    return {**{key: value for key, value in vars(args).items() if key not in ('config', 'resume')}, **applied}
+
+
+def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    first.add_argument('--config')
+    config = first.parse_known_args(argv)[0].config
+    if config:
+        argv = run_arguments(parser, read_run_args(config, parser.prog), config) + argv
+    return parser.parse_args(argv)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
     """The command-line options of `RunOptions`."""
+    parser.add_argument('--config', metavar='RUN/args.yaml',
+                        help='the settings of an earlier run (its args.yaml): the same run again; options typed after '
+                             'it override its values')
     parser.add_argument('--output', help=f'output folder (default {default_output})')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
                         help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
@@ -101,6 +131,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
                         help='prepare each batch (copy, device half of the augmentation, token targets) between the '
                              'steps on the training stream, not beside the previous step on a side stream: the same '
                              'numbers, slower on GPUs (for comparison)')
+    parser.add_argument('--log-wandb', action='store_true',
+                        help='also log to Weights & Biases (pip install ".[wandb]"; WANDB_MODE=offline works without '
+                             'an account)')
+    parser.add_argument('--log-mlflow', action='store_true',
+                        help='also log to MLflow (pip install ".[mlflow]"; MLFLOW_TRACKING_URI, default a file store '
+                             'in OUTPUT/mlruns)')
+    parser.add_argument('--experiment', help='the wandb project or MLflow experiment the run is logged in (default: '
+                                             'the command\'s name)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
                         help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
                              '0: none')
@@ -205,8 +243,11 @@ class Trainer:
     def __init__(self, options: RunOptions, info: DistInfo) -> None:
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
+        check_trackers(options.log_wandb, options.log_mlflow)
         if info.is_main:
             options.output.mkdir(parents=True, exist_ok=True)
+            if options.settings is not None and not (self.resume and (options.output / ARGS).exists()):
+                write_run_args(options.output, options.command, options.settings)
         barrier(info)
         self.num_epochs = 0
 
@@ -248,7 +289,10 @@ class Trainer:
     def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Pictures | None = None) -> dict:
         """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
         after each validation); the last epoch's record."""
-        runlog = RunLog(self.output, self.info, self.options.log_interval, pictures if self.options.pictures else None)
+        o = self.options
+        runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None,
+                        lambda: open_trackers(self.output, o.experiment or Path(o.command or 'train').stem,
+                                              o.settings or {}, o.log_wandb, o.log_mlflow))
         return fit.run(train_loader, val_loader, self.num_epochs, runlog)
 
     def finish(self, metrics: dict, summary: str) -> dict:

@@ -1,0 +1,124 @@
+"""Experiment trackers beside TensorBoard: Weights & Biases (`--log-wandb`) and MLflow (`--log-mlflow`).
+
+Each is an optional extra of the package (`pip install .[wandb]`, `.[mlflow]`), imported only when asked for. The
+main process logs the run's settings (its args.yaml) once, the training scalars every `--log-interval` updates, each
+epoch's record and its pictures. A resumed run continues the same tracker run: its id is kept in the run folder
+(`wandb_id`, `mlflow_run_id`). Where the tracker writes is the client's own setting: wandb's `WANDB_MODE`,
+`WANDB_DIR` (default: the run folder) and login; MLflow's `MLFLOW_TRACKING_URI` (a server, or a database where the full
+`mlflow` package is installed; default here: a file store in the run folder, `OUTPUT/mlruns`, which `mlflow ui
+--backend-store-uri OUTPUT/mlruns` shows: the extra, mlflow-skinny, has no database backend).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import uuid
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol
+
+import numpy as np
+
+from backbones.common.errors import UsageError
+from backbones.common.files import write_text_atomic
+
+
+class Tracker(Protocol):
+    def log(self, scalars: dict[str, float], step: int, axis: str) -> None:
+        """`scalars` at `step` of `axis` ('update' for training scalars, 'epoch' for the epochs' records)."""
+
+    def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
+        """(H, W, 3) uint8 pictures at epoch `step`."""
+
+    def close(self) -> None: ...
+
+
+def import_extra(module: str, flag: str, extra: str) -> ModuleType:
+    """The tracker's client, or a UsageError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise UsageError(f'{flag} needs the {module} package ({e}): pip install ".[{extra}]"') from None
+
+
+def run_id(output: Path, name: str, make) -> str:
+    """The tracker run id kept in OUTPUT/`name` (made by `make()` on the run's first start)."""
+    path = output / name
+    if path.exists():
+        return path.read_text().strip()
+    value = make()
+    write_text_atomic(path, value + '\n')
+    return value
+
+
+class WandbTracker:
+    """A wandb run, resumed by its id; each axis a step metric of its own (an update count and an epoch number
+    both rise, but a resume goes back to its checkpoint's update, which wandb's own step may not)."""
+
+    def __init__(self, output: Path, experiment: str, settings: dict) -> None:
+        wandb = import_extra('wandb', '--log-wandb', 'wandb')
+        self.wandb = wandb
+        self.run = wandb.init(project=experiment, name=output.name, config=settings,
+                              id=run_id(output, 'wandb_id', lambda: uuid.uuid4().hex[:12]), resume='allow',
+                              dir=os.environ.get('WANDB_DIR', str(output)))
+        for axis, prefix in (('update', 'train'), ('epoch', 'epoch')):
+            self.run.define_metric(axis)
+            self.run.define_metric(f'{prefix}/*', step_metric=axis)
+
+    def log(self, scalars: dict[str, float], step: int, axis: str) -> None:
+        self.run.log({**scalars, axis: step})
+
+    def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
+        self.run.log({**{f'epoch/{tag}': self.wandb.Image(image) for tag, image in images.items()}, 'epoch': step})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    """An MLflow run in the experiment `experiment`, resumed by its id; the settings as its parameters (logged on the
+    first start only: MLflow refuses a parameter logged twice)."""
+
+    def __init__(self, output: Path, experiment: str, settings: dict) -> None:
+        mlflow = import_extra('mlflow', '--log-mlflow', 'mlflow')
+        uri = os.environ.get('MLFLOW_TRACKING_URI')
+        if not uri:  # the file store: mlflow-skinny (the extra) has no database backend, which MLflow 3 defaults to
+            uri = (output / 'mlruns').resolve().as_uri()
+            os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
+        self.client = mlflow.tracking.MlflowClient(uri)
+        resumed = (output / 'mlflow_run_id').exists()
+        self.run_id = run_id(output, 'mlflow_run_id', lambda: self.new_run(experiment, output.name))
+        if not resumed:
+            for key, value in settings.items():
+                self.client.log_param(self.run_id, key, str(value)[:6000])  # MLflow's longest parameter value
+        self.client.update_run(self.run_id, 'RUNNING')
+
+    def new_run(self, experiment: str, name: str) -> str:
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        return self.client.create_run(experiment_id, run_name=name).info.run_id
+
+    def log(self, scalars: dict[str, float], step: int, axis: str) -> None:
+        for key, value in scalars.items():
+            self.client.log_metric(self.run_id, key, value, step=step)
+
+    def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
+        for tag, image in images.items():
+            self.client.log_image(self.run_id, image, key=tag.replace('/', '_'), step=step)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def check_trackers(wandb: bool, mlflow: bool) -> None:
+    """Before any work: the clients of the trackers asked for are installed."""
+    if wandb:
+        import_extra('wandb', '--log-wandb', 'wandb')
+    if mlflow:
+        import_extra('mlflow', '--log-mlflow', 'mlflow')
+
+
+def open_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> list[Tracker]:
+    """The trackers asked for, started (or resumed) for the run in `output`."""
+    return ([WandbTracker(output, experiment, settings)] if wandb else []) + \
+        ([MlflowTracker(output, experiment, settings)] if mlflow else [])
