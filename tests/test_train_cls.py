@@ -2,15 +2,17 @@
 import csv
 import json
 import re
+import sys
 import time
 
 import pytest
 import timm
 import torch
+import yaml
 from timm.data import create_transform
 
 import backbones  # noqa: F401
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from backbones.token_head import add_token_head
 from classification.data.folders import ImageFolderDataset
 from classification.train import main
@@ -315,3 +317,26 @@ def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_tracker
     history, config = wandb_history(again)
     logged = {row['epoch']: row['epoch/top1'] for row in history if 'epoch/top1' in row}
     assert logged == {e: log[e]['top1'] for e in (1, 2, 3)} and config['ema_decay'] == 0.5
+
+
+def test_an_args_yaml_of_another_kind_and_a_missing_tracker_are_named(labeled_images, tmp_path, monkeypatch):
+    """--config refuses what is not a train_cls args.yaml of this layout, naming the file and why; a tracker whose
+    client is not installed names the extra that installs it, before any work."""
+    data, labels = labeled_images
+    written = {'command': 'train_cls.py', 'args_version': 1, 'model': 'deit_small_patch16_224', 'epochs': 1}
+    cases = {'another layout': ({**written, 'args_version': 0}, 'layout 0'),
+             'another command': ({**written, 'command': 'transfer_cifar.py'}, 'transfer_cifar.py run'),
+             'a setting unknown here': ({**written, 'ema_rule': 'x'}, 'does not have: ema_rule'),
+             'a value out of range': ({**written, 'epochs': -2}, '--epochs')}
+    for case, (values, says) in cases.items():
+        (tmp_path / 'args.yaml').write_text(yaml.safe_dump(values))
+        with pytest.raises(DataError) as raised:
+            main(['--config', str(tmp_path / 'args.yaml'), '--output', str(tmp_path / 'run')])
+        assert says in str(raised.value) and str(tmp_path / 'args.yaml') in str(raised.value), case
+    (tmp_path / 'args.yaml').write_bytes(b'\x00\xff: [')
+    with pytest.raises(DataError, match='not a YAML file'):
+        main(['--config', str(tmp_path / 'args.yaml')])
+    monkeypatch.setitem(sys.modules, 'wandb', None)  # an import of it fails, as where the extra is not installed
+    with pytest.raises(UsageError, match=re.escape('--log-wandb needs the wandb package') + '.*' + re.escape('pip install ".[wandb]"')):
+        main(train_args(data, labels, tmp_path / 'run', '--log-wandb'))
+    assert not (tmp_path / 'run').exists()

@@ -77,9 +77,11 @@ class RunOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str, command: str | None = None,
                   settings: dict | None = None) -> 'RunOptions':
-        """The options `add_run_arguments` declared, by name; the `command`'s `settings` for args.yaml."""
+        """The options `add_run_arguments` declared, by name; the `command`'s `settings` for args.yaml. The trackers'
+        clients are checked here, before any data is prepared."""
         own = ('output', 'model_kwargs', 'command', 'settings')
         taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in own}
+        check_trackers(taken['log_wandb'], taken['log_mlflow'])
         return cls(output=Path(args.output or default_output), model_kwargs=parse_model_kwargs(args.model_kwargs),
                    command=command, settings=settings, **taken)
 
@@ -98,8 +100,21 @@ def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None)
     first.add_argument('--config')
     config = first.parse_known_args(argv)[0].config
     if config:
-        argv = run_arguments(parser, read_run_args(config, parser.prog), config) + argv
+        recorded = run_arguments(parser, read_run_args(config, parser.prog), config)
+        check_recorded_arguments(parser, recorded, config)
+        argv = recorded + argv
     return parser.parse_args(argv)
+
+
+def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str) -> None:
+    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file."""
+    def refuse(message: str) -> None:
+        raise DataError(f'--config {source}: {message}')
+    parser.error = refuse  # for this parse only: argparse's own would print the usage and exit
+    try:
+        parser.parse_args(recorded)
+    finally:
+        del parser.error
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
@@ -243,7 +258,6 @@ class Trainer:
     def __init__(self, options: RunOptions, info: DistInfo) -> None:
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
-        check_trackers(options.log_wandb, options.log_mlflow)
         if info.is_main:
             options.output.mkdir(parents=True, exist_ok=True)
             if options.settings is not None and not (self.resume and (options.output / ARGS).exists()):
