@@ -21,13 +21,17 @@ download and cache (`timm.create_model('lvvit_s', pretrained=True)`) reads the o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import timm
 import torch
 import torch.nn as nn
+from huggingface_hub import hf_hub_download
+from timm.models import get_pretrained_cfg
+from timm.models._hub import download_cached_file
 
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.exporting import check_exported_file
@@ -259,3 +263,33 @@ def pretrained_model(name: str, checkpoint: str | Path | None, num_classes: int,
     if model.num_classes != num_classes:
         raise CheckpointError(f'{name} predicts {model.num_classes} classes, the data set has {num_classes}')
     return model.eval()
+
+
+TIMM_RELEASE = 'timm'  # a checkpoint named `timm`: the release file the model's timm config names
+URL_SCHEMES = ('http', 'https', 'file')
+
+
+def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbone.pretrained') -> str:
+    """A checkpoint as a local file: a path as it is; a URL, or `timm` (the URL in the model's timm config, else its
+    Hugging Face repo's weights), downloaded into timm's cache the first time. `setting` names where the source was
+    given, for the errors."""
+    if source == TIMM_RELEASE:
+        cfg = get_pretrained_cfg(model_name)
+        if cfg is None or not (cfg.url or cfg.hf_hub_id):
+            raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "
+                                  f"the path or URL of its ImageNet weights")
+        if not cfg.url:
+            return fetched(cfg.hf_hub_id, lambda: hf_hub_download(cfg.hf_hub_id, 'model.safetensors'), setting)
+        source = cfg.url
+    if urlparse(source).scheme in URL_SCHEMES:
+        # no hash check: the releases' names hold accuracies ('-83.3.') where torch hub looks for a hash prefix
+        return fetched(source, lambda: download_cached_file(source, check_hash=False), setting)
+    return source
+
+
+def fetched(source: str, download: Callable[[], str], setting: str) -> str:
+    try:
+        return download()
+    except Exception as e:  # urllib, http.client and huggingface_hub raise their own kinds
+        raise CheckpointError(f'cannot download the weights {source} ({type(e).__name__}: {e}); download them by '
+                              f'hand and set {setting} to the file') from e

@@ -19,7 +19,8 @@ from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
-from backbones.segmentation.backbone import crop_to_extent, fetch_pretrained
+from backbones.segmentation.backbone import crop_to_extent
+from backbones.weights import fetch_pretrained
 from backbones.segmentation.complexity import segmentor_parameters
 from backbones.segmentation.config import check_pretrained, load_config
 from backbones.segmentation.segmentor import slide_windows
@@ -190,9 +191,11 @@ def test_backbone_weights_by_url_or_timms_release_name_come_through_timms_cache(
     from_release = build(cfg).backbone.model.state_dict()
     assert all(torch.equal(from_release[k], from_file[k]) for k in from_file)
     cfg.model.backbone.pretrained = (tmp_path / 'absent.pth').as_uri()
-    with pytest.raises(CheckpointError, match='cannot download the backbone weights file://.*absent.pth .*by hand'):
+    with pytest.raises(CheckpointError, match='cannot download the weights file://.*absent.pth .*by hand and set '
+                                              'model.backbone.pretrained'):
         build(cfg)
-    with pytest.raises(CheckpointError, match="pretrained='timm': the timm config of lvvit_l names no release"):
+    with pytest.raises(CheckpointError,
+                       match="model.backbone.pretrained='timm': the timm config of lvvit_l names no release"):
         fetch_pretrained('timm', 'lvvit_l')
     cfg.model.backbone.pretrained = str(tmp_path / 'absent.pth')
     with pytest.raises(CheckpointError, match='absent.pth not found: .*to a URL, to timm'):

@@ -22,25 +22,19 @@ Registered as `TokenBackbone`, and under the former per-family names (`LVViTBack
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from urllib.parse import urlparse
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import hf_hub_download
 from mmengine.model import BaseModule
-from timm.models import get_pretrained_cfg
-from timm.models._hub import download_cached_file
 
 from backbones import create_model, load_checkpoint, model_family, suite_models
-from backbones.common.errors import CheckpointError, UsageError
-from backbones.weights import fit_pos_embed
+from backbones.common.errors import UsageError
+from backbones.weights import fetch_pretrained, fit_pos_embed
 from backbones.common.log import logger
 from mmseg.registry import MODELS
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
-TIMM_RELEASE = 'timm'  # `pretrained='timm'`: the release file the model's timm config names
-URL_SCHEMES = ('http', 'https', 'file')
 
 
 def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float]) -> torch.Tensor:
@@ -52,31 +46,6 @@ def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float]) -> torch.Ten
     theta = maps.new_tensor([[fx, 0, fx - 1], [0, fy, fy - 1]]).expand(maps.shape[0], 2, 3)
     grid = F.affine_grid(theta, list(maps.shape), align_corners=False)
     return F.grid_sample(maps, grid, mode='bilinear', padding_mode='border', align_corners=False)
-
-
-def fetch_pretrained(source: str, model_name: str) -> str:
-    """A `pretrained` checkpoint as a local file: a path as it is; a URL, or `timm` (the URL in the model's timm
-    config, else its Hugging Face repo's weights), downloaded into timm's cache the first time."""
-    if source == TIMM_RELEASE:
-        cfg = get_pretrained_cfg(model_name)
-        if cfg is None or not (cfg.url or cfg.hf_hub_id):
-            raise CheckpointError(f"pretrained='timm': the timm config of {model_name} names no release file; give "
-                                  f"the path or URL of its ImageNet weights")
-        if not cfg.url:
-            return fetched(cfg.hf_hub_id, lambda: hf_hub_download(cfg.hf_hub_id, 'model.safetensors'))
-        source = cfg.url
-    if urlparse(source).scheme in URL_SCHEMES:
-        # no hash check: the releases' names hold accuracies ('-83.3.') where torch hub looks for a hash prefix
-        return fetched(source, lambda: download_cached_file(source, check_hash=False))
-    return source
-
-
-def fetched(source: str, download: Callable[[], str]) -> str:
-    try:
-        return download()
-    except Exception as e:  # urllib, http.client and huggingface_hub raise their own kinds
-        raise CheckpointError(f'cannot download the backbone weights {source} ({type(e).__name__}: {e}); download '
-                              f'them by hand and set model.backbone.pretrained to the file') from e
 
 
 @MODELS.register_module()

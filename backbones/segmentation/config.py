@@ -18,7 +18,7 @@ from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only
 from backbones.common.log import logger
 
-from backbones.segmentation.backbone import TIMM_RELEASE, URL_SCHEMES
+from backbones.weights import TIMM_RELEASE, URL_SCHEMES
 from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
 from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,

@@ -19,7 +19,7 @@ from backbones.common.files import remove_partial_writes
 from backbones.common.log import logger
 from backbones.common.lifecycle import restarted_by_torchrun
 
-from backbones.segmentation.backbone import TIMM_RELEASE
+from backbones.weights import TIMM_RELEASE
 from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_loader_sizes,
                                            check_pretrained, data_roots, dense_task, describe_schedule,
                                            drop_one_step_warmup,
