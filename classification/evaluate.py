@@ -38,13 +38,19 @@ from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
 from classification.engine.checkpoints import checkpoint_classes, checkpoint_data_config
 from classification.engine.steps import evaluate
-from classification.models import build_eval_model, check_finite, model_data_config
+from classification.models import (
+    add_checkpoint_arguments,
+    build_eval_model,
+    check_finite,
+    checkpoint_file,
+    model_data_config,
+)
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/eval_cls.py's options (`description`: its usage text)."""
     p = model_parser('eval_cls.py', description)
-    p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
+    add_checkpoint_arguments(p)
     p.add_argument('--data-dir', required=True, help='an ImageNet-layout folder (SPLIT/CLASS/*.JPEG)')
     p.add_argument('--split', default='val', help='the folder of --data-dir evaluated')
     p.add_argument('--json', type=output_file, help='write the metrics to this file')
@@ -61,7 +67,19 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     add_device_argument(p)
     add_amp_argument(p, 'none', "a checkpoint's figures in float32 are the same on every device",
                      ('none', 'bf16', 'fp16'))
+    p.add_foreign_flags("timm's validate.py", TIMM_VALIDATE_FLAGS)
     return p
+
+
+# timm's validate.py flags the command does not take, and what it takes instead
+TIMM_VALIDATE_FLAGS = {
+    '--data': 'the data folder as --data-dir', '--model': 'the model name as the first argument',
+    '-b': '--batch-size', '-j': '--workers', '--input-size': '--img-size', '--num-classes': None,
+    '--results-file': '--json', '--amp-dtype': '--amp bf16 or --amp fp16', '--channels-last': None,
+    '--torchscript': None, '--torchcompile': None, '--test-pool': None, '--no-prefetcher': None,
+    '--valid-labels': None, '--class-map': None, '--crop-mode': None, '--mean': None, '--std': None,
+    '--interpolation': None,
+}
 
 
 def class_order(split_dir: Path, recorded: list[str] | None) -> tuple[list[str] | None, str]:
@@ -111,6 +129,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     """tools/eval_cls.py."""
     args = build_parser(description).parse_args(argv)
     check_model_name(args.model)
+    args.checkpoint = checkpoint_file(args)
     data_cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size, args.crop_pct)
     img_size, crop_pct = data_cfg['input_size'][-1], data_cfg['crop_pct']
     dataset, order = load_split(args.data_dir, args.split, args.checkpoint, config_eval_transform(data_cfg))

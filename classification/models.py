@@ -3,6 +3,7 @@ the input size asked for, with a token head and MixToken for token labeling or a
 distillation; a trained classifier from its checkpoint; and the distillation teacher."""
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 import torch
@@ -14,7 +15,7 @@ from backbones import TokenLabelingModel, bare_model, create_model, load_checkpo
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
-from backbones.weights import read_state_dict
+from backbones.weights import TIMM_RELEASE, fetch_pretrained, read_state_dict
 from classification.token_labeling.annotate import dense_scores
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distillation token (DeiT's hard distillation)
@@ -57,6 +58,21 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
                               distilled='dist_token' in keys, **model_kwargs)
     load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
     return model.eval()
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """The weights a command evaluates: `--checkpoint FILE`, or `--pretrained`, the model's official release
+    through timm's cache (`checkpoint_file`)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument('--checkpoint', help='a checkpoint of train_cls/transfer_cifar or a release file')
+    source.add_argument('--pretrained', action='store_true',
+                        help='the model\'s official release (the file its timm config names), downloaded once into '
+                             'timm\'s cache')
+
+
+def checkpoint_file(args: argparse.Namespace) -> str:
+    """The checkpoint file `add_checkpoint_arguments` names: --checkpoint, or the model's release in timm's cache."""
+    return fetch_pretrained(TIMM_RELEASE, args.model, '--pretrained') if args.pretrained else args.checkpoint
 
 
 def check_finite(logits: torch.Tensor, checkpoint: str) -> torch.Tensor:

@@ -32,7 +32,13 @@ from backbones.registry import check_model_name
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform
 from classification.engine.checkpoints import checkpoint_classes, checkpoint_data_config
-from classification.models import build_eval_model, check_finite, model_data_config
+from classification.models import (
+    add_checkpoint_arguments,
+    build_eval_model,
+    check_finite,
+    checkpoint_file,
+    model_data_config,
+)
 
 IMAGENET_CLASSES = 1000
 
@@ -93,7 +99,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/predict_cls.py's options (`description`: its usage text)."""
     p = model_parser('predict_cls.py', description)
     p.add_argument('images', nargs='+', help='image files, or folders (their images, sorted by name)')
-    p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
+    add_checkpoint_arguments(p)
     p.add_argument('--topk', type=positive_int, default=5, help='classes given per image, best first')
     p.add_argument('--json', type=output_file,
                    help="write the predictions to this file: [{'image', 'top': [{'class', 'index', 'probability'"
@@ -104,12 +110,17 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     add_weights_argument(p)
     add_model_kwargs_argument(p)
     add_device_argument(p)
+    p.add_foreign_flags("timm's inference.py", {'--data': 'the images as arguments', '--data-dir': 'the images as '
+                        'arguments', '-b': None, '--topk': None, '--num-classes': None, '--results-dir': '--json',
+                        '--results-file': '--json', '--label-type': None, '--include-index': None})
     return p
 
 
 def main(argv: list[str] | None = None, description: str | None = None) -> list[dict]:
     """tools/predict_cls.py."""
     args = build_parser(description).parse_args(argv)
+    check_model_name(args.model)
+    args.checkpoint = checkpoint_file(args)
     paths = image_files(args.images)
     predictor = ClassPredictor(args.model, args.checkpoint, args.img_size, args.crop_pct, args.use_ema,
                                parse_model_kwargs(args.model_kwargs), device_name(args.device))

@@ -307,6 +307,10 @@ def none_or(kind: Callable[[str], object]) -> Callable[[str], object]:
     return parse
 
 
+# timm's train.py names of recipe fields, taken as well
+FIELD_ALIASES = {'auto_augment': ('--aa',), 'ema_decay': ('--model-ema-decay',)}
+
+
 def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
                          choices: dict[str, Sequence[str]] | None = None) -> None:
     """One `--flag` per field of a recipe dataclass, absent from the namespace unless given on the command line.
@@ -317,6 +321,7 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
     choices = {**FIELD_CHOICES, **(choices or {})}
     for f in dataclasses.fields(recipe_class):
         flag = '--' + f.name.replace('_', '-')
+        flags = (flag, *FIELD_ALIASES.get(f.name, ()))
         if f.type in ('bool', bool):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                help=FIELD_HELP[f.name])
@@ -324,7 +329,7 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
         kind = FIELD_TYPES.get(f.name, str)
         if str(f.type).endswith('| None'):  # the field's annotation (a string: postponed evaluation)
             kind = none_or(kind)
-        group.add_argument(flag, dest=f.name, type=kind, choices=choices.get(f.name),
+        group.add_argument(*flags, dest=f.name, type=kind, choices=choices.get(f.name),
                            default=argparse.SUPPRESS, help=FIELD_HELP[f.name])
 
 

@@ -114,7 +114,11 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
         'where the batched path decodes the JPEGs: cpu (the loader workers, at a reduced size where the crop allows), '
         'gpu (the workers read the files and draw the augmentation, the GPU decodes each batch with nvJPEG: for nodes '
         'with few cores per GPU; grey, CMYK and non-JPEG files are still decoded by the workers)'))
+    p.add_argument('--model-ema', action='store_true',
+                   help='timm\'s switch: an EMA of the weights where the recipe keeps none (decay '
+                        f'{TIMM_EMA_DECAY:g}, or --model-ema-decay); the paper recipes keep one (--ema-decay 0: none)')
     add_run_arguments(p, 'output/train_cls/MODEL')
+    p.add_foreign_flags("timm's train.py", TIMM_TRAIN_FLAGS)
     if default_data:
         default_data.add_arguments(p)
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
@@ -129,9 +133,31 @@ def chosen_preset(args: argparse.Namespace) -> str | None:
     return args.preset
 
 
+TIMM_EMA_DECAY = 0.9998  # timm's train.py: --model-ema's decay unless --model-ema-decay
+
+
 def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) -> Recipe:
-    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied."""
-    return override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
+    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied;
+    timm's --model-ema turns an EMA on where the recipe keeps none."""
+    recipe = override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
+    if getattr(args, 'model_ema', False) and recipe.ema_decay == 0 and not hasattr(args, 'ema_decay'):
+        recipe.ema_decay = TIMM_EMA_DECAY
+    return recipe
+
+
+# timm's train.py flags the command does not take, and what it takes instead
+TIMM_TRAIN_FLAGS = {
+    '--data': 'the data folder as --data-dir', '--dataset': '--data-dir (an ImageNet-layout folder or its tars)',
+    '--model': 'the model name as the first argument', '--num-classes': None,  # the training split's classes
+    '--initial-checkpoint': '--finetune CKPT', '--pretrained': '--finetune CKPT (a release file or timm\'s cache)',
+    '--input-size': '--img-size', '-b': '--batch-size', '-j': '--workers', '--lr': '--lr-base with --lr-base-batch',
+    '--lr-base-size': '--lr-base-batch', '--sched': None, '--opt-eps': None, '--opt-betas': None,
+    '--clip-mode': None, '--drop': None, '--amp-dtype': '--amp bf16 or --amp fp16', '--channels-last': None,
+    '--sync-bn': None, '--dist-bn': None, '--model-ema-force-cpu': None, '--mixup-off-epoch': None,
+    '--checkpoint-hist': None, '--eval-metric': None, '--recovery-interval': '--checkpoint-minutes',
+    '--no-prefetcher': '--serial-loop', '--train-split': None, '--val-split': None, '--log-interval-steps': None,
+    '--remode': None, '--recount': None, '--color-jitter': None, '--vflip': None, '--crop-pct': None,
+}
 
 
 def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:

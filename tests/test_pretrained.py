@@ -110,3 +110,20 @@ def test_a_release_still_loads_after_timms_own_loader_ran(hub, tmp_path):
     model = timm.create_model('lvvit_s', pretrained=True, img_size=64, **TINY)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in source.state_dict().items())
     assert argparse.Namespace not in torch.serialization.get_safe_globals()  # and nothing left behind
+
+
+def test_eval_and_predict_take_the_official_release_with_pretrained(hub, tmp_path):
+    """--pretrained is the model's release file through timm's cache (here already in it: no network): the same
+    predictions as --checkpoint with that file; a model whose timm config names no release is one line naming it."""
+    from backbones.common.errors import CheckpointError
+    from classification.evaluate import build_parser as eval_parser
+    from classification.predict import main as predict_cls
+    _, path = release_of('lvvit_s', tmp_path)
+    release = path.rename(hub / 'lvvit_s-26M-224-83.3.pth.tar')
+    image = tmp_path / 'photo.png'
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (70, 60, 3), dtype=np.uint8)).save(image)
+    common = ['lvvit_s', str(image), '--img-size', '64', '--model-kwargs', *(f'{k}={v}' for k, v in TINY.items())]
+    assert predict_cls([*common, '--pretrained']) == predict_cls([*common, '--checkpoint', str(release)])
+    with pytest.raises(CheckpointError, match="--pretrained='timm': the timm config of lvvit_l names no release"):
+        predict_cls(['lvvit_l', str(image), '--pretrained'])
+    assert eval_parser().parse_args(['lvvit_s', '--pretrained', '--data-dir', 'imagenet']).pretrained

@@ -341,3 +341,25 @@ def test_an_args_yaml_of_another_kind_and_a_missing_tracker_are_named(labeled_im
     with pytest.raises(UsageError, match=needs):
         main(train_args(data, labels, tmp_path / 'run', '--log-wandb'))
     assert not (tmp_path / 'run').exists()
+
+
+def test_timms_flag_names_are_taken_and_its_other_flags_named(capsys):
+    """timm's names (--aa, --model-ema, --model-ema-decay, --torchcompile) set what the suite's do; a flag of timm's
+    scripts the suite does not take stops the command with one line naming its equivalent."""
+    from classification.evaluate import main as eval_cls
+    from classification.train import build_parser, resolve_recipe
+    parse = build_parser().parse_args
+    args = parse(['deit_small_patch16_224', '--aa', 'rand-m9-mstd0.5', '--model-ema-decay', '0.9', '--torchcompile'])
+    assert (args.auto_augment, args.ema_decay, args.compile) == ('rand-m9-mstd0.5', 0.9, 'inductor')
+    no_ema = {'ema_decay': 0.0}  # a recipe without an EMA (the embedded data's)
+    assert resolve_recipe(parse(['deit_small_patch16_224']), no_ema).ema_decay == 0
+    assert resolve_recipe(parse(['deit_small_patch16_224', '--model-ema']), no_ema).ema_decay == 0.9998
+    assert resolve_recipe(parse(['deit_small_patch16_224', '--model-ema', '--model-ema-decay', '0.99']),
+                          no_ema).ema_decay == 0.99
+    for command, flag, says in ((main, '--initial-checkpoint', "timm's train.py; train_cls.py does not take it: use "
+                                                               "--finetune CKPT"),
+                                (eval_cls, '--results-file', "timm's validate.py; eval_cls.py does not take it: use "
+                                                             "--json")):
+        with pytest.raises(SystemExit):
+            command(['deit_small_patch16_224', flag, 'x'])
+        assert f'{flag} is a flag of {says}' in capsys.readouterr().err

@@ -136,6 +136,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
                         help='recompute each block\'s activations in the backward pass: less memory, more compute')
     parser.add_argument('--compile', action='store_true',
                         help='torch.compile the model for the training and evaluation steps (the first steps compile)')
+    parser.add_argument('--torchcompile', dest='compile', nargs='?', const='inductor', choices=['inductor'],
+                        help='timm\'s name of --compile (torch.compile\'s default backend, inductor)')
     parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N',
                         help='one optimizer update every N batches (their gradients summed): the global batch, which '
                              'the lr follows, is batch size x processes x N; the schedule counts updates')
