@@ -166,12 +166,12 @@ def test_each_shared_option_is_declared_once():
 
 
 def test_an_option_is_not_read_as_the_abbreviation_of_another(capsys):
-    """`--model lvvit_s` is refused as an unknown option, not taken for `--model-kwargs lvvit_s`."""
+    """`--model-kw lvvit_s` is refused as an unknown option, not taken for `--model-kwargs lvvit_s`."""
     from classification.train import build_parser
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(['deit_small_patch16_224', '--model', 'lvvit_s'])
+        build_parser().parse_args(['deit_small_patch16_224', '--model-kw', 'lvvit_s'])
     assert exit_info.value.code == 2
-    assert 'unrecognized arguments: --model lvvit_s' in capsys.readouterr().err
+    assert 'unrecognized arguments: --model-kw lvvit_s' in capsys.readouterr().err
     assert build_parser().parse_args(['lvvit_s', '--model-kwargs', 'depth=2']).model_kwargs == ['depth=2']
 
 
