@@ -107,23 +107,26 @@ class SignalAt(Hook):
 
 SEG_ITERS = 5
 # train_seg on the tiny config: validation every 2 iterations (and after the last), an interval checkpoint every 3;
-# two loader processes started anew for each pass over the 6 training images (3 batches: a config's own sampler,
-# where the configs' never ends), one validation loader process kept (as the configs do)
+# two persistent loader processes over the 6 training images (3 batches a pass) under the configs' own
+# InfiniteSampler (which train_seg places where a resumed run starts), one validation loader process kept (as the
+# configs do). REPLAYED: a sampler the loop cannot place, whose loader it replays (two loader processes started anew
+# for each pass)
 SEG_OPTIONS = ('--pictures', '0', '--cfg-options', 'randomness.seed=3', f'train_cfg.max_iters={SEG_ITERS}',
                'train_cfg.val_interval=2', 'default_hooks.checkpoint.interval=3', 'train_dataloader.batch_size=2',
-               'train_dataloader.num_workers=2', 'train_dataloader.persistent_workers=False',
-               'train_dataloader.sampler.type=DefaultSampler', 'val_dataloader.num_workers=1',
+               'train_dataloader.num_workers=2', 'val_dataloader.num_workers=1',
                'val_dataloader.persistent_workers=True')
+REPLAYED = ('train_dataloader.persistent_workers=False', 'train_dataloader.sampler.type=DefaultSampler')
 RUNS = itertools.count()
 
 
-def seg_run(config: Path, work: Path, stop_at: int | None = None) -> None:
-    """tools/train_seg.py CONFIG SEG_OPTIONS, in this process (so that a stop lands on a chosen iteration: a SIGUSR1
-    at `stop_at`); with --resume where `work` holds a run."""
+def seg_run(config: Path, work: Path, stop_at: int | None = None, options: tuple = ()) -> None:
+    """tools/train_seg.py CONFIG SEG_OPTIONS `options`, in this process (so that a stop lands on a chosen iteration:
+    a SIGUSR1 at `stop_at`); with --resume where `work` holds a run."""
     from backbones.segmentation.runner import SuiteRunner
     from backbones.segmentation.train import build_parser, prepare
     resume = ['--resume'] if (work / 'last_checkpoint').is_file() else []
-    cfg = prepare(build_parser().parse_args([str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS])).cfg
+    argv = [str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS, *options]
+    cfg = prepare(build_parser().parse_args(argv)).cfg
     cfg.experiment_name = cfg.visualizer.name = f'run{next(RUNS)}'  # mmengine keeps them by name: one per run
     cfg.visualizer.vis_backends = [dict(type='LocalVisBackend')]  # the metrics compared, without TensorBoard's
     runner = SuiteRunner.from_cfg(cfg)
@@ -184,19 +187,50 @@ def assert_same_seg_run(straight: Path, cut: Path, score: str = 'mIoU') -> None:
     assert_same_checkpoint(straight / f'iter_{SEG_ITERS}.pth', cut / f'iter_{SEG_ITERS}.pth')
 
 
-@pytest.mark.parametrize('stop', [2, 4, SEG_ITERS], ids=['validating', 'validating-in-a-new-pass', 'last'])
+@pytest.mark.parametrize('stop', [4, SEG_ITERS], ids=['validating-in-a-new-pass', 'last'])
 def test_segmentation_stopped_on_a_validating_iteration_resumes_into_its_validation(seg_straight, stop, tmp_path):
     """A stop (SIGUSR1) on a validating iteration, the last one included, leaves a checkpoint written before the
-    validation; --resume runs that validation, then goes on as the run never stopped. At 4 the resumed run also
-    replays a new pass over the data (which draws from torch's random stream before the run takes the checkpoint's
-    back) and starts its validation loader there (drawing again: each validation is kept out of training's
-    random streams)."""
+    validation; --resume runs that validation, then goes on as the run never stopped. At 4 the resumed run starts
+    in a new pass over the data, and starts its validation loader there (drawing from torch's stream: each
+    validation is kept out of training's random streams)."""
     config, straight = seg_straight
     cut = tmp_path / 'cut'
     with pytest.raises(Interrupted, match=f'SIGUSR1 at iteration {stop}'):
         seg_run(config, cut, stop_at=stop)
     seg_run(config, cut)
     assert_same_seg_run(straight, cut)
+
+
+def test_segmentation_resumed_reads_only_the_images_it_trains_on_and_ends_as_the_run_never_stopped(
+        seg_straight, tmp_path, monkeypatch):
+    """Stopped on iteration 2 (a validating one) of 5, the run resumed reads the 3 x 2 training images it trains on
+    and no other (mmengine's resume reads the 2 x 2 done again, to drop them), yet ends on the run never stopped:
+    each sample is augmented from (seed, pass, index), the same in the loader processes of the straight run and
+    in the training process of this one, which has none (`train_dataloader.num_workers=0`)."""
+    from mmcv.transforms import LoadImageFromFile
+    config, straight = seg_straight
+    cut = tmp_path / 'cut'
+    with pytest.raises(Interrupted, match='SIGUSR1 at iteration 2'):
+        seg_run(config, cut, stop_at=2)
+    read = []
+    load = LoadImageFromFile.transform
+    monkeypatch.setattr(LoadImageFromFile, 'transform', lambda self, results: read.append(results['img_path'])
+                        or load(self, results))
+    seg_run(config, cut, options=('train_dataloader.num_workers=0',))
+    assert len([path for path in read if '/training/' in path]) == (SEG_ITERS - 2) * 2
+    assert_same_seg_run(straight, cut)
+
+
+def test_segmentation_on_a_sampler_the_loop_cannot_place_resumes_by_replaying_its_loader(seg_straight, tmp_path):
+    """Under another sampler than InfiniteSampler (an epoch's DefaultSampler, its loader restarted for each pass) the
+    resumed run replays the loader through the iterations done, and ends on that sampler's run never stopped: the
+    replay starts a new pass (drawing from torch's stream before the run takes the checkpoint's back)."""
+    config, _ = seg_straight
+    seg_run(config, tmp_path / 'straight', options=REPLAYED)
+    with pytest.raises(Interrupted, match='SIGUSR1 at iteration 4'):
+        seg_run(config, tmp_path / 'cut', stop_at=4, options=REPLAYED)
+    seg_run(config, tmp_path / 'cut', options=REPLAYED)
+    assert_same_seg_run(tmp_path / 'straight', tmp_path / 'cut')
 
 
 @pytest.mark.parametrize('config_name, score', [('maskrcnn_lvvit_s.py', 'mask_AP'), ('depth_lvvit_s.py', 'abs_rel')],

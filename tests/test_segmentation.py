@@ -343,3 +343,65 @@ def test_a_warmup_of_one_iteration_is_dropped(iters, accumulate, phases):
     accumulate_gradients(cfg, accumulate)
     drop_one_step_warmup(cfg)
     assert [(s['type'], s['begin'], s['end']) for s in cfg.param_scheduler] == phases
+
+
+def endless_sampler(kind: type, size: int, rank: int, world_size: int, seed: int = 5):
+    """An InfiniteSampler-like `kind` over `size` items, as process `rank` of `world_size` sees it."""
+    sampler = kind(list(range(size)), shuffle=True, seed=seed)
+    sampler.rank, sampler.world_size = rank, world_size
+    sampler.indices = sampler._indices_of_rank()  # mmengine's stream, split again for the process set here
+    return sampler
+
+
+def test_a_placed_sampler_starts_late_in_a_long_schedule_on_the_indices_mmengine_would_read_there():
+    """Placed at iteration 150,000 of 16 images a process (the last of 3 processes, 997 images: passes end
+    mid-batch), the sampler yields what mmengine's InfiniteSampler yields there, with the pass each index belongs
+    to; unplaced, it yields nothing (a loader started before the resume reads no batch)."""
+    import itertools
+    from mmengine.dataset import InfiniteSampler
+    from backbones.segmentation.restart import PlacedInfiniteSampler
+    size, rank, world, taken = 997, 2, 3, 150_000 * 16
+    placed = endless_sampler(PlacedInfiniteSampler, size, rank, world)
+    assert list(placed) == []
+    placed.start_at(taken)
+    draws = list(itertools.islice(iter(placed), 2000))
+    expected = list(itertools.islice(iter(endless_sampler(InfiniteSampler, size, rank, world)), taken, taken + 2000))
+    assert [d.index for d in draws] == expected
+    positions = [rank + world * (taken + k) for k in range(2000)]
+    assert [d.epoch for d in draws] == [p // size for p in positions]
+    assert len({d.epoch for d in draws}) > 1  # the window crosses a pass
+
+
+class DrawingDataset:
+    """Samples made of draws from Python's, NumPy's and torch's global streams, as the configs' transforms draw."""
+
+    metainfo = {'classes': ('a', 'b')}
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> tuple:
+        import random
+        return index, random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+def test_seeded_samples_are_the_same_whenever_read_and_leave_the_readers_streams_alone():
+    """A sample read by its Draw is the same whatever the streams held before (another worker, another point of the
+    run), differs between passes and indices, and leaves the reading process's streams where they were."""
+    import pickle
+    import random
+    from backbones.common.random_state import rng_state, seed_all
+    from backbones.segmentation.restart import Draw, SeededSamples
+    samples = SeededSamples(DrawingDataset(), seed=3)
+    seed_all(0)
+    first = samples[Draw(1, 4)]
+    seed_all(1)
+    before = rng_state()
+    assert samples[Draw(1, 4)] == first
+    after = rng_state()
+    assert random.getstate() == before['python'] and torch.equal(after['torch'], before['torch'])
+    assert np.array_equal(after['numpy']['keys'], before['numpy']['keys'])
+    assert samples[Draw(2, 4)] != first and samples[Draw(1, 5)][1:] != first[1:]
+    copied = pickle.loads(pickle.dumps(samples))  # as a loader process gets it
+    assert copied[Draw(1, 4)] == first and copied.metainfo == DrawingDataset.metainfo and len(copied) == 10
+    assert SeededSamples(DrawingDataset(), seed=4)[Draw(1, 4)] != first

@@ -24,6 +24,30 @@ def hash_seed(*values: int) -> int:
     return int.from_bytes(digest[:4], 'little')
 
 
+def seed_sample(*key: int) -> None:
+    """Python's, NumPy's and torch's CPU streams seeded from a sample's `key` (seed, epoch, index): its augmentation
+    the same whichever process or loader worker reads it, and whenever. CUDA's streams (the training step's) are
+    left alone."""
+    seed = hash_seed(*key)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.default_generator.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def sample_streams(*key: int) -> Iterator[None]:
+    """A block drawing from `seed_sample(*key)`'s streams; the process's own are put back after it (the training
+    process reads samples itself when its loader has no worker processes)."""
+    state = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+    seed_sample(*key)
+    try:
+        yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.default_generator.set_state(state[2])
+
+
 def rng_state() -> dict:
     """Python, NumPy, torch (and CUDA) generator states, as tensors and plain values (safe to load)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

@@ -7,12 +7,15 @@ Resuming continues to the same losses, validations, best checkpoint and weights 
 whatever iteration the stop landed on (`ResumableIterLoop`):
 
 - the seed is the run's own (recorded in its checkpoints; a new run without one in its config draws one and keeps
-  it), so the sampler's order and the loader workers' augmentation seeds are the stopped run's;
-- the loop replays the iterations done through the loader (it reads and drops their batches), which puts the
-  sampler and every augmentation random stream where the stopped run left them;
-- the one stream the replay does not advance, torch's (dropout, drop path, in the training step), is saved in every
-  checkpoint and put back once the replay is done (the replay draws from it when it starts a pass over the data):
-  mmengine restores neither;
+  it), so the sampler's order and every sample's augmentation are the stopped run's;
+- the loader starts at the iteration resumed from without reading the batches done (`restart.py`): the configs'
+  InfiniteSampler is made a `PlacedInfiniteSampler`, which starts each process's share of its order there, and each
+  sample is augmented from its own seed, (run seed, pass, index), not from streams every earlier sample advanced;
+  under any other sampler the loop replays the iterations done through the loader (reads and drops their batches:
+  mmengine's way), which puts the sampler and the augmentation's streams where the stopped run left them;
+- the one stream neither restores, torch's (dropout, drop path, in the training step), is saved in every
+  checkpoint and put back once the loader is placed (starting a loader's processes draws from it): mmengine
+  restores neither;
 - a validating iteration writes its checkpoints (the interval one, a stop's) before its validation: resumed from
   one of those, the loop runs that validation first (mmengine would skip it for good: the last iteration's too);
 - a validation leaves training's random streams as they were (its loader draws a seed from torch's when it starts
@@ -31,6 +34,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS, LOOPS
 from mmengine.runner import IterBasedTrainLoop
+from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from backbones.common.distributed import DistInfo, all_reduce_sum
 from backbones.common.errors import CheckpointReadError, Interrupted, UsageError
@@ -39,6 +43,7 @@ from backbones.common.log import logger
 from backbones.common.lifecycle import StopRequests
 from backbones.common.random_state import preserved_rng, set_torch_rng_state, torch_rng_state
 
+from backbones.segmentation.restart import PlacedInfiniteSampler
 from backbones.segmentation.runner import checkpoint_meta, iteration_checkpoints
 
 RNG_KEY = 'torch_rng'  # the checkpoint entry holding torch's random states
@@ -69,9 +74,9 @@ def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int:
 @LOOPS.register_module()
 class ResumableIterLoop(IterBasedTrainLoop):
     """mmengine's iteration loop that resumes exactly where its checkpoint was written (see the module docstring):
-    torch's random state put back after the replay, the validation a checkpoint was written before run first, and
-    every validation kept out of training's random streams. `PreemptionCheckpoints` records and hands over what it
-    needs."""
+    its loader placed there (or replayed), torch's random state put back after that, the validation a checkpoint was
+    written before run first, and every validation kept out of training's random streams. `PreemptionCheckpoints`
+    records and hands over what it needs."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -93,9 +98,11 @@ class ResumableIterLoop(IterBasedTrainLoop):
         self.resumed_rng, self.resumed_before_validation = rng, before_validation
 
     def run(self):
-        """mmengine's `IterBasedTrainLoop.run`, with `catch_up` for its replay and `validate` for its validation."""
+        """mmengine's `IterBasedTrainLoop.run`, with `start_reading` and `catch_up` for its replay and `validate` for
+        its validation."""
         self.runner.call_hook('before_train')
         self.runner.call_hook('before_train_epoch')  # the whole run is one epoch of the iteration-based loop
+        self.start_reading()
         if self._iter > 0:
             self.catch_up()
         while self._iter < self._max_iters and not self.stop_training:
@@ -107,12 +114,24 @@ class ResumableIterLoop(IterBasedTrainLoop):
         self.runner.call_hook('after_train')
         return self.runner.model
 
-    def catch_up(self) -> None:
-        """A resumed run brought to where the stopped one wrote its checkpoint: the loader replayed, torch's random
-        state put back, the validation still due run."""
-        logger.info(f'replaying the loader through the {self._iter} iterations done')
+    def start_reading(self) -> None:
+        """The loader brought to iteration `_iter`: a `PlacedInfiniteSampler` placed there (its loader's iterator made
+        anew: the one mmengine made before the resume had nothing to read), any other sampler's loader replayed
+        through the iterations done."""
+        sampler = self.dataloader.sampler
+        if isinstance(sampler, PlacedInfiniteSampler):
+            sampler.start_at(self._iter * self.dataloader.batch_size)
+            self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
+            return
+        if self._iter > 0:
+            logger.info(f'replaying the loader through the {self._iter} iterations done ({type(sampler).__name__} '
+                        'cannot start there)')
         for _ in range(self._iter):
             next(self.dataloader_iterator)
+
+    def catch_up(self) -> None:
+        """A resumed run, its loader placed, brought to where the stopped one wrote its checkpoint: torch's random
+        state put back, the validation still due run."""
         if self.resumed_rng is not None:
             set_torch_rng_state(self.resumed_rng)
         if self.resumed_before_validation and self.validates(self._iter):  # (a schedule changed on resume may not)
@@ -184,7 +203,8 @@ class PreemptionCheckpoints(Hook):
 
 
 def make_resumable(cfg: Config, checkpoint_minutes: float | None) -> None:
-    """A config's training loop and hooks made to stop on request and resume exactly (the module docstring)."""
+    """A config's training loop, sampler and hooks made to stop on request and resume exactly and at once (the module
+    docstring)."""
     train = cfg.train_cfg
     loop = train.get('type', 'IterBasedTrainLoop' if train.get('by_epoch') is False else 'EpochBasedTrainLoop')
     if loop not in ('IterBasedTrainLoop', ResumableIterLoop.__name__):
@@ -192,4 +212,7 @@ def make_resumable(cfg: Config, checkpoint_minutes: float | None) -> None:
                          'ones it can stop and resume exactly')
     train.pop('by_epoch', None)  # mmengine's way of choosing the loop without naming it
     train['type'] = ResumableIterLoop.__name__
+    loader = cfg.train_dataloader
+    if loader.get('sampler', {}).get('type') == 'InfiniteSampler' and 'batch_sampler' not in loader:
+        loader.sampler.type = PlacedInfiniteSampler.__name__
     cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='PreemptionCheckpoints', minutes=checkpoint_minutes)]

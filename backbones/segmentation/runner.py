@@ -18,11 +18,12 @@ import re
 import zipfile
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from collections.abc import Callable
 
 import torch.nn as nn
 from torch.utils.data import DataLoader
+from mmengine.registry import DATASETS
 from mmengine.runner import BaseLoop, Runner
 from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
                                         load_checkpoint)
@@ -35,6 +36,7 @@ from backbones.common.log import logger
 
 from backbones.segmentation.backbone import TokenBackbone
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
+from backbones.segmentation.restart import PlacedInfiniteSampler, SeededSamples
 from backbones.segmentation.silenced_warnings import HarmlessLogLines
 
 T = TypeVar('T')
@@ -94,6 +96,23 @@ def start_worker(worker_id: int, init: Callable[[int], None] | None) -> None:
         init(worker_id)
 
 
+def places_samples(dataloader: dict) -> bool:
+    """Whether a loader's config samples with `PlacedInfiniteSampler`."""
+    sampler = dataloader.get('sampler')
+    kind = sampler.get('type') if isinstance(sampler, dict) else None
+    return kind in (PlacedInfiniteSampler, PlacedInfiniteSampler.__name__)
+
+
+def built_dataset(dataset: Any) -> Any:
+    """A loader config's dataset built and fully initialised (as mmengine's Runner builds it), or the one given."""
+    if not isinstance(dataset, dict):
+        return dataset
+    dataset = DATASETS.build(dataset)
+    if hasattr(dataset, 'full_init'):
+        dataset.full_init()
+    return dataset
+
+
 class SuiteRunner(Runner):
     """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
     leaves out mmengine's notices that ask nothing of the user (`notices`)."""
@@ -138,7 +157,10 @@ class SuiteRunner(Runner):
     def build_dataloader(dataloader: DataLoader | dict, seed: int | None = None,
                          diff_rank_seed: bool = False) -> DataLoader:
         """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process (signalled
-        with the job, they died before the checkpoint was written: a traceback, exit status 1)."""
+        with the job, they died before the checkpoint was written: a traceback, exit status 1). Under a
+        `PlacedInfiniteSampler` its dataset reads each sample with the streams seeded from (`seed`, pass, index)."""
+        if isinstance(dataloader, dict) and places_samples(dataloader):
+            dataloader = {**dataloader, 'dataset': SeededSamples(built_dataset(dataloader['dataset']), seed)}
         loader = Runner.build_dataloader(dataloader, seed=seed, diff_rank_seed=diff_rank_seed)
         if isinstance(dataloader, dict) and loader.num_workers:  # built here, not handed over built
             loader.worker_init_fn = partial(start_worker, init=loader.worker_init_fn)

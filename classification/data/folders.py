@@ -15,7 +15,7 @@ from backbones.common.distributed import DistInfo, computed_once
 from backbones.common.images import ImageReadError, check_same_classes, read_image, scan_split
 from backbones.common.log import logger
 from backbones.common.path_list import PathList
-from backbones.common.random_state import hash_seed, seed_all
+from backbones.common.random_state import seed_sample
 from classification.data.batch_augment import collate_regions
 from classification.token_labeling.label_store import TokenLabelStore
 
@@ -74,7 +74,7 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> dict | None:
         path, label = self.sample(index)
         if self.epoch_seed is not None and get_worker_info() is not None:
-            seed_all(hash_seed(*self.epoch_seed, index))
+            seed_sample(*self.epoch_seed, index)
         try:
             # a transform that `takes_path` decodes the file itself (no more of it than its crop needs)
             out = self.transform(self.data_dir / path) if getattr(self.transform, 'takes_path', False) \

@@ -1,9 +1,11 @@
 """Segmentation speed on the embedded digits pages: evaluation images/s single-scale against multi-scale + flip
-(four ways, and its ten single passes), and training iterations/s: the logic of tools/benchmark_seg.py."""
+(four ways, and its ten single passes), and training iterations/s; or (`--restart-at`) how long a resumed run's
+loader takes to its first batch: the logic of tools/benchmark_seg.py."""
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 from itertools import cycle, islice
 
 import torch
@@ -17,11 +19,20 @@ import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmc
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
 
-from backbones.common.cli import add_device_argument, command_parser, device_name, output_file, positive_int
+from backbones.common.cli import (
+    add_device_argument,
+    add_workers_argument,
+    command_parser,
+    device_name,
+    output_file,
+    positive_int,
+)
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.common.timing import seconds_per_call
+from backbones.common.timing import measured_on, seconds_per_call
+from backbones.common.timing import timed as timed_call
 from backbones.segmentation.config import flipping_tta_pipeline, load_config
+from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.segmentor import mirror_image
 from backbones.segmentation.test import use_multi_scale
 from classification.digits.seg_data import EmbeddedPages
@@ -35,6 +46,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument('--images', type=positive_int, default=8, help='evaluation images timed per mode')
     parser.add_argument('--iters', type=positive_int, default=5, help='training iterations timed')
     parser.add_argument('--batch-size', type=positive_int, default=2, help='training images per iteration')
+    parser.add_argument('--restart-at', type=positive_int, metavar='ITER', help=(
+        "time only a resumed run's loader at iteration ITER, to its first batch: mmengine's replay (estimated from "
+        '--replayed iterations) against the sampler placed there'))
+    parser.add_argument('--replayed', type=positive_int, default=20, help='iterations of the replay timed')
+    add_workers_argument(parser)
     parser.add_argument('--json', type=output_file, help='also write the figures here')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)
@@ -53,6 +69,33 @@ def timed(fn, batches: list) -> float:
     fn(batches[0])
     rest = cycle(batches[1:])
     return seconds_per_call(lambda: fn(next(rest)), len(batches) - 1, warmup=0) * (len(batches) - 1)
+
+
+def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
+    """Seconds from a resumed run's loop start to its first batch to train on, at `iteration` of a training loader
+    (`loader_cfg`: its dataset, batch size and workers; the sampler is set here). Before: mmengine's replay,
+    estimated as the first batch (the loader processes' start) plus `iteration` times the seconds of one of
+    `replayed` batches read next (each batch read and dropped); after: the sampler placed there, timed whole. With
+    the load average of the machine's last minute before and after (a shared machine's figures vary with it)."""
+    def build(sampler: str):
+        return SuiteRunner.build_dataloader({**copy.deepcopy(loader_cfg), 'sampler': dict(type=sampler)}, seed=0)
+
+    load_before = os.getloadavg()[0]
+    first, rest = replay_seconds(build('InfiniteSampler'), replayed)
+    placed = build('PlacedInfiniteSampler')
+    placed.sampler.start_at(iteration * placed.batch_size)
+    after = timed_call(lambda: next(iter(placed)))[1]
+    before = first + iteration * rest / replayed
+    return {**measured_on('cpu'), 'load_average_1min': [load_before, os.getloadavg()[0]], 'iteration': iteration,
+            'batch_size': placed.batch_size, 'workers': placed.num_workers, 'replayed_timed': replayed,
+            'first_batch_s': first, 'replayed_batch_s': rest / replayed, 'images_replayed': iteration *
+            placed.batch_size, 'before_s': before, 'after_s': after, 'speedup': before / after}
+
+
+def replay_seconds(loader, batches: int) -> tuple[float, float]:
+    """Seconds of a loader's first batch (its processes' start), and of the next `batches` together."""
+    read = iter(loader)
+    return timed_call(lambda: next(read))[1], timed_call(lambda: [next(read) for _ in range(batches)])[1]
 
 
 def multi_scale_costs(cfg, model, args) -> dict:
@@ -104,8 +147,12 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     pages = EmbeddedPages(scale=1.0) if args.full_size else EmbeddedPages()
     pages.use_data(cfg)
     cfg.train_dataloader.batch_size = args.batch_size
-    model = MODELS.build(cfg.model).to(args.device)
     results = {'config': args.config, 'device': args.device, 'full_size': args.full_size}
+    if args.restart_at:
+        cfg.train_dataloader.update(num_workers=args.workers, persistent_workers=False)
+        results['restart'] = restart_seconds(cfg.train_dataloader, args.restart_at, args.replayed)
+        return report(results, args.json)
+    model = MODELS.build(cfg.model).to(args.device)
 
     model.eval()
     ss_batches = list(islice(loader(cfg, 'test_dataloader'), args.images + 1))
@@ -121,8 +168,13 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     results['train_it_per_s'] = args.iters / seconds
     results['train_img_per_s'] = args.iters * args.batch_size / seconds
 
+    return report(results, args.json)
+
+
+def report(results: dict, json_path: str | None) -> dict:
+    """The figures logged (and written to `json_path`), returned."""
     for key, value in results.items():
         logger.info(f'{key}: {value:.3f}' if isinstance(value, float) else f'{key}: {value}')
-    if args.json:
-        write_json_atomic(args.json, results)
+    if json_path:
+        write_json_atomic(json_path, results)
     return results
