@@ -201,3 +201,27 @@ def test_train_segs_amp_takes_the_shared_values_and_alone_means_fp16():
             optim_wrapper(amp, gpu=False)
     assert optim_wrapper('none', gpu=True) == optim_wrapper('none', gpu=False) == optim_wrapper('auto', gpu=False) \
         == plain
+
+
+def test_a_foreign_flag_is_one_line_naming_its_origin_and_the_equivalent(capsys):
+    """A flag of another program (add_foreign_flags) stops the command with argparse's error, one line naming it,
+    where it comes from and what to type instead, before the other checks (a missing argument); the parser's own
+    flags, and values after `--`, are not refused."""
+    from backbones.common.cli import command_parser
+    parser = command_parser('usage', 'tool.py')
+    parser.add_argument('config')
+    parser.add_argument('--out')
+    parser.add_foreign_flags("mmseg's tools/test.py", {'--show': '--show-dir DIR', '--opacity': None, '--out': None})
+
+    def error(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args(argv)
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert error(['c.py', '--show']) == ("tool.py: error: --show is a flag of mmseg's tools/test.py; tool.py does not "
+                                         'take it: use --show-dir DIR')
+    assert error(['--opacity=0.3']).endswith("--opacity is a flag of mmseg's tools/test.py; tool.py does not take it: "
+                                             'it has no equivalent here')
+    assert parser.parse_args(['c.py', '--out', 'x.json']).out == 'x.json'
+    assert 'unrecognized arguments: --show' in error(['c.py', '--', '--show'])

@@ -14,7 +14,7 @@ import ast
 import errno
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 
@@ -133,11 +133,30 @@ class CommandParser(argparse.ArgumentParser):
         kwargs['allow_abbrev'] = False
         kwargs.setdefault('formatter_class', HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.foreign_flags: dict[str, str] = {}
+
+    def add_foreign_flags(self, origin: str, equivalents: Mapping[str, str | None]) -> None:
+        """Flags of another program that users type out of habit (`origin`, e.g. "mmseg's tools/test.py"), each
+        with what this command takes instead, in words (None: nothing). Given one, the command stops with one line
+        naming the flag, its origin and the equivalent, before any other check of the command line. A flag the
+        parser takes itself is its own, so one table may serve several commands. Call it again for another origin."""
+        for flag, equivalent in equivalents.items():
+            instead = f'use {equivalent}' if equivalent else 'it has no equivalent here'
+            self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'
 
     def parse_known_args(self, args=None, namespace=None):
+        self.refuse_foreign_flags(sys.argv[1:] if args is None else list(args))
         namespace, rest = super().parse_known_args(args, namespace)
         check_precision(namespace)
         return namespace, rest
+
+    def refuse_foreign_flags(self, args: list[str]) -> None:
+        """argparse's error (one line after the usage) for the first foreign flag in `args` (`add_foreign_flags`);
+        the options after `--` are values."""
+        for arg in args[:args.index('--')] if '--' in args else args:
+            flag = arg.split('=', 1)[0]
+            if flag in self.foreign_flags and flag not in self._option_string_actions:
+                self.error(self.foreign_flags[flag])
 
 
 def check_precision(args: argparse.Namespace) -> None:
