@@ -85,6 +85,9 @@ def unlabelled_warning(report: dict) -> str | None:
             f'leaves them out too unless they are predicted (then at 0); these scores do not measure those classes')
 
 
+MMSEG_ORDER = {'aAcc': 0, 'mIoU': 1, 'mAcc': 2}
+
+
 @METRICS.register_module()
 class IoUReport(IoUMetric):
     """IoUMetric that returns unrounded means (mIoU, mAcc, aAcc always; mDice, mFscore, mPrecision, mRecall where
@@ -121,7 +124,9 @@ class IoUReport(IoUMetric):
         if self.json_file and is_main_process():
             Path(self.json_file).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.json_file, report)
-        return {key: value for key, value in report.items() if key not in ('per_class', 'unlabelled', 'confusion')}
+        means = [key for key in report if key not in ('per_class', 'unlabelled', 'confusion')]
+        # mmseg's order (aAcc, mIoU, mAcc, then the others asked), which its log line keeps
+        return {key: report[key] for key in sorted(means, key=lambda key: MMSEG_ORDER.get(key, len(MMSEG_ORDER)))}
 
 
 def read_report(path: str | Path, classes: Sequence[str]) -> dict:
