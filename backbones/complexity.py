@@ -1,6 +1,7 @@
 """Parameter and MAC counts, measured by running the model on the meta device (no memory, no compute)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -32,10 +33,17 @@ def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -
     size = img_size or model.pretrained_cfg['input_size'][-1]
     model.eval().requires_grad_(False)  # autograd hooks of the counter do not work on meta leaves
     image = torch.zeros(1, model_kwargs.get('in_chans', 3), size, size, device='meta')
+    return Complexity(params, trainable, forward_macs(lambda: model(image)))
+
+
+def forward_macs(forward: Callable[[], object]) -> int:
+    """Multiply-accumulates of `forward()`, a model run without gradients (on meta tensors: no memory, no compute),
+    by torch's FLOP counter: every matrix product and convolution, the attention's products included (counters
+    that see modules only, such as fvcore's or mmengine's, miss those)."""
     # torch's counter knows no formula for the fused CPU attention kernel: count the math form, same MACs.
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(image)
-    return Complexity(params, trainable, counter.get_total_flops() // 2)
+        forward()
+    return counter.get_total_flops() // 2
 
 
 def fixed_table_size(model: nn.Module) -> int:

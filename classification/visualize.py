@@ -95,6 +95,13 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
         fallback.add_arguments(p)
     add_output(p)
 
+    p = commands.add_parser('confusion', help='the confusion matrix of a tools/test_seg.py report',
+                            description=fill('The confusion matrix a tools/test_seg.py --out report holds, its rows '
+                                             'normalised, and its largest confusions listed.', WIDTH))
+    p.add_argument('report', help='a tools/test_seg.py --out JSON')
+    p.add_argument('--top', type=positive_int, default=20, help='how many of the largest confusions to list')
+    add_output(p)
+
     what = 'loss, accuracy and lr of runs (log.jsonl or mmengine logs)'
     p = commands.add_parser('curves', help=what, description=f'Training curves: {what}, one line per run.')
     p.add_argument('runs', nargs='+', metavar='RUN_DIR', help='run folders of train_cls, transfer_cifar or train_seg')
@@ -169,12 +176,18 @@ def segmentation_picture(args: argparse.Namespace, fallback: EmbeddedSegData | N
                               not args.no_labels, fallback)
 
 
+def confusion_picture(args: argparse.Namespace) -> np.ndarray:
+    from backbones.segmentation.pictures import confusion_picture as picture
+    return picture(args.report, args.top)
+
+
 def curves_picture(args: argparse.Namespace) -> np.ndarray:
     from classification.pictures.curves import curves_figure, read_run
     return curves_figure([read_run(run) for run in args.runs])
 
 
-PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture, 'curves': curves_picture}
+PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture, 'confusion': confusion_picture,
+            'curves': curves_picture}
 
 
 def main(argv: list[str] | None = None, description: str | None = None,

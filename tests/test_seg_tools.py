@@ -56,11 +56,21 @@ def test_evaluation_matches_an_independent_computation(trained, mode):
     root, config, work, data = trained
     out, preds = root / f'{mode}.json', root / f'pred_{mode}'
     args = [config, work / 'iter_2.pth', '--out', out, '--pred-dir', preds]
-    result = succeeded(run_tool('test_seg.py', [*args, *(['--ms'] if mode == 'ms' else [])]))
+    # mmseg's names: --tta is --ms; --show-dir draws each test image
+    extra = ['--tta'] if mode == 'ms' else ['--show-dir', root / 'show']
+    result = succeeded(run_tool('test_seg.py', [*args, *extra]))
     report = json.loads(out.read_text())
-    expected = independent_scores(preds, data / 'annotations' / 'validation')
+    annotations = data / 'annotations' / 'validation'
+    expected = independent_scores(preds, annotations)
     for key in ('mIoU', 'aAcc', 'mAcc'):
         assert report[key] == pytest.approx(expected[key], abs=1e-6), key
+    confusion = np.zeros((150, 150), np.int64)  # ADE20K's values: class + 1, 0 ignored
+    for pred in sorted(preds.glob('*.png')):
+        truth, predicted = read_mask(annotations / pred.name).astype(np.int64), read_mask(pred).astype(np.int64)
+        np.add.at(confusion, (truth[truth > 0] - 1, predicted[truth > 0] - 1), 1)
+    assert np.array_equal(report['confusion']['counts'], confusion)
+    if mode == 'ss':
+        check_pictures(root / 'show', preds, data)
     assert len(report['per_class']) == 150 and set(report['per_class']['wall']) == {'IoU', 'Acc'}
     labelled = set().union(*(np.unique(read_mask(ann)).tolist()
                              for ann in (data / 'annotations' / 'validation').glob('*.png')))
@@ -69,6 +79,21 @@ def test_evaluation_matches_an_independent_computation(trained, mode):
     assert f'warning: {len(report["unlabelled"])} of 150 classes have no pixel in the ground truth' in result.stdout
     label = 'multi-scale + flip' if mode == 'ms' else 'single-scale'
     assert f'{label}: mIoU {report["mIoU"]:.2f}' in result.stdout
+
+
+def check_pictures(show: Path, preds: Path, data: Path) -> None:
+    """test_seg --show-dir's pictures: each validation image, its ground truth and the prediction test_seg wrote,
+    drawn in ADE20K's palette as tools/visualize.py segmentation draws them."""
+    from mmseg.datasets import ADE20KDataset
+    from backbones.segmentation.pictures import read_annotation, segmentation_picture
+    meta = ADE20KDataset.METAINFO
+    assert sorted(p.name for p in show.iterdir()) == sorted(p.name for p in preds.glob('*.png'))
+    for pred in sorted(preds.glob('*.png')):
+        image = cv2.imread(str(data / 'images' / 'validation' / f'{pred.stem}.jpg'))[..., ::-1]
+        truth = read_annotation(str(data / 'annotations' / 'validation' / pred.name), reduce_zero_label=True)
+        picture = segmentation_picture(np.ascontiguousarray(image), read_mask(pred).astype(np.int64) - 1,
+                                       meta['classes'], meta['palette'], truth)
+        assert np.array_equal(cv2.imread(str(show / pred.name))[..., ::-1], picture), pred.name
 
 
 def test_mmseg_stock_tools_run_the_configs(trained):

@@ -3,7 +3,7 @@
 
     python tools/model_info.py lvvit_s [--img-size 384] [--json]
     python tools/model_info.py --all
-    python tools/model_info.py --seg-config seg_configs/*.py     # segmentation models: parameters per part
+    python tools/model_info.py --seg-config seg_configs/*.py [--shape 512 2048]  # parameters per part, GMACs
 """
 from backbones.common.cli import run_command
 from backbones.segmentation.complexity import main

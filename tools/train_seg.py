@@ -4,6 +4,7 @@
     python tools/train_seg.py seg_configs/upernet_lvvit_m.py             # no ADE20K on disk: digits, CPU
     torchrun --nproc-per-node 8 tools/train_seg.py seg_configs/upernet_lvvit_m.py --launcher pytorch
     python tools/train_seg.py seg_configs/upernet_lvvit_m.py --resume      # continue an interrupted run
+    python tools/train_seg.py seg_configs/upernet_lvvit_m.py --log-wandb --log-mlflow    # also to the trackers
 
 Without ADE20K on disk the config runs on the embedded digits pages, with a backbone pretrained on the digits scans
 in place of the config's ImageNet weights (a first stage, run once and kept); --data-root gives a data set

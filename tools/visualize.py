@@ -4,6 +4,7 @@
     python tools/visualize.py token-labels --data-dir D --token-label-dir T [--image PATH] --out labels.png
     python tools/visualize.py attention MODEL [--checkpoint C] --image PATH [PATH ...] --out attention.png
     python tools/visualize.py segmentation CONFIG CHECKPOINT [--image PATH] [--report R.json] --out seg.png
+    python tools/visualize.py confusion R.json --out confusion.png              # test_seg --out's confusion matrix
     python tools/visualize.py curves RUN_DIR [RUN_DIR ...] --out curves.png
 
 `--show` also opens the picture where there is a display. See each subcommand's --help.

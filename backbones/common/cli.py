@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import ast
 import errno
+import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import ClassVar, Protocol, TypeVar
 
 import torch
@@ -330,6 +332,16 @@ def add_seed_argument(parser: argparse.ArgumentParser, effect: str = '') -> None
     decides in this command."""
     parser.add_argument('--seed', type=non_negative_int, default=DEFAULT_SEED,
                         help='seed of the random streams (Python, NumPy, torch)' + (f': {effect}' if effect else ''))
+
+
+def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType:
+    """The optional package a flag needs (`module`, installed by the package's `extra`, by default of the same
+    name), imported when the flag is given; absent or broken, a UsageError naming the flag and the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise UsageError(f"{flag} needs {module}, which does not import here ({e}): pip install '.[{extra or module}]'"
+                         ) from e
 
 
 def check_writable(path: str | Path) -> None:

@@ -22,7 +22,7 @@ from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.instances.metric import coco_results
 from backbones.segmentation.pictures import colour_depth, draw_instances, draw_labels
 from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
-from backbones.segmentation.train import parse_with_fallback
+from backbones.segmentation.train import add_multi_scale_arguments, parse_with_fallback
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -32,15 +32,26 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
     parser.add_argument('images', nargs='+', help='image files, or folders (their images, sorted by name)')
     parser.add_argument('--out', required=True, help='the folder for the predictions (made if absent)')
-    parser.add_argument('--ms', action='store_true', help="the config's multi-scale test (tta_pipeline), with flip")
-    parser.add_argument('--no-flip', action='store_true', help='the multi-scale test without the flipped copies')
+    add_multi_scale_arguments(parser)
     parser.add_argument('--overlay', action='store_true',
                         help='also NAME_overlay.png: the classes (a detector\'s instances) over the image')
     parser.add_argument('--score-threshold', type=probability, default=0.5, metavar='S',
                         help='a detector\'s instances scoring at least S are written and drawn (default 0.5)')
     parser.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the masks\')')
     add_device_argument(parser)
+    parser.add_foreign_flags("mmseg's demo/image_demo.py and tools/test.py", MMSEG_PREDICT_FLAGS)
     return parser
+
+
+# mmseg's flags for predictions on images that predict_seg does not take, and what it takes instead
+MMSEG_PREDICT_FLAGS = {
+    '--out-file': '--out FOLDER (a mask per image, NAME.png)',
+    '--show': '--overlay (NAME_overlay.png; predict_seg opens no window)',
+    '--show-dir': '--overlay (NAME_overlay.png beside each mask in --out)',
+    '--with-labels': '--overlay (it names the classes on their regions)',
+    '--opacity': None,
+    '--title': None,
+}
 
 
 def write_mask(values: np.ndarray, path: Path) -> None:
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
     embedded set)."""
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     if args.no_flip and not args.ms:
-        raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+        raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
     images = image_files(args.images)
     out = Path(args.out)
     check_output_folder(out)

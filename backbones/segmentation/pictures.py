@@ -11,7 +11,9 @@ from pathlib import Path
 
 import cv2
 import matplotlib
+import mmcv
 import numpy as np
+from mmengine.hooks import Hook
 from mmengine.structures import PixelData
 from PIL import Image
 
@@ -20,11 +22,11 @@ from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
 from backbones.common.errors import DataError, UsageError
-from backbones.common.drawing import enlarge, figure, finished
+from backbones.common.drawing import enlarge, figure, finished, write_png
 
 from backbones.segmentation.config import TASK_NAMES, EmbeddedSegData
 from backbones.segmentation.instances.transforms import decode_mask
-from backbones.segmentation.metrics import read_report
+from backbones.segmentation.metrics import read_confusion, read_report, top_confusions
 from backbones.segmentation.predict import SegPredictor
 
 HEADER = 22  # pixels of the title strip above each panel
@@ -98,6 +100,28 @@ class ValidationPictures(SegVisualizationHook):
             super()._after_iter(runner, batch_idx, data_batch, outputs, mode)
 
 
+@HOOKS.register_module()
+class PredictionPictures(Hook):
+    """tools/test_seg.py --show-dir: each test image's picture (`segmentation_picture`: the image, its ground truth
+    and the prediction in the data set's palette) as FOLDER/NAME.png, NAME the image's."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def before_test(self, runner) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def after_test_iter(self, runner, batch_idx: int, data_batch=None, outputs: Sequence[SegDataSample] = ()) -> None:
+        meta = runner.test_loop.dataloader.dataset.metainfo
+        for sample in outputs:
+            # decoded as the test pipeline decodes it (mmcv, OpenCV), which the prediction's pixels are of
+            image = mmcv.imfrombytes(Path(sample.img_path).read_bytes(), flag='color', channel_order='rgb')
+            truth = sample.gt_sem_seg.data[0].cpu().numpy() if 'gt_sem_seg' in sample else None
+            picture = segmentation_picture(image, sample.pred_sem_seg.data[0].cpu().numpy(), meta['classes'],
+                                           meta['palette'], truth)
+            write_png(picture, self.folder / f'{Path(sample.img_path).stem}.png')
+
+
 def titled(panel: np.ndarray, title: str) -> np.ndarray:
     """A panel with a white strip above it holding its title."""
     strip = np.full((HEADER, panel.shape[1], 3), 255, np.uint8)
@@ -129,6 +153,34 @@ def iou_bars(report: dict) -> np.ndarray:
     ax.axvline(report['mIoU'], color='#c44e52', lw=1)
     ax.set_title(f'per-class IoU: mIoU {report["mIoU"]:.1f}, aAcc {report["aAcc"]:.1f}', fontsize=9)
     return finished(fig)
+
+
+def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
+    """The confusion matrix of a test_seg.py report: its rows normalised (the share of each ground-truth class's
+    pixels predicted as each class, on a log scale from 0.1 %, so that rare confusions of 150 classes show), classes
+    named where they are few enough to read; beside it the `top` largest confusions in words."""
+    classes, matrix = read_confusion(report)
+    totals = matrix.sum(1, keepdims=True)
+    with np.errstate(divide='ignore', invalid='ignore'):
+        shares = np.where(totals > 0, matrix / totals, np.nan)
+    fig, axes = figure(1, 2, size=(6.0, 6.0), width_ratios=(3, 2))
+    ax, listing = axes[0]
+    scale = matplotlib.colors.LogNorm(vmin=1e-3, vmax=1, clip=True)
+    shown = ax.imshow(np.where(shares > 0, shares, np.nan), cmap='viridis', norm=scale, interpolation='nearest')
+    ax.set_facecolor('#f0f0f0')  # cells of no pixel
+    ax.set_xlabel('predicted class')
+    ax.set_ylabel('ground-truth class (rows normalised)')
+    if len(classes) <= 40:
+        ax.set_xticks(range(len(classes)), classes, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(classes)), classes, fontsize=6)
+    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04, label='share of the row\'s pixels')
+    listing.axis('off')
+    lines = [f'{truth} -> {predicted}: {share:.1%} ({pixels:,} px)'
+             for truth, predicted, share, pixels in top_confusions(classes, matrix, top)]
+    listing.text(0, 1, '\n'.join([f'largest confusions (of {len(classes)} classes)', *lines]), va='top', fontsize=7,
+                 family='monospace', transform=listing.transAxes)
+    accuracy = np.trace(matrix) / max(1, matrix.sum())
+    return finished(fig, f'confusion matrix: {Path(report).name}, pixel accuracy {accuracy:.1%}')
 
 
 def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:

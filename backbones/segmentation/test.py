@@ -8,7 +8,7 @@ from pathlib import Path
 from mmengine.config import Config
 
 from backbones.common.errors import UsageError
-from backbones.common.cli import check_output_folder, command_parser, output_file
+from backbones.common.cli import check_output_folder, command_parser, output_file, output_folder
 from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
@@ -17,7 +17,8 @@ from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, check_se
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
-from backbones.segmentation.train import add_common_options, parse_with_fallback, work_dir_for
+from backbones.segmentation.train import (LAUNCHER_FLAGS, add_common_options, add_multi_scale_arguments,
+                                          parse_with_fallback, work_dir_for)
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -30,20 +31,36 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'them (its log buffers, NumPy arrays), and a file needing more is refused, as unpickling anything else '
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
-    parser.add_argument('--ms', action='store_true',
-                        help='multi-scale test with the config\'s tta_pipeline (the papers\': ratios 0.75..1.75 of '
-                             '(2048, 512) with flip), softmax averaged; the embedded data without ADE20K takes its own '
-                             'ratios and flips')
-    parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
+    add_multi_scale_arguments(parser)
     parser.add_argument('--out', type=output_file, help=(
-        'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class"} (percent) for a segmentor; '
-        '{"box_AP", ..., "mask_AP", ..., "per_class"} (percent) for a detector; {"d1", "abs_rel", "rmse", "log10", '
-        '...} for a depth model'))
+        'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class", "confusion"} (percent; the '
+        'confusion matrix\'s pixel counts and its rows normalised) for a segmentor; {"box_AP", ..., "mask_AP", ..., '
+        '"per_class"} (percent) for a detector; {"d1", "abs_rel", "rmse", "log10", ...} for a depth model'))
     parser.add_argument('--pred-dir', help=(
         'save the predictions here: label maps (PNG, the data set\'s label values) for a segmentor, COCO-format '
         'results (predictions.json) for a detector, depth maps (16-bit PNG in the data set\'s scale) for a depth '
         'model'))
+    parser.add_argument('--show-dir', type=output_folder, help=(
+        'a segmentor\'s predictions as pictures here, as mmseg\'s --show-dir: NAME.png of each test image, the '
+        'image, its ground truth and the prediction in the data set\'s palette side by side'))
+    parser.add_foreign_flags("mmseg's tools/test.py", MMSEG_TEST_FLAGS)
     return parser
+
+
+# mmseg's tools/test.py flags (1.x, and 0.x's) that test_seg does not take, and what it takes instead
+MMSEG_TEST_FLAGS = {
+    '--show': '--show-dir DIR (the pictures as files; test_seg opens no window)',
+    '--wait-time': '--show-dir DIR (the pictures as files; test_seg opens no window)',
+    '--aug-test': '--tta (or --ms)',
+    '--eval': '--out FILE (mIoU, mAcc, aAcc; the config\'s test_evaluator for mDice or mFscore)',
+    '--eval-options': '--cfg-options test_evaluator.KEY=VALUE',
+    '--options': '--cfg-options',
+    '--format-only': '--pred-dir DIR (the predictions as the data set\'s PNGs)',
+    '--opacity': None,
+    '--gpu-collect': None,
+    '--tmpdir': None,
+    **LAUNCHER_FLAGS,
+}
 
 
 def use_multi_scale(cfg: Config, flip: bool) -> None:
@@ -70,30 +87,56 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     resolve_trained_data(cfg, args.checkpoint, args.data_root, fallback)
     task = dense_task(cfg)
     if args.ms and task != 'semantic':
-        raise UsageError(f'--ms: the multi-scale test is for semantic segmentation; {args.config} is a '
+        raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {args.config} is a '
                          f'{TASK_NAMES[task]} config')
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     elif args.no_flip:
-        raise UsageError('--no-flip applies to the multi-scale test (--ms); the single-scale test has no flip')
+        raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
     if args.pred_dir:
         check_output_folder(args.pred_dir)
+    if args.show_dir:
+        if task != 'semantic':
+            raise UsageError(f'--show-dir draws a segmentor\'s predictions; {args.config} is a {TASK_NAMES[task]} '
+                             'config (tools/visualize.py segmentation draws its prediction for an image)')
+        cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='PredictionPictures', folder=str(args.show_dir))]
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
-    if args.pred_dir and task != 'instances':
-        mask_paths(test_images(cfg), Path(args.pred_dir))
+    for folder in (args.pred_dir, args.show_dir):  # a file an image: two images of one name are refused
+        if folder and task != 'instances':
+            mask_paths(test_images(cfg), Path(folder))
     cfg.test_evaluator = test_evaluator(cfg, task, args.out, args.pred_dir)
     return cfg
 
 
-def test_evaluator(cfg: Config, task: str, out: str | None, pred_dir: str | None) -> dict:
+def test_evaluator(cfg: Config, task: str, out: str | None, pred_dir: str | None) -> dict | list:
     """The task's metric, writing its scores to `out` and its predictions into `pred_dir`; a depth config's own
-    evaluation settings (depth range, crop, scale) kept."""
+    evaluation settings (depth range, crop, scale) kept, a segmentor's own evaluator honoured
+    (`semantic_evaluator`)."""
     if task == 'instances':
         return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
     if task == 'depth':
         own = cfg.get('test_evaluator') or {}
         return {**own, 'type': 'DepthReport', 'json_file': out, 'output_dir': pred_dir}
-    return dict(type='IoUReport', json_file=out, output_dir=pred_dir)
+    return semantic_evaluator(cfg.get('test_evaluator') or {'type': 'IoUReport'}, out, pred_dir)
+
+
+IOU_METRICS = ('IoUMetric', 'IoUReport')  # mmseg's, and the suite's that reports it
+
+
+def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) -> dict | list:
+    """A segmentation config's test_evaluator (a metric, or a list of them), as the config gives it: mmseg's
+    IoUMetric becomes the suite's IoUReport with the same settings (its iou_metrics: mDice, mFscore; ignore_index,
+    nan_to_num, beta), which also writes `out` and `pred_dir`; any other metric runs as it is. `out` and `pred_dir`
+    need an IoU metric among them."""
+    metrics = [dict(metric) for metric in (own if isinstance(own, (list, tuple)) else [own])]
+    iou = [metric for metric in metrics if metric.get('type') in IOU_METRICS]
+    if (out or pred_dir) and not iou:
+        names = ', '.join(str(metric.get('type')) for metric in metrics)
+        raise UsageError(f'--out and --pred-dir are written by the IoU metric; the config\'s test_evaluator is '
+                         f"{names}: add dict(type='IoUMetric') to it, or leave them out")
+    for metric in iou:
+        metric.update(type='IoUReport', json_file=out, output_dir=pred_dir or metric.get('output_dir'))
+    return metrics if isinstance(own, (list, tuple)) else metrics[0]
 
 
 def summary(task: str, metrics: dict[str, float]) -> str:

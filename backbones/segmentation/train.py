@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from mmengine.config import Config, DictAction
 
-from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, non_negative_int, pick_amp,
-                                  positive_float, positive_int)
+from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, import_extra,
+                                  non_negative_int, pick_amp, positive_float, positive_int)
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.log import logger
@@ -47,6 +47,46 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help='leave out images that cannot be decoded and say how many (default: stop, naming them)')
 
 
+# torch.distributed.launch's flag, which mmseg's tools take; torchrun sets LOCAL_RANK in the environment instead
+LAUNCHER_FLAGS = dict.fromkeys(('--local_rank', '--local-rank'),
+                               'torchrun --nproc-per-node N tools/... --launcher pytorch (torchrun sets LOCAL_RANK; '
+                               'python -m torch.distributed.launch passes this flag)')
+# mmseg's tools/train.py flags (1.x, and 0.x's) that train_seg does not take, and what it takes instead
+MMSEG_TRAIN_FLAGS = {
+    '--options': '--cfg-options',
+    '--load-from': '--cfg-options load_from=CHECKPOINT',
+    '--resume-from': '--resume (from the work dir\'s newest checkpoint)',
+    '--auto-resume': '--resume',
+    '--no-validate': '--cfg-options train_cfg.val_interval=N (N beyond the run: no validation)',
+    '--gpus': 'torchrun --nproc-per-node N tools/train_seg.py ... --launcher pytorch',
+    '--gpu-ids': 'CUDA_VISIBLE_DEVICES=... torchrun --nproc-per-node N tools/train_seg.py ... --launcher pytorch',
+    '--gpu-id': 'CUDA_VISIBLE_DEVICES=ID',
+    '--seed': '--cfg-options randomness.seed=N',
+    '--deterministic': '--cfg-options randomness.deterministic=True',
+    **LAUNCHER_FLAGS,
+}
+
+
+def add_multi_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """--ms (alias --tta, mmseg's name) and --no-flip: test_seg's and predict_seg's multi-scale test."""
+    parser.add_argument('--ms', '--tta', dest='ms', action='store_true', help=(
+        'multi-scale test with the config\'s tta_pipeline and tta_model, as mmseg\'s --tta (the papers\': ratios '
+        '0.75..1.75 of (2048, 512) with flip), softmax averaged; the embedded data without ADE20K takes its own '
+        'ratios and flips'))
+    parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
+
+
+def add_tracker_arguments(parser: argparse.ArgumentParser) -> None:
+    """--log-wandb, --log-mlflow: the run's scalars also to an experiment tracker (`use_trackers`)."""
+    parser.add_argument('--log-wandb', action='store_true', help=(
+        'also log to Weights & Biases (mmengine\'s WandbVisBackend; pip install \'.[wandb]\'): the run named after '
+        'the work dir, its project WANDB_PROJECT\'s; WANDB_MODE=offline keeps it on disk'))
+    parser.add_argument('--log-mlflow', action='store_true', help=(
+        'also log to MLflow (mmengine\'s MLflowVisBackend; pip install \'.[mlflow]\'): to MLFLOW_TRACKING_URI, or '
+        'without it a file store, WORK_DIR/mlruns; the experiment named after the config, the run after the work '
+        'dir'))
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/train_seg.py's options (`description`: its usage text)."""
     parser = command_parser(description, 'train_seg.py')
@@ -68,6 +108,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
                         help='validation images drawn (ground truth and prediction) into TensorBoard and '
                              'vis_data/vis_image at every validation (default 4; 0: none)')
+    add_tracker_arguments(parser)
+    parser.add_foreign_flags("mmseg's tools/train.py", MMSEG_TRAIN_FLAGS)
     return parser
 
 
@@ -160,6 +202,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     else:
         cfg.default_hooks.pop('visualization', None)  # mmseg's drawing knows class maps only
     use_amp(cfg, args.amp)
+    use_trackers(cfg, args.config, wandb=args.log_wandb, mlflow=args.log_mlflow)
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
     resume = args.resume or (started and restarted_by_torchrun())
     if started and not args.resume and resume:
@@ -178,6 +221,26 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
                        f'stopped while writing its first): starting from iteration 0')
     check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
     return PreparedRun(cfg, pretraining)
+
+
+def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: bool = False) -> None:
+    """Add mmengine's Weights & Biases and MLflow backends to the config's visualizer, as asked: they receive what
+    TensorBoard does (the losses and lr as the logger hook logs them, the validation scores). Each client is
+    imported here, so that one not installed is said before the run starts."""
+    backends = list(cfg.visualizer.get('vis_backends', []))
+    run_name = Path(cfg.work_dir).name
+    if wandb:
+        import_extra('wandb', '--log-wandb')
+        backends.append(dict(type='WandbVisBackend', init_kwargs=dict(name=run_name)))
+    if mlflow:
+        import_extra('mlflow', '--log-mlflow')
+        store = os.environ.get('MLFLOW_TRACKING_URI') or Path(cfg.work_dir, 'mlruns').resolve().as_uri()
+        if store.startswith('file:'):
+            # MLflow 3 refuses its file store unless asked; the package's extra (mlflow-skinny) has no database one
+            os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
+        backends.append(dict(type='MLflowVisBackend', exp_name=Path(config_path).stem, run_name=run_name,
+                             tracking_uri=store))
+    cfg.visualizer.vis_backends = backends
 
 
 def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
