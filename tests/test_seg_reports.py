@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from backbones.common.errors import DataError, UsageError
 from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.metrics import IoUReport, read_confusion, top_confusions
 from helpers.seg_data import DIM, tiny_config, write_tiny_ade, write_tiny_config
+from helpers.trackers import wandb_history
 
 CLASSES = ['sky', 'road', 'car']
 
@@ -153,30 +153,6 @@ def test_mmsegs_flags_the_tools_do_not_take_are_one_line_naming_the_equivalent(t
     assert line.endswith('it has no equivalent here') if equivalent is None else f': use {equivalent}' in line
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
-    """The history rows of an offline wandb run, read from its transaction log (run-ID.wandb: wandb's records, as
-    protobufs, in LevelDB's log format of 32 kB blocks and 7-byte record headers, after a 7-byte file header)."""
-    from wandb.proto import wandb_internal_pb2
-    data = next(run_dir.glob('run-*.wandb')).read_bytes()
-    assert data[:4] == b':W&B'
-    block, header, position, pieces, rows = 32768, 7, 7, b'', []
-    while position + header <= len(data):
-        left = block - position % block
-        _, length, kind = struct.unpack('<IHB', data[position:position + header])
-        if left < header or (kind == 0 and length == 0):  # the block's padding
-            position += left
-            continue
-        pieces += data[position + header:position + header + length]
-        position += header + length
-        if kind in (1, 4):  # a whole record, or a record's last piece
-            record = wandb_internal_pb2.Record.FromString(pieces)
-            pieces = b''
-            if record.WhichOneof('record_type') == 'history':
-                rows.append({item.key or '/'.join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
-
-
 @pytest.mark.slow
 def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
     """--log-wandb and --log-mlflow: a 2-iteration run's losses and validation scores, as its own scalars.json holds
@@ -202,7 +178,7 @@ def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
     assert sorted(losses) == [1, 2] and miou is not None
 
     (run_dir,) = (tmp_path / 'work').glob('*/vis_data/wandb/offline-run-*')  # the backend's dir: the work dir's
-    history = wandb_history(run_dir)
+    history, _ = wandb_history(run_dir)
     assert {row['iter']: row['loss'] for row in history if 'loss' in row} == losses
     assert next(row['mIoU'] for row in history if 'mIoU' in row) == miou
     client = MlflowClient(tracking_uri=store)

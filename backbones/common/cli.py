@@ -344,6 +344,16 @@ def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType
                          ) from e
 
 
+def mlflow_tracking_uri(default_folder: Path) -> str:
+    """The MLflow store a `--log-mlflow` command logs to: MLFLOW_TRACKING_URI, else a file store in `default_folder`
+    (`mlflow ui --backend-store-uri FOLDER` shows it)."""
+    store = os.environ.get('MLFLOW_TRACKING_URI') or default_folder.resolve().as_uri()
+    if store.startswith('file:'):
+        # MLflow 3 refuses its file store unless asked; the package's extra (mlflow-skinny) has no database one
+        os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
+    return store
+
+
 def check_writable(path: str | Path) -> None:
     """A file a command will write: its folder must exist and be writable, and the path must not be a folder."""
     path = Path(path)

@@ -13,7 +13,7 @@ import torch
 from mmengine.config import Config, DictAction
 
 from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, import_extra,
-                                  non_negative_int, pick_amp, positive_float, positive_int)
+                                  mlflow_tracking_uri, non_negative_int, pick_amp, positive_float, positive_int)
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.log import logger
@@ -234,12 +234,8 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
         backends.append(dict(type='WandbVisBackend', init_kwargs=dict(name=run_name)))
     if mlflow:
         import_extra('mlflow', '--log-mlflow')
-        store = os.environ.get('MLFLOW_TRACKING_URI') or Path(cfg.work_dir, 'mlruns').resolve().as_uri()
-        if store.startswith('file:'):
-            # MLflow 3 refuses its file store unless asked; the package's extra (mlflow-skinny) has no database one
-            os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
         backends.append(dict(type='MLflowVisBackend', exp_name=Path(config_path).stem, run_name=run_name,
-                             tracking_uri=store))
+                             tracking_uri=mlflow_tracking_uri(Path(cfg.work_dir, 'mlruns'))))
     cfg.visualizer.vis_backends = backends
 
 

@@ -151,25 +151,31 @@ def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str |
         first = actions[dest][0]
         if not first.option_strings:
             positional.append(str(value))
-        else:
-            options += next((tokens for action in actions[dest] if (tokens := option_tokens(action, value))), [])
+            continue
+        tokens = next((tokens for action in actions[dest] if (tokens := option_tokens(action, value)) is not None),
+                      None)
+        if tokens is None:
+            raise DataError(f'--config {source}: {dest}: {value!r} is not a value {first.option_strings[0]} takes')
+        options += tokens
     return positional + options
 
 
-def option_tokens(action: argparse.Action, value: object) -> list[str]:
-    """`action`'s option with `value` as typed; [] where the option is left out (its default, or another action of
-    the same setting gives the value)."""
+def option_tokens(action: argparse.Action, value: object) -> list[str] | None:
+    """`action`'s option with `value` as typed ([]: the value is the option's default, given by leaving it out), or
+    None where this action cannot give the value (another action of the same setting may)."""
     flag = action.option_strings[0]
     if isinstance(action, argparse.BooleanOptionalAction):
         return [] if value is None else [flag if value else action.option_strings[1]]
     if action.nargs == 0:  # store_true, store_false, store_const
-        return [flag] if value == action.const else []
+        return [flag] if value == action.const else [] if value == action.default else None
     if action.nargs in ('*', '+'):
-        return [flag, *map(str, value)] if value else []
+        return [flag, *map(str, value)] if isinstance(value, list) and (value or action.nargs == '*') else None
     if value is None:  # a recipe field (absent unless typed) takes the word `none`; other options default to None
-        return [flag, 'none'] if action.default is argparse.SUPPRESS else []
+        return [flag, 'none'] if action.default is argparse.SUPPRESS else [] if action.default is None else None
     if action.nargs == '?' and value == action.const:
         return [flag]
+    if action.choices is not None and value not in action.choices:
+        return None
     return [flag, str(value)]
 
 

@@ -10,16 +10,14 @@ epoch's record and its pictures. A resumed run continues the same tracker run: i
 """
 from __future__ import annotations
 
-import importlib
 import os
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Protocol
 
 import numpy as np
 
-from backbones.common.errors import UsageError
+from backbones.common.cli import import_extra, mlflow_tracking_uri
 from backbones.common.files import write_text_atomic
 
 
@@ -31,14 +29,6 @@ class Tracker(Protocol):
         """(H, W, 3) uint8 pictures at epoch `step`."""
 
     def close(self) -> None: ...
-
-
-def import_extra(module: str, flag: str, extra: str) -> ModuleType:
-    """The tracker's client, or a UsageError naming the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise UsageError(f'{flag} needs the {module} package ({e}): pip install ".[{extra}]"') from None
 
 
 def run_id(output: Path, name: str, make) -> str:
@@ -56,7 +46,7 @@ class WandbTracker:
     both rise, but a resume goes back to its checkpoint's update, which wandb's own step may not)."""
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
-        wandb = import_extra('wandb', '--log-wandb', 'wandb')
+        wandb = import_extra('wandb', '--log-wandb')
         self.wandb = wandb
         self.run = wandb.init(project=experiment, name=output.name, config=settings,
                               id=run_id(output, 'wandb_id', lambda: uuid.uuid4().hex[:12]), resume='allow',
@@ -80,12 +70,8 @@ class MlflowTracker:
     first start only: MLflow refuses a parameter logged twice)."""
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
-        mlflow = import_extra('mlflow', '--log-mlflow', 'mlflow')
-        uri = os.environ.get('MLFLOW_TRACKING_URI')
-        if not uri:  # the file store: mlflow-skinny (the extra) has no database backend, which MLflow 3 defaults to
-            uri = (output / 'mlruns').resolve().as_uri()
-            os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
-        self.client = mlflow.tracking.MlflowClient(uri)
+        mlflow = import_extra('mlflow', '--log-mlflow')
+        self.client = mlflow.tracking.MlflowClient(mlflow_tracking_uri(output / 'mlruns'))
         resumed = (output / 'mlflow_run_id').exists()
         self.run_id = run_id(output, 'mlflow_run_id', lambda: self.new_run(experiment, output.name))
         if not resumed:
@@ -113,9 +99,9 @@ class MlflowTracker:
 def check_trackers(wandb: bool, mlflow: bool) -> None:
     """Before any work: the clients of the trackers asked for are installed."""
     if wandb:
-        import_extra('wandb', '--log-wandb', 'wandb')
+        import_extra('wandb', '--log-wandb')
     if mlflow:
-        import_extra('mlflow', '--log-mlflow', 'mlflow')
+        import_extra('mlflow', '--log-mlflow')
 
 
 def open_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> list[Tracker]:
