@@ -44,8 +44,9 @@ StateDict = dict[str, torch.Tensor]
 
 _WRAPPERS = ('state_dict', 'model', 'module')
 _EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
-# the suite's checkpoints of a run with an EMA: `state_dict` holds the EMA (the run's model), this the trained weights
-TRAINED_WEIGHTS = 'state_dict_trained'
+# the suite's checkpoints of a run with an EMA: `state_dict` holds the EMA (the run's model), this the trained weights;
+# and the key naming what `state_dict` holds ('ema' or 'trained')
+TRAINED_WEIGHTS, MODEL_WEIGHTS = 'state_dict_trained', 'weights'
 _PREFIXES = ('module.', '_orig_mod.')
 
 
@@ -113,6 +114,9 @@ def _unwrap(obj: object, path: Path, use_ema: bool | None) -> StateDict:
         return dict(obj)
     if not isinstance(obj, Mapping):
         raise CheckpointError(f'{path}: expected a dict of tensors, found {type(obj).__name__}')
+    if use_ema is False and obj.get(MODEL_WEIGHTS) == 'ema' and TRAINED_WEIGHTS not in obj:
+        raise CheckpointError(f'{path} holds only its run\'s model, the EMA (a best.pth): the trained weights are in '
+                              f'the run\'s last.pth')
     wrappers = _EMA_WRAPPERS if use_ema else (TRAINED_WEIGHTS, *_WRAPPERS) if use_ema is False else _WRAPPERS
     for key in wrappers:
         if key in obj and _is_state_dict(obj[key]):

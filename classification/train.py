@@ -118,7 +118,6 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
                    help='timm\'s switch: an EMA of the weights where the recipe keeps none (decay '
                         f'{TIMM_EMA_DECAY:g}, or --model-ema-decay); the paper recipes keep one (--ema-decay 0: none)')
     add_run_arguments(p, 'output/train_cls/MODEL')
-    p.add_foreign_flags("timm's train.py", TIMM_TRAIN_FLAGS)
     if default_data:
         default_data.add_arguments(p)
     add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
@@ -144,20 +143,6 @@ def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) ->
         recipe.ema_decay = TIMM_EMA_DECAY
     return recipe
 
-
-# timm's train.py flags the command does not take, and what it takes instead
-TIMM_TRAIN_FLAGS = {
-    '--data': 'the data folder as --data-dir', '--dataset': '--data-dir (an ImageNet-layout folder or its tars)',
-    '--model': 'the model name as the first argument', '--num-classes': None,  # the training split's classes
-    '--initial-checkpoint': '--finetune CKPT', '--pretrained': '--finetune CKPT (a release file or timm\'s cache)',
-    '--input-size': '--img-size', '-b': '--batch-size', '-j': '--workers', '--lr': '--lr-base with --lr-base-batch',
-    '--lr-base-size': '--lr-base-batch', '--sched': None, '--opt-eps': None, '--opt-betas': None,
-    '--clip-mode': None, '--drop': None, '--amp-dtype': '--amp bf16 or --amp fp16', '--channels-last': None,
-    '--sync-bn': None, '--dist-bn': None, '--model-ema-force-cpu': None, '--mixup-off-epoch': None,
-    '--checkpoint-hist': None, '--eval-metric': None, '--recovery-interval': '--checkpoint-minutes',
-    '--no-prefetcher': '--serial-loop', '--train-split': None, '--val-split': None, '--log-interval-steps': None,
-    '--remode': None, '--recount': None, '--color-jitter': None, '--vflip': None, '--crop-pct': None,
-}
 
 
 def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:
@@ -378,7 +363,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
          description: str | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
     parser = build_parser(default_data, description)
-    args = parse_run_arguments(parser, argv)
+    args = parse_run_arguments(parser, argv, ('--preset', '--model-ema', '--token-labeling', '--no-token-labeling'))
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
@@ -392,7 +377,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
     fallback = default_data.from_args(args) if args.data_dir is None else None
     recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
     ignored = [f'--{name.replace("_", "-")}' for name in recipe.unused_fields if hasattr(args, name)]
-    if ignored:
+    if ignored and not args.config:  # a relaunch records them all; its first run said so
         logger.warning(f'warning: {" and ".join(ignored)} not used: '
                        + ('token labeling mixes images with MixToken (--mix-token)' if recipe.token_labeling
                           else 'label pooling mixes images with CutMix alone'))

@@ -149,7 +149,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
 def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     """tools/transfer_cifar.py."""
     parser = build_parser(description)
-    args = parse_run_arguments(parser, argv)
+    args = parse_run_arguments(parser, argv, ('--opt',))
     check_model_name(args.model)
     recipe = resolve_recipe(args)
     options = RunOptions.from_args(args, f'output/transfer_cifar/{args.dataset}/{args.model}', parser.prog,

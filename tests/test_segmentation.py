@@ -405,3 +405,12 @@ def test_seeded_samples_are_the_same_whenever_read_and_leave_the_readers_streams
     copied = pickle.loads(pickle.dumps(samples))  # as a loader process gets it
     assert copied[Draw(1, 4)] == first and copied.metainfo == DrawingDataset.metainfo and len(copied) == 10
     assert SeededSamples(DrawingDataset(), seed=4)[Draw(1, 4)] != first
+
+
+def test_a_run_without_a_seed_leaves_drawing_it_to_mmengine(tmp_path):
+    """A seed drawn by the suite would be drawn in each process of a torchrun job, and each process's sampler would
+    shuffle its own way (their shares of the data overlapping); mmengine draws one and gives every process the main
+    one's. A configured seed, or a resumed run's own, is kept."""
+    from backbones.segmentation.preemption import run_seed
+    assert run_seed(None, tmp_path, resume=False) is None
+    assert run_seed(7, tmp_path, resume=True) == 7

@@ -12,7 +12,7 @@ import yaml
 from timm.data import create_transform
 
 import backbones  # noqa: F401
-from backbones.common.errors import DataError, UsageError
+from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.token_head import add_token_head
 from classification.data.folders import ImageFolderDataset
 from classification.train import main
@@ -286,7 +286,7 @@ def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_tracker
     main(train_args(data, labels, first, *DETERMINISTIC, '--epochs', '3', '--ema-decay', '0.5'))
     settings = read_run_args(first / 'args.yaml', 'train_cls.py')
     assert settings['model'] == 'deit_small_patch16_224' and settings['ema_decay'] == 0.5
-    assert settings['epochs'] == 3 and settings['smoothing'] == 0.1 and 'mixup' not in settings  # resolved, applied
+    assert settings['epochs'] == 3 and settings['smoothing'] == 0.1 and settings['mixup'] == 0.8  # resolved
     main(['--config', str(first / 'args.yaml'), '--output', str(again), '--log-wandb', '--log-mlflow'])
     assert_same_run(first, again, epochs=3)
     assert read_run_args(again / 'args.yaml', 'train_cls.py') == {**settings, 'output': str(again), 'log_wandb': True,
@@ -305,6 +305,10 @@ def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_tracker
     assert best['architecture']['kwargs'] == {'embed_dim': 32, 'depth': 2, 'num_heads': 2, 'drop_path_rate': 0.0}
     assert 'state_dict_trained' not in best and not torch.equal(last['state_dict_trained']['head.weight'],
                                                                 last['state_dict']['head.weight'])
+    assert torch.equal(read_state_dict(first / 'last.pth', use_ema=False)['head.weight'],
+                       last['state_dict_trained']['head.weight'])
+    with pytest.raises(CheckpointError, match="best.pth holds only its run's model, the EMA .*in the run's last.pth"):
+        read_state_dict(first / 'best.pth', use_ema=False)  # --trained-weights
     for path in (first / 'best.pth', first / 'last.pth'):  # the suite's default, timm's either way: the EMA
         ema = read_state_dict(path, use_ema=True)
         for loaded in (read_state_dict(path), timm.models.load_state_dict(str(path), use_ema=False),
@@ -320,14 +324,21 @@ def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_tracker
 
 
 def test_an_args_yaml_of_another_kind_and_a_missing_tracker_are_named(labeled_images, tmp_path, monkeypatch):
-    """--config refuses what is not a train_cls args.yaml of this layout, naming the file and why; a tracker whose
-    client is not installed names the extra that installs it, before any work."""
+    """--config refuses what is not a whole train_cls args.yaml of this layout, naming the file and why, and the
+    options that choose a recipe (the file holds one resolved); a tracker whose client is not installed names the
+    extra that installs it, before any work."""
+    from classification.engine.checkpoints import read_run_args
     data, labels = labeled_images
-    written = {'command': 'train_cls.py', 'args_version': 1, 'model': 'deit_small_patch16_224', 'epochs': 1}
+    main(train_args(data, labels, tmp_path / 'first', *DETERMINISTIC, '--epochs', '1'))
+    written = read_run_args(tmp_path / 'first' / 'args.yaml', 'train_cls.py')
+    written = {'command': 'train_cls.py', 'args_version': 1, **written}
+    with pytest.raises(UsageError, match='--preset chooses a recipe, and --config .* holds'):
+        main(['--config', str(tmp_path / 'first' / 'args.yaml'), '--preset', 'cutmix-label'])
     cases = {'another layout': ({**written, 'args_version': 0}, 'layout 0'),
              'another command': ({**written, 'command': 'transfer_cifar.py'}, 'transfer_cifar.py run'),
              'a setting unknown here': ({**written, 'ema_rule': 'x'}, 'does not have: ema_rule'),
              'a value out of range': ({**written, 'epochs': -2}, '--epochs')}
+    cases['a file cut short'] = ({key: written[key] for key in list(written)[:4]}, 'settings missing: ')
     for case, (values, says) in cases.items():
         (tmp_path / 'args.yaml').write_text(yaml.safe_dump(values))
         with pytest.raises(DataError) as raised:

@@ -27,7 +27,6 @@ import bisect
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
@@ -62,13 +61,15 @@ def recorded_seed(work_dir: str | Path) -> int | None:
     return None
 
 
-def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int:
-    """The seed a run takes: its config's; on resume the run's own; else a new one, kept in its checkpoints."""
+def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int | None:
+    """The seed a run takes: its config's; on resume the run's own; else None, for mmengine to draw one, the same in
+    every process (it broadcasts the main process's), and keep it in the checkpoints. (A seed drawn here, in each
+    process, would give each its own sampler order: their shares of the data would overlap.)"""
     if configured is not None:
         return int(configured)
     if resume and (seed := recorded_seed(work_dir)) is not None:
         return seed
-    return int(np.random.SeedSequence().entropy % 2 ** 31)
+    return None
 
 
 @LOOPS.register_module()

@@ -14,17 +14,19 @@ from backbones.common.errors import CheckpointError, DataError
 from backbones.common.files import load_weights_only, write_text_atomic
 from backbones.common.images import check_same_classes
 from backbones.common.log import logger
+from backbones.weights import MODEL_WEIGHTS
 
 # The files of a run folder: the latest state (resumable), the best epoch's weights, the final metrics, one line per
 # epoch, the settings the run was launched with, the epochs as a table (timm's names)
 LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 ARGS, SUMMARY = 'args.yaml', 'summary.csv'
 ARGS_VERSION = 1  # args.yaml's layout: the command's option names (dests) and values
+UNRECORDED = ('help', 'config', 'resume')  # what says how a run was launched, not what it is
 DATA_CONFIG = 'data_config'  # the run's settings key of its evaluation's preprocessing (timm's data-config keys)
 # A checkpoint's key naming the weights its `state_dict` holds, the run's model: 'ema' when the run kept an EMA (the
 # trained weights then under backbones.weights.TRAINED_WEIGHTS), else 'trained'; and the one recording the
 # architecture with the arguments that built it (classification.models.create_classifier's)
-WEIGHTS, ARCHITECTURE = 'weights', 'architecture'
+WEIGHTS, ARCHITECTURE = MODEL_WEIGHTS, 'architecture'
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
@@ -126,10 +128,11 @@ def read_run_args(path: str | Path, command: str) -> dict:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise DataError(f'--config {path}: not a YAML file ({str(e).splitlines()[0]})') from None
     if not isinstance(values, dict) or 'command' not in values:
-        raise DataError(f'--config {path}: not the args.yaml of a run (it names no command)')
+        raise DataError(f'--config {path}: not the args.yaml of a run of this suite (it names no command; timm\'s '
+                        f'args.yaml is another format: give its values as options)')
     if values['command'] != command:
         raise DataError(f'--config {path}: the settings of a {values["command"]} run, not of {command}')
-    if values.get('args_version') != ARGS_VERSION:
+    if type(values.get('args_version')) is not int or values['args_version'] != ARGS_VERSION:
         raise DataError(f'--config {path}: args.yaml layout {values.get("args_version")!r}; this version of the suite '
                         f'reads layout {ARGS_VERSION}: launch it with the suite\'s version that wrote it')
     return {key: value for key, value in values.items() if key not in ('command', 'args_version')}
@@ -146,6 +149,9 @@ def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str |
     if unknown:
         raise DataError(f'--config {source}: settings this version of {parser.prog} does not have: '
                         f'{", ".join(unknown)} (written by another version of the suite?)')
+    missing = [dest for dest in actions if dest not in settings and dest not in UNRECORDED]
+    if missing:  # a file cut short, or edited: the run would take today's defaults for them, silently
+        raise DataError(f'--config {source}: settings missing: {", ".join(missing)}')
     positional, options = [], []
     for dest, value in settings.items():
         first = actions[dest][0]

@@ -173,11 +173,12 @@ class RunLog:
         parts = [f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in record.items()]
         logger.info('  '.join(parts))
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """The run ended (`finished`), or stopped to be resumed."""
         if self.writer is not None:
             self.writer.close()
         for tracker in self.trackers:
-            tracker.close()
+            tracker.close(finished)
         self.writer, self.trackers = None, []
 
 
@@ -282,7 +283,7 @@ class Fit:
                 self.save(epoch - 1, False, done)
                 last_save = time.time()
             if stop:
-                runlog.close()
+                runlog.close(finished=False)
                 raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch}, batch {done.batches}: '
                                   f'{self.output / LAST} holds the run; the same command with --resume continues it')
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from backbones.common.cli import import_extra, mlflow_tracking_uri
+from backbones.common.errors import UsageError
 from backbones.common.files import write_text_atomic
 
 
@@ -28,14 +30,16 @@ class Tracker(Protocol):
     def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
         """(H, W, 3) uint8 pictures at epoch `step`."""
 
-    def close(self) -> None: ...
+    def close(self, finished: bool) -> None:
+        """The tracker run ended: `finished`, or stopped (a signal) to be resumed."""
 
 
 def run_id(output: Path, name: str, make) -> str:
-    """The tracker run id kept in OUTPUT/`name` (made by `make()` on the run's first start)."""
+    """The tracker run id kept in OUTPUT/`name` (made by `make()` on the run's first start, or where the file holds
+    none)."""
     path = output / name
-    if path.exists():
-        return path.read_text().strip()
+    if path.exists() and (kept := path.read_text().strip()):
+        return kept
     value = make()
     write_text_atomic(path, value + '\n')
     return value
@@ -48,9 +52,10 @@ class WandbTracker:
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
         wandb = import_extra('wandb', '--log-wandb')
         self.wandb = wandb
-        self.run = wandb.init(project=experiment, name=output.name, config=settings,
-                              id=run_id(output, 'wandb_id', lambda: uuid.uuid4().hex[:12]), resume='allow',
-                              dir=os.environ.get('WANDB_DIR', str(output)))
+        with tracker_errors('--log-wandb', 'wandb could not start its run (wandb login, or WANDB_MODE=offline)'):
+            self.run = wandb.init(project=experiment, name=output.name, config=settings,
+                                  id=run_id(output, 'wandb_id', lambda: uuid.uuid4().hex[:12]), resume='allow',
+                                  dir=os.environ.get('WANDB_DIR', str(output)))
         for axis, prefix in (('update', 'train'), ('epoch', 'epoch')):
             self.run.define_metric(axis)
             self.run.define_metric(f'{prefix}/*', step_metric=axis)
@@ -61,8 +66,8 @@ class WandbTracker:
     def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
         self.run.log({**{f'epoch/{tag}': self.wandb.Image(image) for tag, image in images.items()}, 'epoch': step})
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, finished: bool) -> None:
+        self.run.finish(exit_code=0 if finished else 1)
 
 
 class MlflowTracker:
@@ -71,13 +76,17 @@ class MlflowTracker:
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
         mlflow = import_extra('mlflow', '--log-mlflow')
-        self.client = mlflow.tracking.MlflowClient(mlflow_tracking_uri(output / 'mlruns'))
+        store = mlflow_tracking_uri(output / 'mlruns')
+        self.client = mlflow.tracking.MlflowClient(store)
         resumed = (output / 'mlflow_run_id').exists()
         self.run_id = run_id(output, 'mlflow_run_id', lambda: self.new_run(experiment, output.name))
-        if not resumed:
-            for key, value in settings.items():
-                self.client.log_param(self.run_id, key, str(value)[:6000])  # MLflow's longest parameter value
-        self.client.update_run(self.run_id, 'RUNNING')
+        with tracker_errors('--log-mlflow', f'MLflow run {self.run_id} (kept in {output / "mlflow_run_id"}) in the '
+                                            f'store {store}: the store a resumed run started with is '
+                                            f'MLFLOW_TRACKING_URI\'s'):
+            if not resumed:
+                for key, value in settings.items():
+                    self.client.log_param(self.run_id, key, str(value)[:6000])  # MLflow's longest parameter value
+            self.client.update_run(self.run_id, 'RUNNING')
 
     def new_run(self, experiment: str, name: str) -> str:
         found = self.client.get_experiment_by_name(experiment)
@@ -92,8 +101,18 @@ class MlflowTracker:
         for tag, image in images.items():
             self.client.log_image(self.run_id, image, key=tag.replace('/', '_'), step=step)
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, finished: bool) -> None:
+        self.client.set_terminated(self.run_id, 'FINISHED' if finished else 'KILLED')
+
+
+@contextmanager
+def tracker_errors(flag: str, what: str):
+    """A tracker client's own error (no login, a run its store does not hold) as one line naming the flag."""
+    try:
+        yield
+    except Exception as e:  # wandb's and MLflow's errors have no common base
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(f'{flag}: {what}: {type(e).__name__}: {reason}') from e
 
 
 def check_trackers(wandb: bool, mlflow: bool) -> None:

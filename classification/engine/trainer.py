@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from timm.utils import ModelEmaV3
 from backbones import bare_model
 from backbones.common.cli import (
     DEFAULT_SEED,
+    CommandParser,
     add_amp_argument,
     add_device_argument,
     add_model_kwargs_argument,
@@ -43,7 +44,14 @@ from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from classification.engine.checkpoints import ARGS, METRICS, read_run_args, run_arguments, write_run_args
+from classification.engine.checkpoints import (
+    ARGS,
+    METRICS,
+    UNRECORDED,
+    read_run_args,
+    run_arguments,
+    write_run_args,
+)
 from classification.engine.fit import Fit, Pictures, RunLog, resume_path
 from classification.engine.steps import BatchTransform, Objective, StepState
 from classification.engine.trackers import check_trackers, open_trackers
@@ -88,17 +96,24 @@ class RunOptions:
 
 def run_settings(args: argparse.Namespace, recipe: object) -> dict:
     """What args.yaml records of a run: every option as given or defaulted (but --config and --resume, which say how
-    it was launched), and every recipe value it applies as resolved, so that a changed default cannot change it."""
-    applied = recipe.applied() if hasattr(recipe, 'applied') else vars(recipe)
-    return {**{key: value for key, value in vars(args).items() if key not in ('config', 'resume')}, **applied}
+    it was launched), and every recipe value as resolved, so that a changed default cannot change it."""
+    return {**{key: value for key, value in vars(args).items() if key not in UNRECORDED}, **vars(recipe)}
 
 
-def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them)."""
+def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
+                        recipe_choices: Sequence[str] = ()) -> argparse.Namespace:
+    """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them);
+    `recipe_choices`, the options that choose a recipe rather than set its values, are refused with it: the file
+    holds every value of the recipe resolved, which they would not change."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--config')
     config = first.parse_known_args(argv)[0].config
+    typed = {arg.split('=', 1)[0] for arg in (argv[:argv.index('--')] if '--' in argv else argv)}
+    chosen = [option for option in recipe_choices if option in typed]
+    if config and chosen:
+        raise UsageError(f'{chosen[0]} chooses a recipe, and --config {config} holds its run\'s recipe resolved, '
+                         f'value by value: set the values themselves, or start the run without --config')
     if config:
         recorded = run_arguments(parser, read_run_args(config, parser.prog), config)
         check_recorded_arguments(parser, recorded, config)
@@ -117,8 +132,26 @@ def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str
         del parser.error
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> None:
-    """The command-line options of `RunOptions`."""
+# timm's train.py flags the command does not take, and what it takes instead
+TIMM_TRAIN_FLAGS = {
+    '--data': 'the data folder as --data-dir', '--dataset': '--data-dir (an ImageNet-layout folder or its tars)',
+    '--model': 'the model name as the first argument', '--num-classes': None,  # the training split's classes
+    '--initial-checkpoint': '--finetune CKPT', '--pretrained': '--finetune CKPT (a release file or timm\'s cache)',
+    '--input-size': '--img-size', '-b': '--batch-size', '-j': '--workers', '--lr': '--lr-base with --lr-base-batch',
+    '--lr-base-size': '--lr-base-batch', '--sched': None, '--opt-eps': None, '--opt-betas': None,
+    '--clip-mode': None, '--drop': None, '--amp-dtype': '--amp bf16 or --amp fp16', '--channels-last': None,
+    '--sync-bn': None, '--dist-bn': None, '--model-ema-force-cpu': None, '--mixup-off-epoch': None,
+    '--checkpoint-hist': None, '--eval-metric': None, '--recovery-interval': '--checkpoint-minutes',
+    '--no-prefetcher': '--serial-loop', '--train-split': None, '--val-split': None, '--log-interval-steps': None,
+    '--remode': None, '--recount': None, '--color-jitter': None, '--vflip': None, '--crop-pct': None,
+    '--wandb-project': '--experiment', '--train-interpolation': '--interpolation', '--scale': '--scale-min',
+    '--pretrained-path': '--finetune CKPT', '-c': '--config (the args.yaml of a run of this suite)',
+    '--model-ema-warmup': None, '--mixup-prob': None, '--decay-epochs': None, '--layer-decay': None,
+}
+
+
+def add_run_arguments(parser: CommandParser, default_output: str) -> None:
+    """The command-line options of `RunOptions`; timm's train.py flags the command does not take are named."""
     parser.add_argument('--config', metavar='RUN/args.yaml',
                         help='the settings of an earlier run (its args.yaml): the same run again; options typed after '
                              'it override its values')
@@ -159,6 +192,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_output: str) -> N
     parser.add_argument('--pictures', type=non_negative_int, default=4,
                         help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
                              '0: none')
+    parser.add_foreign_flags("timm's train.py", TIMM_TRAIN_FLAGS)
 
 
 @dataclass(frozen=True)
