@@ -223,7 +223,7 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
         for i, index in enumerate(picks):
             path, row = train_set.paths[index], int(train_set.rows[index])
             scores, classes = store.read(row)
-            labels = token_labels(read_image(train_set.data_dir / path), scores, classes, transform, store.num_classes,
+            labels = token_labels(read_image(train_set.file(index)), scores, classes, transform, store.num_classes,
                                   extent=store.extent(row))
             pictures[f'token_labels/{i}'] = token_label_figure(labels, train_set.classes, path)
         return pictures
