@@ -44,7 +44,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/eval_cls.py's options (`description`: its usage text)."""
     p = model_parser('eval_cls.py', description)
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
-    p.add_argument('--data-dir', required=True, help='an ImageNet-layout folder (SPLIT/CLASS/*.JPEG)')
+    p.add_argument('--data-dir', required=True,
+                   help='an ImageNet-layout folder (SPLIT/CLASS/*.JPEG), or tars of one (docs/imagenet.md)')
     p.add_argument('--split', default='val', help='the folder of --data-dir evaluated')
     p.add_argument('--json', type=output_file, help='write the metrics to this file')
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '

@@ -76,7 +76,8 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them."""
     p = model_parser('train_cls.py', description)
     without = f' (default: {default_data.description})' if default_data else ''
-    p.add_argument('--data-dir', help=f'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG{without}')
+    p.add_argument('--data-dir', help=f'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of them '
+                                      f'(docs/imagenet.md){without}')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py or '
                    'tools/import_token_labels.py')
     p.add_argument('--no-verify', action='store_true', help='do not check the token-label store against its digests '

@@ -52,7 +52,7 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
                             description=fill('A token-label store\'s map of an image (the annotator\'s top classes '
                                              'over it), one augmented training crop of it and the target each token '
                                              'of that crop is trained on.', WIDTH))
-    p.add_argument('--data-dir', required=True, help='the ImageNet-layout folder the store was made for')
+    p.add_argument('--data-dir', required=True, help='the ImageNet-layout folder (or its tars) the store was made for')
     p.add_argument('--token-label-dir', required=True, help='its token-label store')
     p.add_argument('--image', help='an image of the store (default: the first), relative to --data-dir or not')
     p.add_argument('--img-size', type=positive_int, help='training input size (default: the store\'s, at most 224)')
