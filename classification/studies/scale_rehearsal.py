@@ -65,7 +65,7 @@ JPEG_SIZES = ((64, 48), (48, 64), (56, 56))  # wide, tall and square: the centre
 STAGES = ('build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing', 'first-step', 'checkpoint',
           'tar-build', 'tar-listing', 'tar-pass', 'tar-vs-folders', 'tar-first-step')
 LAYOUTS = {'folders': 'imagenet', 'tars': 'imagenet-tar'}  # the data folder of each layout under --root
-DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != 'import')
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != 'import' and not stage.startswith('tar-'))
 CHECKPOINT_MODELS = ('lvvit_l', 'cait_m48_448')
 MB = 1024 ** 2
 COMPARE_ROUNDS, COMPARE_BATCHES = 4, 20  # tar-vs-folders: rounds of each reader, batches timed in each
