@@ -15,6 +15,7 @@ from backbones.common.distributed import DistInfo, computed_once
 from backbones.common.image_tars import MemberFile, TarMembers, image_file, list_split
 from backbones.common.images import ImageReadError, check_same_classes, read_image
 from backbones.common.log import logger
+from backbones.common.memory import release_free_memory
 from backbones.common.path_list import PathList
 from backbones.common.random_state import hash_seed, seed_all
 from classification.data.batch_augment import collate_regions
@@ -122,7 +123,9 @@ def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, cla
         return (found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type),
                 members)
 
-    return computed_once(listing, info)
+    listed = computed_once(listing, info)
+    release_free_memory()  # the listing's temporaries: not inherited by loader workers (see the function)
+    return listed
 
 
 def spread_evenly(samples: Sequence, count: int) -> Sequence:
