@@ -124,7 +124,7 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
     try:
         with tarfile.open(fileobj=fileobj, mode='r:') as tar:
             while (member := tar.next()) is not None:
-                tar.members.clear()  # tarfile keeps every TarInfo it read: a million of them is gigabytes
+                tar.members.clear()  # tarfile keeps every TarInfo it read: a million of them take most of a gigabyte
                 if not member.isfile():
                     continue
                 name = member.name.removeprefix('./')
