@@ -32,7 +32,7 @@ from backbones.common.cli import (
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
-from backbones.common.images import find_classes
+from backbones.common.image_tars import split_classes
 from backbones.common.log import logger
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
@@ -51,7 +51,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/eval_cls.py's options (`description`: its usage text)."""
     p = model_parser('eval_cls.py', description)
     add_checkpoint_arguments(p)
-    p.add_argument('--data-dir', required=True, help='an ImageNet-layout folder (SPLIT/CLASS/*.JPEG)')
+    p.add_argument('--data-dir', required=True,
+                   help='an ImageNet-layout folder (SPLIT/CLASS/*.JPEG), or tars of one (docs/imagenet.md)')
     p.add_argument('--split', default='val', help='the folder of --data-dir evaluated')
     p.add_argument('--json', type=output_file, help='write the metrics to this file')
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
@@ -82,13 +83,13 @@ TIMM_VALIDATE_FLAGS = {
 }
 
 
-def class_order(split_dir: Path, recorded: list[str] | None) -> tuple[list[str] | None, str]:
+def class_order(data_dir: Path, split: str, recorded: list[str] | None) -> tuple[list[str] | None, str]:
     """The class list that labels a split (None: its sorted class folders), and in words which order that is.
 
     ImageNet-V2 names its class folders 0 ... 999, the index of each class in ImageNet's order (its sorted WordNet
     ids): numeric folders the checkpoint's class list does not name are read that way, folder i as class i (sorting
     the names would put 10 before 2)."""
-    found = find_classes(split_dir)
+    found = split_classes(data_dir, split)
     if all(name.isdigit() for name in found) and not (recorded and set(found) <= set(recorded)):
         count = len(recorded) if recorded else max(map(int, found)) + 1
         order = f'ImageNet-V2 layout: folder i is class i of the model\'s {count} classes'
@@ -102,7 +103,7 @@ def load_split(data_dir: str, split: str, checkpoint: str, transform) -> tuple[I
     """The split labelled with the checkpoint's own class list when it records one (a class folder may be absent;
     one it does not know is an error), ImageNet-V2's numeric folders by their number, else with the split's sorted
     class folders; and which of these orders it is."""
-    classes, order = class_order(Path(data_dir) / split, checkpoint_classes(checkpoint))
+    classes, order = class_order(Path(data_dir), split, checkpoint_classes(checkpoint))
     return ImageFolderDataset(data_dir, split, transform, classes=classes,
                               classes_from=f'the checkpoint {checkpoint}'), order
 

@@ -76,7 +76,8 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them."""
     p = model_parser('train_cls.py', description)
     without = f' (default: {default_data.description})' if default_data else ''
-    p.add_argument('--data-dir', help=f'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG{without}')
+    p.add_argument('--data-dir', help=f'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of them '
+                                      f'(docs/imagenet.md){without}')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py or '
                    'tools/import_token_labels.py')
     p.add_argument('--no-verify', action='store_true', help='do not check the token-label store against its digests '
@@ -234,7 +235,7 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
         for i, index in enumerate(picks):
             path, row = train_set.paths[index], int(train_set.rows[index])
             scores, classes = store.read(row)
-            labels = token_labels(read_image(train_set.data_dir / path), scores, classes, transform, store.num_classes,
+            labels = token_labels(read_image(train_set.file(index)), scores, classes, transform, store.num_classes,
                                   extent=store.extent(row))
             pictures[f'token_labels/{i}'] = token_label_figure(labels, train_set.classes, path)
         return pictures

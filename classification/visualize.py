@@ -25,7 +25,8 @@ from backbones.common.cli import (
 from backbones.common.drawing import write_png
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
-from backbones.common.images import check_same_classes, read_image, scan_split
+from backbones.common.image_tars import image_file, list_split
+from backbones.common.images import check_same_classes, read_image
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from backbones.segmentation.config import EmbeddedSegData
@@ -52,7 +53,7 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
                             description=fill('A token-label store\'s map of an image (the annotator\'s top classes '
                                              'over it), one augmented training crop of it and the target each token '
                                              'of that crop is trained on.', WIDTH))
-    p.add_argument('--data-dir', required=True, help='the ImageNet-layout folder the store was made for')
+    p.add_argument('--data-dir', required=True, help='the ImageNet-layout folder (or its tars) the store was made for')
     p.add_argument('--token-label-dir', required=True, help='its token-label store')
     p.add_argument('--image', help='an image of the store (default: the first), relative to --data-dir or not')
     p.add_argument('--img-size', type=positive_int, help='training input size (default: the store\'s, at most 224)')
@@ -116,7 +117,7 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
 
     data_dir, store = Path(args.data_dir), TokenLabelStore(args.token_label_dir, verify=not args.no_verify)
     split = store.meta.get('split', 'train')
-    data_classes, samples = scan_split(data_dir, split)  # the store must be this folder's, as training checks
+    data_classes, samples, members = list_split(data_dir, split)  # the store must be this folder's, as training checks
     check_same_classes(store.classes, data_classes, f'the token-label store {store.root}', str(data_dir / split))
     store.rows_of([sample for sample, _ in samples])
     path = store_path(data_dir, args.image) if args.image else store.paths[0]
@@ -126,8 +127,9 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     seed_all(args.seed)  # the augmentation drawn: the trainer's draws from these streams
     transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=args.auto_augment,
                                reprob=0.0)
-    labels = token_labels(read_image(data_dir / path), scores, classes, transform, store.num_classes,
-                          extent=store.extent(row))
+    position = [sample for sample, _ in samples].index(path) if members else -1  # its place in the tars' listing
+    labels = token_labels(read_image(image_file(data_dir, path, members, position)), scores, classes, transform,
+                          store.num_classes, extent=store.extent(row))
     return token_label_figure(labels, store.classes, f'{path}: {store.meta["annotator"]} map, {size} px training crop')
 
 

@@ -391,11 +391,11 @@ def test_imagenet_v2_numeric_folders_are_the_class_indices(tmp_path):
         (tmp_path / 'v2' / 'val' / str(i)).mkdir(parents=True)
         Image.new('RGB', (32, 32), (20 * i, 0, 0)).save(tmp_path / 'v2' / 'val' / str(i) / 'a.jpeg')
     for recorded in (None, [f'n{i:08d}' for i in range(12)]):
-        classes, order = class_order(tmp_path / 'v2' / 'val', recorded)
+        classes, order = class_order(tmp_path / 'v2', 'val', recorded)
         dataset = ImageFolderDataset(tmp_path / 'v2', 'val', lambda x: x, classes=classes)
         assert all(label == int(path.split('/')[1]) for path, label in map(dataset.sample, range(len(dataset))))
         assert order.startswith('ImageNet-V2 layout: folder i is class i of the model\'s 12 classes')
-    assert class_order(tmp_path / 'v2' / 'val', [str(i) for i in range(12)])[1] == \
+    assert class_order(tmp_path / 'v2', 'val', [str(i) for i in range(12)])[1] == \
         'the class names the checkpoint records (12)'  # folders the checkpoint names: by name
     model = timm.create_model('deit_small_patch16_224', num_classes=12, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)

@@ -148,8 +148,8 @@ import classification.data.folders as data
 from backbones.common.distributed import run_distributed
 from backbones.common.errors import DataError
 scans = []
-listed = data.scan_split
-data.scan_split = lambda *args: scans.append(args) or listed(*args)
+listed = data.list_split
+data.list_split = lambda *args: scans.append(args) or listed(*args)
 
 def run(info):
     try:
@@ -182,7 +182,8 @@ def test_the_rehearsal_measures_every_stage_at_a_small_scale(tmp_path):
     out = tmp_path / 'figures.json'
     succeeded(run_python([ROOT / 'tools' / 'rehearse_scale.py', '--root', tmp_path / 'rehearsal', '--scale', '0.001',
                           '--stages', 'build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing',
-                          '--batch-size', '64', '--json', out], env=ENV))
+                          'tar-build', 'tar-listing', 'tar-pass', 'tar-vs-folders', '--batch-size', '64',
+                          '--json', out], env=ENV))
     figures = json.loads(out.read_text())
     train = round(1_281_167 * 0.001)  # 1,281 images over 1,000 classes: 281 classes hold two
     assert figures['listing']['files listed'] == figures['import']['files imported'] == train
@@ -191,5 +192,11 @@ def test_the_rehearsal_measures_every_stage_at_a_small_scale(tmp_path):
     assert figures['pass']['images read (shuffled order)'] == train // 64 * 64
     growth = [value for key, value in figures['pass'].items() if key.endswith('growth over the pass')]
     assert len(growth) == 2 and max(growth) < GROWTH_BOUND
+    # the same images from 1,000 per-class tars (and their index), read by both readers in turn
+    assert figures['tar-listing']['images listed'] == train
+    assert figures['tar-listing']['files of the training split on disk (tars and index)'] == 1001
+    assert figures['tar-pass']['images read (shuffled order)'] == train // 64 * 64
+    compared = figures['tar-vs-folders']
+    assert compared['folders: images'] == compared['tars: images'] == 4 * 19 * 64  # 4 rounds of 19 timed batches
     lines = (tmp_path / 'rehearsal' / 'store' / PATHS).read_text().splitlines()
     assert len(lines) == train and lines[0] == 'train/n00000000/n00000000_0.JPEG'

@@ -20,6 +20,10 @@ each stage of the real job:
   (a second start in a fresh output: what a restart costs), with the training processes' memory at that step;
 - checkpoint: a training checkpoint (weights, EMA, AdamW state) of LV-ViT-L and CaiT-M48 written as train_cls
   writes one: size and seconds.
+- tar-build, tar-listing, tar-pass, tar-vs-folders, tar-first-step (not in the default stages): the same images
+  as tars (`ROOT/imagenet-tar`: 1,000 per-class tars for training, one tar of class folders for validation), their
+  index built and read again, the pass and the first update from them, and both readers' images/s (wall and per
+  CPU second) in the same run, interleaved.
 
     python tools/rehearse_scale.py                                   # full scale: about 24 GB of disk
     python tools/rehearse_scale.py --scale 0.04 --stages build import  # the import's files/s

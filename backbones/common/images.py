@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -32,8 +33,10 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert('RGB')
 
 
-def read_image(path: Path, before_decode: Callable[[Image.Image], bool | None] | None = None) -> Image.Image | None:
-    """Decode an image file completely to RGB (a truncated file is an error, not grey pixels); failures name it.
+def read_image(path: Path | BinaryIO,
+               before_decode: Callable[[Image.Image], bool | None] | None = None) -> Image.Image | None:
+    """Decode an image file (or its bytes read from a tar, `MemberFile`) completely to RGB (a truncated file is an
+    error, not grey pixels); failures name it.
 
     `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
     (`Image.draft`, JPEG's scaled decoding), or return False to leave the file undecoded (then None is returned).
@@ -92,20 +95,27 @@ def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
     """Classes (sorted class folders, or those given, which come from `classes_from`) and (path relative to
     `data_dir`, label) of one split. Given classes may lack a folder; a folder outside them is an error."""
     split_dir = Path(data_dir) / split
-    found = find_classes(split_dir)
-    classes = list(classes) if classes is not None else found
+
+    def files_of(name: str) -> list[str]:
+        folder = split_dir / name
+        return [f.name for f in sorted(folder.iterdir()) if f.suffix.lower() in IMG_EXTENSIONS] \
+            if folder.is_dir() else []
+
+    return label_samples(split, str(split_dir), find_classes(split_dir), files_of, classes, classes_from)
+
+
+def label_samples(split: str, where: str, found: Sequence[str], files_of: Callable[[str], list[str]],
+                  classes: Sequence[str] | None, classes_from: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """The classes (`found`, or those given, from `classes_from`) and (`split/CLASS/FILE`, label) of the images of
+    a split (`where`, for messages), the file names of each class from `files_of` (sorted)."""
+    classes = list(classes) if classes is not None else list(found)
     unknown = sorted(set(found) - set(classes))
     if unknown:
-        raise DataError(f'{split_dir} has {len(unknown)} class folder(s) that {classes_from} does not: '
+        raise DataError(f'{where} has {len(unknown)} class folder(s) that {classes_from} does not: '
                         f'{", ".join(unknown[:5])}')
-    samples = []
-    for label, name in enumerate(classes):
-        folder = split_dir / name
-        if folder.is_dir():
-            samples += [(f'{split}/{name}/{f.name}', label) for f in sorted(folder.iterdir())
-                        if f.suffix.lower() in IMG_EXTENSIONS]
+    samples = [(f'{split}/{name}/{file}', label) for label, name in enumerate(classes) for file in files_of(name)]
     if not samples:
-        raise DataError(f'no images under {split_dir} (extensions {", ".join(IMG_EXTENSIONS)})')
+        raise DataError(f'no images under {where} (extensions {", ".join(IMG_EXTENSIONS)})')
     return classes, samples
 
 

@@ -36,6 +36,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 
 from backbones.common.errors import UsageError
+from backbones.common.image_tars import MemberFile, file_bytes
 from backbones.common.images import ImageReadError, read_image
 from classification.data.augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
 
@@ -126,13 +127,13 @@ class EncodedJpeg:
     path: str
 
 
-def bytes_for_device(img: Image.Image, path: Path) -> bytes | None:
+def bytes_for_device(img: Image.Image, path: Path | MemberFile) -> bytes | None:
     """The file's bytes when the device's decoder takes it: a baseline or progressive colour JPEG that ends with its
     end-of-image marker. Others (grey, CMYK, PNG, a truncated file: None) are decoded by the worker, which names or
     skips a broken one; only colour JPEGs are read whole here."""
     if img.format != 'JPEG' or img.mode != 'RGB':
         return None
-    data = Path(path).read_bytes()
+    data = file_bytes(path)
     return data if data.rstrip(b'\0')[-2:] == b'\xff\xd9' else None
 
 
@@ -151,7 +152,8 @@ class RegionTransform:
         self.layers = layers
         self.max_boxes = reference.erase_boxes.max_count if reference.erase_boxes is not None else 0
 
-    def __call__(self, path: Path) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry, dict[str, torch.Tensor]]:
+    def __call__(self, path: Path | MemberFile) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry,
+                                                         dict[str, torch.Tensor]]:
         t, out = self.reference, self.reference.img_size
         drawn = {}
 

@@ -12,8 +12,10 @@ from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from backbones.common.distributed import DistInfo, computed_once
-from backbones.common.images import ImageReadError, check_same_classes, read_image, scan_split
+from backbones.common.image_tars import MemberFile, TarMembers, image_file, list_split
+from backbones.common.images import ImageReadError, check_same_classes, read_image
 from backbones.common.log import logger
+from backbones.common.memory import release_free_memory
 from backbones.common.path_list import PathList
 from backbones.common.random_state import seed_sample
 from classification.data.batch_augment import collate_regions
@@ -21,7 +23,7 @@ from classification.token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):
-    """One split of an ImageNet-layout folder.
+    """One split of an ImageNet-layout folder, or of tars of one (`backbones.common.image_tars`).
 
     Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
     token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers (`extent`,
@@ -47,8 +49,8 @@ class ImageFolderDataset(Dataset):
             info: DistInfo | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.classes, self.paths, self.labels = split_listing(self.data_dir, split, classes, classes_from,
-                                                              max_images, info or DistInfo())
+        self.classes, self.paths, self.labels, self.members = split_listing(
+            self.data_dir, split, classes, classes_from, max_images, info or DistInfo())
         self.transform = transform
         self.label_store = label_store
         self.skip_unreadable = skip_unreadable
@@ -71,14 +73,19 @@ class ImageFolderDataset(Dataset):
         drawn from the training process's own streams, which checkpoints hold.)"""
         self.epoch_seed = (seed, epoch)
 
+    def file(self, index: int) -> Path | MemberFile:
+        """Image `index`'s file, or its bytes read from its tar."""
+        return image_file(self.data_dir, self.paths[index], self.members, index)
+
     def __getitem__(self, index: int) -> dict | None:
-        path, label = self.sample(index)
+        label = int(self.labels[index])
         if self.epoch_seed is not None and get_worker_info() is not None:
             seed_sample(*self.epoch_seed, index)
         try:
             # a transform that `takes_path` decodes the file itself (no more of it than its crop needs)
-            out = self.transform(self.data_dir / path) if getattr(self.transform, 'takes_path', False) \
-                else self.transform(read_image(self.data_dir / path))
+            file = self.file(index)
+            out = self.transform(file) if getattr(self.transform, 'takes_path', False) \
+                else self.transform(read_image(file))
         except ImageReadError:
             if self.skip_unreadable:
                 return None
@@ -98,25 +105,30 @@ class ImageFolderDataset(Dataset):
 
 
 def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
-                  max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray]:
-    """The split's classes, image paths and labels (`scan_split`, at most `max_images` spread over the split), listed
-    by the main process and given to the others: one listing of 1.28 million files per run, not one per process."""
+                  max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray, TarMembers | None]:
+    """The split's classes, image paths, labels and, in tars, where each image is (`list_split`, at most
+    `max_images` spread over the split), listed by the main process and given to the others: one listing of 1.28
+    million files per run, not one per process."""
 
-    def listing() -> tuple[list[str], PathList, np.ndarray]:
+    def listing() -> tuple[list[str], PathList, np.ndarray, TarMembers | None]:
         start = time.perf_counter()
-        found, samples = scan_split(data_dir, split, classes, classes_from)
+        found, samples, members = list_split(data_dir, split, classes, classes_from)
         logger.info(f'{data_dir / split}: listed {len(samples)} images in {time.perf_counter() - start:.1f} s')
         if max_images is not None:
-            kept = spread_evenly(samples, max_images)
-            warn_of_empty_classes(found, samples, kept, f'{data_dir / split}: {max_images} images kept')
-            samples = kept
+            kept = spread_evenly(range(len(samples)), max_images)
+            warn_of_empty_classes(found, samples, [samples[i] for i in kept],
+                                  f'{data_dir / split}: {max_images} images kept')
+            samples, members = [samples[i] for i in kept], members and members.take(kept)
         label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32
-        return found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type)
+        return (found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type),
+                members)
 
-    return computed_once(listing, info)
+    listed = computed_once(listing, info)
+    release_free_memory()  # the listing's temporaries: not inherited by loader workers (see the function)
+    return listed
 
 
-def spread_evenly(samples: list, count: int) -> list:
+def spread_evenly(samples: Sequence, count: int) -> Sequence:
     """At most `count` of `samples`, evenly spaced over the list: a split's files are listed class by class, so
     every class keeps its share (where the first `count` would hold the first classes alone)."""
     if count >= len(samples):

@@ -6,6 +6,8 @@ import argparse
 import io
 import os
 import shutil
+import tarfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +27,8 @@ from backbones.common.cli import (
 )
 from backbones.common.distributed import DistInfo, sharded_loaders
 from backbones.common.errors import UsageError
-from backbones.common.files import write_json_atomic
+from backbones.common.files import write_atomic, write_json_atomic
+from backbones.common.image_tars import list_split
 from backbones.common.images import scan_split
 from backbones.common.log import logger
 from backbones.common.memory import ChildMemory, Memory, child_pids, process_memory
@@ -59,10 +62,13 @@ from classification.train import training_pieces
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1000
 RELEASE_SHAPE = (2, 5, 18, 18)  # TokenLabeling's NFNet-F6 release: [scores, classes] x top-5 x 18 x 18
 JPEG_SIZES = ((64, 48), (48, 64), (56, 56))  # wide, tall and square: the centre-square extents differ
-STAGES = ('build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing', 'first-step', 'checkpoint')
-DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != 'import')
+STAGES = ('build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing', 'first-step', 'checkpoint',
+          'tar-build', 'tar-listing', 'tar-pass', 'tar-vs-folders', 'tar-first-step')
+LAYOUTS = {'folders': 'imagenet', 'tars': 'imagenet-tar'}  # the data folder of each layout under --root
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != 'import' and not stage.startswith('tar-'))
 CHECKPOINT_MODELS = ('lvvit_l', 'cait_m48_448')
 MB = 1024 ** 2
+COMPARE_ROUNDS, COMPARE_BATCHES = 4, 20  # tar-vs-folders: rounds of each reader, batches timed in each
 
 
 def scale_fraction(value: str) -> float:
@@ -136,6 +142,42 @@ def write_class(data: Path, release: Path, name: str, train: int, val: int, firs
         (release / name / f'{stem}.pt').write_bytes(label)
     for i in range(val):
         (data / 'val' / name / f'ILSVRC2012_val_{first_val + i + 1:08d}.JPEG').write_bytes(jpegs[i % len(jpegs)])
+
+
+def write_class_tar(path: Path, names: list[str], jpegs: list[bytes]) -> None:
+    """A tar of `names` (each member the tiny JPEG its position gives, as in the class folders), written atomically."""
+    def write(f) -> None:
+        with tarfile.open(fileobj=f, mode='w') as tar:
+            for i, name in enumerate(names):
+                info = tarfile.TarInfo(name)
+                info.size = len(jpegs[i % len(jpegs)])
+                tar.addfile(info, io.BytesIO(jpegs[i % len(jpegs)]))
+
+    write_atomic(path, write)
+
+
+def build_tars(root: Path, scale: float) -> dict:
+    """The image tree as tars (`root/imagenet-tar`): the training split a folder of 1,000 per-class tars (the
+    ILSVRC2012 training tar unpacked one level), the validation split one tar of class folders; the same names and
+    bytes as the class folders, so one label store serves both."""
+    data = root / LAYOUTS['tars']
+    shutil.rmtree(data, ignore_errors=True)
+    (data / 'train').mkdir(parents=True)
+    train, val = per_class(TRAIN_IMAGES, scale), per_class(VAL_IMAGES, scale)
+    first_val = np.concatenate([[0], np.cumsum(val)[:-1]]).tolist()
+    jpegs, names = tiny_jpegs(), class_names()
+
+    def write() -> None:
+        for c, name in enumerate(names):
+            write_class_tar(data / 'train' / f'{name}.tar', [f'{name}_{i}.JPEG' for i in range(train[c])], jpegs)
+        write_class_tar(data / 'val.tar', [f'{name}/ILSVRC2012_val_{first_val[c] + i + 1:08d}.JPEG'
+                                           for c, name in enumerate(names) for i in range(val[c])], jpegs)
+        os.sync()
+
+    before = disk_used(root)
+    _, seconds = timed(write)
+    return {'scale': scale, 'train': sum(train), 'val': sum(val), 'seconds': seconds,
+            'disk_bytes': disk_used(root) - before}
 
 
 def disk_used(path: Path) -> int:
@@ -284,9 +326,9 @@ class ImageSize:
         return torch.tensor(image.size)
 
 
-def training_set(args: argparse.Namespace) -> ImageFolderDataset:
-    return ImageFolderDataset(args.root / 'imagenet', 'train', ImageSize(),
-                              label_store=TokenLabelStore(args.root / 'store', verify=False))
+def training_set(args: argparse.Namespace, layout: str = 'folders', labels: bool = True) -> ImageFolderDataset:
+    return ImageFolderDataset(args.root / LAYOUTS[layout], 'train', ImageSize(),
+                              label_store=TokenLabelStore(args.root / 'store', verify=False) if labels else None)
 
 
 def stage_dataset(args: argparse.Namespace, measurements: MeasurementTable) -> None:
@@ -298,8 +340,9 @@ def stage_dataset(args: argparse.Namespace, measurements: MeasurementTable) -> N
     measurements.add('dataset', 'memory of the dataset (USS)', grown, mb(grown))
 
 
-def stage_pass(args: argparse.Namespace, measurements: MeasurementTable) -> None:
-    dataset = training_set(args)
+def stage_pass(args: argparse.Namespace, measurements: MeasurementTable, layout: str = 'folders') -> None:
+    stage = 'pass' if layout == 'folders' else 'tar-pass'
+    dataset = training_set(args, layout)
     loader = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0, collate_skipping)[0]
     loader.sampler.set_epoch(0)
     dataset.set_epoch(0, 0)
@@ -317,26 +360,26 @@ def stage_pass(args: argparse.Namespace, measurements: MeasurementTable) -> None
         return seen
 
     seen, seconds = timed(read_pass)
-    measurements.add('pass', 'images read (shuffled order)', seen)
-    measurements.add('pass', 'seconds', round(seconds, 1))
-    measurements.add('pass', 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+    measurements.add(stage, 'images read (shuffled order)', seen)
+    measurements.add(stage, 'seconds', round(seconds, 1))
+    measurements.add(stage, 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
     for n, pid in enumerate(sorted(memory.first)):
         first, last = memory.first[pid], memory.last[pid]
-        measurements.add('pass', f'worker {n}: USS at start / end', [first.uss, last.uss],
+        measurements.add(stage, f'worker {n}: USS at start / end', [first.uss, last.uss],
                          f'{mb(first.uss)} / {mb(last.uss)}')
-        measurements.add('pass', f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
+        measurements.add(stage, f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
                          f'{mb(first.dirty)} / {mb(last.dirty)}')
-        measurements.add('pass', f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
+        measurements.add(stage, f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
                          mb(last.dirty - first.dirty))
-        measurements.add('pass', f'worker {n}: PSS at end', last.pss, mb(last.pss))
+        measurements.add(stage, f'worker {n}: PSS at end', last.pss, mb(last.pss))
 
 
-def first_step(args: argparse.Namespace, output: Path) -> tuple[float, list[Memory], list[str]]:
+def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[float, list[Memory], list[str]]:
     """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
     and the log up to it."""
     shutil.rmtree(output, ignore_errors=True)
     command = train_cls_command(
-        ['lvvit_s', '--model-kwargs', 'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', args.root / 'imagenet',
+        ['lvvit_s', '--model-kwargs', 'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', data,
          '--token-label-dir', args.root / 'store', '--img-size', '32', '--batch-size', '32', '--workers', args.workers,
          '--log-interval', '1', '--pictures', '0', '--device', 'cpu', '--output', output], processes=args.processes)
     with TrainingRun(command, 'torchrun tools/train_cls.py', env={'OMP_NUM_THREADS': '1'}) as run:
@@ -345,15 +388,103 @@ def first_step(args: argparse.Namespace, output: Path) -> tuple[float, list[Memo
         raise run.ended_before('its first update')
 
 
-def stage_first_step(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_first_step(args: argparse.Namespace, measurements: MeasurementTable, layout: str = 'folders') -> None:
+    """Two starts of train_cls: the first as a first run's (the store verified; the tars indexed), then a restart."""
+    stage, data = 'first-step' if layout == 'folders' else 'tar-first-step', args.root / LAYOUTS[layout]
     forget_verification(args.root)
+    if layout == 'tars':
+        forget_tar_indexes(data)
     for name in ('first start', 'second start'):
-        seconds, memory, log = first_step(args, args.root / 'first_step')
-        measurements.add('first-step', f'{name}: seconds to the first update', round(seconds, 1))
-        measurements.add('first-step', f'{name}: training processes\' USS', [m.uss for m in memory],
+        seconds, memory, log = first_step(args, args.root / 'first_step', data)
+        measurements.add(stage, f'{name}: seconds to the first update', round(seconds, 1))
+        measurements.add(stage, f'{name}: training processes\' USS', [m.uss for m in memory],
                          ' / '.join(mb(m.uss) for m in memory))
-        store_lines = [line.split('] ')[-1][:120] for line in log if ' verified' in line or ': listed ' in line]
-        measurements.add('first-step', f'{name}: log', store_lines, '; '.join(store_lines))
+        store_lines = [line.split('] ')[-1][:120] for line in log
+                       if ' verified' in line or ': listed ' in line or ': the index of ' in line]
+        measurements.add(stage, f'{name}: log', store_lines, '; '.join(store_lines))
+
+
+def forget_tar_indexes(data: Path) -> None:
+    """Remove the tars' kept indexes: the next listing indexes them again, as a first run's."""
+    for index in [*data.glob('*.index.npz'), *data.glob('*/tars.index.npz')]:
+        index.unlink()
+
+
+def stage_tar_build(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+    built = build_tars(args.root, args.scale)
+    measurements.add('tar-build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    measurements.add('tar-build', 'seconds', round(built['seconds'], 1))
+    measurements.add('tar-build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
+
+
+def files_under(folder: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(folder))
+
+
+def stage_tar_listing(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+    data = args.root / LAYOUTS['tars']
+    forget_tar_indexes(data)
+    before = process_memory().uss
+    for name in ('indexing the tars and listing', 'listing from the kept index'):
+        (_, samples, _), seconds = timed(lambda: list_split(data, 'train'))
+        measurements.add('tar-listing', f'{name}: seconds', round(seconds, 1))
+    measurements.add('tar-listing', 'images listed', len(samples))
+    measurements.add('tar-listing', 'files of the training split on disk (tars and index)', files_under(data / 'train'))
+    if (args.root / LAYOUTS['folders'] / 'train').is_dir():
+        measurements.add('tar-listing', 'files of the training split as class folders',
+                         files_under(args.root / LAYOUTS['folders'] / 'train'))
+    index = data / 'train' / 'tars.index.npz'
+    measurements.add('tar-listing', 'index size', index.stat().st_size, mb(index.stat().st_size))
+    grown = process_memory().uss - before
+    measurements.add('tar-listing', 'memory of the listing (USS)', grown, mb(grown))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far (/proc/PID/stat)."""
+    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def timed_batches(loader, batches: int) -> tuple[int, float, float]:
+    """Images, wall seconds and CPU seconds (this process and its loader workers) of `batches` batches, after a first
+    batch that is not timed (the workers' start)."""
+    iterator = iter(loader)
+    next(iterator)
+    pids = [os.getpid()] + child_pids()
+    cpu_before, start, seen = sum(map(cpu_seconds, pids)), time.perf_counter(), 0
+    for _ in range(batches):
+        seen += len(next(iterator)['label'])
+    seconds, cpu = time.perf_counter() - start, sum(map(cpu_seconds, pids)) - cpu_before
+    del iterator  # its workers end
+    return seen, seconds, cpu
+
+
+def stage_tar_vs_folders(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+    """The two readers in the same run, interleaved round by round (the order alternating), so that the machine's
+    other load falls on both: images per wall second, and per CPU second of the reading processes."""
+    loaders = {}
+    for layout in LAYOUTS:
+        dataset = training_set(args, layout, labels=False)  # the readers alone: no store row
+        loaders[layout] = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0,
+                                          collate_skipping)[0]
+    totals = {layout: np.zeros(3) for layout in LAYOUTS}
+    load_before = os.getloadavg()
+    for round_ in range(COMPARE_ROUNDS):
+        for layout in (list(LAYOUTS) if round_ % 2 == 0 else list(LAYOUTS)[::-1]):
+            loaders[layout].sampler.set_epoch(round_)
+            totals[layout] += timed_batches(loaders[layout], min(COMPARE_BATCHES, len(loaders[layout]) - 1))
+    measurements.add('tar-vs-folders', 'load average (1 min) before / after', [load_before[0], os.getloadavg()[0]],
+                     f'{load_before[0]:.2f} / {os.getloadavg()[0]:.2f}')
+    for layout, (seen, seconds, cpu) in totals.items():
+        measurements.add('tar-vs-folders', f'{layout}: images', int(seen))
+        measurements.add('tar-vs-folders', f'{layout}: images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+        measurements.add('tar-vs-folders', f'{layout}: images per CPU second', round(seen / cpu),
+                         f'{seen / cpu:,.0f}')
+    tar, folders = totals['tars'], totals['folders']
+    measurements.add('tar-vs-folders', 'tars / folders, images/s',
+                     round((tar[0] / tar[1]) / (folders[0] / folders[1]), 2))
+    measurements.add('tar-vs-folders', 'tars / folders, images per CPU second',
+                     round((tar[0] / tar[2]) / (folders[0] / folders[2]), 2))
 
 
 def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -> None:
@@ -381,7 +512,9 @@ def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -
 RUNNERS: dict[str, Callable[[argparse.Namespace, MeasurementTable], None]] = {
     'build': stage_build, 'listing': stage_listing, 'import': stage_import, 'store': stage_store,
     'dataset': stage_dataset, 'pass': stage_pass, 'val-listing': lambda a, f: stage_listing(a, f, 'val'),
-    'first-step': stage_first_step, 'checkpoint': stage_checkpoint}
+    'first-step': stage_first_step, 'checkpoint': stage_checkpoint, 'tar-build': stage_tar_build,
+    'tar-listing': stage_tar_listing, 'tar-pass': lambda a, f: stage_pass(a, f, 'tars'),
+    'tar-vs-folders': stage_tar_vs_folders, 'tar-first-step': lambda a, f: stage_first_step(a, f, 'tars')}
 
 
 def main(argv: list[str] | None = None, description: str | None = None) -> dict:
@@ -389,7 +522,10 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     if 'checkpoint' in args.stages:
         for name in args.checkpoint_models:  # before hours of other stages
             check_model_name(name)
-    needs_trees = set(args.stages) - {'build', 'checkpoint'}
+    needs_trees = set(args.stages) - {'build', 'checkpoint', 'tar-build', 'tar-listing'}
+    needs_tars = {stage for stage in args.stages if stage.startswith('tar-')} - {'tar-build'}
+    if needs_tars and 'tar-build' not in args.stages and not (args.root / LAYOUTS['tars'] / 'val.tar').is_file():
+        raise UsageError(f'{args.root} holds no rehearsal tars yet: run the tar-build stage first')
     if needs_trees and 'build' not in args.stages and read_marker(args.root / 'built.json') is None:
         raise UsageError(f'{args.root} holds no rehearsal trees yet: run the build stage first')
     if needs_trees and 'build' not in args.stages and not (read_meta(args.root / 'store') or {}).get('complete'):

@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError, UsageError
-from backbones.common.images import ImageReadError, read_image, scan_split
+from backbones.common.image_tars import TarMembers, image_file, list_split
+from backbones.common.images import ImageReadError, read_image
 from backbones.token_head import feature_grid, has_token_head, patch_tokens
 from backbones.weights import pretrained_model
 from classification.engine.checkpoints import check_checkpoint_classes, checkpoint_data_config
@@ -70,9 +71,9 @@ def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class _WholeImages(Dataset):
     """Rows of the store as (image, row); an unreadable image gives None with `skip_unreadable`."""
 
-    def __init__(self, data_dir: Path, paths: Sequence[str], rows: Sequence[int], transform,
-                 skip_unreadable: bool) -> None:
-        self.data_dir, self.paths, self.rows, self.transform = data_dir, paths, rows, transform
+    def __init__(self, data_dir: Path, paths: Sequence[str], members: TarMembers | None, rows: Sequence[int],
+                 transform, skip_unreadable: bool) -> None:
+        self.data_dir, self.paths, self.members, self.rows, self.transform = data_dir, paths, members, rows, transform
         self.skip_unreadable = skip_unreadable
 
     def __len__(self) -> int:
@@ -81,7 +82,7 @@ class _WholeImages(Dataset):
     def __getitem__(self, i: int):
         row = self.rows[i]
         try:
-            return self.transform(read_image(self.data_dir / self.paths[row])), row
+            return self.transform(read_image(image_file(self.data_dir, self.paths[row], self.members, row))), row
         except ImageReadError:
             if self.skip_unreadable:
                 return None, row
@@ -139,7 +140,7 @@ def generate_token_labels(
     shard_size = shard_size or (old or {}).get('shard_size') or DEFAULT_SHARD_SIZE
     if shard_size < 1:
         raise UsageError(f'--shard-size must be at least 1, got {shard_size}')
-    classes, samples = scan_split(data_dir, split)
+    classes, samples, members = list_split(data_dir, split)
     paths = [path for path, _ in samples]
     if checkpoint:
         check_checkpoint_classes(checkpoint, classes, str(Path(data_dir) / split))  # its scores by class name
@@ -159,7 +160,7 @@ def generate_token_labels(
                              f'map position (i, j) covers the same fraction of the whole image'}
 
     def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
-        images_of = _WholeImages(data_dir, paths, range(start, stop), transform, skip_unreadable)
+        images_of = _WholeImages(data_dir, paths, members, range(start, stop), transform, skip_unreadable)
         loader = DataLoader(images_of, batch_size, num_workers=workers, collate_fn=_collate_rows,
                             pin_memory=info.device.type == 'cuda')
         for images, rows, skipped in loader:

@@ -25,7 +25,8 @@ from classification.token_labeling.released_labels import FORMATS, import_releas
 def generation_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/generate_token_labels.py's options (`description`: its usage text)."""
     p = command_parser(description, 'generate_token_labels.py')
-    p.add_argument('--data-dir', required=True, help='ImageNet-layout folder (labels are made for SPLIT/)')
+    p.add_argument('--data-dir', required=True,
+                   help='ImageNet-layout folder, or tars of one (labels are made for SPLIT/)')
     p.add_argument('--annotator', required=True, help='model name in the timm registry (suite models included)')
     p.add_argument('--checkpoint', help='annotator weights (default: timm pretrained weights)')
     p.add_argument('--output', required=True, help='folder of the token-label store')
@@ -68,7 +69,8 @@ def generate(argv: list[str] | None = None, description: str | None = None) -> d
 def import_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/import_token_labels.py's options (`description`: its usage text)."""
     p = command_parser(description, 'import_token_labels.py')
-    p.add_argument('--data-dir', required=True, help='ImageNet-layout folder (labels are imported for SPLIT/)')
+    p.add_argument('--data-dir', required=True,
+                   help='ImageNet-layout folder, or tars of one (labels are imported for SPLIT/)')
     p.add_argument('--release-dir', required=True, help='the released tree: <wnid>/<image stem>.pt')
     p.add_argument('--output', required=True, help='folder of the token-label store')
     p.add_argument('--format', choices=FORMATS, default='auto', help=(

@@ -50,3 +50,46 @@ def textured_jpegs(folder: Path, sizes: Sequence[tuple[int, int]]) -> list[Path]
         files.append(folder / f'{i}.JPEG')
         Image.fromarray(np.uint8(np.clip(rgb + rng.normal(0, 10, (H, W, 3)), 0, 255))).save(files[-1], quality=90)
     return files
+
+
+def write_tar(path: Path, members: dict[str, bytes]) -> Path:
+    """A tar file (tarfile's default format) of `members`, name -> content, in that order."""
+    import io
+    import tarfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, 'w') as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def split_tars(split_dir: Path, out: Path, layout: str) -> None:
+    """The images of an ImageNet-layout split folder as tars at `out` (a tar or a folder): `ilsvrc` one tar of
+    per-class tars (the ILSVRC2012 training tar), `per-class` a folder of CLASS.tar, `shards` two webdataset-style
+    shards (`CLASS/KEY.EXT` with a `CLASS/KEY.cls` beside each image), `class-folders` one tar of CLASS/FILE."""
+    files = {f'{c.name}/{f.name}': f.read_bytes() for c in sorted(split_dir.iterdir()) for f in sorted(c.iterdir())}
+    classes = sorted({name.split('/')[0] for name in files})
+    per_class = {c: {name.split('/')[1]: data for name, data in files.items() if name.startswith(f'{c}/')}
+                 for c in classes}
+    if layout == 'ilsvrc':
+        inner = {c: write_tar(out.parent / f'.{c}.tar', members).read_bytes() for c, members in per_class.items()}
+        write_tar(out, {f'{c}.tar': data for c, data in inner.items()})
+        for c in classes:
+            (out.parent / f'.{c}.tar').unlink()
+    elif layout == 'per-class':
+        for c, members in per_class.items():
+            write_tar(out / f'{c}.tar', members)
+    elif layout == 'shards':
+        names = list(files)[::-1]  # shards need not follow the class order
+        for shard, part in enumerate((names[::2], names[1::2])):
+            members = {}
+            for name in part:
+                members[name] = files[name]
+                members[name.rsplit('.', 1)[0] + '.cls'] = str(classes.index(name.split('/')[0])).encode()
+            write_tar(out / f'shard-{shard:06d}.tar', members)
+    elif layout == 'class-folders':
+        write_tar(out, files)
+    else:
+        raise ValueError(layout)

@@ -1,0 +1,316 @@
+"""ImageNet-layout splits kept in tar files, read in place: a few large files instead of 1.28 million small ones.
+
+A split SPLIT of a data folder D is read from the first of these that exists:
+
+- `D/SPLIT/CLASS/*.JPEG`: class folders (`backbones.common.images`);
+- `D/SPLIT/*.tar`: a folder of tars: per-class tars (`CLASS.tar` of flat images, as the ILSVRC2012 training tar
+  holds them) or webdataset-style shards whose members are `CLASS/KEY.EXT` (other members, `.cls`, `.json`, are
+  not read);
+- `D/SPLIT.tar`: one tar of class folders (`CLASS/*.JPEG`) or of per-class tars (`CLASS.tar`, the original
+  `ILSVRC2012_img_train.tar`).
+
+`D` may itself be a tar: of the whole folder (`SPLIT/CLASS/*.JPEG` or `SPLIT/CLASS.tar`), or without the split
+level (the original training tar), which then is the training split alone.
+
+Every image keeps the relative path it has in the folder layout (`train/n01440764/n01440764_10026.JPEG`), so
+token-label stores, generation and import work unchanged. The tars are indexed once with Python's `tarfile` (each
+image's member, offset and size; a per-class tar inside a tar is indexed in place, its offsets relative to the outer
+file); the index is cached beside the data (`NAME.tar.index.npz`, or `tars.index.npz` in a folder of tars) or, where
+that folder cannot be written, in `~/.cache/backbones/tar-index/`, and rebuilt when a tar's size or modification
+time changes. An image is then one `os.pread` of its bytes from a tar opened once (a descriptor shared with forked
+loader workers serves them too: pread takes its offset, it moves no file position).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import resource
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from backbones.common.errors import DataError
+from backbones.common.files import write_atomic
+from backbones.common.images import IMG_EXTENSIONS, ImageReadError, find_classes, label_samples, scan_split
+from backbones.common.log import logger
+from backbones.common.path_list import PathList
+
+INDEX_VERSION = 1
+TRAIN_SPLIT = 'train'  # the split a tar without split folders holds (the original ILSVRC2012 training tar)
+BLOCK = tarfile.BLOCKSIZE
+
+
+class MemberFile(io.BytesIO):
+    """An image's bytes read from its tar; `str()` names the tar and the image (for error messages)."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def file_bytes(file: Path | BinaryIO) -> bytes:
+    """The whole content of an image file, on disk or read from a tar."""
+    return file.getvalue() if isinstance(file, io.BytesIO) else Path(file).read_bytes()
+
+
+# ------------------------------------------------------------------------------------------------- the split's tars
+
+@dataclass(frozen=True)
+class TarSplit:
+    """The tars holding a split: `whole` where they are the data folder's own tar (the split a top-level folder in
+    it), `folder` where they are a folder's tars (a tar of flat images there is one class); `index` is where their
+    index is kept beside them."""
+
+    tars: list[Path]
+    whole: bool
+    folder: bool
+    index: Path
+
+
+def split_tars(data_dir: Path, split: str) -> TarSplit | None:
+    """The tars of `split` of `data_dir`; None where the split is class folders (or nothing: the folder reader
+    says what is missing)."""
+    if data_dir.is_file():
+        return TarSplit([data_dir], True, False, data_dir.with_name(data_dir.name + '.index.npz'))
+    folder = data_dir / split
+    if folder.is_dir():
+        entries = [p for p in folder.iterdir() if not p.name.startswith('.')]
+        tars = sorted(p for p in entries if p.suffix == '.tar' and p.is_file())
+        if tars and not any(p.is_dir() for p in entries):
+            return TarSplit(tars, False, True, folder / 'tars.index.npz')
+        return None
+    tar = data_dir / f'{split}.tar'
+    return TarSplit([tar], False, False, tar.with_name(tar.name + '.index.npz')) if tar.is_file() else None
+
+
+def cache_location(beside: Path) -> Path:
+    """The index's place in the user's cache, for data folders that cannot be written."""
+    cache = Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'backbones' / 'tar-index'
+    digest = hashlib.sha256(str(beside.resolve()).encode()).hexdigest()[:16]
+    return cache / f'{beside.name}.{digest}.npz'
+
+
+def tars_key(tars: Sequence[Path]) -> str:
+    """What the index was built from: each tar's name, size and modification time (a changed tar rebuilds it)."""
+    return json.dumps([INDEX_VERSION] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in tars])
+
+
+# -------------------------------------------------------------------------------------------------------- indexing
+
+def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> None:
+    """`tarfile` ends its listing quietly at a damaged or cut header: a complete archive ends with a zero block."""
+    fileobj.seek(tar.offset)
+    end = fileobj.read(BLOCK)
+    if len(end) < BLOCK or end.count(0) != BLOCK:
+        raise DataError(f'{what} is truncated or damaged at byte {tar.offset} (no tar header or end of archive '
+                        f'there): copy it again')
+
+
+def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
+                  out: tuple[list[str], list[int], list[int]], nested: bool) -> None:
+    """Append (name, offset from the outer file's start, size) of each file member of the tar in `fileobj` (`size`
+    bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`."""
+    names, offsets, sizes = out
+    try:
+        with tarfile.open(fileobj=fileobj, mode='r:') as tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # tarfile keeps every TarInfo it read: a million of them take most of a gigabyte
+                if not member.isfile():
+                    continue
+                name = member.name.removeprefix('./')
+                if member.offset_data + member.size > size:
+                    raise DataError(f'{what}: member {name} runs past the end of the file (bytes '
+                                    f'{member.offset_data}..{member.offset_data + member.size} of {size}): the tar '
+                                    f'is truncated; copy it again')
+                if nested and name.endswith('.tar'):
+                    index_members(tar.extractfile(member), member.size, f'{what}:{name}', base + member.offset_data,
+                                  f'{prefix}{name[:-len(".tar")]}/', out, nested=False)
+                elif Path(name).suffix.lower() in IMG_EXTENSIONS:
+                    names.append(prefix + name)
+                    offsets.append(base + member.offset_data)
+                    sizes.append(member.size)
+            check_archive_end(tar, fileobj, what)
+    except tarfile.TarError as e:
+        raise DataError(f'{what} is not a readable tar ({e}): copy it again') from None
+
+
+def build_index(tars: Sequence[Path]) -> dict[str, np.ndarray]:
+    """The images of `tars`: names (relative to their tar, nested tars as folders), tar numbers, offsets, sizes."""
+    names: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    tar_of: list[int] = []
+    for number, path in enumerate(tars):
+        before = len(names)
+        with open(path, 'rb') as f:
+            index_members(f, path.stat().st_size, str(path), 0, '', (names, offsets, sizes), nested=True)
+        tar_of += [number] * (len(names) - before)
+    packed = PathList(names)
+    return {'key': np.array(tars_key(tars)), 'buffer': packed.buffer, 'ends': packed.offsets,
+            'tar': np.array(tar_of, np.int32), 'offset': np.array(offsets, np.int64),
+            'size': np.array(sizes, np.int64)}
+
+
+def read_index(path: Path, key: str) -> dict[str, np.ndarray] | None:
+    """The index stored at `path` if it is of these tars as they are now; else None (absent, stale, unreadable)."""
+    try:
+        with np.load(path) as stored:
+            index = {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, EOFError):
+        return None
+    return index if str(index.get('key')) == key else None
+
+
+def write_index(index: dict[str, np.ndarray], beside: Path) -> Path:
+    """Store the index beside the data, or in the user's cache where that folder cannot be written."""
+    for place in (beside, cache_location(beside)):
+        try:
+            place.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(place, lambda f: np.savez(f, **index))
+            return place
+        except OSError as e:
+            logger.warning(f'warning: cannot write the tar index {place} ({e.strerror or e})')
+    raise DataError(f'cannot write the tar index of {beside.parent} beside the data or in {cache_location(beside)}')
+
+
+def tar_index(found: TarSplit) -> dict[str, np.ndarray]:
+    """The index of the split's tars, read from beside them or from the cache, or built (once) and stored."""
+    key = tars_key(found.tars)
+    for place in (found.index, cache_location(found.index)):
+        if (index := read_index(place, key)) is not None:
+            return index
+    logger.info(f'indexing {len(found.tars)} tar file(s) in {found.tars[0].parent} (once: the index is kept)')
+    index = build_index(found.tars)
+    place = write_index(index, found.index)
+    logger.info(f'{place}: the index of {len(index["size"])} images')
+    return index
+
+
+# ---------------------------------------------------------------------------------------------- reading the members
+
+@functools.cache
+def open_files_allowed() -> int:
+    """The process's limit of open files, raised to the system's (often 1,024 by default, 4,096 or more allowed)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard if hard != resource.RLIM_INFINITY else 1 << 20
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class TarMembers:
+    """Where each image of a listing is: its tar, offset and size (NumPy arrays, shared with forked loader workers).
+    A tar is opened on its first read in a process (`os.pread` reads at an offset: a descriptor inherited by forked
+    workers serves them all)."""
+
+    def __init__(self, tars: Sequence[str], tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> None:
+        self.tars, self.tar, self.offset, self.size = list(tars), tar, offset, size
+        self._files: dict[int, int] = {}  # tar number -> file descriptor
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> TarMembers:
+        positions = np.asarray(positions, np.int64)
+        return TarMembers(self.tars, self.tar[positions], self.offset[positions], self.size[positions])
+
+    def _descriptor(self, number: int) -> int:
+        if number not in self._files:
+            if len(self._files) >= open_files_allowed() // 2:  # 1,000 per-class tars in every worker
+                os.close(self._files.pop(next(iter(self._files))))  # the first opened
+            self._files[number] = os.open(self.tars[number], os.O_RDONLY)
+        return self._files[number]
+
+    def file(self, i: int, path: str) -> MemberFile:
+        """Image `i` (relative path `path`) as an in-memory file; a short read names the tar and the image."""
+        number, offset, size = int(self.tar[i]), int(self.offset[i]), int(self.size[i])
+        name = f'{self.tars[number]}:{path}'
+        try:
+            data = os.pread(self._descriptor(number), size, offset)
+        except OSError as e:
+            raise ImageReadError(f'cannot read image {name}: {e.strerror or e}') from e
+        if len(data) != size:
+            raise ImageReadError(f'cannot read image {name}: {len(data)} of its {size} bytes at byte {offset} (the '
+                                 f'tar was truncated or changed after it was indexed)')
+        return MemberFile(data, name)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, '_files': {}}  # descriptors stay with their process
+
+
+# ----------------------------------------------------------------------------------------------------- the listing
+
+def member_sample(name: str, split: str, found: TarSplit, tar: Path) -> tuple[str, str] | None:
+    """(class, file name) of an image of the index (relative to `tar`, one of `found`'s), None where it is another
+    split's; a DataError where it is in no class folder."""
+    parts = name.split('/')
+    if found.whole and len(parts) == 3:
+        return (parts[1], parts[2]) if parts[0] == split else None
+    if found.folder and len(parts) == 1:
+        return tar.stem, parts[0]  # a per-class tar
+    if len(parts) == 2 and not (found.whole and split != TRAIN_SPLIT):
+        return parts[0], parts[1]
+    if found.whole and len(parts) == 2:
+        return None  # the original training tar holds no other split
+    expected = f'{split}/CLASS/FILE, CLASS/FILE or CLASS.tar' if found.whole else 'CLASS/FILE or CLASS.tar'
+    raise DataError(f'{tar}: image {name} is not in a class folder (expected {expected}): sort the images into class '
+                    f'folders first (docs/imagenet.md)')
+
+
+def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[str] | None,
+                classes_from: str) -> tuple[list[str], list[tuple[str, int]], TarMembers]:
+    """`scan_split` for a split in tars, and where each image is."""
+    index = tar_index(found)
+    names = PathList()
+    names.buffer, names.offsets = index['buffer'], index['ends']
+    tar_of = index['tar'].tolist()
+    by_class: dict[str, list[tuple[str, int]]] = {}
+    for position, name in enumerate(names):
+        sample = member_sample(name, split, found, found.tars[tar_of[position]])
+        if sample is not None:
+            by_class.setdefault(sample[0], []).append((sample[1], position))
+    where = f'{data_dir}:{split}' if found.whole else str(found.index.parent if found.folder else found.tars[0])
+    if not by_class:
+        raise DataError(f'{where} holds no images of the split {split} (extensions {", ".join(IMG_EXTENSIONS)})')
+    for name, members in by_class.items():
+        members.sort()
+        twice = next((file for (file, _), (other, _) in zip(members, members[1:]) if file == other), None)
+        if twice is not None:
+            raise DataError(f'{where}: the image {split}/{name}/{twice} is in the tars more than once')
+    classes, labelled = label_samples(split, where, sorted(by_class),
+                                      lambda c: [file for file, _ in by_class.get(c, [])], classes, classes_from)
+    positions = [position for c in classes for _, position in by_class.get(c, [])]
+    members = TarMembers([str(t) for t in found.tars], index['tar'], index['offset'], index['size'])
+    return classes, labelled, members.take(positions)
+
+
+def list_split(data_dir: str | Path, split: str, classes: Sequence[str] | None = None,
+               classes_from: str = 'the training split') -> tuple[list[str], list[tuple[str, int]], TarMembers | None]:
+    """`scan_split` for class folders and for tars alike: classes, (relative path, label) of each image, and, for
+    tars, where each image is (`TarMembers`, in the same order)."""
+    data_dir = Path(data_dir)
+    found = split_tars(data_dir, split)
+    if found is None:
+        return *scan_split(data_dir, split, classes, classes_from), None
+    return tar_listing(data_dir, split, found, classes, classes_from)
+
+
+def split_classes(data_dir: Path, split: str) -> list[str]:
+    """The class folders of a split (sorted), in a folder or in tars."""
+    found = split_tars(data_dir, split)
+    return find_classes(data_dir / split) if found is None else tar_listing(data_dir, split, found, None, '')[0]
+
+
+def image_file(data_dir: Path, path: str, members: TarMembers | None, i: int) -> Path | MemberFile:
+    """Image `i` of a listing (`path` relative to `data_dir`): its file, or its bytes read from its tar."""
+    return data_dir / path if members is None else members.file(i, path)
