@@ -2,6 +2,7 @@
 and rebuilt; damaged tars named."""
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import tarfile
@@ -144,3 +145,26 @@ def test_damaged_tars_are_named_in_one_line(folder, tmp_path):
                                                        '--device', 'cpu', '--output', tmp_path / 'run']))
     assert str(data / 'train.tar') in message and 'runs past the end' in message, message
     assert np.array_equal(members.size > 0, np.ones(len(samples), bool))
+
+
+def test_flat_images_in_a_split_folder_a_damaged_index_and_gzip_are_named_or_mended(folder, tmp_path):
+    """In a whole data set's tar, an image directly in the training split's folder is in no class folder (it was
+    listed as a class named after its folder); a flat other split (Kaggle's test) is left alone. A damaged index is
+    built again; a gzip-compressed tar is named as such."""
+    files = {f.relative_to(folder).as_posix(): f.read_bytes() for f in sorted(folder.rglob('*')) if f.is_file()}
+    image = next(iter(files.values()))
+    write_tar(tmp_path / 'flat_test.tar', {**files, 'test/x_1.JPEG': image})
+    assert list_split(tmp_path / 'flat_test.tar', 'train')[0] == list_split(folder, 'train')[0]
+    write_tar(tmp_path / 'flat_train.tar', {**files, 'train/x_1.JPEG': image})
+    with pytest.raises(DataError, match='image train/x_1.JPEG is directly in the split folder train'):
+        list_split(tmp_path / 'flat_train.tar', 'train')
+    data = tar_data(folder, tmp_path / 'idx', 'per-class')
+    listed = list_split(data, 'train')[1]
+    index = data / 'train' / 'tars.index.npz'
+    index.write_bytes(index.read_bytes()[:300])  # a zip cut short
+    assert list_split(data, 'train')[1] == listed
+    (tmp_path / 'gz').mkdir()
+    with gzip.open(tmp_path / 'gz' / 'train.tar', 'wb') as f:
+        f.write((tmp_path / 'flat_test.tar').read_bytes())
+    with pytest.raises(DataError, match='train.tar is gzip-compressed'):
+        list_split(tmp_path / 'gz', 'train')

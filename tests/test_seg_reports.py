@@ -195,3 +195,19 @@ def test_a_tracker_not_installed_is_one_line_naming_the_extra(tiny_ade, tmp_path
     with pytest.raises(UsageError, match=r"--log-mlflow needs mlflow, which does not import here \(.*\): pip "
                                          r"install '\.\[mlflow\]'"):
         prepare(build_parser().parse_args([str(config), '--work-dir', str(tmp_path / 'w'), '--log-mlflow']))
+
+
+def test_an_evaluator_tta_or_folder_test_seg_cannot_use_is_one_line(tiny_ade, tmp_path):
+    """A metric no registry holds, two IoU metrics, a mean IoUMetric does not compute, --tta without the config's
+    multi-scale settings, and predictions written where the test set's annotations are (they would replace them)."""
+    config, checkpoint = tiny_ade
+    refused = {"test_evaluator names NoSuchMetric, which is no metric": ['test_evaluator.type=NoSuchMetric'],
+               'asks for mBogus: IoUMetric computes': ['test_evaluator.iou_metrics=[mIoU,mBogus]'],
+               "tests with the config's tta_pipeline, which it does not set": ['tta_pipeline=None']}
+    for says, options in refused.items():
+        with pytest.raises(UsageError, match=says):
+            prepared_test(config, checkpoint, '--cfg-options', *options, *(['--tta'] if 'tta' in says else []))
+    annotations = next(Path(config).parent.glob('ade/annotations/validation'))
+    for option in ('--pred-dir', '--show-dir'):
+        with pytest.raises(UsageError, match=f"{option} .*validation holds the test set's images or annotations"):
+            prepared_test(config, checkpoint, option, str(annotations))

@@ -29,6 +29,7 @@ import json
 import os
 import resource
 import tarfile
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from backbones.common.images import IMG_EXTENSIONS, ImageReadError, find_classes
 from backbones.common.log import logger
 from backbones.common.path_list import PathList
 
+GZIP_MAGIC = b'\x1f\x8b'
 INDEX_VERSION = 1
 TRAIN_SPLIT = 'train'  # the split a tar without split folders holds (the original ILSVRC2012 training tar)
 BLOCK = tarfile.BLOCKSIZE
@@ -56,6 +58,8 @@ class MemberFile(io.BytesIO):
 
     def __str__(self) -> str:
         return self.name
+
+    __repr__ = __str__  # Pillow's errors name the file by its repr
 
 
 def file_bytes(file: Path | BinaryIO) -> bytes:
@@ -121,10 +125,13 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
     """Append (name, offset from the outer file's start, size) of each file member of the tar in `fileobj` (`size`
     bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`."""
     names, offsets, sizes = out
+    links = []
     try:
         with tarfile.open(fileobj=fileobj, mode='r:') as tar:
             while (member := tar.next()) is not None:
                 tar.members.clear()  # tarfile keeps every TarInfo it read: a million of them take most of a gigabyte
+                if member.islnk() or member.issym():
+                    links.append(member.name)
                 if not member.isfile():
                     continue
                 name = member.name.removeprefix('./')
@@ -140,7 +147,14 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
                     offsets.append(base + member.offset_data)
                     sizes.append(member.size)
             check_archive_end(tar, fileobj, what)
+        if links:  # GNU tar stores a second copy of a hard-linked file as a link: the folder would hold both
+            logger.warning(f'warning: {what}: {len(links)} link member(s) left out, e.g. {links[0]}: the tar holds '
+                           f'links, not images; make it with --hard-dereference and --dereference to read them')
     except tarfile.TarError as e:
+        fileobj.seek(0)
+        if fileobj.read(2) == GZIP_MAGIC:
+            raise DataError(f'{what} is gzip-compressed: the reader takes uncompressed tars (gunzip it first, which '
+                            f'keeps each image a direct read)') from None
         raise DataError(f'{what} is not a readable tar ({e}): copy it again') from None
 
 
@@ -166,7 +180,7 @@ def read_index(path: Path, key: str) -> dict[str, np.ndarray] | None:
     try:
         with np.load(path) as stored:
             index = {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, EOFError):
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):  # a damaged file: built again
         return None
     return index if str(index.get('key')) == key else None
 
@@ -250,12 +264,18 @@ class TarMembers:
 
 # ----------------------------------------------------------------------------------------------------- the listing
 
-def member_sample(name: str, split: str, found: TarSplit, tar: Path) -> tuple[str, str] | None:
+def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folders: bool) -> tuple[str, str] | None:
     """(class, file name) of an image of the index (relative to `tar`, one of `found`'s), None where it is another
-    split's; a DataError where it is in no class folder."""
+    split's; a DataError where it is in no class folder. `split_folders`: a whole data set's tar holds its splits as
+    folders (`SPLIT/CLASS/FILE`), so that an image directly in one (a flat test split) is in no class folder."""
     parts = name.split('/')
     if found.whole and len(parts) == 3:
         return (parts[1], parts[2]) if parts[0] == split else None
+    if split_folders and len(parts) == 2:
+        if parts[0] != split:
+            return None  # another split's, flat (Kaggle's ILSVRC test folder): not read
+        raise DataError(f'{tar}: image {name} is directly in the split folder {parts[0]}, in no class folder: sort the '
+                        f'images into class folders first (docs/imagenet.md)')
     if found.folder and len(parts) == 1:
         return tar.stem, parts[0]  # a per-class tar
     if len(parts) == 2 and not (found.whole and split != TRAIN_SPLIT):
@@ -274,9 +294,10 @@ def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[s
     names = PathList()
     names.buffer, names.offsets = index['buffer'], index['ends']
     tar_of = index['tar'].tolist()
+    split_folders = found.whole and any(name.count('/') == 2 for name in names)
     by_class: dict[str, list[tuple[str, int]]] = {}
     for position, name in enumerate(names):
-        sample = member_sample(name, split, found, found.tars[tar_of[position]])
+        sample = member_sample(name, split, found, found.tars[tar_of[position]], split_folders)
         if sample is not None:
             by_class.setdefault(sample[0], []).append((sample[1], position))
     where = f'{data_dir}:{split}' if found.whole else str(found.index.parent if found.folder else found.tars[0])

@@ -10,7 +10,7 @@ from mmengine.config import Config
 from backbones.common.errors import UsageError
 from backbones.common.cli import check_output_folder, command_parser, output_file, output_folder
 from backbones.common.log import logger
-from mmseg.registry import DATASETS
+from mmseg.registry import DATASETS, METRICS
 
 from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, check_segmentor_checkpoint, dense_task,
                                            drop_tta_flips, load_trained_config, resolve_trained_data, tta_flips)
@@ -65,6 +65,10 @@ MMSEG_TEST_FLAGS = {
 
 def use_multi_scale(cfg: Config, flip: bool) -> None:
     """Test with the config's `tta_pipeline` (the papers' scales) and `tta_model`; without flip if asked."""
+    missing = [key for key in ('tta_pipeline', 'tta_model') if not cfg.get(key)]
+    if missing:
+        raise UsageError(f'--ms (--tta) tests with the config\'s {" and ".join(missing)}, which it does not set '
+                         f'(mmseg\'s multi-scale settings: see seg_configs/_base_/datasets)')
     if not flip:
         drop_tta_flips(cfg)
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
@@ -74,8 +78,22 @@ def use_multi_scale(cfg: Config, flip: bool) -> None:
 
 def test_images(cfg: Config) -> list[Path]:
     """The test set's images."""
+    return [Path(info['img_path']) for info in test_files(cfg)]
+
+
+def test_files(cfg: Config) -> list[dict]:
+    """The test set's entries: each image's path, and its annotation's."""
     dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'serialize_data': False})
-    return [Path(dataset.get_data_info(i)['img_path']) for i in range(len(dataset))]
+    return [dataset.get_data_info(i) for i in range(len(dataset))]
+
+
+def check_outside_data(cfg: Config, folder: Path, option: str) -> None:
+    """An output folder must not be one the test set's images or annotations are in: its files would replace them
+    (and a second test would score the predictions against themselves)."""
+    data = {Path(info[key]).resolve().parent for info in test_files(cfg) for key in ('img_path', 'seg_map_path')
+            if info.get(key)}
+    if folder.resolve() in data:
+        raise UsageError(f'{option} {folder} holds the test set\'s images or annotations; write into another folder')
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
@@ -101,9 +119,10 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
                              'config (tools/visualize.py segmentation draws its prediction for an image)')
         cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='PredictionPictures', folder=str(args.show_dir))]
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
-    for folder in (args.pred_dir, args.show_dir):  # a file an image: two images of one name are refused
+    for option, folder in (('--pred-dir', args.pred_dir), ('--show-dir', args.show_dir)):
         if folder and task != 'instances':
-            mask_paths(test_images(cfg), Path(folder))
+            check_outside_data(cfg, Path(folder), option)
+            mask_paths(test_images(cfg), Path(folder))  # a file an image: two images of one name are refused
     cfg.test_evaluator = test_evaluator(cfg, task, args.out, args.pred_dir)
     return cfg
 
@@ -121,6 +140,7 @@ def test_evaluator(cfg: Config, task: str, out: str | None, pred_dir: str | None
 
 
 IOU_METRICS = ('IoUMetric', 'IoUReport')  # mmseg's, and the suite's that reports it
+IOU_MEANS = ('mIoU', 'mDice', 'mFscore')  # what their `iou_metrics` may ask for
 
 
 def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) -> dict | list:
@@ -129,7 +149,17 @@ def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) 
     nan_to_num, beta), which also writes `out` and `pred_dir`; any other metric runs as it is. `out` and `pred_dir`
     need an IoU metric among them."""
     metrics = [dict(metric) for metric in (own if isinstance(own, (list, tuple)) else [own])]
+    unknown = [str(metric.get('type')) for metric in metrics if METRICS.get(metric.get('type')) is None]
+    if unknown:
+        raise UsageError(f'the config\'s test_evaluator names {", ".join(unknown)}, which is no metric mmseg or the '
+                         f'suite registers')
     iou = [metric for metric in metrics if metric.get('type') in IOU_METRICS]
+    if len(iou) > 1:
+        raise UsageError('the config\'s test_evaluator holds more than one IoU metric: their scores share their names')
+    asked = [name for metric in iou for name in metric.get('iou_metrics', ()) if name not in IOU_MEANS]
+    if asked:
+        raise UsageError(f'the config\'s test_evaluator asks for {", ".join(map(str, asked))}: IoUMetric computes '
+                         f'{", ".join(IOU_MEANS)}')
     if (out or pred_dir) and not iou:
         names = ', '.join(str(metric.get('type')) for metric in metrics)
         raise UsageError(f'--out and --pred-dir are written by the IoU metric; the config\'s test_evaluator is '
