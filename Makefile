@@ -12,10 +12,11 @@ run: $(READY)
 	$(PY) tools/train_cls.py lvvit_s
 
 # ruff first (pyproject.toml); then every core runs test files (a file's tests stay on one worker: its module
-# fixtures are built once), the longest files first (tests/conftest.py's LONGEST_FIRST, in that order)
+# fixtures are built once), the longest files first (tests/conftest.py's LONGEST_FIRST, in that order); the 40
+# slowest tests are listed at the end, the data LONGEST_FIRST is kept up to date from
 test: $(READY)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=40
 
 # the edit-run loop: everything but the tests marked slow (a few minutes on 2 cores)
 test-fast: $(READY)

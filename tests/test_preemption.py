@@ -115,7 +115,8 @@ SEG_OPTIONS = ('--pictures', '0', '--cfg-options', 'randomness.seed=3', f'train_
                'train_cfg.val_interval=2', 'default_hooks.checkpoint.interval=3', 'train_dataloader.batch_size=2',
                'train_dataloader.num_workers=2', 'val_dataloader.num_workers=1',
                'val_dataloader.persistent_workers=True')
-REPLAYED = ('train_dataloader.persistent_workers=False', 'train_dataloader.sampler.type=DefaultSampler')
+REPLAYED = ('train_dataloader.persistent_workers=False', 'train_dataloader.sampler.type=DefaultSampler',
+            'train_dataloader.num_workers=0', 'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False')
 RUNS = itertools.count()
 
 
