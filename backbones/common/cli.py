@@ -155,10 +155,15 @@ class CommandParser(argparse.ArgumentParser):
     def refuse_foreign_flags(self, args: list[str]) -> None:
         """argparse's error (one line after the usage) for the first foreign flag in `args` (`add_foreign_flags`);
         the options after `--` are values."""
-        for arg in args[:args.index('--')] if '--' in args else args:
-            flag = arg.split('=', 1)[0]
+        for flag in typed_flags(args):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
+
+
+def typed_flags(args: list[str]) -> list[str]:
+    """The flags of a command line as typed (`--name` of `--name=value` too), up to `--`: what follows it are
+    values."""
+    return [arg.split('=', 1)[0] for arg in (args[:args.index('--')] if '--' in args else args)]
 
 
 def check_precision(args: argparse.Namespace) -> None:

@@ -23,10 +23,9 @@ ARGS, SUMMARY = 'args.yaml', 'summary.csv'
 ARGS_VERSION = 1  # args.yaml's layout: the command's option names (dests) and values
 UNRECORDED = ('help', 'config', 'resume')  # what says how a run was launched, not what it is
 DATA_CONFIG = 'data_config'  # the run's settings key of its evaluation's preprocessing (timm's data-config keys)
-# A checkpoint's key naming the weights its `state_dict` holds, the run's model: 'ema' when the run kept an EMA (the
-# trained weights then under backbones.weights.TRAINED_WEIGHTS), else 'trained'; and the one recording the
-# architecture with the arguments that built it (classification.models.create_classifier's)
-WEIGHTS, ARCHITECTURE = MODEL_WEIGHTS, 'architecture'
+# A checkpoint's key recording the architecture with the arguments that built it (classification.models.
+# create_classifier's); backbones.weights.MODEL_WEIGHTS names the weights its `state_dict` holds
+ARCHITECTURE = 'architecture'
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
@@ -90,7 +89,7 @@ def weights_taken(path: str | Path, use_ema: bool | None) -> str:
         ckpt = read_training_checkpoint(path, mmap=True)
     except CheckpointError:
         return 'trained'
-    return ckpt.get(WEIGHTS, 'trained') if isinstance(ckpt, dict) else 'trained'
+    return ckpt.get(MODEL_WEIGHTS, 'trained') if isinstance(ckpt, dict) else 'trained'
 
 
 def checkpoint_classes(path: str | Path) -> list[str] | None:

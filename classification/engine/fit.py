@@ -48,13 +48,12 @@ from backbones.common.files import remove_partial_writes, save_atomic, write_tex
 from backbones.common.lifecycle import StopRequests, restarted_by_torchrun
 from backbones.common.log import logger
 from backbones.common.random_state import preserved_rng, rng_state, seed_all, set_rng_state
-from backbones.weights import TRAINED_WEIGHTS
+from backbones.weights import MODEL_WEIGHTS, TRAINED_WEIGHTS
 from classification.engine.checkpoints import (
     ARCHITECTURE,
     BEST,
     LAST,
     LOG,
-    WEIGHTS,
     read_training_checkpoint,
     write_summary,
 )
@@ -327,9 +326,9 @@ class Fit:
         trained = bare_model(self.model).state_dict()
         if state.ema is not None:  # the EMA is the run's model (see the module docstring)
             ema = bare_model(state.ema.module).state_dict()
-            weights = {'state_dict': ema, 'state_dict_ema': ema, TRAINED_WEIGHTS: trained, WEIGHTS: 'ema'}
+            weights = {'state_dict': ema, 'state_dict_ema': ema, TRAINED_WEIGHTS: trained, MODEL_WEIGHTS: 'ema'}
         else:
-            weights = {'state_dict': trained, WEIGHTS: 'trained'}
+            weights = {'state_dict': trained, MODEL_WEIGHTS: 'trained'}
         ckpt = {**weights, ARCHITECTURE: getattr(self.model, 'architecture', None),
                 'optimizer': state.optimizer.state_dict(), 'scheduler': state.scheduler.state_dict(),
                 'epochs_done': epochs_done, 'num_updates': state.num_updates, 'best': self.best, 'rng': rng,
@@ -347,7 +346,7 @@ def best_checkpoint(last: dict) -> dict:
     """What best.pth holds: the model of a last.pth (not its trained weights where its model is the EMA), its epoch,
     metrics and settings."""
     return {k: v for k, v in last.items()
-            if k in ('state_dict', 'state_dict_ema', WEIGHTS, ARCHITECTURE, 'epochs_done', 'metrics', 'args')}
+            if k in ('state_dict', 'state_dict_ema', MODEL_WEIGHTS, ARCHITECTURE, 'epochs_done', 'metrics', 'args')}
 
 
 def check_same_settings(resume: Path, stored: dict, current: dict) -> None:

@@ -39,6 +39,7 @@ from backbones.common.cli import (
     pick_amp,
     positive_float,
     positive_int,
+    typed_flags,
 )
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
@@ -109,7 +110,7 @@ def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--config')
     config = first.parse_known_args(argv)[0].config
-    typed = {arg.split('=', 1)[0] for arg in (argv[:argv.index('--')] if '--' in argv else argv)}
+    typed = set(typed_flags(argv))
     chosen = [option for option in recipe_choices if option in typed]
     if config and chosen:
         raise UsageError(f'{chosen[0]} chooses a recipe, and --config {config} holds its run\'s recipe resolved, '
