@@ -414,3 +414,20 @@ def test_a_run_without_a_seed_leaves_drawing_it_to_mmengine(tmp_path):
     from backbones.segmentation.preemption import run_seed
     assert run_seed(None, tmp_path, resume=False) is None
     assert run_seed(7, tmp_path, resume=True) == 7
+
+
+def test_a_configs_text_is_mmengines_formatted_once_per_content(monkeypatch):
+    """load_config's text (the log's, the dumped file's, each checkpoint's meta) is mmengine's own, yapf-formatted
+    text; it is formatted again only when the config has changed."""
+    import mmengine.config.config as mmengine_config
+    calls = []
+    format_code = mmengine_config.FormatCode
+    monkeypatch.setattr(mmengine_config, 'FormatCode', lambda *a, **k: calls.append(1) or format_code(*a, **k))
+    path = CONFIGS / 'upernet_lvvit_s.py'
+    cfg = load_config(str(path))
+    reference = mmengine_config.Config.fromfile(str(path))
+    texts = [cfg.pretty_text for _ in range(3)]
+    assert texts == [reference.pretty_text] * 3 and len(calls) == 2  # one for cfg, one for mmengine's own
+    assert "crop_size = (\n    512,\n    512,\n)" in texts[0]  # yapf's layout, not the unformatted one
+    cfg.train_cfg.max_iters = reference.train_cfg.max_iters = 7
+    assert cfg.pretty_text == reference.pretty_text and 'max_iters=7' in cfg.pretty_text and len(calls) == 4
