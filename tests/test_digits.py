@@ -1,7 +1,6 @@
 """The embedded default data: scikit-learn's digits written as a real ImageNet-layout folder and as the segmentation
-set, and `make run`'s path through them."""
+set, and another annotator's token labels for them (`make run`'s own path is the start of test_seg_chain.py)."""
 import json
-import re
 
 import cv2
 import numpy as np
@@ -11,7 +10,7 @@ from sklearn.datasets import load_digits
 
 from classification.digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
 from backbones.common.images import scan_split
-from helpers.commands import ROOT, run_python, succeeded
+from helpers.commands import run_python, succeeded
 from classification.token_labeling.label_store import TokenLabelStore
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
@@ -62,36 +61,6 @@ def test_segmentation_pages_label_every_digit_where_its_ink_is(tmp_path):
     held_out = scan_splits(1797)
     assert set(held_out['validation']) == set(range(0, 1797, VAL_EVERY))
     assert not set(held_out['validation']) & set(held_out['training'])
-
-
-def make_run_command() -> list:
-    """What `make run` runs (the Makefile's `run` recipe), without the interpreter."""
-    recipe = re.search(r'^run:.*\n\t\$\(PY\) (.+)$', (ROOT / 'Makefile').read_text(), re.M)
-    return recipe.group(1).split()
-
-
-def test_make_run_path_at_a_tiny_size(tmp_path):
-    """`make run` end to end with a tiny LV-ViT: the digits folder, the annotator trained on it, its token labels
-    for every training image, and LV-ViT trained with token labeling from them."""
-    command = make_run_command()
-    assert command == ['tools/train_cls.py', 'lvvit_s']
-    digits, out = tmp_path / 'digits', tmp_path / 'run'
-    result = succeeded(run_python([*command, '--digits-dir', digits, '--output', out, '--epochs', '2',
-                                   '--workers', '0', '--model-kwargs', 'depth=2', 'embed_dim=64', 'num_heads=2'],
-                                  timeout=900))
-    annotator = json.loads((digits / 'annotator' / 'metrics.json').read_text())
-    assert annotator['model'] == 'resnet10t' and annotator['top1'] > 90  # it labels the digits it sees
-    store = TokenLabelStore(digits / 'token_labels')
-    _, train = scan_split(digits / 'images', 'train')
-    store.rows_of([path for path, _ in train])
-    assert len(store) == len(train) and store.grid == (3, 3) and store.meta['topk'] == 5  # 48 px, stride 16
-    metrics = json.loads((out / 'metrics.json').read_text())
-    assert metrics['token_labeling'] and metrics['epochs'] == 2 and metrics['model'] == 'lvvit_s'
-    log = [json.loads(line) for line in (out / 'log.jsonl').read_text().splitlines()]
-    assert [r['epoch'] for r in log] == [1, 2] and log[1]['train_loss'] < log[0]['train_loss']
-    # chance is 10%; a 2-block model after 2 epochs reaches about 30% (28.3% and above 30% with two seedings)
-    assert metrics['best_top1'] > 20, metrics
-    assert 'digits: training the annotator resnet10t' in result.stdout and 'done: top-1' in result.stdout
 
 
 def test_another_annotator_labels_the_digits_in_folders_of_its_own(tmp_path):

@@ -1,4 +1,5 @@
-"""The chain the suite is for: pretraining on the embedded data feeding segmentation, and the fallback schedule."""
+"""The chain the suite is for: `make run`'s path on the embedded digits (their annotator, its token labels,
+token-labeled training), the pretraining feeding segmentation, and the fallback schedule."""
 from __future__ import annotations
 
 import json
@@ -29,9 +30,11 @@ from classification.digits.pages import CLASSES
 from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
 from backbones.segmentation.config import ADE20K_ROOT, tta_flips
 from backbones.segmentation.own_data import OWN_DATA_ROOT
+from backbones.common.images import scan_split
+from classification.token_labeling.label_store import TokenLabelStore
 from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.train import Pretraining, build_parser, prepare, train
-from helpers.commands import ENV, ROOT, run_tool, succeeded
+from helpers.commands import ENV, ROOT, run_python, run_tool, succeeded
 from helpers.training_runs import assert_same_run
 
 pytestmark = [pytest.mark.slow,  # tools run end to end here: make test-fast leaves this file out
@@ -245,12 +248,55 @@ def test_cfg_options_are_applied_once_so_train_seg_and_test_seg_run_one_config(t
     assert trained.tta_pipeline == tested.tta_pipeline
 
 
+def make_run_command() -> list:
+    """What `make run` runs (the Makefile's `run` recipe), without the interpreter."""
+    recipe = re.search(r'^run:.*\n\t\$\(PY\) (.+)$', (ROOT / 'Makefile').read_text(), re.M)
+    return recipe.group(1).split()
+
+
 @pytest.fixture(scope='module')
-def chain(tmp_path_factory):
+def made_run(tmp_path_factory):
+    """`make run` end to end with a tiny LV-ViT: the digits folder, the annotator trained on it, its token labels
+    for every training image, and LV-ViT trained with token labeling from them."""
+    command = make_run_command()
+    assert command == ['tools/train_cls.py', 'lvvit_s']
+    root = tmp_path_factory.mktemp('make_run')
+    digits, out = root / 'digits', root / 'run'
+    result = succeeded(run_python([*command, '--digits-dir', digits, '--output', out, '--epochs', '2',
+                                   '--workers', '0', '--model-kwargs', 'depth=2', 'embed_dim=64', 'num_heads=2'],
+                                  timeout=900))
+    return digits, out, result.stdout
+
+
+def test_make_run_path_at_a_tiny_size(made_run):
+    digits, out, stdout = made_run
+    annotator = json.loads((digits / 'annotator' / 'metrics.json').read_text())
+    assert annotator['model'] == 'resnet10t' and annotator['top1'] > 90  # it labels the digits it sees
+    store = TokenLabelStore(digits / 'token_labels')
+    _, train = scan_split(digits / 'images', 'train')
+    store.rows_of([path for path, _ in train])
+    assert len(store) == len(train) and store.grid == (3, 3) and store.meta['topk'] == 5  # 48 px, stride 16
+    metrics = json.loads((out / 'metrics.json').read_text())
+    assert metrics['token_labeling'] and metrics['epochs'] == 2 and metrics['model'] == 'lvvit_s'
+    log = [json.loads(line) for line in (out / 'log.jsonl').read_text().splitlines()]
+    assert [r['epoch'] for r in log] == [1, 2] and log[1]['train_loss'] < log[0]['train_loss']
+    # chance is 10%; a 2-block model after 2 epochs reaches about 30% (28.3% and above 30% with two seedings)
+    assert metrics['best_top1'] > 20, metrics
+    assert 'digits: training the annotator resnet10t' in stdout and 'done: top-1' in stdout
+
+
+# What `make run` made before its LV-ViT's training: a segmentation config's pretraining on the digits starts from it
+DIGITS_LABELED = ('images', 'annotator', 'token_labels')
+
+
+@pytest.fixture(scope='module')
+def chain(made_run, tmp_path_factory):
     """tools/train_seg.py on the embedded set with a tiny LV-ViT: its backbone is pretrained on the embedded
-    classification digits on first use (annotator, token labels, token-labeled training), then segmentation
-    trains from it."""
+    classification digits on first use (token-labeled training, from the annotator and labels `make run` made),
+    then segmentation trains from it."""
     root = tmp_path_factory.mktemp('chain')
+    for part in DIGITS_LABELED:
+        shutil.copytree(made_run[0] / part, root / 'digits' / part)
     config = tiny_digits_config(root / 'tiny_upernet_lvvit.py')
     result = run_tool('train_seg.py', [config, '--iters', ITERS, '--work-dir', root / 'work', '--digits-dir',
                                        root / 'digits', '--digits-seg-dir', root / 'digits_seg', '--cfg-options',
@@ -365,7 +411,7 @@ def test_a_stop_in_the_pretraining_stops_the_command_and_the_next_run_continues_
     continues it to the log and weights of the run never stopped (the chain's), then trains the segmentor from it."""
     root, config, _ = chain
     digits = tmp_path / 'digits'
-    for part in ('images', 'annotator', 'token_labels'):  # made by the chain: the pretraining starts at once
+    for part in DIGITS_LABELED:  # the pretraining starts at once
         shutil.copytree(root / 'digits' / part, digits / part)
     run, work = digits / 'backbones' / 'lvvit_s', tmp_path / 'work'
     argv = [config, '--iters', 1, '--work-dir', work, '--digits-dir', digits, '--digits-seg-dir', root / 'digits_seg',
