@@ -38,8 +38,8 @@ def labeled_images(tmp_path_factory):
 
 # The files that take longest (`--durations`, 2 cores), started first: pytest-xdist hands whole files to its workers
 # in collection order, and one of these started last leaves the other core idle for minutes at the end of the run.
-LONGEST_FIRST = ('test_reproduce.py', 'test_seg_chain.py', 'test_digits.py', 'test_seg_tools.py',
-                 'test_preemption.py', 'test_train_cls.py')
+LONGEST_FIRST = ('test_seg_chain.py', 'test_train_cls.py', 'test_preemption.py', 'test_digits.py', 'test_outputs.py',
+                 'test_tools.py')
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
