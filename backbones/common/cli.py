@@ -349,6 +349,26 @@ def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType
                          ) from e
 
 
+def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflow_store: str) -> None:
+    """--log-wandb, --log-mlflow: the run's scalars also to an experiment tracker, each client an optional extra
+    (`check_trackers`). `wandb_run` says what the wandb run is named after, `mlflow_store` the file store MLflow logs
+    to without MLFLOW_TRACKING_URI."""
+    parser.add_argument('--log-wandb', action='store_true', help=(
+        f'also log to Weights & Biases (pip install \'.[wandb]\'): {wandb_run}; WANDB_MODE=offline keeps it on disk, '
+        'without an account'))
+    parser.add_argument('--log-mlflow', action='store_true', help=(
+        f'also log to MLflow (pip install \'.[mlflow]\'): to MLFLOW_TRACKING_URI, or without it a file store, '
+        f'{mlflow_store}'))
+
+
+def check_trackers(wandb: bool, mlflow: bool) -> None:
+    """Before any work: the clients of the trackers asked for (`add_tracker_arguments`) import."""
+    if wandb:
+        import_extra('wandb', '--log-wandb')
+    if mlflow:
+        import_extra('mlflow', '--log-mlflow')
+
+
 def mlflow_tracking_uri(default_folder: Path) -> str:
     """The MLflow store a `--log-mlflow` command logs to: MLFLOW_TRACKING_URI, else a file store in `default_folder`
     (`mlflow ui --backend-store-uri FOLDER` shows it)."""

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from mmengine.config import Config, DictAction
 
-from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, import_extra,
-                                  mlflow_tracking_uri, non_negative_int, pick_amp, positive_float, positive_int)
+from backbones.common.cli import (add_amp_argument, add_tracker_arguments, check_output_folder, check_trackers,
+                                  command_parser, mlflow_tracking_uri, non_negative_int, pick_amp, positive_float,
+                                  positive_int)
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.log import logger
@@ -76,17 +77,6 @@ def add_multi_scale_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
 
 
-def add_tracker_arguments(parser: argparse.ArgumentParser) -> None:
-    """--log-wandb, --log-mlflow: the run's scalars also to an experiment tracker (`use_trackers`)."""
-    parser.add_argument('--log-wandb', action='store_true', help=(
-        'also log to Weights & Biases (mmengine\'s WandbVisBackend; pip install \'.[wandb]\'): the run named after '
-        'the work dir, its project WANDB_PROJECT\'s; WANDB_MODE=offline keeps it on disk'))
-    parser.add_argument('--log-mlflow', action='store_true', help=(
-        'also log to MLflow (mmengine\'s MLflowVisBackend; pip install \'.[mlflow]\'): to MLFLOW_TRACKING_URI, or '
-        'without it a file store, WORK_DIR/mlruns; the experiment named after the config, the run after the work '
-        'dir'))
-
-
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """tools/train_seg.py's options (`description`: its usage text)."""
     parser = command_parser(description, 'train_seg.py')
@@ -108,7 +98,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
                         help='validation images drawn (ground truth and prediction) into TensorBoard and '
                              'vis_data/vis_image at every validation (default 4; 0: none)')
-    add_tracker_arguments(parser)
+    add_tracker_arguments(parser, 'the run named after the work dir, its project WANDB_PROJECT\'s (mmengine\'s '
+                          'WandbVisBackend)', 'WORK_DIR/mlruns, the experiment named after the config, the run after '
+                          'the work dir (mmengine\'s MLflowVisBackend)')
     parser.add_foreign_flags("mmseg's tools/train.py", MMSEG_TRAIN_FLAGS)
     return parser
 
@@ -227,13 +219,12 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
     """Add mmengine's Weights & Biases and MLflow backends to the config's visualizer, as asked: they receive what
     TensorBoard does (the losses and lr as the logger hook logs them, the validation scores). Each client is
     imported here, so that one not installed is said before the run starts."""
+    check_trackers(wandb, mlflow)
     backends = list(cfg.visualizer.get('vis_backends', []))
     run_name = Path(cfg.work_dir).name
     if wandb:
-        import_extra('wandb', '--log-wandb')
         backends.append(dict(type='WandbVisBackend', init_kwargs=dict(name=run_name)))
     if mlflow:
-        import_extra('mlflow', '--log-mlflow')
         backends.append(dict(type='MLflowVisBackend', exp_name=Path(config_path).stem, run_name=run_name,
                              tracking_uri=mlflow_tracking_uri(Path(cfg.work_dir, 'mlruns'))))
     cfg.visualizer.vis_backends = backends

@@ -115,14 +115,6 @@ def tracker_errors(flag: str, what: str):
         raise UsageError(f'{flag}: {what}: {type(e).__name__}: {reason}') from e
 
 
-def check_trackers(wandb: bool, mlflow: bool) -> None:
-    """Before any work: the clients of the trackers asked for are installed."""
-    if wandb:
-        import_extra('wandb', '--log-wandb')
-    if mlflow:
-        import_extra('mlflow', '--log-mlflow')
-
-
 def open_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> list[Tracker]:
     """The trackers asked for, started (or resumed) for the run in `output`."""
     return ([WandbTracker(output, experiment, settings)] if wandb else []) + \

@@ -33,7 +33,9 @@ from backbones.common.cli import (
     add_device_argument,
     add_model_kwargs_argument,
     add_seed_argument,
+    add_tracker_arguments,
     add_workers_argument,
+    check_trackers,
     non_negative_int,
     parse_model_kwargs,
     pick_amp,
@@ -55,7 +57,7 @@ from classification.engine.checkpoints import (
 )
 from classification.engine.fit import Fit, Pictures, RunLog, resume_path
 from classification.engine.steps import BatchTransform, Objective, StepState
-from classification.engine.trackers import check_trackers, open_trackers
+from classification.engine.trackers import open_trackers
 
 
 @dataclass
@@ -182,12 +184,8 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
                         help='prepare each batch (copy, device half of the augmentation, token targets) between the '
                              'steps on the training stream, not beside the previous step on a side stream: the same '
                              'numbers, slower on GPUs (for comparison)')
-    parser.add_argument('--log-wandb', action='store_true',
-                        help='also log to Weights & Biases (pip install ".[wandb]"; WANDB_MODE=offline works without '
-                             'an account)')
-    parser.add_argument('--log-mlflow', action='store_true',
-                        help='also log to MLflow (pip install ".[mlflow]"; MLFLOW_TRACKING_URI, default a file store '
-                             'in OUTPUT/mlruns)')
+    add_tracker_arguments(parser, 'the run named after the output folder, in --experiment\'s project',
+                          'OUTPUT/mlruns, in --experiment')
     parser.add_argument('--experiment', help='the wandb project or MLflow experiment the run is logged in (default: '
                                              'the command\'s name)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
