@@ -17,28 +17,29 @@ import pytest
 import torch
 
 import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from backbones import create_model
-from backbones.common.errors import CheckpointError
+from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
-from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
-from mmengine.optim import build_optim_wrapper
-from backbones.common.errors import UsageError
-from classification.digits.cls_data import FINISHED, NEW, RECIPE, STOPPED, EmbeddedScans, pretraining_state
-from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
-from classification.digits.pages import CLASSES
-from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
+
+from backbones import create_model
+from backbones.common.errors import CheckpointError, UsageError
+from backbones.common.images import scan_split
+from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.config import ADE20K_ROOT, tta_flips
 from backbones.segmentation.own_data import OWN_DATA_ROOT
-from backbones.common.images import scan_split
-from classification.token_labeling.label_store import TokenLabelStore
-from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.train import Pretraining, build_parser, prepare, train
+from classification.digits.cls_data import FINISHED, NEW, RECIPE, STOPPED, EmbeddedScans, pretraining_state
+from classification.digits.pages import CLASSES
+from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
+from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
+from classification.token_labeling.label_store import TokenLabelStore
 from helpers.commands import ENV, ROOT, run_python, run_tool, succeeded
+from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from helpers.training_runs import assert_same_run
 
-pytestmark = [pytest.mark.slow,  # tools run end to end here: make test-fast leaves this file out
-              pytest.mark.skipif((ROOT / ADE20K_ROOT).is_dir(), reason='ADE20K is on disk: no fallback to test')]
+pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
+# every test here but make run's runs a segmentation config on the embedded data, which ADE20K on disk replaces
+on_the_fallback = pytest.mark.skipif((ROOT / ADE20K_ROOT).is_dir(), reason='ADE20K is on disk: no fallback to test')
 SCHEDULE = Schedule()
 
 CONFIG = 'upernet_lvvit_s.py'
@@ -71,6 +72,7 @@ def prepared(tmp_path, *argv, config: Path = CONFIGS / CONFIG):
     return prepare(build_parser().parse_args([str(config), *work, *argv]), embedded(tmp_path)).cfg
 
 
+@on_the_fallback
 def test_digits_fallback_takes_its_schedule(tmp_path):
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_dataloader.dataset.metainfo.classes == CLASSES
@@ -88,6 +90,7 @@ def test_digits_fallback_takes_its_schedule(tmp_path):
     assert tuple(resize.ratio_range) == RATIO_RANGE
 
 
+@on_the_fallback
 def test_resume_before_the_first_checkpoint_removes_the_torn_write_and_says_it_starts_over(tmp_path, caplog):
     """A run killed while writing its first checkpoint leaves only a temporary file: --resume removes it and says
     the run starts from iteration 0 (it once started over in silence, the file left behind)."""
@@ -100,6 +103,7 @@ def test_resume_before_the_first_checkpoint_removes_the_torn_write_and_says_it_s
     assert f'--resume: {work} holds no checkpoint' in caplog.text and 'starting from iteration 0' in caplog.text
 
 
+@on_the_fallback
 def test_a_run_torchrun_restarts_resumes_by_itself(tmp_path, monkeypatch, caplog):
     """Under torchrun --max-restarts a restarted run continues from its work dir without --resume; a new command on
     the same work dir is still refused."""
@@ -114,6 +118,7 @@ def test_a_run_torchrun_restarts_resumes_by_itself(tmp_path, monkeypatch, caplog
     assert cfg.resume and f'torchrun restarted the run: resuming from the latest checkpoint in {work}' in caplog.text
 
 
+@on_the_fallback
 def test_a_resumed_run_keeps_the_seed_it_drew(tmp_path):
     """A config without a seed (ADE20K's; the digits fallback sets one): a new run leaves it to mmengine, which draws
     one for every process (the main one's) and records it in every checkpoint; --resume takes it from the run's newest
@@ -128,11 +133,13 @@ def test_a_resumed_run_keeps_the_seed_it_drew(tmp_path):
     assert prepared(tmp_path, '--work-dir', str(work), '--resume', *options).randomness.seed == drawn
 
 
+@on_the_fallback
 def test_train_seg_refuses_a_schedule_it_cannot_resume_exactly(tmp_path):
     with pytest.raises(UsageError, match='EpochBasedTrainLoop: train_seg runs iteration-based schedules'):
         prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None', 'train_cfg.type=EpochBasedTrainLoop')
 
 
+@on_the_fallback
 def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
     flips = [step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip']
@@ -146,6 +153,7 @@ def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
     assert [step.prob for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip'] == [0.5]
 
 
+@on_the_fallback
 def test_the_multi_scale_test_on_the_pages_takes_the_sizes_training_saw(tmp_path):
     """ADE20K's ratios 0.75-1.75 of the single-scale size become TEST_RATIOS of the pages' single-scale size, the
     range the pages' training resizes over; the real data keeps the config's."""
@@ -162,6 +170,7 @@ def test_the_multi_scale_test_on_the_pages_takes_the_sizes_training_saw(tmp_path
                                                                 for r in (0.75, 1.0, 1.25, 1.5, 1.75)]
 
 
+@on_the_fallback
 def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path):
     config = tiny_digits_config(tmp_path / 'tiny.py')
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None', config=config)
@@ -175,6 +184,7 @@ def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tm
         assert lr_of[id(param)] == pytest.approx(expected), name
 
 
+@on_the_fallback
 def test_explicit_options_win_over_the_fallback_schedule(tmp_path):
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None',
                    'optim_wrapper.optimizer.lr=0.001', 'train_dataloader.batch_size=3')
@@ -186,6 +196,7 @@ def test_explicit_options_win_over_the_fallback_schedule(tmp_path):
 
 
 @pytest.mark.skipif((ROOT / OWN_DATA_ROOT).is_dir(), reason='a data set of your own is on disk: no fallback to test')
+@on_the_fallback
 def test_an_own_data_config_without_its_data_runs_on_the_digits(tmp_path):
     cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None',
                    config=CONFIGS / 'upernet_lvvit_s_own_data.py')
@@ -194,6 +205,7 @@ def test_an_own_data_config_without_its_data_runs_on_the_digits(tmp_path):
     assert cfg.train_cfg.max_iters == SCHEDULE.iters  # the pages' schedule, not one sized by own_data
 
 
+@on_the_fallback
 def test_real_data_keeps_the_config_schedule(tmp_path):
     data = write_tiny_ade(tmp_path / 'ade')
     cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
@@ -201,6 +213,7 @@ def test_real_data_keeps_the_config_schedule(tmp_path):
     assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
 
 
+@on_the_fallback
 def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match='nowhere.pth'):
         prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
@@ -210,6 +223,7 @@ def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path)
 @pytest.mark.parametrize('config, reason', [
     (CONFIG, 'pretrained/lvvit_s-26M-224-83.3.pth.tar not found'),
     ('upernet_lvvit_s_own_data.py', 'timm (the ImageNet release) left aside on the embedded data')])
+@on_the_fallback
 def test_the_segmentation_trainer_asks_for_the_pretraining_and_trains_nothing_itself(tmp_path, config, reason):
     """Control runs one way: on the embedded set, a config whose ImageNet weights are not there comes back from
     `prepare` with the pretraining its tool is to run first (nothing trained, no scans written), and the trainer
@@ -227,6 +241,7 @@ def test_the_segmentation_trainer_asks_for_the_pretraining_and_trains_nothing_it
     assert given.pretraining is None and given.cfg.model.backbone.pretrained is None
 
 
+@on_the_fallback
 def test_cfg_options_are_applied_once_so_train_seg_and_test_seg_run_one_config(tmp_path):
     """A --cfg-options value the embedded set transforms (a size: scaled to the pages) is applied once, before the
     scaling, as test_seg applies it: the single-scale test size of train_seg's config (the one its work dir keeps) is
@@ -305,6 +320,7 @@ def chain(made_run, tmp_path_factory):
     return root, config, result.stdout + result.stderr
 
 
+@on_the_fallback
 def test_segmentation_starts_from_the_digits_pretrained_backbone(chain):
     root, _, log = chain
     checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
@@ -323,6 +339,7 @@ def background_only_miou(annotations: Path) -> float:
     return 100 * (labels == 1).sum() / labelled / len(CLASSES)
 
 
+@on_the_fallback
 def test_segmentation_from_the_pretrained_backbone_finds_digits(chain):
     """The shortened run predicts more than background: mIoU above what predicting background everywhere scores,
     with digit pixels found (a 4-block, 32-wide backbone in 400 iterations only begins to tell the digits apart;
@@ -336,6 +353,7 @@ def test_segmentation_from_the_pretrained_backbone_finds_digits(chain):
     assert len(digit_ious) == 10 and max(digit_ious) > 10, digit_ious
 
 
+@on_the_fallback
 def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
     root, _, _ = chain
     checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
@@ -362,6 +380,7 @@ def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
 TINY_PRETRAINING = Pretraining('lvvit_s', TINY_MODELS[CONFIG], 'pretrained/lvvit_s-26M-224-83.3.pth.tar not found')
 
 
+@on_the_fallback
 def test_the_log_names_each_stage_and_where_the_backbone_comes_from(chain):
     root, _, log = chain
     folder = root / 'digits' / 'backbones' / 'lvvit_s'
@@ -370,6 +389,7 @@ def test_the_log_names_each_stage_and_where_the_backbone_comes_from(chain):
     assert log.index(f'stage 2 of 2: the segmentor, its backbone from {folder / BEST}') > first
 
 
+@on_the_fallback
 def test_a_second_run_keeps_the_pretraining_the_first_made(chain, caplog):
     root, _, _ = chain
     checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / BEST
@@ -383,6 +403,7 @@ def test_a_second_run_keeps_the_pretraining_the_first_made(chain, caplog):
     assert backbone.origin.startswith('lvvit_s pretrained on the embedded digits (token-labeling, best val top-1')
 
 
+@on_the_fallback
 def test_a_pretraining_whose_file_does_not_read_is_done_again(chain, tmp_path, caplog):
     """A finished pretraining is kept, a stopped one (no metrics.json: they are written last) continued; one whose
     checkpoint does not read (best.pth of a finished run, last.pth of a stopped one) is removed, to be done again,
@@ -405,6 +426,7 @@ def test_a_pretraining_whose_file_does_not_read_is_done_again(chain, tmp_path, c
             assert f'warning: {run / damaged}: not a readable' in caplog.text and 'starts again' in caplog.text
 
 
+@on_the_fallback
 def test_a_stop_in_the_pretraining_stops_the_command_and_the_next_run_continues_it_exactly(chain, tmp_path):
     """The first stage is train_cls's training: a SIGTERM there writes its checkpoint and stops the command (status
     75) before any segmentation, and the stopped pretraining is not taken for a finished one: the same command again

@@ -189,12 +189,18 @@ def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
 
 
 def test_a_tracker_not_installed_is_one_line_naming_the_extra(tiny_ade, tmp_path, monkeypatch):
+    """Said before any work (the config is not read yet: the embedded data would be written next), both trackers'
+    extras in the one line where both are missing."""
     from backbones.segmentation.train import build_parser, prepare
     config, _ = tiny_ade
     monkeypatch.setitem(sys.modules, 'mlflow', None)  # import mlflow fails as where it is not installed
-    with pytest.raises(UsageError, match=r"--log-mlflow needs mlflow, which does not import here \(.*\): pip "
-                                         r"install '\.\[mlflow\]'"):
+    needs_mlflow = r"--log-mlflow needs mlflow, which does not import here \(.*\): pip install '\.\[mlflow\]'"
+    with pytest.raises(UsageError, match=needs_mlflow):
         prepare(build_parser().parse_args([str(config), '--work-dir', str(tmp_path / 'w'), '--log-mlflow']))
+    monkeypatch.setitem(sys.modules, 'wandb', None)
+    with pytest.raises(UsageError, match=r"^--log-wandb needs wandb, .*\]'; " + needs_mlflow + '$') as raised:
+        prepare(build_parser().parse_args([str(tmp_path / 'absent.py'), '--log-wandb', '--log-mlflow']))
+    assert '\n' not in str(raised.value) and not (tmp_path / 'w').exists()
 
 
 def test_an_evaluator_tta_or_folder_test_seg_cannot_use_is_one_line(tiny_ade, tmp_path):

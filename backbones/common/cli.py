@@ -349,24 +349,28 @@ def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType
                          ) from e
 
 
-def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflow_store: str) -> None:
+def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflow_run: str) -> None:
     """--log-wandb, --log-mlflow: the run's scalars also to an experiment tracker, each client an optional extra
-    (`check_trackers`). `wandb_run` says what the wandb run is named after, `mlflow_store` the file store MLflow logs
-    to without MLFLOW_TRACKING_URI."""
+    (`check_trackers`). `wandb_run` and `mlflow_run` say what the command's run is named after and where it is
+    logged (MLflow's file store, without MLFLOW_TRACKING_URI)."""
     parser.add_argument('--log-wandb', action='store_true', help=(
         f'also log to Weights & Biases (pip install \'.[wandb]\'): {wandb_run}; WANDB_MODE=offline keeps it on disk, '
         'without an account'))
     parser.add_argument('--log-mlflow', action='store_true', help=(
-        f'also log to MLflow (pip install \'.[mlflow]\'): to MLFLOW_TRACKING_URI, or without it a file store, '
-        f'{mlflow_store}'))
+        f'also log to MLflow (pip install \'.[mlflow]\'): {mlflow_run}; to MLFLOW_TRACKING_URI when set'))
 
 
 def check_trackers(wandb: bool, mlflow: bool) -> None:
-    """Before any work: the clients of the trackers asked for (`add_tracker_arguments`) import."""
-    if wandb:
-        import_extra('wandb', '--log-wandb')
-    if mlflow:
-        import_extra('mlflow', '--log-mlflow')
+    """Before any work: the clients of the trackers asked for (`add_tracker_arguments`) import; those that do not
+    are named together, in one line."""
+    missing = []
+    for module in [name for name, asked in (('wandb', wandb), ('mlflow', mlflow)) if asked]:
+        try:
+            import_extra(module, f'--log-{module}')
+        except UsageError as e:
+            missing.append(str(e))
+    if missing:
+        raise UsageError('; '.join(missing))
 
 
 def mlflow_tracking_uri(default_folder: Path) -> str:

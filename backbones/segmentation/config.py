@@ -46,11 +46,13 @@ class FormattedOnceConfig(Config):
     mmengine formats a config's text with yapf (0.2 s) each time it is asked for it: for the log, the dump, each
     visualizer backend and every checkpoint's meta, 9 times in a short run, half of a 2-iteration run's time."""
 
-    @classmethod
-    def of(cls, cfg: Config) -> FormattedOnceConfig:
-        """`cfg` as this class, everything mmengine keeps of it (its pickled state) the same."""
-        once = cls.__new__(cls)
-        once.__setstate__(cfg.__getstate__())
+    @staticmethod
+    def fromfile(filename: str | Path, **kwargs) -> FormattedOnceConfig:
+        """mmengine's `Config.fromfile` (a staticmethod: it makes a plain Config), as this class: the config read
+        is taken over through mmengine's own pickled state, so that it keeps everything mmengine keeps of it."""
+        read = Config.fromfile(filename, **kwargs)
+        once = FormattedOnceConfig.__new__(FormattedOnceConfig)
+        once.__setstate__(read.__getstate__())
         return once
 
     @property
@@ -65,12 +67,9 @@ class FormattedOnceConfig(Config):
         return last[1]
 
     def _laid_out(self, formatted: bool) -> str:
-        setting = self._format_python_code
-        object.__setattr__(self, '_format_python_code', formatted)
-        try:
-            return Config.pretty_text.fget(self)
-        finally:
-            object.__setattr__(self, '_format_python_code', setting)
+        view = copy.copy(self)  # its own setting, the same keys: this config's is left as it is for other callers
+        object.__setattr__(view, '_format_python_code', formatted)
+        return Config.pretty_text.fget(view)
 
 
 # The suite's mmseg side lived at the top level as `segmentation` until 0.2.0 (CHANGELOG.md): configs and export
@@ -88,7 +87,7 @@ def present_module(name: str) -> str:
 def read_config(path: str | Path) -> Config:
     """A config file as mmengine reads it, its `custom_imports` under their present paths (a config saved before the
     suite's packages moved names `segmentation`), then imported."""
-    cfg = FormattedOnceConfig.of(Config.fromfile(str(path), import_custom_modules=False))
+    cfg = FormattedOnceConfig.fromfile(str(path), import_custom_modules=False)
     custom = cfg.get('custom_imports')
     if custom:
         names = custom['imports']

@@ -98,9 +98,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
                         help='validation images drawn (ground truth and prediction) into TensorBoard and '
                              'vis_data/vis_image at every validation (default 4; 0: none)')
-    add_tracker_arguments(parser, 'the run named after the work dir, its project WANDB_PROJECT\'s (mmengine\'s '
-                          'WandbVisBackend)', 'WORK_DIR/mlruns, the experiment named after the config, the run after '
-                          'the work dir (mmengine\'s MLflowVisBackend)')
+    add_tracker_arguments(parser, 'the run named after the work dir, in WANDB_PROJECT (mmengine\'s WandbVisBackend)',
+                          'the run named after the work dir, in an experiment named after the config, in a file '
+                          'store in WORK_DIR/mlruns (mmengine\'s MLflowVisBackend)')
     parser.add_foreign_flags("mmseg's tools/train.py", MMSEG_TRAIN_FLAGS)
     return parser
 
@@ -168,6 +168,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     """The config a run takes: the data (`fallback`'s without ADE20K, with its schedule), the command line's
     options, the schedule; and the pretraining it needs first, if any (the tool's to run: `train` takes its
     checkpoint)."""
+    check_trackers(args.log_wandb, args.log_mlflow)  # before any work, the embedded data's writing included
     cfg = load_config(args.config)
     config_pretrained = cfg.model.backbone.get('pretrained')
     options = args.cfg_options or {}
@@ -217,9 +218,8 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
 
 def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: bool = False) -> None:
     """Add mmengine's Weights & Biases and MLflow backends to the config's visualizer, as asked: they receive what
-    TensorBoard does (the losses and lr as the logger hook logs them, the validation scores). Each client is
-    imported here, so that one not installed is said before the run starts."""
-    check_trackers(wandb, mlflow)
+    TensorBoard does (the losses and lr as the logger hook logs them, the validation scores). `prepare` has checked
+    that their clients import."""
     backends = list(cfg.visualizer.get('vis_backends', []))
     run_name = Path(cfg.work_dir).name
     if wandb:

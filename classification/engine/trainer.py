@@ -185,7 +185,7 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
                              'steps on the training stream, not beside the previous step on a side stream: the same '
                              'numbers, slower on GPUs (for comparison)')
     add_tracker_arguments(parser, 'the run named after the output folder, in --experiment\'s project',
-                          'OUTPUT/mlruns, in --experiment')
+                          'the run named after the output folder, in --experiment, in a file store in OUTPUT/mlruns')
     parser.add_argument('--experiment', help='the wandb project or MLflow experiment the run is logged in (default: '
                                              'the command\'s name)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
