@@ -156,17 +156,18 @@ def test_mmsegs_flags_the_tools_do_not_take_are_one_line_naming_the_equivalent(t
 @pytest.mark.slow
 def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
     """--log-wandb and --log-mlflow: a 2-iteration run's losses and validation scores, as its own scalars.json holds
-    them, read back from wandb's offline run and from MLflow's file store (most of the test's time is the clients'
-    start)."""
+    them, read back from wandb's offline run and from MLflow's file store, the default one in the work dir (most of
+    the test's time is the clients' start); the run's artifacts are its config and logs, not the store's own files."""
     from mlflow.tracking import MlflowClient
     from backbones.segmentation.runner import SuiteRunner
     from backbones.segmentation.train import build_parser, prepare
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 2), ('validation', 1)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
-    store = f'file://{tmp_path}/mlruns'
+    store = f'file://{tmp_path}/work/mlruns'
     for name, value in (('WANDB_MODE', 'offline'), ('WANDB_SILENT', 'true'), ('WANDB_X_DISABLE_STATS', 'true'),
-                        ('WANDB_CONSOLE', 'off'), ('MLFLOW_TRACKING_URI', store)):
+                        ('WANDB_CONSOLE', 'off')):
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
     args = build_parser().parse_args([str(config), '--work-dir', str(tmp_path / 'work'), '--iters', '2',
                                       '--log-wandb', '--log-mlflow', '--pictures', '0'])
     cfg = prepare(args).cfg
@@ -186,6 +187,8 @@ def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
     assert run.info.run_name == 'work'
     assert {m.step: m.value for m in client.get_metric_history(run.info.run_id, 'loss')} == pytest.approx(losses)
     assert run.data.metrics['mIoU'] == pytest.approx(miou)
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert 'config.py' in artifacts and not any(path.startswith('mlruns') for path in artifacts), artifacts
 
 
 def test_a_tracker_not_installed_is_one_line_naming_the_extra(tiny_ade, tmp_path, monkeypatch):

@@ -225,8 +225,11 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
     if wandb:
         backends.append(dict(type='WandbVisBackend', init_kwargs=dict(name=run_name)))
     if mlflow:
+        # At its end the backend uploads the work dir's files of these suffixes (mmengine's default adds .py and
+        # yaml: the file store in the work dir would upload its own files into itself); the config is logged already.
         backends.append(dict(type='MLflowVisBackend', exp_name=Path(config_path).stem, run_name=run_name,
-                             tracking_uri=mlflow_tracking_uri(Path(cfg.work_dir, 'mlruns'))))
+                             tracking_uri=mlflow_tracking_uri(Path(cfg.work_dir, 'mlruns')),
+                             artifact_suffix=('.json', '.log')))
     cfg.visualizer.vis_backends = backends
 
 
