@@ -63,15 +63,19 @@ def confusion_matrix(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], num_cla
     return matrix.reshape(num_classes, num_classes)
 
 
-def confusion_report(matrix: np.ndarray) -> dict:
-    """The report's confusion matrix: `counts` (row: the ground truth's class, column: the predicted class, in the
-    order of `per_class`) and `normalised` (each row divided by its sum, the share of a class's pixels predicted as
-    each class; a class without ground-truth pixels has a row of nulls)."""
+def row_shares(matrix: np.ndarray) -> np.ndarray:
+    """A confusion matrix's rows normalised: the share of each ground-truth class's pixels predicted as each class
+    (NaN in the row of a class without ground-truth pixels)."""
     totals = matrix.sum(1, keepdims=True)
     with np.errstate(divide='ignore', invalid='ignore'):
-        shares = matrix / totals
+        return np.where(totals > 0, matrix / totals, np.nan)
+
+
+def confusion_report(matrix: np.ndarray) -> dict:
+    """The report's confusion matrix: `counts` (row: the ground truth's class, column: the predicted class, in the
+    order of `per_class`) and `normalised` (`row_shares`; a class without ground-truth pixels has a row of nulls)."""
     return {'rows': 'ground truth', 'columns': 'prediction', 'counts': matrix.tolist(),
-            'normalised': [[None if total == 0 else float(v) for v in row] for row, total in zip(shares, totals[:, 0])]}
+            'normalised': [[None if np.isnan(v) else float(v) for v in row] for row in row_shares(matrix)]}
 
 
 def unlabelled_warning(report: dict) -> str | None:
@@ -169,7 +173,7 @@ def read_confusion(path: str | Path) -> tuple[list[str], np.ndarray]:
 def top_confusions(classes: Sequence[str], matrix: np.ndarray, count: int) -> list[tuple[str, str, float, int]]:
     """The `count` largest confusions: (ground-truth class, class predicted for it, share of that class's pixels,
     pixels), largest share first (ties: more pixels first)."""
-    totals = matrix.sum(1)
-    cells = [(matrix[t, p] / totals[t], int(matrix[t, p]), t, p) for t, p in zip(*np.nonzero(matrix)) if t != p]
+    shares = row_shares(matrix)
+    cells = [(shares[t, p], int(matrix[t, p]), t, p) for t, p in zip(*np.nonzero(matrix)) if t != p]
     cells.sort(key=lambda cell: (-cell[0], -cell[1], cell[2], cell[3]))
     return [(classes[t], classes[p], float(share), pixels) for share, pixels, t, p in cells[:count]]

@@ -26,7 +26,7 @@ from backbones.common.drawing import enlarge, figure, finished, write_png
 
 from backbones.segmentation.config import TASK_NAMES, EmbeddedSegData
 from backbones.segmentation.instances.transforms import decode_mask
-from backbones.segmentation.metrics import read_confusion, read_report, top_confusions
+from backbones.segmentation.metrics import read_confusion, read_report, row_shares, top_confusions
 from backbones.segmentation.predict import SegPredictor
 
 HEADER = 22  # pixels of the title strip above each panel
@@ -160,9 +160,7 @@ def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
     pixels predicted as each class, on a log scale from 0.1 %, so that rare confusions of 150 classes show), classes
     named where they are few enough to read; beside it the `top` largest confusions in words."""
     classes, matrix = read_confusion(report)
-    totals = matrix.sum(1, keepdims=True)
-    with np.errstate(divide='ignore', invalid='ignore'):
-        shares = np.where(totals > 0, matrix / totals, np.nan)
+    shares = row_shares(matrix)
     fig, axes = figure(1, 2, size=(6.0, 6.0), width_ratios=(3, 2))
     ax, listing = axes[0]
     scale = matplotlib.colors.LogNorm(vmin=1e-3, vmax=1, clip=True)
