@@ -76,21 +76,16 @@ def use_multi_scale(cfg: Config, flip: bool) -> None:
     cfg.model = cfg.tta_model
 
 
-def test_images(cfg: Config) -> list[Path]:
-    """The test set's images."""
-    return [Path(info['img_path']) for info in test_files(cfg)]
-
-
 def test_files(cfg: Config) -> list[dict]:
     """The test set's entries: each image's path, and its annotation's."""
     dataset = DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'serialize_data': False})
     return [dataset.get_data_info(i) for i in range(len(dataset))]
 
 
-def check_outside_data(cfg: Config, folder: Path, option: str) -> None:
-    """An output folder must not be one the test set's images or annotations are in: its files would replace them
-    (and a second test would score the predictions against themselves)."""
-    data = {Path(info[key]).resolve().parent for info in test_files(cfg) for key in ('img_path', 'seg_map_path')
+def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
+    """An output folder must not be one the test set's images or annotations (`test_files`) are in: its files would
+    replace them (and a second test would score the predictions against themselves)."""
+    data = {Path(info[key]).resolve().parent for info in files for key in ('img_path', 'seg_map_path')
             if info.get(key)}
     if folder.resolve() in data:
         raise UsageError(f'{option} {folder} holds the test set\'s images or annotations; write into another folder')
@@ -119,10 +114,14 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
                              'config (tools/visualize.py segmentation draws its prediction for an image)')
         cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='PredictionPictures', folder=str(args.show_dir))]
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
-    for option, folder in (('--pred-dir', args.pred_dir), ('--show-dir', args.show_dir)):
-        if folder and task != 'instances':
-            check_outside_data(cfg, Path(folder), option)
-            mask_paths(test_images(cfg), Path(folder))  # a file an image: two images of one name are refused
+    folders = {option: Path(folder) for option, folder in (('--pred-dir', args.pred_dir), ('--show-dir', args.show_dir))
+               if folder}
+    if folders and task != 'instances':
+        files = test_files(cfg)
+        images = [Path(info['img_path']) for info in files]
+        for option, folder in folders.items():
+            check_outside_data(files, folder, option)
+            mask_paths(images, folder)  # a file an image: two images of one name are refused
     cfg.test_evaluator = test_evaluator(cfg, task, args.out, args.pred_dir)
     return cfg
 
