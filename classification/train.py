@@ -145,7 +145,6 @@ def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) ->
     return recipe
 
 
-
 def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:
     """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
     if not new_head:

@@ -303,9 +303,9 @@ def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[s
     where = f'{data_dir}:{split}' if found.whole else str(found.index.parent if found.folder else found.tars[0])
     if not by_class:
         raise DataError(f'{where} holds no images of the split {split} (extensions {", ".join(IMG_EXTENSIONS)})')
-    for name, members in by_class.items():
-        members.sort()
-        twice = next((file for (file, _), (other, _) in zip(members, members[1:]) if file == other), None)
+    for name, files in by_class.items():
+        files.sort()
+        twice = next((file for (file, _), (other, _) in zip(files, files[1:]) if file == other), None)
         if twice is not None:
             raise DataError(f'{where}: the image {split}/{name}/{twice} is in the tars more than once')
     classes, labelled = label_samples(split, where, sorted(by_class),

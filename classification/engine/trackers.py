@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -34,7 +35,7 @@ class Tracker(Protocol):
         """The tracker run ended: `finished`, or stopped (a signal) to be resumed."""
 
 
-def run_id(output: Path, name: str, make) -> str:
+def run_id(output: Path, name: str, make: Callable[[], str]) -> str:
     """The tracker run id kept in OUTPUT/`name` (made by `make()` on the run's first start, or where the file holds
     none)."""
     path = output / name
