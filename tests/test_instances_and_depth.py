@@ -13,7 +13,7 @@ import torch
 from pycocotools import mask as mask_utils
 from pycocotools.cocoeval import COCOeval
 
-from helpers.commands import one_line_error, run_tool, succeeded
+from helpers.commands import ROOT, one_line_error, run_tool, succeeded
 from helpers.dense_data import (CATEGORIES, linked_coco, tiny_dense_overrides, write_tiny_coco,
                                 write_tiny_dense_config, write_tiny_nyu)
 from helpers.seg_data import CONFIGS
@@ -445,3 +445,63 @@ def test_depth_scores_equal_an_independent_count_over_the_saved_predictions(trai
     assert report['log10'] == pytest.approx(expected['log10'], abs=1e-4)
     assert report['d1'] == pytest.approx(expected['d1'], abs=0.01)
     assert report['images'] == 3 and report['left_out'] == 0
+
+
+@pytest.fixture(scope='module')
+def depth_trained_elsewhere(nyu_set, tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny depth config naming NYU-v2's default folder (data/nyu, not on disk), trained on the tiny set through
+    --data-root (a link to it, which a test may take away), as a user trains the shipped config on their own copy:
+    its config, checkpoint and data folder."""
+    root = tmp_path_factory.mktemp('depth_elsewhere')
+    config = write_tiny_dense_config(root / 'tiny.py', 'depth_lvvit_s.py', Path('data/nyu'))
+    (root / 'own_nyu').symlink_to(nyu_set)
+    succeeded(run_tool('train_seg.py', [config, '--work-dir', root / 'work', '--iters', '2', '--data-root',
+                                        root / 'own_nyu']))
+    return config, root / 'work' / 'iter_2.pth', root / 'own_nyu'
+
+
+@pytest.mark.slow  # tools run end to end
+def test_a_checkpoint_trained_elsewhere_predicts_at_its_own_sizes_not_the_embedded_pages(depth_trained_elsewhere,
+                                                                                         nyu_set, tmp_path):
+    """Without --data-root, the config's folder missing: the checkpoint records the data it was trained on, so the
+    embedded pages do not stand in (they scaled the test pipeline to a tenth): test_seg scores the folder trained
+    on, saying so, predict_seg's maps are test_seg's, no page is written; with that folder gone too, test_seg names
+    it and predict_seg still predicts the same maps."""
+    config, checkpoint, trained_on = depth_trained_elsewhere
+    pages = ROOT / 'data' / 'digits_seg'
+    pages_before = sorted(pages.rglob('*')) if pages.exists() else None
+    given = tmp_path / 'given.json'
+    succeeded(run_tool('test_seg.py', [config, checkpoint, '--data-root', nyu_set, '--out', given,
+                                       '--pred-dir', tmp_path / 'tested']))
+    recorded = succeeded(run_tool('test_seg.py', [config, checkpoint, '--out', tmp_path / 'recorded.json']))
+    assert f'data: {trained_on}, which {checkpoint} was trained on' in recorded.stdout + recorded.stderr
+    assert json.loads((tmp_path / 'recorded.json').read_text()) == json.loads(given.read_text())
+    images = sorted((nyu_set / 'images' / 'test').glob('*.jpg'))
+    for out in ('predicted', 'without_data'):
+        if out == 'without_data':
+            trained_on.unlink()
+        predicted = succeeded(run_tool('predict_seg.py', [config, checkpoint, *images, '--out', tmp_path / out]))
+        assert 'embedded' not in predicted.stdout + predicted.stderr
+        for image in images:
+            tested = cv2.imread(str(tmp_path / 'tested' / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)
+            written = cv2.imread(str(tmp_path / out / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)
+            assert np.array_equal(written, tested), image
+    assert (sorted(pages.rglob('*')) if pages.exists() else None) == pages_before
+    refused = one_line_error(run_tool('test_seg.py', [config, checkpoint]))
+    assert f'{checkpoint} was trained on {trained_on}, which is not on disk' in refused and '--data-root' in refused
+
+
+@pytest.mark.slow  # tools run end to end
+def test_a_checkpoint_of_another_task_is_named_as_one_before_its_classes(trained_detector, trained_depth, tmp_path):
+    """A detector's checkpoint given to a depth config, a depth model's to a detector's or a segmentor's config: one
+    line names what the checkpoint holds, before any data is read (the embedded pages are not written)."""
+    detector_config, detector = trained_detector
+    depth_config, depth = trained_depth
+    cv2.imwrite(str(tmp_path / 'x.jpg'), np.full((48, 64, 3), 90, np.uint8))
+    cases = [(depth_config, detector, 'a detector', 'a depth config'),
+             (detector_config, depth, 'a depth model', 'a detection config'),
+             (CONFIGS / 'upernet_lvvit_s.py', depth, 'a depth model', 'a semantic segmentation config')]
+    for config, checkpoint, holds, kind in cases:
+        for tool, args in (('test_seg.py', []), ('predict_seg.py', [tmp_path / 'x.jpg', '--out', tmp_path / 'out'])):
+            refused = one_line_error(run_tool(tool, [config, checkpoint, *args]))
+            assert f'{checkpoint} holds {holds}' in refused and f'{config} is {kind}' in refused, refused

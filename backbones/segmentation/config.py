@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import zipfile
 from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -19,10 +21,11 @@ from backbones.common.files import load_weights_only
 from backbones.common.log import logger
 
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES
-from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories
-from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
+from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
+from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,
-                                             use_own_data)
+                                             use_own_data, use_trained_classes)
+from backbones.segmentation.runner import trained_data
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 COCO_ROOT = 'data/coco'
@@ -114,19 +117,76 @@ def dense_task(cfg: Config) -> str:
     return 'instances' if model in INSTANCE_MODELS else 'depth' if model in DEPTH_MODELS else 'semantic'
 
 
-def load_trained_config(path: str, cfg_options: dict | None = None, data_root: str | None = None,
-                        fallback: EmbeddedSegData | None = None) -> Config:
-    """`load_config` for a trained checkpoint's config (test_seg, predict_seg): where `fallback`'s data stands in for
-    the config's, the model takes the sizes it trained with there (`use_model`), under the command line's
-    options."""
+@dataclass(frozen=True)
+class TrainedData:
+    """The data a tool runs a trained checkpoint on: one folder for every loader (`data_root`; None: the config's
+    own), the tool's embedded data (`embedded`: the checkpoint was trained on it), or none (`at_hand` False: its
+    predictions need no data set, and the classes or categories the checkpoint records serve)."""
+
+    data_root: str | None = None
+    embedded: bool = False
+    at_hand: bool = True
+
+
+def trained_data_record(cfg: Config, embedded: bool) -> dict:
+    """What a training run's checkpoints record of its data (their meta's TRAINED_DATA; the runner writes the
+    config's): the training set's folder, whether the tool's embedded data stood in for the config's, the task, and
+    the test pipeline its validations ran, whose sizes tests and predictions take."""
+    root = cfg.train_dataloader.dataset.get('data_root') or ''
+    return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=dense_task(cfg),
+                             test_pipeline=cfg.test_dataloader.dataset.pipeline))
+
+
+def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None, cfg_options: dict | None = None,
+                        fallback: EmbeddedSegData | None = None, need_data: bool = True) -> TrainedData:
+    """The data for a trained checkpoint: `data_root` (--data-root) if given, else the config's folders where they
+    are on disk; else what the checkpoint records it was trained on: the embedded data for a checkpoint trained on
+    it, the folder it was trained on where that is on disk, else none (an error where the tool `need_data`). A
+    checkpoint that records nothing (mmseg's, a release, one from before 0.3.0) is taken as the config's folder
+    decides: the embedded data stands in for a known data set's, an own-data config predicts without its data."""
+    if data_root:
+        return TrainedData(data_root)
+    roots = data_roots(cfg, None, cfg_options)
+    record = trained_data(checkpoint)
+    if all(Path(root).is_dir() for root in roots):
+        if record and not record['embedded'] and record['data_root'] not in {os.path.abspath(r) for r in roots}:
+            logger.warning(f'warning: {checkpoint} was trained on {record["data_root"]}; the data here is the '
+                           f'config\'s, {", ".join(sorted(roots))}')
+        return TrainedData()
+    if record is None:
+        if not need_data and own_data_absent(cfg, cfg_options):
+            return TrainedData(at_hand=False)
+        return TrainedData(embedded=missing_data(roots, fallback) is not None)
+    if record['embedded']:
+        if fallback is None:
+            raise DataError(f'{checkpoint} was trained on the embedded data, which this caller does not give')
+        return TrainedData(embedded=True)
+    missing = ', '.join(sorted(root for root in roots if not Path(root).is_dir()))
+    if Path(record['data_root']).is_dir():
+        logger.info(f'data: {record["data_root"]}, which {checkpoint} was trained on (the config\'s {missing} is '
+                    'not on disk)')
+        return TrainedData(record['data_root'])
+    if need_data:
+        raise DataError(f'{checkpoint} was trained on {record["data_root"]}, which is not on disk, nor is the '
+                        f'config\'s {missing}: --data-root names the data set\'s folder')
+    return TrainedData(at_hand=False)
+
+
+def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = None, data_root: str | None = None,
+                        fallback: EmbeddedSegData | None = None, need_data: bool = True) -> tuple[Config, TrainedData]:
+    """`load_config` for a trained checkpoint's config (test_seg, predict_seg, visualize, export), the checkpoint
+    checked to be a model of the config's task first, and the data it runs on (`choose_trained_data`): where the
+    embedded data stands in, the model takes the sizes it trained with there (`use_model`), under the command
+    line's options. `resolve_trained_data` then applies the data."""
     cfg = load_config(path)
-    if fallback is not None and not own_data_absent(cfg, data_root, cfg_options) \
-            and missing_data(data_roots(cfg, data_root, cfg_options), fallback):
+    check_segmentor_checkpoint(checkpoint, dense_task(cfg), path)
+    data = choose_trained_data(cfg, checkpoint, data_root, cfg_options, fallback, need_data)
+    if data.embedded:
         fallback.use_model(cfg)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
         check_loader_sizes(cfg, path)
-    return cfg
+    return cfg, data
 
 
 def check_loader_sizes(cfg: Config, path: str) -> None:
@@ -249,11 +309,10 @@ def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | No
             for loader in LOADERS if cfg.get(loader)}
 
 
-def own_data_absent(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> bool:
-    """An own-data config whose data set is not on disk (and not named by --data-root): what a checkpoint trained on
-    it predicts for new images needs only the classes it records, never the embedded data's."""
-    return is_own_data_config(cfg) and not data_root and \
-        not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
+def own_data_absent(cfg: Config, cfg_options: dict | None = None) -> bool:
+    """An own-data config whose data set is not on disk: what a checkpoint trained on it predicts for new images
+    needs only the classes it records, never the embedded data's."""
+    return is_own_data_config(cfg) and not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
 
 
 def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | None:
@@ -300,15 +359,42 @@ def use_categories(cfg: Config, checkpoint: str | None) -> None:
         use_test_categories(cfg, checkpoint)
 
 
-def resolve_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None,
-                         fallback: EmbeddedSegData | None = None) -> bool:
-    """`resolve_data` for a trained checkpoint (test_seg, predict_seg, export): an own-data set's classes must be the
-    ones the checkpoint was trained on, by name, or the model's outputs would be scored, named and coloured as
-    others."""
-    used_fallback = resolve_data(cfg, data_root, fallback, checkpoint)
-    if dense_task(cfg) == 'semantic' and not used_fallback and is_own_data_config(cfg):
-        check_trained_classes(cfg, checkpoint)
-    return used_fallback
+def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallback: EmbeddedSegData | None = None,
+                         cfg_options: dict | None = None) -> None:
+    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose. The data's classes must be
+    the ones the checkpoint was trained on, by name (a detector's categories, by id and name), or the model's outputs
+    would be scored, named and coloured as others; with no data at hand, the checkpoint's own serve. The test
+    pipeline is the one its validations ran (`use_trained_pipeline`)."""
+    task = dense_task(cfg)
+    if not data.at_hand:
+        if task == 'instances':
+            use_trained_categories(cfg, checkpoint)
+        elif task == 'semantic':
+            use_trained_classes(cfg, checkpoint)
+    else:
+        resolve_data(cfg, data.data_root, fallback if data.embedded else None, checkpoint)
+        if task == 'semantic':
+            check_trained_classes(cfg, checkpoint)
+    use_trained_pipeline(cfg, checkpoint, cfg_options)
+
+
+def pipeline_sizes(pipeline: list) -> str:
+    """A pipeline's sizes in words: `Resize (640, 480)` for each step that sets one."""
+    return ', '.join(f'{step["type"]} {tuple(step[key])}' for step in pipeline for key in _SIZE_KEYS
+                     if isinstance(step.get(key), (list, tuple))) or 'no sizes'
+
+
+def use_trained_pipeline(cfg: Config, checkpoint: str, cfg_options: dict | None = None) -> None:
+    """The test pipeline the checkpoint's validations ran, where it records one that differs from the config's
+    (one line says so); the command line's options for the test loader win."""
+    recorded = (trained_data(checkpoint) or {}).get('test_pipeline')
+    if recorded is None or any(key.startswith('test_dataloader') for key in cfg_options or {}):
+        return
+    own = plain_values(cfg.test_dataloader.dataset.pipeline)
+    if own != recorded:
+        logger.warning(f'warning: {checkpoint} was validated with another test pipeline than the config gives '
+                       f'({pipeline_sizes(recorded)}, the config {pipeline_sizes(own)}): its own is used')
+        cfg.test_dataloader.dataset.pipeline = recorded
 
 
 def weight_names(checkpoint: str) -> list[str]:
@@ -322,10 +408,26 @@ def weight_names(checkpoint: str) -> list[str]:
             for key in part if isinstance(key, str)]
 
 
-def check_segmentor_checkpoint(checkpoint: str) -> None:
-    """A checkpoint a segmentation tool is given: there (checked before any work, such as writing the embedded
-    data), and a segmentor's: an image classifier's weights would fail on every key, after the tool had asked for
-    the data set it was trained on."""
+# The weights only a segmentor's, a detector's or a depth model's head has (mmseg's class layer, torchvision's RoI
+# heads, the suite's depth head)
+TASK_WEIGHTS = {'semantic': 'decode_head.conv_seg.', 'instances': 'roi_heads.', 'depth': 'decode_head.depth_layer.'}
+TASK_MODELS = {'semantic': 'segmentor', 'instances': 'detector', 'depth': 'depth model'}
+
+
+def checkpoint_task(checkpoint: str, names: list[str]) -> str | None:
+    """The task a checkpoint's model was trained for: as it records it, else as its heads' weights (`names`) show;
+    None if neither says."""
+    record = trained_data(checkpoint)
+    if record and record.get('task') in TASK_NAMES:
+        return record['task']
+    return next((task for task, prefix in TASK_WEIGHTS.items() if any(n.startswith(prefix) for n in names)), None)
+
+
+def check_segmentor_checkpoint(checkpoint: str, task: str | None = None, config: str | None = None) -> None:
+    """A checkpoint a dense tool is given: there (checked before any work, such as writing the embedded data), a
+    dense model's (an image classifier's weights would fail on every key, after the tool had asked for the data set
+    it was trained on), and of the config's `task` (a detector given to a depth config was refused as a class
+    mismatch)."""
     if not Path(checkpoint).is_file():
         raise CheckpointError(f'{checkpoint}: checkpoint file not found')
     names = weight_names(checkpoint)
@@ -335,6 +437,10 @@ def check_segmentor_checkpoint(checkpoint: str) -> None:
                               f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
                               f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='
                               f'{checkpoint}')
+    trained = checkpoint_task(checkpoint, names)
+    if task is not None and trained is not None and trained != task:
+        raise CheckpointError(f'{checkpoint} holds a {TASK_MODELS[trained]} ({TASK_NAMES[trained]}), and {config} is '
+                              f'a {TASK_NAMES[task]} config: give the config it was trained with')
 
 
 def check_pretrained(cfg: Config) -> None:

@@ -15,6 +15,7 @@ tools/test_seg.py all take those files.
 """
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -43,6 +44,12 @@ def mmengine_checkpoint_globals() -> list[object]:
     _reconstruct, scalar = np.empty(0).__reduce__()[0], np.float64(0).__reduce__()[0]
     return [HistoryBuffer, (_history_buffer_method, 'builtins.getattr'), np.ndarray, np.dtype, _reconstruct, scalar,
             *dtypes]
+
+
+def plain_values(value: object) -> object:
+    """A config's value (ConfigDicts, tuples) as plain dicts, lists, strings and numbers: what a checkpoint read
+    weights-only may hold."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:

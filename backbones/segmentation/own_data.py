@@ -27,6 +27,7 @@ from backbones.common.errors import CheckpointError, DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
 from mmseg.datasets import ADE20KDataset
+from mmseg.registry import DATASETS
 
 from backbones.segmentation.data_check import (IGNORE_INDEX, SINGLE_CHANNEL, SHOWN, binary_masks_message,
                                                colour_mask_message, decoded)
@@ -249,7 +250,7 @@ def trained_classes(checkpoint: str) -> tuple[tuple[str, ...], list[list[int]], 
 
 
 def use_trained_classes(cfg: Config, checkpoint: str) -> None:
-    """An own-data config with no data set at hand takes the classes its checkpoint was trained on."""
+    """A config with no data set at hand takes the classes its checkpoint was trained on."""
     trained = trained_classes(checkpoint)
     if trained is None:
         raise CheckpointError(f'{checkpoint} records no classes (mmengine\'s meta.dataset_meta): give --data-root, the '
@@ -261,7 +262,7 @@ def check_trained_classes(cfg: Config, checkpoint: str) -> None:
     """The data set's classes are the ones the checkpoint was trained on (when it records them): a model of other
     classes with the same count would be scored under the wrong names."""
     trained = trained_classes(checkpoint)
-    data = tuple(cfg.test_dataloader.dataset.metainfo['classes'])
+    data = tuple(DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': True}).metainfo['classes'])
     if trained is not None and trained[0] != data:
         raise CheckpointError(f'{checkpoint} was trained on {len(trained[0])} classes ({", ".join(trained[0][:5])}'
                               f'{", ..." if len(trained[0]) > 5 else ""}), the data set holds {len(data)} '

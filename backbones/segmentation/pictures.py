@@ -199,14 +199,14 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
     None: the test set's first image), beside its ground truth where the test set has it: a segmentor's classes
     (with the per-class IoU of a test_seg.py `report`), a detector's instances (those scoring `score_threshold`
     or more), a depth model's depth. Without the config's data on disk, the data is `fallback`'s."""
-    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback, need_data=image is None)
+    entry = test_entry(predictor.test_set(), image) if predictor.data_at_hand else {'img_path': image}
     if predictor.task != 'semantic':
         if report:
             raise UsageError(f'--report draws a segmentor\'s per-class IoU; {config} is a '
                              f'{TASK_NAMES[predictor.task]} config')
-        return dense_picture(predictor, test_entry(predictor.test_set(), image), alpha, score_threshold)
+        return dense_picture(predictor, entry, alpha, score_threshold)
     scores = read_report(report, predictor.classes) if report else None
-    entry = test_entry(predictor.test_set(), image)
     pixels, prediction = predictor.segment(entry['img_path'])
     truth = None
     if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():

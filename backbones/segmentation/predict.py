@@ -19,11 +19,9 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, check_segmentor_checkpoint, dense_task,
-                                           drop_tta_flips, load_trained_config, own_data_absent,
-                                           resolve_trained_data)
-from backbones.segmentation.instances.coco import use_trained_categories
-from backbones.segmentation.own_data import default_palette, use_trained_classes
+from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips,
+                                           load_trained_config, resolve_trained_data)
+from backbones.segmentation.own_data import default_palette
 from backbones.segmentation.runner import checkpoint_meta, load_weights
 
 ANNOTATION_STEPS = ('LoadAnnotations', 'LoadInstances', 'LoadDepthAnnotation')
@@ -69,25 +67,20 @@ def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
 class SegPredictor:
     """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
     it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False); `predictor.predict(path)`:
-    the model's data sample, for any dense task (`task`). The config's data is resolved as test_seg resolves it
-    (`data_root`; without ADE20K on disk, `fallback`'s): its classes, palette and label values are the
-    predictor's. An own-data config without its data at hand takes the classes the checkpoint records; a detector
-    takes the categories (names and ids) its checkpoint records."""
+    the model's data sample, for any dense task (`task`). The config's data is chosen as test_seg chooses it
+    (`data_root`, the config's folder, else what the checkpoint records it was trained on: `fallback`'s embedded
+    data only for a checkpoint trained on it): its classes, palette and label values are the predictor's. Without
+    any data at hand (an error where the caller `need_data`: a test set's image and its ground truth), the classes
+    (a detector's categories, names and ids) are the ones the checkpoint records, and the sizes the config's, or
+    those of the test pipeline the checkpoint records."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
-                 fallback: EmbeddedSegData | None = None, device: str = 'cpu') -> None:
-        cfg = load_trained_config(config, cfg_options, data_root, fallback)
+                 fallback: EmbeddedSegData | None = None, device: str = 'cpu', need_data: bool = False) -> None:
+        cfg, data = load_trained_config(config, checkpoint, cfg_options, data_root, fallback, need_data)
         self.task = task = dense_task(cfg)
-        check_segmentor_checkpoint(checkpoint)
-        if own_data_absent(cfg, data_root):
-            # new images need no data set: the classes (a detector's categories) trained on
-            if task == 'instances':
-                use_trained_categories(cfg, checkpoint)
-            else:
-                use_trained_classes(cfg, checkpoint)
-        else:
-            resolve_trained_data(cfg, checkpoint, data_root, fallback)
+        self.data_at_hand = data.at_hand
+        resolve_trained_data(cfg, checkpoint, data, fallback, cfg_options)
         init_default_scope(cfg.get('default_scope', 'mmseg'))
         cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
         model = MODELS.build(cfg.model)

@@ -35,7 +35,7 @@ from backbones.common.files import load_weights_only
 from backbones.common.log import logger
 
 from backbones.segmentation.backbone import TokenBackbone
-from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals
+from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.restart import PlacedInfiniteSampler, SeededSamples
 from backbones.segmentation.silenced_warnings import HarmlessLogLines
 
@@ -56,6 +56,10 @@ def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
     return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
 
 
+# The key of what a run trained on in its checkpoints' meta and in its config (`config.trained_data_record`)
+TRAINED_DATA = 'trained_data'
+
+
 def checkpoint_meta(filename: str) -> dict:
     """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
     {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
@@ -64,6 +68,13 @@ def checkpoint_meta(filename: str) -> dict:
                                    mmap=zipfile.is_zipfile(filename))
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
     return meta if isinstance(meta, dict) else {}
+
+
+def trained_data(filename: str) -> dict | None:
+    """What a checkpoint of train_seg records of the data it was trained on (`config.trained_data_record`), or None
+    for one that records nothing (mmseg's, a release, or written before 0.3.0)."""
+    record = checkpoint_meta(filename).get(TRAINED_DATA)
+    return record if isinstance(record, dict) else None
 
 
 def misfit(state: dict, own: dict) -> str:
@@ -165,6 +176,13 @@ class SuiteRunner(Runner):
         if isinstance(dataloader, dict) and loader.num_workers:  # built here, not handed over built
             loader.worker_init_fn = partial(start_worker, init=loader.worker_init_fn)
         return loader
+
+    def save_checkpoint(self, *args, meta: dict | None = None, **kwargs) -> None:
+        """mmengine's checkpoint, its meta also recording what the run trained on (the config's TRAINED_DATA)."""
+        record = self.cfg.get(TRAINED_DATA)
+        if record is not None:
+            meta = {**(meta or {}), TRAINED_DATA: plain_values(record)}
+        super().save_checkpoint(*args, meta=meta, **kwargs)
 
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
                         revise_keys: list = [(r'^module.', '')]):  # noqa: B006  (mmengine's signature)

@@ -12,8 +12,8 @@ from backbones.common.cli import check_output_folder, command_parser, output_fil
 from backbones.common.log import logger
 from mmseg.registry import DATASETS, METRICS
 
-from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, check_segmentor_checkpoint, dense_task,
-                                           drop_tta_flips, load_trained_config, resolve_trained_data, tta_flips)
+from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips,
+                                           load_trained_config, resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
@@ -92,12 +92,11 @@ def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
-    cfg = load_trained_config(args.config, args.cfg_options, args.data_root, fallback)
+    cfg, data = load_trained_config(args.config, args.checkpoint, args.cfg_options, args.data_root, fallback)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
-    check_segmentor_checkpoint(args.checkpoint)
     cfg.load_from = args.checkpoint
-    resolve_trained_data(cfg, args.checkpoint, args.data_root, fallback)
+    resolve_trained_data(cfg, args.checkpoint, data, fallback, args.cfg_options)
     task = dense_task(cfg)
     if args.ms and task != 'semantic':
         raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {args.config} is a '

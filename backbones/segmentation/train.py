@@ -24,11 +24,12 @@ from backbones.weights import TIMM_RELEASE
 from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_loader_sizes,
                                            check_pretrained, data_roots, dense_task, describe_schedule,
                                            drop_one_step_warmup,
-                                           load_config, missing_data, resolve_data, shorten_schedule)
+                                           load_config, missing_data, resolve_data, shorten_schedule,
+                                           trained_data_record)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
-from backbones.segmentation.runner import SuiteRunner
+from backbones.segmentation.runner import TRAINED_DATA, SuiteRunner
 
 AMP_DTYPES = {'bf16': 'bfloat16', 'fp16': 'float16'}  # --amp's precisions as AmpOptimWrapper's dtype names
 
@@ -181,6 +182,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
     on_fallback = resolve_data(cfg, args.data_root, fallback)
+    cfg[TRAINED_DATA] = trained_data_record(cfg, on_fallback)  # in every checkpoint: what tests and predictions take
     pretraining = choose_backbone(cfg, config_pretrained, on_fallback)
     if not on_fallback and is_own_data_config(cfg) and not args.iters:
         shorten_schedule(cfg, sized_iterations(cfg, processes(args.launcher), args.grad_accum_steps), options,
