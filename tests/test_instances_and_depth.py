@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from mmengine.config import Config
 from pycocotools import mask as mask_utils
 from pycocotools.cocoeval import COCOeval
 
@@ -477,10 +478,16 @@ def test_a_checkpoint_trained_elsewhere_predicts_at_its_own_sizes_not_the_embedd
     assert f'data: {trained_on}, which {checkpoint} was trained on' in recorded.stdout + recorded.stderr
     assert json.loads((tmp_path / 'recorded.json').read_text()) == json.loads(given.read_text())
     images = sorted((nyu_set / 'images' / 'test').glob('*.jpg'))
-    for out in ('predicted', 'without_data'):
+    # a config whose test size was edited after training: the checkpoint's own test pipeline serves, one line says so
+    edited = Config.fromfile(config)
+    next(step for step in edited.test_dataloader.dataset.pipeline if step['type'] == 'Resize')['scale'] = (32, 24)
+    edited.dump(str(tmp_path / 'edited.py'))
+    for out, given_config in (('predicted', config), ('edited', tmp_path / 'edited.py'), ('without_data', config)):
         if out == 'without_data':
             trained_on.unlink()
-        predicted = succeeded(run_tool('predict_seg.py', [config, checkpoint, *images, '--out', tmp_path / out]))
+        predicted = succeeded(run_tool('predict_seg.py', [given_config, checkpoint, *images, '--out', tmp_path / out]))
+        said = 'validated with another test pipeline than the config gives' in predicted.stdout + predicted.stderr
+        assert said == (out == 'edited')
         assert 'embedded' not in predicted.stdout + predicted.stderr
         for image in images:
             tested = cv2.imread(str(tmp_path / 'tested' / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)

@@ -15,7 +15,6 @@ tools/test_seg.py all take those files.
 """
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 
@@ -47,9 +46,13 @@ def mmengine_checkpoint_globals() -> list[object]:
 
 
 def plain_values(value: object) -> object:
-    """A config's value (ConfigDicts, tuples) as plain dicts, lists, strings and numbers: what a checkpoint read
-    weights-only may hold."""
-    return json.loads(json.dumps(value, default=str))
+    """A config's value as plain dicts, lists, tuples (mmcv's sizes must stay tuples), strings and numbers, which a
+    checkpoint read weights-only may hold: a ConfigDict becomes a dict, anything else its text."""
+    if isinstance(value, dict):
+        return {key: plain_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (tuple if isinstance(value, tuple) else list)(plain_values(item) for item in value)
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:
