@@ -212,6 +212,42 @@ def test_a_damaged_annotation_file_is_an_error_naming_it(coco_set, tmp_path):
             load_coco(path)
 
 
+def test_an_image_file_listed_twice_or_declared_at_another_size_is_named(coco_set, tmp_path):
+    """One file under two image ids (the second without annotations) would train its objects as background; a
+    declared width its file does not have is named as such, not blamed on the RLE mask of the file's size."""
+    from mmseg.registry import DATASETS
+    content = json.loads((coco_set / 'annotations' / 'instances_train.json').read_text())
+    twice = json.loads(json.dumps(content))
+    twice['images'].append(dict(twice['images'][0], id=999))
+    (tmp_path / 'twice.json').write_text(json.dumps(twice))
+    with pytest.raises(DataError, match=f'images 100 and 999 are both the file {content["images"][0]["file_name"]}'):
+        load_coco(tmp_path / 'twice.json')
+    wide = json.loads(json.dumps(content))
+    image_id = next(a['image_id'] for a in wide['annotations'] if isinstance(a['segmentation'], dict))
+    next(i for i in wide['images'] if i['id'] == image_id)['width'] = 80
+    (tmp_path / 'wide.json').write_text(json.dumps(wide))
+    with pytest.raises(DataError, match=f'image {image_id} .* is declared 80x48, its file is 64x48'):
+        DATASETS.build(dict(type='CocoInstances', data_root=str(coco_set), ann_file=str(tmp_path / 'wide.json'),
+                            data_prefix=dict(img_path='train/')))
+    with pytest.raises(DataError, match='RLE mask is'):  # without the images at hand, the mask is what is seen
+        load_coco(tmp_path / 'wide.json')
+
+
+def test_a_training_file_says_which_categories_and_boxes_train_nothing(coco_set, tmp_path, caplog):
+    """A category no annotation uses and a box of no width whose polygon has an area: each named in a warning."""
+    content = json.loads((coco_set / 'annotations' / 'instances_train.json').read_text())
+    content['categories'].append(dict(id=77, name='owl'))
+    polygon = next(a for a in content['annotations'] if isinstance(a['segmentation'], list) and not a['iscrowd'])
+    polygon['bbox'][2] = 0
+    data = linked_coco(coco_set, tmp_path / 'data', dict(train=content, val=content))
+    cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', data))
+    from backbones.segmentation.instances.coco import use_coco_categories
+    use_coco_categories(cfg)
+    assert '1 categories have no annotation, which the detector never learns: owl (id 77)' in caplog.text
+    assert (f'1 annotation(s) with a box of no width or height are left out of training (the first: annotation '
+            f'{polygon["id"]} of image {polygon["image_id"]}') in caplog.text
+
+
 def test_a_depth_set_of_8_bit_maps_or_names_without_a_number_is_refused_naming_them(nyu_set, tmp_path):
     """An 8-bit depth map would be read as 0 .. 255 mm; mmseg's NYU data set fails deep inside on a name without a
     number."""
@@ -512,3 +548,52 @@ def test_a_checkpoint_of_another_task_is_named_as_one_before_its_classes(trained
         for tool, args in (('test_seg.py', []), ('predict_seg.py', [tmp_path / 'x.jpg', '--out', tmp_path / 'out'])):
             refused = one_line_error(run_tool(tool, [config, checkpoint, *args]))
             assert f'{checkpoint} holds {holds}' in refused and f'{config} is {kind}' in refused, refused
+
+
+@pytest.mark.slow  # tools run end to end
+def test_predict_seg_names_images_it_cannot_predict_and_keeps_what_it_predicted(trained_detector, trained_depth,
+                                                                                 tmp_path):
+    """A text file named .jpg is no image (not a format to convert); a 3000x10 image resized to fit 64x48 keeps no
+    pixel of its height: both refused before any prediction. An image that fails while predicting keeps the
+    instances of the images before it; an EXIF-turned photo is named for every task."""
+    from PIL import Image
+    detector_config, detector = trained_detector
+    depth_config, depth = trained_depth
+    photos = tmp_path / 'photos'
+    photos.mkdir()
+    for i in range(2):
+        cv2.imwrite(str(photos / f'a{i}.jpg'), np.random.default_rng(i).integers(0, 255, (48, 64, 3), np.uint8))
+    (tmp_path / 'notes.jpg').write_text('not an image')
+    cv2.imwrite(str(tmp_path / 'thin.jpg'), np.full((10, 3000, 3), 90, np.uint8))
+    refused = one_line_error(run_tool('predict_seg.py', [detector_config, detector, photos, tmp_path / 'notes.jpg',
+                                                         '--out', tmp_path / 'out']))
+    assert f'{tmp_path / "notes.jpg"} cannot be read as an image' in refused and 'convert' not in refused
+    refused = one_line_error(run_tool('predict_seg.py', [detector_config, detector, photos, tmp_path / 'thin.jpg',
+                                                         '--out', tmp_path / 'out']))
+    assert f'{tmp_path / "thin.jpg"} is 3000x10' in refused and 'leaves 64x0 pixels' in refused
+    assert not (tmp_path / 'out').exists()
+    cut = tmp_path / 'z_cut.jpg'  # its header reads, its pixels do not decode
+    cut.write_bytes((photos / 'a0.jpg').read_bytes()[:2000])
+    refused = one_line_error(run_tool('predict_seg.py', [detector_config, detector, photos, cut, '--out',
+                                                         tmp_path / 'out', '--score-threshold', '0']))
+    assert str(cut) in refused
+    kept = json.loads((tmp_path / 'out' / 'instances.json').read_text())
+    assert [i['file_name'] for i in kept['images']] == [str(photos / 'a0.jpg'), str(photos / 'a1.jpg')]
+    turned = tmp_path / 'turned.jpg'
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(np.full((48, 64, 3), 90, np.uint8)).save(turned, exif=exif)
+    for config, checkpoint in ((detector_config, detector), (depth_config, depth)):
+        predicted = succeeded(run_tool('predict_seg.py', [config, checkpoint, turned, '--out', tmp_path / 'turned']))
+        assert f'{turned} has EXIF orientation 6' in predicted.stdout
+
+
+def test_refusals_the_command_line_decides_come_before_any_loading(trained_depth, tmp_path):
+    """--ms on a depth or detector config is refused from the config alone (the checkpoint is not even read), and
+    test_seg's --out given a folder names --pred-dir."""
+    depth_config, _ = trained_depth
+    for tool, args in (('predict_seg.py', [tmp_path, '--out', tmp_path / 'out', '--ms']), ('test_seg.py', ['--ms'])):
+        refused = one_line_error(run_tool(tool, [depth_config, tmp_path / 'no_such.pth', *args]))
+        assert 'the multi-scale test is for semantic segmentation' in refused, refused
+    refused = one_line_error(run_tool('test_seg.py', [depth_config, tmp_path / 'no_such.pth', '--out', tmp_path]))
+    assert '--pred-dir' in refused

@@ -21,7 +21,7 @@ from backbones.segmentation.data_check import TURNS, file_orientation
 from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.instances.metric import coco_results
 from backbones.segmentation.pictures import colour_depth, draw_instances, draw_labels
-from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
+from backbones.segmentation.predict import SegPredictor, check_multi_scale_task, check_opencv_reads, mask_paths
 from backbones.segmentation.train import add_multi_scale_arguments, parse_with_fallback
 
 
@@ -73,6 +73,14 @@ def check_inputs_kept(images: list[Path], outputs: list[Path]) -> None:
                          f'folder')
 
 
+def warn_orientation(image: Path) -> None:
+    """One line for an image whose EXIF orientation turns it in viewers: its prediction fits the stored pixels."""
+    orientation = file_orientation(image)
+    if orientation != 1:
+        logger.warning(f'warning: {image} has EXIF orientation {orientation}: its prediction fits the pixels as '
+                       f'stored, which viewers show {TURNS.get(orientation, "turned")}')
+
+
 def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[Path], path: Path, threshold: float,
                     overlay: bool) -> Path:
     """Every image's instances scoring `threshold` or more as one COCO-format file (images, the categories with the
@@ -81,7 +89,14 @@ def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[
     content = dict(images=[], categories=[dict(id=i, name=n) for i, n in zip(predictor.cat_ids, predictor.classes)],
                    annotations=[])
     for image_id, (image, picture) in enumerate(zip(images, overlays), start=1):
-        pixels, sample = predictor.predict(image)
+        try:
+            pixels, sample = predictor.predict(image)
+        except BaseException:
+            if content['images']:  # the instances found so far are kept
+                write_json_atomic(path, content)
+                logger.warning(f'warning: stopped at {image}: the instances of the {len(content["images"])} '
+                               f'image(s) before it are in {path}')
+            raise
         found = sample.pred_instances[sample.pred_instances.scores >= threshold]
         content['images'].append(dict(id=image_id, file_name=str(image), height=pixels.shape[0],
                                       width=pixels.shape[1]))
@@ -120,6 +135,8 @@ def main(argv: list[str] | None = None, description: str | None = None,
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
+    if args.ms:
+        check_multi_scale_task(args.config)
     images = image_files(args.images)
     out = Path(args.out)
     check_output_folder(out)
@@ -130,6 +147,9 @@ def main(argv: list[str] | None = None, description: str | None = None,
         check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
                              fallback=data_fallback, device=device_name(args.device))
+    for image in images:
+        predictor.check_image(image)
+        warn_orientation(image)
     out.mkdir(parents=True, exist_ok=True)
     if predictor.task == 'instances':
         return [write_instances(predictor, images, masks, out / INSTANCES, args.score_threshold, args.overlay)]
@@ -137,10 +157,6 @@ def main(argv: list[str] | None = None, description: str | None = None,
         return write_depth_maps(predictor, images, masks)
     for image, mask in zip(images, masks):
         pixels, prediction = predictor.segment(image)
-        orientation = file_orientation(image)
-        if orientation != 1:
-            logger.warning(f'warning: {image} has EXIF orientation {orientation}: its mask fits the pixels as stored, '
-                           f'which viewers show {TURNS.get(orientation, "turned")}')
         write_mask(predictor.label_values(prediction), mask)
         if args.overlay:
             write_png(draw_labels(pixels, prediction, predictor.classes, predictor.palette),

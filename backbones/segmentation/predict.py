@@ -11,16 +11,18 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+from mmcv import rescale_size
 from mmcv.transforms import Compose
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import init_default_scope
+from PIL import Image
 
 from mmseg.registry import DATASETS, MODELS, TRANSFORMS
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
 from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips,
-                                           load_trained_config, resolve_trained_data)
+                                           load_config, load_trained_config, resolve_trained_data)
 from backbones.segmentation.own_data import default_palette
 from backbones.segmentation.runner import checkpoint_meta, load_weights
 
@@ -42,12 +44,39 @@ def without_annotations(pipeline: list) -> list:
     return kept
 
 
-def check_opencv_reads(path: Path) -> None:
+def check_opencv_reads(path: Path) -> tuple[int, int]:
     """An image file of a format OpenCV decodes, as the configs' pipelines read images (a GIF is not: mmcv fails on
-    it with an assertion)."""
+    it with an assertion); its size (width, height) from its header."""
+    try:
+        with Image.open(path) as image:
+            kind, size = image.format, image.size
+    except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for what is no image
+        raise ImageReadError(f'{path} cannot be read as an image ({type(e).__name__}: {e})') from e
     if not cv2.haveImageReader(str(path)):
-        raise ImageReadError(f'{path}: OpenCV, the segmentation pipeline\'s decoder, does not read this format (it '
-                             f'reads {", ".join(IMG_EXTENSIONS)}): convert it to PNG')
+        raise ImageReadError(f'{path}: OpenCV, the segmentation pipeline\'s decoder, does not read this format ({kind}; '
+                             f'it reads {", ".join(IMG_EXTENSIONS)}): convert it to PNG')
+    return size
+
+
+def resize_steps(pipeline: list) -> list[dict]:
+    """A test pipeline's Resize steps, its multi-scale test's included."""
+    steps = []
+    for step in pipeline:
+        groups = step['transforms'] if step['type'] == 'TestTimeAug' else [[step]]
+        steps += [t for group in groups for t in group if t['type'] == 'Resize']
+    return steps
+
+
+def check_resizable(path: Path, size: tuple[int, int], pipeline: list) -> None:
+    """An image of `size` (width, height) keeps a whole pixel of each side through the pipeline's ratio-keeping
+    resizes (a 3000x10 image resized to fit 64x48 is 64 pixels by none: OpenCV fails with an assertion)."""
+    for step in resize_steps(pipeline):
+        if step.get('keep_ratio') and step.get('scale'):
+            width, height = rescale_size(size, tuple(step['scale']))
+            if min(width, height) < 1:
+                raise DataError(f'{path} is {size[0]}x{size[1]}: the test pipeline resizes it to fit '
+                                f'{tuple(step["scale"])} keeping its ratio, which leaves {width}x{height} pixels: crop '
+                                f'it to a less extreme shape')
 
 
 def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
@@ -62,6 +91,15 @@ def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
                              f'predict them into separate folders)')
         masks[mask] = image
     return list(masks)
+
+
+def check_multi_scale_task(config: str, task: str | None = None) -> None:
+    """The multi-scale test (--ms, --tta) is a segmentor's: a detector's or a depth model's config is refused before
+    any work (`task`: the config's, when it is read already)."""
+    task = task or dense_task(load_config(config))
+    if task != 'semantic':
+        raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {config} is a '
+                         f'{TASK_NAMES[task]} config')
 
 
 class SegPredictor:
@@ -86,16 +124,14 @@ class SegPredictor:
         model = MODELS.build(cfg.model)
         load_weights(model, checkpoint)
         pipeline = cfg.test_dataloader.dataset.pipeline
-        if multi_scale and task != 'semantic':
-            raise UsageError(f'the multi-scale test is for semantic segmentation; {config} is a {TASK_NAMES[task]} '
-                             'config')
         if multi_scale:
+            check_multi_scale_task(config, task)
             if not flip:
                 drop_tta_flips(cfg)
             model = MODELS.build({**cfg.tta_model, 'module': model})
             pipeline = cfg.tta_pipeline
         self.cfg, self.model = cfg, model.to(device).eval()
-        steps = without_annotations(pipeline)
+        self.steps = steps = without_annotations(pipeline)
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo
@@ -120,12 +156,17 @@ class SegPredictor:
         pixels, sample = self.predict(path)
         return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
 
+    def check_image(self, path: str | Path) -> None:
+        """An image the model can predict (read from its header): a format OpenCV decodes, a size the test pipeline
+        keeps whole pixels of."""
+        check_resizable(Path(path), check_opencv_reads(Path(path)), self.steps)
+
     def predict(self, path: str | Path):
         """The image as the model reads it (RGB), and the model's data sample for it: `pred_sem_seg`,
         `pred_instances` (boxes, labels from 0, scores, boolean masks) or `pred_depth_map` (metres)."""
         path = Path(path)
         read_image(path)  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
-        check_opencv_reads(path)
+        self.check_image(path)
         loaded = self.load({'img_path': str(path)})
         pixels = np.ascontiguousarray(loaded['img'][..., ::-1])  # BGR -> RGB, a copy the pipeline leaves alone
         data = pseudo_collate([self.pipeline(loaded)])

@@ -12,10 +12,10 @@ from backbones.common.cli import check_output_folder, command_parser, output_fil
 from backbones.common.log import logger
 from mmseg.registry import DATASETS, METRICS
 
-from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips,
+from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips, load_config,
                                            load_trained_config, resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
-from backbones.segmentation.predict import mask_paths
+from backbones.segmentation.predict import check_multi_scale_task, mask_paths
 from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.train import (LAUNCHER_FLAGS, add_common_options, add_multi_scale_arguments,
                                           parse_with_fallback, work_dir_for)
@@ -32,7 +32,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
     add_multi_scale_arguments(parser)
-    parser.add_argument('--out', type=output_file, help=(
+    parser.add_argument('--out', type=scores_file, help=(
         'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class", "confusion"} (percent; the '
         'confusion matrix\'s pixel counts and its rows normalised) for a segmentor; {"box_AP", ..., "mask_AP", ..., '
         '"per_class"} (percent) for a detector; {"d1", "abs_rel", "rmse", "log10", ...} for a depth model'))
@@ -45,6 +45,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'image, its ground truth and the prediction in the data set\'s palette side by side'))
     parser.add_foreign_flags("mmseg's tools/test.py", MMSEG_TEST_FLAGS)
     return parser
+
+
+def scores_file(value: str) -> str:
+    """--out's type: a JSON file to write; a folder is refused, naming --pred-dir, which takes one."""
+    if Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f'{value} is a folder; --out writes the scores to a JSON file (--pred-dir DIR '
+                                         'saves the predictions in a folder)')
+    return output_file(value)
 
 
 # mmseg's tools/test.py flags (1.x, and 0.x's) that test_seg does not take, and what it takes instead
@@ -91,26 +99,32 @@ def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
         raise UsageError(f'{option} {folder} holds the test set\'s images or annotations; write into another folder')
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The refusals the command line and the config alone decide, before any work: --no-flip without --ms, --ms
+    and --show-dir on a detector's or a depth model's config, output folders that cannot be written."""
+    if args.no_flip and not args.ms:
+        raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
+    task = dense_task(load_config(args.config))
+    if args.ms:
+        check_multi_scale_task(args.config, task)
+    if args.show_dir and task != 'semantic':
+        raise UsageError(f'--show-dir draws a segmentor\'s predictions; {args.config} is a {TASK_NAMES[task]} '
+                         'config (tools/visualize.py segmentation draws its prediction for an image)')
+    if args.pred_dir:
+        check_output_folder(args.pred_dir)
+
+
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
+    check_arguments(args)
     cfg, data = load_trained_config(args.config, args.checkpoint, args.cfg_options, args.data_root, fallback)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     cfg.load_from = args.checkpoint
     resolve_trained_data(cfg, args.checkpoint, data, fallback, args.cfg_options)
     task = dense_task(cfg)
-    if args.ms and task != 'semantic':
-        raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {args.config} is a '
-                         f'{TASK_NAMES[task]} config')
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
-    elif args.no_flip:
-        raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
-    if args.pred_dir:
-        check_output_folder(args.pred_dir)
     if args.show_dir:
-        if task != 'semantic':
-            raise UsageError(f'--show-dir draws a segmentor\'s predictions; {args.config} is a {TASK_NAMES[task]} '
-                             'config (tools/visualize.py segmentation draws its prediction for an image)')
         cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='PredictionPictures', folder=str(args.show_dir))]
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
     folders = {option: Path(folder) for option, folder in (('--pred-dir', args.pred_dir), ('--show-dir', args.show_dir))

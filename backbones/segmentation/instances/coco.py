@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mmengine.config import Config
 from mmengine.dataset import BaseDataset
+from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
@@ -32,15 +33,16 @@ SHOWN = 5
 EDGE = 1.0  # pixels a polygon may reach past its image's border (rounding in annotation tools)
 
 
-def load_coco(path: str | Path) -> COCO:
-    """An annotation file as pycocotools reads it, checked (`check_coco`); its summary lines go to the log."""
+def load_coco(path: str | Path, image_folder: str | Path | None = None) -> COCO:
+    """An annotation file as pycocotools reads it, checked (`check_coco`; against the images in `image_folder`
+    where given); its summary lines go to the log."""
     try:
         content = json.loads(Path(path).read_text())
     except FileNotFoundError as e:
         raise DataError(f'{path}: annotation file not found') from e
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f'{path}: not a readable COCO annotation file ({type(e).__name__}: {e})') from e
-    check_coco(content, path)
+    check_coco(content, path, image_folder)
     fill_in_annotations(content)
     coco = COCO()
     coco.dataset = content
@@ -87,8 +89,10 @@ def number_list(value, count: int) -> bool:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
 
 
-def check_coco(content, path: str | Path) -> None:
-    """The parts of a COCO annotation file the suite relies on, each wrong one a DataError naming `path`."""
+def check_coco(content, path: str | Path, image_folder: str | Path | None = None) -> None:
+    """The parts of a COCO annotation file the suite relies on, each wrong one a DataError naming `path`. A box or
+    mask that does not fit its image is blamed on the image's declared size where the image file in `image_folder`
+    has another."""
     if not isinstance(content, dict) or not all(isinstance(content.get(k), list) for k in ('images', 'categories')) \
             or not isinstance(content.get('annotations', []), list):
         raise DataError(f'{path}: not a COCO annotation file (it needs "images", "categories" and "annotations" '
@@ -113,9 +117,42 @@ def check_coco(content, path: str | Path) -> None:
             raise DataError(f'{path}: every image needs an "id", a "file_name", and a positive "width" and "height" '
                             f'({str(image)[:80]})')
         images[image.get('id')] = image
+    check_file_names(content['images'], path)
     declared = set(ids)
     for annotation in content.get('annotations', []):
-        check_annotation(annotation, images, declared, path)
+        try:
+            check_annotation(annotation, images, declared, path)
+        except DataError as error:
+            image = images.get(annotation.get('image_id')) if isinstance(annotation, dict) else None
+            raise (misdeclared_size(image, image_folder, path) or error) from None
+
+
+def check_file_names(images: list[dict], path: str | Path) -> None:
+    """No image file is listed twice: under a second id without annotations, its objects would train as
+    background."""
+    first: dict[str, int] = {}
+    for image in images:
+        other = first.setdefault(image['file_name'], image['id'])
+        if other != image['id']:
+            raise DataError(f'{path}: images {other} and {image["id"]} are both the file {image["file_name"]}: list '
+                            f'each image once, with all its annotations')
+
+
+def misdeclared_size(image: dict | None, image_folder: str | Path | None, path: str | Path) -> DataError | None:
+    """The error of an image whose file in `image_folder` is not the size the annotation file declares (read from
+    the file's header), or None."""
+    if image is None or image_folder is None:
+        return None
+    file = Path(image_folder) / image['file_name']
+    try:
+        with Image.open(file) as opened:
+            width, height = opened.size
+    except Exception:  # no such file, not an image: the data check names it
+        return None
+    if (width, height) == (image['width'], image['height']):
+        return None
+    return DataError(f'{path}: image {image["id"]} ({file}) is declared {image["width"]}x{image["height"]}, its file '
+                     f'is {width}x{height}: correct its "width" and "height"')
 
 
 def check_annotation(annotation, images: dict, declared: set, path: str | Path) -> None:
@@ -187,7 +224,7 @@ class CocoInstances(BaseDataset):
     METAINFO: dict = dict(classes=None)
 
     def load_data_list(self) -> list[dict]:
-        coco = load_coco(self.ann_file)
+        coco = load_coco(self.ann_file, self.data_prefix.get('img_path', ''))
         names, ids = categories(coco)
         self._metainfo.update(classes=names, cat_ids=ids, ann_file=os.path.abspath(self.ann_file))
         label_of = {cat: label for label, cat in enumerate(ids)}
@@ -211,17 +248,37 @@ def use_coco_categories(cfg: Config) -> tuple[str, ...]:
     """The model's class count from the training set's categories; every other split must declare the same ones.
     Returns the names."""
     loaders = [name for name in ('train_dataloader', 'val_dataloader', 'test_dataloader') if cfg.get(name)]
-    found = {name: (annotation_file(cfg[name].dataset), categories(load_coco(annotation_file(cfg[name].dataset))))
-             for name in loaders}
-    reference_file, (names, ids) = found[loaders[0]]
-    for path, other in found.values():
+    files = {name: annotation_file(cfg[name].dataset) for name in loaders}
+    read = {name: load_coco(path) for name, path in files.items()}
+    reference_file, reference = files[loaders[0]], read[loaders[0]]
+    names, ids = categories(reference)
+    for name, coco in read.items():
+        other = categories(coco)
         if other != (names, ids):
-            raise DataError(f'{path} declares other categories than {reference_file} ({len(other[0])} against '
+            raise DataError(f'{files[name]} declares other categories than {reference_file} ({len(other[0])} against '
                             f'{len(names)}): every split needs the same ones, with the same ids')
     cfg.model['num_classes'] = len(names)
     shown = ', '.join(names[:8]) + (', ...' if len(names) > 8 else '')
     logger.info(f'data: {len(names)} categories ({shown}) from {reference_file}')
+    warn_untrained(reference, reference_file)
     return names
+
+
+def warn_untrained(coco: COCO, path: Path) -> None:
+    """One line for the categories of a training file that no annotation trains, and one for the annotations
+    training leaves out: boxes of no width or height (torchvision's box coder cannot encode them)."""
+    annotations = [a for a in coco.dataset.get('annotations', []) if not a['iscrowd']]
+    used = {a['category_id'] for a in annotations}
+    unused = [f'{c["name"]} (id {c["id"]})' for c in sorted(coco.dataset['categories'], key=lambda c: c['id'])
+              if c['id'] not in used]
+    if unused:
+        logger.warning(f'warning: {path}: {len(unused)} categories have no annotation, which the detector never '
+                       f'learns: {", ".join(unused[:SHOWN])}{", ..." if len(unused) > SHOWN else ""}')
+    flat = [a for a in annotations if a['bbox'][2] <= 0 or a['bbox'][3] <= 0]
+    if flat:
+        logger.warning(f'warning: {path}: {len(flat)} annotation(s) with a box of no width or height are left out of '
+                       f'training (the first: annotation {flat[0]["id"]} of image {flat[0]["image_id"]}, bbox '
+                       f'{flat[0]["bbox"]}, its mask {flat[0]["area"]:g} pixels)')
 
 
 def use_trained_categories(cfg: Config, checkpoint: str) -> None:
