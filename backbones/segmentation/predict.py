@@ -53,8 +53,8 @@ def check_opencv_reads(path: Path) -> tuple[int, int]:
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for what is no image
         raise ImageReadError(f'{path} cannot be read as an image ({type(e).__name__}: {e})') from e
     if not cv2.haveImageReader(str(path)):
-        raise ImageReadError(f'{path}: OpenCV, the segmentation pipeline\'s decoder, does not read this format ({kind}; '
-                             f'it reads {", ".join(IMG_EXTENSIONS)}): convert it to PNG')
+        raise ImageReadError(f'{path}: OpenCV, the segmentation pipeline\'s decoder, does not read this format '
+                             f'({kind}; it reads {", ".join(IMG_EXTENSIONS)}): convert it to PNG')
     return size
 
 
