@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from backbones.common.errors import Interrupted
 
@@ -17,15 +19,17 @@ def restarted_by_torchrun() -> bool:
 
 
 class StopRequests:
-    """SIGTERM and SIGUSR1 noted (not acted on at once) while a run trains; the handlers before are put back after."""
+    """SIGTERM and SIGUSR1 (or `signals`) noted, not acted on at once, while a run trains; the handlers before are
+    put back after."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
         self.received: str | None = None
         self.previous: dict = {}
 
     def __enter__(self) -> 'StopRequests':
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-            for sig in STOP_SIGNALS:
+            for sig in self.signals:
                 self.previous[sig] = signal.signal(sig, self.note)
         return self
 
@@ -35,6 +39,17 @@ class StopRequests:
     def __exit__(self, *_) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """The stop signals and Ctrl-C held back while the block runs, then delivered as they came: for code that turns
+    any exception into its own (mmengine's config formatting, a bare `except:`, reported a stop at start-up as a
+    syntax error in the config)."""
+    with StopRequests((*STOP_SIGNALS, signal.SIGINT)) as held:
+        yield
+    if held.received:
+        signal.raise_signal(signal.Signals[held.received])
 
 
 def ignore_stop_signals(_: int) -> None:

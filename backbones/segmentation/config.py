@@ -18,6 +18,7 @@ from backbones.weights import guess_family
 from backbones.common.cli import EmbeddedData
 from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only
+from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
 
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES
@@ -72,7 +73,8 @@ class FormattedOnceConfig(Config):
     def _laid_out(self, formatted: bool) -> str:
         view = copy.copy(self)  # its own setting, the same keys: this config's is left as it is for other callers
         object.__setattr__(view, '_format_python_code', formatted)
-        return Config.pretty_text.fget(view)
+        with signals_held():  # mmengine turns anything raised while yapf formats into a SyntaxError
+            return Config.pretty_text.fget(view)
 
 
 # The suite's mmseg side lived at the top level as `segmentation` until 0.2.0 (CHANGELOG.md): configs and export
