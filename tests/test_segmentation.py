@@ -1,7 +1,9 @@
 """Segmentation models: the mmseg backbones, neck, configs, checkpoint loading and layer-wise lr decay."""
 from __future__ import annotations
 
+import importlib
 import math
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from mmengine.structures import PixelData
 import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones import CheckpointError, create_model
 from backbones.common.errors import UsageError
+from helpers.commands import ROOT
 from helpers.models import save_release
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
@@ -22,7 +25,7 @@ from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
 from backbones.segmentation.backbone import crop_to_extent
 from backbones.weights import fetch_pretrained
 from backbones.segmentation.complexity import build_meta_model, segmentor_parameters
-from backbones.segmentation.config import check_pretrained, load_config
+from backbones.segmentation.config import FORMER_PACKAGES, check_pretrained, load_config, present_module
 from backbones.segmentation.segmentor import slide_windows
 
 init_default_scope('mmseg')
@@ -431,3 +434,26 @@ def test_a_configs_text_is_mmengines_formatted_once_per_content(monkeypatch):
     assert "crop_size = (\n    512,\n    512,\n)" in texts[0]  # yapf's layout, not the unformatted one
     cfg.train_cfg.max_iters = reference.train_cfg.max_iters = 7
     assert cfg.pretty_text == reference.pretty_text and 'max_iters=7' in cfg.pretty_text and len(calls) == 4
+
+
+def test_configs_from_before_the_move_import_every_module_the_changelog_lists(tmp_path):
+    """Every module path of CHANGELOG.md's 0.2.0 table under a former top-level package is rewritten to the path the
+    table gives, which imports; a config naming the renamed ones loads, and one naming a module that does not
+    import is one line naming the config and the module."""
+    table = re.findall(r'^\| `([a-z_.]+)` \| `([a-z_.]+)` \|$', (ROOT / 'CHANGELOG.md').read_text(), re.MULTILINE)
+    moved = [(before, now) for before, now in table if before.split('.')[0] in FORMER_PACKAGES]
+    assert ('segmentation.notices', 'backbones.segmentation.silenced_warnings') in moved and len(moved) > 40
+    for before, now in moved:
+        assert present_module(before) == now, before
+        importlib.import_module(now)
+    base = CONFIGS / 'upernet_lvvit_s.py'
+    (tmp_path / 'before.py').write_text(f"_base_ = [{str(base)!r}]\ncustom_imports = dict(imports=['segmentation', "
+                                        "'segmentation.release', 'segmentation.notices'], allow_failed_imports=False)\n")
+    assert load_config(str(tmp_path / 'before.py')).custom_imports['imports'] == [
+        'backbones.segmentation', 'backbones.segmentation.released_segmentors',
+        'backbones.segmentation.silenced_warnings']
+    (tmp_path / 'unknown.py').write_text(f"_base_ = [{str(base)!r}]\n"
+                                         "custom_imports = dict(imports=['segmentation.nowhere'])\n")
+    with pytest.raises(UsageError, match=f"{tmp_path / 'unknown.py'}: custom_imports names "
+                                         "backbones.segmentation.nowhere, which does not import"):
+        load_config(str(tmp_path / 'unknown.py'))

@@ -77,16 +77,45 @@ class FormattedOnceConfig(Config):
             return Config.pretty_text.fget(view)
 
 
-# The suite's mmseg side lived at the top level as `segmentation` until 0.2.0 (CHANGELOG.md): configs and export
-# folders saved before then name it in their custom_imports.
-FORMER_PACKAGE, PACKAGE = 'segmentation', 'backbones.segmentation'
+# The suite's top-level packages before 0.2.0 (CHANGELOG.md's table of moved paths) and where they live now; their
+# modules moved with them, but for those renamed. Configs and export folders saved before then name them in their
+# custom_imports.
+FORMER_PACKAGES = {'segmentation': 'backbones.segmentation', 'common': 'backbones.common',
+                   'digits': 'classification.digits', 'engine': 'classification.engine',
+                   'token_labeling': 'classification.token_labeling', 'visualization': 'classification.pictures'}
+RENAMED_MODULES = {'segmentation.notices': 'backbones.segmentation.silenced_warnings',
+                   'segmentation.release': 'backbones.segmentation.released_segmentors',
+                   'token_labeling.augment': 'classification.data.augment',
+                   'token_labeling.batch_augment': 'classification.data.batch_augment',
+                   'token_labeling.loss': 'classification.objectives.token_loss',
+                   'token_labeling.pictures': 'classification.pictures.token_labels',
+                   'token_labeling.released': 'classification.token_labeling.released_labels',
+                   'token_labeling.targets': 'classification.objectives.token_targets',
+                   'visualization.figures': 'backbones.common.drawing'}
 
 
 def present_module(name: str) -> str:
-    """A module a config imports, under its present path (the suite's former `segmentation...` paths moved)."""
-    if name == FORMER_PACKAGE or name.startswith(FORMER_PACKAGE + '.'):
-        return PACKAGE + name[len(FORMER_PACKAGE):]
-    return name
+    """A module a config imports, under its present path (the suite's modules before 0.2.0 moved)."""
+    if name in RENAMED_MODULES:
+        return RENAMED_MODULES[name]
+    package, dot, rest = name.partition('.')
+    return FORMER_PACKAGES[package] + dot + rest if package in FORMER_PACKAGES else name
+
+
+def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool = False) -> None:
+    """A config's custom_imports imported; one that fails is a one-line error naming the config and the module (and
+    its present path, where it moved), unless the config allows failed imports (mmengine's `allow_failed_imports`:
+    then a warning)."""
+    for name in names:
+        try:
+            import_modules_from_strings(name)
+        except Exception as e:  # an import raises anything its module raises
+            if allow_failed:
+                logger.warning(f'warning: {path}: custom_imports: {name} does not import ({e}); left out')
+                continue
+            raise UsageError(f'{path}: custom_imports names {name}, which does not import ({type(e).__name__}: {e}); '
+                             f'the suite\'s configs import backbones.segmentation (docs/layout.md lists its '
+                             f'modules)') from e
 
 
 def read_config(path: str | Path) -> Config:
@@ -97,7 +126,7 @@ def read_config(path: str | Path) -> Config:
     if custom:
         names = custom['imports']
         custom['imports'] = [present_module(n) for n in ([names] if isinstance(names, str) else names)]
-        import_modules_from_strings(**custom)
+        import_custom_modules(path, custom['imports'], custom.get('allow_failed_imports', False))
     return cfg
 
 
