@@ -529,6 +529,15 @@ def test_a_checkpoint_trained_elsewhere_predicts_at_its_own_sizes_not_the_embedd
             tested = cv2.imread(str(tmp_path / 'tested' / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)
             written = cv2.imread(str(tmp_path / out / f'{image.stem}.png'), cv2.IMREAD_UNCHANGED)
             assert np.array_equal(written, tested), image
+    # an export and a picture without the data: the checkpoint's sizes, no embedded pages
+    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export', '--size', '48',
+                                     '64']))
+    exported = Config.fromfile(tmp_path / 'export' / 'config.py')
+    assert next(step for step in exported.test_dataloader.dataset.pipeline if step['type'] == 'Resize')['scale'] == \
+        (64, 48)
+    assert 'digits_seg' not in (tmp_path / 'export' / 'config.py').read_text()
+    succeeded(run_tool('visualize.py', ['segmentation', config, checkpoint, '--image', images[0], '--out',
+                                        tmp_path / 'picture.png']))
     assert (sorted(pages.rglob('*')) if pages.exists() else None) == pages_before
     refused = one_line_error(run_tool('test_seg.py', [config, checkpoint]))
     assert f'{checkpoint} was trained on {trained_on}, which is not on disk' in refused and '--data-root' in refused
@@ -597,3 +606,21 @@ def test_refusals_the_command_line_decides_come_before_any_loading(trained_depth
         assert 'the multi-scale test is for semantic segmentation' in refused, refused
     refused = one_line_error(run_tool('test_seg.py', [depth_config, tmp_path / 'no_such.pth', '--out', tmp_path]))
     assert '--pred-dir' in refused
+
+
+@pytest.mark.slow  # tools run end to end
+def test_a_run_resumed_on_renamed_categories_is_refused_naming_them(trained_detector, coco_set, tmp_path):
+    """A detector's run resumed after a category of its training file was renamed would go on under the new name,
+    and record it, without a word: one line names the change and how to start a new run from the checkpoint."""
+    import shutil
+    config, checkpoint = trained_detector
+    renamed = {split: json.loads((coco_set / 'annotations' / f'instances_{split}.json').read_text())
+               for split in ('train', 'val')}
+    for content in renamed.values():
+        content['categories'][1]['name'] = 'wolf'
+    data = linked_coco(coco_set, tmp_path / 'renamed', renamed)
+    work = shutil.copytree(checkpoint.parent, tmp_path / 'work')
+    refused = one_line_error(run_tool('train_seg.py', [config, '--work-dir', work, '--resume', '--data-root', data,
+                                                       '--iters', '4']))
+    assert 'was trained on other classes than the training data now declares (dog -> wolf)' in refused
+    assert f'load_from={work}' in refused and not (work / 'iter_4.pth').exists()

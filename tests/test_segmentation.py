@@ -448,7 +448,7 @@ def test_configs_from_before_the_move_import_every_module_the_changelog_lists(tm
         importlib.import_module(now)
     base = CONFIGS / 'upernet_lvvit_s.py'
     (tmp_path / 'before.py').write_text(f"_base_ = [{str(base)!r}]\ncustom_imports = dict(imports=['segmentation', "
-                                        "'segmentation.release', 'segmentation.notices'], allow_failed_imports=False)\n")
+                                        "'segmentation.release', 'segmentation.notices'])\n")
     assert load_config(str(tmp_path / 'before.py')).custom_imports['imports'] == [
         'backbones.segmentation', 'backbones.segmentation.released_segmentors',
         'backbones.segmentation.silenced_warnings']

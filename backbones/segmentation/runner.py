@@ -223,6 +223,21 @@ class SuiteRunner(Runner):
                 self._load_from = self.own_checkpoint(latest)
         return super().load_or_resume()
 
+    def check_same_classes(self, filename: str) -> None:
+        """A run resumes on the classes it started with (a detector's categories, by id and name): on renamed or
+        other ones it would continue, and record them, without a word (mmengine warns deep in its log only)."""
+        trained = checkpoint_meta(filename).get('dataset_meta') or {}
+        current = getattr(self.train_dataloader.dataset, 'metainfo', None) or {}
+        for key in ('classes', 'cat_ids'):
+            before, now = trained.get(key), current.get(key)
+            if before is not None and now is not None and list(before) != list(now):
+                changed = [f'{a} -> {b}' for a, b in zip(before, now) if a != b][:5] or \
+                    [f'{len(before)} -> {len(now)} entries']
+                raise CheckpointError(f'{filename} was trained on other {key.replace("_", " ")} than the training data '
+                                      f'now declares ({", ".join(map(str, changed))}): a resumed run continues on '
+                                      f'the data it started on; give that data, or start a new run from this '
+                                      f'checkpoint (--cfg-options load_from={filename})')
+
     def own_checkpoint(self, named: str) -> str:
         """The checkpoint of this work dir that `last_checkpoint` (`named`) means: itself when it lies here, else the
         file of the same name here, else this work dir's newest iter_*.pth."""
@@ -240,6 +255,7 @@ class SuiteRunner(Runner):
 
     def resume(self, filename: str, *args, **kwargs) -> None:
         try:
+            self.check_same_classes(filename)
             super().resume(filename, *args, **kwargs)
             logger.info(f'resumed from {filename}')
             return None
