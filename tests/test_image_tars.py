@@ -294,17 +294,20 @@ def test_each_tar_holds_one_layout_and_every_image_in_it_is_read(folder, tmp_pat
     with pytest.raises(DataError, match=rf'^{first}: flat images \(stray.JPEG\) beside images in class folders \(n00'):
         list_split(shards, 'train')
     write_tar(first, {**members, 'n001/sub/n001_9.JPEG': image})
-    with pytest.raises(DataError, match=rf'^{first}: image n001/sub/n001_9.JPEG is in a folder inside its class'):
+    with pytest.raises(DataError, match=rf'^{first}: image n001/sub/n001_9.JPEG is in a folder inside a class'):
         list_split(shards, 'train')
 
     per_class = with_class_tars(folder, tmp_path / 'per-class', CLASSES)
-    fox = per_class / 'train' / 'n003.tar'
-    write_tar(fox, {f'images/{name}': data for name, data in tar_files(fox).items()})
+    fox = {f.name: f.read_bytes() for f in sorted((folder / 'train' / 'n003').iterdir())}
+    write_tar(per_class / 'train' / 'n003.tar', {f'images/{name}': data for name, data in fox.items()})
     with pytest.raises(DataError, match=r'train: n001.tar is a per-class tar \(flat images: n001_0.png\), n003.tar a '
                                         r'shard \(images in class folders: images/n003_0.png\)'):
         list_split(per_class, 'train')
     mixed = with_class_tars(folder, tmp_path / 'mixed', ['n003'])
-    shutil.copy(fox, mixed / 'train' / 'n003.tar')
+    for tars in (per_class, mixed):  # made with `tar cf n003.tar n003/`: its images in a folder named as the tar
+        write_tar(tars / 'train' / 'n003.tar', {f'n003/{name}': data for name, data in fox.items()})
+        assert_lists_as_the_folder(folder, tars)
+    write_tar(mixed / 'train' / 'n003.tar', {f'images/{name}': data for name, data in fox.items()})
     with pytest.raises(DataError, match=r'n003.tar holds class folders \(images/n003_0.png\) beside the class folder '
                                         r'n001/: beside class folders a tar is one class of flat images'):
         list_split(mixed, 'train')

@@ -334,17 +334,19 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
         return None  # the original training tar holds no other split
     expected = f'{split}/CLASS/FILE, CLASS/FILE or CLASS.tar' if found.whole else 'CLASS/FILE or CLASS.tar'
     if len(parts) > 2:
-        raise DataError(f'{tar}: image {name} is in a folder inside its class folder (expected {expected}): move it '
-                        f'into its class folder (docs/imagenet.md)')
+        raise DataError(f'{tar}: image {name} is in a folder inside a class folder (expected {expected}): make the tar '
+                        f'from the folder that holds the class folders (docs/imagenet.md)')
     raise DataError(f'{tar}: image {name} is not in a class folder (expected {expected}): sort the images into class '
                     f'folders first (docs/imagenet.md)')
 
 
 def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
-    """Each tar of a split folder holds one layout, as its images show (`first`: (tar, depth) -> its first image
-    at that depth): flat, a per-class tar whose name is the class, or in class folders, a webdataset shard
-    (`CLASS/KEY.EXT`). A folder's tars all hold the same one, and beside class folders only per-class tars stand:
-    a tar of another layout would make its folder a class (`images/`) or its flat images one (the shard's name)."""
+    """Each tar of a split folder holds one layout, as its images show (`first`: (tar, 0) -> its first flat image,
+    (tar, 1) -> its first image in a class folder not named as the tar): flat, a per-class tar whose name is the
+    class, or in class folders, a webdataset shard (`CLASS/KEY.EXT`); images in a folder named as their tar
+    (`tar cf n003.tar n003/`) are its class either way. A folder's tars all hold the same one, and beside class
+    folders only per-class tars stand: a tar of another layout would make its folder a class (`images/`) or its
+    flat images one (the shard's name)."""
     for number, tar in enumerate(found.tars):
         if (number, 0) in first and (number, 1) in first:
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '
@@ -382,13 +384,15 @@ def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[s
     tar_of = index['tar'].tolist()
     split_folders = found.whole and any(name.count('/') == 2 for name in names)
     by_class: dict[str, list[tuple[str, int]]] = {}
-    first: dict[tuple[int, int], str] = {}  # a folder's tars: (tar, depth) -> its first image at that depth
+    first: dict[tuple[int, int], str] = {}  # a folder's tars: see check_tar_layouts
+    stems = [tar.stem for tar in found.tars]
     for position, name in enumerate(names):
-        sample = member_sample(name, split, found, found.tars[tar_of[position]], split_folders)
+        number = tar_of[position]
+        sample = member_sample(name, split, found, found.tars[number], split_folders)
         if sample is not None and not sample[0].startswith('.'):
             by_class.setdefault(sample[0], []).append((sample[1], position))
-            if found.folder:
-                first.setdefault((tar_of[position], name.count('/')), name)
+            if found.folder and ('/' not in name or sample[0] != stems[number]):
+                first.setdefault((number, int('/' in name)), name)
     where = f'{data_dir}:{split}' if found.whole else str(found.index.parent if found.folder else found.tars[0])
     on_disk = len(index['size'])  # the entry appended to the index's arrays for the class folders' images
     if found.folder:
