@@ -386,13 +386,12 @@ def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[s
     by_class: dict[str, list[tuple[str, int]]] = {}
     first: dict[tuple[int, int], str] = {}  # a folder's tars: see check_tar_layouts
     stems = [tar.stem for tar in found.tars]
-    for position, name in enumerate(names):
-        number = tar_of[position]
+    for position, (name, number) in enumerate(zip(names, tar_of)):
         sample = member_sample(name, split, found, found.tars[number], split_folders)
         if sample is not None and not sample[0].startswith('.'):
             by_class.setdefault(sample[0], []).append((sample[1], position))
-            if found.folder and ('/' not in name or sample[0] != stems[number]):
-                first.setdefault((number, int('/' in name)), name)
+            if found.folder and ((flat := '/' not in name) or sample[0] != stems[number]):
+                first.setdefault((number, not flat), name)
     where = f'{data_dir}:{split}' if found.whole else str(found.index.parent if found.folder else found.tars[0])
     on_disk = len(index['size'])  # the entry appended to the index's arrays for the class folders' images
     if found.folder:
