@@ -352,8 +352,8 @@ def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> Non
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '
                             f'({first[number, 1]}): a per-class tar holds its images flat, a shard CLASS/KEY members, '
                             f'not both')
-    per_class = sorted(number for number, depth in first if depth == 0)
-    shards = sorted(number for number, depth in first if depth == 1)
+    per_class = sorted(number for number, kind in first if kind == 0)
+    shards = sorted(number for number, kind in first if kind == 1)
     if per_class and shards:
         flat, shard = per_class[0], shards[0]
         raise DataError(f'{found.index.parent}: {found.tars[flat].name} is a per-class tar (flat images: '
