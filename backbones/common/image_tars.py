@@ -5,7 +5,7 @@ A split SPLIT of a data folder D is read from the first of these that exists:
 - `D/SPLIT/CLASS/*.JPEG`: class folders (`backbones.common.images`);
 - `D/SPLIT/*.tar`: a folder of tars: per-class tars (`CLASS.tar` of flat images, as the ILSVRC2012 training tar
   holds them) or webdataset-style shards whose members are `CLASS/KEY.EXT` (other members, `.cls`, `.json`, are
-  not read);
+  not read); per-class tars may stand beside class folders (each class one or the other);
 - `D/SPLIT.tar`: one tar of class folders (`CLASS/*.JPEG`) or of per-class tars (`CLASS.tar`, the original
   `ILSVRC2012_img_train.tar`).
 
@@ -13,11 +13,14 @@ A split SPLIT of a data folder D is read from the first of these that exists:
 level (the original training tar), which then is the training split alone.
 
 Every image keeps the relative path it has in the folder layout (`train/n01440764/n01440764_10026.JPEG`), so
-token-label stores, generation and import work unchanged. The tars are indexed once with Python's `tarfile` (each
-image's member, offset and size; a per-class tar inside a tar is indexed in place, its offsets relative to the outer
-file); the index is cached beside the data (`NAME.tar.index.npz`, or `tars.index.npz` in a folder of tars) or, where
-that folder cannot be written, in `~/.cache/backbones/tar-index/`, and rebuilt when a tar's size or modification
-time changes. An image is then one `os.pread` of its bytes from a tar opened once (a descriptor shared with forked
+token-label stores, generation and import work unchanged. The readers account for every entry: a split folder's
+(`backbones.common.images.split_entries`), and each tar's images, whose layout is decided once per tar (flat: a
+per-class tar; in class folders: a shard or a tar of a split), an image outside it an error naming the tar and the
+image. The tars are indexed once with Python's `tarfile` (each image's member, offset and size; a per-class tar
+inside a tar is indexed in place, its offsets relative to the outer file); the index is cached beside the data
+(`NAME.tar.index.npz`, or `tars.index.npz` in a folder of tars) or, where that folder cannot be written, in
+`~/.cache/backbones/tar-index/`, and rebuilt when a tar's size, modification time, inode or status-change time
+changes. An image is then one `os.pread` of its bytes from a tar opened once (a descriptor shared with forked
 loader workers serves them too: pread takes its offset, it moves no file position).
 """
 from __future__ import annotations
@@ -39,14 +42,30 @@ import numpy as np
 
 from backbones.common.errors import DataError
 from backbones.common.files import write_atomic
-from backbones.common.images import IMG_EXTENSIONS, ImageReadError, find_classes, label_samples, scan_split
+from backbones.common.images import (
+    FOLDER_INDEX,
+    IMG_EXTENSIONS,
+    TAR_SUFFIX,
+    ImageReadError,
+    class_files,
+    decompress,
+    find_classes,
+    is_image_name,
+    is_split_tar,
+    label_samples,
+    scan_split,
+    split_entries,
+    unread_tar_fix,
+)
 from backbones.common.log import logger
 from backbones.common.path_list import PathList
 
 GZIP_MAGIC = b'\x1f\x8b'
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: the key holds each tar's inode and status-change time
 TRAIN_SPLIT = 'train'  # the split a tar without split folders holds (the original ILSVRC2012 training tar)
 BLOCK = tarfile.BLOCKSIZE
+THIRD_LEVEL = 'a tar inside a per-class tar: the reader opens one level of tars in a tar; extract it'
+ON_DISK = -1  # the tar number of an image of a class folder beside the tars: read as a file
 
 
 class MemberFile(io.BytesIO):
@@ -72,29 +91,46 @@ def file_bytes(file: Path | BinaryIO) -> bytes:
 @dataclass(frozen=True)
 class TarSplit:
     """The tars holding a split: `whole` where they are the data folder's own tar (the split a top-level folder in
-    it), `folder` where they are a folder's tars (a tar of flat images there is one class); `index` is where their
-    index is kept beside them."""
+    it), `folder` where they are a folder's tars (a tar of flat images there is one class), with that folder's
+    class `folders` beside them; `index` is where their index is kept beside them."""
 
     tars: list[Path]
     whole: bool
     folder: bool
     index: Path
+    folders: Sequence[str] = ()
 
 
 def split_tars(data_dir: Path, split: str) -> TarSplit | None:
-    """The tars of `split` of `data_dir`; None where the split is class folders (or nothing: the folder reader
-    says what is missing)."""
+    """The tars of `split` of `data_dir`; None where the split is class folders alone (or nothing: the folder
+    reader says what is missing)."""
     if data_dir.is_file():
         return TarSplit([data_dir], True, False, data_dir.with_name(data_dir.name + '.index.npz'))
     folder = data_dir / split
     if folder.is_dir():
-        entries = [p for p in folder.iterdir() if not p.name.startswith('.')]
-        tars = sorted(p for p in entries if p.suffix == '.tar' and p.is_file())
-        if tars and not any(p.is_dir() for p in entries):
-            return TarSplit(tars, False, True, folder / 'tars.index.npz')
-        return None
-    tar = data_dir / f'{split}.tar'
-    return TarSplit([tar], False, False, tar.with_name(tar.name + '.index.npz')) if tar.is_file() else None
+        if not any(is_split_tar(p) for p in folder.iterdir()):
+            return None  # class folders: the folder reader accounts for every entry
+        folders, tars = split_entries(folder)
+        return TarSplit(tars, False, True, folder / FOLDER_INDEX, folders)
+    tar = data_dir / f'{split}{TAR_SUFFIX}'
+    if tar.is_file():
+        return TarSplit([tar], False, False, tar.with_name(tar.name + '.index.npz'))
+    check_no_split_file(data_dir, split)
+    return None
+
+
+def check_no_split_file(data_dir: Path, split: str) -> None:
+    """With neither `D/SPLIT/` nor `D/SPLIT.tar` there, a file that looks meant for the split (`train.tar.gz`,
+    `train.TAR`, a file `train`) is named with what to do, where the folder reader would say no folder is there."""
+    if not data_dir.is_dir():
+        return
+    kept_index = f'{split}{TAR_SUFFIX}.index.npz'  # of a tar since removed: nothing of the split
+    found = sorted(p for p in data_dir.iterdir()
+                   if (p.name == split or p.name.startswith(f'{split}.')) and p.name != kept_index)
+    if found:
+        what = unread_tar_fix(found[0].name) or 'neither a folder nor a .tar file'
+        raise DataError(f'{found[0]}: {what}; the split {split} is read from the folder {data_dir / split} (class '
+                        f'folders or tars) or the tar {data_dir / split}{TAR_SUFFIX} (docs/imagenet.md)')
 
 
 def cache_location(beside: Path) -> Path:
@@ -105,8 +141,12 @@ def cache_location(beside: Path) -> Path:
 
 
 def tars_key(tars: Sequence[Path]) -> str:
-    """What the index was built from: each tar's name, size and modification time (a changed tar rebuilds it)."""
-    return json.dumps([INDEX_VERSION] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in tars])
+    """What the index was built from: each tar's name, size, modification time, inode and status-change time (a
+    changed tar rebuilds it). The last two change whenever a tar is replaced, even by one of the same size whose
+    time was set back (`cp -p`, `touch -r`, rsync): a copy is indexed again."""
+    stats = [p.stat() for p in tars]
+    return json.dumps([INDEX_VERSION] + [[p.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns]
+                                         for p, s in zip(tars, stats)])
 
 
 # -------------------------------------------------------------------------------------------------------- indexing
@@ -122,10 +162,12 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
                   out: tuple[list[str], list[int], list[int]], nested: bool) -> None:
-    """Append (name, offset from the outer file's start, size) of each file member of the tar in `fileobj` (`size`
-    bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`."""
+    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` (`size`
+    bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`. Other members
+    (`.cls`, `.json`) are not read, but a tar the reader does not take (compressed, misnamed, a third level) and a
+    tar holding no image are errors naming them: a class would be lost."""
     names, offsets, sizes = out
-    links = []
+    links, others, before = [], set(), len(names)
     try:
         with tarfile.open(fileobj=fileobj, mode='r:') as tar:
             while (member := tar.next()) is not None:
@@ -139,22 +181,28 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
                     raise DataError(f'{what}: member {name} runs past the end of the file (bytes '
                                     f'{member.offset_data}..{member.offset_data + member.size} of {size}): the tar '
                                     f'is truncated; copy it again')
-                if nested and name.endswith('.tar'):
+                if nested and name.endswith(TAR_SUFFIX):
                     index_members(tar.extractfile(member), member.size, f'{what}:{name}', base + member.offset_data,
-                                  f'{prefix}{name[:-len(".tar")]}/', out, nested=False)
-                elif Path(name).suffix.lower() in IMG_EXTENSIONS:
+                                  f'{prefix}{name[:-len(TAR_SUFFIX)]}/', out, nested=False)
+                elif is_image_name(name):
                     names.append(prefix + name)
                     offsets.append(base + member.offset_data)
                     sizes.append(member.size)
+                elif (fix := unread_tar_fix(name)) or name.endswith(TAR_SUFFIX):
+                    raise DataError(f'{what}: member {name} is {fix or THIRD_LEVEL}')
+                else:
+                    others.add(Path(name).suffix.lower() or Path(name).name)
             check_archive_end(tar, fileobj, what)
         if links:  # GNU tar stores a second copy of a hard-linked file as a link: the folder would hold both
             logger.warning(f'warning: {what}: {len(links)} link member(s) left out, e.g. {links[0]}: the tar holds '
                            f'links, not images; make it with --hard-dereference and --dereference to read them')
+        if len(names) == before:
+            files = f'its files: {", ".join(sorted(others)[:5])}' if others else 'no files'
+            raise DataError(f'{what} holds no image the suite reads ({files}; read: {", ".join(IMG_EXTENSIONS)})')
     except tarfile.TarError as e:
         fileobj.seek(0)
         if fileobj.read(2) == GZIP_MAGIC:
-            raise DataError(f'{what} is gzip-compressed: the reader takes uncompressed tars (gunzip it first, which '
-                            f'keeps each image a direct read)') from None
+            raise DataError(f'{what} is gzip-compressed: {decompress("gunzip")}') from None
         raise DataError(f'{what} is not a readable tar ({e}): copy it again') from None
 
 
@@ -226,9 +274,10 @@ def open_files_allowed() -> int:
 
 
 class TarMembers:
-    """Where each image of a listing is: its tar, offset and size (NumPy arrays, shared with forked loader workers).
-    A tar is opened on its first read in a process (`os.pread` reads at an offset: a descriptor inherited by forked
-    workers serves them all)."""
+    """Where each image of a listing is: its tar, offset and size (NumPy arrays, shared with forked loader workers;
+    the tar `ON_DISK` for an image of a class folder beside the tars, which `image_file` reads as a file). A tar is
+    opened on its first read in a process (`os.pread` reads at an offset: a descriptor inherited by forked workers
+    serves them all)."""
 
     def __init__(self, tars: Sequence[str], tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> None:
         self.tars, self.tar, self.offset, self.size = list(tars), tar, offset, size
@@ -266,8 +315,9 @@ class TarMembers:
 
 def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folders: bool) -> tuple[str, str] | None:
     """(class, file name) of an image of the index (relative to `tar`, one of `found`'s), None where it is another
-    split's; a DataError where it is in no class folder. `split_folders`: a whole data set's tar holds its splits as
-    folders (`SPLIT/CLASS/FILE`), so that an image directly in one (a flat test split) is in no class folder."""
+    split's or in a hidden folder (not a class, as on disk); a DataError where it is in no class folder or below one.
+    `split_folders`: a whole data set's tar holds its splits as folders (`SPLIT/CLASS/FILE`), so that an image
+    directly in one (a flat test split) is in no class folder."""
     parts = name.split('/')
     if found.whole and len(parts) == 3:
         return (parts[1], parts[2]) if parts[0] == split else None
@@ -283,24 +333,70 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
     if found.whole and len(parts) == 2:
         return None  # the original training tar holds no other split
     expected = f'{split}/CLASS/FILE, CLASS/FILE or CLASS.tar' if found.whole else 'CLASS/FILE or CLASS.tar'
+    if len(parts) > 2:
+        raise DataError(f'{tar}: image {name} is in a folder inside a class folder (expected {expected}): make the tar '
+                        f'from the folder that holds the class folders (docs/imagenet.md)')
     raise DataError(f'{tar}: image {name} is not in a class folder (expected {expected}): sort the images into class '
                     f'folders first (docs/imagenet.md)')
 
 
+def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
+    """Each tar of a split folder holds one layout, as its images show (`first`: (tar, 0) -> its first flat image,
+    (tar, 1) -> its first image in a class folder not named as the tar): flat, a per-class tar whose name is the
+    class, or in class folders, a webdataset shard (`CLASS/KEY.EXT`); images in a folder named as their tar
+    (`tar cf n003.tar n003/`) are its class either way. A folder's tars all hold the same one, and beside class
+    folders only per-class tars stand: a tar of another layout would make its folder a class (`images/`) or its
+    flat images one (the shard's name)."""
+    for number, tar in enumerate(found.tars):
+        if (number, 0) in first and (number, 1) in first:
+            raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '
+                            f'({first[number, 1]}): a per-class tar holds its images flat, a shard CLASS/KEY members, '
+                            f'not both')
+    per_class = sorted(number for number, kind in first if kind == 0)
+    shards = sorted(number for number, kind in first if kind == 1)
+    if per_class and shards:
+        flat, shard = per_class[0], shards[0]
+        raise DataError(f'{found.index.parent}: {found.tars[flat].name} is a per-class tar (flat images: '
+                        f'{first[flat, 0]}), {found.tars[shard].name} a shard (images in class folders: '
+                        f'{first[shard, 1]}): the tars of a split folder are per-class tars or shards, not both')
+    if shards and found.folders:
+        raise DataError(f'{found.index.parent}: {found.tars[shards[0]].name} holds class folders '
+                        f'({first[shards[0], 1]}) beside the class folder {found.folders[0]}/: beside class folders '
+                        f'a tar is one class of flat images, named as the tar')
+
+
+def add_class_folders(found: TarSplit, by_class: dict[str, list[tuple[str, int]]], on_disk: int) -> None:
+    """The images of the class folders beside a split folder's per-class tars (at the index position `on_disk`);
+    a class both a folder and a tar is an error naming both (its images would be listed twice)."""
+    for name in found.folders:
+        if name in by_class:
+            raise DataError(f'{found.index.parent}: the class {name} is both a folder ({name}/) and a tar '
+                            f'({name}{TAR_SUFFIX}): keep one of them')
+        by_class[name] = [(file, on_disk) for file in class_files(found.index.parent / name)]
+
+
 def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[str] | None,
                 classes_from: str) -> tuple[list[str], list[tuple[str, int]], TarMembers]:
-    """`scan_split` for a split in tars, and where each image is."""
+    """`scan_split` for a split in tars (and the class folders beside them), and where each image is."""
     index = tar_index(found)
     names = PathList()
     names.buffer, names.offsets = index['buffer'], index['ends']
     tar_of = index['tar'].tolist()
     split_folders = found.whole and any(name.count('/') == 2 for name in names)
     by_class: dict[str, list[tuple[str, int]]] = {}
-    for position, name in enumerate(names):
-        sample = member_sample(name, split, found, found.tars[tar_of[position]], split_folders)
-        if sample is not None:
+    first: dict[tuple[int, int], str] = {}  # a folder's tars: see check_tar_layouts
+    stems = [tar.stem for tar in found.tars]
+    for position, (name, number) in enumerate(zip(names, tar_of)):
+        sample = member_sample(name, split, found, found.tars[number], split_folders)
+        if sample is not None and not sample[0].startswith('.'):
             by_class.setdefault(sample[0], []).append((sample[1], position))
+            if found.folder and ((flat := '/' not in name) or sample[0] != stems[number]):
+                first.setdefault((number, not flat), name)
     where = f'{data_dir}:{split}' if found.whole else str(found.index.parent if found.folder else found.tars[0])
+    on_disk = len(index['size'])  # the entry appended to the index's arrays for the class folders' images
+    if found.folder:
+        check_tar_layouts(found, first)
+        add_class_folders(found, by_class, on_disk)
     if not by_class:
         raise DataError(f'{where} holds no images of the split {split} (extensions {", ".join(IMG_EXTENSIONS)})')
     for name, files in by_class.items():
@@ -311,7 +407,8 @@ def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[s
     classes, labelled = label_samples(split, where, sorted(by_class),
                                       lambda c: [file for file, _ in by_class.get(c, [])], classes, classes_from)
     positions = [position for c in classes for _, position in by_class.get(c, [])]
-    members = TarMembers([str(t) for t in found.tars], index['tar'], index['offset'], index['size'])
+    members = TarMembers([str(t) for t in found.tars], np.append(index['tar'], ON_DISK),
+                         np.append(index['offset'], 0), np.append(index['size'], 0))
     return classes, labelled, members.take(positions)
 
 
@@ -334,4 +431,4 @@ def split_classes(data_dir: Path, split: str) -> list[str]:
 
 def image_file(data_dir: Path, path: str, members: TarMembers | None, i: int) -> Path | MemberFile:
     """Image `i` of a listing (`path` relative to `data_dir`): its file, or its bytes read from its tar."""
-    return data_dir / path if members is None else members.file(i, path)
+    return data_dir / path if members is None or members.tar[i] == ON_DISK else members.file(i, path)

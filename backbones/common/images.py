@@ -2,6 +2,10 @@
 
 Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): that is also the key of each image
 in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
+
+Every entry of a split folder is accounted for (`split_entries`): a class folder (a visible folder holding images)
+or a tar (`*.tar`, read by `backbones.common.image_tars`) is read; hidden entries, `lost+found`, the tar reader's
+index (`tars.index.npz`) and empty folders are ignored; anything else is an error naming it.
 """
 from __future__ import annotations
 
@@ -15,6 +19,11 @@ from PIL import Image
 from backbones.common.errors import DataError, UsageError
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
+TAR_SUFFIX = '.tar'  # the one spelling of a tar the readers take (uncompressed: each image is one read in place)
+FOLDER_INDEX = 'tars.index.npz'  # the index the tar reader keeps beside a split folder's tars
+IGNORED_ENTRIES = ('lost+found', FOLDER_INDEX)  # besides hidden entries: a file system's own folder, the index
+COMPRESSED_TARS = {'.tar.gz': 'gunzip', '.tgz': 'gunzip', '.tar.bz2': 'bunzip2', '.tar.xz': 'unxz',
+                   '.tar.zst': 'unzstd'}
 
 
 class ImageReadError(DataError, RuntimeError):
@@ -50,25 +59,81 @@ def read_image(path: Path | BinaryIO,
         raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e
 
 
+def is_image_name(name: str) -> bool:
+    return Path(name).suffix.lower() in IMG_EXTENSIONS
+
+
 def is_class_folder(path: Path) -> bool:
     """A class is a visible folder holding at least one image (not `.ipynb_checkpoints`, not an empty folder). A
-    visible folder whose files are none of them images the suite reads (GIFs, say) is an error, never a class
-    silently lost."""
+    visible folder whose entries are none of them images the suite reads (GIFs, say, or a subfolder of images) is
+    an error, never a class silently lost."""
     if not path.is_dir() or path.name.startswith('.'):
         return False
-    if any(f.suffix.lower() in IMG_EXTENSIONS for f in path.iterdir()):
+    entries = list(path.iterdir())
+    if any(is_image_name(f.name) for f in entries):
         return True
-    others = sorted({f.suffix.lower() or f.name for f in path.iterdir() if f.is_file() and not f.name.startswith('.')})
+    others = sorted({f'{f.name}/' if f.is_dir() else f.suffix.lower() or f.name
+                     for f in entries if not f.name.startswith('.')})
     if others:
         raise DataError(f'{path} holds no image the suite reads (its files: {", ".join(others[:5])}; read: '
                         f'{", ".join(IMG_EXTENSIONS)}): convert them, or move the folder out of the split')
     return False
 
 
+def decompress(tool: str) -> str:
+    """What to do with a compressed tar (whose images could not be read in place)."""
+    return f'{tool} it (the reader reads uncompressed tars in place)'
+
+
+def unread_tar_fix(name: str) -> str | None:
+    """What to do with a file named as a tar the readers do not take (compressed, or not spelled `.tar`); None
+    where the name is no such tar's."""
+    lower = name.lower()
+    tool = next((tool for suffix, tool in COMPRESSED_TARS.items() if lower.endswith(suffix)), None)
+    if tool is not None:
+        return f'a compressed tar: {decompress(tool)}'
+    if lower.endswith(TAR_SUFFIX) and not name.endswith(TAR_SUFFIX):
+        return f'a tar not named .tar: rename it {name[:-len(TAR_SUFFIX)]}{TAR_SUFFIX}'
+    return None
+
+
+def is_split_tar(entry: Path) -> bool:
+    """A tar a split folder's reader takes: a visible `*.tar` file."""
+    return entry.suffix == TAR_SUFFIX and not entry.name.startswith('.') and entry.is_file()
+
+
+def split_entries(split_dir: Path) -> tuple[list[str], list[Path]]:
+    """A split folder's class folders (names, sorted) and tars (sorted). Hidden entries, `lost+found`, the tars'
+    index and empty folders are ignored; any other entry (an image outside a class folder, a compressed tar, a
+    stray file) is an error naming it, never an entry silently left out."""
+    classes, tars = [], []
+    for entry in sorted(split_dir.iterdir()):
+        if entry.name.startswith('.') or entry.name in IGNORED_ENTRIES:
+            continue
+        if is_split_tar(entry):
+            tars.append(entry)
+        elif entry.is_dir():
+            if is_class_folder(entry):
+                classes.append(entry.name)
+        elif is_image_name(entry.name):
+            raise DataError(f'{split_dir}: image {entry.name} is directly in the split folder, in no class folder: '
+                            f'sort the images into class folders first (docs/imagenet.md)')
+        else:
+            what = ('a link to nothing: mend or remove it' if entry.is_symlink() and not entry.exists() else
+                    unread_tar_fix(entry.name) or 'neither a class folder nor a .tar file: move it out of the split')
+            raise DataError(f'{entry}: {what} (a split folder holds class folders CLASS/ and tars; hidden entries, '
+                            f'{", ".join(IGNORED_ENTRIES)} and empty folders are ignored)')
+    return classes, tars
+
+
 def find_classes(split_dir: Path) -> list[str]:
+    """The class folders of a split folder of class folders alone (`split_entries`)."""
     if not split_dir.is_dir():
         raise DataError(f'no image folder at {split_dir} (expected the ImageNet layout {split_dir}/CLASS/*.JPEG)')
-    classes = sorted(p.name for p in split_dir.iterdir() if is_class_folder(p))
+    classes, tars = split_entries(split_dir)
+    if tars:
+        raise DataError(f'{split_dir} holds tars ({tars[0].name}), which this command does not read: give it the '
+                        f'split as class folders')
     if not classes:
         raise DataError(f'{split_dir} has no class folders with images (expected {split_dir}/CLASS/*.JPEG, '
                         f'extensions {", ".join(IMG_EXTENSIONS)})')
@@ -95,13 +160,13 @@ def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
     """Classes (sorted class folders, or those given, which come from `classes_from`) and (path relative to
     `data_dir`, label) of one split. Given classes may lack a folder; a folder outside them is an error."""
     split_dir = Path(data_dir) / split
+    return label_samples(split, str(split_dir), find_classes(split_dir), lambda name: class_files(split_dir / name),
+                         classes, classes_from)
 
-    def files_of(name: str) -> list[str]:
-        folder = split_dir / name
-        return [f.name for f in sorted(folder.iterdir()) if f.suffix.lower() in IMG_EXTENSIONS] \
-            if folder.is_dir() else []
 
-    return label_samples(split, str(split_dir), find_classes(split_dir), files_of, classes, classes_from)
+def class_files(folder: Path) -> list[str]:
+    """The image files of a class folder (names, sorted); none where there is no such folder."""
+    return [f.name for f in sorted(folder.iterdir()) if is_image_name(f.name)] if folder.is_dir() else []
 
 
 def label_samples(split: str, where: str, found: Sequence[str], files_of: Callable[[str], list[str]],
@@ -124,7 +189,7 @@ def image_files(items: Sequence[str]) -> list[Path]:
     files = []
     for item in map(Path, items):
         if item.is_dir():
-            found = sorted(f for f in item.iterdir() if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
+            found = sorted(f for f in item.iterdir() if f.is_file() and is_image_name(f.name))
             if not found:
                 raise UsageError(f'{item}: a folder without images ({", ".join(IMG_EXTENSIONS)})')
             files += found
