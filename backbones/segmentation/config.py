@@ -173,7 +173,7 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
     """The data for a trained checkpoint: `data_root` (--data-root) if given, else the config's folders where they
     are on disk; else what the checkpoint records it was trained on: the embedded data for a checkpoint trained on
     it, the folder it was trained on where that is on disk, else none (an error where the tool `need_data`). A
-    checkpoint that records nothing (mmseg's, a release, one from before 0.3.0) is taken as the config's folder
+    checkpoint that records nothing (mmseg's, a release, the suite's before this record) is taken as the config's folder
     decides: the embedded data stands in for a known data set's, an own-data config predicts without its data."""
     if data_root:
         return TrainedData(data_root)

@@ -72,7 +72,7 @@ def checkpoint_meta(filename: str) -> dict:
 
 def trained_data(filename: str) -> dict | None:
     """What a checkpoint of train_seg records of the data it was trained on (`config.trained_data_record`), or None
-    for one that records nothing (mmseg's, a release, or written before 0.3.0)."""
+    for one that records nothing (mmseg's, a release, or the suite's before this record)."""
     record = checkpoint_meta(filename).get(TRAINED_DATA)
     return record if isinstance(record, dict) else None
 
