@@ -260,6 +260,8 @@ AMP_MEANINGS = {'auto': 'bf16 on GPUs that have it, fp16 on older GPUs, none on 
                 'none': 'float32 throughout',
                 'bf16': 'bfloat16 autocast (CPUs run it too: faster where they have bf16 instructions)',
                 'fp16': 'float16 autocast (GPUs only; training scales its loss)'}
+# bf16 where a command's mixed precision runs on GPUs alone (train_seg: mmengine's AmpOptimWrapper)
+BF16_ON_GPUS = 'bfloat16 autocast (GPUs only)'
 
 # why the benchmarks' --amp is none unless asked, and the studies' --workers a number of their own
 TIMED_IN_FP32 = 'the benchmark times float32 unless asked, so that its figures compare across devices and runs'
@@ -267,13 +269,16 @@ SAME_WORK_EVERYWHERE = 'the same work on every machine, so that the figures comp
 
 
 def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why: str = '',
-                     choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None) -> None:
+                     choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None, gpus_only: bool = False
+                     ) -> None:
     """`--amp`, mixed precision (`pick_amp` resolves it): `choices`, those of AMP_CHOICES a command can run;
-    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag)."""
+    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag);
+    `gpus_only`, a command whose bf16 runs on GPUs alone, as its fp16."""
     if not set(choices) <= set(AMP_CHOICES) or default not in choices or bool(why) != (default != 'auto'):
         raise ValueError(f'--amp: choices {choices} must be among {AMP_CHOICES}, the default {default!r} among '
                          'them, and a default other than auto needs its reason')
-    text = 'mixed precision; ' + '; '.join(f'{choice}: {AMP_MEANINGS[choice]}' for choice in choices)
+    meanings = {**AMP_MEANINGS, 'bf16': BF16_ON_GPUS} if gpus_only else AMP_MEANINGS
+    text = 'mixed precision; ' + '; '.join(f'{choice}: {meanings[choice]}' for choice in choices)
     if why:
         text += f' (default: {default}, {why})'
     if alone:
