@@ -13,6 +13,7 @@ import argparse
 import ast
 import errno
 import importlib
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -147,8 +148,10 @@ class CommandParser(argparse.ArgumentParser):
             self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'
 
     def parse_known_args(self, args=None, namespace=None):
-        self.refuse_foreign_flags(sys.argv[1:] if args is None else list(args))
+        args = sys.argv[1:] if args is None else list(args)
+        self.refuse_foreign_flags(args)
         namespace, rest = super().parse_known_args(args, namespace)
+        self.refuse_names_at_odds(args)
         check_precision(namespace)
         return namespace, rest
 
@@ -158,6 +161,57 @@ class CommandParser(argparse.ArgumentParser):
         for flag in typed_flags(args):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
+
+
+    def refuse_names_at_odds(self, args: list[str]) -> None:
+        """Two names of one setting in `args` with different values (an option and its alias, `--aa X
+        --auto-augment Y`; a flag and its `--no-` form) are a UsageError naming both: argparse would keep the last
+        silently. The same value under both names passes, and so does one name given twice (a later one overrides,
+        as argparse has it)."""
+        actions = self._option_string_actions
+        typed = [flag for flag in typed_flags(args) if flag in actions]
+        for dest in dict.fromkeys(actions[flag].dest for flag in typed):
+            if len({flag for flag in typed if actions[flag].dest == dest}) < 2:
+                continue
+            given = values_given(self, args, dest)
+            for (flag, value), (other, other_value) in itertools.combinations(given, 2):
+                if flag != other and value != other_value:
+                    raise UsageError(f'{as_typed(actions[flag], flag, value)} and '
+                                     f'{as_typed(actions[other], other, other_value)} set one setting ({dest}) to '
+                                     'different values: give one of them')
+
+
+class _Noted(argparse.Action):
+    """Stands in for an option's action: notes the name it was given under and the value the action stores."""
+
+    def __init__(self, action: argparse.Action, given: list[tuple[str, object]]) -> None:
+        super().__init__(action.option_strings, action.dest, action.nargs, action.const, None, action.type,
+                         action.choices)
+        self.action, self.given = action, given
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        stored = argparse.Namespace()
+        self.action(parser, stored, values, option_string)
+        self.given.append((option_string, getattr(stored, self.dest)))
+
+
+def values_given(parser: argparse.ArgumentParser, args: list[str], dest: str) -> list[tuple[str, object]]:
+    """Each value `args` give `parser`'s setting `dest`, in order, with the option name it came under: read by
+    argparse itself (a parser holding only that setting's options; the other arguments are left over)."""
+    given: list[tuple[str, object]] = []
+    noting = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prefix_chars=parser.prefix_chars)
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            noting._add_action(_Noted(action, given))
+    noting.parse_known_args(args)
+    return given
+
+
+def as_typed(action: argparse.Action, flag: str, value: object) -> str:
+    """An option as a message quotes it: the name, and the value where the option takes one."""
+    if action.nargs == 0:
+        return flag
+    return f'{flag} {" ".join(map(str, value)) if isinstance(value, list) else value}'
 
 
 def typed_flags(args: list[str]) -> list[str]:

@@ -117,22 +117,44 @@ def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
     if config and chosen:
         raise UsageError(f'{chosen[0]} chooses a recipe, and --config {config} holds its run\'s recipe resolved, '
                          f'value by value: set the values themselves, or start the run without --config')
-    if config:
-        recorded = run_arguments(parser, read_run_args(config, parser.prog), config)
-        check_recorded_arguments(parser, recorded, config)
-        argv = recorded + argv
-    return parser.parse_args(argv)
+    if not config:
+        return parser.parse_args(argv)
+    recorded = run_arguments(parser, read_run_args(config, parser.prog), config)
+    return parse_over_recorded(parser, argv, check_recorded_arguments(parser, recorded, config), recorded, config)
 
 
-def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str) -> None:
-    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file."""
+def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str
+                             ) -> argparse.Namespace:
+    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file; the
+    values parsed."""
     def refuse(message: str) -> None:
         raise DataError(f'--config {source}: {message}')
     parser.error = refuse  # for this parse only: argparse's own would print the usage and exit
     try:
-        parser.parse_args(recorded)
+        return parser.parse_args(recorded)
     finally:
         del parser.error
+
+
+def parse_over_recorded(parser: argparse.ArgumentParser, argv: list[str], recorded_values: argparse.Namespace,
+                        recorded: list[str], source: str) -> argparse.Namespace:
+    """The options typed (`argv`) over an args.yaml's values: each typed one replaces the file's. They are parsed
+    apart from the file's, so that the checks of a command line see what was typed (an alias typed after --config
+    overrides the file's value of its setting). The positional arguments (the model) are the file's: another one
+    typed is a UsageError saying so, the same one passes."""
+    positionals = [action.dest for action in parser._actions if not action.option_strings]
+    given = recorded[:len(positionals)]  # `run_arguments` gives them first
+    namespace, rest = parser.parse_known_args(given + argv, recorded_values)
+    other = [arg for arg in rest if not arg.startswith('-') and arg not in given]
+    if other:
+        dest = positionals[0]
+        raise UsageError(f'{other[0]}: --config {source} gives the {dest} of its run ({given[0]}), for which its '
+                         f'recipe was resolved; it cannot be changed on the command line: to train {other[0]}, give '
+                         f'it without --config')
+    leftover = [arg for arg in rest if arg not in given]
+    if leftover:
+        parser.error(f'unrecognized arguments: {" ".join(leftover)}')
+    return namespace
 
 
 # timm's train.py flags the command does not take, and what it takes instead
