@@ -434,3 +434,41 @@ def test_two_names_of_one_setting_with_different_values_are_refused(tmp_path):
     assert (relaunched.auto_augment, relaunched.ema_decay) == ('rand-m7', 0.5)
     with pytest.raises(UsageError, match=re.escape('--model-ema-decay 0.5 and --ema-decay 0.7 set one setting')):
         parse('--config', str(config), '--model-ema-decay', '0.5', '--ema-decay', '0.7')
+
+
+def test_a_tracker_that_cannot_start_is_refused_before_the_data_and_leaves_nothing(labeled_images, tmp_path,
+                                                                                  monkeypatch, wandb_without_login):
+    """wandb online without a login: one line naming --log-wandb before the token-label store is opened or the
+    split listed, and no run folder (it left args.yaml, tensorboard/ and the wandb_id of a run that never started);
+    an MLflow run the store does not hold (a folder's kept id): what the folder held alone stays. A run that fails
+    after its trackers started leaves no tracker run running (MLflow's: KILLED, not RUNNING)."""
+    import gc
+
+    from classification import train as trainer_module
+    from classification.data import folders
+    from backbones.common.errors import TrackerError
+    data, labels = labeled_images
+    read = []
+    for module, name in ((folders, 'list_split'), (trainer_module, 'open_store')):
+        monkeypatch.setattr(module, name, lambda *a, read_data=getattr(module, name), **k: read.append(a) or
+                            read_data(*a, **k))
+    with pytest.raises(TrackerError, match=r'^--log-wandb: wandb could not start its run .*: UsageError: No API key'):
+        main(train_args(data, labels, tmp_path / 'new' / 'run', '--log-wandb', '--epochs', '1'))
+    assert read == [] and not (tmp_path / 'new').exists()
+
+    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+    kept = tmp_path / 'kept'
+    kept.mkdir()
+    (kept / 'mlflow_run_id').write_text('0123456789abcdef\n')
+    with pytest.raises(TrackerError, match=r'^--log-mlflow: MLflow run 0123456789abcdef \(kept in .*mlflow_run_id\) '
+                                           r'in the store file://'):
+        main(train_args(data, labels, kept, '--log-mlflow', '--epochs', '1'))
+    assert read == [] and [path.name for path in kept.iterdir()] == ['mlflow_run_id']
+
+    from mlflow.tracking import MlflowClient
+    with pytest.raises(DataError):  # a split without images, found after the trackers started
+        main(train_args(data, labels, tmp_path / 'failed', '--log-mlflow', '--train-images', '1'))
+    gc.collect()  # the failed run's objects, the traceback's frames dropped
+    run_id = (tmp_path / 'failed' / 'mlflow_run_id').read_text().strip()
+    status = MlflowClient((tmp_path / 'failed' / 'mlruns').resolve().as_uri()).get_run(run_id).info.status
+    assert read and status == 'KILLED'

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import errno
 import importlib
 import itertools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import ClassVar, Protocol, TypeVar
 
 import torch
 
-from backbones.common.errors import Interrupted, SuiteError, UsageError
+from backbones.common.errors import Interrupted, SuiteError, TrackerError, UsageError
 from backbones.common.lifecycle import interrupt_on_stop_signals
 from backbones.common.log import show_log
 
@@ -430,6 +431,17 @@ def check_trackers(wandb: bool, mlflow: bool) -> None:
             missing.append(str(e))
     if missing:
         raise UsageError('; '.join(missing))
+
+
+@contextlib.contextmanager
+def tracker_errors(flag: str, what: str) -> Iterator[None]:
+    """A tracker client's own error while it starts its run (no login, a run its store does not hold) as a
+    TrackerError, one line naming the flag (`flag`) and what it could not do (`what`)."""
+    try:
+        yield
+    except Exception as e:  # wandb's and MLflow's errors have no common base
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrackerError(f'{flag}: {what}: {type(e).__name__}: {reason}') from e
 
 
 def mlflow_tracking_uri(default_folder: Path) -> str:

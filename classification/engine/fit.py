@@ -31,7 +31,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,18 +121,18 @@ def update_of_step_line(line: str) -> int | None:
 
 
 class RunLog:
-    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for,
-    written by the main process only; and, after every validation, the run's `pictures` (drawn without touching the
-    random streams the run continues with)."""
+    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for
+    (started, `trackers.start_trackers`), written by the main process only; and, after every validation, the run's
+    `pictures` (drawn without touching the random streams the run continues with)."""
 
     def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None,
-                 trackers: Callable[[], list[Tracker]] = list) -> None:
+                 trackers: Sequence[Tracker] = ()) -> None:
         self.output, self.enabled, self.interval, self.pictures = output, info.is_main, interval, pictures
         self.writer, self.trackers = None, []
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(output / 'tensorboard'))
-            self.trackers = trackers()
+            self.trackers = list(trackers)
 
     def step(self, step: TrainingStep) -> None:
         """Every `interval` updates: the step's loss, lr and pace to TensorBoard, and a log line when no progress bar
