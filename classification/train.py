@@ -194,7 +194,7 @@ def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe,
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
                                  skip_unreadable=data.skip_unreadable, info=info)
     train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
-                                               options.seed, collate_skipping, recipe.aug_repeats)
+                                               options.seed, collate_skipping, recipe.aug_repeats, places=True)
     return train_loader, val_loader, train_set.classes, device_tf
 
 

@@ -67,6 +67,20 @@ def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
     assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=12)
 
 
+@pytest.mark.parametrize('augment', ['pil', 'batched'])
+def test_the_number_of_loader_workers_does_not_change_the_training(labeled_images, tmp_path, augment):
+    """Each image's augmentation (crop, flip, RandAugment, random erasing) is drawn from streams seeded from the run's
+    seed, the epoch and its place in the pass, in whichever process reads it; without workers the training process
+    reads the batches and its own streams (MixToken, drop-path, the device half's erasing noise) are put back after
+    each. --workers 0 and --workers 2 train alike, bit for bit: a job requeued on a node of another size (another
+    default --workers) trains on as it would have."""
+    data, labels = labeled_images
+    common = ['--epochs', '1', '--ema-decay', '0.9', '--drop-path', '0.1', '--augment', augment]
+    for workers in ('0', '2'):
+        main(train_args(data, labels, tmp_path / workers, *common, '--workers', workers))
+    assert_same_run(tmp_path / '0', tmp_path / '2', epochs=1)
+
+
 def test_grad_checkpointing_option_trains_to_the_same_weights(labeled_images, tmp_path):
     """--grad-checkpointing recomputes the blocks in the backward pass: the same losses and weights."""
     data, labels = labeled_images

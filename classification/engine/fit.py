@@ -13,8 +13,9 @@ Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a 
 is written mid-epoch (the batches done, the epoch's loss so far, every RNG state) and the command
 exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a checkpoint at most every M
 minutes. A resume continues mid-epoch at the next batch, to the same losses and weights: the sampler skips what the
-epoch already read, and the loader workers seed each image's augmentation from the run's seed, the epoch and the
-image (not from the order they happen to read in). Under `torchrun --max-restarts`, a restarted run resumes from its
+epoch already read, and each image's augmentation is drawn from streams seeded from the run's seed, the epoch and
+its place in the pass, in whichever process reads it (`ImageFolderDataset.set_epoch`; not from the order the loader
+workers happen to read in, nor from their number). Under `torchrun --max-restarts`, a restarted run resumes from its
 own `last.pth` by itself.
 
 Crash consistency: `last.pth` is the run's record. Each file is written to a temporary name and renamed, so a
