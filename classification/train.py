@@ -194,7 +194,7 @@ def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe,
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
                                  skip_unreadable=data.skip_unreadable, info=info)
     train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
-                                               options.seed, collate_skipping, recipe.aug_repeats)
+                                               options.seed, collate_skipping, recipe.aug_repeats, places=True)
     return train_loader, val_loader, train_set.classes, device_tf
 
 
@@ -312,8 +312,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                       if recipe.label_pooling else '--token-target label or --no-token-labeling')
         raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
                          f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), or {other_ways}')
+    trainer = Trainer(options, info)  # its trackers started before the store and the data are read
     store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
-    trainer = Trainer(options, info)
     data_cfg = model_data_config(model_name)
     # by default a fine-tuning runs at the size its weights were trained at
     recipe.img_size = checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1]

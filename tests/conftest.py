@@ -36,6 +36,24 @@ def labeled_images(tmp_path_factory):
     return data, tmp / 'labels'
 
 
+@pytest.fixture
+def wandb_without_login(monkeypatch, tmp_path):
+    """wandb online with no login, as on a machine where `wandb login` was never run: no API key in the environment,
+    a home (its netrc, wandb's settings) of its own; wandb refuses to start a run without asking the network. Its
+    process-wide setup, which keeps the settings of the first run a process starts (another test's offline mode),
+    is made anew before and after, as in a command of its own."""
+    import wandb
+    for name in ('WANDB_API_KEY', 'WANDB_DIR', 'WANDB_CONFIG_DIR', 'NETRC'):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / 'home').mkdir()
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    monkeypatch.setenv('WANDB_MODE', 'online')
+    monkeypatch.setenv('WANDB_SILENT', 'true')
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
 # The files that take longest (`--durations`, 2 cores), started first: pytest-xdist hands whole files to its workers
 # in collection order, and one of these started last leaves the other core idle for minutes at the end of the run.
 LONGEST_FIRST = ('test_seg_chain.py', 'test_train_cls.py', 'test_preemption.py', 'test_digits.py', 'test_outputs.py',

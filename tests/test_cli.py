@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper
 
 from backbones.common.cli import (AMP_CHOICES, DEFAULT_SEED, DEFAULT_WORKERS, DEVICES, MAX_WORKERS, CommandParser,
-                                  check_precision)
+                                  check_precision, pick_amp)
 from backbones.common.errors import UsageError
 from helpers.commands import ROOT
 
@@ -201,6 +202,32 @@ def test_train_segs_amp_takes_the_shared_values_and_alone_means_fp16():
             optim_wrapper(amp, gpu=False)
     assert optim_wrapper('none', gpu=True) == optim_wrapper('none', gpu=False) == optim_wrapper('auto', gpu=False) \
         == plain
+
+
+def amp_meaning(parser: argparse.ArgumentParser, precision: str) -> str:
+    """What a parser's --amp help says of one precision (`bf16: bfloat16 autocast (...)`)."""
+    (text,) = [action.help for action in parser._actions if '--amp' in action.option_strings]
+    return re.search(rf'\b{precision}: ([^;(]*\([^)]*\))', text)[1]
+
+
+def test_the_amp_help_says_where_each_precision_runs_as_the_command_runs_it():
+    """train_seg's bf16 and fp16 (mmengine's AmpOptimWrapper) run on GPUs only, and its help says so of both, and
+    nowhere that CPUs run them; train_cls runs bf16 on a CPU, and its help says that."""
+    from backbones.segmentation.train import build_parser as train_seg_parser
+    from backbones.segmentation.train import use_amp
+    from classification.train import build_parser as train_cls_parser
+    seg = train_seg_parser()
+    assert 'CPUs run' not in next(action.help for action in seg._actions if '--amp' in action.option_strings)
+    for precision in ('bf16', 'fp16'):
+        assert 'GPUs only' in amp_meaning(seg, precision)
+        with pytest.raises(UsageError, match='trains on GPUs only'):
+            use_amp(Config(dict(optim_wrapper=dict(type='OptimWrapper'))), precision, gpu=False)
+    assert 'CPUs run it too' in amp_meaning(train_cls_parser(), 'bf16')
+    assert pick_amp('bf16', torch.device('cpu')) == 'bf16'
+    if not torch.cuda.is_available():  # refused before the config is read (it is not even there)
+        from backbones.segmentation.train import prepare
+        with pytest.raises(UsageError, match="--amp bf16: mmengine's AmpOptimWrapper trains on GPUs only"):
+            prepare(seg.parse_args(['absent.py', '--amp', 'bf16']))
 
 
 def test_a_foreign_flag_is_one_line_naming_its_origin_and_the_equivalent(capsys):

@@ -110,6 +110,28 @@ def test_repeated_augmentation_spreads_each_images_copies_over_the_processes():
     assert all(image in drawn[0] and image in drawn[1] for image in counts)
 
 
+def test_each_copy_of_a_repeated_image_is_augmented_anew_in_any_loader_worker(labeled_images):
+    """--aug-repeats 3 in one process: the three copies of an image in an epoch get three crops (each sample's
+    augmentation is drawn from its place in the pass; drawn from the image alone, the copies came out alike from
+    loader workers), and the same ones whether loader workers or the training process read them."""
+    from classification.data.augment import TrainTransform
+    from classification.data.folders import ImageFolderDataset, collate_skipping
+    data, _ = labeled_images
+    dataset = ImageFolderDataset(data, 'train', TrainTransform(32, auto_augment=None, reprob=0))
+    crops = {}
+    for workers in (0, 2):
+        loader = sharded_loaders(dataset, [], 6, DistInfo(), workers, 0, collate_skipping, aug_repeats=3,
+                                 places=True)[0]
+        loader.sampler.set_epoch(1)
+        dataset.set_epoch(0, 1)
+        crops[workers] = [(int(index), tuple(box.tolist())) for batch in loader
+                          for index, box in zip(batch['index'], batch['geometry'].box)]
+    assert crops[0] == crops[2]
+    copies = Counter(index for index, _ in crops[0])
+    assert set(copies.values()) == {3} and len(copies) == 8
+    assert len(set(crops[0])) == 24  # every copy its own crop
+
+
 @pytest.mark.slow
 def test_repeated_augmentation_trains_under_torchrun(labeled_images, tmp_path):
     data, _ = labeled_images

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from backbones.common.errors import DataError, UsageError
+from backbones.common.errors import DataError, TrackerError, UsageError
 from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.metrics import IoUReport, read_confusion, top_confusions
 from helpers.seg_data import DIM, tiny_config, write_tiny_ade, write_tiny_config
@@ -204,6 +204,29 @@ def test_a_tracker_not_installed_is_one_line_naming_the_extra(tiny_ade, tmp_path
     with pytest.raises(UsageError, match=r"^--log-wandb needs wandb, .*\]'; " + needs_mlflow + '$') as raised:
         prepare(build_parser().parse_args([str(tmp_path / 'absent.py'), '--log-wandb', '--log-mlflow']))
     assert '\n' not in str(raised.value) and not (tmp_path / 'w').exists()
+
+
+def test_a_tracker_that_cannot_start_is_one_line_and_leaves_no_work_dir(tiny_ade, tmp_path, wandb_without_login):
+    """wandb online without a login: the run is refused with one line naming --log-wandb when the runner is built
+    (it raised wandb's own error, a traceback), and nothing mmengine wrote before it stays: no work dir, where the
+    run made it; in a work dir there before, what was there alone."""
+    from backbones.segmentation.train import build_parser, prepare, train
+    config, _ = tiny_ade
+
+    def refused(work: Path) -> None:
+        # a visualizer of its own: mmengine hands a process's next runner the one of that name it built before
+        run = prepare(build_parser().parse_args([str(config), '--work-dir', str(work), '--iters', '2', '--log-wandb',
+                                                 '--pictures', '0', '--cfg-options', f'visualizer.name={work}']))
+        with pytest.raises(TrackerError, match=r'^--log-wandb: wandb could not start its run \(wandb login, or '
+                                               r'WANDB_MODE=offline\): UsageError: No API key'):
+            train(run)
+
+    refused(tmp_path / 'new' / 'work')
+    assert not (tmp_path / 'new').exists()
+    (tmp_path / 'there').mkdir()
+    (tmp_path / 'there' / 'notes.txt').write_text('kept')
+    refused(tmp_path / 'there')
+    assert [path.name for path in (tmp_path / 'there').iterdir()] == ['notes.txt']
 
 
 def test_an_evaluator_tta_or_folder_test_seg_cannot_use_is_one_line(tiny_ade, tmp_path):

@@ -301,3 +301,14 @@ def test_plain_pytest_collects_the_suite_too():
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r'^\d+ tests collected', result.stdout.splitlines()[-1])
+
+
+def test_the_package_and_its_citation_have_the_changelogs_version():
+    """pyproject.toml's version and CITATION.cff's (with its release date) are those of CHANGELOG.md's newest
+    release: one version, however it is looked up."""
+    import tomllib
+    import yaml
+    release = re.search(r'^## (\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d)\)', (ROOT / 'CHANGELOG.md').read_text(), re.M)
+    package = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['version']
+    citation = yaml.safe_load((ROOT / 'CITATION.cff').read_text())
+    assert (package, citation['version'], str(citation['date-released'])) == (release[1], release[1], release[2])

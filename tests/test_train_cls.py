@@ -67,6 +67,20 @@ def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
     assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=12)
 
 
+@pytest.mark.parametrize('augment', ['pil', 'batched'])
+def test_the_number_of_loader_workers_does_not_change_the_training(labeled_images, tmp_path, augment):
+    """Each image's augmentation (crop, flip, RandAugment, random erasing) is drawn from streams seeded from the run's
+    seed, the epoch and its place in the pass, in whichever process reads it; without workers the training process
+    reads the batches and its own streams (MixToken, drop-path, the device half's erasing noise) are put back after
+    each. --workers 0 and --workers 2 train alike, bit for bit: a job requeued on a node of another size (another
+    default --workers) trains on as it would have."""
+    data, labels = labeled_images
+    common = ['--epochs', '1', '--ema-decay', '0.9', '--drop-path', '0.1', '--augment', augment]
+    for workers in ('0', '2'):
+        main(train_args(data, labels, tmp_path / workers, *common, '--workers', workers))
+    assert_same_run(tmp_path / '0', tmp_path / '2', epochs=1)
+
+
 def test_grad_checkpointing_option_trains_to_the_same_weights(labeled_images, tmp_path):
     """--grad-checkpointing recomputes the blocks in the backward pass: the same losses and weights."""
     data, labels = labeled_images
@@ -374,3 +388,101 @@ def test_timms_flag_names_are_taken_and_its_other_flags_named(capsys):
         with pytest.raises(SystemExit):
             command(['deit_small_patch16_224', flag, 'x'])
         assert f'{flag} is a flag of {says}' in capsys.readouterr().err
+
+
+def written_args_yaml(folder, *argv):
+    """The args.yaml tools/train_cls.py writes for the command line `argv` (as `main` resolves it), without a run."""
+    from classification.digits.cls_data import EmbeddedScans
+    from classification.engine.checkpoints import write_run_args
+    from classification.engine.trainer import run_settings
+    from classification.train import build_parser, resolve_recipe
+    args = build_parser(EmbeddedScans).parse_args([*argv, '--data-dir', str(folder)])
+    folder.mkdir(parents=True, exist_ok=True)
+    write_run_args(folder, 'train_cls.py', run_settings(args, resolve_recipe(args)))
+    return folder / 'args.yaml'
+
+
+def test_a_model_typed_with_config_is_one_line_saying_the_file_gives_it(tmp_path):
+    """`train_cls.py lvvit_t --config RUN/args.yaml`: one line saying the model is the file's and how to train
+    another (argparse's usage block said 'unrecognized arguments: lvvit_t'); the file's own model typed again
+    passes."""
+    from classification.digits.cls_data import EmbeddedScans
+    from classification.engine.trainer import parse_run_arguments
+    from classification.train import build_parser
+    config = written_args_yaml(tmp_path / 'first', *TINY_DEIT, '--epochs', '3')
+    result = run_tool('train_cls.py', ['lvvit_t', '--config', config])
+    assert result.returncode == 2 and result.stdout == ''
+    assert result.stderr.strip().splitlines() == [
+        f'error: lvvit_t: --config {config} gives the model of its run (deit_small_patch16_224), for which its recipe '
+        f'was resolved; it cannot be changed on the command line: to train lvvit_t, give it without --config  '
+        f'(--debug shows the traceback)']
+    again = parse_run_arguments(build_parser(EmbeddedScans), ['deit_small_patch16_224', '--config', str(config),
+                                                              '--epochs', '4'])
+    assert (again.model, again.epochs, again.model_kwargs) == ('deit_small_patch16_224', 4, TINY_DEIT[2:])
+
+
+def test_two_names_of_one_setting_with_different_values_are_refused(tmp_path):
+    """An option and its alias (timm's --aa, --model-ema-decay) or a flag and its --no- form, typed with different
+    values: one line naming both (argparse kept the last silently); the same value under both passes. Typed after
+    --config, either name overrides the file's value."""
+    from classification.digits.cls_data import EmbeddedScans
+    from classification.engine.trainer import parse_run_arguments
+    from classification.train import build_parser
+
+    def parse(*argv):
+        return parse_run_arguments(build_parser(EmbeddedScans), list(argv))
+
+    for twins, says in (
+            (['--aa', 'rand-m9-mstd0.5', '--auto-augment', 'rand-m7'],
+             "--aa rand-m9-mstd0.5 and --auto-augment rand-m7 set one setting (auto_augment) to different values"),
+            (['--ema-decay', '0.99', '--model-ema-decay', '0.5'],
+             '--ema-decay 0.99 and --model-ema-decay 0.5 set one setting (ema_decay) to different values'),
+            (['--token-labeling', '--no-token-labeling'],
+             '--token-labeling and --no-token-labeling set one setting (token_labeling) to different values')):
+        with pytest.raises(UsageError, match=re.escape(says) + ': give one of them$'):
+            parse(*TINY_DEIT, *twins)
+    assert parse(*TINY_DEIT, '--ema-decay', '0.5', '--model-ema-decay', '.50', '--epochs', '2', '--epochs', '3'
+                 ).ema_decay == 0.5  # the same value twice; and one name given twice keeps argparse's rule
+    config = written_args_yaml(tmp_path / 'first', *TINY_DEIT, '--aa', 'rand-m9-mstd0.5', '--ema-decay', '0.9')
+    relaunched = parse('--config', str(config), '--aa', 'rand-m7', '--model-ema-decay', '0.5')
+    assert (relaunched.auto_augment, relaunched.ema_decay) == ('rand-m7', 0.5)
+    with pytest.raises(UsageError, match=re.escape('--model-ema-decay 0.5 and --ema-decay 0.7 set one setting')):
+        parse('--config', str(config), '--model-ema-decay', '0.5', '--ema-decay', '0.7')
+
+
+def test_a_tracker_that_cannot_start_is_refused_before_the_data_and_leaves_nothing(labeled_images, tmp_path,
+                                                                                  monkeypatch, wandb_without_login):
+    """wandb online without a login: one line naming --log-wandb before the token-label store is opened or the
+    split listed, and no run folder (it left args.yaml, tensorboard/ and the wandb_id of a run that never started);
+    an MLflow run the store does not hold (a folder's kept id): what the folder held alone stays. A run that fails
+    after its trackers started leaves no tracker run running (MLflow's: KILLED, not RUNNING)."""
+    import gc
+
+    from classification import train as trainer_module
+    from classification.data import folders
+    from backbones.common.errors import TrackerError
+    data, labels = labeled_images
+    read = []
+    for module, name in ((folders, 'list_split'), (trainer_module, 'open_store')):
+        monkeypatch.setattr(module, name, lambda *a, read_data=getattr(module, name), **k: read.append(a) or
+                            read_data(*a, **k))
+    with pytest.raises(TrackerError, match=r'^--log-wandb: wandb could not start its run .*: UsageError: No API key'):
+        main(train_args(data, labels, tmp_path / 'new' / 'run', '--log-wandb', '--epochs', '1'))
+    assert read == [] and not (tmp_path / 'new').exists()
+
+    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+    kept = tmp_path / 'kept'
+    kept.mkdir()
+    (kept / 'mlflow_run_id').write_text('0123456789abcdef\n')
+    with pytest.raises(TrackerError, match=r'^--log-mlflow: MLflow run 0123456789abcdef \(kept in .*mlflow_run_id\) '
+                                           r'in the store file://'):
+        main(train_args(data, labels, kept, '--log-mlflow', '--epochs', '1'))
+    assert read == [] and [path.name for path in kept.iterdir()] == ['mlflow_run_id']
+
+    from mlflow.tracking import MlflowClient
+    with pytest.raises(DataError):  # a split without images, found after the trackers started
+        main(train_args(data, labels, tmp_path / 'failed', '--log-mlflow', '--train-images', '1'))
+    gc.collect()  # the failed run's objects, the traceback's frames dropped
+    run_id = (tmp_path / 'failed' / 'mlflow_run_id').read_text().strip()
+    status = MlflowClient((tmp_path / 'failed' / 'mlruns').resolve().as_uri()).get_run(run_id).info.status
+    assert read and status == 'KILLED'

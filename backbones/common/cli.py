@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import errno
 import importlib
+import itertools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import ClassVar, Protocol, TypeVar
 
 import torch
 
-from backbones.common.errors import Interrupted, SuiteError, UsageError
+from backbones.common.errors import Interrupted, SuiteError, TrackerError, UsageError
 from backbones.common.lifecycle import interrupt_on_stop_signals
 from backbones.common.log import show_log
 
@@ -147,8 +149,10 @@ class CommandParser(argparse.ArgumentParser):
             self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'
 
     def parse_known_args(self, args=None, namespace=None):
-        self.refuse_foreign_flags(sys.argv[1:] if args is None else list(args))
+        args = sys.argv[1:] if args is None else list(args)
+        self.refuse_foreign_flags(args)
         namespace, rest = super().parse_known_args(args, namespace)
+        self.refuse_names_at_odds(args)
         check_precision(namespace)
         return namespace, rest
 
@@ -158,6 +162,57 @@ class CommandParser(argparse.ArgumentParser):
         for flag in typed_flags(args):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
+
+
+    def refuse_names_at_odds(self, args: list[str]) -> None:
+        """Two names of one setting in `args` with different values (an option and its alias, `--aa X
+        --auto-augment Y`; a flag and its `--no-` form) are a UsageError naming both: argparse would keep the last
+        silently. The same value under both names passes, and so does one name given twice (a later one overrides,
+        as argparse has it)."""
+        actions = self._option_string_actions
+        typed = [flag for flag in typed_flags(args) if flag in actions]
+        for dest in dict.fromkeys(actions[flag].dest for flag in typed):
+            if len({flag for flag in typed if actions[flag].dest == dest}) < 2:
+                continue
+            given = values_given(self, args, dest)
+            for (flag, value), (other, other_value) in itertools.combinations(given, 2):
+                if flag != other and value != other_value:
+                    raise UsageError(f'{as_typed(actions[flag], flag, value)} and '
+                                     f'{as_typed(actions[other], other, other_value)} set one setting ({dest}) to '
+                                     'different values: give one of them')
+
+
+class _Noted(argparse.Action):
+    """Stands in for an option's action: notes the name it was given under and the value the action stores."""
+
+    def __init__(self, action: argparse.Action, given: list[tuple[str, object]]) -> None:
+        super().__init__(action.option_strings, action.dest, action.nargs, action.const, None, action.type,
+                         action.choices)
+        self.action, self.given = action, given
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        stored = argparse.Namespace()
+        self.action(parser, stored, values, option_string)
+        self.given.append((option_string, getattr(stored, self.dest)))
+
+
+def values_given(parser: argparse.ArgumentParser, args: list[str], dest: str) -> list[tuple[str, object]]:
+    """Each value `args` give `parser`'s setting `dest`, in order, with the option name it came under: read by
+    argparse itself (a parser holding only that setting's options; the other arguments are left over)."""
+    given: list[tuple[str, object]] = []
+    noting = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prefix_chars=parser.prefix_chars)
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            noting._add_action(_Noted(action, given))
+    noting.parse_known_args(args)
+    return given
+
+
+def as_typed(action: argparse.Action, flag: str, value: object) -> str:
+    """An option as a message quotes it: the name, and the value where the option takes one."""
+    if action.nargs == 0:
+        return flag
+    return f'{flag} {" ".join(map(str, value)) if isinstance(value, list) else value}'
 
 
 def typed_flags(args: list[str]) -> list[str]:
@@ -260,6 +315,8 @@ AMP_MEANINGS = {'auto': 'bf16 on GPUs that have it, fp16 on older GPUs, none on 
                 'none': 'float32 throughout',
                 'bf16': 'bfloat16 autocast (CPUs run it too: faster where they have bf16 instructions)',
                 'fp16': 'float16 autocast (GPUs only; training scales its loss)'}
+# bf16 where a command's mixed precision runs on GPUs alone (train_seg: mmengine's AmpOptimWrapper)
+BF16_ON_GPUS = 'bfloat16 autocast (GPUs only)'
 
 # why the benchmarks' --amp is none unless asked, and the studies' --workers a number of their own
 TIMED_IN_FP32 = 'the benchmark times float32 unless asked, so that its figures compare across devices and runs'
@@ -267,13 +324,16 @@ SAME_WORK_EVERYWHERE = 'the same work on every machine, so that the figures comp
 
 
 def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why: str = '',
-                     choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None) -> None:
+                     choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None, gpus_only: bool = False
+                     ) -> None:
     """`--amp`, mixed precision (`pick_amp` resolves it): `choices`, those of AMP_CHOICES a command can run;
-    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag)."""
+    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag);
+    `gpus_only`, a command whose bf16 runs on GPUs alone, as its fp16."""
     if not set(choices) <= set(AMP_CHOICES) or default not in choices or bool(why) != (default != 'auto'):
         raise ValueError(f'--amp: choices {choices} must be among {AMP_CHOICES}, the default {default!r} among '
                          'them, and a default other than auto needs its reason')
-    text = 'mixed precision; ' + '; '.join(f'{choice}: {AMP_MEANINGS[choice]}' for choice in choices)
+    meanings = {**AMP_MEANINGS, 'bf16': BF16_ON_GPUS} if gpus_only else AMP_MEANINGS
+    text = 'mixed precision; ' + '; '.join(f'{choice}: {meanings[choice]}' for choice in choices)
     if why:
         text += f' (default: {default}, {why})'
     if alone:
@@ -371,6 +431,17 @@ def check_trackers(wandb: bool, mlflow: bool) -> None:
             missing.append(str(e))
     if missing:
         raise UsageError('; '.join(missing))
+
+
+@contextlib.contextmanager
+def tracker_errors(flag: str, what: str) -> Iterator[None]:
+    """A tracker client's own error while it starts its run (no login, a run its store does not hold) as a
+    TrackerError, one line naming the flag (`flag`) and what it could not do (`what`)."""
+    try:
+        yield
+    except Exception as e:  # wandb's and MLflow's errors have no common base
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrackerError(f'{flag}: {what}: {type(e).__name__}: {reason}') from e
 
 
 def mlflow_tracking_uri(default_folder: Path) -> str:

@@ -5,7 +5,7 @@ import itertools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -137,12 +137,24 @@ class LaggingSum:
         return host.tolist()
 
 
+class SamplePlace(NamedTuple):
+    """A sample as a training loader draws it: the dataset's `index`, drawn `position`-th (from 0) in process
+    `rank`'s share of the pass. Its place is what its augmentation is drawn from (`classification.data.folders`):
+    the same in any loader worker, and different for each copy of an image that repeated augmentation draws twice in
+    a pass (on one process or on two)."""
+
+    rank: int
+    position: int
+    index: int
+
+
 class ResumableSampler(Sampler[int]):
     """A training sampler whose next pass can start part of the way in (`skip`): a run resumed mid-epoch reads the
-    rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone."""
+    rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone. Given the
+    process's `rank`, it yields each index as its `SamplePlace`."""
 
-    def __init__(self, sampler: Sampler[int]) -> None:
-        self.sampler, self.start = sampler, 0
+    def __init__(self, sampler: Sampler[int], rank: int | None = None) -> None:
+        self.sampler, self.start, self.rank = sampler, 0, rank
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -153,7 +165,10 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self):
         start, self.start = self.start, 0
-        return itertools.islice(iter(self.sampler), start, None)
+        drawn = itertools.islice(iter(self.sampler), start, None)
+        if self.rank is None:
+            return drawn
+        return (SamplePlace(self.rank, position, index) for position, index in enumerate(drawn, start))
 
     def __len__(self) -> int:
         return len(self.sampler) - self.start
@@ -173,11 +188,11 @@ class ShardSampler(Sampler[int]):
 
 
 def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
-                    seed: int, collate_fn: Callable, aug_repeats: int = 0) -> list[DataLoader]:
+                    seed: int, collate_fn: Callable, aug_repeats: int = 0, places: bool = False) -> list[DataLoader]:
     """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches only,
     resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image
-    that many times an epoch, the copies spread over the processes), then one loader per evaluation set (each item
-    exactly once over all processes)."""
+    that many times an epoch, the copies spread over the processes; with `places`, each index handed to the training
+    set as its `SamplePlace`), then one loader per evaluation set (each item exactly once over all processes)."""
     if len(train_set) < batch_size * info.world_size:
         raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                         f'({batch_size} x {info.world_size} processes)')
@@ -187,5 +202,6 @@ def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size
         sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True, num_repeats=aug_repeats)
     else:
         sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
-    return [DataLoader(train_set, batch_size, sampler=ResumableSampler(sampler), drop_last=True, **common)] + [
+    sampler = ResumableSampler(sampler, info.rank if places else None)
+    return [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)] + [
         DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]

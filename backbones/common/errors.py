@@ -10,6 +10,11 @@ class UsageError(SuiteError, ValueError):
     """A command-line or configuration value outside its meaning (a size of 0, a device that is not there)."""
 
 
+class TrackerError(UsageError):
+    """An experiment tracker (Weights & Biases, MLflow) that cannot start its run: no login, a store that does not
+    hold the run, a server that does not answer."""
+
+
 class DataError(SuiteError, ValueError):
     """A data set that is missing, damaged or does not match the model, checkpoint or labels."""
 

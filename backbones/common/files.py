@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -82,6 +83,25 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def write_json_atomic(path: str | Path, obj: object) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2) + '\n')
+
+
+@contextlib.contextmanager
+def written_or_undone(folder: str | Path, errors: type[BaseException] | tuple = BaseException) -> Iterator[None]:
+    """A block that writes into `folder`: when it raises one of `errors`, what it added there is removed (the entries
+    that were not there before; the folder itself, with the folders made for it, where the block made it), so that a
+    refused start leaves nothing behind."""
+    folder = Path(folder)
+    made = next((part for part in reversed((folder, *folder.parents)) if not part.exists()), None)  # topmost to make
+    before = set() if made is not None else set(folder.iterdir())
+    try:
+        yield
+    except errors:
+        for entry in [made] if made is not None else set(folder.iterdir()) - before:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        raise
 
 
 def remove_partial_writes(folder: str | Path) -> None:

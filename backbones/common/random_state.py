@@ -35,17 +35,25 @@ def seed_sample(*key: int) -> None:
 
 
 @contextlib.contextmanager
-def sample_streams(*key: int) -> Iterator[None]:
-    """A block drawing from `seed_sample(*key)`'s streams; the process's own are put back after it (the training
-    process reads samples itself when its loader has no worker processes)."""
+def cpu_streams_kept() -> Iterator[None]:
+    """A block after which Python's, NumPy's and torch's CPU streams are as they were before it (CUDA's are not
+    touched). Saving and restoring them takes about 0.25 ms, NumPy's most of it: once per batch, not per sample."""
     state = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
-    seed_sample(*key)
     try:
         yield
     finally:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.default_generator.set_state(state[2])
+
+
+@contextlib.contextmanager
+def sample_streams(*key: int) -> Iterator[None]:
+    """A block drawing from `seed_sample(*key)`'s streams; the process's own are put back after it (the training
+    process reads samples itself when its loader has no worker processes)."""
+    with cpu_streams_kept():
+        seed_sample(*key)
+        yield
 
 
 def rng_state() -> dict:

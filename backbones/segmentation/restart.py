@@ -9,8 +9,9 @@ advanced by every sample a loader process read) get where they were. Here neithe
   them, from any place of that stream (`start_at`); it yields nothing until the training loop places it, so that
   a restart's loader processes read no batch it would drop;
 - each index comes with the pass over the data it belongs to (`Draw`), and `SeededSamples` reads the sample with
-  the streams seeded from (run seed, pass, index), as classification's loaders do: a sample is augmented the same
-  whichever loader process (or the training process, without workers) reads it, and whenever.
+  the streams seeded from (run seed, pass, index), as classification's loaders seed theirs (from the sample's place
+  in the pass: `backbones.common.distributed.SamplePlace`): a sample is augmented the same whichever loader process
+  (or the training process, without workers) reads it, and whenever.
 """
 from __future__ import annotations
 

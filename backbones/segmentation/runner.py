@@ -30,8 +30,9 @@ from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_
 
 from backbones.weights import describe_mismatch, key_mismatch
 from backbones.common.lifecycle import ignore_stop_signals
-from backbones.common.errors import CheckpointError, CheckpointReadError
-from backbones.common.files import load_weights_only
+from backbones.common.cli import tracker_errors
+from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError
+from backbones.common.files import load_weights_only, written_or_undone
 from backbones.common.log import logger
 
 from backbones.segmentation.backbone import TokenBackbone
@@ -124,13 +125,35 @@ def built_dataset(dataset: Any) -> Any:
     return dataset
 
 
+# mmengine's backends of the experiment trackers (`train.use_trackers` adds them): the flag that asks for each, and
+# what it could not do
+TRACKER_BACKENDS = {
+    'WandbVisBackend': ('--log-wandb', 'wandb could not start its run (wandb login, or WANDB_MODE=offline)'),
+    'MLflowVisBackend': ('--log-mlflow', 'MLflow could not start its run (MLFLOW_TRACKING_URI)'),
+}
+
+
 class SuiteRunner(Runner):
     """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
-    leaves out mmengine's notices that ask nothing of the user (`notices`)."""
+    leaves out mmengine's notices that ask nothing of the user (`notices`). Its experiment trackers start their runs
+    when it is built; one that cannot is a TrackerError, and the run leaves nothing behind (the log folder mmengine
+    made before, nor the work dir where the run made it)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
+        with written_or_undone(work_dir, TrackerError):
+            super().__init__(model, work_dir, *args, **kwargs)
         self.logger.addFilter(HarmlessLogLines())
+
+    def build_visualizer(self, visualizer=None):
+        """mmengine's visualizer, its trackers' runs started now (mmengine starts a backend on its first record),
+        each one's failure one line naming its flag."""
+        built = super().build_visualizer(visualizer)
+        for name, (flag, what) in TRACKER_BACKENDS.items():
+            backend = built.get_backend(name)  # None where the run has none, and on the processes but the main one
+            if backend is not None:
+                with tracker_errors(flag, what):
+                    backend.experiment  # its first use starts its run
+        return built
 
     def train(self):
         return self._running(super().train)

@@ -91,8 +91,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'one update every N iterations, their gradients summed: the global batch is GPUs x images per GPU x N (the '
         'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
         'config count updates; the lr stays the config\'s'))
-    add_amp_argument(parser, 'none', "the configs' optimizer is mmseg's float32 OptimWrapper; a mixed precision "
-                     "runs mmengine's AmpOptimWrapper (dynamic loss scale, GPUs only)", alone='fp16')
+    add_amp_argument(parser, 'none', "the configs' optimizer is mmseg's float32 OptimWrapper; bf16 and fp16 train "
+                     "through mmengine's AmpOptimWrapper, with a dynamic loss scale", alone='fp16', gpus_only=True)
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write a checkpoint at most every M minutes (each replacing the previous timed one); '
                              'SIGTERM and SIGUSR1 always write one, then exit with status 75')
@@ -170,6 +170,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     options, the schedule; and the pretraining it needs first, if any (the tool's to run: `train` takes its
     checkpoint)."""
     check_trackers(args.log_wandb, args.log_mlflow)  # before any work, the embedded data's writing included
+    training_precision(args.amp)  # likewise: a precision this machine cannot train in
     cfg = load_config(args.config)
     config_pretrained = cfg.model.backbone.get('pretrained')
     options = args.cfg_options or {}
@@ -235,17 +236,23 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
     cfg.visualizer.vis_backends = backends
 
 
-def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
-    """`--amp` (`gpu`: whether the run has one, default: whether PyTorch sees one): bf16 and fp16 train through
-    mmengine's AmpOptimWrapper in that precision, which runs on GPUs only; none (auto without a GPU) leaves the
-    config's optimizer."""
+def training_precision(amp: str, gpu: bool | None = None) -> str:
+    """`--amp` resolved (`gpu`: whether the run has one, default: whether PyTorch sees one): 'none', 'bf16' or
+    'fp16'. bf16 and fp16 train through mmengine's AmpOptimWrapper, which runs on GPUs only: asked for without a GPU,
+    a UsageError."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     if not gpu:
         if amp not in ('none', 'auto'):
             raise UsageError(f"--amp {amp}: mmengine's AmpOptimWrapper trains on GPUs only, and PyTorch sees none "
                              'here (leave --amp out)')
-        return
-    amp = pick_amp(amp, torch.device('cuda'))
+        return 'none'
+    return pick_amp(amp, torch.device('cuda'))
+
+
+def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
+    """`--amp` (`training_precision`): bf16 and fp16 train through mmengine's AmpOptimWrapper in that precision;
+    none (auto without a GPU) leaves the config's optimizer."""
+    amp = training_precision(amp, gpu)
     if amp != 'none':
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic', dtype=AMP_DTYPES[amp])
 

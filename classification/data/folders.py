@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import torch
 from timm.data import create_transform
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, default_collate
 
-from backbones.common.distributed import DistInfo, computed_once
+from backbones.common.distributed import DistInfo, SamplePlace, computed_once
 from backbones.common.image_tars import MemberFile, TarMembers, image_file, list_split
 from backbones.common.images import ImageReadError, check_same_classes, read_image
 from backbones.common.log import logger
 from backbones.common.memory import release_free_memory
 from backbones.common.path_list import PathList
-from backbones.common.random_state import seed_sample
+from backbones.common.random_state import cpu_streams_kept, seed_sample
 from classification.data.batch_augment import collate_regions
 from classification.token_labeling.label_store import TokenLabelStore
 
@@ -68,19 +68,36 @@ class ImageFolderDataset(Dataset):
         return self.paths[index], int(self.labels[index])
 
     def set_epoch(self, seed: int, epoch: int) -> None:
-        """Loader workers seed each image's augmentation from (seed, epoch, index), so an image is augmented the same
-        whichever worker reads it and whenever: what a run resumed mid-epoch needs. (Without workers the images are
-        drawn from the training process's own streams, which checkpoints hold.)"""
+        """From now on each sample's augmentation is drawn from streams seeded from (seed, epoch, its place in the
+        pass: a training loader's `SamplePlace`, or else its index), whichever process reads it, a loader worker or
+        the training process itself (without workers), and whenever: the number of workers does not change the
+        training, and a run resumed mid-epoch reads the rest of it as the stopped run would have."""
         self.epoch_seed = (seed, epoch)
 
     def file(self, index: int) -> Path | MemberFile:
         """Image `index`'s file, or its bytes read from its tar."""
         return image_file(self.data_dir, self.paths[index], self.members, index)
 
-    def __getitem__(self, index: int) -> dict | None:
+    def __getitem__(self, item: int | SamplePlace) -> dict | None:
+        return self.__getitems__([item])[0]
+
+    def __getitems__(self, items: Sequence[int | SamplePlace]) -> list[dict | None]:
+        """Samples, as torch's loaders fetch a batch. Without `set_epoch` they draw from the reading process's own
+        streams (evaluation, pictures); with it each from its own (`set_epoch`), and the reading process's streams are
+        put back once the batch is read: the training process, which reads the batches itself without workers,
+        continues with its own as a run with workers does (MixToken, drop-path)."""
+        if self.epoch_seed is None:
+            return [self.read(item) for item in items]
+        with cpu_streams_kept():
+            return [self.read(item, seeded=True) for item in items]
+
+    def read(self, drawn: int | SamplePlace, seeded: bool = False) -> dict | None:
+        """One sample (`__getitems__`); `seeded`: its augmentation drawn from the streams of its key."""
+        placed = isinstance(drawn, SamplePlace)
+        index = drawn.index if placed else drawn
+        if seeded:
+            seed_sample(*self.epoch_seed, *((drawn.rank, drawn.position) if placed else (index,)))
         label = int(self.labels[index])
-        if self.epoch_seed is not None and get_worker_info() is not None:
-            seed_sample(*self.epoch_seed, index)
         try:
             # a transform that `takes_path` decodes the file itself (no more of it than its crop needs)
             file = self.file(index)

@@ -13,8 +13,9 @@ Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a 
 is written mid-epoch (the batches done, the epoch's loss so far, every RNG state) and the command
 exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a checkpoint at most every M
 minutes. A resume continues mid-epoch at the next batch, to the same losses and weights: the sampler skips what the
-epoch already read, and the loader workers seed each image's augmentation from the run's seed, the epoch and the
-image (not from the order they happen to read in). Under `torchrun --max-restarts`, a restarted run resumes from its
+epoch already read, and each image's augmentation is drawn from streams seeded from the run's seed, the epoch and
+its place in the pass, in whichever process reads it (`ImageFolderDataset.set_epoch`; not from the order the loader
+workers happen to read in, nor from their number). Under `torchrun --max-restarts`, a restarted run resumes from its
 own `last.pth` by itself.
 
 Crash consistency: `last.pth` is the run's record. Each file is written to a temporary name and renamed, so a
@@ -31,7 +32,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,18 +122,18 @@ def update_of_step_line(line: str) -> int | None:
 
 
 class RunLog:
-    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for,
-    written by the main process only; and, after every validation, the run's `pictures` (drawn without touching the
-    random streams the run continues with)."""
+    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for
+    (started, `trackers.start_trackers`), written by the main process only; and, after every validation, the run's
+    `pictures` (drawn without touching the random streams the run continues with)."""
 
     def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None,
-                 trackers: Callable[[], list[Tracker]] = list) -> None:
+                 trackers: Sequence[Tracker] = ()) -> None:
         self.output, self.enabled, self.interval, self.pictures = output, info.is_main, interval, pictures
         self.writer, self.trackers = None, []
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(output / 'tensorboard'))
-            self.trackers = trackers()
+            self.trackers = list(trackers)
 
     def step(self, step: TrainingStep) -> None:
         """Every `interval` updates: the step's loss, lr and pace to TensorBoard, and a log line when no progress bar

@@ -1,8 +1,11 @@
 """Experiment trackers beside TensorBoard: Weights & Biases (`--log-wandb`) and MLflow (`--log-mlflow`).
 
 Each is an optional extra of the package (`pip install .[wandb]`, `.[mlflow]`), imported only when asked for. The
-main process logs the run's settings (its args.yaml) once, the training scalars every `--log-interval` updates, each
-epoch's record and its pictures. A resumed run continues the same tracker run: its id is kept in the run folder
+main process starts them (`start_trackers`) before the run's data is read and before anything else is written into
+its folder; a tracker that cannot start is one line, and what it wrote into the folder is removed. They log the run's
+settings (its args.yaml) once, the training scalars every `--log-interval` updates, each epoch's record and its
+pictures, and are closed at the run's end, or as stopped when the process ends without closing them (a run that
+failed after they started). A resumed run continues the same tracker run: its id is kept in the run folder
 (`wandb_id`, `mlflow_run_id`). Where the tracker writes is the client's own setting: wandb's `WANDB_MODE`,
 `WANDB_DIR` (default: the run folder) and login; MLflow's `MLFLOW_TRACKING_URI` (a server, or a database where the full
 `mlflow` package is installed; default here: a file store in the run folder, `OUTPUT/mlruns`, which `mlflow ui
@@ -12,15 +15,14 @@ from __future__ import annotations
 
 import os
 import uuid
+import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from backbones.common.cli import import_extra, mlflow_tracking_uri
-from backbones.common.errors import UsageError
+from backbones.common.cli import import_extra, mlflow_tracking_uri, tracker_errors
 from backbones.common.files import write_text_atomic
 
 
@@ -80,7 +82,8 @@ class MlflowTracker:
         store = mlflow_tracking_uri(output / 'mlruns')
         self.client = mlflow.tracking.MlflowClient(store)
         resumed = (output / 'mlflow_run_id').exists()
-        self.run_id = run_id(output, 'mlflow_run_id', lambda: self.new_run(experiment, output.name))
+        with tracker_errors('--log-mlflow', f'MLflow could not start its run in the store {store}'):
+            self.run_id = run_id(output, 'mlflow_run_id', lambda: self.new_run(experiment, output.name))
         with tracker_errors('--log-mlflow', f'MLflow run {self.run_id} (kept in {output / "mlflow_run_id"}) in the '
                                             f'store {store}: the store a resumed run started with is '
                                             f'MLFLOW_TRACKING_URI\'s'):
@@ -106,17 +109,42 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, 'FINISHED' if finished else 'KILLED')
 
 
-@contextmanager
-def tracker_errors(flag: str, what: str):
-    """A tracker client's own error (no login, a run its store does not hold) as one line naming the flag."""
+class StartedTrackers:
+    """The tracker runs of one training run as one Tracker: each call goes to every one. They are closed once; the
+    process closes them as stopped where it ends (or drops them) without closing them: a run that failed after they
+    started does not stay running in its tracker."""
+
+    def __init__(self, runs: list[Tracker]) -> None:
+        self.runs = runs
+        self.unclosed = weakref.finalize(self, close_all, runs, False)
+
+    def log(self, scalars: dict[str, float], step: int, axis: str) -> None:
+        for run in self.runs:
+            run.log(scalars, step, axis)
+
+    def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
+        for run in self.runs:
+            run.log_images(images, step)
+
+    def close(self, finished: bool) -> None:
+        if self.unclosed.detach() is not None:  # not closed yet
+            close_all(self.runs, finished)
+
+
+def close_all(runs: list[Tracker], finished: bool) -> None:
+    for run in runs:
+        run.close(finished)
+
+
+def start_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> StartedTrackers:
+    """The trackers asked for, started (or resumed) for the run in `output`; where one cannot start, a
+    TrackerError, the ones started before it closed as stopped."""
+    runs: list[Tracker] = []
     try:
-        yield
-    except Exception as e:  # wandb's and MLflow's errors have no common base
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UsageError(f'{flag}: {what}: {type(e).__name__}: {reason}') from e
-
-
-def open_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> list[Tracker]:
-    """The trackers asked for, started (or resumed) for the run in `output`."""
-    return ([WandbTracker(output, experiment, settings)] if wandb else []) + \
-        ([MlflowTracker(output, experiment, settings)] if mlflow else [])
+        for asked, tracker in ((wandb, WandbTracker), (mlflow, MlflowTracker)):
+            if asked:
+                runs.append(tracker(output, experiment, settings))
+    except BaseException:
+        close_all(runs, False)
+        raise
+    return StartedTrackers(runs)

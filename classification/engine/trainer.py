@@ -1,15 +1,16 @@
 """The run sequence ImageNet training and CIFAR transfer share.
 
-    trainer = Trainer(RunOptions.from_args(args, default_output), info)   # output folder, resume point
-    fit = trainer.start(model, params, optimization, objective, config, updates_per_epoch)
+    trainer = Trainer(RunOptions.from_args(args, default_output), info)   # output folder, resume point, trackers
+    fit = trainer.start(model, params, optimization, objective, config, updates_per_epoch)   # then args.yaml
     record = trainer.run(fit, train_loader, val_loader)
     return trainer.finish(metrics, 'done: ...')
 
 `start` builds timm's optimizer over `params` (Adam/AdamW fused into one kernel where the device has it) and its
 cosine schedule (stepped per update), mixed precision and its loss scaler, the EMA, channels-last weights and
 inputs for models with convolutions, `torch.compile` if asked (`training_state`, which the loop benchmark's steps
-share), and restores a resumed run; `run` is the epoch loop of `Fit`; `finish` writes the run's metrics. The
-applications keep what is theirs: data, model, parameter groups, the loss, and what they report.
+share), restores a resumed run and records the run's settings (args.yaml); `run` is the epoch loop of `Fit`;
+`finish` writes the run's metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and
+what they report.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from backbones.common.cli import (
 )
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
-from backbones.common.files import write_json_atomic
+from backbones.common.files import write_json_atomic, written_or_undone
 from backbones.common.log import logger
 from classification.engine.checkpoints import (
     ARGS,
@@ -57,7 +58,7 @@ from classification.engine.checkpoints import (
 )
 from classification.engine.fit import Fit, Pictures, RunLog, resume_path
 from classification.engine.steps import BatchTransform, Objective, StepState
-from classification.engine.trackers import open_trackers
+from classification.engine.trackers import StartedTrackers, start_trackers
 
 
 @dataclass
@@ -117,22 +118,44 @@ def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
     if config and chosen:
         raise UsageError(f'{chosen[0]} chooses a recipe, and --config {config} holds its run\'s recipe resolved, '
                          f'value by value: set the values themselves, or start the run without --config')
-    if config:
-        recorded = run_arguments(parser, read_run_args(config, parser.prog), config)
-        check_recorded_arguments(parser, recorded, config)
-        argv = recorded + argv
-    return parser.parse_args(argv)
+    if not config:
+        return parser.parse_args(argv)
+    recorded = run_arguments(parser, read_run_args(config, parser.prog), config)
+    return parse_over_recorded(parser, argv, check_recorded_arguments(parser, recorded, config), recorded, config)
 
 
-def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str) -> None:
-    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file."""
+def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str
+                             ) -> argparse.Namespace:
+    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file; the
+    values parsed."""
     def refuse(message: str) -> None:
         raise DataError(f'--config {source}: {message}')
     parser.error = refuse  # for this parse only: argparse's own would print the usage and exit
     try:
-        parser.parse_args(recorded)
+        return parser.parse_args(recorded)
     finally:
         del parser.error
+
+
+def parse_over_recorded(parser: argparse.ArgumentParser, argv: list[str], recorded_values: argparse.Namespace,
+                        recorded: list[str], source: str) -> argparse.Namespace:
+    """The options typed (`argv`) over an args.yaml's values: each typed one replaces the file's. They are parsed
+    apart from the file's, so that the checks of a command line see what was typed (an alias typed after --config
+    overrides the file's value of its setting). The positional arguments (the model) are the file's: another one
+    typed is a UsageError saying so, the same one passes."""
+    positionals = [action.dest for action in parser._actions if not action.option_strings]
+    given = recorded[:len(positionals)]  # `run_arguments` gives them first
+    namespace, rest = parser.parse_known_args(given + argv, recorded_values)
+    other = [arg for arg in rest if not arg.startswith('-') and arg not in given]
+    if other:
+        dest = positionals[0]
+        raise UsageError(f'{other[0]}: --config {source} gives the {dest} of its run ({given[0]}), for which its '
+                         f'recipe was resolved; it cannot be changed on the command line: to train {other[0]}, give '
+                         f'it without --config')
+    leftover = [arg for arg in rest if arg not in given]
+    if leftover:
+        parser.error(f'unrecognized arguments: {" ".join(leftover)}')
+    return namespace
 
 
 # timm's train.py flags the command does not take, and what it takes instead
@@ -291,12 +314,18 @@ class Trainer:
     """One training run of a classification application: see the module docstring."""
 
     def __init__(self, options: RunOptions, info: DistInfo) -> None:
+        """The run's folder made and its trackers started (`trackers.start_trackers`), the first things a run does: a
+        tracker that cannot start is refused before any data is read, and leaves nothing in the folder (nor the
+        folder, where the run made it)."""
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
+        self.trackers = StartedTrackers([])
         if info.is_main:
-            options.output.mkdir(parents=True, exist_ok=True)
-            if options.settings is not None and not (self.resume and (options.output / ARGS).exists()):
-                write_run_args(options.output, options.command, options.settings)
+            with written_or_undone(options.output):
+                options.output.mkdir(parents=True, exist_ok=True)
+                experiment = options.experiment or Path(options.command or 'train').stem
+                self.trackers = start_trackers(options.output, experiment, options.settings or {}, options.log_wandb,
+                                               options.log_mlflow)
         barrier(info)
         self.num_epochs = 0
 
@@ -333,15 +362,21 @@ class Trainer:
                   train_transform, eval_transform, accumulate, self.options.checkpoint_minutes,
                   overlap=not self.options.serial_loop)
         fit.start(self.resume, self.options.seed)
+        self.record_settings()
         return fit
+
+    def record_settings(self) -> None:
+        """OUTPUT/args.yaml, on a run's first start, once its data and model are there (a run refused before writes
+        none)."""
+        o = self.options
+        if self.info.is_main and o.settings is not None and not (self.resume and (o.output / ARGS).exists()):
+            write_run_args(o.output, o.command, o.settings)
 
     def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Pictures | None = None) -> dict:
         """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
         after each validation); the last epoch's record."""
         o = self.options
-        runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None,
-                        lambda: open_trackers(self.output, o.experiment or Path(o.command or 'train').stem,
-                                              o.settings or {}, o.log_wandb, o.log_mlflow))
+        runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None, [self.trackers])
         return fit.run(train_loader, val_loader, self.num_epochs, runlog)
 
     def finish(self, metrics: dict, summary: str) -> dict:
