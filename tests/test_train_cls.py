@@ -443,6 +443,7 @@ def test_two_names_of_one_setting_with_different_values_are_refused(tmp_path):
             parse(*TINY_DEIT, *twins)
     assert parse(*TINY_DEIT, '--ema-decay', '0.5', '--model-ema-decay', '.50', '--epochs', '2', '--epochs', '3'
                  ).ema_decay == 0.5  # the same value twice; and one name given twice keeps argparse's rule
+    assert parse(*TINY_DEIT, '--compile', '--torchcompile').compile  # a flag and its twin's bare form say the same
     config = written_args_yaml(tmp_path / 'first', *TINY_DEIT, '--aa', 'rand-m9-mstd0.5', '--ema-decay', '0.9')
     relaunched = parse('--config', str(config), '--aa', 'rand-m7', '--model-ema-decay', '0.5')
     assert (relaunched.auto_augment, relaunched.ema_decay) == ('rand-m7', 0.5)

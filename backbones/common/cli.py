@@ -176,10 +176,17 @@ class CommandParser(argparse.ArgumentParser):
                 continue
             given = values_given(self, args, dest)
             for (flag, value), (other, other_value) in itertools.combinations(given, 2):
-                if flag != other and value != other_value:
+                if flag != other and value != other_value and not (switched_on(actions[flag], value)
+                                                                    and switched_on(actions[other], other_value)):
                     raise UsageError(f'{as_typed(actions[flag], flag, value)} and '
                                      f'{as_typed(actions[other], other, other_value)} set one setting ({dest}) to '
                                      'different values: give one of them')
+
+
+def switched_on(action: argparse.Action, value: object) -> bool:
+    """Whether a value an option stored means its setting switched on: a flag's True, or the value an option with an
+    optional value stores given bare (`--torchcompile`, `inductor`, and `--compile`, True, say the same)."""
+    return value is True or (action.nargs == '?' and value is not None and value == action.const)
 
 
 class _Noted(argparse.Action):
