@@ -77,11 +77,11 @@ class FormattedOnceConfig(Config):
             return Config.pretty_text.fget(view)
 
 
-# The suite's top-level packages before 0.2.0 (CHANGELOG.md's table of moved paths) and where they live now; their
-# modules moved with them, but for those renamed. Configs and export folders saved before then name them in their
-# custom_imports.
+# The suite's top-level packages before 0.2.0 (CHANGELOG.md's table of moved paths; but the embedded data's, which no
+# config imports) and where they live now; their modules moved with them, but for those renamed. Configs and export
+# folders saved before then name them in their custom_imports.
 FORMER_PACKAGES = {'segmentation': 'backbones.segmentation', 'common': 'backbones.common',
-                   'digits': 'classification.digits', 'engine': 'classification.engine',
+                   'engine': 'classification.engine',
                    'token_labeling': 'classification.token_labeling', 'visualization': 'classification.pictures'}
 RENAMED_MODULES = {'segmentation.notices': 'backbones.segmentation.silenced_warnings',
                    'segmentation.release': 'backbones.segmentation.released_segmentors',

@@ -73,12 +73,15 @@ def check_inputs_kept(images: list[Path], outputs: list[Path]) -> None:
                          f'folder')
 
 
-def warn_orientation(image: Path) -> None:
+PREDICTIONS_FIT = {'semantic': 'mask fits', 'instances': 'instances fit', 'depth': 'depth map fits'}
+
+
+def warn_orientation(image: Path, task: str) -> None:
     """One line for an image whose EXIF orientation turns it in viewers: its prediction fits the stored pixels."""
     orientation = file_orientation(image)
     if orientation != 1:
-        logger.warning(f'warning: {image} has EXIF orientation {orientation}: its prediction fits the pixels as '
-                       f'stored, which viewers show {TURNS.get(orientation, "turned")}')
+        logger.warning(f'warning: {image} has EXIF orientation {orientation}: its {PREDICTIONS_FIT[task]} the pixels '
+                       f'as stored, which viewers show {TURNS.get(orientation, "turned")}')
 
 
 def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[Path], path: Path, threshold: float,
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
                              fallback=data_fallback, device=device_name(args.device))
     for image in images:
         predictor.check_image(image)
-        warn_orientation(image)
+        warn_orientation(image, predictor.task)
     out.mkdir(parents=True, exist_ok=True)
     if predictor.task == 'instances':
         return [write_instances(predictor, images, masks, out / INSTANCES, args.score_threshold, args.overlay)]
