@@ -624,3 +624,23 @@ def test_a_run_resumed_on_renamed_categories_is_refused_naming_them(trained_dete
                                                        '--iters', '4']))
     assert 'was trained on other classes than the training data now declares (dog -> wolf)' in refused
     assert f'load_from={work}' in refused and not (work / 'iter_4.pth').exists()
+
+
+@pytest.mark.slow  # tools run end to end
+def test_predict_seg_refuses_images_whose_outputs_would_be_one_file_and_no_others(trained_detector, trained_depth,
+                                                                                  tmp_path):
+    """b_color.png and b.png: the depth map of the first and the picture of the second are one file (it was
+    overwritten, exit 0); two images of one name give a detector one file only with --overlay."""
+    detector_config, detector = trained_detector
+    depth_config, depth = trained_depth
+    for folder, name in (('a', 'b_color.png'), ('b', 'b.png'), ('c', 'b.png')):
+        (tmp_path / folder).mkdir()
+        cv2.imwrite(str(tmp_path / folder / name), np.full((48, 64, 3), 90, np.uint8))
+    refused = one_line_error(run_tool('predict_seg.py', [depth_config, depth, tmp_path / 'a', tmp_path / 'b',
+                                                         '--out', tmp_path / 'out']))
+    assert f'would both write {tmp_path / "out" / "b_color.png"}' in refused and not (tmp_path / 'out').exists()
+    succeeded(run_tool('predict_seg.py', [detector_config, detector, tmp_path / 'b', tmp_path / 'c', '--out',
+                                          tmp_path / 'found']))
+    refused = one_line_error(run_tool('predict_seg.py', [detector_config, detector, tmp_path / 'b', tmp_path / 'c',
+                                                         '--out', tmp_path / 'drawn', '--overlay']))
+    assert f'would both write {tmp_path / "drawn" / "b_overlay.png"}' in refused

@@ -16,7 +16,7 @@ from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.images import image_files
 from backbones.common.log import logger
-from backbones.segmentation.config import EmbeddedSegData
+from backbones.segmentation.config import EmbeddedSegData, dense_task, load_config
 from backbones.segmentation.data_check import TURNS, file_orientation
 from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.instances.metric import coco_results
@@ -61,6 +61,9 @@ def write_mask(values: np.ndarray, path: Path) -> None:
 
 
 INSTANCES = 'instances.json'  # a detector's predictions in --out
+# the files each image gets in --out besides overlays: a mask, a depth map and its picture; a detector's instances
+# all go into INSTANCES
+OUTPUT_TAILS = {'semantic': ('.png',), 'depth': ('.png', '_color.png'), 'instances': ()}
 
 
 def check_inputs_kept(images: list[Path], outputs: list[Path]) -> None:
@@ -138,13 +141,19 @@ def main(argv: list[str] | None = None, description: str | None = None,
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
+    task = dense_task(load_config(args.config))
     if args.ms:
-        check_multi_scale_task(args.config)
+        check_multi_scale_task(args.config, task)
+    if args.overlay and task == 'depth':
+        raise UsageError(f'--overlay draws classes or instances over an image; {args.config} is a depth config (its '
+                         f'maps come with NAME_color.png)')
     images = image_files(args.images)
     out = Path(args.out)
     check_output_folder(out)
-    masks = mask_paths(images, out)
-    check_inputs_kept(images, [out / INSTANCES] + [path.with_name(f'{path.stem}{tail}') for path in masks
+    tails = OUTPUT_TAILS[task] + (('_overlay.png',) if args.overlay else ())
+    masks = mask_paths(images, out, tails)
+    # an input image is kept from any name predict_seg gives an output, whichever the task
+    check_inputs_kept(images, [out / INSTANCES] + [out / f'{image.stem}{tail}' for image in images
                                                    for tail in ('.png', '_overlay.png', '_color.png')])
     for image in images:
         check_opencv_reads(image)  # before any mask is written

@@ -79,18 +79,19 @@ def check_resizable(path: Path, size: tuple[int, int], pipeline: list) -> None:
                                 f'it to a less extreme shape')
 
 
-def mask_paths(images: Sequence[Path], out: Path) -> list[Path]:
+def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png',)) -> list[Path]:
     """`out/<image stem>.png` for each image, the name tools/predict_seg.py and tools/test_seg.py --pred-dir (mmseg's
-    IoUMetric) give its mask; two images of one stem (in two folders, or of two suffixes) would write one file, which
-    is refused, naming both."""
-    masks: dict[Path, Path] = {}
+    IoUMetric) give its mask. Every file an image gets is `out/<image stem><tail>` for each of `tails`: two images
+    for which any two would be one file (of one stem in two folders or of two suffixes; `b.png` and `b_color.png`,
+    whose depth picture is `b_color.png` too) are refused, naming both."""
+    written: dict[Path, Path] = {}
     for image in images:
-        mask = out / f'{image.stem}.png'
-        if mask in masks:
-            raise UsageError(f'{masks[mask]} and {image} would both write {mask}: give images of distinct names (or '
-                             f'predict them into separate folders)')
-        masks[mask] = image
-    return list(masks)
+        for path in (out / f'{image.stem}{tail}' for tail in tails):
+            if written.get(path, image) != image:
+                raise UsageError(f'{written[path]} and {image} would both write {path}: give images of distinct '
+                                 f'names (or predict them into separate folders)')
+            written[path] = image
+    return [out / f'{image.stem}.png' for image in images]
 
 
 def check_multi_scale_task(config: str, task: str | None = None) -> None:
