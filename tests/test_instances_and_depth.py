@@ -518,10 +518,15 @@ def test_a_checkpoint_trained_elsewhere_predicts_at_its_own_sizes_not_the_embedd
     edited = Config.fromfile(config)
     next(step for step in edited.test_dataloader.dataset.pipeline if step['type'] == 'Resize')['scale'] = (32, 24)
     edited.dump(str(tmp_path / 'edited.py'))
-    for out, given_config in (('predicted', config), ('edited', tmp_path / 'edited.py'), ('without_data', config)):
+    # a checkpoint from before the record: the same read from the config text its meta holds
+    older = torch.load(checkpoint, weights_only=False)
+    del older['meta']['trained_data']
+    torch.save(older, tmp_path / 'older.pth')
+    for out, given_config, given in (('predicted', config, checkpoint), ('edited', tmp_path / 'edited.py', checkpoint),
+                                     ('older', config, tmp_path / 'older.pth'), ('without_data', config, checkpoint)):
         if out == 'without_data':
             trained_on.unlink()
-        predicted = succeeded(run_tool('predict_seg.py', [given_config, checkpoint, *images, '--out', tmp_path / out]))
+        predicted = succeeded(run_tool('predict_seg.py', [given_config, given, *images, '--out', tmp_path / out]))
         said = 'validated with another test pipeline than the config gives' in predicted.stdout + predicted.stderr
         assert said == (out == 'edited')
         assert 'embedded' not in predicted.stdout + predicted.stderr

@@ -26,7 +26,7 @@ from backbones.segmentation.instances.coco import use_coco_categories, use_test_
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,
                                              use_own_data, use_trained_classes)
-from backbones.segmentation.runner import trained_data
+from backbones.segmentation.runner import recorded_config, trained_data
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 COCO_ROOT = 'data/coco'
@@ -168,6 +168,23 @@ def trained_data_record(cfg: Config, embedded: bool) -> dict:
                              test_pipeline=cfg.test_dataloader.dataset.pipeline))
 
 
+def checkpoint_record(checkpoint: str) -> dict | None:
+    """What a checkpoint records of the data it was trained on (`trained_data_record`). One from before that record
+    gives the same from the config its meta holds (read without running it), whether its folder was the embedded
+    data's left open (`embedded` None: the tool's embedded data tells); None where it holds neither (mmseg's
+    releases)."""
+    record = trained_data(checkpoint)
+    if record is not None:
+        return record
+    recorded = recorded_config(checkpoint)
+    try:
+        train, test = recorded['train_dataloader']['dataset'], recorded['test_dataloader']['dataset']
+        return dict(data_root=os.path.abspath(train.get('data_root') or ''), embedded=None,
+                    task=dense_task(Config(recorded)), test_pipeline=test['pipeline'])
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
 def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None, cfg_options: dict | None = None,
                         fallback: EmbeddedSegData | None = None, need_data: bool = True) -> TrainedData:
     """The data for a trained checkpoint: `data_root` (--data-root) if given, else the config's folders where they
@@ -178,7 +195,9 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
     if data_root:
         return TrainedData(data_root)
     roots = data_roots(cfg, None, cfg_options)
-    record = trained_data(checkpoint)
+    record = checkpoint_record(checkpoint)
+    if record is not None and record['embedded'] is None:
+        record['embedded'] = fallback is not None and Path(record['data_root']).resolve() == fallback.root.resolve()
     if all(Path(root).is_dir() for root in roots):
         if record and not record['embedded'] and record['data_root'] not in {os.path.abspath(r) for r in roots}:
             logger.warning(f'warning: {checkpoint} was trained on {record["data_root"]}; the data here is the '
@@ -237,6 +256,8 @@ class EmbeddedSegData(EmbeddedData, Protocol):
     the schedule a run takes there, and the model's sizes there (which tests and predictions take too). Config
     edits only: a backbone pretrained for that data is the tool's to make (tools/train_seg.py's first stage), and
     reaches the trainer as a checkpoint."""
+
+    root: Path  # where the data lives: a checkpoint trained on a data set there was trained on it
 
     def use_data(self, cfg: Config) -> None: ...
 
@@ -418,7 +439,7 @@ def pipeline_sizes(pipeline: list) -> str:
 def use_trained_pipeline(cfg: Config, checkpoint: str, cfg_options: dict | None = None) -> None:
     """The test pipeline the checkpoint's validations ran, where it records one that differs from the config's
     (one line says so); the command line's options for the test loader win."""
-    recorded = (trained_data(checkpoint) or {}).get('test_pipeline')
+    recorded = (checkpoint_record(checkpoint) or {}).get('test_pipeline')
     if recorded is None or any(key.startswith('test_dataloader') for key in cfg_options or {}):
         return
     own = plain_values(cfg.test_dataloader.dataset.pipeline)
@@ -448,7 +469,7 @@ TASK_MODELS = {'semantic': 'segmentor', 'instances': 'detector', 'depth': 'depth
 def checkpoint_task(checkpoint: str, names: list[str]) -> str | None:
     """The task a checkpoint's model was trained for: as it records it, else as its heads' weights (`names`) show;
     None if neither says."""
-    record = trained_data(checkpoint)
+    record = checkpoint_record(checkpoint)
     if record and record.get('task') in TASK_NAMES:
         return record['task']
     return next((task for task, prefix in TASK_WEIGHTS.items() if any(n.startswith(prefix) for n in names)), None)

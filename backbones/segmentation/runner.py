@@ -13,6 +13,7 @@ first (`preemption.py`): a scheduler signals every process of a job.
 """
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import zipfile
@@ -76,6 +77,38 @@ def trained_data(filename: str) -> dict | None:
     for one that records nothing (mmseg's, a release, or the suite's before this record)."""
     record = checkpoint_meta(filename).get(TRAINED_DATA)
     return record if isinstance(record, dict) else None
+
+
+def recorded_config(filename: str) -> dict:
+    """The config a checkpoint's run trained with, from the text mmengine writes into its meta (`cfg`), read without
+    running it: each assignment of literals, lists, tuples and `dict(...)` (an assignment of anything else is left
+    out); {} where there is no such text."""
+    text = checkpoint_meta(filename).get('cfg')
+    try:
+        body = ast.parse(text).body if isinstance(text, str) else []
+    except SyntaxError:
+        return {}
+    found = {}
+    for node in body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                found[node.targets[0].id] = literal(node.value)
+            except ValueError:
+                continue
+    return found
+
+
+def literal(node: ast.expr) -> object:
+    """A config expression's value: literals, lists, tuples, dicts and `dict(key=...)` calls; else a ValueError."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'dict' and not node.args \
+            and all(keyword.arg for keyword in node.keywords):
+        return {keyword.arg: literal(keyword.value) for keyword in node.keywords}
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {literal(key): literal(value) for key, value in zip(node.keys, node.values)}
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [literal(item) for item in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    return ast.literal_eval(node)
 
 
 def misfit(state: dict, own: dict) -> str:
