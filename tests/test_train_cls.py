@@ -1,6 +1,7 @@
 """The trainer: exact resume after a kill, torchrun (gloo) against one process, evaluation tool, errors."""
 import csv
 import json
+import logging
 import re
 import sys
 import time
@@ -285,7 +286,7 @@ def test_grad_accum_steps_trains_like_the_whole_global_batch(labeled_images, tmp
 
 @pytest.mark.slow
 def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_trackers(labeled_images, tmp_path,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch, caplog):
     """args.yaml holds the resolved settings and `--config` relaunches the same run bit for bit; summary.csv is
     log.jsonl as a table; wandb (offline) and MLflow (a file store) received the run's settings and each epoch's
     figures. With an EMA, the EMA is the run's model: best.pth is its best epoch, and every loader takes it."""
@@ -297,7 +298,11 @@ def test_a_run_records_its_settings_relaunches_from_them_and_logs_to_its_tracker
     monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
     data, labels = labeled_images
     first, again = tmp_path / 'first', tmp_path / 'again'
-    main(train_args(data, labels, first, *DETERMINISTIC, '--epochs', '3', '--ema-decay', '0.5'))
+    caplog.set_level(logging.INFO, logger='vit_dense')
+    done = main(train_args(data, labels, first, *DETERMINISTIC, '--epochs', '3', '--ema-decay', '0.5'))
+    # the last line leads with the run's model, the EMA the checkpoints hold, and names the trained weights' after
+    assert (f'done: top-1 {done["ema_top1"]:.2f}%  top-5 {done["ema_top5"]:.2f}% (the EMA, which the checkpoints '
+            f'hold; the trained weights {done["top1"]:.2f}%') in caplog.text
     settings = read_run_args(first / 'args.yaml', 'train_cls.py')
     assert settings['model'] == 'deit_small_patch16_224' and settings['ema_decay'] == 0.5
     assert settings['epochs'] == 3 and settings['smoothing'] == 0.1 and settings['mixup'] == 0.8  # resolved
