@@ -340,3 +340,18 @@ def test_a_stop_while_mmengine_formats_the_config_is_the_one_line_interrupted_ex
     assert result.returncode == 75, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith('interrupted: SIGTERM')
     assert 'Traceback' not in result.stderr and 'SyntaxError' not in result.stderr
+
+
+def test_a_stop_while_weights_are_copied_is_the_stop_not_a_checkpoint_that_does_not_fit(monkeypatch):
+    """torch records any Exception raised while a weight is copied as a load error, which mmengine's strict load
+    turned into 'does not fit the model' (exit 2, no keys named): a stop is no exception of that kind."""
+    from mmengine.runner.checkpoint import load_state_dict
+    model = torch.nn.Linear(2, 2)
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+
+    def stopped(*_args, **_kwargs):
+        raise Interrupted('SIGTERM before the command\'s work was done')
+
+    monkeypatch.setattr(torch.Tensor, 'copy_', stopped)
+    with pytest.raises(Interrupted):
+        load_state_dict(model, state, strict=True)

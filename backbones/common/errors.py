@@ -27,7 +27,9 @@ class CheckpointReadError(CheckpointError):
     """A checkpoint file that is missing or cannot be read at all (truncated, damaged, not a checkpoint)."""
 
 
-class Interrupted(SuiteError):
-    """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75."""
+class Interrupted(BaseException):
+    """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75. Like
+    KeyboardInterrupt, no error: code that catches any exception (torch's weight copy, an image check) must not
+    take a stop for a fault of its own."""
 
     exit_code = 75  # EX_TEMPFAIL: try again (a scheduler's requeue)

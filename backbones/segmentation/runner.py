@@ -246,10 +246,11 @@ class SuiteRunner(Runner):
             return super().load_checkpoint(filename, map_location=map_location, strict=True,
                                            revise_keys=revise_keys)
         except RuntimeError as e:  # mmengine's strict load: some key is missing, unexpected or mis-shaped
-            if isinstance(e, CheckpointError):
+            mismatch = '' if isinstance(e, CheckpointError) else self.mismatch(filename)
+            if not mismatch:  # every key fits: the load failed for another reason, which its own error gives
                 raise
             raise CheckpointError(f'{filename} does not fit the model of this config (it would leave weights '
-                                  f'unloaded): {self.mismatch(filename)}') from e
+                                  f'unloaded): {mismatch}') from e
 
     def mismatch(self, filename: str) -> str:
         """The missing, unexpected and mis-shaped keys of a checkpoint against this runner's model."""
