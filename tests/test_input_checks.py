@@ -160,6 +160,27 @@ def test_ctrl_c_is_one_interrupted_line_with_the_shells_status(capsys, monkeypat
         'same command again']
 
 
+def test_ctrl_c_in_a_run_with_a_checkpoint_says_resume(capsys, monkeypatch, tmp_path):
+    """Once a training run has written a checkpoint, the same command alone is refused (the run is there): Ctrl-C
+    says that --resume continues it; before the first checkpoint the plain line stands."""
+    from backbones.common.lifecycle import resumable_on_ctrl_c
+    monkeypatch.setattr('backbones.common.cli.show_log', lambda: None)
+    checkpoint = tmp_path / 'last.pth'
+
+    def training():
+        with resumable_on_ctrl_c(lambda: checkpoint if checkpoint.is_file() else None):
+            raise KeyboardInterrupt
+
+    for saved in (False, True):
+        if saved:
+            checkpoint.write_bytes(b'')
+        with pytest.raises(SystemExit) as stopped:
+            run_command(training)
+        assert stopped.value.code == 130
+        said = capsys.readouterr().err.splitlines()
+        assert len(said) == 1 and ('--resume' in said[0]) == saved and (str(checkpoint) in said[0]) == saved
+
+
 def test_class_folders_are_the_visible_non_empty_ones(tmp_path):
     data = make_image_folder(tmp_path / 'data')
     (data / 'train' / '.ipynb_checkpoints').mkdir()

@@ -229,6 +229,11 @@ def test_an_image_file_listed_twice_or_declared_at_another_size_is_named(coco_se
     with pytest.raises(DataError, match=f'image {image_id} .* is declared 80x48, its file is 64x48'):
         DATASETS.build(dict(type='CocoInstances', data_root=str(coco_set), ann_file=str(tmp_path / 'wide.json'),
                             data_prefix=dict(img_path='train/')))
+    data = linked_coco(coco_set, tmp_path / 'data', dict(train=wide, val=wide))
+    cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', data))
+    from backbones.segmentation.instances.coco import use_coco_categories
+    with pytest.raises(DataError, match=f'image {image_id} .* is declared 80x48, its file is 64x48'):
+        use_coco_categories(cfg)  # as train_seg reads the categories, before any data set is built
     with pytest.raises(DataError, match='RLE mask is'):  # without the images at hand, the mask is what is seen
         load_coco(tmp_path / 'wide.json')
 

@@ -17,6 +17,7 @@ import importlib
 import itertools
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -462,7 +463,10 @@ def mlflow_tracking_uri(default_folder: Path) -> str:
 
 
 def check_writable(path: str | Path) -> None:
-    """A file a command will write: its folder must exist and be writable, and the path must not be a folder."""
+    """A file a command will write: its folder must exist and be writable, and the path must not be a folder (nor
+    be typed as one, with a trailing slash)."""
+    if str(path).endswith(os.sep):
+        raise UsageError(f'{path} names a folder (its trailing {os.sep}); give a file name to write')
     path = Path(path)
     if path.is_dir():
         raise UsageError(f'{path} is a folder; give a file name to write')
@@ -503,9 +507,15 @@ def check_output_folder(path: str | Path) -> None:
 
 def check_folder_writable(folder: Path, target: Path) -> None:
     """Files can be made in `folder` (to write `target`): before the work, not after it. access(2) says so for a
-    read-only file system too, root included."""
+    read-only file system too, root included; a file is made and removed to be sure (root may write anywhere by
+    access(2), yet /proc takes no new file)."""
     if os.access(folder, os.W_OK | os.X_OK):
-        return
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix='.write-check-'):
+                return
+        except OSError as e:
+            raise UsageError(f'cannot write {target}: no file can be made in {folder} ({e.strerror}); give an output '
+                             f'path elsewhere') from None
     read_only_fs = hasattr(os, 'statvfs') and os.statvfs(folder).f_flag & os.ST_RDONLY
     why = 'is on a read-only file system' if read_only_fs else 'is not writable by this user'
     raise UsageError(f'cannot write {target}: {folder} {why}; give an output path elsewhere')

@@ -32,4 +32,6 @@ class Interrupted(BaseException):
     KeyboardInterrupt, no error: code that catches any exception (torch's weight copy, an image check) must not
     take a stop for a fault of its own."""
 
-    exit_code = 75  # EX_TEMPFAIL: try again (a scheduler's requeue)
+    def __init__(self, message: str, exit_code: int = 75) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # 75, EX_TEMPFAIL: try again (a scheduler's requeue); 130 for Ctrl-C

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from backbones.common.errors import Interrupted
 
@@ -50,6 +51,21 @@ def signals_held() -> Iterator[None]:
         yield
     if held.received:
         signal.raise_signal(signal.Signals[held.received])
+
+
+@contextmanager
+def resumable_on_ctrl_c(last_checkpoint: Callable[[], Path | None]) -> Iterator[None]:
+    """Ctrl-C in a training run that has written a checkpoint (`last_checkpoint()`, None before the first): the
+    interrupted line says that `--resume` continues it (the same command alone is refused: the run is there)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        checkpoint = last_checkpoint()
+        if checkpoint is None:
+            raise
+        raise Interrupted(f'SIGINT (Ctrl-C): {checkpoint} holds the run up to its last checkpoint (nothing '
+                          f'half-written is left); the same command with --resume continues it',
+                          exit_code=130) from None
 
 
 def ignore_stop_signals(_: int) -> None:

@@ -95,27 +95,34 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.segmentation.silenced_warn
 
 
 def present_module(name: str) -> str:
-    """A module a config imports, under its present path (the suite's modules before 0.2.0 moved)."""
-    if name in RENAMED_MODULES:
-        return RENAMED_MODULES[name]
-    package, dot, rest = name.partition('.')
-    return FORMER_PACKAGES[package] + dot + rest if package in FORMER_PACKAGES else name
+    """A module a config imports, under its present path (the suite's modules before 0.2.0 moved; a renamed one's
+    modules with it)."""
+    parts = name.split('.')
+    for end in range(len(parts), 0, -1):
+        former, rest = '.'.join(parts[:end]), parts[end:]
+        moved = RENAMED_MODULES.get(former) or (FORMER_PACKAGES.get(former) if end == 1 else None)
+        if moved:
+            return '.'.join([moved, *rest])
+    return name
 
 
-def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool = False) -> None:
-    """A config's custom_imports imported; one that fails is a one-line error naming the config and the module (and
-    its present path, where it moved), unless the config allows failed imports (mmengine's `allow_failed_imports`:
-    then a warning)."""
-    for name in names:
+def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool = False) -> list[str]:
+    """A config's custom_imports imported under their present paths (returned); one that fails is a one-line error
+    naming the config and the module as the config names it (and where it was looked for, where it moved), unless
+    the config allows failed imports (mmengine's `allow_failed_imports`: then a warning)."""
+    present = [present_module(name) for name in names]
+    for name, module in zip(names, present):
         try:
-            import_modules_from_strings(name)
+            import_modules_from_strings(module)
         except Exception as e:  # an import raises anything its module raises
+            said = name if module == name else f'{name} (looked for as {module}, where the suite\'s modules moved)'
             if allow_failed:
-                logger.warning(f'warning: {path}: custom_imports: {name} does not import ({e}); left out')
+                logger.warning(f'warning: {path}: custom_imports: {said} does not import ({e}); left out')
                 continue
-            raise UsageError(f'{path}: custom_imports names {name}, which does not import ({type(e).__name__}: {e}); '
-                             f'the suite\'s configs import backbones.segmentation (docs/layout.md lists its '
+            raise UsageError(f'{path}: custom_imports names {said}, which does not import ({type(e).__name__}: '
+                             f'{e}); the suite\'s configs import backbones.segmentation (docs/layout.md lists its '
                              f'modules)') from e
+    return present
 
 
 def read_config(path: str | Path) -> Config:
@@ -125,8 +132,8 @@ def read_config(path: str | Path) -> Config:
     custom = cfg.get('custom_imports')
     if custom:
         names = custom['imports']
-        custom['imports'] = [present_module(n) for n in ([names] if isinstance(names, str) else names)]
-        import_custom_modules(path, custom['imports'], custom.get('allow_failed_imports', False))
+        custom['imports'] = import_custom_modules(path, [names] if isinstance(names, str) else list(names),
+                                                  custom.get('allow_failed_imports', False))
     return cfg
 
 

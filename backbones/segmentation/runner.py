@@ -30,7 +30,7 @@ from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_
                                         load_checkpoint)
 
 from backbones.weights import describe_mismatch, key_mismatch
-from backbones.common.lifecycle import ignore_stop_signals
+from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
 from backbones.common.cli import tracker_errors
 from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError
 from backbones.common.files import load_weights_only, written_or_undone
@@ -189,7 +189,8 @@ class SuiteRunner(Runner):
         return built
 
     def train(self):
-        return self._running(super().train)
+        with resumable_on_ctrl_c(lambda: find_latest_checkpoint(self.work_dir)):
+            return self._running(super().train)
 
     def test(self):
         return self._running(super().test)

@@ -47,9 +47,11 @@ from backbones.common.cli import (
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic, written_or_undone
+from backbones.common.lifecycle import resumable_on_ctrl_c
 from backbones.common.log import logger
 from classification.engine.checkpoints import (
     ARGS,
+    LAST,
     METRICS,
     UNRECORDED,
     read_run_args,
@@ -377,7 +379,9 @@ class Trainer:
         after each validation); the last epoch's record."""
         o = self.options
         runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None, [self.trackers])
-        return fit.run(train_loader, val_loader, self.num_epochs, runlog)
+        last = self.output / LAST
+        with resumable_on_ctrl_c(lambda: last if last.is_file() else None):
+            return fit.run(train_loader, val_loader, self.num_epochs, runlog)
 
     def finish(self, metrics: dict, summary: str) -> dict:
         """Write the run's `metrics.json` (last, after every checkpoint) and say `summary`."""

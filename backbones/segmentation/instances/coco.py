@@ -244,12 +244,22 @@ def annotation_file(dataset: dict) -> Path:
     return Path(dataset.get('data_root') or '') / dataset['ann_file']
 
 
+def image_folder(dataset: dict) -> Path:
+    """A COCO-format data set's folder of images (its `data_prefix` under its `data_root`)."""
+    return Path(dataset.get('data_root') or '') / (dataset.get('data_prefix') or {}).get('img_path', '')
+
+
+def read_split(dataset: dict) -> COCO:
+    """A data set config's annotation file, read and checked against its images (`load_coco`)."""
+    return load_coco(annotation_file(dataset), image_folder(dataset))
+
+
 def use_coco_categories(cfg: Config) -> tuple[str, ...]:
     """The model's class count from the training set's categories; every other split must declare the same ones.
     Returns the names."""
     loaders = [name for name in ('train_dataloader', 'val_dataloader', 'test_dataloader') if cfg.get(name)]
     files = {name: annotation_file(cfg[name].dataset) for name in loaders}
-    read = {name: load_coco(path) for name, path in files.items()}
+    read = {name: read_split(cfg[name].dataset) for name in loaders}
     reference_file, reference = files[loaders[0]], read[loaders[0]]
     names, ids = categories(reference)
     for name, coco in read.items():
@@ -295,7 +305,7 @@ def use_test_categories(cfg: Config, checkpoint: str) -> None:
     checkpoint records, where it records them."""
     trained = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     path = annotation_file(cfg.test_dataloader.dataset)
-    names, ids = categories(load_coco(path))
+    names, ids = categories(read_split(cfg.test_dataloader.dataset))
     if trained.get('classes'):
         recorded = list(zip(trained.get('cat_ids', ids), trained['classes']))
         declared = list(zip(ids, names))
