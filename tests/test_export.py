@@ -258,6 +258,10 @@ def test_a_missing_segmentor_checkpoint_is_named_before_any_work(tmp_path):
         export(['segmentor', 'seg_configs/upernet_lvvit_s.py', str(tmp_path / 'absent.pth'), '--out',
                 str(tmp_path / 'x'), '--digits-seg-dir', str(tmp_path / 'pages')])
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / 'work').mkdir()  # a work dir given for its checkpoint
+    with pytest.raises(CheckpointError, match=f'{tmp_path / "work"}: a folder, not a checkpoint file'):
+        export(['segmentor', 'seg_configs/upernet_lvvit_s.py', str(tmp_path / 'work'), '--out', str(tmp_path / 'x'),
+                '--digits-seg-dir', str(tmp_path / 'pages')])
 
 
 def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_path):

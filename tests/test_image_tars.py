@@ -371,3 +371,19 @@ def test_train_cls_trains_on_a_per_class_tar_beside_class_folders_and_refuses_a_
     write_tar(first, {**tar_files(first), 'stray.JPEG': b'\xff\xd8'})
     message = one_line_error(run_tool('train_cls.py', [*args, '--data-dir', shards, '--output', tmp_path / 'run2']))
     assert f'{first}: flat images (stray.JPEG) beside images in class folders' in message, message
+
+
+def test_a_hidden_file_in_a_class_folder_or_a_tar_is_no_image(tmp_path):
+    """macOS leaves `._NAME.JPEG` resource files beside a copy's images: read as images, they failed to decode."""
+    data = make_image_folder(tmp_path / 'data')
+    first = sorted((data / 'train').iterdir())[0]
+    (first / '._resource.JPEG').write_bytes(b'\x00\x05\x16\x07 not an image')
+    classes, samples = scan_split(data, 'train')
+    assert not any('._' in path for path, _ in samples) and len(samples) == 24
+    shards = tmp_path / 'shards' / 'train'
+    shards.mkdir(parents=True)
+    with tarfile.open(shards / 'shard-0000.tar', 'w') as tar:
+        for folder in sorted((data / 'train').iterdir()):
+            tar.add(folder, arcname=folder.name)
+    listed = list_split(tmp_path / 'shards', 'train')
+    assert listed[0] == classes and len(listed[1]) == 24

@@ -60,7 +60,10 @@ def read_image(path: Path | BinaryIO,
 
 
 def is_image_name(name: str) -> bool:
-    return Path(name).suffix.lower() in IMG_EXTENSIONS
+    """A file name the readers take as an image: a suffix of IMG_EXTENSIONS, and not hidden (macOS leaves `._NAME.JPEG`
+    resource files beside a copy's images, which do not decode)."""
+    path = Path(name)
+    return path.suffix.lower() in IMG_EXTENSIONS and not path.name.startswith('.')
 
 
 def is_class_folder(path: Path) -> bool:

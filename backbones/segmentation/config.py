@@ -488,7 +488,8 @@ def check_segmentor_checkpoint(checkpoint: str, task: str | None = None, config:
     it was trained on), and of the config's `task` (a detector given to a depth config was refused as a class
     mismatch)."""
     if not Path(checkpoint).is_file():
-        raise CheckpointError(f'{checkpoint}: checkpoint file not found')
+        found = 'a folder, not a checkpoint file' if Path(checkpoint).is_dir() else 'checkpoint file not found'
+        raise CheckpointError(f'{checkpoint}: {found}')
     names = weight_names(checkpoint)
     family = guess_family(names)
     if family is not None and not any(name.startswith(('decode_head.', 'roi_heads.')) for name in names):
