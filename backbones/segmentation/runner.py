@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import logging
 import re
+import shutil
 import zipfile
 from functools import partial
 from pathlib import Path
@@ -291,6 +292,7 @@ class SuiteRunner(Runner):
             if before is not None and now is not None and list(before) != list(now):
                 changed = [f'{a} -> {b}' for a, b in zip(before, now) if a != b][:5] or \
                     [f'{len(before)} -> {len(now)} entries']
+                shutil.rmtree(self.log_dir, ignore_errors=True)  # the refused attempt's own log folder
                 raise CheckpointError(f'{filename} was trained on other {key.replace("_", " ")} than the training data '
                                       f'now declares ({", ".join(map(str, changed))}): a resumed run continues on '
                                       f'the data it started on; give that data, or start a new run from this '
