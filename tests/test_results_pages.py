@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from classification.studies import gpu_session, results_pages
 from helpers.commands import ROOT, run_tool
 
@@ -109,6 +109,14 @@ def test_expressions_evaluate_left_to_right_over_the_data():
                           'models.0.pipeline_per_core_img_s.batched') == pytest.approx(expected)
     assert results_pages.value(files, 'gpu_h100_burst', 'workers * models.0.pipeline_per_core_img_s.batched',
                                '{:,.0f}') == f'{15 * lvvit["pipeline_per_core_img_s"]["batched"]:,.0f}'
+
+
+def test_per_seed_values_render_as_mean_and_sample_deviation_and_anything_else_is_refused():
+    assert results_pages.formatted([70.0, 72.0, 77.0], 'spread') == '73.0 ± 3.6'  # sample stdev: sqrt(13)
+    assert results_pages.formatted([71.25], 'spread') == '71.2 ± 0.0'
+    for value in (71.5, []):
+        with pytest.raises(DataError, match='spread needs a list of per-seed values'):
+            results_pages.formatted(value, 'spread')
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from backbones.common.cli import command_parser
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
-from backbones.common.statistics import describe_difference, describe_interval
+from backbones.common.statistics import describe_difference, describe_interval, mean_std
 from classification.studies import reproduction
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,6 +106,13 @@ def duration(seconds: float) -> str:
     return f'{minutes} min' + (f' {rest} s' if rest else '')
 
 
+def spread(values: list[float]) -> str:
+    """Per-seed values as '71.7 ± 1.7' (mean ± sample standard deviation; the text around it names the seeds)."""
+    if not isinstance(values, list) or not values:
+        raise DataError(f'spread needs a list of per-seed values, got {values!r}')
+    return reproduction.cell(mean_std(values))
+
+
 def rate(images_per_second: float) -> str:
     """Images/s as the tables print them: whole numbers with thousands separators from 100 up, else one decimal."""
     return f'{images_per_second:,.0f}' if images_per_second >= 100 else f'{images_per_second:.1f}'
@@ -117,6 +124,7 @@ FORMATS: dict[str, Callable[[object], str]] = {
     'interval': describe_interval,  # '-5.6 [-12.8, +1.5]'
     'duration': duration,
     'rate': rate,
+    'spread': spread,  # [71.5, 72.1, ...] -> '71.7 ± 1.7'
 }
 
 
@@ -190,8 +198,18 @@ def segmentation_runs(files: DataFiles) -> str:
                      f'{pretraining["Top 1 Accuracy"]:.1f}%, {seconds("Pretraining Time", pretraining["Time (s)"])} '
                      f'({pretraining["Includes"]} included) | {meta["lr schd"]} iterations, '
                      f'{seconds("Training Time", meta["Training Time (s)"])} | '
-                     f'{model["Results"]["Metrics"]["mIoU"]:.1f} | {seconds("Total Time", meta["Total Time (s)"])} |')
+                     f'{miou_cell(model)} | {seconds("Total Time", meta["Total Time (s)"])} |')
     return '\n'.join(lines)
+
+
+def miou_cell(model: dict) -> str:
+    """A run's mIoU, with its spread over the seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
+    metrics = model['Results']['Metrics']
+    text = f'{metrics["mIoU"]:.1f}'
+    if 'mIoU by seed' in metrics:
+        seeds = ', '.join(map(str, model['Metadata']['Seeds']))
+        text += f' (seeds {seeds}: {spread(metrics["mIoU by seed"])})'
+    return text
 
 
 def dense_defaults(files: DataFiles, name: str = 'dense_defaults') -> str:
@@ -205,7 +223,8 @@ def dense_defaults(files: DataFiles, name: str = 'dense_defaults') -> str:
         baselines = '; '.join(f'{b["what"]}: {b["scores"]}' for b in run['baselines'])
         lines.append(f'| {run["config"]} | {run["iterations"]} | **{scores}** | {baselines} | '
                      f'{duration(run["seconds"])} |')
-    return '\n'.join(lines) + (f'\n\n{runs["note"]} ({runs["machine"]}, torch {runs["torch"]}, commit '
+    note = runs['note'].replace('first_stage_seconds', duration(runs['first_stage_seconds']))
+    return '\n'.join(lines) + (f'\n\n{note} ({runs["machine"]}, torch {runs["torch"]}, commit '
                                f'{runs["commit"]}, [docs/results/{name}.json](results/{name}.json)).')
 
 
