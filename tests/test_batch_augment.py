@@ -289,3 +289,34 @@ def test_loader_batches_with_device_decoding(labeled_images):
         assert torch.equal(a, b)
     x = BatchAugment(32, MEAN, STD)(encoded.to(torch.device('cpu')))
     assert x.shape == (6, 3, 32, 32) and x.isfinite().all() and (x.std((1, 2, 3)) > 0.05).all()
+
+
+def test_the_groups_decided_on_the_host_are_the_partition_the_plans_and_the_drawn_boxes_give(tmp_path):
+    """The device half reads nothing back from the device: which images each interpolation, each layer's colour op
+    and the erasing take is decided when the plans are collated. On 48 drawn plans those groups are exactly the
+    images whose plan says so, in index order, and the erased images are those whose drawn boxes cover a pixel."""
+    file = tmp_path / 'image.jpg'
+    smooth_image(480, 360).save(file, quality=95)
+    transform = TrainTransform(64, reprob=0.6, mean=MEAN, std=STD)
+    worker, plans = RegionTransform(transform), []
+    for s in range(48):
+        seed(s)
+        plans.append(worker(file)[2])
+    batch = collate_regions([torch.zeros(64, 64, 3, dtype=torch.uint8)] * 48, plans)
+    plan, groups = batch.plan, batch.groups
+    ops, index = plan['ops'], lambda key, start, stop: plan[key][start:stop].tolist()
+    expected_resample = [(mode, pick.nonzero().squeeze(1).tolist()) for mode, pick in
+                         (('bilinear', ~plan['bicubic']), ('bicubic', plan['bicubic'])) if pick.any()]
+    assert [(mode, index('resample_index', a, b)) for mode, a, b in groups.resample] == expected_resample
+    expected_colour = [(layer, code, (ops[:, layer] == code).nonzero().squeeze(1).tolist())
+                       for layer in range(ops.shape[1]) for code in sorted(set(ops[:, layer].tolist())) if code >= 0]
+    assert [(layer, code, index('colour_index', a, b)) for layer, code, a, b in groups.colour] == expected_colour
+    assert len({code for _, code, _ in expected_colour}) > 3  # several ops drawn
+    covered = torch.zeros(48, dtype=torch.bool)
+    for b, boxes in enumerate(plan['erase'].tolist()):
+        canvas = torch.zeros(64, 64, dtype=torch.bool)
+        for top, left, h, w in boxes:
+            canvas[top:top + h, left:left + w] = True
+        covered[b] = canvas.any()
+    assert plan['erase_index'].tolist() == covered.nonzero().squeeze(1).tolist() and 5 < groups.erased < 48
+    assert batch.to(torch.device('cpu')).groups == groups  # they stay on the host

@@ -127,6 +127,38 @@ def test_overlapped_loop_on_cuda_trains_like_the_serial_one(labeled_images, tmp_
     assert_losses_close(tmp_path / 'serial', tmp_path / 'overlapped', rel=1e-2)
 
 
+def test_nothing_between_two_updates_of_the_cuda_loop_waits_for_the_device(labeled_images, tmp_path, monkeypatch):
+    """After two warm-up updates of each pass, torch's sync debug mode turns every host sync into an error until the
+    pass's end sums its loss: bf16 token labeling with MixToken, erasing, the EMA and the batched augmentation on
+    the overlapped loop, eager, 2 epochs of 6 updates. The losses are read one step late from pinned memory, and
+    the device half's groups come from the host."""
+    from classification.engine import steps
+    data, labels = labeled_images
+    watched = []
+
+    def update_then_watch(model, state, clip_grad):
+        update(model, state, clip_grad)
+        if state.num_updates % 6 >= 2:  # each pass's third update on
+            torch.cuda.set_sync_debug_mode('error')
+            watched.append(state.num_updates)
+
+    def pass_end_sum(values, info):
+        torch.cuda.set_sync_debug_mode(0)  # the pass's one sync, after its last update
+        return all_reduce_sum(values, info)
+
+    update, all_reduce_sum = steps.update, steps.all_reduce_sum
+    monkeypatch.setattr(steps, 'update', update_then_watch)
+    monkeypatch.setattr(steps, 'all_reduce_sum', pass_end_sum)
+    try:
+        main(tiny_run(data, tmp_path / 'run', 'cuda', '--token-label-dir', str(labels), '--token-labeling',
+                      '--amp', 'bf16', '--augment', 'batched', '--reprob', '0.25', '--mix-token', '1',
+                      '--ema-decay', '0.9'))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(watched) >= 6  # the updates after each pass's second ran under the debug mode
+    assert read_log(tmp_path / 'run')[2]['train_loss'] > 0
+
+
 def test_bf16_distillation_on_cuda_trains_like_fp32_on_cpu(labeled_images, tmp_path):
     data, _ = labeled_images
     torch.manual_seed(0)

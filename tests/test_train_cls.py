@@ -227,6 +227,53 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     assert not torch.equal(model.head.weight, start.head.weight)  # the updates did happen
 
 
+def test_each_loss_is_read_after_the_next_step_is_queued_and_a_loss_that_is_not_finite_stops_the_pass():
+    """Nothing between two updates waits for the device: step n's loss is read on the host only once step n+1 has
+    been queued (a pass's first step and its end read their own). The pass's mean is every step's loss, and the log
+    reports the latest read; a NaN loss stops the pass at the next step, naming the update it came from."""
+    from backbones.common.distributed import DistInfo
+    from classification.engine import steps as steps_module
+    from classification.engine.trainer import Optimization, optimization_state
+    from classification.objectives.objective import ClassificationObjective
+
+    events = []
+
+    class RecordingObjective(ClassificationObjective):
+        def loss(self, output, batch, targets, device):
+            loss = super().loss(output, batch, targets, device)
+            events.append(('step', loss.item()))
+            return loss * batch['scale'] if 'scale' in batch else loss
+
+    def recorded_read(self):
+        value = original_read(self)
+        events.append(('read', value))
+        return value
+
+    original_read = steps_module.PendingLoss.read
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 3))
+    batches = [{'image': torch.randn(4, 3, 4, 4), 'label': torch.randint(0, 3, (4,)), 'skipped': 0} for _ in range(5)]
+    state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 5, 'none')
+    logged = []
+    steps_module.PendingLoss.read = recorded_read
+    try:
+        result = steps_module.train_one_epoch(model, batches, RecordingObjective(3, 0.0), state, DistInfo(),
+                                              log=logged.append)
+        losses = [value for kind, value in events if kind == 'step']
+        assert [kind for kind, _ in events] == ['step', 'read', 'step'] + ['step', 'read'] * 3 + ['read']
+        assert [value for kind, value in events if kind == 'read'] == losses  # each one, in order
+        assert result.loss == pytest.approx(sum(losses) / 5, rel=1e-12)
+        assert [s.loss for s in logged] == [losses[0], *losses[:4]]  # the first step's own, then one step late
+
+        events.clear()
+        batches[2]['scale'] = torch.tensor(float('nan'))
+        state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 5, 'none')
+        with pytest.raises(FloatingPointError, match='loss is nan at update 2;'):
+            steps_module.train_one_epoch(model, batches, RecordingObjective(3, 0.0), state, DistInfo())
+        assert [kind for kind, _ in events].count('step') == 4  # found when the step after it was queued
+    finally:
+        steps_module.PendingLoss.read = original_read
+
+
 def test_processes_agree_on_a_stop_one_round_late():
     """The preemption hook's agreement under torchrun: each exchange starts summing its values and returns what the
     previous one summed (zeros at first), so no update waits for the device to read a sum."""

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -207,20 +208,59 @@ class RegionTransform:
         return {'erase': erase}
 
 
+class Groups(NamedTuple):
+    """Which images of a batch each part of the device half takes, decided on the host when the plans are collated:
+    the image indices travel with the plan (`plan['resample_index']`, `['colour_index']`, `['erase_index']`), and
+    these slices of them stay here, so the device half never reads a value back from the device to choose its work.
+    """
+
+    resample: tuple[tuple[str, int, int], ...]  # (interpolation, start, stop) of plan['resample_index']
+    colour: tuple[tuple[int, int, int, int], ...]  # (layer, op code, start, stop) of plan['colour_index']
+    erased: int  # the images with an erasing box: plan['erase_index'], in order
+
+
+def grouped_plan(plan: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Groups]:
+    """The collated plan with its index tensors, and their `Groups`: images in index order within each group, the
+    colour ops layer by layer in code order (the order the device half applies them)."""
+    indices = {'resample_index': [], 'colour_index': [], 'erase_index': []}
+    resample, colour = [], []
+
+    def group(key: str, pick: torch.Tensor) -> tuple[int, int]:
+        start = sum(len(i) for i in indices[key])
+        indices[key].append(pick.nonzero().squeeze(1))
+        return start, start + len(indices[key][-1])
+
+    for mode, pick in (('bilinear', ~plan['bicubic']), ('bicubic', plan['bicubic'])):
+        if pick.any():
+            resample.append((mode, *group('resample_index', pick)))
+    ops = plan['ops']
+    for layer in range(ops.shape[1]):
+        for code in ops[:, layer].unique().tolist():
+            if code != NO_OP:
+                colour.append((layer, code, *group('colour_index', ops[:, layer] == code)))
+    boxes = plan['erase']
+    erased = group('erase_index', ((boxes[..., 2] > 0) & (boxes[..., 3] > 0)).any(1))[1]
+    index = {key: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long) for key, parts in indices.items()}
+    return {**plan, **index}, Groups(tuple(resample), tuple(colour), erased)
+
+
 @dataclass
 class PendingImages:
     """A batch of regions on their way to `BatchAugment`: uint8 (B, H, W, 3), each region at the top left of the
-    canvas with its last row and column repeated to the canvas edge, and the collated plans."""
+    canvas with its last row and column repeated to the canvas edge, the collated plans and their `Groups` (which
+    stay on the host)."""
 
     pixels: torch.Tensor
     plan: dict[str, torch.Tensor]
+    groups: Groups
 
     def to(self, device: torch.device, non_blocking: bool = False) -> 'PendingImages':
         return PendingImages(self.pixels.to(device, non_blocking=non_blocking),
-                             {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()})
+                             {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()}, self.groups)
 
     def pin_memory(self) -> 'PendingImages':
-        return PendingImages(self.pixels.pin_memory(), {k: v.pin_memory() for k, v in self.plan.items()})
+        return PendingImages(self.pixels.pin_memory(), {k: v.pin_memory() for k, v in self.plan.items()},
+                             self.groups)
 
     def __len__(self) -> int:
         return self.pixels.shape[0]
@@ -234,13 +274,15 @@ class EncodedImages:
 
     regions: list[torch.Tensor | EncodedJpeg]
     plan: dict[str, torch.Tensor]
+    groups: Groups
 
     def to(self, device: torch.device, non_blocking: bool = False) -> 'EncodedImages':
         """The plans on `device`; the files stay in host memory, where the decoder reads them."""
-        return EncodedImages(self.regions, {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()})
+        return EncodedImages(self.regions, {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()},
+                             self.groups)
 
     def pin_memory(self) -> 'EncodedImages':
-        return EncodedImages(self.regions, {k: v.pin_memory() for k, v in self.plan.items()})
+        return EncodedImages(self.regions, {k: v.pin_memory() for k, v in self.plan.items()}, self.groups)
 
     def __len__(self) -> int:
         return len(self.regions)
@@ -251,7 +293,7 @@ class EncodedImages:
         regions = [r if isinstance(r, EncodedJpeg) else r.to(device, non_blocking=True) for r in self.regions]
         for (i, jpeg), image in zip(files, decode_jpegs([jpeg for _, jpeg in files], device)):
             regions[i] = cut_decoded(image, jpeg.bounds)
-        return PendingImages(canvas(regions), self.plan)
+        return PendingImages(canvas(regions), self.plan, self.groups)
 
 
 def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[torch.Tensor]:
@@ -292,10 +334,10 @@ def canvas(regions: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def collate_regions(regions: Sequence[torch.Tensor | EncodedJpeg],
                     plans: Sequence[dict]) -> PendingImages | EncodedImages:
-    plan = default_collate(list(plans))
+    plan, groups = grouped_plan(default_collate(list(plans)))
     if any(isinstance(r, EncodedJpeg) for r in regions):
-        return EncodedImages(list(regions), plan)
-    return PendingImages(canvas(regions), plan)
+        return EncodedImages(list(regions), plan, groups)
+    return PendingImages(canvas(regions), plan, groups)
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:
@@ -427,9 +469,9 @@ class BatchAugment:
         if isinstance(pending, EncodedImages):
             pending = pending.decode()
         x, inside = self.resample(pending)
-        x = self.colour(x, inside, pending.plan)
+        x = self.colour(x, inside, pending.plan, pending.groups)
         x = (x - self.mean.to(x.device)) / self.std.to(x.device)
-        return self.erase(x, pending.plan['erase'])
+        return self.erase(x, pending.plan, pending.groups)
 
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
@@ -438,37 +480,33 @@ class BatchAugment:
         B = pixels.shape[0]
         grid = sampling_grid(canvas_map(plan, pixels.shape[1:3]), S)
         x = torch.empty(B, 3, S, S, device=pixels.device)
-        for mode, pick in (('bilinear', ~plan['bicubic']), ('bicubic', plan['bicubic'])):
-            if pick.all():
-                pick = slice(None)  # no copies of the batch
-            elif not pick.any():
-                continue
+        for mode, start, stop in pending.groups.resample:
+            pick = slice(None) if stop - start == B else plan['resample_index'][start:stop]  # all: no copies
             source = pixels[pick].permute(0, 3, 1, 2).float()
             x[pick] = F.grid_sample(source, grid[pick], mode=mode, padding_mode='border', align_corners=False)
         inside = (sampling_grid(plan['warp'], S).abs() <= 1).all(dim=-1).unsqueeze(1)
         x = torch.where(inside, x.clamp(0, 255).round(), plan['fill'].view(B, 3, 1, 1))
         return x, inside
 
-    def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: dict[str, torch.Tensor]) -> torch.Tensor:
+    def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: dict[str, torch.Tensor],
+               groups: Groups) -> torch.Tensor:
         """Each layer's colour op on the images that drew it (over the crop's pixels only when it came before a
         geometric op)."""
-        ops, args, warped = plan['ops'], plan['args'].float(), plan['warped']
+        args, warped = plan['args'].float(), plan['warped']
         everywhere = torch.ones_like(inside)
-        for layer in range(ops.shape[1]):
-            for code in ops[:, layer].unique().tolist():
-                if code == NO_OP:
-                    continue
-                pick = (ops[:, layer] == code).nonzero().squeeze(1)
-                mask = torch.where(warped[pick, layer].view(-1, 1, 1, 1), inside[pick], everywhere[pick])
-                before = x[pick]
-                after = COLOUR_FUNCTIONS[COLOUR_OPS[code]](before, args[pick, layer], mask.float())
-                x[pick] = torch.where(mask, after, before)
+        for layer, code, start, stop in groups.colour:
+            pick = plan['colour_index'][start:stop]
+            mask = torch.where(warped[pick, layer].view(-1, 1, 1, 1), inside[pick], everywhere[pick])
+            before = x[pick]
+            after = COLOUR_FUNCTIONS[COLOUR_OPS[code]](before, args[pick, layer], mask.float())
+            x[pick] = torch.where(mask, after, before)
         return x
 
-    def erase(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    def erase(self, x: torch.Tensor, plan: dict[str, torch.Tensor], groups: Groups) -> torch.Tensor:
         """Per-pixel normal noise in each drawn box (top, left, height, width)."""
-        if boxes.numel() == 0 or not (boxes[..., 2] > 0).any():
+        if not groups.erased:
             return x
+        boxes = plan['erase']
         rows = torch.arange(x.shape[2], device=x.device).view(1, 1, -1, 1)
         cols = torch.arange(x.shape[3], device=x.device).view(1, 1, 1, -1)
         mask = torch.zeros(x.shape[0], 1, x.shape[2], x.shape[3], dtype=torch.bool, device=x.device)
@@ -476,7 +514,7 @@ class BatchAugment:
         for top, left, h, w in (box.unbind(1) for box in boxes.unbind(1)):
             mask |= ((rows >= top.view(shape)) & (rows < (top + h).view(shape))
                      & (cols >= left.view(shape)) & (cols < (left + w).view(shape)))
-        erased = mask.flatten(1).any(1).nonzero().squeeze(1)
+        erased = plan['erase_index']
         x[erased] = torch.where(mask[erased], torch.randn_like(x[erased]), x[erased])
         return x
 

@@ -320,6 +320,8 @@ class Fit:
         """last.pth after `epochs_done` epochs and, mid-epoch, the `progress` of the next one; best.pth too when
         `is_best`."""
         rng = gather_rng_states(self.info)
+        if progress is not None:
+            progress.settle()
         epoch_loss = gather_objects((progress.loss_sum, progress.steps), self.info) if progress else None
         if not self.info.is_main:
             return

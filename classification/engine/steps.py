@@ -112,14 +112,64 @@ class StepState:
     skipped: int = 0
 
 
+class PendingLoss(NamedTuple):
+    """A step's loss on its way to the host: on a GPU copied to pinned memory behind the step's kernels, with an
+    event recorded after the copy, so that reading it waits for that step only, not for the kernels queued since."""
+
+    value_at: torch.Tensor
+    copied: torch.cuda.Event | None
+    update: int  # the update the step belongs to, for the error
+
+    @classmethod
+    def of(cls, loss: torch.Tensor, update: int) -> 'PendingLoss':
+        loss = loss.detach()
+        if loss.device.type != 'cuda':
+            return cls(loss, None, update)
+        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(host, copied, update)
+
+    def read(self) -> float:
+        if self.copied is not None:
+            self.copied.synchronize()
+        value = self.value_at.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(f'loss is {value} at update {self.update}; lower the learning rate or use '
+                                     f'bf16 instead of fp16')
+        return value
+
+
 @dataclass
 class EpochProgress:
     """Where a training pass stands: batches done (of the loader's full pass), and this process's loss sum over
-    them and their count (a resumed pass continues its mean)."""
+    them and their count (a resumed pass continues its mean).
+
+    Each step's loss is read on the host one step late (`add`): the training thread queues the next step before it
+    waits for the last one's loss, so nothing between two updates waits for the device. `settle` reads the one
+    still pending (the end of a pass, a checkpoint)."""
 
     batches: int = 0
     loss_sum: float = 0.0
     steps: int = 0
+    pending: PendingLoss | None = field(default=None, repr=False, compare=False)
+    latest: float | None = field(default=None, repr=False, compare=False)  # the last loss read
+
+    def add(self, loss: torch.Tensor, update: int) -> float:
+        """This step's loss, queued, and the one before it read; returns the latest loss read (the previous step's;
+        a pass's first step waits for its own)."""
+        self.settle()
+        self.pending = PendingLoss.of(loss, update)
+        if self.latest is None:
+            self.settle()
+        return self.latest
+
+    def settle(self) -> None:
+        """The pending loss read into the sum (a loss that is not finite stops the run here)."""
+        if self.pending is not None:
+            self.latest, self.pending = self.pending.read(), None
+            self.loss_sum, self.steps = self.loss_sum + self.latest, self.steps + 1
 
 
 @dataclass
@@ -144,8 +194,9 @@ class Pace:
 
 
 class TrainingStep(NamedTuple):
-    """What a training log line reports: the update, its batch's loss and lr, the pass's batch and length (None: an
-    iterator without one), and its pace."""
+    """What a training log line reports: the update, the latest loss read (the batch before the update's last, read
+    one step late: `EpochProgress`) and the lr, the pass's batch and length (None: an iterator without one), and its
+    pace."""
 
     update: int
     loss: float
@@ -211,8 +262,8 @@ def train_one_epoch(
         progress.batches += 1
         updating = progress.batches % accumulate == 0
         if 'image' in batch:
-            value = train_step(model, prepare(batch), objective, state, info, amp, accumulate, updating)
-            progress.loss_sum, progress.steps, pending = progress.loss_sum + value, progress.steps + 1, pending + 1
+            loss = train_step(model, prepare(batch), objective, state, info, amp, accumulate, updating)
+            value, pending = progress.add(loss, state.num_updates), pending + 1
         if updating and pending:
             update(model, state, clip_grad)
             pending = 0
@@ -227,14 +278,15 @@ def train_one_epoch(
         if updating and after_update is not None:
             after_update(progress)
         ready = time.perf_counter()
+    progress.settle()
     total, steps = all_reduce_sum([progress.loss_sum, progress.steps], info)
     return PassResult(total / max(steps, 1), pace.images_per_second(), pace.data_wait())
 
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
-               accumulate: int, updating: bool) -> float:
+               accumulate: int, updating: bool) -> torch.Tensor:
     """Forward and backward of one prepared batch (`BatchPreparation`), its gradients added to those waiting for the
-    update; returns its loss."""
+    update; returns its loss, still on the device (`EpochProgress.add` reads it)."""
     images, labels = batch['image'], batch['label']
     # DDP reduces the gradients only in the backward pass that completes an update
     reduce = updating or not hasattr(model, 'no_sync')
@@ -243,13 +295,9 @@ def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepS
             images, targets = objective.prepare(images, labels)
             output = model(images)
         loss = objective.loss(output, batch, targets, info.device)
-        value = loss.item()  # the step's one host-device sync
-        if not math.isfinite(value):
-            raise FloatingPointError(f'loss is {value} at update {state.num_updates}; lower the learning rate or '
-                                     f'use bf16 instead of fp16')
         scaled = loss / accumulate if accumulate > 1 else loss
         (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
-    return value
+    return loss
 
 
 def update(model: nn.Module, state: StepState, clip_grad: float | None) -> None:
