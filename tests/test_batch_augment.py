@@ -320,3 +320,29 @@ def test_the_groups_decided_on_the_host_are_the_partition_the_plans_and_the_draw
         covered[b] = canvas.any()
     assert plan['erase_index'].tolist() == covered.nonzero().squeeze(1).tolist() and 5 < groups.erased < 48
     assert batch.to(torch.device('cpu')).groups == groups  # they stay on the host
+
+
+def test_regions_travel_packed_and_are_laid_out_on_the_canvas_with_their_edges_repeated(tmp_path):
+    """A batch of regions of different sizes crosses to the device as their own bytes, with the plans under 1.2x
+    them in all (a canvas padded to the largest would carry 1.9x here); laid out, each region sits at the top left of
+    the canvas with its last row and column repeated to its edges, as a loop writing them one by one places them."""
+    rng = np.random.default_rng(0)
+    sizes = [(75, 90), (64, 64), (120, 66), (64, 100), (80, 71)]
+    regions = [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+    transform = TrainTransform(64, reprob=0.25, mean=MEAN, std=STD)
+    file = tmp_path / 'image.jpg'
+    smooth_image(480, 360).save(file, quality=95)
+    plans = [RegionTransform(transform)(file)[2] for _ in sizes]
+    batch = collate_regions(regions, plans)
+    region_bytes = sum(r.numel() for r in regions)
+    sent = batch.pixels.numel() + sum(t.numel() * t.element_size() for t in batch.plan.values())
+    assert batch.pixels.numel() == region_bytes and sent <= 1.2 * region_bytes
+    assert 120 * 100 * 3 * len(sizes) > 1.9 * region_bytes  # what the padded canvas carried
+    expected = torch.empty(len(sizes), 120, 100, 3, dtype=torch.uint8)
+    for b, r in enumerate(regions):
+        h, w = r.shape[:2]
+        for y in range(120):
+            for x in range(100):
+                expected[b, y, x] = r[min(y, h - 1), min(x, w - 1)]
+    assert torch.equal(batch.canvas(), expected)
+    assert torch.equal(batch.to(torch.device('cpu')).canvas(), expected) and len(batch) == len(sizes)

@@ -110,6 +110,29 @@ def test_the_burst_figures_once_quoted_for_an_h100_are_reported_as_measurement_e
                                                "pipeline and its step, 2819.0"]
 
 
+def test_graphs_compiled_inside_a_timing_window_are_counted_and_reported_as_a_measurement_error():
+    """The compiled loop's window starts after its warm-up, which compiles; a graph compiled later (here a new batch
+    shape after the warm-up) is counted, and the figure it went into is reported."""
+    from classification.studies.loop_benchmark import timed_training
+    double = torch.compile(lambda x: x * 2 + 1, backend='eager', dynamic=False)
+
+    def run(sizes):
+        window = SteadyWindow(seconds=0, min_batches=3, warmup=2, device=torch.device('cpu'))
+        source = ({'label': torch.zeros(n), 'x': torch.ones(n)} for n in sizes)
+        return timed_training(window, source, lambda batches: [double(batch['x']) for batch in batches])
+
+    torch._dynamo.reset()
+    assert run([4, 4, 4, 4, 4]).compiled_in_window == 0  # compiled in the warm-up only
+    timed = run([4, 4, 4, 4, 6])
+    assert timed.compiled_in_window == 1 and timed.images_per_second > 0
+    figures = {'pipeline_1_workers_img_s': {'pil': 10.0, 'batched': 10.0}, 'model_step_img_s': 5.0,
+               'pipeline_1_workers_ceiling_img_s': {'pil': 10.0, 'batched': 10.0, 'workers_half': 10.0},
+               'loop': {'augment': 'pil', 'img_s': 4.0}, 'compiled_in_window': {'whole loop': 2}}
+    assert measurement_errors(figures, 1) == ['the whole loop compiled 2 graph(s) inside its timing window: its '
+                                              'figure includes compilation']
+    torch._dynamo.reset()
+
+
 def test_update_counts_read_from_the_log_lines_of_train_cls_and_timm():
     """Both runs are timed by their update lines: train_cls's counts updates, timm's train.py gives the epoch and the
     update in it from 0 (its format: 'Train: {epoch} [{update:>4d}/{updates per epoch} ({percent:>3.0f}%)]')."""

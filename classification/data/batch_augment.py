@@ -22,6 +22,7 @@ that came from the crop and the fill left as it is (as the later geometric op wo
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -246,24 +247,46 @@ def grouped_plan(plan: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 @dataclass
 class PendingImages:
-    """A batch of regions on their way to `BatchAugment`: uint8 (B, H, W, 3), each region at the top left of the
-    canvas with its last row and column repeated to the canvas edge, the collated plans and their `Groups` (which
-    stay on the host)."""
+    """A batch of regions on their way to `BatchAugment`, packed: their uint8 pixels one region after another (N, 3)
+    (a padded canvas of the largest region's size would carry up to 3x the bytes through shared memory, pinning and
+    the copy to the device), each region's place in `plan['region']` (offset, h, w), the collated plans, their
+    `Groups` and the largest region's size (which stay on the host). `canvas()` lays them out on their device."""
 
     pixels: torch.Tensor
     plan: dict[str, torch.Tensor]
     groups: Groups
+    size: tuple[int, int]  # (H, W): the largest height and width of the regions
+
+    @classmethod
+    def of(cls, regions: Sequence[torch.Tensor], plan: dict[str, torch.Tensor], groups: Groups) -> 'PendingImages':
+        """Regions (h, w, 3) on one device, packed."""
+        sizes = [tuple(r.shape[:2]) for r in regions]
+        offsets = itertools.accumulate((h * w for h, w in sizes[:-1]), initial=0)
+        region = torch.tensor([(o, h, w) for o, (h, w) in zip(offsets, sizes)], dtype=torch.long)
+        pixels = torch.cat([r.reshape(-1, 3) for r in regions])
+        return cls(pixels, {**plan, 'region': region.to(pixels.device, non_blocking=True)}, groups,
+                   (max(h for h, _ in sizes), max(w for _, w in sizes)))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> 'PendingImages':
         return PendingImages(self.pixels.to(device, non_blocking=non_blocking),
-                             {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()}, self.groups)
+                             {k: v.to(device, non_blocking=non_blocking) for k, v in self.plan.items()}, self.groups,
+                             self.size)
 
     def pin_memory(self) -> 'PendingImages':
         return PendingImages(self.pixels.pin_memory(), {k: v.pin_memory() for k, v in self.plan.items()},
-                             self.groups)
+                             self.groups, self.size)
 
     def __len__(self) -> int:
-        return self.pixels.shape[0]
+        return self.plan['box'].shape[0]
+
+    def canvas(self) -> torch.Tensor:
+        """The regions at the top left of one (B, H, W, 3) canvas on their device, each with its last row and column
+        repeated to the canvas edge (interpolation at the crop border reads the region's own pixels): one gather."""
+        (H, W), device = self.size, self.pixels.device
+        offset, h, w = (self.plan['region'][:, i].view(-1, 1, 1) for i in range(3))
+        rows = torch.minimum(torch.arange(H, device=device).view(1, H, 1), h - 1)
+        cols = torch.minimum(torch.arange(W, device=device).view(1, 1, W), w - 1)
+        return self.pixels[offset + rows * w + cols]
 
 
 @dataclass
@@ -293,7 +316,7 @@ class EncodedImages:
         regions = [r if isinstance(r, EncodedJpeg) else r.to(device, non_blocking=True) for r in self.regions]
         for (i, jpeg), image in zip(files, decode_jpegs([jpeg for _, jpeg in files], device)):
             regions[i] = cut_decoded(image, jpeg.bounds)
-        return PendingImages(canvas(regions), self.plan, self.groups)
+        return PendingImages.of(regions, self.plan, self.groups)
 
 
 def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[torch.Tensor]:
@@ -319,25 +342,12 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
         raise
 
 
-def canvas(regions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Regions (h, w, 3) at the top left of one (B, H, W, 3) canvas, on their device, each with its last row and
-    column repeated to the canvas edge: interpolation at the crop border reads the region's own pixels."""
-    H, W = max(r.shape[0] for r in regions), max(r.shape[1] for r in regions)
-    out = torch.empty(len(regions), H, W, 3, dtype=torch.uint8, device=regions[0].device)
-    for c, r in zip(out, regions):
-        h, w = r.shape[:2]
-        c[:h, :w] = r
-        c[:h, w:] = r[:, -1:]
-        c[h:] = c[h - 1:h]
-    return out
-
-
 def collate_regions(regions: Sequence[torch.Tensor | EncodedJpeg],
                     plans: Sequence[dict]) -> PendingImages | EncodedImages:
     plan, groups = grouped_plan(default_collate(list(plans)))
     if any(isinstance(r, EncodedJpeg) for r in regions):
         return EncodedImages(list(regions), plan, groups)
-    return PendingImages(canvas(regions), plan, groups)
+    return PendingImages.of(regions, plan, groups)
 
 
 def luma(x: torch.Tensor) -> torch.Tensor:
@@ -476,7 +486,7 @@ class BatchAugment:
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
         which output pixels came from the crop (B, 1, S, S)."""
-        plan, S, pixels = pending.plan, self.img_size, pending.pixels
+        plan, S, pixels = pending.plan, self.img_size, pending.canvas()
         B = pixels.shape[0]
         grid = sampling_grid(canvas_map(plan, pixels.shape[1:3]), S)
         x = torch.empty(B, 3, S, S, device=pixels.device)

@@ -343,9 +343,10 @@ def steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, objec
             logger.info('steps: the compiled step is skipped on a CPU (compiling takes minutes there; its figure is '
                         "the GPU's)")
             continue
-        rate = loop_benchmark.step_images_per_second(setup, batch, StepOptions(compile=compiled), AMP)
-        figures[label] = {'img_s': rate, **loop_benchmark.step_flops(setup, rate, loop_benchmark.peak_tflops(
-            setup.args))}
+        rate, compiled_in_window = loop_benchmark.step_images_per_second(setup, batch, StepOptions(compile=compiled),
+                                                                         AMP)
+        figures[label] = {'img_s': rate, 'compiled_in_window': compiled_in_window,
+                          **loop_benchmark.step_flops(setup, rate, loop_benchmark.peak_tflops(setup.args))}
         if 'eager' in figures and 'compiled' in figures:
             figures['compiled_over_eager'] = figures['compiled']['img_s'] / figures['eager']['img_s']
         save('step', step)

@@ -10,8 +10,9 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import timm
@@ -82,6 +83,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                         help="the whole loop's augmentation path (auto: batched on GPUs, pil on CPUs)")
     parser.add_argument('--decode', choices=DECODE_CHOICES, default='cpu',
                         help="where the batched path's JPEGs are decoded (gpu: by the device half, with nvJPEG)")
+    parser.add_argument('--compile', action='store_true',
+                        help="the trainer's step, the whole loop and train_cls with torch.compile (train_cls "
+                             '--compile); the windows start after the warm-up, which compiles, and graphs compiled '
+                             'inside a window are reported')
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
     parser.add_argument('--compare-loop', action='store_true',
@@ -235,26 +240,60 @@ def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, 
                     + ('' if with_device_half else " (the workers' half alone)"))
 
 
+def compiled_graphs() -> int:
+    """The graphs torch.compile has made in this process so far."""
+    return torch._dynamo.utils.counters['stats']['unique_graphs']
+
+
+class Timed(NamedTuple):
+    images_per_second: float
+    compiled_in_window: int  # graphs compiled after the warm-up: the figure includes their compilation
+
+
+def timed_training(window: SteadyWindow, source: Iterable[dict], train: Callable[[Iterable[dict]], object]) -> Timed:
+    """`train` over `window.batches(source)`, counting the graphs compiled once the window's clock has started."""
+    at_start = []
+
+    def batches() -> Iterator[dict]:
+        for batch in window.batches(source):
+            if not at_start and window.started is not None:
+                at_start.append(compiled_graphs())
+            yield batch
+
+    train(batches())
+    rate = window.images_per_second()
+    return Timed(rate, compiled_graphs() - at_start[0] if at_start else 0)
+
+
+def report_compiled(timed: Timed, bench: BenchedModel, stage: str) -> Timed:
+    if timed.compiled_in_window:
+        logger.warning(f'{bench.name}: {stage}: {timed.compiled_in_window} graph(s) compiled inside the timing window, '
+                       f'after the warm-up: the figure includes compilation (the step recompiles in its steady state)')
+    return Timed(reported(timed.images_per_second, bench, stage), timed.compiled_in_window)
+
+
 def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOptions, amp: str,
-                           preset: str | None = None) -> float:
+                           preset: str | None = None) -> Timed:
     """The training step alone (the token targets' building included) on one batch already on the device (the
     warm-up compiles when asked)."""
     model, objective, state = bench.step_pieces(options, amp, preset)
     window = bench.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
-    train_one_epoch(model, window.batches(itertools.repeat(batch)), objective, state, bench.info, amp)
-    return reported(window.images_per_second(), bench, f'model step {options} amp {amp}'
-                    + (f' ({preset} recipe)' if preset else ''))
+    timed = timed_training(window, itertools.repeat(batch),
+                           lambda batches: train_one_epoch(model, batches, objective, state, bench.info, amp))
+    return report_compiled(timed, bench, f'model step {options} amp {amp}' + (f' ({preset} recipe)' if preset else ''))
 
 
-def loop_images_per_second(bench: BenchedModel, augment: str, overlap: bool = True) -> float:
-    """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: batches prepared ahead)."""
+def loop_images_per_second(bench: BenchedModel, augment: str, options: StepOptions, overlap: bool = True) -> Timed:
+    """`train_one_epoch` over the real loader, epoch after epoch, with the step `options` (`overlap`: batches
+    prepared ahead)."""
     loader, device_tf = bench.loaders(augment, bench.args.workers)
-    model, objective, state = bench.step_pieces(StepOptions(), bench.args.amp)
-    window = bench.window(bench.args.workers)
-    train_one_epoch(model, window.batches(endless(loader)), objective, state, bench.info, bench.args.amp,
-                    transform=device_tf, overlap=overlap)
+    model, objective, state = bench.step_pieces(options, bench.args.amp)
+    timed = timed_training(bench.window(bench.args.workers), endless(loader),
+                           lambda batches: train_one_epoch(model, batches, objective, state, bench.info,
+                                                           bench.args.amp, transform=device_tf, overlap=overlap))
     order = 'overlapped' if overlap else 'serial'
-    return reported(window.images_per_second(), bench, f'whole loop, {augment} path, {order}')
+    return report_compiled(timed, bench, f'whole loop, {augment} path, {order}'
+                           + (', compiled' if options.compile else ''))
 
 
 def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path) -> dict[str, float | int]:
@@ -263,7 +302,7 @@ def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path)
     options = [model_name, '--data-dir', data.root, '--output', output, '--epochs', '1000', '--batch-size',
                args.batch_size, '--workers', args.workers, '--device', args.device, '--amp', args.amp, '--augment',
                augment, '--log-interval', '1', '--pictures', '0',
-               *(['--decode', args.decode] if augment == 'batched' else [])]
+               *(['--decode', args.decode] if augment == 'batched' else []), *(['--compile'] if args.compile else [])]
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
         options += ['--token-label-dir', data.token_labels]
     return timed_updates(TrainingRun(train_cls_command(options), 'tools/train_cls.py'), bench)
@@ -388,6 +427,8 @@ def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
         if rate is not None and rate > TOLERANCE * stages:
             errors.append(f'{what} {rate:.1f} img/s is above the slower of its input pipeline and its step, '
                           f'{stages:.1f}')
+    errors += [f'the {stage} compiled {n} graph(s) inside its timing window: its figure includes compilation'
+               for stage, n in f.get('compiled_in_window', {}).items()]
     timm_rate = f.get('timm_train', {}).get('img_s')
     if timm_rate is not None and timm_rate > TOLERANCE * ceiling['workers_half']:
         errors.append(f"timm's train.py's {timm_rate:.1f} img/s is above what {workers} workers can decode and "
@@ -411,24 +452,32 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
                                                                                  available_cores(), args.device)
     loop_path = pick_augment(args.augment, info.device)
     batch = device_batch(bench, loop_path)
-    variants = {'trainer': (StepOptions(), args.amp, None)}
+    trainer = StepOptions(compile=args.compile)
+    variants = {'trainer': (trainer, args.amp, None)}
     if args.compare_step:
         variants.update(step_variants())
         if bench.recipe.token_labeling:  # what token labeling costs: the same model's step in the Standard recipe
             variants['standard'] = (StepOptions(), args.amp, 'standard')
-    steps = {label: step_images_per_second(bench, batch, *variant) for label, variant in variants.items()}
+    timed_steps = {label: step_images_per_second(bench, batch, *variant) for label, variant in variants.items()}
+    steps = {label: timed.images_per_second for label, timed in timed_steps.items()}
     step = figures['model_step_img_s'] = steps['trainer']
+    figures['compiled'] = args.compile
+    compiled_in_window = {f'step {label}': t.compiled_in_window for label, t in timed_steps.items()}
     figures['step_flops'] = step_flops(bench, step, peak_tflops(args))
     if args.compare_step:
         figures['step_options'] = {**{f'{k}_img_s': v for k, v in steps.items() if k != 'trainer'},
                                    **{f'{k}_ratio': steps[k] / steps['plain'] for k in STEP_OPTIONS}}
         if 'standard' in steps:
             figures['step_options']['token_labeling_ratio'] = step / steps['standard']
-    loop = figures['loop'] = {'augment': loop_path, 'img_s': loop_images_per_second(bench, loop_path)}
+    timed_loop = loop_images_per_second(bench, loop_path, trainer)
+    loop = figures['loop'] = {'augment': loop_path, 'img_s': timed_loop.images_per_second}
     loop['of_step'] = loop['img_s'] / step
+    compiled_in_window['whole loop'] = timed_loop.compiled_in_window
     if args.compare_loop:
-        loop['serial_img_s'] = loop_images_per_second(bench, loop_path, overlap=False)
+        serial = loop_images_per_second(bench, loop_path, trainer, overlap=False)
+        loop['serial_img_s'], compiled_in_window['serial loop'] = serial
         loop['overlap_gain'] = loop['img_s'] / loop['serial_img_s']
+    figures['compiled_in_window'] = {stage: n for stage, n in compiled_in_window.items() if n}
     against_timm = args.timm_train is not None and not bench.recipe.token_labeling
     if args.train_cls or against_timm:
         with tempfile.TemporaryDirectory() as output:
@@ -455,7 +504,8 @@ def step_variants() -> dict[str, tuple[StepOptions, str, None]]:
 def describe(f: dict[str, object], workers: int) -> list[str]:
     core, pool = f['pipeline_per_core_img_s'], f[f'pipeline_{workers}_workers_img_s']
     ceiling = f[f'pipeline_{workers}_workers_ceiling_img_s']
-    lines = [f"{f['model']}  batch {f['batch_size']}  {f['img_size']} px  token labeling {f['token_labeling']}",
+    lines = [f"{f['model']}  batch {f['batch_size']}  {f['img_size']} px  token labeling {f['token_labeling']}"
+             + ('  compiled (torch.compile)' if f.get('compiled') else ''),
              f"  input pipeline, 1 core:      pil {core['pil']:7.1f} img/s   batched {core['batched']:7.1f} img/s "
              f"(x{core['batched_over_pil']:.2f}; its workers' half alone {core['batched_workers_half']:7.1f} img/s)",
              f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
