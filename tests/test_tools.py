@@ -78,6 +78,13 @@ def test_loop_benchmark_names_the_slower_stage_and_flags_figures_above_their_cei
     assert loop['serial_img_s'] > 0 and loop['overlap_gain'] == pytest.approx(loop['img_s'] / loop['serial_img_s'])
     slower = 'input pipeline' if pool['pil'] < f['model_step_img_s'] else 'model step'
     assert f['bound'] == slower
+    # timm's own pipeline on the same images, one core: the paths' ratios to it; what each sends per image
+    assert core['timm'] > 0 and core['pil_over_timm'] == pytest.approx(core['pil'] / core['timm'])
+    assert core['workers_half_over_timm'] == pytest.approx(core['batched_workers_half'] / core['timm'])
+    float_image = 3 * 224 * 224 * 4
+    sizes = f['bytes_per_image']
+    assert float_image <= sizes['pil'] < 1.01 * float_image and float_image <= sizes['timm'] < 1.01 * float_image
+    assert 3 * 224 * 224 <= sizes['batched'] < sizes['pil']  # uint8 regions, each at least the output size
     flops = f['step_flops']  # 6 FLOPs per MAC of DeiT-Ti's forward at 224 (4 synthetic classes)
     assert flops['per_image_gflop'] == pytest.approx(6 * vit_macs(12, 192, 768, 197, 196, 4) / 1e9)
     assert flops['tflop_s'] == pytest.approx(flops['per_image_gflop'] * f['model_step_img_s'] / 1e3)

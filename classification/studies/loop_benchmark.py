@@ -18,6 +18,8 @@ import numpy as np
 import timm
 import torch
 from PIL import Image
+from timm.data import ImageDataset, create_transform
+from torch.utils.data import DataLoader
 
 from backbones.common.cli import (
     SAME_WORK_EVERYWHERE,
@@ -228,16 +230,49 @@ def reported(images_per_second: float, bench: BenchedModel, stage: str) -> float
     return images_per_second
 
 
-def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, with_device_half: bool = True) -> float:
-    """Batches through the loader (and, `with_device_half`, the device's half to model input on the device)."""
+def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, with_device_half: bool = True,
+                               sizes: dict[str, float] | None = None) -> float:
+    """Batches through the loader (and, `with_device_half`, the device's half to model input on the device); the
+    bytes per image the workers send (`tensor_bytes`) into `sizes[augment]`."""
     loader, device_tf = bench.loaders(augment, workers)
     # --min-batches is for the GPU's short steps: one core's pipeline makes 200 batches of 256 in minutes, not seconds
     window = bench.window(workers, min_batches=CPU_MIN_BATCHES if workers == 0 else None)
     for batch in window.batches(endless(loader)):
+        if sizes is not None and augment not in sizes:
+            sizes[augment] = tensor_bytes(batch) / len(batch['label'])
         if with_device_half:
             model_input(batch, bench.info, device_tf)
     return reported(window.images_per_second(), bench, f'input pipeline, {augment} path, {workers} workers'
                     + ('' if with_device_half else " (the workers' half alone)"))
+
+
+def timm_pipeline_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> float:
+    """timm's own input pipeline on the same training images, in this process: `timm.data.create_transform` with
+    the recipe's augmentation (crop scale, interpolation, flip, the RandAugment policy as timm's train.py runs it,
+    pixel-mode erasing) over `timm.data.ImageDataset`, batches collated as timm's loader does."""
+    r, config = bench.recipe, bench.data_cfg
+    transform = create_transform(r.img_size, is_training=True, scale=(r.scale_min, 1.0), hflip=r.hflip,
+                                 auto_augment=r.auto_augment.replace('-inc1', '') if r.auto_augment else None,
+                                 interpolation=r.interpolation, mean=config['mean'], std=config['std'],
+                                 re_prob=r.reprob, re_mode='pixel')
+    loader = DataLoader(ImageDataset(str(Path(bench.data.root) / 'train'), transform=transform),
+                        batch_size=bench.args.batch_size, shuffle=True, drop_last=True)
+    window = bench.window(0, min_batches=CPU_MIN_BATCHES)
+    for batch in window.batches({'image': images, 'label': labels} for images, labels in endless(loader)):
+        sizes.setdefault('timm', tensor_bytes(batch) / len(batch['label']))
+    return reported(window.images_per_second(), bench, "timm's create_transform, 0 workers")
+
+
+def tensor_bytes(value: object) -> int:
+    """The bytes of the tensors in a batch: in its dicts, sequences and dataclasses (the batched path's packed
+    regions and plans)."""
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    return sum(map(tensor_bytes, value)) if isinstance(value, (list, tuple)) else 0
 
 
 def compiled_graphs() -> int:
@@ -441,11 +476,16 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     bench = BenchedModel(model_name, data, args, info)
     figures: dict[str, object] = {'model': model_name, 'token_labeling': bench.recipe.uses_score_maps,
                                   'batch_size': args.batch_size, 'img_size': bench.recipe.img_size}
+    sizes: dict[str, float] = {}
     with torch_threads(1):
-        per_core = {path: pipeline_images_per_second(bench, path, 0) for path in ('pil', 'batched')}
+        per_core = {path: pipeline_images_per_second(bench, path, 0, sizes=sizes) for path in ('pil', 'batched')}
         per_core['batched_workers_half'] = pipeline_images_per_second(bench, 'batched', 0, with_device_half=False)
+        per_core['timm'] = timm_pipeline_images_per_second(bench, sizes)
     per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
+    per_core['workers_half_over_timm'] = per_core['batched_workers_half'] / per_core['timm']
+    per_core['pil_over_timm'] = per_core['pil'] / per_core['timm']
     figures['pipeline_per_core_img_s'] = per_core
+    figures['bytes_per_image'] = sizes
     figures[f'pipeline_{args.workers}_workers_img_s'] = pool = {
         path: pipeline_images_per_second(bench, path, args.workers) for path in ('pil', 'batched')}
     figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = pipeline_ceilings(per_core, args.workers,
@@ -508,6 +548,10 @@ def describe(f: dict[str, object], workers: int) -> list[str]:
              + ('  compiled (torch.compile)' if f.get('compiled') else ''),
              f"  input pipeline, 1 core:      pil {core['pil']:7.1f} img/s   batched {core['batched']:7.1f} img/s "
              f"(x{core['batched_over_pil']:.2f}; its workers' half alone {core['batched_workers_half']:7.1f} img/s)",
+             f"  timm's create_transform, 1 core: {core['timm']:7.1f} img/s   (the pil path "
+             f"x{core['pil_over_timm']:.2f}, the batched workers' half x{core['workers_half_over_timm']:.2f})",
+             '  bytes per image from the workers: ' + '   '.join(f'{path} {size / 1024:,.0f} KiB'
+                                                           for path, size in f['bytes_per_image'].items()),
              f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
              f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
              f"  model step:                  {f['model_step_img_s']:7.1f} img/s   {describe_flops(f['step_flops'])}",
