@@ -22,6 +22,7 @@ that came from the crop and the fill left as it is (as the later geometric op wo
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -427,11 +428,14 @@ def brightness(x, factor, _):
     return blend(torch.zeros_like(x), x, factor)
 
 
-SMOOTH = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13  # ImageFilter.SMOOTH
+@functools.cache
+def smoothing_kernel(device: torch.device) -> torch.Tensor:
+    """Pillow's ImageFilter.SMOOTH on `device`, copied there once (a copy per batch would make the host wait)."""
+    return (torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13).to(device)
 
 
 def sharpness(x, factor, _):
-    smooth = F.conv2d(x, SMOOTH.to(x.device).expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
+    smooth = F.conv2d(x, smoothing_kernel(x.device).expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
     degenerate = x.clone()
     degenerate[:, :, 1:-1, 1:-1] = torch.floor(smooth + 0.5).clamp(0, 255)  # Pillow keeps the border pixels
     return blend(degenerate, x, factor)
@@ -454,7 +458,9 @@ def canvas_map(plan: dict[str, torch.Tensor], canvas: tuple[int, int]) -> torch.
     to_canvas[:, 2, 2] = 1
     mirror = torch.ones(B, 3, device=box.device)
     mirror[:, 0] = torch.where(plan['flip'], -1.0, 1.0)
-    warp = torch.cat([plan['warp'].float(), torch.tensor([0.0, 0.0, 1.0], device=box.device).expand(B, 1, 3)], 1)
+    bottom = torch.zeros(B, 1, 3, device=box.device)
+    bottom[..., 2] = 1  # made on the device: a row copied from the host would make it wait
+    warp = torch.cat([plan['warp'].float(), bottom], 1)
     return (to_canvas @ torch.diag_embed(mirror) @ warp)[:, :2]
 
 
@@ -474,13 +480,17 @@ class BatchAugment:
         self.img_size = img_size
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # copied once per device
 
     def __call__(self, pending: PendingImages | EncodedImages) -> torch.Tensor:
         if isinstance(pending, EncodedImages):
             pending = pending.decode()
         x, inside = self.resample(pending)
         x = self.colour(x, inside, pending.plan, pending.groups)
-        x = (x - self.mean.to(x.device)) / self.std.to(x.device)
+        if x.device not in self.on_device:
+            self.on_device[x.device] = self.mean.to(x.device), self.std.to(x.device)
+        mean, std = self.on_device[x.device]
+        x = (x - mean) / std
         return self.erase(x, pending.plan, pending.groups)
 
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:

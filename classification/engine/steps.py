@@ -125,10 +125,10 @@ class PendingLoss(NamedTuple):
         loss = loss.detach()
         if loss.device.type != 'cuda':
             return cls(loss, None, update)
-        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
         host.copy_(loss, non_blocking=True)
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(loss.device))
         return cls(host, copied, update)
 
     def read(self) -> float:

@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument('--compile', action='store_true',
                         help="the trainer's step, the whole loop and train_cls with torch.compile (train_cls "
                              '--compile); the windows start after the warm-up, which compiles, and graphs compiled '
-                             'inside a window are reported')
+                             "inside the step's and the loops' windows are reported")
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
     parser.add_argument('--compare-loop', action='store_true',
