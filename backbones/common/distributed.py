@@ -97,44 +97,55 @@ def all_reduce_sum(values: Sequence[float], info: DistInfo) -> list[float]:
     return t.tolist()
 
 
+class HostCopy(NamedTuple):
+    """A tensor on its way to host memory without the host waiting: on a GPU copied into pinned memory behind the
+    kernels queued so far, with an event recorded after the copy, so that `read` waits for that point only, not for
+    what was queued since (by then the stream has long passed it); on a CPU the tensor itself."""
+
+    host: torch.Tensor
+    arrived: torch.cuda.Event | None
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> 'HostCopy':
+        if tensor.device.type != 'cuda':
+            return cls(tensor, None)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        arrived = torch.cuda.Event()
+        arrived.record(torch.cuda.current_stream(tensor.device))
+        return cls(host, arrived)
+
+    def read(self) -> torch.Tensor:
+        if self.arrived is not None:
+            self.arrived.synchronize()
+        return self.host
+
+
 class LaggingSum:
     """Sums of a few numbers over all processes, read one round late so that no round waits for the device.
 
     `exchange(values)` starts summing `values` and returns the sums the previous round started (zeros at the first).
     Every process gets the same sums at the same round, which is what agreeing on a stop needs; a per-round
     `all_reduce_sum` would instead make the host wait for everything queued on the training stream, every update.
-    On a GPU the numbers travel through pinned host memory and an event marks when the sum reached it: by the next
-    round the training stream has long passed that point, so reading it costs no wait."""
+    On a GPU the sums come back as a `HostCopy`: by the next round the training stream has long passed them, so
+    reading them costs no wait."""
 
     def __init__(self, info: DistInfo, size: int) -> None:
         self.info, self.size = info, size
-        self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
+        self.pending: HostCopy | None = None
 
     def exchange(self, values: Sequence[float]) -> list[float]:
         previous = self.read()
-        local = torch.tensor(list(values), dtype=torch.float64)
-        if self.info.device.type != 'cuda':
-            if self.info.distributed:
-                dist.all_reduce(local)
-            self.pending = (local, None)
-            return previous
-        summed = local.pin_memory().to(self.info.device, non_blocking=True)
+        summed = torch.tensor(list(values), dtype=torch.float64)
+        if self.info.device.type == 'cuda':
+            summed = summed.pin_memory().to(self.info.device, non_blocking=True)
         if self.info.distributed:
-            dist.all_reduce(summed, async_op=True).wait()  # the training stream waits, not the host
-        host = torch.empty(len(local), dtype=torch.float64, pin_memory=True)
-        host.copy_(summed, non_blocking=True)
-        reached = torch.cuda.Event()
-        reached.record()
-        self.pending = (host, reached)
+            dist.all_reduce(summed, async_op=True).wait()  # on a GPU the training stream waits, not the host
+        self.pending = HostCopy.of(summed)
         return previous
 
     def read(self) -> list[float]:
-        if self.pending is None:
-            return [0.0] * self.size
-        host, reached = self.pending
-        if reached is not None:
-            reached.synchronize()
-        return host.tolist()
+        return [0.0] * self.size if self.pending is None else self.pending.read().tolist()
 
 
 class SamplePlace(NamedTuple):

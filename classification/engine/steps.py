@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from backbones.common.distributed import DistInfo, all_reduce_sum
+from backbones.common.distributed import DistInfo, HostCopy, all_reduce_sum
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
@@ -113,28 +113,18 @@ class StepState:
 
 
 class PendingLoss(NamedTuple):
-    """A step's loss on its way to the host: on a GPU copied to pinned memory behind the step's kernels, with an
-    event recorded after the copy, so that reading it waits for that step only, not for the kernels queued since."""
+    """A step's loss on its way to the host (`HostCopy`: reading it waits for that step only, not for the kernels
+    queued since), and the update it belongs to, for the error."""
 
-    value_at: torch.Tensor
-    copied: torch.cuda.Event | None
-    update: int  # the update the step belongs to, for the error
+    copy: HostCopy
+    update: int
 
     @classmethod
     def of(cls, loss: torch.Tensor, update: int) -> 'PendingLoss':
-        loss = loss.detach()
-        if loss.device.type != 'cuda':
-            return cls(loss, None, update)
-        host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
-        host.copy_(loss, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(loss.device))
-        return cls(host, copied, update)
+        return cls(HostCopy.of(loss.detach()), update)
 
     def read(self) -> float:
-        if self.copied is not None:
-            self.copied.synchronize()
-        value = self.value_at.item()
+        value = self.copy.read().item()
         if not math.isfinite(value):
             raise FloatingPointError(f'loss is {value} at update {self.update}; lower the learning rate or use '
                                      f'bf16 instead of fp16')
