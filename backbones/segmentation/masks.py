@@ -61,9 +61,10 @@ def write_mask(values: np.ndarray, path: Path) -> None:
 
 
 INSTANCES = 'instances.json'  # a detector's predictions in --out
+OVERLAY_TAIL, PICTURE_TAIL = '_overlay.png', '_color.png'  # NAME_overlay.png (--overlay), a depth map's picture
 # the files each image gets in --out besides overlays: a mask, a depth map and its picture; a detector's instances
 # all go into INSTANCES
-OUTPUT_TAILS = {'semantic': ('.png',), 'depth': ('.png', '_color.png'), 'instances': ()}
+OUTPUT_TAILS = {'semantic': ('.png',), 'depth': ('.png', PICTURE_TAIL), 'instances': ()}
 
 
 def check_inputs_kept(images: list[Path], outputs: list[Path]) -> None:
@@ -113,7 +114,7 @@ def write_instances(predictor: SegPredictor, images: list[Path], overlays: list[
         if overlay:
             write_png(draw_instances(pixels, found.bboxes.cpu().numpy(), found.labels.tolist(),
                                      found.masks.cpu().numpy(), predictor.classes, predictor.palette,
-                                     found.scores.tolist()), picture.with_name(f'{picture.stem}_overlay.png'))
+                                     found.scores.tolist()), picture.with_name(f'{picture.stem}{OVERLAY_TAIL}'))
         names = [predictor.classes[label] for label in found.labels.tolist()]
         logger.info(f'{image}: {len(names)} instance(s)' + (f' ({", ".join(names[:8])})' if names else ''))
     write_json_atomic(path, content)
@@ -129,7 +130,7 @@ def write_depth_maps(predictor: SegPredictor, images: list[Path], paths: list[Pa
         _, sample = predictor.predict(image)
         depth = sample.pred_depth_map.data[0].cpu().numpy()
         write_depth_png(path, depth, predictor.depth_scale)
-        write_png(colour_depth(depth, top), path.with_name(f'{path.stem}_color.png'))
+        write_png(colour_depth(depth, top), path.with_name(f'{path.stem}{PICTURE_TAIL}'))
         logger.info(f'{image} -> {path}: {depth.min():.2f} .. {depth.max():.2f} m')
     return paths
 
@@ -150,11 +151,11 @@ def main(argv: list[str] | None = None, description: str | None = None,
     images = image_files(args.images)
     out = Path(args.out)
     check_output_folder(out)
-    tails = OUTPUT_TAILS[task] + (('_overlay.png',) if args.overlay else ())
+    tails = OUTPUT_TAILS[task] + ((OVERLAY_TAIL,) if args.overlay else ())
     masks = mask_paths(images, out, tails)
     # an input image is kept from any name predict_seg gives an output, whichever the task
     check_inputs_kept(images, [out / INSTANCES] + [out / f'{image.stem}{tail}' for image in images
-                                                   for tail in ('.png', '_overlay.png', '_color.png')])
+                                                   for tail in ('.png', OVERLAY_TAIL, PICTURE_TAIL)])
     for image in images:
         check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
         write_mask(predictor.label_values(prediction), mask)
         if args.overlay:
             write_png(draw_labels(pixels, prediction, predictor.classes, predictor.palette),
-                      mask.with_name(f'{mask.stem}_overlay.png'))
+                      mask.with_name(f'{mask.stem}{OVERLAY_TAIL}'))
         found = np.unique(prediction)
         logger.info(f'{image} -> {mask}: ' + ', '.join(predictor.classes[c] for c in found[:8])
                     + (f', ... ({len(found)} classes)' if len(found) > 8 else ''))

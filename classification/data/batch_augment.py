@@ -429,13 +429,16 @@ def brightness(x, factor, _):
 
 
 @functools.cache
-def smoothing_kernel(device: torch.device) -> torch.Tensor:
-    """Pillow's ImageFilter.SMOOTH on `device`, copied there once (a copy per batch would make the host wait)."""
-    return (torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13).to(device)
+def on_device(constant: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A constant tensor's copy on `device`, made once: a copy from the host every batch would make the host wait."""
+    return constant.to(device)
+
+
+SMOOTH = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13  # ImageFilter.SMOOTH
 
 
 def sharpness(x, factor, _):
-    smooth = F.conv2d(x, smoothing_kernel(x.device).expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
+    smooth = F.conv2d(x, on_device(SMOOTH, x.device).expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
     degenerate = x.clone()
     degenerate[:, :, 1:-1, 1:-1] = torch.floor(smooth + 0.5).clamp(0, 255)  # Pillow keeps the border pixels
     return blend(degenerate, x, factor)
@@ -480,17 +483,13 @@ class BatchAugment:
         self.img_size = img_size
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
-        self.on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # copied once per device
 
     def __call__(self, pending: PendingImages | EncodedImages) -> torch.Tensor:
         if isinstance(pending, EncodedImages):
             pending = pending.decode()
         x, inside = self.resample(pending)
         x = self.colour(x, inside, pending.plan, pending.groups)
-        if x.device not in self.on_device:
-            self.on_device[x.device] = self.mean.to(x.device), self.std.to(x.device)
-        mean, std = self.on_device[x.device]
-        x = (x - mean) / std
+        x = (x - on_device(self.mean, x.device)) / on_device(self.std, x.device)
         return self.erase(x, pending.plan, pending.groups)
 
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:

@@ -304,7 +304,8 @@ def report_compiled(timed: Timed, bench: BenchedModel, stage: str) -> Timed:
     if timed.compiled_in_window:
         logger.warning(f'{bench.name}: {stage}: {timed.compiled_in_window} graph(s) compiled inside the timing window, '
                        f'after the warm-up: the figure includes compilation (the step recompiles in its steady state)')
-    return Timed(reported(timed.images_per_second, bench, stage), timed.compiled_in_window)
+    reported(timed.images_per_second, bench, stage)
+    return timed
 
 
 def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOptions, amp: str,
