@@ -116,9 +116,9 @@ def test_bf16_token_labeling_steps_on_cuda_train_like_fp32_on_cpu(labeled_images
 
 
 def test_overlapped_loop_on_cuda_trains_like_the_serial_one(labeled_images, tmp_path):
-    """Batches prepared on the side stream beside the previous step (copy, the batched path's device half, the map
-    targets) against --serial-loop, bf16 token labeling on the GPU with its random draws (erasing's noise is drawn
-    on the side stream, from the same generator in the same order): the same losses to bf16's precision."""
+    """Batches prepared two ahead by the prefetcher, on its thread and stream (copy, the batched path's device half,
+    the map targets), against --serial-loop, bf16 token labeling on the GPU with its random draws (erasing's noise
+    drawn from each batch's own seed): the same losses to bf16's precision."""
     data, labels = labeled_images
     common = ['--token-label-dir', str(labels), '--token-labeling', '--amp', 'bf16', '--augment', 'batched',
               '--reprob', '0.25', '--mix-token', '1']
@@ -127,18 +127,21 @@ def test_overlapped_loop_on_cuda_trains_like_the_serial_one(labeled_images, tmp_
     assert_losses_close(tmp_path / 'serial', tmp_path / 'overlapped', rel=1e-2)
 
 
-def test_nothing_between_two_updates_of_the_cuda_loop_waits_for_the_device(labeled_images, tmp_path, monkeypatch):
+@pytest.mark.parametrize('decode, compiled', [('cpu', False), ('gpu', False), ('gpu', True)])
+def test_nothing_between_two_updates_of_the_cuda_loop_waits_for_the_device(labeled_images, tmp_path, monkeypatch,
+                                                                          decode, compiled):
     """After two warm-up updates of each pass, torch's sync debug mode turns every host sync into an error until the
-    pass's end sums its loss: bf16 token labeling with MixToken, erasing, the EMA and the batched augmentation on
-    the overlapped loop, eager, 2 epochs of 6 updates. The losses are read one step late from pinned memory, and
-    the device half's groups come from the host."""
+    pass's end sums its loss, on the training thread and the prefetcher's alike: bf16 token labeling with MixToken,
+    erasing, the EMA and the batched augmentation (its JPEGs decoded by the workers or by nvJPEG), eager and
+    compiled, 2 epochs of 12 updates (20 watched). The losses are read one step late from pinned memory, the device
+    half's groups come from the host, and the decoder's images are kept from reuse by stream marks, not a wait."""
     from classification.engine import steps
     data, labels = labeled_images
     watched = []
 
     def update_then_watch(model, state, clip_grad):
         update(model, state, clip_grad)
-        if state.num_updates % 6 >= 2:  # each pass's third update on
+        if state.num_updates % 12 >= 2:  # each pass's third update on
             torch.cuda.set_sync_debug_mode('error')
             watched.append(state.num_updates)
 
@@ -149,13 +152,15 @@ def test_nothing_between_two_updates_of_the_cuda_loop_waits_for_the_device(label
     update, all_reduce_sum = steps.update, steps.all_reduce_sum
     monkeypatch.setattr(steps, 'update', update_then_watch)
     monkeypatch.setattr(steps, 'all_reduce_sum', pass_end_sum)
+    torch._dynamo.reset()
     try:
         main(tiny_run(data, tmp_path / 'run', 'cuda', '--token-label-dir', str(labels), '--token-labeling',
                       '--amp', 'bf16', '--augment', 'batched', '--reprob', '0.25', '--mix-token', '1',
-                      '--ema-decay', '0.9'))
+                      '--ema-decay', '0.9', '--batch-size', '2', '--decode', decode,
+                      *(['--compile'] if compiled else [])))
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert len(watched) >= 6  # the updates after each pass's second ran under the debug mode
+    assert len(watched) >= 20  # the updates after each pass's second ran under the debug mode
     assert read_log(tmp_path / 'run')[2]['train_loss'] > 0
 
 

@@ -33,9 +33,13 @@ FULL = ['--epochs', '3', '--workers', '2', '--ema-decay', '0.9', '--drop-path', 
         '--grad-accum-steps', '2']
 
 
-def test_token_labeling_run_stopped_twice_mid_epoch_ends_like_an_uninterrupted_one(labeled_images, tmp_path):
+@pytest.mark.parametrize('augment', ['pil', 'batched'])
+def test_token_labeling_run_stopped_twice_mid_epoch_ends_like_an_uninterrupted_one(labeled_images, tmp_path, augment):
+    """Batches prepared two ahead by the prefetcher (on the batched path its device half too, erasing's noise drawn
+    from each batch's own seed) are trained on again after the stop as the uninterrupted run trained on them."""
     data, labels = labeled_images
-    args = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', *FULL]
+    args = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', *FULL, '--augment',
+            augment]
     succeeded(run_tool('train_cls.py', [*args, '--output', tmp_path / 'straight']))
     points = resume_after_stops('train_cls.py', [*args, '--output', tmp_path / 'cut'], tmp_path / 'cut', stops=2)
     assert len(set(points)) == 2 and all(batch > 0 for _, batch in points)

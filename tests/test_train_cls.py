@@ -72,9 +72,9 @@ def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
 def test_the_number_of_loader_workers_does_not_change_the_training(labeled_images, tmp_path, augment):
     """Each image's augmentation (crop, flip, RandAugment, random erasing) is drawn from streams seeded from the run's
     seed, the epoch and its place in the pass, in whichever process reads it; without workers the training process
-    reads the batches and its own streams (MixToken, drop-path, the device half's erasing noise) are put back after
-    each. --workers 0 and --workers 2 train alike, bit for bit: a job requeued on a node of another size (another
-    default --workers) trains on as it would have."""
+    reads the batches and its own streams (MixToken, drop-path) are put back after each (the device half draws from
+    each batch's own seed). --workers 0 and --workers 2 train alike, bit for bit: a job requeued on a node of
+    another size (another default --workers) trains on as it would have."""
     data, labels = labeled_images
     common = ['--epochs', '1', '--ema-decay', '0.9', '--drop-path', '0.1', '--augment', augment]
     for workers in ('0', '2'):
@@ -176,7 +176,7 @@ def test_batched_augmentation_trains_like_the_pil_path(labeled_images, tmp_path)
 
 @pytest.mark.parametrize('preset', ['token-labeling', 'relabel'])
 def test_overlapped_loop_trains_like_the_serial_one(labeled_images, tmp_path, monkeypatch, preset):
-    """Batches prepared ahead (their map targets made before the forward; on a GPU on a side stream) against
+    """Batches prepared two ahead by the prefetcher's thread (their map targets made before the forward) against
     --serial-loop (targets made in the loss), with every random draw of the full recipe on the batched path
     (RandAugment, random erasing's noise on the device, MixToken or CutMix, drop-path, EMA, two loader workers):
     the same losses and weights, bit for bit."""

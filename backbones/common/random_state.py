@@ -24,6 +24,12 @@ def hash_seed(*values: int) -> int:
     return int.from_bytes(digest[:4], 'little')
 
 
+def batch_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator on `device` seeded with `seed`: a batch's own draws, the same on whichever thread makes them and
+    whenever (a batch prepared ahead, a resumed run); None without a seed (the process's default generator)."""
+    return None if seed is None else torch.Generator(device).manual_seed(seed)
+
+
 def seed_sample(*key: int) -> None:
     """Python's, NumPy's and torch's CPU streams seeded from a sample's `key` (seed, epoch, index): its augmentation
     the same whichever process or loader worker reads it, and whenever. CUDA's streams (the training step's) are

@@ -41,6 +41,7 @@ from torchvision.transforms import InterpolationMode
 from backbones.common.errors import UsageError
 from backbones.common.image_tars import MemberFile, file_bytes
 from backbones.common.images import ImageReadError, read_image
+from backbones.common.random_state import batch_generator
 from classification.data.augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
 
 COLOUR_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color', 'Contrast',
@@ -325,14 +326,10 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
     (the batch is decoded again one file at a time to find it)."""
     if not files:
         return []
-    if device.type == 'cuda':
-        # torchvision's CUDA decoder allocates its outputs on the calling stream but writes them from a stream of
-        # its own that does not wait for the calling one: a block just freed there, which queued kernels still
-        # read, can be overwritten (pytorch/vision#9606, reproduced on H100s). Draining the calling stream first
-        # (the preparation's side stream: a few kernels) closes that window.
-        torch.cuda.current_stream(device).synchronize()
     try:
-        return decode_jpeg([f.data for f in files], mode=ImageReadMode.RGB, device=device)
+        if device.type != 'cuda':
+            return decode_jpeg([f.data for f in files], mode=ImageReadMode.RGB, device=device)
+        return decoded_on_own_stream([f.data for f in files], device)
     except RuntimeError:
         for f in files:
             try:
@@ -341,6 +338,27 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
                 raise ImageReadError(f'cannot read image {f.path}: the {device.type} JPEG decoder: {e}; decode it '
                                      f'in the workers (--decode cpu) or replace the file') from e
         raise
+
+
+@functools.cache
+def decoding_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
+def decoded_on_own_stream(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """nvJPEG's images, ordered after the calling stream's queued work and before what it queues next, without the
+    host waiting for either. torchvision's CUDA decoder allocates its outputs on the current stream but writes them
+    from a stream of its own that waits for nothing: a block just freed on the calling stream, which queued kernels
+    still read, could be overwritten (pytorch/vision#9606, reproduced on H100s). Here the current stream during the
+    decode is one that only ever holds decoded images, each marked as used by the calling stream: the allocator
+    hands such a block out again only once the calling stream's work on it is done."""
+    calling, decoding = torch.cuda.current_stream(device), decoding_stream(device)
+    with torch.cuda.stream(decoding):
+        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)  # decoding waits for the decoder
+    calling.wait_stream(decoding)
+    for image in images:
+        image.record_stream(calling)
+    return images
 
 
 def collate_regions(regions: Sequence[torch.Tensor | EncodedJpeg],
@@ -484,13 +502,15 @@ class BatchAugment:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
 
-    def __call__(self, pending: PendingImages | EncodedImages) -> torch.Tensor:
+    def __call__(self, pending: PendingImages | EncodedImages, seed: int | None = None) -> torch.Tensor:
+        """The batch's model input; erasing's noise drawn from a generator seeded with the batch's `seed` (the
+        device's own without one)."""
         if isinstance(pending, EncodedImages):
             pending = pending.decode()
         x, inside = self.resample(pending)
         x = self.colour(x, inside, pending.plan, pending.groups)
         x = (x - on_device(self.mean, x.device)) / on_device(self.std, x.device)
-        return self.erase(x, pending.plan, pending.groups)
+        return self.erase(x, pending.plan, pending.groups, batch_generator(seed, x.device))
 
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
@@ -521,7 +541,8 @@ class BatchAugment:
             x[pick] = torch.where(mask, after, before)
         return x
 
-    def erase(self, x: torch.Tensor, plan: dict[str, torch.Tensor], groups: Groups) -> torch.Tensor:
+    def erase(self, x: torch.Tensor, plan: dict[str, torch.Tensor], groups: Groups,
+              draws: torch.Generator | None) -> torch.Tensor:
         """Per-pixel normal noise in each drawn box (top, left, height, width)."""
         if not groups.erased:
             return x
@@ -534,6 +555,8 @@ class BatchAugment:
             mask |= ((rows >= top.view(shape)) & (rows < (top + h).view(shape))
                      & (cols >= left.view(shape)) & (cols < (left + w).view(shape)))
         erased = plan['erase_index']
-        x[erased] = torch.where(mask[erased], torch.randn_like(x[erased]), x[erased])
+        chosen = x[erased]
+        noise = torch.randn(chosen.shape, generator=draws, device=x.device, dtype=x.dtype)
+        x[erased] = torch.where(mask[erased], noise, chosen)
         return x
 

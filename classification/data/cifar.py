@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from backbones.common.errors import DataError, UsageError
+from backbones.common.random_state import batch_generator
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,8 @@ class CifarInput:
     `hflip`. Resampling is separable and linear, so all of it is two small matrix products per image: rows
     `R_b = U[dy_b : dy_b + S]` and columns `C_b = U[dx_b : dx_b + S]` (reversed when flipped) of the upsampling
     matrix U framed by `padding` zero rows, and `out_b = R_b x_b C_b^T`; no full-size intermediate is written.
-    The random offsets come from torch's CPU generator, so a run is reproducible on any device and resumable.
+    The random offsets come from a CPU generator seeded with the batch's `seed` (torch's own without one), so a run
+    is reproducible on any device and resumable, and a batch prepared ahead on another thread draws the same.
     """
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
@@ -257,11 +259,12 @@ class CifarInput:
         return {'input_size': (3, img_size, img_size), 'crop_pct': 1.0, 'crop_mode': 'center',
                 'interpolation': 'bilinear', 'mean': tuple(mean), 'std': tuple(std)}
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, seed: int | None = None) -> torch.Tensor:
         B, device = images.shape[0], images.device
         if self.train:
-            top, left = torch.randint(0, 2 * self.padding + 1, (2, B))
-            flip = torch.rand(B) < self.hflip
+            draws = batch_generator(seed, 'cpu')
+            top, left = torch.randint(0, 2 * self.padding + 1, (2, B), generator=draws)
+            flip = torch.rand(B, generator=draws) < self.hflip
         else:
             top = left = torch.full((B,), self.padding)
             flip = torch.zeros(B, dtype=torch.bool)

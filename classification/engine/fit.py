@@ -48,7 +48,7 @@ from backbones.common.errors import CheckpointError, DataError, Interrupted, Usa
 from backbones.common.files import remove_partial_writes, save_atomic, write_text_atomic
 from backbones.common.lifecycle import StopRequests, restarted_by_torchrun
 from backbones.common.log import logger
-from backbones.common.random_state import preserved_rng, rng_state, seed_all, set_rng_state
+from backbones.common.random_state import hash_seed, preserved_rng, rng_state, seed_all, set_rng_state
 from backbones.weights import MODEL_WEIGHTS, TRAINED_WEIGHTS
 from classification.engine.checkpoints import (
     ARCHITECTURE,
@@ -58,15 +58,8 @@ from classification.engine.checkpoints import (
     read_training_checkpoint,
     write_summary,
 )
-from classification.engine.steps import (
-    BatchTransform,
-    EpochProgress,
-    Objective,
-    StepState,
-    TrainingStep,
-    evaluate,
-    train_one_epoch,
-)
+from classification.engine.prefetch import BatchTransform, Objective
+from classification.engine.steps import EpochProgress, StepState, TrainingStep, evaluate, train_one_epoch
 from classification.engine.trackers import Tracker
 
 
@@ -199,7 +192,7 @@ class Fit:
     eval_transform: BatchTransform | None = None
     accumulate: int = 1  # batches per optimizer update
     checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often
-    overlap: bool = True  # batches prepared beside the previous step (engine.steps.BatchPreparation)
+    overlap: bool = True  # batches prepared ahead of their step (engine.prefetch.Prefetcher)
     epochs_done: int = 0  # epochs are numbered from 1 everywhere: checkpoints, logs, seeds, the scheduler
     best: dict = field(default_factory=lambda: {'top1': -1.0, 'epoch': -1})
     record: dict = field(default_factory=dict)
@@ -291,7 +284,8 @@ class Fit:
                                runlog.step, desc=f'epoch {epoch}/{num_epochs}', transform=self.train_transform,
                                accumulate=self.accumulate, progress=progress,
                                on_start=None if rng is None else lambda: set_rng_state(rng),
-                               after_update=after_update, overlap=self.overlap)
+                               after_update=after_update, overlap=self.overlap,
+                               seed=hash_seed(self.seed, epoch, info.rank))
         if state.num_updates == updates and (progress is None or progress.steps == 0):
             raise DataError(f'epoch {epoch} trained on no image: all {state.skipped} images read were '
                             f'unreadable and skipped; check the data folder')

@@ -6,15 +6,16 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo, HostCopy, all_reduce_sum
+from classification.engine.prefetch import BatchTransform, Objective, Prefetcher
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
@@ -28,78 +29,10 @@ def show_progress(info: DistInfo) -> bool:
     return info.is_main and sys.stderr.isatty()
 
 
-BatchTransform = Callable[[torch.Tensor], torch.Tensor]
-
-
-class Objective(Protocol):
-    """What turns a batch and the model's output into the loss (the classification applications define them)."""
-
-    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """The images the model sees (mixed by mixup/cutmix, or as they are) and their targets, which the loss takes."""
-
-    def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
-        """The loss of the model's `output` on `batch`."""
-
-    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
-        """`batch` with the targets the objective can make before the model runs (its loss then uses them), or as it
-        is; random draws belong in `prepare`, not here."""
-
-
 def model_input(batch: dict, info: DistInfo, transform: BatchTransform | None) -> torch.Tensor:
     """The batch's images on the device, through `transform` when there is one (CIFAR: upsample and augment)."""
     images = batch['image'].to(info.device, non_blocking=True)
     return images if transform is None else transform(images)
-
-
-def to_device(value, device: torch.device):
-    """A batch value on `device`: tensors (and what has `.to`, such as the batched path's `PendingImages`) copied
-    without blocking the host, sequences of them element by element, anything else as it is."""
-    if isinstance(value, (list, tuple)):
-        moved = [to_device(v, device) for v in value]
-        return type(value)(*moved) if hasattr(value, '_fields') else type(value)(moved)  # named tuples too
-    return value.to(device, non_blocking=True) if hasattr(value, 'to') else value
-
-
-def tensors_in(value) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from tensors_in(v)
-
-
-class BatchPreparation:
-    """Each training batch made ready for its step: its tensors on the device, `transform` on the images (the
-    batched path's device half, CIFAR's upsampling and augmentation) and, with `overlap`, the objective's targets
-    made ahead (`Objective.targets_ahead`).
-
-    With `overlap` on a GPU this runs on a stream of its own: the host issues it right after the previous update
-    (nothing between syncs the host), so the copy, the augmentation and the targets run while that batch's backward
-    pass and update still run on the training stream, which waits for them (an event) before the forward. Tensors
-    made on the side stream are marked as used by the training stream, so that their memory is not reused before
-    it is done with them. The same calls in the same order either way, so the same random draws: the overlapped
-    and the serial loop (`overlap=False`: in place, the targets made in the loss) train alike, and a resumed run
-    alike. On a CPU the overlap makes only the targets ahead."""
-
-    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
-                 overlap: bool = True) -> None:
-        self.device, self.transform, self.objective, self.overlap = info.device, transform, objective, overlap
-        self.stream = torch.cuda.Stream(info.device) if overlap and info.device.type == 'cuda' else None
-
-    def __call__(self, batch: dict) -> dict:
-        with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
-            ready = {key: to_device(value, self.device) for key, value in batch.items()}
-            if self.transform is not None:
-                ready['image'] = self.transform(ready['image'])
-            if self.overlap:
-                ready = self.objective.targets_ahead(ready, self.device)
-        if self.stream is not None:
-            training = torch.cuda.current_stream(self.device)
-            training.wait_stream(self.stream)
-            for tensor in tensors_in(list(ready.values())):
-                if tensor.device.type == 'cuda':
-                    tensor.record_stream(training)
-        return ready
 
 
 @dataclass
@@ -220,6 +153,7 @@ def train_one_epoch(
         on_start: Callable[[], None] | None = None,
         after_update: Callable[[EpochProgress], None] | None = None,
         overlap: bool = True,
+        seed: int = 0,
 ) -> PassResult:
     """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
     each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
@@ -229,7 +163,8 @@ def train_one_epoch(
     A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
     `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
     streams after that draw). `after_update(progress)` runs after every update (it raises to stop the run there).
-    `overlap`: each batch prepared ahead, on a side stream on GPUs (`BatchPreparation`); False: serially."""
+    `overlap`: batches prepared ahead on a thread of their own (on GPUs on a stream of their own: `Prefetcher`);
+    False: serially. Batch n of the pass draws its augmentation on the device from `hash_seed(seed, n)`."""
     model.train()
     progress = progress or EpochProgress()
     # the batches of the whole pass that complete an update (an iterator without a length: all it yields)
@@ -237,37 +172,39 @@ def train_one_epoch(
     batches = iter(loader)
     if on_start is not None:
         on_start()
-    bar = tqdm(batches, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
+    prefetch = Prefetcher(info, transform, objective, depth=2 if overlap else 0)
+    prepared = contextlib.closing(prefetch(batches, seed, progress.batches))
+    bar = tqdm(prepared.thing, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
                initial=progress.batches, total=usable)
     pending = 0  # batches whose gradients wait for the update
     pace, first_batch = Pace(), progress.batches
-    prepare = BatchPreparation(info, transform, objective, overlap)
     ready = time.perf_counter()
-    for batch in bar:
-        pace.waiting += time.perf_counter() - ready
-        if usable is not None and progress.batches >= usable:
-            break
-        state.skipped += batch['skipped']
-        pace.images += len(batch.get('label', ())) * info.world_size
-        progress.batches += 1
-        updating = progress.batches % accumulate == 0
-        if 'image' in batch:
-            loss = train_step(model, prepare(batch), objective, state, info, amp, accumulate, updating)
-            value, pending = progress.add(loss, state.num_updates), pending + 1
-        if updating and pending:
-            update(model, state, clip_grad)
-            pending = 0
-            lr = state.optimizer.param_groups[0]['lr']
-            bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}', img_s=f'{pace.images_per_second():.0f}',
-                            data=f'{pace.data_wait():.0%}')
-            if log is not None:
-                left = None if usable is None else pace.seconds_left(progress.batches - first_batch,
-                                                                     usable - progress.batches)
-                log(TrainingStep(state.num_updates, value, lr, progress.batches, usable, pace.images_per_second(),
-                                 pace.data_wait(), left))
-        if updating and after_update is not None:
-            after_update(progress)
-        ready = time.perf_counter()
+    with prepared:
+        for batch in bar:
+            pace.waiting += time.perf_counter() - ready
+            if usable is not None and progress.batches >= usable:
+                break
+            state.skipped += batch['skipped']
+            pace.images += len(batch.get('label', ())) * info.world_size
+            progress.batches += 1
+            updating = progress.batches % accumulate == 0
+            if 'image' in batch:
+                loss = train_step(model, batch, objective, state, info, amp, accumulate, updating)
+                value, pending = progress.add(loss, state.num_updates), pending + 1
+            if updating and pending:
+                update(model, state, clip_grad)
+                pending = 0
+                lr = state.optimizer.param_groups[0]['lr']
+                bar.set_postfix(loss=f'{value:.4f}', lr=f'{lr:.2e}', img_s=f'{pace.images_per_second():.0f}',
+                                data=f'{pace.data_wait():.0%}')
+                if log is not None:
+                    left = None if usable is None else pace.seconds_left(progress.batches - first_batch,
+                                                                         usable - progress.batches)
+                    log(TrainingStep(state.num_updates, value, lr, progress.batches, usable, pace.images_per_second(),
+                                     pace.data_wait(), left))
+            if updating and after_update is not None:
+                after_update(progress)
+            ready = time.perf_counter()
     progress.settle()
     total, steps = all_reduce_sum([progress.loss_sum, progress.steps], info)
     return PassResult(total / max(steps, 1), pace.images_per_second(), pace.data_wait())
@@ -275,7 +212,7 @@ def train_one_epoch(
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
                accumulate: int, updating: bool) -> torch.Tensor:
-    """Forward and backward of one prepared batch (`BatchPreparation`), its gradients added to those waiting for the
+    """Forward and backward of one prepared batch (`Prefetcher`), its gradients added to those waiting for the
     update; returns its loss, still on the device (`EpochProgress.add` reads it)."""
     images, labels = batch['image'], batch['label']
     # DDP reduces the gradients only in the backward pass that completes an update

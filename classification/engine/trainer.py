@@ -59,7 +59,8 @@ from classification.engine.checkpoints import (
     write_run_args,
 )
 from classification.engine.fit import Fit, Pictures, RunLog, resume_path
-from classification.engine.steps import BatchTransform, Objective, StepState
+from classification.engine.prefetch import BatchTransform, Objective
+from classification.engine.steps import StepState
 from classification.engine.trackers import StartedTrackers, start_trackers
 
 
@@ -81,7 +82,7 @@ class RunOptions:
     pictures: int = 4  # images drawn into TensorBoard at every validation (where the run has some); 0: none
     grad_accum_steps: int = 1  # batches whose gradients make one update
     checkpoint_minutes: float | None = None  # a mid-epoch checkpoint at most this often; None: at epochs only
-    serial_loop: bool = False  # each batch prepared between the steps, not beside them (for comparison)
+    serial_loop: bool = False  # each batch prepared between the steps, not ahead of them (for comparison)
     log_wandb: bool = False
     log_mlflow: bool = False
     experiment: str | None = None  # the trackers' project (wandb) or experiment (MLflow); None: the command's name
@@ -206,9 +207,9 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
                         help='also write last.pth mid-epoch, at most every M minutes (resumed at the next batch); '
                              'SIGTERM and SIGUSR1 always write one before stopping')
     parser.add_argument('--serial-loop', action='store_true',
-                        help='prepare each batch (copy, device half of the augmentation, token targets) between the '
-                             'steps on the training stream, not beside the previous step on a side stream: the same '
-                             'numbers, slower on GPUs (for comparison)')
+                        help='prepare each batch (copy, decoding, device half of the augmentation, token targets) '
+                             'between the steps on the training thread and stream, not two batches ahead on a thread '
+                             'and stream of their own: the same numbers, slower on GPUs (for comparison)')
     add_tracker_arguments(parser, 'the run named after the output folder, in --experiment\'s project',
                           'the run named after the output folder, in --experiment, in a file store in OUTPUT/mlruns')
     parser.add_argument('--experiment', help='the wandb project or MLflow experiment the run is logged in (default: '

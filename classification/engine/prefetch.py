@@ -1,0 +1,140 @@
+"""Training batches made ready ahead of their step: on the device, through the batch transform (the batched path's
+decoding and device half, CIFAR's upsampling and augmentation), with the objective's targets made before the forward.
+
+`Prefetcher` does it on a thread of its own, `depth` batches ahead (on a GPU on a CUDA stream of its own too): while
+the training thread queues one step, the next batches are copied, decoded and augmented beside it, and the step takes
+each through a stream event, so the training thread never waits for the device. Each batch's random draws come from
+a generator seeded with the batch's own key (the pass's seed and the batch's place in it), never from the process's
+streams that the training thread draws from: a batch prepared ahead, on another thread, in a resumed run or serially
+(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) is the same, bit for bit."""
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple, Protocol
+
+import torch
+
+from backbones.common.distributed import DistInfo
+from backbones.common.random_state import hash_seed
+
+
+class BatchTransform(Protocol):
+    def __call__(self, images, seed: int | None = None) -> torch.Tensor:
+        """The model input of a batch's images on the device; random draws from a generator seeded with `seed`
+        (the process's own without one: evaluation, benchmarks)."""
+
+
+class Objective(Protocol):
+    """What turns a batch and the model's output into the loss (the classification applications define them)."""
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """The images the model sees (mixed by mixup/cutmix, or as they are) and their targets, which the loss takes."""
+
+    def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
+        """The loss of the model's `output` on `batch`."""
+
+    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
+        """`batch` with the targets the objective can make before the model runs (its loss then uses them), or as it
+        is; random draws belong in `prepare`, not here."""
+
+
+def to_device(value, device: torch.device):
+    """A batch value on `device`: tensors (and what has `.to`, such as the batched path's `PendingImages`) copied
+    without blocking the host, sequences of them element by element, anything else as it is."""
+    if isinstance(value, (list, tuple)):
+        moved = [to_device(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, '_fields') else type(value)(moved)  # named tuples too
+    return value.to(device, non_blocking=True) if hasattr(value, 'to') else value
+
+
+def tensors_in(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors_in(v)
+
+
+class Prepared(NamedTuple):
+    batch: dict
+    done: torch.cuda.Event | None  # recorded on the preparing stream after the batch's last kernel (GPUs)
+
+
+class BatchPreparation:
+    """One batch made ready on `stream` (None: the current one): its tensors on the device, `transform` on its images
+    with the batch's seed and, with `ahead`, the objective's targets made before the forward."""
+
+    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective, ahead: bool,
+                 stream: torch.cuda.Stream | None) -> None:
+        self.device, self.transform, self.objective = info.device, transform, objective
+        self.ahead, self.stream = ahead, stream
+
+    def __call__(self, batch: dict, seed: int) -> Prepared:
+        with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
+            ready = {key: to_device(value, self.device) for key, value in batch.items()}
+            if self.transform is not None and 'image' in ready:
+                ready['image'] = self.transform(ready['image'], seed)
+            if self.ahead:
+                ready = self.objective.targets_ahead(ready, self.device)
+            done = None
+            if self.stream is not None:
+                done = torch.cuda.Event()
+                done.record(self.stream)
+        return Prepared(ready, done)
+
+
+class Prefetcher:
+    """`prefetch(batches, seed, first)` yields each batch ready for its step, prepared `depth` batches ahead on a
+    thread of its own (on a GPU on a stream of its own, handed over through its event: the training stream waits on
+    the device, not the host); depth 0: serially, on the training thread and stream, the targets made in the loss.
+
+    Batch n of the pass (counted from `first`, where a resumed pass starts) draws from `hash_seed(seed, n)`. The
+    loader is read on the training thread (without worker processes it reads the images there, between the
+    training's own draws, which it puts back). The first batch is prepared alone: the objective learns the model's
+    token grid from its forward and makes the next batches' targets ahead on it. A batch that fails to prepare (a
+    file the device's decoder refuses) raises when its turn comes, after the batches before it were trained on."""
+
+    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective, depth: int = 2) -> None:
+        self.device, self.depth = info.device, depth
+        stream = torch.cuda.Stream(info.device) if depth and info.device.type == 'cuda' else None
+        self.prepare = BatchPreparation(info, transform, objective, ahead=depth > 0, stream=stream)
+
+    def __call__(self, batches: Iterable[dict], seed: int, first: int = 0) -> Iterator[dict]:
+        numbered = ((batch, hash_seed(seed, n)) for n, batch in enumerate(batches, start=first))
+        if not self.depth:
+            yield from (self.prepare(batch, key).batch for batch, key in numbered)
+            return
+        pending: deque[Future] = deque()
+        ahead = 0  # the first batch alone, then `depth` ahead
+        with ThreadPoolExecutor(1, thread_name_prefix='prefetch', initializer=self.on_thread) as thread:
+            try:
+                for batch, key in numbered:
+                    pending.append(thread.submit(self.prepare, batch, key))
+                    if len(pending) > ahead:
+                        yield self.handed_over(pending.popleft().result())
+                        ahead = self.depth
+                while pending:
+                    yield self.handed_over(pending.popleft().result())
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def on_thread(self) -> None:
+        if self.device.type == 'cuda':
+            torch.cuda.set_device(self.device)  # a new thread starts on device 0
+
+    def handed_over(self, prepared: Prepared) -> dict:
+        """The batch for the training stream: it waits (on the device) for the preparing stream's event, and the
+        batch's memory is kept from reuse until the training stream is done with it."""
+        if prepared.done is None:
+            return prepared.batch
+        training = torch.cuda.current_stream(self.device)
+        training.wait_event(prepared.done)
+        for tensor in tensors_in(list(prepared.batch.values())):
+            if tensor.device.type == 'cuda':
+                tensor.record_stream(training)
+        return prepared.batch
+
