@@ -96,7 +96,7 @@ def test_a_root_without_the_pages_is_an_error_not_a_pass(tmp_path):
 
 def test_a_gpu_results_file_that_is_a_folder_is_refused_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        gpu_session.build_parser().parse_args(['--part', '1', '--smoke', '--device', 'cpu', '--out', str(tmp_path)])
+        gpu_session.build_parser().parse_args(['--smoke', '--device', 'cpu', '--out', str(tmp_path)])
     assert f'argument --out: {tmp_path}' in capsys.readouterr().err
 
 
@@ -120,25 +120,33 @@ def test_per_seed_values_render_as_mean_and_sample_deviation_and_anything_else_i
 
 
 @pytest.mark.slow
-def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_path):
-    first, both = tmp_path / 'part1.json', tmp_path / 'gpu.json'
-    part1 = run_tool('measure_gpu.py', ['--part', '1', '--smoke', '--device', 'cpu', '--out', first], nested=True)
-    assert part1.returncode == 0, output(part1)[-3000:]
-    part2 = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', first, '--out', both],
+def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_path):
+    """Two calls, as two device calls run them: the loop benchmark, then the default stages (the loops against their
+    steps, decoding, label generation) and the GPU suite, merged into one file that renders."""
+    first, both = tmp_path / 'call1.json', tmp_path / 'gpu.json'
+    part1 = run_tool('measure_gpu.py', ['--stages', 'loop_benchmark', '--smoke', '--device', 'cpu', '--out', first],
                      nested=True)
+    assert part1.returncode == 0, output(part1)[-3000:]
+    stages = [*gpu_session.DEFAULT_STAGES, 'gpu_tests']
+    part2 = run_tool('measure_gpu.py', ['--stages', ','.join(reversed(stages)), '--smoke', '--device', 'cpu',
+                                        '--merge', first, '--out', both], nested=True)
     assert part2.returncode == 0, output(part2)[-3000:]
     session = json.loads(both.read_text())
 
-    assert session['parts'] == [1, 2] and session['smoke'] and session['device'] == 'CPU'
-    (loop,) = session['loop_benchmark']['models']  # part 1's figures, merged
+    assert session['calls'] == [['loop_benchmark'], stages] and session['smoke'] and session['device'] == 'CPU'
+    (loop,) = session['loop_benchmark']['models']  # the first call's figures, merged
     assert loop['loop']['img_s'] > 0 and loop['loop']['serial_img_s'] > 0 and loop['train_cls']['img_s'] > 0
     assert loop['model_step_img_s'] > 0
     # a smoke window is one batch: on a busy machine a figure may exceed its ceiling, and is then recorded as such
     measured_wrong = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
     assert session['stages']['loop_benchmark']['status'] == (measured_wrong if loop['measurement_errors'] else 'done')
-    eager = session['step']['models']['deit_tiny_patch16_224']['eager']
-    assert eager['img_s'] > 0 and eager['tflop_s'] > 0
-    assert 'compiled' not in session['step']['models']['deit_tiny_patch16_224']  # GPU only
+    for key, model in (('deit_loop', 'deit_tiny_patch16_224'), ('lvvit_loop', 'lvvit_s')):
+        figures = session[key]['models'][model]
+        eager = figures['eager']
+        assert eager['loop_img_s'] > 0 and eager['step_img_s'] > 0 and eager['tflop_s'] > 0
+        assert eager['loop_of_step'] == pytest.approx(eager['loop_img_s'] / eager['step_img_s'])
+        assert 0 <= eager['data_wait'] <= 1
+        assert 'compiled' not in figures and session[key]['decode'] == 'cpu'  # GPU only
     labels = session['label_generation']
     assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
     for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
@@ -149,14 +157,25 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_parts(tmp_p
     (tmp_path / 'docs' / 'results').mkdir(parents=True)
     shutil.copy(both, tmp_path / 'docs' / 'results' / 'smoke.json')
     table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'smoke')
-    assert '| the whole loop against its step (DeiT-S) | loop ' in table
+    assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in table
+    assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
+    assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
     assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
+    assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
+
+
+def test_stages_are_named_and_run_in_the_order_of_value():
+    parse = gpu_session.build_parser().parse_args
+    assert parse(['--out', 'x.json']).stages == list(gpu_session.DEFAULT_STAGES)
+    assert parse(['--stages', 'gpu_tests,deit_loop', '--out', 'x.json']).stages == ['deit_loop', 'gpu_tests']
+    with pytest.raises(SystemExit):
+        parse(['--stages', 'deit_loop,steps', '--out', 'x.json'])
 
 
 def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_path):
     earlier = tmp_path / 'gpu.json'
     earlier.write_text(json.dumps({'device': 'NVIDIA H100 80GB HBM3', 'commit': 'abc1234', 'smoke': False}))
-    result = run_tool('measure_gpu.py', ['--part', '2', '--smoke', '--device', 'cpu', '--merge', earlier, '--out',
+    result = run_tool('measure_gpu.py', ['--smoke', '--device', 'cpu', '--merge', earlier, '--out',
                                          tmp_path / 'out.json'])
     assert result.returncode == 2
     assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of device 'NVIDIA H100")

@@ -1,14 +1,16 @@
-"""One borrowed GPU machine's measurements, in parts that each fit one call (tools/measure_gpu.py).
+"""One borrowed GPU machine's measurements, stage by stage, the stages of one device call chosen with `--stages`
+(tools/measure_gpu.py).
 
-The order of value: part 1, the suite against timm's train.py on DeiT-S and the whole loop against its step in
-their steady state (tools/benchmark_loop.py); part 2, the GPU suite (`pytest -m gpu`), nvJPEG decoding against the
-workers' and bf16 label generation against fp32, then the trainer's eager and compiled bf16 steps with their MFU
-(measured on an H100 and an H200 already, so last). A part
-runs its stages in that order, each in a process of its own under the part's remaining time (`--budget`); a stage
+The stages, in the order of value (the default runs the first four, the figures no session has measured yet):
+`deit_loop`, DeiT-S's whole loop with `--decode gpu` against its step in the same process, eager and compiled, with
+its data-wait share; `lvvit_loop`, the same for LV-ViT-S with token labeling; `decoding`, nvJPEG against the workers'
+decoding; `label_generation`, bf16 label generation against fp32; then by name `loop_benchmark` (the suite against
+timm's train.py and the loop with the workers decoding, tools/benchmark_loop.py) and `gpu_tests` (`pytest -m gpu`, a
+call of its own). Each stage runs in a process of its own under the call's remaining time (`--budget`); a stage
 whose predicted length no longer fits is skipped with a line saying so, and one stopped at its limit keeps what it
 measured: every figure is written into the results file as it comes (atomically), and the file is merged across
-parts (`--merge` part 1's file into part 2's run). `--smoke` runs every stage at tiny sizes (on a CPU: the stages
-that need CUDA are skipped, each with a line saying so); the tests run it.
+calls (`--merge` the earlier call's file). `--smoke` runs the stages at tiny sizes (on a CPU: the stages that need
+CUDA are skipped, each with a line saying so, and the loops decode in the workers, eager only); the tests run it.
 """
 from __future__ import annotations
 
@@ -52,38 +54,46 @@ class Sizes:
     model: str
     batch_size: int
     workers: int
-    # the loop benchmark's synthetic training entries: its train_cls and timm windows stay in epoch 1 (50 skipped
-    # updates and 30 s at up to 10,000 img/s, above the compiled step's 8,494 on an H200, need 313,000)
+    # the synthetic training entries: loop windows stay in one epoch (the loop benchmark's train_cls and timm
+    # windows: 50 skipped updates and 30 s at up to 10,000 img/s, above the compiled step's 8,494 on an H200)
     images: int
     seconds: float  # each timing window's least length
     min_batches: int | None  # each window's fewest batches (None: benchmark_loop's default, 200 on a GPU)
     skip_updates: int  # train_cls's and timm's updates before their window
+    loop_workers: int  # the loader processes of the loop stages: a 12-core share of a node, one core for training
     decode_workers: int  # the loader processes of the decoding comparison (a node with few cores per GPU)
     annotator: str
     annotator_size: int
     label_batch: int  # label generation's batch
+    token_labeling_model: str  # the lvvit_loop stage's
 
 
 GPU = Sizes(model='deit_small_patch16_224', batch_size=256, workers=15, images=320_000, seconds=30.0,
-            min_batches=None, skip_updates=50, decode_workers=4, annotator='dm_nfnet_f6', annotator_size=576,
-            label_batch=32)
+            min_batches=None, skip_updates=50, loop_workers=11, decode_workers=4, annotator='dm_nfnet_f6',
+            annotator_size=576, label_batch=32, token_labeling_model='lvvit_s')
 SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64, seconds=0.0, min_batches=1,
-              skip_updates=1, decode_workers=1, annotator='resnet10t', annotator_size=64, label_batch=2)
+              skip_updates=1, loop_workers=1, decode_workers=1, annotator='resnet10t', annotator_size=64,
+              label_batch=2, token_labeling_model='lvvit_s')
 
-PARTS = {1: ('loop_benchmark',), 2: ('gpu_tests', 'decoding', 'label_generation', 'steps')}
+STAGE_ORDER = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'loop_benchmark', 'gpu_tests')
+DEFAULT_STAGES = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation')  # what no session has measured
 NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA; on a CPU every test is a skip',
               'decoding': 'nvJPEG decodes on CUDA'}
-RESERVE = 15.0  # seconds a part keeps for writing its file after its last stage
+RESERVE = 15.0  # seconds a call keeps for writing its file after its last stage
 
 
 def predicted_seconds(stage: str, sizes: Sizes) -> float:
-    """A stage's length on one H100 with `sizes` (from the 2026-11-26 session: 16 cores, torch 2.11): its start-ups
-    and untimed warm-ups, plus each timing window. A smoke run's own lengths are in its results file."""
+    """A stage's length on one H100 or H200 with `sizes` (from the 2026-11-26 and 2026-11-28 sessions: 16 cores,
+    torch 2.11): its start-ups and untimed warm-ups, plus each timing window. A smoke run's own lengths are in its
+    results file."""
     window = sizes.seconds
+    step = (window + 5) + (window + 70)  # eager; compiled (compiling first)
+    loop = (window + 25) + (window + 90)  # eager (the workers' prefetch first); compiled (compiling again)
     return {'loop_benchmark': 60 + 8 * (window + 6) + 2 * (45 + window),  # data; 8 windows; train_cls and timm
-            'steps': 40 + (window + 5) + (window + 70),  # data and a batch; eager; compiled (compiling first)
-            'gpu_tests': 190.0,  # 179 s on 2026-11-26
-            'decoding': 30 + 2 * (window + 15),  # data; the workers' decoding, then nvJPEG
+            'deit_loop': 60 + step + loop,  # data and a batch
+            'lvvit_loop': 75 + step + loop,  # data, its token labels and a batch
+            'gpu_tests': 420.0,  # 400-450 s on 2026-11-28
+            'decoding': 60 + 2 * (window + 15),  # data; the workers' decoding, then nvJPEG
             'label_generation': 40 + 2 * (window + 10)}[stage]  # the annotator built; fp32, then bf16
 
 
@@ -119,8 +129,8 @@ def machine_facts(device: str, commit: str | None, smoke: bool) -> dict:
             'python': '.'.join(map(str, sys.version_info[:3])), 'smoke': smoke}
 
 
-def open_results(out: Path, merge: Path | None, facts: dict, part: int) -> Results:
-    """The results file `out`, starting from `merge` (an earlier part's file) or from `out` itself where it exists;
+def open_results(out: Path, merge: Path | None, facts: dict, stages: list[str]) -> Results:
+    """The results file `out`, starting from `merge` (an earlier call's file) or from `out` itself where it exists;
     an earlier file of another device or commit is refused, not mixed in."""
     source = merge if merge is not None else out
     if merge is not None and not merge.is_file():
@@ -134,7 +144,7 @@ def open_results(out: Path, merge: Path | None, facts: dict, part: int) -> Resul
             raise UsageError(f'{source} holds figures of {key} {data[key]!r}, this session\'s is {facts[key]!r}: '
                              f'give another --out (and no --merge)')
     results = Results(out, {**facts, **data})
-    results.update('parts', sorted({*data.get('parts', []), part}))
+    results.update('calls', [*data.get('calls', []), stages])
     return results
 
 
@@ -275,19 +285,20 @@ def outcome(status: int | None, known: str | None = None) -> str:
 
 
 STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
-    'loop_benchmark': loop_benchmark_stage, 'steps': child_stage('steps'), 'gpu_tests': gpu_tests_stage,
-    'decoding': child_stage('decoding'), 'label_generation': child_stage('label_generation')}
+    'loop_benchmark': loop_benchmark_stage, 'deit_loop': child_stage('deit_loop'),
+    'lvvit_loop': child_stage('lvvit_loop'), 'gpu_tests': gpu_tests_stage, 'decoding': child_stage('decoding'),
+    'label_generation': child_stage('label_generation')}
 
 
-def run_part(args: argparse.Namespace) -> Results:
-    """The part's stages in order, each under the part's remaining time, skipped with a line where its predicted
-    length no longer fits or it needs CUDA the machine lacks."""
+def run_stages(args: argparse.Namespace) -> Results:
+    """The chosen stages in the order of value, each under the call's remaining time, skipped with a line where its
+    predicted length no longer fits or it needs CUDA the machine lacks."""
     started = time.perf_counter()
     facts = machine_facts(args.device, args.commit, args.smoke)
-    results = open_results(Path(args.out), Path(args.merge) if args.merge else None, facts, args.part)
-    plan = {stage: predicted_seconds(stage, args.sizes) for stage in PARTS[args.part]}
-    logger.info(f'part {args.part} on {facts["device"]} at {facts["commit"]}, budget {args.budget:g} s; predicted on '
-                f'an H100: ' + ', '.join(f'{stage} {seconds:.0f} s' for stage, seconds in plan.items()))
+    results = open_results(Path(args.out), Path(args.merge) if args.merge else None, facts, args.stages)
+    plan = {stage: predicted_seconds(stage, args.sizes) for stage in args.stages}
+    logger.info(f'{", ".join(plan)} on {facts["device"]} at {facts["commit"]}, budget {args.budget:g} s; predicted '
+                f'on an H100 or H200: ' + ', '.join(f'{stage} {seconds:.0f} s' for stage, seconds in plan.items()))
     for stage, predicted in plan.items():
         left = args.budget - (time.perf_counter() - started) - RESERVE
         if stage in NEEDS_CUDA and args.device != 'cuda':
@@ -302,54 +313,70 @@ def run_part(args: argparse.Namespace) -> Results:
                           predicted_seconds=round(predicted))
         results.stage(stage, status=status)
         logger.info(f'{stage}: {status}')
-    logger.info(f'part {args.part}: {time.perf_counter() - started:.0f} s -> {args.out}')
+    logger.info(f'{time.perf_counter() - started:.0f} s -> {args.out}')
     return results
 
 
 # ---- the stages run in a process of their own (`--stage`): each writes its figures as they come
 
 
-def benchmark_setup(sizes: Sizes, device: str, folder: Path, images: int, decode: str = 'cpu',
+def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, images: int, decode: str = 'cpu',
                     workers: int | None = None):
-    """loop_benchmark's pieces for `sizes.model` on `images` synthetic JPEGs written under `folder`: its
-    BenchedModel."""
+    """loop_benchmark's pieces for `model` on `images` synthetic JPEGs written under `folder` (and, for a model that
+    trains with token labels, their store): its BenchedModel."""
     from backbones.common.distributed import DistInfo
+    from classification.recipes import recipe_for
     from classification.studies import loop_benchmark
     from classification.train import ImageData
 
-    argv = ['--models', sizes.model, '--device', device, '--amp', AMP, '--batch-size', str(sizes.batch_size),
+    argv = ['--models', model, '--device', device, '--amp', AMP, '--batch-size', str(sizes.batch_size),
             '--workers', str(workers or sizes.workers), '--seconds', f'{sizes.seconds:g}', '--decode', decode]
     argv += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
     args = loop_benchmark.parse_args(argv)
-    root = loop_benchmark.synthetic_imagenet(folder, images)
-    return loop_benchmark.BenchedModel(sizes.model, ImageData(root, None), args, DistInfo(device=torch.device(device)))
+    root = loop_benchmark.synthetic_imagenet(folder / 'data', images)
+    labels = loop_benchmark.synthetic_labels(root, folder / 'labels', torch.device(device)) \
+        if recipe_for(model).uses_score_maps else None
+    return loop_benchmark.BenchedModel(model, ImageData(root, labels), args, DistInfo(device=torch.device(device)))
 
 
-def steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The trainer's step (bf16 autocast, fused AdamW, channels-last) on one batch on the device, eager then
-    compiled, with its FLOPs and MFU (compiling for a CPU takes minutes and has no peak to compare: GPU only)."""
-    from classification.engine.trainer import StepOptions
-    from classification.studies import loop_benchmark
-    from classification.train import pick_augment
+ChildStage = Callable[[Sizes, str, Path, Callable[[str, object], None]], None]
 
-    setup = benchmark_setup(sizes, device, tmp / 'data', images=2 * sizes.batch_size)
-    batch = loop_benchmark.device_batch(setup, pick_augment('auto', torch.device(device)))
-    figures: dict[str, object] = {}
-    step = {'how': f'the trainer step ({AMP} autocast, fused AdamW, channels-last) on one batch of '
-                   f'{sizes.batch_size} at {setup.recipe.img_size} on the device, eager and torch.compile, each '
-                   f'timed >= {sizes.seconds:g} s after its warm-up', 'models': {sizes.model: figures}}
-    for label, compiled in (('eager', False), ('compiled', True)):
-        if compiled and device != 'cuda':
-            logger.info('steps: the compiled step is skipped on a CPU (compiling takes minutes there; its figure is '
-                        "the GPU's)")
-            continue
-        rate, compiled_in_window = loop_benchmark.step_images_per_second(setup, batch, StepOptions(compile=compiled),
-                                                                         AMP)
-        figures[label] = {'img_s': rate, 'compiled_in_window': compiled_in_window,
-                          **loop_benchmark.step_flops(setup, rate, loop_benchmark.peak_tflops(setup.args))}
-        if 'eager' in figures and 'compiled' in figures:
-            figures['compiled_over_eager'] = figures['compiled']['img_s'] / figures['eager']['img_s']
-        save('step', step)
+
+def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
+    """The whole loop (`--decode gpu`, `loop_workers` loader processes) against the trainer's step on one batch
+    already on the device, in the same process, eager then compiled, with the loop's data-wait share (on a CPU:
+    the workers decode, and the compiled pair is skipped: compiling there takes minutes and has no peak to
+    compare); its figures go under `key`."""
+    def run(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
+        from classification.engine.trainer import StepOptions
+        from classification.studies import loop_benchmark
+
+        model, decode = model_of(sizes), 'gpu' if device == 'cuda' else 'cpu'
+        setup = benchmark_setup(model, sizes, device, tmp, images=sizes.images, decode=decode,
+                                workers=sizes.loop_workers)
+        batch = loop_benchmark.device_batch(setup, 'batched')
+        figures: dict[str, object] = {}
+        loops = {'how': f'the whole loop (the batched path, --decode {decode}, {sizes.loop_workers} workers, the '
+                        f'prefetcher) and the trainer step ({AMP} autocast, fused AdamW, channels-last) on one batch '
+                        f'on the device, batch {sizes.batch_size}, each timed >= {sizes.seconds:g} s after its '
+                        f'warm-up, eager and torch.compile; data_wait: the loop pass\'s share of time waiting for '
+                        f'batches, its warm-up included', 'decode': decode, 'workers': sizes.loop_workers,
+                 'models': {model: figures}}
+        for label, compiled in (('eager', False), ('compiled', True)):
+            if compiled and device != 'cuda':
+                logger.info(f'{model}: the compiled step and loop are skipped on a CPU')
+                continue
+            options = StepOptions(compile=compiled)
+            step = loop_benchmark.step_images_per_second(setup, batch, options, AMP)
+            loop = loop_benchmark.loop_images_per_second(setup, 'batched', options)
+            figures[label] = {'step_img_s': step.images_per_second, 'loop_img_s': loop.images_per_second,
+                              'loop_of_step': loop.images_per_second / step.images_per_second,
+                              'data_wait': loop.data_wait,
+                              'compiled_in_window': step.compiled_in_window + loop.compiled_in_window,
+                              **loop_benchmark.step_flops(setup, step.images_per_second,
+                                                          loop_benchmark.peak_tflops(setup.args))}
+            save(key, loops)
+    return run
 
 
 def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
@@ -361,8 +388,9 @@ def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, ob
                       f'synthetic 500x375 JPEGs, each timed >= {sizes.seconds:g} s after its warm-up',
                'workers': sizes.decode_workers}
     for decode in ('cpu', 'gpu'):
-        setup = benchmark_setup(sizes, device, tmp / f'data_{decode}', images=sizes.batch_size * 64, decode=decode,
-                                workers=sizes.decode_workers)
+        # epochs longer than the window: the workers are not started again inside it
+        setup = benchmark_setup(sizes.model, sizes, device, tmp / f'data_{decode}', images=sizes.images,
+                                decode=decode, workers=sizes.decode_workers)
         figures[f'{decode}_img_s'] = loop_benchmark.pipeline_images_per_second(setup, 'batched', sizes.decode_workers)
         save('decoding', figures)
 
@@ -400,7 +428,10 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
         save('label_generation', figures)
 
 
-CHILD_STAGES = {'steps': steps_stage, 'decoding': decoding_stage, 'label_generation': label_generation_stage}
+CHILD_STAGES: dict[str, ChildStage] = {
+    'deit_loop': loop_stage('deit_loop', lambda sizes: sizes.model),
+    'lvvit_loop': loop_stage('lvvit_loop', lambda sizes: sizes.token_labeling_model),
+    'decoding': decoding_stage, 'label_generation': label_generation_stage}
 
 
 def run_child_stage(name: str, out: Path, sizes: Sizes, device: str) -> None:
@@ -414,19 +445,31 @@ def run_child_stage(name: str, out: Path, sizes: Sizes, device: str) -> None:
         CHILD_STAGES[name](sizes, device, Path(tmp), save)
 
 
+def stage_list(text: str) -> list[str]:
+    """`--stages`: stage names separated by commas, run in the order of value whatever order they are given in."""
+    names = [name.strip() for name in text.split(',') if name.strip()]
+    unknown = [name for name in names if name not in STAGE_ORDER]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f'{", ".join(unknown) or "no stage"}: the stages are '
+                                         f'{", ".join(STAGE_ORDER)}')
+    return [stage for stage in STAGE_ORDER if stage in names]
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p = command_parser(description, 'measure_gpu.py')
-    p.add_argument('--part', type=int, choices=sorted(PARTS), help='the part to run: ' + '; '.join(
-        f'{part}: {", ".join(stages)}' for part, stages in PARTS.items()))
+    p.add_argument('--stages', type=stage_list, default=list(DEFAULT_STAGES), help=(
+        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}: the figures no session '
+        f'has measured; the others are {", ".join(s for s in STAGE_ORDER if s not in DEFAULT_STAGES)}), run in the '
+        f'order {", ".join(STAGE_ORDER)}'))
     p.add_argument('--out', type=output_file, help='the results file: every figure is written into it as it comes '
                    '(on the device machine, under $OUT, so that it comes back)')
-    p.add_argument('--merge', help="an earlier part's results file to add this part's figures to (the same device "
+    p.add_argument('--merge', help="an earlier call's results file to add this call's figures to (the same device "
                                    'and commit)')
     p.add_argument('--timm-train', help="timm's train.py, from a clone of timm's repository at the installed timm's "
-                                        'version (part 1: without it the suite is not timed against it)')
+                                        'version (loop_benchmark: without it the suite is not timed against it)')
     p.add_argument('--commit', help="the source's commit, where this copy has no git history (a device machine's)")
     p.add_argument('--budget', type=positive_float, default=540.0,
-                   help='seconds this part may take (default 540: a call is at most 10 minutes, the install before '
+                   help='seconds this call may take (default 540: a call is at most 10 minutes, the install before '
                         'it included); a stage whose predicted length does not fit what is left is skipped, the last '
                         'one stopped at the budget')
     p.add_argument('--seconds', type=non_negative_float,
@@ -434,7 +477,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     add_device_argument(p)  # cpu only with --smoke
     p.add_argument('--smoke', action='store_true', help='tiny sizes, for a CPU: every stage runs its code once, the '
                                                         'stages that need CUDA skipped with a line saying so')
-    p.add_argument('--stage', choices=sorted(CHILD_STAGES), help=argparse.SUPPRESS)  # a part runs its stages so
+    p.add_argument('--stage', choices=sorted(CHILD_STAGES), help=argparse.SUPPRESS)  # the stages' own processes
     p.add_argument('--stage-out', help=argparse.SUPPRESS)
     return p
 
@@ -451,15 +494,14 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     if args.stage:
         run_child_stage(args.stage, Path(args.stage_out), args.sizes, args.device)
         return 0
-    if args.part is None or args.out is None:
-        raise UsageError('give --part and --out')
+    if args.out is None:
+        raise UsageError('give --out, the results file')
     if args.timm_train and not Path(args.timm_train).is_file():
         raise UsageError(f'--timm-train {args.timm_train}: no such file')
-    results = run_part(args)
+    results = run_stages(args)
     failed = [name for name, stage in results.data.get('stages', {}).items()
               if str(stage.get('status', '')).startswith('failed')]
-    if failed:  # the figures measured are kept in the file; the part is not a success
-        logger.error(f'part {args.part}: {", ".join(failed)} failed (their output is above); the other figures are '
-                     f'in {args.out}')
+    if failed:  # the figures measured are kept in the file; the call is not a success
+        logger.error(f'{", ".join(failed)} failed (their output is above); the other figures are in {args.out}')
         return 1
     return 0

@@ -283,10 +283,12 @@ def compiled_graphs() -> int:
 class Timed(NamedTuple):
     images_per_second: float
     compiled_in_window: int  # graphs compiled after the warm-up: the figure includes their compilation
+    data_wait: float | None = None  # the training pass's share of time waiting for batches (its warm-up included)
 
 
 def timed_training(window: SteadyWindow, source: Iterable[dict], train: Callable[[Iterable[dict]], object]) -> Timed:
-    """`train` over `window.batches(source)`, counting the graphs compiled once the window's clock has started."""
+    """`train` over `window.batches(source)`, counting the graphs compiled once the window's clock has started (and
+    the pass's data wait, where `train` returns a training pass's result)."""
     at_start = []
 
     def batches() -> Iterator[dict]:
@@ -295,9 +297,9 @@ def timed_training(window: SteadyWindow, source: Iterable[dict], train: Callable
                 at_start.append(compiled_graphs())
             yield batch
 
-    train(batches())
+    trained = train(batches())
     rate = window.images_per_second()
-    return Timed(rate, compiled_graphs() - at_start[0] if at_start else 0)
+    return Timed(rate, compiled_graphs() - at_start[0] if at_start else 0, getattr(trained, 'data_wait', None))
 
 
 def report_compiled(timed: Timed, bench: BenchedModel, stage: str) -> Timed:
@@ -516,7 +518,7 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     compiled_in_window['whole loop'] = timed_loop.compiled_in_window
     if args.compare_loop:
         serial = loop_images_per_second(bench, loop_path, trainer, overlap=False)
-        loop['serial_img_s'], compiled_in_window['serial loop'] = serial
+        loop['serial_img_s'], compiled_in_window['serial loop'] = serial.images_per_second, serial.compiled_in_window
         loop['overlap_gain'] = loop['img_s'] / loop['serial_img_s']
     figures['compiled_in_window'] = {stage: n for stage, n in compiled_in_window.items() if n}
     against_timm = args.timm_train is not None and not bench.recipe.token_labeling

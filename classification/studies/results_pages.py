@@ -376,12 +376,21 @@ def loop_figures(session: dict) -> dict | None:
     return document['models'][0] if document and document.get('models') else None
 
 
+INPUT_BOUND = ' (input-bound: it says nothing of the step)'
+
+
+def bound_note(input_bound: bool) -> str:
+    """What a ratio of two loops measured under the same bound can say: under the input pipeline, only how their
+    pipelines compare."""
+    return INPUT_BOUND if input_bound else ''
+
+
 def gpu_against_timm(session: dict) -> str:
     f = loop_figures(session)
     if not f or 'timm_train' not in f:
         return ''
     return (f'`train_cls` {rate(f["train_cls"]["img_s"])} img/s, timm\'s `train.py` {rate(f["timm_train"]["img_s"])} '
-            f'img/s: **x{f["timm_train"]["suite_ratio"]:.2f}**')
+            f'img/s: **x{f["timm_train"]["suite_ratio"]:.2f}**{bound_note(f["bound"] == "input pipeline")}')
 
 
 def gpu_loop(session: dict) -> str:
@@ -389,7 +398,7 @@ def gpu_loop(session: dict) -> str:
     if not f or 'loop' not in f:
         return gpu_loop_from_progress(session)
     serial = (f', serial loop {rate(f["loop"]["serial_img_s"])} img/s (overlap x{f["loop"]["overlap_gain"]:.2f})'
-              if 'serial_img_s' in f['loop'] else '')
+              f'{bound_note(f["bound"] == "input pipeline")}' if 'serial_img_s' in f['loop'] else '')
     return (f'loop {rate(f["loop"]["img_s"])} img/s against its step\'s {rate(f["model_step_img_s"])}: '
             f'**x{f["loop"]["of_step"]:.2f}**{serial}; bound by the {f["bound"]}')
 
@@ -413,15 +422,16 @@ def gpu_loop_from_progress(session: dict) -> str:
     loop, step = figure('whole loop, batched path, overlapped'), figure('model step')
     if loop is None or step is None:
         return ''
-    serial = figure('whole loop, batched path, serial')
-    serial_text = f', serial loop {rate(serial)} img/s (overlap x{loop / serial:.2f})' if serial else ''
     # the batched path's pipeline with the most loader workers (the one the loop ran with); the bound as the
     # benchmark names it: the slower of that pipeline and the step
     pipelines = {int(found[1]): value for label, value in progress.items()
                  if (found := re.fullmatch(r'input pipeline, batched path, (\d+) workers', label))}
     pipeline = pipelines[max(pipelines)] if pipelines else None
-    bound = (f'the input pipeline ({rate(pipeline)} img/s, batched path)' if pipeline is not None and pipeline < step
-             else 'the model step')
+    input_bound = pipeline is not None and pipeline < step
+    bound = f'the input pipeline ({rate(pipeline)} img/s, batched path)' if input_bound else 'the model step'
+    serial = figure('whole loop, batched path, serial')
+    serial_text = (f', serial loop {rate(serial)} img/s (overlap x{loop / serial:.2f}){bound_note(input_bound)}'
+                   if serial else '')
     return (f'loop {rate(loop)} img/s against its step\'s {rate(step)}: **x{loop / step:.2f}**{serial_text}; bound by '
             f'{bound} (from the benchmark\'s progress lines: its later train_cls window failed)')
 
@@ -474,9 +484,26 @@ def gpu_labels(session: dict) -> str:
                                                                           labels['fp32_img_s'])
 
 
+def gpu_decoded_loop(key: str, compiled: bool) -> Callable[[dict], str]:
+    """A loop stage's row (gpu_session.loop_stage): the loop against its step in the same process, its data wait."""
+    def describe(session: dict) -> str:
+        stage = session.get(key)
+        figures = next(iter(stage['models'].values()), {}).get('compiled' if compiled else 'eager') if stage else None
+        if not figures:
+            return ''
+        wait = f', waiting for data {figures["data_wait"]:.0%} of the pass' if figures['data_wait'] is not None else ''
+        return (f'--decode {stage["decode"]}, {stage["workers"]} workers: loop {rate(figures["loop_img_s"])} img/s '
+                f'against its step\'s {rate(figures["step_img_s"])}: **x{figures["loop_of_step"]:.2f}**{wait}')
+    return describe
+
+
 # the GPU session's figures in the issue's order of value
-GPU_FIGURES = (("the suite against timm's `train.py` (DeiT-S, steady state)", gpu_against_timm),
-               ('the whole loop against its step (DeiT-S)', gpu_loop),
+GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=False)),
+               ('the compiled loop against its compiled step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=True)),
+               ('the same for LV-ViT-S with token labeling, eager', gpu_decoded_loop('lvvit_loop', compiled=False)),
+               ('the same, compiled', gpu_decoded_loop('lvvit_loop', compiled=True)),
+               ("the suite against timm's `train.py` (DeiT-S, steady state)", gpu_against_timm),
+               ('the whole loop against its step (DeiT-S, the workers decoding)', gpu_loop),
                ("the trainer's step, eager (bf16, fused AdamW, channels-last)", gpu_step('eager')),
                ('the same, compiled (`--compile`)', gpu_step('compiled')),
                ('the GPU suite (`pytest -m gpu`)', gpu_tests),
