@@ -22,7 +22,7 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 from timm.data import RandomResizedCropAndInterpolation
-from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.auto_augment import _LEVEL_DENOM, AugmentOp, RandAugment, _interpolation, rand_augment_transform
 from timm.data.random_erasing import RandomErasing
 from torchvision.transforms import InterpolationMode
 
@@ -52,7 +52,8 @@ def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]
         a = -math.radians(arg)
         rot = np.array([[math.cos(a), math.sin(a), 0.0], [-math.sin(a), math.cos(a), 0.0], [0.0, 0.0, 1.0]])
         to_centre = np.array([[1.0, 0.0, -w / 2], [0.0, 1.0, -h / 2], [0.0, 0.0, 1.0]])
-        return np.linalg.inv(to_centre) @ rot @ to_centre
+        from_centre = np.array([[1.0, 0.0, w / 2], [0.0, 1.0, h / 2], [0.0, 0.0, 1.0]])
+        return from_centre @ rot @ to_centre
     m = np.eye(3)
     if op_name == 'ShearX':
         m[0, 1] = arg
@@ -75,7 +76,8 @@ def pixels_to_normalized(m: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Re-express a pixel-coordinate map of a (w, h) image in [-1, 1] coordinates."""
     w, h = size
     d = np.array([[w / 2, 0.0, w / 2], [0.0, h / 2, h / 2], [0.0, 0.0, 1.0]])  # normalised -> pixels
-    return np.linalg.inv(d) @ m @ d
+    d_inverse = np.array([[2 / w, 0.0, -1.0], [0.0, 2 / h, -1.0], [0.0, 0.0, 1.0]])
+    return d_inverse @ m @ d
 
 
 class AppliedOp(NamedTuple):
@@ -110,18 +112,20 @@ class _ZeroBitPosterize:
 
 def warp_of(applied: Sequence[AppliedOp], size: tuple[int, int]) -> torch.Tensor:
     """The geometric ops of `applied` (in the order applied) composed: final image -> crop, [-1, 1] coordinates."""
+    geometric = [op for op in applied if op.name in GEOMETRIC_OPS]
+    if not geometric:
+        return torch.eye(3)[:2].clone()
     m = np.eye(3)
-    for op in applied:  # the first op applied is the outermost: out -> ... -> input of op 1
-        if op.name in GEOMETRIC_OPS:
-            m = m @ pil_affine_matrix(op.name, op.args, size)
+    for op in geometric:  # the first op applied is the outermost: out -> ... -> input of op 1
+        m = m @ pil_affine_matrix(op.name, op.args, size)
     return torch.from_numpy(pixels_to_normalized(m, size)[:2]).float()
 
 
 class LabelAwareRandAugment:
     """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied.
 
-    `plan` draws the same ops, magnitudes and random choices without touching an image (timm's ops run on a 1x1
-    stand-in), for the batched path that applies them later on the device.
+    `plan` draws the same ops, magnitudes and random choices without touching an image, for the batched path that
+    applies them later on the device.
     """
 
     def __init__(self, augment: RandAugment) -> None:
@@ -144,13 +148,31 @@ class LabelAwareRandAugment:
         return img, warp_of(self._log, img.size)
 
     def plan(self, size: tuple[int, int]) -> tuple[list[AppliedOp], torch.Tensor]:
-        """The ops an image of `size` would get (the same random draws as a call), and their composed warp."""
-        self._log.clear()
-        self.augment(_STAND_IN)
-        return list(self._log), warp_of(self._log, size)
+        """The ops an image of `size` would get, and their composed warp, drawn without running them: the same
+        calls on the same random streams as a call (`RandAugment.__call__`'s choice of ops, then each op's draws)."""
+        augment = self.augment
+        ops = np.random.choice(augment.ops, augment.num_layers, replace=augment.choice_weights is None,
+                               p=augment.choice_weights)
+        applied = [drawn for drawn in map(drawn_op, ops) if drawn is not None]
+        return applied, warp_of(applied, size)
 
 
-_STAND_IN = Image.new('RGB', (1, 1))
+def drawn_op(op: AugmentOp) -> AppliedOp | None:
+    """What timm's `AugmentOp.__call__` draws for one op, in its order: whether it applies (None where it does
+    not), its magnitude (clamped as timm clamps it), its arguments at that level, and, for a geometric op, its
+    resampling filter (drawn by timm's op function; the batched path resamples by the crop's interpolation)."""
+    if op.prob < 1.0 and random.random() > op.prob:
+        return None
+    magnitude = op.magnitude
+    if op.magnitude_std == float('inf'):
+        magnitude = random.uniform(0, magnitude)
+    elif op.magnitude_std > 0:
+        magnitude = random.gauss(magnitude, op.magnitude_std)
+    magnitude = max(0.0, min(magnitude, op.magnitude_max or _LEVEL_DENOM))
+    args = op.level_fn(magnitude, op.hparams) if op.level_fn is not None else ()
+    if op.name in GEOMETRIC_OPS:
+        _interpolation(dict(op.kwargs))
+    return AppliedOp(op.name, tuple(args), op.kwargs.get('fillcolor'))
 
 
 class EraseBoxes:
