@@ -117,3 +117,44 @@ def test_cifar_augmentation_draws_from_the_batchs_seed_not_the_process_streams()
     torch.manual_seed(1)
     assert torch.equal(augment(images, seed=hash_seed(3, 1)), first)
     assert not torch.equal(augment(images, seed=hash_seed(3, 2)), first)
+
+
+def test_a_batch_of_unreadable_images_passes_as_it_is_with_targets_made_ahead(labeled_images):
+    """With --skip-unreadable a batch may hold no image at all: it is counted, not prepared (the token targets the
+    prefetcher makes ahead need its geometry)."""
+    _, device_tf, objective = token_labeling_pieces(labeled_images, workers=0)
+    batches = [{'skipped': 4}, {'skipped': 4}]
+    assert list(Prefetcher(DistInfo(), device_tf, objective, depth=2)(iter(batches), seed=0)) == batches
+
+
+class Counted:
+    """A loader of `n` small batches that counts the ones read."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.read = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            self.read += 1
+            yield {'image': torch.randn(2, 3, 32, 32), 'label': torch.tensor([0, 1]), 'skipped': 0}
+
+
+@pytest.mark.parametrize('overlap', [True, False])
+def test_batches_after_the_last_complete_update_are_not_read(overlap):
+    """5 batches and updates of 2: the fifth would complete no update, so it is neither read nor prepared (a file the
+    decoder refuses there would end the pass after its last update)."""
+    import timm
+
+    from classification.engine.steps import train_one_epoch
+    from classification.engine.trainer import Optimization, optimization_state
+    from classification.objectives.objective import ClassificationObjective
+    model = timm.create_model('deit_small_patch16_224', num_classes=2, img_size=32, embed_dim=32, depth=1,
+                              num_heads=2)
+    state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 2, 'none')
+    loader = Counted(5)
+    train_one_epoch(model, loader, ClassificationObjective(2, 0.1), state, DistInfo(), accumulate=2,
+                    overlap=overlap)
+    assert (loader.read, state.num_updates) == (4, 2)

@@ -326,14 +326,14 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
     (the batch is decoded again one file at a time to find it)."""
     if not files:
         return []
+    decode = decoded_on_own_stream if device.type == 'cuda' else functools.partial(decode_jpeg,
+                                                                                   mode=ImageReadMode.RGB)
     try:
-        if device.type != 'cuda':
-            return decode_jpeg([f.data for f in files], mode=ImageReadMode.RGB, device=device)
-        return decoded_on_own_stream([f.data for f in files], device)
+        return decode([f.data for f in files], device=device)
     except RuntimeError:
         for f in files:
             try:
-                decode_jpeg(f.data, mode=ImageReadMode.RGB, device=device)
+                decode([f.data], device=device)
             except RuntimeError as e:
                 raise ImageReadError(f'cannot read image {f.path}: the {device.type} JPEG decoder: {e}; decode it '
                                      f'in the workers (--decode cpu) or replace the file') from e
@@ -342,17 +342,23 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
 
 @functools.cache
 def decoding_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
+    """A high-priority stream: torch hands those out from a pool of their own, so it is never the stream a batch is
+    prepared on (of the default priority)."""
+    return torch.cuda.Stream(device, priority=-1)
 
 
 def decoded_on_own_stream(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """nvJPEG's images, ordered after the calling stream's queued work and before what it queues next, without the
-    host waiting for either. torchvision's CUDA decoder allocates its outputs on the current stream but writes them
-    from a stream of its own that waits for nothing: a block just freed on the calling stream, which queued kernels
-    still read, could be overwritten (pytorch/vision#9606, reproduced on H100s). Here the current stream during the
-    decode is one that only ever holds decoded images, each marked as used by the calling stream: the allocator
-    hands such a block out again only once the calling stream's work on it is done."""
+    """nvJPEG's images, which the calling stream's next work waits for on the device. torchvision's CUDA decoder
+    allocates its outputs on the current stream but writes them from a stream of its own that waits for nothing: a
+    block just freed on the calling stream, which queued kernels still read, could be overwritten
+    (pytorch/vision#9606, reproduced on H100s). Here the current stream during the decode is one that only ever
+    holds decoded images, each marked as used by the calling stream: the allocator hands such a block out again only
+    once the calling stream's work on it is done, without the host waiting. (The decoder itself still waits on the
+    host for its own stream, before and after each call.)"""
     calling, decoding = torch.cuda.current_stream(device), decoding_stream(device)
+    if calling == decoding:  # a caller on the decoding stream itself: drain it, as the only safe order left
+        calling.synchronize()
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     with torch.cuda.stream(decoding):
         images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)  # decoding waits for the decoder
     calling.wait_stream(decoding)

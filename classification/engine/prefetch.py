@@ -1,15 +1,17 @@
 """Training batches made ready ahead of their step: on the device, through the batch transform (the batched path's
 decoding and device half, CIFAR's upsampling and augmentation), with the objective's targets made before the forward.
 
-`Prefetcher` does it on a thread of its own, `depth` batches ahead (on a GPU on a CUDA stream of its own too): while
+`Prefetcher` does it on a thread of its own, `DEPTH` batches ahead (on a GPU on a CUDA stream of its own too): while
 the training thread queues one step, the next batches are copied, decoded and augmented beside it, and the step takes
 each through a stream event, so the training thread never waits for the device. Each batch's random draws come from
 a generator seeded with the batch's own key (the pass's seed and the batch's place in it), never from the process's
 streams that the training thread draws from: a batch prepared ahead, on another thread, in a resumed run or serially
-(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) is the same, bit for bit."""
+(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) draws the same, and on a CPU is the same bit for bit (on a
+GPU, to the rounding of the token targets' atomic sums)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +21,8 @@ import torch
 
 from backbones.common.distributed import DistInfo
 from backbones.common.random_state import hash_seed
+
+DEPTH = 2  # batches prepared ahead of the one a step takes
 
 
 class BatchTransform(Protocol):
@@ -58,6 +62,13 @@ def tensors_in(value) -> Iterator[torch.Tensor]:
             yield from tensors_in(v)
 
 
+@functools.cache
+def preparing_stream(device: torch.device) -> torch.cuda.Stream:
+    """One stream per device for every pass (a stream of torch's pool each pass would spread the cached memory over
+    the pool's streams)."""
+    return torch.cuda.Stream(device)
+
+
 class Prepared(NamedTuple):
     batch: dict
     done: torch.cuda.Event | None  # recorded on the preparing stream after the batch's last kernel (GPUs)
@@ -75,10 +86,11 @@ class BatchPreparation:
     def __call__(self, batch: dict, seed: int) -> Prepared:
         with contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream):
             ready = {key: to_device(value, self.device) for key, value in batch.items()}
-            if self.transform is not None and 'image' in ready:
-                ready['image'] = self.transform(ready['image'], seed)
-            if self.ahead:
-                ready = self.objective.targets_ahead(ready, self.device)
+            if 'image' in ready:  # not a batch whose images were all unreadable (--skip-unreadable)
+                if self.transform is not None:
+                    ready['image'] = self.transform(ready['image'], seed)
+                if self.ahead:
+                    ready = self.objective.targets_ahead(ready, self.device)
             done = None
             if self.stream is not None:
                 done = torch.cuda.Event()
@@ -95,11 +107,15 @@ class Prefetcher:
     loader is read on the training thread (without worker processes it reads the images there, between the
     training's own draws, which it puts back). The first batch is prepared alone: the objective learns the model's
     token grid from its forward and makes the next batches' targets ahead on it. A batch that fails to prepare (a
-    file the device's decoder refuses) raises when its turn comes, after the batches before it were trained on."""
+    file the device's decoder refuses) raises when its turn comes, after the batches before it were trained on; an
+    error of the loader itself raises at once, the batches already prepared untrained."""
 
-    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective, depth: int = 2) -> None:
+    def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
+                 depth: int = DEPTH) -> None:
         self.device, self.depth = info.device, depth
-        stream = torch.cuda.Stream(info.device) if depth and info.device.type == 'cuda' else None
+        if self.device.type == 'cuda' and self.device.index is None:  # the thread sets its device by index
+            self.device = torch.device('cuda', torch.cuda.current_device())
+        stream = preparing_stream(self.device) if depth and self.device.type == 'cuda' else None
         self.prepare = BatchPreparation(info, transform, objective, ahead=depth > 0, stream=stream)
 
     def __call__(self, batches: Iterable[dict], seed: int, first: int = 0) -> Iterator[dict]:

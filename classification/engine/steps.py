@@ -3,6 +3,7 @@ tool share them."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 import time
@@ -15,7 +16,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo, HostCopy, all_reduce_sum
-from classification.engine.prefetch import BatchTransform, Objective, Prefetcher
+from classification.engine.prefetch import DEPTH, BatchTransform, Objective, Prefetcher
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
@@ -172,7 +173,9 @@ def train_one_epoch(
     batches = iter(loader)
     if on_start is not None:
         on_start()
-    prefetch = Prefetcher(info, transform, objective, depth=2 if overlap else 0)
+    if usable is not None:  # the batches after the last complete update are not even prepared
+        batches = itertools.islice(batches, max(usable - progress.batches, 0))
+    prefetch = Prefetcher(info, transform, objective, depth=DEPTH if overlap else 0)
     prepared = contextlib.closing(prefetch(batches, seed, progress.batches))
     bar = tqdm(prepared.thing, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
                initial=progress.batches, total=usable)
@@ -182,8 +185,6 @@ def train_one_epoch(
     with prepared:
         for batch in bar:
             pace.waiting += time.perf_counter() - ready
-            if usable is not None and progress.batches >= usable:
-                break
             state.skipped += batch['skipped']
             pace.images += len(batch.get('label', ())) * info.world_size
             progress.batches += 1

@@ -42,6 +42,7 @@ from backbones.common.log import logger, show_log
 from backbones.common.random_state import seed_all
 from backbones.common.timing import SteadyWindow, available_cores, measured_on
 from backbones.complexity import measure_complexity
+from classification.engine.prefetch import DEPTH
 from classification.engine.steps import model_input, train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, training_state
 from classification.models import model_data_config
@@ -203,9 +204,12 @@ class BenchedModel:
 
     def window(self, workers: int, min_batches: int | None = None) -> SteadyWindow:
         """A timing window past what `workers` loader processes prefetch (2 batches of warm-up without workers:
-        the first one also builds what the step builds once), of at least `min_batches` (default `--min-batches`)."""
-        return SteadyWindow(self.args.seconds, min_batches or self.args.min_batches, workers * PREFETCH_FACTOR + 2,
-                            self.info.device)
+        the first one also builds what the step builds once) and what the training loop's prefetcher holds (the
+        window counts a batch when the loop takes it from the loader, up to DEPTH + 1 batches before its step: the
+        batches still in the prefetcher when the clock starts are trained, uncounted, inside the window, so a loop's
+        figure errs low by at most that many batches), of at least `min_batches` (default `--min-batches`)."""
+        return SteadyWindow(self.args.seconds, min_batches or self.args.min_batches,
+                            workers * PREFETCH_FACTOR + 2 + DEPTH + 1, self.info.device)
 
     def loaders(self, augment: str, workers: int):
         """(training loader, the device half of the augmentation or None)."""
