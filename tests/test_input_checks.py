@@ -346,6 +346,22 @@ def test_training_on_unreadable_images_only_is_an_error(tmp_path):
     assert not (tmp_path / 'run' / METRICS).exists()
 
 
+@pytest.mark.parametrize('augment', ['pil', 'batched'])
+def test_an_unreadable_image_a_loader_worker_reads_ends_the_run_with_its_line_not_a_hang(tmp_path, augment):
+    """A truncated JPEG read by a loader worker stops the run with one line naming it and status 2, and the process
+    ends. Its loader workers ignore SIGTERM (the training process handles the stop signals) and torch's loader kept
+    them past the error, so Python's exit, which sends its daemonic children SIGTERM and waits for them, waited
+    forever after the line."""
+    data = make_image_folder(tmp_path / 'data')
+    broken = data / 'train' / CLASSES[1] / f'{CLASSES[1]}_2.JPEG'
+    broken.write_bytes(broken.read_bytes()[:200])
+    args = train_args(data, tmp_path / 'run', '--augment', augment)
+    args[args.index('--workers') + 1] = '2'
+    result = run_tool('train_cls.py', args, fresh=True, timeout=240)  # a process of its own: its exit is the test
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(f'error: cannot read image {broken}')
+
+
 def test_skipping_one_unreadable_image_leaves_an_odd_batch_that_mixup_still_mixes(tmp_path):
     """timm's Mixup refuses odd batches; a batch one image short still trains with MixUp/CutMix (standard recipe)."""
     data = make_image_folder(tmp_path / 'data')

@@ -2,6 +2,9 @@
 training process, ignored by its loader workers), and whether torchrun restarted the run."""
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import multiprocessing.util  # its exit hook waits for daemonic children: one registered after it runs before it
 import os
 import signal
 import threading
@@ -73,6 +76,21 @@ def ignore_stop_signals(_: int) -> None:
     cluster scheduler signals every process of a job)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def kill_workers_left_at_exit() -> None:
+    """Python's exit ends daemonic children (loader workers) with SIGTERM, then waits for them, but loader workers
+    ignore SIGTERM (`ignore_stop_signals`). Torch's loader shuts its workers down when it is let go or exhausted;
+    one still holding them at exit (a worker's error ended the run: the loader keeps them past its own clean-up)
+    would make the exit wait forever after the error's line. They are killed first."""
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if children:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's loader handler would report them as failures
+        for child in children:
+            child.kill()
+
+
+atexit.register(kill_workers_left_at_exit)
 
 
 def interrupt_on_stop_signals() -> None:
