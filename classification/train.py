@@ -22,7 +22,7 @@ from backbones import bare_model, load_checkpoint, model_family
 from backbones.common.cli import EmbeddedData, add_model_kwargs_argument, model_parser, parse_model_kwargs, positive_int
 from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
 from backbones.common.errors import CheckpointError, UsageError
-from backbones.common.images import read_image
+from backbones.common.images import ImageReadError, read_image
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
@@ -225,7 +225,8 @@ def train_tf_reference(transform) -> TrainTransform:
 
 def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
     """`count` training images (spread over the set) with their annotator maps and one augmentation's token targets,
-    for TensorBoard at every validation."""
+    for TensorBoard at every validation; with `--skip-unreadable` an unreadable one is left out, as training skips
+    it."""
     picks = range(0, len(train_set), max(1, len(train_set) // count))[:count]
     store = train_set.label_store
 
@@ -233,9 +234,14 @@ def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransfor
         pictures = {}
         for i, index in enumerate(picks):
             path, row = train_set.paths[index], int(train_set.rows[index])
+            try:
+                image = read_image(train_set.file(index))
+            except ImageReadError:
+                if train_set.skip_unreadable:
+                    continue
+                raise
             scores, classes = store.read(row)
-            labels = token_labels(read_image(train_set.file(index)), scores, classes, transform, store.num_classes,
-                                  extent=store.extent(row))
+            labels = token_labels(image, scores, classes, transform, store.num_classes, extent=store.extent(row))
             pictures[f'token_labels/{i}'] = token_label_figure(labels, train_set.classes, path)
         return pictures
 

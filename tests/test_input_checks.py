@@ -362,6 +362,29 @@ def test_an_unreadable_image_a_loader_worker_reads_ends_the_run_with_its_line_no
     assert result.stderr.strip().splitlines()[-1].startswith(f'error: cannot read image {broken}')
 
 
+def test_a_loss_that_is_not_finite_ends_the_run_with_one_line(tmp_path):
+    data = make_image_folder(tmp_path / 'data')
+    result = run_tool('train_cls.py', train_args(data, tmp_path / 'run', '--lr-base', '1e12'))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith('error: loss is nan at update ')
+
+
+def test_token_label_pictures_leave_out_the_unreadable_images_the_run_skips(labeled_images, tmp_path):
+    """--skip-unreadable: an unreadable image among those the TensorBoard pictures show is left out of them, as
+    training skips it (the pictures stopped the run after each epoch's checkpoint, before its log line)."""
+    data, labels = labeled_images
+    shutil.copytree(data, tmp_path / 'data')
+    first_class = sorted((tmp_path / 'data' / 'train').iterdir())[0]  # the first pictures' images
+    for image in first_class.iterdir():
+        image.write_bytes(b'broken')
+    args = [arg if arg != '--no-token-labeling' else '--token-labeling'
+            for arg in train_args(tmp_path / 'data', tmp_path / 'run', '--skip-unreadable', '--pictures', '4',
+                                  '--token-label-dir', str(labels))]
+    metrics = train.main(args)
+    assert metrics['epochs'] == 1 and metrics['skipped_images'] == len(list(first_class.iterdir()))
+    assert (tmp_path / 'run' / 'log.jsonl').read_text().count('"epoch"') == 1
+
+
 def test_skipping_one_unreadable_image_leaves_an_odd_batch_that_mixup_still_mixes(tmp_path):
     """timm's Mixup refuses odd batches; a batch one image short still trains with MixUp/CutMix (standard recipe)."""
     data = make_image_folder(tmp_path / 'data')

@@ -67,7 +67,7 @@ def test_prefetched_batches_are_the_serial_ones_bit_for_bit(labeled_images):
     serial = Prefetcher(DistInfo(), device_tf, objective, depth=0)
     serial_batches = with_targets(list(serial(iter(loader_for_epoch(loader, 1)), seed=7)), objective)
     assert not any('map_targets' in batch for batch in serial(iter(loader_for_epoch(loader, 1)), seed=7))
-    prefetch = Prefetcher(DistInfo(), device_tf, objective, depth=2)
+    prefetch = Prefetcher(DistInfo(), device_tf, objective, depth=2, thread=True)  # a GPU's thread, on the CPU
     torch.manual_seed(1)
     prefetched = []
     for batch in prefetch(iter(loader_for_epoch(loader, 1)), seed=7):
@@ -100,11 +100,12 @@ class NoTargetsAhead:
         return batch
 
 
-def test_a_batch_that_fails_to_prepare_fails_in_its_turn_after_the_batches_before_it():
+@pytest.mark.parametrize('thread', [True, False])
+def test_a_batch_that_fails_to_prepare_fails_in_its_turn_after_the_batches_before_it(thread):
     batches = ({'image': torch.full((2, 3), float(i)), 'label': torch.zeros(2)} for i in range(6))
     taken = []
     with pytest.raises(ValueError, match='batch 3'):
-        for batch in Prefetcher(DistInfo(), FailsOnThird(), NoTargetsAhead(), depth=2)(batches, seed=0):
+        for batch in Prefetcher(DistInfo(), FailsOnThird(), NoTargetsAhead(), depth=2, thread=thread)(batches, seed=0):
             taken.append(int(batch['image'][0, 0]))
     assert taken == [0, 1]
 
@@ -124,7 +125,7 @@ def test_a_batch_of_unreadable_images_passes_as_it_is_with_targets_made_ahead(la
     prefetcher makes ahead need its geometry)."""
     _, device_tf, objective = token_labeling_pieces(labeled_images, workers=0)
     batches = [{'skipped': 4}, {'skipped': 4}]
-    assert list(Prefetcher(DistInfo(), device_tf, objective, depth=2)(iter(batches), seed=0)) == batches
+    assert list(Prefetcher(DistInfo(), device_tf, objective, depth=2, thread=True)(iter(batches), seed=0)) == batches
 
 
 class Counted:

@@ -27,6 +27,10 @@ class CheckpointReadError(CheckpointError):
     """A checkpoint file that is missing or cannot be read at all (truncated, damaged, not a checkpoint)."""
 
 
+class DivergedError(SuiteError, FloatingPointError):
+    """A training loss that is not finite: the run stops at the update that gave it, naming what to change."""
+
+
 class Interrupted(BaseException):
     """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75. Like
     KeyboardInterrupt, no error: code that catches any exception (torch's weight copy, an image check) must not

@@ -1,9 +1,10 @@
 """Training batches made ready ahead of their step: on the device, through the batch transform (the batched path's
 decoding and device half, CIFAR's upsampling and augmentation), with the objective's targets made before the forward.
 
-`Prefetcher` does it on a thread of its own, `DEPTH` batches ahead (on a GPU on a CUDA stream of its own too): while
-the training thread queues one step, the next batches are copied, decoded and augmented beside it, and the step takes
-each through a stream event, so the training thread never waits for the device. Each batch's random draws come from
+`Prefetcher` does it `DEPTH` batches ahead, on a GPU on a thread and a CUDA stream of their own: while the training
+thread queues one step, the next batches are copied, decoded and augmented beside it, and the step takes each through
+a stream event, so the training thread never waits for the device (on a CPU, where a thread would only compete with
+the step for the cores, in the same order on the training thread). Each batch's random draws come from
 a generator seeded with the batch's own key (the pass's seed and the batch's place in it), never from the process's
 streams that the training thread draws from: a batch prepared ahead, on another thread, in a resumed run or serially
 (`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) draws the same, and on a CPU is the same bit for bit (on a
@@ -62,6 +63,21 @@ def tensors_in(value) -> Iterator[torch.Tensor]:
             yield from tensors_in(v)
 
 
+class OnThisThread(contextlib.AbstractContextManager):
+    """An executor that runs each call at once, on the calling thread."""
+
+    def __exit__(self, *_) -> None:
+        return None
+
+    def submit(self, fn, *args) -> Future:
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # raised when the batch's turn comes, as from a thread
+            future.set_exception(exc)
+        return future
+
+
 @functools.cache
 def preparing_stream(device: torch.device) -> torch.cuda.Stream:
     """One stream per device for every pass (a stream of torch's pool each pass would spread the cached memory over
@@ -100,8 +116,9 @@ class BatchPreparation:
 
 class Prefetcher:
     """`prefetch(batches, seed, first)` yields each batch ready for its step, prepared `depth` batches ahead on a
-    thread of its own (on a GPU on a stream of its own, handed over through its event: the training stream waits on
-    the device, not the host); depth 0: serially, on the training thread and stream, the targets made in the loss.
+    GPU's thread and stream of their own (handed over through its event: the training stream waits on the device,
+    not the host), on a CPU's training thread; depth 0: serially, on the training thread and stream, the targets
+    made in the loss.
 
     Batch n of the pass (counted from `first`, where a resumed pass starts) draws from `hash_seed(seed, n)`. The
     loader is read on the training thread (without worker processes it reads the images there, between the
@@ -111,8 +128,12 @@ class Prefetcher:
     error of the loader itself raises at once, the batches already prepared untrained."""
 
     def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
-                 depth: int = DEPTH) -> None:
+                 depth: int = DEPTH, thread: bool | None = None) -> None:
         self.device, self.depth = info.device, depth
+        # a thread of its own where it works beside the step: on a GPU; on a CPU the step already takes the cores,
+        # and a thread there only competes with it (the loop at x0.91 on 2 cores), so the batches are prepared
+        # ahead in the same order on the training thread (`thread` chooses, for the tests)
+        self.thread = self.device.type == 'cuda' if thread is None else thread
         if self.device.type == 'cuda' and self.device.index is None:  # the thread sets its device by index
             self.device = torch.device('cuda', torch.cuda.current_device())
         stream = preparing_stream(self.device) if depth and self.device.type == 'cuda' else None
@@ -125,7 +146,8 @@ class Prefetcher:
             return
         pending: deque[Future] = deque()
         ahead = 0  # the first batch alone, then `depth` ahead
-        with ThreadPoolExecutor(1, thread_name_prefix='prefetch', initializer=self.on_thread) as thread:
+        with ThreadPoolExecutor(1, thread_name_prefix='prefetch', initializer=self.on_thread) if self.thread \
+                else OnThisThread() as thread:
             try:
                 for batch, key in numbered:
                     pending.append(thread.submit(self.prepare, batch, key))

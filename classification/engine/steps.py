@@ -16,6 +16,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from backbones.common.distributed import DistInfo, HostCopy, all_reduce_sum
+from backbones.common.errors import DivergedError
 from classification.engine.prefetch import DEPTH, BatchTransform, Objective, Prefetcher
 
 
@@ -60,8 +61,8 @@ class PendingLoss(NamedTuple):
     def read(self) -> float:
         value = self.copy.read().item()
         if not math.isfinite(value):
-            raise FloatingPointError(f'loss is {value} at update {self.update}; lower the learning rate or use '
-                                     f'bf16 instead of fp16')
+            raise DivergedError(f'loss is {value} at update {self.update}; lower the learning rate or use '
+                                f'bf16 instead of fp16')
         return value
 
 
