@@ -1,6 +1,7 @@
 """torchrun process groups (NCCL on GPU, gloo on CPU), sharding without padding, and reductions."""
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Callable, Sequence
@@ -95,6 +96,12 @@ def all_reduce_sum(values: Sequence[float], info: DistInfo) -> list[float]:
     if info.distributed:
         dist.all_reduce(t)
     return t.tolist()
+
+
+@functools.cache
+def on_device(constant: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A constant tensor's copy on `device`, made once: a copy from the host every batch would make the host wait."""
+    return constant.to(device)
 
 
 class HostCopy(NamedTuple):

@@ -38,6 +38,7 @@ from torch.utils.data import default_collate
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 
+from backbones.common.distributed import on_device
 from backbones.common.errors import UsageError
 from backbones.common.image_tars import MemberFile, file_bytes
 from backbones.common.images import ImageReadError, read_image
@@ -450,12 +451,6 @@ def contrast(x, factor, mask):
 
 def brightness(x, factor, _):
     return blend(torch.zeros_like(x), x, factor)
-
-
-@functools.cache
-def on_device(constant: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A constant tensor's copy on `device`, made once: a copy from the host every batch would make the host wait."""
-    return constant.to(device)
 
 
 SMOOTH = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13  # ImageFilter.SMOOTH

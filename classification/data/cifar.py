@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from backbones.common.distributed import on_device
 from backbones.common.errors import DataError, UsageError
 from backbones.common.random_state import batch_generator
 
@@ -268,14 +269,13 @@ class CifarInput:
         else:
             top = left = torch.full((B,), self.padding)
             flip = torch.zeros(B, dtype=torch.bool)
-        if self.framed.device != device:  # the constants move once, with the first batch
-            self.framed, self.scale, self.shift = (t.to(device) for t in (self.framed, self.scale, self.shift))
+        framed, scale, shift = (on_device(t, device) for t in (self.framed, self.scale, self.shift))
         # the draws in one copy the host does not wait for (pinned, for a GPU)
         drawn = torch.stack([top, left, flip.long()])
         top, left, flip = (drawn.pin_memory() if device.type == 'cuda' else drawn).to(device, non_blocking=True)
         window = torch.arange(self.img_size, device=device)
-        rows = self.framed[top.view(B, 1) + window]  # (B, S, 32)
-        cols = self.framed[left.view(B, 1) + window]
+        rows = framed[top.view(B, 1) + window]  # (B, S, 32)
+        cols = framed[left.view(B, 1) + window]
         cols = torch.where(flip.bool().view(B, 1, 1), cols.flip(1), cols)
-        x = images.float() * self.scale
-        return (rows.unsqueeze(1) @ x @ cols.transpose(1, 2).unsqueeze(1)).sub_(self.shift)
+        x = images.float() * scale
+        return (rows.unsqueeze(1) @ x @ cols.transpose(1, 2).unsqueeze(1)).sub_(shift)

@@ -12,6 +12,7 @@ GPU, to the rounding of the token targets' atomic sums)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -56,9 +57,15 @@ def to_device(value, device: torch.device):
 
 
 def tensors_in(value) -> Iterator[torch.Tensor]:
+    """The tensors in a batch value: in its dicts, sequences and dataclasses (the batched path's packed regions)."""
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, (list, tuple)):
+        return
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, (list, tuple)):
         for v in value:
             yield from tensors_in(v)
 
@@ -171,7 +178,7 @@ class Prefetcher:
             return prepared.batch
         training = torch.cuda.current_stream(self.device)
         training.wait_event(prepared.done)
-        for tensor in tensors_in(list(prepared.batch.values())):
+        for tensor in tensors_in(prepared.batch):
             if tensor.device.type == 'cuda':
                 tensor.record_stream(training)
         return prepared.batch

@@ -177,13 +177,12 @@ def train_one_epoch(
     if usable is not None:  # the batches after the last complete update are not even prepared
         batches = itertools.islice(batches, max(usable - progress.batches, 0))
     prefetch = Prefetcher(info, transform, objective, depth=DEPTH if overlap else 0)
-    prepared = contextlib.closing(prefetch(batches, seed, progress.batches))
-    bar = tqdm(prepared.thing, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
-               initial=progress.batches, total=usable)
     pending = 0  # batches whose gradients wait for the update
     pace, first_batch = Pace(), progress.batches
     ready = time.perf_counter()
-    with prepared:
+    with contextlib.closing(prefetch(batches, seed, progress.batches)) as prepared:
+        bar = tqdm(prepared, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
+                   initial=progress.batches, total=usable)
         for batch in bar:
             pace.waiting += time.perf_counter() - ready
             state.skipped += batch['skipped']

@@ -42,7 +42,7 @@ from backbones.common.log import logger, show_log
 from backbones.common.random_state import seed_all
 from backbones.common.timing import SteadyWindow, available_cores, measured_on
 from backbones.complexity import measure_complexity
-from classification.engine.prefetch import DEPTH
+from classification.engine.prefetch import DEPTH, tensors_in
 from classification.engine.steps import model_input, train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, training_state
 from classification.models import model_data_config
@@ -268,15 +268,8 @@ def timm_pipeline_images_per_second(bench: BenchedModel, sizes: dict[str, float]
 
 
 def tensor_bytes(value: object) -> int:
-    """The bytes of the tensors in a batch: in its dicts, sequences and dataclasses (the batched path's packed
-    regions and plans)."""
-    if torch.is_tensor(value):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        value = list(value.values())
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
-    return sum(map(tensor_bytes, value)) if isinstance(value, (list, tuple)) else 0
+    """The bytes of the tensors in a batch (`tensors_in`: the batched path's packed regions and plans too)."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
 
 def compiled_graphs() -> int:
