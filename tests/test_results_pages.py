@@ -149,6 +149,12 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
         assert 'compiled' not in figures and session[key]['decode'] == 'cpu'  # GPU only
     labels = session['label_generation']
     assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
+    dense = session['dense_steps']['configs']
+    assert [step['task'] for step in dense.values()] == ['semantic', 'instances', 'depth']
+    for step in dense.values():  # each config's own pipeline at x0.125: UperNet's 512 crop is 64, LSJ's 1024 128
+        assert step['img_s'] > 0 and step['it_s'] == pytest.approx(step['img_s'] / 2) and step['batch_size'] == 2
+    assert dense['upernet_lvvit_s']['largest_image'] == [64, 64] and dense['depth_lvvit_s']['largest_image'] == [60, 60]
+    assert max(dense['maskrcnn_lvvit_s']['largest_image']) == 128
     for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
         assert session['stages'][stage]['status'].startswith('skipped: needs CUDA')
         assert f'{stage}: skipped: needs CUDA' in output(part2)
@@ -160,6 +166,8 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
     assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in table
     assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
     assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
+    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | UperNet " in table
+    assert 'it/s of 2, up to 64x64); Mask R-CNN ' in table
     assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
     assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 

@@ -1,10 +1,11 @@
 """One borrowed GPU machine's measurements, stage by stage, the stages of one device call chosen with `--stages`
 (tools/measure_gpu.py).
 
-The stages, in the order of value (the default runs the first four, the figures no session has measured yet):
+The stages, in the order of value (the default runs the first five, the figures no session has measured yet):
 `deit_loop`, DeiT-S's whole loop with `--decode gpu` against its step in the same process, eager and compiled, with
 its data-wait share; `lvvit_loop`, the same for LV-ViT-S with token labeling; `decoding`, nvJPEG against the workers'
-decoding; `label_generation`, bf16 label generation against fp32; then by name `loop_benchmark` (the suite against
+decoding; `label_generation`, bf16 label generation against fp32; `dense_steps`, the training steps of UperNet,
+Mask R-CNN and the depth model in their steady state; then by name `loop_benchmark` (the suite against
 timm's train.py and the loop with the workers decoding, tools/benchmark_loop.py) and `gpu_tests` (`pytest -m gpu`, a
 call of its own). Each stage runs in a process of its own under the call's remaining time (`--budget`); a stage
 whose predicted length no longer fits is skipped with a line saying so, and one stopped at its limit keeps what it
@@ -66,17 +67,25 @@ class Sizes:
     annotator_size: int
     label_batch: int  # label generation's batch
     token_labeling_model: str  # the lvvit_loop stage's
+    dense_scale: float  # the dense steps' sizes: the data sets' (1.0), or smaller for a smoke run
+    dense_batch: int | None  # the dense steps' batch (None: each config's per-GPU batch)
+    dense_seconds: float  # each dense step's least window
+    dense_warmup: int  # each dense step's steps before its window (kernel choice, the allocator)
 
 
 GPU = Sizes(model='deit_small_patch16_224', batch_size=256, workers=15, images=320_000, seconds=30.0,
             min_batches=None, skip_updates=50, loop_workers=11, decode_workers=4, annotator='dm_nfnet_f6',
-            annotator_size=576, label_batch=32, token_labeling_model='lvvit_s')
+            annotator_size=576, label_batch=32, token_labeling_model='lvvit_s', dense_scale=1.0, dense_batch=None,
+            dense_seconds=20.0, dense_warmup=5)
 SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64, seconds=0.0, min_batches=1,
               skip_updates=1, loop_workers=1, decode_workers=1, annotator='resnet10t', annotator_size=64,
-              label_batch=2, token_labeling_model='lvvit_s')
+              label_batch=2, token_labeling_model='lvvit_s', dense_scale=0.125, dense_batch=2, dense_seconds=0.0,
+              dense_warmup=1)
 
-STAGE_ORDER = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'loop_benchmark', 'gpu_tests')
-DEFAULT_STAGES = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation')  # what no session has measured
+STAGE_ORDER = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps', 'loop_benchmark',
+               'gpu_tests')
+DEFAULT_STAGES = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps')  # no session measured
+DENSE_CONFIGS = ('seg_configs/upernet_lvvit_s.py', 'seg_configs/maskrcnn_lvvit_s.py', 'seg_configs/depth_lvvit_s.py')
 NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA; on a CPU every test is a skip',
               'decoding': 'nvJPEG decodes on CUDA'}
 RESERVE = 15.0  # seconds a call keeps for writing its file after its last stage
@@ -94,7 +103,9 @@ def predicted_seconds(stage: str, sizes: Sizes) -> float:
             'lvvit_loop': 75 + step + loop,  # data, its token labels and a batch
             'gpu_tests': 420.0,  # 400-450 s on 2026-11-28
             'decoding': 60 + 2 * (window + 15),  # data; the workers' decoding, then nvJPEG
-            'label_generation': 40 + 2 * (window + 10)}[stage]  # the annotator built; fp32, then bf16
+            'label_generation': 40 + 2 * (window + 10),  # the annotator built; fp32, then bf16
+            # never run on a GPU: per config, building it and its batches, then the warm-up and the window
+            'dense_steps': len(DENSE_CONFIGS) * (20 + sizes.dense_seconds + 10)}[stage]
 
 
 class Results:
@@ -268,8 +279,8 @@ def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str
         with tempfile.TemporaryDirectory() as tmp:
             figures = Path(tmp) / f'{name}.json'
             command = [sys.executable, str(REPO / 'tools' / 'measure_gpu.py'), '--stage', name, '--stage-out',
-                       str(figures), '--device', args.device, '--seconds', f'{args.sizes.seconds:g}',
-                       *(['--smoke'] if args.smoke else [])]
+                       str(figures), '--device', args.device, *(['--smoke'] if args.smoke else []),
+                       *(['--seconds', f'{args.seconds:g}'] if args.seconds is not None else [])]
             status = run_streaming(command, limit, lambda line: logger.info(f'  {line}'))
             if figures.is_file():
                 for key, value in json.loads(figures.read_text()).items():
@@ -287,7 +298,7 @@ def outcome(status: int | None, known: str | None = None) -> str:
 STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
     'loop_benchmark': loop_benchmark_stage, 'deit_loop': child_stage('deit_loop'),
     'lvvit_loop': child_stage('lvvit_loop'), 'gpu_tests': gpu_tests_stage, 'decoding': child_stage('decoding'),
-    'label_generation': child_stage('label_generation')}
+    'label_generation': child_stage('label_generation'), 'dense_steps': child_stage('dense_steps')}
 
 
 def run_stages(args: argparse.Namespace) -> Results:
@@ -428,10 +439,28 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
         save('label_generation', figures)
 
 
+def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
+    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config (its
+    optimizer, its per-GPU batch, fp32 as the configs train), on batches of the data sets' sizes made by the
+    config's own pipeline, each timed in its steady state (classification/studies/dense_step_benchmark.py)."""
+    from classification.studies.dense_step_benchmark import time_dense_step
+
+    figures: dict[str, object] = {
+        'how': f"each config's training step on batches its training pipeline made from synthetic images of the "
+               f"data set's usual size (x{sizes.dense_scale:g}), the logged losses read each step as mmengine's loop "
+               f"does, timed >= {sizes.dense_seconds:g} s after {sizes.dense_warmup} steps", 'configs': {}}
+    for config in DENSE_CONFIGS:
+        step = time_dense_step(config, torch.device(device), sizes.dense_seconds, sizes.min_batches or 20,
+                               sizes.dense_warmup, scale=sizes.dense_scale, batch_size=sizes.dense_batch)
+        logger.info(f'{config}: {step.img_s:.1f} img/s ({step.it_s:.2f} it/s of {step.batch_size})')
+        figures['configs'][Path(config).stem] = step.as_dict()
+        save('dense_steps', figures)
+
+
 CHILD_STAGES: dict[str, ChildStage] = {
     'deit_loop': loop_stage('deit_loop', lambda sizes: sizes.model),
     'lvvit_loop': loop_stage('lvvit_loop', lambda sizes: sizes.token_labeling_model),
-    'decoding': decoding_stage, 'label_generation': label_generation_stage}
+    'decoding': decoding_stage, 'label_generation': label_generation_stage, 'dense_steps': dense_steps_stage}
 
 
 def run_child_stage(name: str, out: Path, sizes: Sizes, device: str) -> None:
@@ -473,7 +502,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                         'it included); a stage whose predicted length does not fit what is left is skipped, the last '
                         'one stopped at the budget')
     p.add_argument('--seconds', type=non_negative_float,
-                   help=f'each timing window\'s least length (default {GPU.seconds:g}; smoke {SMOKE.seconds:g})')
+                   help=f'each timing window\'s least length (default {GPU.seconds:g}, the dense steps\' '
+                        f'{GPU.dense_seconds:g}; smoke {SMOKE.seconds:g})')
     add_device_argument(p)  # cpu only with --smoke
     p.add_argument('--smoke', action='store_true', help='tiny sizes, for a CPU: every stage runs its code once, the '
                                                         'stages that need CUDA skipped with a line saying so')
@@ -490,7 +520,9 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     if args.device == 'cpu' and not args.smoke:
         raise UsageError('--device cpu: only with --smoke (the figures are a GPU\'s)')
     sizes = SMOKE if args.smoke else GPU
-    args.sizes = replace(sizes, seconds=sizes.seconds if args.seconds is None else args.seconds)
+    if args.seconds is not None:
+        sizes = replace(sizes, seconds=args.seconds, dense_seconds=args.seconds)
+    args.sizes = sizes
     if args.stage:
         run_child_stage(args.stage, Path(args.stage_out), args.sizes, args.device)
         return 0

@@ -497,6 +497,21 @@ def gpu_decoded_loop(key: str, compiled: bool) -> Callable[[dict], str]:
     return describe
 
 
+DENSE_NAMES = {'semantic': 'UperNet', 'instances': 'Mask R-CNN', 'depth': 'depth'}
+
+
+def gpu_dense_steps(session: dict) -> str:
+    """The dense_steps stage's row: each config's step, its batch and largest image, its peak device memory."""
+    configs = session.get('dense_steps', {}).get('configs', {})
+    parts = []
+    for step in configs.values():
+        height, width = step['largest_image']
+        memory = f', {step["peak_memory_gib"]:.1f} GiB at its peak' if step['peak_memory_gib'] is not None else ''
+        parts.append(f'{DENSE_NAMES.get(step["task"], step["task"])} {rate(step["img_s"])} img/s '
+                     f'({step["it_s"]:.2f} it/s of {step["batch_size"]}, up to {width}x{height}{memory})')
+    return '; '.join(parts)
+
+
 # the GPU session's figures in the issue's order of value
 GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=False)),
                ('the compiled loop against its compiled step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=True)),
@@ -508,7 +523,8 @@ GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_lo
                ('the same, compiled (`--compile`)', gpu_step('compiled')),
                ('the GPU suite (`pytest -m gpu`)', gpu_tests),
                ('nvJPEG decoding (`--decode gpu`)', gpu_decoding),
-               ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels))
+               ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels),
+               ("the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch)", gpu_dense_steps))
 
 # name -> (renderer, inline)
 BLOCKS: dict[str, tuple[Callable[..., str], bool]] = {

@@ -1,0 +1,148 @@
+"""The dense models' training step in its steady state, as tools/train_seg.py runs it on one GPU: the config's model,
+optimizer and per-GPU batch, on batches that its own training pipeline made from synthetic images of the data set's
+usual size (tools/measure_gpu.py's `dense_steps` stage).
+
+Only the pipeline's reading steps (`Load...`) are left out: each synthetic sample is what they would have produced
+(the image, and its class map, instances or depth), so the crops, jitter and padding, and so the step's cost, are the
+data set's. The step is `train_step` followed by reading the logged losses, as mmengine's loop does each iteration.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from mmcv.transforms import Compose
+from mmengine.config import Config
+from mmengine.dataset import pseudo_collate
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
+
+import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+
+# isort: split
+from mmseg.registry import MODELS
+
+from backbones.common.timing import SteadyWindow
+from backbones.segmentation.config import dense_task, load_config, scale_sizes
+
+# The data sets' usual image before its training pipeline (width, height): ADE20K's 683x512, COCO's 640x480 with 7
+# instances (COCO's mean is 7.3 a training image), NYU-v2's 640x480.
+USUAL_IMAGE = {'semantic': (683, 512), 'instances': (640, 480), 'depth': (640, 480)}
+INSTANCES_PER_IMAGE = 7
+ADE20K_CLASSES = 150
+
+
+@dataclass(frozen=True)
+class DenseStep:
+    """One config's step timed: images and iterations per second, its batch, the largest image its pipeline gave
+    (before the preprocessor's padding), and the device memory it took at its peak (None on a CPU)."""
+    config: str
+    task: str
+    batch_size: int
+    largest_image: tuple[int, int]  # (height, width)
+    img_s: float
+    it_s: float
+    peak_memory_gib: float | None
+
+    def as_dict(self) -> dict:
+        return {'config': self.config, 'task': self.task, 'batch_size': self.batch_size,
+                'largest_image': list(self.largest_image), 'img_s': self.img_s, 'it_s': self.it_s,
+                'peak_memory_gib': self.peak_memory_gib}
+
+
+def semantic_sample(rng: np.random.Generator, width: int, height: int) -> dict:
+    """What LoadImageFromFile and LoadAnnotations give for an ADE20K image: the image and its class map (classes
+    in blocks, as regions are, and some ignored pixels)."""
+    blocks = rng.integers(0, ADE20K_CLASSES, (8, 8)).astype(np.uint8)
+    label = np.kron(blocks, np.ones((height // 8 + 1, width // 8 + 1), np.uint8))[:height, :width].copy()
+    label[rng.random((height, width)) < 0.05] = 255
+    return {**image_sample(rng, width, height), 'gt_seg_map': label, 'seg_fields': ['gt_seg_map'],
+            'reduce_zero_label': False}
+
+
+def instances_sample(rng: np.random.Generator, width: int, height: int) -> dict:
+    """What LoadImageFromFile and LoadInstances give for a COCO image: boxes, labels and masks of
+    INSTANCES_PER_IMAGE instances (each an ellipse filling its box)."""
+    corners = np.sort(rng.uniform(0, 1, (INSTANCES_PER_IMAGE, 2, 2)), axis=1)  # (instance, corner, x|y)
+    boxes = (corners.reshape(-1, 4) * np.float32([width, height, width, height])).astype(np.float32)
+    boxes[:, 2:] = np.minimum(np.maximum(boxes[:, 2:], boxes[:, :2] + 8), [width, height])  # >= 8 px where room
+    masks = np.zeros((INSTANCES_PER_IMAGE, height, width), np.uint8)
+    ys, xs = np.mgrid[:height, :width]
+    for mask, (x0, y0, x1, y1) in zip(masks, boxes):
+        centre_x, centre_y, half_w, half_h = (x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) / 2, (y1 - y0) / 2
+        mask[((xs - centre_x) / half_w) ** 2 + ((ys - centre_y) / half_h) ** 2 <= 1] = 1
+    return {**image_sample(rng, width, height), 'height': height, 'width': width, 'gt_bboxes': boxes,
+            'gt_labels': rng.integers(0, 80, INSTANCES_PER_IMAGE), 'gt_masks': masks}
+
+
+def depth_sample(rng: np.random.Generator, width: int, height: int) -> dict:
+    """What LoadImageFromFile and LoadDepthAnnotation give for an NYU-v2 image: its depth in metres (0: no
+    measurement)."""
+    depth = np.repeat(np.linspace(6.0, 1.0, height, dtype=np.float32)[:, None], width, axis=1)
+    depth[rng.random((height, width)) < 0.02] = 0.0
+    return {**image_sample(rng, width, height), 'gt_depth_map': depth, 'seg_fields': ['gt_depth_map'],
+            'depth_rescale_factor': 1e-3}
+
+
+def image_sample(rng: np.random.Generator, width: int, height: int) -> dict:
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return {'img': image, 'img_path': 'synthetic.jpg', 'img_shape': (height, width), 'ori_shape': (height, width)}
+
+
+LOADED: dict[str, Callable[[np.random.Generator, int, int], dict]] = {
+    'semantic': semantic_sample, 'instances': instances_sample, 'depth': depth_sample}
+
+
+def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
+    """`count` batches of `batch_size` made by the config's training pipeline, its reading steps left out, from
+    synthetic samples of the data set's usual size times `scale`."""
+    task = dense_task(cfg)
+    steps = [step for step in cfg.train_dataloader.dataset.pipeline if not step['type'].startswith('Load')]
+    pipeline = Compose(steps)
+    width, height = (max(1, round(side * scale)) for side in USUAL_IMAGE[task])
+    rng = np.random.default_rng(seed)
+    np.random.seed(seed)  # the pipelines' own draws
+    return [pseudo_collate([pipeline(LOADED[task](rng, width, height)) for _ in range(batch_size)])
+            for _ in range(count)]
+
+
+def dense_config(path: str, scale: float) -> Config:
+    """The config without its ImageNet weights (random weights time the same), its sizes times `scale`."""
+    cfg = load_config(path, {'model.backbone.pretrained': None})
+    if scale != 1.0:
+        scale_sizes(cfg.train_dataloader.dataset.pipeline, scale)
+        scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
+    return cfg
+
+
+def time_dense_step(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
+                    scale: float = 1.0, batch_size: int | None = None, batches: int = 4) -> DenseStep:
+    """The training step of the config at `path` on `device`: `warmup` steps, then at least `seconds` and
+    `min_batches`, cycling over `batches` distinct batches (moved to the device each step, as the loop does)."""
+    init_default_scope('mmseg')
+    cfg = dense_config(path, scale)
+    batch_size = batch_size or cfg.train_dataloader.batch_size
+    data = training_batches(cfg, batches, batch_size, scale)
+    model = MODELS.build(cfg.model).to(device).train()
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+    window = SteadyWindow(seconds, min_batches, warmup=warmup, device=device)
+    largest = (0, 0)
+    for count, batch in enumerate(itertools.cycle(data), 1):
+        losses = model.train_step(batch, optim)
+        {name: value.item() for name, value in losses.items()}  # noqa: B018  (mmengine's loop logs them each step)
+        largest = max(largest, largest_image(batch))
+        if window.done(count, batch_size):
+            break
+    img_s = window.images_per_second()
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == 'cuda' else None
+    return DenseStep(path, dense_task(cfg), batch_size, largest, img_s, img_s / batch_size, peak)
+
+
+def largest_image(batch: dict) -> tuple[int, int]:
+    """The batch's largest image (height, width) as the pipeline left it, before the preprocessor's padding."""
+    return max(tuple(image.shape[-2:]) for image in batch['inputs'])
