@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torch.utils.data import default_collate
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 
@@ -187,12 +186,12 @@ class RegionTransform:
             image, box = torch.from_numpy(region.pixels.copy()), region.box
         geometry = CropGeometry(torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H]), torch.tensor(flip),
                                 warp)
-        plan = {'box': torch.tensor(box, dtype=torch.float32),
-                'bicubic': torch.tensor(interpolation == InterpolationMode.BICUBIC),
-                'flip': geometry.flip, 'warp': warp, **self.colour_plan(applied), **self.erase_plan(boxes)}
+        # Python values: the tensors are made once per batch (batch_plan), not a dozen per image
+        plan = {'box': box, 'bicubic': interpolation == InterpolationMode.BICUBIC, 'flip': flip, 'warp': warp,
+                **self.colour_plan(applied), 'erase': self.erase_plan(boxes)}
         return image, geometry, plan
 
-    def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, torch.Tensor]:
+    def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, list]:
         """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last
         geometric op, so it sees the crop's pixels only; `fill`: the geometric ops' fill colour."""
         ops, args, warped = [NO_OP] * self.layers, [0.0] * self.layers, [False] * self.layers
@@ -202,14 +201,24 @@ class RegionTransform:
         for layer, (i, op) in enumerate(colour):
             ops[layer], warped[layer] = colour_op_code(op.name), bool(geometric) and i < geometric[-1]
             args[layer] = float(op.args[0]) if op.args else 0.0
-        return {'ops': torch.tensor(ops), 'args': torch.tensor(args), 'warped': torch.tensor(warped),
-                'fill': torch.tensor(fill, dtype=torch.float32)}
+        return {'ops': ops, 'args': args, 'warped': warped, 'fill': list(fill)}
 
-    def erase_plan(self, boxes: Sequence[tuple[int, int, int, int]]) -> dict[str, torch.Tensor]:
-        erase = torch.zeros(self.max_boxes, 4, dtype=torch.long)  # height 0: no box
-        if boxes:
-            erase[:len(boxes)] = torch.tensor(boxes)
-        return {'erase': erase}
+    def erase_plan(self, boxes: Sequence[tuple[int, int, int, int]]) -> list[list[int]]:
+        """The erased boxes (top, left, height, width), padded to the most a sample may get with height 0."""
+        return [list(box) for box in boxes] + [[0, 0, 0, 0]] * (self.max_boxes - len(boxes))
+
+
+# the plan's values and their tensors' types; `warp` (a tensor per image) is stacked
+PLAN_TYPES = {'box': torch.float32, 'bicubic': torch.bool, 'flip': torch.bool, 'ops': torch.long,
+              'args': torch.float32, 'warped': torch.bool, 'fill': torch.float32, 'erase': torch.long}
+
+
+def batch_plan(plans: Sequence[dict]) -> dict[str, torch.Tensor]:
+    """The workers' per-image plans as one tensor per key, (B, ...)."""
+    plan = {key: torch.tensor([p[key] for p in plans], dtype=dtype) for key, dtype in PLAN_TYPES.items()}
+    plan['erase'] = plan['erase'].reshape(len(plans), len(plans[0]['erase']), 4)  # (B, 0, 4) without erasing
+    plan['warp'] = torch.stack([p['warp'] for p in plans])
+    return plan
 
 
 class Groups(NamedTuple):
@@ -370,7 +379,7 @@ def decoded_on_own_stream(data: list[torch.Tensor], device: torch.device) -> lis
 
 def collate_regions(regions: Sequence[torch.Tensor | EncodedJpeg],
                     plans: Sequence[dict]) -> PendingImages | EncodedImages:
-    plan, groups = grouped_plan(default_collate(list(plans)))
+    plan, groups = grouped_plan(batch_plan(plans))
     if any(isinstance(r, EncodedJpeg) for r in regions):
         return EncodedImages(list(regions), plan, groups)
     return PendingImages.of(regions, plan, groups)
