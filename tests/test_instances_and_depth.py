@@ -202,8 +202,8 @@ def test_a_depth_image_without_measurement_is_left_out_and_counted(tmp_path):
     scores = metric.compute_metrics(metric.results)
     assert scores['abs_rel'] == pytest.approx(0.25)
     assert json.loads((tmp_path / 'depth.json').read_text())['left_out'] == 1
-    from backbones.segmentation.test import summary
-    assert summary('depth', {'abs_rel': 0.25}) == 'abs_rel 0.250'  # a config scoring only some metrics
+    from backbones.segmentation.tasks import TASKS
+    assert TASKS['depth'].summary({'abs_rel': 0.25}) == 'abs_rel 0.250'  # a config scoring only some metrics
 
 
 def test_a_damaged_annotation_file_is_an_error_naming_it(coco_set, tmp_path):

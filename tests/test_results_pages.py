@@ -166,8 +166,8 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
     assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in table
     assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
     assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
-    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | UperNet " in table
-    assert 'it/s of 2, up to 64x64); Mask R-CNN ' in table
+    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
+    assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
     assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
     assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 

@@ -26,7 +26,7 @@ from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.images import scan_split
 from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
 from backbones.segmentation.config import ADE20K_ROOT, tta_flips
-from backbones.segmentation.own_data import OWN_DATA_ROOT
+from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT
 from backbones.segmentation.train import Pretraining, build_parser, prepare, train
 from classification.digits.cls_data import FINISHED, NEW, RECIPE, STOPPED, EmbeddedScans, pretraining_state
 from classification.digits.pages import CLASSES

@@ -16,7 +16,7 @@ import torch.nn as nn
 import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import DataError, TrackerError, UsageError
 from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
-from backbones.segmentation.metrics import IoUReport, read_confusion, top_confusions
+from backbones.segmentation.semantic.metrics import IoUReport, read_confusion, top_confusions
 from helpers.seg_data import DIM, tiny_config, write_tiny_ade, write_tiny_config
 from helpers.trackers import wandb_history
 

@@ -26,7 +26,7 @@ from backbones.segmentation.backbone import crop_to_extent
 from backbones.weights import fetch_pretrained
 from backbones.segmentation.complexity import build_meta_model, segmentor_parameters
 from backbones.segmentation.config import FORMER_PACKAGES, check_pretrained, load_config, present_module
-from backbones.segmentation.segmentor import slide_windows
+from backbones.segmentation.semantic.segmentor import slide_windows
 
 init_default_scope('mmseg')
 
@@ -302,7 +302,7 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     from mmseg.models.segmentors import SegTTAModel
     from backbones.segmentation.config import flipping_tta_pipeline
-    from backbones.segmentation.segmentor import FlipBatchTTAModel
+    from backbones.segmentation.semantic.segmentor import FlipBatchTTAModel
     data = write_tiny_ade(tmp_path / 'ade', counts=(('validation', 2),))
     cfg = load_config(write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data))
     init_default_scope('mmseg')

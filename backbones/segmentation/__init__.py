@@ -1,5 +1,6 @@
-"""Dense prediction with the suite's backbones on mmsegmentation 1.x and mmengine: semantic segmentation; instance
-segmentation and detection (`instances`: Mask R-CNN); depth (`depth`).
+"""Dense prediction with the suite's backbones on mmsegmentation 1.x and mmengine: semantic segmentation
+(`semantic`); instance segmentation and detection (`instances`: Mask R-CNN); depth (`depth`). Each task is a
+`tasks.DenseTask` in its folder, found by the model a config builds; the modules here serve every task.
 
 Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
 (any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
@@ -13,5 +14,9 @@ from backbones.segmentation.silenced_warnings import silence_harmless_warnings
 ensure_mmseg_importable()  # before anything imports mmseg.models
 silence_harmless_warnings()
 
-from backbones.segmentation import (backbone, depth, instances, layer_decay, metrics, mmengine_io, neck,  # noqa: E402,F401  (registration)
-               pictures, preemption, segmentor)
+from backbones.segmentation import (backbone, depth, instances, layer_decay, mmengine_io, neck,  # noqa: E402,F401  (registration)
+               pictures, preemption, semantic)
+# the dense tasks last: their modules use the tools' modules above
+from backbones.segmentation.depth import task as depth_task  # noqa: E402,F401  (registration)
+from backbones.segmentation.instances import task as instances_task  # noqa: E402,F401  (registration)
+from backbones.segmentation.semantic import task as semantic_task  # noqa: E402,F401  (registration)

@@ -15,7 +15,8 @@ from mmengine.registry import init_default_scope
 
 from backbones.common.cli import command_parser, positive_int, write_document
 from backbones.complexity import forward_macs, measure_complexity, model_table
-from backbones.segmentation.config import dense_task, load_config
+from backbones.segmentation.config import load_config
+from backbones.segmentation.tasks import task_of
 from mmseg.registry import MODELS
 
 PARTS = ('backbone', 'neck', 'decode_head', 'auxiliary_head', 'rpn', 'roi_heads')  # segmentors' and detectors'
@@ -50,7 +51,7 @@ def segmentor_macs(cfg: Config, model: nn.Module, shape: tuple[int, int]) -> int
     """MACs of the model's forward pass on one image of `shape` (height, width), as mmseg's get_flops runs it
     (backbone, neck, decode head to its logits; no auxiliary head, no resizing of the logits), attention counted
     (`forward_macs`); None for a detector, whose work depends on the proposals its image yields."""
-    if dense_task(cfg) == 'instances':
+    if not task_of(cfg).macs_counted:
         return None
     image = torch.zeros(1, 3, *shape, device='meta')
     return forward_macs(lambda: model(image, mode='tensor'))

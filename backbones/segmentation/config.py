@@ -22,11 +22,10 @@ from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
 
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES
-from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
-from backbones.segmentation.own_data import (OWN_DATA_ROOT, check_trained_classes, is_own_data_config, read_own_data,
-                                             use_own_data, use_trained_classes)
+from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
 from backbones.segmentation.runner import recorded_config, trained_data
+from backbones.segmentation.tasks import DenseTask, task_named, task_of, task_recognised_by, tasks
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 COCO_ROOT = 'data/coco'
@@ -35,10 +34,6 @@ NYU_ROOT = 'data/nyu'
 # the data sets a config is written for, by its folder, which the embedded data stands in for when not on disk
 KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN_DATA_ROOT: 'a data set of your own',
                OWN_COCO_ROOT: 'a COCO-format set of your own'}
-# The dense tasks, by the model a config builds: semantic segmentation (any other model), instances, depth
-INSTANCE_MODELS = ('TokenMaskRCNN',)
-DEPTH_MODELS = ('DepthEstimator', 'TokenDepthEstimator')
-TASK_NAMES = {'semantic': 'semantic segmentation', 'instances': 'detection', 'depth': 'depth'}
 ADE20K_CROP = 512  # the configs' training crop side
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
@@ -91,7 +86,14 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.segmentation.silenced_warn
                    'token_labeling.pictures': 'classification.pictures.token_labels',
                    'token_labeling.released': 'classification.token_labeling.released_labels',
                    'token_labeling.targets': 'classification.objectives.token_targets',
-                   'visualization.figures': 'backbones.common.drawing'}
+                   'visualization.figures': 'backbones.common.drawing',
+                   # semantic segmentation's modules, moved into its task's folder after 0.2.0
+                   'segmentation.metrics': 'backbones.segmentation.semantic.metrics',
+                   'segmentation.own_data': 'backbones.segmentation.semantic.own_data',
+                   'segmentation.segmentor': 'backbones.segmentation.semantic.segmentor',
+                   'backbones.segmentation.metrics': 'backbones.segmentation.semantic.metrics',
+                   'backbones.segmentation.own_data': 'backbones.segmentation.semantic.own_data',
+                   'backbones.segmentation.segmentor': 'backbones.segmentation.semantic.segmentor'}
 
 
 def present_module(name: str) -> str:
@@ -147,14 +149,6 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
     return cfg
 
 
-def dense_task(cfg: Config) -> str:
-    """What a config predicts: 'instances' (boxes and masks), 'depth', or 'semantic' (a class per pixel)."""
-    model = cfg.model.get('type')
-    if cfg.model.get('module'):  # a test-time-augmentation wrapper
-        model = cfg.model.module.get('type')
-    return 'instances' if model in INSTANCE_MODELS else 'depth' if model in DEPTH_MODELS else 'semantic'
-
-
 @dataclass(frozen=True)
 class TrainedData:
     """The data a tool runs a trained checkpoint on: one folder for every loader (`data_root`; None: the config's
@@ -171,7 +165,7 @@ def trained_data_record(cfg: Config, embedded: bool) -> dict:
     config's): the training set's folder, whether the tool's embedded data stood in for the config's, the task, and
     the test pipeline its validations ran, whose sizes tests and predictions take."""
     root = cfg.train_dataloader.dataset.get('data_root') or ''
-    return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=dense_task(cfg),
+    return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=task_of(cfg).name,
                              test_pipeline=cfg.test_dataloader.dataset.pipeline))
 
 
@@ -187,7 +181,7 @@ def checkpoint_record(checkpoint: str) -> dict | None:
     try:
         train, test = recorded['train_dataloader']['dataset'], recorded['test_dataloader']['dataset']
         return dict(data_root=os.path.abspath(train.get('data_root') or ''), embedded=None,
-                    task=dense_task(Config(recorded)), test_pipeline=test['pipeline'])
+                    task=task_of(Config(recorded)).name, test_pipeline=test['pipeline'])
     except (KeyError, TypeError, AttributeError):
         return None
 
@@ -236,7 +230,7 @@ def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = N
     embedded data stands in, the model takes the sizes it trained with there (`use_model`), under the command
     line's options. `resolve_trained_data` then applies the data."""
     cfg = load_config(path)
-    check_segmentor_checkpoint(checkpoint, dense_task(cfg), path)
+    check_segmentor_checkpoint(checkpoint, task_of(cfg), path)
     data = choose_trained_data(cfg, checkpoint, data_root, cfg_options, fallback, need_data)
     if data.embedded:
         fallback.use_model(cfg)
@@ -396,26 +390,13 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
         set_data_root(cfg, data_root)
     roots = data_roots(cfg)
     missing = missing_data(roots, fallback)
-    task = dense_task(cfg)
     if missing is not None:
         logger.info(f'{KNOWN_ROOTS[missing]} not found at {missing} (docs/segmentation.md and '
                     'docs/instances_and_depth.md say how to use it; --data-root names another folder): the embedded '
                     'data')
         fallback.use_data(cfg)
-    elif task == 'semantic' and is_own_data_config(cfg):
-        use_own_data(cfg, read_own_data(roots.pop()))
-    if task == 'instances':
-        use_categories(cfg, checkpoint)
+    task_of(cfg).resolve_classes(cfg, roots, checkpoint, embedded=missing is not None)
     return missing is not None
-
-
-def use_categories(cfg: Config, checkpoint: str | None) -> None:
-    """A detector's class count: a trained checkpoint's (its test set declaring the same categories), else the
-    training set's."""
-    if checkpoint is None:
-        use_coco_categories(cfg)
-    else:
-        use_test_categories(cfg, checkpoint)
 
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallback: EmbeddedSegData | None = None,
@@ -424,16 +405,12 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallba
     the ones the checkpoint was trained on, by name (a detector's categories, by id and name), or the model's outputs
     would be scored, named and coloured as others; with no data at hand, the checkpoint's own serve. The test
     pipeline is the one its validations ran (`use_trained_pipeline`)."""
-    task = dense_task(cfg)
+    task = task_of(cfg)
     if not data.at_hand:
-        if task == 'instances':
-            use_trained_categories(cfg, checkpoint)
-        elif task == 'semantic':
-            use_trained_classes(cfg, checkpoint)
+        task.use_trained_classes(cfg, checkpoint)
     else:
         resolve_data(cfg, data.data_root, fallback if data.embedded else None, checkpoint)
-        if task == 'semantic':
-            check_trained_classes(cfg, checkpoint)
+        task.check_trained_classes(cfg, checkpoint)
     use_trained_pipeline(cfg, checkpoint, cfg_options)
 
 
@@ -467,22 +444,13 @@ def weight_names(checkpoint: str) -> list[str]:
             for key in part if isinstance(key, str)]
 
 
-# The weights only a segmentor's, a detector's or a depth model's head has (mmseg's class layer, torchvision's RoI
-# heads, the suite's depth head)
-TASK_WEIGHTS = {'semantic': 'decode_head.conv_seg.', 'instances': 'roi_heads.', 'depth': 'decode_head.depth_layer.'}
-TASK_MODELS = {'semantic': 'segmentor', 'instances': 'detector', 'depth': 'depth model'}
-
-
-def checkpoint_task(checkpoint: str, names: list[str]) -> str | None:
+def checkpoint_task(checkpoint: str, names: list[str]) -> DenseTask | None:
     """The task a checkpoint's model was trained for: as it records it, else as its heads' weights (`names`) show;
     None if neither says."""
-    record = checkpoint_record(checkpoint)
-    if record and record.get('task') in TASK_NAMES:
-        return record['task']
-    return next((task for task, prefix in TASK_WEIGHTS.items() if any(n.startswith(prefix) for n in names)), None)
+    return task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
 
 
-def check_segmentor_checkpoint(checkpoint: str, task: str | None = None, config: str | None = None) -> None:
+def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, config: str | None = None) -> None:
     """A checkpoint a dense tool is given: there (checked before any work, such as writing the embedded data), a
     dense model's (an image classifier's weights would fail on every key, after the tool had asked for the data set
     it was trained on), and of the config's `task` (a detector given to a depth config was refused as a class
@@ -492,15 +460,16 @@ def check_segmentor_checkpoint(checkpoint: str, task: str | None = None, config:
         raise CheckpointError(f'{checkpoint}: {found}')
     names = weight_names(checkpoint)
     family = guess_family(names)
-    if family is not None and not any(name.startswith(('decode_head.', 'roi_heads.')) for name in names):
+    heads = ('decode_head.', *(task.head_weights for task in tasks()))
+    if family is not None and not any(name.startswith(heads) for name in names):
         raise CheckpointError(f'{checkpoint} holds an image classifier ({family} weights, no decode head), not a '
                               f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
                               f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='
                               f'{checkpoint}')
     trained = checkpoint_task(checkpoint, names)
-    if task is not None and trained is not None and trained != task:
-        raise CheckpointError(f'{checkpoint} holds a {TASK_MODELS[trained]} ({TASK_NAMES[trained]}), and {config} is '
-                              f'a {TASK_NAMES[task]} config: give the config it was trained with')
+    if task is not None and trained is not None and trained is not task:
+        raise CheckpointError(f'{checkpoint} holds a {trained.model_kind} ({trained.title}), and {config} is '
+                              f'a {task.title} config: give the config it was trained with')
 
 
 def check_pretrained(cfg: Config) -> None:

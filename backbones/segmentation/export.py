@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from safetensors.torch import load_model, save_model
@@ -44,52 +43,6 @@ from backbones.segmentation.predict import SegPredictor
 
 
 
-class SegmentationLogits(nn.Module):
-    """A segmentor's whole-image forward on normalised RGB images: per-class logits at the input's size (mmseg's
-    `encode_decode` without its image metas)."""
-
-    def __init__(self, segmentor: nn.Module) -> None:
-        super().__init__()
-        self.segmentor = segmentor
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self.segmentor.decode_head(self.segmentor.extract_feat(images))
-        return F.interpolate(logits, size=images.shape[2:], mode='bilinear',
-                             align_corners=self.segmentor.align_corners)
-
-
-class DepthMap(nn.Module):
-    """A depth model's whole-image forward on normalised RGB images: metres at the input's size."""
-
-    def __init__(self, estimator: nn.Module) -> None:
-        super().__init__()
-        self.estimator = estimator
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        depth = self.estimator.decode_head(self.estimator.extract_feat(images))
-        return F.interpolate(depth, size=images.shape[2:], mode='bilinear',
-                             align_corners=self.estimator.decode_head.align_corners)
-
-
-class PyramidFeatures(nn.Module):
-    """A detector's backbone and feature pyramid: its levels, finest first."""
-
-    def __init__(self, detector: nn.Module) -> None:
-        super().__init__()
-        self.detector = detector
-
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.detector.extract_feat(images).values())
-
-
-EXPORTED = {'semantic': SegmentationLogits, 'depth': DepthMap, 'instances': PyramidFeatures}
-OUTPUTS = {'semantic': 'logits (batch, classes, H, W); the class of a pixel is the argmax',
-           'depth': 'depth in metres (batch, 1, H, W)',
-           'instances': 'the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the '
-                        'RPN and RoI heads are in model.safetensors with config.py (torch.export stops at '
-                        'torchvision\'s batched_nms: the number of boxes depends on the image)'}
-
-
 def window_size(cfg: Config) -> tuple[int, int]:
     """(H, W) a segmentor is exported at: its sliding test window, or (a whole-image test) its preprocessor's size."""
     test_cfg = cfg.model.get('test_cfg') or {}
@@ -99,19 +52,6 @@ def window_size(cfg: Config) -> tuple[int, int]:
     if size is None:
         raise UsageError('this config tests images at their own size: give the exported input size, --size H W')
     return tuple(size)
-
-
-def input_stride(model: nn.Module, task: str, size: tuple[int, int]) -> int:
-    """What an exported input's sides are multiples of: the backbone's stride; a detector's padding (its data
-    preprocessor pads every batch to 32 px, so that the pyramid's levels halve exactly), which a fixed size must
-    be a multiple of."""
-    if task != 'instances':
-        return model.backbone.stride
-    stride = max(model.backbone.stride, model.data_preprocessor.pad_size_divisor)
-    if size[0] % stride or size[1] % stride:
-        raise UsageError(f'--size {size[0]} {size[1]}: the detector reads images padded to multiples of {stride} px '
-                         f'(its data preprocessor): export it at such a size')
-    return stride
 
 
 def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
@@ -130,21 +70,12 @@ def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int],
                 dynamic_size: bool) -> dict:
     """export.json: what a runtime needs besides the network."""
     preprocessor = predictor.cfg.model.data_preprocessor
-    if predictor.task == 'instances':
-        task = {'classes': predictor.classes, 'category_ids': predictor.cat_ids,
-                'levels': list(predictor.model.neck.names)}
-    elif predictor.task == 'depth':
-        task = {'depth_png_scale': predictor.depth_scale, 'max_depth': float(predictor.model.decode_head.max_depth)}
-    else:
-        task = {'classes': predictor.classes, 'palette': predictor.palette,
-                'mask_values': 'class index + 1, 0 for none (ADE20K)' if predictor.reduce_zero_label
-                else 'class index'}
     return {
-        'task': predictor.task, **task,
+        'task': predictor.task.name, **predictor.task.export_facts(predictor),
         'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
                   'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
                   'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
-        'output': OUTPUTS[predictor.task],
+        'output': predictor.task.export_output,
         'checkpoint': str(checkpoint),
     }
 
@@ -157,26 +88,24 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
-    model = EXPORTED[predictor.task](predictor.model).eval()
+    task = predictor.task
+    model = task.exported(predictor.model).eval()
     size = size or window_size(predictor.cfg)
-    stride = input_stride(predictor.model, predictor.task, size)
+    stride = task.input_stride(predictor.model, size)
     examples, dynamic = checked_inputs(size, stride, dynamic_size)
     with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
         write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
-            check_same_outputs(model(examples[0]), EXPORTED[predictor.task](segmentor_from(staging))(examples[0]),
+            check_same_outputs(model(examples[0]), task.exported(segmentor_from(staging))(examples[0]),
                                f'{WEIGHTS} with config.py')
         if torch_export:
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
         if onnx:
-            names = list(predictor.model.neck.names) if predictor.task == 'instances' else \
-                'depth' if predictor.task == 'depth' else 'logits'
-            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, names)
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, task.output_names(predictor.model))
     shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
-    what = 'depth' if predictor.task == 'depth' else f'{len(predictor.classes)} classes'
-    logger.info(f'{out}: {what}, inputs {shape}, from {checkpoint}: '
+    logger.info(f'{out}: {task.describe_outputs(predictor)}, inputs {shape}, from {checkpoint}: '
                 f'{", ".join(sorted(p.name for p in out.iterdir()))}')
     return out
 

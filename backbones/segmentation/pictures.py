@@ -24,9 +24,8 @@ from mmseg.visualization import SegLocalVisualizer
 from backbones.common.errors import DataError, UsageError
 from backbones.common.drawing import enlarge, figure, finished, write_png
 
-from backbones.segmentation.config import TASK_NAMES, EmbeddedSegData
-from backbones.segmentation.instances.transforms import decode_mask
-from backbones.segmentation.metrics import read_confusion, read_report, row_shares, top_confusions
+from backbones.segmentation.config import EmbeddedSegData
+from backbones.segmentation.semantic.metrics import read_confusion, row_shares, top_confusions
 from backbones.segmentation.predict import SegPredictor
 
 HEADER = 22  # pixels of the title strip above each panel
@@ -201,49 +200,9 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
     or more), a depth model's depth. Without the config's data on disk, the data is `fallback`'s."""
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback, need_data=image is None)
     entry = test_entry(predictor.test_set(), image) if predictor.data_at_hand else {'img_path': image}
-    if predictor.task != 'semantic':
-        if report:
-            raise UsageError(f'--report draws a segmentor\'s per-class IoU; {config} is a '
-                             f'{TASK_NAMES[predictor.task]} config')
-        return dense_picture(predictor, entry, alpha, score_threshold)
-    scores = read_report(report, predictor.classes) if report else None
-    pixels, prediction = predictor.segment(entry['img_path'])
-    truth = None
-    if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
-        truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
-    return segmentation_picture(pixels, prediction, predictor.classes, predictor.palette, truth, scores, alpha,
-                                with_labels)
-
-
-def dense_picture(predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float) -> np.ndarray:
-    """A detector's or a depth model's prediction for a test entry's image, beside the entry's ground truth if it
-    has one, enlarged to about 256 pixels high."""
-    pixels, sample = predictor.predict(entry['img_path'])
-    scale = max(1, 256 // pixels.shape[0])
-    big = enlarge(pixels, scale)
-    panels = [titled(big, 'image')]
-    if predictor.task == 'instances':
-        def drawn(boxes, labels, masks, scores=None):
-            masks = np.stack([enlarge(m.astype(np.uint8), scale) for m in masks]).astype(bool) if len(masks) \
-                else np.zeros((0, *big.shape[:2]), bool)
-            return draw_instances(big, np.asarray(boxes, np.float64).reshape(-1, 4) * scale, list(labels), masks,
-                                  predictor.classes, predictor.palette, scores, alpha)
-        found = sample.pred_instances[sample.pred_instances.scores >= score_threshold]
-        if entry.get('instances') is not None:
-            truth = [i for i in entry['instances'] if not i['ignore_flag']]
-            height, width = pixels.shape[:2]
-            panels.append(titled(drawn([i['bbox'] for i in truth], [i['bbox_label'] for i in truth],
-                                       [decode_mask(i['mask'], height, width) for i in truth]), 'ground truth'))
-        panels.append(titled(drawn(found.bboxes.cpu().numpy(), found.labels.tolist(), found.masks.cpu().numpy(),
-                                   found.scores.tolist()), f'prediction (score >= {score_threshold:g})'))
-    else:
-        predicted = sample.pred_depth_map.data[0].cpu().numpy()
-        top = float(predictor.model.decode_head.max_depth)
-        if entry.get('depth_map_path') and Path(entry['depth_map_path']).is_file():
-            truth = cv2.imread(entry['depth_map_path'], cv2.IMREAD_UNCHANGED).astype(np.float64)
-            panels.append(titled(enlarge(colour_depth(truth / predictor.depth_scale, top), scale), 'ground truth'))
-        panels.append(titled(enlarge(colour_depth(predicted, top), scale), f'prediction (0-{top:g} m)'))
-    return side_by_side(panels)
+    if report and not predictor.task.class_maps:
+        raise UsageError(f'--report draws a segmentor\'s per-class IoU; {config} is a {predictor.task.title} config')
+    return predictor.task.picture(predictor, entry, alpha, score_threshold, report, with_labels)
 
 
 def test_entry(dataset, image: str | None) -> dict:

@@ -21,10 +21,11 @@ from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import DataError, UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 
-from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips,
-                                           load_config, load_trained_config, resolve_trained_data)
-from backbones.segmentation.own_data import default_palette
+from backbones.segmentation.config import (EmbeddedSegData, drop_tta_flips, load_trained_config,
+                                           resolve_trained_data)
+from backbones.segmentation.semantic.own_data import default_palette
 from backbones.segmentation.runner import checkpoint_meta, load_weights
+from backbones.segmentation.tasks import task_of
 
 ANNOTATION_STEPS = ('LoadAnnotations', 'LoadInstances', 'LoadDepthAnnotation')
 DEPTH_SCALE = 1000  # depth PNG values per metre where a config names none (NYU-v2's millimetres)
@@ -94,30 +95,21 @@ def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png'
     return [out / f'{image.stem}.png' for image in images]
 
 
-def check_multi_scale_task(config: str, task: str | None = None) -> None:
-    """The multi-scale test (--ms, --tta) is a segmentor's: a detector's or a depth model's config is refused before
-    any work (`task`: the config's, when it is read already)."""
-    task = task or dense_task(load_config(config))
-    if task != 'semantic':
-        raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {config} is a '
-                         f'{TASK_NAMES[task]} config')
-
-
 class SegPredictor:
     """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
     it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False); `predictor.predict(path)`:
-    the model's data sample, for any dense task (`task`). The config's data is chosen as test_seg chooses it
-    (`data_root`, the config's folder, else what the checkpoint records it was trained on: `fallback`'s embedded
-    data only for a checkpoint trained on it): its classes, palette and label values are the predictor's. Without
-    any data at hand (an error where the caller `need_data`: a test set's image and its ground truth), the classes
-    (a detector's categories, names and ids) are the ones the checkpoint records, and the sizes the config's, or
-    those of the test pipeline the checkpoint records."""
+    the model's data sample, for any dense task (`task`: the config's `DenseTask`). The config's data is chosen as
+    test_seg chooses it (`data_root`, the config's folder, else what the checkpoint records it was trained on:
+    `fallback`'s embedded data only for a checkpoint trained on it): its classes, palette and label values are the
+    predictor's. Without any data at hand (an error where the caller `need_data`: a test set's image and its ground
+    truth), the classes (a detector's categories, names and ids) are the ones the checkpoint records, and the sizes
+    the config's, or those of the test pipeline the checkpoint records."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
                  fallback: EmbeddedSegData | None = None, device: str = 'cpu', need_data: bool = False) -> None:
         cfg, data = load_trained_config(config, checkpoint, cfg_options, data_root, fallback, need_data)
-        self.task = task = dense_task(cfg)
+        self.task = task = task_of(cfg)
         self.data_at_hand = data.at_hand
         resolve_trained_data(cfg, checkpoint, data, fallback, cfg_options)
         init_default_scope(cfg.get('default_scope', 'mmseg'))
@@ -126,7 +118,7 @@ class SegPredictor:
         load_weights(model, checkpoint)
         pipeline = cfg.test_dataloader.dataset.pipeline
         if multi_scale:
-            check_multi_scale_task(config, task)
+            task.check_multi_scale(config)
             if not flip:
                 drop_tta_flips(cfg)
             model = MODELS.build({**cfg.tta_model, 'module': model})
@@ -136,7 +128,7 @@ class SegPredictor:
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo
-        if task == 'instances':  # the categories trained on, with their ids (else the test set's)
+        if task.classes_from_checkpoint:  # the categories trained on, with their ids (else the test set's)
             meta = checkpoint_meta(checkpoint).get('dataset_meta') or self.test_set().metainfo
         self.classes = list(meta.get('classes') or ())
         self.cat_ids = list(meta.get('cat_ids') or ())

@@ -10,13 +10,14 @@ from mmengine.config import Config
 from backbones.common.errors import UsageError
 from backbones.common.cli import check_output_folder, command_parser, output_file, output_folder
 from backbones.common.log import logger
-from mmseg.registry import DATASETS, METRICS
+from mmseg.registry import DATASETS
 
-from backbones.segmentation.config import (TASK_NAMES, EmbeddedSegData, dense_task, drop_tta_flips, load_config,
-                                           load_trained_config, resolve_trained_data, tta_flips)
+from backbones.segmentation.config import (EmbeddedSegData, drop_tta_flips, load_config, load_trained_config,
+                                           resolve_trained_data, tta_flips)
 from backbones.segmentation.data_check import check_data
-from backbones.segmentation.predict import check_multi_scale_task, mask_paths
+from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
+from backbones.segmentation.tasks import task_of
 from backbones.segmentation.train import (LAUNCHER_FLAGS, add_common_options, add_multi_scale_arguments,
                                           parse_with_fallback, work_dir_for)
 
@@ -104,12 +105,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     and --show-dir on a detector's or a depth model's config, output folders that cannot be written."""
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
-    task = dense_task(load_config(args.config))
-    if args.ms:
-        check_multi_scale_task(args.config, task)
-    if args.show_dir and task != 'semantic':
-        raise UsageError(f'--show-dir draws a segmentor\'s predictions; {args.config} is a {TASK_NAMES[task]} '
-                         'config (tools/visualize.py segmentation draws its prediction for an image)')
+    task_of(load_config(args.config)).check_test_options(args, args.config)
     if args.pred_dir:
         check_output_folder(args.pred_dir)
 
@@ -121,7 +117,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     cfg.load_from = args.checkpoint
     resolve_trained_data(cfg, args.checkpoint, data, fallback, args.cfg_options)
-    task = dense_task(cfg)
+    task = task_of(cfg)
     if args.ms:
         use_multi_scale(cfg, flip=not args.no_flip)
     if args.show_dir:
@@ -129,67 +125,14 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     check_data(cfg, ['test_dataloader'], args.skip_unreadable)
     folders = {option: Path(folder) for option, folder in (('--pred-dir', args.pred_dir), ('--show-dir', args.show_dir))
                if folder}
-    if folders and task != 'instances':
+    if folders and task.outputs_per_image:
         files = test_files(cfg)
         images = [Path(info['img_path']) for info in files]
         for option, folder in folders.items():
             check_outside_data(files, folder, option)
             mask_paths(images, folder)  # a file an image: two images of one name are refused
-    cfg.test_evaluator = test_evaluator(cfg, task, args.out, args.pred_dir)
+    cfg.test_evaluator = task.test_evaluator(cfg, args.out, args.pred_dir)
     return cfg
-
-
-def test_evaluator(cfg: Config, task: str, out: str | None, pred_dir: str | None) -> dict | list:
-    """The task's metric, writing its scores to `out` and its predictions into `pred_dir`; a depth config's own
-    evaluation settings (depth range, crop, scale) kept, a segmentor's own evaluator honoured
-    (`semantic_evaluator`)."""
-    if task == 'instances':
-        return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
-    if task == 'depth':
-        own = cfg.get('test_evaluator') or {}
-        return {**own, 'type': 'DepthReport', 'json_file': out, 'output_dir': pred_dir}
-    return semantic_evaluator(cfg.get('test_evaluator') or {'type': 'IoUReport'}, out, pred_dir)
-
-
-IOU_METRICS = ('IoUMetric', 'IoUReport')  # mmseg's, and the suite's that reports it
-IOU_MEANS = ('mIoU', 'mDice', 'mFscore')  # what their `iou_metrics` may ask for
-
-
-def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) -> dict | list:
-    """A segmentation config's test_evaluator (a metric, or a list of them), as the config gives it: mmseg's
-    IoUMetric becomes the suite's IoUReport with the same settings (its iou_metrics: mDice, mFscore; ignore_index,
-    nan_to_num, beta), which also writes `out` and `pred_dir`; any other metric runs as it is. `out` and `pred_dir`
-    need an IoU metric among them."""
-    metrics = [dict(metric) for metric in (own if isinstance(own, (list, tuple)) else [own])]
-    unknown = [str(metric.get('type')) for metric in metrics if METRICS.get(metric.get('type')) is None]
-    if unknown:
-        raise UsageError(f'the config\'s test_evaluator names {", ".join(unknown)}, which is no metric mmseg or the '
-                         f'suite registers')
-    iou = [metric for metric in metrics if metric.get('type') in IOU_METRICS]
-    if len(iou) > 1:
-        raise UsageError('the config\'s test_evaluator holds more than one IoU metric: their scores share their names')
-    asked = [name for metric in iou for name in metric.get('iou_metrics', ()) if name not in IOU_MEANS]
-    if asked:
-        raise UsageError(f'the config\'s test_evaluator asks for {", ".join(map(str, asked))}: IoUMetric computes '
-                         f'{", ".join(IOU_MEANS)}')
-    if (out or pred_dir) and not iou:
-        names = ', '.join(str(metric.get('type')) for metric in metrics)
-        raise UsageError(f'--out and --pred-dir are written by the IoU metric; the config\'s test_evaluator is '
-                         f"{names}: add dict(type='IoUMetric') to it, or leave them out")
-    for metric in iou:
-        metric.update(type='IoUReport', json_file=out, output_dir=pred_dir or metric.get('output_dir'))
-    return metrics if isinstance(own, (list, tuple)) else metrics[0]
-
-
-def summary(task: str, metrics: dict[str, float]) -> str:
-    """The scores of a test in one line."""
-    if task == 'instances':
-        keys = ('box_AP', 'box_AP50', 'mask_AP', 'mask_AP50')
-    elif task == 'depth':
-        keys = ('d1', 'abs_rel', 'rmse', 'log10')
-    else:
-        keys = ('mIoU', 'mAcc', 'aAcc')
-    return '  '.join(f'{key} {metrics[key]:.{3 if task == "depth" else 2}f}' for key in keys if key in metrics)
 
 
 def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,
@@ -199,5 +142,5 @@ def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None =
     cfg = prepare(args, data_fallback)
     mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
     metrics = SuiteRunner.from_cfg(cfg).test()
-    logger.info(f'{mode}: {summary(dense_task(cfg), metrics)}')
+    logger.info(f'{mode}: {task_of(cfg).summary(metrics)}')
     return metrics

@@ -22,14 +22,15 @@ from backbones.common.lifecycle import restarted_by_torchrun
 
 from backbones.weights import TIMM_RELEASE
 from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_loader_sizes,
-                                           check_pretrained, data_roots, dense_task, describe_schedule,
+                                           check_pretrained, data_roots, describe_schedule,
                                            drop_one_step_warmup,
                                            load_config, missing_data, resolve_data, shorten_schedule,
                                            trained_data_record)
 from backbones.segmentation.data_check import check_data
-from backbones.segmentation.own_data import is_own_data_config, sized_iterations
+from backbones.segmentation.semantic.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
 from backbones.segmentation.runner import TRAINED_DATA, SuiteRunner
+from backbones.segmentation.tasks import task_of
 
 AMP_DTYPES = {'bf16': 'bfloat16', 'fp16': 'float16'}  # --amp's precisions as AmpOptimWrapper's dtype names
 
@@ -193,10 +194,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     accumulate_gradients(cfg, args.grad_accum_steps)
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
-    if dense_task(cfg) == 'semantic':
-        cfg.default_hooks.visualization = dict(type='ValidationPictures', count=args.pictures)
-    else:
-        cfg.default_hooks.pop('visualization', None)  # mmseg's drawing knows class maps only
+    task_of(cfg).training_hooks(cfg, args.pictures)
     use_amp(cfg, args.amp)
     use_trackers(cfg, args.config, wandb=args.log_wandb, mlflow=args.log_mlflow)
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()

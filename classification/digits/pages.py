@@ -50,9 +50,6 @@ INSTANCE_CATEGORIES = [dict(id=d + 1, name=str(d)) for d in range(10)]
 READY = 'READY'
 PALETTE = [[120, 120, 120]] + [[int(c) for c in cv2.cvtColor(np.uint8([[[18 * d, 220, 255]]]), cv2.COLOR_HSV2RGB)[0, 0]]
                                for d in range(10)]  # grey background, digits around the hue circle
-# mmseg's plain dataset with the pages' classes: ADE20K's file suffixes and label convention
-DATASET = dict(type='BaseSegDataset', metainfo=dict(classes=CLASSES, palette=PALETTE), img_suffix='.jpg',
-               seg_map_suffix='.png', reduce_zero_label=True)
 
 
 def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int

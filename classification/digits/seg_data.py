@@ -9,7 +9,7 @@ tools/train_seg.py (`train_seg`), whose checkpoint the segmentation trainer then
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -17,8 +17,8 @@ from mmengine.config import Config
 
 from backbones.common.cli import output_folder
 from backbones.common.log import logger
-from backbones.segmentation.config import ADE20K_CROP, LOADERS, dense_task, drop_tta_flips, scale_sizes
-from backbones.segmentation.own_data import set_classes
+from backbones.segmentation.config import ADE20K_CROP, LOADERS
+from backbones.segmentation.tasks import SmallDenseData, task_of
 from backbones.segmentation.train import (
     PretrainedBackbone,
     Pretraining,
@@ -28,7 +28,7 @@ from backbones.segmentation.train import (
     train,
 )
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
-from classification.digits.pages import CLASSES, DATASET, IMAGE_SIZE, PALETTE, write_digits_ade
+from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, write_digits_ade
 
 PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
 # The configs run on the pages at the scale that makes their training crop the input size of the classification
@@ -40,13 +40,6 @@ RATIO_RANGE = (0.75, 1.5)
 # The multi-scale test's ratios of the single-scale size: the sizes training saw, not ADE20K's 0.75-1.75, which blow
 # the digits up beyond them and scored below single-scale (docs/segmentation.md has the measurements).
 TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
-# A detector's heads on the pages, sized for minutes on 2 CPU cores (ViTDet's 256-channel heads on 512 regions per
-# image take 45 s an iteration there): 64-channel pyramid and heads, 64 sampled regions per image, fewer proposals.
-DETECTOR_ON_PAGES = dict(neck=dict(out_channels=64), fc_channels=256, roi_heads=dict(batch_size_per_image=64),
-                         rpn=dict(pre_nms_top_n=dict(training=300, testing=300),
-                                  post_nms_top_n=dict(training=100, testing=100)))
-# The depth configs' sizes on the pages: NYU's 480 px crops become the pages' 48 px height.
-DEPTH_SCALE = 48 / 480
 
 
 @dataclass(frozen=True)
@@ -68,11 +61,6 @@ class Schedule:
     seed: int = 0
 
 
-# A detector's: its heads start from random weights and learn at a higher lr for longer, on fewer images a batch
-# (with the config's layer-wise lr decay, the backbone's lr shrinks towards its input).
-DETECTOR_SCHEDULE = Schedule(iters=400, lr=5e-4, batch_size=8, val_interval=400, checkpoint_interval=200)
-
-
 @dataclass(frozen=True)
 class EmbeddedPages:
     """The pages under `root`, written on first use; backbones pretrained on the scans of `scans`."""
@@ -80,8 +68,7 @@ class EmbeddedPages:
     root: Path = PAGES_DIR
     scans: EmbeddedScans = field(default_factory=EmbeddedScans)
     scale: float = SCALE
-    schedule: Schedule = field(default_factory=Schedule)
-    detector_schedule: Schedule = DETECTOR_SCHEDULE
+    schedule: Schedule = field(default_factory=Schedule)  # a task changes it as its `small_schedule` says
     test_ratios: tuple[float, ...] = TEST_RATIOS
     description: ClassVar[str] = 'the embedded digits pages (scikit-learn\'s scans in rows, written on first use)'
 
@@ -97,70 +84,19 @@ class EmbeddedPages:
         return cls(args.digits_seg_dir, EmbeddedScans.from_args(args))
 
     def use_data(self, cfg: Config) -> None:
-        """Point the config at the pages (written on first use), its sizes times `scale`, mirror images off: their
-        class maps for a semantic config, their digits as COCO instances for a detector, their synthetic depth for a
-        depth model."""
+        """Point the config at the pages (written on first use), as its task takes a small data set: its sizes fit
+        to the pages (a semantic config's times `scale`), no mirror images (a mirrored digit is not a digit)."""
         logger.info(f'data: the embedded digits pages in {self.root}')
         write_digits_ade(self.root)
-        task = dense_task(cfg)
-        for loader in LOADERS:
-            if not cfg.get(loader):
-                continue
-            dataset = cfg[loader]['dataset']
-            split = 'training' if loader == 'train_dataloader' else 'validation'
-            if task == 'instances':
-                dataset.update(type='CocoInstances', data_root=str(self.root),
-                               ann_file=f'annotations/instances_{split}.json',
-                               data_prefix=dict(img_path=f'images/{split}'))
-            elif task == 'depth':
-                dataset.update(type='NYUDataset', data_root=str(self.root), img_suffix='.jpg', depth_map_suffix='.png',
-                               data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
-            else:
-                dataset.update(DATASET, data_root=str(self.root),
-                               data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
-            self.fit_pipeline(dataset['pipeline'], task)
-        if task == 'depth':
-            for evaluator in ('val_evaluator', 'test_evaluator'):
-                cfg[evaluator].update(crop_type=None)  # NYU's crop is for NYU's 640x480 images
-        if task != 'semantic':
-            return
-        if cfg.get('tta_model'):
-            drop_tta_flips(cfg)
-        if cfg.get('tta_pipeline'):
-            self.use_test_ratios(cfg)
-        scale_sizes(cfg.model.get('data_preprocessor', {}), self.scale)
-        scale_sizes(cfg.model.get('test_cfg', {}), self.scale)
-        set_classes(cfg, CLASSES, PALETTE, reduce_zero_label=True)  # data sets and heads
+        task_of(cfg).use_small_data(cfg, self.as_small_data())
 
-    def fit_pipeline(self, pipeline: list[dict], task: str) -> None:
-        """A pipeline's sizes for the pages, in place: a semantic or depth config's times `scale` (its training crop
-        becomes the pretraining's input size), a detector's large-scale jitter and test size the page's own, the
-        jitter within RATIO_RANGE; no mirror images."""
-        if task == 'instances':
-            for step in pipeline:
-                if step['type'] == 'LargeScaleJitter':
-                    step.update(size=IMAGE_SIZE, scale_range=RATIO_RANGE)
-                if step['type'] == 'Resize':
-                    step['scale'] = IMAGE_SIZE
-        else:
-            scale_sizes(pipeline, self.scale if task == 'semantic' else DEPTH_SCALE)
-        for step in pipeline:
-            if 'ratio_range' in step:
-                step['ratio_range'] = RATIO_RANGE
-            if step['type'] in ('RandomFlip', 'RandomInstanceFlip'):
-                step['prob'] = 0.0  # a mirrored digit is not a digit
-
-    def use_test_ratios(self, cfg: Config) -> None:
-        """The multi-scale test resizes to `test_ratios` times the single-scale test's size (already scaled)."""
-        size = next(step['scale'] for step in cfg.test_dataloader.dataset.pipeline if step['type'] == 'Resize')
-        tta = next(step for step in cfg.tta_pipeline if step['type'] == 'TestTimeAug')
-        tta['transforms'][0] = [dict(type='Resize', scale=(round(size[0] * r), round(size[1] * r)), keep_ratio=True)
-                                for r in self.test_ratios]
+    def as_small_data(self) -> SmallDenseData:
+        return SmallDenseData(self.root, CLASSES, tuple(tuple(c) for c in PALETTE), IMAGE_SIZE, self.scale,
+                              RATIO_RANGE, self.test_ratios, DEPTH_SCALE, mirrored=False)
 
     def use_schedule(self, cfg: Config) -> None:
         """Replace the config's ADE20K schedule by `schedule` (the tool merges command-line options after)."""
-        detector = dense_task(cfg) == 'instances'
-        schedule = self.detector_schedule if detector else self.schedule
+        schedule = replace(self.schedule, **task_of(cfg).small_schedule)
         cfg.train_cfg.update(max_iters=schedule.iters, val_interval=schedule.val_interval)
         cfg.optim_wrapper.optimizer['lr'] = schedule.lr
         paramwise = cfg.optim_wrapper.get('paramwise_cfg', {})
@@ -182,10 +118,9 @@ class EmbeddedPages:
         cfg.randomness = dict(seed=schedule.seed)
 
     def use_model(self, cfg: Config) -> None:
-        """A detector's pyramid and heads sized for the pages (DETECTOR_ON_PAGES), in training, tests and
-        predictions alike; other models keep the config's sizes."""
-        if dense_task(cfg) == 'instances':
-            cfg.merge_from_dict(dict(model=DETECTOR_ON_PAGES))
+        """The model as its task sizes it for a small data set (a detector's pyramid and heads), in training, tests
+        and predictions alike."""
+        task_of(cfg).use_small_model(cfg)
 
     def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone:
         """The first stage of a run on the pages that asks for it: the config's backbone pretrained with token

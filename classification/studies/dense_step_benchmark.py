@@ -9,7 +9,6 @@ data set's. The step is `train_step` followed by reading the logged losses, as m
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,13 +25,8 @@ import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmc
 from mmseg.registry import MODELS
 
 from backbones.common.timing import SteadyWindow
-from backbones.segmentation.config import dense_task, load_config, scale_sizes
-
-# The data sets' usual image before its training pipeline (width, height): ADE20K's 683x512, COCO's 640x480 with 7
-# instances (COCO's mean is 7.3 a training image), NYU-v2's 640x480.
-USUAL_IMAGE = {'semantic': (683, 512), 'instances': (640, 480), 'depth': (640, 480)}
-INSTANCES_PER_IMAGE = 7
-ADE20K_CLASSES = 150
+from backbones.segmentation.config import load_config, scale_sizes
+from backbones.segmentation.tasks import task_of
 
 
 @dataclass(frozen=True)
@@ -53,59 +47,16 @@ class DenseStep:
                 'peak_memory_gib': self.peak_memory_gib}
 
 
-def semantic_sample(rng: np.random.Generator, width: int, height: int) -> dict:
-    """What LoadImageFromFile and LoadAnnotations give for an ADE20K image: the image and its class map (classes
-    in blocks, as regions are, and some ignored pixels)."""
-    blocks = rng.integers(0, ADE20K_CLASSES, (8, 8)).astype(np.uint8)
-    label = np.kron(blocks, np.ones((height // 8 + 1, width // 8 + 1), np.uint8))[:height, :width].copy()
-    label[rng.random((height, width)) < 0.05] = 255
-    return {**image_sample(rng, width, height), 'gt_seg_map': label, 'seg_fields': ['gt_seg_map'],
-            'reduce_zero_label': False}
-
-
-def instances_sample(rng: np.random.Generator, width: int, height: int) -> dict:
-    """What LoadImageFromFile and LoadInstances give for a COCO image: boxes, labels and masks of
-    INSTANCES_PER_IMAGE instances (each an ellipse filling its box)."""
-    corners = np.sort(rng.uniform(0, 1, (INSTANCES_PER_IMAGE, 2, 2)), axis=1)  # (instance, corner, x|y)
-    boxes = (corners.reshape(-1, 4) * np.float32([width, height, width, height])).astype(np.float32)
-    boxes[:, 2:] = np.minimum(np.maximum(boxes[:, 2:], boxes[:, :2] + 8), [width, height])  # >= 8 px where room
-    masks = np.zeros((INSTANCES_PER_IMAGE, height, width), np.uint8)
-    ys, xs = np.mgrid[:height, :width]
-    for mask, (x0, y0, x1, y1) in zip(masks, boxes):
-        centre_x, centre_y, half_w, half_h = (x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) / 2, (y1 - y0) / 2
-        mask[((xs - centre_x) / half_w) ** 2 + ((ys - centre_y) / half_h) ** 2 <= 1] = 1
-    return {**image_sample(rng, width, height), 'height': height, 'width': width, 'gt_bboxes': boxes,
-            'gt_labels': rng.integers(0, 80, INSTANCES_PER_IMAGE), 'gt_masks': masks}
-
-
-def depth_sample(rng: np.random.Generator, width: int, height: int) -> dict:
-    """What LoadImageFromFile and LoadDepthAnnotation give for an NYU-v2 image: its depth in metres (0: no
-    measurement)."""
-    depth = np.repeat(np.linspace(6.0, 1.0, height, dtype=np.float32)[:, None], width, axis=1)
-    depth[rng.random((height, width)) < 0.02] = 0.0
-    return {**image_sample(rng, width, height), 'gt_depth_map': depth, 'seg_fields': ['gt_depth_map'],
-            'depth_rescale_factor': 1e-3}
-
-
-def image_sample(rng: np.random.Generator, width: int, height: int) -> dict:
-    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return {'img': image, 'img_path': 'synthetic.jpg', 'img_shape': (height, width), 'ori_shape': (height, width)}
-
-
-LOADED: dict[str, Callable[[np.random.Generator, int, int], dict]] = {
-    'semantic': semantic_sample, 'instances': instances_sample, 'depth': depth_sample}
-
-
 def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
     """`count` batches of `batch_size` made by the config's training pipeline, its reading steps left out, from
-    synthetic samples of the data set's usual size times `scale`."""
-    task = dense_task(cfg)
+    its task's synthetic samples of the data set's usual size times `scale`."""
+    task = task_of(cfg)
     steps = [step for step in cfg.train_dataloader.dataset.pipeline if not step['type'].startswith('Load')]
     pipeline = Compose(steps)
-    width, height = (max(1, round(side * scale)) for side in USUAL_IMAGE[task])
+    width, height = (max(1, round(side * scale)) for side in task.usual_image)
     rng = np.random.default_rng(seed)
     np.random.seed(seed)  # the pipelines' own draws
-    return [pseudo_collate([pipeline(LOADED[task](rng, width, height)) for _ in range(batch_size)])
+    return [pseudo_collate([pipeline(task.loaded_sample(rng, width, height)) for _ in range(batch_size)])
             for _ in range(count)]
 
 
@@ -140,7 +91,7 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
             break
     img_s = window.images_per_second()
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == 'cuda' else None
-    return DenseStep(path, dense_task(cfg), batch_size, largest, img_s, img_s / batch_size, peak)
+    return DenseStep(path, task_of(cfg).name, batch_size, largest, img_s, img_s / batch_size, peak)
 
 
 def largest_image(batch: dict) -> tuple[int, int]:

@@ -497,17 +497,14 @@ def gpu_decoded_loop(key: str, compiled: bool) -> Callable[[dict], str]:
     return describe
 
 
-DENSE_NAMES = {'semantic': 'UperNet', 'instances': 'Mask R-CNN', 'depth': 'depth'}
-
-
 def gpu_dense_steps(session: dict) -> str:
     """The dense_steps stage's row: each config's step, its batch and largest image, its peak device memory."""
     configs = session.get('dense_steps', {}).get('configs', {})
     parts = []
-    for step in configs.values():
+    for name, step in configs.items():
         height, width = step['largest_image']
         memory = f', {step["peak_memory_gib"]:.1f} GiB at its peak' if step['peak_memory_gib'] is not None else ''
-        parts.append(f'{DENSE_NAMES.get(step["task"], step["task"])} {rate(step["img_s"])} img/s '
+        parts.append(f'`{name}` {rate(step["img_s"])} img/s '
                      f'({step["it_s"]:.2f} it/s of {step["batch_size"]}, up to {width}x{height}{memory})')
     return '; '.join(parts)
 

@@ -33,7 +33,7 @@ from backbones.common.timing import measured_on, seconds_per_call
 from backbones.common.timing import timed as timed_call
 from backbones.segmentation.config import flipping_tta_pipeline, load_config
 from backbones.segmentation.runner import SuiteRunner
-from backbones.segmentation.segmentor import mirror_image
+from backbones.segmentation.semantic.segmentor import mirror_image
 from backbones.segmentation.test import use_multi_scale
 from classification.digits.seg_data import EmbeddedPages
 

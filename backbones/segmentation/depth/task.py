@@ -1,0 +1,123 @@
+"""Monocular depth as a dense task: the depth papers' figures (DepthReport), depth maps written as 16-bit PNGs in
+the data set's scale with a coloured picture beside each, and metres exported at the input's size."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.config import Config
+
+from backbones.common.drawing import enlarge, write_png
+from backbones.common.errors import UsageError
+from backbones.common.log import logger
+
+from backbones.segmentation.config import scale_sizes
+from backbones.segmentation.depth.metric import write_depth_png
+from backbones.segmentation.masks import PICTURE_TAIL
+from backbones.segmentation.pictures import colour_depth, side_by_side, titled
+from backbones.segmentation.predict import SegPredictor
+from backbones.segmentation.tasks import (DenseTask, PredictionRequest, SmallDenseData, register_task, small_datasets,
+                                          synthetic_image)
+
+
+@register_task
+class Depth(DenseTask):
+    name = 'depth'
+    title = 'depth'
+    model_kind = 'depth model'
+    models = ('DepthEstimator', 'TokenDepthEstimator')
+    head_weights = 'decode_head.depth_layer.'  # the suite's depth head
+    summary_keys = ('d1', 'abs_rel', 'rmse', 'log10')
+    summary_digits = 3
+    overlay = False  # its maps come with NAME_color.png
+    output_tails = ('.png', PICTURE_TAIL)
+    predictions_fit = 'depth map fits'
+    export_output = 'depth in metres (batch, 1, H, W)'
+    usual_image = (640, 480)  # NYU-v2's
+
+    def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
+        """The depth maps; every size scaled so that the training crop is the images' height; the evaluation crop
+        (NYU's, for its 640x480 images) off."""
+        factor = data.image_size[1] / training_crop_height(cfg)
+        for dataset, split in small_datasets(cfg, data):
+            dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg', depth_map_suffix='.png',
+                           data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
+            scale_sizes(dataset['pipeline'], factor)
+        for evaluator in ('val_evaluator', 'test_evaluator'):
+            if cfg.get(evaluator):
+                cfg[evaluator].update(crop_type=None)
+
+    def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
+        """The image and its depth in metres, a receding plane with some pixels unmeasured (0)."""
+        depth = np.repeat(np.linspace(6.0, 1.0, height, dtype=np.float32)[:, None], width, axis=1)
+        depth[rng.random((height, width)) < 0.02] = 0.0
+        return {**synthetic_image(rng, width, height), 'gt_depth_map': depth, 'seg_fields': ['gt_depth_map'],
+                'depth_rescale_factor': 1e-3}
+
+    def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict:
+        """DepthReport with the config's own settings (depth range, crop, scale)."""
+        own = cfg.get('test_evaluator') or {}
+        return {**own, 'type': 'DepthReport', 'json_file': out, 'output_dir': pred_dir}
+
+    def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
+        """Each image's depth as a 16-bit PNG in the data set's scale (`predictor.depth_scale` per metre), and
+        beside it NAME_color.png, near bright and far dark over 0 .. the model's largest depth."""
+        top = float(predictor.model.decode_head.max_depth)
+        for image, path in zip(request.images, request.paths):
+            _, sample = predictor.predict(image)
+            depth = sample.pred_depth_map.data[0].cpu().numpy()
+            write_depth_png(path, depth, predictor.depth_scale)
+            write_png(colour_depth(depth, top), path.with_name(f'{path.stem}{PICTURE_TAIL}'))
+            logger.info(f'{image} -> {path}: {depth.min():.2f} .. {depth.max():.2f} m')
+        return request.paths
+
+    def picture(self, predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float,
+                report: str | None, with_labels: bool) -> np.ndarray:
+        """The predicted depth beside the image and the entry's ground truth, enlarged to about 256 pixels high."""
+        pixels, sample = predictor.predict(entry['img_path'])
+        scale = max(1, 256 // pixels.shape[0])
+        panels = [titled(enlarge(pixels, scale), 'image')]
+        predicted = sample.pred_depth_map.data[0].cpu().numpy()
+        top = float(predictor.model.decode_head.max_depth)
+        if entry.get('depth_map_path') and Path(entry['depth_map_path']).is_file():
+            truth = cv2.imread(entry['depth_map_path'], cv2.IMREAD_UNCHANGED).astype(np.float64)
+            panels.append(titled(enlarge(colour_depth(truth / predictor.depth_scale, top), scale), 'ground truth'))
+        panels.append(titled(enlarge(colour_depth(predicted, top), scale), f'prediction (0-{top:g} m)'))
+        return side_by_side(panels)
+
+    def exported(self, model: nn.Module) -> nn.Module:
+        return DepthMap(model)
+
+    def export_facts(self, predictor: SegPredictor) -> dict:
+        return {'depth_png_scale': predictor.depth_scale, 'max_depth': float(predictor.model.decode_head.max_depth)}
+
+    def output_names(self, model: nn.Module) -> str:
+        return 'depth'
+
+    def describe_outputs(self, predictor: SegPredictor) -> str:
+        return 'depth'
+
+
+def training_crop_height(cfg: Config) -> int:
+    """The height of the training pipeline's crop (mmseg's crop_size is (height, width))."""
+    crop = next((step['crop_size'] for step in cfg.train_dataloader.dataset.pipeline if 'crop_size' in step), None)
+    if crop is None:
+        raise UsageError('a depth config on the embedded data needs a training crop (RandomCrop) to size it by')
+    return crop[0]
+
+
+class DepthMap(nn.Module):
+    """A depth model's whole-image forward on normalised RGB images: metres at the input's size."""
+
+    def __init__(self, estimator: nn.Module) -> None:
+        super().__init__()
+        self.estimator = estimator
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        depth = self.estimator.decode_head(self.estimator.extract_feat(images))
+        return F.interpolate(depth, size=images.shape[2:], mode='bilinear',
+                             align_corners=self.estimator.decode_head.align_corners)

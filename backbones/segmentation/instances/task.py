@@ -1,0 +1,184 @@
+"""Instance segmentation and detection as a dense task: COCO's box and mask AP, the instances of new images in one
+COCO-format file (drawn over each image if asked), the categories the checkpoint was trained on, and an export that
+stops at the feature pyramid (torchvision's `batched_nms` keeps a number of boxes that depends on the image, which
+torch.export cannot trace)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+
+from backbones.common.drawing import enlarge, write_png
+from backbones.common.errors import UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+
+from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
+from backbones.segmentation.instances.metric import coco_results
+from backbones.segmentation.instances.transforms import decode_mask
+from backbones.segmentation.masks import INSTANCES, OVERLAY_TAIL
+from backbones.segmentation.pictures import draw_instances, side_by_side, titled
+from backbones.segmentation.predict import SegPredictor
+from backbones.segmentation.tasks import (DenseTask, PredictionRequest, SmallDenseData, register_task, small_datasets,
+                                          synthetic_image)
+
+INSTANCES_PER_IMAGE = 7  # a synthetic image's: COCO's mean is 7.3 a training image
+# A detector's pyramid and heads on a small data set, sized for minutes on 2 CPU cores (ViTDet's 256-channel heads
+# on 512 regions per image take 45 s an iteration there): 64-channel pyramid and heads, 64 sampled regions per
+# image, fewer proposals.
+SMALL_DATA_MODEL = dict(neck=dict(out_channels=64), fc_channels=256, roi_heads=dict(batch_size_per_image=64),
+                        rpn=dict(pre_nms_top_n=dict(training=300, testing=300),
+                                 post_nms_top_n=dict(training=100, testing=100)))
+
+
+@register_task
+class Instances(DenseTask):
+    name = 'instances'
+    title = 'detection'
+    model_kind = 'detector'
+    models = ('TokenMaskRCNN',)
+    head_weights = 'roi_heads.'  # torchvision's RoI heads
+    summary_keys = ('box_AP', 'box_AP50', 'mask_AP', 'mask_AP50')
+    outputs_per_image = False  # --pred-dir gets one COCO results file
+    classes_from_checkpoint = True  # the categories trained on, with their ids
+    macs_counted = False  # its work depends on the proposals its image yields
+    predictions_fit = 'instances fit'
+    export_output = ('the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the RPN '
+                     'and RoI heads are in model.safetensors with config.py (torch.export stops at torchvision\'s '
+                     'batched_nms: the number of boxes depends on the image)')
+    # its heads start from random weights and learn at a higher lr for longer, on fewer images a batch (with the
+    # config's layer-wise lr decay, the backbone's lr shrinks towards its input)
+    usual_image = (640, 480)  # COCO's
+    small_schedule = dict(iters=400, lr=5e-4, batch_size=8, val_interval=400, checkpoint_interval=200)
+
+    def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
+        """The class count: a trained checkpoint's (its test set declaring the same categories), else the training
+        set's."""
+        if checkpoint is None:
+            use_coco_categories(cfg)
+        else:
+            use_test_categories(cfg, checkpoint)
+
+    def use_trained_classes(self, cfg: Config, checkpoint: str) -> None:
+        use_trained_categories(cfg, checkpoint)
+
+    def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
+        """The instances in COCO's format; the large-scale jitter and the test size the images' own."""
+        for dataset, split in small_datasets(cfg, data):
+            dataset.update(type='CocoInstances', data_root=str(data.root),
+                           ann_file=f'annotations/instances_{split}.json', data_prefix=dict(img_path=f'images/{split}'))
+            for step in dataset['pipeline']:
+                if step['type'] == 'LargeScaleJitter':
+                    step.update(size=data.image_size, scale_range=data.ratio_range)
+                if step['type'] == 'Resize':
+                    step['scale'] = data.image_size
+
+    def use_small_model(self, cfg: Config) -> None:
+        cfg.merge_from_dict(dict(model=SMALL_DATA_MODEL))
+
+    def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
+        """The image and INSTANCES_PER_IMAGE instances: boxes, labels, and masks (each an ellipse filling its box)."""
+        corners = np.sort(rng.uniform(0, 1, (INSTANCES_PER_IMAGE, 2, 2)), axis=1)  # (instance, corner, x|y)
+        boxes = (corners.reshape(-1, 4) * np.float32([width, height, width, height])).astype(np.float32)
+        boxes[:, 2:] = np.minimum(np.maximum(boxes[:, 2:], boxes[:, :2] + 8), [width, height])  # >= 8 px if room
+        masks = np.zeros((INSTANCES_PER_IMAGE, height, width), np.uint8)
+        ys, xs = np.mgrid[:height, :width]
+        for mask, (x0, y0, x1, y1) in zip(masks, boxes):
+            centre_x, centre_y, half_w, half_h = (x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) / 2, (y1 - y0) / 2
+            mask[((xs - centre_x) / half_w) ** 2 + ((ys - centre_y) / half_h) ** 2 <= 1] = 1
+        return {**synthetic_image(rng, width, height), 'height': height, 'width': width, 'gt_bboxes': boxes,
+                'gt_labels': rng.integers(0, 80, INSTANCES_PER_IMAGE), 'gt_masks': masks}
+
+    def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict:
+        return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
+
+    def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
+        """Every image's instances scoring the threshold or more as one COCO-format file (images, the categories
+        with the ids the checkpoint was trained with, annotations with RLE masks and scores); with overlays, each
+        image's instances drawn over it (NAME_overlay.png)."""
+        path = request.out / INSTANCES
+        content = dict(images=[], annotations=[],
+                       categories=[dict(id=i, name=n) for i, n in zip(predictor.cat_ids, predictor.classes)])
+        for image_id, (image, picture) in enumerate(zip(request.images, request.paths), start=1):
+            try:
+                pixels, sample = predictor.predict(image)
+            except BaseException:
+                if content['images']:  # the instances found so far are kept
+                    write_json_atomic(path, content)
+                    logger.warning(f'warning: stopped at {image}: the instances of the {len(content["images"])} '
+                                   f'image(s) before it are in {path}')
+                raise
+            found = sample.pred_instances[sample.pred_instances.scores >= request.score_threshold]
+            content['images'].append(dict(id=image_id, file_name=str(image), height=pixels.shape[0],
+                                          width=pixels.shape[1]))
+            areas = found.masks.flatten(1).sum(1).tolist()
+            for entry, area in zip(coco_results(image_id, found, predictor.cat_ids), areas):
+                content['annotations'].append(dict(entry, id=len(content['annotations']) + 1, iscrowd=0,
+                                                   area=float(area)))
+            if request.overlay:
+                write_png(draw_instances(pixels, found.bboxes.cpu().numpy(), found.labels.tolist(),
+                                         found.masks.cpu().numpy(), predictor.classes, predictor.palette,
+                                         found.scores.tolist()), picture.with_name(f'{picture.stem}{OVERLAY_TAIL}'))
+            names = [predictor.classes[label] for label in found.labels.tolist()]
+            logger.info(f'{image}: {len(names)} instance(s)' + (f' ({", ".join(names[:8])})' if names else ''))
+        write_json_atomic(path, content)
+        logger.info(f'instances of {len(request.images)} image(s) -> {path}')
+        return [path]
+
+    def picture(self, predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float,
+                report: str | None, with_labels: bool) -> np.ndarray:
+        """The instances scoring `score_threshold` or more over the image, beside the entry's ground truth,
+        enlarged to about 256 pixels high."""
+        pixels, sample = predictor.predict(entry['img_path'])
+        scale = max(1, 256 // pixels.shape[0])
+        big = enlarge(pixels, scale)
+
+        def drawn(boxes, labels, masks, scores=None):
+            masks = np.stack([enlarge(m.astype(np.uint8), scale) for m in masks]).astype(bool) if len(masks) \
+                else np.zeros((0, *big.shape[:2]), bool)
+            return draw_instances(big, np.asarray(boxes, np.float64).reshape(-1, 4) * scale, list(labels), masks,
+                                  predictor.classes, predictor.palette, scores, alpha)
+
+        panels = [titled(big, 'image')]
+        found = sample.pred_instances[sample.pred_instances.scores >= score_threshold]
+        if entry.get('instances') is not None:
+            truth = [i for i in entry['instances'] if not i['ignore_flag']]
+            height, width = pixels.shape[:2]
+            panels.append(titled(drawn([i['bbox'] for i in truth], [i['bbox_label'] for i in truth],
+                                       [decode_mask(i['mask'], height, width) for i in truth]), 'ground truth'))
+        panels.append(titled(drawn(found.bboxes.cpu().numpy(), found.labels.tolist(), found.masks.cpu().numpy(),
+                                   found.scores.tolist()), f'prediction (score >= {score_threshold:g})'))
+        return side_by_side(panels)
+
+    def exported(self, model: nn.Module) -> nn.Module:
+        return PyramidFeatures(model)
+
+    def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
+        """The detector's padding (its data preprocessor pads every batch to 32 px, so that the pyramid's levels
+        halve exactly), which a fixed size must be a multiple of."""
+        stride = max(model.backbone.stride, model.data_preprocessor.pad_size_divisor)
+        if size[0] % stride or size[1] % stride:
+            raise UsageError(f'--size {size[0]} {size[1]}: the detector reads images padded to multiples of {stride} '
+                             f'px (its data preprocessor): export it at such a size')
+        return stride
+
+    def export_facts(self, predictor: SegPredictor) -> dict:
+        return {'classes': predictor.classes, 'category_ids': predictor.cat_ids,
+                'levels': list(predictor.model.neck.names)}
+
+    def output_names(self, model: nn.Module) -> list[str]:
+        return list(model.neck.names)
+
+
+class PyramidFeatures(nn.Module):
+    """A detector's backbone and feature pyramid: its levels, finest first."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.detector.extract_feat(images).values())

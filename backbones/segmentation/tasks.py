@@ -1,0 +1,251 @@
+"""The dense tasks, found by the model a config builds: each task (`semantic/`, `instances/`, `depth/`, registered
+when the package is imported) holds what it does its own way, and the runner, config reading and tools ask it,
+never comparing task names.
+
+A task is a `DenseTask` registered with `register_task`: the model types that make it, the weights only its models
+have, its metric and the scores a test line prints, how its predictions are written and drawn, where its export
+stops, and how its config takes a small data set in the tasks' shared folder layout (the embedded pages). A model
+type no task claims is a segmentor: mmseg's own models, and the suite's, predict a class per pixel.
+"""
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch.nn as nn
+from mmengine.config import Config
+
+from backbones.common.errors import UsageError
+
+class SegPredictor(Protocol):
+    """What a task's methods use of the predictor they are handed (`predict.SegPredictor`): the config and model,
+    the classes and how they are stored and drawn, and the model's predictions for an image."""
+
+    cfg: Config
+    model: nn.Module
+    classes: list[str]
+    cat_ids: list[int]
+    palette: list[list[int]]
+    reduce_zero_label: bool
+    depth_scale: float
+
+    def predict(self, path: str | Path) -> tuple[np.ndarray, Any]: ...
+
+    def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def label_values(self, prediction: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class SmallDenseData:
+    """A small data set in the tasks' shared folder layout, which a config is pointed at in place of its own (the
+    embedded pages): under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (0 ignored,
+    class c stored as c + 1); depth/{split}/NAME.png, 16-bit depth, `depth_scale` per metre; and
+    annotations/instances_{split}.json, the instances in COCO's format. Its images are `image_size` (width, height);
+    `scale` is what a semantic config's sizes are multiplied by there, `ratio_range` its training rescaling,
+    `test_ratios` the multi-scale test's, and `mirrored` whether a mirror image is still an image of the data (a
+    mirrored glyph is not: then no flips in training or tests)."""
+
+    root: Path
+    classes: tuple[str, ...]
+    palette: tuple[tuple[int, int, int], ...]
+    image_size: tuple[int, int]
+    scale: float
+    ratio_range: tuple[float, float]
+    test_ratios: tuple[float, ...]
+    depth_scale: float
+    mirrored: bool
+
+
+@dataclass(frozen=True)
+class PredictionRequest:
+    """What tools/predict_seg.py asks of a task's writer: the images, the file each gets (NAME.png in the output
+    folder), the folder, whether to draw overlays, and a detector's score threshold."""
+
+    images: list[Path]
+    paths: list[Path]
+    out: Path
+    overlay: bool
+    score_threshold: float
+
+
+class DenseTask(ABC):
+    """One dense task. Class attributes say what it is; methods do what it does its own way."""
+
+    name: ClassVar[str]  # recorded in checkpoints and export folders: 'semantic', 'instances', 'depth'
+    title: ClassVar[str]  # in words: 'semantic segmentation'
+    model_kind: ClassVar[str]  # what its model is called: 'segmentor'
+    models: ClassVar[tuple[str, ...]] = ()  # the config model types that make it
+    head_weights: ClassVar[str]  # a weight-name prefix only its models have
+    summary_keys: ClassVar[tuple[str, ...]]  # the scores a test's line prints
+    summary_digits: ClassVar[int] = 2
+    multi_scale: ClassVar[bool] = False  # the multi-scale test (--ms, --tta)
+    class_maps: ClassVar[bool] = False  # predicts a class per pixel: mmseg's pictures, --show-dir, --report
+    overlay: ClassVar[bool] = True  # predict_seg --overlay draws its predictions over the image
+    output_tails: ClassVar[tuple[str, ...]] = ()  # the files each image gets from predict_seg, besides overlays
+    outputs_per_image: ClassVar[bool] = True  # test_seg --pred-dir and --show-dir write a file per test image
+    classes_from_checkpoint: ClassVar[bool] = False  # a predictor's classes: the checkpoint's, not the test set's
+    macs_counted: ClassVar[bool] = True  # its forward's work is fixed by the image size (model_info counts it)
+    predictions_fit: ClassVar[str]  # 'its <predictions_fit> the pixels as stored'
+    export_output: ClassVar[str]  # what an export's network returns, in words
+    usual_image: ClassVar[tuple[int, int]]  # its reference data set's usual image (width, height), before training
+
+    # ---- data
+
+    def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
+        """The config's classes from its data (`roots`, the folders on disk, or the embedded data), a trained
+        `checkpoint`'s checked against them."""
+
+    def use_trained_classes(self, cfg: Config, checkpoint: str) -> None:
+        """With no data set at hand, the classes the checkpoint records."""
+
+    def check_trained_classes(self, cfg: Config, checkpoint: str) -> None:
+        """The data set's classes are the ones the checkpoint was trained on."""
+
+    @abstractmethod
+    def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
+        """Point every loader of `cfg` at `data` and fit the pipelines' (and the model's) sizes to its images."""
+
+    def use_small_model(self, cfg: Config) -> None:
+        """The model sized for a small data set on a few CPU cores, in training, tests and predictions alike."""
+
+    small_schedule: ClassVar[dict[str, Any]] = {}  # a small data set's schedule changed so (`Schedule`'s fields)
+
+    @abstractmethod
+    def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
+        """What its training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`:
+        the image and a plausible ground truth (the steps after them, and the model's step, cost what they would on
+        the data set's images)."""
+
+    # ---- test
+
+    @abstractmethod
+    def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict | list:
+        """The metric a test runs, writing its scores to `out` and its predictions into `pred_dir`."""
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        """The scores of a test in one line."""
+        return '  '.join(f'{key} {metrics[key]:.{self.summary_digits}f}' for key in self.summary_keys
+                         if key in metrics)
+
+    def training_hooks(self, cfg: Config, pictures: int) -> None:
+        """The hooks a training run adds or drops (its validation pictures)."""
+        cfg.default_hooks.pop('visualization', None)  # mmseg's drawing knows class maps only
+
+    # ---- predictions
+
+    @abstractmethod
+    def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
+        """Write the predictions of `request.images`; returns the files written."""
+
+    @abstractmethod
+    def picture(self, predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float,
+                report: str | None, with_labels: bool) -> np.ndarray:
+        """The prediction for a test entry's image, beside the entry's ground truth if it has one."""
+
+    # ---- export
+
+    @abstractmethod
+    def exported(self, model: nn.Module) -> nn.Module:
+        """The network an export holds: images (B, 3, H, W), normalized, in; its outputs out."""
+
+    def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
+        """What an exported input's sides are multiples of."""
+        return model.backbone.stride
+
+    @abstractmethod
+    def export_facts(self, predictor: SegPredictor) -> dict:
+        """export.json's task part: what a runtime needs to read the outputs."""
+
+    @abstractmethod
+    def output_names(self, model: nn.Module) -> str | list[str]:
+        """The ONNX outputs' names."""
+
+    def describe_outputs(self, predictor: SegPredictor) -> str:
+        """What an export predicts, in a few words ('150 classes')."""
+        return f'{len(predictor.classes)} classes'
+
+    # ---- refusals
+
+    def check_test_options(self, args: argparse.Namespace, config: str) -> None:
+        """Refuse the test options the task has no use for, before any work."""
+        if args.ms:
+            self.check_multi_scale(config)
+        if args.show_dir and not self.class_maps:
+            raise UsageError(f'--show-dir draws a segmentor\'s predictions; {config} is a {self.title} config '
+                             '(tools/visualize.py segmentation draws its prediction for an image)')
+
+    def check_multi_scale(self, config: str) -> None:
+        if not self.multi_scale:
+            raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {config} is a '
+                             f'{self.title} config')
+
+
+SMALL_DATA_SPLITS = {'train_dataloader': 'training', 'val_dataloader': 'validation', 'test_dataloader': 'validation'}
+
+
+def small_datasets(cfg: Config, data: SmallDenseData) -> Iterator[tuple[dict, str]]:
+    """Each loader's data set and the split of `data` it takes; its pipeline's training rescaling set to
+    `data.ratio_range`, and its flips off unless `data.mirrored` (the task then points the data set at the split and
+    fits the pipeline's sizes)."""
+    for loader, split in SMALL_DATA_SPLITS.items():
+        if not cfg.get(loader):
+            continue
+        dataset = cfg[loader]['dataset']
+        for step in dataset['pipeline']:
+            if 'ratio_range' in step:
+                step['ratio_range'] = data.ratio_range
+            if step['type'].endswith('Flip') and not data.mirrored:
+                step['prob'] = 0.0
+        yield dataset, split
+
+
+TASKS: dict[str, DenseTask] = {}  # by name, in registration order
+DEFAULT_TASK = 'semantic'  # the task of a model type no task claims
+
+
+def register_task(task: type[DenseTask]) -> type[DenseTask]:
+    """Class decorator: `task` joins the registry (one instance); its name and model types must be new."""
+    claimed = {model for other in TASKS.values() for model in other.models}
+    if task.name in TASKS or claimed & set(task.models):
+        raise ValueError(f'dense task {task.name}: its name or one of its models {task.models} is registered already')
+    TASKS[task.name] = task()
+    return task
+
+
+def model_type(cfg: Config) -> str | None:
+    """The type of the model a config builds (a test-time-augmentation wrapper's module's)."""
+    model = cfg.model
+    return model.module.get('type') if model.get('module') else model.get('type')
+
+
+def task_of(cfg: Config) -> DenseTask:
+    """The task of the model a config builds."""
+    kind = model_type(cfg)
+    return next((task for task in TASKS.values() if kind in task.models), TASKS[DEFAULT_TASK])
+
+
+def task_named(name: str | None) -> DenseTask | None:
+    """The task a checkpoint or export records by name; None for a name no task has."""
+    return TASKS.get(name) if isinstance(name, str) else None
+
+
+def tasks() -> list[DenseTask]:
+    return list(TASKS.values())
+
+
+def synthetic_image(rng: np.random.Generator, width: int, height: int) -> dict:
+    """What LoadImageFromFile gives for a synthetic image."""
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return {'img': image, 'img_path': 'synthetic.jpg', 'img_shape': (height, width), 'ori_shape': (height, width)}
+
+
+def task_recognised_by(weight_names: list[str]) -> DenseTask | None:
+    """The task whose models alone have some of these weights; None if none does."""
+    return next((task for task in TASKS.values() if any(n.startswith(task.head_weights) for n in weight_names)),
+                None)
