@@ -80,7 +80,8 @@ def test_a_task_registered_in_one_module_runs_through_the_unchanged_tools(nearne
     env = run['env']
     assert checkpoint_record(str(checkpoint))['task'] == 'nearness'  # what later tools find the task by
 
-    tested = succeeded(run_tool('test_seg.py', [config, checkpoint, '--out', tmp_path / 'scores.json'], env=env))
+    tested = succeeded(run_tool('test_seg.py', [config, checkpoint, '--out', tmp_path / 'scores.json', '--work-dir',
+                                                 tmp_path / 'work'], env=env))
     scores = json.loads((tmp_path / 'scores.json').read_text())
     assert 0 <= scores['near_agreement'] <= 1
     assert f"single-scale: near_agreement {scores['near_agreement']:.4f}" in tested.stdout + tested.stderr
