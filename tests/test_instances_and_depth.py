@@ -24,6 +24,7 @@ from backbones.segmentation.depth.metric import DepthReport
 from backbones.segmentation.instances.coco import categories, load_coco
 from backbones.segmentation.instances.metric import CocoAP
 from backbones.segmentation.instances.transforms import LargeScaleJitter, decode_mask
+from backbones.segmentation.tasks import task_of
 
 
 @pytest.fixture(scope='module')
@@ -269,7 +270,7 @@ def test_a_depth_set_of_8_bit_maps_or_names_without_a_number_is_refused_naming_t
     from mmengine.config import Config
     cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'depth_lvvit_s.py', copy))
     with pytest.raises(DataError, match='room_abc.jpg'):
-        check_dataset(cfg.train_dataloader.dataset)
+        check_dataset(cfg.train_dataloader.dataset, task_of(cfg))
 
 
 def test_nonsense_settings_are_errors_naming_them():

@@ -11,9 +11,12 @@ from mmengine.registry import init_default_scope
 import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import DataError
 from backbones.segmentation.data_check import check_dataset
+from backbones.segmentation.tasks import TASKS
 from helpers.seg_data import ade20k_name, write_pair, write_tiny_ade
 
 init_default_scope('mmseg')
+
+SEMANTIC = TASKS['semantic']
 
 
 def training_set(root: Path) -> dict:
@@ -31,15 +34,15 @@ def first(root: Path, kind: str) -> Path:
 
 
 def test_a_clean_set_passes_whole(ade):
-    assert check_dataset(training_set(ade)) == ([0, 1, 2, 3], [])
+    assert check_dataset(training_set(ade), SEMANTIC) == ([0, 1, 2, 3], [])
 
 
 def test_a_truncated_image_is_named_or_left_out_when_asked(ade):
     image = first(ade, 'images')
     image.write_bytes(image.read_bytes()[:300])
     with pytest.raises(DataError, match=rf'1 of 4 images .*{image.name} cannot be decoded.*--skip-unreadable'):
-        check_dataset(training_set(ade))
-    keep, left_out = check_dataset(training_set(ade), skip_unreadable=True)
+        check_dataset(training_set(ade), SEMANTIC)
+    keep, left_out = check_dataset(training_set(ade), SEMANTIC, skip_unreadable=True)
     assert keep == [1, 2, 3] and left_out == [str(image)]
 
 
@@ -62,7 +65,7 @@ def test_annotation_faults_are_named(ade, damage, message):
         label[5, 5], label[6, 6], label[7, 7] = 151, 200, 255  # 255 is the ignore value: allowed
         cv2.imwrite(str(annotation), label)
     with pytest.raises(DataError, match=message) as info:
-        check_dataset(training_set(ade), skip_unreadable=True)  # only undecodable images may be left out
+        check_dataset(training_set(ade), SEMANTIC, skip_unreadable=True)  # only undecodable images may be left out
     assert annotation.name in str(info.value) or damage == 'missing'
 
 
@@ -71,7 +74,7 @@ def test_images_mmseg_would_not_list_are_named(ade):
     cv2.imwrite(str(image.with_suffix('.png')), cv2.imread(str(image)))
     image.unlink()
     with pytest.raises(DataError, match=rf'1 image file\(s\) .* are not .jpg .*{image.with_suffix(".png").name}'):
-        check_dataset(training_set(ade))
+        check_dataset(training_set(ade), SEMANTIC)
 
 
 @pytest.mark.parametrize('orientation', [3, 6])
@@ -127,7 +130,7 @@ def test_an_image_with_an_exif_orientation_is_named_with_what_to_do(tmp_path, sh
     sizes = '' if shape == 'square' else r' \(its annotation .*\.png is 40x48, the stored image 48x40\)'
     with pytest.raises(DataError, match=rf'{image.name} has EXIF orientation 6 \(viewers show it turned 90 degrees\)'
                                         rf'{sizes}: images and masks are read as stored.*ImageOps\.exif_transpose'):
-        check_dataset(training_set(root))
+        check_dataset(training_set(root), SEMANTIC)
     tag_orientation(image, 1)  # "as stored": nothing to say
     if shape == 'square':
-        assert check_dataset(training_set(root)) == ([0], [])
+        assert check_dataset(training_set(root), SEMANTIC) == ([0], [])

@@ -14,7 +14,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from collections.abc import Sequence
 
 import numpy as np
@@ -210,25 +210,26 @@ def depth_pair_check(img_path: str, depth_path: str) -> Problem | None:
     return image_check(img_path, depth.size, f'its depth map {depth_path} is')
 
 
-def checked_pairs(data_list: list[dict], num_classes: int) -> list[PairCheck]:
-    """Every entry of a data set checked: a COCO-format set's images against their annotation file, a depth set's
-    images with their depth maps, a semantic set's with their masks."""
-    if 'instances' in data_list[0]:
-        items = [(d['img_path'], (d['width'], d['height'])) for d in data_list]
-        check = lambda item: PairCheck(image_check(*item))  # noqa: E731
-    elif 'depth_map_path' in data_list[0]:
-        items = [(d['img_path'], d['depth_map_path']) for d in data_list]
-        check = lambda item: PairCheck(depth_pair_check(*item))  # noqa: E731
-    else:
-        items = [(d['img_path'], d['seg_map_path'], num_classes, d.get('reduce_zero_label', False))
-                 for d in data_list]
-        check = lambda item: pair_check(*item)  # noqa: E731
+class EntryChecks(Protocol):
+    """How a dense task checks its data set (`tasks.DenseTask`): each entry, then the ground truth's values."""
+
+    def check_entry(self, entry: dict, num_classes: int) -> PairCheck: ...
+
+    def check_values(self, dataset, values: set[int]) -> None: ...
+
+
+def checked_pairs(data_list: list[dict], num_classes: int, task: EntryChecks) -> list[PairCheck]:
+    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`: a COCO-format set's
+    images against their annotation file, a depth set's images with their depth maps, a semantic set's with their
+    masks)."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
-        return list(pool.map(check, items))
+        return list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
 
 
-def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
-    """Check a dataset config's files; returns the indices to use and the images left out as unreadable."""
+def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
+                  skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
+    """Check the files of a dataset config of `task`; returns the indices to use and the images left out as
+    unreadable."""
     # unserialised: mmengine's serialisation fails on an empty list with a traceback
     dataset = DATASETS.build({**dataset_cfg, 'pipeline': [], 'lazy_init': True, 'serialize_data': False})
     img_dir = check_image_folder(dataset)
@@ -244,7 +245,7 @@ def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tup
     if stray:
         raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {suffix} and would be left '
                         f'out: {", ".join(map(str, stray[:SHOWN]))}; convert them or set img_suffix')
-    checks = checked_pairs(data_list, len(dataset.metainfo['classes'] or ()))
+    checks = checked_pairs(data_list, len(dataset.metainfo['classes'] or ()), task)
     problems = [check.problem for check in checks]
     fatal = [p.message for p in problems if p and not (skip_unreadable and p.unreadable_image)]
     if fatal:
@@ -253,20 +254,19 @@ def check_dataset(dataset_cfg: ConfigDict, skip_unreadable: bool = False) -> tup
             hint = ' (--skip-unreadable leaves out images that do not decode)'
         raise DataError(f'{len(fatal)} of {len(checks)} images in {img_dir} cannot be used: '
                         + '; '.join(fatal[:SHOWN]) + ('; ...' if len(fatal) > SHOWN else '') + hint)
-    if 'seg_map_path' in data_list[0]:
-        check_labels_used(dataset, set().union(*(check.values for check in checks)))
+    task.check_values(dataset, set().union(*(check.values for check in checks)))
     keep = [i for i, problem in enumerate(problems) if problem is None]
     return keep, [data_list[i]['img_path'] for i, problem in enumerate(problems) if problem is not None]
 
 
-def check_data(cfg, keys: Sequence[str], skip_unreadable: bool = False) -> None:
-    """Check the datasets of `keys` (e.g. train_dataloader); with `skip_unreadable`, leave out undecodable images
-    (the dataset's `indices`) and say how many."""
+def check_data(cfg, keys: Sequence[str], task: EntryChecks, skip_unreadable: bool = False) -> None:
+    """Check the datasets of `keys` (e.g. train_dataloader) as the config's `task` checks them; with
+    `skip_unreadable`, leave out undecodable images (the dataset's `indices`) and say how many."""
     for key in keys:
         loader = cfg.get(key)
         if not loader:
             continue
-        keep, left_out = check_dataset(loader.dataset, skip_unreadable)
+        keep, left_out = check_dataset(loader.dataset, task, skip_unreadable)
         if left_out:
             loader.dataset.indices = keep
             logger.info(f'{key}: left out {len(left_out)} unreadable image(s), e.g. {left_out[0]}')

@@ -42,7 +42,6 @@ from backbones.segmentation.config import EmbeddedSegData, read_config
 from backbones.segmentation.predict import SegPredictor
 
 
-
 def window_size(cfg: Config) -> tuple[int, int]:
     """(H, W) a segmentor is exported at: its sliding test window, or (a whole-image test) its preprocessor's size."""
     test_cfg = cfg.model.get('test_cfg') or {}

@@ -18,7 +18,7 @@ from backbones.common.log import logger
 from backbones.segmentation.config import EmbeddedSegData, load_config
 from backbones.segmentation.data_check import TURNS, file_orientation
 from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
-from backbones.segmentation.tasks import DenseTask, PredictionRequest, task_of
+from backbones.segmentation.tasks import DenseTask, PredictionRequest, task_of, tasks
 from backbones.segmentation.train import add_multi_scale_arguments, parse_with_fallback
 
 
@@ -89,17 +89,18 @@ def main(argv: list[str] | None = None, description: str | None = None,
     task = task_of(load_config(args.config))
     if args.ms:
         task.check_multi_scale(args.config)
-    if args.overlay and not task.overlay:
+    if args.overlay and task.no_overlay:
         raise UsageError(f'--overlay draws classes or instances over an image; {args.config} is a {task.title} config '
-                         f'(its predictions come with pictures of their own)')
+                         f'({task.no_overlay})')
     images = image_files(args.images)
     out = Path(args.out)
     check_output_folder(out)
     tails = task.output_tails + ((OVERLAY_TAIL,) if args.overlay else ())
     masks = mask_paths(images, out, tails)
     # an input image is kept from any name predict_seg gives an output, whichever the task
+    any_tail = sorted({OVERLAY_TAIL, *(tail for each in tasks() for tail in each.output_tails)})
     check_inputs_kept(images, [out / INSTANCES] + [out / f'{image.stem}{tail}' for image in images
-                                                   for tail in ('.png', OVERLAY_TAIL, PICTURE_TAIL)])
+                                                   for tail in any_tail])
     for image in images:
         check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,

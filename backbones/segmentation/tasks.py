@@ -21,6 +21,7 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from backbones.common.errors import UsageError
+from backbones.segmentation.data_check import PairCheck
 
 class SegPredictor(Protocol):
     """What a task's methods use of the predictor they are handed (`predict.SegPredictor`): the config and model,
@@ -86,7 +87,7 @@ class DenseTask(ABC):
     summary_digits: ClassVar[int] = 2
     multi_scale: ClassVar[bool] = False  # the multi-scale test (--ms, --tta)
     class_maps: ClassVar[bool] = False  # predicts a class per pixel: mmseg's pictures, --show-dir, --report
-    overlay: ClassVar[bool] = True  # predict_seg --overlay draws its predictions over the image
+    no_overlay: ClassVar[str | None] = None  # why predict_seg --overlay is refused, where it is ('its maps ...')
     output_tails: ClassVar[tuple[str, ...]] = ()  # the files each image gets from predict_seg, besides overlays
     outputs_per_image: ClassVar[bool] = True  # test_seg --pred-dir and --show-dir write a file per test image
     classes_from_checkpoint: ClassVar[bool] = False  # a predictor's classes: the checkpoint's, not the test set's
@@ -121,6 +122,14 @@ class DenseTask(ABC):
         """What its training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`:
         the image and a plausible ground truth (the steps after them, and the model's step, cost what they would on
         the data set's images)."""
+
+    @abstractmethod
+    def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
+        """What is wrong with one entry of its data set (the image and its ground truth), or None; and the ground
+        truth's values (a class map's)."""
+
+    def check_values(self, dataset, values: set[int]) -> None:
+        """The ground truth's values over the whole data set, checked (`values`: the union of the entries')."""
 
     # ---- test
 
@@ -200,17 +209,30 @@ def small_datasets(cfg: Config, data: SmallDenseData) -> Iterator[tuple[dict, st
         for step in dataset['pipeline']:
             if 'ratio_range' in step:
                 step['ratio_range'] = data.ratio_range
-            if step['type'].endswith('Flip') and not data.mirrored:
+            if is_flip(step) and not data.mirrored:
                 step['prob'] = 0.0
         yield dataset, split
+
+
+def is_flip(step: dict) -> bool:
+    """A pipeline step that mirrors its image with a probability (mmcv's RandomFlip, the detectors')."""
+    return isinstance(step['type'], str) and step['type'].endswith('Flip') and 'prob' in step
 
 
 TASKS: dict[str, DenseTask] = {}  # by name, in registration order
 DEFAULT_TASK = 'semantic'  # the task of a model type no task claims
 
 
+REQUIRED = ('name', 'title', 'model_kind', 'head_weights', 'summary_keys', 'predictions_fit', 'export_output',
+            'usual_image')  # the class attributes a task sets
+
+
 def register_task(task: type[DenseTask]) -> type[DenseTask]:
-    """Class decorator: `task` joins the registry (one instance); its name and model types must be new."""
+    """Class decorator: `task` joins the registry (one instance); it sets every REQUIRED attribute, and its name
+    and model types are new."""
+    missing = [name for name in REQUIRED if not hasattr(task, name)]
+    if missing:
+        raise TypeError(f'dense task {task.__name__} does not set {", ".join(missing)}')
     claimed = {model for other in TASKS.values() for model in other.models}
     if task.name in TASKS or claimed & set(task.models):
         raise ValueError(f'dense task {task.name}: its name or one of its models {task.models} is registered already')

@@ -122,7 +122,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
         use_multi_scale(cfg, flip=not args.no_flip)
     if args.show_dir:
         cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='PredictionPictures', folder=str(args.show_dir))]
-    check_data(cfg, ['test_dataloader'], args.skip_unreadable)
+    check_data(cfg, ['test_dataloader'], task, args.skip_unreadable)
     folders = {option: Path(folder) for option, folder in (('--pred-dir', args.pred_dir), ('--show-dir', args.show_dir))
                if folder}
     if folders and task.outputs_per_image:

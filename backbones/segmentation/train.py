@@ -213,7 +213,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     if args.resume and not started:
         logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
                        f'stopped while writing its first): starting from iteration 0')
-    check_data(cfg, ['train_dataloader', 'val_dataloader'], args.skip_unreadable)
+    check_data(cfg, ['train_dataloader', 'val_dataloader'], task_of(cfg), args.skip_unreadable)
     return PreparedRun(cfg, pretraining)
 
 

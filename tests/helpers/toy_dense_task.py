@@ -21,6 +21,7 @@ from mmseg.registry import METRICS, MODELS
 
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
+from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.estimator import TokenDepthEstimator
 from backbones.segmentation.tasks import DenseTask, PredictionRequest, SmallDenseData, register_task, synthetic_image
 
@@ -76,7 +77,7 @@ class Nearness(DenseTask):
     head_weights = 'decode_head.near.'  # none: its checkpoints say their task
     summary_keys = ('near_agreement',)
     summary_digits = 4
-    overlay = False
+    no_overlay = 'its predictions are shares, written as JSON'
     output_tails = ('.json',)
     predictions_fit = 'nearness fits'
     export_output = f'1 where a pixel lies nearer than {NEAR} m, else 0 (batch, 1, H, W)'
@@ -88,6 +89,9 @@ class Nearness(DenseTask):
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
         depth = np.full((height, width), 3.0, np.float32)
         return {**synthetic_image(rng, width, height), 'gt_depth_map': depth, 'seg_fields': ['gt_depth_map']}
+
+    def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
+        return PairCheck(depth_pair_check(entry['img_path'], entry['depth_map_path']))
 
     def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict:
         return dict(type='NearAgreement', json_file=out)

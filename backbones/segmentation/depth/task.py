@@ -16,6 +16,7 @@ from backbones.common.errors import UsageError
 from backbones.common.log import logger
 
 from backbones.segmentation.config import scale_sizes
+from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.masks import PICTURE_TAIL
 from backbones.segmentation.pictures import colour_depth, side_by_side, titled
@@ -33,23 +34,26 @@ class Depth(DenseTask):
     head_weights = 'decode_head.depth_layer.'  # the suite's depth head
     summary_keys = ('d1', 'abs_rel', 'rmse', 'log10')
     summary_digits = 3
-    overlay = False  # its maps come with NAME_color.png
+    no_overlay = 'its maps come with NAME_color.png'
     output_tails = ('.png', PICTURE_TAIL)
     predictions_fit = 'depth map fits'
     export_output = 'depth in metres (batch, 1, H, W)'
     usual_image = (640, 480)  # NYU-v2's
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The depth maps; every size scaled so that the training crop is the images' height; the evaluation crop
-        (NYU's, for its 640x480 images) off."""
+        """The depth maps, read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
+        the training crop is the images' height; the evaluation crop (NYU's, for its 640x480 images) off."""
         factor = data.image_size[1] / training_crop_height(cfg)
         for dataset, split in small_datasets(cfg, data):
             dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg', depth_map_suffix='.png',
                            data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
             scale_sizes(dataset['pipeline'], factor)
+            for step in dataset['pipeline']:
+                if step['type'] == 'LoadDepthAnnotation':
+                    step['depth_rescale_factor'] = 1 / data.depth_scale
         for evaluator in ('val_evaluator', 'test_evaluator'):
             if cfg.get(evaluator):
-                cfg[evaluator].update(crop_type=None)
+                cfg[evaluator].update(crop_type=None, depth_scale_factor=data.depth_scale)
 
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
         """The image and its depth in metres, a receding plane with some pixels unmeasured (0)."""
@@ -57,6 +61,10 @@ class Depth(DenseTask):
         depth[rng.random((height, width)) < 0.02] = 0.0
         return {**synthetic_image(rng, width, height), 'gt_depth_map': depth, 'seg_fields': ['gt_depth_map'],
                 'depth_rescale_factor': 1e-3}
+
+    def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
+        """The image and its depth map: both decode, one 16-bit channel the image's size."""
+        return PairCheck(depth_pair_check(entry['img_path'], entry['depth_map_path']))
 
     def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict:
         """DepthReport with the config's own settings (depth range, crop, scale)."""

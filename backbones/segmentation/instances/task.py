@@ -16,6 +16,7 @@ from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 
+from backbones.segmentation.data_check import PairCheck, image_check
 from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
 from backbones.segmentation.instances.metric import coco_results
 from backbones.segmentation.instances.transforms import decode_mask
@@ -91,6 +92,10 @@ class Instances(DenseTask):
             mask[((xs - centre_x) / half_w) ** 2 + ((ys - centre_y) / half_h) ** 2 <= 1] = 1
         return {**synthetic_image(rng, width, height), 'height': height, 'width': width, 'gt_bboxes': boxes,
                 'gt_labels': rng.integers(0, 80, INSTANCES_PER_IMAGE), 'gt_masks': masks}
+
+    def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
+        """The image decodes at the size its annotation file says."""
+        return PairCheck(image_check(entry['img_path'], (entry['width'], entry['height'])))
 
     def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict:
         return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)

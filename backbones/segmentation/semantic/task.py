@@ -17,6 +17,7 @@ from backbones.common.log import logger
 from mmseg.registry import METRICS
 
 from backbones.segmentation.config import drop_tta_flips, scale_sizes
+from backbones.segmentation.data_check import PairCheck, check_labels_used, pair_check
 from backbones.segmentation.masks import OVERLAY_TAIL, write_mask
 from backbones.segmentation.semantic.metrics import read_report
 from backbones.segmentation.semantic.own_data import (check_trained_classes, is_own_data_config, read_own_data,
@@ -47,7 +48,10 @@ class SemanticSegmentation(DenseTask):
 
     def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
         if not embedded and is_own_data_config(cfg):  # an own-data config takes the data's folders and classes
-            use_own_data(cfg, read_own_data(sorted(roots)[0]))
+            if len(roots) > 1:
+                raise UsageError(f'an own-data config reads one folder; its loaders name {", ".join(sorted(roots))} '
+                                 '(--data-root sets one for all)')
+            use_own_data(cfg, read_own_data(next(iter(roots))))
 
     def use_trained_classes(self, cfg: Config, checkpoint: str) -> None:
         use_trained_classes(cfg, checkpoint)
@@ -79,6 +83,13 @@ class SemanticSegmentation(DenseTask):
         label[rng.random((height, width)) < 0.05] = 255
         return {**synthetic_image(rng, width, height), 'gt_seg_map': label, 'seg_fields': ['gt_seg_map'],
                 'reduce_zero_label': False}
+
+    def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
+        """The image and its class map: both decode, the same size, the map's values classes (or ignored)."""
+        return pair_check(entry['img_path'], entry['seg_map_path'], num_classes, entry.get('reduce_zero_label', False))
+
+    def check_values(self, dataset, values: set[int]) -> None:
+        check_labels_used(dataset, values)
 
     def test_evaluator(self, cfg: Config, out: str | None, pred_dir: str | None) -> dict | list:
         return semantic_evaluator(cfg.get('test_evaluator') or {'type': 'IoUReport'}, out, pred_dir)
