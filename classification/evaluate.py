@@ -32,7 +32,6 @@ from backbones.common.cli import (
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
-from backbones.common.image_tars import split_classes
 from backbones.common.log import logger
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
@@ -45,6 +44,7 @@ from classification.models import (
     checkpoint_file,
     model_data_config,
 )
+from classification.sources.source import split_classes
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:

@@ -25,13 +25,13 @@ from backbones.common.cli import (
 from backbones.common.drawing import write_png
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
-from backbones.common.image_tars import image_file, list_split
 from backbones.common.images import check_same_classes, read_image
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from backbones.segmentation.config import EmbeddedSegData
 from backbones.weights import checkpoint_class_count
 from classification.recipes import none_or, rand_augment_spec
+from classification.sources.source import open_split
 
 TRAINING_AUGMENTATION = 'rand-m9-mstd0.5-inc1'
 WIDTH = 116  # of the subcommands' descriptions (the tools' usage texts keep their own lines)
@@ -117,9 +117,10 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
 
     data_dir, store = Path(args.data_dir), TokenLabelStore(args.token_label_dir, verify=not args.no_verify)
     split = store.meta.get('split', 'train')
-    data_classes, samples, members = list_split(data_dir, split)  # the store must be this folder's, as training checks
-    check_same_classes(store.classes, data_classes, f'the token-label store {store.root}', str(data_dir / split))
-    store.rows_of([sample for sample, _ in samples])
+    listing = open_split(data_dir, split)  # the store must be this folder's, as training checks
+    check_same_classes(store.classes, listing.classes, f'the token-label store {store.root}', str(data_dir / split))
+    names = [name for name, _ in listing.samples]
+    store.rows_of(names)
     path = store_path(data_dir, args.image) if args.image else store.paths[0]
     row = store.row_of(path)
     scores, classes = store.read(row)
@@ -127,8 +128,7 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     seed_all(args.seed)  # the augmentation drawn: the trainer's draws from these streams
     transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=args.auto_augment,
                                reprob=0.0)
-    position = [sample for sample, _ in samples].index(path) if members else -1  # its place in the tars' listing
-    labels = token_labels(read_image(image_file(data_dir, path, members, position)), scores, classes, transform,
+    labels = token_labels(read_image(listing.reader.open(names.index(path), path)), scores, classes, transform,
                           store.num_classes, extent=store.extent(row))
     return token_label_figure(labels, store.classes, f'{path}: {store.meta["annotator"]} map, {size} px training crop')
 

@@ -14,9 +14,11 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
-import backbones.common.image_tars as image_tars
+import classification.sources.tars as image_tars
 from backbones.common.errors import DataError
-from backbones.common.image_tars import file_bytes, image_file, list_split
+from classification.sources.class_folders import FilesIn
+from classification.sources.source import open_split
+from classification.sources.tars import file_bytes
 from backbones.common.images import ImageReadError, scan_split
 from classification.data.folders import ImageFolderDataset
 from helpers.cls_data import CLASSES, make_image_folder, split_tars, write_tar
@@ -44,11 +46,12 @@ def test_tars_list_and_read_as_the_folder(folder, tmp_path, layout):
     data = tar_data(folder, tmp_path, layout)
     for split in ('train', 'val'):
         classes, samples = scan_split(folder, split)
-        found, listed, members = list_split(data, split, classes)
+        listing = open_split(data, split, classes)
+        found, listed = listing.classes, listing.samples
         assert (found, listed) == (classes, samples)  # same paths (the store's keys), order and labels
-        assert [file_bytes(image_file(data, path, members, i)) for i, (path, _) in enumerate(listed)] == \
+        assert [file_bytes(listing.reader.open(i, path)) for i, (path, _) in enumerate(listed)] == \
                [(folder / path).read_bytes() for path, _ in samples]
-    assert list_split(folder, 'train')[2] is None  # folders read as before
+    assert isinstance(open_split(folder, 'train').reader, FilesIn)  # folders read as before
 
 
 class Seeded:
@@ -79,12 +82,13 @@ def test_the_index_is_kept_and_rebuilt_when_a_tar_changes(folder, tmp_path, monk
     builds = []
     build = image_tars.build_index
     monkeypatch.setattr(image_tars, 'build_index', lambda tars: builds.append(len(tars)) or build(tars))
-    first = list_split(data, 'train')
+    first = open_split(data, 'train')
     assert (data / 'train' / 'tars.index.npz').is_file() and builds == [3]
-    assert list_split(data, 'train')[1] == first[1] and builds == [3]  # read from beside the tars
+    assert open_split(data, 'train').samples == first.samples and builds == [3]  # read from beside the tars
     shutil.copy(folder / 'train' / 'n002' / 'n002_1.JPEG', tmp_path / 'n001_9.JPEG')
     write_tar(data / 'train' / 'n001.tar', {'n001_9.JPEG': (tmp_path / 'n001_9.JPEG').read_bytes()})
-    classes, samples, members = list_split(data, 'train')
+    listing = open_split(data, 'train')
+    samples, members = listing.samples, listing.reader.members
     assert builds == [3, 3] and [p for p, _ in samples if p.startswith('train/n001/')] == ['train/n001/n001_9.JPEG']
     assert file_bytes(members.file(0, samples[0][0])) == (tmp_path / 'n001_9.JPEG').read_bytes()
 
@@ -99,8 +103,8 @@ def test_the_index_is_kept_and_rebuilt_when_a_tar_changes(folder, tmp_path, monk
         write(path, writer)
 
     monkeypatch.setattr(image_tars, 'write_atomic', read_only)
-    assert list_split(data, 'train')[1] == samples and builds == [3, 3, 3]
-    assert list_split(data, 'train')[1] == samples and builds == [3, 3, 3]
+    assert open_split(data, 'train').samples == samples and builds == [3, 3, 3]
+    assert open_split(data, 'train').samples == samples and builds == [3, 3, 3]
     assert len(list((tmp_path / 'cache' / 'backbones' / 'tar-index').glob('tars.*.npz'))) == 1
 
 
@@ -124,17 +128,18 @@ def test_damaged_tars_are_named_in_one_line(folder, tmp_path):
         overwritten = intact[:second] + b'x' * 512 + intact[second + 512:]
         (data / 'train.tar').write_bytes(intact[:size] if size else overwritten)
         with pytest.raises(DataError, match=says) as error:
-            list_split(data, 'train')
+            open_split(data, 'train')
         assert str(data / 'train.tar') in str(error.value) and '\n' not in str(error.value)
     # the validation images as released: one flat tar, no class folders
     write_tar(data / 'val.tar', {'ILSVRC2012_val_00000001.JPEG': intact[first_image:first_image + 10]})
     with pytest.raises(DataError, match='ILSVRC2012_val_00000001.JPEG is not in a class folder') as error:
-        list_split(data, 'val')
+        open_split(data, 'val')
     assert str(data / 'val.tar') in str(error.value)
 
     # a tar cut after it was indexed (under the same size and time): the image read names the tar and the image
     (data / 'train.tar').write_bytes(intact)
-    _, samples, members = list_split(data, 'train')
+    listing = open_split(data, 'train')
+    samples, members = listing.samples, listing.reader.members
     stat = os.stat(data / 'train.tar')
     cut(data / 'train.tar', int(members.offset[-1]) + 1)
     with pytest.raises(ImageReadError, match=f'{data / "train.tar"}:{samples[-1][0]}: 1 of its'):
@@ -156,20 +161,20 @@ def test_flat_images_in_a_split_folder_a_damaged_index_and_gzip_are_named_or_men
     files = {f.relative_to(folder).as_posix(): f.read_bytes() for f in sorted(folder.rglob('*')) if f.is_file()}
     image = next(iter(files.values()))
     write_tar(tmp_path / 'flat_test.tar', {**files, 'test/x_1.JPEG': image})
-    assert list_split(tmp_path / 'flat_test.tar', 'train')[0] == list_split(folder, 'train')[0]
+    assert open_split(tmp_path / 'flat_test.tar', 'train').classes == open_split(folder, 'train').classes
     write_tar(tmp_path / 'flat_train.tar', {**files, 'train/x_1.JPEG': image})
     with pytest.raises(DataError, match='image train/x_1.JPEG is directly in the split folder train'):
-        list_split(tmp_path / 'flat_train.tar', 'train')
+        open_split(tmp_path / 'flat_train.tar', 'train')
     data = tar_data(folder, tmp_path / 'idx', 'per-class')
-    listed = list_split(data, 'train')[1]
+    listed = open_split(data, 'train').samples
     index = data / 'train' / 'tars.index.npz'
     index.write_bytes(index.read_bytes()[:300])  # a zip cut short
-    assert list_split(data, 'train')[1] == listed
+    assert open_split(data, 'train').samples == listed
     (tmp_path / 'gz').mkdir()
     with gzip.open(tmp_path / 'gz' / 'train.tar', 'wb') as f:
         f.write((tmp_path / 'flat_test.tar').read_bytes())
     with pytest.raises(DataError, match='train.tar is gzip-compressed'):
-        list_split(tmp_path / 'gz', 'train')
+        open_split(tmp_path / 'gz', 'train')
 
 
 # ------------------------------------------------------------------------------ every entry and member accounted for
@@ -199,9 +204,10 @@ def with_class_tars(folder, root, as_tars):
 def assert_lists_as_the_folder(folder, data):
     for split in ('train', 'val'):
         classes, samples = scan_split(folder, split)
-        found, listed, members = list_split(data, split, None if split == 'train' else classes)
+        listing = open_split(data, split, None if split == 'train' else classes)
+        found, listed = listing.classes, listing.samples
         assert (found, listed) == (classes, samples)
-        assert [file_bytes(image_file(data, path, members, i)) for i, (path, _) in enumerate(listed)] == \
+        assert [file_bytes(listing.reader.open(i, path)) for i, (path, _) in enumerate(listed)] == \
                [(folder / path).read_bytes() for path, _ in samples]
 
 
@@ -224,7 +230,7 @@ def test_per_class_tars_beside_class_folders_are_read_with_them(folder, tmp_path
 
     shutil.copytree(folder / 'train' / 'n003', mixed / 'train' / 'n003')  # extracted, the tar kept
     with pytest.raises(DataError, match=r'train: the class n003 is both a folder \(n003/\) and a tar \(n003.tar\)'):
-        list_split(mixed, 'train')
+        open_split(mixed, 'train')
 
 
 @pytest.mark.parametrize('layout', ['class folders', 'per-class tars'])
@@ -253,7 +259,7 @@ def test_a_split_folders_entry_neither_read_nor_ignored_is_named(folder, tmp_pat
     else:
         shutil.copy(image if entry.endswith('JPEG') else a_tar, train / entry)
     with pytest.raises(DataError, match=says) as error:
-        list_split(data, 'train')
+        open_split(data, 'train')
     assert f'{train}/{entry}' in str(error.value) or f'{train}: image {entry}' in str(error.value)
     assert '\n' not in str(error.value)
 
@@ -271,13 +277,13 @@ def test_a_split_tar_the_reader_does_not_take_is_named_with_the_layouts(folder, 
         else:
             shutil.copy(tmp_path / 'train.tar', data / name)
         with pytest.raises(DataError) as error:
-            list_split(data, 'train')
+            open_split(data, 'train')
         assert str(error.value) == (f'{data / name}: {says}; the split train is read from the folder {data / "train"} '
                                     f'(class folders or tars) or the tar {data / "train.tar"} (docs/imagenet.md)')
         (data / name).unlink()
     (data / 'train.tar.index.npz').write_bytes(b'')  # the index of a tar since removed: no split either
     with pytest.raises(DataError, match=f'no image folder at {data / "train"}'):
-        list_split(data, 'train')
+        open_split(data, 'train')
 
 
 def test_each_tar_holds_one_layout_and_every_image_in_it_is_read(folder, tmp_path):
@@ -292,17 +298,17 @@ def test_each_tar_holds_one_layout_and_every_image_in_it_is_read(folder, tmp_pat
     assert_lists_as_the_folder(folder, shards)
     write_tar(first, {**members, 'stray.JPEG': image})
     with pytest.raises(DataError, match=rf'^{first}: flat images \(stray.JPEG\) beside images in class folders \(n00'):
-        list_split(shards, 'train')
+        open_split(shards, 'train')
     write_tar(first, {**members, 'n001/sub/n001_9.JPEG': image})
     with pytest.raises(DataError, match=rf'^{first}: image n001/sub/n001_9.JPEG is in a folder inside a class'):
-        list_split(shards, 'train')
+        open_split(shards, 'train')
 
     per_class = with_class_tars(folder, tmp_path / 'per-class', CLASSES)
     fox = {f.name: f.read_bytes() for f in sorted((folder / 'train' / 'n003').iterdir())}
     write_tar(per_class / 'train' / 'n003.tar', {f'images/{name}': data for name, data in fox.items()})
     with pytest.raises(DataError, match=r'train: n001.tar is a per-class tar \(flat images: n001_0.png\), n003.tar a '
                                         r'shard \(images in class folders: images/n003_0.png\)'):
-        list_split(per_class, 'train')
+        open_split(per_class, 'train')
     mixed = with_class_tars(folder, tmp_path / 'mixed', ['n003'])
     for tars in (per_class, mixed):  # made with `tar cf n003.tar n003/`: its images in a folder named as the tar
         write_tar(tars / 'train' / 'n003.tar', {f'n003/{name}': data for name, data in fox.items()})
@@ -310,7 +316,7 @@ def test_each_tar_holds_one_layout_and_every_image_in_it_is_read(folder, tmp_pat
     write_tar(mixed / 'train' / 'n003.tar', {f'images/{name}': data for name, data in fox.items()})
     with pytest.raises(DataError, match=r'n003.tar holds class folders \(images/n003_0.png\) beside the class folder '
                                         r'n001/: beside class folders a tar is one class of flat images'):
-        list_split(mixed, 'train')
+        open_split(mixed, 'train')
 
     # inside the ILSVRC2012 training tar: a compressed per-class tar, one of GIFs alone
     ilsvrc = tmp_path / 'ilsvrc'
@@ -323,7 +329,7 @@ def test_each_tar_holds_one_layout_and_every_image_in_it_is_read(folder, tmp_pat
             (tmp_path / 'n003.tar').read_bytes()
         write_tar(ilsvrc / 'train.tar', {'n001.tar': inner['n001.tar'], 'n002.tar': inner['n002.tar'], name: content})
         with pytest.raises(DataError, match=rf'^{ilsvrc / "train.tar"}:? ?{says}'):
-            list_split(ilsvrc, 'train')
+            open_split(ilsvrc, 'train')
 
 
 def replace_keeping_size_and_time(path, members: dict[str, bytes], in_place: bool) -> None:
@@ -344,11 +350,12 @@ def replace_keeping_size_and_time(path, members: dict[str, bytes], in_place: boo
 def test_a_tar_replaced_under_the_same_size_and_time_is_indexed_again(folder, tmp_path, in_place):
     """It was read through the old index: every image's bytes from another's place."""
     data = tar_data(folder, tmp_path, 'per-class')
-    list_split(data, 'train')
+    open_split(data, 'train')
     swapped = dict(reversed(tar_files(data / 'train' / 'n002.tar').items()))  # the same members, another order
     replace_keeping_size_and_time(data / 'train' / 'n002.tar', swapped, in_place)
-    _, samples, members = list_split(data, 'train')
-    read = {path.rsplit('/', 1)[1]: file_bytes(image_file(data, path, members, i))
+    listing = open_split(data, 'train')
+    samples = listing.samples
+    read = {path.rsplit('/', 1)[1]: file_bytes(listing.reader.open(i, path))
             for i, (path, _) in enumerate(samples) if path.startswith('train/n002/')}
     assert read == swapped
 
@@ -385,5 +392,5 @@ def test_a_hidden_file_in_a_class_folder_or_a_tar_is_no_image(tmp_path):
     with tarfile.open(shards / 'shard-0000.tar', 'w') as tar:
         for folder in sorted((data / 'train').iterdir()):
             tar.add(folder, arcname=folder.name)
-    listed = list_split(tmp_path / 'shards', 'train')
-    assert listed[0] == classes and len(listed[1]) == 24
+    listed = open_split(tmp_path / 'shards', 'train')
+    assert listed.classes == classes and len(listed.samples) == 24

@@ -148,8 +148,8 @@ import classification.data.folders as data
 from backbones.common.distributed import run_distributed
 from backbones.common.errors import DataError
 scans = []
-listed = data.list_split
-data.list_split = lambda *args: scans.append(args) or listed(*args)
+listed = data.open_split
+data.open_split = lambda *args: scans.append(args) or listed(*args)
 
 def run(info):
     try:

@@ -15,7 +15,7 @@ from helpers.commands import ENV, ROOT, run_python, succeeded
 # The two installed packages' parts, lowest first: a module may import from its own part and the ones before it
 # (a part is its longest listed prefix). `backbones` is the models and what the dense tasks need, and never imports
 # `classification`, the pretraining application; the engine knows the objectives only through its protocol.
-LAYERS = ('backbones.common', 'backbones', 'backbones.segmentation', 'classification.engine',
+LAYERS = ('backbones.common', 'backbones', 'backbones.segmentation', 'classification.sources', 'classification.engine',
           'classification.token_labeling', 'classification.data', 'classification.objectives',
           'classification.pictures', 'classification', 'classification.digits', 'classification.studies')
 PACKAGES = ('backbones', 'classification')

@@ -516,7 +516,7 @@ def test_a_tracker_that_cannot_start_is_refused_before_the_data_and_leaves_nothi
     from backbones.common.errors import TrackerError
     data, labels = labeled_images
     read = []
-    for module, name in ((folders, 'list_split'), (trainer_module, 'open_store')):
+    for module, name in ((folders, 'open_split'), (trainer_module, 'open_store')):
         monkeypatch.setattr(module, name, lambda *a, read_data=getattr(module, name), **k: read.append(a) or
                             read_data(*a, **k))
     with pytest.raises(TrackerError, match=r'^--log-wandb: wandb could not start its run .*: UsageError: No API key'):

@@ -4,7 +4,7 @@ Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): tha
 in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
 
 Every entry of a split folder is accounted for (`split_entries`): a class folder (a visible folder holding images)
-or a tar (`*.tar`, read by `backbones.common.image_tars`) is read; hidden entries, `lost+found`, the tar reader's
+or a tar (`*.tar`, read by `classification.sources.tars`) is read; hidden entries, `lost+found`, the tar reader's
 index (`tars.index.npz`) and empty folders are ignored; anything else is an error naming it.
 """
 from __future__ import annotations

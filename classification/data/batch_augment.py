@@ -39,10 +39,10 @@ from torchvision.transforms import InterpolationMode
 
 from backbones.common.distributed import on_device
 from backbones.common.errors import UsageError
-from backbones.common.image_tars import MemberFile, file_bytes
 from backbones.common.images import ImageReadError, read_image
 from backbones.common.random_state import batch_generator
 from classification.data.augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
+from classification.sources.tars import MemberFile, file_bytes
 
 COLOUR_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color', 'Contrast',
               'Brightness', 'Sharpness')
@@ -142,9 +142,9 @@ def bytes_for_device(img: Image.Image, path: Path | MemberFile) -> bytes | None:
 
 
 class RegionTransform:
-    """The worker half: reads an image file and returns (uint8 region (h, w, 3), `CropGeometry`, plan); with
-    `decode='device'`, a colour JPEG's bytes instead (`EncodedJpeg`), decoded a batch at a time on the training
-    device. The same draws either way."""
+    """The worker half: reads an image file and returns (uint8 region (h, w, 3), `CropGeometry`, plan of Python
+    values, which `batch_plan` makes a batch's tensors); with `decode='device'`, a colour JPEG's bytes instead
+    (`EncodedJpeg`), decoded a batch at a time on the training device. The same draws either way."""
 
     takes_path = True  # ImageFolderDataset hands it the file, for the reduced decode
 
@@ -156,8 +156,7 @@ class RegionTransform:
         self.layers = layers
         self.max_boxes = reference.erase_boxes.max_count if reference.erase_boxes is not None else 0
 
-    def __call__(self, path: Path | MemberFile) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry,
-                                                         dict[str, torch.Tensor]]:
+    def __call__(self, path: Path | MemberFile) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry, dict]:
         t, out = self.reference, self.reference.img_size
         drawn = {}
 

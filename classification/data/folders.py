@@ -12,18 +12,20 @@ from timm.data import create_transform
 from torch.utils.data import Dataset, default_collate
 
 from backbones.common.distributed import DistInfo, SamplePlace, computed_once
-from backbones.common.image_tars import MemberFile, TarMembers, image_file, list_split
 from backbones.common.images import ImageReadError, check_same_classes, read_image
 from backbones.common.log import logger
 from backbones.common.memory import release_free_memory
 from backbones.common.path_list import PathList
 from backbones.common.random_state import cpu_streams_kept, seed_sample
 from classification.data.batch_augment import collate_regions
+from classification.sources.source import ItemReader, open_split
+from classification.sources.tars import MemberFile
 from classification.token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):
-    """One split of an ImageNet-layout folder, or of tars of one (`backbones.common.image_tars`).
+    """One split of a classification data set, as its source lists it (`classification.sources`: class folders,
+    tars).
 
     Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
     token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers (`extent`,
@@ -49,7 +51,7 @@ class ImageFolderDataset(Dataset):
             info: DistInfo | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.classes, self.paths, self.labels, self.members = split_listing(
+        self.classes, self.paths, self.labels, self.reader = split_listing(
             self.data_dir, split, classes, classes_from, max_images, info or DistInfo())
         self.transform = transform
         self.label_store = label_store
@@ -75,8 +77,8 @@ class ImageFolderDataset(Dataset):
         self.epoch_seed = (seed, epoch)
 
     def file(self, index: int) -> Path | MemberFile:
-        """Image `index`'s file, or its bytes read from its tar."""
-        return image_file(self.data_dir, self.paths[index], self.members, index)
+        """Image `index`'s file, or its bytes (read from its tar)."""
+        return self.reader.open(index, self.paths[index])
 
     def __getitem__(self, item: int | SamplePlace) -> dict | None:
         return self.__getitems__([item])[0]
@@ -122,23 +124,24 @@ class ImageFolderDataset(Dataset):
 
 
 def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
-                  max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray, TarMembers | None]:
-    """The split's classes, image paths, labels and, in tars, where each image is (`list_split`, at most
-    `max_images` spread over the split), listed by the main process and given to the others: one listing of 1.28
-    million files per run, not one per process."""
+                  max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray, ItemReader]:
+    """The split's classes, image names, labels and their reader (`open_split`, at most `max_images` spread over the
+    split), listed by the main process and given to the others: one listing of 1.28 million files per run, not one
+    per process."""
 
-    def listing() -> tuple[list[str], PathList, np.ndarray, TarMembers | None]:
+    def listing() -> tuple[list[str], PathList, np.ndarray, ItemReader]:
         start = time.perf_counter()
-        found, samples, members = list_split(data_dir, split, classes, classes_from)
+        listed = open_split(data_dir, split, classes, classes_from)
+        found, samples, reader = listed.classes, listed.samples, listed.reader
         logger.info(f'{data_dir / split}: listed {len(samples)} images in {time.perf_counter() - start:.1f} s')
         if max_images is not None:
             kept = spread_evenly(range(len(samples)), max_images)
             warn_of_empty_classes(found, samples, [samples[i] for i in kept],
                                   f'{data_dir / split}: {max_images} images kept')
-            samples, members = [samples[i] for i in kept], members and members.take(kept)
+            samples, reader = [samples[i] for i in kept], reader.take(kept)
         label_type = np.int16 if len(found) <= np.iinfo(np.int16).max else np.int32
         return (found, PathList(path for path, _ in samples), np.array([label for _, label in samples], label_type),
-                members)
+                reader)
 
     listed = computed_once(listing, info)
     release_free_memory()  # the listing's temporaries: not inherited by loader workers (see the function)

@@ -28,7 +28,6 @@ from backbones.common.cli import (
 from backbones.common.distributed import DistInfo, sharded_loaders
 from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
-from backbones.common.image_tars import list_split
 from backbones.common.images import scan_split
 from backbones.common.log import logger
 from backbones.common.memory import ChildMemory, Memory, child_pids, process_memory
@@ -38,6 +37,7 @@ from classification.data.folders import ImageFolderDataset, collate_skipping
 from classification.engine.trainer import RunOptions, Trainer
 from classification.models import model_data_config
 from classification.recipes import recipe_for
+from classification.sources.source import open_split
 from classification.studies.training_runs import ROOT, TrainingRun, train_cls_command
 from classification.token_labeling.label_store import (
     DEFAULT_SHARD_SIZE,
@@ -426,7 +426,8 @@ def stage_tar_listing(args: argparse.Namespace, measurements: MeasurementTable) 
     forget_tar_indexes(data)
     before = process_memory().uss
     for name in ('indexing the tars and listing', 'listing from the kept index'):
-        (_, samples, _), seconds = timed(lambda: list_split(data, 'train'))
+        listing, seconds = timed(lambda: open_split(data, 'train'))
+        samples = listing.samples
         measurements.add('tar-listing', f'{name}: seconds', round(seconds, 1))
     measurements.add('tar-listing', 'images listed', len(samples))
     measurements.add('tar-listing', 'files of the training split on disk (tars and index)', files_under(data / 'train'))

@@ -23,12 +23,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError, UsageError
-from backbones.common.image_tars import TarMembers, image_file, list_split
 from backbones.common.images import ImageReadError, read_image
 from backbones.token_head import feature_grid, has_token_head, patch_tokens
 from backbones.weights import pretrained_model
 from classification.engine.checkpoints import check_checkpoint_classes, checkpoint_data_config
 from classification.engine.steps import autocast
+from classification.sources.source import Listing, open_split
 from classification.token_labeling.label_store import (
     DEFAULT_SHARD_SIZE,
     StoreRows,
@@ -71,10 +71,8 @@ def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class _WholeImages(Dataset):
     """Rows of the store as (image, row); an unreadable image gives None with `skip_unreadable`."""
 
-    def __init__(self, data_dir: Path, paths: Sequence[str], members: TarMembers | None, rows: Sequence[int],
-                 transform, skip_unreadable: bool) -> None:
-        self.data_dir, self.paths, self.members, self.rows, self.transform = data_dir, paths, members, rows, transform
-        self.skip_unreadable = skip_unreadable
+    def __init__(self, listing: Listing, rows: Sequence[int], transform, skip_unreadable: bool) -> None:
+        self.listing, self.rows, self.transform, self.skip_unreadable = listing, rows, transform, skip_unreadable
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -82,7 +80,8 @@ class _WholeImages(Dataset):
     def __getitem__(self, i: int):
         row = self.rows[i]
         try:
-            return self.transform(read_image(image_file(self.data_dir, self.paths[row], self.members, row))), row
+            name = self.listing.samples[row][0]
+            return self.transform(read_image(self.listing.reader.open(row, name))), row
         except ImageReadError:
             if self.skip_unreadable:
                 return None, row
@@ -140,8 +139,8 @@ def generate_token_labels(
     shard_size = shard_size or (old or {}).get('shard_size') or DEFAULT_SHARD_SIZE
     if shard_size < 1:
         raise UsageError(f'--shard-size must be at least 1, got {shard_size}')
-    classes, samples, members = list_split(data_dir, split)
-    paths = [path for path, _ in samples]
+    listing = open_split(data_dir, split)
+    classes, paths = listing.classes, [path for path, _ in listing.samples]
     if checkpoint:
         check_checkpoint_classes(checkpoint, classes, str(Path(data_dir) / split))  # its scores by class name
     model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
@@ -160,7 +159,7 @@ def generate_token_labels(
                              f'map position (i, j) covers the same fraction of the whole image'}
 
     def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
-        images_of = _WholeImages(data_dir, paths, members, range(start, stop), transform, skip_unreadable)
+        images_of = _WholeImages(listing, range(start, stop), transform, skip_unreadable)
         loader = DataLoader(images_of, batch_size, num_workers=workers, collate_fn=_collate_rows,
                             pin_memory=info.device.type == 'cuda')
         for images, rows, skipped in loader:

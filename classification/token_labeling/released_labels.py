@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader, Dataset
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only
-from backbones.common.image_tars import TarMembers, image_file, list_split
 from backbones.common.images import check_same_classes
 from backbones.common.log import logger
+from classification.sources.source import ItemReader, open_split
 from classification.token_labeling.label_store import WHOLE_IMAGE, StoreRows, list_digest, read_meta, write_label_store
 
 
@@ -177,11 +177,11 @@ class ReleaseRows(Dataset):
     without a file, (row, None, None, None); a file that fails its check gives (row, error message) so the error
     reaches the main process as one line."""
 
-    def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], members: TarMembers | None,
+    def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], reader: ItemReader,
                  files: Sequence[str | None], rows: Sequence[int], shape: tuple[int, ...], num_classes: int,
                  release: Release) -> None:
         self.data_dir, self.release_dir, self.paths, self.files, self.rows = data_dir, release_dir, paths, files, rows
-        self.members = members
+        self.reader = reader
         self.shape, self.num_classes, self.release = shape, num_classes, release
 
     def __len__(self) -> int:
@@ -197,7 +197,7 @@ class ReleaseRows(Dataset):
             check_map(value, path, self.shape, self.num_classes)
             extent = WHOLE_IMAGE
             if self.release.centre_square:
-                image_path = image_file(self.data_dir, self.paths[row], self.members, row)
+                image_path = self.reader.open(row, self.paths[row])
                 with Image.open(image_path) as image:  # the header only
                     extent = centre_square(image.size)
         except (DataError, OSError) as e:
@@ -232,8 +232,8 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
                            skip_missing: bool = False) -> dict:
     """Write (or finish) the store of `data_dir/split` from a released label tree; returns its meta data."""
     data_dir, release_dir, output = Path(data_dir), Path(release_dir), Path(output)
-    classes, samples, members = list_split(data_dir, split)
-    paths = [path for path, _ in samples]
+    listing = open_split(data_dir, split)
+    classes, paths = listing.classes, [path for path, _ in listing.samples]
     release_classes, files, other = release_files(release_dir)
     check_same_classes(release_classes, classes, f'the released labels {release_dir}', str(data_dir / split))
     keys = [str(Path(path).relative_to(split).with_suffix('').as_posix()) for path in paths]
@@ -257,8 +257,8 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
     meta = release_meta(release, shape, release_dir, classes, paths, split, shard_size, len(extra))
 
     def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
-        rows = ReleaseRows(data_dir, release_dir, paths, members, row_files, range(start, stop), shape, len(classes),
-                           release)
+        rows = ReleaseRows(data_dir, release_dir, paths, listing.reader, row_files, range(start, stop), shape,
+                           len(classes), release)
         for items in DataLoader(rows, batch_size=256, num_workers=workers, collate_fn=as_list):
             failed = next((item[1] for item in items if len(item) == 2), None)
             if failed is not None:

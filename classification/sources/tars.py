@@ -49,16 +49,15 @@ from backbones.common.images import (
     ImageReadError,
     class_files,
     decompress,
-    find_classes,
     is_image_name,
     is_split_tar,
     label_samples,
-    scan_split,
     split_entries,
     unread_tar_fix,
 )
 from backbones.common.log import logger
 from backbones.common.path_list import PathList
+from classification.sources.source import ImageSource, Listing, register_source
 
 GZIP_MAGIC = b'\x1f\x8b'
 INDEX_VERSION = 2  # 2: the key holds each tar's inode and status-change time
@@ -115,22 +114,7 @@ def split_tars(data_dir: Path, split: str) -> TarSplit | None:
     tar = data_dir / f'{split}{TAR_SUFFIX}'
     if tar.is_file():
         return TarSplit([tar], False, False, tar.with_name(tar.name + '.index.npz'))
-    check_no_split_file(data_dir, split)
     return None
-
-
-def check_no_split_file(data_dir: Path, split: str) -> None:
-    """With neither `D/SPLIT/` nor `D/SPLIT.tar` there, a file that looks meant for the split (`train.tar.gz`,
-    `train.TAR`, a file `train`) is named with what to do, where the folder reader would say no folder is there."""
-    if not data_dir.is_dir():
-        return
-    kept_index = f'{split}{TAR_SUFFIX}.index.npz'  # of a tar since removed: nothing of the split
-    found = sorted(p for p in data_dir.iterdir()
-                   if (p.name == split or p.name.startswith(f'{split}.')) and p.name != kept_index)
-    if found:
-        what = unread_tar_fix(found[0].name) or 'neither a folder nor a .tar file'
-        raise DataError(f'{found[0]}: {what}; the split {split} is read from the folder {data_dir / split} (class '
-                        f'folders or tars) or the tar {data_dir / split}{TAR_SUFFIX} (docs/imagenet.md)')
 
 
 def cache_location(beside: Path) -> Path:
@@ -412,23 +396,29 @@ def tar_listing(data_dir: Path, split: str, found: TarSplit, classes: Sequence[s
     return classes, labelled, members.take(positions)
 
 
-def list_split(data_dir: str | Path, split: str, classes: Sequence[str] | None = None,
-               classes_from: str = 'the training split') -> tuple[list[str], list[tuple[str, int]], TarMembers | None]:
-    """`scan_split` for class folders and for tars alike: classes, (relative path, label) of each image, and, for
-    tars, where each image is (`TarMembers`, in the same order)."""
-    data_dir = Path(data_dir)
-    found = split_tars(data_dir, split)
-    if found is None:
-        return *scan_split(data_dir, split, classes, classes_from), None
-    return tar_listing(data_dir, split, found, classes, classes_from)
+class TarReader:
+    """A tar listing's images: one pread from its tar (`TarMembers`), or the file of a class folder beside them."""
+
+    def __init__(self, data_dir: Path, members: TarMembers) -> None:
+        self.data_dir, self.members = data_dir, members
+
+    def open(self, index: int, name: str) -> Path | MemberFile:
+        return self.data_dir / name if self.members.tar[index] == ON_DISK else self.members.file(index, name)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> TarReader:
+        return TarReader(self.data_dir, self.members.take(positions))
 
 
-def split_classes(data_dir: Path, split: str) -> list[str]:
-    """The class folders of a split (sorted), in a folder or in tars."""
-    found = split_tars(data_dir, split)
-    return find_classes(data_dir / split) if found is None else tar_listing(data_dir, split, found, None, '')[0]
+@register_source
+class Tars(ImageSource):
+    """A split in tars (and the class folders beside them): read in place, each image one pread."""
 
+    name = 'tars'
 
-def image_file(data_dir: Path, path: str, members: TarMembers | None, i: int) -> Path | MemberFile:
-    """Image `i` of a listing (`path` relative to `data_dir`): its file, or its bytes read from its tar."""
-    return data_dir / path if members is None or members.tar[i] == ON_DISK else members.file(i, path)
+    def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
+                   classes_from: str) -> Listing | None:
+        found = split_tars(data_dir, split)
+        if found is None:
+            return None
+        found_classes, samples, members = tar_listing(data_dir, split, found, classes, classes_from)
+        return Listing(found_classes, samples, TarReader(data_dir, members))

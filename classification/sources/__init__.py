@@ -1,0 +1,3 @@
+"""Where a classification data set's images come from, behind one interface (`source.open_split`): tars read in
+place (`tars`), and class folders, the default (`class_folders`). Importing the package registers them."""
+from classification.sources import class_folders, source, tars  # noqa: F401  (registration)

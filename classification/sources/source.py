@@ -1,0 +1,92 @@
+"""The seam between a classification data set's storage and everything that reads it: a source lists one split (its
+classes, each image's name and label) and opens an image's bytes; the training and evaluation sets, label
+generation, the label store and exact resume see only that (`open_split`).
+
+An image's name is its path relative to the data folder in the ImageNet layout (`train/n01440764/x.JPEG`), whatever
+the storage: token-label stores key their rows by it, so labels made from one storage serve another. A source is a
+class registered with `register_source`; `open_split` asks each in turn whether the split is stored its way, the
+default (class folders) last. A new storage is one module and one registration.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, ClassVar, Protocol
+
+import numpy as np
+
+
+class ItemReader(Protocol):
+    """Opens the images of a listing: picklable, for the loader workers it is sent to."""
+
+    def open(self, index: int, name: str) -> Path | BinaryIO:
+        """Image `index` of the listing (named `name`): a file to read, or its bytes as a file object."""
+        ...
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> ItemReader:
+        """The reader of the listing's images at `positions`, in that order."""
+        ...
+
+
+@dataclass
+class Listing:
+    """One split as a source lists it: its classes, (name, label) of each image, and how to open them."""
+
+    classes: list[str]
+    samples: list[tuple[str, int]]
+    reader: ItemReader
+
+
+class ImageSource(ABC):
+    """A way a classification data set is stored."""
+
+    name: ClassVar[str]  # in words, for messages: 'class folders'
+    default: ClassVar[bool] = False  # asked last: it lists any folder
+
+    @abstractmethod
+    def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
+                   classes_from: str) -> Listing | None:
+        """The split of `data_dir` if it is stored this way (else None): its classes (`classes`, those of
+        `classes_from`, where given: a split lacking one lists it empty, one of its own is an error), its images in
+        a fixed order and their reader."""
+
+    def split_classes(self, data_dir: Path, split: str) -> list[str] | None:
+        """The split's classes, sorted, if it is stored this way (else None)."""
+        listing = self.list_split(data_dir, split, None, '')
+        return None if listing is None else listing.classes
+
+
+SOURCES: list[ImageSource] = []  # in registration order
+
+
+def register_source(source: type[ImageSource]) -> type[ImageSource]:
+    """Class decorator: `source` joins the sources `open_split` asks."""
+    SOURCES.append(source())
+    return source
+
+
+def sources() -> list[ImageSource]:
+    """The sources in the order they are asked: as registered, the default last."""
+    return sorted(SOURCES, key=lambda source: source.default)
+
+
+def open_split(data_dir: str | Path, split: str, classes: Sequence[str] | None = None,
+               classes_from: str = 'the training split') -> Listing:
+    """The split of `data_dir` as the first source that stores it lists it."""
+    data_dir = Path(data_dir)
+    for source in sources():
+        listing = source.list_split(data_dir, split, classes, classes_from)
+        if listing is not None:
+            return listing
+    raise AssertionError('no default image source registered')  # the class folders' source lists any folder
+
+
+def split_classes(data_dir: str | Path, split: str) -> list[str]:
+    """The split's classes, sorted, as the first source that stores it finds them."""
+    for source in sources():
+        found = source.split_classes(Path(data_dir), split)
+        if found is not None:
+            return found
+    raise AssertionError('no default image source registered')
