@@ -339,3 +339,22 @@ def override_recipe(recipe: R, args: argparse.Namespace) -> R:
         if hasattr(args, f.name):
             setattr(recipe, f.name, getattr(args, f.name))
     return recipe
+
+
+def chosen_preset(args: argparse.Namespace) -> str | None:
+    """--preset, or Standard when --no-token-labeling turns off LV-ViT's token labeling (the paper's baseline)."""
+    if args.preset is None and getattr(args, 'token_labeling', None) is False and model_family(args.model) == 'lvvit':
+        return 'standard'
+    return args.preset
+
+
+TIMM_EMA_DECAY = 0.9998  # timm's train.py: --model-ema's decay unless --model-ema-decay
+
+
+def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) -> Recipe:
+    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied;
+    timm's --model-ema turns an EMA on where the recipe keeps none."""
+    recipe = override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
+    if getattr(args, 'model_ema', False) and recipe.ema_decay == 0 and not hasattr(args, 'ema_decay'):
+        recipe.ema_decay = TIMM_EMA_DECAY
+    return recipe

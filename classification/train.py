@@ -3,72 +3,40 @@
 with `--teacher`, DeiT's hard distillation, or with token labeling, online token labeling (the teacher's dense map of
 each batch gives the token targets).
 
-`tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info)` is the same run from
-Python, with a `Recipe` (`recipes.recipe_for`) and an `ImageData`.
+`tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info, start)` is the same run
+from Python, with a `Recipe` (`recipes.recipe_for`), an `ImageData` (`loaders`) and a `RunStart`. What the run
+trains is built in `training_pieces`, its data in `loaders`, and it runs on `engine.trainer.Trainer`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar, Protocol
 
-import torch
-import torch.nn as nn
-from timm.data import Mixup
-
-from backbones import bare_model, load_checkpoint, model_family
-from backbones.common.cli import EmbeddedData, add_model_kwargs_argument, model_parser, parse_model_kwargs, positive_int
-from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
-from backbones.common.errors import CheckpointError, UsageError
-from backbones.common.images import ImageReadError, read_image
+from backbones import bare_model
+from backbones.common.cli import add_model_kwargs_argument, model_parser, parse_model_kwargs, positive_int
+from backbones.common.distributed import DistInfo, run_distributed
+from backbones.common.errors import UsageError
 from backbones.common.log import logger
-from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
-from backbones.token_head import TOKEN_HEAD
-from backbones.weights import pretrained_model
-from classification.data.augment import TrainTransform
-from classification.data.batch_augment import BatchAugment, RegionTransform
-from classification.data.folders import ImageFolderDataset, collate_skipping, eval_transform
 from classification.engine.checkpoints import DATA_CONFIG, check_checkpoint_classes, checkpoint_data_config
-from classification.engine.fit import Pictures
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
-from classification.models import (
-    Teacher,
-    build_eval_model,
-    create_classifier,
-    model_data_config,
-    takes_input_size,
-    zero_classifiers,
+from classification.loaders import (
+    AUGMENT_CHOICES,
+    DECODE_CHOICES,
+    EmbeddedImageData,
+    ImageData,
+    check_decode,
+    make_loaders,
+    pick_augment,
+    token_label_pictures,
+    train_tf_reference,
 )
-from classification.objectives.objective import ClassificationObjective
-from classification.objectives.token_loss import TokenLabelingLoss
-from classification.objectives.token_targets import TokenTargetBuilder
-from classification.pictures.token_labels import token_label_figure, token_labels
-from classification.recipes import PRESETS, Recipe, add_recipe_arguments, override_recipe, recipe_for
-from classification.token_labeling.label_store import TokenLabelStore, open_store
-
-
-@dataclass(frozen=True)
-class ImageData:
-    """An ImageNet-layout folder (`train/CLASS/*`, `val/CLASS/*`) and, for token labeling, its label store."""
-
-    root: Path
-    token_labels: Path | None = None
-    skip_unreadable: bool = False
-    verify_labels: bool = True  # check the store against its digests when opening it
-    train_images: int | None = None  # train on at most this many images, spread over the split (a smoke run)
-
-
-class EmbeddedImageData(EmbeddedData, Protocol):
-    """The data a run takes without --data-dir, which a tool gives `main` (tools/train_cls.py: its embedded set):
-    besides its options, the recipe values it sets for itself (applied before a preset), and the data, prepared on
-    first use."""
-
-    recipe_values: ClassVar[dict]
-
-    def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData: ...
+from classification.models import model_data_config, zero_classifiers
+from classification.recipes import PRESETS, TIMM_EMA_DECAY, Recipe, add_recipe_arguments, chosen_preset, resolve_recipe
+from classification.token_labeling.label_store import open_store
+from classification.training_pieces import TeacherSpec, annotates_online, load_finetune_weights, training_pieces
 
 
 def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None
@@ -126,175 +94,27 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     return p
 
 
-def chosen_preset(args: argparse.Namespace) -> str | None:
-    """--preset, or Standard when --no-token-labeling turns off LV-ViT's token labeling (the paper's baseline)."""
-    if args.preset is None and getattr(args, 'token_labeling', None) is False and model_family(args.model) == 'lvvit':
-        return 'standard'
-    return args.preset
-
-
-TIMM_EMA_DECAY = 0.9998  # timm's train.py: --model-ema's decay unless --model-ema-decay
-
-
-def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) -> Recipe:
-    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied;
-    timm's --model-ema turns an EMA on where the recipe keeps none."""
-    recipe = override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
-    if getattr(args, 'model_ema', False) and recipe.ema_decay == 0 and not hasattr(args, 'ema_decay'):
-        recipe.ema_decay = TIMM_EMA_DECAY
-    return recipe
-
-
-def load_finetune_weights(model: nn.Module, path: str, classes: list[str], new_head: bool) -> str:
-    """The --finetune weights; the checkpoint's classes (when it records them) must be the data's, or new_head."""
-    if not new_head:
-        check_checkpoint_classes(path, classes, 'the training split')
-    report = load_checkpoint(model, path, strict=False, new_head=new_head)
-    missing = [k for k in report.missing if not k.startswith(f'{TOKEN_HEAD}.')]  # a token head may be new
-    if missing or report.mismatched:
-        raise CheckpointError(f'{path} does not fit {type(model).__name__}: ' + report.summary())
-    return report.summary()
-
-
-AUGMENT_CHOICES = ('auto', 'pil', 'batched')
-DECODE_CHOICES = ('cpu', 'gpu')
-
-
-def pick_augment(augment: str, device: torch.device) -> str:
-    """`--augment` resolved: auto is the batched path on GPUs and the PIL path on CPUs, where Pillow's resampling
-    is faster than `grid_sample` (tools/benchmark_loop.py measures both)."""
-    if augment == 'auto':
-        return 'batched' if device.type == 'cuda' else 'pil'
-    return augment
-
-
-def check_decode(decode: str, augment: str, device: torch.device) -> None:
-    """`--decode gpu` decodes the batched path's JPEGs on the training GPU."""
-    if decode == 'gpu' and device.type != 'cuda':  # first: on a CPU no --augment would make it work
-        raise UsageError(f'--decode gpu needs a GPU; this run is on {device}')
-    if decode == 'gpu' and augment != 'batched':
-        raise UsageError('--decode gpu decodes for the batched augmentation: give --augment batched (auto on a GPU)')
-
-
-def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,
-                 options: RunOptions, augment: str = 'pil', decode: str = 'cpu'):
-    """Training batches (label-aware augmentation, token labels) and validation batches, the class list, and the
-    device half of the augmentation (`augment='batched'`) or None; `decode='gpu'`: the batched path's JPEGs are
-    decoded by the device half, on the training device."""
-    train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
-                              auto_augment=recipe.auto_augment, reprob=recipe.reprob,
-                              interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
-    device_tf = BatchAugment(recipe.img_size, data_cfg['mean'], data_cfg['std']) if augment == 'batched' else None
-    worker_tf = RegionTransform(train_tf, 'device' if decode == 'gpu' else 'worker') if device_tf else train_tf
-    train_set = ImageFolderDataset(data.root, 'train', worker_tf,
-                                   label_store=store, skip_unreadable=data.skip_unreadable,
-                                   max_images=data.train_images, info=info)
-    val_tf = eval_transform(recipe.img_size, data_cfg['crop_pct'], data_cfg['interpolation'], data_cfg['mean'],
-                            data_cfg['std'])
-    val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
-                                 skip_unreadable=data.skip_unreadable, info=info)
-    train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
-                                               options.seed, collate_skipping, recipe.aug_repeats, places=True)
-    return train_loader, val_loader, train_set.classes, device_tf
-
-
 @dataclass(frozen=True)
-class TeacherSpec:
-    """The classifier a distilled student learns from, and its weights (None: timm's pretrained)."""
+class RunStart:
+    """What a run adds to its recipe: the --preset it was named by, the --finetune weights it starts from (with a
+    new classifier: `new_head`), the --teacher, and how its images are augmented and decoded (--augment,
+    --decode)."""
 
-    model: str
-    checkpoint: str | None = None
-    model_kwargs: dict = field(default_factory=dict)
-
-
-def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg: dict, info: DistInfo) -> Teacher:
-    """The teacher at the student's input size, on this process's device; its checkpoint is read as eval_cls reads
-    one (with the token head or distillation token it has, and its eval-mode output)."""
-    if spec.checkpoint is not None:
-        model = build_eval_model(spec.model, spec.checkpoint, num_classes, recipe.img_size, False, spec.model_kwargs)
-    else:
-        kwargs = {'img_size': recipe.img_size} if takes_input_size(spec.model) else {}
-        model = pretrained_model(spec.model, None, num_classes, **kwargs, **spec.model_kwargs)
-    return Teacher(model, data_cfg['mean'], data_cfg['std']).to(info.device)
+    preset: str | None = None
+    finetune: str | None = None
+    new_head: bool = False
+    teacher: TeacherSpec | None = None
+    augment: str = 'auto'
+    decode: str = 'cpu'
 
 
-def train_tf_reference(transform) -> TrainTransform:
-    """The PIL transform behind the training set's transform (itself, or the batched path's worker half)."""
-    return transform.reference if isinstance(transform, RegionTransform) else transform
-
-
-def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
-    """`count` training images (spread over the set) with their annotator maps and one augmentation's token targets,
-    for TensorBoard at every validation; with `--skip-unreadable` an unreadable one is left out, as training skips
-    it."""
-    picks = range(0, len(train_set), max(1, len(train_set) // count))[:count]
-    store = train_set.label_store
-
-    def draw() -> dict:
-        pictures = {}
-        for i, index in enumerate(picks):
-            path, row = train_set.paths[index], int(train_set.rows[index])
-            try:
-                image = read_image(train_set.file(index))
-            except ImageReadError:
-                if train_set.skip_unreadable:
-                    continue
-                raise
-            scores, classes = store.read(row)
-            labels = token_labels(image, scores, classes, transform, store.num_classes, extent=store.extent(row))
-            pictures[f'token_labels/{i}'] = token_label_figure(labels, train_set.classes, path)
-        return pictures
-
-    return draw
-
-
-def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = None) -> ClassificationObjective:
-    """The loss of the recipe; a `teacher` distils, or with token labeling annotates each batch (online)."""
-    builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
-    if recipe.token_labeling:
-        loss = TokenLabelingLoss(recipe.dense_weight, recipe.token_participation)
-        return ClassificationObjective(num_classes, recipe.smoothing, builder, loss, recipe.cls_target,
-                                       recipe.token_target, annotator=teacher)
-    if recipe.label_pooling:
-        return ClassificationObjective(num_classes, recipe.smoothing, builder, label_pooling=True,
-                                       cutmix_alpha=recipe.cutmix)
-    mixup = None
-    if recipe.mixup > 0 or recipe.cutmix > 0:
-        mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
-                      num_classes=num_classes)
-    return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup, teacher=teacher)
-
-
-def annotates_online(recipe: Recipe, teacher: TeacherSpec | None) -> bool:
-    """Whether the run's `teacher` annotates each batch (online token labeling) rather than distils."""
-    return teacher is not None and recipe.token_labeling
-
-
-def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int, info: DistInfo,
-                    teacher: TeacherSpec | None = None, data_cfg: dict | None = None,
-                    model_kwargs: dict | None = None) -> tuple[nn.Module, ClassificationObjective]:
-    """The model and the objective a run of `recipe` trains, the one way every run and study builds them: the model's
-    initial weights drawn from `seed` (not from what ran before), then the `teacher` (on `info`'s device, normalising
-    with `data_cfg`), which distils or, with token labeling, annotates each batch (online)."""
-    seed_all(seed)
-    model = create_classifier(model_name, num_classes, recipe.img_size, recipe.token_labeling, recipe.mix_token,
-                              distilled=teacher is not None and not annotates_online(recipe, teacher),
-                              drop_path_rate=recipe.drop_path, **(model_kwargs or {}))
-    teacher_model = build_teacher(teacher, num_classes, recipe, data_cfg, info) if teacher is not None else None
-    return model, make_objective(recipe, num_classes, teacher_model)
-
-
-def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
-          preset: str | None = None, finetune: str | None = None, new_head: bool = False,
-          teacher: TeacherSpec | None = None, augment: str = 'auto', decode: str = 'cpu') -> dict:
-    """Train `model_name` on `data` with `recipe` (distilled from `teacher` if given), augmenting images the `augment`
-    way (decoding them where `decode` says); returns (and writes to OUTPUT/metrics.json) the run's metrics."""
-    if new_head and not finetune:
+def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart) -> None:
+    """Refuse what the recipe, the data and the start cannot do together (before any work), and say which of the
+    given inputs the run will not use."""
+    if start.new_head and not start.finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
-    augment = pick_augment(augment, info.device)
-    check_decode(decode, augment, info.device)
-    if recipe.zero_head and not finetune:
-        raise UsageError(f'--preset {preset} fine-tunes pretrained weights: give them with --finetune CKPT '
+    if recipe.zero_head and not start.finetune:
+        raise UsageError(f'--preset {start.preset} fine-tunes pretrained weights: give them with --finetune CKPT '
                          f'(--new-head for a new class list)')
     if data.token_labels is not None and not recipe.uses_score_maps:
         logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: this recipe learns from no '
@@ -305,9 +125,8 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     if recipe.label_pooling and recipe.token_labeling:
         raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
                          'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
-    online = annotates_online(recipe, teacher)
-    distilled = teacher is not None and not online
-    if teacher is not None and (recipe.label_pooling or (online and not recipe.uses_score_maps)):
+    online = annotates_online(recipe, start.teacher)
+    if start.teacher is not None and (recipe.label_pooling or (online and not recipe.uses_score_maps)):
         raise UsageError('--teacher: hard distillation does not go with label pooling (ReLabel), and online token '
                          'labeling needs the annotator\'s maps (--token-target map or pooled)')
     if online and data.token_labels is not None:
@@ -318,11 +137,24 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
                       if recipe.label_pooling else '--token-target label or --no-token-labeling')
         raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
                          f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), or {other_ways}')
+
+
+def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
+          start: RunStart = RunStart()) -> dict:
+    """Train `model_name` on `data` with `recipe` as `start` says (the weights it starts from, a teacher, how images
+    are augmented and decoded); returns (and writes to OUTPUT/metrics.json) the run's metrics."""
+    check_run(model_name, recipe, data, start)
+    augment = pick_augment(start.augment, info.device)
+    decode, teacher, finetune, new_head, preset = start.decode, start.teacher, start.finetune, start.new_head, \
+        start.preset
+    check_decode(decode, augment, info.device)
+    online = annotates_online(recipe, teacher)
+    distilled = teacher is not None and not online
+    data_cfg = model_data_config(model_name)
+    # by default a fine-tuning runs at the size its weights were trained at: a recipe of that size
+    recipe = replace(recipe, img_size=checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1])
     trainer = Trainer(options, info)  # its trackers started before the store and the data are read
     store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
-    data_cfg = model_data_config(model_name)
-    # by default a fine-tuning runs at the size its weights were trained at
-    recipe.img_size = checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1]
     train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
                                                                 augment, decode)
     if teacher is not None and teacher.checkpoint is not None:
@@ -401,7 +233,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
         data = replace(data, train_images=args.train_images)
-        return train(args.model, recipe, data, options, info, chosen_preset(args), args.finetune, args.new_head,
-                     teacher, args.augment, args.decode)
+        start = RunStart(chosen_preset(args), args.finetune, args.new_head, teacher, args.augment, args.decode)
+        return train(args.model, recipe, data, options, info, start)
 
     return run_distributed(run, args.device)

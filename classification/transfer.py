@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch.nn as nn
 from timm.optim import param_groups_weight_decay
@@ -93,9 +94,9 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
     train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, split_seed)
     train_split, val_split = data.train.subset(train_idx), data.train.subset(val_idx)
     mean, std = channel_stats(train_split.images)
-    # by default the size the pretrained weights were trained at
-    recipe.img_size = img_size = checkpoint_data_config(pretrained, model_data_config(model_name),
-                                                        recipe.img_size)['input_size'][-1]
+    # by default the size the pretrained weights were trained at: a recipe of that size
+    img_size = checkpoint_data_config(pretrained, model_data_config(model_name), recipe.img_size)['input_size'][-1]
+    recipe = replace(recipe, img_size=img_size)
     train_loader, val_loader, test_loader = sharded_loaders(
         CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)], recipe.batch_size, info,
         options.workers, options.seed, collate_skipping)

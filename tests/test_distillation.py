@@ -16,7 +16,8 @@ from backbones.vit import DISTILLED_TWINS
 from classification.models import Teacher, create_classifier
 from classification.objectives.objective import ClassificationObjective
 from classification.recipes import Recipe
-from classification.train import TeacherSpec, build_teacher, main
+from classification.train import main
+from classification.training_pieces import TeacherSpec, build_teacher
 from backbones.common.distributed import DistInfo
 from backbones import bare_model
 from helpers.commands import run_tool, succeeded

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from backbones.common.errors import CheckpointError, DataError, UsageError
-from classification import train, transfer
+from classification import loaders, train, transfer
 from classification.data.folders import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
@@ -78,7 +78,7 @@ def test_gpu_decoding_needs_the_batched_path_and_a_gpu(trained, tmp_path):
             train.main(train_args(data, tmp_path / augment, '--decode', 'gpu', '--augment', augment))
         assert not (tmp_path / augment).exists()
     with pytest.raises(UsageError, match=r'--decode gpu decodes for the batched augmentation: give --augment batched'):
-        train.check_decode('gpu', 'pil', torch.device('cuda'))
+        loaders.check_decode('gpu', 'pil', torch.device('cuda'))
 
 
 def test_a_subset_that_leaves_a_class_without_an_image_is_said(trained, caplog):

@@ -12,7 +12,8 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from classification.recipes import recipe_for
-from classification.train import TeacherSpec, build_teacher, main, make_objective
+from classification.train import main
+from classification.training_pieces import TeacherSpec, build_teacher, make_objective
 from backbones.common.distributed import DistInfo
 from classification.token_labeling.annotate import generate_token_labels
 from classification.data.augment import CropGeometry, identity_geometry

@@ -12,7 +12,8 @@ from classification.engine.prefetch import Prefetcher
 from classification.engine.trainer import RunOptions
 from classification.recipes import recipe_for
 from classification.token_labeling.label_store import TokenLabelStore
-from classification.train import ImageData, make_loaders, make_objective
+from classification.loaders import ImageData, make_loaders
+from classification.training_pieces import make_objective
 
 DATA_CONFIG = {'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225), 'crop_pct': 0.9,
                'interpolation': 'bicubic'}
@@ -149,13 +150,13 @@ def test_batches_after_the_last_complete_update_are_not_read(overlap):
     decoder refuses there would end the pass after its last update)."""
     import timm
 
-    from classification.engine.steps import train_one_epoch
+    from classification.engine.steps import PassOptions, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
     from classification.objectives.objective import ClassificationObjective
     model = timm.create_model('deit_small_patch16_224', num_classes=2, img_size=32, embed_dim=32, depth=1,
                               num_heads=2)
     state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 2, 'none')
     loader = Counted(5)
-    train_one_epoch(model, loader, ClassificationObjective(2, 0.1), state, DistInfo(), accumulate=2,
-                    overlap=overlap)
+    train_one_epoch(model, loader, ClassificationObjective(2, 0.1), state, DistInfo(),
+                    PassOptions(accumulate=2, overlap=overlap))
     assert (loader.read, state.num_updates) == (4, 2)

@@ -11,7 +11,9 @@ from torch.utils.data import default_collate
 from backbones import create_model
 from backbones.token_head import TOKEN_HEAD
 from classification.recipes import PRESETS, recipe_for
-from classification.train import build_parser, main, make_objective, resolve_recipe
+from classification.recipes import resolve_recipe
+from classification.train import build_parser, main
+from classification.training_pieces import make_objective
 from backbones.common.distributed import DistInfo, sharded_loaders
 from backbones.common.errors import UsageError
 from classification.digits.cls_data import RECIPE as DIGITS

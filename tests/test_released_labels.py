@@ -263,7 +263,7 @@ def test_label_pooling_learns_the_map_pooled_over_the_crop_mixed_by_cutmix(relea
     """--preset relabel's loss: soft cross-entropy with the crop's map pooled to one label (RoIAlign 1x1 of the
     dense map, smoothed), the targets mixed with lambda as CutMix mixed the images (box from image B-1-i)."""
     from classification.recipes import recipe_for
-    from classification.train import make_objective
+    from classification.training_pieces import make_objective
     from classification.objectives.token_loss import soft_cross_entropy
     recipe = recipe_for('lvvit_s', preset='relabel')
     assert recipe.label_pooling and not recipe.token_labeling and recipe.uses_score_maps

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from classification.train import build_parser, resolve_recipe
+from classification.recipes import resolve_recipe
+from classification.train import build_parser
 from backbones.common.errors import UsageError
 from classification.digits.cls_data import EmbeddedScans
 from classification.studies import reproduction as reproduce

@@ -18,7 +18,8 @@ from classification.engine.fit import update_of_step_line
 from classification.engine.steps import train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, Trainer
 from classification.studies.loop_benchmark import BenchedModel, measurement_errors, pipeline_ceilings
-from classification.train import ImageData, training_pieces
+from classification.loaders import ImageData
+from classification.training_pieces import training_pieces
 from classification.studies.training_runs import update_of_timm_line
 
 from helpers.commands import run_tool

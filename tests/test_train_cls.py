@@ -210,7 +210,7 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
 
     from classification.objectives.objective import ClassificationObjective
     from backbones.common.distributed import DistInfo
-    from classification.engine.steps import train_one_epoch
+    from classification.engine.steps import PassOptions, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
     model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)  # layer norms only: no batch statistics
@@ -220,7 +220,7 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     for m, size, accumulate in ((model, 32, 1), (twin, 8, 4)):
         state, _ = optimization_state(m, m, Optimization('momentum', 0.5, 0.0, epochs=1), 2, 'none')
         batches = [{'image': images[i:i + size], 'label': labels[i:i + size], 'skipped': 0} for i in range(0, 64, size)]
-        train_one_epoch(m, batches, objective, state, DistInfo(), accumulate=accumulate)
+        train_one_epoch(m, batches, objective, state, DistInfo(), PassOptions(accumulate=accumulate))
         assert state.num_updates == 2
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
@@ -257,7 +257,7 @@ def test_each_loss_is_read_after_the_next_step_is_queued_and_a_loss_that_is_not_
     steps_module.PendingLoss.read = recorded_read
     try:
         result = steps_module.train_one_epoch(model, batches, RecordingObjective(3, 0.0), state, DistInfo(),
-                                              log=logged.append)
+                                              hooks=steps_module.PassHooks(log=logged.append))
         losses = [value for kind, value in events if kind == 'step']
         assert [kind for kind, _ in events] == ['step', 'read', 'step'] + ['step', 'read'] * 3 + ['read']
         assert [value for kind, value in events if kind == 'read'] == losses  # each one, in order
@@ -290,7 +290,7 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     shares of wall-clock time: a busy machine stretches the steps, never the sleeps' minimum.)"""
     from classification.objectives.objective import ClassificationObjective
     from backbones.common.distributed import DistInfo
-    from classification.engine.steps import train_one_epoch
+    from classification.engine.steps import PassHooks, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
 
     class SlowLoader:
@@ -306,7 +306,7 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 4, 'none')
     steps = []
     result = train_one_epoch(model, SlowLoader(), ClassificationObjective(3, 0.0), state, DistInfo(),
-                             log=steps.append)
+                             hooks=PassHooks(log=steps.append))
     assert [(s.update, s.batch, s.batches) for s in steps] == [(1, 1, 4), (2, 2, 4), (3, 3, 4), (4, 4, 4)]
     assert steps[-1].seconds_left == 0 and steps[0].seconds_left / 3 >= 0.1  # the first batch's 0.1 s, 3 times over
     seconds = 32 / result.images_per_second
@@ -424,7 +424,8 @@ def test_timms_flag_names_are_taken_and_its_other_flags_named(capsys):
     """timm's names (--aa, --model-ema, --model-ema-decay, --torchcompile) set what the suite's do; a flag of timm's
     scripts the suite does not take stops the command with one line naming its equivalent."""
     from classification.evaluate import main as eval_cls
-    from classification.train import build_parser, resolve_recipe
+    from classification.recipes import resolve_recipe
+    from classification.train import build_parser
     parse = build_parser().parse_args
     args = parse(['deit_small_patch16_224', '--aa', 'rand-m9-mstd0.5', '--model-ema-decay', '0.9', '--torchcompile'])
     assert (args.auto_augment, args.ema_decay, args.compile) == ('rand-m9-mstd0.5', 0.9, 'inductor')
@@ -447,7 +448,8 @@ def written_args_yaml(folder, *argv):
     from classification.digits.cls_data import EmbeddedScans
     from classification.engine.checkpoints import write_run_args
     from classification.engine.trainer import run_settings
-    from classification.train import build_parser, resolve_recipe
+    from classification.recipes import resolve_recipe
+    from classification.train import build_parser
     args = build_parser(EmbeddedScans).parse_args([*argv, '--data-dir', str(folder)])
     folder.mkdir(parents=True, exist_ok=True)
     write_run_args(folder, 'train_cls.py', run_settings(args, resolve_recipe(args)))

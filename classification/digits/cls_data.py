@@ -24,10 +24,11 @@ from backbones.common.log import logger
 from classification.digits.scans import discard_outdated, write_digits_folder
 from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
 from classification.engine.trainer import RunOptions
+from classification.loaders import ImageData
 from classification.recipes import Recipe, recipe_for
 from classification.token_labeling.annotate import generate_token_labels
 from classification.token_labeling.label_store import META
-from classification.train import ImageData, train
+from classification.train import RunStart, train
 
 SCANS_DIR = Path('data/digits')  # the default --digits-dir
 # The recipe on the digits (about 7 minutes for LV-ViT-S on 2 CPU cores): 48x48 images (a 3x3 token grid), 8 epochs
@@ -61,7 +62,7 @@ def label_store_complete(labels_dir: Path) -> bool:
 @dataclass(frozen=True)
 class EmbeddedScans:
     """scikit-learn's digit scans under `root` (images/, annotator/, token_labels/, backbones/): the classification
-    data of the tools when no ImageNet is given (`classification.train.EmbeddedImageData`)."""
+    data of the tools when no ImageNet is given (`classification.loaders.EmbeddedImageData`)."""
 
     root: Path = SCANS_DIR
     annotator: str = ANNOTATOR
@@ -140,7 +141,7 @@ class EmbeddedScans:
         options = RunOptions(output, resume='auto' if state == STOPPED else None, model_kwargs=model_kwargs,
                              workers=DEFAULT_WORKERS)
         try:
-            train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info, preset)
+            train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info, RunStart(preset))
         except Interrupted as stop:  # train_cls's advice (--resume) is not this command's: it continues by itself
             where = str(stop).split('; the same command', 1)[0]
             raise Interrupted(f'stage 1 of 2 (the backbone\'s pretraining): {where}; the same command again '

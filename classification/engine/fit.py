@@ -59,7 +59,15 @@ from classification.engine.checkpoints import (
     write_summary,
 )
 from classification.engine.prefetch import BatchTransform, Objective
-from classification.engine.steps import EpochProgress, StepState, TrainingStep, evaluate, train_one_epoch
+from classification.engine.steps import (
+    EpochProgress,
+    PassHooks,
+    PassOptions,
+    StepState,
+    TrainingStep,
+    evaluate,
+    train_one_epoch,
+)
 from classification.engine.trackers import Tracker
 
 
@@ -280,12 +288,10 @@ class Fit:
                 raise Interrupted(f'{stops.received or "a stop signal"} at epoch {epoch}, batch {done.batches}: '
                                   f'{self.output / LAST} holds the run; the same command with --resume continues it')
 
-        trained = train_one_epoch(train_model, train_loader, self.objective, state, info, self.amp, self.clip_grad,
-                               runlog.step, desc=f'epoch {epoch}/{num_epochs}', transform=self.train_transform,
-                               accumulate=self.accumulate, progress=progress,
-                               on_start=None if rng is None else lambda: set_rng_state(rng),
-                               after_update=after_update, overlap=self.overlap,
-                               seed=hash_seed(self.seed, epoch, info.rank))
+        options = PassOptions(self.amp, self.clip_grad, self.accumulate, self.train_transform, self.overlap,
+                              hash_seed(self.seed, epoch, info.rank), f'epoch {epoch}/{num_epochs}')
+        hooks = PassHooks(runlog.step, None if rng is None else lambda: set_rng_state(rng), after_update)
+        trained = train_one_epoch(train_model, train_loader, self.objective, state, info, options, progress, hooks)
         if state.num_updates == updates and (progress is None or progress.steps == 0):
             raise DataError(f'epoch {epoch} trained on no image: all {state.skipped} images read were '
                             f'unreadable and skipped; check the data folder')

@@ -139,34 +139,43 @@ class PassResult(NamedTuple):
     data_wait: float  # the share of the pass spent waiting for batches (this process's)
 
 
-def train_one_epoch(
-        model: nn.Module,
-        loader: Iterable[dict],
-        objective: Objective,
-        state: StepState,
-        info: DistInfo,
-        amp: str = 'none',
-        clip_grad: float | None = None,
-        log: Callable[[TrainingStep], None] | None = None,
-        desc: str = 'train',
-        transform: BatchTransform | None = None,
-        accumulate: int = 1,
-        progress: EpochProgress | None = None,
-        on_start: Callable[[], None] | None = None,
-        after_update: Callable[[EpochProgress], None] | None = None,
-        overlap: bool = True,
-        seed: int = 0,
-) -> PassResult:
-    """Train for one pass over `loader`, one optimizer update every `accumulate` batches (their gradients summed,
-    each batch's loss divided by `accumulate`: the update of one batch `accumulate` times as large); returns the
-    mean loss over all processes and the pass's pace. `log` sees every update (`TrainingStep`). Batches left over at
-    the end of the pass, fewer than `accumulate`, are not trained on (as the loader drops an incomplete last batch).
+@dataclass(frozen=True)
+class PassOptions:
+    """How a training pass runs: autocast (`amp`), gradient clipping, one update every `accumulate` batches, the
+    device half of the augmentation (`transform`), batches prepared ahead (`overlap`, the `Prefetcher`; False:
+    serially), the pass's `seed` (batch n draws its augmentation on the device from `hash_seed(seed, n)`), and the
+    progress bar's label."""
 
-    A pass resumed part of the way in continues `progress` (the loader then yields only the rest of the pass).
-    `on_start` runs once the loader's iterator exists (it draws its workers' seed: a resumed run restores its random
-    streams after that draw). `after_update(progress)` runs after every update (it raises to stop the run there).
-    `overlap`: batches prepared ahead on a thread of their own (on GPUs on a stream of their own: `Prefetcher`);
-    False: serially. Batch n of the pass draws its augmentation on the device from `hash_seed(seed, n)`."""
+    amp: str = 'none'
+    clip_grad: float | None = None
+    accumulate: int = 1
+    transform: BatchTransform | None = None
+    overlap: bool = True
+    seed: int = 0
+    desc: str = 'train'
+
+
+@dataclass(frozen=True)
+class PassHooks:
+    """What a training pass calls: `log` with every update (`TrainingStep`); `on_start` once the loader's iterator
+    exists (it draws its workers' seed: a resumed run restores its random streams after that draw);
+    `after_update(progress)` after every update (it raises to stop the run there)."""
+
+    log: Callable[[TrainingStep], None] | None = None
+    on_start: Callable[[], None] | None = None
+    after_update: Callable[[EpochProgress], None] | None = None
+
+
+def train_one_epoch(model: nn.Module, loader: Iterable[dict], objective: Objective, state: StepState, info: DistInfo,
+                    options: PassOptions = PassOptions(), progress: EpochProgress | None = None,
+                    hooks: PassHooks = PassHooks()) -> PassResult:
+    """Train for one pass over `loader`, one optimizer update every `options.accumulate` batches (their gradients
+    summed, each batch's loss divided by the count: the update of one batch that many times as large); returns the
+    mean loss over all processes and the pass's pace. Batches left over at the end of the pass, fewer than an
+    update's, are not trained on (as the loader drops an incomplete last batch). A pass resumed part of the way in
+    continues `progress` (the loader then yields only the rest of the pass)."""
+    amp, clip_grad, accumulate = options.amp, options.clip_grad, options.accumulate
+    log, on_start, after_update = hooks.log, hooks.on_start, hooks.after_update
     model.train()
     progress = progress or EpochProgress()
     # the batches of the whole pass that complete an update (an iterator without a length: all it yields)
@@ -176,12 +185,12 @@ def train_one_epoch(
         on_start()
     if usable is not None:  # the batches after the last complete update are not even prepared
         batches = itertools.islice(batches, max(usable - progress.batches, 0))
-    prefetch = Prefetcher(info, transform, objective, depth=DEPTH if overlap else 0)
+    prefetch = Prefetcher(info, options.transform, objective, depth=DEPTH if options.overlap else 0)
     pending = 0  # batches whose gradients wait for the update
     pace, first_batch = Pace(), progress.batches
     ready = time.perf_counter()
-    with contextlib.closing(prefetch(batches, seed, progress.batches)) as prepared:
-        bar = tqdm(prepared, desc=desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
+    with contextlib.closing(prefetch(batches, options.seed, progress.batches)) as prepared:
+        bar = tqdm(prepared, desc=options.desc, disable=not show_progress(info), dynamic_ncols=True, leave=False,
                    initial=progress.batches, total=usable)
         for batch in bar:
             pace.waiting += time.perf_counter() - ready

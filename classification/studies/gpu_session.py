@@ -336,9 +336,9 @@ def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, images:
     """loop_benchmark's pieces for `model` on `images` synthetic JPEGs written under `folder` (and, for a model that
     trains with token labels, their store): its BenchedModel."""
     from backbones.common.distributed import DistInfo
+    from classification.loaders import ImageData
     from classification.recipes import recipe_for
     from classification.studies import loop_benchmark
-    from classification.train import ImageData
 
     argv = ['--models', model, '--device', device, '--amp', AMP, '--batch-size', str(sizes.batch_size),
             '--workers', str(workers or sizes.workers), '--seconds', f'{sizes.seconds:g}', '--decode', decode]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,14 +44,15 @@ from backbones.common.random_state import seed_all
 from backbones.common.timing import SteadyWindow, available_cores, measured_on
 from backbones.complexity import measure_complexity
 from classification.engine.prefetch import DEPTH, tensors_in
-from classification.engine.steps import model_input, train_one_epoch
+from classification.engine.steps import PassOptions, model_input, train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, training_state
+from classification.loaders import DECODE_CHOICES, ImageData, check_decode, make_loaders, pick_augment
 from classification.models import model_data_config
 from classification.recipes import recipe_for
 from classification.studies.training_runs import TrainingRun, train_cls_command, update_of_timm_line
 from classification.token_labeling.annotate import GENERATION_SHAPING, generate_token_labels
 from classification.token_labeling.label_store import StoreRows, TokenLabelStore, list_digest, write_label_store
-from classification.train import DECODE_CHOICES, ImageData, check_decode, make_loaders, pick_augment, training_pieces
+from classification.training_pieces import training_pieces
 
 MODELS = ('lvvit_s', 'deit_small_patch16_224')
 STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
@@ -192,14 +194,13 @@ def torch_threads(count: int):
 
 class BenchedModel:
     """One model under the benchmark: its recipe at the benchmark's batch, data and store, the training pieces
-    `classification.train` builds for it, and its timing windows."""
+    `classification.training_pieces` builds for it, and its timing windows."""
 
     def __init__(self, model_name: str, data: ImageData, args: argparse.Namespace, info: DistInfo) -> None:
         self.name, self.data, self.args, self.info = model_name, data, args, info
-        self.recipe = recipe_for(model_name)
-        self.recipe.batch_size = args.batch_size
         self.data_cfg = model_data_config(model_name)
-        self.recipe.img_size = self.data_cfg['input_size'][-1]
+        self.recipe = replace(recipe_for(model_name), batch_size=args.batch_size,
+                              img_size=self.data_cfg['input_size'][-1])
         self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
 
     def window(self, workers: int, min_batches: int | None = None) -> SteadyWindow:
@@ -314,7 +315,8 @@ def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOption
     model, objective, state = bench.step_pieces(options, amp, preset)
     window = bench.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
     timed = timed_training(window, itertools.repeat(batch),
-                           lambda batches: train_one_epoch(model, batches, objective, state, bench.info, amp))
+                           lambda batches: train_one_epoch(model, batches, objective, state, bench.info,
+                                                           PassOptions(amp)))
     return report_compiled(timed, bench, f'model step {options} amp {amp}' + (f' ({preset} recipe)' if preset else ''))
 
 
@@ -324,8 +326,8 @@ def loop_images_per_second(bench: BenchedModel, augment: str, options: StepOptio
     loader, device_tf = bench.loaders(augment, bench.args.workers)
     model, objective, state = bench.step_pieces(options, bench.args.amp)
     timed = timed_training(bench.window(bench.args.workers), endless(loader),
-                           lambda batches: train_one_epoch(model, batches, objective, state, bench.info,
-                                                           bench.args.amp, transform=device_tf, overlap=overlap))
+                           lambda batches: train_one_epoch(model, batches, objective, state, bench.info, PassOptions(
+                               bench.args.amp, transform=device_tf, overlap=overlap)))
     order = 'overlapped' if overlap else 'serial'
     return report_compiled(timed, bench, f'whole loop, {augment} path, {order}'
                            + (', compiled' if options.compile else ''))

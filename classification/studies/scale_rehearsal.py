@@ -10,6 +10,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ from classification.token_labeling.released_labels import (
     release_meta,
     store_row,
 )
-from classification.train import training_pieces
+from classification.training_pieces import training_pieces
 
 TRAIN_IMAGES, VAL_IMAGES, NUM_CLASSES = 1_281_167, 50_000, 1000
 RELEASE_SHAPE = (2, 5, 18, 18)  # TokenLabeling's NFNet-F6 release: [scores, classes] x top-5 x 18 x 18
@@ -491,7 +492,7 @@ def stage_tar_vs_folders(args: argparse.Namespace, measurements: MeasurementTabl
 def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     for name in args.checkpoint_models:
         recipe = recipe_for(name)
-        recipe.img_size = recipe.img_size or model_data_config(name)['input_size'][-1]
+        recipe = replace(recipe, img_size=recipe.img_size or model_data_config(name)['input_size'][-1])
         output = args.root / 'checkpoint' / name
         shutil.rmtree(output, ignore_errors=True)
         trainer = Trainer(RunOptions(output=output), DistInfo())

@@ -22,7 +22,7 @@ from backbones.common.distributed import DistInfo
 from backbones.common.log import logger
 from backbones.common.timing import images_per_second
 from classification.data.cifar import CifarInput
-from classification.engine.steps import evaluate, train_one_epoch
+from classification.engine.steps import PassOptions, evaluate, train_one_epoch
 from classification.engine.trainer import training_state
 from classification.objectives.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
@@ -66,7 +66,7 @@ def transfer_speed(name: str, args: argparse.Namespace, info: DistInfo, amp: str
     batches = cifar_batches(1, args.batch_size, info.device)
     return {
         'train_img_s': images_per_second(
-            lambda: train_one_epoch(model, batches, objective, state, info, amp, transform=train_tf),
+            lambda: train_one_epoch(model, batches, objective, state, info, PassOptions(amp, transform=train_tf)),
             args.batch_size, args.steps, args.warmup),
         'eval_img_s': images_per_second(
             lambda: evaluate(model, batches, info, amp, transform=eval_tf),
