@@ -18,7 +18,8 @@ from classification import loaders, train, transfer
 from classification.data.folders import ImageFolderDataset
 from classification.evaluate import class_order, load_split
 from classification.models import build_eval_model, create_classifier
-from backbones.common.cli import parse_model_kwargs, resolve_device, run_command
+from backbones.common.cli import parse_model_kwargs, resolve_device
+from backbones.common.commands import run_command
 from backbones.common.distributed import DistInfo
 from classification.engine.checkpoints import METRICS
 from backbones.common.images import ImageReadError, find_classes, read_image
@@ -136,7 +137,7 @@ def test_suite_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
 
 def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys, monkeypatch):
     # run_command's log handler would write to this test's captured stdout for every later test: left out
-    monkeypatch.setattr('backbones.common.cli.show_log', lambda: None)
+    monkeypatch.setattr('backbones.common.commands.show_log', lambda: None)
 
     def failing_stage():
         raise DataError('stage failed; the end of its log:\nerror: bad file  (--debug shows the traceback)')
@@ -147,7 +148,7 @@ def test_an_error_quoting_an_inner_commands_hint_gives_it_once(capsys, monkeypat
 
 
 def test_ctrl_c_is_one_interrupted_line_with_the_shells_status(capsys, monkeypatch):
-    monkeypatch.setattr('backbones.common.cli.show_log', lambda: None)
+    monkeypatch.setattr('backbones.common.commands.show_log', lambda: None)
 
     def pressed_ctrl_c():
         raise KeyboardInterrupt
@@ -164,7 +165,7 @@ def test_ctrl_c_in_a_run_with_a_checkpoint_says_resume(capsys, monkeypatch, tmp_
     """Once a training run has written a checkpoint, the same command alone is refused (the run is there): Ctrl-C
     says that --resume continues it; before the first checkpoint the plain line stands."""
     from backbones.common.lifecycle import resumable_on_ctrl_c
-    monkeypatch.setattr('backbones.common.cli.show_log', lambda: None)
+    monkeypatch.setattr('backbones.common.commands.show_log', lambda: None)
     checkpoint = tmp_path / 'last.pth'
 
     def training():

@@ -286,7 +286,7 @@ def test_segmentation_job_signalled_mid_schedule_stops_and_resumes_to_the_run_ne
 
 STARTING_COMMAND = '''
 import os, signal, time
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 
 def main():
     child = os.fork()
@@ -320,7 +320,7 @@ FORMATTING_COMMAND = '''
 import os, signal
 import yapf.yapflib.yapf_api as yapf_api
 from mmengine.config import config as mmengine_config
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from backbones.segmentation.config import load_config
 
 format_code = yapf_api.FormatCode

@@ -182,7 +182,7 @@ def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
 
 def test_library_code_neither_prints_nor_exits():
     """Library modules log through the suite's logger and raise the suite's errors; only the commands' runner
-    (`backbones.common.cli.run_command`) prints an error line and sets the exit status."""
+    (`backbones.common.commands.run_command`) prints an error line and sets the exit status."""
     offending = []
     for name, path in project_modules().items():
         if name.startswith('tools'):
@@ -190,7 +190,7 @@ def test_library_code_neither_prints_nor_exits():
         tree = ast.parse(path.read_text())
         runner = [node for node in tree.body if isinstance(node, ast.FunctionDef)
                   and node.name in ('run_command', 'write_document')]
-        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'backbones.common.cli' else set()
+        allowed = {id(n) for node in runner for n in ast.walk(node)} if name == 'backbones.common.commands' else set()
         for node in ast.walk(tree):
             if id(node) in allowed:
                 continue

@@ -9,7 +9,7 @@
 Each configuration is measured in a fresh process, so that peak memory does not carry over: the accelerator's peak
 allocation on CUDA, the process's peak resident size on CPU. Times come from `torch.utils.benchmark.Timer`.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.model_benchmark import main
 
 if __name__ == '__main__':

@@ -30,7 +30,7 @@ generation do not grow), and a token-label store made by a random-weight annotat
         --data-dir /data/imagenet --token-label-dir /data/imagenet_labels
     python tools/benchmark_loop.py --models lvvit_s --compare-step --json
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.loop_benchmark import main
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ has none), four ways: the suite's (each scale and its mirror image one batch, wi
 by window (`window_batch=1`), mmseg's (the pipeline makes the ten views, run one by one), and as its ten single
 passes, each view a single-scale test, whose summed time is the baseline of `ms_flip_cost_over_single_passes`.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.seg_benchmark import main
 
 if __name__ == '__main__':

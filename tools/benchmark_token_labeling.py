@@ -9,7 +9,7 @@
 
     python tools/benchmark_token_labeling.py --model lvvit_s --batch-size 8 --device cpu
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.token_labeling_benchmark import main
 
 if __name__ == '__main__':

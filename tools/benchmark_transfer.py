@@ -6,7 +6,7 @@ run, and the on-device input pipeline against the reference tool's per-image tor
     python tools/benchmark_transfer.py                               # T2T-ViT-14 and LV-ViT-S, CPU
     python tools/benchmark_transfer.py t2t_vit_14 --device cuda --batch-size 64 --steps 50
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.transfer_benchmark import main
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ crop and normalisation the checkpoint's run recorded, else the model's own).
 Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
 class logits + 0.5 x the class-wise max over the token logits.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.evaluate import main
 
 if __name__ == '__main__':

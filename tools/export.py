@@ -15,7 +15,7 @@ A classifier's folder holds one weight set: the trained weights, as eval_cls and
 copy with --use-ema (config.json's "suite_weights" says which). classification/export.py and
 backbones/segmentation/export.py say what each file holds.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.digits.seg_data import EmbeddedPages
 from classification.export import main
 

@@ -10,7 +10,7 @@ map describes the whole image resized to --img-size (no crop), so that training 
 find their labels. Run the same command again after an interruption: finished shards are kept. With several
 nodes, --output must be on a file system all of them share.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.token_labeling.commands import generate
 
 if __name__ == '__main__':

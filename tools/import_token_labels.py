@@ -11,7 +11,7 @@ Every file is checked (shape, dtype, finite scores, class indices in range), the
 data folder's classes, and images without a file are named (--skip-missing gives them an empty row: they train on
 their image label). Run the same command again after an interruption: finished shards are kept.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.token_labeling.commands import import_release
 
 if __name__ == '__main__':

@@ -13,7 +13,7 @@ tools/benchmark_loop.py on DeiT-S, the suite against timm's own train.py; gpu_te
 >= 30 s in its steady state; each stage runs in a process of its own under the call's --budget: one whose predicted
 length does not fit what is left is skipped with a line saying so, and one stopped at the budget keeps its figures.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.gpu_session import main
 
 if __name__ == '__main__':

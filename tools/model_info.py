@@ -5,7 +5,7 @@
     python tools/model_info.py --all
     python tools/model_info.py --seg-config seg_configs/*.py [--shape 512 2048]  # parameters per part, GMACs
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from backbones.segmentation.complexity import main
 
 if __name__ == '__main__':

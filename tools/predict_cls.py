@@ -7,7 +7,7 @@
 The images take the checkpoint's eval transform and its eval-mode prediction, as in tools/eval_cls.py. From Python:
 `classification.predict.ClassPredictor(model, checkpoint)(paths, k)`.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.predict import main
 
 if __name__ == '__main__':

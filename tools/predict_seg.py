@@ -11,7 +11,7 @@ the image. The config is read as test_seg reads it (`--data-root`; without ADE20
 so the classes are the ones the checkpoint was trained on. From Python:
 `backbones.segmentation.predict.SegPredictor(config, checkpoint)(path)` gives the class index of every pixel.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from backbones.segmentation.masks import main
 from classification.digits.seg_data import EmbeddedPages
 

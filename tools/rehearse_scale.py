@@ -32,7 +32,7 @@ each stage of the real job:
 The trees are kept in --root and reused by later runs of the same --scale (the store too): delete --root to free
 the disk. The embedded default is the full job's size; `--scale` gives a fraction of its images (1,000 classes).
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.scale_rehearsal import main
 
 if __name__ == '__main__':

@@ -11,7 +11,7 @@ reproduction-table7, reproduction-figure4, segmentation-runs, dense-defaults, lo
 rehearsal-table, gpu-session). To change a figure, change its data file (or write a new one: a new run is a new
 file) and render; a figure edited in a page by hand is put back, and `--check` (run by the tests) fails until then.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.results_pages import main
 
 if __name__ == '__main__':

@@ -29,7 +29,7 @@ Every stage is the suite's own command (tools/train_cls.py, tools/train_seg.py, 
 DIR/runs/VARIANT/seed_S/*.log. A stage whose result is on disk is not run again, and an interrupted one resumes
 from its last checkpoint: rerun the same command to continue, or add tables to an earlier run's DIR.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.studies.reproduction import main
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@
 The report (--out) holds the per-class table and the confusion matrix (tools/visualize.py confusion draws it); the
 config's test_evaluator is honoured (IoUMetric's mDice, mFscore).
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from backbones.segmentation.test import main
 from classification.digits.seg_data import EmbeddedPages
 

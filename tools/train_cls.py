@@ -9,7 +9,7 @@
 An interrupted run continues with the same command plus --resume. The recipe's values are the model's paper
 preset, printed at start; each has its option below.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.digits.cls_data import EmbeddedScans
 from classification.train import main
 

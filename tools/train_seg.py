@@ -11,7 +11,7 @@ in place of the config's ImageNet weights (a first stage, run once and kept); --
 elsewhere, and the *_own_data.py configs take your own.
 An interrupted run continues with --resume (torchrun's restarts resume by themselves).
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.digits.seg_data import train_seg
 
 if __name__ == '__main__':

@@ -11,7 +11,7 @@ chosen on a held-out part of the training set.
 An interrupted run continues with the same command plus --resume. The recipe's values are printed at start; each has
 its option below.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.transfer import main
 
 if __name__ == '__main__':

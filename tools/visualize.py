@@ -9,7 +9,7 @@
 
 `--show` also opens the picture where there is a display. See each subcommand's --help.
 """
-from backbones.common.cli import run_command
+from backbones.common.commands import run_command
 from classification.digits.seg_data import EmbeddedPages
 from classification.visualize import main
 

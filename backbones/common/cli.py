@@ -1,103 +1,28 @@
-"""What every command shares: one-line errors, the log on standard output, and argparse value types that check a
-value's meaning.
-
-The commands run their `main` through `run_command`: the suite's errors (`SuiteError`) print as one line (`error: ...`)
-with exit status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a
-run stopped on request (`Interrupted`) exits with status 75. `--debug` on the command line, or SUITE_DEBUG=1 in the
-environment, shows the traceback instead. Errors that are not the suite's (a bug, a library failure) keep their
-traceback.
+"""The commands' options: the parser every command builds (`command_parser`: its help layout, foreign flags named
+with what to give instead), the options several commands share (model, device, precision, workers, seed, weights,
+outputs), and argparse value types that check a value's meaning. The commands run through
+`backbones.common.commands.run_command`; the experiment trackers' options are in `backbones.common.trackers`.
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
-import errno
-import importlib
 import itertools
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import ClassVar, Protocol, TypeVar
 
 import torch
 
-from backbones.common.errors import Interrupted, SuiteError, TrackerError, UsageError
-from backbones.common.lifecycle import interrupt_on_stop_signals
-from backbones.common.log import show_log
+from backbones.common.errors import UsageError
 
-EXIT_CODE = 2
 # loader processes by default: 4, or fewer on a smaller machine (PyTorch warns beyond the cores there are)
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 # beyond 8 loader processes a core they only contend for it (and a typo like 4000 would fork thousands of processes)
 MAX_WORKERS = 8 * (os.cpu_count() or 1)
-# a disk that is full or over quota, read-only, or refuses a file: the path and the reason are the whole story
-STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
-
-
-def debug_requested(argv: list[str]) -> bool:
-    return '--debug' in argv or os.environ.get('SUITE_DEBUG', '') not in ('', '0')
-
-
-def one_line(exc: BaseException) -> str:
-    """The message of an error; for one re-raised by a data-loader worker (its text is the worker's traceback),
-    the original error's own message."""
-    text = str(exc).strip()
-    if 'Original Traceback' in text:
-        text = text.splitlines()[-1].split(': ', 1)[-1]
-    return text
-
-
-DEBUG_HINT = '(--debug shows the traceback)'
-
-
-def run_command(main: Callable[[], object]) -> None:
-    """Run a command's `main`: the suite's errors become one line on stderr and exit status 2 (see module doc)."""
-    debug = debug_requested(sys.argv)
-    sys.argv = [arg for arg in sys.argv if arg != '--debug']
-    show_log()
-    interrupt_on_stop_signals()
-    try:
-        status = main()
-    except Interrupted as exc:
-        print(f'interrupted: {one_line(exc)}', file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        # Ctrl-C: the writes are atomic, so nothing half-written is left; 130 is the shell's status for SIGINT
-        print('interrupted: SIGINT (Ctrl-C) before the command\'s work was done (nothing half-written is left): run '
-              'the same command again', file=sys.stderr)
-        sys.exit(130)
-    except (SuiteError, OSError) as exc:
-        if debug or (isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS):
-            raise
-        message = f'{one_line(exc)}{storage_hint(exc)}'
-        # an error quoting a failed inner command's output may end with that command's hint already
-        hint = '' if message.endswith(DEBUG_HINT) else f'  {DEBUG_HINT}'
-        print(f'error: {message}{hint}', file=sys.stderr)
-        sys.exit(EXIT_CODE)
-    if isinstance(status, int):  # a command's own exit status; other return values are results, not statuses
-        sys.exit(status)
-
-
-def write_document(text: str) -> None:
-    """A command's result document (JSON) on standard output, where `--json` commands send their log to standard
-    error: the one place besides `run_command` where library code writes to a stream itself."""
-    print(text, flush=True)
-
-
-def storage_hint(exc: BaseException) -> str:
-    """What to do about a file that could not be written."""
-    if not isinstance(exc, OSError):
-        return ''
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return ('; nothing was left half-written: free space there and run again (a training run continues with '
-                '--resume, a label store where it stopped)')
-    return '; give an output path elsewhere'
 
 
 E = TypeVar('E', bound='EmbeddedData')
@@ -405,61 +330,6 @@ def add_seed_argument(parser: argparse.ArgumentParser, effect: str = '') -> None
     decides in this command."""
     parser.add_argument('--seed', type=non_negative_int, default=DEFAULT_SEED,
                         help='seed of the random streams (Python, NumPy, torch)' + (f': {effect}' if effect else ''))
-
-
-def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType:
-    """The optional package a flag needs (`module`, installed by the package's `extra`, by default of the same
-    name), imported when the flag is given; absent or broken, a UsageError naming the flag and the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise UsageError(f"{flag} needs {module}, which does not import here ({e}): pip install '.[{extra or module}]'"
-                         ) from e
-
-
-def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflow_run: str) -> None:
-    """--log-wandb, --log-mlflow: the run's scalars also to an experiment tracker, each client an optional extra
-    (`check_trackers`). `wandb_run` and `mlflow_run` say what the command's run is named after and where it is
-    logged (MLflow's file store, without MLFLOW_TRACKING_URI)."""
-    parser.add_argument('--log-wandb', action='store_true', help=(
-        f'also log to Weights & Biases (pip install \'.[wandb]\'): {wandb_run}; WANDB_MODE=offline keeps it on disk, '
-        'without an account'))
-    parser.add_argument('--log-mlflow', action='store_true', help=(
-        f'also log to MLflow (pip install \'.[mlflow]\'): {mlflow_run}; to MLFLOW_TRACKING_URI when set'))
-
-
-def check_trackers(wandb: bool, mlflow: bool) -> None:
-    """Before any work: the clients of the trackers asked for (`add_tracker_arguments`) import; those that do not
-    are named together, in one line."""
-    missing = []
-    for module in [name for name, asked in (('wandb', wandb), ('mlflow', mlflow)) if asked]:
-        try:
-            import_extra(module, f'--log-{module}')
-        except UsageError as e:
-            missing.append(str(e))
-    if missing:
-        raise UsageError('; '.join(missing))
-
-
-@contextlib.contextmanager
-def tracker_errors(flag: str, what: str) -> Iterator[None]:
-    """A tracker client's own error while it starts its run (no login, a run its store does not hold) as a
-    TrackerError, one line naming the flag (`flag`) and what it could not do (`what`)."""
-    try:
-        yield
-    except Exception as e:  # wandb's and MLflow's errors have no common base
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise TrackerError(f'{flag}: {what}: {type(e).__name__}: {reason}') from e
-
-
-def mlflow_tracking_uri(default_folder: Path) -> str:
-    """The MLflow store a `--log-mlflow` command logs to: MLFLOW_TRACKING_URI, else a file store in `default_folder`
-    (`mlflow ui --backend-store-uri FOLDER` shows it)."""
-    store = os.environ.get('MLFLOW_TRACKING_URI') or default_folder.resolve().as_uri()
-    if store.startswith('file:'):
-        # MLflow 3 refuses its file store unless asked; the package's extra (mlflow-skinny) has no database one
-        os.environ.setdefault('MLFLOW_ALLOW_FILE_STORE', 'true')
-    return store
 
 
 def check_writable(path: str | Path) -> None:

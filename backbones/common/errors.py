@@ -1,5 +1,5 @@
 """The suite's error types: library code raises them with a message that names the file or value at fault and the
-fix; the commands print them as one line (`backbones.common.cli.run_command`)."""
+fix; the commands print them as one line (`backbones.common.commands.run_command`)."""
 
 
 class SuiteError(Exception):

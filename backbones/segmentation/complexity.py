@@ -13,7 +13,8 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-from backbones.common.cli import command_parser, positive_int, write_document
+from backbones.common.cli import command_parser, positive_int
+from backbones.common.commands import write_document
 from backbones.complexity import forward_macs, measure_complexity, model_table
 from backbones.segmentation.config import load_config
 from backbones.segmentation.tasks import task_of

@@ -32,7 +32,7 @@ from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_
 
 from backbones.weights import describe_mismatch, key_mismatch
 from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
-from backbones.common.cli import tracker_errors
+from backbones.common.trackers import tracker_errors
 from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError
 from backbones.common.files import load_weights_only, written_or_undone
 from backbones.common.log import logger

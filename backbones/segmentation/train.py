@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from mmengine.config import Config, DictAction
 
-from backbones.common.cli import (add_amp_argument, add_tracker_arguments, check_output_folder, check_trackers,
-                                  command_parser, mlflow_tracking_uri, non_negative_int, pick_amp, positive_float,
-                                  positive_int)
+from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, non_negative_int, pick_amp,
+                                  positive_float, positive_int)
+from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.log import logger

@@ -22,8 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from backbones.common.cli import import_extra, mlflow_tracking_uri, tracker_errors
 from backbones.common.files import write_text_atomic
+from backbones.common.trackers import import_extra, mlflow_tracking_uri, tracker_errors
 
 
 class Tracker(Protocol):

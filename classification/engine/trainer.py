@@ -34,9 +34,7 @@ from backbones.common.cli import (
     add_device_argument,
     add_model_kwargs_argument,
     add_seed_argument,
-    add_tracker_arguments,
     add_workers_argument,
-    check_trackers,
     non_negative_int,
     parse_model_kwargs,
     pick_amp,
@@ -49,6 +47,7 @@ from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic, written_or_undone
 from backbones.common.lifecycle import resumable_on_ctrl_c
 from backbones.common.log import logger
+from backbones.common.trackers import add_tracker_arguments, check_trackers
 from classification.engine.checkpoints import (
     ARGS,
     LAST,

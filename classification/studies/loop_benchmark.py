@@ -34,8 +34,8 @@ from backbones.common.cli import (
     pick_amp,
     positive_float,
     positive_int,
-    write_document,
 )
+from backbones.common.commands import write_document
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.images import find_classes, scan_split

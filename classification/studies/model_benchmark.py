@@ -25,8 +25,8 @@ from backbones.common.cli import (
     device_name,
     non_negative_int,
     positive_int,
-    write_document,
 )
+from backbones.common.commands import write_document
 from backbones.common.log import logger, show_log
 from backbones.common.timing import images_per_second
 from backbones.registry import check_model_name

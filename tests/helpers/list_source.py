@@ -46,7 +46,7 @@ class ListFile(ImageSource):
 
 
 if __name__ == '__main__':
-    from backbones.common.cli import run_command
+    from backbones.common.commands import run_command
     from classification.train import main
 
     run_command(lambda: main(sys.argv[1:]))
