@@ -7,7 +7,7 @@ import statistics
 import pytest
 from scipy.stats import ttest_rel
 
-from backbones.common.statistics import describe_difference
+from classification.studies.statistics import describe_difference
 from helpers.commands import run_tool
 from helpers.seg_data import write_tiny_ade, write_tiny_config
 

@@ -15,8 +15,8 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 from classification.data.folders import ImageFolderDataset
-from backbones.common.memory import ChildMemory
-from backbones.common.path_list import PathList
+from classification.engine.memory import ChildMemory
+from classification.sources.path_list import PathList
 from helpers.commands import ENV, ROOT, run_python, succeeded
 from classification.token_labeling.label_store import PATHS, VERIFIED, TokenLabelError, TokenLabelStore
 

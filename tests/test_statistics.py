@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_rel
 
-from backbones.common.statistics import describe_difference, mean_std, paired_difference
+from classification.studies.statistics import describe_difference, mean_std, paired_difference
 
 
 @pytest.mark.parametrize('seed', range(4))

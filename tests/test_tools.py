@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from backbones.common.distributed import DistInfo
 from backbones.common.random_state import seed_all
-from backbones.common.timing import SteadyWindow
+from classification.studies.timing import SteadyWindow
 from classification.engine.fit import update_of_step_line
 from classification.engine.steps import train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, Trainer

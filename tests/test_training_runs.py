@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from backbones.common.timing import SteadyWindow
+from classification.studies.timing import SteadyWindow
 from classification.studies.training_runs import TrainingRun, process_tree, running, train_cls_command
 from helpers.models import TINY_DEIT
 

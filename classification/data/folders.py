@@ -14,10 +14,10 @@ from torch.utils.data import Dataset, default_collate
 from backbones.common.distributed import DistInfo, SamplePlace, computed_once
 from backbones.common.images import ImageReadError, check_same_classes, read_image
 from backbones.common.log import logger
-from backbones.common.memory import release_free_memory
-from backbones.common.path_list import PathList
 from backbones.common.random_state import cpu_streams_kept, seed_sample
 from classification.data.batch_augment import collate_regions
+from classification.engine.memory import release_free_memory
+from classification.sources.path_list import PathList
 from classification.sources.source import ItemReader, open_split
 from classification.sources.tars import MemberFile
 from classification.token_labeling.label_store import TokenLabelStore
@@ -34,8 +34,8 @@ class ImageFolderDataset(Dataset):
     `max_images` keeps at most that many of the split's images, spread evenly over it (`spread_evenly`).
 
     The index (`paths`, `labels`, the store `rows`) is held in NumPy arrays, which forked loader workers share with
-    the training process however long they run (`backbones.common.path_list`). Given `info`, the main process lists the
-    split and the others receive its listing (`split_listing`).
+    the training process however long they run (`classification.sources.path_list`). Given `info`, the main process
+    lists the split and the others receive its listing (`split_listing`).
     """
 
     def __init__(

@@ -56,7 +56,7 @@ from backbones.common.images import (
     unread_tar_fix,
 )
 from backbones.common.log import logger
-from backbones.common.path_list import PathList
+from classification.sources.path_list import PathList
 from classification.sources.source import ImageSource, Listing, register_source
 
 GZIP_MAGIC = b'\x1f\x8b'

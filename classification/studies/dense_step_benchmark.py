@@ -24,9 +24,9 @@ import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmc
 # isort: split
 from mmseg.registry import MODELS
 
-from backbones.common.timing import SteadyWindow
 from backbones.segmentation.config import load_config, scale_sizes
 from backbones.segmentation.tasks import task_of
+from classification.studies.timing import SteadyWindow
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from backbones.common.cli import (
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.common.timing import measured_on
+from classification.studies.timing import measured_on
 
 REPO = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
 AMP = 'bf16'
@@ -414,8 +414,8 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
 
     import timm
 
-    from backbones.common.timing import SteadyWindow
     from classification.engine.steps import autocast
+    from classification.studies.timing import SteadyWindow
     from classification.token_labeling.annotate import dense_scores
 
     on = torch.device(device)

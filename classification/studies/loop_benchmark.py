@@ -41,7 +41,6 @@ from backbones.common.errors import UsageError
 from backbones.common.images import find_classes, scan_split
 from backbones.common.log import logger, show_log
 from backbones.common.random_state import seed_all
-from backbones.common.timing import SteadyWindow, available_cores, measured_on
 from backbones.complexity import measure_complexity
 from classification.engine.prefetch import DEPTH, tensors_in
 from classification.engine.steps import PassOptions, model_input, train_one_epoch
@@ -49,6 +48,7 @@ from classification.engine.trainer import RunOptions, StepOptions, training_stat
 from classification.loaders import DECODE_CHOICES, ImageData, check_decode, make_loaders, pick_augment
 from classification.models import model_data_config
 from classification.recipes import recipe_for
+from classification.studies.timing import SteadyWindow, available_cores, measured_on
 from classification.studies.training_runs import TrainingRun, train_cls_command, update_of_timm_line
 from classification.token_labeling.annotate import GENERATION_SHAPING, generate_token_labels
 from classification.token_labeling.label_store import StoreRows, TokenLabelStore, list_digest, write_label_store

@@ -28,11 +28,11 @@ from backbones.common.cli import (
 )
 from backbones.common.commands import write_document
 from backbones.common.log import logger, show_log
-from backbones.common.timing import images_per_second
 from backbones.registry import check_model_name
 from backbones.token_head import has_token_head
 from classification.models import Teacher, create_classifier
 from classification.objectives.objective import ClassificationObjective
+from classification.studies.timing import images_per_second
 
 VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
     'plain': (True, False, False), 'unfused': (False, False, False), 'grad_checkpointing': (True, True, False),

@@ -15,13 +15,13 @@ from backbones.common.cli import add_device_argument, check_output_folder, comma
 from backbones.common.errors import SuiteError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.common.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
-from backbones.common.timing import measured_on
 from backbones.segmentation.config import load_config
 from classification.digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, ANNOTATORS, EmbeddedScans
 from classification.digits.cls_data import RECIPE as DIGITS_RECIPE
 from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
 from classification.recipes import recipe_for
+from classification.studies.statistics import CONFIDENCE, describe_difference, mean_std, paired_difference
+from classification.studies.timing import measured_on
 
 REPO = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
 

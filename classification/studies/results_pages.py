@@ -28,8 +28,8 @@ from backbones.common.cli import command_parser
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
-from backbones.common.statistics import describe_difference, describe_interval, mean_std
 from classification.studies import reproduction
+from classification.studies.statistics import describe_difference, describe_interval, mean_std
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path('docs/results')

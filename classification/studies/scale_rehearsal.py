@@ -31,14 +31,14 @@ from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.images import scan_split
 from backbones.common.log import logger
-from backbones.common.memory import ChildMemory, Memory, child_pids, process_memory
-from backbones.common.timing import timed
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping
+from classification.engine.memory import ChildMemory, Memory, child_pids, process_memory
 from classification.engine.trainer import RunOptions, Trainer
 from classification.models import model_data_config
 from classification.recipes import recipe_for
 from classification.sources.source import open_split
+from classification.studies.timing import timed
 from classification.studies.training_runs import ROOT, TrainingRun, train_cls_command
 from classification.token_labeling.label_store import (
     DEFAULT_SHARD_SIZE,

@@ -29,13 +29,13 @@ from backbones.common.cli import (
 )
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.common.timing import measured_on, seconds_per_call
-from backbones.common.timing import timed as timed_call
 from backbones.segmentation.config import flipping_tta_pipeline, load_config
 from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.semantic.segmentor import mirror_image
 from backbones.segmentation.test import use_multi_scale
 from classification.digits.seg_data import EmbeddedPages
+from classification.studies.timing import measured_on, seconds_per_call
+from classification.studies.timing import timed as timed_call
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:

@@ -24,12 +24,12 @@ from backbones.common.cli import (
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
-from backbones.common.timing import seconds_per_call
 from classification.data.augment import CropGeometry
 from classification.models import create_classifier
 from classification.objectives.objective import ClassificationObjective
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.objectives.token_targets import TokenTargetBuilder
+from classification.studies.timing import seconds_per_call
 from classification.token_labeling.label_store import WHOLE_IMAGE
 
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from backbones.common.errors import DataError, UsageError
-from backbones.common.memory import child_pids
-from backbones.common.timing import SteadyWindow
 from classification.engine.fit import update_of_step_line
+from classification.engine.memory import child_pids
+from classification.studies.timing import SteadyWindow
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
 TRAIN_CLS = ROOT / 'tools' / 'train_cls.py'

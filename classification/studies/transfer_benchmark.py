@@ -20,12 +20,12 @@ from backbones.common.cli import (
 )
 from backbones.common.distributed import DistInfo
 from backbones.common.log import logger
-from backbones.common.timing import images_per_second
 from classification.data.cifar import CifarInput
 from classification.engine.steps import PassOptions, evaluate, train_one_epoch
 from classification.engine.trainer import training_state
 from classification.objectives.objective import ClassificationObjective
 from classification.recipes import TransferRecipe
+from classification.studies.timing import images_per_second
 from classification.transfer import build_transfer_model, transfer_param_groups
 
 CIFAR_MEAN, CIFAR_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)

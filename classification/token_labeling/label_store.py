@@ -36,7 +36,7 @@ from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.common.path_list import PathList
+from classification.sources.path_list import PathList
 
 META, PATHS, SCORES, CLASSES, EXTENT, DONE = 'meta.json', 'paths.txt', 'scores.npy', 'classes.npy', 'extent.npy', 'done'
 VERIFIED = 'verified.json'
