@@ -1,15 +1,14 @@
 """Fixtures shared by the test modules (helpers live in the `helpers` package)."""
 from __future__ import annotations
 
-
 import pytest
 import timm
 import torch
 
 import backbones  # noqa: F401  (registers the models)
 from backbones.common.distributed import DistInfo
-from helpers.cls_data import make_image_folder
 from classification.token_labeling.annotate import generate_token_labels
+from helpers.cls_data import make_image_folder
 
 # One thread per test process, as the commands the tests run have (helpers.commands.ENV): pytest-xdist runs a worker
 # per core, and torch's default of a thread per core in each of them oversubscribes the machine (on 2 cores the

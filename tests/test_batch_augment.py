@@ -8,17 +8,25 @@ from PIL import Image
 from timm.data import auto_augment
 from timm.data.random_erasing import RandomErasing
 from torch.utils.data import DataLoader
-
-from classification.data.folders import ImageFolderDataset, collate_skipping
-from classification.data.augment import CropGeometry, TrainTransform
 from torchvision.io import decode_jpeg
 
 from backbones.common.images import ImageReadError
-from helpers.cls_data import textured_jpegs
+from classification.data.augment import CropGeometry, TrainTransform
 from classification.data.batch_augment import (
-    COLOUR_FUNCTIONS, BatchAugment, EncodedImages, EncodedJpeg, PendingImages, RegionTransform, collate_regions,
-    cut_decoded, cut_region, jpeg_draft_size, region_bounds,
+    COLOUR_FUNCTIONS,
+    BatchAugment,
+    EncodedImages,
+    EncodedJpeg,
+    PendingImages,
+    RegionTransform,
+    collate_regions,
+    cut_decoded,
+    cut_region,
+    jpeg_draft_size,
+    region_bounds,
 )
+from classification.data.folders import ImageFolderDataset, collate_skipping
+from helpers.cls_data import textured_jpegs
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -5,14 +5,13 @@ import os
 
 import pytest
 import torch
-
-import backbones
 from safetensors.torch import save_file
 
+import backbones
 from backbones import CheckpointError, load_checkpoint
-from backbones.weights import read_state_dict
-from backbones.token_head import add_token_head
 from backbones.common.files import load_weights_only
+from backbones.token_head import add_token_head
+from backbones.weights import read_state_dict
 from helpers.models import damaged_copy, save_release
 
 

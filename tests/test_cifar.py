@@ -13,18 +13,17 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from backbones import CheckpointError
+from backbones import CheckpointError, bare_model
 from backbones.common.errors import UsageError
 from backbones.registry import model_family
 from classification.data.cifar import CifarFormatError, CifarInput, channel_stats, hold_out, read_cifar
+from classification.engine.trainer import optimization_state
 from classification.objectives.objective import ClassificationObjective
+from classification.objectives.token_loss import TokenLabelingLoss
 from classification.recipes import TransferRecipe, transfer_recipe
 from classification.transfer import build_transfer_model, transfer_param_groups
-from backbones import bare_model
-from classification.engine.trainer import optimization_state
 from helpers.cifar_data import class_images, tiny_cifar, write_cifar
 from helpers.models import FAMILIES, tiny_release
-from classification.objectives.token_loss import TokenLabelingLoss
 
 
 def transfer_optimizer(model: torch.nn.Module, recipe: TransferRecipe) -> torch.optim.Optimizer:

@@ -13,14 +13,15 @@ from PIL import Image
 
 from backbones import CheckpointError
 from backbones.common.errors import UsageError
+from backbones.common.random_state import seed_all
 from classification.data.cifar import CifarFormatError, hold_out
 from classification.predict import ClassPredictor
 from classification.recipes import TransferRecipe
 from classification.transfer import build_transfer_model, main
-from backbones.common.random_state import seed_all
 from helpers.cifar_data import tiny_cifar
 from helpers.commands import run_tool, run_torchrun
-from helpers.models import FAMILIES, TINY_DEIT as DEIT, tiny_release
+from helpers.models import FAMILIES, tiny_release
+from helpers.models import TINY_DEIT as DEIT
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
@@ -159,7 +160,7 @@ def test_two_gloo_processes_agree_with_one(cifar10, tmp_path):
     one = main(transfer_args(DEIT, 'cifar10', root, tmp_path / 'one', *deterministic))
     two = transfer_args(DEIT, 'cifar10', root, tmp_path / 'two', *deterministic)
     two[two.index('--batch-size') + 1] = '4'  # the same global batch of 8
-    run_torchrun('transfer_cifar.py', two, processes=2, port=29615)
+    run_torchrun('transfer_cifar.py', two, processes=2)
     assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=10)
     metrics = json.loads((tmp_path / 'two' / 'metrics.json').read_text())
     assert metrics['test_images'] == 40 and metrics['test_top1'] == pytest.approx(one['test_top1'])

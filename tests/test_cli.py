@@ -19,8 +19,16 @@ import torch
 from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper
 
-from backbones.common.cli import (AMP_CHOICES, DEFAULT_SEED, DEFAULT_WORKERS, DEVICES, MAX_WORKERS, CommandParser,
-                                  check_precision, pick_amp)
+from backbones.common.cli import (
+    AMP_CHOICES,
+    DEFAULT_SEED,
+    DEFAULT_WORKERS,
+    DEVICES,
+    MAX_WORKERS,
+    CommandParser,
+    check_precision,
+    pick_amp,
+)
 from backbones.common.errors import UsageError
 from helpers.commands import ROOT
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from helpers.commands import ENV, ROOT, run_tool, succeeded
-from helpers.dense_data import write_tiny_dense_config, write_tiny_nyu
-from helpers.seg_data import CONFIGS
 import backbones.segmentation  # noqa: F401  (registration)
 from backbones.segmentation.config import checkpoint_record
 from backbones.segmentation.tasks import TASKS, task_of, task_recognised_by
+from helpers.commands import ENV, ROOT, run_tool, succeeded
+from helpers.dense_data import write_tiny_dense_config, write_tiny_nyu
+from helpers.seg_data import CONFIGS
 
 TASK_FOLDERS = ('backbones/segmentation/semantic', 'backbones/segmentation/instances', 'backbones/segmentation/depth')
 

@@ -8,10 +8,10 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from classification.digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
 from backbones.common.images import scan_split
-from helpers.commands import run_python, succeeded
+from classification.digits.scans import IMAGE_SIZE, VAL_EVERY, write_digits_folder
 from classification.token_labeling.label_store import TokenLabelStore
+from helpers.commands import run_python, succeeded
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
@@ -42,7 +42,8 @@ def test_an_older_folder_is_replaced(tmp_path):
 
 
 def test_segmentation_pages_label_every_digit_where_its_ink_is(tmp_path):
-    from classification.digits.pages import GRID, IMAGE_SIZE as PAGE, SPLITS, scan_splits, write_digits_ade
+    from classification.digits.pages import GRID, SPLITS, scan_splits, write_digits_ade
+    from classification.digits.pages import IMAGE_SIZE as PAGE
     root = write_digits_ade(tmp_path / 'seg')
     cell_w, cell_h = PAGE[0] // GRID[0], PAGE[1] // GRID[1]
     for split, count in SPLITS.items():

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import backbones
+from backbones import bare_model
+from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.vit import DISTILLED_TWINS
 from classification.models import Teacher, create_classifier
@@ -18,8 +20,6 @@ from classification.objectives.objective import ClassificationObjective
 from classification.recipes import Recipe
 from classification.train import main
 from classification.training_pieces import TeacherSpec, build_teacher
-from backbones.common.distributed import DistInfo
-from backbones import bare_model
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import read_log

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import backbones
-
 from backbones import load_checkpoint
 from helpers.models import save_release
 from helpers.reference_models import RefCaiT, RefLVViT, RefT2TViT, RefViT, randomize_

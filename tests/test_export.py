@@ -15,17 +15,17 @@ import torch
 from PIL import Image
 
 import backbones  # noqa: F401  (the suite's models in timm's registry)
-from backbones.token_head import TOKEN_HEAD
-from classification.export import export_classifier, main
-from classification.predict import ClassPredictor
-from backbones.common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
-from classification.models import build_eval_model, create_classifier
 from backbones.common.errors import CheckpointError, CheckpointReadError, UsageError
+from backbones.common.exporting import EXPORTED_PROGRAM, MARKER, ONNX_MODEL, WEIGHTS
+from backbones.token_head import TOKEN_HEAD
+from classification.digits.seg_data import EmbeddedPages
+from classification.export import export_classifier, main
+from classification.models import build_eval_model, create_classifier
+from classification.predict import ClassPredictor
 from helpers.cls_data import CLASSES, textured_jpegs
 from helpers.commands import run_tool, succeeded
 from helpers.models import damaged_copy
 from helpers.training_runs import tiny_deit_run
-from classification.digits.seg_data import EmbeddedPages
 
 
 def export(argv: list[str]):
@@ -271,12 +271,12 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
     import cv2
     import numpy as np
     from mmengine.registry import init_default_scope
-
-    from helpers.seg_data import write_tiny_ade, write_tiny_config
     from mmseg.registry import MODELS
+
     from backbones.segmentation.config import load_config
     from backbones.segmentation.export import segmentor_from
     from backbones.segmentation.predict import SegPredictor
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 1), ('validation', 1)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
     cfg = load_config(str(config))

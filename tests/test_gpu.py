@@ -15,19 +15,19 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
 import backbones  # noqa: F401
-from classification.train import main
 from backbones.common.distributed import DistInfo
 from backbones.common.random_state import seed_all
+from classification.data.augment import TrainTransform
+from classification.data.batch_augment import BatchAugment, RegionTransform, collate_regions
 from classification.engine.trainer import Optimization, optimization_state
-from helpers.commands import ENV, ROOT, run_python, run_tool, succeeded
-from helpers.label_stores import assert_same_annotation
+from classification.token_labeling.annotate import generate_token_labels
+from classification.train import main
 from helpers.cls_data import textured_jpegs
+from helpers.commands import ENV, ROOT, free_port, run_python, run_tool, succeeded
+from helpers.label_stores import assert_same_annotation
 from helpers.models import TINY_DEIT
 from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
 from helpers.training_runs import last_weights, read_log
-from classification.token_labeling.annotate import generate_token_labels
-from classification.data.augment import TrainTransform
-from classification.data.batch_augment import BatchAugment, RegionTransform, collate_regions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 
@@ -269,7 +269,8 @@ def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
         dist.destroy_process_group()
         print('nccl ok')
     ''')
-    env = {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29671'}
+    env = {'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1',
+           'MASTER_PORT': str(free_port())}
     result = succeeded(run_python(['-c', script], env={**ENV, **env}))
     assert 'nccl ok' in result.stdout
 
@@ -277,9 +278,10 @@ def test_a_one_process_nccl_group_reduces_and_trains_with_ddp():
 def test_released_labels_train_on_cuda_like_on_cpu(tmp_path):
     """An imported TokenLabeling tree (centre-square maps) trains with token labeling and with --preset relabel on
     the GPU (batched augmentation, bf16) like on the CPU (fp32, the batched path too)."""
-    from helpers.cls_data import make_image_folder
     from test_released_labels import TINY_LVVIT, write_release
+
     from classification.token_labeling.released_labels import import_released_labels
+    from helpers.cls_data import make_image_folder
     data = make_image_folder(tmp_path / 'data')
     import_released_labels(data, write_release(data, tmp_path / 'tree', 'tokenlabeling'), tmp_path / 'store',
                            DistInfo(), workers=0)

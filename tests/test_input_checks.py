@@ -13,22 +13,21 @@ import timm
 import torch
 from PIL import Image
 
-from backbones.common.errors import CheckpointError, DataError, UsageError
-from classification import loaders, train, transfer
-from classification.data.folders import ImageFolderDataset
-from classification.evaluate import class_order, load_split
-from classification.models import build_eval_model, create_classifier
 from backbones.common.cli import parse_model_kwargs, resolve_device
 from backbones.common.commands import run_command
 from backbones.common.distributed import DistInfo
-from classification.engine.checkpoints import METRICS
+from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.images import ImageReadError, find_classes, read_image
+from classification import loaders, train, transfer
+from classification.data.folders import ImageFolderDataset
+from classification.engine.checkpoints import METRICS
+from classification.evaluate import class_order, load_split
+from classification.models import build_eval_model, create_classifier
+from classification.token_labeling.annotate import generate_token_labels
 from helpers.cifar_data import tiny_cifar
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import run_tool
 from helpers.models import TINY_DEIT
-from classification.token_labeling.annotate import generate_token_labels
-
 
 
 def train_args(data: Path, output: Path, *extra: str) -> list:
@@ -398,6 +397,7 @@ def test_mixup_of_an_odd_batch_pairs_image_i_with_image_b_minus_i():
     """Known answer: with MixUp only, image k of 3 (k > 0) becomes lam x_k + (1 - lam) x_(3-k), image 0 stays itself,
     and each target mixes the same two labels."""
     from timm.data import Mixup
+
     from classification.objectives.objective import mix_within_batch
     torch.manual_seed(0)
     np.random.seed(0)
@@ -537,9 +537,9 @@ def test_real_labels_on_a_folder_that_is_not_imagenets_validation_set(trained, t
 def test_an_embedded_data_folder_that_is_a_file_is_refused_by_name(option, tmp_path, capsys):
     """The embedded data's folders are written into: a file there (or above) is an argparse error naming the option,
     before any work, not a traceback from the first mkdir."""
+    from backbones.segmentation.train import build_parser as seg_parser
     from classification.digits.cls_data import EmbeddedScans
     from classification.digits.seg_data import EmbeddedPages
-    from backbones.segmentation.train import build_parser as seg_parser
     taken = tmp_path / 'taken'
     taken.write_text('')
     if option == '--digits-dir':

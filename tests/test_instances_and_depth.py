@@ -14,10 +14,6 @@ from mmengine.config import Config
 from pycocotools import mask as mask_utils
 from pycocotools.cocoeval import COCOeval
 
-from helpers.commands import ROOT, one_line_error, run_tool, succeeded
-from helpers.dense_data import (CATEGORIES, linked_coco, tiny_dense_overrides, write_tiny_coco,
-                                write_tiny_dense_config, write_tiny_nyu)
-from helpers.seg_data import CONFIGS
 import backbones.segmentation  # noqa: F401  (registration)
 from backbones.common.errors import DataError, UsageError
 from backbones.segmentation.depth.metric import DepthReport
@@ -25,6 +21,16 @@ from backbones.segmentation.instances.coco import categories, load_coco
 from backbones.segmentation.instances.metric import CocoAP
 from backbones.segmentation.instances.transforms import LargeScaleJitter, decode_mask
 from backbones.segmentation.tasks import task_of
+from helpers.commands import ROOT, one_line_error, run_tool, succeeded
+from helpers.dense_data import (
+    CATEGORIES,
+    linked_coco,
+    tiny_dense_overrides,
+    write_tiny_coco,
+    write_tiny_dense_config,
+    write_tiny_nyu,
+)
+from helpers.seg_data import CONFIGS
 
 
 @pytest.fixture(scope='module')
@@ -280,10 +286,10 @@ def test_nonsense_settings_are_errors_naming_them():
         DepthReport(depth_metrics=['abs_rel', 'accuracy'])
     from mmseg.registry import MODELS
     with pytest.raises(UsageError, match='num_classes'):
-        MODELS.build(dict(Config_model('maskrcnn_lvvit_s.py'), num_classes=0))
+        MODELS.build(dict(config_model('maskrcnn_lvvit_s.py'), num_classes=0))
 
 
-def Config_model(config_name: str) -> dict:  # noqa: N802
+def config_model(config_name: str) -> dict:
     from mmengine.config import Config
     cfg = Config.fromfile(CONFIGS / config_name)
     cfg.merge_from_dict(dict(model=tiny_dense_overrides(config_name)))

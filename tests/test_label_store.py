@@ -8,18 +8,17 @@ import numpy as np
 import pytest
 import timm
 import torch
-
-import backbones
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+import backbones
 from backbones import CheckpointError
+from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError, UsageError
-from classification.token_labeling.annotate import dense_scores, generate_token_labels
+from backbones.common.images import ImageReadError
 from classification.data.augment import TrainTransform
 from classification.data.folders import ImageFolderDataset, collate_skipping
-from backbones.common.images import ImageReadError
-from backbones.common.distributed import DistInfo
+from classification.token_labeling.annotate import dense_scores, generate_token_labels
 from classification.token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore, shard_marker
 from classification.token_labeling.released_labels import import_released_labels
 from helpers.cls_data import CLASSES, make_image_folder
@@ -122,7 +121,7 @@ def test_torchrun_sharded_generation_equals_one_process(annotated, tmp_path):
     result = run_torchrun('generate_token_labels.py', [
         '--data-dir', data, '--annotator', ANNOTATOR, '--checkpoint', tmp / 'annotator.pth', '--output', out,
         '--img-size', '64', '--topk', '2', '--workers', '0', '--shard-size', '5', '--device', 'cpu',
-        '--model-kwargs', 'output_stride=16'], processes=2, port=29613)
+        '--model-kwargs', 'output_stride=16'], processes=2)
     assert 'every image has its row' in result.stdout
     sharded, reference = TokenLabelStore(out), TokenLabelStore(reference_root)
     assert sharded.paths == reference.paths

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.commands import ROOT
 from backbones.segmentation import mmcv_compat
+from helpers.commands import ROOT
 
 # The module on its own, without the segmentation package (whose import uses it and then imports mmseg's models).
 MODULE = ROOT / 'backbones' / 'segmentation' / 'mmcv_compat.py'

@@ -10,16 +10,17 @@ import pytest
 import timm
 import torch
 
-from helpers.commands import ENV, ROOT, run_torchrun
+from classification.token_labeling.label_store import TokenLabelStore
+from helpers.commands import ENV, ROOT, free_port, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
-from classification.token_labeling.label_store import TokenLabelStore
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
 
-def run_two_nodes(tool: str, args: list, port: int) -> None:
+def run_two_nodes(tool: str, args: list) -> None:
     """`torchrun --nnodes 2 --node-rank R --nproc-per-node 1` for R = 0 and 1 at once, as two machines would."""
+    port = free_port()
     launchers = [subprocess.Popen(
         [sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2', '--node-rank', str(rank), '--nproc-per-node',
          '1', '--master-addr', '127.0.0.1', '--master-port', str(port), ROOT / 'tools' / tool, *map(str, args)],
@@ -34,8 +35,8 @@ def test_two_nodes_train_like_one_node_with_two_processes(labeled_images, tmp_pa
     args = [*TINY_DEIT, '--data-dir', data, '--token-label-dir', labels, '--token-labeling', '--epochs', '2',
             '--workers', '1', '--img-size', '32', '--batch-size', '2', '--lr-base-batch', '4', '--warmup-epochs',
             '1', '--device', 'cpu', '--ema-decay', '0.9']
-    run_torchrun('train_cls.py', [*args, '--output', tmp_path / 'one_node'], processes=2, port=29641)
-    run_two_nodes('train_cls.py', [*args, '--output', tmp_path / 'two_nodes'], port=29643)
+    run_torchrun('train_cls.py', [*args, '--output', tmp_path / 'one_node'], processes=2)
+    run_two_nodes('train_cls.py', [*args, '--output', tmp_path / 'two_nodes'])
     assert_same_run(tmp_path / 'one_node', tmp_path / 'two_nodes', epochs=2, images=12)
 
 
@@ -45,8 +46,8 @@ def test_two_nodes_generate_the_store_one_node_does(labeled_images, tmp_path):
     torch.save(timm.create_model('resnet10t', num_classes=3).state_dict(), tmp_path / 'annotator.pth')
     args = ['--data-dir', data, '--annotator', 'resnet10t', '--checkpoint', tmp_path / 'annotator.pth', '--img-size',
             '64', '--topk', '2', '--workers', '0', '--shard-size', '5', '--device', 'cpu']
-    run_torchrun('generate_token_labels.py', [*args, '--output', tmp_path / 'one_node'], processes=2, port=29645)
-    run_two_nodes('generate_token_labels.py', [*args, '--output', tmp_path / 'two_nodes'], port=29647)
+    run_torchrun('generate_token_labels.py', [*args, '--output', tmp_path / 'one_node'], processes=2)
+    run_two_nodes('generate_token_labels.py', [*args, '--output', tmp_path / 'two_nodes'])
     one, two = TokenLabelStore(tmp_path / 'one_node'), TokenLabelStore(tmp_path / 'two_nodes')
     assert one.paths == two.paths
     for row in range(len(one)):

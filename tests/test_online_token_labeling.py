@@ -11,13 +11,13 @@ import torch
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+from backbones.common.distributed import DistInfo
+from classification.data.augment import CropGeometry, identity_geometry
 from classification.recipes import recipe_for
+from classification.token_labeling.annotate import generate_token_labels
+from classification.token_labeling.label_store import TokenLabelStore
 from classification.train import main
 from classification.training_pieces import TeacherSpec, build_teacher, make_objective
-from backbones.common.distributed import DistInfo
-from classification.token_labeling.annotate import generate_token_labels
-from classification.data.augment import CropGeometry, identity_geometry
-from classification.token_labeling.label_store import TokenLabelStore
 
 SIZE, CLASSES, TOPK = 48, 6, 5
 ANNOTATOR_KWARGS = {'output_stride': 16}  # a 3x3 map at 48 px, the student's token grid

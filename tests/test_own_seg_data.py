@@ -13,10 +13,10 @@ import torch
 
 import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import CheckpointError, DataError, UsageError
-from helpers.commands import run_tool, succeeded
-from helpers.seg_data import OWN_CLASSES, independent_scores, write_own_seg, write_tiny_config
 from backbones.segmentation.semantic.own_data import read_own_data
 from backbones.segmentation.train import build_parser, prepare
+from helpers.commands import run_tool, succeeded
+from helpers.seg_data import OWN_CLASSES, independent_scores, write_own_seg, write_tiny_config
 
 UPERNET = 'seg_configs/upernet_lvvit_s_own_data.py'
 
@@ -275,6 +275,7 @@ def untrained(tmp_path_factory):
     needs no skill), saved with the classes as mmengine records a run's."""
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
+
     from backbones.segmentation.config import load_config, resolve_data
     tmp = tmp_path_factory.mktemp('own_untrained')
     root = write_own_seg(tmp / 'own', counts=(('train', 2), ('val', 2)))
@@ -300,7 +301,8 @@ def test_every_tool_refuses_a_checkpoint_of_other_classes(untrained, tmp_path, t
     with pytest.raises(CheckpointError, match=r'trained on 5 classes \(background, road, car, tree, sky\), the data '
                                               r'set holds 5 \(background, road, bus, tree, sky\)'):
         if tool == 'test_seg':
-            from backbones.segmentation.test import build_parser as test_parser, prepare as test_prepare
+            from backbones.segmentation.test import build_parser as test_parser
+            from backbones.segmentation.test import prepare as test_prepare
             test_prepare(test_parser().parse_args([str(config), str(checkpoint), '--data-root', str(other),
                                                    '--work-dir', str(tmp_path / 'w')]))
         elif tool == 'predict_seg':  # and tools/visualize.py: the same predictor
@@ -323,7 +325,8 @@ def test_test_seg_refuses_two_images_that_would_write_one_prediction(untrained, 
         for i, folder in enumerate('ab'):
             (root / kind / 'val' / folder).mkdir()
             (root / kind / 'val' / f'val_{i}.{suffix}').rename(root / kind / 'val' / folder / f'photo.{suffix}')
-    from backbones.segmentation.test import build_parser as test_parser, prepare as test_prepare
+    from backbones.segmentation.test import build_parser as test_parser
+    from backbones.segmentation.test import prepare as test_prepare
     args = [str(config), str(checkpoint), '--data-root', str(root), '--work-dir', str(tmp_path / 'w')]
     test_prepare(test_parser().parse_args(args))  # the data set itself is fine
     a, b = (root / 'images' / 'val' / folder / 'photo.jpg' for folder in 'ab')
@@ -335,6 +338,7 @@ def test_predict_seg_overlays_a_one_pixel_image_and_one_with_an_exif_orientation
     """The overlay is drawn on the pixels the model read (as stored, EXIF orientation aside: a square photo tagged to
     be shown turned would otherwise be overlaid turned), and a one-pixel image is one like any other."""
     from PIL import Image
+
     from backbones.segmentation.predict import SegPredictor
     _, config, checkpoint = untrained
     photos = tmp_path / 'photos'

@@ -12,9 +12,9 @@ import pytest
 import timm
 import torch
 
+from backbones.common.errors import CheckpointError
 from classification.evaluate import main as eval_cls
 from classification.predict import ClassPredictor
-from backbones.common.errors import CheckpointError
 from helpers.cls_data import CLASSES
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT, damaged_copy

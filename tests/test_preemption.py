@@ -19,9 +19,8 @@ import torch
 from mmengine.hooks import Hook
 
 from backbones.common.errors import Interrupted
-
 from helpers.cifar_data import tiny_cifar
-from helpers.commands import ENV, ROOT, run_tool, succeeded
+from helpers.commands import ENV, ROOT, free_port, run_tool, succeeded
 from helpers.models import FAMILIES, TINY_DEIT
 from helpers.training_runs import assert_same_run, mid_epoch_point, resume_after_stops
 
@@ -79,8 +78,8 @@ def test_a_run_torchrun_restarts_resumes_from_its_own_checkpoint(labeled_images,
     succeeded(run_tool('train_cls.py', [*args, '--output', tmp_path / 'straight']))
     cut = tmp_path / 'cut'
     proc = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '1', '--max-restarts',
-                             '1', '--master-port', '29631', ROOT / 'tools' / 'train_cls.py', *args, '--output', cut,
-                             '--checkpoint-minutes', '1e-6'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                             '1', '--master-port', str(free_port()), ROOT / 'tools' / 'train_cls.py', *args, '--output',
+                             cut, '--checkpoint-minutes', '1e-6'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while mid_epoch_point(cut) is None and time.time() < deadline and proc.poll() is None:

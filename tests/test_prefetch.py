@@ -10,9 +10,9 @@ from backbones.common.random_state import hash_seed
 from classification.data.cifar import CifarInput
 from classification.engine.prefetch import Prefetcher
 from classification.engine.trainer import RunOptions
+from classification.loaders import ImageData, make_loaders
 from classification.recipes import recipe_for
 from classification.token_labeling.label_store import TokenLabelStore
-from classification.loaders import ImageData, make_loaders
 from classification.training_pieces import make_objective
 
 DATA_CONFIG = {'mean': (0.485, 0.456, 0.406), 'std': (0.229, 0.224, 0.225), 'crop_pct': 0.9,

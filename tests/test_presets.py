@@ -9,14 +9,13 @@ import torch
 from torch.utils.data import default_collate
 
 from backbones import create_model
-from backbones.token_head import TOKEN_HEAD
-from classification.recipes import PRESETS, recipe_for
-from classification.recipes import resolve_recipe
-from classification.train import build_parser, main
-from classification.training_pieces import make_objective
 from backbones.common.distributed import DistInfo, sharded_loaders
 from backbones.common.errors import UsageError
+from backbones.token_head import TOKEN_HEAD
 from classification.digits.cls_data import RECIPE as DIGITS
+from classification.recipes import PRESETS, recipe_for, resolve_recipe
+from classification.train import build_parser, main
+from classification.training_pieces import make_objective
 from helpers.commands import run_torchrun
 from helpers.models import TINY_DEIT
 
@@ -66,7 +65,7 @@ def test_unknown_preset_lists_the_presets(capsys):
 
 
 @pytest.mark.parametrize('preset', ['mixtoken-label', 'standard'])
-def test_presets_train_without_a_label_store(labeled_images, tmp_path, preset):  # noqa: F811
+def test_presets_train_without_a_label_store(labeled_images, tmp_path, preset):
     data, _ = labeled_images
     out = tmp_path / preset
     metrics = main([*TINY_DEIT, '--data-dir', str(data), '--preset', preset, '--output', str(out), '--img-size', '32',
@@ -140,7 +139,7 @@ def test_repeated_augmentation_trains_under_torchrun(labeled_images, tmp_path):
     args = [*TINY_DEIT, '--data-dir', str(data), '--no-token-labeling', '--aug-repeats', '3', '--output',
             str(tmp_path / 'run'), '--img-size', '32', '--batch-size', '2', '--epochs', '2', '--warmup-epochs', '0',
             '--workers', '0', '--device', 'cpu']
-    run_torchrun('train_cls.py', args, processes=2, port=29616)
+    run_torchrun('train_cls.py', args, processes=2)
     checkpoint = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)
     # 24 training images: 12 draws per process an epoch, 6 updates of 2 images
     assert checkpoint['num_updates'] == 2 * 6 and checkpoint['args']['aug_repeats'] == 3

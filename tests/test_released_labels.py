@@ -14,14 +14,14 @@ import torch
 from PIL import Image
 from torchvision.ops import roi_align
 
-from backbones.common.errors import DataError, UsageError
 from backbones.common.distributed import DistInfo
-from helpers.cls_data import CLASSES, make_image_folder
-from helpers.commands import run_tool
+from backbones.common.errors import DataError, UsageError
 from classification.data.augment import CropGeometry
+from classification.objectives.token_targets import TokenTargetBuilder
 from classification.token_labeling.label_store import DONE, TokenLabelError, TokenLabelStore
 from classification.token_labeling.released_labels import import_released_labels
-from classification.objectives.token_targets import TokenTargetBuilder
+from helpers.cls_data import CLASSES, make_image_folder
+from helpers.commands import run_tool
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
@@ -262,9 +262,9 @@ def test_the_import_tool_names_a_bad_release_dir_in_one_line(released, tmp_path)
 def test_label_pooling_learns_the_map_pooled_over_the_crop_mixed_by_cutmix(released):
     """--preset relabel's loss: soft cross-entropy with the crop's map pooled to one label (RoIAlign 1x1 of the
     dense map, smoothed), the targets mixed with lambda as CutMix mixed the images (box from image B-1-i)."""
+    from classification.objectives.token_loss import soft_cross_entropy
     from classification.recipes import recipe_for
     from classification.training_pieces import make_objective
-    from classification.objectives.token_loss import soft_cross_entropy
     recipe = recipe_for('lvvit_s', preset='relabel')
     assert recipe.label_pooling and not recipe.token_labeling and recipe.uses_score_maps
     assert (recipe.mixup, recipe.cutmix) == (0.0, 1.0) and recipe.lr_base / recipe.lr_base_batch == 1e-3 / 1024

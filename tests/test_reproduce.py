@@ -18,7 +18,7 @@ TRANSFERRED = VARIANTS[:2]  # Table 7's rows among them: online token labeling i
 
 
 @pytest.fixture(scope='module')
-def reproduction(labeled_images, tmp_path_factory):  # noqa: F811
+def reproduction(labeled_images, tmp_path_factory):
     data, labels = labeled_images
     root = tmp_path_factory.mktemp('repro')
     ade = write_tiny_ade(root / 'ade')

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from classification.recipes import resolve_recipe
-from classification.train import build_parser
 from backbones.common.errors import UsageError
 from classification.digits.cls_data import EmbeddedScans
+from classification.recipes import resolve_recipe
 from classification.studies import reproduction as reproduce
+from classification.train import build_parser
 
 
 def options_of(variant: str):

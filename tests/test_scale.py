@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 from classification.data.folders import ImageFolderDataset
 from classification.engine.memory import ChildMemory
 from classification.sources.path_list import PathList
-from helpers.commands import ENV, ROOT, run_python, succeeded
 from classification.token_labeling.label_store import PATHS, VERIFIED, TokenLabelError, TokenLabelStore
+from helpers.commands import ENV, ROOT, free_port, run_python, succeeded
 
 ENTRIES = 300_000  # index entries of the memory test: a quarter of ImageNet's, no image files
 GROWTH_BOUND = 10 * 1024 ** 2  # USS a worker may gain over one epoch of the index
@@ -104,14 +104,14 @@ def test_a_verified_store_is_not_read_again_until_a_file_changes(labeled_images,
     assert TokenLabelStore(copy).verified_now and not (copy / VERIFIED).exists()
 
 
-def run_two_processes(script: str, *args, port: int, folder: Path) -> list[dict]:
+def run_two_processes(script: str, *args, folder: Path) -> list[dict]:
     """`torchrun --nproc-per-node 2` of a script whose processes each call `report(info, **values)`; those values by
     rank. (Each writes a file of its own: two processes printing long lines to one pipe interleave them.)"""
     folder.mkdir(exist_ok=True)
     for old in folder.glob('rank*.json'):  # a run's reports, never an earlier run's
         old.unlink()
     (folder / 'script.py').write_text(REPORT + script)
-    succeeded(run_python(['-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', port,
+    succeeded(run_python(['-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', free_port(),
                           folder / 'script.py', folder, *args]))
     return [{'rank': rank, **json.loads((folder / f'rank{rank}.json').read_text())} for rank in (0, 1)]
 
@@ -137,9 +137,9 @@ def test_one_process_per_node_verifies_the_store(labeled_images, tmp_path):
     _, labels = labeled_images
     store = aged_copy(labels, tmp_path / 'store')
     rows = len(TokenLabelStore(labels, verify=False))
-    first = run_two_processes(OPEN_STORE, store, port=29661, folder=tmp_path)
+    first = run_two_processes(OPEN_STORE, store, folder=tmp_path)
     assert [(p['verified'], p['rows']) for p in first] == [(True, rows), (False, rows)]
-    again = run_two_processes(OPEN_STORE, store, port=29663, folder=tmp_path)
+    again = run_two_processes(OPEN_STORE, store, folder=tmp_path)
     assert [p['verified'] for p in again] == [False, False]  # recorded
 
 
@@ -167,13 +167,13 @@ run_distributed(run, 'cpu')
 def test_the_main_process_lists_the_split_for_all(labeled_images, tmp_path):
     data, _ = labeled_images
     alone = ImageFolderDataset(data, 'train', None)
-    ranks = run_two_processes(LIST_SPLIT, data, 'train', port=29665, folder=tmp_path)
+    ranks = run_two_processes(LIST_SPLIT, data, 'train', folder=tmp_path)
     assert [rank['scans'] for rank in ranks] == [1, 0]
     for rank in ranks:
         assert (rank['paths'], rank['labels'], rank['classes']) == (list(alone.paths), alone.labels.tolist(),
                                                                     alone.classes)
     # no such split: every process says so
-    failed = run_two_processes(LIST_SPLIT, data, 'test', port=29667, folder=tmp_path / 'missing')
+    failed = run_two_processes(LIST_SPLIT, data, 'test', folder=tmp_path / 'missing')
     assert failed[0]['error'] == failed[1]['error'] and str(data / 'test') in failed[0]['error']
 
 

@@ -15,10 +15,12 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
-import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
+
+import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+
+# isort: split
 from mmseg.registry import MODELS
 
 from backbones import create_model

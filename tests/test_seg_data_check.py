@@ -82,12 +82,12 @@ def test_every_reader_takes_the_pixels_as_stored_ignoring_exif_orientation(tmp_p
     """The suite's rule: images as stored, EXIF orientation ignored, as annotations are. A JPEG tagged to be turned
     (3: 180 degrees, 6: 90 degrees) keeps its stored pixels in every segmentation pipeline (so it still matches its
     PNG annotation) and in the classification / label-generation reader."""
-    from PIL import Image
     from mmseg.registry import TRANSFORMS
+    from PIL import Image
 
     from backbones.common.images import read_image
-    from helpers.seg_data import CONFIGS
     from backbones.segmentation.config import load_config
+    from helpers.seg_data import CONFIGS
     y, x = np.mgrid[0:48, 0:80]
     stored = np.stack([x * 3, y * 5, (x + y) * 2], axis=-1).astype(np.uint8)  # no symmetry
     exif = Image.Exif()

@@ -75,6 +75,7 @@ def test_a_segmentors_macs_are_every_layers_products_and_the_attentions():
     get_flops leave out."""
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
+
     from backbones.segmentation.complexity import build_meta_model, segmentor_macs
     cfg = tiny_config('upernet_deit_s.py', img_size=64)
     counted = segmentor_macs(cfg, build_meta_model(cfg), (64, 96))
@@ -159,6 +160,7 @@ def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
     them, read back from wandb's offline run and from MLflow's file store, the default one in the work dir (most of
     the test's time is the clients' start); the run's artifacts are its config and logs, not the store's own files."""
     from mlflow.tracking import MlflowClient
+
     from backbones.segmentation.runner import SuiteRunner
     from backbones.segmentation.train import build_parser, prepare
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 2), ('validation', 1)))

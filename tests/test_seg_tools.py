@@ -7,10 +7,14 @@ import re
 from pathlib import Path
 
 import cv2
+
+import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+
+# isort: split
+import mmseg
 import numpy as np
 import pytest
 
-import mmseg
 from helpers.commands import run_python, run_tool, succeeded
 from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
 
@@ -85,6 +89,7 @@ def check_pictures(show: Path, preds: Path, data: Path) -> None:
     """test_seg --show-dir's pictures: each validation image, its ground truth and the prediction test_seg wrote,
     drawn in ADE20K's palette as tools/visualize.py segmentation draws them."""
     from mmseg.datasets import ADE20KDataset
+
     from backbones.segmentation.pictures import read_annotation, segmentation_picture
     meta = ADE20KDataset.METAINFO
     assert sorted(p.name for p in show.iterdir()) == sorted(p.name for p in preds.glob('*.png'))
@@ -119,6 +124,7 @@ def test_a_checkpoint_that_does_not_fit_the_config_is_refused(trained, tmp_path)
     is named as one, with the tools that take it."""
     root, config, work, _ = trained
     import torch
+
     from backbones import create_model
     classifier = create_model('lvvit_s', num_classes=10, depth=2, embed_dim=32, num_heads=2)
     torch.save({'state_dict': classifier.state_dict()}, tmp_path / 'classifier.pth')

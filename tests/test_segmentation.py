@@ -13,20 +13,23 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.structures import PixelData
 
-import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
-from backbones import CheckpointError, create_model
-from backbones.common.errors import UsageError
-from helpers.commands import ROOT
-from helpers.models import save_release
+import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+
+# isort: split
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
-from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
+
+from backbones import CheckpointError, create_model
+from backbones.common.errors import UsageError
 from backbones.segmentation.backbone import crop_to_extent
-from backbones.weights import fetch_pretrained
 from backbones.segmentation.complexity import build_meta_model, segmentor_parameters
 from backbones.segmentation.config import FORMER_PACKAGES, check_pretrained, load_config, present_module
 from backbones.segmentation.semantic.segmentor import slide_windows
+from backbones.weights import fetch_pretrained
+from helpers.commands import ROOT
+from helpers.models import save_release
+from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config
 
 init_default_scope('mmseg')
 
@@ -298,11 +301,11 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
     """Each scale and its mirror image decoded as one batch give mmseg's views: its pipeline flipping every scale
     (each resized twice) and SegTTAModel running the ten views one by one."""
     from mmengine.dataset import pseudo_collate
-
-    from helpers.seg_data import write_tiny_ade, write_tiny_config
     from mmseg.models.segmentors import SegTTAModel
+
     from backbones.segmentation.config import flipping_tta_pipeline
     from backbones.segmentation.semantic.segmentor import FlipBatchTTAModel
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
     data = write_tiny_ade(tmp_path / 'ade', counts=(('validation', 2),))
     cfg = load_config(write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data))
     init_default_scope('mmseg')
@@ -361,7 +364,9 @@ def test_a_placed_sampler_starts_late_in_a_long_schedule_on_the_indices_mmengine
     mid-batch), the sampler yields what mmengine's InfiniteSampler yields there, with the pass each index belongs
     to; unplaced, it yields nothing (a loader started before the resume reads no batch)."""
     import itertools
+
     from mmengine.dataset import InfiniteSampler
+
     from backbones.segmentation.restart import PlacedInfiniteSampler
     size, rank, world, taken = 997, 2, 3, 150_000 * 16
     placed = endless_sampler(PlacedInfiniteSampler, size, rank, world)
@@ -393,6 +398,7 @@ def test_seeded_samples_are_the_same_whenever_read_and_leave_the_readers_streams
     run), differs between passes and indices, and leaves the reading process's streams where they were."""
     import pickle
     import random
+
     from backbones.common.random_state import rng_state, seed_all
     from backbones.segmentation.restart import Draw, SeededSamples
     samples = SeededSamples(DrawingDataset(), seed=3)

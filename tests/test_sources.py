@@ -10,10 +10,6 @@ import pytest
 import timm
 import torch
 
-from helpers.cls_data import make_image_folder
-from helpers.commands import ROOT, run_tool, succeeded
-from helpers.models import TINY_DEIT
-from helpers.training_runs import assert_same_run, resume_after_stops
 import helpers.list_source  # noqa: F401  (registers the list-file source in this process)
 from backbones.common.distributed import DistInfo
 from classification.data.folders import ImageFolderDataset
@@ -22,6 +18,10 @@ from classification.sources.source import open_split, sources
 from classification.sources.tars import Tars
 from classification.token_labeling.annotate import generate_token_labels
 from classification.token_labeling.label_store import TokenLabelStore
+from helpers.cls_data import make_image_folder
+from helpers.commands import ROOT, run_tool, succeeded
+from helpers.models import TINY_DEIT
+from helpers.training_runs import assert_same_run, resume_after_stops
 
 LIST_SOURCE = ROOT / 'tests' / 'helpers' / 'list_source.py'  # train_cls with the source registered
 

@@ -4,9 +4,13 @@ import math
 import pytest
 import torch
 
-import backbones  # noqa: F401
+import backbones
 from backbones.token_head import (
-    TokenLabelingModel, TokenLabelingOutput, add_token_head, forward_token_labeling, mix_box_lambda,
+    TokenLabelingModel,
+    TokenLabelingOutput,
+    add_token_head,
+    forward_token_labeling,
+    mix_box_lambda,
 )
 from classification.objectives.objective import ClassificationObjective
 from classification.objectives.token_loss import TokenLabelingLoss, mix_targets, participating_tokens

@@ -11,11 +11,11 @@ import torch
 from timm.models.mlp_mixer import MlpMixer
 
 from backbones.token_head import add_token_head, feature_grid, forward_token_labeling, predict_with_token_head
+from classification.data.augment import CropGeometry
+from classification.objectives.token_targets import TokenTargetBuilder
 from classification.train import main
 from helpers.commands import run_tool, succeeded
 from helpers.training_runs import read_log
-from classification.data.augment import CropGeometry
-from classification.objectives.token_targets import TokenTargetBuilder
 
 SIZE = (64, 96)  # non-square: a transposed grid cannot pass
 

@@ -10,7 +10,11 @@ from timm.data.auto_augment import RandAugment, rand_augment_ops
 from torchvision.ops import roi_align
 
 from classification.data.augment import (
-    CropGeometry, LabelAwareRandAugment, TrainTransform, pil_affine_matrix, pixels_to_normalized,
+    CropGeometry,
+    LabelAwareRandAugment,
+    TrainTransform,
+    pil_affine_matrix,
+    pixels_to_normalized,
 )
 from classification.data.batch_augment import BatchAugment, RegionTransform, collate_regions
 from classification.objectives.token_targets import TokenTargetBuilder

@@ -11,17 +11,17 @@ import pytest
 import timm
 import torch
 from PIL import Image
+
 from backbones.common.distributed import DistInfo
 from backbones.common.random_state import seed_all
-from classification.studies.timing import SteadyWindow
 from classification.engine.fit import update_of_step_line
 from classification.engine.steps import train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, Trainer
-from classification.studies.loop_benchmark import BenchedModel, measurement_errors, pipeline_ceilings
 from classification.loaders import ImageData
-from classification.training_pieces import training_pieces
+from classification.studies.loop_benchmark import BenchedModel, measurement_errors, pipeline_ceilings
+from classification.studies.timing import SteadyWindow
 from classification.studies.training_runs import update_of_timm_line
-
+from classification.training_pieces import training_pieces
 from helpers.commands import run_tool
 
 

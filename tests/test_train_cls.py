@@ -14,15 +14,15 @@ from timm.data import create_transform
 
 import backbones  # noqa: F401
 from backbones.common.errors import CheckpointError, DataError, UsageError
-from backbones.token_head import add_token_head
-from classification.data.folders import ImageFolderDataset
-from classification.train import main
 from backbones.common.images import read_image
+from backbones.token_head import add_token_head
+from classification.data.augment import TrainTransform
+from classification.data.folders import ImageFolderDataset
+from classification.token_labeling.label_store import TokenLabelStore
+from classification.train import main
 from helpers.commands import run_tool, run_torchrun
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
-from classification.data.augment import TrainTransform
-from classification.token_labeling.label_store import TokenLabelStore
 
 
 def train_args(data, labels, output, *extra):
@@ -64,7 +64,7 @@ def test_two_gloo_processes_agree_with_one(labeled_images, tmp_path):
     main(train_args(data, labels, tmp_path / 'one', *DETERMINISTIC))
     two = train_args(data, labels, tmp_path / 'two', *DETERMINISTIC)
     two[two.index('--batch-size') + 1] = '2'  # the same global batch of 4
-    run_torchrun('train_cls.py', two, processes=2, port=29614)
+    run_torchrun('train_cls.py', two, processes=2)
     assert_same_run(tmp_path / 'one', tmp_path / 'two', epochs=2, exact=False, images=12)
 
 
@@ -208,10 +208,10 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     two updates in a row (the gradients are cleared between them)."""
     import copy
 
-    from classification.objectives.objective import ClassificationObjective
     from backbones.common.distributed import DistInfo
     from classification.engine.steps import PassOptions, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
+    from classification.objectives.objective import ClassificationObjective
     model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)  # layer norms only: no batch statistics
     twin, start = copy.deepcopy(model), copy.deepcopy(model)
@@ -288,10 +288,10 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     """A loader that sleeps 0.1 s before each batch of 8: the pass counts at least those 0.4 s as waiting for data,
     runs at most 80 images/s, and the time left falls to 0 at the last batch. (Bounds the sleeps guarantee, not
     shares of wall-clock time: a busy machine stretches the steps, never the sleeps' minimum.)"""
-    from classification.objectives.objective import ClassificationObjective
     from backbones.common.distributed import DistInfo
     from classification.engine.steps import PassHooks, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
+    from classification.objectives.objective import ClassificationObjective
 
     class SlowLoader:
         def __len__(self):
@@ -513,9 +513,9 @@ def test_a_tracker_that_cannot_start_is_refused_before_the_data_and_leaves_nothi
     after its trackers started leaves no tracker run running (MLflow's: KILLED, not RUNNING)."""
     import gc
 
+    from backbones.common.errors import TrackerError
     from classification import train as trainer_module
     from classification.data import folders
-    from backbones.common.errors import TrackerError
     data, labels = labeled_images
     read = []
     for module, name in ((folders, 'open_split'), (trainer_module, 'open_store')):

@@ -14,16 +14,21 @@ import timm
 import torch
 from PIL import Image
 
-import backbones  # noqa: F401  (registers the suite's models)
+import backbones
+from backbones.common.drawing import class_colours, drawable
+from classification.data.augment import TrainTransform
+from classification.pictures.attention import (
+    attention_maps,
+    attention_rollout,
+    mean_attention_distance,
+    patch_distances,
+    position_similarity,
+)
+from classification.pictures.curves import read_run
+from classification.pictures.token_labels import class_mosaic, token_label_figure, token_labels
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run
-from classification.data.augment import TrainTransform
-from classification.pictures.token_labels import class_mosaic, token_label_figure, token_labels
-from classification.pictures.attention import (attention_maps, attention_rollout, mean_attention_distance,
-                                               patch_distances, position_similarity)
-from classification.pictures.curves import read_run
-from backbones.common.drawing import class_colours, drawable
 
 GRID = (3, 4)
 PATCHES = GRID[0] * GRID[1]
@@ -270,10 +275,10 @@ def test_token_labels_tool_refuses_a_randaugment_string_training_would_refuse(tm
 @pytest.mark.slow
 def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     """The prediction panel is the palette colours of what tools/test_seg.py predicts for the image."""
-    from helpers.seg_data import write_tiny_ade, write_tiny_config
-    from backbones.segmentation.pictures import segmentation_picture  # first: lets mmseg import on mmcv-lite
-
     from mmseg.datasets import ADE20KDataset
+
+    from backbones.segmentation.pictures import segmentation_picture  # first: lets mmseg import on mmcv-lite
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 2), ('validation', 2)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
     work = tmp_path / 'work'
@@ -299,12 +304,12 @@ def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
 @pytest.fixture(scope='module')
 def seg_model(tmp_path_factory):
     """A tiny ADE20K set, its UperNet + LV-ViT config, and a checkpoint of that model's weights."""
-    from helpers.seg_data import write_tiny_ade, write_tiny_config
-    import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
     from mmengine.registry import init_default_scope
-
     from mmseg.registry import MODELS
+
+    import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
     from backbones.segmentation.config import load_config
+    from helpers.seg_data import write_tiny_ade, write_tiny_config
     tmp = tmp_path_factory.mktemp('seg_picture')
     data = write_tiny_ade(tmp / 'ade', counts=(('training', 1), ('validation', 2)))
     config = write_tiny_config(tmp / 'tiny.py', 'upernet_lvvit_s.py', data)
@@ -319,10 +324,10 @@ def seg_model(tmp_path_factory):
 def test_segmentation_picture_inputs_that_cannot_be_drawn_are_named(seg_model, tmp_path):
     """A checkpoint of another model, a missing or truncated image, a damaged report or one of other classes: each a
     one-line error naming the file (OpenCV would draw a truncated JPEG grey)."""
-    from classification.digits.seg_data import EmbeddedPages
-    from classification.visualize import main
     from backbones.common.errors import CheckpointError, DataError
     from backbones.common.images import ImageReadError
+    from classification.digits.seg_data import EmbeddedPages
+    from classification.visualize import main
     data, config, checkpoint = seg_model
     image = data / 'images' / 'validation' / 'ADE_val_00000000.jpg'
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Segment new images with a trained checkpoint: one PNG label map per image, in the image's own size.
+"""Predict new images with a trained dense checkpoint: a segmentor's PNG label map per image, in the image's own size;
+a detector's instances in one COCO-format file (instances.json); a depth model's 16-bit depth PNG with a coloured
+picture beside it.
 
     python tools/predict_seg.py seg_configs/upernet_lvvit_m.py work_dirs/upernet_lvvit_m/iter_160000.pth \\
         photos/ --out masks/ --overlay

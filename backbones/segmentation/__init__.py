@@ -6,7 +6,7 @@ Importing this package (configs do, through `custom_imports`) registers in mmseg
 (any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
 `LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the `ValidationPictures` hook; and lets mmengine
 write its checkpoints atomically, read them under torch >= 2.6, and read the LV-ViT segmentation releases of the
-reference's mmseg 0.x code (see `mmengine_io` and `release`).
+reference's mmseg 0.x code (see `mmengine_io` and `released_segmentors`).
 """
 from backbones.segmentation.mmcv_compat import ensure_mmseg_importable
 from backbones.segmentation.silenced_warnings import silence_harmless_warnings
@@ -14,8 +14,18 @@ from backbones.segmentation.silenced_warnings import silence_harmless_warnings
 ensure_mmseg_importable()  # before anything imports mmseg.models
 silence_harmless_warnings()
 
-from backbones.segmentation import (backbone, depth, instances, layer_decay, mmengine_io, neck,  # noqa: E402,F401  (registration)
-               pictures, preemption, semantic)
+from backbones.segmentation import (  # noqa: E402,F401  (registration)
+               backbone,
+               depth,
+               instances,
+               layer_decay,
+               mmengine_io,
+               neck,
+               pictures,
+               preemption,
+               semantic,
+)
+
 # the dense tasks last: their modules use the tools' modules above
 from backbones.segmentation.depth import task as depth_task  # noqa: E402,F401  (registration)
 from backbones.segmentation.instances import task as instances_task  # noqa: E402,F401  (registration)

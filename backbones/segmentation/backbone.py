@@ -27,12 +27,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from mmengine.model import BaseModule
+from mmseg.registry import MODELS
 
 from backbones import create_model, load_checkpoint, model_family, suite_models
 from backbones.common.errors import UsageError
-from backbones.weights import fetch_pretrained, fit_pos_embed
 from backbones.common.log import logger
-from mmseg.registry import MODELS
+from backbones.weights import fetch_pretrained, fit_pos_embed
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
 

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
-
 from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
+from mmseg.registry import MODELS
 
 from backbones.common.cli import command_parser, positive_int
 from backbones.common.commands import write_document
 from backbones.complexity import forward_macs, measure_complexity, model_table
 from backbones.segmentation.config import load_config
 from backbones.segmentation.tasks import task_of
-from mmseg.registry import MODELS
 
 PARTS = ('backbone', 'neck', 'decode_head', 'auxiliary_head', 'rpn', 'roi_heads')  # segmentors' and detectors'
 

@@ -14,18 +14,16 @@ from urllib.parse import urlparse
 from mmengine.config import Config
 from mmengine.utils import import_modules_from_strings
 
-from backbones.weights import guess_family
 from backbones.common.cli import EmbeddedData
 from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only
 from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
-
-from backbones.weights import TIMM_RELEASE, URL_SCHEMES
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
-from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
 from backbones.segmentation.runner import recorded_config, trained_data
+from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
 from backbones.segmentation.tasks import DenseTask, task_named, task_of, task_recognised_by, tasks
+from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
 COCO_ROOT = 'data/coco'

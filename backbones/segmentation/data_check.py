@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, Protocol
-from collections.abc import Sequence
 
 import numpy as np
 from mmengine.config import ConfigDict
+from mmseg.datasets import ADE20KDataset, NYUDataset
+from mmseg.registry import DATASETS
 from PIL import Image
 
 from backbones.common.errors import DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
-from mmseg.datasets import ADE20KDataset, NYUDataset
-from mmseg.registry import DATASETS
 
 IGNORE_INDEX = 255
 SINGLE_CHANNEL = ('1', 'L', 'P', 'I', 'I;16', 'I;16L', 'I;16B')

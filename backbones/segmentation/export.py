@@ -27,17 +27,27 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
+from mmseg.registry import MODELS
 from safetensors.torch import load_model, save_model
 
 from backbones.common.cli import positive_int
 from backbones.common.errors import UsageError
-from backbones.common.exporting import (BATCH, CHECKED_BATCHES, EXPORTED_PROGRAM, ONNX_MODEL, WEIGHTS, batch_examples,
-                              check_exported_file, check_same_outputs, example_images, staged_folder,
-                              write_exported_program, write_onnx)
+from backbones.common.exporting import (
+    BATCH,
+    CHECKED_BATCHES,
+    EXPORTED_PROGRAM,
+    ONNX_MODEL,
+    WEIGHTS,
+    batch_examples,
+    check_exported_file,
+    check_same_outputs,
+    example_images,
+    staged_folder,
+    write_exported_program,
+    write_onnx,
+)
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from mmseg.registry import MODELS
-
 from backbones.segmentation.config import EmbeddedSegData, read_config
 from backbones.segmentation.predict import SegPredictor
 

@@ -11,14 +11,13 @@ parameter of layer l gets lr * rate ** (last - l). Biases, norm weights (every 1
 """
 from __future__ import annotations
 
-
 import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor
+from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
-from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()

@@ -10,7 +10,7 @@ module replaces mmengine's loader for local paths with a weights-only load that 
 types mmengine itself writes there (and `getattr` only for the HistoryBuffer methods they reference). Nothing else
 from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote
 URLs keep mmengine's own loaders. A local checkpoint in the layout of the reference's LV-ViT segmentation releases
-is converted on reading (`release.py`), so `load_from`, `init_cfg=dict(type='Pretrained', ...)` and
+is converted on reading (`released_segmentors.py`), so `load_from`, `init_cfg=dict(type='Pretrained', ...)` and
 tools/test_seg.py all take those files.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pickle
 from pathlib import Path
 
 import numpy as np
-from mmengine.fileio import LocalBackend, io as fileio, register_backend
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.fileio import io as fileio
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import CheckpointLoader
 
 from backbones.common.files import load_weights_only, write_bytes_atomic
-
 from backbones.segmentation.released_segmentors import convert_mmseg0_release, is_mmseg0_release
 
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn as nn
 from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
+from mmseg.registry import MODELS
 
 from backbones.common.errors import UsageError
-from mmseg.registry import MODELS
 
 
 @MODELS.register_module()

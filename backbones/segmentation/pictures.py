@@ -15,18 +15,17 @@ import mmcv
 import numpy as np
 from mmengine.hooks import Hook
 from mmengine.structures import PixelData
-from PIL import Image
-
 from mmseg.engine.hooks import SegVisualizationHook
 from mmseg.registry import HOOKS
 from mmseg.structures import SegDataSample
 from mmseg.visualization import SegLocalVisualizer
-from backbones.common.errors import DataError, UsageError
-from backbones.common.drawing import enlarge, figure, finished, write_png
+from PIL import Image
 
+from backbones.common.drawing import enlarge, figure, finished, write_png
+from backbones.common.errors import DataError, UsageError
 from backbones.segmentation.config import EmbeddedSegData
-from backbones.segmentation.semantic.metrics import read_confusion, row_shares, top_confusions
 from backbones.segmentation.predict import SegPredictor
+from backbones.segmentation.semantic.metrics import read_confusion, row_shares, top_confusions
 
 HEADER = 22  # pixels of the title strip above each panel
 _NAMES = itertools.count()

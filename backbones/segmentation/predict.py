@@ -15,16 +15,14 @@ from mmcv import rescale_size
 from mmcv.transforms import Compose
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import init_default_scope
+from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from PIL import Image
 
-from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from backbones.common.errors import DataError, UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
-
-from backbones.segmentation.config import (EmbeddedSegData, drop_tta_flips, load_trained_config,
-                                           resolve_trained_data)
-from backbones.segmentation.semantic.own_data import default_palette
+from backbones.segmentation.config import EmbeddedSegData, drop_tta_flips, load_trained_config, resolve_trained_data
 from backbones.segmentation.runner import checkpoint_meta, load_weights
+from backbones.segmentation.semantic.own_data import default_palette
 from backbones.segmentation.tasks import task_of
 
 ANNOTATION_STEPS = ('LoadAnnotations', 'LoadInstances', 'LoadDepthAnnotation')

@@ -38,10 +38,9 @@ from mmengine.runner.loops import _InfiniteDataloaderIterator
 from backbones.common.distributed import DistInfo, all_reduce_sum
 from backbones.common.errors import CheckpointReadError, Interrupted, UsageError
 from backbones.common.files import remove_partial_writes, write_text_atomic
-from backbones.common.log import logger
 from backbones.common.lifecycle import StopRequests
+from backbones.common.log import logger
 from backbones.common.random_state import preserved_rng, set_torch_rng_state, torch_rng_state
-
 from backbones.segmentation.restart import PlacedInfiniteSampler
 from backbones.segmentation.runner import checkpoint_meta, iteration_checkpoints
 

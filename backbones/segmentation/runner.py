@@ -18,29 +18,32 @@ import logging
 import re
 import shutil
 import zipfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
-from collections.abc import Callable
 
 import torch.nn as nn
-from torch.utils.data import DataLoader
 from mmengine.registry import DATASETS
 from mmengine.runner import BaseLoop, Runner
-from mmengine.runner.checkpoint import (_load_checkpoint, _load_checkpoint_with_prefix, find_latest_checkpoint,
-                                        load_checkpoint)
+from mmengine.runner.checkpoint import (
+    _load_checkpoint,
+    _load_checkpoint_with_prefix,
+    find_latest_checkpoint,
+    load_checkpoint,
+)
+from torch.utils.data import DataLoader
 
-from backbones.weights import describe_mismatch, key_mismatch
-from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
-from backbones.common.trackers import tracker_errors
 from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError
 from backbones.common.files import load_weights_only, written_or_undone
+from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
 from backbones.common.log import logger
-
+from backbones.common.trackers import tracker_errors
 from backbones.segmentation.backbone import TokenBackbone
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.restart import PlacedInfiniteSampler, SeededSamples
 from backbones.segmentation.silenced_warnings import HarmlessLogLines
+from backbones.weights import describe_mismatch, key_mismatch
 
 T = TypeVar('T')
 
@@ -243,7 +246,7 @@ class SuiteRunner(Runner):
         super().save_checkpoint(*args, meta=meta, **kwargs)
 
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
-                        revise_keys: list = [(r'^module.', '')]):  # noqa: B006  (mmengine's signature)
+                        revise_keys: list = [(r'^module.', '')]):  # mmengine's signature
         try:
             return super().load_checkpoint(filename, map_location=map_location, strict=True,
                                            revise_keys=revise_keys)

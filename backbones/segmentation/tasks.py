@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -22,6 +22,7 @@ from mmengine.config import Config
 
 from backbones.common.errors import UsageError
 from backbones.segmentation.data_check import PairCheck
+
 
 class SegPredictor(Protocol):
     """What a task's methods use of the predictor they are handed (`predict.SegPredictor`): the config and model,

@@ -6,20 +6,30 @@ import argparse
 from pathlib import Path
 
 from mmengine.config import Config
-
-from backbones.common.errors import UsageError
-from backbones.common.cli import check_output_folder, command_parser, output_file, output_folder
-from backbones.common.log import logger
 from mmseg.registry import DATASETS
 
-from backbones.segmentation.config import (EmbeddedSegData, drop_tta_flips, load_config, load_trained_config,
-                                           resolve_trained_data, tta_flips)
+from backbones.common.cli import check_output_folder, command_parser, output_file, output_folder
+from backbones.common.errors import UsageError
+from backbones.common.log import logger
+from backbones.segmentation.config import (
+    EmbeddedSegData,
+    drop_tta_flips,
+    load_config,
+    load_trained_config,
+    resolve_trained_data,
+    tta_flips,
+)
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.tasks import task_of
-from backbones.segmentation.train import (LAUNCHER_FLAGS, add_common_options, add_multi_scale_arguments,
-                                          parse_with_fallback, work_dir_for)
+from backbones.segmentation.train import (
+    LAUNCHER_FLAGS,
+    add_common_options,
+    add_multi_scale_arguments,
+    parse_with_fallback,
+    work_dir_for,
+)
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:

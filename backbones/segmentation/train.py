@@ -12,25 +12,40 @@ from pathlib import Path
 import torch
 from mmengine.config import Config, DictAction
 
-from backbones.common.cli import (add_amp_argument, check_output_folder, command_parser, non_negative_int, pick_amp,
-                                  positive_float, positive_int)
-from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
+from backbones.common.cli import (
+    add_amp_argument,
+    check_output_folder,
+    command_parser,
+    non_negative_int,
+    pick_amp,
+    positive_float,
+    positive_int,
+)
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
-from backbones.common.log import logger
 from backbones.common.lifecycle import restarted_by_torchrun
-
-from backbones.weights import TIMM_RELEASE
-from backbones.segmentation.config import (EmbeddedSegData, accumulate_gradients, check_loader_sizes,
-                                           check_pretrained, data_roots, describe_schedule,
-                                           drop_one_step_warmup,
-                                           load_config, missing_data, resolve_data, shorten_schedule,
-                                           trained_data_record)
+from backbones.common.log import logger
+from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
+from backbones.segmentation.config import (
+    EmbeddedSegData,
+    accumulate_gradients,
+    check_loader_sizes,
+    check_pretrained,
+    data_roots,
+    describe_schedule,
+    drop_one_step_warmup,
+    load_config,
+    missing_data,
+    resolve_data,
+    shorten_schedule,
+    trained_data_record,
+)
 from backbones.segmentation.data_check import check_data
-from backbones.segmentation.semantic.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.preemption import make_resumable, run_seed
 from backbones.segmentation.runner import TRAINED_DATA, SuiteRunner
+from backbones.segmentation.semantic.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.tasks import task_of
+from backbones.weights import TIMM_RELEASE
 
 AMP_DTYPES = {'bf16': 'bfloat16', 'fp16': 'float16'}  # --amp's precisions as AmpOptimWrapper's dtype names
 

@@ -84,8 +84,8 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
     window = SteadyWindow(seconds, min_batches, warmup=warmup, device=device)
     largest = (0, 0)
     for count, batch in enumerate(itertools.cycle(data), 1):
-        losses = model.train_step(batch, optim)
-        {name: value.item() for name, value in losses.items()}  # noqa: B018  (mmengine's loop logs them each step)
+        for value in model.train_step(batch, optim).values():
+            value.item()  # mmengine's loop reads the logged losses each step
         largest = max(largest, largest_image(batch))
         if window.done(count, batch_size):
             break

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 from helpers.zygote import is_tool, kill_group, read_answer, send_request
 
@@ -156,7 +156,14 @@ def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProces
     return result
 
 
-def run_torchrun(tool: str, args: Sequence[str], processes: int, port: int) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node PROCESSES tools/TOOL ARGS` (gloo on CPU); it must succeed."""
-    return succeeded(run_python(['-m', 'torch.distributed.run', '--nproc-per-node', processes, '--master-port', port,
-                                 ROOT / 'tools' / tool, *args]))
+def free_port() -> int:
+    """A TCP port free on this machine now, for a torchrun rendezvous: tests running at once never share one."""
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
+
+
+def run_torchrun(tool: str, args: Sequence[str], processes: int) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node PROCESSES tools/TOOL ARGS` (gloo on CPU), on a free port; it must succeed."""
+    return succeeded(run_python(['-m', 'torch.distributed.run', '--nproc-per-node', processes, '--master-port',
+                                 free_port(), ROOT / 'tools' / tool, *args]))

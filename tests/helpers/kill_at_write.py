@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 import traceback
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from classification import train, transfer
 

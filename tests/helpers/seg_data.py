@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 from mmengine.config import Config
 
-from helpers.commands import ROOT
 from backbones.segmentation.config import scale_sizes
+from helpers.commands import ROOT
 
 CONFIGS = ROOT / 'seg_configs'
 OWN_CLASSES = ('background', 'road', 'car', 'tree', 'sky')  # write_own_seg's: class 0 is a real class

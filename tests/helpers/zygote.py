@@ -159,7 +159,7 @@ def run_as_main(request: dict, fds: list[int], stand_in: str) -> None:
     except KeyboardInterrupt:
         traceback.print_exc()
         interrupted = True
-    except BaseException:  # noqa: BLE001 - the interpreter's own handling of an uncaught exception
+    except BaseException:
         traceback.print_exc()
         status = 1
     try:  # the interpreter's shutdown: non-daemon threads joined, exit functions run, buffers flushed
@@ -244,7 +244,7 @@ class Server:
                 for fd in (self.parent, *(pidfd for _, pidfd in self.running.values())):
                     os.close(fd)
                 run_as_main(request, fds, self.stand_in)
-            except BaseException:  # noqa: BLE001 - before the tool ran: never back into the server's loop
+            except BaseException:
                 traceback.print_exc()
             os._exit(1)
         try:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from mmengine.dist import is_main_process
 from mmseg.evaluation.metrics import DepthMetric
-from PIL import Image
 from mmseg.registry import METRICS
+from PIL import Image
 
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_atomic, write_json_atomic

@@ -14,15 +14,20 @@ from mmengine.config import Config
 from backbones.common.drawing import enlarge, write_png
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
-
 from backbones.segmentation.config import scale_sizes
 from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.masks import PICTURE_TAIL
 from backbones.segmentation.pictures import colour_depth, side_by_side, titled
 from backbones.segmentation.predict import SegPredictor
-from backbones.segmentation.tasks import (DenseTask, PredictionRequest, SmallDenseData, register_task, small_datasets,
-                                          synthetic_image)
+from backbones.segmentation.tasks import (
+    DenseTask,
+    PredictionRequest,
+    SmallDenseData,
+    register_task,
+    small_datasets,
+    synthetic_image,
+)
 
 
 @register_task

@@ -19,14 +19,13 @@ from pathlib import Path
 
 from mmengine.config import Config
 from mmengine.dataset import BaseDataset
+from mmseg.registry import DATASETS
 from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from backbones.common.errors import CheckpointError, DataError
 from backbones.common.log import logger
-from mmseg.registry import DATASETS
-
 from backbones.segmentation.runner import checkpoint_meta
 
 SHOWN = 5

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from mmengine.model import BaseModel
 from mmengine.structures import BaseDataElement, InstanceData
+from mmseg.registry import MODELS
 from timm.layers import LayerNorm2d
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor
 from torchvision.models.detection.image_list import ImageList
@@ -28,7 +29,6 @@ from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops.poolers import initLevelMapper
 
 from backbones.common.errors import UsageError
-from mmseg.registry import MODELS
 
 # ViTDet's (detectron2's) RPN and RoI-head settings, in torchvision's terms
 RPN = dict(fg_iou_thresh=0.7, bg_iou_thresh=0.3, batch_size_per_image=256, positive_fraction=0.5,

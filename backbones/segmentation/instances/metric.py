@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 from mmengine.dist import is_main_process
 from mmengine.evaluator import BaseMetric
+from mmseg.registry import METRICS
 from pycocotools import mask as mask_utils
 from pycocotools.cocoeval import COCOeval
 
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from mmseg.registry import METRICS
-
 from backbones.segmentation.instances.coco import load_coco
 
 KINDS = {'box': 'bbox', 'mask': 'segm'}

@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
+from mmseg.registry import MODELS
 from timm.layers import LayerNorm2d
 
 from backbones.common.errors import UsageError
-from mmseg.registry import MODELS
 
 SCALES = (4.0, 2.0, 1.0, 0.5)  # ViTDet's: strides 4, 8, 16, 32 from a stride-16 map
 

@@ -15,7 +15,6 @@ from backbones.common.drawing import enlarge, write_png
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-
 from backbones.segmentation.data_check import PairCheck, image_check
 from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
 from backbones.segmentation.instances.metric import coco_results
@@ -23,8 +22,14 @@ from backbones.segmentation.instances.transforms import decode_mask
 from backbones.segmentation.masks import INSTANCES, OVERLAY_TAIL
 from backbones.segmentation.pictures import draw_instances, side_by_side, titled
 from backbones.segmentation.predict import SegPredictor
-from backbones.segmentation.tasks import (DenseTask, PredictionRequest, SmallDenseData, register_task, small_datasets,
-                                          synthetic_image)
+from backbones.segmentation.tasks import (
+    DenseTask,
+    PredictionRequest,
+    SmallDenseData,
+    register_task,
+    small_datasets,
+    synthetic_image,
+)
 
 INSTANCES_PER_IMAGE = 7  # a synthetic image's: COCO's mean is 7.3 a training image
 # A detector's pyramid and heads on a small data set, sized for minutes on 2 CPU cores (ViTDet's 256-channel heads

@@ -11,11 +11,10 @@ import numpy as np
 import torch
 from mmcv.transforms import BaseTransform
 from mmengine.structures import BaseDataElement, InstanceData
+from mmseg.registry import TRANSFORMS
 from pycocotools import mask as mask_utils
 
 from backbones.common.errors import DataError, UsageError
-from mmseg.registry import TRANSFORMS
-
 from backbones.segmentation.instances.coco import mask_rle
 
 META_KEYS = ('img_path', 'img_id', 'ori_shape', 'img_shape', 'scale_factor', 'flip')

@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from mmengine.dist import is_main_process
+from mmseg.evaluation import IoUMetric
+from mmseg.registry import METRICS
 
 from backbones.common.errors import DataError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from mmseg.evaluation import IoUMetric
-from mmseg.registry import METRICS
 
 
 def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Tensor, label: torch.Tensor,

@@ -22,15 +22,20 @@ from pathlib import Path
 
 import numpy as np
 from mmengine.config import Config
+from mmseg.datasets import ADE20KDataset
+from mmseg.registry import DATASETS
 
 from backbones.common.errors import CheckpointError, DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
-from mmseg.datasets import ADE20KDataset
-from mmseg.registry import DATASETS
-
-from backbones.segmentation.data_check import (IGNORE_INDEX, SINGLE_CHANNEL, SHOWN, binary_masks_message,
-                                               colour_mask_message, decoded)
+from backbones.segmentation.data_check import (
+    IGNORE_INDEX,
+    SHOWN,
+    SINGLE_CHANNEL,
+    binary_masks_message,
+    colour_mask_message,
+    decoded,
+)
 from backbones.segmentation.instances.coco import annotation_file
 from backbones.segmentation.runner import checkpoint_meta
 

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-
-from backbones.common.errors import UsageError
 from mmseg.models.segmentors import EncoderDecoder, SegTTAModel
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
+
+from backbones.common.errors import UsageError
 
 Window = tuple[int, int, int, int]  # y1, y2, x1, x2
 

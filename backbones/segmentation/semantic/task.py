@@ -10,22 +10,33 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.config import Config
+from mmseg.registry import METRICS
 
 from backbones.common.drawing import write_png
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
-from mmseg.registry import METRICS
-
 from backbones.segmentation.config import drop_tta_flips, scale_sizes
 from backbones.segmentation.data_check import PairCheck, check_labels_used, pair_check
 from backbones.segmentation.masks import OVERLAY_TAIL, write_mask
-from backbones.segmentation.semantic.metrics import read_report
-from backbones.segmentation.semantic.own_data import (check_trained_classes, is_own_data_config, read_own_data,
-                                                      set_classes, use_own_data, use_trained_classes)
 from backbones.segmentation.pictures import draw_labels, read_annotation, segmentation_picture
 from backbones.segmentation.predict import SegPredictor
-from backbones.segmentation.tasks import (DenseTask, PredictionRequest, SmallDenseData, register_task, small_datasets,
-                                          synthetic_image)
+from backbones.segmentation.semantic.metrics import read_report
+from backbones.segmentation.semantic.own_data import (
+    check_trained_classes,
+    is_own_data_config,
+    read_own_data,
+    set_classes,
+    use_own_data,
+    use_trained_classes,
+)
+from backbones.segmentation.tasks import (
+    DenseTask,
+    PredictionRequest,
+    SmallDenseData,
+    register_task,
+    small_datasets,
+    synthetic_image,
+)
 
 ADE20K_CLASSES = 150
 IOU_METRICS = ('IoUMetric', 'IoUReport')  # mmseg's, and the suite's that reports it
