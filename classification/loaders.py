@@ -10,13 +10,14 @@ from typing import ClassVar, Protocol
 import torch
 
 from backbones.common.cli import EmbeddedData
-from backbones.common.distributed import DistInfo, sharded_loaders
+from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.images import ImageReadError, read_image
 from classification.data.augment import TrainTransform
 from classification.data.batch_augment import BatchAugment, RegionTransform
 from classification.data.folders import ImageFolderDataset, collate_skipping, eval_transform
 from classification.engine.fit import Pictures
+from classification.engine.samplers import sharded_loaders
 from classification.engine.trainer import RunOptions
 from classification.pictures.token_labels import token_label_figure, token_labels
 from classification.recipes import Recipe

@@ -17,7 +17,7 @@ from timm.optim import param_groups_weight_decay
 
 from backbones import bare_model, load_checkpoint
 from backbones.common.cli import add_weights_argument, model_parser, non_negative_int
-from backbones.common.distributed import DistInfo, run_distributed, sharded_loaders
+from backbones.common.distributed import DistInfo, run_distributed
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
@@ -25,6 +25,7 @@ from backbones.weights import LoadReport, classifier_prefixes
 from classification.data.cifar import FORMATS, CifarDataset, CifarInput, channel_stats, hold_out, read_cifar
 from classification.data.folders import collate_skipping
 from classification.engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint
+from classification.engine.samplers import sharded_loaders
 from classification.engine.steps import evaluate
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
 from classification.models import create_classifier, model_data_config

@@ -9,10 +9,11 @@ import torch
 from torch.utils.data import default_collate
 
 from backbones import create_model
-from backbones.common.distributed import DistInfo, sharded_loaders
+from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.token_head import TOKEN_HEAD
 from classification.digits.cls_data import RECIPE as DIGITS
+from classification.engine.samplers import sharded_loaders
 from classification.recipes import PRESETS, recipe_for, resolve_recipe
 from classification.train import build_parser, main
 from classification.training_pieces import make_objective

@@ -1,8 +1,8 @@
-"""torchrun process groups (NCCL on GPU, gloo on CPU), sharding without padding, and reductions."""
+"""torchrun process groups (NCCL on GPU, gloo on CPU), reductions, and a sample's place in a training pass (the
+samplers themselves are `classification.engine.samplers`)."""
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,12 +10,8 @@ from typing import NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
-from timm.data.distributed_sampler import RepeatAugSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from backbones.common.cli import resolve_device
-from backbones.common.errors import DataError
-from backbones.common.lifecycle import ignore_stop_signals
 from backbones.common.log import logger
 
 T = TypeVar('T')
@@ -164,62 +160,3 @@ class SamplePlace(NamedTuple):
     rank: int
     position: int
     index: int
-
-
-class ResumableSampler(Sampler[int]):
-    """A training sampler whose next pass can start part of the way in (`skip`): a run resumed mid-epoch reads the
-    rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone. Given the
-    process's `rank`, it yields each index as its `SamplePlace`."""
-
-    def __init__(self, sampler: Sampler[int], rank: int | None = None) -> None:
-        self.sampler, self.start, self.rank = sampler, 0, rank
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def skip(self, count: int) -> None:
-        """Leave out the first `count` indices of the next pass (only)."""
-        self.start = count
-
-    def __iter__(self):
-        start, self.start = self.start, 0
-        drawn = itertools.islice(iter(self.sampler), start, None)
-        if self.rank is None:
-            return drawn
-        return (SamplePlace(self.rank, position, index) for position, index in enumerate(drawn, start))
-
-    def __len__(self) -> int:
-        return len(self.sampler) - self.start
-
-
-class ShardSampler(Sampler[int]):
-    """Every world_size-th index from `rank`: each item seen exactly once over all processes (for evaluation)."""
-
-    def __init__(self, num_items: int, info: DistInfo) -> None:
-        self.indices = list(range(info.rank, num_items, info.world_size))
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
-                    seed: int, collate_fn: Callable, aug_repeats: int = 0, places: bool = False) -> list[DataLoader]:
-    """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches only,
-    resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image
-    that many times an epoch, the copies spread over the processes; with `places`, each index handed to the training
-    set as its `SamplePlace`), then one loader per evaluation set (each item exactly once over all processes)."""
-    if len(train_set) < batch_size * info.world_size:
-        raise DataError(f'{len(train_set)} training images are fewer than one global batch '
-                        f'({batch_size} x {info.world_size} processes)')
-    common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn,
-                  worker_init_fn=ignore_stop_signals if workers else None)
-    if aug_repeats > 1:
-        sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True, num_repeats=aug_repeats)
-    else:
-        sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
-    sampler = ResumableSampler(sampler, info.rank if places else None)
-    return [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)] + [
-        DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]

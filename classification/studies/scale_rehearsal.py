@@ -26,7 +26,7 @@ from backbones.common.cli import (
     output_folder,
     positive_int,
 )
-from backbones.common.distributed import DistInfo, sharded_loaders
+from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.images import scan_split
@@ -34,6 +34,7 @@ from backbones.common.log import logger
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping
 from classification.engine.memory import ChildMemory, Memory, child_pids, process_memory
+from classification.engine.samplers import sharded_loaders
 from classification.engine.trainer import RunOptions, Trainer
 from classification.models import model_data_config
 from classification.recipes import recipe_for
