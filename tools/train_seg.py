@@ -13,7 +13,8 @@ elsewhere, and the *_own_data.py configs take your own.
 An interrupted run continues with --resume (torchrun's restarts resume by themselves).
 """
 from backbones.common.commands import run_command
-from classification.digits.seg_data import train_seg
+from classification.digits.seg_data import EmbeddedPages
+from classification.train_seg import main
 
 if __name__ == '__main__':
-    run_command(lambda: train_seg(description=__doc__))
+    run_command(lambda: main(description=__doc__, fallback=EmbeddedPages))

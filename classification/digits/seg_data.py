@@ -1,10 +1,11 @@
-"""The embedded pages as a segmentation config's data: what tools/train_seg.py, tools/test_seg.py and the
-segmentation pictures run on when the config's ADE20K is not on disk (`backbones.segmentation.config.EmbeddedSegData`).
+"""The embedded pages as a dense config's data: what tools/train_seg.py, tools/test_seg.py, predict_seg and the
+segmentation pictures run on when the config's data set is not on disk
+(`backbones.segmentation.config.EmbeddedSegData`).
 
-The config keeps its model, heads, pipelines and test modes; its sizes are scaled to the pages, its schedule is
+The config keeps its model, heads, pipelines and test modes; its task fits them to the pages, its schedule is
 replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
 disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`): the first stage of
-tools/train_seg.py (`train_seg`), whose checkpoint the segmentation trainer then starts from.
+tools/train_seg.py (`classification.train_seg`), whose checkpoint the segmentation trainer then starts from.
 """
 from __future__ import annotations
 
@@ -22,10 +23,6 @@ from backbones.segmentation.tasks import SmallDenseData, task_of
 from backbones.segmentation.train import (
     PretrainedBackbone,
     Pretraining,
-    build_parser,
-    parse_with_fallback,
-    prepare,
-    train,
 )
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
 from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, write_digits_ade
@@ -127,12 +124,3 @@ class EmbeddedPages:
         labeling on the scans (trained on first use, kept afterwards), and where it came from."""
         checkpoint = self.scans.pretrained_backbone(pretraining.model_name, pretraining.model_kwargs)
         return PretrainedBackbone(checkpoint, describe_backbone(checkpoint))
-
-
-def train_seg(argv: list[str] | None = None, description: str | None = None) -> None:
-    """tools/train_seg.py: a segmentation config trained; without its data on disk, on the embedded pages, and where
-    its ImageNet weights are not on disk either, in two stages: the backbone pretrained on the embedded scans (kept
-    for the next run), then the segmentor from that checkpoint."""
-    args, pages = parse_with_fallback(build_parser(description), argv, EmbeddedPages)
-    run = prepare(args, pages)
-    train(run, pages.pretrained_backbone(run.pretraining) if run.pretraining else None)
