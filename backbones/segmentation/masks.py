@@ -19,7 +19,7 @@ from backbones.segmentation.config import EmbeddedSegData, load_config
 from backbones.segmentation.data_check import TURNS, file_orientation
 from backbones.segmentation.predict import SegPredictor, check_opencv_reads, mask_paths
 from backbones.segmentation.tasks import DenseTask, PredictionRequest, task_of, tasks
-from backbones.segmentation.train import add_multi_scale_arguments, parse_with_fallback
+from backbones.segmentation.train import MMSEG_FLAGS, add_multi_scale_arguments, parse_with_fallback
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -36,19 +36,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                         help='a detector\'s instances scoring at least S are written and drawn (default 0.5)')
     parser.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the masks\')')
     add_device_argument(parser)
-    parser.add_foreign_flags("mmseg's demo/image_demo.py and tools/test.py", MMSEG_PREDICT_FLAGS)
+    parser.add_foreign_flags("mmseg's tools", MMSEG_FLAGS)
     return parser
-
-
-# mmseg's flags for predictions on images that predict_seg does not take, and what it takes instead
-MMSEG_PREDICT_FLAGS = {
-    '--out-file': '--out FOLDER (a mask per image, NAME.png)',
-    '--show': '--overlay (NAME_overlay.png; predict_seg opens no window)',
-    '--show-dir': '--overlay (NAME_overlay.png beside each mask in --out)',
-    '--with-labels': '--overlay (it names the classes on their regions)',
-    '--opacity': None,
-    '--title': None,
-}
 
 
 def write_mask(values: np.ndarray, path: Path) -> None:

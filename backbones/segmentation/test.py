@@ -24,7 +24,7 @@ from backbones.segmentation.predict import mask_paths
 from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.tasks import task_of
 from backbones.segmentation.train import (
-    LAUNCHER_FLAGS,
+    MMSEG_FLAGS,
     add_common_options,
     add_multi_scale_arguments,
     parse_with_fallback,
@@ -54,7 +54,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('--show-dir', type=output_folder, help=(
         'a segmentor\'s predictions as pictures here, as mmseg\'s --show-dir: NAME.png of each test image, the '
         'image, its ground truth and the prediction in the data set\'s palette side by side'))
-    parser.add_foreign_flags("mmseg's tools/test.py", MMSEG_TEST_FLAGS)
+    parser.add_foreign_flags("mmseg's tools", MMSEG_FLAGS)
     return parser
 
 
@@ -64,22 +64,6 @@ def scores_file(value: str) -> str:
         raise argparse.ArgumentTypeError(f'{value} is a folder; --out writes the scores to a JSON file (--pred-dir DIR '
                                          'saves the predictions in a folder)')
     return output_file(value)
-
-
-# mmseg's tools/test.py flags (1.x, and 0.x's) that test_seg does not take, and what it takes instead
-MMSEG_TEST_FLAGS = {
-    '--show': '--show-dir DIR (the pictures as files; test_seg opens no window)',
-    '--wait-time': '--show-dir DIR (the pictures as files; test_seg opens no window)',
-    '--aug-test': '--tta (or --ms)',
-    '--eval': '--out FILE (mIoU, mAcc, aAcc; the config\'s test_evaluator for mDice or mFscore)',
-    '--eval-options': '--cfg-options test_evaluator.KEY=VALUE',
-    '--options': '--cfg-options',
-    '--format-only': '--pred-dir DIR (the predictions as the data set\'s PNGs)',
-    '--opacity': None,
-    '--gpu-collect': None,
-    '--tmpdir': None,
-    **LAUNCHER_FLAGS,
-}
 
 
 def use_multi_scale(cfg: Config, flip: bool) -> None:

@@ -69,8 +69,10 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 LAUNCHER_FLAGS = dict.fromkeys(('--local_rank', '--local-rank'),
                                'torchrun --nproc-per-node N tools/... --launcher pytorch (torchrun sets LOCAL_RANK; '
                                'python -m torch.distributed.launch passes this flag)')
-# mmseg's tools/train.py flags (1.x, and 0.x's) that train_seg does not take, and what it takes instead
-MMSEG_TRAIN_FLAGS = {
+# mmseg's flags (tools/train.py, tools/test.py and demo/image_demo.py, 1.x and 0.x) that the dense tools do not take,
+# and what they take instead: one table for train_seg, test_seg and predict_seg (a flag a tool takes is its own)
+NO_WINDOW = 'the pictures as files: no window opens'
+MMSEG_FLAGS = {
     '--options': '--cfg-options',
     '--load-from': '--cfg-options load_from=CHECKPOINT',
     '--resume-from': '--resume (from the work dir\'s newest checkpoint)',
@@ -81,6 +83,19 @@ MMSEG_TRAIN_FLAGS = {
     '--gpu-id': 'CUDA_VISIBLE_DEVICES=ID',
     '--seed': '--cfg-options randomness.seed=N',
     '--deterministic': '--cfg-options randomness.deterministic=True',
+    '--show': f'--show-dir DIR with test_seg, --overlay with predict_seg ({NO_WINDOW})',
+    '--wait-time': f'--show-dir DIR with test_seg ({NO_WINDOW})',
+    '--show-dir': '--overlay with predict_seg (NAME_overlay.png beside each mask in --out)',
+    '--aug-test': '--tta (or --ms)',
+    '--eval': '--out FILE with test_seg (mIoU, mAcc, aAcc; the config\'s test_evaluator for mDice or mFscore)',
+    '--eval-options': '--cfg-options test_evaluator.KEY=VALUE',
+    '--format-only': '--pred-dir DIR with test_seg (the predictions as the data set\'s files)',
+    '--out-file': '--out FOLDER with predict_seg (a prediction per image, NAME.png)',
+    '--with-labels': '--overlay with predict_seg (it names the classes on their regions)',
+    '--opacity': None,
+    '--title': None,
+    '--gpu-collect': None,
+    '--tmpdir': None,
     **LAUNCHER_FLAGS,
 }
 
@@ -118,7 +133,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     add_tracker_arguments(parser, 'the run named after the work dir, in WANDB_PROJECT (mmengine\'s WandbVisBackend)',
                           'the run named after the work dir, in an experiment named after the config, in a file '
                           'store in WORK_DIR/mlruns (mmengine\'s MLflowVisBackend)')
-    parser.add_foreign_flags("mmseg's tools/train.py", MMSEG_TRAIN_FLAGS)
+    parser.add_foreign_flags("mmseg's tools", MMSEG_FLAGS)
     return parser
 
 
