@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine.config import Config
 
 from backbones.common.errors import UsageError
@@ -260,6 +262,20 @@ def task_named(name: str | None) -> DenseTask | None:
 
 def tasks() -> list[DenseTask]:
     return list(TASKS.values())
+
+
+class HeadAtInputSize(nn.Module):
+    """A dense model's whole-image forward on normalised RGB images, its decode head's output resampled to the
+    input's size (mmseg's `encode_decode` without its image metas): a segmentor's per-class logits, a depth model's
+    metres."""
+
+    def __init__(self, model: nn.Module, align_corners: bool) -> None:
+        super().__init__()
+        self.model, self.align_corners = model, align_corners
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        out = self.model.decode_head(self.model.extract_feat(images))
+        return F.interpolate(out, size=images.shape[2:], mode='bilinear', align_corners=self.align_corners)
 
 
 def synthetic_image(rng: np.random.Generator, width: int, height: int) -> dict:

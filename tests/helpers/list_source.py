@@ -7,21 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from backbones.common.errors import DataError
+from classification.sources.class_folders import FilesIn
 from classification.sources.source import ImageSource, Listing, register_source
-
-
-class ListedFiles:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-
-    def open(self, index: int, name: str) -> Path:
-        return self.data_dir / name
-
-    def take(self, positions: Sequence[int] | np.ndarray) -> ListedFiles:
-        return self
 
 
 @register_source
@@ -42,7 +30,7 @@ class ListFile(ImageSource):
             found = list(classes)
         label = {name: i for i, name in enumerate(found)}
         samples = sorted((path, label[name]) for path, name in pairs)
-        return Listing(found, samples, ListedFiles(data_dir))
+        return Listing(found, samples, FilesIn(data_dir))  # files under the data folder, as class folders' are
 
 
 if __name__ == '__main__':

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.evaluator import BaseMetric
 
@@ -23,7 +22,14 @@ from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.estimator import TokenDepthEstimator
-from backbones.segmentation.tasks import DenseTask, PredictionRequest, SmallDenseData, register_task, synthetic_image
+from backbones.segmentation.tasks import (
+    DenseTask,
+    HeadAtInputSize,
+    PredictionRequest,
+    SmallDenseData,
+    register_task,
+    synthetic_image,
+)
 
 NEAR = 4.5  # metres
 
@@ -55,17 +61,11 @@ class NearAgreement(BaseMetric):
         return metrics
 
 
-class NearMap(nn.Module):
+class NearMap(HeadAtInputSize):
     """The exported network: 1 where a pixel lies nearer than NEAR metres, else 0."""
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        depth = self.model.decode_head(self.model.extract_feat(images))
-        depth = F.interpolate(depth, size=images.shape[2:], mode='bilinear', align_corners=False)
-        return (depth < NEAR).float()
+        return (super().forward(images) < NEAR).float()
 
 
 @register_task
@@ -111,7 +111,7 @@ class Nearness(DenseTask):
         return np.where(near[..., None], pixels, pixels // 4).astype(np.uint8)
 
     def exported(self, model: nn.Module) -> nn.Module:
-        return NearMap(model)
+        return NearMap(model, model.decode_head.align_corners)
 
     def export_facts(self, predictor) -> dict:
         return {'near_metres': NEAR}

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.config import Config
 
 from backbones.common.drawing import enlarge, write_png
@@ -22,6 +20,7 @@ from backbones.segmentation.pictures import colour_depth, side_by_side, titled
 from backbones.segmentation.predict import SegPredictor
 from backbones.segmentation.tasks import (
     DenseTask,
+    HeadAtInputSize,
     PredictionRequest,
     SmallDenseData,
     register_task,
@@ -103,7 +102,7 @@ class Depth(DenseTask):
         return side_by_side(panels)
 
     def exported(self, model: nn.Module) -> nn.Module:
-        return DepthMap(model)
+        return HeadAtInputSize(model, model.decode_head.align_corners)
 
     def export_facts(self, predictor: SegPredictor) -> dict:
         return {'depth_png_scale': predictor.depth_scale, 'max_depth': float(predictor.model.decode_head.max_depth)}
@@ -121,16 +120,3 @@ def training_crop_height(cfg: Config) -> int:
     if crop is None:
         raise UsageError('a depth config on the embedded data needs a training crop (RandomCrop) to size it by')
     return crop[0]
-
-
-class DepthMap(nn.Module):
-    """A depth model's whole-image forward on normalised RGB images: metres at the input's size."""
-
-    def __init__(self, estimator: nn.Module) -> None:
-        super().__init__()
-        self.estimator = estimator
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        depth = self.estimator.decode_head(self.estimator.extract_feat(images))
-        return F.interpolate(depth, size=images.shape[2:], mode='bilinear',
-                             align_corners=self.estimator.decode_head.align_corners)

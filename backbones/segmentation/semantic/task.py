@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.config import Config
 from mmseg.registry import METRICS
 
@@ -31,6 +29,7 @@ from backbones.segmentation.semantic.own_data import (
 )
 from backbones.segmentation.tasks import (
     DenseTask,
+    HeadAtInputSize,
     PredictionRequest,
     SmallDenseData,
     register_task,
@@ -134,7 +133,7 @@ class SemanticSegmentation(DenseTask):
                                     with_labels)
 
     def exported(self, model: nn.Module) -> nn.Module:
-        return SegmentationLogits(model)
+        return HeadAtInputSize(model, model.align_corners)
 
     def export_facts(self, predictor: SegPredictor) -> dict:
         return {'classes': predictor.classes, 'palette': predictor.palette,
@@ -177,17 +176,3 @@ def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) 
     for metric in iou:
         metric.update(type='IoUReport', json_file=out, output_dir=pred_dir or metric.get('output_dir'))
     return metrics if isinstance(own, (list, tuple)) else metrics[0]
-
-
-class SegmentationLogits(nn.Module):
-    """A segmentor's whole-image forward on normalised RGB images: per-class logits at the input's size (mmseg's
-    `encode_decode` without its image metas)."""
-
-    def __init__(self, segmentor: nn.Module) -> None:
-        super().__init__()
-        self.segmentor = segmentor
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self.segmentor.decode_head(self.segmentor.extract_feat(images))
-        return F.interpolate(logits, size=images.shape[2:], mode='bilinear',
-                             align_corners=self.segmentor.align_corners)
