@@ -91,7 +91,12 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.segmentation.silenced_warn
                    'segmentation.segmentor': 'backbones.segmentation.semantic.segmentor',
                    'backbones.segmentation.metrics': 'backbones.segmentation.semantic.metrics',
                    'backbones.segmentation.own_data': 'backbones.segmentation.semantic.own_data',
-                   'backbones.segmentation.segmentor': 'backbones.segmentation.semantic.segmentor'}
+                   'backbones.segmentation.segmentor': 'backbones.segmentation.semantic.segmentor',
+                   # what only classification uses, moved off the ground after 0.2.0
+                   'common.memory': 'classification.engine.memory',
+                   'common.path_list': 'classification.sources.path_list',
+                   'common.statistics': 'classification.studies.statistics',
+                   'common.timing': 'classification.studies.timing'}
 
 
 def present_module(name: str) -> str:
