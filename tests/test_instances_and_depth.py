@@ -4,6 +4,7 @@ their errors, a training step of every backbone family for both tasks, and the t
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import cv2
@@ -90,6 +91,35 @@ def test_shifted_predictions_score_what_pycocotools_gives_them(coco_set):
         evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
         assert 0 < scores[key] < 100
         assert scores[key] == pytest.approx(100 * evaluation.stats[0], abs=1e-9), kind
+
+
+def test_a_run_that_detects_nothing_scores_what_pycocotools_gives_one_that_finds_nothing(coco_set, tmp_path):
+    """No detection at all (which pycocotools cannot load): 0 where there is ground truth to find, NaN (null in the
+    report) where an area range or a category has none, as pycocotools scores a lone detection that matches nothing;
+    the tiny set's objects are small, so its large-object APs are undefined, not 0."""
+    ann_file = coco_set / 'annotations' / 'instances_val.json'
+    coco = load_coco(ann_file)
+    names, ids = categories(coco)
+
+    def predicted(image, boxes):
+        return dict(bboxes=torch.tensor(boxes, dtype=torch.float64).reshape(-1, 4),
+                    labels=torch.zeros(len(boxes), dtype=torch.long), scores=torch.full((len(boxes),), 0.01),
+                    masks=torch.zeros(len(boxes), image['height'], image['width'], dtype=torch.bool).index_fill_(
+                        1, torch.tensor([0]), True) if boxes else torch.zeros(0, image['height'], image['width']))
+
+    nothing = {image_id: predicted(image, []) for image_id, image in coco.imgs.items()}
+    first = min(coco.imgs)
+    one_miss = {**nothing, first: predicted(coco.imgs[first], [[0, 0, 1, 1]])}  # far too small to match anything
+    metric = CocoAP(json_file=str(tmp_path / 'scores.json'))
+    metric.dataset_meta = dict(classes=names, cat_ids=ids, ann_file=str(ann_file))
+    metric.process({}, [dict(img_id=image_id, pred_instances=p) for image_id, p in nothing.items()])
+    scores, reference = metric.compute_metrics(metric.results), metric_on(ann_file, one_miss)
+    assert scores.keys() == reference.keys()
+    for key, value in reference.items():
+        assert (math.isnan(value) and math.isnan(scores[key])) or value == scores[key] == 0, key
+    assert math.isnan(scores['box_APl']) and scores['box_AP'] == 0  # the tiny set has no large object
+    report = json.loads((tmp_path / 'scores.json').read_text())
+    assert report['box_APl'] is None and report['box_AP'] == 0.0
 
 
 def test_one_detection_at_iou_0_62_scores_3_of_the_10_thresholds(tmp_path):
@@ -642,6 +672,21 @@ def test_a_run_resumed_on_renamed_categories_is_refused_naming_them(trained_dete
                                                        '--iters', '4']))
     assert 'was trained on other classes than the training data now declares (dog -> wolf)' in refused
     assert f'load_from={work}' in refused and sorted(work.rglob('*')) == before  # no log folder of its own left
+
+
+@pytest.mark.slow  # tools run end to end
+def test_a_run_resumed_with_another_tasks_config_is_refused_naming_both_before_any_write(trained_depth, coco_set,
+                                                                                        tmp_path):
+    """A depth run's work folder given to a detector's config with --resume: one line names the depth model and the
+    detection config (not a mismatch of classes), and nothing is written into the folder."""
+    import shutil
+    depth_config, checkpoint = trained_depth
+    work = shutil.copytree(checkpoint.parent, tmp_path / 'work')
+    before = sorted(work.rglob('*'))
+    detector = write_tiny_dense_config(tmp_path / 'detector.py', 'maskrcnn_lvvit_s_own_data.py', coco_set)
+    refused = one_line_error(run_tool('train_seg.py', [detector, '--work-dir', work, '--resume', '--iters', '4']))
+    assert 'holds a depth model (depth), and' in refused and 'is a detection config' in refused
+    assert sorted(work.rglob('*')) == before
 
 
 @pytest.mark.slow  # tools run end to end

@@ -356,6 +356,19 @@ def test_segmentation_from_the_pretrained_backbone_finds_digits(chain):
 
 
 @on_the_fallback
+def test_a_checkpoint_of_the_embedded_pages_predicts_from_the_folder_it_was_trained_on(chain, tmp_path):
+    """predict_seg, run from another folder on a checkpoint trained on the pages in a folder of its own: the pages are
+    read where the checkpoint says they are, not written again under that folder's data/."""
+    root, config, _ = chain
+    checkpoint = sorted((root / 'work').glob('iter_*.pth'))[-1]
+    image = sorted((root / 'digits_seg' / 'images' / 'validation').glob('*.jpg'))[0]
+    result = succeeded(run_tool('predict_seg.py', [config, checkpoint, image, '--out', tmp_path / 'masks'],
+                                cwd=tmp_path))
+    assert f'the embedded digits pages in {root / "digits_seg"}' in result.stdout + result.stderr
+    assert (tmp_path / 'masks' / f'{image.stem}.png').is_file() and not (tmp_path / 'data').exists()
+
+
+@on_the_fallback
 def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
     root, _, _ = chain
     checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'

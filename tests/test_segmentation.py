@@ -442,6 +442,22 @@ def test_a_configs_text_is_mmengines_formatted_once_per_content(monkeypatch):
     assert cfg.pretty_text == reference.pretty_text and 'max_iters=7' in cfg.pretty_text and len(calls) == 4
 
 
+def test_a_config_that_cannot_build_its_model_is_one_line_naming_the_file_before_any_work(tmp_path):
+    """A config with a syntax error, a file that is no config, a folder, and a config whose model type nothing
+    registers: each a UsageError naming the path (the tools print it as one line, exit 2), where mmengine raised
+    with a traceback, the last only after the data and the backbone were prepared."""
+    base = CONFIGS / 'fcn_lvvit_s.py'
+    (tmp_path / 'syntax.py').write_text('model = dict(type=\n')
+    (tmp_path / 'notes.md').write_text('# not a config\n')
+    (tmp_path / 'unknown.py').write_text(f"_base_ = [{str(base)!r}]\nmodel = dict(type='NoSuchSegmentor')\n")
+    for name, says in (('syntax.py', 'not a readable config (SyntaxError'), ('notes.md', 'not a config file'),
+                       ('unknown.py', "its model type 'NoSuchSegmentor' is no model mmseg or the suite registers")):
+        with pytest.raises(UsageError, match=re.escape(f'{tmp_path / name}: {says}')):
+            load_config(str(tmp_path / name))
+    with pytest.raises(UsageError, match='a folder, not a config file'):
+        load_config(str(tmp_path))
+
+
 def test_configs_from_before_the_move_import_every_module_the_changelog_lists(tmp_path):
     """Every module path of CHANGELOG.md's 0.2.0 table under a former top-level package is rewritten to the path the
     table gives, which imports; a config naming the renamed ones loads, and one naming a module that does not

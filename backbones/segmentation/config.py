@@ -22,7 +22,7 @@ from backbones.common.log import logger
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.runner import recorded_config, trained_data
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
-from backbones.segmentation.tasks import DenseTask, task_named, task_of, task_recognised_by, tasks
+from backbones.segmentation.tasks import DenseTask, model_type, task_named, task_of, task_recognised_by, tasks
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
@@ -133,7 +133,12 @@ def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool
 def read_config(path: str | Path) -> Config:
     """A config file as mmengine reads it, its `custom_imports` under their present paths (a config saved before the
     suite's packages moved names `segmentation`), then imported."""
-    cfg = FormattedOnceConfig.fromfile(str(path), import_custom_modules=False)
+    try:
+        cfg = FormattedOnceConfig.fromfile(str(path), import_custom_modules=False)
+    except (SyntaxError, NameError, TypeError, ValueError, KeyError, AttributeError) as e:  # the file's own code
+        raise UsageError(f'{path}: not a readable config ({type(e).__name__}: {e})') from e
+    except OSError as e:  # mmengine's refusal of other file types, an unreadable file
+        raise UsageError(f'{path}: not a config file mmengine reads ({e}); a config is a .py file') from e
     custom = cfg.get('custom_imports')
     if custom:
         names = custom['imports']
@@ -144,12 +149,25 @@ def read_config(path: str | Path) -> Config:
 
 def load_config(path: str, cfg_options: dict | None = None) -> Config:
     if not Path(path).is_file():
-        raise UsageError(f'{path}: config file not found')
+        raise UsageError(f'{path}: ' + ('a folder, not a config file' if Path(path).is_dir() else
+                                        'config file not found'))
     cfg = read_config(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_loader_sizes(cfg, path)
+    check_model_type(cfg, path)
     return cfg
+
+
+def check_model_type(cfg: Config, path: str) -> None:
+    """The config builds a model mmseg or the suite registers (before any work: a run would fail on it after its
+    data and backbone were prepared)."""
+    from mmseg.registry import MODELS
+
+    kind = model_type(cfg) if cfg.get('model') else None
+    if not isinstance(kind, str) or MODELS.get(kind) is None:
+        raise UsageError(f'{path}: its model type {kind!r} is no model mmseg or the suite registers (a module of '
+                         "your own that registers it goes in the config's custom_imports)")
 
 
 @dataclass(frozen=True)
@@ -161,6 +179,7 @@ class TrainedData:
     data_root: str | None = None
     embedded: bool = False
     at_hand: bool = True
+    embedded_root: str | None = None  # the embedded data's folder the checkpoint was trained on, where it is there
 
 
 def trained_data_record(cfg: Config, embedded: bool) -> dict:
@@ -214,7 +233,9 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
     if record['embedded']:
         if fallback is None:
             raise DataError(f'{checkpoint} was trained on the embedded data, which this caller does not give')
-        return TrainedData(embedded=True)
+        # the folder it was trained on, where it is still there: the data is not written again elsewhere
+        kept = record['data_root'] if Path(record['data_root']).is_dir() else None
+        return TrainedData(embedded=True, embedded_root=kept)
     missing = ', '.join(sorted(root for root in roots if not Path(root).is_dir()))
     if Path(record['data_root']).is_dir():
         logger.info(f'data: {record["data_root"]}, which {checkpoint} was trained on (the config\'s {missing} is '
@@ -268,6 +289,10 @@ class EmbeddedSegData(EmbeddedData, Protocol):
     def use_schedule(self, cfg: Config) -> None: ...
 
     def use_model(self, cfg: Config) -> None: ...
+
+    def moved_to(self, root: Path) -> EmbeddedSegData:
+        """The same data kept in `root` (where a checkpoint recorded it was trained on it)."""
+        ...
 
 
 def datasets(cfg: Config) -> Iterator[dict]:
@@ -412,6 +437,8 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallba
     if not data.at_hand:
         task.use_trained_classes(cfg, checkpoint)
     else:
+        if data.embedded and data.embedded_root:
+            fallback = fallback.moved_to(Path(data.embedded_root))
         resolve_data(cfg, data.data_root, fallback if data.embedded else None, checkpoint)
         task.check_trained_classes(cfg, checkpoint)
     use_trained_pipeline(cfg, checkpoint, cfg_options)

@@ -87,6 +87,9 @@ class EmbeddedPages:
         write_digits_ade(self.root)
         task_of(cfg).use_small_data(cfg, self.as_small_data())
 
+    def moved_to(self, root: Path) -> EmbeddedPages:
+        return replace(self, root=Path(root))
+
     def as_small_data(self) -> SmallDenseData:
         return SmallDenseData(self.root, CLASSES, tuple(tuple(c) for c in PALETTE), IMAGE_SIZE, self.scale,
                               RATIO_RANGE, self.test_ratios, DEPTH_SCALE, mirrored=False)

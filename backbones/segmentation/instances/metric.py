@@ -54,6 +54,23 @@ def per_category_ap(evaluation: COCOeval, names: Sequence[str]) -> dict[str, flo
     return result
 
 
+# COCOeval's area ranges of its summary numbers (all, small, medium, large), in pixels of ground-truth area
+AREA_RANGES = {'AP': (0, 1e10), 'AP50': (0, 1e10), 'AP75': (0, 1e10), 'APs': (0, 32 ** 2), 'APm': (32 ** 2, 96 ** 2),
+               'APl': (96 ** 2, 1e10)}
+
+
+def without_detections(gt, image_ids: list[int], names: Sequence[str],
+                       cat_ids: Sequence[int]) -> tuple[list[float], dict[str, float]]:
+    """The figures COCOeval gives a run that detects nothing, which it cannot load: 0 where there is ground truth to
+    find (not crowd regions: COCO ignores those), undefined (-1, NaN in percent) where there is none, for each summary
+    number's area range and each category."""
+    found = gt.loadAnns(gt.getAnnIds(imgIds=image_ids, iscrowd=False))
+    stats = [0.0 if any(low <= a['area'] <= high for a in found) else -1.0
+             for low, high in (AREA_RANGES[name] for name in SUMMARY)]
+    present = {a['category_id'] for a in found}
+    return stats, {name: 0.0 if cat in present else float('nan') for name, cat in zip(names, cat_ids)}
+
+
 def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOeval:
     """pycocotools' evaluation of `results` on `image_ids`, its printout kept out of the output. Each kind sees
     copies of the entries (loadRes writes into them) holding only its own geometry: with a box present, loadRes
@@ -73,9 +90,10 @@ def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOev
 @METRICS.register_module()
 class CocoAP(BaseMetric):
     """Box and mask AP (`box_AP`, `box_AP50`, ..., `mask_AP`, ...) on the images the loop ran; with `json_file`, they
-    and each category's AP by name are written there. A run that detects nothing scores 0 (pycocotools cannot load
-    an empty result list). With `predictions_dir`, the detections are written there as COCO results
-    (predictions.json: image ids, the data set's category ids, boxes as x, y, width, height, masks as RLE)."""
+    and each category's AP by name are written there. A run that detects nothing scores 0 where there was something
+    to find (pycocotools cannot load an empty result list: `without_detections`). With `predictions_dir`, the
+    detections are written there as COCO results (predictions.json: image ids, the data set's category ids, boxes as
+    x, y, width, height, masks as RLE)."""
 
     default_prefix = None
 
@@ -99,10 +117,11 @@ class CocoAP(BaseMetric):
                 evaluation = evaluate(gt, detections, image_ids, kind)
                 stats, per_class[kind] = evaluation.stats[:len(SUMMARY)], per_category_ap(evaluation, names)
             else:
-                stats, per_class[kind] = [0.0] * len(SUMMARY), dict.fromkeys(names, 0.0)
+                stats, per_class[kind] = without_detections(gt, image_ids, names, self.dataset_meta['cat_ids'])
             metrics.update({f'{kind}_{name}': percent(value) for name, value in zip(SUMMARY, stats)})
         if not detections:
-            logger.warning(f'warning: no detections on {len(image_ids)} images: every AP is 0')
+            logger.warning(f'warning: no detections on {len(image_ids)} images: every AP with ground truth to find '
+                           f'is 0')
         logger.info('AP: ' + '  '.join(f'{key} {value:.2f}' for key, value in metrics.items()
                                        if not math.isnan(value)))
         if self.predictions_dir and is_main_process():
