@@ -62,6 +62,23 @@ def test_a_split_lists_and_reads_the_same_through_any_source(tmp_path):
     assert len(dataset) == 12 and dataset[0]['label'] == dict(open_split(listed, 'val').samples)[dataset.paths[0]]
 
 
+def test_an_entry_meant_for_the_split_that_is_not_read_is_named(tmp_path, caplog):
+    """A tar of the split beside its class folders (the folder is read, as the documented order says) and a list file
+    beside a folder: each entry left unread is named in a warning; the one read is not."""
+    import tarfile
+    data = make_image_folder(tmp_path / 'data')
+    with tarfile.open(data / 'train.tar', 'w') as tar:
+        tar.add(data / 'train', arcname='.')
+    (data / 'train.list').write_text('')
+    with caplog.at_level('WARNING'):
+        listing = open_split(data, 'train')
+    assert listing.read_from in (data / 'train', data / 'train.list')
+    unread = sorted({data / 'train', data / 'train.tar', data / 'train.list'} - {listing.read_from})
+    for entry in unread:
+        assert f'{entry} is not read: the split train is read from {listing.read_from}' in caplog.text
+    assert f'{listing.read_from} is not read' not in caplog.text
+
+
 @pytest.mark.slow  # tools run end to end
 def test_a_source_registered_in_one_module_trains_with_token_labels_and_resumes_exactly(tmp_path):
     data = tmp_path / 'listed'

@@ -49,7 +49,7 @@ class ClassFolders(ImageSource):
                    classes_from: str) -> Listing:
         check_no_split_file(data_dir, split)
         found, samples = scan_split(data_dir, split, classes, classes_from)
-        return Listing(found, samples, FilesIn(data_dir))
+        return Listing(found, samples, FilesIn(data_dir), data_dir / split)
 
     def split_classes(self, data_dir: Path, split: str) -> list[str]:
         return find_classes(data_dir / split)

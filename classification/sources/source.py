@@ -17,6 +17,8 @@ from typing import BinaryIO, ClassVar, Protocol
 
 import numpy as np
 
+from backbones.common.log import logger
+
 
 class ItemReader(Protocol):
     """Opens the images of a listing: picklable, for the loader workers it is sent to."""
@@ -32,11 +34,13 @@ class ItemReader(Protocol):
 
 @dataclass
 class Listing:
-    """One split as a source lists it: its classes, (name, label) of each image, and how to open them."""
+    """One split as a source lists it: its classes, (name, label) of each image, how to open them, and the entry of
+    the data folder it read them from (`D/SPLIT/`, `D/SPLIT.tar`, ...; None: the data folder is itself the tar)."""
 
     classes: list[str]
     samples: list[tuple[str, int]]
     reader: ItemReader
+    read_from: Path | None = None
 
 
 class ImageSource(ABC):
@@ -79,8 +83,20 @@ def open_split(data_dir: str | Path, split: str, classes: Sequence[str] | None =
     for source in sources():
         listing = source.list_split(data_dir, split, classes, classes_from)
         if listing is not None:
+            name_unread_entries(data_dir, split, listing.read_from)
             return listing
     raise AssertionError('no default image source registered')  # the class folders' source lists any folder
+
+
+def name_unread_entries(data_dir: Path, split: str, read_from: Path | None) -> None:
+    """Every entry of the data folder that looks meant for the split (`SPLIT`, `SPLIT.*`) but was not read, named in
+    a warning: a tar beside the split's folder, a second storage of it (its index files aside)."""
+    if read_from is None or not data_dir.is_dir():
+        return
+    for entry in sorted(data_dir.iterdir()):
+        if ((entry.name == split or entry.name.startswith(f'{split}.')) and entry != read_from
+                and not entry.name.endswith('.index.npz')):
+            logger.warning(f'warning: {entry} is not read: the split {split} is read from {read_from}')
 
 
 def split_classes(data_dir: str | Path, split: str) -> list[str]:

@@ -421,4 +421,5 @@ class Tars(ImageSource):
         if found is None:
             return None
         found_classes, samples, members = tar_listing(data_dir, split, found, classes, classes_from)
-        return Listing(found_classes, samples, TarReader(data_dir, members))
+        read_from = None if found.whole else data_dir / split if found.folder else found.tars[0]
+        return Listing(found_classes, samples, TarReader(data_dir, members), read_from)

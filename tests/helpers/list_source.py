@@ -30,7 +30,7 @@ class ListFile(ImageSource):
             found = list(classes)
         label = {name: i for i, name in enumerate(found)}
         samples = sorted((path, label[name]) for path, name in pairs)
-        return Listing(found, samples, FilesIn(data_dir))  # files under the data folder, as class folders' are
+        return Listing(found, samples, FilesIn(data_dir), listed)  # files under the data folder, as class folders'
 
 
 if __name__ == '__main__':
