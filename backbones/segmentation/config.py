@@ -20,7 +20,7 @@ from backbones.common.files import load_weights_only
 from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
-from backbones.segmentation.runner import recorded_config, trained_data
+from backbones.segmentation.runner import iteration_checkpoints, recorded_config, trained_data
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
 from backbones.segmentation.tasks import DenseTask, model_type, task_named, task_of, task_recognised_by, tasks
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
@@ -496,10 +496,28 @@ def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, c
                               f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
                               f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='
                               f'{checkpoint}')
+    if task is not None:
+        check_checkpoint_task(checkpoint, names, task, config)
+
+
+def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, config: str | None) -> None:
+    """The checkpoint (its weights' `names`) is a model of the config's `task`, where it says which task it is of."""
     trained = checkpoint_task(checkpoint, names)
-    if task is not None and trained is not None and trained is not task:
+    if trained is not None and trained is not task:
         raise CheckpointError(f'{checkpoint} holds a {trained.model_kind} ({trained.title}), and {config} is '
                               f'a {task.title} config: give the config it was trained with')
+
+
+def check_resumed_task(work_dir: str, task: DenseTask, config: str) -> None:
+    """The run a work dir holds is of the config's `task`, as its newest readable checkpoint says (the one a resume
+    continues from: `runner.SuiteRunner` falls back past those that do not read, and leaves their naming to it)."""
+    for candidate in iteration_checkpoints(work_dir):
+        try:
+            names = weight_names(str(candidate))
+        except CheckpointError:
+            continue
+        check_checkpoint_task(str(candidate), names, task, config)
+        return
 
 
 def check_pretrained(cfg: Config) -> None:

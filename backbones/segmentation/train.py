@@ -31,7 +31,7 @@ from backbones.segmentation.config import (
     accumulate_gradients,
     check_loader_sizes,
     check_pretrained,
-    check_segmentor_checkpoint,
+    check_resumed_task,
     data_roots,
     describe_schedule,
     drop_one_step_warmup,
@@ -197,17 +197,6 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: boo
     return None
 
 
-def latest_checkpoint(work_dir: str) -> Path | None:
-    """The checkpoint a resumed run in `work_dir` continues from (mmengine's `last_checkpoint` names it), if it is
-    there."""
-    pointer = Path(work_dir) / 'last_checkpoint'
-    if not pointer.is_file():
-        return None
-    named = Path(pointer.read_text().strip())
-    found = named if named.is_absolute() or named.is_file() else Path(work_dir) / named.name
-    return found if found.is_file() else None
-
-
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> PreparedRun:
     """The config a run takes: the data (`fallback`'s without ADE20K, with its schedule), the command line's
     options, the schedule; and the pretraining it needs first, if any (the tool's to run: `train` takes its
@@ -225,9 +214,8 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
-    resumed = latest_checkpoint(cfg.work_dir)
-    if args.resume and resumed is not None:  # a run of another task is named as such, before anything is written
-        check_segmentor_checkpoint(str(resumed), task_of(cfg), args.config)
+    if args.resume:  # a run of another task is named as such, before anything is written
+        check_resumed_task(cfg.work_dir, task_of(cfg), args.config)
     on_fallback = resolve_data(cfg, args.data_root, fallback)
     cfg[TRAINED_DATA] = trained_data_record(cfg, on_fallback)  # in every checkpoint: what tests and predictions take
     pretraining = choose_backbone(cfg, config_pretrained, on_fallback)
