@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from backbones import bare_model
 from backbones.common.cli import add_model_kwargs_argument, model_parser, parse_model_kwargs, positive_int
 from backbones.common.distributed import DistInfo, run_distributed
@@ -108,11 +110,12 @@ class RunStart:
     decode: str = 'cpu'
 
 
-def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart) -> None:
-    """Refuse what the recipe, the data and the start cannot do together (before any work), and say which of the
-    given inputs the run will not use."""
+def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart, device: torch.device) -> None:
+    """Refuse what the recipe, the data and the start cannot do together on `device` (before any work), and say
+    which of the given inputs the run will not use."""
     if start.new_head and not start.finetune:
         raise UsageError('--new-head goes with --finetune (the weights to start from)')
+    check_decode(start.decode, pick_augment(start.augment, device), device)
     if recipe.zero_head and not start.finetune:
         raise UsageError(f'--preset {start.preset} fine-tunes pretrained weights: give them with --finetune CKPT '
                          f'(--new-head for a new class list)')
@@ -143,18 +146,17 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
           start: RunStart = RunStart()) -> dict:
     """Train `model_name` on `data` with `recipe` as `start` says (the weights it starts from, a teacher, how images
     are augmented and decoded); returns (and writes to OUTPUT/metrics.json) the run's metrics."""
-    check_run(model_name, recipe, data, start)
+    check_run(model_name, recipe, data, start, info.device)
     augment = pick_augment(start.augment, info.device)
     decode, teacher, finetune, new_head, preset = start.decode, start.teacher, start.finetune, start.new_head, \
         start.preset
-    check_decode(decode, augment, info.device)
     online = annotates_online(recipe, teacher)
     distilled = teacher is not None and not online
+    trainer = Trainer(options, info)  # its trackers started before the store and the data are read
+    store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
     data_cfg = model_data_config(model_name)
     # by default a fine-tuning runs at the size its weights were trained at: a recipe of that size
     recipe = replace(recipe, img_size=checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1])
-    trainer = Trainer(options, info)  # its trackers started before the store and the data are read
-    store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
     train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
                                                                 augment, decode)
     if teacher is not None and teacher.checkpoint is not None:

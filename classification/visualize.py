@@ -23,7 +23,7 @@ from backbones.common.cli import (
     probability,
 )
 from backbones.common.drawing import write_png
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.images import check_same_classes, read_image
 from backbones.common.log import logger
@@ -128,6 +128,9 @@ def token_labels_picture(args: argparse.Namespace) -> np.ndarray:
     seed_all(args.seed)  # the augmentation drawn: the trainer's draws from these streams
     transform = TrainTransform(size, scale=(args.scale_min, 1.0), hflip=args.hflip, auto_augment=args.auto_augment,
                                reprob=0.0)
+    if path not in names:
+        raise DataError(f'{path}: in the token-label store {store.root} but not among the images of '
+                        f'{data_dir / split}')
     labels = token_labels(read_image(listing.reader.open(names.index(path), path)), scores, classes, transform,
                           store.num_classes, extent=store.extent(row))
     return token_label_figure(labels, store.classes, f'{path}: {store.meta["annotator"]} map, {size} px training crop')

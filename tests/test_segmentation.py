@@ -450,7 +450,7 @@ def test_a_config_that_cannot_build_its_model_is_one_line_naming_the_file_before
     (tmp_path / 'syntax.py').write_text('model = dict(type=\n')
     (tmp_path / 'notes.md').write_text('# not a config\n')
     (tmp_path / 'unknown.py').write_text(f"_base_ = [{str(base)!r}]\nmodel = dict(type='NoSuchSegmentor')\n")
-    for name, says in (('syntax.py', 'not a readable config (SyntaxError'), ('notes.md', 'not a config file'),
+    for name, says in (('syntax.py', 'not a readable config (line 1: SyntaxError'), ('notes.md', 'not a config file'),
                        ('unknown.py', "its model type 'NoSuchSegmentor' is no model mmseg or the suite registers")):
         with pytest.raises(UsageError, match=re.escape(f'{tmp_path / name}: {says}')):
             load_config(str(tmp_path / name))

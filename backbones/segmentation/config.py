@@ -35,6 +35,7 @@ KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN
 ADE20K_CROP = 512  # the configs' training crop side
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _SIZE_KEYS = ('scale', 'crop_size', 'size', 'stride')
+CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')  # the files mmengine reads as configs
 
 
 class FormattedOnceConfig(Config):
@@ -96,7 +97,12 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.segmentation.silenced_warn
                    'common.memory': 'classification.engine.memory',
                    'common.path_list': 'classification.sources.path_list',
                    'common.statistics': 'classification.studies.statistics',
-                   'common.timing': 'classification.studies.timing'}
+                   'common.timing': 'classification.studies.timing',
+                   'backbones.common.memory': 'classification.engine.memory',
+                   'backbones.common.path_list': 'classification.sources.path_list',
+                   'backbones.common.statistics': 'classification.studies.statistics',
+                   'backbones.common.timing': 'classification.studies.timing',
+                   'backbones.common.image_tars': 'classification.sources.tars'}
 
 
 def present_module(name: str) -> str:
@@ -135,10 +141,17 @@ def read_config(path: str | Path) -> Config:
     suite's packages moved names `segmentation`), then imported."""
     try:
         cfg = FormattedOnceConfig.fromfile(str(path), import_custom_modules=False)
-    except (SyntaxError, NameError, TypeError, ValueError, KeyError, AttributeError) as e:  # the file's own code
-        raise UsageError(f'{path}: not a readable config ({type(e).__name__}: {e})') from e
-    except OSError as e:  # mmengine's refusal of other file types, an unreadable file
-        raise UsageError(f'{path}: not a config file mmengine reads ({e}); a config is a .py file') from e
+    except (SyntaxError, NameError) as e:  # the config's own code (or its bases')
+        where = ''
+        if isinstance(e, SyntaxError):  # mmengine parses the top file's text as '<unknown>'
+            where = ('' if not e.filename or e.filename.startswith('<') else f'{e.filename}, ') + f'line {e.lineno}: '
+        raise UsageError(f'{path}: not a readable config ({where}{type(e).__name__}: {e.msg if where else e})') from e
+    except OSError as e:
+        if e.filename and Path(e.filename).resolve() != Path(path).resolve():  # a base it names
+            raise UsageError(f'{path}: its base {e.filename} cannot be read ({e.strerror or e})') from e
+        if Path(path).suffix not in CONFIG_SUFFIXES:  # mmengine refuses other file types with an OSError
+            raise UsageError(f'{path}: not a config file (mmengine reads {", ".join(CONFIG_SUFFIXES)})') from e
+        raise UsageError(f'{path}: cannot be read ({e.strerror or e})') from e
     custom = cfg.get('custom_imports')
     if custom:
         names = custom['imports']

@@ -25,7 +25,7 @@ from backbones.segmentation.train import (
     Pretraining,
 )
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
-from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, write_digits_ade
+from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, READY, VERSION, write_digits_ade
 
 PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
 # The configs run on the pages at the scale that makes their training crop the input size of the classification
@@ -88,7 +88,11 @@ class EmbeddedPages:
         task_of(cfg).use_small_data(cfg, self.as_small_data())
 
     def moved_to(self, root: Path) -> EmbeddedPages:
-        return replace(self, root=Path(root))
+        """The pages in `root` where they are written there whole (its READY mark of this version), else these."""
+        ready = Path(root) / READY
+        if ready.is_file() and ready.read_text() == VERSION:
+            return replace(self, root=Path(root))
+        return self
 
     def as_small_data(self) -> SmallDenseData:
         return SmallDenseData(self.root, CLASSES, tuple(tuple(c) for c in PALETTE), IMAGE_SIZE, self.scale,

@@ -52,4 +52,5 @@ class ClassFolders(ImageSource):
         return Listing(found, samples, FilesIn(data_dir), data_dir / split)
 
     def split_classes(self, data_dir: Path, split: str) -> list[str]:
+        check_no_split_file(data_dir, split)
         return find_classes(data_dir / split)

@@ -259,7 +259,7 @@ def open_files_allowed() -> int:
 
 class TarMembers:
     """Where each image of a listing is: its tar, offset and size (NumPy arrays, shared with forked loader workers;
-    the tar `ON_DISK` for an image of a class folder beside the tars, which `image_file` reads as a file). A tar is
+    the tar `ON_DISK` for an image of a class folder beside the tars, which `TarReader.open` reads as a file). A tar is
     opened on its first read in a process (`os.pread` reads at an offset: a descriptor inherited by forked workers
     serves them all)."""
 
