@@ -23,20 +23,20 @@ from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 from backbones.segmentation.config import EmbeddedSegData, drop_tta_flips, load_trained_config, resolve_trained_data
 from backbones.segmentation.runner import checkpoint_meta, load_weights
 from backbones.segmentation.semantic.own_data import default_palette
-from backbones.segmentation.tasks import task_of
+from backbones.segmentation.tasks import DenseTask, task_of
 
-ANNOTATION_STEPS = ('LoadAnnotations', 'LoadInstances', 'LoadDepthAnnotation')
 DEPTH_SCALE = 1000  # depth PNG values per metre where a config names none (NYU-v2's millimetres)
 
 
-def without_annotations(pipeline: list) -> list:
-    """A test pipeline (its TestTimeAug's lists too) without the steps that read ground truth."""
+def without_annotations(pipeline: list, task: DenseTask) -> list:
+    """A test pipeline (its TestTimeAug's lists too) without the steps that read the task's ground truth."""
+    annotation_steps = task.annotation_steps
     kept = []
     for step in copy.deepcopy(pipeline):
-        if step['type'] in ANNOTATION_STEPS:
+        if step['type'] in annotation_steps:
             continue
         if step['type'] == 'TestTimeAug':
-            step['transforms'] = [[t for t in group if t['type'] not in ANNOTATION_STEPS]
+            step['transforms'] = [[t for t in group if t['type'] not in annotation_steps]
                                   for group in step['transforms']]
             step['transforms'] = [group for group in step['transforms'] if group]
         kept.append(step)
@@ -122,7 +122,7 @@ class SegPredictor:
             model = MODELS.build({**cfg.tta_model, 'module': model})
             pipeline = cfg.tta_pipeline
         self.cfg, self.model = cfg, model.to(device).eval()
-        self.steps = steps = without_annotations(pipeline)
+        self.steps = steps = without_annotations(pipeline, task)
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
         meta = test_set.metainfo

@@ -98,6 +98,7 @@ class DenseTask(ABC):
     predictions_fit: ClassVar[str]  # 'its <predictions_fit> the pixels as stored'
     export_output: ClassVar[str]  # what an export's network returns, in words
     usual_image: ClassVar[tuple[int, int]]  # its reference data set's usual image (width, height), before training
+    annotation_steps: ClassVar[tuple[str, ...]]  # the pipeline steps that read its ground truth (left out to predict)
 
     # ---- data
 
@@ -227,7 +228,7 @@ DEFAULT_TASK = 'semantic'  # the task of a model type no task claims
 
 
 REQUIRED = ('name', 'title', 'model_kind', 'head_weights', 'summary_keys', 'predictions_fit', 'export_output',
-            'usual_image')  # the class attributes a task sets
+            'usual_image', 'annotation_steps')  # the class attributes a task sets
 
 
 def register_task(task: type[DenseTask]) -> type[DenseTask]:

@@ -82,6 +82,7 @@ class Nearness(DenseTask):
     predictions_fit = 'nearness fits'
     export_output = f'1 where a pixel lies nearer than {NEAR} m, else 0 (batch, 1, H, W)'
     usual_image = (64, 48)
+    annotation_steps = ('LoadDepthAnnotation',)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         raise UsageError('nearness has no embedded data: give its data set')

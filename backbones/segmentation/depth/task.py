@@ -43,6 +43,7 @@ class Depth(DenseTask):
     predictions_fit = 'depth map fits'
     export_output = 'depth in metres (batch, 1, H, W)'
     usual_image = (640, 480)  # NYU-v2's
+    annotation_steps = ('LoadDepthAnnotation',)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The depth maps, read and scored in the data's scale (`depth_scale` per metre); every size scaled so that

@@ -58,6 +58,7 @@ class Instances(DenseTask):
     # its heads start from random weights and learn at a higher lr for longer, on fewer images a batch (with the
     # config's layer-wise lr decay, the backbone's lr shrinks towards its input)
     usual_image = (640, 480)  # COCO's
+    annotation_steps = ('LoadInstances',)
     small_schedule = dict(iters=400, lr=5e-4, batch_size=8, val_interval=400, checkpoint_interval=200)
 
     def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:

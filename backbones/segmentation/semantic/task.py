@@ -55,6 +55,7 @@ class SemanticSegmentation(DenseTask):
     predictions_fit = 'mask fits'
     export_output = 'logits (batch, classes, H, W); the class of a pixel is the argmax'
     usual_image = (683, 512)  # ADE20K's
+    annotation_steps = ('LoadAnnotations',)
 
     def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
         if not embedded and is_own_data_config(cfg):  # an own-data config takes the data's folders and classes
