@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from backbones.common.errors import DataError, UsageError
 from classification.studies import gpu_session, results_pages
+from classification.studies.results_file import check_envelope, file_name
 from helpers.commands import ROOT, run_tool
 
 
@@ -37,18 +40,22 @@ def test_the_repository_pages_say_what_their_data_say():
     assert 'no block(s) differ' in output(result)
 
 
+MAKE_RUN = 'make_run_cpu2_41c661a'
+
+
 def test_a_figure_edited_by_hand_fails_the_check_names_its_block_and_is_put_back(tmp_path):
     root = copy_pages_and_data(tmp_path / 'repo')
     readme = root / 'README.md'
-    marker = '<!-- results: value make_run top1_best {:.1f}% -->'
     text = readme.read_text()
-    published = text.split(marker, 1)[1].split('<!--', 1)[0]
-    edited = text.replace(marker + published, marker + '99.9%', 1)
+    best = json.loads((root / 'docs' / 'results' / f'{MAKE_RUN}.json').read_text())['figures']['top1_best']
+    published = f'**{best:.1f}% top-1**'
+    assert text.count(published) == 1  # the make run table's cell
+    edited = text.replace(published, '**99.9% top-1**')
     readme.write_text(edited)
 
     checked = run_tool('render_results.py', ['--check', '--root', root])
     assert checked.returncode == 1
-    assert 'README.md:' in output(checked) and 'block "value make_run top1_best {:.1f}%" differs' in output(checked)
+    assert 'README.md:' in output(checked) and f'block "table {MAKE_RUN} suite=' in output(checked)
     assert '1 block(s) differ' in output(checked)  # only the edited one
     assert readme.read_text() == edited  # --check changes nothing
 
@@ -60,31 +67,101 @@ def test_a_figure_edited_by_hand_fails_the_check_names_its_block_and_is_put_back
 
 def test_a_figure_changed_in_its_data_file_reaches_every_page_that_quotes_it(tmp_path):
     root = copy_pages_and_data(tmp_path / 'repo')
-    data = root / 'docs' / 'results' / 'make_run.json'
+    data = root / 'docs' / 'results' / f'{MAKE_RUN}.json'
     run = json.loads(data.read_text())
-    run['top1_best'] = 12.34
+    run['figures']['top1_best'] = 12.34
     data.write_text(json.dumps(run))
 
     differing = results_pages.render_pages(root, write=False)
-    assert differing and all('make_run top1_best' in block for block in differing)
-    quoting = [root / 'README.md', *sorted((root / 'docs').glob('*.md'))]
-    assert len(differing) == sum(page.read_text().count('value make_run top1_best') for page in quoting)
-    assert {block.split(':')[0] for block in differing} == {'README.md', 'docs/imagenet.md'}
+    quoting = {'README.md': 1, 'docs/imagenet.md': 0}  # the README's table; imagenet.md's figures inside sentences
+    quoting['docs/imagenet.md'] = (root / 'docs' / 'imagenet.md').read_text().count(f'value {MAKE_RUN} top1_best')
+    assert quoting['docs/imagenet.md'] >= 1
+    assert sorted(block.split(':')[0] for block in differing) == sorted(
+        page for page, count in quoting.items() for _ in range(count))
     results_pages.render_pages(root)
-    for page in ('README.md', 'docs/imagenet.md'):
-        assert '-->12.3%<!-- /results --> top-1' in (root / page).read_text()
+    assert '**12.3% top-1**' in (root / 'README.md').read_text()
+    assert '-->12.3%<!-- /results --> top-1' in (root / 'docs' / 'imagenet.md').read_text()
+
+
+def envelope(figures: dict, study: str = 'run', commit: str | None = 'abc1234', **fields: object) -> dict:
+    return {'study': study, 'source': 'a test', 'commit': commit, 'date': '2026-11-28', 'machine': '2 CPU cores',
+            'torch': '2.15.0', **fields, 'figures': figures}
+
+
+def page_and_data(root: Path, page: str, **documents: dict) -> Path:
+    """A repository `root` with README.md holding `page` and docs/results/NAME.json for each document."""
+    (root / 'docs' / 'results').mkdir(parents=True)
+    for name, document in documents.items():
+        (root / 'docs' / 'results' / f'{name}.json').write_text(json.dumps(document))
+    (root / 'README.md').write_text(page)
+    return root
 
 
 def test_a_block_naming_a_missing_figure_is_one_error_naming_page_line_and_file(tmp_path):
-    root = tmp_path / 'repo'
-    (root / 'docs' / 'results').mkdir(parents=True)
-    (root / 'docs' / 'results' / 'run.json').write_text(json.dumps({'top1': 0.5}))
-    (root / 'README.md').write_text('Top-1\n<!-- results: value run top5 {:.0%} -->50%<!-- /results -->\n')
+    root = page_and_data(tmp_path / 'repo', 'Top-1\n<!-- results: value run top5 {:.0%} -->50%<!-- /results -->\n',
+                         run=envelope({'top1': 0.5}))
     result = run_tool('render_results.py', ['--check', '--root', root])
     assert result.returncode == 2  # an error, not a difference
     assert output(result).strip().splitlines()[-1] == (
         f"error: README.md:2: {root}/docs/results/run.json: no top5 (stopped at 'top5')  (--debug shows the "
         f'traceback)')
+
+
+def test_a_results_file_outside_the_envelope_is_refused_naming_what_is_wrong(tmp_path):
+    page = '<!-- results: value run top1 -->0.5<!-- /results -->\n'
+    cases = {'no study, source, commit, date, machine, torch, figures; top1 outside figures': {'top1': 0.5},
+             "commit 'HEAD' is not a commit": envelope({'top1': 0.5}, commit='HEAD'),
+             'commit is null and notes.commit does not say why': envelope({'top1': 0.5}, commit=None),
+             "date '28/11/2026' is not YYYY-MM-DD": envelope({'top1': 0.5}, date='28/11/2026'),
+             'no figures': envelope({})}
+    for i, (why, document) in enumerate(cases.items()):
+        root = page_and_data(tmp_path / str(i), page, run=document)
+        with pytest.raises(DataError, match=re.escape(why)):
+            results_pages.render_pages(root, write=False)
+    unrecorded = envelope({'top1': 0.5}, commit=None, notes={'commit': 'not recorded'})
+    root = page_and_data(tmp_path / 'ok', page, run=unrecorded)
+    assert results_pages.render_pages(root, write=False) == []
+
+
+def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured(tmp_path):
+    page = textwrap.dedent('''\
+        <!-- results: table run base=base
+        | | img/s |
+        |---|---:|
+        | step | {step:rate} (x{step / base#step:.2f} of {base#commit}) |
+        -->
+        <!-- /results -->
+        ''')
+    root = page_and_data(tmp_path / 'repo', page, run=envelope({'step': 1234.5}),
+                         base=envelope({'step': 1000.0}, commit='def5678', machine='NVIDIA H200, 16 CPU cores'))
+    results_pages.render_pages(root)
+    text = (root / 'README.md').read_text()
+    assert '| step | 1,234 (x1.23 of def5678) |' in text.replace('1,235', '1,234')
+    assert ('2 CPU cores, torch 2.15.0, commit abc1234, 2026-11-28 ([docs/results/run.json](docs/results/run.json)); '
+            'NVIDIA H200, 16 CPU cores, torch 2.15.0, commit def5678') in ' '.join(text.split())
+    assert results_pages.render_pages(root, write=False) == []  # rendered once, it stays
+
+    (root / 'README.md').write_text(page.replace('{base#commit}', '{other#commit}'))
+    with pytest.raises(UsageError, match=r'other is not one of the table\'s files \(run, base\)'):
+        results_pages.render_pages(root, write=False)
+
+
+def test_every_results_file_is_in_the_envelope_and_named_by_study_machine_and_commit():
+    files = sorted((ROOT / 'docs' / 'results').glob('*.json'))
+    assert files
+    for path in files:
+        document = check_envelope(json.loads(path.read_text()), str(path))
+        assert path.name == file_name(document)
+
+
+def test_the_metafile_holds_the_dense_defaults_of_every_task_and_the_readme_stays_narrow():
+    page = results_pages.Page(results_pages.DataFiles(ROOT), ROOT / 'README.md')
+    for task, score in (('Semantic Segmentation', 'mIoU'), ('Instance Segmentation', 'mask AP'),
+                        ('Object Detection', 'box AP'), ('Depth Estimation', 'AbsRel')):
+        table = results_pages.embedded_runs(page, 'latest', task)
+        assert re.search(rf'[ *]{re.escape(score)} \d', table), table
+    long = [i for i, line in enumerate((ROOT / 'README.md').read_text().splitlines(), 1) if len(line) > 160]
+    assert not long, f'README.md lines over 160 characters: {long}'
 
 
 def test_a_root_without_the_pages_is_an_error_not_a_pass(tmp_path):
@@ -101,14 +178,17 @@ def test_a_gpu_results_file_that_is_a_folder_is_refused_before_any_work(tmp_path
 
 
 def test_expressions_evaluate_left_to_right_over_the_data():
-    files = results_pages.DataFiles(ROOT)
-    burst = json.loads((ROOT / 'docs' / 'results' / 'gpu_h100_burst.json').read_text())
-    lvvit = burst['models'][0]
+    files, burst = results_pages.DataFiles(ROOT), 'burst_h100_2026-11-24'
+    lvvit = json.loads((ROOT / 'docs' / 'results' / f'{burst}.json').read_text())['figures']['models'][0]
     expected = lvvit['pipeline_15_workers_img_s']['batched'] / 15 / lvvit['pipeline_per_core_img_s']['batched']
-    assert files.evaluate('gpu_h100_burst', 'models.0.pipeline_15_workers_img_s.batched / workers / '
+    assert files.evaluate(burst, 'models.0.pipeline_15_workers_img_s.batched / workers / '
                           'models.0.pipeline_per_core_img_s.batched') == pytest.approx(expected)
-    assert results_pages.value(files, 'gpu_h100_burst', 'workers * models.0.pipeline_per_core_img_s.batched',
+    assert files.evaluate(burst, 'workers - 5 + models.0.pipeline_per_core_img_s.pil') == pytest.approx(
+        10 + lvvit['pipeline_per_core_img_s']['pil'])
+    page = results_pages.Page(files, ROOT / 'README.md')
+    assert results_pages.value(page, burst, 'workers * models.0.pipeline_per_core_img_s.batched',
                                '{:,.0f}') == f'{15 * lvvit["pipeline_per_core_img_s"]["batched"]:,.0f}'
+    assert files.lookup(burst, 'machine') == 'NVIDIA H100 80GB, 16 CPU cores'  # the envelope's own field'
 
 
 def test_per_seed_values_render_as_mean_and_sample_deviation_and_anything_else_is_refused():

@@ -1,24 +1,37 @@
 """The figures README.md and docs/*.md quote, rendered from their data files (tools/render_results.py).
 
-Every figure lives in one data file: docs/results/NAME.json (each with its commit, machine and date) or the
-segmentation metafile, seg_configs/metafile.yaml (mmseg's schema). A page holds renderings of them only, each between
-markers that name what renders it:
+Every figure lives in one data file: a results file, docs/results/NAME.json, in the envelope of
+`classification.studies.results_file` (study, source, commit, date, machine, torch, figures), or the dense runs'
+metafile, seg_configs/metafile.yaml (mmseg's schema, with mmdet's list of Results per task). A page holds renderings
+of them only, each between markers that name what renders it:
 
-    <!-- results: NAME ARGS -->...<!-- /results -->
+    <!-- results: KIND ARGS -->...<!-- /results -->
 
-NAME is one of BLOCKS; ARGS are shell-style words. `value FILE EXPRESSION [FORMAT]` is a figure inside a sentence:
-FILE a data file's name (`reproduction` for docs/results/reproduction.json, `metafile` for the metafile), EXPRESSION
-its keys joined by dots (a list item by its index or by its Name), or such paths and numbers joined by ` * ` and
-` / ` (spaced, the expression quoted; evaluated left to right), FORMAT a Python format (`{:.1f}`, `{:,.0f}`,
-`{:.0%}`) or one of FORMATS. The other blocks are tables and stand on lines of their own: they are rendered between
-blank lines, at their marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block
-of the pages under `root`, or names those whose text is not what their data give.
+ARGS are shell-style words; FILE is a results file's name without `.json`. The kinds:
+
+- `table FILE`, the marker's next lines a Markdown table whose cells hold `{EXPRESSION}` or `{EXPRESSION:FORMAT}`:
+  the table with every figure filled in from FILE (`{OTHER#EXPRESSION}` reads another file), then the line saying
+  where and when FILE was measured, with a link to it.
+- `view FILE VIEW ARGS`: what FILE's study renders as VIEW (VIEWS: the reproduction's tables, a GPU session's
+  table), then the same line; the inline views (`seeds`, a GPU session's `loop`) without it.
+- `runs TASK`: the metafile's runs of the embedded defaults of TASK (its Results' Task) as a table.
+- `value FILE EXPRESSION [FORMAT]`: one figure inside a sentence; `measured FILE`: FILE's line alone.
+
+An EXPRESSION is a figure's path, keys joined by dots (a list item by its index or by its Name; the envelope's keys
+name its own fields, any other the figures'), or such paths and numbers joined by ` * `, ` / `, ` + ` and ` - ` (spaced, the
+expression quoted; evaluated left to right). A FORMAT is a Python format (`.1f`, `,.0f`, `.0%`; a `value`'s whole
+`{:.1f}%`) or one of FORMATS. Blocks stand on lines of their own and are rendered between blank lines, at their
+marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block of the pages under
+`root`, or names those whose text is not what their data give.
 """
 from __future__ import annotations
 
 import json
+import operator
+import os
 import re
 import shlex
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,19 +42,26 @@ from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
 from classification.studies import reproduction
+from classification.studies.results_file import check_envelope
 from classification.studies.statistics import describe_difference, describe_interval, mean_std
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path('docs/results')
 METAFILE = Path('seg_configs/metafile.yaml')
 PAGES = ('README.md', 'docs/*.md')
-BLOCK = re.compile(r'<!-- results: (?P<spec>.*?) -->(?P<body>.*?)<!-- /results -->', re.S)
-OPERATOR = re.compile(r' ([*/]) ')  # spaced: a key may hold a slash, as mmseg's 'inference time (ms/im)'
+BLOCK = re.compile(r'<!-- results: (?P<spec>.*?)(?P<end>\s)-->(?P<body>.*?)<!-- /results -->', re.S)
+OPERATOR = re.compile(r' ([*/+-]) ')  # spaced: a key may hold a slash, as mmseg's 'inference time (ms/im)'
+OPERATIONS: dict[str, Callable[[float, float], float]] = {'*': operator.mul, '/': operator.truediv,
+                                                          '+': operator.add, '-': operator.sub}
+CELL = re.compile(r'\{(?P<expression>[^{}:]+)(?::(?P<form>[^{}]*))?\}')  # a table cell's {EXPRESSION:FORMAT}
+OWN_FIELDS = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'notes')  # the envelope's, beside figures
+WIDTH = 118  # a rendered paragraph's lines
 MODEL_NAMES = {'lvvit_s': 'LV-ViT-S', 'deit_small_patch16_224': 'DeiT-S'}
 
 
 class DataFiles:
-    """The data files under a repository root, each read once: `metafile`, or the stem of a docs/results file."""
+    """The data files under a repository root, each read once (and a results file checked for its envelope):
+    `metafile`, or the name of a docs/results file without `.json`."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.loaded = root, {}
@@ -56,28 +76,40 @@ class DataFiles:
                 raise DataError(f'{path}: no such data file')
             try:
                 text = path.read_text()
-                self.loaded[name] = yaml.safe_load(text) if path.suffix == '.yaml' else json.loads(text)
+                data = yaml.safe_load(text) if path.suffix == '.yaml' else json.loads(text)
             except (ValueError, yaml.YAMLError) as exc:
                 raise DataError(f'{path}: not readable as {path.suffix[1:]}: {exc}') from None
+            self.loaded[name] = data if name == 'metafile' else check_envelope(data, str(path))
         return self.loaded[name]
 
-    def lookup(self, name: str, path: str) -> object:
-        return lookup(self[name], path, str(self.path(name)))
+    def figures(self, name: str) -> dict:
+        return self[name]['figures']
 
-    def evaluate(self, name: str, expression: str) -> object:
-        """A path's value, or paths and numbers joined by ' * ' and ' / ', evaluated left to right."""
-        words = OPERATOR.split(expression)
-        result = self.operand(name, words[0])
-        for operator, word in zip(words[1::2], words[2::2]):
-            operand = self.operand(name, word)
-            result = result * operand if operator == '*' else result / operand
+    def lookup(self, name: str, path: str) -> object:
+        """A figure of a results file (or a field of its envelope: `commit`, `notes.machine`), or of the metafile."""
+        data = self[name]
+        if name != 'metafile' and path.split('.')[0] not in OWN_FIELDS:
+            data = data['figures']
+        return lookup(data, path, str(self.path(name)))
+
+    def evaluate(self, name: str, expression: str, others: dict[str, str] | None = None) -> object:
+        """A path's value, or paths and numbers joined by ' * ', ' / ', ' + ' and ' - ', evaluated left to right; a
+        path `ALIAS#PATH` is read from file `others[ALIAS]`."""
+        words = OPERATOR.split(expression.strip())
+        result = self.operand(name, words[0], others or {})
+        for sign, word in zip(words[1::2], words[2::2]):
+            result = OPERATIONS[sign](result, self.operand(name, word, others or {}))
         return result
 
-    def operand(self, name: str, word: str) -> object:
+    def operand(self, name: str, word: str, others: dict[str, str]) -> object:
         try:
             return float(word)
         except ValueError:
-            return self.lookup(name, word)
+            pass
+        alias, _, path = word.rpartition('#')
+        if alias and alias not in others:
+            raise UsageError(f'{word}: {alias} is not one of the table\'s files ({", ".join(others) or "none"})')
+        return self.lookup(others[alias] if alias else name, path)
 
 
 def lookup(data: object, path: str, where: str) -> object:
@@ -137,15 +169,82 @@ def formatted(value: object, form: str) -> str:
         raise DataError(f'format {form!r} cannot write {value!r}: {exc}') from None
 
 
-# ---- blocks: each (data files, its words) -> its text
+def measured(document: dict, link: str) -> str:
+    """Where and when a results file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
+    c24ec1c, 2026-11-28 ([results/...](results/...))'; a publication's: its source."""
+    if document['torch'] is None:
+        return f'{document["source"]} ({document["date"]}; {link})'
+    commit = f'commit {document["commit"]}' if document['commit'] else f'commit {document["notes"]["commit"]}'
+    return f'{document["machine"]}, torch {document["torch"]}, {commit}, {document["date"]} ({link})'
 
 
-def value(files: DataFiles, name: str, expression: str, form: str = '{}') -> str:
-    return formatted(files.evaluate(name, expression), form)
+# ---- the kinds of block: each (the page's blocks' context, its words) -> its text
+
+
+class Page:
+    """What a block is rendered for: the data files, and the page's place (links to the data are relative to it)."""
+
+    def __init__(self, files: DataFiles, path: Path) -> None:
+        self.files, self.path = files, path
+
+    def link(self, name: str) -> str:
+        target = Path(os.path.relpath(self.files.path(name), self.path.parent))
+        return f'[{target}]({target})'
+
+    def measured(self, name: str) -> str:
+        return measured(self.files[name], self.link(name))
+
+
+def value(page: Page, name: str, expression: str, form: str = '{}') -> str:
+    return formatted(page.files.evaluate(name, expression), form)
+
+
+def measured_line(page: Page, name: str) -> str:
+    return page.measured(name)
+
+
+def table(page: Page, *sources: str, template: list[str]) -> str:
+    """The marker's template lines with each `{EXPRESSION[:FORMAT]}` filled from the first of `sources` (each a
+    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them), then where and when each was
+    measured."""
+    if not sources:
+        raise UsageError('table: name the results file(s) it reads')
+    names = dict(source.partition('=')[::2] if '=' in source else (source, source) for source in sources)
+    if not template or not all(line.lstrip().startswith('|') for line in template):
+        raise UsageError(f'table {sources[0]}: give its lines, each starting with |, on the lines after the marker')
+    first = next(iter(names.values()))
+
+    def fill(found: re.Match) -> str:
+        form = found['form']
+        form = '{}' if form is None else form if form in FORMATS else f'{{:{form}}}'
+        return formatted(page.files.evaluate(first, found['expression'], names), form)
+
+    credits = '; '.join(page.measured(name) for name in dict.fromkeys(names.values()))
+    return '\n'.join(CELL.sub(fill, line.strip()) for line in template) + '\n\n' + wrapped(credits + '.')
+
+
+def wrapped(text: str) -> str:
+    """A paragraph in lines of at most WIDTH characters (a page's source stays readable; links are not broken)."""
+    return textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+def view(page: Page, name: str, kind: str, *args: str) -> tuple[str, bool]:
+    """What the study of results file `name` renders as `kind` (VIEWS), and whether it is inline."""
+    study = page.files[name]['study']
+    views = VIEWS.get(study, {})
+    if kind not in views:
+        raise UsageError(f'{page.files.path(name)}: study {study} has no view {kind!r}'
+                         f'{" (its views: " + ", ".join(views) + ")" if views else ""}')
+    render, inline = views[kind]
+    text = render(page.files, name, *args)
+    return (text, True) if inline else (f'{text}\n\n{wrapped(page.measured(name) + ".")}', False)
+
+
+# ---- the studies' views: each (data files, the results file's name, its words) -> its text
 
 
 def seeds(files: DataFiles, name: str, variant: str, path: str, form: str = '{:.1f}') -> str:
-    """A row's per-seed values in seed order, 'a / b / c' (the runs a results.json holds)."""
+    """A row's per-seed values in seed order, 'a / b / c' (the runs a reproduction holds)."""
     runs = [run for run in files.lookup(name, 'runs') if run['variant'] == variant]
     if not runs:
         raise DataError(f'{files.path(name)}: no runs of {variant}')
@@ -153,211 +252,113 @@ def seeds(files: DataFiles, name: str, variant: str, path: str, form: str = '{:.
                       for run in sorted(runs, key=lambda r: r['seed']))
 
 
-def reproduction_table(files: DataFiles, name: str = 'reproduction') -> str:
-    """The reproduction tool's own table.md, from its results.json."""
-    results = files[name]
+def reproduction_table(files: DataFiles, name: str) -> str:
+    """The reproduction tool's own table.md."""
+    results = files.figures(name)
     return reproduction.markdown_table(results['summary'], results['model'], results['settings']['seeds'],
                                        results['annotators']).strip()
 
 
-def reproduction_rows(files: DataFiles, *variants: str) -> str:
-    """The named rows of the reproduction beside the paper's ImageNet top-1 (Tables 2 and 4)."""
-    unknown = [variant for variant in variants if variant not in files['reproduction']['summary']]
+def reproduction_rows(files: DataFiles, name: str, paper: str, *variants: str) -> str:
+    """The named rows of the reproduction beside the paper's ImageNet top-1 (Tables 2 and 4; `paper`: its file)."""
+    unknown = [variant for variant in variants if variant not in files.figures(name)['summary']]
     if unknown:
-        raise DataError(f'{files.path("reproduction")}: no row {", ".join(unknown)}')
-    return reproduction.rows_beside_the_paper(files['reproduction'], files['token_labeling_paper']['top1'],
-                                              list(variants))
+        raise DataError(f'{files.path(name)}: no row {", ".join(unknown)}')
+    return reproduction.rows_beside_the_paper(files.figures(name), files.figures(paper)['top1'], list(variants))
 
 
-def reproduction_table7(files: DataFiles) -> str:
-    return reproduction.table7_beside_the_paper(files['reproduction'], files['token_labeling_paper']['table7'])
+def reproduction_table7(files: DataFiles, name: str, paper: str) -> str:
+    return reproduction.table7_beside_the_paper(files.figures(name), files.figures(paper)['table7'])
 
 
-def reproduction_figure4(files: DataFiles) -> str:
-    results = files['reproduction']
+def reproduction_figure4(files: DataFiles, name: str) -> str:
+    results = files.figures(name)
     return (reproduction.participation_table(results['summary']) + '\n\n' +
             reproduction.annotator_table(results['summary'], results['annotators']))
 
 
-def segmentation_runs(files: DataFiles) -> str:
-    """The embedded segmentation default's runs (the metafile's models marked `Embedded Default`)."""
-    lines = ['| config, commit | pretraining on the digits: top-1, time | segmentation | val mIoU SS | total |',
-             '|---|---|---|---:|---|']
-    for model in files['metafile']['Models']:
-        meta = model['Metadata']
-        if not meta.get('Embedded Default'):
-            continue
-        about = set(meta.get('Approximate', ()))
-
-        def seconds(key: str, value: float) -> str:
-            return ('about ' if key in about else '') + duration(value)
-
+def embedded_runs(page: Page, *tasks: str) -> str:
+    """The metafile's runs of the embedded defaults whose results are of one of `tasks` (mmseg's and mmdet's Task):
+    the digits pretraining, the training, the scores shown (with their spread over seeds), what they compare with,
+    and the times. `runs latest TASK...`: each config's latest run alone, its scores and total time."""
+    latest = tasks[:1] == ('latest',)
+    runs = embedded_defaults(page.files, tasks[1:] if latest else tasks)
+    if latest:
+        newest = {run['Config']: run for run in sorted(runs, key=lambda run: str(run['Metadata']['Date']))}
+        return '\n'.join(['| config, commit | scores on the validation pages | total, from a fresh checkout |',
+                          '|---|---|---|'] + [f'| {run_name(run)} | **{shown_scores(run)}** | '
+                                              f'{run_seconds(run, "Total Time")} |' for run in newest.values()])
+    compared = any(run['Metadata'].get('Baselines') for run in runs)
+    lines = ['| config, commit | pretraining on the digits: top-1, time | training | scores on the validation pages |'
+             + (' for comparison |' if compared else '') + ' total |',
+             '|---|---|---|---|' + ('---|' if compared else '') + '---|']
+    for run in runs:
+        meta = run['Metadata']
         pretraining = meta['Pretraining']
-        lines.append(f'| {Path(model["Config"]).stem} at {meta["Commit"]}'
-                     f'{" (fresh checkout)" if meta.get("Fresh Checkout") else ""} | '
-                     f'{pretraining["Top 1 Accuracy"]:.1f}%, {seconds("Pretraining Time", pretraining["Time (s)"])} '
-                     f'({pretraining["Includes"]} included) | {meta["lr schd"]} iterations, '
-                     f'{seconds("Training Time", meta["Training Time (s)"])} | '
-                     f'{miou_cell(model)} | {seconds("Total Time", meta["Total Time (s)"])} |')
+        time = (f'{run_seconds(run, "Pretraining Time", pretraining["Time (s)"])} ({pretraining["Includes"]} '
+                f'included)' if 'Time (s)' in pretraining else pretraining['Includes'])
+        baselines = '; '.join(f'{b["Name"]}: {metric_list(b["Metrics"])}' for b in meta.get('Baselines', ()))
+        cells = [run_name(run), f'{pretraining["Top 1 Accuracy"]:.1f}%, {time}',
+                 f'{meta["lr schd"]} iterations, {run_seconds(run, "Training Time")}', f'**{shown_scores(run)}**',
+                 *([baselines] if compared else []), run_seconds(run, 'Total Time')]
+        lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 
-def miou_cell(model: dict) -> str:
-    """A run's mIoU, with its spread over the seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
-    metrics = model['Results']['Metrics']
-    text = f'{metrics["mIoU"]:.1f}'
-    if 'mIoU by seed' in metrics:
-        seeds = ', '.join(map(str, model['Metadata']['Seeds']))
-        text += f' (seeds {seeds}: {spread(metrics["mIoU by seed"])})'
-    return text
+def embedded_defaults(files: DataFiles, tasks: tuple[str, ...]) -> list[dict]:
+    """The metafile's runs of the embedded defaults with a result of one of `tasks`."""
+    runs = [model for model in files['metafile']['Models'] if model['Metadata'].get('Embedded Default')
+            and {result['Task'] for result in results_of(model)} & set(tasks)]
+    if not runs:
+        raise DataError(f'{files.path("metafile")}: no embedded default of {" or ".join(tasks) or "a task"}')
+    return runs
 
 
-def dense_defaults(files: DataFiles, name: str = 'dense_defaults') -> str:
-    """The detector's and the depth model's embedded defaults: their figures, what they compare with (simple
-    predictors, other runs), and their times."""
-    runs = files[name]
-    lines = ['| config | iterations | scores on the validation pages | for comparison | time |',
-             '|---|---:|---|---|---|']
-    for run in runs['runs']:
-        scores = ', '.join(f'{label} {run["scores"][key]:{form}}' for key, label, form in run['shown'])
-        baselines = '; '.join(f'{b["what"]}: {b["scores"]}' for b in run['baselines'])
-        lines.append(f'| {run["config"]} | {run["iterations"]} | **{scores}** | {baselines} | '
-                     f'{duration(run["seconds"])} |')
-    note = runs['note'].replace('first_stage_seconds', duration(runs['first_stage_seconds']))
-    return '\n'.join(lines) + (f'\n\n{note} ({runs["machine"]}, torch {runs["torch"]}, commit '
-                               f'{runs["commit"]}, [docs/results/{name}.json](results/{name}.json)).')
+def run_name(run: dict) -> str:
+    return (f'{Path(run["Config"]).stem} at {run["Metadata"]["Commit"]}'
+            f'{" (fresh checkout)" if run["Metadata"].get("Fresh Checkout") else ""}')
 
 
-def loop_table(files: DataFiles, name: str, train_cls_name: str | None = None) -> str:
-    """benchmark_loop's figures on a CPU, one column per model; `train_cls_name`: a second run's train_cls row."""
-    document = files[name]
-    models, workers, cores = document['models'], document['workers'], document['cores']
-
-    def row(label: str, cell: Callable[[dict], str], of: list[dict] = models) -> str:
-        return f'| {label} | ' + ' | '.join(cell(f) for f in of) + ' |'
-
-    def pipelines(f: dict) -> tuple[dict, dict, dict]:
-        return (f['pipeline_per_core_img_s'], f[f'pipeline_{workers}_workers_img_s'],
-                f[f'pipeline_{workers}_workers_ceiling_img_s'])
-
-    lines = ['| | ' + ' | '.join(column_name(f) for f in models) + ' |', '|---|' + '---:|' * len(models),
-             row('input pipeline, 1 core, PIL path', lambda f: f'{rate(pipelines(f)[0]["pil"])} img/s'),
-             row("same, batched path (workers' half + device half on the CPU)",
-                 lambda f: f'{rate(pipelines(f)[0]["batched"])} img/s (x{pipelines(f)[0]["batched_over_pil"]:.2f})'),
-             row("same, the batched path's workers' half alone (a GPU's CPU share)",
-                 lambda f: f'{rate(pipelines(f)[0]["batched_workers_half"])} img/s '
-                           f'(x{pipelines(f)[0]["batched_workers_half"] / pipelines(f)[0]["pil"]:.2f})'),
-             row(f'input pipeline, {workers} workers, PIL path (ceiling: {workers} x one core)',
-                 lambda f: f'{rate(pipelines(f)[1]["pil"])} img/s (ceiling {rate(pipelines(f)[2]["pil"])})'),
-             row(f'same, batched path (ceiling: the {cores} cores, device half included)',
-                 lambda f: f'{rate(pipelines(f)[1]["batched"])} img/s (ceiling {rate(pipelines(f)[2]["batched"])})'),
-             row('model step', lambda f: f'{rate(f["model_step_img_s"])} img/s'),
-             row(f'whole loop ({models[0]["loop"]["augment"].upper()} path, {workers} workers)',
-                 lambda f: f'{rate(f["loop"]["img_s"])} img/s, bound by the {f["bound"]}')]
-    if train_cls_name:
-        second = files[train_cls_name]
-        after = second['models'][0]['train_cls']['after_updates']
-        lines.append(row(f'`tools/train_cls.py` itself (`--train-cls`, a second run at {second["commit"]}: updates '
-                         f'after the first {after})', lambda f: f'{rate(f["train_cls"]["img_s"])} img/s',
-                         second['models']))
-    return '\n'.join(lines)
+def run_seconds(run: dict, key: str, seconds: float | None = None) -> str:
+    """A run's time `key` ('Training Time': Metadata's 'Training Time (s)', or `seconds`), 'about' where the
+    metafile lists it as Approximate."""
+    meta = run['Metadata']
+    seconds = meta[f'{key} (s)'] if seconds is None else seconds
+    return ('about ' if key in meta.get('Approximate', ()) else '') + duration(seconds)
 
 
-def column_name(figures: dict) -> str:
-    return (f'{MODEL_NAMES.get(figures["model"], figures["model"])}, '
-            f'{"token labeling" if figures["token_labeling"] else "vanilla"}')
+def results_of(model: dict) -> list[dict]:
+    """A metafile model's results: mmseg's one, or mmdet's list of one per task."""
+    results = model['Results']
+    return results if isinstance(results, list) else [results]
 
 
-def timm_table(files: DataFiles, name: str) -> str:
-    """The suite against timm's train.py on one model (benchmark_loop --timm-train --compare-loop)."""
-    (f,) = files[name]['models']
-    loop, timm_run = f['loop'], f['timm_train']
-    return '\n'.join([
-        f'| {MODEL_NAMES.get(f["model"], f["model"])}, the DeiT recipe | img/s |', '|---|---:|',
-        f'| model step | {rate(f["model_step_img_s"])} |',
-        f'| whole loop, batches prepared ahead (x{loop["of_step"]:.2f} of the step) / serially | '
-        f'{rate(loop["img_s"])} / {rate(loop["serial_img_s"])} (x{loop["overlap_gain"]:.2f}) |',
-        f'| `tools/train_cls.py` | {rate(f["train_cls"]["img_s"])} |',
-        f'| timm\'s `train.py` | {rate(timm_run["img_s"])} (`train_cls` x{timm_run["suite_ratio"]:.2f}) |'])
+def metric_list(metrics: dict) -> str:
+    return ', '.join(f'{key} {metric_text(value)}' for key, value in metrics.items())
 
 
-def burst_table(files: DataFiles, name: str) -> str:
-    """The H100 bursts (not steady state): one-core and N-worker pipelines, step and loop, per model."""
-    document = files[name]
-    models, workers = document['models'], document['workers']
-
-    def paths(figures: dict, ratio: str) -> str:
-        return f'{rate(figures["pil"])} / {rate(figures["batched"])} img/s (x{ratio})'
-
-    def row(label: str, cell: Callable[[dict], str]) -> str:
-        return f'| {label} | ' + ' | '.join(cell(f) for f in models) + ' |'
-
-    return '\n'.join([
-        '| | ' + ' | '.join(column_name(f) for f in models) + ' |', '|---|' + '---:|' * len(models),
-        row('input pipeline, 1 core: PIL path / batched path',
-            lambda f: paths(f['pipeline_per_core_img_s'], f'{f["pipeline_per_core_img_s"]["batched_over_pil"]:.2f}')),
-        row(f'input pipeline, {workers} workers: PIL path / batched path',
-            lambda f: paths(pool := f[f'pipeline_{workers}_workers_img_s'], f'{pool["batched"] / pool["pil"]:.1f}')),
-        row('model step (bf16, fused AdamW, channels-last)', lambda f: f'{rate(f["model_step_img_s"])} img/s'),
-        row(f'whole loop ({models[0]["loop"]["augment"]} path)',
-            lambda f: f'{rate(f["loop"]["img_s"])} img/s, bound by the {f["bound"]}')])
+def metric_text(value: float) -> str:
+    """A score as the metafile's tables print it: AP and mIoU with one decimal, fractions and errors with three."""
+    return f'{value:.3f}' if abs(value) < 1 else f'{value:.1f}'
 
 
-def rehearsal_table(files: DataFiles, name: str, table: str) -> str:
-    """The scale rehearsal's `before-after` table (the fixes) or its `quiet` rerun."""
-    document = files[name]
-    if table == 'quiet':
-        quiet = document['quiet']
-        first, second, saved = quiet['first_start'], quiet['second_start'], quiet['checkpoints']
-        images = f'{document["build"]["training_images"] / 1e6:.2f}M images'
-        return '\n'.join([
-            f'| stage ({images}, after the fixes) | quiet rerun |', '|---|---:|',
-            f'| `torchrun --nproc-per-node 2 train_cls.py` to its first update, first start | {first["seconds"]} s: '
-            f'listing {first["listing_s"]} s, the store verified once (local rank 0) in {first["verification_s"]} s '
-            f'from disk |',
-            f'| the same command, second start in a fresh output | {second["seconds"]} s: listing '
-            f'{second["listing_s"]} s, the store\'s record found (no row read) |',
-            f'| LV-ViT-L training checkpoint ({saved["lvvit_l"]["params_m"]}M parameters: weights, EMA, AdamW\'s '
-            f'moments, as train_cls writes it) | {saved["lvvit_l"]["gb"]} GB, written in {saved["lvvit_l"]["seconds"]} '
-            f's |',
-            f'| CaiT-M48 at 448 ({saved["cait_m48_448"]["params_m"]}M parameters), the same | '
-            f'{saved["cait_m48_448"]["gb"]} GB, written in {saved["cait_m48_448"]["seconds"]} s |'])
-    if table != 'before-after':
-        raise UsageError(f'rehearsal table {table!r}: give before-after or quiet')
-    before, after = document['before'], document['after']
-    pass_before, pass_after = before['pass'], after['pass']
-
-    def growth(figures: dict) -> str:
-        memory = figures['worker_private_mb']
-        return f'{memory["start"]} -> {memory["end"]} MB ({memory["end"] - memory["start"]:+} MB)'
-
-    return '\n'.join([
-        f'| stage ({document["build"]["training_images"] / 1e6:.2f}M images) | before ({before["commit"]}) | '
-        f'after ({after["commit"]}) |', '|---|---:|---:|',
-        f'| listing the training split (cold / cached page cache) | {before["listing_s"]["cold"]} s / '
-        f'{before["listing_s"]["cached"]} s | {after["listing_s"]["cached"]} s (cached) |',
-        '| processes that list it under torchrun | every one | the main one; the others receive it |',
-        f'| store opened without verification: time, memory | {before["store_open"]["seconds"]} s, '
-        f'{before["store_open"]["mb"]} MB (a dict path -> row) | {after["store_open"]["seconds"]} s, '
-        f'{after["store_open"]["mb"]} MB (`PathList`) |',
-        f'| store verification ({document["build"]["store_gb"]} GB from the page cache) | '
-        f'{before["store_verification_s"]} s, in every process, every start | '
-        f'{after["store_verification_s"]["first"]} s, once per node; {after["store_verification_s"]["next_start"]} s '
-        f'on the next start (`verified.json`) |',
-        f'| dataset built (listing and store rows): time, main process memory | {before["dataset"]["seconds"]} s, '
-        f'{before["dataset"]["mb"]} MB | {after["dataset"]["seconds"]} s, {after["dataset"]["mb"]} MB |',
-        f'| one pass of {pass_after["images"]:,} shuffled images through {pass_after["workers"]} loader workers: each '
-        f'worker\'s private dirty memory, start -> end | {growth(pass_before)} | {growth(pass_after)} |',
-        f'| the same, images/s (decode of a tiny JPEG and its store row; no augmentation) | '
-        f'{pass_before["img_s"]:,} | {pass_after["img_s"]:,} ({pass_after["beside"]} ran beside it) |',
-        f'| `torchrun --nproc-per-node 2 train_cls.py` to its first update (2-block LV-ViT-S, token labeling) | '
-        f'{before["first_update_s"]} s, both starts | {after["first_update_s"]} s on the first start '
-        f'({after["first_update_beside"]} ran beside it) |'])
+def shown_scores(model: dict) -> str:
+    """The scores a run's table row shows (`Metadata.Shown`, else its first metric), mIoU with its spread over the
+    seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
+    metrics = {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
+    shown = model['Metadata'].get('Shown') or [next(iter(metrics))]
+    parts = []
+    for key in shown:
+        text = f'{key} {metric_text(metrics[key])}'
+        if f'{key} by seed' in metrics:
+            text += f' (seeds {", ".join(map(str, model["Metadata"]["Seeds"]))}: {spread(metrics[f"{key} by seed"])})'
+        parts.append(text)
+    return ', '.join(parts)
 
 
 def gpu_session_table(files: DataFiles, name: str) -> str:
     """What one GPU session (tools/measure_gpu.py) measured, a row per figure it holds, then what it did not."""
-    session = files[name]
+    session = files.figures(name)
     rows, missing = [], []
     for label, describe in GPU_FIGURES:
         text = describe(session)
@@ -365,8 +366,7 @@ def gpu_session_table(files: DataFiles, name: str) -> str:
             rows.append(f'| {label} | {text} |')
         else:
             missing.append(label)
-    head = (f'| {session["device"]}, {session["cores"]} cores, torch {session["torch"]}, at {session["commit"]} '
-            f'({session["date"]}) | |')
+    head = '| | |'
     note = f'\n\nNot measured in this session: {"; ".join(missing)}.' if missing else ''
     return '\n'.join([head, '|---|---|', *rows]) + note
 
@@ -405,7 +405,7 @@ def gpu_loop(session: dict) -> str:
 
 def gpu_loop_text(files: DataFiles, name: str) -> str:
     """A GPU session's whole loop against its step, inline (its table's row)."""
-    text = gpu_loop(files[name])
+    text = gpu_loop(files.figures(name))
     if not text:
         raise DataError(f'{files.path(name)}: no loop figures')
     return text
@@ -523,54 +523,56 @@ GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_lo
                ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels),
                ("the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch)", gpu_dense_steps))
 
-# name -> (renderer, inline)
-BLOCKS: dict[str, tuple[Callable[..., str], bool]] = {
-    'value': (value, True),
-    'seeds': (seeds, True),
-    'reproduction-table': (reproduction_table, False),
-    'reproduction-rows': (reproduction_rows, False),
-    'reproduction-table7': (reproduction_table7, False),
-    'reproduction-figure4': (reproduction_figure4, False),
-    'segmentation-runs': (segmentation_runs, False),
-    'dense-defaults': (dense_defaults, False),
-    'loop-table': (loop_table, False),
-    'timm-table': (timm_table, False),
-    'burst-table': (burst_table, False),
-    'rehearsal-table': (rehearsal_table, False),
-    'gpu-session': (gpu_session_table, False),
-    'gpu-loop': (gpu_loop_text, True),
+# the studies' views: study -> view -> (renderer, inline)
+VIEWS: dict[str, dict[str, tuple[Callable[..., str], bool]]] = {
+    'reproduction': {'table': (reproduction_table, False), 'rows': (reproduction_rows, False),
+                     'table7': (reproduction_table7, False), 'figure4': (reproduction_figure4, False),
+                     'seeds': (seeds, True)},
+    'gpu_session': {'table': (gpu_session_table, False), 'loop': (gpu_loop_text, True)},
 }
 
 
-def render_block(files: DataFiles, spec: str) -> tuple[str, bool]:
-    """(a block's text, whether it is inline) from its marker's words."""
-    words = shlex.split(spec)
-    if not words or words[0] not in BLOCKS:
-        raise UsageError(f'unknown results block {spec!r}: one of {", ".join(BLOCKS)}')
-    render, inline = BLOCKS[words[0]]
+def render_block(page: Page, spec: str) -> tuple[str, bool]:
+    """(a block's text, whether it is inline) from its marker's words, which may go on over several lines (a table's
+    lines, starting with |, after them)."""
+    lines = [line.strip() for line in spec.split('\n')]
+    template = [line for line in lines if line.startswith('|')]
+    first = ' '.join(line for line in lines if line and not line.startswith('|'))
+    words = shlex.split(first)
+    kind, args = (words[0], words[1:]) if words else ('', [])
     try:
-        return render(files, *words[1:]), inline
+        if kind == 'table':
+            return table(page, *args, template=template), False
+        if template:
+            raise UsageError('only a table\'s marker holds a table\'s lines')
+        if kind == 'view':
+            return view(page, *args)
+        if kind == 'runs':
+            return embedded_runs(page, *args), False
+        if kind in ('value', 'measured'):
+            return (value if kind == 'value' else measured_line)(page, *args), True
     except TypeError as exc:  # the wrong number of words for its renderer
-        raise UsageError(f'results block {spec!r}: {exc}') from None
+        raise UsageError(f'results block {first!r}: {exc}') from None
+    raise UsageError(f'unknown results block {first!r}: table, view, runs, value or measured')
 
 
-def render_text(text: str, files: DataFiles, page: str) -> tuple[str, list[tuple[str, int]]]:
-    """`text` with every block rendered, and the blocks that changed: (marker words, line)."""
+def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
+    """`text` with every block rendered, and the blocks that changed: (marker's first line, line)."""
     changed = []
 
     def replace(match: re.Match) -> str:
+        line = text.count('\n', 0, match.start()) + 1
         try:
-            rendered, inline = render_block(files, match['spec'])
+            rendered, inline = render_block(page, match['spec'])
         except (DataError, UsageError) as exc:
-            line = text.count('\n', 0, match.start()) + 1
-            raise type(exc)(f'{page}:{line}: {exc}') from None
+            raise type(exc)(f'{page.path.relative_to(page.files.root)}:{line}: {exc}') from None
         if not inline:
             indent = text[text.rfind('\n', 0, match.start()) + 1:match.start()]
             rendered = '\n\n' + '\n'.join(indent + line if line else '' for line in rendered.split('\n')) + \
                        '\n\n' + indent
         if rendered != match['body']:
-            changed.append((match['spec'], text.count('\n', 0, match.start()) + 1))
-        return f'<!-- results: {match["spec"]} -->{rendered}<!-- /results -->'
+            changed.append((match['spec'].split('\n')[0], line))
+        return f'<!-- results: {match["spec"]}{match["end"]}-->{rendered}<!-- /results -->'
 
     return BLOCK.sub(replace, text), changed
 
@@ -587,7 +589,7 @@ def render_pages(root: Path, write: bool = True) -> list[str]:
     files, differing = DataFiles(root), []
     for path in pages(root):
         text = path.read_text()
-        rendered, changed = render_text(text, files, str(path.relative_to(root)))
+        rendered, changed = render_text(text, Page(files, path))
         differing += [f'{path.relative_to(root)}:{line}: block "{spec}"' for spec, line in changed]
         if changed and write:
             write_text_atomic(path, rendered)

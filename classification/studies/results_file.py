@@ -1,0 +1,106 @@
+"""The one shape of a results file (docs/results/*.json, and what the studies write): an envelope saying what was
+measured, how, where and when, around the figures themselves.
+
+    {"study": "loop",                                  what measured it: the views of its figures are the study's
+     "source": "python tools/benchmark_loop.py ...",   the command (or the publication) the figures come from
+     "commit": "c24ec1c",                              the suite's commit that measured them
+     "date": "2026-11-28",
+     "machine": "2 CPU cores",                         in words: the CPU cores, or the GPU and its host's cores
+     "torch": "2.15.0",
+     "notes": {"machine": "the project's shared build machine", ...},   optional: what a reader should know
+     "figures": {...}}                                 the measurements, any layout the study needs
+
+A commit (and torch) may be null only where `notes.commit` says why: figures a publication reports, or ones whose
+commit was not recorded. A file is named by its study, machine and commit (`file_name`), the date standing in for a
+commit that is null: loop_cpu2_c24ec1c.json, gpu_session_h200_64aee48.json, token_labeling_paper_2021-04.json.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from backbones.common.errors import DataError
+
+ENVELOPE = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'figures')
+OPTIONAL = ('notes',)
+COMMIT = re.compile(r'[0-9a-f]{7,40}')
+DATE = re.compile(r'\d{4}-\d{2}(-\d{2})?')  # a publication's month will do
+STUDY = re.compile(r'[a-z][a-z0-9_]*')
+GPU = re.compile(r'\b([A-Z]\d{2,4})\b')  # H100, H200, A100, V100, L40 ...
+CPU_CORES = re.compile(r'^(\d+) CPU cores')
+PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
+
+
+def results_document(study: str, source: str, figures: dict, machine: str, notes: dict | None = None,
+                     commit: str | None = None) -> dict:
+    """A new results document measured here and now: this checkout's commit (or `commit`, where the copy has no
+    history), today's date, this torch."""
+    import torch
+
+    document = {'study': study, 'source': source, 'commit': commit or checkout_commit(),
+                'date': time.strftime('%Y-%m-%d'), 'machine': machine, 'torch': torch.__version__,
+                **({'notes': notes} if notes else {}), 'figures': figures}
+    check_envelope(document, f'the {study} results')
+    return document
+
+
+def checkout_commit() -> str | None:
+    """The short commit of the checkout this module runs from, or None (no git, or no history: a copied tree)."""
+    try:
+        found = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=Path(__file__).parent, text=True,
+                               capture_output=True, timeout=10).stdout.strip()
+    except OSError:
+        return None
+    return found if COMMIT.fullmatch(found) else None
+
+
+def check_envelope(document: object, where: str) -> dict:
+    """`document` itself if it has the envelope's shape, else a DataError naming `where` and what is wrong."""
+    if not isinstance(document, dict):
+        raise DataError(f'{where}: not a results document (a JSON object with {", ".join(ENVELOPE)})')
+    missing = [key for key in ENVELOPE if key not in document]
+    foreign = [key for key in document if key not in ENVELOPE + OPTIONAL]
+    if missing or foreign:
+        raise DataError(f'{where}: not in the results envelope: ' + '; '.join(
+            ([f'no {", ".join(missing)}'] if missing else []) + ([f'{", ".join(foreign)} outside figures'] if foreign
+                                                                  else [])))
+    problems = [*(f'{key} {document[key]!r} is not text' for key in ('source', 'machine')
+                  if not isinstance(document[key], str) or not document[key]),
+                *([] if isinstance(document['study'], str) and STUDY.fullmatch(document['study'])
+                  else [f'study {document["study"]!r} is not a lower-case name']),
+                *([] if isinstance(document['date'], str) and DATE.fullmatch(document['date'])
+                  else [f'date {document["date"]!r} is not YYYY-MM-DD']),
+                *([] if isinstance(document['figures'], dict) and document['figures'] else ['no figures']),
+                *([] if isinstance(document.get('notes', {}), dict) else ['notes is not an object'])]
+    for key in ('commit', 'torch'):
+        value = document[key]
+        if value is None:
+            if not document.get('notes', {}).get('commit'):
+                problems.append(f'{key} is null and notes.commit does not say why')
+        elif not isinstance(value, str) or (key == 'commit' and not COMMIT.fullmatch(value)):
+            problems.append(f'{key} {value!r} is not a {"commit" if key == "commit" else "version"}')
+    if problems:
+        raise DataError(f'{where}: ' + '; '.join(problems))
+    return document
+
+
+def machine_slug(machine: str) -> str:
+    """A machine's part of a file name: 'cpu2' for '2 CPU cores', 'h200' for 'NVIDIA H200, 16 CPU cores', 'paper'
+    for a publication's figures."""
+    if machine.startswith(PUBLISHED):
+        return 'paper'
+    found = GPU.search(machine)
+    if found:
+        return found[1].lower()
+    found = CPU_CORES.match(machine)
+    if found:
+        return f'cpu{found[1]}'
+    raise DataError(f'machine {machine!r}: name its GPU (as NVIDIA H200) or its CPU cores (as "2 CPU cores")')
+
+
+def file_name(document: dict) -> str:
+    """The name a results document is kept under: its study, its machine and its commit (or, without one, its
+    date)."""
+    return f'{document["study"]}_{machine_slug(document["machine"])}_{document["commit"] or document["date"]}.json'
