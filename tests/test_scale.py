@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from classification.data.folders import ImageFolderDataset
 from classification.engine.memory import ChildMemory
 from classification.sources.path_list import PathList
+from classification.studies.results_file import check_envelope
 from classification.token_labeling.label_store import PATHS, VERIFIED, TokenLabelError, TokenLabelStore
 from helpers.commands import ENV, ROOT, free_port, run_python, succeeded
 
@@ -184,7 +185,9 @@ def test_the_rehearsal_measures_every_stage_at_a_small_scale(tmp_path):
                           '--stages', 'build', 'listing', 'import', 'store', 'dataset', 'pass', 'val-listing',
                           'tar-build', 'tar-listing', 'tar-pass', 'tar-vs-folders', '--batch-size', '64',
                           '--json', out], env=ENV))
-    figures = json.loads(out.read_text())
+    document = check_envelope(json.loads(out.read_text()), str(out))
+    assert document['study'] == 'scale_rehearsal' and document['source'].startswith('python tools/rehearse_scale.py ')
+    figures = document['figures']
     train = round(1_281_167 * 0.001)  # 1,281 images over 1,000 classes: 281 classes hold two
     assert figures['listing']['files listed'] == figures['import']['files imported'] == train
     assert figures['val-listing']['files listed'] == 1000  # at least one per class

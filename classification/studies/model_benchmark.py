@@ -32,6 +32,7 @@ from backbones.registry import check_model_name
 from backbones.token_head import has_token_head
 from classification.models import Teacher, create_classifier
 from classification.objectives.objective import ClassificationObjective
+from classification.studies.results_file import results_document
 from classification.studies.timing import images_per_second
 
 VARIANTS = {  # label: (fused attention, gradient checkpointing, distilled from --teacher)
@@ -150,8 +151,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         ['grad_checkpointing'] * args.compare_grad_checkpointing + ['distillation'] * bool(args.teacher)
     results = {variant: measure_in_fresh_process(args, variant) for variant in variants}
     if args.json:
-        write_document(json.dumps({'model': args.model, 'batch_size': args.batch_size, 'device': args.device,
-                                   **results}))
+        figures = {'model': args.model, 'batch_size': args.batch_size, **results}
+        write_document(json.dumps(results_document('model_benchmark', 'benchmark.py', argv, figures, args.device)))
         return 0
     logger.info(f'{args.model}  batch {args.batch_size}  {args.device}  amp {args.amp}  threads '
                 f'{torch.get_num_threads()}')

@@ -16,12 +16,16 @@ commit that is null: loop_cpu2_c24ec1c.json, gpu_session_h200_64aee48.json, toke
 """
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from backbones.common.errors import DataError
+from backbones.common.files import write_json_atomic
 
 ENVELOPE = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'figures')
 OPTIONAL = ('notes',)
@@ -33,17 +37,41 @@ CPU_CORES = re.compile(r'^(\d+) CPU cores')
 PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
 
 
-def results_document(study: str, source: str, figures: dict, machine: str, notes: dict | None = None,
-                     commit: str | None = None) -> dict:
-    """A new results document measured here and now: this checkout's commit (or `commit`, where the copy has no
-    history), today's date, this torch."""
+def results_document(study: str, tool: str, argv: list[str] | None, figures: dict, device: str = 'cpu',
+                     notes: dict | None = None, commit: str | None = None) -> dict:
+    """A new results document of `figures` measured here and now by tools/`tool` with `argv` (None: this process's
+    own arguments) on `device`: this checkout's commit (or `commit`, given where the copy has no history), today's
+    date, this machine and torch."""
     import torch
 
-    document = {'study': study, 'source': source, 'commit': commit or checkout_commit(),
-                'date': time.strftime('%Y-%m-%d'), 'machine': machine, 'torch': torch.__version__,
+    commit = commit or checkout_commit()
+    notes = {**({} if commit else {'commit': 'not recorded: this copy of the code has no git history'}),
+             **(notes or {})}
+    document = {'study': study, 'source': command_line(tool, argv), 'commit': commit,
+                'date': time.strftime('%Y-%m-%d'), 'machine': machine_in_words(device), 'torch': torch.__version__,
                 **({'notes': notes} if notes else {}), 'figures': figures}
-    check_envelope(document, f'the {study} results')
+    return check_envelope(document, f'the {study} results')
+
+
+def write_results(path: Path | str, study: str, tool: str, argv: list[str] | None, figures: dict,
+                  device: str = 'cpu') -> dict:
+    """`results_document(...)` written to `path` (atomically), and returned."""
+    document = results_document(study, tool, argv, figures, device)
+    write_json_atomic(Path(path), document)
     return document
+
+
+def command_line(tool: str, argv: list[str] | None) -> str:
+    """The command that made a results file, as a user would type it again."""
+    return shlex.join(['python', f'tools/{tool}', *map(str, sys.argv[1:] if argv is None else argv)])
+
+
+def machine_in_words(device: str) -> str:
+    """'NVIDIA H200, 16 CPU cores' (a CUDA device, and its host's cores this process may use) or '2 CPU cores'."""
+    import torch
+
+    cores = f'{len(os.sched_getaffinity(0))} CPU cores'
+    return f'{torch.cuda.get_device_name()}, {cores}' if str(device).startswith('cuda') else cores
 
 
 def checkout_commit() -> str | None:

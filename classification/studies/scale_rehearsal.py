@@ -39,6 +39,7 @@ from classification.engine.trainer import RunOptions, Trainer
 from classification.models import model_data_config
 from classification.recipes import recipe_for
 from classification.sources.source import open_split
+from classification.studies.results_file import write_results
 from classification.studies.timing import timed
 from classification.studies.training_runs import ROOT, TrainingRun, train_cls_command
 from classification.token_labeling.label_store import (
@@ -544,6 +545,6 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     measurements.add('all', 'seconds', round(seconds, 1))
     logger.info(measurements.markdown())
     if args.json:
-        write_json_atomic(Path(args.json), measurements.values)
+        write_results(args.json, 'scale_rehearsal', 'rehearse_scale.py', argv, measurements.values)
     return measurements.values
 

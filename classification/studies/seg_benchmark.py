@@ -27,14 +27,14 @@ from backbones.common.cli import (
     output_file,
     positive_int,
 )
-from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.segmentation.config import flipping_tta_pipeline, load_config
 from backbones.segmentation.runner import SuiteRunner
 from backbones.segmentation.semantic.segmentor import mirror_image
 from backbones.segmentation.test import use_multi_scale
 from classification.digits.seg_data import EmbeddedPages
-from classification.studies.timing import measured_on, seconds_per_call
+from classification.studies.results_file import write_results
+from classification.studies.timing import seconds_per_call
 from classification.studies.timing import timed as timed_call
 
 
@@ -86,7 +86,7 @@ def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
     placed.sampler.start_at(iteration * placed.batch_size)
     after = timed_call(lambda: next(iter(placed)))[1]
     before = first + iteration * rest / replayed
-    return {**measured_on('cpu'), 'load_average_1min': [load_before, os.getloadavg()[0]], 'iteration': iteration,
+    return {'load_average_1min': [load_before, os.getloadavg()[0]], 'iteration': iteration,
             'batch_size': placed.batch_size, 'workers': placed.num_workers, 'replayed_timed': replayed,
             'first_batch_s': first, 'replayed_batch_s': rest / replayed, 'images_replayed': iteration *
             placed.batch_size, 'before_s': before, 'after_s': after, 'speedup': before / after}
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     if args.restart_at:
         cfg.train_dataloader.update(num_workers=args.workers, persistent_workers=False)
         results['restart'] = restart_seconds(cfg.train_dataloader, args.restart_at, args.replayed)
-        return report(results, args.json)
+        return report(results, args, 'seg_restart', argv)
     model = MODELS.build(cfg.model).to(args.device)
 
     model.eval()
@@ -167,14 +167,13 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     seconds = timed(lambda batch: model.train_step(batch, optim), train_batches)
     results['train_it_per_s'] = args.iters / seconds
     results['train_img_per_s'] = args.iters * args.batch_size / seconds
+    return report(results, args, 'seg_benchmark', argv)
 
-    return report(results, args.json)
 
-
-def report(results: dict, json_path: str | None) -> dict:
-    """The figures logged (and written to `json_path`), returned."""
+def report(results: dict, args: argparse.Namespace, study: str, argv: list[str] | None) -> dict:
+    """The figures logged (and, given --json, written there as `study`'s results file), returned."""
     for key, value in results.items():
         logger.info(f'{key}: {value:.3f}' if isinstance(value, float) else f'{key}: {value}')
-    if json_path:
-        write_json_atomic(json_path, results)
+    if args.json:
+        write_results(args.json, study, 'benchmark_seg.py', argv, results, args.device)
     return results
