@@ -35,14 +35,14 @@ from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
-from classification.engine.checkpoints import checkpoint_classes, checkpoint_data_config
+from classification.engine.checkpoints import checkpoint_classes
 from classification.engine.steps import evaluate
 from classification.models import (
     add_checkpoint_arguments,
-    build_eval_model,
     check_finite,
     checkpoint_file,
-    model_data_config,
+    load_trained_classifier,
+    trained_data_config,
 )
 from classification.sources.source import split_classes
 
@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     args = build_parser(description).parse_args(argv)
     check_model_name(args.model)
     args.checkpoint = checkpoint_file(args)
-    data_cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size, args.crop_pct)
+    data_cfg = trained_data_config(args.model, args.checkpoint, args.img_size, args.crop_pct)
     img_size, crop_pct = data_cfg['input_size'][-1], data_cfg['crop_pct']
     dataset, order = load_split(args.data_dir, args.split, args.checkpoint, config_eval_transform(data_cfg))
     logger.info(f'class order: {order}')
-    model = build_eval_model(args.model, args.checkpoint, len(dataset.classes), img_size, args.use_ema,
-                             parse_model_kwargs(args.model_kwargs))
+    model = load_trained_classifier(args.model, args.checkpoint, data_cfg, args.use_ema,
+                                    parse_model_kwargs(args.model_kwargs), num_classes=len(dataset.classes))
     info = DistInfo(device=torch.device(device_name(args.device)))
     model.to(info.device)
     loader = DataLoader(dataset, args.batch_size, num_workers=args.workers, collate_fn=collate_skipping)

@@ -68,8 +68,8 @@ from backbones.segmentation.config import EmbeddedSegData
 from backbones.token_head import TokenLabelingModel, bare_model
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform
-from classification.engine.checkpoints import checkpoint_data_config, weights_taken
-from classification.models import build_eval_model, check_finite, model_data_config
+from classification.engine.checkpoints import weights_taken
+from classification.models import check_finite, load_trained_classifier, trained_data_config
 from classification.predict import class_names
 
 # the preprocessing config.json records: what the export was checked with, as timm's resolve_data_config reads it
@@ -131,9 +131,9 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
     temporary folder beside `out` and checked there, then renamed: `out` is complete or absent."""
     check_model_name(model_name)
     count = checkpoint_class_count(model_name, checkpoint, use_ema)
-    data_cfg = checkpoint_data_config(checkpoint, model_data_config(model_name), img_size)
+    data_cfg = trained_data_config(model_name, checkpoint, img_size)
     size = data_cfg['input_size'][-1]
-    model = build_eval_model(model_name, checkpoint, count, size, use_ema, model_kwargs or {})
+    model = load_trained_classifier(model_name, checkpoint, data_cfg, use_ema, model_kwargs, count)
     examples = batch_examples(size, size)  # the batch is dynamic
     images = examples[0]
     with torch.no_grad():

@@ -15,7 +15,8 @@ from backbones import TokenLabelingModel, bare_model, create_model, load_checkpo
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
-from backbones.weights import TIMM_RELEASE, fetch_pretrained, read_state_dict
+from backbones.weights import TIMM_RELEASE, checkpoint_class_count, fetch_pretrained, read_state_dict
+from classification.engine.checkpoints import checkpoint_data_config
 from classification.token_labeling.annotate import dense_scores
 
 DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distillation token (DeiT's hard distillation)
@@ -58,6 +59,21 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
                               distilled='dist_token' in keys, **model_kwargs)
     load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
     return model.eval()
+
+
+def trained_data_config(name: str, checkpoint: str | None, img_size: int | None = None,
+                        crop_pct: float | None = None) -> dict:
+    """The data config a checkpoint of model `name` is evaluated with: what its run recorded (input size, crop
+    fraction, mean and std; the model's own where it recorded none), `img_size` and `crop_pct` over it."""
+    return checkpoint_data_config(checkpoint, model_data_config(name), img_size, crop_pct)
+
+
+def load_trained_classifier(name: str, checkpoint: str, data_config: dict, use_ema: bool | None = None,
+                            model_kwargs: dict | None = None, num_classes: int | None = None) -> torch.nn.Module:
+    """The trained classifier evaluation, prediction, export and the pictures run: `build_eval_model` at
+    `data_config`'s input size, for the checkpoint's own class count unless `num_classes` (a data set's) is given."""
+    count = checkpoint_class_count(name, checkpoint, use_ema) if num_classes is None else num_classes
+    return build_eval_model(name, checkpoint, count, data_config['input_size'][-1], use_ema, model_kwargs or {})
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,13 +31,13 @@ from backbones.common.log import logger
 from backbones.registry import check_model_name
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform
-from classification.engine.checkpoints import checkpoint_classes, checkpoint_data_config
+from classification.engine.checkpoints import checkpoint_classes
 from classification.models import (
     add_checkpoint_arguments,
-    build_eval_model,
     check_finite,
     checkpoint_file,
-    model_data_config,
+    load_trained_classifier,
+    trained_data_config,
 )
 
 IMAGENET_CLASSES = 1000
@@ -62,13 +62,13 @@ class ClassPredictor:
                  use_ema: bool | None = None, model_kwargs: dict | None = None, device: str = 'cpu') -> None:
         check_model_name(model_name)
         self.checkpoint = checkpoint
-        self.data_config = checkpoint_data_config(checkpoint, model_data_config(model_name), img_size, crop_pct)
+        self.data_config = trained_data_config(model_name, checkpoint, img_size, crop_pct)
         self.transform = config_eval_transform(self.data_config)
         count = checkpoint_class_count(model_name, checkpoint, use_ema)
         self.classes, self.descriptions = class_names(checkpoint, count)
         self.device = torch.device(device)
-        self.model = build_eval_model(model_name, checkpoint, count, self.data_config['input_size'][-1], use_ema,
-                                      model_kwargs or {}).to(self.device).eval()
+        self.model = load_trained_classifier(model_name, checkpoint, self.data_config, use_ema, model_kwargs,
+                                             count).to(self.device).eval()
 
     def probabilities(self, paths: Sequence[Path], batch_size: int = 32) -> Iterator[torch.Tensor]:
         """The softmax over the classes of each image, in batches (an unreadable image is an error naming it)."""

@@ -29,7 +29,6 @@ from backbones.common.images import check_same_classes, read_image
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from backbones.segmentation.config import EmbeddedSegData
-from backbones.weights import checkpoint_class_count
 from classification.recipes import none_or, rand_augment_spec
 from classification.sources.source import open_split
 
@@ -150,17 +149,15 @@ def store_path(data_dir: Path, image: str) -> str:
 def attention_picture(args: argparse.Namespace) -> np.ndarray:
     from backbones import bare_model
     from classification.data.folders import config_eval_transform
-    from classification.engine.checkpoints import checkpoint_data_config
-    from classification.models import build_eval_model, model_data_config, takes_input_size
+    from classification.models import load_trained_classifier, takes_input_size, trained_data_config
     from classification.pictures.attention import attention_figure, attention_values, model_attention
     from classification.pictures.token_labels import to_pixels
 
     kwargs = parse_model_kwargs(args.model_kwargs)
-    cfg = checkpoint_data_config(args.checkpoint, model_data_config(args.model), args.img_size)
+    cfg = trained_data_config(args.model, args.checkpoint, args.img_size)
     size = cfg['input_size'][-1]
     if args.checkpoint:
-        num_classes = checkpoint_class_count(args.model, args.checkpoint, args.use_ema)
-        model = bare_model(build_eval_model(args.model, args.checkpoint, num_classes, size, args.use_ema, kwargs))
+        model = bare_model(load_trained_classifier(args.model, args.checkpoint, cfg, args.use_ema, kwargs))
         source = args.checkpoint
     else:
         model = create_model(args.model, **({'img_size': size} if takes_input_size(args.model) else {}), **kwargs)

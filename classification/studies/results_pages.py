@@ -19,10 +19,10 @@ ARGS are shell-style words; FILE is a results file's name without `.json`. The k
 
 An EXPRESSION is a figure's path, keys joined by dots (a list item by its index or by its Name; the envelope's keys
 name its own fields, any other the figures'), or such paths and numbers joined by ` * `, ` / `, ` + ` and ` - `
-(spaced, the expression quoted; evaluated left to right). A FORMAT is a Python format (`.1f`, `,.0f`, `.0%`; a `value`'s whole
-`{:.1f}%`) or one of FORMATS. Blocks stand on lines of their own and are rendered between blank lines, at their
-marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block of the pages under
-`root`, or names those whose text is not what their data give.
+(spaced, the expression quoted; evaluated left to right). A FORMAT is a Python format (`.1f`, `,.0f`, `.0%`; a
+`value`'s whole `{:.1f}%`) or one of FORMATS. Blocks stand on lines of their own and are rendered between blank lines,
+at their marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block of the pages
+under `root`, or names those whose text is not what their data give.
 """
 from __future__ import annotations
 
