@@ -42,7 +42,7 @@ from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
 from classification.studies import reproduction
-from classification.studies.results_file import check_envelope
+from classification.studies.results_file import PUBLISHED, check_envelope
 from classification.studies.statistics import describe_difference, describe_interval, mean_std
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,10 +172,11 @@ def formatted(value: object, form: str) -> str:
 def measured(document: dict, link: str) -> str:
     """Where and when a results file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
     c24ec1c, 2026-11-28 ([results/...](results/...))'; a publication's: its source."""
-    if document['torch'] is None:
+    if document['machine'].startswith(PUBLISHED):
         return f'{document["source"]} ({document["date"]}; {link})'
     commit = f'commit {document["commit"]}' if document['commit'] else f'commit {document["notes"]["commit"]}'
-    return f'{document["machine"]}, torch {document["torch"]}, {commit}, {document["date"]} ({link})'
+    torch = f'torch {document["torch"]}, ' if document['torch'] else ''
+    return f'{document["machine"]}, {torch}{commit}, {document["date"]} ({link})'
 
 
 # ---- the kinds of block: each (the page's blocks' context, its words) -> its text
@@ -192,6 +193,8 @@ class Page:
         return f'[{target}]({target})'
 
     def measured(self, name: str) -> str:
+        if name == 'metafile':  # its runs name their own commit, date and machine
+            return f'Each run\'s commit, date and machine: {self.link(name)}'
         return measured(self.files[name], self.link(name))
 
 
