@@ -185,8 +185,8 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
 
     with tempfile.TemporaryDirectory() as tmp:
         document = Path(tmp) / 'benchmark.json'
-        with LaunchedCommand(tool_command('benchmark_loop', options), 'the loop benchmark', limit=limit,
-                             stdout=document) as run:  # its figures' lines on standard error, its document on output
+        # its figures' lines on standard error as they come, its document on standard output at its end
+        with LaunchedCommand(tool_command('benchmark_loop', options), limit=limit, stdout=document) as run:
             status = run.wait(on_line)
         if status is not None and document.is_file() and document.read_text().strip():
             results.update('loop_benchmark', json.loads(document.read_text()))
@@ -239,7 +239,7 @@ def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str
             command = tool_command('measure_gpu', [
                 '--stage', name, '--stage-out', figures, '--device', args.device, *(['--smoke'] if args.smoke else []),
                 *(['--seconds', f'{args.seconds:g}'] if args.seconds is not None else [])])
-            with LaunchedCommand(command, f'the {name} stage', limit=limit) as stage:
+            with LaunchedCommand(command, limit=limit) as stage:
                 status = stage.wait(lambda line: logger.info(f'  {line}'))
             if figures.is_file():
                 for key, value in json.loads(figures.read_text()).items():

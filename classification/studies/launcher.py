@@ -23,7 +23,6 @@ from classification.engine.memory import child_pids
 from classification.studies.timing import SteadyWindow
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: its tools are what is run, and the commands run there
-TOOLS = REPOSITORY / 'tools'
 GRACE = 10.0  # seconds between a stop's interrupt and its kill
 TIMM_STEP_LINE = re.compile(r'Train: (\d+) \[\s*(\d+)/(\d+)')  # timm's: epoch, update in the epoch (from 0), updates
 
@@ -39,13 +38,24 @@ def tool_command(tool: str, args: Sequence[object] = (), processes: int | None =
     whose rendezvous takes a port the operating system gives (`--standalone`: no fixed port another job could
     hold). Outside a checkout (an installed package has no tools/ beside it), and for a tool that is not there, a
     UsageError."""
-    if not TOOLS.is_dir():
+    tools = REPOSITORY / 'tools'
+    if not tools.is_dir():
         raise UsageError(f'{REPOSITORY} has no tools/ folder: the studies run the suite\'s tools, which come with a '
                          f'checkout of its repository (run them from a clone, not from an installed package)')
-    if tool not in {path.stem for path in TOOLS.glob('*.py')}:
-        raise UsageError(f'no tool {tool!r} in {TOOLS}')
+    if tool not in {path.stem for path in tools.glob('*.py')}:
+        raise UsageError(f'no tool {tool!r} in {tools}')
     launcher = ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', str(processes)]
-    return [sys.executable, *(launcher if processes is not None else []), str(TOOLS / f'{tool}.py'), *map(str, args)]
+    return [sys.executable, *(launcher if processes is not None else []), str(tools / f'{tool}.py'), *map(str, args)]
+
+
+def command_name(command: Sequence[str]) -> str:
+    """How messages name a command: a tool of the checkout by its path there (`torchrun tools/train_cls.py` under
+    torchrun), another command by its first word."""
+    parts = [str(part) for part in command]
+    script = next((Path(part) for part in parts if Path(part).parent == REPOSITORY / 'tools'), None)
+    if script is None:
+        return parts[0]
+    return ('torchrun ' if 'torch.distributed.run' in parts else '') + script.relative_to(REPOSITORY).as_posix()
 
 
 def process_fields(pid: int) -> list[str] | None:
@@ -117,23 +127,24 @@ def kill_processes(roots: Iterable[int], timeout: float = 30.0) -> None:
 
 
 class LaunchedCommand:
-    """A command in a session of its own (in the checkout), its output read line by line as it comes and kept in
-    `log` (and appended to `log_file`): standard output and error together, or standard error alone where `stdout`
-    names the file its standard output goes to. It is stopped (`stop`) when its `limit` (seconds) passes and when the
-    block ends with it still running (at its end, at an error, at Ctrl-C); what a command that ended left running
-    in its session is killed at the block's end.
+    """A command in a session of its own (in the checkout), named `name` in messages (default: `command_name`), its
+    output read line by line as it comes and kept in `log` (and appended to `log_file`): standard output and error
+    together, or standard error alone where `stdout` names the file its standard output goes to. It is stopped
+    (`stop`) when its `limit` (seconds) passes and when the block ends with it still running (at its end, at an
+    error, at Ctrl-C); what a command that ended left running in its session is killed at the block's end.
 
-        with LaunchedCommand(tool_command('train_cls', args, processes=2), 'tools/train_cls.py') as run:
+        with LaunchedCommand(tool_command('train_cls', args, processes=2)) as run:
             for update in run.updates():
                 ...
             raise run.ended_before('its first update')
     """
 
-    def __init__(self, command: Sequence[str], name: str,
+    def __init__(self, command: Sequence[str], name: str | None = None,
                  update_of: Callable[[str], int | None] = update_of_step_line, env: dict | None = None,
                  limit: float | None = None, grace: float = GRACE, stdout: Path | None = None,
                  log_file: Path | None = None) -> None:
-        self.command, self.name, self.update_of = [str(part) for part in command], name, update_of
+        self.command, self.update_of = [str(part) for part in command], update_of
+        self.name = name or command_name(command)
         self.env = {**os.environ, **(env or {}), 'PYTHONUNBUFFERED': '1'}  # each line as it is written
         self.limit, self.grace, self.stdout, self.log_file = limit, grace, stdout, log_file
         self.log: list[str] = []

@@ -342,7 +342,7 @@ def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path)
                *(['--decode', args.decode] if augment == 'batched' else []), *(['--compile'] if args.compile else [])]
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
         options += ['--token-label-dir', data.token_labels]
-    return timed_updates(LaunchedCommand(tool_command('train_cls', options), 'tools/train_cls.py'), bench)
+    return timed_updates(LaunchedCommand(tool_command('train_cls', options)), bench)
 
 
 def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,

@@ -385,7 +385,7 @@ def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[floa
         ['lvvit_s', '--model-kwargs', 'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', data,
          '--token-label-dir', args.root / 'store', '--img-size', '32', '--batch-size', '32', '--workers', args.workers,
          '--log-interval', '1', '--pictures', '0', '--device', 'cpu', '--output', output], processes=args.processes)
-    with LaunchedCommand(command, 'torchrun tools/train_cls.py', env={'OMP_NUM_THREADS': '1'}) as run:
+    with LaunchedCommand(command, env={'OMP_NUM_THREADS': '1'}) as run:
         for _ in run.updates():
             return run.seconds_since_launch(), [process_memory(pid) for pid in child_pids(run.process.pid)], run.log
         raise run.ended_before('its first update')
