@@ -84,6 +84,7 @@ try:
     time.sleep(60)
 finally:
     pathlib.Path(sys.argv[1]).write_text('finally ran')
+    print('stopped')
 """
 IGNORES_SIGINT = """
 import signal, time
@@ -105,8 +106,8 @@ if sys.argv[2] == 'waits':
 
 @pytest.mark.parametrize('interrupted', [False, True])
 def test_a_command_still_running_at_the_blocks_end_is_interrupted_and_its_finally_blocks_run(tmp_path, interrupted):
-    """SIGINT first, and no grace waited once it has ended: a trainer checkpoints, pytest prints its summary. The
-    same when the block ends with Ctrl-C in the parent."""
+    """SIGINT first, and no grace waited once it has ended: a trainer checkpoints, pytest prints its summary (what
+    it says as it stops is kept). The same when the block ends with Ctrl-C in the parent."""
     marker = tmp_path / 'finally'
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt) if interrupted else contextlib.nullcontext():
@@ -116,7 +117,8 @@ def test_a_command_still_running_at_the_blocks_end_is_interrupted_and_its_finall
                 raise KeyboardInterrupt
     assert marker.read_text() == 'finally ran'
     assert run.process.returncode == -signal.SIGINT  # Python's end at an unhandled KeyboardInterrupt
-    assert time.monotonic() - started < 20 and run.log == ['ready']
+    assert time.monotonic() - started < 20
+    assert run.log[:2] == ['ready', 'stopped'] and run.log[-1] == 'KeyboardInterrupt'  # its traceback's end
 
 
 def test_a_command_that_ignores_the_interrupt_is_killed_after_the_grace():

@@ -1,9 +1,9 @@
 """The one way the studies run another command: the suite's tools by name (`tool_command`, the only place a library
 module names a path under tools/, those of the one checkout, `REPOSITORY`) and any other command (timm's train.py,
 pytest), each in a session of its own, its output read line by line as it comes (update lines parsed: train_cls's and
-timm's), its pace timed in a steady-state window, and stopped by one rule (`LaunchedCommand.stop`): an interrupt to
-its session (its `finally` blocks run: a trainer's checkpoint, pytest's summary, a benchmark's own runs stopped), a
-grace period, then every process still running under it (in whatever session or group it started) killed."""
+timm's), its pace timed in a steady-state window, and stopped by one rule (`LaunchedCommand.stop`): an interrupt, as
+Ctrl-C's (its `finally` blocks run: a trainer's checkpoint, pytest's summary, a benchmark's own runs stopped), a grace
+period, then every process still running under it (in whatever session or group it started) killed."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from backbones.common.errors import DataError, UsageError
 from classification.engine.fit import update_of_step_line
@@ -155,7 +156,7 @@ class LaunchedCommand:
         self.ended = threading.Event()  # the block has ended: the limit has nothing left to stop
         self.watch: threading.Thread | None = None
         self.files = contextlib.ExitStack()  # the files the command writes to and its lines are appended to
-        self.appended = None
+        self.appended: TextIO | None = None
 
     def __enter__(self) -> LaunchedCommand:
         with contextlib.ExitStack() as files:  # closed here if the command does not start
@@ -177,6 +178,8 @@ class LaunchedCommand:
             if self.watch is not None:
                 self.watch.join()
             self.stop()
+            for _ in self.lines():  # the rest of its output, kept: what it said as it stopped
+                pass
         finally:
             if self.process.poll() is None:  # a second Ctrl-C before the stop began
                 kill_processes([self.process.pid])
@@ -191,11 +194,12 @@ class LaunchedCommand:
             self.stop(at_limit=True)
 
     def stop(self, at_limit: bool = False) -> None:
-        """The one stop rule: SIGINT to the command's session (Python's `finally` blocks run: a trainer checkpoints,
-        pytest prints its summary, a benchmark stops the runs it started), up to `grace` seconds for it to end, then
-        every process still running of those under it before the interrupt (its loader and torchrun workers, in
-        sessions of their own or left to init by its end) and of its session frozen and killed. A command that has
-        ended: what its session left running is killed at once."""
+        """The one stop rule: SIGINT to the command's process group, as Ctrl-C in a terminal sends it (Python's
+        `finally` blocks run: a trainer checkpoints, pytest prints its summary, a benchmark stops the runs it started;
+        loader workers leave it to their trainer), up to `grace` seconds for it to end, then every process still
+        running of those under it before the interrupt (its loader and torchrun workers, in sessions of their own or
+        left to init by its end) and of its session frozen and killed. A command that has ended: what its session
+        left running is killed at once."""
         with self.stopping:
             pid = self.process.pid
             if self.process.poll() is not None:
