@@ -379,7 +379,8 @@ def check_timm_train(args: argparse.Namespace) -> None:
                          f"only token-labeling ones ({', '.join(args.models)}); add e.g. deit_small_patch16_224")
     command = timm_train_command(Path(args.timm_train), plain[0], 1000, Path('data'), Path('out'), args)
     wanted = sorted({a for a in command[2:] if a.startswith('--')} - set(args.timm_args))
-    with LaunchedCommand([sys.executable, command[1], '--help'], f'--timm-train {args.timm_train}',
+    script = command[1]  # as the run starts it
+    with LaunchedCommand([sys.executable, script, '--help'], f'--timm-train {args.timm_train}',
                          limit=HELP_SECONDS) as shown:
         status = shown.wait()
     missing = [option for option in wanted if option not in '\n'.join(shown.log)]

@@ -387,7 +387,8 @@ def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[floa
          '--log-interval', '1', '--pictures', '0', '--device', 'cpu', '--output', output], processes=args.processes)
     with LaunchedCommand(command, env={'OMP_NUM_THREADS': '1'}) as run:
         for _ in run.updates():
-            return run.seconds_since_launch(), [process_memory(pid) for pid in child_pids(run.process.pid)], run.log
+            memory = [process_memory(pid) for pid in child_pids(run.process.pid)]
+            return run.seconds_since_launch(), memory, run.log.copy()  # the stop's lines are read into `log` too
         raise run.ended_before('its first update')
 
 
