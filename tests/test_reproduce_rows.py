@@ -9,13 +9,17 @@ import pytest
 from backbones.common.errors import UsageError
 from classification.digits.cls_data import EmbeddedScans
 from classification.recipes import resolve_recipe
-from classification.studies import reproduction as reproduce
+from classification.studies.reproduction import runs
+from classification.studies.reproduction.plots import plot_tables
+from classification.studies.reproduction.rows import HEADS, MODES, VARIANTS
+from classification.studies.reproduction.summary import summarise
+from classification.studies.reproduction.tables import markdown_table, paper_tables
 from classification.train import build_parser
 
 
 def options_of(variant: str):
     """train_cls.py's parsed options for a row's pretraining on the embedded digits."""
-    stages = reproduce.Stages(reproduce.build_parser().parse_args(['--variants', variant]))
+    stages = runs.Stages(runs.build_parser().parse_args(['--variants', variant]))
     return build_parser(EmbeddedScans).parse_args(stages.pretrain_argv(variant, 0, 'lvvit_s', Path('out')))
 
 
@@ -54,8 +58,8 @@ def test_standard_at_token_labelings_lr_changes_supervision_and_mixing_not_the_l
 
 def test_a_table_runs_the_papers_rows_token_labeling_first(tmp_path):
     def rows(*argv: str) -> list[str]:
-        args = reproduce.build_parser().parse_args([*argv, '--out', str(tmp_path)])
-        reproduce.check_args(args)
+        args = runs.build_parser().parse_args([*argv, '--out', str(tmp_path)])
+        runs.check_args(args)
         return args.variants
 
     table2 = ['token-labeling', 'mixtoken-label', 'relabel', 'relabel-mixtoken', 'cutmix-label']
@@ -77,8 +81,8 @@ def test_a_table_runs_the_papers_rows_token_labeling_first(tmp_path):
 @pytest.mark.parametrize('transfer, rows', [('table7', ['token-labeling', 'standard', 'mixtoken-label']),
                                             ('none', []), ('all', None)])
 def test_only_the_asked_rows_are_transferred_to_segmentation(tmp_path, transfer, rows):
-    args = reproduce.build_parser().parse_args(['--transfer', transfer, '--out', str(tmp_path)])
-    reproduce.check_args(args)
+    args = runs.build_parser().parse_args(['--transfer', transfer, '--out', str(tmp_path)])
+    runs.check_args(args)
     assert args.transferred == (args.variants if rows is None else rows)
 
 
@@ -86,8 +90,8 @@ def fake_runs(variants: list[str], seeds: int = 2, transferred: tuple = ()) -> l
     """Runs whose figures say which row and seed they are: top-1 = 50 + row + seed, mIoU = 40 + row + seed (for the
     rows `transferred` to segmentation), pretraining seconds = 100 + 10 row + 50 seed (seed 0 the fastest)."""
     def segmentation(i: int, seed: int) -> dict:
-        return {head: {mode: {'mIoU': 40.0 + i + seed, 'aAcc': 80.0} for mode in reproduce.MODES}
-                for head in reproduce.HEADS}
+        return {head: {mode: {'mIoU': 40.0 + i + seed, 'aAcc': 80.0} for mode in MODES}
+                for head in HEADS}
 
     return [{'variant': variant, 'seed': seed, 'top1': 50.0 + i + seed, 'train_seconds': 100.0 + 10 * i + 50 * seed,
              **(segmentation(i, seed) if variant in transferred else {})}
@@ -102,9 +106,9 @@ def table_rows(text: str, title: str) -> list[list[str]]:
 def test_the_papers_layouts_hold_each_rows_own_figures():
     variants = ['token-labeling', 'standard', 'relabel', 'relabel-mixtoken', 'participation-20', 'participation-60',
                 'annotator-resnet18']
-    summary = reproduce.summarise(fake_runs(variants, transferred=('token-labeling', 'standard')))
+    summary = summarise(fake_runs(variants, transferred=('token-labeling', 'standard')))
     annotators = {'resnet10t': {'params': 4.9e6, 'top1': 98.6}, 'resnet18': {'params': 11.2e6, 'top1': 99.2}}
-    text = reproduce.paper_tables(summary, annotators)
+    text = paper_tables(summary, annotators)
     table2 = table_rows(text, 'Table 2 layout')
     assert table2[0] == ['MixToken', '50.5 ± 0.7 / 40.5 ± 0.7', '53.5 ± 0.7', '—']  # rows 0 (transferred) and 3
     assert table2[1] == ['CutMix', '—', '52.5 ± 0.7', '—']  # relabel is row 2
@@ -117,18 +121,18 @@ def test_the_papers_layouts_hold_each_rows_own_figures():
     assert figure4[1] == ['Minus 100%', '+4.0 [+4.0, +4.0]', '+5.0 [+5.0, +5.0]', '']  # paired by seed
     assert table_rows(text, 'Figure 4 (right)') == [['resnet10t', '4.9M', '98.6', '50.5 ± 0.7', ''],
                                                     ['resnet18', '11.2M', '99.2', '56.5 ± 0.7', '+6.0 [+6.0, +6.0]']]
-    assert reproduce.paper_tables(reproduce.summarise(fake_runs(['token-labeling'])), {}) == ''  # one row: no layout
+    assert paper_tables(summarise(fake_runs(['token-labeling'])), {}) == ''  # one row: no layout
 
 
 def test_rows_not_transferred_are_compared_by_top1_alone(tmp_path):
     variants = ['token-labeling', 'standard', 'relabel']
-    summary = reproduce.summarise(fake_runs(variants, seeds=3, transferred=('token-labeling', 'standard')))
+    summary = summarise(fake_runs(variants, seeds=3, transferred=('token-labeling', 'standard')))
     assert 'upernet' in summary['standard'] and 'upernet' not in summary['relabel']
     assert set(summary['relabel']['vs_token_labeling']) == {'top1'}
     assert summary['relabel']['vs_token_labeling']['top1']['mean'] == pytest.approx(2.0)
     assert summary['standard']['vs_token_labeling']['fcn']['ms']['mean'] == pytest.approx(1.0)
-    table = reproduce.markdown_table(summary, 'lvvit_s', 3, {})
-    assert [row[0] for row in table_rows(table, 'seed(s).')] == [reproduce.VARIANTS[v] for v in variants]
-    assert [row[1] for row in table_rows(table, 'Table 7 layout')] == [reproduce.VARIANTS[v] for v in variants[:2]] * 2
-    figures = reproduce.plot_tables(summary, {}, tmp_path, 'test')
+    table = markdown_table(summary, 'lvvit_s', 3, {})
+    assert [row[0] for row in table_rows(table, 'seed(s).')] == [VARIANTS[v] for v in variants]
+    assert [row[1] for row in table_rows(table, 'Table 7 layout')] == [VARIANTS[v] for v in variants[:2]] * 2
+    figures = plot_tables(summary, {}, tmp_path, 'test')
     assert [path.name for path in figures] == ['table2.png', 'table4.png', 'table7.png']  # no Figure 4 row

@@ -142,6 +142,30 @@ def test_no_test_imports_a_tool():
     assert '/tools' not in [p.rstrip('/')[-6:] for p in sys.path]
 
 
+def paths_under_tools(source: str) -> list[int]:
+    """The lines where code (not a docstring) names a path under tools/: the string 'tools' (a path part, as in
+    `root / 'tools'`) or a string starting 'tools/'."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and (node.value == 'tools' or node.value.startswith('tools/'))]
+
+
+def test_the_libraries_reach_the_tools_through_the_launcher_alone():
+    """No module of the packages but the studies' launcher (`classification.studies.launcher.tool_command`) names a
+    path under tools/ in its code: a library running a tool by its path is an arrow up to the tools that the import
+    test cannot see."""
+    assert paths_under_tools('"""Runs tools/train_cls.py."""\nx = f"see tools/x.py"\n') == []  # words about a tool
+    assert paths_under_tools("ROOT / 'tools' / 'x.py'\nrun(['python', 'tools/x.py'])\n") == [1, 2]
+    named = [f'{name}:{line}' for name, path in project_modules().items()
+             if not name.startswith('tools.') and name != 'classification.studies.launcher'
+             for line in paths_under_tools(path.read_text())]
+    assert named == []
+    assert paths_under_tools((ROOT / 'classification' / 'studies' / 'launcher.py').read_text())  # where they are named
+
+
 def test_a_tool_is_a_usage_text_and_a_call():
     """The tools hold no logic of their own: each under 200 lines (the logic lives in the libraries)."""
     lines = {path.name: len(path.read_text().splitlines()) for path in (ROOT / 'tools').glob('*.py')}

@@ -18,9 +18,9 @@ from classification.engine.fit import update_of_step_line
 from classification.engine.steps import train_one_epoch
 from classification.engine.trainer import RunOptions, StepOptions, Trainer
 from classification.loaders import ImageData
+from classification.studies.launcher import update_of_timm_line
 from classification.studies.loop_benchmark import BenchedModel, measurement_errors, pipeline_ceilings
 from classification.studies.timing import SteadyWindow
-from classification.studies.training_runs import update_of_timm_line
 from classification.training_pieces import training_pieces
 from helpers.commands import run_tool
 

@@ -30,7 +30,7 @@ DIR/runs/VARIANT/seed_S/*.log. A stage whose result is on disk is not run again,
 from its last checkpoint: rerun the same command to continue, or add tables to an earlier run's DIR.
 """
 from backbones.common.commands import run_command
-from classification.studies.reproduction import main
+from classification.studies.reproduction.runs import main
 
 if __name__ == '__main__':
     run_command(lambda: main(description=__doc__))

@@ -16,15 +16,10 @@ CUDA are skipped, each with a line saying so, and the loops decode in the worker
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -43,9 +38,9 @@ from backbones.common.cli import (
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
+from classification.studies.launcher import LaunchedCommand, tool_command
 from classification.studies.timing import measured_on
 
-REPO = Path(__file__).resolve().parents[2]  # the repository: its tools are what is run
 AMP = 'bf16'
 
 
@@ -159,46 +154,6 @@ def open_results(out: Path, merge: Path | None, facts: dict, stages: list[str]) 
     return results
 
 
-GRACE = 10.0  # seconds between the interrupt at a stage's limit and the kill
-
-
-def run_streaming(command: list[str], limit: float, on_line: Callable[[str], None],
-                  stdout: Path | None = None) -> int | None:
-    """Run `command` in a session of its own, handing each line of its output (its standard error alone where
-    `stdout` takes its standard output) to `on_line` as it comes. At `limit` seconds its session is interrupted
-    (SIGINT: Python's `finally` blocks run, so the benchmark stops the training runs it started in sessions of their
-    own, and pytest prints its summary), then killed GRACE seconds later. Returns its exit status, or None where
-    the limit stopped it."""
-    with open(stdout, 'w') if stdout else contextlib.nullcontext() as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out if stdout else subprocess.PIPE,
-                                   stderr=subprocess.PIPE if stdout else subprocess.STDOUT, text=True,
-                                   start_new_session=True, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
-        stopped = threading.Event()
-
-        def signal_session(number: int) -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, number)
-
-        def interrupt() -> None:
-            stopped.set()
-            signal_session(signal.SIGINT)
-
-        timers = [threading.Timer(limit, interrupt), threading.Timer(limit + GRACE, signal_session, [signal.SIGKILL])]
-        for timer in timers:
-            timer.start()
-        try:
-            for line in (process.stderr if stdout else process.stdout):
-                on_line(line.rstrip('\n'))
-            process.wait()
-        finally:
-            for timer in timers:
-                timer.cancel()
-            if process.poll() is None:  # an error here: leave nothing running
-                signal_session(signal.SIGKILL)
-            process.wait()
-    return None if stopped.is_set() else process.returncode
-
-
 # ---- the parts' stages, run by the parent: each a command whose lines it reads
 
 
@@ -210,12 +165,12 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
     given --timm-train, timm's train.py on the same data; each figure recorded as the benchmark logs it, its JSON
     document at the end."""
     sizes = args.sizes
-    command = [sys.executable, str(REPO / 'tools' / 'benchmark_loop.py'), '--models', sizes.model, '--device',
-               args.device, '--amp', AMP, '--batch-size', str(sizes.batch_size), '--workers', str(sizes.workers),
-               '--images', str(sizes.images), '--seconds', f'{sizes.seconds:g}', '--skip-updates',
-               str(sizes.skip_updates), '--compare-loop', '--train-cls', '--json']
-    command += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
-    command += ['--timm-train', str(args.timm_train)] if args.timm_train else []
+    options = ['--models', sizes.model, '--device', args.device, '--amp', AMP, '--batch-size', sizes.batch_size,
+               '--workers', sizes.workers, '--images', sizes.images, '--seconds', f'{sizes.seconds:g}',
+               '--skip-updates', sizes.skip_updates, '--compare-loop', '--train-cls', '--json']
+    options += ['--min-batches', sizes.min_batches] if sizes.min_batches else []
+    # the file given, wherever this call runs: the benchmark runs in the checkout
+    options += ['--timm-train', Path(args.timm_train).resolve()] if args.timm_train else []
     if not args.timm_train:
         logger.info("loop_benchmark: no --timm-train: timm's train.py is not timed (the suite against it is part 1's "
                     "first figure: bring train.py from a clone of timm's repository)")
@@ -230,7 +185,9 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
 
     with tempfile.TemporaryDirectory() as tmp:
         document = Path(tmp) / 'benchmark.json'
-        status = run_streaming(command, limit, on_line, stdout=document)
+        # its figures' lines on standard error as they come, its document on standard output at its end
+        with LaunchedCommand(tool_command('benchmark_loop', options), limit=limit, stdout=document) as run:
+            status = run.wait(on_line)
         if status is not None and document.is_file() and document.read_text().strip():
             results.update('loop_benchmark', json.loads(document.read_text()))
     return outcome(status, 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such' if status == 1
@@ -266,8 +223,9 @@ def gpu_tests_stage(results: Results, args: argparse.Namespace, limit: float) ->
             failures[failure[1]] = failure[2][:300]
             record()
 
-    status = run_streaming([sys.executable, '-m', 'pytest', '-m', 'gpu', 'tests/test_gpu.py', '-v', '-rfE',
-                            '-p', 'no:cacheprovider'], limit, on_line)
+    with LaunchedCommand([sys.executable, '-m', 'pytest', '-m', 'gpu', 'tests/test_gpu.py', '-v', '-rfE', '-p',
+                          'no:cacheprovider'], 'the GPU suite', limit=limit) as run:  # stopped: pytest's summary
+        status = run.wait(on_line)
     record(timed_out=status is None)
     return outcome(status, 'some tests failed, recorded with their messages' if status == 1 else None)
 
@@ -278,10 +236,11 @@ def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             figures = Path(tmp) / f'{name}.json'
-            command = [sys.executable, str(REPO / 'tools' / 'measure_gpu.py'), '--stage', name, '--stage-out',
-                       str(figures), '--device', args.device, *(['--smoke'] if args.smoke else []),
-                       *(['--seconds', f'{args.seconds:g}'] if args.seconds is not None else [])]
-            status = run_streaming(command, limit, lambda line: logger.info(f'  {line}'))
+            command = tool_command('measure_gpu', [
+                '--stage', name, '--stage-out', figures, '--device', args.device, *(['--smoke'] if args.smoke else []),
+                *(['--seconds', f'{args.seconds:g}'] if args.seconds is not None else [])])
+            with LaunchedCommand(command, limit=limit) as stage:
+                status = stage.wait(lambda line: logger.info(f'  {line}'))
             if figures.is_file():
                 for key, value in json.loads(figures.read_text()).items():
                     results.update(key, value)

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -48,8 +47,8 @@ from classification.engine.trainer import RunOptions, StepOptions, training_stat
 from classification.loaders import DECODE_CHOICES, ImageData, check_decode, make_loaders, pick_augment
 from classification.models import model_data_config
 from classification.recipes import recipe_for
+from classification.studies.launcher import LaunchedCommand, tool_command, update_of_timm_line
 from classification.studies.timing import SteadyWindow, available_cores, measured_on
-from classification.studies.training_runs import TrainingRun, train_cls_command, update_of_timm_line
 from classification.token_labeling.annotate import GENERATION_SHAPING, generate_token_labels
 from classification.token_labeling.label_store import StoreRows, TokenLabelStore, list_digest, write_label_store
 from classification.training_pieces import training_pieces
@@ -59,6 +58,7 @@ STEP_OPTIONS = ('fused_optimizer', 'channels_last', 'bf16', 'compile')
 DISTINCT_IMAGES = 64  # distinct synthetic JPEGs; the other entries are hard links to them
 PREFETCH_FACTOR = 2  # torch's DataLoader default, which the training loaders keep
 CPU_MIN_BATCHES = 4  # the fewest batches of a window on a CPU (its steps take seconds) and of one core's pipeline
+HELP_SECONDS = 300  # the longest timm's train.py --help may take (its imports on a cold disk)
 TOLERANCE = 1.1  # separate windows of a noisy machine: a figure this far above its ceiling is an error
 TRAIN_FLOPS_PER_MAC = 6  # a training step: the forward's 2 FLOPs per MAC, the backward's 4 (the usual MFU count)
 # dense bf16/fp16 tensor-core peaks, TFLOP/s (NVIDIA's data sheets), by the device's name; the first match counts
@@ -342,7 +342,7 @@ def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path)
                *(['--decode', args.decode] if augment == 'batched' else []), *(['--compile'] if args.compile else [])]
     if data.token_labels is not None and recipe_for(model_name).uses_score_maps:
         options += ['--token-label-dir', data.token_labels]
-    return timed_updates(TrainingRun(train_cls_command(options), 'tools/train_cls.py'), bench)
+    return timed_updates(LaunchedCommand(tool_command('train_cls', options)), bench)
 
 
 def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,
@@ -352,8 +352,9 @@ def timm_train_command(script: Path, model_name: str, num_classes: int, data_roo
     defaults otherwise (its GPU prefetcher, pinned memory), one update line per update."""
     r = recipe_for(model_name)
     amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
-    command = [sys.executable, str(script), '--data-dir', str(data_root), '--model', model_name, '--num-classes',
-               str(num_classes), '-b', str(args.batch_size), '-j', str(args.workers),
+    # the script where it was given: the commands run in the checkout
+    command = [sys.executable, str(script.resolve()), '--data-dir', str(data_root), '--model', model_name,
+               '--num-classes', str(num_classes), '-b', str(args.batch_size), '-j', str(args.workers),
                '--device', args.device, *amp, '--epochs', '1000', '--opt', r.opt,
                '--lr', str(r.lr_base * args.batch_size / r.lr_base_batch), '--weight-decay', str(r.weight_decay),
                '--sched', 'cosine', '--warmup-epochs', str(r.warmup_epochs), '--warmup-lr', str(r.warmup_lr),
@@ -378,11 +379,15 @@ def check_timm_train(args: argparse.Namespace) -> None:
                          f"only token-labeling ones ({', '.join(args.models)}); add e.g. deit_small_patch16_224")
     command = timm_train_command(Path(args.timm_train), plain[0], 1000, Path('data'), Path('out'), args)
     wanted = sorted({a for a in command[2:] if a.startswith('--')} - set(args.timm_args))
-    shown = subprocess.run([sys.executable, args.timm_train, '--help'], capture_output=True, text=True, timeout=300)
-    missing = [option for option in wanted if option not in shown.stdout]
-    if shown.returncode != 0 or missing:
-        why = (f"its --help failed: {(shown.stderr.strip().splitlines() or ['(no message)'])[-1]}"
-               if shown.returncode != 0 else f"it takes no {', '.join(missing)}")
+    script = command[1]  # as the run starts it
+    with LaunchedCommand([sys.executable, script, '--help'], f'--timm-train {args.timm_train}',
+                         limit=HELP_SECONDS) as shown:
+        status = shown.wait()
+    missing = [option for option in wanted if option not in '\n'.join(shown.log)]
+    if status != 0 or missing:
+        last = ([line for line in shown.log if line.strip()] or ['(no message)'])[-1].strip()
+        why = (f'its --help did not end in {HELP_SECONDS} s' if status is None else f'its --help failed: {last}'
+               if status != 0 else f"it takes no {', '.join(missing)}")
         raise UsageError(f"--timm-train {args.timm_train}: not timm's train.py ({why}); give train.py from a clone of "
                          f"https://github.com/huggingface/pytorch-image-models at the installed timm's version")
 
@@ -390,10 +395,10 @@ def check_timm_train(args: argparse.Namespace) -> None:
 def timm_train_images_per_second(script: Path, bench: BenchedModel, output: Path) -> dict[str, float | int]:
     """timm's train.py on the benched model and data (`timm_train_command`), timed by `timed_updates`."""
     command = timm_train_command(script, bench.name, bench.num_classes, bench.data.root, output, bench.args)
-    return timed_updates(TrainingRun(command, f'timm\'s {script.name}', update_of_timm_line), bench)
+    return timed_updates(LaunchedCommand(command, f'timm\'s {script.name}', update_of_timm_line), bench)
 
 
-def timed_updates(run: TrainingRun, bench: BenchedModel) -> dict[str, float | int]:
+def timed_updates(run: LaunchedCommand, bench: BenchedModel) -> dict[str, float | int]:
     """Images/s of a training run from its update lines as they arrive, in a steady-state window: after its update
     `--skip-updates` (past the start-up and the loader's prefetch), at least `--seconds` and `--min-batches`
     updates; then the run is stopped (every process of it). The window must end within the first epoch."""

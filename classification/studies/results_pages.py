@@ -41,11 +41,11 @@ from backbones.common.cli import command_parser
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
-from classification.studies import reproduction
+from classification.studies.launcher import REPOSITORY
+from classification.studies.reproduction import tables as reproduction
 from classification.studies.results_file import PUBLISHED, check_envelope
 from classification.studies.statistics import describe_difference, describe_interval, mean_std
 
-REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path('docs/results')
 METAFILE = Path('seg_configs/metafile.yaml')
 PAGES = ('README.md', 'docs/*.md')
@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     parser = command_parser(description, 'render_results.py')
     parser.add_argument('--check', action='store_true',
                         help='change nothing; exit 1 naming each page and block whose text differs from its data')
-    parser.add_argument('--root', type=Path, default=REPO,
+    parser.add_argument('--root', type=Path, default=REPOSITORY,
                         help='the repository whose pages and data files are read (default: this one)')
     args = parser.parse_args(argv)
     differing = render_pages(args.root, write=not args.check)

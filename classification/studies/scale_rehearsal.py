@@ -39,9 +39,9 @@ from classification.engine.trainer import RunOptions, Trainer
 from classification.models import model_data_config
 from classification.recipes import recipe_for
 from classification.sources.source import open_split
+from classification.studies.launcher import REPOSITORY, LaunchedCommand, tool_command
 from classification.studies.results_file import write_results
 from classification.studies.timing import timed
-from classification.studies.training_runs import ROOT, TrainingRun, train_cls_command
 from classification.token_labeling.label_store import (
     DEFAULT_SHARD_SIZE,
     VERIFIED,
@@ -86,7 +86,7 @@ def scale_fraction(value: str) -> float:
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
     p = command_parser(description, 'rehearse_scale.py')
-    p.add_argument('--root', type=output_folder, default=ROOT / 'output' / 'rehearse_scale',
+    p.add_argument('--root', type=output_folder, default=REPOSITORY / 'output' / 'rehearse_scale',
                    help='where the trees, the store and the runs go (kept and reused)')
     p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
     p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
@@ -381,13 +381,15 @@ def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[floa
     """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
     and the log up to it."""
     shutil.rmtree(output, ignore_errors=True)
-    command = train_cls_command(
+    command = tool_command(
+        'train_cls',
         ['lvvit_s', '--model-kwargs', 'embed_dim=48', 'depth=2', 'num_heads=2', '--data-dir', data,
          '--token-label-dir', args.root / 'store', '--img-size', '32', '--batch-size', '32', '--workers', args.workers,
          '--log-interval', '1', '--pictures', '0', '--device', 'cpu', '--output', output], processes=args.processes)
-    with TrainingRun(command, 'torchrun tools/train_cls.py', env={'OMP_NUM_THREADS': '1'}) as run:
+    with LaunchedCommand(command, env={'OMP_NUM_THREADS': '1'}) as run:
         for _ in run.updates():
-            return run.seconds_since_launch(), [process_memory(pid) for pid in child_pids(run.process.pid)], run.log
+            memory = [process_memory(pid) for pid in child_pids(run.process.pid)]
+            return run.seconds_since_launch(), memory, run.log.copy()  # the stop's lines are read into `log` too
         raise run.ended_before('its first update')
 
 

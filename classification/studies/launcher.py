@@ -1,0 +1,267 @@
+"""The one way the studies run another command: the suite's tools by name (`tool_command`, the only place a library
+module names a path under tools/, those of the one checkout, `REPOSITORY`) and any other command (timm's train.py,
+pytest), each in a session of its own, its output read line by line as it comes (update lines parsed: train_cls's and
+timm's), its pace timed in a steady-state window, and stopped by one rule (`LaunchedCommand.stop`): an interrupt, as
+Ctrl-C's (its `finally` blocks run: a trainer's checkpoint, pytest's summary, a benchmark's own runs stopped), a grace
+period, then every process still running under it (in whatever session or group it started) killed."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from backbones.common.errors import DataError, UsageError
+from classification.engine.fit import update_of_step_line
+from classification.engine.memory import child_pids
+from classification.studies.timing import SteadyWindow
+
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: its tools are what is run, and the commands run there
+GRACE = 10.0  # seconds between a stop's interrupt and its kill
+TIMM_STEP_LINE = re.compile(r'Train: (\d+) \[\s*(\d+)/(\d+)')  # timm's: epoch, update in the epoch (from 0), updates
+
+
+def update_of_timm_line(line: str) -> int | None:
+    """The run's update count (from 1) a timm train.py log line reports, or None."""
+    found = TIMM_STEP_LINE.search(line)
+    return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
+
+
+def tool_command(tool: str, args: Sequence[object] = (), processes: int | None = None) -> list[str]:
+    """tools/`tool`.py of the checkout with `args`, alone (`processes` None) or as `processes` workers under torchrun,
+    whose rendezvous takes a port the operating system gives (`--standalone`: no fixed port another job could
+    hold). Outside a checkout (an installed package has no tools/ beside it), and for a tool that is not there, a
+    UsageError."""
+    tools = REPOSITORY / 'tools'
+    if not tools.is_dir():
+        raise UsageError(f'{REPOSITORY} has no tools/ folder: the studies run the suite\'s tools, which come with a '
+                         f'checkout of its repository (run them from a clone, not from an installed package)')
+    if tool not in {path.stem for path in tools.glob('*.py')}:
+        raise UsageError(f'no tool {tool!r} in {tools}')
+    launcher = ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', str(processes)]
+    return [sys.executable, *(launcher if processes is not None else []), str(tools / f'{tool}.py'), *map(str, args)]
+
+
+def command_name(command: Sequence[str]) -> str:
+    """How messages name a command: a tool of the checkout by its path there (`torchrun tools/train_cls.py` under
+    torchrun), another command by its first word."""
+    parts = [str(part) for part in command]
+    script = next((Path(part) for part in parts if Path(part).parent == REPOSITORY / 'tools'), None)
+    if script is None:
+        return parts[0]
+    return ('torchrun ' if 'torch.distributed.run' in parts else '') + script.relative_to(REPOSITORY).as_posix()
+
+
+def process_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the process's name (its state first), None once it has gone."""
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().rpartition(')')[2].split()
+    except OSError:
+        return None
+
+
+def started_at(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot): with its pid, what tells it from a later process given the
+    same pid. None once it has gone."""
+    fields = process_fields(pid)
+    return None if fields is None else fields[19]
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie, whose status its parent has not read, has)."""
+    fields = process_fields(pid)
+    return fields is not None and fields[0] != 'Z'
+
+
+def process_tree(pid: int) -> list[int]:
+    """Process `pid` and every process below it: its children, theirs, and so on (none once it has gone)."""
+    try:
+        children = child_pids(pid)
+    except OSError:
+        return []
+    return [pid, *(p for child in children for p in process_tree(child))]
+
+
+def session_members(session: int) -> list[int]:
+    """The processes of session `session` (its leader's pid): those a leader that ended left behind included."""
+    members = []
+    for entry in Path('/proc').iterdir():
+        if entry.name.isdigit() and (fields := process_fields(int(entry.name))) and fields[3] == str(session):
+            members.append(int(entry.name))
+    return members
+
+
+def kill_processes(roots: Iterable[int], timeout: float = 30.0) -> None:
+    """SIGKILL to each of `roots` and everything below them, in whatever group each started (torchrun starts every
+    worker in a session of its own; loader workers are in their trainer's group), and wait (up to `timeout` seconds)
+    until none runs: the next measurement shares the machine with none of them. The trees are frozen first, each
+    process stopped (SIGSTOP) until no process in them is left unstopped (a stopped process forks no more, and a
+    killed one's children would be lost to init), then each process and its group is killed."""
+    roots = list(roots)
+    stopped: set[int] = set()
+    while new := [p for root in roots for p in process_tree(root) if p not in stopped]:
+        for p in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+            stopped.add(p)
+    own = os.getpgrp()
+    groups = set()
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(p))
+    for group in groups - {own}:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in stopped) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class LaunchedCommand:
+    """A command in a session of its own (in the checkout), named `name` in messages (default: `command_name`), its
+    output read line by line as it comes and kept in `log` (and appended to `log_file`): standard output and error
+    together, or standard error alone where `stdout` names the file its standard output goes to. It is stopped
+    (`stop`) when its `limit` (seconds) passes and when the block ends with it still running (at its end, at an
+    error, at Ctrl-C); what a command that ended left running in its session is killed at the block's end.
+
+        with LaunchedCommand(tool_command('train_cls', args, processes=2)) as run:
+            for update in run.updates():
+                ...
+            raise run.ended_before('its first update')
+    """
+
+    def __init__(self, command: Sequence[str], name: str | None = None,
+                 update_of: Callable[[str], int | None] = update_of_step_line, env: dict | None = None,
+                 limit: float | None = None, grace: float = GRACE, stdout: Path | None = None,
+                 log_file: Path | None = None) -> None:
+        self.command, self.update_of = [str(part) for part in command], update_of
+        self.name = name or command_name(command)
+        self.env = {**os.environ, **(env or {}), 'PYTHONUNBUFFERED': '1'}  # each line as it is written
+        self.limit, self.grace, self.stdout, self.log_file = limit, grace, stdout, log_file
+        self.log: list[str] = []
+        self.process: subprocess.Popen | None = None
+        self.launched = 0.0
+        self.stopped_at_limit = False
+        self.stopping = threading.Lock()  # the limit's stop and the block's end, one at a time
+        self.ended = threading.Event()  # the block has ended: the limit has nothing left to stop
+        self.watch: threading.Thread | None = None
+        self.files = contextlib.ExitStack()  # the files the command writes to and its lines are appended to
+        self.appended: TextIO | None = None
+
+    def __enter__(self) -> LaunchedCommand:
+        with contextlib.ExitStack() as files:  # closed here if the command does not start
+            out = files.enter_context(open(self.stdout, 'w')) if self.stdout else subprocess.PIPE
+            self.appended = files.enter_context(open(self.log_file, 'a', buffering=1)) if self.log_file else None
+            self.launched = time.perf_counter()
+            self.process = subprocess.Popen(self.command, cwd=REPOSITORY, env=self.env, stdout=out,
+                                            stderr=subprocess.PIPE if self.stdout else subprocess.STDOUT, text=True,
+                                            errors='replace', start_new_session=True)
+            self.files = files.pop_all()
+        if self.limit is not None:
+            self.watch = threading.Thread(target=self.stop_at_limit, daemon=True)
+            self.watch.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.ended.set()
+        try:
+            if self.watch is not None:
+                self.watch.join()
+            self.stop()
+            for _ in self.lines():  # the rest of its output, kept: what it said as it stopped
+                pass
+        finally:
+            if self.process.poll() is None:  # a second Ctrl-C before the stop began
+                kill_processes([self.process.pid])
+            self.process.wait()
+            for stream in (self.process.stdout, self.process.stderr):
+                if stream is not None:
+                    stream.close()
+            self.files.close()
+
+    def stop_at_limit(self) -> None:
+        if not self.ended.wait(self.limit):
+            self.stop(at_limit=True)
+
+    def stop(self, at_limit: bool = False) -> None:
+        """The one stop rule: SIGINT to the command's process group, as Ctrl-C in a terminal sends it (Python's
+        `finally` blocks run: a trainer checkpoints, pytest prints its summary, a benchmark stops the runs it started;
+        loader workers leave it to their trainer), up to `grace` seconds for it to end, then every process still
+        running of those under it before the interrupt (its loader and torchrun workers, in sessions of their own or
+        left to init by its end) and of its session frozen and killed. A command that has ended: what its session
+        left running is killed at once."""
+        with self.stopping:
+            pid = self.process.pid
+            if self.process.poll() is not None:
+                kill_processes(session_members(pid))
+                return
+            before = {p: started_at(p) for p in {*process_tree(pid), *session_members(pid)}}
+            self.stopped_at_limit = at_limit
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGINT)
+            try:
+                self.process.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:  # a second Ctrl-C in the grace ends it
+                kill_processes([*(p for p, start in before.items() if started_at(p) == start),
+                                *session_members(pid)])
+
+    def seconds_since_launch(self) -> float:
+        return time.perf_counter() - self.launched
+
+    def lines(self) -> Iterator[str]:
+        """The command's output lines (without their line ends) as they arrive, each kept in `log` and appended to
+        `log_file`; ends when its output does."""
+        for line in (self.process.stderr if self.stdout else self.process.stdout):
+            line = line.rstrip('\n')
+            self.log.append(line)
+            if self.appended is not None:
+                self.appended.write(line + '\n')
+            yield line
+
+    def wait(self, on_line: Callable[[str], None] = lambda line: None) -> int | None:
+        """The rest of the command's output read (each line handed to `on_line` as it arrives) and its end waited
+        for: its exit status, or None where its limit stopped it."""
+        for line in self.lines():
+            on_line(line)
+        status = self.process.wait()
+        return None if self.stopped_at_limit else status
+
+    def updates(self) -> Iterator[int]:
+        """The update counts the command's log lines report, as they arrive; ends when its output does."""
+        for line in self.lines():
+            update = self.update_of(line)
+            if update is not None:
+                yield update
+
+    def ended_before(self, what: str) -> DataError:
+        """The error of a command whose output ended before `what`: its exit status and its last lines."""
+        return DataError(f'{self.name} stopped (exit {self.process.wait()}) before {what}: '
+                         + ' | '.join(self.log[-3:]))
+
+    def steady_rate(self, window: SteadyWindow, images_per_update: int, epoch_updates: int | None = None,
+                    fix: str = '') -> tuple[float, int]:
+        """Images/s of the run's updates (`images_per_update` each) over `window`, read from its update lines as they
+        arrive, and the updates timed. The window must close within the first epoch's `epoch_updates` (an epoch's
+        end, its validation and checkpoint, is not the training pace): else a UsageError ending with `fix`."""
+        previous = 0
+        for update in self.updates():
+            if epoch_updates is not None and update > epoch_updates:
+                raise UsageError(f'{self.name}: the timing window reached the end of the first epoch ({epoch_updates} '
+                                 f'updates); {fix}')
+            complete = window.done(update, images_per_update * (update - previous))
+            previous = update
+            if complete:
+                return window.images_per_second(), window.timed
+        raise self.ended_before(f'{window.warmup} updates and the timing window')
