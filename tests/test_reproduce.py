@@ -38,7 +38,7 @@ def reproduction(labeled_images, tmp_path_factory):
 
 def test_results_are_the_runs_own_figures(reproduction):
     out, _, _ = reproduction
-    results = json.loads((out / 'results.json').read_text())
+    results = json.loads((out / 'results.json').read_text())['figures']
     assert [(r['variant'], r['seed']) for r in results['runs']] == [(v, s) for s in range(2) for v in VARIANTS]
     for run in results['runs']:
         run_dir = out / 'runs' / run['variant'] / f'seed_{run["seed"]}'
@@ -79,7 +79,7 @@ def test_results_are_the_runs_own_figures(reproduction):
 
 def test_table_shows_the_summary_in_the_papers_layout(reproduction):
     out, stdout, _ = reproduction
-    results = json.loads((out / 'results.json').read_text())
+    results = json.loads((out / 'results.json').read_text())['figures']
     table = (out / 'table.md').read_text()
     assert table in stdout
     rows = [line for line in table.splitlines() if line.startswith('| lvvit_s')]  # the Table 7 layout
@@ -100,12 +100,12 @@ def test_table_shows_the_summary_in_the_papers_layout(reproduction):
 
 def test_a_finished_reproduction_reruns_nothing(reproduction):
     out, _, argv = reproduction
-    before = json.loads((out / 'results.json').read_text())
+    before = json.loads((out / 'results.json').read_text())['figures']
     stamps = {p: p.stat().st_mtime for p in out.glob('runs/*/*/*/*.json')}
     result = run_tool('reproduce_token_labeling.py', argv, timeout=300, nested=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not [line for line in result.stdout.splitlines() if line.startswith('[')]  # no stage ran
-    assert json.loads((out / 'results.json').read_text())['runs'] == before['runs']
+    assert json.loads((out / 'results.json').read_text())['figures']['runs'] == before['runs']
     assert stamps and all(p.stat().st_mtime == t for p, t in stamps.items())
 
 

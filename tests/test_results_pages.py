@@ -211,9 +211,12 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
     part2 = run_tool('measure_gpu.py', ['--stages', ','.join(reversed(stages)), '--smoke', '--device', 'cpu',
                                         '--merge', first, '--out', both], nested=True)
     assert part2.returncode == 0, output(part2)[-3000:]
-    session = json.loads(both.read_text())
+    document = check_envelope(json.loads(both.read_text()), str(both))
+    assert document['study'] == 'gpu_session' and document['machine'].endswith(' CPU cores')
+    assert document['source'].startswith('python tools/measure_gpu.py --stages loop_benchmark --smoke')  # the first
+    session = document['figures']
 
-    assert session['calls'] == [['loop_benchmark'], stages] and session['smoke'] and session['device'] == 'CPU'
+    assert session['calls'] == [['loop_benchmark'], stages] and session['smoke']
     (loop,) = session['loop_benchmark']['models']  # the first call's figures, merged
     assert loop['loop']['img_s'] > 0 and loop['loop']['serial_img_s'] > 0 and loop['train_cls']['img_s'] > 0
     assert loop['model_step_img_s'] > 0
@@ -262,11 +265,18 @@ def test_stages_are_named_and_run_in_the_order_of_value():
 
 def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_path):
     earlier = tmp_path / 'gpu.json'
-    earlier.write_text(json.dumps({'device': 'NVIDIA H100 80GB HBM3', 'commit': 'abc1234', 'smoke': False}))
+    earlier.write_text(json.dumps(envelope({'smoke': True}, study='gpu_session',
+                                           machine='NVIDIA H100 80GB HBM3, 16 CPU cores')))
     result = run_tool('measure_gpu.py', ['--smoke', '--device', 'cpu', '--merge', earlier, '--out',
                                          tmp_path / 'out.json'])
     assert result.returncode == 2
-    assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of device 'NVIDIA H100")
+    assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of machine 'NVIDIA H100")
+    assert not (tmp_path / 'out.json').exists()
+
+    earlier.write_text(json.dumps({'device': 'NVIDIA H100 80GB HBM3', 'commit': 'abc1234', 'smoke': False}))
+    result = run_tool('measure_gpu.py', ['--smoke', '--device', 'cpu', '--merge', earlier, '--out',
+                                         tmp_path / 'out.json'])
+    assert result.returncode == 2 and f'error: {earlier}: not a results file' in output(result)
     assert not (tmp_path / 'out.json').exists()
 
 
@@ -274,8 +284,8 @@ def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_fr
     progress = {'input pipeline, batched path, 0 workers': 300.0, 'input pipeline, batched path, 15 workers': 3000.0,
                 'model step StepOptions(fused_optimizer=True) amp bf16': 5000.0,
                 'whole loop, batched path, overlapped': 2500.0, 'whole loop, batched path, serial': 2000.0}
-    session = {'device': 'GPU', 'cores': 16, 'torch': '2', 'commit': 'abc', 'date': 'today',
-               'loop_benchmark_progress': progress}
+    figures = {'loop_benchmark_progress': progress}
+    session = envelope(figures, study='gpu_session', machine='NVIDIA H200, 16 CPU cores')
     (tmp_path / 'docs' / 'results').mkdir(parents=True)
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
     table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')

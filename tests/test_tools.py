@@ -66,8 +66,10 @@ def test_loop_benchmark_names_the_slower_stage_and_flags_figures_above_their_cei
                                             '--min-batches', '2', '--images', '80', '--workers', '1', '--train-cls',
                                             '--skip-updates', '1', '--peak-tflops', '0.5', '--compare-loop',
                                             '--json'])
-    figures = json.loads(result.stdout)
-    assert figures['device'] == 'CPU' and figures['torch'] == torch.__version__ and figures['commit']
+    document = json.loads(result.stdout)
+    assert document['study'] == 'loop' and document['machine'].endswith('CPU cores')
+    assert document['torch'] == torch.__version__ and document['commit']
+    figures = document['figures']
     (f,) = figures['models']
     core, pool, ceiling = (f['pipeline_per_core_img_s'], f['pipeline_1_workers_img_s'],
                            f['pipeline_1_workers_ceiling_img_s'])
@@ -221,7 +223,7 @@ def test_loop_benchmark_times_timms_train_py_beside_train_cls(tmp_path):
                                             '--min-batches', '2', '--images', '80', '--workers', '1',
                                             '--skip-updates', '1', '--timm-train', os.environ['TIMM_TRAIN_PY'],
                                             '--json'])
-    (f,) = json.loads(result.stdout)['models']
+    (f,) = json.loads(result.stdout)['figures']['models']
     timm_run, suite = f['timm_train'], f['train_cls']
     assert timm_run['updates_timed'] >= 2 and timm_run['after_updates'] == 4 and timm_run['img_s'] > 0
     assert timm_run['suite_ratio'] == pytest.approx(suite['img_s'] / timm_run['img_s'])

@@ -35,11 +35,11 @@ from backbones.common.cli import (
     output_file,
     positive_float,
 )
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from classification.studies.launcher import LaunchedCommand, tool_command
-from classification.studies.timing import measured_on
+from classification.studies.results_file import check_envelope, checkout_commit, results_document
 
 AMP = 'bf16'
 
@@ -104,53 +104,61 @@ def predicted_seconds(stage: str, sizes: Sizes) -> float:
 
 
 class Results:
-    """The session's results file: every figure written as it comes, atomically; a part adds to the file it merges."""
+    """The session's results file (the envelope, study gpu_session): every figure written into its figures as it
+    comes, atomically; a call adds to the file it merges."""
 
-    def __init__(self, path: Path, data: dict) -> None:
-        self.path, self.data = path, data
+    def __init__(self, path: Path, document: dict) -> None:
+        self.path, self.document = path, document
+        self.data = document['figures']
 
     def update(self, key: str, value: object) -> None:
         self.data[key] = value
-        write_json_atomic(self.path, self.data)
+        write_json_atomic(self.path, self.document)
 
     def stage(self, name: str, **facts: object) -> None:
         self.update('stages', {**self.data.get('stages', {}), name: {**self.data.get('stages', {}).get(name, {}),
                                                                      **facts}})
 
 
-def machine_facts(device: str, commit: str | None, smoke: bool) -> dict:
-    """The device, cores, versions, the source's commit (git's, or `commit` where this copy has no history: a device
-    machine's copy of the working tree) and the date."""
+def session_document(device: str, commit: str | None, smoke: bool, argv: list[str] | None) -> dict:
+    """A new session's results document: the machine, the versions, the source's commit (git's, or `commit` where
+    this copy has no history: a device machine's copy of the working tree) and the date."""
     import timm
     import torchvision
 
-    facts = measured_on(device)
-    if commit and facts['commit'] not in ('unknown', commit):
-        raise UsageError(f'--commit {commit}: this checkout is at {facts["commit"]}')
-    if facts['commit'] == 'unknown' and not commit:
+    checked = checkout_commit()
+    if commit and checked not in (None, commit):
+        raise UsageError(f'--commit {commit}: this checkout is at {checked}')
+    if checked is None and not commit:
         raise UsageError('give --commit (git rev-parse --short HEAD where the session was prepared): this copy has '
                          'no git history, and a figure needs its commit')
-    return {'date': time.strftime('%Y-%m-%d'), **facts, 'commit': commit or facts['commit'],
-            'torchvision': torchvision.__version__, 'timm': timm.__version__,
-            'python': '.'.join(map(str, sys.version_info[:3])), 'smoke': smoke}
+    versions = {'torchvision': torchvision.__version__, 'timm': timm.__version__,
+                'python': '.'.join(map(str, sys.version_info[:3])), 'smoke': smoke}
+    return results_document('gpu_session', 'measure_gpu.py', argv, versions, device, commit=commit or checked)
 
 
-def open_results(out: Path, merge: Path | None, facts: dict, stages: list[str]) -> Results:
+def open_results(out: Path, merge: Path | None, new: dict, stages: list[str]) -> Results:
     """The results file `out`, starting from `merge` (an earlier call's file) or from `out` itself where it exists;
-    an earlier file of another device or commit is refused, not mixed in."""
+    an earlier file of another machine, commit or size (--smoke) is refused, not mixed in."""
     source = merge if merge is not None else out
     if merge is not None and not merge.is_file():
         raise UsageError(f'--merge {merge}: no such file')
-    try:
-        data = json.loads(source.read_text()) if source.is_file() else {}
-    except ValueError as exc:
-        raise UsageError(f'{source}: not a results file ({exc})') from None
-    for key in ('device', 'commit', 'smoke'):
-        if key in data and data[key] != facts[key]:
-            raise UsageError(f'{source} holds figures of {key} {data[key]!r}, this session\'s is {facts[key]!r}: '
-                             f'give another --out (and no --merge)')
-    results = Results(out, {**facts, **data})
-    results.update('calls', [*data.get('calls', []), stages])
+    if not source.is_file():
+        document = new
+    else:
+        try:
+            document = check_envelope(json.loads(source.read_text()), str(source))
+        except (ValueError, DataError) as exc:
+            raise UsageError(f'{source}: not a results file ({exc})') from None
+        earlier = {'machine': document['machine'], 'commit': document['commit'],
+                   'smoke': document['figures'].get('smoke')}
+        now = {'machine': new['machine'], 'commit': new['commit'], 'smoke': new['figures']['smoke']}
+        for key, value in earlier.items():
+            if value != now[key]:
+                raise UsageError(f'{source} holds figures of {key} {value!r}, this session\'s is {now[key]!r}: '
+                                 f'give another --out (and no --merge)')
+    results = Results(out, document)
+    results.update('calls', [*document['figures'].get('calls', []), stages])
     return results
 
 
@@ -189,7 +197,7 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
         with LaunchedCommand(tool_command('benchmark_loop', options), limit=limit, stdout=document) as run:
             status = run.wait(on_line)
         if status is not None and document.is_file() and document.read_text().strip():
-            results.update('loop_benchmark', json.loads(document.read_text()))
+            results.update('loop_benchmark', json.loads(document.read_text())['figures'])
     return outcome(status, 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such' if status == 1
                    else None)
 
@@ -260,14 +268,14 @@ STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
     'label_generation': child_stage('label_generation'), 'dense_steps': child_stage('dense_steps')}
 
 
-def run_stages(args: argparse.Namespace) -> Results:
+def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
     """The chosen stages in the order of value, each under the call's remaining time, skipped with a line where its
     predicted length no longer fits or it needs CUDA the machine lacks."""
     started = time.perf_counter()
-    facts = machine_facts(args.device, args.commit, args.smoke)
-    results = open_results(Path(args.out), Path(args.merge) if args.merge else None, facts, args.stages)
+    new = session_document(args.device, args.commit, args.smoke, argv)
+    results = open_results(Path(args.out), Path(args.merge) if args.merge else None, new, args.stages)
     plan = {stage: predicted_seconds(stage, args.sizes) for stage in args.stages}
-    logger.info(f'{", ".join(plan)} on {facts["device"]} at {facts["commit"]}, budget {args.budget:g} s; predicted '
+    logger.info(f'{", ".join(plan)} on {new["machine"]} at {new["commit"]}, budget {args.budget:g} s; predicted '
                 f'on an H100 or H200: ' + ', '.join(f'{stage} {seconds:.0f} s' for stage, seconds in plan.items()))
     for stage, predicted in plan.items():
         left = args.budget - (time.perf_counter() - started) - RESERVE
@@ -489,7 +497,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         raise UsageError('give --out, the results file')
     if args.timm_train and not Path(args.timm_train).is_file():
         raise UsageError(f'--timm-train {args.timm_train}: no such file')
-    results = run_stages(args)
+    results = run_stages(args, argv)
     failed = [name for name, stage in results.data.get('stages', {}).items()
               if str(stage.get('status', '')).startswith('failed')]
     if failed:  # the figures measured are kept in the file; the call is not a success

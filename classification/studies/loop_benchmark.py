@@ -48,7 +48,8 @@ from classification.loaders import DECODE_CHOICES, ImageData, check_decode, make
 from classification.models import model_data_config
 from classification.recipes import recipe_for
 from classification.studies.launcher import LaunchedCommand, tool_command, update_of_timm_line
-from classification.studies.timing import SteadyWindow, available_cores, measured_on
+from classification.studies.results_file import results_document
+from classification.studies.timing import SteadyWindow, available_cores
 from classification.token_labeling.annotate import GENERATION_SHAPING, generate_token_labels
 from classification.token_labeling.label_store import StoreRows, TokenLabelStore, list_digest, write_label_store
 from classification.training_pieces import training_pieces
@@ -427,7 +428,7 @@ def peak_tflops(args: argparse.Namespace) -> float | None:
     """The device's peak for the step's precision: `--peak-tflops`, or the known half-precision peak of the GPU."""
     if args.peak_tflops or args.device != 'cuda' or args.amp == 'none':
         return args.peak_tflops
-    name = measured_on(args.device)['device']
+    name = torch.cuda.get_device_name()
     return next((peak for key, peak in HALF_PRECISION_PEAKS if key in name), None)
 
 
@@ -609,14 +610,14 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
                 labels = synthetic_labels(root, Path(tmp) / 'labels', torch.device(args.device))
         data = ImageData(root, labels)
         results = [benchmark_model(name, data, args) for name in args.models]
-    setting = {**measured_on(args.device), 'amp': args.amp, 'workers': args.workers, 'seconds': args.seconds,
-               'min_batches': args.min_batches}
+    figures = {'cores': available_cores(), 'amp': args.amp, 'workers': args.workers, 'seconds': args.seconds,
+               'min_batches': args.min_batches, 'models': results}
+    document = results_document('loop', 'benchmark_loop.py', argv, figures, args.device)
     if args.json:
-        write_document(json.dumps({**setting, 'models': results}))
+        write_document(json.dumps(document))
     else:
-        logger.info(f"{setting['device']}  torch {setting['torch']}  commit {setting['commit']}  amp {args.amp}  "
-                    f"{setting['cores']} cores  each stage timed >= {args.seconds:g} s and >= {args.min_batches} "
-                    f"batches after its warm-up")
+        logger.info(f"{document['machine']}  torch {document['torch']}  commit {document['commit']}  amp {args.amp}  "
+                    f"each stage timed >= {args.seconds:g} s and >= {args.min_batches} batches after its warm-up")
         for figures in results:
             logger.info('\n'.join(describe(figures, args.workers)))
     if any(f['measurement_errors'] for f in results):

@@ -16,7 +16,6 @@ commit that is null: loop_cpu2_c24ec1c.json, gpu_session_h200_64aee48.json, toke
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from backbones.common.errors import DataError
 from backbones.common.files import write_json_atomic
+from classification.studies.timing import available_cores
 
 ENVELOPE = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'figures')
 OPTIONAL = ('notes',)
@@ -70,7 +70,7 @@ def machine_in_words(device: str) -> str:
     """'NVIDIA H200, 16 CPU cores' (a CUDA device, and its host's cores this process may use) or '2 CPU cores'."""
     import torch
 
-    cores = f'{len(os.sched_getaffinity(0))} CPU cores'
+    cores = f'{available_cores()} CPU cores'
     return f'{torch.cuda.get_device_name()}, {cores}' if str(device).startswith('cuda') else cores
 
 

@@ -1,12 +1,10 @@
 """Timing for the benchmarks and studies: a fixed number of calls (torch's benchmark Timer, which waits for the GPU),
-a steady-state window of batches or training updates, the seconds of one call, and what a figure was measured on."""
+a steady-state window of batches or training updates, the seconds of one call, and the cores this process may use."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -84,14 +82,3 @@ class SteadyWindow:
 def available_cores() -> int:
     """The CPU cores this process may run on (its affinity, which a job scheduler may narrow)."""
     return len(os.sched_getaffinity(0))
-
-
-def measured_on(device: str) -> dict[str, object]:
-    """What a figure needs beside it: the device in words, the cores, torch's version and the source's commit."""
-    name = torch.cuda.get_device_name() if device == 'cuda' else 'CPU'
-    try:
-        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=Path(__file__).parent, text=True,
-                                capture_output=True, timeout=10).stdout.strip() or 'unknown'
-    except OSError:  # no git
-        commit = 'unknown'
-    return {'device': name, 'cores': available_cores(), 'torch': torch.__version__, 'commit': commit}

@@ -33,7 +33,7 @@ from classification.studies.reproduction.rows import (
 )
 from classification.studies.reproduction.summary import compare_pairs, summarise
 from classification.studies.reproduction.tables import markdown_table
-from classification.studies.timing import measured_on
+from classification.studies.results_file import results_document
 
 QUICK = dict(seeds=1, epochs=1, train_images=320, iters=20, images=16)  # --quick: every row, smoke-sized
 SEEDS = 3
@@ -274,10 +274,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     summary = summarise(runs)
     annotators = {} if args.cls_data_dir else annotator_facts(args.variants)
     settings = {key: value for key, value in vars(args).items() if key != 'cls_args'}
-    results = {**measured_on(device_name(args.device)), 'date': time.strftime('%Y-%m-%d'), 'model': model,
-               'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs, 'summary': summary,
+    figures = {'model': model, 'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs, 'summary': summary,
                'pairs': compare_pairs(runs), 'annotators': annotators, 'stage_seconds': stages.seconds,
                'seconds': round(time.time() - started, 1)}
+    results = results_document('reproduction', 'reproduce_token_labeling.py', argv, figures,
+                               device_name(args.device))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / 'results.json', results)
     (out / 'table.md').write_text(markdown_table(summary, model, args.seeds, annotators))
