@@ -137,7 +137,7 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
     results_pages.render_pages(root)
     text = (root / 'README.md').read_text()
     assert '| step | 1,234 (x1.23 of def5678) |' in text.replace('1,235', '1,234')
-    assert ('2 CPU cores, torch 2.15.0, commit abc1234, 2026-11-28 ([docs/results/run.json](docs/results/run.json)); '
+    assert ('2 CPU cores, torch 2.15.0, commit abc1234, 2026-11-28 ([run.json](docs/results/run.json)); '
             'NVIDIA H200, 16 CPU cores, torch 2.15.0, commit def5678') in ' '.join(text.split())
     assert results_pages.render_pages(root, write=False) == []  # rendered once, it stays
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from backbones.common.errors import DataError
 from backbones.common.files import write_json_atomic
+from classification.studies.launcher import command_name, tool_command
 from classification.studies.timing import available_cores
 
 ENVELOPE = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'figures')
@@ -62,8 +63,9 @@ def write_results(path: Path | str, study: str, tool: str, argv: list[str] | Non
 
 
 def command_line(tool: str, argv: list[str] | None) -> str:
-    """The command that made a results file, as a user would type it again."""
-    return shlex.join(['python', f'tools/{tool}', *map(str, sys.argv[1:] if argv is None else argv)])
+    """The command that made a results file, as a user would type it again from the checkout's root."""
+    return shlex.join(['python', command_name(tool_command(Path(tool).stem)),
+                       *map(str, sys.argv[1:] if argv is None else argv)])
 
 
 def machine_in_words(device: str) -> str:

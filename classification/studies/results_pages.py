@@ -190,7 +190,7 @@ class Page:
 
     def link(self, name: str) -> str:
         target = Path(os.path.relpath(self.files.path(name), self.path.parent))
-        return f'[{target}]({target})'
+        return f'[{target.name}]({target})'
 
     def measured(self, name: str) -> str:
         if name == 'metafile':  # its runs name their own commit, date and machine
