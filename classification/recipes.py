@@ -32,36 +32,52 @@ from classification.engine.trainer import Optimization
 R = TypeVar('R')
 
 
-@dataclass
-class Recipe:
+@dataclass(kw_only=True)
+class TrainingRecipe:
+    """What ImageNet training and CIFAR transfer both set: the schedule, the optimiser, the batch and size, the
+    regularisation and token labeling's loss. Each recipe gives the defaults that differ (those without one here)."""
+
+    epochs: int
+    warmup_epochs: int
+    batch_size: int  # per process
+    img_size: int | None = None  # None: the model's default input size
+    opt: str
+    lr_base_batch: int  # the global batch the learning rates are given for (they scale linearly with it)
+    weight_decay: float
+    min_lr: float
+    clip_grad: float | None = None
+    drop_path: float = 0.1
+    hflip: float = 0.5
+    smoothing: float
+    token_labeling: bool = False
+    dense_weight: float = 0.5  # weight of the token term of the loss (the LV-ViT paper's beta, Eq. 4)
+    mix_token: float  # MixToken Beta(alpha, alpha); 0 turns it off
+
+
+@dataclass(kw_only=True)
+class Recipe(TrainingRecipe):
     epochs: int = 300
     cooldown_epochs: int = 0
     warmup_epochs: int = 5
-    batch_size: int = 128  # per process
-    img_size: int | None = None  # None: the model's default input size
+    batch_size: int = 128
     opt: str = 'adamw'
     lr_base: float = 5e-4
     lr_base_batch: int = 512
     weight_decay: float = 0.05
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
-    clip_grad: float | None = None
-    drop_path: float = 0.1
     ema_decay: float = 0.99996  # 0 turns the EMA off
-    token_labeling: bool = False
-    dense_weight: float = 0.5  # weight of the token term of the loss (the LV-ViT paper's beta, Eq. 4)
     token_participation: float = 1.0  # the fraction of each image's tokens in the token term (paper's Fig. 4, left)
     cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
     token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps), 'pooled' (the map pooled
     # over the crop, every token alike: ReLabel's target on every token) or 'label' (the image label)
     label_pooling: bool = False  # ReLabel: no token head; the class target is the map pooled over the crop (CutMix)
-    mix_token: float = 1.0  # MixToken Beta(alpha, alpha); 0 turns it off
+    mix_token: float = 1.0
     mixup: float = 0.8  # vanilla mode only
     cutmix: float = 1.0  # vanilla mode only
     smoothing: float = 0.1
     scale_min: float = 0.08
     interpolation: str = 'random'  # of the training crop: random (bilinear or bicubic), bilinear, bicubic
-    hflip: float = 0.5
     auto_augment: str | None = 'rand-m9-mstd0.5-inc1'
     reprob: float = 0.25
     aug_repeats: int = 0  # repeated augmentation (DeiT, CaiT): each image this many times an epoch; 0: off
@@ -178,16 +194,16 @@ def recipe_for(model_name: str, preset: str | None = None, data_values: dict | N
     return Recipe(**values)
 
 
-@dataclass
-class TransferRecipe:
+@dataclass(kw_only=True)
+class TransferRecipe(TrainingRecipe):
     """CIFAR transfer (T2T-ViT paper, Table 5). The new classifier learns at `lr`, everything else at
     `lr * backbone_lr_scale`; both follow one cosine to `min_lr` (a single floor for every group, as the paper's).
-    `lr` and `min_lr` hold for `lr_base_batch` images per update and scale linearly with the global batch."""
+    `lr` and `min_lr` hold for `lr_base_batch` images per update and scale linearly with the global batch. With
+    token labeling, the token head is kept (or added) and every token trains on the image label."""
 
     epochs: int = 60
     warmup_epochs: int = 0
-    batch_size: int = 64  # per process
-    img_size: int | None = None  # None: the model's default input size
+    batch_size: int = 64
     opt: str = 'sgd'  # sgd (momentum, no Nesterov) or adamw
     lr: float = 0.05
     lr_base_batch: int = 64
@@ -195,15 +211,10 @@ class TransferRecipe:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     min_lr: float = 2e-4
-    clip_grad: float | None = None
-    drop_path: float = 0.1
     crop_padding: int | None = None  # random crop from the image padded by this much; None: img_size // 8
-    hflip: float = 0.5
     smoothing: float = 0.0
     val_fraction: float = 0.1  # of every class of the training set, held out for model selection
-    token_labeling: bool = False  # keep (or add) the token head and train every token on the image label
-    dense_weight: float = 0.5  # with token labeling: weight of the token term of the loss
-    mix_token: float = 0.0  # with token labeling: MixToken Beta(alpha, alpha); 0 turns it off
+    mix_token: float = 0.0
 
     def optimization(self, global_batch: int) -> Optimization:
         """The recipe at `global_batch` images per update: `lr` and `min_lr` scale linearly (`lr` is the new
