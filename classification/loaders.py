@@ -17,7 +17,7 @@ from classification.data.augment import TrainTransform
 from classification.data.batch_augment import BatchAugment, RegionTransform
 from classification.data.folders import ImageFolderDataset, collate_skipping, eval_transform
 from classification.engine.fit import Pictures
-from classification.engine.samplers import sharded_loaders
+from classification.engine.samplers import Batching, sharded_loaders
 from classification.engine.trainer import RunOptions
 from classification.pictures.token_labels import token_label_figure, token_labels
 from classification.recipes import Recipe
@@ -83,8 +83,8 @@ def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe,
                             data_cfg['std'])
     val_set = ImageFolderDataset(data.root, 'val', val_tf, classes=train_set.classes,
                                  skip_unreadable=data.skip_unreadable, info=info)
-    train_loader, val_loader = sharded_loaders(train_set, [val_set], recipe.batch_size, info, options.workers,
-                                               options.seed, collate_skipping, recipe.aug_repeats, places=True)
+    train_loader, val_loader = sharded_loaders(train_set, [val_set], Batching(
+        recipe.batch_size, options.workers, options.seed, collate_skipping, recipe.aug_repeats, places=True), info)
     return train_loader, val_loader, train_set.classes, device_tf
 
 

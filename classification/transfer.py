@@ -25,7 +25,7 @@ from backbones.weights import LoadReport, classifier_prefixes
 from classification.data.cifar import FORMATS, CifarDataset, CifarInput, channel_stats, hold_out, read_cifar
 from classification.data.folders import collate_skipping
 from classification.engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint
-from classification.engine.samplers import sharded_loaders
+from classification.engine.samplers import Batching, sharded_loaders
 from classification.engine.steps import evaluate
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
 from classification.models import create_classifier, model_data_config
@@ -99,8 +99,8 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
     img_size = checkpoint_data_config(pretrained, model_data_config(model_name), recipe.img_size)['input_size'][-1]
     recipe = replace(recipe, img_size=img_size)
     train_loader, val_loader, test_loader = sharded_loaders(
-        CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)], recipe.batch_size, info,
-        options.workers, options.seed, collate_skipping)
+        CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)],
+        Batching(recipe.batch_size, options.workers, options.seed, collate_skipping), info)
     num_classes = len(data.classes)
     seed_all(options.seed)  # the fresh classifiers do not depend on what ran before
     model, report = build_transfer_model(model_name, num_classes, img_size, recipe,

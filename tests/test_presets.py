@@ -13,7 +13,7 @@ from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.token_head import TOKEN_HEAD
 from classification.digits.cls_data import RECIPE as DIGITS
-from classification.engine.samplers import sharded_loaders
+from classification.engine.samplers import Batching, sharded_loaders
 from classification.recipes import PRESETS, recipe_for, resolve_recipe
 from classification.train import build_parser, main
 from classification.training_pieces import make_objective
@@ -103,7 +103,7 @@ def test_repeated_augmentation_spreads_each_images_copies_over_the_processes():
     drawn = {}
     for rank in (0, 1):
         info = DistInfo(rank=rank, world_size=2)
-        loader, _ = sharded_loaders(dataset, [dataset], 4, info, 0, 0, default_collate, aug_repeats=3)
+        loader, _ = sharded_loaders(dataset, [dataset], Batching(4, 0, 0, default_collate, aug_repeats=3), info)
         loader.sampler.set_epoch(5)
         drawn[rank] = [int(i) for batch in loader for i in batch]
     assert len(drawn[0]) == len(drawn[1]) == 12
@@ -122,8 +122,8 @@ def test_each_copy_of_a_repeated_image_is_augmented_anew_in_any_loader_worker(la
     dataset = ImageFolderDataset(data, 'train', TrainTransform(32, auto_augment=None, reprob=0))
     crops = {}
     for workers in (0, 2):
-        loader = sharded_loaders(dataset, [], 6, DistInfo(), workers, 0, collate_skipping, aug_repeats=3,
-                                 places=True)[0]
+        loader = sharded_loaders(dataset, [], Batching(6, workers, 0, collate_skipping, aug_repeats=3, places=True),
+                                 DistInfo())[0]
         loader.sampler.set_epoch(1)
         dataset.set_epoch(0, 1)
         crops[workers] = [(int(index), tuple(box.tolist())) for batch in loader

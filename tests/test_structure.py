@@ -207,6 +207,23 @@ def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
     assert get_type_hints(train)['backbone'] == PretrainedBackbone | None
 
 
+def parameter_count(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's parameters, a method's `self` or `cls` aside."""
+    args = function.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    return len(names) - (names[:1] in (['self'], ['cls']))
+
+
+def test_no_engine_function_takes_more_than_eight_parameters():
+    """The engine's functions take the dataclasses it has (`PassOptions`, `Batching`, ...), not long argument lists."""
+    crowded = [f'{name}.{node.name} ({parameter_count(node)})' for name, path in project_modules().items()
+               if name.startswith('classification.engine') for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parameter_count(node) > 8]
+    assert crowded == []
+    nine = ast.parse('def f(a, b, c, d, e, f, g, h, i=0): pass').body[0]
+    assert parameter_count(nine) == 9  # the counter counts
+
+
 def test_library_code_neither_prints_nor_exits():
     """Library modules log through the suite's logger and raise the suite's errors; only the commands' runner
     (`backbones.common.commands.run_command`) prints an error line and sets the exit status."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
@@ -53,21 +54,37 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
-def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batch_size: int, info: DistInfo, workers: int,
-                    seed: int, collate_fn: Callable, aug_repeats: int = 0, places: bool = False) -> list[DataLoader]:
-    """The training loader (reshuffled every epoch with `seed`, sharded over the processes, whole global batches only,
-    resumable mid-epoch: `ResumableSampler`; with `aug_repeats` > 1, timm's repeated-augmentation sampler: each image
-    that many times an epoch, the copies spread over the processes; with `places`, each index handed to the training
-    set as its `SamplePlace`), then one loader per evaluation set (each item exactly once over all processes)."""
-    if len(train_set) < batch_size * info.world_size:
+@dataclass(frozen=True)
+class Batching:
+    """How a run's loaders batch: `size` images per process, `workers` loader processes, the training order
+    reshuffled every epoch with `seed`, `collate_fn`; with `aug_repeats` > 1, timm's repeated augmentation (each image
+    that many times an epoch, the copies spread over the processes); with `places`, each index handed to the training
+    set as its `SamplePlace`."""
+
+    size: int
+    workers: int
+    seed: int
+    collate_fn: Callable
+    aug_repeats: int = 0
+    places: bool = False
+
+
+def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batching: Batching,
+                    info: DistInfo) -> list[DataLoader]:
+    """The training loader (sharded over the processes, whole global batches only, resumable mid-epoch:
+    `ResumableSampler`), then one loader per evaluation set (each item exactly once over all processes)."""
+    if len(train_set) < batching.size * info.world_size:
         raise DataError(f'{len(train_set)} training images are fewer than one global batch '
-                        f'({batch_size} x {info.world_size} processes)')
-    common = dict(num_workers=workers, pin_memory=info.device.type == 'cuda', collate_fn=collate_fn,
-                  worker_init_fn=ignore_stop_signals if workers else None)
-    if aug_repeats > 1:
-        sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True, num_repeats=aug_repeats)
+                        f'({batching.size} x {info.world_size} processes)')
+    common = dict(num_workers=batching.workers, pin_memory=info.device.type == 'cuda', collate_fn=batching.collate_fn,
+                  worker_init_fn=ignore_stop_signals if batching.workers else None)
+    if batching.aug_repeats > 1:
+        sampler = RepeatAugSampler(train_set, info.world_size, info.rank, shuffle=True,
+                                   num_repeats=batching.aug_repeats)
     else:
-        sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=seed, drop_last=True)
-    sampler = ResumableSampler(sampler, info.rank if places else None)
-    return [DataLoader(train_set, batch_size, sampler=sampler, drop_last=True, **common)] + [
-        DataLoader(dataset, batch_size, sampler=ShardSampler(len(dataset), info), **common) for dataset in eval_sets]
+        sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=batching.seed,
+                                     drop_last=True)
+    sampler = ResumableSampler(sampler, info.rank if batching.places else None)
+    return [DataLoader(train_set, batching.size, sampler=sampler, drop_last=True, **common)] + [
+        DataLoader(dataset, batching.size, sampler=ShardSampler(len(dataset), info), **common)
+        for dataset in eval_sets]

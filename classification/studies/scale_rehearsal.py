@@ -34,7 +34,7 @@ from backbones.common.log import logger
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping
 from classification.engine.memory import ChildMemory, Memory, child_pids, process_memory
-from classification.engine.samplers import sharded_loaders
+from classification.engine.samplers import Batching, sharded_loaders
 from classification.engine.trainer import RunOptions, Trainer
 from classification.models import model_data_config
 from classification.recipes import recipe_for
@@ -346,7 +346,7 @@ def stage_dataset(args: argparse.Namespace, measurements: MeasurementTable) -> N
 def stage_pass(args: argparse.Namespace, measurements: MeasurementTable, layout: str = 'folders') -> None:
     stage = 'pass' if layout == 'folders' else 'tar-pass'
     dataset = training_set(args, layout)
-    loader = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0, collate_skipping)[0]
+    loader = sharded_loaders(dataset, [], Batching(args.batch_size, args.workers, 0, collate_skipping), DistInfo())[0]
     loader.sampler.set_epoch(0)
     dataset.set_epoch(0, 0)
     batches = min(len(loader), -(-(args.pass_images or len(dataset)) // args.batch_size))
@@ -470,8 +470,8 @@ def stage_tar_vs_folders(args: argparse.Namespace, measurements: MeasurementTabl
     loaders = {}
     for layout in LAYOUTS:
         dataset = training_set(args, layout, labels=False)  # the readers alone: no store row
-        loaders[layout] = sharded_loaders(dataset, [], args.batch_size, DistInfo(), args.workers, 0,
-                                          collate_skipping)[0]
+        loaders[layout] = sharded_loaders(dataset, [], Batching(args.batch_size, args.workers, 0, collate_skipping),
+                                          DistInfo())[0]
     totals = {layout: np.zeros(3) for layout in LAYOUTS}
     load_before = os.getloadavg()
     for round_ in range(COMPARE_ROUNDS):
