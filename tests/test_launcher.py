@@ -98,9 +98,15 @@ STARTS_A_GRANDCHILD = """
 import subprocess, sys, time
 grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=sys.argv[1] == 'own session')
-print(grandchild.pid)
-if sys.argv[2] == 'waits':
-    time.sleep(60)
+print(grandchild.pid, flush=True)
+time.sleep(60 if sys.argv[2] == 'waits' else 1)  # or ends after a second (the processes under it were seen)
+"""
+# the same, its grandchild holding the child's output open after the child ended (as a torchrun worker would)
+LEAVES_A_GRANDCHILD_HOLDING_ITS_OUTPUT = """
+import subprocess, sys, time
+grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)
+print(grandchild.pid, flush=True)
+time.sleep(1)
 """
 
 
@@ -129,11 +135,12 @@ def test_a_command_that_ignores_the_interrupt_is_killed_after_the_grace():
     assert 1 <= time.monotonic() - started < 20
 
 
-@pytest.mark.parametrize('session, child', [('own session', 'waits'), ('same session', 'ends')])
+@pytest.mark.parametrize('session, child', [('own session', 'waits'), ('same session', 'ends'),
+                                            ('own session', 'ends')])
 def test_the_processes_a_command_started_are_killed_with_it(session, child):
     """A grandchild in a session of its own, left to init when the interrupt ends the command (it had been under it
-    before the interrupt); one in the command's session left running by a command that ended by itself, killed at
-    once (no grace)."""
+    before the interrupt); one in the command's session, or in its own, left running by a command that ended by
+    itself, killed at once (no grace)."""
     started = time.monotonic()
     with LaunchedCommand(python_child(STARTS_A_GRANDCHILD, session, child), 'child', grace=30) as run:
         grandchild = int(next(run.lines()))
@@ -142,6 +149,16 @@ def test_the_processes_a_command_started_are_killed_with_it(session, child):
             assert run.wait() == 0
     assert not running(grandchild)
     assert time.monotonic() - started < 20
+
+
+def test_a_grandchild_holding_the_output_of_a_command_that_ended_is_stopped_at_the_limit():
+    """The command ended by itself, but what it left in a session of its own keeps its output open: the reading ends
+    at the limit, which says it stopped the command, and nothing is left running."""
+    started = time.monotonic()
+    with LaunchedCommand(python_child(LEAVES_A_GRANDCHILD_HOLDING_ITS_OUTPUT), 'child', limit=3, grace=0.5) as run:
+        assert run.wait() is None
+        grandchild = int(run.log[0])
+    assert not running(grandchild) and time.monotonic() - started < 15
 
 
 def test_a_command_past_its_limit_is_stopped_and_says_so():

@@ -25,6 +25,7 @@ from classification.studies.timing import SteadyWindow
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout: its tools are what is run, and the commands run there
 GRACE = 10.0  # seconds between a stop's interrupt and its kill
+SEEN_EVERY = 0.2  # seconds between two records of the processes under a running command
 TIMM_STEP_LINE = re.compile(r'Train: (\d+) \[\s*(\d+)/(\d+)')  # timm's: epoch, update in the epoch (from 0), updates
 
 
@@ -155,6 +156,7 @@ class LaunchedCommand:
         self.stopping = threading.Lock()  # the limit's stop and the block's end, one at a time
         self.ended = threading.Event()  # the block has ended: the limit has nothing left to stop
         self.watch: threading.Thread | None = None
+        self.seen: dict[int, str | None] = {}  # every process seen under the command while it ran: its start
         self.files = contextlib.ExitStack()  # the files the command writes to and its lines are appended to
         self.appended: TextIO | None = None
 
@@ -167,9 +169,8 @@ class LaunchedCommand:
                                             stderr=subprocess.PIPE if self.stdout else subprocess.STDOUT, text=True,
                                             errors='replace', start_new_session=True)
             self.files = files.pop_all()
-        if self.limit is not None:
-            self.watch = threading.Thread(target=self.stop_at_limit, daemon=True)
-            self.watch.start()
+        self.watch = threading.Thread(target=self.watch_tree, daemon=True)
+        self.watch.start()
         return self
 
     def __exit__(self, *_) -> None:
@@ -189,9 +190,23 @@ class LaunchedCommand:
                     stream.close()
             self.files.close()
 
-    def stop_at_limit(self) -> None:
-        if not self.ended.wait(self.limit):
-            self.stop(at_limit=True)
+    def watch_tree(self) -> None:
+        """While the command runs: the processes under it recorded every SEEN_EVERY seconds (one that outlives a
+        parent which ended, in a session of its own, is still known at the stop), and the stop at its limit."""
+        deadline = None if self.limit is None else time.monotonic() + self.limit
+        while True:  # until the block ends: a process left holding the command's output keeps it reading
+            if self.process.poll() is None:
+                self.seen.update({p: started_at(p) for p in process_tree(self.process.pid) if p not in self.seen})
+            left = SEEN_EVERY if deadline is None else min(SEEN_EVERY, deadline - time.monotonic())
+            if self.ended.wait(max(left, 0)):
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                self.stop(at_limit=True)
+                return
+
+    def left_running(self, recorded: dict[int, str | None]) -> list[int]:
+        """The processes of `recorded` still running as themselves (a pid taken again by another process is not)."""
+        return [p for p, start in recorded.items() if start is not None and started_at(p) == start]
 
     def stop(self, at_limit: bool = False) -> None:
         """The one stop rule: SIGINT to the command's process group, as Ctrl-C in a terminal sends it (Python's
@@ -202,11 +217,11 @@ class LaunchedCommand:
         left running is killed at once."""
         with self.stopping:
             pid = self.process.pid
+            self.stopped_at_limit = self.stopped_at_limit or at_limit
             if self.process.poll() is not None:
-                kill_processes(session_members(pid))
+                kill_processes([*self.left_running(self.seen), *session_members(pid)])
                 return
-            before = {p: started_at(p) for p in {*process_tree(pid), *session_members(pid)}}
-            self.stopped_at_limit = at_limit
+            before = {**self.seen, **{p: started_at(p) for p in {*process_tree(pid), *session_members(pid)}}}
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGINT)
             try:
@@ -214,8 +229,7 @@ class LaunchedCommand:
             except subprocess.TimeoutExpired:
                 pass
             finally:  # a second Ctrl-C in the grace ends it
-                kill_processes([*(p for p, start in before.items() if started_at(p) == start),
-                                *session_members(pid)])
+                kill_processes([*self.left_running(before), *session_members(pid)])
 
     def seconds_since_launch(self) -> float:
         return time.perf_counter() - self.launched
