@@ -113,6 +113,8 @@ def test_a_results_file_outside_the_envelope_is_refused_naming_what_is_wrong(tmp
              "commit 'HEAD' is not a commit": envelope({'top1': 0.5}, commit='HEAD'),
              'commit is null and notes.commit does not say why': envelope({'top1': 0.5}, commit=None),
              "date '28/11/2026' is not YYYY-MM-DD": envelope({'top1': 0.5}, date='28/11/2026'),
+             "date '2026-99-99' is not YYYY-MM-DD": envelope({'top1': 0.5}, date='2026-99-99'),
+             'notes is not an object': envelope({'top1': 0.5}, commit=None, notes=['not recorded']),
              'no figures': envelope({})}
     for i, (why, document) in enumerate(cases.items()):
         root = page_and_data(tmp_path / str(i), page, run=document)
@@ -132,11 +134,11 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
         -->
         <!-- /results -->
         ''')
-    root = page_and_data(tmp_path / 'repo', page, run=envelope({'step': 1234.5}),
+    root = page_and_data(tmp_path / 'repo', page, run=envelope({'step': 1234.4}),
                          base=envelope({'step': 1000.0}, commit='def5678', machine='NVIDIA H200, 16 CPU cores'))
     results_pages.render_pages(root)
     text = (root / 'README.md').read_text()
-    assert '| step | 1,234 (x1.23 of def5678) |' in text.replace('1,235', '1,234')
+    assert '| step | 1,234 (x1.23 of def5678) |' in text
     assert ('2 CPU cores, torch 2.15.0, commit abc1234, 2026-11-28 ([run.json](docs/results/run.json)); '
             'NVIDIA H200, 16 CPU cores, torch 2.15.0, commit def5678') in ' '.join(text.split())
     assert results_pages.render_pages(root, write=False) == []  # rendered once, it stays
@@ -144,6 +146,41 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
     (root / 'README.md').write_text(page.replace('{base#commit}', '{other#commit}'))
     with pytest.raises(UsageError, match=r'other is not one of the table\'s files \(run, base\)'):
         results_pages.render_pages(root, write=False)
+
+
+@pytest.mark.parametrize('marker, error, message', [
+    ('<!-- results: value run \'step / zero\' -->x<!-- /results -->', DataError, 'step / zero: a division by zero'),
+    ('<!-- results: value run \'step * name\' -->x<!-- /results -->', DataError, "'abc' is not a number"),
+    ('<!-- results: value run nested \'{:.1f}\' -->x<!-- /results -->', DataError, 'not a single figure'),
+    ('<!-- results: value run missing -->x<!-- /results -->', DataError, 'missing is null'),
+    ('<!-- results: value run step cell -->x<!-- /results -->', DataError, "format 'cell' cannot write 12.5"),
+    ('<!-- results: value run step x y -->x<!-- /results -->', UsageError, 'value: too many positional arguments'),
+    ("<!-- results: value run 'step -->x<!-- /results -->", UsageError, 'No closing quotation'),
+    ('<!-- results: tabel run -->x<!-- /results -->', UsageError, "unknown results block 'tabel run'"),
+    ('Text <!-- results: table run\n| a |\n-->x<!-- /results -->', UsageError, 'stands on a line of its own'),
+])
+def test_a_block_that_cannot_render_is_one_error_naming_page_and_line(tmp_path, marker, error, message):
+    figures = {'step': 12.5, 'zero': 0, 'name': 'abc', 'nested': {'a': 1}, 'missing': None}
+    root = page_and_data(tmp_path / 'repo', f'Title\n\n{marker}\n', run=envelope(figures))
+    with pytest.raises(error, match=f'README.md:3: .*{re.escape(message)}'):
+        results_pages.render_pages(root, write=False)
+
+
+def test_a_figure_holding_a_bar_stays_in_its_cell(tmp_path):
+    page = '<!-- results: table run\n| note |\n|---|\n| {note} |\n-->\n<!-- /results -->\n'
+    root = page_and_data(tmp_path / 'repo', page, run=envelope({'note': 'a | b'}))
+    results_pages.render_pages(root)
+    assert '| a \\| b |' in (root / 'README.md').read_text()
+
+
+@pytest.mark.parametrize('machine, slug', [('2 CPU cores', 'cpu2'), ('NVIDIA H200, 16 CPU cores', 'h200'),
+                                           ('NVIDIA H100 80GB HBM3, 16 CPU cores', 'h100'),
+                                           ('NVIDIA GH200 480GB, 72 CPU cores', 'gh200'),
+                                           ('NVIDIA L4, 8 CPU cores', 'l4'),
+                                           ('NVIDIA GeForce RTX 4090, 16 CPU cores', 'rtx4090'),
+                                           ('AMD Instinct MI300X, 64 CPU cores', 'mi300x')])
+def test_a_results_file_is_named_by_its_machine(machine, slug):
+    assert file_name(envelope({'a': 1}, study='loop', machine=machine)) == f'loop_{slug}_abc1234.json'
 
 
 def test_every_results_file_is_in_the_envelope_and_named_by_study_machine_and_commit():

@@ -20,6 +20,7 @@ from classification.engine.trainer import RunOptions, StepOptions, Trainer
 from classification.loaders import ImageData
 from classification.studies.launcher import update_of_timm_line
 from classification.studies.loop_benchmark import BenchedModel, measurement_errors, pipeline_ceilings
+from classification.studies.results_file import check_envelope
 from classification.studies.timing import SteadyWindow
 from classification.training_pieces import training_pieces
 from helpers.commands import run_tool
@@ -253,7 +254,10 @@ def test_token_labeling_benchmark_measures_the_training_step_and_checks_its_buil
         '--store-images', '20', '--steps', '1', '--warmup', '0', '--repeats', '1', '--tmp-dir', tmp_path,
         '--json', tmp_path / 'figures.json'])
     assert result.returncode == 0, result.stderr
-    figures = json.loads((tmp_path / 'figures.json').read_text())
+    document = check_envelope(json.loads((tmp_path / 'figures.json').read_text()), 'figures.json')
+    assert document['study'] == 'token_labeling_benchmark'
+    assert document['source'].startswith('python tools/benchmark_token_labeling.py --model lvvit_t')
+    figures = document['figures']
     assert figures['train_step']['token_grid'] == [4, 4]  # the model's own grid at 64 px: 16 px patches
     assert figures['target_builder']['max_abs_difference'] < 1e-5
     assert 14 * 14 * 5 * 4 <= figures['label_store']['packed_bytes_per_image'] < 14 * 14 * 5 * 4 + 64

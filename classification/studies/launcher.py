@@ -35,6 +35,11 @@ def update_of_timm_line(line: str) -> int | None:
     return None if found is None else int(found[1]) * int(found[3]) + int(found[2]) + 1
 
 
+def tool_path(tool: str) -> str:
+    """A tool's path from the checkout's root, as a user types it: tools/train_cls.py (whether or not it is there)."""
+    return f'tools/{Path(tool).stem}.py'
+
+
 def tool_command(tool: str, args: Sequence[object] = (), processes: int | None = None) -> list[str]:
     """tools/`tool`.py of the checkout with `args`, alone (`processes` None) or as `processes` workers under torchrun,
     whose rendezvous takes a port the operating system gives (`--standalone`: no fixed port another job could

@@ -21,19 +21,18 @@ import shlex
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from backbones.common.errors import DataError
 from backbones.common.files import write_json_atomic
-from classification.studies.launcher import command_name, tool_command
+from classification.studies.launcher import tool_path
 from classification.studies.timing import available_cores
 
 ENVELOPE = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'figures')
 OPTIONAL = ('notes',)
 COMMIT = re.compile(r'[0-9a-f]{7,40}')
-DATE = re.compile(r'\d{4}-\d{2}(-\d{2})?')  # a publication's month will do
 STUDY = re.compile(r'[a-z][a-z0-9_]*')
-GPU = re.compile(r'\b([A-Z]\d{2,4})\b')  # H100, H200, A100, V100, L40 ...
 CPU_CORES = re.compile(r'^(\d+) CPU cores')
 PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
 
@@ -64,8 +63,7 @@ def write_results(path: Path | str, study: str, tool: str, argv: list[str] | Non
 
 def command_line(tool: str, argv: list[str] | None) -> str:
     """The command that made a results file, as a user would type it again from the checkout's root."""
-    return shlex.join(['python', command_name(tool_command(Path(tool).stem)),
-                       *map(str, sys.argv[1:] if argv is None else argv)])
+    return shlex.join(['python', tool_path(tool), *map(str, sys.argv[1:] if argv is None else argv)])
 
 
 def machine_in_words(device: str) -> str:
@@ -100,14 +98,14 @@ def check_envelope(document: object, where: str) -> dict:
                   if not isinstance(document[key], str) or not document[key]),
                 *([] if isinstance(document['study'], str) and STUDY.fullmatch(document['study'])
                   else [f'study {document["study"]!r} is not a lower-case name']),
-                *([] if isinstance(document['date'], str) and DATE.fullmatch(document['date'])
-                  else [f'date {document["date"]!r} is not YYYY-MM-DD']),
+                *([] if is_date(document['date']) else [f'date {document["date"]!r} is not YYYY-MM-DD']),
                 *([] if isinstance(document['figures'], dict) and document['figures'] else ['no figures']),
                 *([] if isinstance(document.get('notes', {}), dict) else ['notes is not an object'])]
     for key in ('commit', 'torch'):
         value = document[key]
         if value is None:
-            if not document.get('notes', {}).get('commit'):
+            notes = document.get('notes')
+            if not (isinstance(notes, dict) and notes.get('commit')):
                 problems.append(f'{key} is null and notes.commit does not say why')
         elif not isinstance(value, str) or (key == 'commit' and not COMMIT.fullmatch(value)):
             problems.append(f'{key} {value!r} is not a {"commit" if key == "commit" else "version"}')
@@ -116,17 +114,31 @@ def check_envelope(document: object, where: str) -> dict:
     return document
 
 
+def is_date(text: object) -> bool:
+    """Whether `text` is a calendar date, YYYY-MM-DD (or a publication's month, YYYY-MM)."""
+    for form in ('%Y-%m-%d', '%Y-%m'):
+        try:
+            datetime.strptime(str(text), form)
+            return isinstance(text, str)
+        except ValueError:
+            continue
+    return False
+
+
 def machine_slug(machine: str) -> str:
-    """A machine's part of a file name: 'cpu2' for '2 CPU cores', 'h200' for 'NVIDIA H200, 16 CPU cores', 'paper'
-    for a publication's figures."""
+    """A machine's part of a file name: 'cpu2' for '2 CPU cores', the GPU's model for a GPU's machine ('h200' for
+    'NVIDIA H200, 16 CPU cores', 'gh200', 'l4', 'rtx4090' for 'NVIDIA GeForce RTX 4090, ...', 'mi300x'), 'paper' for
+    a publication's figures."""
     if machine.startswith(PUBLISHED):
         return 'paper'
-    found = GPU.search(machine)
-    if found:
-        return found[1].lower()
     found = CPU_CORES.match(machine)
     if found:
         return f'cpu{found[1]}'
+    words = machine.split(',')[0].split()
+    for i, word in enumerate(words):
+        if any(character.isdigit() for character in word):  # the model number, with a short series word before it
+            series = words[i - 1] if i and words[i - 1].isupper() and len(words[i - 1]) <= 4 else ''
+            return re.sub(r'[^a-z0-9]', '', (series + word).lower())
     raise DataError(f'machine {machine!r}: name its GPU (as NVIDIA H200) or its CPU cores (as "2 CPU cores")')
 
 

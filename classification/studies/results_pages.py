@@ -9,13 +9,15 @@ of them only, each between markers that name what renders it:
 
 ARGS are shell-style words; FILE is a results file's name without `.json`. The kinds:
 
-- `table FILE`, the marker's next lines a Markdown table whose cells hold `{EXPRESSION}` or `{EXPRESSION:FORMAT}`:
-  the table with every figure filled in from FILE (`{OTHER#EXPRESSION}` reads another file), then the line saying
-  where and when FILE was measured, with a link to it.
-- `view FILE VIEW ARGS`: what FILE's study renders as VIEW (VIEWS: the reproduction's tables, a GPU session's
-  table), then the same line; the inline views (`seeds`, a GPU session's `loop`) without it.
-- `runs TASK`: the metafile's runs of the embedded defaults of TASK (its Results' Task) as a table.
-- `value FILE EXPRESSION [FORMAT]`: one figure inside a sentence; `measured FILE`: FILE's line alone.
+- `table FILE [ALIAS=FILE ...]`, the marker's next lines a Markdown table whose cells hold `{EXPRESSION}` or
+  `{EXPRESSION:FORMAT}`: the table with every figure filled in from the first FILE (`{ALIAS#EXPRESSION}` from
+  another); a `|` in a figure is escaped.
+- `view FILE VIEW ARGS`: what FILE's study renders as VIEW (VIEWS: the reproduction's tables, a GPU session's).
+- `runs [latest] TASK...`: the metafile's runs of the embedded defaults of the TASKs (their Results' Task).
+- `value FILE EXPRESSION [FORMAT]`: one figure inside a sentence (the only inline kind, with the `seeds` view).
+
+Every block but an inline one ends with a line crediting each file it read: where and when its figures were
+measured, with a link to it. A block stands on a line of its own.
 
 An EXPRESSION is a figure's path, keys joined by dots (a list item by its index or by its Name; the envelope's keys
 name its own fields, any other the figures'), or such paths and numbers joined by ` * `, ` / `, ` + ` and ` - `
@@ -26,6 +28,7 @@ under `root`, or names those whose text is not what their data give.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import operator
 import os
@@ -44,7 +47,7 @@ from backbones.common.log import logger
 from classification.studies.launcher import REPOSITORY
 from classification.studies.reproduction import tables as reproduction
 from classification.studies.results_file import PUBLISHED, check_envelope
-from classification.studies.statistics import describe_difference, describe_interval, mean_std
+from classification.studies.statistics import describe_difference, mean_std
 
 RESULTS = Path('docs/results')
 METAFILE = Path('seg_configs/metafile.yaml')
@@ -54,6 +57,7 @@ OPERATOR = re.compile(r' ([*/+-]) ')  # spaced: a key may hold a slash, as mmseg
 OPERATIONS: dict[str, Callable[[float, float], float]] = {'*': operator.mul, '/': operator.truediv,
                                                           '+': operator.add, '-': operator.sub}
 CELL = re.compile(r'\{(?P<expression>[^{}:]+)(?::(?P<form>[^{}]*))?\}')  # a table cell's {EXPRESSION:FORMAT}
+NUMBER = re.compile(r'[-+]?\d+(\.\d*)?([eE][-+]?\d+)?')  # a number in an expression (not inf or nan: keys)
 OWN_FIELDS = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'notes')  # the envelope's, beside figures
 WIDTH = 118  # a rendered paragraph's lines
 MODEL_NAMES = {'lvvit_s': 'LV-ViT-S', 'deit_small_patch16_224': 'DeiT-S'}
@@ -65,11 +69,13 @@ class DataFiles:
 
     def __init__(self, root: Path) -> None:
         self.root, self.loaded = root, {}
+        self.read: dict[str, None] = {}  # the files read since it was last cleared, in order: what a block credits
 
     def path(self, name: str) -> Path:
         return self.root / (METAFILE if name == 'metafile' else RESULTS / f'{name}.json')
 
     def __getitem__(self, name: str) -> dict:
+        self.read[name] = None
         if name not in self.loaded:
             path = self.path(name)
             if not path.is_file():
@@ -98,17 +104,24 @@ class DataFiles:
         words = OPERATOR.split(expression.strip())
         result = self.operand(name, words[0], others or {})
         for sign, word in zip(words[1::2], words[2::2]):
-            result = OPERATIONS[sign](result, self.operand(name, word, others or {}))
+            operands = [result, self.operand(name, word, others or {})]
+            wrong = [repr(value) for value in operands
+                     if isinstance(value, bool) or not isinstance(value, (int, float))]
+            if wrong:
+                raise DataError(f'{expression}: {", ".join(wrong)} is not a number')
+            try:
+                result = OPERATIONS[sign](*operands)
+            except ZeroDivisionError:
+                raise DataError(f'{expression}: a division by zero') from None
         return result
 
     def operand(self, name: str, word: str, others: dict[str, str]) -> object:
-        try:
+        if NUMBER.fullmatch(word):
             return float(word)
-        except ValueError:
-            pass
         alias, _, path = word.rpartition('#')
         if alias and alias not in others:
-            raise UsageError(f'{word}: {alias} is not one of the table\'s files ({", ".join(others) or "none"})')
+            raise UsageError(f'{word}: {alias} is not one of the table\'s files' +
+                             (f' ({", ".join(others)})' if others else ' (only a table names other files)'))
         return self.lookup(others[alias] if alias else name, path)
 
 
@@ -119,6 +132,8 @@ def lookup(data: object, path: str, where: str) -> object:
         if isinstance(value, list):
             found = [item for i, item in enumerate(value) if key in (str(i), item_name(item))]
             value = found[0] if found else None
+        elif isinstance(value, dict) and value.get(key, ...) is None:
+            raise DataError(f'{where}: {path} is null (at {key!r})')
         else:
             value = value.get(key) if isinstance(value, dict) else None
         if value is None:
@@ -153,7 +168,6 @@ def rate(images_per_second: float) -> str:
 FORMATS: dict[str, Callable[[object], str]] = {
     'cell': reproduction.cell,  # mean ± std
     'difference': describe_difference,  # '-5.6 [-12.8, +1.5] (within noise)'
-    'interval': describe_interval,  # '-5.6 [-12.8, +1.5]'
     'duration': duration,
     'rate': rate,
     'spread': spread,  # [71.5, 72.1, ...] -> '71.7 ± 1.7'
@@ -161,20 +175,27 @@ FORMATS: dict[str, Callable[[object], str]] = {
 
 
 def formatted(value: object, form: str) -> str:
-    if form in FORMATS:
-        return FORMATS[form](value)
+    """`value` written by one of FORMATS or a Python format; a figure a Python format is given is a number or a word
+    (not a list, a mapping or a truth value)."""
+    if form not in FORMATS and (isinstance(value, (dict, list, bool)) and form != '{}' or isinstance(value, dict)):
+        raise DataError(f'format {form!r} cannot write {value!r}: not a single figure')
     try:
-        return form.format(value)
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
-        raise DataError(f'format {form!r} cannot write {value!r}: {exc}') from None
+        return FORMATS[form](value) if form in FORMATS else form.format(value)
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as exc:
+        raise DataError(f'format {form!r} cannot write {value!r}: {exc!r}') from None
 
 
 def measured(document: dict, link: str) -> str:
     """Where and when a results file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
-    c24ec1c, 2026-11-28 ([results/...](results/...))'; a publication's: its source."""
+    c24ec1c, 2026-11-28 ([results/...](results/...))', a study run in stages at several commits naming each
+    (`figures.commits`); a publication's: its source."""
     if document['machine'].startswith(PUBLISHED):
-        return f'{document["source"]} ({document["date"]}; {link})'
-    commit = f'commit {document["commit"]}' if document['commit'] else f'commit {document["notes"]["commit"]}'
+        return f'{document["source"]} ({link})'
+    stages = document['figures'].get('commits')
+    if isinstance(stages, dict):
+        commit = 'commits ' + ', '.join(f'{value} ({key})' for key, value in stages.items())
+    else:
+        commit = f'commit {document["commit"] or document["notes"]["commit"]}'
     torch = f'torch {document["torch"]}, ' if document['torch'] else ''
     return f'{document["machine"]}, {torch}{commit}, {document["date"]} ({link})'
 
@@ -192,6 +213,10 @@ class Page:
         target = Path(os.path.relpath(self.files.path(name), self.path.parent))
         return f'[{target.name}]({target})'
 
+    def credits(self) -> str:
+        """The line under a block: where and when each file it read was measured."""
+        return wrapped('; '.join(self.measured(name) for name in self.files.read) + '.')
+
     def measured(self, name: str) -> str:
         if name == 'metafile':  # its runs name their own commit, date and machine
             return f'Each run\'s commit, date and machine: {self.link(name)}'
@@ -200,10 +225,6 @@ class Page:
 
 def value(page: Page, name: str, expression: str, form: str = '{}') -> str:
     return formatted(page.files.evaluate(name, expression), form)
-
-
-def measured_line(page: Page, name: str) -> str:
-    return page.measured(name)
 
 
 def table(page: Page, *sources: str, template: list[str]) -> str:
@@ -220,10 +241,9 @@ def table(page: Page, *sources: str, template: list[str]) -> str:
     def fill(found: re.Match) -> str:
         form = found['form']
         form = '{}' if form is None else form if form in FORMATS else f'{{:{form}}}'
-        return formatted(page.files.evaluate(first, found['expression'], names), form)
+        return formatted(page.files.evaluate(first, found['expression'], names), form).replace('|', '\\|')
 
-    credits = '; '.join(page.measured(name) for name in dict.fromkeys(names.values()))
-    return '\n'.join(CELL.sub(fill, line.strip()) for line in template) + '\n\n' + wrapped(credits + '.')
+    return '\n'.join(CELL.sub(fill, line.strip()) for line in template)
 
 
 def wrapped(text: str) -> str:
@@ -239,8 +259,8 @@ def view(page: Page, name: str, kind: str, *args: str) -> tuple[str, bool]:
         raise UsageError(f'{page.files.path(name)}: study {study} has no view {kind!r}'
                          f'{" (its views: " + ", ".join(views) + ")" if views else ""}')
     render, inline = views[kind]
-    text = render(page.files, name, *args)
-    return (text, True) if inline else (f'{text}\n\n{wrapped(page.measured(name) + ".")}', False)
+    check_words(render, f'view {kind}', page.files, name, *args)
+    return render(page.files, name, *args), inline
 
 
 # ---- the studies' views: each (data files, the results file's name, its words) -> its text
@@ -288,9 +308,9 @@ def embedded_runs(page: Page, *tasks: str) -> str:
     runs = embedded_defaults(page.files, tasks[1:] if latest else tasks)
     if latest:
         newest = {run['Config']: run for run in sorted(runs, key=lambda run: str(run['Metadata']['Date']))}
-        return '\n'.join(['| config, commit | scores on the validation pages | total, from a fresh checkout |',
-                          '|---|---|---|'] + [f'| {run_name(run)} | **{shown_scores(run)}** | '
-                                              f'{run_seconds(run, "Total Time")} |' for run in newest.values()])
+        return '\n'.join(['| config, commit | scores on the validation pages | total time |', '|---|---|---|'] +
+                         [f'| {run_name(run)} | **{shown_scores(run)}** | {total_time(run)} |'
+                          for run in newest.values()])
     compared = any(run['Metadata'].get('Baselines') for run in runs)
     lines = ['| config, commit | pretraining on the digits: top-1, time | training | scores on the validation pages |'
              + (' for comparison |' if compared else '') + ' total |',
@@ -300,12 +320,20 @@ def embedded_runs(page: Page, *tasks: str) -> str:
         pretraining = meta['Pretraining']
         time = (f'{run_seconds(run, "Pretraining Time", pretraining["Time (s)"])} ({pretraining["Includes"]} '
                 f'included)' if 'Time (s)' in pretraining else pretraining['Includes'])
-        baselines = '; '.join(f'{b["Name"]}: {metric_list(b["Metrics"])}' for b in meta.get('Baselines', ()))
+        baselines = '; '.join(f'{b["Name"]}: {metric_list(b["Metrics"], shown_metrics(run))}'
+                              for b in meta.get('Baselines', ()))
         cells = [run_name(run), f'{pretraining["Top 1 Accuracy"]:.1f}%, {time}',
                  f'{meta["lr schd"]} iterations, {run_seconds(run, "Training Time")}', f'**{shown_scores(run)}**',
-                 *([baselines] if compared else []), run_seconds(run, 'Total Time')]
+                 *([baselines] if compared else []), total_time(run)]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
+
+
+def total_time(run: dict) -> str:
+    """A run's total time, and what it did not include where its backbone came from an earlier run."""
+    pretraining = run['Metadata']['Pretraining']
+    reused = '' if 'Time (s)' in pretraining else f' (pretraining: {pretraining["Includes"]})'
+    return run_seconds(run, 'Total Time') + reused
 
 
 def embedded_defaults(files: DataFiles, tasks: tuple[str, ...]) -> list[dict]:
@@ -336,23 +364,23 @@ def results_of(model: dict) -> list[dict]:
     return results if isinstance(results, list) else [results]
 
 
-def metric_list(metrics: dict) -> str:
-    return ', '.join(f'{key} {metric_text(value)}' for key, value in metrics.items())
+def metric_list(metrics: dict, shown: dict) -> str:
+    return ', '.join(f'{key} {value:{shown.get(key) or ".1f"}}' for key, value in metrics.items())
 
 
-def metric_text(value: float) -> str:
-    """A score as the metafile's tables print it: AP and mIoU with one decimal, fractions and errors with three."""
-    return f'{value:.3f}' if abs(value) < 1 else f'{value:.1f}'
+def shown_metrics(model: dict) -> dict[str, str | None]:
+    """The metrics a run's table row shows and their formats (`Metadata.Shown`; else its first metric)."""
+    metrics = {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
+    return model['Metadata'].get('Shown') or {next(iter(metrics)): None}
 
 
 def shown_scores(model: dict) -> str:
-    """The scores a run's table row shows (`Metadata.Shown`, else its first metric), mIoU with its spread over the
+    """The scores a run's table row shows, one decimal unless `Shown` gives a format, mIoU with its spread over the
     seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
     metrics = {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
-    shown = model['Metadata'].get('Shown') or [next(iter(metrics))]
     parts = []
-    for key in shown:
-        text = f'{key} {metric_text(metrics[key])}'
+    for key, form in shown_metrics(model).items():
+        text = f'{key} {metrics[key]:{form or ".1f"}}'
         if f'{key} by seed' in metrics:
             text += f' (seeds {", ".join(map(str, model["Metadata"]["Seeds"]))}: {spread(metrics[f"{key} by seed"])})'
         parts.append(text)
@@ -404,14 +432,6 @@ def gpu_loop(session: dict) -> str:
               f'{bound_note(f["bound"] == "input pipeline")}' if 'serial_img_s' in f['loop'] else '')
     return (f'loop {rate(f["loop"]["img_s"])} img/s against its step\'s {rate(f["model_step_img_s"])}: '
             f'**x{f["loop"]["of_step"]:.2f}**{serial}; bound by the {f["bound"]}')
-
-
-def gpu_loop_text(files: DataFiles, name: str) -> str:
-    """A GPU session's whole loop against its step, inline (its table's row)."""
-    text = gpu_loop(files.figures(name))
-    if not text:
-        raise DataError(f'{files.path(name)}: no loop figures')
-    return text
 
 
 def gpu_loop_from_progress(session: dict) -> str:
@@ -531,8 +551,13 @@ VIEWS: dict[str, dict[str, tuple[Callable[..., str], bool]]] = {
     'reproduction': {'table': (reproduction_table, False), 'rows': (reproduction_rows, False),
                      'table7': (reproduction_table7, False), 'figure4': (reproduction_figure4, False),
                      'seeds': (seeds, True)},
-    'gpu_session': {'table': (gpu_session_table, False), 'loop': (gpu_loop_text, True)},
+    'gpu_session': {'table': (gpu_session_table, False)},
 }
+
+
+# the kinds of block: kind -> (renderer, inline); a view's inline is its study's
+KINDS: dict[str, tuple[Callable[..., str], bool]] = {'table': (table, False), 'view': (view, False),
+                                                   'runs': (embedded_runs, False), 'value': (value, True)}
 
 
 def render_block(page: Page, spec: str) -> tuple[str, bool]:
@@ -541,22 +566,34 @@ def render_block(page: Page, spec: str) -> tuple[str, bool]:
     lines = [line.strip() for line in spec.split('\n')]
     template = [line for line in lines if line.startswith('|')]
     first = ' '.join(line for line in lines if line and not line.startswith('|'))
-    words = shlex.split(first)
-    kind, args = (words[0], words[1:]) if words else ('', [])
     try:
-        if kind == 'table':
-            return table(page, *args, template=template), False
-        if template:
-            raise UsageError('only a table\'s marker holds a table\'s lines')
-        if kind == 'view':
-            return view(page, *args)
-        if kind == 'runs':
-            return embedded_runs(page, *args), False
-        if kind in ('value', 'measured'):
-            return (value if kind == 'value' else measured_line)(page, *args), True
-    except TypeError as exc:  # the wrong number of words for its renderer
+        words = shlex.split(first)
+    except ValueError as exc:  # an unbalanced quote
         raise UsageError(f'results block {first!r}: {exc}') from None
-    raise UsageError(f'unknown results block {first!r}: table, view, runs, value or measured')
+    kind, args = (words[0], words[1:]) if words else ('', [])
+    if kind not in KINDS:
+        raise UsageError(f'unknown results block {first!r}: {", ".join(KINDS)}')
+    if template and kind != 'table':
+        raise UsageError('only a table\'s marker holds a table\'s lines')
+    page.files.read.clear()
+    if kind == 'table':
+        check_words(table, 'table', page, *args, template=template)
+        text, inline = table(page, *args, template=template), False
+    elif kind == 'view':
+        text, inline = view(page, *args)
+    else:
+        render, inline = KINDS[kind]
+        check_words(render, kind, page, *args)
+        text = render(page, *args)
+    return (text, True) if inline else (f'{text}\n\n{page.credits()}', False)
+
+
+def check_words(render: Callable[..., str], kind: str, *args: object, **kwargs: object) -> None:
+    """A UsageError where a block gives its renderer too few or too many words."""
+    try:
+        inspect.signature(render).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise UsageError(f'{kind}: {exc}') from None
 
 
 def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
@@ -571,6 +608,9 @@ def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
             raise type(exc)(f'{page.path.relative_to(page.files.root)}:{line}: {exc}') from None
         if not inline:
             indent = text[text.rfind('\n', 0, match.start()) + 1:match.start()]
+            if indent.strip():
+                raise UsageError(f'{page.path.relative_to(page.files.root)}:{line}: a {match["spec"].split()[0]} '
+                                 f'block stands on a line of its own (text before its marker: {indent.strip()!r})')
             rendered = '\n\n' + '\n'.join(indent + line if line else '' for line in rendered.split('\n')) + \
                        '\n\n' + indent
         if rendered != match['body']:

@@ -21,7 +21,6 @@ from backbones.common.cli import (
     output_file,
     positive_int,
 )
-from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from classification.data.augment import CropGeometry
@@ -29,6 +28,7 @@ from classification.models import create_classifier
 from classification.objectives.objective import ClassificationObjective
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.objectives.token_targets import TokenTargetBuilder
+from classification.studies.results_file import write_results
 from classification.studies.timing import seconds_per_call
 from classification.token_labeling.label_store import WHOLE_IMAGE
 
@@ -206,5 +206,5 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
                     f"{r['packed_reads_per_s']:.0f}/s vs files {r['per_file_reads_per_s']:.0f}/s, "
                     f"x{r['read_speedup']:.1f}")
     if args.json:
-        write_json_atomic(args.json, results)
+        write_results(args.json, 'token_labeling_benchmark', 'benchmark_token_labeling.py', argv, results, args.device)
     return results
