@@ -307,7 +307,7 @@ def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_p
     result = run_tool('measure_gpu.py', ['--smoke', '--device', 'cpu', '--merge', earlier, '--out',
                                          tmp_path / 'out.json'])
     assert result.returncode == 2
-    assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of machine 'NVIDIA H100")
+    assert output(result).strip().splitlines()[-1].startswith(f"error: {earlier} holds figures of machine 'h100'")
     assert not (tmp_path / 'out.json').exists()
 
     earlier.write_text(json.dumps({'device': 'NVIDIA H100 80GB HBM3', 'commit': 'abc1234', 'smoke': False}))

@@ -39,7 +39,7 @@ from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from classification.studies.launcher import LaunchedCommand, tool_command
-from classification.studies.results_file import check_envelope, checkout_commit, results_document
+from classification.studies.results_file import check_envelope, checkout_commit, machine_slug, results_document
 
 AMP = 'bf16'
 
@@ -150,9 +150,10 @@ def open_results(out: Path, merge: Path | None, new: dict, stages: list[str]) ->
             document = check_envelope(json.loads(source.read_text()), str(source))
         except (ValueError, DataError) as exc:
             raise UsageError(f'{source}: not a results file ({exc})') from None
-        earlier = {'machine': document['machine'], 'commit': document['commit'],
+        # the machine by its GPU (or cores): the cores a call may use can differ on the same machine
+        earlier = {'machine': machine_slug(document['machine']), 'commit': document['commit'],
                    'smoke': document['figures'].get('smoke')}
-        now = {'machine': new['machine'], 'commit': new['commit'], 'smoke': new['figures']['smoke']}
+        now = {'machine': machine_slug(new['machine']), 'commit': new['commit'], 'smoke': new['figures']['smoke']}
         for key, value in earlier.items():
             if value != now[key]:
                 raise UsageError(f'{source} holds figures of {key} {value!r}, this session\'s is {now[key]!r}: '
