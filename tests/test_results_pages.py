@@ -158,12 +158,41 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
     ("<!-- results: value run 'step -->x<!-- /results -->", UsageError, 'No closing quotation'),
     ('<!-- results: tabel run -->x<!-- /results -->', UsageError, "unknown results block 'tabel run'"),
     ('Text <!-- results: table run\n| a |\n-->x<!-- /results -->', UsageError, 'stands on a line of its own'),
+    ('<!-- results: value run step -->x\n\n<!-- results: value run step -->x<!-- /results -->', UsageError,
+     'a results marker inside the block of line 3'),  # an unclosed block would take the next one with it
+    ('<!-- result: value run step -->x<!-- /results -->', UsageError, 'a results marker outside a block'),
+    ('<!-- results: value run step -->x<!-- /results --> <!-- /results -->', UsageError, 'outside a block'),
+    ('<!-- results: value run \'step + zero * step\' -->x<!-- /results -->', UsageError, 'not by precedence'),
+    ('<!-- results: value run \'step / huge\' -->x<!-- /results -->', DataError, 'is not a finite figure'),
+    ('<!-- results: runs \'Semantic Segmentaton\' -->x<!-- /results -->', DataError, 'no embedded default of'),
 ])
 def test_a_block_that_cannot_render_is_one_error_naming_page_and_line(tmp_path, marker, error, message):
-    figures = {'step': 12.5, 'zero': 0, 'name': 'abc', 'nested': {'a': 1}, 'missing': None}
+    figures = {'step': 12.5, 'zero': 0, 'name': 'abc', 'nested': {'a': 1}, 'missing': None, 'huge': 1e-320}
     root = page_and_data(tmp_path / 'repo', f'Title\n\n{marker}\n', run=envelope(figures))
-    with pytest.raises(error, match=f'README.md:3: .*{re.escape(message)}'):
+    shutil.copytree(ROOT / 'seg_configs', root / 'seg_configs', ignore=lambda folder, names: [
+        name for name in names if name != 'metafile.yaml'])
+    with pytest.raises(error, match=f'README.md:[35]: .*{re.escape(message)}'):  # 5: the marker inside
         results_pages.render_pages(root, write=False)
+
+
+def test_one_bad_page_leaves_every_page_as_it_was(tmp_path):
+    """The pages are all rendered before any is written: an error in the second leaves the first unchanged."""
+    root = page_and_data(tmp_path / 'repo', '<!-- results: value run step -->1<!-- /results -->\n',
+                         run=envelope({'step': 2}))
+    (root / 'docs' / 'later.md').write_text('<!-- results: value run absent -->1<!-- /results -->\n')
+    with pytest.raises(DataError, match='docs/later.md:1: .*no absent'):
+        results_pages.render_pages(root)
+    assert (root / 'README.md').read_text() == '<!-- results: value run step -->1<!-- /results -->\n'
+    (root / 'docs' / 'later.md').write_bytes(b'\xff\xfe not text\n')
+    with pytest.raises(UsageError, match='later.md: not UTF-8 text'):
+        results_pages.render_pages(root)
+
+
+def test_a_value_takes_a_cells_format_too(tmp_path):
+    root = page_and_data(tmp_path / 'repo', '<!-- results: value run step .1f -->x<!-- /results -->\n',
+                         run=envelope({'step': 2.25}))
+    results_pages.render_pages(root)
+    assert (root / 'README.md').read_text() == '<!-- results: value run step .1f -->2.2<!-- /results -->\n'
 
 
 def test_a_figure_holding_a_bar_stays_in_its_cell(tmp_path):
@@ -315,6 +344,17 @@ def test_a_gpu_session_refuses_an_earlier_file_of_another_device_or_commit(tmp_p
                                          tmp_path / 'out.json'])
     assert result.returncode == 2 and f'error: {earlier}: not a results file' in output(result)
     assert not (tmp_path / 'out.json').exists()
+
+    earlier.write_text(json.dumps(envelope({'models': []}, study='loop')))
+    result = run_tool('measure_gpu.py', ['--smoke', '--device', 'cpu', '--merge', earlier, '--out',
+                                         tmp_path / 'out.json'])
+    assert result.returncode == 2 and "not a GPU session's results (its study is loop)" in output(result)
+
+    other = tmp_path / 'other.json'  # an existing --out that is not the file merged: never overwritten
+    other.write_text('{"kept": true}')
+    result = run_tool('measure_gpu.py', ['--smoke', '--device', 'cpu', '--merge', earlier, '--out', other])
+    assert result.returncode == 2 and f'--out {other} exists' in output(result)
+    assert other.read_text() == '{"kept": true}'
 
 
 def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_from_its_progress_lines(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ast
 import itertools
+import math
 import os
 import sys
 import tempfile
@@ -207,8 +208,8 @@ def _checked(kind: type, test: Callable[[float], bool], meaning: str) -> Callabl
 
 positive_int = _checked(int, lambda v: v >= 1, 'a whole number >= 1')
 non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number >= 0')
-positive_float = _checked(float, lambda v: v > 0, 'a number > 0')
-non_negative_float = _checked(float, lambda v: v >= 0, 'a number >= 0')
+positive_float = _checked(float, lambda v: 0 < v < math.inf, 'a number > 0')
+non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, 'a number >= 0')
 probability = _checked(float, lambda v: 0 <= v <= 1, 'a probability in [0, 1]')
 fraction = _checked(float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]')
 below_one = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)')

@@ -143,6 +143,8 @@ def open_results(out: Path, merge: Path | None, new: dict, stages: list[str]) ->
     source = merge if merge is not None else out
     if merge is not None and not merge.is_file():
         raise UsageError(f'--merge {merge}: no such file')
+    if merge is not None and out.exists() and out.resolve() != merge.resolve():
+        raise UsageError(f'--out {out} exists: give a new file for the merged figures (or --out {merge})')
     if not source.is_file():
         document = new
     else:
@@ -150,6 +152,8 @@ def open_results(out: Path, merge: Path | None, new: dict, stages: list[str]) ->
             document = check_envelope(json.loads(source.read_text()), str(source))
         except (ValueError, DataError) as exc:
             raise UsageError(f'{source}: not a results file ({exc})') from None
+        if document['study'] != 'gpu_session':
+            raise UsageError(f'{source}: not a GPU session\'s results (its study is {document["study"]})')
         # the machine by its GPU (or cores): the cores a call may use can differ on the same machine
         earlier = {'machine': machine_slug(document['machine']), 'commit': document['commit'],
                    'smoke': document['figures'].get('smoke')}
@@ -248,11 +252,13 @@ def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str
             command = tool_command('measure_gpu', [
                 '--stage', name, '--stage-out', figures, '--device', args.device, *(['--smoke'] if args.smoke else []),
                 *(['--seconds', f'{args.seconds:g}'] if args.seconds is not None else [])])
-            with LaunchedCommand(command, limit=limit) as stage:
-                status = stage.wait(lambda line: logger.info(f'  {line}'))
-            if figures.is_file():
-                for key, value in json.loads(figures.read_text()).items():
-                    results.update(key, value)
+            try:
+                with LaunchedCommand(command, limit=limit) as stage:
+                    status = stage.wait(lambda line: logger.info(f'  {line}'))
+            finally:  # an interrupted stage's figures so far are kept too (the child writes its file atomically)
+                if figures.is_file():
+                    for key, value in json.loads(figures.read_text()).items():
+                        results.update(key, value)
         return outcome(status)
     return run
 
@@ -287,7 +293,11 @@ def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
         else:
             logger.info(f'{stage}: starting ({left:.0f} s left)')
             stage_started = time.perf_counter()
-            status = STAGES[stage](results, args, max(left, 1.0))
+            try:
+                status = STAGES[stage](results, args, max(left, 1.0))
+            except BaseException:  # Ctrl-C or SIGTERM: the file says so, with the figures the stage kept
+                results.stage(stage, status='interrupted (its figures so far are kept)')
+                raise
             results.stage(stage, seconds=round(time.perf_counter() - stage_started, 1),
                           predicted_seconds=round(predicted))
         results.stage(stage, status=status)

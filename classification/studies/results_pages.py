@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import operator
 import os
 import re
@@ -52,6 +53,7 @@ from classification.studies.statistics import describe_difference, mean_std
 RESULTS = Path('docs/results')
 METAFILE = Path('seg_configs/metafile.yaml')
 PAGES = ('README.md', 'docs/*.md')
+MARKER = re.compile(r'<!--\s*/?\s*results?\b')  # every results marker, opening or closing, well formed or not
 BLOCK = re.compile(r'<!-- results: (?P<spec>.*?)(?P<end>\s)-->(?P<body>.*?)<!-- /results -->', re.S)
 OPERATOR = re.compile(r' ([*/+-]) ')  # spaced: a key may hold a slash, as mmseg's 'inference time (ms/im)'
 OPERATIONS: dict[str, Callable[[float, float], float]] = {'*': operator.mul, '/': operator.truediv,
@@ -79,7 +81,7 @@ class DataFiles:
         if name not in self.loaded:
             path = self.path(name)
             if not path.is_file():
-                raise DataError(f'{path}: no such data file')
+                raise DataError(f'{path}: {"not a file" if path.exists() else "no such data file"}')
             try:
                 text = path.read_text()
                 data = yaml.safe_load(text) if path.suffix == '.yaml' else json.loads(text)
@@ -102,6 +104,9 @@ class DataFiles:
         """A path's value, or paths and numbers joined by ' * ', ' / ', ' + ' and ' - ', evaluated left to right; a
         path `ALIAS#PATH` is read from file `others[ALIAS]`."""
         words = OPERATOR.split(expression.strip())
+        if {'+', '-'} & set(words[1::2]) and {'*', '/'} & set(words[1::2]):
+            raise UsageError(f'{expression}: + or - beside * or / (evaluated left to right, not by precedence): write '
+                             f'it with one kind, or as two figures')
         result = self.operand(name, words[0], others or {})
         for sign, word in zip(words[1::2], words[2::2]):
             operands = [result, self.operand(name, word, others or {})]
@@ -113,6 +118,8 @@ class DataFiles:
                 result = OPERATIONS[sign](*operands)
             except ZeroDivisionError:
                 raise DataError(f'{expression}: a division by zero') from None
+        if isinstance(result, float) and not math.isfinite(result):
+            raise DataError(f'{expression}: {result} is not a finite figure')
         return result
 
     def operand(self, name: str, word: str, others: dict[str, str]) -> object:
@@ -177,6 +184,8 @@ FORMATS: dict[str, Callable[[object], str]] = {
 def formatted(value: object, form: str) -> str:
     """`value` written by one of FORMATS or a Python format; a figure a Python format is given is a number or a word
     (not a list, a mapping or a truth value)."""
+    if form not in FORMATS and '{' not in form:  # a table cell's spec (`.1f`) given to a value block
+        form = f'{{:{form}}}'
     if form not in FORMATS and (isinstance(value, (dict, list, bool)) and form != '{}' or isinstance(value, dict)):
         raise DataError(f'format {form!r} cannot write {value!r}: not a single figure')
     try:
@@ -340,8 +349,10 @@ def embedded_defaults(files: DataFiles, tasks: tuple[str, ...]) -> list[dict]:
     """The metafile's runs of the embedded defaults with a result of one of `tasks`."""
     runs = [model for model in files['metafile']['Models'] if model['Metadata'].get('Embedded Default')
             and {result['Task'] for result in results_of(model)} & set(tasks)]
-    if not runs:
-        raise DataError(f'{files.path("metafile")}: no embedded default of {" or ".join(tasks) or "a task"}')
+    found = {result['Task'] for run in runs for result in results_of(run)}
+    missing = [task for task in tasks if task not in found] or ([] if tasks else ['a task'])
+    if missing:
+        raise DataError(f'{files.path("metafile")}: no embedded default of {", ".join(missing)}')
     return runs
 
 
@@ -617,11 +628,36 @@ def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
             changed.append((match['spec'].split('\n')[0], line))
         return f'<!-- results: {match["spec"]}{match["end"]}-->{rendered}<!-- /results -->'
 
+    check_markers(text, page)
     return BLOCK.sub(replace, text), changed
 
 
+def check_markers(text: str, page: Page) -> None:
+    """Every results marker of `text` opens or closes a block: one misspelt, unclosed or left over would otherwise
+    be skipped, or take the text up to the next block's end with it."""
+    inside = {match.start(): match.end() for match in BLOCK.finditer(text)}
+    spans = sorted(inside.items())
+    for marker in MARKER.finditer(text):
+        line = text.count('\n', 0, marker.start()) + 1
+        where = f'{page.path.relative_to(page.files.root)}:{line}'
+        block = next(((start, end) for start, end in spans if start <= marker.start() < end), None)
+        if block is None:
+            raise UsageError(f'{where}: a results marker outside a block (misspelt, or a block without its '
+                             f'<!-- results: ... --> or its <!-- /results -->)')
+        body = BLOCK.match(text, block[0])
+        opening, closing = body.start(), body.end() - len('<!-- /results -->')
+        if marker.start() not in (opening, closing):
+            raise UsageError(f'{where}: a results marker inside the block of line '
+                             f'{text.count(chr(10), 0, opening) + 1} (a block without its <!-- /results -->?)')
+
+
 def pages(root: Path) -> list[Path]:
-    return [path for pattern in PAGES for path in sorted(root.glob(pattern))]
+    """The pages under `root` (README.md, docs/*.md); one that is not a readable file is an error naming it."""
+    found = [path for pattern in PAGES for path in sorted(root.glob(pattern))]
+    unreadable = [path for path in found if not path.is_file()]
+    if unreadable:
+        raise UsageError(f'{unreadable[0]}: not a page (a folder, or a link to nothing)')
+    return found
 
 
 def render_pages(root: Path, write: bool = True) -> list[str]:
@@ -629,13 +665,20 @@ def render_pages(root: Path, write: bool = True) -> list[str]:
     blocks changed. Returns the blocks that differed, as 'PAGE:LINE: block "WORDS"'."""
     if not (root / 'README.md').is_file():  # a mistyped root would otherwise check nothing and pass
         raise UsageError(f'{root}: no README.md there (give the repository\'s folder)')
-    files, differing = DataFiles(root), []
+    files, differing, rewritten = DataFiles(root), [], {}
     for path in pages(root):
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError as exc:
+            raise UsageError(f'{path}: not UTF-8 text ({exc.reason} at byte {exc.start})') from None
         rendered, changed = render_text(text, Page(files, path))
         differing += [f'{path.relative_to(root)}:{line}: block "{spec}"' for spec, line in changed]
-        if changed and write:
-            write_text_atomic(path, rendered)
+        if changed:
+            rewritten[path] = rendered
+    if not any(BLOCK.search(path.read_text()) for path in pages(root)):
+        raise UsageError(f'{root}: no results block in its pages (give the repository\'s folder)')
+    for path, rendered in rewritten.items() if write else ():  # every page rendered before any is written
+        write_text_atomic(path, rendered)
     return differing
 
 
