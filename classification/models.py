@@ -13,6 +13,7 @@ from timm.models import get_pretrained_cfg
 
 from backbones import TokenLabelingModel, bare_model, create_model, load_checkpoint, model_family
 from backbones.common.errors import CheckpointError, UsageError
+from backbones.common.log import logger
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
 from backbones.weights import TIMM_RELEASE, checkpoint_class_count, fetch_pretrained, read_state_dict
@@ -57,7 +58,11 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
     token_head = any(k.startswith(f'{TOKEN_HEAD}.') for k in keys)
     model = create_classifier(name, num_classes, img_size, token_labeling=token_head,
                               distilled='dist_token' in keys, **model_kwargs)
-    load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
+    report = load_checkpoint(bare_model(model), checkpoint, use_ema=use_ema)
+    if report.resized:  # a file recording no size (a bare state dict) trained at another one
+        size = f'{img_size} px' if img_size else "the model's own size"
+        logger.warning(f'warning: {checkpoint} holds a position table for another input size than {size}: it was '
+                       f'resized to run there (give --img-size, the size it was trained at, to run it as trained)')
     return model.eval()
 
 

@@ -203,6 +203,19 @@ def test_evaluation_labels_images_by_the_checkpoints_class_names(trained, tmp_pa
         load_split(str(partial), 'val', str(run / 'last.pth'), transform=lambda x: x)
 
 
+def test_a_bare_state_dict_run_at_another_size_than_its_position_table_says_so(tmp_path, caplog):
+    """A file that records no input size: its position table, resized to the size asked for, is named in a warning
+    (its model then runs at a size it was not trained at); at its own size, nothing is said."""
+    kwargs = dict(embed_dim=32, depth=2, num_heads=2)
+    model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, **kwargs)
+    torch.save(model.state_dict(), tmp_path / 'small.pth')
+    with caplog.at_level('WARNING', logger='vit_dense'):
+        build_eval_model('deit_small_patch16_224', str(tmp_path / 'small.pth'), 3, 32, False, kwargs)
+        assert 'position table' not in caplog.text
+        build_eval_model('deit_small_patch16_224', str(tmp_path / 'small.pth'), 3, 64, False, kwargs)
+    assert f'{tmp_path / "small.pth"} holds a position table for another input size than 64 px' in caplog.text
+
+
 def test_evaluating_a_checkpoint_for_another_class_count_is_an_error(tmp_path):
     model = timm.create_model('deit_small_patch16_224', num_classes=5, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)
