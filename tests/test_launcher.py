@@ -127,6 +127,20 @@ def test_a_command_still_running_at_the_blocks_end_is_interrupted_and_its_finall
     assert run.log[:2] == ['ready', 'stopped'] and run.log[-1] == 'KeyboardInterrupt'  # its traceback's end
 
 
+def test_a_command_started_by_a_study_that_ignores_the_interrupt_still_hears_it(tmp_path):
+    """A study run in the background of a script ignores SIGINT, and an ignored signal is inherited: its commands
+    are started at SIGINT's default all the same, so that the stop's interrupt runs their finally blocks."""
+    marker = tmp_path / 'finally'
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with LaunchedCommand(python_child(WAITS_IN_TRY, marker), 'child', grace=30) as run:
+            assert next(run.lines()) == 'ready'
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # the study's own disposition, as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert marker.read_text() == 'finally ran'
+
+
 def test_a_command_that_ignores_the_interrupt_is_killed_after_the_grace():
     started = time.monotonic()
     with LaunchedCommand(python_child(IGNORES_SIGINT), 'child', grace=1) as run:

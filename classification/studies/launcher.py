@@ -133,6 +133,21 @@ def kill_processes(roots: Iterable[int], timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def interrupt_heard() -> Iterator[None]:
+    """SIGINT handled, not ignored, while a command starts: an ignored signal stays ignored across exec, and a study
+    started in the background of a script (which ignores SIGINT) would give its commands an interrupt they cannot
+    hear, and the stop rule its grace for nothing. A handled one starts the command at SIGINT's default."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class LaunchedCommand:
     """A command in a session of its own (in the checkout), named `name` in messages (default: `command_name`), its
     output read line by line as it comes and kept in `log` (and appended to `log_file`): standard output and error
@@ -170,9 +185,10 @@ class LaunchedCommand:
             out = files.enter_context(open(self.stdout, 'w')) if self.stdout else subprocess.PIPE
             self.appended = files.enter_context(open(self.log_file, 'a', buffering=1)) if self.log_file else None
             self.launched = time.perf_counter()
-            self.process = subprocess.Popen(self.command, cwd=REPOSITORY, env=self.env, stdout=out,
-                                            stderr=subprocess.PIPE if self.stdout else subprocess.STDOUT, text=True,
-                                            errors='replace', start_new_session=True)
+            with interrupt_heard():
+                self.process = subprocess.Popen(self.command, cwd=REPOSITORY, env=self.env, stdout=out,
+                                                stderr=subprocess.PIPE if self.stdout else subprocess.STDOUT,
+                                                text=True, errors='replace', start_new_session=True)
             self.files = files.pop_all()
         self.watch = threading.Thread(target=self.watch_tree, daemon=True)
         self.watch.start()
