@@ -40,7 +40,7 @@ def test_the_repository_pages_say_what_their_data_say():
     assert 'no block(s) differ' in output(result)
 
 
-MAKE_RUN = 'make_run_cpu2_41c661a'
+MAKE_RUN = 'make_run_cpu2_acef882'
 
 
 def test_a_figure_edited_by_hand_fails_the_check_names_its_block_and_is_put_back(tmp_path):
