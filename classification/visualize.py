@@ -19,6 +19,7 @@ from backbones.common.cli import (
     command_parser,
     output_file,
     parse_model_kwargs,
+    png_file,
     positive_int,
     probability,
 )
@@ -37,7 +38,7 @@ WIDTH = 116  # of the subcommands' descriptions (the tools' usage texts keep the
 
 
 def add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--out', required=True, type=output_file, help='the PNG file to write')
+    parser.add_argument('--out', required=True, type=png_file, help='the PNG file to write')
     parser.add_argument('--show', action='store_true', help='also open the picture (where there is a display)')
 
 

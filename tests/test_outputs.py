@@ -8,7 +8,7 @@ import timm
 import torch
 
 from helpers.cls_data import make_image_folder
-from helpers.commands import one_line_error, run_tool_on_tmpfs
+from helpers.commands import one_line_error, run_tool, run_tool_on_tmpfs
 from helpers.models import TINY_DEIT
 from helpers.seg_data import write_tiny_ade, write_tiny_config
 
@@ -101,3 +101,12 @@ def test_a_folder_that_takes_no_new_file_is_named_before_any_work(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the check's own file is gone
     with pytest.raises(UsageError, match='names a folder'):
         check_writable(f'{tmp_path / "scores"}/')
+
+
+@pytest.mark.parametrize('name', ['attention.txt', 'attention', 'attention.jpg2'])
+def test_a_picture_not_named_png_is_refused_before_any_work(name, tmp_path):
+    """visualize writes PNG: another suffix failed only once the picture was drawn."""
+    result = run_tool('visualize.py', ['attention', *TINY_DEIT, '--out', tmp_path / name])
+    assert result.returncode == 2
+    assert f'{tmp_path / name}: give a .png file' in one_line_error(result)
+    assert not (tmp_path / name).exists()

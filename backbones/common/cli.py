@@ -360,6 +360,14 @@ def output_file(value: str) -> str:
     return value
 
 
+def png_file(value: str) -> str:
+    """argparse type of a PNG picture a command will write: named .png and checked like `output_file`, before any
+    work (another suffix failed only once the picture was drawn)."""
+    if Path(value).suffix.lower() != '.png':
+        raise argparse.ArgumentTypeError(f'{value}: give a .png file (the picture is written as PNG)')
+    return output_file(value)
+
+
 def output_folder(value: str) -> Path:
     """argparse type of a folder a command will create or fill: checked (`check_output_folder`) before any work."""
     _checked_argument(check_output_folder, value)
