@@ -329,7 +329,8 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
     Each value is checked against its meaning (FIELD_TYPES, FIELD_CHOICES, and the command's own `choices`);
     fields whose default is None also take the word `none`.
     """
-    choices = {**FIELD_CHOICES, **(choices or {})}
+    own = choices or {}
+    choices = {**FIELD_CHOICES, **own}
     for f in dataclasses.fields(recipe_class):
         flag = '--' + f.name.replace('_', '-')
         flags = (flag, *FIELD_ALIASES.get(f.name, ()))
@@ -337,7 +338,7 @@ def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                help=FIELD_HELP[f.name])
             continue
-        kind = FIELD_TYPES.get(f.name, str)
+        kind = str if f.name in own else FIELD_TYPES.get(f.name, str)  # the command's choices: its own words
         if str(f.type).endswith('| None'):  # the field's annotation (a string: postponed evaluation)
             kind = none_or(kind)
         group.add_argument(*flags, dest=f.name, type=kind, choices=choices.get(f.name),

@@ -99,6 +99,8 @@ def test_a_subset_that_leaves_a_class_without_an_image_is_said(trained, caplog):
 @pytest.mark.parametrize('tool_name, args, message', [
     ('transfer_cifar.py', ['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--val-fraction', '1'], '(0, 1)'),
     ('transfer_cifar.py', ['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--opt', 'lamb'], 'invalid choice'),
+    ('transfer_cifar.py', ['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--opt', 'nonsense'],
+     "invalid choice: 'nonsense' (choose from 'sgd', 'adamw')"),  # its own two, not timm's hundred
     ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--topk', '0'], '>= 1'),
     ('generate_token_labels.py', ['--data-dir', '.', '--annotator', 'x', '--output', 'o', '--shard-size', '0'],
      '>= 1'),
