@@ -538,15 +538,19 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     measurements = MeasurementTable()
     logger.info(f'rehearsal at scale {args.scale} in {args.root} ({os.cpu_count()} cores, torch {torch.__version__})')
 
+    def write_figures() -> None:  # after every stage: an interrupted rehearsal keeps the stages it measured
+        if args.json and measurements.values:
+            write_results(args.json, 'scale_rehearsal', 'rehearse_scale.py', argv, measurements.values)
+
     def run_stages() -> None:
         for stage in STAGES:
             if stage in args.stages:
                 RUNNERS[stage](args, measurements)
+                write_figures()
 
     _, seconds = timed(run_stages)
     measurements.add('all', 'seconds', round(seconds, 1))
     logger.info(measurements.markdown())
-    if args.json:
-        write_results(args.json, 'scale_rehearsal', 'rehearse_scale.py', argv, measurements.values)
+    write_figures()
     return measurements.values
 
