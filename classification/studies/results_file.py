@@ -38,15 +38,14 @@ PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
 
 
 def results_document(study: str, tool: str, argv: list[str] | None, figures: dict, device: str = 'cpu',
-                     notes: dict | None = None, commit: str | None = None) -> dict:
+                     commit: str | None = None) -> dict:
     """A new results document of `figures` measured here and now by tools/`tool` with `argv` (None: this process's
     own arguments) on `device`: this checkout's commit (or `commit`, given where the copy has no history), today's
     date, this machine and torch."""
     import torch
 
     commit = commit or checkout_commit()
-    notes = {**({} if commit else {'commit': 'not recorded: this copy of the code has no git history'}),
-             **(notes or {})}
+    notes = {} if commit else {'commit': 'not recorded: this copy of the code has no git history'}
     document = {'study': study, 'source': command_line(tool, argv), 'commit': commit,
                 'date': time.strftime('%Y-%m-%d'), 'machine': machine_in_words(device), 'torch': torch.__version__,
                 **({'notes': notes} if notes else {}), 'figures': figures}

@@ -238,8 +238,7 @@ def value(page: Page, name: str, expression: str, form: str = '{}') -> str:
 
 def table(page: Page, *sources: str, template: list[str]) -> str:
     """The marker's template lines with each `{EXPRESSION[:FORMAT]}` filled from the first of `sources` (each a
-    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them), then where and when each was
-    measured."""
+    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them)."""
     if not sources:
         raise UsageError('table: name the results file(s) it reads')
     names = dict(source.partition('=')[::2] if '=' in source else (source, source) for source in sources)
@@ -248,9 +247,8 @@ def table(page: Page, *sources: str, template: list[str]) -> str:
     first = next(iter(names.values()))
 
     def fill(found: re.Match) -> str:
-        form = found['form']
-        form = '{}' if form is None else form if form in FORMATS else f'{{:{form}}}'
-        return formatted(page.files.evaluate(first, found['expression'], names), form).replace('|', '\\|')
+        figure = page.files.evaluate(first, found['expression'], names)
+        return formatted(figure, found['form'] or '{}').replace('|', '\\|')
 
     return '\n'.join(CELL.sub(fill, line.strip()) for line in template)
 
@@ -375,23 +373,32 @@ def results_of(model: dict) -> list[dict]:
     return results if isinstance(results, list) else [results]
 
 
-def metric_list(metrics: dict, shown: dict) -> str:
-    return ', '.join(f'{key} {value:{shown.get(key) or ".1f"}}' for key, value in metrics.items())
+def run_metrics(model: dict) -> dict[str, object]:
+    """A metafile model's metrics, of all its results."""
+    return {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
 
 
 def shown_metrics(model: dict) -> dict[str, str | None]:
     """The metrics a run's table row shows and their formats (`Metadata.Shown`; else its first metric)."""
-    metrics = {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
-    return model['Metadata'].get('Shown') or {next(iter(metrics)): None}
+    return model['Metadata'].get('Shown') or {next(iter(run_metrics(model))): None}
+
+
+def score(key: str, value: float, shown: dict[str, str | None]) -> str:
+    """'mask AP 58.2': a metric with the format `shown` gives it, one decimal where it gives none."""
+    return f'{key} {value:{shown.get(key) or ".1f"}}'
+
+
+def metric_list(metrics: dict, shown: dict[str, str | None]) -> str:
+    return ', '.join(score(key, value, shown) for key, value in metrics.items())
 
 
 def shown_scores(model: dict) -> str:
     """The scores a run's table row shows, one decimal unless `Shown` gives a format, mIoU with its spread over the
     seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
-    metrics = {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
+    metrics, shown = run_metrics(model), shown_metrics(model)
     parts = []
-    for key, form in shown_metrics(model).items():
-        text = f'{key} {metrics[key]:{form or ".1f"}}'
+    for key in shown:
+        text = score(key, metrics[key], shown)
         if f'{key} by seed' in metrics:
             text += f' (seeds {", ".join(map(str, model["Metadata"]["Seeds"]))}: {spread(metrics[f"{key} by seed"])})'
         parts.append(text)
