@@ -52,7 +52,8 @@ def tool_command(tool: str, args: Sequence[object] = (), processes: int | None =
     if tool not in {path.stem for path in tools.glob('*.py')}:
         raise UsageError(f'no tool {tool!r} in {tools}')
     launcher = ['-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', str(processes)]
-    return [sys.executable, *(launcher if processes is not None else []), str(tools / f'{tool}.py'), *map(str, args)]
+    return [sys.executable, *(launcher if processes is not None else []), str(REPOSITORY / tool_path(tool)),
+            *map(str, args)]
 
 
 def command_name(command: Sequence[str]) -> str:
