@@ -88,7 +88,10 @@ def test_loop_benchmark_names_the_slower_stage_and_flags_figures_above_their_cei
     float_image = 3 * 224 * 224 * 4
     sizes = f['bytes_per_image']
     assert float_image <= sizes['pil'] < 1.01 * float_image and float_image <= sizes['timm'] < 1.01 * float_image
-    assert 3 * 224 * 224 <= sizes['batched'] < sizes['pil']  # uint8 regions, each at least the output size
+    # uint8 regions: a crop larger than the output is decoded reduced but never below it, a smaller one as it is;
+    # the smallest crop the recipe draws is 8% of the 500x375 image (the mean of a few batches fell below the output
+    # size once: the floor the old assertion took was wrong for small crops)
+    assert 3 * 0.08 * 500 * 375 <= sizes['batched'] < sizes['pil']
     flops = f['step_flops']  # 6 FLOPs per MAC of DeiT-Ti's forward at 224 (4 synthetic classes)
     assert flops['per_image_gflop'] == pytest.approx(6 * vit_macs(12, 192, 768, 197, 196, 4) / 1e9)
     assert flops['tflop_s'] == pytest.approx(flops['per_image_gflop'] * f['model_step_img_s'] / 1e3)
