@@ -122,6 +122,15 @@ def takes_input_size(name: str) -> bool:
     return model_family(name) is not None or bool(get_pretrained_cfg(name).fixed_input_size)
 
 
+def whole_patches(name: str, img_size: int, model_kwargs: dict | None = None) -> int:
+    """The input size nearest `img_size` that is a whole number of the model's patches (at least one): `img_size`
+    itself for a model that takes any size or whose patches it fits."""
+    patch = getattr(patch_embedding(create_model(name, num_classes=0, **(model_kwargs or {}))), 'patch_size', None)
+    if not patch or img_size % patch[0] == 0:
+        return img_size
+    return max(1, round(img_size / patch[0])) * patch[0]
+
+
 def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
     """The input size must give the model at least one patch, and a whole number of them where it needs that (its
     patch embedding: `patch_embed`, or MLP-Mixer's `stem`)."""

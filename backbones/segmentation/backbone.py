@@ -1,13 +1,22 @@
-"""The suite's classification models as one mmsegmentation backbone, `TokenBackbone`, for all four families.
+"""The suite's classification models, and any plain ViT of timm's, as one mmsegmentation backbone, `TokenBackbone`.
 
-The backbone wraps a registered suite model (`model_name`, e.g. `lvvit_m`; the family follows from it), pruned to
-what the chosen blocks need, and returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps,
-class tokens dropped, no final norm (as the papers' segmentation code). `drop_path_rate` is stochastic depth (the
-reference passed it as MLP dropout).
+The backbone wraps a registered model (`model_name`: a suite model such as `lvvit_m`, or a timm ViT such as
+`vit_small_patch14_reg4_dinov2`, `deit3_small_patch16_224`, `eva02_small_patch14_224`, `beit_base_patch16_224`),
+pruned to what the chosen blocks need, and returns the patch tokens after the blocks in `out_indices` as stride-16
+NCHW maps, prefix tokens (class, distillation, register tokens) dropped, no final norm (as the papers' segmentation
+code). `drop_path_rate` is stochastic depth (the reference passed it as MLP dropout).
 
-Any input size works, also in test mode where mmseg does not pad: the image is padded to the stride, the position
-embeddings are resampled to its token grid, and the maps are cropped back to the image's own extent, so that the
-decode head's final resize to the image size is exact.
+A timm model qualifies when it is a plain ViT with timm's `forward_intermediates`: a patch embedding with square
+patches, a sequence of blocks, `num_prefix_tokens`; its patch size and prefix tokens are the model's own. Others
+(hierarchical models such as Swin or ConvNeXt) are refused by name with what they lack. A model with another patch
+size (DINOv2's and EVA-02's 14) has its maps resampled to the stride-16 grid, so that every neck, head, padding
+rule and export of the suite stays as it is for the others.
+
+Any input size works, also in test mode where mmseg does not pad: the image is padded to the patch size, the
+position embeddings are resampled to its token grid (timm's `dynamic_img_size` for timm's models), and the maps are
+resampled onto the stride-16 cells of the image's own extent, so that the decode head's final resize to the image
+size is exact. A model whose relative-position table is fixed to its grid (BEiT) cannot change grid: every image is
+padded to its `img_size`, and a larger one is refused.
 
 `pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)` loads a classification checkpoint (ours
 or an official release file) through `backbones.load_checkpoint`: wrappers, prefixes and the position-table resize
@@ -25,32 +34,79 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmseg.registry import MODELS
 
-from backbones import create_model, load_checkpoint, model_family, suite_models
+from backbones import create_model, load_checkpoint, model_family
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.weights import fetch_pretrained, fit_pos_embed
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
+STRIDE = 16  # of the maps every backbone returns
+# what a timm model needs to be a dense backbone: timm's contract for plain ViTs
+PLAIN_VIT_PARTS = ('forward_intermediates', 'prune_intermediate_layers', 'patch_embed', 'blocks', 'num_prefix_tokens')
+PLAIN_VITS = ('the suite\'s models and timm\'s plain ViTs qualify (e.g. vit_small_patch14_reg4_dinov2, '
+              'deit3_small_patch16_224, eva02_small_patch14_224, beit_base_patch16_224)')
 
 
-def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float]) -> torch.Tensor:
-    """Resample the top-left `extent` (fractions of height, width) of (B, C, h, w) maps back onto h x w cells."""
+def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple[int, int] | None = None
+                   ) -> torch.Tensor:
+    """Resample the top-left `extent` (fractions of height, width) of (B, C, h, w) maps onto `cells` (default:
+    h x w) cells."""
     fy, fx = extent
-    if fy == 1 and fx == 1:
+    size = [*maps.shape[:2], *(cells or maps.shape[2:])]
+    if fy == 1 and fx == 1 and size == list(maps.shape):
         return maps
     # align_corners=False: output edge -1 maps to input edge -1, output edge +1 to input position 2f - 1.
     theta = maps.new_tensor([[fx, 0, fx - 1], [0, fy, fy - 1]]).expand(maps.shape[0], 2, 3)
-    grid = F.affine_grid(theta, list(maps.shape), align_corners=False)
+    grid = F.affine_grid(theta, size, align_corners=False)
     return F.grid_sample(maps, grid, mode='bilinear', padding_mode='border', align_corners=False)
+
+
+def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwargs: dict) -> nn.Module:
+    """The classifier a dense backbone wraps, without classifier: a suite model, or a plain timm ViT taking any input
+    size where it can (timm's `dynamic_img_size`)."""
+    kwargs = dict(img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs)
+    if model_family(model_name) is not None:
+        return create_model(model_name, **kwargs)
+    try:
+        try:
+            model = create_model(model_name, **{'dynamic_img_size': True, **kwargs})
+        except TypeError as e:  # a model with no such option (BEiT's relative positions are tied to its grid)
+            if 'dynamic_img_size' not in str(e):
+                raise
+            model = create_model(model_name, **kwargs)
+    except TypeError as e:  # an option a plain ViT takes, such as img_size, is not the model's
+        raise UsageError(f'{model_name} is not a plain ViT the dense backbone can take ({e}); {PLAIN_VITS}') from e
+    check_plain_vit(model_name, model)
+    return model
+
+
+def check_plain_vit(model_name: str, model: nn.Module) -> None:
+    """A UsageError naming what a timm model lacks to be a dense backbone."""
+    missing = [part for part in PLAIN_VIT_PARTS if not hasattr(model, part)]
+    if missing:
+        raise UsageError(f'{model_name} ({type(model).__name__}) is not a plain ViT the dense backbone can take: it '
+                         f'has no {", ".join(missing)}; {PLAIN_VITS}')
+    patch = tuple(model.patch_embed.patch_size)
+    if patch[0] != patch[1]:
+        raise UsageError(f'{model_name}: its patches are {patch[0]}x{patch[1]} pixels; the dense backbone takes square '
+                         'patches')
+
+
+def fixed_grid(model: nn.Module) -> bool:
+    """Whether the model reads one input size only (its `img_size`): a timm model whose patch embedding insists on
+    its size (built without `dynamic_img_size`)."""
+    return bool(getattr(model.patch_embed, 'strict_img_size', False))
 
 
 @MODELS.register_module()
 class TokenBackbone(BaseModule):
-    """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) as an mmseg backbone."""
+    """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) or plain timm ViT as an
+    mmseg backbone."""
 
     def __init__(
             self,
@@ -69,17 +125,15 @@ class TokenBackbone(BaseModule):
                 raise UsageError('give the backbone either `pretrained` or `init_cfg`, not both')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg)
-        if model_family(model_name) is None:
-            raise UsageError(f'{type(self).__name__} takes a model of the suite, not {model_name!r}; choose one of: '
-                             f'{", ".join(suite_models())}')
-        self.model = create_model(model_name, img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate,
-                                  **(model_kwargs or {}))
+        self.model = dense_model(model_name, img_size, drop_path_rate, model_kwargs or {})
         depth = len(self.model.blocks)
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
             raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
-        self.stride = img_size // self.model.patch_embed.grid_size[0]
+        self.patch_size = img_size // self.model.patch_embed.grid_size[0]  # the token grid's stride
+        self.stride = STRIDE
+        self.img_size = img_size if fixed_grid(self.model) else None  # the one input size of a fixed-grid model
         self.use_ema, self.model_name = use_ema, model_name
 
     @property
@@ -108,12 +162,23 @@ class TokenBackbone(BaseModule):
             state_dict[key] = fit_pos_embed(self.model, state_dict[key])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def padded_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size an image is padded to: whole patches, or a fixed-grid model's `img_size`."""
+        if self.img_size is None:
+            return tuple(-(-side // self.patch_size) * self.patch_size for side in (height, width))
+        if height > self.img_size or width > self.img_size:
+            raise UsageError(f'{self.model_name} reads images of up to {self.img_size}x{self.img_size} pixels (its '
+                             f'relative positions are fixed to that grid), got {height}x{width}: set the backbone\'s '
+                             'img_size, or test in windows of that size')
+        return self.img_size, self.img_size
+
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         H, W = images.shape[-2:]
-        Hp, Wp = (-(-size // self.stride) * self.stride for size in (H, W))  # integers: torch.export saves them
+        Hp, Wp = self.padded_size(H, W)  # integers: torch.export saves them
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))
         maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
-        return tuple(crop_to_extent(m, (H / Hp, W / Wp)) for m in maps)
+        cells = (-(-H // self.stride), -(-W // self.stride))
+        return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 
 
 for _name in FORMER_NAMES:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,6 +25,7 @@ from classification.digits.scans import discard_outdated, write_digits_folder
 from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
 from classification.engine.trainer import RunOptions
 from classification.loaders import ImageData
+from classification.models import whole_patches
 from classification.recipes import Recipe, recipe_for
 from classification.token_labeling.annotate import generate_token_labels
 from classification.token_labeling.label_store import META
@@ -138,6 +139,9 @@ class EmbeddedScans:
                         f'segmentation backbone -> {output}')
         preset = 'token-labeling'
         recipe = recipe_for(model_name, preset, RECIPE)
+        # a model of other patches than 16 (DINOv2's 14) is pretrained on the scans at the nearest whole number of
+        # them: the same number of tokens per scan
+        recipe = replace(recipe, img_size=whole_patches(model_name, recipe.img_size, model_kwargs))
         options = RunOptions(output, resume='auto' if state == STOPPED else None, model_kwargs=model_kwargs,
                              workers=DEFAULT_WORKERS)
         try:
