@@ -645,14 +645,48 @@ def test_predict_seg_names_images_it_cannot_predict_and_keeps_what_it_predicted(
 
 
 def test_refusals_the_command_line_decides_come_before_any_loading(trained_depth, tmp_path):
-    """--ms on a depth or detector config is refused from the config alone (the checkpoint is not even read), and
+    """--no-flip without --ms on a depth config is refused from the command line alone (the checkpoint is not even
+    read; --ms itself is a depth model's test-time augmentation now, test_tta_on_depth_and_detection_...), and
     test_seg's --out given a folder names --pred-dir."""
     depth_config, _ = trained_depth
-    for tool, args in (('predict_seg.py', [tmp_path, '--out', tmp_path / 'out', '--ms']), ('test_seg.py', ['--ms'])):
+    for tool, args in (('predict_seg.py', [tmp_path, '--out', tmp_path / 'out', '--no-flip']),
+                       ('test_seg.py', ['--no-flip'])):
         refused = one_line_error(run_tool(tool, [depth_config, tmp_path / 'no_such.pth', *args]))
-        assert 'the multi-scale test is for semantic segmentation' in refused, refused
+        assert '--no-flip applies to the multi-scale test' in refused, refused
     refused = one_line_error(run_tool('test_seg.py', [depth_config, tmp_path / 'no_such.pth', '--out', tmp_path]))
     assert '--pred-dir' in refused
+
+
+@pytest.mark.slow  # tools run end to end
+def test_tta_on_depth_and_detection_gives_a_report_naming_the_mode_and_predict_seg_writes_its_files(
+        trained_depth, trained_detector, nyu_set, coco_set, tmp_path):
+    """test_seg --tta (once refused for both tasks): the depth model's flip-averaged test (its config's one scale)
+    and the detector's multi-scale + flip test give their scores, the line naming the mode; the depth model's --tta
+    --no-flip, one scale of ratio 1, scores exactly what its plain test does; predict_seg --tta writes each task's
+    files."""
+    depth_config, depth = trained_depth
+    scores, lines = {}, {}
+    for mode, options in (('plain', []), ('tta', ['--tta']), ('no_flip', ['--tta', '--no-flip'])):
+        out = tmp_path / f'depth_{mode}.json'
+        result = succeeded(run_tool('test_seg.py', [depth_config, depth, '--out', out, *options]))
+        scores[mode], lines[mode] = json.loads(out.read_text()), result.stdout + result.stderr
+    assert f"single-scale + flip: d1 {scores['tta']['d1']:.3f}" in lines['tta'], lines['tta'][-2000:]
+    assert 'single-scale: d1' in lines['no_flip'] and scores['no_flip'] == scores['plain']
+    assert scores['tta']['abs_rel'] != scores['plain']['abs_rel']
+
+    detector_config, detector = trained_detector
+    tested = succeeded(run_tool('test_seg.py', [detector_config, detector, '--tta', '--out', tmp_path / 'det.json']))
+    detected = json.loads((tmp_path / 'det.json').read_text())
+    assert f"multi-scale + flip: box_AP {detected['box_AP']:.2f}" in tested.stdout + tested.stderr
+
+    image = sorted((nyu_set / 'images' / 'test').glob('*.jpg'))[0]
+    succeeded(run_tool('predict_seg.py', [depth_config, depth, image, '--out', tmp_path / 'depth', '--tta']))
+    assert sorted(p.name for p in (tmp_path / 'depth').iterdir()) == [f'{image.stem}.png', f'{image.stem}_color.png']
+    image = sorted((coco_set / 'val').glob('*.jpg'))[0]
+    succeeded(run_tool('predict_seg.py', [detector_config, detector, image, '--out', tmp_path / 'instances', '--tta',
+                                          '--score-threshold', '0']))
+    written = json.loads((tmp_path / 'instances' / 'instances.json').read_text())
+    assert [i['file_name'] for i in written['images']] == [str(image)] and written['annotations']
 
 
 @pytest.mark.slow  # tools run end to end

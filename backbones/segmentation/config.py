@@ -22,7 +22,15 @@ from backbones.common.log import logger
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.runner import iteration_checkpoints, recorded_config, trained_data
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
-from backbones.segmentation.tasks import DenseTask, model_type, task_named, task_of, task_recognised_by, tasks
+from backbones.segmentation.tasks import (
+    DenseTask,
+    SmallDenseData,
+    model_type,
+    task_named,
+    task_of,
+    task_recognised_by,
+    tasks,
+)
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 
 ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
@@ -391,6 +399,41 @@ def flipping_tta_pipeline(pipeline: list) -> list:
 def tta_flips(cfg: Config) -> bool:
     """Whether the multi-scale test adds each scale's mirror image."""
     return bool(cfg.tta_model.get('flip', False))
+
+
+def tta_scales(pipeline: list) -> list[dict]:
+    """The Resize steps of a test-time pipeline's TestTimeAug, one a scale."""
+    tta = next((step for step in pipeline if step['type'] == 'TestTimeAug'), None)
+    return [step for step in tta['transforms'][0] if step['type'] == 'Resize'] if tta else []
+
+
+def test_mode(cfg: Config, multi_scale: bool) -> str:
+    """A test's mode in words, as its line names it: 'single-scale', 'multi-scale + flip', 'single-scale + flip'
+    (a test-time augmentation of one scale, the depth papers' flip)."""
+    if not multi_scale:
+        return 'single-scale'
+    scales = 'multi-scale' if len(tta_scales(cfg.tta_pipeline)) > 1 else 'single-scale'
+    return scales + (' + flip' if tta_flips(cfg) else '')
+
+
+def check_tta_settings(cfg: Config) -> None:
+    """--ms (--tta) takes the config's `tta_pipeline` and `tta_model`: one line if it lacks either."""
+    missing = [key for key in ('tta_pipeline', 'tta_model') if not cfg.get(key)]
+    if missing:
+        raise UsageError(f'--ms (--tta) tests with the config\'s {" and ".join(missing)}, which it does not set '
+                         f'(each task\'s test-time settings: see seg_configs/_base_/datasets)')
+
+
+def use_small_test_time(cfg: Config, data: SmallDenseData) -> None:
+    """A small data set's multi-scale test: `data.test_ratios` of the single-scale test's size (already set), and
+    no mirror images unless `data.mirrored`."""
+    if cfg.get('tta_model') and not data.mirrored:
+        drop_tta_flips(cfg)
+    if cfg.get('tta_pipeline'):
+        size = next(step['scale'] for step in cfg.test_dataloader.dataset.pipeline if step['type'] == 'Resize')
+        tta = next(step for step in cfg.tta_pipeline if step['type'] == 'TestTimeAug')
+        tta['transforms'][0] = [dict(type='Resize', scale=(round(size[0] * r), round(size[1] * r)), keep_ratio=True)
+                                for r in data.test_ratios]
 
 
 def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> set[str]:

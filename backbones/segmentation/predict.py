@@ -20,7 +20,13 @@ from PIL import Image
 
 from backbones.common.errors import DataError, UsageError
 from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
-from backbones.segmentation.config import EmbeddedSegData, drop_tta_flips, load_trained_config, resolve_trained_data
+from backbones.segmentation.config import (
+    EmbeddedSegData,
+    check_tta_settings,
+    drop_tta_flips,
+    load_trained_config,
+    resolve_trained_data,
+)
 from backbones.segmentation.runner import checkpoint_meta, load_weights
 from backbones.segmentation.semantic.own_data import default_palette
 from backbones.segmentation.tasks import DenseTask, task_of
@@ -96,7 +102,8 @@ def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png'
 class SegPredictor:
     """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
     it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False); `predictor.predict(path)`:
-    the model's data sample, for any dense task (`task`: the config's `DenseTask`). The config's data is chosen as
+    the model's data sample, for any dense task (`task`: the config's `DenseTask`; its test-time augmentation,
+    `tested`, wraps `model`). The config's data is chosen as
     test_seg chooses it (`data_root`, the config's folder, else what the checkpoint records it was trained on:
     `fallback`'s embedded data only for a checkpoint trained on it): its classes, palette and label values are the
     predictor's. Without any data at hand (an error where the caller `need_data`: a test set's image and its ground
@@ -114,14 +121,16 @@ class SegPredictor:
         cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
         model = MODELS.build(cfg.model)
         load_weights(model, checkpoint)
+        self.cfg, self.model = cfg, model.to(device).eval()
+        self.tested = model  # what predicts: the model, or its test-time augmentation around it
         pipeline = cfg.test_dataloader.dataset.pipeline
         if multi_scale:
             task.check_multi_scale(config)
+            check_tta_settings(cfg)
             if not flip:
                 drop_tta_flips(cfg)
-            model = MODELS.build({**cfg.tta_model, 'module': model})
+            self.tested = MODELS.build({**cfg.tta_model, 'module': model}).eval()
             pipeline = cfg.tta_pipeline
-        self.cfg, self.model = cfg, model.to(device).eval()
         self.steps = steps = without_annotations(pipeline, task)
         self.load, self.pipeline = TRANSFORMS.build(steps[0]), Compose(steps[1:])  # the first step reads the image
         test_set = self.test_set(lazy=True)
@@ -162,7 +171,7 @@ class SegPredictor:
         pixels = np.ascontiguousarray(loaded['img'][..., ::-1])  # BGR -> RGB, a copy the pipeline leaves alone
         data = pseudo_collate([self.pipeline(loaded)])
         with torch.no_grad():
-            sample = self.model.test_step(data)[0]
+            sample = self.tested.test_step(data)[0]
         return pixels, sample
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray:

@@ -88,7 +88,7 @@ class DenseTask(ABC):
     head_weights: ClassVar[str]  # a weight-name prefix only its models have
     summary_keys: ClassVar[tuple[str, ...]]  # the scores a test's line prints
     summary_digits: ClassVar[int] = 2
-    multi_scale: ClassVar[bool] = False  # the multi-scale test (--ms, --tta)
+    multi_scale: ClassVar[bool] = False  # has a test-time augmentation (--ms, --tta: the config's tta_model)
     class_maps: ClassVar[bool] = False  # predicts a class per pixel: mmseg's pictures, --show-dir, --report
     no_overlay: ClassVar[str | None] = None  # why predict_seg --overlay is refused, where it is ('its maps ...')
     output_tails: ClassVar[tuple[str, ...]] = ()  # the files each image gets from predict_seg, besides overlays
@@ -195,8 +195,8 @@ class DenseTask(ABC):
 
     def check_multi_scale(self, config: str) -> None:
         if not self.multi_scale:
-            raise UsageError(f'--ms (--tta): the multi-scale test is for semantic segmentation; {config} is a '
-                             f'{self.title} config')
+            raise UsageError(f'--ms (--tta): {config} is a {self.title} config, a task without a multi-scale test '
+                             '(test-time augmentation)')
 
 
 SMALL_DATA_SPLITS = {'train_dataloader': 'training', 'val_dataloader': 'validation', 'test_dataloader': 'validation'}

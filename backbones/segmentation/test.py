@@ -1,5 +1,6 @@
 """The evaluator behind tools/test_seg.py: single-scale or the papers' multi-scale + flip mIoU of a segmentor; COCO's
-box and mask AP of a detector; the depth metrics of a depth model."""
+box and mask AP of a detector; the depth metrics of a depth model; each task's test-time augmentation (--ms, --tta)
+as its config's tta_pipeline and tta_model set it."""
 from __future__ import annotations
 
 import argparse
@@ -13,11 +14,12 @@ from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.segmentation.config import (
     EmbeddedSegData,
+    check_tta_settings,
     drop_tta_flips,
     load_config,
     load_trained_config,
     resolve_trained_data,
-    tta_flips,
+    test_mode,
 )
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.predict import mask_paths
@@ -68,10 +70,7 @@ def scores_file(value: str) -> str:
 
 def use_multi_scale(cfg: Config, flip: bool) -> None:
     """Test with the config's `tta_pipeline` (the papers' scales) and `tta_model`; without flip if asked."""
-    missing = [key for key in ('tta_pipeline', 'tta_model') if not cfg.get(key)]
-    if missing:
-        raise UsageError(f'--ms (--tta) tests with the config\'s {" and ".join(missing)}, which it does not set '
-                         f'(mmseg\'s multi-scale settings: see seg_configs/_base_/datasets)')
+    check_tta_settings(cfg)
     if not flip:
         drop_tta_flips(cfg)
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
@@ -96,7 +95,8 @@ def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """The refusals the command line and the config alone decide, before any work: --no-flip without --ms, --ms
-    and --show-dir on a detector's or a depth model's config, output folders that cannot be written."""
+    on a config whose task has no test-time augmentation, --show-dir on a detector's or a depth model's config,
+    output folders that cannot be written."""
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
     task_of(load_config(args.config)).check_test_options(args, args.config)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None =
     """tools/test_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     cfg = prepare(args, data_fallback)
-    mode = 'multi-scale' + (' + flip' if tta_flips(cfg) else '') if args.ms else 'single-scale'
+    mode = test_mode(cfg, args.ms)
     metrics = SuiteRunner.from_cfg(cfg).test()
     logger.info(f'{mode}: {task_of(cfg).summary(metrics)}')
     return metrics

@@ -104,10 +104,11 @@ MMSEG_FLAGS = {
 def add_multi_scale_arguments(parser: argparse.ArgumentParser) -> None:
     """--ms (alias --tta, mmseg's name) and --no-flip: test_seg's and predict_seg's multi-scale test."""
     parser.add_argument('--ms', '--tta', dest='ms', action='store_true', help=(
-        'multi-scale test with the config\'s tta_pipeline and tta_model, as mmseg\'s --tta (the papers\': ratios '
-        '0.75..1.75 of (2048, 512) with flip), softmax averaged; the embedded data without ADE20K takes its own '
-        'ratios and flips'))
-    parser.add_argument('--no-flip', action='store_true', help='multi-scale test without the flipped copies')
+        'test-time augmentation with the config\'s tta_pipeline and tta_model, as mmseg\'s --tta: each scale and '
+        'its mirror image, merged as the task does (segmentors: the papers\' ratios 0.75..1.75 of (2048, 512), '
+        'softmax averaged; depth: the image and its mirror image, depth averaged; detectors: ratios 0.75..1.25, '
+        'detections merged by NMS per class); the embedded data without ADE20K takes its own ratios and flips'))
+    parser.add_argument('--no-flip', action='store_true', help='test-time augmentation without the mirror images')
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:

@@ -30,8 +30,8 @@ from backbones.common.cli import (
 from backbones.common.log import logger
 from backbones.segmentation.config import flipping_tta_pipeline, load_config
 from backbones.segmentation.runner import SuiteRunner
-from backbones.segmentation.semantic.segmentor import mirror_image
 from backbones.segmentation.test import use_multi_scale
+from backbones.segmentation.tta import mirror_image
 from classification.digits.seg_data import EmbeddedPages
 from classification.studies.results_file import write_results
 from classification.studies.timing import seconds_per_call

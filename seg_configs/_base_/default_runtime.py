@@ -1,4 +1,5 @@
-# Runtime shared by every config: mmseg scope, the suite's modules, logging, TTA wrapper.
+# Runtime shared by every config: mmseg scope, the suite's modules, logging (each data set's config sets its task's
+# test-time augmentation, tta_pipeline and tta_model).
 default_scope = 'mmseg'
 custom_imports = dict(imports=['backbones.segmentation'], allow_failed_imports=False)
 env_cfg = dict(
@@ -12,4 +13,3 @@ log_processor = dict(by_epoch=False)
 log_level = 'INFO'
 load_from = None
 resume = False
-tta_model = dict(type='FlipBatchTTAModel', flip=True)  # each scale and its mirror image in one batch

@@ -10,6 +10,7 @@ import numpy as np
 from mmengine.config import Config
 from pycocotools import mask as mask_utils
 
+from backbones.segmentation.config import tta_scales
 from helpers.commands import ROOT
 from helpers.seg_data import DIM, TINY_MODELS
 
@@ -138,9 +139,14 @@ def tiny_dense_overrides(config_name: str, family: str = 'upernet_lvvit_s.py') -
 
 def write_tiny_dense_config(path: Path, config_name: str, data_root: Path, family: str = 'upernet_lvvit_s.py') -> Path:
     """A config file inheriting a real detector or depth config, with a tiny model of `family`'s backbone, no
-    loader workers, and its pipelines' sizes fitted to the tiny images; the detector's set is COCO-format with
-    splits train and val."""
+    loader workers, and its pipelines' sizes fitted to the tiny images (the test-time augmentation's scales at the
+    config's ratios of them); the detector's set is COCO-format with splits train and val."""
     base = Config.fromfile(CONFIGS / config_name).to_dict()
+    test_scale = next(step['scale'] for step in base['test_dataloader']['dataset']['pipeline']
+                      if step['type'] == 'Resize')
+    for step in tta_scales(base['tta_pipeline']):
+        ratio = step['scale'][1] / test_scale[1]
+        step['scale'] = (round(SIZE[0] * ratio), round(SIZE[1] * ratio))
     loaders = {}
     for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         pipeline = base[key]['dataset']['pipeline']
@@ -156,7 +162,7 @@ def write_tiny_dense_config(path: Path, config_name: str, data_root: Path, famil
             split = 'train' if key == 'train_dataloader' else 'val'
             dataset.update(ann_file=f'annotations/instances_{split}.json', data_prefix=dict(img_path=f'{split}/'))
         loaders[key] = dict(num_workers=0, persistent_workers=False, dataset=dataset)
-    overrides = dict(model=tiny_dense_overrides(config_name, family), **loaders,
+    overrides = dict(model=tiny_dense_overrides(config_name, family), **loaders, tta_pipeline=base['tta_pipeline'],
                      default_hooks=dict(logger=dict(interval=1)))
     if not config_name.startswith('maskrcnn'):
         overrides.update(val_evaluator=dict(crop_type=None), test_evaluator=dict(crop_type=None))

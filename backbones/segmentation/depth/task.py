@@ -12,7 +12,7 @@ from mmengine.config import Config
 from backbones.common.drawing import enlarge, write_png
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
-from backbones.segmentation.config import scale_sizes
+from backbones.segmentation.config import scale_sizes, use_small_test_time
 from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.metric import write_depth_png
 from backbones.segmentation.masks import PICTURE_TAIL
@@ -36,6 +36,7 @@ class Depth(DenseTask):
     model_kind = 'depth model'
     models = ('DepthEstimator', 'TokenDepthEstimator')
     head_weights = 'decode_head.depth_layer.'  # the suite's depth head
+    multi_scale = True
     summary_keys = ('d1', 'abs_rel', 'rmse', 'log10')
     summary_digits = 3
     no_overlay = 'its maps come with NAME_color.png'
@@ -47,7 +48,8 @@ class Depth(DenseTask):
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The depth maps, read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
-        the training crop is the images' height; the evaluation crop (NYU's, for its 640x480 images) off."""
+        the training crop is the images' height, the multi-scale test at the data's ratios of the test's size; the
+        evaluation crop (NYU's, for its 640x480 images) off."""
         factor = data.image_size[1] / training_crop_height(cfg)
         for dataset, split in small_datasets(cfg, data):
             dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg', depth_map_suffix='.png',
@@ -56,6 +58,7 @@ class Depth(DenseTask):
             for step in dataset['pipeline']:
                 if step['type'] == 'LoadDepthAnnotation':
                     step['depth_rescale_factor'] = 1 / data.depth_scale
+        use_small_test_time(cfg, data)
         for evaluator in ('val_evaluator', 'test_evaluator'):
             if cfg.get(evaluator):
                 cfg[evaluator].update(crop_type=None, depth_scale_factor=data.depth_scale)

@@ -3,7 +3,14 @@ feature pyramid on any suite backbone, COCO-format data, and COCO's box and mask
 runner as the segmentors are.
 
 Importing it registers in mmseg's registries: `TokenMaskRCNN`, `SimpleFeaturePyramid`, the `CocoInstances` data set,
-the `LoadInstances`, `LargeScaleJitter`, `RandomInstanceFlip` and `PackInstanceInputs` transforms, and the `CocoAP`
-metric.
+the `LoadInstances`, `LargeScaleJitter`, `RandomInstanceFlip` and `PackInstanceInputs` transforms, the `CocoAP`
+metric and `DetectionTTAModel`, the test-time augmentation.
 """
-from backbones.segmentation.instances import coco, detector, metric, pyramid, transforms  # noqa: F401  (registration)
+from backbones.segmentation.instances import (  # noqa: F401  (registration)
+    coco,
+    detector,
+    metric,
+    pyramid,
+    transforms,
+    tta,
+)

@@ -15,6 +15,7 @@ from backbones.common.drawing import enlarge, write_png
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
+from backbones.segmentation.config import use_small_test_time
 from backbones.segmentation.data_check import PairCheck, image_check
 from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
 from backbones.segmentation.instances.metric import coco_results
@@ -47,6 +48,7 @@ class Instances(DenseTask):
     model_kind = 'detector'
     models = ('TokenMaskRCNN',)
     head_weights = 'roi_heads.'  # torchvision's RoI heads
+    multi_scale = True
     summary_keys = ('box_AP', 'box_AP50', 'mask_AP', 'mask_AP50')
     outputs_per_image = False  # --pred-dir gets one COCO results file
     classes_from_checkpoint = True  # the categories trained on, with their ids
@@ -73,7 +75,8 @@ class Instances(DenseTask):
         use_trained_categories(cfg, checkpoint)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The instances in COCO's format; the large-scale jitter and the test size the images' own."""
+        """The instances in COCO's format; the large-scale jitter and the test size the images' own, the multi-scale
+        test at the data's ratios of it."""
         for dataset, split in small_datasets(cfg, data):
             dataset.update(type='CocoInstances', data_root=str(data.root),
                            ann_file=f'annotations/instances_{split}.json', data_prefix=dict(img_path=f'images/{split}'))
@@ -82,6 +85,7 @@ class Instances(DenseTask):
                     step.update(size=data.image_size, scale_range=data.ratio_range)
                 if step['type'] == 'Resize':
                     step['scale'] = data.image_size
+        use_small_test_time(cfg, data)
 
     def use_small_model(self, cfg: Config) -> None:
         cfg.merge_from_dict(dict(model=SMALL_DATA_MODEL))

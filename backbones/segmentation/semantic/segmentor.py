@@ -9,7 +9,8 @@ layer mixes samples), and a batch of windows costs far less than the same window
 mmseg's multi-scale + flip test makes every flipped copy in the data pipeline: each scale is resized twice, its
 annotation read twice, and the two copies run through the model one after the other. `FlipBatchTTAModel` takes
 one view per scale from the pipeline and mirrors it on the device, in the same batch: the same views, the same
-softmax average (tested against mmseg's `SegTTAModel`).
+softmax average (tested against mmseg's `SegTTAModel`); the views and mirrors are `tta.MirroredViewsTTAModel`'s,
+which the other tasks' test-time augmentation shares.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from mmseg.models.segmentors import EncoderDecoder, SegTTAModel
 from mmseg.registry import MODELS
-from mmseg.structures import SegDataSample
 
 from backbones.common.errors import UsageError
+from backbones.segmentation.tta import MirroredViewsTTAModel
 
 Window = tuple[int, int, int, int]  # y1, y2, x1, x2
 
@@ -69,42 +70,7 @@ class SlideBatchEncoderDecoder(EncoderDecoder):
         return preds / counts
 
 
-def mirror_image(view: dict) -> dict:
-    """A test batch's horizontal mirror image: inputs flipped, samples marked flipped (mmseg's `postprocess_result`
-    flips their logits back)."""
-    samples = view['data_samples']
-    if any(sample.metainfo.get('flip') for sample in samples):
-        raise UsageError('the test-time pipeline already flips its views, and FlipBatchTTAModel(flip=True) mirrors '
-                         'them again: drop RandomFlip from tta_pipeline, or set tta_model.flip=False')
-    return {'inputs': [image.flip(-1) for image in view['inputs']],
-            'data_samples': [SegDataSample(metainfo={**sample.metainfo, 'flip': True, 'flip_direction': 'horizontal'})
-                             for sample in samples]}
-
-
-def mirrored(view: dict) -> dict:
-    """A test batch and its mirror image as one batch."""
-    mirror = mirror_image(view)
-    return {key: [*view[key], *mirror[key]] for key in ('inputs', 'data_samples')}
-
-
 @MODELS.register_module()
-class FlipBatchTTAModel(SegTTAModel):
+class FlipBatchTTAModel(MirroredViewsTTAModel, SegTTAModel):
     """mmseg's SegTTAModel over one pipeline view per scale; with `flip`, each view and its mirror image are decoded
     as one batch. The softmax of every view (and mirror) is averaged, as SegTTAModel does."""
-
-    def __init__(self, flip: bool = True, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.flip = flip
-
-    def view_predictions(self, data: dict) -> list[list[SegDataSample]]:
-        """The predictions of every view (each followed by its mirror image's, with `flip`), before merging."""
-        predictions = []
-        for i in range(len(data['inputs'])):
-            view = {key: value[i] for key, value in data.items()}
-            count = len(view['inputs'])
-            samples = self.module.test_step(mirrored(view) if self.flip else view)
-            predictions += [samples[:count]] + ([samples[count:]] if self.flip else [])
-        return predictions
-
-    def test_step(self, data: dict) -> list[SegDataSample]:
-        return self.merge_preds(list(zip(*self.view_predictions(data))))

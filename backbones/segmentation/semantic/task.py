@@ -13,7 +13,7 @@ from mmseg.registry import METRICS
 from backbones.common.drawing import write_png
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
-from backbones.segmentation.config import drop_tta_flips, scale_sizes
+from backbones.segmentation.config import scale_sizes, use_small_test_time
 from backbones.segmentation.data_check import PairCheck, check_labels_used, pair_check
 from backbones.segmentation.masks import OVERLAY_TAIL, write_mask
 from backbones.segmentation.pictures import draw_labels, read_annotation, segmentation_picture
@@ -79,10 +79,7 @@ class SemanticSegmentation(DenseTask):
                            img_suffix='.jpg', seg_map_suffix='.png', reduce_zero_label=True, data_root=str(data.root),
                            data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
             scale_sizes(dataset['pipeline'], data.scale)
-        if cfg.get('tta_model') and not data.mirrored:
-            drop_tta_flips(cfg)
-        if cfg.get('tta_pipeline'):
-            use_test_ratios(cfg, data.test_ratios)
+        use_small_test_time(cfg, data)
         scale_sizes(cfg.model.get('data_preprocessor', {}), data.scale)
         scale_sizes(cfg.model.get('test_cfg', {}), data.scale)
         set_classes(cfg, data.classes, [list(c) for c in data.palette], reduce_zero_label=True)
@@ -143,14 +140,6 @@ class SemanticSegmentation(DenseTask):
 
     def output_names(self, model: nn.Module) -> str:
         return 'logits'
-
-
-def use_test_ratios(cfg: Config, ratios: tuple[float, ...]) -> None:
-    """The multi-scale test resizes to `ratios` times the single-scale test's size (already set)."""
-    size = next(step['scale'] for step in cfg.test_dataloader.dataset.pipeline if step['type'] == 'Resize')
-    tta = next(step for step in cfg.tta_pipeline if step['type'] == 'TestTimeAug')
-    tta['transforms'][0] = [dict(type='Resize', scale=(round(size[0] * r), round(size[1] * r)), keep_ratio=True)
-                            for r in ratios]
 
 
 def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) -> dict | list:

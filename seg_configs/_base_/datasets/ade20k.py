@@ -25,7 +25,7 @@ test_pipeline = [
 ]
 # Multi-scale test as the papers ran it (mmseg 0.x): each ratio scales (2048, 512), not the original image, and
 # the image is resized once from the original. mmseg 1.x's own `--tta` scales the original image instead.
-# One view per scale: the model (FlipBatchTTAModel, flip=True in default_runtime) adds each one's mirror image.
+# One view per scale: the model (FlipBatchTTAModel, flip=True) adds each one's mirror image in the same batch.
 img_ratios = [0.75, 1.0, 1.25, 1.5, 1.75]
 tta_pipeline = [
     dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
@@ -36,6 +36,7 @@ tta_pipeline = [
         [dict(type='PackSegInputs')],
     ]),
 ]
+tta_model = dict(type='FlipBatchTTAModel', flip=True)
 train_dataloader = dict(
     batch_size=2,
     num_workers=4,

@@ -18,6 +18,19 @@ test_pipeline = [
     dict(type='Resize', scale=image_size, keep_ratio=True),
     dict(type='PackInstanceInputs'),
 ]
+# Test-time augmentation (--tta, --ms), as mmdet's: each scale and its mirror image detected (DetectionTTAModel:
+# flip=True mirrors each view in the same batch and flips its detections back), all detections merged by NMS per
+# class at the RoI heads' threshold, the heads' detections_per_img kept.
+img_ratios = [0.75, 1.0, 1.25]
+tta_pipeline = [
+    dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale=(int(image_size[0] * r), int(image_size[1] * r)), keep_ratio=True)
+         for r in img_ratios],
+        [dict(type='PackInstanceInputs')],
+    ]),
+]
+tta_model = dict(type='DetectionTTAModel', flip=True)
 train_dataloader = dict(
     batch_size=8,
     num_workers=4,

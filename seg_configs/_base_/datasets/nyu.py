@@ -22,6 +22,19 @@ test_pipeline = [
     dict(type='LoadDepthAnnotation', depth_rescale_factor=1e-3),
     dict(type='PackSegInputs', meta_keys=meta_keys),
 ]
+# Test-time augmentation (--tta, --ms): the depth papers' NYU-v2 and KITTI protocol, the whole image and its mirror
+# image, their depth averaged (DepthTTAModel: flip=True mirrors each view in the same batch, the estimator flips its
+# depth back). More ratios make it multi-scale: each scale's depth is resampled to the image before averaging.
+img_ratios = [1.0]
+tta_pipeline = [
+    dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale=(int(2000 * r), int(480 * r)), keep_ratio=True) for r in img_ratios],
+        [dict(type='LoadDepthAnnotation', depth_rescale_factor=1e-3)],
+        [dict(type='PackSegInputs', meta_keys=meta_keys)],
+    ]),
+]
+tta_model = dict(type='DepthTTAModel', flip=True)
 train_dataloader = dict(
     batch_size=8,
     num_workers=4,
