@@ -331,7 +331,8 @@ def nyu_set(tmp_path_factory) -> Path:
     return write_tiny_nyu(tmp_path_factory.mktemp('nyu'))
 
 
-FAMILIES = ('upernet_lvvit_s.py', 'upernet_t2t_vit_14.py', 'upernet_cait_s24.py', 'upernet_deit_s.py')
+FAMILIES = ('upernet_lvvit_s.py', 'upernet_t2t_vit_14.py', 'upernet_cait_s24.py', 'upernet_deit_s.py',
+            'upernet_dinov2_s.py')  # and a timm ViT of 14 px patches with register tokens
 
 
 @pytest.mark.parametrize('family', FAMILIES, ids=lambda f: f.split('_', 1)[1][:-3])

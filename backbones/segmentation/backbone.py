@@ -85,6 +85,15 @@ def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwa
     return model
 
 
+def check_backbone_model(backbone: dict) -> None:
+    """A config's TokenBackbone model built on the meta device (no memory, no weights): a model the backbone
+    cannot take is refused before a run does any work."""
+    if backbone.get('type') not in ('TokenBackbone', *FORMER_NAMES):
+        return
+    with torch.device('meta'):
+        dense_model(backbone['model_name'], backbone.get('img_size', 512), 0.0, backbone.get('model_kwargs') or {})
+
+
 def check_plain_vit(model_name: str, model: nn.Module) -> None:
     """A UsageError naming what a timm model lacks to be a dense backbone."""
     missing = [part for part in PLAIN_VIT_PARTS if not hasattr(model, part)]
@@ -95,6 +104,13 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
     if patch[0] != patch[1]:
         raise UsageError(f'{model_name}: its patches are {patch[0]}x{patch[1]} pixels; the dense backbone takes square '
                          'patches')
+
+
+def token_stride(model: nn.Module, img_size: int) -> int:
+    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says (the
+    suite's convolutional stems)."""
+    patch = getattr(model.patch_embed, 'patch_size', None)
+    return int(patch[0]) if patch else img_size // model.patch_embed.grid_size[0]
 
 
 def fixed_grid(model: nn.Module) -> bool:
@@ -131,7 +147,7 @@ class TokenBackbone(BaseModule):
             raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
-        self.patch_size = img_size // self.model.patch_embed.grid_size[0]  # the token grid's stride
+        self.patch_size = token_stride(self.model, img_size)
         self.stride = STRIDE
         self.img_size = img_size if fixed_grid(self.model) else None  # the one input size of a fixed-grid model
         self.use_ema, self.model_name = use_ema, model_name

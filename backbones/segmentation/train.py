@@ -26,6 +26,7 @@ from backbones.common.files import remove_partial_writes
 from backbones.common.lifecycle import restarted_by_torchrun
 from backbones.common.log import logger
 from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
+from backbones.segmentation.backbone import check_backbone_model
 from backbones.segmentation.config import (
     EmbeddedSegData,
     accumulate_gradients,
@@ -212,6 +213,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
         fallback.use_model(cfg)
     cfg.merge_from_dict(options)  # once; the data is resolved on the config they made, as test_seg does
     check_loader_sizes(cfg, args.config)
+    check_backbone_model(cfg.model.backbone)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)

@@ -21,6 +21,7 @@ TINY_MODELS = {
     'upernet_t2t_vit_14.py': dict(embed_dim=DIM, depth=4, num_heads=2, token_dim=8),
     'upernet_cait_s24.py': dict(embed_dim=DIM, depth=4, num_heads=2, depth_token_only=1),
     'upernet_deit_s.py': dict(embed_dim=DIM, depth=4, num_heads=2),
+    'upernet_dinov2_s.py': dict(embed_dim=DIM, depth=4, num_heads=2),
 }
 
 
