@@ -48,8 +48,9 @@ from backbones.common.exporting import (
 )
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.segmentation.config import EmbeddedSegData, read_config
+from backbones.segmentation.config import EmbeddedSegData, load_config, read_config
 from backbones.segmentation.predict import SegPredictor
+from backbones.segmentation.tasks import ExportChoice, ExportedNetwork, task_of
 
 
 def window_size(cfg: Config) -> tuple[int, int]:
@@ -75,8 +76,8 @@ def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tu
     return examples, {**BATCH, 2: ('height', stride), 3: ('width', stride)}
 
 
-def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int], stride: int,
-                dynamic_size: bool) -> dict:
+def description(predictor: SegPredictor, exported: ExportedNetwork, checkpoint: str, size: tuple[int, int],
+                stride: int, dynamic_size: bool) -> dict:
     """export.json: what a runtime needs besides the network."""
     preprocessor = predictor.cfg.model.data_preprocessor
     return {
@@ -84,35 +85,39 @@ def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int],
         'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
                   'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
                   'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
-        'output': predictor.task.export_output,
+        **exported.facts,
         'checkpoint': str(checkpoint),
     }
 
 
 def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
                      torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
-                     data_root: str | None = None, fallback: EmbeddedSegData | None = None) -> Path:
+                     data_root: str | None = None, fallback: EmbeddedSegData | None = None,
+                     choice: ExportChoice = ExportChoice()) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it."""
     if dynamic_size and onnx:
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
+    task_of(load_config(config)).check_export_choice(choice, config)
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     task = predictor.task
-    model = task.exported(predictor.model).eval()
+    exported = task.exported_network(predictor.model, choice)
+    model = exported.network.eval()
     size = size or window_size(predictor.cfg)
     stride = task.input_stride(predictor.model, size)
     examples, dynamic = checked_inputs(size, stride, dynamic_size)
     with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
-        write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
+        write_json_atomic(staging / 'export.json',
+                          description(predictor, exported, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
-            check_same_outputs(model(examples[0]), task.exported(segmentor_from(staging))(examples[0]),
-                               f'{WEIGHTS} with config.py')
+            rebuilt = task.exported_network(segmentor_from(staging), choice).network.eval()
+            check_same_outputs(model(examples[0]), rebuilt(examples[0]), f'{WEIGHTS} with config.py')
         if torch_export:
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
         if onnx:
-            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, task.output_names(predictor.model))
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, exported.output_names)
     shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
     logger.info(f'{out}: {task.describe_outputs(predictor)}, inputs {shape}, from {checkpoint}: '
                 f'{", ".join(sorted(p.name for p in out.iterdir()))}')
@@ -140,8 +145,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--dynamic-size', action='store_true',
                    help='any input height and width (multiples of the backbone\'s stride), not only the window\'s')
     p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')
+    p.add_argument('--top-k', type=positive_int, metavar='K',
+                   help='a detector\'s export: the detections it gives per image, best first, padded (default: its '
+                        'RoI heads\' detections_per_img, 100 unless its config says otherwise)')
+    p.add_argument('--pyramid-only', action='store_true',
+                   help='a detector\'s export: its backbone and feature pyramid only (no RPN, heads or NMS)')
 
 
 def export_from_args(args: argparse.Namespace, out: Path, fallback: EmbeddedSegData | None = None) -> Path:
+    choice = ExportChoice(args.top_k, args.pyramid_only)
     return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
-                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback)
+                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback, choice)

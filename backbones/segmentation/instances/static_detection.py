@@ -18,7 +18,7 @@ to float rounding: NMS keeps a candidate by the candidates scoring above it only
 scored below all others, change no decision. Two bounds are the export's own: the class candidates of the box stage
 that enter NMS are the `candidates` best (torchvision takes all above the score threshold; the K detections are
 the same whenever at least K of those best survive NMS, or no more pass the threshold), and `top_k` replaces the
-RoI heads' `detections_per_img`.
+RoI heads' `detections_per_img` (its default).
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ from torchvision.models.detection.rpn import concat_box_prediction_layers
 from torchvision.ops import nms, roi_align
 from torchvision.ops.poolers import MultiScaleRoIAlign
 
-TOP_K = 100  # detections per image, as the RoI heads' detections_per_img (detectron2's and torchvision's)
 CANDIDATES = 2000  # the box stage's class candidates that enter NMS, per image
 DROPPED = -1.0  # the score of a candidate flagged out: below every probability
 RPN_MIN_SIZE = 1e-3  # torchvision's RegionProposalNetwork.min_size
@@ -144,11 +143,11 @@ class StaticMaskRCNN(nn.Module):
 
     output_names = ('boxes', 'scores', 'labels', 'masks')
 
-    def __init__(self, detector: nn.Module, top_k: int = TOP_K, candidates: int = CANDIDATES) -> None:
+    def __init__(self, detector: nn.Module, top_k: int | None = None, candidates: int = CANDIDATES) -> None:
         super().__init__()
         self.detector = detector
-        self.top_k = top_k
-        self.candidates = max(candidates, top_k)
+        self.top_k = top_k or detector.roi_heads.detections_per_img
+        self.candidates = max(candidates, self.top_k)
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         features = self.detector.extract_feat(images)
