@@ -12,11 +12,17 @@ batches the windows. With `dynamic_size`, H and W may be any multiples of the ba
 from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
 against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
 
-A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's stops at its
-feature pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each): its RPN and RoI heads keep a number of
-boxes that depends on the image (torchvision's `batched_nms`), which torch.export cannot trace into a program; the
-whole detector is in model.safetensors with config.py. Detectors and depth models test images at their own size, so
-their export takes `size` (--size H W).
+A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's is the whole
+detector with static shapes (instances/static_detection.py): its best K detections per image (`choice.top_k`, --top-k;
+by default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2,
+y2), `scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask
+probabilities at the input's size, padded with zero boxes, scores and masks; the batch size dynamic. NMS is inside
+(torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's NonMaxSuppression; its
+kept indices become a flag over the candidates at once, so every other shape is fixed). It is the model's `predict`
+on an image that fills the input. With `choice.pyramid_only` (--pyramid-only) the export stops at the feature
+pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each), the RPN and RoI heads left to model.safetensors
+with config.py. A task refuses the options it has no use for (`DenseTask.check_export_choice`), before any work.
+Detectors and depth models test images at their own size, so their export takes `size` (--size H W).
 """
 from __future__ import annotations
 
