@@ -32,7 +32,6 @@ from torchvision.ops.poolers import MultiScaleRoIAlign
 
 CANDIDATES = 2000  # the box stage's class candidates that enter NMS, per image
 DROPPED = -1.0  # the score of a candidate flagged out: below every probability
-RPN_MIN_SIZE = 1e-3  # torchvision's RegionProposalNetwork.min_size
 BOX_MIN_SIZE = 1e-2  # what RoIHeads.postprocess_detections drops as empty
 
 
@@ -184,7 +183,7 @@ class StaticMaskRCNN(nn.Module):
         chosen, level_of = torch.cat(chosen, dim=1), torch.cat(level_of, dim=1)
         boxes = clipped(taken(boxes, chosen), size)
         scores = taken(objectness, chosen).sigmoid()
-        valid = large_enough(boxes, RPN_MIN_SIZE) & (scores >= rpn.score_thresh)
+        valid = large_enough(boxes, rpn.min_size) & (scores >= rpn.score_thresh)
         kept = nms_kept(boxes, scores, level_of, valid, rpn.nms_thresh)
         order = best(scores, kept, rpn.post_nms_top_n())
         return taken(boxes, order), taken(kept, order)
