@@ -497,7 +497,8 @@ def test_a_whole_detector_export_in_onnx_and_torch_export_gives_the_models_detec
 
 @pytest.mark.slow  # the tool run once for its one-line error
 def test_a_detectors_export_options_are_refused_in_one_line_before_any_work(random_detector, tmp_path, capsys):
-    """--top-k 0, --top-k with --pyramid-only, either on a segmentor's config: one line each, nothing written."""
+    """--top-k 0, --top-k with --pyramid-only, either on a segmentor's config, --dynamic-size for the whole
+    detector: one line each, nothing written."""
     from helpers.commands import one_line_error
     config, checkpoint, _, _ = random_detector
     base = ['segmentor', str(config), str(checkpoint), '--out', str(tmp_path / 'x'), '--size', '64', '64']
@@ -506,6 +507,8 @@ def test_a_detectors_export_options_are_refused_in_one_line_before_any_work(rand
     assert 'argument --top-k: ' in capsys.readouterr().err.strip().splitlines()[-1]
     assert one_line_error(run_tool('export.py', [*base, '--top-k', '5', '--pyramid-only'])).startswith(
         'error: --top-k: the number of detections of a whole detector\'s export; --pyramid-only exports no detections')
+    with pytest.raises(UsageError, match='--dynamic-size: a whole detector is exported at one input size'):
+        export([*base, '--torch-export', '--dynamic-size'])
     for option in (['--top-k', '5'], ['--pyramid-only']):
         with pytest.raises(UsageError, match=rf'{option[0]}: an option of a detector.s export; '
                                              r'seg_configs/upernet_lvvit_s.py is a semantic segmentation config'):

@@ -13,13 +13,13 @@ from two patches up (torch.export's program only: torch's ONNX exporter fails on
 against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
 
 A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's is the whole
-detector with static shapes (instances/static_detection.py): its best K detections per image (`choice.top_k`, --top-k;
+detector with static shapes (instances/static_detection.py): its best K detections per image (`top_k`, --top-k;
 by default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2,
 y2), `scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask
 probabilities at the input's size, padded with zero boxes, scores and masks; the batch size dynamic. NMS is inside
 (torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's NonMaxSuppression; its
 kept indices become a flag over the candidates at once, so every other shape is fixed). It is the model's `predict`
-on an image that fills the input. With `choice.pyramid_only` (--pyramid-only) the export stops at the feature
+on an image that fills the input. With `pyramid_only` (--pyramid-only) the export stops at the feature
 pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each), the RPN and RoI heads left to model.safetensors
 with config.py. A task refuses the options it has no use for (`DenseTask.check_export_choice`), before any work.
 Detectors and depth models test images at their own size, so their export takes `size` (--size H W).
@@ -99,11 +99,12 @@ def description(predictor: SegPredictor, exported: ExportedNetwork, checkpoint: 
 def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
                      torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
                      data_root: str | None = None, fallback: EmbeddedSegData | None = None,
-                     choice: ExportChoice = ExportChoice()) -> Path:
+                     top_k: int | None = None, pyramid_only: bool = False) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it."""
     if dynamic_size and onnx:
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
+    choice = ExportChoice(top_k, pyramid_only, dynamic_size)
     task_of(load_config(config)).check_export_choice(choice, config)
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     task = predictor.task
@@ -159,6 +160,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def export_from_args(args: argparse.Namespace, out: Path, fallback: EmbeddedSegData | None = None) -> Path:
-    choice = ExportChoice(args.top_k, args.pyramid_only)
     return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
-                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback, choice)
+                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback, args.top_k,
+                            args.pyramid_only)

@@ -80,11 +80,13 @@ class PredictionRequest:
 
 @dataclass(frozen=True)
 class ExportChoice:
-    """What tools/export.py segmentor's options ask of a task's exported network beyond its size: a detector's
-    number of detections (`top_k`, None for its default) or its feature pyramid alone (`pyramid_only`)."""
+    """What tools/export.py segmentor's options ask of a task's exported network: a detector's number of detections
+    (`top_k`, None for its default) or its feature pyramid alone (`pyramid_only`), and any input size
+    (`dynamic_size`, which the tool checks itself)."""
 
     top_k: int | None = None
     pyramid_only: bool = False
+    dynamic_size: bool = False
 
     def __post_init__(self) -> None:
         if self.top_k is not None and self.pyramid_only:

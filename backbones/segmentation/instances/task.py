@@ -173,7 +173,11 @@ class Instances(DenseTask):
         return StaticMaskRCNN(model)
 
     def check_export_choice(self, choice: ExportChoice, config: str) -> None:
-        """A detector takes --top-k or --pyramid-only (not both: ExportChoice refuses them)."""
+        """A detector takes --top-k or --pyramid-only (not both: ExportChoice refuses them); its whole export is at
+        one size."""
+        if choice.dynamic_size and not choice.pyramid_only:
+            raise UsageError('--dynamic-size: a whole detector is exported at one input size (its proposals per '
+                             'level and its pasted masks are sized by it): give --size H W')
 
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
         """The whole detector, its best `choice.top_k` detections padded (see `StaticMaskRCNN`); with
