@@ -331,3 +331,187 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
     damaged_safetensors(out / WEIGHTS)
     with pytest.raises(CheckpointReadError, match=rf'{out / WEIGHTS}: damaged: its bytes do not match the SHA-256'):
         segmentor_from(out)
+
+
+# ---- a detector exported whole: its best K detections with static shapes
+
+
+@pytest.fixture(scope='module')
+def random_detector(tmp_path_factory):
+    """A tiny detector with random weights on the tiny COCO-format set (three categories), its config and a
+    checkpoint of it. Its random box head scores each class about 1/4, so every proposal gives candidates above
+    the score threshold and NMS has boxes of one class to suppress."""
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from backbones.segmentation.config import load_config
+    from helpers.dense_data import write_tiny_coco, write_tiny_dense_config
+    root = tmp_path_factory.mktemp('detector')
+    data = write_tiny_coco(root / 'coco')
+    config = write_tiny_dense_config(root / 'tiny.py', 'maskrcnn_lvvit_s_own_data.py', data)
+    cfg = load_config(str(config))
+    cfg.model.num_classes = 3
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    torch.save({'state_dict': model.state_dict()}, root / 'detector.pth')
+    return config, root / 'detector.pth', model, data
+
+
+def detector_input(model, data, count: int = 1) -> torch.Tensor:
+    """Images of the tiny COCO set resized to 64x64 (a size the detector takes whole: multiples of 32), RGB,
+    normalised as the config's data preprocessor (and export.json) say."""
+    import cv2
+    import numpy as np
+    paths = sorted((data / 'val').glob('*.jpg'))[:count]
+    pixels = np.stack([cv2.resize(cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB), (64, 64)) for p in paths])
+    images = torch.from_numpy(pixels).permute(0, 3, 1, 2).float()
+    return (images - model.data_preprocessor.mean) / model.data_preprocessor.std
+
+
+def predicted(model, images: torch.Tensor) -> list:
+    """The model's own `predict` of images that fill their input (img_shape and ori_shape the input's size)."""
+    from mmengine.structures import BaseDataElement
+    size = tuple(images.shape[-2:])
+    samples = [BaseDataElement(metainfo=dict(img_shape=size, ori_shape=size)) for _ in images]
+    with torch.no_grad():
+        return [sample.pred_instances for sample in model(images, samples, mode='predict')]
+
+
+def raw_detections(model, images: torch.Tensor) -> list[dict]:
+    """The RoI heads' detections before `predicted`: boxes, scores, labels (from 1), masks (N, 1, 28, 28)."""
+    from torchvision.models.detection.image_list import ImageList
+    with torch.no_grad():
+        features = model.extract_feat(images)
+        listed = ImageList(images, [tuple(images.shape[-2:])] * len(images))
+        proposals, _ = model.rpn(listed, features)
+        return model.roi_heads(features, proposals, listed.image_sizes)[0]
+
+
+def assert_the_models_detections(outputs, model, images: torch.Tensor, top_k: int) -> None:
+    """Exported outputs (boxes, scores, labels, masks) are the model's predict padded to `top_k`: the same
+    detections in the same order within 1e-4, masks the pasted probabilities (predict's boolean masks where they
+    are 0.5 or more), the rest padding (label -1, zeros)."""
+    from torchvision.models.detection.roi_heads import paste_masks_in_image
+    boxes, scores, labels, masks = (torch.as_tensor(o) for o in outputs)
+    assert boxes.shape == (len(images), top_k, 4) and masks.shape == (len(images), top_k, *images.shape[-2:])
+    for number, (found, raw) in enumerate(zip(predicted(model, images), raw_detections(model, images))):
+        count = min(len(found.scores), top_k)
+        torch.testing.assert_close(boxes[number, :count], found.bboxes[:count], rtol=0, atol=1e-4)
+        torch.testing.assert_close(scores[number, :count], found.scores[:count], rtol=0, atol=1e-4)
+        assert torch.equal(labels[number, :count], found.labels[:count])
+        probabilities = paste_masks_in_image(raw['masks'][:count], raw['boxes'][:count], tuple(images.shape[-2:]))
+        torch.testing.assert_close(masks[number, :count], probabilities[:, 0], rtol=0, atol=1e-4)
+        clear = (masks[number, :count] - 0.5).abs() > 1e-4
+        assert torch.equal((masks[number, :count] >= 0.5)[clear], found.masks[:count][clear])
+        assert (labels[number, count:] == -1).all() and not boxes[number, count:].any()
+        assert not scores[number, count:].any() and not masks[number, count:].any()
+
+
+def test_the_static_detector_gives_the_models_detections_in_order_nms_included(random_detector):
+    """On an image of the tiny COCO set: the static inference equals predict, padded to K = 100 (more than the
+    60 class candidates of its 20 proposals) and cut to K = 5. The image has many detections, and the RoI heads'
+    NMS removes some of them (without it, more are left): an export that skipped NMS, or ordered its detections
+    otherwise, would fail."""
+    from backbones.segmentation.instances.static_detection import StaticMaskRCNN
+    _, _, model, data = random_detector
+    images = detector_input(model, data)
+    found = predicted(model, images)[0]
+    assert len(found.scores) >= 10 and len(set(found.labels.tolist())) == 3
+    nms_thresh = model.roi_heads.nms_thresh
+    try:
+        model.roi_heads.nms_thresh = 1.0  # no IoU is above 1: nothing suppressed
+        assert len(predicted(model, images)[0].scores) > len(found.scores)
+    finally:
+        model.roi_heads.nms_thresh = nms_thresh
+    for top_k in (100, 5):
+        with torch.no_grad():
+            outputs = StaticMaskRCNN(model, top_k).eval()(images)
+        assert_the_models_detections(outputs, model, images, top_k)
+
+
+def test_the_static_paste_is_torchvisions():
+    """Masks pasted with static shapes equal torchvision's `paste_masks_in_image` (integer crops and a resize per
+    box): boxes inside, across the image's edges (torchvision's paste fails on boxes wholly outside it to the left
+    or top, which the detector's clipped boxes never are), fractional, thinner than a pixel, on its right edge."""
+    from torchvision.models.detection.roi_heads import paste_masks_in_image
+
+    from backbones.segmentation.instances.static_detection import pasted
+    generator = torch.Generator().manual_seed(2)
+    corners = torch.rand(40, 2, generator=generator) * torch.tensor([70.0, 54.0]) - 10
+    sides = torch.rand(40, 2, generator=generator) * 40 + 11
+    boxes = torch.cat([corners, corners + sides], dim=1)
+    boxes[0] = torch.tensor([10.0, 10.0, 10.3, 30.0])  # thinner than a pixel
+    boxes[1] = torch.tensor([64.0, 5.0, 64.0, 20.0])  # clipped to the right edge: no width
+    boxes[2] = torch.tensor([0.0, 0.0, 64.0, 48.0])  # the whole image
+    masks = torch.rand(40, 28, 28, generator=generator)
+    expected = paste_masks_in_image(masks[:, None], boxes, (48, 64))[:, 0]
+    got = pasted(masks, boxes, (48, 64))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert expected[2].min() > 0 and expected[0].any() and (expected > 0).sum((1, 2)).unique().numel() > 20
+
+
+def test_nms_over_a_batch_keeps_what_torchvision_keeps_per_image():
+    """One `nms` call over three images' candidates, per group, among the valid ones: what torchvision's
+    `batched_nms` keeps of each image's valid candidates."""
+    from torchvision.ops import batched_nms
+
+    from backbones.segmentation.instances.static_detection import nms_kept
+    generator = torch.Generator().manual_seed(3)
+    corners = torch.rand(3, 300, 2, generator=generator) * 60
+    boxes = torch.cat([corners, corners + 4 + torch.rand(3, 300, 2, generator=generator) * 20], dim=-1)
+    scores = torch.rand(3, 300, generator=generator)
+    groups = torch.randint(0, 4, (3, 300), generator=generator)
+    valid = torch.rand(3, 300, generator=generator) > 0.2
+    kept = nms_kept(boxes, scores, groups, valid, 0.5)
+    for image in range(3):
+        index = valid[image].nonzero()[:, 0]
+        expected = torch.zeros(300, dtype=torch.bool)
+        expected[index[batched_nms(boxes[image, index], scores[image, index], groups[image, index], 0.5)]] = True
+        assert torch.equal(kept[image], expected)
+        assert 0 < expected.sum() < valid[image].sum()  # some suppressed
+
+
+@pytest.mark.slow  # the tool end to end, both exports checked in its own process
+def test_a_whole_detector_export_in_onnx_and_torch_export_gives_the_models_detections(random_detector, tmp_path):
+    """tools/export.py segmentor on a detector: by default the whole detector; its ONNX (onnxruntime) and
+    torch.export files give the model's predict on images of the tiny COCO set, at batch sizes 1 and 2; export.json
+    says what the outputs are and what padding looks like (--pyramid-only: test_instances_and_depth)."""
+    config, checkpoint, model, data = random_detector
+    out = tmp_path / 'whole'
+    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', out, '--size', '64', '64', '--onnx',
+                                     '--torch-export', '--top-k', '20']))
+    described = json.loads((out / 'export.json').read_text())
+    assert described['network'] == 'detector' and described['top_k'] == 20
+    assert described['outputs'] == ['boxes', 'scores', 'labels', 'masks'] and 'label -1' in described['padding']
+    assert described['classes'] == ['cat', 'dog', 'bird'] and described['input']['size'] == [64, 64]
+    session = onnxruntime.InferenceSession(str(out / ONNX_MODEL))
+    program = torch.export.load(out / EXPORTED_PROGRAM).module()
+    for count in (1, 2):
+        images = detector_input(model, data, count)
+        assert [o.name for o in session.get_outputs()] == described['outputs']
+        assert_the_models_detections(session.run(None, {'images': images.numpy()}), model, images, 20)
+        with torch.no_grad():
+            assert_the_models_detections(program(images), model, images, 20)
+
+
+@pytest.mark.slow  # the tool run once for its one-line error
+def test_a_detectors_export_options_are_refused_in_one_line_before_any_work(random_detector, tmp_path, capsys):
+    """--top-k 0, --top-k with --pyramid-only, either on a segmentor's config, --dynamic-size for the whole
+    detector: one line each, nothing written."""
+    from helpers.commands import one_line_error
+    config, checkpoint, _, _ = random_detector
+    base = ['segmentor', str(config), str(checkpoint), '--out', str(tmp_path / 'x'), '--size', '64', '64']
+    with pytest.raises(SystemExit):
+        export([*base, '--top-k', '0'])
+    assert 'argument --top-k: ' in capsys.readouterr().err.strip().splitlines()[-1]
+    assert one_line_error(run_tool('export.py', [*base, '--top-k', '5', '--pyramid-only'])).startswith(
+        'error: --top-k: the number of detections of a whole detector\'s export; --pyramid-only exports no detections')
+    with pytest.raises(UsageError, match='--dynamic-size: a whole detector is exported at one input size'):
+        export([*base, '--torch-export', '--dynamic-size'])
+    for option in (['--top-k', '5'], ['--pyramid-only']):
+        with pytest.raises(UsageError, match=rf'{option[0]}: an option of a detector.s export; '
+                                             r'seg_configs/upernet_lvvit_s.py is a semantic segmentation config'):
+            export(['segmentor', 'seg_configs/upernet_lvvit_s.py', str(checkpoint), '--out', str(tmp_path / 'x'),
+                    '--digits-seg-dir', str(tmp_path / 'pages'), *option])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -472,14 +472,24 @@ def test_a_detectors_export_holds_its_pyramid_and_visualize_draws_its_instances(
                                                     '--size', '48', '64']))
     assert 'multiples of 32' in refused and not (tmp_path / 'export').exists()
     succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export', '--size', '64',
-                                     '64', '--torch-export']))
+                                     '64', '--torch-export', '--pyramid-only']))
     description = json.loads((tmp_path / 'export' / 'export.json').read_text())
     assert description['levels'] == ['p2', 'p3', 'p4', 'p5', 'p6'] and 'batched_nms' in description['output']
-    assert description['input']['stride'] == 32
+    assert description['input']['stride'] == 32 and description['network'] == 'pyramid'
     program = torch.export.load(tmp_path / 'export' / 'model.pt2').module()
     with torch.no_grad():
         levels = program(torch.zeros(1, 3, 64, 64))
     assert [tuple(level.shape[-2:]) for level in levels] == [(16, 16), (8, 8), (4, 4), (2, 2), (1, 1)]
+    # by default the whole detector: its best 100 detections, padded (label -1), at any batch size
+    succeeded(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'whole', '--size', '64',
+                                     '64', '--torch-export']))
+    description = json.loads((tmp_path / 'whole' / 'export.json').read_text())
+    assert description['network'] == 'detector' and description['top_k'] == 100
+    program = torch.export.load(tmp_path / 'whole' / 'model.pt2').module()
+    with torch.no_grad():
+        boxes, scores, labels, masks = program(torch.zeros(3, 3, 64, 64))
+    assert boxes.shape == (3, 100, 4) and labels.shape == scores.shape == (3, 100) and masks.shape == (3, 100, 64, 64)
+    assert ((labels >= -1) & (labels < 3)).all() and (scores[:, :-1] >= scores[:, 1:]).all()
     succeeded(run_tool('visualize.py', ['segmentation', config, checkpoint, '--out', tmp_path / 'picture.png']))
     picture = cv2.imread(str(tmp_path / 'picture.png'))
     assert picture.shape[1] > 3 * 64 * 5  # image, ground truth and prediction, each enlarged to about 256 px high

@@ -12,11 +12,17 @@ batches the windows. With `dynamic_size`, H and W may be any multiples of the ba
 from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
 against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
 
-A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's stops at its
-feature pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each): its RPN and RoI heads keep a number of
-boxes that depends on the image (torchvision's `batched_nms`), which torch.export cannot trace into a program; the
-whole detector is in model.safetensors with config.py. Detectors and depth models test images at their own size, so
-their export takes `size` (--size H W).
+A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's is the whole
+detector with static shapes (instances/static_detection.py): its best K detections per image (`top_k`, --top-k;
+by default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2,
+y2), `scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask
+probabilities at the input's size, padded with zero boxes, scores and masks; the batch size dynamic. NMS is inside
+(torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's NonMaxSuppression; its
+kept indices become a flag over the candidates at once, so every other shape is fixed). It is the model's `predict`
+on an image that fills the input. With `pyramid_only` (--pyramid-only) the export stops at the feature
+pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each), the RPN and RoI heads left to model.safetensors
+with config.py. A task refuses the options it has no use for (`DenseTask.check_export_choice`), before any work.
+Detectors and depth models test images at their own size, so their export takes `size` (--size H W).
 """
 from __future__ import annotations
 
@@ -48,8 +54,9 @@ from backbones.common.exporting import (
 )
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.segmentation.config import EmbeddedSegData, read_config
+from backbones.segmentation.config import EmbeddedSegData, load_config, read_config
 from backbones.segmentation.predict import SegPredictor
+from backbones.segmentation.tasks import ExportChoice, ExportedNetwork, task_of
 
 
 def window_size(cfg: Config) -> tuple[int, int]:
@@ -75,8 +82,8 @@ def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tu
     return examples, {**BATCH, 2: ('height', stride), 3: ('width', stride)}
 
 
-def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int], stride: int,
-                dynamic_size: bool) -> dict:
+def description(predictor: SegPredictor, exported: ExportedNetwork, checkpoint: str, size: tuple[int, int],
+                stride: int, dynamic_size: bool) -> dict:
     """export.json: what a runtime needs besides the network."""
     preprocessor = predictor.cfg.model.data_preprocessor
     return {
@@ -84,35 +91,40 @@ def description(predictor: SegPredictor, checkpoint: str, size: tuple[int, int],
         'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
                   'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
                   'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
-        'output': predictor.task.export_output,
+        **exported.facts,
         'checkpoint': str(checkpoint),
     }
 
 
 def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
                      torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
-                     data_root: str | None = None, fallback: EmbeddedSegData | None = None) -> Path:
+                     data_root: str | None = None, fallback: EmbeddedSegData | None = None,
+                     top_k: int | None = None, pyramid_only: bool = False) -> Path:
     """Write the export folder `out` (see the module's docstring); returns it."""
     if dynamic_size and onnx:
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
+    choice = ExportChoice(top_k, pyramid_only, dynamic_size)
+    task_of(load_config(config)).check_export_choice(choice, config)
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
     task = predictor.task
-    model = task.exported(predictor.model).eval()
+    exported = task.exported_network(predictor.model, choice)
+    model = exported.network.eval()
     size = size or window_size(predictor.cfg)
     stride = task.input_stride(predictor.model, size)
     examples, dynamic = checked_inputs(size, stride, dynamic_size)
     with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
-        write_json_atomic(staging / 'export.json', description(predictor, checkpoint, size, stride, dynamic_size))
+        write_json_atomic(staging / 'export.json',
+                          description(predictor, exported, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
-            check_same_outputs(model(examples[0]), task.exported(segmentor_from(staging))(examples[0]),
-                               f'{WEIGHTS} with config.py')
+            rebuilt = task.exported_network(segmentor_from(staging), choice).network.eval()
+            check_same_outputs(model(examples[0]), rebuilt(examples[0]), f'{WEIGHTS} with config.py')
         if torch_export:
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
         if onnx:
-            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, task.output_names(predictor.model))
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, exported.output_names)
     shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
     logger.info(f'{out}: {task.describe_outputs(predictor)}, inputs {shape}, from {checkpoint}: '
                 f'{", ".join(sorted(p.name for p in out.iterdir()))}')
@@ -140,8 +152,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument('--dynamic-size', action='store_true',
                    help='any input height and width (multiples of the backbone\'s stride), not only the window\'s')
     p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')
+    p.add_argument('--top-k', type=positive_int, metavar='K',
+                   help='a detector\'s export: the detections it gives per image, best first, padded (default: its '
+                        'RoI heads\' detections_per_img, 100 unless its config says otherwise)')
+    p.add_argument('--pyramid-only', action='store_true',
+                   help='a detector\'s export: its backbone and feature pyramid only (no RPN, heads or NMS)')
 
 
 def export_from_args(args: argparse.Namespace, out: Path, fallback: EmbeddedSegData | None = None) -> Path:
     return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
-                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback)
+                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback, args.top_k,
+                            args.pyramid_only)

@@ -17,15 +17,31 @@ HARMLESS_LOG_LINES = {
     '"FileClient" will be deprecated': 'mmengine\'s own hooks build one',
     '"HardDiskBackend" is the alias of "LocalBackend"': 'mmengine\'s own hooks build one',
 }
+# a detector's export (torch.export and torch's ONNX exporter tracing torchvision's nms), by their start
+HARMLESS_EXPORT_WARNINGS = {  # FutureWarning
+    '`create_unbacked_symint` is deprecated': 'torchvision 0.29\'s own nms meta kernel calls it, once per trace',
+}
+HARMLESS_EXPORT_LOG_LINES = {  # the ONNX IR's logger
+    'Attribute type is ambiguous because it is an empty sequence': 'an empty attribute torch\'s exporter writes, '
+    'taken as the type it is (INTS); the ONNX file is checked in onnxruntime against the model',
+}
+ONNX_IR_LOGGER = 'onnx_ir._convenience'
 
 
 def silence_harmless_warnings() -> None:
     for start in HARMLESS_WARNINGS:
         warnings.filterwarnings('ignore', message=re.escape(start), category=UserWarning)
+    for start in HARMLESS_EXPORT_WARNINGS:
+        warnings.filterwarnings('ignore', message=re.escape(start), category=FutureWarning)
+    logging.getLogger(ONNX_IR_LOGGER).addFilter(HarmlessLogLines(HARMLESS_EXPORT_LOG_LINES))
 
 
 class HarmlessLogLines(logging.Filter):
-    """A filter for mmengine's logger that drops `HARMLESS_LOG_LINES`."""
+    """A filter for a logger that drops the lines starting as `lines` (mmengine's: `HARMLESS_LOG_LINES`)."""
+
+    def __init__(self, lines: dict[str, str] = HARMLESS_LOG_LINES) -> None:
+        super().__init__()
+        self.starts = tuple(lines)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(tuple(HARMLESS_LOG_LINES))
+        return not record.getMessage().startswith(self.starts)

@@ -78,6 +78,37 @@ class PredictionRequest:
     score_threshold: float
 
 
+@dataclass(frozen=True)
+class ExportChoice:
+    """What tools/export.py segmentor's options ask of a task's exported network: a detector's number of detections
+    (`top_k`, None for its default) or its feature pyramid alone (`pyramid_only`), and any input size
+    (`dynamic_size`, which the tool checks itself)."""
+
+    top_k: int | None = None
+    pyramid_only: bool = False
+    dynamic_size: bool = False
+
+    def __post_init__(self) -> None:
+        if self.top_k is not None and self.pyramid_only:
+            raise UsageError('--top-k: the number of detections of a whole detector\'s export; --pyramid-only '
+                             'exports no detections (give one of them)')
+
+    def given(self) -> list[str]:
+        """The options given, by name."""
+        return [name for name, value in (('--top-k', self.top_k is not None), ('--pyramid-only', self.pyramid_only))
+                if value]
+
+
+@dataclass(frozen=True)
+class ExportedNetwork:
+    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names,
+    and export.json's facts about what it returns (at least `output`, in words)."""
+
+    network: nn.Module
+    output_names: str | list[str]
+    facts: dict[str, Any]
+
+
 class DenseTask(ABC):
     """One dense task. Class attributes say what it is; methods do what it does its own way."""
 
@@ -182,6 +213,17 @@ class DenseTask(ABC):
     def describe_outputs(self, predictor: SegPredictor) -> str:
         """What an export predicts, in a few words ('150 classes')."""
         return f'{len(predictor.classes)} classes'
+
+    def check_export_choice(self, choice: ExportChoice, config: str) -> None:
+        """Refuse the export options the task has no use for, before any work: by default all (a detector's)."""
+        if choice.given():
+            raise UsageError(f'{" and ".join(choice.given())}: an option of a detector\'s export; {config} is a '
+                             f'{self.title} config')
+
+    def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
+        """The network an export holds, as `choice` asks (checked by `check_export_choice`): by default
+        `exported`'s, named by `output_names` and described by `export_output`."""
+        return ExportedNetwork(self.exported(model), self.output_names(model), {'output': self.export_output})
 
     # ---- refusals
 

@@ -1,7 +1,7 @@
 """Instance segmentation and detection as a dense task: COCO's box and mask AP, the instances of new images in one
-COCO-format file (drawn over each image if asked), the categories the checkpoint was trained on, and an export that
-stops at the feature pyramid (torchvision's `batched_nms` keeps a number of boxes that depends on the image, which
-torch.export cannot trace)."""
+COCO-format file (drawn over each image if asked), the categories the checkpoint was trained on, and an export of
+the whole detector with static shapes (`static_detection.StaticMaskRCNN`: its best K detections, padded), or of its
+feature pyramid alone."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,13 +18,17 @@ from backbones.common.log import logger
 from backbones.segmentation.config import use_small_test_time
 from backbones.segmentation.data_check import PairCheck, image_check
 from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
+from backbones.segmentation.instances.detector import MASK_THRESHOLD
 from backbones.segmentation.instances.metric import coco_results
+from backbones.segmentation.instances.static_detection import StaticMaskRCNN
 from backbones.segmentation.instances.transforms import decode_mask
 from backbones.segmentation.masks import INSTANCES, OVERLAY_TAIL
 from backbones.segmentation.pictures import draw_instances, side_by_side, titled
 from backbones.segmentation.predict import SegPredictor
 from backbones.segmentation.tasks import (
     DenseTask,
+    ExportChoice,
+    ExportedNetwork,
     PredictionRequest,
     SmallDenseData,
     register_task,
@@ -54,9 +58,10 @@ class Instances(DenseTask):
     classes_from_checkpoint = True  # the categories trained on, with their ids
     macs_counted = False  # its work depends on the proposals its image yields
     predictions_fit = 'instances fit'
-    export_output = ('the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the RPN '
-                     'and RoI heads are in model.safetensors with config.py (torch.export stops at torchvision\'s '
-                     'batched_nms: the number of boxes depends on the image)')
+    export_output = ('the best top_k detections of each image, best first: boxes (batch, top_k, 4) in input pixels '
+                     '(x1, y1, x2, y2), scores (batch, top_k), labels (batch, top_k; the index into classes), masks '
+                     '(batch, top_k, H, W), each instance\'s probability per pixel of the input (an instance\'s '
+                     f'pixels: {MASK_THRESHOLD} or more); the model\'s predict on an image that fills the input')
     # its heads start from random weights and learn at a higher lr for longer, on fewer images a batch (with the
     # config's layer-wise lr decay, the backbone's lr shrinks towards its input)
     usual_image = (640, 480)  # COCO's
@@ -169,7 +174,29 @@ class Instances(DenseTask):
         return side_by_side(panels)
 
     def exported(self, model: nn.Module) -> nn.Module:
-        return PyramidFeatures(model)
+        return StaticMaskRCNN(model)
+
+    def check_export_choice(self, choice: ExportChoice, config: str) -> None:
+        """A detector takes --top-k or --pyramid-only (not both: ExportChoice refuses them); its whole export is at
+        one size."""
+        if choice.dynamic_size and not choice.pyramid_only:
+            raise UsageError('--dynamic-size: a whole detector is exported at one input size (its proposals per '
+                             'level and its pasted masks are sized by it): give --size H W')
+
+    def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
+        """The whole detector, its best `choice.top_k` detections padded (see `StaticMaskRCNN`); with
+        `choice.pyramid_only` the backbone and feature pyramid alone."""
+        if choice.pyramid_only:
+            return ExportedNetwork(PyramidFeatures(model), list(model.neck.names),
+                                   {'network': 'pyramid', 'output': PYRAMID_OUTPUT})
+        detector = StaticMaskRCNN(model, choice.top_k)
+        return ExportedNetwork(detector, list(detector.output_names), {
+            'network': 'detector', 'top_k': detector.top_k, 'outputs': list(detector.output_names),
+            'output': self.export_output,
+            'padding': 'fewer than top_k detections: the rest have label -1, score 0, a zero box and a zero mask',
+            'candidates': f'NMS of the RoI heads over the {detector.candidates} best class candidates per image '
+                          '(the model: all scoring above its score threshold); the same detections whenever top_k of '
+                          'them survive NMS or no more score above the threshold'})
 
     def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
         """The detector's padding (its data preprocessor pads every batch to 32 px, so that the pyramid's levels
@@ -185,7 +212,12 @@ class Instances(DenseTask):
                 'levels': list(predictor.model.neck.names)}
 
     def output_names(self, model: nn.Module) -> list[str]:
-        return list(model.neck.names)
+        return list(StaticMaskRCNN.output_names)
+
+
+PYRAMID_OUTPUT = ('the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the RPN and '
+                  'RoI heads are in model.safetensors with config.py (torchvision\'s batched_nms keeps a number of '
+                  'boxes that depends on the image: the whole detector\'s export keeps its best top_k)')
 
 
 class PyramidFeatures(nn.Module):

@@ -1,0 +1,231 @@
+"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX: normalised images (B, 3, H, W) at one
+fixed size -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K), `labels` (B, K; the category
+index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities pasted at the input size; the K = `top_k`
+best detections by score, padded with zero boxes, scores and masks and label -1.
+
+It is the detector's own inference, built from its own parts (RPN head, anchor generator, box coder, RoI heads),
+in three pieces: the proposals (`proposals`), the box stage (`box_stage`: per-class boxes and scores of each
+proposal; a cascade replaces it with its stages) and the detections with their masks (`detections`, `masks`).
+Wherever torchvision's inference keeps a number of boxes that depends on the image (the filters by size and score,
+NMS, RoIAlign's boxes sorted by level, the mask paste's integer crops), this one keeps every candidate with a flag:
+the filters become flags, NMS's kept indices become a flag over the candidates right away, and a `topk` of the
+scores of the flagged candidates (the others scored -1) gives a fixed number. The NMS itself is torchvision's
+`nms`, which torch.export traces with a data-dependent size and torch's ONNX exporter writes as ONNX's
+`NonMaxSuppression` (checked in onnxruntime): only its kept indices have that size, and they become a flag at once.
+
+What it gives equals the model's `predict` on an image that fills the input (its `img_shape` the fixed size), up
+to float rounding: NMS keeps a candidate by the candidates scoring above it only, so the flagged-out candidates,
+scored below all others, change no decision. Two bounds are the export's own: the class candidates of the box stage
+that enter NMS are the `candidates` best (torchvision takes all above the score threshold; the K detections are
+the same whenever at least K of those best survive NMS, or no more pass the threshold), and `top_k` replaces the
+RoI heads' `detections_per_img` (its default).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torchvision.models.detection.image_list import ImageList
+from torchvision.models.detection.rpn import concat_box_prediction_layers
+from torchvision.ops import nms, roi_align
+from torchvision.ops.poolers import MultiScaleRoIAlign
+
+CANDIDATES = 2000  # the box stage's class candidates that enter NMS, per image
+DROPPED = -1.0  # the score of a candidate flagged out: below every probability
+BOX_MIN_SIZE = 1e-2  # what RoIHeads.postprocess_detections drops as empty
+
+
+def clipped(boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Boxes (..., 4) clipped to an image of `size` (H, W), as torchvision's `clip_boxes_to_image`."""
+    height, width = size
+    return torch.stack([boxes[..., 0].clamp(0, width), boxes[..., 1].clamp(0, height),
+                        boxes[..., 2].clamp(0, width), boxes[..., 3].clamp(0, height)], dim=-1)
+
+
+def large_enough(boxes: torch.Tensor, min_size: float) -> torch.Tensor:
+    """Whether both sides of each box (..., 4) are `min_size` or more (torchvision's `remove_small_boxes`)."""
+    return (boxes[..., 2] - boxes[..., 0] >= min_size) & (boxes[..., 3] - boxes[..., 1] >= min_size)
+
+
+def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor,
+             iou_threshold: float) -> torch.Tensor:
+    """Which candidates (B, N) greedy NMS keeps, independently per image and per group (`groups` (B, N): a level,
+    a class), among the `valid` ones only; boxes (B, N, 4), scores (B, N). One `nms` over the whole batch:
+    torchvision's `batched_nms` offsets each group's boxes along x by group x (its largest coordinate + 1), and
+    this does the same per image (the first image's boxes are moved exactly as the model moves them) and offsets
+    the images along y, so that no two groups or images overlap. The flagged-out candidates score `DROPPED`, below
+    the rest: they suppress none of them."""
+    count, number = scores.shape
+    largest = torch.where(valid[..., None], boxes, torch.zeros_like(boxes)).amax(dim=(1, 2))  # (B,)
+    x_offsets = groups.to(boxes) * (largest[:, None] + 1)
+    image = torch.arange(count, device=boxes.device).to(boxes)[:, None]
+    y_offsets = (image * (boxes.flatten().amax(0) + 1)).expand_as(x_offsets)
+    moved = boxes + torch.stack([x_offsets, y_offsets, x_offsets, y_offsets], dim=-1)
+    keep = nms(moved.reshape(-1, 4), torch.where(valid, scores, DROPPED).reshape(-1), iou_threshold)
+    kept = torch.zeros(count * number, dtype=torch.bool, device=boxes.device).index_fill(0, keep, True)
+    return kept.reshape(count, number) & valid
+
+
+def best(scores: torch.Tensor, flags: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices (B, count) of the `count` best scores (B, N) among the flagged candidates, best first (the
+    others after them)."""
+    return torch.where(flags, scores, DROPPED).topk(min(count, scores.shape[1]), dim=1).indices
+
+
+def taken(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values (B, N, ...) at index (B, M): (B, M, ...)."""
+    return values[torch.arange(values.shape[0], device=values.device)[:, None], index]
+
+
+def padded(values: torch.Tensor, count: int) -> torch.Tensor:
+    """values (B, N, ...) with zeros (False) appended to `count` along N (when fewer candidates than K exist)."""
+    missing = count - values.shape[1]
+    if missing == 0:
+        return values
+    return torch.cat([values, values.new_zeros((values.shape[0], missing, *values.shape[2:]))], dim=1)
+
+
+def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
+    """torchvision's multi-level RoIAlign of boxes (B, N, 4): (B * N, C, S, S), every box pooled from every level
+    and the one its size maps it to kept (torchvision pools each level's boxes only, a data-dependent number; the
+    values are the same)."""
+    count, number = boxes.shape[:2]
+    flat = boxes.reshape(-1, 4)
+    image = torch.arange(count, device=boxes.device).to(boxes).repeat_interleave(number)
+    rois = torch.cat([image[:, None], flat], dim=1)
+    levels = pool.map_levels([flat])
+    result = None
+    for level, (name, scale) in enumerate(zip(pool.featmap_names, pool.scales)):
+        one = roi_align(features[name], rois, pool.output_size, spatial_scale=scale,
+                        sampling_ratio=pool.sampling_ratio)
+        result = one if result is None else torch.where((levels == level)[:, None, None, None], one, result)
+    return result
+
+
+def interpolation_weights(starts: torch.Tensor, ends: torch.Tensor, source: int, length: int) -> torch.Tensor:
+    """(N, length, source): the weight of each of a padded mask's `source` rows in each of an image's `length` rows,
+    for masks resized bilinearly (align_corners False) to span the integer rows starts .. ends (N) inclusive, zero
+    outside them: torch's `interpolate` on the resized size torchvision's `paste_mask_in_image` gives."""
+    size = (ends - starts + 1).clamp(min=1).to(torch.float32)
+    rows = torch.arange(length, device=starts.device)
+    inside = (rows >= starts[:, None]) & (rows <= ends[:, None])
+    where = ((source / size)[:, None] * ((rows - starts[:, None]).to(torch.float32) + 0.5) - 0.5).clamp(min=0)
+    low = where.floor()
+    fraction = where - low
+    low = low.to(torch.int64).clamp(max=source - 1)
+    high = (low + 1).clamp(max=source - 1)
+    indices = torch.arange(source, device=starts.device)
+    weights = ((indices == low[..., None]) * (1 - fraction)[..., None]
+               + (indices == high[..., None]) * fraction[..., None])
+    return weights * inside[..., None]
+
+
+def pasted(masks: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4): torchvision's `paste_masks_in_image`
+    (one pixel of zeros around the mask, its box widened to match and rounded to whole pixels, the mask resized
+    bilinearly to it) with static shapes, a resize being a product with interpolation weights on each side."""
+    padded = F.pad(masks, (1, 1, 1, 1))
+    source = padded.shape[-1]
+    scale = source / masks.shape[-1]
+    half_w, half_h = (boxes[:, 2] - boxes[:, 0]) * 0.5 * scale, (boxes[:, 3] - boxes[:, 1]) * 0.5 * scale
+    centre_x, centre_y = (boxes[:, 2] + boxes[:, 0]) * 0.5, (boxes[:, 3] + boxes[:, 1]) * 0.5
+    # torchvision's integer box: truncated towards zero, as .to(torch.int64) does
+    x0, x1 = (centre_x - half_w).to(torch.int64), (centre_x + half_w).to(torch.int64)
+    y0, y1 = (centre_y - half_h).to(torch.int64), (centre_y + half_h).to(torch.int64)
+    rows = interpolation_weights(y0, y1, source, size[0])  # (N, H, source)
+    columns = interpolation_weights(x0, x1, source, size[1])  # (N, W, source)
+    return rows @ padded @ columns.transpose(1, 2)
+
+
+class StaticMaskRCNN(nn.Module):
+    """A `TokenMaskRCNN`'s inference with static shapes (see the module's docstring)."""
+
+    output_names = ('boxes', 'scores', 'labels', 'masks')
+
+    def __init__(self, detector: nn.Module, top_k: int | None = None, candidates: int = CANDIDATES) -> None:
+        super().__init__()
+        self.detector = detector
+        self.top_k = top_k or detector.roi_heads.detections_per_img
+        self.candidates = max(candidates, self.top_k)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        features = self.detector.extract_feat(images)
+        size = tuple(images.shape[-2:])
+        proposals, valid = self.proposals(images, features)
+        boxes, scores = self.box_stage(features, proposals)
+        boxes, scores, labels, kept = self.detections(boxes, scores, valid, size)
+        masks = self.masks(features, boxes, labels, kept, size)
+        return boxes, scores, torch.where(kept, labels - 1, -1), masks
+
+    def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P): each level's best
+        `pre_nms_top_n` anchors decoded, clipped, the small ones dropped, NMS per level, the best
+        `post_nms_top_n`."""
+        rpn = self.detector.rpn
+        size = tuple(images.shape[-2:])
+        levels = list(features.values())
+        objectness, deltas = rpn.head(levels)
+        # every image's anchors are the same: one image's, for a batch of any size
+        (anchors,) = rpn.anchor_generator(ImageList(images[:1], [size]), [level[:1] for level in levels])
+        per_level = [o[0].numel() for o in objectness]
+        objectness, deltas = concat_box_prediction_layers(objectness, deltas)
+        count = images.shape[0]
+        boxes = rpn.box_coder.decode_single(deltas, anchors.repeat(count, 1)).reshape(count, -1, 4)
+        objectness = objectness.reshape(count, -1)
+        chosen, level_of = [], []
+        start = 0
+        for level, number in enumerate(per_level):
+            top = objectness[:, start:start + number].topk(min(rpn.pre_nms_top_n(), number), dim=1).indices
+            chosen.append(top + start)
+            level_of.append(torch.full_like(top, level))
+            start += number
+        chosen, level_of = torch.cat(chosen, dim=1), torch.cat(level_of, dim=1)
+        boxes = clipped(taken(boxes, chosen), size)
+        scores = taken(objectness, chosen).sigmoid()
+        valid = large_enough(boxes, rpn.min_size) & (scores >= rpn.score_thresh)
+        kept = nms_kept(boxes, scores, level_of, valid, rpn.nms_thresh)
+        order = best(scores, kept, rpn.post_nms_top_n())
+        return taken(boxes, order), taken(kept, order)
+
+    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each proposal's box per class (B, P, classes + 1, 4; a class-agnostic stage may give (B, P, 1, 4)) and
+        class probabilities (B, P, classes + 1), the background first: the RoI heads' box head and predictor."""
+        heads = self.detector.roi_heads
+        count, number = proposals.shape[:2]
+        logits, regression = heads.box_predictor(heads.box_head(pooled(heads.box_roi_pool, features, proposals)))
+        boxes = heads.box_coder.decode_single(regression, proposals.reshape(-1, 4))
+        return boxes.reshape(count, number, -1, 4), F.softmax(logits, -1).reshape(count, number, -1)
+
+    def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, size: tuple[int, int]
+                   ) -> tuple[torch.Tensor, ...]:
+        """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections (B, K)) of
+        the box stage's per-class boxes and scores of the proposals flagged `valid`: the RoI heads'
+        postprocessing (background dropped, scores above the threshold, empty boxes dropped, NMS per class), NMS
+        over the `candidates` best only. Padding: zero boxes and scores."""
+        heads = self.detector.roi_heads
+        count, number, classes = scores.shape
+        boxes = clipped(boxes.expand(count, number, classes, 4), size)[:, :, 1:].reshape(count, -1, 4)
+        labels = torch.arange(1, classes, device=scores.device).repeat(count, number, 1).reshape(count, -1)
+        scores = scores[:, :, 1:].reshape(count, -1)
+        flags = (valid[:, :, None].expand(count, number, classes - 1).reshape(count, -1)
+                 & (scores > heads.score_thresh) & large_enough(boxes, BOX_MIN_SIZE))
+        first = best(scores, flags, self.candidates)
+        boxes, scores, labels, flags = (taken(values, first) for values in (boxes, scores, labels, flags))
+        kept = nms_kept(boxes, scores, labels, flags, heads.nms_thresh)
+        order = best(scores, kept, self.top_k)
+        boxes, scores, labels, kept = (taken(values, order) for values in (boxes, scores, labels, kept))
+        boxes, scores, labels, kept = (padded(values, self.top_k) for values in (boxes, scores, labels, kept))
+        return boxes * kept[..., None], scores * kept, labels, kept
+
+    def masks(self, features: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
+              kept: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """The detections' mask probabilities (B, K, H, W), pasted at their boxes (zero for padding): the mask
+        head's map of each detection's class (labels from 1)."""
+        heads = self.detector.roi_heads
+        count, number = boxes.shape[:2]
+        logits = heads.mask_predictor(heads.mask_head(pooled(heads.mask_roi_pool, features, boxes)))
+        chosen = logits.gather(1, labels.reshape(-1, 1, 1, 1).expand(-1, 1, *logits.shape[-2:]))[:, 0].sigmoid()
+        masks = pasted(chosen, boxes.reshape(-1, 4), size).reshape(count, number, *size)
+        return masks * kept[..., None, None]
