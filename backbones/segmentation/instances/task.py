@@ -45,7 +45,7 @@ class Instances(DenseTask):
     name = 'instances'
     title = 'detection'
     model_kind = 'detector'
-    models = ('TokenMaskRCNN',)
+    models = ('TokenMaskRCNN', 'TokenCascadeMaskRCNN')
     head_weights = 'roi_heads.'  # torchvision's RoI heads
     summary_keys = ('box_AP', 'box_AP50', 'mask_AP', 'mask_AP50')
     outputs_per_image = False  # --pred-dir gets one COCO results file
