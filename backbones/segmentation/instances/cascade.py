@@ -110,8 +110,8 @@ class CascadeRoIHeads(nn.Module):
             if number < len(self.stages):
                 proposals = refined_proposals(stage, deltas, proposals, image_shapes, drop_empty=True)
         positive = [torch.where(image_labels > 0)[0] for image_labels in labels]
-        mask_logits = self.mask_logits(features, [p[i] for p, i in zip(proposals, positive)], image_shapes)
-        losses['loss_mask'] = maskrcnn_loss(mask_logits, [p[i] for p, i in zip(proposals, positive)],
+        regions = [p[i] for p, i in zip(proposals, positive)]
+        losses['loss_mask'] = maskrcnn_loss(self.mask_logits(features, regions, image_shapes), regions,
                                             [t['masks'] for t in targets], [t['labels'] for t in targets],
                                             [m[i] for m, i in zip(matched, positive)])
         return losses
