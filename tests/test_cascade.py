@@ -111,6 +111,34 @@ def test_inference_averages_the_stages_probabilities_on_the_last_stages_boxes():
     assert found[0]['masks'].shape[:2] == (3, 1)
 
 
+def test_in_training_a_later_stage_samples_the_refined_boxes_of_the_one_before_and_the_ground_truth():
+    """Stage 1 samples the proposal (0, 0) .. (40, 40) and the ground truth (10, 10) .. (30, 30), and moves both by
+    its dx of 1 (weight 10: a tenth of their widths, 4 and 2 px); stage 2 takes those two boxes, detached, and adds
+    the ground truth."""
+    model = build(dict(config_model(CONFIG), num_classes=3)).train()
+    fixed_stage(model.roi_heads.stages[0], [0.0] * 4, [1.0, 0, 0, 0])
+    second = model.roi_heads.stages[1]
+    given, sampled = [], []
+    sample = second.select_training_samples
+
+    def recorded(proposals, targets):
+        given.extend(proposals)
+        found = sample(proposals, targets)
+        sampled.extend(found[0])
+        return found
+
+    second.select_training_samples = recorded
+    truth = torch.tensor([[10.0, 10.0, 30.0, 30.0]])
+    masks = torch.zeros(1, *IMAGE, dtype=torch.uint8)
+    masks[0, 10:30, 10:30] = 1
+    features = model.extract_feat(torch.zeros(1, 3, *IMAGE))
+    model.roi_heads(features, [torch.tensor([[0.0, 0.0, 40.0, 40.0]])], [IMAGE],
+                    [dict(boxes=truth, labels=torch.tensor([1]), masks=masks)])
+    torch.testing.assert_close(given[0], torch.tensor([[4.0, 0.0, 44.0, 40.0], [12.0, 10.0, 32.0, 30.0]]))
+    assert not given[0].requires_grad
+    torch.testing.assert_close(sampled[0], torch.cat([given[0], truth]))  # 3 regions: all sampled, in order
+
+
 def test_each_stages_head_gets_one_third_of_the_gradient_it_would_alone(cascade):
     """detectron2's scaling: the gradient a stage's head sends into the pyramid is 1 / 3 of the same head's own."""
     with torch.no_grad():
