@@ -25,8 +25,8 @@ from backbones.segmentation.tasks import task_of
 from helpers.commands import ROOT, one_line_error, run_tool, succeeded
 from helpers.dense_data import (
     CATEGORIES,
+    config_model,
     linked_coco,
-    tiny_dense_overrides,
     write_tiny_coco,
     write_tiny_dense_config,
     write_tiny_nyu,
@@ -317,13 +317,6 @@ def test_nonsense_settings_are_errors_naming_them():
     from mmseg.registry import MODELS
     with pytest.raises(UsageError, match='num_classes'):
         MODELS.build(dict(config_model('maskrcnn_lvvit_s.py'), num_classes=0))
-
-
-def config_model(config_name: str) -> dict:
-    from mmengine.config import Config
-    cfg = Config.fromfile(CONFIGS / config_name)
-    cfg.merge_from_dict(dict(model=tiny_dense_overrides(config_name)))
-    return cfg.model.to_dict()
 
 
 @pytest.fixture(scope='module')

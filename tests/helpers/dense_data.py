@@ -126,15 +126,27 @@ TINY_DEPTH = dict(neck=dict(in_channels=DIM, out_channels=(16, 16, 16, 16)),
                   decode_head=dict(in_channels=[16, 16, 16, 16], channels=16))
 
 
+def is_detector(config_name: str) -> bool:
+    """Whether a config of seg_configs builds a detector (Mask R-CNN or Cascade Mask R-CNN)."""
+    return 'maskrcnn' in config_name
+
+
 def tiny_dense_overrides(config_name: str, family: str = 'upernet_lvvit_s.py') -> dict:
     """A config's `model` overrides for a 4-block, 32-wide backbone of `family` (a key of TINY_MODELS) and small
     heads."""
-    detector = config_name.startswith('maskrcnn')
+    detector = is_detector(config_name)
     backbone = dict(model_kwargs=TINY_MODELS[family], out_indices=(3,) if detector else (0, 1, 2, 3), img_size=64,
                     pretrained=None)
     if family != 'upernet_lvvit_s.py':
         backbone['model_name'] = Config.fromfile(CONFIGS / family).model.backbone.model_name
     return dict(backbone=backbone, **(TINY_DETECTOR if detector else TINY_DEPTH))
+
+
+def config_model(config_name: str) -> dict:
+    """The `model` of a real config with the tiny backbone and heads of `tiny_dense_overrides`."""
+    cfg = Config.fromfile(CONFIGS / config_name)
+    cfg.merge_from_dict(dict(model=tiny_dense_overrides(config_name)))
+    return cfg.model.to_dict()
 
 
 def write_tiny_dense_config(path: Path, config_name: str, data_root: Path, family: str = 'upernet_lvvit_s.py') -> Path:
@@ -158,13 +170,13 @@ def write_tiny_dense_config(path: Path, config_name: str, data_root: Path, famil
             elif step['type'] == 'RandomCrop':
                 step['crop_size'] = (40, 40)
         dataset = dict(data_root=str(data_root), pipeline=pipeline)
-        if config_name.startswith('maskrcnn'):
+        if is_detector(config_name):
             split = 'train' if key == 'train_dataloader' else 'val'
             dataset.update(ann_file=f'annotations/instances_{split}.json', data_prefix=dict(img_path=f'{split}/'))
         loaders[key] = dict(num_workers=0, persistent_workers=False, dataset=dataset)
     overrides = dict(model=tiny_dense_overrides(config_name, family), **loaders, tta_pipeline=base['tta_pipeline'],
                      default_hooks=dict(logger=dict(interval=1)))
-    if not config_name.startswith('maskrcnn'):
+    if not is_detector(config_name):
         overrides.update(val_evaluator=dict(crop_type=None), test_evaluator=dict(crop_type=None))
     lines = [f'_base_ = [{str(CONFIGS / config_name)!r}]'] + [f'{k} = {v!r}' for k, v in overrides.items()]
     path.write_text('\n'.join(lines) + '\n')

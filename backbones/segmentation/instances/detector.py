@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn as nn
 from mmengine.model import BaseModel
 from mmengine.structures import BaseDataElement, InstanceData
 from mmseg.registry import MODELS
@@ -73,7 +74,7 @@ class TokenMaskRCNN(BaseModel):
         self.num_classes = num_classes
         self.backbone = MODELS.build(backbone)
         self.neck = MODELS.build(neck)
-        channels, levels = self.neck.out_channels, self.neck.roi_levels
+        channels = self.neck.out_channels
         if len(anchor_sizes) != len(self.neck.names):
             raise UsageError(f'TokenMaskRCNN: one anchor size per pyramid level ({len(self.neck.names)}: '
                              f'{", ".join(self.neck.names)}), got {tuple(anchor_sizes)}')
@@ -81,15 +82,27 @@ class TokenMaskRCNN(BaseModel):
                                   (tuple(aspect_ratios),) * len(anchor_sizes))
         self.rpn = RegionProposalNetwork(
             anchors, RPNHead(channels, anchors.num_anchors_per_location()[0], conv_depth=2), **{**RPN, **(rpn or {})})
-        convs = [channels] * head_convs
-        self.roi_heads = RoIHeads(
-            box_roi_pool=roi_align(levels, self.neck.strides, 7),
-            box_head=FastRCNNConvFCHead((channels, 7, 7), convs, [fc_channels], norm_layer=LayerNorm2d),
-            box_predictor=FastRCNNPredictor(fc_channels, num_classes + 1),
-            mask_roi_pool=roi_align(levels, self.neck.strides, 14),
-            mask_head=MaskRCNNHeads(channels, convs, 1, norm_layer=LayerNorm2d),
-            mask_predictor=MaskRCNNPredictor(channels, channels, num_classes + 1),
-            **{**ROI_HEADS, **(roi_heads or {})})
+        self.roi_heads = self.build_roi_heads(head_convs, fc_channels, {**ROI_HEADS, **(roi_heads or {})})
+
+    def build_roi_heads(self, head_convs: int, fc_channels: int, settings: dict) -> nn.Module:
+        """torchvision's RoI heads: one box head and class-wise box regression, the mask head on its boxes."""
+        return RoIHeads(box_roi_pool=self.region_pool(7), box_head=self.box_head(head_convs, fc_channels),
+                        box_predictor=FastRCNNPredictor(fc_channels, self.num_classes + 1),
+                        mask_roi_pool=self.region_pool(14), **self.mask_heads(head_convs), **settings)
+
+    def region_pool(self, size: int) -> MultiScaleRoIAlign:
+        return roi_align(self.neck.roi_levels, self.neck.strides, size)
+
+    def box_head(self, head_convs: int, fc_channels: int) -> nn.Module:
+        """ViTDet's box head: `head_convs` 3x3 convolutions and one fully connected layer, LayerNorm in each."""
+        channels = self.neck.out_channels
+        return FastRCNNConvFCHead((channels, 7, 7), [channels] * head_convs, [fc_channels], norm_layer=LayerNorm2d)
+
+    def mask_heads(self, head_convs: int) -> dict[str, nn.Module]:
+        """ViTDet's mask head (`head_convs` convolutions with LayerNorm) and its per-class predictor."""
+        channels = self.neck.out_channels
+        return dict(mask_head=MaskRCNNHeads(channels, [channels] * head_convs, 1, norm_layer=LayerNorm2d),
+                    mask_predictor=MaskRCNNPredictor(channels, channels, self.num_classes + 1))
 
     def extract_feat(self, inputs: torch.Tensor):
         return self.neck(self.backbone(inputs))

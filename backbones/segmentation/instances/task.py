@@ -50,7 +50,7 @@ class Instances(DenseTask):
     name = 'instances'
     title = 'detection'
     model_kind = 'detector'
-    models = ('TokenMaskRCNN',)
+    models = ('TokenMaskRCNN', 'TokenCascadeMaskRCNN')
     head_weights = 'roi_heads.'  # torchvision's RoI heads
     multi_scale = True
     summary_keys = ('box_AP', 'box_AP50', 'mask_AP', 'mask_AP50')
