@@ -336,19 +336,16 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
 # ---- a detector exported whole: its best K detections with static shapes
 
 
-@pytest.fixture(scope='module')
-def random_detector(tmp_path_factory):
-    """A tiny detector with random weights on the tiny COCO-format set (three categories), its config and a
-    checkpoint of it. Its random box head scores each class about 1/4, so every proposal gives candidates above
-    the score threshold and NMS has boxes of one class to suppress."""
+def random_tiny_detector(root, config_name: str):
+    """A tiny detector of `config_name`'s kind with random weights on the tiny COCO-format set (three categories),
+    its config and a checkpoint of it."""
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
     from backbones.segmentation.config import load_config
     from helpers.dense_data import write_tiny_coco, write_tiny_dense_config
-    root = tmp_path_factory.mktemp('detector')
     data = write_tiny_coco(root / 'coco')
-    config = write_tiny_dense_config(root / 'tiny.py', 'maskrcnn_lvvit_s_own_data.py', data)
+    config = write_tiny_dense_config(root / 'tiny.py', config_name, data)
     cfg = load_config(str(config))
     cfg.model.num_classes = 3
     init_default_scope('mmseg')
@@ -356,6 +353,13 @@ def random_detector(tmp_path_factory):
     model = MODELS.build(cfg.model).eval()
     torch.save({'state_dict': model.state_dict()}, root / 'detector.pth')
     return config, root / 'detector.pth', model, data
+
+
+@pytest.fixture(scope='module')
+def random_detector(tmp_path_factory):
+    """A tiny Mask R-CNN with random weights. Its random box head scores each class about 1/4, so every proposal
+    gives candidates above the score threshold and NMS has boxes of one class to suppress."""
+    return random_tiny_detector(tmp_path_factory.mktemp('detector'), 'maskrcnn_lvvit_s_own_data.py')
 
 
 def detector_input(model, data, count: int = 1) -> torch.Tensor:
@@ -427,6 +431,18 @@ def test_the_static_detector_gives_the_models_detections_in_order_nms_included(r
     for top_k in (100, 5):
         with torch.no_grad():
             outputs = StaticMaskRCNN(model, top_k).eval()(images)
+        assert_the_models_detections(outputs, model, images, top_k)
+
+
+def test_the_static_cascade_gives_the_models_detections(tmp_path):
+    """A tiny Cascade Mask R-CNN with random weights: its static inference (three stages chained on clipped boxes,
+    their mean probabilities) equals its predict, padded to K = 100 and cut to K = 5."""
+    _, _, model, data = random_tiny_detector(tmp_path, 'cascade_maskrcnn_lvvit_s.py')
+    images = detector_input(model, data)
+    assert len(predicted(model, images)[0].scores) >= 5
+    for top_k in (100, 5):
+        with torch.no_grad():
+            outputs = model.static_network(model, top_k).eval()(images)
         assert_the_models_detections(outputs, model, images, top_k)
 
 

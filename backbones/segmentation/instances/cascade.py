@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmseg.registry import MODELS
 from torchvision.models.detection.roi_heads import (
     RoIHeads,
@@ -30,6 +31,7 @@ from torchvision.ops import boxes as box_ops
 
 from backbones.common.errors import UsageError
 from backbones.segmentation.instances.detector import TokenMaskRCNN
+from backbones.segmentation.instances.static_detection import StaticMaskRCNN, clipped, pooled
 
 # ViTDet's (detectron2's) cascade: each stage's foreground IoU and box-regression weights
 STAGE_IOUS = (0.5, 0.6, 0.7)
@@ -80,6 +82,15 @@ class CascadeRoIHeads(nn.Module):
         super().__init__()
         self.stages = nn.ModuleList(stages)
         self.mask_roi_pool, self.mask_head, self.mask_predictor = mask_roi_pool, mask_head, mask_predictor
+
+    @property
+    def last(self) -> RoIHeads:
+        """The last stage, whose test settings (score threshold, NMS, detections kept) are the cascade's."""
+        return self.stages[-1]
+
+    score_thresh = property(lambda self: self.last.score_thresh)
+    nms_thresh = property(lambda self: self.last.nms_thresh)
+    detections_per_img = property(lambda self: self.last.detections_per_img)
 
     def forward(self, features: dict[str, torch.Tensor], proposals: list[torch.Tensor],
                 image_shapes: list[tuple[int, int]], targets: list[dict[str, torch.Tensor]] | None = None,
@@ -138,11 +149,32 @@ class CascadeRoIHeads(nn.Module):
         return self.mask_predictor(self.mask_head(self.mask_roi_pool(features, boxes, image_shapes)))
 
 
+class StaticCascadeMaskRCNN(StaticMaskRCNN):
+    """The cascade's inference with static shapes (`StaticMaskRCNN`'s, its box stage the cascade's): each stage
+    classifies the previous stage's boxes (clipped to the image), the scores are the stages' mean probabilities,
+    the boxes the last stage's (one per proposal, whatever the class)."""
+
+    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, size: tuple[int, int]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        stages = self.detector.roi_heads.stages
+        count, number = proposals.shape[:2]
+        probabilities, boxes = [], proposals
+        for stage in stages:
+            if probabilities:  # the previous stage's boxes, as `refined_proposals` gives them
+                boxes = clipped(boxes, size)
+            logits, deltas = stage.box_predictor(stage.box_head(pooled(stage.box_roi_pool, features, boxes)))
+            probabilities.append(F.softmax(logits, -1).reshape(count, number, -1))
+            boxes = stage.box_coder.decode_single(deltas, boxes.reshape(-1, 4)).reshape(count, number, 4)
+        return boxes[:, :, None], torch.stack(probabilities).mean(0)
+
+
 @MODELS.register_module()
 class TokenCascadeMaskRCNN(TokenMaskRCNN):
     """Cascade Mask R-CNN for `num_classes` categories: `TokenMaskRCNN`'s arguments, with one stage per entry of
     `stage_ious` (its foreground IoU) and `stage_box_weights` (its box coder's weights); `roi_heads` takes
     torchvision's `RoIHeads` settings but those each stage takes from these two."""
+
+    static_network = StaticCascadeMaskRCNN
 
     def __init__(self, *args, stage_ious: Sequence[float] = STAGE_IOUS,
                  stage_box_weights: Sequence[Sequence[float]] = STAGE_BOX_WEIGHTS, **kwargs) -> None:

@@ -30,6 +30,7 @@ from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops.poolers import initLevelMapper
 
 from backbones.common.errors import UsageError
+from backbones.segmentation.instances.static_detection import StaticMaskRCNN
 
 # ViTDet's (detectron2's) RPN and RoI-head settings, in torchvision's terms
 RPN = dict(fg_iou_thresh=0.7, bg_iou_thresh=0.3, batch_size_per_image=256, positive_fraction=0.5,
@@ -53,6 +54,8 @@ def roi_align(levels: Sequence[str], strides: Sequence[float], size: int) -> Mul
 @MODELS.register_module()
 class TokenMaskRCNN(BaseModel):
     """Mask R-CNN for `num_classes` categories (labels 0 .. num_classes - 1; torchvision's 0 is the background)."""
+
+    static_network = StaticMaskRCNN  # its inference with static shapes, which its export holds
 
     def __init__(
             self,

@@ -152,7 +152,7 @@ class StaticMaskRCNN(nn.Module):
         features = self.detector.extract_feat(images)
         size = tuple(images.shape[-2:])
         proposals, valid = self.proposals(images, features)
-        boxes, scores = self.box_stage(features, proposals)
+        boxes, scores = self.box_stage(features, proposals, size)
         boxes, scores, labels, kept = self.detections(boxes, scores, valid, size)
         masks = self.masks(features, boxes, labels, kept, size)
         return boxes, scores, torch.where(kept, labels - 1, -1), masks
@@ -188,10 +188,11 @@ class StaticMaskRCNN(nn.Module):
         order = best(scores, kept, rpn.post_nms_top_n())
         return taken(boxes, order), taken(kept, order)
 
-    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor
+    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, size: tuple[int, int]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each proposal's box per class (B, P, classes + 1, 4; a class-agnostic stage may give (B, P, 1, 4)) and
-        class probabilities (B, P, classes + 1), the background first: the RoI heads' box head and predictor."""
+        class probabilities (B, P, classes + 1), the background first, in an image of `size`: the RoI heads' box
+        head and predictor."""
         heads = self.detector.roi_heads
         count, number = proposals.shape[:2]
         logits, regression = heads.box_predictor(heads.box_head(pooled(heads.box_roi_pool, features, proposals)))

@@ -174,7 +174,7 @@ class Instances(DenseTask):
         return side_by_side(panels)
 
     def exported(self, model: nn.Module) -> nn.Module:
-        return StaticMaskRCNN(model)
+        return model.static_network(model)
 
     def check_export_choice(self, choice: ExportChoice, config: str) -> None:
         """A detector takes --top-k or --pyramid-only (not both: ExportChoice refuses them); its whole export is at
@@ -189,7 +189,7 @@ class Instances(DenseTask):
         if choice.pyramid_only:
             return ExportedNetwork(PyramidFeatures(model), list(model.neck.names),
                                    {'network': 'pyramid', 'output': PYRAMID_OUTPUT})
-        detector = StaticMaskRCNN(model, choice.top_k)
+        detector = model.static_network(model, choice.top_k)
         return ExportedNetwork(detector, list(detector.output_names), {
             'network': 'detector', 'top_k': detector.top_k, 'outputs': list(detector.output_names),
             'output': self.export_output,
