@@ -146,11 +146,12 @@ class WindowAttention(nn.Module):
     def _from_regions(self, t: torch.Tensor, H: int, W: int) -> torch.Tensor:
         """The inverse of `_to_regions`: (B, heads, H*W, C)."""
         heads, C = t.shape[1], t.shape[3]
+        t = t.transpose(1, 2)
         if self.window_size:
             size = self.window_size
-            t = t.transpose(1, 2).reshape(-1, size, size, heads * C)
-            t = window_unpartition(t, size, (H, W), (-(-H // size) * size, -(-W // size) * size))
-        return t.reshape(t.shape[0], H * W, heads, C).transpose(1, 2)
+            t = window_unpartition(t.reshape(-1, size, size, heads * C), size, (H, W),
+                                   (-(-H // size) * size, -(-W // size) * size))
+        return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
     def _rel_pos_bias(self, q: torch.Tensor, side: tuple[int, int]) -> torch.Tensor:
         """(regions, heads, L, P + L): the decomposed relative positions between a region's patch tokens (from the
