@@ -281,3 +281,39 @@ def test_the_windowed_backbone_exports_at_a_fixed_size():
     program = torch.export.export(model, (images,))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(images)[0], model(images)[0], atol=1e-5, rtol=0)
+
+
+def test_the_windowed_detector_config_trains_and_predicts_and_the_pages_get_small_windows(tmp_path):
+    """maskrcnn_lvvit_s_windowed.py, tiny (2-token windows, block 3 global): a training step with finite losses
+    whose gradients reach the tables, then a prediction; on the embedded pages the task's small-model settings give
+    the windowed config 3-token windows and leave the plain config without windows."""
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import InstanceData
+    from mmseg.structures import SegDataSample
+
+    from backbones.segmentation.instances.task import SMALL_DATA_WINDOW
+    from backbones.segmentation.tasks import task_of
+    from helpers.dense_data import CONFIGS, write_tiny_coco, write_tiny_dense_config
+
+    for name, window in (('maskrcnn_lvvit_s_windowed.py', SMALL_DATA_WINDOW), ('maskrcnn_lvvit_s.py', None)):
+        cfg = Config.fromfile(CONFIGS / name)
+        task_of(cfg).use_small_model(cfg)
+        assert cfg.model.backbone.get('window_size') == window
+    init_default_scope('mmseg')
+    path = write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s_windowed.py', write_tiny_coco(tmp_path))
+    cfg = Config.fromfile(path)
+    cfg.model.backbone.update(window_size=2, global_blocks=(3,))
+    cfg.model.num_classes = 3
+    model = MODELS.build(cfg.model).train()
+    sample = SegDataSample(metainfo=dict(img_shape=(48, 64), ori_shape=(48, 64), pad_shape=(64, 64)))
+    sample.gt_instances = InstanceData(bboxes=torch.tensor([[4.0, 4.0, 30.0, 40.0]]), labels=torch.tensor([1]),
+                                       masks=torch.ones(1, 48, 64, dtype=torch.uint8))
+    data = dict(inputs=[torch.randint(0, 255, (3, 48, 64), dtype=torch.uint8)], data_samples=[sample])
+    optim = build_optim_wrapper(model, dict(optimizer=dict(type='SGD', lr=0.01)))
+    losses = model.train_step(data, optim)
+    assert all(torch.isfinite(v) for v in losses.values())
+    assert model.backbone.model.blocks[0].attn.rel_pos_h.abs().sum() > 0  # zero at first, moved by the step
+    predictions = model.eval().val_step(data)
+    assert len(predictions) == 1
