@@ -317,3 +317,22 @@ def test_the_windowed_detector_config_trains_and_predicts_and_the_pages_get_smal
     assert model.backbone.model.blocks[0].attn.rel_pos_h.abs().sum() > 0  # zero at first, moved by the step
     predictions = model.eval().val_step(data)
     assert len(predictions) == 1
+
+
+def test_the_window_comparison_takes_its_ratios_from_the_two_steps(monkeypatch):
+    """compare_window_attention's ratios, windows / global: the time of a step (the inverse of the rates), and the
+    peak memory (the device's on a GPU; on a CPU the process's above its memory before the first step)."""
+    from classification.studies import dense_step_benchmark as study
+
+    def step(config: str, device: torch.device, *args) -> study.DenseStep:
+        windows = config.endswith('_windowed.py')
+        return study.DenseStep(config, 'instances', 1, (512, 512), 2.0 if windows else 1.0, 2.0 if windows else 1.0,
+                               (3.0 if windows else 6.0) if device.type == 'cuda' else None,
+                               *((2.5 if windows else 4.0, 1.0) if device.type == 'cpu' else (None, None)))
+
+    monkeypatch.setattr(study, 'step_in_fresh_process', step)
+    on_cpu = study.compare_window_attention(torch.device('cpu'), 1.0, 1, 1)
+    assert on_cpu['time_ratio'] == 0.5 and on_cpu['memory_ratio'] == 0.5  # (2.5 - 1) / (4 - 1)
+    assert on_cpu['windows']['config'] == 'seg_configs/maskrcnn_lvvit_s_windowed.py'
+    on_gpu = study.compare_window_attention(torch.device('cuda'), 1.0, 1, 1)
+    assert on_gpu['time_ratio'] == 0.5 and on_gpu['memory_ratio'] == 0.5  # 3 / 6
