@@ -304,6 +304,11 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
         assert step['img_s'] > 0 and step['it_s'] == pytest.approx(step['img_s'] / 2) and step['batch_size'] == 2
     assert dense['upernet_lvvit_s']['largest_image'] == [64, 64] and dense['depth_lvvit_s']['largest_image'] == [60, 60]
     assert max(dense['maskrcnn_lvvit_s']['largest_image']) == 128
+    windows = session['dense_steps']['windows']  # Mask R-CNN with window attention against global attention
+    assert windows['global']['config'].endswith('maskrcnn_lvvit_s.py')
+    assert windows['windows']['config'].endswith('maskrcnn_lvvit_s_windowed.py')
+    assert windows['time_ratio'] == pytest.approx(windows['global']['img_s'] / windows['windows']['img_s'])
+    assert windows['memory_ratio'] > 0 and windows['windows']['peak_process_gib'] > 0
     for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
         assert session['stages'][stage]['status'].startswith('skipped: needs CUDA')
         assert f'{stage}: skipped: needs CUDA' in output(part2)
@@ -317,6 +322,7 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
     assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
     assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
     assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
+    assert 'Mask R-CNN with window attention against global attention: x' in table
     assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
     assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 

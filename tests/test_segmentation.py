@@ -58,8 +58,20 @@ def test_every_config_builds_with_its_backbone(config):
     kept = sum(p.numel() for name, p in reference.named_parameters()
                if not name.startswith(('norm.', 'blocks_token_only.', 'cls_token' if 'cait' in config else '-'))
                and not (name.startswith('blocks.') and int(name.split('.')[1]) > last))
+    kept += relative_position_tables(cfg.model.backbone, reference, last)
     assert counts['backbone'] == kept
     assert counts['total'] == sum(v for k, v in counts.items() if k != 'total')
+
+
+def relative_position_tables(backbone: dict, reference: torch.nn.Module, last: int) -> int:
+    """The parameters of a windowed backbone's relative-position tables (`rel_pos`): two (2 x side - 1, head_dim) per
+    block, the side a window's or, in a global block, the grid's at img_size."""
+    if not backbone.get('rel_pos'):
+        return 0
+    head_dim = reference.embed_dim // reference.blocks[0].attn.num_heads
+    grid = max(reference.patch_embed.grid_size)  # the model's own at img_size
+    sides = [grid if i in backbone.global_blocks else backbone.window_size for i in range(last + 1)]
+    return sum(2 * (2 * side - 1) * head_dim for side in sides)
 
 
 @pytest.mark.parametrize('config', sorted(TINY_MODELS))

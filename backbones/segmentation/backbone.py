@@ -28,6 +28,10 @@ LV-ViT segmentors, a run at another crop size) has it resampled to this backbone
 
 Registered as `TokenBackbone`, and under the former per-family names (`LVViTBackbone`, `T2TViTBackbone`,
 `CaiTBackbone`, `ViTBackbone`) so that configs written for those still run.
+
+`window_size` (tokens a side; None: global attention everywhere), `global_blocks` (the blocks that stay global; ViTDet's
+4 evenly spaced ones over the model's depth by default) and `rel_pos` (decomposed relative positions in every block)
+give ViTDet's window attention (backbones/window_attention.py).
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from backbones import create_model, load_checkpoint, model_family
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.weights import fetch_pretrained, fit_pos_embed
+from backbones.window_attention import REL_POS_KEYS, set_token_grid, use_window_attention
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
 STRIDE = 16  # of the maps every backbone returns
@@ -134,6 +139,9 @@ class TokenBackbone(BaseModule):
             use_ema: bool | None = None,
             model_kwargs: dict | None = None,
             grad_checkpointing: bool = False,
+            window_size: int | None = None,
+            global_blocks: Sequence[int] | None = None,
+            rel_pos: bool = False,
             init_cfg: dict | None = None,
     ) -> None:
         if pretrained is not None:
@@ -146,6 +154,8 @@ class TokenBackbone(BaseModule):
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
             raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
+        if window_size is not None or global_blocks is not None or rel_pos:
+            use_window_attention(self.model, window_size, global_blocks, rel_pos, depth=depth)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
         self.patch_size = token_stride(self.model, img_size)
         self.stride = STRIDE
@@ -165,7 +175,8 @@ class TokenBackbone(BaseModule):
             raise UsageError(f'{type(self).__name__} understands init_cfg type "Pretrained" only, '
                              f'got {self.init_cfg!r}')
         checkpoint = fetch_pretrained(self.init_cfg['checkpoint'], self.model_name)
-        report = load_checkpoint(self.model, checkpoint, use_ema=self.use_ema, strict=True, allow_unexpected=True)
+        report = load_checkpoint(self.model, checkpoint, use_ema=self.use_ema, strict=True, allow_unexpected=True,
+                                 own_init=REL_POS_KEYS)
         logger.info(f'{type(self).__name__}: {report.summary()}')
         self._is_init = True
 
@@ -192,6 +203,7 @@ class TokenBackbone(BaseModule):
         H, W = images.shape[-2:]
         Hp, Wp = self.padded_size(H, W)  # integers: torch.export saves them
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))
+        set_token_grid(self.model, (Hp // self.stride, Wp // self.stride))  # for the window attention, if any
         maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)

@@ -5,10 +5,18 @@ usual size (tools/measure_gpu.py's `dense_steps` stage).
 Only the pipeline's reading steps (`Load...`) are left out: each synthetic sample is what they would have produced
 (the image, and its class map, instances or depth), so the crops, jitter and padding, and so the step's cost, are the
 data set's. The step is `train_step` followed by reading the logged losses, as mmengine's loop does each iteration.
+
+`compare_window_attention` times Mask R-CNN's step with ViTDet's window attention (seg_configs/
+maskrcnn_lvvit_s_windowed.py) against the same detector's global attention, each in a fresh process so that its peak
+memory is its own (the device's on a GPU; the process's resident memory on a CPU, where torch keeps no count), with
+the ratios windows / global: tools/benchmark_dense_step.py on a CPU, the GPU script's `dense_steps` stage on a GPU.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
+import multiprocessing
+import resource
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +32,15 @@ import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmc
 # isort: split
 from mmseg.registry import MODELS
 
+from backbones.common.cli import add_device_argument, command_parser, device_name, output_file, positive_int
+from backbones.common.log import logger
 from backbones.segmentation.config import load_config, scale_sizes
 from backbones.segmentation.tasks import task_of
+from classification.studies.results_file import write_results
 from classification.studies.timing import SteadyWindow
+
+# the same detector with global attention and with ViTDet's windows (14 tokens, 4 global blocks, relative positions)
+WINDOW_PAIR = {'global': 'seg_configs/maskrcnn_lvvit_s.py', 'windows': 'seg_configs/maskrcnn_lvvit_s_windowed.py'}
 
 
 @dataclass(frozen=True)
@@ -40,11 +54,15 @@ class DenseStep:
     img_s: float
     it_s: float
     peak_memory_gib: float | None
+    # on a CPU: the process's resident memory at its peak so far, and before the first step (model and batches)
+    peak_process_gib: float | None = None
+    resting_process_gib: float | None = None
 
     def as_dict(self) -> dict:
         return {'config': self.config, 'task': self.task, 'batch_size': self.batch_size,
                 'largest_image': list(self.largest_image), 'img_s': self.img_s, 'it_s': self.it_s,
-                'peak_memory_gib': self.peak_memory_gib}
+                'peak_memory_gib': self.peak_memory_gib, 'peak_process_gib': self.peak_process_gib,
+                'resting_process_gib': self.resting_process_gib}
 
 
 def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
@@ -81,6 +99,7 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
     optim = build_optim_wrapper(model, cfg.optim_wrapper)
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
+    resting = resident_gib()
     window = SteadyWindow(seconds, min_batches, warmup=warmup, device=device)
     largest = (0, 0)
     for count, batch in enumerate(itertools.cycle(data), 1):
@@ -91,9 +110,77 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
             break
     img_s = window.images_per_second()
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == 'cuda' else None
-    return DenseStep(path, task_of(cfg).name, batch_size, largest, img_s, img_s / batch_size, peak)
+    process = (peak_resident_gib(), resting) if device.type == 'cpu' else (None, None)
+    return DenseStep(path, task_of(cfg).name, batch_size, largest, img_s, img_s / batch_size, peak, *process)
+
+
+def resident_gib() -> float:
+    """This process's resident memory now (Linux's /proc/self/statm), in GiB."""
+    with open('/proc/self/statm') as statm:
+        pages = int(statm.read().split()[1])
+    return pages * resource.getpagesize() / 2 ** 30
+
+
+def peak_resident_gib() -> float:
+    """This process's largest resident memory so far (getrusage's ru_maxrss, KiB on Linux), in GiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
+                          scale: float, batch_size: int | None) -> DenseStep:
+    """`time_dense_step` in a spawned process: its peak memory is that config's alone."""
+    with multiprocessing.get_context('spawn').Pool(1) as pool:
+        return pool.apply(time_dense_step, (path, device, seconds, min_batches, warmup, scale, batch_size))
+
+
+def compare_window_attention(device: torch.device, seconds: float, min_batches: int, warmup: int,
+                             scale: float = 1.0, batch_size: int | None = None) -> dict:
+    """Mask R-CNN's step with window attention against global attention (WINDOW_PAIR), each in a fresh process:
+    both steps, and windows / global of the time a step takes and of the peak memory (the device's, or on a CPU the
+    process's resident memory above what it held before the first step)."""
+    steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size)
+             for name, config in WINDOW_PAIR.items()}
+    windows, plain = steps['windows'], steps['global']
+    if device.type == 'cuda':
+        memory = windows.peak_memory_gib / plain.peak_memory_gib
+    else:
+        memory = ((windows.peak_process_gib - windows.resting_process_gib) /
+                  (plain.peak_process_gib - plain.resting_process_gib))
+    return {**{name: step.as_dict() for name, step in steps.items()},
+            'time_ratio': plain.img_s / windows.img_s, 'memory_ratio': memory}
 
 
 def largest_image(batch: dict) -> tuple[int, int]:
     """The batch's largest image (height, width) as the pipeline left it, before the preprocessor's padding."""
     return max(tuple(image.shape[-2:]) for image in batch['inputs'])
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
+    parser = command_parser(description, 'benchmark_dense_step.py')
+    add_device_argument(parser)
+    parser.add_argument('--size', type=positive_int, default=512,
+                        help="the detector's image size in pixels (its configs' 1024 scaled to it)")
+    parser.add_argument('--batch-size', type=positive_int, default=1, help='images per step')
+    parser.add_argument('--seconds', type=float, default=20.0, help='each step timed for at least this long')
+    parser.add_argument('--min-steps', type=positive_int, default=3, help='and at least this many steps')
+    parser.add_argument('--warmup', type=positive_int, default=1, help='steps before the timing')
+    parser.add_argument('--json', type=output_file, help='also write the figures here (a results file)')
+    args = parser.parse_args(argv)
+    args.device = device_name(args.device)
+    return args
+
+
+def main(argv: list[str] | None = None, description: str | None = None) -> dict:
+    """tools/benchmark_dense_step.py."""
+    args = parse_args(argv, description)
+    figures = {'size': args.size, **compare_window_attention(
+        torch.device(args.device), args.seconds, args.min_steps, args.warmup, args.size / 1024, args.batch_size)}
+    for name in WINDOW_PAIR:
+        step = figures[name]
+        memory = step['peak_memory_gib'] if step['peak_memory_gib'] is not None else step['peak_process_gib']
+        logger.info(f'{name} attention: {step["it_s"]:.3f} steps/s, peak memory {memory:.2f} GiB')
+    logger.info(f'windows / global: x{figures["time_ratio"]:.2f} the time of a step, '
+                f'x{figures["memory_ratio"]:.2f} the memory it takes')
+    if args.json:
+        write_results(args.json, 'dense_windows', 'benchmark_dense_step.py', argv, figures, args.device)
+    return figures

@@ -99,8 +99,9 @@ def predicted_seconds(stage: str, sizes: Sizes) -> float:
             'gpu_tests': 420.0,  # 400-450 s on 2026-11-28
             'decoding': 60 + 2 * (window + 15),  # data; the workers' decoding, then nvJPEG
             'label_generation': 40 + 2 * (window + 10),  # the annotator built; fp32, then bf16
-            # never run on a GPU: per config, building it and its batches, then the warm-up and the window
-            'dense_steps': len(DENSE_CONFIGS) * (20 + sizes.dense_seconds + 10)}[stage]
+            # never run on a GPU: per config (and the window comparison's two), building it and its batches, then
+            # the warm-up and the window
+            'dense_steps': (len(DENSE_CONFIGS) + 2) * (20 + sizes.dense_seconds + 10)}[stage]
 
 
 class Results:
@@ -421,7 +422,7 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
     """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config (its
     optimizer, its per-GPU batch, fp32 as the configs train), on batches of the data sets' sizes made by the
     config's own pipeline, each timed in its steady state (classification/studies/dense_step_benchmark.py)."""
-    from classification.studies.dense_step_benchmark import time_dense_step
+    from classification.studies.dense_step_benchmark import compare_window_attention, time_dense_step
 
     figures: dict[str, object] = {
         'how': f"each config's training step on batches its training pipeline made from synthetic images of the "
@@ -433,6 +434,13 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
         logger.info(f'{config}: {step.img_s:.1f} img/s ({step.it_s:.2f} it/s of {step.batch_size})')
         figures['configs'][Path(config).stem] = step.as_dict()
         save('dense_steps', figures)
+    # Mask R-CNN with ViTDet's window attention against global attention, each in a fresh process
+    windows = compare_window_attention(torch.device(device), sizes.dense_seconds, sizes.min_batches or 20,
+                                       sizes.dense_warmup, scale=sizes.dense_scale, batch_size=sizes.dense_batch)
+    logger.info(f'Mask R-CNN, windows / global: x{windows["time_ratio"]:.2f} the time of a step, '
+                f'x{windows["memory_ratio"]:.2f} the memory')
+    figures['windows'] = windows
+    save('dense_steps', figures)
 
 
 CHILD_STAGES: dict[str, ChildStage] = {

@@ -44,6 +44,11 @@ SMALL_DATA_MODEL = dict(neck=dict(out_channels=64), fc_channels=256, roi_heads=d
                         rpn=dict(pre_nms_top_n=dict(training=300, testing=300),
                                  post_nms_top_n=dict(training=100, testing=100)))
 
+# ViTDet's 14-token windows take 14/64 of the grid of a 1024 px image; the pages' grid is 10x4 tokens (144x48 px
+# padded to 32, stride 16), which 14-token windows would cover whole: a config with windows gets 3-token windows on
+# them, 4x2 windows a page.
+SMALL_DATA_WINDOW = 3
+
 
 @register_task
 class Instances(DenseTask):
@@ -94,6 +99,8 @@ class Instances(DenseTask):
 
     def use_small_model(self, cfg: Config) -> None:
         cfg.merge_from_dict(dict(model=SMALL_DATA_MODEL))
+        if cfg.model.backbone.get('window_size'):
+            cfg.model.backbone.window_size = SMALL_DATA_WINDOW
 
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
         """The image and INSTANCES_PER_IMAGE instances: boxes, labels, and masks (each an ellipse filling its box)."""
