@@ -113,4 +113,23 @@ def test_models_that_are_not_plain_vits_are_refused_naming_what_they_lack(name, 
 def test_the_training_tool_refuses_a_hierarchical_model_in_one_line(tmp_path):
     result = run_tool('train_seg.py', ['seg_configs/upernet_dinov2_s.py', '--work-dir', tmp_path / 'run',
                                         '--cfg-options', 'model.backbone.model_name=swin_tiny_patch4_window7_224'])
-    assert 'swin_tiny_patch4_window7_224 (SwinTransformer) is not a plain ViT' in one_line_error(result)
+    said = one_line_error(result)  # (the config's DINOv2 model_kwargs are not Swin's either: either refusal is right)
+    assert said.startswith('error: swin_tiny_patch4_window7_224') and 'is not a plain ViT the dense backbone' in said
+
+
+def test_a_14_px_model_runs_windows_over_its_own_token_grid():
+    """DINOv2 with windows of 3 tokens: the windows are laid on its 14 px grid (a 100 x 70 image: 8 x 5 tokens), and a
+    window covering that whole grid gives the plain backbone's maps (LayerScale from 1, so that attention counts)."""
+    kwargs = {**TINY, 'init_values': 1.0}
+
+    def backbone(**windows) -> TokenBackbone:
+        torch.manual_seed(0)
+        return TokenBackbone(DINOV2, out_indices=(1, 2), img_size=112, model_kwargs=kwargs, **windows).eval()
+
+    plain, whole, small = backbone(), backbone(window_size=8, global_blocks=()), backbone(window_size=3,
+                                                                                          global_blocks=())
+    images = torch.randn(1, 3, 100, 70)
+    with torch.no_grad():
+        expected, windowed, covered = plain(images), small(images), whole(images)
+    torch.testing.assert_close(covered, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(windowed[1], expected[1], atol=1e-3)

@@ -203,7 +203,7 @@ class TokenBackbone(BaseModule):
         H, W = images.shape[-2:]
         Hp, Wp = self.padded_size(H, W)  # integers: torch.export saves them
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))
-        set_token_grid(self.model, (Hp // self.stride, Wp // self.stride))  # for the window attention, if any
+        set_token_grid(self.model, (Hp // self.patch_size, Wp // self.patch_size))  # for the window attention, if any
         maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
