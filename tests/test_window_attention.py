@@ -237,6 +237,8 @@ def test_vitdets_global_blocks():
     (dict(window_size=2, global_blocks=(1, 4)), 'global_blocks (1, 4): [4] name no block of the model (0..3)'),
     (dict(window_size=2, global_blocks=(-1,)), '[-1] name no block'),
     (dict(global_blocks=(1,)), 'global_blocks (1,) need a window_size'),
+    (dict(window_size=2, global_blocks=2), 'global_blocks must be a list of block indices (e.g. (2, 5, 8, 11)), got 2'),
+    (dict(global_blocks=3), 'global_blocks must be a list of block indices'),
 ])
 def test_bad_window_options_are_refused_in_one_line(options, words):
     with pytest.raises(UsageError) as error:
