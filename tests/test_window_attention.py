@@ -22,6 +22,7 @@ from backbones.window_attention import (
     use_window_attention,
     vitdet_global_blocks,
 )
+from helpers.commands import one_line_error, run_tool
 from helpers.seg_data import DIM, TINY_MODELS
 
 # A tiny model of each family whose blocks window attention takes, and the prefix tokens its blocks see.
@@ -283,6 +284,16 @@ def test_the_windowed_backbone_exports_at_a_fixed_size():
     program = torch.export.export(model, (images,))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(images)[0], model(images)[0], atol=1e-5, rtol=0)
+
+
+def test_the_training_tool_refuses_a_bad_window_option_before_any_work(tmp_path):
+    """train_seg's check of the backbone builds it whole (on the meta device): a window option it refuses stops the
+    run in one line before the runner starts (no work dir, no log) and before the embedded pages' pretraining."""
+    result = run_tool('train_seg.py', ['seg_configs/maskrcnn_lvvit_s_windowed.py', '--work-dir', tmp_path / 'run',
+                                        '--cfg-options', 'model.backbone.window_size=0'])
+    assert one_line_error(result) == ('error: window_size must be a whole number of tokens, 1 or more, got 0  '
+                                      '(--debug shows the traceback)')
+    assert not (tmp_path / 'run').exists()
 
 
 def test_the_windowed_detector_config_trains_and_predicts_and_the_pages_get_small_windows(tmp_path):

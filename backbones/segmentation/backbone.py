@@ -91,12 +91,12 @@ def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwa
 
 
 def check_backbone_model(backbone: dict) -> None:
-    """A config's TokenBackbone model built on the meta device (no memory, no weights): a model the backbone
-    cannot take is refused before a run does any work."""
+    """A config's TokenBackbone built on the meta device (no memory, no weights loaded): a model the backbone cannot
+    take, or blocks, windows or relative positions it cannot give, are refused before a run does any work."""
     if backbone.get('type') not in ('TokenBackbone', *FORMER_NAMES):
         return
     with torch.device('meta'):
-        dense_model(backbone['model_name'], backbone.get('img_size', 512), 0.0, backbone.get('model_kwargs') or {})
+        TokenBackbone(**{key: value for key, value in backbone.items() if key != 'type'})
 
 
 def check_plain_vit(model_name: str, model: nn.Module) -> None:
