@@ -206,6 +206,8 @@ def use_window_attention(model: nn.Module, window_size: int | None, global_block
     window size every block is global (relative positions alone)."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
+    if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on
+        raise UsageError(f'rel_pos must be True or False, got {rel_pos!r}')
     if global_blocks is not None and not isinstance(global_blocks, Sequence):
         raise UsageError(f'global_blocks must be a list of block indices (e.g. (2, 5, 8, 11)), got {global_blocks!r}')
     if window_size is None:  # relative positions in global attention

@@ -240,6 +240,7 @@ def test_vitdets_global_blocks():
     (dict(global_blocks=(1,)), 'global_blocks (1,) need a window_size'),
     (dict(window_size=2, global_blocks=2), 'global_blocks must be a list of block indices (e.g. (2, 5, 8, 11)), got 2'),
     (dict(global_blocks=3), 'global_blocks must be a list of block indices'),
+    (dict(window_size=2, rel_pos='no'), "rel_pos must be True or False, got 'no'"),
 ])
 def test_bad_window_options_are_refused_in_one_line(options, words):
     with pytest.raises(UsageError) as error:
