@@ -146,7 +146,9 @@ class WindowAttention(nn.Module):
     def _from_regions(self, t: torch.Tensor, H: int, W: int) -> torch.Tensor:
         """The inverse of `_to_regions`: (B, heads, H*W, C)."""
         heads, C = t.shape[1], t.shape[3]
-        t = t.transpose(1, 2)
+        # a copy, not .contiguous(): SDPA's output may be laid out so that the transpose is contiguous when traced,
+        # and the reshape below is then traced as a view, which torch's ONNX exporter replays on other strides
+        t = t.transpose(1, 2).clone(memory_format=torch.contiguous_format)
         if self.window_size:
             size = self.window_size
             t = window_unpartition(t.reshape(-1, size, size, heads * C), size, (H, W),
