@@ -140,7 +140,7 @@ def test_what_the_padding_holds_does_not_change_the_outputs(family, monkeypatch)
 
 def backbone(**options) -> torch.nn.Module:
     return MODELS.build(dict(type='TokenBackbone', model_name='lvvit_s', out_indices=(3,), img_size=64,
-                             model_kwargs=TINY_MODELS['upernet_lvvit_s.py'], **options))
+                             model_kwargs=TINY_MODELS['upernet_lvvit_s.py']) | options)
 
 
 def test_windows_change_the_output_and_train_with_grads_reaching_the_tables():
@@ -200,6 +200,25 @@ def test_relative_position_tables_survive_another_input_size():
             side = (state[key].shape[0] + 1) // 2
             torch.testing.assert_close(get_rel_pos(side, side, model.state_dict()[key]),
                                        get_rel_pos(side, side, table))
+
+
+def test_a_checkpoint_of_another_grid_loads_its_tables_resampled_through_the_tools_loader(tmp_path):
+    """load_weights (test_seg's, predict_seg's, export's): a windowed backbone's checkpoint whose global block's
+    tables are sized for img_size 64 (7 rows) loads into one of img_size 128 (15 rows), resampled as timm's
+    get_rel_pos; before, it was refused as mis-shaped."""
+    from backbones.segmentation.runner import load_weights
+    trained = backbone(window_size=2, global_blocks=(3,), rel_pos=True)
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if 'rel_pos' in name:
+                p.normal_()
+    torch.save({'state_dict': trained.state_dict()}, tmp_path / 'trained.pth')
+    larger = backbone(window_size=2, global_blocks=(3,), rel_pos=True, img_size=128)
+    load_weights(larger, str(tmp_path / 'trained.pth'))
+    table = trained.model.blocks[3].attn.rel_pos_h
+    assert larger.model.blocks[3].attn.rel_pos_h.shape == (15, DIM // 2)
+    torch.testing.assert_close(get_rel_pos(8, 8, larger.model.blocks[3].attn.rel_pos_h), get_rel_pos(8, 8, table))
+    torch.testing.assert_close(larger.model.blocks[0].attn.rel_pos_w, trained.model.blocks[0].attn.rel_pos_w)
 
 
 def test_a_classifiers_checkpoint_loads_strictly_apart_from_the_tables(tmp_path):
