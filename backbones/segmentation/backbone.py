@@ -47,7 +47,7 @@ from backbones import create_model, load_checkpoint, model_family
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.weights import fetch_pretrained, fit_pos_embed
-from backbones.window_attention import REL_POS_KEYS, set_token_grid, use_window_attention
+from backbones.window_attention import REL_POS_KEYS, WindowAttention, set_token_grid, use_window_attention
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
 STRIDE = 16  # of the maps every backbone returns
@@ -198,6 +198,18 @@ class TokenBackbone(BaseModule):
                              f'relative positions are fixed to that grid), got {height}x{width}: set the backbone\'s '
                              'img_size, or test in windows of that size')
         return self.img_size, self.img_size
+
+    def fixed_size_reason(self) -> str | None:
+        """Why a program traced at one input size cannot take others (torch.export fixes what the traced size
+        decides), or None where it can."""
+        if self.img_size is not None:
+            return f'{self.model_name} reads one input size, its img_size {self.img_size}'
+        if self.patch_size != self.stride:
+            return (f'{self.model_name}\'s {self.patch_size} px tokens are resampled onto the stride-{self.stride} '
+                    'maps at the ratio of the traced size')
+        if any(isinstance(module, WindowAttention) and module.window_size for module in self.model.modules()):
+            return 'its attention windows are laid out for the traced size'
+        return None
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         H, W = images.shape[-2:]
