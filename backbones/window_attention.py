@@ -146,7 +146,9 @@ class WindowAttention(nn.Module):
     def _from_regions(self, t: torch.Tensor, H: int, W: int) -> torch.Tensor:
         """The inverse of `_to_regions`: (B, heads, H*W, C)."""
         heads, C = t.shape[1], t.shape[3]
-        t = t.transpose(1, 2)
+        # a copy, not .contiguous(): SDPA's output may be laid out so that the transpose is contiguous when traced,
+        # and the reshape below is then traced as a view, which torch's ONNX exporter replays on other strides
+        t = t.transpose(1, 2).clone(memory_format=torch.contiguous_format)
         if self.window_size:
             size = self.window_size
             t = window_unpartition(t.reshape(-1, size, size, heads * C), size, (H, W),
@@ -206,6 +208,10 @@ def use_window_attention(model: nn.Module, window_size: int | None, global_block
     window size every block is global (relative positions alone)."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
+    if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on
+        raise UsageError(f'rel_pos must be True or False, got {rel_pos!r}')
+    if global_blocks is not None and not isinstance(global_blocks, Sequence):
+        raise UsageError(f'global_blocks must be a list of block indices (e.g. (2, 5, 8, 11)), got {global_blocks!r}')
     if window_size is None:  # relative positions in global attention
         if global_blocks is not None:
             raise UsageError(f'global_blocks {tuple(global_blocks)} need a window_size: without windows every block '

@@ -511,6 +511,19 @@ def test_a_whole_detector_export_in_onnx_and_torch_export_gives_the_models_detec
             assert_the_models_detections(program(images), model, images, 20)
 
 
+def test_a_top_k_above_the_detections_the_detector_can_give_is_refused(random_detector, tmp_path):
+    """The tiny detector gives at most 60 detections (20 proposals x 3 classes): --top-k 61 is refused in one line,
+    nothing written (a --top-k of 100000 made 100000 masks of the input's size, almost all padding); 60 exports."""
+    config, checkpoint, _, _ = random_detector
+    base = ['segmentor', str(config), str(checkpoint), '--size', '64', '64']
+    with pytest.raises(UsageError, match=r'^--top-k 61: the detector gives at most 60 detections an image \(its '
+                                         r'RPN.s 20 proposals x 3 classes\); give 60 or fewer$'):
+        export([*base, '--out', str(tmp_path / 'x'), '--top-k', '61'])
+    assert not (tmp_path / 'x').exists()
+    export([*base, '--out', str(tmp_path / 'y'), '--top-k', '60'])
+    assert json.loads((tmp_path / 'y' / 'export.json').read_text())['top_k'] == 60
+
+
 @pytest.mark.slow  # the tool run once for its one-line error
 def test_a_detectors_export_options_are_refused_in_one_line_before_any_work(random_detector, tmp_path, capsys):
     """--top-k 0, --top-k with --pyramid-only, either on a segmentor's config, --dynamic-size for the whole

@@ -133,3 +133,31 @@ def test_a_14_px_model_runs_windows_over_its_own_token_grid():
         expected, windowed, covered = plain(images), small(images), whole(images)
     torch.testing.assert_close(covered, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(windowed[1], expected[1], atol=1e-3)
+
+
+def test_dynamic_size_is_refused_for_a_backbone_whose_trace_holds_at_its_size_only(tmp_path):
+    """export --dynamic-size: a 14 px model (its grid resampled onto the stride-16 maps at the traced size's ratio),
+    a fixed-grid model (BEiT) and window attention are refused in one line naming why; a 16 px model is not. Why:
+    torch.export's program of the 14 px backbone traced at 64 x 96 fails at 96 x 48 (the export's check found it only
+    after all the work)."""
+    from backbones.common.errors import CheckpointError
+    from backbones.common.exporting import write_exported_program
+    from backbones.segmentation.export import check_dynamic_size
+
+    def built(name: str, **options) -> TokenBackbone:
+        return TokenBackbone(name, out_indices=(1, 2), img_size=64, model_kwargs=TINY, **options).eval()
+
+    dinov2 = built(DINOV2)
+    for backbone, why in ((dinov2, f"{DINOV2}'s 14 px tokens are resampled onto the stride-16 maps"),
+                          (built('beit_base_patch16_224'),
+                           'beit_base_patch16_224 reads one input size, its img_size 64'),
+                          (built('deit3_small_patch16_224', window_size=2, global_blocks=(2,)),
+                           'its attention windows are laid out for the traced size')):
+        with pytest.raises(UsageError) as error:
+            check_dynamic_size(backbone)
+        assert str(error.value).startswith(f'--dynamic-size: {why}') and '\n' not in str(error.value)
+    check_dynamic_size(built('deit3_small_patch16_224'))
+    examples = [torch.randn(2, 3, 64, 96), torch.randn(1, 3, 96, 48)]
+    with pytest.raises(CheckpointError, match='cannot run at input \\(1, 3, 96, 48\\)'):
+        write_exported_program(dinov2, examples, tmp_path / 'dinov2.pt2', {0: ('batch', 1), 2: ('height', 16),
+                                                                           3: ('width', 16)})

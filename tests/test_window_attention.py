@@ -22,6 +22,7 @@ from backbones.window_attention import (
     use_window_attention,
     vitdet_global_blocks,
 )
+from helpers.commands import one_line_error, run_tool
 from helpers.seg_data import DIM, TINY_MODELS
 
 # A tiny model of each family whose blocks window attention takes, and the prefix tokens its blocks see.
@@ -139,7 +140,7 @@ def test_what_the_padding_holds_does_not_change_the_outputs(family, monkeypatch)
 
 def backbone(**options) -> torch.nn.Module:
     return MODELS.build(dict(type='TokenBackbone', model_name='lvvit_s', out_indices=(3,), img_size=64,
-                             model_kwargs=TINY_MODELS['upernet_lvvit_s.py'], **options))
+                             model_kwargs=TINY_MODELS['upernet_lvvit_s.py']) | options)
 
 
 def test_windows_change_the_output_and_train_with_grads_reaching_the_tables():
@@ -201,6 +202,25 @@ def test_relative_position_tables_survive_another_input_size():
                                        get_rel_pos(side, side, table))
 
 
+def test_a_checkpoint_of_another_grid_loads_its_tables_resampled_through_the_tools_loader(tmp_path):
+    """load_weights (test_seg's, predict_seg's, export's): a windowed backbone's checkpoint whose global block's
+    tables are sized for img_size 64 (7 rows) loads into one of img_size 128 (15 rows), resampled as timm's
+    get_rel_pos; before, it was refused as mis-shaped."""
+    from backbones.segmentation.runner import load_weights
+    trained = backbone(window_size=2, global_blocks=(3,), rel_pos=True)
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if 'rel_pos' in name:
+                p.normal_()
+    torch.save({'state_dict': trained.state_dict()}, tmp_path / 'trained.pth')
+    larger = backbone(window_size=2, global_blocks=(3,), rel_pos=True, img_size=128)
+    load_weights(larger, str(tmp_path / 'trained.pth'))
+    table = trained.model.blocks[3].attn.rel_pos_h
+    assert larger.model.blocks[3].attn.rel_pos_h.shape == (15, DIM // 2)
+    torch.testing.assert_close(get_rel_pos(8, 8, larger.model.blocks[3].attn.rel_pos_h), get_rel_pos(8, 8, table))
+    torch.testing.assert_close(larger.model.blocks[0].attn.rel_pos_w, trained.model.blocks[0].attn.rel_pos_w)
+
+
 def test_a_classifiers_checkpoint_loads_strictly_apart_from_the_tables(tmp_path):
     """The pretrained keys stay the classifier's: its checkpoint loads through the backbone's Pretrained init
     (strict: a missing key is an error), every weight equal, the relative-position tables left at zero."""
@@ -237,6 +257,9 @@ def test_vitdets_global_blocks():
     (dict(window_size=2, global_blocks=(1, 4)), 'global_blocks (1, 4): [4] name no block of the model (0..3)'),
     (dict(window_size=2, global_blocks=(-1,)), '[-1] name no block'),
     (dict(global_blocks=(1,)), 'global_blocks (1,) need a window_size'),
+    (dict(window_size=2, global_blocks=2), 'global_blocks must be a list of block indices (e.g. (2, 5, 8, 11)), got 2'),
+    (dict(global_blocks=3), 'global_blocks must be a list of block indices'),
+    (dict(window_size=2, rel_pos='no'), "rel_pos must be True or False, got 'no'"),
 ])
 def test_bad_window_options_are_refused_in_one_line(options, words):
     with pytest.raises(UsageError) as error:
@@ -281,6 +304,32 @@ def test_the_windowed_backbone_exports_at_a_fixed_size():
     program = torch.export.export(model, (images,))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(images)[0], model(images)[0], atol=1e-5, rtol=0)
+
+
+def test_the_windowed_backbone_exports_to_onnx_with_a_dynamic_batch(tmp_path):
+    """torch's ONNX exporter on the backbone with windows (a grid they pad) and relative positions, the batch
+    dynamic, checked in onnxruntime against the model at batches 2, 1 and 3 (the exporter replayed a view of
+    SDPA's transposed output on other strides and failed)."""
+    from backbones.common.exporting import BATCH, CHECKED_BATCHES, write_onnx
+
+    model = backbone(window_size=2, global_blocks=(3,), rel_pos=True).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if 'rel_pos' in name:
+                p.normal_()
+    examples = [torch.randn(batch, 3, 40, 72) for batch in CHECKED_BATCHES]
+    write_onnx(model, examples, tmp_path / 'backbone.onnx', BATCH, ['maps'])  # a CheckpointError where they differ
+    assert (tmp_path / 'backbone.onnx').is_file()
+
+
+def test_the_training_tool_refuses_a_bad_window_option_before_any_work(tmp_path):
+    """train_seg's check of the backbone builds it whole (on the meta device): a window option it refuses stops the
+    run in one line before the runner starts (no work dir, no log) and before the embedded pages' pretraining."""
+    result = run_tool('train_seg.py', ['seg_configs/maskrcnn_lvvit_s_windowed.py', '--work-dir', tmp_path / 'run',
+                                        '--cfg-options', 'model.backbone.window_size=0'])
+    assert one_line_error(result) == ('error: window_size must be a whole number of tokens, 1 or more, got 0  '
+                                      '(--debug shows the traceback)')
+    assert not (tmp_path / 'run').exists()
 
 
 def test_the_windowed_detector_config_trains_and_predicts_and_the_pages_get_small_windows(tmp_path):

@@ -47,7 +47,7 @@ from backbones import create_model, load_checkpoint, model_family
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.weights import fetch_pretrained, fit_pos_embed
-from backbones.window_attention import REL_POS_KEYS, set_token_grid, use_window_attention
+from backbones.window_attention import REL_POS_KEYS, WindowAttention, set_token_grid, use_window_attention
 
 FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone')
 STRIDE = 16  # of the maps every backbone returns
@@ -91,12 +91,12 @@ def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwa
 
 
 def check_backbone_model(backbone: dict) -> None:
-    """A config's TokenBackbone model built on the meta device (no memory, no weights): a model the backbone
-    cannot take is refused before a run does any work."""
+    """A config's TokenBackbone built on the meta device (no memory, no weights loaded): a model the backbone cannot
+    take, or blocks, windows or relative positions it cannot give, are refused before a run does any work."""
     if backbone.get('type') not in ('TokenBackbone', *FORMER_NAMES):
         return
     with torch.device('meta'):
-        dense_model(backbone['model_name'], backbone.get('img_size', 512), 0.0, backbone.get('model_kwargs') or {})
+        TokenBackbone(**{key: value for key, value in backbone.items() if key != 'type'})
 
 
 def check_plain_vit(model_name: str, model: nn.Module) -> None:
@@ -198,6 +198,18 @@ class TokenBackbone(BaseModule):
                              f'relative positions are fixed to that grid), got {height}x{width}: set the backbone\'s '
                              'img_size, or test in windows of that size')
         return self.img_size, self.img_size
+
+    def fixed_size_reason(self) -> str | None:
+        """Why a program traced at one input size cannot take others (torch.export fixes what the traced size
+        decides), or None where it can."""
+        if self.img_size is not None:
+            return f'{self.model_name} reads one input size, its img_size {self.img_size}'
+        if self.patch_size != self.stride:
+            return (f'{self.model_name}\'s {self.patch_size} px tokens are resampled onto the stride-{self.stride} '
+                    'maps at the ratio of the traced size')
+        if any(isinstance(module, WindowAttention) and module.window_size for module in self.model.modules()):
+            return 'its attention windows are laid out for the traced size'
+        return None
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         H, W = images.shape[-2:]

@@ -54,6 +54,7 @@ from backbones.common.exporting import (
 )
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
+from backbones.segmentation.backbone import TokenBackbone
 from backbones.segmentation.config import EmbeddedSegData, load_config, read_config
 from backbones.segmentation.predict import SegPredictor
 from backbones.segmentation.tasks import ExportChoice, ExportedNetwork, task_of
@@ -82,6 +83,14 @@ def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tu
     return examples, {**BATCH, 2: ('height', stride), 3: ('width', stride)}
 
 
+def check_dynamic_size(backbone: nn.Module) -> None:
+    """--dynamic-size refused in one line for a backbone whose traced program would hold at its traced size only
+    (the export's check at other sizes found it only after the work)."""
+    reason = backbone.fixed_size_reason() if isinstance(backbone, TokenBackbone) else None
+    if reason:
+        raise UsageError(f'--dynamic-size: {reason}; export it at a fixed size (--size H W)')
+
+
 def description(predictor: SegPredictor, exported: ExportedNetwork, checkpoint: str, size: tuple[int, int],
                 stride: int, dynamic_size: bool) -> dict:
     """export.json: what a runtime needs besides the network."""
@@ -107,6 +116,8 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
     choice = ExportChoice(top_k, pyramid_only, dynamic_size)
     task_of(load_config(config)).check_export_choice(choice, config)
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    if dynamic_size:
+        check_dynamic_size(predictor.model.backbone)
     task = predictor.task
     exported = task.exported_network(predictor.model, choice)
     model = exported.network.eval()

@@ -44,6 +44,7 @@ from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plai
 from backbones.segmentation.restart import PlacedInfiniteSampler, SeededSamples
 from backbones.segmentation.silenced_warnings import HarmlessLogLines
 from backbones.weights import describe_mismatch, key_mismatch
+from backbones.window_attention import REL_POS_KEYS
 
 T = TypeVar('T')
 
@@ -117,8 +118,8 @@ def literal(node: ast.expr) -> object:
 
 def misfit(state: dict, own: dict) -> str:
     """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict, in words ('' when
-    it fits; position tables are resampled on loading, so their shape may differ)."""
-    return describe_mismatch(key_mismatch(state, own, resampled=('pos_embed',)))
+    it fits; position tables and relative-position tables are resampled on loading, so their shape may differ)."""
+    return describe_mismatch(key_mismatch(state, own, resampled=('pos_embed', *REL_POS_KEYS)))
 
 
 def load_weights(model: nn.Module, filename: str) -> None:

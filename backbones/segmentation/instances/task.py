@@ -196,6 +196,7 @@ class Instances(DenseTask):
         if choice.pyramid_only:
             return ExportedNetwork(PyramidFeatures(model), list(model.neck.names),
                                    {'network': 'pyramid', 'output': PYRAMID_OUTPUT})
+        check_top_k(model, choice.top_k)
         detector = model.static_network(model, choice.top_k)
         return ExportedNetwork(detector, list(detector.output_names), {
             'network': 'detector', 'top_k': detector.top_k, 'outputs': list(detector.output_names),
@@ -220,6 +221,16 @@ class Instances(DenseTask):
 
     def output_names(self, model: nn.Module) -> list[str]:
         return list(StaticMaskRCNN.output_names)
+
+
+def check_top_k(model: nn.Module, top_k: int | None) -> None:
+    """A --top-k above the detections the detector can give (one per class of each of its RPN's proposals) refused:
+    the rest would be padding, each with a mask of the input's size."""
+    proposals = model.rpn._post_nms_top_n['testing']  # the test's count (post_nms_top_n() reads the mode)
+    most = proposals * model.num_classes
+    if top_k is not None and top_k > most:
+        raise UsageError(f'--top-k {top_k}: the detector gives at most {most} detections an image (its RPN\'s '
+                         f'{proposals} proposals x {model.num_classes} classes); give {most} or fewer')
 
 
 PYRAMID_OUTPUT = ('the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the RPN and '
