@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from mmseg.registry import MODELS
 
-from backbones import create_model, load_checkpoint, model_family
+from backbones import create_model, load_checkpoint, model_family, suite_models
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.weights import fetch_pretrained, fit_pos_embed
@@ -53,8 +53,7 @@ FORMER_NAMES = ('LVViTBackbone', 'T2TViTBackbone', 'CaiTBackbone', 'ViTBackbone'
 STRIDE = 16  # of the maps every backbone returns
 # what a timm model needs to be a dense backbone: timm's contract for plain ViTs
 PLAIN_VIT_PARTS = ('forward_intermediates', 'prune_intermediate_layers', 'patch_embed', 'blocks', 'num_prefix_tokens')
-PLAIN_VITS = ('the suite\'s models and timm\'s plain ViTs qualify (e.g. vit_small_patch14_reg4_dinov2, '
-              'deit3_small_patch16_224, eva02_small_patch14_224, beit_base_patch16_224)')
+PLAIN_VITS = 'vit_small_patch14_reg4_dinov2, deit3_small_patch16_224, eva02_small_patch14_224, beit_base_patch16_224'
 
 
 def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple[int, int] | None = None
@@ -85,9 +84,16 @@ def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwa
                 raise
             model = create_model(model_name, **kwargs)
     except TypeError as e:  # an option a plain ViT takes, such as img_size, is not the model's
-        raise UsageError(f'{model_name} is not a plain ViT the dense backbone can take ({e}); {PLAIN_VITS}') from e
+        raise not_a_plain_vit(model_name, f'its builder says: {e}') from e
     check_plain_vit(model_name, model)
     return model
+
+
+def not_a_plain_vit(model_name: str, why: str) -> UsageError:
+    """The refusal of a model that is neither the suite's nor a plain timm ViT, saying `why`."""
+    return UsageError(f'TokenBackbone takes a model of the suite, not {model_name!r}, or a plain timm ViT, which '
+                      f'{model_name} is not ({why}); the suite has: {", ".join(suite_models())}; timm\'s plain ViTs '
+                      f'include {PLAIN_VITS}')
 
 
 def check_backbone_model(backbone: dict) -> None:
@@ -103,8 +109,7 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
     """A UsageError naming what a timm model lacks to be a dense backbone."""
     missing = [part for part in PLAIN_VIT_PARTS if not hasattr(model, part)]
     if missing:
-        raise UsageError(f'{model_name} ({type(model).__name__}) is not a plain ViT the dense backbone can take: it '
-                         f'has no {", ".join(missing)}; {PLAIN_VITS}')
+        raise not_a_plain_vit(model_name, f'{type(model).__name__} has no {", ".join(missing)}')
     patch = tuple(model.patch_embed.patch_size)
     if patch[0] != patch[1]:
         raise UsageError(f'{model_name}: its patches are {patch[0]}x{patch[1]} pixels; the dense backbone takes square '
