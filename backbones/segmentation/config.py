@@ -19,6 +19,7 @@ from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only
 from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
+from backbones.segmentation.layouts import layout_roots
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.runner import iteration_checkpoints, recorded_config, trained_data
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
@@ -452,14 +453,20 @@ def own_data_absent(cfg: Config, cfg_options: dict | None = None) -> bool:
     return is_own_data_config(cfg) and not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
 
 
+def known_roots() -> dict[str, str]:
+    """The data sets a config is written for, by its folder (KNOWN_ROOTS and the published layouts'), which the
+    embedded data stands in for when not on disk."""
+    return {**KNOWN_ROOTS, **layout_roots()}
+
+
 def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | None:
-    """The config's own folder that is not on disk (one of KNOWN_ROOTS: ADE20K's, COCO's, NYU-v2's, the own-data
-    configs'), where `fallback`'s data stands in for it; None when every folder is there. Any other missing folder
-    is an error."""
+    """The config's own folder that is not on disk (one of `known_roots`: ADE20K's, COCO's, NYU-v2's, the
+    published layouts', the own-data configs'), where `fallback`'s data stands in for it; None when every folder is
+    there. Any other missing folder is an error."""
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
         return None
-    if len(missing) > 1 or missing[0] not in KNOWN_ROOTS or fallback is None:
+    if len(missing) > 1 or missing[0] not in known_roots() or fallback is None:
         raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
     return missing[0]
 
@@ -468,14 +475,14 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
                  checkpoint: str | None = None) -> bool:
     """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`), a detector its class
     count (the training set's categories; with a trained `checkpoint`, the ones it records, which the test set must
-    declare). When the config's own folder (one of KNOWN_ROOTS) is not on disk, use `fallback`'s data. True if it
+    declare). When the config's own folder (one of `known_roots`) is not on disk, use `fallback`'s data. True if it
     did."""
     if data_root:
         set_data_root(cfg, data_root)
     roots = data_roots(cfg)
     missing = missing_data(roots, fallback)
     if missing is not None:
-        logger.info(f'{KNOWN_ROOTS[missing]} not found at {missing} (docs/segmentation.md and '
+        logger.info(f'{known_roots()[missing]} not found at {missing} (docs/segmentation.md and '
                     'docs/instances_and_depth.md say how to use it; --data-root names another folder): the embedded '
                     'data')
         fallback.use_data(cfg)

@@ -26,6 +26,7 @@ from PIL import Image
 from backbones.common.errors import DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
+from backbones.segmentation.layouts import layout_of
 
 IGNORE_INDEX = 255
 SINGLE_CHANNEL = ('1', 'L', 'P', 'I', 'I;16', 'I;16L', 'I;16B')
@@ -230,6 +231,9 @@ def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check the files of a dataset config of `task`; returns the indices to use and the images left out as
     unreadable."""
+    layout = layout_of(dataset_cfg)
+    if layout is not None:
+        layout.check(dataset_cfg)
     # unserialised: mmengine's serialisation fails on an empty list with a traceback
     dataset = DATASETS.build({**dataset_cfg, 'pipeline': [], 'lazy_init': True, 'serialize_data': False})
     img_dir = check_image_folder(dataset)

@@ -24,6 +24,7 @@ from mmengine.config import Config
 
 from backbones.common.errors import UsageError
 from backbones.segmentation.data_check import PairCheck
+from backbones.segmentation.layouts import SmallDenseData
 
 
 class SegPredictor(Protocol):
@@ -43,27 +44,6 @@ class SegPredictor(Protocol):
     def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]: ...
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class SmallDenseData:
-    """A small data set in the tasks' shared folder layout, which a config is pointed at in place of its own (the
-    embedded pages): under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (0 ignored,
-    class c stored as c + 1); depth/{split}/NAME.png, 16-bit depth, `depth_scale` per metre; and
-    annotations/instances_{split}.json, the instances in COCO's format. Its images are `image_size` (width, height);
-    `scale` is what a semantic config's sizes are multiplied by there, `ratio_range` its training rescaling,
-    `test_ratios` the multi-scale test's, and `mirrored` whether a mirror image is still an image of the data (a
-    mirrored glyph is not: then no flips in training or tests)."""
-
-    root: Path
-    classes: tuple[str, ...]
-    palette: tuple[tuple[int, int, int], ...]
-    image_size: tuple[int, int]
-    scale: float
-    ratio_range: tuple[float, float]
-    test_ratios: tuple[float, ...]
-    depth_scale: float
-    mirrored: bool
 
 
 @dataclass(frozen=True)

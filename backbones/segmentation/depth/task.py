@@ -15,6 +15,7 @@ from backbones.common.log import logger
 from backbones.segmentation.config import scale_sizes, use_small_test_time
 from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.metric import write_depth_png
+from backbones.segmentation.layouts import layout_of
 from backbones.segmentation.masks import PICTURE_TAIL
 from backbones.segmentation.pictures import colour_depth, side_by_side, titled
 from backbones.segmentation.predict import SegPredictor
@@ -52,8 +53,12 @@ class Depth(DenseTask):
         evaluation crop (NYU's, for its 640x480 images) off."""
         factor = data.image_size[1] / training_crop_height(cfg)
         for dataset, split in small_datasets(cfg, data):
-            dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg', depth_map_suffix='.png',
-                           data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
+            if (layout := layout_of(dataset)) is not None:  # a published set's config: the data in its layout
+                layout.use_small(dataset, data, split)
+            else:
+                dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg',
+                               depth_map_suffix='.png',
+                               data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
             scale_sizes(dataset['pipeline'], factor)
             for step in dataset['pipeline']:
                 if step['type'] == 'LoadDepthAnnotation':

@@ -15,6 +15,7 @@ from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.segmentation.config import scale_sizes, use_small_test_time
 from backbones.segmentation.data_check import PairCheck, check_labels_used, pair_check
+from backbones.segmentation.layouts import layout_of
 from backbones.segmentation.masks import OVERLAY_TAIL, write_mask
 from backbones.segmentation.pictures import draw_labels, read_annotation, segmentation_picture
 from backbones.segmentation.predict import SegPredictor
@@ -72,17 +73,20 @@ class SemanticSegmentation(DenseTask):
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The class maps, the sizes times `data.scale` (the model's window and padding too), the multi-scale test
-        at `data.test_ratios` of the single-scale size, and the data's classes in the data sets and heads."""
+        at `data.test_ratios` of the single-scale size, and the data's classes in the data sets and heads. A
+        published set's config (its data set's type a registered layout) reads the data written in its layout."""
+        set_classes(cfg, data.classes, [list(c) for c in data.palette], reduce_zero_label=True)
         for dataset, split in small_datasets(cfg, data):
-            dataset.update(type='BaseSegDataset',
-                           metainfo=dict(classes=data.classes, palette=[list(c) for c in data.palette]),
-                           img_suffix='.jpg', seg_map_suffix='.png', reduce_zero_label=True, data_root=str(data.root),
-                           data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
+            if (layout := layout_of(dataset)) is not None:
+                layout.use_small(dataset, data, split)
+            else:
+                dataset.update(type='BaseSegDataset', img_suffix='.jpg', seg_map_suffix='.png',
+                               data_root=str(data.root),
+                               data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
             scale_sizes(dataset['pipeline'], data.scale)
         use_small_test_time(cfg, data)
         scale_sizes(cfg.model.get('data_preprocessor', {}), data.scale)
         scale_sizes(cfg.model.get('test_cfg', {}), data.scale)
-        set_classes(cfg, data.classes, [list(c) for c in data.palette], reduce_zero_label=True)
 
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
         """The image and its class map: ADE20K's 150 classes in blocks, as regions are, and some ignored pixels."""
