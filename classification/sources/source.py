@@ -48,6 +48,7 @@ class ImageSource(ABC):
 
     name: ClassVar[str]  # in words, for messages: 'class folders'
     default: ClassVar[bool] = False  # asked last: it lists any folder
+    first: ClassVar[bool] = False  # asked before the others: a storage another source would misread as its own
 
     @abstractmethod
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
@@ -72,8 +73,8 @@ def register_source(source: type[ImageSource]) -> type[ImageSource]:
 
 
 def sources() -> list[ImageSource]:
-    """The sources in the order they are asked: as registered, the default last."""
-    return sorted(SOURCES, key=lambda source: source.default)
+    """The sources in the order they are asked: as registered, those asked `first` first, the default last."""
+    return sorted(SOURCES, key=lambda source: (source.default, not source.first))
 
 
 def open_split(data_dir: str | Path, split: str, classes: Sequence[str] | None = None,

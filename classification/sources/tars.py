@@ -56,7 +56,7 @@ from backbones.common.images import (
     unread_tar_fix,
 )
 from backbones.common.log import logger
-from classification.sources.path_list import PathList
+from classification.sources.path_list import ENCODING, PathList
 from classification.sources.source import ImageSource, Listing, register_source
 
 GZIP_MAGIC = b'\x1f\x8b'
@@ -65,6 +65,7 @@ TRAIN_SPLIT = 'train'  # the split a tar without split folders holds (the origin
 BLOCK = tarfile.BLOCKSIZE
 THIRD_LEVEL = 'a tar inside a per-class tar: the reader opens one level of tars in a tar; extract it'
 ON_DISK = -1  # the tar number of an image of a class folder beside the tars: read as a file
+SIDECAR_SUFFIXES = ('.cls', '.json')  # a webdataset shard's label members: the class index, a JSON record
 
 
 class MemberFile(io.BytesIO):
@@ -145,11 +146,13 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 
 
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
-                  out: tuple[list[str], list[int], list[int]], nested: bool) -> None:
+                  out: tuple[list[str], list[int], list[int]], nested: bool,
+                  sidecars: list[tuple[str, bytes]] | None = None) -> None:
     """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` (`size`
     bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`. Other members
     (`.cls`, `.json`) are not read, but a tar the reader does not take (compressed, misnamed, a third level) and a
-    tar holding no image are errors naming them: a class would be lost."""
+    tar holding no image are errors naming them: a class would be lost. With `sidecars` (a webdataset shard's
+    index) the label members are read into it, (name, content), and any other member is an error naming it."""
     names, offsets, sizes = out
     links, others, before = [], set(), len(names)
     try:
@@ -172,6 +175,12 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
                     names.append(prefix + name)
                     offsets.append(base + member.offset_data)
                     sizes.append(member.size)
+                elif sidecars is not None:
+                    if Path(name).suffix not in SIDECAR_SUFFIXES:
+                        raise DataError(f'{what}: member {name} is neither an image ({", ".join(IMG_EXTENSIONS)}) '
+                                        f'nor a label ({", ".join(SIDECAR_SUFFIXES)}): a webdataset shard holds '
+                                        f'KEY.EXT images with their KEY.cls or KEY.json (docs/imagenet.md)')
+                    sidecars.append((prefix + name, tar.extractfile(member).read()))
                 elif (fix := unread_tar_fix(name)) or name.endswith(TAR_SUFFIX):
                     raise DataError(f'{what}: member {name} is {fix or THIRD_LEVEL}')
                 else:
@@ -190,21 +199,32 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
         raise DataError(f'{what} is not a readable tar ({e}): copy it again') from None
 
 
-def build_index(tars: Sequence[Path]) -> dict[str, np.ndarray]:
-    """The images of `tars`: names (relative to their tar, nested tars as folders), tar numbers, offsets, sizes."""
+def build_index(tars: Sequence[Path], shards: bool = False) -> dict[str, np.ndarray]:
+    """The images of `tars`: names (relative to their tar, nested tars as folders), tar numbers, offsets, sizes.
+    `shards`: webdataset shards (no nested tars), whose label members are kept too (`side_*`: their tar numbers,
+    names and contents)."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
     tar_of: list[int] = []
+    sidecars: list[tuple[str, bytes]] | None = [] if shards else None
+    side_tar: list[int] = []
     for number, path in enumerate(tars):
-        before = len(names)
+        before, side_before = len(names), len(sidecars or ())
         with open(path, 'rb') as f:
-            index_members(f, path.stat().st_size, str(path), 0, '', (names, offsets, sizes), nested=True)
+            index_members(f, path.stat().st_size, str(path), 0, '', (names, offsets, sizes), not shards, sidecars)
         tar_of += [number] * (len(names) - before)
+        side_tar += [number] * (len(sidecars or ()) - side_before)
     packed = PathList(names)
-    return {'key': np.array(tars_key(tars)), 'buffer': packed.buffer, 'ends': packed.offsets,
-            'tar': np.array(tar_of, np.int32), 'offset': np.array(offsets, np.int64),
-            'size': np.array(sizes, np.int64)}
+    index = {'key': np.array(tars_key(tars)), 'buffer': packed.buffer, 'ends': packed.offsets,
+             'tar': np.array(tar_of, np.int32), 'offset': np.array(offsets, np.int64),
+             'size': np.array(sizes, np.int64)}
+    if sidecars is not None:
+        side_names = PathList(name for name, _ in sidecars)
+        side_text = PathList(content.decode(*ENCODING) for _, content in sidecars)
+        index.update(side_tar=np.array(side_tar, np.int32), side_buffer=side_names.buffer, side_ends=side_names.offsets,
+                     text_buffer=side_text.buffer, text_ends=side_text.offsets)
+    return index
 
 
 def read_index(path: Path, key: str) -> dict[str, np.ndarray] | None:
@@ -229,14 +249,15 @@ def write_index(index: dict[str, np.ndarray], beside: Path) -> Path:
     raise DataError(f'cannot write the tar index of {beside.parent} beside the data or in {cache_location(beside)}')
 
 
-def tar_index(found: TarSplit) -> dict[str, np.ndarray]:
-    """The index of the split's tars, read from beside them or from the cache, or built (once) and stored."""
+def tar_index(found: TarSplit, shards: bool = False) -> dict[str, np.ndarray]:
+    """The index of the split's tars (`shards`: webdataset shards, see `build_index`), read from beside them or from
+    the cache, or built (once) and stored."""
     key = tars_key(found.tars)
     for place in (found.index, cache_location(found.index)):
         if (index := read_index(place, key)) is not None:
             return index
     logger.info(f'indexing {len(found.tars)} tar file(s) in {found.tars[0].parent} (once: the index is kept)')
-    index = build_index(found.tars)
+    index = build_index(found.tars, shards)
     place = write_index(index, found.index)
     logger.info(f'{place}: the index of {len(index["size"])} images')
     return index

@@ -93,3 +93,32 @@ def split_tars(split_dir: Path, out: Path, layout: str) -> None:
         write_tar(out, files)
     else:
         raise ValueError(layout)
+
+
+def wds_shards(data: Path, out: Path, shards: int = 2, with_json: bool = False, info: bool = True) -> Path:
+    """The train and val images of the ImageNet-layout folder `data` as timm's and the Hub's webdataset shards in
+    `out` (`imagenet-train-NNNN.tar`, `imagenet-validation-NNNN.tar`): each image `KEY.EXT` (KEY its file's stem)
+    with `KEY.cls` (the class index as text; with `with_json` a `KEY.json` too: label, class_name, filename), the
+    samples dealt over `shards` shards in reverse order; `info`: an `_info.json` naming the splits' shards and
+    counts, and the classes."""
+    import json
+    classes = sorted(p.name for p in (data / 'train').iterdir())
+    splits = {}
+    for split, name in (('train', 'train'), ('val', 'validation')):
+        images = [f for c in classes for f in sorted((data / split / c).iterdir())][::-1]
+        filenames, lengths = [], []
+        for shard in range(shards):
+            members = {}
+            for image in images[shard::shards]:
+                label = classes.index(image.parent.name)
+                members[image.name] = image.read_bytes()
+                members[f'{image.stem}.cls'] = str(label).encode()
+                if with_json:
+                    members[f'{image.stem}.json'] = json.dumps(
+                        {'filename': image.name, 'label': label, 'class_name': image.parent.name}).encode()
+            filenames.append(write_tar(out / f'imagenet-{name}-{shard:04d}.tar', members).name)
+            lengths.append(len(images[shard::shards]))
+        splits[name] = {'name': name, 'num_samples': len(images), 'filenames': filenames, 'shard_lengths': lengths}
+    if info:
+        (out / '_info.json').write_text(json.dumps({'name': 'imagenet', 'splits': splits, 'classes': classes}))
+    return out

@@ -1,0 +1,321 @@
+"""timm's and the Hub's webdataset shards read as published (timm's `--dataset wds/`, `timm/imagenet-1k-wds`): tars
+whose members are images `KEY.EXT` (.jpg, .jpeg, .png, .webp, ...) with `KEY.cls`, the class index as text, and/or
+`KEY.json`, a record whose `label` is the class index and whose `class_name`, where present, names the class.
+
+A split SPLIT of a data folder D is read from shards when (the first that holds):
+
+- `D/_info.json` (or `D/_info.yaml`), timm's data set information, names it under `splits`: its `filenames` are the
+  shards (relative to D), its `shard_lengths` and `num_samples`, where given, are checked against them;
+- D/SPLIT/ is a folder of shards (its first tar begins with flat members and their labels: a per-class tar holds
+  images alone, the tar reader's shards `CLASS/KEY` members);
+- neither D/SPLIT/ nor D/SPLIT.tar is there and D holds tars named as timm's and the Hub's shards are, `SPLIT-*.tar`
+  or `*-SPLIT-*.tar` (`imagenet1k-train-0000.tar`), sorted by name.
+
+The split `val` (the suite's validation split) is the Hub's `validation` where no `val` is there.
+
+The class index is the label. The class list, in index order: the info file's `classes` (their count is the class
+count; `num_classes` where it gives only the count), or the training split's classes where a split is listed with
+them; each class unnamed there is named by its samples' `class_name`, else by its index written with as many digits
+as the largest (`000` ... `999`, which sort as the indices do). A name of the samples that differs from the list's is
+an error, never a relabelling.
+
+An image is named by its shard and its member, `SHARD.tar/KEY.EXT` relative to D (`train/SHARD.tar/KEY.EXT` in a
+split folder): token-label stores key their rows by it. A split lists class by class, by member name within a class
+(then by shard): the order the same files in class folders list in. The shards are indexed once as the tar reader
+indexes its tars (`tars.tar_index`: each image's offset and size, and each label member's content, kept in
+`D/wds-SPLIT.index.npz` or the user's cache); each image is then one pread: map-style, so exact mid-epoch resume
+and every other reader of a listing work as for any split.
+"""
+from __future__ import annotations
+
+import json
+import tarfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from backbones.common.errors import DataError
+from backbones.common.images import TAR_SUFFIX, is_split_tar, split_entries
+from classification.sources.path_list import PathList
+from classification.sources.source import ImageSource, Listing, register_source
+from classification.sources.tars import SIDECAR_SUFFIXES, TarMembers, TarReader, TarSplit, tar_index
+
+INFO_FILES = ('_info.json', '_info.yaml')  # timm's data set information, beside the shards
+SPLIT_ALIASES = {'val': 'validation'}  # the Hub's name of the suite's split
+PEEK = 8  # members of a split folder's first tar read to tell shards from per-class tars
+
+
+@dataclass(frozen=True)
+class ShardSplit:
+    """A split's shards and what is known of them: `entry` the info file's record of the split (its counts), `info`
+    the whole file (its classes), `info_file` where it is (None without one)."""
+
+    name: str
+    shards: list[Path]
+    read_from: Path
+    info_file: Path | None = None
+    info: dict = field(default_factory=dict)
+    entry: dict = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    """What a shard says of one key: its image's position in the index, its `.cls` and its JSON's label and name."""
+
+    position: int
+    cls: int | None = None
+    label: int | None = None
+    name: str | None = None
+
+
+# ------------------------------------------------------------------------------------------ finding a split's shards
+
+def split_names(split: str) -> tuple[str, ...]:
+    return (split, SPLIT_ALIASES[split]) if split in SPLIT_ALIASES else (split,)
+
+
+def read_info(data_dir: Path) -> tuple[Path, dict] | None:
+    """The info file beside the shards, parsed; None where there is none."""
+    for path in (data_dir / name for name in INFO_FILES):
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+            info = json.loads(text) if path.suffix == '.json' else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            raise DataError(f'{path} is not readable ({" ".join(str(e).split())})') from None
+        if not isinstance(info, dict) or not isinstance(info.get('splits', {}), dict):
+            raise DataError(f'{path} is not a data set information file (a mapping with "splits": name -> record)')
+        return path, info
+    return None
+
+
+def info_split(data_dir: Path, info_file: Path, info: dict, split: str) -> ShardSplit | None:
+    """The split as the info file names it, its shards there; None where it does not name it."""
+    name = next((name for name in split_names(split) if name in info.get('splits', {})), None)
+    if name is None:
+        return None
+    entry = info['splits'][name]
+    filenames = entry.get('filenames') if isinstance(entry, dict) else None
+    if not isinstance(filenames, list) or not filenames:
+        raise DataError(f'{info_file}: the split {name} names no shards (a list "filenames")')
+    shards = [data_dir / filename for filename in filenames]
+    missing = [shard for shard in shards if not shard.is_file()]
+    if missing:
+        raise DataError(f'{info_file}: the shard {missing[0]} of the split {name} is not there ({len(missing)} of its '
+                        f'{len(shards)} shards missing)')
+    return ShardSplit(name, shards, info_file, info_file, info, entry)
+
+
+def is_shard(tar: Path) -> bool:
+    """Whether the tar begins with flat members among which a label is: a webdataset shard."""
+    try:
+        with tarfile.open(tar, 'r:') as opened:
+            for _, member in zip(range(PEEK), opened):
+                name = member.name.removeprefix('./')
+                if member.isfile() and '/' not in name and Path(name).suffix in SIDECAR_SUFFIXES:
+                    return True
+    except (OSError, tarfile.TarError):
+        pass  # not a shard: the tar reader names what is wrong with it
+    return False
+
+
+def folder_shards(data_dir: Path, split: str) -> list[Path]:
+    """The shards of the split folder D/SPLIT/, where it holds shards (else none): beside them only hidden entries,
+    `lost+found` and empty folders."""
+    folder = data_dir / split
+    if not folder.is_dir():
+        return []
+    tars = sorted(p for p in folder.iterdir() if is_split_tar(p))
+    if not tars or not is_shard(tars[0]):
+        return []
+    folders, tars = split_entries(folder)
+    if folders:
+        raise DataError(f'{folder}: the class folder {folders[0]}/ beside webdataset shards ({tars[0].name}): a '
+                        f'split is shards or class folders, not both')
+    return tars
+
+
+def named_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
+    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split."""
+    if (data_dir / split).exists() or (data_dir / f'{split}{TAR_SUFFIX}').exists():
+        return split, []
+    for name in split_names(split):
+        found = sorted({*data_dir.glob(f'{name}-*{TAR_SUFFIX}'), *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')})
+        if found := [tar for tar in found if is_split_tar(tar)]:
+            return name, found
+    return split, []
+
+
+def find_split(data_dir: Path, split: str) -> ShardSplit | None:
+    """The split's shards, found as the module says; None where the split is not stored in shards."""
+    if not data_dir.is_dir():
+        return None
+    info_file, info = read_info(data_dir) or (None, {})
+    if info_file is not None and (found := info_split(data_dir, info_file, info, split)) is not None:
+        return found
+    if shards := folder_shards(data_dir, split):
+        return ShardSplit(split, shards, data_dir / split, info_file, info)
+    name, shards = named_shards(data_dir, split)
+    return ShardSplit(name, shards, shards[0], info_file, info) if shards else None
+
+
+# --------------------------------------------------------------------------------------------------------- labels
+
+def sample_key(member: str) -> str:
+    """webdataset's key of a member: its path up to the first dot of its file name."""
+    folder, _, file = member.rpartition('/')
+    return f'{folder}/{file.split(".", 1)[0]}' if folder else file.split('.', 1)[0]
+
+
+def class_index(value: object, where: str) -> int:
+    """A label as a class index: an integer (the text of a `.cls`, a JSON's `label`)."""
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise DataError(f'{where}: {str(value).strip()[:40]!r} is not a class index (an integer)')
+
+
+def read_sidecar(sample: Sample, member: str, text: str, where: str) -> None:
+    """A label member's content into the sample's record."""
+    if member.endswith('.cls'):
+        sample.cls = class_index(text, where)
+        return
+    try:
+        record = json.loads(text)
+    except ValueError as e:
+        raise DataError(f'{where} is not readable JSON ({e})') from None
+    if not isinstance(record, dict):
+        raise DataError(f'{where} is not a JSON record (an object with "label")')
+    if record.get('label') is not None:
+        sample.label = class_index(record['label'], where)
+    if record.get('class_name') is not None:
+        sample.name = str(record['class_name'])
+
+
+def sample_label(sample: Sample, where: str, count: int | None, count_from: str) -> int:
+    """The sample's class index: its `.cls`, or its JSON's `label` (both, where given, the same), in the classes."""
+    if sample.cls is None and sample.label is None:
+        raise DataError(f'{where}: the image has no label (no KEY.cls, no "label" in a KEY.json)')
+    if sample.cls is not None and sample.label is not None and sample.cls != sample.label:
+        raise DataError(f'{where}: the .cls says class {sample.cls}, the .json class {sample.label}')
+    label = sample.cls if sample.cls is not None else sample.label
+    if label < 0 or (count is not None and label >= count):
+        scope = f'the {count} classes of {count_from}' if count is not None else 'the class indices (0, 1, ...)'
+        raise DataError(f'{where}: class index {label} is outside {scope}')
+    return label
+
+
+def class_count(found: ShardSplit, classes: Sequence[str] | None, classes_from: str) -> tuple[int | None, str]:
+    """The class count known before the labels are read, and where from (for messages)."""
+    if classes is not None:
+        return len(classes), classes_from
+    if isinstance(found.info.get('classes'), list):
+        return len(found.info['classes']), f'{found.info_file} ("classes")'
+    if isinstance(found.info.get('num_classes'), int):
+        return found.info['num_classes'], f'{found.info_file} ("num_classes")'
+    return None, ''
+
+
+def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
+                named: dict[int, tuple[str, str]]) -> list[str]:
+    """The class list (see the module): the given or the info file's names, the samples' names (`named`: index ->
+    (name, where)) for the classes unnamed there, the index for the rest."""
+    listed = list(given) if given is not None else found.info.get('classes')
+    digits = len(str(count - 1))
+    names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{digits}d}' for i in range(count)]
+    for index, (name, where) in sorted(named.items()):
+        if name != names[index]:
+            raise DataError(f'{where}: class {index} is named {name!r}, the class list says {names[index]!r}')
+    twice = next((name for name, times in Counter(names).items() if times > 1), None)
+    if twice is not None:
+        raise DataError(f'{found.read_from}: two classes are named {twice!r}')
+    return names
+
+
+def check_counts(found: ShardSplit, per_shard: np.ndarray) -> None:
+    """The info file's counts of the split (`shard_lengths`, `num_samples`) against the images in its shards."""
+    lengths, total = found.entry.get('shard_lengths'), found.entry.get('num_samples')
+    if lengths is not None:
+        if len(lengths) != len(found.shards):
+            raise DataError(f'{found.info_file}: the split {found.name} gives {len(lengths)} shard lengths for '
+                            f'{len(found.shards)} shards')
+        for shard, expected, held in zip(found.shards, lengths, per_shard.tolist()):
+            if expected != held:
+                raise DataError(f'{shard}: {held} samples, where {found.info_file} says {expected} (the shard is '
+                                f'not the one described: copy it again)')
+    if total is not None and total != int(per_shard.sum()):
+        raise DataError(f'{found.info_file}: the split {found.name} holds {int(per_shard.sum())} samples in its '
+                        f'shards, the file says {total} ("num_samples")')
+
+
+# ----------------------------------------------------------------------------------------------------- the listing
+
+def read_samples(found: ShardSplit, index: dict[str, np.ndarray]) -> dict[tuple[int, str], Sample]:
+    """Each (shard number, key) of the index with its image and labels; an image or a label alone, and two images
+    under one key, are errors naming the shard and the key."""
+    names = PathList()
+    names.buffer, names.offsets = index['buffer'], index['ends']
+    samples: dict[tuple[int, str], Sample] = {}
+    for position, (member, number) in enumerate(zip(names, index['tar'].tolist())):
+        key = (number, sample_key(member))
+        if key in samples:
+            raise DataError(f'{found.shards[number]}: key {key[1]}: two images ({names[samples[key].position]}, '
+                            f'{member})')
+        samples[key] = Sample(position)
+    side_names, texts = PathList(), PathList()
+    side_names.buffer, side_names.offsets = index['side_buffer'], index['side_ends']
+    texts.buffer, texts.offsets = index['text_buffer'], index['text_ends']
+    for member, text, number in zip(side_names, texts, index['side_tar'].tolist()):
+        key = (number, sample_key(member))
+        if key not in samples:
+            raise DataError(f'{found.shards[number]}: key {key[1]}: the label {member} has no image')
+        read_sidecar(samples[key], member, text, f'{found.shards[number]}: {member}')
+    return samples
+
+
+def shard_listing(data_dir: Path, found: ShardSplit, classes: Sequence[str] | None, classes_from: str) -> Listing:
+    """The split's classes, its images (named by shard and member) with their labels, and their reader."""
+    index = tar_index(TarSplit(found.shards, False, True, data_dir / f'wds-{found.name}.index.npz'), shards=True)
+    check_counts(found, np.bincount(index['tar'], minlength=len(found.shards)))
+    count, count_from = class_count(found, classes, classes_from)
+    names = PathList()
+    names.buffer, names.offsets = index['buffer'], index['ends']
+    listed, named = [], {}
+    for (number, key), sample in read_samples(found, index).items():
+        where = f'{found.shards[number]}: key {key}'
+        label = sample_label(sample, where, count, count_from)
+        if sample.name is not None:
+            first = named.setdefault(label, (sample.name, where))
+            if first[0] != sample.name:
+                raise DataError(f'{where}: class {label} is named {sample.name!r}, at {first[1]} {first[0]!r}')
+        listed.append((label, names[sample.position], number, sample.position))
+    listed.sort()
+    found_classes = class_names(found, count if count is not None else max(label for label, *_ in listed) + 1,
+                                classes, named)
+    shard_names = [shard.relative_to(data_dir).as_posix() for shard in found.shards]
+    members = TarMembers([str(shard) for shard in found.shards], index['tar'], index['offset'], index['size'])
+    return Listing(found_classes, [(f'{shard_names[number]}/{member}', label) for label, member, number, _ in listed],
+                   TarReader(data_dir, members.take([position for *_, position in listed])), found.read_from)
+
+
+@register_source
+class WebDatasetShards(ImageSource):
+    """A split in webdataset shards: asked before the tars, which would read a folder of them as per-class tars."""
+
+    name = 'webdataset shards'
+    first = True
+
+    def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
+                   classes_from: str) -> Listing | None:
+        found = find_split(data_dir, split)
+        return None if found is None else shard_listing(data_dir, found, classes, classes_from)
+
