@@ -21,7 +21,7 @@ from classification.data.folders import ImageFolderDataset
 from classification.sources.class_folders import FilesIn
 from classification.sources.source import open_split
 from classification.sources.tars import file_bytes
-from helpers.cls_data import CLASSES, make_image_folder, split_tars, write_tar
+from helpers.cls_data import CLASSES, make_image_folder, split_tars, tar_files, write_tar
 from helpers.commands import one_line_error, run_tool, succeeded
 from helpers.models import TINY_DEIT
 
@@ -178,12 +178,6 @@ def test_flat_images_in_a_split_folder_a_damaged_index_and_gzip_are_named_or_men
 
 
 # ------------------------------------------------------------------------------ every entry and member accounted for
-
-def tar_files(path) -> dict[str, bytes]:
-    """A tar's file members, name -> content, in their order."""
-    with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-
 
 def gzipped(path, out):
     out.write_bytes(gzip.compress(path.read_bytes()))

@@ -285,12 +285,13 @@ def read_samples(found: ShardSplit, index: dict[str, np.ndarray]) -> dict[tuple[
 def shard_listing(data_dir: Path, found: ShardSplit, classes: Sequence[str] | None, classes_from: str) -> Listing:
     """The split's classes, its images (named by shard and member) with their labels, and their reader."""
     index = tar_index(TarSplit(found.shards, False, True, data_dir / f'wds-{found.name}.index.npz'), shards=True)
-    check_counts(found, np.bincount(index['tar'], minlength=len(found.shards)))
+    samples = read_samples(found, index)
+    check_counts(found, np.bincount([number for number, _ in samples], minlength=len(found.shards)))
     count, count_from = class_count(found, classes, classes_from)
     names = PathList()
     names.buffer, names.offsets = index['buffer'], index['ends']
     listed, named = [], {}
-    for (number, key), sample in read_samples(found, index).items():
+    for (number, key), sample in samples.items():
         where = f'{found.shards[number]}: key {key}'
         label = sample_label(sample, where, count, count_from)
         if sample.name is not None:

@@ -65,6 +65,13 @@ def write_tar(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
+def tar_files(path: Path) -> dict[str, bytes]:
+    """A tar's file members, name -> content, in their order."""
+    import tarfile
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
 def split_tars(split_dir: Path, out: Path, layout: str) -> None:
     """The images of an ImageNet-layout split folder as tars at `out` (a tar or a folder): `ilsvrc` one tar of
     per-class tars (the ILSVRC2012 training tar), `per-class` a folder of CLASS.tar, `shards` two webdataset-style
@@ -95,10 +102,11 @@ def split_tars(split_dir: Path, out: Path, layout: str) -> None:
         raise ValueError(layout)
 
 
-def wds_shards(data: Path, out: Path, shards: int = 2, with_json: bool = False, info: bool = True) -> Path:
+def wds_shards(data: Path, out: Path, shards: int = 2, with_json: bool = False, with_cls: bool = True,
+               info: bool = True) -> Path:
     """The train and val images of the ImageNet-layout folder `data` as timm's and the Hub's webdataset shards in
     `out` (`imagenet-train-NNNN.tar`, `imagenet-validation-NNNN.tar`): each image `KEY.EXT` (KEY its file's stem)
-    with `KEY.cls` (the class index as text; with `with_json` a `KEY.json` too: label, class_name, filename), the
+    with `KEY.cls` (the class index as text) and/or (`with_json`) `KEY.json` (label, class_name, filename), the
     samples dealt over `shards` shards in reverse order; `info`: an `_info.json` naming the splits' shards and
     counts, and the classes."""
     import json
@@ -112,7 +120,8 @@ def wds_shards(data: Path, out: Path, shards: int = 2, with_json: bool = False, 
             for image in images[shard::shards]:
                 label = classes.index(image.parent.name)
                 members[image.name] = image.read_bytes()
-                members[f'{image.stem}.cls'] = str(label).encode()
+                if with_cls:
+                    members[f'{image.stem}.cls'] = str(label).encode()
                 if with_json:
                     members[f'{image.stem}.json'] = json.dumps(
                         {'filename': image.name, 'label': label, 'class_name': image.parent.name}).encode()

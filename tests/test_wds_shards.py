@@ -1,0 +1,237 @@
+"""timm's and the Hub's webdataset shards (KEY.EXT with KEY.cls and/or KEY.json, _info.json beside them) read as
+published: the same classes, labels and bytes as the folder they were made from, whichever way the split is found;
+every inconsistency a one-line error naming the shard and the key; a run from shards the same as a run from folders,
+resumed exactly after a SIGTERM, with token labels keyed by shard and key."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import timm
+import torch
+import yaml
+
+import classification.sources.tars as image_tars
+from backbones.common.distributed import DistInfo
+from backbones.common.errors import DataError
+from backbones.common.images import scan_split
+from classification.sources.source import open_split
+from classification.sources.tars import file_bytes
+from classification.token_labeling.annotate import generate_token_labels
+from classification.token_labeling.label_store import TokenLabelStore
+from helpers.cls_data import CLASSES, make_image_folder, tar_files, wds_shards, write_tar
+from helpers.commands import run_tool, succeeded
+from helpers.models import TINY_DEIT
+from helpers.training_runs import assert_same_run, resume_after_stops
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    return make_image_folder(tmp_path_factory.mktemp('wds') / 'folder', per_class={'train': 5, 'val': 2})
+
+
+def as_split_folders(shards):
+    """The shards moved into split folders, D/train/ and D/val/, without the info file."""
+    (shards / '_info.json').unlink()
+    for split, name in (('train', 'train'), ('val', 'validation')):
+        (shards / split).mkdir()
+        for shard in shards.glob(f'imagenet-{name}-*.tar'):
+            shard.rename(shards / split / shard.name)
+    return shards
+
+
+def as_yaml(shards):
+    info = shards / '_info.json'
+    (shards / '_info.yaml').write_text(yaml.safe_dump(json.loads(info.read_text())))
+    info.unlink()
+    return shards
+
+
+LAYOUTS = {
+    'info.json, .cls': lambda folder, out: wds_shards(folder, out),
+    'info.yaml, .cls': lambda folder, out: as_yaml(wds_shards(folder, out)),
+    'info.json, .json alone': lambda folder, out: wds_shards(folder, out, with_json=True, with_cls=False),
+    'no info, .cls and .json': lambda folder, out: wds_shards(folder, out, with_json=True, info=False),
+    'no info, numbered classes': lambda folder, out: wds_shards(folder, out, info=False),
+    'split folders': lambda folder, out: as_split_folders(wds_shards(folder, out, shards=3)),
+}
+
+
+@pytest.mark.parametrize('layout', LAYOUTS)
+def test_shards_list_and_read_as_the_folder_they_were_made_from(folder, tmp_path, layout):
+    """The labels are the shards' class indices, the order the folder's, each image's bytes its file's; images are
+    named by shard and member. The split folder's flat shards were per-class tars (a class per shard)."""
+    data = LAYOUTS[layout](folder, tmp_path / 'shards')
+    numbered = layout in ('no info, numbered classes', 'split folders')  # no class names anywhere
+    for split in ('train', 'val'):
+        classes, samples = scan_split(folder, split)
+        listing = open_split(data, split, None if split == 'train' else classes)
+        assert listing.classes == (['0', '1', '2'] if numbered and split == 'train' else classes)
+        assert [label for _, label in listing.samples] == [label for _, label in samples]
+        assert [name.rsplit('/', 1)[1] for name, _ in listing.samples] == \
+               [path.rsplit('/', 1)[1] for path, _ in samples]
+        prefix = f'{split}/' if layout == 'split folders' else ''
+        assert all(name.startswith(f'{prefix}imagenet-') and '.tar/' in name for name, _ in listing.samples)
+        assert [file_bytes(listing.reader.open(i, name)) for i, (name, _) in enumerate(listing.samples)] == \
+               [(folder / path).read_bytes() for path, _ in samples]
+        shard, member = listing.samples[0][0].split('.tar/')
+        assert file_bytes(listing.reader.open(0, listing.samples[0][0])) == tar_files(data / f'{shard}.tar')[member]
+
+
+def test_the_index_is_kept_beside_the_shards(folder, tmp_path, monkeypatch):
+    data = wds_shards(folder, tmp_path / 'shards')
+    builds = []
+    build = image_tars.build_index
+    monkeypatch.setattr(image_tars, 'build_index', lambda tars, shards: builds.append(shards) or build(tars, shards))
+    first = open_split(data, 'train')
+    assert open_split(data, 'train').samples == first.samples and builds == [True]
+    assert (data / 'wds-train.index.npz').is_file()
+
+
+def shard_of(data, split='train', number=0):
+    return data / f'imagenet-{"validation" if split == "val" else split}-{number:04d}.tar'
+
+
+def rewrite(shard, change):
+    """The shard written again with its members changed by `change` (members -> members)."""
+    write_tar(shard, change(tar_files(shard)))
+
+
+def first_key(shard) -> str:
+    return next(name for name in tar_files(shard) if name.endswith('.cls'))[:-len('.cls')]
+
+
+def edit_info(data, change):
+    info = json.loads((data / '_info.json').read_text())
+    change(info)
+    (data / '_info.json').write_text(json.dumps(info))
+
+
+def without(members, name):
+    return {k: v for k, v in members.items() if k != name}
+
+
+REFUSALS = {
+    # name: (change the shards, what the error says: {key} the first key of the first training shard)
+    'an image without a label': (
+        lambda data, key: rewrite(shard_of(data), lambda m: without(m, f'{key}.cls')),
+        'key {key}: the image has no label (no KEY.cls, no "label" in a KEY.json)'),
+    'a .cls that is no integer': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.cls': b'n001'}),
+        "{key}.cls: 'n001' is not a class index (an integer)"),
+    'a label outside the classes': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.cls': b'3\n'}),
+        'key {key}: class index 3 is outside the 3 classes of {data}/_info.json ("classes")'),
+    'a negative label': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.cls': b'-1'}),
+        'key {key}: class index -1 is outside the 3 classes'),
+    'the .cls and the .json disagree': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {
+            **m, f'{key}.json': json.dumps({'label': (int(m[f'{key}.cls']) + 1) % 3}).encode()}),
+        'key {key}: the .cls says class {label}, the .json class {other}'),
+    'a class name that is not the list\'s': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {
+            **m, f'{key}.json': json.dumps({'label': int(m[f'{key}.cls']), 'class_name': 'fox'}).encode()}),
+        "key {key}: class {label} is named 'fox', the class list says"),
+    'a member neither image nor label': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.txt': b'a caption'}),
+        'member {key}.txt is neither an image'),
+    'a label without an image': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {**m, 'stray.cls': b'0'}),
+        'key stray: the label stray.cls has no image'),
+    'two images under one key': (
+        lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.webp': b'RIFF'}),
+        'key {key}: two images'),
+    'a shard length the shard does not have': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train']['shard_lengths'].__setitem__(0, 99)),
+        ' samples, where {data}/_info.json says 99'),
+    'a sample count the shards do not have': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('num_samples', 14)),
+        'the split train holds 15 samples in its shards, the file says 14'),
+    'a shard the info file names missing': (
+        lambda data, key: shard_of(data, number=1).unlink(),
+        'the shard {data}/imagenet-train-0001.tar of the split train is not there'),
+}
+
+
+@pytest.mark.parametrize('case', REFUSALS)
+def test_every_inconsistency_of_the_shards_is_one_line_naming_the_shard_and_the_key(folder, tmp_path, case):
+    data = wds_shards(folder, tmp_path / 'shards')
+    key = first_key(shard_of(data))
+    label = int(tar_files(shard_of(data))[f'{key}.cls'])
+    change, says = REFUSALS[case]
+    change(data, key)
+    with pytest.raises(DataError) as error:
+        open_split(data, 'train')
+    message = str(error.value)
+    assert says.format(key=key, label=label, other=(label + 1) % 3, data=data) in message, message
+    assert '\n' not in message
+    if 'info' not in case and 'count' not in case and 'length' not in case:
+        assert message.startswith(f'{shard_of(data)}:'), message
+
+
+def test_a_validation_label_outside_the_training_classes_is_refused(folder, tmp_path):
+    """Without an info file the training split's classes bound the validation split's labels."""
+    data = wds_shards(folder, tmp_path / 'shards', info=False)
+    key = first_key(shard_of(data, 'val'))
+    rewrite(shard_of(data, 'val'), lambda m: {**m, f'{key}.cls': b'5'})
+    train = open_split(data, 'train')
+    with pytest.raises(DataError, match=rf'key {key}: class index 5 is outside the 3 classes of the training split'):
+        open_split(data, 'val', train.classes, 'the training split')
+
+
+TRAIN = [*TINY_DEIT, '--img-size', '32', '--batch-size', '4', '--epochs', '2', '--warmup-epochs', '1', '--device',
+         'cpu', '--ema-decay', '0', '--lr-base', '1e-3', '--lr-base-batch', '4']
+
+
+@pytest.mark.slow  # tools run end to end
+def test_a_run_from_shards_is_the_run_from_the_folder(folder, tmp_path):
+    """The same seed, the same images in the same order with the same labels: the same losses, validation and
+    weights, bit for bit."""
+    shards = wds_shards(folder, tmp_path / 'shards', with_json=True)
+    args = [*TRAIN, '--no-token-labeling', '--workers', '0', '--seed', '3']
+    succeeded(run_tool('train_cls.py', [*args, '--data-dir', folder, '--output', tmp_path / 'folder_run']))
+    result = succeeded(run_tool('train_cls.py', [*args, '--data-dir', shards, '--output', tmp_path / 'shard_run']))
+    assert f'{shards / "train"}: listed 15 images' in result.stdout
+    assert_same_run(tmp_path / 'folder_run', tmp_path / 'shard_run', epochs=2, images=6)
+    checkpoint = torch.load(tmp_path / 'shard_run' / 'last.pth', weights_only=True)
+    assert checkpoint['args']['classes'] == list(CLASSES)
+
+
+@pytest.mark.slow  # tools run end to end
+def test_token_labels_of_shard_images_and_a_sigterm_mid_epoch_resumes_exactly(folder, tmp_path):
+    """Token labels made from the shards are keyed by shard and key and equal those made from the folder, image by
+    image; a run on them stopped by SIGTERM mid-epoch and resumed ends as the run never stopped."""
+    shards = wds_shards(folder, tmp_path / 'shards')
+    torch.manual_seed(0)
+    torch.save(timm.create_model('resnet10t', num_classes=3).state_dict(), tmp_path / 'annotator.pth')
+    for data, out in ((shards, 'shard_labels'), (folder, 'folder_labels')):
+        generate_token_labels(data, 'resnet10t', tmp_path / out, DistInfo(), checkpoint=str(tmp_path / 'annotator.pth'),
+                              img_size=64, topk=2, workers=0)
+    by_shards, by_folder = TokenLabelStore(tmp_path / 'shard_labels'), TokenLabelStore(tmp_path / 'folder_labels')
+    listed = [name for name, _ in open_split(shards, 'train').samples]
+    assert list(by_shards.paths) == listed and all('.tar/' in name for name in listed)
+    for name, (path, _) in zip(listed, scan_split(folder, 'train')[1]):
+        assert name.rsplit('/', 1)[1] == path.rsplit('/', 1)[1]
+        for a, b in zip(by_shards.read(by_shards.row_of(name)), by_folder.read(by_folder.row_of(path))):
+            assert np.array_equal(a, b), name
+
+    args = [*TRAIN, '--data-dir', shards, '--token-label-dir', tmp_path / 'shard_labels', '--token-labeling',
+            '--workers', '2', '--batch-size', '2', '--augment', 'batched']
+    succeeded(run_tool('train_cls.py', [*args, '--output', tmp_path / 'straight']))
+    points = resume_after_stops('train_cls.py', [*args, '--output', tmp_path / 'cut'], tmp_path / 'cut', stops=1)
+    assert all(batch > 0 for _, batch in points)
+    assert_same_run(tmp_path / 'straight', tmp_path / 'cut', epochs=2)
+
+
+def test_shards_beside_a_split_folder_of_class_folders_are_read_by_the_info_file_and_the_folder_named(
+        folder, tmp_path, caplog):
+    """The info file names the split: the shards are read, the class folder left unread is named."""
+    data = wds_shards(folder, tmp_path / 'shards')
+    shutil.copytree(folder / 'train', data / 'train')
+    with caplog.at_level('WARNING'):
+        listing = open_split(data, 'train')
+    assert listing.read_from == data / '_info.json' and all('.tar/' in name for name, _ in listing.samples)
+    assert f'{data / "train"} is not read: the split train is read from {data / "_info.json"}' in caplog.text
