@@ -81,7 +81,7 @@ def test_the_index_is_kept_and_rebuilt_when_a_tar_changes(folder, tmp_path, monk
     data = tar_data(folder, tmp_path, 'per-class')
     builds = []
     build = image_tars.build_index
-    monkeypatch.setattr(image_tars, 'build_index', lambda tars: builds.append(len(tars)) or build(tars))
+    monkeypatch.setattr(image_tars, 'build_index', lambda tars, shards: builds.append(len(tars)) or build(tars, shards))
     first = open_split(data, 'train')
     assert (data / 'train' / 'tars.index.npz').is_file() and builds == [3]
     assert open_split(data, 'train').samples == first.samples and builds == [3]  # read from beside the tars
