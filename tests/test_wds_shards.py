@@ -235,3 +235,15 @@ def test_shards_beside_a_split_folder_of_class_folders_are_read_by_the_info_file
         listing = open_split(data, 'train')
     assert listing.read_from == data / '_info.json' and all('.tar/' in name for name, _ in listing.samples)
     assert f'{data / "train"} is not read: the split train is read from {data / "_info.json"}' in caplog.text
+
+
+def test_a_shard_among_per_class_tars_is_no_class(folder, tmp_path):
+    """A split folder's first tar a per-class tar, a later one a webdataset shard: the shard's flat images were a
+    class named after the shard."""
+    shards = wds_shards(folder, tmp_path / 'shards', info=False)
+    train = tmp_path / 'data' / 'train'
+    write_tar(train / 'n001.tar', {f.name: f.read_bytes() for f in sorted((folder / 'train' / 'n001').iterdir())})
+    shutil.copy(shard_of(shards), train / 'shard-0000.tar')
+    with pytest.raises(DataError, match=rf'^{train / "shard-0000.tar"}: member \S+\.cls is a webdataset label beside '
+                                        r'flat images'):
+        open_split(tmp_path / 'data', 'train')

@@ -181,6 +181,10 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
                                         f'nor a label ({", ".join(SIDECAR_SUFFIXES)}): a webdataset shard holds '
                                         f'KEY.EXT images with their KEY.cls or KEY.json (docs/imagenet.md)')
                     sidecars.append((prefix + name, tar.extractfile(member).read()))
+                elif not prefix and '/' not in name and Path(name).suffix in SIDECAR_SUFFIXES:
+                    raise DataError(f'{what}: member {name} is a webdataset label beside flat images, which the '
+                                    f'tar reader would take for a class named after the tar: keep the shards in a '
+                                    f'split folder of shards alone (docs/imagenet.md)')
                 elif (fix := unread_tar_fix(name)) or name.endswith(TAR_SUFFIX):
                     raise DataError(f'{what}: member {name} is {fix or THIRD_LEVEL}')
                 else:
