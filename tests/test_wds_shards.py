@@ -33,12 +33,12 @@ def folder(tmp_path_factory):
 
 
 def as_split_folders(shards):
-    """The shards moved into split folders, D/train/ and D/val/, without the info file."""
+    """The shards moved into split folders named as the Hub's, D/train/ and D/validation/, without the info file."""
     (shards / '_info.json').unlink()
-    for split, name in (('train', 'train'), ('val', 'validation')):
-        (shards / split).mkdir()
+    for name in ('train', 'validation'):
+        (shards / name).mkdir()
         for shard in shards.glob(f'imagenet-{name}-*.tar'):
-            shard.rename(shards / split / shard.name)
+            shard.rename(shards / name / shard.name)
     return shards
 
 
@@ -72,7 +72,7 @@ def test_shards_list_and_read_as_the_folder_they_were_made_from(folder, tmp_path
         assert [label for _, label in listing.samples] == [label for _, label in samples]
         assert [name.rsplit('/', 1)[1] for name, _ in listing.samples] == \
                [path.rsplit('/', 1)[1] for path, _ in samples]
-        prefix = f'{split}/' if layout == 'split folders' else ''
+        prefix = f'{"validation" if split == "val" else split}/' if layout == 'split folders' else ''
         assert all(name.startswith(f'{prefix}imagenet-') and '.tar/' in name for name, _ in listing.samples)
         assert [file_bytes(listing.reader.open(i, name)) for i, (name, _) in enumerate(listing.samples)] == \
                [(folder / path).read_bytes() for path, _ in samples]

@@ -7,7 +7,7 @@ A split SPLIT of a data folder D is read from shards when (the first that holds)
 - `D/_info.json` (or `D/_info.yaml`), timm's data set information, names it under `splits`: its `filenames` are the
   shards (relative to D), its `shard_lengths` and `num_samples`, where given, are checked against them;
 - D/SPLIT/ is a folder of shards (its first tar begins with flat members and their labels: a per-class tar holds
-  images alone, the tar reader's shards `CLASS/KEY` members);
+  images alone, the tar reader's shards `CLASS/KEY` members; `D/validation/` for `val`, as the Hub names it);
 - neither D/SPLIT/ nor D/SPLIT.tar is there and D holds tars named as timm's and the Hub's shards are, `SPLIT-*.tar`
   or `*-SPLIT-*.tar` (`imagenet1k-train-0000.tar`), sorted by name.
 
@@ -124,20 +124,22 @@ def is_shard(tar: Path) -> bool:
     return False
 
 
-def folder_shards(data_dir: Path, split: str) -> list[Path]:
-    """The shards of the split folder D/SPLIT/, where it holds shards (else none): beside them only hidden entries,
-    `lost+found` and empty folders."""
-    folder = data_dir / split
-    if not folder.is_dir():
-        return []
-    tars = sorted(p for p in folder.iterdir() if is_split_tar(p))
-    if not tars or not is_shard(tars[0]):
-        return []
-    folders, tars = split_entries(folder)
-    if folders:
-        raise DataError(f'{folder}: the class folder {folders[0]}/ beside webdataset shards ({tars[0].name}): a '
-                        f'split is shards or class folders, not both')
-    return tars
+def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
+    """The split's folder (D/SPLIT/, or the Hub's name of it) and its shards, where it holds shards (else none):
+    beside them only hidden entries, `lost+found` and empty folders."""
+    for name in split_names(split):
+        folder = data_dir / name
+        if not folder.is_dir():
+            continue
+        tars = sorted(p for p in folder.iterdir() if is_split_tar(p))
+        if not tars or not is_shard(tars[0]):
+            return split, []
+        folders, tars = split_entries(folder)
+        if folders:
+            raise DataError(f'{folder}: the class folder {folders[0]}/ beside webdataset shards ({tars[0].name}): a '
+                            f'split is shards or class folders, not both')
+        return name, tars
+    return split, []
 
 
 def named_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
@@ -158,8 +160,9 @@ def find_split(data_dir: Path, split: str) -> ShardSplit | None:
     info_file, info = read_info(data_dir) or (None, {})
     if info_file is not None and (found := info_split(data_dir, info_file, info, split)) is not None:
         return found
-    if shards := folder_shards(data_dir, split):
-        return ShardSplit(split, shards, data_dir / split, info_file, info)
+    name, shards = folder_shards(data_dir, split)
+    if shards:
+        return ShardSplit(name, shards, data_dir / name, info_file, info)
     name, shards = named_shards(data_dir, split)
     return ShardSplit(name, shards, shards[0], info_file, info) if shards else None
 
