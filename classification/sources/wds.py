@@ -15,8 +15,8 @@ The split `val` (the suite's validation split) is the Hub's `validation` where n
 
 The class index is the label. The class list, in index order: the info file's `classes` (their count is the class
 count; `num_classes` where it gives only the count), or the training split's classes where a split is listed with
-them; each class unnamed there is named by its samples' `class_name`, else by its index written with as many digits
-as the largest (`000` ... `999`, which sort as the indices do). A name of the samples that differs from the list's is
+them; each class unnamed there is named by its samples' `class_name`, else by its index zero-padded to the width of
+the largest (`000` ... `999`, which sort as the indices do). A name of the samples that differs from the list's is
 an error, never a relabelling.
 
 An image is named by its shard and its member, `SHARD.tar/KEY.EXT` relative to D (`train/SHARD.tar/KEY.EXT` in a
@@ -233,8 +233,8 @@ def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
     """The class list (see the module): the given or the info file's names, the samples' names (`named`: index ->
     (name, where)) for the classes unnamed there, the index for the rest."""
     listed = list(given) if given is not None else found.info.get('classes')
-    digits = len(str(count - 1))
-    names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{digits}d}' for i in range(count)]
+    width = len(str(count - 1))
+    names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{width}d}' for i in range(count)]
     for index, (name, where) in sorted(named.items()):
         if name != names[index]:
             raise DataError(f'{where}: class {index} is named {name!r}, the class list says {names[index]!r}')
