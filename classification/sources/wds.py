@@ -262,21 +262,26 @@ def check_counts(found: ShardSplit, per_shard: np.ndarray) -> None:
 
 # ----------------------------------------------------------------------------------------------------- the listing
 
-def read_samples(found: ShardSplit, index: dict[str, np.ndarray]) -> dict[tuple[int, str], Sample]:
-    """Each (shard number, key) of the index with its image and labels; an image or a label alone, and two images
-    under one key, are errors naming the shard and the key."""
-    names = PathList()
-    names.buffer, names.offsets = index['buffer'], index['ends']
+def index_strings(index: dict[str, np.ndarray], buffer: str, ends: str) -> list[str]:
+    """Strings the index keeps packed (a `PathList`'s two arrays), unpacked at once (one at a time is slower)."""
+    packed = PathList()
+    packed.buffer, packed.offsets = index[buffer], index[ends]
+    return list(packed)
+
+
+def read_samples(found: ShardSplit, index: dict[str, np.ndarray],
+                 members: Sequence[str]) -> dict[tuple[int, str], Sample]:
+    """Each (shard number, key) of the index (its image `members`) with its image and labels; an image or a label
+    alone, and two images under one key, are errors naming the shard and the key."""
     samples: dict[tuple[int, str], Sample] = {}
-    for position, (member, number) in enumerate(zip(names, index['tar'].tolist())):
+    for position, (member, number) in enumerate(zip(members, index['tar'].tolist())):
         key = (number, sample_key(member))
         if key in samples:
-            raise DataError(f'{found.shards[number]}: key {key[1]}: two images ({names[samples[key].position]}, '
+            raise DataError(f'{found.shards[number]}: key {key[1]}: two images ({members[samples[key].position]}, '
                             f'{member})')
         samples[key] = Sample(position)
-    side_names, texts = PathList(), PathList()
-    side_names.buffer, side_names.offsets = index['side_buffer'], index['side_ends']
-    texts.buffer, texts.offsets = index['text_buffer'], index['text_ends']
+    side_names = index_strings(index, 'side_buffer', 'side_ends')
+    texts = index_strings(index, 'text_buffer', 'text_ends')
     for member, text, number in zip(side_names, texts, index['side_tar'].tolist()):
         key = (number, sample_key(member))
         if key not in samples:
@@ -288,11 +293,10 @@ def read_samples(found: ShardSplit, index: dict[str, np.ndarray]) -> dict[tuple[
 def shard_listing(data_dir: Path, found: ShardSplit, classes: Sequence[str] | None, classes_from: str) -> Listing:
     """The split's classes, its images (named by shard and member) with their labels, and their reader."""
     index = tar_index(TarSplit(found.shards, False, True, data_dir / f'wds-{found.name}.index.npz'), shards=True)
-    samples = read_samples(found, index)
+    members = index_strings(index, 'buffer', 'ends')
+    samples = read_samples(found, index, members)
     check_counts(found, np.bincount([number for number, _ in samples], minlength=len(found.shards)))
     count, count_from = class_count(found, classes, classes_from)
-    names = PathList()
-    names.buffer, names.offsets = index['buffer'], index['ends']
     listed, named = [], {}
     for (number, key), sample in samples.items():
         where = f'{found.shards[number]}: key {key}'
@@ -301,14 +305,14 @@ def shard_listing(data_dir: Path, found: ShardSplit, classes: Sequence[str] | No
             first = named.setdefault(label, (sample.name, where))
             if first[0] != sample.name:
                 raise DataError(f'{where}: class {label} is named {sample.name!r}, at {first[1]} {first[0]!r}')
-        listed.append((label, names[sample.position], number, sample.position))
+        listed.append((label, members[sample.position], number, sample.position))
     listed.sort()
     found_classes = class_names(found, count if count is not None else max(label for label, *_ in listed) + 1,
                                 classes, named)
     shard_names = [shard.relative_to(data_dir).as_posix() for shard in found.shards]
-    members = TarMembers([str(shard) for shard in found.shards], index['tar'], index['offset'], index['size'])
+    where = TarMembers([str(shard) for shard in found.shards], index['tar'], index['offset'], index['size'])
     return Listing(found_classes, [(f'{shard_names[number]}/{member}', label) for label, member, number, _ in listed],
-                   TarReader(data_dir, members.take([position for *_, position in listed])), found.read_from)
+                   TarReader(data_dir, where.take([position for *_, position in listed])), found.read_from)
 
 
 @register_source
