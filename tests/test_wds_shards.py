@@ -17,8 +17,10 @@ import classification.sources.tars as image_tars
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError
 from backbones.common.images import scan_split
-from classification.sources.source import open_split
-from classification.sources.tars import file_bytes
+from classification.sources.class_folders import ClassFolders
+from classification.sources.source import open_split, sources
+from classification.sources.tars import Tars, file_bytes
+from classification.sources.wds import WebDatasetShards
 from classification.token_labeling.annotate import generate_token_labels
 from classification.token_labeling.label_store import TokenLabelStore
 from helpers.cls_data import CLASSES, make_image_folder, tar_files, wds_shards, write_tar
@@ -247,3 +249,18 @@ def test_a_shard_among_per_class_tars_is_no_class(folder, tmp_path):
     with pytest.raises(DataError, match=rf'^{train / "shard-0000.tar"}: member \S+\.cls is a webdataset label beside '
                                         r'flat images'):
         open_split(tmp_path / 'data', 'train')
+
+
+def test_the_shards_are_asked_before_the_tars_and_an_unreadable_info_file_is_named(folder, tmp_path):
+    kinds = [type(source) for source in sources()]
+    assert kinds.index(WebDatasetShards) < kinds.index(Tars) < kinds.index(ClassFolders)
+    data = wds_shards(folder, tmp_path / 'shards')
+    (data / '_info.json').write_text('{"splits": {"train": ')
+    with pytest.raises(DataError, match=rf'^{data / "_info.json"} is not readable \(Expecting value') as error:
+        open_split(data, 'train')
+    assert '\n' not in str(error.value)
+    (data / '_info.json').unlink()
+    (data / '_info.yaml').write_text('splits: [train\n  validation: x\n')
+    with pytest.raises(DataError, match=rf'^{data / "_info.yaml"} is not readable \(') as error:
+        open_split(data, 'train')
+    assert '\n' not in str(error.value)
