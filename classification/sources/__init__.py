@@ -1,3 +1,4 @@
 """Where a classification data set's images come from, behind one interface (`source.open_split`): tars read in
-place (`tars`), and class folders, the default (`class_folders`). Importing the package registers them."""
-from classification.sources import class_folders, source, tars  # noqa: F401  (registration)
+place (`tars`), splits saved by Hugging Face `datasets` (`hf_datasets`, an optional extra), and class folders, the
+default (`class_folders`). Importing the package registers them."""
+from classification.sources import class_folders, hf_datasets, source, tars  # noqa: F401  (registration)
