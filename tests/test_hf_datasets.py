@@ -4,6 +4,7 @@ workers, token labels keyed by split and row, a run equal to the folder's and re
 one line."""
 from __future__ import annotations
 
+import pickle
 import sys
 
 import numpy as np
@@ -171,6 +172,14 @@ def test_every_refusal_is_one_line_naming_what_is_wrong(folder, tmp_path):
             assert says == (f"{data / 'train'}: the label column 'label' is Value('string'), not a ClassLabel: cast it "
                             f"(dataset.class_encode_column('label') for class names) and save it again")
 
+    arrow = both / 'train' / 'data-00000-of-00001.arrow'  # the DatasetDict's train split, state.json put back
+    train.save_to_disk(str(tmp_path / 'again'))
+    (both / 'train' / 'state.json').write_bytes((tmp_path / 'again' / 'state.json').read_bytes())
+    arrow.write_bytes(arrow.read_bytes()[:arrow.stat().st_size // 2])
+    assert refusal(both).startswith(f'{both / "train"}: cannot read the split train (OSError: ')
+    (hub / 'train-00000-of-00001.parquet').write_bytes(b'PAR1 cut short')
+    assert refusal(hub.parent).startswith(f'{hub / "train-00000-of-00001.parquet"} is not a readable parquet file')
+
     unlabelled = tmp_path / 'test-split'  # the Hub's ImageNet test split: every label -1
     datasets.Dataset.from_dict({'image': [None] * 3, 'label': [0, -1, -1]}, features=train.features).save_to_disk(
         str(unlabelled / 'train'))
@@ -219,8 +228,10 @@ def test_forked_loader_workers_read_the_rows_as_the_folder(folder, tmp_path):
         batches.append([(b['index'].tolist(), b['label'].tolist(), b['image']) for b in loader])
     for (index, label, image), (hf_index, hf_label, hf_image) in zip(*batches, strict=True):
         assert (index, label) == (hf_index, hf_label) and torch.equal(image, hf_image)
-    reader = open_split(data, 'train').reader
+    reader = open_split(data, 'train').reader  # as torchrun's main process sends it to the others: pickled
     assert isinstance(reader, ArrowRows) and reader.take([7, 2]).rows.tolist() == [7, 2]
+    sent = pickle.loads(pickle.dumps(reader.take([7, 2])))
+    assert file_bytes(sent.open(1, 'train/2')) == file_bytes(reader.open(2, 'train/2'))
 
 
 def test_token_labels_are_keyed_by_split_and_row(tmp_path, labeled_images):

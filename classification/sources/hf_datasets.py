@@ -134,9 +134,10 @@ def hf_datasets(where: Path) -> ModuleType:
     return datasets
 
 
-def load_split(found: SavedSplit):
-    """The split as a `datasets.Dataset`, memory-mapped (parquet files converted into the cache once)."""
-    datasets = hf_datasets(found.read_from)
+def load_split(found: SavedSplit, datasets: ModuleType):
+    """The split as a `datasets.Dataset`, memory-mapped (parquet files converted into the cache once); a file that
+    cannot be read is an error naming it (a parquet file) or its split's folder."""
+    check_parquet_files(found.parquet)
     try:
         if found.folder is not None:
             return datasets.load_from_disk(str(found.folder))
@@ -144,6 +145,17 @@ def load_split(found: SavedSplit):
                                      split=found.name)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise DataError(f'{found.read_from}: cannot read the split {found.name} ({type(e).__name__}: {e})') from None
+
+
+def check_parquet_files(files: Sequence[Path]) -> None:
+    """Each parquet file's footer (its schema and row groups) reads: a damaged file is named."""
+    import pyarrow.parquet  # installed with datasets
+    for path in files:
+        try:
+            pyarrow.parquet.read_metadata(path)
+        except (OSError, ValueError) as e:
+            raise DataError(f'{path} is not a readable parquet file ({type(e).__name__}: {e}): copy it again'
+                            ) from None
 
 
 def pick_column(features: dict, wanted: str, kind: type, what: str, where: str) -> str:
@@ -233,8 +245,8 @@ class ArrowRows:
 
 def hf_listing(data_dir: Path, found: SavedSplit, classes: Sequence[str] | None, classes_from: str) -> Listing:
     """The saved split's classes, images (`SPLIT/ROW`) and their reader."""
-    dataset = load_split(found)
     datasets = hf_datasets(found.read_from)
+    dataset = load_split(found, datasets)
     where = str(found.read_from)
     features = dict(dataset.features)
     image = pick_column(features, IMAGE_COLUMN, datasets.Image, 'images', where)
