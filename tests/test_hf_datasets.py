@@ -125,6 +125,18 @@ def test_columns_of_other_names_are_read_by_their_feature_where_one_is(folder, t
     assert file_bytes(listing.reader.open(0, 'train/0')) == (folder / scan_split(folder, 'train')[1][0][0]).read_bytes()
 
 
+def test_class_folders_beside_parquet_files_of_other_splits_are_read_as_before(folder, tmp_path):
+    """Parquet files of no split asked for (a `test-*.parquet`, a `metadata.parquet`) beside a split's class folders
+    leave the folders to the class folders' reader."""
+    import shutil
+    data = tmp_path / 'data'
+    shutil.copytree(folder, data)
+    (data / 'data').mkdir()
+    split_dataset(folder, 'val').to_parquet(str(data / 'data' / 'test-00000-of-00001.parquet'))
+    (data / 'metadata.parquet').write_bytes(b'')
+    assert open_split(data, 'train').samples == scan_split(folder, 'train')[1]
+
+
 def refusal(data, split='train') -> str:
     with pytest.raises(DataError) as error:
         open_split(data, split)

@@ -109,15 +109,17 @@ def dict_splits(saved: Path) -> list[str]:
 
 
 def parquet_split(data_dir: Path, names: Sequence[str]) -> SavedSplit | None:
-    """The split's parquet files (`SPLIT-*.parquet` in the data folder or its `data/`); a folder of parquet files
-    none of which is the split's is named with the splits it holds."""
+    """The split's parquet files (`SPLIT-*.parquet` in the data folder or its `data/`). Where there are none and no
+    folder of the split either, a folder of other splits' parquet files is named with the splits it holds."""
     for folder in (data_dir / sub for sub in PARQUET_FOLDERS):
         for name in names:
             files = tuple(sorted(folder.glob(f'{name}-*.parquet')))
             if files:
                 return SavedSplit(name, parquet=files)
+    if any((data_dir / name).exists() for name in names):
+        return None  # the split stored another way (class folders, a tar): theirs to read
     for folder in (data_dir / sub for sub in PARQUET_FOLDERS):
-        held = sorted({path.name.split('-')[0] for path in folder.glob('*.parquet')})
+        held = sorted({path.name.split('-')[0] for path in folder.glob('*-*.parquet')})
         if held:
             raise DataError(f'{folder} holds parquet files of the splits {", ".join(held)} (SPLIT-*.parquet), none '
                             f'of {" or ".join(names)}')
