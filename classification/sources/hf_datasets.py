@@ -9,14 +9,15 @@ A split SPLIT of a data folder D is read from the first of these that exists:
 - `D/SPLIT-*.parquet` or `D/data/SPLIT-*.parquet`: parquet files as the Hub lays them out.
 
 The suite's split `val` is the Hub's `validation` where no `val` is saved. Saved arrow files are memory-mapped as
-they are; parquet files, whose images sit in row groups of about a hundred (one image would cost reading its whole
-group), are converted once into arrow files in `datasets`' cache (`HF_DATASETS_CACHE`) and memory-mapped from there.
+they are; a parquet file is read a row group at a time (many images: up to 100 MB as `datasets` 5 writes them, 100
+images as earlier versions did), so that one image would cost reading its whole group: the files are converted once
+into arrow files in `datasets`' cache (`HF_DATASETS_CACHE`) and memory-mapped from there.
 
 An image is named `SPLIT/ROW` (the split as saved, the row in it): token-label stores key it so. The columns are
-`image` and `label`; where a data set has neither name, its only column of the feature (`Image`, `ClassLabel`) is
-read. The classes are the ClassLabel's names in its order (its label numbers kept: a model trained on the Hub's
-ImageNet keeps the Hub's class indices); a label of plain ints is read as classes named by their number, with a
-warning.
+`image` and `label`; where a data set has no column of one of these names, its only column of the feature (`Image`,
+`ClassLabel`) is read. The classes are the ClassLabel's names in its order (its label numbers kept: a model trained
+on the Hub's ImageNet keeps the Hub's class indices); a label of plain ints is read as classes named by their number,
+with a warning.
 """
 from __future__ import annotations
 
