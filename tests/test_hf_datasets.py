@@ -123,6 +123,15 @@ def test_columns_of_other_names_are_read_by_their_feature_where_one_is(folder, t
     listing = open_split(tmp_path / 'hf', 'train')
     assert listing.classes == list(CLASSES) and len(listing.samples) == 24
     assert file_bytes(listing.reader.open(0, 'train/0')) == (folder / scan_split(folder, 'train')[1][0][0]).read_bytes()
+    # CIFAR-100's layout: two ClassLabel columns, neither 'label': which one is meant is not guessed
+    two = split_dataset(folder, 'train', features).add_column('coarse_label', [0] * 24, feature=datasets.ClassLabel(
+        names=['all']))
+    two.save_to_disk(str(tmp_path / 'two' / 'train'))
+    with pytest.raises(DataError) as error:
+        open_split(tmp_path / 'two', 'train')
+    assert str(error.value).startswith(f"{tmp_path / 'two' / 'train'} has no column 'label' of the labels, and 2 "
+                                       f"ClassLabel columns: its columns are img (Image), fine_label (ClassLabel), "
+                                       f"coarse_label (ClassLabel) (name the one to read 'label'")
 
 
 def test_class_folders_beside_parquet_files_of_other_splits_are_read_as_before(folder, tmp_path):
@@ -179,7 +188,8 @@ def test_every_refusal_is_one_line_naming_what_is_wrong(folder, tmp_path):
         says = refusal(data)
         if name == 'picture':
             assert says == (f"{data / 'train'} has no column 'image' of the images, and no Image column: its columns "
-                            f"are picture (Value), label (ClassLabel)")
+                            f"are picture (Value), label (ClassLabel) (name the one to read 'image': "
+                            f"dataset.rename_column(NAME, 'image'), and save it again)")
         else:
             assert says == (f"{data / 'train'}: the label column 'label' is Value('string'), not a ClassLabel: cast it "
                             f"(dataset.class_encode_column('label') for class names) and save it again")

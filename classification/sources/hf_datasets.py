@@ -171,7 +171,8 @@ def pick_column(features: dict, wanted: str, kind: type, what: str, where: str) 
         return of_kind[0]
     columns = ', '.join(f'{name} ({type(feature).__name__})' for name, feature in features.items())
     many = f', and {len(of_kind)} {kind.__name__} columns' if of_kind else f', and no {kind.__name__} column'
-    raise DataError(f'{where} has no column {wanted!r} of the {what}{many}: its columns are {columns}')
+    raise DataError(f'{where} has no column {wanted!r} of the {what}{many}: its columns are {columns} (name the one '
+                    f'to read {wanted!r}: dataset.rename_column(NAME, {wanted!r}), and save it again)')
 
 
 def label_names(feature, column: str, where: str, datasets: ModuleType) -> list[str] | None:
