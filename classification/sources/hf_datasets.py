@@ -188,7 +188,7 @@ def label_names(feature, column: str, where: str, datasets: ModuleType) -> list[
 
 def numbered_classes(labels: np.ndarray, feature, column: str, where: str) -> list[str]:
     """Labels of plain ints are the classes 0 .. the largest, named by their number (with a warning)."""
-    count = int(labels.max()) + 1 if len(labels) else 0
+    count = int(labels.max()) + 1
     logger.warning(f'warning: {where}: the label column {column!r} is {feature!r}, ints without class names (not a '
                    f'ClassLabel): its ints are the classes, named 0 .. {count - 1}; cast it to a ClassLabel to name '
                    f'them')
@@ -257,11 +257,11 @@ def hf_listing(data_dir: Path, found: SavedSplit, classes: Sequence[str] | None,
     label = pick_column(features, LABEL_COLUMN, datasets.ClassLabel, 'labels', where)
     names = label_names(features[label], label, where, datasets)
     labels = split_labels(dataset, label, where)
+    if not len(labels):
+        raise DataError(f'{where}: the split {found.name} has no rows')
     if names is None:
         names = numbered_classes(labels, features[label], label, where)
     found_classes, labels = relabelled(labels, names, classes, classes_from, where)
-    if not len(labels):
-        raise DataError(f'{where}: the split {found.name} has no rows')
     samples = [(f'{found.name}/{row}', label) for row, label in enumerate(labels.tolist())]
     images = dataset.select_columns([image]).cast_column(image, datasets.Image(decode=False))
     return Listing(found_classes, samples, ArrowRows(images, image, str(data_dir), found.name,
