@@ -30,6 +30,7 @@ from mmseg.registry import DATASETS
 from backbones.common.errors import DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
+from backbones.segmentation.data_check import SHOWN
 from backbones.segmentation.layouts import DataLayout, SmallDenseData, register_layout
 
 DEPTH_SCALE = 256  # KITTI's depth PNGs: 1/256 m per unit, 0 = no measurement
@@ -38,7 +39,6 @@ GROUND_TRUTH = 'gt_depth'  # DATE_drive_NNNN_sync/proj_depth/groundtruth/image_0
 SPLIT_FILES = {'training': 'eigen_train_files_with_gt.txt', 'validation': 'eigen_test_files_with_gt.txt'}
 NO_DEPTH = 'None'
 DRIVE = re.compile(r'(\d{4}_\d{2}_\d{2})_drive_\d{4}_sync$')  # a raw drive's folder; its date is its first part
-SHOWN = 5
 
 
 class SplitEntry(NamedTuple):
