@@ -249,6 +249,7 @@ def tiny_kitti_config(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a tool runs end to end
 @pytest.mark.skipif((ROOT / 'data' / 'kitti').is_dir(), reason='KITTI is on disk: no fallback to test')
 def test_train_seg_learns_on_the_pages_written_in_kittis_layout(tmp_path):
     """train_seg on the KITTI config without KITTI: the pages in KITTI's layout stand in, read by KITTIDepthDataset
