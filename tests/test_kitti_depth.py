@@ -4,6 +4,7 @@ own pipeline, the Garg-cropped metric against a count by hand, the layout's one-
 written in KITTI's layout, and train_seg on that fallback."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -105,6 +106,7 @@ def test_depth_is_read_in_metres_exactly_and_frames_without_ground_truth_are_nam
     for position, index in enumerate(i for i, f in enumerate(FRAMES) if f != NO_TRUTH):
         sample = dataset[position]['data_samples']
         assert sample.img_path.endswith(image_line(FRAMES[index]))
+        assert sample.pred_name == f'{DRIVE}_{FRAMES[index]}'  # its predicted map's name: frames repeat per drive
         depth = sample.gt_depth_map.data[0].numpy()
         assert np.array_equal(depth, frame_depth(index).astype(np.float64) / 256)
 
@@ -249,11 +251,32 @@ def tiny_kitti_config(path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow  # a tool runs end to end
+def garg_scores_of_saved(pred_dir: Path, root: Path) -> dict[str, float]:
+    """AbsRel, RMSE and delta < 1.25 of the saved predictions (DRIVE_FRAME.png, 1/256 m) against the test split's
+    ground truth, per frame over its pixels in Garg's crop with depth in (0.001, 80) m, averaged over the frames."""
+    per_frame = []
+    for entry in read_split_file(root / 'eigen_test_files_with_gt.txt'):
+        if entry.depth is None:
+            continue
+        truth = cv2.imread(str(root / 'gt_depth' / entry.depth), cv2.IMREAD_UNCHANGED).astype(np.float64) / 256
+        drive, frame = entry.depth.split('/')[0], Path(entry.depth).name
+        predicted = cv2.imread(str(pred_dir / f'{drive}_{frame}'), cv2.IMREAD_UNCHANGED).astype(np.float64) / 256
+        height, width = truth.shape
+        crop = np.zeros(truth.shape, bool)
+        crop[int(0.40810811 * height):int(0.99189189 * height), int(0.03594771 * width):int(0.96405229 * width)] = 1
+        valid = crop & (truth > 1e-3) & (truth < 80)
+        t, p = truth[valid], predicted[valid]
+        per_frame.append(dict(abs_rel=np.mean(np.abs(p - t) / t), rmse=np.sqrt(np.mean((p - t) ** 2)),
+                              d1=np.mean(np.maximum(t / p, p / t) < 1.25)))
+    return {key: float(np.mean([frame[key] for frame in per_frame])) for key in per_frame[0]}
+
+
+@pytest.mark.slow  # tools run end to end
 @pytest.mark.skipif((ROOT / 'data' / 'kitti').is_dir(), reason='KITTI is on disk: no fallback to test')
-def test_train_seg_learns_on_the_pages_written_in_kittis_layout(tmp_path):
+def test_train_seg_learns_on_the_pages_written_in_kittis_layout_and_test_seg_scores_the_garg_crop(tmp_path):
     """train_seg on the KITTI config without KITTI: the pages in KITTI's layout stand in, read by KITTIDepthDataset
-    in 1/256 m and scored on Garg's crop up to 80 m; the test split's frames without ground truth are named."""
+    in 1/256 m; the test split's frames without ground truth are named. test_seg's scores equal a count over the
+    predictions it saved (one per frame, DRIVE_FRAME.png) on Garg's crop up to 80 m."""
     config = tiny_kitti_config(tmp_path / 'tiny_kitti.py')
     pages_dir = tmp_path / 'digits_seg'
     result = succeeded(run_tool('train_seg.py', [config, '--iters', 2, '--work-dir', tmp_path / 'work',
@@ -262,6 +285,13 @@ def test_train_seg_learns_on_the_pages_written_in_kittis_layout(tmp_path):
     assert 'KITTI depth (Eigen split) not found at data/kitti' in log
     written = tmp_path / 'digits_seg_kitti'
     assert f'{written}/eigen_test_files_with_gt.txt: 10 of 160 entries have no ground truth (None)' in log
-    assert 'abs_rel' in log
-    trained = torch.load(tmp_path / 'work' / 'iter_2.pth', weights_only=False)['meta']['cfg']
-    assert "crop_type='garg_crop'" in trained and 'depth_scale_factor=256' in trained
+    out, preds = tmp_path / 'depth.json', tmp_path / 'preds'
+    succeeded(run_tool('test_seg.py', [config, tmp_path / 'work' / 'iter_2.pth', '--out', out, '--pred-dir', preds,
+                                       '--digits-seg-dir', pages_dir]))
+    report = json.loads(out.read_text())
+    assert report['images'] == 150 and report['left_out'] == 0 and len(list(preds.glob('*.png'))) == 150
+    expected = garg_scores_of_saved(preds, written)
+    # the PNGs hold 1/256 m: the saved depth is within 1/512 m of the scored one
+    assert report['abs_rel'] == pytest.approx(expected['abs_rel'], rel=1e-3)
+    assert report['rmse'] == pytest.approx(expected['rmse'], abs=2e-3)
+    assert report['d1'] == pytest.approx(expected['d1'], abs=0.01)

@@ -111,7 +111,16 @@ class KITTIDepthDataset(BaseSegDataset):
                         + (', ...' if len(self.without_ground_truth) > SHOWN else ''))
         images, depths = Path(self.data_prefix['img_path']), Path(self.data_prefix['depth_map_path'])
         return [dict(img_path=str(images / entry.image), depth_map_path=str(depths / entry.depth), focal=entry.focal,
-                     seg_fields=[]) for entry in entries if entry.depth is not None]
+                     pred_name=prediction_name(entry.image), seg_fields=[])
+                for entry in entries if entry.depth is not None]
+
+
+def prediction_name(image: str) -> str:
+    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME, since every drive numbers its
+    frames from 0 (an image outside a drive's folder: its path's parts joined)."""
+    path = Path(image)
+    drive = next((part for part in path.parts if DRIVE.match(part)), None)
+    return f'{drive}_{path.stem}' if drive else '_'.join(path.with_suffix('').parts)
 
 
 @register_layout

@@ -3,7 +3,8 @@ its faults mended: an explicit metric list works (mmseg 1.2.2 raises a TypeError
 is left out and counted instead of turning every mean into NaN, NYU's evaluation crop is refused on images of
 another size than NYU's, KITTI's (Garg et al.'s, `crop_type='garg_crop'`, a fixed fraction of any image) is there
 beside it, and predictions are written as 16-bit PNGs in the data set's scale, rounded and clipped
-(mmseg's cut off the fraction and wrap past 65,535), each written whole. With `json_file` the figures go there too."""
+(mmseg's cut off the fraction and wrap past 65,535), each written whole, as NAME.png: the sample's `pred_name` where
+its data set gives one, else its image's name. With `json_file` the figures go there too."""
 from __future__ import annotations
 
 import os.path as osp
@@ -76,7 +77,8 @@ class DepthReport(DepthMetric):
         for sample in data_samples:
             predicted = sample['pred_depth_map']['data'].squeeze()
             if self.output_dir is not None:
-                name = osp.splitext(osp.basename(sample['img_path']))[0]
+                # a data set whose image names repeat across folders (KITTI's frame numbers, per drive) names each
+                name = sample.get('pred_name') or osp.splitext(osp.basename(sample['img_path']))[0]
                 write_depth_png(osp.join(self.output_dir, f'{name}.png'), predicted.cpu().numpy(),
                                 self.depth_scale_factor)
             if self.format_only:

@@ -10,7 +10,8 @@ dataset_type = 'KITTIDepthDataset'
 data_root = 'data/kitti'
 crop_size = (352, 704)
 kitti_depth_scale = 256
-meta_keys = ('img_path', 'depth_map_path', 'ori_shape', 'img_shape', 'pad_shape', 'scale_factor', 'flip',
+# pred_name: a frame's predicted depth map is DRIVE_FRAME.png (test_seg --pred-dir), each drive numbering from 0
+meta_keys = ('img_path', 'depth_map_path', 'pred_name', 'ori_shape', 'img_shape', 'pad_shape', 'scale_factor', 'flip',
              'flip_direction')
 train_pipeline = [
     dict(type='LoadImageFromFile', color_type='color_ignore_orientation'),
