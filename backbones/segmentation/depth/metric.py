@@ -1,8 +1,10 @@
 """`DepthReport`: mmseg's DepthMetric (per-image delta < 1.25, AbsRel, RMSE, log10, ..., averaged over images) with
 its faults mended: an explicit metric list works (mmseg 1.2.2 raises a TypeError), an image without a valid pixel
 is left out and counted instead of turning every mean into NaN, NYU's evaluation crop is refused on images of
-another size than NYU's, and predictions are written as 16-bit PNGs in the data set's scale, rounded and clipped
-(mmseg's cut off the fraction and wrap past 65,535), each written whole. With `json_file` the figures go there too."""
+another size than NYU's, KITTI's (Garg et al.'s, `crop_type='garg_crop'`, a fixed fraction of any image) is there
+beside it, and predictions are written as 16-bit PNGs in the data set's scale, rounded and clipped
+(mmseg's cut off the fraction and wrap past 65,535), each written whole, as NAME.png: the sample's `pred_name` where
+its data set gives one, else its image's name. With `json_file` the figures go there too."""
 from __future__ import annotations
 
 import os.path as osp
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from mmengine.dist import is_main_process
 from mmseg.evaluation.metrics import DepthMetric
 from mmseg.registry import METRICS
@@ -20,7 +23,20 @@ from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.log import logger
 
 NYU_SIZE = (480, 640)  # the size NYU's evaluation crop (rows 45..470, columns 41..600) is written for
+# KITTI's evaluation crop (Garg et al. 2016), as fractions of the map: rows top, bottom; columns left, right. The
+# depth papers (BTS, AdaBins, DPT's successors) cut at int(fraction x size), as here.
+GARG_CROP = (0.40810811, 0.99189189, 0.03594771, 0.96405229)
+CROP_TYPES = (None, 'nyu_crop', 'garg_crop')
 UINT16_MAX = 65535
+
+
+def garg_crop_mask(shape: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """The pixels of a `shape` (height, width) depth map inside KITTI's Garg crop."""
+    height, width = shape
+    top, bottom, left, right = GARG_CROP
+    mask = torch.zeros(shape, dtype=torch.bool, device=device)
+    mask[int(top * height):int(bottom * height), int(left * width):int(right * width)] = True
+    return mask
 
 
 def depth_png(depth: np.ndarray, scale: float) -> np.ndarray:
@@ -37,12 +53,18 @@ def write_depth_png(path: str | Path, depth: np.ndarray, scale: float) -> None:
 
 @METRICS.register_module()
 class DepthReport(DepthMetric):
-    """DepthMetric, mended (see the module's docstring); `depth_metrics`: a subset of METRICS (default: all)."""
+    """DepthMetric, mended (see the module's docstring); `depth_metrics`: a subset of METRICS (default: all);
+    `crop_type`: None, 'nyu_crop' or 'garg_crop'."""
 
     default_prefix = None
 
-    def __init__(self, depth_metrics: Sequence[str] | None = None, json_file: str | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, depth_metrics: Sequence[str] | None = None, json_file: str | None = None,
+                 crop_type: str | None = None, **kwargs) -> None:
+        if crop_type not in CROP_TYPES:
+            raise UsageError(f'DepthReport: crop_type is one of {", ".join(map(str, CROP_TYPES))}; got {crop_type!r}')
+        # mmseg's DepthMetric knows NYU's crop only: KITTI's is applied here (`_get_eval_mask`)
+        super().__init__(crop_type=None if crop_type == 'garg_crop' else crop_type, **kwargs)
+        self.crop_type = crop_type
         if depth_metrics is not None:
             unknown = [m for m in depth_metrics if m not in self.METRICS]
             if isinstance(depth_metrics, str) or unknown or not depth_metrics:
@@ -55,7 +77,8 @@ class DepthReport(DepthMetric):
         for sample in data_samples:
             predicted = sample['pred_depth_map']['data'].squeeze()
             if self.output_dir is not None:
-                name = osp.splitext(osp.basename(sample['img_path']))[0]
+                # a data set whose image names repeat across folders (KITTI's frame numbers, per drive) names each
+                name = sample.get('pred_name') or osp.splitext(osp.basename(sample['img_path']))[0]
                 write_depth_png(osp.join(self.output_dir, f'{name}.png'), predicted.cpu().numpy(),
                                 self.depth_scale_factor)
             if self.format_only:
@@ -68,6 +91,13 @@ class DepthReport(DepthMetric):
             mask = self._get_eval_mask(truth)
             # one entry per image, an empty one too: mmengine gathers the processes' results by position
             self.results.append((truth[mask], predicted[mask]) if mask.any() else None)
+
+    def _get_eval_mask(self, gt_depth: torch.Tensor) -> torch.Tensor:
+        """mmseg's mask (depth within min_depth_eval .. max_depth_eval, NYU's crop), within Garg's crop when asked."""
+        mask = super()._get_eval_mask(gt_depth)
+        if self.crop_type == 'garg_crop':
+            mask &= garg_crop_mask(tuple(gt_depth.shape), gt_depth.device)
+        return mask
 
     def compute_metrics(self, results: list) -> dict[str, float]:
         if self.format_only:

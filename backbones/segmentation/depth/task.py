@@ -50,22 +50,26 @@ class Depth(DenseTask):
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The depth maps, read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
         the training crop is the images' height, the multi-scale test at the data's ratios of the test's size; the
-        evaluation crop (NYU's, for its 640x480 images) off."""
+        evaluation crop (NYU's, for its 640x480 images) off. A published set's config (its data set's type a
+        registered layout) reads the data written in its layout, in that set's own scale, and keeps its crop (KITTI's
+        is a fraction of any image)."""
         factor = data.image_size[1] / training_crop_height(cfg)
+        in_layout = False
         for dataset, split in small_datasets(cfg, data):
-            if (layout := layout_of(dataset)) is not None:  # a published set's config: the data in its layout
+            if (layout := layout_of(dataset)) is not None:
                 layout.use_small(dataset, data, split)
+                in_layout = True
             else:
                 dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg',
                                depth_map_suffix='.png',
                                data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
+                for step in dataset['pipeline']:
+                    if step['type'] == 'LoadDepthAnnotation':
+                        step['depth_rescale_factor'] = 1 / data.depth_scale
             scale_sizes(dataset['pipeline'], factor)
-            for step in dataset['pipeline']:
-                if step['type'] == 'LoadDepthAnnotation':
-                    step['depth_rescale_factor'] = 1 / data.depth_scale
         use_small_test_time(cfg, data)
         for evaluator in ('val_evaluator', 'test_evaluator'):
-            if cfg.get(evaluator):
+            if cfg.get(evaluator) and not in_layout:
                 cfg[evaluator].update(crop_type=None, depth_scale_factor=data.depth_scale)
 
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
