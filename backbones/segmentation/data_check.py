@@ -128,10 +128,10 @@ def pair_check(img_path: str, seg_path: str, num_classes: int, reduce_zero_label
         return PairCheck(Problem(f'annotation {seg_path} is {size_text(label)}, its image {size_text(image)}'))
     values = frozenset(int(v) for v in np.unique(np.asarray(label)))
     if label_map:
-        bad = sorted(v for v in values if loaded_value(v, reduce_zero_label, label_map) not in
-                     (*range(num_classes), IGNORE_INDEX))
+        loads = (*range(num_classes), IGNORE_INDEX)
+        bad = sorted(v for v in values if loaded_value(v, reduce_zero_label, label_map) not in loads)
         if bad:
-            valid = sorted(v for v in label_map if loaded_value(v, reduce_zero_label, label_map) < num_classes)
+            valid = sorted(v for v in label_map if loaded_value(v, reduce_zero_label, label_map) in loads)
             return PairCheck(Problem(f'annotation {seg_path} has label values {", ".join(map(str, bad[:SHOWN]))} '
                                      f'outside the ids its data set maps to its {num_classes} classes (valid: '
                                      f'{id_ranges(valid)}; {IGNORE_INDEX} ignored)'), values)
