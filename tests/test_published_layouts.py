@@ -3,6 +3,7 @@ layouts.py): small trees in the exact file formats read through the configs' dat
 naming the file and the layout, and the embedded pages written in each layout read back as the pages' class maps."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import cv2
@@ -20,9 +21,10 @@ from mmseg.registry import DATASETS
 from backbones.common.errors import DataError
 from backbones.segmentation.data_check import check_dataset
 from backbones.segmentation.layouts import SmallDenseData, layout_of
+from backbones.segmentation.semantic.layouts import SMALL_CITY, CityscapesLayout
 from backbones.segmentation.tasks import TASKS
-from helpers.commands import run_tool
-from helpers.seg_data import CONFIGS
+from helpers.commands import ROOT, run_tool, succeeded
+from helpers.seg_data import CONFIGS, tiny_model_overrides
 
 SEMANTIC = TASKS['semantic']
 SIZE = (24, 16)  # width, height of the fixtures' images
@@ -253,7 +255,7 @@ def test_cityscapes_pages_are_label_ids_pngs_in_a_city_folder(pages):
     SEMANTIC.use_small_data(cfg, pages)
     root = Path(cfg.train_dataloader.dataset.data_root)
     masks = sorted((root / 'gtFine' / 'train').rglob('*'))
-    assert {path.parent.name for path in masks if path.is_file()} == {'digits'}
+    assert {path.parent.name for path in masks if path.is_file()} == {SMALL_CITY}
     assert all(path.name.endswith('_gtFine_labelIds.png') for path in masks if path.is_file())
     values = set().union(*(np.unique(cv2.imread(str(p), cv2.IMREAD_UNCHANGED)).tolist() for p in masks
                            if p.is_file()))
@@ -265,7 +267,29 @@ def test_train_seg_refuses_a_cityscapes_folder_without_annotations_in_one_line(c
     for path in (cityscapes / 'gtFine').rglob('*.png'):
         path.unlink()
     result = run_tool('train_seg.py', [CONFIGS / 'upernet_lvvit_s_cityscapes.py', '--data-root', cityscapes,
-                                       '--work-dir', tmp_path / 'work', '--iters', '1'])
+                                       '--work-dir', tmp_path / 'work', '--iters', '1', '--cfg-options',
+                                       'model.backbone.pretrained=None'])
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and '2 of 2 images have no annotation' in lines[0], result.stderr[-2000:]
+
+
+def test_a_layout_config_trains_on_the_pages_in_its_layout_where_its_data_is_absent(tmp_path):
+    """tools/train_seg.py on the Cityscapes config with no data/cityscapes: the embedded pages, written in
+    Cityscapes' layout (labelIds PNGs), train a tiny model and are scored."""
+    assert not (ROOT / CityscapesLayout.root).is_dir(), 'Cityscapes is on disk: no fallback to test'
+    config = tmp_path / 'tiny_upernet_lvvit_s_cityscapes.py'
+    model = tiny_model_overrides('upernet_lvvit_s.py')
+    config.write_text(f'_base_ = [{str(CONFIGS / "upernet_lvvit_s_cityscapes.py")!r}]\nmodel = {model!r}\n'
+                      'train_dataloader = dict(num_workers=0, persistent_workers=False)\n'
+                      'val_dataloader = dict(num_workers=0, persistent_workers=False)\n'
+                      'test_dataloader = val_dataloader\n')
+    pages = tmp_path / 'digits_seg'
+    result = succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2',
+                                                 '--digits-seg-dir', pages, '--digits-dir', tmp_path / 'digits']))
+    log = result.stdout + result.stderr
+    assert 'Cityscapes not found at data/cityscapes' in log
+    assert f'data: the embedded digits pages in {pages}' in log
+    written = CityscapesLayout().small_root(SmallDenseData(pages, (), (), SIZE, 1, (1, 1), (1,), 1, False))
+    assert len(list((written / 'gtFine' / 'val' / SMALL_CITY).glob('*_gtFine_labelIds.png'))) == 160
+    assert re.search(r'mIoU: \d+\.\d+', log), log[-3000:]

@@ -217,7 +217,7 @@ def copy_image(data: SmallDenseData, split: str, name: str, to: Path) -> None:
 
 
 CITYSCAPES_SPLITS = {'training': 'train', 'validation': 'val'}
-SMALL_CITY = 'digits'  # the city folder the pages are written in
+SMALL_CITY = 'small'  # the city folder a small data set is written in
 
 
 @register_layout
