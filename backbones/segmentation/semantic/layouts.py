@@ -6,8 +6,8 @@ is). Each is read by mmseg's own data class, through a subclass registered here 
   the official table through mmseg's own `label_map`, where mmseg's converter (tools/dataset_converters/
   cityscapes.py, which needs cityscapesscripts) has not written `*_gtFine_labelTrainIds.png`; those are read where
   present.
-- Classes that are not the set's own (the embedded pages written in the set's layout) name the set's ids in order,
-  where mmseg would refuse them (it takes a subset of the set's classes by name only).
+- With `classes_by_id` (the embedded pages written in the set's layout), classes that are not the set's own name
+  its ids in order, where mmseg would refuse them (it takes a subset of the set's classes, by name).
 
 Before a run each layout's folders, split files and annotation files are checked (`check`), each problem one line
 naming the file or folder, the layout expected and the converter that writes it; mask values are checked by the
@@ -50,21 +50,24 @@ CITYSCAPES_UNLABELED = 0  # the label id the embedded pages' ignored pixels are 
 
 
 class ClassesById:
-    """Mixed into an mmseg data class: classes that are not the set's own (another set written in this set's
-    layout and ids, as the embedded pages) name its ids 0, 1, ... in order; a subset of the set's own classes is
-    still mapped by name, as mmseg does."""
+    """Mixed into an mmseg data class: with `classes_by_id`, the config's classes (another set's, written in this
+    set's layout and ids: the embedded small data) name the stored ids 0, 1, ... in order, where mmseg takes only a
+    subset of the set's own classes, mapped by name."""
 
-    @classmethod
-    def get_label_map(cls, new_classes=None):
-        if new_classes is not None and not set(new_classes) <= set(cls.METAINFO['classes']):
-            return None
-        return super().get_label_map(new_classes)
+    def __init__(self, *args, classes_by_id: bool = False, **kwargs) -> None:
+        self.classes_by_id = classes_by_id
+        super().__init__(*args, **kwargs)
+
+    def get_label_map(self, new_classes=None) -> dict | None:
+        """mmseg's label map (a classmethod there, which BaseSegDataset.__init__ calls on the instance)."""
+        return None if self.classes_by_id else super().get_label_map(new_classes)
 
 
 @DATASETS.register_module()
 class CityscapesIdsDataset(ClassesById, CityscapesDataset):
-    """mmseg's CityscapesDataset; an image without its *_gtFine_labelTrainIds.png reads its *_gtFine_labelIds.png,
-    mapped to train ids by CITYSCAPES_TRAIN_IDS (then by the data set's own label map, if any)."""
+    """mmseg's CityscapesDataset, its classes by id if asked; an image without its *_gtFine_labelTrainIds.png reads
+    its *_gtFine_labelIds.png, mapped to train ids by CITYSCAPES_TRAIN_IDS (then by the data set's own label map, if
+    any)."""
 
     def load_data_list(self) -> list[dict]:
         return [entry if Path(entry['seg_map_path']).is_file() else self.from_label_ids(entry)
@@ -80,12 +83,12 @@ class CityscapesIdsDataset(ClassesById, CityscapesDataset):
 
 @DATASETS.register_module()
 class PascalContextIdsDataset59(ClassesById, PascalContextDataset59):
-    """mmseg's PascalContextDataset59 (59 classes, mask value 0 ignored)."""
+    """mmseg's PascalContextDataset59 (59 classes, mask value 0 ignored), its classes by id if asked."""
 
 
 @DATASETS.register_module()
 class COCOStuffIdsDataset(ClassesById, COCOStuffDataset):
-    """mmseg's COCOStuffDataset (164k: 171 train ids, 255 ignored)."""
+    """mmseg's COCOStuffDataset (164k: 171 train ids, 255 ignored), its classes by id if asked."""
 
 
 def under(dataset_cfg: dict, relative: str) -> Path:
@@ -173,7 +176,7 @@ class PublishedLayout(DataLayout):
         root = self.small_root(data)
         self.write_small(data, root)
         dataset_cfg.update(type=self.small_type, data_root=str(root), data_prefix=dict(self.small_prefix[split]),
-                           reduce_zero_label=self.small_reduce_zero_label)
+                           reduce_zero_label=self.small_reduce_zero_label, classes_by_id=True)
         dataset_cfg.pop('img_suffix', None)
         dataset_cfg.pop('seg_map_suffix', None)
         fit_resizing(dataset_cfg['pipeline'], data)
