@@ -246,8 +246,16 @@ def test_the_pages_written_in_each_layout_read_back_as_the_pages(pages, config):
         assert len(maps) == len(stored)
         for loaded, page in zip(maps, stored):
             assert np.array_equal(loaded, np.where(page == 0, 255, page - 1))
-        built = DATASETS.build({**dataset, 'pipeline': []})
+        built = DATASETS.build(dataset)  # the config's own pipeline, its sizes fitted to the pages
         assert built.metainfo['classes'] == PAGE_CLASSES
+        if split == 'validation':  # the test's resizing keeps a page at its size (Context's 520x520 would not)
+            assert tuple(built[0]['inputs'].shape[1:]) == SIZE[::-1]
+
+
+def test_small_data_of_more_classes_than_a_layout_holds_is_refused(pages, tmp_path):
+    many = SmallDenseData(pages.root, tuple(map(str, range(20))), ((0, 0, 0),) * 20, SIZE, 1, (1, 1), (1,), 1, False)
+    with pytest.raises(DataError, match='20 classes do not fit the 19 ids of the Cityscapes layout'):
+        CityscapesLayout().write_small(many, tmp_path / 'cityscapes')
 
 
 def test_cityscapes_pages_are_label_ids_pngs_in_a_city_folder(pages):

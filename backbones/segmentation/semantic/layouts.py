@@ -117,6 +117,7 @@ class PublishedLayout(DataLayout):
     converter: ClassVar[str]  # what writes the annotations, in words ('' where the set ships them)
     img_suffix: ClassVar[str]
     seg_map_suffix: ClassVar[str]
+    classes: ClassVar[int]  # how many classes its ids name
     small_type: ClassVar[str]  # the data-set type the small data is read with
     small_reduce_zero_label: ClassVar[bool]  # how this layout's masks store the pages' classes
     small_prefix: ClassVar[dict[str, dict[str, str]]]  # per split of the small data, the data set's folders
@@ -158,6 +159,9 @@ class PublishedLayout(DataLayout):
                             f'(no {bare[0].annotations[0]}; {self.layout}{self.converter})')
 
     def write_small(self, data: SmallDenseData, root: Path) -> None:
+        if len(data.classes) > self.classes:
+            raise DataError(f'{data.root}: {len(data.classes)} classes do not fit the {self.classes} ids of the '
+                            f'{self.title} layout')
         mark = root / READY
         version = f'{SMALL_VERSION}: {self.name}; {read_mark(data.root)}'
         if mark.is_file() and mark.read_text() == version:
@@ -234,6 +238,7 @@ class CityscapesLayout(PublishedLayout):
     converter = ''  # the suite reads the labelIds; mmseg's converter is optional
     img_suffix = '_leftImg8bit.png'
     seg_map_suffix = '_gtFine_labelTrainIds.png'
+    classes = 19
     small_type = 'CityscapesIdsDataset'
     small_reduce_zero_label = False
     small_prefix = {split: dict(img_path=f'leftImg8bit/{name}', seg_map_path=f'gtFine/{name}')
@@ -285,6 +290,7 @@ class PascalContextLayout(PublishedLayout):
     converter = CONTEXT_CONVERTER
     img_suffix = '.jpg'
     seg_map_suffix = '.png'
+    classes = 59
     small_type = 'PascalContextIdsDataset59'
     small_reduce_zero_label = True
     small_prefix = {split: dict(img_path='JPEGImages', seg_map_path='SegmentationClassContext')
@@ -329,6 +335,7 @@ class COCOStuffLayout(PublishedLayout):
                  'stuffthingmaps_trainval2017')
     img_suffix = '.jpg'
     seg_map_suffix = '_labelTrainIds.png'
+    classes = 171
     small_type = 'COCOStuffIdsDataset'
     small_reduce_zero_label = False
     small_prefix = {split: dict(img_path=f'images/{name}', seg_map_path=f'annotations/{name}')
