@@ -172,6 +172,9 @@ def test_pascal_context_refusals_name_the_file_and_converter(context):
     message = refusal(dataset)
     assert f'1 of 2 images have no annotation, e.g. {context}/JPEGImages/{CONTEXT_NAMES[1]}.jpg' in message
     assert 'tools/dataset_converters/pascal_context.py' in message
+    (context / 'JPEGImages' / f'{CONTEXT_NAMES[0]}.jpg').unlink()
+    assert refusal(dataset).startswith(f'{context}/ImageSets/SegmentationContext/train.txt lists 1 image(s) not in '
+                                       f'{context}/JPEGImages, e.g. {CONTEXT_NAMES[0]}.jpg (Pascal Context\'s layout')
     (context / 'ImageSets' / 'SegmentationContext' / 'train.txt').unlink()
     message = refusal(dataset)
     assert message.startswith(f'{context}/ImageSets/SegmentationContext/train.txt: no such split file (Pascal '

@@ -124,7 +124,8 @@ class PublishedLayout(DataLayout):
 
     def check(self, dataset_cfg: dict) -> None:
         prefix = dataset_cfg.get('data_prefix') or {}
-        images, annotations = under(dataset_cfg, prefix['img_path']), under(dataset_cfg, prefix['seg_map_path'])
+        images = under(dataset_cfg, prefix.get('img_path', ''))
+        annotations = under(dataset_cfg, prefix.get('seg_map_path', ''))
         if not images.is_dir():
             raise missing(images, 'folder', self.layout)
         if not annotations.is_dir():
@@ -132,9 +133,6 @@ class PublishedLayout(DataLayout):
         pairs = self.pairs(dataset_cfg, images, annotations)
         if not pairs:
             raise DataError(f'{images} holds no *{self.suffix(dataset_cfg, "img")} images ({self.layout})')
-        absent = [pair.image for pair in pairs if not pair.image.is_file()]
-        if absent:
-            raise DataError(f'{len(absent)} image(s) listed are not there, e.g. {absent[0]} ({self.layout})')
         self.check_annotations(pairs)
 
     def suffix(self, dataset_cfg: dict, kind: str) -> str:
@@ -303,6 +301,10 @@ class PascalContextLayout(PublishedLayout):
             raise missing(split_file, 'split file', self.layout, self.converter)
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
         names = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
+        absent = [name for name in names if not (images / f'{name}{img_suffix}').is_file()]
+        if absent:
+            raise DataError(f'{split_file} lists {len(absent)} image(s) not in {images}, e.g. {absent[0]}{img_suffix} '
+                            f'({self.layout})')
         return [Pair(images / f'{name}{img_suffix}', (annotations / f'{name}{seg_suffix}',)) for name in names]
 
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
