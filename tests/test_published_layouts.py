@@ -131,6 +131,8 @@ def test_cityscapes_refusals_name_the_file_and_layout(cityscapes):
     label_ids(cityscapes, CITY_IMAGES[1]).unlink()
     message = refusal(dataset)
     assert f'1 of 2 images have no annotation, e.g. {cityscapes}/leftImg8bit/train/{CITY}/' in message
+    assert f'(no {label_ids(cityscapes, CITY_IMAGES[1], "labelTrainIds")} or {label_ids(cityscapes, CITY_IMAGES[1])};' \
+        in message
     assert "Cityscapes' layout: leftImg8bit/{train,val}/CITY/*_leftImg8bit.png" in message
     for path in (cityscapes / 'gtFine').rglob('*.png'):
         path.unlink()

@@ -154,7 +154,7 @@ class PublishedLayout(DataLayout):
         bare = [pair for pair in pairs if not any(path.is_file() for path in pair.annotations)]
         if bare:
             raise DataError(f'{len(bare)} of {len(pairs)} images have no annotation, e.g. {bare[0].image} '
-                            f'(no {bare[0].annotations[0]}; {self.layout}{self.converter})')
+                            f'(no {" or ".join(map(str, bare[0].annotations))}; {self.layout}{self.converter})')
 
     def write_small(self, data: SmallDenseData, root: Path) -> None:
         if len(data.classes) > self.classes:
