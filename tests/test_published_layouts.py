@@ -58,9 +58,9 @@ def mask_of(ids: list[int]) -> np.ndarray:
     return np.resize(np.array(ids, np.uint8), SIZE[1] * SIZE[0]).reshape(SIZE[1], SIZE[0])
 
 
-def dataset_cfg(config: str, root: Path, loader: str = 'train_dataloader') -> dict:
-    """A real config's data set at `root`."""
-    dataset = Config.fromfile(CONFIGS / config)[loader].dataset.to_dict()
+def dataset_cfg(config: str, root: Path) -> dict:
+    """A real config's training data set at `root`."""
+    dataset = Config.fromfile(CONFIGS / config).train_dataloader.dataset.to_dict()
     return {**dataset, 'data_root': str(root)}
 
 
@@ -276,6 +276,7 @@ def test_cityscapes_pages_are_label_ids_pngs_in_a_city_folder(pages):
     assert all(path.suffix == '.png' for path in (root / 'leftImg8bit').rglob('*.*'))
 
 
+@pytest.mark.slow  # a tool run
 def test_train_seg_refuses_a_cityscapes_folder_without_annotations_in_one_line(cityscapes, tmp_path):
     for path in (cityscapes / 'gtFine').rglob('*.png'):
         path.unlink()
@@ -287,10 +288,11 @@ def test_train_seg_refuses_a_cityscapes_folder_without_annotations_in_one_line(c
     assert len(lines) == 1 and '2 of 2 images have no annotation' in lines[0], result.stderr[-2000:]
 
 
+@pytest.mark.slow  # a tool run: the pages written, two iterations, the validation pages scored
+@pytest.mark.skipif((ROOT / CityscapesLayout.root).is_dir(), reason='Cityscapes is on disk: no fallback to test')
 def test_a_layout_config_trains_on_the_pages_in_its_layout_where_its_data_is_absent(tmp_path):
     """tools/train_seg.py on the Cityscapes config with no data/cityscapes: the embedded pages, written in
     Cityscapes' layout (labelIds PNGs), train a tiny model and are scored."""
-    assert not (ROOT / CityscapesLayout.root).is_dir(), 'Cityscapes is on disk: no fallback to test'
     config = tmp_path / 'tiny_upernet_lvvit_s_cityscapes.py'
     model = tiny_model_overrides('upernet_lvvit_s.py')
     config.write_text(f'_base_ = [{str(CONFIGS / "upernet_lvvit_s_cityscapes.py")!r}]\nmodel = {model!r}\n'
