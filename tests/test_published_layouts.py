@@ -108,13 +108,22 @@ def test_cityscapes_label_ids_load_as_the_official_train_ids(cityscapes):
     assert sorted(set(np.unique(expected))) == [*range(19), 255]
 
 
+def test_mmseg_own_cityscapes_class_without_train_ids_names_the_converter_and_the_suites_class(cityscapes):
+    dataset = {**dataset_cfg('upernet_lvvit_s_cityscapes.py', cityscapes), 'type': 'CityscapesDataset'}
+    message = refusal(dataset)
+    assert message.startswith(f'{label_ids(cityscapes, CITY_IMAGES[0], "labelTrainIds")}: no such file: mmseg\'s '
+                              'CityscapesDataset reads only')
+    assert "tools/dataset_converters/cityscapes.py writes; type='CityscapesIdsDataset'" in message
+
+
 def test_cityscapes_train_ids_are_read_where_the_converter_wrote_them(cityscapes):
     train_ids = mask_of([0, 5, 18, 255])
     for stem in CITY_IMAGES:
         write_mask(label_ids(cityscapes, stem, 'labelTrainIds'), train_ids)
-    dataset = dataset_cfg('upernet_lvvit_s_cityscapes.py', cityscapes)
-    assert check_dataset(dataset, SEMANTIC) == ([0, 1], [])
-    assert all(np.array_equal(loaded, train_ids) for loaded in loaded_maps(dataset))
+    for kind in ('CityscapesIdsDataset', 'CityscapesDataset'):  # the suite's class, and mmseg's as it reads them
+        dataset = {**dataset_cfg('upernet_lvvit_s_cityscapes.py', cityscapes), 'type': kind}
+        assert check_dataset(dataset, SEMANTIC) == ([0, 1], [])
+        assert all(np.array_equal(loaded, train_ids) for loaded in loaded_maps(dataset))
 
 
 def test_cityscapes_refusals_name_the_file_and_layout(cityscapes):

@@ -133,7 +133,7 @@ class PublishedLayout(DataLayout):
         pairs = self.pairs(dataset_cfg, images, annotations)
         if not pairs:
             raise DataError(f'{images} holds no *{self.suffix(dataset_cfg, "img")} images ({self.layout})')
-        self.check_annotations(pairs)
+        self.check_annotations(pairs, dataset_cfg)
 
     def suffix(self, dataset_cfg: dict, kind: str) -> str:
         """The config's img_suffix or seg_map_suffix, else the data class's."""
@@ -149,7 +149,7 @@ class PublishedLayout(DataLayout):
     def annotation_files(self, annotations: Path, name: str, seg_suffix: str) -> tuple[Path, ...]:
         return (annotations / f'{name}{seg_suffix}',)
 
-    def check_annotations(self, pairs: list[Pair]) -> None:
+    def check_annotations(self, pairs: list[Pair], dataset_cfg: dict) -> None:
         """Every image has its annotation."""
         bare = [pair for pair in pairs if not any(path.is_file() for path in pair.annotations)]
         if bare:
@@ -246,11 +246,17 @@ class CityscapesLayout(PublishedLayout):
         """Its train ids (mmseg's converter's) first, else its label ids."""
         return annotations / f'{name}{seg_suffix}', annotations / f'{name}{CITYSCAPES_LABEL_IDS}'
 
-    def check_annotations(self, pairs: list[Pair]) -> None:
+    def check_annotations(self, pairs: list[Pair], dataset_cfg: dict) -> None:
         """Every image has its label ids or train ids, and train ids are there for all images or for none (a part
-        of them is a converter's run cut short: the rest would be read another way)."""
-        super().check_annotations(pairs)
+        of them is a converter's run cut short: the rest would be read another way); mmseg's own data class reads
+        train ids only."""
+        super().check_annotations(pairs, dataset_cfg)
         without = [pair for pair in pairs if not pair.annotations[0].is_file()]
+        if without and dataset_cfg.get('type') == 'CityscapesDataset':
+            raise DataError(f'{without[0].annotations[0]}: no such file: mmseg\'s CityscapesDataset reads only '
+                            f'*_gtFine_labelTrainIds.png, which mmseg\'s tools/dataset_converters/cityscapes.py '
+                            f'writes; type=\'CityscapesIdsDataset\' (seg_configs/_base_/datasets/cityscapes.py) reads '
+                            f'the *_gtFine_labelIds.png as published')
         if 0 < len(without) < len(pairs):
             raise DataError(f'{len(pairs) - len(without)} of {len(pairs)} images have *_gtFine_labelTrainIds.png, '
                             f'{without[0].image} has not ({without[0].annotations[0]} missing): mmseg\'s '
