@@ -95,8 +95,24 @@ def binary_masks_message(where: str | Path) -> str:
             f'instead (0 background, 1 foreground: mask // 255)')
 
 
-def pair_check(img_path: str, seg_path: str, num_classes: int, reduce_zero_label: bool) -> PairCheck:
-    """What is wrong with one image and its annotation, or None; and the annotation's values."""
+def loaded_value(value: int, reduce_zero_label: bool, label_map: dict[int, int] | None) -> int:
+    """What mmseg's LoadAnnotations makes of a stored mask value: with reduce_zero_label, v - 1 (0 and 255
+    ignored), then the data set's label map (a published set's ids to its classes: Cityscapes' label ids)."""
+    if reduce_zero_label:
+        value = IGNORE_INDEX if value in (0, IGNORE_INDEX) else value - 1
+    return label_map.get(value, value) if label_map else value
+
+
+def loads_as_label(value: int, num_classes: int, reduce_zero_label: bool, label_map: dict[int, int] | None) -> bool:
+    """Whether a stored mask value loads as one of `num_classes` classes or as ignored."""
+    loaded = loaded_value(value, reduce_zero_label, label_map)
+    return 0 <= loaded < num_classes or loaded == IGNORE_INDEX
+
+
+def pair_check(img_path: str, seg_path: str, num_classes: int, reduce_zero_label: bool,
+               label_map: dict[int, int] | None = None) -> PairCheck:
+    """What is wrong with one image and its annotation, or None; and the annotation's values. With `label_map`
+    (the entry's), a stored value must load as a class or as ignored."""
     try:
         image = decoded(img_path)
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... for damaged files
@@ -117,13 +133,33 @@ def pair_check(img_path: str, seg_path: str, num_classes: int, reduce_zero_label
     if label.size != image.size:
         return PairCheck(Problem(f'annotation {seg_path} is {size_text(label)}, its image {size_text(image)}'))
     values = frozenset(int(v) for v in np.unique(np.asarray(label)))
+    bad = sorted(v for v in values if not loads_as_label(v, num_classes, reduce_zero_label, label_map))
+    if bad:
+        return PairCheck(Problem(f'annotation {seg_path} has label values {", ".join(map(str, bad[:SHOWN]))} '
+                                 f'{valid_values(num_classes, reduce_zero_label, label_map)}'), values)
+    return PairCheck(None, values)
+
+
+def valid_values(num_classes: int, reduce_zero_label: bool, label_map: dict[int, int] | None) -> str:
+    """The values a data set's masks may hold, in words (after the values they may not)."""
+    if label_map:
+        valid = [v for v in sorted(label_map) if loads_as_label(v, num_classes, reduce_zero_label, label_map)]
+        return (f'outside the ids its data set maps to its {num_classes} classes (valid: {id_ranges(valid)}; '
+                f'{IGNORE_INDEX} ignored)')
     # With reduce_zero_label, file value v is class v - 1 and 0 is ignored: 0..num_classes are valid.
     top = num_classes if reduce_zero_label else num_classes - 1
-    bad = sorted(v for v in values if v > top and v != IGNORE_INDEX)
-    if bad:
-        return PairCheck(Problem(f'annotation {seg_path} has label values {", ".join(map(str, bad[:SHOWN]))} beyond '
-                                 f'the {num_classes} classes (valid: 0..{top}, {IGNORE_INDEX} ignored)'), values)
-    return PairCheck(None, values)
+    return f'beyond the {num_classes} classes (valid: 0..{top}, {IGNORE_INDEX} ignored)'
+
+
+def id_ranges(ids: list[int]) -> str:
+    """Sorted ids in words, runs as ranges: '0..6, 9'."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ', '.join(f'{a}..{b}' if b > a else f'{a}' for a, b in runs)
 
 
 def stray_images(img_dir: Path, suffix: str) -> list[Path]:

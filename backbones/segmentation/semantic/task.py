@@ -98,7 +98,8 @@ class SemanticSegmentation(DenseTask):
 
     def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
         """The image and its class map: both decode, the same size, the map's values classes (or ignored)."""
-        return pair_check(entry['img_path'], entry['seg_map_path'], num_classes, entry.get('reduce_zero_label', False))
+        return pair_check(entry['img_path'], entry['seg_map_path'], num_classes, entry.get('reduce_zero_label', False),
+                          entry.get('label_map'))
 
     def check_values(self, dataset, values: set[int]) -> None:
         check_labels_used(dataset, values)

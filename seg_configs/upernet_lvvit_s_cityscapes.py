@@ -1,0 +1,13 @@
+# UperNet + LV-ViT-S on Cityscapes (19 classes), 512x1024 crops, the sliding-window test in 512x1024 windows at a
+# stride of 341x682, 80k iterations (mmseg's zoo settings; upernet_lvvit_s.py's model).
+_base_ = ['./_base_/models/upernet_token_vit.py', './_base_/datasets/cityscapes.py', './_base_/default_runtime.py',
+          './_base_/schedules/schedule_80k.py']
+crop_size = (512, 1024)
+model = dict(
+    data_preprocessor=dict(size=crop_size),
+    backbone=dict(model_name='lvvit_s', out_indices=(6, 9, 12, 15), drop_path_rate=0.1,
+                  pretrained='pretrained/lvvit_s-26M-224-83.3.pth.tar'),
+    decode_head=dict(num_classes=19),
+    auxiliary_head=dict(num_classes=19),
+    test_cfg=dict(crop_size=crop_size, stride=(341, 682)),
+)
