@@ -4,6 +4,7 @@ the real set. Every fifth scan is a test image (as the scans folder's validation
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from typing import ClassVar
 import numpy as np
 from PIL import Image
 
+from backbones.common.cli import output_folder
 from backbones.common.distributed import DistInfo, barrier
 from classification.digits.scans import VAL_EVERY, render_scan, write_digits_folder
 from classification.loaders import ImageData
@@ -145,6 +147,15 @@ class EmbeddedTransferSet:
     root: Path = SETS_DIR
     description: ClassVar[str] = 'the embedded digits written in the data set\'s layout (1,797 scans, on first use)'
     recipe_values: ClassVar[dict] = RECIPE
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument('--digits-dir', type=output_folder, default=SETS_DIR,
+                            help=f'where the embedded digits are written in each layout (default {SETS_DIR})')
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbeddedTransferSet:
+        return cls(args.dataset, args.digits_dir)
 
     def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
         folder = self.root / self.dataset

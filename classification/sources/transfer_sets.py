@@ -14,7 +14,7 @@ source (`ImageSource`) whose split `train` is the set's official training split 
   `categories` (`id`, `name`).
 
 Classes keep the set's own numbering (class 1 first); a layout's files that are missing or do not read are one line
-naming the file and the layout. A folder holding any of a layout's files is that layout's.
+naming the file and the layout. A folder holding any of a layout's annotation files is that layout's.
 """
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ class TransferLayout(ImageSource):
 
     key: ClassVar[str]  # the transfer tool's --dataset
     files: ClassVar[tuple[str, ...]]  # what it reads, relative to the data folder
+    markers: ClassVar[int]  # how many of `files` (the first) are its own annotation files, which mark the layout
     layout: ClassVar[str]  # the layout in words, for messages
 
     def claims(self, data_dir: Path) -> bool:
-        return any(self.where(data_dir, name).exists() for name in self.files)
+        """Whether `data_dir` holds one of the layout's annotation files (its image folders alone do not say)."""
+        return any(self.where(data_dir, name).exists() for name in self.files[:self.markers])
 
     def where(self, data_dir: Path, name: str) -> Path:
         """Where the layout's file `name` lies in `data_dir`."""
@@ -97,7 +99,7 @@ def numbered(values: np.ndarray, where: Path, what: str, count: int) -> np.ndarr
 @register_source
 class Flowers102(TransferLayout):
     name, key = 'Oxford Flowers-102', 'flowers102'
-    files = ('imagelabels.mat', 'setid.mat', 'jpg')
+    files, markers = ('imagelabels.mat', 'setid.mat', 'jpg'), 2
     layout = 'jpg/image_NNNNN.jpg, imagelabels.mat (labels) and setid.mat (trnid, valid, tstid)'
 
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
@@ -120,7 +122,7 @@ class StanfordCars(TransferLayout):
     name, key = 'Stanford Cars', 'cars'
     META, TRAIN_ANNOS, TEST_ANNOS = 'devkit/cars_meta.mat', 'devkit/cars_train_annos.mat', \
         'cars_test_annos_withlabels.mat'
-    files = (META, TRAIN_ANNOS, TEST_ANNOS, 'cars_train', 'cars_test')
+    files, markers = (META, TRAIN_ANNOS, TEST_ANNOS, 'cars_train', 'cars_test'), 3
     layout = ('cars_train/, cars_test/, devkit/cars_meta.mat, devkit/cars_train_annos.mat and '
               'cars_test_annos_withlabels.mat (in devkit/ or the data folder)')
 
@@ -150,7 +152,7 @@ class StanfordCars(TransferLayout):
 @register_source
 class OxfordPets(TransferLayout):
     name, key = 'Oxford-IIIT Pets', 'pets'
-    files = ('annotations/trainval.txt', 'annotations/test.txt', 'images')
+    files, markers = ('annotations/trainval.txt', 'annotations/test.txt', 'images'), 2
     layout = 'images/NAME.jpg, annotations/trainval.txt and annotations/test.txt (lines "Abyssinian_100 1 1 1")'
 
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
@@ -215,14 +217,14 @@ class INaturalist(TransferLayout):
 @register_source
 class INaturalist2018(INaturalist):
     name, key = 'iNaturalist 2018', 'inat2018'
-    files = ('train2018.json', 'val2018.json')
+    files, markers = ('train2018.json', 'val2018.json'), 2
     layout = 'train2018.json and val2018.json (images, annotations, categories; image paths under the data folder)'
 
 
 @register_source
 class INaturalist2019(INaturalist):
     name, key = 'iNaturalist 2019', 'inat2019'
-    files = ('train2019.json', 'val2019.json')
+    files, markers = ('train2019.json', 'val2019.json'), 2
     layout = 'train2019.json and val2019.json (images, annotations, categories; image paths under the data folder)'
 
 
