@@ -266,7 +266,7 @@ TRANSFER_SETS = {
 
 def transfer_set_recipe(model_name: str, dataset: str, data_values: dict | None = None) -> Recipe:
     """The fine-grained transfer recipe of `dataset` (TRANSFER_SETS) for `model_name`, with the values a small data set
-    sets for itself (`data_values`: the embedded digits' size and schedule) over it."""
+    sets for itself (`data_values`: the embedded data's size and schedule) over it."""
     if dataset not in TRANSFER_SETS:
         raise UsageError(f'no transfer recipe for {dataset!r}; choose from {", ".join(TRANSFER_SETS)}')
     return recipe_for(model_name, data_values={**DEIT_FINETUNE, **TRANSFER_SETS[dataset], **(data_values or {})})

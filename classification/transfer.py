@@ -58,7 +58,7 @@ DATASETS = (*FORMATS, *TRANSFER_SETS)  # --dataset: CIFAR's (its own recipe and 
 DATASET_HELP = ('the data set: cifar10 or cifar100 (the T2T-ViT recipe; --data-dir required), or flowers102, cars, '
                 'pets, inat2018, inat2019 in their published layouts or folder (train/CLASS/*, val/CLASS/*), each with '
                 'DeiT\'s transfer recipe (its options: --dataset NAME --help) and, without --data-dir, the embedded '
-                'digits written in that layout')
+                'data written in that layout')
 
 
 def build_parser(description: str | None = None, prog: str = 'transfer.py') -> argparse.ArgumentParser:
@@ -200,7 +200,7 @@ def transfer_set_main(argv: list[str], dataset: str, default_data: type[Embedded
     """A transfer set's run: train_cls's options and training with DeiT's transfer recipe for `dataset`
     (`recipes.TRANSFER_SETS`), a new classifier on the --finetune or --pretrained weights, the set read from its
     published layout (`classification.sources.transfer_sets`; its files checked before any work) or, without
-    --data-dir, the embedded digits written in it."""
+    --data-dir, the embedded data written in it."""
     parser = build_train_parser(default_data, description, prog, data_help=(
         'the data set in its published layout (docs/cifar.md: Flowers-102, Stanford Cars, Oxford-IIIT Pets, '
         'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'))
