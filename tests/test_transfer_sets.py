@@ -172,8 +172,8 @@ def test_one_transfer_run_per_layout(layouts, key, tmp_path):
 
 def test_without_data_the_preset_runs_on_the_digits_in_that_layout(tmp_path):
     metrics = main([*TINY_DEIT, '--dataset', 'pets', '--digits-dir', str(tmp_path / 'digits'), '--output',
-                    str(tmp_path / 'run'), '--img-size', '32', '--epochs', '1', '--train-images', '64', '--workers', '0',
-                    '--device', 'cpu'], default_data=EmbeddedTransferSet)
+                    str(tmp_path / 'run'), '--img-size', '32', '--epochs', '1', '--train-images', '64',
+                    '--workers', '0', '--device', 'cpu'], default_data=EmbeddedTransferSet)
     assert (tmp_path / 'digits' / 'pets' / 'annotations' / 'trainval.txt').is_file()
     assert metrics['train_images'] == 64
     recorded = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)['args']
@@ -237,3 +237,16 @@ def test_a_transfer_set_takes_no_train_cls_preset(layouts, tmp_path):
     with pytest.raises(UsageError, match='--preset standard is a train_cls recipe; the transfer recipe is --dataset '
                                          "cars's"):
         main(transfer_args('cars', layouts['cars'], tmp_path / 'run', '--preset', 'standard'))
+
+
+def test_the_command_names_a_missing_layout_file_in_one_line(tmp_path):
+    from helpers.commands import run_tool
+    (tmp_path / 'devkit').mkdir()
+    savemat(tmp_path / 'devkit' / 'cars_meta.mat', {'class_names': np.array([['a', 'b']], dtype=object)})
+    result = run_tool('transfer.py', [*TINY_DEIT, '--dataset', 'cars', '--data-dir', tmp_path, '--output',
+                                      tmp_path / 'run'])
+    assert result.returncode != 0 and not (tmp_path / 'run').exists()
+    assert result.stderr.strip() == (f'error: {tmp_path / "devkit/cars_train_annos.mat"} is missing: the Stanford Cars '
+                                     f'layout is cars_train/, cars_test/, devkit/cars_meta.mat, '
+                                     f'devkit/cars_train_annos.mat and cars_test_annos_withlabels.mat (in devkit/ or '
+                                     f'the data folder)  (--debug shows the traceback)')
