@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,7 +36,13 @@ from classification.loaders import (
     token_label_pictures,
     train_tf_reference,
 )
-from classification.models import add_start_arguments, model_data_config, start_weights, zero_classifiers
+from classification.models import (
+    add_start_arguments,
+    model_data_config,
+    refuse_pretrained_file,
+    start_weights,
+    zero_classifiers,
+)
 from classification.recipes import PRESETS, TIMM_EMA_DECAY, Recipe, add_recipe_arguments, chosen_preset, resolve_recipe
 from classification.token_labeling.label_store import open_store
 from classification.training_pieces import TeacherSpec, annotates_online, load_finetune_weights, training_pieces
@@ -208,6 +215,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
          description: str | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
     parser = build_parser(default_data, description)
+    refuse_pretrained_file(sys.argv[1:] if argv is None else argv)
     args = parse_run_arguments(parser, argv, ('--preset', '--model-ema', '--token-labeling', '--no-token-labeling'))
     fallback = check_arguments(args, default_data)
     recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)

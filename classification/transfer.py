@@ -27,7 +27,13 @@ from backbones.registry import check_model_name
 from backbones.weights import LoadReport, classifier_prefixes
 from classification.data.cifar import FORMATS, CifarDataset, CifarInput, channel_stats, hold_out, read_cifar
 from classification.data.folders import collate_skipping
-from classification.engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint
+from classification.engine.checkpoints import (
+    BEST,
+    DATA_CONFIG,
+    checkpoint_data_config,
+    read_run_args,
+    read_training_checkpoint,
+)
 from classification.engine.samplers import Batching, sharded_loaders
 from classification.engine.steps import evaluate
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
     through `classification.train` (`transfer_set_main`) on --data-dir or `default_data`'s embedded data."""
     argv = sys.argv[1:] if argv is None else list(argv)
     refuse_pretrained_file(argv)
-    dataset = given_dataset(argv)
+    dataset = given_dataset(argv, prog)
     if dataset in TRANSFER_SETS:
         return transfer_set_main(argv, dataset, default_data, description, prog)
     parser = build_parser(description, prog)
@@ -188,11 +194,16 @@ def main(argv: list[str] | None = None, description: str | None = None,
                                                  weights, args.use_ema, args.split_seed), args.device)
 
 
-def given_dataset(argv: list[str]) -> str | None:
-    """--dataset as typed (None without it): which of the two ways the command trains."""
+def given_dataset(argv: list[str], prog: str) -> str | None:
+    """--dataset as typed, else as the args.yaml of --config records it (None without either): which of the two ways
+    the command trains."""
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--dataset')
-    return first.parse_known_args(argv)[0].dataset
+    first.add_argument('--config')
+    given = first.parse_known_args(argv)[0]
+    if given.dataset is None and given.config:
+        return read_run_args(given.config, prog).get('dataset')
+    return given.dataset
 
 
 def transfer_set_main(argv: list[str], dataset: str, default_data: type[EmbeddedImageData] | None,
@@ -204,7 +215,8 @@ def transfer_set_main(argv: list[str], dataset: str, default_data: type[Embedded
     parser = build_train_parser(default_data, description, prog, data_help=(
         'the data set in its published layout (docs/cifar.md: Flowers-102, Stanford Cars, Oxford-IIIT Pets, '
         'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'))
-    parser.add_argument('--dataset', required=True, choices=DATASETS, help=DATASET_HELP)
+    # known already (typed, or recorded in --config's args.yaml): not required again, which --config could not give
+    parser.add_argument('--dataset', choices=DATASETS, default=dataset, help=DATASET_HELP)
     args = parse_run_arguments(parser, argv, ('--preset',))
     if args.preset:
         raise UsageError(f'--preset {args.preset} is a train_cls recipe; the transfer recipe is --dataset '

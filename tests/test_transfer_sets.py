@@ -19,6 +19,7 @@ from classification.models import start_weights
 from classification.sources.source import open_split
 from classification.sources.transfer_sets import LAYOUTS
 from classification.train import build_parser as train_parser
+from classification.train import main as train_cls
 from classification.transfer import main
 from helpers.models import TINY_DEIT
 from helpers.training_runs import last_weights
@@ -170,6 +171,16 @@ def test_one_transfer_run_per_layout(layouts, key, tmp_path):
     assert (recorded['opt'], recorded['mixup'], recorded['aug_repeats']) == ('adamw', 0.8, 3)  # DeiT's recipe
 
 
+def test_a_transfer_set_run_relaunches_from_its_args_yaml(layouts, tmp_path):
+    """--config gives the run's --dataset too: the relaunch takes the transfer set's way and recipe, to the same
+    weights."""
+    main(transfer_args('inat2019', layouts['inat2019'], tmp_path / 'run', '--lr-base', '1e-4'))
+    main(['--config', str(tmp_path / 'run' / 'args.yaml'), '--output', str(tmp_path / 'again')])
+    first, again = last_weights(tmp_path / 'run'), last_weights(tmp_path / 'again')
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert torch.load(tmp_path / 'again' / 'last.pth', weights_only=True)['args']['lr_base'] == 1e-4
+
+
 def test_without_data_the_preset_runs_on_the_digits_in_that_layout(tmp_path):
     metrics = main([*TINY_DEIT, '--dataset', 'pets', '--digits-dir', str(tmp_path / 'digits'), '--output',
                     str(tmp_path / 'run'), '--img-size', '32', '--epochs', '1', '--train-images', '64',
@@ -231,6 +242,8 @@ def test_pretrained_starts_from_timms_weights_in_the_cache_as_finetune_from_that
     assert start_weights(args) == str(file)
     with pytest.raises(SystemExit):
         train_parser().parse_args([HF_MODEL, '--pretrained', '--finetune', str(file)])
+    with pytest.raises(UsageError, match=f'--pretrained takes no file now .* with --finetune {re.escape(str(file))}'):
+        train_cls([HF_MODEL, '--pretrained', str(file), '--output', str(tmp_path / 'never')])
 
 
 def test_a_transfer_set_takes_no_train_cls_preset(layouts, tmp_path):
