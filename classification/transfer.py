@@ -1,6 +1,9 @@
-"""CIFAR-10/100 transfer of any model (the T2T-ViT paper's Table 5 recipe).
+"""Transfer of any model to another data set: CIFAR-10/100 with the T2T-ViT paper's Table 5 recipe (here), the
+fine-grained sets (Flowers-102, Stanford Cars, Oxford-IIIT Pets, iNaturalist, class folders) with DeiT's transfer
+recipe through `classification.train` (`transfer_set_main`).
 
-`tools/transfer_cifar.py` is the command (`main`); `transfer(...)` is the same run from Python. Unlike the
+`tools/transfer.py` (and `tools/transfer_cifar.py`, its former name) is the command (`main`); `transfer(...)` is the
+CIFAR run from Python. Unlike the
 reference tool, every parameter trains (the class token and the final norm too), the inputs are normalised with
 the statistics of the data set at hand, the epoch is chosen on a held-out part of the training set and only
 that epoch's model meets the test set, and a checkpoint of another resolution loads (its position table is
