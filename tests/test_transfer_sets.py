@@ -189,7 +189,9 @@ def test_without_data_the_preset_runs_on_the_digits_in_that_layout(tmp_path):
     assert metrics['train_images'] == 64
     recorded = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)['args']
     assert recorded['classes'] == ['zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine']
-    assert (recorded['epochs'], recorded['batch_size'], recorded['hflip']) == (1, 32, 0.0)  # the digits' scale
+    # the digits' scale (the epochs typed), the preset's optimizer
+    assert (recorded['epochs'], recorded['batch_size'], recorded['hflip'], recorded['mixup']) == (1, 32, 0.0, 0.0)
+    assert (recorded['opt'], recorded['smoothing']) == ('adamw', 0.1)
 
 
 HF_MODEL = 'vit_base_patch16_224.orig_in21k'  # timm's weights on the Hugging Face hub only (no URL)
