@@ -51,9 +51,11 @@ DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of the
 
 
 def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None,
-                 prog: str = 'train_cls.py', data_help: str = DATA_HELP) -> argparse.ArgumentParser:
-    """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them; `prog` and
-    `data_help` for another command that trains this way (tools/transfer.py)."""
+                 prog: str = 'train_cls.py', data_help: str = DATA_HELP,
+                 recipe_defaults: str = 'the model\'s paper preset') -> argparse.ArgumentParser:
+    """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them; `prog`,
+    `data_help` and where the recipe's defaults come from for another command that trains this way
+    (tools/transfer.py)."""
     p = model_parser(prog, description)
     without = f' (default: {default_data.description})' if default_data else ''
     p.add_argument('--data-dir', help=f'{data_help}{without}')
@@ -100,8 +102,7 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     add_run_arguments(p, 'output/train_cls/MODEL')
     if default_data:
         default_data.add_arguments(p)
-    add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
-                         Recipe)
+    add_recipe_arguments(p.add_argument_group(f'recipe (defaults: {recipe_defaults}, printed at start)'), Recipe)
     return p
 
 

@@ -217,7 +217,8 @@ def transfer_set_main(argv: list[str], dataset: str, default_data: type[Embedded
     --data-dir, the embedded data written in it."""
     parser = build_train_parser(default_data, description, prog, data_help=(
         'the data set in its published layout (docs/cifar.md: Flowers-102, Stanford Cars, Oxford-IIIT Pets, '
-        'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'))
+        'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'),
+        recipe_defaults='DeiT\'s transfer recipe for --dataset, at the embedded data\'s scale without --data-dir')
     # known already (typed, or recorded in --config's args.yaml): not required again, which --config could not give
     parser.add_argument('--dataset', choices=DATASETS, default=dataset, help=DATASET_HELP)
     args = parse_run_arguments(parser, argv, ('--preset',))
