@@ -274,29 +274,51 @@ def pretrained_model(name: str, checkpoint: str | Path | None, num_classes: int,
 
 TIMM_RELEASE = 'timm'  # a checkpoint named `timm`: the release file the model's timm config names
 URL_SCHEMES = ('http', 'https', 'file')
+HF_WEIGHTS = 'model.safetensors'  # the file of a Hugging Face repo timm reads
 
 
-def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbone.pretrained') -> str:
+def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbone.pretrained',
+                     instead: str | None = None) -> str:
     """A checkpoint as a local file: a path as it is; a URL, or `timm` (the URL in the model's timm config, else its
-    Hugging Face repo's weights), downloaded into timm's cache the first time. `setting` names where the source was
-    given, for the errors."""
+    Hugging Face repo's weights), read from the local cache (torch hub's, the Hugging Face hub's) and downloaded into it
+    the first time. `setting` names where the source was given, for the errors; `instead`, for a flag (--pretrained),
+    the option that takes a local file in its place."""
     if source == TIMM_RELEASE:
         cfg = get_pretrained_cfg(model_name)
         if cfg is None or not (cfg.url or cfg.hf_hub_id):
             raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "
                                   f"the path or URL of its ImageNet weights")
-        if not cfg.url:
-            return fetched(cfg.hf_hub_id, lambda: hf_hub_download(cfg.hf_hub_id, 'model.safetensors'), setting)
+        if not cfg.url or (cfg.hf_hub_id and cfg.url.endswith('.npz')):  # JAX weights: timm reads its hub copy
+            return hf_weights(cfg.hf_hub_id, setting, instead)
         source = cfg.url
     if urlparse(source).scheme in URL_SCHEMES:
         # no hash check: the releases' names hold accuracies ('-83.3.') where torch hub looks for a hash prefix
-        return fetched(source, lambda: download_cached_file(source, check_hash=False), setting)
+        where = Path(torch.hub.get_dir()) / 'checkpoints' / Path(urlparse(source).path).name
+        return fetched(source, lambda: download_cached_file(source, check_hash=False), setting,
+                       by_hand(f'download {source} to {where}', setting, instead))
     return source
 
 
-def fetched(source: str, download: Callable[[], str], setting: str) -> str:
+def hf_weights(repo: str, setting: str, instead: str | None) -> str:
+    """`repo`'s weights from the Hugging Face cache, downloaded into it when they are not there."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    cached = try_to_load_from_cache(repo, HF_WEIGHTS)
+    if isinstance(cached, str):
+        return cached
+    how = f'hf download {repo} {HF_WEIGHTS} (into the Hugging Face cache, {constants.HF_HUB_CACHE})'
+    return fetched(f'{repo} ({HF_WEIGHTS})', lambda: hf_hub_download(repo, HF_WEIGHTS), setting,
+                   by_hand(how, setting, instead))
+
+
+def by_hand(how: str, setting: str, instead: str | None) -> str:
+    """What to do when a download fails: `how` to put the file where it is read, or give its path."""
+    return f'{how}, or give the file with {instead}' if instead else f'download them by hand and set {setting} to ' \
+                                                                      f'the file ({how})'
+
+
+def fetched(source: str, download: Callable[[], str], setting: str, remedy: str) -> str:
     try:
         return download()
     except Exception as e:  # urllib, http.client and huggingface_hub raise their own kinds
-        raise CheckpointError(f'cannot download the weights {source} ({type(e).__name__}: {e}); download them by '
-                              f'hand and set {setting} to the file') from e
+        reason = (str(e).strip().splitlines() or [''])[0]
+        raise CheckpointError(f'cannot download the weights {source} ({type(e).__name__}: {reason}); {remedy}') from e

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -81,19 +82,56 @@ def load_trained_classifier(name: str, checkpoint: str, data_config: dict, use_e
     return build_eval_model(name, checkpoint, count, data_config['input_size'][-1], use_ema, model_kwargs or {})
 
 
+PRETRAINED_HELP = ("timm's pretrained weights of the model (the release file its timm config names, or its Hugging "
+                   "Face repo's), read from the local cache (downloaded into it once where there is a network)")
+
+
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """The weights a command evaluates: `--checkpoint FILE`, or `--pretrained`, the model's official release
     through timm's cache (`checkpoint_file`)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', help='a checkpoint of train_cls/transfer_cifar or a release file')
-    source.add_argument('--pretrained', action='store_true',
-                        help='the model\'s official release (the file its timm config names), downloaded once into '
-                             'timm\'s cache')
+    source.add_argument('--pretrained', action='store_true', help=PRETRAINED_HELP)
 
 
 def checkpoint_file(args: argparse.Namespace) -> str:
     """The checkpoint file `add_checkpoint_arguments` names: --checkpoint, or the model's release in timm's cache."""
-    return fetch_pretrained(TIMM_RELEASE, args.model, '--pretrained') if args.pretrained else args.checkpoint
+    return pretrained_file(args.model, '--checkpoint FILE') if args.pretrained else args.checkpoint
+
+
+def pretrained_file(model_name: str, instead: str) -> str:
+    """timm's pretrained weights of `model_name` (its release file, or its Hugging Face repo's) from the local cache:
+    what `--pretrained` means in every command; `instead` names the option that takes a local file."""
+    return fetch_pretrained(TIMM_RELEASE, model_name, '--pretrained', instead)
+
+
+CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.tar', '.bin', '.safetensors', '.npz', '.ckpt')
+
+
+def add_start_arguments(parser: argparse.ArgumentParser, finetune_help: str) -> None:
+    """The weights a training run starts from: `--finetune CKPT` (a local file), or `--pretrained`, timm's pretrained
+    weights of the model (`start_weights`)."""
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument('--finetune', metavar='CKPT', help=finetune_help)
+    start.add_argument('--pretrained', action='store_true', help=f'start from {PRETRAINED_HELP} (as --finetune does '
+                                                                 f'from that file)')
+
+
+def start_weights(args: argparse.Namespace) -> str | None:
+    """The file a training run starts from (`add_start_arguments`): --finetune's, or timm's weights in the cache."""
+    return pretrained_file(args.model, '--finetune FILE') if args.pretrained else args.finetune
+
+
+def refuse_pretrained_file(argv: list[str]) -> None:
+    """`--pretrained FILE`, the former spelling of `--finetune FILE` in tools/transfer_cifar.py, refused with the new
+    one (argparse would take the file for a stray argument or, after the model, for the model)."""
+    for i, arg in enumerate(argv):
+        value = arg.partition('=')[2] if arg.startswith('--pretrained=') else \
+            (argv[i + 1] if arg == '--pretrained' and i + 1 < len(argv) else None)
+        if value and not value.startswith('-') and (Path(value).suffix in CHECKPOINT_SUFFIXES or '/' in value
+                                                    or Path(value).is_file()):
+            raise UsageError(f'--pretrained {value}: --pretrained takes no file now (it starts from timm\'s pretrained '
+                             f'weights of the model); start from a local file with --finetune {value}')
 
 
 def check_finite(logits: torch.Tensor, checkpoint: str) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The papers' recipes: ImageNet training, one preset per model, and CIFAR transfer; every value can be overridden.
+"""The papers' recipes: ImageNet training, one preset per model, CIFAR transfer and fine-grained transfer (DeiT's);
+every value can be overridden.
 
 Learning rates follow the linear scaling rule: lr = lr_base * global batch / lr_base_batch.
 """
@@ -235,6 +236,40 @@ def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
     if opt not in TRANSFER_OPTIMIZERS:
         raise UsageError(f'--opt must be one of {", ".join(TRANSFER_OPTIMIZERS)}, got {opt}')
     return TransferRecipe(**TRANSFER_OPTIMIZERS[opt])
+
+
+# Fine-grained transfer (tools/transfer.py --dataset flowers102|cars|pets|inat2018|inat2019|folder): DeiT's fine-tuning
+# for transfer, which the DeiT paper (section 5.3, Tables 6 and 7) reports on these sets at 224 px and the CaiT paper
+# reuses. Its values are DeiT main.py's defaults, as iBOT's evaluation/eval_cls.py ("mostly copy-paste from DeiT")
+# keeps them: AdamW, weight decay 0.05, 5 warm-up epochs from 1e-6, cosine to 1e-5 (the cooldown epochs are never run:
+# its loop stops at --epochs), RandAugment rand-m9-mstd0.5-inc1 with bicubic crops, random erasing 0.25, MixUp 0.8 +
+# CutMix 1.0, label smoothing 0.1, stochastic depth 0.1, EMA 0.99996, repeated augmentation (3 copies), and the lr
+# scaled linearly per 512 images (lr x batch / 512). No token labeling: a plain classifier on a new head.
+DEIT_FINETUNE = dict(token_labeling=False, label_pooling=False, mix_token=0.0, opt='adamw', lr_base_batch=512,
+                     weight_decay=0.05, warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=0,
+                     auto_augment='rand-m9-mstd0.5-inc1', interpolation='bicubic', reprob=0.25, mixup=0.8, cutmix=1.0,
+                     smoothing=0.1, drop_path=0.1, ema_decay=0.99996, aug_repeats=3, img_size=224, clip_grad=None,
+                     zero_head=False)
+# Per set, iBOT's run.sh (bytedance/ibot, for ViT-B/16 "the default fine-tuning recipe proposed in DeiT"): 96 images per
+# GPU on 8 GPUs, lr 7.5e-6 for 1000 epochs (Flowers), 7.5e-5 for 1000 epochs (Cars), 7.5e-6 for 360 epochs with
+# erasing 0.1 (iNaturalist 2018 and 2019). Neither DeiT nor iBOT gives Pets (the ViT paper reports it): it takes the
+# recipe of Flowers, the set of its size; a folder data set of the user's takes it too.
+TRANSFER_SETS = {
+    'flowers102': dict(batch_size=96, lr_base=7.5e-6, epochs=1000),
+    'cars': dict(batch_size=96, lr_base=7.5e-5, epochs=1000),
+    'pets': dict(batch_size=96, lr_base=7.5e-6, epochs=1000),
+    'inat2018': dict(batch_size=96, lr_base=7.5e-6, epochs=360, reprob=0.1),
+    'inat2019': dict(batch_size=96, lr_base=7.5e-6, epochs=360, reprob=0.1),
+    'folder': dict(batch_size=96, lr_base=7.5e-6, epochs=1000),
+}
+
+
+def transfer_set_recipe(model_name: str, dataset: str, data_values: dict | None = None) -> Recipe:
+    """The fine-grained transfer recipe of `dataset` (TRANSFER_SETS) for `model_name`, with the values a small data set
+    sets for itself (`data_values`: the embedded data's size and schedule) over it."""
+    if dataset not in TRANSFER_SETS:
+        raise UsageError(f'no transfer recipe for {dataset!r}; choose from {", ".join(TRANSFER_SETS)}')
+    return recipe_for(model_name, data_values={**DEIT_FINETUNE, **TRANSFER_SETS[dataset], **(data_values or {})})
 
 
 def rand_augment_spec(text: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,25 +36,35 @@ from classification.loaders import (
     token_label_pictures,
     train_tf_reference,
 )
-from classification.models import model_data_config, zero_classifiers
+from classification.models import (
+    add_start_arguments,
+    model_data_config,
+    refuse_pretrained_file,
+    start_weights,
+    zero_classifiers,
+)
 from classification.recipes import PRESETS, TIMM_EMA_DECAY, Recipe, add_recipe_arguments, chosen_preset, resolve_recipe
 from classification.token_labeling.label_store import open_store
 from classification.training_pieces import TeacherSpec, annotates_online, load_finetune_weights, training_pieces
 
+DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of them (docs/imagenet.md)'
 
-def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None
-                 ) -> argparse.ArgumentParser:
-    """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them."""
-    p = model_parser('train_cls.py', description)
+
+def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None,
+                 prog: str = 'train_cls.py', data_help: str = DATA_HELP,
+                 recipe_defaults: str = 'the model\'s paper preset') -> argparse.ArgumentParser:
+    """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them; `prog`,
+    `data_help` and where the recipe's defaults come from for another command that trains this way
+    (tools/transfer.py)."""
+    p = model_parser(prog, description)
     without = f' (default: {default_data.description})' if default_data else ''
-    p.add_argument('--data-dir', help=f'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of them '
-                                      f'(docs/imagenet.md){without}')
+    p.add_argument('--data-dir', help=f'{data_help}{without}')
     p.add_argument('--token-label-dir', help='token-label store from tools/generate_token_labels.py or '
                    'tools/import_token_labels.py')
     p.add_argument('--no-verify', action='store_true', help='do not check the token-label store against its digests '
                    'when opening it (for a store just checked: the check reads all of it)')
-    p.add_argument('--finetune', metavar='CKPT', help='start from these weights (e.g. for 384 fine-tuning); '
-                   'position embeddings are resized; the classes must be the data\'s unless --new-head')
+    add_start_arguments(p, 'start from these weights (e.g. for 384 fine-tuning); position embeddings are resized; '
+                           'the classes must be the data\'s unless --new-head')
     p.add_argument('--new-head', action='store_true',
                    help='with --finetune: train new classifiers for this data set\'s classes')
     p.add_argument('--skip-unreadable', action='store_true',
@@ -91,8 +102,7 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     add_run_arguments(p, 'output/train_cls/MODEL')
     if default_data:
         default_data.add_arguments(p)
-    add_recipe_arguments(p.add_argument_group('recipe (defaults: the model\'s paper preset, printed at start)'),
-                         Recipe)
+    add_recipe_arguments(p.add_argument_group(f'recipe (defaults: {recipe_defaults}, printed at start)'), Recipe)
     return p
 
 
@@ -114,11 +124,11 @@ def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart,
     """Refuse what the recipe, the data and the start cannot do together on `device` (before any work), and say
     which of the given inputs the run will not use."""
     if start.new_head and not start.finetune:
-        raise UsageError('--new-head goes with --finetune (the weights to start from)')
+        raise UsageError('--new-head goes with --finetune or --pretrained (the weights to start from)')
     check_decode(start.decode, pick_augment(start.augment, device), device)
     if recipe.zero_head and not start.finetune:
         raise UsageError(f'--preset {start.preset} fine-tunes pretrained weights: give them with --finetune CKPT '
-                         f'(--new-head for a new class list)')
+                         f'or --pretrained (--new-head for a new class list)')
     if data.token_labels is not None and not recipe.uses_score_maps:
         logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: this recipe learns from no '
                        f'annotator maps (no token labeling with map targets, no label pooling)')
@@ -206,7 +216,23 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
          description: str | None = None) -> dict:
     """tools/train_cls.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
     parser = build_parser(default_data, description)
+    refuse_pretrained_file(sys.argv[1:] if argv is None else argv)
     args = parse_run_arguments(parser, argv, ('--preset', '--model-ema', '--token-labeling', '--no-token-labeling'))
+    fallback = check_arguments(args, default_data)
+    recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
+    ignored = [f'--{name.replace("_", "-")}' for name in recipe.unused_fields if hasattr(args, name)]
+    if ignored and not args.config:  # a relaunch records them all; its first run said so
+        logger.warning(f'warning: {" and ".join(ignored)} not used: '
+                       + ('token labeling mixes images with MixToken (--mix-token)' if recipe.token_labeling
+                          else 'label pooling mixes images with CutMix alone'))
+    return launch(args, parser.prog, recipe, fallback, f'output/train_cls/{args.model}', chosen_preset(args),
+                  args.new_head)
+
+
+def check_arguments(args: argparse.Namespace, default_data: type[EmbeddedImageData] | None
+                    ) -> EmbeddedImageData | None:
+    """The parsed options checked together (model names, the teacher's options, the data's); the embedded data the
+    run takes without --data-dir (None with it)."""
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
@@ -217,16 +243,17 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
     if args.data_dir is None and args.token_label_dir:
         raise UsageError(f'--token-label-dir {args.token_label_dir} goes with --data-dir (the images it labels); '
                          f'without --data-dir the run takes the embedded data and its own token labels')
-    fallback = default_data.from_args(args) if args.data_dir is None else None
-    recipe = resolve_recipe(args, fallback.recipe_values if fallback else None)
-    ignored = [f'--{name.replace("_", "-")}' for name in recipe.unused_fields if hasattr(args, name)]
-    if ignored and not args.config:  # a relaunch records them all; its first run said so
-        logger.warning(f'warning: {" and ".join(ignored)} not used: '
-                       + ('token labeling mixes images with MixToken (--mix-token)' if recipe.token_labeling
-                          else 'label pooling mixes images with CutMix alone'))
-    options = RunOptions.from_args(args, f'output/train_cls/{args.model}', parser.prog, run_settings(args, recipe))
+    return default_data.from_args(args) if args.data_dir is None else None
+
+
+def launch(args: argparse.Namespace, command: str, recipe: Recipe, fallback: EmbeddedImageData | None,
+           default_output: str, preset: str | None, new_head: bool) -> dict:
+    """The run the options of `build_parser` describe, with `recipe`, on --data-dir or the `fallback` data, from the
+    weights of --finetune or --pretrained (a new classifier: `new_head`), under torchrun or in this process."""
+    options = RunOptions.from_args(args, default_output, command, run_settings(args, recipe))
     teacher_kwargs = parse_model_kwargs(args.teacher_kwargs, '--teacher-kwargs')
     teacher = TeacherSpec(args.teacher, args.teacher_checkpoint, teacher_kwargs) if args.teacher else None
+    weights = start_weights(args)  # from the cache: named before any data is prepared
 
     def run(info: DistInfo) -> dict:
         if fallback:
@@ -235,7 +262,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
         data = replace(data, train_images=args.train_images)
-        start = RunStart(chosen_preset(args), args.finetune, args.new_head, teacher, args.augment, args.decode)
+        start = RunStart(preset, weights, new_head, teacher, args.augment, args.decode)
         return train(args.model, recipe, data, options, info, start)
 
     return run_distributed(run, args.device)

@@ -1,6 +1,9 @@
-"""CIFAR-10/100 transfer of any model (the T2T-ViT paper's Table 5 recipe).
+"""Transfer of any model to another data set: CIFAR-10/100 with the T2T-ViT paper's Table 5 recipe (here), the
+fine-grained sets (Flowers-102, Stanford Cars, Oxford-IIIT Pets, iNaturalist, class folders) with DeiT's transfer
+recipe through `classification.train` (`transfer_set_main`).
 
-`tools/transfer_cifar.py` is the command (`main`); `transfer(...)` is the same run from Python. Unlike the
+`tools/transfer.py` (and `tools/transfer_cifar.py`, its former name) is the command (`main`); `transfer(...)` is the
+CIFAR run from Python. Unlike the
 reference tool, every parameter trains (the class token and the final norm too), the inputs are normalised with
 the statistics of the data set at hand, the epoch is chosen on a held-out part of the training set and only
 that epoch's model meets the test set, and a checkpoint of another resolution loads (its position table is
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch.nn as nn
 from timm.optim import param_groups_weight_decay
@@ -18,37 +23,61 @@ from timm.optim import param_groups_weight_decay
 from backbones import bare_model, load_checkpoint
 from backbones.common.cli import add_weights_argument, model_parser, non_negative_int
 from backbones.common.distributed import DistInfo, run_distributed
+from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
 from backbones.weights import LoadReport, classifier_prefixes
 from classification.data.cifar import FORMATS, CifarDataset, CifarInput, channel_stats, hold_out, read_cifar
 from classification.data.folders import collate_skipping
-from classification.engine.checkpoints import BEST, DATA_CONFIG, checkpoint_data_config, read_training_checkpoint
+from classification.engine.checkpoints import (
+    BEST,
+    DATA_CONFIG,
+    checkpoint_data_config,
+    read_run_args,
+    read_training_checkpoint,
+)
 from classification.engine.samplers import Batching, sharded_loaders
 from classification.engine.steps import evaluate
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
-from classification.models import create_classifier, model_data_config
+from classification.loaders import EmbeddedImageData
+from classification.models import (
+    add_start_arguments,
+    create_classifier,
+    model_data_config,
+    refuse_pretrained_file,
+    start_weights,
+)
 from classification.objectives.objective import ClassificationObjective
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.recipes import (
     TRANSFER_OPTIMIZERS,
+    TRANSFER_SETS,
     TransferRecipe,
     add_recipe_arguments,
     override_recipe,
     transfer_recipe,
+    transfer_set_recipe,
 )
+from classification.sources.transfer_sets import LAYOUTS
+from classification.train import build_parser as build_train_parser
+from classification.train import check_arguments, launch
+
+DATASETS = (*FORMATS, *TRANSFER_SETS)  # --dataset: CIFAR's (its own recipe and pipeline), then DeiT's transfer sets
+DATASET_HELP = ('the data set: cifar10 or cifar100 (the T2T-ViT recipe; --data-dir required), or flowers102, cars, '
+                'pets, inat2018, inat2019 in their published layouts or folder (train/CLASS/*, val/CLASS/*), each with '
+                'DeiT\'s transfer recipe (its options: --dataset NAME --help) and, without --data-dir, the embedded '
+                'data written in that layout')
 
 
-def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    """tools/transfer_cifar.py's options (`description`: its usage text)."""
-    p = model_parser('transfer_cifar.py', description)
-    p.add_argument('--dataset', required=True, choices=sorted(FORMATS), help='which CIFAR')
+def build_parser(description: str | None = None, prog: str = 'transfer.py') -> argparse.ArgumentParser:
+    """tools/transfer.py's options for CIFAR (`description`: its usage text)."""
+    p = model_parser(prog, description)
+    p.add_argument('--dataset', required=True, choices=DATASETS, help=DATASET_HELP)
     p.add_argument('--data-dir', required=True,
                    help='folder holding cifar-10-python.tar.gz / cifar-100-python.tar.gz or the extracted folder')
-    p.add_argument('--pretrained', metavar='CKPT',
-                   help='start from these weights: an official release of the family or one of ours; the '
-                        'classifiers are replaced and the position table resized (default: random initialisation)')
+    add_start_arguments(p, 'start from these weights: an official release of the family or one of ours; the '
+                           'classifiers are replaced and the position table resized (default: random initialisation)')
     add_weights_argument(p)
     p.add_argument('--split-seed', type=non_negative_int, default=0, help='seed of the held-out validation draw')
     add_run_arguments(p, 'output/transfer_cifar/DATASET/MODEL')
@@ -133,7 +162,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
     if report is not None:
         logger.info(report.summary())
     elif not trainer.resume:
-        logger.info('no --pretrained: training from random initialisation')
+        logger.info('no --finetune or --pretrained: training from random initialisation')
     logger.info('recipe: ' + json.dumps(vars(recipe)))
     record = trainer.run(fit, train_loader, val_loader)
 
@@ -148,13 +177,58 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
                                    f'{test["top5"]:.2f}%')
 
 
-def main(argv: list[str] | None = None, description: str | None = None) -> dict:
-    """tools/transfer_cifar.py."""
-    parser = build_parser(description)
+def main(argv: list[str] | None = None, description: str | None = None,
+         default_data: type[EmbeddedImageData] | None = None, prog: str = 'transfer.py') -> dict:
+    """tools/transfer.py (and tools/transfer_cifar.py, its former name): CIFAR's transfer, or a transfer set's
+    through `classification.train` (`transfer_set_main`) on --data-dir or `default_data`'s embedded data."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    refuse_pretrained_file(argv)
+    dataset = given_dataset(argv, prog)
+    if dataset in TRANSFER_SETS:
+        return transfer_set_main(argv, dataset, default_data, description, prog)
+    parser = build_parser(description, prog)
     args = parse_run_arguments(parser, argv, ('--opt',))
     check_model_name(args.model)
     recipe = resolve_recipe(args)
     options = RunOptions.from_args(args, f'output/transfer_cifar/{args.dataset}/{args.model}', parser.prog,
                                    run_settings(args, recipe))
+    weights = start_weights(args)
     return run_distributed(lambda info: transfer(args.model, args.dataset, args.data_dir, recipe, options, info,
-                                                 args.pretrained, args.use_ema, args.split_seed), args.device)
+                                                 weights, args.use_ema, args.split_seed), args.device)
+
+
+def given_dataset(argv: list[str], prog: str) -> str | None:
+    """--dataset as typed, else as the args.yaml of --config records it (None without either): which of the two ways
+    the command trains."""
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    first.add_argument('--dataset')
+    first.add_argument('--config')
+    given = first.parse_known_args(argv)[0]
+    if given.dataset is None and given.config:
+        return read_run_args(given.config, prog).get('dataset')
+    return given.dataset
+
+
+def transfer_set_main(argv: list[str], dataset: str, default_data: type[EmbeddedImageData] | None,
+                      description: str | None, prog: str) -> dict:
+    """A transfer set's run: train_cls's options and training with DeiT's transfer recipe for `dataset`
+    (`recipes.TRANSFER_SETS`), a new classifier on the --finetune or --pretrained weights, the set read from its
+    published layout (`classification.sources.transfer_sets`; its files checked before any work) or, without
+    --data-dir, the embedded data written in it."""
+    parser = build_train_parser(default_data, description, prog, data_help=(
+        'the data set in its published layout (docs/cifar.md: Flowers-102, Stanford Cars, Oxford-IIIT Pets, '
+        'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'),
+        recipe_defaults='DeiT\'s transfer recipe for --dataset, at the embedded data\'s scale without --data-dir')
+    # known already (typed, or recorded in --config's args.yaml): not required again, which --config could not give
+    parser.add_argument('--dataset', choices=DATASETS, default=dataset, help=DATASET_HELP)
+    args = parse_run_arguments(parser, argv, ('--preset',))
+    if args.preset:
+        raise UsageError(f'--preset {args.preset} is a train_cls recipe; the transfer recipe is --dataset '
+                         f'{dataset}\'s (DeiT\'s): set its values with their options')
+    fallback = check_arguments(args, default_data)
+    if fallback is None and dataset in LAYOUTS:
+        LAYOUTS[dataset].check(Path(args.data_dir))
+    recipe = override_recipe(transfer_set_recipe(args.model, dataset, fallback.recipe_values if fallback else None),
+                             args)
+    return launch(args, parser.prog, recipe, fallback, f'output/transfer/{dataset}/{args.model}', None,
+                  new_head=bool(args.finetune or args.pretrained))

@@ -4,6 +4,7 @@ head on image labels, resume after a kill, torchrun (gloo) against one process, 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -100,7 +101,7 @@ def test_a_transfer_checkpoint_is_read_at_its_own_size_and_normalisation(cifar10
     predictor = ClassPredictor('deit_small_patch16_224', str(out / 'best.pth'),
                                model_kwargs=dict(embed_dim=32, depth=2, num_heads=2))
     torch.testing.assert_close(torch.cat(list(predictor.probabilities(files))), expected, rtol=1e-4, atol=1e-5)
-    args = transfer_args(DEIT, 'cifar10', root, tmp_path / 'on', '--epochs', '1', '--pretrained', str(out / 'best.pth'))
+    args = transfer_args(DEIT, 'cifar10', root, tmp_path / 'on', '--epochs', '1', '--finetune', str(out / 'best.pth'))
     at = args.index('--img-size')
     main(args[:at] + args[at + 2:])
     assert torch.load(tmp_path / 'on' / 'last.pth', weights_only=True)['args']['img_size'] == 32
@@ -110,7 +111,7 @@ def test_pretrained_lvvit_trains_every_parameter_on_cifar100(cifar100, tmp_path)
     root, _ = cifar100
     source, path = tiny_release('lvvit_s', tmp_path)  # official layout, 1,000 classes, 64 px
     out = tmp_path / 'run'
-    metrics = main(transfer_args(LVVIT, 'cifar100', root, out, '--pretrained', str(path), '--epochs', '1',
+    metrics = main(transfer_args(LVVIT, 'cifar100', root, out, '--finetune', str(path), '--epochs', '1',
                                  '--drop-path', '0'))
     assert metrics['pretrained'] == str(path) and metrics['train_images'] == 72
     start, end = source.state_dict(), last_weights(out)
@@ -174,5 +175,10 @@ def test_refusals_name_the_problem(cifar10, tmp_path):
         main(transfer_args(['lvvit_z'], 'cifar10', root, tmp_path / 'b'))
     _, t2t = tiny_release('t2t_vit_14', tmp_path)
     with pytest.raises(CheckpointError, match='holds a t2t_vit model, not lvvit_s'):
-        main(transfer_args(LVVIT, 'cifar10', root, tmp_path / 'c', '--pretrained', str(t2t)))
+        main(transfer_args(LVVIT, 'cifar10', root, tmp_path / 'c', '--finetune', str(t2t)))
+    # the former spelling of --finetune: one line giving the new one, before any work
+    with pytest.raises(UsageError, match='--pretrained takes no file now .*start from a local file with --finetune '
+                                         + re.escape(str(t2t))):
+        main(transfer_args(LVVIT, 'cifar10', root, tmp_path / 'd', '--pretrained', str(t2t)))
+    assert not (tmp_path / 'd').exists()
 

@@ -164,7 +164,7 @@ def parse_over_recorded(parser: argparse.ArgumentParser, argv: list[str], record
 TIMM_TRAIN_FLAGS = {
     '--data': 'the data folder as --data-dir', '--dataset': '--data-dir (an ImageNet-layout folder or its tars)',
     '--model': 'the model name as the first argument', '--num-classes': None,  # the training split's classes
-    '--initial-checkpoint': '--finetune CKPT', '--pretrained': '--finetune CKPT (a release file or timm\'s cache)',
+    '--initial-checkpoint': '--finetune CKPT',
     '--input-size': '--img-size', '-b': '--batch-size', '-j': '--workers', '--lr': '--lr-base with --lr-base-batch',
     '--lr-base-size': '--lr-base-batch', '--sched': None, '--opt-eps': None, '--opt-betas': None,
     '--clip-mode': None, '--drop': None, '--amp-dtype': '--amp bf16 or --amp fp16', '--channels-last': None,

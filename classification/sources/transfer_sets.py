@@ -1,0 +1,232 @@
+"""The fine-grained transfer sets of the DeiT, CaiT and ViT papers, read in the layouts they are published in: each a
+source (`ImageSource`) whose split `train` is the set's official training split and `val` its official test split
+(what the papers report), each image named by its path under the data folder (`jpg/image_00001.jpg`).
+
+- Oxford Flowers-102: `jpg/image_NNNNN.jpg`, `imagelabels.mat` (`labels`, 1..102, one per image number) and
+  `setid.mat` (`trnid`, `valid`, `tstid`: image numbers); training is `trnid` + `valid` (2,040 images), as DeiT's;
+- Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `devkit/cars_meta.mat` (`class_names`),
+  `devkit/cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (in `devkit/` or the data folder):
+  `annotations` with `fname` and `class` (1..196);
+- Oxford-IIIT Pets: `images/NAME.jpg`, `annotations/trainval.txt` and `annotations/test.txt`, lines
+  `Abyssinian_100 1 1 1` (image name, class 1..37, species, breed); a class is named by its images' name stem;
+- iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (`train2019.json` / `val2019.json`), COCO-like:
+  `images` (`id`, `file_name` relative to the data folder), `annotations` (`image_id`, `category_id`) and
+  `categories` (`id`, `name`).
+
+Classes keep the set's own numbering (class 1 first); a layout's files that are missing or do not read are one line
+naming the file and the layout. A folder holding any of a layout's annotation files is that layout's.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from backbones.common.errors import DataError
+from classification.sources.class_folders import FilesIn
+from classification.sources.source import ImageSource, Listing, register_source
+
+TRAIN, TEST = 'train', 'val'  # the split names training asks for: the official training and test splits
+Splits = dict[str, list[tuple[str, int]]]
+
+
+class TransferLayout(ImageSource):
+    """A published transfer set's layout: the files that mark it (any of them present: the folder is this layout's)
+    and how its splits are read from them."""
+
+    key: ClassVar[str]  # the transfer tool's --dataset
+    files: ClassVar[tuple[str, ...]]  # what it reads, relative to the data folder
+    markers: ClassVar[int]  # how many of `files` (the first) are its own annotation files, which mark the layout
+    layout: ClassVar[str]  # the layout in words, for messages
+
+    def claims(self, data_dir: Path) -> bool:
+        """Whether `data_dir` holds one of the layout's annotation files (its image folders alone do not say)."""
+        return any(self.where(data_dir, name).exists() for name in self.files[:self.markers])
+
+    def where(self, data_dir: Path, name: str) -> Path:
+        """Where the layout's file `name` lies in `data_dir`."""
+        return data_dir / name
+
+    def check(self, data_dir: Path) -> None:
+        """A DataError naming the first of the layout's files missing from `data_dir`."""
+        for name in self.files:
+            if not self.where(data_dir, name).exists():
+                raise DataError(f'{self.where(data_dir, name)} is missing: the {self.name} layout is {self.layout}')
+
+    def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
+                   classes_from: str) -> Listing | None:
+        if not self.claims(data_dir):
+            return None
+        self.check(data_dir)
+        if split not in (TRAIN, TEST):
+            raise DataError(f'{data_dir}: the {self.name} layout has the splits {TRAIN} (its training images) and '
+                            f'{TEST} (its test images), not {split}')
+        found, splits = self.read(data_dir)
+        if classes is not None and list(classes) != found:
+            raise DataError(f'{data_dir} ({self.name}): its {len(found)} classes are not those of {classes_from} '
+                            f'({len(classes)})')
+        return Listing(found, splits[split], FilesIn(data_dir))
+
+    def read(self, data_dir: Path) -> tuple[list[str], Splits]:
+        """The classes (in the set's numbering) and both splits' (image name, label)."""
+        raise NotImplementedError
+
+
+def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
+    """The arrays `keys` of a MATLAB file (squeezed), each named with the file when it is missing."""
+    from scipy.io import loadmat  # only these layouts need scipy
+    try:
+        content = loadmat(path, squeeze_me=True)
+    except (OSError, ValueError, TypeError) as e:
+        raise DataError(f'{path}: not a readable MATLAB file ({e})') from e
+    missing = [key for key in keys if key not in content]
+    if missing:
+        raise DataError(f'{path}: no {", ".join(missing)} (holds {", ".join(k for k in content if k[0] != "_")})')
+    return [np.atleast_1d(content[key]) for key in keys]
+
+
+def numbered(values: np.ndarray, where: Path, what: str, count: int) -> np.ndarray:
+    """`values` as integers 1..count (the sets number from 1), or a DataError naming the file."""
+    values = np.asarray(values).astype(np.int64).ravel()
+    if values.size and (values.min() < 1 or values.max() > count):
+        raise DataError(f'{where}: {what} outside 1..{count}')
+    return values
+
+
+@register_source
+class Flowers102(TransferLayout):
+    name, key = 'Oxford Flowers-102', 'flowers102'
+    files, markers = ('imagelabels.mat', 'setid.mat', 'jpg'), 2
+    layout = 'jpg/image_NNNNN.jpg, imagelabels.mat (labels) and setid.mat (trnid, valid, tstid)'
+
+    def read(self, data_dir: Path) -> tuple[list[str], Splits]:
+        labels_file, ids_file = data_dir / 'imagelabels.mat', data_dir / 'setid.mat'
+        labels, = load_mat(labels_file, 'labels')
+        labels = numbered(labels, labels_file, 'labels', np.iinfo(np.int32).max)
+        count = int(labels.max(initial=0))
+        ids = dict(zip(('trnid', 'valid', 'tstid'), load_mat(ids_file, 'trnid', 'valid', 'tstid')))
+        ids = {key: numbered(value, ids_file, f'image numbers ({key})', len(labels)) for key, value in ids.items()}
+
+        def split(numbers: np.ndarray) -> list[tuple[str, int]]:
+            return [(f'jpg/image_{n:05d}.jpg', int(labels[n - 1]) - 1) for n in numbers]
+
+        return ([f'{c:03d}' for c in range(1, count + 1)],
+                {TRAIN: split(np.concatenate([ids['trnid'], ids['valid']])), TEST: split(ids['tstid'])})
+
+
+@register_source
+class StanfordCars(TransferLayout):
+    name, key = 'Stanford Cars', 'cars'
+    META, TRAIN_ANNOS, TEST_ANNOS = 'devkit/cars_meta.mat', 'devkit/cars_train_annos.mat', \
+        'cars_test_annos_withlabels.mat'
+    files, markers = (META, TRAIN_ANNOS, TEST_ANNOS, 'cars_train', 'cars_test'), 3
+    layout = ('cars_train/, cars_test/, devkit/cars_meta.mat, devkit/cars_train_annos.mat and '
+              'cars_test_annos_withlabels.mat (in devkit/ or the data folder)')
+
+    def where(self, data_dir: Path, name: str) -> Path:
+        if name == self.TEST_ANNOS and not (data_dir / name).exists():  # shipped apart; often put in devkit/
+            return data_dir / 'devkit' / name
+        return data_dir / name
+
+    def read(self, data_dir: Path) -> tuple[list[str], Splits]:
+        meta = data_dir / self.META
+        names, = load_mat(meta, 'class_names')
+        classes = [str(n) for n in names]
+        if len(set(classes)) != len(classes):
+            raise DataError(f'{meta}: class_names repeats a name')
+
+        def split(annos: str, folder: str) -> list[tuple[str, int]]:
+            path = self.where(data_dir, annos)
+            table, = load_mat(path, 'annotations')
+            if table.dtype.names is None or not {'fname', 'class'} <= set(table.dtype.names):
+                raise DataError(f'{path}: annotations lack fname and class (have {table.dtype.names})')
+            labels = numbered(table['class'], path, 'class', len(classes))
+            return [(f'{folder}/{fname}', int(label) - 1) for fname, label in zip(table['fname'], labels)]
+
+        return classes, {TRAIN: split(self.TRAIN_ANNOS, 'cars_train'), TEST: split(self.TEST_ANNOS, 'cars_test')}
+
+
+@register_source
+class OxfordPets(TransferLayout):
+    name, key = 'Oxford-IIIT Pets', 'pets'
+    files, markers = ('annotations/trainval.txt', 'annotations/test.txt', 'images'), 2
+    layout = 'images/NAME.jpg, annotations/trainval.txt and annotations/test.txt (lines "Abyssinian_100 1 1 1")'
+
+    def read(self, data_dir: Path) -> tuple[list[str], Splits]:
+        names: dict[int, str] = {}  # class number -> the name stem of its images
+        splits = {}
+        for split, file in ((TRAIN, 'annotations/trainval.txt'), (TEST, 'annotations/test.txt')):
+            splits[split] = []
+            for number, line in enumerate((data_dir / file).read_text().splitlines(), 1):
+                if not line.strip() or line.startswith('#'):
+                    continue
+                fields = line.split()
+                if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) < 1:
+                    raise DataError(f'{data_dir / file}, line {number}: expected "NAME CLASS SPECIES BREED" with '
+                                    f'CLASS from 1, found {line!r}')
+                image, label = fields[0], int(fields[1])
+                stem = image.rsplit('_', 1)[0]
+                if names.setdefault(label, stem) != stem:
+                    raise DataError(f'{data_dir / file}, line {number}: {image} is in class {label}, whose images '
+                                    f'are named {names[label]}_N')
+                splits[split].append((f'images/{image}.jpg', label - 1))
+        count = max(names, default=0)
+        return [names.get(c, f'class {c}') for c in range(1, count + 1)], splits
+
+
+class INaturalist(TransferLayout):
+    def read(self, data_dir: Path) -> tuple[list[str], Splits]:
+        train, test = (self.annotations(data_dir / name) for name in self.files)
+        ids = sorted(category['id'] for category in train['categories'])
+        names = {category['id']: str(category.get('name', category['id'])) for category in train['categories']}
+        unique = len(set(names.values())) == len(names)
+        position = {category: i for i, category in enumerate(ids)}
+        classes = [names[c] if unique else str(c) for c in ids]
+        return classes, {TRAIN: self.samples(train, position, data_dir / self.files[0]),
+                         TEST: self.samples(test, position, data_dir / self.files[1])}
+
+    @staticmethod
+    def annotations(path: Path) -> dict:
+        try:
+            content = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f'{path}: not a readable JSON file ({e})') from e
+        missing = [key for key in ('images', 'annotations', 'categories') if key not in content]
+        if missing:
+            raise DataError(f'{path}: no {", ".join(missing)} (an iNaturalist annotation file holds images, '
+                            f'annotations and categories)')
+        return content
+
+    @staticmethod
+    def samples(content: dict, position: dict[int, int], path: Path) -> list[tuple[str, int]]:
+        category = {a['image_id']: a['category_id'] for a in content['annotations']}
+        samples = []
+        for image in content['images']:
+            if image['id'] not in category:
+                raise DataError(f'{path}: image {image["id"]} ({image["file_name"]}) has no annotation')
+            if category[image['id']] not in position:
+                raise DataError(f'{path}: image {image["id"]} has the category {category[image["id"]]}, which the '
+                                f'training file does not list')
+            samples.append((image['file_name'], position[category[image['id']]]))
+        return samples
+
+
+@register_source
+class INaturalist2018(INaturalist):
+    name, key = 'iNaturalist 2018', 'inat2018'
+    files, markers = ('train2018.json', 'val2018.json'), 2
+    layout = 'train2018.json and val2018.json (images, annotations, categories; image paths under the data folder)'
+
+
+@register_source
+class INaturalist2019(INaturalist):
+    name, key = 'iNaturalist 2019', 'inat2019'
+    files, markers = ('train2019.json', 'val2019.json'), 2
+    layout = 'train2019.json and val2019.json (images, annotations, categories; image paths under the data folder)'
+
+
+LAYOUTS: dict[str, TransferLayout] = {layout.key: layout for layout in (
+    Flowers102(), StanfordCars(), OxfordPets(), INaturalist2018(), INaturalist2019())}
