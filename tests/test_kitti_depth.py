@@ -22,7 +22,7 @@ from PIL import Image
 import backbones.segmentation  # noqa: F401  (registration)
 from backbones.common.errors import DataError, UsageError
 from backbones.segmentation.data_check import check_dataset
-from backbones.segmentation.depth.kitti import SCAN_ROW_EVERY, KittiLayout, read_split_file
+from backbones.segmentation.depth.kitti import SCAN_ROW_EVERY, SMALL_SCENE_SCALE, KittiLayout, read_split_file
 from backbones.segmentation.depth.metric import DepthReport
 from backbones.segmentation.layouts import SmallDenseData, layout_of
 from backbones.segmentation.tasks import task_of
@@ -204,7 +204,8 @@ def pages(tmp_path_factory) -> SmallDenseData:
 
 def test_the_pages_written_in_kittis_layout_read_back_sparse_as_lidar(pages, caplog):
     """Each page a frame of a fake drive (its PNG the page's pixels), its depth in 1/256 m on scan lines (every
-    third row, some of their pixels): equal to the page's within half a unit where kept, 0 elsewhere; the test
+    third row, some of their pixels): the page's, SMALL_SCENE_SCALE times as far, within half a unit where kept, 0
+    elsewhere; the test
     split's first frame has no ground truth, as the Eigen test has such frames, and is named."""
     layout = KittiLayout()
     dataset_cfg = kitti_dataset_cfg(Path('data/kitti'))
@@ -225,7 +226,8 @@ def test_the_pages_written_in_kittis_layout_read_back_sparse_as_lidar(pages, cap
         assert Image.open(stored).mode in ('I;16', 'I')
         image = cv2.imread(str(Path(sample.img_path)))
         assert np.array_equal(image, cv2.imread(str(pages.root / 'images' / 'validation' / f'{page}.jpg')))
-        metres = cv2.imread(str(pages.root / 'depth' / 'validation' / f'{page}.png'), cv2.IMREAD_UNCHANGED) / 1000
+        page_depth = cv2.imread(str(pages.root / 'depth' / 'validation' / f'{page}.png'), cv2.IMREAD_UNCHANGED)
+        metres = page_depth / 1000 * SMALL_SCENE_SCALE
         depth = sample.gt_depth_map.data[0].numpy()
         measured = depth > 0
         assert np.abs(depth[measured] - metres[measured]).max() <= 0.5 / 256
