@@ -313,7 +313,7 @@ def test_a_layout_config_trains_on_the_pages_in_its_layout_where_its_data_is_abs
                                                  '--digits-seg-dir', pages, '--digits-dir', tmp_path / 'digits']))
     log = result.stdout + result.stderr
     assert 'Cityscapes not found at data/cityscapes' in log
-    assert f'data: the embedded digits pages in {pages}' in log
     written = CityscapesLayout().small_root(SmallDenseData(pages, (), (), SIZE, 1, (1, 1), (1,), 1, False))
+    assert f'data: the embedded digits pages in {pages}, written in the layout of Cityscapes in {written}' in log
     assert len(list((written / 'gtFine' / 'val' / SMALL_CITY).glob('*_gtFine_labelIds.png'))) == 160
     assert re.search(r'mIoU: \d+\.\d+', log), log[-3000:]

@@ -18,7 +18,8 @@ from mmengine.config import Config
 
 from backbones.common.cli import output_folder
 from backbones.common.log import logger
-from backbones.segmentation.config import ADE20K_CROP, LOADERS
+from backbones.segmentation.config import ADE20K_CROP, LOADERS, datasets
+from backbones.segmentation.layouts import layout_of
 from backbones.segmentation.tasks import SmallDenseData, task_of
 from backbones.segmentation.train import (
     PretrainedBackbone,
@@ -83,9 +84,12 @@ class EmbeddedPages:
     def use_data(self, cfg: Config) -> None:
         """Point the config at the pages (written on first use), as its task takes a small data set: its sizes fit
         to the pages (a semantic config's times `scale`), no mirror images (a mirrored digit is not a digit)."""
-        logger.info(f'data: the embedded digits pages in {self.root}')
         write_digits_ade(self.root)
-        task_of(cfg).use_small_data(cfg, self.as_small_data())
+        data = self.as_small_data()
+        layouts = {layout.title: layout.small_root(data) for layout in map(layout_of, datasets(cfg)) if layout}
+        logger.info(f'data: the embedded digits pages in {self.root}'
+                    + ''.join(f', written in the layout of {title} in {root}' for title, root in layouts.items()))
+        task_of(cfg).use_small_data(cfg, data)
 
     def moved_to(self, root: Path) -> EmbeddedPages:
         """The pages in `root` where they are written there whole (its READY mark of this version), else these."""

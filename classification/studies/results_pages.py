@@ -13,7 +13,9 @@ ARGS are shell-style words; FILE is a results file's name without `.json`. The k
   `{EXPRESSION:FORMAT}`: the table with every figure filled in from the first FILE (`{ALIAS#EXPRESSION}` from
   another); a `|` in a figure is escaped.
 - `view FILE VIEW ARGS`: what FILE's study renders as VIEW (VIEWS: the reproduction's tables, a GPU session's).
-- `runs [latest] TASK...`: the metafile's runs of the embedded defaults of the TASKs (their Results' Task).
+- `runs [latest|layouts] TASK...`: the metafile's runs of the embedded defaults of the TASKs (their Results' Task)
+  on the pages in the suite's own layout; `layouts`: those on the pages written in a published set's layout (their
+  Metadata's `Layout`).
 - `value FILE EXPRESSION [FORMAT]`: one figure inside a sentence (the only inline kind, with the `seeds` view).
 
 Every block but an inline one ends with a line crediting each file it read: where and when its figures were
@@ -310,9 +312,10 @@ def reproduction_figure4(files: DataFiles, name: str) -> str:
 def embedded_runs(page: Page, *tasks: str) -> str:
     """The metafile's runs of the embedded defaults whose results are of one of `tasks` (mmseg's and mmdet's Task):
     the digits pretraining, the training, the scores shown (with their spread over seeds), what they compare with,
-    and the times. `runs latest TASK...`: each config's latest run alone, its scores and total time."""
-    latest = tasks[:1] == ('latest',)
-    runs = embedded_defaults(page.files, tasks[1:] if latest else tasks)
+    and the times; runs on the pages in a published set's layout with `runs layouts TASK...`, the others without.
+    `runs latest TASK...`: each config's latest run alone, its scores and total time."""
+    latest, in_layouts = tasks[:1] == ('latest',), tasks[:1] == ('layouts',)
+    runs = embedded_defaults(page.files, tasks[1:] if latest or in_layouts else tasks, in_layouts)
     if latest:
         newest = {run['Config']: run for run in sorted(runs, key=lambda run: str(run['Metadata']['Date']))}
         return '\n'.join(['| config, commit | scores on the validation pages | total time |', '|---|---|---|'] +
@@ -343,9 +346,11 @@ def total_time(run: dict) -> str:
     return run_seconds(run, 'Total Time') + reused
 
 
-def embedded_defaults(files: DataFiles, tasks: tuple[str, ...]) -> list[dict]:
-    """The metafile's runs of the embedded defaults with a result of one of `tasks`."""
+def embedded_defaults(files: DataFiles, tasks: tuple[str, ...], in_layouts: bool = False) -> list[dict]:
+    """The metafile's runs of the embedded defaults with a result of one of `tasks`: on the pages written in a
+    published set's layout (their Metadata's `Layout`) if `in_layouts`, else on the pages in the suite's own."""
     runs = [model for model in files['metafile']['Models'] if model['Metadata'].get('Embedded Default')
+            and bool(model['Metadata'].get('Layout')) == in_layouts
             and {result['Task'] for result in results_of(model)} & set(tasks)]
     found = {result['Task'] for run in runs for result in results_of(run)}
     missing = [task for task in tasks if task not in found] or ([] if tasks else ['a task'])
