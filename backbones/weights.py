@@ -279,31 +279,55 @@ HF_WEIGHTS = 'model.safetensors'  # the file of a Hugging Face repo timm reads
 
 def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbone.pretrained',
                      instead: str | None = None) -> str:
-    """A checkpoint as a local file: a path as it is; a URL, or `timm` (the URL in the model's timm config, else its
-    Hugging Face repo's weights), read from the local cache (torch hub's, the Hugging Face hub's) and downloaded into it
-    the first time. `setting` names where the source was given, for the errors; `instead`, for a flag (--pretrained),
-    the option that takes a local file in its place."""
+    """A checkpoint as a local file: a path as it is; a URL, or `timm` (the model's timm release, `timm_release`),
+    read from the local cache (torch hub's, the Hugging Face hub's) and downloaded into it the first time. `setting`
+    names where the source was given, for the errors; `instead`, for a flag (--pretrained), the option that takes a
+    local file in its place."""
     if source == TIMM_RELEASE:
-        cfg = get_pretrained_cfg(model_name)
-        if cfg is None or not (cfg.url or cfg.hf_hub_id):
-            raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "
-                                  f"the path or URL of its ImageNet weights")
-        if not cfg.url or (cfg.hf_hub_id and cfg.url.endswith('.npz')):  # JAX weights: timm reads its hub copy
-            return hf_weights(cfg.hf_hub_id, setting, instead)
-        source = cfg.url
+        return timm_release(model_name, setting, instead)
     if urlparse(source).scheme in URL_SCHEMES:
-        # no hash check: the releases' names hold accuracies ('-83.3.') where torch hub looks for a hash prefix
-        where = Path(torch.hub.get_dir()) / 'checkpoints' / Path(urlparse(source).path).name
-        return fetched(source, lambda: download_cached_file(source, check_hash=False), setting,
-                       by_hand(f'download {source} to {where}', setting, instead))
+        return url_weights(source, setting, instead)
     return source
+
+
+def timm_release(model_name: str, setting: str, instead: str | None) -> str:
+    """The weights timm's config of `model_name` names, where timm itself would take them: its Hugging Face repo's
+    (timm's first choice, what `timm.create_model(..., pretrained=True)` caches), else its URL's file. Either copy
+    already in its cache is read before anything is downloaded."""
+    cfg = get_pretrained_cfg(model_name)
+    if cfg is None or not (cfg.url or cfg.hf_hub_id):
+        raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "
+                              f"the path or URL of its ImageNet weights")
+    url_cache = url_cache_path(cfg.url) if cfg.url and not cfg.url.endswith('.npz') else None  # JAX weights: no
+    if cfg.hf_hub_id and (hf_cached(cfg.hf_hub_id) or url_cache is None or not url_cache.is_file()):
+        return hf_weights(cfg.hf_hub_id, setting, instead)
+    return url_weights(cfg.url, setting, instead)
+
+
+def url_cache_path(url: str) -> Path:
+    """Where torch hub's cache keeps the file of `url`."""
+    return Path(torch.hub.get_dir()) / 'checkpoints' / Path(urlparse(url).path).name
+
+
+def url_weights(url: str, setting: str, instead: str | None) -> str:
+    """The file of `url` from torch hub's cache, downloaded into it when it is not there."""
+    # no hash check: the releases' names hold accuracies ('-83.3.') where torch hub looks for a hash prefix
+    return fetched(url, lambda: download_cached_file(url, check_hash=False), setting,
+                   by_hand(f'download {url} to {url_cache_path(url)}', setting, instead))
+
+
+def hf_cached(repo: str) -> str | None:
+    """`repo`'s weights file in the Hugging Face cache, if there."""
+    from huggingface_hub import try_to_load_from_cache
+    cached = try_to_load_from_cache(repo, HF_WEIGHTS)
+    return cached if isinstance(cached, str) else None
 
 
 def hf_weights(repo: str, setting: str, instead: str | None) -> str:
     """`repo`'s weights from the Hugging Face cache, downloaded into it when they are not there."""
-    from huggingface_hub import constants, try_to_load_from_cache
-    cached = try_to_load_from_cache(repo, HF_WEIGHTS)
-    if isinstance(cached, str):
+    from huggingface_hub import constants
+    cached = hf_cached(repo)
+    if cached:
         return cached
     how = f'hf download {repo} {HF_WEIGHTS} (into the Hugging Face cache, {constants.HF_HUB_CACHE})'
     return fetched(f'{repo} ({HF_WEIGHTS})', lambda: hf_hub_download(repo, HF_WEIGHTS), setting,

@@ -14,6 +14,7 @@ import torch
 from scipy.io import savemat
 
 from backbones.common.errors import CheckpointError, DataError, UsageError
+from backbones.weights import fetch_pretrained
 from classification.digits.transfer_sets import EmbeddedTransferSet, write_layout
 from classification.models import start_weights
 from classification.sources.source import open_split
@@ -265,3 +266,25 @@ def test_the_command_names_a_missing_layout_file_in_one_line(tmp_path):
                                      f'layout is cars_train/, cars_test/, devkit/cars_meta.mat, '
                                      f'devkit/cars_train_annos.mat and cars_test_annos_withlabels.mat (in devkit/ or '
                                      f'the data folder)  (--debug shows the traceback)')
+
+
+def test_timms_release_is_read_where_timm_caches_it_hub_copy_first_then_the_url_file(hf_cache, tmp_path):
+    """A model whose timm config names both a URL and a hub repo (DeiT-S): its hub copy, what
+    `timm.create_model(..., pretrained=True)` caches, is read when there; else the URL's file in torch hub's cache;
+    with neither (offline), the error names timm's first choice, the hub repo."""
+    torch_hub = tmp_path / 'torch_hub'
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(torch_hub))
+    try:
+        cfg = timm.models.get_pretrained_cfg('deit_small_patch16_224')
+        assert cfg.url and cfg.hf_hub_id == 'timm/deit_small_patch16_224.fb_in1k'
+        with pytest.raises(CheckpointError, match=re.escape(f'hf download {cfg.hf_hub_id} model.safetensors')):
+            fetch_pretrained('timm', 'deit_small_patch16_224')
+        url_file = torch_hub / 'checkpoints' / cfg.url.rsplit('/', 1)[1]
+        url_file.parent.mkdir(parents=True)
+        url_file.write_bytes(b'the URL file')
+        assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(url_file)
+        hub_file = cache_weights(hf_cache, torch.nn.Linear(1, 1), cfg.hf_hub_id)
+        assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(hub_file)
+    finally:
+        torch.hub.set_dir(previous)
