@@ -180,9 +180,9 @@ SMALL_FOCAL = 721.5377  # the split files' focal length for that day's frames
 NO_DEPTH_EVERY = 16  # about the Eigen test's share of frames without ground truth (45 of 697)
 SCAN_ROW_EVERY = 3  # LiDAR's points lie on scan lines: every third row holds some
 SCAN_KEEP = 0.45  # the share of a scan line's pixels kept: about 15% of all
-# The pages' scene (a ground 4-6 m away, digits at 1.5-3.75 m: a room's depths, as NYU-v2's) stood ten times as far,
-# 15-60 m, a road scene's depths within KITTI's 80 m: at its own scale a head of 80 m would start eight times too far
-# for the embedded schedule's 160 iterations (AbsRel 0.90 after them, measured at dcce0c6).
+# Small data in the tasks' shared layout hold a room's depths (NYU-v2's format and range); written as KITTI frames
+# they stand ten times as far, a road scene's depths within KITTI's 80 m: at a room's scale an 80 m head starts far
+# too deep for a small schedule (AbsRel 0.90 after 160 iterations, measured at dcce0c6).
 SMALL_SCENE_SCALE = 10
 
 
