@@ -33,10 +33,9 @@ from backbones.common.errors import DataError
 from backbones.common.images import ImageReadError
 from backbones.common.log import logger
 from backbones.common.trackers import import_extra
-from classification.sources.source import ImageSource, Listing, register_source
+from classification.sources.source import ImageSource, Listing, register_source, split_names
 from classification.sources.tars import MemberFile
 
-HUB_SPLITS = {'val': 'validation'}  # the suite's split name -> the Hub's, read where the suite's is not saved
 IMAGE_COLUMN, LABEL_COLUMN = 'image', 'label'  # timm's input_key and target_key defaults
 PARQUET_FOLDERS = ('.', 'data')  # where the Hub keeps a data set's parquet files, below its folder
 
@@ -55,11 +54,6 @@ class SavedSplit:
         return self.folder if self.folder is not None else self.parquet[0].parent
 
 
-def saved_names(split: str) -> list[str]:
-    """The names the split may be saved under: its own, then the Hub's (`val`: `validation`)."""
-    return [split, *([HUB_SPLITS[split]] if split in HUB_SPLITS else [])]
-
-
 def saved_folder(folder: Path) -> SavedSplit | None:
     """The `save_to_disk` folder of one split (None where the folder holds nothing of `datasets`'); arrow files or
     `dataset_info.json` without `state.json` are named."""
@@ -76,7 +70,7 @@ def find_saved_split(data_dir: Path, split: str) -> SavedSplit | None:
     something is but not the split."""
     if not data_dir.is_dir():
         return None
-    names = saved_names(split)
+    names = split_names(split)
     if (data_dir / 'state.json').is_file():
         raise DataError(f'{data_dir} is one Dataset saved with save_to_disk, not its splits: save a DatasetDict '
                         f'(DatasetDict({{"train": ..., "val": ...}}).save_to_disk), and give its folder')
@@ -273,6 +267,7 @@ class HuggingFaceDatasets(ImageSource):
     """A split saved by Hugging Face `datasets` (save_to_disk, or the Hub's parquet files)."""
 
     name = 'Hugging Face datasets'
+    precedence = 30  # after the tars: a split folder of tars beside other splits' parquet files is the tars'
 
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
                    classes_from: str) -> Listing | None:

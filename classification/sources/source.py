@@ -4,8 +4,9 @@ generation, the label store and exact resume see only that (`open_split`).
 
 An image's name is its path relative to the data folder in the ImageNet layout (`train/n01440764/x.JPEG`), whatever
 the storage: token-label stores key their rows by it, so labels made from one storage serve another. A source is a
-class registered with `register_source`; `open_split` asks each in turn whether the split is stored its way, the
-default (class folders) last. A new storage is one module and one registration.
+class registered with `register_source`; `open_split` asks each in turn whether the split is stored its way, by its
+`precedence` (lowest first; then in registration order), the default (class folders) last. A new storage is one
+module and one registration.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class ImageSource(ABC):
 
     name: ClassVar[str]  # in words, for messages: 'class folders'
     default: ClassVar[bool] = False  # asked last: it lists any folder
-    first: ClassVar[bool] = False  # asked before the others: a storage another source would misread as its own
+    # asked in this order, lowest first: a storage another source would misread as its own is asked before it
+    precedence: ClassVar[int] = 50
 
     @abstractmethod
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
@@ -63,6 +65,14 @@ class ImageSource(ABC):
         return None if listing is None else listing.classes
 
 
+HUB_SPLITS = {'val': 'validation'}  # the suite's split name -> the Hub's, read where the suite's is not there
+
+
+def split_names(split: str) -> tuple[str, ...]:
+    """The names a split may be stored under: its own, then the Hub's (`val`: `validation`)."""
+    return (split, HUB_SPLITS[split]) if split in HUB_SPLITS else (split,)
+
+
 SOURCES: list[ImageSource] = []  # in registration order
 
 
@@ -73,8 +83,8 @@ def register_source(source: type[ImageSource]) -> type[ImageSource]:
 
 
 def sources() -> list[ImageSource]:
-    """The sources in the order they are asked: as registered, those asked `first` first, the default last."""
-    return sorted(SOURCES, key=lambda source: (source.default, not source.first))
+    """The sources in the order they are asked: by precedence (then as registered), the default last."""
+    return sorted(SOURCES, key=lambda source: (source.default, source.precedence))
 
 
 def open_split(data_dir: str | Path, split: str, classes: Sequence[str] | None = None,

@@ -439,6 +439,7 @@ class Tars(ImageSource):
     """A split in tars (and the class folders beside them): read in place, each image one pread."""
 
     name = 'tars'
+    precedence = 20
 
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
                    classes_from: str) -> Listing | None:

@@ -19,6 +19,7 @@ naming the file and the layout. A folder holding any of a layout's annotation fi
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -41,6 +42,7 @@ class TransferLayout(ImageSource):
     files: ClassVar[tuple[str, ...]]  # what it reads, relative to the data folder
     markers: ClassVar[int]  # how many of `files` (the first) are its own annotation files, which mark the layout
     layout: ClassVar[str]  # the layout in words, for messages
+    precedence = 40  # after the storages of any data set: a transfer set is marked by its annotation files alone
 
     def claims(self, data_dir: Path) -> bool:
         """Whether `data_dir` holds one of the layout's annotation files (its image folders alone do not say)."""
@@ -70,9 +72,9 @@ class TransferLayout(ImageSource):
                             f'({len(classes)})')
         return Listing(found, splits[split], FilesIn(data_dir))
 
+    @abstractmethod
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         """The classes (in the set's numbering) and both splits' (image name, label)."""
-        raise NotImplementedError
 
 
 def load_mat(path: Path, *keys: str) -> list[np.ndarray]:

@@ -41,11 +41,10 @@ import yaml
 from backbones.common.errors import DataError
 from backbones.common.images import TAR_SUFFIX, is_split_tar, split_entries
 from classification.sources.path_list import PathList
-from classification.sources.source import ImageSource, Listing, register_source
+from classification.sources.source import ImageSource, Listing, register_source, split_names
 from classification.sources.tars import SIDECAR_SUFFIXES, TarMembers, TarReader, TarSplit, tar_index
 
 INFO_FILES = ('_info.json', '_info.yaml')  # timm's data set information, beside the shards
-SPLIT_ALIASES = {'val': 'validation'}  # the Hub's name of the suite's split
 PEEK = 8  # members of a split folder's first tar read to tell shards from per-class tars
 
 
@@ -73,10 +72,6 @@ class Sample:
 
 
 # ------------------------------------------------------------------------------------------ finding a split's shards
-
-def split_names(split: str) -> tuple[str, ...]:
-    return (split, SPLIT_ALIASES[split]) if split in SPLIT_ALIASES else (split,)
-
 
 def read_info(data_dir: Path) -> tuple[Path, dict] | None:
     """The info file beside the shards, parsed; None where there is none."""
@@ -320,7 +315,7 @@ class WebDatasetShards(ImageSource):
     """A split in webdataset shards: asked before the tars, which would read a folder of them as per-class tars."""
 
     name = 'webdataset shards'
-    first = True
+    precedence = 10  # before the tars (20)
 
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
                    classes_from: str) -> Listing | None:
