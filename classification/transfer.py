@@ -225,6 +225,9 @@ def transfer_set_main(argv: list[str], dataset: str, default_data: type[Embedded
     if args.preset:
         raise UsageError(f'--preset {args.preset} is a train_cls recipe; the transfer recipe is --dataset '
                          f'{dataset}\'s (DeiT\'s): set its values with their options')
+    if args.new_head:
+        raise UsageError('--new-head: a transfer set\'s run always puts a new classifier for its classes on the '
+                         '--finetune or --pretrained weights')
     fallback = check_arguments(args, default_data)
     if fallback is None and dataset in LAYOUTS:
         LAYOUTS[dataset].check(Path(args.data_dir))

@@ -167,6 +167,8 @@ def test_one_transfer_run_per_layout(layouts, key, tmp_path):
     layout's classes in their order."""
     metrics = main(transfer_args(key, layouts[key], tmp_path / 'run'))
     assert metrics['train_images'] == 32 and metrics['epochs'] == 1 and 0 <= metrics['top1'] <= 100
+    correct = metrics['top1'] * 8 / 100  # scored on the 8 test images (what it learns: the fallback run's)
+    assert abs(correct - round(correct)) < 1e-6, metrics
     recorded = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)['args']
     assert recorded['classes'] == listing(layouts[key])[0]
     assert (recorded['opt'], recorded['mixup'], recorded['aug_repeats']) == ('adamw', 0.8, 3)  # DeiT's recipe
@@ -288,3 +290,9 @@ def test_timms_release_is_read_where_timm_caches_it_hub_copy_first_then_the_url_
         assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(hub_file)
     finally:
         torch.hub.set_dir(previous)
+
+
+def test_new_head_is_refused_for_a_transfer_set_whose_classifier_is_always_new(layouts, tmp_path):
+    with pytest.raises(UsageError, match=r'^--new-head: a transfer set\'s run always puts a new classifier'):
+        main(transfer_args('pets', layouts['pets'], tmp_path / 'run', '--new-head'))
+    assert not (tmp_path / 'run').exists()

@@ -111,6 +111,35 @@ def remove_partial_writes(folder: str | Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
+READY = 'READY'  # the mark of a folder written whole: the version of what wrote it
+
+
+def ready_mark(root: str | Path) -> str:
+    """What the READY mark of a folder written whole says (its version), '' without one."""
+    mark = Path(root) / READY
+    return mark.read_text() if mark.is_file() else ''
+
+
+def write_folder_once(root: str | Path, version: str, write: Callable[[Path], object]) -> Path:
+    """`root` as `write(folder)` fills a folder, unless `root`'s READY mark says `version` already: written into a
+    temporary folder beside it (`.NAME.tmpPID`), marked, then renamed into place, so that a reader, a kill or a
+    second writer never meets half a folder (an older version's is replaced)."""
+    root = Path(root)
+    if ready_mark(root) == version:
+        return root
+    staging = root.with_name(f'.{root.name}{TMP_MARK}{os.getpid()}')
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    write(staging)
+    (staging / READY).write_text(version)
+    if ready_mark(root) == version:  # another writer finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        os.replace(staging, root)
+    return root
+
+
 # timm's training checkpoints (the LV-ViT and T2T-ViT releases) store the command line as an argparse.Namespace:
 # plain data, safe to rebuild.
 RELEASE_GLOBALS = (argparse.Namespace,)

@@ -37,7 +37,6 @@ class SmallDenseData:
     mirrored: bool
 
 
-
 class DataLayout(ABC):
     """One published data set's layout. Class attributes say what it is; methods check it and write small data in
     it."""

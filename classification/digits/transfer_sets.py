@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +16,8 @@ from PIL import Image
 
 from backbones.common.cli import output_folder
 from backbones.common.distributed import DistInfo, barrier
-from classification.digits.scans import VAL_EVERY, render_scan, write_digits_folder
+from backbones.common.files import write_folder_once
+from classification.digits.scans import VAL_EVERY, render_scan
 from classification.loaders import ImageData
 from classification.recipes import Recipe
 from classification.sources.transfer_sets import StanfordCars
@@ -117,26 +116,21 @@ def inaturalist_writer(year: int) -> Callable[[Path, list[Scan]], None]:
     return write
 
 
+def write_class_folders(root: Path, items: list[Scan]) -> None:
+    """train/DIGIT/N.jpg and val/DIGIT/N.jpg: any folder data set's layout (ImageNet's)."""
+    for scan in items:
+        save_jpeg(scan.image, root / ('val' if scan.test else 'train') / str(scan.label) / f'{scan.number}.jpg')
+
+
 WRITERS: dict[str, Callable[[Path, list[Scan]], None]] = {
     'flowers102': write_flowers, 'cars': write_cars, 'pets': write_pets,
-    'inat2018': inaturalist_writer(2018), 'inat2019': inaturalist_writer(2019)}
+    'inat2018': inaturalist_writer(2018), 'inat2019': inaturalist_writer(2019), 'folder': write_class_folders}
 
 
 def write_layout(dataset: str, root: Path, count: int | None = None) -> Path:
     """The digits (the first `count` scans) in `dataset`'s layout under `root`, written whole (a temporary folder
-    renamed) unless this version is there; `folder` is the scans' class folders (train/, val/)."""
-    if dataset == 'folder':
-        return write_digits_folder(root)
-    if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
-        return root
-    tmp = root.with_name(root.name + '.tmp')
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    WRITERS[dataset](tmp, scans(count))
-    shutil.rmtree(root, ignore_errors=True)
-    os.replace(tmp, root)
-    (root / 'READY').write_text(VERSION)
-    return root
+    renamed) unless this version is there; `folder` is class folders (train/, val/)."""
+    return write_folder_once(root, VERSION, lambda folder: WRITERS[dataset](folder, scans(count)))
 
 
 @dataclass(frozen=True)

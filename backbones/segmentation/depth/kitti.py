@@ -12,13 +12,12 @@ The split file is BTS's (the form the DPT / BTS / AdaBins / Depth-Anything line 
 the image under the raw images' folder (a line without the date folder, as some copies write it, is read in the raw
 tree's DATE/DRIVE layout), the depth map under the ground truth's folder (data_depth_annotated's train/ and val/
 drives together), `None` for a frame without improved ground truth (45 of the Eigen test's 697 lines: 652 are scored,
-the usual choice), and the focal length in pixels (kept, unused). Such entries are left out, and counted and named in
-the log; a line of another form (Monodepth2's `FOLDER FRAME SIDE`) is an error naming its file and line.
+the usual choice), and the focal length in pixels (checked, not used). Such entries are left out, and counted and
+named in the log; a line of another form (Monodepth2's `FOLDER FRAME SIDE`) is an error naming its file and line.
 """
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,6 +27,7 @@ from mmseg.datasets import BaseSegDataset
 from mmseg.registry import DATASETS
 
 from backbones.common.errors import DataError
+from backbones.common.files import ready_mark, write_folder_once
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
 from backbones.segmentation.data_check import SHOWN
@@ -110,7 +110,7 @@ class KITTIDepthDataset(BaseSegDataset):
                         + ', '.join(self.without_ground_truth[:SHOWN])
                         + (', ...' if len(self.without_ground_truth) > SHOWN else ''))
         images, depths = Path(self.data_prefix['img_path']), Path(self.data_prefix['depth_map_path'])
-        return [dict(img_path=str(images / entry.image), depth_map_path=str(depths / entry.depth), focal=entry.focal,
+        return [dict(img_path=str(images / entry.image), depth_map_path=str(depths / entry.depth),
                      pred_name=prediction_name(entry.image), seg_fields=[])
                 for entry in entries if entry.depth is not None]
 
@@ -153,18 +153,7 @@ class KittiLayout(DataLayout):
         """The pages as two drives of a fake day: training's the Eigen training split's, validation's the test's
         (every NO_DEPTH_EVERY-th without ground truth, as the Eigen test has such frames); each page's depth in
         1/256 m, SMALL_SCENE_SCALE times as far, kept only on LiDAR-like scan lines (`lidar_like`), 0 elsewhere."""
-        mark = root / 'READY'
-        version = SMALL_VERSION + read_mark(data.root / 'READY')
-        if mark.is_file() and mark.read_text() == version:
-            return
-        shutil.rmtree(root, ignore_errors=True)
-        for index, (split, drive) in enumerate(SMALL_DRIVES.items()):
-            rng = np.random.default_rng(index)
-            lines = [small_entry(data, root, page, f'{drive}/image_02/data/{number:010d}.png',
-                                 rng if split == 'training' or number % NO_DEPTH_EVERY else None)
-                     for number, page in enumerate(sorted((data.root / 'images' / split).glob('*.jpg')))]
-            (root / SPLIT_FILES[split]).write_text('\n'.join(lines) + '\n')
-        mark.write_text(version)
+        write_folder_once(root, SMALL_VERSION + ready_mark(data.root), lambda folder: write_small_drives(data, folder))
 
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
         root = self.small_root(data)
@@ -186,9 +175,14 @@ SCAN_KEEP = 0.45  # the share of a scan line's pixels kept: about 15% of all
 SMALL_SCENE_SCALE = 10
 
 
-def read_mark(path: Path) -> str:
-    """A data set's READY mark (its version), '' without one."""
-    return path.read_text() if path.is_file() else ''
+def write_small_drives(data: SmallDenseData, root: Path) -> None:
+    """Each split of `data` as a drive of SMALL_DATE under `root`, with its split file."""
+    for index, (split, drive) in enumerate(SMALL_DRIVES.items()):
+        rng = np.random.default_rng(index)
+        lines = [small_entry(data, root, page, f'{drive}/image_02/data/{number:010d}.png',
+                             rng if split == 'training' or number % NO_DEPTH_EVERY else None)
+                 for number, page in enumerate(sorted((data.root / 'images' / split).glob('*.jpg')))]
+        (root / SPLIT_FILES[split]).write_text('\n'.join(lines) + '\n')
 
 
 def lidar_like(depth: np.ndarray, rng: np.random.Generator) -> np.ndarray:

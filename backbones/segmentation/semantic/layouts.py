@@ -27,10 +27,10 @@ from mmseg.datasets import CityscapesDataset, COCOStuffDataset, PascalContextDat
 from mmseg.registry import DATASETS
 
 from backbones.common.errors import DataError
+from backbones.common.files import ready_mark, write_folder_once
 from backbones.segmentation.data_check import IGNORE_INDEX
 from backbones.segmentation.layouts import DataLayout, SmallDenseData, register_layout
 
-READY = 'READY'
 SMALL_VERSION = 'published layouts v1'  # the small data's layouts; a change here rewrites them
 SMALL_SPLITS = ('training', 'validation')  # SmallDenseData's
 SHOWN = 3
@@ -68,6 +68,8 @@ class CityscapesIdsDataset(ClassesById, CityscapesDataset):
     """mmseg's CityscapesDataset, its classes by id if asked; an image without its *_gtFine_labelTrainIds.png reads
     its *_gtFine_labelIds.png, mapped to train ids by CITYSCAPES_TRAIN_IDS (then by the data set's own label map, if
     any)."""
+
+    reads_label_ids = True  # the published masks, without mmseg's converter
 
     def load_data_list(self) -> list[dict]:
         return [entry if Path(entry['seg_map_path']).is_file() else self.from_label_ids(entry)
@@ -160,15 +162,10 @@ class PublishedLayout(DataLayout):
         if len(data.classes) > self.classes:
             raise DataError(f'{data.root}: {len(data.classes)} classes do not fit the {self.classes} ids of the '
                             f'{self.title} layout')
-        mark = root / READY
-        version = f'{SMALL_VERSION}: {self.name}; {read_mark(data.root)}'
-        if mark.is_file() and mark.read_text() == version:
-            return
-        shutil.rmtree(root, ignore_errors=True)
-        for split in SMALL_SPLITS:
-            self.write_split(data, root, split,
+        write_folder_once(root, f'{SMALL_VERSION}: {self.name}; {ready_mark(data.root)}', lambda folder: [
+            self.write_split(data, folder, split,
                              sorted(path.stem for path in (data.root / 'images' / split).glob('*.jpg')))
-        mark.write_text(version)
+            for split in SMALL_SPLITS])
 
     @abstractmethod
     def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
@@ -182,12 +179,6 @@ class PublishedLayout(DataLayout):
         dataset_cfg.pop('img_suffix', None)
         dataset_cfg.pop('seg_map_suffix', None)
         fit_resizing(dataset_cfg['pipeline'], data)
-
-
-def read_mark(root: Path) -> str:
-    """What a written data set's READY mark says (its version), '' without one."""
-    mark = root / READY
-    return mark.read_text() if mark.is_file() else ''
 
 
 def fit_resizing(pipeline: list[dict], data: SmallDenseData) -> None:
@@ -221,7 +212,7 @@ def copy_image(data: SmallDenseData, split: str, name: str, to: Path) -> None:
     shutil.copyfile(data.root / 'images' / split / f'{name}.jpg', to)
 
 
-CITYSCAPES_SPLITS = {'training': 'train', 'validation': 'val'}
+TRAIN_VAL = {'training': 'train', 'validation': 'val'}  # the small data's splits as Cityscapes and Context name them
 SMALL_CITY = 'small'  # the city folder a small data set is written in
 
 
@@ -240,7 +231,7 @@ class CityscapesLayout(PublishedLayout):
     small_type = 'CityscapesIdsDataset'
     small_reduce_zero_label = False
     small_prefix = {split: dict(img_path=f'leftImg8bit/{name}', seg_map_path=f'gtFine/{name}')
-                    for split, name in CITYSCAPES_SPLITS.items()}
+                    for split, name in TRAIN_VAL.items()}
 
     def annotation_files(self, annotations: Path, name: str, seg_suffix: str) -> tuple[Path, ...]:
         """Its train ids (mmseg's converter's) first, else its label ids."""
@@ -252,7 +243,7 @@ class CityscapesLayout(PublishedLayout):
         train ids only."""
         super().check_annotations(pairs, dataset_cfg)
         without = [pair for pair in pairs if not pair.annotations[0].is_file()]
-        if without and dataset_cfg.get('type') == 'CityscapesDataset':
+        if without and not getattr(DATASETS.get(dataset_cfg.get('type')), 'reads_label_ids', False):
             raise DataError(f'{without[0].annotations[0]}: no such file: mmseg\'s CityscapesDataset reads only '
                             f'*_gtFine_labelTrainIds.png, which mmseg\'s tools/dataset_converters/cityscapes.py '
                             f'writes; type=\'CityscapesIdsDataset\' (seg_configs/_base_/datasets/cityscapes.py) reads '
@@ -270,7 +261,7 @@ class CityscapesLayout(PublishedLayout):
         for label_id, train_id in sorted(CITYSCAPES_TRAIN_IDS.items(), reverse=True):
             if train_id != IGNORE_INDEX:
                 label_ids[train_id] = label_id  # the one label id of each train id
-        folder = CITYSCAPES_SPLITS[split]
+        folder = TRAIN_VAL[split]
         for name in names:
             image = cv2.imread(str(data.root / 'images' / split / f'{name}.jpg'), cv2.IMREAD_COLOR)
             write_png(root / 'leftImg8bit' / folder / SMALL_CITY / f'{name}{self.img_suffix}', image)
@@ -278,7 +269,6 @@ class CityscapesLayout(PublishedLayout):
                       label_ids[train_ids(page_mask(data, split, name))])
 
 
-CONTEXT_SPLITS = {'training': 'train', 'validation': 'val'}
 CONTEXT_CONVERTER = ('; mmseg\'s tools/dataset_converters/pascal_context.py writes the masks and split files from '
                      'trainval_merged.json')
 
@@ -298,7 +288,7 @@ class PascalContextLayout(PublishedLayout):
     small_type = 'PascalContextIdsDataset59'
     small_reduce_zero_label = True
     small_prefix = {split: dict(img_path='JPEGImages', seg_map_path='SegmentationClassContext')
-                    for split in CONTEXT_SPLITS}
+                    for split in TRAIN_VAL}
 
     def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
         """The images its split file lists."""
@@ -315,7 +305,7 @@ class PascalContextLayout(PublishedLayout):
 
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
         super().use_small(dataset_cfg, data, split)
-        dataset_cfg['ann_file'] = f'ImageSets/SegmentationContext/{CONTEXT_SPLITS[split]}.txt'
+        dataset_cfg['ann_file'] = f'ImageSets/SegmentationContext/{TRAIN_VAL[split]}.txt'
 
     def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
         """The JPEGs, masks as the pages store them (class c as c + 1, 0 ignored: Context's background), and the
@@ -323,7 +313,7 @@ class PascalContextLayout(PublishedLayout):
         for name in names:
             copy_image(data, split, name, root / 'JPEGImages' / f'{name}.jpg')
             write_png(root / 'SegmentationClassContext' / f'{name}.png', page_mask(data, split, name))
-        split_file = root / 'ImageSets' / 'SegmentationContext' / f'{CONTEXT_SPLITS[split]}.txt'
+        split_file = root / 'ImageSets' / 'SegmentationContext' / f'{TRAIN_VAL[split]}.txt'
         split_file.parent.mkdir(parents=True, exist_ok=True)
         split_file.write_text(''.join(f'{name}\n' for name in names))
 

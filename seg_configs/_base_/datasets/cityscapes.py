@@ -2,7 +2,7 @@
 # masks as published (*_gtFine_labelIds.png, 34 label ids mapped to the 19 train ids by the official table,
 # others ignored), or mmseg's converter's *_gtFine_labelTrainIds.png where present (CityscapesIdsDataset, mmseg's
 # CityscapesDataset reading both). mmseg's zoo settings: 2048x1024 images rescaled by 0.5-2.0, 512x1024 crops, the
-# sliding-window test in 512x1024 windows (the model configs' test_cfg); 2 images per GPU on 8 GPUs.
+# sliding-window test in 512x1024 windows (the model configs' test_cfg); 2 images per GPU on 4 GPUs.
 # Images are read as stored, EXIF orientation ignored, as in ade20k.py.
 dataset_type = 'CityscapesIdsDataset'
 data_root = 'data/cityscapes'
