@@ -264,3 +264,33 @@ def test_the_shards_are_asked_before_the_tars_and_an_unreadable_info_file_is_nam
     with pytest.raises(DataError, match=rf'^{data / "_info.yaml"} is not readable \(') as error:
         open_split(data, 'train')
     assert '\n' not in str(error.value)
+
+
+def test_an_alt_label_of_the_info_file_gives_the_labels_and_leaves_out_its_minus_ones(folder, tmp_path, caplog):
+    """timm's `alt_label` in a split's record: each sample's label is its KEY.json's field of that name (the .cls
+    ignored, as timm ignores it), and a sample labelled -1 there is left out and counted, as timm skips it."""
+    import tarfile
+    data = wds_shards(folder, tmp_path / 'shards', with_json=True)
+    expected, left_out = {}, None
+    for shard in sorted(data.glob('imagenet-train-*.tar')):
+        with tarfile.open(shard) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        for name in [n for n in members if n.endswith('.json')]:
+            record = json.loads(members[name])
+            record['alt'] = -1 if left_out is None else (record['label'] + 1) % len(CLASSES)
+            left_out = left_out or f'{shard.name}/{record["filename"]}'
+            if record['alt'] != -1:
+                expected[f'{shard.name}/{record["filename"]}'] = record['alt']
+            members[name] = json.dumps(record).encode()
+        write_tar(shard, members)
+    info = json.loads((data / '_info.json').read_text())
+    info['splits']['train']['alt_label'] = 'alt'
+    (data / '_info.json').write_text(json.dumps(info))
+    with caplog.at_level('INFO', logger='vit_dense'):
+        listing = open_split(data, 'train')
+    assert dict(listing.samples) == expected and left_out not in dict(listing.samples)
+    assert f"labels are KEY.json's 'alt' (alt_label); 1 of {len(expected) + 1} samples labelled -1" in caplog.text
+    info['splits']['train']['alt_label'] = 'absent'
+    (data / '_info.json').write_text(json.dumps(info))
+    with pytest.raises(DataError, match=r"key \S+: no 'absent' in a KEY.json \(the info file's alt_label\)$"):
+        open_split(data, 'train')

@@ -13,7 +13,10 @@ A split SPLIT of a data folder D is read from shards when (the first that holds)
 
 The split `val` (the suite's validation split) is the Hub's `validation` where no `val` is there.
 
-The class index is the label. The class list, in index order: the info file's `classes` (their count is the class
+The class index is the label: where the info file's split record names an `alt_label` (timm's), the label is that
+field of each sample's KEY.json (its `class_name` then unread), and samples labelled -1 there are left out, as timm
+does (their count logged).
+The class list, in index order: the info file's `classes` (their count is the class
 count; `num_classes` where it gives only the count), or the training split's classes where a split is listed with
 them; each class unnamed there is named by its samples' `class_name`, else by its index zero-padded to the width of
 the largest (`000` ... `999`, which sort as the indices do). A name of the samples that differs from the list's is
@@ -40,6 +43,7 @@ import yaml
 
 from backbones.common.errors import DataError
 from backbones.common.images import TAR_SUFFIX, is_split_tar, split_entries
+from backbones.common.log import logger
 from classification.sources.path_list import PathList
 from classification.sources.source import ImageSource, Listing, register_source, split_names
 from classification.sources.tars import SIDECAR_SUFFIXES, TarMembers, TarReader, TarSplit, tar_index
@@ -69,6 +73,7 @@ class Sample:
     cls: int | None = None
     label: int | None = None
     name: str | None = None
+    alt: object = None  # its JSON's alt_label field, where the info file names one
 
 
 # ------------------------------------------------------------------------------------------ finding a split's shards
@@ -182,8 +187,8 @@ def class_index(value: object, where: str) -> int:
     raise DataError(f'{where}: {str(value).strip()[:40]!r} is not a class index (an integer)')
 
 
-def read_sidecar(sample: Sample, member: str, text: str, where: str) -> None:
-    """A label member's content into the sample's record."""
+def read_sidecar(sample: Sample, member: str, text: str, where: str, alt_label: str | None = None) -> None:
+    """A label member's content into the sample's record (a JSON's `alt_label` field too, where one is named)."""
     if member.endswith('.cls'):
         sample.cls = class_index(text, where)
         return
@@ -195,17 +200,27 @@ def read_sidecar(sample: Sample, member: str, text: str, where: str) -> None:
         raise DataError(f'{where} is not a JSON record (an object with "label")')
     if record.get('label') is not None:
         sample.label = class_index(record['label'], where)
-    if record.get('class_name') is not None:
+    if alt_label is not None:
+        sample.alt = record.get(alt_label)  # its class_name names the `label`'s class, not this one's
+    elif record.get('class_name') is not None:
         sample.name = str(record['class_name'])
 
 
-def sample_label(sample: Sample, where: str, count: int | None, count_from: str) -> int:
-    """The sample's class index: its `.cls`, or its JSON's `label` (both, where given, the same), in the classes."""
-    if sample.cls is None and sample.label is None:
+def sample_label(sample: Sample, where: str, count: int | None, count_from: str, alt_label: str | None = None) -> int:
+    """The sample's class index: its `.cls`, or its JSON's `label` (both, where given, the same), in the classes; with
+    an `alt_label`, its JSON's field of that name (-1: the sample is left out)."""
+    if alt_label is not None:
+        if sample.alt is None:
+            raise DataError(f'{where}: no {alt_label!r} in a KEY.json (the info file\'s alt_label)')
+        label = class_index(sample.alt, f'{where} ({alt_label!r})')
+        if label == -1:
+            return label
+    elif sample.cls is None and sample.label is None:
         raise DataError(f'{where}: the image has no label (no KEY.cls, no "label" in a KEY.json)')
-    if sample.cls is not None and sample.label is not None and sample.cls != sample.label:
+    elif sample.cls is not None and sample.label is not None and sample.cls != sample.label:
         raise DataError(f'{where}: the .cls says class {sample.cls}, the .json class {sample.label}')
-    label = sample.cls if sample.cls is not None else sample.label
+    else:
+        label = sample.cls if sample.cls is not None else sample.label
     if label < 0 or (count is not None and label >= count):
         scope = f'the {count} classes of {count_from}' if count is not None else 'the class indices (0, 1, ...)'
         raise DataError(f'{where}: class index {label} is outside {scope}')
@@ -264,8 +279,8 @@ def index_strings(index: dict[str, np.ndarray], buffer: str, ends: str) -> list[
     return list(packed)
 
 
-def read_samples(found: ShardSplit, index: dict[str, np.ndarray],
-                 members: Sequence[str]) -> dict[tuple[int, str], Sample]:
+def read_samples(found: ShardSplit, index: dict[str, np.ndarray], members: Sequence[str],
+                 alt_label: str | None) -> dict[tuple[int, str], Sample]:
     """Each (shard number, key) of the index (its image `members`) with its image and labels; an image or a label
     alone, and two images under one key, are errors naming the shard and the key."""
     samples: dict[tuple[int, str], Sample] = {}
@@ -281,7 +296,7 @@ def read_samples(found: ShardSplit, index: dict[str, np.ndarray],
         key = (number, sample_key(member))
         if key not in samples:
             raise DataError(f'{found.shards[number]}: key {key[1]}: the label {member} has no image')
-        read_sidecar(samples[key], member, text, f'{found.shards[number]}: {member}')
+        read_sidecar(samples[key], member, text, f'{found.shards[number]}: {member}', alt_label)
     return samples
 
 
@@ -289,18 +304,27 @@ def shard_listing(data_dir: Path, found: ShardSplit, classes: Sequence[str] | No
     """The split's classes, its images (named by shard and member) with their labels, and their reader."""
     index = tar_index(TarSplit(found.shards, False, True, data_dir / f'wds-{found.name}.index.npz'), shards=True)
     members = index_strings(index, 'buffer', 'ends')
-    samples = read_samples(found, index, members)
+    alt_label = found.entry.get('alt_label') or None
+    samples = read_samples(found, index, members, alt_label)
     check_counts(found, np.bincount([number for number, _ in samples], minlength=len(found.shards)))
     count, count_from = class_count(found, classes, classes_from)
-    listed, named = [], {}
+    listed, named, unlabelled = [], {}, 0
     for (number, key), sample in samples.items():
         where = f'{found.shards[number]}: key {key}'
-        label = sample_label(sample, where, count, count_from)
+        label = sample_label(sample, where, count, count_from, alt_label)
+        if label == -1:  # alt_label's unlabelled samples, which timm skips
+            unlabelled += 1
+            continue
         if sample.name is not None:
             first = named.setdefault(label, (sample.name, where))
             if first[0] != sample.name:
                 raise DataError(f'{where}: class {label} is named {sample.name!r}, at {first[1]} {first[0]!r}')
         listed.append((label, members[sample.position], number, sample.position))
+    if alt_label is not None:
+        logger.info(f'{found.info_file}: the split {found.name}\'s labels are KEY.json\'s {alt_label!r} (alt_label); '
+                    f'{unlabelled} of {len(samples)} samples labelled -1 there are left out, as timm leaves them')
+    if alt_label is not None and not listed:
+        raise DataError(f'{found.info_file}: every sample of the split {found.name} is labelled -1 in {alt_label!r}')
     listed.sort()
     found_classes = class_names(found, count if count is not None else max(label for label, *_ in listed) + 1,
                                 classes, named)
