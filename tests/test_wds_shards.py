@@ -152,6 +152,22 @@ REFUSALS = {
     'a sample count the shards do not have': (
         lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('num_samples', 14)),
         'the split train holds 15 samples in its shards, the file says 14'),
+    'a shard the info file names twice': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train']['filenames'].append(
+            info['splits']['train']['filenames'][0])),
+        '{data}/_info.json: the split train names the shard imagenet-train-0000.tar twice'),
+    'shard lengths that are no list': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('shard_lengths', 15)),
+        '{data}/_info.json: the split train\'s "shard_lengths" is \'15\', not a list of integers'),
+    'a sample count that is text': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('num_samples', '15')),
+        '{data}/_info.json: the split train\'s "num_samples" is \'15\', not an integer'),
+    'a shard name in the info file that is no file name': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train']['filenames'].__setitem__(0, None)),
+        '{data}/_info.json: the split train names no shards (a list "filenames" of file names)'),
+    'classes in the info file as one string, not a list': (  # read letter by letter, the classes were renamed
+        lambda data, key: edit_info(data, lambda info: info.__setitem__('classes', 'abc')),
+        '{data}/_info.json: "classes" is \'abc\', not a list of class names'),
     'a shard the info file names missing': (
         lambda data, key: shard_of(data, number=1).unlink(),
         'the shard {data}/imagenet-train-0001.tar of the split train is not there'),

@@ -90,6 +90,8 @@ def read_info(data_dir: Path) -> tuple[Path, dict] | None:
             raise DataError(f'{path} is not readable ({" ".join(str(e).split())})') from None
         if not isinstance(info, dict) or not isinstance(info.get('splits', {}), dict):
             raise DataError(f'{path} is not a data set information file (a mapping with "splits": name -> record)')
+        check_info_fields(path, {'"classes"': (info.get('classes'), 'a list of class names'),
+                                 '"num_classes"': (info.get('num_classes'), 'a positive integer')})
         return path, info
     return None
 
@@ -101,14 +103,40 @@ def info_split(data_dir: Path, info_file: Path, info: dict, split: str) -> Shard
         return None
     entry = info['splits'][name]
     filenames = entry.get('filenames') if isinstance(entry, dict) else None
-    if not isinstance(filenames, list) or not filenames:
-        raise DataError(f'{info_file}: the split {name} names no shards (a list "filenames")')
+    if not is_list_of(filenames, str) or not filenames:
+        raise DataError(f'{info_file}: the split {name} names no shards (a list "filenames" of file names)')
+    twice = next((filename for filename, times in Counter(filenames).items() if times > 1), None)
+    if twice is not None:
+        raise DataError(f'{info_file}: the split {name} names the shard {twice} twice (its images would be read '
+                        f'twice)')
+    check_info_fields(info_file, {
+        f'the split {name}\'s "shard_lengths"': (entry.get('shard_lengths'), 'a list of integers'),
+        f'the split {name}\'s "num_samples"': (entry.get('num_samples'), 'an integer')})
     shards = [data_dir / filename for filename in filenames]
     missing = [shard for shard in shards if not shard.is_file()]
     if missing:
         raise DataError(f'{info_file}: the shard {missing[0]} of the split {name} is not there ({len(missing)} of its '
                         f'{len(shards)} shards missing)')
     return ShardSplit(name, shards, info_file, info_file, info, entry)
+
+
+def is_list_of(value: object, kind: type) -> bool:
+    """Whether `value` is a list of `kind` (a bool is no int here)."""
+    return isinstance(value, list) and all(isinstance(item, kind) and not isinstance(item, bool) for item in value)
+
+
+VALID = {'a list of integers': lambda value: is_list_of(value, int),
+         'an integer': lambda value: isinstance(value, int) and not isinstance(value, bool),
+         'a list of class names': lambda value: is_list_of(value, str) and bool(value),
+         'a positive integer': lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0}
+
+
+def check_info_fields(info_file: Path, fields: dict[str, tuple[object, str]]) -> None:
+    """The info file's fields the suite reads (what -> (value, kind: a key of VALID)), where given, of the types timm
+    writes: never a count or a class list misread (a string of class names read letter by letter)."""
+    for what, (value, kind) in fields.items():
+        if value is not None and not VALID[kind](value):
+            raise DataError(f'{info_file}: {what} is {str(value)[:40]!r}, not {kind}')
 
 
 def is_shard(tar: Path) -> bool:
