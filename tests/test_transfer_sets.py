@@ -52,6 +52,32 @@ def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path)
         listing(tmp_path)
 
 
+def flowers_files(root, labels, trnid, valid, tstid):
+    (root / 'jpg').mkdir(exist_ok=True)
+    savemat(root / 'imagelabels.mat', {'labels': np.array([labels])})
+    savemat(root / 'setid.mat', {'trnid': np.array([trnid]), 'valid': np.array([valid]), 'tstid': np.array([tstid])})
+
+
+@pytest.mark.parametrize('case, says', [
+    ('fractional labels', 'imagelabels.mat: labels are not whole numbers (found [1.0, 2.7, 3.0] ...)'),
+    ('fractional image numbers', 'setid.mat: image numbers (trnid) are not whole numbers (found [1.5, 2.0] ...)'),
+    ('text labels', "imagelabels.mat: labels are not whole numbers (found ['a', 'b'] ...)"),
+    ('a truncated setid.mat', 'setid.mat: not a readable MATLAB file (index out of range): copy it again'),
+    ('a text file as setid.mat', 'setid.mat: not a readable MATLAB file (Mat file appears to be truncated)')])
+def test_a_damaged_mat_file_or_numbers_that_are_not_whole_are_one_line_naming_the_file(tmp_path, case, says):
+    """Never a label or an image number cut to an integer (2.7 read as class 2), nor scipy's traceback."""
+    flowers_files(tmp_path, [1.0, 2.7, 3.0, 1.0] if case == 'fractional labels' else [1, 2, 3, 1],
+                  [1.5, 2] if case == 'fractional image numbers' else [1, 2], [3], [4])
+    if case == 'text labels':
+        savemat(tmp_path / 'imagelabels.mat', {'labels': np.array(['a', 'b'])})
+    elif case == 'a truncated setid.mat':
+        (tmp_path / 'setid.mat').write_bytes((tmp_path / 'setid.mat').read_bytes()[:100])
+    elif case == 'a text file as setid.mat':
+        (tmp_path / 'setid.mat').write_text('hello')
+    with pytest.raises(DataError, match=f'^{re.escape(str(tmp_path / says))}'):
+        listing(tmp_path)
+
+
 def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path):
     for folder in ('cars_train', 'cars_test', 'devkit'):
         (tmp_path / folder).mkdir()

@@ -78,10 +78,11 @@ class TransferLayout(ImageSource):
 def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
     """The arrays `keys` of a MATLAB file (squeezed), each named with the file when it is missing."""
     from scipy.io import loadmat  # only these layouts need scipy
+    from scipy.io.matlab import MatReadError
     try:
         content = loadmat(path, squeeze_me=True)
-    except (OSError, ValueError, TypeError) as e:
-        raise DataError(f'{path}: not a readable MATLAB file ({e})') from e
+    except (OSError, ValueError, TypeError, IndexError, MatReadError) as e:  # a truncated file: IndexError
+        raise DataError(f'{path}: not a readable MATLAB file ({e or type(e).__name__}): copy it again') from e
     missing = [key for key in keys if key not in content]
     if missing:
         raise DataError(f'{path}: no {", ".join(missing)} (holds {", ".join(k for k in content if k[0] != "_")})')
@@ -89,8 +90,16 @@ def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
 
 
 def numbered(values: np.ndarray, where: Path, what: str, count: int) -> np.ndarray:
-    """`values` as integers 1..count (the sets number from 1), or a DataError naming the file."""
-    values = np.asarray(values).astype(np.int64).ravel()
+    """`values` as integers 1..count (the sets number from 1), or a DataError naming the file: never a fraction or
+    a text cut to an integer."""
+    values = np.asarray(values).ravel()
+    try:  # a MATLAB struct's field is an object array of numbers
+        whole = values.dtype.kind in 'iu' or np.all(np.mod(values.astype(np.float64), 1) == 0)
+    except (TypeError, ValueError):  # text
+        whole = False
+    if values.dtype.kind in 'bSUV' or not whole:
+        raise DataError(f'{where}: {what} are not whole numbers (found {values[:3].tolist()} ...)')
+    values = values.astype(np.int64)
     if values.size and (values.min() < 1 or values.max() > count):
         raise DataError(f'{where}: {what} outside 1..{count}')
     return values
