@@ -78,6 +78,16 @@ def test_a_damaged_mat_file_or_numbers_that_are_not_whole_are_one_line_naming_th
         listing(tmp_path)
 
 
+@pytest.mark.parametrize('trnid, valid, tstid, says', [
+    ([1, 2], [3], [3, 4], 'the image jpg/image_00003.jpg is listed in the training and the test split'),
+    ([1, 2], [1], [4], 'the image jpg/image_00001.jpg is listed twice in the training split')])
+def test_an_image_in_two_splits_or_twice_in_one_is_refused(tmp_path, trnid, valid, tstid, says):
+    """A test image trained on (setid.mat's tstid overlapping trnid or valid) would inflate the reported top-1."""
+    flowers_files(tmp_path, [1, 2, 3, 1], trnid, valid, tstid)
+    with pytest.raises(DataError, match=f'^{re.escape(f"{tmp_path} (Oxford Flowers-102): {says}")}'):
+        listing(tmp_path, 'val')
+
+
 def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path):
     for folder in ('cars_train', 'cars_test', 'devkit'):
         (tmp_path / folder).mkdir()

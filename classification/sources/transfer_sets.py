@@ -65,6 +65,7 @@ class TransferLayout(ImageSource):
             raise DataError(f'{data_dir}: the {self.name} layout has the splits {TRAIN} (its training images) and '
                             f'{TEST} (its test images), not {split}')
         found, splits = self.read(data_dir)
+        self.check_listed_once(data_dir, splits)
         if classes is not None and list(classes) != found:
             raise DataError(f'{data_dir} ({self.name}): its {len(found)} classes are not those of {classes_from} '
                             f'({len(classes)})')
@@ -73,6 +74,18 @@ class TransferLayout(ImageSource):
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         """The classes (in the set's numbering) and both splits' (image name, label)."""
         raise NotImplementedError
+
+    def check_listed_once(self, data_dir: Path, splits: Splits) -> None:
+        """Each image in one split, once: a test image trained on would inflate the reported top-1."""
+        seen: dict[str, str] = {}
+        for split, what in ((TRAIN, 'training'), (TEST, 'test')):
+            for name, _ in splits[split]:
+                if name in seen:
+                    where = f'twice in the {what} split' if seen[name] == what else \
+                        f'in the {seen[name]} and the test split'
+                    raise DataError(f'{data_dir} ({self.name}): the image {name} is listed {where} (the layout is '
+                                    f'{self.layout}, each image in one split)')
+                seen[name] = what
 
 
 def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
