@@ -141,6 +141,48 @@ def test_inaturalist_orders_classes_by_category_id_and_refuses_an_unlabelled_ima
         listing(tmp_path)
 
 
+INAT_TRAIN = {'images': [{'id': 10, 'file_name': 'a.jpg'}], 'annotations': [{'image_id': 10, 'category_id': 2}],
+              'categories': [{'id': 2, 'name': 'Aves'}, {'id': 5, 'name': 'Pinus'}]}
+
+
+@pytest.mark.parametrize('file, change, says', [
+    ('train2018.json', lambda c: c['annotations'].append({'image_id': 10, 'category_id': 5}),
+     'image 10 has two categories (2 and 5): one label per image'),
+    ('train2018.json', lambda c: c['categories'].append({'id': 2, 'name': 'Rosa'}), 'the category id 2 is given twice'),
+    ('val2018.json', lambda c: c.__setitem__('categories', [{'id': 2, 'name': 'Pinus'}, {'id': 5, 'name': 'Aves'}]),
+     'its categories are not those of train2018.json'),
+    ('train2018.json', lambda c: c['images'][0].pop('id'), "images[0] is not a record with id and file_name"),
+    ('train2018.json', lambda c: c.__setitem__('categories', 5), 'categories is not a list of records')])
+def test_inaturalist_files_that_would_relabel_or_do_not_parse_are_one_line_naming_the_file(tmp_path, file, change,
+                                                                                           says):
+    """A second category of an image, a category id given twice, or a test file naming the ids otherwise would
+    each relabel images (the last annotation kept, ids matched without their names); records without their fields
+    were KeyError tracebacks."""
+    contents = {name: json.loads(json.dumps(INAT_TRAIN)) for name in ('train2018.json', 'val2018.json')}
+    contents['val2018.json']['images'][0]['file_name'] = 'b.jpg'
+    assert listing(write_inat(tmp_path, contents)) == (['Aves', 'Pinus'], [('a.jpg', 0)])
+    change(contents[file])
+    write_inat(tmp_path, contents)
+    with pytest.raises(DataError, match=f'^{re.escape(f"{tmp_path / file}: {says}")}'):
+        listing(tmp_path, 'val')
+
+
+def write_inat(root, contents):
+    for name, content in contents.items():
+        (root / name).write_text(json.dumps(content))
+    return root
+
+
+def test_undecodable_pets_annotations_are_one_line_naming_the_file(tmp_path):
+    (tmp_path / 'images').mkdir()
+    (tmp_path / 'annotations').mkdir()
+    (tmp_path / 'annotations' / 'trainval.txt').write_bytes(b'\xff\xfeAbyssinian_1 1 1 1\n')
+    (tmp_path / 'annotations' / 'test.txt').write_text('Abyssinian_2 1 1 1\n')
+    with pytest.raises(DataError, match=f'^{re.escape(str(tmp_path / "annotations/trainval.txt"))}: not a readable '
+                                        f'text file'):
+        listing(tmp_path)
+
+
 def test_a_missing_file_is_one_line_naming_it_and_the_layout_before_any_work(tmp_path):
     savemat(tmp_path / 'imagelabels.mat', {'labels': np.array([[1, 2]], np.uint8)})
     with pytest.raises(DataError, match=re.escape(f'{tmp_path / "setid.mat"} is missing: the Oxford Flowers-102 '

@@ -182,7 +182,12 @@ class OxfordPets(TransferLayout):
         splits = {}
         for split, file in ((TRAIN, 'annotations/trainval.txt'), (TEST, 'annotations/test.txt')):
             splits[split] = []
-            for number, line in enumerate((data_dir / file).read_text().splitlines(), 1):
+            try:
+                text = (data_dir / file).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f'{data_dir / file}: not a readable text file ({e}): the layout is {self.layout}') \
+                    from e
+            for number, line in enumerate(text.splitlines(), 1):
                 if not line.strip() or line.startswith('#'):
                     continue
                 fields = line.split()
@@ -202,29 +207,57 @@ class OxfordPets(TransferLayout):
 class INaturalist(TransferLayout):
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         train, test = (self.annotations(data_dir / name) for name in self.files)
-        ids = sorted(category['id'] for category in train['categories'])
-        names = {category['id']: str(category.get('name', category['id'])) for category in train['categories']}
+        names = self.category_names(train, data_dir / self.files[0])
+        if test['categories'] and self.category_names(test, data_dir / self.files[1]) != names:
+            raise DataError(f'{data_dir / self.files[1]}: its categories are not those of {self.files[0]} (the same '
+                            f'ids with the same names): its labels would name other classes')
+        ids = sorted(names)
         unique = len(set(names.values())) == len(names)
         position = {category: i for i, category in enumerate(ids)}
         classes = [names[c] if unique else str(c) for c in ids]
         return classes, {TRAIN: self.samples(train, position, data_dir / self.files[0]),
                          TEST: self.samples(test, position, data_dir / self.files[1])}
 
-    @staticmethod
-    def annotations(path: Path) -> dict:
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        'images': ('id', 'file_name'), 'annotations': ('image_id', 'category_id'), 'categories': ('id',)}
+
+    @classmethod
+    def annotations(cls, path: Path) -> dict:
+        """The file's content: lists of the records `RECORDS` names, each with its fields."""
         try:
             content = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f'{path}: not a readable JSON file ({e})') from e
-        missing = [key for key in ('images', 'annotations', 'categories') if key not in content]
+        missing = [key for key in cls.RECORDS if not isinstance(content, dict) or key not in content]
         if missing:
             raise DataError(f'{path}: no {", ".join(missing)} (an iNaturalist annotation file holds images, '
                             f'annotations and categories)')
+        for key, fields in cls.RECORDS.items():
+            if not isinstance(content[key], list):
+                raise DataError(f'{path}: {key} is not a list of records')
+            for number, record in enumerate(content[key]):
+                if not isinstance(record, dict) or any(field not in record for field in fields):
+                    raise DataError(f'{path}: {key}[{number}] is not a record with {" and ".join(fields)} '
+                                    f'({str(record)[:60]})')
         return content
 
     @staticmethod
+    def category_names(content: dict, path: Path) -> dict[int, str]:
+        """Each category id's name (its id where it has none); an id given twice is an error naming the file."""
+        names: dict[int, str] = {}
+        for category in content['categories']:
+            if category['id'] in names:
+                raise DataError(f'{path}: the category id {category["id"]} is given twice')
+            names[category['id']] = str(category.get('name', category['id']))
+        return names
+
+    @staticmethod
     def samples(content: dict, position: dict[int, int], path: Path) -> list[tuple[str, int]]:
-        category = {a['image_id']: a['category_id'] for a in content['annotations']}
+        category = {}
+        for a in content['annotations']:
+            if category.setdefault(a['image_id'], a['category_id']) != a['category_id']:
+                raise DataError(f'{path}: image {a["image_id"]} has two categories ({category[a["image_id"]]} and '
+                                f'{a["category_id"]}): one label per image')
         samples = []
         for image in content['images']:
             if image['id'] not in category:
