@@ -193,6 +193,19 @@ def test_pascal_context_refusals_name_the_file_and_converter(context):
     assert 'pascal_context.py' in message
 
 
+@pytest.mark.parametrize('lines, says', [
+    (f'{CONTEXT_NAMES[0]}\n\n{CONTEXT_NAMES[1]}\n', 'line 2 is blank'),
+    (f'{CONTEXT_NAMES[0]}\n{CONTEXT_NAMES[1]}\n{CONTEXT_NAMES[0]}\n',
+     f'line 3 lists {CONTEXT_NAMES[0]} again (first on line 1)')])
+def test_a_split_file_with_a_blank_or_repeated_line_is_refused_naming_the_line(context, lines, says):
+    """mmseg reads a blank line as an image named '' (read as JPEGImages/.jpg) and a repeated name as that image
+    twice: trained on twice, or counted twice in a validation split's scores."""
+    split_file = context / 'ImageSets' / 'SegmentationContext' / 'train.txt'
+    split_file.write_text(lines)
+    assert refusal(dataset_cfg('upernet_lvvit_s_pascal_context59.py', context)).startswith(
+        f'{split_file}, {says}: one image name a line, each once (Pascal Context\'s layout')
+
+
 COCO_NAMES = ['000000000009', '000000000025']
 
 

@@ -283,6 +283,20 @@ CONTEXT_CONVERTER = ('; mmseg\'s tools/dataset_converters/pascal_context.py writ
                      'trainval_merged.json')
 
 
+def split_names(split_file: Path, layout: str) -> list[str]:
+    """The image names a split file lists, one a line, as mmseg reads them (each line stripped); a blank line (read
+    as an image named '') or a name listed twice (an image trained on twice, or counted twice in the scores) is a
+    DataError naming the line."""
+    names: dict[str, int] = {}
+    for number, line in enumerate(split_file.read_text().splitlines(), 1):
+        name = line.strip()
+        if not name or name in names:
+            what = 'is blank' if not name else f'lists {name} again (first on line {names[name]})'
+            raise DataError(f'{split_file}, line {number} {what}: one image name a line, each once ({layout})')
+        names[name] = number
+    return list(names)
+
+
 @register_layout
 class PascalContextLayout(PublishedLayout):
     name = 'pascal_context59'
@@ -306,7 +320,7 @@ class PascalContextLayout(PublishedLayout):
         if not split_file.is_file():
             raise missing(split_file, 'split file', self.layout, self.converter)
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
-        names = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
+        names = split_names(split_file, self.layout)
         absent = [name for name in names if not (images / f'{name}{img_suffix}').is_file()]
         if absent:
             raise DataError(f'{split_file} lists {len(absent)} image(s) not in {images}, e.g. {absent[0]}{img_suffix} '
