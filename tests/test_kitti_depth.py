@@ -89,10 +89,20 @@ def test_the_split_file_is_read_in_btss_form(kitti_set, tmp_path):
     bad = tmp_path / 'split.txt'
     for line, said in (('2011_09_26/2011_09_26_drive_0002_sync 69 l', 'Monodepth2-style'),
                        (f'{image_line("0000000069")} {depth_line("0000000069")}', '2 field(s)'),
-                       (f'{image_line("0000000069")} {depth_line("0000000069")} far', "'far' is not a number")):
+                       (f'{image_line("0000000069")} {depth_line("0000000069")} far', "'far' is not a number"),
+                       # another frame's ground truth, and an image scored twice
+                       (f'{image_line("0000000069")} {depth_line("0000000042")} 721.5377',
+                        f'the depth map {depth_line("0000000042")} is not of the image {image_line("0000000069")}'),
+                       (f'{image_line("0000000069")} {depth_line("0000000069").replace("image_02", "image_03")} 7',
+                        'is not of the image'),
+                       (f'{image_line("0000000054", with_date=False)} None 721.5377',
+                        f'the image {image_line("0000000054")} is listed again (first on line 1)')):
         bad.write_text(f'{image_line("0000000054")} None 721.5377\n\n{line}\n')
         with pytest.raises(DataError, match=f'{re.escape(str(bad))}:3: .*{re.escape(said)}'):
             read_split_file(bad)
+    bad.write_bytes(b'\xff\xfe' + image_line('0000000054').encode('utf-16-le'))
+    with pytest.raises(DataError, match=f'^{re.escape(str(bad))} is not a text file'):
+        read_split_file(bad)
 
 
 def test_depth_is_read_in_metres_exactly_and_frames_without_ground_truth_are_named(kitti_set, caplog):
