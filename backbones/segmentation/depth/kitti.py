@@ -152,10 +152,12 @@ class KITTIDepthDataset(BaseSegDataset):
 
 def prediction_name(image: str) -> str:
     """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME, since every drive numbers its
-    frames from 0 (an image outside a drive's folder: its path's parts joined)."""
-    path = Path(image)
-    drive = next((part for part in path.parts if DRIVE.match(part)), None)
-    return f'{drive}_{path.stem}' if drive else '_'.join(path.with_suffix('').parts)
+    frames from 0, and DRIVE_CAMERA_FRAME for a camera other than the Eigen test's image_02, whose frames number as
+    its (BTS's training file lists image_03 too); an image outside a drive's folder: its path's parts joined."""
+    drive, camera, frame = frame_of(image)
+    if drive is None:
+        return '_'.join(Path(image).with_suffix('').parts)
+    return f'{drive}_{frame}' if camera in (None, 'image_02') else f'{drive}_{camera}_{frame}'
 
 
 @register_layout
