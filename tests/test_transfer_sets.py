@@ -32,13 +32,21 @@ def listing(root, split='train'):
     return listed.classes, listed.samples
 
 
+def touch(root, *names):
+    """Empty files standing for the images a layout's annotation files list (the listing checks they are there)."""
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).touch()
+    return root
+
+
 def cars_annotations(rows):
     fields = [(name, 'O') for name in ('bbox_x1', 'bbox_y1', 'bbox_x2', 'bbox_y2', 'class', 'fname')]
     return {'annotations': np.array([[(10, 20, 30, 40, label, fname) for fname, label in rows]], dtype=fields)}
 
 
 def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path):
-    (tmp_path / 'jpg').mkdir()
+    touch(tmp_path, *(f'jpg/image_{n:05d}.jpg' for n in range(1, 7)))
     savemat(tmp_path / 'imagelabels.mat', {'labels': np.array([[3, 1, 2, 3, 1, 2]], np.uint8)})
     savemat(tmp_path / 'setid.mat', {'trnid': np.array([[1, 4]], np.uint16), 'valid': np.array([[2]], np.uint16),
                                      'tstid': np.array([[3, 5, 6]], np.uint16)})
@@ -53,7 +61,7 @@ def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path)
 
 
 def flowers_files(root, labels, trnid, valid, tstid):
-    (root / 'jpg').mkdir(exist_ok=True)
+    touch(root, *(f'jpg/image_{n:05d}.jpg' for n in range(1, len(labels) + 1)))
     savemat(root / 'imagelabels.mat', {'labels': np.array([labels])})
     savemat(root / 'setid.mat', {'trnid': np.array([trnid]), 'valid': np.array([valid]), 'tstid': np.array([tstid])})
 
@@ -91,6 +99,7 @@ def test_an_image_in_two_splits_or_twice_in_one_is_refused(tmp_path, trnid, vali
 def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path):
     for folder in ('cars_train', 'cars_test', 'devkit'):
         (tmp_path / folder).mkdir()
+    touch(tmp_path, 'cars_train/00001.jpg', 'cars_train/00002.jpg', 'cars_test/00001.jpg')
     names = ['AM General Hummer SUV 2000', 'Acura RL Sedan 2012', 'BMW M3 Coupe 2012']
     savemat(tmp_path / 'devkit' / 'cars_meta.mat', {'class_names': np.array([names], dtype=object)})
     savemat(tmp_path / 'devkit' / 'cars_train_annos.mat', cars_annotations([('00001.jpg', 2), ('00002.jpg', 3)]))
@@ -106,7 +115,8 @@ def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path)
 
 
 def test_pets_names_each_class_by_its_images_and_refuses_a_mixed_class(tmp_path):
-    (tmp_path / 'images').mkdir()
+    touch(tmp_path, *(f'images/{name}.jpg' for name in ('Abyssinian_100', 'basset_hound_12', 'Abyssinian_2',
+                                                        'american_bulldog_7', 'american_pit_bull_terrier_3')))
     (tmp_path / 'annotations').mkdir()
     (tmp_path / 'annotations' / 'trainval.txt').write_text(
         'Abyssinian_100 1 1 1\nbasset_hound_12 4 2 3\nAbyssinian_2 1 1 1\n')
@@ -132,6 +142,7 @@ def test_inaturalist_orders_classes_by_category_id_and_refuses_an_unlabelled_ima
            'annotations': [{'id': 3, 'image_id': 20, 'category_id': 9}], 'categories': categories}
     (tmp_path / 'train2018.json').write_text(json.dumps(train))
     (tmp_path / 'val2018.json').write_text(json.dumps(val))
+    touch(tmp_path, *(image['file_name'] for image in train['images'] + val['images']))
     assert listing(tmp_path) == (['Aves', 'Pinus', 'Rosa'], [('train_val2018/Plantae/5/a.jpg', 1),
                                                             ('train_val2018/Aves/2/b.jpg', 0)])
     assert listing(tmp_path, 'val')[1] == [('train_val2018/Plantae/9/c.jpg', 2)]
@@ -160,6 +171,7 @@ def test_inaturalist_files_that_would_relabel_or_do_not_parse_are_one_line_namin
     were KeyError tracebacks."""
     contents = {name: json.loads(json.dumps(INAT_TRAIN)) for name in ('train2018.json', 'val2018.json')}
     contents['val2018.json']['images'][0]['file_name'] = 'b.jpg'
+    touch(tmp_path, 'a.jpg', 'b.jpg')
     assert listing(write_inat(tmp_path, contents)) == (['Aves', 'Pinus'], [('a.jpg', 0)])
     change(contents[file])
     write_inat(tmp_path, contents)
@@ -197,6 +209,20 @@ def test_a_missing_file_is_one_line_naming_it_and_the_layout_before_any_work(tmp
     (tmp_path / 'val2019.json').write_text('{}')
     with pytest.raises(DataError, match='train2019.json: not a readable JSON file'):
         LAYOUTS['inat2019'].read(tmp_path)
+
+
+def test_an_image_the_annotations_list_but_the_folder_lacks_is_named_before_any_work(tmp_path):
+    """It was found when first read: after an epoch of training, for a test image."""
+    flowers_files(tmp_path, [1, 2, 3, 1, 2, 3], [1, 2], [3], [4, 5, 6])
+    (tmp_path / 'jpg' / 'image_00005.jpg').unlink()
+    assert listing(tmp_path)[1] == [('jpg/image_00001.jpg', 0), ('jpg/image_00002.jpg', 1), ('jpg/image_00003.jpg', 2)]
+    out = tmp_path / 'run'
+    says = (f'{tmp_path / "jpg/image_00005.jpg"} is missing (1 of the 3 images the Oxford Flowers-102 annotation '
+            f'files list in {tmp_path / "jpg"})')
+    with pytest.raises(DataError, match=re.escape(says)):
+        main([*TINY_DEIT, '--dataset', 'flowers102', '--data-dir', str(tmp_path), '--output', str(out),
+              '--img-size', '32', '--batch-size', '2', '--epochs', '1', '--workers', '0', '--device', 'cpu'])
+    assert not out.exists() or not any(out.iterdir())  # nothing trained, nothing written
 
 
 def test_image_folders_alone_do_not_make_a_layout(tmp_path):
