@@ -17,7 +17,7 @@ from backbones.common.errors import CheckpointError, DataError, UsageError
 from classification.digits.transfer_sets import EmbeddedTransferSet, write_layout
 from classification.models import start_weights
 from classification.sources.source import open_split
-from classification.sources.transfer_sets import LAYOUTS
+from classification.sources.transfer_sets import LAYOUTS, TransferLayout
 from classification.train import build_parser as train_parser
 from classification.train import main as train_cls
 from classification.transfer import main
@@ -273,6 +273,16 @@ def test_one_transfer_run_per_layout(layouts, key, tmp_path):
     recorded = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)['args']
     assert recorded['classes'] == listing(layouts[key])[0]
     assert (recorded['opt'], recorded['mixup'], recorded['aug_repeats']) == ('adamw', 0.8, 3)  # DeiT's recipe
+
+
+def test_a_missing_finetune_file_is_named_before_the_data_is_listed(layouts, tmp_path, monkeypatch):
+    """The arguments alone decide it: no listing (ImageNet's, or a shard index, takes minutes) before it."""
+    def listed(*args):
+        raise AssertionError('the data was listed first')
+
+    monkeypatch.setattr(TransferLayout, 'list_split', listed)
+    with pytest.raises(CheckpointError, match=re.escape(f'{tmp_path / "absent.pth"}: PyTorch checkpoint not found')):
+        main(transfer_args('pets', layouts['pets'], tmp_path / 'run', '--finetune', str(tmp_path / 'absent.pth')))
 
 
 def test_a_transfer_set_run_relaunches_from_its_args_yaml(layouts, tmp_path):
