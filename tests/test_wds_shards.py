@@ -5,6 +5,7 @@ resumed exactly after a SIGTERM, with token labels keyed by shard and key."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -188,6 +189,19 @@ def test_every_inconsistency_of_the_shards_is_one_line_naming_the_shard_and_the_
     assert '\n' not in message
     if 'info' not in case and 'count' not in case and 'length' not in case:
         assert message.startswith(f'{shard_of(data)}:'), message
+
+
+@pytest.mark.parametrize('layout', ['no info, numbered classes', 'split folders'])
+def test_a_shard_missing_from_the_numbering_is_named(folder, tmp_path, layout):
+    """Without an info file nothing gives the count: a number skipped (a shard an interrupted download left out)
+    read the split without its images, with exit code 0."""
+    data = LAYOUTS[layout](folder, tmp_path / 'shards') if layout == 'split folders' else \
+        wds_shards(folder, tmp_path / 'shards', shards=3, info=False)
+    where = data / 'train' if layout == 'split folders' else data
+    (where / 'imagenet-train-0001.tar').unlink()
+    with pytest.raises(DataError, match=re.escape(f'{where}: the shards skip number 1 after imagenet-train-0000.tar '
+                                                  f'(1 number(s) skipped of 0..2)')):
+        open_split(data, 'train')
 
 
 def test_a_validation_label_outside_the_training_classes_is_refused(folder, tmp_path):

@@ -29,6 +29,7 @@ and every other reader of a listing work as for any split.
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from collections import Counter
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ from classification.sources.tars import SIDECAR_SUFFIXES, TarMembers, TarReader,
 
 INFO_FILES = ('_info.json', '_info.yaml')  # timm's data set information, beside the shards
 SPLIT_ALIASES = {'val': 'validation'}  # the Hub's name of the suite's split
+SHARD_NUMBER = re.compile(r'-(\d+)\.tar$')  # a shard's number in its name: imagenet1k-train-0042.tar
 PEEK = 8  # members of a split folder's first tar read to tell shards from per-class tars
 
 
@@ -190,9 +192,26 @@ def find_split(data_dir: Path, split: str) -> ShardSplit | None:
         return found
     name, shards = folder_shards(data_dir, split)
     if shards:
+        check_numbering(shards)
         return ShardSplit(name, shards, data_dir / name, info_file, info)
     name, shards = named_shards(data_dir, split)
+    check_numbering(shards)
     return ShardSplit(name, shards, shards[0], info_file, info) if shards else None
+
+
+def check_numbering(shards: Sequence[Path]) -> None:
+    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, `...-0001.tar`, ...) without a number skipped:
+    a gap is a shard an interrupted download left out, whose images would silently be missing (without an info file
+    nothing gives the count, so a missing first or last shard cannot be told)."""
+    numbers = {int(match[1]): shard for shard in shards if (match := SHARD_NUMBER.search(shard.name))}
+    if len(numbers) != len(shards) or not numbers:
+        return  # not all numbered: nothing to tell
+    skipped = sorted(set(range(min(numbers), max(numbers) + 1)) - set(numbers))
+    if skipped:
+        after = numbers[max(n for n in numbers if n < skipped[0])]
+        raise DataError(f'{after.parent}: the shards skip number {skipped[0]} after {after.name} ({len(skipped)} '
+                        f'number(s) skipped of {min(numbers)}..{max(numbers)}): download the missing shards, or list '
+                        f'the shards to read in an _info.json (docs/imagenet.md)')
 
 
 # --------------------------------------------------------------------------------------------------------- labels
