@@ -269,6 +269,17 @@ def test_shards_beside_a_split_folder_of_class_folders_are_read_by_the_info_file
     assert f'{data / "train"} is not read: the split train is read from {data / "_info.json"}' in caplog.text
 
 
+def test_shards_named_for_a_split_stored_in_class_folders_are_named_unread(folder, tmp_path, caplog):
+    """The class folders are read, as the layouts' order says; the shards beside them, read by nothing, are named."""
+    data = wds_shards(folder, tmp_path / 'shards', info=False)
+    shutil.copytree(folder / 'train', data / 'train')
+    with caplog.at_level('WARNING'):
+        listing = open_split(data, 'train')
+    assert listing.read_from == data / 'train' and not any('.tar/' in name for name, _ in listing.samples)
+    assert (f'2 webdataset shard(s) named for the split, {data / "imagenet-train-0000.tar"} ..., are not read: the '
+            f'split train is read from {data / "train"}') in caplog.text
+
+
 def test_a_shard_among_per_class_tars_is_no_class(folder, tmp_path):
     """A split folder's first tar a per-class tar, a later one a webdataset shard: the shard's flat images were a
     class named after the shard."""

@@ -41,6 +41,7 @@ import yaml
 
 from backbones.common.errors import DataError
 from backbones.common.images import TAR_SUFFIX, is_split_tar, split_entries
+from backbones.common.log import logger
 from classification.sources.path_list import PathList
 from classification.sources.source import ImageSource, Listing, register_source
 from classification.sources.tars import SIDECAR_SUFFIXES, TarMembers, TarReader, TarSplit, tar_index
@@ -173,14 +174,19 @@ def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
 
 
 def named_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
-    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split."""
-    if (data_dir / split).exists() or (data_dir / f'{split}{TAR_SUFFIX}').exists():
+    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split;
+    where something does, such shards are named in a warning (every entry is read or named)."""
+    found = {name: sorted(tar for tar in {*data_dir.glob(f'{name}-*{TAR_SUFFIX}'),
+                                          *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')} if is_split_tar(tar))
+             for name in split_names(split)}
+    stored = next((path for path in (data_dir / split, data_dir / f'{split}{TAR_SUFFIX}') if path.exists()), None)
+    if stored is not None:
+        unread = [tar for tars in found.values() for tar in tars]
+        if unread:
+            logger.warning(f'warning: {len(unread)} webdataset shard(s) named for the split, {unread[0]} ..., are not '
+                           f'read: the split {split} is read from {stored}')
         return split, []
-    for name in split_names(split):
-        found = sorted({*data_dir.glob(f'{name}-*{TAR_SUFFIX}'), *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')})
-        if found := [tar for tar in found if is_split_tar(tar)]:
-            return name, found
-    return split, []
+    return next(((name, tars) for name, tars in found.items() if tars), (split, []))
 
 
 def find_split(data_dir: Path, split: str) -> ShardSplit | None:
