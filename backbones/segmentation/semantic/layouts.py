@@ -140,11 +140,20 @@ class PublishedLayout(DataLayout):
         return dataset_cfg.get(f'{kind}_suffix', getattr(self, f'{kind}_suffix'))
 
     def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
-        """Each image of the data set (listed from its folder, as mmseg lists it) and its annotation."""
+        """Each image of the data set (listed from its folder, as mmseg lists it) and its annotation; an annotation
+        without its image is an error naming it (an image folder unpacked or copied in part: the run would train
+        and score on the images there alone)."""
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
         names = [str(path.relative_to(images))[:-len(img_suffix)] for path in sorted(images.rglob(f'*{img_suffix}'))]
-        return [Pair(images / f'{name}{img_suffix}', self.annotation_files(annotations, name, seg_suffix))
-                for name in names]
+        pairs = [Pair(images / f'{name}{img_suffix}', self.annotation_files(annotations, name, seg_suffix))
+                 for name in names]
+        kinds = tuple(path.name for path in self.annotation_files(Path(), '', seg_suffix))  # their file name endings
+        paired = {path for pair in pairs for path in pair.annotations}
+        unpaired = sorted(path for path in annotations.rglob('*') if path.name.endswith(kinds) and path not in paired)
+        if unpaired:
+            raise DataError(f'{len(unpaired)} annotation(s) in {annotations} have no image in {images}, e.g. '
+                            f'{unpaired[0]}: the images were unpacked or copied in part ({self.layout})')
+        return pairs
 
     def annotation_files(self, annotations: Path, name: str, seg_suffix: str) -> tuple[Path, ...]:
         return (annotations / f'{name}{seg_suffix}',)
