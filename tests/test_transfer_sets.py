@@ -225,6 +225,21 @@ def test_an_image_the_annotations_list_but_the_folder_lacks_is_named_before_any_
     assert not out.exists() or not any(out.iterdir())  # nothing trained, nothing written
 
 
+def test_a_folder_holding_two_layouts_annotation_files_is_refused(tmp_path):
+    """The first layout registered was read: --dataset pets trained and scored on Flowers' split, exit code 0."""
+    flowers_files(tmp_path, [1, 2, 1], [1], [2], [3])
+    touch(tmp_path, 'images/Abyssinian_1.jpg', 'images/Abyssinian_2.jpg')
+    (tmp_path / 'annotations').mkdir()
+    (tmp_path / 'annotations' / 'trainval.txt').write_text('Abyssinian_1 1 1 1\n')
+    (tmp_path / 'annotations' / 'test.txt').write_text('Abyssinian_2 1 1 1\n')
+    says = (f'{tmp_path} holds the annotation files of Oxford Flowers-102 ({tmp_path / "imagelabels.mat"}) and of '
+            f'Oxford-IIIT Pets ({tmp_path / "annotations/trainval.txt"}): one data set a folder')
+    with pytest.raises(DataError, match=re.escape(says)):
+        listing(tmp_path)
+    with pytest.raises(DataError, match=re.escape(says)):
+        main(transfer_args('pets', tmp_path, tmp_path / 'run'))
+
+
 def test_image_folders_alone_do_not_make_a_layout(tmp_path):
     """A class-folder set holding an `images/` or `jpg/` folder is still class folders: only a layout's annotation
     files say it is one."""

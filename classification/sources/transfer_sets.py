@@ -48,6 +48,11 @@ class TransferLayout(ImageSource):
         """Whether `data_dir` holds one of the layout's annotation files (its image folders alone do not say)."""
         return any(self.where(data_dir, name).exists() for name in self.files[:self.markers])
 
+    def marker(self, data_dir: Path) -> Path:
+        """The first of the layout's annotation files in `data_dir`."""
+        return next(self.where(data_dir, name) for name in self.files[:self.markers]
+                    if self.where(data_dir, name).exists())
+
     def where(self, data_dir: Path, name: str) -> Path:
         """Where the layout's file `name` lies in `data_dir`."""
         return data_dir / name
@@ -62,6 +67,11 @@ class TransferLayout(ImageSource):
                    classes_from: str) -> Listing | None:
         if not self.claims(data_dir):
             return None
+        other = next((layout for layout in LAYOUTS.values()
+                      if type(layout) is not type(self) and layout.claims(data_dir)), None)
+        if other is not None:  # the first registered read: `--dataset pets` trained and scored on Flowers
+            raise DataError(f'{data_dir} holds the annotation files of {self.name} ({self.marker(data_dir)}) and of '
+                            f'{other.name} ({other.marker(data_dir)}): one data set a folder')
         self.check(data_dir)
         if split not in (TRAIN, TEST):
             raise DataError(f'{data_dir}: the {self.name} layout has the splits {TRAIN} (its training images) and '
@@ -169,6 +179,11 @@ class StanfordCars(TransferLayout):
     files, markers = (META, TRAIN_ANNOS, TEST_ANNOS, 'cars_train', 'cars_test'), 3
     layout = ('cars_train/, cars_test/, devkit/cars_meta.mat, devkit/cars_train_annos.mat and '
               'cars_test_annos_withlabels.mat (in devkit/ or the data folder)')
+
+    def marker(self, data_dir: Path) -> Path:
+        """The first of the layout's annotation files in `data_dir`."""
+        return next(self.where(data_dir, name) for name in self.files[:self.markers]
+                    if self.where(data_dir, name).exists())
 
     def where(self, data_dir: Path, name: str) -> Path:
         if name == self.TEST_ANNOS and not (data_dir / name).exists():  # shipped apart; often put in devkit/
