@@ -180,11 +180,6 @@ class StanfordCars(TransferLayout):
     layout = ('cars_train/, cars_test/, devkit/cars_meta.mat, devkit/cars_train_annos.mat and '
               'cars_test_annos_withlabels.mat (in devkit/ or the data folder)')
 
-    def marker(self, data_dir: Path) -> Path:
-        """The first of the layout's annotation files in `data_dir`."""
-        return next(self.where(data_dir, name) for name in self.files[:self.markers]
-                    if self.where(data_dir, name).exists())
-
     def where(self, data_dir: Path, name: str) -> Path:
         if name == self.TEST_ANNOS and not (data_dir / name).exists():  # shipped apart; often put in devkit/
             return data_dir / 'devkit' / name
