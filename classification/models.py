@@ -13,7 +13,7 @@ from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
 from backbones import TokenLabelingModel, bare_model, create_model, load_checkpoint, model_family
-from backbones.common.errors import CheckpointError, UsageError
+from backbones.common.errors import CheckpointError, CheckpointReadError, UsageError
 from backbones.common.log import logger
 from backbones.registry import check_model_name
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
@@ -118,8 +118,13 @@ def add_start_arguments(parser: argparse.ArgumentParser, finetune_help: str) -> 
 
 
 def start_weights(args: argparse.Namespace) -> str | None:
-    """The file a training run starts from (`add_start_arguments`): --finetune's, or timm's weights in the cache."""
-    return pretrained_file(args.model, '--finetune FILE') if args.pretrained else args.finetune
+    """The file a training run starts from (`add_start_arguments`): --finetune's, or timm's weights in the cache;
+    either named before any data is listed (an ImageNet listing or a shard index takes minutes)."""
+    if args.pretrained:
+        return pretrained_file(args.model, '--finetune FILE')
+    if args.finetune is not None and not Path(args.finetune).is_file():
+        raise CheckpointReadError(f'{args.finetune}: PyTorch checkpoint not found (--finetune)')
+    return args.finetune
 
 
 def refuse_pretrained_file(argv: list[str]) -> None:

@@ -5,6 +5,7 @@ one line."""
 from __future__ import annotations
 
 import pickle
+import re
 import sys
 
 import numpy as np
@@ -207,6 +208,23 @@ def test_every_refusal_is_one_line_naming_what_is_wrong(folder, tmp_path):
         str(unlabelled / 'train'))
     assert refusal(unlabelled) == (f'{unlabelled / "train"}: row 1 has the label -1, outside the 3 classes (2 such '
                                    f'rows; a split without labels, as a test split, is not read)')
+
+
+@pytest.mark.parametrize('change, says', [
+    (lambda data: (data / 'train-00001-of-00002.parquet').unlink(), '2 parquet files (train-00000-of-00002.parquet '
+                                                                    '...), 1 there: 1 missing, e.g. number 1'),
+    (lambda data: (data / 'train-00002-of-00002.parquet').write_bytes(
+        (data / 'train-00000-of-00002.parquet').read_bytes()), '3 there: train-00002-of-00002.parquet is not one'),
+    (lambda data: (data / 'train-extra.parquet').write_bytes(
+        (data / 'train-00000-of-00002.parquet').read_bytes()), 'train-extra.parquet is not one of them')])
+def test_the_hubs_numbered_parquet_files_are_all_there_once(folder, tmp_path, change, says):
+    """An interrupted download (train-00000-of-00002 alone) read half the split, a file copied in beside the
+    numbered ones its rows twice, both with exit code 0."""
+    data = saved(folder, tmp_path / 'hf', 'parquet')
+    change(data)
+    with pytest.raises(DataError, match=re.escape(f'{data}: the split train is in ')) as error:
+        open_split(data, 'train')
+    assert says in str(error.value)
 
 
 def test_an_undecodable_image_is_named_by_split_and_row(folder, tmp_path):

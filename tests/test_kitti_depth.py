@@ -22,7 +22,13 @@ from PIL import Image
 import backbones.segmentation  # noqa: F401  (registration)
 from backbones.common.errors import DataError, UsageError
 from backbones.segmentation.data_check import check_dataset
-from backbones.segmentation.depth.kitti import SCAN_ROW_EVERY, SMALL_SCENE_SCALE, KittiLayout, read_split_file
+from backbones.segmentation.depth.kitti import (
+    SCAN_ROW_EVERY,
+    SMALL_SCENE_SCALE,
+    KittiLayout,
+    prediction_name,
+    read_split_file,
+)
 from backbones.segmentation.depth.metric import DepthReport
 from backbones.segmentation.layouts import SmallDenseData, layout_of
 from backbones.segmentation.tasks import task_of
@@ -89,10 +95,20 @@ def test_the_split_file_is_read_in_btss_form(kitti_set, tmp_path):
     bad = tmp_path / 'split.txt'
     for line, said in (('2011_09_26/2011_09_26_drive_0002_sync 69 l', 'Monodepth2-style'),
                        (f'{image_line("0000000069")} {depth_line("0000000069")}', '2 field(s)'),
-                       (f'{image_line("0000000069")} {depth_line("0000000069")} far', "'far' is not a number")):
+                       (f'{image_line("0000000069")} {depth_line("0000000069")} far', "'far' is not a number"),
+                       # another frame's ground truth, and an image scored twice
+                       (f'{image_line("0000000069")} {depth_line("0000000042")} 721.5377',
+                        f'the depth map {depth_line("0000000042")} is not of the image {image_line("0000000069")}'),
+                       (f'{image_line("0000000069")} {depth_line("0000000069").replace("image_02", "image_03")} 7',
+                        'is not of the image'),
+                       (f'{image_line("0000000054", with_date=False)} None 721.5377',
+                        f'the image {image_line("0000000054")} is listed again (first on line 1)')):
         bad.write_text(f'{image_line("0000000054")} None 721.5377\n\n{line}\n')
         with pytest.raises(DataError, match=f'{re.escape(str(bad))}:3: .*{re.escape(said)}'):
             read_split_file(bad)
+    bad.write_bytes(b'\xff\xfe' + image_line('0000000054').encode('utf-16-le'))
+    with pytest.raises(DataError, match=f'^{re.escape(str(bad))} is not a text file'):
+        read_split_file(bad)
 
 
 def test_depth_is_read_in_metres_exactly_and_frames_without_ground_truth_are_named(kitti_set, caplog):
@@ -109,6 +125,15 @@ def test_depth_is_read_in_metres_exactly_and_frames_without_ground_truth_are_nam
         assert sample.pred_name == f'{DRIVE}_{FRAMES[index]}'  # its predicted map's name: frames repeat per drive
         depth = sample.gt_depth_map.data[0].numpy()
         assert np.array_equal(depth, frame_depth(index).astype(np.float64) / 256)
+
+
+def test_each_listed_frame_has_its_own_prediction_name():
+    """test_seg --pred-dir writes each frame as NAME.png: the right camera's frame (BTS's training file lists
+    image_03 too) named as the left camera's would overwrite it."""
+    left, right = image_line(FRAMES[0]), image_line(FRAMES[0]).replace('image_02', 'image_03')
+    assert prediction_name(left) == f'{DRIVE}_{FRAMES[0]}'
+    assert prediction_name(right) == f'{DRIVE}_image_03_{FRAMES[0]}'
+    assert prediction_name('scans/a/0001.png') == 'scans_a_0001'
 
 
 def hand_scores(truth: np.ndarray, predicted: np.ndarray, rows: slice, cols: slice) -> dict[str, float]:

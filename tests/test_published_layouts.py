@@ -193,6 +193,19 @@ def test_pascal_context_refusals_name_the_file_and_converter(context):
     assert 'pascal_context.py' in message
 
 
+@pytest.mark.parametrize('lines, says', [
+    (f'{CONTEXT_NAMES[0]}\n\n{CONTEXT_NAMES[1]}\n', 'line 2 is blank'),
+    (f'{CONTEXT_NAMES[0]}\n{CONTEXT_NAMES[1]}\n{CONTEXT_NAMES[0]}\n',
+     f'line 3 lists {CONTEXT_NAMES[0]} again (first on line 1)')])
+def test_a_split_file_with_a_blank_or_repeated_line_is_refused_naming_the_line(context, lines, says):
+    """mmseg reads a blank line as an image named '' (read as JPEGImages/.jpg) and a repeated name as that image
+    twice: trained on twice, or counted twice in a validation split's scores."""
+    split_file = context / 'ImageSets' / 'SegmentationContext' / 'train.txt'
+    split_file.write_text(lines)
+    assert refusal(dataset_cfg('upernet_lvvit_s_pascal_context59.py', context)).startswith(
+        f'{split_file}, {says}: one image name a line, each once (Pascal Context\'s layout')
+
+
 COCO_NAMES = ['000000000009', '000000000025']
 
 
@@ -225,6 +238,29 @@ def test_coco_stuff_refusals_name_the_file_and_converter(coco_stuff):
     message = refusal(dataset)
     assert message.startswith(f'{coco_stuff}/annotations/train2017: no such folder (COCO-Stuff-164k\'s layout')
     assert 'coco_stuff164k.py writes the *_labelTrainIds.png' in message
+
+
+@pytest.mark.parametrize('config', ['upernet_lvvit_s_cityscapes.py', 'upernet_lvvit_s_coco_stuff164k.py'])
+def test_an_annotation_without_its_image_is_refused_naming_it(request, config):
+    """An image folder unpacked or copied in part would train (and score) on the images there alone, exit code 0.
+    Cityscapes' other annotation files (*_gtFine_color.png ...) and COCO-Stuff's raw maps are not the layout's."""
+    if 'cityscapes' in config:
+        root = request.getfixturevalue('cityscapes')
+        write_mask(root / 'gtFine' / 'train' / CITY / f'{CITY_IMAGES[0]}_gtFine_color.png', mask_of([0]))
+        image = root / 'leftImg8bit' / 'train' / CITY / f'{CITY_IMAGES[1]}_leftImg8bit.png'
+        unpaired = label_ids(root, CITY_IMAGES[1])
+    else:
+        root = request.getfixturevalue('coco_stuff')
+        write_mask(root / 'annotations' / 'train2017' / f'{COCO_NAMES[0]}.png', mask_of([0]))
+        image = root / 'images' / 'train2017' / f'{COCO_NAMES[1]}.jpg'
+        unpaired = root / 'annotations' / 'train2017' / f'{COCO_NAMES[1]}_labelTrainIds.png'
+    dataset = dataset_cfg(config, root)
+    assert check_dataset(dataset, SEMANTIC) == ([0, 1], [])
+    image.unlink()
+    annotations = root / ('gtFine/train' if 'cityscapes' in config else 'annotations/train2017')
+    assert refusal(dataset).startswith(f'1 annotation(s) in {annotations} have no image in '
+                                       f'{image.parent.parent if "cityscapes" in config else image.parent}, e.g. '
+                                       f'{unpaired}: the images were unpacked or copied in part')
 
 
 PAGE_CLASSES = ('background', 'one', 'two')

@@ -18,7 +18,7 @@ from backbones.weights import fetch_pretrained
 from classification.digits.transfer_sets import EmbeddedTransferSet, write_layout
 from classification.models import start_weights
 from classification.sources.source import open_split
-from classification.sources.transfer_sets import LAYOUTS
+from classification.sources.transfer_sets import LAYOUTS, TransferLayout
 from classification.train import build_parser as train_parser
 from classification.train import main as train_cls
 from classification.transfer import main
@@ -33,13 +33,21 @@ def listing(root, split='train'):
     return listed.classes, listed.samples
 
 
+def touch(root, *names):
+    """Empty files standing for the images a layout's annotation files list (the listing checks they are there)."""
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).touch()
+    return root
+
+
 def cars_annotations(rows):
     fields = [(name, 'O') for name in ('bbox_x1', 'bbox_y1', 'bbox_x2', 'bbox_y2', 'class', 'fname')]
     return {'annotations': np.array([[(10, 20, 30, 40, label, fname) for fname, label in rows]], dtype=fields)}
 
 
 def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path):
-    (tmp_path / 'jpg').mkdir()
+    touch(tmp_path, *(f'jpg/image_{n:05d}.jpg' for n in range(1, 7)))
     savemat(tmp_path / 'imagelabels.mat', {'labels': np.array([[3, 1, 2, 3, 1, 2]], np.uint8)})
     savemat(tmp_path / 'setid.mat', {'trnid': np.array([[1, 4]], np.uint16), 'valid': np.array([[2]], np.uint16),
                                      'tstid': np.array([[3, 5, 6]], np.uint16)})
@@ -53,9 +61,46 @@ def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path)
         listing(tmp_path)
 
 
+def flowers_files(root, labels, trnid, valid, tstid):
+    touch(root, *(f'jpg/image_{n:05d}.jpg' for n in range(1, len(labels) + 1)))
+    savemat(root / 'imagelabels.mat', {'labels': np.array([labels])})
+    savemat(root / 'setid.mat', {'trnid': np.array([trnid]), 'valid': np.array([valid]), 'tstid': np.array([tstid])})
+
+
+@pytest.mark.parametrize('case, says', [
+    ('fractional labels', 'imagelabels.mat: labels are not whole numbers (found [1.0, 2.7, 3.0] ...)'),
+    ('fractional image numbers', 'setid.mat: image numbers (trnid) are not whole numbers (found [1.5, 2.0] ...)'),
+    ('text labels', "imagelabels.mat: labels are not whole numbers (found ['a', 'b'] ...)"),
+    ('a truncated setid.mat', 'setid.mat: not a readable MATLAB file (index out of range): copy it again'),
+    ('a text file as setid.mat', 'setid.mat: not a readable MATLAB file (Mat file appears to be truncated)')])
+def test_a_damaged_mat_file_or_numbers_that_are_not_whole_are_one_line_naming_the_file(tmp_path, case, says):
+    """Never a label or an image number cut to an integer (2.7 read as class 2), nor scipy's traceback."""
+    flowers_files(tmp_path, [1.0, 2.7, 3.0, 1.0] if case == 'fractional labels' else [1, 2, 3, 1],
+                  [1.5, 2] if case == 'fractional image numbers' else [1, 2], [3], [4])
+    if case == 'text labels':
+        savemat(tmp_path / 'imagelabels.mat', {'labels': np.array(['a', 'b'])})
+    elif case == 'a truncated setid.mat':
+        (tmp_path / 'setid.mat').write_bytes((tmp_path / 'setid.mat').read_bytes()[:100])
+    elif case == 'a text file as setid.mat':
+        (tmp_path / 'setid.mat').write_text('hello')
+    with pytest.raises(DataError, match=f'^{re.escape(str(tmp_path / says))}'):
+        listing(tmp_path)
+
+
+@pytest.mark.parametrize('trnid, valid, tstid, says', [
+    ([1, 2], [3], [3, 4], 'the image jpg/image_00003.jpg is listed in the training and the test split'),
+    ([1, 2], [1], [4], 'the image jpg/image_00001.jpg is listed twice in the training split')])
+def test_an_image_in_two_splits_or_twice_in_one_is_refused(tmp_path, trnid, valid, tstid, says):
+    """A test image trained on (setid.mat's tstid overlapping trnid or valid) would inflate the reported top-1."""
+    flowers_files(tmp_path, [1, 2, 3, 1], trnid, valid, tstid)
+    with pytest.raises(DataError, match=f'^{re.escape(f"{tmp_path} (Oxford Flowers-102): {says}")}'):
+        listing(tmp_path, 'val')
+
+
 def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path):
     for folder in ('cars_train', 'cars_test', 'devkit'):
         (tmp_path / folder).mkdir()
+    touch(tmp_path, 'cars_train/00001.jpg', 'cars_train/00002.jpg', 'cars_test/00001.jpg')
     names = ['AM General Hummer SUV 2000', 'Acura RL Sedan 2012', 'BMW M3 Coupe 2012']
     savemat(tmp_path / 'devkit' / 'cars_meta.mat', {'class_names': np.array([names], dtype=object)})
     savemat(tmp_path / 'devkit' / 'cars_train_annos.mat', cars_annotations([('00001.jpg', 2), ('00002.jpg', 3)]))
@@ -71,7 +116,8 @@ def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path)
 
 
 def test_pets_names_each_class_by_its_images_and_refuses_a_mixed_class(tmp_path):
-    (tmp_path / 'images').mkdir()
+    touch(tmp_path, *(f'images/{name}.jpg' for name in ('Abyssinian_100', 'basset_hound_12', 'Abyssinian_2',
+                                                        'american_bulldog_7', 'american_pit_bull_terrier_3')))
     (tmp_path / 'annotations').mkdir()
     (tmp_path / 'annotations' / 'trainval.txt').write_text(
         'Abyssinian_100 1 1 1\nbasset_hound_12 4 2 3\nAbyssinian_2 1 1 1\n')
@@ -97,12 +143,56 @@ def test_inaturalist_orders_classes_by_category_id_and_refuses_an_unlabelled_ima
            'annotations': [{'id': 3, 'image_id': 20, 'category_id': 9}], 'categories': categories}
     (tmp_path / 'train2018.json').write_text(json.dumps(train))
     (tmp_path / 'val2018.json').write_text(json.dumps(val))
+    touch(tmp_path, *(image['file_name'] for image in train['images'] + val['images']))
     assert listing(tmp_path) == (['Aves', 'Pinus', 'Rosa'], [('train_val2018/Plantae/5/a.jpg', 1),
                                                             ('train_val2018/Aves/2/b.jpg', 0)])
     assert listing(tmp_path, 'val')[1] == [('train_val2018/Plantae/9/c.jpg', 2)]
     val['annotations'] = []
     (tmp_path / 'val2018.json').write_text(json.dumps(val))
     with pytest.raises(DataError, match=r'val2018.json: image 20 \(train_val2018/Plantae/9/c.jpg\) has no annotation'):
+        listing(tmp_path)
+
+
+INAT_TRAIN = {'images': [{'id': 10, 'file_name': 'a.jpg'}], 'annotations': [{'image_id': 10, 'category_id': 2}],
+              'categories': [{'id': 2, 'name': 'Aves'}, {'id': 5, 'name': 'Pinus'}]}
+
+
+@pytest.mark.parametrize('file, change, says', [
+    ('train2018.json', lambda c: c['annotations'].append({'image_id': 10, 'category_id': 5}),
+     'image 10 has two categories (2 and 5): one label per image'),
+    ('train2018.json', lambda c: c['categories'].append({'id': 2, 'name': 'Rosa'}), 'the category id 2 is given twice'),
+    ('val2018.json', lambda c: c.__setitem__('categories', [{'id': 2, 'name': 'Pinus'}, {'id': 5, 'name': 'Aves'}]),
+     'its categories are not those of train2018.json'),
+    ('train2018.json', lambda c: c['images'][0].pop('id'), "images[0] is not a record with id and file_name"),
+    ('train2018.json', lambda c: c.__setitem__('categories', 5), 'categories is not a list of records')])
+def test_inaturalist_files_that_would_relabel_or_do_not_parse_are_one_line_naming_the_file(tmp_path, file, change,
+                                                                                           says):
+    """A second category of an image, a category id given twice, or a test file naming the ids otherwise would
+    each relabel images (the last annotation kept, ids matched without their names); records without their fields
+    were KeyError tracebacks."""
+    contents = {name: json.loads(json.dumps(INAT_TRAIN)) for name in ('train2018.json', 'val2018.json')}
+    contents['val2018.json']['images'][0]['file_name'] = 'b.jpg'
+    touch(tmp_path, 'a.jpg', 'b.jpg')
+    assert listing(write_inat(tmp_path, contents)) == (['Aves', 'Pinus'], [('a.jpg', 0)])
+    change(contents[file])
+    write_inat(tmp_path, contents)
+    with pytest.raises(DataError, match=f'^{re.escape(f"{tmp_path / file}: {says}")}'):
+        listing(tmp_path, 'val')
+
+
+def write_inat(root, contents):
+    for name, content in contents.items():
+        (root / name).write_text(json.dumps(content))
+    return root
+
+
+def test_undecodable_pets_annotations_are_one_line_naming_the_file(tmp_path):
+    (tmp_path / 'images').mkdir()
+    (tmp_path / 'annotations').mkdir()
+    (tmp_path / 'annotations' / 'trainval.txt').write_bytes(b'\xff\xfeAbyssinian_1 1 1 1\n')
+    (tmp_path / 'annotations' / 'test.txt').write_text('Abyssinian_2 1 1 1\n')
+    with pytest.raises(DataError, match=f'^{re.escape(str(tmp_path / "annotations/trainval.txt"))}: not a readable '
+                                        f'text file'):
         listing(tmp_path)
 
 
@@ -120,6 +210,35 @@ def test_a_missing_file_is_one_line_naming_it_and_the_layout_before_any_work(tmp
     (tmp_path / 'val2019.json').write_text('{}')
     with pytest.raises(DataError, match='train2019.json: not a readable JSON file'):
         LAYOUTS['inat2019'].read(tmp_path)
+
+
+def test_an_image_the_annotations_list_but_the_folder_lacks_is_named_before_any_work(tmp_path):
+    """It was found when first read: after an epoch of training, for a test image."""
+    flowers_files(tmp_path, [1, 2, 3, 1, 2, 3], [1, 2], [3], [4, 5, 6])
+    (tmp_path / 'jpg' / 'image_00005.jpg').unlink()
+    assert listing(tmp_path)[1] == [('jpg/image_00001.jpg', 0), ('jpg/image_00002.jpg', 1), ('jpg/image_00003.jpg', 2)]
+    out = tmp_path / 'run'
+    says = (f'{tmp_path / "jpg/image_00005.jpg"} is missing (1 of the 3 images the Oxford Flowers-102 annotation '
+            f'files list in {tmp_path / "jpg"})')
+    with pytest.raises(DataError, match=re.escape(says)):
+        main([*TINY_DEIT, '--dataset', 'flowers102', '--data-dir', str(tmp_path), '--output', str(out),
+              '--img-size', '32', '--batch-size', '2', '--epochs', '1', '--workers', '0', '--device', 'cpu'])
+    assert not out.exists() or not any(out.iterdir())  # nothing trained, nothing written
+
+
+def test_a_folder_holding_two_layouts_annotation_files_is_refused(tmp_path):
+    """The first layout registered was read: --dataset pets trained and scored on Flowers' split, exit code 0."""
+    flowers_files(tmp_path, [1, 2, 1], [1], [2], [3])
+    touch(tmp_path, 'images/Abyssinian_1.jpg', 'images/Abyssinian_2.jpg')
+    (tmp_path / 'annotations').mkdir()
+    (tmp_path / 'annotations' / 'trainval.txt').write_text('Abyssinian_1 1 1 1\n')
+    (tmp_path / 'annotations' / 'test.txt').write_text('Abyssinian_2 1 1 1\n')
+    says = (f'{tmp_path} holds the annotation files of Oxford Flowers-102 ({tmp_path / "imagelabels.mat"}) and of '
+            f'Oxford-IIIT Pets ({tmp_path / "annotations/trainval.txt"}): one data set a folder')
+    with pytest.raises(DataError, match=re.escape(says)):
+        listing(tmp_path)
+    with pytest.raises(DataError, match=re.escape(says)):
+        main(transfer_args('pets', tmp_path, tmp_path / 'run'))
 
 
 def test_image_folders_alone_do_not_make_a_layout(tmp_path):
@@ -172,6 +291,16 @@ def test_one_transfer_run_per_layout(layouts, key, tmp_path):
     recorded = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)['args']
     assert recorded['classes'] == listing(layouts[key])[0]
     assert (recorded['opt'], recorded['mixup'], recorded['aug_repeats']) == ('adamw', 0.8, 3)  # DeiT's recipe
+
+
+def test_a_missing_finetune_file_is_named_before_the_data_is_listed(layouts, tmp_path, monkeypatch):
+    """The arguments alone decide it: no listing (ImageNet's, or a shard index, takes minutes) before it."""
+    def listed(*args):
+        raise AssertionError('the data was listed first')
+
+    monkeypatch.setattr(TransferLayout, 'list_split', listed)
+    with pytest.raises(CheckpointError, match=re.escape(f'{tmp_path / "absent.pth"}: PyTorch checkpoint not found')):
+        main(transfer_args('pets', layouts['pets'], tmp_path / 'run', '--finetune', str(tmp_path / 'absent.pth')))
 
 
 def test_a_transfer_set_run_relaunches_from_its_args_yaml(layouts, tmp_path):

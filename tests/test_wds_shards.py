@@ -5,6 +5,7 @@ resumed exactly after a SIGTERM, with token labels keyed by shard and key."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -152,6 +153,22 @@ REFUSALS = {
     'a sample count the shards do not have': (
         lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('num_samples', 14)),
         'the split train holds 15 samples in its shards, the file says 14'),
+    'a shard the info file names twice': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train']['filenames'].append(
+            info['splits']['train']['filenames'][0])),
+        '{data}/_info.json: the split train names the shard imagenet-train-0000.tar twice'),
+    'shard lengths that are no list': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('shard_lengths', 15)),
+        '{data}/_info.json: the split train\'s "shard_lengths" is \'15\', not a list of integers'),
+    'a sample count that is text': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train'].__setitem__('num_samples', '15')),
+        '{data}/_info.json: the split train\'s "num_samples" is \'15\', not an integer'),
+    'a shard name in the info file that is no file name': (
+        lambda data, key: edit_info(data, lambda info: info['splits']['train']['filenames'].__setitem__(0, None)),
+        '{data}/_info.json: the split train names no shards (a list "filenames" of file names)'),
+    'classes in the info file as one string, not a list': (  # read letter by letter, the classes were renamed
+        lambda data, key: edit_info(data, lambda info: info.__setitem__('classes', 'abc')),
+        '{data}/_info.json: "classes" is \'abc\', not a list of class names'),
     'a shard the info file names missing': (
         lambda data, key: shard_of(data, number=1).unlink(),
         'the shard {data}/imagenet-train-0001.tar of the split train is not there'),
@@ -172,6 +189,19 @@ def test_every_inconsistency_of_the_shards_is_one_line_naming_the_shard_and_the_
     assert '\n' not in message
     if 'info' not in case and 'count' not in case and 'length' not in case:
         assert message.startswith(f'{shard_of(data)}:'), message
+
+
+@pytest.mark.parametrize('layout', ['no info, numbered classes', 'split folders'])
+def test_a_shard_missing_from_the_numbering_is_named(folder, tmp_path, layout):
+    """Without an info file nothing gives the count: a number skipped (a shard an interrupted download left out)
+    read the split without its images, with exit code 0."""
+    data = LAYOUTS[layout](folder, tmp_path / 'shards') if layout == 'split folders' else \
+        wds_shards(folder, tmp_path / 'shards', shards=3, info=False)
+    where = data / 'train' if layout == 'split folders' else data
+    (where / 'imagenet-train-0001.tar').unlink()
+    with pytest.raises(DataError, match=re.escape(f'{where}: the shards skip number 1 after imagenet-train-0000.tar '
+                                                  f'(1 number(s) skipped of 0..2)')):
+        open_split(data, 'train')
 
 
 def test_a_validation_label_outside_the_training_classes_is_refused(folder, tmp_path):
@@ -237,6 +267,17 @@ def test_shards_beside_a_split_folder_of_class_folders_are_read_by_the_info_file
         listing = open_split(data, 'train')
     assert listing.read_from == data / '_info.json' and all('.tar/' in name for name, _ in listing.samples)
     assert f'{data / "train"} is not read: the split train is read from {data / "_info.json"}' in caplog.text
+
+
+def test_shards_named_for_a_split_stored_in_class_folders_are_named_unread(folder, tmp_path, caplog):
+    """The class folders are read, as the layouts' order says; the shards beside them, read by nothing, are named."""
+    data = wds_shards(folder, tmp_path / 'shards', info=False)
+    shutil.copytree(folder / 'train', data / 'train')
+    with caplog.at_level('WARNING'):
+        listing = open_split(data, 'train')
+    assert listing.read_from == data / 'train' and not any('.tar/' in name for name, _ in listing.samples)
+    assert (f'2 webdataset shard(s) named for the split, {data / "imagenet-train-0000.tar"} ..., are not read: the '
+            f'split train is read from {data / "train"}') in caplog.text
 
 
 def test_a_shard_among_per_class_tars_is_no_class(folder, tmp_path):

@@ -22,6 +22,7 @@ with a warning.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from classification.sources.tars import MemberFile
 
 IMAGE_COLUMN, LABEL_COLUMN = 'image', 'label'  # timm's input_key and target_key defaults
 PARQUET_FOLDERS = ('.', 'data')  # where the Hub keeps a data set's parquet files, below its folder
+NUMBERED = re.compile(r'-(\d+)-of-(\d+)\.parquet$')  # the Hub's file names: SPLIT-00000-of-00294.parquet
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def parquet_split(data_dir: Path, names: Sequence[str]) -> SavedSplit | None:
         for name in names:
             files = tuple(sorted(folder.glob(f'{name}-*.parquet')))
             if files:
+                check_numbering(files, name)
                 return SavedSplit(name, parquet=files)
     if any((data_dir / name).exists() for name in names):
         return None  # the split stored another way (class folders, a tar): theirs to read
@@ -119,6 +122,24 @@ def parquet_split(data_dir: Path, names: Sequence[str]) -> SavedSplit | None:
             raise DataError(f'{folder} holds parquet files of the splits {", ".join(held)} (SPLIT-*.parquet), none '
                             f'of {" or ".join(names)}')
     return None
+
+
+def check_numbering(files: Sequence[Path], split: str) -> None:
+    """Parquet files numbered as the Hub numbers them (`-NNNNN-of-TOTAL`) are all there, once: an interrupted
+    download would train on part of the split, a file copied in twice on its rows twice."""
+    numbered = {path: NUMBERED.search(path.name) for path in files}
+    if not any(numbered.values()):
+        return  # named otherwise: nothing says how many there are
+    totals = sorted({int(match[2]) for match in numbered.values() if match})
+    held = sorted(int(match[1]) for match in numbered.values() if match)
+    stray = next((path for path, match in numbered.items() if not match or int(match[1]) >= totals[-1]), None)
+    missing = sorted(set(range(totals[-1])) - set(held))
+    if len(totals) > 1 or stray is not None or missing or len(held) != len(set(held)):
+        problem = (f'{stray.name} is not one of them' if stray is not None else
+                   f'numbered of {" and of ".join(map(str, totals))}' if len(totals) > 1 else
+                   f'{len(missing)} missing, e.g. number {missing[0]}' if missing else 'a number twice')
+        raise DataError(f'{files[0].parent}: the split {split} is in {totals[-1]} parquet files '
+                        f'({files[0].name} ...), {len(files)} there: {problem} (download the split\'s files again)')
 
 
 # ------------------------------------------------------------------------------------------------------- reading

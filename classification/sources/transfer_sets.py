@@ -19,7 +19,9 @@ naming the file and the layout. A folder holding any of a layout's annotation fi
 from __future__ import annotations
 
 import json
+import os
 from abc import abstractmethod
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -48,6 +50,11 @@ class TransferLayout(ImageSource):
         """Whether `data_dir` holds one of the layout's annotation files (its image folders alone do not say)."""
         return any(self.where(data_dir, name).exists() for name in self.files[:self.markers])
 
+    def marker(self, data_dir: Path) -> Path:
+        """The first of the layout's annotation files in `data_dir`."""
+        return next(self.where(data_dir, name) for name in self.files[:self.markers]
+                    if self.where(data_dir, name).exists())
+
     def where(self, data_dir: Path, name: str) -> Path:
         """Where the layout's file `name` lies in `data_dir`."""
         return data_dir / name
@@ -62,28 +69,67 @@ class TransferLayout(ImageSource):
                    classes_from: str) -> Listing | None:
         if not self.claims(data_dir):
             return None
+        other = next((layout for layout in LAYOUTS.values()
+                      if type(layout) is not type(self) and layout.claims(data_dir)), None)
+        if other is not None:  # the first registered read: `--dataset pets` trained and scored on Flowers
+            raise DataError(f'{data_dir} holds the annotation files of {self.name} ({self.marker(data_dir)}) and of '
+                            f'{other.name} ({other.marker(data_dir)}): one data set a folder')
         self.check(data_dir)
         if split not in (TRAIN, TEST):
             raise DataError(f'{data_dir}: the {self.name} layout has the splits {TRAIN} (its training images) and '
                             f'{TEST} (its test images), not {split}')
         found, splits = self.read(data_dir)
+        self.check_listed_once(data_dir, splits)
         if classes is not None and list(classes) != found:
             raise DataError(f'{data_dir} ({self.name}): its {len(found)} classes are not those of {classes_from} '
                             f'({len(classes)})')
+        self.check_images_present(data_dir, splits[split])
         return Listing(found, splits[split], FilesIn(data_dir))
 
     @abstractmethod
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         """The classes (in the set's numbering) and both splits' (image name, label)."""
 
+    def check_images_present(self, data_dir: Path, samples: list[tuple[str, int]]) -> None:
+        """Every image the split lists is a file under `data_dir`, checked before any work (one listing of each
+        folder: iNaturalist's 437,513 images in seconds); else a missing one was found only when first read, after
+        an epoch of training."""
+        by_folder: dict[str, list[str]] = defaultdict(list)
+        for name, _ in samples:
+            folder, _, file = name.rpartition('/')
+            by_folder[folder].append(file)
+        for folder, files in by_folder.items():
+            try:
+                held = {entry.name for entry in os.scandir(data_dir / folder) if not entry.is_dir()}
+            except OSError:
+                held = set()
+            absent = [file for file in files if file not in held]
+            if absent:
+                raise DataError(f'{data_dir / folder / absent[0]} is missing ({len(absent)} of the {len(files)} images '
+                                f'the {self.name} annotation files list in {data_dir / folder}): the layout is '
+                                f'{self.layout}')
+
+    def check_listed_once(self, data_dir: Path, splits: Splits) -> None:
+        """Each image in one split, once: a test image trained on would inflate the reported top-1."""
+        seen: dict[str, str] = {}
+        for split, what in ((TRAIN, 'training'), (TEST, 'test')):
+            for name, _ in splits[split]:
+                if name in seen:
+                    where = f'twice in the {what} split' if seen[name] == what else \
+                        f'in the {seen[name]} and the test split'
+                    raise DataError(f'{data_dir} ({self.name}): the image {name} is listed {where} (the layout is '
+                                    f'{self.layout}, each image in one split)')
+                seen[name] = what
+
 
 def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
     """The arrays `keys` of a MATLAB file (squeezed), each named with the file when it is missing."""
     from scipy.io import loadmat  # only these layouts need scipy
+    from scipy.io.matlab import MatReadError
     try:
         content = loadmat(path, squeeze_me=True)
-    except (OSError, ValueError, TypeError) as e:
-        raise DataError(f'{path}: not a readable MATLAB file ({e})') from e
+    except (OSError, ValueError, TypeError, IndexError, MatReadError) as e:  # a truncated file: IndexError
+        raise DataError(f'{path}: not a readable MATLAB file ({e or type(e).__name__}): copy it again') from e
     missing = [key for key in keys if key not in content]
     if missing:
         raise DataError(f'{path}: no {", ".join(missing)} (holds {", ".join(k for k in content if k[0] != "_")})')
@@ -91,8 +137,16 @@ def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
 
 
 def numbered(values: np.ndarray, where: Path, what: str, count: int) -> np.ndarray:
-    """`values` as integers 1..count (the sets number from 1), or a DataError naming the file."""
-    values = np.asarray(values).astype(np.int64).ravel()
+    """`values` as integers 1..count (the sets number from 1), or a DataError naming the file: never a fraction or
+    a text cut to an integer."""
+    values = np.asarray(values).ravel()
+    try:  # a MATLAB struct's field is an object array of numbers
+        whole = values.dtype.kind in 'iu' or np.all(np.mod(values.astype(np.float64), 1) == 0)
+    except (TypeError, ValueError):  # text
+        whole = False
+    if values.dtype.kind in 'bSUV' or not whole:
+        raise DataError(f'{where}: {what} are not whole numbers (found {values[:3].tolist()} ...)')
+    values = values.astype(np.int64)
     if values.size and (values.min() < 1 or values.max() > count):
         raise DataError(f'{where}: {what} outside 1..{count}')
     return values
@@ -162,7 +216,12 @@ class OxfordPets(TransferLayout):
         splits = {}
         for split, file in ((TRAIN, 'annotations/trainval.txt'), (TEST, 'annotations/test.txt')):
             splits[split] = []
-            for number, line in enumerate((data_dir / file).read_text().splitlines(), 1):
+            try:
+                text = (data_dir / file).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f'{data_dir / file}: not a readable text file ({e}): the layout is {self.layout}') \
+                    from e
+            for number, line in enumerate(text.splitlines(), 1):
                 if not line.strip() or line.startswith('#'):
                     continue
                 fields = line.split()
@@ -182,29 +241,57 @@ class OxfordPets(TransferLayout):
 class INaturalist(TransferLayout):
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         train, test = (self.annotations(data_dir / name) for name in self.files)
-        ids = sorted(category['id'] for category in train['categories'])
-        names = {category['id']: str(category.get('name', category['id'])) for category in train['categories']}
+        names = self.category_names(train, data_dir / self.files[0])
+        if test['categories'] and self.category_names(test, data_dir / self.files[1]) != names:
+            raise DataError(f'{data_dir / self.files[1]}: its categories are not those of {self.files[0]} (the same '
+                            f'ids with the same names): its labels would name other classes')
+        ids = sorted(names)
         unique = len(set(names.values())) == len(names)
         position = {category: i for i, category in enumerate(ids)}
         classes = [names[c] if unique else str(c) for c in ids]
         return classes, {TRAIN: self.samples(train, position, data_dir / self.files[0]),
                          TEST: self.samples(test, position, data_dir / self.files[1])}
 
-    @staticmethod
-    def annotations(path: Path) -> dict:
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        'images': ('id', 'file_name'), 'annotations': ('image_id', 'category_id'), 'categories': ('id',)}
+
+    @classmethod
+    def annotations(cls, path: Path) -> dict:
+        """The file's content: lists of the records `RECORDS` names, each with its fields."""
         try:
             content = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f'{path}: not a readable JSON file ({e})') from e
-        missing = [key for key in ('images', 'annotations', 'categories') if key not in content]
+        missing = [key for key in cls.RECORDS if not isinstance(content, dict) or key not in content]
         if missing:
             raise DataError(f'{path}: no {", ".join(missing)} (an iNaturalist annotation file holds images, '
                             f'annotations and categories)')
+        for key, fields in cls.RECORDS.items():
+            if not isinstance(content[key], list):
+                raise DataError(f'{path}: {key} is not a list of records')
+            for number, record in enumerate(content[key]):
+                if not isinstance(record, dict) or any(field not in record for field in fields):
+                    raise DataError(f'{path}: {key}[{number}] is not a record with {" and ".join(fields)} '
+                                    f'({str(record)[:60]})')
         return content
 
     @staticmethod
+    def category_names(content: dict, path: Path) -> dict[int, str]:
+        """Each category id's name (its id where it has none); an id given twice is an error naming the file."""
+        names: dict[int, str] = {}
+        for category in content['categories']:
+            if category['id'] in names:
+                raise DataError(f'{path}: the category id {category["id"]} is given twice')
+            names[category['id']] = str(category.get('name', category['id']))
+        return names
+
+    @staticmethod
     def samples(content: dict, position: dict[int, int], path: Path) -> list[tuple[str, int]]:
-        category = {a['image_id']: a['category_id'] for a in content['annotations']}
+        category = {}
+        for a in content['annotations']:
+            if category.setdefault(a['image_id'], a['category_id']) != a['category_id']:
+                raise DataError(f'{path}: image {a["image_id"]} has two categories ({category[a["image_id"]]} and '
+                                f'{a["category_id"]}): one label per image')
         samples = []
         for image in content['images']:
             if image['id'] not in category:

@@ -32,6 +32,7 @@ and every other reader of a listing work as for any split.
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 from collections import Counter
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from classification.sources.source import ImageSource, Listing, register_source,
 from classification.sources.tars import SIDECAR_SUFFIXES, TarMembers, TarReader, TarSplit, tar_index
 
 INFO_FILES = ('_info.json', '_info.yaml')  # timm's data set information, beside the shards
+SHARD_NUMBER = re.compile(r'-(\d+)\.tar$')  # a shard's number in its name: imagenet1k-train-0042.tar
 PEEK = 8  # members of a split folder's first tar read to tell shards from per-class tars
 
 
@@ -90,6 +92,8 @@ def read_info(data_dir: Path) -> tuple[Path, dict] | None:
             raise DataError(f'{path} is not readable ({" ".join(str(e).split())})') from None
         if not isinstance(info, dict) or not isinstance(info.get('splits', {}), dict):
             raise DataError(f'{path} is not a data set information file (a mapping with "splits": name -> record)')
+        check_info_fields(path, {'"classes"': (info.get('classes'), 'a list of class names'),
+                                 '"num_classes"': (info.get('num_classes'), 'a positive integer')})
         return path, info
     return None
 
@@ -101,14 +105,40 @@ def info_split(data_dir: Path, info_file: Path, info: dict, split: str) -> Shard
         return None
     entry = info['splits'][name]
     filenames = entry.get('filenames') if isinstance(entry, dict) else None
-    if not isinstance(filenames, list) or not filenames:
-        raise DataError(f'{info_file}: the split {name} names no shards (a list "filenames")')
+    if not is_list_of(filenames, str) or not filenames:
+        raise DataError(f'{info_file}: the split {name} names no shards (a list "filenames" of file names)')
+    twice = next((filename for filename, times in Counter(filenames).items() if times > 1), None)
+    if twice is not None:
+        raise DataError(f'{info_file}: the split {name} names the shard {twice} twice (its images would be read '
+                        f'twice)')
+    check_info_fields(info_file, {
+        f'the split {name}\'s "shard_lengths"': (entry.get('shard_lengths'), 'a list of integers'),
+        f'the split {name}\'s "num_samples"': (entry.get('num_samples'), 'an integer')})
     shards = [data_dir / filename for filename in filenames]
     missing = [shard for shard in shards if not shard.is_file()]
     if missing:
         raise DataError(f'{info_file}: the shard {missing[0]} of the split {name} is not there ({len(missing)} of its '
                         f'{len(shards)} shards missing)')
     return ShardSplit(name, shards, info_file, info_file, info, entry)
+
+
+def is_list_of(value: object, kind: type) -> bool:
+    """Whether `value` is a list of `kind` (a bool is no int here)."""
+    return isinstance(value, list) and all(isinstance(item, kind) and not isinstance(item, bool) for item in value)
+
+
+VALID = {'a list of integers': lambda value: is_list_of(value, int),
+         'an integer': lambda value: isinstance(value, int) and not isinstance(value, bool),
+         'a list of class names': lambda value: is_list_of(value, str) and bool(value),
+         'a positive integer': lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0}
+
+
+def check_info_fields(info_file: Path, fields: dict[str, tuple[object, str]]) -> None:
+    """The info file's fields the suite reads (what -> (value, kind: a key of VALID)), where given, of the types timm
+    writes: never a count or a class list misread (a string of class names read letter by letter)."""
+    for what, (value, kind) in fields.items():
+        if value is not None and not VALID[kind](value):
+            raise DataError(f'{info_file}: {what} is {str(value)[:40]!r}, not {kind}')
 
 
 def is_shard(tar: Path) -> bool:
@@ -143,14 +173,19 @@ def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
 
 
 def named_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
-    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split."""
-    if (data_dir / split).exists() or (data_dir / f'{split}{TAR_SUFFIX}').exists():
+    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split;
+    where something does, such shards are named in a warning (every entry is read or named)."""
+    found = {name: sorted(tar for tar in {*data_dir.glob(f'{name}-*{TAR_SUFFIX}'),
+                                          *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')} if is_split_tar(tar))
+             for name in split_names(split)}
+    stored = next((path for path in (data_dir / split, data_dir / f'{split}{TAR_SUFFIX}') if path.exists()), None)
+    if stored is not None:
+        unread = [tar for tars in found.values() for tar in tars]
+        if unread:
+            logger.warning(f'warning: {len(unread)} webdataset shard(s) named for the split, {unread[0]} ..., are not '
+                           f'read: the split {split} is read from {stored}')
         return split, []
-    for name in split_names(split):
-        found = sorted({*data_dir.glob(f'{name}-*{TAR_SUFFIX}'), *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')})
-        if found := [tar for tar in found if is_split_tar(tar)]:
-            return name, found
-    return split, []
+    return next(((name, tars) for name, tars in found.items() if tars), (split, []))
 
 
 def find_split(data_dir: Path, split: str) -> ShardSplit | None:
@@ -162,9 +197,26 @@ def find_split(data_dir: Path, split: str) -> ShardSplit | None:
         return found
     name, shards = folder_shards(data_dir, split)
     if shards:
+        check_numbering(shards)
         return ShardSplit(name, shards, data_dir / name, info_file, info)
     name, shards = named_shards(data_dir, split)
+    check_numbering(shards)
     return ShardSplit(name, shards, shards[0], info_file, info) if shards else None
+
+
+def check_numbering(shards: Sequence[Path]) -> None:
+    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, `...-0001.tar`, ...) without a number skipped:
+    a gap is a shard an interrupted download left out, whose images would silently be missing (without an info file
+    nothing gives the count, so a missing first or last shard cannot be told)."""
+    numbers = {int(match[1]): shard for shard in shards if (match := SHARD_NUMBER.search(shard.name))}
+    if len(numbers) != len(shards) or not numbers:
+        return  # not all numbered: nothing to tell
+    skipped = sorted(set(range(min(numbers), max(numbers) + 1)) - set(numbers))
+    if skipped:
+        after = numbers[max(n for n in numbers if n < skipped[0])]
+        raise DataError(f'{after.parent}: the shards skip number {skipped[0]} after {after.name} ({len(skipped)} '
+                        f'number(s) skipped of {min(numbers)}..{max(numbers)}): download the missing shards, or list '
+                        f'the shards to read in an _info.json (docs/imagenet.md)')
 
 
 # --------------------------------------------------------------------------------------------------------- labels

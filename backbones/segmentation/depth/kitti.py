@@ -38,6 +38,7 @@ IMAGES = 'input'  # KITTI raw's drives: DATE/DATE_drive_NNNN_sync/image_02/data/
 GROUND_TRUTH = 'gt_depth'  # DATE_drive_NNNN_sync/proj_depth/groundtruth/image_02/NNNNNNNNNN.png
 SPLIT_FILES = {'training': 'eigen_train_files_with_gt.txt', 'validation': 'eigen_test_files_with_gt.txt'}
 NO_DEPTH = 'None'
+CAMERA = re.compile(r'image_0\d')  # a raw drive's camera folder (image_02 the left colour camera, image_03 the right)
 DRIVE = re.compile(r'(\d{4}_\d{2}_\d{2})_drive_\d{4}_sync$')  # a raw drive's folder; its date is its first part
 
 
@@ -79,10 +80,44 @@ def parse_split_line(line: str, where: str) -> SplitEntry:
     return SplitEntry(with_date_folder(image), None if depth == NO_DEPTH else depth, focal_length)
 
 
+def frame_of(path: str) -> tuple[str | None, str | None, str]:
+    """A raw or ground-truth path's drive folder, camera folder (`image_02`, `image_03`) and frame number, where it
+    names them."""
+    parts = Path(path).parts
+    return (next((part for part in parts if DRIVE.match(part)), None),
+            next((part for part in parts if CAMERA.fullmatch(part)), None), Path(path).stem)
+
+
+def check_same_frame(entry: SplitEntry, where: str) -> None:
+    """The depth map of a line is its image's frame (drive, camera and frame number, where both paths name them):
+    another frame's ground truth would score every pixel against the wrong scene."""
+    if entry.depth is None:
+        return
+    image, depth = frame_of(entry.image), frame_of(entry.depth)
+    if any(a is not None and b is not None and a != b for a, b in zip(image, depth)):
+        raise DataError(f'{where}: the depth map {entry.depth} is not of the image {entry.image} (its drive, camera or '
+                        f'frame differs)')
+
+
 def read_split_file(path: str | Path) -> list[SplitEntry]:
-    """Every entry of a split file, in its order (blank lines skipped)."""
-    lines = Path(path).read_text().splitlines()
-    return [parse_split_line(line, f'{path}:{number}') for number, line in enumerate(lines, 1) if line.strip()]
+    """Every entry of a split file, in its order (blank lines skipped); an image listed twice (scored twice) is an
+    error naming both lines."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f'{path} is not a text file ({e}): a split file is lines IMAGE DEPTH FOCAL') from None
+    entries, first_line = [], {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        entry = parse_split_line(line, f'{path}:{number}')
+        check_same_frame(entry, f'{path}:{number}')
+        if entry.image in first_line:
+            raise DataError(f'{path}:{number}: the image {entry.image} is listed again (first on line '
+                            f'{first_line[entry.image]}): each frame once')
+        first_line[entry.image] = number
+        entries.append(entry)
+    return entries
 
 
 @DATASETS.register_module()
@@ -117,10 +152,12 @@ class KITTIDepthDataset(BaseSegDataset):
 
 def prediction_name(image: str) -> str:
     """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME, since every drive numbers its
-    frames from 0 (an image outside a drive's folder: its path's parts joined)."""
-    path = Path(image)
-    drive = next((part for part in path.parts if DRIVE.match(part)), None)
-    return f'{drive}_{path.stem}' if drive else '_'.join(path.with_suffix('').parts)
+    frames from 0, and DRIVE_CAMERA_FRAME for a camera other than the Eigen test's image_02, whose frames number as
+    its (BTS's training file lists image_03 too); an image outside a drive's folder: its path's parts joined."""
+    drive, camera, frame = frame_of(image)
+    if drive is None:
+        return '_'.join(Path(image).with_suffix('').parts)
+    return f'{drive}_{frame}' if camera in (None, 'image_02') else f'{drive}_{camera}_{frame}'
 
 
 @register_layout

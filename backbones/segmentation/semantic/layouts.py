@@ -142,11 +142,20 @@ class PublishedLayout(DataLayout):
         return dataset_cfg.get(f'{kind}_suffix', getattr(self, f'{kind}_suffix'))
 
     def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
-        """Each image of the data set (listed from its folder, as mmseg lists it) and its annotation."""
+        """Each image of the data set (listed from its folder, as mmseg lists it) and its annotation; an annotation
+        without its image is an error naming it (an image folder unpacked or copied in part: the run would train
+        and score on the images there alone)."""
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
         names = [str(path.relative_to(images))[:-len(img_suffix)] for path in sorted(images.rglob(f'*{img_suffix}'))]
-        return [Pair(images / f'{name}{img_suffix}', self.annotation_files(annotations, name, seg_suffix))
-                for name in names]
+        pairs = [Pair(images / f'{name}{img_suffix}', self.annotation_files(annotations, name, seg_suffix))
+                 for name in names]
+        kinds = tuple(path.name for path in self.annotation_files(Path(), '', seg_suffix))  # their file name endings
+        paired = {path for pair in pairs for path in pair.annotations}
+        unpaired = sorted(path for path in annotations.rglob('*') if path.name.endswith(kinds) and path not in paired)
+        if unpaired:
+            raise DataError(f'{len(unpaired)} annotation(s) in {annotations} have no image in {images}, e.g. '
+                            f'{unpaired[0]}: the images were unpacked or copied in part ({self.layout})')
+        return pairs
 
     def annotation_files(self, annotations: Path, name: str, seg_suffix: str) -> tuple[Path, ...]:
         return (annotations / f'{name}{seg_suffix}',)
@@ -273,6 +282,20 @@ CONTEXT_CONVERTER = ('; mmseg\'s tools/dataset_converters/pascal_context.py writ
                      'trainval_merged.json')
 
 
+def split_names(split_file: Path, layout: str) -> list[str]:
+    """The image names a split file lists, one a line, as mmseg reads them (each line stripped); a blank line (read
+    as an image named '') or a name listed twice (an image trained on twice, or counted twice in the scores) is a
+    DataError naming the line."""
+    names: dict[str, int] = {}
+    for number, line in enumerate(split_file.read_text().splitlines(), 1):
+        name = line.strip()
+        if not name or name in names:
+            what = 'is blank' if not name else f'lists {name} again (first on line {names[name]})'
+            raise DataError(f'{split_file}, line {number} {what}: one image name a line, each once ({layout})')
+        names[name] = number
+    return list(names)
+
+
 @register_layout
 class PascalContextLayout(PublishedLayout):
     name = 'pascal_context59'
@@ -296,7 +319,7 @@ class PascalContextLayout(PublishedLayout):
         if not split_file.is_file():
             raise missing(split_file, 'split file', self.layout, self.converter)
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
-        names = [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
+        names = split_names(split_file, self.layout)
         absent = [name for name in names if not (images / f'{name}{img_suffix}').is_file()]
         if absent:
             raise DataError(f'{split_file} lists {len(absent)} image(s) not in {images}, e.g. {absent[0]}{img_suffix} '
