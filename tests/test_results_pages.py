@@ -228,6 +228,11 @@ def test_the_metafile_holds_the_dense_defaults_of_every_task_and_the_readme_stay
         assert re.search(rf'[ *]{re.escape(score)} \d', table), table
     long = [i for i, line in enumerate((ROOT / 'README.md').read_text().splitlines(), 1) if len(line) > 160]
     assert not long, f'README.md lines over 160 characters: {long}'
+    # the runs on pages in a published set's layout render apart from the others
+    in_layouts = results_pages.embedded_runs(page, 'layouts', 'Semantic Segmentation')
+    own = results_pages.embedded_runs(page, 'latest', 'Semantic Segmentation')
+    assert 'upernet_lvvit_s_cityscapes at' in in_layouts and 'upernet_lvvit_m at' not in in_layouts
+    assert 'upernet_lvvit_m at' in own and 'cityscapes' not in own
 
 
 def test_a_root_without_the_pages_is_an_error_not_a_pass(tmp_path):
