@@ -233,5 +233,7 @@ def transfer_set_main(argv: list[str], dataset: str, default_data: type[Embedded
         LAYOUTS[dataset].check(Path(args.data_dir))
     recipe = override_recipe(transfer_set_recipe(args.model, dataset, fallback.recipe_values if fallback else None),
                              args)
+    if not (args.finetune or args.pretrained or args.resume):
+        logger.info('no --finetune or --pretrained: training from random initialisation')
     return launch(args, parser.prog, recipe, fallback, f'output/transfer/{dataset}/{args.model}', None,
                   new_head=bool(args.finetune or args.pretrained))
