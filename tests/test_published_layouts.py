@@ -302,6 +302,23 @@ def test_the_pages_written_in_each_layout_read_back_as_the_pages(pages, config):
             assert tuple(built[0]['inputs'].shape[1:]) == SIZE[::-1]
 
 
+@pytest.mark.parametrize('config', ['upernet_lvvit_s_cityscapes.py', 'fcn_lvvit_s_pascal_context59.py',
+                                    'upernet_lvvit_s_coco_stuff164k.py'])
+def test_a_pictures_ground_truth_is_the_class_map_the_data_set_loads(pages, config):
+    """visualize.py segmentation's ground truth (read_annotation of a test entry) is what the model is scored
+    against: Cityscapes' label ids drew as classes 7, 8, 11, ... (the pages' digits 6, 7 and none)."""
+    from backbones.segmentation.pictures import read_annotation
+
+    cfg = Config.fromfile(CONFIGS / config)
+    SEMANTIC.use_small_data(cfg, pages)
+    dataset = cfg.test_dataloader.dataset.to_dict()
+    built = DATASETS.build({**dataset, 'pipeline': []})
+    for i, loaded in enumerate(loaded_maps(dataset)):
+        entry = built.get_data_info(i)
+        truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False), entry.get('label_map'))
+        assert np.array_equal(truth, loaded), entry['seg_map_path']
+
+
 def test_small_data_of_more_classes_than_a_layout_holds_is_refused(pages, tmp_path):
     many = SmallDenseData(pages.root, tuple(map(str, range(20))), ((0, 0, 0),) * 20, SIZE, 1, (1, 1), (1,), 1, False)
     with pytest.raises(DataError, match='20 classes do not fit the 19 ids of the Cityscapes layout'):

@@ -24,6 +24,7 @@ from PIL import Image
 from backbones.common.drawing import enlarge, figure, finished, write_png
 from backbones.common.errors import DataError, UsageError
 from backbones.segmentation.config import EmbeddedSegData
+from backbones.segmentation.data_check import loaded_value
 from backbones.segmentation.predict import SegPredictor
 from backbones.segmentation.semantic.metrics import read_confusion, row_shares, top_confusions
 
@@ -179,15 +180,19 @@ def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
     return finished(fig, f'confusion matrix: {Path(report).name}, pixel accuracy {accuracy:.1%}')
 
 
-def read_annotation(path: str, reduce_zero_label: bool = False) -> np.ndarray:
+def read_annotation(path: str, reduce_zero_label: bool = False, label_map: dict[int, int] | None = None
+                    ) -> np.ndarray:
     """A label map as mmseg's LoadAnnotations reads it (Pillow, the stored values), 0 made 255 and the rest one less
-    with `reduce_zero_label` (ADE20K); a damaged file is a DataError naming it."""
+    with `reduce_zero_label` (ADE20K), then through the entry's `label_map` (Cityscapes' label ids to its classes);
+    a damaged file is a DataError naming it."""
     try:
         with Image.open(path) as annotation:
             labels = np.asarray(annotation).astype(np.int64)
     except Exception as e:  # PIL raises OSError, ValueError, SyntaxError, ... for broken files
         raise DataError(f'cannot read annotation {path}: {type(e).__name__}: {e}') from e
-    return np.where(labels == 0, 255, labels - 1) if reduce_zero_label else labels
+    values, places = np.unique(labels, return_inverse=True)
+    loaded = np.array([loaded_value(int(value), reduce_zero_label, label_map) for value in values], np.int64)
+    return loaded[places].reshape(labels.shape)
 
 
 def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,

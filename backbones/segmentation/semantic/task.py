@@ -131,7 +131,8 @@ class SemanticSegmentation(DenseTask):
         pixels, prediction = predictor.segment(entry['img_path'])
         truth = None
         if entry.get('seg_map_path') and Path(entry['seg_map_path']).is_file():
-            truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False))
+            truth = read_annotation(entry['seg_map_path'], entry.get('reduce_zero_label', False),
+                                    entry.get('label_map'))
         return segmentation_picture(pixels, prediction, predictor.classes, predictor.palette, truth, scores, alpha,
                                     with_labels)
 
