@@ -319,6 +319,43 @@ def test_a_pictures_ground_truth_is_the_class_map_the_data_set_loads(pages, conf
         assert np.array_equal(truth, loaded), entry['seg_map_path']
 
 
+@pytest.mark.parametrize('config', ['upernet_lvvit_s_cityscapes.py', 'fcn_lvvit_s_pascal_context59.py',
+                                    'upernet_lvvit_s_coco_stuff164k.py'])
+def test_predicted_label_maps_are_written_in_the_layouts_own_values(pages, config, tmp_path):
+    """test_seg --pred-dir (the IoU metric's output_dir) and predict_seg write a prediction as the data set's masks
+    store it: a prediction equal to the ground truth is written as the stored mask on every labelled pixel
+    (Cityscapes' label ids: train ids were written, 0..10 where the files hold 7, 8, 11, ...)."""
+    import torch
+
+    from backbones.segmentation.semantic.metrics import IoUReport, annotation_values
+
+    cfg = Config.fromfile(CONFIGS / config)
+    SEMANTIC.use_small_data(cfg, pages)
+    dataset = cfg.test_dataloader.dataset.to_dict()
+    built = DATASETS.build({**dataset, 'pipeline': []})
+    metric = IoUReport(output_dir=str(tmp_path))
+    metric.dataset_meta = built.metainfo
+    for i, loaded in enumerate(loaded_maps(dataset)):
+        entry = built.get_data_info(i)
+        truth = torch.from_numpy(loaded.astype(np.int64))[None]
+        metric.process({}, [{'img_path': entry['img_path'], 'pred_sem_seg': {'data': truth % 255},  # ignored: class 0
+                             'gt_sem_seg': {'data': truth}}])
+        written = cv2.imread(str(tmp_path / f'{Path(entry["img_path"]).stem}.png'), cv2.IMREAD_UNCHANGED)
+        stored = cv2.imread(entry['seg_map_path'], cv2.IMREAD_UNCHANGED)
+        labelled = loaded != 255
+        assert labelled.any() and np.array_equal(written[labelled], stored[labelled]), entry['seg_map_path']
+        assert np.array_equal(annotation_values(loaded[labelled], built.metainfo), stored[labelled])
+
+
+def test_cityscapes_classes_are_written_as_their_official_label_ids(cityscapes):
+    from backbones.segmentation.semantic.metrics import annotation_values
+
+    built = DATASETS.build({**dataset_cfg('upernet_lvvit_s_cityscapes.py', cityscapes), 'pipeline': []})
+    classes = built.metainfo['classes']
+    assert annotation_values(np.arange(len(classes)), built.metainfo).tolist() == [
+        CITYSCAPES_LABEL_ID_OF[name] for name in classes]
+
+
 def test_small_data_of_more_classes_than_a_layout_holds_is_refused(pages, tmp_path):
     many = SmallDenseData(pages.root, tuple(map(str, range(20))), ((0, 0, 0),) * 20, SIZE, 1, (1, 1), (1,), 1, False)
     with pytest.raises(DataError, match='20 classes do not fit the 19 ids of the Cityscapes layout'):

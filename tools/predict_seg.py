@@ -8,9 +8,9 @@ picture beside it.
     python tools/predict_seg.py CONFIG CHECKPOINT a.jpg b.jpg --out masks/ --ms      # the papers' multi-scale + flip
 
 A mask holds the data set's label values, as its annotations and `tools/test_seg.py --pred-dir` do (ADE20K: class
-index + 1, 0 being 'other'); `--overlay` also writes NAME_overlay.png, the classes in the data set's palette over
-the image. The config is read as test_seg reads it (`--data-root`; without ADE20K on disk, the embedded digits set),
-so the classes are the ones the checkpoint was trained on. From Python:
+index + 1, 0 being 'other'; Cityscapes: its label ids); `--overlay` also writes NAME_overlay.png, the classes in the
+data set's palette over the image. The config is read as test_seg reads it (`--data-root`; without ADE20K on disk,
+the embedded digits set), so the classes are the ones the checkpoint was trained on. From Python:
 `backbones.segmentation.predict.SegPredictor(config, checkpoint)(path)` gives the class index of every pixel.
 """
 from backbones.common.commands import run_command

@@ -28,6 +28,7 @@ from backbones.segmentation.config import (
     resolve_trained_data,
 )
 from backbones.segmentation.runner import checkpoint_meta, load_weights
+from backbones.segmentation.semantic.metrics import annotation_values
 from backbones.segmentation.semantic.own_data import default_palette
 from backbones.segmentation.tasks import DenseTask, task_of
 
@@ -140,7 +141,7 @@ class SegPredictor:
         self.classes = list(meta.get('classes') or ())
         self.cat_ids = list(meta.get('cat_ids') or ())
         self.palette = [list(c) for c in meta.get('palette') or default_palette(len(self.classes))]
-        self.reduce_zero_label = bool(getattr(test_set, 'reduce_zero_label', False))  # ADE20K's data set sets it
+        self.stored_as = test_set.metainfo  # how its annotation files store the classes (`annotation_values`)
         self.depth_scale = float((cfg.get('test_evaluator') or {}).get('depth_scale_factor', DEPTH_SCALE))
 
     def test_set(self, lazy: bool = False):
@@ -175,6 +176,6 @@ class SegPredictor:
         return pixels, sample
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray:
-        """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other'), the
-        values tools/test_seg.py --pred-dir writes."""
-        return prediction + 1 if self.reduce_zero_label else prediction
+        """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other';
+        Cityscapes: label ids), the values tools/test_seg.py --pred-dir writes."""
+        return annotation_values(prediction, self.stored_as)

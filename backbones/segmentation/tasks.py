@@ -36,7 +36,6 @@ class SegPredictor(Protocol):
     classes: list[str]
     cat_ids: list[int]
     palette: list[list[int]]
-    reduce_zero_label: bool
     depth_scale: float
 
     def predict(self, path: str | Path) -> tuple[np.ndarray, Any]: ...

@@ -30,6 +30,7 @@ from backbones.common.errors import DataError
 from backbones.common.files import ready_mark, write_folder_once
 from backbones.segmentation.data_check import IGNORE_INDEX
 from backbones.segmentation.layouts import DataLayout, SmallDenseData, register_layout
+from backbones.segmentation.semantic.metrics import LABEL_VALUES
 
 SMALL_VERSION = 'published layouts v1'  # the small data's layouts; a change here rewrites them
 SMALL_SPLITS = ('training', 'validation')  # SmallDenseData's
@@ -45,6 +46,8 @@ CITYSCAPES_TRAIN_IDS = {
     21: 8, 22: 9, 23: 10, 24: 11, 25: 12, 26: 13, 27: 14, 28: 15,  # vegetation, terrain, sky, person, ..., bus
     29: 255, 30: 255, 31: 16, 32: 17, 33: 18,  # caravan, trailer, train, motorcycle, bicycle
 }
+CITYSCAPES_LABEL_ID_OF = {train_id: label_id for label_id, train_id in CITYSCAPES_TRAIN_IDS.items()
+                          if train_id != IGNORE_INDEX}  # the one label id of each train id
 CITYSCAPES_LABEL_IDS = '_gtFine_labelIds.png'
 CITYSCAPES_UNLABELED = 0  # the label id the embedded pages' ignored pixels are written as
 
@@ -70,6 +73,14 @@ class CityscapesIdsDataset(ClassesById, CityscapesDataset):
     any)."""
 
     reads_label_ids = True  # the published masks, without mmseg's converter
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # predictions are written in label ids, as Cityscapes' evaluation (cityscapesscripts) and mmseg's
+        # CityscapesMetric take them, whichever masks were read
+        train_id_of = {index: train_id for train_id, index in (self.label_map or {}).items() if index != IGNORE_INDEX}
+        self._metainfo[LABEL_VALUES] = [CITYSCAPES_LABEL_ID_OF[train_id_of.get(index, index)]
+                                        for index in range(len(self._metainfo['classes']))]
 
     def load_data_list(self) -> list[dict]:
         return [entry if Path(entry['seg_map_path']).is_file() else self.from_label_ids(entry)
@@ -267,9 +278,7 @@ class CityscapesLayout(PublishedLayout):
         """PNG images in one city folder; label ids whose train ids are the pages' classes, the ignored pixels
         'unlabeled'."""
         label_ids = np.full(256, CITYSCAPES_UNLABELED, np.uint8)
-        for label_id, train_id in sorted(CITYSCAPES_TRAIN_IDS.items(), reverse=True):
-            if train_id != IGNORE_INDEX:
-                label_ids[train_id] = label_id  # the one label id of each train id
+        label_ids[list(CITYSCAPES_LABEL_ID_OF)] = list(CITYSCAPES_LABEL_ID_OF.values())
         folder = TRAIN_VAL[split]
         for name in names:
             image = cv2.imread(str(data.root / 'images' / split / f'{name}.jpg'), cv2.IMREAD_COLOR)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +11,7 @@ import torch
 from mmengine.dist import is_main_process
 from mmseg.evaluation import IoUMetric
 from mmseg.registry import METRICS
+from PIL import Image
 
 from backbones.common.errors import DataError
 from backbones.common.files import write_json_atomic
@@ -90,6 +91,16 @@ def unlabelled_warning(report: dict) -> str | None:
 
 
 MMSEG_ORDER = {'aAcc': 0, 'mIoU': 1, 'mAcc': 2}
+LABEL_VALUES = 'label_values'  # a data set's meta: the value its annotation files store each class as, by index
+
+
+def annotation_values(prediction: np.ndarray, meta: Mapping) -> np.ndarray:
+    """Class indices as the data set (its `meta`) stores them in its annotation files, the values test_seg
+    --pred-dir and predict_seg write: its own table where it gives one (Cityscapes: label ids), else class + 1 where
+    it reduces zero (ADE20K, Pascal Context: 0 is 'other'), else the index."""
+    if meta.get(LABEL_VALUES) is not None:
+        return np.asarray(meta[LABEL_VALUES], np.int64)[prediction]
+    return prediction + 1 if meta.get('reduce_zero_label') else prediction
 
 
 @METRICS.register_module()
@@ -102,11 +113,19 @@ class IoUReport(IoUMetric):
     def __init__(self, json_file: str | None = None, iou_metrics: Sequence[str] = ('mIoU',), **kwargs) -> None:
         super().__init__(iou_metrics=list(iou_metrics), **kwargs)
         self.json_file = json_file
+        # the label maps are written here, in the data set's values (mmseg's writes class indices, + 1 for ADE20K)
+        self.labels_dir, self.output_dir = self.output_dir, None
 
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
         """mmseg's areas of each image, and its confusion pairs (`confusion_pairs`) beside them: a result per image,
-        so that mmengine gathers them from every process as it gathers the areas."""
+        so that mmengine gathers them from every process as it gathers the areas; each label map written into
+        `output_dir` in the data set's values (`annotation_values`)."""
         super().process(data_batch, data_samples)
+        if self.labels_dir is not None:
+            for sample in data_samples:
+                values = annotation_values(sample['pred_sem_seg']['data'].squeeze().cpu().numpy(), self.dataset_meta)
+                path = Path(self.labels_dir) / f'{Path(sample["img_path"]).stem}.png'
+                Image.fromarray(values.astype(np.uint8)).save(path)
         if self.format_only:
             return
         num_classes = len(self.dataset_meta['classes'])

@@ -140,9 +140,12 @@ class SemanticSegmentation(DenseTask):
         return HeadAtInputSize(model, model.align_corners)
 
     def export_facts(self, predictor: SegPredictor) -> dict:
-        return {'classes': predictor.classes, 'palette': predictor.palette,
-                'mask_values': 'class index + 1, 0 for none (ADE20K)' if predictor.reduce_zero_label
-                else 'class index'}
+        count = len(predictor.classes)
+        values = predictor.label_values(np.arange(count)).tolist()  # how the data set's masks store each class
+        stored = ('class index' if values == list(range(count)) else 'class index + 1, 0 for none (ADE20K)'
+                  if values == list(range(1, count + 1)) else f'the data set\'s id of each class (Cityscapes\' label '
+                  f'ids): {values}')
+        return {'classes': predictor.classes, 'palette': predictor.palette, 'mask_values': stored}
 
     def output_names(self, model: nn.Module) -> str:
         return 'logits'
