@@ -345,6 +345,13 @@ def test_predicted_label_maps_are_written_in_the_layouts_own_values(pages, confi
         labelled = loaded != 255
         assert labelled.any() and np.array_equal(written[labelled], stored[labelled]), entry['seg_map_path']
         assert np.array_equal(annotation_values(loaded[labelled], built.metainfo), stored[labelled])
+    # a test set without ground truth (format_only, as mmseg's configs write a test split's maps): the maps alone
+    only_maps = IoUReport(output_dir=str(tmp_path / 'maps'), format_only=True)
+    only_maps.dataset_meta = built.metainfo
+    only_maps.process({}, [{'img_path': entry['img_path'], 'pred_sem_seg': {'data': truth % 255}}])
+    assert only_maps.compute_metrics(only_maps.results) == {}
+    assert np.array_equal(cv2.imread(str(tmp_path / 'maps' / f'{Path(entry["img_path"]).stem}.png'),
+                                     cv2.IMREAD_UNCHANGED), written)
 
 
 def test_cityscapes_classes_are_written_as_their_official_label_ids(cityscapes):
