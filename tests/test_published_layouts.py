@@ -19,6 +19,8 @@ from mmseg.datasets import CityscapesDataset
 from mmseg.registry import DATASETS
 
 from backbones.common.errors import DataError
+from backbones.common.files import ready_mark
+from backbones.segmentation.config import check_same_embedded_data, trained_data_record
 from backbones.segmentation.data_check import check_dataset
 from backbones.segmentation.layouts import SmallDenseData, layout_of
 from backbones.segmentation.semantic.layouts import SMALL_CITY, CityscapesLayout
@@ -414,3 +416,28 @@ def test_a_layout_config_trains_on_the_pages_in_its_layout_where_its_data_is_abs
     assert f'data: the embedded digits pages in {pages}, written in the layout of Cityscapes in {written}' in log
     assert len(list((written / 'gtFine' / 'val' / SMALL_CITY).glob('*_gtFine_labelIds.png'))) == 160
     assert re.search(r'mIoU: \d+\.\d+', log), log[-3000:]
+
+
+def small_layout_config(config: str, pages: SmallDenseData) -> Config:
+    cfg = Config.fromfile(CONFIGS / config)
+    SEMANTIC.use_small_data(cfg, pages)
+    return cfg
+
+
+def test_a_checkpoint_of_the_embedded_pages_is_tested_on_them_as_trained_same_layout_same_version(pages):
+    """What a run on the embedded pages records (layout, version) is what a test of its checkpoint must find: another
+    layout's config, or the pages of another version, is one line naming both, never a score against other ground
+    truth; a checkpoint from before the record is not checked."""
+    cityscapes = small_layout_config('upernet_lvvit_s_cityscapes.py', pages)
+    context = small_layout_config('fcn_lvvit_s_pascal_context59.py', pages)
+    record = trained_data_record(cityscapes, embedded=True)
+    assert record['layout'] == 'Cityscapes'
+    assert record['data_version'] == ready_mark(cityscapes.test_dataloader.dataset.data_root) != ''
+    check_same_embedded_data(cityscapes, record, 'c.pth')  # as trained: nothing said
+    with pytest.raises(DataError, match=r'^c.pth was trained on the embedded pages in the Cityscapes layout; this '
+                                        r'config reads them in the Pascal Context-59 layout: give the config'):
+        check_same_embedded_data(context, record, 'c.pth')
+    with pytest.raises(DataError, match=r"^c.pth was trained on another version of the embedded data \('old'; "
+                                        r'here: .*train it again$'):
+        check_same_embedded_data(cityscapes, {**record, 'data_version': 'old\n'}, 'c.pth')
+    check_same_embedded_data(context, {'data_root': '/x', 'embedded': True}, 'c.pth')  # before the record

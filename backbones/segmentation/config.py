@@ -16,10 +16,10 @@ from mmengine.utils import import_modules_from_strings
 
 from backbones.common.cli import EmbeddedData
 from backbones.common.errors import CheckpointError, DataError, UsageError
-from backbones.common.files import load_weights_only
+from backbones.common.files import load_weights_only, ready_mark
 from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
-from backbones.segmentation.layouts import layout_roots
+from backbones.segmentation.layouts import layout_of, layout_roots
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.runner import iteration_checkpoints, recorded_config, trained_data
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
@@ -210,7 +210,34 @@ def trained_data_record(cfg: Config, embedded: bool) -> dict:
     the test pipeline its validations ran, whose sizes tests and predictions take."""
     root = cfg.train_dataloader.dataset.get('data_root') or ''
     return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=task_of(cfg).name,
-                             test_pipeline=cfg.test_dataloader.dataset.pipeline))
+                             test_pipeline=cfg.test_dataloader.dataset.pipeline,
+                             **(embedded_data_facts(cfg) if embedded else {})))
+
+
+def embedded_data_facts(cfg: Config) -> dict:
+    """The embedded data a config reads (its test set's): the published layout it is written in (None: the
+    suite's own) and its version (its READY mark)."""
+    dataset = cfg.test_dataloader.dataset
+    layout = layout_of(dataset)
+    return dict(layout=layout.title if layout else None, data_version=ready_mark(dataset.get('data_root') or ''))
+
+
+def check_same_embedded_data(cfg: Config, record: dict, checkpoint: str) -> None:
+    """A checkpoint trained on the embedded data (`record`, what it records of it) is tested and predicts on that
+    data as it was trained: in the same layout, of the same version; else its scores would be against other ground
+    truth (a checkpoint from before this record is not checked)."""
+    now = embedded_data_facts(cfg)
+    if 'layout' in record and record['layout'] != now['layout']:
+        raise DataError(f'{checkpoint} was trained on the embedded pages {layout_words(record["layout"])}; this '
+                        f'config reads them {layout_words(now["layout"])}: give the config it was trained with')
+    if record.get('data_version') and record['data_version'] != now['data_version']:
+        trained, here = (' '.join(version.split()) for version in (record['data_version'], now['data_version']))
+        raise DataError(f'{checkpoint} was trained on another version of the embedded data ({trained!r}; here: '
+                        f'{here!r}): its scores would be against other ground truth; train it again')
+
+
+def layout_words(layout: str | None) -> str:
+    return f'in the {layout} layout' if layout else 'in the suite\'s own layout'
 
 
 def checkpoint_record(checkpoint: str) -> dict | None:
@@ -503,6 +530,8 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallba
         if data.embedded and data.embedded_root:
             fallback = fallback.moved_to(Path(data.embedded_root))
         resolve_data(cfg, data.data_root, fallback if data.embedded else None, checkpoint)
+        if data.embedded:
+            check_same_embedded_data(cfg, checkpoint_record(checkpoint) or {}, checkpoint)
         task.check_trained_classes(cfg, checkpoint)
     use_trained_pipeline(cfg, checkpoint, cfg_options)
 
