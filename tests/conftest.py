@@ -56,7 +56,8 @@ def wandb_without_login(monkeypatch, tmp_path):
 # The files that take longest (`--durations`, 2 cores), started first: pytest-xdist hands whole files to its workers
 # in collection order, and one of these started last leaves the other core idle for minutes at the end of the run.
 LONGEST_FIRST = ('test_seg_chain.py', 'test_train_cls.py', 'test_preemption.py', 'test_digits.py', 'test_outputs.py',
-                 'test_tools.py')
+                 'test_tools.py', 'test_results_pages.py', 'test_wds_shards.py', 'test_published_layouts.py',
+                 'test_transfer_sets.py')
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -61,7 +61,8 @@ def tool_call(tool: str) -> tuple[Callable, dict, str]:
             assert keyword.value.id == '__doc__', f'{tool} gives its library function another description'
             kwargs['description'] = usage
         else:
-            kwargs[keyword.arg] = resolve(keyword.value.id)
+            kwargs[keyword.arg] = (keyword.value.value if isinstance(keyword.value, ast.Constant)  # prog='...'
+                                   else resolve(keyword.value.id))
     assert 'description' in kwargs, f'{tool} does not give its usage text to its parser'
     return resolve(call.func.id), kwargs, usage
 
