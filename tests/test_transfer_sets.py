@@ -399,26 +399,23 @@ def test_the_command_names_a_missing_layout_file_in_one_line(tmp_path):
                                      f'the data folder)  (--debug shows the traceback)')
 
 
-def test_timms_release_is_read_where_timm_caches_it_hub_copy_first_then_the_url_file(hf_cache, tmp_path):
+def test_timms_release_is_read_where_timm_caches_it_hub_copy_first_then_the_url_file(hf_cache, tmp_path, monkeypatch):
     """A model whose timm config names both a URL and a hub repo (DeiT-S): its hub copy, what
     `timm.create_model(..., pretrained=True)` caches, is read when there; else the URL's file in torch hub's cache;
     with neither (offline), the error names timm's first choice, the hub repo."""
-    torch_hub = tmp_path / 'torch_hub'
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(torch_hub))
-    try:
-        cfg = timm.models.get_pretrained_cfg('deit_small_patch16_224')
-        assert cfg.url and cfg.hf_hub_id == 'timm/deit_small_patch16_224.fb_in1k'
-        with pytest.raises(CheckpointError, match=re.escape(f'hf download {cfg.hf_hub_id} model.safetensors')):
-            fetch_pretrained('timm', 'deit_small_patch16_224')
-        url_file = torch_hub / 'checkpoints' / cfg.url.rsplit('/', 1)[1]
-        url_file.parent.mkdir(parents=True)
-        url_file.write_bytes(b'the URL file')
-        assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(url_file)
-        hub_file = cache_weights(hf_cache, torch.nn.Linear(1, 1), cfg.hf_hub_id)
-        assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(hub_file)
-    finally:
-        torch.hub.set_dir(previous)
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))  # not torch.hub.set_dir: it outlives the test
+    torch_hub = tmp_path / 'torch' / 'hub'
+    assert torch.hub.get_dir() == str(torch_hub)
+    cfg = timm.models.get_pretrained_cfg('deit_small_patch16_224')
+    assert cfg.url and cfg.hf_hub_id == 'timm/deit_small_patch16_224.fb_in1k'
+    with pytest.raises(CheckpointError, match=re.escape(f'hf download {cfg.hf_hub_id} model.safetensors')):
+        fetch_pretrained('timm', 'deit_small_patch16_224')
+    url_file = torch_hub / 'checkpoints' / cfg.url.rsplit('/', 1)[1]
+    url_file.parent.mkdir(parents=True)
+    url_file.write_bytes(b'the URL file')
+    assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(url_file)
+    hub_file = cache_weights(hf_cache, torch.nn.Linear(1, 1), cfg.hf_hub_id)
+    assert fetch_pretrained('timm', 'deit_small_patch16_224') == str(hub_file)
 
 
 def test_new_head_is_refused_for_a_transfer_set_whose_classifier_is_always_new(layouts, tmp_path):
