@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import cv2
@@ -273,6 +274,29 @@ def test_an_image_file_listed_twice_or_declared_at_another_size_is_named(coco_se
         use_coco_categories(cfg)  # as train_seg reads the categories, before any data set is built
     with pytest.raises(DataError, match='RLE mask is'):  # without the images at hand, the mask is what is seen
         load_coco(tmp_path / 'wide.json')
+
+
+def test_an_id_given_twice_or_an_annotation_of_an_unlisted_image_is_named_with_both_entries(coco_set, tmp_path):
+    """pycocotools keys images and annotations by id: a repeated one replaces the other without a word (one
+    image's objects given to another)."""
+    content = json.loads((coco_set / 'annotations' / 'instances_train.json').read_text())
+    first, second = content['images'][:2]
+    cases = {
+        'images': (lambda c: c['images'][1].__setitem__('id', first['id']),
+                   f'the image id {first["id"]} is given twice (images[0] {first["file_name"]} and images[1] '
+                   f'{second["file_name"]})'),
+        'annotations': (lambda c: c['annotations'][1].__setitem__('id', c['annotations'][0]['id']),
+                        f'the annotation id {content["annotations"][0]["id"]} is given twice (annotations[0] of image '
+                        f'{content["annotations"][0]["image_id"]}'),
+        'unlisted': (lambda c: c['annotations'][0].__setitem__('image_id', 12345),
+                     f'annotation {content["annotations"][0]["id"]} (image 12345) names an image the file does not '
+                     f'list')}
+    for name, (change, says) in cases.items():
+        broken = json.loads(json.dumps(content))
+        change(broken)
+        (tmp_path / f'{name}.json').write_text(json.dumps(broken))
+        with pytest.raises(DataError, match=re.escape(f'{tmp_path / name}.json: {says}')):
+            load_coco(tmp_path / f'{name}.json')
 
 
 def test_a_training_file_says_which_categories_and_boxes_train_nothing(coco_set, tmp_path, caplog):

@@ -280,6 +280,31 @@ def test_shards_named_for_a_split_stored_in_class_folders_are_named_unread(folde
             f'split train is read from {data / "train"}') in caplog.text
 
 
+def test_a_shard_the_info_file_does_not_list_is_named_unread(folder, tmp_path, caplog):
+    """A shard in the split's naming added after _info.json was written: neither read nor named before."""
+    data = wds_shards(folder, tmp_path / 'shards')
+    listed = open_split(data, 'train').samples
+    shutil.copy(shard_of(data, 'val'), data / 'imagenet-train-0002.tar')
+    with caplog.at_level('WARNING'):
+        assert open_split(data, 'train').samples == listed
+    assert (f'warning: {data / "imagenet-train-0002.tar"} (1 tar(s) named as shards of the split train) is not read: '
+            f'{data / "_info.json"} does not list it') in caplog.text
+    assert 'imagenet-validation' not in caplog.text  # the other split's shards are listed under their own split
+
+
+@pytest.mark.parametrize('info', [False, True])
+def test_a_key_in_two_shards_is_refused_naming_both(folder, tmp_path, info):
+    """A stray copy of a shard (`train-extra.tar`, unnumbered: no numbering to check) read its images twice."""
+    data = wds_shards(folder, tmp_path / 'shards', info=info)
+    copy = data / 'imagenet-train-extra.tar'
+    shutil.copy(shard_of(data), copy)
+    if info:
+        edit_info(data, lambda i: i['splits']['train']['filenames'].append(copy.name))
+    key = first_key(shard_of(data))
+    with pytest.raises(DataError, match=re.escape(f'key {key} is also in {shard_of(data)}: a sample in two shards')):
+        open_split(data, 'train')
+
+
 def test_a_shard_among_per_class_tars_is_no_class(folder, tmp_path):
     """A split folder's first tar a per-class tar, a later one a webdataset shard: the shard's flat images were a
     class named after the shard."""

@@ -273,6 +273,9 @@ class INaturalist(TransferLayout):
                 if not isinstance(record, dict) or any(field not in record for field in fields):
                     raise DataError(f'{path}: {key}[{number}] is not a record with {" and ".join(fields)} '
                                     f'({str(record)[:60]})')
+                if any(not isinstance(record[field], (int, str)) for field in fields if field.endswith('id')):
+                    raise DataError(f'{path}: {key}[{number}] has an id that is neither a number nor a text '
+                                    f'({str(record)[:60]})')
         return content
 
     @staticmethod
@@ -287,8 +290,19 @@ class INaturalist(TransferLayout):
 
     @staticmethod
     def samples(content: dict, position: dict[int, int], path: Path) -> list[tuple[str, int]]:
+        """Each image's (file name, label): images are keyed by id, so an id given twice (one image's category
+        given to another) and an annotation of an image the file does not list are errors naming both entries."""
+        file_of: dict[int, str] = {}
+        for image in content['images']:
+            first = file_of.setdefault(image['id'], image['file_name'])
+            if first is not image['file_name']:
+                raise DataError(f'{path}: the image id {image["id"]} is given twice ({first} and '
+                                f'{image["file_name"]}): each image needs an id of its own')
         category = {}
-        for a in content['annotations']:
+        for number, a in enumerate(content['annotations']):
+            if a['image_id'] not in file_of:
+                raise DataError(f'{path}: annotations[{number}] (id {a.get("id")}, category {a["category_id"]}) '
+                                f'names the image {a["image_id"]}, which the file does not list')
             if category.setdefault(a['image_id'], a['category_id']) != a['category_id']:
                 raise DataError(f'{path}: image {a["image_id"]} has two categories ({category[a["image_id"]]} and '
                                 f'{a["category_id"]}): one label per image')

@@ -119,7 +119,21 @@ def info_split(data_dir: Path, info_file: Path, info: dict, split: str) -> Shard
     if missing:
         raise DataError(f'{info_file}: the shard {missing[0]} of the split {name} is not there ({len(missing)} of its '
                         f'{len(shards)} shards missing)')
+    warn_unlisted(info_file, name, shards)
     return ShardSplit(name, shards, info_file, info_file, info, entry)
+
+
+def warn_unlisted(info_file: Path, name: str, listed: list[Path]) -> None:
+    """A warning naming the tars in the split's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`, beside the listed shards or
+    beside the info file) that the info file does not list: a shard added after the file was written is not read."""
+    folders = {info_file.parent, *(shard.parent for shard in listed)}
+    named = {tar for folder in folders for pattern in (f'{name}-*{TAR_SUFFIX}', f'*-{name}-*{TAR_SUFFIX}')
+             for tar in folder.glob(pattern) if is_split_tar(tar)}
+    read = {shard.resolve() for shard in listed}
+    unlisted = sorted(tar for tar in named if tar.resolve() not in read)
+    if unlisted:
+        logger.warning(f'warning: {unlisted[0]} ({len(unlisted)} tar(s) named as shards of the split {name}) is not '
+                       f'read: {info_file} does not list it under the split\'s "filenames"')
 
 
 def is_list_of(value: object, kind: type) -> bool:
@@ -334,13 +348,19 @@ def index_strings(index: dict[str, np.ndarray], buffer: str, ends: str) -> list[
 def read_samples(found: ShardSplit, index: dict[str, np.ndarray], members: Sequence[str],
                  alt_label: str | None) -> dict[tuple[int, str], Sample]:
     """Each (shard number, key) of the index (its image `members`) with its image and labels; an image or a label
-    alone, and two images under one key, are errors naming the shard and the key."""
+    alone, two images under one key, and a key in two shards (a shard copied in twice, its images read twice) are
+    errors naming the shards and the key."""
     samples: dict[tuple[int, str], Sample] = {}
+    shard_of: dict[str, int] = {}
     for position, (member, number) in enumerate(zip(members, index['tar'].tolist())):
         key = (number, sample_key(member))
         if key in samples:
             raise DataError(f'{found.shards[number]}: key {key[1]}: two images ({members[samples[key].position]}, '
                             f'{member})')
+        first = shard_of.setdefault(key[1], number)
+        if first != number:
+            raise DataError(f'{found.shards[number]}: key {key[1]} is also in {found.shards[first]}: a sample in two '
+                            f'shards would be read twice (a shard copied in twice? each key once in a split)')
         samples[key] = Sample(position)
     side_names = index_strings(index, 'side_buffer', 'side_ends')
     texts = index_strings(index, 'text_buffer', 'text_ends')

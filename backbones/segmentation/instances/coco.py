@@ -72,14 +72,23 @@ def mask_rle(mask, height: int, width: int) -> dict:
 
 def check_ids(items: list, what: str, path: str | Path) -> None:
     """Every item of a list has a whole-number `id`, none used twice (pycocotools keys them by id: a repeated one
-    silently replaces the other)."""
+    silently replaces the other); a repeated one is named with both entries."""
     ids = [item.get('id') if isinstance(item, dict) else None for item in items]
     if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
         raise DataError(f'{path}: every {what} needs a whole-number "id"')
-    if len(set(ids)) != len(ids):
-        repeated = sorted({i for i in ids if ids.count(i) > 1}) if len(ids) < 10000 else []
-        raise DataError(f'{path}: {what} ids used more than once{": " if repeated else ""}'
-                        f'{", ".join(map(str, repeated[:SHOWN]))}')
+    first: dict[int, int] = {}
+    for number, i in enumerate(ids):
+        earlier = first.setdefault(i, number)
+        if earlier != number:
+            raise DataError(f'{path}: the {what} id {i} is given twice ({what}s[{earlier}] {entry(items[earlier])} '
+                            f'and {what}s[{number}] {entry(items[number])}): each needs an id of its own')
+
+
+def entry(item: dict) -> str:
+    """An image or annotation in a few words: its file, or its image and category."""
+    if 'file_name' in item:
+        return str(item['file_name'])
+    return f'of image {item.get("image_id")}, category {item.get("category_id")}'
 
 
 def number_list(value, count: int) -> bool:
