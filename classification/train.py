@@ -163,28 +163,30 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     online = annotates_online(recipe, teacher)
     distilled = teacher is not None and not online
     trainer = Trainer(options, info)  # its trackers started before the store and the data are read
-    store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online else None
-    data_cfg = model_data_config(model_name)
-    # by default a fine-tuning runs at the size its weights were trained at: a recipe of that size
-    recipe = replace(recipe, img_size=checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1])
-    train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
-                                                                augment, decode)
-    if teacher is not None and teacher.checkpoint is not None:
-        check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
-    model, objective = training_pieces(model_name, recipe, len(classes), options.seed, info, teacher, data_cfg,
-                                       options.model_kwargs)
-    if finetune and not trainer.resume:
-        logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
-        if new_head and recipe.zero_head:
-            zero_classifiers(bare_model(model))
-    if distilled:
-        bare_model(model).set_distilled_training(True)
-    optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
-    config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
-              DATA_CONFIG: {**data_cfg, 'input_size': (3, recipe.img_size, recipe.img_size)},  # the val transform's
-              'teacher': vars(teacher) if teacher is not None else None, 'augment': augment, 'decode': decode,
-              'train_images': len(train_loader.dataset)}  # a resume on another --train-images is refused
-    fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
+    with trainer.refusals_undone():  # refused while its data is read, the run leaves no folder behind
+        store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online \
+            else None
+        data_cfg = model_data_config(model_name)
+        # by default a fine-tuning runs at the size its weights were trained at: a recipe of that size
+        recipe = replace(recipe, img_size=checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1])
+        train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
+                                                                    augment, decode)
+        if teacher is not None and teacher.checkpoint is not None:
+            check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
+        model, objective = training_pieces(model_name, recipe, len(classes), options.seed, info, teacher, data_cfg,
+                                           options.model_kwargs)
+        if finetune and not trainer.resume:
+            logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
+            if new_head and recipe.zero_head:
+                zero_classifiers(bare_model(model))
+        if distilled:
+            bare_model(model).set_distilled_training(True)
+        optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
+        config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
+                  DATA_CONFIG: {**data_cfg, 'input_size': (3, recipe.img_size, recipe.img_size)},  # the val transform's
+                  'teacher': vars(teacher) if teacher is not None else None, 'augment': augment, 'decode': decode,
+                  'train_images': len(train_loader.dataset)}  # a resume on another --train-images is refused
+        fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
                 f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '

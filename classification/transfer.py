@@ -120,38 +120,39 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
              info: DistInfo, pretrained: str | None = None, use_ema: bool | None = None, split_seed: int = 0) -> dict:
     """Fine-tune `model_name` on CIFAR `dataset`; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
     trainer = Trainer(options, info)
-    data = read_cifar(data_dir, dataset)
-    train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, split_seed)
-    train_split, val_split = data.train.subset(train_idx), data.train.subset(val_idx)
-    mean, std = channel_stats(train_split.images)
-    # by default the size the pretrained weights were trained at: a recipe of that size
-    img_size = checkpoint_data_config(pretrained, model_data_config(model_name), recipe.img_size)['input_size'][-1]
-    recipe = replace(recipe, img_size=img_size)
-    train_loader, val_loader, test_loader = sharded_loaders(
-        CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)],
-        Batching(recipe.batch_size, options.workers, options.seed, collate_skipping), info)
-    num_classes = len(data.classes)
-    seed_all(options.seed)  # the fresh classifiers do not depend on what ran before
-    model, report = build_transfer_model(model_name, num_classes, img_size, recipe,
-                                         None if trainer.resume else pretrained, use_ema, options.model_kwargs)
+    with trainer.refusals_undone():  # a run refused while its data is read leaves no folder behind
+        data = read_cifar(data_dir, dataset)
+        train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, split_seed)
+        train_split, val_split = data.train.subset(train_idx), data.train.subset(val_idx)
+        mean, std = channel_stats(train_split.images)
+        # by default the size the pretrained weights were trained at: a recipe of that size
+        img_size = checkpoint_data_config(pretrained, model_data_config(model_name), recipe.img_size)['input_size'][-1]
+        recipe = replace(recipe, img_size=img_size)
+        train_loader, val_loader, test_loader = sharded_loaders(
+            CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)],
+            Batching(recipe.batch_size, options.workers, options.seed, collate_skipping), info)
+        num_classes = len(data.classes)
+        seed_all(options.seed)  # the fresh classifiers do not depend on what ran before
+        model, report = build_transfer_model(model_name, num_classes, img_size, recipe,
+                                             None if trainer.resume else pretrained, use_ema, options.model_kwargs)
 
-    optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
-    backbone_lr = optimization.lr * recipe.backbone_lr_scale
-    if backbone_lr < optimization.min_lr:
-        logger.warning(f'warning: the backbone lr {backbone_lr:.3g} starts below the cosine floor '
-                       f'{optimization.min_lr:.3g} (--min-lr) and would rise towards it')
-    params = transfer_param_groups(bare_model(model), optimization.lr, recipe.backbone_lr_scale,
-                                   optimization.weight_decay)
-    objective = ClassificationObjective(
-        num_classes, recipe.smoothing,
-        token_loss=TokenLabelingLoss(recipe.dense_weight) if recipe.token_labeling else None)
-    config = {'model': model_name, 'dataset': dataset, 'classes': data.classes, 'mean': mean, 'std': std,
-              'split_seed': split_seed, 'pretrained': pretrained, **vars(recipe),
-              DATA_CONFIG: CifarInput.data_config(img_size, mean, std)}
-    fit = trainer.start(model, params, optimization, objective, config, len(train_loader),
-                        train_transform=CifarInput(img_size, mean, std, train=True, hflip=recipe.hflip,
-                                                   padding=recipe.crop_padding),
-                        eval_transform=CifarInput(img_size, mean, std, train=False))
+        optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
+        backbone_lr = optimization.lr * recipe.backbone_lr_scale
+        if backbone_lr < optimization.min_lr:
+            logger.warning(f'warning: the backbone lr {backbone_lr:.3g} starts below the cosine floor '
+                           f'{optimization.min_lr:.3g} (--min-lr) and would rise towards it')
+        params = transfer_param_groups(bare_model(model), optimization.lr, recipe.backbone_lr_scale,
+                                       optimization.weight_decay)
+        objective = ClassificationObjective(
+            num_classes, recipe.smoothing,
+            token_loss=TokenLabelingLoss(recipe.dense_weight) if recipe.token_labeling else None)
+        config = {'model': model_name, 'dataset': dataset, 'classes': data.classes, 'mean': mean, 'std': std,
+                  'split_seed': split_seed, 'pretrained': pretrained, **vars(recipe),
+                  DATA_CONFIG: CifarInput.data_config(img_size, mean, std)}
+        fit = trainer.start(model, params, optimization, objective, config, len(train_loader),
+                            train_transform=CifarInput(img_size, mean, std, train=True, hflip=recipe.hflip,
+                                                       padding=recipe.crop_padding),
+                            eval_transform=CifarInput(img_size, mean, std, train=False))
     logger.info(f'{model_name} on {FORMATS[dataset].title}: {num_classes} classes, {len(train_idx)} train / '
                 f'{len(val_idx)} held-out val / {len(data.test.labels)} test images at {img_size}px, '
                 f'{info.world_size} process(es), global batch {trainer.global_batch(recipe.batch_size)}, head lr '

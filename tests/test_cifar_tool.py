@@ -171,6 +171,7 @@ def test_refusals_name_the_problem(cifar10, tmp_path):
     root, _ = cifar10
     with pytest.raises(CifarFormatError, match='no CIFAR-100 data'):
         main(transfer_args(DEIT, 'cifar100', root, tmp_path / 'a'))
+    assert not (tmp_path / 'a').exists()  # found once the run had made its folder, which was left empty
     with pytest.raises(UsageError, match='lvvit_s'):
         main(transfer_args(['lvvit_z'], 'cifar10', root, tmp_path / 'b'))
     _, t2t = tiny_release('t2t_vit_14', tmp_path)

@@ -3,6 +3,7 @@ import csv
 import json
 import logging
 import re
+import shutil
 import sys
 import time
 
@@ -20,7 +21,7 @@ from classification.data.augment import TrainTransform
 from classification.data.folders import ImageFolderDataset
 from classification.token_labeling.label_store import TokenLabelStore
 from classification.train import main
-from helpers.commands import run_tool, run_torchrun
+from helpers.commands import run_tool, run_torchrun, succeeded
 from helpers.models import TINY_DEIT
 from helpers.training_runs import assert_same_run, last_weights, read_log, resume_killed_run
 
@@ -535,9 +536,44 @@ def test_a_tracker_that_cannot_start_is_refused_before_the_data_and_leaves_nothi
     assert read == [] and [path.name for path in kept.iterdir()] == ['mlflow_run_id']
 
     from mlflow.tracking import MlflowClient
+    store = (tmp_path / 'store').resolve().as_uri()
+    monkeypatch.setenv('MLFLOW_TRACKING_URI', store)
     with pytest.raises(DataError):  # a split without images, found after the trackers started
         main(train_args(data, labels, tmp_path / 'failed', '--log-mlflow', '--train-images', '1'))
     gc.collect()  # the failed run's objects, the traceback's frames dropped
-    run_id = (tmp_path / 'failed' / 'mlflow_run_id').read_text().strip()
-    status = MlflowClient((tmp_path / 'failed' / 'mlruns').resolve().as_uri()).get_run(run_id).info.status
-    assert read and status == 'KILLED'
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name('train_cls').experiment_id])
+    assert read and [run.info.status for run in runs] == ['KILLED'] and not (tmp_path / 'failed').exists()
+
+
+def test_a_run_refused_while_its_data_is_read_leaves_its_folder_as_it_was(labeled_images, tmp_path):
+    """A data error found once the trackers have started (a validation class the training split lacks, a token-label
+    store of other images) left an empty --output folder, or a resumed run's folder with a new TensorBoard file."""
+    data, labels = labeled_images
+    odd = tmp_path / 'odd'
+    shutil.copytree(data, odd)
+    shutil.copytree(odd / 'val' / 'n001', odd / 'val' / 'n009')
+    with pytest.raises(DataError, match='class folder'):
+        main(train_args(odd, labels, tmp_path / 'new' / 'run', '--epochs', '1'))
+    assert not (tmp_path / 'new').exists()
+    main(train_args(data, labels, tmp_path / 'run', '--epochs', '1', '--workers', '0'))
+    before = {path: path.stat().st_mtime_ns for path in (tmp_path / 'run').rglob('*')}
+    (tmp_path / 'run' / 'metrics.json').rename(tmp_path / 'metrics.json')  # as a run stopped after its checkpoint
+    del before[tmp_path / 'run' / 'metrics.json']
+    with pytest.raises(DataError, match='class folder'):
+        main(train_args(odd, labels, tmp_path / 'run', '--epochs', '1', '--resume'))
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / 'run').rglob('*')} == before
+
+
+def test_resume_on_a_finished_run_says_so_in_one_line_exits_0_and_writes_nothing(labeled_images, tmp_path):
+    """It validated again, rewrote metrics.json and added a TensorBoard file, without a word."""
+    data, labels = labeled_images
+    args = train_args(data, labels, tmp_path / 'run', '--epochs', '1', '--workers', '0')
+    succeeded(run_tool('train_cls.py', args))
+    before = {path: path.stat().st_mtime_ns for path in (tmp_path / 'run').rglob('*')}
+    result = succeeded(run_tool('train_cls.py', [*args, '--resume']))
+    assert result.stderr.strip().splitlines()[-1] == (f'nothing to do: {tmp_path / "run"} holds a finished run '
+                                                      f'(metrics.json is written after its last epoch): a new run '
+                                                      f'needs another --output')
+    assert 'top-1' not in result.stdout
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / 'run').rglob('*')} == before

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from backbones.weights import fetch_pretrained
 from classification.digits.transfer_sets import EmbeddedTransferSet, write_layout
 from classification.models import start_weights
 from classification.sources.source import open_split
-from classification.sources.transfer_sets import LAYOUTS, TransferLayout
+from classification.sources.transfer_sets import LAYOUTS, TransferLayout, load_mat
 from classification.train import build_parser as train_parser
 from classification.train import main as train_cls
 from classification.transfer import main
@@ -306,6 +307,21 @@ def test_a_missing_finetune_file_is_named_before_the_data_is_listed(layouts, tmp
     monkeypatch.setattr(TransferLayout, 'list_split', listed)
     with pytest.raises(CheckpointError, match=re.escape(f'{tmp_path / "absent.pth"}: PyTorch checkpoint not found')):
         main(transfer_args('pets', layouts['pets'], tmp_path / 'run', '--finetune', str(tmp_path / 'absent.pth')))
+
+
+def test_a_run_refused_while_its_split_is_read_leaves_no_output_folder(layouts, tmp_path):
+    """A Flowers label 0 or an image the split lists but the folder lacks, found once the run had made its folder:
+    the one-line error came with an empty --output folder left behind."""
+    flowers, pets = tmp_path / 'flowers', tmp_path / 'pets'
+    shutil.copytree(layouts['flowers102'], flowers)
+    labels, = load_mat(flowers / 'imagelabels.mat', 'labels')
+    savemat(flowers / 'imagelabels.mat', {'labels': np.where(np.arange(len(labels)) == 3, 0, labels)})
+    shutil.copytree(layouts['pets'], pets)
+    next((pets / 'images').iterdir()).unlink()
+    for key, data, says in (('flowers102', flowers, 'labels outside 1..'), ('pets', pets, 'is missing')):
+        with pytest.raises(DataError, match=says):
+            main(transfer_args(key, data, tmp_path / 'runs' / key))
+        assert not (tmp_path / 'runs').exists()
 
 
 def test_a_transfer_set_run_relaunches_from_its_args_yaml(layouts, tmp_path):

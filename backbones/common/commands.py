@@ -1,7 +1,8 @@
 """How every command runs (`run_command`): the suite's errors (`SuiteError`) print as one line (`error: ...`) with exit
-status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a run
-stopped on request (`Interrupted`) exits with status 75; the log goes to standard output. `--debug` on the command
-line, or SUITE_DEBUG=1 in the environment, shows the traceback instead. Errors that are not the suite's (a bug, a
+status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a command
+asked for what is done already (`AlreadyDone`) says so in one line and exits with status 0; a run stopped on request
+(`Interrupted`) exits with status 75; the log goes to standard output. `--debug` on the command line, or SUITE_DEBUG=1
+in the environment, shows the traceback instead. Errors that are not the suite's (a bug, a
 library failure) keep their traceback.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from backbones.common.errors import Interrupted, SuiteError
+from backbones.common.errors import AlreadyDone, Interrupted, SuiteError
 from backbones.common.lifecycle import interrupt_on_stop_signals
 from backbones.common.log import show_log
 
@@ -54,6 +55,9 @@ def run_command(main: Callable[[], object]) -> None:
         print('interrupted: SIGINT (Ctrl-C) before the command\'s work was done (nothing half-written is left): run '
               'the same command again', file=sys.stderr)
         sys.exit(130)
+    except AlreadyDone as exc:
+        print(f'nothing to do: {one_line(exc)}', file=sys.stderr)
+        sys.exit(0)
     except (SuiteError, OSError) as exc:
         if debug or (isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS):
             raise

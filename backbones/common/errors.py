@@ -31,6 +31,11 @@ class DivergedError(SuiteError, FloatingPointError):
     """A training loss that is not finite: the run stops at the update that gave it, naming what to change."""
 
 
+class AlreadyDone(SuiteError):
+    """What a command was asked to do is done already (`--resume` on a run that finished): one line, exit status 0,
+    nothing written."""
+
+
 class Interrupted(BaseException):
     """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75. Like
     KeyboardInterrupt, no error: code that catches any exception (torch's weight copy, an image check) must not

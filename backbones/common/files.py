@@ -87,21 +87,31 @@ def write_json_atomic(path: str | Path, obj: object) -> None:
 
 @contextlib.contextmanager
 def written_or_undone(folder: str | Path, errors: type[BaseException] | tuple = BaseException) -> Iterator[None]:
-    """A block that writes into `folder`: when it raises one of `errors`, what it added there is removed (the entries
-    that were not there before; the folder itself, with the folders made for it, where the block made it), so that a
-    refused start leaves nothing behind."""
-    folder = Path(folder)
-    made = next((part for part in reversed((folder, *folder.parents)) if not part.exists()), None)  # topmost to make
-    before = set() if made is not None else set(folder.iterdir())
+    """A block that writes into `folder`: when it raises one of `errors`, what it added there is removed
+    (`FolderAdditions`), so that a refused start leaves nothing behind."""
+    additions = FolderAdditions(folder)
     try:
         yield
     except errors:
-        for entry in [made] if made is not None else set(folder.iterdir()) - before:
+        additions.remove()
+        raise
+
+
+class FolderAdditions:
+    """What is added to `folder` from now on, to take back: the entries that were not there before; the folder
+    itself, with the folders made for it, where it was not there."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.made = next((part for part in reversed((self.folder, *self.folder.parents)) if not part.exists()), None)
+        self.before = set() if self.made is not None else set(self.folder.iterdir())
+
+    def remove(self) -> None:
+        for entry in [self.made] if self.made is not None else set(self.folder.iterdir()) - self.before:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
-        raise
 
 
 def remove_partial_writes(folder: str | Path) -> None:

@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from backbones import bare_model
 from backbones.common.cli import check_output_folder
 from backbones.common.distributed import DistInfo, LaggingSum, barrier
-from backbones.common.errors import CheckpointError, DataError, Interrupted, UsageError
+from backbones.common.errors import AlreadyDone, CheckpointError, DataError, Interrupted, UsageError
 from backbones.common.files import remove_partial_writes, save_atomic, write_text_atomic
 from backbones.common.lifecycle import StopRequests, restarted_by_torchrun
 from backbones.common.log import logger
@@ -55,6 +55,7 @@ from classification.engine.checkpoints import (
     BEST,
     LAST,
     LOG,
+    METRICS,
     read_training_checkpoint,
     write_summary,
 )
@@ -82,7 +83,11 @@ def resume_path(resume: str | None, output: Path) -> Path | None:
         logger.info(f'--resume: {output} holds no {LAST} yet; starting the run from the beginning')
         return None
     if resume:
-        return output / LAST if resume == 'auto' else Path(resume)
+        resume_from = output / LAST if resume == 'auto' else Path(resume)
+        if (output / METRICS).exists() and resume_from.resolve() == (output / LAST).resolve():
+            raise AlreadyDone(f'{output} holds a finished run ({METRICS} is written after its last epoch): a new run '
+                              f'needs another --output')
+        return resume_from
     if (output / LAST).exists():
         raise UsageError(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')
     return None

@@ -15,8 +15,9 @@ what they report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from backbones.common.cli import (
 )
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
-from backbones.common.files import write_json_atomic, written_or_undone
+from backbones.common.files import FolderAdditions, write_json_atomic
 from backbones.common.lifecycle import resumable_on_ctrl_c
 from backbones.common.log import logger
 from backbones.common.trackers import add_tracker_arguments, check_trackers
@@ -322,14 +323,28 @@ class Trainer:
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
         self.trackers = StartedTrackers([])
-        if info.is_main:
-            with written_or_undone(options.output):
+        self.additions = FolderAdditions(options.output) if info.is_main else None
+        with self.refusals_undone():
+            if info.is_main:
                 options.output.mkdir(parents=True, exist_ok=True)
                 experiment = options.experiment or Path(options.command or 'train').stem
                 self.trackers = start_trackers(options.output, experiment, options.settings or {}, options.log_wandb,
                                                options.log_mlflow)
         barrier(info)
         self.num_epochs = 0
+
+    @contextlib.contextmanager
+    def refusals_undone(self) -> Iterator[None]:
+        """A part of the run before `start` has begun or restored it (its store, data, model): stopped there by
+        anything (a data error found while a split is read, Ctrl-C), the run leaves its folder as it found it: its
+        trackers closed as stopped, what it added removed (the folder itself, where the run made it)."""
+        try:
+            yield
+        except BaseException:
+            if self.additions is not None:
+                self.trackers.close(False)
+                self.additions.remove()
+            raise
 
     @property
     def output(self) -> Path:
