@@ -137,15 +137,19 @@ def test_each_listed_frame_has_its_own_prediction_name():
 
 
 def hand_scores(truth: np.ndarray, predicted: np.ndarray, rows: slice, cols: slice) -> dict[str, float]:
-    """The depth papers' figures over the pixels of the crop (rows, cols) with depth in (0.001, 80) m, by hand."""
+    """The depth papers' figures over the pixels of the crop (rows, cols) with depth in (0.001, 80) m, by hand, as
+    BTS's evaluation computes them (`compute_errors`: the prediction clipped to 0.001 .. 80 m first; SILog
+    100 sqrt(mean d^2 - mean(d)^2), the KITTI benchmark's); and mmseg's SILog, sqrt(mean d^2 - 0.5 mean(d)^2)."""
     window = np.zeros(truth.shape, bool)
     window[rows, cols] = True
     keep = window & (truth > 1e-3) & (truth < 80)
-    g, p = truth[keep], predicted[keep]
+    g, p = truth[keep], np.clip(predicted[keep], 1e-3, 80)
     ratio = np.maximum(g / p, p / g)
+    d = np.log(p) - np.log(g)
     return dict(d1=np.mean(ratio < 1.25), abs_rel=np.mean(np.abs(p - g) / g), sq_rel=np.mean((p - g) ** 2 / g),
                 rmse=np.sqrt(np.mean((p - g) ** 2)), rmse_log=np.sqrt(np.mean((np.log(p) - np.log(g)) ** 2)),
-                log10=np.mean(np.abs(np.log10(p) - np.log10(g))))
+                log10=np.mean(np.abs(np.log10(p) - np.log10(g))), silog=100 * np.sqrt(np.mean(d ** 2) - np.mean(d) ** 2),
+                silog_mmseg=np.sqrt(np.mean(d ** 2) - 0.5 * np.mean(d) ** 2))
 
 
 def test_the_garg_crop_scores_what_a_count_by_hand_on_the_crop_gives():
@@ -157,6 +161,8 @@ def test_the_garg_crop_scores_what_a_count_by_hand_on_the_crop_gives():
     truth[25, 10:20] = 80.0
     truth[30, 10:20] = 95.5
     predicted = truth * rng.uniform(0.7, 1.3, truth.shape) + (truth == 0) * 5.0
+    predicted[21, :] = 0.0  # no logarithm: BTS clips to 0.001 m first (mmseg's scores were infinite)
+    predicted[22, :] = 120.0  # beyond the 80 m scored: clipped to it (a quarter of the map's pixels go past it)
     outside = np.ones(truth.shape, bool)
     outside[20:49, 3:96] = False
     predicted[outside] = 1000.0
@@ -170,7 +176,9 @@ def test_the_garg_crop_scores_what_a_count_by_hand_on_the_crop_gives():
     uncropped = DepthReport(min_depth_eval=1e-3, max_depth_eval=80.0)
     uncropped.process({}, [dict(img_path='1.png', pred_depth_map=dict(data=torch.from_numpy(predicted)[None]),
                                 gt_depth_map=dict(data=torch.from_numpy(truth)[None]))])
-    assert uncropped.compute_metrics(uncropped.results)['abs_rel'] > 10 * scores['abs_rel']  # the crop did it
+    whole = hand_scores(truth, predicted, slice(None), slice(None))['abs_rel']
+    assert uncropped.compute_metrics(uncropped.results)['abs_rel'] == pytest.approx(whole, rel=1e-6)
+    assert whole > 4 * scores['abs_rel']  # the crop did it
     with pytest.raises(UsageError, match="crop_type is one of None, nyu_crop, garg_crop; got 'kitti'"):
         DepthReport(crop_type='kitti')
 

@@ -1,10 +1,12 @@
 """`DepthReport`: mmseg's DepthMetric (per-image delta < 1.25, AbsRel, RMSE, log10, ..., averaged over images) with
-its faults mended: an explicit metric list works (mmseg 1.2.2 raises a TypeError), an image without a valid pixel
-is left out and counted instead of turning every mean into NaN, NYU's evaluation crop is refused on images of
-another size than NYU's, KITTI's (Garg et al.'s, `crop_type='garg_crop'`, a fixed fraction of any image) is there
-beside it, and predictions are written as 16-bit PNGs in the data set's scale, rounded and clipped
-(mmseg's cut off the fraction and wrap past 65,535), each written whole, as NAME.png: the sample's `pred_name` where
-its data set gives one, else its image's name. With `json_file` the figures go there too."""
+its faults mended: SILog is the KITTI benchmark's and BTS's (mmseg's own figure is `silog_mmseg`); predictions are
+clipped to the evaluated range before scoring, as BTS's evaluation does; an explicit metric list works (mmseg 1.2.2
+raises a TypeError); an image without a valid pixel is left out and counted instead of turning every mean into NaN;
+NYU's evaluation crop is refused on images of another size than NYU's, and KITTI's (Garg et al.'s,
+`crop_type='garg_crop'`, a fixed fraction of any image) is there beside it; predictions are written as 16-bit PNGs
+in the data set's scale, rounded and clipped (mmseg's cut off the fraction and wrap past 65,535), each written whole,
+as NAME.png: the sample's `pred_name` where its data set gives one, else its image's name. With `json_file` the
+figures go there too."""
 from __future__ import annotations
 
 import os.path as osp
@@ -57,6 +59,10 @@ class DepthReport(DepthMetric):
     `crop_type`: None, 'nyu_crop' or 'garg_crop'."""
 
     default_prefix = None
+    # mmseg's figures, and two names of the scale-invariant log error: `silog` the KITTI benchmark's and BTS's,
+    # 100 sqrt(mean d^2 - mean(d)^2) of d = log(pred) - log(truth); `silog_mmseg` mmseg's, sqrt(mean d^2 -
+    # 0.5 mean(d)^2) (Eigen et al.'s training loss, lambda 0.5), which mmseg 1.2.2 reports as `silog`
+    METRICS = (*DepthMetric.METRICS, 'silog_mmseg')
 
     def __init__(self, depth_metrics: Sequence[str] | None = None, json_file: str | None = None,
                  crop_type: str | None = None, **kwargs) -> None:
@@ -89,8 +95,10 @@ class DepthReport(DepthMetric):
                                 f'{NYU_SIZE[1]}x{NYU_SIZE[0]} depth maps, this one is {truth.shape[1]}x'
                                 f'{truth.shape[0]}; set crop_type=None')
             mask = self._get_eval_mask(truth)
+            # as BTS's evaluation: the prediction clipped to the range scored (a depth of 0 has no logarithm)
+            scored = predicted[mask].clamp(self.min_depth_eval, self.max_depth_eval)
             # one entry per image, an empty one too: mmengine gathers the processes' results by position
-            self.results.append((truth[mask], predicted[mask]) if mask.any() else None)
+            self.results.append((truth[mask], scored) if mask.any() else None)
 
     def _get_eval_mask(self, gt_depth: torch.Tensor) -> torch.Tensor:
         """mmseg's mask (depth within min_depth_eval .. max_depth_eval, NYU's crop), within Garg's crop when asked."""
@@ -98,6 +106,15 @@ class DepthReport(DepthMetric):
         if self.crop_type == 'garg_crop':
             mask &= garg_crop_mask(tuple(gt_depth.shape), gt_depth.device)
         return mask
+
+    @staticmethod
+    def _calc_all_metrics(gt_depth: torch.Tensor, pred_depth: torch.Tensor) -> dict[str, float]:
+        """One image's figures: mmseg's, its `silog` as `silog_mmseg`, and the benchmark's `silog` (see METRICS)."""
+        figures = DepthMetric._calc_all_metrics(gt_depth, pred_depth)
+        figures['silog_mmseg'] = figures.pop('silog')
+        d = torch.log(pred_depth.double()) - torch.log(gt_depth.double())
+        figures['silog'] = 100 * torch.sqrt(((d ** 2).mean() - d.mean() ** 2).clamp(min=0)).item()
+        return figures
 
     def compute_metrics(self, results: list) -> dict[str, float]:
         if self.format_only:
