@@ -325,7 +325,7 @@ def chain(made_run, tmp_path_factory):
 @on_the_fallback
 def test_segmentation_starts_from_the_digits_pretrained_backbone(chain):
     root, _, log = chain
-    checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
+    checkpoint = pretraining_dir(root / 'digits') / 'best.pth'
     assert ('backbone: pretrained/lvvit_s-26M-224-83.3.pth.tar not found; lvvit_s pretrained on the embedded '
             'digits (token-labeling, best val top-1') in log and f'from {checkpoint}' in log
     assert f'TokenBackbone: loaded {checkpoint}' in log
@@ -371,7 +371,7 @@ def test_a_checkpoint_of_the_embedded_pages_predicts_from_the_folder_it_was_trai
 @on_the_fallback
 def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
     root, _, _ = chain
-    checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / 'best.pth'
+    checkpoint = pretraining_dir(root / 'digits') / 'best.pth'
     weights = torch.load(checkpoint, map_location='cpu', weights_only=True)['state_dict']
     metrics = json.loads((checkpoint.parent / 'metrics.json').read_text())
     assert metrics['token_labeling'] and metrics['preset'] == 'token-labeling'
@@ -395,10 +395,32 @@ def test_pretrained_checkpoint_hands_every_backbone_key_over(chain):
 TINY_PRETRAINING = Pretraining('lvvit_s', TINY_MODELS[CONFIG], 'pretrained/lvvit_s-26M-224-83.3.pth.tar not found')
 
 
+def pretraining_dir(digits: Path) -> Path:
+    """Where the chain's tiny LV-ViT is pretrained on the scans in `digits`."""
+    return EmbeddedScans(digits).pretraining_dir('lvvit_s', TINY_PRETRAINING.model_kwargs)
+
+
+def test_a_pretraining_is_kept_for_the_same_model_arguments_recipe_and_scans_only(tmp_path, monkeypatch):
+    """The folder was the model's name: a pretraining made with other model arguments (a wider LV-ViT) was taken
+    for this one's, its weights loaded into a model they do not fit, or worse, one they do."""
+    from classification.digits import cls_data
+    scans = EmbeddedScans(tmp_path)
+    tiny = scans.pretraining_dir('lvvit_s', {'embed_dim': 48})
+    assert tiny == scans.pretraining_dir('lvvit_s', {'embed_dim': 48}) and tiny.name.startswith('lvvit_s-')
+    others = {scans.pretraining_dir('lvvit_s', {'embed_dim': 96}), scans.pretraining_dir('lvvit_m', {'embed_dim': 48}),
+              EmbeddedScans(tmp_path, 'resnet18').pretraining_dir('lvvit_s', {'embed_dim': 48})}
+    monkeypatch.setattr(cls_data, 'RECIPE', {**cls_data.RECIPE, 'epochs': 9})
+    others.add(scans.pretraining_dir('lvvit_s', {'embed_dim': 48}))
+    monkeypatch.setattr(cls_data, 'RECIPE', RECIPE)
+    monkeypatch.setattr(cls_data, 'VERSION', 'another version of the scans')
+    others.add(scans.pretraining_dir('lvvit_s', {'embed_dim': 48}))
+    assert len(others) == 5 and tiny not in others
+
+
 @on_the_fallback
 def test_the_log_names_each_stage_and_where_the_backbone_comes_from(chain):
     root, _, log = chain
-    folder = root / 'digits' / 'backbones' / 'lvvit_s'
+    folder = pretraining_dir(root / 'digits')
     first = log.index('stage 1 of 2: pretraining lvvit_s with token labeling on the embedded digits for the '
                       f'segmentation backbone -> {folder}')
     assert log.index(f'stage 2 of 2: the segmentor, its backbone from {folder / BEST}') > first
@@ -407,7 +429,7 @@ def test_the_log_names_each_stage_and_where_the_backbone_comes_from(chain):
 @on_the_fallback
 def test_a_second_run_keeps_the_pretraining_the_first_made(chain, caplog):
     root, _, _ = chain
-    checkpoint = root / 'digits' / 'backbones' / 'lvvit_s' / BEST
+    checkpoint = pretraining_dir(root / 'digits') / BEST
     before = checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns
     with caplog.at_level('INFO', logger='vit_dense'):
         backbone = embedded(root).pretrained_backbone(TINY_PRETRAINING)
@@ -426,9 +448,9 @@ def test_a_pretraining_whose_file_does_not_read_is_done_again(chain, tmp_path, c
     root, _, _ = chain
     digits = tmp_path / 'digits'
     shutil.copytree(root / 'digits' / 'images', digits / 'images')
-    run = digits / 'backbones' / 'lvvit_s'
+    run = pretraining_dir(digits)
     for damaged, expected in ((None, FINISHED), (BEST, NEW), (LAST, NEW)):
-        shutil.copytree(root / 'digits' / 'backbones' / 'lvvit_s', run, dirs_exist_ok=True)
+        shutil.copytree(pretraining_dir(root / 'digits'), run, dirs_exist_ok=True)
         if damaged == LAST:
             (run / METRICS).unlink()
             assert pretraining_state(digits, run) == STOPPED
@@ -450,7 +472,7 @@ def test_a_stop_in_the_pretraining_stops_the_command_and_the_next_run_continues_
     digits = tmp_path / 'digits'
     for part in DIGITS_LABELED:  # the pretraining starts at once
         shutil.copytree(root / 'digits' / part, digits / part)
-    run, work = digits / 'backbones' / 'lvvit_s', tmp_path / 'work'
+    run, work = pretraining_dir(digits), tmp_path / 'work'
     argv = [config, '--iters', 1, '--work-dir', work, '--digits-dir', digits, '--digits-seg-dir', root / 'digits_seg',
             '--cfg-options', *TINY_SCHEDULE]
     proc = subprocess.Popen([sys.executable, str(ROOT / 'tools' / 'train_seg.py'), *map(str, argv)], cwd=ROOT, env=ENV,
@@ -470,7 +492,7 @@ def test_a_stop_in_the_pretraining_stops_the_command_and_the_next_run_continues_
     assert f'stage 1 of 2: continuing the stopped pretraining of lvvit_s on the embedded digits in {run}' in log
     assert f'resumed {run / LAST} after' in log
     assert f'stage 2 of 2: the segmentor, its backbone from {run / BEST}' in log
-    straight = root / 'digits' / 'backbones' / 'lvvit_s'
+    straight = pretraining_dir(root / 'digits')
     assert_same_run(straight, run, epochs=RECIPE['epochs'])
     weights = [torch.load(folder / BEST, weights_only=True)['state_dict'] for folder in (straight, run)]
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -11,6 +11,7 @@ on disk and resumed when it was cut off:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from backbones.common.cli import DEFAULT_WORKERS, output_folder
 from backbones.common.distributed import DistInfo, barrier, computed_once, run_distributed
 from backbones.common.errors import CheckpointError, Interrupted
 from backbones.common.log import logger
-from classification.digits.scans import discard_outdated, write_digits_folder
+from classification.digits.scans import VERSION, discard_outdated, write_digits_folder
 from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
 from classification.engine.trainer import RunOptions
 from classification.loaders import ImageData
@@ -116,14 +117,24 @@ class EmbeddedScans:
         return ImageData(data.root, labels_dir)
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
-        """`best.pth` of `model_name` pretrained with token labeling on the scans (`backbones/MODEL`, or
-        `backbones/MODEL_ANNOTATOR` from another annotator's labels): the first stage of a segmentation config on
-        the embedded pages. Kept from an earlier run when finished and readable; a run stopped part-way (SIGTERM,
-        SIGUSR1, a kill) is continued exactly as train_cls --resume does, and a stop here stops the command (exit
-        status 75) with nothing taken for finished; a file that does not read is trained again."""
-        output = self.root / 'backbones' / self._own(model_name)
-        run_distributed(lambda info: self._pretrain(model_name, dict(model_kwargs or {}), output, info))
+        """`best.pth` of `model_name` pretrained with token labeling on the scans (in `pretraining_dir`): the first
+        stage of a segmentation config on the embedded pages. Kept from an earlier run when finished and readable; a
+        run stopped part-way (SIGTERM, SIGUSR1, a kill) is continued exactly as train_cls --resume does, and a stop
+        here stops the command (exit status 75) with nothing taken for finished; a file that does not read is
+        trained again."""
+        model_kwargs = dict(model_kwargs or {})
+        output = self.pretraining_dir(model_name, model_kwargs)
+        run_distributed(lambda info: self._pretrain(model_name, model_kwargs, output, info))
         return output / BEST
+
+    def pretraining_dir(self, model_name: str, model_kwargs: dict) -> Path:
+        """`backbones/MODEL-KEY` (`backbones/MODEL_ANNOTATOR-KEY` from another annotator's labels): KEY a digest of
+        everything that shapes the pretraining (the model and its arguments, the annotator, the recipe, the scans'
+        version), so that one made otherwise is never taken for it."""
+        shaping = dict(model=model_name, model_kwargs=model_kwargs, annotator=self.annotator, scans=VERSION,
+                       recipe=vars(pretraining_recipe(model_name, model_kwargs)))
+        key = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=repr).encode()).hexdigest()[:10]
+        return self.root / 'backbones' / f'{self._own(model_name)}-{key}'
 
     def _pretrain(self, model_name: str, model_kwargs: dict, output: Path, info: DistInfo) -> None:
         state = computed_once(lambda: pretraining_state(self.root, output), info)
@@ -137,19 +148,26 @@ class EmbeddedScans:
         else:
             logger.info(f'stage 1 of 2: pretraining {model_name} with token labeling on the embedded digits for the '
                         f'segmentation backbone -> {output}')
-        preset = 'token-labeling'
-        recipe = recipe_for(model_name, preset, RECIPE)
-        # a model of other patches than 16 (DINOv2's 14) is pretrained on the scans at the nearest whole number of
-        # them: the same number of tokens per scan
-        recipe = replace(recipe, img_size=whole_patches(model_name, recipe.img_size, model_kwargs))
+        recipe = pretraining_recipe(model_name, model_kwargs)
         options = RunOptions(output, resume='auto' if state == STOPPED else None, model_kwargs=model_kwargs,
                              workers=DEFAULT_WORKERS)
         try:
-            train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info, RunStart(preset))
+            train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info,
+                  RunStart(PRETRAINING_PRESET))
         except Interrupted as stop:  # train_cls's advice (--resume) is not this command's: it continues by itself
             where = str(stop).split('; the same command', 1)[0]
             raise Interrupted(f'stage 1 of 2 (the backbone\'s pretraining): {where}; the same command again '
                               'continues it') from None
+
+
+PRETRAINING_PRESET = 'token-labeling'
+
+
+def pretraining_recipe(model_name: str, model_kwargs: dict) -> Recipe:
+    """The recipe a segmentation backbone is pretrained with on the scans: a model of other patches than 16
+    (DINOv2's 14) at the nearest whole number of them, the same number of tokens per scan."""
+    recipe = recipe_for(model_name, PRETRAINING_PRESET, RECIPE)
+    return replace(recipe, img_size=whole_patches(model_name, recipe.img_size, model_kwargs))
 
 
 # Where a backbone's pretraining stands (`pretraining_state`)
