@@ -568,3 +568,30 @@ def test_an_embedded_data_folder_that_is_a_file_is_refused_by_name(option, tmp_p
         capsys.readouterr().err
     assert parser.parse_args([*argv, option, str(tmp_path / 'new')]).__dict__[option[2:].replace('-', '_')] == \
         tmp_path / 'new'
+
+
+def test_ctrl_c_in_train_seg_is_the_suites_line_alone(capsys, monkeypatch, tmp_path):
+    """Before its first checkpoint, mmengine's find_latest_checkpoint printed 'Did not find last_checkpoint to be
+    resumed.' above the suite's line; after it, the line names the checkpoint and --resume."""
+    from backbones.segmentation.runner import SuiteRunner  # first: it lets mmseg import on mmcv-lite
+
+    # isort: split
+    from mmengine.runner import Runner
+    monkeypatch.setattr('backbones.common.commands.show_log', lambda: None)
+
+    def pressed_ctrl_c(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Runner, 'train', pressed_ctrl_c)
+    runner = SuiteRunner.__new__(SuiteRunner)  # the training loop alone: what surrounds it is mmengine's
+    runner._work_dir, runner._running = str(tmp_path), lambda action: action()
+    for saved in (False, True):
+        if saved:
+            (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_8.pth'))
+        with pytest.raises(SystemExit) as stopped:
+            run_command(runner.train)
+        captured = capsys.readouterr()
+        said = (captured.out + captured.err).splitlines()
+        assert stopped.value.code == 130 and len(said) == 1, said
+        assert said[0].startswith('interrupted: SIGINT (Ctrl-C)') and ('iter_8.pth' in said[0]) == saved
+

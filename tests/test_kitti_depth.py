@@ -148,7 +148,8 @@ def hand_scores(truth: np.ndarray, predicted: np.ndarray, rows: slice, cols: sli
     d = np.log(p) - np.log(g)
     return dict(d1=np.mean(ratio < 1.25), abs_rel=np.mean(np.abs(p - g) / g), sq_rel=np.mean((p - g) ** 2 / g),
                 rmse=np.sqrt(np.mean((p - g) ** 2)), rmse_log=np.sqrt(np.mean((np.log(p) - np.log(g)) ** 2)),
-                log10=np.mean(np.abs(np.log10(p) - np.log10(g))), silog=100 * np.sqrt(np.mean(d ** 2) - np.mean(d) ** 2),
+                log10=np.mean(np.abs(np.log10(p) - np.log10(g))),
+                silog=100 * np.sqrt(np.mean(d ** 2) - np.mean(d) ** 2),
                 silog_mmseg=np.sqrt(np.mean(d ** 2) - 0.5 * np.mean(d) ** 2))
 
 

@@ -53,6 +53,13 @@ def test_train_refuses_to_overwrite_and_resumes(trained):
     assert 'resumed epoch: 0, iter: 2' in log
     assert 'Iter(train) [3/3]' in log and 'Iter(train) [1/3]' not in log
     assert (work / 'iter_3.pth').is_file()
+    # once more on the finished run: it validated again and wrote a new config dump and log folder, without a word
+    before = sorted((path, path.stat().st_mtime_ns) for path in work.rglob('*'))
+    again = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '3', '--resume']))
+    assert again.stderr.strip().splitlines()[-1] == (f'nothing to do: {work} holds a finished run (iter_3.pth: 3 of '
+                                                     f'its 3 iterations): a new run needs another --work-dir')
+    assert 'Iter(' not in again.stdout + again.stderr
+    assert sorted((path, path.stat().st_mtime_ns) for path in work.rglob('*')) == before
 
 
 @pytest.mark.parametrize('mode', ['ss', 'ms'])

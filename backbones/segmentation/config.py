@@ -15,13 +15,13 @@ from mmengine.config import Config
 from mmengine.utils import import_modules_from_strings
 
 from backbones.common.cli import EmbeddedData
-from backbones.common.errors import CheckpointError, DataError, UsageError
+from backbones.common.errors import AlreadyDone, CheckpointError, DataError, UsageError
 from backbones.common.files import load_weights_only, ready_mark
 from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
 from backbones.segmentation.layouts import layout_of, layout_roots
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
-from backbones.segmentation.runner import iteration_checkpoints, recorded_config, trained_data
+from backbones.segmentation.runner import checkpoint_meta, iteration_checkpoints, recorded_config, trained_data
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
 from backbones.segmentation.tasks import (
     DenseTask,
@@ -600,15 +600,20 @@ def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, co
                               f'a {task.title} config: give the config it was trained with')
 
 
-def check_resumed_task(work_dir: str, task: DenseTask, config: str) -> None:
-    """The run a work dir holds is of the config's `task`, as its newest readable checkpoint says (the one a resume
-    continues from: `runner.SuiteRunner` falls back past those that do not read, and leaves their naming to it)."""
+def check_resumed_run(work_dir: str, task: DenseTask, config: str, max_iters: int) -> None:
+    """The run a work dir holds is of the config's `task` and has iterations left of its `max_iters`, as its newest
+    readable checkpoint says (the one a resume continues from: `runner.SuiteRunner` falls back past those that do
+    not read, and leaves their naming to it); a finished one is AlreadyDone."""
     for candidate in iteration_checkpoints(work_dir):
         try:
             names = weight_names(str(candidate))
         except CheckpointError:
             continue
         check_checkpoint_task(str(candidate), names, task, config)
+        done = checkpoint_meta(str(candidate)).get('iter')
+        if isinstance(done, int) and done >= max_iters:
+            raise AlreadyDone(f'{work_dir} holds a finished run ({candidate.name}: {done} of its {max_iters} '
+                              f'iterations): a new run needs another --work-dir')
         return
 
 

@@ -194,7 +194,9 @@ class SuiteRunner(Runner):
         return built
 
     def train(self):
-        with resumable_on_ctrl_c(lambda: find_latest_checkpoint(self.work_dir)):
+        # mmengine's find_latest_checkpoint would print 'Did not find last_checkpoint' before the first one
+        last = Path(self.work_dir) / 'last_checkpoint'
+        with resumable_on_ctrl_c(lambda: Path(last.read_text().strip()) if last.is_file() else None):
             return self._running(super().train)
 
     def test(self):

@@ -32,7 +32,7 @@ from backbones.segmentation.config import (
     accumulate_gradients,
     check_loader_sizes,
     check_pretrained,
-    check_resumed_task,
+    check_resumed_run,
     data_roots,
     describe_schedule,
     drop_one_step_warmup,
@@ -217,8 +217,6 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
-    if args.resume:  # a run of another task is named as such, before anything is written
-        check_resumed_task(cfg.work_dir, task_of(cfg), args.config)
     on_fallback = resolve_data(cfg, args.data_root, fallback)
     cfg[TRAINED_DATA] = trained_data_record(cfg, on_fallback)  # in every checkpoint: what tests and predictions take
     pretraining = choose_backbone(cfg, config_pretrained, on_fallback)
@@ -228,6 +226,8 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     if args.iters:
         shorten_schedule(cfg, args.iters, options)
     accumulate_gradients(cfg, args.grad_accum_steps)
+    if args.resume or restarted_by_torchrun():  # a run of another task, or a finished one: before anything is written
+        check_resumed_run(cfg.work_dir, task_of(cfg), args.config, cfg.train_cfg['max_iters'])
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
     task_of(cfg).training_hooks(cfg, args.pictures)
