@@ -14,8 +14,9 @@ import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmc
 import mmseg
 import numpy as np
 import pytest
+import torch
 
-from helpers.commands import run_python, run_tool, succeeded
+from helpers.commands import one_line_error, run_python, run_tool, succeeded
 from helpers.seg_data import independent_scores, write_tiny_ade, write_tiny_config
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
@@ -60,6 +61,32 @@ def test_train_refuses_to_overwrite_and_resumes(trained):
                                                      f'its 3 iterations): a new run needs another --work-dir')
     assert 'Iter(' not in again.stdout + again.stderr
     assert sorted((path, path.stat().st_mtime_ns) for path in work.rglob('*')) == before
+
+
+def test_a_batch_of_one_that_upernet_cannot_train_is_refused_before_any_work(trained, tmp_path):
+    """UperNet's pyramid pooling normalises 1x1 maps: one image a batch failed in the first iteration with torch's
+    ValueError (after benchmark_seg's minutes of evaluation; after train_seg's log folder was written). FCN's head
+    has no such layer and trains on one image."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from backbones.segmentation.runner import check_batch_trains, pooled_batch_norms
+    _, config, _, data = trained
+    work = tmp_path / 'work'
+    message = one_line_error(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '1', '--cfg-options',
+                                                       'train_dataloader.batch_size=1']))
+    assert message.startswith('error: train_dataloader.batch_size 1: decode_head.psp_modules.0.1.bn (1 such layer(s)) '
+                              'is a BatchNorm of a map pooled to one pixel'), message
+    assert not work.exists()
+    message = one_line_error(run_tool('benchmark_seg.py', ['--batch-size', '1', '--images', '1', '--iters', '1']))
+    assert message.startswith('error: --batch-size 1: decode_head.psp_modules.0.1.bn'), message
+    init_default_scope('mmseg')
+    fcn = MODELS.build(Config.fromfile(write_tiny_config(tmp_path / 'fcn.py', 'fcn_lvvit_s.py', data)).model)
+    assert pooled_batch_norms(fcn) == []
+    check_batch_trains(fcn, 1, 1, 'batch')
+    fcn.train()
+    fcn.decode_head(fcn.extract_feat(torch.rand(1, 3, 64, 64)))  # one image trains FCN's head
 
 
 @pytest.mark.parametrize('mode', ['ss', 'ms'])

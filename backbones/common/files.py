@@ -85,21 +85,10 @@ def write_json_atomic(path: str | Path, obj: object) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2) + '\n')
 
 
-@contextlib.contextmanager
-def written_or_undone(folder: str | Path, errors: type[BaseException] | tuple = BaseException) -> Iterator[None]:
-    """A block that writes into `folder`: when it raises one of `errors`, what it added there is removed
-    (`FolderAdditions`), so that a refused start leaves nothing behind."""
-    additions = FolderAdditions(folder)
-    try:
-        yield
-    except errors:
-        additions.remove()
-        raise
-
-
 class FolderAdditions:
-    """What is added to `folder` from now on, to take back: the entries that were not there before; the folder
-    itself, with the folders made for it, where it was not there."""
+    """What is added to `folder` from now on, to take back (`remove`) when a start is refused, so that it leaves
+    nothing behind: the entries that were not there before; the folder itself, with the folders made for it, where
+    it was not there."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)

@@ -32,10 +32,12 @@ from mmengine.runner.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
 )
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.utils import _pair
 from torch.utils.data import DataLoader
 
-from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError
-from backbones.common.files import load_weights_only, written_or_undone
+from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError, UsageError
+from backbones.common.files import FolderAdditions, load_weights_only
 from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
 from backbones.common.log import logger
 from backbones.common.trackers import tracker_errors
@@ -65,6 +67,35 @@ def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
 
 # The key of what a run trained on in its checkpoints' meta and in its config (`config.trained_data_record`)
 TRAINED_DATA = 'trained_data'
+
+
+def pooled_batch_norms(model: nn.Module) -> list[str]:
+    """The BatchNorm layers that normalise a map pooled to one pixel (UperNet's and PSPNet's pyramid pooling,
+    DeepLab's image pool: a `Sequential` of `AdaptiveAvgPool2d(1)` and a normalised convolution)."""
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Sequential):
+            continue
+        children = list(module.named_children())
+        for (_, pool), (after, layer) in zip(children, children[1:]):
+            if isinstance(pool, nn.AdaptiveAvgPool2d) and _pair(pool.output_size) == (1, 1):
+                found += [f'{name}.{after}.{inner}'.rstrip('.') for inner, norm in layer.named_modules()
+                          if isinstance(norm, _BatchNorm)]
+    return found
+
+
+def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option: str) -> None:
+    """A UsageError naming `option` where a training batch of one image meets a BatchNorm of a pooled map: it sees
+    one value per channel, which it cannot normalise (torch's ValueError in the first iteration, after everything
+    else); SyncBN over several processes sees one per process, and trains."""
+    if batch_size > 1:
+        return
+    unsynced = [name for name in pooled_batch_norms(model)
+                if processes == 1 or not isinstance(model.get_submodule(name), nn.SyncBatchNorm)]
+    if unsynced:
+        raise UsageError(f'{option} 1: {unsynced[0]} ({len(unsynced)} such layer(s)) is a BatchNorm of a map pooled '
+                         f'to one pixel: with one image a batch it gets one value per channel, which it cannot '
+                         f'normalise; train with 2 or more images a batch (or several processes with SyncBN)')
 
 
 def checkpoint_meta(filename: str) -> dict:
@@ -178,8 +209,12 @@ class SuiteRunner(Runner):
     made before, nor the work dir where the run made it)."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
-        with written_or_undone(work_dir, TrackerError):
+        self.additions = FolderAdditions(work_dir)
+        try:
             super().__init__(model, work_dir, *args, **kwargs)
+        except TrackerError:
+            self.additions.remove()
+            raise
         self.logger.addFilter(HarmlessLogLines())
 
     def build_visualizer(self, visualizer=None):
@@ -194,6 +229,12 @@ class SuiteRunner(Runner):
         return built
 
     def train(self):
+        try:  # a batch the model cannot train: one line before the loaders start, nothing left behind
+            check_batch_trains(self.model, self.cfg.train_dataloader.batch_size, self.world_size,
+                               'train_dataloader.batch_size')
+        except UsageError:
+            self.additions.remove()
+            raise
         # mmengine's find_latest_checkpoint would print 'Did not find last_checkpoint' before the first one
         last = Path(self.work_dir) / 'last_checkpoint'
         with resumable_on_ctrl_c(lambda: Path(last.read_text().strip()) if last.is_file() else None):

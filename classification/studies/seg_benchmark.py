@@ -29,7 +29,7 @@ from backbones.common.cli import (
 )
 from backbones.common.log import logger
 from backbones.segmentation.config import flipping_tta_pipeline, load_config
-from backbones.segmentation.runner import SuiteRunner
+from backbones.segmentation.runner import SuiteRunner, check_batch_trains
 from backbones.segmentation.test import use_multi_scale
 from backbones.segmentation.tta import mirror_image
 from classification.digits.seg_data import EmbeddedPages
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
         results['restart'] = restart_seconds(cfg.train_dataloader, args.restart_at, args.replayed)
         return report(results, args, 'seg_restart', argv)
     model = MODELS.build(cfg.model).to(args.device)
+    check_batch_trains(model, args.batch_size, 1, '--batch-size')  # before minutes of evaluation
 
     model.eval()
     ss_batches = list(islice(loader(cfg, 'test_dataloader'), args.images + 1))
