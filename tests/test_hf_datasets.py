@@ -147,6 +147,20 @@ def test_class_folders_beside_parquet_files_of_other_splits_are_read_as_before(f
     assert open_split(data, 'train').samples == scan_split(folder, 'train')[1]
 
 
+@pytest.mark.parametrize('layout', ['dataset-dict', 'split-folders'])
+def test_parquet_files_of_the_split_beside_its_saved_folder_are_named_unread(folder, tmp_path, layout, caplog):
+    """The saved folder is read; the split's parquet files beside it (a Hub download next to a save_to_disk copy)
+    were left unread without a word."""
+    data = saved(folder, tmp_path / 'hf', layout)
+    (data / 'data').mkdir()
+    split_dataset(folder, 'train').to_parquet(str(data / 'data' / 'train-00000-of-00001.parquet'))
+    with caplog.at_level('WARNING'):
+        listing = open_split(data, 'train')
+    assert listing.read_from == data / 'train'
+    assert (f'warning: {data / "data" / "train-00000-of-00001.parquet"} (1 parquet file(s) of the split) is not '
+            f'read: the split train is read from {data / "train"}, saved with save_to_disk') in caplog.text
+
+
 def refusal(data, split='train') -> str:
     with pytest.raises(DataError) as error:
         open_split(data, split)

@@ -123,7 +123,11 @@ REFUSALS = {
         'key {key}: the image has no label (no KEY.cls, no "label" in a KEY.json)'),
     'a .cls that is no integer': (
         lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.cls': b'n001'}),
-        "{key}.cls: 'n001' is not a class index (an integer)"),
+        "{key}.cls: 'n001' is not a class index (not an integer)"),
+    'a JSON label that is text': (  # "1" may be the class named 1 as well as index 1: it was read as the index
+        lambda data, key: rewrite(shard_of(data), lambda m: {
+            **without(m, f'{key}.cls'), f'{key}.json': json.dumps({'label': m[f'{key}.cls'].decode()}).encode()}),
+        "{key}.json: '{label}' is not a class index (a JSON text, not a number)"),
     'a label outside the classes': (
         lambda data, key: rewrite(shard_of(data), lambda m: {**m, f'{key}.cls': b'3\n'}),
         'key {key}: class index 3 is outside the 3 classes of {data}/_info.json ("classes")'),

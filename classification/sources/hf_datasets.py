@@ -87,11 +87,22 @@ def find_saved_split(data_dir: Path, split: str) -> SavedSplit | None:
         if found is None:
             raise DataError(f'{saved} names the split {name}, but {data_dir / name} holds no saved split '
                             f'(state.json): copy the whole folder save_to_disk wrote')
-        return found
+        return warn_unread_parquet(data_dir, names, found)
     for name in names:
         if (found := saved_folder(data_dir / name)) is not None:
-            return found
+            return warn_unread_parquet(data_dir, names, found)
     return parquet_split(data_dir, names)
+
+
+def warn_unread_parquet(data_dir: Path, names: Sequence[str], found: SavedSplit) -> SavedSplit:
+    """`found`, after a warning naming the split's parquet files beside it, which are not read (every file of the
+    split is read or named)."""
+    unread = sorted(path for folder in PARQUET_FOLDERS for name in names
+                    for path in (data_dir / folder).glob(f'{name}-*.parquet'))
+    if unread:
+        logger.warning(f'warning: {unread[0]} ({len(unread)} parquet file(s) of the split) is not read: the split '
+                       f'{found.name} is read from {found.read_from}, saved with save_to_disk')
+    return found
 
 
 def dict_splits(saved: Path) -> list[str]:

@@ -241,22 +241,24 @@ def sample_key(member: str) -> str:
     return f'{folder}/{file.split(".", 1)[0]}' if folder else file.split('.', 1)[0]
 
 
-def class_index(value: object, where: str) -> int:
-    """A label as a class index: an integer (the text of a `.cls`, a JSON's `label`)."""
-    if isinstance(value, str):
+def class_index(value: object, where: str, text: bool = False) -> int:
+    """A label as a class index: the `text` of a `.cls`, or a JSON number (a JSON text, `"label": "1"`, could be a
+    class's name as well as its index: named, never guessed)."""
+    if isinstance(value, str) and text:
         try:
             return int(value.strip())
         except ValueError:
             pass
     elif isinstance(value, int) and not isinstance(value, bool):
         return value
-    raise DataError(f'{where}: {str(value).strip()[:40]!r} is not a class index (an integer)')
+    kind = 'a JSON text, not a number' if isinstance(value, str) and not text else 'not an integer'
+    raise DataError(f'{where}: {str(value).strip()[:40]!r} is not a class index ({kind})')
 
 
 def read_sidecar(sample: Sample, member: str, text: str, where: str, alt_label: str | None = None) -> None:
     """A label member's content into the sample's record (a JSON's `alt_label` field too, where one is named)."""
     if member.endswith('.cls'):
-        sample.cls = class_index(text, where)
+        sample.cls = class_index(text, where, text=True)
         return
     try:
         record = json.loads(text)
