@@ -362,52 +362,61 @@ def random_detector(tmp_path_factory):
     return random_tiny_detector(tmp_path_factory.mktemp('detector'), 'maskrcnn_lvvit_s_own_data.py')
 
 
-def detector_input(model, data, count: int = 1) -> torch.Tensor:
-    """Images of the tiny COCO set resized to 64x64 (a size the detector takes whole: multiples of 32), RGB,
-    normalised as the config's data preprocessor (and export.json) say."""
+def detector_input(model, data, count: int = 1, sizes=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images of the tiny COCO set resized to `sizes` (height, width; default 64x64, a size the detector takes whole:
+    multiples of 32), RGB, normalised as the config's data preprocessor (and export.json) say, each at the top left
+    of a 64x64 input padded with zeros; and their sizes (count, 2), the exported detector's `image_sizes`."""
     import cv2
-    import numpy as np
     paths = sorted((data / 'val').glob('*.jpg'))[:count]
-    pixels = np.stack([cv2.resize(cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB), (64, 64)) for p in paths])
-    images = torch.from_numpy(pixels).permute(0, 3, 1, 2).float()
-    return (images - model.data_preprocessor.mean) / model.data_preprocessor.std
+    sizes = torch.tensor(sizes or [(64, 64)] * count)
+    images = torch.zeros(count, 3, 64, 64)
+    for number, (path, (height, width)) in enumerate(zip(paths, sizes.tolist())):
+        pixels = cv2.resize(cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB), (width, height))
+        mean, std = (value.reshape(3, 1, 1) for value in (model.data_preprocessor.mean, model.data_preprocessor.std))
+        normalised = (torch.from_numpy(pixels).permute(2, 0, 1).float() - mean) / std
+        images[number, :, :height, :width] = normalised
+    return images, sizes
 
 
-def predicted(model, images: torch.Tensor) -> list:
-    """The model's own `predict` of images that fill their input (img_shape and ori_shape the input's size)."""
+def predicted(model, images: torch.Tensor, sizes: torch.Tensor) -> list:
+    """The model's own `predict` of the images (img_shape and ori_shape their `sizes`, the batch padded)."""
     from mmengine.structures import BaseDataElement
-    size = tuple(images.shape[-2:])
-    samples = [BaseDataElement(metainfo=dict(img_shape=size, ori_shape=size)) for _ in images]
+    samples = [BaseDataElement(metainfo=dict(img_shape=size, ori_shape=size)) for size in map(tuple, sizes.tolist())]
     with torch.no_grad():
         return [sample.pred_instances for sample in model(images, samples, mode='predict')]
 
 
-def raw_detections(model, images: torch.Tensor) -> list[dict]:
+def raw_detections(model, images: torch.Tensor, sizes: torch.Tensor) -> list[dict]:
     """The RoI heads' detections before `predicted`: boxes, scores, labels (from 1), masks (N, 1, 28, 28)."""
     from torchvision.models.detection.image_list import ImageList
     with torch.no_grad():
         features = model.extract_feat(images)
-        listed = ImageList(images, [tuple(images.shape[-2:])] * len(images))
+        listed = ImageList(images, [tuple(size) for size in sizes.tolist()])
         proposals, _ = model.rpn(listed, features)
         return model.roi_heads(features, proposals, listed.image_sizes)[0]
 
 
-def assert_the_models_detections(outputs, model, images: torch.Tensor, top_k: int) -> None:
-    """Exported outputs (boxes, scores, labels, masks) are the model's predict padded to `top_k`: the same
-    detections in the same order within 1e-4, masks the pasted probabilities (predict's boolean masks where they
-    are 0.5 or more), the rest padding (label -1, zeros)."""
+def assert_the_models_detections(outputs, model, images: torch.Tensor, sizes: torch.Tensor, top_k: int) -> None:
+    """Exported outputs (boxes, scores, labels, masks) are the model's predict of each image padded to `top_k`: the
+    same detections in the same order within 1e-4, masks the pasted probabilities (predict's boolean masks where they
+    are 0.5 or more) on the image's pixels and zero on the rest of the input, the rest padding (label -1, zeros)."""
     from torchvision.models.detection.roi_heads import paste_masks_in_image
     boxes, scores, labels, masks = (torch.as_tensor(o) for o in outputs)
     assert boxes.shape == (len(images), top_k, 4) and masks.shape == (len(images), top_k, *images.shape[-2:])
-    for number, (found, raw) in enumerate(zip(predicted(model, images), raw_detections(model, images))):
+    for number, (found, raw) in enumerate(zip(predicted(model, images, sizes), raw_detections(model, images, sizes))):
+        height, width = sizes[number].tolist()
         count = min(len(found.scores), top_k)
         torch.testing.assert_close(boxes[number, :count], found.bboxes[:count], rtol=0, atol=1e-4)
         torch.testing.assert_close(scores[number, :count], found.scores[:count], rtol=0, atol=1e-4)
         assert torch.equal(labels[number, :count], found.labels[:count])
-        probabilities = paste_masks_in_image(raw['masks'][:count], raw['boxes'][:count], tuple(images.shape[-2:]))
-        torch.testing.assert_close(masks[number, :count], probabilities[:, 0], rtol=0, atol=1e-4)
-        clear = (masks[number, :count] - 0.5).abs() > 1e-4
-        assert torch.equal((masks[number, :count] >= 0.5)[clear], found.masks[:count][clear])
+        inside = masks[number, :count, :height, :width]
+        probabilities = paste_masks_in_image(raw['masks'][:count], raw['boxes'][:count], (height, width))
+        torch.testing.assert_close(inside, probabilities[:, 0], rtol=0, atol=1e-4)
+        outside = torch.ones(masks.shape[-2:], dtype=torch.bool)
+        outside[:height, :width] = False
+        assert not masks[number, :count][:, outside].any()
+        clear = (inside - 0.5).abs() > 1e-4
+        assert torch.equal((inside >= 0.5)[clear], found.masks[:count][clear])
         assert (labels[number, count:] == -1).all() and not boxes[number, count:].any()
         assert not scores[number, count:].any() and not masks[number, count:].any()
 
@@ -419,31 +428,45 @@ def test_the_static_detector_gives_the_models_detections_in_order_nms_included(r
     otherwise, would fail."""
     from backbones.segmentation.instances.static_detection import StaticMaskRCNN
     _, _, model, data = random_detector
-    images = detector_input(model, data)
-    found = predicted(model, images)[0]
+    images, sizes = detector_input(model, data)
+    found = predicted(model, images, sizes)[0]
     assert len(found.scores) >= 10 and len(set(found.labels.tolist())) == 3
     nms_thresh = model.roi_heads.nms_thresh
     try:
         model.roi_heads.nms_thresh = 1.0  # no IoU is above 1: nothing suppressed
-        assert len(predicted(model, images)[0].scores) > len(found.scores)
+        assert len(predicted(model, images, sizes)[0].scores) > len(found.scores)
     finally:
         model.roi_heads.nms_thresh = nms_thresh
     for top_k in (100, 5):
         with torch.no_grad():
-            outputs = StaticMaskRCNN(model, top_k).eval()(images)
-        assert_the_models_detections(outputs, model, images, top_k)
+            outputs = StaticMaskRCNN(model, top_k).eval()(images, sizes)
+        assert_the_models_detections(outputs, model, images, sizes, top_k)
+
+
+def test_an_image_smaller_than_the_input_gets_the_models_test_of_it(random_detector):
+    """Images of 40x64 and 64x24 at the top left of 64x64 inputs, their sizes given: the model's predict of them
+    (proposals and boxes clipped to the image, masks on its pixels). Without their sizes (the input's, as the export
+    took before), the detections are the padded input's, another answer."""
+    from backbones.segmentation.instances.static_detection import StaticMaskRCNN
+    _, _, model, data = random_detector
+    images, sizes = detector_input(model, data, 2, [(40, 64), (64, 24)])
+    network = StaticMaskRCNN(model, 20).eval()
+    with torch.no_grad():
+        assert_the_models_detections(network(images, sizes), model, images, sizes, 20)
+        boxes = network(images, torch.tensor([[64, 64], [64, 64]]))[0]
+    assert boxes[0, :, 3].max() > 40 and boxes[1, :, 2].max() > 24  # boxes reach into the padding
 
 
 def test_the_static_cascade_gives_the_models_detections(tmp_path):
     """A tiny Cascade Mask R-CNN with random weights: its static inference (three stages chained on clipped boxes,
     their mean probabilities) equals its predict, padded to K = 100 and cut to K = 5."""
     _, _, model, data = random_tiny_detector(tmp_path, 'cascade_maskrcnn_lvvit_s.py')
-    images = detector_input(model, data)
-    assert len(predicted(model, images)[0].scores) >= 5
+    images, sizes = detector_input(model, data, 2, [(64, 64), (48, 56)])
+    assert len(predicted(model, images, sizes)[0].scores) >= 5
     for top_k in (100, 5):
         with torch.no_grad():
-            outputs = model.static_network(model, top_k).eval()(images)
-        assert_the_models_detections(outputs, model, images, top_k)
+            outputs = model.static_network(model, top_k).eval()(images, sizes)
+        assert_the_models_detections(outputs, model, images, sizes, top_k)
 
 
 def test_the_static_paste_is_torchvisions():
@@ -500,15 +523,17 @@ def test_a_whole_detector_export_in_onnx_and_torch_export_gives_the_models_detec
     described = json.loads((out / 'export.json').read_text())
     assert described['network'] == 'detector' and described['top_k'] == 20
     assert described['outputs'] == ['boxes', 'scores', 'labels', 'masks'] and 'label -1' in described['padding']
+    assert described['inputs'] == ['images', 'image_sizes'] and 'top left' in described['image_sizes']
     assert described['classes'] == ['cat', 'dog', 'bird'] and described['input']['size'] == [64, 64]
     session = onnxruntime.InferenceSession(str(out / ONNX_MODEL))
     program = torch.export.load(out / EXPORTED_PROGRAM).module()
-    for count in (1, 2):
-        images = detector_input(model, data, count)
+    for count, sizes in ((1, None), (2, [(64, 64), (40, 56)])):
+        images, sizes = detector_input(model, data, count, sizes)
         assert [o.name for o in session.get_outputs()] == described['outputs']
-        assert_the_models_detections(session.run(None, {'images': images.numpy()}), model, images, 20)
+        inputs = {'images': images.numpy(), 'image_sizes': sizes.numpy()}
+        assert_the_models_detections(session.run(None, inputs), model, images, sizes, 20)
         with torch.no_grad():
-            assert_the_models_detections(program(images), model, images, 20)
+            assert_the_models_detections(program(images, sizes), model, images, sizes, 20)
 
 
 def test_a_top_k_above_the_detections_the_detector_can_give_is_refused(random_detector, tmp_path):
@@ -522,6 +547,25 @@ def test_a_top_k_above_the_detections_the_detector_can_give_is_refused(random_de
     assert not (tmp_path / 'x').exists()
     export([*base, '--out', str(tmp_path / 'y'), '--top-k', '60'])
     assert json.loads((tmp_path / 'y' / 'export.json').read_text())['top_k'] == 60
+
+
+def test_a_pyramid_at_any_size_runs_from_96_px_and_a_trace_below_is_refused_before_export(random_detector, tmp_path):
+    """Traced at 64x64 its coarsest level (p6, stride 64) is one pixel, which torch.export fixed: the program failed
+    its own check at another size, after the work. From 96 px every level is two pixels or more."""
+    config, checkpoint, model, _ = random_detector
+    base = ['segmentor', str(config), str(checkpoint), '--pyramid-only', '--dynamic-size', '--torch-export']
+    with pytest.raises(UsageError, match=r'^--dynamic-size: trace at a size of 96 px or more a side \(--size\)'):
+        export([*base, '--out', str(tmp_path / 'x'), '--size', '64', '64'])
+    assert not (tmp_path / 'x').exists()
+    export([*base, '--out', str(tmp_path / 'pyramid'), '--size', '96', '128'])
+    described = json.loads((tmp_path / 'pyramid' / 'export.json').read_text())
+    assert described['input']['size'] == 'any multiple of the stride from 96' and described['input']['stride'] == 32
+    program = torch.export.load(tmp_path / 'pyramid' / EXPORTED_PROGRAM).module()
+    for size in ((96, 96), (160, 224)):
+        images = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            for got, expected in zip(program(images), model.extract_feat(images).values(), strict=True):
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow  # the tool run once for its one-line error

@@ -504,7 +504,7 @@ def test_a_detectors_export_holds_its_pyramid_and_visualize_draws_its_instances(
     assert description['network'] == 'detector' and description['top_k'] == 100
     program = torch.export.load(tmp_path / 'whole' / 'model.pt2').module()
     with torch.no_grad():
-        boxes, scores, labels, masks = program(torch.zeros(3, 3, 64, 64))
+        boxes, scores, labels, masks = program(torch.zeros(3, 3, 64, 64), torch.tensor([[64, 64]] * 3))
     assert boxes.shape == (3, 100, 4) and labels.shape == scores.shape == (3, 100) and masks.shape == (3, 100, 64, 64)
     assert ((labels >= -1) & (labels < 3)).all() and (scores[:, :-1] >= scores[:, 1:]).all()
     succeeded(run_tool('visualize.py', ['segmentation', config, checkpoint, '--out', tmp_path / 'picture.png']))

@@ -21,7 +21,10 @@ WEIGHTS = 'model.safetensors'
 EXPORTED_PROGRAM = 'model.pt2'
 ONNX_MODEL = 'model.onnx'
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)  # float32, the same weights: the runtimes may order sums differently
-DynamicDims = dict[int, tuple[str, int]]  # input dimension -> its name and the multiple it must be, {0: ('batch', 1)}
+# input dimension -> its name and the multiple it must be, {0: ('batch', 1)}, and (optional) the fewest multiples it
+# takes (default 2 of an image side's)
+DynamicDims = dict[int, tuple[str, int] | tuple[str, int, int]]
+Inputs = tuple[torch.Tensor, ...]  # what a network takes: the images first
 BATCH: DynamicDims = {0: ('batch', 1)}  # a dynamic batch size, the rest of the input fixed
 CHECKED_BATCHES = (2, 1, 3)  # traced on the first; 1 too, which a trace of 2 may have specialised away
 MARKER = 'suite_export.json'  # in every export folder: the suite, the export's kind and source, its files' SHA-256
@@ -126,56 +129,69 @@ def give_the_umasks_mode(path: Path) -> None:
     path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def export_dims(dynamic: DynamicDims) -> tuple[dict, ...]:
-    """torch.export's `dynamic_shapes` for one input tensor: each dynamic dimension any size (a batch: from 1), or
-    any multiple of its `multiple` from two of them (an image side: whole patches)."""
-    dims = {}
-    for dim, (name, multiple) in dynamic.items():
+def as_inputs(example: torch.Tensor | Inputs) -> Inputs:
+    """An example as the network's inputs: a tensor alone is the images."""
+    return example if isinstance(example, tuple) else (example,)
+
+
+def export_dims(dynamic: DynamicDims | Sequence[DynamicDims]) -> tuple[dict, ...]:
+    """torch.export's `dynamic_shapes` of the inputs (`dynamic`: one input's, or each input's): each dynamic
+    dimension any size (a batch: from 1), or any multiple of its `multiple` from its fewest (an image side: whole
+    patches, two by default); a name the inputs share is one dimension (the batch of the images and their sizes)."""
+    made: dict[str, torch.export.Dim] = {}
+
+    def dim(name: str, multiple: int, fewest: int = 2):
         if multiple == 1:
-            dims[dim] = torch.export.Dim(name, min=1, max=65536)
-        else:
-            dims[dim] = multiple * torch.export.Dim(f'{name}_{multiple}', min=2, max=65536 // multiple)
-    return (dims,)
+            return made.setdefault(name, torch.export.Dim(name, min=1, max=65536))
+        return multiple * made.setdefault(f'{name}_{multiple}', torch.export.Dim(f'{name}_{multiple}', min=fewest,
+                                                                                 max=65536 // multiple))
+
+    per_input = [dynamic] if isinstance(dynamic, dict) else list(dynamic)
+    return tuple({number: dim(*spec) for number, spec in dims.items()} for dims in per_input)
 
 
-def run_checked(run, example: torch.Tensor, what: str) -> torch.Tensor:
+def run_checked(run, example: torch.Tensor | Inputs, what: str) -> torch.Tensor:
     """An exported file's outputs for `example`; a runtime that refuses the input is a CheckpointError naming it."""
+    inputs = as_inputs(example)
     try:
-        return run(example)
+        return run(*inputs)
     except Exception as e:  # the guards torch.export recorded, onnxruntime's shape errors
-        raise CheckpointError(f'{what} cannot run at input {tuple(example.shape)} ({type(e).__name__}: '
+        raise CheckpointError(f'{what} cannot run at input {tuple(inputs[0].shape)} ({type(e).__name__}: '
                               f'{str(e).splitlines()[0][:200]}): nothing was written') from e
 
 
-def write_exported_program(model: torch.nn.Module, examples: list[torch.Tensor], path: Path,
-                           dynamic: DynamicDims) -> None:
-    """torch.export's program of the eval-mode `model`, traced on `examples[0]` with the `dynamic` dimensions, and
-    checked on every example (give ones of other sizes along those dimensions)."""
-    program = torch.export.export(model, (examples[0],), dynamic_shapes=export_dims(dynamic))
+def write_exported_program(model: torch.nn.Module, examples: Sequence[torch.Tensor | Inputs], path: Path,
+                           dynamic: DynamicDims | Sequence[DynamicDims]) -> None:
+    """torch.export's program of the eval-mode `model`, traced on `examples[0]` (images, or a tuple of inputs) with
+    the `dynamic` dimensions, and checked on every example (give ones of other sizes along those dimensions)."""
+    program = torch.export.export(model, as_inputs(examples[0]), dynamic_shapes=export_dims(dynamic))
     torch.export.save(program, path)
     loaded = torch.export.load(path).module()
     with torch.no_grad():
         for example in examples:
-            check_same_outputs(model(example), run_checked(loaded, example, path.name),
-                               f'{path.name} at input {tuple(example.shape)}')
+            check_same_outputs(model(*as_inputs(example)), run_checked(loaded, example, path.name),
+                               f'{path.name} at input {tuple(as_inputs(example)[0].shape)}')
 
 
-def write_onnx(model: torch.nn.Module, examples: list[torch.Tensor], path: Path, dynamic: DynamicDims,
-               output_name: str | Sequence[str]) -> None:
-    """The eval-mode `model` as ONNX (torch's dynamo exporter; input `images`, output `output_name`, or one name per
-    output of a model of several), with the `dynamic` dimensions, checked with onnxruntime on every example."""
+def write_onnx(model: torch.nn.Module, examples: Sequence[torch.Tensor | Inputs], path: Path,
+               dynamic: DynamicDims | Sequence[DynamicDims], output_name: str | Sequence[str],
+               input_names: Sequence[str] = ('images',)) -> None:
+    """The eval-mode `model` as ONNX (torch's dynamo exporter; inputs `input_names`, output `output_name`, or one name
+    per output of a model of several), with the `dynamic` dimensions, checked with onnxruntime on every example."""
     names = [output_name] if isinstance(output_name, str) else list(output_name)
     import onnxruntime  # the export's own dependencies, imported when asked for
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter reports its steps on stdout
-        torch.onnx.export(model, (examples[0],), str(path), dynamo=True, input_names=['images'],
+        torch.onnx.export(model, as_inputs(examples[0]), str(path), dynamo=True, input_names=list(input_names),
                           output_names=names, dynamic_shapes=export_dims(dynamic))
     session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
 
-    def run(example: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        outputs = tuple(torch.from_numpy(o) for o in session.run(None, {'images': example.numpy()}))
+    def run(*inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        fed = {name: value.numpy() for name, value in zip(input_names, inputs)}
+        outputs = tuple(torch.from_numpy(o) for o in session.run(None, fed))
         return outputs[0] if isinstance(output_name, str) else outputs
 
     with torch.no_grad():
         for example in examples:
             got = run_checked(run, example, f'{path.name} in onnxruntime')
-            check_same_outputs(model(example), got, f'{path.name} in onnxruntime at input {tuple(example.shape)}')
+            check_same_outputs(model(*as_inputs(example)), got,
+                               f'{path.name} in onnxruntime at input {tuple(as_inputs(example)[0].shape)}')

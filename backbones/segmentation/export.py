@@ -13,16 +13,19 @@ from two patches up (torch.export's program only: torch's ONNX exporter fails on
 against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
 
 A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's is the whole
-detector with static shapes (instances/static_detection.py): its best K detections per image (`top_k`, --top-k;
-by default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2,
-y2), `scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask
-probabilities at the input's size, padded with zero boxes, scores and masks; the batch size dynamic. NMS is inside
-(torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's NonMaxSuppression; its
-kept indices become a flag over the candidates at once, so every other shape is fixed). It is the model's `predict`
-on an image that fills the input. With `pyramid_only` (--pyramid-only) the export stops at the feature
-pyramid (the levels p2 .. p6, (B, C, H / stride, W / stride) each), the RPN and RoI heads left to model.safetensors
-with config.py. A task refuses the options it has no use for (`DenseTask.check_export_choice`), before any work.
-Detectors and depth models test images at their own size, so their export takes `size` (--size H W).
+detector with static shapes (instances/static_detection.py): its best K detections per image (`top_k`, --top-k; by
+default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2),
+`scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask probabilities at
+the input's size, padded with zero boxes, scores and masks; the batch size dynamic. Its second input, `image_sizes`
+(B, 2), gives each image's height and width: an image smaller than the input lies at its top left, padded with zeros,
+and its detections are the model's `predict` of it (its proposals and boxes clipped to the image, its masks zero
+outside it). NMS is inside (torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's
+NonMaxSuppression; its kept indices become a flag over the candidates at once, so every other shape is fixed). With
+`pyramid_only` (--pyramid-only) the export stops at the feature pyramid (the levels p2 .. p6, (B, C, H / stride, W /
+stride) each), the RPN and RoI heads left to model.safetensors with config.py; with `dynamic_size` too, at any size
+whose coarsest level (p6, stride 64) is 2 pixels or more a side: 96 px and up. A task refuses the options it has no
+use for (`DenseTask.check_export_choice`), before any work. Detectors and depth models test images at their own size,
+so their export takes `size` (--size H W).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from backbones.common.exporting import (
     EXPORTED_PROGRAM,
     ONNX_MODEL,
     WEIGHTS,
+    DynamicDims,
     batch_examples,
     check_exported_file,
     check_same_outputs,
@@ -71,16 +75,28 @@ def window_size(cfg: Config) -> tuple[int, int]:
     return tuple(size)
 
 
-def checked_inputs(size: tuple[int, int], stride: int, dynamic_size: bool) -> tuple[list[torch.Tensor], dict]:
-    """The inputs an export is traced on (the first) and checked on, and its dynamic dimensions."""
+def smallest_side(stride: int, least_side: int) -> int:
+    """The smallest side an export at any size takes: whole `stride`s, two or more, from `least_side` on."""
+    return max(2, -(-least_side // stride)) * stride
+
+
+def checked_images(size: tuple[int, int], stride: int, dynamic_size: bool, least_side: int = 0
+                   ) -> tuple[list[torch.Tensor], DynamicDims]:
+    """The images an export is traced on (the first) and checked on, and their dynamic dimensions: with
+    `dynamic_size`, sides of whole `stride`s from `smallest_side` on."""
     if not dynamic_size:
         return batch_examples(*size), BATCH
     if size[0] % stride or size[1] % stride:
         raise UsageError(f'--dynamic-size: the traced size {size[0]}x{size[1]} must be whole {stride} px patches')
+    smallest = smallest_side(stride, least_side)
+    if min(size) < smallest:
+        raise UsageError(f'--dynamic-size: trace at a size of {smallest} px or more a side (--size): this network '
+                         f'runs at any size from {smallest} px on, and torch.export fixes a program traced below '
+                         f'that to the size traced')
     h, w = size
-    others = [(h, w), (h + stride, w + 2 * stride), (max(2 * stride, h - stride), w + stride)]
+    others = [(h, w), (h + stride, w + 2 * stride), (max(smallest, h - stride), w + stride)]
     examples = [example_images(count, *other) for count, other in zip(CHECKED_BATCHES, others)]
-    return examples, {**BATCH, 2: ('height', stride), 3: ('width', stride)}
+    return examples, {**BATCH, 2: ('height', stride, smallest // stride), 3: ('width', stride, smallest // stride)}
 
 
 def check_dynamic_size(backbone: nn.Module) -> None:
@@ -97,7 +113,8 @@ def description(predictor: SegPredictor, exported: ExportedNetwork, checkpoint: 
     preprocessor = predictor.cfg.model.data_preprocessor
     return {
         'task': predictor.task.name, **predictor.task.export_facts(predictor),
-        'input': {'size': 'any multiple of the stride' if dynamic_size else list(size), 'stride': stride,
+        'input': {'size': f'any multiple of the stride from {smallest_side(stride, exported.least_side)}'
+                          if dynamic_size else list(size), 'stride': stride,
                   'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
                   'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
         **exported.facts,
@@ -123,7 +140,9 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
     model = exported.network.eval()
     size = size or window_size(predictor.cfg)
     stride = task.input_stride(predictor.model, size)
-    examples, dynamic = checked_inputs(size, stride, dynamic_size)
+    images, dynamic = checked_images(size, stride, dynamic_size, exported.least_side)
+    examples = [(batch, *exported.other_inputs(batch)) for batch in images]
+    dynamic = (dynamic, *[BATCH] * (len(examples[0]) - 1))
     with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
         save_model(predictor.model, str(staging / WEIGHTS))
         predictor.cfg.dump(str(staging / 'config.py'))
@@ -131,11 +150,11 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
                           description(predictor, exported, checkpoint, size, stride, dynamic_size))
         with torch.no_grad():
             rebuilt = task.exported_network(segmentor_from(staging), choice).network.eval()
-            check_same_outputs(model(examples[0]), rebuilt(examples[0]), f'{WEIGHTS} with config.py')
+            check_same_outputs(model(*examples[0]), rebuilt(*examples[0]), f'{WEIGHTS} with config.py')
         if torch_export:
             write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
         if onnx:
-            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, exported.output_names)
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, exported.output_names, exported.input_names)
     shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
     logger.info(f'{out}: {task.describe_outputs(predictor)}, inputs {shape}, from {checkpoint}: '
                 f'{", ".join(sorted(p.name for p in out.iterdir()))}')

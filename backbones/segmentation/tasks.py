@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -78,14 +78,24 @@ class ExportChoice:
                 if value]
 
 
+def no_other_inputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class ExportedNetwork:
     """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names,
-    and export.json's facts about what it returns (at least `output`, in words)."""
+    and export.json's facts about what it returns (at least `output`, in words). A network that takes more than the
+    images names its inputs (`input_names`, the images first) and makes examples of the others for a batch of images
+    (`other_inputs`, each with a dynamic batch); one that runs at any size from some side on only gives it
+    (`least_side`, pixels)."""
 
     network: nn.Module
     output_names: str | list[str]
     facts: dict[str, Any]
+    input_names: tuple[str, ...] = ('images',)
+    other_inputs: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] = no_other_inputs
+    least_side: int = 0
 
 
 class DenseTask(ABC):
@@ -173,10 +183,6 @@ class DenseTask(ABC):
 
     # ---- export
 
-    @abstractmethod
-    def exported(self, model: nn.Module) -> nn.Module:
-        """The network an export holds: images (B, 3, H, W), normalized, in; its outputs out."""
-
     def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
         """What an exported input's sides are multiples of."""
         return model.backbone.stride
@@ -184,10 +190,6 @@ class DenseTask(ABC):
     @abstractmethod
     def export_facts(self, predictor: SegPredictor) -> dict:
         """export.json's task part: what a runtime needs to read the outputs."""
-
-    @abstractmethod
-    def output_names(self, model: nn.Module) -> str | list[str]:
-        """The ONNX outputs' names."""
 
     def describe_outputs(self, predictor: SegPredictor) -> str:
         """What an export predicts, in a few words ('150 classes')."""
@@ -199,10 +201,11 @@ class DenseTask(ABC):
             raise UsageError(f'{" and ".join(choice.given())}: an option of a detector\'s export; {config} is a '
                              f'{self.title} config')
 
+    @abstractmethod
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
-        """The network an export holds, as `choice` asks (checked by `check_export_choice`): by default
-        `exported`'s, named by `output_names` and described by `export_output`."""
-        return ExportedNetwork(self.exported(model), self.output_names(model), {'output': self.export_output})
+        """The network an export holds, as `choice` asks (checked by `check_export_choice`): normalised images
+        (B, 3, H, W) in, its outputs out, with their ONNX names and export.json's facts (at least `output`, as
+        `export_output` says)."""
 
     # ---- refusals
 

@@ -24,6 +24,8 @@ from backbones.segmentation.data_check import PairCheck, depth_pair_check
 from backbones.segmentation.depth.estimator import TokenDepthEstimator
 from backbones.segmentation.tasks import (
     DenseTask,
+    ExportChoice,
+    ExportedNetwork,
     HeadAtInputSize,
     PredictionRequest,
     SmallDenseData,
@@ -111,14 +113,12 @@ class Nearness(DenseTask):
         near = sample.pred_depth_map.data[0].cpu().numpy() < NEAR
         return np.where(near[..., None], pixels, pixels // 4).astype(np.uint8)
 
-    def exported(self, model: nn.Module) -> nn.Module:
-        return NearMap(model, model.decode_head.align_corners)
+    def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
+        network = NearMap(model, model.decode_head.align_corners)
+        return ExportedNetwork(network, 'near', {'output': self.export_output})
 
     def export_facts(self, predictor) -> dict:
         return {'near_metres': NEAR}
-
-    def output_names(self, model: nn.Module) -> str:
-        return 'near'
 
     def describe_outputs(self, predictor) -> str:
         return f'nearer than {NEAR} m'

@@ -21,6 +21,8 @@ from backbones.segmentation.pictures import colour_depth, side_by_side, titled
 from backbones.segmentation.predict import SegPredictor
 from backbones.segmentation.tasks import (
     DenseTask,
+    ExportChoice,
+    ExportedNetwork,
     HeadAtInputSize,
     PredictionRequest,
     SmallDenseData,
@@ -114,14 +116,12 @@ class Depth(DenseTask):
         panels.append(titled(enlarge(colour_depth(predicted, top), scale), f'prediction (0-{top:g} m)'))
         return side_by_side(panels)
 
-    def exported(self, model: nn.Module) -> nn.Module:
-        return HeadAtInputSize(model, model.decode_head.align_corners)
+    def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
+        network = HeadAtInputSize(model, model.decode_head.align_corners)
+        return ExportedNetwork(network, 'depth', {'output': self.export_output})
 
     def export_facts(self, predictor: SegPredictor) -> dict:
         return {'depth_png_scale': predictor.depth_scale, 'max_depth': float(predictor.model.decode_head.max_depth)}
-
-    def output_names(self, model: nn.Module) -> str:
-        return 'depth'
 
     def describe_outputs(self, predictor: SegPredictor) -> str:
         return 'depth'

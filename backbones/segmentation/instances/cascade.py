@@ -154,14 +154,14 @@ class StaticCascadeMaskRCNN(StaticMaskRCNN):
     classifies the previous stage's boxes (clipped to the image), the scores are the stages' mean probabilities,
     the boxes the last stage's (one per proposal, whatever the class)."""
 
-    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, size: tuple[int, int]
+    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         stages = self.detector.roi_heads.stages
         count, number = proposals.shape[:2]
         probabilities, boxes = [], proposals
         for stage in stages:
             if probabilities:  # the previous stage's boxes, as `refined_proposals` gives them
-                boxes = clipped(boxes, size)
+                boxes = clipped(boxes, sizes)
             logits, deltas = stage.box_predictor(stage.box_head(pooled(stage.box_roi_pool, features, boxes)))
             probabilities.append(F.softmax(logits, -1).reshape(count, number, -1))
             boxes = stage.box_coder.decode_single(deltas, boxes.reshape(-1, 4)).reshape(count, number, 4)

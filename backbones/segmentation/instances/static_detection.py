@@ -1,7 +1,9 @@
 """A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX: normalised images (B, 3, H, W) at one
-fixed size -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K), `labels` (B, K; the category
-index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities pasted at the input size; the K = `top_k`
-best detections by score, padded with zero boxes, scores and masks and label -1.
+fixed size, each image at the top left of its input and padded with zeros below and right of it, and `image_sizes`
+(B, 2), each image's height and width there -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K),
+`labels` (B, K; the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities pasted at
+the input size (zero outside the image); the K = `top_k` best detections by score, padded with zero boxes, scores and
+masks and label -1.
 
 It is the detector's own inference, built from its own parts (RPN head, anchor generator, box coder, RoI heads),
 in three pieces: the proposals (`proposals`), the box stage (`box_stage`: per-class boxes and scores of each
@@ -13,12 +15,12 @@ scores of the flagged candidates (the others scored -1) gives a fixed number. Th
 `nms`, which torch.export traces with a data-dependent size and torch's ONNX exporter writes as ONNX's
 `NonMaxSuppression` (checked in onnxruntime): only its kept indices have that size, and they become a flag at once.
 
-What it gives equals the model's `predict` on an image that fills the input (its `img_shape` the fixed size), up
-to float rounding: NMS keeps a candidate by the candidates scoring above it only, so the flagged-out candidates,
-scored below all others, change no decision. Two bounds are the export's own: the class candidates of the box stage
-that enter NMS are the `candidates` best (torchvision takes all above the score threshold; the K detections are
-the same whenever at least K of those best survive NMS, or no more pass the threshold), and `top_k` replaces the
-RoI heads' `detections_per_img` (its default).
+What it gives equals the model's `predict` of each image (its `img_shape` the image's size, the batch padded to the
+input's, as the detector's own preprocessor pads one), up to float rounding: NMS keeps a candidate by the candidates
+scoring above it only, so the flagged-out candidates, scored below all others, change no decision. Two bounds are the
+export's own: the class candidates of the box stage that enter NMS are the `candidates` best (torchvision takes all
+above the score threshold; the K detections are the same whenever at least K of those best survive NMS, or no more
+pass the threshold), and `top_k` replaces the RoI heads' `detections_per_img` (its default).
 """
 from __future__ import annotations
 
@@ -35,11 +37,18 @@ DROPPED = -1.0  # the score of a candidate flagged out: below every probability
 BOX_MIN_SIZE = 1e-2  # what RoIHeads.postprocess_detections drops as empty
 
 
-def clipped(boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Boxes (..., 4) clipped to an image of `size` (H, W), as torchvision's `clip_boxes_to_image`."""
-    height, width = size
-    return torch.stack([boxes[..., 0].clamp(0, width), boxes[..., 1].clamp(0, height),
-                        boxes[..., 2].clamp(0, width), boxes[..., 3].clamp(0, height)], dim=-1)
+def clipped(boxes: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Boxes (B, ..., 4) clipped to each image's (height, width) in `sizes` (B, 2), as torchvision's
+    `clip_boxes_to_image`."""
+    limits = sizes.flip(-1).repeat(1, 2).to(boxes.dtype).reshape(-1, *[1] * (boxes.dim() - 2), 4)
+    return torch.minimum(boxes.clamp(min=0), limits)  # x1, y1, x2, y2 against width, height, width, height
+
+
+def within(sizes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Which pixels of an input of `size` (H, W) each image of `sizes` (B, 2; height, width) covers: (B, H, W)."""
+    rows = torch.arange(size[0], device=sizes.device)[None, :, None] < sizes[:, 0, None, None]
+    columns = torch.arange(size[1], device=sizes.device)[None, None, :] < sizes[:, 1, None, None]
+    return rows & columns
 
 
 def large_enough(boxes: torch.Tensor, min_size: float) -> torch.Tensor:
@@ -148,22 +157,25 @@ class StaticMaskRCNN(nn.Module):
         self.top_k = top_k or detector.roi_heads.detections_per_img
         self.candidates = max(candidates, self.top_k)
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    input_names = ('images', 'image_sizes')
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`image_sizes` (B, 2): each image's height and width in the input, at its top left (the rest padding), as
+        the detector's `img_shape`: its proposals and boxes are clipped to it, its masks zero outside it."""
         features = self.detector.extract_feat(images)
-        size = tuple(images.shape[-2:])
-        proposals, valid = self.proposals(images, features)
-        boxes, scores = self.box_stage(features, proposals, size)
-        boxes, scores, labels, kept = self.detections(boxes, scores, valid, size)
-        masks = self.masks(features, boxes, labels, kept, size)
+        proposals, valid = self.proposals(images, features, image_sizes)
+        boxes, scores = self.box_stage(features, proposals, image_sizes)
+        boxes, scores, labels, kept = self.detections(boxes, scores, valid, image_sizes)
+        masks = self.masks(features, boxes, labels, kept, tuple(images.shape[-2:]), image_sizes)
         return boxes, scores, torch.where(kept, labels - 1, -1), masks
 
-    def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor]
+    def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor], sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P): each level's best
-        `pre_nms_top_n` anchors decoded, clipped, the small ones dropped, NMS per level, the best
-        `post_nms_top_n`."""
+        `pre_nms_top_n` anchors decoded, clipped to the image (`sizes`), the small ones dropped, NMS per level,
+        the best `post_nms_top_n`."""
         rpn = self.detector.rpn
-        size = tuple(images.shape[-2:])
+        size = tuple(images.shape[-2:])  # the anchors span the padded input, as the detector's own
         levels = list(features.values())
         objectness, deltas = rpn.head(levels)
         # every image's anchors are the same: one image's, for a batch of any size
@@ -181,17 +193,17 @@ class StaticMaskRCNN(nn.Module):
             level_of.append(torch.full_like(top, level))
             start += number
         chosen, level_of = torch.cat(chosen, dim=1), torch.cat(level_of, dim=1)
-        boxes = clipped(taken(boxes, chosen), size)
+        boxes = clipped(taken(boxes, chosen), sizes)
         scores = taken(objectness, chosen).sigmoid()
         valid = large_enough(boxes, rpn.min_size) & (scores >= rpn.score_thresh)
         kept = nms_kept(boxes, scores, level_of, valid, rpn.nms_thresh)
         order = best(scores, kept, rpn.post_nms_top_n())
         return taken(boxes, order), taken(kept, order)
 
-    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, size: tuple[int, int]
+    def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each proposal's box per class (B, P, classes + 1, 4; a class-agnostic stage may give (B, P, 1, 4)) and
-        class probabilities (B, P, classes + 1), the background first, in an image of `size`: the RoI heads' box
+        class probabilities (B, P, classes + 1), the background first, in images of `sizes`: the RoI heads' box
         head and predictor."""
         heads = self.detector.roi_heads
         count, number = proposals.shape[:2]
@@ -199,7 +211,7 @@ class StaticMaskRCNN(nn.Module):
         boxes = heads.box_coder.decode_single(regression, proposals.reshape(-1, 4))
         return boxes.reshape(count, number, -1, 4), F.softmax(logits, -1).reshape(count, number, -1)
 
-    def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, size: tuple[int, int]
+    def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, sizes: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
         """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections (B, K)) of
         the box stage's per-class boxes and scores of the proposals flagged `valid`: the RoI heads'
@@ -207,7 +219,7 @@ class StaticMaskRCNN(nn.Module):
         over the `candidates` best only. Padding: zero boxes and scores."""
         heads = self.detector.roi_heads
         count, number, classes = scores.shape
-        boxes = clipped(boxes.expand(count, number, classes, 4), size)[:, :, 1:].reshape(count, -1, 4)
+        boxes = clipped(boxes.expand(count, number, classes, 4), sizes)[:, :, 1:].reshape(count, -1, 4)
         labels = torch.arange(1, classes, device=scores.device).repeat(count, number, 1).reshape(count, -1)
         scores = scores[:, :, 1:].reshape(count, -1)
         flags = (valid[:, :, None].expand(count, number, classes - 1).reshape(count, -1)
@@ -221,12 +233,13 @@ class StaticMaskRCNN(nn.Module):
         return boxes * kept[..., None], scores * kept, labels, kept
 
     def masks(self, features: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
-              kept: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-        """The detections' mask probabilities (B, K, H, W), pasted at their boxes (zero for padding): the mask
-        head's map of each detection's class (labels from 1)."""
+              kept: torch.Tensor, size: tuple[int, int], sizes: torch.Tensor) -> torch.Tensor:
+        """The detections' mask probabilities (B, K, H, W) in inputs of `size`, pasted at their boxes (zero for
+        padding, and outside each image's `sizes`): the mask head's map of each detection's class (labels from
+        1)."""
         heads = self.detector.roi_heads
         count, number = boxes.shape[:2]
         logits = heads.mask_predictor(heads.mask_head(pooled(heads.mask_roi_pool, features, boxes)))
         chosen = logits.gather(1, labels.reshape(-1, 1, 1, 1).expand(-1, 1, *logits.shape[-2:]))[:, 0].sigmoid()
         masks = pasted(chosen, boxes.reshape(-1, 4), size).reshape(count, number, *size)
-        return masks * kept[..., None, None]
+        return masks * (kept[..., None, None] & within(sizes, size)[:, None])

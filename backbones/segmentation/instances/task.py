@@ -20,7 +20,6 @@ from backbones.segmentation.data_check import PairCheck, image_check
 from backbones.segmentation.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
 from backbones.segmentation.instances.detector import MASK_THRESHOLD
 from backbones.segmentation.instances.metric import coco_results
-from backbones.segmentation.instances.static_detection import StaticMaskRCNN
 from backbones.segmentation.instances.transforms import decode_mask
 from backbones.segmentation.masks import INSTANCES, OVERLAY_TAIL
 from backbones.segmentation.pictures import draw_instances, side_by_side, titled
@@ -180,9 +179,6 @@ class Instances(DenseTask):
                                    found.scores.tolist()), f'prediction (score >= {score_threshold:g})'))
         return side_by_side(panels)
 
-    def exported(self, model: nn.Module) -> nn.Module:
-        return model.static_network(model)
-
     def check_export_choice(self, choice: ExportChoice, config: str) -> None:
         """A detector takes --top-k or --pyramid-only (not both: ExportChoice refuses them); its whole export is at
         one size."""
@@ -194,17 +190,20 @@ class Instances(DenseTask):
         """The whole detector, its best `choice.top_k` detections padded (see `StaticMaskRCNN`); with
         `choice.pyramid_only` the backbone and feature pyramid alone."""
         if choice.pyramid_only:
+            # torch.export fixes a level of one pixel: the coarsest (p6, pooled from p5) must be two or more
+            coarsest = 2 * round(model.neck.strides[-1])
             return ExportedNetwork(PyramidFeatures(model), list(model.neck.names),
-                                   {'network': 'pyramid', 'output': PYRAMID_OUTPUT})
+                                   {'network': 'pyramid', 'output': PYRAMID_OUTPUT}, least_side=coarsest + 1)
         check_top_k(model, choice.top_k)
         detector = model.static_network(model, choice.top_k)
         return ExportedNetwork(detector, list(detector.output_names), {
-            'network': 'detector', 'top_k': detector.top_k, 'outputs': list(detector.output_names),
-            'output': self.export_output,
+            'network': 'detector', 'top_k': detector.top_k, 'inputs': list(detector.input_names),
+            'image_sizes': IMAGE_SIZES, 'outputs': list(detector.output_names), 'output': self.export_output,
             'padding': 'fewer than top_k detections: the rest have label -1, score 0, a zero box and a zero mask',
             'candidates': f'NMS of the RoI heads over the {detector.candidates} best class candidates per image '
                           '(the model: all scoring above its score threshold); the same detections whenever top_k of '
-                          'them survive NMS or no more score above the threshold'})
+                          'them survive NMS or no more score above the threshold'},
+            input_names=detector.input_names, other_inputs=example_sizes)
 
     def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
         """The detector's padding (its data preprocessor pads every batch to 32 px, so that the pyramid's levels
@@ -219,9 +218,6 @@ class Instances(DenseTask):
         return {'classes': predictor.classes, 'category_ids': predictor.cat_ids,
                 'levels': list(predictor.model.neck.names)}
 
-    def output_names(self, model: nn.Module) -> list[str]:
-        return list(StaticMaskRCNN.output_names)
-
 
 def check_top_k(model: nn.Module, top_k: int | None) -> None:
     """A --top-k above the detections the detector can give (one per class of each of its RPN's proposals) refused:
@@ -231,6 +227,17 @@ def check_top_k(model: nn.Module, top_k: int | None) -> None:
     if top_k is not None and top_k > most:
         raise UsageError(f'--top-k {top_k}: the detector gives at most {most} detections an image (its RPN\'s '
                          f'{proposals} proposals x {model.num_classes} classes); give {most} or fewer')
+
+
+IMAGE_SIZES = ('(batch, 2) int64: each image\'s height and width; an image smaller than the input lies at its top '
+               'left, the rest zeros (after normalising), and its detections are the model\'s test of it')
+
+
+def example_sizes(images: torch.Tensor) -> tuple[torch.Tensor]:
+    """`image_sizes` for a batch of example `images`: the first fills the input, the others are smaller."""
+    height, width = images.shape[-2:]
+    sizes = [(height, width), (height - height // 4, width), (height, width - width // 3)]
+    return torch.tensor([sizes[number % len(sizes)] for number in range(len(images))], dtype=torch.int64),
 
 
 PYRAMID_OUTPUT = ('the feature pyramid\'s levels (batch, channels, H / stride, W / stride), finest first; the RPN and '

@@ -30,6 +30,8 @@ from backbones.segmentation.semantic.own_data import (
 )
 from backbones.segmentation.tasks import (
     DenseTask,
+    ExportChoice,
+    ExportedNetwork,
     HeadAtInputSize,
     PredictionRequest,
     SmallDenseData,
@@ -136,8 +138,8 @@ class SemanticSegmentation(DenseTask):
         return segmentation_picture(pixels, prediction, predictor.classes, predictor.palette, truth, scores, alpha,
                                     with_labels)
 
-    def exported(self, model: nn.Module) -> nn.Module:
-        return HeadAtInputSize(model, model.align_corners)
+    def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
+        return ExportedNetwork(HeadAtInputSize(model, model.align_corners), 'logits', {'output': self.export_output})
 
     def export_facts(self, predictor: SegPredictor) -> dict:
         count = len(predictor.classes)
@@ -146,9 +148,6 @@ class SemanticSegmentation(DenseTask):
                   if values == list(range(1, count + 1)) else f'the data set\'s id of each class (Cityscapes\' label '
                   f'ids): {values}')
         return {'classes': predictor.classes, 'palette': predictor.palette, 'mask_values': stored}
-
-    def output_names(self, model: nn.Module) -> str:
-        return 'logits'
 
 
 def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) -> dict | list:
