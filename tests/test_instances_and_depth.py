@@ -228,6 +228,44 @@ def test_the_region_pools_take_the_pyramids_strides_whatever_the_first_image(coc
         assert (pool.map_levels.k_min, pool.map_levels.k_max) == (2, 5)
 
 
+def test_region_align_is_roi_align_v2_in_the_vitdet_configs_and_torchvisions_without(coco_set, tmp_path):
+    """ViTDet's configs pool with detectron2's ROIAlignV2 (aligned=True: corners shifted by half a pixel);
+    torchvision's MultiScaleRoIAlign has no such option (aligned=False). Each box is pooled from the level
+    torchvision's mapper gives it, with torchvision.ops.roi_align(aligned=True); without `aligned_roi`, the pool
+    is torchvision's own."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    from torchvision.ops import MultiScaleRoIAlign, roi_align
+
+    from backbones.segmentation.instances.detector import RegionAlign
+    init_default_scope('mmseg')
+    cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set))
+    assert cfg.model.aligned_roi is True
+    cfg.model.num_classes = 3
+    model = MODELS.build(cfg.model)
+    assert all(pool.aligned for pool in (model.roi_heads.box_roi_pool, model.roi_heads.mask_roi_pool))
+    generator = torch.Generator().manual_seed(4)
+    names, strides = ['p2', 'p3', 'p4', 'p5'], [4, 8, 16, 32]
+    features = {name: torch.randn(2, 8, 512 // stride, 512 // stride, generator=generator)
+                for name, stride in zip(names, strides)}
+    corners = torch.rand(2, 30, 2, generator=generator) * 60
+    boxes = [torch.cat([c, c + 2 + torch.rand(30, 2, generator=generator) ** 2 * 440], 1) for c in corners]
+    aligned = RegionAlign(names, strides, 7, aligned=True)
+    got = aligned(features, boxes, [(512, 512)] * 2)
+    levels = aligned.map_levels(boxes)
+    assert len(levels.unique()) >= 3  # boxes on several levels
+    rois = torch.cat([torch.cat([torch.full((30, 1), float(i)), b], 1) for i, b in enumerate(boxes)])
+    for number, (roi, level) in enumerate(zip(rois, levels.tolist())):
+        expected = roi_align(features[names[level]], roi[None], 7, 1 / strides[level], 0, aligned=True)
+        torch.testing.assert_close(got[number], expected[0], rtol=0, atol=1e-6)
+    plain = RegionAlign(names, strides, 7)
+    reference = MultiScaleRoIAlign(names, 7, 0)
+    reference.scales, reference.map_levels = plain.scales, plain.map_levels
+    assert torch.equal(plain(features, boxes, [(512, 512)] * 2), reference(features, boxes, [(512, 512)] * 2))
+    assert (got - plain(features, boxes, [(512, 512)] * 2)).abs().max() > 1e-2  # the half pixel matters
+
+
 def test_a_depth_image_without_measurement_is_left_out_and_counted(tmp_path):
     """One entry per image, an empty one too (mmengine gathers processes' results by position): the means are
     the measured images', the report says how many were left out."""

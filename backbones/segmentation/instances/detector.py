@@ -4,7 +4,8 @@ segmentation runner trains and tests it with the same hooks, resume, layer-wise 
 
 The heads follow ViTDet: an RPN with two 3x3 convolutions over anchors of 32 .. 512 px (one size per level, three
 aspect ratios), RoIAlign from strides 4 .. 32, a box head of four 3x3 convolutions and one fully connected layer, a
-mask head of four convolutions, LayerNorm in both. `rpn` and `roi_heads` take torchvision's
+mask head of four convolutions, LayerNorm in both; with `aligned_roi` (the configs' default), RoIAlign samples at
+pixel centres as detectron2's ROIAlignV2. `rpn` and `roi_heads` take torchvision's
 `RegionProposalNetwork` and `RoIHeads` arguments (e.g. `roi_heads=dict(batch_size_per_image=512)`). Images come
 from the data preprocessor padded into one batch; each keeps its own size (`img_shape`), and predictions go back to
 the original image (`ori_shape`): boxes divided by the test resize's `scale_factor`, masks pasted at that size.
@@ -26,7 +27,7 @@ from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredic
 from torchvision.models.detection.roi_heads import RoIHeads
 from torchvision.models.detection.rpn import AnchorGenerator, RegionProposalNetwork, RPNHead
 from torchvision.models.detection.transform import paste_masks_in_image
-from torchvision.ops import MultiScaleRoIAlign
+from torchvision.ops import MultiScaleRoIAlign, roi_align
 from torchvision.ops.poolers import initLevelMapper
 
 from backbones.common.errors import UsageError
@@ -41,14 +42,32 @@ ROI_HEADS = dict(fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=512,
 MASK_THRESHOLD = 0.5  # a pasted mask's probability from which a pixel belongs to the instance
 
 
-def roi_align(levels: Sequence[str], strides: Sequence[float], size: int) -> MultiScaleRoIAlign:
-    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides. Left to itself it
-    infers them from the first batch it sees (feature size over the largest image, rounded to a power of two),
-    which is a level off for padded images of some heights, and keeps them for every later batch."""
-    pool = MultiScaleRoIAlign(list(levels), output_size=size, sampling_ratio=0)
-    pool.scales = [1 / stride for stride in strides]
-    pool.map_levels = initLevelMapper(round(math.log2(strides[0])), round(math.log2(strides[-1])))
-    return pool
+class RegionAlign(MultiScaleRoIAlign):
+    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides (left to itself it
+    infers them from the first batch it sees, feature size over the largest image rounded to a power of two, which
+    is a level off for padded images of some heights, and keeps them for every later batch); `aligned` samples at
+    pixel centres, shifting box corners by half a pixel (detectron2's ROIAlignV2, which ViTDet's configs use), where
+    torchvision's (and detectron2's ROIAlign) does not."""
+
+    def __init__(self, levels: Sequence[str], strides: Sequence[float], size: int, aligned: bool = False) -> None:
+        super().__init__(list(levels), output_size=size, sampling_ratio=0)
+        self.scales = [1 / stride for stride in strides]
+        self.map_levels = initLevelMapper(round(math.log2(strides[0])), round(math.log2(strides[-1])))
+        self.aligned = aligned
+
+    def forward(self, x: dict[str, torch.Tensor], boxes: list[torch.Tensor],
+                image_shapes: list[tuple[int, int]]) -> torch.Tensor:
+        if not self.aligned:
+            return super().forward(x, boxes, image_shapes)
+        rois = torch.cat([torch.cat([box.new_full((len(box), 1), image), box], 1) for image, box in enumerate(boxes)])
+        levels = self.map_levels(boxes)
+        first = x[self.featmap_names[0]]
+        result = first.new_zeros((len(rois), first.shape[1], *self.output_size))
+        for level, (name, scale) in enumerate(zip(self.featmap_names, self.scales)):
+            index = torch.where(levels == level)[0]
+            result[index] = roi_align(x[name], rois[index], self.output_size, scale, self.sampling_ratio,
+                                      aligned=True).to(result.dtype)
+        return result
 
 
 @MODELS.register_module()
@@ -69,12 +88,14 @@ class TokenMaskRCNN(BaseModel):
             fc_channels: int = 1024,
             rpn: dict | None = None,
             roi_heads: dict | None = None,
+            aligned_roi: bool = False,
             init_cfg: dict | None = None,
     ) -> None:
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise UsageError(f'TokenMaskRCNN: num_classes must be a positive whole number, got {num_classes!r}')
         self.num_classes = num_classes
+        self.aligned_roi = aligned_roi  # RoIAlign at pixel centres (`RegionAlign`)
         self.backbone = MODELS.build(backbone)
         self.neck = MODELS.build(neck)
         channels = self.neck.out_channels
@@ -93,8 +114,8 @@ class TokenMaskRCNN(BaseModel):
                         box_predictor=FastRCNNPredictor(fc_channels, self.num_classes + 1),
                         mask_roi_pool=self.region_pool(14), **self.mask_heads(head_convs), **settings)
 
-    def region_pool(self, size: int) -> MultiScaleRoIAlign:
-        return roi_align(self.neck.roi_levels, self.neck.strides, size)
+    def region_pool(self, size: int) -> RegionAlign:
+        return RegionAlign(self.neck.roi_levels, self.neck.strides, size, self.aligned_roi)
 
     def box_head(self, head_convs: int, fc_channels: int) -> nn.Module:
         """ViTDet's box head: `head_convs` 3x3 convolutions and one fully connected layer, LayerNorm in each."""

@@ -95,9 +95,9 @@ def padded(values: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-    """torchvision's multi-level RoIAlign of boxes (B, N, 4): (B * N, C, S, S), every box pooled from every level
-    and the one its size maps it to kept (torchvision pools each level's boxes only, a data-dependent number; the
-    values are the same)."""
+    """The detector's multi-level RoIAlign (`detector.RegionAlign`, aligned or not) of boxes (B, N, 4):
+    (B * N, C, S, S), every box pooled from every level and the one its size maps it to kept (torchvision pools each
+    level's boxes only, a data-dependent number; the values are the same)."""
     count, number = boxes.shape[:2]
     flat = boxes.reshape(-1, 4)
     image = torch.arange(count, device=boxes.device).to(boxes).repeat_interleave(number)
@@ -106,7 +106,7 @@ def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: t
     result = None
     for level, (name, scale) in enumerate(zip(pool.featmap_names, pool.scales)):
         one = roi_align(features[name], rois, pool.output_size, spatial_scale=scale,
-                        sampling_ratio=pool.sampling_ratio)
+                        sampling_ratio=pool.sampling_ratio, aligned=pool.aligned)
         result = one if result is None else torch.where((levels == level)[:, None, None, None], one, result)
     return result
 

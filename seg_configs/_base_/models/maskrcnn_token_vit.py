@@ -18,4 +18,5 @@ model = dict(
     num_classes=80,  # the tools take the count from the training set's annotation file
     anchor_sizes=(32, 64, 128, 256, 512),
     aspect_ratios=(0.5, 1.0, 2.0),
+    aligned_roi=True,  # RoIAlign at pixel centres: detectron2's ROIAlignV2, as ViTDet's configs pool
 )
