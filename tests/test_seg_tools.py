@@ -63,6 +63,17 @@ def test_train_refuses_to_overwrite_and_resumes(trained):
     assert sorted((path, path.stat().st_mtime_ns) for path in work.rglob('*')) == before
 
 
+def test_a_misspelt_cfg_option_is_one_line_before_anything_is_written(trained, tmp_path):
+    """mmengine's TypeError came after a 400-line config dump, with a log folder left behind."""
+    _, config, _, _ = trained
+    result = run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '1', '--cfg-options',
+                                       'train_dataloader.batch_sise=2'])
+    assert one_line_error(result) == ("error: --cfg-options train_dataloader.batch_sise: train_dataloader (a data "
+                                      "loader) takes no 'batch_sise'; the nearest it takes is 'batch_size'  (--debug "
+                                      'shows the traceback)')
+    assert len((result.stdout + result.stderr).splitlines()) < 5 and not (tmp_path / 'work').exists()
+
+
 def test_a_batch_of_one_that_upernet_cannot_train_is_refused_before_any_work(trained, tmp_path):
     """UperNet's pyramid pooling normalises 1x1 maps: one image a batch failed in the first iteration with torch's
     ValueError (after benchmark_seg's minutes of evaluation; after train_seg's log folder was written). FCN's head

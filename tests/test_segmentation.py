@@ -470,6 +470,42 @@ def test_a_config_that_cannot_build_its_model_is_one_line_naming_the_file_before
         load_config(str(tmp_path))
 
 
+@pytest.mark.parametrize('option, says', [
+    ('model.type=NoSuchSegmentor', "--cfg-options model.type: 'NoSuchSegmentor' is nothing mmseg, mmengine or the "
+                                   'suite registers'),
+    ('model.decode_head.type=UPerHeadd', "'UPerHeadd' is nothing mmseg, mmengine or the suite registers; the nearest "
+                                         "is 'UPerHead'"),
+    ('train_dataloader.batch_sise=2', "--cfg-options train_dataloader.batch_sise: train_dataloader (a data loader) "
+                                      "takes no 'batch_sise'; the nearest it takes is 'batch_size'"),
+    ('model.decode_head.num_clases=3', "model.decode_head (UPerHead) takes no 'num_clases'; the nearest it takes is "
+                                       "'num_classes'"),
+    ('optim_wrapper.optimizer.lrr=0.1', "optim_wrapper.optimizer (AdamW) takes no 'lrr'; the nearest it takes is "
+                                        "'lr'"),
+    ('train_cfg.max_iterss=9', "train_cfg (IterBasedTrainLoop) takes no 'max_iterss'; the nearest it takes is "
+                               "'max_iters'"),
+    ('train_dataloader.dataset.pipeline.9.scale=2', 'train_dataloader.dataset.pipeline is a list of 7 item(s), '
+                                                    'which has no item 9')])
+def test_cfg_options_are_checked_as_a_config_file_is(option, says):
+    """A misspelt key or an unknown type given on the command line was merged as it was: mmengine failed when it
+    built the object (a TypeError after the config dump, a log folder left), or built another model."""
+    from mmengine.config import DictAction
+    key, value = option.split('=')
+    parsed = {key: DictAction._parse_iterable(value)}
+    with pytest.raises(UsageError, match=re.escape(says)):
+        load_config(str(CONFIGS / 'upernet_lvvit_s.py'), parsed)
+
+
+def test_cfg_options_that_exist_or_are_new_under_open_keywords_merge():
+    """Existing keys, keys a class takes that the config leaves out, and keys under a dict no class defines
+    (a timm model's keyword arguments) merge as before."""
+    cfg = load_config(str(CONFIGS / 'upernet_lvvit_s.py'), {
+        'train_dataloader.batch_size': 4, 'train_dataloader.prefetch_factor': 3,
+        'model.decode_head.dropout_ratio': 0.2, 'model.backbone.model_kwargs': dict(depth=2),
+        'param_scheduler.0.convert_to_iter_based': False, 'optim_wrapper.paramwise_cfg.norm_decay_mult': 0.0})
+    assert cfg.train_dataloader.batch_size == 4 and cfg.train_dataloader.prefetch_factor == 3
+    assert cfg.model.decode_head.dropout_ratio == 0.2 and cfg.model.backbone.model_kwargs == dict(depth=2)
+
+
 def test_configs_from_before_the_move_import_every_module_the_changelog_lists(tmp_path):
     """Every module path of CHANGELOG.md's 0.2.0 table under a former top-level package is rewritten to the path the
     table gives, which imports; a config naming the renamed ones loads, and one naming a module that does not

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import re
 import zipfile
@@ -19,6 +20,7 @@ from backbones.common.errors import AlreadyDone, CheckpointError, DataError, Usa
 from backbones.common.files import load_weights_only, ready_mark
 from backbones.common.lifecycle import signals_held
 from backbones.common.log import logger
+from backbones.segmentation.cfg_options import merge_options
 from backbones.segmentation.layouts import layout_of, layout_roots
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
 from backbones.segmentation.runner import checkpoint_meta, iteration_checkpoints, recorded_config, trained_data
@@ -174,8 +176,7 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
         raise UsageError(f'{path}: ' + ('a folder, not a config file' if Path(path).is_dir() else
                                         'config file not found'))
     cfg = read_config(path)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    merge_options(cfg, cfg_options)
     check_loader_sizes(cfg, path)
     check_model_type(cfg, path)
     return cfg
@@ -188,8 +189,10 @@ def check_model_type(cfg: Config, path: str) -> None:
 
     kind = model_type(cfg) if cfg.get('model') else None
     if not isinstance(kind, str) or MODELS.get(kind) is None:
-        raise UsageError(f'{path}: its model type {kind!r} is no model mmseg or the suite registers (a module of '
-                         "your own that registers it goes in the config's custom_imports)")
+        nearest = difflib.get_close_matches(str(kind), sorted(MODELS.module_dict), 1)
+        raise UsageError(f'{path}: its model type {kind!r} is no model mmseg or the suite registers'
+                         + (f' (the nearest: {nearest[0]!r})' if nearest else '')
+                         + "; a module of your own that registers it goes in the config's custom_imports")
 
 
 @dataclass(frozen=True)
@@ -308,8 +311,9 @@ def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = N
     if data.embedded:
         fallback.use_model(cfg)
     if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+        merge_options(cfg, cfg_options)
         check_loader_sizes(cfg, path)
+        check_model_type(cfg, path)
     return cfg, data
 
 

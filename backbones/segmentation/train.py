@@ -27,10 +27,12 @@ from backbones.common.lifecycle import restarted_by_torchrun
 from backbones.common.log import logger
 from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
 from backbones.segmentation.backbone import check_backbone_model
+from backbones.segmentation.cfg_options import merge_options
 from backbones.segmentation.config import (
     EmbeddedSegData,
     accumulate_gradients,
     check_loader_sizes,
+    check_model_type,
     check_pretrained,
     check_resumed_run,
     data_roots,
@@ -211,8 +213,9 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     if fallback is not None and missing_data(data_roots(cfg, args.data_root, options), fallback):
         fallback.use_schedule(cfg)  # under the command line's options: they win
         fallback.use_model(cfg)
-    cfg.merge_from_dict(options)  # once; the data is resolved on the config they made, as test_seg does
+    merge_options(cfg, options)  # once; the data is resolved on the config they made, as test_seg does
     check_loader_sizes(cfg, args.config)
+    check_model_type(cfg, args.config)
     check_backbone_model(cfg.model.backbone)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
