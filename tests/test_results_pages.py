@@ -281,30 +281,44 @@ def test_per_seed_values_render_as_mean_and_sample_deviation_and_anything_else_i
             results_pages.formatted(value, 'spread')
 
 
-@pytest.mark.slow
-def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_path):
-    """Two calls, as two device calls run them: the loop benchmark, then the default stages (the loops against their
-    steps, decoding, label generation) and the GPU suite, merged into one file that renders."""
-    first, both = tmp_path / 'call1.json', tmp_path / 'gpu.json'
-    part1 = run_tool('measure_gpu.py', ['--stages', 'loop_benchmark', '--smoke', '--device', 'cpu', '--out', first],
-                     nested=True)
-    assert part1.returncode == 0, output(part1)[-3000:]
-    stages = [*gpu_session.DEFAULT_STAGES, 'gpu_tests']
-    part2 = run_tool('measure_gpu.py', ['--stages', ','.join(reversed(stages)), '--smoke', '--device', 'cpu',
-                                        '--merge', first, '--out', both], nested=True)
-    assert part2.returncode == 0, output(part2)[-3000:]
-    document = check_envelope(json.loads(both.read_text()), str(both))
+def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, str]:
+    """`measure_gpu.py --smoke --device cpu` with `stages` (one device call, at tiny sizes): the figures of its
+    results file, which must be in the envelope, and its log."""
+    out = tmp_path / f'{"-".join(stages)}.json'
+    result = run_tool('measure_gpu.py', ['--stages', ','.join(stages), '--smoke', '--device', 'cpu', '--out', out,
+                                         *extra], nested=True)
+    assert result.returncode == 0, output(result)[-3000:]
+    document = check_envelope(json.loads(out.read_text()), str(out))
     assert document['study'] == 'gpu_session' and document['machine'].endswith(' CPU cores')
-    assert document['source'].startswith('python tools/measure_gpu.py --stages loop_benchmark --smoke')  # the first
-    session = document['figures']
+    return document['figures'], output(result)
 
-    assert session['calls'] == [['loop_benchmark'], stages] and session['smoke']
-    (loop,) = session['loop_benchmark']['models']  # the first call's figures, merged
+
+def session_table(tmp_path: Path, figures: dict) -> str:
+    """The GPU session table the docs render from these figures."""
+    (tmp_path / 'docs' / 'results').mkdir(parents=True, exist_ok=True)
+    document = {'study': 'gpu_session', 'source': 'a smoke call', 'commit': 'abc1234', 'date': '2026-12-07',
+                'machine': '2 CPU cores', 'torch': '2.15.0', 'figures': figures}
+    (tmp_path / 'docs' / 'results' / 'smoke.json').write_text(json.dumps(document))
+    return results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'smoke')
+
+
+@pytest.mark.slow
+def test_the_gpu_sessions_loop_benchmark_runs_on_a_cpu_at_smoke_sizes(tmp_path):
+    session, _ = smoke_call(tmp_path, ['loop_benchmark'])
+    assert session['calls'] == [['loop_benchmark']] and session['smoke']
+    (loop,) = session['loop_benchmark']['models']
     assert loop['loop']['img_s'] > 0 and loop['loop']['serial_img_s'] > 0 and loop['train_cls']['img_s'] > 0
     assert loop['model_step_img_s'] > 0
     # a smoke window is one batch: on a busy machine a figure may exceed its ceiling, and is then recorded as such
     measured_wrong = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
     assert session['stages']['loop_benchmark']['status'] == (measured_wrong if loop['measurement_errors'] else 'done')
+    assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in session_table(tmp_path,
+                                                                                                      session)
+
+
+@pytest.mark.slow
+def test_the_gpu_sessions_loops_against_their_steps_run_on_a_cpu_at_smoke_sizes(tmp_path):
+    session, _ = smoke_call(tmp_path, ['deit_loop', 'lvvit_loop'])
     for key, model in (('deit_loop', 'deit_tiny_patch16_224'), ('lvvit_loop', 'lvvit_s')):
         figures = session[key]['models'][model]
         eager = figures['eager']
@@ -312,8 +326,15 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
         assert eager['loop_of_step'] == pytest.approx(eager['loop_img_s'] / eager['step_img_s'])
         assert 0 <= eager['data_wait'] <= 1
         assert 'compiled' not in figures and session[key]['decode'] == 'cpu'  # GPU only
-    labels = session['label_generation']
-    assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
+    table = session_table(tmp_path, session)
+    assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
+    assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
+    assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
+
+
+@pytest.mark.slow
+def test_the_gpu_sessions_dense_steps_run_on_a_cpu_at_smoke_sizes(tmp_path):
+    session, _ = smoke_call(tmp_path, ['dense_steps'])
     dense = session['dense_steps']['configs']
     assert [step['task'] for step in dense.values()] == ['semantic', 'instances', 'depth']
     for step in dense.values():  # each config's own pipeline at x0.125: UperNet's 512 crop is 64, LSJ's 1024 128
@@ -325,22 +346,29 @@ def test_the_gpu_session_runs_on_a_cpu_at_smoke_sizes_and_merges_its_calls(tmp_p
     assert windows['windows']['config'].endswith('maskrcnn_lvvit_s_windowed.py')
     assert windows['time_ratio'] == pytest.approx(windows['global']['img_s'] / windows['windows']['img_s'])
     assert windows['memory_ratio'] > 0 and windows['windows']['peak_process_gib'] > 0
-    for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
-        assert session['stages'][stage]['status'].startswith('skipped: needs CUDA')
-        assert f'{stage}: skipped: needs CUDA' in output(part2)
-        assert stage not in session
-
-    (tmp_path / 'docs' / 'results').mkdir(parents=True)
-    shutil.copy(both, tmp_path / 'docs' / 'results' / 'smoke.json')
-    table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'smoke')
-    assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in table
-    assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
-    assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
+    table = session_table(tmp_path, session)
     assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
     assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
     assert 'Mask R-CNN with window attention against global attention: x' in table
+
+
+@pytest.mark.slow
+def test_a_second_gpu_session_call_merges_into_the_first_and_skips_what_needs_cuda(tmp_path):
+    """Two calls, as two device calls run them: the second's file holds the first's figures and both calls; the
+    stages that need CUDA are skipped on a CPU with a line saying so."""
+    first, _ = smoke_call(tmp_path, ['label_generation'])
+    labels = first['label_generation']
+    assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
+    both, log = smoke_call(tmp_path, ['gpu_tests', 'decoding'], '--merge', tmp_path / 'label_generation.json')
+    assert both['calls'] == [['label_generation'], ['decoding', 'gpu_tests']] and both['label_generation'] == labels
+    merged = json.loads((tmp_path / 'gpu_tests-decoding.json').read_text())
+    assert merged['source'].startswith('python tools/measure_gpu.py --stages label_generation --smoke')  # the first
+    for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
+        assert both['stages'][stage]['status'].startswith('skipped: needs CUDA')
+        assert f'{stage}: skipped: needs CUDA' in log
+        assert stage not in both
+    table = session_table(tmp_path, both)
     assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
-    assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 
 
 def test_stages_are_named_and_run_in_the_order_of_value():
