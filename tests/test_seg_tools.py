@@ -69,7 +69,7 @@ def test_a_misspelt_cfg_option_is_one_line_before_anything_is_written(trained, t
     result = run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '1', '--cfg-options',
                                        'train_dataloader.batch_sise=2'])
     assert one_line_error(result) == ("error: --cfg-options train_dataloader.batch_sise: train_dataloader (a data "
-                                      "loader) takes no 'batch_sise'; the nearest it takes is 'batch_size'  (--debug "
+                                      "loader) takes no 'batch_sise'; the nearest is 'batch_size'  (--debug "
                                       'shows the traceback)')
     assert len((result.stdout + result.stderr).splitlines()) < 5 and not (tmp_path / 'work').exists()
 

@@ -476,15 +476,25 @@ def test_a_config_that_cannot_build_its_model_is_one_line_naming_the_file_before
     ('model.decode_head.type=UPerHeadd', "'UPerHeadd' is nothing mmseg, mmengine or the suite registers; the nearest "
                                          "is 'UPerHead'"),
     ('train_dataloader.batch_sise=2', "--cfg-options train_dataloader.batch_sise: train_dataloader (a data loader) "
-                                      "takes no 'batch_sise'; the nearest it takes is 'batch_size'"),
-    ('model.decode_head.num_clases=3', "model.decode_head (UPerHead) takes no 'num_clases'; the nearest it takes is "
+                                      "takes no 'batch_sise'; the nearest is 'batch_size'"),
+    ('model.decode_head.num_clases=3', "model.decode_head (UPerHead) takes no 'num_clases'; the nearest is "
                                        "'num_classes'"),
-    ('optim_wrapper.optimizer.lrr=0.1', "optim_wrapper.optimizer (AdamW) takes no 'lrr'; the nearest it takes is "
+    ('optim_wrapper.optimizer.lrr=0.1', "optim_wrapper.optimizer (AdamW) takes no 'lrr'; the nearest is "
                                         "'lr'"),
-    ('train_cfg.max_iterss=9', "train_cfg (IterBasedTrainLoop) takes no 'max_iterss'; the nearest it takes is "
+    ('train_cfg.max_iterss=9', "train_cfg (IterBasedTrainLoop) takes no 'max_iterss'; the nearest is "
                                "'max_iters'"),
     ('train_dataloader.dataset.pipeline.9.scale=2', 'train_dataloader.dataset.pipeline is a list of 7 item(s), '
-                                                    'which has no item 9')])
+                                                    'which has no item 9'),
+    ('trian_cfg.max_iters=3', "--cfg-options trian_cfg.max_iters: the config takes no 'trian_cfg'; the nearest is "
+                              "'train_cfg'"),  # mmengine ignored it: the run trained as the config says
+    ('model.backbone.out_indices.1=2', 'model.backbone.out_indices is a tuple, which is set whole'),
+    ('default_hooks.loggerr.interval=1', "default_hooks holds no 'loggerr', and a new one needs its type "
+                                         "(default_hooks.loggerr.type=...); the nearest is 'logger'"),
+    ('default_hooks.checkpoint.intervall=1', "default_hooks.checkpoint (CheckpointHook) takes no 'intervall'; the "
+                                             "nearest is 'interval'"),  # its keywords go to Runner.save_checkpoint
+    ('optim_wrapper.optimizer.type=AdamWW', "'AdamWW' is nothing mmseg, mmengine or the suite registers; the nearest "
+                                            "is 'AdamW'"),  # mmengine's own registry, the parent of mmseg's
+    ('train_dataloader.dataset.pipeline.2.type=RandomResizee', "the nearest is 'RandomResize'")])
 def test_cfg_options_are_checked_as_a_config_file_is(option, says):
     """A misspelt key or an unknown type given on the command line was merged as it was: mmengine failed when it
     built the object (a TypeError after the config dump, a log folder left), or built another model."""
@@ -501,9 +511,11 @@ def test_cfg_options_that_exist_or_are_new_under_open_keywords_merge():
     cfg = load_config(str(CONFIGS / 'upernet_lvvit_s.py'), {
         'train_dataloader.batch_size': 4, 'train_dataloader.prefetch_factor': 3,
         'model.decode_head.dropout_ratio': 0.2, 'model.backbone.model_kwargs': dict(depth=2),
+        'default_hooks.mine.type': 'CheckpointHook', 'default_hooks.mine.interval': 5, 'load_from': None,
         'param_scheduler.0.convert_to_iter_based': False, 'optim_wrapper.paramwise_cfg.norm_decay_mult': 0.0})
     assert cfg.train_dataloader.batch_size == 4 and cfg.train_dataloader.prefetch_factor == 3
     assert cfg.model.decode_head.dropout_ratio == 0.2 and cfg.model.backbone.model_kwargs == dict(depth=2)
+    assert cfg.default_hooks.mine == dict(type='CheckpointHook', interval=5)
 
 
 def test_configs_from_before_the_move_import_every_module_the_changelog_lists(tmp_path):

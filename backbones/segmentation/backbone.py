@@ -44,7 +44,7 @@ from mmengine.model import BaseModule
 from mmseg.registry import MODELS
 
 from backbones import create_model, load_checkpoint, model_family, suite_models
-from backbones.common.errors import UsageError
+from backbones.common.errors import SuiteError, UsageError
 from backbones.common.log import logger
 from backbones.weights import fetch_pretrained, fit_pos_embed
 from backbones.window_attention import REL_POS_KEYS, WindowAttention, set_token_grid, use_window_attention
@@ -101,8 +101,15 @@ def check_backbone_model(backbone: dict) -> None:
     take, or blocks, windows or relative positions it cannot give, are refused before a run does any work."""
     if backbone.get('type') not in ('TokenBackbone', *FORMER_NAMES):
         return
-    with torch.device('meta'):
-        TokenBackbone(**{key: value for key, value in backbone.items() if key != 'type'})
+    try:
+        with torch.device('meta'):
+            TokenBackbone(**{key: value for key, value in backbone.items() if key != 'type'})
+    except SuiteError:
+        raise
+    except (TypeError, ValueError, AssertionError) as e:  # the model's own refusal of its arguments
+        raise UsageError(f'model.backbone: {backbone.get("model_name")} cannot be built from model.backbone\'s '
+                         f'settings and model_kwargs {dict(backbone.get("model_kwargs") or {})} '
+                         f'({type(e).__name__}: {" ".join(str(e).split())[:200]})') from e
 
 
 def check_plain_vit(model_name: str, model: nn.Module) -> None:

@@ -1,19 +1,22 @@
 """The command line's config changes (`--cfg-options KEY=VALUE`) checked as a config file's model is, then merged.
 
-A key the config does not hold yet is checked against what takes it: under a dict built by a registry (a `type`),
-the parameters of that class (its `__init__`, and its bases' while it passes `**kwargs` on; a class whose keywords
-end nowhere known is not checked); under a data loader, torch's `DataLoader`'s and what mmengine's runner takes from
-it. A `type` must be registered. Either fault is one line naming the option and the nearest name that exists, before
-anything is written: mmengine found a misspelt key only when it built the object (a traceback after a 400-line
-config dump, a log folder left behind), and merged an unknown model type in silence.
+A key the config does not hold yet is checked against what takes it: at the top, the settings mmengine's Runner
+reads; under a dict built by a registry (a `type`), the parameters of that class (its `__init__`, and its bases'
+while it passes `**kwargs` on; a class whose keywords end nowhere known is not checked); under a data loader, torch's
+`DataLoader`'s and what mmengine's runner takes from it; under a collection of built dicts (`default_hooks`), a new
+one must be given its `type`. A `type` must be registered, and an item of a tuple cannot be set alone. Each fault is
+one line naming the option and the nearest name that exists, before anything is written: mmengine found a misspelt
+key only when it built the object (a traceback after a 400-line config dump, a log folder left behind), ignored a
+misspelt top-level key, and merged an unknown type in silence.
 """
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from mmengine.config import Config
+from mmengine.runner import Runner
 from torch.utils.data import DataLoader
 
 from backbones.common.errors import UsageError
@@ -24,6 +27,8 @@ RUNNER_LOADER_KEYS = {'dataset', 'sampler', 'batch_sampler', 'collate_fn', 'work
 CONFIG_KEYS = {'type', '_delete_', '_scope_'}  # mmengine's own keys of any built dict
 # keys mmengine's builders take out of a registry's dicts before building them
 BUILDER_KEYS = {'OPTIM_WRAPPERS': {'constructor', 'paramwise_cfg'}, 'PARAM_SCHEDULERS': {'convert_to_iter_based'}}
+# where a class's `**kwargs` go, where that is not a base class's __init__
+KEYWORDS_GO_TO = {'CheckpointHook': Runner.save_checkpoint}
 
 
 def registries() -> Iterator[tuple[str, object]]:
@@ -45,11 +50,23 @@ def registered(kind: object) -> tuple[str, object] | None:
     return None
 
 
+def registered_names(registry: object) -> set[str]:
+    """The names a registry builds: its own and its parents' (mmengine's torch optimizers, hooks, ...)."""
+    names: set[str] = set()
+    while registry is not None:
+        names |= set(registry.module_dict)
+        registry = registry.parent
+    return names
+
+
 def keyword_names(target: object) -> set[str] | None:
-    """The keywords `target` (a class or a function) takes: its `__init__`'s, and its bases' while each passes
-    `**kwargs` on; None where they end in a `**kwargs` nothing here names (anything may be taken)."""
+    """The keywords `target` (a class or a function) takes: its `__init__`'s, and its bases' (or `KEYWORDS_GO_TO`'s)
+    while each passes `**kwargs` on; None where they end in a `**kwargs` nothing here names (anything may be
+    taken)."""
     functions = ([klass.__dict__['__init__'] for klass in target.__mro__ if '__init__' in klass.__dict__]
                  if inspect.isclass(target) else [target])
+    if getattr(target, '__name__', None) in KEYWORDS_GO_TO:
+        functions = [functions[0], KEYWORDS_GO_TO[target.__name__]]
     names: set[str] = set()
     for function in functions:
         try:
@@ -62,21 +79,32 @@ def keyword_names(target: object) -> set[str] | None:
     return None
 
 
-def accepted_keys(node: dict, where: list[str]) -> set[str] | None:
-    """The keys the dict at `where` may hold, where that is known."""
+def accepted_keys(node: dict, where: list[str]) -> tuple[set[str] | None, str]:
+    """The keys the dict at `where` may hold, where that is known, and what it is in words."""
+    if not where:
+        return set(inspect.signature(Runner.__init__).parameters) - {'self'}, 'the config'
     if 'type' in node:
         found = registered(node['type'])
         names = keyword_names(found[1]) if found else None
-        return None if names is None else names | CONFIG_KEYS | BUILDER_KEYS.get(found[0], set())
+        accepted = None if names is None else names | CONFIG_KEYS | BUILDER_KEYS.get(found[0], set())
+        return accepted, f'{".".join(where)} ({node["type"]})'
     if len(where) == 1 and where[0].endswith('_dataloader'):
-        return set(inspect.signature(DataLoader).parameters) | RUNNER_LOADER_KEYS
-    return None
+        return set(inspect.signature(DataLoader).parameters) | RUNNER_LOADER_KEYS, f'{where[0]} (a data loader)'
+    return None, '.'.join(where)
 
 
-def check_option(cfg: Config, key: str, value: object) -> None:
-    """One option against the config before it is merged (see the module)."""
+def nearest(name: str, names: Iterable[str]) -> str:
+    found = difflib.get_close_matches(name, sorted(names), 1)
+    return f'; the nearest is {found[0]!r}' if found else ''
+
+
+def check_option(cfg: Config, options: dict, key: str) -> None:
+    """One option against the config before it is merged (see the module); `options` all the command line's."""
     node, where = dict(cfg.items()), []
     for part in key.split('.'):
+        if isinstance(node, tuple):
+            raise UsageError(f'--cfg-options {key}: {".".join(where)} is a tuple, which is set whole: give '
+                             f'{".".join(where)}=(...) with every item')
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 raise UsageError(f'--cfg-options {key}: {".".join(where)} is a list of {len(node)} item(s), which '
@@ -85,33 +113,44 @@ def check_option(cfg: Config, key: str, value: object) -> None:
         elif isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, dict):
-            accepted = accepted_keys(node, where)
-            if accepted is not None and part not in accepted:
-                nearest = difflib.get_close_matches(part, sorted(accepted | set(node)), 1)
-                what = f'{node["type"]}' if 'type' in node else 'a data loader'
-                raise UsageError(f'--cfg-options {key}: {".".join(where)} ({what}) takes no {part!r}'
-                                 + (f'; the nearest it takes is {nearest[0]!r}' if nearest else ''))
-            break  # a new key: below it lies the option's own value
+            check_new_key(node, where, part, key, options)
+            break  # below a new key lies the option's own value
         else:
             break  # a value replaced whole
         where.append(part)
     if key.split('.')[-1] == 'type':
-        check_type(value, f'--cfg-options {key}')
+        check_type(options[key], f'--cfg-options {key}', node if isinstance(node, str) else None)
 
 
-def check_type(kind: object, what: str) -> None:
-    """A `type` that some registry builds, else one line naming the nearest registered name."""
-    if registered(kind) is None:
-        names = sorted({name for _, registry in registries() for name in registry.module_dict})
-        nearest = difflib.get_close_matches(str(kind), names, 1)
-        raise UsageError(f'{what}: {kind!r} is nothing mmseg, mmengine or the suite registers'
-                         + (f'; the nearest is {nearest[0]!r}' if nearest else '')
-                         + " (a module of your own that registers it goes in the config's custom_imports)")
+def check_new_key(node: dict, where: list[str], part: str, key: str, options: dict) -> None:
+    """A key the option adds to the dict at `where`: one its builder takes; in a collection of built dicts, a new
+    one with its `type`."""
+    accepted, what = accepted_keys(node, where)
+    if accepted is not None and part not in accepted:
+        raise UsageError(f'--cfg-options {key}: {what} takes no {part!r}{nearest(part, accepted | set(node))}')
+    prefix = '.'.join([*where, part])
+    collection = bool(node) and all(isinstance(value, dict) and 'type' in value for value in node.values())
+    if accepted is None and collection and f'{prefix}.type' not in options:
+        raise UsageError(f'--cfg-options {key}: {".".join(where)} holds no {part!r}, and a new one needs its type '
+                         f'({prefix}.type=...){nearest(part, node)}')
+
+
+def check_type(kind: object, what: str, replaced: str | None = None) -> None:
+    """A `type` that some registry builds, else one line naming the nearest registered name (of the registry that
+    builds the type it replaces, where there is one)."""
+    if registered(kind) is not None:
+        return
+    found = registered(replaced) if replaced else None
+    registry = dict(registries()).get(found[0]) if found else None
+    names = registered_names(registry) if registry is not None else \
+        {name for _, each in registries() for name in registered_names(each)}
+    raise UsageError(f'{what}: {kind!r} is nothing mmseg, mmengine or the suite registers{nearest(str(kind), names)}'
+                     " (a module of your own that registers it goes in the config's custom_imports)")
 
 
 def merge_options(cfg: Config, options: dict | None) -> None:
     """Merge the command line's `options` into `cfg`, each checked first (see the module)."""
-    for key, value in (options or {}).items():
-        check_option(cfg, key, value)
+    for key in options or {}:
+        check_option(cfg, options, key)
     if options:
         cfg.merge_from_dict(options)
