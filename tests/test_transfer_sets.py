@@ -58,7 +58,7 @@ def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path)
                                            ('jpg/image_00006.jpg', 1)]
     savemat(tmp_path / 'setid.mat', {'trnid': np.array([[1, 7]], np.uint16), 'valid': np.array([[2]], np.uint16),
                                      'tstid': np.array([[3]], np.uint16)})
-    with pytest.raises(DataError, match=re.escape(f'{tmp_path / "setid.mat"}: image numbers (trnid) outside 1..6')):
+    with pytest.raises(DataError, match=re.escape(f'{tmp_path / "setid.mat"}: image numbers (trnid) must be 1..6; entry 2 is 7 (1 such)')):
         listing(tmp_path)
 
 
@@ -112,7 +112,7 @@ def test_cars_reads_the_devkit_with_the_test_labels_beside_it_or_in_it(tmp_path)
     (tmp_path / 'cars_test_annos_withlabels.mat').rename(tmp_path / 'devkit' / 'cars_test_annos_withlabels.mat')
     assert listing(tmp_path) == expected and listing(tmp_path, 'val') == (names, [('cars_test/00001.jpg', 0)])
     savemat(tmp_path / 'devkit' / 'cars_train_annos.mat', cars_annotations([('00001.jpg', 4)]))
-    with pytest.raises(DataError, match='cars_train_annos.mat: class outside 1..3'):
+    with pytest.raises(DataError, match=re.escape('cars_train_annos.mat: class must be 1..3; entry 1 is 4 (1 such)')):
         listing(tmp_path)
 
 
@@ -166,7 +166,12 @@ INAT_TRAIN = {'images': [{'id': 10, 'file_name': 'a.jpg'}], 'annotations': [{'im
      'the image id 10 is given twice (a.jpg and b.jpg): each image needs an id of its own'),
     ('train2018.json', lambda c: c['annotations'].append({'id': 7, 'image_id': 11, 'category_id': 5}),
      'annotations[1] (id 7, category 5) names the image 11, which the file does not list'),
-    ('train2018.json', lambda c: c['images'][0].__setitem__('id', [10]), 'images[0] has an id that is neither'),
+    ('train2018.json', lambda c: c['annotations'][0].__setitem__('image_id', '10'),
+     "annotations[0] (id None, category 2) names the image '10', which the file does not list (it lists 10: ids of "
+     "another type)"),
+    ('train2018.json', lambda c: c['images'][0].__setitem__('id', [10]), "images[0]'s id is neither"),
+    ('train2018.json', lambda c: c['annotations'][0].__setitem__('category_id', [2]),
+     "annotations[0]'s category_id is neither"),
     ('val2018.json', lambda c: c.__setitem__('categories', [{'id': 2, 'name': 'Pinus'}, {'id': 5, 'name': 'Aves'}]),
      'its categories are not those of train2018.json'),
     ('train2018.json', lambda c: c['images'][0].pop('id'), "images[0] is not a record with id and file_name"),
@@ -184,6 +189,19 @@ def test_inaturalist_files_that_would_relabel_or_do_not_parse_are_one_line_namin
     write_inat(tmp_path, contents)
     with pytest.raises(DataError, match=f'^{re.escape(f"{tmp_path / file}: {says}")}'):
         listing(tmp_path, 'val')
+
+
+def test_an_inaturalist_image_in_both_splits_is_refused_however_its_path_is_spelt(tmp_path):
+    """`./a.jpg`, `sub//a.jpg` or an absolute path in the test file for the training file's image: the same file,
+    which trained and was scored on."""
+    touch(tmp_path, 'sub/a.jpg')
+    for spelt in ('./sub/a.jpg', 'sub//a.jpg', str(tmp_path / 'sub' / 'a.jpg')):
+        contents = {name: json.loads(json.dumps(INAT_TRAIN)) for name in ('train2018.json', 'val2018.json')}
+        contents['train2018.json']['images'][0]['file_name'] = 'sub/a.jpg'
+        contents['val2018.json']['images'][0]['file_name'] = spelt
+        with pytest.raises(DataError, match=re.escape(f'the image {spelt} is listed in the training and the test '
+                                                      f'split (as sub/a.jpg and {spelt})')):
+            listing(write_inat(tmp_path, contents))
 
 
 def write_inat(root, contents):
@@ -318,8 +336,9 @@ def test_a_run_refused_while_its_split_is_read_leaves_no_output_folder(layouts, 
     savemat(flowers / 'imagelabels.mat', {'labels': np.where(np.arange(len(labels)) == 3, 0, labels)})
     shutil.copytree(layouts['pets'], pets)
     next((pets / 'images').iterdir()).unlink()
-    for key, data, says in (('flowers102', flowers, 'labels outside 1..'), ('pets', pets, 'is missing')):
-        with pytest.raises(DataError, match=says):
+    for key, data, says in (('flowers102', flowers, 'labels must be whole numbers from 1; entry 4 is 0 (1 such)'),
+                            ('pets', pets, 'is missing')):
+        with pytest.raises(DataError, match=re.escape(says)):
             main(transfer_args(key, data, tmp_path / 'runs' / key))
         assert not (tmp_path / 'runs').exists()
 

@@ -98,6 +98,15 @@ def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option
                          f'normalise; train with 2 or more images a batch (or several processes with SyncBN)')
 
 
+def check_training_batch(cfg, processes: int) -> None:
+    """`check_batch_trains` for a config's training batch, on its heads built alone (a moment's work, before a run
+    writes anything)."""
+    from mmseg.registry import MODELS
+    heads = nn.ModuleDict({key: nn.ModuleList(map(MODELS.build, head)) if isinstance(head, list) else MODELS.build(head)
+                           for key in ('decode_head', 'auxiliary_head') if (head := cfg.model.get(key))})
+    check_batch_trains(heads, cfg.train_dataloader.batch_size, processes, 'train_dataloader.batch_size')
+
+
 def checkpoint_meta(filename: str) -> dict:
     """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
     {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
@@ -209,11 +218,11 @@ class SuiteRunner(Runner):
     made before, nor the work dir where the run made it)."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
-        self.additions = FolderAdditions(work_dir)
+        additions = FolderAdditions(work_dir)
         try:
             super().__init__(model, work_dir, *args, **kwargs)
         except TrackerError:
-            self.additions.remove()
+            additions.remove()
             raise
         self.logger.addFilter(HarmlessLogLines())
 
@@ -229,12 +238,6 @@ class SuiteRunner(Runner):
         return built
 
     def train(self):
-        try:  # a batch the model cannot train: one line before the loaders start, nothing left behind
-            check_batch_trains(self.model, self.cfg.train_dataloader.batch_size, self.world_size,
-                               'train_dataloader.batch_size')
-        except UsageError:
-            self.additions.remove()
-            raise
         # mmengine's find_latest_checkpoint would print 'Did not find last_checkpoint' before the first one
         last = Path(self.work_dir) / 'last_checkpoint'
         with resumable_on_ctrl_c(lambda: Path(last.read_text().strip()) if last.is_file() else None):

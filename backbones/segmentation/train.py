@@ -46,7 +46,7 @@ from backbones.segmentation.config import (
 )
 from backbones.segmentation.data_check import check_data
 from backbones.segmentation.preemption import make_resumable, run_seed
-from backbones.segmentation.runner import TRAINED_DATA, SuiteRunner
+from backbones.segmentation.runner import TRAINED_DATA, SuiteRunner, check_training_batch
 from backbones.segmentation.semantic.own_data import is_own_data_config, sized_iterations
 from backbones.segmentation.tasks import task_of
 from backbones.weights import TIMM_RELEASE
@@ -229,6 +229,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     if args.iters:
         shorten_schedule(cfg, args.iters, options)
     accumulate_gradients(cfg, args.grad_accum_steps)
+    check_training_batch(cfg, processes(args.launcher))
     if args.resume or restarted_by_torchrun():  # a run of another task, or a finished one: before anything is written
         check_resumed_run(cfg.work_dir, task_of(cfg), args.config, cfg.train_cfg['max_iters'])
     drop_one_step_warmup(cfg)

@@ -110,16 +110,19 @@ class TransferLayout(ImageSource):
                                 f'{self.layout}')
 
     def check_listed_once(self, data_dir: Path, splits: Splits) -> None:
-        """Each image in one split, once: a test image trained on would inflate the reported top-1."""
-        seen: dict[str, str] = {}
+        """Each image file in one split, once, however its path is spelt (`./a.jpg`, `a//b.jpg`, absolute): a test
+        image trained on would inflate the reported top-1."""
+        seen: dict[str, tuple[str, str]] = {}
         for split, what in ((TRAIN, 'training'), (TEST, 'test')):
             for name, _ in splits[split]:
-                if name in seen:
-                    where = f'twice in the {what} split' if seen[name] == what else \
-                        f'in the {seen[name]} and the test split'
-                    raise DataError(f'{data_dir} ({self.name}): the image {name} is listed {where} (the layout is '
-                                    f'{self.layout}, each image in one split)')
-                seen[name] = what
+                file = os.path.normpath(os.path.join(data_dir, name))
+                if file in seen:
+                    first, where = seen[file]
+                    twice = f'twice in the {what} split' if where == what else f'in the {where} and the test split'
+                    spelt = '' if first == name else f' (as {first} and {name})'
+                    raise DataError(f'{data_dir} ({self.name}): the image {name} is listed {twice}{spelt} (the layout '
+                                    f'is {self.layout}, each image in one split)')
+                seen[file] = name, what
 
 
 def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
@@ -136,9 +139,9 @@ def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
     return [np.atleast_1d(content[key]) for key in keys]
 
 
-def numbered(values: np.ndarray, where: Path, what: str, count: int) -> np.ndarray:
-    """`values` as integers 1..count (the sets number from 1), or a DataError naming the file: never a fraction or
-    a text cut to an integer."""
+def numbered(values: np.ndarray, where: Path, what: str, count: int | None = None) -> np.ndarray:
+    """`values` as integers 1..count (from 1 where `count` is None: the sets number from 1), or a DataError naming
+    the file and the first entry at fault: never a fraction or a text cut to an integer."""
     values = np.asarray(values).ravel()
     try:  # a MATLAB struct's field is an object array of numbers
         whole = values.dtype.kind in 'iu' or np.all(np.mod(values.astype(np.float64), 1) == 0)
@@ -147,8 +150,11 @@ def numbered(values: np.ndarray, where: Path, what: str, count: int) -> np.ndarr
     if values.dtype.kind in 'bSUV' or not whole:
         raise DataError(f'{where}: {what} are not whole numbers (found {values[:3].tolist()} ...)')
     values = values.astype(np.int64)
-    if values.size and (values.min() < 1 or values.max() > count):
-        raise DataError(f'{where}: {what} outside 1..{count}')
+    outside = np.flatnonzero((values < 1) | (values > (count or np.iinfo(np.int64).max)))
+    if outside.size:
+        bounds = f'1..{count}' if count else 'whole numbers from 1'
+        raise DataError(f'{where}: {what} must be {bounds}; entry {outside[0] + 1} is {values[outside[0]]} '
+                        f'({outside.size} such)')
     return values
 
 
@@ -161,7 +167,7 @@ class Flowers102(TransferLayout):
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         labels_file, ids_file = data_dir / 'imagelabels.mat', data_dir / 'setid.mat'
         labels, = load_mat(labels_file, 'labels')
-        labels = numbered(labels, labels_file, 'labels', np.iinfo(np.int32).max)
+        labels = numbered(labels, labels_file, 'labels')
         count = int(labels.max(initial=0))
         ids = dict(zip(('trnid', 'valid', 'tstid'), load_mat(ids_file, 'trnid', 'valid', 'tstid')))
         ids = {key: numbered(value, ids_file, f'image numbers ({key})', len(labels)) for key, value in ids.items()}
@@ -273,8 +279,10 @@ class INaturalist(TransferLayout):
                 if not isinstance(record, dict) or any(field not in record for field in fields):
                     raise DataError(f'{path}: {key}[{number}] is not a record with {" and ".join(fields)} '
                                     f'({str(record)[:60]})')
-                if any(not isinstance(record[field], (int, str)) for field in fields if field.endswith('id')):
-                    raise DataError(f'{path}: {key}[{number}] has an id that is neither a number nor a text '
+                odd = next((field for field in fields if field.endswith('id')
+                            and (isinstance(record[field], bool) or not isinstance(record[field], (int, str)))), None)
+                if odd is not None:
+                    raise DataError(f'{path}: {key}[{number}]\'s {odd} is neither a number nor a text '
                                     f'({str(record)[:60]})')
         return content
 
@@ -301,8 +309,10 @@ class INaturalist(TransferLayout):
         category = {}
         for number, a in enumerate(content['annotations']):
             if a['image_id'] not in file_of:
+                other = next((image for image in file_of if str(image) == str(a['image_id'])), None)
+                kind = f' (it lists {other!r}: ids of another type)' if other is not None else ''
                 raise DataError(f'{path}: annotations[{number}] (id {a.get("id")}, category {a["category_id"]}) '
-                                f'names the image {a["image_id"]}, which the file does not list')
+                                f'names the image {a["image_id"]!r}, which the file does not list{kind}')
             if category.setdefault(a['image_id'], a['category_id']) != a['category_id']:
                 raise DataError(f'{path}: image {a["image_id"]} has two categories ({category[a["image_id"]]} and '
                                 f'{a["category_id"]}): one label per image')

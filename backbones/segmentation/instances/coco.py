@@ -74,8 +74,10 @@ def check_ids(items: list, what: str, path: str | Path) -> None:
     """Every item of a list has a whole-number `id`, none used twice (pycocotools keys them by id: a repeated one
     silently replaces the other); a repeated one is named with both entries."""
     ids = [item.get('id') if isinstance(item, dict) else None for item in items]
-    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-        raise DataError(f'{path}: every {what} needs a whole-number "id"')
+    odd = next((number for number, i in enumerate(ids) if isinstance(i, bool) or not isinstance(i, int)), None)
+    if odd is not None:
+        raise DataError(f'{path}: every {what} needs a whole-number "id"; {what}s[{odd}] has '
+                        f'{ids[odd]!r} ({str(items[odd])[:60]})')
     first: dict[int, int] = {}
     for number, i in enumerate(ids):
         earlier = first.setdefault(i, number)
