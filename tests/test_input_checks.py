@@ -358,7 +358,7 @@ def test_training_on_unreadable_images_only_is_an_error(tmp_path):
         path.write_bytes(b'broken')
     with pytest.raises(DataError, match='trained on no image'):
         train.main(train_args(data, tmp_path / 'run', '--skip-unreadable'))
-    assert not (tmp_path / 'run' / METRICS).exists()
+    assert not (tmp_path / 'run').exists()  # refused before its first checkpoint: nothing of it is left
 
 
 @pytest.mark.parametrize('augment', ['pil', 'batched'])
@@ -375,6 +375,7 @@ def test_an_unreadable_image_a_loader_worker_reads_ends_the_run_with_its_line_no
     result = run_tool('train_cls.py', args, fresh=True, timeout=240)  # a process of its own: its exit is the test
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(f'error: cannot read image {broken}')
+    assert not (tmp_path / 'run').exists()  # it held args.yaml and a TensorBoard file of the refused run
 
 
 def test_a_loss_that_is_not_finite_ends_the_run_with_one_line(tmp_path):

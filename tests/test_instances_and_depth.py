@@ -327,7 +327,7 @@ def test_an_id_given_twice_or_an_annotation_of_an_unlisted_image_is_named_with_b
                         f'the annotation id {content["annotations"][0]["id"]} is given twice (annotations[0] of image '
                         f'{content["annotations"][0]["image_id"]}'),
         'text id': (lambda c: c['images'][1].__setitem__('id', '7'),
-                    f'every image needs a whole-number "id"; images[1] has \'7\''),
+                    'every image needs a whole-number "id"; images[1] has \'7\''),
         'unlisted': (lambda c: c['annotations'][0].__setitem__('image_id', 12345),
                      f'annotation {content["annotations"][0]["id"]} (image 12345) names an image the file does not '
                      f'list')}

@@ -58,7 +58,8 @@ def test_flowers_lists_trnid_and_valid_for_training_and_tstid_for_test(tmp_path)
                                            ('jpg/image_00006.jpg', 1)]
     savemat(tmp_path / 'setid.mat', {'trnid': np.array([[1, 7]], np.uint16), 'valid': np.array([[2]], np.uint16),
                                      'tstid': np.array([[3]], np.uint16)})
-    with pytest.raises(DataError, match=re.escape(f'{tmp_path / "setid.mat"}: image numbers (trnid) must be 1..6; entry 2 is 7 (1 such)')):
+    says = f'{tmp_path / "setid.mat"}: image numbers (trnid) must be 1..6; entry 2 is 7 (1 such)'
+    with pytest.raises(DataError, match=re.escape(says)):
         listing(tmp_path)
 
 

@@ -313,6 +313,15 @@ def training_state(model: nn.Module, params: nn.Module | list, optimization: Opt
     return state, num_epochs
 
 
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """A file's modification time and size, None where there is none: whether it was written since."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
 class Trainer:
     """One training run of a classification application: see the module docstring."""
 
@@ -341,10 +350,14 @@ class Trainer:
         try:
             yield
         except BaseException:
-            if self.additions is not None:
-                self.trackers.close(False)
-                self.additions.remove()
+            self.undo()
             raise
+
+    def undo(self) -> None:
+        """Close the trackers as stopped and remove what the run added to its folder (the main process)."""
+        if self.additions is not None:
+            self.trackers.close(False)
+            self.additions.remove()
 
     @property
     def output(self) -> Path:
@@ -395,8 +408,15 @@ class Trainer:
         o = self.options
         runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None, [self.trackers])
         last = self.output / LAST
+        resumed_from = file_stamp(last)
         with resumable_on_ctrl_c(lambda: last if last.is_file() else None):
-            return fit.run(train_loader, val_loader, self.num_epochs, runlog)
+            try:
+                return fit.run(train_loader, val_loader, self.num_epochs, runlog)
+            except DataError:  # refused (an image that does not decode) before the run's first checkpoint
+                if file_stamp(last) == resumed_from:
+                    runlog.close(finished=False)
+                    self.undo()
+                raise
 
     def finish(self, metrics: dict, summary: str) -> dict:
         """Write the run's `metrics.json` (last, after every checkpoint) and say `summary`."""
