@@ -9,6 +9,7 @@ import backbones  # noqa: F401  (registers the models)
 from backbones.common.distributed import DistInfo
 from classification.token_labeling.annotate import generate_token_labels
 from helpers.cls_data import make_image_folder
+from helpers.shared import built_once
 
 # One thread per test process, as the commands the tests run have (helpers.commands.ENV): pytest-xdist runs a worker
 # per core, and torch's default of a thread per core in each of them oversubscribes the machine (on 2 cores the
@@ -24,15 +25,18 @@ def _seed():
 @pytest.fixture(scope='session')
 def labeled_images(tmp_path_factory):
     """A tiny ImageNet-layout folder (3 classes, 8 train and 4 val images each) and its token-label store (a random
-    resnet10t annotator, top-2 at 64 px)."""
-    tmp = tmp_path_factory.mktemp('labeled_images')
-    data = make_image_folder(tmp / 'data')
-    torch.manual_seed(0)
-    annotator = timm.create_model('resnet10t', num_classes=3)
-    torch.save(annotator.state_dict(), tmp / 'annotator.pth')
-    generate_token_labels(data, 'resnet10t', tmp / 'labels', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
-                          img_size=64, topk=2, workers=0)
-    return data, tmp / 'labels'
+    resnet10t annotator, top-2 at 64 px, its weights `annotator.pth` beside them), shared by every worker: read it,
+    copy it to change it."""
+    def build(tmp):
+        data = make_image_folder(tmp / 'data')
+        torch.manual_seed(0)
+        annotator = timm.create_model('resnet10t', num_classes=3)
+        torch.save(annotator.state_dict(), tmp / 'annotator.pth')
+        generate_token_labels(data, 'resnet10t', tmp / 'labels', DistInfo(), checkpoint=str(tmp / 'annotator.pth'),
+                              img_size=64, topk=2, workers=0)
+
+    tmp = built_once(tmp_path_factory, 'labeled_images', build)
+    return tmp / 'data', tmp / 'labels'
 
 
 @pytest.fixture

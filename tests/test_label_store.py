@@ -146,8 +146,8 @@ def test_generation_refuses_to_mix_two_annotations(annotated):
 def test_bf16_generation_keeps_the_fp32_top_5(tmp_path):
     """--amp bf16: the scores within 2% of the largest, the top-5 classes the same wherever fp32's scores are clear
     of ties and at 95% of all positions and ranks (measured: 98-99% on random-weight annotators)."""
-    data = make_image_folder(tmp_path / 'data', per_class={'train': 3}, size=64,
-                             classes=[f'n{i:03d}' for i in range(10)])
+    data = make_image_folder(tmp_path / 'data', per_class={'train': 1}, size=64,
+                             classes=[f'n{i:03d}' for i in range(10)])  # bf16 runs slowly on CPUs: 640 positions
     torch.manual_seed(0)
     torch.save(timm.create_model(ANNOTATOR, num_classes=10, **KWARGS).state_dict(), tmp_path / 'annotator.pth')
     common = dict(checkpoint=str(tmp_path / 'annotator.pth'), img_size=128, topk=5, workers=0, model_kwargs=KWARGS)

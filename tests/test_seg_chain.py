@@ -31,12 +31,13 @@ from backbones.segmentation.config import ADE20K_ROOT, tta_flips
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT
 from backbones.segmentation.train import Pretraining, build_parser, prepare, train
 from classification.digits.cls_data import FINISHED, NEW, RECIPE, STOPPED, EmbeddedScans, pretraining_state
-from classification.digits.pages import CLASSES
+from classification.digits.pages import CLASSES, write_digits_ade
 from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
 from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
 from classification.token_labeling.label_store import TokenLabelStore
 from helpers.commands import ENV, ROOT, run_python, run_tool, succeeded
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
+from helpers.shared import built_once
 from helpers.training_runs import assert_same_run
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
@@ -63,22 +64,31 @@ def tiny_digits_config(path: Path, config: str = CONFIG) -> Path:
     return path
 
 
-def embedded(root: Path) -> EmbeddedPages:
-    """The embedded pages and scans under `root`."""
-    return EmbeddedPages(root / 'digits_seg', EmbeddedScans(root / 'digits'))
+def embedded(root: Path, pages: Path | None = None) -> EmbeddedPages:
+    """The embedded pages (under `root`, or `pages` already written) and scans under `root`."""
+    return EmbeddedPages(pages or root / 'digits_seg', EmbeddedScans(root / 'digits'))
 
 
-def prepared(tmp_path, *argv, config: Path = CONFIGS / CONFIG):
-    """train_seg's config for these arguments (a work dir under `tmp_path` unless they name one)."""
-    work = [] if '--work-dir' in argv else ['--work-dir', str(tmp_path / 'work')]
-    return prepare(build_parser().parse_args([str(config), *work, *argv]), embedded(tmp_path)).cfg
+@pytest.fixture(scope='module')
+def pages(tmp_path_factory) -> Path:
+    """The embedded pages written once for the session, for the tests that read them only."""
+    return built_once(tmp_path_factory, 'digits_pages', lambda folder: write_digits_ade(folder / 'pages')) / 'pages'
+
+
+@pytest.fixture
+def prepared(tmp_path, pages):
+    """train_seg's config for some arguments (a work dir under `tmp_path` unless they name one), on the pages."""
+    def prepared(*argv, config: Path = CONFIGS / CONFIG):
+        work = [] if '--work-dir' in argv else ['--work-dir', str(tmp_path / 'work')]
+        return prepare(build_parser().parse_args([str(config), *work, *argv]), embedded(tmp_path, pages)).cfg
+    return prepared
 
 
 @on_the_fallback
-def test_digits_fallback_takes_its_schedule(tmp_path):
-    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
+def test_digits_fallback_takes_its_schedule(prepared, pages):
+    cfg = prepared('--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_dataloader.dataset.metainfo.classes == CLASSES
-    assert cfg.train_dataloader.dataset.data_root == str(tmp_path / 'digits_seg')
+    assert cfg.train_dataloader.dataset.data_root == str(pages)
     assert cfg.train_cfg.max_iters == SCHEDULE.iters
     assert cfg.train_cfg.val_interval == SCHEDULE.val_interval
     assert cfg.optim_wrapper.optimizer.lr == SCHEDULE.lr
@@ -93,89 +103,89 @@ def test_digits_fallback_takes_its_schedule(tmp_path):
 
 
 @on_the_fallback
-def test_resume_before_the_first_checkpoint_removes_the_torn_write_and_says_it_starts_over(tmp_path, caplog):
+def test_resume_before_the_first_checkpoint_removes_the_torn_write_and_says_it_starts_over(tmp_path, caplog, prepared):
     """A run killed while writing its first checkpoint leaves only a temporary file: --resume removes it and says
     the run starts from iteration 0 (it once started over in silence, the file left behind)."""
     work = tmp_path / 'work'
     work.mkdir()
     torn = work / '.iter_16000.pth.tmp4242'
     torn.write_bytes(b'half a checkpoint')
-    prepared(tmp_path, '--work-dir', str(work), '--resume', '--cfg-options', 'model.backbone.pretrained=None')
+    prepared('--work-dir', str(work), '--resume', '--cfg-options', 'model.backbone.pretrained=None')
     assert not torn.exists()
     assert f'--resume: {work} holds no checkpoint' in caplog.text and 'starting from iteration 0' in caplog.text
 
 
 @on_the_fallback
-def test_a_run_torchrun_restarts_resumes_by_itself(tmp_path, monkeypatch, caplog):
+def test_a_run_torchrun_restarts_resumes_by_itself(tmp_path, monkeypatch, caplog, prepared):
     """Under torchrun --max-restarts a restarted run continues from its work dir without --resume; a new command on
     the same work dir is still refused."""
     work = tmp_path / 'work'
     work.mkdir()
     (work / 'last_checkpoint').write_text(str(work / 'iter_8.pth'))
     with pytest.raises(UsageError, match='already holds a run: add --resume'):
-        prepared(tmp_path, '--work-dir', str(work), '--cfg-options', 'model.backbone.pretrained=None')
+        prepared('--work-dir', str(work), '--cfg-options', 'model.backbone.pretrained=None')
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
     with caplog.at_level('INFO', logger='vit_dense'):
-        cfg = prepared(tmp_path, '--work-dir', str(work), '--cfg-options', 'model.backbone.pretrained=None')
+        cfg = prepared('--work-dir', str(work), '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.resume and f'torchrun restarted the run: resuming from the latest checkpoint in {work}' in caplog.text
 
 
 @on_the_fallback
-def test_a_resumed_run_keeps_the_seed_it_drew(tmp_path):
+def test_a_resumed_run_keeps_the_seed_it_drew(tmp_path, prepared):
     """A config without a seed (ADE20K's; the digits fallback sets one): a new run leaves it to mmengine, which draws
     one for every process (the main one's) and records it in every checkpoint; --resume takes it from the run's newest
     checkpoint: the sampler's order and the workers' augmentation go on as they were."""
     data = write_tiny_ade(tmp_path / 'ade')
     work, options = tmp_path / 'work', ('--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
-    assert prepared(tmp_path, '--work-dir', str(work), *options).randomness.seed is None
+    assert prepared('--work-dir', str(work), *options).randomness.seed is None
     drawn = 1234567
     work.mkdir(exist_ok=True)
     torch.save({'meta': {'seed': drawn}}, work / 'iter_8.pth')
     (work / 'last_checkpoint').write_text(str(work / 'iter_8.pth'))
-    assert prepared(tmp_path, '--work-dir', str(work), '--resume', *options).randomness.seed == drawn
+    assert prepared('--work-dir', str(work), '--resume', *options).randomness.seed == drawn
 
 
 @on_the_fallback
-def test_train_seg_refuses_a_schedule_it_cannot_resume_exactly(tmp_path):
+def test_train_seg_refuses_a_schedule_it_cannot_resume_exactly(tmp_path, prepared):
     with pytest.raises(UsageError, match='EpochBasedTrainLoop: train_seg runs iteration-based schedules'):
-        prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None', 'train_cfg.type=EpochBasedTrainLoop')
+        prepared('--cfg-options', 'model.backbone.pretrained=None', 'train_cfg.type=EpochBasedTrainLoop')
 
 
 @on_the_fallback
-def test_digits_are_never_mirrored_in_training_or_testing(tmp_path):
-    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
+def test_digits_are_never_mirrored_in_training_or_testing(tmp_path, prepared):
+    cfg = prepared('--cfg-options', 'model.backbone.pretrained=None')
     flips = [step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip']
     assert flips and all(step.prob == 0 for step in flips)
     assert not tta_flips(cfg)
     tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
     assert len(tta.transforms[0]) == len(TEST_RATIOS)  # every scale is kept
     data = write_tiny_ade(tmp_path / 'ade')  # the papers' flips stay on real data
-    cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared('--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
     assert tta_flips(cfg)
     assert [step.prob for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomFlip'] == [0.5]
 
 
 @on_the_fallback
-def test_the_multi_scale_test_on_the_pages_takes_the_sizes_training_saw(tmp_path):
+def test_the_multi_scale_test_on_the_pages_takes_the_sizes_training_saw(tmp_path, prepared):
     """ADE20K's ratios 0.75-1.75 of the single-scale size become TEST_RATIOS of the pages' single-scale size, the
     range the pages' training resizes over; the real data keeps the config's."""
-    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared('--cfg-options', 'model.backbone.pretrained=None')
     single = next(step.scale for step in cfg.test_dataloader.dataset.pipeline if step.type == 'Resize')
     tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
     assert [tuple(step['scale']) for step in tta.transforms[0]] == [(round(single[0] * r), round(single[1] * r))
                                                                 for r in TEST_RATIOS]
     assert min(TEST_RATIOS) >= RATIO_RANGE[0] and max(TEST_RATIOS) <= RATIO_RANGE[1] and 1.0 in TEST_RATIOS
     data = write_tiny_ade(tmp_path / 'ade')
-    cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared('--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
     tta = next(step for step in cfg.tta_pipeline if step.type == 'TestTimeAug')
     assert [tuple(step['scale']) for step in tta.transforms[0]] == [(int(2048 * r), int(512 * r))
                                                                 for r in (0.75, 1.0, 1.25, 1.5, 1.75)]
 
 
 @on_the_fallback
-def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path):
+def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tmp_path, prepared):
     config = tiny_digits_config(tmp_path / 'tiny.py')
-    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None', config=config)
+    cfg = prepared('--cfg-options', 'model.backbone.pretrained=None', config=config)
     init_default_scope('mmseg')
     model = MODELS.build(cfg.model)
     optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
@@ -187,20 +197,20 @@ def test_on_the_digits_schedule_neck_and_heads_learn_faster_than_the_backbone(tm
 
 
 @on_the_fallback
-def test_explicit_options_win_over_the_fallback_schedule(tmp_path):
-    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None',
+def test_explicit_options_win_over_the_fallback_schedule(tmp_path, prepared):
+    cfg = prepared('--cfg-options', 'model.backbone.pretrained=None',
                    'optim_wrapper.optimizer.lr=0.001', 'train_dataloader.batch_size=3')
     assert cfg.optim_wrapper.optimizer.lr == 0.001 and cfg.train_dataloader.batch_size == 3
     assert cfg.train_cfg.max_iters == SCHEDULE.iters
-    cfg = prepared(tmp_path, '--iters', '30', '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared('--iters', '30', '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_cfg.max_iters == 30 and cfg.param_scheduler[-1].end == 30
     assert cfg.param_scheduler[0].end == round(SCHEDULE.warmup_iters * 30 / SCHEDULE.iters)
 
 
 @pytest.mark.skipif((ROOT / OWN_DATA_ROOT).is_dir(), reason='a data set of your own is on disk: no fallback to test')
 @on_the_fallback
-def test_an_own_data_config_without_its_data_runs_on_the_digits(tmp_path):
-    cfg = prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=None',
+def test_an_own_data_config_without_its_data_runs_on_the_digits(tmp_path, prepared):
+    cfg = prepared('--cfg-options', 'model.backbone.pretrained=None',
                    config=CONFIGS / 'upernet_lvvit_s_own_data.py')
     assert cfg.train_dataloader.dataset.metainfo.classes == CLASSES
     assert cfg.model.decode_head.num_classes == len(CLASSES)
@@ -208,17 +218,17 @@ def test_an_own_data_config_without_its_data_runs_on_the_digits(tmp_path):
 
 
 @on_the_fallback
-def test_real_data_keeps_the_config_schedule(tmp_path):
+def test_real_data_keeps_the_config_schedule(tmp_path, prepared):
     data = write_tiny_ade(tmp_path / 'ade')
-    cfg = prepared(tmp_path, '--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
+    cfg = prepared('--data-root', str(data), '--cfg-options', 'model.backbone.pretrained=None')
     assert cfg.train_cfg.max_iters == 160000 and cfg.optim_wrapper.optimizer.lr == 6e-5
     assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
 
 
 @on_the_fallback
-def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path):
+def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path, prepared):
     with pytest.raises(CheckpointError, match='nowhere.pth'):
-        prepared(tmp_path, '--cfg-options', 'model.backbone.pretrained=nowhere.pth')
+        prepared('--cfg-options', 'model.backbone.pretrained=nowhere.pth')
 
 
 @pytest.mark.skipif((ROOT / OWN_DATA_ROOT).is_dir(), reason='a data set of your own is on disk: no fallback to test')
@@ -226,12 +236,13 @@ def test_a_missing_backbone_file_given_on_the_command_line_is_an_error(tmp_path)
     (CONFIG, 'pretrained/lvvit_s-26M-224-83.3.pth.tar not found'),
     ('upernet_lvvit_s_own_data.py', 'timm (the ImageNet release) left aside on the embedded data')])
 @on_the_fallback
-def test_the_segmentation_trainer_asks_for_the_pretraining_and_trains_nothing_itself(tmp_path, config, reason):
+def test_the_segmentation_trainer_asks_for_the_pretraining_and_trains_nothing_itself(tmp_path, pages, config,
+                                                                                     reason):
     """Control runs one way: on the embedded set, a config whose ImageNet weights are not there comes back from
     `prepare` with the pretraining its tool is to run first (nothing trained, no scans written), and the trainer
     starts from the checkpoint that stage gives it, refusing to start without one."""
     run = prepare(build_parser().parse_args([str(CONFIGS / config), '--work-dir', str(tmp_path / 'work')]),
-                  embedded(tmp_path))
+                  embedded(tmp_path, pages))
     assert run.pretraining == Pretraining('lvvit_s', {}, reason)
     assert not (tmp_path / 'digits').exists()
     with pytest.raises(UsageError, match=f'backbone: {re.escape(reason)}: pretrain lvvit_s first and pass its '
@@ -239,23 +250,23 @@ def test_the_segmentation_trainer_asks_for_the_pretraining_and_trains_nothing_it
         train(run)
     given = prepare(build_parser().parse_args([str(CONFIGS / config), '--work-dir', str(tmp_path / 'other'),
                                                '--cfg-options', 'model.backbone.pretrained=None']),
-                    embedded(tmp_path))
+                    embedded(tmp_path, pages))
     assert given.pretraining is None and given.cfg.model.backbone.pretrained is None
 
 
 @on_the_fallback
-def test_cfg_options_are_applied_once_so_train_seg_and_test_seg_run_one_config(tmp_path):
+def test_cfg_options_are_applied_once_so_train_seg_and_test_seg_run_one_config(tmp_path, pages, prepared):
     """A --cfg-options value the embedded set transforms (a size: scaled to the pages) is applied once, before the
     scaling, as test_seg applies it: the single-scale test size of train_seg's config (the one its work dir keeps) is
     test_seg's, and the multi-scale sizes are its ratios. Merged a second time after the embedded set's changes, the
     option undid the scaling of the test size (1024 x 256 tested on 48 px pages) but not of the multi-scale sizes
     derived from it."""
     options = ('--cfg-options', 'model.backbone.pretrained=None', 'test_dataloader.dataset.pipeline.1.scale=(1024,256)')
-    trained = prepared(tmp_path, *options)
+    trained = prepared(*options)
     checkpoint = tmp_path / 'segmentor.pth'
     torch.save({'state_dict': {'decode_head.conv_seg.bias': torch.zeros(len(CLASSES))}}, checkpoint)
     tested = tester.prepare(tester.build_parser().parse_args([str(CONFIGS / CONFIG), str(checkpoint), *options]),
-                          embedded(tmp_path))
+                          embedded(tmp_path, pages))
     size = (round(1024 * SCALE), round(256 * SCALE))
     assert [step.get('scale') for step in trained.test_dataloader.dataset.pipeline] == [None, size, None, None]
     assert trained.test_dataloader.dataset.pipeline == tested.test_dataloader.dataset.pipeline
