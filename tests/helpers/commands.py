@@ -24,14 +24,20 @@ ENV = {**{k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}, 'OMP_NUM_TH
 def run_python(argv: Sequence[str], cwd: Path = ROOT, timeout: int = 600, env: dict | None = None,
                fresh: bool = False, nested: bool = False) -> subprocess.CompletedProcess:
     """`python ARGV` in a process of its own, output captured: a tool (`argv[0]` a script in tools/) in a child of
-    the tool server (zygote.py says what differs from a fresh interpreter), anything else, or with `env`, or
-    `fresh`, in a fresh interpreter. `nested`: the tools the tool runs with `sys.executable` are the server's
-    children too."""
+    the tool server (zygote.py says what differs from a fresh interpreter), anything else, or with an `env` that
+    differs from the tests' own beyond PYTHONPATH, or `fresh`, in a fresh interpreter. `nested`: the tools the tool
+    runs with `sys.executable` are the server's children too."""
     argv = [str(arg) for arg in argv]
-    if fresh or env is not None or not ToolServer.serves(argv, Path(cwd)):
+    if fresh or (env is not None and not search_path_only(env)) or not ToolServer.serves(argv, Path(cwd)):
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env or ENV, capture_output=True, text=True,
                               timeout=timeout)
-    return ToolServer.shared().run(argv, Path(cwd), timeout, nested)
+    return ToolServer.shared().run(argv, Path(cwd), timeout, nested, env)
+
+
+def search_path_only(env: dict) -> bool:
+    """Whether `env` is the tests' own but for PYTHONPATH, which the tool server's child puts on its `sys.path` (the
+    modules it names are not imported in the server)."""
+    return {k: v for k, v in env.items() if k != 'PYTHONPATH'} == {k: v for k, v in ENV.items() if k != 'PYTHONPATH'}
 
 
 def run_tool(tool: str, args: Sequence[str] = (), **kwargs) -> subprocess.CompletedProcess:
@@ -88,11 +94,12 @@ class ToolServer:
                     raise RuntimeError(f'the tool server ended or did not start (status {self.process.poll()})')
                 time.sleep(0.05)
 
-    def run(self, argv: list[str], cwd: Path, timeout: float, nested: bool = False) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: Path, timeout: float, nested: bool = False,
+            env: dict | None = None) -> subprocess.CompletedProcess:
         self.calls += 1
         stdout, stderr = self.folder / f'{self.calls}.out', self.folder / f'{self.calls}.err'
         command = [sys.executable, *argv]
-        request = {'argv': argv, 'cwd': str(cwd), 'env': None, 'nested': nested and self.nests}
+        request = {'argv': argv, 'cwd': str(cwd), 'env': env, 'nested': nested and self.nests}
         pid = None
         with (open(os.devnull, 'rb') as stdin, open(stdout, 'wb') as out, open(stderr, 'wb') as err,
               self.connect() as connection):

@@ -24,8 +24,10 @@ What differs from a fresh interpreter:
   looks at its children, or signals its own group, finds a nested command's stand-in instead (the stand-in passes
   signals on; one killed outright has the server kill its command's group a moment later). Tests that measure a
   tool's child processes do not ask for nested commands.
-So these run in a fresh interpreter (`commands.run_python`): a call with `fresh=True` (the tests that read what a
-command prints while importing), with an `env` of its own, `python -c` and `-m` commands, every call on a machine with
+A call whose environment differs from the tests' own only by PYTHONPATH runs here with that path's folders put on its
+`sys.path` (the modules they hold are not imported in the server). These run in a fresh interpreter
+(`commands.run_python`): a call with `fresh=True` (the tests that read what a command prints while importing), with
+another `env` of its own, `python -c` and `-m` commands, every call on a machine with
 CUDA (a child forked after mmengine's import has looked at CUDA cannot initialise it), and every call when
 SUITE_TESTS_FRESH_PYTHON=1.
 
@@ -149,6 +151,9 @@ def run_as_main(request: dict, fds: list[int], stand_in: str) -> None:
     tool = request['argv'][0]
     sys.argv = list(request['argv'])
     sys.path[0] = os.path.dirname(os.path.abspath(tool))  # as `python tools/TOOL` sets it
+    if request.get('env') is not None:  # PYTHONPATH's folders after the tool's, as a fresh interpreter has them
+        sys.path[1:1] = [os.path.abspath(path) for path in request['env'].get('PYTHONPATH', '').split(os.pathsep)
+                         if path]
     if 'numpy' in sys.modules:
         sys.modules['numpy'].random.seed()  # from the OS, as a fresh interpreter's import seeds it
     status, interrupted = 0, False
