@@ -549,25 +549,6 @@ def test_a_top_k_above_the_detections_the_detector_can_give_is_refused(random_de
     assert json.loads((tmp_path / 'y' / 'export.json').read_text())['top_k'] == 60
 
 
-def test_a_pyramid_at_any_size_runs_from_96_px_and_a_trace_below_is_refused_before_export(random_detector, tmp_path):
-    """Traced at 64x64 its coarsest level (p6, stride 64) is one pixel, which torch.export fixed: the program failed
-    its own check at another size, after the work. From 96 px every level is two pixels or more."""
-    config, checkpoint, model, _ = random_detector
-    base = ['segmentor', str(config), str(checkpoint), '--pyramid-only', '--dynamic-size', '--torch-export']
-    with pytest.raises(UsageError, match=r'^--dynamic-size: trace at a size of 96 px or more a side \(--size\)'):
-        export([*base, '--out', str(tmp_path / 'x'), '--size', '64', '64'])
-    assert not (tmp_path / 'x').exists()
-    export([*base, '--out', str(tmp_path / 'pyramid'), '--size', '96', '128'])
-    described = json.loads((tmp_path / 'pyramid' / 'export.json').read_text())
-    assert described['input']['size'] == 'any multiple of the stride from 96' and described['input']['stride'] == 32
-    program = torch.export.load(tmp_path / 'pyramid' / EXPORTED_PROGRAM).module()
-    for size in ((96, 96), (160, 224)):
-        images = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            for got, expected in zip(program(images), model.extract_feat(images).values(), strict=True):
-                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.slow  # the tool run once for its one-line error
 def test_a_detectors_export_options_are_refused_in_one_line_before_any_work(random_detector, tmp_path, capsys):
     """--top-k 0, --top-k with --pyramid-only, either on a segmentor's config, --dynamic-size for the whole
