@@ -341,14 +341,21 @@ def test_the_gpu_sessions_dense_steps_run_on_a_cpu_at_smoke_sizes(tmp_path):
         assert step['img_s'] > 0 and step['it_s'] == pytest.approx(step['img_s'] / 2) and step['batch_size'] == 2
     assert dense['upernet_lvvit_s']['largest_image'] == [64, 64] and dense['depth_lvvit_s']['largest_image'] == [60, 60]
     assert max(dense['maskrcnn_lvvit_s']['largest_image']) == 128
-    windows = session['dense_steps']['windows']  # Mask R-CNN with window attention against global attention
+    table = session_table(tmp_path, session)
+    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
+    assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
+
+
+@pytest.mark.slow
+def test_the_gpu_sessions_window_comparison_runs_on_a_cpu_at_smoke_sizes(tmp_path):
+    """Mask R-CNN with window attention against global attention, each in a fresh process."""
+    session, _ = smoke_call(tmp_path, ['dense_windows'])
+    windows = session['dense_windows']
     assert windows['global']['config'].endswith('maskrcnn_lvvit_s.py')
     assert windows['windows']['config'].endswith('maskrcnn_lvvit_s_windowed.py')
     assert windows['time_ratio'] == pytest.approx(windows['global']['img_s'] / windows['windows']['img_s'])
     assert windows['memory_ratio'] > 0 and windows['windows']['peak_process_gib'] > 0
-    table = session_table(tmp_path, session)
-    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
-    assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
+    table = session_table(tmp_path, {**session, 'dense_steps': {'configs': {}}})
     assert 'Mask R-CNN with window attention against global attention: x' in table
 
 

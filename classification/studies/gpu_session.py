@@ -1,11 +1,12 @@
 """One borrowed GPU machine's measurements, stage by stage, the stages of one device call chosen with `--stages`
 (tools/measure_gpu.py).
 
-The stages, in the order of value (the default runs the first five, the figures no session has measured yet):
+The stages, in the order of value (the default runs the first six, the figures no session has measured yet):
 `deit_loop`, DeiT-S's whole loop with `--decode gpu` against its step in the same process, eager and compiled, with
 its data-wait share; `lvvit_loop`, the same for LV-ViT-S with token labeling; `decoding`, nvJPEG against the workers'
 decoding; `label_generation`, bf16 label generation against fp32; `dense_steps`, the training steps of UperNet,
-Mask R-CNN and the depth model in their steady state; then by name `loop_benchmark` (the suite against
+Mask R-CNN and the depth model in their steady state; `dense_windows`, Mask R-CNN with window attention against
+global attention; then by name `loop_benchmark` (the suite against
 timm's train.py and the loop with the workers decoding, tools/benchmark_loop.py) and `gpu_tests` (`pytest -m gpu`, a
 call of its own). Each stage runs in a process of its own under the call's remaining time (`--budget`); a stage
 whose predicted length no longer fits is skipped with a line saying so, and one stopped at its limit keeps what it
@@ -44,6 +45,12 @@ from classification.studies.results_file import check_envelope, checkout_commit,
 AMP = 'bf16'
 
 
+def session_amp(device: str) -> str:
+    """The steps' precision: bf16 autocast on a GPU; fp32 on a CPU, where bf16 runs emulated (a smoke run's steps
+    took seconds an image) and the figures measure nothing anyway."""
+    return AMP if device == 'cuda' else 'none'
+
+
 @dataclass(frozen=True)
 class Sizes:
     """What the stages run: the GPU session's sizes, or the smoke run's."""
@@ -77,9 +84,10 @@ SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64,
               label_batch=2, token_labeling_model='lvvit_s', dense_scale=0.125, dense_batch=2, dense_seconds=0.0,
               dense_warmup=1)
 
-STAGE_ORDER = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps', 'loop_benchmark',
-               'gpu_tests')
-DEFAULT_STAGES = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps')  # no session measured
+STAGE_ORDER = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps', 'dense_windows',
+               'loop_benchmark', 'gpu_tests')
+# no session measured these
+DEFAULT_STAGES = ('deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps', 'dense_windows')
 DENSE_CONFIGS = ('seg_configs/upernet_lvvit_s.py', 'seg_configs/maskrcnn_lvvit_s.py', 'seg_configs/depth_lvvit_s.py')
 NEEDS_CUDA = {'gpu_tests': 'the GPU suite runs on CUDA; on a CPU every test is a skip',
               'decoding': 'nvJPEG decodes on CUDA'}
@@ -99,9 +107,10 @@ def predicted_seconds(stage: str, sizes: Sizes) -> float:
             'gpu_tests': 420.0,  # 400-450 s on 2026-11-28
             'decoding': 60 + 2 * (window + 15),  # data; the workers' decoding, then nvJPEG
             'label_generation': 40 + 2 * (window + 10),  # the annotator built; fp32, then bf16
-            # never run on a GPU: per config (and the window comparison's two), building it and its batches, then
-            # the warm-up and the window
-            'dense_steps': (len(DENSE_CONFIGS) + 2) * (20 + sizes.dense_seconds + 10)}[stage]
+            # never run on a GPU: per config (the window comparison's two), building it and its batches, then the
+            # warm-up and the window
+            'dense_steps': len(DENSE_CONFIGS) * (20 + sizes.dense_seconds + 10),
+            'dense_windows': 2 * (20 + sizes.dense_seconds + 10)}[stage]
 
 
 class Results:
@@ -179,8 +188,9 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
     given --timm-train, timm's train.py on the same data; each figure recorded as the benchmark logs it, its JSON
     document at the end."""
     sizes = args.sizes
-    options = ['--models', sizes.model, '--device', args.device, '--amp', AMP, '--batch-size', sizes.batch_size,
-               '--workers', sizes.workers, '--images', sizes.images, '--seconds', f'{sizes.seconds:g}',
+    options = ['--models', sizes.model, '--device', args.device, '--amp', session_amp(args.device),
+               '--batch-size', sizes.batch_size, '--workers', sizes.workers, '--images', sizes.images, '--seconds',
+               f'{sizes.seconds:g}',
                '--skip-updates', sizes.skip_updates, '--compare-loop', '--train-cls', '--json']
     options += ['--min-batches', sizes.min_batches] if sizes.min_batches else []
     # the file given, wherever this call runs: the benchmark runs in the checkout
@@ -273,7 +283,8 @@ def outcome(status: int | None, known: str | None = None) -> str:
 STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
     'loop_benchmark': loop_benchmark_stage, 'deit_loop': child_stage('deit_loop'),
     'lvvit_loop': child_stage('lvvit_loop'), 'gpu_tests': gpu_tests_stage, 'decoding': child_stage('decoding'),
-    'label_generation': child_stage('label_generation'), 'dense_steps': child_stage('dense_steps')}
+    'label_generation': child_stage('label_generation'), 'dense_steps': child_stage('dense_steps'),
+    'dense_windows': child_stage('dense_windows')}
 
 
 def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
@@ -319,7 +330,7 @@ def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, images:
     from classification.recipes import recipe_for
     from classification.studies import loop_benchmark
 
-    argv = ['--models', model, '--device', device, '--amp', AMP, '--batch-size', str(sizes.batch_size),
+    argv = ['--models', model, '--device', device, '--amp', session_amp(device), '--batch-size', str(sizes.batch_size),
             '--workers', str(workers or sizes.workers), '--seconds', f'{sizes.seconds:g}', '--decode', decode]
     argv += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
     args = loop_benchmark.parse_args(argv)
@@ -341,13 +352,13 @@ def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
         from classification.engine.trainer import StepOptions
         from classification.studies import loop_benchmark
 
-        model, decode = model_of(sizes), 'gpu' if device == 'cuda' else 'cpu'
+        model, decode, amp = model_of(sizes), 'gpu' if device == 'cuda' else 'cpu', session_amp(device)
         setup = benchmark_setup(model, sizes, device, tmp, images=sizes.images, decode=decode,
                                 workers=sizes.loop_workers)
         batch = loop_benchmark.device_batch(setup, 'batched')
         figures: dict[str, object] = {}
         loops = {'how': f'the whole loop (the batched path, --decode {decode}, {sizes.loop_workers} workers, the '
-                        f'prefetcher) and the trainer step ({AMP} autocast, fused AdamW, channels-last) on one batch '
+                        f'prefetcher) and the trainer step ({amp} autocast, fused AdamW, channels-last) on one batch '
                         f'on the device, batch {sizes.batch_size}, each timed >= {sizes.seconds:g} s after its '
                         f'warm-up, eager and torch.compile; data_wait: the loop pass\'s share of time waiting for '
                         f'batches, its warm-up included', 'decode': decode, 'workers': sizes.loop_workers,
@@ -357,7 +368,7 @@ def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
                 logger.info(f'{model}: the compiled step and loop are skipped on a CPU')
                 continue
             options = StepOptions(compile=compiled)
-            step = loop_benchmark.step_images_per_second(setup, batch, options, AMP)
+            step = loop_benchmark.step_images_per_second(setup, batch, options, amp)
             loop = loop_benchmark.loop_images_per_second(setup, 'batched', options)
             figures[label] = {'step_img_s': step.images_per_second, 'loop_img_s': loop.images_per_second,
                               'loop_of_step': loop.images_per_second / step.images_per_second,
@@ -422,7 +433,7 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
     """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config (its
     optimizer, its per-GPU batch, fp32 as the configs train), on batches of the data sets' sizes made by the
     config's own pipeline, each timed in its steady state (classification/studies/dense_step_benchmark.py)."""
-    from classification.studies.dense_step_benchmark import compare_window_attention, time_dense_step
+    from classification.studies.dense_step_benchmark import time_dense_step
 
     figures: dict[str, object] = {
         'how': f"each config's training step on batches its training pipeline made from synthetic images of the "
@@ -434,19 +445,25 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
         logger.info(f'{config}: {step.img_s:.1f} img/s ({step.it_s:.2f} it/s of {step.batch_size})')
         figures['configs'][Path(config).stem] = step.as_dict()
         save('dense_steps', figures)
-    # Mask R-CNN with ViTDet's window attention against global attention, each in a fresh process
+
+
+def dense_windows_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
+    """Mask R-CNN's training step with ViTDet's window attention against global attention, each in a fresh process
+    (`dense_steps_stage`'s sizes), their ratios of step time and peak memory."""
+    from classification.studies.dense_step_benchmark import compare_window_attention
+
     windows = compare_window_attention(torch.device(device), sizes.dense_seconds, sizes.min_batches or 20,
                                        sizes.dense_warmup, scale=sizes.dense_scale, batch_size=sizes.dense_batch)
     logger.info(f'Mask R-CNN, windows / global: x{windows["time_ratio"]:.2f} the time of a step, '
                 f'x{windows["memory_ratio"]:.2f} the memory')
-    figures['windows'] = windows
-    save('dense_steps', figures)
+    save('dense_windows', windows)
 
 
 CHILD_STAGES: dict[str, ChildStage] = {
     'deit_loop': loop_stage('deit_loop', lambda sizes: sizes.model),
     'lvvit_loop': loop_stage('lvvit_loop', lambda sizes: sizes.token_labeling_model),
-    'decoding': decoding_stage, 'label_generation': label_generation_stage, 'dense_steps': dense_steps_stage}
+    'decoding': decoding_stage, 'label_generation': label_generation_stage, 'dense_steps': dense_steps_stage,
+    'dense_windows': dense_windows_stage}
 
 
 def run_child_stage(name: str, out: Path, sizes: Sizes, device: str) -> None:
