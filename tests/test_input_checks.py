@@ -286,6 +286,7 @@ def test_label_generation_refuses_an_annotator_trained_on_other_classes(trained,
 def test_resume_refuses_other_settings_and_files_that_are_not_runs(trained, tmp_path):
     data, run = trained
     copy = Path(shutil.copytree(run, tmp_path / 'run'))
+    (copy / METRICS).unlink()  # as a run stopped after its last checkpoint: a finished one is not resumed
     with pytest.raises(UsageError, match=r'started with epochs=1.*this command gives epochs=3'):
         train.main(train_args(data, copy, '--resume') + ['--epochs', '3'])
     with pytest.raises(UsageError, match=r'lr_base=0\.0005.*lr_base=0\.002'):
@@ -488,6 +489,7 @@ def test_imagenet_v2_numeric_folders_are_the_class_indices(tmp_path):
 def test_resume_refuses_another_precision_or_augmentation_path(trained, tmp_path):
     data, run = trained
     copy = Path(shutil.copytree(run, tmp_path / 'run'))
+    (copy / METRICS).unlink()  # as a run stopped after its last checkpoint: a finished one is not resumed
     with pytest.raises(UsageError, match=r"started with amp='none'.*this command gives amp='bf16'"):
         train.main(train_args(data, copy, '--resume', '--amp', 'bf16'))
     with pytest.raises(UsageError, match=r"started with augment='pil'.*this command gives augment='batched'"):

@@ -235,7 +235,8 @@ def test_an_evaluator_tta_or_folder_test_seg_cannot_use_is_one_line(tiny_ade, tm
     """A metric no registry holds, two IoU metrics, a mean IoUMetric does not compute, --tta without the config's
     multi-scale settings, and predictions written where the test set's annotations are (they would replace them)."""
     config, checkpoint = tiny_ade
-    refused = {"test_evaluator names NoSuchMetric, which is no metric": ['test_evaluator.type=NoSuchMetric'],
+    refused = {"test_evaluator.type: 'NoSuchMetric' is nothing mmseg, mmengine or the suite registers; the nearest is "
+               "'IoUMetric'": ['test_evaluator.type=NoSuchMetric'],  # checked with the options, before the test
                'asks for mBogus: IoUMetric computes': ['test_evaluator.iou_metrics=[mIoU,mBogus]'],
                "tests with the config's tta_pipeline, which it does not set": ['tta_pipeline=None']}
     for says, options in refused.items():

@@ -57,8 +57,9 @@ def test_train_refuses_to_overwrite_and_resumes(trained):
     # once more on the finished run: it validated again and wrote a new config dump and log folder, without a word
     before = sorted((path, path.stat().st_mtime_ns) for path in work.rglob('*'))
     again = succeeded(run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '3', '--resume']))
-    assert again.stderr.strip().splitlines()[-1] == (f'nothing to do: {work} holds a finished run (iter_3.pth: 3 of '
-                                                     f'its 3 iterations): a new run needs another --work-dir')
+    assert again.stderr.strip().splitlines()[-1] == (f'nothing to do: {work} holds a finished run (finished.json: 3 '
+                                                     f'of its 3 iterations, validated): a new run (a longer schedule, '
+                                                     f'other settings) needs another --work-dir')
     assert 'Iter(' not in again.stdout + again.stderr
     assert sorted((path, path.stat().st_mtime_ns) for path in work.rglob('*')) == before
 
@@ -229,6 +230,7 @@ def test_a_copied_work_dir_resumes_from_its_own_checkpoints(trained, tmp_path):
     original = Path(shutil.copytree(work, tmp_path / 'original'))
     for later in original.glob('iter_[3-9]*.pth'):  # another test of this module may have resumed the run
         later.unlink()
+    (original / 'finished.json').unlink()  # the run at its second iteration, as stopped there
     (original / 'last_checkpoint').write_text(str(original / 'iter_2.pth'))
     copy, cut = (Path(shutil.copytree(original, tmp_path / name)) for name in ('copy', 'cut'))
     (original / 'iter_2.pth').write_bytes(b'a new run is writing here')

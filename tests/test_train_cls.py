@@ -135,6 +135,7 @@ def test_train_images_is_recorded_and_kept_on_resume(labeled_images, tmp_path):
     run = ['--epochs', '1', '--workers', '0', '--log-interval', '1']
     metrics = main(train_args(data, labels, tmp_path, *run, '--train-images', '6'))
     assert metrics['train_images'] == 6 and len(read_log(tmp_path)) == 1
+    (tmp_path / 'metrics.json').unlink()  # as a run stopped after its last checkpoint: one finished is not resumed
     with pytest.raises(UsageError, match='train_images=6.*train_images=8'):
         main(train_args(data, labels, tmp_path, *run, '--train-images', '8', '--resume'))
 
@@ -328,6 +329,7 @@ def test_grad_accum_steps_trains_like_the_whole_global_batch(labeled_images, tmp
     assert_same_run(tmp_path / 'whole', tmp_path / 'accumulated', epochs=2, exact=False)
     checkpoint = torch.load(tmp_path / 'accumulated' / 'last.pth', weights_only=True)
     assert checkpoint['num_updates'] == 4 and checkpoint['args']['grad_accum_steps'] == 4
+    (tmp_path / 'accumulated' / 'metrics.json').unlink()  # as a run stopped after its last checkpoint
     with pytest.raises(UsageError, match='grad_accum_steps=4'):
         main([*accumulated, '--resume', '--grad-accum-steps', '2'])
 
@@ -574,6 +576,6 @@ def test_resume_on_a_finished_run_says_so_in_one_line_exits_0_and_writes_nothing
     result = succeeded(run_tool('train_cls.py', [*args, '--resume']))
     assert result.stderr.strip().splitlines()[-1] == (f'nothing to do: {tmp_path / "run"} holds a finished run '
                                                       f'(metrics.json is written after its last epoch): a new run '
-                                                      f'needs another --output')
+                                                      f'(more epochs, other settings) needs another --output')
     assert 'top-1' not in result.stdout
     assert {path: path.stat().st_mtime_ns for path in (tmp_path / 'run').rglob('*')} == before

@@ -23,7 +23,13 @@ from backbones.common.log import logger
 from backbones.segmentation.cfg_options import merge_options
 from backbones.segmentation.layouts import layout_of, layout_roots
 from backbones.segmentation.mmengine_io import mmengine_checkpoint_globals, plain_values
-from backbones.segmentation.runner import checkpoint_meta, iteration_checkpoints, recorded_config, trained_data
+from backbones.segmentation.runner import (
+    FINISHED,
+    finished_iterations,
+    iteration_checkpoints,
+    recorded_config,
+    trained_data,
+)
 from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT, is_own_data_config
 from backbones.segmentation.tasks import (
     DenseTask,
@@ -605,20 +611,20 @@ def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, co
 
 
 def check_resumed_run(work_dir: str, task: DenseTask, config: str, max_iters: int) -> None:
-    """The run a work dir holds is of the config's `task` and has iterations left of its `max_iters`, as its newest
-    readable checkpoint says (the one a resume continues from: `runner.SuiteRunner` falls back past those that do
-    not read, and leaves their naming to it); a finished one is AlreadyDone."""
+    """The run a work dir holds is of the config's `task`, as its newest readable checkpoint says (the one a resume
+    continues from: `runner.SuiteRunner` falls back past those that do not read, and leaves their naming to it), and
+    has something left to do: one that finished its `max_iters` (trained and validated) is AlreadyDone."""
     for candidate in iteration_checkpoints(work_dir):
         try:
             names = weight_names(str(candidate))
         except CheckpointError:
             continue
         check_checkpoint_task(str(candidate), names, task, config)
-        done = checkpoint_meta(str(candidate)).get('iter')
-        if isinstance(done, int) and done >= max_iters:
-            raise AlreadyDone(f'{work_dir} holds a finished run ({candidate.name}: {done} of its {max_iters} '
-                              f'iterations): a new run needs another --work-dir')
-        return
+        break
+    done = finished_iterations(work_dir)
+    if done and done >= max_iters:
+        raise AlreadyDone(f'{work_dir} holds a finished run ({FINISHED}: {done} of its {max_iters} iterations, '
+                          f'validated): a new run (a longer schedule, other settings) needs another --work-dir')
 
 
 def check_pretrained(cfg: Config) -> None:

@@ -14,6 +14,7 @@ first (`preemption.py`): a scheduler signals every process of a job.
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
 import shutil
@@ -37,7 +38,7 @@ from torch.nn.modules.utils import _pair
 from torch.utils.data import DataLoader
 
 from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError, UsageError
-from backbones.common.files import FolderAdditions, load_weights_only
+from backbones.common.files import FolderAdditions, load_weights_only, write_json_atomic
 from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
 from backbones.common.log import logger
 from backbones.common.trackers import tracker_errors
@@ -49,6 +50,17 @@ from backbones.weights import describe_mismatch, key_mismatch
 from backbones.window_attention import REL_POS_KEYS
 
 T = TypeVar('T')
+
+FINISHED = 'finished.json'  # a work dir's mark of a run trained to its last iteration and validated: its count
+
+
+def finished_iterations(work_dir: str | Path) -> int:
+    """The iterations of the run the work dir holds where it finished (its FINISHED mark), else 0."""
+    try:
+        return int(json.loads((Path(work_dir) / FINISHED).read_text())['iterations'])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
 
 def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
     """The run's `iter_N.pth` files, newest first."""
@@ -241,7 +253,10 @@ class SuiteRunner(Runner):
         # mmengine's find_latest_checkpoint would print 'Did not find last_checkpoint' before the first one
         last = Path(self.work_dir) / 'last_checkpoint'
         with resumable_on_ctrl_c(lambda: Path(last.read_text().strip()) if last.is_file() else None):
-            return self._running(super().train)
+            model = self._running(super().train)
+        if self.rank == 0:  # its last validation done too: a --resume has nothing left to do
+            write_json_atomic(Path(self.work_dir) / FINISHED, {'iterations': self.iter})
+        return model
 
     def test(self):
         return self._running(super().test)

@@ -86,7 +86,7 @@ def resume_path(resume: str | None, output: Path) -> Path | None:
         resume_from = output / LAST if resume == 'auto' else Path(resume)
         if (output / METRICS).exists() and resume_from.resolve() == (output / LAST).resolve():
             raise AlreadyDone(f'{output} holds a finished run ({METRICS} is written after its last epoch): a new run '
-                              f'needs another --output')
+                              f'(more epochs, other settings) needs another --output')
         return resume_from
     if (output / LAST).exists():
         raise UsageError(f'{output} already holds a run ({LAST}): pass --resume to continue it, or another --output')

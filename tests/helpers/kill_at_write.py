@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from backbones.common.errors import AlreadyDone
 from classification import train, transfer
 
 TOOLS = {'train_cls.py': train.main, 'transfer_cifar.py': transfer.main}
@@ -57,6 +58,8 @@ def run_forked(main: Callable[[list[str]], object], argv: list[str], kill_at: in
             main(argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
+        except AlreadyDone:  # the run was finished (a kill after metrics.json): as run_command, exit status 0
+            code = 0
         except BaseException:
             traceback.print_exc()
             code = 1
