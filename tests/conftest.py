@@ -10,6 +10,7 @@ from backbones.common.distributed import DistInfo
 from classification.token_labeling.annotate import generate_token_labels
 from helpers.cls_data import make_image_folder
 from helpers.shared import built_once
+from helpers.training_runs import tiny_deit_run
 
 # One thread per test process, as the commands the tests run have (helpers.commands.ENV): pytest-xdist runs a worker
 # per core, and torch's default of a thread per core in each of them oversubscribes the machine (on 2 cores the
@@ -37,6 +38,14 @@ def labeled_images(tmp_path_factory):
 
     tmp = built_once(tmp_path_factory, 'labeled_images', build)
     return tmp / 'data', tmp / 'labels'
+
+
+@pytest.fixture(scope='session')
+def tiny_deit(tmp_path_factory):
+    """An image folder of three named classes and a tiny DeiT trained on it for two epochs (its last.pth), shared by
+    every worker: read it, copy it to change it."""
+    folder = built_once(tmp_path_factory, 'tiny_deit', lambda root: tiny_deit_run(root, epochs=2))
+    return folder / 'data', folder / 'run' / 'last.pth'
 
 
 @pytest.fixture

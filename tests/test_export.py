@@ -25,7 +25,6 @@ from classification.predict import ClassPredictor
 from helpers.cls_data import CLASSES, textured_jpegs
 from helpers.commands import run_tool, succeeded
 from helpers.models import damaged_copy
-from helpers.training_runs import tiny_deit_run
 
 
 def export(argv: list[str]):
@@ -38,12 +37,11 @@ DEIT = 'deit_small_patch16_224'
 
 
 @pytest.fixture(scope='module')
-def checkpoint_with_ema(tmp_path_factory):
+def checkpoint_with_ema(tiny_deit, tmp_path_factory):
     """A DeiT run's checkpoint (three named classes) as written before the EMA rule: its trained weights as
     `state_dict`, with an EMA copy that differs from them."""
     tmp = tmp_path_factory.mktemp('export')
-    _, last = tiny_deit_run(tmp, epochs=1)
-    checkpoint = torch.load(last, weights_only=False)
+    checkpoint = torch.load(tiny_deit[1], weights_only=False)
     checkpoint['state_dict'] = checkpoint.pop('state_dict_trained', checkpoint['state_dict'])
     del checkpoint['weights']
     checkpoint['state_dict_ema'] = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v

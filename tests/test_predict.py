@@ -18,15 +18,14 @@ from classification.predict import ClassPredictor
 from helpers.cls_data import CLASSES
 from helpers.commands import run_tool, succeeded
 from helpers.models import TINY_DEIT, damaged_copy
-from helpers.training_runs import tiny_deit_run
 
 TINY_KWARGS = dict(embed_dim=32, depth=2, num_heads=2)
 
 
 @pytest.fixture(scope='module')
-def classifier(tmp_path_factory):
+def classifier(tiny_deit):
     """An image folder and a two-epoch DeiT run on it (its last.pth records the three class names)."""
-    return tiny_deit_run(tmp_path_factory.mktemp('predict'), epochs=2)
+    return tiny_deit
 
 
 def val_images(data: Path) -> list[Path]:
