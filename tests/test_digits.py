@@ -64,17 +64,41 @@ def test_segmentation_pages_label_every_digit_where_its_ink_is(tmp_path):
     assert not set(held_out['validation']) & set(held_out['training'])
 
 
-def test_another_annotator_labels_the_digits_in_folders_of_its_own(tmp_path):
-    """--digits-annotator (Figure 4 right): that model is trained and writes its own store, which the run learns
-    from; the default annotator's folders are not made."""
-    digits, out = tmp_path / 'digits', tmp_path / 'run'
-    # at 32 px (the annotator trains at the run's size): 2x2 tokens, under half the default size's work
-    succeeded(run_python(['tools/train_cls.py', 'lvvit_s', '--digits-dir', digits, '--digits-annotator', 'resnet18',
-                          '--output', out, '--epochs', '1', '--workers', '0', '--img-size', '32',
-                          '--model-kwargs', 'depth=1', 'embed_dim=64', 'num_heads=2'], timeout=900))
-    annotator = json.loads((digits / 'annotator_resnet18' / 'metrics.json').read_text())
-    assert annotator['model'] == 'resnet18' and annotator['top1'] > 90  # 96.1% when written
-    store = TokenLabelStore(digits / 'token_labels_resnet18')
+@pytest.fixture(scope='module')
+def resnet18_digits(tmp_path_factory):
+    """--digits-annotator resnet18's data step (Figure 4 right), in process as the command runs it, at 32 px (2x2
+    tokens, under half the default size's work) and for 3 of its recipe's 6 epochs (what is tested is which annotator
+    trains and where its labels go; make run's test checks the recipe's own): the digits, that annotator trained on
+    them and its token labels."""
+    from dataclasses import replace
+
+    from backbones.common.distributed import DistInfo
+    from classification.digits import cls_data
+    digits = tmp_path_factory.mktemp('annotator') / 'digits'
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(cls_data.ANNOTATOR_RECIPE, 'epochs', 3)
+        cls_data.EmbeddedScans(digits, 'resnet18').image_data(
+            replace(cls_data.pretraining_recipe('lvvit_s', {}), img_size=32), DistInfo(), workers=0)
+    return digits
+
+
+def test_another_annotator_labels_the_digits_in_folders_of_its_own(resnet18_digits):
+    """That model is trained and writes its own store; the default annotator's folders are not made."""
+    annotator = json.loads((resnet18_digits / 'annotator_resnet18' / 'metrics.json').read_text())
+    assert annotator['model'] == 'resnet18' and annotator['epochs'] == 3 and annotator['top1'] > 90  # 97.2% at 3
+    store = TokenLabelStore(resnet18_digits / 'token_labels_resnet18')
     assert store.meta['annotator'] == 'resnet18' and store.grid == (2, 2)
+    assert not (resnet18_digits / 'annotator').exists() and not (resnet18_digits / 'token_labels').exists()
+
+
+def test_the_run_learns_from_the_annotator_it_names(resnet18_digits, tmp_path):
+    """train_cls --digits-annotator resnet18 takes that annotator's store (kept from its data step), not the
+    default one's, which it does not make."""
+    out = tmp_path / 'run'
+    result = succeeded(run_python(['tools/train_cls.py', 'lvvit_s', '--digits-dir', resnet18_digits,
+                                   '--digits-annotator', 'resnet18', '--output', out, '--epochs', '1', '--workers',
+                                   '0', '--img-size', '32', '--model-kwargs', 'depth=1', 'embed_dim=64',
+                                   'num_heads=2'], timeout=900))
+    assert 'digits: training the annotator' not in result.stdout  # kept from the data step
     assert json.loads((out / 'metrics.json').read_text())['token_labeling']
-    assert not (digits / 'annotator').exists() and not (digits / 'token_labels').exists()
+    assert not (resnet18_digits / 'annotator').exists() and not (resnet18_digits / 'token_labels').exists()
