@@ -1,4 +1,5 @@
-"""The suite's model families in timm's registry, their weights, and the model side of token labeling.
+"""The suite's model families in timm's registry, their weights, and the model side of token labeling; and
+`backbones.dense`, the dense tasks (segmentation, detection, depth) on mmsegmentation and mmengine.
 
     import backbones
     model = backbones.create_model('lvvit_s', num_classes=100)     # or timm.create_model for the suite's own names

@@ -62,9 +62,9 @@ from backbones.common.exporting import (
 )
 from backbones.common.images import read_image
 from backbones.common.log import logger
+from backbones.dense import export as segmentor_export
+from backbones.dense.run_data import EmbeddedSegData
 from backbones.registry import check_model_name
-from backbones.segmentation import export as segmentor_export
-from backbones.segmentation.config import EmbeddedSegData
 from backbones.token_head import TokenLabelingModel, bare_model
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform

@@ -1,5 +1,5 @@
 """tools/train_seg.py's two stages: a dense config trained by the segmentation trainer
-(`backbones.segmentation.train`) on its data, or on the data the tool gives when the config's is not on disk; and,
+(`backbones.dense.train`) on its data, or on the data the tool gives when the config's is not on disk; and,
 where that data asks for it (the config's ImageNet weights are not on disk either), first the config's backbone
 pretrained as a classifier (the tool's embedded scans, with token labeling), whose checkpoint the segmentation
 trainer then starts from. The segmentation library trains no classifier itself: this module hands it the first
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backbones.segmentation.config import EmbeddedSegData
-from backbones.segmentation.train import (
+from backbones.dense.run_data import EmbeddedSegData
+from backbones.dense.train import (
     PretrainedBackbone,
     Pretraining,
     build_parser,

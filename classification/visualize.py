@@ -1,6 +1,6 @@
 """Pictures of what the models see, as PNG files: the logic of tools/visualize.py, one subcommand per picture (token
 labels, attention, segmentations, training curves), drawn by `classification.pictures` and
-`backbones.segmentation.pictures`."""
+`backbones.dense.pictures`."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ from backbones.common.files import write_json_atomic
 from backbones.common.images import check_same_classes, read_image
 from backbones.common.log import logger
 from backbones.common.random_state import seed_all
-from backbones.segmentation.config import EmbeddedSegData
+from backbones.dense.run_data import EmbeddedSegData
 from classification.recipes import none_or, rand_augment_spec
 from classification.sources.source import open_split
 
@@ -174,13 +174,13 @@ def attention_picture(args: argparse.Namespace) -> np.ndarray:
 
 
 def segmentation_picture(args: argparse.Namespace, fallback: EmbeddedSegData | None) -> np.ndarray:
-    from backbones.segmentation.pictures import prediction_picture
+    from backbones.dense.pictures import prediction_picture
     return prediction_picture(args.config, args.checkpoint, args.image, args.data_root, args.report, args.alpha,
                               not args.no_labels, fallback)
 
 
 def confusion_picture(args: argparse.Namespace) -> np.ndarray:
-    from backbones.segmentation.pictures import confusion_picture as picture
+    from backbones.dense.semantic.pictures import confusion_picture as picture
     return picture(args.report, args.top)
 
 

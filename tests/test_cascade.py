@@ -10,9 +10,9 @@ import pytest
 import torch
 from mmengine.config import Config
 
-import backbones.segmentation  # noqa: F401  (registration)
+import backbones.dense  # noqa: F401  (registration)
 from backbones.common.errors import UsageError
-from backbones.segmentation.tasks import task_of
+from backbones.dense.tasks import task_of
 from helpers.commands import run_tool, succeeded
 from helpers.dense_data import CATEGORIES, CONFIGS, config_model, write_tiny_coco, write_tiny_dense_config
 

@@ -146,7 +146,7 @@ def test_a_byte_flipped_after_saving_is_named_by_every_loader(tmp_path):
     name the file. A file in torch's legacy format records no checksum and loads as before."""
     from mmengine.runner import CheckpointLoader
 
-    import backbones.segmentation.mmengine_io  # noqa: F401  (the suite's loader for mmengine's local checkpoints)
+    import backbones.dense.mmengine_io  # noqa: F401  (the suite's loader for mmengine's local checkpoints)
     from backbones.common.errors import CheckpointReadError
     from classification.engine.checkpoints import read_training_checkpoint
     model = tiny('lvvit_s')

@@ -188,7 +188,7 @@ def test_an_option_is_not_read_as_the_abbreviation_of_another(capsys):
 def test_train_segs_amp_takes_the_shared_values_and_alone_means_fp16():
     """train_seg's --amp has the shared values; given alone it means what the former flag did (mmengine's
     AmpOptimWrapper in float16); each precision becomes the wrapper's dtype, which runs on GPUs only."""
-    from backbones.segmentation.train import build_parser, use_amp
+    from backbones.dense.train import build_parser, use_amp
     parse = build_parser().parse_args
     assert [parse(['c.py', *amp]).amp for amp in ([], ['--amp', 'bf16'], ['--amp', 'auto'])] == ['none', 'bf16', 'auto']
     if torch.cuda.is_available():
@@ -222,8 +222,8 @@ def amp_meaning(parser: argparse.ArgumentParser, precision: str) -> str:
 def test_the_amp_help_says_where_each_precision_runs_as_the_command_runs_it():
     """train_seg's bf16 and fp16 (mmengine's AmpOptimWrapper) run on GPUs only, and its help says so of both, and
     nowhere that CPUs run them; train_cls runs bf16 on a CPU, and its help says that."""
-    from backbones.segmentation.train import build_parser as train_seg_parser
-    from backbones.segmentation.train import use_amp
+    from backbones.dense.train import build_parser as train_seg_parser
+    from backbones.dense.train import use_amp
     from classification.train import build_parser as train_cls_parser
     seg = train_seg_parser()
     assert 'CPUs run' not in next(action.help for action in seg._actions if '--amp' in action.option_strings)
@@ -234,7 +234,7 @@ def test_the_amp_help_says_where_each_precision_runs_as_the_command_runs_it():
     assert 'CPUs run it too' in amp_meaning(train_cls_parser(), 'bf16')
     assert pick_amp('bf16', torch.device('cpu')) == 'bf16'
     if not torch.cuda.is_available():  # refused before the config is read (it is not even there)
-        from backbones.segmentation.train import prepare
+        from backbones.dense.train import prepare
         with pytest.raises(UsageError, match="--amp bf16: mmengine's AmpOptimWrapper trains on GPUs only"):
             prepare(seg.parse_args(['absent.py', '--amp', 'bf16']))
 

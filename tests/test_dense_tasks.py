@@ -13,14 +13,14 @@ import pytest
 import torch
 from mmengine.config import Config
 
-import backbones.segmentation  # noqa: F401  (registration)
-from backbones.segmentation.config import checkpoint_record
-from backbones.segmentation.tasks import TASKS, task_of, task_recognised_by
+import backbones.dense  # noqa: F401  (registration)
+from backbones.dense.run_data import checkpoint_record
+from backbones.dense.tasks import TASKS, task_of, task_recognised_by
 from helpers.commands import ENV, ROOT, run_tool, succeeded
 from helpers.dense_data import write_tiny_dense_config, write_tiny_nyu
 from helpers.seg_data import CONFIGS
 
-TASK_FOLDERS = ('backbones/segmentation/semantic', 'backbones/segmentation/instances', 'backbones/segmentation/depth')
+TASK_FOLDERS = ('backbones/dense/semantic', 'backbones/dense/instances', 'backbones/dense/depth')
 
 
 @pytest.mark.parametrize('config, name', [('upernet_lvvit_s.py', 'semantic'), ('fcn_lvvit_s.py', 'semantic'),
@@ -51,7 +51,7 @@ def test_no_code_outside_the_task_folders_compares_task_names():
     for package in ('backbones', 'classification', 'tools'):
         for path in sorted((ROOT / package).rglob('*.py')):
             relative = path.relative_to(ROOT).as_posix()
-            if relative.startswith(TASK_FOLDERS) or relative == 'backbones/segmentation/tasks.py':
+            if relative.startswith(TASK_FOLDERS) or relative == 'backbones/dense/tasks.py':
                 continue
             found += [f'{relative}:{n}' for n, line in enumerate(path.read_text().splitlines(), 1)
                       if pattern.search(line)]
@@ -67,7 +67,7 @@ def nearness(tmp_path_factory) -> tuple[Path, Path, Path, dict]:
     data = write_tiny_nyu(root / 'nyu')
     config = write_tiny_dense_config(root / 'nearness.py', 'depth_lvvit_s.py', data)
     config.write_text(config.read_text() + "model['type'] = 'NearnessEstimator'\n"
-                      "custom_imports = dict(imports=['backbones.segmentation', 'toy_dense_task'], "
+                      "custom_imports = dict(imports=['backbones.dense', 'toy_dense_task'], "
                       "allow_failed_imports=False)\n")
     env = {**ENV, 'PYTHONPATH': str(ROOT / 'tests' / 'helpers')}
     trained = succeeded(run_tool('train_seg.py', [config, '--work-dir', root / 'work', '--iters', '2'], env=env))

@@ -271,9 +271,9 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from backbones.segmentation.config import load_config
-    from backbones.segmentation.export import segmentor_from
-    from backbones.segmentation.predict import SegPredictor
+    from backbones.dense.config import load_config
+    from backbones.dense.export import segmentor_from
+    from backbones.dense.predict import SegPredictor
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 1), ('validation', 1)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
@@ -301,8 +301,8 @@ def test_a_segmentor_export_is_mmsegs_forward_and_gives_predict_segs_masks(tmp_p
         for name in (WEIGHTS, 'config.py', 'export.json'):
             (before_move / name).write_bytes((out / name).read_bytes())
         config_text = (before_move / 'config.py').read_text()
-        assert "'backbones.segmentation'" in config_text
-        (before_move / 'config.py').write_text(config_text.replace("'backbones.segmentation'", "'segmentation'"))
+        assert "'backbones.dense'" in config_text
+        (before_move / 'config.py').write_text(config_text.replace("'backbones.dense'", "'segmentation'"))
         torch.testing.assert_close(segmentor_from(before_move).encode_decode(x, [dict(img_shape=(64, 64))] * 3),
                                    expected)
     session = onnxruntime.InferenceSession(str(out / ONNX_MODEL))
@@ -340,7 +340,7 @@ def random_tiny_detector(root, config_name: str):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from backbones.segmentation.config import load_config
+    from backbones.dense.config import load_config
     from helpers.dense_data import write_tiny_coco, write_tiny_dense_config
     data = write_tiny_coco(root / 'coco')
     config = write_tiny_dense_config(root / 'tiny.py', config_name, data)
@@ -424,7 +424,7 @@ def test_the_static_detector_gives_the_models_detections_in_order_nms_included(r
     60 class candidates of its 20 proposals) and cut to K = 5. The image has many detections, and the RoI heads'
     NMS removes some of them (without it, more are left): an export that skipped NMS, or ordered its detections
     otherwise, would fail."""
-    from backbones.segmentation.instances.static_detection import StaticMaskRCNN
+    from backbones.dense.instances.static_detection import StaticMaskRCNN
     _, _, model, data = random_detector
     images, sizes = detector_input(model, data)
     found = predicted(model, images, sizes)[0]
@@ -445,7 +445,7 @@ def test_an_image_smaller_than_the_input_gets_the_models_test_of_it(random_detec
     """Images of 40x64 and 64x24 at the top left of 64x64 inputs, their sizes given: the model's predict of them
     (proposals and boxes clipped to the image, masks on its pixels). Without their sizes (the input's, as the export
     took before), the detections are the padded input's, another answer."""
-    from backbones.segmentation.instances.static_detection import StaticMaskRCNN
+    from backbones.dense.instances.static_detection import StaticMaskRCNN
     _, _, model, data = random_detector
     images, sizes = detector_input(model, data, 2, [(40, 64), (64, 24)])
     network = StaticMaskRCNN(model, 20).eval()
@@ -473,7 +473,7 @@ def test_the_static_paste_is_torchvisions():
     or top, which the detector's clipped boxes never are), fractional, thinner than a pixel, on its right edge."""
     from torchvision.models.detection.roi_heads import paste_masks_in_image
 
-    from backbones.segmentation.instances.static_detection import pasted
+    from backbones.dense.instances.static_detection import pasted
     generator = torch.Generator().manual_seed(2)
     corners = torch.rand(40, 2, generator=generator) * torch.tensor([70.0, 54.0]) - 10
     sides = torch.rand(40, 2, generator=generator) * 40 + 11
@@ -493,7 +493,7 @@ def test_nms_over_a_batch_keeps_what_torchvision_keeps_per_image():
     `batched_nms` keeps of each image's valid candidates."""
     from torchvision.ops import batched_nms
 
-    from backbones.segmentation.instances.static_detection import nms_kept
+    from backbones.dense.instances.static_detection import nms_kept
     generator = torch.Generator().manual_seed(3)
     corners = torch.rand(3, 300, 2, generator=generator) * 60
     boxes = torch.cat([corners, corners + 4 + torch.rand(3, 300, 2, generator=generator) * 20], dim=-1)

@@ -555,7 +555,7 @@ def test_real_labels_on_a_folder_that_is_not_imagenets_validation_set(trained, t
 def test_an_embedded_data_folder_that_is_a_file_is_refused_by_name(option, tmp_path, capsys):
     """The embedded data's folders are written into: a file there (or above) is an argparse error naming the option,
     before any work, not a traceback from the first mkdir."""
-    from backbones.segmentation.train import build_parser as seg_parser
+    from backbones.dense.train import build_parser as seg_parser
     from classification.digits.cls_data import EmbeddedScans
     from classification.digits.seg_data import EmbeddedPages
     taken = tmp_path / 'taken'
@@ -576,7 +576,7 @@ def test_an_embedded_data_folder_that_is_a_file_is_refused_by_name(option, tmp_p
 def test_ctrl_c_in_train_seg_is_the_suites_line_alone(capsys, monkeypatch, tmp_path):
     """Before its first checkpoint, mmengine's find_latest_checkpoint printed 'Did not find last_checkpoint to be
     resumed.' above the suite's line; after it, the line names the checkpoint and --resume."""
-    from backbones.segmentation.runner import SuiteRunner  # first: it lets mmseg import on mmcv-lite
+    from backbones.dense.runner import SuiteRunner  # first: it lets mmseg import on mmcv-lite
 
     # isort: split
     from mmengine.runner import Runner

@@ -16,13 +16,13 @@ from mmengine.config import Config
 from pycocotools import mask as mask_utils
 from pycocotools.cocoeval import COCOeval
 
-import backbones.segmentation  # noqa: F401  (registration)
+import backbones.dense  # noqa: F401  (registration)
 from backbones.common.errors import DataError, UsageError
-from backbones.segmentation.depth.metric import DepthReport
-from backbones.segmentation.instances.coco import categories, load_coco
-from backbones.segmentation.instances.metric import CocoAP
-from backbones.segmentation.instances.transforms import LargeScaleJitter, decode_mask
-from backbones.segmentation.tasks import task_of
+from backbones.dense.depth.metric import DepthReport
+from backbones.dense.instances.coco import categories, load_coco
+from backbones.dense.instances.metric import CocoAP
+from backbones.dense.instances.transforms import LargeScaleJitter, decode_mask
+from backbones.dense.tasks import task_of
 from helpers.commands import ROOT, one_line_error, run_tool, succeeded
 from helpers.dense_data import (
     CATEGORIES,
@@ -238,7 +238,7 @@ def test_region_align_is_roi_align_v2_in_the_vitdet_configs_and_torchvisions_wit
     from mmseg.registry import MODELS
     from torchvision.ops import MultiScaleRoIAlign, roi_align
 
-    from backbones.segmentation.instances.detector import RegionAlign
+    from backbones.dense.instances.detector import RegionAlign
     init_default_scope('mmseg')
     cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', coco_set))
     assert cfg.model.aligned_roi is True
@@ -278,7 +278,7 @@ def test_a_depth_image_without_measurement_is_left_out_and_counted(tmp_path):
     scores = metric.compute_metrics(metric.results)
     assert scores['abs_rel'] == pytest.approx(0.25)
     assert json.loads((tmp_path / 'depth.json').read_text())['left_out'] == 1
-    from backbones.segmentation.tasks import TASKS
+    from backbones.dense.tasks import TASKS
     assert TASKS['depth'].summary({'abs_rel': 0.25}) == 'abs_rel 0.250'  # a config scoring only some metrics
 
 
@@ -307,7 +307,7 @@ def test_an_image_file_listed_twice_or_declared_at_another_size_is_named(coco_se
                             data_prefix=dict(img_path='train/')))
     data = linked_coco(coco_set, tmp_path / 'data', dict(train=wide, val=wide))
     cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', data))
-    from backbones.segmentation.instances.coco import use_coco_categories
+    from backbones.dense.instances.coco import use_coco_categories
     with pytest.raises(DataError, match=f'image {image_id} .* is declared 80x48, its file is 64x48'):
         use_coco_categories(cfg)  # as train_seg reads the categories, before any data set is built
     with pytest.raises(DataError, match='RLE mask is'):  # without the images at hand, the mask is what is seen
@@ -347,7 +347,7 @@ def test_a_training_file_says_which_categories_and_boxes_train_nothing(coco_set,
     polygon['bbox'][2] = 0
     data = linked_coco(coco_set, tmp_path / 'data', dict(train=content, val=content))
     cfg = Config.fromfile(write_tiny_dense_config(tmp_path / 'tiny.py', 'maskrcnn_lvvit_s.py', data))
-    from backbones.segmentation.instances.coco import use_coco_categories
+    from backbones.dense.instances.coco import use_coco_categories
     use_coco_categories(cfg)
     assert '1 categories have no annotation, which the detector never learns: owl (id 77)' in caplog.text
     assert (f'1 annotation(s) with a box of no width or height are left out of training (the first: annotation '
@@ -361,7 +361,7 @@ def test_a_depth_set_of_8_bit_maps_or_names_without_a_number_is_refused_naming_t
 
     from PIL import Image
 
-    from backbones.segmentation.data_check import check_dataset, depth_pair_check
+    from backbones.dense.data_check import check_dataset, depth_pair_check
     image = sorted((nyu_set / 'images' / 'train').glob('*.jpg'))[0]
     Image.new('L', (64, 48), 30).save(tmp_path / 'eight.png')
     assert '8 bits' in depth_pair_check(str(image), str(tmp_path / 'eight.png')).message
@@ -524,7 +524,7 @@ def test_a_depth_export_gives_the_depth_predict_seg_writes(trained_depth, nyu_se
 
 @pytest.mark.slow  # tools run end to end
 def test_a_detectors_export_holds_its_pyramid_and_visualize_draws_its_instances(trained_detector, tmp_path):
-    from backbones.segmentation.export import segmentor_from
+    from backbones.dense.export import segmentor_from
     config, checkpoint = trained_detector
     refused = one_line_error(run_tool('export.py', ['segmentor', config, checkpoint, '--out', tmp_path / 'export',
                                                     '--size', '48', '64']))

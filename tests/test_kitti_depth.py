@@ -19,19 +19,19 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import DATASETS
 from PIL import Image
 
-import backbones.segmentation  # noqa: F401  (registration)
+import backbones.dense  # noqa: F401  (registration)
 from backbones.common.errors import DataError, UsageError
-from backbones.segmentation.data_check import check_dataset
-from backbones.segmentation.depth.kitti import (
+from backbones.dense.data_check import check_dataset
+from backbones.dense.depth.kitti import (
     SCAN_ROW_EVERY,
     SMALL_SCENE_SCALE,
     KittiLayout,
     prediction_name,
     read_split_file,
 )
-from backbones.segmentation.depth.metric import DepthReport
-from backbones.segmentation.layouts import SmallDenseData, layout_of
-from backbones.segmentation.tasks import task_of
+from backbones.dense.depth.metric import DepthReport
+from backbones.dense.layouts import SmallDenseData, layout_of
+from backbones.dense.tasks import task_of
 from helpers.commands import ROOT, run_tool, succeeded
 from helpers.dense_data import TINY_DEPTH
 from helpers.seg_data import TINY_MODELS

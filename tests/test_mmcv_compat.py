@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backbones.segmentation import mmcv_compat
+from backbones.dense import mmcv_compat
 from helpers.commands import ROOT
 
 # The module on its own, without the segmentation package (whose import uses it and then imports mmseg's models).

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+import backbones.dense  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import CheckpointError, DataError, UsageError
-from backbones.segmentation.semantic.own_data import read_own_data
-from backbones.segmentation.train import build_parser, prepare
+from backbones.dense.own_data import read_own_data
+from backbones.dense.train import build_parser, prepare
 from helpers.commands import run_tool, succeeded
 from helpers.seg_data import OWN_CLASSES, independent_scores, write_own_seg, write_tiny_config
 
@@ -138,7 +138,7 @@ def test_a_split_folder_that_is_empty_or_absent_is_named(tmp_path, case):
 def test_a_class_without_ground_truth_pixels_is_said_not_scored_in_silence(caplog):
     """mmseg leaves a class absent from ground truth and prediction out of mIoU: a set whose foreground was never
     labelled scores 100. The report lists such classes and the log says what the means leave out."""
-    from backbones.segmentation.semantic.metrics import summarise_areas, unlabelled_warning
+    from backbones.dense.semantic.metrics import summarise_areas, unlabelled_warning
     areas = [torch.tensor(v, dtype=torch.float64) for v in ([90., 0.], [100., 0.], [100., 0.], [90., 0.])]
     report = summarise_areas(*areas, ['background', 'foreground'])  # intersect, union, predicted, labelled
     assert report['mIoU'] == 90.0 and report['per_class']['foreground'] == {'IoU': None, 'Acc': None}
@@ -276,7 +276,8 @@ def untrained(tmp_path_factory):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from backbones.segmentation.config import load_config, resolve_data
+    from backbones.dense.config import load_config
+    from backbones.dense.run_data import resolve_data
     tmp = tmp_path_factory.mktemp('own_untrained')
     root = write_own_seg(tmp / 'own', counts=(('train', 2), ('val', 2)))
     config = write_tiny_config(tmp / 'tiny_own.py', 'upernet_lvvit_s_own_data.py', root)
@@ -301,12 +302,12 @@ def test_every_tool_refuses_a_checkpoint_of_other_classes(untrained, tmp_path, t
     with pytest.raises(CheckpointError, match=r'trained on 5 classes \(background, road, car, tree, sky\), the data '
                                               r'set holds 5 \(background, road, bus, tree, sky\)'):
         if tool == 'test_seg':
-            from backbones.segmentation.test import build_parser as test_parser
-            from backbones.segmentation.test import prepare as test_prepare
+            from backbones.dense.test import build_parser as test_parser
+            from backbones.dense.test import prepare as test_prepare
             test_prepare(test_parser().parse_args([str(config), str(checkpoint), '--data-root', str(other),
                                                    '--work-dir', str(tmp_path / 'w')]))
         elif tool == 'predict_seg':  # and tools/visualize.py: the same predictor
-            from backbones.segmentation.predict import SegPredictor
+            from backbones.dense.predict import SegPredictor
             SegPredictor(str(config), str(checkpoint), data_root=str(other))
         else:
             from classification.digits.seg_data import EmbeddedPages
@@ -325,8 +326,8 @@ def test_test_seg_refuses_two_images_that_would_write_one_prediction(untrained, 
         for i, folder in enumerate('ab'):
             (root / kind / 'val' / folder).mkdir()
             (root / kind / 'val' / f'val_{i}.{suffix}').rename(root / kind / 'val' / folder / f'photo.{suffix}')
-    from backbones.segmentation.test import build_parser as test_parser
-    from backbones.segmentation.test import prepare as test_prepare
+    from backbones.dense.test import build_parser as test_parser
+    from backbones.dense.test import prepare as test_prepare
     args = [str(config), str(checkpoint), '--data-root', str(root), '--work-dir', str(tmp_path / 'w')]
     test_prepare(test_parser().parse_args(args))  # the data set itself is fine
     a, b = (root / 'images' / 'val' / folder / 'photo.jpg' for folder in 'ab')
@@ -339,7 +340,7 @@ def test_predict_seg_overlays_a_one_pixel_image_and_one_with_an_exif_orientation
     be shown turned would otherwise be overlaid turned), and a one-pixel image is one like any other."""
     from PIL import Image
 
-    from backbones.segmentation.predict import SegPredictor
+    from backbones.dense.predict import SegPredictor
     _, config, checkpoint = untrained
     photos = tmp_path / 'photos'
     photos.mkdir()

@@ -126,8 +126,8 @@ RUNS = itertools.count()
 def seg_run(config: Path, work: Path, stop_at: int | None = None, options: tuple = ()) -> None:
     """tools/train_seg.py CONFIG SEG_OPTIONS `options`, in this process (so that a stop lands on a chosen iteration:
     a SIGUSR1 at `stop_at`); with --resume where `work` holds a run."""
-    from backbones.segmentation.runner import SuiteRunner
-    from backbones.segmentation.train import build_parser, prepare
+    from backbones.dense.runner import SuiteRunner
+    from backbones.dense.train import build_parser, prepare
     resume = ['--resume'] if (work / 'last_checkpoint').is_file() else []
     argv = [str(config), '--work-dir', str(work), *resume, *SEG_OPTIONS, *options]
     cfg = prepare(build_parser().parse_args(argv)).cfg
@@ -320,7 +320,7 @@ import os, signal
 import yapf.yapflib.yapf_api as yapf_api
 from mmengine.config import config as mmengine_config
 from backbones.common.commands import run_command
-from backbones.segmentation.config import load_config
+from backbones.dense.config import load_config
 
 format_code = yapf_api.FormatCode
 

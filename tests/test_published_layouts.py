@@ -1,4 +1,4 @@
-"""Cityscapes, Pascal Context-59 and COCO-Stuff-164k in their published layouts (backbones/segmentation/semantic/
+"""Cityscapes, Pascal Context-59 and COCO-Stuff-164k in their published layouts (backbones/dense/semantic/
 layouts.py): small trees in the exact file formats read through the configs' data sets, every refusal one line
 naming the file and the layout, and the embedded pages written in each layout read back as the pages' class maps."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 from mmseg.datasets import CityscapesDataset
@@ -20,11 +20,11 @@ from mmseg.registry import DATASETS
 
 from backbones.common.errors import DataError
 from backbones.common.files import ready_mark
-from backbones.segmentation.config import check_same_embedded_data, trained_data_record
-from backbones.segmentation.data_check import check_dataset
-from backbones.segmentation.layouts import SmallDenseData, layout_of
-from backbones.segmentation.semantic.layouts import SMALL_CITY, CityscapesLayout
-from backbones.segmentation.tasks import TASKS
+from backbones.dense.data_check import check_dataset
+from backbones.dense.layouts import SmallDenseData, layout_of
+from backbones.dense.run_data import check_same_embedded_data, trained_data_record
+from backbones.dense.semantic.layouts import SMALL_CITY, CityscapesLayout
+from backbones.dense.tasks import TASKS
 from helpers.commands import ROOT, run_tool, succeeded
 from helpers.seg_data import CONFIGS, tiny_model_overrides
 
@@ -309,7 +309,7 @@ def test_the_pages_written_in_each_layout_read_back_as_the_pages(pages, config):
 def test_a_pictures_ground_truth_is_the_class_map_the_data_set_loads(pages, config):
     """visualize.py segmentation's ground truth (read_annotation of a test entry) is what the model is scored
     against: Cityscapes' label ids drew as classes 7, 8, 11, ... (the pages' digits 6, 7 and none)."""
-    from backbones.segmentation.pictures import read_annotation
+    from backbones.dense.semantic.pictures import read_annotation
 
     cfg = Config.fromfile(CONFIGS / config)
     SEMANTIC.use_small_data(cfg, pages)
@@ -329,7 +329,8 @@ def test_predicted_label_maps_are_written_in_the_layouts_own_values(pages, confi
     (Cityscapes' label ids: train ids were written, 0..10 where the files hold 7, 8, 11, ...)."""
     import torch
 
-    from backbones.segmentation.semantic.metrics import IoUReport, annotation_values
+    from backbones.dense.layouts import annotation_values
+    from backbones.dense.semantic.metrics import IoUReport
 
     cfg = Config.fromfile(CONFIGS / config)
     SEMANTIC.use_small_data(cfg, pages)
@@ -357,7 +358,7 @@ def test_predicted_label_maps_are_written_in_the_layouts_own_values(pages, confi
 
 
 def test_cityscapes_classes_are_written_as_their_official_label_ids(cityscapes):
-    from backbones.segmentation.semantic.metrics import annotation_values
+    from backbones.dense.layouts import annotation_values
 
     built = DATASETS.build({**dataset_cfg('upernet_lvvit_s_cityscapes.py', cityscapes), 'pipeline': []})
     classes = built.metainfo['classes']

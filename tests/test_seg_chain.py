@@ -18,7 +18,7 @@ import torch
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 from mmseg.registry import MODELS
@@ -27,10 +27,11 @@ from backbones import create_model
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.images import scan_split
-from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
-from backbones.segmentation.config import ADE20K_ROOT, tta_flips
-from backbones.segmentation.semantic.own_data import OWN_DATA_ROOT
-from backbones.segmentation.train import Pretraining, build_parser, prepare, train
+from backbones.dense import test as tester  # its prepare and parser: pytest would collect test_* names
+from backbones.dense.own_data import OWN_DATA_ROOT
+from backbones.dense.run_data import ADE20K_ROOT
+from backbones.dense.train import Pretraining, build_parser, prepare, train
+from backbones.dense.tta import tta_flips
 from classification.digits.cls_data import (
     FINISHED,
     NEW,

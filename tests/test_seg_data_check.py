@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from mmengine.registry import init_default_scope
 
-import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+import backbones.dense  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import DataError
-from backbones.segmentation.data_check import check_dataset
-from backbones.segmentation.tasks import TASKS
+from backbones.dense.data_check import check_dataset
+from backbones.dense.tasks import TASKS
 from helpers.seg_data import ade20k_name, write_pair, write_tiny_ade
 
 init_default_scope('mmseg')
@@ -86,7 +86,7 @@ def test_every_reader_takes_the_pixels_as_stored_ignoring_exif_orientation(tmp_p
     from PIL import Image
 
     from backbones.common.images import read_image
-    from backbones.segmentation.config import load_config
+    from backbones.dense.config import load_config
     from helpers.seg_data import CONFIGS
     y, x = np.mgrid[0:48, 0:80]
     stored = np.stack([x * 3, y * 5, (x + y) * 2], axis=-1).astype(np.uint8)  # no symmetry

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 from mmseg.registry import MODELS
 
 from backbones.common.errors import CheckpointError
-from backbones.segmentation.released_segmentors import convert_mmseg0_release
+from backbones.dense.released_segmentors import convert_mmseg0_release
 from helpers.commands import run_tool, succeeded
 from helpers.reference_models import RefBlock, RefLVViTStem, randomize_
 from helpers.seg_data import DIM, TINY_MODELS, tiny_config, write_tiny_ade, write_tiny_config

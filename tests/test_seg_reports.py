@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
+import backbones.dense  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import DataError, TrackerError, UsageError
-from backbones.segmentation import test as tester  # its prepare and parser: pytest would collect test_* names
-from backbones.segmentation.semantic.metrics import IoUReport, read_confusion, top_confusions
+from backbones.dense import test as tester  # its prepare and parser: pytest would collect test_* names
+from backbones.dense.semantic.metrics import IoUReport, read_confusion, top_confusions
 from helpers.seg_data import DIM, tiny_config, write_tiny_ade, write_tiny_config
 from helpers.trackers import wandb_history
 
@@ -76,7 +76,7 @@ def test_a_segmentors_macs_are_every_layers_products_and_the_attentions():
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from backbones.segmentation.complexity import build_meta_model, segmentor_macs
+    from backbones.dense.complexity import build_meta_model, segmentor_macs
     cfg = tiny_config('upernet_deit_s.py', img_size=64)
     counted = segmentor_macs(cfg, build_meta_model(cfg), (64, 96))
 
@@ -145,7 +145,7 @@ def test_tta_is_the_multi_scale_test_and_show_dir_draws_each_image(tiny_ade, tmp
     ('test_seg', '--local-rank', 'torchrun'), ('train_seg', '--load-from', '--cfg-options load_from=CHECKPOINT'),
     ('train_seg', '--local_rank', 'torchrun'), ('predict_seg', '--out-file', '--out FOLDER')])
 def test_mmsegs_flags_the_tools_do_not_take_are_one_line_naming_the_equivalent(tool, flag, equivalent, capsys):
-    from backbones.segmentation import masks, train
+    from backbones.dense import masks, train
     parser = {'test_seg': tester, 'train_seg': train, 'predict_seg': masks}[tool].build_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(['c.py', 'k.pth', flag, '1'])
@@ -161,8 +161,8 @@ def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
     the test's time is the clients' start); the run's artifacts are its config and logs, not the store's own files."""
     from mlflow.tracking import MlflowClient
 
-    from backbones.segmentation.runner import SuiteRunner
-    from backbones.segmentation.train import build_parser, prepare
+    from backbones.dense.runner import SuiteRunner
+    from backbones.dense.train import build_parser, prepare
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 2), ('validation', 1)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
     store = f'file://{tmp_path}/work/mlruns'
@@ -196,7 +196,7 @@ def test_a_run_logs_its_scalars_to_wandb_and_mlflow(tmp_path, monkeypatch):
 def test_a_tracker_not_installed_is_one_line_naming_the_extra(tiny_ade, tmp_path, monkeypatch):
     """Said before any work (the config is not read yet: the embedded data would be written next), both trackers'
     extras in the one line where both are missing."""
-    from backbones.segmentation.train import build_parser, prepare
+    from backbones.dense.train import build_parser, prepare
     config, _ = tiny_ade
     monkeypatch.setitem(sys.modules, 'mlflow', None)  # import mlflow fails as where it is not installed
     needs_mlflow = r"--log-mlflow needs mlflow, which does not import here \(.*\): pip install '\.\[mlflow\]'"
@@ -212,7 +212,7 @@ def test_a_tracker_that_cannot_start_is_one_line_and_leaves_no_work_dir(tiny_ade
     """wandb online without a login: the run is refused with one line naming --log-wandb when the runner is built
     (it raised wandb's own error, a traceback), and nothing mmengine wrote before it stays: no work dir, where the
     run made it; in a work dir there before, what was there alone."""
-    from backbones.segmentation.train import build_parser, prepare, train
+    from backbones.dense.train import build_parser, prepare, train
     config, _ = tiny_ade
 
     def refused(work: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import cv2
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 import mmseg
@@ -38,7 +38,7 @@ def trained(tmp_path_factory):
 def test_a_run_prints_no_notice_the_user_can_do_nothing_about(trained):
     """mmcv-lite's, mmseg's and mmengine's notices that ask nothing of the user (segmentation.notices) stay out of
     the output, and the configs take reduce_zero_label from the data set, as mmseg asks."""
-    from backbones.segmentation.silenced_warnings import HARMLESS_LOG_LINES, HARMLESS_WARNINGS
+    from backbones.dense.silenced_warnings import HARMLESS_LOG_LINES, HARMLESS_WARNINGS
     output = (trained[0] / 'train_output.txt').read_text()
     notices = [*HARMLESS_WARNINGS, *HARMLESS_LOG_LINES, 'MultiScaleDeformableAttention', '`reduce_zero_label` will be']
     assert [notice for notice in notices if notice in output] == []
@@ -83,7 +83,7 @@ def test_a_batch_of_one_that_upernet_cannot_train_is_refused_before_any_work(tra
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from backbones.segmentation.runner import check_batch_trains, pooled_batch_norms
+    from backbones.dense.runner import check_batch_trains, pooled_batch_norms
     _, config, _, data = trained
     work = tmp_path / 'work'
     result = run_tool('train_seg.py', [config, '--work-dir', work, '--iters', '1', '--cfg-options',
@@ -138,7 +138,7 @@ def check_pictures(show: Path, preds: Path, data: Path) -> None:
     drawn in ADE20K's palette as tools/visualize.py segmentation draws them."""
     from mmseg.datasets import ADE20KDataset
 
-    from backbones.segmentation.pictures import read_annotation, segmentation_picture
+    from backbones.dense.semantic.pictures import read_annotation, segmentation_picture
     meta = ADE20KDataset.METAINFO
     assert sorted(p.name for p in show.iterdir()) == sorted(p.name for p in preds.glob('*.png'))
     for pred in sorted(preds.glob('*.png')):

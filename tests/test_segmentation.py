@@ -13,7 +13,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.structures import PixelData
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 from mmseg.models.segmentors import EncoderDecoder
@@ -22,10 +22,11 @@ from mmseg.structures import SegDataSample
 
 from backbones import CheckpointError, create_model
 from backbones.common.errors import UsageError
-from backbones.segmentation.backbone import crop_to_extent
-from backbones.segmentation.complexity import build_meta_model, segmentor_parameters
-from backbones.segmentation.config import FORMER_PACKAGES, check_pretrained, load_config, present_module
-from backbones.segmentation.semantic.segmentor import slide_windows
+from backbones.dense.backbone import crop_to_extent
+from backbones.dense.complexity import build_meta_model, segmentor_parameters
+from backbones.dense.config import FORMER_PACKAGES, load_config, present_module
+from backbones.dense.semantic.segmentor import slide_windows
+from backbones.dense.trained_checkpoints import check_pretrained
 from backbones.weights import fetch_pretrained
 from helpers.commands import ROOT
 from helpers.models import save_release
@@ -248,7 +249,7 @@ TABLE_8 = {'fcn_lvvit_s.py': 30, 'upernet_lvvit_s.py': 44, 'upernet_lvvit_m.py':
 
 
 def test_lvvit_config_sizes_match_the_paper(capsys):
-    from backbones.segmentation.complexity import main
+    from backbones.dense.complexity import main
     assert main(['--seg-config', *(str(CONFIGS / name) for name in TABLE_8)]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     for name, row in zip(TABLE_8, rows):
@@ -289,7 +290,7 @@ def test_slide_windows_cover_the_image_like_mmseg():
     (1, [('LinearLR', 0, 1)]),  # no iteration left for the decay: mmengine would refuse begin == end
 ])
 def test_shortened_schedule_scales_its_phases(iters, phases):
-    from backbones.segmentation.config import shorten_schedule
+    from backbones.dense.schedule import shorten_schedule
     cfg = load_config(CONFIGS / 'upernet_lvvit_m.py')
     shorten_schedule(cfg, iters)
     assert [(s['type'], s['begin'], s['end']) for s in cfg.param_scheduler] == phases
@@ -299,7 +300,7 @@ def test_shortened_schedule_scales_its_phases(iters, phases):
 def test_a_step_schedule_drops_its_lr_at_the_same_fractions_when_shortened_or_accumulated():
     """ViTDet's lr drops (iterations 163,889 and 177,546 of 184,375) move with the schedule: a run sized to a set of
     one's own, or of accumulated gradients, still drops its lr twice near its end."""
-    from backbones.segmentation.config import accumulate_gradients, shorten_schedule
+    from backbones.dense.schedule import accumulate_gradients, shorten_schedule
     cfg = load_config(CONFIGS / 'maskrcnn_lvvit_s.py')
     shorten_schedule(cfg, 1000)
     assert cfg.param_scheduler[-1]['milestones'] == [889, 963]
@@ -315,8 +316,8 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
     from mmengine.dataset import pseudo_collate
     from mmseg.models.segmentors import SegTTAModel
 
-    from backbones.segmentation.config import flipping_tta_pipeline
-    from backbones.segmentation.semantic.segmentor import FlipBatchTTAModel
+    from backbones.dense.semantic.segmentor import FlipBatchTTAModel
+    from backbones.dense.tta import flipping_tta_pipeline
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     data = write_tiny_ade(tmp_path / 'ade', counts=(('validation', 2),))
     cfg = load_config(write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data))
@@ -355,7 +356,7 @@ def test_flip_batched_multi_scale_test_equals_mmsegs_flip_pipeline(tmp_path, tes
 def test_a_warmup_of_one_iteration_is_dropped(iters, accumulate, phases):
     """mmengine's LinearLR over one iteration stays at its start factor, and the decay after it chains on that: the
     whole run would train at 1e-6 of the lr."""
-    from backbones.segmentation.config import accumulate_gradients, drop_one_step_warmup, shorten_schedule
+    from backbones.dense.schedule import accumulate_gradients, drop_one_step_warmup, shorten_schedule
     cfg = load_config(CONFIGS / 'upernet_lvvit_m.py')
     shorten_schedule(cfg, iters)
     accumulate_gradients(cfg, accumulate)
@@ -379,7 +380,7 @@ def test_a_placed_sampler_starts_late_in_a_long_schedule_on_the_indices_mmengine
 
     from mmengine.dataset import InfiniteSampler
 
-    from backbones.segmentation.restart import PlacedInfiniteSampler
+    from backbones.dense.restart import PlacedInfiniteSampler
     size, rank, world, taken = 997, 2, 3, 150_000 * 16
     placed = endless_sampler(PlacedInfiniteSampler, size, rank, world)
     assert list(placed) == []
@@ -412,7 +413,7 @@ def test_seeded_samples_are_the_same_whenever_read_and_leave_the_readers_streams
     import random
 
     from backbones.common.random_state import rng_state, seed_all
-    from backbones.segmentation.restart import Draw, SeededSamples
+    from backbones.dense.restart import Draw, SeededSamples
     samples = SeededSamples(DrawingDataset(), seed=3)
     seed_all(0)
     first = samples[Draw(1, 4)]
@@ -432,7 +433,7 @@ def test_a_run_without_a_seed_leaves_drawing_it_to_mmengine(tmp_path):
     """A seed drawn by the suite would be drawn in each process of a torchrun job, and each process's sampler would
     shuffle its own way (their shares of the data overlapping); mmengine draws one and gives every process the main
     one's. A configured seed, or a resumed run's own, is kept."""
-    from backbones.segmentation.preemption import run_seed
+    from backbones.dense.preemption import run_seed
     assert run_seed(None, tmp_path, resume=False) is None
     assert run_seed(7, tmp_path, resume=True) == 7
 
@@ -525,20 +526,25 @@ def test_configs_from_before_the_move_import_every_module_the_changelog_lists(tm
     table = re.findall(r'^\| `([a-z_.]+)` \| `([a-z_.]+)` \|$', (ROOT / 'CHANGELOG.md').read_text(), re.MULTILINE)
     moved = [(before, now) for before, now in table if before.split('.')[0] in FORMER_PACKAGES]
     assert ('segmentation.notices', 'backbones.segmentation.silenced_warnings') in moved and len(moved) > 40
-    for before, now in moved:
-        assert present_module(before) == now, before
-        importlib.import_module(now)
+    assert ('backbones.segmentation.semantic.own_data', 'backbones.dense.own_data') in table
+    for before, now in moved:  # 0.2.0's paths, where the dense stack was `backbones.segmentation`: moved on since
+        assert present_module(before) == present_module(now), before
+        importlib.import_module(present_module(now))
+    for before, now in table:
+        if before.startswith('backbones.segmentation'):
+            assert present_module(before) == now, before
+            importlib.import_module(now)
     base = CONFIGS / 'upernet_lvvit_s.py'
     (tmp_path / 'before.py').write_text(f"_base_ = [{str(base)!r}]\ncustom_imports = dict(imports=['segmentation', "
                                         "'segmentation.release', 'segmentation.notices'])\n")
     assert load_config(str(tmp_path / 'before.py')).custom_imports['imports'] == [
-        'backbones.segmentation', 'backbones.segmentation.released_segmentors',
-        'backbones.segmentation.silenced_warnings']
+        'backbones.dense', 'backbones.dense.released_segmentors',
+        'backbones.dense.silenced_warnings']
     (tmp_path / 'unknown.py').write_text(f"_base_ = [{str(base)!r}]\n"
                                          "custom_imports = dict(imports=['segmentation.nowhere'])\n")
     with pytest.raises(UsageError, match=re.escape(f"{tmp_path / 'unknown.py'}: custom_imports names "
-                                                   "segmentation.nowhere (looked for as backbones.segmentation.nowhere,"
+                                                   "segmentation.nowhere (looked for as backbones.dense.nowhere,"
                                                    " where the suite's modules moved), which does not import")):
         load_config(str(tmp_path / 'unknown.py'))
-    assert present_module('segmentation.release.sub') == 'backbones.segmentation.released_segmentors.sub'
+    assert present_module('segmentation.release.sub') == 'backbones.dense.released_segmentors.sub'
     assert present_module('mmseg.models') == 'mmseg.models'  # another package's module as it is

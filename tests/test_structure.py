@@ -13,19 +13,32 @@ import pytest
 from helpers.commands import ENV, ROOT, run_python, succeeded
 
 # The two installed packages' parts, lowest first: a module may import from its own part and the ones before it
-# (a part is its longest listed prefix). `backbones` is the models and what the dense tasks need, and never imports
-# `classification`, the pretraining application; the engine knows the objectives only through its protocol.
-LAYERS = ('backbones.common', 'backbones', 'backbones.segmentation', 'classification.sources', 'classification.engine',
-          'classification.token_labeling', 'classification.data', 'classification.objectives',
-          'classification.pictures', 'classification', 'classification.digits', 'classification.studies')
+# (a part is its longest listed prefix). `backbones` is the models and the dense stack (`backbones.dense`), and never
+# imports `classification`, the pretraining application; the engine knows the objectives only through its protocol.
+# The dense stack's shared core sits below its task folders (`DENSE_TASKS`, one part, none importing another), and its
+# package entry, which registers them all, above them.
+DENSE_TASKS = ('backbones.dense.semantic', 'backbones.dense.instances', 'backbones.dense.depth')
+LAYERS = ('backbones.common', 'backbones', 'backbones.dense', 'backbones.dense tasks', 'backbones.dense package',
+          'classification.sources', 'classification.engine', 'classification.token_labeling', 'classification.data',
+          'classification.objectives', 'classification.pictures', 'classification', 'classification.digits',
+          'classification.studies')
 PACKAGES = ('backbones', 'classification')
 FORMER_PACKAGES = ('common', 'engine', 'digits', 'visualization', 'token_labeling', 'segmentation')
+
+
+def dense_task_of(module: str) -> str | None:
+    """The task folder a module of the dense stack belongs to, or None."""
+    return next((task for task in DENSE_TASKS if module == task or module.startswith(task + '.')), None)
 
 
 def layer_of(module: str) -> str:
     """The layer a module belongs to: its longest prefix in LAYERS ('tools' for the tools)."""
     if module.split('.')[0] == 'tools':
         return 'tools'
+    if module == 'backbones.dense':
+        return 'backbones.dense package'
+    if dense_task_of(module):
+        return 'backbones.dense tasks'
     return max((layer for layer in LAYERS if module == layer or module.startswith(layer + '.')), key=len)
 
 
@@ -113,6 +126,16 @@ def test_imports_run_one_way_from_the_tools_down_to_the_models(graph):
     assert upward == []
     assert not any(target.startswith('classification') for module, targets in graph.items()
                    if module.startswith('backbones') for target in targets)
+    across = [f'{module} imports {target}' for module, targets in graph.items() for target in targets
+              if dense_task_of(module) and dense_task_of(target) not in (None, dense_task_of(module))]
+    assert across == []
+    assert {layer_of(module) for module in graph} >= {'backbones.dense', 'backbones.dense tasks'}
+
+
+def test_no_module_of_the_dense_stack_is_over_400_lines():
+    lines = {name: len(path.read_text().splitlines()) for name, path in project_modules().items()
+             if name.startswith('backbones.dense')}
+    assert len(lines) > 40 and {name: count for name, count in lines.items() if count > 400} == {}
 
 
 def test_the_former_top_level_packages_are_gone_and_only_two_are_installed():
@@ -195,8 +218,8 @@ def test_segmentation_gets_config_edits_and_a_checkpoint_and_calls_no_trainer():
     from mmengine.config import Config
 
     from backbones.common.cli import EmbeddedData
-    from backbones.segmentation.config import EmbeddedSegData
-    from backbones.segmentation.train import PretrainedBackbone, train
+    from backbones.dense.run_data import EmbeddedSegData
+    from backbones.dense.train import PretrainedBackbone, train
     role = EmbeddedSegData
     members = sorted(name for name in vars(role) if not name.startswith('_') and name not in vars(EmbeddedData))
     assert {'use_data', 'use_schedule', 'use_model'} <= set(members)
@@ -299,7 +322,7 @@ def test_importing_the_suite_leaves_timms_models_alone():
 import torch, timm
 from timm.models import _registry
 before = dict(_registry._model_entrypoints)
-import backbones, backbones.segmentation
+import backbones, backbones.dense
 after = _registry._model_entrypoints
 changed = [name for name, fn in before.items() if after[name] is not fn]
 added = sorted(set(after) - set(before))
@@ -327,7 +350,7 @@ def test_importing_and_drawing_leave_matplotlibs_backend_alone():
 import matplotlib
 matplotlib.use('svg')
 import numpy as np
-import classification.train, backbones.segmentation.pictures, classification.pictures.curves
+import classification.train, backbones.dense.pictures, classification.pictures.curves
 from backbones.common.drawing import class_colours, figure, finished
 fig, axes = figure(1, 2)
 axes[0, 0].imshow(np.zeros((4, 4, 3), np.uint8) + class_colours(3)[1])

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
-import backbones.segmentation  # noqa: F401  (registration)
+import backbones.dense  # noqa: F401  (registration)
 from backbones.common.errors import UsageError
-from backbones.segmentation.backbone import TokenBackbone
+from backbones.dense.backbone import TokenBackbone
 from helpers.commands import one_line_error, run_tool
 
 TINY = dict(embed_dim=32, depth=3, num_heads=2)
@@ -147,7 +147,7 @@ def test_dynamic_size_is_refused_for_a_backbone_whose_trace_holds_at_its_size_on
     after all the work)."""
     from backbones.common.errors import CheckpointError
     from backbones.common.exporting import write_exported_program
-    from backbones.segmentation.export import check_dynamic_size
+    from backbones.dense.export import check_dynamic_size
 
     def built(name: str, **options) -> TokenBackbone:
         return TokenBackbone(name, out_indices=(1, 2), img_size=64, model_kwargs=TINY, **options).eval()

@@ -19,10 +19,10 @@ from mmengine.registry import init_default_scope
 from mmengine.structures import InstanceData
 from mmseg.registry import MODELS
 
-import backbones.segmentation  # noqa: F401  (registration)
-from backbones.segmentation.config import tta_flips, tta_scales
-from backbones.segmentation.predict import without_annotations
-from backbones.segmentation.tasks import task_of
+import backbones.dense  # noqa: F401  (registration)
+from backbones.dense.predict import without_annotations
+from backbones.dense.tasks import task_of
+from backbones.dense.tta import tta_flips, tta_scales
 from helpers.dense_data import CATEGORIES, SIZE, write_tiny_coco, write_tiny_dense_config, write_tiny_nyu
 from helpers.seg_data import CONFIGS
 

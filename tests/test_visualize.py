@@ -166,7 +166,8 @@ def test_a_token_label_picture_of_an_undecodable_file_name_is_drawn():
 
 
 def test_segmentation_overlay_pixels_are_the_palette_colours_of_the_prediction():
-    from backbones.segmentation.pictures import HEADER, segmentation_picture
+    from backbones.dense.pictures import HEADER
+    from backbones.dense.semantic.pictures import segmentation_picture
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)
     prediction = rng.integers(0, 3, (20, 30))
@@ -277,7 +278,7 @@ def test_segmentation_tool_draws_test_seg_predictions(tmp_path):
     """The prediction panel is the palette colours of what tools/test_seg.py predicts for the image."""
     from mmseg.datasets import ADE20KDataset
 
-    from backbones.segmentation.pictures import segmentation_picture  # first: lets mmseg import on mmcv-lite
+    from backbones.dense.semantic.pictures import segmentation_picture  # first: lets mmseg import on mmcv-lite
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     data = write_tiny_ade(tmp_path / 'ade', counts=(('training', 2), ('validation', 2)))
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', data)
@@ -307,8 +308,8 @@ def seg_model(tmp_path_factory):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    import backbones.segmentation  # noqa: F401  (registers the suite's mmseg modules)
-    from backbones.segmentation.config import load_config
+    import backbones.dense  # noqa: F401  (registers the suite's mmseg modules)
+    from backbones.dense.config import load_config
     from helpers.seg_data import write_tiny_ade, write_tiny_config
     tmp = tmp_path_factory.mktemp('seg_picture')
     data = write_tiny_ade(tmp / 'ade', counts=(('training', 1), ('validation', 2)))

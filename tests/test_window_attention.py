@@ -206,7 +206,7 @@ def test_a_checkpoint_of_another_grid_loads_its_tables_resampled_through_the_too
     """load_weights (test_seg's, predict_seg's, export's): a windowed backbone's checkpoint whose global block's
     tables are sized for img_size 64 (7 rows) loads into one of img_size 128 (15 rows), resampled as timm's
     get_rel_pos; before, it was refused as mis-shaped."""
-    from backbones.segmentation.runner import load_weights
+    from backbones.dense.runner import load_weights
     trained = backbone(window_size=2, global_blocks=(3,), rel_pos=True)
     with torch.no_grad():
         for name, p in trained.named_parameters():
@@ -342,8 +342,8 @@ def test_the_windowed_detector_config_trains_and_predicts_and_the_pages_get_smal
     from mmengine.structures import InstanceData
     from mmseg.structures import SegDataSample
 
-    from backbones.segmentation.instances.task import SMALL_DATA_WINDOW
-    from backbones.segmentation.tasks import task_of
+    from backbones.dense.instances.task import SMALL_DATA_WINDOW
+    from backbones.dense.tasks import task_of
     from helpers.dense_data import CONFIGS, write_tiny_coco, write_tiny_dense_config
 
     for name, window in (('maskrcnn_lvvit_s_windowed.py', SMALL_DATA_WINDOW), ('maskrcnn_lvvit_s.py', None)):

@@ -13,7 +13,7 @@
 
 A classifier's folder holds one weight set: the trained weights, as eval_cls and predict_cls load them, or the EMA
 copy with --use-ema (config.json's "suite_weights" says which). classification/export.py and
-backbones/segmentation/export.py say what each file holds.
+backbones/dense/export.py say what each file holds.
 """
 from backbones.common.commands import run_command
 from classification.digits.seg_data import EmbeddedPages

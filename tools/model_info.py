@@ -6,7 +6,7 @@
     python tools/model_info.py --seg-config seg_configs/*.py [--shape 512 2048]  # parameters per part, GMACs
 """
 from backbones.common.commands import run_command
-from backbones.segmentation.complexity import main
+from backbones.dense.complexity import main
 
 if __name__ == '__main__':
     run_command(lambda: main(description=__doc__))

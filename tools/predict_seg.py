@@ -11,10 +11,10 @@ A mask holds the data set's label values, as its annotations and `tools/test_seg
 index + 1, 0 being 'other'; Cityscapes: its label ids); `--overlay` also writes NAME_overlay.png, the classes in the
 data set's palette over the image. The config is read as test_seg reads it (`--data-root`; without ADE20K on disk,
 the embedded digits set), so the classes are the ones the checkpoint was trained on. From Python:
-`backbones.segmentation.predict.SegPredictor(config, checkpoint)(path)` gives the class index of every pixel.
+`backbones.dense.predict.SegPredictor(config, checkpoint)(path)` gives the class index of every pixel.
 """
 from backbones.common.commands import run_command
-from backbones.segmentation.masks import main
+from backbones.dense.masks import main
 from classification.digits.seg_data import EmbeddedPages
 
 if __name__ == '__main__':

@@ -11,7 +11,7 @@ it); the config's test_evaluator is honoured (IoUMetric's mDice, mFscore). A det
 hold their figures; --pred-dir writes their predictions (a COCO results file, 16-bit depth PNGs).
 """
 from backbones.common.commands import run_command
-from backbones.segmentation.test import main
+from backbones.dense.test import main
 from classification.digits.seg_data import EmbeddedPages
 
 if __name__ == '__main__':

@@ -32,7 +32,7 @@ E = TypeVar('E', bound='EmbeddedData')
 class EmbeddedData(Protocol):
     """Data a tool hands its trainer for runs given no data set (the tools give their embedded set): a description
     for --help, its own options (where it lives), and the instance those options make. Each task refines it with
-    what it needs: `classification.loaders.EmbeddedImageData`, `backbones.segmentation.config.EmbeddedSegData`."""
+    what it needs: `classification.loaders.EmbeddedImageData`, `backbones.dense.run_data.EmbeddedSegData`."""
 
     description: ClassVar[str]
 

@@ -1,6 +1,6 @@
 """The embedded pages as a dense config's data: what tools/train_seg.py, tools/test_seg.py, predict_seg and the
 segmentation pictures run on when the config's data set is not on disk
-(`backbones.segmentation.config.EmbeddedSegData`).
+(`backbones.dense.run_data.EmbeddedSegData`).
 
 The config keeps its model, heads, pipelines and test modes; its task fits them to the pages, its schedule is
 replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
@@ -18,10 +18,11 @@ from mmengine.config import Config
 
 from backbones.common.cli import output_folder
 from backbones.common.log import logger
-from backbones.segmentation.config import ADE20K_CROP, LOADERS, datasets
-from backbones.segmentation.layouts import layout_of
-from backbones.segmentation.tasks import SmallDenseData, task_of
-from backbones.segmentation.train import (
+from backbones.dense.config import LOADERS, datasets
+from backbones.dense.layouts import layout_of
+from backbones.dense.run_data import ADE20K_CROP
+from backbones.dense.tasks import SmallDenseData, task_of
+from backbones.dense.train import (
     PretrainedBackbone,
     Pretraining,
 )

@@ -27,15 +27,15 @@ from mmengine.dataset import pseudo_collate
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 from mmseg.registry import MODELS
 
 from backbones.common.cli import add_device_argument, command_parser, device_name, output_file, positive_int
 from backbones.common.log import logger
-from backbones.segmentation.config import load_config, scale_sizes
-from backbones.segmentation.tasks import task_of
+from backbones.dense.config import load_config, scale_sizes
+from backbones.dense.tasks import task_of
 from classification.studies.results_file import write_results
 from classification.studies.timing import SteadyWindow
 

@@ -13,7 +13,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite; registers the suite's modules)
 
 # isort: split
 from mmseg.models.segmentors import SegTTAModel
@@ -28,10 +28,10 @@ from backbones.common.cli import (
     positive_int,
 )
 from backbones.common.log import logger
-from backbones.segmentation.config import flipping_tta_pipeline, load_config
-from backbones.segmentation.runner import SuiteRunner, check_batch_trains
-from backbones.segmentation.test import use_multi_scale
-from backbones.segmentation.tta import mirror_image
+from backbones.dense.config import load_config
+from backbones.dense.runner import SuiteRunner, check_batch_trains
+from backbones.dense.test import use_multi_scale
+from backbones.dense.tta import flipping_tta_pipeline, mirror_image
 from classification.digits.seg_data import EmbeddedPages
 from classification.studies.results_file import write_results
 from classification.studies.timing import seconds_per_call

@@ -10,7 +10,7 @@ import numpy as np
 from mmengine.config import Config
 from pycocotools import mask as mask_utils
 
-from backbones.segmentation.config import tta_scales
+from backbones.dense.tta import tta_scales
 from helpers.commands import ROOT
 from helpers.seg_data import DIM, TINY_MODELS
 

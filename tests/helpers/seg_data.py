@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 from mmengine.config import Config
 
-from backbones.segmentation.config import scale_sizes
+from backbones.dense.config import scale_sizes
 from helpers.commands import ROOT
 
 CONFIGS = ROOT / 'seg_configs'

@@ -13,16 +13,16 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.evaluator import BaseMetric
 
-import backbones.segmentation  # noqa: F401  (first: it lets mmseg import on mmcv-lite)
+import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite)
 
 # isort: split
 from mmseg.registry import METRICS, MODELS
 
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
-from backbones.segmentation.data_check import PairCheck, depth_pair_check
-from backbones.segmentation.depth.estimator import TokenDepthEstimator
-from backbones.segmentation.tasks import (
+from backbones.dense.data_check import PairCheck, depth_pair_check
+from backbones.dense.depth.estimator import TokenDepthEstimator
+from backbones.dense.tasks import (
     DenseTask,
     ExportChoice,
     ExportedNetwork,

@@ -12,7 +12,7 @@ from backbones.common.cli import add_device_argument, check_output_folder, comma
 from backbones.common.errors import SuiteError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.segmentation.config import load_config
+from backbones.dense.config import load_config
 from classification.digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, EmbeddedScans
 from classification.digits.cls_data import RECIPE as DIGITS_RECIPE
 from classification.engine.checkpoints import BEST, LAST, LOG, METRICS

@@ -1,0 +1,196 @@
+"""A segmentation, detection or depth checkpoint as files for runtimes without mmseg: the logic of tools/export.py
+segmentor.
+
+The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them),
+`config.py` (the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and
+`export.json` (classes, palette, the label values a mask stores, the input's size, channel order and
+normalisation). With `torch_export` and `onnx`, `model.pt2` and `model.onnx`: the segmentor's whole-image forward,
+normalised RGB images (B, 3, H, W) -> per-class logits (B, classes, H, W) at the input's size, what mmseg's
+`encode_decode` gives for one sliding window or a whole image. By default H and W are fixed at the config's test
+window (`size` for another) and the batch size is dynamic: a caller slides the window over larger images and
+batches the windows. With `dynamic_size`, H and W may be any multiples of the backbone's stride (whole patches)
+from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
+against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
+
+A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's is the whole
+detector with static shapes (instances/static_detection.py): its best K detections per image (`top_k`, --top-k; by
+default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2),
+`scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask probabilities at
+the input's size, padded with zero boxes, scores and masks; the batch size dynamic. Its second input, `image_sizes`
+(B, 2), gives each image's height and width: an image smaller than the input lies at its top left, padded with zeros,
+and its detections are the model's `predict` of it (its proposals and boxes clipped to the image, its masks zero
+outside it). NMS is inside (torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's
+NonMaxSuppression; its kept indices become a flag over the candidates at once, so every other shape is fixed). With
+`pyramid_only` (--pyramid-only) the export stops at the feature pyramid (the levels p2 .. p6, (B, C, H / stride, W /
+stride) each), the RPN and RoI heads left to model.safetensors with config.py; with `dynamic_size` too, at any size
+whose coarsest level (p6, stride 64) is 2 pixels or more a side: 96 px and up. A task refuses the options it has no
+use for (`DenseTask.check_export_choice`), before any work. Detectors and depth models test images at their own size,
+so their export takes `size` (--size H W).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from mmseg.registry import MODELS
+from safetensors.torch import load_model, save_model
+
+from backbones.common.cli import positive_int
+from backbones.common.errors import UsageError
+from backbones.common.exporting import (
+    BATCH,
+    CHECKED_BATCHES,
+    EXPORTED_PROGRAM,
+    ONNX_MODEL,
+    WEIGHTS,
+    DynamicDims,
+    batch_examples,
+    check_exported_file,
+    check_same_outputs,
+    example_images,
+    staged_folder,
+    write_exported_program,
+    write_onnx,
+)
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
+from backbones.dense.backbone import TokenBackbone
+from backbones.dense.config import load_config, read_config
+from backbones.dense.predict import SegPredictor
+from backbones.dense.run_data import EmbeddedSegData
+from backbones.dense.tasks import ExportChoice, ExportedNetwork, task_of
+
+
+def window_size(cfg: Config) -> tuple[int, int]:
+    """(H, W) a segmentor is exported at: its sliding test window, or (a whole-image test) its preprocessor's size."""
+    test_cfg = cfg.model.get('test_cfg') or {}
+    if test_cfg.get('mode') == 'slide':
+        return tuple(test_cfg['crop_size'])
+    size = cfg.model.data_preprocessor.get('size')
+    if size is None:
+        raise UsageError('this config tests images at their own size: give the exported input size, --size H W')
+    return tuple(size)
+
+
+def smallest_side(stride: int, least_side: int) -> int:
+    """The smallest side an export at any size takes: whole `stride`s, two or more, from `least_side` on."""
+    return max(2, -(-least_side // stride)) * stride
+
+
+def checked_images(size: tuple[int, int], stride: int, dynamic_size: bool, least_side: int = 0
+                   ) -> tuple[list[torch.Tensor], DynamicDims]:
+    """The images an export is traced on (the first) and checked on, and their dynamic dimensions: with
+    `dynamic_size`, sides of whole `stride`s from `smallest_side` on."""
+    if not dynamic_size:
+        return batch_examples(*size), BATCH
+    if size[0] % stride or size[1] % stride:
+        raise UsageError(f'--dynamic-size: the traced size {size[0]}x{size[1]} must be whole {stride} px patches')
+    smallest = smallest_side(stride, least_side)
+    if min(size) < smallest:
+        raise UsageError(f'--dynamic-size: trace at a size of {smallest} px or more a side (--size): this network '
+                         f'runs at any size from {smallest} px on, and torch.export fixes a program traced below '
+                         f'that to the size traced')
+    h, w = size
+    others = [(h, w), (h + stride, w + 2 * stride), (max(smallest, h - stride), w + stride)]
+    examples = [example_images(count, *other) for count, other in zip(CHECKED_BATCHES, others)]
+    return examples, {**BATCH, 2: ('height', stride, smallest // stride), 3: ('width', stride, smallest // stride)}
+
+
+def check_dynamic_size(backbone: nn.Module) -> None:
+    """--dynamic-size refused in one line for a backbone whose traced program would hold at its traced size only
+    (the export's check at other sizes found it only after the work)."""
+    reason = backbone.fixed_size_reason() if isinstance(backbone, TokenBackbone) else None
+    if reason:
+        raise UsageError(f'--dynamic-size: {reason}; export it at a fixed size (--size H W)')
+
+
+def description(predictor: SegPredictor, exported: ExportedNetwork, checkpoint: str, size: tuple[int, int],
+                stride: int, dynamic_size: bool) -> dict:
+    """export.json: what a runtime needs besides the network."""
+    preprocessor = predictor.cfg.model.data_preprocessor
+    return {
+        'task': predictor.task.name, **predictor.task.export_facts(predictor),
+        'input': {'size': f'any multiple of the stride from {smallest_side(stride, exported.least_side)}'
+                          if dynamic_size else list(size), 'stride': stride,
+                  'channels': 'RGB', 'scale': '0-255, then (x - mean) / std',
+                  'mean': list(preprocessor['mean']), 'std': list(preprocessor['std'])},
+        **exported.facts,
+        'checkpoint': str(checkpoint),
+    }
+
+
+def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, int] | None = None,
+                     torch_export: bool = False, onnx: bool = False, dynamic_size: bool = False,
+                     data_root: str | None = None, fallback: EmbeddedSegData | None = None,
+                     top_k: int | None = None, pyramid_only: bool = False) -> Path:
+    """Write the export folder `out` (see the module's docstring); returns it."""
+    if dynamic_size and onnx:
+        raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
+                         'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
+    choice = ExportChoice(top_k, pyramid_only, dynamic_size)
+    task_of(load_config(config)).check_export_choice(choice, config)
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    if dynamic_size:
+        check_dynamic_size(predictor.model.backbone)
+    task = predictor.task
+    exported = task.exported_network(predictor.model, choice)
+    model = exported.network.eval()
+    size = size or window_size(predictor.cfg)
+    stride = task.input_stride(predictor.model, size)
+    images, dynamic = checked_images(size, stride, dynamic_size, exported.least_side)
+    examples = [(batch, *exported.other_inputs(batch)) for batch in images]
+    dynamic = (dynamic, *[BATCH] * (len(examples[0]) - 1))
+    with staged_folder(out, {'export': 'segmentor', 'checkpoint': str(checkpoint)}) as staging:
+        save_model(predictor.model, str(staging / WEIGHTS))
+        predictor.cfg.dump(str(staging / 'config.py'))
+        write_json_atomic(staging / 'export.json',
+                          description(predictor, exported, checkpoint, size, stride, dynamic_size))
+        with torch.no_grad():
+            rebuilt = task.exported_network(segmentor_from(staging), choice).network.eval()
+            check_same_outputs(model(*examples[0]), rebuilt(*examples[0]), f'{WEIGHTS} with config.py')
+        if torch_export:
+            write_exported_program(model, examples, staging / EXPORTED_PROGRAM, dynamic)
+        if onnx:
+            write_onnx(model, examples, staging / ONNX_MODEL, dynamic, exported.output_names, exported.input_names)
+    shape = 'any multiple of the stride' if dynamic_size else f'{size[0]}x{size[1]}'
+    logger.info(f'{out}: {task.describe_outputs(predictor)}, inputs {shape}, from {checkpoint}: '
+                f'{", ".join(sorted(p.name for p in out.iterdir()))}')
+    return out
+
+
+def segmentor_from(folder: Path) -> nn.Module:
+    """The segmentor an export folder holds: its config's model with the safetensors weights (strictly)."""
+    cfg = read_config(folder / 'config.py')
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    cfg.model.backbone.pretrained = None
+    segmentor = MODELS.build(cfg.model)
+    check_exported_file(folder / WEIGHTS)
+    load_model(segmentor, str(folder / WEIGHTS), strict=True)
+    return segmentor.eval()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """tools/export.py segmentor's arguments."""
+    p.add_argument('config', help='the config the checkpoint was trained with')
+    p.add_argument('checkpoint', help='a checkpoint of tools/train_seg.py (or a release file)')
+    p.add_argument('--size', type=positive_int, nargs=2, metavar=('H', 'W'),
+                   help="the exported input size (default: the config's test window; detectors and depth models "
+                        'need it)')
+    p.add_argument('--dynamic-size', action='store_true',
+                   help='any input height and width (multiples of the backbone\'s stride), not only the window\'s')
+    p.add_argument('--data-root', help='the data set the config names, elsewhere (its classes are the export\'s)')
+    p.add_argument('--top-k', type=positive_int, metavar='K',
+                   help='a detector\'s export: the detections it gives per image, best first, padded (default: its '
+                        'RoI heads\' detections_per_img, 100 unless its config says otherwise)')
+    p.add_argument('--pyramid-only', action='store_true',
+                   help='a detector\'s export: its backbone and feature pyramid only (no RPN, heads or NMS)')
+
+
+def export_from_args(args: argparse.Namespace, out: Path, fallback: EmbeddedSegData | None = None) -> Path:
+    return export_segmentor(args.config, args.checkpoint, out, tuple(args.size) if args.size else None,
+                            args.torch_export, args.onnx, args.dynamic_size, args.data_root, fallback, args.top_k,
+                            args.pyramid_only)

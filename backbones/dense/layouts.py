@@ -1,0 +1,106 @@
+"""Published data sets' folder layouts and label schemes (Cityscapes, Pascal Context, COCO-Stuff, KITTI depth, ...),
+each found by the mmseg data-set type a config reads it with: what the suite checks of such a set on disk before a
+run (a one-line error naming what is missing and the converter that makes it), and how a small data set in the
+tasks' shared layout (the embedded pages, `SmallDenseData`) is written in it, so that a config for that set learns
+on a fresh machine through the set's own reader, file names and ids.
+
+A layout is a class registered here by `register_layout`; the task folders' modules define them (a semantic set's
+in `semantic/`, a depth set's in `depth/`), and code elsewhere asks `layout_of(dataset)` rather than comparing
+data-set types.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SmallDenseData:
+    """A small data set in the tasks' shared folder layout, which a config is pointed at in place of its own (the
+    embedded pages): under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (0 ignored,
+    class c stored as c + 1); depth/{split}/NAME.png, 16-bit depth, `depth_scale` per metre; and
+    annotations/instances_{split}.json, the instances in COCO's format. Its images are `image_size` (width, height);
+    `scale` is what a semantic config's sizes are multiplied by there, `ratio_range` its training rescaling,
+    `test_ratios` the multi-scale test's, and `mirrored` whether a mirror image is still an image of the data (a
+    mirrored glyph is not: then no flips in training or tests)."""
+
+    root: Path
+    classes: tuple[str, ...]
+    palette: tuple[tuple[int, int, int], ...]
+    image_size: tuple[int, int]
+    scale: float
+    ratio_range: tuple[float, float]
+    test_ratios: tuple[float, ...]
+    depth_scale: float
+    mirrored: bool
+
+
+class DataLayout(ABC):
+    """One published data set's layout. Class attributes say what it is; methods check it and write small data in
+    it."""
+
+    name: ClassVar[str]  # a folder name and how it is called in messages: 'cityscapes'
+    title: ClassVar[str]  # in words: 'Cityscapes'
+    dataset_types: ClassVar[tuple[str, ...]]  # the mmseg data-set types (registry names) that read it
+    root: ClassVar[str]  # its configs' data_root ('data/cityscapes'): where it is absent, the embedded data stands in
+
+    @abstractmethod
+    def check(self, dataset_cfg: dict) -> None:
+        """Raise DataError (one line) naming what of this layout is missing under the data set's root, or is not in
+        its id scheme, and the converter that makes it; before any file is read for training."""
+
+    @abstractmethod
+    def write_small(self, data: SmallDenseData, root: Path) -> None:
+        """Write `data` (the shared layout) under `root` in this layout and id scheme; nothing if written already
+        (a READY mark of this version)."""
+
+    @abstractmethod
+    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
+        """Point a loader's data set of this layout at `split` ('training' or 'validation') of `data` written in
+        this layout (`write_small` into `small_root(data)`), its classes the small data's."""
+
+    def small_root(self, data: SmallDenseData) -> Path:
+        """Where `data` is written in this layout: beside it, in a folder named for the layout."""
+        return data.root.parent / f'{data.root.name}_{self.name}'
+
+
+LAYOUTS: dict[str, DataLayout] = {}  # by data-set type
+
+
+def register_layout(layout: type[DataLayout]) -> type[DataLayout]:
+    """Class decorator: `layout` joins the registry (one instance) under each of its data-set types, all new."""
+    taken = [kind for kind in layout.dataset_types if kind in LAYOUTS]
+    if taken:
+        raise ValueError(f'data layout {layout.__name__}: data-set types {taken} are registered already')
+    instance = layout()
+    LAYOUTS.update({kind: instance for kind in layout.dataset_types})
+    return layout
+
+
+def layout_of(dataset_cfg: dict) -> DataLayout | None:
+    """The layout a data-set config reads, if it is a registered one (else the data set is the suite's own layout
+    or mmseg's, checked as before)."""
+    kind = dataset_cfg.get('type')
+    return LAYOUTS.get(kind) if isinstance(kind, str) else None
+
+
+def layout_roots() -> dict[str, str]:
+    """Each registered layout's configs' data root and its title."""
+    return {layout.root: layout.title for layout in LAYOUTS.values()}
+
+
+LABEL_VALUES = 'label_values'  # a data set's meta: the value its annotation files store each class as, by index
+
+
+def annotation_values(prediction: np.ndarray, meta: Mapping) -> np.ndarray:
+    """Class indices as the data set (its `meta`) stores them in its annotation files, the values test_seg
+    --pred-dir and predict_seg write: its own table where it gives one (Cityscapes: label ids), else class + 1 where
+    it reduces zero (ADE20K, Pascal Context: 0 is 'other'), else the index."""
+    if meta.get(LABEL_VALUES) is not None:
+        return np.asarray(meta[LABEL_VALUES], np.int64)[prediction]
+    return prediction + 1 if meta.get('reduce_zero_label') else prediction

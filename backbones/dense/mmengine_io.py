@@ -1,0 +1,81 @@
+"""mmengine's checkpoints: written atomically, read under torch >= 2.6 without running pickled code, and the LV-ViT
+segmentation releases (mmseg 0.x layout) read in this suite's layout.
+
+mmengine 0.10.7 writes a checkpoint straight into its final path, so a crash while saving leaves a torn file; the
+local file backend is replaced by one that writes to a temporary file, syncs it and renames it over the target.
+
+mmengine 0.10.7 reads local checkpoints with a bare `torch.load`, which torch >= 2.6 runs as a weights-only load
+that refuses mmengine's checkpoints: their message hub holds `HistoryBuffer` objects (NumPy arrays inside). This
+module replaces mmengine's loader for local paths with a weights-only load that additionally accepts exactly the
+types mmengine itself writes there (and `getattr` only for the HistoryBuffer methods they reference). Nothing else
+from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote
+URLs keep mmengine's own loaders. A local checkpoint in the layout of the reference's LV-ViT segmentation releases
+is converted on reading (`released_segmentors.py`), so `load_from`, `init_cfg=dict(type='Pretrained', ...)` and
+tools/test_seg.py all take those files.
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.fileio import io as fileio
+from mmengine.logging.history_buffer import HistoryBuffer
+from mmengine.runner import CheckpointLoader
+
+from backbones.common.files import load_weights_only, write_bytes_atomic
+from backbones.dense.released_segmentors import convert_mmseg0_release, is_mmseg0_release
+
+
+def _history_buffer_method(owner: object, name: str) -> object:
+    """The one use of `getattr` in mmengine's checkpoints: a HistoryBuffer's statistics methods, and nothing else."""
+    if owner is not HistoryBuffer or name not in ('min', 'max', 'mean', 'current'):
+        raise pickle.UnpicklingError(f'getattr({owner!r}, {name!r}) is not part of an mmengine checkpoint')
+    return getattr(HistoryBuffer, name)
+
+
+def mmengine_checkpoint_globals() -> list[object]:
+    """The non-tensor globals in the checkpoints mmengine writes: its log buffers (with their statistics methods,
+    pickled as `getattr(HistoryBuffer, name)`) and the NumPy arrays in them."""
+    dtypes = {type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)}
+    # NumPy's array and scalar rebuilders, taken from the public pickling protocol rather than its private modules
+    _reconstruct, scalar = np.empty(0).__reduce__()[0], np.float64(0).__reduce__()[0]
+    return [HistoryBuffer, (_history_buffer_method, 'builtins.getattr'), np.ndarray, np.dtype, _reconstruct, scalar,
+            *dtypes]
+
+
+def plain_values(value: object) -> object:
+    """A config's value as plain dicts, lists, tuples (mmcv's sizes must stay tuples), strings and numbers, which a
+    checkpoint read weights-only may hold: a ConfigDict becomes a dict, anything else its text."""
+    if isinstance(value, dict):
+        return {key: plain_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (tuple if isinstance(value, tuple) else list)(plain_values(item) for item in value)
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:
+    """mmengine's local-file loader, weights-only with mmengine's own types allowed; a release of the reference's
+    segmentation code comes back in this suite's layout."""
+    checkpoint = load_weights_only(Path(filename).expanduser(), 'checkpoint', mmengine_checkpoint_globals(),
+                                   map_location=map_location)
+    weights = checkpoint.get('state_dict') if isinstance(checkpoint, dict) else None
+    if isinstance(weights, dict) and is_mmseg0_release(weights):
+        checkpoint = {**checkpoint, 'state_dict': convert_mmseg0_release(weights)}
+    return checkpoint
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose writes are atomic (temporary file, fsync, rename)."""
+
+    def put(self, obj: bytes, filepath: str | Path) -> None:
+        Path(filepath).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(filepath, obj)
+
+
+CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)
+register_backend('local', AtomicLocalBackend, force=True, prefixes='')
+# get_file_backend caches one instance per prefix: drop local ones made before the registration.
+for _key in [k for k, v in fileio.backend_instances.items() if type(v) is LocalBackend]:
+    del fileio.backend_instances[_key]

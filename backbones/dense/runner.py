@@ -1,0 +1,396 @@
+"""The suite's mmengine Runner: a checkpoint must fit the model, and a run resumes from its newest readable one.
+
+mmengine loads `load_from`, resume and `init_cfg` checkpoints non-strictly: weights a checkpoint lacks keep their
+random initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
+deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
+checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
+readable `iter_*.pth`, with a warning naming both. A run resumes from its own work dir's checkpoints only:
+mmengine's `last_checkpoint` holds an absolute path, which in a copied (or moved) work dir names the original's
+file; the file of that name in this work dir is taken instead (or its newest `iter_*.pth`), and the file a run
+resumes from is always logged. While it trains or tests, the suite's own log lines also go to the run's log file.
+Its data loaders' worker processes leave SIGTERM and SIGUSR1 to the training process, which writes its checkpoint
+first (`preemption.py`): a scheduler signals every process of a job.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import re
+import shutil
+import zipfile
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch.nn as nn
+from mmengine.registry import DATASETS
+from mmengine.runner import BaseLoop, Runner
+from mmengine.runner.checkpoint import (
+    _load_checkpoint,
+    _load_checkpoint_with_prefix,
+    find_latest_checkpoint,
+    load_checkpoint,
+)
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.utils import _pair
+from torch.utils.data import DataLoader
+
+from backbones.common.errors import CheckpointError, CheckpointReadError, TrackerError, UsageError
+from backbones.common.files import FolderAdditions, load_weights_only, write_json_atomic
+from backbones.common.lifecycle import ignore_stop_signals, resumable_on_ctrl_c
+from backbones.common.log import logger
+from backbones.common.trackers import tracker_errors
+from backbones.dense.backbone import TokenBackbone
+from backbones.dense.mmengine_io import mmengine_checkpoint_globals, plain_values
+from backbones.dense.restart import PlacedInfiniteSampler, SeededSamples
+from backbones.dense.silenced_warnings import HarmlessLogLines
+from backbones.weights import describe_mismatch, key_mismatch
+from backbones.window_attention import REL_POS_KEYS
+
+T = TypeVar('T')
+
+FINISHED = 'finished.json'  # a work dir's mark of a run trained to its last iteration and validated: its count
+
+
+def finished_iterations(work_dir: str | Path) -> int:
+    """The iterations of the run the work dir holds where it finished (its FINISHED mark), else 0."""
+    try:
+        return int(json.loads((Path(work_dir) / FINISHED).read_text())['iterations'])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def iteration_checkpoints(work_dir: str | Path) -> list[Path]:
+    """The run's `iter_N.pth` files, newest first."""
+    found = [(int(m.group(1)), p) for p in Path(work_dir).glob('iter_*.pth')
+             if (m := re.fullmatch(r'iter_(\d+)\.pth', p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def checkpoint_state(filename: str, prefix: str | None = None) -> dict:
+    """A checkpoint's weights as mmengine reads them (`prefix`: only the keys under it, without it), no `module.`."""
+    state = _load_checkpoint_with_prefix(prefix, filename) if prefix else _load_checkpoint(filename,
+                                                                                           map_location='cpu')
+    state = state.get('state_dict', state) if isinstance(state, dict) else {}
+    return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
+
+
+# The key of what a run trained on in its checkpoints' meta and in its config (`config.trained_data_record`)
+TRAINED_DATA = 'trained_data'
+
+
+def pooled_batch_norms(model: nn.Module) -> list[str]:
+    """The BatchNorm layers that normalise a map pooled to one pixel (UperNet's and PSPNet's pyramid pooling,
+    DeepLab's image pool: a `Sequential` of `AdaptiveAvgPool2d(1)` and a normalised convolution)."""
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Sequential):
+            continue
+        children = list(module.named_children())
+        for (_, pool), (after, layer) in zip(children, children[1:]):
+            if isinstance(pool, nn.AdaptiveAvgPool2d) and _pair(pool.output_size) == (1, 1):
+                found += [f'{name}.{after}.{inner}'.rstrip('.') for inner, norm in layer.named_modules()
+                          if isinstance(norm, _BatchNorm)]
+    return found
+
+
+def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option: str) -> None:
+    """A UsageError naming `option` where a training batch of one image meets a BatchNorm of a pooled map: it sees
+    one value per channel, which it cannot normalise (torch's ValueError in the first iteration, after everything
+    else); SyncBN over several processes sees one per process, and trains."""
+    if batch_size > 1:
+        return
+    unsynced = [name for name in pooled_batch_norms(model)
+                if processes == 1 or not isinstance(model.get_submodule(name), nn.SyncBatchNorm)]
+    if unsynced:
+        raise UsageError(f'{option} 1: {unsynced[0]} ({len(unsynced)} such layer(s)) is a BatchNorm of a map pooled '
+                         f'to one pixel: with one image a batch it gets one value per channel, which it cannot '
+                         f'normalise; train with 2 or more images a batch (or several processes with SyncBN)')
+
+
+def check_training_batch(cfg, processes: int) -> None:
+    """`check_batch_trains` for a config's training batch, on its heads built alone (a moment's work, before a run
+    writes anything)."""
+    from mmseg.registry import MODELS
+    heads = nn.ModuleDict({key: nn.ModuleList(map(MODELS.build, head)) if isinstance(head, list) else MODELS.build(head)
+                           for key in ('decode_head', 'auxiliary_head') if (head := cfg.model.get(key))})
+    check_batch_trains(heads, cfg.train_dataloader.batch_size, processes, 'train_dataloader.batch_size')
+
+
+def checkpoint_meta(filename: str) -> dict:
+    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
+    {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
+    on disk."""
+    checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
+                                   mmap=zipfile.is_zipfile(filename))
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def trained_data(filename: str) -> dict | None:
+    """What a checkpoint of train_seg records of the data it was trained on (`config.trained_data_record`), or None
+    for one that records nothing (mmseg's, a release, or the suite's before this record)."""
+    record = checkpoint_meta(filename).get(TRAINED_DATA)
+    return record if isinstance(record, dict) else None
+
+
+def recorded_config(filename: str) -> dict:
+    """The config a checkpoint's run trained with, from the text mmengine writes into its meta (`cfg`), read without
+    running it: each assignment of literals, lists, tuples and `dict(...)` (an assignment of anything else is left
+    out); {} where there is no such text."""
+    text = checkpoint_meta(filename).get('cfg')
+    try:
+        body = ast.parse(text).body if isinstance(text, str) else []
+    except SyntaxError:
+        return {}
+    found = {}
+    for node in body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                found[node.targets[0].id] = literal(node.value)
+            except ValueError:
+                continue
+    return found
+
+
+def literal(node: ast.expr) -> object:
+    """A config expression's value: literals, lists, tuples, dicts and `dict(key=...)` calls; else a ValueError."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'dict' and not node.args \
+            and all(keyword.arg for keyword in node.keywords):
+        return {keyword.arg: literal(keyword.value) for keyword in node.keywords}
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {literal(key): literal(value) for key, value in zip(node.keys, node.values)}
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [literal(item) for item in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    return ast.literal_eval(node)
+
+
+def misfit(state: dict, own: dict) -> str:
+    """The missing, unexpected and mis-shaped keys of `state` against a module's `own` state dict, in words ('' when
+    it fits; position tables and relative-position tables are resampled on loading, so their shape may differ)."""
+    return describe_mismatch(key_mismatch(state, own, resampled=('pos_embed', *REL_POS_KEYS)))
+
+
+def load_weights(model: nn.Module, filename: str) -> None:
+    """A checkpoint's weights into `model`: every weight of it and nothing else, else a CheckpointError naming the
+    keys that do not fit (mmengine's own strict load fails with a traceback)."""
+    problem = misfit(checkpoint_state(filename), model.state_dict())
+    if problem:
+        raise CheckpointError(f'{filename} does not fit the model of this config: {problem}')
+    load_checkpoint(model, filename, map_location='cpu', strict=True)
+
+
+def pretrained_inits(module: nn.Module) -> list:
+    """The `Pretrained` entries of a module's init_cfg (a dict or a list of them)."""
+    init = getattr(module, 'init_cfg', None)
+    inits = init if isinstance(init, list) else [init] if init else []
+    return [entry for entry in inits if isinstance(entry, dict) and entry.get('type') == 'Pretrained']
+
+
+def start_worker(worker_id: int, init: Callable[[int], None] | None) -> None:
+    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`
+    (mmengine's seeding)."""
+    ignore_stop_signals(worker_id)
+    if init is not None:
+        init(worker_id)
+
+
+def places_samples(dataloader: dict) -> bool:
+    """Whether a loader's config samples with `PlacedInfiniteSampler`."""
+    sampler = dataloader.get('sampler')
+    kind = sampler.get('type') if isinstance(sampler, dict) else None
+    return kind in (PlacedInfiniteSampler, PlacedInfiniteSampler.__name__)
+
+
+def built_dataset(dataset: Any) -> Any:
+    """A loader config's dataset built and fully initialised (as mmengine's Runner builds it), or the one given."""
+    if not isinstance(dataset, dict):
+        return dataset
+    dataset = DATASETS.build(dataset)
+    if hasattr(dataset, 'full_init'):
+        dataset.full_init()
+    return dataset
+
+
+# mmengine's backends of the experiment trackers (`train.use_trackers` adds them): the flag that asks for each, and
+# what it could not do
+TRACKER_BACKENDS = {
+    'WandbVisBackend': ('--log-wandb', 'wandb could not start its run (wandb login, or WANDB_MODE=offline)'),
+    'MLflowVisBackend': ('--log-mlflow', 'MLflow could not start its run (MLFLOW_TRACKING_URI)'),
+}
+
+
+class SuiteRunner(Runner):
+    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
+    leaves out mmengine's notices that ask nothing of the user (`notices`). Its experiment trackers start their runs
+    when it is built; one that cannot is a TrackerError, and the run leaves nothing behind (the log folder mmengine
+    made before, nor the work dir where the run made it)."""
+
+    def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
+        additions = FolderAdditions(work_dir)
+        try:
+            super().__init__(model, work_dir, *args, **kwargs)
+        except TrackerError:
+            additions.remove()
+            raise
+        self.logger.addFilter(HarmlessLogLines())
+
+    def build_visualizer(self, visualizer=None):
+        """mmengine's visualizer, its trackers' runs started now (mmengine starts a backend on its first record),
+        each one's failure one line naming its flag."""
+        built = super().build_visualizer(visualizer)
+        for name, (flag, what) in TRACKER_BACKENDS.items():
+            backend = built.get_backend(name)  # None where the run has none, and on the processes but the main one
+            if backend is not None:
+                with tracker_errors(flag, what):
+                    backend.experiment  # its first use starts its run
+        return built
+
+    def train(self):
+        # mmengine's find_latest_checkpoint would print 'Did not find last_checkpoint' before the first one
+        last = Path(self.work_dir) / 'last_checkpoint'
+        with resumable_on_ctrl_c(lambda: Path(last.read_text().strip()) if last.is_file() else None):
+            model = self._running(super().train)
+        if self.rank == 0:  # its last validation done too: a --resume has nothing left to do
+            write_json_atomic(Path(self.work_dir) / FINISHED, {'iterations': self.iter})
+        return model
+
+    def test(self):
+        return self._running(super().test)
+
+    def _running(self, action: Callable[[], T]) -> T:
+        """`action()` with the suite's logger also writing to the log file of mmengine's logger; the data loaders'
+        worker processes ended after it, however it ends."""
+        files = [handler for handler in self.logger.handlers if isinstance(handler, logging.FileHandler)]
+        for handler in files:
+            logger.addHandler(handler)
+        try:
+            return action()
+        finally:
+            for handler in files:
+                logger.removeHandler(handler)
+            self.end_loader_workers()
+
+    def end_loader_workers(self) -> None:
+        """Ends the worker processes of the loops' data loaders now. torch ends them when their iterator goes, but
+        the runner keeps its loops (and a persistent loader its iterator) to the exit, where Python's multiprocessing
+        stops them with SIGTERM, which they ignore (`start_worker`), and waits for them: for ever."""
+        for loop in (self._train_loop, self._val_loop, self._test_loop):
+            if not isinstance(loop, BaseLoop):  # a loop not built (its config)
+                continue
+            kept = getattr(loop.dataloader, '_iterator', None)  # a persistent loader's iterator
+            read = getattr(getattr(loop, 'dataloader_iterator', None), '_iterator', None)  # the iteration loop's
+            for iterator in (kept, read):
+                if hasattr(iterator, '_shutdown_workers'):  # one with worker processes
+                    iterator._shutdown_workers()
+
+    @staticmethod
+    def build_dataloader(dataloader: DataLoader | dict, seed: int | None = None,
+                         diff_rank_seed: bool = False) -> DataLoader:
+        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process (signalled
+        with the job, they died before the checkpoint was written: a traceback, exit status 1). Under a
+        `PlacedInfiniteSampler` its dataset reads each sample with the streams seeded from (`seed`, pass, index)."""
+        if isinstance(dataloader, dict) and places_samples(dataloader):
+            dataloader = {**dataloader, 'dataset': SeededSamples(built_dataset(dataloader['dataset']), seed)}
+        loader = Runner.build_dataloader(dataloader, seed=seed, diff_rank_seed=diff_rank_seed)
+        if isinstance(dataloader, dict) and loader.num_workers:  # built here, not handed over built
+            loader.worker_init_fn = partial(start_worker, init=loader.worker_init_fn)
+        return loader
+
+    def save_checkpoint(self, *args, meta: dict | None = None, **kwargs) -> None:
+        """mmengine's checkpoint, its meta also recording what the run trained on (the config's TRAINED_DATA)."""
+        record = self.cfg.get(TRAINED_DATA)
+        if record is not None:
+            meta = {**(meta or {}), TRAINED_DATA: plain_values(record)}
+        super().save_checkpoint(*args, meta=meta, **kwargs)
+
+    def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
+                        revise_keys: list = [(r'^module.', '')]):  # mmengine's signature
+        try:
+            return super().load_checkpoint(filename, map_location=map_location, strict=True,
+                                           revise_keys=revise_keys)
+        except RuntimeError as e:  # mmengine's strict load: some key is missing, unexpected or mis-shaped
+            mismatch = '' if isinstance(e, CheckpointError) else self.mismatch(filename)
+            if not mismatch:  # every key fits: the load failed for another reason, which its own error gives
+                raise
+            raise CheckpointError(f'{filename} does not fit the model of this config (it would leave weights '
+                                  f'unloaded): {mismatch}') from e
+
+    def mismatch(self, filename: str) -> str:
+        """The missing, unexpected and mis-shaped keys of a checkpoint against this runner's model."""
+        model = self.model.module if hasattr(self.model, 'module') else self.model
+        return misfit(checkpoint_state(filename), model.state_dict())
+
+    def _init_model_weights(self) -> None:
+        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (the segmentor's, a
+        head's: mmengine loads them non-strictly) holds every weight of its module and nothing else. The backbone
+        loads its own, strictly (`TokenBackbone.init_weights`)."""
+        model = self.model.module if hasattr(self.model, 'module') else self.model
+        for name, module in model.named_modules():
+            if isinstance(module, TokenBackbone):
+                continue
+            for init in pretrained_inits(module):
+                state = checkpoint_state(init['checkpoint'], init.get('prefix'))
+                problem = misfit(state, module.state_dict())
+                if problem:
+                    raise CheckpointError(f'init_cfg of {name or "the model"}: {init["checkpoint"]} does not fit it '
+                                          f'(it would leave weights at random): {problem}')
+        super()._init_model_weights()
+
+    def load_or_resume(self) -> None:
+        if self._resume and self._load_from is None:  # mmengine would take last_checkpoint's path as it is
+            latest = find_latest_checkpoint(self.work_dir)
+            if latest is not None:
+                self._load_from = self.own_checkpoint(latest)
+        return super().load_or_resume()
+
+    def check_same_classes(self, filename: str) -> None:
+        """A run resumes on the classes it started with (a detector's categories, by id and name): on renamed or
+        other ones it would continue, and record them, without a word (mmengine warns deep in its log only)."""
+        trained = checkpoint_meta(filename).get('dataset_meta') or {}
+        current = getattr(self.train_dataloader.dataset, 'metainfo', None) or {}
+        for key in ('classes', 'cat_ids'):
+            before, now = trained.get(key), current.get(key)
+            if before is not None and now is not None and list(before) != list(now):
+                changed = [f'{a} -> {b}' for a, b in zip(before, now) if a != b][:5] or \
+                    [f'{len(before)} -> {len(now)} entries']
+                shutil.rmtree(self.log_dir, ignore_errors=True)  # the refused attempt's own log folder
+                raise CheckpointError(f'{filename} was trained on other {key.replace("_", " ")} than the training data '
+                                      f'now declares ({", ".join(map(str, changed))}): a resumed run continues on '
+                                      f'the data it started on; give that data, or start a new run from this '
+                                      f'checkpoint (--cfg-options load_from={filename})')
+
+    def own_checkpoint(self, named: str) -> str:
+        """The checkpoint of this work dir that `last_checkpoint` (`named`) means: itself when it lies here, else the
+        file of the same name here, else this work dir's newest iter_*.pth."""
+        work = Path(self.work_dir).resolve()
+        if Path(named).resolve().parent == work:
+            return named
+        own = work / Path(named).name
+        chosen = own if own.is_file() else next(iter(iteration_checkpoints(work)), None)
+        if chosen is None:
+            raise CheckpointError(f'{work / "last_checkpoint"} names {named}, outside this work dir, which holds no '
+                                  f'checkpoint of its own: resume the run where it is, or start a new one')
+        logger.warning(f'warning: {work / "last_checkpoint"} names {named}, outside this work dir (a copied or moved '
+                       f'run); resuming from this work dir\'s own {chosen}')
+        return str(chosen)
+
+    def resume(self, filename: str, *args, **kwargs) -> None:
+        try:
+            self.check_same_classes(filename)
+            super().resume(filename, *args, **kwargs)
+            logger.info(f'resumed from {filename}')
+            return None
+        except CheckpointReadError as error:
+            older = [p for p in iteration_checkpoints(self.work_dir) if p.resolve() != Path(filename).resolve()]
+            for candidate in older:
+                try:
+                    super().resume(str(candidate), *args, **kwargs)
+                except CheckpointReadError:
+                    continue
+                logger.warning(f'warning: {filename} cannot be read ({error}); resumed from {candidate} instead')
+                return None
+            raise

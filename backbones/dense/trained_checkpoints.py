@@ -1,0 +1,112 @@
+"""A checkpoint a dense tool is given, checked before any work: a file, a dense model's, of the config's task; a
+resumed run's, with something left to do; a backbone's ImageNet file that is there. And a trained checkpoint's
+config loaded with the data it runs on (`load_trained_config`)."""
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+from mmengine.config import Config
+
+from backbones.common.errors import AlreadyDone, CheckpointError
+from backbones.common.files import load_weights_only
+from backbones.dense.cfg_options import merge_options
+from backbones.dense.config import check_loader_sizes, check_model_type, load_config
+from backbones.dense.mmengine_io import mmengine_checkpoint_globals
+from backbones.dense.run_data import EmbeddedSegData, TrainedData, checkpoint_record, choose_trained_data
+from backbones.dense.runner import FINISHED, finished_iterations, iteration_checkpoints
+from backbones.dense.tasks import DenseTask, task_named, task_of, task_recognised_by, tasks
+from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
+
+
+def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = None, data_root: str | None = None,
+                        fallback: EmbeddedSegData | None = None, need_data: bool = True) -> tuple[Config, TrainedData]:
+    """`load_config` for a trained checkpoint's config (test_seg, predict_seg, visualize, export), the checkpoint
+    checked to be a model of the config's task first, and the data it runs on (`choose_trained_data`): where the
+    embedded data stands in, the model takes the sizes it trained with there (`use_model`), under the command
+    line's options. `resolve_trained_data` then applies the data."""
+    cfg = load_config(path)
+    check_segmentor_checkpoint(checkpoint, task_of(cfg), path)
+    data = choose_trained_data(cfg, checkpoint, data_root, cfg_options, fallback, need_data)
+    if data.embedded:
+        fallback.use_model(cfg)
+    if cfg_options:
+        merge_options(cfg, cfg_options)
+        check_loader_sizes(cfg, path)
+        check_model_type(cfg, path)
+    return cfg, data
+
+
+def weight_names(checkpoint: str) -> list[str]:
+    """The names in a checkpoint and in each dict right under it (its state dict's weights, wherever it keeps them),
+    `module.` left out; read memory-mapped where the file allows (the tensors stay on disk)."""
+    content = load_weights_only(checkpoint, 'checkpoint', mmengine_checkpoint_globals(),
+                                mmap=zipfile.is_zipfile(checkpoint))
+    if not isinstance(content, dict):
+        return []
+    return [re.sub(r'^module\.', '', key) for part in (content, *content.values()) if isinstance(part, dict)
+            for key in part if isinstance(key, str)]
+
+
+def checkpoint_task(checkpoint: str, names: list[str]) -> DenseTask | None:
+    """The task a checkpoint's model was trained for: as it records it, else as its heads' weights (`names`) show;
+    None if neither says."""
+    return task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
+
+
+def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, config: str | None = None) -> None:
+    """A checkpoint a dense tool is given: there (checked before any work, such as writing the embedded data), a
+    dense model's (an image classifier's weights would fail on every key, after the tool had asked for the data set
+    it was trained on), and of the config's `task` (a detector given to a depth config was refused as a class
+    mismatch)."""
+    if not Path(checkpoint).is_file():
+        found = 'a folder, not a checkpoint file' if Path(checkpoint).is_dir() else 'checkpoint file not found'
+        raise CheckpointError(f'{checkpoint}: {found}')
+    names = weight_names(checkpoint)
+    family = guess_family(names)
+    heads = ('decode_head.', *(task.head_weights for task in tasks()))
+    if family is not None and not any(name.startswith(heads) for name in names):
+        raise CheckpointError(f'{checkpoint} holds an image classifier ({family} weights, no decode head), not a '
+                              f'segmentor: tools/predict_cls.py and tools/eval_cls.py take it; a segmentor is trained '
+                              f'from it by tools/train_seg.py CONFIG --cfg-options model.backbone.pretrained='
+                              f'{checkpoint}')
+    if task is not None:
+        check_checkpoint_task(checkpoint, names, task, config)
+
+
+def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, config: str | None) -> None:
+    """The checkpoint (its weights' `names`) is a model of the config's `task`, where it says which task it is of."""
+    trained = checkpoint_task(checkpoint, names)
+    if trained is not None and trained is not task:
+        raise CheckpointError(f'{checkpoint} holds a {trained.model_kind} ({trained.title}), and {config} is '
+                              f'a {task.title} config: give the config it was trained with')
+
+
+def check_resumed_run(work_dir: str, task: DenseTask, config: str, max_iters: int) -> None:
+    """The run a work dir holds is of the config's `task`, as its newest readable checkpoint says (the one a resume
+    continues from: `runner.SuiteRunner` falls back past those that do not read, and leaves their naming to it), and
+    has something left to do: one that finished its `max_iters` (trained and validated) is AlreadyDone."""
+    for candidate in iteration_checkpoints(work_dir):
+        try:
+            names = weight_names(str(candidate))
+        except CheckpointError:
+            continue
+        check_checkpoint_task(str(candidate), names, task, config)
+        break
+    done = finished_iterations(work_dir)
+    if done and done >= max_iters:
+        raise AlreadyDone(f'{work_dir} holds a finished run ({FINISHED}: {done} of its {max_iters} iterations, '
+                          f'validated): a new run (a longer schedule, other settings) needs another --work-dir')
+
+
+def check_pretrained(cfg: Config) -> None:
+    """The backbone's ImageNet file is there (a URL or `timm` is downloaded when the model is built)."""
+    pretrained = cfg.model.backbone.get('pretrained')
+    if pretrained and pretrained != TIMM_RELEASE and urlparse(pretrained).scheme not in URL_SCHEMES \
+            and not Path(pretrained).is_file():
+        raise CheckpointError(
+            f'backbone checkpoint {pretrained} not found: download the ImageNet weights (README, "Segmentation on '
+            'ADE20K"), or set model.backbone.pretrained to yours, to a URL, to timm (the release file the model\'s '
+            'timm config names, downloaded once), or to None to train from scratch')
