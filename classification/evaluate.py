@@ -17,22 +17,20 @@ from timm.data import RealLabelsImagenet
 from torch.utils.data import DataLoader
 
 from backbones.common.cli import (
-    add_amp_argument,
-    add_device_argument,
     add_model_kwargs_argument,
     add_weights_argument,
     add_workers_argument,
-    device_name,
     fraction,
     model_parser,
-    output_file,
     parse_model_kwargs,
     positive_int,
 )
+from backbones.common.devices import add_amp_argument, add_device_argument, device_name
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
+from backbones.common.outputs import output_file
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
 from classification.engine.checkpoints import checkpoint_classes

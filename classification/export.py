@@ -40,7 +40,6 @@ from backbones.common.cli import (
     add_model_argument,
     add_model_kwargs_argument,
     add_weights_argument,
-    check_output_folder,
     command_parser,
     parse_model_kwargs,
     positive_int,
@@ -62,6 +61,7 @@ from backbones.common.exporting import (
 )
 from backbones.common.images import read_image
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
 from backbones.dense import export as segmentor_export
 from backbones.dense.run_data import EmbeddedSegData
 from backbones.registry import check_model_name

@@ -15,19 +15,18 @@ import torch
 from timm.data import ImageNetInfo
 
 from backbones.common.cli import (
-    add_device_argument,
     add_model_kwargs_argument,
     add_weights_argument,
-    device_name,
     fraction,
     model_parser,
-    output_file,
     parse_model_kwargs,
     positive_int,
 )
+from backbones.common.devices import add_device_argument, device_name
 from backbones.common.files import write_json_atomic
 from backbones.common.images import image_files, read_image
 from backbones.common.log import logger
+from backbones.common.outputs import output_file
 from backbones.registry import check_model_name
 from backbones.weights import checkpoint_class_count
 from classification.data.folders import config_eval_transform

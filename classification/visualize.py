@@ -17,9 +17,7 @@ from backbones.common.cli import (
     add_seed_argument,
     add_weights_argument,
     command_parser,
-    output_file,
     parse_model_kwargs,
-    png_file,
     positive_int,
     probability,
 )
@@ -28,6 +26,7 @@ from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.images import check_same_classes, read_image
 from backbones.common.log import logger
+from backbones.common.outputs import output_file, png_file
 from backbones.common.random_state import seed_all
 from backbones.dense.run_data import EmbeddedSegData
 from classification.recipes import none_or, rand_augment_spec

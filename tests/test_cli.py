@@ -19,16 +19,8 @@ import torch
 from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper
 
-from backbones.common.cli import (
-    AMP_CHOICES,
-    DEFAULT_SEED,
-    DEFAULT_WORKERS,
-    DEVICES,
-    MAX_WORKERS,
-    CommandParser,
-    check_precision,
-    pick_amp,
-)
+from backbones.common.cli import DEFAULT_SEED, DEFAULT_WORKERS, MAX_WORKERS, CommandParser
+from backbones.common.devices import AMP_CHOICES, DEVICES, check_precision, pick_amp
 from backbones.common.errors import UsageError
 from helpers.commands import ROOT
 
@@ -168,11 +160,13 @@ def literal_options(path: Path) -> Iterator[str]:
 
 def test_each_shared_option_is_declared_once():
     """`grep "'--amp'"` finds one add_argument: each shared option is declared by its helper in
-    backbones/common/cli.py (--model-kwargs by the one that also declares --teacher-kwargs), nowhere else."""
+    backbones/common/cli.py or devices.py (--model-kwargs by the one that also declares --teacher-kwargs), nowhere
+    else."""
     files = [path for folder in ('backbones', 'classification', 'tools') for path in (ROOT / folder).rglob('*.py')]
     declared = {path.relative_to(ROOT).as_posix(): [o for o in literal_options(path) if o in SHARED] for path in files}
     declared = {path: found for path, found in declared.items() if found}
-    assert declared == {'backbones/common/cli.py': ['--device', '--amp', '--workers', '--seed']}
+    assert declared == {'backbones/common/cli.py': ['--workers', '--seed'],
+                        'backbones/common/devices.py': ['--device', '--amp']}
 
 
 def test_an_option_is_not_read_as_the_abbreviation_of_another(capsys):

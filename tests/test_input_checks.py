@@ -13,8 +13,9 @@ import timm
 import torch
 from PIL import Image
 
-from backbones.common.cli import parse_model_kwargs, resolve_device
+from backbones.common.cli import parse_model_kwargs
 from backbones.common.commands import run_command
+from backbones.common.devices import resolve_device
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, DataError, UsageError
 from backbones.common.images import ImageReadError, find_classes, read_image

@@ -93,8 +93,8 @@ def test_a_full_disk_stops_segmentation_training_without_a_torn_checkpoint(input
 def test_a_folder_that_takes_no_new_file_is_named_before_any_work(tmp_path):
     """/proc passes access(2) for root, yet takes no new file: test_seg ran the whole test, then failed writing --out
     with a traceback. The check makes a file there; a trailing slash names a folder, not a file to write."""
-    from backbones.common.cli import check_writable
     from backbones.common.errors import UsageError
+    from backbones.common.outputs import check_writable
     with pytest.raises(UsageError, match='cannot write /proc/scores.json'):
         check_writable('/proc/scores.json')
     check_writable(str(tmp_path / 'scores.json'))

@@ -149,6 +149,28 @@ print(found, sorted(importlib.util.find_spec(n) is not None for n in {PACKAGES!r
     assert result.stdout.strip().splitlines()[-1] == '[] [True, True]'
 
 
+@pytest.mark.slow
+def test_the_wheel_holds_the_two_packages_without_the_studies(tmp_path):
+    """The wheel built from pyproject.toml installs `backbones` and `classification`, the studies (benchmarks, the
+    GPU session, the reproduction, the docs renderer) left to the checkout that runs them."""
+    import shutil
+    import zipfile
+    source = tmp_path / 'source'  # a copy: a build writes its build/ and egg-info beside the sources
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns('__pycache__'))
+    for name in ('pyproject.toml', 'README.md', 'LICENSE'):
+        shutil.copy(ROOT / name, source / name)
+    succeeded(run_python(['-m', 'pip', 'wheel', '--quiet', '--no-deps', '--no-build-isolation', '--wheel-dir',
+                          str(tmp_path), str(source)], cwd=tmp_path))
+    names = zipfile.ZipFile(next(tmp_path.glob('*.whl'))).namelist()
+    modules = {name for name in names if name.endswith('.py')}
+    assert {name.split('/')[0] for name in modules} == {'backbones', 'classification'}
+    assert 'classification/train.py' in modules and 'backbones/dense/train.py' in modules
+    assert [name for name in modules if name.startswith('classification/studies')] == []
+    assert len(modules) == len([name for name in project_modules() if not name.startswith(('tools.',
+                                                                                          'classification.studies'))])
+
+
 def test_no_test_imports_a_tool():
     """The tests reach a command's code through the library (`classification.train.main`, ...) or run the tool as a
     user does; none imports a tool's module, and the tools' folder is on no import path."""

@@ -1,7 +1,7 @@
 """The commands' options: the parser every command builds (`command_parser`: its help layout, foreign flags named
-with what to give instead), the options several commands share (model, device, precision, workers, seed, weights,
-outputs), and argparse value types that check a value's meaning. The commands run through
-`backbones.common.commands.run_command`; the experiment trackers' options are in `backbones.common.trackers`.
+with what to give instead), the options several commands share (model, workers, seed, weights), and argparse value
+types that check a value's meaning. Device and precision are `backbones.common.devices`'; outputs,
+`backbones.common.outputs`'; the experiment trackers' options, `backbones.common.trackers`'.
 """
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ import itertools
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 
-import torch
-
+from backbones.common.devices import check_precision
 from backbones.common.errors import UsageError
 
 # loader processes by default: 4, or fewer on a smaller machine (PyTorch warns beyond the cores there are)
@@ -155,12 +152,6 @@ def typed_flags(args: list[str]) -> list[str]:
     return [arg.split('=', 1)[0] for arg in (args[:args.index('--')] if '--' in args else args)]
 
 
-def check_precision(args: argparse.Namespace) -> None:
-    """--amp fp16 means the same in every command: refused before any work where the command runs on a CPU."""
-    if getattr(args, 'amp', None) == 'fp16':
-        pick_amp('fp16', torch.device(device_name(getattr(args, 'device', None))))
-
-
 def command_parser(description: str | None, prog: str | None = None) -> CommandParser:
     """A command's parser: `description` is its usage text (a tool's docstring)."""
     return CommandParser(prog=prog, description=description)
@@ -215,77 +206,10 @@ fraction = _checked(float, lambda v: 0 < v <= 1, 'a fraction in (0, 1]')
 below_one = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)')
 open_fraction = _checked(float, lambda v: 0 < v < 1, 'a number in (0, 1)')
 
-DEVICES = ('cpu', 'cuda')
 
-
-def resolve_device(device: str | None) -> bool:
-    """Whether to use CUDA for `--device` (None: when there is a GPU); a device that is not there is an error."""
-    if device is None:
-        return torch.cuda.is_available()
-    if device not in DEVICES:
-        raise UsageError(f'--device must be one of {", ".join(DEVICES)}, got {device!r}')
-    if device == 'cuda' and not torch.cuda.is_available():
-        raise UsageError('--device cuda: no GPU is visible to PyTorch here (torch.cuda.is_available() is False); '
-                         'use --device cpu')
-    return device == 'cuda'
-
-
-def device_name(device: str | None) -> str:
-    """`--device` resolved to 'cuda' or 'cpu' (`resolve_device`: a GPU that is not there is an error)."""
-    return 'cuda' if resolve_device(device) else 'cpu'
-
-
-# The options every command that has them declares through these helpers, with one meaning and one default; a
-# command whose default differs says why in its help.
-
-def add_device_argument(parser: argparse.ArgumentParser) -> None:
-    """`--device cpu|cuda` (without it: cuda when PyTorch sees a GPU; see `resolve_device`, `device_name`)."""
-    parser.add_argument('--device', choices=DEVICES, help='where the command runs (default: cuda when PyTorch sees '
-                        'a GPU, else cpu)')
-
-
-AMP_CHOICES = ('auto', 'none', 'bf16', 'fp16')
-AMP_MEANINGS = {'auto': 'bf16 on GPUs that have it, fp16 on older GPUs, none on CPUs',
-                'none': 'float32 throughout',
-                'bf16': 'bfloat16 autocast (CPUs run it too: faster where they have bf16 instructions)',
-                'fp16': 'float16 autocast (GPUs only; training scales its loss)'}
-# bf16 where a command's mixed precision runs on GPUs alone (train_seg: mmengine's AmpOptimWrapper)
-BF16_ON_GPUS = 'bfloat16 autocast (GPUs only)'
-
-# why the benchmarks' --amp is none unless asked, and the studies' --workers a number of their own
-TIMED_IN_FP32 = 'the benchmark times float32 unless asked, so that its figures compare across devices and runs'
+# The options every command that has them declares through these helpers (and `backbones.common.devices`'), with
+# one meaning and one default; a command whose default differs says why in its help.
 SAME_WORK_EVERYWHERE = 'the same work on every machine, so that the figures compare'
-
-
-def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why: str = '',
-                     choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None, gpus_only: bool = False
-                     ) -> None:
-    """`--amp`, mixed precision (`pick_amp` resolves it): `choices`, those of AMP_CHOICES a command can run;
-    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag);
-    `gpus_only`, a command whose bf16 runs on GPUs alone, as its fp16."""
-    if not set(choices) <= set(AMP_CHOICES) or default not in choices or bool(why) != (default != 'auto'):
-        raise ValueError(f'--amp: choices {choices} must be among {AMP_CHOICES}, the default {default!r} among '
-                         'them, and a default other than auto needs its reason')
-    meanings = {**AMP_MEANINGS, 'bf16': BF16_ON_GPUS} if gpus_only else AMP_MEANINGS
-    text = 'mixed precision; ' + '; '.join(f'{choice}: {meanings[choice]}' for choice in choices)
-    if why:
-        text += f' (default: {default}, {why})'
-    if alone:
-        text += f'; --amp alone: {alone}'
-    parser.add_argument('--amp', choices=choices, default=default, help=text,
-                        **({'nargs': '?', 'const': alone} if alone else {}))
-
-
-def pick_amp(amp: str, device: torch.device) -> str:
-    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (bf16 runs there too
-    when asked: faster on CPUs with bf16 instructions, but a run's numbers then depend on the CPU)."""
-    if amp != 'auto':
-        if amp == 'fp16' and device.type != 'cuda':
-            raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (bf16 runs on CPUs)')
-        return amp
-    if device.type != 'cuda':
-        return 'none'
-    return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
 
 
 def add_model_kwargs_argument(parser: argparse.ArgumentParser, example: str = 'depth=2 embed_dim=64 (a tiny model)',
@@ -333,68 +257,3 @@ def add_seed_argument(parser: argparse.ArgumentParser, effect: str = '') -> None
                         help='seed of the random streams (Python, NumPy, torch)' + (f': {effect}' if effect else ''))
 
 
-def check_writable(path: str | Path) -> None:
-    """A file a command will write: its folder must exist and be writable, and the path must not be a folder (nor
-    be typed as one, with a trailing slash)."""
-    if str(path).endswith(os.sep):
-        raise UsageError(f'{path} names a folder (its trailing {os.sep}); give a file name to write')
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f'{path} is a folder; give a file name to write')
-    if not path.parent.is_dir():
-        raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')
-    check_folder_writable(path.parent, path)
-
-
-def _checked_argument(check: Callable[[str], None], value: str) -> None:
-    """Run an output check on a command-line value: its UsageError becomes argparse's error for the option."""
-    try:
-        check(value)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def output_file(value: str) -> str:
-    """argparse type of a file a command will write: checked (`check_writable`) before any work."""
-    _checked_argument(check_writable, value)
-    return value
-
-
-def png_file(value: str) -> str:
-    """argparse type of a PNG picture a command will write: named .png and checked like `output_file`, before any
-    work (another suffix failed only once the picture was drawn)."""
-    if Path(value).suffix.lower() != '.png':
-        raise argparse.ArgumentTypeError(f'{value}: give a .png file (the picture is written as PNG)')
-    return output_file(value)
-
-
-def output_folder(value: str) -> Path:
-    """argparse type of a folder a command will create or fill: checked (`check_output_folder`) before any work."""
-    _checked_argument(check_output_folder, value)
-    return Path(value)
-
-
-def check_output_folder(path: str | Path) -> None:
-    """A folder a command will create or fill: it must not be a file, nor lie under one, and the folder (or the
-    nearest one above it that exists, where it is to be made) must be writable."""
-    path = Path(path)
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            raise UsageError(f'cannot use {path} as output folder: {part} is a file')
-    check_folder_writable(next(part for part in (path, *path.parents) if part.exists()), path)
-
-
-def check_folder_writable(folder: Path, target: Path) -> None:
-    """Files can be made in `folder` (to write `target`): before the work, not after it. access(2) says so for a
-    read-only file system too, root included; a file is made and removed to be sure (root may write anywhere by
-    access(2), yet /proc takes no new file)."""
-    if os.access(folder, os.W_OK | os.X_OK):
-        try:
-            with tempfile.NamedTemporaryFile(dir=folder, prefix='.write-check-'):
-                return
-        except OSError as e:
-            raise UsageError(f'cannot write {target}: no file can be made in {folder} ({e.strerror}); give an output '
-                             f'path elsewhere') from None
-    read_only_fs = hasattr(os, 'statvfs') and os.statvfs(folder).f_flag & os.ST_RDONLY
-    why = 'is on a read-only file system' if read_only_fs else 'is not writable by this user'
-    raise UsageError(f'cannot write {target}: {folder} {why}; give an output path elsewhere')

@@ -11,7 +11,7 @@ from typing import NamedTuple, TypeVar
 import torch
 import torch.distributed as dist
 
-from backbones.common.cli import resolve_device
+from backbones.common.devices import resolve_device
 from backbones.common.log import logger
 
 T = TypeVar('T')

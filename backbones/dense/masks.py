@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from backbones.common.cli import add_device_argument, check_output_folder, command_parser, device_name, probability
+from backbones.common.cli import command_parser, probability
+from backbones.common.devices import add_device_argument, device_name
 from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic
 from backbones.common.images import image_files
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
 from backbones.dense.config import load_config
 from backbones.dense.data_check import TURNS, file_orientation
 from backbones.dense.predict import SegPredictor, check_opencv_reads, mask_paths

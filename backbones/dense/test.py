@@ -9,9 +9,10 @@ from pathlib import Path
 from mmengine.config import Config
 from mmseg.registry import DATASETS
 
-from backbones.common.cli import check_output_folder, command_parser, output_file, output_folder
+from backbones.common.cli import command_parser
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder, output_file, output_folder
 from backbones.dense.config import load_config
 from backbones.dense.data_check import check_data
 from backbones.dense.predict import mask_paths

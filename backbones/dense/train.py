@@ -12,19 +12,13 @@ from pathlib import Path
 import torch
 from mmengine.config import Config, DictAction
 
-from backbones.common.cli import (
-    add_amp_argument,
-    check_output_folder,
-    command_parser,
-    non_negative_int,
-    pick_amp,
-    positive_float,
-    positive_int,
-)
+from backbones.common.cli import command_parser, non_negative_int, positive_float, positive_int
+from backbones.common.devices import add_amp_argument, pick_amp
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.lifecycle import restarted_by_torchrun
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
 from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
 from backbones.dense.backbone import check_backbone_model
 from backbones.dense.cfg_options import merge_options

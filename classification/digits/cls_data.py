@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from backbones.common.cli import DEFAULT_WORKERS, output_folder
+from backbones.common.cli import DEFAULT_WORKERS
 from backbones.common.distributed import DistInfo, barrier, computed_once, run_distributed
 from backbones.common.errors import CheckpointError, Interrupted
 from backbones.common.log import logger
+from backbones.common.outputs import output_folder
 from classification.digits.scans import VERSION, discard_outdated, write_digits_folder
 from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
 from classification.engine.trainer import RunOptions

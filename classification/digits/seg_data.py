@@ -16,8 +16,8 @@ from typing import ClassVar
 
 from mmengine.config import Config
 
-from backbones.common.cli import output_folder
 from backbones.common.log import logger
+from backbones.common.outputs import output_folder
 from backbones.dense.config import LOADERS, datasets
 from backbones.dense.layouts import layout_of
 from backbones.dense.run_data import ADE20K_CROP

@@ -14,9 +14,9 @@ from typing import ClassVar
 import numpy as np
 from PIL import Image
 
-from backbones.common.cli import output_folder
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.files import write_folder_once
+from backbones.common.outputs import output_folder
 from classification.digits.scans import VAL_EVERY, render_scan
 from classification.loaders import ImageData
 from classification.recipes import Recipe

@@ -42,12 +42,12 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from backbones import bare_model
-from backbones.common.cli import check_output_folder
 from backbones.common.distributed import DistInfo, LaggingSum, barrier
 from backbones.common.errors import AlreadyDone, CheckpointError, DataError, Interrupted, UsageError
 from backbones.common.files import remove_partial_writes, save_atomic, write_text_atomic
 from backbones.common.lifecycle import StopRequests, restarted_by_torchrun
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
 from backbones.common.random_state import hash_seed, preserved_rng, rng_state, seed_all, set_rng_state
 from backbones.weights import MODEL_WEIGHTS, TRAINED_WEIGHTS
 from classification.engine.checkpoints import (

@@ -31,18 +31,16 @@ from backbones import bare_model
 from backbones.common.cli import (
     DEFAULT_SEED,
     CommandParser,
-    add_amp_argument,
-    add_device_argument,
     add_model_kwargs_argument,
     add_seed_argument,
     add_workers_argument,
     non_negative_int,
     parse_model_kwargs,
-    pick_amp,
     positive_float,
     positive_int,
     typed_flags,
 )
+from backbones.common.devices import add_amp_argument, add_device_argument, pick_amp
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import FolderAdditions, write_json_atomic

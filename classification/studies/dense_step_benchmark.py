@@ -32,8 +32,10 @@ import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite;
 # isort: split
 from mmseg.registry import MODELS
 
-from backbones.common.cli import add_device_argument, command_parser, device_name, output_file, positive_int
+from backbones.common.cli import command_parser, positive_int
+from backbones.common.devices import add_device_argument, device_name
 from backbones.common.log import logger
+from backbones.common.outputs import output_file
 from backbones.dense.config import load_config, scale_sizes
 from backbones.dense.tasks import task_of
 from classification.studies.results_file import write_results

@@ -28,17 +28,12 @@ from pathlib import Path
 
 import torch
 
-from backbones.common.cli import (
-    add_device_argument,
-    command_parser,
-    device_name,
-    non_negative_float,
-    output_file,
-    positive_float,
-)
+from backbones.common.cli import command_parser, non_negative_float, positive_float
+from backbones.common.devices import add_device_argument, device_name
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
+from backbones.common.outputs import output_file
 from classification.studies.launcher import LaunchedCommand, tool_command
 from classification.studies.results_file import check_envelope, checkout_commit, machine_slug, results_document
 

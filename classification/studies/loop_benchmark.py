@@ -23,18 +23,14 @@ from torch.utils.data import DataLoader
 
 from backbones.common.cli import (
     SAME_WORK_EVERYWHERE,
-    TIMED_IN_FP32,
-    add_amp_argument,
-    add_device_argument,
     add_workers_argument,
     command_parser,
-    device_name,
     non_negative_float,
-    pick_amp,
     positive_float,
     positive_int,
 )
 from backbones.common.commands import write_document
+from backbones.common.devices import TIMED_IN_FP32, add_amp_argument, add_device_argument, device_name, pick_amp
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.images import find_classes, scan_split

@@ -16,17 +16,9 @@ from timm.layers import set_fused_attn
 
 import backbones
 from backbones import TokenLabelingOutput
-from backbones.common.cli import (
-    TIMED_IN_FP32,
-    add_amp_argument,
-    add_device_argument,
-    add_model_argument,
-    command_parser,
-    device_name,
-    non_negative_int,
-    positive_int,
-)
+from backbones.common.cli import add_model_argument, command_parser, non_negative_int, positive_int
 from backbones.common.commands import write_document
+from backbones.common.devices import TIMED_IN_FP32, add_amp_argument, add_device_argument, device_name
 from backbones.common.log import logger, show_log
 from backbones.registry import check_model_name
 from backbones.token_head import has_token_head

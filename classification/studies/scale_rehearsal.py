@@ -18,19 +18,13 @@ import torch
 from PIL import Image
 
 from backbones import bare_model
-from backbones.common.cli import (
-    SAME_WORK_EVERYWHERE,
-    add_workers_argument,
-    command_parser,
-    output_file,
-    output_folder,
-    positive_int,
-)
+from backbones.common.cli import SAME_WORK_EVERYWHERE, add_workers_argument, command_parser, positive_int
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
 from backbones.common.images import scan_split
 from backbones.common.log import logger
+from backbones.common.outputs import output_file, output_folder
 from backbones.registry import check_model_name
 from classification.data.folders import ImageFolderDataset, collate_skipping
 from classification.engine.memory import ChildMemory, Memory, child_pids, process_memory

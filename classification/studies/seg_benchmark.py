@@ -19,15 +19,10 @@ import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite;
 from mmseg.models.segmentors import SegTTAModel
 from mmseg.registry import DATASETS, MODELS
 
-from backbones.common.cli import (
-    add_device_argument,
-    add_workers_argument,
-    command_parser,
-    device_name,
-    output_file,
-    positive_int,
-)
+from backbones.common.cli import add_workers_argument, command_parser, positive_int
+from backbones.common.devices import add_device_argument, device_name
 from backbones.common.log import logger
+from backbones.common.outputs import output_file
 from backbones.dense.config import load_config
 from backbones.dense.runner import SuiteRunner, check_batch_trains
 from backbones.dense.test import use_multi_scale

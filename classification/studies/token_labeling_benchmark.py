@@ -11,17 +11,10 @@ import numpy as np
 import torch
 from torchvision.ops import roi_align
 
-from backbones.common.cli import (
-    TIMED_IN_FP32,
-    add_amp_argument,
-    add_device_argument,
-    command_parser,
-    device_name,
-    non_negative_int,
-    output_file,
-    positive_int,
-)
+from backbones.common.cli import command_parser, non_negative_int, positive_int
+from backbones.common.devices import TIMED_IN_FP32, add_amp_argument, add_device_argument, device_name
 from backbones.common.log import logger
+from backbones.common.outputs import output_file
 from backbones.common.random_state import seed_all
 from classification.data.augment import CropGeometry
 from classification.models import create_classifier

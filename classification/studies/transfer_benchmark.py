@@ -9,15 +9,8 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from backbones.common.cli import (
-    add_amp_argument,
-    add_device_argument,
-    command_parser,
-    device_name,
-    non_negative_int,
-    pick_amp,
-    positive_int,
-)
+from backbones.common.cli import command_parser, non_negative_int, positive_int
+from backbones.common.devices import add_amp_argument, add_device_argument, device_name, pick_amp
 from backbones.common.distributed import DistInfo
 from backbones.common.log import logger
 from classification.data.cifar import CifarInput

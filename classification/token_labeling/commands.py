@@ -6,17 +6,16 @@ from __future__ import annotations
 import argparse
 
 from backbones.common.cli import (
-    add_amp_argument,
-    add_device_argument,
     add_model_kwargs_argument,
     add_workers_argument,
-    check_output_folder,
     command_parser,
     parse_model_kwargs,
     positive_int,
 )
+from backbones.common.devices import add_amp_argument, add_device_argument
 from backbones.common.distributed import run_distributed
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
 from classification.token_labeling.annotate import ANNOTATOR_AMP, generate_token_labels
 from classification.token_labeling.label_store import DEFAULT_SHARD_SIZE
 from classification.token_labeling.released_labels import FORMATS, import_released_labels

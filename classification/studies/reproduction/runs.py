@@ -8,10 +8,12 @@ import json
 import time
 from pathlib import Path
 
-from backbones.common.cli import add_device_argument, check_output_folder, command_parser, device_name, positive_int
+from backbones.common.cli import command_parser, positive_int
+from backbones.common.devices import add_device_argument, device_name
 from backbones.common.errors import SuiteError, UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
 from backbones.dense.config import load_config
 from classification.digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, EmbeddedScans
 from classification.digits.cls_data import RECIPE as DIGITS_RECIPE
