@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -194,6 +196,17 @@ def model_data_config(name: str) -> dict:
     """timm's data config of a registered model: input size, crop fraction, interpolation, mean and std."""
     check_model_name(name)
     return resolve_data_config({}, pretrained_cfg=get_pretrained_cfg(name).to_dict())
+
+
+R = TypeVar('R')  # a recipe: a dataclass with `img_size`
+
+
+def recipe_at_start_size(recipe: R, model_name: str, weights: str | None) -> tuple[R, dict]:
+    """`recipe` at the size its run trains at, and the model's data config: the recipe's `img_size` where it sets
+    one, else the size the start `weights` were trained at (a fine-tuning runs there by default), else the model's."""
+    data_cfg = model_data_config(model_name)
+    return replace(recipe, img_size=checkpoint_data_config(weights, data_cfg, recipe.img_size)['input_size'][-1]), \
+        data_cfg
 
 
 class Teacher(nn.Module):

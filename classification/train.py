@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-
-import torch
 
 from backbones import bare_model
 from backbones.common.cli import add_model_kwargs_argument, model_parser, parse_model_kwargs, positive_int
@@ -23,29 +21,27 @@ from backbones.common.distributed import DistInfo, run_distributed
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.registry import check_model_name
-from classification.engine.checkpoints import DATA_CONFIG, check_checkpoint_classes, checkpoint_data_config
+from classification.engine.checkpoints import DATA_CONFIG, check_checkpoint_classes
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
 from classification.loaders import (
     AUGMENT_CHOICES,
     DECODE_CHOICES,
     EmbeddedImageData,
     ImageData,
-    check_decode,
     make_loaders,
-    pick_augment,
     token_label_pictures,
     train_tf_reference,
 )
 from classification.models import (
     add_start_arguments,
-    model_data_config,
     refuse_pretrained_file,
     start_weights,
     zero_classifiers,
 )
 from classification.recipes import PRESETS, TIMM_EMA_DECAY, Recipe, add_recipe_arguments, chosen_preset, resolve_recipe
+from classification.run_plan import RunStart, plan_run
 from classification.token_labeling.label_store import open_store
-from classification.training_pieces import TeacherSpec, annotates_online, load_finetune_weights, training_pieces
+from classification.training_pieces import TeacherSpec, load_finetune_weights, training_pieces
 
 DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of them (docs/imagenet.md)'
 
@@ -106,91 +102,38 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     return p
 
 
-@dataclass(frozen=True)
-class RunStart:
-    """What a run adds to its recipe: the --preset it was named by, the --finetune weights it starts from (with a
-    new classifier: `new_head`), the --teacher, and how its images are augmented and decoded (--augment,
-    --decode)."""
-
-    preset: str | None = None
-    finetune: str | None = None
-    new_head: bool = False
-    teacher: TeacherSpec | None = None
-    augment: str = 'auto'
-    decode: str = 'cpu'
-
-
-def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart, device: torch.device) -> None:
-    """Refuse what the recipe, the data and the start cannot do together on `device` (before any work), and say
-    which of the given inputs the run will not use."""
-    if start.new_head and not start.finetune:
-        raise UsageError('--new-head goes with --finetune or --pretrained (the weights to start from)')
-    check_decode(start.decode, pick_augment(start.augment, device), device)
-    if recipe.zero_head and not start.finetune:
-        raise UsageError(f'--preset {start.preset} fine-tunes pretrained weights: give them with --finetune CKPT '
-                         f'or --pretrained (--new-head for a new class list)')
-    if data.token_labels is not None and not recipe.uses_score_maps:
-        logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: this recipe learns from no '
-                       f'annotator maps (no token labeling with map targets, no label pooling)')
-    if recipe.token_participation < 1 and not recipe.token_labeling:
-        raise UsageError(f'--token-participation {recipe.token_participation} applies to the token term of token '
-                         f'labeling; this recipe has none')
-    if recipe.label_pooling and recipe.token_labeling:
-        raise UsageError('label pooling (ReLabel, --preset relabel) trains a model without token head: it does not go '
-                         'with --token-labeling (--preset relabel-mixtoken is ReLabel\'s target with MixToken)')
-    online = annotates_online(recipe, start.teacher)
-    if start.teacher is not None and (recipe.label_pooling or (online and not recipe.uses_score_maps)):
-        raise UsageError('--teacher: hard distillation does not go with label pooling (ReLabel), and online token '
-                         'labeling needs the annotator\'s maps (--token-target map or pooled)')
-    if online and data.token_labels is not None:
-        logger.warning(f'warning: --token-label-dir {data.token_labels} is not used: with --teacher, token labeling '
-                       f'is online (the teacher\'s maps of each batch)')
-    if recipe.uses_score_maps and data.token_labels is None and not online:
-        other_ways = ('another --preset (label pooling, ReLabel\'s target, always reads the maps)'
-                      if recipe.label_pooling else '--token-target label or --no-token-labeling')
-        raise UsageError(f'the {model_name} recipe learns from an annotator\'s maps: pass --token-label-dir '
-                         f'(tools/generate_token_labels.py or tools/import_token_labels.py makes one), or {other_ways}')
-
-
 def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions, info: DistInfo,
           start: RunStart = RunStart()) -> dict:
     """Train `model_name` on `data` with `recipe` as `start` says (the weights it starts from, a teacher, how images
     are augmented and decoded); returns (and writes to OUTPUT/metrics.json) the run's metrics."""
-    check_run(model_name, recipe, data, start, info.device)
-    augment = pick_augment(start.augment, info.device)
-    decode, teacher, finetune, new_head, preset = start.decode, start.teacher, start.finetune, start.new_head, \
-        start.preset
-    online = annotates_online(recipe, teacher)
-    distilled = teacher is not None and not online
+    plan = plan_run(model_name, recipe, data, start, options, info)
+    recipe, teacher, online = plan.recipe, start.teacher, plan.online
     trainer = Trainer(options, info)  # its trackers started before the store and the data are read
     with trainer.refusals_undone():  # refused while its data is read, the run leaves no folder behind
         store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online \
             else None
-        data_cfg = model_data_config(model_name)
-        # by default a fine-tuning runs at the size its weights were trained at: a recipe of that size
-        recipe = replace(recipe, img_size=checkpoint_data_config(finetune, data_cfg, recipe.img_size)['input_size'][-1])
-        train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, data_cfg, info, options,
-                                                                    augment, decode)
+        train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, plan.data_cfg, info, options,
+                                                                    plan.augment, start.decode)
         if teacher is not None and teacher.checkpoint is not None:
             check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
-        model, objective = training_pieces(model_name, recipe, len(classes), options.seed, info, teacher, data_cfg,
-                                           options.model_kwargs)
-        if finetune and not trainer.resume:
-            logger.info(load_finetune_weights(bare_model(model), finetune, classes, new_head))
-            if new_head and recipe.zero_head:
+        model, objective = training_pieces(model_name, recipe, len(classes), options.seed, info, teacher,
+                                           plan.data_cfg, options.model_kwargs)
+        if start.finetune and not trainer.resume:
+            logger.info(load_finetune_weights(bare_model(model), start.finetune, classes, start.new_head))
+            if start.new_head and recipe.zero_head:
                 zero_classifiers(bare_model(model))
-        if distilled:
+        if teacher is not None and not online:
             bare_model(model).set_distilled_training(True)
-        optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
-        config = {'model': model_name, 'preset': preset, 'classes': classes, **vars(recipe),
-                  DATA_CONFIG: {**data_cfg, 'input_size': (3, recipe.img_size, recipe.img_size)},  # the val transform's
-                  'teacher': vars(teacher) if teacher is not None else None, 'augment': augment, 'decode': decode,
-                  'train_images': len(train_loader.dataset)}  # a resume on another --train-images is refused
-        fit = trainer.start(model, bare_model(model), optimization, objective, config, len(train_loader), device_tf)
+        config = {'model': model_name, 'preset': start.preset, 'classes': classes, **vars(recipe),
+                  DATA_CONFIG: {**plan.data_cfg, 'input_size': (3, recipe.img_size, recipe.img_size)},  # the val's
+                  'teacher': vars(teacher) if teacher is not None else None, 'augment': plan.augment,
+                  'decode': start.decode, 'train_images': len(train_loader.dataset)}  # resumed on another: refused
+        fit = trainer.start(model, bare_model(model), plan.optimization, objective, config, len(train_loader),
+                            device_tf)
     logger.info(f'{model_name}: {len(classes)} classes, {len(train_loader.dataset)} train / '
                 f'{len(val_loader.dataset)} val images, {info.world_size} process(es), global batch '
-                f'{trainer.global_batch(recipe.batch_size)}, lr {optimization.lr:.3g}, amp {fit.amp}, augmentation '
-                f'{augment}{" (decoded on the GPU)" if decode == "gpu" else ""}, token labeling {recipe.token_labeling}'
+                f'{plan.global_batch}, lr {plan.optimization.lr:.3g}, amp {fit.amp}, augmentation {plan.augment}'
+                f'{" (decoded on the GPU)" if start.decode == "gpu" else ""}, token labeling {recipe.token_labeling}'
                 + (f', {"annotated online" if online else "distilled"} by {teacher.model}' if teacher else ''))
     logger.info('recipe: ' + json.dumps(recipe.applied()))
     logger.info(f'schedule: {recipe.describe_epochs()}')
@@ -199,12 +142,12 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
     record = trainer.run(fit, train_loader, val_loader, pictures)
     metrics = {'model': model_name, 'top1': record.get('top1'), 'top5': record.get('top5'),
                'epochs': trainer.num_epochs, 'best_top1': fit.best['top1'], 'best_epoch': fit.best['epoch'],
-               'token_labeling': recipe.token_labeling, 'preset': preset,
+               'token_labeling': recipe.token_labeling, 'preset': start.preset,
                'teacher': teacher.model if teacher else None, 'online_token_labeling': online,
                'train_images': len(train_loader.dataset),
                'skipped_images': record.get('skipped_train', 0) + record.get('skipped', 0)}
     summary = f'done: top-1 {metrics["top1"]:.2f}%  top-5 {metrics["top5"]:.2f}%'
-    if optimization.ema_decay > 0:
+    if plan.optimization.ema_decay > 0:
         metrics.update(ema_top1=record.get('ema_top1'), ema_top5=record.get('ema_top5'))
         # the EMA is the run's model, the one its checkpoints hold and eval_cls scores: its figures lead
         summary = (f'done: top-1 {metrics["ema_top1"]:.2f}%  top-5 {metrics["ema_top5"]:.2f}% (the EMA, which the '

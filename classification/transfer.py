@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch.nn as nn
@@ -33,7 +32,6 @@ from classification.data.folders import collate_skipping
 from classification.engine.checkpoints import (
     BEST,
     DATA_CONFIG,
-    checkpoint_data_config,
     read_run_args,
     read_training_checkpoint,
 )
@@ -44,7 +42,7 @@ from classification.loaders import EmbeddedImageData
 from classification.models import (
     add_start_arguments,
     create_classifier,
-    model_data_config,
+    recipe_at_start_size,
     refuse_pretrained_file,
     start_weights,
 )
@@ -119,15 +117,15 @@ def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float,
 def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecipe, options: RunOptions,
              info: DistInfo, pretrained: str | None = None, use_ema: bool | None = None, split_seed: int = 0) -> dict:
     """Fine-tune `model_name` on CIFAR `dataset`; returns (and writes to OUTPUT/metrics.json) the run's metrics."""
+    recipe, _ = recipe_at_start_size(recipe, model_name, pretrained)  # resolved before any check or work
+    img_size, global_batch = recipe.img_size, options.global_batch(recipe.batch_size, info.world_size)
+    optimization = recipe.optimization(global_batch)
     trainer = Trainer(options, info)
     with trainer.refusals_undone():  # a run refused while its data is read leaves no folder behind
         data = read_cifar(data_dir, dataset)
         train_idx, val_idx = hold_out(data.train.labels, recipe.val_fraction, split_seed)
         train_split, val_split = data.train.subset(train_idx), data.train.subset(val_idx)
         mean, std = channel_stats(train_split.images)
-        # by default the size the pretrained weights were trained at: a recipe of that size
-        img_size = checkpoint_data_config(pretrained, model_data_config(model_name), recipe.img_size)['input_size'][-1]
-        recipe = replace(recipe, img_size=img_size)
         train_loader, val_loader, test_loader = sharded_loaders(
             CifarDataset(train_split), [CifarDataset(val_split), CifarDataset(data.test)],
             Batching(recipe.batch_size, options.workers, options.seed, collate_skipping), info)
@@ -135,8 +133,6 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
         seed_all(options.seed)  # the fresh classifiers do not depend on what ran before
         model, report = build_transfer_model(model_name, num_classes, img_size, recipe,
                                              None if trainer.resume else pretrained, use_ema, options.model_kwargs)
-
-        optimization = recipe.optimization(trainer.global_batch(recipe.batch_size))
         backbone_lr = optimization.lr * recipe.backbone_lr_scale
         if backbone_lr < optimization.min_lr:
             logger.warning(f'warning: the backbone lr {backbone_lr:.3g} starts below the cosine floor '
@@ -155,7 +151,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
                             eval_transform=CifarInput(img_size, mean, std, train=False))
     logger.info(f'{model_name} on {FORMATS[dataset].title}: {num_classes} classes, {len(train_idx)} train / '
                 f'{len(val_idx)} held-out val / {len(data.test.labels)} test images at {img_size}px, '
-                f'{info.world_size} process(es), global batch {trainer.global_batch(recipe.batch_size)}, head lr '
+                f'{info.world_size} process(es), global batch {global_batch}, head lr '
                 f'{optimization.lr:.3g}, backbone lr {backbone_lr:.3g}, cosine to {optimization.min_lr:.3g}, '
                 f'amp {fit.amp}')
     logger.info('normalisation (training split): mean ' + ', '.join(f'{m:.4f}' for m in mean) + '  std '

@@ -29,9 +29,10 @@ from classification.engine.trainer import RunOptions
 from classification.loaders import ImageData
 from classification.models import whole_patches
 from classification.recipes import Recipe, recipe_for
+from classification.run_plan import RunStart
 from classification.token_labeling.annotate import generate_token_labels
 from classification.token_labeling.label_store import META
-from classification.train import RunStart, train
+from classification.train import train
 
 SCANS_DIR = Path('data/digits')  # the default --digits-dir
 # The recipe on the digits (about 7 minutes for LV-ViT-S on 2 CPU cores): 48x48 images (a 3x3 token grid), 8 epochs

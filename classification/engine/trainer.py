@@ -98,6 +98,11 @@ class RunOptions:
         return cls(output=Path(args.output or default_output), model_kwargs=parse_model_kwargs(args.model_kwargs),
                    command=command, settings=settings, **taken)
 
+    def global_batch(self, batch_size: int, world_size: int) -> int:
+        """Images per optimizer update: the batch of each process, times the processes, times the batches
+        accumulated."""
+        return batch_size * world_size * self.grad_accum_steps
+
 
 def run_settings(args: argparse.Namespace, recipe: object) -> dict:
     """What args.yaml records of a run: every option as given or defaulted (but --config and --resume, which say how
@@ -360,11 +365,6 @@ class Trainer:
     @property
     def output(self) -> Path:
         return self.options.output
-
-    def global_batch(self, batch_size: int) -> int:
-        """Images per optimizer update: the batch of each process, times the processes, times the batches
-        accumulated."""
-        return batch_size * self.info.world_size * self.options.grad_accum_steps
 
     def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
               config: dict, updates_per_epoch: int, train_transform: BatchTransform | None = None,
