@@ -1,20 +1,15 @@
-"""The model side of token labeling, for any model (the suite's, timm's ViTs and MLP-Mixers, CNNs): a token head,
-the MixToken training forward, and the inference rule. (The data side, from the annotator's score maps to the
-loss, is the `token_labeling` package.)
+"""The model side of token labeling, for any model (the suite's, timm's ViTs and MLP-Mixers, CNNs): a token head
+(`add_token_head`), the MixToken training forward (`forward_token_labeling`, `TokenLabelingModel`) and the inference
+rule (`inference_logits`). (The data side, from the annotator's score maps to the loss, is `classification`'s:
+`token_labeling` and `objectives`.)
 
-Two kinds of model, told apart by their patch embedding:
-- token models (the suite's families, timm's ViTs, MLP-Mixer's `stem`): the patch embedding gives an (H, W) grid
-  of tokens (as (B, H, W, D), or flattened (B, H*W, D)) and `forward_features` returns the tokens with the H*W
-  patch tokens last. MixToken is a forward hook on the patch embedding: the box of the grid comes from the flipped
-  batch (mixing before or after the position embedding is the same: both samples get the same table at the same
-  place).
-- feature-map models (CNNs): `forward_features` returns a (B, C, h, w) map (NHWC where the model says so) whose
-  positions are the tokens. MixToken's equivalent is a CutMix box aligned to the map's stride: the box is drawn
-  on the (h, w) grid and the pixels under it, `stride` pixels a cell, come from the flipped batch; the token
-  targets are mixed with the same box on the grid, the class target by the box's area, as for token models.
-
-The token head is one linear layer on every patch token or map position. LV-ViT has its own (`aux_head`); every
-other model gets one from `add_token_head`, under the same name, so checkpoints look alike.
+Two kinds of model, told apart by their patch embedding (`patch_embedding`): token models, whose patch embedding gives
+an (H, W) grid of tokens and whose `forward_features` returns the H*W patch tokens last, and feature-map models (CNNs),
+whose `forward_features` map's positions are the tokens. MixToken takes the box of the token grid from the flipped
+batch: for token models, a forward hook on the patch embedding; for feature-map models, a CutMix box aligned to the
+map's stride, pasted in the pixels. The token head is one linear layer on every patch token or map position: LV-ViT
+has its own (`aux_head`); every other model gets one from `add_token_head`, under the same name, so checkpoints look
+alike. docs/imagenet.md ("Token labeling and distillation with your own model") tells the rest.
 """
 from __future__ import annotations
 
@@ -116,7 +111,8 @@ def feature_stride(model: nn.Module) -> int:
 
 
 def feature_grid(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """A feature-map model's `forward_features` output as a (B, h, w, C) grid of tokens."""
+    """A feature-map model's `forward_features` output, a (B, C, h, w) map (NHWC where the model says so), as a
+    (B, h, w, C) grid of tokens."""
     return features if getattr(model, 'output_fmt', 'NCHW') == 'NHWC' else features.permute(0, 2, 3, 1)
 
 
@@ -146,7 +142,9 @@ def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0) -> TokenLabelingOutput:
     """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the token grid unless
-    `mix_token` is 0."""
+    `mix_token` is 0. For a token model, a forward hook on the patch embedding, whose tokens come as (B, H, W, D) or
+    flattened (B, H*W, D), takes the box from the flipped batch (mixing before or after the position embedding is the
+    same: both samples get the same table at the same place)."""
     embedding = patch_embedding(model)
     if embedding is None:
         return _forward_feature_map(model, x, mix_token)
@@ -174,7 +172,8 @@ def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float =
 
 
 def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) -> TokenLabelingOutput:
-    """Token labeling on a CNN: MixToken's box aligned to the last map's stride, mixed in the pixels."""
+    """Token labeling on a CNN: MixToken's box drawn on the last map's (h, w) grid and the pixels under it, `stride`
+    pixels a cell, taken from the flipped batch."""
     stride = feature_stride(model)
     H, W = x.shape[-2:]
     grid = (math.ceil(H / stride), math.ceil(W / stride))

@@ -1,22 +1,15 @@
 """Weights for the suite's models: the official release files of every family, timm's and our own checkpoints.
 
-One entry point, `load_checkpoint(model, path)`, used by every tool. It
-- reads `.pth`/`.pth.tar`/`.pt` files with `torch.load(weights_only=True)` (no code from the file runs) and
-  `.safetensors` files;
-- unwraps `{'state_dict': ...}` / `{'state_dict_ema': ...}` (timm-style training checkpoints: LV-ViT, T2T-ViT),
-  `{'model': ...}` / `{'model_ema': ...}` (DeiT/CaiT), and strips `module.` / `_orig_mod.` prefixes. By default it
-  takes `state_dict` (or `model`), which in the suite's checkpoints is the run's model: the EMA when the run kept one,
-  as timm's loaders take it too; `use_ema=True` takes the EMA copy, `use_ema=False` the trained weights (the suite's
-  `state_dict_trained` where a checkpoint holds both);
-- resamples `pos_embed` to the model's token grid (class slot or not: CaiT's table has none);
-- drops the classifier(s) (`head`, and the token head `aux_head`) when the model has no such head, or always
-  with `new_head` (transfer to a new label set); a classifier for another number of classes is an error naming
-  both counts unless `new_head` is given (a random head must never pass for the trained one);
-- by default fails, before touching the model, with an error that names missing, unexpected and mis-shaped keys,
-  and the family the file seems to hold (a T2T-ViT file given to an LV-ViT says so).
-
-`release_filter` is the same unwrapping and resizing as timm's `pretrained_filter_fn`: with it, timm's own
-download and cache (`timm.create_model('lvvit_s', pretrained=True)`) reads the official LV-ViT and T2T-ViT files.
+`load_checkpoint(model, path)`, the one entry point every tool uses, reads `.pth`/`.pth.tar`/`.pt` files with
+`torch.load(weights_only=True)` (no code from the file runs) and `.safetensors` files; unwraps the releases' and
+training checkpoints' layouts and strips `module.` / `_orig_mod.` prefixes (`read_state_dict`), taking the file's model
+by default (in the suite's checkpoints the EMA where the run kept one), its EMA copy with `use_ema=True`, its trained
+weights with `use_ema=False`; resamples `pos_embed` to the model's token grid; drops the classifiers (`head`,
+`aux_head`) the model lacks, or all with `new_head`, a classifier of another class count being an error without it;
+and by default fails, before touching the model, naming the missing, unexpected and mis-shaped keys and the family
+the file seems to hold. `release_filter` is the same unwrapping and resizing as timm's `pretrained_filter_fn`, so that
+timm's own download and cache (`pretrained=True`) read the official LV-ViT and T2T-ViT files; `fetch_pretrained`
+gives a path, URL or timm release as a local file. docs/models.md ("Official checkpoints") gives the layouts.
 """
 from __future__ import annotations
 

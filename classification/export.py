@@ -1,28 +1,16 @@
-"""A classification checkpoint as files other tools load: the logic of tools/export.py.
+"""A classification checkpoint as files other tools load: the logic of tools/export.py (`export_classifier`, `main`).
 
-The model is built as tools/eval_cls.py builds it, with the checkpoint's model (the EMA when its run kept one: what
-eval_cls, predict_cls, the segmentation backbones and timm's loaders take), or with `use_ema` True or False its EMA
-copy or its trained weights. The folder gets:
-
-- `model.safetensors` and `config.json`, written by timm's own `save_for_hf`: the architecture, the arguments that
-  rebuild it (class count, input size, LV-ViT's token head, a distillation token), the preprocessing it was exported
-  with (the input size the checkpoint was trained at, or `img_size`; the crop, interpolation, mean and std it
-  records, else the model's), the class names, and which weight set it holds (`suite_weights`).
-  `timm.create_model('local-dir:FOLDER')` builds the model from it (with the suite's models registered:
-  `import backbones`), and so does
-  `create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file='FOLDER/model.safetensors', num_classes=N),
-  **model_args)` (without `num_classes` in the overlay timm drops the head as one of ImageNet's 1000 classes);
-  the file holds one weight set only, so every loader takes the same model.
-- with `torch_export`, `model.pt2`: the eval-mode model traced by torch.export with a dynamic batch size, for
-  runtimes without the suite (`torch.export.load(path).module()(images)`);
-- with `onnx`, `model.onnx`: the same as ONNX (input `images`, normalised as the config says; output `logits`),
-  the batch size dynamic. The models are built for one input size (their position tables), so that stays fixed.
-- `suite_export.json`, the suite's mark (backbones/common/exporting.py): the export's kind and checkpoint and each
-  file's SHA-256. Only such a folder, an empty one or a new one is written.
-
-Each written file is checked against the eval model's outputs (ONNX in onnxruntime) before the folder is given its
-name; the timm model is checked as a timm user runs it, on an image file through the preprocessing timm reads from
-config.json (`resolve_data_config`, `create_transform`), against the suite's prediction for that image.
+The model is built as tools/eval_cls.py builds it, with the checkpoint's model (the EMA when its run kept one), or
+with `use_ema` True or False its EMA copy or its trained weights: the folder holds that one weight set, and
+`suite_weights` in its config.json says which. The folder gets `model.safetensors` and `config.json`, written by timm's
+own `save_for_hf` (the architecture, the arguments that rebuild it, the preprocessing the checkpoint records at the
+input size it was trained at or `img_size`, the class names), which `timm.create_model('local-dir:FOLDER')` builds
+(with the suite's models registered: `import backbones`); with `torch_export`, `model.pt2`, and with `onnx`,
+`model.onnx` (input `images`, output `logits`), the eval model at that input size with a dynamic batch size; and
+`suite_export.json`, the suite's mark (backbones/common/exporting.py). Only such a folder, an empty one or a new one
+is written. Each file is checked against the eval model's outputs (ONNX in onnxruntime), and timm's model as a timm
+user runs it on an image file (`check_timm_preprocessing`), before the folder is given its name. docs/export.md
+("Classifiers") shows how each file is loaded.
 """
 from __future__ import annotations
 

@@ -138,6 +138,17 @@ def test_no_module_of_the_dense_stack_is_over_400_lines():
     assert len(lines) > 40 and {name: count for name, count in lines.items() if count > 400} == {}
 
 
+def test_no_library_module_docstring_is_over_15_lines():
+    """The contract in the module, the story in docs/: a library module's docstring says what it provides and what a
+    caller may rely on in at most 15 lines; design, history and comparisons go to the docs page of its topic."""
+    lines = {}
+    for name, path in project_modules().items():
+        if not name.startswith('tools.'):
+            docstring = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+            lines[name] = len(docstring.splitlines()) if docstring else 0
+    assert len(lines) > 100 and {name: count for name, count in lines.items() if count > 15} == {}
+
+
 def test_the_former_top_level_packages_are_gone_and_only_two_are_installed():
     """`import common` (or engine, digits, ...) fails from outside the repository: only `backbones` and
     `classification` are installed."""

@@ -1,37 +1,15 @@
-"""The suite's classification models, and any plain ViT of timm's, as one mmsegmentation backbone, `TokenBackbone`.
+"""The suite's classification models, and any plain ViT of timm's, as one mmsegmentation backbone, `TokenBackbone`
+(registered under that name and the former per-family ones, `LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone` and
+`ViTBackbone`, so that configs written for those still run).
 
-The backbone wraps a registered model (`model_name`: a suite model such as `lvvit_m`, or a timm ViT such as
-`vit_small_patch14_reg4_dinov2`, `deit3_small_patch16_224`, `eva02_small_patch14_224`, `beit_base_patch16_224`),
-pruned to what the chosen blocks need, and returns the patch tokens after the blocks in `out_indices` as stride-16
-NCHW maps, prefix tokens (class, distillation, register tokens) dropped, no final norm (as the papers' segmentation
-code). `drop_path_rate` is stochastic depth (the reference passed it as MLP dropout).
-
-A timm model qualifies when it is a plain ViT with timm's `forward_intermediates`: a patch embedding with square
-patches, a sequence of blocks, `num_prefix_tokens`; its patch size and prefix tokens are the model's own. Others
-(hierarchical models such as Swin or ConvNeXt) are refused by name with what they lack. A model with another patch
-size (DINOv2's and EVA-02's 14) has its maps resampled to the stride-16 grid, so that every neck, head, padding
-rule and export of the suite stays as it is for the others.
-
-Any input size works, also in test mode where mmseg does not pad: the image is padded to the patch size, the
-position embeddings are resampled to its token grid (timm's `dynamic_img_size` for timm's models), and the maps are
-resampled onto the stride-16 cells of the image's own extent, so that the decode head's final resize to the image
-size is exact. A model whose relative-position table is fixed to its grid (BEiT) cannot change grid: every image is
-padded to its `img_size`, and a larger one is refused.
-
-`pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)` loads a classification checkpoint (ours
-or an official release file) through `backbones.load_checkpoint`: wrappers, prefixes and the position-table resize
-are handled there. Instead of a path, an http(s):// or file:// URL, or `timm` (the release file the model's timm
-config names), is downloaded once into timm's cache (torch hub's `checkpoints` folder) and read from there. A
-missing backbone key is an error, and keys of the pruned parts (heads, final norm, later blocks) are reported in
-the log. A segmentation checkpoint whose position table has another grid (the released
-LV-ViT segmentors, a run at another crop size) has it resampled to this backbone's grid when it loads.
-
-Registered as `TokenBackbone`, and under the former per-family names (`LVViTBackbone`, `T2TViTBackbone`,
-`CaiTBackbone`, `ViTBackbone`) so that configs written for those still run.
-
-`window_size` (tokens a side; None: global attention everywhere), `global_blocks` (the blocks that stay global; ViTDet's
-4 evenly spaced ones over the model's depth by default) and `rel_pos` (decomposed relative positions in every block)
-give ViTDet's window attention (backbones/window_attention.py).
+It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps, prefix tokens dropped, no final
+norm, for an image of any size, in test mode too: the image is padded to whole patches (a fixed-grid model such as
+BEiT: to its `img_size`, a larger image refused) and the maps are resampled onto the stride-16 cells of the image's own
+extent (a 14 px model's too), so that the decode head's final resize to the image size is exact. A timm model must be
+a plain ViT (`PLAIN_VIT_PARTS`, square patches); any other is refused naming what it lacks, before a run does any work
+(`check_backbone_model`). `pretrained` (a path, an http(s):// or file:// URL, or `timm`) loads a classification
+checkpoint through `backbones.load_checkpoint`; `window_size`, `global_blocks` and `rel_pos` give ViTDet's window
+attention (backbones/window_attention.py). docs/segmentation.md and docs/instances_and_depth.md tell the rest.
 """
 from __future__ import annotations
 
@@ -139,7 +117,8 @@ def fixed_grid(model: nn.Module) -> bool:
 @MODELS.register_module()
 class TokenBackbone(BaseModule):
     """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) or plain timm ViT as an
-    mmseg backbone."""
+    mmseg backbone: the model pruned to what the blocks in `out_indices` need (no heads, final norm or later blocks),
+    `drop_path_rate` its stochastic depth."""
 
     def __init__(
             self,
@@ -180,7 +159,9 @@ class TokenBackbone(BaseModule):
         return len(self.model.blocks)
 
     def init_weights(self) -> None:
-        """Load the `Pretrained` checkpoint through the suite's loader; otherwise keep the model's own init."""
+        """Load the `Pretrained` checkpoint (`pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)`)
+        through the suite's loader; otherwise keep the model's own init. A missing backbone key is an error; the keys
+        of the pruned parts (heads, final norm, later blocks) are reported in the log."""
         if self.init_cfg is None:
             return
         if self.init_cfg.get('type') != 'Pretrained':

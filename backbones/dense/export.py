@@ -1,31 +1,16 @@
 """A segmentation, detection or depth checkpoint as files for runtimes without mmseg: the logic of tools/export.py
-segmentor.
+segmentor (`export_segmentor`; `segmentor_from` reads a folder back).
 
-The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them),
-`config.py` (the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and
-`export.json` (classes, palette, the label values a mask stores, the input's size, channel order and
-normalisation). With `torch_export` and `onnx`, `model.pt2` and `model.onnx`: the segmentor's whole-image forward,
-normalised RGB images (B, 3, H, W) -> per-class logits (B, classes, H, W) at the input's size, what mmseg's
-`encode_decode` gives for one sliding window or a whole image. By default H and W are fixed at the config's test
-window (`size` for another) and the batch size is dynamic: a caller slides the window over larger images and
-batches the windows. With `dynamic_size`, H and W may be any multiples of the backbone's stride (whole patches)
-from two patches up (torch.export's program only: torch's ONNX exporter fails on such sizes). Each file is checked
-against the model's outputs, at batch sizes 1 to 3 and (dynamic) other sizes, before the folder is given its name.
-
-A depth model's exported forward gives depth in metres (B, 1, H, W) at the input's size. A detector's is the whole
-detector with static shapes (instances/static_detection.py): its best K detections per image (`top_k`, --top-k; by
-default its RoI heads' `detections_per_img`, 100), best first: `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2),
-`scores` (B, K), `labels` (B, K; the category index, -1 for padding) and `masks` (B, K, H, W), mask probabilities at
-the input's size, padded with zero boxes, scores and masks; the batch size dynamic. Its second input, `image_sizes`
-(B, 2), gives each image's height and width: an image smaller than the input lies at its top left, padded with zeros,
-and its detections are the model's `predict` of it (its proposals and boxes clipped to the image, its masks zero
-outside it). NMS is inside (torchvision's `nms`, which torch.export traces and torch's ONNX exporter writes as ONNX's
-NonMaxSuppression; its kept indices become a flag over the candidates at once, so every other shape is fixed). With
-`pyramid_only` (--pyramid-only) the export stops at the feature pyramid (the levels p2 .. p6, (B, C, H / stride, W /
-stride) each), the RPN and RoI heads left to model.safetensors with config.py; with `dynamic_size` too, at any size
-whose coarsest level (p6, stride 64) is 2 pixels or more a side: 96 px and up. A task refuses the options it has no
-use for (`DenseTask.check_export_choice`), before any work. Detectors and depth models test images at their own size,
-so their export takes `size` (--size H W).
+The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them), `config.py`
+(the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and `export.json`
+(what a runtime needs besides the network: classes, palette, label values, the input's size and normalisation). With
+`torch_export` and `onnx`, `model.pt2` and `model.onnx`: the task's network (`DenseTask`), a segmentor's whole-image
+forward to per-class logits, a depth model's to metres, a detector whole with static shapes
+(instances/static_detection.py) or its feature pyramid alone (`pyramid_only`). H and W are fixed (the config's test
+window, or `size`, which detectors and depth models need), the batch size dynamic; with `dynamic_size` (torch.export
+only) H and W may be any whole strides. A task refuses the options it has no use for (`DenseTask.check_export_choice`)
+before any work, and each file is checked against the model's outputs (batch sizes 1 to 3, other sizes where
+dynamic) before the folder is given its name. docs/export.md gives each task's inputs, outputs and bounds.
 """
 from __future__ import annotations
 

@@ -1,25 +1,15 @@
 """Segmentation training that survives preemption, as classification's does (classification/engine/fit.py).
 
-SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a job) lets the current iteration finish; then a
-checkpoint is written (atomically: mmengine_io.py) and the command exits with status 75 saying how to continue.
-`--checkpoint-minutes M` writes such a checkpoint at most every M minutes (each replacing the previous timed one).
-Resuming continues to the same losses, validations, best checkpoint and weights as a run that was never stopped,
-whatever iteration the stop landed on (`ResumableIterLoop`):
-
-- the seed is the run's own (recorded in its checkpoints; a new run without one in its config draws one and keeps
-  it), so the sampler's order and every sample's augmentation are the stopped run's;
-- the loader starts at the iteration resumed from without reading the batches done (`restart.py`): the configs'
-  InfiniteSampler is made a `PlacedInfiniteSampler`, which starts each process's share of its order there, and each
-  sample is augmented from its own seed, (run seed, pass, index), not from streams every earlier sample advanced;
-  under any other sampler the loop replays the iterations done through the loader (reads and drops their batches:
-  mmengine's way), which puts the sampler and the augmentation's streams where the stopped run left them;
-- the one stream neither restores, torch's (dropout, drop path, in the training step), is saved in every
-  checkpoint and put back once the loader is placed (starting a loader's processes draws from it): mmengine
-  restores neither;
-- a validating iteration writes its checkpoints (the interval one, a stop's) before its validation: resumed from
-  one of those, the loop runs that validation first (mmengine would skip it for good: the last iteration's too);
-- a validation leaves training's random streams as they were (its loader draws a seed from torch's when it starts
-  its workers, which a resumed run does at another validation than a run never stopped).
+`PreemptionCheckpoints`: on SIGTERM or SIGUSR1 the current iteration finishes, a checkpoint is written (atomically:
+mmengine_io.py) and the command exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a
+checkpoint at most every M minutes, each replacing the previous timed one. `ResumableIterLoop` (`make_resumable` sets
+a config up for it) resumes to the same losses, validations, best checkpoint and weights as a run never stopped,
+whatever iteration the stop landed on: the run keeps its seed (`run_seed`, recorded in its checkpoints); the loader
+starts at the iteration resumed from without reading the batches done (restart.py's `PlacedInfiniteSampler`; under
+any other sampler the loop replays them, mmengine's way); torch's random state is saved in every checkpoint and put
+back once the loader is placed; a validating iteration's checkpoints precede its validation, which the resumed loop
+runs first; and a validation leaves training's random streams as they were. docs/segmentation.md ("Preemption") says
+why each is needed.
 """
 from __future__ import annotations
 
@@ -131,7 +121,8 @@ class ResumableIterLoop(IterBasedTrainLoop):
 
     def catch_up(self) -> None:
         """A resumed run, its loader placed, brought to where the stopped one wrote its checkpoint: torch's random
-        state put back, the validation still due run."""
+        state put back (after the placing: starting a loader's processes draws from it; mmengine restores neither),
+        the validation still due run."""
         if self.resumed_rng is not None:
             set_torch_rng_state(self.resumed_rng)
         if self.resumed_before_validation and self.validates(self._iter):  # (a schedule changed on resume may not)
@@ -140,7 +131,8 @@ class ResumableIterLoop(IterBasedTrainLoop):
 
     def validate(self) -> None:
         """The validation, training's random streams left as they were (its loader draws from torch's when it starts
-        its worker processes: at the first validation of a process, with persistent ones)."""
+        its worker processes: at the first validation of a process, with persistent ones, which a resumed run reaches
+        at another validation than a run never stopped)."""
         with preserved_rng():
             self.runner.val_loop.run()
 

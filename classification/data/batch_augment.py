@@ -1,24 +1,14 @@
-"""Label-aware augmentation in two halves: parameters and a small decode in the loader workers, the pixels a batch at
-a time on the training device.
+"""Label-aware augmentation in two halves (`--augment batched`): parameters and a small decode in the loader workers,
+the pixels a batch at a time on the training device.
 
 `RegionTransform` (workers) draws everything `TrainTransform` draws, in the same order from the same random streams,
-so a seed gives the same `CropGeometry` on both paths; then it decodes the file (at 1/2, 1/4 or 1/8 of its size
-where JPEG's scaled decoding still leaves the crop at least the output size), cuts out the crop's region and shrinks
-it by whole factors while it stays at least the output size. What it sends is that uint8 region and a plan. With
-`decode='device'` (`--decode gpu`) it sends a colour JPEG's bytes instead, with the region's bounds on the full-size
-image: the device half decodes the batch's files in one call (nvJPEG on a GPU) and cuts the same regions.
-
-`BatchAugment` (device) turns a batch of regions into model input:
-- crop, resize, flip and RandAugment's rotate/shear/translate are one affine map per image, so one `grid_sample`
-  for each of the two interpolations (bilinear, bicubic), with timm's fill colour where the map leaves the crop;
-- the colour ops (AutoContrast, Equalize, Invert, Posterize, Solarize, SolarizeAdd, Color, Contrast, Brightness,
-  Sharpness) run layer by layer, each op on the images that drew it, with Pillow's formulas (its luma weights, its
-  histogram rules, truncation after blends, a smoothing kernel that keeps the border) on uint8 values;
-- normalisation, then random erasing with per-pixel normal noise.
-
-What differs from the PIL path, by construction: one resampling instead of one per geometric op (sharper), and a
-colour op that timm applied before a geometric op now sees the warped image, its statistics taken over the pixels
-that came from the crop and the fill left as it is (as the later geometric op would have left it).
+so a seed gives the same `CropGeometry` on both paths; it sends the crop's region as uint8, decoded at 1/2, 1/4 or
+1/8 of the file's size where the crop stays at least the output size and shrunk by whole factors while it does, with a
+plan (or, with `decode='device'`, `--decode gpu`, a colour JPEG's bytes and the region's bounds on the full-size image,
+decoded a batch at a time on the device: nvJPEG on a GPU). `BatchAugment` (device) turns a batch of regions into model
+input: crop, resize, flip and RandAugment's rotate/shear/translate as one affine `grid_sample` per interpolation
+(timm's fill colour where the map leaves the crop), the colour ops layer by layer with Pillow's formulas on uint8
+values, then normalisation and random erasing. docs/speed.md tells how its images differ from the PIL path's.
 """
 from __future__ import annotations
 
@@ -504,7 +494,11 @@ def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class BatchAugment:
-    """The device half: `PendingImages` -> normalised (B, 3, S, S) float images, as `TrainTransform` makes them."""
+    """The device half: `PendingImages` -> normalised (B, 3, S, S) float images, as `TrainTransform` makes them: one
+    `grid_sample` for each of the two interpolations (bilinear, bicubic); the colour ops (AutoContrast, Equalize,
+    Invert, Posterize, Solarize, SolarizeAdd, Color, Contrast, Brightness, Sharpness) with Pillow's formulas (its luma
+    weights, its histogram rules, truncation after blends, a smoothing kernel that keeps the border); random erasing
+    with per-pixel normal noise."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
         self.img_size = img_size

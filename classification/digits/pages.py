@@ -1,25 +1,15 @@
 """The embedded dense-prediction set, "pages": scikit-learn's handwritten digits in a row of cells on a dark page, in
-ADE20K's layout, with the same pages' digits as COCO-format instances and a synthetic depth map in NYU-v2's format.
+ADE20K's layout, with the same pages' digits as COCO-format instances and a synthetic depth map in NYU-v2's format
+(`write_digits_ade`).
 
 Used by the segmentation tools when no ADE20K is on disk (`seg_data`). An image is a row of three 48 px cells, most
-of them holding one digit scan inked in a light colour at a random size and place inside its cell, on a black ground
-with faint noise: the look of the classification scans (light strokes on black), so that a backbone pretrained on
-those transfers. Annotations follow ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft
-edges, which are ignored like ADE20K's "other" (reduce_zero_label).
-
-Sizes: the configs' sizes are scaled so that their 512 px training crop becomes 48 px, the input size of the
-classification pretraining, and a digit is 40-48 px, as it is there (three tokens of 16 px). The scale matters:
-a backbone pretrained on digits that fill its 48 px frame recognises 66% of these cells, but only 29% of the same
-digits seen in a 64 px window (LV-ViT-M, measured), and digits of one or two tokens are too small for a stride-16
-backbone. The validation images use only the scans the classification run holds out (every fifth), so pretraining
-never saw their digits.
-
-Instances (annotations/instances_{training,validation}.json, COCO's format): every digit is one instance of category
-`digit + 1` (named "0" .. "9"), its mask the pixels its annotation labels as that digit (RLE, exact), its box that
-mask's extent. Depth (depth/{training,validation}/NAME.png, 16-bit millimetres as NYU-v2's maps): a synthetic scene,
-the ground a plane from 6 m at the top of the page to 4 m at its bottom, and each digit standing in front of it at
-1.5 m + 0.25 m x its value, so that a model reads a digit's depth from what the digit is; the digits' soft edges
-hold 0 (no measurement), as NYU's invalid pixels.
+of them holding one digit scan (40-48 px: three tokens of 16 px, as in the classification pretraining at 48 px) inked
+in a light colour on a black ground with faint noise, the look of the classification scans. Annotations follow
+ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft edges, which are ignored like
+ADE20K's "other" (reduce_zero_label). The validation pages use only the scans the classification run holds out
+(`scan_splits`). Every digit is also one COCO instance of category `digit + 1` (`coco_annotation`), and the depth
+(`depth_map`, 16-bit millimetres) puts each digit in front of a ground plane at a depth its value gives.
+docs/segmentation.md (ADE20K) and docs/instances_and_depth.md ("The embedded defaults") tell why and give the sizes.
 """
 from __future__ import annotations
 

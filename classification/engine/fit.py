@@ -1,29 +1,16 @@
-"""The epoch loop shared by ImageNet training and CIFAR transfer: train, validate, keep the best, checkpoint, resume.
+"""The epoch loop shared by ImageNet training and CIFAR transfer (`Fit`): train, validate, keep the best, checkpoint,
+resume.
 
 Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state), and `best.pth`
 (weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
-uninterrupted run. One EMA rule: with an EMA, the EMA is the run's model. Its top-1 chooses `best.pth`, and both files
-hold it as `state_dict` (and `state_dict_ema`, the same tensors), so that the suite's loaders and timm's (either
-`use_ema`) take it by default; `last.pth` keeps the trained weights for the resume as `state_dict_trained`. Each file
-names its model's weights (`weights`: 'ema' or 'trained') and the architecture that reads them (`architecture`:
-`create_classifier`'s arguments).
-
-Preemption: SIGTERM or SIGUSR1 (what cluster schedulers send before they kill a job) lets the current update finish
-(under torchrun, all processes stop after the next one: they agree without waiting for the device), then `last.pth`
-is written mid-epoch (the batches done, the epoch's loss so far, every RNG state) and the command
-exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a checkpoint at most every M
-minutes. A resume continues mid-epoch at the next batch, to the same losses and weights: the sampler skips what the
-epoch already read, and each image's augmentation is drawn from streams seeded from the run's seed, the epoch and
-its place in the pass, in whichever process reads it (`ImageFolderDataset.set_epoch`; not from the order the loader
-workers happen to read in, nor from their number). Under `torchrun --max-restarts`, a restarted run resumes from its
-own `last.pth` by itself.
-
-Crash consistency: `last.pth` is the run's record. Each file is written to a temporary name and renamed, so a
-kill leaves either the old or the new file, never half of one. `last.pth` is written before `best.pth`, and the
-best epoch it records is either an earlier one (whose `best.pth` is complete) or its own epoch (whose weights it
-holds itself). On resume, leftover temporary files are deleted, and a `best.pth` that does not hold the epoch
-`last.pth` names is rewritten from `last.pth`. `metrics.json` is written last, from the same state. A resume
-with other settings than the run's is refused, naming them.
+uninterrupted run, and refuses other settings than the run's, naming them. One EMA rule: with an EMA, the EMA is the
+run's model, which chooses `best.pth` and which both files hold as `state_dict` (and `state_dict_ema`); `last.pth` keeps
+the trained weights for the resume as `state_dict_trained`. SIGTERM or SIGUSR1 lets the current update finish, writes
+`last.pth` mid-epoch and exits with status 75 (`--checkpoint-minutes M`: such a checkpoint at most every M minutes); a
+resume continues at the next batch. Crash consistency: `last.pth` is the run's record, written before `best.pth`, each
+through a temporary file and a rename; on resume the leftovers are deleted and a lagging `best.pth` is rewritten from
+`last.pth` (`repair_best`, `repair_log`). docs/imagenet.md tells each in full (the EMA rule, preemption, crash
+consistency).
 """
 from __future__ import annotations
 

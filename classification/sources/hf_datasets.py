@@ -1,23 +1,15 @@
 """A split saved by Hugging Face `datasets`: an image column (the `Image` feature) and a label column (`ClassLabel`),
-read map-style, each image by its row, as timm's `hfds/` reader reads one. An optional extra (`pip install '.[hf]'`):
-`datasets` is imported when such a split is read.
+read map-style, each image by its row, as timm's `hfds/` reader reads one (`HuggingFaceDatasets`). An optional extra
+(`pip install '.[hf]'`): `datasets` is imported when such a split is read.
 
-A split SPLIT of a data folder D is read from the first of these that exists:
-
-- `D/dataset_dict.json`: a `DatasetDict` saved with `save_to_disk` (the split `D/SPLIT/`, arrow files);
-- `D/SPLIT/state.json`: a `Dataset` saved with `save_to_disk` as `D/SPLIT`;
-- `D/SPLIT-*.parquet` or `D/data/SPLIT-*.parquet`: parquet files as the Hub lays them out.
-
-The suite's split `val` is the Hub's `validation` where no `val` is saved. Saved arrow files are memory-mapped as
-they are; a parquet file is read a row group at a time (many images: up to 100 MB as `datasets` 5 writes them, 100
-images as earlier versions did), so that one image would cost reading its whole group: the files are converted once
-into arrow files in `datasets`' cache (`HF_DATASETS_CACHE`) and memory-mapped from there.
-
-An image is named `SPLIT/ROW` (the split as saved, the row in it): token-label stores key it so. The columns are
-`image` and `label`; where a data set has no column of one of these names, its only column of the feature (`Image`,
-`ClassLabel`) is read. The classes are the ClassLabel's names in its order (its label numbers kept: a model trained
-on the Hub's ImageNet keeps the Hub's class indices); a label of plain ints is read as classes named by their number,
-with a warning.
+A split SPLIT of a data folder D is read from the first of these that exists: `D/dataset_dict.json` (a `DatasetDict`
+saved with `save_to_disk`, the split `D/SPLIT/`), `D/SPLIT/state.json` (a `Dataset` saved as `D/SPLIT`), and
+`D/SPLIT-*.parquet` or `D/data/SPLIT-*.parquet` (the Hub's layout); the suite's `val` is the Hub's `validation` where no
+`val` is saved. Saved arrow files are memory-mapped as they are; parquet files are converted once into arrow files in
+`datasets`' cache (`HF_DATASETS_CACHE`) and memory-mapped from there. An image is named `SPLIT/ROW` (token-label stores
+key it so); the columns are `image` and `label`, else the only column of that feature; the classes are the
+ClassLabel's names in its order (its label numbers kept). docs/imagenet.md ("Hugging Face image data sets on disk")
+gives every rule.
 """
 from __future__ import annotations
 

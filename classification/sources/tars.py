@@ -1,27 +1,16 @@
-"""ImageNet-layout splits kept in tar files, read in place: a few large files instead of 1.28 million small ones.
+"""ImageNet-layout splits kept in tar files, read in place: a few large files instead of 1.28 million small ones
+(`Tars`, the source; `tar_index`, which the webdataset reader shares).
 
-A split SPLIT of a data folder D is read from the first of these that exists:
-
-- `D/SPLIT/CLASS/*.JPEG`: class folders (`backbones.common.images`);
-- `D/SPLIT/*.tar`: a folder of tars: per-class tars (`CLASS.tar` of flat images, as the ILSVRC2012 training tar
-  holds them) or webdataset-style shards whose members are `CLASS/KEY.EXT` (other members, `.cls`, `.json`, are
-  not read); per-class tars may stand beside class folders (each class one or the other);
-- `D/SPLIT.tar`: one tar of class folders (`CLASS/*.JPEG`) or of per-class tars (`CLASS.tar`, the original
-  `ILSVRC2012_img_train.tar`).
-
-`D` may itself be a tar: of the whole folder (`SPLIT/CLASS/*.JPEG` or `SPLIT/CLASS.tar`), or without the split
-level (the original training tar), which then is the training split alone.
-
-Every image keeps the relative path it has in the folder layout (`train/n01440764/n01440764_10026.JPEG`), so
-token-label stores, generation and import work unchanged. The readers account for every entry: a split folder's
-(`backbones.common.images.split_entries`), and each tar's images, whose layout is decided once per tar (flat: a
-per-class tar; in class folders: a shard or a tar of a split), an image outside it an error naming the tar and the
-image. The tars are indexed once with Python's `tarfile` (each image's member, offset and size; a per-class tar
-inside a tar is indexed in place, its offsets relative to the outer file); the index is cached beside the data
-(`NAME.tar.index.npz`, or `tars.index.npz` in a folder of tars) or, where that folder cannot be written, in
-`~/.cache/backbones/tar-index/`, and rebuilt when a tar's size, modification time, inode or status-change time
-changes. An image is then one `os.pread` of its bytes from a tar opened once (a descriptor shared with forked
-loader workers serves them too: pread takes its offset, it moves no file position).
+A split SPLIT of a data folder D is read from the first of these that exists: `D/SPLIT/CLASS/*.JPEG` (class folders,
+`backbones.common.images`); `D/SPLIT/*.tar`, per-class tars (`CLASS.tar` of flat images; they may stand beside class
+folders) or shards of `CLASS/KEY.EXT` members; `D/SPLIT.tar`, one tar of class folders or of per-class tars (the
+original `ILSVRC2012_img_train.tar`); and D itself may be a tar, of the whole folder or, without the split level, the
+training split alone. Every image keeps the relative path it has in the folder layout
+(`train/n01440764/n01440764_10026.JPEG`), so token-label stores, generation and import work unchanged, and every entry
+is read or named in an error (a split folder's by `backbones.common.images.split_entries`). The tars are indexed once
+with Python's `tarfile` (each image's member, offset and size), the index cached beside the data or in
+`~/.cache/backbones/tar-index/` and rebuilt when a tar changes; an image is then one `os.pread` of its bytes
+(`TarMembers`). docs/imagenet.md ("ImageNet in tar files") gives every rule.
 """
 from __future__ import annotations
 

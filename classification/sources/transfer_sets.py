@@ -1,20 +1,9 @@
-"""The fine-grained transfer sets of the DeiT, CaiT and ViT papers, read in the layouts they are published in: each a
-source (`ImageSource`) whose split `train` is the set's official training split and `val` its official test split
-(what the papers report), each image named by its path under the data folder (`jpg/image_00001.jpg`).
-
-- Oxford Flowers-102: `jpg/image_NNNNN.jpg`, `imagelabels.mat` (`labels`, 1..102, one per image number) and
-  `setid.mat` (`trnid`, `valid`, `tstid`: image numbers); training is `trnid` + `valid` (2,040 images), as DeiT's;
-- Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `devkit/cars_meta.mat` (`class_names`),
-  `devkit/cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (in `devkit/` or the data folder):
-  `annotations` with `fname` and `class` (1..196);
-- Oxford-IIIT Pets: `images/NAME.jpg`, `annotations/trainval.txt` and `annotations/test.txt`, lines
-  `Abyssinian_100 1 1 1` (image name, class 1..37, species, breed); a class is named by its images' name stem;
-- iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (`train2019.json` / `val2019.json`), COCO-like:
-  `images` (`id`, `file_name` relative to the data folder), `annotations` (`image_id`, `category_id`) and
-  `categories` (`id`, `name`).
-
-Classes keep the set's own numbering (class 1 first); a layout's files that are missing or do not read are one line
-naming the file and the layout. A folder holding any of a layout's annotation files is that layout's.
+"""The fine-grained transfer sets of the DeiT, CaiT and ViT papers, read in the layouts they are published in
+(`Flowers102`, `StanfordCars`, `OxfordPets`, `INaturalist2018`, `INaturalist2019`): each a source (`ImageSource`) whose
+split `train` is the set's official training split and `val` its official test split (what the papers report), each
+image named by its path under the data folder (`jpg/image_00001.jpg`). Classes keep the set's own numbering (class 1
+first); a layout's files that are missing or do not read are one line naming the file and the layout. A folder
+holding any of a layout's annotation files is that layout's. docs/cifar.md lists each set's files and splits.
 """
 from __future__ import annotations
 
@@ -160,6 +149,8 @@ def numbered(values: np.ndarray, where: Path, what: str, count: int | None = Non
 
 @register_source
 class Flowers102(TransferLayout):
+    """Oxford Flowers-102: `jpg/image_NNNNN.jpg`, `imagelabels.mat` (`labels`, 1..102, one per image number) and
+    `setid.mat` (`trnid`, `valid`, `tstid`: image numbers); training is `trnid` + `valid` (2,040 images), as DeiT's."""
     name, key = 'Oxford Flowers-102', 'flowers102'
     files, markers = ('imagelabels.mat', 'setid.mat', 'jpg'), 2
     layout = 'jpg/image_NNNNN.jpg, imagelabels.mat (labels) and setid.mat (trnid, valid, tstid)'
@@ -181,6 +172,9 @@ class Flowers102(TransferLayout):
 
 @register_source
 class StanfordCars(TransferLayout):
+    """Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `devkit/cars_meta.mat` (`class_names`),
+    `devkit/cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (in `devkit/` or the data folder):
+    `annotations` with `fname` and `class` (1..196)."""
     name, key = 'Stanford Cars', 'cars'
     META, TRAIN_ANNOS, TEST_ANNOS = 'devkit/cars_meta.mat', 'devkit/cars_train_annos.mat', \
         'cars_test_annos_withlabels.mat'
@@ -213,6 +207,8 @@ class StanfordCars(TransferLayout):
 
 @register_source
 class OxfordPets(TransferLayout):
+    """Oxford-IIIT Pets: `images/NAME.jpg`, `annotations/trainval.txt` and `annotations/test.txt`, lines
+    `Abyssinian_100 1 1 1` (image name, class 1..37, species, breed); a class is named by its images' name stem."""
     name, key = 'Oxford-IIIT Pets', 'pets'
     files, markers = ('annotations/trainval.txt', 'annotations/test.txt', 'images'), 2
     layout = 'images/NAME.jpg, annotations/trainval.txt and annotations/test.txt (lines "Abyssinian_100 1 1 1")'
@@ -245,6 +241,10 @@ class OxfordPets(TransferLayout):
 
 
 class INaturalist(TransferLayout):
+    """iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (`train2019.json` / `val2019.json`), COCO-like:
+    `images` (`id`, `file_name` relative to the data folder), `annotations` (`image_id`, `category_id`) and
+    `categories` (`id`, `name`)."""
+
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         train, test = (self.annotations(data_dir / name) for name in self.files)
         names = self.category_names(train, data_dir / self.files[0])

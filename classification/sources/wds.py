@@ -1,33 +1,17 @@
-"""timm's and the Hub's webdataset shards read as published (timm's `--dataset wds/`, `timm/imagenet-1k-wds`): tars
-whose members are images `KEY.EXT` (.jpg, .jpeg, .png, .webp, ...) with `KEY.cls`, the class index as text, and/or
-`KEY.json`, a record whose `label` is the class index and whose `class_name`, where present, names the class.
+"""timm's and the Hub's webdataset shards read as published (timm's `--dataset wds/`, `timm/imagenet-1k-wds`;
+`WebDatasetShards`, asked before the tars): tars whose members are images `KEY.EXT` (.jpg, .jpeg, .png, .webp, ...)
+with `KEY.cls`, the class index as text, and/or `KEY.json`, a record whose `label` is the class index and whose
+`class_name`, where present, names the class.
 
-A split SPLIT of a data folder D is read from shards when (the first that holds):
-
-- `D/_info.json` (or `D/_info.yaml`), timm's data set information, names it under `splits`: its `filenames` are the
-  shards (relative to D), its `shard_lengths` and `num_samples`, where given, are checked against them;
-- D/SPLIT/ is a folder of shards (its first tar begins with flat members and their labels: a per-class tar holds
-  images alone, the tar reader's shards `CLASS/KEY` members; `D/validation/` for `val`, as the Hub names it);
-- neither D/SPLIT/ nor D/SPLIT.tar is there and D holds tars named as timm's and the Hub's shards are, `SPLIT-*.tar`
-  or `*-SPLIT-*.tar` (`imagenet1k-train-0000.tar`), sorted by name.
-
-The split `val` (the suite's validation split) is the Hub's `validation` where no `val` is there.
-
-The class index is the label: where the info file's split record names an `alt_label` (timm's), the label is that
-field of each sample's KEY.json (its `class_name` then unread), and samples labelled -1 there are left out, as timm
-does (their count logged).
-The class list, in index order: the info file's `classes` (their count is the class
-count; `num_classes` where it gives only the count), or the training split's classes where a split is listed with
-them; each class unnamed there is named by its samples' `class_name`, else by its index zero-padded to the width of
-the largest (`000` ... `999`, which sort as the indices do). A name of the samples that differs from the list's is
-an error, never a relabelling.
-
-An image is named by its shard and its member, `SHARD.tar/KEY.EXT` relative to D (`train/SHARD.tar/KEY.EXT` in a
-split folder): token-label stores key their rows by it. A split lists class by class, by member name within a class
-(then by shard): the order the same files in class folders list in. The shards are indexed once as the tar reader
-indexes its tars (`tars.tar_index`: each image's offset and size, and each label member's content, kept in
-`D/wds-SPLIT.index.npz` or the user's cache); each image is then one pread: map-style, so exact mid-epoch resume
-and every other reader of a listing work as for any split.
+A split SPLIT of a data folder D is read from shards when `D/_info.json` (or `.yaml`, timm's data set information)
+names it under `splits`, else when D/SPLIT/ is a folder of such shards, else from D's tars named as timm's and the
+Hub's are (`SPLIT-*.tar`, `*-SPLIT-*.tar`); the split `val` is the Hub's `validation` where no `val` is there
+(`find_split`). The class index is the label (the info file's `alt_label` field where it names one; -1 there: left
+out); the classes are named by the info file, else the training split, else the samples (`class_names`). An image is
+named `SHARD.tar/KEY.EXT` relative to D, and a split lists class by class in the order the same files in class
+folders list in. The shards are indexed once as the tar reader indexes its tars (`tars.tar_index`, kept in
+`D/wds-SPLIT.index.npz` or the user's cache); each image is then one pread, map-style. docs/imagenet.md ("Webdataset
+shards as timm and the Hub publish them") gives every rule.
 """
 from __future__ import annotations
 
@@ -308,8 +292,10 @@ def class_count(found: ShardSplit, classes: Sequence[str] | None, classes_from: 
 
 def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
                 named: dict[int, tuple[str, str]]) -> list[str]:
-    """The class list (see the module): the given or the info file's names, the samples' names (`named`: index ->
-    (name, where)) for the classes unnamed there, the index for the rest."""
+    """The class list, in index order: the given or the info file's names, the samples' `class_name` (`named`: index
+    -> (name, where)) for the classes unnamed there, the index zero-padded to the width of the largest for the rest
+    (`000` ... `999`, which sort as the indices do). A sample's name that differs from the list's is an error, never a
+    relabelling."""
     listed = list(given) if given is not None else found.info.get('classes')
     width = len(str(count - 1))
     names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{width}d}' for i in range(count)]

@@ -1,31 +1,14 @@
 """The figures README.md and docs/*.md quote, rendered from their data files (tools/render_results.py).
 
-Every figure lives in one data file: a results file, docs/results/NAME.json, in the envelope of
-`classification.studies.results_file` (study, source, commit, date, machine, torch, figures), or the dense runs'
-metafile, seg_configs/metafile.yaml (mmseg's schema, with mmdet's list of Results per task). A page holds renderings
-of them only, each between markers that name what renders it:
-
-    <!-- results: KIND ARGS -->...<!-- /results -->
-
-ARGS are shell-style words; FILE is a results file's name without `.json`. The kinds:
-
-- `table FILE [ALIAS=FILE ...]`, the marker's next lines a Markdown table whose cells hold `{EXPRESSION}` or
-  `{EXPRESSION:FORMAT}`: the table with every figure filled in from the first FILE (`{ALIAS#EXPRESSION}` from
-  another); a `|` in a figure is escaped.
-- `view FILE VIEW ARGS`: what FILE's study renders as VIEW (VIEWS: the reproduction's tables, a GPU session's).
-- `runs [latest|layouts] TASK...`: the metafile's runs of the embedded defaults of the TASKs (their Results' Task)
-  on the pages in the suite's own layout; `layouts`: those on the pages written in a published set's layout (their
-  Metadata's `Layout`).
-- `value FILE EXPRESSION [FORMAT]`: one figure inside a sentence (the only inline kind, with the `seeds` view).
-
-Every block but an inline one ends with a line crediting each file it read: where and when its figures were
-measured, with a link to it. A block stands on a line of its own.
-
-An EXPRESSION is a figure's path, keys joined by dots (a list item by its index or by its Name; the envelope's keys
-name its own fields, any other the figures'), or such paths and numbers joined by ` * `, ` / `, ` + ` and ` - `
-(spaced, the expression quoted; evaluated left to right). A FORMAT is a Python format (`.1f`, `,.0f`, `.0%`; a
-`value`'s whole `{:.1f}%`) or one of FORMATS. Blocks stand on lines of their own and are rendered between blank lines,
-at their marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block of the pages
+Every figure lives in one data file: a results file, docs/results/NAME.json (FILE: NAME), in the envelope of
+`classification.studies.results_file`, or the dense runs' metafile, seg_configs/metafile.yaml (mmseg's schema, with
+mmdet's list of Results per task). A page holds renderings of them only, each between markers that name what renders
+it, `<!-- results: KIND ARGS -->...<!-- /results -->`, ARGS shell-style words, KIND one of KINDS: `table FILE
+[ALIAS=FILE ...]` (the marker's next lines a Markdown table of `{EXPRESSION[:FORMAT]}` cells), `view FILE VIEW ARGS`
+(VIEWS), `runs [latest|layouts] TASK...` (`embedded_runs`) and `value FILE EXPRESSION [FORMAT]`, one figure inside a
+sentence. An EXPRESSION is a figure's path or paths and numbers joined by spaced operators (`DataFiles.evaluate`), a
+FORMAT a Python format or one of FORMATS (`formatted`). Every block but an inline one stands on a line of its own and
+ends with a line crediting each file it read (`Page.credits`). `render_pages(root)` rewrites every block of the pages
 under `root`, or names those whose text is not what their data give.
 """
 from __future__ import annotations
@@ -96,15 +79,16 @@ class DataFiles:
         return self[name]['figures']
 
     def lookup(self, name: str, path: str) -> object:
-        """A figure of a results file (or a field of its envelope: `commit`, `notes.machine`), or of the metafile."""
+        """A figure of a results file, or of the metafile: a path whose first key is one of the envelope's own fields
+        (OWN_FIELDS: `commit`, `notes.machine`) reads that field, any other the figures."""
         data = self[name]
         if name != 'metafile' and path.split('.')[0] not in OWN_FIELDS:
             data = data['figures']
         return lookup(data, path, str(self.path(name)))
 
     def evaluate(self, name: str, expression: str, others: dict[str, str] | None = None) -> object:
-        """A path's value, or paths and numbers joined by ' * ', ' / ', ' + ' and ' - ', evaluated left to right; a
-        path `ALIAS#PATH` is read from file `others[ALIAS]`."""
+        """A path's value, or paths and numbers joined by ' * ', ' / ', ' + ' and ' - ' (spaced: in a marker the
+        expression is quoted), evaluated left to right; a path `ALIAS#PATH` is read from file `others[ALIAS]`."""
         words = OPERATOR.split(expression.strip())
         if {'+', '-'} & set(words[1::2]) and {'*', '/'} & set(words[1::2]):
             raise UsageError(f'{expression}: + or - beside * or / (evaluated left to right, not by precedence): write '
@@ -184,8 +168,8 @@ FORMATS: dict[str, Callable[[object], str]] = {
 
 
 def formatted(value: object, form: str) -> str:
-    """`value` written by one of FORMATS or a Python format; a figure a Python format is given is a number or a word
-    (not a list, a mapping or a truth value)."""
+    """`value` written by one of FORMATS or a Python format (`.1f`, `,.0f`, `.0%`; or a whole one, a `value` block's
+    `{:.1f}%`); a figure a Python format is given is a number or a word (not a list, a mapping or a truth value)."""
     if form not in FORMATS and '{' not in form:  # a table cell's spec (`.1f`) given to a value block
         form = f'{{:{form}}}'
     if form not in FORMATS and (isinstance(value, (dict, list, bool)) and form != '{}' or isinstance(value, dict)):
@@ -235,12 +219,14 @@ class Page:
 
 
 def value(page: Page, name: str, expression: str, form: str = '{}') -> str:
+    """One figure inside a sentence: the only inline kind of block, with the reproduction's `seeds` view."""
     return formatted(page.files.evaluate(name, expression), form)
 
 
 def table(page: Page, *sources: str, template: list[str]) -> str:
     """The marker's template lines with each `{EXPRESSION[:FORMAT]}` filled from the first of `sources` (each a
-    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them)."""
+    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them); a `|` in a figure is
+    escaped."""
     if not sources:
         raise UsageError('table: name the results file(s) it reads')
     names = dict(source.partition('=')[::2] if '=' in source else (source, source) for source in sources)
@@ -625,7 +611,8 @@ def check_words(render: Callable[..., str], kind: str, *args: object, **kwargs: 
 
 
 def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
-    """`text` with every block rendered, and the blocks that changed: (marker's first line, line)."""
+    """`text` with every block rendered, and the blocks that changed: (marker's first line, line). A block that is
+    not inline is rendered between blank lines, at its marker's indentation (a table inside a list item)."""
     changed = []
 
     def replace(match: re.Match) -> str:

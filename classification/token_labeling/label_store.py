@@ -1,22 +1,16 @@
-"""The token-label store: every image's top-k dense scores in one packed, memory-mapped file pair.
+"""The token-label store: every image's top-k dense scores in one packed, memory-mapped file pair (`TokenLabelStore`,
+`open_store`; written shard by shard by `StoreWriter`, `write_label_store`).
 
-Layout of a store folder:
-- `meta.json`: every value that shapes the store (annotator, its checkpoint and arguments, input size, the map
-  grid (h, w), k, shard size, the class list, a hash of the image list) and the preprocessing;
-- `paths.txt`: one image path per line, relative to the data folder; line i is row i;
-- `scores.npy`: float16 (N, h, w, k), the annotator's top-k logits at every map position, best first;
-- `classes.npy`: int16 (int32 past 32767 classes) (N, h, w, k), their class indices;
-- `extent.npy` (only where a map does not cover its whole image: the released NFNet-F6 labels cover the centre
-  square): float32 (N, 4), the box each map covers in whole-image coordinates, x1, y1, x2, y2 in [-1, 1];
-- `done/`: one marker per finished shard of rows, holding its row range, the SHA-256 of its rows and of its lines
-  of `paths.txt`, so an interrupted generation or import resumes where it stopped, and a store is verified row by
-  row when it is opened (a store copied incompletely, or edited, is refused naming the first bad shard);
-- `verified.json` (where the folder is writable): the size, modification time and inode of each of those files when
-  the store last verified, so a restart of a run, or the next run, does not read 8 GB again while none changed.
-
-The arrays are opened lazily with `np.load(mmap_mode='r')` in each process that reads them (data-loader
-workers included), so no process holds the whole store in memory and nothing large is pickled. The image list is a
-`PathList`, which forked loader workers share instead of copying.
+A store folder holds `meta.json` (every value that shapes the store, and the preprocessing); `paths.txt` (one image
+path a line, relative to the data folder: line i is row i); `scores.npy`, float16 (N, h, w, k), the annotator's top-k
+logits at every map position, best first; `classes.npy`, int16 (int32 past 32767 classes) (N, h, w, k), their class
+indices; `extent.npy` only where a map does not cover its whole image, float32 (N, 4), the box it covers, x1, y1, x2,
+y2 in [-1, 1]; `done/`, one marker per finished shard of rows (its row range, the SHA-256 of its rows and of its lines
+of `paths.txt`), so that generation and import resume and an opened store is verified row by row; and
+`verified.json`, each file's size, modification time and inode when the store last verified, so that it is not read
+again while none changed. The arrays are opened lazily with `np.load(mmap_mode='r')` in each process that reads them
+and the image list is a `PathList`: no process holds the whole store in memory, and nothing large is pickled.
+docs/imagenet.md tells how a store is generated, verified and read.
 """
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
-"""The released dense-label sets, imported into the suite's packed store.
+"""The released dense-label sets, imported into the suite's packed store (`import_released_labels`).
 
 Two releases, one `<wnid>/<image stem>.pt` file per ImageNet training image, each a tensor [2, k, h, w]: `[0]` the
 top-k scores of every map position (logits, best first), `[1]` their class indices (ImageNet's sorted-wnid order,
-stored as floats):
-- `tokenlabeling`: the LV-ViT authors' `label_top5_train_nfnet`, NFNet-F6 at 576 px, float16 [2, 5, 18, 18]. The
-  reference resized the shorter side to 576 and cut the centre 576x576, so each map covers the image's CENTRE
-  SQUARE (side = the shorter side): the store records that box per image (`extent.npy`, from the image's header),
-  and the target builder places the map there. Tokens whose pixels lie outside the square carry no map label: they
-  take the class-token target, the average over the covered part of the crop (a crop entirely outside the square
-  takes the average of the whole map).
-- `relabel`: ReLabel's `imagenet_efficientnet_l2_sz475_top5`, EfficientNet-L2 at 475 px, [2, 5, 15, 15]: the whole
-  image resized to a square, as the suite's own maps.
-
-Every file is checked (a tensor of the release's shape, finite scores, whole class indices in range); the release's
-class folders must be the data folder's classes; images without a file are named, and refused unless
-`skip_missing` gives them an empty row (they then train on their image label). The import is written shard by
-shard and resumes like generation (`write_label_store`).
+stored as floats). `tokenlabeling`, the LV-ViT authors' NFNet-F6 maps ([2, 5, 18, 18], float16), covers each image's
+centre square: the store records that box per image (`extent.npy`, from the image's header) and the target builder
+places the map there. `relabel`, ReLabel's EfficientNet-L2 maps ([2, 5, 15, 15]), covers the whole image resized to a
+square, as the suite's own maps. Every file is checked, the release's class folders must be the data folder's
+classes, and images without a file are refused unless `skip_missing` gives them an empty row; the import is written
+shard by shard and resumes like generation (`write_label_store`). docs/imagenet.md ("The released label sets") gives
+where to get them and every check.
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
-"""KITTI depth as the depth papers use it: the Eigen split read from its file list, KITTI raw's images, and the
-sparse ground truth of Uhrig et al. (KITTI's "improved" depth: projected, accumulated LiDAR) in 16-bit PNGs of 1/256
-m, 0 where nothing was measured; and KITTI's layout (`KittiLayout`), checked before a run and written from the
-embedded pages where KITTI is not on disk.
-
-The split file is BTS's (the form the DPT / BTS / AdaBins / Depth-Anything line ships, `eigen_test_files_with_gt.txt`,
-`eigen_train_files_with_gt.txt`): one entry a line, `IMAGE DEPTH FOCAL`,
-
-    2011_09_26/2011_09_26_drive_0002_sync/image_02/data/0000000069.png \\
-        2011_09_26_drive_0002_sync/proj_depth/groundtruth/image_02/0000000069.png 721.5377
-
-the image under the raw images' folder (a line without the date folder, as some copies write it, is read in the raw
-tree's DATE/DRIVE layout), the depth map under the ground truth's folder (data_depth_annotated's train/ and val/
-drives together), `None` for a frame without improved ground truth (45 of the Eigen test's 697 lines: 652 are scored,
-the usual choice), and the focal length in pixels (checked, not used). Such entries are left out, and counted and
-named in the log; a line of another form (Monodepth2's `FOLDER FRAME SIDE`) is an error naming its file and line.
+"""KITTI depth as the depth papers use it (`KITTIDepthDataset`): the Eigen split read from BTS's file lists
+(`eigen_train_files_with_gt.txt`, `eigen_test_files_with_gt.txt`: one `IMAGE DEPTH FOCAL` entry a line), KITTI raw's
+images, and the sparse ground truth of Uhrig et al. (KITTI's "improved" depth: projected, accumulated LiDAR) in 16-bit
+PNGs of 1/256 m, 0 where nothing was measured; and KITTI's layout (`KittiLayout`), checked before a run and written
+from the embedded pages where KITTI is not on disk. An entry whose depth is `None` (no improved ground truth: 45 of
+the Eigen test's 697 lines) is left out, counted and named in the log; a line of another form (Monodepth2's
+`FOLDER FRAME SIDE`) is an error naming its file and line. docs/instances_and_depth.md ("KITTI depth") gives the
+layout and an example line.
 """
 from __future__ import annotations
 
@@ -59,7 +51,8 @@ def with_date_folder(image: str) -> str:
 
 
 def parse_split_line(line: str, where: str) -> SplitEntry:
-    """One line of BTS's split form (see the module's docstring); `where` (FILE:LINE) names it in errors."""
+    """One line of BTS's split form, `IMAGE DEPTH FOCAL` (DEPTH `None` for a frame without ground truth; the focal
+    length in pixels checked, not used); `where` (FILE:LINE) names it in errors."""
     fields = line.split()
     if len(fields) == 3 and fields[1].isdigit() and fields[2] in ('l', 'r'):
         raise DataError(f'{where}: "{line.strip()}" is a Monodepth2-style split line (FOLDER FRAME SIDE); this data '

@@ -1,26 +1,16 @@
-"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX: normalised images (B, 3, H, W) at one
-fixed size, each image at the top left of its input and padded with zeros below and right of it, and `image_sizes`
-(B, 2), each image's height and width there -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K),
-`labels` (B, K; the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities pasted at
-the input size (zero outside the image); the K = `top_k` best detections by score, padded with zero boxes, scores and
-masks and label -1.
+"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX (`StaticMaskRCNN`): normalised images
+(B, 3, H, W) at one fixed size, each at the top left of its input and padded with zeros, and `image_sizes` (B, 2), each
+image's height and width there -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K), `labels` (B, K;
+the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities at the input size (zero
+outside the image); the K = `top_k` best detections by score (default: the RoI heads' `detections_per_img`), padded
+with zero boxes, scores and masks.
 
-It is the detector's own inference, built from its own parts (RPN head, anchor generator, box coder, RoI heads),
-in three pieces: the proposals (`proposals`), the box stage (`box_stage`: per-class boxes and scores of each
-proposal; a cascade replaces it with its stages) and the detections with their masks (`detections`, `masks`).
-Wherever torchvision's inference keeps a number of boxes that depends on the image (the filters by size and score,
-NMS, RoIAlign's boxes sorted by level, the mask paste's integer crops), this one keeps every candidate with a flag:
-the filters become flags, NMS's kept indices become a flag over the candidates right away, and a `topk` of the
-scores of the flagged candidates (the others scored -1) gives a fixed number. The NMS itself is torchvision's
-`nms`, which torch.export traces with a data-dependent size and torch's ONNX exporter writes as ONNX's
-`NonMaxSuppression` (checked in onnxruntime): only its kept indices have that size, and they become a flag at once.
-
-What it gives equals the model's `predict` of each image (its `img_shape` the image's size, the batch padded to the
-input's, as the detector's own preprocessor pads one), up to float rounding: NMS keeps a candidate by the candidates
-scoring above it only, so the flagged-out candidates, scored below all others, change no decision. Two bounds are the
-export's own: the class candidates of the box stage that enter NMS are the `candidates` best (torchvision takes all
-above the score threshold; the K detections are the same whenever at least K of those best survive NMS, or no more
-pass the threshold), and `top_k` replaces the RoI heads' `detections_per_img` (its default).
+It is the detector's own inference, from its own parts, in pieces (`proposals`, `box_stage`, which a cascade replaces,
+`detections`, `masks`), with every number of boxes fixed: where torchvision's keeps a number that depends on the image
+this one keeps every candidate with a flag, and NMS (torchvision's `nms`, which torch.export traces and torch's ONNX
+exporter writes as `NonMaxSuppression`) has its kept indices made a flag at once. It equals the model's `predict` of
+each image up to float rounding, within its own bounds: NMS per class over the `candidates` best class candidates
+(`CANDIDATES`). docs/export.md ("Detectors whole") says how and why.
 """
 from __future__ import annotations
 
