@@ -29,7 +29,7 @@ from backbones.dense.preemption import make_resumable, run_seed
 from backbones.dense.run_data import EmbeddedSegData, data_roots, missing_data, resolve_data, trained_data_record
 from backbones.dense.runner import TRAINED_DATA, SuiteRunner, check_training_batch
 from backbones.dense.schedule import accumulate_gradients, describe_schedule, drop_one_step_warmup, shorten_schedule
-from backbones.dense.tasks import task_of
+from backbones.dense.tasks import DenseTask, task_of
 from backbones.dense.trained_checkpoints import check_pretrained, check_resumed_run
 from backbones.weights import TIMM_RELEASE
 
@@ -155,9 +155,11 @@ class PretrainedBackbone:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A run's config, and the pretraining it needs first (None: its backbone's weights are the config's)."""
+    """A run's config, its task (looked up once), and the pretraining it needs first (None: its backbone's weights
+    are the config's)."""
 
     cfg: Config
+    task: DenseTask
     pretraining: Pretraining | None = None
 
 
@@ -199,6 +201,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     check_loader_sizes(cfg, args.config)
     check_model_type(cfg, args.config)
     check_backbone_model(cfg.model.backbone)
+    task = task_of(cfg)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     check_output_folder(cfg.work_dir)
@@ -213,10 +216,10 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     accumulate_gradients(cfg, args.grad_accum_steps)
     check_training_batch(cfg, processes(args.launcher))
     if args.resume or restarted_by_torchrun():  # a run of another task, or a finished one: before anything is written
-        check_resumed_run(cfg.work_dir, task_of(cfg), args.config, cfg.train_cfg['max_iters'])
+        check_resumed_run(cfg.work_dir, task, args.config, cfg.train_cfg['max_iters'])
     drop_one_step_warmup(cfg)
     logger.info(f'schedule: {describe_schedule(cfg)}')
-    task_of(cfg).training_hooks(cfg, args.pictures)
+    task.training_hooks(cfg, args.pictures)
     use_amp(cfg, args.amp)
     use_trackers(cfg, args.config, wandb=args.log_wandb, mlflow=args.log_mlflow)
     started = (Path(cfg.work_dir) / 'last_checkpoint').is_file()
@@ -235,8 +238,8 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     if args.resume and not started:
         logger.warning(f'warning: --resume: {cfg.work_dir} holds no checkpoint (the run wrote none yet, or was '
                        f'stopped while writing its first): starting from iteration 0')
-    check_data(cfg, ['train_dataloader', 'val_dataloader'], task_of(cfg), args.skip_unreadable)
-    return PreparedRun(cfg, pretraining)
+    check_data(cfg, ['train_dataloader', 'val_dataloader'], task, args.skip_unreadable)
+    return PreparedRun(cfg, task, pretraining)
 
 
 def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: bool = False) -> None:
