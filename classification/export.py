@@ -149,7 +149,7 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """tools/export.py classifier's arguments."""
     add_model_argument(p)
-    p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer_cifar or a release')
+    p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer or a release')
     add_weights_argument(p)
     p.add_argument('--img-size', type=positive_int, help='default: the size the checkpoint was trained at, else the '
                    'model\'s own')

@@ -104,7 +104,7 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
 
     what = 'loss, accuracy and lr of runs (log.jsonl or mmengine logs)'
     p = commands.add_parser('curves', help=what, description=f'Training curves: {what}, one line per run.')
-    p.add_argument('runs', nargs='+', metavar='RUN_DIR', help='run folders of train_cls, transfer_cifar or train_seg')
+    p.add_argument('runs', nargs='+', metavar='RUN_DIR', help='run folders of train_cls, transfer or train_seg')
     add_output(p)
     return parser
 

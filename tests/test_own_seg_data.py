@@ -138,7 +138,7 @@ def test_a_split_folder_that_is_empty_or_absent_is_named(tmp_path, case):
 def test_a_class_without_ground_truth_pixels_is_said_not_scored_in_silence(caplog):
     """mmseg leaves a class absent from ground truth and prediction out of mIoU: a set whose foreground was never
     labelled scores 100. The report lists such classes and the log says what the means leave out."""
-    from backbones.dense.semantic.metrics import summarise_areas, unlabelled_warning
+    from backbones.dense.semantic.metric import summarise_areas, unlabelled_warning
     areas = [torch.tensor(v, dtype=torch.float64) for v in ([90., 0.], [100., 0.], [100., 0.], [90., 0.])]
     report = summarise_areas(*areas, ['background', 'foreground'])  # intersect, union, predicted, labelled
     assert report['mIoU'] == 90.0 and report['per_class']['foreground'] == {'IoU': None, 'Acc': None}

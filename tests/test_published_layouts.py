@@ -330,7 +330,7 @@ def test_predicted_label_maps_are_written_in_the_layouts_own_values(pages, confi
     import torch
 
     from backbones.dense.layouts import annotation_values
-    from backbones.dense.semantic.metrics import IoUReport
+    from backbones.dense.semantic.metric import IoUReport
 
     cfg = Config.fromfile(CONFIGS / config)
     SEMANTIC.use_small_data(cfg, pages)

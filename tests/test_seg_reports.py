@@ -16,7 +16,7 @@ import torch.nn as nn
 import backbones.dense  # noqa: F401  (registers the suite's mmseg modules)
 from backbones.common.errors import DataError, TrackerError, UsageError
 from backbones.dense import test as tester  # its prepare and parser: pytest would collect test_* names
-from backbones.dense.semantic.metrics import IoUReport, read_confusion, top_confusions
+from backbones.dense.semantic.metric import IoUReport, read_confusion, top_confusions
 from helpers.seg_data import DIM, tiny_config, write_tiny_ade, write_tiny_config
 from helpers.trackers import wandb_history
 

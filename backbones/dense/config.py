@@ -75,9 +75,10 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.dense.silenced_warnings',
                    'backbones.segmentation.own_data': 'backbones.dense.own_data',
                    'backbones.segmentation.semantic.own_data': 'backbones.dense.own_data',
                    # semantic segmentation's modules, moved into its task's folder after 0.2.0
-                   'segmentation.metrics': 'backbones.dense.semantic.metrics',
+                   'segmentation.metrics': 'backbones.dense.semantic.metric',
                    'segmentation.segmentor': 'backbones.dense.semantic.segmentor',
-                   'backbones.segmentation.metrics': 'backbones.dense.semantic.metrics',
+                   'backbones.segmentation.metrics': 'backbones.dense.semantic.metric',
+                   'backbones.segmentation.semantic.metrics': 'backbones.dense.semantic.metric',
                    'backbones.segmentation.segmentor': 'backbones.dense.semantic.segmentor',
                    # what only classification uses, moved off the ground after 0.2.0
                    'common.memory': 'classification.engine.memory',

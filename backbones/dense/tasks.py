@@ -27,8 +27,8 @@ from backbones.dense.data_check import PairCheck
 from backbones.dense.layouts import SmallDenseData
 
 
-class SegPredictor(Protocol):
-    """What a task's methods use of the predictor they are handed (`predict.SegPredictor`): the config and model,
+class PredictorView(Protocol):
+    """What a task's methods use of the predictor they are handed (a `predict.SegPredictor`): the config and model,
     the classes and how they are stored and drawn, and the model's predictions for an image."""
 
     cfg: Config
@@ -173,11 +173,11 @@ class DenseTask(ABC):
     # ---- predictions
 
     @abstractmethod
-    def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
+    def write_predictions(self, predictor: PredictorView, request: PredictionRequest) -> list[Path]:
         """Write the predictions of `request.images`; returns the files written."""
 
     @abstractmethod
-    def picture(self, predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float,
+    def picture(self, predictor: PredictorView, entry: dict, alpha: float, score_threshold: float,
                 report: str | None, with_labels: bool) -> np.ndarray:
         """The prediction for a test entry's image, beside the entry's ground truth if it has one."""
 
@@ -188,10 +188,10 @@ class DenseTask(ABC):
         return model.backbone.stride
 
     @abstractmethod
-    def export_facts(self, predictor: SegPredictor) -> dict:
+    def export_facts(self, predictor: PredictorView) -> dict:
         """export.json's task part: what a runtime needs to read the outputs."""
 
-    def describe_outputs(self, predictor: SegPredictor) -> str:
+    def describe_outputs(self, predictor: PredictorView) -> str:
         """What an export predicts, in a few words ('150 classes')."""
         return f'{len(predictor.classes)} classes'
 

@@ -23,7 +23,7 @@ from backbones.common.drawing import enlarge, figure, finished, write_png
 from backbones.common.errors import DataError
 from backbones.dense.data_check import loaded_value
 from backbones.dense.pictures import side_by_side, titled
-from backbones.dense.semantic.metrics import read_confusion, row_shares, top_confusions
+from backbones.dense.semantic.metric import read_confusion, row_shares, top_confusions
 
 _NAMES = itertools.count()
 

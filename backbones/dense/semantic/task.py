@@ -26,7 +26,7 @@ from backbones.dense.own_data import (
     use_trained_classes,
 )
 from backbones.dense.predict import SegPredictor
-from backbones.dense.semantic.metrics import read_report
+from backbones.dense.semantic.metric import read_report
 from backbones.dense.semantic.pictures import draw_labels, read_annotation, segmentation_picture
 from backbones.dense.tasks import (
     DenseTask,
