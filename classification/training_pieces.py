@@ -15,7 +15,13 @@ from backbones.token_head import TOKEN_HEAD
 from backbones.weights import pretrained_model
 from classification.engine.checkpoints import check_checkpoint_classes
 from classification.models import Teacher, build_eval_model, create_classifier, takes_input_size
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import (
+    ClassificationObjective,
+    DistillationObjective,
+    LabelObjective,
+    LabelPoolingObjective,
+    TokenLabelingObjective,
+)
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.objectives.token_targets import TokenTargetBuilder
 from classification.recipes import Recipe
@@ -46,16 +52,18 @@ def make_objective(recipe: Recipe, num_classes: int, teacher: Teacher | None = N
     builder = TokenTargetBuilder(num_classes, recipe.smoothing) if recipe.uses_score_maps else None
     if recipe.token_labeling:
         loss = TokenLabelingLoss(recipe.dense_weight, recipe.token_participation)
-        return ClassificationObjective(num_classes, recipe.smoothing, builder, loss, recipe.cls_target,
-                                       recipe.token_target, annotator=teacher)
+        return TokenLabelingObjective(num_classes, recipe.smoothing, token_builder=builder, token_loss=loss,
+                                      cls_target=recipe.cls_target, token_target=recipe.token_target,
+                                      annotator=teacher)
     if recipe.label_pooling:
-        return ClassificationObjective(num_classes, recipe.smoothing, builder, label_pooling=True,
-                                       cutmix_alpha=recipe.cutmix)
+        return LabelPoolingObjective(num_classes, recipe.smoothing, token_builder=builder, cutmix_alpha=recipe.cutmix)
     mixup = None
     if recipe.mixup > 0 or recipe.cutmix > 0:
         mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, label_smoothing=recipe.smoothing,
                       num_classes=num_classes)
-    return ClassificationObjective(num_classes, recipe.smoothing, mixup=mixup, teacher=teacher)
+    if teacher is not None:
+        return DistillationObjective(num_classes, recipe.smoothing, mixup, teacher)
+    return LabelObjective(num_classes, recipe.smoothing, mixup)
 
 
 def annotates_online(recipe: Recipe, teacher: TeacherSpec | None) -> bool:

@@ -46,7 +46,7 @@ from classification.models import (
     refuse_pretrained_file,
     start_weights,
 )
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import LabelObjective, TokenLabelingObjective
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.recipes import (
     TRANSFER_OPTIMIZERS,
@@ -139,9 +139,9 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
                            f'{optimization.min_lr:.3g} (--min-lr) and would rise towards it')
         params = transfer_param_groups(bare_model(model), optimization.lr, recipe.backbone_lr_scale,
                                        optimization.weight_decay)
-        objective = ClassificationObjective(
-            num_classes, recipe.smoothing,
-            token_loss=TokenLabelingLoss(recipe.dense_weight) if recipe.token_labeling else None)
+        objective = TokenLabelingObjective(num_classes, recipe.smoothing,
+                                           token_loss=TokenLabelingLoss(recipe.dense_weight)) \
+            if recipe.token_labeling else LabelObjective(num_classes, recipe.smoothing)
         config = {'model': model_name, 'dataset': dataset, 'classes': data.classes, 'mean': mean, 'std': std,
                   'split_seed': split_seed, 'pretrained': pretrained, **vars(recipe),
                   DATA_CONFIG: CifarInput.data_config(img_size, mean, std)}

@@ -18,7 +18,7 @@ from backbones.common.errors import UsageError
 from backbones.registry import model_family
 from classification.data.cifar import CifarFormatError, CifarInput, channel_stats, hold_out, read_cifar
 from classification.engine.trainer import optimization_state
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import TokenLabelingObjective
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.recipes import TransferRecipe, transfer_recipe
 from classification.transfer import build_transfer_model, transfer_param_groups
@@ -252,7 +252,7 @@ def test_image_label_token_objective_is_class_plus_half_the_token_cross_entropy(
     from backbones import TokenLabelingOutput
     cls_logits, token_logits = torch.randn(3, 5), torch.randn(3, 2, 2, 5)
     labels = torch.tensor([4, 0, 2])
-    objective = ClassificationObjective(5, 0.0, token_loss=TokenLabelingLoss(0.5))
+    objective = TokenLabelingObjective(5, 0.0, token_loss=TokenLabelingLoss(0.5))
     images, soft = objective.prepare(torch.zeros(3), labels)
     assert soft is None
     loss = objective.loss(TokenLabelingOutput(cls_logits, token_logits, None), {'label': labels}, soft,

@@ -16,7 +16,7 @@ from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.vit import DISTILLED_TWINS
 from classification.models import Teacher, create_classifier
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import DistillationObjective
 from classification.recipes import Recipe
 from classification.train import main
 from classification.training_pieces import TeacherSpec, build_teacher
@@ -93,7 +93,7 @@ def test_the_teacher_is_frozen_and_sees_its_own_normalisation():
 
 def test_the_loss_is_half_the_label_term_and_half_the_teachers_class():
     teacher = Teacher(timm.create_model('resnet10t', num_classes=4), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    objective = ClassificationObjective(4, smoothing=0.1, teacher=teacher)
+    objective = DistillationObjective(4, smoothing=0.1, teacher=teacher)
     images, labels = torch.randn(3, 3, 32, 32), torch.tensor([0, 3, 1])
     images_out, targets = objective.prepare(images, labels)
     assert torch.equal(images_out, images) and torch.equal(targets.teacher, teacher(images))

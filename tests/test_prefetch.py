@@ -152,11 +152,11 @@ def test_batches_after_the_last_complete_update_are_not_read(overlap):
 
     from classification.engine.steps import PassOptions, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
-    from classification.objectives.objective import ClassificationObjective
+    from classification.objectives.objective import LabelObjective
     model = timm.create_model('deit_small_patch16_224', num_classes=2, img_size=32, embed_dim=32, depth=1,
                               num_heads=2)
     state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 2, 'none')
     loader = Counted(5)
-    train_one_epoch(model, loader, ClassificationObjective(2, 0.1), state, DistInfo(),
+    train_one_epoch(model, loader, LabelObjective(2, 0.1), state, DistInfo(),
                     PassOptions(accumulate=2, overlap=overlap))
     assert (loader.read, state.num_updates) == (4, 2)

@@ -173,3 +173,25 @@ def test_token_participation_reaches_the_loss_and_needs_token_labeling(tmp_path)
     with pytest.raises(UsageError, match='--token-participation 0.5 applies to the token term'):
         main(['lvvit_s', '--preset', 'standard', '--token-participation', '0.5', '--data-dir', str(tmp_path),
               '--output', str(tmp_path / 'out'), '--device', 'cpu'])
+
+
+def test_each_objective_mode_is_a_type_chosen_once_from_the_recipe():
+    """The recipe picks the objective's type (no mode switched by `if` inside one): token labeling, label pooling,
+    the image label (mixed), and with a teacher DeiT's hard distillation, or online token labeling."""
+    import torch.nn as nn
+
+    from classification.objectives.objective import (
+        DistillationObjective,
+        LabelObjective,
+        LabelPoolingObjective,
+        TokenLabelingObjective,
+    )
+    kinds = {preset: type(make_objective(recipe_for('lvvit_s', preset), 10))
+             for preset in ('token-labeling', 'mixtoken-label', 'relabel', 'standard')}
+    assert kinds == {'token-labeling': TokenLabelingObjective, 'mixtoken-label': TokenLabelingObjective,
+                     'relabel': LabelPoolingObjective, 'standard': LabelObjective}
+    teacher = nn.Identity()
+    distilled = make_objective(recipe_for('deit_small_patch16_224'), 10, teacher)
+    assert type(distilled) is DistillationObjective and distilled.teacher is teacher and distilled.mixup is not None
+    online = make_objective(recipe_for('lvvit_s'), 10, teacher)
+    assert type(online) is TokenLabelingObjective and online.annotator is teacher and online.ahead_grid() is None

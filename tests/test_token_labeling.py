@@ -12,7 +12,7 @@ from backbones.token_head import (
     forward_token_labeling,
     mix_box_lambda,
 )
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import LabelObjective
 from classification.objectives.token_loss import TokenLabelingLoss, mix_targets, participating_tokens
 
 
@@ -116,9 +116,9 @@ def test_inference_adds_half_the_classwise_token_maximum():
 
 def test_image_label_targets_are_one_hot_with_label_smoothing():
     """timm's mixup_target at lambda 1 is exactly the smoothed one-hot target the objective wants."""
-    target = ClassificationObjective(4, smoothing=0.1).label_target(torch.tensor([2, 0, 3]))
+    target = LabelObjective(4, smoothing=0.1).label_target(torch.tensor([2, 0, 3]))
     expected = torch.full((3, 4), 0.1 / 4)
     expected[[0, 1, 2], [2, 0, 3]] = 1 - 0.1 + 0.1 / 4
     torch.testing.assert_close(target, expected, rtol=0, atol=1e-7)
-    assert torch.equal(ClassificationObjective(4, smoothing=0.0).label_target(torch.tensor([1])),
+    assert torch.equal(LabelObjective(4, smoothing=0.0).label_target(torch.tensor([1])),
                        torch.tensor([[0.0, 1.0, 0.0, 0.0]]))

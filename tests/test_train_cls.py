@@ -182,17 +182,17 @@ def test_overlapped_loop_trains_like_the_serial_one(labeled_images, tmp_path, mo
     --serial-loop (targets made in the loss), with every random draw of the full recipe on the batched path
     (RandAugment, random erasing's noise on the device, MixToken or CutMix, drop-path, EMA, two loader workers):
     the same losses and weights, bit for bit."""
-    from classification.objectives.objective import ClassificationObjective
+    from classification.objectives.objective import MapTargetObjective
     data, labels = labeled_images
     made_ahead = []
-    targets_ahead = ClassificationObjective.targets_ahead
+    targets_ahead = MapTargetObjective.targets_ahead
 
     def spy(self, batch, device):
         ready = targets_ahead(self, batch, device)
         made_ahead.append('map_targets' in ready)
         return ready
 
-    monkeypatch.setattr(ClassificationObjective, 'targets_ahead', spy)
+    monkeypatch.setattr(MapTargetObjective, 'targets_ahead', spy)
     common = ['--preset', preset, '--epochs', '2', '--workers', '2', '--ema-decay', '0.9', '--drop-path', '0.1',
               '--augment', 'batched']
     args = [arg for arg in train_args(data, labels, tmp_path / 'overlapped', *common) if arg != '--token-labeling']
@@ -213,12 +213,12 @@ def test_four_accumulated_batches_of_8_update_like_one_batch_of_32():
     from backbones.common.distributed import DistInfo
     from classification.engine.steps import PassOptions, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
-    from classification.objectives.objective import ClassificationObjective
+    from classification.objectives.objective import LabelObjective
     model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=2,
                               num_heads=2)  # layer norms only: no batch statistics
     twin, start = copy.deepcopy(model), copy.deepcopy(model)
     images, labels = torch.randn(64, 3, 32, 32), torch.randint(0, 3, (64,))
-    objective = ClassificationObjective(3, 0.1)
+    objective = LabelObjective(3, 0.1)
     for m, size, accumulate in ((model, 32, 1), (twin, 8, 4)):
         state, _ = optimization_state(m, m, Optimization('momentum', 0.5, 0.0, epochs=1), 2, 'none')
         batches = [{'image': images[i:i + size], 'label': labels[i:i + size], 'skipped': 0} for i in range(0, 64, size)]
@@ -236,11 +236,11 @@ def test_each_loss_is_read_after_the_next_step_is_queued_and_a_loss_that_is_not_
     from backbones.common.distributed import DistInfo
     from classification.engine import steps as steps_module
     from classification.engine.trainer import Optimization, optimization_state
-    from classification.objectives.objective import ClassificationObjective
+    from classification.objectives.objective import LabelObjective
 
     events = []
 
-    class RecordingObjective(ClassificationObjective):
+    class RecordingObjective(LabelObjective):
         def loss(self, output, batch, targets, device):
             loss = super().loss(output, batch, targets, device)
             events.append(('step', loss.item()))
@@ -293,7 +293,7 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     from backbones.common.distributed import DistInfo
     from classification.engine.steps import PassHooks, train_one_epoch
     from classification.engine.trainer import Optimization, optimization_state
-    from classification.objectives.objective import ClassificationObjective
+    from classification.objectives.objective import LabelObjective
 
     class SlowLoader:
         def __len__(self):
@@ -307,7 +307,7 @@ def test_the_pace_counts_the_time_spent_waiting_for_batches():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3))
     state, _ = optimization_state(model, model, Optimization('momentum', 0.1, 0.0, epochs=1), 4, 'none')
     steps = []
-    result = train_one_epoch(model, SlowLoader(), ClassificationObjective(3, 0.0), state, DistInfo(),
+    result = train_one_epoch(model, SlowLoader(), LabelObjective(3, 0.0), state, DistInfo(),
                              hooks=PassHooks(log=steps.append))
     assert [(s.update, s.batch, s.batches) for s in steps] == [(1, 1, 4), (2, 2, 4), (3, 3, 4), (4, 4, 4)]
     assert steps[-1].seconds_left == 0 and steps[0].seconds_left / 3 >= 0.1  # the first batch's 0.1 s, 3 times over

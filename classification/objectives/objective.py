@@ -1,7 +1,8 @@
-"""The loss of a classification batch: token labeling (score-map, pooled-map or image-label targets per token),
-ReLabel's label pooling (the annotator's map pooled over the crop, one soft label per image, mixed by CutMix), or the
-image label as a soft target, mixed by MixUp/CutMix in the vanilla recipe, and with a teacher DeiT's hard
-distillation."""
+"""The loss of a classification batch (the engine's `Objective`), one type a mode, chosen once by the recipe: the image
+label as a soft target mixed by MixUp/CutMix (`LabelObjective`, the vanilla recipe), DeiT's hard distillation
+(`DistillationObjective`), ReLabel's label pooling (`LabelPoolingObjective`: the annotator's map pooled over the crop,
+mixed by CutMix), and token labeling (`TokenLabelingObjective`: score-map, pooled-map or image-label targets per
+token, from a store's maps or an online annotator's)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -55,76 +56,66 @@ class DistillationTargets(NamedTuple):
 
 
 @dataclass
-class ClassificationObjective:
-    """Turns a batch and the model's output into the loss (the engine's `Objective`).
-
-    With `token_loss` the model has a token head; its per-token targets come from the annotator's score maps when
-    `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop), otherwise
-    every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT). With
-    `label_pooling` (ReLabel) a plain classifier learns the map pooled over the crop, the images and their targets mixed
-    by CutMix (`cutmix_alpha`; 0: none). With a `teacher` (DeiT's hard distillation) the model returns class and
-    distillation logits: the loss is half the class term and half the cross-entropy of the distillation logits with the
-    teacher's class of the same (mixed) image. With an `annotator` (online token labeling) the token targets come
-    from its dense map of the very images the model sees (augmented, before MixToken), cut by the same target
-    builder as a store's maps, over the whole image (no crop follows): no store is read.
-    """
+class LabelObjective:
+    """The image label as a (smoothed) soft target, images and targets mixed by timm's MixUp/CutMix where `mixup` is
+    set: the vanilla recipe's loss, and what every other mode builds on."""
 
     num_classes: int
     smoothing: float
-    token_builder: TokenTargetBuilder | None = None
-    token_loss: TokenLabelingLoss | None = None  # token labeling when set
-    cls_target: str = 'map'
-    token_target: str = 'map'
-    label_pooling: bool = False
-    cutmix_alpha: float = 0.0  # with label pooling
-    mixup: Callable | None = None  # timm's Mixup for the vanilla recipe
-    teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
-    annotator: nn.Module | None = None  # online token labeling: a Teacher whose dense_map gives the token targets
-    annotator_topk: int = 5  # the classes kept per position, as a store keeps them
-    # the model's token grid, from its first output: the grid `targets_ahead` cuts the next batches' map targets for
-    token_grid: tuple[int, int] | None = field(default=None, init=False)
+    mixup: Callable | None = None
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Images and their targets before the forward (vanilla: mixup/cutmix; token labeling: as they are)."""
-        if self.token_loss is not None:
-            return images, self.annotator_maps(images) if self.annotator is not None else None
-        if self.label_pooling:
-            return cutmix(images, self.cutmix_alpha) if self.cutmix_alpha > 0 else (images, 1.0)
-        images, soft_labels = mix_within_batch(self.mixup, images, labels) if self.mixup is not None \
-            else (images, self.label_target(labels))
-        if self.teacher is not None:
-            return images, DistillationTargets(soft_labels, self.teacher(images))
-        return images, soft_labels
+        """Images and their targets before the forward."""
+        if self.mixup is not None:
+            return mix_within_batch(self.mixup, images, labels)
+        return images, self.label_target(labels)
 
     def loss(self, output, batch: dict, targets: object, device: torch.device) -> torch.Tensor:
-        if self.teacher is not None:
-            cls_logits, dist_logits = output
-            return (0.5 * soft_cross_entropy(cls_logits, targets.labels)
-                    + 0.5 * F.cross_entropy(dist_logits.float(), targets.teacher))
-        if self.label_pooling:  # targets: the CutMix lambda
-            pooled, _ = self.batch_map_targets(batch, POOLING_GRID, device)
-            return soft_cross_entropy(output, targets * pooled + (1 - targets) * pooled.flip(0))
-        if self.token_loss is None:
-            return soft_cross_entropy(output, targets)
-        if not isinstance(output, TokenLabelingOutput):
-            raise TypeError('token labeling needs a model with a token head in training mode')
-        grid = self.token_grid = tuple(output.token_logits.shape[1:3])
-        if self.token_builder is None:
-            label_target = self.label_target(batch['label'].to(device, non_blocking=True))
-            return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
-        cls_target, token_target = self.online_targets(targets, grid) if isinstance(targets, AnnotatorMaps) \
-            else self.batch_map_targets(batch, grid, device)
-        if self.token_target == 'pooled':
-            token_target = cls_target[:, None, None].expand(-1, *grid, -1)
-        if self.cls_target == 'label':
-            cls_target = self.label_target(batch['label'].to(device, non_blocking=True))
-        return self.token_loss(output, cls_target, token_target)
+        return soft_cross_entropy(output, targets)
+
+    def targets_ahead(self, batch: dict, device: torch.device) -> dict:
+        """`batch` with what the loss needs made before the forward (nothing for the image label)."""
+        return batch
+
+    def label_target(self, labels: torch.Tensor) -> torch.Tensor:
+        """The (smoothed) one-hot target of each image's label."""
+        return mixup_target(labels, self.num_classes, smoothing=self.smoothing)
+
+
+@dataclass
+class DistillationObjective(LabelObjective):
+    """DeiT's hard distillation: the model returns class and distillation logits; the loss is half the class term
+    (the image label, mixed as the vanilla recipe mixes it) and half the cross-entropy of the distillation logits
+    with the `teacher`'s class of the same (mixed) image."""
+
+    teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, DistillationTargets]:
+        images, soft_labels = super().prepare(images, labels)
+        return images, DistillationTargets(soft_labels, self.teacher(images))
+
+    def loss(self, output, batch: dict, targets: DistillationTargets, device: torch.device) -> torch.Tensor:
+        cls_logits, dist_logits = output
+        return 0.5 * soft_cross_entropy(cls_logits, targets.labels) + 0.5 * F.cross_entropy(dist_logits.float(),
+                                                                                            targets.teacher)
+
+
+@dataclass
+class MapTargetObjective(LabelObjective):
+    """What the modes that learn from an annotator's maps share: targets cut from each batch's maps along its crops
+    (`token_builder`), made before the forward where the grid is known (`targets_ahead`), else in the loss."""
+
+    token_builder: TokenTargetBuilder | None = None
+
+    def ahead_grid(self) -> tuple[int, int] | None:
+        """The grid the next batches' targets are cut for before the forward (None: not known, or not ahead)."""
+        return None
 
     def targets_ahead(self, batch: dict, device: torch.device) -> dict:
         """`batch` with its map targets ('map_targets': grid, (class target, token targets)) where the grid is known
-        before the forward: label pooling's, or the token grid of the model's previous output."""
-        grid = POOLING_GRID if self.label_pooling else self.token_grid
-        if grid is None or self.token_builder is None or self.annotator is not None:
+        before the forward."""
+        grid = self.ahead_grid()
+        if grid is None or self.token_builder is None:
             return batch
         return {**batch, 'map_targets': (grid, self.map_targets(batch, grid, device))}
 
@@ -148,6 +139,64 @@ class ClassificationObjective:
         token_target = torch.where(mapped[:, None, None, None], token_target, label_target[:, None, None])
         return cls_target, token_target
 
+
+@dataclass
+class LabelPoolingObjective(MapTargetObjective):
+    """ReLabel's label pooling: a plain classifier learns the map pooled over the crop, the images and their targets
+    mixed by CutMix (`cutmix_alpha`; 0: none)."""
+
+    cutmix_alpha: float = 0.0
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The images, CutMix-ed, and the CutMix lambda (1 without CutMix)."""
+        return cutmix(images, self.cutmix_alpha) if self.cutmix_alpha > 0 else (images, 1.0)
+
+    def loss(self, output, batch: dict, targets: float, device: torch.device) -> torch.Tensor:
+        pooled, _ = self.batch_map_targets(batch, POOLING_GRID, device)
+        return soft_cross_entropy(output, targets * pooled + (1 - targets) * pooled.flip(0))
+
+    def ahead_grid(self) -> tuple[int, int] | None:
+        return POOLING_GRID
+
+
+@dataclass
+class TokenLabelingObjective(MapTargetObjective):
+    """Token labeling: the model has a token head; its per-token targets come from the annotator's score maps when
+    `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop), otherwise
+    every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT). With an
+    `annotator` (online token labeling) the targets come from its dense map of the very images the model sees
+    (augmented, before MixToken), cut by the same target builder over the whole image: no store is read."""
+
+    token_loss: TokenLabelingLoss | None = None
+    cls_target: str = 'map'
+    token_target: str = 'map'
+    annotator: nn.Module | None = None  # online token labeling: a Teacher whose dense_map gives the token targets
+    annotator_topk: int = 5  # the classes kept per position, as a store keeps them
+    # the model's token grid, from its first output: the grid `targets_ahead` cuts the next batches' map targets for
+    token_grid: tuple[int, int] | None = field(default=None, init=False)
+
+    def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, AnnotatorMaps | None]:
+        """The images as they are (MixToken mixes inside the model), and an online annotator's maps of them."""
+        return images, self.annotator_maps(images) if self.annotator is not None else None
+
+    def loss(self, output, batch: dict, targets: AnnotatorMaps | None, device: torch.device) -> torch.Tensor:
+        if not isinstance(output, TokenLabelingOutput):
+            raise TypeError('token labeling needs a model with a token head in training mode')
+        grid = self.token_grid = tuple(output.token_logits.shape[1:3])
+        if self.token_builder is None:
+            label_target = self.label_target(batch['label'].to(device, non_blocking=True))
+            return self.token_loss(output, label_target, label_target[:, None, None].expand(-1, *grid, -1))
+        cls_target, token_target = self.online_targets(targets, grid) if isinstance(targets, AnnotatorMaps) \
+            else self.batch_map_targets(batch, grid, device)
+        if self.token_target == 'pooled':
+            token_target = cls_target[:, None, None].expand(-1, *grid, -1)
+        if self.cls_target == 'label':
+            cls_target = self.label_target(batch['label'].to(device, non_blocking=True))
+        return self.token_loss(output, cls_target, token_target)
+
+    def ahead_grid(self) -> tuple[int, int] | None:
+        return None if self.annotator is not None else self.token_grid
+
     def annotator_maps(self, images: torch.Tensor) -> AnnotatorMaps:
         return AnnotatorMaps(*self.annotator.dense_map(images, self.annotator_topk))
 
@@ -158,6 +207,5 @@ class ClassificationObjective:
         geometry = CropGeometry(*(t.to(maps.scores.device).expand(B, *t.shape) for t in identity_geometry()))
         return self.token_builder(maps.scores, maps.classes, geometry, grid)
 
-    def label_target(self, labels: torch.Tensor) -> torch.Tensor:
-        """The (smoothed) one-hot target of each image's label."""
-        return mixup_target(labels, self.num_classes, smoothing=self.smoothing)
+
+ClassificationObjective = LabelObjective | DistillationObjective | LabelPoolingObjective | TokenLabelingObjective

@@ -23,7 +23,7 @@ from backbones.common.log import logger, show_log
 from backbones.registry import check_model_name
 from backbones.token_head import has_token_head
 from classification.models import Teacher, create_classifier
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import DistillationObjective
 from classification.studies.results_file import results_document
 from classification.studies.timing import images_per_second
 
@@ -89,7 +89,7 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
         model.set_distilled_training(True)
         cfg = model.pretrained_cfg
         teacher = Teacher(create_classifier(args.teacher, model.num_classes, size), cfg['mean'], cfg['std'])
-        objective = ClassificationObjective(model.num_classes, 0.1, teacher=teacher.to(device))
+        objective = DistillationObjective(model.num_classes, 0.1, teacher=teacher.to(device))
     images = torch.randn(args.batch_size, 3, size, size, device=device)
     target = torch.randint(0, model.num_classes, (args.batch_size,), device=device)
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp)

@@ -18,7 +18,7 @@ from backbones.common.outputs import output_file
 from backbones.common.random_state import seed_all
 from classification.data.augment import CropGeometry
 from classification.models import create_classifier
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import LabelObjective, TokenLabelingObjective
 from classification.objectives.token_loss import TokenLabelingLoss
 from classification.objectives.token_targets import TokenTargetBuilder
 from classification.studies.results_file import write_results
@@ -71,8 +71,9 @@ def bench_train_step(args, device) -> dict:
     def make(token_labeling: bool):
         torch.manual_seed(0)
         model = create_classifier(args.model, C, size, token_labeling=token_labeling).to(device).train()
-        objective = ClassificationObjective(C, 0.1, TokenTargetBuilder(C), TokenLabelingLoss(0.5)) \
-            if token_labeling else ClassificationObjective(C, 0.1)
+        objective = TokenLabelingObjective(C, 0.1, token_builder=TokenTargetBuilder(C),
+                                           token_loss=TokenLabelingLoss(0.5)) \
+            if token_labeling else LabelObjective(C, 0.1)
         opt = torch.optim.AdamW(model.parameters(), 1e-4)
 
         def step():

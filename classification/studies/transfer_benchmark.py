@@ -16,7 +16,7 @@ from backbones.common.log import logger
 from classification.data.cifar import CifarInput
 from classification.engine.steps import PassOptions, evaluate, train_one_epoch
 from classification.engine.trainer import training_state
-from classification.objectives.objective import ClassificationObjective
+from classification.objectives.objective import LabelObjective
 from classification.recipes import TransferRecipe
 from classification.studies.timing import images_per_second
 from classification.transfer import build_transfer_model, transfer_param_groups
@@ -53,7 +53,7 @@ def transfer_speed(name: str, args: argparse.Namespace, info: DistInfo, amp: str
     optimization = recipe.optimization(args.batch_size)
     params = transfer_param_groups(model, optimization.lr, recipe.backbone_lr_scale, optimization.weight_decay)
     state, _ = training_state(model, params, optimization, TRAIN_IMAGES // args.batch_size, amp, info.device)
-    objective = ClassificationObjective(100, 0.0)
+    objective = LabelObjective(100, 0.0)
     train_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=True)
     eval_tf = CifarInput(args.img_size, CIFAR_MEAN, CIFAR_STD, train=False)
     batches = cifar_batches(1, args.batch_size, info.device)
