@@ -36,14 +36,29 @@ class ImageData:
 
 
 
+@dataclass(frozen=True)
+class Annotation:
+    """What a run on a tool's embedded set needs first when its recipe learns from an annotator's maps: `model`
+    trained with `recipe` in `run_dir` (its keyword arguments: `model_kwargs`), then its token labels written to
+    `labels_dir` (tools/train_cls.py's first two stages, each skipped where it is done)."""
+
+    model: str
+    recipe: Recipe
+    run_dir: Path
+    labels_dir: Path
+    model_kwargs: dict
+
+
 class EmbeddedImageData(EmbeddedData, Protocol):
     """The data a run takes without --data-dir, which a tool gives `main` (tools/train_cls.py: its embedded set):
-    besides its options, the recipe values it sets for itself (applied before a preset), and the data, prepared on
-    first use."""
+    besides its options, the recipe values it sets for itself (applied before a preset), the images (written on first
+    use) with the folder of their token labels where the recipe reads some, and the annotation that makes those."""
 
     recipe_values: ClassVar[dict]
 
-    def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData: ...
+    def image_data(self, recipe: Recipe, info: DistInfo) -> ImageData: ...
+
+    def annotation(self, recipe: Recipe) -> Annotation | None: ...
 
 
 AUGMENT_CHOICES = ('auto', 'pil', 'batched')

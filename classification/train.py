@@ -21,7 +21,7 @@ from backbones.common.distributed import DistInfo, run_distributed
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.registry import check_model_name
-from classification.engine.checkpoints import DATA_CONFIG, check_checkpoint_classes
+from classification.engine.checkpoints import DATA_CONFIG, LAST, METRICS, check_checkpoint_classes
 from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
 from classification.loaders import (
     AUGMENT_CHOICES,
@@ -40,7 +40,8 @@ from classification.models import (
 )
 from classification.recipes import PRESETS, TIMM_EMA_DECAY, Recipe, add_recipe_arguments, chosen_preset, resolve_recipe
 from classification.run_plan import RunStart, plan_run
-from classification.token_labeling.label_store import open_store
+from classification.token_labeling.annotate import generate_token_labels
+from classification.token_labeling.label_store import label_store_complete, open_store
 from classification.training_pieces import TeacherSpec, load_finetune_weights, training_pieces
 
 DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of them (docs/imagenet.md)'
@@ -202,7 +203,7 @@ def launch(args: argparse.Namespace, command: str, recipe: Recipe, fallback: Emb
 
     def run(info: DistInfo) -> dict:
         if fallback:
-            data = fallback.image_data(recipe, info, options.workers)
+            data = prepare_embedded_data(fallback, recipe, info, options.workers)
         else:
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
@@ -211,3 +212,24 @@ def launch(args: argparse.Namespace, command: str, recipe: Recipe, fallback: Emb
         return train(args.model, recipe, data, options, info, start)
 
     return run_distributed(run, args.device)
+
+
+def prepare_embedded_data(fallback: EmbeddedImageData, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
+    """The stages before a run on a tool's embedded data, each skipped where its result is on disk and resumed where
+    it was cut off: the images written, and for a recipe that learns from score maps the annotator trained (a run of
+    its own) and its token labels written."""
+    data = fallback.image_data(recipe, info)
+    annotation = fallback.annotation(recipe)
+    if annotation is None:
+        return data
+    if not (annotation.run_dir / METRICS).is_file():
+        logger.info(f'embedded data: training the annotator {annotation.model} ...')
+        options = RunOptions(annotation.run_dir, resume='auto' if (annotation.run_dir / LAST).is_file() else None,
+                             model_kwargs=annotation.model_kwargs, workers=workers)
+        train(annotation.model, annotation.recipe, replace(data, token_labels=None), options, info)
+    if not label_store_complete(annotation.labels_dir):
+        logger.info(f'embedded data: generating token labels with {annotation.model} ...')
+        generate_token_labels(data.root, annotation.model, annotation.labels_dir, info,
+                              checkpoint=str(annotation.run_dir / LAST), img_size=recipe.img_size, workers=workers,
+                              model_kwargs=annotation.model_kwargs)
+    return data

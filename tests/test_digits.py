@@ -74,11 +74,12 @@ def resnet18_digits(tmp_path_factory):
 
     from backbones.common.distributed import DistInfo
     from classification.digits import cls_data
+    from classification.train import prepare_embedded_data
     digits = tmp_path_factory.mktemp('annotator') / 'digits'
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(cls_data.ANNOTATOR_RECIPE, 'epochs', 3)
-        cls_data.EmbeddedScans(digits, 'resnet18').image_data(
-            replace(cls_data.pretraining_recipe('lvvit_s', {}), img_size=32), DistInfo(), workers=0)
+        prepare_embedded_data(cls_data.EmbeddedScans(digits, 'resnet18'),
+                              replace(cls_data.pretraining_recipe('lvvit_s', {}), img_size=32), DistInfo(), workers=0)
     return digits
 
 
@@ -102,3 +103,22 @@ def test_the_run_learns_from_the_annotator_it_names(resnet18_digits, tmp_path):
     assert 'digits: training the annotator' not in result.stdout  # kept from the data step
     assert json.loads((out / 'metrics.json').read_text())['token_labeling']
     assert not (resnet18_digits / 'annotator').exists() and not (resnet18_digits / 'token_labels').exists()
+
+
+def test_the_data_step_writes_the_scans_and_leaves_the_annotation_to_train_cls(tmp_path):
+    """`image_data` writes the scans and names where their token labels go; training the annotator and writing its
+    labels are train_cls's stages (`prepare_embedded_data`), which `annotation` describes: nothing is trained here."""
+    from backbones.common.distributed import DistInfo
+    from classification.digits import cls_data
+    from classification.recipes import recipe_for
+    scans = cls_data.EmbeddedScans(tmp_path / 'digits')
+    recipe = cls_data.pretraining_recipe('lvvit_s', {})
+    data = scans.image_data(recipe, DistInfo())
+    assert len(list((data.root / 'train').rglob('*.png'))) > 1000 and data.token_labels == scans.labels_dir()
+    assert not scans.labels_dir().exists() and not scans.annotator_dir().exists()
+    annotation = scans.annotation(recipe)
+    assert (annotation.model, annotation.run_dir, annotation.labels_dir) == (
+        'resnet10t', scans.annotator_dir(), scans.labels_dir())
+    assert annotation.recipe.img_size == recipe.img_size and not annotation.recipe.uses_score_maps
+    standard = recipe_for('lvvit_s', 'standard', cls_data.RECIPE)
+    assert scans.annotation(standard) is None and scans.image_data(standard, DistInfo()).token_labels is None

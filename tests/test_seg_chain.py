@@ -45,6 +45,7 @@ from classification.digits.pages import CLASSES, write_digits_ade
 from classification.digits.seg_data import RATIO_RANGE, SCALE, TEST_RATIOS, EmbeddedPages, Schedule
 from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
 from classification.token_labeling.label_store import TokenLabelStore
+from classification.train import prepare_embedded_data
 from helpers.commands import ENV, ROOT, run_python, run_tool, succeeded
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_tiny_ade
 from helpers.shared import built_once
@@ -294,11 +295,11 @@ def make_run_command() -> list:
 
 @pytest.fixture(scope='module')
 def labeled_digits(tmp_path_factory) -> Path:
-    """The first part of `make run`'s path, in process, as the command runs it (`EmbeddedScans.image_data` with the
+    """The first part of `make run`'s path, in process, as the command runs it (`prepare_embedded_data` with the
     recipe it trains LV-ViT with): the digits folder, the resnet10t annotator trained on it, its token labels for
     every training image."""
     digits = tmp_path_factory.mktemp('make_run') / 'digits'
-    EmbeddedScans(digits).image_data(pretraining_recipe('lvvit_s', {}), DistInfo(), workers=0)
+    prepare_embedded_data(EmbeddedScans(digits), pretraining_recipe('lvvit_s', {}), DistInfo(), workers=0)
     return digits
 
 

@@ -1,8 +1,9 @@
 """The embedded digits as a classification run's data, prepared on first use, each step skipped when its result is
 on disk and resumed when it was cut off:
 
-- `EmbeddedScans.image_data`: the scans folder, a small CNN annotator (timm's `resnet10t`, trained on the folder)
-  and its token labels: what `tools/train_cls.py` trains on without --data-dir;
+- `EmbeddedScans.image_data` and `annotation`: the scans folder, and a small CNN annotator (timm's `resnet10t`,
+  trained on the folder) with its token labels, which train_cls's first stages make (`prepare_embedded_data`): what
+  `tools/train_cls.py` trains on without --data-dir;
 - `EmbeddedScans.pretrained_backbone`: a model pretrained with token labeling on that data, which a segmentation
   config on the embedded pages starts from when its ImageNet weights are not on disk (the *same* model: same name,
   same model arguments; on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for LV-ViT-M): the first of the two stages
@@ -26,13 +27,11 @@ from backbones.common.outputs import output_folder
 from classification.digits.scans import VERSION, discard_outdated, write_digits_folder
 from classification.engine.checkpoints import BEST, LAST, METRICS, read_training_checkpoint
 from classification.engine.trainer import RunOptions
-from classification.loaders import ImageData
+from classification.loaders import Annotation, ImageData
 from classification.models import whole_patches
 from classification.recipes import Recipe, recipe_for
 from classification.run_plan import RunStart
-from classification.token_labeling.annotate import generate_token_labels
-from classification.token_labeling.label_store import META
-from classification.train import train
+from classification.train import prepare_embedded_data, train
 
 SCANS_DIR = Path('data/digits')  # the default --digits-dir
 # The recipe on the digits (about 7 minutes for LV-ViT-S on 2 CPU cores): 48x48 images (a 3x3 token grid), 8 epochs
@@ -57,10 +56,6 @@ def annotator_recipe(recipe: Recipe) -> Recipe:
     values = {**vars(recipe_for(ANNOTATOR)), **ANNOTATOR_RECIPE, 'img_size': recipe.img_size,
               'batch_size': recipe.batch_size}
     return Recipe(**values)
-
-
-def label_store_complete(labels_dir: Path) -> bool:
-    return (labels_dir / META).is_file() and json.loads((labels_dir / META).read_text()).get('complete', False)
 
 
 @dataclass(frozen=True)
@@ -97,26 +92,22 @@ class EmbeddedScans:
         """`folder` for the default annotator; for another, suffixed with its name (what it made is its own)."""
         return folder if self.annotator == ANNOTATOR else f'{folder}_{self.annotator}'
 
-    def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
-        """The scans folder and, if `recipe` trains on score maps, its token labels (annotator trained first)."""
-        data = ImageData(self.root / 'images')
+    def image_data(self, recipe: Recipe, info: DistInfo) -> ImageData:
+        """The scans folder (written on first use) and, if `recipe` trains on score maps, its token labels' folder
+        (`annotation` says how they are made)."""
+        images = self.root / 'images'
         if info.is_main:
             discard_outdated(self.root)
-            write_digits_folder(data.root)
+            write_digits_folder(images)
         barrier(info)
+        return ImageData(images, self.labels_dir() if recipe.uses_score_maps else None)
+
+    def annotation(self, recipe: Recipe) -> Annotation | None:
+        """The annotator trained on the scans and its token labels, for a `recipe` that trains on score maps."""
         if not recipe.uses_score_maps:
-            return data
-        annotator_dir, labels_dir = self.annotator_dir(), self.labels_dir()
-        if not (annotator_dir / METRICS).is_file():
-            logger.info(f'digits: training the annotator {self.annotator} ...')
-            options = RunOptions(annotator_dir, resume='auto' if (annotator_dir / LAST).is_file() else None,
-                                 model_kwargs=ANNOTATOR_KWARGS, workers=workers)
-            train(self.annotator, annotator_recipe(recipe), data, options, info)
-        if not label_store_complete(labels_dir):
-            logger.info(f'digits: generating token labels with {self.annotator} ...')
-            generate_token_labels(data.root, self.annotator, labels_dir, info, checkpoint=str(annotator_dir / LAST),
-                                  img_size=recipe.img_size, workers=workers, model_kwargs=ANNOTATOR_KWARGS)
-        return ImageData(data.root, labels_dir)
+            return None
+        return Annotation(self.annotator, annotator_recipe(recipe), self.annotator_dir(), self.labels_dir(),
+                          ANNOTATOR_KWARGS)
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
         """`best.pth` of `model_name` pretrained with token labeling on the scans (in `pretraining_dir`): the first
@@ -154,7 +145,7 @@ class EmbeddedScans:
         options = RunOptions(output, resume='auto' if state == STOPPED else None, model_kwargs=model_kwargs,
                              workers=DEFAULT_WORKERS)
         try:
-            train(model_name, recipe, self.image_data(recipe, info, options.workers), options, info,
+            train(model_name, recipe, prepare_embedded_data(self, recipe, info, options.workers), options, info,
                   RunStart(PRETRAINING_PRESET))
         except Interrupted as stop:  # train_cls's advice (--resume) is not this command's: it continues by itself
             where = str(stop).split('; the same command', 1)[0]

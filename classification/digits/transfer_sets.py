@@ -151,9 +151,12 @@ class EmbeddedTransferSet:
     def from_args(cls, args: argparse.Namespace) -> EmbeddedTransferSet:
         return cls(args.dataset, args.digits_dir)
 
-    def image_data(self, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
+    def image_data(self, recipe: Recipe, info: DistInfo) -> ImageData:
         folder = self.root / self.dataset
         if info.is_main:
             write_layout(self.dataset, folder)
         barrier(info)
         return ImageData(folder)
+
+    def annotation(self, recipe: Recipe) -> None:
+        """None: a transfer recipe learns from no annotator's maps."""

@@ -423,3 +423,8 @@ def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequenc
         writer.mark(shard, skipped)
     bar.close()
     return writer.finish()
+
+
+def label_store_complete(labels_dir: Path) -> bool:
+    """Whether `labels_dir` holds a store whose writing finished (its meta says so)."""
+    return (labels_dir / META).is_file() and json.loads((labels_dir / META).read_text()).get('complete', False)
