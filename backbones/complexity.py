@@ -60,6 +60,6 @@ def model_table(img_size: int | None = None) -> str:
     for family, names in families().items():
         for name in names:
             info = measure_complexity(name, img_size)
-            rows.append(f'{family:<8} {name:<30} {info.params / 1e6:>11.2f} {info.trainable_params / 1e6:>14.2f} '
+            rows.append(f'{family.name:<8} {name:<30} {info.params / 1e6:>11.2f} {info.trainable_params / 1e6:>14.2f} '
                         f'{info.macs / 1e9:>8.2f}')
     return '\n'.join(rows)

@@ -5,28 +5,42 @@ For the ViT/DeiT and CaiT names timm already has, the suite uses timm's names an
 them again: after `import backbones`, `timm.create_model` still gives timm's own model for every one of its names.
 What the suite's contract adds (inputs of any size, position embeddings resampled on the fly) comes through
 `create_model`, by the family's builder: timm's own `dynamic_img_size` option for ViT, the suite's subclass of
-timm's `Cait` for CaiT (timm's class has no such option).
+timm's `Cait` for CaiT (timm's class has no such option). The rest of a family is its `Family` record.
 """
 from __future__ import annotations
 
 import difflib
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import timm
 import torch.nn as nn
+from timm.layers import Attention
 from timm.models import register_model, split_model_name_tag
 
 from backbones.common.errors import UsageError
 
+
+class Family(NamedTuple):
+    """A family of the suite's models, declared beside them: what every part that tells families apart reads."""
+
+    name: str
+    checkpoint_signs: tuple[str, ...]  # key prefixes that mark its checkpoints (`backbones.weights.guess_family`)
+    recipe: str = 'deit'  # its ImageNet training recipe, by name (`classification.recipes.RECIPES`)
+    attention: tuple[type[nn.Module], ...] = (Attention,)  # its blocks' attention, which window attention takes over
+    distillation_token: bool = False  # its models take `distilled=True` (DeiT's hard distillation)
+    token_head_kwarg: str | None = None  # the keyword that asks its models for a token head (token labeling)
+    builder: Callable[..., nn.Module] = timm.create_model  # how `create_model` makes its models: (name, **kwargs)
+    shared_signs: bool = False  # other families' checkpoints carry its signs too (ViT's patch projection): tried last
+
+
 _F = TypeVar('_F', bound=Callable[..., nn.Module])
-Builder = Callable[..., nn.Module]  # (model name, **kwargs) -> model
-_FAMILIES: dict[str, list[str]] = defaultdict(list)
-_BUILDERS: dict[str, Builder] = {}
+OTHER_MODELS = Family('timm', ())  # timm's models outside the suite: DeiT's recipe, no distillation token or token head
+_FAMILIES: dict[Family, list[str]] = defaultdict(list)
 
 
-def suite_model(family: str) -> Callable[[_F], _F]:
+def suite_model(family: Family) -> Callable[[_F], _F]:
     """Register an entrypoint under a name timm does not have, as a model of the suite's `family`."""
 
     def register(fn: _F) -> _F:
@@ -39,35 +53,32 @@ def suite_model(family: str) -> Callable[[_F], _F]:
     return register
 
 
-def adopt_timm_models(family: str, names: list[str], builder: Builder) -> None:
-    """Count timm's models `names` in the suite's `family`; `create_model` makes them with `builder`."""
+def adopt_timm_models(family: Family, names: list[str]) -> None:
+    """Count timm's models `names` in the suite's `family` (`create_model` makes them with its builder)."""
     missing = [name for name in names if not timm.is_model(name)]
     if missing:
         raise RuntimeError(f'timm has no model {", ".join(missing)}')
     _FAMILIES[family].extend(names)
-    set_family_builder(family, builder)
-
-
-def set_family_builder(family: str, builder: Builder) -> None:
-    """How `create_model` makes every model of `family` (default: timm.create_model)."""
-    _BUILDERS[family] = builder
 
 
 def suite_models(family: str | None = None) -> list[str]:
     """Names of the suite's models, in registration order, of one family or all."""
-    if family is not None:
-        return list(_FAMILIES[family])
-    return [name for names in _FAMILIES.values() for name in names]
+    return [name for record, names in _FAMILIES.items() if family in (None, record.name) for name in names]
 
 
-def families() -> dict[str, list[str]]:
+def families() -> dict[Family, list[str]]:
     return {family: list(names) for family, names in _FAMILIES.items()}
 
 
 def model_family(name: str) -> str | None:
     """The suite family of a model name (a pretrained tag such as `.tl_in1k` allowed); None for other models."""
     base, _ = split_model_name_tag(name)
-    return next((family for family, names in _FAMILIES.items() if base in names), None)
+    return next((family.name for family, names in _FAMILIES.items() if base in names), None)
+
+
+def family_of(name: str) -> Family:
+    """The Family record of a model name's family; OTHER_MODELS for models outside the suite."""
+    return {family.name: family for family in _FAMILIES}.get(model_family(name), OTHER_MODELS)
 
 
 def check_model_name(name: str) -> None:
@@ -82,4 +93,4 @@ def create_model(name: str, **kwargs) -> nn.Module:
     """A model with the suite's contract: the family's builder (timm.create_model for models outside the suite);
     an unknown name is a UsageError listing the closest registered names."""
     check_model_name(name)
-    return _BUILDERS.get(model_family(name), timm.create_model)(name, **kwargs)
+    return family_of(name).builder(name, **kwargs)

@@ -26,7 +26,7 @@ from backbones.layers import (
     init_linear_and_norm,
     token_model_cfg,
 )
-from backbones.registry import suite_model
+from backbones.registry import Family, suite_model
 from backbones.weights import release_filter
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
@@ -240,6 +240,7 @@ class T2TViT(TokenModelMixin, nn.Module):
         self._reset_heads(num_classes)
 
 
+T2T_VIT = Family('t2t_vit', ('tokens_to_token.',), recipe='t2t_vit', distillation_token=True)
 RELEASES = 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main'
 
 
@@ -285,55 +286,55 @@ def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
     return build_token_model(T2TViT, variant, pretrained, defaults, kwargs, release_filter)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_7(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT-7 (performer T2T): 7 blocks, D 256, 4.3M parameters."""
     return _t2t_vit('t2t_vit_7', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_10(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT-10 (performer T2T): 10 blocks, D 256, 5.9M parameters."""
     return _t2t_vit('t2t_vit_10', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_12(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT-12 (performer T2T): 12 blocks, D 256, 6.9M parameters."""
     return _t2t_vit('t2t_vit_12', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_14(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT-14 (performer T2T): 14 blocks, D 384, 21.5M parameters."""
     return _t2t_vit('t2t_vit_14', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_19(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT-19 (performer T2T): 19 blocks, D 448, 39.2M parameters."""
     return _t2t_vit('t2t_vit_19', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_24(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT-24 (performer T2T): 24 blocks, D 512, 64.1M parameters."""
     return _t2t_vit('t2t_vit_24', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_t_14(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT_t-14 (transformer T2T): 14 blocks, D 384."""
     return _t2t_vit('t2t_vit_t_14', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_t_19(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT_t-19 (transformer T2T): 19 blocks, D 448."""
     return _t2t_vit('t2t_vit_t_19', pretrained, kwargs)
 
 
-@suite_model('t2t_vit')
+@suite_model(T2T_VIT)
 def t2t_vit_t_24(pretrained: bool = False, **kwargs) -> T2TViT:
     """T2T-ViT_t-24 (transformer T2T): 24 blocks, D 512."""
     return _t2t_vit('t2t_vit_t_24', pretrained, kwargs)

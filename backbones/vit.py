@@ -13,7 +13,7 @@ from timm.models import vision_transformer as _timm_vit
 from timm.models.vision_transformer import VisionTransformer
 
 from backbones.common.errors import UsageError
-from backbones.registry import adopt_timm_models, suite_model
+from backbones.registry import Family, adopt_timm_models, suite_model
 
 __all__ = ['VisionTransformer']
 
@@ -45,15 +45,15 @@ def create_any_size(name: str, distilled: bool = False, **kwargs) -> VisionTrans
     return timm.create_model(distilled_twin(name) if distilled else name, **{'dynamic_img_size': True, **kwargs})
 
 
+VIT = Family('vit', ('patch_embed.proj.',), distillation_token=True, builder=create_any_size, shared_signs=True)
 # the published ViT sizes and every DeiT with a distilled twin (each can be a distilled student), and the twins
-adopt_timm_models('vit', ['vit_base_patch16_224', 'vit_large_patch16_224'] + [
-    name for name in dict.fromkeys([*DISTILLED_TWINS, *DISTILLED_TWINS.values()]) if name != 'vit_base_patch16_224'],
-    create_any_size)
+adopt_timm_models(VIT, ['vit_base_patch16_224', 'vit_large_patch16_224'] + [
+    name for name in dict.fromkeys([*DISTILLED_TWINS, *DISTILLED_TWINS.values()]) if name != 'vit_base_patch16_224'])
 
 default_cfgs = _timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': _timm_vit._cfg()})
 
 
-@suite_model('vit')
+@suite_model(VIT)
 def vit_small_patch16_legacy_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """ViT-S/16 as compared in the T2T-ViT paper (timm < 0.4): 8 blocks, D 768, MLP 2304, 8 heads, no qkv bias.
 

@@ -30,7 +30,7 @@ from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.exporting import check_exported_file
 from backbones.common.files import load_weights_only
 from backbones.layers import DIST_HEAD, resize_pos_embed
-from backbones.registry import create_model, model_family
+from backbones.registry import create_model, families, model_family
 from backbones.token_head import TOKEN_HEAD
 
 StateDict = dict[str, torch.Tensor]
@@ -144,17 +144,10 @@ def release_filter(checkpoint: Mapping, model: nn.Module) -> StateDict:
     return state_dict
 
 
-# Keys that only one family's checkpoints have (registry family names), in the order they are tested: ViT's patch
-# projection is shared with CaiT, so it comes last.
-_FAMILY_SIGNS = (
-    ('t2t_vit', 'tokens_to_token.'), ('cait', 'blocks_token_only.'), ('lvvit', 'patch_embed.conv1.'),
-    ('vit', 'patch_embed.proj.'),
-)
-
-
 def guess_family(keys: list[str]) -> str | None:
-    """The suite family whose parameter names a checkpoint's keys carry, or None if none matches."""
-    return next((family for family, sign in _FAMILY_SIGNS if any(k.startswith(sign) for k in keys)), None)
+    """The suite family whose checkpoint signs the keys carry (shared signs where no other's match), or None."""
+    carried = [family for family in families() if any(k.startswith(family.checkpoint_signs) for k in keys)]
+    return next((family.name for family in sorted(carried, key=lambda family: family.shared_signs)), None)
 
 
 def classifier_names(pretrained_cfg: Mapping | None) -> tuple[str, ...]:

@@ -21,19 +21,16 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import Attention
 from timm.models.cait import TalkingHeadAttn
 from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias, window_partition, window_unpartition
 
 from backbones.common.errors import UsageError
+from backbones.registry import families
 
 __all__ = ['REL_POS_KEYS', 'WindowAttention', 'set_token_grid', 'use_window_attention', 'vitdet_global_blocks']
 
 REL_POS_KEYS = ('.attn.rel_pos_h', '.attn.rel_pos_w')  # a block's tables (detectron2's names), zeros at first
 
-# The attention classes whose forward WindowAttention reproduces (ViT/DeiT, LV-ViT, T2T-ViT's transformer blocks:
-# timm's Attention; CaiT's self-attention stage: talking heads), and why some others cannot be windowed here.
-SUPPORTED = (Attention, TalkingHeadAttn)
 WHY_NOT = {
     'EvaAttention': 'its rotary position embeddings turn q and k by each token\'s place in the whole grid',
     'AttentionRope': 'its rotary position embeddings turn q and k by each token\'s place in the whole grid',
@@ -235,11 +232,12 @@ def use_window_attention(model: nn.Module, window_size: int | None, global_block
 
 def refuse_unsupported(attn: nn.Module, index: int) -> None:
     """A one-line UsageError for a block whose attention WindowAttention cannot take over (naming it and why)."""
-    if type(attn) in SUPPORTED:
-        return
+    supported = {cls.__qualname__: cls for family in families() for cls in family.attention}
     cls = type(attn)
+    if cls in supported.values():
+        return
     why = WHY_NOT.get(f'{cls.__module__}.{cls.__qualname__}') or WHY_NOT.get(cls.__qualname__) or \
-        'window attention reproduces the forward of timm\'s Attention and CaiT\'s TalkingHeadAttn only'
+        f'window attention reproduces the forward of the families\' attention only: {", ".join(supported)}'
     raise UsageError(f'block {index}\'s attention {cls.__module__}.{cls.__qualname__} cannot be windowed: {why}')
 
 

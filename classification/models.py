@@ -17,13 +17,11 @@ from timm.models import get_pretrained_cfg
 from backbones import TokenLabelingModel, bare_model, create_model, load_checkpoint, model_family
 from backbones.common.errors import CheckpointError, CheckpointReadError, UsageError
 from backbones.common.log import logger
-from backbones.registry import check_model_name
+from backbones.registry import check_model_name, families, family_of
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
 from backbones.weights import TIMM_RELEASE, checkpoint_class_count, fetch_pretrained, read_state_dict
 from classification.engine.checkpoints import checkpoint_data_config
 from classification.token_labeling.annotate import dense_scores
-
-DISTILLED_FAMILIES = ('vit', 'cait', 't2t_vit', 'lvvit')  # those with a distillation token (DeiT's hard distillation)
 
 
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
@@ -33,16 +31,16 @@ def create_classifier(name: str, num_classes: int, img_size: int | None = None, 
     records these arguments (training checkpoints store it)."""
     architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
                     'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
-    family = model_family(name)
+    family = family_of(name)
+    if distilled and (not family.distillation_token or token_labeling):
+        raise UsageError(f'distillation takes a {"/".join(f.name for f in families() if f.distillation_token)} model '
+                         f'without token labeling, not {name}{" with token labeling" if token_labeling else ""}')
     if distilled:
-        if family not in DISTILLED_FAMILIES or token_labeling:
-            raise UsageError(f'distillation takes a ViT/DeiT, CaiT, T2T-ViT or LV-ViT model without token labeling, '
-                             f'not {name}{" with token labeling" if token_labeling else ""}')
         kwargs['distilled'] = True
     if img_size is not None and takes_input_size(name):
         kwargs['img_size'] = img_size
-    if family == 'lvvit':
-        kwargs['token_head'] = token_labeling
+    if family.token_head_kwarg:
+        kwargs[family.token_head_kwarg] = token_labeling
     try:
         model = create_model(name, num_classes=num_classes, **kwargs)
     except TypeError as e:  # an argument the model does not take

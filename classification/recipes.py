@@ -15,7 +15,6 @@ from typing import TypeVar
 from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.optim import list_optimizers
 
-from backbones import model_family
 from backbones.common.cli import (
     below_one,
     fraction,
@@ -27,6 +26,7 @@ from backbones.common.cli import (
     probability,
 )
 from backbones.common.errors import UsageError
+from backbones.registry import family_of
 from classification.data.augment import LabelAwareRandAugment
 from classification.engine.trainer import Optimization
 
@@ -120,18 +120,16 @@ class Recipe(TrainingRecipe):
 # LV-ViT (Jiang et al.): token labeling, AdamW lr 1e-3 per 640 images, 300 epochs, 5 warmup, EMA 0.99992.
 # (MixUp and CutMix are never combined with token labeling; they return with the Standard preset below.)
 LVVIT = dict(token_labeling=True, lr_base=1e-3, lr_base_batch=640, ema_decay=0.99992)
-LVVIT_DROP_PATH = {'lvvit_t': 0.1, 'lvvit_s': 0.1, 'lvvit_m': 0.2, 'lvvit_l': 0.3}
 # T2T-ViT (Yuan et al.): the DeiT recipe with 300 + 10 cooldown epochs and 10 warmup epochs.
 T2T = dict(cooldown_epochs=10, warmup_epochs=10)
 # DeiT (Touvron et al.), used for ViT and, for CaiT, with the CaiT paper's 400 epochs and DeiT's repeated augmentation
-# (3 copies); lr 1e-3 per 1024 images is DeiT's 5e-4 per 512. Stochastic depth (uniform) per size: CAIT_DROP_PATH.
-DEIT: dict = {}
+# (3 copies); lr 1e-3 per 1024 images is DeiT's 5e-4 per 512.
 CAIT = dict(epochs=400, aug_repeats=3)
-# CaiT paper, Table 3 (d_r); M48 is not in the table: it takes the deepest listed size's, M36's.
-CAIT_DROP_PATH = {'xxs24': 0.1, 'xxs36': 0.1, 'xs24': 0.1, 'xs36': 0.2, 's24': 0.1, 's36': 0.2, 's48': 0.3,
-                  'm24': 0.2, 'm36': 0.3, 'm48': 0.3}
-
-FAMILY_RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'vit': DEIT, 'cait': CAIT}
+RECIPES = {'lvvit': LVVIT, 't2t_vit': T2T, 'deit': {}, 'cait': CAIT}  # by the name a family's record gives
+# Stochastic depth (uniform) per size: LV-ViT's; CaiT paper, Table 3 (d_r; M48, not in the table, takes M36's).
+DROP_PATH = {'lvvit_t': 0.1, 'lvvit_s': 0.1, 'lvvit_m': 0.2, 'lvvit_l': 0.3, 'cait_xxs24': 0.1, 'cait_xxs36': 0.1,
+             'cait_xs24': 0.1, 'cait_xs36': 0.2, 'cait_s24': 0.1, 'cait_s36': 0.2, 'cait_s48': 0.3, 'cait_m24': 0.2,
+             'cait_m36': 0.3, 'cait_m48': 0.3}
 
 # The LV-ViT paper's comparison rows (its Table 2 and MixToken ablation) as overrides of a model's recipe.
 # `lr_scale` multiplies lr_base when the recipe it replaces trained with token labeling: Standard takes 1e-3 per
@@ -183,12 +181,10 @@ def recipe_for(model_name: str, preset: str | None = None, data_values: dict | N
     """The model's family recipe (the DeiT recipe for timm models outside the suite), with the values a data set
     sets for itself (`data_values`: a small set's epochs, input size and augmentation) and then one of PRESETS
     applied."""
-    family, base = model_family(model_name), model_name.split('.')[0]  # without a pretrained tag
-    values = dict(FAMILY_RECIPES.get(family, DEIT))
-    if base in LVVIT_DROP_PATH:
-        values['drop_path'] = LVVIT_DROP_PATH[base]
-    if family == 'cait':
-        values['drop_path'] = CAIT_DROP_PATH[base.split('_')[1]]
+    values = dict(RECIPES[family_of(model_name).recipe])
+    size = '_'.join(model_name.split('.')[0].split('_')[:2])  # lvvit_s, cait_xs24: no pretrained tag, no resolution
+    if size in DROP_PATH:
+        values['drop_path'] = DROP_PATH[size]
     values.update(data_values or {})
     if preset is not None:
         values = apply_preset(values, preset)
@@ -389,8 +385,8 @@ def override_recipe(recipe: R, args: argparse.Namespace) -> R:
 
 
 def chosen_preset(args: argparse.Namespace) -> str | None:
-    """--preset, or Standard when --no-token-labeling turns off LV-ViT's token labeling (the paper's baseline)."""
-    if args.preset is None and getattr(args, 'token_labeling', None) is False and model_family(args.model) == 'lvvit':
+    """--preset, or Standard when --no-token-labeling turns off the recipe's token labeling (the paper's baseline)."""
+    if args.preset is None and getattr(args, 'token_labeling', None) is False and recipe_for(args.model).token_labeling:
         return 'standard'
     return args.preset
 

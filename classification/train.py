@@ -71,8 +71,8 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
         'each class keeps about its share; a class smaller than the spacing can be missed, which is reported) (a '
         'smoke run of a recipe; validation keeps the whole split)'))
     p.add_argument('--teacher', metavar='MODEL', help=(
-        'DeiT\'s hard distillation from this classifier (the student gets a distillation token and head: ViT/DeiT, '
-        'CaiT, T2T-ViT, LV-ViT without token labeling); with token labeling, online token labeling: the teacher is '
+        'DeiT\'s hard distillation from this classifier (a student of a family with a distillation token, without '
+        'token labeling, gets the token and its head); with token labeling, online token labeling: the teacher is '
         'the annotator, its dense map of each augmented batch gives the token targets (the paper\'s Table 4), and '
         'no store is read'))
     p.add_argument('--teacher-checkpoint', metavar='CKPT',

@@ -158,7 +158,8 @@ def test_distillation_refusals_name_the_problem(labeled_images, teacher_checkpoi
         main(distill_args(data, tmp_path / 'a', teacher_checkpoint, '--preset', 'relabel', '--token-label-dir',
                           str(labels)))
     resnet = ['resnet10t', *distill_args(data, tmp_path / 'b', teacher_checkpoint)[len(TINY_DEIT):]]
-    with pytest.raises(UsageError, match='distillation takes a ViT/DeiT, CaiT, T2T-ViT or LV-ViT model'):
+    with pytest.raises(UsageError, match='distillation takes a cait/lvvit/t2t_vit/vit model without token labeling, '
+                                         'not resnet10t'):
         main(resnet)
     with pytest.raises(UsageError, match="--teacher-kwargs takes key=value, got 'output_stride'"):
         main(distill_args(data, tmp_path / 'e', teacher_checkpoint, '--teacher-kwargs', 'output_stride'))

@@ -9,6 +9,7 @@ import pytest
 import timm
 import torch
 from mmseg.registry import MODELS
+from timm.layers import Attention
 from timm.models.beit import Attention as BeitAttention
 from timm.models.eva import EvaAttention
 from timm.models.vision_transformer_sam import get_rel_pos
@@ -272,6 +273,9 @@ def test_bad_window_options_are_refused_in_one_line(options, words):
      'EvaAttention cannot be windowed: its rotary position embeddings'),
     (lambda: BeitAttention(DIM, num_heads=2, window_size=(4, 4)),
      'timm.models.beit.Attention cannot be windowed: it adds its own relative position bias'),
+    (lambda: type('OwnAttention', (Attention,), {})(DIM, num_heads=2),  # a class no family's record names
+     "OwnAttention cannot be windowed: window attention reproduces the forward of the families' attention only: "
+     'TalkingHeadAttn, Attention'),
 ])
 def test_attention_window_attention_cannot_take_over_is_refused_by_name(attention, words):
     model = tiny_model('lvvit')
