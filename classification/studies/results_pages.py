@@ -22,18 +22,16 @@ Every block but an inline one ends with a line crediting each file it read: wher
 measured, with a link to it. A block stands on a line of its own.
 
 An EXPRESSION is a figure's path, keys joined by dots (a list item by its index or by its Name; the envelope's keys
-name its own fields, any other the figures'), or such paths and numbers joined by ` * `, ` / `, ` + ` and ` - `
-(spaced, the expression quoted; evaluated left to right). A FORMAT is a Python format (`.1f`, `,.0f`, `.0%`; a
-`value`'s whole `{:.1f}%`) or one of FORMATS. Blocks stand on lines of their own and are rendered between blank lines,
-at their marker's indentation (a table inside a list item). `render_pages(root)` rewrites every block of the pages
-under `root`, or names those whose text is not what their data give.
+name its own fields, any other the figures'): no arithmetic, a figure a page shows (a ratio, a difference) is one its
+results file holds. A FORMAT is a Python format (`.1f`, `,.0f`, `.0%`; a `value`'s whole `{:.1f}%`) or one of
+FORMATS. Blocks stand on lines of their own and are rendered between blank lines, at their marker's indentation (a
+table inside a list item). `render_pages(root)` rewrites every block of the pages under `root`, or names those whose
+text is not what their data give.
 """
 from __future__ import annotations
 
 import inspect
 import json
-import math
-import operator
 import os
 import re
 import shlex
@@ -57,11 +55,7 @@ METAFILE = Path('seg_configs/metafile.yaml')
 PAGES = ('README.md', 'docs/*.md')
 MARKER = re.compile(r'<!--\s*/?\s*results?\b')  # every results marker, opening or closing, well formed or not
 BLOCK = re.compile(r'<!-- results: (?P<spec>.*?)(?P<end>\s)-->(?P<body>.*?)<!-- /results -->', re.S)
-OPERATOR = re.compile(r' ([*/+-]) ')  # spaced: a key may hold a slash, as mmseg's 'inference time (ms/im)'
-OPERATIONS: dict[str, Callable[[float, float], float]] = {'*': operator.mul, '/': operator.truediv,
-                                                          '+': operator.add, '-': operator.sub}
 CELL = re.compile(r'\{(?P<expression>[^{}:]+)(?::(?P<form>[^{}]*))?\}')  # a table cell's {EXPRESSION:FORMAT}
-NUMBER = re.compile(r'[-+]?\d+(\.\d*)?([eE][-+]?\d+)?')  # a number in an expression (not inf or nan: keys)
 OWN_FIELDS = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'notes')  # the envelope's, beside figures
 WIDTH = 118  # a rendered paragraph's lines
 MODEL_NAMES = {'lvvit_s': 'LV-ViT-S', 'deit_small_patch16_224': 'DeiT-S'}
@@ -101,37 +95,6 @@ class DataFiles:
         if name != 'metafile' and path.split('.')[0] not in OWN_FIELDS:
             data = data['figures']
         return lookup(data, path, str(self.path(name)))
-
-    def evaluate(self, name: str, expression: str, others: dict[str, str] | None = None) -> object:
-        """A path's value, or paths and numbers joined by ' * ', ' / ', ' + ' and ' - ', evaluated left to right; a
-        path `ALIAS#PATH` is read from file `others[ALIAS]`."""
-        words = OPERATOR.split(expression.strip())
-        if {'+', '-'} & set(words[1::2]) and {'*', '/'} & set(words[1::2]):
-            raise UsageError(f'{expression}: + or - beside * or / (evaluated left to right, not by precedence): write '
-                             f'it with one kind, or as two figures')
-        result = self.operand(name, words[0], others or {})
-        for sign, word in zip(words[1::2], words[2::2]):
-            operands = [result, self.operand(name, word, others or {})]
-            wrong = [repr(value) for value in operands
-                     if isinstance(value, bool) or not isinstance(value, (int, float))]
-            if wrong:
-                raise DataError(f'{expression}: {", ".join(wrong)} is not a number')
-            try:
-                result = OPERATIONS[sign](*operands)
-            except ZeroDivisionError:
-                raise DataError(f'{expression}: a division by zero') from None
-        if isinstance(result, float) and not math.isfinite(result):
-            raise DataError(f'{expression}: {result} is not a finite figure')
-        return result
-
-    def operand(self, name: str, word: str, others: dict[str, str]) -> object:
-        if NUMBER.fullmatch(word):
-            return float(word)
-        alias, _, path = word.rpartition('#')
-        if alias and alias not in others:
-            raise UsageError(f'{word}: {alias} is not one of the table\'s files' +
-                             (f' ({", ".join(others)})' if others else ' (only a table names other files)'))
-        return self.lookup(others[alias] if alias else name, path)
 
 
 def lookup(data: object, path: str, where: str) -> object:
@@ -235,7 +198,7 @@ class Page:
 
 
 def value(page: Page, name: str, expression: str, form: str = '{}') -> str:
-    return formatted(page.files.evaluate(name, expression), form)
+    return formatted(page.files.lookup(name, expression), form)
 
 
 def table(page: Page, *sources: str, template: list[str]) -> str:
@@ -249,7 +212,10 @@ def table(page: Page, *sources: str, template: list[str]) -> str:
     first = next(iter(names.values()))
 
     def fill(found: re.Match) -> str:
-        figure = page.files.evaluate(first, found['expression'], names)
+        alias, _, path = found['expression'].strip().rpartition('#')
+        if alias and alias not in names:
+            raise UsageError(f'{found["expression"]}: {alias} is not one of the table\'s files ({", ".join(names)})')
+        figure = page.files.lookup(names[alias] if alias else first, path)
         return formatted(figure, found['form'] or '{}').replace('|', '\\|')
 
     return '\n'.join(CELL.sub(fill, line.strip()) for line in template)
