@@ -13,6 +13,10 @@ import pytest
 
 from backbones.common.errors import DataError, UsageError
 from classification.studies import gpu_session, results_pages
+from classification.studies.figure_formats import formatted
+from classification.studies.gpu_session_view import gpu_session_figures
+from classification.studies.metafile_runs import embedded_runs
+from classification.studies.results_data import DataFiles
 from classification.studies.results_file import check_envelope, file_name
 from helpers.commands import ROOT, run_tool
 
@@ -141,7 +145,8 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
         <!-- results: table run base=base
         | | img/s |
         |---|---:|
-        | step | {step:rate} (x{step_over_base:.2f} of {base#step:rate} at {base#commit}) |
+        | step | {step:rate} (x{step_over_base:.2f} of {base#step:rate}
+          at {base#commit}) |
         -->
         <!-- /results -->
         ''')
@@ -149,7 +154,7 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
                          base=envelope({'step': 1000.0}, commit='def5678', machine='NVIDIA H200, 16 CPU cores'))
     results_pages.render_pages(root)
     text = (root / 'README.md').read_text()
-    assert '| step | 1,234 (x1.23 of 1,000 at def5678) |' in text
+    assert '| step | 1,234 (x1.23 of 1,000 at def5678) |' in text  # a row written over two lines, rendered as one
     assert ('2 CPU cores, torch 2.15.0, commit abc1234, 2026-11-28 ([run.json](docs/results/run.json)); '
             'NVIDIA H200, 16 CPU cores, torch 2.15.0, commit def5678') in ' '.join(text.split())
     assert results_pages.render_pages(root, write=False) == []  # rendered once, it stays
@@ -230,18 +235,31 @@ def test_every_results_file_is_in_the_envelope_and_named_by_study_machine_and_co
 
 
 def test_the_metafile_holds_the_dense_defaults_of_every_task_and_the_readme_stays_narrow():
-    page = results_pages.Page(results_pages.DataFiles(ROOT), ROOT / 'README.md')
+    files = DataFiles(ROOT)
     for task, score in (('Semantic Segmentation', 'mIoU'), ('Instance Segmentation', 'mask AP'),
                         ('Object Detection', 'box AP'), ('Depth Estimation', 'AbsRel')):
-        table = results_pages.embedded_runs(page, 'latest', task)
+        table = embedded_runs(files, 'latest', task)
         assert re.search(rf'[ *]{re.escape(score)} \d', table), table
     long = [i for i, line in enumerate((ROOT / 'README.md').read_text().splitlines(), 1) if len(line) > 160]
     assert not long, f'README.md lines over 160 characters: {long}'
     # the runs on pages in a published set's layout render apart from the others
-    in_layouts = results_pages.embedded_runs(page, 'layouts', 'Semantic Segmentation')
-    own = results_pages.embedded_runs(page, 'latest', 'Semantic Segmentation')
+    in_layouts = embedded_runs(files, 'layouts', 'Semantic Segmentation')
+    own = embedded_runs(files, 'latest', 'Semantic Segmentation')
     assert 'upernet_lvvit_s_cityscapes at' in in_layouts and 'upernet_lvvit_m at' not in in_layouts
     assert 'upernet_lvvit_m at' in own and 'cityscapes' not in own
+    # each run a list item, wrapped: its scores and what they compare with, however many
+    items = embedded_runs(files, 'Instance Segmentation', 'Depth Estimation')
+    assert items.startswith('- maskrcnn_lvvit_s at ') and max(map(len, items.splitlines())) <= 118
+    assert 'For comparison, the training set' in ' '.join(items.split())
+
+
+def test_no_line_of_the_pages_is_over_200_characters():
+    """The pages' sources stay readable: a long table row of a marker goes on over several lines (rendered as one),
+    the runs and a GPU session's figures render as wrapped list items, prose tables whose rows would run long are
+    lists."""
+    long = [f'{page.relative_to(ROOT)}:{i}' for page in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+            for i, line in enumerate(page.read_text().splitlines(), 1) if len(line) > 200]
+    assert long == []
 
 
 def test_a_root_without_the_pages_is_an_error_not_a_pass(tmp_path):
@@ -258,14 +276,13 @@ def test_a_gpu_results_file_that_is_a_folder_is_refused_before_any_work(tmp_path
 
 
 def test_an_expression_is_a_path_into_the_figures_or_the_envelope():
-    files, burst = results_pages.DataFiles(ROOT), 'burst_h100_2026-11-24'
+    files, burst = DataFiles(ROOT), 'burst_h100_2026-11-24'
     lvvit = json.loads((ROOT / 'docs' / 'results' / f'{burst}.json').read_text())['figures']['models'][0]
     assert files.lookup(burst, 'models.0.pipeline_per_core_img_s.pil') == lvvit['pipeline_per_core_img_s']['pil']
     # a list item by its Name, a key holding spaces and a slash (mmseg's)
     meta = 'Models.upernet_lvvit_m_digits_212fcae.Metadata'
     assert files.lookup('metafile', f'{meta}.inference time (ms/im).0.value') == 531
-    page = results_pages.Page(files, ROOT / 'README.md')
-    assert results_pages.value(page, burst, 'models.0.pipeline_15_workers_ceiling_img_s.batched', ',.0f') == (
+    assert results_pages.value(files, burst, 'models.0.pipeline_15_workers_ceiling_img_s.batched', ',.0f') == (
         f'{15 * lvvit["pipeline_per_core_img_s"]["batched"]:,.0f}')
     assert files.lookup(burst, 'machine') == 'NVIDIA H100 80GB, 16 CPU cores'  # the envelope's own field
     with pytest.raises(DataError, match='no workers \\* models.0.pipeline_per_core_img_s.pil'):  # no arithmetic
@@ -273,11 +290,11 @@ def test_an_expression_is_a_path_into_the_figures_or_the_envelope():
 
 
 def test_per_seed_values_render_as_mean_and_sample_deviation_and_anything_else_is_refused():
-    assert results_pages.formatted([70.0, 72.0, 77.0], 'spread') == '73.0 ± 3.6'  # sample stdev: sqrt(13)
-    assert results_pages.formatted([71.25], 'spread') == '71.2 ± 0.0'
+    assert formatted([70.0, 72.0, 77.0], 'spread') == '73.0 ± 3.6'  # sample stdev: sqrt(13)
+    assert formatted([71.25], 'spread') == '71.2 ± 0.0'
     for value in (71.5, []):
         with pytest.raises(DataError, match='spread needs a list of per-seed values'):
-            results_pages.formatted(value, 'spread')
+            formatted(value, 'spread')
 
 
 def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, str]:
@@ -293,12 +310,12 @@ def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, st
 
 
 def session_table(tmp_path: Path, figures: dict) -> str:
-    """The GPU session table the docs render from these figures."""
+    """The GPU session's figures as the docs render them, its lines joined (a list item's wrapped lines)."""
     (tmp_path / 'docs' / 'results').mkdir(parents=True, exist_ok=True)
     document = {'study': 'gpu_session', 'source': 'a smoke call', 'commit': 'abc1234', 'date': '2026-12-07',
                 'machine': '2 CPU cores', 'torch': '2.15.0', 'figures': figures}
     (tmp_path / 'docs' / 'results' / 'smoke.json').write_text(json.dumps(document))
-    return results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'smoke')
+    return ' '.join(gpu_session_figures(DataFiles(tmp_path), 'smoke').split())
 
 
 @pytest.mark.slow
@@ -311,7 +328,7 @@ def test_the_gpu_sessions_loop_benchmark_runs_on_a_cpu_at_smoke_sizes(tmp_path):
     # a smoke window is one batch: on a busy machine a figure may exceed its ceiling, and is then recorded as such
     measured_wrong = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
     assert session['stages']['loop_benchmark']['status'] == (measured_wrong if loop['measurement_errors'] else 'done')
-    assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in session_table(tmp_path,
+    assert '- the whole loop against its step (DeiT-S, the workers decoding): loop ' in session_table(tmp_path,
                                                                                                       session)
 
 
@@ -326,8 +343,8 @@ def test_the_gpu_sessions_loops_against_their_steps_run_on_a_cpu_at_smoke_sizes(
         assert 0 <= eager['data_wait'] <= 1
         assert 'compiled' not in figures and session[key]['decode'] == 'cpu'  # GPU only
     table = session_table(tmp_path, session)
-    assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
-    assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
+    assert '- the whole loop against its eager step (DeiT-S): --decode cpu, 1 workers: loop ' in table
+    assert '- the same for LV-ViT-S with token labeling, eager: --decode cpu' in table
     assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 
 
@@ -341,7 +358,7 @@ def test_the_gpu_sessions_dense_steps_run_on_a_cpu_at_smoke_sizes(tmp_path):
     assert dense['upernet_lvvit_s']['largest_image'] == [64, 64] and dense['depth_lvvit_s']['largest_image'] == [60, 60]
     assert max(dense['maskrcnn_lvvit_s']['largest_image']) == 128
     table = session_table(tmp_path, session)
-    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
+    assert "- the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch): `upernet_lvvit_s` " in table
     assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
 
 
@@ -421,11 +438,11 @@ def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_fr
     session = envelope(figures, study='gpu_session', machine='NVIDIA H200, 16 CPU cores')
     (tmp_path / 'docs' / 'results').mkdir(parents=True)
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
-    table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')
-    row = next(line for line in table.splitlines() if line.startswith('| the whole loop against its step'))
+    items = re.split(r'\n(?=- )', gpu_session_figures(DataFiles(tmp_path), 'cut'))  # a list item each
+    row = ' '.join(next(item for item in items if item.startswith('- the whole loop against its step')).split())
     assert "loop 2,500 img/s against its step's 5,000: **x0.50**" in row
     assert 'serial loop 2,000 img/s (overlap x1.25)' in row and 'bound by the input pipeline (3,000 img/s' in row
 
     progress['input pipeline, batched path, 15 workers'] = 6000.0  # a pipeline faster than the step
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
-    assert 'bound by the model step' in results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')
+    assert 'bound by the model step' in gpu_session_figures(DataFiles(tmp_path), 'cut')
