@@ -226,6 +226,17 @@ def test_a_results_file_is_named_by_its_machine(machine, slug):
     assert file_name(envelope({'a': 1}, study='loop', machine=machine)) == f'loop_{slug}_abc1234.json'
 
 
+def test_a_results_file_without_its_commit_is_named_by_the_commit_that_first_quoted_it_or_its_papers_key():
+    quoted = envelope({'a': 1}, study='burst', commit=None, notes={'commit': 'not recorded', 'first_quoted': 'e2f88b5'})
+    assert file_name(quoted) == 'burst_cpu2_e2f88b5.json'
+    paper = envelope({'a': 1}, study='token_labeling', commit=None, machine='published (the paper)',
+                     notes={'commit': 'a publication', 'key': 'jiang2021'})
+    assert file_name(paper) == 'token_labeling_paper_jiang2021.json'
+    for notes in ({'commit': 'not recorded'}, {'commit': 'not recorded', 'first_quoted': '2026-11-24'}):
+        with pytest.raises(DataError, match='no commit to name its file by'):  # no date stands in
+            file_name(envelope({'a': 1}, commit=None, notes=notes))
+
+
 def test_every_results_file_is_in_the_envelope_and_named_by_study_machine_and_commit():
     files = sorted((ROOT / 'docs' / 'results').glob('*.json'))
     assert files
@@ -276,7 +287,7 @@ def test_a_gpu_results_file_that_is_a_folder_is_refused_before_any_work(tmp_path
 
 
 def test_an_expression_is_a_path_into_the_figures_or_the_envelope():
-    files, burst = DataFiles(ROOT), 'burst_h100_2026-11-24'
+    files, burst = DataFiles(ROOT), 'burst_h100_e2f88b5'
     lvvit = json.loads((ROOT / 'docs' / 'results' / f'{burst}.json').read_text())['figures']['models'][0]
     assert files.lookup(burst, 'models.0.pipeline_per_core_img_s.pil') == lvvit['pipeline_per_core_img_s']['pil']
     # a list item by its Name, a key holding spaces and a slash (mmseg's)
