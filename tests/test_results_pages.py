@@ -13,6 +13,10 @@ import pytest
 
 from backbones.common.errors import DataError, UsageError
 from classification.studies import gpu_session, results_pages
+from classification.studies.figure_formats import formatted
+from classification.studies.gpu_session_view import gpu_session_figures
+from classification.studies.metafile_runs import embedded_runs
+from classification.studies.results_data import DataFiles
 from classification.studies.results_file import check_envelope, file_name
 from helpers.commands import ROOT, run_tool
 
@@ -141,15 +145,16 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
         <!-- results: table run base=base
         | | img/s |
         |---|---:|
-        | step | {step:rate} (x{step / base#step:.2f} of {base#commit}) |
+        | step | {step:rate} (x{step_over_base:.2f} of {base#step:rate}
+          at {base#commit}) |
         -->
         <!-- /results -->
         ''')
-    root = page_and_data(tmp_path / 'repo', page, run=envelope({'step': 1234.4}),
+    root = page_and_data(tmp_path / 'repo', page, run=envelope({'step': 1234.4, 'step_over_base': 1.2344}),
                          base=envelope({'step': 1000.0}, commit='def5678', machine='NVIDIA H200, 16 CPU cores'))
     results_pages.render_pages(root)
     text = (root / 'README.md').read_text()
-    assert '| step | 1,234 (x1.23 of def5678) |' in text
+    assert '| step | 1,234 (x1.23 of 1,000 at def5678) |' in text  # a row written over two lines, rendered as one
     assert ('2 CPU cores, torch 2.15.0, commit abc1234, 2026-11-28 ([run.json](docs/results/run.json)); '
             'NVIDIA H200, 16 CPU cores, torch 2.15.0, commit def5678') in ' '.join(text.split())
     assert results_pages.render_pages(root, write=False) == []  # rendered once, it stays
@@ -160,8 +165,8 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
 
 
 @pytest.mark.parametrize('marker, error, message', [
-    ('<!-- results: value run \'step / zero\' -->x<!-- /results -->', DataError, 'step / zero: a division by zero'),
-    ('<!-- results: value run \'step * name\' -->x<!-- /results -->', DataError, "'abc' is not a number"),
+    ('<!-- results: value run \'step / zero\' -->x<!-- /results -->', DataError, 'no step / zero'),  # a path alone
+    ('<!-- results: value run other#step -->x<!-- /results -->', DataError, 'no other#step'),  # a table's alone
     ('<!-- results: value run nested \'{:.1f}\' -->x<!-- /results -->', DataError, 'not a single figure'),
     ('<!-- results: value run missing -->x<!-- /results -->', DataError, 'missing is null'),
     ('<!-- results: value run step cell -->x<!-- /results -->', DataError, "format 'cell' cannot write 12.5"),
@@ -173,12 +178,10 @@ def test_a_table_fills_its_cells_from_its_files_and_says_where_each_was_measured
      'a results marker inside the block of line 3'),  # an unclosed block would take the next one with it
     ('<!-- result: value run step -->x<!-- /results -->', UsageError, 'a results marker outside a block'),
     ('<!-- results: value run step -->x<!-- /results --> <!-- /results -->', UsageError, 'outside a block'),
-    ('<!-- results: value run \'step + zero * step\' -->x<!-- /results -->', UsageError, 'not by precedence'),
-    ('<!-- results: value run \'step / huge\' -->x<!-- /results -->', DataError, 'is not a finite figure'),
     ('<!-- results: runs \'Semantic Segmentaton\' -->x<!-- /results -->', DataError, 'no embedded default of'),
 ])
 def test_a_block_that_cannot_render_is_one_error_naming_page_and_line(tmp_path, marker, error, message):
-    figures = {'step': 12.5, 'zero': 0, 'name': 'abc', 'nested': {'a': 1}, 'missing': None, 'huge': 1e-320}
+    figures = {'step': 12.5, 'zero': 0, 'nested': {'a': 1}, 'missing': None}
     root = page_and_data(tmp_path / 'repo', f'Title\n\n{marker}\n', run=envelope(figures))
     shutil.copytree(ROOT / 'seg_configs', root / 'seg_configs', ignore=lambda folder, names: [
         name for name in names if name != 'metafile.yaml'])
@@ -223,6 +226,17 @@ def test_a_results_file_is_named_by_its_machine(machine, slug):
     assert file_name(envelope({'a': 1}, study='loop', machine=machine)) == f'loop_{slug}_abc1234.json'
 
 
+def test_a_results_file_without_its_commit_is_named_by_the_commit_that_first_quoted_it_or_its_papers_key():
+    quoted = envelope({'a': 1}, study='burst', commit=None, notes={'commit': 'not recorded', 'first_quoted': 'e2f88b5'})
+    assert file_name(quoted) == 'burst_cpu2_e2f88b5.json'
+    paper = envelope({'a': 1}, study='token_labeling', commit=None, machine='published (the paper)',
+                     notes={'commit': 'a publication', 'key': 'jiang2021'})
+    assert file_name(paper) == 'token_labeling_paper_jiang2021.json'
+    for notes in ({'commit': 'not recorded'}, {'commit': 'not recorded', 'first_quoted': '2026-11-24'}):
+        with pytest.raises(DataError, match='no commit to name its file by'):  # no date stands in
+            file_name(envelope({'a': 1}, commit=None, notes=notes))
+
+
 def test_every_results_file_is_in_the_envelope_and_named_by_study_machine_and_commit():
     files = sorted((ROOT / 'docs' / 'results').glob('*.json'))
     assert files
@@ -232,18 +246,31 @@ def test_every_results_file_is_in_the_envelope_and_named_by_study_machine_and_co
 
 
 def test_the_metafile_holds_the_dense_defaults_of_every_task_and_the_readme_stays_narrow():
-    page = results_pages.Page(results_pages.DataFiles(ROOT), ROOT / 'README.md')
+    files = DataFiles(ROOT)
     for task, score in (('Semantic Segmentation', 'mIoU'), ('Instance Segmentation', 'mask AP'),
                         ('Object Detection', 'box AP'), ('Depth Estimation', 'AbsRel')):
-        table = results_pages.embedded_runs(page, 'latest', task)
+        table = embedded_runs(files, 'latest', task)
         assert re.search(rf'[ *]{re.escape(score)} \d', table), table
     long = [i for i, line in enumerate((ROOT / 'README.md').read_text().splitlines(), 1) if len(line) > 160]
     assert not long, f'README.md lines over 160 characters: {long}'
     # the runs on pages in a published set's layout render apart from the others
-    in_layouts = results_pages.embedded_runs(page, 'layouts', 'Semantic Segmentation')
-    own = results_pages.embedded_runs(page, 'latest', 'Semantic Segmentation')
+    in_layouts = embedded_runs(files, 'layouts', 'Semantic Segmentation')
+    own = embedded_runs(files, 'latest', 'Semantic Segmentation')
     assert 'upernet_lvvit_s_cityscapes at' in in_layouts and 'upernet_lvvit_m at' not in in_layouts
     assert 'upernet_lvvit_m at' in own and 'cityscapes' not in own
+    # each run a list item, wrapped: its scores and what they compare with, however many
+    items = embedded_runs(files, 'Instance Segmentation', 'Depth Estimation')
+    assert items.startswith('- maskrcnn_lvvit_s at ') and max(map(len, items.splitlines())) <= 118
+    assert 'For comparison, the training set' in ' '.join(items.split())
+
+
+def test_no_line_of_the_pages_is_over_200_characters():
+    """The pages' sources stay readable: a long table row of a marker goes on over several lines (rendered as one),
+    the runs and a GPU session's figures render as wrapped list items, prose tables whose rows would run long are
+    lists."""
+    long = [f'{page.relative_to(ROOT)}:{i}' for page in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+            for i, line in enumerate(page.read_text().splitlines(), 1) if len(line) > 200]
+    assert long == []
 
 
 def test_a_root_without_the_pages_is_an_error_not_a_pass(tmp_path):
@@ -259,26 +286,26 @@ def test_a_gpu_results_file_that_is_a_folder_is_refused_before_any_work(tmp_path
     assert f'argument --out: {tmp_path}' in capsys.readouterr().err
 
 
-def test_expressions_evaluate_left_to_right_over_the_data():
-    files, burst = results_pages.DataFiles(ROOT), 'burst_h100_2026-11-24'
+def test_an_expression_is_a_path_into_the_figures_or_the_envelope():
+    files, burst = DataFiles(ROOT), 'burst_h100_e2f88b5'
     lvvit = json.loads((ROOT / 'docs' / 'results' / f'{burst}.json').read_text())['figures']['models'][0]
-    expected = lvvit['pipeline_15_workers_img_s']['batched'] / 15 / lvvit['pipeline_per_core_img_s']['batched']
-    assert files.evaluate(burst, 'models.0.pipeline_15_workers_img_s.batched / workers / '
-                          'models.0.pipeline_per_core_img_s.batched') == pytest.approx(expected)
-    assert files.evaluate(burst, 'workers - 5 + models.0.pipeline_per_core_img_s.pil') == pytest.approx(
-        10 + lvvit['pipeline_per_core_img_s']['pil'])
-    page = results_pages.Page(files, ROOT / 'README.md')
-    assert results_pages.value(page, burst, 'workers * models.0.pipeline_per_core_img_s.batched',
-                               '{:,.0f}') == f'{15 * lvvit["pipeline_per_core_img_s"]["batched"]:,.0f}'
-    assert files.lookup(burst, 'machine') == 'NVIDIA H100 80GB, 16 CPU cores'  # the envelope's own field'
+    assert files.lookup(burst, 'models.0.pipeline_per_core_img_s.pil') == lvvit['pipeline_per_core_img_s']['pil']
+    # a list item by its Name, a key holding spaces and a slash (mmseg's)
+    meta = 'Models.upernet_lvvit_m_digits_212fcae.Metadata'
+    assert files.lookup('metafile', f'{meta}.inference time (ms/im).0.value') == 531
+    assert results_pages.value(files, burst, 'models.0.pipeline_15_workers_ceiling_img_s.batched', ',.0f') == (
+        f'{15 * lvvit["pipeline_per_core_img_s"]["batched"]:,.0f}')
+    assert files.lookup(burst, 'machine') == 'NVIDIA H100 80GB, 16 CPU cores'  # the envelope's own field
+    with pytest.raises(DataError, match='no workers \\* models.0.pipeline_per_core_img_s.pil'):  # no arithmetic
+        files.lookup(burst, 'workers * models.0.pipeline_per_core_img_s.pil')
 
 
 def test_per_seed_values_render_as_mean_and_sample_deviation_and_anything_else_is_refused():
-    assert results_pages.formatted([70.0, 72.0, 77.0], 'spread') == '73.0 ± 3.6'  # sample stdev: sqrt(13)
-    assert results_pages.formatted([71.25], 'spread') == '71.2 ± 0.0'
+    assert formatted([70.0, 72.0, 77.0], 'spread') == '73.0 ± 3.6'  # sample stdev: sqrt(13)
+    assert formatted([71.25], 'spread') == '71.2 ± 0.0'
     for value in (71.5, []):
         with pytest.raises(DataError, match='spread needs a list of per-seed values'):
-            results_pages.formatted(value, 'spread')
+            formatted(value, 'spread')
 
 
 def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, str]:
@@ -294,12 +321,12 @@ def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, st
 
 
 def session_table(tmp_path: Path, figures: dict) -> str:
-    """The GPU session table the docs render from these figures."""
+    """The GPU session's figures as the docs render them, its lines joined (a list item's wrapped lines)."""
     (tmp_path / 'docs' / 'results').mkdir(parents=True, exist_ok=True)
     document = {'study': 'gpu_session', 'source': 'a smoke call', 'commit': 'abc1234', 'date': '2026-12-07',
                 'machine': '2 CPU cores', 'torch': '2.15.0', 'figures': figures}
     (tmp_path / 'docs' / 'results' / 'smoke.json').write_text(json.dumps(document))
-    return results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'smoke')
+    return ' '.join(gpu_session_figures(DataFiles(tmp_path), 'smoke').split())
 
 
 @pytest.mark.slow
@@ -312,7 +339,7 @@ def test_the_gpu_sessions_loop_benchmark_runs_on_a_cpu_at_smoke_sizes(tmp_path):
     # a smoke window is one batch: on a busy machine a figure may exceed its ceiling, and is then recorded as such
     measured_wrong = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
     assert session['stages']['loop_benchmark']['status'] == (measured_wrong if loop['measurement_errors'] else 'done')
-    assert '| the whole loop against its step (DeiT-S, the workers decoding) | loop ' in session_table(tmp_path,
+    assert '- the whole loop against its step (DeiT-S, the workers decoding): loop ' in session_table(tmp_path,
                                                                                                       session)
 
 
@@ -327,8 +354,8 @@ def test_the_gpu_sessions_loops_against_their_steps_run_on_a_cpu_at_smoke_sizes(
         assert 0 <= eager['data_wait'] <= 1
         assert 'compiled' not in figures and session[key]['decode'] == 'cpu'  # GPU only
     table = session_table(tmp_path, session)
-    assert '| the whole loop against its eager step (DeiT-S) | --decode cpu, 1 workers: loop ' in table
-    assert '| the same for LV-ViT-S with token labeling, eager | --decode cpu' in table
+    assert '- the whole loop against its eager step (DeiT-S): --decode cpu, 1 workers: loop ' in table
+    assert '- the same for LV-ViT-S with token labeling, eager: --decode cpu' in table
     assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 
 
@@ -342,7 +369,7 @@ def test_the_gpu_sessions_dense_steps_run_on_a_cpu_at_smoke_sizes(tmp_path):
     assert dense['upernet_lvvit_s']['largest_image'] == [64, 64] and dense['depth_lvvit_s']['largest_image'] == [60, 60]
     assert max(dense['maskrcnn_lvvit_s']['largest_image']) == 128
     table = session_table(tmp_path, session)
-    assert "| the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch) | `upernet_lvvit_s` " in table
+    assert "- the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch): `upernet_lvvit_s` " in table
     assert 'it/s of 2, up to 64x64); `maskrcnn_lvvit_s` ' in table
 
 
@@ -422,11 +449,11 @@ def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_fr
     session = envelope(figures, study='gpu_session', machine='NVIDIA H200, 16 CPU cores')
     (tmp_path / 'docs' / 'results').mkdir(parents=True)
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
-    table = results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')
-    row = next(line for line in table.splitlines() if line.startswith('| the whole loop against its step'))
+    items = re.split(r'\n(?=- )', gpu_session_figures(DataFiles(tmp_path), 'cut'))  # a list item each
+    row = ' '.join(next(item for item in items if item.startswith('- the whole loop against its step')).split())
     assert "loop 2,500 img/s against its step's 5,000: **x0.50**" in row
     assert 'serial loop 2,000 img/s (overlap x1.25)' in row and 'bound by the input pipeline (3,000 img/s' in row
 
     progress['input pipeline, batched path, 15 workers'] = 6000.0  # a pipeline faster than the step
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
-    assert 'bound by the model step' in results_pages.gpu_session_table(results_pages.DataFiles(tmp_path), 'cut')
+    assert 'bound by the model step' in gpu_session_figures(DataFiles(tmp_path), 'cut')

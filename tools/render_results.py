@@ -7,10 +7,11 @@ pages still say what the data say:
     python tools/render_results.py --check    # change nothing; exit 1 naming each page and block that differs
 
 A page marks what is rendered: `<!-- results: KIND ARGS -->` ... `<!-- /results -->`, KIND one of `table FILE ...`
-(the marker's next lines a table whose cells hold `{EXPRESSION:FORMAT}`), `view FILE VIEW` (a study's own table),
-`runs TASK...` (the metafile's embedded defaults), `value FILE EXPRESSION [FORMAT]` (one figure in a sentence) and
-`measured FILE`. To change a figure, change its data file (or write a new one: a new run is a new file) and render;
-a figure edited in a page by hand is put back, and `--check` (run by the tests) fails until then.
+(the marker's next lines a table whose cells hold `{EXPRESSION:FORMAT}`), `view FILE VIEW` (a study's own view),
+`runs TASK...` (the metafile's embedded defaults) and `value FILE EXPRESSION [FORMAT]` (one figure in a sentence);
+an EXPRESSION is a figure's path, no arithmetic (docs/layout.md, "The figures in the pages"). To change a figure,
+change its data file (or write a new one: a new run is a new file) and render; a figure edited in a page by hand is
+put back, and `--check` (run by the tests) fails until then.
 """
 from backbones.common.commands import run_command
 from classification.studies.results_pages import main

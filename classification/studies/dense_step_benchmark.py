@@ -60,11 +60,16 @@ class DenseStep:
     peak_process_gib: float | None = None
     resting_process_gib: float | None = None
 
+    @property
+    def peak_above_rest_gib(self) -> float | None:
+        """On a CPU: the process's resident memory at its peak above what it held before the first step."""
+        return None if self.peak_process_gib is None else self.peak_process_gib - self.resting_process_gib
+
     def as_dict(self) -> dict:
         return {'config': self.config, 'task': self.task, 'batch_size': self.batch_size,
                 'largest_image': list(self.largest_image), 'img_s': self.img_s, 'it_s': self.it_s,
                 'peak_memory_gib': self.peak_memory_gib, 'peak_process_gib': self.peak_process_gib,
-                'resting_process_gib': self.resting_process_gib}
+                'resting_process_gib': self.resting_process_gib, 'peak_above_rest_gib': self.peak_above_rest_gib}
 
 
 def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
@@ -146,8 +151,7 @@ def compare_window_attention(device: torch.device, seconds: float, min_batches: 
     if device.type == 'cuda':
         memory = windows.peak_memory_gib / plain.peak_memory_gib
     else:
-        memory = ((windows.peak_process_gib - windows.resting_process_gib) /
-                  (plain.peak_process_gib - plain.resting_process_gib))
+        memory = windows.peak_above_rest_gib / plain.peak_above_rest_gib
     return {**{name: step.as_dict() for name, step in steps.items()},
             'time_ratio': plain.img_s / windows.img_s, 'memory_ratio': memory}
 

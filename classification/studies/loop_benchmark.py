@@ -488,12 +488,15 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
     per_core['workers_half_over_timm'] = per_core['batched_workers_half'] / per_core['timm']
     per_core['pil_over_timm'] = per_core['pil'] / per_core['timm']
+    per_core['workers_half_over_pil'] = per_core['batched_workers_half'] / per_core['pil']
     figures['pipeline_per_core_img_s'] = per_core
     figures['bytes_per_image'] = sizes
+    figures['kib_per_image'] = {path: size / 1024 for path, size in sizes.items()}
     figures[f'pipeline_{args.workers}_workers_img_s'] = pool = {
         path: pipeline_images_per_second(bench, path, args.workers) for path in ('pil', 'batched')}
-    figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = pipeline_ceilings(per_core, args.workers,
-                                                                                 available_cores(), args.device)
+    figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = ceiling = pipeline_ceilings(
+        per_core, args.workers, available_cores(), args.device)
+    figures[f'pipeline_{args.workers}_workers_over_ceiling'] = {path: pool[path] / ceiling[path] for path in pool}
     loop_path = pick_augment(args.augment, info.device)
     batch = device_batch(bench, loop_path)
     trainer = StepOptions(compile=args.compile)

@@ -1,18 +1,15 @@
 """The one shape of a results file (docs/results/*.json, and what the studies write): an envelope saying what was
-measured, how, where and when, around the figures themselves.
+measured, how, where and when, around the figures themselves:
 
-    {"study": "loop",                                  what measured it: the views of its figures are the study's
-     "source": "python tools/benchmark_loop.py ...",   the command (or the publication) the figures come from
-     "commit": "c24ec1c",                              the suite's commit that measured them
-     "date": "2026-11-28",
-     "machine": "2 CPU cores",                         in words: the CPU cores, or the GPU and its host's cores
-     "torch": "2.15.0",
-     "notes": {"machine": "the project's shared build machine", ...},   optional: what a reader should know
-     "figures": {...}}                                 the measurements, any layout the study needs
+    {"study": "loop", "source": "python tools/benchmark_loop.py ...", "commit": "c24ec1c", "date": "2026-11-28",
+     "machine": "2 CPU cores", "torch": "2.15.0", "notes": {"machine": "the project's shared build machine", ...},
+     "figures": {...}}
 
-A commit (and torch) may be null only where `notes.commit` says why: figures a publication reports, or ones whose
-commit was not recorded. A file is named by its study, machine and commit (`file_name`), the date standing in for a
-commit that is null: loop_cpu2_c24ec1c.json, gpu_session_h200_64aee48.json, token_labeling_paper_2021-04.json.
+`study`, what measured it (the views of its figures are the study's); `source`, the command or the publication the
+figures come from; `machine` in words; `notes` optional. A commit (and torch) may be null only where `notes.commit`
+says why. A file is named by its study, machine and commit (`file_name`): loop_cpu2_c24ec1c.json; a null commit's
+stand-in is the commit that first quoted the figures (`notes.first_quoted`: burst_h100_e2f88b5.json), or a
+publication's key (`notes.key`: token_labeling_paper_jiang2021.json).
 """
 from __future__ import annotations
 
@@ -33,6 +30,7 @@ ENVELOPE = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'figures')
 OPTIONAL = ('notes',)
 COMMIT = re.compile(r'[0-9a-f]{7,40}')
 STUDY = re.compile(r'[a-z][a-z0-9_]*')
+KEY = re.compile(r'[a-z]+[0-9]{4}[a-z]?')  # a publication's key: its first author and year, jiang2021
 CPU_CORES = re.compile(r'^(\d+) CPU cores')
 PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
 
@@ -142,6 +140,11 @@ def machine_slug(machine: str) -> str:
 
 
 def file_name(document: dict) -> str:
-    """The name a results document is kept under: its study, its machine and its commit (or, without one, its
-    date)."""
-    return f'{document["study"]}_{machine_slug(document["machine"])}_{document["commit"] or document["date"]}.json'
+    """The name a results document is kept under: its study, its machine and its commit, or where that is null the
+    commit that first quoted its figures (`notes.first_quoted`), or a publication's key (`notes.key`)."""
+    notes = document.get('notes') or {}
+    mark = document['commit'] or notes.get('first_quoted') or notes.get('key')
+    if not isinstance(mark, str) or not (COMMIT.fullmatch(mark) or KEY.fullmatch(mark)):
+        raise DataError(f'the {document["study"]} results: no commit to name its file by: give notes.first_quoted (the '
+                        f'commit that first quoted its figures) or, for a publication, notes.key (as jiang2021)')
+    return f'{document["study"]}_{machine_slug(document["machine"])}_{mark}.json'

@@ -1,201 +1,37 @@
-"""The figures README.md and docs/*.md quote, rendered from their data files (tools/render_results.py).
-
-Every figure lives in one data file: a results file, docs/results/NAME.json (FILE: NAME), in the envelope of
-`classification.studies.results_file`, or the dense runs' metafile, seg_configs/metafile.yaml (mmseg's schema, with
-mmdet's list of Results per task). A page holds renderings of them only, each between markers that name what renders
-it, `<!-- results: KIND ARGS -->...<!-- /results -->`, ARGS shell-style words, KIND one of KINDS: `table FILE
-[ALIAS=FILE ...]` (the marker's next lines a Markdown table of `{EXPRESSION[:FORMAT]}` cells), `view FILE VIEW ARGS`
-(VIEWS), `runs [latest|layouts] TASK...` (`embedded_runs`) and `value FILE EXPRESSION [FORMAT]`, one figure inside a
-sentence. An EXPRESSION is a figure's path or paths and numbers joined by spaced operators (`DataFiles.evaluate`), a
-FORMAT a Python format or one of FORMATS (`formatted`). Every block but an inline one stands on a line of its own and
-ends with a line crediting each file it read (`Page.credits`). `render_pages(root)` rewrites every block of the pages
+"""The figures README.md and docs/*.md quote, rendered from their data files (tools/render_results.py; the syntax:
+docs/layout.md, "The figures in the pages"). A page holds renderings of data only, each between markers naming what
+renders it, `<!-- results: KIND ARGS -->...<!-- /results -->`, KIND one of KINDS: `table FILE [ALIAS=FILE ...]` (the
+marker's next lines a table, `{EXPRESSION[:FORMAT]}` in its cells, a line not starting with | going on with the row
+above), `view FILE VIEW ARGS` (VIEWS), `runs [latest|layouts] TASK...` (`metafile_runs`), `value FILE EXPRESSION
+[FORMAT]`. An EXPRESSION is a path alone (`results_data.lookup`), a FORMAT one of `figure_formats`. Every block but
+an inline one ends with a line crediting each file it read. `render_pages(root)` rewrites every block of the pages
 under `root`, or names those whose text is not what their data give.
 """
 from __future__ import annotations
 
 import inspect
-import json
-import math
-import operator
 import os
 import re
 import shlex
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
-
-import yaml
 
 from backbones.common.cli import command_parser
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_text_atomic
 from backbones.common.log import logger
+from classification.studies.figure_formats import formatted, wrapped
+from classification.studies.gpu_session_view import gpu_session_figures
 from classification.studies.launcher import REPOSITORY
+from classification.studies.metafile_runs import embedded_runs
 from classification.studies.reproduction import tables as reproduction
-from classification.studies.results_file import PUBLISHED, check_envelope
-from classification.studies.statistics import describe_difference, mean_std
+from classification.studies.results_data import DataFiles, lookup
+from classification.studies.results_file import PUBLISHED
 
-RESULTS = Path('docs/results')
-METAFILE = Path('seg_configs/metafile.yaml')
 PAGES = ('README.md', 'docs/*.md')
 MARKER = re.compile(r'<!--\s*/?\s*results?\b')  # every results marker, opening or closing, well formed or not
 BLOCK = re.compile(r'<!-- results: (?P<spec>.*?)(?P<end>\s)-->(?P<body>.*?)<!-- /results -->', re.S)
-OPERATOR = re.compile(r' ([*/+-]) ')  # spaced: a key may hold a slash, as mmseg's 'inference time (ms/im)'
-OPERATIONS: dict[str, Callable[[float, float], float]] = {'*': operator.mul, '/': operator.truediv,
-                                                          '+': operator.add, '-': operator.sub}
 CELL = re.compile(r'\{(?P<expression>[^{}:]+)(?::(?P<form>[^{}]*))?\}')  # a table cell's {EXPRESSION:FORMAT}
-NUMBER = re.compile(r'[-+]?\d+(\.\d*)?([eE][-+]?\d+)?')  # a number in an expression (not inf or nan: keys)
-OWN_FIELDS = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'notes')  # the envelope's, beside figures
-WIDTH = 118  # a rendered paragraph's lines
-MODEL_NAMES = {'lvvit_s': 'LV-ViT-S', 'deit_small_patch16_224': 'DeiT-S'}
-
-
-class DataFiles:
-    """The data files under a repository root, each read once (and a results file checked for its envelope):
-    `metafile`, or the name of a docs/results file without `.json`."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.loaded = root, {}
-        self.read: dict[str, None] = {}  # the files read since it was last cleared, in order: what a block credits
-
-    def path(self, name: str) -> Path:
-        return self.root / (METAFILE if name == 'metafile' else RESULTS / f'{name}.json')
-
-    def __getitem__(self, name: str) -> dict:
-        self.read[name] = None
-        if name not in self.loaded:
-            path = self.path(name)
-            if not path.is_file():
-                raise DataError(f'{path}: {"not a file" if path.exists() else "no such data file"}')
-            try:
-                text = path.read_text()
-                data = yaml.safe_load(text) if path.suffix == '.yaml' else json.loads(text)
-            except (ValueError, yaml.YAMLError) as exc:
-                raise DataError(f'{path}: not readable as {path.suffix[1:]}: {exc}') from None
-            self.loaded[name] = data if name == 'metafile' else check_envelope(data, str(path))
-        return self.loaded[name]
-
-    def figures(self, name: str) -> dict:
-        return self[name]['figures']
-
-    def lookup(self, name: str, path: str) -> object:
-        """A figure of a results file, or of the metafile: a path whose first key is one of the envelope's own fields
-        (OWN_FIELDS: `commit`, `notes.machine`) reads that field, any other the figures."""
-        data = self[name]
-        if name != 'metafile' and path.split('.')[0] not in OWN_FIELDS:
-            data = data['figures']
-        return lookup(data, path, str(self.path(name)))
-
-    def evaluate(self, name: str, expression: str, others: dict[str, str] | None = None) -> object:
-        """A path's value, or paths and numbers joined by ' * ', ' / ', ' + ' and ' - ' (spaced: in a marker the
-        expression is quoted), evaluated left to right; a path `ALIAS#PATH` is read from file `others[ALIAS]`."""
-        words = OPERATOR.split(expression.strip())
-        if {'+', '-'} & set(words[1::2]) and {'*', '/'} & set(words[1::2]):
-            raise UsageError(f'{expression}: + or - beside * or / (evaluated left to right, not by precedence): write '
-                             f'it with one kind, or as two figures')
-        result = self.operand(name, words[0], others or {})
-        for sign, word in zip(words[1::2], words[2::2]):
-            operands = [result, self.operand(name, word, others or {})]
-            wrong = [repr(value) for value in operands
-                     if isinstance(value, bool) or not isinstance(value, (int, float))]
-            if wrong:
-                raise DataError(f'{expression}: {", ".join(wrong)} is not a number')
-            try:
-                result = OPERATIONS[sign](*operands)
-            except ZeroDivisionError:
-                raise DataError(f'{expression}: a division by zero') from None
-        if isinstance(result, float) and not math.isfinite(result):
-            raise DataError(f'{expression}: {result} is not a finite figure')
-        return result
-
-    def operand(self, name: str, word: str, others: dict[str, str]) -> object:
-        if NUMBER.fullmatch(word):
-            return float(word)
-        alias, _, path = word.rpartition('#')
-        if alias and alias not in others:
-            raise UsageError(f'{word}: {alias} is not one of the table\'s files' +
-                             (f' ({", ".join(others)})' if others else ' (only a table names other files)'))
-        return self.lookup(others[alias] if alias else name, path)
-
-
-def lookup(data: object, path: str, where: str) -> object:
-    """The value at `path` in `data`: keys joined by dots, a list item by its index or its Name."""
-    value = data
-    for key in path.split('.'):
-        if isinstance(value, list):
-            found = [item for i, item in enumerate(value) if key in (str(i), item_name(item))]
-            value = found[0] if found else None
-        elif isinstance(value, dict) and value.get(key, ...) is None:
-            raise DataError(f'{where}: {path} is null (at {key!r})')
-        else:
-            value = value.get(key) if isinstance(value, dict) else None
-        if value is None:
-            raise DataError(f'{where}: no {path} (stopped at {key!r})')
-    return value
-
-
-def item_name(item: object) -> str | None:
-    return item.get('Name') if isinstance(item, dict) else None
-
-
-def duration(seconds: float) -> str:
-    """'3 min 27 s', '45 s', '2 min'."""
-    minutes, rest = divmod(round(seconds), 60)
-    if not minutes:
-        return f'{rest} s'
-    return f'{minutes} min' + (f' {rest} s' if rest else '')
-
-
-def spread(values: list[float]) -> str:
-    """Per-seed values as '71.7 ± 1.7' (mean ± sample standard deviation; the text around it names the seeds)."""
-    if not isinstance(values, list) or not values:
-        raise DataError(f'spread needs a list of per-seed values, got {values!r}')
-    return reproduction.cell(mean_std(values))
-
-
-def rate(images_per_second: float) -> str:
-    """Images/s as the tables print them: whole numbers with thousands separators from 100 up, else one decimal."""
-    return f'{images_per_second:,.0f}' if images_per_second >= 100 else f'{images_per_second:.1f}'
-
-
-FORMATS: dict[str, Callable[[object], str]] = {
-    'cell': reproduction.cell,  # mean ± std
-    'difference': describe_difference,  # '-5.6 [-12.8, +1.5] (within noise)'
-    'duration': duration,
-    'rate': rate,
-    'spread': spread,  # [71.5, 72.1, ...] -> '71.7 ± 1.7'
-}
-
-
-def formatted(value: object, form: str) -> str:
-    """`value` written by one of FORMATS or a Python format (`.1f`, `,.0f`, `.0%`; or a whole one, a `value` block's
-    `{:.1f}%`); a figure a Python format is given is a number or a word (not a list, a mapping or a truth value)."""
-    if form not in FORMATS and '{' not in form:  # a table cell's spec (`.1f`) given to a value block
-        form = f'{{:{form}}}'
-    if form not in FORMATS and (isinstance(value, (dict, list, bool)) and form != '{}' or isinstance(value, dict)):
-        raise DataError(f'format {form!r} cannot write {value!r}: not a single figure')
-    try:
-        return FORMATS[form](value) if form in FORMATS else form.format(value)
-    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as exc:
-        raise DataError(f'format {form!r} cannot write {value!r}: {exc!r}') from None
-
-
-def measured(document: dict, link: str) -> str:
-    """Where and when a results file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
-    c24ec1c, 2026-11-28 ([results/...](results/...))', a study run in stages at several commits naming each
-    (`figures.commits`); a publication's: its source."""
-    if document['machine'].startswith(PUBLISHED):
-        return f'{document["source"]} ({link})'
-    stages = document['figures'].get('commits')
-    if isinstance(stages, dict):
-        commit = 'commits ' + ', '.join(f'{value} ({key})' for key, value in stages.items())
-    else:
-        commit = f'commit {document["commit"] or document["notes"]["commit"]}'
-    torch = f'torch {document["torch"]}, ' if document['torch'] else ''
-    return f'{document["machine"]}, {torch}{commit}, {document["date"]} ({link})'
-
-
-# ---- the kinds of block: each (the page's blocks' context, its words) -> its text
 
 
 class Page:
@@ -213,52 +49,63 @@ class Page:
         return wrapped('; '.join(self.measured(name) for name in self.files.read) + '.')
 
     def measured(self, name: str) -> str:
-        if name == 'metafile':  # its runs name their own commit, date and machine
-            return f'Each run\'s commit, date and machine: {self.link(name)}'
-        return measured(self.files[name], self.link(name))
+        """Where and when a data file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
+        c24ec1c, 2026-11-28 ([results/...](results/...))', a study run in stages at several commits naming each
+        (`figures.commits`); a publication's: its source; the metafile's runs name their own."""
+        document, link = self.files[name], self.link(name)
+        if name == 'metafile':
+            return f'Each run\'s commit, date and machine: {link}'
+        if document['machine'].startswith(PUBLISHED):
+            return f'{document["source"]} ({link})'
+        stages = document['figures'].get('commits')
+        if isinstance(stages, dict):
+            commit = 'commits ' + ', '.join(f'{value} ({key})' for key, value in stages.items())
+        else:
+            commit = f'commit {document["commit"] or document["notes"]["commit"]}'
+        torch = f'torch {document["torch"]}, ' if document['torch'] else ''
+        return f'{document["machine"]}, {torch}{commit}, {document["date"]} ({link})'
 
 
-def value(page: Page, name: str, expression: str, form: str = '{}') -> str:
-    """One figure inside a sentence: the only inline kind of block, with the reproduction's `seeds` view."""
-    return formatted(page.files.evaluate(name, expression), form)
+# the kinds of block: each (the data files, the marker's words) -> its text
 
 
-def table(page: Page, *sources: str, template: list[str]) -> str:
+def value(files: DataFiles, name: str, expression: str, form: str = '{}') -> str:
+    return formatted(files.lookup(name, expression), form)
+
+
+def table(files: DataFiles, *sources: str, template: list[str]) -> str:
     """The marker's template lines with each `{EXPRESSION[:FORMAT]}` filled from the first of `sources` (each a
-    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them); a `|` in a figure is
-    escaped."""
+    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them)."""
     if not sources:
         raise UsageError('table: name the results file(s) it reads')
     names = dict(source.partition('=')[::2] if '=' in source else (source, source) for source in sources)
-    if not template or not all(line.lstrip().startswith('|') for line in template):
+    if not template:
         raise UsageError(f'table {sources[0]}: give its lines, each starting with |, on the lines after the marker')
     first = next(iter(names.values()))
 
     def fill(found: re.Match) -> str:
-        figure = page.files.evaluate(first, found['expression'], names)
+        alias, _, path = found['expression'].strip().rpartition('#')
+        if alias and alias not in names:
+            raise UsageError(f'{found["expression"]}: {alias} is not one of the table\'s files ({", ".join(names)})')
+        figure = files.lookup(names[alias] if alias else first, path)
         return formatted(figure, found['form'] or '{}').replace('|', '\\|')
 
-    return '\n'.join(CELL.sub(fill, line.strip()) for line in template)
+    return '\n'.join(CELL.sub(fill, line) for line in template)
 
 
-def wrapped(text: str) -> str:
-    """A paragraph in lines of at most WIDTH characters (a page's source stays readable; links are not broken)."""
-    return textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
-
-
-def view(page: Page, name: str, kind: str, *args: str) -> tuple[str, bool]:
+def view(files: DataFiles, name: str, kind: str, *args: str) -> tuple[str, bool]:
     """What the study of results file `name` renders as `kind` (VIEWS), and whether it is inline."""
-    study = page.files[name]['study']
+    study = files[name]['study']
     views = VIEWS.get(study, {})
     if kind not in views:
-        raise UsageError(f'{page.files.path(name)}: study {study} has no view {kind!r}'
+        raise UsageError(f'{files.path(name)}: study {study} has no view {kind!r}'
                          f'{" (its views: " + ", ".join(views) + ")" if views else ""}')
     render, inline = views[kind]
-    check_words(render, f'view {kind}', page.files, name, *args)
-    return render(page.files, name, *args), inline
+    check_words(render, f'view {kind}', files, name, *args)
+    return render(files, name, *args), inline
 
 
-# ---- the studies' views: each (data files, the results file's name, its words) -> its text
+# the studies' views: each (data files, the results file's name, its words) -> its text
 
 
 def seeds(files: DataFiles, name: str, variant: str, path: str, form: str = '{:.1f}') -> str:
@@ -295,277 +142,12 @@ def reproduction_figure4(files: DataFiles, name: str) -> str:
             reproduction.annotator_table(results['summary'], results['annotators']))
 
 
-def embedded_runs(page: Page, *tasks: str) -> str:
-    """The metafile's runs of the embedded defaults whose results are of one of `tasks` (mmseg's and mmdet's Task):
-    the digits pretraining, the training, the scores shown (with their spread over seeds), what they compare with,
-    and the times; runs on the pages in a published set's layout with `runs layouts TASK...`, the others without.
-    `runs latest TASK...`: each config's latest run alone, its scores and total time."""
-    latest, in_layouts = tasks[:1] == ('latest',), tasks[:1] == ('layouts',)
-    runs = embedded_defaults(page.files, tasks[1:] if latest or in_layouts else tasks, in_layouts)
-    if latest:
-        newest = {run['Config']: run for run in sorted(runs, key=lambda run: str(run['Metadata']['Date']))}
-        return '\n'.join(['| config, commit | scores on the validation pages | total time |', '|---|---|---|'] +
-                         [f'| {run_name(run)} | **{shown_scores(run)}** | {total_time(run)} |'
-                          for run in newest.values()])
-    compared = any(run['Metadata'].get('Baselines') for run in runs)
-    lines = ['| config, commit | pretraining on the digits: top-1, time | training | scores on the validation pages |'
-             + (' for comparison |' if compared else '') + ' total |',
-             '|---|---|---|---|' + ('---|' if compared else '') + '---|']
-    for run in runs:
-        meta = run['Metadata']
-        pretraining = meta['Pretraining']
-        time = (f'{run_seconds(run, "Pretraining Time", pretraining["Time (s)"])} ({pretraining["Includes"]} '
-                f'included)' if 'Time (s)' in pretraining else pretraining['Includes'])
-        baselines = '; '.join(f'{b["Name"]}: {metric_list(b["Metrics"], shown_metrics(run))}'
-                              for b in meta.get('Baselines', ()))
-        cells = [run_name(run), f'{pretraining["Top 1 Accuracy"]:.1f}%, {time}',
-                 f'{meta["lr schd"]} iterations, {run_seconds(run, "Training Time")}', f'**{shown_scores(run)}**',
-                 *([baselines] if compared else []), total_time(run)]
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
-
-
-def total_time(run: dict) -> str:
-    """A run's total time, and what it did not include where its backbone came from an earlier run."""
-    pretraining = run['Metadata']['Pretraining']
-    reused = '' if 'Time (s)' in pretraining else f' (pretraining: {pretraining["Includes"]})'
-    return run_seconds(run, 'Total Time') + reused
-
-
-def embedded_defaults(files: DataFiles, tasks: tuple[str, ...], in_layouts: bool = False) -> list[dict]:
-    """The metafile's runs of the embedded defaults with a result of one of `tasks`: on the pages written in a
-    published set's layout (their Metadata's `Layout`) if `in_layouts`, else on the pages in the suite's own."""
-    runs = [model for model in files['metafile']['Models'] if model['Metadata'].get('Embedded Default')
-            and bool(model['Metadata'].get('Layout')) == in_layouts
-            and {result['Task'] for result in results_of(model)} & set(tasks)]
-    found = {result['Task'] for run in runs for result in results_of(run)}
-    missing = [task for task in tasks if task not in found] or ([] if tasks else ['a task'])
-    if missing:
-        raise DataError(f'{files.path("metafile")}: no embedded default of {", ".join(missing)}')
-    return runs
-
-
-def run_name(run: dict) -> str:
-    return (f'{Path(run["Config"]).stem} at {run["Metadata"]["Commit"]}'
-            f'{" (fresh checkout)" if run["Metadata"].get("Fresh Checkout") else ""}')
-
-
-def run_seconds(run: dict, key: str, seconds: float | None = None) -> str:
-    """A run's time `key` ('Training Time': Metadata's 'Training Time (s)', or `seconds`), 'about' where the
-    metafile lists it as Approximate."""
-    meta = run['Metadata']
-    seconds = meta[f'{key} (s)'] if seconds is None else seconds
-    return ('about ' if key in meta.get('Approximate', ()) else '') + duration(seconds)
-
-
-def results_of(model: dict) -> list[dict]:
-    """A metafile model's results: mmseg's one, or mmdet's list of one per task."""
-    results = model['Results']
-    return results if isinstance(results, list) else [results]
-
-
-def run_metrics(model: dict) -> dict[str, object]:
-    """A metafile model's metrics, of all its results."""
-    return {key: value for result in results_of(model) for key, value in result['Metrics'].items()}
-
-
-def shown_metrics(model: dict) -> dict[str, str | None]:
-    """The metrics a run's table row shows and their formats (`Metadata.Shown`; else its first metric)."""
-    return model['Metadata'].get('Shown') or {next(iter(run_metrics(model))): None}
-
-
-def score(key: str, value: float, shown: dict[str, str | None]) -> str:
-    """'mask AP 58.2': a metric with the format `shown` gives it, one decimal where it gives none."""
-    return f'{key} {value:{shown.get(key) or ".1f"}}'
-
-
-def metric_list(metrics: dict, shown: dict[str, str | None]) -> str:
-    return ', '.join(score(key, value, shown) for key, value in metrics.items())
-
-
-def shown_scores(model: dict) -> str:
-    """The scores a run's table row shows, one decimal unless `Shown` gives a format, mIoU with its spread over the
-    seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
-    metrics, shown = run_metrics(model), shown_metrics(model)
-    parts = []
-    for key in shown:
-        text = score(key, metrics[key], shown)
-        if f'{key} by seed' in metrics:
-            text += f' (seeds {", ".join(map(str, model["Metadata"]["Seeds"]))}: {spread(metrics[f"{key} by seed"])})'
-        parts.append(text)
-    return ', '.join(parts)
-
-
-def gpu_session_table(files: DataFiles, name: str) -> str:
-    """What one GPU session (tools/measure_gpu.py) measured, a row per figure it holds, then what it did not."""
-    session = files.figures(name)
-    rows, missing = [], []
-    for label, describe in GPU_FIGURES:
-        text = describe(session)
-        if text:
-            rows.append(f'| {label} | {text} |')
-        else:
-            missing.append(label)
-    head = '| | |'
-    note = f'\n\nNot measured in this session: {"; ".join(missing)}.' if missing else ''
-    return '\n'.join([head, '|---|---|', *rows]) + note
-
-
-def loop_figures(session: dict) -> dict | None:
-    document = session.get('loop_benchmark')
-    return document['models'][0] if document and document.get('models') else None
-
-
-INPUT_BOUND = ' (input-bound: it says nothing of the step)'
-
-
-def bound_note(input_bound: bool) -> str:
-    """What a ratio of two loops measured under the same bound can say: under the input pipeline, only how their
-    pipelines compare."""
-    return INPUT_BOUND if input_bound else ''
-
-
-def gpu_against_timm(session: dict) -> str:
-    f = loop_figures(session)
-    if not f or 'timm_train' not in f:
-        return ''
-    return (f'`train_cls` {rate(f["train_cls"]["img_s"])} img/s, timm\'s `train.py` {rate(f["timm_train"]["img_s"])} '
-            f'img/s: **x{f["timm_train"]["suite_ratio"]:.2f}**{bound_note(f["bound"] == "input pipeline")}')
-
-
-def gpu_loop(session: dict) -> str:
-    f = loop_figures(session)
-    if not f or 'loop' not in f:
-        return gpu_loop_from_progress(session)
-    serial = (f', serial loop {rate(f["loop"]["serial_img_s"])} img/s (overlap x{f["loop"]["overlap_gain"]:.2f})'
-              f'{bound_note(f["bound"] == "input pipeline")}' if 'serial_img_s' in f['loop'] else '')
-    return (f'loop {rate(f["loop"]["img_s"])} img/s against its step\'s {rate(f["model_step_img_s"])}: '
-            f'**x{f["loop"]["of_step"]:.2f}**{serial}; bound by the {f["bound"]}')
-
-
-def gpu_loop_from_progress(session: dict) -> str:
-    """The loop against its step from the benchmark's progress lines, where it stopped before its document (a later
-    window failed): the same steady-state windows, logged as each was measured."""
-    progress = session.get('loop_benchmark_progress', {})
-
-    def figure(prefix: str) -> float | None:
-        return next((value for label, value in progress.items() if label.startswith(prefix)), None)
-
-    loop, step = figure('whole loop, batched path, overlapped'), figure('model step')
-    if loop is None or step is None:
-        return ''
-    # the batched path's pipeline with the most loader workers (the one the loop ran with); the bound as the
-    # benchmark names it: the slower of that pipeline and the step
-    pipelines = {int(found[1]): value for label, value in progress.items()
-                 if (found := re.fullmatch(r'input pipeline, batched path, (\d+) workers', label))}
-    pipeline = pipelines[max(pipelines)] if pipelines else None
-    input_bound = pipeline is not None and pipeline < step
-    bound = f'the input pipeline ({rate(pipeline)} img/s, batched path)' if input_bound else 'the model step'
-    serial = figure('whole loop, batched path, serial')
-    serial_text = (f', serial loop {rate(serial)} img/s (overlap x{loop / serial:.2f}){bound_note(input_bound)}'
-                   if serial else '')
-    return (f'loop {rate(loop)} img/s against its step\'s {rate(step)}: **x{loop / step:.2f}**{serial_text}; bound by '
-            f'{bound} (from the benchmark\'s progress lines: its later train_cls window failed)')
-
-
-def gpu_step(kind: str) -> Callable[[dict], str]:
-    def describe(session: dict) -> str:
-        steps = session.get('step', {}).get('models', {})
-        parts = []
-        for model, figures in steps.items():
-            step = figures.get(kind)
-            if step:
-                mfu = (f', MFU {step["mfu"]:.1%} of {step["peak_tflop_s"]:g} TFLOP/s' if step.get('mfu') is not None
-                       else '')
-                ratio = (f', x{figures["compiled_over_eager"]:.2f} the eager step'
-                         if kind == 'compiled' and 'compiled_over_eager' in figures else '')
-                parts.append(f'{MODEL_NAMES.get(model, model)}: {rate(step["img_s"])} img/s '
-                             f'({step["tflop_s"]:.0f} TFLOP/s{mfu}){ratio}')
-        return '; '.join(parts)
-    return describe
-
-
-def gpu_tests(session: dict) -> str:
-    tests = session.get('gpu_tests')
-    if not tests:
-        return ''
-    failures = ''.join(f'; failed: `{name}` ({why})' for name, why in tests.get('failures', {}).items())
-    stopped = ' (stopped by its time limit)' if tests.get('timed_out') else ''
-    return (f'{tests["passed"]} passed, {tests["failed"]} failed of {tests["passed"] + tests["failed"]} in '
-            f'{duration(tests["seconds"])}{stopped}{failures}')
-
-
-def against(name: str, fast: float, base_name: str, base: float) -> str:
-    """Two rates and their ratio: '<name> R img/s, <base_name> B img/s (xR/B)'."""
-    return f'{name} {rate(fast)} img/s, {base_name} {rate(base)} img/s (x{fast / base:.2f})'
-
-
-def gpu_decoding(session: dict) -> str:
-    decoding = session.get('decoding')
-    if not decoding or 'gpu_img_s' not in decoding:
-        return ''
-    return f'{decoding["workers"]} workers: ' + against('nvJPEG', decoding['gpu_img_s'], "the workers' decoding",
-                                                        decoding['cpu_img_s'])
-
-
-def gpu_labels(session: dict) -> str:
-    labels = session.get('label_generation')
-    if not labels or 'bf16_img_s' not in labels:
-        return ''
-    return f'{labels["annotator"]} at {labels["img_size"]} px: ' + against('bf16', labels['bf16_img_s'], 'fp32',
-                                                                          labels['fp32_img_s'])
-
-
-def gpu_decoded_loop(key: str, compiled: bool) -> Callable[[dict], str]:
-    """A loop stage's row (gpu_session.loop_stage): the loop against its step in the same process, its data wait."""
-    def describe(session: dict) -> str:
-        stage = session.get(key)
-        figures = next(iter(stage['models'].values()), {}).get('compiled' if compiled else 'eager') if stage else None
-        if not figures:
-            return ''
-        wait = f', waiting for data {figures["data_wait"]:.0%} of the pass' if figures['data_wait'] is not None else ''
-        return (f'--decode {stage["decode"]}, {stage["workers"]} workers: loop {rate(figures["loop_img_s"])} img/s '
-                f'against its step\'s {rate(figures["step_img_s"])}: **x{figures["loop_of_step"]:.2f}**{wait}')
-    return describe
-
-
-def gpu_dense_steps(session: dict) -> str:
-    """The dense_steps stage's row: each config's step, its batch and largest image, its peak device memory."""
-    configs = session.get('dense_steps', {}).get('configs', {})
-    parts = []
-    for name, step in configs.items():
-        height, width = step['largest_image']
-        memory = f', {step["peak_memory_gib"]:.1f} GiB at its peak' if step['peak_memory_gib'] is not None else ''
-        parts.append(f'`{name}` {rate(step["img_s"])} img/s '
-                     f'({step["it_s"]:.2f} it/s of {step["batch_size"]}, up to {width}x{height}{memory})')
-    # the dense_windows stage's (dense_steps held them before it was a stage of its own)
-    windows = session.get('dense_windows') or session.get('dense_steps', {}).get('windows')
-    if windows:
-        parts.append(f'Mask R-CNN with window attention against global attention: x{windows["time_ratio"]:.2f} the '
-                     f'time of a step, x{windows["memory_ratio"]:.2f} the memory')
-    return '; '.join(parts)
-
-
-# the GPU session's figures in the issue's order of value
-GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=False)),
-               ('the compiled loop against its compiled step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=True)),
-               ('the same for LV-ViT-S with token labeling, eager', gpu_decoded_loop('lvvit_loop', compiled=False)),
-               ('the same, compiled', gpu_decoded_loop('lvvit_loop', compiled=True)),
-               ("the suite against timm's `train.py` (DeiT-S, steady state)", gpu_against_timm),
-               ('the whole loop against its step (DeiT-S, the workers decoding)', gpu_loop),
-               ("the trainer's step, eager (bf16, fused AdamW, channels-last)", gpu_step('eager')),
-               ('the same, compiled (`--compile`)', gpu_step('compiled')),
-               ('the GPU suite (`pytest -m gpu`)', gpu_tests),
-               ('nvJPEG decoding (`--decode gpu`)', gpu_decoding),
-               ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels),
-               ("the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch)", gpu_dense_steps))
-
 # the studies' views: study -> view -> (renderer, inline)
 VIEWS: dict[str, dict[str, tuple[Callable[..., str], bool]]] = {
     'reproduction': {'table': (reproduction_table, False), 'rows': (reproduction_rows, False),
                      'table7': (reproduction_table7, False), 'figure4': (reproduction_figure4, False),
                      'seeds': (seeds, True)},
-    'gpu_session': {'table': (gpu_session_table, False)},
+    'gpu_session': {'figures': (gpu_session_figures, False)},
 }
 
 
@@ -574,12 +156,23 @@ KINDS: dict[str, tuple[Callable[..., str], bool]] = {'table': (table, False), 'v
                                                    'runs': (embedded_runs, False), 'value': (value, True)}
 
 
+def marker_parts(spec: str) -> tuple[str, list[str]]:
+    """A marker's words, which may go on over several lines, and its table's lines: each starting with |, a line
+    after one that does not going on with it (a long row written over several lines of the page's source)."""
+    words, template = [], []
+    for line in filter(None, (line.strip() for line in spec.split('\n'))):
+        if line.startswith('|'):
+            template.append(line)
+        elif template:
+            template[-1] += ' ' + line
+        else:
+            words.append(line)
+    return ' '.join(words), template
+
+
 def render_block(page: Page, spec: str) -> tuple[str, bool]:
-    """(a block's text, whether it is inline) from its marker's words, which may go on over several lines (a table's
-    lines, starting with |, after them)."""
-    lines = [line.strip() for line in spec.split('\n')]
-    template = [line for line in lines if line.startswith('|')]
-    first = ' '.join(line for line in lines if line and not line.startswith('|'))
+    """(a block's text, whether it is inline) from its marker's words and a table's lines (`marker_parts`)."""
+    first, template = marker_parts(spec)
     try:
         words = shlex.split(first)
     except ValueError as exc:  # an unbalanced quote
@@ -590,15 +183,12 @@ def render_block(page: Page, spec: str) -> tuple[str, bool]:
     if template and kind != 'table':
         raise UsageError('only a table\'s marker holds a table\'s lines')
     page.files.read.clear()
-    if kind == 'table':
-        check_words(table, 'table', page, *args, template=template)
-        text, inline = table(page, *args, template=template), False
-    elif kind == 'view':
-        text, inline = view(page, *args)
-    else:
-        render, inline = KINDS[kind]
-        check_words(render, kind, page, *args)
-        text = render(page, *args)
+    render, inline = KINDS[kind]
+    keywords = {'template': template} if kind == 'table' else {}
+    check_words(render, kind, page.files, *args, **keywords)
+    text = render(page.files, *args, **keywords)
+    if kind == 'view':  # and whether it is inline, its study's view's
+        text, inline = text
     return (text, True) if inline else (f'{text}\n\n{page.credits()}', False)
 
 
@@ -611,8 +201,7 @@ def check_words(render: Callable[..., str], kind: str, *args: object, **kwargs: 
 
 
 def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
-    """`text` with every block rendered, and the blocks that changed: (marker's first line, line). A block that is
-    not inline is rendered between blank lines, at its marker's indentation (a table inside a list item)."""
+    """`text` with every block rendered, and the blocks that changed: (marker's first line, line)."""
     changed = []
 
     def replace(match: re.Match) -> str:
@@ -639,8 +228,7 @@ def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
 def check_markers(text: str, page: Page) -> None:
     """Every results marker of `text` opens or closes a block: one misspelt, unclosed or left over would otherwise
     be skipped, or take the text up to the next block's end with it."""
-    inside = {match.start(): match.end() for match in BLOCK.finditer(text)}
-    spans = sorted(inside.items())
+    spans = [(match.start(), match.end()) for match in BLOCK.finditer(text)]
     for marker in MARKER.finditer(text):
         line = text.count('\n', 0, marker.start()) + 1
         where = f'{page.path.relative_to(page.files.root)}:{line}'

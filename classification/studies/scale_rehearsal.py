@@ -259,6 +259,7 @@ def mb(value: int) -> str:
 def stage_build(args: argparse.Namespace, measurements: MeasurementTable) -> None:
     built = build_trees(args.root, args.scale)
     measurements.add('build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    measurements.add('build', 'training images, millions', built['train'] / 1000000, f'{built["train"] / 1e6:.2f}M')
     if built['reused']:
         measurements.add('build', 'trees', 'reused from an earlier run')
         return
@@ -428,6 +429,7 @@ def stage_tar_listing(args: argparse.Namespace, measurements: MeasurementTable) 
         samples, seconds = timed(lambda: open_split(data, 'train').samples)  # the listing alone, not its reader
         measurements.add('tar-listing', f'{name}: seconds', round(seconds, 1))
     measurements.add('tar-listing', 'images listed', len(samples))
+    measurements.add('tar-listing', 'images listed, millions', len(samples) / 1000000, f'{len(samples) / 1e6:.2f}M')
     measurements.add('tar-listing', 'files of the training split on disk (tars and index)', files_under(data / 'train'))
     if (args.root / LAYOUTS['folders'] / 'train').is_dir():
         measurements.add('tar-listing', 'files of the training split as class folders',

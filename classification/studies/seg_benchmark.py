@@ -84,7 +84,8 @@ def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
     return {'load_average_1min': [load_before, os.getloadavg()[0]], 'iteration': iteration,
             'batch_size': placed.batch_size, 'workers': placed.num_workers, 'replayed_timed': replayed,
             'first_batch_s': first, 'replayed_batch_s': rest / replayed, 'images_replayed': iteration *
-            placed.batch_size, 'before_s': before, 'after_s': after, 'speedup': before / after}
+            placed.batch_size, 'before_s': before, 'before_hours': before / 3600, 'after_s': after,
+            'speedup': before / after}
 
 
 def replay_seconds(loader, batches: int) -> tuple[float, float]:

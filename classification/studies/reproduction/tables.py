@@ -2,6 +2,8 @@
 and the rows beside the paper's figures for the docs."""
 from __future__ import annotations
 
+import textwrap
+
 from classification.digits.cls_data import ANNOTATOR
 from classification.studies.reproduction.rows import (
     ANNOTATOR_ROWS,
@@ -27,11 +29,12 @@ def markdown_table(summary: dict, model: str, seeds: int, annotators: dict) -> s
     for variant, entry in summary.items():
         difference = describe_difference(entry['vs_token_labeling']['top1']) if 'vs_token_labeling' in entry else '—'
         lines.append(f'| {VARIANTS[variant]} | {cell(entry["top1"])} | {difference} | {time_cell(summary, variant)} |')
-    text = (f'{model}, {seeds} seed(s). Top-1 on the validation split, mean ± standard deviation over the seeds; '
-            f'each row minus token labeling paired by seed (the same initialisation and data order), mean difference '
-            f'[{CONFIDENCE:.0%} t interval] in percentage points, "within noise" where the interval holds 0. '
-            f'Pretraining time: its epochs\' seconds summed, the fastest seed\'s, and its ratio to the Standard '
-            f'(vanilla) row\'s.\n\n' + '\n'.join(lines) + '\n')
+    text = textwrap.fill(
+        f'{model}, {seeds} seed(s). Top-1 on the validation split, mean ± standard deviation over the seeds; each row '
+        f'minus token labeling paired by seed (the same initialisation and data order), mean difference '
+        f'[{CONFIDENCE:.0%} t interval] in percentage points, "within noise" where the interval holds 0. Pretraining '
+        f'time: its epochs\' seconds summed, the fastest seed\'s, and its ratio to the Standard (vanilla) row\'s.',
+        118, break_on_hyphens=False) + '\n\n' + '\n'.join(lines) + '\n'
     transfers = {variant: entry for variant, entry in summary.items() if transferred(entry)}
     return text + (table7(transfers, model) if transfers else '') + paper_tables(summary, annotators)
 

@@ -1,0 +1,168 @@
+"""What one GPU session (tools/measure_gpu.py, classification/studies/gpu_session.py) measured, as a page shows it
+(`view FILE figures`): a list item per figure it holds, in the issue's order of value, then what it did not measure."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from classification.studies.figure_formats import duration, rate, wrapped
+from classification.studies.results_data import DataFiles
+
+MODEL_NAMES = {'lvvit_s': 'LV-ViT-S', 'deit_small_patch16_224': 'DeiT-S'}
+INPUT_BOUND = ' (input-bound: it says nothing of the step)'
+
+
+def gpu_session_figures(files: DataFiles, name: str) -> str:
+    """A list item per figure the session of results file `name` holds, then a sentence naming those it does not."""
+    session = files.figures(name)
+    described = [(label, describe(session)) for label, describe in GPU_FIGURES]
+    missing = [label for label, text in described if not text]
+    note = '\n\n' + wrapped(f'Not measured in this session: {"; ".join(missing)}.') if missing else ''
+    return '\n'.join(wrapped(f'- {label}: {text}', indent='  ') for label, text in described if text) + note
+
+
+def loop_figures(session: dict) -> dict | None:
+    document = session.get('loop_benchmark')
+    return document['models'][0] if document and document.get('models') else None
+
+
+def bound_note(input_bound: bool) -> str:
+    """What a ratio of two loops measured under the same bound can say: under the input pipeline, only how their
+    pipelines compare."""
+    return INPUT_BOUND if input_bound else ''
+
+
+def gpu_against_timm(session: dict) -> str:
+    f = loop_figures(session)
+    if not f or 'timm_train' not in f:
+        return ''
+    return (f'`train_cls` {rate(f["train_cls"]["img_s"])} img/s, timm\'s `train.py` {rate(f["timm_train"]["img_s"])} '
+            f'img/s: **x{f["timm_train"]["suite_ratio"]:.2f}**{bound_note(f["bound"] == "input pipeline")}')
+
+
+def gpu_loop(session: dict) -> str:
+    f = loop_figures(session)
+    if not f or 'loop' not in f:
+        return gpu_loop_from_progress(session)
+    serial = (f', serial loop {rate(f["loop"]["serial_img_s"])} img/s (overlap x{f["loop"]["overlap_gain"]:.2f})'
+              f'{bound_note(f["bound"] == "input pipeline")}' if 'serial_img_s' in f['loop'] else '')
+    return (f'loop {rate(f["loop"]["img_s"])} img/s against its step\'s {rate(f["model_step_img_s"])}: '
+            f'**x{f["loop"]["of_step"]:.2f}**{serial}; bound by the {f["bound"]}')
+
+
+def gpu_loop_from_progress(session: dict) -> str:
+    """The loop against its step from the benchmark's progress lines, where it stopped before its document (a later
+    window failed): the same steady-state windows, logged as each was measured."""
+    progress = session.get('loop_benchmark_progress', {})
+
+    def figure(prefix: str) -> float | None:
+        return next((value for label, value in progress.items() if label.startswith(prefix)), None)
+
+    loop, step = figure('whole loop, batched path, overlapped'), figure('model step')
+    if loop is None or step is None:
+        return ''
+    # the batched path's pipeline with the most loader workers (the one the loop ran with); the bound as the
+    # benchmark names it: the slower of that pipeline and the step
+    pipelines = {int(found[1]): value for label, value in progress.items()
+                 if (found := re.fullmatch(r'input pipeline, batched path, (\d+) workers', label))}
+    pipeline = pipelines[max(pipelines)] if pipelines else None
+    input_bound = pipeline is not None and pipeline < step
+    bound = f'the input pipeline ({rate(pipeline)} img/s, batched path)' if input_bound else 'the model step'
+    serial = figure('whole loop, batched path, serial')
+    serial_text = (f', serial loop {rate(serial)} img/s (overlap x{loop / serial:.2f}){bound_note(input_bound)}'
+                   if serial else '')
+    return (f'loop {rate(loop)} img/s against its step\'s {rate(step)}: **x{loop / step:.2f}**{serial_text}; bound by '
+            f'{bound} (from the benchmark\'s progress lines: its later train_cls window failed)')
+
+
+def gpu_step(kind: str) -> Callable[[dict], str]:
+    def describe(session: dict) -> str:
+        steps = session.get('step', {}).get('models', {})
+        parts = []
+        for model, figures in steps.items():
+            step = figures.get(kind)
+            if step:
+                mfu = (f', MFU {step["mfu"]:.1%} of {step["peak_tflop_s"]:g} TFLOP/s' if step.get('mfu') is not None
+                       else '')
+                ratio = (f', x{figures["compiled_over_eager"]:.2f} the eager step'
+                         if kind == 'compiled' and 'compiled_over_eager' in figures else '')
+                parts.append(f'{MODEL_NAMES.get(model, model)}: {rate(step["img_s"])} img/s '
+                             f'({step["tflop_s"]:.0f} TFLOP/s{mfu}){ratio}')
+        return '; '.join(parts)
+    return describe
+
+
+def gpu_tests(session: dict) -> str:
+    tests = session.get('gpu_tests')
+    if not tests:
+        return ''
+    failures = ''.join(f'; failed: `{name}` ({why})' for name, why in tests.get('failures', {}).items())
+    stopped = ' (stopped by its time limit)' if tests.get('timed_out') else ''
+    return (f'{tests["passed"]} passed, {tests["failed"]} failed of {tests["passed"] + tests["failed"]} in '
+            f'{duration(tests["seconds"])}{stopped}{failures}')
+
+
+def against(name: str, fast: float, base_name: str, base: float) -> str:
+    """Two rates and their ratio: '<name> R img/s, <base_name> B img/s (xR/B)'."""
+    return f'{name} {rate(fast)} img/s, {base_name} {rate(base)} img/s (x{fast / base:.2f})'
+
+
+def gpu_decoding(session: dict) -> str:
+    decoding = session.get('decoding')
+    if not decoding or 'gpu_img_s' not in decoding:
+        return ''
+    return f'{decoding["workers"]} workers: ' + against('nvJPEG', decoding['gpu_img_s'], "the workers' decoding",
+                                                        decoding['cpu_img_s'])
+
+
+def gpu_labels(session: dict) -> str:
+    labels = session.get('label_generation')
+    if not labels or 'bf16_img_s' not in labels:
+        return ''
+    return f'{labels["annotator"]} at {labels["img_size"]} px: ' + against('bf16', labels['bf16_img_s'], 'fp32',
+                                                                          labels['fp32_img_s'])
+
+
+def gpu_decoded_loop(key: str, compiled: bool) -> Callable[[dict], str]:
+    """A loop stage's row (gpu_session.loop_stage): the loop against its step in the same process, its data wait."""
+    def describe(session: dict) -> str:
+        stage = session.get(key)
+        figures = next(iter(stage['models'].values()), {}).get('compiled' if compiled else 'eager') if stage else None
+        if not figures:
+            return ''
+        wait = f', waiting for data {figures["data_wait"]:.0%} of the pass' if figures['data_wait'] is not None else ''
+        return (f'--decode {stage["decode"]}, {stage["workers"]} workers: loop {rate(figures["loop_img_s"])} img/s '
+                f'against its step\'s {rate(figures["step_img_s"])}: **x{figures["loop_of_step"]:.2f}**{wait}')
+    return describe
+
+
+def gpu_dense_steps(session: dict) -> str:
+    """The dense_steps stage's row: each config's step, its batch and largest image, its peak device memory."""
+    configs = session.get('dense_steps', {}).get('configs', {})
+    parts = []
+    for name, step in configs.items():
+        height, width = step['largest_image']
+        memory = f', {step["peak_memory_gib"]:.1f} GiB at its peak' if step['peak_memory_gib'] is not None else ''
+        parts.append(f'`{name}` {rate(step["img_s"])} img/s '
+                     f'({step["it_s"]:.2f} it/s of {step["batch_size"]}, up to {width}x{height}{memory})')
+    # the dense_windows stage's (dense_steps held them before it was a stage of its own)
+    windows = session.get('dense_windows') or session.get('dense_steps', {}).get('windows')
+    if windows:
+        parts.append(f'Mask R-CNN with window attention against global attention: x{windows["time_ratio"]:.2f} the '
+                     f'time of a step, x{windows["memory_ratio"]:.2f} the memory')
+    return '; '.join(parts)
+
+
+# the GPU session's figures in the issue's order of value
+GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=False)),
+               ('the compiled loop against its compiled step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=True)),
+               ('the same for LV-ViT-S with token labeling, eager', gpu_decoded_loop('lvvit_loop', compiled=False)),
+               ('the same, compiled', gpu_decoded_loop('lvvit_loop', compiled=True)),
+               ("the suite against timm's `train.py` (DeiT-S, steady state)", gpu_against_timm),
+               ('the whole loop against its step (DeiT-S, the workers decoding)', gpu_loop),
+               ("the trainer's step, eager (bf16, fused AdamW, channels-last)", gpu_step('eager')),
+               ('the same, compiled (`--compile`)', gpu_step('compiled')),
+               ('the GPU suite (`pytest -m gpu`)', gpu_tests),
+               ('nvJPEG decoding (`--decode gpu`)', gpu_decoding),
+               ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels),
+               ("the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch)", gpu_dense_steps))
