@@ -6,8 +6,10 @@ _base_ = ['./maskrcnn_lvvit_s.py']
 data_root = 'data/own_coco'
 own_data = dict(epochs=100, min_iters=1000)
 model = dict(backbone=dict(pretrained='timm'))
-train_dataloader = dict(dataset=dict(data_root=data_root, ann_file='annotations/instances_train.json',
+train_dataloader = dict(dataset=dict(type='OwnCocoInstances', data_root=data_root,
+                                     ann_file='annotations/instances_train.json',
                                      data_prefix=dict(img_path='train/')))
-val_dataloader = dict(dataset=dict(data_root=data_root, ann_file='annotations/instances_val.json',
+val_dataloader = dict(dataset=dict(type='OwnCocoInstances', data_root=data_root,
+                                   ann_file='annotations/instances_val.json',
                                    data_prefix=dict(img_path='val/')))
 test_dataloader = val_dataloader

@@ -28,8 +28,7 @@ from backbones.common.distributed import DistInfo
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.images import scan_split
 from backbones.dense import test as tester  # its prepare and parser: pytest would collect test_* names
-from backbones.dense.own_data import OWN_DATA_ROOT
-from backbones.dense.run_data import ADE20K_ROOT
+from backbones.dense.semantic.task import ADE20KLayout, OwnSegLayout
 from backbones.dense.train import Pretraining, build_parser, prepare, train
 from backbones.dense.tta import tta_flips
 from classification.digits.cls_data import (
@@ -51,6 +50,7 @@ from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_model_overrides, write_t
 from helpers.shared import built_once
 from helpers.training_runs import assert_same_run
 
+ADE20K_ROOT, OWN_DATA_ROOT = ADE20KLayout.root, OwnSegLayout.root  # the folders the embedded data stands in for
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 # every test here but make run's runs a segmentation config on the embedded data, which ADE20K on disk replaces
 on_the_fallback = pytest.mark.skipif((ROOT / ADE20K_ROOT).is_dir(), reason='ADE20K is on disk: no fallback to test')

@@ -11,7 +11,6 @@ that do not decode are left out and counted instead.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 from mmengine.config import ConfigDict
-from mmseg.datasets import ADE20KDataset, NYUDataset
 from mmseg.registry import DATASETS
 from PIL import Image
 
@@ -32,7 +30,6 @@ IGNORE_INDEX = 255
 SINGLE_CHANNEL = ('1', 'L', 'P', 'I', 'I;16', 'I;16L', 'I;16B')
 DEPTH_MODES = ('I', 'I;16', 'I;16L', 'I;16B')  # 16-bit (Pillow opens a 16-bit PNG as I;16 or I)
 SHOWN = 5
-ADE20K_NAME = re.compile(r'ADE_(train|val|test)_\d+$')  # ADE_train_00000001.jpg: every ADE20K image's name
 
 
 ORIENTATION_TAG = 0x0112  # EXIF's Orientation: 1 is as stored; 2-8 mirror and/or turn the picture when shown
@@ -164,48 +161,7 @@ def id_ranges(ids: list[int]) -> str:
 
 def stray_images(img_dir: Path, suffix: str) -> list[Path]:
     """Image files in `img_dir` that mmseg will not list because their suffix is not `suffix`."""
-    if not img_dir.is_dir():
-        return []
     return sorted(p for p in img_dir.rglob('*') if p.suffix.lower() in IMG_EXTENSIONS and not p.name.endswith(suffix))
-
-
-def own_data_hint(data_root: str) -> str:
-    return (f'for a data set of your own classes take an own-data config, e.g. '
-            f'seg_configs/upernet_lvvit_s_own_data.py --data-root {data_root} (docs/segmentation.md, "Your own data")')
-
-
-def check_ade20k_names(dataset, data_list: list[dict], img_dir: Path) -> None:
-    """An ADE20K config takes ADE20K's images only: a folder of other images (a data set of its own classes) would
-    be trained as ADE20K's 150 classes, its value 0 ignored and 1, 2, ... read as wall, building, ..."""
-    if not isinstance(dataset, ADE20KDataset):
-        return
-    foreign = [d['img_path'] for d in data_list if not ADE20K_NAME.match(Path(d['img_path']).stem)]
-    if foreign:
-        raise DataError(f'{img_dir} holds images that are not ADE20K\'s (e.g. {Path(foreign[0]).name}; ADE20K\'s are '
-                        f'ADE_train_*, ADE_val_*), and this config trains ADE20K\'s 150 classes (mask value 0 '
-                        f'ignored): {own_data_hint(dataset.data_root)}')
-
-
-def check_nyu_names(dataset, img_dir: Path) -> None:
-    """mmseg's NYU data set reads a scene name and a number from each image's name, and fails on a name without a
-    number while it lists the folder."""
-    if not isinstance(dataset, NYUDataset):
-        return
-    unnamed = sorted(p for p in img_dir.rglob(f'*{dataset.img_suffix}') if not re.search(r'[0-9]', p.name))
-    if unnamed:
-        raise DataError(f'{len(unnamed)} image(s) in {img_dir} have no number in their name, e.g. {unnamed[0]}: '
-                        f'mmseg\'s NYU data set reads a scene and a number from each (bedroom_0001.jpg)')
-
-
-def check_image_folder(dataset) -> Path:
-    """The folder a data set lists its images from, which must be there (mmengine's listing fails with a
-    traceback)."""
-    img_dir = Path(dataset.data_prefix['img_path'])
-    if not img_dir.is_dir():
-        hint = (f' (ADE20K\'s configs read its layout: images/training, images/validation); '
-                f'{own_data_hint(dataset.data_root)}' if isinstance(dataset, ADE20KDataset) else '')
-        raise DataError(f'{img_dir}: no such folder{hint}')
-    return img_dir
 
 
 def check_labels_used(dataset, values: set[int]) -> None:
@@ -267,20 +223,19 @@ def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check the files of a dataset config of `task`; returns the indices to use and the images left out as
     unreadable."""
-    layout = layout_of(dataset_cfg)
-    if layout is not None:
+    if (layout := layout_of(dataset_cfg)) is not None:
         layout.check(dataset_cfg)
     # unserialised: mmengine's serialisation fails on an empty list with a traceback
     dataset = DATASETS.build({**dataset_cfg, 'pipeline': [], 'lazy_init': True, 'serialize_data': False})
-    img_dir = check_image_folder(dataset)
-    check_nyu_names(dataset, img_dir)
+    img_dir = Path(dataset.data_prefix['img_path'])
+    if not img_dir.is_dir():  # mmengine's listing fails with a traceback (the layout's check says more, where it can)
+        raise DataError(f'{img_dir}: no such folder')
     dataset.full_init()
     data_list = [dataset.get_data_info(i) for i in range(len(dataset))]
     suffix = getattr(dataset, 'img_suffix', None)  # a folder-listed set's (a COCO-format set lists its images)
     if not data_list:
         raise DataError(f'no {suffix or ""} images in {img_dir}' if suffix else
                         f'{dataset.ann_file} lists no images')
-    check_ade20k_names(dataset, data_list, img_dir)
     stray = stray_images(img_dir, suffix) if suffix else []
     if stray:
         raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {suffix} and would be left '

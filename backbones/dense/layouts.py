@@ -1,12 +1,11 @@
-"""Published data sets' folder layouts and label schemes (Cityscapes, Pascal Context, COCO-Stuff, KITTI depth, ...),
-each found by the mmseg data-set type a config reads it with: what the suite checks of such a set on disk before a
-run (a one-line error naming what is missing and the converter that makes it), and how a small data set in the
-tasks' shared layout (the embedded pages, `SmallDenseData`) is written in it, so that a config for that set learns
-on a fresh machine through the set's own reader, file names and ids.
+"""Every dense data set's folder layout and label scheme (ADE20K, COCO, NYU-v2, own data, Cityscapes, KITTI, ...),
+each found by the mmseg data-set type a config reads it with: its configs' folder, what the suite checks of such a
+set on disk before a run (a one-line error naming what is missing and the converter that makes it), and how a small
+data set in the tasks' shared layout (the embedded pages, `SmallDenseData`, standing in where the folder is absent)
+is read as it is or written in the set's own layout (`WrittenLayout`: its own reader, file names and ids).
 
-A layout is a class registered here by `register_layout`; the task folders' modules define them (a semantic set's
-in `semantic/`, a depth set's in `depth/`), and code elsewhere asks `layout_of(dataset)` rather than comparing
-data-set types.
+A layout is a class registered by `register_layout` in its task folder's module (or a module of one's own, in a
+config's custom_imports); code elsewhere asks `layout_of(dataset)`, never comparing data-set types or folders.
 """
 from __future__ import annotations
 
@@ -41,28 +40,32 @@ class SmallDenseData:
 
 
 class DataLayout(ABC):
-    """One published data set's layout. Class attributes say what it is; methods check it and write small data in
+    """One data set's layout. Class attributes say what it is; methods check it and point a config at small data in
     it."""
 
-    name: ClassVar[str]  # a folder name and how it is called in messages: 'cityscapes'
     title: ClassVar[str]  # in words: 'Cityscapes'
     dataset_types: ClassVar[tuple[str, ...]]  # the mmseg data-set types (registry names) that read it
     root: ClassVar[str]  # its configs' data_root ('data/cityscapes'): where it is absent, the embedded data stands in
 
-    @abstractmethod
     def check(self, dataset_cfg: dict) -> None:
         """Raise DataError (one line) naming what of this layout is missing under the data set's root, or is not in
-        its id scheme, and the converter that makes it; before any file is read for training."""
+        its id scheme, and the converter that makes it; before any file is read for training (by default nothing)."""
+
+    @abstractmethod
+    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
+        """Point a loader's data set of this layout at `split` ('training' or 'validation') of `data`, its classes
+        the small data's: the shared layout as it is, or written in this layout (`WrittenLayout`)."""
+
+
+class WrittenLayout(DataLayout):
+    """A layout small data is written in (a published set's: Cityscapes, KITTI, ...), in the set's files and ids."""
+
+    name: ClassVar[str]  # a folder name and how it is called in messages: 'cityscapes'
 
     @abstractmethod
     def write_small(self, data: SmallDenseData, root: Path) -> None:
         """Write `data` (the shared layout) under `root` in this layout and id scheme; nothing if written already
         (a READY mark of this version)."""
-
-    @abstractmethod
-    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
-        """Point a loader's data set of this layout at `split` ('training' or 'validation') of `data` written in
-        this layout (`write_small` into `small_root(data)`), its classes the small data's."""
 
     def small_root(self, data: SmallDenseData) -> Path:
         """Where `data` is written in this layout: beside it, in a folder named for the layout."""
@@ -77,20 +80,23 @@ def register_layout(layout: type[DataLayout]) -> type[DataLayout]:
     taken = [kind for kind in layout.dataset_types if kind in LAYOUTS]
     if taken:
         raise ValueError(f'data layout {layout.__name__}: data-set types {taken} are registered already')
-    instance = layout()
-    LAYOUTS.update({kind: instance for kind in layout.dataset_types})
+    LAYOUTS.update(dict.fromkeys(layout.dataset_types, layout()))
     return layout
 
 
 def layout_of(dataset_cfg: dict) -> DataLayout | None:
-    """The layout a data-set config reads, if it is a registered one (else the data set is the suite's own layout
-    or mmseg's, checked as before)."""
+    """The layout a data-set config reads; None for a type no layout claims (mmseg's, of a set the suite leaves)."""
     kind = dataset_cfg.get('type')
     return LAYOUTS.get(kind) if isinstance(kind, str) else None
 
 
+def image_folder(dataset_cfg: dict) -> Path:
+    """A data set's folder of images (its `data_prefix` under its `data_root`, as mmengine joins them)."""
+    return Path(dataset_cfg.get('data_root') or '') / (dataset_cfg.get('data_prefix') or {}).get('img_path', '')
+
+
 def layout_roots() -> dict[str, str]:
-    """Each registered layout's configs' data root and its title."""
+    """Each registered layout's configs' data root (where the embedded data stands in when absent) and its title."""
     return {layout.root: layout.title for layout in LAYOUTS.values()}
 
 

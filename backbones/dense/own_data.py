@@ -28,6 +28,7 @@ from mmseg.registry import DATASETS
 from backbones.common.errors import CheckpointError, DataError
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
+from backbones.dense.config import datasets
 from backbones.dense.data_check import (
     IGNORE_INDEX,
     SHOWN,
@@ -38,7 +39,6 @@ from backbones.dense.data_check import (
 )
 from backbones.dense.runner import checkpoint_meta
 
-OWN_DATA_ROOT = 'data/own_seg'  # what the own-data configs name: your data set there, or --data-root
 CLASSES_FILE = 'classes.txt'
 IMAGE_DIR = 'images'
 MASK_DIRS = ('masks', 'annotations')
@@ -217,10 +217,8 @@ def set_classes(cfg: Config, classes: tuple[str, ...], palette: list[list[int]],
                 reduce_zero_label: bool = False) -> None:
     """The config's data sets and heads for `classes` (mask value v is class v, unless `reduce_zero_label`: then
     class v - 1, and 0 is ignored)."""
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        if cfg.get(loader):
-            cfg[loader].dataset.update(metainfo=dict(classes=tuple(classes), palette=palette),
-                                       reduce_zero_label=reduce_zero_label)
+    for dataset in datasets(cfg):
+        dataset.update(metainfo=dict(classes=tuple(classes), palette=palette), reduce_zero_label=reduce_zero_label)
     for head in HEADS:
         if cfg.model.get(head):
             cfg.model[head]['num_classes'] = len(classes)
@@ -234,9 +232,8 @@ def use_own_data(cfg: Config, data: OwnData) -> None:
     for loader, split in loaders.items():
         if cfg.get(loader):
             images, masks = data.splits[split]
-            cfg[loader].dataset.update(data_root=str(data.root), img_suffix=data.img_suffix,
-                                       seg_map_suffix=MASK_SUFFIX, data_prefix=dict(img_path=images,
-                                                                                    seg_map_path=masks))
+            cfg[loader].dataset.update(data_root=str(data.root), img_suffix=data.img_suffix, seg_map_suffix=MASK_SUFFIX,
+                                       data_prefix=dict(img_path=images, seg_map_path=masks))
     set_classes(cfg, data.classes, data.palette)
     shown = ', '.join(data.classes[:8]) + (', ...' if len(data.classes) > 8 else '')
     logger.info(f'data: {data.root}, {len(data.classes)} classes ({shown}), {data.classes_from}')
@@ -297,8 +294,3 @@ def sized_iterations(cfg: Config, processes: int, grad_accum_steps: int) -> int:
 
 def annotation_file(dataset: dict) -> Path:
     return Path(dataset.get('data_root') or '') / dataset['ann_file']
-
-
-def image_folder(dataset: dict) -> Path:
-    """A COCO-format data set's folder of images (its `data_prefix` under its `data_root`)."""
-    return Path(dataset.get('data_root') or '') / (dataset.get('data_prefix') or {}).get('img_path', '')

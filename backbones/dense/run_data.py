@@ -15,30 +15,11 @@ from backbones.common.errors import DataError
 from backbones.common.files import ready_mark
 from backbones.common.log import logger
 from backbones.dense.config import LOADERS, pipeline_sizes, set_data_root
-from backbones.dense.layouts import layout_of, layout_roots
+from backbones.dense.layouts import WrittenLayout, layout_of, layout_roots
 from backbones.dense.mmengine_io import plain_values
-from backbones.dense.own_data import OWN_DATA_ROOT, is_own_data_config
+from backbones.dense.own_data import is_own_data_config
 from backbones.dense.runner import recorded_config, trained_data
 from backbones.dense.tasks import task_of
-
-ADE20K_ROOT = 'data/ade/ADEChallengeData2016'
-
-
-COCO_ROOT = 'data/coco'
-
-
-OWN_COCO_ROOT = 'data/own_coco'
-
-
-NYU_ROOT = 'data/nyu'
-
-
-# the data sets a config is written for, by its folder, which the embedded data stands in for when not on disk
-KNOWN_ROOTS = {ADE20K_ROOT: 'ADE20K', COCO_ROOT: 'COCO', NYU_ROOT: 'NYU-v2', OWN_DATA_ROOT: 'a data set of your own',
-               OWN_COCO_ROOT: 'a COCO-format set of your own'}
-
-
-ADE20K_CROP = 512  # the configs' training crop side
 
 
 @dataclass(frozen=True)
@@ -68,7 +49,8 @@ def embedded_data_facts(cfg: Config) -> dict:
     suite's own) and its version (its READY mark)."""
     dataset = cfg.test_dataloader.dataset
     layout = layout_of(dataset)
-    return dict(layout=layout.title if layout else None, data_version=ready_mark(dataset.get('data_root') or ''))
+    return dict(layout=layout.title if isinstance(layout, WrittenLayout) else None,
+                data_version=ready_mark(dataset.get('data_root') or ''))
 
 
 def check_same_embedded_data(cfg: Config, record: dict, checkpoint: str) -> None:
@@ -146,7 +128,7 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
 
 
 class EmbeddedSegData(EmbeddedData, Protocol):
-    """What a config runs on when its ADE20K is not on disk, which a tool gives the trainer and the tester (the
+    """What a config runs on when its data set is not on disk, which a tool gives the trainer and the tester (the
     segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
     the schedule a run takes there, and the model's sizes there (which tests and predictions take too). Config
     edits only: a backbone pretrained for that data is the tool's to make (tools/train_seg.py's first stage), and
@@ -181,20 +163,14 @@ def own_data_absent(cfg: Config, cfg_options: dict | None = None) -> bool:
     return is_own_data_config(cfg) and not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
 
 
-def known_roots() -> dict[str, str]:
-    """The data sets a config is written for, by its folder (KNOWN_ROOTS and the published layouts'), which the
-    embedded data stands in for when not on disk."""
-    return {**KNOWN_ROOTS, **layout_roots()}
-
-
 def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | None:
-    """The config's own folder that is not on disk (one of `known_roots`: ADE20K's, COCO's, NYU-v2's, the
-    published layouts', the own-data configs'), where `fallback`'s data stands in for it; None when every folder is
-    there. Any other missing folder is an error."""
+    """The config's own folder that is not on disk (a registered layout's, `layout_roots`: ADE20K's, COCO's,
+    NYU-v2's, the published sets', the own-data configs'), where `fallback`'s data stands in for it; None when every
+    folder is there. Any other missing folder is an error."""
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
         return None
-    if len(missing) > 1 or missing[0] not in known_roots() or fallback is None:
+    if len(missing) > 1 or missing[0] not in layout_roots() or fallback is None:
         raise DataError(f'data root not found: {", ".join(missing)} (--data-root names the data set\'s folder)')
     return missing[0]
 
@@ -203,14 +179,14 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
                  checkpoint: str | None = None) -> bool:
     """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`), a detector its class
     count (the training set's categories; with a trained `checkpoint`, the ones it records, which the test set must
-    declare). When the config's own folder (one of `known_roots`) is not on disk, use `fallback`'s data. True if it
+    declare). When the config's own folder (a registered layout's) is not on disk, use `fallback`'s data. True if it
     did."""
     if data_root:
         set_data_root(cfg, data_root)
     roots = data_roots(cfg)
     missing = missing_data(roots, fallback)
     if missing is not None:
-        logger.info(f'{known_roots()[missing]} not found at {missing} (docs/segmentation.md and '
+        logger.info(f'{layout_roots()[missing]} not found at {missing} (docs/segmentation.md and '
                     'docs/instances_and_depth.md say how to use it; --data-root names another folder): the embedded '
                     'data')
         fallback.use_data(cfg)

@@ -24,7 +24,7 @@ from mmengine.config import Config
 
 from backbones.common.errors import UsageError
 from backbones.dense.data_check import PairCheck
-from backbones.dense.layouts import SmallDenseData
+from backbones.dense.layouts import DataLayout, SmallDenseData, layout_of
 
 
 class PredictorView(Protocol):
@@ -226,10 +226,10 @@ class DenseTask(ABC):
 SMALL_DATA_SPLITS = {'train_dataloader': 'training', 'val_dataloader': 'validation', 'test_dataloader': 'validation'}
 
 
-def small_datasets(cfg: Config, data: SmallDenseData) -> Iterator[tuple[dict, str]]:
-    """Each loader's data set and the split of `data` it takes; its pipeline's training rescaling set to
-    `data.ratio_range`, and its flips off unless `data.mirrored` (the task then points the data set at the split and
-    fits the pipeline's sizes)."""
+def small_datasets(cfg: Config, data: SmallDenseData, shared: DataLayout) -> Iterator[dict]:
+    """Each loader's data set pointed at the split of `data` it takes as its layout reads it (`shared`, the shared
+    layout as it is, for a type no layout claims); its pipeline's training rescaling set to `data.ratio_range`, and
+    its flips off unless `data.mirrored` (the task then fits the pipeline's sizes)."""
     for loader, split in SMALL_DATA_SPLITS.items():
         if not cfg.get(loader):
             continue
@@ -239,7 +239,8 @@ def small_datasets(cfg: Config, data: SmallDenseData) -> Iterator[tuple[dict, st
                 step['ratio_range'] = data.ratio_range
             if is_flip(step) and not data.mirrored:
                 step['prob'] = 0.0
-        yield dataset, split
+        (layout_of(dataset) or shared).use_small(dataset, data, split)
+        yield dataset
 
 
 def is_flip(step: dict) -> bool:

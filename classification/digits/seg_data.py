@@ -19,20 +19,16 @@ from mmengine.config import Config
 from backbones.common.log import logger
 from backbones.common.outputs import output_folder
 from backbones.dense.config import LOADERS, datasets
-from backbones.dense.layouts import layout_of
-from backbones.dense.run_data import ADE20K_CROP
+from backbones.dense.layouts import WrittenLayout, layout_of
 from backbones.dense.tasks import SmallDenseData, task_of
-from backbones.dense.train import (
-    PretrainedBackbone,
-    Pretraining,
-)
+from backbones.dense.train import PretrainedBackbone, Pretraining
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
 from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, READY, VERSION, write_digits_ade
 
 PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
-# The configs run on the pages at the scale that makes their training crop the input size of the classification
-# pretraining on the scans, 48/512 (pages.py says why the two must match).
-SCALE = RECIPE['img_size'] / ADE20K_CROP
+# The configs run on the pages at the scale that makes their training crop (ADE20K's configs': 512) the input size
+# of the classification pretraining on the scans, 48/512 (pages.py says why the two must match).
+SCALE = RECIPE['img_size'] / 512
 # Training rescales by 0.75-1.5 rather than ADE20K's 0.5-2.0: the digits vary in size by themselves, and at half
 # size they would span one or two tokens.
 RATIO_RANGE = (0.75, 1.5)
@@ -87,7 +83,8 @@ class EmbeddedPages:
         to the pages (a semantic config's times `scale`), no mirror images (a mirrored digit is not a digit)."""
         write_digits_ade(self.root)
         data = self.as_small_data()
-        layouts = {layout.title: layout.small_root(data) for layout in map(layout_of, datasets(cfg)) if layout}
+        layouts = {layout.title: layout.small_root(data) for layout in map(layout_of, datasets(cfg))
+                   if isinstance(layout, WrittenLayout)}
         logger.info(f'data: the embedded digits pages in {self.root}'
                     + ''.join(f', written in the layout of {title} in {root}' for title, root in layouts.items()))
         task_of(cfg).use_small_data(cfg, data)

@@ -23,7 +23,7 @@ from backbones.common.files import ready_mark, write_folder_once
 from backbones.common.images import IMG_EXTENSIONS
 from backbones.common.log import logger
 from backbones.dense.data_check import SHOWN
-from backbones.dense.layouts import DataLayout, SmallDenseData, register_layout
+from backbones.dense.layouts import SmallDenseData, WrittenLayout, register_layout
 
 DEPTH_SCALE = 256  # KITTI's depth PNGs: 1/256 m per unit, 0 = no measurement
 IMAGES = 'input'  # KITTI raw's drives: DATE/DATE_drive_NNNN_sync/image_02/data/NNNNNNNNNN.png
@@ -154,7 +154,7 @@ def prediction_name(image: str) -> str:
 
 
 @register_layout
-class KittiLayout(DataLayout):
+class KittiLayout(WrittenLayout):
     """KITTI depth under data/kitti: input/ (KITTI raw's drives), gt_depth/ (the improved ground truth's drives,
     train/ and val/ together) and the Eigen split files beside them."""
 

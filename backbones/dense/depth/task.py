@@ -1,7 +1,8 @@
 """Monocular depth as a dense task: the depth papers' figures (DepthReport), depth maps written as 16-bit PNGs in
-the data set's scale with a coloured picture beside each, and metres exported at the input's size."""
+the data set's scale with a coloured picture beside each, metres exported at the input's size; NYU-v2's layout."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import cv2
@@ -11,12 +12,12 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from backbones.common.drawing import enlarge, write_png
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from backbones.common.log import logger
-from backbones.dense.config import scale_sizes
+from backbones.dense.config import datasets, scale_sizes
 from backbones.dense.data_check import PairCheck, depth_pair_check
 from backbones.dense.depth.metric import write_depth_png
-from backbones.dense.layouts import layout_of
+from backbones.dense.layouts import DataLayout, WrittenLayout, image_folder, layout_of, register_layout
 from backbones.dense.masks import PICTURE_TAIL
 from backbones.dense.pictures import side_by_side, titled
 from backbones.dense.predict import SegPredictor
@@ -32,6 +33,31 @@ from backbones.dense.tasks import (
     synthetic_image,
 )
 from backbones.dense.tta import use_small_test_time
+
+
+@register_layout
+class NYULayout(DataLayout):
+    """NYU-v2 in mmseg's layout: images/{train,test}/NAME.jpg, annotations/{train,test}/NAME.png (16-bit mm)."""
+
+    title = 'NYU-v2'
+    dataset_types = ('NYUDataset',)
+    root = 'data/nyu'
+
+    def check(self, dataset_cfg: dict) -> None:
+        """mmseg's NYU data set reads a scene and a number from each image's name (failing on one without)."""
+        images = image_folder(dataset_cfg)
+        unnamed = sorted(path for path in images.rglob(f'*{dataset_cfg.get("img_suffix", ".jpg")}')
+                         if not re.search(r'[0-9]', path.name))
+        if unnamed:
+            raise DataError(f'{len(unnamed)} image(s) in {images} have no number in their name, e.g. {unnamed[0]}: '
+                            f'mmseg\'s NYU data set reads a scene and a number from each (bedroom_0001.jpg)')
+
+    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
+        dataset_cfg.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg', depth_map_suffix='.png',
+                           data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
+        for step in dataset_cfg['pipeline']:
+            if step['type'] == 'LoadDepthAnnotation':
+                step['depth_rescale_factor'] = 1 / data.depth_scale
 
 
 @register_task
@@ -54,22 +80,12 @@ class Depth(DenseTask):
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The depth maps, read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
         the training crop is the images' height, the multi-scale test at the data's ratios of the test's size; the
-        evaluation crop (NYU's, for its 640x480 images) off. A published set's config (its data set's type a
-        registered layout) reads the data written in its layout, in that set's own scale, and keeps its crop (KITTI's
-        is a fraction of any image)."""
+        evaluation crop (NYU's, for its 640x480 images) off. A config of a published set whose small data is written
+        in its layout (`WrittenLayout`) reads it in that set's own scale, and keeps its crop (KITTI's is a fraction of
+        any image)."""
         factor = data.image_size[1] / training_crop_height(cfg)
-        in_layout = False
-        for dataset, split in small_datasets(cfg, data):
-            if (layout := layout_of(dataset)) is not None:
-                layout.use_small(dataset, data, split)
-                in_layout = True
-            else:
-                dataset.update(type='NYUDataset', data_root=str(data.root), img_suffix='.jpg',
-                               depth_map_suffix='.png',
-                               data_prefix=dict(img_path=f'images/{split}', depth_map_path=f'depth/{split}'))
-                for step in dataset['pipeline']:
-                    if step['type'] == 'LoadDepthAnnotation':
-                        step['depth_rescale_factor'] = 1 / data.depth_scale
+        in_layout = any(isinstance(layout_of(dataset), WrittenLayout) for dataset in datasets(cfg))
+        for dataset in small_datasets(cfg, data, NYULayout()):
             scale_sizes(dataset['pipeline'], factor)
         use_small_test_time(cfg, data)
         for evaluator in ('val_evaluator', 'test_evaluator'):

@@ -6,7 +6,7 @@ and `area` are filled in where absent: not crowd, the mask's area). Ids are whol
 category ids work: the categories, sorted by id, become labels 0 .. N-1, and the data set's metainfo records both
 (`classes`, `cat_ids`), so mmengine writes them into every checkpoint. Anything that would train or score wrongly
 is a one-line DataError naming the file: an annotation of an undeclared category or image, a box or a mask outside
-its image, a mask of another size than its image.
+its image, a mask of another size than its image. Here too: COCO's and an own set's layouts (`CocoLayout`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from pycocotools.coco import COCO
 
 from backbones.common.errors import CheckpointError, DataError
 from backbones.common.log import logger
-from backbones.dense.own_data import annotation_file, image_folder
+from backbones.dense.layouts import DataLayout, SmallDenseData, image_folder, register_layout
+from backbones.dense.own_data import annotation_file
 from backbones.dense.runner import checkpoint_meta
 
 SHOWN = 5
@@ -249,6 +250,29 @@ class CocoInstances(BaseDataset):
             data_list.append(dict(img_path=os.path.join(folder, image['file_name']), img_id=image_id,
                                   width=image['width'], height=image['height'], instances=instances))
         return data_list
+
+
+DATASETS.register_module('OwnCocoInstances', module=CocoInstances)  # an own set's type, which finds its layout
+
+
+@register_layout
+class CocoLayout(DataLayout):
+    """COCO: annotations/instances_{train2017,val2017}.json and the images in {train2017,val2017}/."""
+
+    title = 'COCO'
+    dataset_types = ('CocoInstances',)
+    root = 'data/coco'
+
+    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
+        dataset_cfg.update(type='CocoInstances', data_root=str(data.root),
+                           ann_file=f'annotations/instances_{split}.json', data_prefix=dict(img_path=f'images/{split}'))
+
+
+@register_layout
+class OwnCocoLayout(CocoLayout):
+    title = 'a COCO-format set of your own'
+    dataset_types = ('OwnCocoInstances',)
+    root = 'data/own_coco'
 
 
 def read_split(dataset: dict) -> COCO:

@@ -18,7 +18,7 @@ from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.dense.data_check import PairCheck, image_check
-from backbones.dense.instances.coco import use_coco_categories, use_test_categories, use_trained_categories
+from backbones.dense.instances.coco import CocoLayout, use_coco_categories, use_test_categories, use_trained_categories
 from backbones.dense.instances.detector import MASK_THRESHOLD
 from backbones.dense.instances.metric import coco_results
 from backbones.dense.instances.transforms import decode_mask
@@ -88,9 +88,7 @@ class Instances(DenseTask):
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The instances in COCO's format; the large-scale jitter and the test size the images' own, the multi-scale
         test at the data's ratios of it."""
-        for dataset, split in small_datasets(cfg, data):
-            dataset.update(type='CocoInstances', data_root=str(data.root),
-                           ann_file=f'annotations/instances_{split}.json', data_prefix=dict(img_path=f'images/{split}'))
+        for dataset in small_datasets(cfg, data, CocoLayout()):
             for step in dataset['pipeline']:
                 if step['type'] == 'LargeScaleJitter':
                     step.update(size=data.image_size, scale_range=data.ratio_range)

@@ -29,7 +29,7 @@ from mmseg.registry import DATASETS
 from backbones.common.errors import DataError
 from backbones.common.files import ready_mark, write_folder_once
 from backbones.dense.data_check import IGNORE_INDEX
-from backbones.dense.layouts import LABEL_VALUES, DataLayout, SmallDenseData, register_layout
+from backbones.dense.layouts import LABEL_VALUES, SmallDenseData, WrittenLayout, register_layout
 
 SMALL_VERSION = 'published layouts v1'  # the small data's layouts; a change here rewrites them
 SMALL_SPLITS = ('training', 'validation')  # SmallDenseData's
@@ -121,7 +121,7 @@ class Pair:
     annotations: tuple[Path, ...]
 
 
-class PublishedLayout(DataLayout):
+class PublishedLayout(WrittenLayout):
     """A set of images and class maps in two folders (a split file listing them, where the set has one); the
     embedded pages written in it through `write_split`."""
 

@@ -1,8 +1,9 @@
 """Semantic segmentation as a dense task: mIoU (mmseg's IoUMetric, reported by the suite's IoUReport), class maps
-written as PNGs in the data set's label values and drawn over the image, the multi-scale test, and logits exported
-at the input's size."""
+written as PNGs in the data set's label values and drawn over the image, the multi-scale test, logits exported at
+the input's size; ADE20K's and own data's layouts (their small data: the pages' class maps as they are)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,11 @@ from mmengine.config import Config
 from mmseg.registry import METRICS
 
 from backbones.common.drawing import write_png
-from backbones.common.errors import UsageError
+from backbones.common.errors import DataError, UsageError
 from backbones.common.log import logger
 from backbones.dense.config import scale_sizes
 from backbones.dense.data_check import PairCheck, check_labels_used, pair_check
-from backbones.dense.layouts import layout_of
+from backbones.dense.layouts import DataLayout, image_folder, register_layout
 from backbones.dense.masks import OVERLAY_TAIL, write_mask
 from backbones.dense.own_data import (
     check_trained_classes,
@@ -44,6 +45,45 @@ from backbones.dense.tta import use_small_test_time
 ADE20K_CLASSES = 150
 IOU_METRICS = ('IoUMetric', 'IoUReport')  # mmseg's, and the suite's that reports it
 IOU_MEANS = ('mIoU', 'mDice', 'mFscore')  # what their `iou_metrics` may ask for
+
+
+@register_layout
+class OwnSegLayout(DataLayout):
+    """A data set of one's own (`own_data` checks it as it reads it), or any that mmseg's BaseSegDataset reads."""
+
+    title = 'a data set of your own'
+    dataset_types = ('BaseSegDataset',)
+    root = 'data/own_seg'  # what the own-data configs name: your data set there, or --data-root
+
+    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
+        dataset_cfg.update(type='BaseSegDataset', img_suffix='.jpg', seg_map_suffix='.png', data_root=str(data.root),
+                           data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
+
+
+@register_layout
+class ADE20KLayout(OwnSegLayout):
+    """ADE20K: images/{training,validation}/ADE_*.jpg, annotations/.../ADE_*.png (0 other, 1..150 the classes)."""
+
+    title = 'ADE20K'
+    dataset_types = ('ADE20KDataset',)
+    root = 'data/ade/ADEChallengeData2016'
+
+    def check(self, dataset_cfg: dict) -> None:
+        """Its image folder, holding ADE20K's images only: a folder of other images (a data set of its own classes)
+        would be trained as ADE20K's 150 classes, its value 0 ignored and 1, 2, ... read as wall, building, ..."""
+        images = image_folder(dataset_cfg)
+        hint = ('for a data set of your own classes take an own-data config, e.g. '
+                f'seg_configs/upernet_lvvit_s_own_data.py --data-root {dataset_cfg.get("data_root")} '
+                '(docs/segmentation.md, "Your own data")')
+        if not images.is_dir():
+            raise DataError(f'{images}: no such folder (ADE20K\'s configs read its layout: images/training, '
+                            f'images/validation); {hint}')
+        foreign = [path for path in sorted(images.rglob(f'*{dataset_cfg.get("img_suffix", ".jpg")}'))
+                   if not re.match(r'ADE_(train|val|test)_\d+$', path.stem)]  # every ADE20K image's name
+        if foreign:
+            raise DataError(f'{images} holds images that are not ADE20K\'s (e.g. {foreign[0].name}; ADE20K\'s are '
+                            f'ADE_train_*, ADE_val_*), and this config trains ADE20K\'s 150 classes (mask value 0 '
+                            f'ignored): {hint}')
 
 
 @register_task
@@ -76,16 +116,10 @@ class SemanticSegmentation(DenseTask):
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
         """The class maps, the sizes times `data.scale` (the model's window and padding too), the multi-scale test
-        at `data.test_ratios` of the single-scale size, and the data's classes in the data sets and heads. A
-        published set's config (its data set's type a registered layout) reads the data written in its layout."""
+        at `data.test_ratios` of the single-scale size, and the data's classes in the data sets and heads (each data
+        set reads the data in its layout, `small_datasets`)."""
         set_classes(cfg, data.classes, [list(c) for c in data.palette], reduce_zero_label=True)
-        for dataset, split in small_datasets(cfg, data):
-            if (layout := layout_of(dataset)) is not None:
-                layout.use_small(dataset, data, split)
-            else:
-                dataset.update(type='BaseSegDataset', img_suffix='.jpg', seg_map_suffix='.png',
-                               data_root=str(data.root),
-                               data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'))
+        for dataset in small_datasets(cfg, data, OwnSegLayout()):
             scale_sizes(dataset['pipeline'], data.scale)
         use_small_test_time(cfg, data)
         scale_sizes(cfg.model.get('data_preprocessor', {}), data.scale)
