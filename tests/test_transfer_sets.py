@@ -168,8 +168,13 @@ INAT_TRAIN = {'images': [{'id': 10, 'file_name': 'a.jpg'}], 'annotations': [{'im
     ('train2018.json', lambda c: c['annotations'].append({'id': 7, 'image_id': 11, 'category_id': 5}),
      'annotations[1] (id 7, category 5) names the image 11, which the file does not list'),
     ('train2018.json', lambda c: c['annotations'][0].__setitem__('image_id', '10'),
-     "annotations[0] (id None, category 2) names the image '10', which the file does not list (it lists 10: ids of "
-     "another type)"),
+     "ids of two types (images[0].id = 10 and annotations[0].image_id = '10'): give every such id as a number, or "
+     "every one as a text"),
+    ('train2018.json', lambda c: (c['images'].append({'id': '10', 'file_name': 'b.jpg'}),
+                                  c['annotations'].append({'image_id': '10', 'category_id': 5})),
+     "ids of two types (images[0].id = 10 and images[1].id = '10')"),  # two keys here, one where ids are converted
+    ('train2018.json', lambda c: c['annotations'][0].__setitem__('category_id', '2'),
+     "ids of two types (categories[0].id = 2 and annotations[0].category_id = '2')"),
     ('train2018.json', lambda c: c['images'][0].__setitem__('id', [10]), "images[0]'s id is neither"),
     ('train2018.json', lambda c: c['annotations'][0].__setitem__('category_id', [2]),
      "annotations[0]'s category_id is neither"),

@@ -284,7 +284,24 @@ class INaturalist(TransferLayout):
                 if odd is not None:
                     raise DataError(f'{path}: {key}[{number}]\'s {odd} is neither a number nor a text '
                                     f'({str(record)[:60]})')
+        for ids in cls.ID_SPACES:
+            cls.check_one_id_type(content, ids, path)
         return content
+
+    # the fields holding one kind of id: 3 and "3" would be two keys here, and one in a reader that converts them
+    ID_SPACES: ClassVar[tuple[tuple[tuple[str, str], ...], ...]] = (
+        (('images', 'id'), ('annotations', 'image_id')), (('categories', 'id'), ('annotations', 'category_id')))
+
+    @staticmethod
+    def check_one_id_type(content: dict, fields: tuple[tuple[str, str], ...], path: Path) -> None:
+        """Every id of one kind (`fields`) is a number, or every one a text: the first entry of each type named."""
+        first_of: dict[type, str] = {}
+        for key, field in fields:
+            for number, record in enumerate(content[key]):
+                first_of.setdefault(type(record[field]), f'{key}[{number}].{field} = {record[field]!r}')
+        if len(first_of) > 1:
+            raise DataError(f'{path}: ids of two types ({" and ".join(first_of.values())}): give every such id as a '
+                            f'number, or every one as a text')
 
     @staticmethod
     def category_names(content: dict, path: Path) -> dict[int, str]:
@@ -309,10 +326,8 @@ class INaturalist(TransferLayout):
         category = {}
         for number, a in enumerate(content['annotations']):
             if a['image_id'] not in file_of:
-                other = next((image for image in file_of if str(image) == str(a['image_id'])), None)
-                kind = f' (it lists {other!r}: ids of another type)' if other is not None else ''
                 raise DataError(f'{path}: annotations[{number}] (id {a.get("id")}, category {a["category_id"]}) '
-                                f'names the image {a["image_id"]!r}, which the file does not list{kind}')
+                                f'names the image {a["image_id"]!r}, which the file does not list')
             if category.setdefault(a['image_id'], a['category_id']) != a['category_id']:
                 raise DataError(f'{path}: image {a["image_id"]} has two categories ({category[a["image_id"]]} and '
                                 f'{a["category_id"]}): one label per image')
@@ -321,7 +336,7 @@ class INaturalist(TransferLayout):
             if image['id'] not in category:
                 raise DataError(f'{path}: image {image["id"]} ({image["file_name"]}) has no annotation')
             if category[image['id']] not in position:
-                raise DataError(f'{path}: image {image["id"]} has the category {category[image["id"]]}, which the '
+                raise DataError(f'{path}: image {image["id"]!r} has the category {category[image["id"]]!r}, which the '
                                 f'training file does not list')
             samples.append((image['file_name'], position[category[image['id']]]))
         return samples
