@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from backbones.dense import mmcv_compat
 from helpers.commands import ROOT
 
-# The module on its own, without the segmentation package (whose import uses it and then imports mmseg's models).
-MODULE = ROOT / 'backbones' / 'segmentation' / 'mmcv_compat.py'
+# The module on its own, without the dense package (whose import uses it and then imports mmseg's models).
+MODULE = ROOT / 'backbones' / 'dense' / 'mmcv_compat.py'
 LOAD_ALONE = f'''
 import importlib.util
 _spec = importlib.util.spec_from_file_location('mmcv_compat', {str(MODULE)!r})

@@ -190,8 +190,8 @@ def test_the_loop_benchmark_times_the_step_the_trainer_trains(labeled_images, tm
     recipe = bench.recipe
     trainer = Trainer(RunOptions(output=tmp_path / 'run', seed=0, amp='none'), info)
     model, objective = training_pieces(bench.name, recipe, 3, trainer.options.seed, info)
-    fit = trainer.start(model, model, recipe.optimization(trainer.global_batch(recipe.batch_size)), objective,
-                        {'model': bench.name}, 4)
+    optimization = recipe.optimization(trainer.options.global_batch(recipe.batch_size, info.world_size))
+    fit = trainer.start(model, model, optimization, objective, {'model': bench.name}, 4)
     initial = model.head.weight.detach().clone()
     benched = bench.step_pieces(StepOptions(), 'none')
     batch = {'image': torch.randn(4, 3, 224, 224), 'label': torch.tensor([0, 1, 2, 0]), 'skipped': 0}
