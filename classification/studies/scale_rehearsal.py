@@ -496,7 +496,7 @@ def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -
         shutil.rmtree(output, ignore_errors=True)
         trainer = Trainer(RunOptions(output=output), DistInfo())
         model, objective = training_pieces(name, recipe, NUM_CLASSES, trainer.options.seed, trainer.info)
-        optimization = recipe.optimization(trainer.options.global_batch(recipe.batch_size, 1))
+        optimization = recipe.optimization(trainer.options.global_batch(recipe.batch_size, trainer.info.world_size))
         fit = trainer.start(model, bare_model(model), optimization, objective, {'model': name}, 1)
         for param in model.parameters():
             param.grad = torch.zeros_like(param)
