@@ -3,6 +3,7 @@ the suite's UperNet configs, through `init_cfg` and strict loading alike, and gi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -19,10 +20,11 @@ import backbones.dense  # noqa: F401  (first: it lets mmseg import on mmcv-lite;
 from mmseg.registry import MODELS
 
 from backbones.common.errors import CheckpointError
-from backbones.dense.released_segmentors import convert_mmseg0_release
+from backbones.dense.released_segmentors import RELEASED_SEGMENTORS, convert_mmseg0_release
+from backbones.weights import url_cache_path
 from helpers.commands import run_tool, succeeded
 from helpers.reference_models import RefBlock, RefLVViTStem, randomize_
-from helpers.seg_data import DIM, TINY_MODELS, tiny_config, write_tiny_ade, write_tiny_config
+from helpers.seg_data import DIM, TINY_MODELS, tiny_config, tiny_model_overrides, write_tiny_ade, write_tiny_config
 
 pytestmark = pytest.mark.slow  # tools run end to end here: make test-fast leaves this file out
 
@@ -147,3 +149,16 @@ def test_test_seg_takes_the_release_file_strictly(release, tmp_path):
     torch.save(broken, tmp_path / 'broken.pth')
     result = run_tool('test_seg.py', [config, tmp_path / 'broken.pth', '--work-dir', tmp_path / 'work'])
     assert result.returncode == 2 and 'neck.levels.3.0.conv.weight' in result.stderr.strip().splitlines()[-1]
+
+
+def test_torch_hub_loads_the_release_from_its_cache_with_the_reference_outputs(release, tmp_path, monkeypatch):
+    """hubconf.py's segmentor entry point: the release file where torch hub's cache keeps its URL's download."""
+    _, path, image, reference = release
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))
+    cache = url_cache_path(RELEASED_SEGMENTORS['upernet_lvvit_s'])
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(path.read_bytes())
+    model = torch.hub.load(str(Path(__file__).resolve().parents[1]), 'upernet_lvvit_s', source='local',
+                           cfg_options=dict(model=tiny_model_overrides('upernet_lvvit_s.py', IMG)))
+    assert not model.training
+    torch.testing.assert_close(predict(model, image), reference, rtol=1e-4, atol=1e-4)

@@ -14,7 +14,6 @@ import torch
 from mmcv import rescale_size
 from mmcv.transforms import Compose
 from mmengine.dataset import pseudo_collate
-from mmengine.registry import init_default_scope
 from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from PIL import Image
 
@@ -23,9 +22,9 @@ from backbones.common.images import IMG_EXTENSIONS, ImageReadError, read_image
 from backbones.dense.layouts import annotation_values
 from backbones.dense.own_data import default_palette
 from backbones.dense.run_data import EmbeddedSegData, resolve_trained_data
-from backbones.dense.runner import checkpoint_meta, load_weights
+from backbones.dense.runner import checkpoint_meta
 from backbones.dense.tasks import DenseTask, task_of
-from backbones.dense.trained_checkpoints import load_trained_config
+from backbones.dense.trained_checkpoints import built_segmentor, load_trained_config
 from backbones.dense.tta import check_tta_settings, drop_tta_flips
 
 DEPTH_SCALE = 1000  # depth PNG values per metre where a config names none (NYU-v2's millimetres)
@@ -114,11 +113,8 @@ class SegPredictor:
         self.task = task = task_of(cfg)
         self.data_at_hand = data.at_hand
         resolve_trained_data(cfg, checkpoint, data, fallback, cfg_options)
-        init_default_scope(cfg.get('default_scope', 'mmseg'))
-        cfg.model.backbone.pretrained = None  # every weight comes from the checkpoint
-        model = MODELS.build(cfg.model)
-        load_weights(model, checkpoint)
-        self.cfg, self.model = cfg, model.to(device).eval()
+        model = built_segmentor(cfg, checkpoint)
+        self.cfg, self.model = cfg, model.to(device)
         self.tested = model  # what predicts: the model, or its test-time augmentation around it
         pipeline = cfg.test_dataloader.dataset.pipeline
         if multi_scale:

@@ -13,7 +13,11 @@ from __future__ import annotations
 import re
 
 from backbones.common.errors import CheckpointError
+from backbones.lvvit import RELEASES
 
+# the release files by the name of the config they load into (seg_configs/NAME.py); torch.hub's entry points
+RELEASED_SEGMENTORS = {name: f'{RELEASES}/v1.1-seg/{name}.pth' for name in ('upernet_lvvit_s', 'upernet_lvvit_m',
+                                                                         'upernet_lvvit_l')}
 _SIDE_LAYER = re.compile(r'^backbone\.side_layer(\d+)\.(\d+)\.(.+)$')
 # index in a reference side layer -> the same module in a neck level: with upsampling (six modules), without (three)
 _UPSAMPLING_LEVEL = {0: '0', 1: '1', 3: '3.conv', 4: '3.bn'}

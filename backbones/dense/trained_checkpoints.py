@@ -8,7 +8,10 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+import torch.nn as nn
 from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from mmseg.registry import MODELS
 
 from backbones.common.errors import AlreadyDone, CheckpointError
 from backbones.common.files import load_weights_only
@@ -16,7 +19,7 @@ from backbones.dense.cfg_options import merge_options
 from backbones.dense.config import check_loader_sizes, check_model_type, load_config
 from backbones.dense.mmengine_io import mmengine_checkpoint_globals
 from backbones.dense.run_data import EmbeddedSegData, TrainedData, checkpoint_record, choose_trained_data
-from backbones.dense.runner import FINISHED, finished_iterations, iteration_checkpoints
+from backbones.dense.runner import FINISHED, finished_iterations, iteration_checkpoints, load_weights
 from backbones.dense.tasks import DenseTask, task_named, task_of, task_recognised_by, tasks
 from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 
@@ -110,3 +113,14 @@ def check_pretrained(cfg: Config) -> None:
             f'backbone checkpoint {pretrained} not found: download the ImageNet weights (README, "Segmentation on '
             'ADE20K"), or set model.backbone.pretrained to yours, to a URL, to timm (the release file the model\'s '
             'timm config names, downloaded once), or to None to train from scratch')
+
+
+def built_segmentor(cfg: Config, checkpoint: str | None = None) -> nn.Module:
+    """The config's model in eval mode: with `checkpoint` (a run's or a release file) every weight from it, none
+    from its backbone's ImageNet file; without, as initialised."""
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    cfg.model.backbone.pretrained = None
+    model = MODELS.build(cfg.model)
+    if checkpoint is not None:
+        load_weights(model, checkpoint)
+    return model.eval()
