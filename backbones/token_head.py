@@ -6,15 +6,18 @@ rule (`inference_logits`). (The data side, from the annotator's score maps to th
 Two kinds of model, told apart by their patch embedding (`patch_embedding`): token models, whose patch embedding gives
 an (H, W) grid of tokens and whose `forward_features` returns the H*W patch tokens last, and feature-map models (CNNs),
 whose `forward_features` map's positions are the tokens. MixToken takes the box of the token grid from the flipped
-batch: for token models, a forward hook on the patch embedding; for feature-map models, a CutMix box aligned to the
-map's stride, pasted in the pixels. The token head is one linear layer on every patch token or map position: LV-ViT
-has its own (`aux_head`); every other model gets one from `add_token_head`, under the same name, so checkpoints look
-alike. docs/imagenet.md ("Token labeling and distillation with your own model") tells the rest.
+batch: for token models, a forward hook on the patch embedding (`MixTokenHook`); for feature-map models, a CutMix box
+aligned to the map's stride, pasted in the pixels. The box is drawn eagerly: `TokenLabelingModel.compile` compiles the
+model's `forward_features` only, which sees the box as a mask tensor (one graph for every box). The token head is one
+linear layer on every patch token or map position: LV-ViT has its own (`aux_head`); every other model gets one from
+`add_token_head`, under the same name, so checkpoints look alike. docs/imagenet.md ("Token labeling and distillation
+with your own model") tells the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -59,12 +62,56 @@ def mix_box_lambda(box: Box, grid: Grid) -> float:
     return 1.0 - (bottom - top) * (right - left) / (grid[0] * grid[1])
 
 
+def box_mask(box: Box, grid: Grid, device: torch.device | None = None) -> torch.Tensor:
+    """The (H, W) boolean mask of `box` on `grid` (made on `device` from ranges: no copy from the host)."""
+    top, left, bottom, right = box
+    rows, cols = torch.arange(grid[0], device=device), torch.arange(grid[1], device=device)
+    return ((rows >= top) & (rows < bottom))[:, None] & ((cols >= left) & (cols < right))[None, :]
+
+
+def mix_masked_grid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Replace the cells of a (B, H, W, ...) grid under the (H, W) `mask` by those of the flipped batch (sample
+    B-1-i). Tensor operations only: a compiled graph takes every mask of the grid's size."""
+    if tuple(mask.shape) != tuple(x.shape[1:3]):
+        raise ValueError(f'MixToken: a {tuple(mask.shape)} mask for a {tuple(x.shape[1:3])} token grid')
+    return torch.where(mask.view(*mask.shape, *(1,) * (x.ndim - 3)), x.flip(0), x)
+
+
 def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
     """Replace the box of a (B, H, W, ...) grid by the same box of the flipped batch (sample B-1-i)."""
-    top, left, bottom, right = box
-    mixed = x.clone()
-    mixed[:, top:bottom, left:right] = x.flip(0)[:, top:bottom, left:right]
-    return mixed
+    return mix_masked_grid(x, box_mask(box, x.shape[1:3], x.device))
+
+
+class MixTokenHook:
+    """MixToken as a forward hook on a patch embedding, whose tokens come as (B, H, W, D) or flattened (B, H*W, D):
+    while `mask` is set, its cells of the token grid come from the flipped batch (mixing before or after the position
+    embedding is the same: both samples get the same table at the same place); without one, the tokens pass as they
+    are. `TokenLabelingModel` keeps one registered: a hook registered per call breaks a compiled graph."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None  # (H, W) bool on the token grid
+
+    def __call__(self, module: nn.Module, inputs: tuple, tokens: torch.Tensor) -> torch.Tensor:
+        if self.mask is None:
+            return tokens
+        grid = tokens if tokens.ndim == 4 else tokens.unflatten(1, tuple(self.mask.shape))
+        return mix_masked_grid(grid, self.mask).reshape(tokens.shape)
+
+
+@contextlib.contextmanager
+def mixing_tokens(embedding: nn.Module, hook: MixTokenHook | None, mask: torch.Tensor | None) -> Iterator[None]:
+    """`mask` in `hook` (registered on `embedding` for the block when None: a model without `TokenLabelingModel`'s
+    hook) for the forward passes of the block."""
+    temporary = hook is None
+    hook = MixTokenHook() if temporary else hook
+    handle = embedding.register_forward_hook(hook) if temporary else None
+    hook.mask = mask
+    try:
+        yield
+    finally:
+        hook.mask = None
+        if handle is not None:
+            handle.remove()
 
 
 def has_token_head(model: nn.Module) -> bool:
@@ -140,35 +187,21 @@ def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return inference_logits(class_logits(model, features), model.aux_head(patch_tokens(model, features)))
 
 
-def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0) -> TokenLabelingOutput:
+def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0,
+                           hook: MixTokenHook | None = None) -> TokenLabelingOutput:
     """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the token grid unless
-    `mix_token` is 0. For a token model, a forward hook on the patch embedding, whose tokens come as (B, H, W, D) or
-    flattened (B, H*W, D), takes the box from the flipped batch (mixing before or after the position embedding is the
-    same: both samples get the same table at the same place)."""
+    `mix_token` is 0. For a token model the box is drawn here, eagerly, on the grid the patch embedding gives `x`'s
+    size, and mixed by `hook` (the model's `MixTokenHook`, or one registered for this call)."""
     embedding = patch_embedding(model)
     if embedding is None:
         return _forward_feature_map(model, x, mix_token)
-    seen = {}
-
-    def mix_patches(module: nn.Module, inputs: tuple, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.ndim == 4:  # (B, H, W, D)
-            grid = tokens
-        else:  # (B, H*W, D): the grid of this input's size
-            grid = tokens.unflatten(1, token_grid(module, inputs[0].shape[-2:]))
-        seen['grid'] = tuple(grid.shape[1:3])
-        if mix_token <= 0:
-            return tokens
-        seen['box'] = sample_mix_box(seen['grid'], mix_token)
-        return mix_token_grid(grid, seen['box']).reshape(tokens.shape)
-
-    hook = embedding.register_forward_hook(mix_patches)
-    try:
+    grid = token_grid(embedding, x.shape[-2:])
+    box = sample_mix_box(grid, mix_token) if mix_token > 0 else None
+    with mixing_tokens(embedding, hook, None if box is None else box_mask(box, grid, x.device)):
         features = model.forward_features(x)
-    finally:
-        hook.remove()
-    H, W = seen['grid']
+    H, W = grid
     token_logits = model.aux_head(features[:, -H * W:]).unflatten(1, (H, W))
-    return TokenLabelingOutput(class_logits(model, features), token_logits, seen.get('box'))
+    return TokenLabelingOutput(class_logits(model, features), token_logits, box)
 
 
 def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) -> TokenLabelingOutput:
@@ -199,10 +232,20 @@ class TokenLabelingModel(nn.Module):
         super().__init__()
         self.model = add_token_head(model)
         self.mix_token = mix_token
+        embedding = patch_embedding(self.model)
+        self.hook = None if embedding is None else MixTokenHook()
+        if embedding is not None:
+            embedding.register_forward_hook(self.hook)
+
+    def compile(self, *args, **kwargs) -> None:
+        """torch.compile the model's `forward_features` (`torch.compile`'s arguments), not this forward: MixToken's box,
+        drawn from torch's generator as Python numbers, would break a compiled graph and recompile it for every box;
+        drawn here, eagerly, it reaches the compiled graph as a mask tensor."""
+        self.model.forward_features = torch.compile(self.model.forward_features, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
         if self.training:
-            return forward_token_labeling(self.model, x, self.mix_token)
+            return forward_token_labeling(self.model, x, self.mix_token, self.hook)
         return predict_with_token_head(self.model, x)
 
 

@@ -20,7 +20,7 @@ from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper
 
 from backbones.common.cli import DEFAULT_SEED, DEFAULT_WORKERS, MAX_WORKERS, CommandParser
-from backbones.common.devices import AMP_CHOICES, DEVICES, check_precision, pick_amp
+from backbones.common.devices import AMP_CHOICES, DEVICES, check_precision, pick_amp, use_tf32
 from backbones.common.errors import UsageError
 from helpers.commands import ROOT
 
@@ -180,11 +180,11 @@ def test_an_option_is_not_read_as_the_abbreviation_of_another(capsys):
 
 
 def test_train_segs_amp_takes_the_shared_values_and_alone_means_fp16():
-    """train_seg's --amp has the shared values; given alone it means what the former flag did (mmengine's
-    AmpOptimWrapper in float16); each precision becomes the wrapper's dtype, which runs on GPUs only."""
+    """train_seg's --amp has the shared values, auto unless given; given alone it means what the former flag did
+    (mmengine's AmpOptimWrapper in float16); each precision becomes the wrapper's dtype, which runs on GPUs only."""
     from backbones.dense.train import build_parser, use_amp
     parse = build_parser().parse_args
-    assert [parse(['c.py', *amp]).amp for amp in ([], ['--amp', 'bf16'], ['--amp', 'auto'])] == ['none', 'bf16', 'auto']
+    assert [parse(['c.py', *amp]).amp for amp in ([], ['--amp', 'bf16'], ['--amp', 'none'])] == ['auto', 'bf16', 'none']
     if torch.cuda.is_available():
         assert parse(['c.py', '--amp']).amp == 'fp16'
     else:  # fp16 is refused where it cannot run, as in every command
@@ -205,6 +205,58 @@ def test_train_segs_amp_takes_the_shared_values_and_alone_means_fp16():
             optim_wrapper(amp, gpu=False)
     assert optim_wrapper('none', gpu=True) == optim_wrapper('none', gpu=False) == optim_wrapper('auto', gpu=False) \
         == plain
+
+
+def test_train_cls_amp_alone_means_fp16_as_timms_flag(monkeypatch):
+    """timm's `--amp` with no value is float16 autocast; on a CPU it is refused in one line, as --amp fp16 is."""
+    from classification.train import build_parser
+    parse = build_parser().parse_args
+    assert parse(['deit_small_patch16_224']).amp == 'auto'
+    with pytest.raises(UsageError, match='--amp fp16 needs a GPU; this run is on cpu'):
+        parse(['deit_small_patch16_224', '--amp', '--device', 'cpu'])
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # parsed as where a GPU is seen
+    assert parse(['deit_small_patch16_224', '--amp']).amp == 'fp16'
+    assert parse(['deit_small_patch16_224', '--amp', 'bf16']).amp == 'bf16'
+
+
+@pytest.mark.parametrize('bf16, expected', [(True, 'bf16'), (False, 'fp16')])
+def test_train_segs_auto_precision_is_the_gpus_own(monkeypatch, bf16, expected):
+    """--amp auto (train_seg's default) trains in bf16 on a GPU that has it, fp16 on an older one, float32 on CPUs."""
+    from backbones.dense.train import training_precision
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *args, **kwargs: bf16)
+    assert training_precision('auto') == expected
+    assert training_precision('auto', gpu=False) == 'none'
+
+
+@pytest.fixture
+def tf32_flags() -> Iterator[None]:
+    """torch's TF32 flags off for the test, then as they were."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def test_tf32_is_set_for_a_cuda_device_only(tf32_flags):
+    use_tf32(torch.device('cpu'))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+    use_tf32(torch.device('cuda', 0))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+
+
+def test_test_segs_precision_makes_the_test_loop_autocast_in_its_dtype():
+    """test_seg --amp: mmengine's TestLoop autocasts (`fp16`) in the dtype of the context around it; none leaves the
+    config's loop as it is."""
+    from mmengine.runner.amp import autocast as mmengine_autocast
+
+    from backbones.dense.test import testing_precision
+    cfg = Config(dict(test_cfg=dict(type='TestLoop')))
+    with testing_precision(cfg, 'none', torch.device('cpu')):
+        assert cfg.test_cfg.to_dict() == {'type': 'TestLoop'} and not torch.is_autocast_enabled('cpu')
+    with testing_precision(cfg, 'bf16', torch.device('cpu')), mmengine_autocast(enabled=cfg.test_cfg['fp16']):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert cfg.test_cfg['type'] == 'TestLoop'
 
 
 def amp_meaning(parser: argparse.ArgumentParser, precision: str) -> str:

@@ -108,6 +108,8 @@ def test_digits_fallback_takes_its_schedule(prepared, pages):
     assert (warmup.end, decay.begin, decay.end) == (SCHEDULE.warmup_iters, SCHEDULE.warmup_iters,
                                                    SCHEDULE.iters)
     assert cfg.default_hooks.checkpoint.interval == SCHEDULE.checkpoint_interval
+    # --amp left out is auto: float32 (the config's OptimWrapper) on a CPU, mixed precision on a GPU
+    assert cfg.optim_wrapper.type == ('AmpOptimWrapper' if torch.cuda.is_available() else 'OptimWrapper')
     assert cfg.model.backbone.pretrained is None
     resize = next(step for step in cfg.train_dataloader.dataset.pipeline if step.type == 'RandomResize')
     assert tuple(resize.ratio_range) == RATIO_RANGE

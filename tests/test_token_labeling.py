@@ -1,8 +1,10 @@
 """The token-labeling loss by hand, MixToken on tokens and targets with one mask, token heads on every family."""
+import copy
 import math
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 import backbones
 from backbones.token_head import (
@@ -122,3 +124,27 @@ def test_image_label_targets_are_one_hot_with_label_smoothing():
     torch.testing.assert_close(target, expected, rtol=0, atol=1e-7)
     assert torch.equal(LabelObjective(4, smoothing=0.0).label_target(torch.tensor([1])),
                        torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+
+
+def test_compiled_mixtoken_draws_its_boxes_eagerly_into_one_graph():
+    """A compiled LV-ViT with token labeling compiles once for every MixToken box (the box, drawn outside the graph,
+    reaches it as a mask tensor; drawn inside, its Python numbers recompiled it: 5 recompiles in 9 calls), with the
+    boxes and outputs of the eager model under the same seed."""
+    eager = TokenLabelingModel(backbones.create_model('lvvit_t', img_size=64, depth=1, embed_dim=32, num_heads=2,
+                                                      stem_chs=8, num_classes=5)).train()
+    compiled, graphs = copy.deepcopy(eager), CompileCounter()
+    compiled.compile(backend=graphs)
+    x = torch.randn(4, 3, 64, 64)
+    torch.manual_seed(0)
+    expected = [eager(x) for _ in range(8)]
+    torch.manual_seed(0)
+    outputs, compiled_after = [], []
+    for _ in range(8):
+        outputs.append(compiled(x))
+        compiled_after.append(graphs.frame_count)
+    assert compiled_after == [1] * 8
+    assert len({out.mix_box for out in outputs}) > 3  # the calls had boxes of several sizes and places
+    for out, reference in zip(outputs, expected):
+        assert out.mix_box == reference.mix_box
+        torch.testing.assert_close(out.token_logits, reference.token_logits)
+        torch.testing.assert_close(out.cls_logits, reference.cls_logits)

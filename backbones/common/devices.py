@@ -1,5 +1,6 @@
-"""Where a command runs and in what precision: `--device` resolved (a GPU that is not there is an error) and `--amp`
-resolved per device (`pick_amp`), with their options declared once for every command that has them."""
+"""Where a command runs and in what precision: `--device` resolved (a GPU that is not there is an error), `--amp`
+resolved per device (`pick_amp`), with their options declared once for every command that has them, and TF32 on CUDA
+for the trainers (`use_tf32`)."""
 from __future__ import annotations
 
 import argparse
@@ -87,3 +88,11 @@ def pick_amp(amp: str, device: torch.device) -> str:
     if device.type != 'cuda':
         return 'none'
     return 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
+
+
+def use_tf32(device: torch.device) -> None:
+    """TensorFloat-32 matmuls and convolutions where `device` is CUDA, as timm's train.py sets them: float32 at tensor
+    core speed (products with a 10-bit mantissa, sums in float32). A CPU run is left as it is, its figures too."""
+    if device.type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True

@@ -4,12 +4,15 @@ as its config's tta_pipeline and tta_model set it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
+import torch
 from mmengine.config import Config
 from mmseg.registry import DATASETS
 
 from backbones.common.cli import command_parser
+from backbones.common.devices import add_amp_argument, device_name, pick_amp, use_tf32
 from backbones.common.errors import UsageError
 from backbones.common.log import logger
 from backbones.common.outputs import check_output_folder, output_file, output_folder
@@ -20,6 +23,7 @@ from backbones.dense.run_data import EmbeddedSegData, resolve_trained_data
 from backbones.dense.runner import SuiteRunner
 from backbones.dense.tasks import task_of
 from backbones.dense.train import (
+    AMP_DTYPES,
     MMSEG_FLAGS,
     add_common_options,
     add_multi_scale_arguments,
@@ -41,6 +45,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
     add_multi_scale_arguments(parser)
+    add_amp_argument(parser)
     parser.add_argument('--out', type=scores_file, help=(
         'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class", "confusion"} (percent; the '
         'confusion matrix\'s pixel counts and its rows normalised) for a segmentor; {"box_AP", ..., "mask_AP", ..., '
@@ -125,12 +130,25 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     return cfg
 
 
+def testing_precision(cfg: Config, amp: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The test loop in `amp`'s precision (`pick_amp` resolved): mmengine's TestLoop autocasts its model when its
+    `fp16` is set, in the dtype of the autocast around it (the returned context, for the loop's run); none leaves the
+    config's loop in float32."""
+    if amp == 'none':
+        return contextlib.nullcontext()
+    cfg.test_cfg = {**(cfg.get('test_cfg') or {}), 'fp16': True}
+    return torch.autocast(device.type, dtype=getattr(torch, AMP_DTYPES[amp]))
+
+
 def main(argv: list[str] | None = None, fallback: type[EmbeddedSegData] | None = None,
          description: str | None = None) -> dict[str, float]:
     """tools/test_seg.py: without ADE20K on disk, the data is `fallback`'s (the tool gives its embedded set)."""
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     cfg = prepare(args, data_fallback)
     mode = test_mode(cfg, args.ms)
-    metrics = SuiteRunner.from_cfg(cfg).test()
+    device = torch.device(device_name(None))  # mmengine's: the GPU where there is one
+    use_tf32(device)
+    with testing_precision(cfg, pick_amp(args.amp, device), device):
+        metrics = SuiteRunner.from_cfg(cfg).test()
     logger.info(f'{mode}: {task_of(cfg).summary(metrics)}')
     return metrics

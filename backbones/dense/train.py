@@ -13,7 +13,7 @@ import torch
 from mmengine.config import Config, DictAction
 
 from backbones.common.cli import command_parser, non_negative_int, positive_float, positive_int
-from backbones.common.devices import add_amp_argument, pick_amp
+from backbones.common.devices import add_amp_argument, device_name, pick_amp, use_tf32
 from backbones.common.errors import UsageError
 from backbones.common.files import remove_partial_writes
 from backbones.common.lifecycle import restarted_by_torchrun
@@ -109,8 +109,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'one update every N iterations, their gradients summed: the global batch is GPUs x images per GPU x N (the '
         'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
         'config count updates; the lr stays the config\'s'))
-    add_amp_argument(parser, 'none', "the configs' optimizer is mmseg's float32 OptimWrapper; bf16 and fp16 train "
-                     "through mmengine's AmpOptimWrapper, with a dynamic loss scale", alone='fp16', gpus_only=True)
+    # bf16 and fp16 train through mmengine's AmpOptimWrapper (dynamic loss scale) in place of the configs' OptimWrapper
+    add_amp_argument(parser, alone='fp16', gpus_only=True)
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write a checkpoint at most every M minutes (each replacing the previous timed one); '
                              'SIGTERM and SIGUSR1 always write one, then exit with status 75')
@@ -302,4 +302,5 @@ def train(run: PreparedRun, backbone: PretrainedBackbone | None = None) -> None:
         cfg.model.backbone.pretrained = str(backbone.checkpoint)
         logger.info(f'stage 2 of 2: the segmentor, its backbone from {backbone.checkpoint}')
         logger.info(f'backbone: {run.pretraining.reason}; {backbone.origin}')
+    use_tf32(torch.device(device_name(None)))  # mmengine's device: the GPU where there is one
     SuiteRunner.from_cfg(cfg).train()

@@ -40,7 +40,7 @@ from backbones.common.cli import (
     positive_int,
     typed_flags,
 )
-from backbones.common.devices import add_amp_argument, add_device_argument, pick_amp
+from backbones.common.devices import add_amp_argument, add_device_argument, pick_amp, use_tf32
 from backbones.common.distributed import DistInfo, barrier
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import FolderAdditions, write_json_atomic
@@ -194,7 +194,7 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
     add_workers_argument(parser)
     add_seed_argument(parser, 'the initialisation, the data order and the augmentation')
     add_device_argument(parser)
-    add_amp_argument(parser)
+    add_amp_argument(parser, alone='fp16')  # timm's --amp
     parser.add_argument('--log-interval', type=positive_int, default=50,
                         help='updates between TensorBoard loss points')
     parser.add_argument('--grad-checkpointing', action='store_true',
@@ -378,6 +378,7 @@ class Trainer:
                             f'process, fewer than one update')
         updates_per_epoch //= accumulate
         amp = pick_amp(self.options.amp, self.info.device)
+        use_tf32(self.info.device)
         config = {**config, 'grad_accum_steps': accumulate, 'amp': amp}
         if optimization.lr < optimization.min_lr:
             logger.warning(f'warning: the lr for this global batch, {optimization.lr:.3g}, is below the schedule\'s '
