@@ -95,7 +95,7 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
         'with few cores per GPU; grey, CMYK and non-JPEG files are still decoded by the workers)'))
     p.add_argument('--fast-decode', action='store_true', help=(
         "the workers' colour JPEGs with libjpeg-turbo's fast IDCT and chroma upsampling: faster, but not Pillow's "
-        'pixels (about 1 grey level on average, docs/speed.md)'))
+        'pixels (1.6 grey levels apart on average, docs/speed.md)'))
     p.add_argument('--model-ema', action='store_true',
                    help='timm\'s switch: an EMA of the weights where the recipe keeps none (decay '
                         f'{TIMM_EMA_DECAY:g}, or --model-ema-decay); the paper recipes keep one (--ema-decay 0: none)')
