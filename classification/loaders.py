@@ -82,13 +82,15 @@ def check_decode(decode: str, augment: str, device: torch.device) -> None:
 
 
 def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,
-                 options: RunOptions, augment: str = 'pil', decode: str = 'cpu'):
+                 options: RunOptions, augment: str = 'pil', decode: str = 'cpu', fast_decode: bool = False):
     """Training batches (label-aware augmentation, token labels) and validation batches, the class list, and the
     device half of the augmentation (`augment='batched'`) or None; `decode='gpu'`: the batched path's JPEGs are
-    decoded by the device half, on the training device."""
+    decoded by the device half, on the training device; `fast_decode`: the training JPEGs decoded in the workers
+    with libjpeg-turbo's fast IDCT and upsampling (not Pillow's pixels)."""
     train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
-                              interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'])
+                              interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'],
+                              fast_decode=fast_decode)
     device_tf = BatchAugment(recipe.img_size, data_cfg['mean'], data_cfg['std']) if augment == 'batched' else None
     worker_tf = RegionTransform(train_tf, 'device' if decode == 'gpu' else 'worker') if device_tf else train_tf
     train_set = ImageFolderDataset(data.root, 'train', worker_tf,

@@ -21,7 +21,7 @@ from classification.training_pieces import TeacherSpec, annotates_online
 class RunStart:
     """What a run adds to its recipe: the --preset it was named by, the --finetune weights it starts from (with a
     new classifier: `new_head`), the --teacher, and how its images are augmented and decoded (--augment,
-    --decode)."""
+    --decode, --fast-decode)."""
 
     preset: str | None = None
     finetune: str | None = None
@@ -29,6 +29,7 @@ class RunStart:
     teacher: TeacherSpec | None = None
     augment: str = 'auto'
     decode: str = 'cpu'
+    fast_decode: bool = False
 
 
 def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart, device: torch.device) -> None:

@@ -93,6 +93,9 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
         'where the batched path decodes the JPEGs: cpu (the loader workers, at a reduced size where the crop allows), '
         'gpu (the workers read the files and draw the augmentation, the GPU decodes each batch with nvJPEG: for nodes '
         'with few cores per GPU; grey, CMYK and non-JPEG files are still decoded by the workers)'))
+    p.add_argument('--fast-decode', action='store_true', help=(
+        "the workers' colour JPEGs with libjpeg-turbo's fast IDCT and chroma upsampling: faster, but not Pillow's "
+        'pixels (1.6 grey levels apart on average, docs/speed.md)'))
     p.add_argument('--model-ema', action='store_true',
                    help='timm\'s switch: an EMA of the weights where the recipe keeps none (decay '
                         f'{TIMM_EMA_DECAY:g}, or --model-ema-decay); the paper recipes keep one (--ema-decay 0: none)')
@@ -114,7 +117,7 @@ def train(model_name: str, recipe: Recipe, data: ImageData, options: RunOptions,
         store = open_store(data.token_labels, data.verify_labels, info) if recipe.uses_score_maps and not online \
             else None
         train_loader, val_loader, classes, device_tf = make_loaders(data, store, recipe, plan.data_cfg, info, options,
-                                                                    plan.augment, start.decode)
+                                                                    plan.augment, start.decode, start.fast_decode)
         if teacher is not None and teacher.checkpoint is not None:
             check_checkpoint_classes(teacher.checkpoint, classes, 'the training split')  # the teacher's scores by name
         model, objective = training_pieces(model_name, recipe, len(classes), options.seed, info, teacher,
@@ -208,7 +211,7 @@ def launch(args: argparse.Namespace, command: str, recipe: Recipe, fallback: Emb
             labels = Path(args.token_label_dir) if args.token_label_dir else None
             data = ImageData(Path(args.data_dir), labels, args.skip_unreadable, not args.no_verify)
         data = replace(data, train_images=args.train_images)
-        start = RunStart(preset, weights, new_head, teacher, args.augment, args.decode)
+        start = RunStart(preset, weights, new_head, teacher, args.augment, args.decode, args.fast_decode)
         return train(args.model, recipe, data, options, info, start)
 
     return run_distributed(run, args.device)

@@ -114,7 +114,7 @@ def test_large_jpeg_decodes_reduced_and_cuts_the_crop(tmp_path):
     with Image.open(tmp_path / 'big.jpg') as lazy:
         lazy.draft('RGB', jpeg_draft_size(lazy.size, crop, 100))
         assert lazy.size[0] <= 400  # decoded at 1/2 or less
-        region = cut_region(lazy.convert('RGB'), (800, 600), crop, 100)
+        region = cut_region(np.asarray(lazy.convert('RGB')), (800, 600), crop, 100)
     x1, y1, x2, y2 = region.box
     assert 100 <= x2 - x1 < 200 and 100 <= y2 - y1 < 200
     # the region's pixel at the box centre shows the full image's pixel at the crop centre (read on the linear
@@ -234,7 +234,7 @@ def test_device_decoding_cuts_pillows_regions_from_the_decoded_file(tmp_path):
     decoded = decode_jpeg(torch.frombuffer(bytearray(file.read_bytes()), dtype=torch.uint8))
     assert torch.equal(decoded.permute(1, 2, 0), torch.from_numpy(np.asarray(img).copy()))
     for crop in [(10, 20, 300, 400), (0, 0, 375, 500), (50, 60, 100, 120), (200, 301, 175, 199)]:
-        region, bounds = cut_region(img, img.size, crop, 64), region_bounds(img.size, img.size, crop, 64)
+        region, bounds = cut_region(np.asarray(img), img.size, crop, 64), region_bounds(img.size, img.size, crop, 64)
         cut = cut_decoded(decoded, bounds).numpy().astype(int)
         assert bounds.box == region.box and cut.shape == region.pixels.shape
         assert np.abs(cut - region.pixels).max() <= 1, crop

@@ -15,11 +15,11 @@ from torch.utils.data import DataLoader
 
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError, UsageError
-from backbones.common.images import ImageReadError, read_image, scan_split
+from backbones.common.images import ImageReadError, file_bytes, read_image, scan_split
 from classification.data.folders import ImageFolderDataset
 from classification.sources.hf_datasets import ArrowRows, HuggingFaceDatasets
 from classification.sources.source import open_split, sources
-from classification.sources.tars import Tars, file_bytes
+from classification.sources.tars import Tars
 from helpers.cls_data import CLASSES, make_image_folder
 from helpers.commands import one_line_error, run_tool, succeeded
 from helpers.models import TINY_DEIT

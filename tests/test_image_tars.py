@@ -16,11 +16,10 @@ from torchvision import transforms
 
 import classification.sources.tars as image_tars
 from backbones.common.errors import DataError
-from backbones.common.images import ImageReadError, scan_split
+from backbones.common.images import ImageReadError, file_bytes, scan_split
 from classification.data.folders import ImageFolderDataset
 from classification.sources.class_folders import FilesIn
 from classification.sources.source import open_split
-from classification.sources.tars import file_bytes
 from helpers.cls_data import CLASSES, make_image_folder, split_tars, tar_files, write_tar
 from helpers.commands import one_line_error, run_tool, succeeded
 from helpers.models import TINY_DEIT

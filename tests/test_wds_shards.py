@@ -17,10 +17,10 @@ import yaml
 import classification.sources.tars as image_tars
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import DataError
-from backbones.common.images import scan_split
+from backbones.common.images import file_bytes, scan_split
 from classification.sources.class_folders import ClassFolders
 from classification.sources.source import open_split, sources
-from classification.sources.tars import Tars, file_bytes
+from classification.sources.tars import Tars
 from classification.sources.wds import WebDatasetShards
 from classification.token_labeling.annotate import generate_token_labels
 from classification.token_labeling.label_store import TokenLabelStore

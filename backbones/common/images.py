@@ -1,4 +1,5 @@
-"""Image files and ImageNet-layout folders (`train/CLASS/*.JPEG`): listing, class lists, complete decoding.
+"""Image files and ImageNet-layout folders (`train/CLASS/*.JPEG`): listing, class lists, complete decoding (colour
+JPEGs through `backbones.common.jpeg`, with Pillow's pixels; every other file through Pillow).
 
 Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): that is also the key of each image
 in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
@@ -9,14 +10,16 @@ index (`tars.index.npz`) and empty folders are ignored; anything else is an erro
 """
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from backbones.common.errors import DataError, UsageError
+from backbones.common.jpeg import colour_jpeg_size, decode_colour_jpeg
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
 TAR_SUFFIX = '.tar'  # the one spelling of a tar the readers take (uncompressed: each image is one read in place)
@@ -42,14 +45,61 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert('RGB')
 
 
+class DecodedImage(NamedTuple):
+    """A file's RGB pixels (h, w, 3) uint8, decoded at `full_size` (w, h) or reduced by a JPEG scale."""
+
+    pixels: np.ndarray
+    full_size: tuple[int, int]
+
+
+def file_bytes(file: Path | BinaryIO) -> bytes:
+    """The whole content of an image file, on disk or read from a tar."""
+    return file.getvalue() if isinstance(file, io.BytesIO) else Path(file).read_bytes()
+
+
+def image_bytes(path: Path | BinaryIO) -> bytes:
+    """`file_bytes`, a file that cannot be read named as an image that cannot be."""
+    try:
+        return file_bytes(path)
+    except OSError as e:
+        raise ImageReadError(f'cannot read image {path}: {type(e).__name__}: {e}') from e
+
+
+def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple[int, int] | None] | None = None,
+             fast: bool = False) -> DecodedImage:
+    """A file's pixels as `read_image` decodes them, JPEGs at the reduced size `Image.draft` gives for the size
+    `requested` returns for the file's full size (asked once: it may draw the crop). Colour JPEGs through
+    `decode_colour_jpeg` (`fast`: its fast IDCT and upsampling, other pixels); the others, and files it refuses,
+    through Pillow."""
+    drawn = {}
+
+    def wanted(size: tuple[int, int]) -> tuple[int, int] | None:
+        if 'full_size' not in drawn:
+            drawn['full_size'], drawn['wanted'] = size, requested(size) if requested is not None else None
+        return drawn['wanted']
+
+    data = image_bytes(path)
+    size = colour_jpeg_size(data)
+    pixels = decode_colour_jpeg(data, size, wanted(size), fast) if size is not None else None
+    if pixels is None:
+        pixels = np.asarray(read_image(path, lambda img: img.draft('RGB', wanted(img.size))))
+    return DecodedImage(pixels, drawn['full_size'])
+
+
 def read_image(path: Path | BinaryIO,
                before_decode: Callable[[Image.Image], bool | None] | None = None) -> Image.Image | None:
     """Decode an image file (or its bytes read from a tar, `MemberFile`) completely to RGB (a truncated file is an
-    error, not grey pixels); failures name it.
+    error, not grey pixels); failures name it. Without `before_decode`, colour JPEGs go through `read_rgb`'s decoder.
 
     `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
     (`Image.draft`, JPEG's scaled decoding), or return False to leave the file undecoded (then None is returned).
     """
+    if before_decode is None:
+        data = image_bytes(path)
+        size = colour_jpeg_size(data)
+        pixels = decode_colour_jpeg(data, size) if size is not None else None
+        if pixels is not None:
+            return Image.fromarray(pixels)
     try:
         with Image.open(path) as img:
             if before_decode is not None and before_decode(img) is False:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import NamedTuple
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ from timm.data import RandomResizedCropAndInterpolation
 from timm.data.auto_augment import _LEVEL_DENOM, AugmentOp, RandAugment, _interpolation, rand_augment_transform
 from timm.data.random_erasing import RandomErasing
 from torchvision.transforms import InterpolationMode
+
+from backbones.common.images import read_rgb
 
 GEOMETRIC_OPS = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel', 'TranslateX', 'TranslateY')
 _INTERPOLATIONS = {'bilinear': InterpolationMode.BILINEAR, 'bicubic': InterpolationMode.BICUBIC}
@@ -199,6 +202,8 @@ class TrainTransform:
     them to whole batches on the training device.
     """
 
+    takes_path = True  # ImageFolderDataset hands it the file: a colour JPEG is cropped before Pillow sees it
+
     def __init__(
             self,
             img_size: int,
@@ -210,8 +215,9 @@ class TrainTransform:
             interpolation: str = 'random',
             mean: Sequence[float] = (0.485, 0.456, 0.406),
             std: Sequence[float] = (0.229, 0.224, 0.225),
+            fast_decode: bool = False,
     ) -> None:
-        self.img_size = img_size
+        self.img_size, self.fast_decode = img_size, fast_decode
         self.scale, self.ratio, self.hflip = tuple(scale), tuple(ratio), hflip
         self.interpolations = list(_INTERPOLATIONS.values()) if interpolation == 'random' else [
             _INTERPOLATIONS[interpolation]]
@@ -221,12 +227,14 @@ class TrainTransform:
         # the same draws as `erase`, without making the noise: erasing boxes for the batched path
         self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
 
-    def sample_crop(self, img: Image.Image) -> tuple[int, int, int, int]:
-        """RandomResizedCrop's (top, left, height, width) for an image (its size is all it reads), at least one pixel
-        each way: timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
-        top, left, h, w = RandomResizedCropAndInterpolation.get_params(img, self.scale, self.ratio)
+    def sample_crop(self, size: tuple[int, int]) -> tuple[int, int, int, int]:
+        """RandomResizedCrop's (top, left, height, width) for an image of `size` (w, h), at least one pixel each way:
+        timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
+        W, H = size
+        shaped = torch.empty(0, H, W)  # timm reads the image's size only: a tensor of no elements carries it
+        top, left, h, w = RandomResizedCropAndInterpolation.get_params(shaped, self.scale, self.ratio)
         h, w = max(h, 1), max(w, 1)
-        return min(top, img.size[1] - h), min(left, img.size[0] - w), h, w
+        return min(top, H - h), min(left, W - w), h, w
 
     def sample_view(self) -> tuple[InterpolationMode, bool]:
         """The crop's interpolation and whether it is mirrored."""
@@ -240,11 +248,18 @@ class TrainTransform:
         self.erase_boxes(stand_in)
         return stand_in.boxes
 
-    def __call__(self, img: Image.Image) -> tuple[torch.Tensor, CropGeometry]:
-        W, H = img.size
-        top, left, h, w = self.sample_crop(img)
+    def __call__(self, img: Image.Image | Path | BinaryIO) -> tuple[torch.Tensor, CropGeometry]:
+        """The augmented image of a decoded image or of a file (`read_rgb`: a colour JPEG decoded by simplejpeg and
+        its crop cut in NumPy, the same pixels as Pillow's decode and crop)."""
+        pixels = img if isinstance(img, Image.Image) else read_rgb(img, fast=self.fast_decode).pixels
+        W, H = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
+        top, left, h, w = self.sample_crop((W, H))
         interpolation, flip = self.sample_view()
-        img = TF.resized_crop(img, top, left, h, w, [self.img_size, self.img_size], interpolation, antialias=True)
+        if isinstance(pixels, Image.Image):
+            crop = pixels.crop((left, top, left + w, top + h))
+        else:
+            crop = Image.fromarray(pixels[top:top + h, left:left + w])
+        img = TF.resize(crop, [self.img_size, self.img_size], interpolation, antialias=True)
         box = torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H])
         if flip:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)

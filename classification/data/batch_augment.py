@@ -29,10 +29,10 @@ from torchvision.transforms import InterpolationMode
 
 from backbones.common.distributed import on_device
 from backbones.common.errors import UsageError
-from backbones.common.images import ImageReadError, read_image
+from backbones.common.images import ImageReadError, file_bytes, read_image, read_rgb
 from backbones.common.random_state import batch_generator
 from classification.data.augment import GEOMETRIC_OPS, AppliedOp, CropGeometry, TrainTransform
-from classification.sources.tars import MemberFile, file_bytes
+from classification.sources.tars import MemberFile
 
 COLOUR_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'SolarizeAdd', 'Color', 'Contrast',
               'Brightness', 'Sharpness')
@@ -89,15 +89,40 @@ def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], cro
                         ((x1 - bx1) / fx, (y1 - by1) / fy, (x2 - bx1) / fx, (y2 - by1) / fy))
 
 
-def cut_region(img: Image.Image, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
-    """The whole pixels around `crop` (given on the full-size image) from a possibly draft-decoded `img`, reduced by
-    whole factors (box averages) as long as the crop stays at least `out` pixels each way."""
-    bounds = region_bounds(full_size, img.size, crop, out)
-    if bounds.factors == (1, 1):
-        region = img.crop(bounds.pixels)
-    else:
-        region = img.reduce(bounds.factors, box=bounds.pixels)
-    return Region(np.asarray(region), bounds.box)
+def cut_region(pixels: np.ndarray, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
+    """The whole pixels around `crop` (given on the full-size image) from a possibly draft-decoded (h, w, 3) uint8
+    image, reduced by whole factors (box averages, `box_reduce`) as long as the crop stays at least `out` pixels
+    each way: a contiguous array of its own (sent to the main process without the rest of the image)."""
+    bounds = region_bounds(full_size, (pixels.shape[1], pixels.shape[0]), crop, out)
+    x1, y1, x2, y2 = bounds.pixels
+    region = pixels[y1:y2, x1:x2]
+    region = region.copy() if bounds.factors == (1, 1) else box_reduce(region, bounds.factors)
+    return Region(region, bounds.box)
+
+
+@functools.cache
+def reduce_multiplier(count: int) -> int:
+    """Pillow's fixed-point reciprocal of a box of `count` pixels: 2^32 / (2^8 count) in float32, truncated."""
+    return int(np.float32(2.0 ** 32) / np.float32(256 * count))
+
+
+def box_sums(pixels: np.ndarray, factor: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sums over blocks of `factor` along `axis` (the last block the pixels left) and each block's length."""
+    length = pixels.shape[axis]
+    starts = np.arange(0, length, factor)
+    return np.add.reduceat(pixels, starts, axis=axis, dtype=np.int64), np.diff(np.append(starts, length))
+
+
+def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
+    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value: each block's sum plus half its
+    size, times Pillow's fixed-point reciprocal of the size (`reduce_multiplier`), shifted down 24 bits; the last
+    row and column of blocks take the pixels there are."""
+    fx, fy = factors
+    rows, heights = box_sums(pixels, fy, 0)
+    sums, widths = box_sums(rows, fx, 1)
+    counts = heights[:, None] * widths[None, :]
+    multipliers = np.vectorize(reduce_multiplier, otypes=[np.int64])(counts)
+    return (((sums + (counts // 2)[..., None]) * multipliers[..., None]) >> 24).astype(np.uint8)
 
 
 def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
@@ -148,37 +173,58 @@ class RegionTransform:
 
     def __call__(self, path: Path | MemberFile) -> tuple[torch.Tensor | EncodedJpeg, CropGeometry, dict]:
         t, out = self.reference, self.reference.img_size
-        drawn = {}
+        if self.decode == 'device':
+            image, (W, H), crop = self.read_for_device(path)
+        else:
+            image, (W, H), crop = self.read_region(path)
+        top, left, h, w = crop
+        interpolation, flip = t.sample_view()
+        applied, warp = t.rand_augment.plan((out, out)) if t.rand_augment is not None else ([], torch.eye(3)[:2])
+        boxes = t.sample_erasing()
+        geometry = CropGeometry(torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H]), torch.tensor(flip),
+                                warp)
+        box = image.bounds.box if isinstance(image, EncodedJpeg) else image.box
+        pixels = image if isinstance(image, EncodedJpeg) else torch.from_numpy(image.pixels)
+        # Python values: the tensors are made once per batch (batch_plan), not a dozen per image
+        plan = {'box': box, 'bicubic': interpolation == InterpolationMode.BICUBIC, 'flip': flip, 'warp': warp,
+                **self.colour_plan(applied), 'erase': self.erase_plan(boxes)}
+        return pixels, geometry, plan
+
+    def read_region(self, path: Path | MemberFile) -> tuple[Region, tuple[int, int], tuple[int, int, int, int]]:
+        """The crop drawn for the file's size, and its region decoded at the smallest JPEG scale that keeps the crop
+        at least the output size (`read_rgb`: simplejpeg for colour JPEGs, Pillow for the rest)."""
+        t, out, drawn = self.reference, self.reference.img_size, {}
+
+        def requested(size: tuple[int, int]) -> tuple[int, int]:
+            drawn['crop'] = crop = t.sample_crop(size)
+            return jpeg_draft_size(size, crop, out)
+
+        decoded = read_rgb(path, requested, t.fast_decode)
+        return cut_region(decoded.pixels, decoded.full_size, drawn['crop'], out), decoded.full_size, drawn['crop']
+
+    def read_for_device(self, path: Path | MemberFile) -> tuple[Region | EncodedJpeg, tuple[int, int],
+                                                                 tuple[int, int, int, int]]:
+        """A colour JPEG's bytes with its crop's region on the full-size image (`EncodedJpeg`); any other file
+        decoded by Pillow here, as `read_region` does with that decoder."""
+        t, out, drawn = self.reference, self.reference.img_size, {}
 
         def plan_decode(img: Image.Image) -> bool:
             """Draw the crop; ask for the reduced decode, or for none where the device decodes the file."""
             drawn['size'] = img.size
-            drawn['crop'] = crop = t.sample_crop(img)
-            if self.decode == 'device':
-                drawn['encoded'] = bytes_for_device(img, path)
-                if drawn['encoded'] is not None:
-                    return False
+            drawn['crop'] = crop = t.sample_crop(img.size)
+            drawn['encoded'] = bytes_for_device(img, path)
+            if drawn['encoded'] is not None:
+                return False
             img.draft('RGB', jpeg_draft_size(img.size, crop, out))
             return True
 
         img = read_image(path, plan_decode)
-        (W, H), (top, left, h, w) = drawn['size'], drawn['crop']
-        interpolation, flip = t.sample_view()
-        applied, warp = t.rand_augment.plan((out, out)) if t.rand_augment is not None else ([], torch.eye(3)[:2])
-        boxes = t.sample_erasing()
-        if img is None:
-            bounds = region_bounds((W, H), (W, H), drawn['crop'], out)
-            image, box = EncodedJpeg(torch.frombuffer(bytearray(drawn['encoded']), dtype=torch.uint8), bounds,
-                                     str(path)), bounds.box
-        else:
-            region = cut_region(img, (W, H), drawn['crop'], out)
-            image, box = torch.from_numpy(region.pixels.copy()), region.box
-        geometry = CropGeometry(torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H]), torch.tensor(flip),
-                                warp)
-        # Python values: the tensors are made once per batch (batch_plan), not a dozen per image
-        plan = {'box': box, 'bicubic': interpolation == InterpolationMode.BICUBIC, 'flip': flip, 'warp': warp,
-                **self.colour_plan(applied), 'erase': self.erase_plan(boxes)}
-        return image, geometry, plan
+        size, crop = drawn['size'], drawn['crop']
+        if img is not None:
+            return cut_region(np.asarray(img), size, crop, out), size, crop
+        bounds = region_bounds(size, size, crop, out)
+        return EncodedJpeg(torch.frombuffer(bytearray(drawn['encoded']), dtype=torch.uint8), bounds, str(path)), \
+            size, crop
 
     def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, list]:
         """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last

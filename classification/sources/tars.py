@@ -70,11 +70,6 @@ class MemberFile(io.BytesIO):
     __repr__ = __str__  # Pillow's errors name the file by its repr
 
 
-def file_bytes(file: Path | BinaryIO) -> bytes:
-    """The whole content of an image file, on disk or read from a tar."""
-    return file.getvalue() if isinstance(file, io.BytesIO) else Path(file).read_bytes()
-
-
 # ------------------------------------------------------------------------------------------------- the split's tars
 
 @dataclass(frozen=True)

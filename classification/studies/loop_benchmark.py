@@ -34,6 +34,7 @@ from backbones.common.devices import TIMED_IN_FP32, add_amp_argument, add_device
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.images import find_classes, scan_split
+from backbones.common.jpeg import pillow_only
 from backbones.common.log import logger, show_log
 from backbones.common.random_state import seed_all
 from backbones.complexity import measure_complexity
@@ -107,6 +108,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument('--peak-tflops', type=positive_float,
                         help="the device's peak TFLOP/s for the step's MFU (default: the bf16/fp16 tensor-core peak "
                              "of H100, H200 and A100 under --amp bf16/fp16; none on CPUs)")
+    parser.add_argument('--per-core-only', action='store_true',
+                        help='time the input pipelines per core alone (with the Pillow-only decode beside them), '
+                             'not the workers, the step or the loop')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
@@ -481,17 +485,11 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     figures: dict[str, object] = {'model': model_name, 'token_labeling': bench.recipe.uses_score_maps,
                                   'batch_size': args.batch_size, 'img_size': bench.recipe.img_size}
     sizes: dict[str, float] = {}
-    with torch_threads(1):
-        per_core = {path: pipeline_images_per_second(bench, path, 0, sizes=sizes) for path in ('pil', 'batched')}
-        per_core['batched_workers_half'] = pipeline_images_per_second(bench, 'batched', 0, with_device_half=False)
-        per_core['timm'] = timm_pipeline_images_per_second(bench, sizes)
-    per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
-    per_core['workers_half_over_timm'] = per_core['batched_workers_half'] / per_core['timm']
-    per_core['pil_over_timm'] = per_core['pil'] / per_core['timm']
-    per_core['workers_half_over_pil'] = per_core['batched_workers_half'] / per_core['pil']
-    figures['pipeline_per_core_img_s'] = per_core
+    figures['pipeline_per_core_img_s'] = per_core = per_core_images_per_second(bench, sizes)
     figures['bytes_per_image'] = sizes
     figures['kib_per_image'] = {path: size / 1024 for path, size in sizes.items()}
+    if args.per_core_only:
+        return {**figures, 'measurement_errors': []}
     figures[f'pipeline_{args.workers}_workers_img_s'] = pool = {
         path: pipeline_images_per_second(bench, path, args.workers) for path in ('pil', 'batched')}
     figures[f'pipeline_{args.workers}_workers_ceiling_img_s'] = ceiling = pipeline_ceilings(
@@ -539,6 +537,30 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
     return figures
 
 
+def per_core_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> dict[str, float]:
+    """One core's input pipelines (one thread, no workers): both paths, the batched workers' half alone, timm's
+    create_transform, and the PIL path and the workers' half with every image read by Pillow (`pillow_only`, the
+    decode before simplejpeg), with their ratios."""
+    with torch_threads(1):
+        per_core = {path: pipeline_images_per_second(bench, path, 0, sizes=sizes) for path in ('pil', 'batched')}
+        per_core['batched_workers_half'] = pipeline_images_per_second(bench, 'batched', 0, with_device_half=False)
+        per_core['timm'] = timm_pipeline_images_per_second(bench, sizes)
+        with pillow_only():
+            per_core['pil_pillow_decode'] = pipeline_images_per_second(bench, 'pil', 0)
+            per_core['batched_workers_half_pillow_decode'] = pipeline_images_per_second(bench, 'batched', 0,
+                                                                                        with_device_half=False)
+    per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
+    per_core['workers_half_over_timm'] = per_core['batched_workers_half'] / per_core['timm']
+    per_core['pil_over_timm'] = per_core['pil'] / per_core['timm']
+    per_core['workers_half_over_pil'] = per_core['batched_workers_half'] / per_core['pil']
+    per_core['pillow_decode_workers_half_over_timm'] = per_core['batched_workers_half_pillow_decode'] / per_core['timm']
+    per_core['pillow_decode_pil_over_timm'] = per_core['pil_pillow_decode'] / per_core['timm']
+    per_core['simplejpeg_gain_workers_half'] = (per_core['batched_workers_half']
+                                                / per_core['batched_workers_half_pillow_decode'])
+    per_core['simplejpeg_gain_pil'] = per_core['pil'] / per_core['pil_pillow_decode']
+    return per_core
+
+
 def step_variants() -> dict[str, tuple[StepOptions, str, None]]:
     """The step with none of the trainer's step options, then with each alone: (options, amp, preset)."""
     plain = StepOptions(fused_optimizer=False, channels_last=False, compile=False)
@@ -549,21 +571,28 @@ def step_variants() -> dict[str, tuple[StepOptions, str, None]]:
 
 
 def describe(f: dict[str, object], workers: int) -> list[str]:
-    core, pool = f['pipeline_per_core_img_s'], f[f'pipeline_{workers}_workers_img_s']
-    ceiling = f[f'pipeline_{workers}_workers_ceiling_img_s']
+    core = f['pipeline_per_core_img_s']
     lines = [f"{f['model']}  batch {f['batch_size']}  {f['img_size']} px  token labeling {f['token_labeling']}"
              + ('  compiled (torch.compile)' if f.get('compiled') else ''),
              f"  input pipeline, 1 core:      pil {core['pil']:7.1f} img/s   batched {core['batched']:7.1f} img/s "
              f"(x{core['batched_over_pil']:.2f}; its workers' half alone {core['batched_workers_half']:7.1f} img/s)",
              f"  timm's create_transform, 1 core: {core['timm']:7.1f} img/s   (the pil path "
              f"x{core['pil_over_timm']:.2f}, the batched workers' half x{core['workers_half_over_timm']:.2f})",
+             f"  the same with Pillow's decode alone: pil {core['pil_pillow_decode']:7.1f} img/s "
+             f"(x{core['pillow_decode_pil_over_timm']:.2f} timm's), the batched workers' half "
+             f"{core['batched_workers_half_pillow_decode']:7.1f} img/s "
+             f"(x{core['pillow_decode_workers_half_over_timm']:.2f} timm's); simplejpeg's gain: pil "
+             f"x{core['simplejpeg_gain_pil']:.2f}, workers' half x{core['simplejpeg_gain_workers_half']:.2f}",
              '  bytes per image from the workers: ' + '   '.join(f'{path} {size / 1024:,.0f} KiB'
-                                                           for path, size in f['bytes_per_image'].items()),
-             f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
-             f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
-             f"  model step:                  {f['model_step_img_s']:7.1f} img/s   {describe_flops(f['step_flops'])}",
-             f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   "
-             f"(x{f['loop']['of_step']:.2f} of the step)   bound by the {f['bound']}"]
+                                                           for path, size in f['bytes_per_image'].items())]
+    if 'model_step_img_s' not in f:  # --per-core-only
+        return lines
+    pool, ceiling = f[f'pipeline_{workers}_workers_img_s'], f[f'pipeline_{workers}_workers_ceiling_img_s']
+    lines += [f"  input pipeline, {workers} workers:   pil {pool['pil']:7.1f} img/s (ceiling {ceiling['pil']:.1f})   "
+              f"batched {pool['batched']:7.1f} img/s (ceiling {ceiling['batched']:.1f})",
+              f"  model step:                  {f['model_step_img_s']:7.1f} img/s   {describe_flops(f['step_flops'])}",
+              f"  whole loop ({f['loop']['augment']}):           {f['loop']['img_s']:7.1f} img/s   "
+              f"(x{f['loop']['of_step']:.2f} of the step)   bound by the {f['bound']}"]
     if 'serial_img_s' in f['loop']:
         lines.append(f"  whole loop, serial:          {f['loop']['serial_img_s']:7.1f} img/s   (the overlapped loop "
                      f"x{f['loop']['overlap_gain']:.2f})")
