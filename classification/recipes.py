@@ -47,6 +47,7 @@ class TrainingRecipe:
     weight_decay: float
     min_lr: float
     clip_grad: float | None = None
+    layer_decay: float | None = None  # layer-wise lr decay (timm's; BEiT's, MAE's fine-tuning: 0.65-0.75); None: off
     drop_path: float = 0.1
     hflip: float = 0.5
     smoothing: float
@@ -107,7 +108,7 @@ class Recipe(TrainingRecipe):
         lr_base_batch)."""
         return Optimization(self.opt, self.lr_base * global_batch / self.lr_base_batch, self.weight_decay,
                             self.epochs, self.warmup_epochs, self.warmup_lr, self.min_lr, self.cooldown_epochs,
-                            clip_grad=self.clip_grad, ema_decay=self.ema_decay)
+                            clip_grad=self.clip_grad, ema_decay=self.ema_decay, layer_decay=self.layer_decay)
 
     def describe_epochs(self) -> str:
         """The epochs a run trains, the cooldown (T2T-ViT's recipe adds 10 at the floor lr) said out loud."""
@@ -219,7 +220,7 @@ class TransferRecipe(TrainingRecipe):
         scale = global_batch / self.lr_base_batch
         return Optimization(TRANSFER_OPTIMIZERS_TIMM[self.opt], self.lr * scale, self.weight_decay, self.epochs,
                             self.warmup_epochs, min_lr=self.min_lr * scale, momentum=self.momentum,
-                            clip_grad=self.clip_grad)
+                            clip_grad=self.clip_grad, layer_decay=self.layer_decay)
 
 
 # AdamW wants a far smaller step than SGD: 1e-3 on the head, 1e-4 on the backbone, one warm-up epoch.
@@ -298,7 +299,8 @@ FIELD_TYPES: dict[str, Callable[[str], object]] = {
     'batch_size': positive_int, 'img_size': positive_int, 'lr_base': positive_float, 'lr_base_batch': positive_int,
     'lr': positive_float, 'backbone_lr_scale': non_negative_float, 'momentum': below_one,
     'weight_decay': non_negative_float, 'warmup_lr': non_negative_float, 'min_lr': non_negative_float,
-    'clip_grad': positive_float, 'drop_path': below_one, 'ema_decay': below_one, 'dense_weight': non_negative_float,
+    'clip_grad': positive_float, 'layer_decay': fraction, 'drop_path': below_one, 'ema_decay': below_one,
+    'dense_weight': non_negative_float,
     'token_participation': fraction, 'mix_token': non_negative_float, 'mixup': non_negative_float,
     'cutmix': non_negative_float, 'smoothing': below_one, 'scale_min': fraction, 'hflip': probability,
     'reprob': probability,
@@ -322,6 +324,8 @@ FIELD_HELP = {
     'momentum': "SGD's momentum", 'weight_decay': 'weight decay (none on biases, norms and position tables)',
     'warmup_lr': 'learning rate the warm-up starts from', 'min_lr': 'the floor the cosine schedule decays to',
     'clip_grad': 'clip gradients at this global norm (none: no clipping)',
+    'layer_decay': "layer-wise lr decay: block i (from 0) of N learns at lr x rate^(N - i), the embedding at "
+                   "rate^(N + 1), the classifiers at lr (timm's param_groups_layer_decay; none: off)",
     'drop_path': 'stochastic depth rate', 'ema_decay': 'decay of the weights\' EMA (0: no EMA)',
     'token_labeling': 'token labeling: a token head trained on per-token targets',
     'dense_weight': "weight of the token term of the loss (the LV-ViT paper's beta)",

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import torch.nn as nn
-from timm.optim import param_groups_weight_decay
 
 from backbones import bare_model, load_checkpoint
 from backbones.common.cli import add_weights_argument, model_parser, non_negative_int
@@ -37,7 +36,14 @@ from classification.engine.checkpoints import (
 )
 from classification.engine.samplers import Batching, sharded_loaders
 from classification.engine.steps import evaluate
-from classification.engine.trainer import RunOptions, Trainer, add_run_arguments, parse_run_arguments, run_settings
+from classification.engine.trainer import (
+    RunOptions,
+    Trainer,
+    add_run_arguments,
+    parameter_groups,
+    parse_run_arguments,
+    run_settings,
+)
 from classification.loaders import EmbeddedImageData
 from classification.models import (
     add_start_arguments,
@@ -102,13 +108,14 @@ def build_transfer_model(name: str, num_classes: int, img_size: int | None, reci
     return model, report
 
 
-def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float, weight_decay: float) -> list[dict]:
+def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float, weight_decay: float,
+                          layer_decay: float | None = None) -> list[dict]:
     """Every trainable parameter: timm's weight-decay groups (none on biases, norms and the model's
-    `no_weight_decay()` tables), each split into the classifiers at `lr` and the rest at `lr * backbone_lr_scale`;
-    the classifiers' groups first (their lr is the one logged)."""
+    `no_weight_decay()` tables; with `layer_decay`, timm's layer-wise groups, whose `lr_scale` the schedule applies),
+    each split into the classifiers at `lr` and the rest at `lr * backbone_lr_scale`; the classifiers' groups first
+    (their lr is the one logged)."""
     heads = {id(p) for name, p in model.named_parameters() if name.startswith(classifier_prefixes(model))}
-    skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
-    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
+    groups = parameter_groups(model, weight_decay, layer_decay)
     return [{**group, 'params': params, 'lr': lr if head else lr * backbone_lr_scale}
             for head in (True, False) for group in groups
             if (params := [p for p in group['params'] if (id(p) in heads) == head])]
@@ -138,7 +145,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
             logger.warning(f'warning: the backbone lr {backbone_lr:.3g} starts below the cosine floor '
                            f'{optimization.min_lr:.3g} (--min-lr) and would rise towards it')
         params = transfer_param_groups(bare_model(model), optimization.lr, recipe.backbone_lr_scale,
-                                       optimization.weight_decay)
+                                       optimization.weight_decay, recipe.layer_decay)
         objective = TokenLabelingObjective(num_classes, recipe.smoothing,
                                            token_loss=TokenLabelingLoss(recipe.dense_weight)) \
             if recipe.token_labeling else LabelObjective(num_classes, recipe.smoothing)

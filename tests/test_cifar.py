@@ -29,7 +29,8 @@ from helpers.models import FAMILIES, tiny_release
 def transfer_optimizer(model: torch.nn.Module, recipe: TransferRecipe) -> torch.optim.Optimizer:
     """The optimizer the transfer tool builds, at the recipe's own batch."""
     optimization = recipe.optimization(recipe.lr_base_batch)
-    params = transfer_param_groups(model, optimization.lr, recipe.backbone_lr_scale, optimization.weight_decay)
+    params = transfer_param_groups(model, optimization.lr, recipe.backbone_lr_scale, optimization.weight_decay,
+                                   recipe.layer_decay)
     return optimization_state(model, params, optimization, updates_per_epoch=1, amp='none')[0].optimizer
 
 @pytest.mark.parametrize('dataset', ['cifar10', 'cifar100'])
@@ -246,6 +247,30 @@ def test_every_parameter_is_optimised_and_changes_in_one_step(name):
     assert {'cls_token', 'norm.weight', 'norm.bias'} <= set(trainable.values())
     if model_family(name) == 't2t_vit':
         assert not model.pos_embed.requires_grad  # the sinusoidal table stays fixed by design
+
+
+@pytest.mark.parametrize('name', list(FAMILIES))
+def test_layer_decay_scales_each_block_by_the_rate_below_the_one_above_it(name):
+    """--layer-decay 0.5 (timm's groups, as the dense side's): the classifier at lr, the backbone at 0.01 lr times
+    0.5 per layer down from the top, one layer a block, the embedding one below the first block."""
+    from classification.transfer import build_parser, resolve_recipe
+    recipe = resolve_recipe(build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.',
+                                                       '--layer-decay', '0.5', '--drop-path', '0']))
+    model, _ = build_transfer_model(name, 10, 32, recipe, model_kwargs=FAMILIES[name][0])
+    optimizer = transfer_optimizer(model, recipe)
+    names = {id(p): n for n, p in model.named_parameters()}
+    lr_of = {names[id(p)]: group['lr'] for group in optimizer.param_groups for p in group['params']}
+    assert sorted(lr_of) == sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    assert lr_of['head.weight'] == pytest.approx(0.05)
+    depth = len(model.blocks)
+    blocks = [lr_of[f'blocks.{i}.norm1.weight'] for i in range(depth)]
+    assert [lower / upper for lower, upper in zip(blocks, blocks[1:])] == pytest.approx([0.5] * (depth - 1))
+    assert max(lr for n, lr in lr_of.items() if not n.startswith('head')) <= 0.0005 * 0.5
+    embedding = next(n for n in lr_of if n.startswith(('patch_embed.', 'tokens_to_token.')))
+    assert lr_of[embedding] == pytest.approx(blocks[0] * 0.5)
+    assert lr_of['cls_token'] == pytest.approx(blocks[0] * 0.5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--layer-decay', '0'])
 
 
 def test_image_label_token_objective_is_class_plus_half_the_token_cross_entropy():

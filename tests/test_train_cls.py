@@ -446,6 +446,27 @@ def test_timms_flag_names_are_taken_and_its_other_flags_named(capsys):
         assert f'{flag} is a flag of {says}' in capsys.readouterr().err
 
 
+def test_layer_decay_groups_the_model_by_layer_with_the_classifier_first_at_the_recipe_lr():
+    """--layer-decay (timm's name, formerly refused): timm's layer-wise groups of the classifier, the top layer's
+    first (the lr the log shows is the recipe's), every block at the rate times the lr of the one above."""
+    from classification.engine.trainer import optimization_state
+    from classification.recipes import resolve_recipe
+    from classification.train import build_parser
+    recipe = resolve_recipe(build_parser().parse_args(['deit_small_patch16_224', '--layer-decay', '0.75']))
+    optimization = recipe.optimization(512)
+    model = timm.create_model('deit_small_patch16_224', num_classes=3, img_size=32, embed_dim=32, depth=3,
+                              num_heads=2)
+    state, _ = optimization_state(model, model, optimization, 2, 'none')
+    groups = state.optimizer.param_groups  # each group's peak: its schedule's base times the lr_scale it applies
+    lr_of = {id(p): group['initial_lr'] * group['lr_scale'] for group in groups for p in group['params']}
+    assert lr_of[id(groups[0]['params'][0])] == pytest.approx(optimization.lr) and optimization.layer_decay == 0.75
+    assert lr_of[id(model.head.weight)] == pytest.approx(optimization.lr)
+    blocks = [lr_of[id(model.blocks[i].attn.qkv.weight)] for i in range(3)]
+    assert blocks == pytest.approx([optimization.lr * 0.75 ** (3 - i) for i in range(3)])
+    assert lr_of[id(model.pos_embed)] == pytest.approx(optimization.lr * 0.75 ** 4)
+    assert len(lr_of) == len(list(model.parameters()))
+
+
 def written_args_yaml(folder, *argv):
     """The args.yaml tools/train_cls.py writes for the command line `argv` (as `main` resolves it), without a run."""
     from classification.digits.cls_data import EmbeddedScans

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from timm.optim import create_optimizer_v2
+from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 
@@ -178,7 +178,7 @@ TIMM_TRAIN_FLAGS = {
     '--remode': None, '--recount': None, '--color-jitter': None, '--vflip': None, '--crop-pct': None,
     '--wandb-project': '--experiment', '--train-interpolation': '--interpolation', '--scale': '--scale-min',
     '--pretrained-path': '--finetune CKPT', '-c': '--config (the args.yaml of a run of this suite)',
-    '--model-ema-warmup': None, '--mixup-prob': None, '--decay-epochs': None, '--layer-decay': None,
+    '--model-ema-warmup': None, '--mixup-prob': None, '--decay-epochs': None,
 }
 
 
@@ -240,6 +240,7 @@ class Optimization:
     momentum: float = 0.9
     clip_grad: float | None = None
     ema_decay: float = 0.0
+    layer_decay: float | None = None  # timm's layer-wise lr decay of a model's parameters (groups given: theirs)
 
 
 FUSED_OPTIMIZERS = ('adam', 'adamw')  # timm builds these as torch's, whose fused kernels exist
@@ -263,6 +264,17 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
     return (images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images, *args[1:])
 
 
+def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+    """timm's weight-decay groups of `model` (none on biases, norms and its `no_weight_decay()` tables); with
+    `layer_decay`, timm's layer-wise groups (their `lr_scale` the schedule applies), the top layer's first: the lr
+    logged is the first group's."""
+    skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
+    if not layer_decay:
+        return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
+    groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
+    return sorted(groups, key=lambda group: -group['lr_scale'])
+
+
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
                        updates_per_epoch: int, amp: str, fused: bool = True) -> tuple[StepState, int]:
     """timm's optimizer over `params` (a model, or parameter groups; `fused` into one kernel where it can be) and its
@@ -270,6 +282,8 @@ def optimization_state(model: nn.Module, params: nn.Module | list, optimization:
     epochs the schedule spans."""
     o = optimization
     fused = {'fused': True} if fused and o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
+    if o.layer_decay and isinstance(params, nn.Module):
+        params = parameter_groups(params, o.weight_decay, o.layer_decay)
     optimizer = create_optimizer_v2(params, opt=o.opt, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
                                     **fused)
     scheduler, num_epochs = create_scheduler_v2(
