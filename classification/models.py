@@ -19,16 +19,45 @@ from backbones.common.errors import CheckpointError, CheckpointReadError, UsageE
 from backbones.common.log import logger
 from backbones.registry import check_model_name, families, family_of
 from backbones.token_head import TOKEN_HEAD, patch_embedding, token_grid
-from backbones.weights import TIMM_RELEASE, checkpoint_class_count, fetch_pretrained, read_state_dict
+from backbones.weights import (
+    TIMM_RELEASE,
+    checkpoint_class_count,
+    classifier_prefixes,
+    fetch_pretrained,
+    read_state_dict,
+)
 from classification.engine.checkpoints import checkpoint_data_config
 from classification.token_labeling.annotate import dense_scores
 
 
+class FrozenFeatures:
+    """Mixed into a model whose features are fixed (`freeze_features`): training leaves every part of it but the
+    classifiers in eval mode (no dropout, drop-path or batch statistics)."""
+
+    def train(self, mode: bool = True) -> nn.Module:
+        super().train(mode)
+        heads = classifier_prefixes(self)
+        for name, child in self.named_children():
+            if not f'{name}.'.startswith(heads):
+                child.eval()
+        return self
+
+
+def freeze_features(model: nn.Module) -> None:
+    """Linear probing's model (`--frozen`): every parameter but the classifiers' fixed (no gradient, so no backward
+    through the features), and the features in eval mode while it trains (`FrozenFeatures`)."""
+    heads = classifier_prefixes(model)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith(heads))
+    model.__class__ = type(f'Frozen{type(model).__name__}', (FrozenFeatures, type(model)), {})
+
+
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
-                      mix_token: float = 1.0, distilled: bool = False, **kwargs) -> nn.Module:
+                      mix_token: float = 1.0, distilled: bool = False, frozen: bool = False, **kwargs) -> nn.Module:
     """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken (for any
-    model: see `backbones.token_head`); `distilled`: with a distillation token and head. The model's `architecture`
-    records these arguments (training checkpoints store it)."""
+    model: see `backbones.token_head`); `distilled`: with a distillation token and head; `frozen`: its classifiers
+    alone learn (`freeze_features`). The model's `architecture` records these arguments (training checkpoints store
+    it)."""
     architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
                     'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
     family = family_of(name)
@@ -46,6 +75,8 @@ def create_classifier(name: str, num_classes: int, img_size: int | None = None, 
     except TypeError as e:  # an argument the model does not take
         raise UsageError(f'{name} does not take these arguments: {e}') from e
     check_input_size(model, name, img_size)
+    if frozen:
+        freeze_features(model)
     model = TokenLabelingModel(model, mix_token) if token_labeling else model
     model.architecture = architecture
     return model

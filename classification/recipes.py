@@ -47,6 +47,7 @@ class TrainingRecipe:
     weight_decay: float
     min_lr: float
     clip_grad: float | None = None
+    frozen: bool = False  # the classifiers alone learn: linear probing of fixed features
     layer_decay: float | None = None  # layer-wise lr decay (timm's; BEiT's, MAE's fine-tuning: 0.65-0.75); None: off
     drop_path: float = 0.1
     hflip: float = 0.5
@@ -328,6 +329,7 @@ FIELD_HELP = {
                    "rate^(N + 1), the classifiers at lr (timm's param_groups_layer_decay; none: off)",
     'drop_path': 'stochastic depth rate', 'ema_decay': 'decay of the weights\' EMA (0: no EMA)',
     'token_labeling': 'token labeling: a token head trained on per-token targets',
+    'frozen': 'the classifiers alone learn (linear probing): the rest keeps its weights and stays in eval mode',
     'dense_weight': "weight of the token term of the loss (the LV-ViT paper's beta)",
     'token_participation': "fraction of each image's tokens in the token term (the paper's Figure 4)",
     'cls_target': "the class token's target with token labeling: the annotator's map (RoIAlign 1x1) or the label",

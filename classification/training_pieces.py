@@ -80,7 +80,7 @@ def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int
     seed_all(seed)
     model = create_classifier(model_name, num_classes, recipe.img_size, recipe.token_labeling, recipe.mix_token,
                               distilled=teacher is not None and not annotates_online(recipe, teacher),
-                              drop_path_rate=recipe.drop_path, **(model_kwargs or {}))
+                              frozen=recipe.frozen, drop_path_rate=recipe.drop_path, **(model_kwargs or {}))
     teacher_model = build_teacher(teacher, num_classes, recipe, data_cfg, info) if teacher is not None else None
     return model, make_objective(recipe, num_classes, teacher_model)
 

@@ -101,7 +101,8 @@ def build_transfer_model(name: str, num_classes: int, img_size: int | None, reci
     """The model with fresh classifiers for `num_classes` on top of the `pretrained` weights (every other key must
     be in the file). With token labeling it keeps a token head (LV-ViT's, or a new one for other families)."""
     model = create_classifier(name, num_classes, img_size, token_labeling=recipe.token_labeling,
-                              mix_token=recipe.mix_token, drop_path_rate=recipe.drop_path, **(model_kwargs or {}))
+                              mix_token=recipe.mix_token, frozen=recipe.frozen, drop_path_rate=recipe.drop_path,
+                              **(model_kwargs or {}))
     report = None
     if pretrained:
         report = load_checkpoint(bare_model(model), pretrained, use_ema=use_ema, new_head=True)

@@ -122,6 +122,26 @@ def test_pretrained_lvvit_trains_every_parameter_on_cifar100(cifar100, tmp_path)
     assert [k for k in moved if torch.equal(end[k], start[k])] == []  # the class token and final norm too
 
 
+def test_frozen_features_keep_every_weight_and_statistic_and_the_classifier_learns(cifar100, tmp_path):
+    """--frozen (linear probing): from the same release, every weight and batch-norm statistic of LV-ViT's features
+    (its convolutional stem has batch norms) ends bit-identical to the file's, drop-path 0.5 notwithstanding; the
+    new classifier learns."""
+    root, _ = cifar100
+    source, path = tiny_release('lvvit_s', tmp_path)
+    out = tmp_path / 'run'
+    main(transfer_args(LVVIT, 'cifar100', root, out, '--finetune', str(path), '--epochs', '1', '--frozen',
+                       '--drop-path', '0.5', '--layer-decay', '0.75'))
+    start, end = source.state_dict(), last_weights(out)
+    features = [k for k in end if not k.startswith(('head.', 'pos_embed'))]
+    assert any('running_mean' in k for k in features) and 'cls_token' in features
+    assert [k for k in features if not torch.equal(end[k], start[k])] == []
+    seed_all(42)  # the tool's seed: the classifier it started from
+    fresh, _ = build_transfer_model('lvvit_s', 100, 32, TransferRecipe(frozen=True),
+                                    model_kwargs=FAMILIES['lvvit_s'][0])
+    assert end['head.weight'].shape == fresh.head.weight.shape == (100, 48)
+    assert not torch.equal(end['head.weight'], fresh.head.weight)
+
+
 def test_lvvit_token_head_on_image_labels(cifar10, tmp_path):
     """With --token-labeling LV-ViT keeps a (fresh) token head, trains it on the image label, and the test accuracy
     is that of the paper's prediction rule: class logits + 0.5 x the class-wise max of the token logits."""

@@ -9,10 +9,12 @@ extent (a 14 px model's too), so that the decode head's final resize to the imag
 a plain ViT (`PLAIN_VIT_PARTS`, square patches); any other is refused naming what it lacks, before a run does any work
 (`check_backbone_model`). `pretrained` (a path, an http(s):// or file:// URL, or `timm`) loads a classification
 checkpoint through `backbones.load_checkpoint`; `window_size`, `global_blocks` and `rel_pos` give ViTDet's window
-attention (backbones/window_attention.py). docs/segmentation.md and docs/instances_and_depth.md tell the rest.
+attention (backbones/window_attention.py); `frozen`, a fixed feature extractor (no gradient, no backward through
+it, eval mode throughout). docs/segmentation.md and docs/instances_and_depth.md tell the rest.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -90,6 +92,22 @@ def check_backbone_model(backbone: dict) -> None:
                          f'({type(e).__name__}: {" ".join(str(e).split())[:200]})') from e
 
 
+def check_frozen_backbone(cfg: dict) -> None:
+    """A frozen backbone that the config's optimizer would still give a learning rate: refused, naming the setting
+    (it would say the backbone learns)."""
+    if not cfg['model'].get('backbone', {}).get('frozen'):
+        return
+    wrapper = cfg.get('optim_wrapper') or {}
+    if wrapper.get('constructor') == 'LayerDecayOptimWrapperConstructor':
+        raise UsageError('model.backbone.frozen=True: optim_wrapper.constructor LayerDecayOptimWrapperConstructor '
+                         'decays the learning rates of a backbone that does not learn (leave it out)')
+    for key, setting in ((wrapper.get('paramwise_cfg') or {}).get('custom_keys') or {}).items():
+        if 'backbone' in key and setting.get('lr_mult', 1) != 0:
+            raise UsageError(f'model.backbone.frozen=True: optim_wrapper.paramwise_cfg.custom_keys[{key!r}] gives the '
+                             f'backbone lr_mult {setting.get("lr_mult", 1)} (a frozen backbone learns nothing: leave '
+                             'the key out)')
+
+
 def check_plain_vit(model_name: str, model: nn.Module) -> None:
     """A UsageError naming what a timm model lacks to be a dense backbone."""
     missing = [part for part in PLAIN_VIT_PARTS if not hasattr(model, part)]
@@ -118,7 +136,8 @@ def fixed_grid(model: nn.Module) -> bool:
 class TokenBackbone(BaseModule):
     """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) or plain timm ViT as an
     mmseg backbone: the model pruned to what the blocks in `out_indices` need (no heads, final norm or later blocks),
-    `drop_path_rate` its stochastic depth."""
+    `drop_path_rate` its stochastic depth; `frozen`: no parameter of it requires a gradient, its forward keeps no
+    graph, and it stays in eval mode when the segmentor trains (no dropout or drop-path)."""
 
     def __init__(
             self,
@@ -133,6 +152,7 @@ class TokenBackbone(BaseModule):
             window_size: int | None = None,
             global_blocks: Sequence[int] | None = None,
             rel_pos: bool = False,
+            frozen: bool = False,
             init_cfg: dict | None = None,
     ) -> None:
         if pretrained is not None:
@@ -140,6 +160,7 @@ class TokenBackbone(BaseModule):
                 raise UsageError('give the backbone either `pretrained` or `init_cfg`, not both')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg)
+        self.frozen = frozen
         self.model = dense_model(model_name, img_size, drop_path_rate, model_kwargs or {})
         depth = len(self.model.blocks)
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
@@ -152,6 +173,12 @@ class TokenBackbone(BaseModule):
         self.stride = STRIDE
         self.img_size = img_size if fixed_grid(self.model) else None  # the one input size of a fixed-grid model
         self.use_ema, self.model_name = use_ema, model_name
+        if frozen:
+            self.model.requires_grad_(False)
+            self.model.eval()
+
+    def train(self, mode: bool = True) -> TokenBackbone:
+        return super().train(mode and not self.frozen)
 
     @property
     def num_layers(self) -> int:
@@ -209,7 +236,8 @@ class TokenBackbone(BaseModule):
         Hp, Wp = self.padded_size(H, W)  # integers: torch.export saves them
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))
         set_token_grid(self.model, (Hp // self.patch_size, Wp // self.patch_size))  # for the window attention, if any
-        maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
+        with torch.no_grad() if self.frozen else contextlib.nullcontext():
+            maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 

@@ -20,7 +20,7 @@ from backbones.common.lifecycle import restarted_by_torchrun
 from backbones.common.log import logger
 from backbones.common.outputs import check_output_folder
 from backbones.common.trackers import add_tracker_arguments, check_trackers, mlflow_tracking_uri
-from backbones.dense.backbone import check_backbone_model
+from backbones.dense.backbone import check_backbone_model, check_frozen_backbone
 from backbones.dense.cfg_options import merge_options
 from backbones.dense.config import check_loader_sizes, check_model_type, load_config
 from backbones.dense.data_check import check_data
@@ -201,6 +201,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
     check_loader_sizes(cfg, args.config)
     check_model_type(cfg, args.config)
     check_backbone_model(cfg.model.backbone)
+    check_frozen_backbone(cfg)
     task = task_of(cfg)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
