@@ -499,6 +499,31 @@ def test_a_model_typed_with_config_is_one_line_saying_the_file_gives_it(tmp_path
     assert (again.model, again.epochs, again.model_kwargs) == ('deit_small_patch16_224', 4, TINY_DEIT[2:])
 
 
+def test_an_args_yaml_from_before_the_added_settings_runs_as_it_did_and_a_cut_one_is_refused(tmp_path):
+    """An args.yaml written before --layer-decay, --frozen and --fast-decode existed relaunches with each off (as its
+    run trained); a file missing any other setting is still refused, naming it."""
+    import yaml
+
+    from backbones.common.errors import DataError
+    from classification.digits.cls_data import EmbeddedScans
+    from classification.engine.checkpoints import ADDED_SETTINGS
+    from classification.engine.trainer import parse_run_arguments
+    from classification.recipes import resolve_recipe
+    from classification.train import build_parser
+    config = written_args_yaml(tmp_path / 'run', *TINY_DEIT, '--layer-decay', '0.5', '--frozen', '--fast-decode')
+    written = yaml.safe_load(config.read_text())
+    assert (written['layer_decay'], written['frozen'], written['fast_decode']) == (0.5, True, True)
+    older = {key: value for key, value in written.items() if key not in ADDED_SETTINGS}
+    config.write_text(yaml.safe_dump(older, sort_keys=False))
+    args = parse_run_arguments(build_parser(EmbeddedScans), ['deit_small_patch16_224', '--config', str(config)])
+    recipe = resolve_recipe(args)
+    assert (recipe.layer_decay, recipe.frozen, args.fast_decode, recipe.epochs) == (None, False, False,
+                                                                                   written['epochs'])
+    config.write_text(yaml.safe_dump({key: value for key, value in older.items() if key != 'epochs'}))
+    with pytest.raises(DataError, match='settings missing: epochs$'):
+        parse_run_arguments(build_parser(EmbeddedScans), ['deit_small_patch16_224', '--config', str(config)])
+
+
 def test_two_names_of_one_setting_with_different_values_are_refused(tmp_path):
     """An option and its alias (timm's --aa, --model-ema-decay) or a flag and its --no- form, typed with different
     values: one line naming both (argparse kept the last silently); the same value under both passes. Typed after

@@ -22,6 +22,9 @@ LAST, BEST, METRICS, LOG = 'last.pth', 'best.pth', 'metrics.json', 'log.jsonl'
 ARGS, SUMMARY = 'args.yaml', 'summary.csv'
 ARGS_VERSION = 1  # args.yaml's layout: the command's option names (dests) and values
 UNRECORDED = ('help', 'config', 'resume')  # what says how a run was launched, not what it is
+# settings added to layout 1 since it was first written, each absent from older files and read as the value that runs
+# as those runs did
+ADDED_SETTINGS = {'layer_decay': None, 'frozen': False, 'fast_decode': False}
 DATA_CONFIG = 'data_config'  # the run's settings key of its evaluation's preprocessing (timm's data-config keys)
 # A checkpoint's key recording the architecture with the arguments that built it (classification.models.
 # create_classifier's); backbones.weights.MODEL_WEIGHTS names the weights its `state_dict` holds
@@ -148,6 +151,7 @@ def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str |
     if unknown:
         raise DataError(f'--config {source}: settings this version of {parser.prog} does not have: '
                         f'{", ".join(unknown)} (written by another version of the suite?)')
+    settings = {**{dest: value for dest, value in ADDED_SETTINGS.items() if dest in actions}, **settings}
     missing = [dest for dest in actions if dest not in settings and dest not in UNRECORDED]
     if missing:  # a file cut short, or edited: the run would take today's defaults for them, silently
         raise DataError(f'--config {source}: settings missing: {", ".join(missing)}')
