@@ -12,6 +12,7 @@ import pytest
 
 from backbones.common.errors import UsageError
 from classification.studies import gpu_session
+from helpers.commands import ROOT
 
 CALL = re.compile(r'^call (\d+), predicted (\d+) s \((.*)\):\n +python3 tools/measure_gpu.py --stages (\S+) '
                   r'--budget (\d+) ', re.MULTILINE)
@@ -31,7 +32,9 @@ def test_the_default_stages_fit_two_calls_of_a_session_the_canary_first(capsys):
     spent = gpu_session.MACHINE_START + sum(int(budget) + gpu_session.CALL_OVERHEAD for *_, budget in calls)
     assert spent <= 900
     assert printed.count('--merge .gpu/gpu.json') == 1  # the second call's
-    assert 'pycocotools==' in printed.splitlines()[1]  # the wheels to prepare: CARRIED_WHEELS
+    assert printed.startswith('900 s of device time') and 'pycocotools==' in printed  # the wheels to prepare
+    speed = (ROOT / 'docs' / 'speed.md').read_text()  # the page shows the plan as the tool prints it
+    assert f'```text\n{printed}```' in speed
 
 
 def test_a_plan_names_the_stages_that_fit_no_call_and_packs_each_call_within_its_budget():

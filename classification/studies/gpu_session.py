@@ -212,9 +212,9 @@ def plan_lines(device_seconds: float, stages: list[str]) -> list[str]:
     calls, unfitted = session_plan(device_seconds, stages)
     lines = [f'{device_seconds:g} s of device time: {MACHINE_START:g} s for the machine\'s start, then {len(calls)} '
              f'call(s), each {CALL_OVERHEAD:g} s beside its budget (the transfers, the wheels\' install)',
-             'prepare: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp '
-             '--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl '
-             + ' '.join(f"'{wheel}'" if '<' in wheel else wheel for wheel in CARRIED_WHEELS)]
+             'prepare: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation '
+             'cp \\', '    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \\',
+             '    ' + ' '.join(f"'{wheel}'" if '<' in wheel else wheel for wheel in CARRIED_WHEELS)]
     for number, call in enumerate(calls, 1):
         predicted = call_predictions(list(call.stages), GPU)
         merge = '--merge .gpu/gpu.json ' if number > 1 else ''
