@@ -19,6 +19,7 @@ from classification.studies.metafile_runs import embedded_runs
 from classification.studies.results_data import DataFiles
 from classification.studies.results_file import check_envelope, file_name
 from helpers.commands import ROOT, run_tool
+from helpers.device_image import import_failures_on_the_device
 
 
 def output(result: subprocess.CompletedProcess) -> str:
@@ -321,18 +322,11 @@ def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, st
     assert not Path(work).exists()  # the stages' shared data and the compiler's cache went with it
     for stage in stages:  # each stage ran (none skipped), and what it imported reaches the device machine
         assert document['figures']['stages'][stage]['status'] in ('done', MEASURED_WRONG), stage
-        assert_carried(document['figures']['stages'][stage].get('distributions', []))
+        assert import_failures_on_the_device(document['figures']['stages'][stage].get('modules', [])) == ''
     return document['figures'], output(result)
 
 
 MEASURED_WRONG = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
-
-
-def assert_carried(distributions: list[str]) -> None:
-    """Each third-party distribution a stage imported is in the device machine's image or among the carried
-    wheels."""
-    carried = {gpu_session.distribution_name(re.split('[=<>]', wheel)[0]) for wheel in gpu_session.CARRIED_WHEELS}
-    assert [name for name in distributions if name not in gpu_session.DEVICE_IMAGE | carried] == []
 
 
 def session_table(tmp_path: Path, figures: dict) -> str:

@@ -42,7 +42,7 @@ AMP = 'bf16'
 
 
 # the wheels a session carries to the device machine (`--plan` prints their download): what the stages import
-# (`imported_distributions`) that the machine's image (DEVICE_IMAGE) lacks or holds at another version (timm), the
+# (`imported_modules`) that the machine's image (DEVICE_IMAGE) lacks or holds at another version (timm), the
 # versions this checkout's environment has, for the image's Python 3.12
 CARRIED_WHEELS = ('mmengine==0.10.7', 'mmcv-lite==2.1.0', 'mmsegmentation==1.2.2', 'timm==1.0.31', 'ftfy==6.3.1',
                   'pycocotools==2.0.11', 'addict', 'yapf', 'termcolor', 'prettytable', 'wcwidth', 'platformdirs',
@@ -374,8 +374,8 @@ def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Resul
 
 def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str]:
     """A stage run in a process of its own (this tool's `--stage NAME`) in the call's work folder: it writes its
-    figures into a file of its own as they come, merged here when it ends or is stopped, and the distributions it
-    imported into its stage's record."""
+    figures into a file of its own as they come, merged here when it ends or is stopped, and the modules it imported
+    into its stage's record."""
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             figures = Path(tmp) / f'{name}.json'
@@ -390,7 +390,7 @@ def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str
             finally:  # an interrupted stage's figures so far are kept too (the child writes its file atomically)
                 if figures.is_file():
                     written = json.loads(figures.read_text())
-                    results.stage(name, distributions=written.pop(DISTRIBUTIONS, []))
+                    results.stage(name, modules=written.pop(MODULES, []))
                     for key, value in written.items():
                         results.update(key, value)
         return outcome(status)
@@ -630,8 +630,8 @@ CHILD_STAGES: dict[str, ChildStage] = {
 
 
 def run_child_stage(name: str, out: Path, sizes: Sizes, device: str, work: Path) -> None:
-    """Stage `name` in the call's work folder, its figures written into `out` as they come, then the distributions
-    it imported (`imported_distributions`)."""
+    """Stage `name` in the call's work folder, its figures written into `out` as they come, then the modules it
+    imported (`imported_modules`)."""
     written: dict[str, object] = {}
 
     def save(key: str, value: object) -> None:
@@ -639,26 +639,17 @@ def run_child_stage(name: str, out: Path, sizes: Sizes, device: str, work: Path)
         write_json_atomic(out, written)
 
     CHILD_STAGES[name](sizes, device, work, save)
-    save(DISTRIBUTIONS, imported_distributions())
+    save(MODULES, imported_modules())
 
 
-DISTRIBUTIONS = 'imported_distributions'  # a child stage's key for them, moved into its stage's record
-OWN_PACKAGES = ('backbones', 'classification', 'tools', 'seg_configs')
+MODULES = 'imported_modules'  # a child stage's key for them, moved into its stage's record
+OWN_PACKAGES = ('backbones', 'classification')
 
 
-def imported_distributions() -> list[str]:
-    """The installed distributions whose top-level modules this process has imported, the standard library and this
-    checkout's packages left out: what the device machine's image must hold or a session carry (CARRIED_WHEELS)."""
-    from importlib.metadata import packages_distributions
-
-    owners = packages_distributions()
-    tops = {name.partition('.')[0] for name in list(sys.modules)} - set(sys.stdlib_module_names) - set(OWN_PACKAGES)
-    return sorted({distribution_name(owner) for top in tops for owner in owners.get(top, ())})
-
-
-def distribution_name(name: str) -> str:
-    """A distribution's name as pip compares them (PEP 503): lower case, runs of '-', '_' and '.' one '-'."""
-    return re.sub(r'[-_.]+', '-', name).lower()
+def imported_modules() -> list[str]:
+    """The modules of this checkout's packages this process has imported: what the stage needs of the device
+    machine is what they import (the tests import them where only DEVICE_IMAGE and CARRIED_WHEELS are there)."""
+    return sorted(name for name in list(sys.modules) if name.partition('.')[0] in OWN_PACKAGES)
 
 
 def stage_list(text: str) -> list[str]:
