@@ -354,7 +354,7 @@ def test_the_gpu_sessions_loop_benchmark_runs_on_a_cpu_at_smoke_sizes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize('stage, model, row', [
     ('deit_loop', 'deit_tiny_patch16_224', '- the whole loop against its eager step (DeiT-S): --decode cpu, 1 workers'),
-    ('lvvit_loop', 'lvvit_s', '- the same for LV-ViT-S with token labeling, eager: --decode cpu, 1 workers')])
+    ('lvvit_loop', 'lvvit_t', '- the same for LV-ViT-S with token labeling, eager: --decode cpu, 1 workers')])
 def test_the_gpu_sessions_loops_against_their_steps_run_on_a_cpu_at_smoke_sizes(tmp_path, stage, model, row):
     session, _ = smoke_call(tmp_path, [stage])
     figures = session[stage]['models'][model]

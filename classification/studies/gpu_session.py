@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from backbones.common.cli import command_parser, non_negative_float, positive_float
+from backbones.common.commands import write_document
 from backbones.common.devices import add_device_argument, device_name
 from backbones.common.errors import DataError, UsageError
 from backbones.common.files import write_json_atomic
@@ -113,7 +114,7 @@ GPU = Sizes(model='deit_small_patch16_224', batch_size=256, workers=15, images=2
             dense_scale=1.0, dense_batch=None, dense_seconds=15.0, dense_warmup=5)
 SMOKE = Sizes(model='deit_tiny_patch16_224', batch_size=4, workers=1, images=64, seconds=0.0, min_batches=1,
               slow_min_batches=1, skip_updates=1, loop_workers=1, decode_workers=1, annotator='resnet10t',
-              annotator_size=64, label_batch=2, token_labeling_model='lvvit_s', dense_scale=0.125, dense_batch=2,
+              annotator_size=64, label_batch=2, token_labeling_model='lvvit_t', dense_scale=0.125, dense_batch=2,
               dense_seconds=0.0, dense_warmup=1)
 
 STAGE_ORDER = ('sync_canary', 'deit_loop', 'lvvit_loop', 'decoding', 'label_generation', 'dense_steps',
@@ -697,7 +698,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     args = build_parser(description).parse_args(argv)
     if args.plan is not None:
-        print('\n'.join(plan_lines(args.plan, args.stages)))
+        write_document('\n'.join(plan_lines(args.plan, args.stages)))  # the plan is this command's result
         return 0
     if args.device is None and not args.smoke and not torch.cuda.is_available():
         raise UsageError('no GPU is visible: this tool measures a GPU (--smoke --device cpu runs it at tiny sizes)')
