@@ -1,18 +1,17 @@
 """One borrowed GPU machine's measurements, stage by stage, the stages of one device call chosen with `--stages`
-(tools/measure_gpu.py).
+(tools/measure_gpu.py); `--plan BUDGET` says which calls a session's device time holds.
 
-The stages, in the order of value (the default runs the first six, the figures no session has measured yet):
-`deit_loop`, DeiT-S's whole loop with `--decode gpu` against its step in the same process, eager and compiled, with
-its data-wait share; `lvvit_loop`, the same for LV-ViT-S with token labeling; `decoding`, nvJPEG against the workers'
-decoding; `label_generation`, bf16 label generation against fp32; `dense_steps`, the training steps of UperNet,
-Mask R-CNN and the depth model in their steady state; `dense_windows`, Mask R-CNN with window attention against
-global attention; then by name `loop_benchmark` (the suite against
-timm's train.py and the loop with the workers decoding, tools/benchmark_loop.py) and `gpu_tests` (`pytest -m gpu`, a
-call of its own). Each stage runs in a process of its own under the call's remaining time (`--budget`); a stage
-whose predicted length no longer fits is skipped with a line saying so, and one stopped at its limit keeps what it
-measured: every figure is written into the results file as it comes (atomically), and the file is merged across
-calls (`--merge` the earlier call's file). `--smoke` runs the stages at tiny sizes (on a CPU: the stages that need
-CUDA are skipped, each with a line saying so, and the loops decode in the workers, eager only); the tests run it.
+The stages, in the order of value (the default the first five, what two calls of one session hold): `sync_canary`,
+the sync-debug test of the loop with `--decode gpu`; `deit_loop`, DeiT-S's whole loop with `--decode gpu` against its
+step in the same process, eager and compiled; `lvvit_loop`, the same for LV-ViT-S with token labeling; `decoding`,
+nvJPEG against the workers' decoding; `label_generation`, bf16 label generation against fp32; then by name
+`dense_steps` (UperNet's, Mask R-CNN's and the depth model's training steps), `dense_windows` (Mask R-CNN with window
+attention against global), `loop_benchmark` (the suite against timm's train.py) and `gpu_tests` (`pytest -m gpu`).
+Each stage runs in a process of its own, in the call's work folder (its data shared), under the call's remaining
+time (`--budget`) and 1.5 times its predicted length: one that no longer fits is skipped, one stopped keeps what it
+measured; every figure is written into the results file as it comes, merged across calls (`--merge`). `--smoke`
+runs every stage at tiny sizes (on a CPU the loops eager, decoding without nvJPEG, the GPU tests skipped); the tests
+run it.
 """
 from __future__ import annotations
 
