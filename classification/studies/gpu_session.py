@@ -665,8 +665,9 @@ def stage_list(text: str) -> list[str]:
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p = command_parser(description, 'measure_gpu.py')
     p.add_argument('--stages', type=stage_list, default=list(DEFAULT_STAGES), help=(
-        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}: the figures no session '
-        f'has measured; the others are {", ".join(s for s in STAGE_ORDER if s not in DEFAULT_STAGES)}), run in the '
+        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}: the canary and the '
+        f'figures no session has measured that two calls of one session hold (--plan); the others are '
+        f'{", ".join(s for s in STAGE_ORDER if s not in DEFAULT_STAGES)}), run in the '
         f'order {", ".join(STAGE_ORDER)}'))
     p.add_argument('--out', type=output_file, help='the results file: every figure is written into it as it comes '
                    '(on the device machine, under $OUT, so that it comes back)')
