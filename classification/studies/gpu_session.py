@@ -132,7 +132,8 @@ MAX_CALL = 540.0  # a device call's budget: 10 minutes at most, the wheels' inst
 MACHINE_START = 90.0  # device seconds a session spends before its first call: the machine's start (1 to 2 minutes)
 CALL_OVERHEAD = 30.0  # device seconds a call spends beside its budget: the tree's transfer, the wheels' install
 
-# what a stage builds before it measures, in the call's work folder (`--work`), shared by the call's later stages
+# what a stage builds before it measures, in the call's work folder (`--work`), shared by the call's later stages;
+# estimates from the sessions' 60 s for a loop stage's start, its 320,000 entries and a batch, none timed alone
 SETUP_SECONDS = {'data': 20.0,  # 64 distinct synthetic JPEGs, the other 199,936 entries hard links to them
                  'labels': 15.0}  # a resnet10t annotator's maps of the distinct JPEGs, the store of every entry
 STAGE_NEEDS = {'deit_loop': ('data',), 'lvvit_loop': ('data', 'labels'), 'decoding': ('data',)}
