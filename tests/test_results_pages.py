@@ -19,6 +19,7 @@ from classification.studies.metafile_runs import embedded_runs
 from classification.studies.results_data import DataFiles
 from classification.studies.results_file import check_envelope, file_name
 from helpers.commands import ROOT, run_tool
+from helpers.device_image import import_failures_on_the_device
 
 
 def output(result: subprocess.CompletedProcess) -> str:
@@ -317,7 +318,15 @@ def smoke_call(tmp_path: Path, stages: list[str], *extra: str) -> tuple[dict, st
     assert result.returncode == 0, output(result)[-3000:]
     document = check_envelope(json.loads(out.read_text()), str(out))
     assert document['study'] == 'gpu_session' and document['machine'].endswith(' CPU cores')
+    (work,) = re.findall(r'work folder (\S+)', output(result))
+    assert not Path(work).exists()  # the stages' shared data and the compiler's cache went with it
+    for stage in stages:  # each stage ran (none skipped), and what it imported reaches the device machine
+        assert document['figures']['stages'][stage]['status'] in ('done', MEASURED_WRONG), stage
+        assert import_failures_on_the_device(document['figures']['stages'][stage].get('modules', [])) == ''
     return document['figures'], output(result)
+
+
+MEASURED_WRONG = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
 
 
 def session_table(tmp_path: Path, figures: dict) -> str:
@@ -337,25 +346,25 @@ def test_the_gpu_sessions_loop_benchmark_runs_on_a_cpu_at_smoke_sizes(tmp_path):
     assert loop['loop']['img_s'] > 0 and loop['loop']['serial_img_s'] > 0 and loop['train_cls']['img_s'] > 0
     assert loop['model_step_img_s'] > 0
     # a smoke window is one batch: on a busy machine a figure may exceed its ceiling, and is then recorded as such
-    measured_wrong = 'exit 1: a figure above its ceiling (MEASUREMENT ERROR), recorded as such'
-    assert session['stages']['loop_benchmark']['status'] == (measured_wrong if loop['measurement_errors'] else 'done')
+    assert session['stages']['loop_benchmark']['status'] == (MEASURED_WRONG if loop['measurement_errors'] else 'done')
     assert '- the whole loop against its step (DeiT-S, the workers decoding): loop ' in session_table(tmp_path,
                                                                                                       session)
 
 
 @pytest.mark.slow
-def test_the_gpu_sessions_loops_against_their_steps_run_on_a_cpu_at_smoke_sizes(tmp_path):
-    session, _ = smoke_call(tmp_path, ['deit_loop', 'lvvit_loop'])
-    for key, model in (('deit_loop', 'deit_tiny_patch16_224'), ('lvvit_loop', 'lvvit_s')):
-        figures = session[key]['models'][model]
-        eager = figures['eager']
-        assert eager['loop_img_s'] > 0 and eager['step_img_s'] > 0 and eager['tflop_s'] > 0
-        assert eager['loop_of_step'] == pytest.approx(eager['loop_img_s'] / eager['step_img_s'])
-        assert 0 <= eager['data_wait'] <= 1
-        assert 'compiled' not in figures and session[key]['decode'] == 'cpu'  # GPU only
+@pytest.mark.parametrize('stage, model, row', [
+    ('deit_loop', 'deit_tiny_patch16_224', '- the whole loop against its eager step (DeiT-S): --decode cpu, 1 workers'),
+    ('lvvit_loop', 'lvvit_t', '- the same for LV-ViT-S with token labeling, eager: --decode cpu, 1 workers')])
+def test_the_gpu_sessions_loops_against_their_steps_run_on_a_cpu_at_smoke_sizes(tmp_path, stage, model, row):
+    session, _ = smoke_call(tmp_path, [stage])
+    figures = session[stage]['models'][model]
+    eager = figures['eager']
+    assert eager['loop_img_s'] > 0 and eager['step_img_s'] > 0 and eager['tflop_s'] > 0
+    assert eager['loop_of_step'] == pytest.approx(eager['loop_img_s'] / eager['step_img_s'])
+    assert 0 <= eager['data_wait'] <= 1
+    assert 'compiled' not in figures and session[stage]['decode'] == 'cpu'  # GPU only
     table = session_table(tmp_path, session)
-    assert '- the whole loop against its eager step (DeiT-S): --decode cpu, 1 workers: loop ' in table
-    assert '- the same for LV-ViT-S with token labeling, eager: --decode cpu' in table
+    assert f'{row}: loop ' in table
     assert 'the compiled loop against its compiled step (DeiT-S)' in table.split('Not measured')[1]
 
 
@@ -387,22 +396,35 @@ def test_the_gpu_sessions_window_comparison_runs_on_a_cpu_at_smoke_sizes(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_second_gpu_session_call_merges_into_the_first_and_skips_what_needs_cuda(tmp_path):
-    """Two calls, as two device calls run them: the second's file holds the first's figures and both calls; the
-    stages that need CUDA are skipped on a CPU with a line saying so."""
+def test_a_second_gpu_session_call_merges_into_the_first(tmp_path):
+    """Two calls, as two device calls run them: the second's file holds the first's figures and both calls; on a CPU
+    the decoding stage times the workers' decoding alone."""
     first, _ = smoke_call(tmp_path, ['label_generation'])
     labels = first['label_generation']
     assert labels['fp32_img_s'] > 0 and labels['bf16_img_s'] > 0
-    both, log = smoke_call(tmp_path, ['gpu_tests', 'decoding'], '--merge', tmp_path / 'label_generation.json')
-    assert both['calls'] == [['label_generation'], ['decoding', 'gpu_tests']] and both['label_generation'] == labels
-    merged = json.loads((tmp_path / 'gpu_tests-decoding.json').read_text())
+    both, log = smoke_call(tmp_path, ['decoding'], '--merge', tmp_path / 'label_generation.json')
+    assert both['calls'] == [['label_generation'], ['decoding']] and both['label_generation'] == labels
+    merged = json.loads((tmp_path / 'decoding.json').read_text())
     assert merged['source'].startswith('python tools/measure_gpu.py --stages label_generation --smoke')  # the first
-    for stage in ('gpu_tests', 'decoding'):  # CUDA only: skipped with a line saying so
-        assert both['stages'][stage]['status'].startswith('skipped: needs CUDA')
-        assert f'{stage}: skipped: needs CUDA' in log
-        assert stage not in both
+    assert both['decoding']['cpu_img_s'] > 0 and 'gpu_img_s' not in both['decoding']
+    assert 'decoding: nvJPEG is skipped on a CPU' in log
     table = session_table(tmp_path, both)
-    assert 'Not measured in this session: ' in table and 'the GPU suite' in table.split('Not measured')[1]
+    assert 'Not measured in this session: ' in table and 'nvJPEG decoding' in table.split('Not measured')[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('stage, row', [
+    ('sync_canary', 'the sync canary (the sync-debug test of the loop with `--decode gpu`, eager and compiled)'),
+    ('gpu_tests', 'the GPU suite (`pytest -m gpu`)')])
+def test_the_gpu_sessions_pytest_stages_run_on_a_cpu_each_test_a_skip(tmp_path, stage, row):
+    """The sync canary and the GPU suite: pytest runs, each outcome recorded (on a CPU every test is a skip)."""
+    session, _ = smoke_call(tmp_path, [stage])
+    tests = session[stage]
+    assert set(tests['outcomes'].values()) == {'SKIPPED'} and tests['failed'] == tests['passed'] == 0
+    if stage == 'sync_canary':  # its two tests alone
+        assert sorted(tests['outcomes']) == sorted(test.split('::')[1] for test in gpu_session.SYNC_CANARY)
+    assert tests['skipped'] == len(tests['outcomes']) >= 2
+    assert f'- {row}: 0 passed, 0 failed of 0, {tests["skipped"]} skipped in ' in session_table(tmp_path, session)
 
 
 def test_stages_are_named_and_run_in_the_order_of_value():

@@ -92,14 +92,18 @@ def gpu_step(kind: str) -> Callable[[dict], str]:
     return describe
 
 
-def gpu_tests(session: dict) -> str:
-    tests = session.get('gpu_tests')
-    if not tests:
-        return ''
-    failures = ''.join(f'; failed: `{name}` ({why})' for name, why in tests.get('failures', {}).items())
-    stopped = ' (stopped by its time limit)' if tests.get('timed_out') else ''
-    return (f'{tests["passed"]} passed, {tests["failed"]} failed of {tests["passed"] + tests["failed"]} in '
-            f'{duration(tests["seconds"])}{stopped}{failures}')
+def gpu_tests(key: str) -> Callable[[dict], str]:
+    """A pytest stage's row (the GPU suite's, the sync canary's): its counts, its length, each failure's message."""
+    def describe(session: dict) -> str:
+        tests = session.get(key)
+        if not tests:
+            return ''
+        failures = ''.join(f'; failed: `{name}` ({why})' for name, why in tests.get('failures', {}).items())
+        stopped = ' (stopped by its time limit)' if tests.get('timed_out') else ''
+        skipped = f', {tests["skipped"]} skipped' if tests.get('skipped') else ''
+        return (f'{tests["passed"]} passed, {tests["failed"]} failed of {tests["passed"] + tests["failed"]}{skipped} '
+                f'in {duration(tests["seconds"])}{stopped}{failures}')
+    return describe
 
 
 def against(name: str, fast: float, base_name: str, base: float) -> str:
@@ -154,7 +158,9 @@ def gpu_dense_steps(session: dict) -> str:
 
 
 # the GPU session's figures in the issue's order of value
-GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=False)),
+GPU_FIGURES = (('the sync canary (the sync-debug test of the loop with `--decode gpu`, eager and compiled)',
+                gpu_tests('sync_canary')),
+               ('the whole loop against its eager step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=False)),
                ('the compiled loop against its compiled step (DeiT-S)', gpu_decoded_loop('deit_loop', compiled=True)),
                ('the same for LV-ViT-S with token labeling, eager', gpu_decoded_loop('lvvit_loop', compiled=False)),
                ('the same, compiled', gpu_decoded_loop('lvvit_loop', compiled=True)),
@@ -162,7 +168,7 @@ GPU_FIGURES = (('the whole loop against its eager step (DeiT-S)', gpu_decoded_lo
                ('the whole loop against its step (DeiT-S, the workers decoding)', gpu_loop),
                ("the trainer's step, eager (bf16, fused AdamW, channels-last)", gpu_step('eager')),
                ('the same, compiled (`--compile`)', gpu_step('compiled')),
-               ('the GPU suite (`pytest -m gpu`)', gpu_tests),
+               ('the GPU suite (`pytest -m gpu`)', gpu_tests('gpu_tests')),
                ('nvJPEG decoding (`--decode gpu`)', gpu_decoding),
                ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels),
                ("the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch)", gpu_dense_steps))

@@ -310,10 +310,10 @@ def report_compiled(timed: Timed, bench: BenchedModel, stage: str) -> Timed:
 
 
 def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOptions, amp: str,
-                           preset: str | None = None) -> Timed:
+                           preset: str | None = None, pieces: tuple | None = None) -> Timed:
     """The training step alone (the token targets' building included) on one batch already on the device (the
-    warm-up compiles when asked)."""
-    model, objective, state = bench.step_pieces(options, amp, preset)
+    warm-up compiles when asked), with `pieces` (`step_pieces`, built here where None)."""
+    model, objective, state = pieces or bench.step_pieces(options, amp, preset)
     window = bench.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
     timed = timed_training(window, itertools.repeat(batch),
                            lambda batches: train_one_epoch(model, batches, objective, state, bench.info,
@@ -321,11 +321,13 @@ def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOption
     return report_compiled(timed, bench, f'model step {options} amp {amp}' + (f' ({preset} recipe)' if preset else ''))
 
 
-def loop_images_per_second(bench: BenchedModel, augment: str, options: StepOptions, overlap: bool = True) -> Timed:
+def loop_images_per_second(bench: BenchedModel, augment: str, options: StepOptions, overlap: bool = True,
+                           pieces: tuple | None = None) -> Timed:
     """`train_one_epoch` over the real loader, epoch after epoch, with the step `options` (`overlap`: batches
-    prepared ahead)."""
+    prepared ahead), with `pieces` (`step_pieces`, built here where None: a step timed before, compiled, is not
+    compiled again)."""
     loader, device_tf = bench.loaders(augment, bench.args.workers)
-    model, objective, state = bench.step_pieces(options, bench.args.amp)
+    model, objective, state = pieces or bench.step_pieces(options, bench.args.amp)
     timed = timed_training(bench.window(bench.args.workers), endless(loader),
                            lambda batches: train_one_epoch(model, batches, objective, state, bench.info, PassOptions(
                                bench.args.amp, transform=device_tf, overlap=overlap)))

@@ -76,7 +76,7 @@ def checkout_commit() -> str | None:
     try:
         found = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=Path(__file__).parent, text=True,
                                capture_output=True, timeout=10).stdout.strip()
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):  # no git, or one that hangs (a copied tree's stale lock)
         return None
     return found if COMMIT.fullmatch(found) else None
 
