@@ -458,14 +458,15 @@ def test_the_window_comparison_takes_its_ratios_from_the_two_steps(monkeypatch):
     from classification.studies import dense_step_benchmark as study
 
     def step(config: str, device: torch.device, *args) -> study.DenseStep:
-        windows = config.endswith('_windowed.py')
+        windows = config.endswith('_windowed.py')  # the same figures with relative positions and without
         return study.DenseStep(config, 'instances', 1, (512, 512), 2.0 if windows else 1.0, 2.0 if windows else 1.0,
                                (3.0 if windows else 6.0) if device.type == 'cuda' else None,
                                *((2.5 if windows else 4.0, 1.0) if device.type == 'cpu' else (None, None)))
 
     monkeypatch.setattr(study, 'step_in_fresh_process', step)
     on_cpu = study.compare_window_attention(torch.device('cpu'), 1.0, 1, 1)
-    assert on_cpu['time_ratio'] == 0.5 and on_cpu['memory_ratio'] == 0.5  # (2.5 - 1) / (4 - 1)
+    variants = ['windows', 'windows_without_rel_pos']
+    assert on_cpu['ratios'] == {name: {'time': 0.5, 'memory': 0.5} for name in variants}  # (2.5 - 1) / (4 - 1)
     assert on_cpu['windows']['config'] == 'seg_configs/maskrcnn_lvvit_s_windowed.py'
     on_gpu = study.compare_window_attention(torch.device('cuda'), 1.0, 1, 1)
-    assert on_gpu['time_ratio'] == 0.5 and on_gpu['memory_ratio'] == 0.5  # 3 / 6
+    assert on_gpu['ratios'] == {name: {'time': 0.5, 'memory': 0.5} for name in variants}  # 3 / 6
