@@ -22,7 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.models.cait import TalkingHeadAttn
-from timm.models.vision_transformer_sam import get_decomposed_rel_pos_bias, window_partition, window_unpartition
+from timm.models.vision_transformer_sam import get_rel_pos, window_partition, window_unpartition
+from torch.utils.checkpoint import checkpoint
 
 from backbones.common.errors import UsageError
 from backbones.registry import families
@@ -30,6 +31,9 @@ from backbones.registry import families
 __all__ = ['REL_POS_KEYS', 'WindowAttention', 'set_token_grid', 'use_window_attention', 'vitdet_global_blocks']
 
 REL_POS_KEYS = ('.attn.rel_pos_h', '.attn.rel_pos_w')  # a block's tables (detectron2's names), zeros at first
+# the most elements (regions x heads x queries x keys) of an image's relative-position bias built at once: 64 MiB in
+# float32
+BIAS_CHUNK_ELEMENTS = 2 ** 24
 
 WHY_NOT = {
     'EvaAttention': 'its rotary position embeddings turn q and k by each token\'s place in the whole grid',
@@ -112,8 +116,12 @@ class WindowAttention(nn.Module):
         # each window's keys and values: the prefix tokens', then its own
         keys, values = (torch.cat([t[:, :, :P].repeat_interleave(count, 0), r], dim=2)
                         for t, r in zip((k, v), regions[1:]))
-        rel_bias = self._rel_pos_bias(regions[0], side) if self.rel_pos else None
-        out = self._attend(regions[0], keys, values, rel_bias, self._padding_mask(H, W, B, x.dtype, x.device))
+        mask = self._padding_mask(H, W, B, x.dtype, x.device)
+        if self.rel_pos:
+            out = self._attend_with_rel_pos(regions[0], keys, values, self._rel_pos_terms(regions[0], side), mask,
+                                            count)
+        else:
+            out = self._attend(regions[0], keys, values, None, mask)
         out = self._from_regions(out, H, W)
         if P:  # the prefix tokens' row of global attention
             out = torch.cat([self._attend(q[:, :, :P], k, v, None, None), out], dim=2)
@@ -152,12 +160,40 @@ class WindowAttention(nn.Module):
                                    (-(-H // size) * size, -(-W // size) * size))
         return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
-    def _rel_pos_bias(self, q: torch.Tensor, side: tuple[int, int]) -> torch.Tensor:
-        """(regions, heads, L, P + L): the decomposed relative positions between a region's patch tokens (from the
-        unscaled queries, as ViTDet), none towards the prefix tokens."""
+    def _rel_pos_terms(self, q: torch.Tensor, side: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its
+        sum), from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads,
+        L, columns), a query's term towards each key row and each key column of its region."""
         regions, heads, L, C = q.shape
-        bias = get_decomposed_rel_pos_bias(q.reshape(-1, L, C), self.rel_pos_h, self.rel_pos_w, side, side)
-        return F.pad(bias.reshape(regions, heads, L, L), (self.num_prefix_tokens, 0))
+        grid_q = q.reshape(regions, heads, side[0], side[1], C)
+        rows = torch.einsum('nahwc,hkc->nahwk', grid_q, get_rel_pos(side[0], side[0], self.rel_pos_h))
+        columns = torch.einsum('nahwc,wkc->nahwk', grid_q, get_rel_pos(side[1], side[1], self.rel_pos_w))
+        return rows.reshape(regions, heads, L, side[0]), columns.reshape(regions, heads, L, side[1])
+
+    def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             terms: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                             regions_per_image: int) -> torch.Tensor:
+        """`_attend` with the relative positions, a chunk of queries at a time. The (queries x keys) bias is built
+        inside each chunk and, when training, under checkpointing: only the small factors are kept for the backward
+        pass, which rebuilds one chunk's bias at a time. Kept for backward, the bias of every block took more
+        memory than global attention in PyTorch's fused kernel (docs/speed.md)."""
+        _, heads, L, _ = q.shape
+        # sized per image, not per batch: the chunks may not depend on a batch size that an export keeps dynamic
+        rows = max(1, BIAS_CHUNK_ELEMENTS // (regions_per_image * heads * k.shape[2]))
+        recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *terms))
+        chunks = []
+        for start in range(0, L, rows):
+            part = (q[:, :, start:start + rows], k, v, *(t[:, :, start:start + rows] for t in terms), mask)
+            chunks.append(checkpoint(self._attend_chunk, *part, use_reentrant=False) if recompute
+                          else self._attend_chunk(*part))
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
+
+    def _attend_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
+                      columns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`_attend` for a chunk of queries, their relative-position bias summed from its factors (the key index
+        row-major, as timm's), none towards the prefix tokens."""
+        bias = (rows[..., :, None] + columns[..., None, :]).flatten(-2)
+        return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
 
     def _padding_mask(self, H: int, W: int, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         """(B * windows, 1, 1, P + L): -inf at the keys that pad the grid to whole windows, 0 elsewhere; None where

@@ -389,8 +389,10 @@ def test_the_gpu_sessions_window_comparison_runs_on_a_cpu_at_smoke_sizes(tmp_pat
     windows = session['dense_windows']
     assert windows['global']['config'].endswith('maskrcnn_lvvit_s.py')
     assert windows['windows']['config'].endswith('maskrcnn_lvvit_s_windowed.py')
-    assert windows['time_ratio'] == pytest.approx(windows['global']['img_s'] / windows['windows']['img_s'])
-    assert windows['memory_ratio'] > 0 and windows['windows']['peak_process_gib'] > 0
+    assert windows['ratios']['windows']['time'] == pytest.approx(windows['global']['img_s'] /
+                                                                 windows['windows']['img_s'])
+    assert windows['ratios']['windows']['memory'] > 0 and windows['windows']['peak_process_gib'] > 0
+    assert windows['ratios'].keys() == {'windows', 'windows_without_rel_pos'}
     table = session_table(tmp_path, {**session, 'dense_steps': {'configs': {}}})
     assert 'Mask R-CNN with window attention against global attention: x' in table
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from mmseg.registry import MODELS
 from timm.layers import Attention
 from timm.models.beit import Attention as BeitAttention
@@ -137,6 +138,85 @@ def test_what_the_padding_holds_does_not_change_the_outputs(family, monkeypatch)
         monkeypatch.setattr(window_attention, 'window_partition', noisy_partition)
         got = module(x)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def materialised_attention(module: WindowAttention, x: torch.Tensor) -> torch.Tensor:
+    """An independent reference for a plain (not talking-heads) attention with relative positions: each window's
+    real tokens attend to the prefix tokens and to each other with the full (queries x keys) bias, each pair's term
+    looked up by its row and column offsets (`q . Rh[r_q, r_k] + q . Rw[c_q, c_k]`); the prefix tokens attend to
+    every token without bias. A grid without windows is one window."""
+    prefix, (H, W) = module.num_prefix_tokens, module.grid
+    size = module.window_size or max(H, W)
+    tables = [get_rel_pos(side, side, table) for side, table in zip((module.window_size or H, module.window_size or W),
+                                                                    (module.rel_pos_h, module.rel_pos_w))]
+    B, N, _ = x.shape
+    q, k, v = module.qkv(x).reshape(B, N, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def attend(queries: list[int], keys: list[int], bias: torch.Tensor | float) -> torch.Tensor:
+        logits = q[:, :, queries] @ k[:, :, keys].transpose(-2, -1) * module.scale + bias
+        return logits.softmax(-1) @ v[:, :, keys]
+
+    out = torch.empty_like(q)
+    out[:, :, :prefix] = attend(list(range(prefix)), list(range(N)), 0.0)
+    for tokens in window_tokens((H, W), size):
+        rows, columns = (torch.tensor([t // W % size for t in tokens]), torch.tensor([t % W % size for t in tokens]))
+        index = [prefix + t for t in tokens]
+        pairs = (tables[0][rows][:, rows], tables[1][columns][:, columns])  # (queries, keys, C) each
+        bias = sum(torch.einsum('bhqc,qkc->bhqk', q[:, :, index], table) for table in pairs)
+        out[:, :, index] = attend(index, list(range(prefix)) + index, F.pad(bias, (prefix, 0)))
+    return module.proj(out.transpose(1, 2).reshape(B, N, -1))
+
+
+@pytest.mark.parametrize('dtype, tolerance', [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize('window, grid', [(3, (5, 7)), (3, (6, 6)), (None, (5, 7))])
+@pytest.mark.parametrize('chunk_elements', [1, 2 ** 24])  # a query a chunk; all at once
+def test_relative_positions_built_by_chunks_match_the_materialised_bias_forward_and_backward(
+        window, grid, chunk_elements, dtype, tolerance, monkeypatch):
+    """The bias built a chunk of queries at a time and rebuilt in the backward pass gives the outputs and the
+    gradients (input, qkv and proj weights, both tables) of attention with the whole bias materialised, in windows
+    padded or not and without windows, with class and register tokens."""
+    monkeypatch.setattr(window_attention, 'BIAS_CHUNK_ELEMENTS', chunk_elements)
+    torch.manual_seed(0)
+    attn = randomised(tiny_model('vit_registers').blocks[0].attn)
+    module = windowed(attn, window, 3, grid, rel_pos_side=window or max(grid)).to(dtype).train()
+    with torch.no_grad():
+        module.rel_pos_h.normal_()
+        module.rel_pos_w.normal_()
+    x = torch.randn(2, 3 + grid[0] * grid[1], DIM, dtype=dtype, requires_grad=True)
+    weights = torch.randn(x.shape, dtype=dtype)
+    inputs = [x, module.qkv.weight, module.qkv.bias, module.proj.weight, module.rel_pos_h, module.rel_pos_w]
+    got, expected = module(x), materialised_attention(module, x)
+    assert_close_to_scale(got, expected, tolerance)
+    for g, e in zip(torch.autograd.grad((got * weights).sum(), inputs),
+                    torch.autograd.grad((expected * weights).sum(), inputs)):
+        assert_close_to_scale(g, e, tolerance)
+
+
+def assert_close_to_scale(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    """Equal to `tolerance` times the largest magnitude of `expected` (the gradients here reach 100, where float32's
+    sums in another order differ by 1e-5)."""
+    scale = expected.abs().max()
+    assert scale > 0
+    torch.testing.assert_close(got, expected, atol=tolerance * scale.item(), rtol=0)
+
+
+def test_talking_heads_relative_positions_by_chunks_match_one_chunk(monkeypatch):
+    """CaiT's talking heads mix the biased logits across heads: a query a chunk gives the outputs and gradients of
+    all queries in one chunk (a 5x7 grid in padded 3x3 windows)."""
+    module = windowed(randomised(tiny_model('cait').blocks[0].attn), 3, 0, (5, 7), rel_pos_side=3).train()
+    with torch.no_grad():
+        module.rel_pos_h.normal_()
+        module.rel_pos_w.normal_()
+    x = torch.randn(2, 35, DIM, requires_grad=True)
+    # not proj_l's bias: it shifts all logits of a head alike, which the softmax undoes (its gradient is rounding)
+    inputs = [x, *(p for name, p in module.named_parameters() if name != 'proj_l.bias')]
+    results = []
+    for chunk_elements in (1, 2 ** 24):
+        monkeypatch.setattr(window_attention, 'BIAS_CHUNK_ELEMENTS', chunk_elements)
+        out = module(x)
+        results.append((out, *torch.autograd.grad(out.square().sum(), inputs)))
+    for got, expected in zip(*results):
+        assert_close_to_scale(got, expected, 1e-5)
 
 
 def backbone(**options) -> torch.nn.Module:
@@ -378,14 +458,15 @@ def test_the_window_comparison_takes_its_ratios_from_the_two_steps(monkeypatch):
     from classification.studies import dense_step_benchmark as study
 
     def step(config: str, device: torch.device, *args) -> study.DenseStep:
-        windows = config.endswith('_windowed.py')
+        windows = config.endswith('_windowed.py')  # the same figures with relative positions and without
         return study.DenseStep(config, 'instances', 1, (512, 512), 2.0 if windows else 1.0, 2.0 if windows else 1.0,
                                (3.0 if windows else 6.0) if device.type == 'cuda' else None,
                                *((2.5 if windows else 4.0, 1.0) if device.type == 'cpu' else (None, None)))
 
     monkeypatch.setattr(study, 'step_in_fresh_process', step)
     on_cpu = study.compare_window_attention(torch.device('cpu'), 1.0, 1, 1)
-    assert on_cpu['time_ratio'] == 0.5 and on_cpu['memory_ratio'] == 0.5  # (2.5 - 1) / (4 - 1)
+    variants = ['windows', 'windows_without_rel_pos']
+    assert on_cpu['ratios'] == {name: {'time': 0.5, 'memory': 0.5} for name in variants}  # (2.5 - 1) / (4 - 1)
     assert on_cpu['windows']['config'] == 'seg_configs/maskrcnn_lvvit_s_windowed.py'
     on_gpu = study.compare_window_attention(torch.device('cuda'), 1.0, 1, 1)
-    assert on_gpu['time_ratio'] == 0.5 and on_gpu['memory_ratio'] == 0.5  # 3 / 6
+    assert on_gpu['ratios'] == {name: {'time': 0.5, 'memory': 0.5} for name in variants}  # 3 / 6

@@ -1,15 +1,15 @@
 #!/usr/bin/env python
-"""Mask R-CNN's training step with ViTDet's window attention against global attention: the time a step takes and
-its peak memory, each in a fresh process, and their ratios windows / global.
+"""Mask R-CNN's training step with ViTDet's window attention, with and without its relative positions, against
+global attention: the time a step takes and its peak memory, each in a fresh process, and their ratios to global.
 
     python tools/benchmark_dense_step.py                                   # 512 px, one image a step, CPU
     python tools/benchmark_dense_step.py --json docs/results/dense_windows_cpu2_COMMIT.json
 
 The detector is seg_configs/maskrcnn_lvvit_s.py against seg_configs/maskrcnn_lvvit_s_windowed.py (14-token windows,
-4 global blocks, relative positions), random weights, on batches its own training pipeline made from synthetic
-images (COCO's usual size times --size / 1024). Peak memory: the device's on a GPU; on a CPU the process's resident
-memory above what it held before the first step. The GPU script (tools/measure_gpu.py) measures the same at 1024 px
-in its dense_steps stage.
+4 global blocks, relative positions) and the same without relative positions, random weights, on batches its own
+training pipeline made from synthetic images (COCO's usual size times --size / 1024). Peak memory: the device's on a
+GPU; on a CPU the process's resident memory above what it held before the first step. The GPU script
+(tools/measure_gpu.py) measures the same at 1024 px in its dense_windows stage.
 """
 from backbones.common.commands import run_command
 from classification.studies.dense_step_benchmark import main

@@ -7,9 +7,10 @@ Only the pipeline's reading steps (`Load...`) are left out: each synthetic sampl
 data set's. The step is `train_step` followed by reading the logged losses, as mmengine's loop does each iteration.
 
 `compare_window_attention` times Mask R-CNN's step with ViTDet's window attention (seg_configs/
-maskrcnn_lvvit_s_windowed.py) against the same detector's global attention, each in a fresh process so that its peak
-memory is its own (the device's on a GPU; the process's resident memory on a CPU, where torch keeps no count), with
-the ratios windows / global: tools/benchmark_dense_step.py on a CPU, the GPU script's `dense_steps` stage on a GPU.
+maskrcnn_lvvit_s_windowed.py), and the same windows without relative positions, against the same detector's global
+attention, each in a fresh process so that its peak memory is its own (the device's on a GPU; the process's resident
+memory on a CPU, where torch keeps no count), with the ratios to global: tools/benchmark_dense_step.py on a CPU, the
+GPU script's `dense_windows` stage on a GPU.
 """
 from __future__ import annotations
 
@@ -41,8 +42,12 @@ from backbones.dense.tasks import task_of
 from classification.studies.results_file import write_results
 from classification.studies.timing import SteadyWindow
 
-# the same detector with global attention and with ViTDet's windows (14 tokens, 4 global blocks, relative positions)
-WINDOW_PAIR = {'global': 'seg_configs/maskrcnn_lvvit_s.py', 'windows': 'seg_configs/maskrcnn_lvvit_s_windowed.py'}
+# the same detector with global attention, with ViTDet's windows (14 tokens, 4 global blocks, relative positions),
+# and with those windows without relative positions: (config, options over it)
+WINDOW_VARIANTS = {'global': ('seg_configs/maskrcnn_lvvit_s.py', {}),
+                   'windows': ('seg_configs/maskrcnn_lvvit_s_windowed.py', {}),
+                   'windows_without_rel_pos': ('seg_configs/maskrcnn_lvvit_s_windowed.py',
+                                               {'model.backbone.rel_pos': False})}
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,10 @@ def training_batches(cfg: Config, count: int, batch_size: int, scale: float, see
             for _ in range(count)]
 
 
-def dense_config(path: str, scale: float) -> Config:
-    """The config without its ImageNet weights (random weights time the same), its sizes times `scale`."""
-    cfg = load_config(path, {'model.backbone.pretrained': None})
+def dense_config(path: str, scale: float, options: dict | None = None) -> Config:
+    """The config without its ImageNet weights (random weights time the same), its sizes times `scale`, `options`
+    merged over it."""
+    cfg = load_config(path, {'model.backbone.pretrained': None, **(options or {})})
     if scale != 1.0:
         scale_sizes(cfg.train_dataloader.dataset.pipeline, scale)
         scale_sizes(cfg.model.get('data_preprocessor', {}), scale)
@@ -95,11 +101,13 @@ def dense_config(path: str, scale: float) -> Config:
 
 
 def time_dense_step(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
-                    scale: float = 1.0, batch_size: int | None = None, batches: int = 4) -> DenseStep:
-    """The training step of the config at `path` on `device`: `warmup` steps, then at least `seconds` and
-    `min_batches`, cycling over `batches` distinct batches (moved to the device each step, as the loop does)."""
+                    scale: float = 1.0, batch_size: int | None = None, batches: int = 4,
+                    options: dict | None = None) -> DenseStep:
+    """The training step of the config at `path` (`options` merged over it) on `device`: `warmup` steps, then at
+    least `seconds` and `min_batches`, cycling over `batches` distinct batches (moved to the device each step, as the
+    loop does)."""
     init_default_scope('mmseg')
-    cfg = dense_config(path, scale)
+    cfg = dense_config(path, scale, options)
     batch_size = batch_size or cfg.train_dataloader.batch_size
     data = training_batches(cfg, batches, batch_size, scale)
     model = MODELS.build(cfg.model).to(device).train()
@@ -134,26 +142,29 @@ def peak_resident_gib() -> float:
 
 
 def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
-                          scale: float, batch_size: int | None) -> DenseStep:
+                          scale: float, batch_size: int | None, options: dict) -> DenseStep:
     """`time_dense_step` in a spawned process: its peak memory is that config's alone."""
     with multiprocessing.get_context('spawn').Pool(1) as pool:
-        return pool.apply(time_dense_step, (path, device, seconds, min_batches, warmup, scale, batch_size))
+        return pool.apply(time_dense_step, (path, device, seconds, min_batches, warmup, scale, batch_size),
+                          {'options': options})
 
 
 def compare_window_attention(device: torch.device, seconds: float, min_batches: int, warmup: int,
                              scale: float = 1.0, batch_size: int | None = None) -> dict:
-    """Mask R-CNN's step with window attention against global attention (WINDOW_PAIR), each in a fresh process:
-    both steps, and windows / global of the time a step takes and of the peak memory (the device's, or on a CPU the
-    process's resident memory above what it held before the first step)."""
-    steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size)
-             for name, config in WINDOW_PAIR.items()}
-    windows, plain = steps['windows'], steps['global']
-    if device.type == 'cuda':
-        memory = windows.peak_memory_gib / plain.peak_memory_gib
-    else:
-        memory = windows.peak_above_rest_gib / plain.peak_above_rest_gib
+    """Mask R-CNN's step with window attention against global attention (WINDOW_VARIANTS), each in a fresh process:
+    every step, and `ratios`, each windowed variant's over global of the time a step takes and of the peak memory
+    (the device's, or on a CPU the process's resident memory above what it held before the first step)."""
+    steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size, options)
+             for name, (config, options) in WINDOW_VARIANTS.items()}
+    plain = steps['global']
     return {**{name: step.as_dict() for name, step in steps.items()},
-            'time_ratio': plain.img_s / windows.img_s, 'memory_ratio': memory}
+            'ratios': {name: {'time': plain.img_s / step.img_s, 'memory': peak_memory(step) / peak_memory(plain)}
+                       for name, step in steps.items() if name != 'global'}}
+
+
+def peak_memory(step: DenseStep) -> float:
+    """The step's peak memory: the device's, or on a CPU the process's above what it held before the first step."""
+    return step.peak_memory_gib if step.peak_memory_gib is not None else step.peak_above_rest_gib
 
 
 def largest_image(batch: dict) -> tuple[int, int]:
@@ -181,12 +192,12 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     args = parse_args(argv, description)
     figures = {'size': args.size, **compare_window_attention(
         torch.device(args.device), args.seconds, args.min_steps, args.warmup, args.size / 1024, args.batch_size)}
-    for name in WINDOW_PAIR:
+    for name in WINDOW_VARIANTS:
         step = figures[name]
         memory = step['peak_memory_gib'] if step['peak_memory_gib'] is not None else step['peak_process_gib']
-        logger.info(f'{name} attention: {step["it_s"]:.3f} steps/s, peak memory {memory:.2f} GiB')
-    logger.info(f'windows / global: x{figures["time_ratio"]:.2f} the time of a step, '
-                f'x{figures["memory_ratio"]:.2f} the memory it takes')
+        logger.info(f'{name}: {step["it_s"]:.3f} steps/s, peak memory {memory:.2f} GiB')
+    for name, ratio in figures['ratios'].items():
+        logger.info(f'{name} / global: x{ratio["time"]:.2f} the time of a step, x{ratio["memory"]:.2f} the memory')
     if args.json:
         write_results(args.json, 'dense_windows', 'benchmark_dense_step.py', argv, figures, args.device)
     return figures

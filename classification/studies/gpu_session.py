@@ -618,8 +618,9 @@ def dense_windows_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[st
 
     windows = compare_window_attention(torch.device(device), sizes.dense_seconds, sizes.slow_min_batches,
                                        sizes.dense_warmup, scale=sizes.dense_scale, batch_size=sizes.dense_batch)
-    logger.info(f'Mask R-CNN, windows / global: x{windows["time_ratio"]:.2f} the time of a step, '
-                f'x{windows["memory_ratio"]:.2f} the memory')
+    ratio = windows['ratios']['windows']
+    logger.info(f'Mask R-CNN, windows / global: x{ratio["time"]:.2f} the time of a step, x{ratio["memory"]:.2f} the '
+                'memory')
     save('dense_windows', windows)
 
 

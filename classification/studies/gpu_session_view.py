@@ -149,11 +149,11 @@ def gpu_dense_steps(session: dict) -> str:
         memory = f', {step["peak_memory_gib"]:.1f} GiB at its peak' if step['peak_memory_gib'] is not None else ''
         parts.append(f'`{name}` {rate(step["img_s"])} img/s '
                      f'({step["it_s"]:.2f} it/s of {step["batch_size"]}, up to {width}x{height}{memory})')
-    # the dense_windows stage's (dense_steps held them before it was a stage of its own)
-    windows = session.get('dense_windows') or session.get('dense_steps', {}).get('windows')
+    windows = session.get('dense_windows')
     if windows:
-        parts.append(f'Mask R-CNN with window attention against global attention: x{windows["time_ratio"]:.2f} the '
-                     f'time of a step, x{windows["memory_ratio"]:.2f} the memory')
+        ratio = windows['ratios']['windows']
+        parts.append(f'Mask R-CNN with window attention against global attention: x{ratio["time"]:.2f} the '
+                     f'time of a step, x{ratio["memory"]:.2f} the memory')
     return '; '.join(parts)
 
 
