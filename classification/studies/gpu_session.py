@@ -45,8 +45,8 @@ AMP = 'bf16'
 # (`imported_modules`) that the machine's image (DEVICE_IMAGE) lacks or holds at another version (timm), the
 # versions this checkout's environment has, for the image's Python 3.12
 CARRIED_WHEELS = ('mmengine==0.10.7', 'mmcv-lite==2.1.0', 'mmsegmentation==1.2.2', 'timm==1.0.31', 'ftfy==6.3.1',
-                  'pycocotools==2.0.11', 'addict', 'yapf', 'termcolor', 'prettytable', 'wcwidth', 'platformdirs',
-                  'setuptools<82')
+                  'pycocotools==2.0.11', 'simplejpeg==1.9.0', 'addict', 'yapf', 'termcolor', 'prettytable', 'wcwidth',
+                  'platformdirs', 'setuptools<82')
 # the distributions of the device machine's image, 'cuda' (the device tool's KINDS.md, read on 2026-11-17)
 DEVICE_IMAGE = frozenset((
     'absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build '
