@@ -224,8 +224,8 @@ def train_linear_heads(inputs: dict[str, torch.Tensor], labels: torch.Tensor, sp
     order = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         for rows in torch.randperm(len(labels), generator=order).split(batch_size):
-            loss = sum(F.cross_entropy(head(inputs[spec.variant][rows]), labels[rows])
-                       for head, spec in zip(heads, specs))
+            batch = {variant: x[rows] for variant, x in inputs.items()}  # gathered once for all its heads
+            loss = sum(F.cross_entropy(head(batch[spec.variant]), labels[rows]) for head, spec in zip(heads, specs))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
