@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
                **run_probes(train, test, len(train_set.classes), settings)}
     logger.info(results_table(results))
     path = Path(args.json or Path('output') / 'probes' / f'{args.model}.json')
+    path.parent.mkdir(parents=True, exist_ok=True)  # the default folder, on first use
     write_json_atomic(path, results)
     logger.info(f'results: {path}')
     return results
