@@ -29,7 +29,10 @@ _CONFIGS = _Path(__file__).resolve().parent / 'seg_configs'
 
 def _classifier(name: str) -> _Callable[..., _nn.Module]:
     def entry(pretrained: bool = True, tag: str | None = None, **kwargs) -> _nn.Module:
-        return _create_model(f'{name}.{tag}' if tag else name, pretrained=pretrained, **kwargs)
+        full_name = f'{name}.{tag}' if tag else name
+        if pretrained:  # the release file in timm's cache first: one line naming it where it cannot be downloaded
+            _fetch_pretrained('timm', full_name, setting=f'{full_name} (torch.hub)', instead='pretrained=False')
+        return _create_model(full_name, pretrained=pretrained, **kwargs)
 
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = (f"{name}: `pretrained`, its released ImageNet weights (timm's default tag, or `tag`'s); "

@@ -116,13 +116,14 @@ def has_class_token(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def batch_features(model: nn.Module, images: torch.Tensor, taps: BlockTaps | None
+def batch_features(model: nn.Module, images: torch.Tensor, tokens: bool, taps: BlockTaps | None
                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(pooled, last blocks' normalised class tokens, mean normalised patch token) of one batch."""
-    if taps is None:
+    """(pooled, last blocks' normalised class tokens, mean normalised patch token) of one batch: the patch tokens'
+    mean for a class-token model (`tokens`), the blocks' class tokens where `taps` keeps them."""
+    if not tokens:
         return model.forward_head(model.forward_features(images), pre_logits=True), None, None
     final, patches = model.forward_intermediates(images, indices=1, norm=True, output_fmt='NLC')
-    blocks = torch.stack([model.norm(out)[:, 0] for out in taps.take()], dim=1)
+    blocks = None if taps is None else torch.stack([model.norm(out)[:, 0] for out in taps.take()], dim=1)
     return model.forward_head(final, pre_logits=True), blocks, patches[-1].mean(dim=1)
 
 
@@ -150,7 +151,7 @@ def extract_features(model: nn.Module, loader: DataLoader, device: torch.device)
     keep_blocks = taps is not None
     try:
         for batch in loader:
-            pooled, blocks, patch_mean = batch_features(model, batch['image'].to(device), taps if tokens else None)
+            pooled, blocks, patch_mean = batch_features(model, batch['image'].to(device), tokens, taps)
             if not parts and keep_blocks:
                 keep_blocks = blocks_tap_the_class_token(model, pooled, blocks)
             parts.append((pooled.float().cpu(), blocks.float().cpu() if keep_blocks else None,

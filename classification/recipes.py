@@ -387,6 +387,9 @@ def override_recipe(recipe: R, args: argparse.Namespace) -> R:
     for f in dataclasses.fields(recipe):
         if hasattr(args, f.name):
             setattr(recipe, f.name, getattr(args, f.name))
+    if recipe.frozen and recipe.layer_decay:
+        raise UsageError(f'--frozen with --layer-decay {recipe.layer_decay}: the frozen features learn nothing whose '
+                         'rate could decay (leave --layer-decay out)')
     return recipe
 
 

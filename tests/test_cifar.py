@@ -271,6 +271,9 @@ def test_layer_decay_scales_each_block_by_the_rate_below_the_one_above_it(name):
     assert lr_of['cls_token'] == pytest.approx(blocks[0] * 0.5)
     with pytest.raises(SystemExit):
         build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.', '--layer-decay', '0'])
+    with pytest.raises(UsageError, match='--frozen with --layer-decay 0.5: the frozen features learn nothing'):
+        resolve_recipe(build_parser().parse_args(['lvvit_s', '--dataset', 'cifar10', '--data-dir', '.',
+                                                  '--layer-decay', '0.5', '--frozen']))
 
 
 def test_image_label_token_objective_is_class_plus_half_the_token_cross_entropy():

@@ -130,7 +130,7 @@ def test_frozen_features_keep_every_weight_and_statistic_and_the_classifier_lear
     source, path = tiny_release('lvvit_s', tmp_path)
     out = tmp_path / 'run'
     main(transfer_args(LVVIT, 'cifar100', root, out, '--finetune', str(path), '--epochs', '1', '--frozen',
-                       '--drop-path', '0.5', '--layer-decay', '0.75'))
+                       '--drop-path', '0.5'))
     start, end = source.state_dict(), last_weights(out)
     features = [k for k in end if not k.startswith(('head.', 'pos_embed'))]
     assert any('running_mean' in k for k in features) and 'cls_token' in features

@@ -56,6 +56,13 @@ def test_a_frozen_backbone_given_a_learning_rate_is_refused(optim_wrapper, says)
     check_frozen_backbone(cfg)  # the same optimizer for a backbone that learns
 
 
+def test_frozen_takes_a_boolean_and_a_backbone_key_without_a_learning_rate():
+    with pytest.raises(UsageError, match="model.backbone.frozen must be True or False, got 'False'"):
+        TokenBackbone('lvvit_s', out_indices=(1,), img_size=64, frozen='False', model_kwargs=TINY)
+    check_frozen_backbone(Config(dict(model=dict(backbone=dict(type='TokenBackbone', frozen=True)), optim_wrapper=dict(
+        paramwise_cfg=dict(custom_keys={'backbone': dict(decay_mult=0.0)})))))  # no lr given: nothing to refuse
+
+
 @pytest.mark.slow  # train_seg end to end
 def test_train_seg_leaves_a_frozen_backbones_weights_bit_identical_and_trains_the_heads(tmp_path):
     torch.manual_seed(1)

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import timm
 import torch
 
 from backbones.common.errors import CheckpointError
@@ -140,3 +141,16 @@ def test_a_segmentors_checkpoint_is_refused_as_eval_cls_refuses_it(tmp_path):
     data = make_image_folder(tmp_path / 'data', {'train': 4, 'val': 2})
     with pytest.raises(CheckpointError, match=r"an mmengine checkpoint \(a segmentor's"):
         probes.main(['deit_small_patch16_224', '--checkpoint', str(path), '--data-dir', str(data), '--workers', '0'])
+
+
+def test_a_class_token_model_of_fewer_than_four_blocks_keeps_its_mean_patch_token():
+    """Two blocks: no 4-block class tokens, but the last block's normalised patch tokens' mean (the +avgpool variants)
+    as for a deeper model: timm's own forward_intermediates, averaged."""
+    from classification.probes import extract_features
+    model = timm.create_model('deit_tiny_patch16_224', img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                              num_classes=0).eval()
+    images = torch.randn(3, 3, 32, 32)
+    features = extract_features(model, [{'image': images, 'label': torch.tensor([0, 1, 2])}], torch.device('cpu'))
+    assert features.blocks is None
+    _, patches = model.forward_intermediates(images, indices=1, norm=True, output_fmt='NLC')
+    torch.testing.assert_close(features.patch_mean, patches[-1].mean(dim=1))

@@ -83,7 +83,8 @@ def pick_amp(amp: str, device: torch.device) -> str:
     when asked: faster on CPUs with bf16 instructions, but a run's numbers then depend on the CPU)."""
     if amp != 'auto':
         if amp == 'fp16' and device.type != 'cuda':
-            raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (bf16 runs on CPUs)')
+            raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (--help says whether the command '
+                             'runs bf16 on CPUs)')
         return amp
     if device.type != 'cuda':
         return 'none'

@@ -102,10 +102,9 @@ def check_frozen_backbone(cfg: dict) -> None:
         raise UsageError('model.backbone.frozen=True: optim_wrapper.constructor LayerDecayOptimWrapperConstructor '
                          'decays the learning rates of a backbone that does not learn (leave it out)')
     for key, setting in ((wrapper.get('paramwise_cfg') or {}).get('custom_keys') or {}).items():
-        if 'backbone' in key and setting.get('lr_mult', 1) != 0:
+        if 'backbone' in key and setting.get('lr_mult', 0) != 0:
             raise UsageError(f'model.backbone.frozen=True: optim_wrapper.paramwise_cfg.custom_keys[{key!r}] gives the '
-                             f'backbone lr_mult {setting.get("lr_mult", 1)} (a frozen backbone learns nothing: leave '
-                             'the key out)')
+                             f'backbone lr_mult {setting["lr_mult"]} (a frozen backbone learns nothing: leave it out)')
 
 
 def check_plain_vit(model_name: str, model: nn.Module) -> None:
@@ -160,6 +159,8 @@ class TokenBackbone(BaseModule):
                 raise UsageError('give the backbone either `pretrained` or `init_cfg`, not both')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg)
+        if not isinstance(frozen, bool):  # a word such as 'False' would freeze it
+            raise UsageError(f'model.backbone.frozen must be True or False, got {frozen!r}')
         self.frozen = frozen
         self.model = dense_model(model_name, img_size, drop_path_rate, model_kwargs or {})
         depth = len(self.model.blocks)

@@ -45,7 +45,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
     add_common_options(parser)
     add_multi_scale_arguments(parser)
-    add_amp_argument(parser)
+    add_amp_argument(parser, alone='fp16')  # as train_seg's
     parser.add_argument('--out', type=scores_file, help=(
         'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class", "confusion"} (percent; the '
         'confusion matrix\'s pixel counts and its rows normalised) for a segmentor; {"box_AP", ..., "mask_AP", ..., '
