@@ -510,9 +510,9 @@ def test_an_args_yaml_from_before_the_added_settings_runs_as_it_did_and_a_cut_on
     from classification.engine.trainer import parse_run_arguments
     from classification.recipes import resolve_recipe
     from classification.train import build_parser
-    config = written_args_yaml(tmp_path / 'run', *TINY_DEIT, '--layer-decay', '0.5', '--frozen', '--fast-decode')
+    config = written_args_yaml(tmp_path / 'run', *TINY_DEIT, '--layer-decay', '0.5', '--fast-decode')
     written = yaml.safe_load(config.read_text())
-    assert (written['layer_decay'], written['frozen'], written['fast_decode']) == (0.5, True, True)
+    assert (written['layer_decay'], written['frozen'], written['fast_decode']) == (0.5, False, True)
     older = {key: value for key, value in written.items() if key not in ADDED_SETTINGS}
     config.write_text(yaml.safe_dump(older, sort_keys=False))
     args = parse_run_arguments(build_parser(EmbeddedScans), ['deit_small_patch16_224', '--config', str(config)])
