@@ -82,26 +82,27 @@ def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple
     size = colour_jpeg_size(data)
     pixels = decode_colour_jpeg(data, size, wanted(size), fast) if size is not None else None
     if pixels is None:
-        pixels = np.asarray(read_image(path, lambda img: img.draft('RGB', wanted(img.size))))
+        pixels = np.asarray(read_image(path, lambda img: img.draft('RGB', wanted(img.size)), data))
     return DecodedImage(pixels, drawn['full_size'])
 
 
-def read_image(path: Path | BinaryIO,
-               before_decode: Callable[[Image.Image], bool | None] | None = None) -> Image.Image | None:
+def read_image(path: Path | BinaryIO, before_decode: Callable[[Image.Image], bool | None] | None = None,
+               data: bytes | None = None) -> Image.Image | None:
     """Decode an image file (or its bytes read from a tar, `MemberFile`) completely to RGB (a truncated file is an
     error, not grey pixels); failures name it. Without `before_decode`, colour JPEGs go through `read_rgb`'s decoder.
 
     `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
     (`Image.draft`, JPEG's scaled decoding), or return False to leave the file undecoded (then None is returned).
+    `data`: the file's bytes where the caller read them already (Pillow reads them, not the file again).
     """
-    if before_decode is None:
+    if before_decode is None and data is None:
         data = image_bytes(path)
         size = colour_jpeg_size(data)
         pixels = decode_colour_jpeg(data, size) if size is not None else None
         if pixels is not None:
             return Image.fromarray(pixels)
     try:
-        with Image.open(path) as img:
+        with Image.open(path if data is None else io.BytesIO(data)) as img:
             if before_decode is not None and before_decode(img) is False:
                 return None
             return to_rgb(img)
