@@ -52,12 +52,14 @@ def test_every_config_builds_with_its_backbone(config):
     cfg = load_config(str(CONFIGS / config))
     counts = segmentor_parameters(build_meta_model(cfg))
     # The backbone holds exactly the classification model's parameters up to the last block used, without the
-    # final norm and heads (CaiT: also without the class token and class-attention stage).
+    # final norm (unless it keeps it: final_norm) and heads (CaiT: also without the class token and class-attention
+    # stage).
     with torch.device('meta'):
         reference = create_model(cfg.model.backbone.model_name, img_size=cfg.model.backbone.img_size, num_classes=0)
     last = max(cfg.model.backbone.out_indices)
+    norm = '-' if cfg.model.backbone.get('final_norm') else 'norm.'
     kept = sum(p.numel() for name, p in reference.named_parameters()
-               if not name.startswith(('norm.', 'blocks_token_only.', 'cls_token' if 'cait' in config else '-'))
+               if not name.startswith((norm, 'blocks_token_only.', 'cls_token' if 'cait' in config else '-'))
                and not (name.startswith('blocks.') and int(name.split('.')[1]) > last))
     kept += relative_position_tables(cfg.model.backbone, reference, last)
     assert counts['backbone'] == kept

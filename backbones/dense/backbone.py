@@ -10,7 +10,8 @@ a plain ViT (`PLAIN_VIT_PARTS`, square patches); any other is refused naming wha
 (`check_backbone_model`). `pretrained` (a path, an http(s):// or file:// URL, or `timm`) loads a classification
 checkpoint through `backbones.load_checkpoint`; `window_size`, `global_blocks` and `rel_pos` give ViTDet's window
 attention (backbones/window_attention.py); `frozen`, a fixed feature extractor (no gradient, no backward through
-it, eval mode throughout). docs/segmentation.md and docs/instances_and_depth.md tell the rest.
+it, eval mode throughout); `final_norm`, each map through the model's final norm (DINOv2's frozen-feature heads).
+docs/segmentation.md and docs/instances_and_depth.md tell the rest.
 """
 from __future__ import annotations
 
@@ -136,7 +137,8 @@ class TokenBackbone(BaseModule):
     """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) or plain timm ViT as an
     mmseg backbone: the model pruned to what the blocks in `out_indices` need (no heads, final norm or later blocks),
     `drop_path_rate` its stochastic depth; `frozen`: no parameter of it requires a gradient, its forward keeps no
-    graph, and it stays in eval mode when the segmentor trains (no dropout or drop-path)."""
+    graph, and it stays in eval mode when the segmentor trains (no dropout or drop-path); `final_norm`: the final
+    norm kept and applied to every map."""
 
     def __init__(
             self,
@@ -152,6 +154,7 @@ class TokenBackbone(BaseModule):
             global_blocks: Sequence[int] | None = None,
             rel_pos: bool = False,
             frozen: bool = False,
+            final_norm: bool = False,
             init_cfg: dict | None = None,
     ) -> None:
         if pretrained is not None:
@@ -166,7 +169,9 @@ class TokenBackbone(BaseModule):
         depth = len(self.model.blocks)
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
             raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
-        self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=True, prune_head=True)
+        self.final_norm = final_norm
+        self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=not final_norm,
+                                                                prune_head=True)
         if window_size is not None or global_blocks is not None or rel_pos:
             use_window_attention(self.model, window_size, global_blocks, rel_pos, depth=depth)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
@@ -238,7 +243,8 @@ class TokenBackbone(BaseModule):
         padded = F.pad(images, (0, Wp - W, 0, Hp - H))
         set_token_grid(self.model, (Hp // self.patch_size, Wp // self.patch_size))  # for the window attention, if any
         with torch.no_grad() if self.frozen else contextlib.nullcontext():
-            maps = self.model.forward_intermediates(padded, self.out_indices, intermediates_only=True)
+            maps = self.model.forward_intermediates(padded, self.out_indices, norm=self.final_norm,
+                                                    intermediates_only=True)
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 

@@ -27,6 +27,8 @@ TINY_MODELS = {
 
 def tiny_model_overrides(config_name: str, img_size: int = 64) -> dict:
     """Overrides (a config's `model` dict) for a 4-block, 32-wide backbone and 16-channel heads."""
+    if config_name.startswith('linear'):
+        return tiny_linear_overrides(config_name, img_size)
     levels = 2 if config_name.startswith('fcn') else 4
     neck_out = (DIM,) * (levels - 1) + (48,)
     model = dict(
@@ -41,6 +43,16 @@ def tiny_model_overrides(config_name: str, img_size: int = 64) -> dict:
     else:
         model['decode_head'] = dict(in_channels=neck_out[-1], channels=16)
     return model
+
+
+def tiny_linear_overrides(config_name: str, img_size: int) -> dict:
+    """A linear config's overrides: the tiny backbone of its family, its last block (or last 4: "+ms") into the
+    linear head."""
+    blocks = 4 if config_name.startswith('linear_ms') else 1
+    family = 'upernet_dinov2_s.py' if 'dinov2' in config_name else 'upernet_lvvit_s.py'
+    return dict(backbone=dict(model_kwargs=TINY_MODELS[family], out_indices=tuple(range(4 - blocks, 4)),
+                              img_size=img_size, pretrained=None),
+                decode_head=dict(in_channels=[DIM] * blocks, channels=DIM * blocks))
 
 
 def tiny_config(config_name: str, img_size: int = 64) -> Config:

@@ -1,6 +1,6 @@
 """The published semantic-segmentation sets the plain-ViT segmentors are compared on, in their own layouts and id
-schemes: Cityscapes, Pascal Context-59 and COCO-Stuff-164k (`backbones.dense.layouts` says what a layout
-is). Each is read by mmseg's own data class, through a subclass registered here that adds two things:
+schemes: Cityscapes and COCO-Stuff-164k here, the Pascal sets in `pascal` (`backbones.dense.layouts` says what a
+layout is). Each is read by mmseg's own data class, through a subclass registered here that adds two things:
 
 - Cityscapes' masks are read as published, `*_gtFine_labelIds.png` (34 label ids), mapped to the 19 train ids by
   the official table through mmseg's own `label_map`, where mmseg's converter (tools/dataset_converters/
@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import cv2
 import numpy as np
-from mmseg.datasets import CityscapesDataset, COCOStuffDataset, PascalContextDataset59
+from mmseg.datasets import CityscapesDataset, COCOStuffDataset
 from mmseg.registry import DATASETS
 
 from backbones.common.errors import DataError
@@ -91,11 +91,6 @@ class CityscapesIdsDataset(ClassesById, CityscapesDataset):
         label_map = {label_id: then.get(train_id, train_id) if train_id != IGNORE_INDEX else IGNORE_INDEX
                      for label_id, train_id in CITYSCAPES_TRAIN_IDS.items()}
         return {**entry, 'seg_map_path': path, 'label_map': label_map}
-
-
-@DATASETS.register_module()
-class PascalContextIdsDataset59(ClassesById, PascalContextDataset59):
-    """mmseg's PascalContextDataset59 (59 classes, mask value 0 ignored), its classes by id if asked."""
 
 
 @DATASETS.register_module()
@@ -284,69 +279,6 @@ class CityscapesLayout(PublishedLayout):
             write_png(root / 'leftImg8bit' / folder / SMALL_CITY / f'{name}{self.img_suffix}', image)
             write_png(root / 'gtFine' / folder / SMALL_CITY / f'{name}{CITYSCAPES_LABEL_IDS}',
                       label_ids[train_ids(page_mask(data, split, name))])
-
-
-CONTEXT_CONVERTER = ('; mmseg\'s tools/dataset_converters/pascal_context.py writes the masks and split files from '
-                     'trainval_merged.json')
-
-
-def split_names(split_file: Path, layout: str) -> list[str]:
-    """The image names a split file lists, one a line, as mmseg reads them (each line stripped); a blank line (read
-    as an image named '') or a name listed twice (an image trained on twice, or counted twice in the scores) is a
-    DataError naming the line."""
-    names: dict[str, int] = {}
-    for number, line in enumerate(split_file.read_text().splitlines(), 1):
-        name = line.strip()
-        if not name or name in names:
-            what = 'is blank' if not name else f'lists {name} again (first on line {names[name]})'
-            raise DataError(f'{split_file}, line {number} {what}: one image name a line, each once ({layout})')
-        names[name] = number
-    return list(names)
-
-
-@register_layout
-class PascalContextLayout(PublishedLayout):
-    name = 'pascal_context59'
-    title = 'Pascal Context-59'
-    dataset_types = ('PascalContextDataset59', 'PascalContextIdsDataset59')
-    root = 'data/VOCdevkit/VOC2010'
-    layout = ('Pascal Context\'s layout: JPEGImages/*.jpg, SegmentationClassContext/*.png (0 background, ignored; '
-              '1..59 the classes), ImageSets/SegmentationContext/{train,val}.txt')
-    converter = CONTEXT_CONVERTER
-    img_suffix = '.jpg'
-    seg_map_suffix = '.png'
-    classes = 59
-    small_type = 'PascalContextIdsDataset59'
-    small_reduce_zero_label = True
-    small_prefix = {split: dict(img_path='JPEGImages', seg_map_path='SegmentationClassContext')
-                    for split in TRAIN_VAL}
-
-    def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
-        """The images its split file lists."""
-        split_file = under(dataset_cfg, dataset_cfg.get('ann_file') or '')
-        if not split_file.is_file():
-            raise missing(split_file, 'split file', self.layout, self.converter)
-        img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
-        names = split_names(split_file, self.layout)
-        absent = [name for name in names if not (images / f'{name}{img_suffix}').is_file()]
-        if absent:
-            raise DataError(f'{split_file} lists {len(absent)} image(s) not in {images}, e.g. {absent[0]}{img_suffix} '
-                            f'({self.layout})')
-        return [Pair(images / f'{name}{img_suffix}', (annotations / f'{name}{seg_suffix}',)) for name in names]
-
-    def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
-        super().use_small(dataset_cfg, data, split)
-        dataset_cfg['ann_file'] = f'ImageSets/SegmentationContext/{TRAIN_VAL[split]}.txt'
-
-    def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
-        """The JPEGs, masks as the pages store them (class c as c + 1, 0 ignored: Context's background), and the
-        split file."""
-        for name in names:
-            copy_image(data, split, name, root / 'JPEGImages' / f'{name}.jpg')
-            write_png(root / 'SegmentationClassContext' / f'{name}.png', page_mask(data, split, name))
-        split_file = root / 'ImageSets' / 'SegmentationContext' / f'{TRAIN_VAL[split]}.txt'
-        split_file.parent.mkdir(parents=True, exist_ok=True)
-        split_file.write_text(''.join(f'{name}\n' for name in names))
 
 
 COCO_STUFF_SPLITS = {'training': 'train2017', 'validation': 'val2017'}
