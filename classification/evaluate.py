@@ -1,10 +1,7 @@
 """Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with its eval transform (what the
 checkpoint's run recorded: `classification.engine.checkpoints.checkpoint_data_config`); the logic of tools/eval_cls.py.
-
-Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
-class logits + 0.5 x the class-wise max over the token logits; distilled models (a distillation token) with DeiT's:
-the mean of the class and distillation heads.
-"""
+Models with a token head predict with the LV-ViT rule (class logits + 0.5 x the class-wise max over the token
+logits), distilled models with DeiT's (the mean of the class and distillation heads)."""
 from __future__ import annotations
 
 import argparse

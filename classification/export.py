@@ -1,17 +1,10 @@
 """A classification checkpoint as files other tools load: the logic of tools/export.py (`export_classifier`, `main`).
 
-The model is built as tools/eval_cls.py builds it, with the checkpoint's model (the EMA when its run kept one), or
-with `use_ema` True or False its EMA copy or its trained weights: the folder holds that one weight set, and
-`suite_weights` in its config.json says which. The folder gets `model.safetensors` and `config.json`, written by timm's
-own `save_for_hf` (the architecture, the arguments that rebuild it, the preprocessing the checkpoint records at the
-input size it was trained at or `img_size`, the class names), which `timm.create_model('local-dir:FOLDER')` builds
-(with the suite's models registered: `import backbones`); with `torch_export`, `model.pt2`, and with `onnx`,
-`model.onnx` (input `images`, output `logits`), the eval model at that input size with a dynamic batch size; and
-`suite_export.json`, the suite's mark (backbones/common/exporting.py). Only such a folder, an empty one or a new one
-is written. Each file is checked against the eval model's outputs (ONNX in onnxruntime), and timm's model as a timm
-user runs it on an image file (`check_timm_preprocessing`), before the folder is given its name. docs/export.md
-("Classifiers") shows how each file is loaded.
-"""
+The model is built as tools/eval_cls.py builds it, with one weight set (`suite_weights` in config.json says which).
+The folder gets `model.safetensors` and `config.json` (timm's `save_for_hf`, which
+`timm.create_model('local-dir:FOLDER')` builds), optionally `model.pt2` and `model.onnx`, and `suite_export.json`, the
+suite's mark; each file is checked against the eval model's outputs before the folder is given its name.
+docs/export.md ("Classifiers") shows how each file is loaded."""
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,9 @@
 """ImageNet-style training of any model (the suite's or any timm model) with its paper recipe: token labeling
-(LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`);
-with `--teacher`, DeiT's hard distillation, or with token labeling, online token labeling (the teacher's dense map of
-each batch gives the token targets).
+(LV-ViT's), the vanilla DeiT recipe, or one of the LV-ViT paper's comparison rows (`--preset`); with `--teacher`,
+DeiT's hard distillation, or with token labeling, online token labeling.
 
 `tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info, start)` is the same run
-from Python, with a `Recipe` (`recipes.recipe_for`), an `ImageData` (`loaders`) and a `RunStart`. What the run
-trains is built in `training_pieces`, its data in `loaders`, and it runs on `engine.trainer.Trainer`.
-"""
+from Python, with a `Recipe` (`recipes.recipe_for`), an `ImageData` (`loaders`) and a `RunStart`."""
 from __future__ import annotations
 
 import argparse

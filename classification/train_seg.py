@@ -1,9 +1,6 @@
-"""tools/train_seg.py's two stages: a dense config trained by the segmentation trainer
-(`backbones.dense.train`) on its data, or on the data the tool gives when the config's is not on disk; and,
-where that data asks for it (the config's ImageNet weights are not on disk either), first the config's backbone
-pretrained as a classifier (the tool's embedded scans, with token labeling), whose checkpoint the segmentation
-trainer then starts from. The segmentation library trains no classifier itself: this module hands it the first
-stage's checkpoint."""
+"""tools/train_seg.py's two stages: a dense config trained by the segmentation trainer (`backbones.dense.train`) on its
+data, or on the data the tool gives when the config's is not on disk; and, where that data asks for it, first the
+config's backbone pretrained as a classifier, whose checkpoint the segmentation trainer then starts from."""
 from __future__ import annotations
 
 from typing import Protocol

@@ -3,12 +3,7 @@ fine-grained sets (Flowers-102, Stanford Cars, Oxford-IIIT Pets, iNaturalist, cl
 recipe through `classification.train` (`transfer_set_main`).
 
 `tools/transfer.py` (and `tools/transfer_cifar.py`, its former name) is the command (`main`); `transfer(...)` is the
-CIFAR run from Python. Unlike the
-reference tool, every parameter trains (the class token and the final norm too), the inputs are normalised with
-the statistics of the data set at hand, the epoch is chosen on a held-out part of the training set and only
-that epoch's model meets the test set, and a checkpoint of another resolution loads (its position table is
-resampled).
-"""
+CIFAR run from Python. docs/cifar.md tells where it departs from the reference tool."""
 from __future__ import annotations
 
 import argparse

@@ -2,14 +2,10 @@
 the pixels a batch at a time on the training device.
 
 `RegionTransform` (workers) draws everything `TrainTransform` draws, in the same order from the same random streams,
-so a seed gives the same `CropGeometry` on both paths; it sends the crop's region as uint8, decoded at 1/2, 1/4 or
-1/8 of the file's size where the crop stays at least the output size and shrunk by whole factors while it does, with a
-plan (or, with `decode='device'`, `--decode gpu`, a colour JPEG's bytes and the region's bounds on the full-size image,
-decoded a batch at a time on the device: nvJPEG on a GPU). `BatchAugment` (device) turns a batch of regions into model
-input: crop, resize, flip and RandAugment's rotate/shear/translate as one affine `grid_sample` per interpolation
-(timm's fill colour where the map leaves the crop), the colour ops layer by layer with Pillow's formulas on uint8
-values, then normalisation and random erasing. docs/speed.md tells how its images differ from the PIL path's.
-"""
+so a seed gives the same `CropGeometry` on both paths; it sends the crop's region as uint8 with a plan (with
+`decode='device'`, a colour JPEG's bytes, decoded a batch at a time on the device). `BatchAugment` (device) turns a
+batch of regions into model input with Pillow's formulas. docs/speed.md tells how its images differ from the PIL
+path's."""
 from __future__ import annotations
 
 import functools

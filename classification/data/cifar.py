@@ -1,14 +1,9 @@
 """CIFAR-10/100 from the standard Python archives, a held-out validation split, and the on-device input pipeline.
 
-The data sets are read from `cifar-10-python.tar.gz` / `cifar-100-python.tar.gz` (without extracting them) or
-from their extracted folders, `cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}` and
-`cifar-100-python/{train,test,meta}`: pickles holding `data` (uint8 [N, 3072], each row the R, G then B plane of
-a 32x32 image) and `labels` (CIFAR-100: `fine_labels`). The pickles are read with an unpickler that only builds
-NumPy arrays, so a tampered file cannot run code.
-
-Images stay 32x32 uint8 until they reach the device; there a batch is upsampled to the model resolution and, for
-training, randomly cropped from a zero-padded copy and flipped (the T2T-ViT transfer recipe), then normalised.
-"""
+The data sets are read from `cifar-10-python.tar.gz` / `cifar-100-python.tar.gz` (without extracting them) or from
+their extracted folders, with an unpickler that only builds NumPy arrays, so a tampered file cannot run code. Images
+stay 32x32 uint8 until they reach the device; there a batch is upsampled to the model resolution and, for training,
+randomly cropped from a zero-padded copy and flipped (the T2T-ViT transfer recipe), then normalised."""
 from __future__ import annotations
 
 import io

@@ -1,14 +1,8 @@
 """The embedded digits as a classification run's data, prepared on first use, each step skipped when its result is
-on disk and resumed when it was cut off:
-
-- `EmbeddedScans.image_data` and `annotation`: the scans folder, and a small CNN annotator (timm's `resnet10t`,
-  trained on the folder) with its token labels, which train_cls's first stages make (`prepare_embedded_data`): what
-  `tools/train_cls.py` trains on without --data-dir;
-- `EmbeddedScans.pretrained_backbone`: a model pretrained with token labeling on that data, which a segmentation
-  config on the embedded pages starts from when its ImageNet weights are not on disk (the *same* model: same name,
-  same model arguments; on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for LV-ViT-M): the first of the two stages
-  tools/train_seg.py runs there, kept for the next run.
-"""
+on disk and resumed when it was cut off: `EmbeddedScans.image_data` and `annotation` (the scans folder, and a small
+CNN annotator with its token labels: what `tools/train_cls.py` trains on without --data-dir), and
+`EmbeddedScans.pretrained_backbone` (a model pretrained with token labeling on that data, which a segmentation config
+on the embedded pages starts from when its ImageNet weights are not on disk)."""
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,8 @@
 """The embedded pages as a dense config's data: what tools/train_seg.py, tools/test_seg.py, predict_seg and the
 segmentation pictures run on when the config's data set is not on disk
-(`backbones.dense.run_data.EmbeddedSegData`).
-
-The config keeps its model, heads, pipelines and test modes; its task fits them to the pages, its schedule is
-replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
-disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`): the first stage of
-tools/train_seg.py (`classification.train_seg`), whose checkpoint the segmentation trainer then starts from.
-"""
+(`backbones.dense.run_data.EmbeddedSegData`). The config keeps its model, heads, pipelines and test modes; its task
+fits them to the pages, its schedule is replaced by one sized for minutes on 2 CPU cores, and its backbone, when the
+config's ImageNet weights are not on disk, is the same model pretrained on the embedded scans (`cls_data`)."""
 from __future__ import annotations
 
 import argparse

@@ -1,17 +1,10 @@
 """The epoch loop shared by ImageNet training and CIFAR transfer (`Fit`): train, validate, keep the best, checkpoint,
 resume.
 
-Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state), and `best.pth`
-(weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
-uninterrupted run, and refuses other settings than the run's, naming them. One EMA rule: with an EMA, the EMA is the
-run's model, which chooses `best.pth` and which both files hold as `state_dict` (and `state_dict_ema`); `last.pth` keeps
-the trained weights for the resume as `state_dict_trained`. SIGTERM or SIGUSR1 lets the current update finish, writes
-`last.pth` mid-epoch and exits with status 75 (`--checkpoint-minutes M`: such a checkpoint at most every M minutes); a
-resume continues at the next batch. Crash consistency: `last.pth` is the run's record, written before `best.pth`, each
-through a temporary file and a rename; on resume the leftovers are deleted and a lagging `best.pth` is rewritten from
-`last.pth` (`repair_best`, `repair_log`). docs/imagenet.md tells each in full (the EMA rule, preemption, crash
-consistency).
-"""
+Every epoch writes `last.pth` (everything a resume needs) and `best.pth` (weights only) when validation top-1
+improved; `--resume` continues from `last.pth` to the same losses as an uninterrupted run. With an EMA, the EMA is
+the run's model. SIGTERM or SIGUSR1 writes `last.pth` mid-epoch and exits with status 75. docs/imagenet.md tells
+each in full (the EMA rule, preemption, crash consistency)."""
 from __future__ import annotations
 
 import datetime

@@ -1,10 +1,8 @@
 """A process's memory as Linux accounts it: private (USS) and proportional (PSS) set sizes, and its children.
 
-RSS counts the pages a forked loader worker shares with its parent; USS counts only the pages the process has to
-itself. Of those, the dirty ones (`dirty`: copy-on-write copies of the parent's objects, the process's own heap) are
-what a worker adds to a machine's memory; the clean ones include file pages it alone maps, such as the token-label
-store's rows it has read through its own memory map, which the page cache holds once and can drop.
-"""
+USS counts only the pages the process has to itself; of those, the dirty ones (`dirty`: copy-on-write copies, its
+own heap) are what a forked loader worker adds to a machine's memory (the clean ones include file pages that the
+page cache holds once and can drop)."""
 from __future__ import annotations
 
 import ctypes

@@ -1,14 +1,11 @@
 """Training batches made ready ahead of their step: on the device, through the batch transform (the batched path's
 decoding and device half, CIFAR's upsampling and augmentation), with the objective's targets made before the forward.
 
-`Prefetcher` does it `DEPTH` batches ahead, on a GPU on a thread and a CUDA stream of their own: while the training
-thread queues one step, the next batches are copied, decoded and augmented beside it, and the step takes each through
-a stream event, so the training thread never waits for the device (on a CPU, where a thread would only compete with
-the step for the cores, in the same order on the training thread). Each batch's random draws come from
-a generator seeded with the batch's own key (the pass's seed and the batch's place in it), never from the process's
-streams that the training thread draws from: a batch prepared ahead, on another thread, in a resumed run or serially
-(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) draws the same, and on a CPU is the same bit for bit (on a
-GPU, to the rounding of the token targets' atomic sums)."""
+`Prefetcher` does it `DEPTH` batches ahead, on a GPU on a thread and a CUDA stream of their own (on a CPU in the same
+order on the training thread). Each batch's random draws come from a generator seeded with the batch's own key,
+never from the training thread's streams: a batch prepared ahead, in a resumed run or serially
+(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) draws the same. docs/speed.md ("The loop at the step's pace")
+tells the design."""
 from __future__ import annotations
 
 import contextlib

@@ -1,16 +1,10 @@
 """Experiment trackers beside TensorBoard: Weights & Biases (`--log-wandb`) and MLflow (`--log-mlflow`).
 
 Each is an optional extra of the package (`pip install .[wandb]`, `.[mlflow]`), imported only when asked for. The
-main process starts them (`start_trackers`) before the run's data is read and before anything else is written into
-its folder; a tracker that cannot start is one line, and what it wrote into the folder is removed. They log the run's
-settings (its args.yaml) once, the training scalars every `--log-interval` updates, each epoch's record and its
-pictures, and are closed at the run's end, or as stopped when the process ends without closing them (a run that
-failed after they started). A resumed run continues the same tracker run: its id is kept in the run folder
-(`wandb_id`, `mlflow_run_id`). Where the tracker writes is the client's own setting: wandb's `WANDB_MODE`,
-`WANDB_DIR` (default: the run folder) and login; MLflow's `MLFLOW_TRACKING_URI` (a server, or a database where the full
-`mlflow` package is installed; default here: a file store in the run folder, `OUTPUT/mlruns`, which `mlflow ui
---backend-store-uri OUTPUT/mlruns` shows: the extra, mlflow-skinny, has no database backend).
-"""
+main process starts them (`start_trackers`) before the run's data is read; a tracker that cannot start is one line,
+and what it wrote into the folder is removed. A resumed run continues the same tracker run (its id is kept in the
+run folder). Where the tracker writes is the client's own setting (wandb's `WANDB_MODE`, `WANDB_DIR`, default: the
+run folder; MLflow's `MLFLOW_TRACKING_URI`, default: `OUTPUT/mlruns`). docs/imagenet.md tells what they log."""
 from __future__ import annotations
 
 import os

@@ -5,13 +5,9 @@
     record = trainer.run(fit, train_loader, val_loader)
     return trainer.finish(metrics, 'done: ...')
 
-`start` builds timm's optimizer over `params` (Adam/AdamW fused into one kernel where the device has it) and its
-cosine schedule (stepped per update), mixed precision and its loss scaler, the EMA, channels-last weights and
-inputs for models with convolutions, `torch.compile` if asked (`training_state`, which the loop benchmark's steps
-share), restores a resumed run and records the run's settings (args.yaml); `run` is the epoch loop of `Fit`;
-`finish` writes the run's metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and
-what they report.
-"""
+`start` builds the optimizer, schedule, mixed precision, EMA and compiled model (`training_state`, which the loop
+benchmark's steps share) and restores a resumed run; `run` is the epoch loop of `Fit`; `finish` writes the run's
+metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and what they report."""
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,9 @@
 """What the models attend to: the attention of every block, attention rollout, CaiT's class attention, mean attention
 distance, and position-embedding similarity (the ViT paper's Fig. 6-7, CaiT's class-attention maps); and their figure.
 
-The blocks compute attention with `scaled_dot_product_attention`, which returns no weights, so `attention_maps`
-records each attention module's input during one forward and recomputes the weights from the module's own
-projections: timm's `Attention` (ViT/DeiT, LV-ViT, T2T-ViT), CaiT's talking-heads attention (the softmax of each
-head, after the first head mixing and before the second) and its class attention (the class token's query over
-itself and the patches).
-"""
+`scaled_dot_product_attention` returns no weights, so `attention_maps` records each attention module's input during
+one forward and recomputes the weights from the module's own projections (timm's `Attention`, CaiT's talking-heads
+and class attention)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

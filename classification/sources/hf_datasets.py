@@ -1,16 +1,8 @@
-"""A split saved by Hugging Face `datasets`: an image column (the `Image` feature) and a label column (`ClassLabel`),
-read map-style, each image by its row, as timm's `hfds/` reader reads one (`HuggingFaceDatasets`). An optional extra
-(`pip install '.[hf]'`): `datasets` is imported when such a split is read.
-
-A split SPLIT of a data folder D is read from the first of these that exists: `D/dataset_dict.json` (a `DatasetDict`
-saved with `save_to_disk`, the split `D/SPLIT/`), `D/SPLIT/state.json` (a `Dataset` saved as `D/SPLIT`), and
-`D/SPLIT-*.parquet` or `D/data/SPLIT-*.parquet` (the Hub's layout); the suite's `val` is the Hub's `validation` where no
-`val` is saved. Saved arrow files are memory-mapped as they are; parquet files are converted once into arrow files in
-`datasets`' cache (`HF_DATASETS_CACHE`) and memory-mapped from there. An image is named `SPLIT/ROW` (token-label stores
-key it so); the columns are `image` and `label`, else the only column of that feature; the classes are the
-ClassLabel's names in its order (its label numbers kept). docs/imagenet.md ("Hugging Face image data sets on disk")
-gives every rule.
-"""
+"""A split saved by Hugging Face `datasets` (`save_to_disk`, or the Hub's parquet files): an image column (the `Image`
+feature) and a label column (`ClassLabel`), read map-style, each image by its row, as timm's `hfds/` reader reads
+one (`HuggingFaceDatasets`). An optional extra (`pip install '.[hf]'`): `datasets` is imported when such a split is
+read. An image is named `SPLIT/ROW` (token-label stores key it so); the classes are the ClassLabel's names in its
+order. docs/imagenet.md ("Hugging Face image data sets on disk") gives every rule."""
 from __future__ import annotations
 
 import json

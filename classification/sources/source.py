@@ -1,13 +1,10 @@
 """The seam between a classification data set's storage and everything that reads it: a source lists one split (its
-classes, each image's name and label) and opens an image's bytes; the training and evaluation sets, label
-generation, the label store and exact resume see only that (`open_split`).
+classes, each image's name and label) and opens an image's bytes (`open_split`).
 
 An image's name is its path relative to the data folder in the ImageNet layout (`train/n01440764/x.JPEG`), whatever
-the storage: token-label stores key their rows by it, so labels made from one storage serve another. A source is a
-class registered with `register_source`; `open_split` asks each in turn whether the split is stored its way, by its
-`precedence` (lowest first; then in registration order), the default (class folders) last. A new storage is one
-module and one registration.
-"""
+the storage: token-label stores key their rows by it. A source is a class registered with `register_source`;
+`open_split` asks each in turn, by its `precedence` (lowest first; then in registration order), whether the split
+is stored its way, the default (class folders) last."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -1,17 +1,8 @@
-"""ImageNet-layout splits kept in tar files, read in place: a few large files instead of 1.28 million small ones
-(`Tars`, the source; `tar_index`, which the webdataset reader shares).
-
-A split SPLIT of a data folder D is read from the first of these that exists: `D/SPLIT/CLASS/*.JPEG` (class folders,
-`backbones.common.images`); `D/SPLIT/*.tar`, per-class tars (`CLASS.tar` of flat images; they may stand beside class
-folders) or shards of `CLASS/KEY.EXT` members; `D/SPLIT.tar`, one tar of class folders or of per-class tars (the
-original `ILSVRC2012_img_train.tar`); and D itself may be a tar, of the whole folder or, without the split level, the
-training split alone. Every image keeps the relative path it has in the folder layout
-(`train/n01440764/n01440764_10026.JPEG`), so token-label stores, generation and import work unchanged, and every entry
-is read or named in an error (a split folder's by `backbones.common.images.split_entries`). The tars are indexed once
-with Python's `tarfile` (each image's member, offset and size), the index cached beside the data or in
-`~/.cache/backbones/tar-index/` and rebuilt when a tar changes; an image is then one `os.pread` of its bytes
-(`TarMembers`). docs/imagenet.md ("ImageNet in tar files") gives every rule.
-"""
+"""ImageNet-layout splits kept in tar files, read in place (`Tars`, the source; `tar_index`, which the webdataset reader
+shares): per-class tars or shards in D/SPLIT/, one D/SPLIT.tar, or D itself a tar. Every image keeps the relative
+path it has in the folder layout (`train/n01440764/n01440764_10026.JPEG`), so token-label stores work unchanged; the
+tars are indexed once (the index cached, rebuilt when a tar changes) and an image is one `os.pread` of its bytes
+(`TarMembers`). docs/imagenet.md ("ImageNet in tar files") gives every rule."""
 from __future__ import annotations
 
 import functools

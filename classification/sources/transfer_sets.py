@@ -1,10 +1,7 @@
 """The fine-grained transfer sets of the DeiT, CaiT and ViT papers, read in the layouts they are published in
-(`Flowers102`, `StanfordCars`, `OxfordPets`, `INaturalist2018`, `INaturalist2019`): each a source (`ImageSource`) whose
-split `train` is the set's official training split and `val` its official test split (what the papers report), each
-image named by its path under the data folder (`jpg/image_00001.jpg`). Classes keep the set's own numbering (class 1
-first); a layout's files that are missing or do not read are one line naming the file and the layout. A folder
-holding any of a layout's annotation files is that layout's. docs/cifar.md lists each set's files and splits.
-"""
+(`Flowers102`, `StanfordCars`, `OxfordPets`, `INaturalist2018`, `INaturalist2019`): each a source whose split `train`
+is the set's official training split and `val` its official test split. Classes keep the set's own numbering; a
+layout's missing or unreadable file is one line naming it. docs/cifar.md lists each set's files and splits."""
 from __future__ import annotations
 
 import json

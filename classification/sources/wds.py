@@ -1,18 +1,9 @@
 """timm's and the Hub's webdataset shards read as published (timm's `--dataset wds/`, `timm/imagenet-1k-wds`;
-`WebDatasetShards`, asked before the tars): tars whose members are images `KEY.EXT` (.jpg, .jpeg, .png, .webp, ...)
-with `KEY.cls`, the class index as text, and/or `KEY.json`, a record whose `label` is the class index and whose
-`class_name`, where present, names the class.
-
-A split SPLIT of a data folder D is read from shards when `D/_info.json` (or `.yaml`, timm's data set information)
-names it under `splits`, else when D/SPLIT/ is a folder of such shards, else from D's tars named as timm's and the
-Hub's are (`SPLIT-*.tar`, `*-SPLIT-*.tar`); the split `val` is the Hub's `validation` where no `val` is there
-(`find_split`). The class index is the label (the info file's `alt_label` field where it names one; -1 there: left
-out); the classes are named by the info file, else the training split, else the samples (`class_names`). An image is
-named `SHARD.tar/KEY.EXT` relative to D, and a split lists class by class in the order the same files in class
-folders list in. The shards are indexed once as the tar reader indexes its tars (`tars.tar_index`, kept in
-`D/wds-SPLIT.index.npz` or the user's cache); each image is then one pread, map-style. docs/imagenet.md ("Webdataset
-shards as timm and the Hub publish them") gives every rule.
-"""
+`WebDatasetShards`, asked before the tars): tars of images `KEY.EXT` with `KEY.cls` and/or `KEY.json` (its `label`).
+A split is found by `D/_info.json` (or `.yaml`), a folder D/SPLIT/ of shards, or D's tars named as timm's and the
+Hub's are (`find_split`). An image is named `SHARD.tar/KEY.EXT` relative to D; the shards are indexed once as the
+tar reader indexes its tars, and each image is one pread, map-style. docs/imagenet.md ("Webdataset shards as timm
+and the Hub publish them") gives every rule."""
 from __future__ import annotations
 
 import json

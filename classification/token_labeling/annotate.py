@@ -1,14 +1,9 @@
 """Dense label generation: a machine annotator's top-k class scores at every position of every training image.
 
-Which image the map describes: the WHOLE image, resized (not cropped) to the annotator's square input. Training
-crops are RandomResizedCrop boxes anywhere in the whole image, so the map must cover all of it, and its [0, 1]
-coordinates must be the image's: a centre-cropped map (the reference code's) has no labels for the borders the
-crops do see, and puts every label at the wrong place. Squashing the aspect ratio costs the annotator a little
-accuracy; it keeps every map the same shape, which the packed store needs.
-
-The store is written in shards of rows; each process of a torchrun job takes every world_size-th shard and
-marks it done after flushing, so a second run with the same arguments only does the shards not yet marked.
-"""
+The map describes the WHOLE image, resized (not cropped) to the annotator's square input, so that training crops
+anywhere in it find their labels (docs/imagenet.md tells why). The store is written in shards of rows; each process
+of a torchrun job takes every world_size-th shard and marks it done after flushing, so a second run with the same
+arguments only does the shards not yet marked."""
 from __future__ import annotations
 
 import math

@@ -1,17 +1,11 @@
 """The token-label store: every image's top-k dense scores in one packed, memory-mapped file pair (`TokenLabelStore`,
 `open_store`; written shard by shard by `StoreWriter`, `write_label_store`).
 
-A store folder holds `meta.json` (every value that shapes the store, and the preprocessing); `paths.txt` (one image
-path a line, relative to the data folder: line i is row i); `scores.npy`, float16 (N, h, w, k), the annotator's top-k
-logits at every map position, best first; `classes.npy`, int16 (int32 past 32767 classes) (N, h, w, k), their class
-indices; `extent.npy` only where a map does not cover its whole image, float32 (N, 4), the box it covers, x1, y1, x2,
-y2 in [-1, 1]; `done/`, one marker per finished shard of rows (its row range, the SHA-256 of its rows and of its lines
-of `paths.txt`), so that generation and import resume and an opened store is verified row by row; and
-`verified.json`, each file's size, modification time and inode when the store last verified, so that it is not read
-again while none changed. The arrays are opened lazily with `np.load(mmap_mode='r')` in each process that reads them
-and the image list is a `PathList`: no process holds the whole store in memory, and nothing large is pickled.
-docs/imagenet.md tells how a store is generated, verified and read.
-"""
+A store folder holds `meta.json`, `paths.txt` (line i names row i), `scores.npy` (float16 (N, h, w, k) top-k logits,
+best first), `classes.npy` (their class indices), `extent.npy` where a map does not cover its whole image, `done/`
+(one marker per finished shard, with its digests: generation resumes and an opened store is verified) and
+`verified.json`. The arrays are opened lazily in each process that reads them: no process holds the whole store in
+memory, and nothing large is pickled. docs/imagenet.md tells how a store is generated, verified and read."""
 from __future__ import annotations
 
 import hashlib

@@ -1,15 +1,10 @@
 """The released dense-label sets, imported into the suite's packed store (`import_released_labels`).
 
-Two releases, one `<wnid>/<image stem>.pt` file per ImageNet training image, each a tensor [2, k, h, w]: `[0]` the
-top-k scores of every map position (logits, best first), `[1]` their class indices (ImageNet's sorted-wnid order,
-stored as floats). `tokenlabeling`, the LV-ViT authors' NFNet-F6 maps ([2, 5, 18, 18], float16), covers each image's
-centre square: the store records that box per image (`extent.npy`, from the image's header) and the target builder
-places the map there. `relabel`, ReLabel's EfficientNet-L2 maps ([2, 5, 15, 15]), covers the whole image resized to a
-square, as the suite's own maps. Every file is checked, the release's class folders must be the data folder's
-classes, and images without a file are refused unless `skip_missing` gives them an empty row; the import is written
-shard by shard and resumes like generation (`write_label_store`). docs/imagenet.md ("The released label sets") gives
-where to get them and every check.
-"""
+Two releases, one `<wnid>/<image stem>.pt` file per ImageNet training image, each a tensor [2, k, h, w] of top-k
+scores and class indices: `tokenlabeling` (the LV-ViT authors' NFNet-F6 maps, covering each image's centre square,
+recorded per image in `extent.npy`) and `relabel` (ReLabel's EfficientNet-L2 maps of the whole image). Every file
+is checked; the import is written shard by shard and resumes like generation (`write_label_store`).
+docs/imagenet.md ("The released label sets") gives where to get them and every check."""
 from __future__ import annotations
 
 import os
