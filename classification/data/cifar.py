@@ -148,7 +148,6 @@ def _read_files(data_dir: Path, fmt: CifarFormat) -> tuple[Files, Path]:
 
 
 def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
-    """Both splits and the class names of `dataset` ('cifar10' or 'cifar100') from `data_dir`."""
     if dataset not in FORMATS:
         raise UsageError(f'unknown data set {dataset!r}; choose from {", ".join(FORMATS)}')
     fmt = FORMATS[dataset]
@@ -230,14 +229,10 @@ def bilinear_matrix(out_size: int, in_size: int) -> torch.Tensor:
 class CifarInput:
     """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`.
 
-    Bilinear upsampling, then for training a random crop from the upsampled image zero-padded by `padding`
-    (default `img_size // 8`: 28 px at 224, as T2T-ViT's transfer recipe) and a horizontal flip with probability
-    `hflip`. Resampling is separable and linear, so all of it is two small matrix products per image: rows
-    `R_b = U[dy_b : dy_b + S]` and columns `C_b = U[dx_b : dx_b + S]` (reversed when flipped) of the upsampling
-    matrix U framed by `padding` zero rows, and `out_b = R_b x_b C_b^T`; no full-size intermediate is written.
-    The random offsets come from a CPU generator seeded with the batch's `seed` (torch's own without one), so a run
-    is reproducible on any device and resumable, and a batch prepared ahead on another thread draws the same.
-    """
+    Bilinear upsampling, then for training a random crop from the upsampled image zero-padded by `padding` (default
+    `img_size // 8`, as T2T-ViT's transfer recipe) and a horizontal flip with probability `hflip`: two small matrix
+    products per image (resampling is separable and linear), no full-size intermediate. The random offsets come from a
+    CPU generator seeded with the batch's `seed`, so a run is reproducible on any device and resumable."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
                  hflip: float = 0.5, padding: int | None = None, in_size: int = 32) -> None:
@@ -250,8 +245,8 @@ class CifarInput:
 
     @staticmethod
     def data_config(img_size: int, mean: Sequence[float], std: Sequence[float]) -> dict:
-        """This evaluation input in timm's data-config keys, for images of any size: the shorter side resized
-        (bilinear) to img_size, the centre square kept (on CIFAR's square images, the whole image), normalised."""
+        """This evaluation input in timm's data-config keys, for images of any size (on CIFAR's
+        square images, the whole image)."""
         return {'input_size': (3, img_size, img_size), 'crop_pct': 1.0, 'crop_mode': 'center',
                 'interpolation': 'bilinear', 'mean': tuple(mean), 'std': tuple(std)}
 

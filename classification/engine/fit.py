@@ -74,7 +74,6 @@ def resume_path(resume: str | None, output: Path) -> Path | None:
 
 
 def gather_objects(value, info: DistInfo) -> list:
-    """`value` of every process (index = rank)."""
     if not info.distributed:
         return [value]
     values = [None] * info.world_size
@@ -101,16 +100,14 @@ STEP_LINE = re.compile(r'\bupdate (\d+)  batch \d')  # what `step_line` writes f
 
 
 def update_of_step_line(line: str) -> int | None:
-    """The update count a training log line (`step_line`, as the logger prints it) reports, or None for other
-    lines."""
+    """The update count a `step_line` reports, or None for other lines."""
     found = STEP_LINE.search(line)
     return None if found is None else int(found[1])
 
 
 class RunLog:
-    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for
-    (started, `trackers.start_trackers`), written by the main process only; and, after every validation, the run's
-    `pictures` (drawn without touching the random streams the run continues with)."""
+    """log.jsonl with summary.csv, TensorBoard scalars and the `trackers`, written by the main process only; and,
+    after every validation, the run's `pictures` (drawn without touching the run's random streams)."""
 
     def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None,
                  trackers: Sequence[Tracker] = ()) -> None:
@@ -160,7 +157,6 @@ class RunLog:
         logger.info('  '.join(parts))
 
     def close(self, finished: bool = True) -> None:
-        """The run ended (`finished`), or stopped to be resumed."""
         if self.writer is not None:
             self.writer.close()
         for tracker in self.trackers:
@@ -230,8 +226,7 @@ class Fit:
         logger.info(f'resumed {resume} after {self.epochs_done} epoch(s){where}')
 
     def run(self, train_loader, val_loader: Iterable[dict], num_epochs: int, runlog: RunLog) -> dict:
-        """Train the epochs after `epochs_done` up to `num_epochs`, validating and checkpointing each; the last
-        record."""
+        """Train the epochs after `epochs_done` up to `num_epochs`; the last record."""
         info = self.info
         train_model = DistributedDataParallel(
             self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
@@ -247,7 +242,7 @@ class Fit:
     def run_epoch(self, train_model: nn.Module, epoch: int, num_epochs: int, train_loader,
                   val_loader: Iterable[dict], runlog: RunLog, stops: StopRequests, agreement: LaggingSum) -> None:
         """One epoch (or the rest of one), its validation and checkpoint; mid-epoch checkpoints and the stop on a
-        signal after updates (see the module docstring), agreed on by all processes through `agreement`."""
+        signal agreed on by all processes through `agreement`."""
         info, state = self.info, self.state
         started, updates = time.time(), state.num_updates
         progress, rng = self.resume_progress, self.resume_rng
@@ -302,8 +297,7 @@ class Fit:
         runlog.epoch(record)
 
     def save(self, epochs_done: int, is_best: bool, progress: EpochProgress | None = None) -> None:
-        """last.pth after `epochs_done` epochs and, mid-epoch, the `progress` of the next one; best.pth too when
-        `is_best`."""
+        """last.pth after `epochs_done` epochs (mid-epoch: with the next one's `progress`); best.pth if `is_best`."""
         rng = gather_rng_states(self.info)
         if progress is not None:
             progress.settle()
@@ -331,8 +325,7 @@ class Fit:
 
 
 def best_checkpoint(last: dict) -> dict:
-    """What best.pth holds: the model of a last.pth (not its trained weights where its model is the EMA), its epoch,
-    metrics and settings."""
+    """What best.pth holds: the model of a last.pth, its epoch, metrics and settings."""
     return {k: v for k, v in last.items()
             if k in ('state_dict', 'state_dict_ema', MODEL_WEIGHTS, ARCHITECTURE, 'epochs_done', 'metrics', 'args')}
 
