@@ -245,8 +245,8 @@ class CifarInput:
 
     @staticmethod
     def data_config(img_size: int, mean: Sequence[float], std: Sequence[float]) -> dict:
-        """This evaluation input in timm's data-config keys, for images of any size (on CIFAR's
-        square images, the whole image)."""
+        """This evaluation input in timm's data-config keys, for images of any size: the shorter side resized
+        (bilinear) to img_size, the centre square kept (on CIFAR's square images, the whole image), normalised."""
         return {'input_size': (3, img_size, img_size), 'crop_pct': 1.0, 'crop_mode': 'center',
                 'interpolation': 'bilinear', 'mean': tuple(mean), 'std': tuple(std)}
 

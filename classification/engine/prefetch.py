@@ -119,17 +119,12 @@ class BatchPreparation:
 
 
 class Prefetcher:
-    """`prefetch(batches, seed, first)` yields each batch ready for its step, prepared `depth` batches ahead on a
-    GPU's thread and stream of their own (handed over through its event: the training stream waits on the device,
-    not the host), on a CPU's training thread; depth 0: serially, on the training thread and stream, the targets
-    made in the loss.
+    """`prefetch(batches, seed, first)` yields each batch ready for its step, prepared `depth` batches ahead (module
+    docstring); depth 0: serially, on the training thread and stream, the targets made in the loss.
 
-    Batch n of the pass (counted from `first`, where a resumed pass starts) draws from `hash_seed(seed, n)`. The
-    loader is read on the training thread (without worker processes it reads the images there, between the
-    training's own draws, which it puts back). The first batch is prepared alone: the objective learns the model's
-    token grid from its forward and makes the next batches' targets ahead on it. A batch that fails to prepare (a
-    file the device's decoder refuses) raises when its turn comes, after the batches before it were trained on; an
-    error of the loader itself raises at once, the batches already prepared untrained."""
+    Batch n of the pass (counted from `first`) draws from `hash_seed(seed, n)`. The first batch is prepared alone:
+    the objective learns the model's token grid from its forward. A batch that fails to prepare raises when its turn
+    comes, after the batches before it were trained on; an error of the loader itself raises at once."""
 
     def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
                  depth: int = DEPTH, thread: bool | None = None) -> None:

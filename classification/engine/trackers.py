@@ -32,8 +32,7 @@ class Tracker(Protocol):
 
 
 def run_id(output: Path, name: str, make: Callable[[], str]) -> str:
-    """The tracker run id kept in OUTPUT/`name` (made by `make()` on the run's first start, or where the file holds
-    none)."""
+    """The tracker run id kept in OUTPUT/`name`, made by `make()` where there is none."""
     path = output / name
     if path.exists() and (kept := path.read_text().strip()):
         return kept
@@ -104,9 +103,8 @@ class MlflowTracker:
 
 
 class StartedTrackers:
-    """The tracker runs of one training run as one Tracker: each call goes to every one. They are closed once; the
-    process closes them as stopped where it ends (or drops them) without closing them: a run that failed after they
-    started does not stay running in its tracker."""
+    """The tracker runs of one training run as one Tracker. They are closed once; where the process ends without
+    closing them they are closed as stopped."""
 
     def __init__(self, runs: list[Tracker]) -> None:
         self.runs = runs

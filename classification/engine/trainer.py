@@ -95,8 +95,7 @@ class RunOptions:
                    command=command, settings=settings, **taken)
 
     def global_batch(self, batch_size: int, world_size: int) -> int:
-        """Images per optimizer update: the batch of each process, times the processes, times the batches
-        accumulated."""
+        """Images per optimizer update, over all processes and accumulated batches."""
         return batch_size * world_size * self.grad_accum_steps
 
 
@@ -109,8 +108,7 @@ def run_settings(args: argparse.Namespace, recipe: object) -> dict:
 def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
                         recipe_choices: Sequence[str] = ()) -> argparse.Namespace:
     """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them);
-    `recipe_choices`, the options that choose a recipe rather than set its values, are refused with it: the file
-    holds every value of the recipe resolved, which they would not change."""
+    `recipe_choices` are refused with it, as the file holds the recipe resolved."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--config')
@@ -128,8 +126,7 @@ def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
 
 def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str
                              ) -> argparse.Namespace:
-    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file; the
-    values parsed."""
+    """An args.yaml's values, checked as typed ones are; a value this version refuses names the file."""
     def refuse(message: str) -> None:
         raise DataError(f'--config {source}: {message}')
     parser.error = refuse  # for this parse only: argparse's own would print the usage and exit
@@ -141,10 +138,8 @@ def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str
 
 def parse_over_recorded(parser: argparse.ArgumentParser, argv: list[str], recorded_values: argparse.Namespace,
                         recorded: list[str], source: str) -> argparse.Namespace:
-    """The options typed (`argv`) over an args.yaml's values: each typed one replaces the file's. They are parsed
-    apart from the file's, so that the checks of a command line see what was typed (an alias typed after --config
-    overrides the file's value of its setting). The positional arguments (the model) are the file's: another one
-    typed is a UsageError saying so, the same one passes."""
+    """The options typed (`argv`) over an args.yaml's values, parsed apart from the file's so that the checks of a
+    command line see what was typed. The positional arguments are the file's: another one typed is a UsageError."""
     positionals = [action.dest for action in parser._actions if not action.option_strings]
     given = recorded[:len(positionals)]  # `run_arguments` gives them first
     namespace, rest = parser.parse_known_args(given + argv, recorded_values)
@@ -221,9 +216,8 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
 
 @dataclass(frozen=True)
 class Optimization:
-    """How a run optimises: timm's optimizer `opt` at `lr` (for the global batch; parameter groups may set their
-    own), timm's cosine schedule over `epochs` with warm-up and cooldown, gradient clipping, and the EMA's decay
-    (0: none)."""
+    """How a run optimises: timm's optimizer `opt` at `lr` (for the global batch), timm's cosine schedule with
+    warm-up and cooldown, gradient clipping, and the EMA's decay (0: none)."""
 
     opt: str
     lr: float
@@ -273,9 +267,8 @@ def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float |
 
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
                        updates_per_epoch: int, amp: str, fused: bool = True) -> tuple[StepState, int]:
-    """timm's optimizer over `params` (a model, or parameter groups; `fused` into one kernel where it can be) and its
-    cosine schedule stepped per update, the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the
-    epochs the schedule spans."""
+    """timm's optimizer over `params` (fused where it can be) and its cosine schedule stepped per update, the fp16
+    loss scaler and the EMA of `model`; and the epochs the schedule spans."""
     o = optimization
     fused = {'fused': True} if fused and o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
     if o.layer_decay and isinstance(params, nn.Module):
@@ -291,7 +284,6 @@ def optimization_state(model: nn.Module, params: nn.Module | list, optimization:
 
 
 def use_grad_checkpointing(model: nn.Module) -> None:
-    """Turn on the model's gradient checkpointing (timm's `set_grad_checkpointing`)."""
     target = bare_model(model)
     if not hasattr(target, 'set_grad_checkpointing'):
         raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
@@ -300,8 +292,7 @@ def use_grad_checkpointing(model: nn.Module) -> None:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How a training step runs besides its precision: the trainer's defaults, which the loop benchmark turns off one
-    by one."""
+    """How a training step runs besides its precision; the loop benchmark turns them off one by one."""
 
     fused_optimizer: bool = True  # Adam/AdamW in one kernel where the device has it
     channels_last: bool = True  # for models with convolutions
@@ -336,12 +327,9 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
 
 
 class Trainer:
-    """One training run of a classification application: see the module docstring."""
-
     def __init__(self, options: RunOptions, info: DistInfo) -> None:
-        """The run's folder made and its trackers started (`trackers.start_trackers`), the first things a run does: a
-        tracker that cannot start is refused before any data is read, and leaves nothing in the folder (nor the
-        folder, where the run made it)."""
+        """The run's folder made and its trackers started, the first things a run does: a tracker that cannot start
+        is refused before any data is read, and leaves nothing behind."""
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
         self.trackers = StartedTrackers([])
@@ -357,9 +345,8 @@ class Trainer:
 
     @contextlib.contextmanager
     def refusals_undone(self) -> Iterator[None]:
-        """A part of the run before `start` has begun or restored it (its store, data, model): stopped there by
-        anything (a data error found while a split is read, Ctrl-C), the run leaves its folder as it found it: its
-        trackers closed as stopped, what it added removed (the folder itself, where the run made it)."""
+        """Stopped by anything before `start` (a data error, Ctrl-C), the run leaves its folder as it found it: its
+        trackers closed as stopped, what it added removed."""
         try:
             yield
         except BaseException:
@@ -379,9 +366,8 @@ class Trainer:
     def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
               config: dict, updates_per_epoch: int, train_transform: BatchTransform | None = None,
               eval_transform: BatchTransform | None = None) -> Fit:
-        """The run's optimisation state for `model` (its parameters: `params`, a model or timm parameter groups),
-        restored from the resume point if there is one. `config` is stored in every checkpoint; a resume with other
-        values is refused. `updates_per_epoch` counts batches; with accumulation, updates are fewer."""
+        """The run's optimisation state for `model` (its parameters: `params`), restored from the resume point if
+        there is one; a resume with another `config` is refused. `updates_per_epoch` counts batches."""
         accumulate = self.options.grad_accum_steps
         if updates_per_epoch < accumulate:
             raise DataError(f'--grad-accum-steps {accumulate}: an epoch has only {updates_per_epoch} batch(es) per '
@@ -405,8 +391,7 @@ class Trainer:
         return fit
 
     def record_settings(self) -> None:
-        """OUTPUT/args.yaml, on a run's first start, once its data and model are there (a run refused before writes
-        none)."""
+        """OUTPUT/args.yaml, on a run's first start, once its data and model are there."""
         o = self.options
         if self.info.is_main and o.settings is not None and not (self.resume and (o.output / ARGS).exists()):
             write_run_args(o.output, o.command, o.settings)
