@@ -66,7 +66,6 @@ class PathList(Sequence[str]):
         return self._hashes, self._order
 
     def position(self, path: str) -> int:
-        """The first position of `path`, or -1."""
         hashes, order = self._table()
         encoded = path.encode(*ENCODING)
         key = np.uint64(path_hash(encoded))

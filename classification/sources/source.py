@@ -42,8 +42,6 @@ class Listing:
 
 
 class ImageSource(ABC):
-    """A way a classification data set is stored."""
-
     name: ClassVar[str]  # in words, for messages: 'class folders'
     default: ClassVar[bool] = False  # asked last: it lists any folder
     # asked in this order, lowest first: a storage another source would misread as its own is asked before it
@@ -52,9 +50,8 @@ class ImageSource(ABC):
     @abstractmethod
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
                    classes_from: str) -> Listing | None:
-        """The split of `data_dir` if it is stored this way (else None): its classes (`classes`, those of
-        `classes_from`, where given: a split lacking one lists it empty, one of its own is an error), its images in
-        a fixed order and their reader."""
+        """The split if it is stored this way (else None): its classes (`classes` where given: one of its own is an
+        error), its images in a fixed order and their reader."""
 
     def split_classes(self, data_dir: Path, split: str) -> list[str] | None:
         """The split's classes, sorted, if it is stored this way (else None)."""

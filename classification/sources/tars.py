@@ -65,9 +65,8 @@ class MemberFile(io.BytesIO):
 
 @dataclass(frozen=True)
 class TarSplit:
-    """The tars holding a split: `whole` where they are the data folder's own tar (the split a top-level folder in
-    it), `folder` where they are a folder's tars (a tar of flat images there is one class), with that folder's
-    class `folders` beside them; `index` is where their index is kept beside them."""
+    """The tars holding a split: `whole` (the data folder's own tar) or `folder` (a folder's tars, with its class
+    `folders` beside them); `index` is where their index is kept."""
 
     tars: list[Path]
     whole: bool
@@ -77,8 +76,7 @@ class TarSplit:
 
 
 def split_tars(data_dir: Path, split: str) -> TarSplit | None:
-    """The tars of `split` of `data_dir`; None where the split is class folders alone (or nothing: the folder
-    reader says what is missing)."""
+    """The tars of `split` of `data_dir`; None where the split is class folders alone (or nothing)."""
     if data_dir.is_file():
         return TarSplit([data_dir], True, False, data_dir.with_name(data_dir.name + '.index.npz'))
     folder = data_dir / split
@@ -101,9 +99,8 @@ def cache_location(beside: Path) -> Path:
 
 
 def tars_key(tars: Sequence[Path]) -> str:
-    """What the index was built from: each tar's name, size, modification time, inode and status-change time (a
-    changed tar rebuilds it). The last two change whenever a tar is replaced, even by one of the same size whose
-    time was set back (`cp -p`, `touch -r`, rsync): a copy is indexed again."""
+    """What the index was built from: each tar's name, size, modification time, inode and status-change time, so that
+    a replaced or copied tar is indexed again."""
     stats = [p.stat() for p in tars]
     return json.dumps([INDEX_VERSION] + [[p.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns]
                                          for p, s in zip(tars, stats)])
@@ -123,11 +120,10 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
                   out: tuple[list[str], list[int], list[int]], nested: bool,
                   sidecars: list[tuple[str, bytes]] | None = None) -> None:
-    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` (`size`
-    bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`. Other members
-    (`.cls`, `.json`) are not read, but a tar the reader does not take (compressed, misnamed, a third level) and a
-    tar holding no image are errors naming them: a class would be lost. With `sidecars` (a webdataset shard's
-    index) the label members are read into it, (name, content), and any other member is an error naming it."""
+    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` to `out`;
+    a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`. A tar the reader does not take
+    and a tar holding no image are errors naming them; with `sidecars` the label members are read into it, and any
+    other member is an error."""
     names, offsets, sizes = out
     links, others, before = [], set(), len(names)
     try:
@@ -179,9 +175,8 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
 
 
 def build_index(tars: Sequence[Path], shards: bool = False) -> dict[str, np.ndarray]:
-    """The images of `tars`: names (relative to their tar, nested tars as folders), tar numbers, offsets, sizes.
-    `shards`: webdataset shards (no nested tars), whose label members are kept too (`side_*`: their tar numbers,
-    names and contents)."""
+    """The images of `tars`: names (relative to their tar), tar numbers, offsets, sizes; `shards`: webdataset shards,
+    whose label members are kept too (`side_*`)."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
@@ -229,8 +224,7 @@ def write_index(index: dict[str, np.ndarray], beside: Path) -> Path:
 
 
 def tar_index(found: TarSplit, shards: bool = False) -> dict[str, np.ndarray]:
-    """The index of the split's tars (`shards`: webdataset shards, see `build_index`), read from beside them or from
-    the cache, or built (once) and stored."""
+    """The index of the split's tars, read from beside them or the cache, or built (once) and stored."""
     key = tars_key(found.tars)
     for place in (found.index, cache_location(found.index)):
         if (index := read_index(place, key)) is not None:
@@ -258,10 +252,8 @@ def open_files_allowed() -> int:
 
 
 class TarMembers:
-    """Where each image of a listing is: its tar, offset and size (NumPy arrays, shared with forked loader workers;
-    the tar `ON_DISK` for an image of a class folder beside the tars, which `TarReader.open` reads as a file). A tar is
-    opened on its first read in a process (`os.pread` reads at an offset: a descriptor inherited by forked workers
-    serves them all)."""
+    """Where each image of a listing is: its tar (`ON_DISK`: a file of a class folder), offset and size, in NumPy
+    arrays. A tar is opened on its first read in a process."""
 
     def __init__(self, tars: Sequence[str], tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> None:
         self.tars, self.tar, self.offset, self.size = list(tars), tar, offset, size
@@ -298,10 +290,8 @@ class TarMembers:
 # ----------------------------------------------------------------------------------------------------- the listing
 
 def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folders: bool) -> tuple[str, str] | None:
-    """(class, file name) of an image of the index (relative to `tar`, one of `found`'s), None where it is another
-    split's or in a hidden folder (not a class, as on disk); a DataError where it is in no class folder or below one.
-    `split_folders`: a whole data set's tar holds its splits as folders (`SPLIT/CLASS/FILE`), so that an image
-    directly in one (a flat test split) is in no class folder."""
+    """(class, file name) of an image of the index, None where it is another split's or in a hidden folder; a
+    DataError where it is in no class folder or below one (`split_folders`: the tar holds `SPLIT/CLASS/FILE`)."""
     parts = name.split('/')
     if found.whole and len(parts) == 3:
         return (parts[1], parts[2]) if parts[0] == split else None
@@ -325,12 +315,9 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
 
 
 def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
-    """Each tar of a split folder holds one layout, as its images show (`first`: (tar, 0) -> its first flat image,
-    (tar, 1) -> its first image in a class folder not named as the tar): flat, a per-class tar whose name is the
-    class, or in class folders, a webdataset shard (`CLASS/KEY.EXT`); images in a folder named as their tar
-    (`tar cf n003.tar n003/`) are its class either way. A folder's tars all hold the same one, and beside class
-    folders only per-class tars stand: a tar of another layout would make its folder a class (`images/`) or its
-    flat images one (the shard's name)."""
+    """Each tar of a split folder holds one layout, as its images show (`first`): flat, a per-class tar, or a
+    webdataset shard; a folder's tars all hold the same one, and beside class folders only per-class tars stand (a
+    tar of another layout would make a wrong class)."""
     for number, tar in enumerate(found.tars):
         if (number, 0) in first and (number, 1) in first:
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '
@@ -411,8 +398,6 @@ class TarReader:
 
 @register_source
 class Tars(ImageSource):
-    """A split in tars (and the class folders beside them): read in place, each image one pread."""
-
     name = 'tars'
     precedence = 20
 

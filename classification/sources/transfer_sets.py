@@ -37,12 +37,10 @@ class TransferLayout(ImageSource):
         return any(self.where(data_dir, name).exists() for name in self.files[:self.markers])
 
     def marker(self, data_dir: Path) -> Path:
-        """The first of the layout's annotation files in `data_dir`."""
         return next(self.where(data_dir, name) for name in self.files[:self.markers]
                     if self.where(data_dir, name).exists())
 
     def where(self, data_dir: Path, name: str) -> Path:
-        """Where the layout's file `name` lies in `data_dir`."""
         return data_dir / name
 
     def check(self, data_dir: Path) -> None:
@@ -77,9 +75,8 @@ class TransferLayout(ImageSource):
         """The classes (in the set's numbering) and both splits' (image name, label)."""
 
     def check_images_present(self, data_dir: Path, samples: list[tuple[str, int]]) -> None:
-        """Every image the split lists is a file under `data_dir`, checked before any work (one listing of each
-        folder: iNaturalist's 437,513 images in seconds); else a missing one was found only when first read, after
-        an epoch of training."""
+        """Every image the split lists is a file, checked before any work (one listing of each folder), not found
+        missing after an epoch."""
         by_folder: dict[str, list[str]] = defaultdict(list)
         for name, _ in samples:
             folder, _, file = name.rpartition('/')

@@ -31,8 +31,7 @@ PEEK = 8  # members of a split folder's first tar read to tell shards from per-c
 
 @dataclass(frozen=True)
 class ShardSplit:
-    """A split's shards and what is known of them: `entry` the info file's record of the split (its counts), `info`
-    the whole file (its classes), `info_file` where it is (None without one)."""
+    """A split's shards with the info file's record of it (`entry`), the whole file and its path."""
 
     name: str
     shards: list[Path]
@@ -194,9 +193,8 @@ def find_split(data_dir: Path, split: str) -> ShardSplit | None:
 
 
 def check_numbering(shards: Sequence[Path]) -> None:
-    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, `...-0001.tar`, ...) without a number skipped:
-    a gap is a shard an interrupted download left out, whose images would silently be missing (without an info file
-    nothing gives the count, so a missing first or last shard cannot be told)."""
+    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, ...) without a number skipped (a shard an
+    interrupted download left out)."""
     numbers = {int(match[1]): shard for shard in shards if (match := SHARD_NUMBER.search(shard.name))}
     if len(numbers) != len(shards) or not numbers:
         return  # not all numbered: nothing to tell
@@ -283,10 +281,8 @@ def class_count(found: ShardSplit, classes: Sequence[str] | None, classes_from: 
 
 def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
                 named: dict[int, tuple[str, str]]) -> list[str]:
-    """The class list, in index order: the given or the info file's names, the samples' `class_name` (`named`: index
-    -> (name, where)) for the classes unnamed there, the index zero-padded to the width of the largest for the rest
-    (`000` ... `999`, which sort as the indices do). A sample's name that differs from the list's is an error, never a
-    relabelling."""
+    """The class list in index order: the given or the info file's names, the samples' `class_name` for the rest,
+    else the zero-padded index; a sample's name that differs is an error."""
     listed = list(given) if given is not None else found.info.get('classes')
     width = len(str(count - 1))
     names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{width}d}' for i in range(count)]
@@ -326,9 +322,8 @@ def index_strings(index: dict[str, np.ndarray], buffer: str, ends: str) -> list[
 
 def read_samples(found: ShardSplit, index: dict[str, np.ndarray], members: Sequence[str],
                  alt_label: str | None) -> dict[tuple[int, str], Sample]:
-    """Each (shard number, key) of the index (its image `members`) with its image and labels; an image or a label
-    alone, two images under one key, and a key in two shards (a shard copied in twice, its images read twice) are
-    errors naming the shards and the key."""
+    """Each (shard number, key) of the index with its image and labels; an image or label alone, two images under one
+    key and a key in two shards are errors naming them."""
     samples: dict[tuple[int, str], Sample] = {}
     shard_of: dict[str, int] = {}
     for position, (member, number) in enumerate(zip(members, index['tar'].tolist())):
