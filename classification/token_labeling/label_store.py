@@ -62,9 +62,8 @@ def list_digest(paths: Sequence[str]) -> str:
 
 
 def read_paths(root: Path) -> list[str]:
-    """The store's image list, one path a line: only the line feed ends a line (a name may hold U+2028, say, which
-    `splitlines` would break). Names are the file system's bytes (UTF-8, or undecodable bytes as Python's
-    surrogate escapes), so a Latin-1 name is listed and found again."""
+    """The store's image list: only the line feed ends a line (`splitlines` would break at U+2028); names are the
+    file system's bytes (surrogate escapes), so a Latin-1 name is found again."""
     return (root / PATHS).read_text(encoding='utf-8', errors='surrogateescape').split('\n')[:-1]
 
 
@@ -96,10 +95,8 @@ def store_arrays(root: Path, mode: str = 'r') -> list[np.ndarray]:
 
 def verify_rows(root: Path, paths: Sequence[str], shard_size: int, arrays: Sequence[np.ndarray], fix: str,
                 unwritten_fix: str | None = None) -> list[str]:
-    """Every shard marked done for its own rows, with the digests its rows (and its lines of `paths.txt`, where the
-    marker records them) have now; returns the paths the markers list as skipped. `fix` ends each error message
-    (`unwritten_fix`, where given, that of a shard not marked). The shards are hashed by threads (hashlib releases
-    the GIL)."""
+    """Every shard marked done, with the digests its rows (and its lines of `paths.txt`) have now; returns the paths
+    the markers list as skipped. `fix` (`unwritten_fix` for a shard not marked) ends each error message."""
     shards = shard_ranges(len(paths), shard_size)
 
     def check(i: int) -> list[str]:
@@ -144,11 +141,9 @@ def record_verification(root: Path, stamps: dict[str, list[int]]) -> None:
 
 
 class TokenLabelStore:
-    """Reads a store: `row_of(path)`, `rows_of(paths)`, `read(row) -> (scores (h, w, k) float16, classes (h, w, k))`,
-    `extent(row)` and `has_map(row)`. Opening it checks it against its own record (`verify`, default): the image
-    list against its hash, every row against its shard's digest, unless `verified.json` shows it verified with its
-    files as they are; `verify=False` skips that for a store just checked (`open_store`: one process per node
-    checks)."""
+    """Reads a store: `row_of`, `rows_of`, `read(row) -> (scores, classes)` (h, w, k), `extent(row)` and
+    `has_map(row)`. Opening it verifies it against its own record unless `verified.json` shows it verified with its
+    files as they are, or `verify=False`."""
 
     def __init__(self, root: str | Path, verify: bool = True) -> None:
         self.root = Path(root)
@@ -285,9 +280,8 @@ def _describe(key: str, value) -> str:
 
 
 def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
-    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small for the
-    store is an error here (an OSError naming the file, no array left behind), not a crash (SIGBUS) when a memory-
-    mapped row finds no space hours later."""
+    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small is an
+    OSError naming the file here, not a SIGBUS hours later."""
     made: list[Path] = []
     try:
         for name, dtype, shape in arrays:
@@ -303,10 +297,9 @@ def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, .
 
 
 class StoreWriter:
-    """Writes a store shard by shard, resumably: each process of a torchrun job takes every world_size-th shard
-    not yet marked done, writes its rows, flushes and marks it (rows and lines digests, the paths it skipped).
-    A store folder that already holds a store must have been started with the same `shaping` values of `meta`; the
-    store is marked complete by `finish` only when every shard verifies."""
+    """Writes a store shard by shard, resumably: each process takes every world_size-th shard not yet done, writes,
+    flushes and marks it. A folder already holding a store must have the same `shaping` values of `meta`; `finish`
+    marks it complete only when every shard verifies."""
 
     def __init__(self, root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                  with_extent: bool = False, skipped_key: str = 'unreadable') -> None:
@@ -355,8 +348,7 @@ class StoreWriter:
             array[rows] = value
 
     def write_empty(self, rows: np.ndarray) -> None:
-        """Rows without a map (an image unreadable, or without a released file): zero scores and classes, and the
-        whole image as their extent."""
+        """Rows without a map: zero scores and classes, and the whole image as their extent."""
         self.write(rows, 0, 0, *([WHOLE_IMAGE] if len(self.arrays) > 2 else []))
 
     def mark(self, shard: int, skipped: list[str]) -> None:
@@ -369,8 +361,7 @@ class StoreWriter:
         write_json_atomic(shard_marker(self.root, shard), marker)
 
     def finish(self) -> dict:
-        """Verify every shard and mark the store complete (main process); the complete meta data, on every
-        process."""
+        """Verify every shard and mark the store complete (main process); the meta data, on every process."""
         barrier(self.info)
         if self.info.is_main:
             if read_paths(self.root) != self.paths:
@@ -385,8 +376,7 @@ class StoreWriter:
 
 @dataclass(frozen=True)
 class StoreRows:
-    """Rows of a store to write: `rows` with their `values` (scores, classes and, in a store with extents, extents),
-    and the rows left `empty` (their images unreadable, or without a released file)."""
+    """Rows of a store to write: `rows` with their `values`, and the rows left `empty`."""
 
     rows: np.ndarray
     values: tuple[np.ndarray, ...] = ()
@@ -396,11 +386,9 @@ class StoreRows:
 def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                       shard_rows: Callable[[int, int], Iterable[StoreRows]], with_extent: bool = False,
                       skipped_key: str = 'unreadable', progress: str | None = None) -> dict:
-    """Write (or finish) the store of `paths` in `root`, the one way every store is written (generation, import,
-    the studies): each of this process's shards not yet done gets the rows `shard_rows(start, stop)` yields and is
-    marked with the paths of its empty rows; then the store is verified and marked complete, its empty rows'
-    paths under `skipped_key` of its meta data (`StoreWriter`). `progress` names the progress bar (None: none).
-    Returns the complete meta data."""
+    """Write (or finish) the store of `paths` in `root`, the one way every store is written: each of this process's
+    shards not yet done gets the rows `shard_rows(start, stop)` yields; then the store is verified and marked
+    complete, its empty rows' paths under `skipped_key` of its meta data. Returns the complete meta data."""
     writer = StoreWriter(root, meta, paths, shaping, info, with_extent, skipped_key)
     todo = writer.todo()
     bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'{progress} (rank {info.rank})', unit='row',

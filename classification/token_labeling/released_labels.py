@@ -161,9 +161,8 @@ def centre_square(size: tuple[int, int]) -> tuple[float, float, float, float]:
 
 
 class ReleaseRows(Dataset):
-    """Rows of the store from release files: (row, scores (h, w, k), classes (h, w, k), extent (4,)) or, for an image
-    without a file, (row, None, None, None); a file that fails its check gives (row, error message) so the error
-    reaches the main process as one line."""
+    """Rows of the store from release files: (row, scores, classes, extent), (row, None, None, None) without a file,
+    or (row, error message) for a file that fails its check."""
 
     def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], reader: ItemReader,
                  files: Sequence[str | None], rows: Sequence[int], shape: tuple[int, ...], num_classes: int,
