@@ -35,8 +35,7 @@ R = TypeVar('R')
 
 @dataclass(kw_only=True)
 class TrainingRecipe:
-    """What ImageNet training and CIFAR transfer both set: the schedule, the optimiser, the batch and size, the
-    regularisation and token labeling's loss. Each recipe gives the defaults that differ (those without one here)."""
+    """What ImageNet training and CIFAR transfer both set; each recipe gives the defaults that differ."""
 
     epochs: int
     warmup_epochs: int
@@ -94,8 +93,7 @@ class Recipe(TrainingRecipe):
 
     @property
     def unused_fields(self) -> tuple[str, ...]:
-        """The fields this recipe's objective does not read: token labeling mixes images with MixToken, not MixUp or
-        CutMix; label pooling mixes with CutMix alone."""
+        """The fields this recipe's objective does not read (MixToken or CutMix replace MixUp)."""
         if self.token_labeling:
             return 'mixup', 'cutmix'
         return ('mixup',) if self.label_pooling else ()
@@ -105,8 +103,7 @@ class Recipe(TrainingRecipe):
         return {k: v for k, v in vars(self).items() if k not in self.unused_fields}
 
     def optimization(self, global_batch: int) -> Optimization:
-        """The recipe's optimisation at `global_batch` images per update (lr = lr_base x global_batch /
-        lr_base_batch)."""
+        """The recipe's optimisation at `global_batch` images per update (lr scaled linearly)."""
         return Optimization(self.opt, self.lr_base * global_batch / self.lr_base_batch, self.weight_decay,
                             self.epochs, self.warmup_epochs, self.warmup_lr, self.min_lr, self.cooldown_epochs,
                             clip_grad=self.clip_grad, ema_decay=self.ema_decay, layer_decay=self.layer_decay)
@@ -180,9 +177,8 @@ def apply_preset(values: dict, preset: str) -> dict:
 
 
 def recipe_for(model_name: str, preset: str | None = None, data_values: dict | None = None) -> Recipe:
-    """The model's family recipe (the DeiT recipe for timm models outside the suite), with the values a data set
-    sets for itself (`data_values`: a small set's epochs, input size and augmentation) and then one of PRESETS
-    applied."""
+    """The model's family recipe (DeiT's for timm models outside the suite), with `data_values` and then one of
+    PRESETS applied."""
     values = dict(RECIPES[family_of(model_name).recipe])
     size = '_'.join(model_name.split('.')[0].split('_')[:2])  # lvvit_s, cait_xs24: no pretrained tag, no resolution
     if size in DROP_PATH:
@@ -195,10 +191,9 @@ def recipe_for(model_name: str, preset: str | None = None, data_values: dict | N
 
 @dataclass(kw_only=True)
 class TransferRecipe(TrainingRecipe):
-    """CIFAR transfer (T2T-ViT paper, Table 5). The new classifier learns at `lr`, everything else at
-    `lr * backbone_lr_scale`; both follow one cosine to `min_lr` (a single floor for every group, as the paper's).
-    `lr` and `min_lr` hold for `lr_base_batch` images per update and scale linearly with the global batch. With
-    token labeling, the token head is kept (or added) and every token trains on the image label."""
+    """CIFAR transfer (T2T-ViT paper, Table 5): the new classifier learns at `lr`, the rest at `lr *
+    backbone_lr_scale`, one cosine to `min_lr`; both scale with the global batch. With token labeling every token
+    trains on the image label."""
 
     epochs: int = 60
     warmup_epochs: int = 0
@@ -216,8 +211,7 @@ class TransferRecipe(TrainingRecipe):
     mix_token: float = 0.0
 
     def optimization(self, global_batch: int) -> Optimization:
-        """The recipe at `global_batch` images per update: `lr` and `min_lr` scale linearly (`lr` is the new
-        classifier's; the parameter groups give the backbone its fraction)."""
+        """The recipe at `global_batch` images per update: `lr` (the new classifier's) and `min_lr` scaled linearly."""
         scale = global_batch / self.lr_base_batch
         return Optimization(TRANSFER_OPTIMIZERS_TIMM[self.opt], self.lr * scale, self.weight_decay, self.epochs,
                             self.warmup_epochs, min_lr=self.min_lr * scale, momentum=self.momentum,
@@ -263,8 +257,7 @@ TRANSFER_SETS = {
 
 
 def transfer_set_recipe(model_name: str, dataset: str, data_values: dict | None = None) -> Recipe:
-    """The fine-grained transfer recipe of `dataset` (TRANSFER_SETS) for `model_name`, with the values a small data set
-    sets for itself (`data_values`: the embedded data's size and schedule) over it."""
+    """The fine-grained transfer recipe of `dataset` for `model_name`, `data_values` over it."""
     if dataset not in TRANSFER_SETS:
         raise UsageError(f'no transfer recipe for {dataset!r}; choose from {", ".join(TRANSFER_SETS)}')
     return recipe_for(model_name, data_values={**DEIT_FINETUNE, **TRANSFER_SETS[dataset], **(data_values or {})})
@@ -286,7 +279,6 @@ def rand_augment_spec(text: str) -> str:
 
 
 def timm_optimizer(text: str) -> str:
-    """An optimizer name timm's `create_optimizer_v2` knows."""
     known = list_optimizers()
     if text.lower() not in known:
         raise argparse.ArgumentTypeError(f'unknown optimizer {text!r}; timm knows {", ".join(known[:12])}, ... '
@@ -361,11 +353,8 @@ FIELD_ALIASES = {'auto_augment': ('--aa',), 'ema_decay': ('--model-ema-decay',)}
 
 def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
                          choices: dict[str, Sequence[str]] | None = None) -> None:
-    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given on the command line.
-
-    Each value is checked against its meaning (FIELD_TYPES, FIELD_CHOICES, and the command's own `choices`);
-    fields whose default is None also take the word `none`.
-    """
+    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given, checked against
+    FIELD_TYPES, FIELD_CHOICES and `choices`; None fields also take `none`."""
     own = choices or {}
     choices = {**FIELD_CHOICES, **own}
     for f in dataclasses.fields(recipe_class):

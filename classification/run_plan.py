@@ -19,9 +19,8 @@ from classification.training_pieces import TeacherSpec, annotates_online
 
 @dataclass(frozen=True)
 class RunStart:
-    """What a run adds to its recipe: the --preset it was named by, the --finetune weights it starts from (with a
-    new classifier: `new_head`), the --teacher, and how its images are augmented and decoded (--augment,
-    --decode, --fast-decode)."""
+    """What a run adds to its recipe: --preset, --finetune (`new_head`), --teacher, --augment, --decode and
+    --fast-decode."""
 
     preset: str | None = None
     finetune: str | None = None

@@ -35,9 +35,8 @@ def cutmix(images: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
 
 def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
                                                                                          torch.Tensor]:
-    """timm's MixUp/CutMix on a batch of any size. timm refuses an odd batch (one that --skip-unreadable left an image
-    short); it pairs image i with image B-1-i, so a batch made even by a copy of its first image mixes the first image
-    with itself and every other with another image of the batch, and the copy is dropped again."""
+    """timm's MixUp/CutMix on a batch of any size: an odd batch (timm refuses one) gets a copy of its first image,
+    which mixes with itself, and the copy is dropped again."""
     if len(images) % 2 == 0:
         return mixup(images, labels)
     images, targets = mixup(torch.cat([images, images[:1]]), torch.cat([labels, labels[:1]]))
@@ -65,7 +64,6 @@ class LabelObjective:
     mixup: Callable | None = None
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Images and their targets before the forward."""
         if self.mixup is not None:
             return mix_within_batch(self.mixup, images, labels)
         return images, self.label_target(labels)
@@ -78,15 +76,13 @@ class LabelObjective:
         return batch
 
     def label_target(self, labels: torch.Tensor) -> torch.Tensor:
-        """The (smoothed) one-hot target of each image's label."""
         return mixup_target(labels, self.num_classes, smoothing=self.smoothing)
 
 
 @dataclass
 class DistillationObjective(LabelObjective):
-    """DeiT's hard distillation: the model returns class and distillation logits; the loss is half the class term
-    (the image label, mixed as the vanilla recipe mixes it) and half the cross-entropy of the distillation logits
-    with the `teacher`'s class of the same (mixed) image."""
+    """DeiT's hard distillation: half the class term, half the cross-entropy of the distillation logits with the
+    `teacher`'s class of the same (mixed) image."""
 
     teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
 
@@ -112,8 +108,7 @@ class MapTargetObjective(LabelObjective):
         return None
 
     def targets_ahead(self, batch: dict, device: torch.device) -> dict:
-        """`batch` with its map targets ('map_targets': grid, (class target, token targets)) where the grid is known
-        before the forward."""
+        """`batch` with its 'map_targets' where the grid is known before the forward."""
         grid = self.ahead_grid()
         if grid is None or self.token_builder is None:
             return batch
@@ -161,11 +156,9 @@ class LabelPoolingObjective(MapTargetObjective):
 
 @dataclass
 class TokenLabelingObjective(MapTargetObjective):
-    """Token labeling: the model has a token head; its per-token targets come from the annotator's score maps when
-    `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop), otherwise
-    every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT). With an
-    `annotator` (online token labeling) the targets come from its dense map of the very images the model sees
-    (augmented, before MixToken), cut by the same target builder over the whole image: no store is read."""
+    """Token labeling: per-token targets from the annotator's score maps when `token_builder` is set ('pooled': the
+    map pooled over the crop), else the image label. With an online `annotator` the targets come from its dense map
+    of the very images the model sees: no store is read."""
 
     token_loss: TokenLabelingLoss | None = None
     cls_target: str = 'map'

@@ -21,10 +21,8 @@ def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
 
 
 def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the sub-samples of each token of the augmented image came from: whole-image [-1, 1] coordinates.
-
-    Returns points (B, H*r, W*r, 2) as (x, y) and whether each point lies inside the crop (not fill).
-    """
+    """Where the sub-samples of each token came from, whole-image [-1, 1] (x, y) points (B, H*r, W*r, 2), and whether
+    each lies inside the crop."""
     box, flip, warp = geometry
     B = box.shape[0]
     H, W = grid
@@ -48,10 +46,8 @@ def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) 
 
 
 def bilinear_corners(points: torch.Tensor, map_size: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points.
-
-    Same conventions as `grid_sample(align_corners=False, padding_mode='border')` and RoIAlign(aligned=True).
-    """
+    """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points, as
+    `grid_sample(align_corners=False, padding_mode='border')`."""
     h, w = map_size
     ix = ((points[..., 0] + 1) * w - 1).div(2).clamp(0, w - 1)
     iy = ((points[..., 1] + 1) * h - 1).div(2).clamp(0, h - 1)
