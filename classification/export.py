@@ -74,9 +74,8 @@ def check_image(path: Path, size: int) -> Path:
 
 
 def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dict) -> None:
-    """timm's own way with the folder, its model and its preprocessing from config.json (`resolve_data_config`,
-    `create_transform`), on an image file gives the suite's prediction: the eval model on the image through the
-    eval transform of `data_cfg`."""
+    """timm's own way with the folder (its model, `resolve_data_config`, `create_transform`) on an image file gives
+    the suite's prediction."""
     timm_model = timm_model_from(folder)
     timm_transform = create_transform(**resolve_data_config({}, model=timm_model))
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,9 +90,8 @@ def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dic
 
 def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images: torch.Tensor,
                expected: torch.Tensor) -> torch.nn.Module:
-    """The eval model as timm builds it: without the suite's token-labeling wrapper, when the model predicts the same
-    by itself (LV-ViT, whose token head is its own); any other model trained with token labeling needs the wrapper's
-    inference rule, which timm cannot rebuild."""
+    """The eval model as timm builds it: without the token-labeling wrapper where the model predicts the same by
+    itself (LV-ViT); other token-labeling models need the wrapper, which timm cannot rebuild."""
     if not isinstance(model, TokenLabelingModel):
         return model
     bare = bare_model(model)
@@ -140,7 +138,6 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """tools/export.py classifier's arguments."""
     add_model_argument(p)
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer or a release')
     add_weights_argument(p)
@@ -167,8 +164,7 @@ KINDS = {  # tools/export.py's subcommands: what each exports, in a line and in 
 
 def build_parser(description: str | None = None, fallback: type[EmbeddedSegData] | None = None
                  ) -> argparse.ArgumentParser:
-    """tools/export.py's options (`description`: its usage text): a subcommand per kind of checkpoint; the
-    segmentor's takes `fallback`'s options (the data its config runs on without ADE20K)."""
+    """tools/export.py's options, a subcommand per kind of checkpoint (the segmentor's takes `fallback`'s options)."""
     parser = command_parser(description, 'export.py')
     kinds = parser.add_subparsers(dest='kind', required=True)
     for kind, (what, described) in KINDS.items():
@@ -185,8 +181,7 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
 
 def main(argv: list[str] | None = None, description: str | None = None,
          fallback: type[EmbeddedSegData] | None = None) -> Path:
-    """tools/export.py: a classifier or a segmentor (without ADE20K on disk, its config runs on `fallback`'s data:
-    the tool gives its embedded set)."""
+    """tools/export.py: a classifier or a segmentor (whose config runs on `fallback`'s data without ADE20K)."""
     args = build_parser(description, fallback).parse_args(argv)
     out = Path(args.out)
     check_export_folder(out, args.kind)

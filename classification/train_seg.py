@@ -17,8 +17,7 @@ from backbones.dense.train import (
 
 
 class PretrainingSegData(EmbeddedSegData, Protocol):
-    """The data a tool gives train_seg when the config's is not on disk, which can also pretrain a config's backbone
-    for it (the first stage: a classifier trained, kept for the next run)."""
+    """The data a tool gives train_seg, which can also pretrain a config's backbone for it."""
 
     def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone: ...
 

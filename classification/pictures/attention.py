@@ -84,8 +84,7 @@ def _inside_patch_embedding(model: nn.Module, module: nn.Module) -> bool:
 
 def attention_rollout(blocks: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema; the ViT paper's Fig. 6): per block the heads' mean attention, mixed with
-    the identity for the residual connection (`residual` of it) and renormalised, multiplied through the blocks:
-    (B, N, N), row i: how much each input token flows into token i at the end."""
+    `residual` identity and renormalised, multiplied through the blocks: (B, N, N)."""
     rollout = None
     for attention in blocks:
         mean = attention.mean(dim=1)
@@ -104,9 +103,8 @@ def patch_distances(grid: Grid, patch_size: float) -> torch.Tensor:
 
 def mean_attention_distance(attention: torch.Tensor, grid: Grid, patch_size: float, num_prefix: int = 0
                             ) -> torch.Tensor:
-    """The ViT paper's attention distance (Fig. 7, right) per head: the distance in pixels between a patch and the
-    patches it attends to, weighted by the attention (renormalised over the patches), averaged over the patches and
-    the images of the batch. `attention`: (B, heads, N, N) with `num_prefix` tokens before the patches."""
+    """The ViT paper's attention distance (Fig. 7, right) per head: the attention-weighted pixel distance between a
+    patch and the patches it attends to, averaged over patches and images."""
     patches = attention[:, :, num_prefix:, num_prefix:].double()
     patches = patches / patches.sum(dim=-1, keepdim=True)
     return (patches * patch_distances(grid, patch_size)).sum(dim=-1).mean(dim=(0, 2))
@@ -153,8 +151,7 @@ def shown_maps(maps: AttentionMaps) -> list[tuple[str, np.ndarray]]:
 
 def attention_values(maps: AttentionMaps, distances: torch.Tensor, similarity: torch.Tensor, patch_size: float
                      ) -> dict:
-    """What `attention_figure` draws, as plain numbers (for JSON): `shown_maps` ('rollout', or 'class_attention'
-    per head), the mean attention distance in pixels per block and head, the position-embedding similarity."""
+    """What `attention_figure` draws, as plain numbers (for JSON)."""
     values = {'grid': list(maps.grid), 'patch_size': patch_size, 'mean_attention_distance': distances.tolist(),
               'position_similarity': similarity.tolist()}
     shown = [grid_map.tolist() for _, grid_map in shown_maps(maps)]
@@ -167,9 +164,8 @@ def attention_values(maps: AttentionMaps, distances: torch.Tensor, similarity: t
 
 def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Tensor, similarity: torch.Tensor,
                      patch_size: float, title: str) -> np.ndarray:
-    """The picture: the image; attention rollout of the class token over the patches (or, for CaiT, the class
-    attention of every head of the last class-attention block); mean attention distance per block and head; the
-    position-embedding similarity tiles."""
+    """The picture: the image, `shown_maps`, mean attention distance per block and head, the position-embedding
+    similarity tiles."""
     grid = maps.grid
     maps_to_show = shown_maps(maps)
     cols = max(3, len(maps_to_show) + 1)
