@@ -102,11 +102,8 @@ def scan_splits(count: int) -> dict:
 
 
 def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
-    """Write the set under `root` ({images,annotations,depth}/{training,validation} and
-    annotations/instances_{training,validation}.json); do nothing if it is complete.
-
-    A set written by an older version of this function is replaced.
-    """
+    """Write the set under `root` (images, annotations, depth, COCO instances), unless it is complete; a set an older
+    version wrote is replaced."""
     from sklearn.datasets import load_digits
     root = Path(root)
     ready = root / READY

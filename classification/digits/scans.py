@@ -21,9 +21,8 @@ def render_scan(scan: np.ndarray, size: int) -> np.ndarray:
 
 
 def write_digits_folder(root: Path) -> Path:
-    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits; returns `root`.
-
-    A folder written by an older version of this function is replaced."""
+    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits (replacing an older version's); returns
+    `root`."""
     if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
         return root
     from sklearn.datasets import load_digits

@@ -35,9 +35,8 @@ TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
 
 @dataclass(frozen=True)
 class Schedule:
-    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores (ADE20K's 160k iterations of 16
-    images would take days there). AdamW as the config says, at this lr: linear warm-up, then linear decay. The neck
-    and heads, which start from random weights, learn `head_lr_mult` times faster than the backbone."""
+    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores: AdamW at this lr, linear warm-up
+    then decay; the neck and heads learn `head_lr_mult` times faster than the backbone."""
 
     iters: int = 160
     warmup_iters: int = 16
@@ -120,8 +119,7 @@ class EmbeddedPages:
         cfg.randomness = dict(seed=schedule.seed)
 
     def use_model(self, cfg: Config) -> None:
-        """The model as its task sizes it for a small data set (a detector's pyramid and heads), in training, tests
-        and predictions alike."""
+        """The model as its task sizes it for a small data set, everywhere it is built."""
         task_of(cfg).use_small_model(cfg)
 
     def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone:
