@@ -44,11 +44,8 @@ def identity_geometry() -> CropGeometry:
 
 
 def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]) -> np.ndarray:
-    """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops.
-
-    PIL's affine transforms sample the input at `M @ (x, y, 1)` for output pixel-edge coordinates (x, y);
-    the op arguments are the ones timm passes to `timm.data.auto_augment.<op>`.
-    """
+    """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops (PIL samples the
+    input at `M @ (x, y, 1)` for output pixel-edge coordinates), for the arguments timm passes."""
     w, h = size
     (arg,) = args
     if op_name == 'Rotate':  # PIL Image.rotate: counter-clockwise about the centre (w/2, h/2)
@@ -125,11 +122,8 @@ def warp_of(applied: Sequence[AppliedOp], size: tuple[int, int]) -> torch.Tensor
 
 
 class LabelAwareRandAugment:
-    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied.
-
-    `plan` draws the same ops, magnitudes and random choices without touching an image, for the batched path that
-    applies them later on the device.
-    """
+    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied; `plan`
+    draws the same without touching an image, for the batched path."""
 
     def __init__(self, augment: RandAugment) -> None:
         self.augment = augment
@@ -161,9 +155,8 @@ class LabelAwareRandAugment:
 
 
 def drawn_op(op: AugmentOp) -> AppliedOp | None:
-    """What timm's `AugmentOp.__call__` draws for one op, in its order: whether it applies (None where it does
-    not), its magnitude (clamped as timm clamps it), its arguments at that level, and, for a geometric op, its
-    resampling filter (drawn by timm's op function; the batched path resamples by the crop's interpolation)."""
+    """What timm's `AugmentOp.__call__` draws for one op, in its order (None where it does not apply): its magnitude
+    (clamped as timm does), its arguments and, for a geometric op, its resampling filter."""
     if op.prob < 1.0 and random.random() > op.prob:
         return None
     magnitude = op.magnitude
@@ -194,13 +187,9 @@ class EraseBoxes:
 
 
 class TrainTransform:
-    """RandomResizedCrop (random bilinear/bicubic), flip, label-aware RandAugment, normalise, random erasing.
-
-    Returns the image tensor and its `CropGeometry`. Random erasing touches the image only: the erased pixels
-    still show what the score map says about that place in the original. This is the PIL path, one image at a
-    time; `classification.data.batch_augment` draws the same parameters (`sample_*`, in the same order) and applies
-    them to whole batches on the training device.
-    """
+    """RandomResizedCrop (random bilinear/bicubic), flip, label-aware RandAugment, normalise, random erasing: the PIL
+    path, one image at a time; returns the image tensor and its `CropGeometry`. Erasing touches the image only.
+    `classification.data.batch_augment` draws the same parameters (`sample_*`, in the same order)."""
 
     takes_path = True  # ImageFolderDataset hands it the file: a colour JPEG is cropped before Pillow sees it
 
@@ -228,8 +217,7 @@ class TrainTransform:
         self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
 
     def sample_crop(self, size: tuple[int, int]) -> tuple[int, int, int, int]:
-        """RandomResizedCrop's (top, left, height, width) for an image of `size` (w, h), at least one pixel each way:
-        timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
+        """RandomResizedCrop's (top, left, height, width) for an image of `size` (w, h), at least one pixel each way."""
         W, H = size
         shaped = torch.empty(0, H, W)  # timm reads the image's size only: a tensor of no elements carries it
         top, left, h, w = RandomResizedCropAndInterpolation.get_params(shaped, self.scale, self.ratio)
@@ -249,8 +237,7 @@ class TrainTransform:
         return stand_in.boxes
 
     def __call__(self, img: Image.Image | Path | BinaryIO) -> tuple[torch.Tensor, CropGeometry]:
-        """The augmented image of a decoded image or of a file (`read_rgb`: a colour JPEG decoded by simplejpeg and
-        its crop cut in NumPy, the same pixels as Pillow's decode and crop)."""
+        """The augmented image of a decoded image or of a file (`read_rgb`: the same pixels as Pillow's)."""
         pixels = img if isinstance(img, Image.Image) else read_rgb(img, fast=self.fast_decode).pixels
         W, H = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
         top, left, h, w = self.sample_crop((W, H))
