@@ -1,8 +1,6 @@
 """The papers' recipes: ImageNet training, one preset per model, CIFAR transfer and fine-grained transfer (DeiT's);
-every value can be overridden.
-
-Learning rates follow the linear scaling rule: lr = lr_base * global batch / lr_base_batch.
-"""
+every value can be overridden. Learning rates follow the linear scaling rule: lr = lr_base * global batch /
+lr_base_batch."""
 from __future__ import annotations
 
 import argparse

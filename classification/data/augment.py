@@ -1,15 +1,11 @@
 """Label-aware training augmentation: the image is transformed as timm does it, and every geometric step is
-recorded so that the token targets can be cut from the score map along the same geometry.
-
-Geometry of one sample, as `CropGeometry`:
+recorded as the sample's `CropGeometry`, which sends any point of the augmented image back to the whole image the
+score map describes:
 - `box`: the RandomResizedCrop box as fractions of the whole image, (x1, y1, x2, y2);
 - `flip`: whether the crop was mirrored left-right;
 - `warp`: RandAugment's rotate/shear/translate composed into one 2x3 affine map that takes a point of the
   final image to the crop it came from, both in [-1, 1] coordinates (x right, y down; -1 and 1 are the outer
-  pixel edges, as in `grid_sample(align_corners=False)`). Points it sends outside [-1, 1] were filled in.
-
-Composed, these send any point of the augmented image back to the whole image the score map describes.
-"""
+  pixel edges, as in `grid_sample(align_corners=False)`). Points it sends outside [-1, 1] were filled in."""
 from __future__ import annotations
 
 import math

@@ -1,9 +1,5 @@
 """Token labels as pictures: the annotator's dense map over the whole image, and the targets of each token of one
-label-aware training augmentation of it, so that one can see the targets follow the pixels.
-
-The targets come from the training code itself: the crop, flip and RandAugment geometry that `TrainTransform`
-records, and `TokenTargetBuilder`'s cut of the map along it.
-"""
+label-aware training augmentation of it, made by the training code itself (`TrainTransform`, `TokenTargetBuilder`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
