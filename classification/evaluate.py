@@ -92,8 +92,7 @@ def class_order(data_dir: Path, split: str, recorded: list[str] | None) -> tuple
 
 
 def load_split(data_dir: str, split: str, checkpoint: str, transform) -> tuple[ImageFolderDataset, str]:
-    """The split labelled by `class_order` (a class folder the checkpoint does not know is an error), and which order
-    it is."""
+    """The split labelled by `class_order` (a class the checkpoint does not know is an error), and that order."""
     classes, order = class_order(Path(data_dir), split, checkpoint_classes(checkpoint))
     return ImageFolderDataset(data_dir, split, transform, classes=classes,
                               classes_from=f'the checkpoint {checkpoint}'), order

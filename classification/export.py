@@ -63,8 +63,7 @@ def timm_model_from(folder: Path) -> torch.nn.Module:
 
 
 def check_image(path: Path, size: int) -> Path:
-    """A PNG at `path` that an eval transform both resizes and crops (wider than tall, not the input size): colour
-    gradients and noise."""
+    """A PNG that an eval transform both resizes and crops (wider than tall): colour gradients and noise."""
     height, width = size + size // 3 + 5, 2 * size + 7
     y, x = np.mgrid[0:height, 0:width] + 0.5
     rgb = np.stack([255 * x / width, 255 * y / height, 128 + 100 * np.sin(x / 5.0) * np.cos(y / 7.0)], axis=-1)
@@ -74,8 +73,7 @@ def check_image(path: Path, size: int) -> Path:
 
 
 def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dict) -> None:
-    """timm's own way with the folder (its model, `resolve_data_config`, `create_transform`) on an image file gives
-    the suite's prediction."""
+    """timm's own way with the folder (its model and preprocessing) gives the suite's prediction on an image file."""
     timm_model = timm_model_from(folder)
     timm_transform = create_transform(**resolve_data_config({}, model=timm_model))
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,8 +104,7 @@ def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images:
 def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool | None = None,
                       img_size: int | None = None,
                       torch_export: bool = False, onnx: bool = False, model_kwargs: dict | None = None) -> Path:
-    """Write the export folder `out` (see the module's docstring); returns it. The files are written into a
-    temporary folder beside `out` and checked there, then renamed: `out` is complete or absent."""
+    """Write the export folder `out`, complete or not at all (written and checked beside it, then renamed)."""
     check_model_name(model_name)
     count = checkpoint_class_count(model_name, checkpoint, use_ema)
     data_cfg = trained_data_config(model_name, checkpoint, img_size)

@@ -81,8 +81,7 @@ def check_decode(decode: str, augment: str, device: torch.device) -> None:
 
 def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,
                  options: RunOptions, augment: str = 'pil', decode: str = 'cpu', fast_decode: bool = False):
-    """Training and validation batches, the class list, and the device half of the augmentation (`augment='batched'`)
-    or None; `decode` and `fast_decode` as the command's options."""
+    """Training and validation batches, the class list, and the device half of the augmentation or None."""
     train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
                               interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'],
@@ -107,8 +106,7 @@ def train_tf_reference(transform) -> TrainTransform:
 
 
 def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
-    """`count` training images with their maps and one augmentation's token targets, for TensorBoard at every
-    validation."""
+    """`count` training images with their maps and one augmentation's token targets, for TensorBoard."""
     picks = range(0, len(train_set), max(1, len(train_set) // count))[:count]
     store = train_set.label_store
 

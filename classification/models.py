@@ -200,8 +200,7 @@ def whole_patches(name: str, img_size: int, model_kwargs: dict | None = None) ->
 
 
 def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
-    """The input size must give the model at least one patch, and a whole number of them where it needs that (its
-    patch embedding: `patch_embed`, or MLP-Mixer's `stem`)."""
+    """The input size must give the model at least one patch, and whole patches where its embedding needs that."""
     patch_embed = patch_embedding(model)
     if img_size is None or patch_embed is None:
         return
@@ -257,8 +256,7 @@ class Teacher(nn.Module):
 
     @torch.no_grad()
     def dense_map(self, images: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The top-k logits and classes, (B, h, w, k) each, best first, at every position of the teacher's dense
-        scores of `images`."""
+        """The top-k logits and classes (B, h, w, k), best first, of the teacher's dense scores of `images`."""
         scores = dense_scores(bare_model(self.model), images * self.scale + self.shift).float()
         top = scores.topk(min(topk, scores.shape[-1]), dim=-1)
         return top.values, top.indices

@@ -85,8 +85,7 @@ class Recipe(TrainingRecipe):
 
     @property
     def uses_score_maps(self) -> bool:
-        """Whether training reads the annotator's token-label store (token labeling with map or pooled targets, or
-        ReLabel's label pooling)."""
+        """Whether training reads a token-label store (token labeling with map targets, or label pooling)."""
         return (self.token_labeling and self.token_target != 'label') or self.label_pooling
 
     @property
@@ -175,8 +174,7 @@ def apply_preset(values: dict, preset: str) -> dict:
 
 
 def recipe_for(model_name: str, preset: str | None = None, data_values: dict | None = None) -> Recipe:
-    """The model's family recipe (DeiT's for timm models outside the suite), with `data_values` and then one of
-    PRESETS applied."""
+    """The model's family recipe (DeiT's outside the suite), with `data_values` and then a preset applied."""
     values = dict(RECIPES[family_of(model_name).recipe])
     size = '_'.join(model_name.split('.')[0].split('_')[:2])  # lvvit_s, cait_xs24: no pretrained tag, no resolution
     if size in DROP_PATH:

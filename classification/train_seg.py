@@ -24,8 +24,7 @@ class PretrainingSegData(EmbeddedSegData, Protocol):
 
 def main(argv: list[str] | None = None, description: str | None = None,
          fallback: type[PretrainingSegData] | None = None) -> None:
-    """tools/train_seg.py: without the config's data on disk, the data is `fallback`'s (the tool gives its embedded
-    pages), and a backbone the run needs pretrained is `fallback`'s first stage."""
+    """tools/train_seg.py: `fallback`'s data and first stage where the config's data is not on disk."""
     args, data = parse_with_fallback(build_parser(description), argv, fallback)
     run = prepare(args, data)
     train(run, data.pretrained_backbone(run.pretraining) if run.pretraining and data is not None else None)

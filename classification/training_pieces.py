@@ -73,8 +73,7 @@ def annotates_online(recipe: Recipe, teacher: TeacherSpec | None) -> bool:
 def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int, info: DistInfo,
                     teacher: TeacherSpec | None = None, data_cfg: dict | None = None,
                     model_kwargs: dict | None = None) -> tuple[nn.Module, ClassificationObjective]:
-    """The model and the objective a run of `recipe` trains, the one way every run and study builds them: initial
-    weights drawn from `seed`, then the `teacher`."""
+    """The model (initial weights drawn from `seed`) and objective of a run of `recipe`, with its `teacher`."""
     seed_all(seed)
     model = create_classifier(model_name, num_classes, recipe.img_size, recipe.token_labeling, recipe.mix_token,
                               distilled=teacher is not None and not annotates_online(recipe, teacher),

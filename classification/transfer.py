@@ -208,8 +208,7 @@ def given_dataset(argv: list[str], prog: str) -> str | None:
 
 def transfer_set_main(argv: list[str], dataset: str, default_data: type[EmbeddedImageData] | None,
                       description: str | None, prog: str) -> dict:
-    """A transfer set's run: train_cls's options and training with DeiT's transfer recipe for `dataset`, a new
-    classifier, the set read from its published layout or, without --data-dir, the embedded data."""
+    """A transfer set's run: train_cls with DeiT's transfer recipe for `dataset` and a new classifier."""
     parser = build_train_parser(default_data, description, prog, data_help=(
         'the data set in its published layout (docs/cifar.md: Flowers-102, Stanford Cars, Oxford-IIIT Pets, '
         'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'),

@@ -141,8 +141,7 @@ class LabelAwareRandAugment:
         return img, warp_of(self._log, img.size)
 
     def plan(self, size: tuple[int, int]) -> tuple[list[AppliedOp], torch.Tensor]:
-        """The ops an image of `size` would get, and their composed warp, drawn without running them: the same
-        calls on the same random streams as a call (`RandAugment.__call__`'s choice of ops, then each op's draws)."""
+        """The ops an image of `size` would get and their warp, drawn on the same random streams as a call, not run."""
         augment = self.augment
         ops = np.random.choice(augment.ops, augment.num_layers, replace=augment.choice_weights is None,
                                p=augment.choice_weights)
@@ -168,8 +167,7 @@ def drawn_op(op: AugmentOp) -> AppliedOp | None:
 
 
 class EraseBoxes:
-    """Stands in for a (3, size, size) image tensor: records the boxes timm's RandomErasing draws for it, as
-    (top, left, height, width), with the same random draws as erasing a real image."""
+    """Stands in for an image tensor: records the boxes (top, left, height, width) timm's RandomErasing draws for it."""
 
     def __init__(self, size: int) -> None:
         self.shape, self.dtype, self.boxes = (3, size, size), torch.float32, []

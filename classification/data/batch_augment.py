@@ -106,8 +106,7 @@ def box_sums(pixels: np.ndarray, factor: int, axis: int) -> tuple[np.ndarray, np
 
 
 def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
-    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value (Pillow's fixed-point arithmetic;
-    the last blocks take the pixels there are)."""
+    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value (its fixed-point arithmetic)."""
     fx, fy = factors
     rows, heights = box_sums(pixels, fy, 0)
     sums, widths = box_sums(rows, fx, 1)
@@ -117,8 +116,7 @@ def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
 
 
 def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
-    """`cut_region` on a decoded (3, H, W) uint8 tensor, on its device: (h, w, 3) uint8. The box averages of the
-    last, partial blocks take the pixels there are, as Pillow's `reduce` does."""
+    """`cut_region` on a decoded (3, H, W) uint8 tensor, on its device, partial blocks averaged as Pillow's."""
     x1, y1, x2, y2 = bounds.pixels
     region = image[:, y1:y2, x1:x2]
     if bounds.factors != (1, 1):
@@ -137,8 +135,7 @@ class EncodedJpeg:
 
 
 def bytes_for_device(img: Image.Image, path: Path | MemberFile) -> bytes | None:
-    """The file's bytes when the device's decoder takes it: a colour JPEG that ends with its end-of-image marker;
-    others (None) are decoded by the worker."""
+    """The file's bytes where the device's decoder takes it (a complete colour JPEG), else None."""
     if img.format != 'JPEG' or img.mode != 'RGB':
         return None
     data = file_bytes(path)
@@ -192,8 +189,7 @@ class RegionTransform:
 
     def read_for_device(self, path: Path | MemberFile) -> tuple[Region | EncodedJpeg, tuple[int, int],
                                                                  tuple[int, int, int, int]]:
-        """A colour JPEG's bytes with its crop's region on the full-size image (`EncodedJpeg`); any other file
-        decoded by Pillow here, as `read_region` does with that decoder."""
+        """A colour JPEG's bytes with its crop's region (`EncodedJpeg`); any other file decoded by Pillow here."""
         t, out, drawn = self.reference, self.reference.img_size, {}
 
         def plan_decode(img: Image.Image) -> bool:
@@ -323,8 +319,7 @@ class PendingImages:
 
 @dataclass
 class EncodedImages:
-    """A batch whose regions are still, some or all of them, JPEG files: `decode` makes them `PendingImages`, all
-    JPEGs in one call of the decoder."""
+    """A batch whose regions are still, some or all, JPEG files: `decode` makes them `PendingImages`."""
 
     regions: list[torch.Tensor | EncodedJpeg]
     plan: dict[str, torch.Tensor]
@@ -370,8 +365,7 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
 
 @functools.cache
 def decoding_stream(device: torch.device) -> torch.cuda.Stream:
-    """A high-priority stream: torch hands those out from a pool of their own, so it is never the stream a batch is
-    prepared on (of the default priority)."""
+    """A high-priority stream: from torch's pool of those, never the stream a batch is prepared on."""
     return torch.cuda.Stream(device, priority=-1)
 
 
@@ -554,8 +548,7 @@ class BatchAugment:
 
     def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: dict[str, torch.Tensor],
                groups: Groups) -> torch.Tensor:
-        """Each layer's colour op on the images that drew it (over the crop's pixels only when it came before a
-        geometric op)."""
+        """Each layer's colour op on the images that drew it (on the crop's pixels only before a geometric op)."""
         args, warped = plan['args'].float(), plan['warped']
         everywhere = torch.ones_like(inside)
         for layer, code, start, stop in groups.colour:

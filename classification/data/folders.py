@@ -147,8 +147,7 @@ def spread_evenly(samples: Sequence, count: int) -> Sequence:
 
 def warn_of_empty_classes(classes: Sequence[str], listed: list[tuple[str, int]], kept: list[tuple[str, int]],
                           what: str) -> None:
-    """Say which classes the `kept` part of the `listed` split leaves without an image, and the smallest count that
-    keeps every class."""
+    """Warn of the classes the `kept` part of the split leaves without an image, and the count that keeps all."""
     empty = sorted(set(range(len(classes))) - {label for _, label in kept})
     if empty:
         smallest = min(np.bincount([label for _, label in listed], minlength=len(classes))[
@@ -160,8 +159,7 @@ def warn_of_empty_classes(classes: Sequence[str], listed: list[tuple[str, int]],
 
 
 def collate_skipping(items: list[dict | None]) -> dict:
-    """Collate the readable items of a batch; `skipped` counts the unreadable ones. Items of the batched
-    augmentation (regions of any size, and plans) become one `PendingImages`."""
+    """Collate the readable items (`skipped`: the count of the others); the batched path's become `PendingImages`."""
     kept = [item for item in items if item is not None]
     pending = None
     if kept and 'plan' in kept[0]:

@@ -53,8 +53,7 @@ def annotator_recipe(recipe: Recipe) -> Recipe:
 
 @dataclass(frozen=True)
 class EmbeddedScans:
-    """scikit-learn's digit scans under `root` (images/, annotator/, token_labels/, backbones/): the classification
-    data of the tools when no ImageNet is given (`classification.loaders.EmbeddedImageData`)."""
+    """scikit-learn's digit scans under `root`: the tools' classification data without ImageNet."""
 
     root: Path = SCANS_DIR
     annotator: str = ANNOTATOR

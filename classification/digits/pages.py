@@ -40,8 +40,7 @@ PALETTE = [[120, 120, 120]] + [[int(c) for c in cv2.cvtColor(np.uint8([[[18 * d,
 
 def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int
               ) -> np.ndarray:
-    """Ink an 8x8 scan (values 0..16) into `image` as a `size` square at (top, left), in a random light colour, in
-    place; returns the ink coverage (0..1) of that square."""
+    """Ink an 8x8 scan into `image` as a `size` square at (top, left), in place; returns its ink coverage (0..1)."""
     ink = render_scan(scan, size)
     window = (slice(top, top + size), slice(left, left + size))
     colour = rng.uniform(*INK, 3).astype(np.float32)
@@ -102,8 +101,7 @@ def scan_splits(count: int) -> dict:
 
 
 def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
-    """Write the set under `root` (images, annotations, depth, COCO instances), unless it is complete; a set an older
-    version wrote is replaced."""
+    """Write the set under `root` unless it is complete (a set an older version wrote is replaced)."""
     from sklearn.datasets import load_digits
     root = Path(root)
     ready = root / READY

@@ -21,8 +21,7 @@ def render_scan(scan: np.ndarray, size: int) -> np.ndarray:
 
 
 def write_digits_folder(root: Path) -> Path:
-    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits (replacing an older version's); returns
-    `root`."""
+    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits (an older version's replaced)."""
     if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
         return root
     from sklearn.datasets import load_digits

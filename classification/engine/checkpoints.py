@@ -32,8 +32,7 @@ ARCHITECTURE = 'architecture'
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
-    """A checkpoint of ours, weights-only; with `mmap`, tensors are read only when used. One from before epochs were
-    numbered from 1 reads as the same point."""
+    """A checkpoint of ours, weights-only (`mmap`: tensors read when used); an older 0-based epoch read as 1-based."""
     ckpt = load_weights_only(path, mmap=mmap)
     if isinstance(ckpt, dict) and 'args' in ckpt and 'epoch' in ckpt and 'epochs_done' not in ckpt:
         ckpt['epochs_done'] = ckpt.pop('epoch') + 1
@@ -51,8 +50,7 @@ def checkpoint_settings(path: str | Path) -> dict:
 
 
 def recorded_data_config(settings: dict) -> dict:
-    """The preprocessing a run's settings record for its evaluation, in timm's data-config keys (older runs: their
-    `img_size`, a CIFAR transfer's mean and std)."""
+    """The preprocessing a run's settings record for its evaluation, in timm's data-config keys."""
     if isinstance(settings.get(DATA_CONFIG), dict):
         return dict(settings[DATA_CONFIG])
     recorded = {key: tuple(settings[key]) for key in ('mean', 'std') if settings.get(key) is not None}
@@ -134,8 +132,7 @@ def read_run_args(path: str | Path, command: str) -> dict:
 
 
 def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str | Path) -> list[str]:
-    """The command line that gives `parser` the `settings` of an args.yaml, so that every value is checked as a typed
-    one is and options typed after it override it."""
+    """The command line that gives `parser` an args.yaml's `settings`, each value checked as a typed one."""
     actions: dict[str, list[argparse.Action]] = {}
     for action in parser._actions:
         actions.setdefault(action.dest, []).append(action)

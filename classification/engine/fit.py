@@ -88,8 +88,7 @@ def gather_rng_states(info: DistInfo) -> list:
 
 Pictures = Callable[[], dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
 def step_line(step: TrainingStep) -> str:
-    """A training log line: `update 150  batch 150/1251  loss 6.1234  lr 1.00e-03  1234 img/s  data 12%  ETA 0:04:31`
-    (the ETA is the pass's)."""
+    """A training log line: `update 150 batch 150/1251 loss 6.1234 lr 1.00e-03 1234 img/s data 12% ETA 0:04:31`."""
     batch = f'{step.batch}/{step.batches}' if step.batches is not None else str(step.batch)
     eta = '' if step.seconds_left is None else f'  ETA {datetime.timedelta(seconds=round(step.seconds_left))}'
     return (f'update {step.update}  batch {batch}  loss {step.loss:.4f}  lr {step.lr:.2e}  '
@@ -241,8 +240,7 @@ class Fit:
 
     def run_epoch(self, train_model: nn.Module, epoch: int, num_epochs: int, train_loader,
                   val_loader: Iterable[dict], runlog: RunLog, stops: StopRequests, agreement: LaggingSum) -> None:
-        """One epoch (or the rest of one), its validation and checkpoint; mid-epoch checkpoints and the stop on a
-        signal agreed on by all processes through `agreement`."""
+        """One epoch (or its rest), its validation and checkpoints; a stop on a signal agreed on by all processes."""
         info, state = self.info, self.state
         started, updates = time.time(), state.num_updates
         progress, rng = self.resume_progress, self.resume_rng

@@ -26,8 +26,7 @@ DEPTH = 2  # batches prepared ahead of the one a step takes
 
 class BatchTransform(Protocol):
     def __call__(self, images, seed: int | None = None) -> torch.Tensor:
-        """The model input of a batch's images on the device; random draws from a generator seeded with `seed`
-        (the process's own without one: evaluation, benchmarks)."""
+        """The model input of a batch's images on the device, its random draws from a generator seeded with `seed`."""
 
 
 class Objective(Protocol):
@@ -84,8 +83,7 @@ class OnThisThread(contextlib.AbstractContextManager):
 
 @functools.cache
 def preparing_stream(device: torch.device) -> torch.cuda.Stream:
-    """One stream per device for every pass (a stream of torch's pool each pass would spread the cached memory over
-    the pool's streams)."""
+    """One stream per device for every pass (one of torch's pool each pass would spread the cached memory)."""
     return torch.cuda.Stream(device)
 
 

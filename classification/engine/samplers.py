@@ -16,8 +16,7 @@ from backbones.common.lifecycle import ignore_stop_signals
 
 
 class ResumableSampler(Sampler[int]):
-    """A training sampler whose next pass can start part of the way in (`skip`), yielding each index as its
-    `SamplePlace` for the process's `rank`."""
+    """A training sampler whose next pass can start part of the way in (`skip`), yielding `SamplePlace`s."""
 
     def __init__(self, sampler: Sampler[int], rank: int | None = None) -> None:
         self.sampler, self.start, self.rank = sampler, 0, rank

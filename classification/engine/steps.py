@@ -95,8 +95,7 @@ class EpochProgress:
 
 @dataclass
 class Pace:
-    """How fast a training pass goes: images trained on by all processes, seconds spent waiting for the loader, and
-    the time since the pass (or its resumed part) began."""
+    """How fast a pass goes: images trained on by all processes, seconds waiting for the loader, time since it began."""
 
     started: float = field(default_factory=time.perf_counter)
     images: int = 0

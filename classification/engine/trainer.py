@@ -345,8 +345,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def refusals_undone(self) -> Iterator[None]:
-        """Stopped by anything before `start` (a data error, Ctrl-C), the run leaves its folder as it found it: its
-        trackers closed as stopped, what it added removed."""
+        """Stopped by anything before `start`, the run leaves its folder as it found it (trackers closed as stopped)."""
         try:
             yield
         except BaseException:

@@ -81,8 +81,7 @@ class LabelObjective:
 
 @dataclass
 class DistillationObjective(LabelObjective):
-    """DeiT's hard distillation: half the class term, half the cross-entropy of the distillation logits with the
-    `teacher`'s class of the same (mixed) image."""
+    """DeiT's hard distillation: half the label term, half cross-entropy with the `teacher`'s class."""
 
     teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
 
@@ -122,8 +121,7 @@ class MapTargetObjective(LabelObjective):
 
     def map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
                                                                                              torch.Tensor]:
-        """(class target, token targets on `grid`) cut from the batch's annotator maps along each crop's geometry;
-        an image the store has no map for gets its image label in both (chosen on the device: no host sync)."""
+        """(class target, token targets on `grid`) cut from the batch's maps; an image without a map: its label."""
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
@@ -137,8 +135,7 @@ class MapTargetObjective(LabelObjective):
 
 @dataclass
 class LabelPoolingObjective(MapTargetObjective):
-    """ReLabel's label pooling: a plain classifier learns the map pooled over the crop, the images and their targets
-    mixed by CutMix (`cutmix_alpha`; 0: none)."""
+    """ReLabel's label pooling: the map pooled over the crop as the target, mixed by CutMix (`cutmix_alpha`)."""
 
     cutmix_alpha: float = 0.0
 
@@ -194,8 +191,7 @@ class TokenLabelingObjective(MapTargetObjective):
         return AnnotatorMaps(*self.annotator.dense_map(images, self.annotator_topk))
 
     def online_targets(self, maps: AnnotatorMaps, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(class target, token targets on `grid`) from the annotator's map of the images the model saw: the map
-        covers the whole image and no crop or flip follows (the identity geometry)."""
+        """(class target, token targets on `grid`) from the annotator's map of the very images the model saw."""
         B = maps.scores.shape[0]
         geometry = CropGeometry(*(t.to(maps.scores.device).expand(B, *t.shape) for t in identity_geometry()))
         return self.token_builder(maps.scores, maps.classes, geometry, grid)

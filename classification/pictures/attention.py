@@ -119,8 +119,7 @@ def position_similarity(pos_embed: torch.Tensor, num_prefix: int = 0) -> torch.T
 
 
 def similarity_mosaic(similarity: torch.Tensor, grid: Grid) -> np.ndarray:
-    """One tile per position (its similarity to every position, as a grid), tiles in the grid's layout, separated
-    by one blank (NaN) row and column."""
+    """One tile per position (its similarity to every position), in the grid's layout, NaN rows between."""
     H, W = grid
     tiles = similarity.reshape(H, W, H, W).numpy()
     mosaic = np.full((H * (H + 1) - 1, W * (W + 1) - 1), np.nan)
@@ -140,8 +139,7 @@ def heat_overlay(image: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def shown_maps(maps: AttentionMaps) -> list[tuple[str, np.ndarray]]:
-    """The maps over the patch grid a figure shows for the first image: the class token's attention rollout, or for
-    CaiT the class attention of every head of the last class-attention block."""
+    """The maps a figure shows for the first image: the class token's rollout, or CaiT's last class attention."""
     if maps.class_attention:
         last = maps.class_attention[-1][0, :, 1:].reshape(-1, *maps.grid)
         return [(f'class attention, head {h}', last[h].numpy()) for h in range(last.shape[0])]

@@ -67,8 +67,7 @@ SHOWN_SIZE = 192  # pixels: smaller images and crops are enlarged to about this
 
 
 def token_label_figure(labels: TokenLabels, class_names: Sequence[str], title: str = '') -> np.ndarray:
-    """Four panels: the image, the annotator's map over it, the augmented crop, its token targets on the token grid
-    (class colour, opacity = probability, grid lines); a legend of the classes that occur."""
+    """Four panels: the image, its map, the augmented crop, its token targets; a legend of the classes."""
     colours = class_colours(len(class_names))
     image = enlarge(labels.image, SHOWN_SIZE // max(labels.image.shape[:2]))
     crop = enlarge(labels.crop, SHOWN_SIZE // labels.crop.shape[0])

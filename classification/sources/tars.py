@@ -175,8 +175,7 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
 
 
 def build_index(tars: Sequence[Path], shards: bool = False) -> dict[str, np.ndarray]:
-    """The images of `tars`: names (relative to their tar), tar numbers, offsets, sizes; `shards`: webdataset shards,
-    whose label members are kept too (`side_*`)."""
+    """The images of `tars`: names, tar numbers, offsets, sizes (`shards`: label members too, as `side_*`)."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
@@ -252,8 +251,7 @@ def open_files_allowed() -> int:
 
 
 class TarMembers:
-    """Where each image of a listing is: its tar (`ON_DISK`: a file of a class folder), offset and size, in NumPy
-    arrays. A tar is opened on its first read in a process."""
+    """Where each image of a listing is: its tar (`ON_DISK`: a class folder's file), offset and size."""
 
     def __init__(self, tars: Sequence[str], tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> None:
         self.tars, self.tar, self.offset, self.size = list(tars), tar, offset, size
@@ -337,8 +335,7 @@ def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> Non
 
 
 def add_class_folders(found: TarSplit, by_class: dict[str, list[tuple[str, int]]], on_disk: int) -> None:
-    """The images of the class folders beside a split folder's per-class tars (at the index position `on_disk`);
-    a class both a folder and a tar is an error naming both (its images would be listed twice)."""
+    """The images of the class folders beside per-class tars; a class both a folder and a tar is an error."""
     for name in found.folders:
         if name in by_class:
             raise DataError(f'{found.index.parent}: the class {name} is both a folder ({name}/) and a tar '

@@ -23,8 +23,7 @@ Splits = dict[str, list[tuple[str, int]]]
 
 
 class TransferLayout(ImageSource):
-    """A published transfer set's layout: the files that mark it (any of them present: the folder is this layout's)
-    and how its splits are read from them."""
+    """A published transfer set's layout: the files that mark it and how its splits are read from them."""
 
     key: ClassVar[str]  # the transfer tool's --dataset
     files: ClassVar[tuple[str, ...]]  # what it reads, relative to the data folder
@@ -75,8 +74,7 @@ class TransferLayout(ImageSource):
         """The classes (in the set's numbering) and both splits' (image name, label)."""
 
     def check_images_present(self, data_dir: Path, samples: list[tuple[str, int]]) -> None:
-        """Every image the split lists is a file, checked before any work (one listing of each folder), not found
-        missing after an epoch."""
+        """Every image the split lists is a file, checked before any work (not found missing after an epoch)."""
         by_folder: dict[str, list[str]] = defaultdict(list)
         for name, _ in samples:
             folder, _, file = name.rpartition('/')

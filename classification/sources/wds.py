@@ -193,8 +193,7 @@ def find_split(data_dir: Path, split: str) -> ShardSplit | None:
 
 
 def check_numbering(shards: Sequence[Path]) -> None:
-    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, ...) without a number skipped (a shard an
-    interrupted download left out)."""
+    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, ...) without a gap a download left."""
     numbers = {int(match[1]): shard for shard in shards if (match := SHARD_NUMBER.search(shard.name))}
     if len(numbers) != len(shards) or not numbers:
         return  # not all numbered: nothing to tell
@@ -322,8 +321,7 @@ def index_strings(index: dict[str, np.ndarray], buffer: str, ends: str) -> list[
 
 def read_samples(found: ShardSplit, index: dict[str, np.ndarray], members: Sequence[str],
                  alt_label: str | None) -> dict[tuple[int, str], Sample]:
-    """Each (shard number, key) of the index with its image and labels; an image or label alone, two images under one
-    key and a key in two shards are errors naming them."""
+    """Each (shard number, key) with its image and labels; an image or label alone or a key twice is an error."""
     samples: dict[tuple[int, str], Sample] = {}
     shard_of: dict[str, int] = {}
     for position, (member, number) in enumerate(zip(members, index['tar'].tolist())):

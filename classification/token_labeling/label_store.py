@@ -120,8 +120,7 @@ DAMAGED = 'the store changed after it was made (copied incompletely, or edited):
 
 
 def file_stamps(root: Path) -> dict[str, list[int]]:
-    """Size, modification time (ns) and inode of each file the verification reads: a copy (new inodes), a rewrite or
-    a truncation changes them."""
+    """Size, modification time (ns) and inode of each file the verification reads."""
     names = [name for name in (META, PATHS, SCORES, CLASSES, EXTENT) if (root / name).exists()]
     names += sorted(f'{DONE}/{f.name}' for f in (root / DONE).iterdir() if not f.name.startswith('.')) \
         if (root / DONE).is_dir() else []
@@ -179,8 +178,7 @@ class TokenLabelStore:
         self._arrays: list[np.ndarray] | None = None
 
     def verify(self, paths: list[str]) -> None:
-        """The image list and every row as they were written (see `verify_rows`), unless `verified.json` records a
-        verification of these very files."""
+        """The image list and every row as written (`verify_rows`), unless `verified.json` records these files."""
         stamps = file_stamps(self.root)
         if (read_marker(self.root / VERIFIED) or {}).get('files') == stamps:
             logger.info(f'{self.root}: token-label store verified earlier ({VERIFIED} matches its files)')

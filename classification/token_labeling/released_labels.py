@@ -161,8 +161,7 @@ def centre_square(size: tuple[int, int]) -> tuple[float, float, float, float]:
 
 
 class ReleaseRows(Dataset):
-    """Rows of the store from release files: (row, scores, classes, extent), (row, None, None, None) without a file,
-    or (row, error message) for a file that fails its check."""
+    """Rows of the store from release files: (row, scores, classes, extent), Nones without a file, or an error."""
 
     def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], reader: ItemReader,
                  files: Sequence[str | None], rows: Sequence[int], shape: tuple[int, ...], num_classes: int,
