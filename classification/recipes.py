@@ -187,9 +187,8 @@ def recipe_for(model_name: str, preset: str | None = None, data_values: dict | N
 
 @dataclass(kw_only=True)
 class TransferRecipe(TrainingRecipe):
-    """CIFAR transfer (T2T-ViT paper, Table 5): the new classifier learns at `lr`, the rest at `lr *
-    backbone_lr_scale`, one cosine to `min_lr`; both scale with the global batch. With token labeling every token
-    trains on the image label."""
+    """CIFAR transfer (T2T-ViT paper, Table 5): the new classifier at `lr`, the rest at `lr * backbone_lr_scale`, one
+    cosine to `min_lr`, all scaled with the global batch; with token labeling every token learns the image label."""
 
     epochs: int = 60
     warmup_epochs: int = 0

@@ -181,9 +181,8 @@ class EraseBoxes:
 
 
 class TrainTransform:
-    """RandomResizedCrop (random bilinear/bicubic), flip, label-aware RandAugment, normalise, random erasing: the PIL
-    path, one image at a time; returns the image tensor and its `CropGeometry`. Erasing touches the image only.
-    `classification.data.batch_augment` draws the same parameters (`sample_*`, in the same order)."""
+    """RandomResizedCrop, flip, label-aware RandAugment, normalise, random erasing (the image only), one image at a
+    time: the image tensor and its `CropGeometry`; the batched path draws the same (`sample_*`, in the same order)."""
 
     takes_path = True  # ImageFolderDataset hands it the file: a colour JPEG is cropped before Pillow sees it
 

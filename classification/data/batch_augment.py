@@ -276,9 +276,8 @@ def grouped_plan(plan: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 @dataclass
 class PendingImages:
-    """A batch of regions on their way to `BatchAugment`, packed one after another (N, 3) (a padded canvas would
-    carry up to 3x the bytes), each region's place in `plan['region']` (offset, h, w), the plans, their `Groups` and
-    the largest region's size."""
+    """A batch of regions packed one after another (N, 3) (a padded canvas would carry up to 3x the bytes), their
+    places in `plan['region']` (offset, h, w), the plans, their `Groups` and the largest region's size."""
 
     pixels: torch.Tensor
     plan: dict[str, torch.Tensor]

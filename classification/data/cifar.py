@@ -227,12 +227,9 @@ def bilinear_matrix(out_size: int, in_size: int) -> torch.Tensor:
 
 
 class CifarInput:
-    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`.
-
-    Bilinear upsampling, then for training a random crop from the upsampled image zero-padded by `padding` (default
-    `img_size // 8`, as T2T-ViT's transfer recipe) and a horizontal flip with probability `hflip`: two small matrix
-    products per image (resampling is separable and linear), no full-size intermediate. The random offsets come from a
-    CPU generator seeded with the batch's `seed`, so a run is reproducible on any device and resumable."""
+    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`: bilinear upsampling, for
+    training a random crop of it zero-padded by `padding` (default `img_size // 8`) and a flip, as two small matrix
+    products per image; the offsets drawn from a CPU generator seeded with the batch's `seed`."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
                  hflip: float = 0.5, padding: int | None = None, in_size: int = 32) -> None:

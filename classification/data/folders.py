@@ -24,13 +24,10 @@ from classification.token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):
-    """One split of a classification data set, as its source lists it (`classification.sources`).
-
-    Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
-    token-label store also the image's top-k `scores` and `classes` maps, the box its map covers (`extent`) and
-    `has_map`. With `skip_unreadable` an unreadable image yields None, which `collate_skipping` drops and counts;
-    otherwise it raises `ImageReadError`. `max_images` keeps at most that many images, spread evenly over the split.
-    The index is held in NumPy arrays, which forked loader workers share (`classification.sources.path_list`)."""
+    """One split of a classification data set, as its source lists it. Items: `image`, `label`, `index`, the crop
+    `geometry` with a training transform, and with a token-label store `scores`, `classes`, `extent` and `has_map`.
+    An unreadable image is None with `skip_unreadable` (dropped and counted by `collate_skipping`), else an
+    `ImageReadError`. The index is held in NumPy arrays, which forked loader workers share."""
 
     def __init__(
             self,
@@ -64,8 +61,7 @@ class ImageFolderDataset(Dataset):
 
     def set_epoch(self, seed: int, epoch: int) -> None:
         """From now on each sample's augmentation is drawn from streams seeded from (seed, epoch, its place in the
-        pass), whichever process reads it: the number of workers does not change the training, and a run resumed
-        mid-epoch reads the rest of it as the stopped run would have."""
+        pass), whichever process reads it: workers and resumes do not change the training."""
         self.epoch_seed = (seed, epoch)
 
     def file(self, index: int) -> Path | MemberFile:

@@ -117,12 +117,9 @@ class BatchPreparation:
 
 
 class Prefetcher:
-    """`prefetch(batches, seed, first)` yields each batch ready for its step, prepared `depth` batches ahead (module
-    docstring); depth 0: serially, on the training thread and stream, the targets made in the loss.
-
-    Batch n of the pass (counted from `first`) draws from `hash_seed(seed, n)`. The first batch is prepared alone:
-    the objective learns the model's token grid from its forward. A batch that fails to prepare raises when its turn
-    comes, after the batches before it were trained on; an error of the loader itself raises at once."""
+    """`prefetch(batches, seed, first)` yields each batch ready for its step, `depth` batches ahead (0: serially, the
+    targets made in the loss); batch n (from `first`) draws from `hash_seed(seed, n)`. The first batch is prepared
+    alone (its forward gives the token grid); a batch that fails to prepare raises when its turn comes."""
 
     def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
                  depth: int = DEPTH, thread: bool | None = None) -> None:

@@ -68,9 +68,8 @@ class PendingLoss(NamedTuple):
 
 @dataclass
 class EpochProgress:
-    """Where a training pass stands: batches done (of the loader's full pass), and this process's loss sum over them
-    and their count. Each step's loss is read on the host one step late (`add`), so nothing between two updates waits
-    for the device; `settle` reads the one still pending."""
+    """Where a training pass stands: batches done, this process's loss sum and count. Each loss is read one step late
+    (`add`), so nothing between two updates waits for the device; `settle` reads the pending one."""
 
     batches: int = 0
     loss_sum: float = 0.0

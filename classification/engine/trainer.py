@@ -302,9 +302,8 @@ class StepOptions:
 
 def training_state(model: nn.Module, params: nn.Module | list, optimization: Optimization, updates_per_epoch: int,
                    amp: str, device: torch.device, options: StepOptions = StepOptions()) -> tuple[StepState, int]:
-    """`model` made ready to train, the one way every run and benchmark does it: gradient checkpointing, on `device`,
-    channels-last, its optimization state (`optimization_state`; the EMA copies the model before it is compiled, so
-    it stays eager), then `torch.compile` in place (the state dict keeps its keys); and the epochs of the schedule."""
+    """`model` made ready to train, the one way every run and benchmark does it (gradient checkpointing, device,
+    channels-last, `optimization_state`, the EMA before `torch.compile`), and the epochs of the schedule."""
     if options.grad_checkpointing:
         use_grad_checkpointing(model)
     model.to(device)

@@ -153,9 +153,8 @@ class LabelPoolingObjective(MapTargetObjective):
 
 @dataclass
 class TokenLabelingObjective(MapTargetObjective):
-    """Token labeling: per-token targets from the annotator's score maps when `token_builder` is set ('pooled': the
-    map pooled over the crop), else the image label. With an online `annotator` the targets come from its dense map
-    of the very images the model sees: no store is read."""
+    """Token labeling: per-token targets from the maps (`token_builder`; 'pooled': pooled over the crop), else the
+    image label; an online `annotator` gives the maps of the very images the model sees."""
 
     token_loss: TokenLabelingLoss | None = None
     cls_target: str = 'map'

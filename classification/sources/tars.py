@@ -120,10 +120,9 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
                   out: tuple[list[str], list[int], list[int]], nested: bool,
                   sidecars: list[tuple[str, bytes]] | None = None) -> None:
-    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` to `out`;
-    a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`. A tar the reader does not take
-    and a tar holding no image are errors naming them; with `sidecars` the label members are read into it, and any
-    other member is an error."""
+    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` to `out`,
+    nested tars (`nested`) in place as `X/NAME`; with `sidecars`, the label members' contents. Any tar or member the
+    reader does not take is an error naming it."""
     names, offsets, sizes = out
     links, others, before = [], set(), len(names)
     try:
@@ -313,9 +312,8 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
 
 
 def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
-    """Each tar of a split folder holds one layout, as its images show (`first`): flat, a per-class tar, or a
-    webdataset shard; a folder's tars all hold the same one, and beside class folders only per-class tars stand (a
-    tar of another layout would make a wrong class)."""
+    """Each tar of a split folder holds one layout, as its images show (`first`), the same as its folder's other
+    tars; beside class folders only per-class tars stand."""
     for number, tar in enumerate(found.tars):
         if (number, 0) in first and (number, 1) in first:
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '

@@ -116,9 +116,8 @@ def generate_token_labels(
         skip_unreadable: bool = False,
         amp: str = 'none',
 ) -> dict:
-    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data. `shard_size` defaults to
-    the existing store's, else DEFAULT_SHARD_SIZE; `skip_unreadable` gives undecodable images an empty row, listed in
-    the meta data; `amp` 'bf16' runs the annotator under bf16 autocast (top-k on fp32 logits)."""
+    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data. `skip_unreadable` gives
+    undecodable images an empty row; `amp` 'bf16' runs the annotator under autocast (top-k on fp32 logits)."""
     data_dir, output = Path(data_dir), Path(output)
     if topk < 1:
         raise UsageError(f'--topk must be at least 1, got {topk}')

@@ -140,9 +140,8 @@ def record_verification(root: Path, stamps: dict[str, list[int]]) -> None:
 
 
 class TokenLabelStore:
-    """Reads a store: `row_of`, `rows_of`, `read(row) -> (scores, classes)` (h, w, k), `extent(row)` and
-    `has_map(row)`. Opening it verifies it against its own record unless `verified.json` shows it verified with its
-    files as they are, or `verify=False`."""
+    """Reads a store by image path (`row_of`, `rows_of`, `read`, `extent`, `has_map`); opening it verifies it against
+    its own record unless `verified.json` shows these files verified, or `verify=False`."""
 
     def __init__(self, root: str | Path, verify: bool = True) -> None:
         self.root = Path(root)
@@ -295,9 +294,8 @@ def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, .
 
 
 class StoreWriter:
-    """Writes a store shard by shard, resumably: each process takes every world_size-th shard not yet done, writes,
-    flushes and marks it. A folder already holding a store must have the same `shaping` values of `meta`; `finish`
-    marks it complete only when every shard verifies."""
+    """Writes a store shard by shard, resumably (each process every world_size-th shard not yet done); an existing
+    store must have the same `shaping` values; `finish` marks it complete once every shard verifies."""
 
     def __init__(self, root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                  with_extent: bool = False, skipped_key: str = 'unreadable') -> None:
