@@ -135,24 +135,18 @@ PRESETS = {
     'token-labeling': dict(token_labeling=True, token_target='map', mix_token=1.0),
     # the paper's Standard baseline: no token labels, MixUp 0.8 + CutMix 1.0, lr 1e-3 per 1024 images
     'standard': dict(token_labeling=False, mixup=0.8, cutmix=1.0, lr_scale=640 / 1024),
-    # MixToken with the image label only: every token (and the class token) learns the image label, mixed by
-    # the MixToken box; no annotator
+    # MixToken with the image label only: every token (and the class token) learns the image label; no annotator
     'mixtoken-label': dict(token_labeling=True, token_target='label', cls_target='label', mix_token=1.0),
     # Table 2's CutMix + image label: a plain classifier with CutMix alone (no MixUp, no token labels), lr as Standard
     'cutmix-label': dict(token_labeling=False, mixup=0.0, cutmix=1.0, lr_scale=640 / 1024),
     # token labeling without MixToken
     'token-labeling-no-mixtoken': dict(token_labeling=True, token_target='map', mix_token=0.0),
-    # ReLabel (Table 2's CutMix + ReLabel, Table 4's ReLabel row): a plain classifier learns the annotator's map
-    # pooled over each crop (LabelPooling: one soft label per image), images and targets mixed by CutMix; no MixUp;
-    # lr 1e-3 per 1024 images as the paper's Re-labeling row
+    # ReLabel (Table 2's CutMix + ReLabel, Table 4): a plain classifier learns the map pooled over each crop, CutMix
     'relabel': dict(token_labeling=False, label_pooling=True, mixup=0.0, cutmix=1.0, lr_scale=640 / 1024),
-    # Table 2's MixToken + ReLabel: the token-labeling model and MixToken, every token (and the class token) learning
-    # the map pooled over the crop instead of its own region's: token labeling with the dense targets made coarse
+    # Table 2's MixToken + ReLabel: token labeling and MixToken, every token learning the map pooled over the crop
     'relabel-mixtoken': dict(token_labeling=True, token_target='pooled', cls_target='map', mix_token=1.0),
-    # the ViT paper's fine-tuning (with --finetune; --new-head for a new class list): SGD momentum 0.9, no weight
-    # decay, gradients clipped at global norm 1, cosine decay, 384 px, the new classifier zero-initialised; lr 0.01
-    # per 512 images (its grid: 0.001 to 0.03) and 8 epochs (its 20k steps of 512 on ImageNet); inception crop and
-    # flip only, as the paper: no RandAugment, erasing, mixup, label smoothing, stochastic depth or EMA
+    # the ViT paper's fine-tuning (with --finetune): lr 0.01 per 512 images (its grid: 0.001 to 0.03), 8 epochs (its
+    # 20k steps of 512), inception crop and flip only (docs/imagenet.md)
     'vit-finetune': dict(token_labeling=False, opt='momentum', lr_base=0.01, lr_base_batch=512, weight_decay=0.0,
                          clip_grad=1.0, img_size=384, epochs=8, warmup_epochs=0, min_lr=0.0, zero_head=True,
                          auto_augment=None, reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0, drop_path=0.0,
@@ -225,22 +219,14 @@ def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
     return TransferRecipe(**TRANSFER_OPTIMIZERS[opt])
 
 
-# Fine-grained transfer (tools/transfer.py --dataset flowers102|cars|pets|inat2018|inat2019|folder): DeiT's fine-tuning
-# for transfer, which the DeiT paper (section 5.3, Tables 6 and 7) reports on these sets at 224 px and the CaiT paper
-# reuses. Its values are DeiT main.py's defaults, as iBOT's evaluation/eval_cls.py ("mostly copy-paste from DeiT")
-# keeps them: AdamW, weight decay 0.05, 5 warm-up epochs from 1e-6, cosine to 1e-5 (the cooldown epochs are never run:
-# its loop stops at --epochs), RandAugment rand-m9-mstd0.5-inc1 with bicubic crops, random erasing 0.25, MixUp 0.8 +
-# CutMix 1.0, label smoothing 0.1, stochastic depth 0.1, EMA 0.99996, repeated augmentation (3 copies), and the lr
-# scaled linearly per 512 images (lr x batch / 512). No token labeling: a plain classifier on a new head.
+# Fine-grained transfer (tools/transfer.py --dataset ...): DeiT's fine-tuning for transfer (DeiT paper, section 5.3),
+# DeiT main.py's defaults as iBOT's evaluation keeps them; docs/cifar.md gives the sources.
 DEIT_FINETUNE = dict(token_labeling=False, label_pooling=False, mix_token=0.0, opt='adamw', lr_base_batch=512,
                      weight_decay=0.05, warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=0,
                      auto_augment='rand-m9-mstd0.5-inc1', interpolation='bicubic', reprob=0.25, mixup=0.8, cutmix=1.0,
                      smoothing=0.1, drop_path=0.1, ema_decay=0.99996, aug_repeats=3, img_size=224, clip_grad=None,
                      zero_head=False)
-# Per set, iBOT's run.sh (bytedance/ibot, for ViT-B/16 "the default fine-tuning recipe proposed in DeiT"): 96 images per
-# GPU on 8 GPUs, lr 7.5e-6 for 1000 epochs (Flowers), 7.5e-5 for 1000 epochs (Cars), 7.5e-6 for 360 epochs with
-# erasing 0.1 (iNaturalist 2018 and 2019). Neither DeiT nor iBOT gives Pets (the ViT paper reports it): it takes the
-# recipe of Flowers, the set of its size; a folder data set of the user's takes it too.
+# Per set, iBOT's run.sh for ViT-B/16; Pets and a folder data set take Flowers' values (neither paper gives them).
 TRANSFER_SETS = {
     'flowers102': dict(batch_size=96, lr_base=7.5e-6, epochs=1000),
     'cars': dict(batch_size=96, lr_base=7.5e-5, epochs=1000),
