@@ -215,7 +215,6 @@ def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
 
 
 def model_data_config(name: str) -> dict:
-    """timm's data config of a registered model: input size, crop fraction, interpolation, mean and std."""
     check_model_name(name)
     return resolve_data_config({}, pretrained_cfg=get_pretrained_cfg(name).to_dict())
 

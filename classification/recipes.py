@@ -155,7 +155,6 @@ PRESETS = {
 
 
 def apply_preset(values: dict, preset: str) -> dict:
-    """`values` (recipe fields) with a named preset of PRESETS applied."""
     if preset not in PRESETS:
         raise ValueError(f'unknown preset {preset!r}; choose one of: {", ".join(PRESETS)}')
     values = dict(values)

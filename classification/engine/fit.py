@@ -341,8 +341,7 @@ def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
 
 
 def repair_log(output: Path, last: dict) -> None:
-    """Make log.jsonl hold one line per epoch up to last.pth's: a kill may have cut a line or come between
-    writing last.pth and logging its epoch (last.pth holds that epoch's record)."""
+    """Make log.jsonl hold one line per epoch up to last.pth's, after a kill cut a line or came before it."""
     path, done = output / LOG, last['epochs_done']
     records = {}
     for line in (path.read_text().splitlines() if path.exists() else []):

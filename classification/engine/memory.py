@@ -35,7 +35,6 @@ def process_memory(pid: int | None = None) -> Memory:
 
 
 def child_pids(pid: int | None = None) -> list[int]:
-    """The direct children of process `pid` (default: this one)."""
     pid = pid or os.getpid()
     children: list[int] = []
     for task in Path(f'/proc/{pid}/task').iterdir():

@@ -39,8 +39,7 @@ class Objective(Protocol):
         """The loss of the model's `output` on `batch`."""
 
     def targets_ahead(self, batch: dict, device: torch.device) -> dict:
-        """`batch` with the targets the objective can make before the model runs (its loss then uses them), or as it
-        is; random draws belong in `prepare`, not here."""
+        """`batch` with the targets the objective can make before the forward (no random draws), or as it is."""
 
 
 def to_device(value, device: torch.device):

@@ -48,8 +48,7 @@ class StepState:
 
 
 class PendingLoss(NamedTuple):
-    """A step's loss on its way to the host (`HostCopy`: reading it waits for that step only, not for the kernels
-    queued since), and the update it belongs to, for the error."""
+    """A step's loss on its way to the host (`HostCopy`: reading it waits for that step only), and its update."""
 
     copy: HostCopy
     update: int
@@ -148,9 +147,8 @@ class PassOptions:
 
 @dataclass(frozen=True)
 class PassHooks:
-    """What a training pass calls: `log` with every update (`TrainingStep`); `on_start` once the loader's iterator
-    exists (it draws its workers' seed: a resumed run restores its random streams after that draw);
-    `after_update(progress)` after every update (it raises to stop the run there)."""
+    """What a training pass calls: `log` every update; `on_start` once the loader's iterator exists (it draws its
+    workers' seed); `after_update(progress)` after every update (it raises to stop the run there)."""
 
     log: Callable[[TrainingStep], None] | None = None
     on_start: Callable[[], None] | None = None

@@ -42,8 +42,7 @@ def run_id(output: Path, name: str, make: Callable[[], str]) -> str:
 
 
 class WandbTracker:
-    """A wandb run, resumed by its id; each axis a step metric of its own (an update count and an epoch number
-    both rise, but a resume goes back to its checkpoint's update, which wandb's own step may not)."""
+    """A wandb run, resumed by its id; each axis a step metric of its own (a resume goes back in updates)."""
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
         wandb = import_extra('wandb', '--log-wandb')
@@ -67,8 +66,7 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    """An MLflow run in the experiment `experiment`, resumed by its id; the settings as its parameters (logged on the
-    first start only: MLflow refuses a parameter logged twice)."""
+    """An MLflow run, resumed by its id; the settings as its parameters, logged on the first start only."""
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
         mlflow = import_extra('mlflow', '--log-mlflow')
@@ -129,8 +127,7 @@ def close_all(runs: list[Tracker], finished: bool) -> None:
 
 
 def start_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> StartedTrackers:
-    """The trackers asked for, started (or resumed) for the run in `output`; where one cannot start, a
-    TrackerError, the ones started before it closed as stopped."""
+    """The trackers asked for, started (or resumed); one that cannot start is a TrackerError, the others stopped."""
     runs: list[Tracker] = []
     try:
         for asked, tracker in ((wandb, WandbTracker), (mlflow, MlflowTracker)):

@@ -86,8 +86,7 @@ class RunOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str, command: str | None = None,
                   settings: dict | None = None) -> 'RunOptions':
-        """The options `add_run_arguments` declared, by name; the `command`'s `settings` for args.yaml. The trackers'
-        clients are checked here, before any data is prepared."""
+        """The options `add_run_arguments` declared; `settings` for args.yaml; the trackers' clients checked now."""
         own = ('output', 'model_kwargs', 'command', 'settings')
         taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in own}
         check_trackers(taken['log_wandb'], taken['log_mlflow'])
@@ -216,8 +215,7 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
 
 @dataclass(frozen=True)
 class Optimization:
-    """How a run optimises: timm's optimizer `opt` at `lr` (for the global batch), timm's cosine schedule with
-    warm-up and cooldown, gradient clipping, and the EMA's decay (0: none)."""
+    """How a run optimises: timm's optimizer and cosine schedule, gradient clipping, and the EMA's decay (0: none)."""
 
     opt: str
     lr: float
@@ -255,9 +253,8 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
-    """timm's weight-decay groups of `model` (none on biases, norms and its `no_weight_decay()` tables); with
-    `layer_decay`, timm's layer-wise groups (their `lr_scale` the schedule applies), the top layer's first: the lr
-    logged is the first group's."""
+    """timm's weight-decay groups of `model` (none on biases, norms and `no_weight_decay()`); with `layer_decay`,
+    timm's layer-wise groups, the top layer's first (the lr logged)."""
     skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
     if not layer_decay:
         return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
@@ -267,8 +264,7 @@ def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float |
 
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
                        updates_per_epoch: int, amp: str, fused: bool = True) -> tuple[StepState, int]:
-    """timm's optimizer over `params` (fused where it can be) and its cosine schedule stepped per update, the fp16
-    loss scaler and the EMA of `model`; and the epochs the schedule spans."""
+    """timm's optimizer over `params` and its per-update cosine schedule, the fp16 scaler, the EMA; the epochs."""
     o = optimization
     fused = {'fused': True} if fused and o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
     if o.layer_decay and isinstance(params, nn.Module):
@@ -327,8 +323,7 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
 
 class Trainer:
     def __init__(self, options: RunOptions, info: DistInfo) -> None:
-        """The run's folder made and its trackers started, the first things a run does: a tracker that cannot start
-        is refused before any data is read, and leaves nothing behind."""
+        """The run's folder made and its trackers started before any data is read (one that cannot start is refused)."""
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
         self.trackers = StartedTrackers([])

@@ -16,7 +16,6 @@ from classification.data.augment import CropGeometry
 
 
 def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Label smoothing of a probability target over its last dimension."""
     return target * (1.0 - smoothing) + smoothing / target.shape[-1] if smoothing > 0 else target
 
 

@@ -23,8 +23,6 @@ from backbones.token_head import token_grid
 
 @dataclass
 class AttentionMaps:
-    """The attention weights of one forward pass."""
-
     blocks: list[torch.Tensor] = field(default_factory=list)  # per block (B, heads, N, N), over every token
     class_attention: list[torch.Tensor] = field(default_factory=list)  # CaiT: per block (B, heads, 1 + patches)
     grid: Grid = (0, 0)  # the patch grid

@@ -55,7 +55,6 @@ class Sample:
 # ------------------------------------------------------------------------------------------ finding a split's shards
 
 def read_info(data_dir: Path) -> tuple[Path, dict] | None:
-    """The info file beside the shards, parsed; None where there is none."""
     for path in (data_dir / name for name in INFO_FILES):
         if not path.is_file():
             continue

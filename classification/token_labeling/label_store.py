@@ -257,7 +257,6 @@ def open_store(root: str | Path, verify: bool, info: DistInfo) -> TokenLabelStor
 
 
 def read_meta(root: Path) -> dict | None:
-    """A store's meta data, or None where there is no store yet."""
     if not (root / META).exists():
         return None
     try:
@@ -404,5 +403,4 @@ def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequenc
 
 
 def label_store_complete(labels_dir: Path) -> bool:
-    """Whether `labels_dir` holds a store whose writing finished (its meta says so)."""
     return (labels_dir / META).is_file() and json.loads((labels_dir / META).read_text()).get('complete', False)
