@@ -39,6 +39,11 @@ def identity_geometry() -> CropGeometry:
     return CropGeometry(torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor(False), torch.eye(3)[:2].clone())
 
 
+# the entry of the affine map each shear or translation sets, and whether its argument is a fraction of the size
+AFFINE_ENTRIES = {'ShearX': (0, 1, False), 'ShearY': (1, 0, False), 'TranslateX': (0, 2, False),
+                  'TranslateY': (1, 2, False), 'TranslateXRel': (0, 2, True), 'TranslateYRel': (1, 2, True)}
+
+
 def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]) -> np.ndarray:
     """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops (PIL samples the
     input at `M @ (x, y, 1)` for output pixel-edge coordinates), for the arguments timm passes."""
@@ -50,21 +55,11 @@ def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]
         to_centre = np.array([[1.0, 0.0, -w / 2], [0.0, 1.0, -h / 2], [0.0, 0.0, 1.0]])
         from_centre = np.array([[1.0, 0.0, w / 2], [0.0, 1.0, h / 2], [0.0, 0.0, 1.0]])
         return from_centre @ rot @ to_centre
-    m = np.eye(3)
-    if op_name == 'ShearX':
-        m[0, 1] = arg
-    elif op_name == 'ShearY':
-        m[1, 0] = arg
-    elif op_name == 'TranslateXRel':
-        m[0, 2] = arg * w
-    elif op_name == 'TranslateYRel':
-        m[1, 2] = arg * h
-    elif op_name == 'TranslateX':
-        m[0, 2] = arg
-    elif op_name == 'TranslateY':
-        m[1, 2] = arg
-    else:
+    if op_name not in AFFINE_ENTRIES:
         raise ValueError(f'not a geometric RandAugment op: {op_name}')
+    row, col, relative = AFFINE_ENTRIES[op_name]
+    m = np.eye(3)
+    m[row, col] = arg * size[row] if relative else arg
     return m
 
 

@@ -51,8 +51,7 @@ def saved_folder(folder: Path) -> SavedSplit | None:
 
 
 def find_saved_split(data_dir: Path, split: str) -> SavedSplit | None:
-    """The split as `datasets` saved it under `data_dir`; None where nothing there is `datasets`'; a DataError where
-    something is but not the split."""
+    """The split as `datasets` saved it under `data_dir`; None where nothing there is `datasets`', else a DataError."""
     if not data_dir.is_dir():
         return None
     names = split_names(split)

@@ -121,8 +121,7 @@ def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
 
 
 def numbered(values: np.ndarray, where: Path, what: str, count: int | None = None) -> np.ndarray:
-    """`values` as integers 1..count (from 1 where `count` is None: the sets number from 1), or a DataError naming
-    the file and the first entry at fault: never a fraction or a text cut to an integer."""
+    """`values` as integers 1..count (from 1), or a DataError naming the file and the first entry at fault."""
     values = np.asarray(values).ravel()
     try:  # a MATLAB struct's field is an object array of numbers
         whole = values.dtype.kind in 'iu' or np.all(np.mod(values.astype(np.float64), 1) == 0)

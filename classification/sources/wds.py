@@ -160,8 +160,7 @@ def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
 
 
 def named_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
-    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split;
-    where something does, such shards are named in a warning (every entry is read or named)."""
+    """The split's shards by timm's naming where nothing else stores the split (else named in a warning)."""
     found = {name: sorted(tar for tar in {*data_dir.glob(f'{name}-*{TAR_SUFFIX}'),
                                           *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')} if is_split_tar(tar))
              for name in split_names(split)}

@@ -128,8 +128,7 @@ def file_stamps(root: Path) -> dict[str, list[int]]:
 
 
 def record_verification(root: Path, stamps: dict[str, list[int]]) -> None:
-    """Remember that the store verified with these files, unless one changed within RACY_SECONDS (its time stamp
-    could then hide a change to come) or the folder is read-only (the next start verifies again)."""
+    """Remember that the store verified with these files, unless one changed within RACY_SECONDS or it is read-only."""
     newest = max(mtime for _, mtime, _ in stamps.values())
     if time.time_ns() - newest < RACY_SECONDS * 1e9:
         return

@@ -79,8 +79,7 @@ def release_files(release_dir: Path) -> tuple[list[str], dict[str, str], list[st
 
 def check_one_image_per_file(keys: Sequence[str], paths: Sequence[str], files: dict[str, str],
                              release_dir: Path) -> None:
-    """A release file is matched by class folder and image stem (`keys`): two images of one class with the same stem
-    (x.JPEG and x.png) would both take x.pt."""
+    """Two images of one class with the same stem (x.JPEG, x.png) would both take x.pt: an error."""
     first: dict[str, str] = {}
     for key, path in zip(keys, paths):
         if key not in files:
