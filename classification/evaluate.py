@@ -1,10 +1,7 @@
 """Top-1 / top-5 of a classification checkpoint on an ImageNet-layout split, with its eval transform (what the
 checkpoint's run recorded: `classification.engine.checkpoints.checkpoint_data_config`); the logic of tools/eval_cls.py.
-
-Models with a token head (LV-ViT, or any model trained here with token labeling) predict with the paper's rule:
-class logits + 0.5 x the class-wise max over the token logits; distilled models (a distillation token) with DeiT's:
-the mean of the class and distillation heads.
-"""
+Models with a token head predict with the LV-ViT rule (class logits + 0.5 x the class-wise max over the token
+logits), distilled models with DeiT's (the mean of the class and distillation heads)."""
 from __future__ import annotations
 
 import argparse
@@ -83,10 +80,7 @@ TIMM_VALIDATE_FLAGS = {
 
 def class_order(data_dir: Path, split: str, recorded: list[str] | None) -> tuple[list[str] | None, str]:
     """The class list that labels a split (None: its sorted class folders), and in words which order that is.
-
-    ImageNet-V2 names its class folders 0 ... 999, the index of each class in ImageNet's order (its sorted WordNet
-    ids): numeric folders the checkpoint's class list does not name are read that way, folder i as class i (sorting
-    the names would put 10 before 2)."""
+    ImageNet-V2's numeric class folders the checkpoint does not name are read folder i as class i."""
     found = split_classes(data_dir, split)
     if all(name.isdigit() for name in found) and not (recorded and set(found) <= set(recorded)):
         count = len(recorded) if recorded else max(map(int, found)) + 1
@@ -98,9 +92,7 @@ def class_order(data_dir: Path, split: str, recorded: list[str] | None) -> tuple
 
 
 def load_split(data_dir: str, split: str, checkpoint: str, transform) -> tuple[ImageFolderDataset, str]:
-    """The split labelled with the checkpoint's own class list when it records one (a class folder may be absent;
-    one it does not know is an error), ImageNet-V2's numeric folders by their number, else with the split's sorted
-    class folders; and which of these orders it is."""
+    """The split labelled by `class_order` (a class the checkpoint does not know is an error), and that order."""
     classes, order = class_order(Path(data_dir), split, checkpoint_classes(checkpoint))
     return ImageFolderDataset(data_dir, split, transform, classes=classes,
                               classes_from=f'the checkpoint {checkpoint}'), order

@@ -1,17 +1,10 @@
 """A classification checkpoint as files other tools load: the logic of tools/export.py (`export_classifier`, `main`).
 
-The model is built as tools/eval_cls.py builds it, with the checkpoint's model (the EMA when its run kept one), or
-with `use_ema` True or False its EMA copy or its trained weights: the folder holds that one weight set, and
-`suite_weights` in its config.json says which. The folder gets `model.safetensors` and `config.json`, written by timm's
-own `save_for_hf` (the architecture, the arguments that rebuild it, the preprocessing the checkpoint records at the
-input size it was trained at or `img_size`, the class names), which `timm.create_model('local-dir:FOLDER')` builds
-(with the suite's models registered: `import backbones`); with `torch_export`, `model.pt2`, and with `onnx`,
-`model.onnx` (input `images`, output `logits`), the eval model at that input size with a dynamic batch size; and
-`suite_export.json`, the suite's mark (backbones/common/exporting.py). Only such a folder, an empty one or a new one
-is written. Each file is checked against the eval model's outputs (ONNX in onnxruntime), and timm's model as a timm
-user runs it on an image file (`check_timm_preprocessing`), before the folder is given its name. docs/export.md
-("Classifiers") shows how each file is loaded.
-"""
+The model is built as tools/eval_cls.py builds it, with one weight set (`suite_weights` in config.json says which).
+The folder gets `model.safetensors` and `config.json` (timm's `save_for_hf`, which
+`timm.create_model('local-dir:FOLDER')` builds), optionally `model.pt2` and `model.onnx`, and `suite_export.json`, the
+suite's mark; each file is checked against the eval model's outputs before the folder is given its name.
+docs/export.md ("Classifiers") shows how each file is loaded."""
 from __future__ import annotations
 
 import argparse
@@ -70,8 +63,7 @@ def timm_model_from(folder: Path) -> torch.nn.Module:
 
 
 def check_image(path: Path, size: int) -> Path:
-    """A PNG at `path` that an eval transform both resizes and crops (wider than tall, not the input size): colour
-    gradients and noise."""
+    """A PNG that an eval transform both resizes and crops (wider than tall): colour gradients and noise."""
     height, width = size + size // 3 + 5, 2 * size + 7
     y, x = np.mgrid[0:height, 0:width] + 0.5
     rgb = np.stack([255 * x / width, 255 * y / height, 128 + 100 * np.sin(x / 5.0) * np.cos(y / 7.0)], axis=-1)
@@ -81,9 +73,7 @@ def check_image(path: Path, size: int) -> Path:
 
 
 def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dict) -> None:
-    """timm's own way with the folder, its model and its preprocessing from config.json (`resolve_data_config`,
-    `create_transform`), on an image file gives the suite's prediction: the eval model on the image through the
-    eval transform of `data_cfg`."""
+    """timm's own way with the folder (its model and preprocessing) gives the suite's prediction on an image file."""
     timm_model = timm_model_from(folder)
     timm_transform = create_transform(**resolve_data_config({}, model=timm_model))
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,9 +88,8 @@ def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dic
 
 def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images: torch.Tensor,
                expected: torch.Tensor) -> torch.nn.Module:
-    """The eval model as timm builds it: without the suite's token-labeling wrapper, when the model predicts the same
-    by itself (LV-ViT, whose token head is its own); any other model trained with token labeling needs the wrapper's
-    inference rule, which timm cannot rebuild."""
+    """The eval model as timm builds it: without the token-labeling wrapper where the model predicts the same by
+    itself (LV-ViT); other token-labeling models need the wrapper, which timm cannot rebuild."""
     if not isinstance(model, TokenLabelingModel):
         return model
     bare = bare_model(model)
@@ -115,8 +104,7 @@ def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images:
 def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool | None = None,
                       img_size: int | None = None,
                       torch_export: bool = False, onnx: bool = False, model_kwargs: dict | None = None) -> Path:
-    """Write the export folder `out` (see the module's docstring); returns it. The files are written into a
-    temporary folder beside `out` and checked there, then renamed: `out` is complete or absent."""
+    """Write the export folder `out`, complete or not at all (written and checked beside it, then renamed)."""
     check_model_name(model_name)
     count = checkpoint_class_count(model_name, checkpoint, use_ema)
     data_cfg = trained_data_config(model_name, checkpoint, img_size)
@@ -147,7 +135,6 @@ def export_classifier(model_name: str, checkpoint: str, out: Path, use_ema: bool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """tools/export.py classifier's arguments."""
     add_model_argument(p)
     p.add_argument('--checkpoint', required=True, help='a checkpoint of train_cls/transfer or a release')
     add_weights_argument(p)
@@ -174,8 +161,7 @@ KINDS = {  # tools/export.py's subcommands: what each exports, in a line and in 
 
 def build_parser(description: str | None = None, fallback: type[EmbeddedSegData] | None = None
                  ) -> argparse.ArgumentParser:
-    """tools/export.py's options (`description`: its usage text): a subcommand per kind of checkpoint; the
-    segmentor's takes `fallback`'s options (the data its config runs on without ADE20K)."""
+    """tools/export.py's options, a subcommand per kind of checkpoint (the segmentor's takes `fallback`'s options)."""
     parser = command_parser(description, 'export.py')
     kinds = parser.add_subparsers(dest='kind', required=True)
     for kind, (what, described) in KINDS.items():
@@ -192,8 +178,7 @@ def build_parser(description: str | None = None, fallback: type[EmbeddedSegData]
 
 def main(argv: list[str] | None = None, description: str | None = None,
          fallback: type[EmbeddedSegData] | None = None) -> Path:
-    """tools/export.py: a classifier or a segmentor (without ADE20K on disk, its config runs on `fallback`'s data:
-    the tool gives its embedded set)."""
+    """tools/export.py: a classifier or a segmentor (whose config runs on `fallback`'s data without ADE20K)."""
     args = build_parser(description, fallback).parse_args(argv)
     out = Path(args.out)
     check_export_folder(out, args.kind)

@@ -39,8 +39,7 @@ class ImageData:
 @dataclass(frozen=True)
 class Annotation:
     """What a run on a tool's embedded set needs first when its recipe learns from an annotator's maps: `model`
-    trained with `recipe` in `run_dir` (its keyword arguments: `model_kwargs`), then its token labels written to
-    `labels_dir` (tools/train_cls.py's first two stages, each skipped where it is done)."""
+    trained in `run_dir`, then its token labels written to `labels_dir`."""
 
     model: str
     recipe: Recipe
@@ -50,9 +49,8 @@ class Annotation:
 
 
 class EmbeddedImageData(EmbeddedData, Protocol):
-    """The data a run takes without --data-dir, which a tool gives `main` (tools/train_cls.py: its embedded set):
-    besides its options, the recipe values it sets for itself (applied before a preset), the images (written on first
-    use) with the folder of their token labels where the recipe reads some, and the annotation that makes those."""
+    """The data a run takes without --data-dir: its options, the recipe values it sets for itself, the images with
+    their token labels' folder, and the annotation that makes those."""
 
     recipe_values: ClassVar[dict]
 
@@ -83,10 +81,7 @@ def check_decode(decode: str, augment: str, device: torch.device) -> None:
 
 def make_loaders(data: ImageData, store: TokenLabelStore | None, recipe: Recipe, data_cfg: dict, info: DistInfo,
                  options: RunOptions, augment: str = 'pil', decode: str = 'cpu', fast_decode: bool = False):
-    """Training batches (label-aware augmentation, token labels) and validation batches, the class list, and the
-    device half of the augmentation (`augment='batched'`) or None; `decode='gpu'`: the batched path's JPEGs are
-    decoded by the device half, on the training device; `fast_decode`: the training JPEGs decoded in the workers
-    with libjpeg-turbo's fast IDCT and upsampling (not Pillow's pixels)."""
+    """Training and validation batches, the class list, and the device half of the augmentation or None."""
     train_tf = TrainTransform(recipe.img_size, scale=(recipe.scale_min, 1.0), hflip=recipe.hflip,
                               auto_augment=recipe.auto_augment, reprob=recipe.reprob,
                               interpolation=recipe.interpolation, mean=data_cfg['mean'], std=data_cfg['std'],
@@ -111,9 +106,7 @@ def train_tf_reference(transform) -> TrainTransform:
 
 
 def token_label_pictures(train_set: ImageFolderDataset, transform: TrainTransform, count: int) -> Pictures:
-    """`count` training images (spread over the set) with their annotator maps and one augmentation's token targets,
-    for TensorBoard at every validation; with `--skip-unreadable` an unreadable one is left out, as training skips
-    it."""
+    """`count` training images with their maps and one augmentation's token targets, for TensorBoard."""
     picks = range(0, len(train_set), max(1, len(train_set) // count))[:count]
     store = train_set.label_store
 

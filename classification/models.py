@@ -54,10 +54,9 @@ def freeze_features(model: nn.Module) -> None:
 
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
                       mix_token: float = 1.0, distilled: bool = False, frozen: bool = False, **kwargs) -> nn.Module:
-    """A model for training or evaluation; with `token_labeling`, wrapped with a token head and MixToken (for any
-    model: see `backbones.token_head`); `distilled`: with a distillation token and head; `frozen`: its classifiers
-    alone learn (`freeze_features`). The model's `architecture` records these arguments (training checkpoints store
-    it)."""
+    """A model for training or evaluation; `token_labeling`: with a token head and MixToken (`backbones.token_head`);
+    `distilled`: with a distillation token and head; `frozen`: `freeze_features`. The model's `architecture` records
+    these arguments."""
     architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
                     'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
     family = family_of(name)
@@ -140,8 +139,7 @@ CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.tar', '.bin', '.safetensors', '.npz', '.
 
 
 def add_start_arguments(parser: argparse.ArgumentParser, finetune_help: str) -> None:
-    """The weights a training run starts from: `--finetune CKPT` (a local file), or `--pretrained`, timm's pretrained
-    weights of the model (`start_weights`)."""
+    """`--finetune CKPT` (a local file) or `--pretrained` (timm's weights): `start_weights`."""
     start = parser.add_mutually_exclusive_group()
     start.add_argument('--finetune', metavar='CKPT', help=finetune_help)
     start.add_argument('--pretrained', action='store_true', help=f'start from {PRETRAINED_HELP} (as --finetune does '
@@ -149,8 +147,7 @@ def add_start_arguments(parser: argparse.ArgumentParser, finetune_help: str) -> 
 
 
 def start_weights(args: argparse.Namespace) -> str | None:
-    """The file a training run starts from (`add_start_arguments`): --finetune's, or timm's weights in the cache;
-    either named before any data is listed (an ImageNet listing or a shard index takes minutes)."""
+    """The file a training run starts from, named before any data is listed (an ImageNet listing takes minutes)."""
     if args.pretrained:
         return pretrained_file(args.model, '--finetune FILE')
     if args.finetune is not None and not Path(args.finetune).is_file():
@@ -159,8 +156,7 @@ def start_weights(args: argparse.Namespace) -> str | None:
 
 
 def refuse_pretrained_file(argv: list[str]) -> None:
-    """`--pretrained FILE`, the former spelling of `--finetune FILE` in tools/transfer_cifar.py, refused with the new
-    one (argparse would take the file for a stray argument or, after the model, for the model)."""
+    """`--pretrained FILE`, the former spelling of `--finetune FILE`, refused with the new one."""
     for i, arg in enumerate(argv):
         value = arg.partition('=')[2] if arg.startswith('--pretrained=') else \
             (argv[i + 1] if arg == '--pretrained' and i + 1 < len(argv) else None)
@@ -182,8 +178,7 @@ def check_finite(logits: torch.Tensor, checkpoint: str) -> torch.Tensor:
 
 
 def zero_classifiers(model: nn.Module) -> None:
-    """Zero the weights and biases of the model's classifiers (the class head, and the distillation and token heads
-    it has): a new head's start in the ViT paper's fine-tuning."""
+    """Zero the weights and biases of every classifier head: ViT fine-tuning's start of a new head."""
     heads = model.get_classifier()
     for head in (*(heads if isinstance(heads, tuple) else (heads,)), getattr(model, TOKEN_HEAD, None)):
         for param in (head.parameters() if head is not None else ()):
@@ -191,8 +186,7 @@ def zero_classifiers(model: nn.Module) -> None:
 
 
 def takes_input_size(name: str) -> bool:
-    """Whether a model is built for one input size (`img_size`): the suite's, and timm's whose cfg says so (ViTs,
-    MLP-Mixers); CNNs take any size as they are."""
+    """Whether a model is built for one input size: the suite's, and timm's whose cfg says so."""
     return model_family(name) is not None or bool(get_pretrained_cfg(name).fixed_input_size)
 
 
@@ -206,8 +200,7 @@ def whole_patches(name: str, img_size: int, model_kwargs: dict | None = None) ->
 
 
 def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
-    """The input size must give the model at least one patch, and a whole number of them where it needs that (its
-    patch embedding: `patch_embed`, or MLP-Mixer's `stem`)."""
+    """The input size must give the model at least one patch, and whole patches where its embedding needs that."""
     patch_embed = patch_embedding(model)
     if img_size is None or patch_embed is None:
         return
@@ -222,7 +215,6 @@ def check_input_size(model: nn.Module, name: str, img_size: int | None) -> None:
 
 
 def model_data_config(name: str) -> dict:
-    """timm's data config of a registered model: input size, crop fraction, interpolation, mean and std."""
     check_model_name(name)
     return resolve_data_config({}, pretrained_cfg=get_pretrained_cfg(name).to_dict())
 
@@ -239,9 +231,8 @@ def recipe_at_start_size(recipe: R, model_name: str, weights: str | None) -> tup
 
 
 class Teacher(nn.Module):
-    """A frozen classifier whose class the distillation head learns (DeiT's hard distillation), or whose dense map of
-    each batch gives the token targets (online token labeling): always in eval mode and without gradients, fed the
-    student's (augmented, mixed) images renormalised from the student's mean and std to its own."""
+    """A frozen classifier whose class the distillation head learns, or whose dense map of each batch gives the token
+    targets: in eval mode without gradients, fed the student's images renormalised to its own mean and std."""
 
     def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
         super().__init__()
@@ -264,9 +255,7 @@ class Teacher(nn.Module):
 
     @torch.no_grad()
     def dense_map(self, images: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The top-k logits and classes at every position of the teacher's dense scores of `images` (the map an
-        annotator gives, as a token-label store keeps it): (B, h, w, k) each, best first; k is at most the number of
-        classes."""
+        """The top-k logits and classes (B, h, w, k), best first, of the teacher's dense scores of `images`."""
         scores = dense_scores(bare_model(self.model), images * self.scale + self.shift).float()
         top = scores.topk(min(topk, scores.shape[-1]), dim=-1)
         return top.values, top.indices

@@ -1,10 +1,8 @@
 """Top-k classes of new images with a classification checkpoint: the logic of tools/predict_cls.py.
 
-The images go through the checkpoint's eval transform and the eval-mode model as tools/eval_cls.py builds them (the
-token head's rule for LV-ViT and models trained with token labeling, the two heads' mean for distilled ones). The class
-names are the ones the checkpoint records; an official release records none, and a 1000-class one is named with
-ImageNet's classes (timm's ImageNetInfo), its WordNet id and its description.
-"""
+The images go through the checkpoint's eval transform and the eval-mode model as tools/eval_cls.py builds them. The
+class names are the ones the checkpoint records; an official 1000-class release is named with ImageNet's classes
+(timm's ImageNetInfo), its WordNet id and its description."""
 from __future__ import annotations
 
 import argparse

@@ -1,8 +1,6 @@
 """The papers' recipes: ImageNet training, one preset per model, CIFAR transfer and fine-grained transfer (DeiT's);
-every value can be overridden.
-
-Learning rates follow the linear scaling rule: lr = lr_base * global batch / lr_base_batch.
-"""
+every value can be overridden. Learning rates follow the linear scaling rule: lr = lr_base * global batch /
+lr_base_batch."""
 from __future__ import annotations
 
 import argparse
@@ -35,8 +33,7 @@ R = TypeVar('R')
 
 @dataclass(kw_only=True)
 class TrainingRecipe:
-    """What ImageNet training and CIFAR transfer both set: the schedule, the optimiser, the batch and size, the
-    regularisation and token labeling's loss. Each recipe gives the defaults that differ (those without one here)."""
+    """What ImageNet training and CIFAR transfer both set; each recipe gives the defaults that differ."""
 
     epochs: int
     warmup_epochs: int
@@ -88,14 +85,12 @@ class Recipe(TrainingRecipe):
 
     @property
     def uses_score_maps(self) -> bool:
-        """Whether training reads the annotator's token-label store (token labeling with map or pooled targets, or
-        ReLabel's label pooling)."""
+        """Whether training reads a token-label store (token labeling with map targets, or label pooling)."""
         return (self.token_labeling and self.token_target != 'label') or self.label_pooling
 
     @property
     def unused_fields(self) -> tuple[str, ...]:
-        """The fields this recipe's objective does not read: token labeling mixes images with MixToken, not MixUp or
-        CutMix; label pooling mixes with CutMix alone."""
+        """The fields this recipe's objective does not read (MixToken or CutMix replace MixUp)."""
         if self.token_labeling:
             return 'mixup', 'cutmix'
         return ('mixup',) if self.label_pooling else ()
@@ -105,8 +100,7 @@ class Recipe(TrainingRecipe):
         return {k: v for k, v in vars(self).items() if k not in self.unused_fields}
 
     def optimization(self, global_batch: int) -> Optimization:
-        """The recipe's optimisation at `global_batch` images per update (lr = lr_base x global_batch /
-        lr_base_batch)."""
+        """The recipe's optimisation at `global_batch` images per update (lr scaled linearly)."""
         return Optimization(self.opt, self.lr_base * global_batch / self.lr_base_batch, self.weight_decay,
                             self.epochs, self.warmup_epochs, self.warmup_lr, self.min_lr, self.cooldown_epochs,
                             clip_grad=self.clip_grad, ema_decay=self.ema_decay, layer_decay=self.layer_decay)
@@ -141,24 +135,18 @@ PRESETS = {
     'token-labeling': dict(token_labeling=True, token_target='map', mix_token=1.0),
     # the paper's Standard baseline: no token labels, MixUp 0.8 + CutMix 1.0, lr 1e-3 per 1024 images
     'standard': dict(token_labeling=False, mixup=0.8, cutmix=1.0, lr_scale=640 / 1024),
-    # MixToken with the image label only: every token (and the class token) learns the image label, mixed by
-    # the MixToken box; no annotator
+    # MixToken with the image label only: every token (and the class token) learns the image label; no annotator
     'mixtoken-label': dict(token_labeling=True, token_target='label', cls_target='label', mix_token=1.0),
     # Table 2's CutMix + image label: a plain classifier with CutMix alone (no MixUp, no token labels), lr as Standard
     'cutmix-label': dict(token_labeling=False, mixup=0.0, cutmix=1.0, lr_scale=640 / 1024),
     # token labeling without MixToken
     'token-labeling-no-mixtoken': dict(token_labeling=True, token_target='map', mix_token=0.0),
-    # ReLabel (Table 2's CutMix + ReLabel, Table 4's ReLabel row): a plain classifier learns the annotator's map
-    # pooled over each crop (LabelPooling: one soft label per image), images and targets mixed by CutMix; no MixUp;
-    # lr 1e-3 per 1024 images as the paper's Re-labeling row
+    # ReLabel (Table 2's CutMix + ReLabel, Table 4): a plain classifier learns the map pooled over each crop, CutMix
     'relabel': dict(token_labeling=False, label_pooling=True, mixup=0.0, cutmix=1.0, lr_scale=640 / 1024),
-    # Table 2's MixToken + ReLabel: the token-labeling model and MixToken, every token (and the class token) learning
-    # the map pooled over the crop instead of its own region's: token labeling with the dense targets made coarse
+    # Table 2's MixToken + ReLabel: token labeling and MixToken, every token learning the map pooled over the crop
     'relabel-mixtoken': dict(token_labeling=True, token_target='pooled', cls_target='map', mix_token=1.0),
-    # the ViT paper's fine-tuning (with --finetune; --new-head for a new class list): SGD momentum 0.9, no weight
-    # decay, gradients clipped at global norm 1, cosine decay, 384 px, the new classifier zero-initialised; lr 0.01
-    # per 512 images (its grid: 0.001 to 0.03) and 8 epochs (its 20k steps of 512 on ImageNet); inception crop and
-    # flip only, as the paper: no RandAugment, erasing, mixup, label smoothing, stochastic depth or EMA
+    # the ViT paper's fine-tuning (with --finetune): lr 0.01 per 512 images (its grid: 0.001 to 0.03), 8 epochs (its
+    # 20k steps of 512), inception crop and flip only (docs/imagenet.md)
     'vit-finetune': dict(token_labeling=False, opt='momentum', lr_base=0.01, lr_base_batch=512, weight_decay=0.0,
                          clip_grad=1.0, img_size=384, epochs=8, warmup_epochs=0, min_lr=0.0, zero_head=True,
                          auto_augment=None, reprob=0.0, mixup=0.0, cutmix=0.0, smoothing=0.0, drop_path=0.0,
@@ -167,7 +155,6 @@ PRESETS = {
 
 
 def apply_preset(values: dict, preset: str) -> dict:
-    """`values` (recipe fields) with a named preset of PRESETS applied."""
     if preset not in PRESETS:
         raise ValueError(f'unknown preset {preset!r}; choose one of: {", ".join(PRESETS)}')
     values = dict(values)
@@ -180,9 +167,7 @@ def apply_preset(values: dict, preset: str) -> dict:
 
 
 def recipe_for(model_name: str, preset: str | None = None, data_values: dict | None = None) -> Recipe:
-    """The model's family recipe (the DeiT recipe for timm models outside the suite), with the values a data set
-    sets for itself (`data_values`: a small set's epochs, input size and augmentation) and then one of PRESETS
-    applied."""
+    """The model's family recipe (DeiT's outside the suite), with `data_values` and then a preset applied."""
     values = dict(RECIPES[family_of(model_name).recipe])
     size = '_'.join(model_name.split('.')[0].split('_')[:2])  # lvvit_s, cait_xs24: no pretrained tag, no resolution
     if size in DROP_PATH:
@@ -195,10 +180,8 @@ def recipe_for(model_name: str, preset: str | None = None, data_values: dict | N
 
 @dataclass(kw_only=True)
 class TransferRecipe(TrainingRecipe):
-    """CIFAR transfer (T2T-ViT paper, Table 5). The new classifier learns at `lr`, everything else at
-    `lr * backbone_lr_scale`; both follow one cosine to `min_lr` (a single floor for every group, as the paper's).
-    `lr` and `min_lr` hold for `lr_base_batch` images per update and scale linearly with the global batch. With
-    token labeling, the token head is kept (or added) and every token trains on the image label."""
+    """CIFAR transfer (T2T-ViT paper, Table 5): the new classifier at `lr`, the rest at `lr * backbone_lr_scale`, one
+    cosine to `min_lr`, all scaled with the global batch; with token labeling every token learns the image label."""
 
     epochs: int = 60
     warmup_epochs: int = 0
@@ -216,8 +199,7 @@ class TransferRecipe(TrainingRecipe):
     mix_token: float = 0.0
 
     def optimization(self, global_batch: int) -> Optimization:
-        """The recipe at `global_batch` images per update: `lr` and `min_lr` scale linearly (`lr` is the new
-        classifier's; the parameter groups give the backbone its fraction)."""
+        """The recipe at `global_batch` images per update: `lr` (the new classifier's) and `min_lr` scaled linearly."""
         scale = global_batch / self.lr_base_batch
         return Optimization(TRANSFER_OPTIMIZERS_TIMM[self.opt], self.lr * scale, self.weight_decay, self.epochs,
                             self.warmup_epochs, min_lr=self.min_lr * scale, momentum=self.momentum,
@@ -236,22 +218,14 @@ def transfer_recipe(opt: str = 'sgd') -> TransferRecipe:
     return TransferRecipe(**TRANSFER_OPTIMIZERS[opt])
 
 
-# Fine-grained transfer (tools/transfer.py --dataset flowers102|cars|pets|inat2018|inat2019|folder): DeiT's fine-tuning
-# for transfer, which the DeiT paper (section 5.3, Tables 6 and 7) reports on these sets at 224 px and the CaiT paper
-# reuses. Its values are DeiT main.py's defaults, as iBOT's evaluation/eval_cls.py ("mostly copy-paste from DeiT")
-# keeps them: AdamW, weight decay 0.05, 5 warm-up epochs from 1e-6, cosine to 1e-5 (the cooldown epochs are never run:
-# its loop stops at --epochs), RandAugment rand-m9-mstd0.5-inc1 with bicubic crops, random erasing 0.25, MixUp 0.8 +
-# CutMix 1.0, label smoothing 0.1, stochastic depth 0.1, EMA 0.99996, repeated augmentation (3 copies), and the lr
-# scaled linearly per 512 images (lr x batch / 512). No token labeling: a plain classifier on a new head.
+# Fine-grained transfer (tools/transfer.py --dataset ...): DeiT's fine-tuning for transfer (DeiT paper, section 5.3),
+# DeiT main.py's defaults as iBOT's evaluation keeps them; docs/cifar.md gives the sources.
 DEIT_FINETUNE = dict(token_labeling=False, label_pooling=False, mix_token=0.0, opt='adamw', lr_base_batch=512,
                      weight_decay=0.05, warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=0,
                      auto_augment='rand-m9-mstd0.5-inc1', interpolation='bicubic', reprob=0.25, mixup=0.8, cutmix=1.0,
                      smoothing=0.1, drop_path=0.1, ema_decay=0.99996, aug_repeats=3, img_size=224, clip_grad=None,
                      zero_head=False)
-# Per set, iBOT's run.sh (bytedance/ibot, for ViT-B/16 "the default fine-tuning recipe proposed in DeiT"): 96 images per
-# GPU on 8 GPUs, lr 7.5e-6 for 1000 epochs (Flowers), 7.5e-5 for 1000 epochs (Cars), 7.5e-6 for 360 epochs with
-# erasing 0.1 (iNaturalist 2018 and 2019). Neither DeiT nor iBOT gives Pets (the ViT paper reports it): it takes the
-# recipe of Flowers, the set of its size; a folder data set of the user's takes it too.
+# Per set, iBOT's run.sh for ViT-B/16; Pets and a folder data set take Flowers' values (neither paper gives them).
 TRANSFER_SETS = {
     'flowers102': dict(batch_size=96, lr_base=7.5e-6, epochs=1000),
     'cars': dict(batch_size=96, lr_base=7.5e-5, epochs=1000),
@@ -263,8 +237,7 @@ TRANSFER_SETS = {
 
 
 def transfer_set_recipe(model_name: str, dataset: str, data_values: dict | None = None) -> Recipe:
-    """The fine-grained transfer recipe of `dataset` (TRANSFER_SETS) for `model_name`, with the values a small data set
-    sets for itself (`data_values`: the embedded data's size and schedule) over it."""
+    """The fine-grained transfer recipe of `dataset` for `model_name`, `data_values` over it."""
     if dataset not in TRANSFER_SETS:
         raise UsageError(f'no transfer recipe for {dataset!r}; choose from {", ".join(TRANSFER_SETS)}')
     return recipe_for(model_name, data_values={**DEIT_FINETUNE, **TRANSFER_SETS[dataset], **(data_values or {})})
@@ -286,7 +259,6 @@ def rand_augment_spec(text: str) -> str:
 
 
 def timm_optimizer(text: str) -> str:
-    """An optimizer name timm's `create_optimizer_v2` knows."""
     known = list_optimizers()
     if text.lower() not in known:
         raise argparse.ArgumentTypeError(f'unknown optimizer {text!r}; timm knows {", ".join(known[:12])}, ... '
@@ -361,11 +333,8 @@ FIELD_ALIASES = {'auto_augment': ('--aa',), 'ema_decay': ('--model-ema-decay',)}
 
 def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
                          choices: dict[str, Sequence[str]] | None = None) -> None:
-    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given on the command line.
-
-    Each value is checked against its meaning (FIELD_TYPES, FIELD_CHOICES, and the command's own `choices`);
-    fields whose default is None also take the word `none`.
-    """
+    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given, checked against
+    FIELD_TYPES, FIELD_CHOICES and `choices`; None fields also take `none`."""
     own = choices or {}
     choices = {**FIELD_CHOICES, **own}
     for f in dataclasses.fields(recipe_class):

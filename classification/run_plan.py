@@ -19,9 +19,7 @@ from classification.training_pieces import TeacherSpec, annotates_online
 
 @dataclass(frozen=True)
 class RunStart:
-    """What a run adds to its recipe: the --preset it was named by, the --finetune weights it starts from (with a
-    new classifier: `new_head`), the --teacher, and how its images are augmented and decoded (--augment,
-    --decode, --fast-decode)."""
+    """What a run adds to its recipe: --preset, --finetune, --teacher, --augment, --decode, --fast-decode."""
 
     preset: str | None = None
     finetune: str | None = None
@@ -33,8 +31,7 @@ class RunStart:
 
 
 def check_run(model_name: str, recipe: Recipe, data: ImageData, start: RunStart, device: torch.device) -> None:
-    """Refuse what the recipe, the data and the start cannot do together on `device` (before any work), and say
-    which of the given inputs the run will not use."""
+    """Refuse what the recipe, data and start cannot do together on `device`, and say which inputs go unused."""
     if start.new_head and not start.finetune:
         raise UsageError('--new-head goes with --finetune or --pretrained (the weights to start from)')
     check_decode(start.decode, pick_augment(start.augment, device), device)

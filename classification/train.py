@@ -1,12 +1,9 @@
 """ImageNet-style training of any model (the suite's or any timm model) with its paper recipe: token labeling
-(LV-ViT's), the vanilla DeiT recipe (mixup, cutmix), or one of the LV-ViT paper's comparison rows (`--preset`);
-with `--teacher`, DeiT's hard distillation, or with token labeling, online token labeling (the teacher's dense map of
-each batch gives the token targets).
+(LV-ViT's), the vanilla DeiT recipe, or one of the LV-ViT paper's comparison rows (`--preset`); with `--teacher`,
+DeiT's hard distillation, or with token labeling, online token labeling.
 
 `tools/train_cls.py` is the command (`main`); `train(model, recipe, data, options, info, start)` is the same run
-from Python, with a `Recipe` (`recipes.recipe_for`), an `ImageData` (`loaders`) and a `RunStart`. What the run
-trains is built in `training_pieces`, its data in `loaders`, and it runs on `engine.trainer.Trainer`.
-"""
+from Python, with a `Recipe` (`recipes.recipe_for`), an `ImageData` (`loaders`) and a `RunStart`."""
 from __future__ import annotations
 
 import argparse
@@ -50,9 +47,8 @@ DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of the
 def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None,
                  prog: str = 'train_cls.py', data_help: str = DATA_HELP,
                  recipe_defaults: str = 'the model\'s paper preset') -> argparse.ArgumentParser:
-    """tools/train_cls.py's options (`description`: its usage text), `default_data`'s among them; `prog`,
-    `data_help` and where the recipe's defaults come from for another command that trains this way
-    (tools/transfer.py)."""
+    """tools/train_cls.py's options, `default_data`'s among them; `prog`, `data_help` and `recipe_defaults` for
+    another command that trains this way (tools/transfer.py)."""
     p = model_parser(prog, description)
     without = f' (default: {default_data.description})' if default_data else ''
     p.add_argument('--data-dir', help=f'{data_help}{without}')
@@ -180,8 +176,7 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
 
 def check_arguments(args: argparse.Namespace, default_data: type[EmbeddedImageData] | None
                     ) -> EmbeddedImageData | None:
-    """The parsed options checked together (model names, the teacher's options, the data's); the embedded data the
-    run takes without --data-dir (None with it)."""
+    """The parsed options checked together; the embedded data the run takes without --data-dir (None with it)."""
     check_model_name(args.model)
     if args.teacher:
         check_model_name(args.teacher)
@@ -218,9 +213,8 @@ def launch(args: argparse.Namespace, command: str, recipe: Recipe, fallback: Emb
 
 
 def prepare_embedded_data(fallback: EmbeddedImageData, recipe: Recipe, info: DistInfo, workers: int) -> ImageData:
-    """The stages before a run on a tool's embedded data, each skipped where its result is on disk and resumed where
-    it was cut off: the images written, and for a recipe that learns from score maps the annotator trained (a run of
-    its own) and its token labels written."""
+    """The stages before a run on a tool's embedded data, each skipped where done: the images written, and for a
+    recipe that learns from score maps the annotator trained and its token labels written."""
     data = fallback.image_data(recipe, info)
     annotation = fallback.annotation(recipe)
     if annotation is None:

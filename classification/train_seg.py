@@ -1,9 +1,6 @@
-"""tools/train_seg.py's two stages: a dense config trained by the segmentation trainer
-(`backbones.dense.train`) on its data, or on the data the tool gives when the config's is not on disk; and,
-where that data asks for it (the config's ImageNet weights are not on disk either), first the config's backbone
-pretrained as a classifier (the tool's embedded scans, with token labeling), whose checkpoint the segmentation
-trainer then starts from. The segmentation library trains no classifier itself: this module hands it the first
-stage's checkpoint."""
+"""tools/train_seg.py's two stages: a dense config trained by the segmentation trainer (`backbones.dense.train`) on its
+data, or on the data the tool gives when the config's is not on disk; and, where that data asks for it, first the
+config's backbone pretrained as a classifier, whose checkpoint the segmentation trainer then starts from."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -20,16 +17,14 @@ from backbones.dense.train import (
 
 
 class PretrainingSegData(EmbeddedSegData, Protocol):
-    """The data a tool gives train_seg when the config's is not on disk, which can also pretrain a config's backbone
-    for it (the first stage: a classifier trained, kept for the next run)."""
+    """The data a tool gives train_seg, which can also pretrain a config's backbone for it."""
 
     def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone: ...
 
 
 def main(argv: list[str] | None = None, description: str | None = None,
          fallback: type[PretrainingSegData] | None = None) -> None:
-    """tools/train_seg.py: without the config's data on disk, the data is `fallback`'s (the tool gives its embedded
-    pages), and a backbone the run needs pretrained is `fallback`'s first stage."""
+    """tools/train_seg.py: `fallback`'s data and first stage where the config's data is not on disk."""
     args, data = parse_with_fallback(build_parser(description), argv, fallback)
     run = prepare(args, data)
     train(run, data.pretrained_backbone(run.pretraining) if run.pretraining and data is not None else None)

@@ -37,8 +37,7 @@ class TeacherSpec:
 
 
 def build_teacher(spec: TeacherSpec, num_classes: int, recipe: Recipe, data_cfg: dict, info: DistInfo) -> Teacher:
-    """The teacher at the student's input size, on this process's device; its checkpoint is read as eval_cls reads
-    one (with the token head or distillation token it has, and its eval-mode output)."""
+    """The teacher at the student's input size, on this process's device, read as eval_cls reads a checkpoint."""
     if spec.checkpoint is not None:
         model = build_eval_model(spec.model, spec.checkpoint, num_classes, recipe.img_size, False, spec.model_kwargs)
     else:
@@ -74,9 +73,7 @@ def annotates_online(recipe: Recipe, teacher: TeacherSpec | None) -> bool:
 def training_pieces(model_name: str, recipe: Recipe, num_classes: int, seed: int, info: DistInfo,
                     teacher: TeacherSpec | None = None, data_cfg: dict | None = None,
                     model_kwargs: dict | None = None) -> tuple[nn.Module, ClassificationObjective]:
-    """The model and the objective a run of `recipe` trains, the one way every run and study builds them: the model's
-    initial weights drawn from `seed` (not from what ran before), then the `teacher` (on `info`'s device, normalising
-    with `data_cfg`), which distils or, with token labeling, annotates each batch (online)."""
+    """The model (initial weights drawn from `seed`) and objective of a run of `recipe`, with its `teacher`."""
     seed_all(seed)
     model = create_classifier(model_name, num_classes, recipe.img_size, recipe.token_labeling, recipe.mix_token,
                               distilled=teacher is not None and not annotates_online(recipe, teacher),

@@ -3,12 +3,7 @@ fine-grained sets (Flowers-102, Stanford Cars, Oxford-IIIT Pets, iNaturalist, cl
 recipe through `classification.train` (`transfer_set_main`).
 
 `tools/transfer.py` (and `tools/transfer_cifar.py`, its former name) is the command (`main`); `transfer(...)` is the
-CIFAR run from Python. Unlike the
-reference tool, every parameter trains (the class token and the final norm too), the inputs are normalised with
-the statistics of the data set at hand, the epoch is chosen on a held-out part of the training set and only
-that epoch's model meets the test set, and a checkpoint of another resolution loads (its position table is
-resampled).
-"""
+CIFAR run from Python. docs/cifar.md tells where it departs from the reference tool."""
 from __future__ import annotations
 
 import argparse
@@ -111,10 +106,8 @@ def build_transfer_model(name: str, num_classes: int, img_size: int | None, reci
 
 def transfer_param_groups(model: nn.Module, lr: float, backbone_lr_scale: float, weight_decay: float,
                           layer_decay: float | None = None) -> list[dict]:
-    """Every trainable parameter: timm's weight-decay groups (none on biases, norms and the model's
-    `no_weight_decay()` tables; with `layer_decay`, timm's layer-wise groups, whose `lr_scale` the schedule applies),
-    each split into the classifiers at `lr` and the rest at `lr * backbone_lr_scale`; the classifiers' groups first
-    (their lr is the one logged)."""
+    """Every trainable parameter in timm's weight-decay (or layer-decay) groups, each split into the classifiers at
+    `lr` and the rest at `lr * backbone_lr_scale`; the classifiers' first (their lr is logged)."""
     heads = {id(p) for name, p in model.named_parameters() if name.startswith(classifier_prefixes(model))}
     groups = parameter_groups(model, weight_decay, layer_decay)
     return [{**group, 'params': params, 'lr': lr if head else lr * backbone_lr_scale}
@@ -203,8 +196,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
 
 
 def given_dataset(argv: list[str], prog: str) -> str | None:
-    """--dataset as typed, else as the args.yaml of --config records it (None without either): which of the two ways
-    the command trains."""
+    """--dataset as typed, else as --config's args.yaml records it (None without either)."""
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--dataset')
     first.add_argument('--config')
@@ -216,10 +208,7 @@ def given_dataset(argv: list[str], prog: str) -> str | None:
 
 def transfer_set_main(argv: list[str], dataset: str, default_data: type[EmbeddedImageData] | None,
                       description: str | None, prog: str) -> dict:
-    """A transfer set's run: train_cls's options and training with DeiT's transfer recipe for `dataset`
-    (`recipes.TRANSFER_SETS`), a new classifier on the --finetune or --pretrained weights, the set read from its
-    published layout (`classification.sources.transfer_sets`; its files checked before any work) or, without
-    --data-dir, the embedded data written in it."""
+    """A transfer set's run: train_cls with DeiT's transfer recipe for `dataset` and a new classifier."""
     parser = build_train_parser(default_data, description, prog, data_help=(
         'the data set in its published layout (docs/cifar.md: Flowers-102, Stanford Cars, Oxford-IIIT Pets, '
         'iNaturalist), or for --dataset folder train/CLASS/* and val/CLASS/*'),

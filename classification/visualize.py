@@ -43,8 +43,7 @@ def add_output(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(description: str | None = None, fallback: type[EmbeddedSegData] | None = None
                  ) -> argparse.ArgumentParser:
-    """tools/visualize.py's options (`description`: its usage text): a subcommand per picture; the segmentation's
-    takes `fallback`'s options (the data its config runs on without ADE20K)."""
+    """tools/visualize.py's options, a subcommand per picture (the segmentation's takes `fallback`'s options)."""
     parser = command_parser(description, 'visualize.py')
     commands = parser.add_subparsers(dest='command', required=True, metavar='PICTURE')
 
@@ -194,8 +193,7 @@ PICTURES = {'token-labels': token_labels_picture, 'attention': attention_picture
 
 def main(argv: list[str] | None = None, description: str | None = None,
          fallback: type[EmbeddedSegData] | None = None) -> Path:
-    """tools/visualize.py (a segmentation's config runs on `fallback`'s data without ADE20K: the tool gives its
-    embedded set)."""
+    """tools/visualize.py (a segmentation's config runs on `fallback`'s data without ADE20K)."""
     args = build_parser(description, fallback).parse_args(argv)
     if args.command == 'segmentation':
         picture = segmentation_picture(args, fallback.from_args(args) if fallback else None)

@@ -1,15 +1,11 @@
 """Label-aware training augmentation: the image is transformed as timm does it, and every geometric step is
-recorded so that the token targets can be cut from the score map along the same geometry.
-
-Geometry of one sample, as `CropGeometry`:
+recorded as the sample's `CropGeometry`, which sends any point of the augmented image back to the whole image the
+score map describes:
 - `box`: the RandomResizedCrop box as fractions of the whole image, (x1, y1, x2, y2);
 - `flip`: whether the crop was mirrored left-right;
 - `warp`: RandAugment's rotate/shear/translate composed into one 2x3 affine map that takes a point of the
   final image to the crop it came from, both in [-1, 1] coordinates (x right, y down; -1 and 1 are the outer
-  pixel edges, as in `grid_sample(align_corners=False)`). Points it sends outside [-1, 1] were filled in.
-
-Composed, these send any point of the augmented image back to the whole image the score map describes.
-"""
+  pixel edges, as in `grid_sample(align_corners=False)`). Points it sends outside [-1, 1] were filled in."""
 from __future__ import annotations
 
 import math
@@ -43,12 +39,14 @@ def identity_geometry() -> CropGeometry:
     return CropGeometry(torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor(False), torch.eye(3)[:2].clone())
 
 
-def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]) -> np.ndarray:
-    """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops.
+# the entry of the affine map each shear or translation sets, and whether its argument is a fraction of the size
+AFFINE_ENTRIES = {'ShearX': (0, 1, False), 'ShearY': (1, 0, False), 'TranslateX': (0, 2, False),
+                  'TranslateY': (1, 2, False), 'TranslateXRel': (0, 2, True), 'TranslateYRel': (1, 2, True)}
 
-    PIL's affine transforms sample the input at `M @ (x, y, 1)` for output pixel-edge coordinates (x, y);
-    the op arguments are the ones timm passes to `timm.data.auto_augment.<op>`.
-    """
+
+def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]) -> np.ndarray:
+    """3x3 map from output to input pixel coordinates of one of timm's geometric RandAugment ops (PIL samples the
+    input at `M @ (x, y, 1)` for output pixel-edge coordinates), for the arguments timm passes."""
     w, h = size
     (arg,) = args
     if op_name == 'Rotate':  # PIL Image.rotate: counter-clockwise about the centre (w/2, h/2)
@@ -57,21 +55,11 @@ def pil_affine_matrix(op_name: str, args: Sequence[float], size: tuple[int, int]
         to_centre = np.array([[1.0, 0.0, -w / 2], [0.0, 1.0, -h / 2], [0.0, 0.0, 1.0]])
         from_centre = np.array([[1.0, 0.0, w / 2], [0.0, 1.0, h / 2], [0.0, 0.0, 1.0]])
         return from_centre @ rot @ to_centre
-    m = np.eye(3)
-    if op_name == 'ShearX':
-        m[0, 1] = arg
-    elif op_name == 'ShearY':
-        m[1, 0] = arg
-    elif op_name == 'TranslateXRel':
-        m[0, 2] = arg * w
-    elif op_name == 'TranslateYRel':
-        m[1, 2] = arg * h
-    elif op_name == 'TranslateX':
-        m[0, 2] = arg
-    elif op_name == 'TranslateY':
-        m[1, 2] = arg
-    else:
+    if op_name not in AFFINE_ENTRIES:
         raise ValueError(f'not a geometric RandAugment op: {op_name}')
+    row, col, relative = AFFINE_ENTRIES[op_name]
+    m = np.eye(3)
+    m[row, col] = arg * size[row] if relative else arg
     return m
 
 
@@ -125,11 +113,8 @@ def warp_of(applied: Sequence[AppliedOp], size: tuple[int, int]) -> torch.Tensor
 
 
 class LabelAwareRandAugment:
-    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied.
-
-    `plan` draws the same ops, magnitudes and random choices without touching an image, for the batched path that
-    applies them later on the device.
-    """
+    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied; `plan`
+    draws the same without touching an image, for the batched path."""
 
     def __init__(self, augment: RandAugment) -> None:
         self.augment = augment
@@ -151,8 +136,7 @@ class LabelAwareRandAugment:
         return img, warp_of(self._log, img.size)
 
     def plan(self, size: tuple[int, int]) -> tuple[list[AppliedOp], torch.Tensor]:
-        """The ops an image of `size` would get, and their composed warp, drawn without running them: the same
-        calls on the same random streams as a call (`RandAugment.__call__`'s choice of ops, then each op's draws)."""
+        """The ops an image of `size` would get and their warp, drawn on the same random streams as a call, not run."""
         augment = self.augment
         ops = np.random.choice(augment.ops, augment.num_layers, replace=augment.choice_weights is None,
                                p=augment.choice_weights)
@@ -161,9 +145,8 @@ class LabelAwareRandAugment:
 
 
 def drawn_op(op: AugmentOp) -> AppliedOp | None:
-    """What timm's `AugmentOp.__call__` draws for one op, in its order: whether it applies (None where it does
-    not), its magnitude (clamped as timm clamps it), its arguments at that level, and, for a geometric op, its
-    resampling filter (drawn by timm's op function; the batched path resamples by the crop's interpolation)."""
+    """What timm's `AugmentOp.__call__` draws for one op, in its order (None where it does not apply): its magnitude
+    (clamped as timm does), its arguments and, for a geometric op, its resampling filter."""
     if op.prob < 1.0 and random.random() > op.prob:
         return None
     magnitude = op.magnitude
@@ -179,8 +162,7 @@ def drawn_op(op: AugmentOp) -> AppliedOp | None:
 
 
 class EraseBoxes:
-    """Stands in for a (3, size, size) image tensor: records the boxes timm's RandomErasing draws for it, as
-    (top, left, height, width), with the same random draws as erasing a real image."""
+    """Stands in for an image tensor: records the boxes (top, left, height, width) timm's RandomErasing draws for it."""
 
     def __init__(self, size: int) -> None:
         self.shape, self.dtype, self.boxes = (3, size, size), torch.float32, []
@@ -194,13 +176,8 @@ class EraseBoxes:
 
 
 class TrainTransform:
-    """RandomResizedCrop (random bilinear/bicubic), flip, label-aware RandAugment, normalise, random erasing.
-
-    Returns the image tensor and its `CropGeometry`. Random erasing touches the image only: the erased pixels
-    still show what the score map says about that place in the original. This is the PIL path, one image at a
-    time; `classification.data.batch_augment` draws the same parameters (`sample_*`, in the same order) and applies
-    them to whole batches on the training device.
-    """
+    """RandomResizedCrop, flip, label-aware RandAugment, normalise, random erasing (the image only), one image at a
+    time: the image tensor and its `CropGeometry`; the batched path draws the same (`sample_*`, in the same order)."""
 
     takes_path = True  # ImageFolderDataset hands it the file: a colour JPEG is cropped before Pillow sees it
 
@@ -228,8 +205,7 @@ class TrainTransform:
         self.erase_boxes = RandomErasing(reprob, mode='const', device='cpu') if reprob > 0 else None
 
     def sample_crop(self, size: tuple[int, int]) -> tuple[int, int, int, int]:
-        """RandomResizedCrop's (top, left, height, width) for an image of `size` (w, h), at least one pixel each way:
-        timm's draw can round to no pixel on a tiny image (torchvision's rule wants one)."""
+        """RandomResizedCrop's (top, left, height, width) for an image of `size` (w, h), at least one pixel each way."""
         W, H = size
         shaped = torch.empty(0, H, W)  # timm reads the image's size only: a tensor of no elements carries it
         top, left, h, w = RandomResizedCropAndInterpolation.get_params(shaped, self.scale, self.ratio)
@@ -249,8 +225,7 @@ class TrainTransform:
         return stand_in.boxes
 
     def __call__(self, img: Image.Image | Path | BinaryIO) -> tuple[torch.Tensor, CropGeometry]:
-        """The augmented image of a decoded image or of a file (`read_rgb`: a colour JPEG decoded by simplejpeg and
-        its crop cut in NumPy, the same pixels as Pillow's decode and crop)."""
+        """The augmented image of a decoded image or of a file (`read_rgb`: the same pixels as Pillow's)."""
         pixels = img if isinstance(img, Image.Image) else read_rgb(img, fast=self.fast_decode).pixels
         W, H = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
         top, left, h, w = self.sample_crop((W, H))

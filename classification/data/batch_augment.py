@@ -2,14 +2,10 @@
 the pixels a batch at a time on the training device.
 
 `RegionTransform` (workers) draws everything `TrainTransform` draws, in the same order from the same random streams,
-so a seed gives the same `CropGeometry` on both paths; it sends the crop's region as uint8, decoded at 1/2, 1/4 or
-1/8 of the file's size where the crop stays at least the output size and shrunk by whole factors while it does, with a
-plan (or, with `decode='device'`, `--decode gpu`, a colour JPEG's bytes and the region's bounds on the full-size image,
-decoded a batch at a time on the device: nvJPEG on a GPU). `BatchAugment` (device) turns a batch of regions into model
-input: crop, resize, flip and RandAugment's rotate/shear/translate as one affine `grid_sample` per interpolation
-(timm's fill colour where the map leaves the crop), the colour ops layer by layer with Pillow's formulas on uint8
-values, then normalisation and random erasing. docs/speed.md tells how its images differ from the PIL path's.
-"""
+so a seed gives the same `CropGeometry` on both paths; it sends the crop's region as uint8 with a plan (with
+`decode='device'`, a colour JPEG's bytes, decoded a batch at a time on the device). `BatchAugment` (device) turns a
+batch of regions into model input with Pillow's formulas. docs/speed.md tells how its images differ from the PIL
+path's."""
 from __future__ import annotations
 
 import functools
@@ -49,8 +45,7 @@ def colour_op_code(name: str) -> int:
 
 
 def jpeg_draft_size(size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> tuple[int, int]:
-    """The smallest whole-image size (w, h) at which the crop (top, left, height, width) still covers `out` pixels
-    each way: what to ask `Image.draft` for."""
+    """The smallest whole-image size (w, h) at which the crop still covers `out` pixels each way, for `Image.draft`."""
     W, H = size
     _, _, h, w = crop
     return math.ceil(W * out / w), math.ceil(H * out / h)
@@ -66,9 +61,8 @@ class Region:
 
 @dataclass(frozen=True)
 class RegionBounds:
-    """Where a crop's region lies in an image decoded at some size: its whole pixels (x1, y1, x2, y2), the whole
-    factors (fx, fy) it is reduced by (box averages) while the crop stays at least the output size, and the crop box
-    in the reduced region."""
+    """Where a crop's region lies in an image decoded at some size: its pixels (x1, y1, x2, y2), the whole factors
+    (fx, fy) it is reduced by, and the crop box in the reduced region."""
 
     pixels: tuple[int, int, int, int]
     factors: tuple[int, int]
@@ -77,8 +71,7 @@ class RegionBounds:
 
 def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], crop: tuple[int, int, int, int],
                   out: int) -> RegionBounds:
-    """The region of `crop` (given on the full-size image) in the image as decoded (`decoded_size`: smaller for a
-    draft decode)."""
+    """The region of `crop` (on the full-size image) in the image as decoded at `decoded_size`."""
     top, left, h, w = crop
     sx, sy = decoded_size[0] / full_size[0], decoded_size[1] / full_size[1]
     x1, y1, x2, y2 = left * sx, top * sy, (left + w) * sx, (top + h) * sy
@@ -90,9 +83,8 @@ def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], cro
 
 
 def cut_region(pixels: np.ndarray, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
-    """The whole pixels around `crop` (given on the full-size image) from a possibly draft-decoded (h, w, 3) uint8
-    image, reduced by whole factors (box averages, `box_reduce`) as long as the crop stays at least `out` pixels
-    each way: a contiguous array of its own (sent to the main process without the rest of the image)."""
+    """The pixels around `crop` from a possibly draft-decoded (h, w, 3) uint8 image, reduced by whole factors
+    (`box_reduce`) while the crop stays at least `out` pixels: a contiguous array of its own."""
     bounds = region_bounds(full_size, (pixels.shape[1], pixels.shape[0]), crop, out)
     x1, y1, x2, y2 = bounds.pixels
     region = pixels[y1:y2, x1:x2]
@@ -114,9 +106,7 @@ def box_sums(pixels: np.ndarray, factor: int, axis: int) -> tuple[np.ndarray, np
 
 
 def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
-    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value: each block's sum plus half its
-    size, times Pillow's fixed-point reciprocal of the size (`reduce_multiplier`), shifted down 24 bits; the last
-    row and column of blocks take the pixels there are."""
+    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value (its fixed-point arithmetic)."""
     fx, fy = factors
     rows, heights = box_sums(pixels, fy, 0)
     sums, widths = box_sums(rows, fx, 1)
@@ -126,8 +116,7 @@ def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
 
 
 def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
-    """`cut_region` on a decoded (3, H, W) uint8 tensor, on its device: (h, w, 3) uint8. The box averages of the
-    last, partial blocks take the pixels there are, as Pillow's `reduce` does."""
+    """`cut_region` on a decoded (3, H, W) uint8 tensor, on its device, partial blocks averaged as Pillow's."""
     x1, y1, x2, y2 = bounds.pixels
     region = image[:, y1:y2, x1:x2]
     if bounds.factors != (1, 1):
@@ -138,8 +127,7 @@ def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
 
 @dataclass
 class EncodedJpeg:
-    """A JPEG file's bytes on their way to the training device's decoder (`--decode gpu`), with the region of its
-    crop there; the path names it if it does not decode."""
+    """A JPEG file's bytes on their way to the device's decoder, with its crop's region and its path."""
 
     data: torch.Tensor  # uint8 (n,)
     bounds: RegionBounds
@@ -147,9 +135,7 @@ class EncodedJpeg:
 
 
 def bytes_for_device(img: Image.Image, path: Path | MemberFile) -> bytes | None:
-    """The file's bytes when the device's decoder takes it: a baseline or progressive colour JPEG that ends with its
-    end-of-image marker. Others (grey, CMYK, PNG, a truncated file: None) are decoded by the worker, which names or
-    skips a broken one; only colour JPEGs are read whole here."""
+    """The file's bytes where the device's decoder takes it (a complete colour JPEG), else None."""
     if img.format != 'JPEG' or img.mode != 'RGB':
         return None
     data = file_bytes(path)
@@ -158,8 +144,7 @@ def bytes_for_device(img: Image.Image, path: Path | MemberFile) -> bytes | None:
 
 class RegionTransform:
     """The worker half: reads an image file and returns (uint8 region (h, w, 3), `CropGeometry`, plan of Python
-    values, which `batch_plan` makes a batch's tensors); with `decode='device'`, a colour JPEG's bytes instead
-    (`EncodedJpeg`), decoded a batch at a time on the training device. The same draws either way."""
+    values); with `decode='device'`, a colour JPEG's bytes instead (`EncodedJpeg`). The same draws either way."""
 
     takes_path = True  # ImageFolderDataset hands it the file, for the reduced decode
 
@@ -204,8 +189,7 @@ class RegionTransform:
 
     def read_for_device(self, path: Path | MemberFile) -> tuple[Region | EncodedJpeg, tuple[int, int],
                                                                  tuple[int, int, int, int]]:
-        """A colour JPEG's bytes with its crop's region on the full-size image (`EncodedJpeg`); any other file
-        decoded by Pillow here, as `read_region` does with that decoder."""
+        """A colour JPEG's bytes with its crop's region (`EncodedJpeg`); any other file decoded by Pillow here."""
         t, out, drawn = self.reference, self.reference.img_size, {}
 
         def plan_decode(img: Image.Image) -> bool:
@@ -257,10 +241,8 @@ def batch_plan(plans: Sequence[dict]) -> dict[str, torch.Tensor]:
 
 
 class Groups(NamedTuple):
-    """Which images of a batch each part of the device half takes, decided on the host when the plans are collated:
-    the image indices travel with the plan (`plan['resample_index']`, `['colour_index']`, `['erase_index']`), and
-    these slices of them stay here, so the device half never reads a value back from the device to choose its work.
-    """
+    """Which images of a batch each part of the device half takes, decided on the host: slices of the plan's index
+    tensors, so the device half never reads a value back to choose its work."""
 
     resample: tuple[tuple[str, int, int], ...]  # (interpolation, start, stop) of plan['resample_index']
     colour: tuple[tuple[int, int, int, int], ...]  # (layer, op code, start, stop) of plan['colour_index']
@@ -294,10 +276,8 @@ def grouped_plan(plan: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 @dataclass
 class PendingImages:
-    """A batch of regions on their way to `BatchAugment`, packed: their uint8 pixels one region after another (N, 3)
-    (a padded canvas of the largest region's size would carry up to 3x the bytes through shared memory, pinning and
-    the copy to the device), each region's place in `plan['region']` (offset, h, w), the collated plans, their
-    `Groups` and the largest region's size (which stay on the host). `canvas()` lays them out on their device."""
+    """A batch of regions packed one after another (N, 3) (a padded canvas would carry up to 3x the bytes), their
+    places in `plan['region']` (offset, h, w), the plans, their `Groups` and the largest region's size."""
 
     pixels: torch.Tensor
     plan: dict[str, torch.Tensor]
@@ -338,9 +318,7 @@ class PendingImages:
 
 @dataclass
 class EncodedImages:
-    """A batch whose regions are still, some or all of them, JPEG files (`EncodedJpeg`; the others decoded regions):
-    `decode` makes them `PendingImages` on the plans' device, all JPEGs of the batch in one call of the decoder
-    (nvJPEG on a GPU)."""
+    """A batch whose regions are still, some or all, JPEG files: `decode` makes them `PendingImages`."""
 
     regions: list[torch.Tensor | EncodedJpeg]
     plan: dict[str, torch.Tensor]
@@ -367,8 +345,7 @@ class EncodedImages:
 
 
 def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[torch.Tensor]:
-    """The files as (3, H, W) uint8 RGB on `device`, decoded there in one call; a file the decoder refuses is named
-    (the batch is decoded again one file at a time to find it)."""
+    """The files as (3, H, W) uint8 RGB on `device`, decoded in one call; a file the decoder refuses is named."""
     if not files:
         return []
     decode = decoded_on_own_stream if device.type == 'cuda' else functools.partial(decode_jpeg,
@@ -387,19 +364,15 @@ def decode_jpegs(files: Sequence[EncodedJpeg], device: torch.device) -> list[tor
 
 @functools.cache
 def decoding_stream(device: torch.device) -> torch.cuda.Stream:
-    """A high-priority stream: torch hands those out from a pool of their own, so it is never the stream a batch is
-    prepared on (of the default priority)."""
+    """A high-priority stream: from torch's pool of those, never the stream a batch is prepared on."""
     return torch.cuda.Stream(device, priority=-1)
 
 
 def decoded_on_own_stream(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """nvJPEG's images, which the calling stream's next work waits for on the device. torchvision's CUDA decoder
-    allocates its outputs on the current stream but writes them from a stream of its own that waits for nothing: a
-    block just freed on the calling stream, which queued kernels still read, could be overwritten
-    (pytorch/vision#9606, reproduced on H100s). Here the current stream during the decode is one that only ever
-    holds decoded images, each marked as used by the calling stream: the allocator hands such a block out again only
-    once the calling stream's work on it is done, without the host waiting. (The decoder itself still waits on the
-    host for its own stream, before and after each call.)"""
+    allocates its outputs on the current stream but writes them from its own stream, which waits for nothing
+    (pytorch/vision#9606): the decode runs on a stream that only ever holds decoded images, each marked as used by
+    the calling stream, so a block is handed out again only once that stream's work on it is done."""
     calling, decoding = torch.cuda.current_stream(device), decoding_stream(device)
     if calling == decoding:  # a caller on the decoding stream itself: drain it, as the only safe order left
         calling.synchronize()
@@ -541,10 +514,7 @@ def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
 
 class BatchAugment:
     """The device half: `PendingImages` -> normalised (B, 3, S, S) float images, as `TrainTransform` makes them: one
-    `grid_sample` for each of the two interpolations (bilinear, bicubic); the colour ops (AutoContrast, Equalize,
-    Invert, Posterize, Solarize, SolarizeAdd, Color, Contrast, Brightness, Sharpness) with Pillow's formulas (its luma
-    weights, its histogram rules, truncation after blends, a smoothing kernel that keeps the border); random erasing
-    with per-pixel normal noise."""
+    `grid_sample` per interpolation, the colour ops with Pillow's formulas, random erasing."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
         self.img_size = img_size
@@ -552,8 +522,7 @@ class BatchAugment:
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
 
     def __call__(self, pending: PendingImages | EncodedImages, seed: int | None = None) -> torch.Tensor:
-        """The batch's model input; erasing's noise drawn from a generator seeded with the batch's `seed` (the
-        device's own without one)."""
+        """The batch's model input; erasing's noise drawn from a generator seeded with `seed`."""
         if isinstance(pending, EncodedImages):
             pending = pending.decode()
         x, inside = self.resample(pending)
@@ -578,8 +547,7 @@ class BatchAugment:
 
     def colour(self, x: torch.Tensor, inside: torch.Tensor, plan: dict[str, torch.Tensor],
                groups: Groups) -> torch.Tensor:
-        """Each layer's colour op on the images that drew it (over the crop's pixels only when it came before a
-        geometric op)."""
+        """Each layer's colour op on the images that drew it (on the crop's pixels only before a geometric op)."""
         args, warped = plan['args'].float(), plan['warped']
         everywhere = torch.ones_like(inside)
         for layer, code, start, stop in groups.colour:

@@ -1,14 +1,9 @@
 """CIFAR-10/100 from the standard Python archives, a held-out validation split, and the on-device input pipeline.
 
-The data sets are read from `cifar-10-python.tar.gz` / `cifar-100-python.tar.gz` (without extracting them) or
-from their extracted folders, `cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}` and
-`cifar-100-python/{train,test,meta}`: pickles holding `data` (uint8 [N, 3072], each row the R, G then B plane of
-a 32x32 image) and `labels` (CIFAR-100: `fine_labels`). The pickles are read with an unpickler that only builds
-NumPy arrays, so a tampered file cannot run code.
-
-Images stay 32x32 uint8 until they reach the device; there a batch is upsampled to the model resolution and, for
-training, randomly cropped from a zero-padded copy and flipped (the T2T-ViT transfer recipe), then normalised.
-"""
+The data sets are read from `cifar-10-python.tar.gz` / `cifar-100-python.tar.gz` (without extracting them) or from
+their extracted folders, with an unpickler that only builds NumPy arrays, so a tampered file cannot run code. Images
+stay 32x32 uint8 until they reach the device; there a batch is upsampled to the model resolution and, for training,
+randomly cropped from a zero-padded copy and flipped (the T2T-ViT transfer recipe), then normalised."""
 from __future__ import annotations
 
 import io
@@ -153,7 +148,6 @@ def _read_files(data_dir: Path, fmt: CifarFormat) -> tuple[Files, Path]:
 
 
 def read_cifar(data_dir: str | Path, dataset: str) -> CifarData:
-    """Both splits and the class names of `dataset` ('cifar10' or 'cifar100') from `data_dir`."""
     if dataset not in FORMATS:
         raise UsageError(f'unknown data set {dataset!r}; choose from {", ".join(FORMATS)}')
     fmt = FORMATS[dataset]
@@ -233,16 +227,9 @@ def bilinear_matrix(out_size: int, in_size: int) -> torch.Tensor:
 
 
 class CifarInput:
-    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`.
-
-    Bilinear upsampling, then for training a random crop from the upsampled image zero-padded by `padding`
-    (default `img_size // 8`: 28 px at 224, as T2T-ViT's transfer recipe) and a horizontal flip with probability
-    `hflip`. Resampling is separable and linear, so all of it is two small matrix products per image: rows
-    `R_b = U[dy_b : dy_b + S]` and columns `C_b = U[dx_b : dx_b + S]` (reversed when flipped) of the upsampling
-    matrix U framed by `padding` zero rows, and `out_b = R_b x_b C_b^T`; no full-size intermediate is written.
-    The random offsets come from a CPU generator seeded with the batch's `seed` (torch's own without one), so a run
-    is reproducible on any device and resumable, and a batch prepared ahead on another thread draws the same.
-    """
+    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`: bilinear upsampling, for
+    training a random crop of it zero-padded by `padding` (default `img_size // 8`) and a flip, as two small matrix
+    products per image; the offsets drawn from a CPU generator seeded with the batch's `seed`."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
                  hflip: float = 0.5, padding: int | None = None, in_size: int = 32) -> None:

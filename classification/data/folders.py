@@ -24,19 +24,10 @@ from classification.token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):
-    """One split of a classification data set, as its source lists it (`classification.sources`: class folders,
-    tars).
-
-    Each item is a dict: `image`, `label`, `index`, and, with a training transform, the crop `geometry`; with a
-    token-label store also the image's top-k `scores` and `classes` maps, the box of the image its map covers (`extent`,
-    whole-image [-1, 1] coordinates) and whether the store has a map for it (`has_map`). With `skip_unreadable` an
-    unreadable image yields None, which `collate_skipping` drops and counts; otherwise it raises `ImageReadError`.
-    `max_images` keeps at most that many of the split's images, spread evenly over it (`spread_evenly`).
-
-    The index (`paths`, `labels`, the store `rows`) is held in NumPy arrays, which forked loader workers share with
-    the training process however long they run (`classification.sources.path_list`). Given `info`, the main process
-    lists the split and the others receive its listing (`split_listing`).
-    """
+    """One split of a classification data set, as its source lists it. Items: `image`, `label`, `index`, the crop
+    `geometry` with a training transform, and with a token-label store `scores`, `classes`, `extent` and `has_map`.
+    An unreadable image is None with `skip_unreadable` (dropped and counted by `collate_skipping`), else an
+    `ImageReadError`. The index is held in NumPy arrays, which forked loader workers share."""
 
     def __init__(
             self,
@@ -66,28 +57,23 @@ class ImageFolderDataset(Dataset):
         return len(self.paths)
 
     def sample(self, index: int) -> tuple[str, int]:
-        """Image `index`'s path (relative to the data folder) and label."""
         return self.paths[index], int(self.labels[index])
 
     def set_epoch(self, seed: int, epoch: int) -> None:
         """From now on each sample's augmentation is drawn from streams seeded from (seed, epoch, its place in the
-        pass: a training loader's `SamplePlace`, or else its index), whichever process reads it, a loader worker or
-        the training process itself (without workers), and whenever: the number of workers does not change the
-        training, and a run resumed mid-epoch reads the rest of it as the stopped run would have."""
+        pass), whichever process reads it: workers and resumes do not change the training."""
         self.epoch_seed = (seed, epoch)
 
     def file(self, index: int) -> Path | MemberFile:
-        """Image `index`'s file, or its bytes (read from its tar)."""
+        """Image `index`'s file, or its bytes read from its tar."""
         return self.reader.open(index, self.paths[index])
 
     def __getitem__(self, item: int | SamplePlace) -> dict | None:
         return self.__getitems__([item])[0]
 
     def __getitems__(self, items: Sequence[int | SamplePlace]) -> list[dict | None]:
-        """Samples, as torch's loaders fetch a batch. Without `set_epoch` they draw from the reading process's own
-        streams (evaluation, pictures); with it each from its own (`set_epoch`), and the reading process's streams are
-        put back once the batch is read: the training process, which reads the batches itself without workers,
-        continues with its own as a run with workers does (MixToken, drop-path)."""
+        """Samples, as torch's loaders fetch a batch; after `set_epoch` each drawn from its own streams, and the
+        reading process's streams put back (MixToken, drop-path draw on from them)."""
         if self.epoch_seed is None:
             return [self.read(item) for item in items]
         with cpu_streams_kept():
@@ -125,9 +111,8 @@ class ImageFolderDataset(Dataset):
 
 def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
                   max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray, ItemReader]:
-    """The split's classes, image names, labels and their reader (`open_split`, at most `max_images` spread over the
-    split), listed by the main process and given to the others: one listing of 1.28 million files per run, not one
-    per process."""
+    """The split's listing (`open_split`), made by the main process and given to the others: one listing of 1.28
+    million files per run, not one per process."""
 
     def listing() -> tuple[list[str], PathList, np.ndarray, ItemReader]:
         start = time.perf_counter()
@@ -158,9 +143,7 @@ def spread_evenly(samples: Sequence, count: int) -> Sequence:
 
 def warn_of_empty_classes(classes: Sequence[str], listed: list[tuple[str, int]], kept: list[tuple[str, int]],
                           what: str) -> None:
-    """Say which classes the `kept` part of the `listed` split leaves without an image (the model never trains on
-    them), and the smallest count that keeps every class: the even spread takes every (listed / kept)-th image of a
-    listing made class by class, so it reaches every class once the spacing is at most the smallest class."""
+    """Warn of the classes the `kept` part of the split leaves without an image, and the count that keeps all."""
     empty = sorted(set(range(len(classes))) - {label for _, label in kept})
     if empty:
         smallest = min(np.bincount([label for _, label in listed], minlength=len(classes))[
@@ -172,8 +155,7 @@ def warn_of_empty_classes(classes: Sequence[str], listed: list[tuple[str, int]],
 
 
 def collate_skipping(items: list[dict | None]) -> dict:
-    """Collate the readable items of a batch; `skipped` counts the unreadable ones. Items of the batched
-    augmentation (regions of any size, and plans) become one `PendingImages`."""
+    """Collate the readable items (`skipped`: the count of the others); the batched path's become `PendingImages`."""
     kept = [item for item in items if item is not None]
     pending = None
     if kept and 'plan' in kept[0]:
@@ -186,13 +168,11 @@ def collate_skipping(items: list[dict | None]) -> dict:
 
 
 def eval_transform(img_size: int, crop_pct: float, interpolation: str, mean: Sequence[float], std: Sequence[float]):
-    """Resize the short side to img_size / crop_pct, centre-crop img_size (timm's eval transform)."""
+    """timm's eval transform: the short side resized to img_size / crop_pct, the centre img_size kept."""
     return create_transform(img_size, is_training=False, interpolation=interpolation, mean=tuple(mean),
                             std=tuple(std), crop_pct=crop_pct)
 
 
 def config_eval_transform(data_cfg: dict):
-    """`eval_transform` as a timm data config describes it (`input_size`, `crop_pct`, `interpolation`, `mean`,
-    `std`)."""
     return eval_transform(data_cfg['input_size'][-1], data_cfg['crop_pct'], data_cfg['interpolation'],
                           data_cfg['mean'], data_cfg['std'])

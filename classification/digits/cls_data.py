@@ -1,14 +1,8 @@
 """The embedded digits as a classification run's data, prepared on first use, each step skipped when its result is
-on disk and resumed when it was cut off:
-
-- `EmbeddedScans.image_data` and `annotation`: the scans folder, and a small CNN annotator (timm's `resnet10t`,
-  trained on the folder) with its token labels, which train_cls's first stages make (`prepare_embedded_data`): what
-  `tools/train_cls.py` trains on without --data-dir;
-- `EmbeddedScans.pretrained_backbone`: a model pretrained with token labeling on that data, which a segmentation
-  config on the embedded pages starts from when its ImageNet weights are not on disk (the *same* model: same name,
-  same model arguments; on 2 CPU cores about 6 minutes for LV-ViT-S, 12 for LV-ViT-M): the first of the two stages
-  tools/train_seg.py runs there, kept for the next run.
-"""
+on disk and resumed when it was cut off: `EmbeddedScans.image_data` and `annotation` (the scans folder, and a small
+CNN annotator with its token labels: what `tools/train_cls.py` trains on without --data-dir), and
+`EmbeddedScans.pretrained_backbone` (a model pretrained with token labeling on that data, which a segmentation config
+on the embedded pages starts from when its ImageNet weights are not on disk)."""
 from __future__ import annotations
 
 import argparse
@@ -51,8 +45,7 @@ ANNOTATOR_RECIPE = dict(epochs=6, warmup_epochs=1, lr_base=2e-3, lr_base_batch=3
 
 
 def annotator_recipe(recipe: Recipe) -> Recipe:
-    """The annotator's recipe, at the input size and batch of the run it labels for: the same for every annotator
-    (`ANNOTATORS`), so that their size is what differs."""
+    """The annotator's recipe, at the input size and batch of the run it labels for, the same for every annotator."""
     values = {**vars(recipe_for(ANNOTATOR)), **ANNOTATOR_RECIPE, 'img_size': recipe.img_size,
               'batch_size': recipe.batch_size}
     return Recipe(**values)
@@ -60,8 +53,7 @@ def annotator_recipe(recipe: Recipe) -> Recipe:
 
 @dataclass(frozen=True)
 class EmbeddedScans:
-    """scikit-learn's digit scans under `root` (images/, annotator/, token_labels/, backbones/): the classification
-    data of the tools when no ImageNet is given (`classification.loaders.EmbeddedImageData`)."""
+    """scikit-learn's digit scans under `root`: the tools' classification data without ImageNet."""
 
     root: Path = SCANS_DIR
     annotator: str = ANNOTATOR
@@ -93,8 +85,7 @@ class EmbeddedScans:
         return folder if self.annotator == ANNOTATOR else f'{folder}_{self.annotator}'
 
     def image_data(self, recipe: Recipe, info: DistInfo) -> ImageData:
-        """The scans folder (written on first use) and, if `recipe` trains on score maps, its token labels' folder
-        (`annotation` says how they are made)."""
+        """The scans folder (written on first use) and, if `recipe` trains on score maps, its token labels' folder."""
         images = self.root / 'images'
         if info.is_main:
             discard_outdated(self.root)
@@ -110,20 +101,17 @@ class EmbeddedScans:
                           ANNOTATOR_KWARGS)
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
-        """`best.pth` of `model_name` pretrained with token labeling on the scans (in `pretraining_dir`): the first
-        stage of a segmentation config on the embedded pages. Kept from an earlier run when finished and readable; a
-        run stopped part-way (SIGTERM, SIGUSR1, a kill) is continued exactly as train_cls --resume does, and a stop
-        here stops the command (exit status 75) with nothing taken for finished; a file that does not read is
-        trained again."""
+        """`best.pth` of `model_name` pretrained with token labeling on the scans: the first stage of a segmentation
+        config on the embedded pages. Kept when finished and readable; a stopped run is continued as train_cls
+        --resume does (a stop here exits 75), an unreadable one trained again."""
         model_kwargs = dict(model_kwargs or {})
         output = self.pretraining_dir(model_name, model_kwargs)
         run_distributed(lambda info: self._pretrain(model_name, model_kwargs, output, info))
         return output / BEST
 
     def pretraining_dir(self, model_name: str, model_kwargs: dict) -> Path:
-        """`backbones/MODEL-KEY` (`backbones/MODEL_ANNOTATOR-KEY` from another annotator's labels): KEY a digest of
-        everything that shapes the pretraining (the model and its arguments, the annotator, the recipe, the scans'
-        version), so that one made otherwise is never taken for it."""
+        """`backbones/MODEL-KEY` (`MODEL_ANNOTATOR-KEY` from another annotator): KEY a digest of everything that
+        shapes the pretraining, so that one made otherwise is never taken for it."""
         shaping = dict(model=model_name, model_kwargs=model_kwargs, annotator=self.annotator, scans=VERSION,
                        recipe=vars(pretraining_recipe(model_name, model_kwargs)))
         key = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=repr).encode()).hexdigest()[:10]
@@ -168,9 +156,8 @@ FINISHED, STOPPED, NEW = 'finished', 'stopped', 'new'
 
 
 def pretraining_state(digits_dir: Path, output: Path) -> str:
-    """Where the pretraining in `output` stands: FINISHED (its metrics.json, written last, and a readable best.pth),
-    STOPPED (no metrics.json, a readable last.pth to continue from) or NEW. A run made from outdated scans, or
-    whose file does not read (a disk or copy error: the writes themselves are atomic), is removed: NEW."""
+    """Where the pretraining in `output` stands: FINISHED (metrics.json and a readable best.pth), STOPPED (a readable
+    last.pth) or NEW; a run from outdated scans or with an unreadable file is removed."""
     discard_outdated(digits_dir)
     finished = (output / METRICS).is_file()
     checked = output / (BEST if finished else LAST)

@@ -1,16 +1,12 @@
 """The embedded dense-prediction set, "pages": scikit-learn's handwritten digits in a row of cells on a dark page, in
 ADE20K's layout, with the same pages' digits as COCO-format instances and a synthetic depth map in NYU-v2's format
-(`write_digits_ade`).
+(`write_digits_ade`), used by the segmentation tools when no ADE20K is on disk (`seg_data`).
 
-Used by the segmentation tools when no ADE20K is on disk (`seg_data`). An image is a row of three 48 px cells, most
-of them holding one digit scan (40-48 px: three tokens of 16 px, as in the classification pretraining at 48 px) inked
-in a light colour on a black ground with faint noise, the look of the classification scans. Annotations follow
-ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft edges, which are ignored like
-ADE20K's "other" (reduce_zero_label). The validation pages use only the scans the classification run holds out
-(`scan_splits`). Every digit is also one COCO instance of category `digit + 1` (`coco_annotation`), and the depth
-(`depth_map`, 16-bit millimetres) puts each digit in front of a ground plane at a depth its value gives.
-docs/segmentation.md (ADE20K) and docs/instances_and_depth.md ("The embedded defaults") tell why and give the sizes.
-"""
+Annotations follow ADE20K: 1 is background, 2..11 are the digits 0..9, and 0 marks the digits' soft edges (ignored,
+reduce_zero_label). The validation pages use only the scans the classification run holds out (`scan_splits`); every
+digit is one COCO instance of category `digit + 1` (`coco_annotation`); the depth is 16-bit millimetres
+(`depth_map`). docs/segmentation.md (ADE20K) and docs/instances_and_depth.md ("The embedded defaults") tell why and
+give the sizes."""
 from __future__ import annotations
 
 import json
@@ -44,8 +40,7 @@ PALETTE = [[120, 120, 120]] + [[int(c) for c in cv2.cvtColor(np.uint8([[[18 * d,
 
 def _ink_digit(rng: np.random.Generator, image: np.ndarray, scan: np.ndarray, top: int, left: int, size: int
               ) -> np.ndarray:
-    """Ink an 8x8 scan (values 0..16) into `image` as a `size` square at (top, left), in a random light colour, in
-    place; returns the ink coverage (0..1) of that square."""
+    """Ink an 8x8 scan into `image` as a `size` square at (top, left), in place; returns its ink coverage (0..1)."""
     ink = render_scan(scan, size)
     window = (slice(top, top + size), slice(left, left + size))
     colour = rng.uniform(*INK, 3).astype(np.float32)
@@ -106,11 +101,7 @@ def scan_splits(count: int) -> dict:
 
 
 def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
-    """Write the set under `root` ({images,annotations,depth}/{training,validation} and
-    annotations/instances_{training,validation}.json); do nothing if it is complete.
-
-    A set written by an older version of this function is replaced.
-    """
+    """Write the set under `root` unless it is complete (a set an older version wrote is replaced)."""
     from sklearn.datasets import load_digits
     root = Path(root)
     ready = root / READY

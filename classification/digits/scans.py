@@ -1,9 +1,5 @@
-"""scikit-learn's handwritten digits (1,797 real 8x8 scans shipped in the package) as an ImageNet-layout folder.
-
-Each image is one scan filling the frame. (Scans drawn small at random places on larger black pages would teach
-the tokens to localise, but a ViT learns them far too slowly for a few CPU minutes: LV-ViT-S reached 34% top-1
-after 6 epochs there, against 93% after 8 on full-frame scans.)
-"""
+"""scikit-learn's handwritten digits (1,797 real 8x8 scans shipped in the package) as an ImageNet-layout folder, each
+image one scan filling the frame (a ViT learns small scans at random places far too slowly for a few CPU minutes)."""
 from __future__ import annotations
 
 import os
@@ -25,9 +21,7 @@ def render_scan(scan: np.ndarray, size: int) -> np.ndarray:
 
 
 def write_digits_folder(root: Path) -> Path:
-    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits; returns `root`.
-
-    A folder written by an older version of this function is replaced."""
+    """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits (an older version's replaced)."""
     if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
         return root
     from sklearn.datasets import load_digits

@@ -1,12 +1,8 @@
 """The embedded pages as a dense config's data: what tools/train_seg.py, tools/test_seg.py, predict_seg and the
 segmentation pictures run on when the config's data set is not on disk
-(`backbones.dense.run_data.EmbeddedSegData`).
-
-The config keeps its model, heads, pipelines and test modes; its task fits them to the pages, its schedule is
-replaced by one sized for minutes on 2 CPU cores, and its backbone, when the config's ImageNet weights are not on
-disk, is the same model pretrained with token labeling on the embedded scans (`cls_data`): the first stage of
-tools/train_seg.py (`classification.train_seg`), whose checkpoint the segmentation trainer then starts from.
-"""
+(`backbones.dense.run_data.EmbeddedSegData`). The config keeps its model, heads, pipelines and test modes; its task
+fits them to the pages, its schedule is replaced by one sized for minutes on 2 CPU cores, and its backbone, when the
+config's ImageNet weights are not on disk, is the same model pretrained on the embedded scans (`cls_data`)."""
 from __future__ import annotations
 
 import argparse
@@ -39,9 +35,8 @@ TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
 
 @dataclass(frozen=True)
 class Schedule:
-    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores (ADE20K's 160k iterations of 16
-    images would take days there). AdamW as the config says, at this lr: linear warm-up, then linear decay. The neck
-    and heads, which start from random weights, learn `head_lr_mult` times faster than the backbone."""
+    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores: AdamW at this lr, linear warm-up
+    then decay; the neck and heads learn `head_lr_mult` times faster than the backbone."""
 
     iters: int = 160
     warmup_iters: int = 16
@@ -124,8 +119,7 @@ class EmbeddedPages:
         cfg.randomness = dict(seed=schedule.seed)
 
     def use_model(self, cfg: Config) -> None:
-        """The model as its task sizes it for a small data set (a detector's pyramid and heads), in training, tests
-        and predictions alike."""
+        """The model as its task sizes it for a small data set, everywhere it is built."""
         task_of(cfg).use_small_model(cfg)
 
     def pretrained_backbone(self, pretraining: Pretraining) -> PretrainedBackbone:

@@ -128,8 +128,7 @@ WRITERS: dict[str, Callable[[Path, list[Scan]], None]] = {
 
 
 def write_layout(dataset: str, root: Path, count: int | None = None) -> Path:
-    """The digits (the first `count` scans) in `dataset`'s layout under `root`, written whole (a temporary folder
-    renamed) unless this version is there; `folder` is class folders (train/, val/)."""
+    """The digits (the first `count` scans) in `dataset`'s layout under `root`, written whole once."""
     return write_folder_once(root, VERSION, lambda folder: WRITERS[dataset](folder, scans(count)))
 
 

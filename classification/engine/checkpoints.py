@@ -32,8 +32,7 @@ ARCHITECTURE = 'architecture'
 
 
 def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
-    """A checkpoint of ours, weights-only; with `mmap`, tensors are read only when used (for a look at its fields).
-    One written before epochs were numbered from 1 (its `epoch` was 0-based, timm's way) reads as the same point."""
+    """A checkpoint of ours, weights-only (`mmap`: tensors read when used); an older 0-based epoch read as 1-based."""
     ckpt = load_weights_only(path, mmap=mmap)
     if isinstance(ckpt, dict) and 'args' in ckpt and 'epoch' in ckpt and 'epochs_done' not in ckpt:
         ckpt['epochs_done'] = ckpt.pop('epoch') + 1
@@ -41,8 +40,7 @@ def read_training_checkpoint(path: str | Path, mmap: bool = False) -> dict:
 
 
 def checkpoint_settings(path: str | Path) -> dict:
-    """The settings a checkpoint of ours records (its `args`: the class list, the input size, ...); {} for other
-    files (official releases)."""
+    """The settings (`args`) a checkpoint of ours records; {} for other files."""
     try:
         ckpt = read_training_checkpoint(path, mmap=True)
     except CheckpointError:  # not ours, or not readable: the weight loader reports a damaged file with its own error
@@ -52,9 +50,7 @@ def checkpoint_settings(path: str | Path) -> dict:
 
 
 def recorded_data_config(settings: dict) -> dict:
-    """The preprocessing a run's settings record for its evaluation, in timm's data-config keys: `data_config`
-    (input size, crop fraction, interpolation, mean, std); runs from before it was recorded give their input size
-    (`img_size`), and a CIFAR transfer its mean and std."""
+    """The preprocessing a run's settings record for its evaluation, in timm's data-config keys."""
     if isinstance(settings.get(DATA_CONFIG), dict):
         return dict(settings[DATA_CONFIG])
     recorded = {key: tuple(settings[key]) for key in ('mean', 'std') if settings.get(key) is not None}
@@ -65,10 +61,8 @@ def recorded_data_config(settings: dict) -> dict:
 
 def checkpoint_data_config(checkpoint: str | Path | None, model_config: dict, img_size: int | None = None,
                            crop_pct: float | None = None) -> dict:
-    """The preprocessing to run `checkpoint` with: the model's own (`model_config`, timm's data config), overlaid
-    with what the checkpoint records of its run's evaluation (the input size it was trained at, ...), then with an
-    explicit `img_size` and `crop_pct`. A size other than the one it records is said in the log (official releases
-    record none: theirs is the model's own)."""
+    """The model's own data config, overlaid with what the checkpoint records of its run's evaluation, then with an
+    explicit `img_size` and `crop_pct`; a size other than the recorded one is logged."""
     recorded = recorded_data_config(checkpoint_settings(checkpoint)) if checkpoint else {}
     config = {**model_config, **recorded}
     if img_size is not None:
@@ -83,9 +77,8 @@ def checkpoint_data_config(checkpoint: str | Path | None, model_config: dict, im
 
 
 def weights_taken(path: str | Path, use_ema: bool | None) -> str:
-    """Which weights a loader takes from `path` with `use_ema` (`backbones.weights.read_state_dict`): 'ema' or
-    'trained'. By default the checkpoint's model, which a checkpoint of ours names (`weights`); other files' model is
-    their trained weights."""
+    """'ema' or 'trained': what a loader takes from `path` with `use_ema`. By default the checkpoint's model, which a
+    checkpoint of ours names (`weights`); other files' is their trained weights."""
     if use_ema is not None:
         return 'ema' if use_ema else 'trained'
     try:
@@ -96,14 +89,13 @@ def weights_taken(path: str | Path, use_ema: bool | None) -> str:
 
 
 def checkpoint_classes(path: str | Path) -> list[str] | None:
-    """The class list a checkpoint of ours records (`args.classes`); None for other files (official releases)."""
+    """The class list a checkpoint of ours records; None for other files (official releases)."""
     classes = checkpoint_settings(path).get('classes')
     return list(classes) if isinstance(classes, (list, tuple)) else None
 
 
 def check_checkpoint_classes(path: str | Path, classes: list[str], classes_from: str) -> None:
-    """A checkpoint of ours must have been trained on `classes` (names and order: the same count of other classes
-    would turn its scores for one class into another's); other files record none and pass."""
+    """A checkpoint of ours must have been trained on `classes`, names and order; other files record none and pass."""
     recorded = checkpoint_classes(path)
     if recorded is not None:
         check_same_classes(recorded, classes, f'the checkpoint {path}', classes_from)
@@ -121,8 +113,7 @@ def write_run_args(output: Path, command: str, settings: dict) -> None:
 
 
 def read_run_args(path: str | Path, command: str) -> dict:
-    """The settings an args.yaml of `command` holds; a file that is not one, or of another layout, is a DataError
-    naming it."""
+    """The settings an args.yaml of `command` holds; any other file is a DataError naming it."""
     try:
         values = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -141,9 +132,7 @@ def read_run_args(path: str | Path, command: str) -> dict:
 
 
 def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str | Path) -> list[str]:
-    """The command line that gives `parser` the `settings` of an args.yaml (`source`): its positional arguments,
-    then an option per setting, so that every value is checked as a typed one is, and options typed after it
-    override it."""
+    """The command line that gives `parser` an args.yaml's `settings`, each value checked as a typed one."""
     actions: dict[str, list[argparse.Action]] = {}
     for action in parser._actions:
         actions.setdefault(action.dest, []).append(action)

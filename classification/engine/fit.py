@@ -1,17 +1,10 @@
 """The epoch loop shared by ImageNet training and CIFAR transfer (`Fit`): train, validate, keep the best, checkpoint,
 resume.
 
-Every epoch writes `last.pth` (weights, optimizer, scheduler, scaler, every process's RNG state), and `best.pth`
-(weights only) when validation top-1 improved; `--resume` continues from `last.pth` to the same losses as an
-uninterrupted run, and refuses other settings than the run's, naming them. One EMA rule: with an EMA, the EMA is the
-run's model, which chooses `best.pth` and which both files hold as `state_dict` (and `state_dict_ema`); `last.pth` keeps
-the trained weights for the resume as `state_dict_trained`. SIGTERM or SIGUSR1 lets the current update finish, writes
-`last.pth` mid-epoch and exits with status 75 (`--checkpoint-minutes M`: such a checkpoint at most every M minutes); a
-resume continues at the next batch. Crash consistency: `last.pth` is the run's record, written before `best.pth`, each
-through a temporary file and a rename; on resume the leftovers are deleted and a lagging `best.pth` is rewritten from
-`last.pth` (`repair_best`, `repair_log`). docs/imagenet.md tells each in full (the EMA rule, preemption, crash
-consistency).
-"""
+Every epoch writes `last.pth` (everything a resume needs) and `best.pth` (weights only) when validation top-1
+improved; `--resume` continues from `last.pth` to the same losses as an uninterrupted run. With an EMA, the EMA is
+the run's model. SIGTERM or SIGUSR1 writes `last.pth` mid-epoch and exits with status 75. docs/imagenet.md tells
+each in full (the EMA rule, preemption, crash consistency)."""
 from __future__ import annotations
 
 import datetime
@@ -81,7 +74,6 @@ def resume_path(resume: str | None, output: Path) -> Path | None:
 
 
 def gather_objects(value, info: DistInfo) -> list:
-    """`value` of every process (index = rank)."""
     if not info.distributed:
         return [value]
     values = [None] * info.world_size
@@ -96,8 +88,7 @@ def gather_rng_states(info: DistInfo) -> list:
 
 Pictures = Callable[[], dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
 def step_line(step: TrainingStep) -> str:
-    """A training log line: `update 150  batch 150/1251  loss 6.1234  lr 1.00e-03  1234 img/s  data 12%  ETA 0:04:31`
-    (the ETA is the pass's)."""
+    """A training log line: `update 150 batch 150/1251 loss 6.1234 lr 1.00e-03 1234 img/s data 12% ETA 0:04:31`."""
     batch = f'{step.batch}/{step.batches}' if step.batches is not None else str(step.batch)
     eta = '' if step.seconds_left is None else f'  ETA {datetime.timedelta(seconds=round(step.seconds_left))}'
     return (f'update {step.update}  batch {batch}  loss {step.loss:.4f}  lr {step.lr:.2e}  '
@@ -108,16 +99,14 @@ STEP_LINE = re.compile(r'\bupdate (\d+)  batch \d')  # what `step_line` writes f
 
 
 def update_of_step_line(line: str) -> int | None:
-    """The update count a training log line (`step_line`, as the logger prints it) reports, or None for other
-    lines."""
+    """The update count a `step_line` reports, or None for other lines."""
     found = STEP_LINE.search(line)
     return None if found is None else int(found[1])
 
 
 class RunLog:
-    """log.jsonl (one line per epoch) with summary.csv beside it, TensorBoard scalars and the `trackers` asked for
-    (started, `trackers.start_trackers`), written by the main process only; and, after every validation, the run's
-    `pictures` (drawn without touching the random streams the run continues with)."""
+    """log.jsonl with summary.csv, TensorBoard scalars and the `trackers`, written by the main process only; and,
+    after every validation, the run's `pictures` (drawn without touching the run's random streams)."""
 
     def __init__(self, output: Path, info: DistInfo, interval: int, pictures: Pictures | None = None,
                  trackers: Sequence[Tracker] = ()) -> None:
@@ -167,7 +156,6 @@ class RunLog:
         logger.info('  '.join(parts))
 
     def close(self, finished: bool = True) -> None:
-        """The run ended (`finished`), or stopped to be resumed."""
         if self.writer is not None:
             self.writer.close()
         for tracker in self.trackers:
@@ -237,8 +225,7 @@ class Fit:
         logger.info(f'resumed {resume} after {self.epochs_done} epoch(s){where}')
 
     def run(self, train_loader, val_loader: Iterable[dict], num_epochs: int, runlog: RunLog) -> dict:
-        """Train the epochs after `epochs_done` up to `num_epochs`, validating and checkpointing each; the last
-        record."""
+        """Train the epochs after `epochs_done` up to `num_epochs`; the last record."""
         info = self.info
         train_model = DistributedDataParallel(
             self.model, device_ids=[info.device.index] if info.device.type == 'cuda' else None) \
@@ -253,8 +240,7 @@ class Fit:
 
     def run_epoch(self, train_model: nn.Module, epoch: int, num_epochs: int, train_loader,
                   val_loader: Iterable[dict], runlog: RunLog, stops: StopRequests, agreement: LaggingSum) -> None:
-        """One epoch (or the rest of one), its validation and checkpoint; mid-epoch checkpoints and the stop on a
-        signal after updates (see the module docstring), agreed on by all processes through `agreement`."""
+        """One epoch (or its rest), its validation and checkpoints; a stop on a signal agreed on by all processes."""
         info, state = self.info, self.state
         started, updates = time.time(), state.num_updates
         progress, rng = self.resume_progress, self.resume_rng
@@ -309,8 +295,7 @@ class Fit:
         runlog.epoch(record)
 
     def save(self, epochs_done: int, is_best: bool, progress: EpochProgress | None = None) -> None:
-        """last.pth after `epochs_done` epochs and, mid-epoch, the `progress` of the next one; best.pth too when
-        `is_best`."""
+        """last.pth after `epochs_done` epochs (mid-epoch: with the next one's `progress`); best.pth if `is_best`."""
         rng = gather_rng_states(self.info)
         if progress is not None:
             progress.settle()
@@ -338,8 +323,7 @@ class Fit:
 
 
 def best_checkpoint(last: dict) -> dict:
-    """What best.pth holds: the model of a last.pth (not its trained weights where its model is the EMA), its epoch,
-    metrics and settings."""
+    """What best.pth holds: the model of a last.pth, its epoch, metrics and settings."""
     return {k: v for k, v in last.items()
             if k in ('state_dict', 'state_dict_ema', MODEL_WEIGHTS, ARCHITECTURE, 'epochs_done', 'metrics', 'args')}
 
@@ -357,8 +341,7 @@ def check_same_settings(resume: Path, stored: dict, current: dict) -> None:
 
 
 def repair_log(output: Path, last: dict) -> None:
-    """Make log.jsonl hold one line per epoch up to last.pth's: a kill may have cut a line or come between
-    writing last.pth and logging its epoch (last.pth holds that epoch's record)."""
+    """Make log.jsonl hold one line per epoch up to last.pth's, after a kill cut a line or came before it."""
     path, done = output / LOG, last['epochs_done']
     records = {}
     for line in (path.read_text().splitlines() if path.exists() else []):

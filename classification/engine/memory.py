@@ -1,10 +1,8 @@
 """A process's memory as Linux accounts it: private (USS) and proportional (PSS) set sizes, and its children.
 
-RSS counts the pages a forked loader worker shares with its parent; USS counts only the pages the process has to
-itself. Of those, the dirty ones (`dirty`: copy-on-write copies of the parent's objects, the process's own heap) are
-what a worker adds to a machine's memory; the clean ones include file pages it alone maps, such as the token-label
-store's rows it has read through its own memory map, which the page cache holds once and can drop.
-"""
+USS counts only the pages the process has to itself; of those, the dirty ones (`dirty`: copy-on-write copies, its
+own heap) are what a forked loader worker adds to a machine's memory (the clean ones include file pages that the
+page cache holds once and can drop)."""
 from __future__ import annotations
 
 import ctypes
@@ -37,7 +35,6 @@ def process_memory(pid: int | None = None) -> Memory:
 
 
 def child_pids(pid: int | None = None) -> list[int]:
-    """The direct children of process `pid` (default: this one): a DataLoader's worker processes, say."""
     pid = pid or os.getpid()
     children: list[int] = []
     for task in Path(f'/proc/{pid}/task').iterdir():
@@ -49,8 +46,7 @@ def child_pids(pid: int | None = None) -> list[int]:
 
 
 class ChildMemory:
-    """The memory of this process's children started after it was made (a DataLoader's workers) at the moments
-    `sample` is called: the first and the last sample of each child."""
+    """The memory of this process's children started after it was made, at the first and the last `sample` of each."""
 
     def __init__(self) -> None:
         self.first: dict[int, Memory] = {}
@@ -67,17 +63,14 @@ class ChildMemory:
             self.last[pid] = memory
 
     def growth(self) -> dict[int, int]:
-        """Private dirty bytes each child gained between its first and last sample (see the module docstring)."""
+        """Private dirty bytes each child gained between its first and last sample."""
         return {pid: self.last[pid].dirty - self.first[pid].dirty for pid in self.first}
 
 
 def release_free_memory() -> None:
-    """Give the heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing).
-
-    Call it after a large temporary allocation and before loader workers fork. A worker that allocates into free heap
-    pages its parent left copies each page it touches: after the tar listing (whose index arrays are freed once the
-    listing is made) each of two workers grew by 115 MB over a quarter epoch, 1 to 4 MB once those pages were given
-    back (tools/rehearse_scale.py at ImageNet's size)."""
+    """Give the heap's free pages back to the system (glibc's `malloc_trim`), after a large temporary allocation and
+    before loader workers fork: a worker allocating into its parent's free pages copies each (115 MB a worker after
+    the tar listing, tools/rehearse_scale.py)."""
     gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)

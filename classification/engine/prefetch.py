@@ -1,14 +1,11 @@
 """Training batches made ready ahead of their step: on the device, through the batch transform (the batched path's
 decoding and device half, CIFAR's upsampling and augmentation), with the objective's targets made before the forward.
 
-`Prefetcher` does it `DEPTH` batches ahead, on a GPU on a thread and a CUDA stream of their own: while the training
-thread queues one step, the next batches are copied, decoded and augmented beside it, and the step takes each through
-a stream event, so the training thread never waits for the device (on a CPU, where a thread would only compete with
-the step for the cores, in the same order on the training thread). Each batch's random draws come from
-a generator seeded with the batch's own key (the pass's seed and the batch's place in it), never from the process's
-streams that the training thread draws from: a batch prepared ahead, on another thread, in a resumed run or serially
-(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) draws the same, and on a CPU is the same bit for bit (on a
-GPU, to the rounding of the token targets' atomic sums)."""
+`Prefetcher` does it `DEPTH` batches ahead, on a GPU on a thread and a CUDA stream of their own (on a CPU in the same
+order on the training thread). Each batch's random draws come from a generator seeded with the batch's own key,
+never from the training thread's streams: a batch prepared ahead, in a resumed run or serially
+(`Prefetcher(..., depth=0)`, `train_cls --serial-loop`) draws the same. docs/speed.md ("The loop at the step's pace")
+tells the design."""
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +26,7 @@ DEPTH = 2  # batches prepared ahead of the one a step takes
 
 class BatchTransform(Protocol):
     def __call__(self, images, seed: int | None = None) -> torch.Tensor:
-        """The model input of a batch's images on the device; random draws from a generator seeded with `seed`
-        (the process's own without one: evaluation, benchmarks)."""
+        """The model input of a batch's images on the device, its random draws from a generator seeded with `seed`."""
 
 
 class Objective(Protocol):
@@ -43,8 +39,7 @@ class Objective(Protocol):
         """The loss of the model's `output` on `batch`."""
 
     def targets_ahead(self, batch: dict, device: torch.device) -> dict:
-        """`batch` with the targets the objective can make before the model runs (its loss then uses them), or as it
-        is; random draws belong in `prepare`, not here."""
+        """`batch` with the targets the objective can make before the forward (no random draws), or as it is."""
 
 
 def to_device(value, device: torch.device):
@@ -87,8 +82,7 @@ class OnThisThread(contextlib.AbstractContextManager):
 
 @functools.cache
 def preparing_stream(device: torch.device) -> torch.cuda.Stream:
-    """One stream per device for every pass (a stream of torch's pool each pass would spread the cached memory over
-    the pool's streams)."""
+    """One stream per device for every pass (one of torch's pool each pass would spread the cached memory)."""
     return torch.cuda.Stream(device)
 
 
@@ -122,17 +116,9 @@ class BatchPreparation:
 
 
 class Prefetcher:
-    """`prefetch(batches, seed, first)` yields each batch ready for its step, prepared `depth` batches ahead on a
-    GPU's thread and stream of their own (handed over through its event: the training stream waits on the device,
-    not the host), on a CPU's training thread; depth 0: serially, on the training thread and stream, the targets
-    made in the loss.
-
-    Batch n of the pass (counted from `first`, where a resumed pass starts) draws from `hash_seed(seed, n)`. The
-    loader is read on the training thread (without worker processes it reads the images there, between the
-    training's own draws, which it puts back). The first batch is prepared alone: the objective learns the model's
-    token grid from its forward and makes the next batches' targets ahead on it. A batch that fails to prepare (a
-    file the device's decoder refuses) raises when its turn comes, after the batches before it were trained on; an
-    error of the loader itself raises at once, the batches already prepared untrained."""
+    """`prefetch(batches, seed, first)` yields each batch ready for its step, `depth` batches ahead (0: serially, the
+    targets made in the loss); batch n (from `first`) draws from `hash_seed(seed, n)`. The first batch is prepared
+    alone (its forward gives the token grid); a batch that fails to prepare raises when its turn comes."""
 
     def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
                  depth: int = DEPTH, thread: bool | None = None) -> None:

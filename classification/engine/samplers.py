@@ -16,9 +16,7 @@ from backbones.common.lifecycle import ignore_stop_signals
 
 
 class ResumableSampler(Sampler[int]):
-    """A training sampler whose next pass can start part of the way in (`skip`): a run resumed mid-epoch reads the
-    rest of the epoch's order, which the wrapped sampler draws from its seed and the epoch alone. Given the
-    process's `rank`, it yields each index as its `SamplePlace`."""
+    """A training sampler whose next pass can start part of the way in (`skip`), yielding `SamplePlace`s."""
 
     def __init__(self, sampler: Sampler[int], rank: int | None = None) -> None:
         self.sampler, self.start, self.rank = sampler, 0, rank
@@ -27,7 +25,7 @@ class ResumableSampler(Sampler[int]):
         self.sampler.set_epoch(epoch)
 
     def skip(self, count: int) -> None:
-        """Leave out the first `count` indices of the next pass (only)."""
+        """Leave out the first `count` indices of the next pass only."""
         self.start = count
 
     def __iter__(self):
@@ -56,10 +54,8 @@ class ShardSampler(Sampler[int]):
 
 @dataclass(frozen=True)
 class Batching:
-    """How a run's loaders batch: `size` images per process, `workers` loader processes, the training order
-    reshuffled every epoch with `seed`, `collate_fn`; with `aug_repeats` > 1, timm's repeated augmentation (each image
-    that many times an epoch, the copies spread over the processes); with `places`, each index handed to the training
-    set as its `SamplePlace`."""
+    """How a run's loaders batch: `size` images per process, `workers`, the order reshuffled every epoch with `seed`,
+    `collate_fn`, timm's repeated augmentation (`aug_repeats`), and `places` (indices as `SamplePlace`)."""
 
     size: int
     workers: int

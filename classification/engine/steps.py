@@ -48,8 +48,7 @@ class StepState:
 
 
 class PendingLoss(NamedTuple):
-    """A step's loss on its way to the host (`HostCopy`: reading it waits for that step only, not for the kernels
-    queued since), and the update it belongs to, for the error."""
+    """A step's loss on its way to the host (`HostCopy`: reading it waits for that step only), and its update."""
 
     copy: HostCopy
     update: int
@@ -68,12 +67,8 @@ class PendingLoss(NamedTuple):
 
 @dataclass
 class EpochProgress:
-    """Where a training pass stands: batches done (of the loader's full pass), and this process's loss sum over
-    them and their count (a resumed pass continues its mean).
-
-    Each step's loss is read on the host one step late (`add`): the training thread queues the next step before it
-    waits for the last one's loss, so nothing between two updates waits for the device. `settle` reads the one
-    still pending (the end of a pass, a checkpoint)."""
+    """Where a training pass stands: batches done, this process's loss sum and count. Each loss is read one step late
+    (`add`), so nothing between two updates waits for the device; `settle` reads the pending one."""
 
     batches: int = 0
     loss_sum: float = 0.0
@@ -82,8 +77,7 @@ class EpochProgress:
     latest: float | None = field(default=None, repr=False, compare=False)  # the last loss read
 
     def add(self, loss: torch.Tensor, update: int) -> float:
-        """This step's loss, queued, and the one before it read; returns the latest loss read (the previous step's;
-        a pass's first step waits for its own)."""
+        """This step's loss queued and the previous one read; returns the latest loss read."""
         self.settle()
         self.pending = PendingLoss.of(loss, update)
         if self.latest is None:
@@ -99,8 +93,7 @@ class EpochProgress:
 
 @dataclass
 class Pace:
-    """How fast a training pass goes: images trained on by all processes, seconds spent waiting for the loader, and
-    the time since the pass (or its resumed part) began."""
+    """How fast a pass goes: images trained on by all processes, seconds waiting for the loader, time since it began."""
 
     started: float = field(default_factory=time.perf_counter)
     images: int = 0
@@ -119,9 +112,8 @@ class Pace:
 
 
 class TrainingStep(NamedTuple):
-    """What a training log line reports: the update, the latest loss read (the batch before the update's last, read
-    one step late: `EpochProgress`) and the lr, the pass's batch and length (None: an iterator without one), and its
-    pace."""
+    """What a training log line reports: the update, the latest loss read (one step late: `EpochProgress`), the lr,
+    the pass's batch and length (None: unknown), and its pace."""
 
     update: int
     loss: float
@@ -141,10 +133,8 @@ class PassResult(NamedTuple):
 
 @dataclass(frozen=True)
 class PassOptions:
-    """How a training pass runs: autocast (`amp`), gradient clipping, one update every `accumulate` batches, the
-    device half of the augmentation (`transform`), batches prepared ahead (`overlap`, the `Prefetcher`; False:
-    serially), the pass's `seed` (batch n draws its augmentation on the device from `hash_seed(seed, n)`), and the
-    progress bar's label."""
+    """How a training pass runs: autocast, gradient clipping, one update every `accumulate` batches, the device half
+    of the augmentation, batches prepared ahead (`overlap`), the pass's `seed` and the progress bar's label."""
 
     amp: str = 'none'
     clip_grad: float | None = None
@@ -157,9 +147,8 @@ class PassOptions:
 
 @dataclass(frozen=True)
 class PassHooks:
-    """What a training pass calls: `log` with every update (`TrainingStep`); `on_start` once the loader's iterator
-    exists (it draws its workers' seed: a resumed run restores its random streams after that draw);
-    `after_update(progress)` after every update (it raises to stop the run there)."""
+    """What a training pass calls: `log` every update; `on_start` once the loader's iterator exists (it draws its
+    workers' seed); `after_update(progress)` after every update (it raises to stop the run there)."""
 
     log: Callable[[TrainingStep], None] | None = None
     on_start: Callable[[], None] | None = None
@@ -169,11 +158,9 @@ class PassHooks:
 def train_one_epoch(model: nn.Module, loader: Iterable[dict], objective: Objective, state: StepState, info: DistInfo,
                     options: PassOptions = PassOptions(), progress: EpochProgress | None = None,
                     hooks: PassHooks = PassHooks()) -> PassResult:
-    """Train for one pass over `loader`, one optimizer update every `options.accumulate` batches (their gradients
-    summed, each batch's loss divided by the count: the update of one batch that many times as large); returns the
-    mean loss over all processes and the pass's pace. Batches left over at the end of the pass, fewer than an
-    update's, are not trained on (as the loader drops an incomplete last batch). A pass resumed part of the way in
-    continues `progress` (the loader then yields only the rest of the pass)."""
+    """Train for one pass over `loader`, one optimizer update every `options.accumulate` batches (each batch's loss
+    divided by the count); returns the mean loss over all processes and the pass's pace. Batches left over at the
+    end, fewer than an update's, are not trained on; a resumed pass continues `progress`."""
     amp, clip_grad, accumulate = options.amp, options.clip_grad, options.accumulate
     log, on_start, after_update = hooks.log, hooks.on_start, hooks.after_update
     model.train()

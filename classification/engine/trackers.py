@@ -1,16 +1,10 @@
 """Experiment trackers beside TensorBoard: Weights & Biases (`--log-wandb`) and MLflow (`--log-mlflow`).
 
 Each is an optional extra of the package (`pip install .[wandb]`, `.[mlflow]`), imported only when asked for. The
-main process starts them (`start_trackers`) before the run's data is read and before anything else is written into
-its folder; a tracker that cannot start is one line, and what it wrote into the folder is removed. They log the run's
-settings (its args.yaml) once, the training scalars every `--log-interval` updates, each epoch's record and its
-pictures, and are closed at the run's end, or as stopped when the process ends without closing them (a run that
-failed after they started). A resumed run continues the same tracker run: its id is kept in the run folder
-(`wandb_id`, `mlflow_run_id`). Where the tracker writes is the client's own setting: wandb's `WANDB_MODE`,
-`WANDB_DIR` (default: the run folder) and login; MLflow's `MLFLOW_TRACKING_URI` (a server, or a database where the full
-`mlflow` package is installed; default here: a file store in the run folder, `OUTPUT/mlruns`, which `mlflow ui
---backend-store-uri OUTPUT/mlruns` shows: the extra, mlflow-skinny, has no database backend).
-"""
+main process starts them (`start_trackers`) before the run's data is read; a tracker that cannot start is one line,
+and what it wrote into the folder is removed. A resumed run continues the same tracker run (its id is kept in the
+run folder). Where the tracker writes is the client's own setting (wandb's `WANDB_MODE`, `WANDB_DIR`, default: the
+run folder; MLflow's `MLFLOW_TRACKING_URI`, default: `OUTPUT/mlruns`). docs/imagenet.md tells what they log."""
 from __future__ import annotations
 
 import os
@@ -38,8 +32,7 @@ class Tracker(Protocol):
 
 
 def run_id(output: Path, name: str, make: Callable[[], str]) -> str:
-    """The tracker run id kept in OUTPUT/`name` (made by `make()` on the run's first start, or where the file holds
-    none)."""
+    """The tracker run id kept in OUTPUT/`name`, made by `make()` where there is none."""
     path = output / name
     if path.exists() and (kept := path.read_text().strip()):
         return kept
@@ -49,8 +42,7 @@ def run_id(output: Path, name: str, make: Callable[[], str]) -> str:
 
 
 class WandbTracker:
-    """A wandb run, resumed by its id; each axis a step metric of its own (an update count and an epoch number
-    both rise, but a resume goes back to its checkpoint's update, which wandb's own step may not)."""
+    """A wandb run, resumed by its id; each axis a step metric of its own (a resume goes back in updates)."""
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
         wandb = import_extra('wandb', '--log-wandb')
@@ -74,8 +66,7 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    """An MLflow run in the experiment `experiment`, resumed by its id; the settings as its parameters (logged on the
-    first start only: MLflow refuses a parameter logged twice)."""
+    """An MLflow run, resumed by its id; the settings as its parameters, logged on the first start only."""
 
     def __init__(self, output: Path, experiment: str, settings: dict) -> None:
         mlflow = import_extra('mlflow', '--log-mlflow')
@@ -110,9 +101,8 @@ class MlflowTracker:
 
 
 class StartedTrackers:
-    """The tracker runs of one training run as one Tracker: each call goes to every one. They are closed once; the
-    process closes them as stopped where it ends (or drops them) without closing them: a run that failed after they
-    started does not stay running in its tracker."""
+    """The tracker runs of one training run as one Tracker. They are closed once; where the process ends without
+    closing them they are closed as stopped."""
 
     def __init__(self, runs: list[Tracker]) -> None:
         self.runs = runs
@@ -137,8 +127,7 @@ def close_all(runs: list[Tracker], finished: bool) -> None:
 
 
 def start_trackers(output: Path, experiment: str, settings: dict, wandb: bool, mlflow: bool) -> StartedTrackers:
-    """The trackers asked for, started (or resumed) for the run in `output`; where one cannot start, a
-    TrackerError, the ones started before it closed as stopped."""
+    """The trackers asked for, started (or resumed); one that cannot start is a TrackerError, the others stopped."""
     runs: list[Tracker] = []
     try:
         for asked, tracker in ((wandb, WandbTracker), (mlflow, MlflowTracker)):

@@ -5,13 +5,9 @@
     record = trainer.run(fit, train_loader, val_loader)
     return trainer.finish(metrics, 'done: ...')
 
-`start` builds timm's optimizer over `params` (Adam/AdamW fused into one kernel where the device has it) and its
-cosine schedule (stepped per update), mixed precision and its loss scaler, the EMA, channels-last weights and
-inputs for models with convolutions, `torch.compile` if asked (`training_state`, which the loop benchmark's steps
-share), restores a resumed run and records the run's settings (args.yaml); `run` is the epoch loop of `Fit`;
-`finish` writes the run's metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and
-what they report.
-"""
+`start` builds the optimizer, schedule, mixed precision, EMA and compiled model (`training_state`, which the loop
+benchmark's steps share) and restores a resumed run; `run` is the epoch loop of `Fit`; `finish` writes the run's
+metrics. The applications keep what is theirs: data, model, parameter groups, the loss, and what they report."""
 from __future__ import annotations
 
 import argparse
@@ -90,8 +86,7 @@ class RunOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace, default_output: str, command: str | None = None,
                   settings: dict | None = None) -> 'RunOptions':
-        """The options `add_run_arguments` declared, by name; the `command`'s `settings` for args.yaml. The trackers'
-        clients are checked here, before any data is prepared."""
+        """The options `add_run_arguments` declared; `settings` for args.yaml; the trackers' clients checked now."""
         own = ('output', 'model_kwargs', 'command', 'settings')
         taken = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in own}
         check_trackers(taken['log_wandb'], taken['log_mlflow'])
@@ -99,8 +94,7 @@ class RunOptions:
                    command=command, settings=settings, **taken)
 
     def global_batch(self, batch_size: int, world_size: int) -> int:
-        """Images per optimizer update: the batch of each process, times the processes, times the batches
-        accumulated."""
+        """Images per optimizer update, over all processes and accumulated batches."""
         return batch_size * world_size * self.grad_accum_steps
 
 
@@ -113,8 +107,7 @@ def run_settings(args: argparse.Namespace, recipe: object) -> dict:
 def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
                         recipe_choices: Sequence[str] = ()) -> argparse.Namespace:
     """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them);
-    `recipe_choices`, the options that choose a recipe rather than set its values, are refused with it: the file
-    holds every value of the recipe resolved, which they would not change."""
+    `recipe_choices` are refused with it, as the file holds the recipe resolved."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--config')
@@ -132,8 +125,7 @@ def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
 
 def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str], source: str
                              ) -> argparse.Namespace:
-    """An args.yaml's values are checked as typed ones are, and a value this version refuses names the file; the
-    values parsed."""
+    """An args.yaml's values, checked as typed ones are; a value this version refuses names the file."""
     def refuse(message: str) -> None:
         raise DataError(f'--config {source}: {message}')
     parser.error = refuse  # for this parse only: argparse's own would print the usage and exit
@@ -145,10 +137,8 @@ def check_recorded_arguments(parser: argparse.ArgumentParser, recorded: list[str
 
 def parse_over_recorded(parser: argparse.ArgumentParser, argv: list[str], recorded_values: argparse.Namespace,
                         recorded: list[str], source: str) -> argparse.Namespace:
-    """The options typed (`argv`) over an args.yaml's values: each typed one replaces the file's. They are parsed
-    apart from the file's, so that the checks of a command line see what was typed (an alias typed after --config
-    overrides the file's value of its setting). The positional arguments (the model) are the file's: another one
-    typed is a UsageError saying so, the same one passes."""
+    """The options typed (`argv`) over an args.yaml's values, parsed apart from the file's so that the checks of a
+    command line see what was typed. The positional arguments are the file's: another one typed is a UsageError."""
     positionals = [action.dest for action in parser._actions if not action.option_strings]
     given = recorded[:len(positionals)]  # `run_arguments` gives them first
     namespace, rest = parser.parse_known_args(given + argv, recorded_values)
@@ -225,9 +215,7 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
 
 @dataclass(frozen=True)
 class Optimization:
-    """How a run optimises: timm's optimizer `opt` at `lr` (for the global batch; parameter groups may set their
-    own), timm's cosine schedule over `epochs` with warm-up and cooldown, gradient clipping, and the EMA's decay
-    (0: none)."""
+    """How a run optimises: timm's optimizer and cosine schedule, gradient clipping, and the EMA's decay (0: none)."""
 
     opt: str
     lr: float
@@ -265,9 +253,8 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
-    """timm's weight-decay groups of `model` (none on biases, norms and its `no_weight_decay()` tables); with
-    `layer_decay`, timm's layer-wise groups (their `lr_scale` the schedule applies), the top layer's first: the lr
-    logged is the first group's."""
+    """timm's weight-decay groups of `model` (none on biases, norms and `no_weight_decay()`); with `layer_decay`,
+    timm's layer-wise groups, the top layer's first (the lr logged)."""
     skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
     if not layer_decay:
         return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
@@ -277,9 +264,7 @@ def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float |
 
 def optimization_state(model: nn.Module, params: nn.Module | list, optimization: Optimization,
                        updates_per_epoch: int, amp: str, fused: bool = True) -> tuple[StepState, int]:
-    """timm's optimizer over `params` (a model, or parameter groups; `fused` into one kernel where it can be) and its
-    cosine schedule stepped per update, the fp16 loss scaler and the EMA of `model` as `optimization` asks; and the
-    epochs the schedule spans."""
+    """timm's optimizer over `params` and its per-update cosine schedule, the fp16 scaler, the EMA; the epochs."""
     o = optimization
     fused = {'fused': True} if fused and o.opt.lower() in FUSED_OPTIMIZERS and fused_optimizer_device(model) else {}
     if o.layer_decay and isinstance(params, nn.Module):
@@ -295,7 +280,6 @@ def optimization_state(model: nn.Module, params: nn.Module | list, optimization:
 
 
 def use_grad_checkpointing(model: nn.Module) -> None:
-    """Turn on the model's gradient checkpointing (timm's `set_grad_checkpointing`)."""
     target = bare_model(model)
     if not hasattr(target, 'set_grad_checkpointing'):
         raise UsageError(f'{type(target).__name__} has no gradient checkpointing (--grad-checkpointing)')
@@ -304,8 +288,7 @@ def use_grad_checkpointing(model: nn.Module) -> None:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How a training step runs besides its precision: the trainer's defaults, which the loop benchmark turns off one
-    by one."""
+    """How a training step runs besides its precision; the loop benchmark turns them off one by one."""
 
     fused_optimizer: bool = True  # Adam/AdamW in one kernel where the device has it
     channels_last: bool = True  # for models with convolutions
@@ -315,9 +298,8 @@ class StepOptions:
 
 def training_state(model: nn.Module, params: nn.Module | list, optimization: Optimization, updates_per_epoch: int,
                    amp: str, device: torch.device, options: StepOptions = StepOptions()) -> tuple[StepState, int]:
-    """`model` made ready to train, the one way every run and benchmark does it: gradient checkpointing, on `device`,
-    channels-last, its optimization state (`optimization_state`; the EMA copies the model before it is compiled, so
-    it stays eager), then `torch.compile` in place (the state dict keeps its keys); and the epochs of the schedule."""
+    """`model` made ready to train, the one way every run and benchmark does it (gradient checkpointing, device,
+    channels-last, `optimization_state`, the EMA before `torch.compile`), and the epochs of the schedule."""
     if options.grad_checkpointing:
         use_grad_checkpointing(model)
     model.to(device)
@@ -340,12 +322,8 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
 
 
 class Trainer:
-    """One training run of a classification application: see the module docstring."""
-
     def __init__(self, options: RunOptions, info: DistInfo) -> None:
-        """The run's folder made and its trackers started (`trackers.start_trackers`), the first things a run does: a
-        tracker that cannot start is refused before any data is read, and leaves nothing in the folder (nor the
-        folder, where the run made it)."""
+        """The run's folder made and its trackers started before any data is read (one that cannot start is refused)."""
         self.options, self.info = options, info
         self.resume = resume_path(options.resume, options.output)  # refuses to overwrite a run silently
         self.trackers = StartedTrackers([])
@@ -361,9 +339,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def refusals_undone(self) -> Iterator[None]:
-        """A part of the run before `start` has begun or restored it (its store, data, model): stopped there by
-        anything (a data error found while a split is read, Ctrl-C), the run leaves its folder as it found it: its
-        trackers closed as stopped, what it added removed (the folder itself, where the run made it)."""
+        """Stopped by anything before `start`, the run leaves its folder as it found it (trackers closed as stopped)."""
         try:
             yield
         except BaseException:
@@ -383,9 +359,8 @@ class Trainer:
     def start(self, model: nn.Module, params: nn.Module | list, optimization: Optimization, objective: Objective,
               config: dict, updates_per_epoch: int, train_transform: BatchTransform | None = None,
               eval_transform: BatchTransform | None = None) -> Fit:
-        """The run's optimisation state for `model` (its parameters: `params`, a model or timm parameter groups),
-        restored from the resume point if there is one. `config` is stored in every checkpoint; a resume with other
-        values is refused. `updates_per_epoch` counts batches; with accumulation, updates are fewer."""
+        """The run's optimisation state for `model` (its parameters: `params`), restored from the resume point if
+        there is one; a resume with another `config` is refused. `updates_per_epoch` counts batches."""
         accumulate = self.options.grad_accum_steps
         if updates_per_epoch < accumulate:
             raise DataError(f'--grad-accum-steps {accumulate}: an epoch has only {updates_per_epoch} batch(es) per '
@@ -409,8 +384,7 @@ class Trainer:
         return fit
 
     def record_settings(self) -> None:
-        """OUTPUT/args.yaml, on a run's first start, once its data and model are there (a run refused before writes
-        none)."""
+        """OUTPUT/args.yaml, on a run's first start, once its data and model are there."""
         o = self.options
         if self.info.is_main and o.settings is not None and not (self.resume and (o.output / ARGS).exists()):
             write_run_args(o.output, o.command, o.settings)

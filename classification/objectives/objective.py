@@ -35,9 +35,8 @@ def cutmix(images: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
 
 def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
                                                                                          torch.Tensor]:
-    """timm's MixUp/CutMix on a batch of any size. timm refuses an odd batch (one that --skip-unreadable left an image
-    short); it pairs image i with image B-1-i, so a batch made even by a copy of its first image mixes the first image
-    with itself and every other with another image of the batch, and the copy is dropped again."""
+    """timm's MixUp/CutMix on a batch of any size: an odd batch (timm refuses one) gets a copy of its first image,
+    which mixes with itself, and the copy is dropped again."""
     if len(images) % 2 == 0:
         return mixup(images, labels)
     images, targets = mixup(torch.cat([images, images[:1]]), torch.cat([labels, labels[:1]]))
@@ -65,7 +64,6 @@ class LabelObjective:
     mixup: Callable | None = None
 
     def prepare(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """Images and their targets before the forward."""
         if self.mixup is not None:
             return mix_within_batch(self.mixup, images, labels)
         return images, self.label_target(labels)
@@ -78,15 +76,12 @@ class LabelObjective:
         return batch
 
     def label_target(self, labels: torch.Tensor) -> torch.Tensor:
-        """The (smoothed) one-hot target of each image's label."""
         return mixup_target(labels, self.num_classes, smoothing=self.smoothing)
 
 
 @dataclass
 class DistillationObjective(LabelObjective):
-    """DeiT's hard distillation: the model returns class and distillation logits; the loss is half the class term
-    (the image label, mixed as the vanilla recipe mixes it) and half the cross-entropy of the distillation logits
-    with the `teacher`'s class of the same (mixed) image."""
+    """DeiT's hard distillation: half the label term, half cross-entropy with the `teacher`'s class."""
 
     teacher: nn.Module | None = None  # images -> the teacher's class (classification.models.Teacher)
 
@@ -112,8 +107,7 @@ class MapTargetObjective(LabelObjective):
         return None
 
     def targets_ahead(self, batch: dict, device: torch.device) -> dict:
-        """`batch` with its map targets ('map_targets': grid, (class target, token targets)) where the grid is known
-        before the forward."""
+        """`batch` with its 'map_targets' where the grid is known before the forward."""
         grid = self.ahead_grid()
         if grid is None or self.token_builder is None:
             return batch
@@ -127,8 +121,7 @@ class MapTargetObjective(LabelObjective):
 
     def map_targets(self, batch: dict, grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor,
                                                                                              torch.Tensor]:
-        """(class target, token targets on `grid`) cut from the batch's annotator maps along each crop's geometry;
-        an image the store has no map for gets its image label in both (chosen on the device: no host sync)."""
+        """(class target, token targets on `grid`) cut from the batch's maps; an image without a map: its label."""
         geometry = CropGeometry(*(t.to(device, non_blocking=True) for t in batch['geometry']))
         cls_target, token_target = self.token_builder(
             batch['scores'].to(device, non_blocking=True), batch['classes'].to(device, non_blocking=True),
@@ -142,8 +135,7 @@ class MapTargetObjective(LabelObjective):
 
 @dataclass
 class LabelPoolingObjective(MapTargetObjective):
-    """ReLabel's label pooling: a plain classifier learns the map pooled over the crop, the images and their targets
-    mixed by CutMix (`cutmix_alpha`; 0: none)."""
+    """ReLabel's label pooling: the map pooled over the crop as the target, mixed by CutMix (`cutmix_alpha`)."""
 
     cutmix_alpha: float = 0.0
 
@@ -161,11 +153,8 @@ class LabelPoolingObjective(MapTargetObjective):
 
 @dataclass
 class TokenLabelingObjective(MapTargetObjective):
-    """Token labeling: the model has a token head; its per-token targets come from the annotator's score maps when
-    `token_builder` is set (`token_target` 'map'; 'pooled': every token gets the map pooled over the crop), otherwise
-    every token gets the image label (MixToken with the image label only, CIFAR transfer of an LV-ViT). With an
-    `annotator` (online token labeling) the targets come from its dense map of the very images the model sees
-    (augmented, before MixToken), cut by the same target builder over the whole image: no store is read."""
+    """Token labeling: per-token targets from the maps (`token_builder`; 'pooled': pooled over the crop), else the
+    image label; an online `annotator` gives the maps of the very images the model sees."""
 
     token_loss: TokenLabelingLoss | None = None
     cls_target: str = 'map'
@@ -201,8 +190,7 @@ class TokenLabelingObjective(MapTargetObjective):
         return AnnotatorMaps(*self.annotator.dense_map(images, self.annotator_topk))
 
     def online_targets(self, maps: AnnotatorMaps, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(class target, token targets on `grid`) from the annotator's map of the images the model saw: the map
-        covers the whole image and no crop or flip follows (the identity geometry)."""
+        """(class target, token targets on `grid`) from the annotator's map of the very images the model saw."""
         B = maps.scores.shape[0]
         geometry = CropGeometry(*(t.to(maps.scores.device).expand(B, *t.shape) for t in identity_geometry()))
         return self.token_builder(maps.scores, maps.classes, geometry, grid)

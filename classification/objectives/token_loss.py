@@ -12,8 +12,7 @@ from backbones.token_head import TokenLabelingOutput, mix_box_lambda, mix_token_
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of -sum_c target_c * log_softmax(logits)_c: PyTorch's cross-entropy with class
-    probabilities as targets, in fp32."""
+    """Cross-entropy with class probabilities as targets, mean over rows, in fp32."""
     return F.cross_entropy(logits.float(), target.float())
 
 
@@ -31,20 +30,15 @@ def mix_targets(
 
 
 def participating_tokens(batch: int, tokens: int, rate: float, device: torch.device | None = None) -> torch.Tensor:
-    """A (batch, tokens) mask with round(rate * tokens) tokens (at least one) of each row drawn at random, without
-    replacement, from torch's generator."""
+    """A (batch, tokens) mask with round(rate * tokens) tokens (at least one) of each row drawn at random."""
     count = max(1, round(rate * tokens))
     order = torch.rand(batch, tokens, device=device).argsort(dim=1)
     return order < count  # a uniformly random rank per token: the `count` lowest ranks take part
 
 
 class TokenLabelingLoss(nn.Module):
-    """Soft cross-entropy on the class token plus `dense_weight` times its mean over the patch tokens (over a random
-    `participation` fraction of each image's tokens when below 1).
-
-    The default 0.5 is the LV-ViT paper's beta (its Eq. 4 and the published recipe); the reference code's
-    default of 1.0 weighs the dense term as much as the class term.
-    """
+    """Soft cross-entropy on the class token plus `dense_weight` (the LV-ViT paper's beta, 0.5; the reference code's
+    1.0) times its mean over a `participation` fraction of the patch tokens."""
 
     def __init__(self, dense_weight: float = 0.5, participation: float = 1.0) -> None:
         super().__init__()

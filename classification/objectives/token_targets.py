@@ -1,18 +1,11 @@
 """Per-token soft targets for a batch, cut from the annotator's top-k score maps along each crop's geometry.
 
-This is RoIAlign (torchvision's `roi_align(aligned=True)` with a fixed sampling ratio, boxes as x1, y1, x2, y2)
-generalised to the affine pre-image of each token, evaluated on the sparse top-k maps: every token averages
-`r x r` bilinear samples of the map's class distributions, taken at the points its pixels came from. Samples
-whose pre-image lies outside the crop (the fill RandAugment adds at the borders), or outside the part of the image
-the map covers (the released NFNet-F6 maps cover the centre square: `extent`), carry no label; a token with no
-sample inside gets the class-token target. The class-token target is the average over the covered part of the
-crop, i.e. RoIAlign of the crop box to 1x1; a crop the map does not cover at all takes the average of the whole
-map (the annotator's view of the image). One batched pass, no per-sample loop; for axis-aligned crops the result is
-identical to RoIAlign (a test checks it).
-
-The stored top-k logits are turned into probabilities over those k classes (renormalised), instead of the
-reference's zero logits for the other classes, which hands them probability mass they never had.
-"""
+RoIAlign generalised to the affine pre-image of each token, evaluated on the sparse top-k maps: every token averages
+`r x r` bilinear samples of the map's class distributions, taken at the points its pixels came from. Samples outside
+the crop (RandAugment's fill) or outside the part of the image the map covers (`extent`) carry no label; a token
+with no sample inside gets the class-token target, the crop's average (RoIAlign of the crop box to 1x1). For
+axis-aligned crops the result is identical to RoIAlign (a test checks it). The stored top-k logits become
+probabilities over those k classes (renormalised). docs/imagenet.md tells where this departs from the reference."""
 from __future__ import annotations
 
 import torch
@@ -23,15 +16,12 @@ from classification.data.augment import CropGeometry
 
 
 def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Label smoothing of a probability target over its last dimension."""
     return target * (1.0 - smoothing) + smoothing / target.shape[-1] if smoothing > 0 else target
 
 
 def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the sub-samples of each token of the augmented image came from: whole-image [-1, 1] coordinates.
-
-    Returns points (B, H*r, W*r, 2) as (x, y) and whether each point lies inside the crop (not fill).
-    """
+    """Where the sub-samples of each token came from, whole-image [-1, 1] (x, y) points (B, H*r, W*r, 2), and whether
+    each lies inside the crop."""
     box, flip, warp = geometry
     B = box.shape[0]
     H, W = grid
@@ -55,10 +45,8 @@ def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) 
 
 
 def bilinear_corners(points: torch.Tensor, map_size: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points.
-
-    Same conventions as `grid_sample(align_corners=False, padding_mode='border')` and RoIAlign(aligned=True).
-    """
+    """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points, as
+    `grid_sample(align_corners=False, padding_mode='border')`."""
     h, w = map_size
     ix = ((points[..., 0] + 1) * w - 1).div(2).clamp(0, w - 1)
     iy = ((points[..., 1] + 1) * h - 1).div(2).clamp(0, h - 1)

@@ -1,12 +1,9 @@
 """What the models attend to: the attention of every block, attention rollout, CaiT's class attention, mean attention
 distance, and position-embedding similarity (the ViT paper's Fig. 6-7, CaiT's class-attention maps); and their figure.
 
-The blocks compute attention with `scaled_dot_product_attention`, which returns no weights, so `attention_maps`
-records each attention module's input during one forward and recomputes the weights from the module's own
-projections: timm's `Attention` (ViT/DeiT, LV-ViT, T2T-ViT), CaiT's talking-heads attention (the softmax of each
-head, after the first head mixing and before the second) and its class attention (the class token's query over
-itself and the patches).
-"""
+`scaled_dot_product_attention` returns no weights, so `attention_maps` records each attention module's input during
+one forward and recomputes the weights from the module's own projections (timm's `Attention`, CaiT's talking-heads
+and class attention)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,8 +23,6 @@ from backbones.token_head import token_grid
 
 @dataclass
 class AttentionMaps:
-    """The attention weights of one forward pass."""
-
     blocks: list[torch.Tensor] = field(default_factory=list)  # per block (B, heads, N, N), over every token
     class_attention: list[torch.Tensor] = field(default_factory=list)  # CaiT: per block (B, heads, 1 + patches)
     grid: Grid = (0, 0)  # the patch grid
@@ -87,8 +82,7 @@ def _inside_patch_embedding(model: nn.Module, module: nn.Module) -> bool:
 
 def attention_rollout(blocks: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema; the ViT paper's Fig. 6): per block the heads' mean attention, mixed with
-    the identity for the residual connection (`residual` of it) and renormalised, multiplied through the blocks:
-    (B, N, N), row i: how much each input token flows into token i at the end."""
+    `residual` identity and renormalised, multiplied through the blocks: (B, N, N)."""
     rollout = None
     for attention in blocks:
         mean = attention.mean(dim=1)
@@ -107,9 +101,8 @@ def patch_distances(grid: Grid, patch_size: float) -> torch.Tensor:
 
 def mean_attention_distance(attention: torch.Tensor, grid: Grid, patch_size: float, num_prefix: int = 0
                             ) -> torch.Tensor:
-    """The ViT paper's attention distance (Fig. 7, right) per head: the distance in pixels between a patch and the
-    patches it attends to, weighted by the attention (renormalised over the patches), averaged over the patches and
-    the images of the batch. `attention`: (B, heads, N, N) with `num_prefix` tokens before the patches."""
+    """The ViT paper's attention distance (Fig. 7, right) per head: the attention-weighted pixel distance between a
+    patch and the patches it attends to, averaged over patches and images."""
     patches = attention[:, :, num_prefix:, num_prefix:].double()
     patches = patches / patches.sum(dim=-1, keepdim=True)
     return (patches * patch_distances(grid, patch_size)).sum(dim=-1).mean(dim=(0, 2))
@@ -124,8 +117,7 @@ def position_similarity(pos_embed: torch.Tensor, num_prefix: int = 0) -> torch.T
 
 
 def similarity_mosaic(similarity: torch.Tensor, grid: Grid) -> np.ndarray:
-    """One tile per position (its similarity to every position, as a grid), tiles in the grid's layout, separated
-    by one blank (NaN) row and column."""
+    """One tile per position (its similarity to every position), in the grid's layout, NaN rows between."""
     H, W = grid
     tiles = similarity.reshape(H, W, H, W).numpy()
     mosaic = np.full((H * (H + 1) - 1, W * (W + 1) - 1), np.nan)
@@ -145,8 +137,7 @@ def heat_overlay(image: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def shown_maps(maps: AttentionMaps) -> list[tuple[str, np.ndarray]]:
-    """The maps over the patch grid a figure shows for the first image: the class token's attention rollout, or for
-    CaiT the class attention of every head of the last class-attention block."""
+    """The maps a figure shows for the first image: the class token's rollout, or CaiT's last class attention."""
     if maps.class_attention:
         last = maps.class_attention[-1][0, :, 1:].reshape(-1, *maps.grid)
         return [(f'class attention, head {h}', last[h].numpy()) for h in range(last.shape[0])]
@@ -156,8 +147,7 @@ def shown_maps(maps: AttentionMaps) -> list[tuple[str, np.ndarray]]:
 
 def attention_values(maps: AttentionMaps, distances: torch.Tensor, similarity: torch.Tensor, patch_size: float
                      ) -> dict:
-    """What `attention_figure` draws, as plain numbers (for JSON): `shown_maps` ('rollout', or 'class_attention'
-    per head), the mean attention distance in pixels per block and head, the position-embedding similarity."""
+    """What `attention_figure` draws, as plain numbers (for JSON)."""
     values = {'grid': list(maps.grid), 'patch_size': patch_size, 'mean_attention_distance': distances.tolist(),
               'position_similarity': similarity.tolist()}
     shown = [grid_map.tolist() for _, grid_map in shown_maps(maps)]
@@ -170,9 +160,8 @@ def attention_values(maps: AttentionMaps, distances: torch.Tensor, similarity: t
 
 def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Tensor, similarity: torch.Tensor,
                      patch_size: float, title: str) -> np.ndarray:
-    """The picture: the image; attention rollout of the class token over the patches (or, for CaiT, the class
-    attention of every head of the last class-attention block); mean attention distance per block and head; the
-    position-embedding similarity tiles."""
+    """The picture: the image, `shown_maps`, mean attention distance per block and head, the position-embedding
+    similarity tiles."""
     grid = maps.grid
     maps_to_show = shown_maps(maps)
     cols = max(3, len(maps_to_show) + 1)

@@ -1,9 +1,5 @@
 """Token labels as pictures: the annotator's dense map over the whole image, and the targets of each token of one
-label-aware training augmentation of it, so that one can see the targets follow the pixels.
-
-The targets come from the training code itself: the crop, flip and RandAugment geometry that `TrainTransform`
-records, and `TokenTargetBuilder`'s cut of the map along it.
-"""
+label-aware training augmentation of it, made by the training code itself (`TrainTransform`, `TokenTargetBuilder`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -39,9 +35,8 @@ def to_pixels(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> n
 
 def token_labels(image: Image.Image, scores: np.ndarray, classes: np.ndarray, transform: TrainTransform,
                  num_classes: int, patch_size: int = 16, extent: np.ndarray | None = None) -> TokenLabels:
-    """The dense map (`scores`, `classes`: (h, w, k) top-k logits and classes, best first; covering `extent` of the
-    image, default all of it) and the targets of one augmentation of `image` by `transform`, on its token grid
-    (`img_size` / `patch_size`; no label smoothing)."""
+    """The dense map (top-k `scores`, `classes`, covering `extent` of the image) and the targets of one augmentation
+    of `image` on its token grid (no label smoothing)."""
     scores_t, classes_t = torch.from_numpy(np.asarray(scores, np.float32)), torch.from_numpy(classes.astype(np.int64))
     map_probs = scores_t.softmax(dim=-1)
     x, geometry = transform(image)
@@ -72,8 +67,7 @@ SHOWN_SIZE = 192  # pixels: smaller images and crops are enlarged to about this
 
 
 def token_label_figure(labels: TokenLabels, class_names: Sequence[str], title: str = '') -> np.ndarray:
-    """Four panels: the image, the annotator's map over it, the augmented crop, its token targets on the token grid
-    (class colour, opacity = probability, grid lines); a legend of the classes that occur."""
+    """Four panels: the image, its map, the augmented crop, its token targets; a legend of the classes."""
     colours = class_colours(len(class_names))
     image = enlarge(labels.image, SHOWN_SIZE // max(labels.image.shape[:2]))
     crop = enlarge(labels.crop, SHOWN_SIZE // labels.crop.shape[0])

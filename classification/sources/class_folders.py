@@ -26,9 +26,7 @@ class FilesIn:
 
 
 def check_no_split_file(data_dir: Path, split: str) -> None:
-    """With no source's storage of the split there (the folder `D/SPLIT/`, the tar `D/SPLIT.tar`, ...), a file that
-    looks meant for the split (`train.tar.gz`, `train.TAR`, a file `train`) is named with what to do, where the
-    folder reader would say no folder is there."""
+    """A file that looks meant for the split (`train.tar.gz`, a file `train`) is named with what to do."""
     if not data_dir.is_dir() or (data_dir / split).is_dir():
         return
     kept_index = f'{split}{TAR_SUFFIX}.index.npz'  # of a tar since removed: nothing of the split

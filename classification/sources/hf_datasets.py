@@ -1,16 +1,8 @@
-"""A split saved by Hugging Face `datasets`: an image column (the `Image` feature) and a label column (`ClassLabel`),
-read map-style, each image by its row, as timm's `hfds/` reader reads one (`HuggingFaceDatasets`). An optional extra
-(`pip install '.[hf]'`): `datasets` is imported when such a split is read.
-
-A split SPLIT of a data folder D is read from the first of these that exists: `D/dataset_dict.json` (a `DatasetDict`
-saved with `save_to_disk`, the split `D/SPLIT/`), `D/SPLIT/state.json` (a `Dataset` saved as `D/SPLIT`), and
-`D/SPLIT-*.parquet` or `D/data/SPLIT-*.parquet` (the Hub's layout); the suite's `val` is the Hub's `validation` where no
-`val` is saved. Saved arrow files are memory-mapped as they are; parquet files are converted once into arrow files in
-`datasets`' cache (`HF_DATASETS_CACHE`) and memory-mapped from there. An image is named `SPLIT/ROW` (token-label stores
-key it so); the columns are `image` and `label`, else the only column of that feature; the classes are the
-ClassLabel's names in its order (its label numbers kept). docs/imagenet.md ("Hugging Face image data sets on disk")
-gives every rule.
-"""
+"""A split saved by Hugging Face `datasets` (`save_to_disk`, or the Hub's parquet files): an image column (the `Image`
+feature) and a label column (`ClassLabel`), read map-style, each image by its row, as timm's `hfds/` reader reads
+one (`HuggingFaceDatasets`). An optional extra (`pip install '.[hf]'`): `datasets` is imported when such a split is
+read. An image is named `SPLIT/ROW` (token-label stores key it so); the classes are the ClassLabel's names in its
+order. docs/imagenet.md ("Hugging Face image data sets on disk") gives every rule."""
 from __future__ import annotations
 
 import json
@@ -36,8 +28,7 @@ NUMBERED = re.compile(r'-(\d+)-of-(\d+)\.parquet$')  # the Hub's file names: SPL
 
 @dataclass(frozen=True)
 class SavedSplit:
-    """A split saved by `datasets`: as arrow files (`folder`, saved with `save_to_disk`) or as `parquet` files;
-    `name` is the split's name as saved."""
+    """A split saved by `datasets`, as arrow files (`folder`) or `parquet` files; `name` as saved."""
 
     name: str
     folder: Path | None = None
@@ -60,8 +51,7 @@ def saved_folder(folder: Path) -> SavedSplit | None:
 
 
 def find_saved_split(data_dir: Path, split: str) -> SavedSplit | None:
-    """The split as `datasets` saved it under `data_dir`; None where nothing there is `datasets`'; a DataError where
-    something is but not the split."""
+    """The split as `datasets` saved it under `data_dir`; None where nothing there is `datasets`', else a DataError."""
     if not data_dir.is_dir():
         return None
     names = split_names(split)
@@ -87,8 +77,7 @@ def find_saved_split(data_dir: Path, split: str) -> SavedSplit | None:
 
 
 def warn_unread_parquet(data_dir: Path, names: Sequence[str], found: SavedSplit) -> SavedSplit:
-    """`found`, after a warning naming the split's parquet files beside it, which are not read (every file of the
-    split is read or named)."""
+    """`found`, after a warning naming the split's parquet files beside it, which are not read."""
     unread = sorted(path for folder in PARQUET_FOLDERS for name in names
                     for path in (data_dir / folder).glob(f'{name}-*.parquet'))
     if unread:
@@ -98,7 +87,6 @@ def warn_unread_parquet(data_dir: Path, names: Sequence[str], found: SavedSplit)
 
 
 def dict_splits(saved: Path) -> list[str]:
-    """The splits a `dataset_dict.json` names."""
     try:
         splits = json.loads(saved.read_text())['splits']
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -148,16 +136,14 @@ def check_numbering(files: Sequence[Path], split: str) -> None:
 # ------------------------------------------------------------------------------------------------------- reading
 
 def hf_datasets(where: Path) -> ModuleType:
-    """`datasets`, imported for reading `where` (absent: one line naming the extra), its progress bars off (library
-    code prints nothing)."""
+    """`datasets`, imported for reading `where` (absent: one line naming the extra), its progress bars off."""
     datasets = import_extra('datasets', f'reading {where} (a Hugging Face data set)', 'hf')
     datasets.disable_progress_bars()
     return datasets
 
 
 def load_split(found: SavedSplit, datasets: ModuleType):
-    """The split as a `datasets.Dataset`, memory-mapped (parquet files converted into the cache once); a file that
-    cannot be read is an error naming it (a parquet file) or its split's folder."""
+    """The split as a `datasets.Dataset`, memory-mapped; a file that cannot be read is an error naming it."""
     check_parquet_files(found.parquet)
     try:
         if found.folder is not None:
@@ -194,8 +180,7 @@ def pick_column(features: dict, wanted: str, kind: type, what: str, where: str) 
 
 
 def label_names(feature, column: str, where: str, datasets: ModuleType) -> list[str] | None:
-    """The classes of the label column: a ClassLabel's names; None for plain ints (`numbered_classes`, once the
-    labels are read); any other feature is an error."""
+    """A ClassLabel's names; None for plain ints (`numbered_classes`); any other feature is an error."""
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names)
     if isinstance(feature, datasets.Value) and feature.dtype.startswith(('int', 'uint')):
@@ -288,8 +273,6 @@ def hf_listing(data_dir: Path, found: SavedSplit, classes: Sequence[str] | None,
 
 @register_source
 class HuggingFaceDatasets(ImageSource):
-    """A split saved by Hugging Face `datasets` (save_to_disk, or the Hub's parquet files)."""
-
     name = 'Hugging Face datasets'
     precedence = 30  # after the tars: a split folder of tars beside other splits' parquet files is the tars'
 

@@ -1,12 +1,9 @@
 """Millions of file paths held in three NumPy arrays instead of millions of Python objects.
 
-A DataLoader worker is a fork of the training process. Reading a Python object writes its reference count, and
-Python's garbage collector writes the header of every container it visits, so each page of a list of path strings
-(or of (path, label) tuples, or of a dict path -> row) that a worker touches becomes that worker's own copy: at
-ImageNet's 1.28 million images, about 230 MB per worker over one epoch. A `PathList` is a byte buffer, the offsets
-of its strings and (built on the first look-up) a sorted table of their 64-bit hashes: pages that workers only read,
-so they stay shared with the process that forked them.
-"""
+A forked DataLoader worker that reads a Python object writes its reference count (and the garbage collector writes
+every container's header), so a list of path strings becomes each worker's own copy (about 230 MB per worker at
+ImageNet's size). A `PathList` is a byte buffer, its strings' offsets and a sorted table of their 64-bit hashes:
+pages that workers only read, so they stay shared with the process that forked them."""
 from __future__ import annotations
 
 import hashlib
@@ -69,7 +66,6 @@ class PathList(Sequence[str]):
         return self._hashes, self._order
 
     def position(self, path: str) -> int:
-        """The first position of `path`, or -1."""
         hashes, order = self._table()
         encoded = path.encode(*ENCODING)
         key = np.uint64(path_hash(encoded))

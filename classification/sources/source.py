@@ -1,13 +1,10 @@
 """The seam between a classification data set's storage and everything that reads it: a source lists one split (its
-classes, each image's name and label) and opens an image's bytes; the training and evaluation sets, label
-generation, the label store and exact resume see only that (`open_split`).
+classes, each image's name and label) and opens an image's bytes (`open_split`).
 
 An image's name is its path relative to the data folder in the ImageNet layout (`train/n01440764/x.JPEG`), whatever
-the storage: token-label stores key their rows by it, so labels made from one storage serve another. A source is a
-class registered with `register_source`; `open_split` asks each in turn whether the split is stored its way, by its
-`precedence` (lowest first; then in registration order), the default (class folders) last. A new storage is one
-module and one registration.
-"""
+the storage: token-label stores key their rows by it. A source is a class registered with `register_source`;
+`open_split` asks each in turn, by its `precedence` (lowest first; then in registration order), whether the split
+is stored its way, the default (class folders) last."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -45,8 +42,6 @@ class Listing:
 
 
 class ImageSource(ABC):
-    """A way a classification data set is stored."""
-
     name: ClassVar[str]  # in words, for messages: 'class folders'
     default: ClassVar[bool] = False  # asked last: it lists any folder
     # asked in this order, lowest first: a storage another source would misread as its own is asked before it
@@ -55,9 +50,8 @@ class ImageSource(ABC):
     @abstractmethod
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
                    classes_from: str) -> Listing | None:
-        """The split of `data_dir` if it is stored this way (else None): its classes (`classes`, those of
-        `classes_from`, where given: a split lacking one lists it empty, one of its own is an error), its images in
-        a fixed order and their reader."""
+        """The split if it is stored this way (else None): its classes (`classes` where given: one of its own is an
+        error), its images in a fixed order and their reader."""
 
     def split_classes(self, data_dir: Path, split: str) -> list[str] | None:
         """The split's classes, sorted, if it is stored this way (else None)."""

@@ -1,17 +1,8 @@
-"""ImageNet-layout splits kept in tar files, read in place: a few large files instead of 1.28 million small ones
-(`Tars`, the source; `tar_index`, which the webdataset reader shares).
-
-A split SPLIT of a data folder D is read from the first of these that exists: `D/SPLIT/CLASS/*.JPEG` (class folders,
-`backbones.common.images`); `D/SPLIT/*.tar`, per-class tars (`CLASS.tar` of flat images; they may stand beside class
-folders) or shards of `CLASS/KEY.EXT` members; `D/SPLIT.tar`, one tar of class folders or of per-class tars (the
-original `ILSVRC2012_img_train.tar`); and D itself may be a tar, of the whole folder or, without the split level, the
-training split alone. Every image keeps the relative path it has in the folder layout
-(`train/n01440764/n01440764_10026.JPEG`), so token-label stores, generation and import work unchanged, and every entry
-is read or named in an error (a split folder's by `backbones.common.images.split_entries`). The tars are indexed once
-with Python's `tarfile` (each image's member, offset and size), the index cached beside the data or in
-`~/.cache/backbones/tar-index/` and rebuilt when a tar changes; an image is then one `os.pread` of its bytes
-(`TarMembers`). docs/imagenet.md ("ImageNet in tar files") gives every rule.
-"""
+"""ImageNet-layout splits kept in tar files, read in place (`Tars`, the source; `tar_index`, which the webdataset reader
+shares): per-class tars or shards in D/SPLIT/, one D/SPLIT.tar, or D itself a tar. Every image keeps the relative
+path it has in the folder layout (`train/n01440764/n01440764_10026.JPEG`), so token-label stores work unchanged; the
+tars are indexed once (the index cached, rebuilt when a tar changes) and an image is one `os.pread` of its bytes
+(`TarMembers`). docs/imagenet.md ("ImageNet in tar files") gives every rule."""
 from __future__ import annotations
 
 import functools
@@ -74,9 +65,8 @@ class MemberFile(io.BytesIO):
 
 @dataclass(frozen=True)
 class TarSplit:
-    """The tars holding a split: `whole` where they are the data folder's own tar (the split a top-level folder in
-    it), `folder` where they are a folder's tars (a tar of flat images there is one class), with that folder's
-    class `folders` beside them; `index` is where their index is kept beside them."""
+    """The tars holding a split: `whole` (the data folder's own tar) or `folder` (a folder's tars, with its class
+    `folders` beside them); `index` is where their index is kept."""
 
     tars: list[Path]
     whole: bool
@@ -86,8 +76,7 @@ class TarSplit:
 
 
 def split_tars(data_dir: Path, split: str) -> TarSplit | None:
-    """The tars of `split` of `data_dir`; None where the split is class folders alone (or nothing: the folder
-    reader says what is missing)."""
+    """The tars of `split` of `data_dir`; None where the split is class folders alone (or nothing)."""
     if data_dir.is_file():
         return TarSplit([data_dir], True, False, data_dir.with_name(data_dir.name + '.index.npz'))
     folder = data_dir / split
@@ -110,9 +99,8 @@ def cache_location(beside: Path) -> Path:
 
 
 def tars_key(tars: Sequence[Path]) -> str:
-    """What the index was built from: each tar's name, size, modification time, inode and status-change time (a
-    changed tar rebuilds it). The last two change whenever a tar is replaced, even by one of the same size whose
-    time was set back (`cp -p`, `touch -r`, rsync): a copy is indexed again."""
+    """What the index was built from: each tar's name, size, modification time, inode and status-change time, so that
+    a replaced or copied tar is indexed again."""
     stats = [p.stat() for p in tars]
     return json.dumps([INDEX_VERSION] + [[p.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns]
                                          for p, s in zip(tars, stats)])
@@ -132,11 +120,9 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
                   out: tuple[list[str], list[int], list[int]], nested: bool,
                   sidecars: list[tuple[str, bytes]] | None = None) -> None:
-    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` (`size`
-    bytes) to `out`; a member `X.tar` (when `nested`) is indexed in place, its images named `X/NAME`. Other members
-    (`.cls`, `.json`) are not read, but a tar the reader does not take (compressed, misnamed, a third level) and a
-    tar holding no image are errors naming them: a class would be lost. With `sidecars` (a webdataset shard's
-    index) the label members are read into it, (name, content), and any other member is an error naming it."""
+    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` to `out`,
+    nested tars (`nested`) in place as `X/NAME`; with `sidecars`, the label members' contents. Any tar or member the
+    reader does not take is an error naming it."""
     names, offsets, sizes = out
     links, others, before = [], set(), len(names)
     try:
@@ -188,9 +174,7 @@ def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: st
 
 
 def build_index(tars: Sequence[Path], shards: bool = False) -> dict[str, np.ndarray]:
-    """The images of `tars`: names (relative to their tar, nested tars as folders), tar numbers, offsets, sizes.
-    `shards`: webdataset shards (no nested tars), whose label members are kept too (`side_*`: their tar numbers,
-    names and contents)."""
+    """The images of `tars`: names, tar numbers, offsets, sizes (`shards`: label members too, as `side_*`)."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
@@ -238,8 +222,7 @@ def write_index(index: dict[str, np.ndarray], beside: Path) -> Path:
 
 
 def tar_index(found: TarSplit, shards: bool = False) -> dict[str, np.ndarray]:
-    """The index of the split's tars (`shards`: webdataset shards, see `build_index`), read from beside them or from
-    the cache, or built (once) and stored."""
+    """The index of the split's tars, read from beside them or the cache, or built (once) and stored."""
     key = tars_key(found.tars)
     for place in (found.index, cache_location(found.index)):
         if (index := read_index(place, key)) is not None:
@@ -267,10 +250,7 @@ def open_files_allowed() -> int:
 
 
 class TarMembers:
-    """Where each image of a listing is: its tar, offset and size (NumPy arrays, shared with forked loader workers;
-    the tar `ON_DISK` for an image of a class folder beside the tars, which `TarReader.open` reads as a file). A tar is
-    opened on its first read in a process (`os.pread` reads at an offset: a descriptor inherited by forked workers
-    serves them all)."""
+    """Where each image of a listing is: its tar (`ON_DISK`: a class folder's file), offset and size."""
 
     def __init__(self, tars: Sequence[str], tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> None:
         self.tars, self.tar, self.offset, self.size = list(tars), tar, offset, size
@@ -307,10 +287,8 @@ class TarMembers:
 # ----------------------------------------------------------------------------------------------------- the listing
 
 def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folders: bool) -> tuple[str, str] | None:
-    """(class, file name) of an image of the index (relative to `tar`, one of `found`'s), None where it is another
-    split's or in a hidden folder (not a class, as on disk); a DataError where it is in no class folder or below one.
-    `split_folders`: a whole data set's tar holds its splits as folders (`SPLIT/CLASS/FILE`), so that an image
-    directly in one (a flat test split) is in no class folder."""
+    """(class, file name) of an image of the index, None where it is another split's or in a hidden folder; a
+    DataError where it is in no class folder or below one (`split_folders`: the tar holds `SPLIT/CLASS/FILE`)."""
     parts = name.split('/')
     if found.whole and len(parts) == 3:
         return (parts[1], parts[2]) if parts[0] == split else None
@@ -334,12 +312,8 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
 
 
 def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
-    """Each tar of a split folder holds one layout, as its images show (`first`: (tar, 0) -> its first flat image,
-    (tar, 1) -> its first image in a class folder not named as the tar): flat, a per-class tar whose name is the
-    class, or in class folders, a webdataset shard (`CLASS/KEY.EXT`); images in a folder named as their tar
-    (`tar cf n003.tar n003/`) are its class either way. A folder's tars all hold the same one, and beside class
-    folders only per-class tars stand: a tar of another layout would make its folder a class (`images/`) or its
-    flat images one (the shard's name)."""
+    """Each tar of a split folder holds one layout, as its images show (`first`), the same as its folder's other
+    tars; beside class folders only per-class tars stand."""
     for number, tar in enumerate(found.tars):
         if (number, 0) in first and (number, 1) in first:
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '
@@ -359,8 +333,7 @@ def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> Non
 
 
 def add_class_folders(found: TarSplit, by_class: dict[str, list[tuple[str, int]]], on_disk: int) -> None:
-    """The images of the class folders beside a split folder's per-class tars (at the index position `on_disk`);
-    a class both a folder and a tar is an error naming both (its images would be listed twice)."""
+    """The images of the class folders beside per-class tars; a class both a folder and a tar is an error."""
     for name in found.folders:
         if name in by_class:
             raise DataError(f'{found.index.parent}: the class {name} is both a folder ({name}/) and a tar '
@@ -420,8 +393,6 @@ class TarReader:
 
 @register_source
 class Tars(ImageSource):
-    """A split in tars (and the class folders beside them): read in place, each image one pread."""
-
     name = 'tars'
     precedence = 20
 

@@ -1,10 +1,7 @@
 """The fine-grained transfer sets of the DeiT, CaiT and ViT papers, read in the layouts they are published in
-(`Flowers102`, `StanfordCars`, `OxfordPets`, `INaturalist2018`, `INaturalist2019`): each a source (`ImageSource`) whose
-split `train` is the set's official training split and `val` its official test split (what the papers report), each
-image named by its path under the data folder (`jpg/image_00001.jpg`). Classes keep the set's own numbering (class 1
-first); a layout's files that are missing or do not read are one line naming the file and the layout. A folder
-holding any of a layout's annotation files is that layout's. docs/cifar.md lists each set's files and splits.
-"""
+(`Flowers102`, `StanfordCars`, `OxfordPets`, `INaturalist2018`, `INaturalist2019`): each a source whose split `train`
+is the set's official training split and `val` its official test split. Classes keep the set's own numbering; a
+layout's missing or unreadable file is one line naming it. docs/cifar.md lists each set's files and splits."""
 from __future__ import annotations
 
 import json
@@ -26,8 +23,7 @@ Splits = dict[str, list[tuple[str, int]]]
 
 
 class TransferLayout(ImageSource):
-    """A published transfer set's layout: the files that mark it (any of them present: the folder is this layout's)
-    and how its splits are read from them."""
+    """A published transfer set's layout: the files that mark it and how its splits are read from them."""
 
     key: ClassVar[str]  # the transfer tool's --dataset
     files: ClassVar[tuple[str, ...]]  # what it reads, relative to the data folder
@@ -40,12 +36,10 @@ class TransferLayout(ImageSource):
         return any(self.where(data_dir, name).exists() for name in self.files[:self.markers])
 
     def marker(self, data_dir: Path) -> Path:
-        """The first of the layout's annotation files in `data_dir`."""
         return next(self.where(data_dir, name) for name in self.files[:self.markers]
                     if self.where(data_dir, name).exists())
 
     def where(self, data_dir: Path, name: str) -> Path:
-        """Where the layout's file `name` lies in `data_dir`."""
         return data_dir / name
 
     def check(self, data_dir: Path) -> None:
@@ -80,9 +74,7 @@ class TransferLayout(ImageSource):
         """The classes (in the set's numbering) and both splits' (image name, label)."""
 
     def check_images_present(self, data_dir: Path, samples: list[tuple[str, int]]) -> None:
-        """Every image the split lists is a file under `data_dir`, checked before any work (one listing of each
-        folder: iNaturalist's 437,513 images in seconds); else a missing one was found only when first read, after
-        an epoch of training."""
+        """Every image the split lists is a file, checked before any work (not found missing after an epoch)."""
         by_folder: dict[str, list[str]] = defaultdict(list)
         for name, _ in samples:
             folder, _, file = name.rpartition('/')
@@ -129,8 +121,7 @@ def load_mat(path: Path, *keys: str) -> list[np.ndarray]:
 
 
 def numbered(values: np.ndarray, where: Path, what: str, count: int | None = None) -> np.ndarray:
-    """`values` as integers 1..count (from 1 where `count` is None: the sets number from 1), or a DataError naming
-    the file and the first entry at fault: never a fraction or a text cut to an integer."""
+    """`values` as integers 1..count (from 1), or a DataError naming the file and the first entry at fault."""
     values = np.asarray(values).ravel()
     try:  # a MATLAB struct's field is an object array of numbers
         whole = values.dtype.kind in 'iu' or np.all(np.mod(values.astype(np.float64), 1) == 0)

@@ -1,18 +1,9 @@
 """timm's and the Hub's webdataset shards read as published (timm's `--dataset wds/`, `timm/imagenet-1k-wds`;
-`WebDatasetShards`, asked before the tars): tars whose members are images `KEY.EXT` (.jpg, .jpeg, .png, .webp, ...)
-with `KEY.cls`, the class index as text, and/or `KEY.json`, a record whose `label` is the class index and whose
-`class_name`, where present, names the class.
-
-A split SPLIT of a data folder D is read from shards when `D/_info.json` (or `.yaml`, timm's data set information)
-names it under `splits`, else when D/SPLIT/ is a folder of such shards, else from D's tars named as timm's and the
-Hub's are (`SPLIT-*.tar`, `*-SPLIT-*.tar`); the split `val` is the Hub's `validation` where no `val` is there
-(`find_split`). The class index is the label (the info file's `alt_label` field where it names one; -1 there: left
-out); the classes are named by the info file, else the training split, else the samples (`class_names`). An image is
-named `SHARD.tar/KEY.EXT` relative to D, and a split lists class by class in the order the same files in class
-folders list in. The shards are indexed once as the tar reader indexes its tars (`tars.tar_index`, kept in
-`D/wds-SPLIT.index.npz` or the user's cache); each image is then one pread, map-style. docs/imagenet.md ("Webdataset
-shards as timm and the Hub publish them") gives every rule.
-"""
+`WebDatasetShards`, asked before the tars): tars of images `KEY.EXT` with `KEY.cls` and/or `KEY.json` (its `label`).
+A split is found by `D/_info.json` (or `.yaml`), a folder D/SPLIT/ of shards, or D's tars named as timm's and the
+Hub's are (`find_split`). An image is named `SHARD.tar/KEY.EXT` relative to D; the shards are indexed once as the
+tar reader indexes its tars, and each image is one pread, map-style. docs/imagenet.md ("Webdataset shards as timm
+and the Hub publish them") gives every rule."""
 from __future__ import annotations
 
 import json
@@ -40,8 +31,7 @@ PEEK = 8  # members of a split folder's first tar read to tell shards from per-c
 
 @dataclass(frozen=True)
 class ShardSplit:
-    """A split's shards and what is known of them: `entry` the info file's record of the split (its counts), `info`
-    the whole file (its classes), `info_file` where it is (None without one)."""
+    """A split's shards with the info file's record of it (`entry`), the whole file and its path."""
 
     name: str
     shards: list[Path]
@@ -65,7 +55,6 @@ class Sample:
 # ------------------------------------------------------------------------------------------ finding a split's shards
 
 def read_info(data_dir: Path) -> tuple[Path, dict] | None:
-    """The info file beside the shards, parsed; None where there is none."""
     for path in (data_dir / name for name in INFO_FILES):
         if not path.is_file():
             continue
@@ -171,8 +160,7 @@ def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
 
 
 def named_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
-    """The split's shards by timm's naming (`SPLIT-*.tar`, `*-SPLIT-*.tar`) where nothing else stores the split;
-    where something does, such shards are named in a warning (every entry is read or named)."""
+    """The split's shards by timm's naming where nothing else stores the split (else named in a warning)."""
     found = {name: sorted(tar for tar in {*data_dir.glob(f'{name}-*{TAR_SUFFIX}'),
                                           *data_dir.glob(f'*-{name}-*{TAR_SUFFIX}')} if is_split_tar(tar))
              for name in split_names(split)}
@@ -203,9 +191,7 @@ def find_split(data_dir: Path, split: str) -> ShardSplit | None:
 
 
 def check_numbering(shards: Sequence[Path]) -> None:
-    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, `...-0001.tar`, ...) without a number skipped:
-    a gap is a shard an interrupted download left out, whose images would silently be missing (without an info file
-    nothing gives the count, so a missing first or last shard cannot be told)."""
+    """Shards numbered as timm's and the Hub's are (`...-0000.tar`, ...) without a gap a download left."""
     numbers = {int(match[1]): shard for shard in shards if (match := SHARD_NUMBER.search(shard.name))}
     if len(numbers) != len(shards) or not numbers:
         return  # not all numbered: nothing to tell
@@ -292,10 +278,8 @@ def class_count(found: ShardSplit, classes: Sequence[str] | None, classes_from: 
 
 def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
                 named: dict[int, tuple[str, str]]) -> list[str]:
-    """The class list, in index order: the given or the info file's names, the samples' `class_name` (`named`: index
-    -> (name, where)) for the classes unnamed there, the index zero-padded to the width of the largest for the rest
-    (`000` ... `999`, which sort as the indices do). A sample's name that differs from the list's is an error, never a
-    relabelling."""
+    """The class list in index order: the given or the info file's names, the samples' `class_name` for the rest,
+    else the zero-padded index; a sample's name that differs is an error."""
     listed = list(given) if given is not None else found.info.get('classes')
     width = len(str(count - 1))
     names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{width}d}' for i in range(count)]
@@ -335,9 +319,7 @@ def index_strings(index: dict[str, np.ndarray], buffer: str, ends: str) -> list[
 
 def read_samples(found: ShardSplit, index: dict[str, np.ndarray], members: Sequence[str],
                  alt_label: str | None) -> dict[tuple[int, str], Sample]:
-    """Each (shard number, key) of the index (its image `members`) with its image and labels; an image or a label
-    alone, two images under one key, and a key in two shards (a shard copied in twice, its images read twice) are
-    errors naming the shards and the key."""
+    """Each (shard number, key) with its image and labels; an image or label alone or a key twice is an error."""
     samples: dict[tuple[int, str], Sample] = {}
     shard_of: dict[str, int] = {}
     for position, (member, number) in enumerate(zip(members, index['tar'].tolist())):

@@ -1,14 +1,9 @@
 """Dense label generation: a machine annotator's top-k class scores at every position of every training image.
 
-Which image the map describes: the WHOLE image, resized (not cropped) to the annotator's square input. Training
-crops are RandomResizedCrop boxes anywhere in the whole image, so the map must cover all of it, and its [0, 1]
-coordinates must be the image's: a centre-cropped map (the reference code's) has no labels for the borders the
-crops do see, and puts every label at the wrong place. Squashing the aspect ratio costs the annotator a little
-accuracy; it keeps every map the same shape, which the packed store needs.
-
-The store is written in shards of rows; each process of a torchrun job takes every world_size-th shard and
-marks it done after flushing, so a second run with the same arguments only does the shards not yet marked.
-"""
+The map describes the WHOLE image, resized (not cropped) to the annotator's square input, so that training crops
+anywhere in it find their labels (docs/imagenet.md tells why). The store is written in shards of rows; each process
+of a torchrun job takes every world_size-th shard and marks it done after flushing, so a second run with the same
+arguments only does the shards not yet marked."""
 from __future__ import annotations
 
 import math
@@ -40,13 +35,9 @@ from classification.token_labeling.label_store import (
 
 @torch.no_grad()
 def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, C) class logits at every feature position, global pooling removed.
-
-    CNNs: the model's own head applied to each position as a 1x1 map (pooling a 1x1 map is the identity, so
-    any norm or pre-logits layer of the head is kept). Token models: the token head if the model has one (it
-    was trained on patch tokens), else the class head (both heads averaged for a distilled model), on every patch
-    token.
-    """
+    """(B, h, w, C) class logits at every feature position, global pooling removed: a CNN's own head on each position
+    as a 1x1 map (its norm and pre-logits kept); a token model's token head if it has one, else its class head (a
+    distilled model's two averaged), on every patch token."""
     features = model.forward_features(x)
     if features.ndim == 4:
         grid = feature_grid(model, features)
@@ -125,11 +116,8 @@ def generate_token_labels(
         skip_unreadable: bool = False,
         amp: str = 'none',
 ) -> dict:
-    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data (`meta.json`).
-
-    `shard_size` defaults to the existing store's (resuming), else DEFAULT_SHARD_SIZE images. With
-    `skip_unreadable`, images that cannot be decoded keep an empty row and are listed in the meta data. `amp`
-    'bf16' runs the annotator under bf16 autocast (faster on GPUs; the top-k is taken on fp32 logits either way)."""
+    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data. `skip_unreadable` gives
+    undecodable images an empty row; `amp` 'bf16' runs the annotator under autocast (top-k on fp32 logits)."""
     data_dir, output = Path(data_dir), Path(output)
     if topk < 1:
         raise UsageError(f'--topk must be at least 1, got {topk}')

@@ -1,17 +1,11 @@
 """The token-label store: every image's top-k dense scores in one packed, memory-mapped file pair (`TokenLabelStore`,
 `open_store`; written shard by shard by `StoreWriter`, `write_label_store`).
 
-A store folder holds `meta.json` (every value that shapes the store, and the preprocessing); `paths.txt` (one image
-path a line, relative to the data folder: line i is row i); `scores.npy`, float16 (N, h, w, k), the annotator's top-k
-logits at every map position, best first; `classes.npy`, int16 (int32 past 32767 classes) (N, h, w, k), their class
-indices; `extent.npy` only where a map does not cover its whole image, float32 (N, 4), the box it covers, x1, y1, x2,
-y2 in [-1, 1]; `done/`, one marker per finished shard of rows (its row range, the SHA-256 of its rows and of its lines
-of `paths.txt`), so that generation and import resume and an opened store is verified row by row; and
-`verified.json`, each file's size, modification time and inode when the store last verified, so that it is not read
-again while none changed. The arrays are opened lazily with `np.load(mmap_mode='r')` in each process that reads them
-and the image list is a `PathList`: no process holds the whole store in memory, and nothing large is pickled.
-docs/imagenet.md tells how a store is generated, verified and read.
-"""
+A store folder holds `meta.json`, `paths.txt` (line i names row i), `scores.npy` (float16 (N, h, w, k) top-k logits,
+best first), `classes.npy` (their class indices), `extent.npy` where a map does not cover its whole image, `done/`
+(one marker per finished shard, with its digests: generation resumes and an opened store is verified) and
+`verified.json`. The arrays are opened lazily in each process that reads them: no process holds the whole store in
+memory, and nothing large is pickled. docs/imagenet.md tells how a store is generated, verified and read."""
 from __future__ import annotations
 
 import hashlib
@@ -68,9 +62,8 @@ def list_digest(paths: Sequence[str]) -> str:
 
 
 def read_paths(root: Path) -> list[str]:
-    """The store's image list, one path a line: only the line feed ends a line (a name may hold U+2028, say, which
-    `splitlines` would break). Names are the file system's bytes (UTF-8, or undecodable bytes as Python's
-    surrogate escapes), so a Latin-1 name is listed and found again."""
+    """The store's image list: only the line feed ends a line (`splitlines` would break at U+2028); names are the
+    file system's bytes (surrogate escapes), so a Latin-1 name is found again."""
     return (root / PATHS).read_text(encoding='utf-8', errors='surrogateescape').split('\n')[:-1]
 
 
@@ -102,10 +95,8 @@ def store_arrays(root: Path, mode: str = 'r') -> list[np.ndarray]:
 
 def verify_rows(root: Path, paths: Sequence[str], shard_size: int, arrays: Sequence[np.ndarray], fix: str,
                 unwritten_fix: str | None = None) -> list[str]:
-    """Every shard marked done for its own rows, with the digests its rows (and its lines of `paths.txt`, where the
-    marker records them) have now; returns the paths the markers list as skipped. `fix` ends each error message
-    (`unwritten_fix`, where given, that of a shard not marked). The shards are hashed by threads (hashlib releases
-    the GIL)."""
+    """Every shard marked done, with the digests its rows (and its lines of `paths.txt`) have now; returns the paths
+    the markers list as skipped. `fix` (`unwritten_fix` for a shard not marked) ends each error message."""
     shards = shard_ranges(len(paths), shard_size)
 
     def check(i: int) -> list[str]:
@@ -129,8 +120,7 @@ DAMAGED = 'the store changed after it was made (copied incompletely, or edited):
 
 
 def file_stamps(root: Path) -> dict[str, list[int]]:
-    """Size, modification time (ns) and inode of each file the verification reads: a copy (new inodes), a rewrite or
-    a truncation changes them."""
+    """Size, modification time (ns) and inode of each file the verification reads."""
     names = [name for name in (META, PATHS, SCORES, CLASSES, EXTENT) if (root / name).exists()]
     names += sorted(f'{DONE}/{f.name}' for f in (root / DONE).iterdir() if not f.name.startswith('.')) \
         if (root / DONE).is_dir() else []
@@ -138,8 +128,7 @@ def file_stamps(root: Path) -> dict[str, list[int]]:
 
 
 def record_verification(root: Path, stamps: dict[str, list[int]]) -> None:
-    """Remember that the store verified with these files, unless one changed within RACY_SECONDS (its time stamp
-    could then hide a change to come) or the folder is read-only (the next start verifies again)."""
+    """Remember that the store verified with these files, unless one changed within RACY_SECONDS or it is read-only."""
     newest = max(mtime for _, mtime, _ in stamps.values())
     if time.time_ns() - newest < RACY_SECONDS * 1e9:
         return
@@ -150,11 +139,8 @@ def record_verification(root: Path, stamps: dict[str, list[int]]) -> None:
 
 
 class TokenLabelStore:
-    """Reads a store: `row_of(path)`, `rows_of(paths)`, `read(row) -> (scores (h, w, k) float16, classes (h, w, k))`,
-    `extent(row)` and `has_map(row)`. Opening it checks it against its own record (`verify`, default): the image
-    list against its hash, every row against its shard's digest, unless `verified.json` shows it verified with its
-    files as they are; `verify=False` skips that for a store just checked (`open_store`: one process per node
-    checks)."""
+    """Reads a store by image path (`row_of`, `rows_of`, `read`, `extent`, `has_map`); opening it verifies it against
+    its own record unless `verified.json` shows these files verified, or `verify=False`."""
 
     def __init__(self, root: str | Path, verify: bool = True) -> None:
         self.root = Path(root)
@@ -190,8 +176,7 @@ class TokenLabelStore:
         self._arrays: list[np.ndarray] | None = None
 
     def verify(self, paths: list[str]) -> None:
-        """The image list and every row as they were written (see `verify_rows`), unless `verified.json` records a
-        verification of these very files."""
+        """The image list and every row as written (`verify_rows`), unless `verified.json` records these files."""
         stamps = file_stamps(self.root)
         if (read_marker(self.root / VERIFIED) or {}).get('files') == stamps:
             logger.info(f'{self.root}: token-label store verified earlier ({VERIFIED} matches its files)')
@@ -271,7 +256,6 @@ def open_store(root: str | Path, verify: bool, info: DistInfo) -> TokenLabelStor
 
 
 def read_meta(root: Path) -> dict | None:
-    """A store's meta data, or None where there is no store yet."""
     if not (root / META).exists():
         return None
     try:
@@ -291,9 +275,8 @@ def _describe(key: str, value) -> str:
 
 
 def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
-    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small for the
-    store is an error here (an OSError naming the file, no array left behind), not a crash (SIGBUS) when a memory-
-    mapped row finds no space hours later."""
+    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small is an
+    OSError naming the file here, not a SIGBUS hours later."""
     made: list[Path] = []
     try:
         for name, dtype, shape in arrays:
@@ -309,10 +292,8 @@ def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, .
 
 
 class StoreWriter:
-    """Writes a store shard by shard, resumably: each process of a torchrun job takes every world_size-th shard
-    not yet marked done, writes its rows, flushes and marks it (rows and lines digests, the paths it skipped).
-    A store folder that already holds a store must have been started with the same `shaping` values of `meta`; the
-    store is marked complete by `finish` only when every shard verifies."""
+    """Writes a store shard by shard, resumably (each process every world_size-th shard not yet done); an existing
+    store must have the same `shaping` values; `finish` marks it complete once every shard verifies."""
 
     def __init__(self, root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                  with_extent: bool = False, skipped_key: str = 'unreadable') -> None:
@@ -361,8 +342,7 @@ class StoreWriter:
             array[rows] = value
 
     def write_empty(self, rows: np.ndarray) -> None:
-        """Rows without a map (an image unreadable, or without a released file): zero scores and classes, and the
-        whole image as their extent."""
+        """Rows without a map: zero scores and classes, and the whole image as their extent."""
         self.write(rows, 0, 0, *([WHOLE_IMAGE] if len(self.arrays) > 2 else []))
 
     def mark(self, shard: int, skipped: list[str]) -> None:
@@ -375,8 +355,7 @@ class StoreWriter:
         write_json_atomic(shard_marker(self.root, shard), marker)
 
     def finish(self) -> dict:
-        """Verify every shard and mark the store complete (main process); the complete meta data, on every
-        process."""
+        """Verify every shard and mark the store complete (main process); the meta data, on every process."""
         barrier(self.info)
         if self.info.is_main:
             if read_paths(self.root) != self.paths:
@@ -391,8 +370,7 @@ class StoreWriter:
 
 @dataclass(frozen=True)
 class StoreRows:
-    """Rows of a store to write: `rows` with their `values` (scores, classes and, in a store with extents, extents),
-    and the rows left `empty` (their images unreadable, or without a released file)."""
+    """Rows of a store to write: `rows` with their `values`, and the rows left `empty`."""
 
     rows: np.ndarray
     values: tuple[np.ndarray, ...] = ()
@@ -402,11 +380,9 @@ class StoreRows:
 def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                       shard_rows: Callable[[int, int], Iterable[StoreRows]], with_extent: bool = False,
                       skipped_key: str = 'unreadable', progress: str | None = None) -> dict:
-    """Write (or finish) the store of `paths` in `root`, the one way every store is written (generation, import,
-    the studies): each of this process's shards not yet done gets the rows `shard_rows(start, stop)` yields and is
-    marked with the paths of its empty rows; then the store is verified and marked complete, its empty rows'
-    paths under `skipped_key` of its meta data (`StoreWriter`). `progress` names the progress bar (None: none).
-    Returns the complete meta data."""
+    """Write (or finish) the store of `paths` in `root`, the one way every store is written: each of this process's
+    shards not yet done gets the rows `shard_rows(start, stop)` yields; then the store is verified and marked
+    complete, its empty rows' paths under `skipped_key` of its meta data. Returns the complete meta data."""
     writer = StoreWriter(root, meta, paths, shaping, info, with_extent, skipped_key)
     todo = writer.todo()
     bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'{progress} (rank {info.rank})', unit='row',
@@ -426,5 +402,4 @@ def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequenc
 
 
 def label_store_complete(labels_dir: Path) -> bool:
-    """Whether `labels_dir` holds a store whose writing finished (its meta says so)."""
     return (labels_dir / META).is_file() and json.loads((labels_dir / META).read_text()).get('complete', False)

@@ -1,15 +1,10 @@
 """The released dense-label sets, imported into the suite's packed store (`import_released_labels`).
 
-Two releases, one `<wnid>/<image stem>.pt` file per ImageNet training image, each a tensor [2, k, h, w]: `[0]` the
-top-k scores of every map position (logits, best first), `[1]` their class indices (ImageNet's sorted-wnid order,
-stored as floats). `tokenlabeling`, the LV-ViT authors' NFNet-F6 maps ([2, 5, 18, 18], float16), covers each image's
-centre square: the store records that box per image (`extent.npy`, from the image's header) and the target builder
-places the map there. `relabel`, ReLabel's EfficientNet-L2 maps ([2, 5, 15, 15]), covers the whole image resized to a
-square, as the suite's own maps. Every file is checked, the release's class folders must be the data folder's
-classes, and images without a file are refused unless `skip_missing` gives them an empty row; the import is written
-shard by shard and resumes like generation (`write_label_store`). docs/imagenet.md ("The released label sets") gives
-where to get them and every check.
-"""
+Two releases, one `<wnid>/<image stem>.pt` file per ImageNet training image, each a tensor [2, k, h, w] of top-k
+scores and class indices: `tokenlabeling` (the LV-ViT authors' NFNet-F6 maps, covering each image's centre square,
+recorded per image in `extent.npy`) and `relabel` (ReLabel's EfficientNet-L2 maps of the whole image). Every file
+is checked; the import is written shard by shard and resumes like generation (`write_label_store`).
+docs/imagenet.md ("The released label sets") gives where to get them and every check."""
 from __future__ import annotations
 
 import os
@@ -84,8 +79,7 @@ def release_files(release_dir: Path) -> tuple[list[str], dict[str, str], list[st
 
 def check_one_image_per_file(keys: Sequence[str], paths: Sequence[str], files: dict[str, str],
                              release_dir: Path) -> None:
-    """A release file is matched by class folder and image stem (`keys`): two images of one class with the same stem
-    (x.JPEG and x.png) would both take x.pt."""
+    """Two images of one class with the same stem (x.JPEG, x.png) would both take x.pt: an error."""
     first: dict[str, str] = {}
     for key, path in zip(keys, paths):
         if key not in files:
@@ -166,9 +160,7 @@ def centre_square(size: tuple[int, int]) -> tuple[float, float, float, float]:
 
 
 class ReleaseRows(Dataset):
-    """Rows of the store from release files: (row, scores (h, w, k), classes (h, w, k), extent (4,)) or, for an image
-    without a file, (row, None, None, None); a file that fails its check gives (row, error message) so the error
-    reaches the main process as one line."""
+    """Rows of the store from release files: (row, scores, classes, extent), Nones without a file, or an error."""
 
     def __init__(self, data_dir: Path, release_dir: Path, paths: Sequence[str], reader: ItemReader,
                  files: Sequence[str | None], rows: Sequence[int], shape: tuple[int, ...], num_classes: int,
