@@ -219,8 +219,10 @@ class TokenModelMixin:
             stop_early: bool = False,
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
+            return_prefix_tokens: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped.
+        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped (or, with
+        `return_prefix_tokens`, each given beside them: a (patch tokens, (B, prefix, D)) pair).
 
         Returns the intermediates as (B, D, H, W) maps (`output_fmt='NCHW'`) or (B, H*W, D) ('NLC');
         with `intermediates_only=False` also the final normalised features, as timm does.
@@ -235,10 +237,11 @@ class TokenModelMixin:
             # with grad checkpointing, each block's activations are recomputed in the backward pass
             x = checkpoint(block, x) if self.grad_checkpointing and torch.is_grad_enabled() else block(x)
             if i in take_indices:
-                y = (self.norm(x) if norm else x)[:, -H * W:]
+                tokens = self.norm(x) if norm else x
+                y = tokens[:, -H * W:]
                 if output_fmt == 'NCHW':
                     y = y.reshape(y.shape[0], H, W, -1).permute(0, 3, 1, 2).contiguous()
-                intermediates.append(y)
+                intermediates.append((y, tokens[:, :-H * W]) if return_prefix_tokens else y)
         if intermediates_only:
             return intermediates
         return self.norm(self._finish_tokens(x)), intermediates

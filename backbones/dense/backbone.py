@@ -10,7 +10,8 @@ a plain ViT (`PLAIN_VIT_PARTS`, square patches); any other is refused naming wha
 (`check_backbone_model`). `pretrained` (a path, an http(s):// or file:// URL, or `timm`) loads a classification
 checkpoint through `backbones.load_checkpoint`; `window_size`, `global_blocks` and `rel_pos` give ViTDet's window
 attention (backbones/window_attention.py); `frozen`, a fixed feature extractor (no gradient, no backward through
-it, eval mode throughout); `final_norm`, each map through the model's final norm (DINOv2's frozen-feature heads).
+it, eval mode throughout); `final_norm`, each map through the model's final norm, and `class_token`, the block's
+class token joined to every cell (DINOv2's frozen-feature heads).
 docs/segmentation.md and docs/instances_and_depth.md tell the rest.
 """
 from __future__ import annotations
@@ -119,6 +120,14 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
                          'patches')
 
 
+def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor, model_name: str) -> torch.Tensor:
+    """(B, D, h, w) patch tokens and the block's class token (the first prefix token, before a distillation token
+    or registers) beside each: (B, 2D, h, w)."""
+    if not prefix.shape[1]:  # CaiT's class token joins after its blocks
+        raise UsageError(f'model.backbone.class_token: the blocks of {model_name} carry no class token')
+    return torch.cat([patch_map, prefix[:, 0, :, None, None].expand_as(patch_map)], 1)
+
+
 def token_stride(model: nn.Module, img_size: int) -> int:
     """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says (the
     suite's convolutional stems)."""
@@ -138,7 +147,8 @@ class TokenBackbone(BaseModule):
     mmseg backbone: the model pruned to what the blocks in `out_indices` need (no heads, final norm or later blocks),
     `drop_path_rate` its stochastic depth; `frozen`: no parameter of it requires a gradient, its forward keeps no
     graph, and it stays in eval mode when the segmentor trains (no dropout or drop-path); `final_norm`: the final
-    norm kept and applied to every map."""
+    norm kept and applied to every map; `class_token`: each map (B, 2D, h, w), the block's class token beside every
+    cell's patch token."""
 
     def __init__(
             self,
@@ -155,6 +165,7 @@ class TokenBackbone(BaseModule):
             rel_pos: bool = False,
             frozen: bool = False,
             final_norm: bool = False,
+            class_token: bool = False,
             init_cfg: dict | None = None,
     ) -> None:
         if pretrained is not None:
@@ -169,7 +180,7 @@ class TokenBackbone(BaseModule):
         depth = len(self.model.blocks)
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
             raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
-        self.final_norm = final_norm
+        self.final_norm, self.class_token = final_norm, class_token
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=not final_norm,
                                                                 prune_head=True)
         if window_size is not None or global_blocks is not None or rel_pos:
@@ -244,7 +255,9 @@ class TokenBackbone(BaseModule):
         set_token_grid(self.model, (Hp // self.patch_size, Wp // self.patch_size))  # for the window attention, if any
         with torch.no_grad() if self.frozen else contextlib.nullcontext():
             maps = self.model.forward_intermediates(padded, self.out_indices, norm=self.final_norm,
-                                                    intermediates_only=True)
+                                                    intermediates_only=True, return_prefix_tokens=self.class_token)
+        if self.class_token:
+            maps = [with_class_token(m, prefix, self.model_name) for m, prefix in maps]
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 

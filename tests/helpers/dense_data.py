@@ -135,10 +135,13 @@ def tiny_dense_overrides(config_name: str, family: str = 'upernet_lvvit_s.py') -
     """A config's `model` overrides for a 4-block, 32-wide backbone of `family` (a key of TINY_MODELS) and small
     heads."""
     detector = is_detector(config_name)
-    backbone = dict(model_kwargs=TINY_MODELS[family], out_indices=(3,) if detector else (0, 1, 2, 3), img_size=64,
+    blocks = 1 if detector or config_name.startswith('depth_linear_') else 4
+    backbone = dict(model_kwargs=TINY_MODELS[family], out_indices=tuple(range(4 - blocks, 4)), img_size=64,
                     pretrained=None)
     if family != 'upernet_lvvit_s.py':
         backbone['model_name'] = Config.fromfile(CONFIGS / family).model.backbone.model_name
+    if config_name.startswith('depth_linear'):  # each block's patch and class tokens into the linear head
+        return dict(backbone=backbone, decode_head=dict(in_channels=[2 * DIM] * blocks))
     return dict(backbone=backbone, **(TINY_DETECTOR if detector else TINY_DEPTH))
 
 
