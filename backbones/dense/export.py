@@ -117,8 +117,9 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
     choice = ExportChoice(top_k, pyramid_only, dynamic_size)
-    task_of(load_config(config)).check_export_choice(choice, config)
-    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    cfg = load_config(config)
+    task_of(cfg).check_export_choice(choice, config)
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback, loaded=cfg)
     if dynamic_size:
         check_dynamic_size(predictor.model.backbone)
     task = predictor.task

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None, description: str | None = None,
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
-    task = task_of(load_config(args.config))
+    cfg = load_config(args.config)
+    task = task_of(cfg)
     if args.ms:
         task.check_multi_scale(args.config)
     if args.overlay and task.no_overlay:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
     for image in images:
         check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
-                             fallback=data_fallback, device=device_name(args.device))
+                             fallback=data_fallback, device=device_name(args.device), loaded=cfg)
     for image in images:
         predictor.check_image(image)
         warn_orientation(image, predictor.task)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from mmcv import rescale_size
 from mmcv.transforms import Compose
+from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from PIL import Image
@@ -108,8 +109,9 @@ class SegPredictor:
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
-                 fallback: EmbeddedSegData | None = None, device: str = 'cpu', need_data: bool = False) -> None:
-        cfg, data = load_trained_config(config, checkpoint, cfg_options, data_root, fallback, need_data)
+                 fallback: EmbeddedSegData | None = None, device: str = 'cpu', need_data: bool = False,
+                 loaded: Config | None = None) -> None:
+        cfg, data = load_trained_config(config, checkpoint, cfg_options, data_root, fallback, need_data, loaded)
         self.task = task = task_of(cfg)
         self.data_at_hand = data.at_hand
         resolve_trained_data(cfg, checkpoint, data, fallback, cfg_options)
