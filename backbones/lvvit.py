@@ -1,12 +1,9 @@
 """LV-ViT: "All Tokens Matter: Token Labeling for Training Better Vision Transformers" (Jiang et al., 2021).
 
-A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and
-an auxiliary head on every patch token. `forward` returns the paper's inference logits,
-`head(cls) + 0.5 * max over tokens of aux_head(patch)`, in training mode too (timm's contract, as its VOLO);
-token labeling trains through `forward_train`, which applies MixToken and returns a `TokenLabelingOutput` for the
-token-labeling loss. Parameter names match the released checkpoints, and
-`pretrained=True` fetches them through timm's download cache (`lvvit_s.tl_in1k_384` for the 384 file).
-"""
+A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and an
+auxiliary head on every patch token. `forward` returns the paper's inference logits in training mode too (timm's
+contract); token labeling trains through `forward_train`. Parameter names match the released checkpoints, which
+`pretrained=True` fetches through timm's download cache (`lvvit_s.tl_in1k_384` for the 384 file)."""
 from __future__ import annotations
 
 import torch

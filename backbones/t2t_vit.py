@@ -1,12 +1,9 @@
 """T2T-ViT: "Tokens-to-Token ViT: Training Vision Transformers from Scratch on ImageNet" (Yuan et al., 2021).
 
-The tokens-to-token module soft-splits the image three times (unfold with overlap) and re-structures the tokens
-in between with a light attention layer: a performer (linear attention with positive random features,
-`t2t_vit_*`) or a one-head transformer (`t2t_vit_t_*`). The backbone is a ViT with a fixed 1-D sinusoidal
-position table. State-dict keys match the released checkpoints, the fixed tables (`pos_embed`, performer `w`:
-buffers here, parameters without gradient there, the same keys) included, and `pretrained=True` fetches them through
-timm's download cache (`t2t_vit_14.in1k_384` for 384).
-"""
+The tokens-to-token module soft-splits the image three times, with a performer (`t2t_vit_*`) or a one-head
+transformer (`t2t_vit_t_*`) in between; the backbone is a ViT with a fixed sinusoidal position table. State-dict keys
+match the released checkpoints (the fixed tables are buffers here), which `pretrained=True` fetches through timm's
+download cache (`t2t_vit_14.in1k_384` for 384)."""
 from __future__ import annotations
 
 import math

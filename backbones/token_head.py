@@ -1,18 +1,9 @@
 """The model side of token labeling, for any model (the suite's, timm's ViTs and MLP-Mixers, CNNs): a token head
 (`add_token_head`), the MixToken training forward (`forward_token_labeling`, `TokenLabelingModel`) and the inference
-rule (`inference_logits`). (The data side, from the annotator's score maps to the loss, is `classification`'s:
-`token_labeling` and `objectives`.)
-
-Two kinds of model, told apart by their patch embedding (`patch_embedding`): token models, whose patch embedding gives
-an (H, W) grid of tokens and whose `forward_features` returns the H*W patch tokens last, and feature-map models (CNNs),
-whose `forward_features` map's positions are the tokens. MixToken takes the box of the token grid from the flipped
-batch: for token models, a forward hook on the patch embedding (`MixTokenHook`); for feature-map models, a CutMix box
-aligned to the map's stride, pasted in the pixels. The box is drawn eagerly: `TokenLabelingModel.compile` compiles the
-model's `forward_features` only, which sees the box as a mask tensor (one graph for every box). The token head is one
-linear layer on every patch token or map position: LV-ViT has its own (`aux_head`); every other model gets one from
-`add_token_head`, under the same name, so checkpoints look alike. docs/imagenet.md ("Token labeling and distillation
-with your own model") tells the rest.
-"""
+rule (`inference_logits`). Token models (an (H, W) patch grid, the patch tokens last) take the MixToken box through a
+hook on the patch embedding (`MixTokenHook`); feature-map models (CNNs) as a CutMix box aligned to the map's stride.
+The token head is one linear layer on every token, named `aux_head` as LV-ViT's. docs/imagenet.md ("Token labeling
+and distillation with your own model") tells the rest."""
 from __future__ import annotations
 
 import contextlib

@@ -1,16 +1,10 @@
 """Weights for the suite's models: the official release files of every family, timm's and our own checkpoints.
 
-`load_checkpoint(model, path)`, the one entry point every tool uses, reads `.pth`/`.pth.tar`/`.pt` files with
-`torch.load(weights_only=True)` (no code from the file runs) and `.safetensors` files; unwraps the releases' and
-training checkpoints' layouts and strips `module.` / `_orig_mod.` prefixes (`read_state_dict`), taking the file's model
-by default (in the suite's checkpoints the EMA where the run kept one), its EMA copy with `use_ema=True`, its trained
-weights with `use_ema=False`; resamples `pos_embed` to the model's token grid; drops the classifiers (`head`,
-`aux_head`) the model lacks, or all with `new_head`, a classifier of another class count being an error without it;
-and by default fails, before touching the model, naming the missing, unexpected and mis-shaped keys and the family
-the file seems to hold. `release_filter` is the same unwrapping and resizing as timm's `pretrained_filter_fn`, so that
-timm's own download and cache (`pretrained=True`) read the official LV-ViT and T2T-ViT files; `fetch_pretrained`
-gives a path, URL or timm release as a local file. docs/models.md ("Official checkpoints") gives the layouts.
-"""
+`load_checkpoint(model, path)`, the one entry point every tool uses, reads `.pth`/`.pth.tar`/`.pt` files weights-only
+and `.safetensors` files, unwraps the known layouts (`read_state_dict`), resamples `pos_embed` to the model's grid,
+drops the classifiers the model lacks (all with `new_head`) and fails, before touching the model, naming the keys
+that do not fit. `release_filter` is the same for timm's `pretrained_filter_fn`; `fetch_pretrained` gives a path,
+URL or timm release as a local file. docs/models.md ("Official checkpoints") gives the layouts."""
 from __future__ import annotations
 
 import math

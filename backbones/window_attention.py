@@ -1,19 +1,12 @@
 """Window attention and decomposed relative positions in a token model's blocks (ViTDet, Li et al. 2022; MViTv2).
 
 `use_window_attention(model, window_size, global_blocks, rel_pos)` turns the blocks of a suite model, or of timm's
-VisionTransformer, to ViTDet's scheme: every block but the `global_blocks` attends within non-overlapping windows of
-`window_size` x `window_size` tokens, and with `rel_pos` every block adds decomposed relative positions to its logits
-(`q . Rh[qh - kh] + q . Rw[qw - kw]`, tables initialised to zeros as ViTDet does). Built on timm's primitives
-(`timm.models.vision_transformer_sam`).
+VisionTransformer, to ViTDet's scheme: every block but the `global_blocks` attends within `window_size` windows, and
+with `rel_pos` adds decomposed relative positions (tables `blocks.N.attn.rel_pos_h`/`_w`, zeros at first). The
+original layers are taken over by reference, so the checkpoints' keys and weights load unchanged.
 
-Each block's attention is replaced by a `WindowAttention` that takes over the original's layers by reference, so the
-state-dict keys stay the checkpoints' (`blocks.3.attn.qkv.weight`) and pretrained weights load unchanged; with
-`rel_pos` the tables add `blocks.N.attn.rel_pos_h` and `rel_pos_w` (detectron2's names).
-
-The blocks see tokens only, not the grid they come from: whoever runs the model hands the token grid to the window
-modules with `set_token_grid(model, (H, W))` before the forward (the dense backbone does). It stays set, so that the
-blocks recomputed by gradient checkpointing in the backward pass see the grid of their forward.
-"""
+The blocks see tokens only: whoever runs the model hands them the token grid with `set_token_grid(model, (H, W))`
+before the forward (the dense backbone does); it stays set for the blocks recomputed by gradient checkpointing."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,13 +1,9 @@
 """Image files and ImageNet-layout folders (`train/CLASS/*.JPEG`): listing, class lists, complete decoding (colour
 JPEGs through `backbones.common.jpeg`, with Pillow's pixels; every other file through Pillow).
 
-Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): that is also the key of each image
-in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
-
-Every entry of a split folder is accounted for (`split_entries`): a class folder (a visible folder holding images)
-or a tar (`*.tar`, read by `classification.sources.tars`) is read; hidden entries, `lost+found`, the tar reader's
-index (`tars.index.npz`) and empty folders are ignored; anything else is an error naming it.
-"""
+Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`), the key of each image in the
+token-label store. Every entry of a split folder is accounted for (`split_entries`): a class folder or a tar is
+read, hidden entries, `lost+found`, `tars.index.npz` and empty folders are ignored, anything else is an error."""
 from __future__ import annotations
 
 import io

@@ -1,12 +1,7 @@
 """Colour JPEGs decoded by libjpeg-turbo through simplejpeg, pixel for pixel as Pillow decodes them, at the scale
-Pillow's `Image.draft` picks: numpy arrays without Pillow's file parsing and its image copies.
-
-Taken: baseline and progressive 3-component YCbCr JPEGs (any chroma subsampling). Everything else (grey, CMYK, an
-RGB-coded JPEG, other formats, a file libjpeg-turbo refuses or that is cut short, an image narrower than a JPEG
-block) gets None here and is read by Pillow (`images.read_rgb`). `fast=True` asks
-for libjpeg-turbo's fast integer IDCT and its plain chroma upsampling: faster, but not Pillow's pixels
-(docs/speed.md gives the difference); `pillow_only()` turns this decoder off (tests, benchmark baselines).
-"""
+Pillow's `Image.draft` picks. Baseline and progressive 3-component YCbCr JPEGs only: anything else gets None here
+and is read by Pillow (`images.read_rgb`). `fast=True` trades Pillow's pixels for speed (docs/speed.md);
+`pillow_only()` turns this decoder off."""
 from __future__ import annotations
 
 import contextlib

@@ -2,16 +2,11 @@
 (registered under that name and the former per-family ones, `LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone` and
 `ViTBackbone`, so that configs written for those still run).
 
-It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps, prefix tokens dropped, no final
-norm, for an image of any size, in test mode too: the image is padded to whole patches (a fixed-grid model such as
-BEiT: to its `img_size`, a larger image refused) and the maps are resampled onto the stride-16 cells of the image's own
-extent (a 14 px model's too), so that the decode head's final resize to the image size is exact. A timm model must be
-a plain ViT (`PLAIN_VIT_PARTS`, square patches); any other is refused naming what it lacks, before a run does any work
-(`check_backbone_model`). `pretrained` (a path, an http(s):// or file:// URL, or `timm`) loads a classification
-checkpoint through `backbones.load_checkpoint`; `window_size`, `global_blocks` and `rel_pos` give ViTDet's window
-attention (backbones/window_attention.py); `frozen`, a fixed feature extractor (no gradient, no backward through
-it, eval mode throughout). docs/segmentation.md and docs/instances_and_depth.md tell the rest.
-"""
+It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps (prefix tokens dropped, no
+final norm) for an image of any size, resampled onto the stride-16 cells of the image's own extent. A timm model
+must be a plain ViT (`check_backbone_model`). `pretrained` loads a classification checkpoint
+(`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's window attention;
+`frozen`, a fixed feature extractor. docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
 from __future__ import annotations
 
 import contextlib

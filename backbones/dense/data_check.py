@@ -1,13 +1,8 @@
-"""Segmentation data checked before a run uses it, so that nothing wrong is trained on or scored in silence.
-
-Every image must decode completely (a truncated JPEG is not grey pixels), carry no EXIF orientation (images and
-masks are read as stored, while a mask drawn in an EXIF-aware tool fits the turned picture), have its annotation, of
-the same size, with one channel and only label values the data set defines (or 255, ignored). Masks that hold only 0
-and 255 are refused: 255 is the ignore index, so their foreground would be ignored, never learned, and scored as
-nothing. mmseg lists the images of a folder by one suffix: image files with another suffix would be left out without
-a word, so they are an error too. A report names the first bad files and the count; with `skip_unreadable`, images
-that do not decode are left out and counted instead.
-"""
+"""Segmentation data checked before a run uses it, so that nothing wrong is trained on or scored in silence: every
+image decodes completely, has no EXIF orientation and has its annotation, of its size, one channel, only label values
+the data set defines (or 255); masks of only 0 and 255 and images of another suffix than the one mmseg lists are
+refused. A report names the first bad files and the count; with `skip_unreadable`, images that do not decode are
+left out and counted instead."""
 from __future__ import annotations
 
 import os

@@ -1,17 +1,11 @@
 """A segmentation, detection or depth checkpoint as files for runtimes without mmseg: the logic of tools/export.py
 segmentor (`export_segmentor`; `segmentor_from` reads a folder back).
 
-The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them), `config.py`
-(the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and `export.json`
-(what a runtime needs besides the network: classes, palette, label values, the input's size and normalisation). With
-`torch_export` and `onnx`, `model.pt2` and `model.onnx`: the task's network (`DenseTask`), a segmentor's whole-image
-forward to per-class logits, a depth model's to metres, a detector whole with static shapes
-(instances/static_detection.py) or its feature pyramid alone (`pyramid_only`). H and W are fixed (the config's test
-window, or `size`, which detectors and depth models need), the batch size dynamic; with `dynamic_size` (torch.export
-only) H and W may be any whole strides. A task refuses the options it has no use for (`DenseTask.check_export_choice`)
-before any work, and each file is checked against the model's outputs (batch sizes 1 to 3, other sizes where
-dynamic) before the folder is given its name. docs/export.md gives each task's inputs, outputs and bounds.
-"""
+The folder gets `model.safetensors`, `config.py` (data and classes resolved as test_seg resolves them) and
+`export.json` (what a runtime needs besides the network); with `torch_export` and `onnx`, `model.pt2` and
+`model.onnx`, the task's network (`DenseTask.exported_network`) at a fixed H and W (any whole strides with
+`dynamic_size`) and a dynamic batch. Each file is checked against the model's outputs before the folder is given its
+name. docs/export.md gives each task's inputs, outputs and bounds."""
 from __future__ import annotations
 
 import argparse

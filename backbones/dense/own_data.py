@@ -1,17 +1,8 @@
 """A segmentation data set of the user's own: its folder layout, its classes, and a config pointed at it.
-
-The layout (docs/segmentation.md, "Your own data"):
-
-    ROOT/classes.txt                       optional: one class per line, in label order ("name" or "name R G B")
-    ROOT/images/train/NAME.jpg             ("training" also names the split; any one image suffix)
-    ROOT/masks/train/NAME.png              ("annotations" also names the masks folder)
-    ROOT/images/val/..., ROOT/masks/val/...  (or "validation"; ROOT/images/test/... is the test split when there)
-
-A mask holds one class index per pixel: 0 .. N-1 are the N classes (class 0 is a class like any other, background
-say) and 255 marks pixels that no loss or score counts. Without classes.txt the classes are counted from the masks
-(values 0 .. the largest) and named "class 0" ... . An own-data config (`own_data` in it: seg_configs/*_own_data.py)
-takes its classes, heads and schedule from the data; ADE20K's configs take only ADE20K.
-"""
+docs/segmentation.md ("Your own data") gives the layout: images/ and masks/ (or annotations/) per split, an
+optional classes.txt. A mask holds 0 .. N-1 for the N classes and 255 for pixels no loss or score counts; without
+classes.txt the classes are counted from the masks. An own-data config (`own_data` in it) takes its classes, heads
+and schedule from the data."""
 from __future__ import annotations
 
 import json

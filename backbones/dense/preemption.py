@@ -1,16 +1,9 @@
 """Segmentation training that survives preemption, as classification's does (classification/engine/fit.py).
 
-`PreemptionCheckpoints`: on SIGTERM or SIGUSR1 the current iteration finishes, a checkpoint is written (atomically:
-mmengine_io.py) and the command exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a
-checkpoint at most every M minutes, each replacing the previous timed one. `ResumableIterLoop` (`make_resumable` sets
-a config up for it) resumes to the same losses, validations, best checkpoint and weights as a run never stopped,
-whatever iteration the stop landed on: the run keeps its seed (`run_seed`, recorded in its checkpoints); the loader
-starts at the iteration resumed from without reading the batches done (restart.py's `PlacedInfiniteSampler`; under
-any other sampler the loop replays them, mmengine's way); torch's random state is saved in every checkpoint and put
-back once the loader is placed; a validating iteration's checkpoints precede its validation, which the resumed loop
-runs first; and a validation leaves training's random streams as they were. docs/segmentation.md ("Preemption") says
-why each is needed.
-"""
+`PreemptionCheckpoints`: on SIGTERM or SIGUSR1 the current iteration finishes, a checkpoint is written and the
+command exits with status 75; `--checkpoint-minutes M` writes one at most every M minutes. `ResumableIterLoop`
+(`make_resumable` sets a config up for it) resumes to the same losses, validations, best checkpoint and weights as
+a run never stopped. docs/segmentation.md ("Preemption") says what that takes."""
 from __future__ import annotations
 
 import bisect

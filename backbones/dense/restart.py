@@ -1,18 +1,10 @@
 """What a resumed run reads: the training sampler placed where the stopped run left it, each sample augmented from
-its own seed.
-
-mmengine resumes an iteration-based run by reading and dropping every batch done (2.5 million images at iteration
-150,000 of 160k x 16), the one way its `InfiniteSampler` and the augmentation's random streams (NumPy's, Python's,
-advanced by every sample a loader process read) get where they were. Here neither needs the batches:
+its own seed, so that no batch done is read again (docs/segmentation.md, "Preemption").
 
 - `PlacedInfiniteSampler` yields InfiniteSampler's indices, in its order and split over the processes as it splits
-  them, from any place of that stream (`start_at`); it yields nothing until the training loop places it, so that
-  a restart's loader processes read no batch it would drop;
+  them, from any place of that stream (`start_at`); it yields nothing until the training loop places it;
 - each index comes with the pass over the data it belongs to (`Draw`), and `SeededSamples` reads the sample with
-  the streams seeded from (run seed, pass, index), as classification's loaders seed theirs (from the sample's place
-  in the pass: `backbones.common.distributed.SamplePlace`): a sample is augmented the same whichever loader process
-  (or the training process, without workers) reads it, and whenever.
-"""
+  the streams seeded from (run seed, pass, index), as classification's loaders seed theirs."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized

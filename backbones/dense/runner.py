@@ -1,16 +1,9 @@
 """The suite's mmengine Runner: a checkpoint must fit the model, and a run resumes from its newest readable one.
 
-mmengine loads `load_from`, resume and `init_cfg` checkpoints non-strictly: weights a checkpoint lacks keep their
-random initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
-deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
-checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
-readable `iter_*.pth`, with a warning naming both. A run resumes from its own work dir's checkpoints only:
-mmengine's `last_checkpoint` holds an absolute path, which in a copied (or moved) work dir names the original's
-file; the file of that name in this work dir is taken instead (or its newest `iter_*.pth`), and the file a run
-resumes from is always logged. While it trains or tests, the suite's own log lines also go to the run's log file.
-Its data loaders' worker processes leave SIGTERM and SIGUSR1 to the training process, which writes its checkpoint
-first (`preemption.py`): a scheduler signals every process of a job.
-"""
+Any missing, unexpected or mis-shaped key of a loaded checkpoint is a CheckpointError naming them (mmengine loads
+non-strictly). Resuming falls back past unreadable checkpoints to the newest readable `iter_*.pth`, takes only its
+own work dir's files (`last_checkpoint` of a copied work dir names the original's) and logs the one it takes. The
+suite's log lines go to the run's log file; loader processes leave SIGTERM and SIGUSR1 to the training process."""
 from __future__ import annotations
 
 import ast

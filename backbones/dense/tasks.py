@@ -1,12 +1,7 @@
 """The dense tasks, found by the model a config builds: each task (`semantic/`, `instances/`, `depth/`, registered
 when the package is imported) holds what it does its own way, and the runner, config reading and tools ask it,
-never comparing task names.
-
-A task is a `DenseTask` registered with `register_task`: the model types that make it, the weights only its models
-have, its metric and the scores a test line prints, how its predictions are written and drawn, where its export
-stops, and how its config takes a small data set in the tasks' shared folder layout (the embedded pages). A model
-type no task claims is a segmentor: mmseg's own models, and the suite's, predict a class per pixel.
-"""
+never comparing task names. A task is a `DenseTask` registered with `register_task`; a model type no task claims is
+a segmentor."""
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,7 @@
 """The test-time augmentation every dense task shares: `MirroredViewsTTAModel`, mmengine's `BaseTTAModel` over one
 pipeline view per scale (the config's `tta_pipeline`), each view decoded with its mirror image in one batch when
-`flip` is on. A task's subclass merges the views' predictions its own way (`merge_preds`): the segmentors average
-their softmax, the depth models their depth, the detectors keep their instances by NMS.
-
-Each view goes back to the original image before it is merged: the model's own post-processing resamples every
-scale to the original size; a mirror image's sample is marked flipped (`flip`, `flip_direction`), which mmseg's
-segmentors and depth estimators undo themselves and a task's `merge_preds` undoes where its model does not.
-"""
+`flip` is on; a task's subclass merges the views' predictions (`merge_preds`), each already back at the original
+image's size, a mirror image's sample marked flipped (undone by `merge_preds` where the model does not undo it)."""
 from __future__ import annotations
 
 import copy

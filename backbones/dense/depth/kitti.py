@@ -1,12 +1,8 @@
 """KITTI depth as the depth papers use it (`KITTIDepthDataset`): the Eigen split read from BTS's file lists
-(`eigen_train_files_with_gt.txt`, `eigen_test_files_with_gt.txt`: one `IMAGE DEPTH FOCAL` entry a line), KITTI raw's
-images, and the sparse ground truth of Uhrig et al. (KITTI's "improved" depth: projected, accumulated LiDAR) in 16-bit
-PNGs of 1/256 m, 0 where nothing was measured; and KITTI's layout (`KittiLayout`), checked before a run and written
-from the embedded pages where KITTI is not on disk. An entry whose depth is `None` (no improved ground truth: 45 of
-the Eigen test's 697 lines) is left out, counted and named in the log; a line of another form (Monodepth2's
-`FOLDER FRAME SIDE`) is an error naming its file and line. docs/instances_and_depth.md ("KITTI depth") gives the
-layout and an example line.
-"""
+(`IMAGE DEPTH FOCAL` a line), KITTI raw's images and the improved sparse ground truth (16-bit PNGs of 1/256 m, 0
+unmeasured); an entry without ground truth is left out and counted, a line of another form is an error naming it.
+`KittiLayout` checks the layout before a run and writes the embedded pages in it. docs/instances_and_depth.md
+("KITTI depth") gives the layout."""
 from __future__ import annotations
 
 import re

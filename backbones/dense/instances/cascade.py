@@ -1,17 +1,10 @@
 """`TokenCascadeMaskRCNN`: Cascade Mask R-CNN (Cai and Vasconcelos 2018) as ViTDet runs it (detectron2's
 `CascadeROIHeads`), on `TokenMaskRCNN`'s backbone, pyramid, RPN and data handling, from torchvision's detection parts.
 
-Three box stages, each its own box head (4 convolutions and one fully connected layer, LayerNorm) and predictor with
-class-agnostic box regression (4 deltas), matching regions to the ground truth at IoU 0.5, 0.6 and 0.7 and encoding
-their boxes with the weights (10, 10, 5, 5), (20, 20, 10, 10) and (30, 30, 15, 15): each stage refines the boxes of
-the one before. Training: stage 1 samples from the RPN's proposals plus the ground truth, every later stage from the
-previous stage's refined boxes (detached, clipped to the image, empty ones left out) plus the ground truth, each with
-its own sampler; the losses of every stage are summed, and the gradient entering each stage's head is scaled by 1 /
-the number of stages (as detectron2 does, so that the pyramid's gradient from the three heads adds up to one head's).
-The mask head trains on the last stage's positive regions. Test: each stage classifies the previous stage's boxes;
-the scores are the mean of the stages' class probabilities, the boxes the last stage's; then torchvision's score
-threshold, class-wise NMS and top detections (`roi_heads`' settings), and the masks on those boxes.
-"""
+Three box stages at IoU 0.5, 0.6 and 0.7 (box weights (10, 10, 5, 5), (20, 20, 10, 10), (30, 30, 15, 15)), each
+refining the boxes of the one before with its own head, class-agnostic regression and sampler; each stage's head
+gradient is scaled by 1 / the number of stages, as detectron2 does. The mask head trains on the last stage's
+positives. At test the scores are the mean of the stages' class probabilities, the boxes the last stage's."""
 from __future__ import annotations
 
 from collections.abc import Sequence

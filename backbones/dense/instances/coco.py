@@ -1,13 +1,9 @@
-"""COCO-format instance data: the annotation file read and checked, and `CocoInstances`, the data set over it.
+"""COCO-format instance data: the annotation file read and checked, `CocoInstances`, the data set over it, and COCO's
+and an own set's layouts (`CocoLayout`).
 
-A file is COCO's `instances_*.json`: `images` (id, file_name, width, height), `categories` (id, name) and
-`annotations` (id, image_id, category_id, bbox as x, y, width, height, segmentation as polygons or RLE; `iscrowd`
-and `area` are filled in where absent: not crowd, the mask's area). Ids are whole numbers, each used once. Any
-category ids work: the categories, sorted by id, become labels 0 .. N-1, and the data set's metainfo records both
-(`classes`, `cat_ids`), so mmengine writes them into every checkpoint. Anything that would train or score wrongly
-is a one-line DataError naming the file: an annotation of an undeclared category or image, a box or a mask outside
-its image, a mask of another size than its image. Here too: COCO's and an own set's layouts (`CocoLayout`).
-"""
+Any category ids work: sorted by id, the categories become labels 0 .. N-1, and the data set's metainfo records both
+(`classes`, `cat_ids`), which mmengine writes into every checkpoint. Anything that would train or score wrongly is a
+one-line DataError naming the file. docs/instances_and_depth.md gives the format."""
 from __future__ import annotations
 
 import contextlib

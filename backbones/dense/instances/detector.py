@@ -2,14 +2,8 @@
 ViTDet's simple feature pyramid, as an mmengine model (its `loss`, `predict` and `tensor` modes), so that the
 segmentation runner trains and tests it with the same hooks, resume, layer-wise lr decay, DDP and AMP.
 
-The heads follow ViTDet: an RPN with two 3x3 convolutions over anchors of 32 .. 512 px (one size per level, three
-aspect ratios), RoIAlign from strides 4 .. 32, a box head of four 3x3 convolutions and one fully connected layer, a
-mask head of four convolutions, LayerNorm in both; with `aligned_roi` (the configs' default), RoIAlign samples at
-pixel centres as detectron2's ROIAlignV2. `rpn` and `roi_heads` take torchvision's
-`RegionProposalNetwork` and `RoIHeads` arguments (e.g. `roi_heads=dict(batch_size_per_image=512)`). Images come
-from the data preprocessor padded into one batch; each keeps its own size (`img_shape`), and predictions go back to
-the original image (`ori_shape`): boxes divided by the test resize's `scale_factor`, masks pasted at that size.
-"""
+The heads follow ViTDet (docs/instances_and_depth.md); `rpn` and `roi_heads` take torchvision's
+`RegionProposalNetwork` and `RoIHeads` arguments. Predictions go back to the original image (`ori_shape`)."""
 from __future__ import annotations
 
 import math

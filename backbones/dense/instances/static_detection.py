@@ -5,13 +5,9 @@ the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probab
 outside the image); the K = `top_k` best detections by score (default: the RoI heads' `detections_per_img`), padded
 with zero boxes, scores and masks.
 
-It is the detector's own inference, from its own parts, in pieces (`proposals`, `box_stage`, which a cascade replaces,
-`detections`, `masks`), with every number of boxes fixed: where torchvision's keeps a number that depends on the image
-this one keeps every candidate with a flag, and NMS (torchvision's `nms`, which torch.export traces and torch's ONNX
-exporter writes as `NonMaxSuppression`) has its kept indices made a flag at once. It equals the model's `predict` of
-each image up to float rounding, within its own bounds: NMS per class over the `candidates` best class candidates
-(`CANDIDATES`). docs/export.md ("Detectors whole") says how and why.
-"""
+It is the detector's own inference in pieces (`proposals`, `box_stage`, which a cascade replaces, `detections`,
+`masks`), every number of boxes fixed, and equals the model's `predict` up to float rounding within its bounds
+(`CANDIDATES`). docs/export.md ("Detectors whole") says how and why."""
 from __future__ import annotations
 
 import torch
