@@ -24,11 +24,8 @@ DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key 
 
 
 class ScaledResidualBlock(nn.Module):
-    """Pre-norm transformer block whose residual branches are divided by `skip_lam`.
-
-    With `skip_lam=1` this is the plain ViT block (T2T-ViT); LV-ViT uses 2 or 3 ("residual scaling").
-    Attention is timm's, which runs on `scaled_dot_product_attention`.
-    """
+    """Pre-norm transformer block whose residual branches are divided by `skip_lam` (1: the plain ViT block; LV-ViT's
+    "residual scaling" takes 2 or 3)."""
 
     def __init__(
             self,
@@ -91,17 +88,12 @@ def tokens_with_positions(
 
 class TokenModelMixin:
     """`forward`, `forward_features` and timm's `forward_intermediates` contract for a token model, scriptable
-    (TorchScript) and traceable (torch.fx, with timm's leaf functions).
+    (TorchScript) and traceable (torch.fx). A model provides `_embed_tokens(x) -> (tokens, (H, W))`, the patch tokens
+    LAST, `blocks` (an nn.Sequential), `norm`, optionally `_finish_tokens`; its `__init__` calls `_init_token_model`.
 
-    A model provides `_embed_tokens(x) -> (tokens, (H, W))` where the patch tokens are the LAST H*W tokens,
-    `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks. Its `__init__`
-    calls `_init_token_model`.
-
-    DeiT's distillation token, where a family offers it (`distilled=True`: T2T-ViT, CaiT, LV-ViT), sits right after
-    the class token (`dist_token`, with its own slot in the position table where the class token has one) and feeds
-    its own head (`head_dist`): the names of DeiT's checkpoints. In training, after `set_distilled_training()`, the head
-    returns (class logits, distillation logits), otherwise their mean (DeiT's inference rule).
-    """
+    DeiT's distillation token (`distilled=True`) sits right after the class token (`dist_token`) and feeds its own
+    head (`head_dist`), DeiT's names. In training, after `set_distilled_training()`, the heads return (class logits,
+    distillation logits), otherwise their mean (DeiT's inference rule)."""
 
     __jit_unused_properties__ = ['distilled']
 
@@ -220,11 +212,9 @@ class TokenModelMixin:
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped.
-
-        Returns the intermediates as (B, D, H, W) maps (`output_fmt='NCHW'`) or (B, H*W, D) ('NLC');
-        with `intermediates_only=False` also the final normalised features, as timm does.
-        """
+        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped, as (B, D, H, W) maps
+        ('NCHW') or (B, H*W, D) ('NLC'); with `intermediates_only=False` also the final normalised features, as timm
+        does."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)

@@ -66,12 +66,9 @@ def _random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class PerformerLayer(nn.Module):
-    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features.
-
-    Width changes from `dim` to `token_dim`, so the skip adds v, not the input. The feature map and the
-    normalisation run in fp32 even under autocast: exp() of large logits and a tiny denominator are the
-    source of the published fp16 NaNs.
-    """
+    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features. The width
+    changes from `dim` to `token_dim`, so the skip adds v; the feature map and normalisation run in fp32 under
+    autocast (the published fp16 NaNs came from them)."""
 
     def __init__(self, dim: int, token_dim: int = 64, kernel_ratio: float = 0.5, eps: float = 1e-8) -> None:
         super().__init__()

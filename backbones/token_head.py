@@ -33,10 +33,8 @@ class TokenLabelingOutput(NamedTuple):
 
 
 def sample_mix_box(grid: Grid, alpha: float = 1.0) -> Box:
-    """CutMix box on the token grid: area fraction (1 - lambda), lambda ~ Beta(alpha, alpha), clipped at borders.
-
-    Uses torch's global RNG so that seeding and checkpointed RNG state make it reproducible.
-    """
+    """CutMix box on the token grid: area fraction (1 - lambda), lambda ~ Beta(alpha, alpha), clipped at borders; from
+    torch's global generator, so that seeding and checkpointed random state reproduce it."""
     H, W = grid
     lam = torch.distributions.Beta(alpha, alpha).sample().item()
     cut = (1.0 - lam) ** 0.5
@@ -110,10 +108,7 @@ def has_token_head(model: nn.Module) -> bool:
 
 
 def add_token_head(model: nn.Module) -> nn.Module:
-    """Give `model` a token head (`aux_head`: one linear classifier shared by all patch tokens) if it has none.
-
-    The checkpoint loader treats `aux_head` as a classifier of every model (dropped when the class count changes).
-    """
+    """Give `model` a token head (`aux_head`: one linear classifier shared by all patch tokens) if it has none."""
     if not has_token_head(model):
         model.aux_head = nn.Linear(model.num_features, model.num_classes)
         trunc_normal_(model.aux_head.weight, std=0.02)
@@ -214,10 +209,8 @@ def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) ->
 
 
 class TokenLabelingModel(nn.Module):
-    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions.
-
-    A module (not a function) so that DistributedDataParallel sees the whole forward.
-    """
+    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions (a module, so
+    that DistributedDataParallel sees the whole forward)."""
 
     def __init__(self, model: nn.Module, mix_token: float = 1.0) -> None:
         super().__init__()

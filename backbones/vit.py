@@ -1,10 +1,7 @@
 """ViT (Dosovitskiy et al., 2021) and DeiT (Touvron et al., 2021): timm's VisionTransformer, names and weights.
 
-timm implements these models with the official key layout. The suite counts timm's ViT-B/16, ViT-L/16 and DeiT-S
-among its models without registering them again, and registers only the ViT-S/16 that the T2T-ViT paper compares
-with (timm < 0.4's `vit_small_patch16_224`, a name timm now gives a DeiT-S sized model). `backbones.create_model`
-builds every one with timm's `dynamic_img_size=True`: inputs of any size, position embeddings resampled per forward.
-"""
+Only the ViT-S/16 the T2T-ViT paper compares with (timm < 0.4's `vit_small_patch16_224`) is registered here;
+`backbones.create_model` builds every ViT with timm's `dynamic_img_size=True` (inputs of any size)."""
 from __future__ import annotations
 
 import timm

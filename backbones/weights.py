@@ -203,15 +203,10 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
 def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool | None = None, strict: bool = True,
                     allow_unexpected: bool = False, new_head: bool = False,
                     own_init: tuple[str, ...] = ()) -> LoadReport:
-    """Load a checkpoint file into `model`; see the module docstring for the formats understood.
-
-    With `strict` (the default) any missing, unexpected or mis-shaped key raises a CheckpointError naming them
-    and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
-    `allow_unexpected` accepts (and reports) keys the model lacks: a backbone pruned of its head and last blocks.
-    `new_head` keeps the model's own (freshly initialised) classifiers, whatever the file's class count.
-    `own_init`: key endings of parameters the model initialises itself where the file lacks them (the window
-    attention's relative-position tables, which a classifier's checkpoint does not have).
-    """
+    """Load a checkpoint file into `model` (the module docstring lists the formats). With `strict` a key that does not
+    fit raises a CheckpointError and leaves the model untouched; otherwise the fitting keys are loaded and the rest
+    reported. `allow_unexpected` accepts keys the model lacks (a pruned backbone); `new_head` keeps the model's own
+    classifiers; `own_init`: key endings of parameters the model initialises itself where the file lacks them."""
     report = LoadReport(str(path))
     own = model.state_dict()
     state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)

@@ -53,14 +53,9 @@ class WindowAttention(nn.Module):
     """A block's attention within windows (or over the whole grid, `window_size=None`), with decomposed relative
     positions where `rel_pos_side` is given (the side the tables are sized for: the window's, or the model's grid).
 
-    The patch tokens of a window attend to the tokens of their window and to the prefix tokens (class, distillation,
-    register tokens); the prefix tokens attend to every token (their row of global attention). So a window covering
-    the whole grid without relative positions is global attention exactly. Relative positions apply between patch
-    tokens only.
-
-    A grid that is not a multiple of the window is padded, and the padded keys are masked out, so the outputs do not
-    depend on the padding. This departs from ViTDet, whose windows attend to the zero-padded tokens too.
-    """
+    A window's patch tokens attend to their window and to the prefix tokens, which attend to every token: a window
+    covering the whole grid without relative positions is global attention exactly. A grid that is not a multiple of
+    the window is padded and the padded keys masked out (ViTDet attends to them)."""
 
     def __init__(self, attn: nn.Module, window_size: int | None, rel_pos_side: int | None,
                  num_prefix_tokens: int) -> None:

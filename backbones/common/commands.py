@@ -1,10 +1,6 @@
-"""How every command runs (`run_command`): the suite's errors (`SuiteError`) print as one line (`error: ...`) with exit
-status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a command
-asked for what is done already (`AlreadyDone`) says so in one line and exits with status 0; a run stopped on request
-(`Interrupted`) exits with status 75; the log goes to standard output. `--debug` on the command line, or SUITE_DEBUG=1
-in the environment, shows the traceback instead. Errors that are not the suite's (a bug, a
-library failure) keep their traceback.
-"""
+"""How every command runs (`run_command`): the suite's errors (`SuiteError`) and storage faults (`STORAGE_ERRORS`)
+print as one line with exit status 2; `AlreadyDone` says so and exits with 0; `Interrupted` exits with 75; the log
+goes to standard output. `--debug`, or SUITE_DEBUG=1, shows the traceback instead; other errors keep theirs."""
 from __future__ import annotations
 
 import errno

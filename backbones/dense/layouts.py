@@ -1,12 +1,8 @@
 """Every dense data set's folder layout and label scheme (ADE20K, COCO, NYU-v2, own data, Cityscapes, KITTI, ...),
-each found by the mmseg data-set type a config reads it with: its configs' folder, what the suite checks of such a
-set on disk before a run (a one-line error naming what is missing and the converter that makes it), and how a small
-data set in the tasks' shared layout (the embedded pages, `SmallDenseData`, standing in where the folder is absent)
-is read as it is or written in the set's own layout (`WrittenLayout`: its own reader, file names and ids).
-
-A layout is a class registered by `register_layout` in its task folder's module (or a module of one's own, in a
-config's custom_imports); code elsewhere asks `layout_of(dataset)`, never comparing data-set types or folders.
-"""
+each found by the mmseg data-set type a config reads it with: its configs' folder, what is checked on disk before a
+run, and how the tasks' small data set (`SmallDenseData`) is read as it is or written in the set's own layout
+(`WrittenLayout`). A layout is a class registered by `register_layout`; code elsewhere asks `layout_of(dataset)`,
+never comparing data-set types or folders."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

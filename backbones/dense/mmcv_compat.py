@@ -1,16 +1,9 @@
-"""Let mmsegmentation 1.2.2 import on mmcv-lite, the pure-Python build of mmcv.
+"""Let mmsegmentation 1.2.2 import on mmcv-lite, the pure-Python build of mmcv (docs/setup.md).
 
-mmseg 1.2.2 imports two compiled ops from `mmcv.ops` at import time without a guard (`point_sample` in
-`mmseg/utils/mask_classification.py`, `models/utils/point_sample.py` and `san_head.py`; `sigmoid_focal_loss` in
-`models/losses/focal_loss.py`), so `import mmseg.models` fails on mmcv-lite with
-`No module named 'mmcv._ext'`. FCN and UperNet need no compiled op.
-
-`ensure_mmseg_importable()` acts only when mmcv's compiled extension is missing: it registers a small stand-in
-`mmcv.ops` that offers those two functions in plain PyTorch (mmcv's own pure `point_sample`, and a sigmoid focal
-loss with the compiled op's semantics). Asking it for any other op raises ModuleNotFoundError naming the op,
-which is what mmseg's guarded imports (`CrissCrossAttention`, `PSAMask`, ...) already handle. With full mmcv
-installed it changes nothing. Import it before `mmseg.models`: the suite's segmentation code does.
-"""
+mmseg 1.2.2 imports two compiled ops from `mmcv.ops` at import time without a guard (`point_sample`,
+`sigmoid_focal_loss`). `ensure_mmseg_importable()`, only where mmcv's compiled extension is missing, registers a
+stand-in `mmcv.ops` with those two in plain PyTorch; asking it for any other op raises ModuleNotFoundError naming the
+op, which mmseg's guarded imports handle. Import it before `mmseg.models`: the suite's segmentation code does."""
 from __future__ import annotations
 
 import importlib

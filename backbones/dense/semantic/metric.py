@@ -146,13 +146,18 @@ class IoUReport(IoUMetric):
         return {key: report[key] for key in sorted(means, key=lambda key: MMSEG_ORDER.get(key, len(MMSEG_ORDER)))}
 
 
+def read_json_report(path: str | Path):
+    """A test_seg.py report's JSON, unchecked; a file that does not read as JSON is a DataError naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f'{path}: not a readable test_seg.py report ({type(e).__name__}: {e})') from e
+
+
 def read_report(path: str | Path, classes: Sequence[str]) -> dict:
     """A report `IoUReport` wrote (tools/test_seg.py --out) for a data set of `classes`; a file that is no such report
     (damaged, another kind of JSON, or for other classes) is a DataError naming it."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path}: not a readable test_seg.py report ({type(e).__name__}: {e})') from e
+    report = read_json_report(path)
     keys = ('mIoU', 'aAcc', 'mAcc', 'per_class')
     if not isinstance(report, dict) or not all(k in report for k in keys) or not isinstance(report['per_class'], dict):
         raise DataError(f'{path}: not a test_seg.py report (it needs {", ".join(keys)}); write one with '
@@ -167,10 +172,7 @@ def read_report(path: str | Path, classes: Sequence[str]) -> dict:
 def read_confusion(path: str | Path) -> tuple[list[str], np.ndarray]:
     """The classes and the confusion matrix's pixel counts (row: ground truth, column: prediction) of a test_seg.py
     report; a file that is no report, or one without a matrix of its classes, is a DataError naming it."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path}: not a readable test_seg.py report ({type(e).__name__}: {e})') from e
+    report = read_json_report(path)
     classes = list(report.get('per_class') or {}) if isinstance(report, dict) else []
     counts = (report.get('confusion') or {}).get('counts') if classes else None
     try:
