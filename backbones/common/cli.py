@@ -27,9 +27,8 @@ E = TypeVar('E', bound='EmbeddedData')
 
 
 class EmbeddedData(Protocol):
-    """Data a tool hands its trainer for runs given no data set (the tools give their embedded set): a description
-    for --help, its own options (where it lives), and the instance those options make. Each task refines it with
-    what it needs: `classification.loaders.EmbeddedImageData`, `backbones.dense.run_data.EmbeddedSegData`."""
+    """Data a tool hands its trainer for runs given no data set: a description for --help, its own options, and the
+    instance those options make; each task refines it (`EmbeddedImageData`, `EmbeddedSegData`)."""
 
     description: ClassVar[str]
 
@@ -41,9 +40,8 @@ class EmbeddedData(Protocol):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The usage text as written (its examples keep their lines), and an option's default after its help where there
-    is one to show: not for a required option, a flag, an option whose default is None or an empty list, or a help
-    that names its default itself."""
+    """The usage text as written, and an option's default after its help where there is one worth showing (not for a
+    required option, a flag, a None or empty default, or a help naming its default)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:  # the hook ArgumentDefaultsHelpFormatter overrides
         text = action.help or ''
@@ -64,10 +62,9 @@ class CommandParser(argparse.ArgumentParser):
         self.foreign_flags: dict[str, str] = {}
 
     def add_foreign_flags(self, origin: str, equivalents: Mapping[str, str | None]) -> None:
-        """Flags of another program that users type out of habit (`origin`, e.g. "mmseg's tools/test.py"), each
-        with what this command takes instead, in words (None: nothing). Given one, the command stops with one line
-        naming the flag, its origin and the equivalent, before any other check of the command line. A flag the
-        parser takes itself is its own, so one table may serve several commands. Call it again for another origin."""
+        """Flags of another program (`origin`, e.g. "mmseg's tools/test.py") that users type out of habit, each with
+        what this command takes instead (None: nothing): given one, the command stops with one line naming them,
+        before any other check. A flag the parser takes itself is its own, so one table may serve several commands."""
         for flag, equivalent in equivalents.items():
             instead = f'use {equivalent}' if equivalent else 'it has no equivalent here'
             self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'
@@ -89,10 +86,8 @@ class CommandParser(argparse.ArgumentParser):
 
 
     def refuse_names_at_odds(self, args: list[str]) -> None:
-        """Two names of one setting in `args` with different values (an option and its alias, `--aa X
-        --auto-augment Y`; a flag and its `--no-` form) are a UsageError naming both: argparse would keep the last
-        silently. The same value under both names passes, and so does one name given twice (a later one overrides,
-        as argparse has it)."""
+        """Two names of one setting in `args` with different values (an option and its alias; a flag and its `--no-`
+        form) are a UsageError naming both, where argparse would keep the last silently; one name given twice passes."""
         actions = self._option_string_actions
         typed = [flag for flag in typed_flags(args) if flag in actions]
         for dest in dict.fromkeys(actions[flag].dest for flag in typed):
@@ -236,9 +231,8 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (the EMA
-    when its run kept one, as timm's loaders take it), `--use-ema` its EMA copy, `--trained-weights` the trained
-    weights (`backbones.weights.read_state_dict`)."""
+    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (its EMA
+    where kept), `--use-ema` its EMA copy, `--trained-weights` the trained weights."""
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--use-ema', dest='use_ema', action='store_const', const=True, default=None,
                          help='the EMA weights of a training checkpoint (default: its model, which is the EMA when '

@@ -90,9 +90,8 @@ def pooled_batch_norms(model: nn.Module) -> list[str]:
 
 
 def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option: str) -> None:
-    """A UsageError naming `option` where a training batch of one image meets a BatchNorm of a pooled map: it sees
-    one value per channel, which it cannot normalise (torch's ValueError in the first iteration, after everything
-    else); SyncBN over several processes sees one per process, and trains."""
+    """A UsageError naming `option` where a training batch of one image meets a BatchNorm of a pooled map, which cannot
+    normalise one value per channel (torch fails in the first iteration); SyncBN over several processes trains."""
     if batch_size > 1:
         return
     unsynced = [name for name in pooled_batch_norms(model)
@@ -113,9 +112,8 @@ def check_training_batch(cfg, processes: int) -> None:
 
 
 def checkpoint_meta(filename: str) -> dict:
-    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
-    {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
-    on disk."""
+    """The `meta` mmengine writes into its checkpoints (the config, `dataset_meta`, the seed), or {}; read memory-mapped
+    where the file allows, the tensors staying on disk."""
     checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
                                    mmap=zipfile.is_zipfile(filename))
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
@@ -130,9 +128,8 @@ def trained_data(filename: str) -> dict | None:
 
 
 def recorded_config(filename: str) -> dict:
-    """The config a checkpoint's run trained with, from the text mmengine writes into its meta (`cfg`), read without
-    running it: each assignment of literals, lists, tuples and `dict(...)` (an assignment of anything else is left
-    out); {} where there is no such text."""
+    """The config a checkpoint's run trained with, from its meta's text (`cfg`), read without running it: each
+    assignment of literals, lists, tuples and `dict(...)`; {} where there is no such text."""
     text = checkpoint_meta(filename).get('cfg')
     try:
         body = ast.parse(text).body if isinstance(text, str) else []
@@ -217,10 +214,9 @@ TRACKER_BACKENDS = {
 
 
 class SuiteRunner(Runner):
-    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
-    leaves out mmengine's notices that ask nothing of the user (`notices`). Its experiment trackers start their runs
-    when it is built; one that cannot is a TrackerError, and the run leaves nothing behind (the log folder mmengine
-    made before, nor the work dir where the run made it)."""
+    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable checkpoint and a log without
+    mmengine's notices that ask nothing of the user. An experiment tracker that cannot start its run is a
+    TrackerError, and the run leaves nothing behind."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
         additions = FolderAdditions(work_dir)
@@ -268,9 +264,8 @@ class SuiteRunner(Runner):
             self.end_loader_workers()
 
     def end_loader_workers(self) -> None:
-        """Ends the worker processes of the loops' data loaders now. torch ends them when their iterator goes, but
-        the runner keeps its loops (and a persistent loader its iterator) to the exit, where Python's multiprocessing
-        stops them with SIGTERM, which they ignore (`start_worker`), and waits for them: for ever."""
+        """Ends the loops' loader worker processes now: kept to the exit, they would be stopped with SIGTERM, which they
+        ignore (`start_worker`), and waited for, for ever."""
         for loop in (self._train_loop, self._val_loop, self._test_loop):
             if not isinstance(loop, BaseLoop):  # a loop not built (its config)
                 continue
@@ -283,9 +278,8 @@ class SuiteRunner(Runner):
     @staticmethod
     def build_dataloader(dataloader: DataLoader | dict, seed: int | None = None,
                          diff_rank_seed: bool = False) -> DataLoader:
-        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process (signalled
-        with the job, they died before the checkpoint was written: a traceback, exit status 1). Under a
-        `PlacedInfiniteSampler` its dataset reads each sample with the streams seeded from (`seed`, pass, index)."""
+        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process; under a
+        `PlacedInfiniteSampler` each sample is read with the streams seeded from (`seed`, pass, index)."""
         if isinstance(dataloader, dict) and places_samples(dataloader):
             dataloader = {**dataloader, 'dataset': SeededSamples(built_dataset(dataloader['dataset']), seed)}
         loader = Runner.build_dataloader(dataloader, seed=seed, diff_rank_seed=diff_rank_seed)
@@ -318,9 +312,8 @@ class SuiteRunner(Runner):
         return misfit(checkpoint_state(filename), model.state_dict())
 
     def _init_model_weights(self) -> None:
-        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (the segmentor's, a
-        head's: mmengine loads them non-strictly) holds every weight of its module and nothing else. The backbone
-        loads its own, strictly (`TokenBackbone.init_weights`)."""
+        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (loaded non-strictly by
+        mmengine) holds every weight of its module and nothing else; the backbone loads its own, strictly."""
         model = self.model.module if hasattr(self.model, 'module') else self.model
         for name, module in model.named_modules():
             if isinstance(module, TokenBackbone):

@@ -54,9 +54,8 @@ class PredictionRequest:
 
 @dataclass(frozen=True)
 class ExportChoice:
-    """What tools/export.py segmentor's options ask of a task's exported network: a detector's number of detections
-    (`top_k`, None for its default) or its feature pyramid alone (`pyramid_only`), and any input size
-    (`dynamic_size`, which the tool checks itself)."""
+    """What tools/export.py segmentor's options ask of a task's exported network: a detector's `top_k` (None: its
+    default) or `pyramid_only`, and `dynamic_size` (which the tool checks itself)."""
 
     top_k: int | None = None
     pyramid_only: bool = False
@@ -79,11 +78,9 @@ def no_other_inputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 @dataclass(frozen=True)
 class ExportedNetwork:
-    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names,
-    and export.json's facts about what it returns (at least `output`, in words). A network that takes more than the
-    images names its inputs (`input_names`, the images first) and makes examples of the others for a batch of images
-    (`other_inputs`, each with a dynamic batch); one that runs at any size from some side on only gives it
-    (`least_side`, pixels)."""
+    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names and
+    export.json's facts (at least `output`); a network taking more than the images names its inputs (`input_names`,
+    images first) and makes examples of the others (`other_inputs`); `least_side`: the smallest side it runs at."""
 
     network: nn.Module
     output_names: str | list[str]
@@ -138,9 +135,8 @@ class DenseTask(ABC):
 
     @abstractmethod
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
-        """What its training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`:
-        the image and a plausible ground truth (the steps after them, and the model's step, cost what they would on
-        the data set's images)."""
+        """What the training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`: the
+        image and a plausible ground truth."""
 
     @abstractmethod
     def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
@@ -198,9 +194,8 @@ class DenseTask(ABC):
 
     @abstractmethod
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
-        """The network an export holds, as `choice` asks (checked by `check_export_choice`): normalised images
-        (B, 3, H, W) in, its outputs out, with their ONNX names and export.json's facts (at least `output`, as
-        `export_output` says)."""
+        """The network an export holds, as `choice` asks (checked by `check_export_choice`), its outputs as
+        `export_output` says."""
 
     # ---- refusals
 
@@ -222,9 +217,8 @@ SMALL_DATA_SPLITS = {'train_dataloader': 'training', 'val_dataloader': 'validati
 
 
 def small_datasets(cfg: Config, data: SmallDenseData, shared: DataLayout) -> Iterator[dict]:
-    """Each loader's data set pointed at the split of `data` it takes as its layout reads it (`shared`, the shared
-    layout as it is, for a type no layout claims); its pipeline's training rescaling set to `data.ratio_range`, and
-    its flips off unless `data.mirrored` (the task then fits the pipeline's sizes)."""
+    """Each loader's data set pointed at the split of `data` it takes, as its layout reads it (`shared` for a type no
+    layout claims), its training rescaling set to `data.ratio_range` and its flips off unless `data.mirrored`."""
     for loader, split in SMALL_DATA_SPLITS.items():
         if not cfg.get(loader):
             continue
@@ -286,9 +280,8 @@ def tasks() -> list[DenseTask]:
 
 
 class HeadAtInputSize(nn.Module):
-    """A dense model's whole-image forward on normalised RGB images, its decode head's output resampled to the
-    input's size (mmseg's `encode_decode` without its image metas): a segmentor's per-class logits, a depth model's
-    metres."""
+    """A dense model's whole-image forward on normalised RGB images (mmseg's `encode_decode` without image metas), the
+    decode head's output resampled to the input's size: a segmentor's per-class logits, a depth model's metres."""
 
     def __init__(self, model: nn.Module, align_corners: bool) -> None:
         super().__init__()
