@@ -33,8 +33,7 @@ PLAIN_VITS = 'vit_small_patch14_reg4_dinov2, deit3_small_patch16_224, eva02_smal
 
 def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple[int, int] | None = None
                    ) -> torch.Tensor:
-    """Resample the top-left `extent` (fractions of height, width) of (B, C, h, w) maps onto `cells` (default:
-    h x w) cells."""
+    """The top-left `extent` (fractions of height, width) of (B, C, h, w) maps resampled onto `cells` (or h x w)."""
     fy, fx = extent
     size = [*maps.shape[:2], *(cells or maps.shape[2:])]
     if fy == 1 and fx == 1 and size == list(maps.shape):
@@ -46,8 +45,8 @@ def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple
 
 
 def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwargs: dict) -> nn.Module:
-    """The classifier a dense backbone wraps, without classifier: a suite model, or a plain timm ViT taking any input
-    size where it can (timm's `dynamic_img_size`)."""
+    """The classifier a dense backbone wraps, headless: a suite model, or a timm ViT with `dynamic_img_size` where it
+    can."""
     kwargs = dict(img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs)
     if model_family(model_name) is not None:
         return create_model(model_name, **kwargs)
@@ -72,8 +71,7 @@ def not_a_plain_vit(model_name: str, why: str) -> UsageError:
 
 
 def check_backbone_model(backbone: dict) -> None:
-    """A config's TokenBackbone built on the meta device (no memory, no weights loaded): a model the backbone cannot
-    take, or blocks, windows or relative positions it cannot give, are refused before a run does any work."""
+    """A config's TokenBackbone built on the meta device: what it cannot take or give is refused before any work."""
     if backbone.get('type') not in ('TokenBackbone', *FORMER_NAMES):
         return
     try:
@@ -88,8 +86,7 @@ def check_backbone_model(backbone: dict) -> None:
 
 
 def check_frozen_backbone(cfg: dict) -> None:
-    """A frozen backbone that the config's optimizer would still give a learning rate: refused, naming the setting
-    (it would say the backbone learns)."""
+    """A frozen backbone the config's optimizer would still give a learning rate is refused, naming the setting."""
     if not cfg['model'].get('backbone', {}).get('frozen'):
         return
     wrapper = cfg.get('optim_wrapper') or {}
@@ -114,15 +111,13 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
 
 
 def token_stride(model: nn.Module, img_size: int) -> int:
-    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says (the
-    suite's convolutional stems)."""
+    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says."""
     patch = getattr(model.patch_embed, 'patch_size', None)
     return int(patch[0]) if patch else img_size // model.patch_embed.grid_size[0]
 
 
 def fixed_grid(model: nn.Module) -> bool:
-    """Whether the model reads one input size only (its `img_size`): a timm model whose patch embedding insists on
-    its size (built without `dynamic_img_size`)."""
+    """Whether the model reads its `img_size` only (a timm model built without `dynamic_img_size`)."""
     return bool(getattr(model.patch_embed, 'strict_img_size', False))
 
 
@@ -197,8 +192,7 @@ class TokenBackbone(BaseModule):
         self._is_init = True
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
-        """A segmentor checkpoint's position table resampled to this backbone's grid (another crop size, or the
-        reference's released segmentors)."""
+        """A segmentor checkpoint's position table resampled to this backbone's grid."""
         key = f'{prefix}model.pos_embed'
         own = getattr(self.model, 'pos_embed', None)
         if key in state_dict and own is not None and state_dict[key].shape != own.shape:
@@ -216,8 +210,7 @@ class TokenBackbone(BaseModule):
         return self.img_size, self.img_size
 
     def fixed_size_reason(self) -> str | None:
-        """Why a program traced at one input size cannot take others (torch.export fixes what the traced size
-        decides), or None where it can."""
+        """Why a program traced at one input size cannot take others, or None where it can."""
         if self.img_size is not None:
             return f'{self.model_name} reads one input size, its img_size {self.img_size}'
         if self.patch_size != self.stride:

@@ -118,8 +118,7 @@ def check_option(cfg: Config, options: dict, key: str) -> None:
 
 
 def check_new_key(node: dict, where: list[str], part: str, key: str, options: dict) -> None:
-    """A key the option adds to the dict at `where`: one its builder takes; in a collection of built dicts, a new
-    one with its `type`."""
+    """A key the option adds at `where`: one its builder takes; in a collection of built dicts, one with its `type`."""
     accepted, what = accepted_keys(node, where)
     if accepted is not None and part not in accepted:
         raise UsageError(f'--cfg-options {key}: {what} takes no {part!r}{nearest(part, accepted | set(node))}')

@@ -167,8 +167,7 @@ def check_labels_used(dataset, values: set[int]) -> None:
 
 
 def image_check(img_path: str, size: tuple[int, int], said: str = 'its annotation says') -> Problem | None:
-    """What is wrong with an image its annotation (`said`: which, in words) says is `size` (width, height), or
-    None."""
+    """What is wrong with an image its annotation (`said`) says is `size` (width, height), or None."""
     if not Path(img_path).is_file():
         return Problem(f'{img_path}: image file not found')
     try:
@@ -216,8 +215,7 @@ def checked_pairs(data_list: list[dict], num_classes: int, task: EntryChecks) ->
 
 def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
-    """Check the files of a dataset config of `task`; returns the indices to use and the images left out as
-    unreadable."""
+    """Check the files of a dataset config of `task`; returns the indices to use and the unreadable images left out."""
     if (layout := layout_of(dataset_cfg)) is not None:
         layout.check(dataset_cfg)
     # unserialised: mmengine's serialisation fails on an empty list with a traceback

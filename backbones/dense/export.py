@@ -80,8 +80,7 @@ def checked_images(size: tuple[int, int], stride: int, dynamic_size: bool, least
 
 
 def check_dynamic_size(backbone: nn.Module) -> None:
-    """--dynamic-size refused in one line for a backbone whose traced program would hold at its traced size only
-    (the export's check at other sizes found it only after the work)."""
+    """--dynamic-size refused at once for a backbone whose traced program would hold at its traced size only."""
     reason = backbone.fixed_size_reason() if isinstance(backbone, TokenBackbone) else None
     if reason:
         raise UsageError(f'--dynamic-size: {reason}; export it at a fixed size (--size H W)')

@@ -36,8 +36,7 @@ class SmallDenseData:
 
 
 class DataLayout(ABC):
-    """One data set's layout. Class attributes say what it is; methods check it and point a config at small data in
-    it."""
+    """One data set's layout: class attributes say what it is; methods check it and point a config at small data."""
 
     title: ClassVar[str]  # in words: 'Cityscapes'
     dataset_types: ClassVar[tuple[str, ...]]  # the mmseg data-set types (registry names) that read it
@@ -60,8 +59,7 @@ class WrittenLayout(DataLayout):
 
     @abstractmethod
     def write_small(self, data: SmallDenseData, root: Path) -> None:
-        """Write `data` (the shared layout) under `root` in this layout and id scheme; nothing if written already
-        (a READY mark of this version)."""
+        """Write `data` under `root` in this layout and id scheme; nothing if written already (a READY mark)."""
 
     def small_root(self, data: SmallDenseData) -> Path:
         """Where `data` is written in this layout: beside it, in a folder named for the layout."""

@@ -45,8 +45,7 @@ def plain_values(value: object) -> object:
 
 
 def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:
-    """mmengine's local-file loader, weights-only with mmengine's own types allowed; a release of the reference's
-    segmentation code comes back in this suite's layout."""
+    """mmengine's local-file loader, weights-only with mmengine's types allowed; a reference release converted."""
     checkpoint = load_weights_only(Path(filename).expanduser(), 'checkpoint', mmengine_checkpoint_globals(),
                                    map_location=map_location)
     weights = checkpoint.get('state_dict') if isinstance(checkpoint, dict) else None

@@ -43,8 +43,7 @@ COLOUR_LIKE = re.compile(r'^(#|0x)[0-9a-f]+$|^(?=.*\d)[0-9a-f]{6}$|\d,\d', re.IG
 
 @dataclass(frozen=True)
 class OwnData:
-    """A data set in the own-data layout: where each split's images and masks are (relative to `root`), the images'
-    suffix, and the classes with their colours."""
+    """A data set in the own-data layout: each split's images and masks (under `root`), their suffix, the classes."""
 
     root: Path
     splits: dict[str, tuple[str, str]]  # 'train', 'val' (and 'test') -> (image folder, mask folder)
@@ -173,8 +172,7 @@ def counted_classes(root: Path, mask_dirs: list[Path]) -> list[str]:
 
 
 def default_palette(count: int) -> list[list[int]]:
-    """ADE20K's colours for the first 150 classes (the same colour for the same index every time), seeded random
-    ones beyond."""
+    """ADE20K's colours for the first 150 classes, seeded random ones beyond."""
     palette = [list(c) for c in ADE20KDataset.METAINFO['palette'][:count]]
     rng = np.random.default_rng(0)
     palette += [[int(v) for v in rng.integers(0, 256, 3)] for _ in range(count - len(palette))]
@@ -231,8 +229,7 @@ def use_own_data(cfg: Config, data: OwnData) -> None:
 
 
 def trained_classes(checkpoint: str) -> tuple[tuple[str, ...], list[list[int]], bool] | None:
-    """The classes, colours and reduce_zero_label of the data set a checkpoint was trained on, as mmengine recorded
-    them, or None."""
+    """The classes, colours and reduce_zero_label a checkpoint records of its training set, or None."""
     meta = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     if not meta.get('classes'):
         return None
@@ -262,8 +259,7 @@ def check_trained_classes(cfg: Config, checkpoint: str) -> None:
 
 
 def training_images(cfg: Config) -> int:
-    """How many images the config's training split holds (its folder, its suffix; a COCO-format set's annotation
-    file)."""
+    """How many images the config's training split holds."""
     dataset = cfg.train_dataloader.dataset
     if dataset.get('ann_file'):
         return len(json.loads(annotation_file(dataset).read_text())['images'])

@@ -152,8 +152,7 @@ class SegPredictor:
         return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
 
     def check_image(self, path: str | Path) -> None:
-        """An image the model can predict (read from its header): a format OpenCV decodes, a size the test pipeline
-        keeps whole pixels of."""
+        """An image the model can predict (read from its header): `check_opencv_reads`, `check_resizable`."""
         check_resizable(Path(path), check_opencv_reads(Path(path)), self.steps)
 
     def predict(self, path: str | Path):

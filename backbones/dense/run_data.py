@@ -43,8 +43,7 @@ def trained_data_record(cfg: Config, embedded: bool) -> dict:
 
 
 def embedded_data_facts(cfg: Config) -> dict:
-    """The embedded data a config reads (its test set's): the published layout it is written in (None: the
-    suite's own) and its version (its READY mark)."""
+    """The embedded data a config reads: its published layout (None: the suite's own) and version (READY mark)."""
     dataset = cfg.test_dataloader.dataset
     layout = layout_of(dataset)
     return dict(layout=layout.title if isinstance(layout, WrittenLayout) else None,

@@ -103,8 +103,7 @@ def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option
 
 
 def check_training_batch(cfg, processes: int) -> None:
-    """`check_batch_trains` for a config's training batch, on its heads built alone (a moment's work, before a run
-    writes anything)."""
+    """`check_batch_trains` for a config's training batch, on its heads built alone, before any work."""
     from mmseg.registry import MODELS
     heads = nn.ModuleDict({key: nn.ModuleList(map(MODELS.build, head)) if isinstance(head, list) else MODELS.build(head)
                            for key in ('decode_head', 'auxiliary_head') if (head := cfg.model.get(key))})
@@ -121,8 +120,7 @@ def checkpoint_meta(filename: str) -> dict:
 
 
 def trained_data(filename: str) -> dict | None:
-    """What a checkpoint of train_seg records of the data it was trained on (`config.trained_data_record`), or None
-    for one that records nothing (mmseg's, a release, or the suite's before this record)."""
+    """What a checkpoint records of its training data (`trained_data_record`), or None."""
     record = checkpoint_meta(filename).get(TRAINED_DATA)
     return record if isinstance(record, dict) else None
 
@@ -165,8 +163,7 @@ def misfit(state: dict, own: dict) -> str:
 
 
 def load_weights(model: nn.Module, filename: str) -> None:
-    """A checkpoint's weights into `model`: every weight of it and nothing else, else a CheckpointError naming the
-    keys that do not fit (mmengine's own strict load fails with a traceback)."""
+    """Every weight of a checkpoint into `model`, nothing else, or a CheckpointError naming what does not fit."""
     problem = misfit(checkpoint_state(filename), model.state_dict())
     if problem:
         raise CheckpointError(f'{filename} does not fit the model of this config: {problem}')
@@ -181,8 +178,7 @@ def pretrained_inits(module: nn.Module) -> list:
 
 
 def start_worker(worker_id: int, init: Callable[[int], None] | None) -> None:
-    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`
-    (mmengine's seeding)."""
+    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`."""
     ignore_stop_signals(worker_id)
     if init is not None:
         init(worker_id)
@@ -228,8 +224,7 @@ class SuiteRunner(Runner):
         self.logger.addFilter(HarmlessLogLines())
 
     def build_visualizer(self, visualizer=None):
-        """mmengine's visualizer, its trackers' runs started now (mmengine starts a backend on its first record),
-        each one's failure one line naming its flag."""
+        """mmengine's visualizer, its trackers' runs started now, a failure one line naming its flag."""
         built = super().build_visualizer(visualizer)
         for name, (flag, what) in TRACKER_BACKENDS.items():
             backend = built.get_backend(name)  # None where the run has none, and on the processes but the main one
@@ -251,8 +246,7 @@ class SuiteRunner(Runner):
         return self._running(super().test)
 
     def _running(self, action: Callable[[], T]) -> T:
-        """`action()` with the suite's logger also writing to the log file of mmengine's logger; the data loaders'
-        worker processes ended after it, however it ends."""
+        """`action()`, the suite's log lines also in mmengine's log file; the loader workers ended after it."""
         files = [handler for handler in self.logger.handlers if isinstance(handler, logging.FileHandler)]
         for handler in files:
             logger.addHandler(handler)
@@ -350,8 +344,7 @@ class SuiteRunner(Runner):
                                       f'checkpoint (--cfg-options load_from={filename})')
 
     def own_checkpoint(self, named: str) -> str:
-        """The checkpoint of this work dir that `last_checkpoint` (`named`) means: itself when it lies here, else the
-        file of the same name here, else this work dir's newest iter_*.pth."""
+        """This work dir's checkpoint `last_checkpoint` (`named`) means: it, its name here, or the newest iter_*.pth."""
         work = Path(self.work_dir).resolve()
         if Path(named).resolve().parent == work:
             return named

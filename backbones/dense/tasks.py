@@ -23,8 +23,7 @@ from backbones.dense.layouts import DataLayout, SmallDenseData, layout_of
 
 
 class PredictorView(Protocol):
-    """What a task's methods use of the predictor they are handed (a `predict.SegPredictor`): the config and model,
-    the classes and how they are stored and drawn, and the model's predictions for an image."""
+    """What a task's methods use of the `predict.SegPredictor` they are handed."""
 
     cfg: Config
     model: nn.Module
@@ -42,8 +41,7 @@ class PredictorView(Protocol):
 
 @dataclass(frozen=True)
 class PredictionRequest:
-    """What tools/predict_seg.py asks of a task's writer: the images, the file each gets (NAME.png in the output
-    folder), the folder, whether to draw overlays, and a detector's score threshold."""
+    """What tools/predict_seg.py asks of a task's writer: images, their files, folder, overlays, score threshold."""
 
     images: list[Path]
     paths: list[Path]
@@ -115,8 +113,7 @@ class DenseTask(ABC):
     # ---- data
 
     def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
-        """The config's classes from its data (`roots`, the folders on disk, or the embedded data), a trained
-        `checkpoint`'s checked against them."""
+        """The config's classes from its data (`roots`, or the embedded data), a trained `checkpoint`'s checked."""
 
     def use_trained_classes(self, cfg: Config, checkpoint: str) -> None:
         """With no data set at hand, the classes the checkpoint records."""
@@ -140,8 +137,7 @@ class DenseTask(ABC):
 
     @abstractmethod
     def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
-        """What is wrong with one entry of its data set (the image and its ground truth), or None; and the ground
-        truth's values (a class map's)."""
+        """What is wrong with one entry of its data set, or None; and the ground truth's values."""
 
     def check_values(self, dataset, values: set[int]) -> None:
         """The ground truth's values over the whole data set, checked (`values`: the union of the entries')."""
@@ -194,8 +190,7 @@ class DenseTask(ABC):
 
     @abstractmethod
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
-        """The network an export holds, as `choice` asks (checked by `check_export_choice`), its outputs as
-        `export_output` says."""
+        """The network an export holds, as `choice` asks, its outputs as `export_output` says."""
 
     # ---- refusals
 
@@ -246,8 +241,7 @@ REQUIRED = ('name', 'title', 'model_kind', 'head_weights', 'summary_keys', 'pred
 
 
 def register_task(task: type[DenseTask]) -> type[DenseTask]:
-    """Class decorator: `task` joins the registry (one instance); it sets every REQUIRED attribute, and its name
-    and model types are new."""
+    """Class decorator: `task` joins the registry; it sets every REQUIRED attribute, and its name and models are new."""
     missing = [name for name in REQUIRED if not hasattr(task, name)]
     if missing:
         raise TypeError(f'dense task {task.__name__} does not set {", ".join(missing)}')

@@ -155,8 +155,7 @@ class PretrainedBackbone:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A run's config, its task (looked up once), and the pretraining it needs first (None: its backbone's weights
-    are the config's)."""
+    """A run's config, its task, and the pretraining it needs first (None: its backbone's weights are the config's)."""
 
     cfg: Config
     task: DenseTask

@@ -56,8 +56,7 @@ def weight_names(checkpoint: str) -> list[str]:
 
 
 def checkpoint_task(checkpoint: str, names: list[str]) -> DenseTask | None:
-    """The task a checkpoint's model was trained for: as it records it, else as its heads' weights (`names`) show;
-    None if neither says."""
+    """The task a checkpoint was trained for, as it records it or its heads' weights (`names`) show, else None."""
     return task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
 
 
@@ -118,8 +117,7 @@ def check_pretrained(cfg: Config) -> None:
 
 
 def built_segmentor(cfg: Config, checkpoint: str | None = None) -> nn.Module:
-    """The config's model in eval mode: with `checkpoint` (a run's or a release file) every weight from it, none
-    from its backbone's ImageNet file; without, as initialised."""
+    """The config's model in eval mode, every weight from `checkpoint` where given, none from its ImageNet file."""
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     cfg.model.backbone.pretrained = None
     model = MODELS.build(cfg.model)
