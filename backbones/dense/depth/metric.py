@@ -43,16 +43,15 @@ def depth_png(depth: np.ndarray, scale: float) -> np.ndarray:
 
 
 def write_depth_png(path: str | Path, depth: np.ndarray, scale: float) -> None:
-    """A depth map (metres) as a 16-bit PNG of `scale` units per metre (`depth_png`), written atomically: what
-    test_seg --pred-dir and predict_seg write."""
+    """A depth map (metres) written atomically as a 16-bit PNG of `scale` units per metre (`depth_png`)."""
     image = Image.fromarray(depth_png(depth, scale))
     write_atomic(path, lambda f: image.save(f, format='PNG'))
 
 
 @METRICS.register_module()
 class DepthReport(DepthMetric):
-    """DepthMetric, mended (see the module's docstring); `depth_metrics`: a subset of METRICS (default: all);
-    `crop_type`: None, 'nyu_crop' or 'garg_crop'."""
+    """DepthMetric, mended; `depth_metrics`: a subset of METRICS (default: all); `crop_type`: None, 'nyu_crop',
+    'garg_crop'."""
 
     default_prefix = None
     # mmseg's figures, and two names of the scale-invariant log error: `silog` the KITTI benchmark's and BTS's,

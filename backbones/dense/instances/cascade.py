@@ -46,16 +46,14 @@ class AgnosticBoxPredictor(nn.Module):
 
 
 def for_every_class(deltas: torch.Tensor, classes: int) -> torch.Tensor:
-    """Class-agnostic deltas (N, 4) as torchvision's class-wise ones (N, classes x 4): the same box for every class,
-    so that its loss and post-processing take them as they are."""
+    """Class-agnostic deltas (N, 4) as torchvision's class-wise ones (N, classes x 4): one box for every class."""
     return deltas.repeat(1, classes)
 
 
 def refined_proposals(stage: RoIHeads, deltas: torch.Tensor, proposals: list[torch.Tensor],
                       image_shapes: list[tuple[int, int]], drop_empty: bool) -> list[torch.Tensor]:
-    """`stage`'s boxes, its deltas decoded on its proposals with its weights, as the next stage's proposals: per
-    image, detached, clipped to the image; empty ones left out if `drop_empty` (in training, where they would have
-    no regression target)."""
+    """`stage`'s boxes decoded from its `deltas` as the next stage's proposals: per image, detached, clipped to the
+    image, empty ones left out if `drop_empty` (in training: they would have no regression target)."""
     boxes = stage.box_coder.decode(deltas.detach(), proposals).reshape(-1, 4)
     refined = []
     for image_boxes, shape in zip(boxes.split([len(p) for p in proposals]), image_shapes):
@@ -102,8 +100,7 @@ class CascadeRoIHeads(nn.Module):
 
     def losses(self, features: dict[str, torch.Tensor], proposals: list[torch.Tensor],
                image_shapes: list[tuple[int, int]], targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Each stage's classification and box losses (`_stageN`), and the mask loss on the last stage's positive
-        regions."""
+        """Each stage's classification and box losses (`_stageN`), and the mask loss on the last stage's positives."""
         losses = {}
         for number, stage in enumerate(self.stages, start=1):
             proposals, matched, labels, regression_targets = stage.select_training_samples(proposals, targets)
@@ -122,8 +119,7 @@ class CascadeRoIHeads(nn.Module):
 
     def detections(self, features: dict[str, torch.Tensor], proposals: list[torch.Tensor],
                    image_shapes: list[tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
-        """Every image's boxes, labels, scores and mask probabilities: the stages' mean class probabilities on the
-        last stage's boxes, through torchvision's post-processing (score threshold, class-wise NMS, top-k)."""
+        """Every image's boxes, labels, scores and mask probabilities, through torchvision's post-processing."""
         probabilities = []
         for number, stage in enumerate(self.stages, start=1):
             logits, deltas = self.run_stage(stage, features, proposals, image_shapes)
@@ -143,9 +139,7 @@ class CascadeRoIHeads(nn.Module):
 
 
 class StaticCascadeMaskRCNN(StaticMaskRCNN):
-    """The cascade's inference with static shapes (`StaticMaskRCNN`'s, its box stage the cascade's): each stage
-    classifies the previous stage's boxes (clipped to the image), the scores are the stages' mean probabilities,
-    the boxes the last stage's (one per proposal, whatever the class)."""
+    """The cascade's inference with static shapes: `StaticMaskRCNN`'s, its box stage the cascade's."""
 
     def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,9 +157,8 @@ class StaticCascadeMaskRCNN(StaticMaskRCNN):
 
 @MODELS.register_module()
 class TokenCascadeMaskRCNN(TokenMaskRCNN):
-    """Cascade Mask R-CNN for `num_classes` categories: `TokenMaskRCNN`'s arguments, with one stage per entry of
-    `stage_ious` (its foreground IoU) and `stage_box_weights` (its box coder's weights); `roi_heads` takes
-    torchvision's `RoIHeads` settings but those each stage takes from these two."""
+    """Cascade Mask R-CNN: `TokenMaskRCNN`'s arguments, one stage per entry of `stage_ious` (its foreground IoU) and
+    `stage_box_weights` (its box coder's); `roi_heads` takes torchvision's `RoIHeads` settings but those two."""
 
     static_network = StaticCascadeMaskRCNN
 

@@ -37,11 +37,9 @@ MASK_THRESHOLD = 0.5  # a pasted mask's probability from which a pixel belongs t
 
 
 class RegionAlign(MultiScaleRoIAlign):
-    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides (left to itself it
-    infers them from the first batch it sees, feature size over the largest image rounded to a power of two, which
-    is a level off for padded images of some heights, and keeps them for every later batch); `aligned` samples at
-    pixel centres, shifting box corners by half a pixel (detectron2's ROIAlignV2, which ViTDet's configs use), where
-    torchvision's (and detectron2's ROIAlign) does not."""
+    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides (inferred from the
+    first batch, they are a level off for padded images of some heights); `aligned` samples at pixel centres
+    (detectron2's ROIAlignV2, as ViTDet's configs)."""
 
     def __init__(self, levels: Sequence[str], strides: Sequence[float], size: int, aligned: bool = False) -> None:
         super().__init__(list(levels), output_size=size, sampling_ratio=0)

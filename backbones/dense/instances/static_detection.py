@@ -24,8 +24,7 @@ BOX_MIN_SIZE = 1e-2  # what RoIHeads.postprocess_detections drops as empty
 
 
 def clipped(boxes: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    """Boxes (B, ..., 4) clipped to each image's (height, width) in `sizes` (B, 2), as torchvision's
-    `clip_boxes_to_image`."""
+    """Boxes (B, ..., 4) clipped to each image's (height, width) in `sizes` (B, 2)."""
     limits = sizes.flip(-1).repeat(1, 2).to(boxes.dtype).reshape(-1, *[1] * (boxes.dim() - 2), 4)
     return torch.minimum(boxes.clamp(min=0), limits)  # x1, y1, x2, y2 against width, height, width, height
 
@@ -157,9 +156,8 @@ class StaticMaskRCNN(nn.Module):
 
     def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor], sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P): each level's best
-        `pre_nms_top_n` anchors decoded, clipped to the image (`sizes`), the small ones dropped, NMS per level,
-        the best `post_nms_top_n`."""
+        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P), as torchvision's RPN chooses
+        them."""
         rpn = self.detector.rpn
         size = tuple(images.shape[-2:])  # the anchors span the padded input, as the detector's own
         levels = list(features.values())
@@ -188,9 +186,8 @@ class StaticMaskRCNN(nn.Module):
 
     def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each proposal's box per class (B, P, classes + 1, 4; a class-agnostic stage may give (B, P, 1, 4)) and
-        class probabilities (B, P, classes + 1), the background first, in images of `sizes`: the RoI heads' box
-        head and predictor."""
+        """Each proposal's box per class (B, P, classes + 1 or 1, 4) and class probabilities (B, P, classes + 1), the
+        background first: the RoI heads' box head and predictor."""
         heads = self.detector.roi_heads
         count, number = proposals.shape[:2]
         logits, regression = heads.box_predictor(heads.box_head(pooled(heads.box_roi_pool, features, proposals)))
@@ -200,9 +197,8 @@ class StaticMaskRCNN(nn.Module):
     def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, sizes: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
         """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections (B, K)) of
-        the box stage's per-class boxes and scores of the proposals flagged `valid`: the RoI heads'
-        postprocessing (background dropped, scores above the threshold, empty boxes dropped, NMS per class), NMS
-        over the `candidates` best only. Padding: zero boxes and scores."""
+        the proposals flagged `valid`, by the RoI heads' post-processing (NMS over the `candidates` best); padded
+        with zeros."""
         heads = self.detector.roi_heads
         count, number, classes = scores.shape
         boxes = clipped(boxes.expand(count, number, classes, 4), sizes)[:, :, 1:].reshape(count, -1, 4)
@@ -220,9 +216,8 @@ class StaticMaskRCNN(nn.Module):
 
     def masks(self, features: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
               kept: torch.Tensor, size: tuple[int, int], sizes: torch.Tensor) -> torch.Tensor:
-        """The detections' mask probabilities (B, K, H, W) in inputs of `size`, pasted at their boxes (zero for
-        padding, and outside each image's `sizes`): the mask head's map of each detection's class (labels from
-        1)."""
+        """The detections' mask probabilities (B, K, H, W), pasted at their boxes in inputs of `size`, zero for
+        padding and outside each image's `sizes`."""
         heads = self.detector.roi_heads
         count, number = boxes.shape[:2]
         logits = heads.mask_predictor(heads.mask_head(pooled(heads.mask_roi_pool, features, boxes)))

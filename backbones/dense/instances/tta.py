@@ -24,8 +24,8 @@ def unflipped(sample: BaseDataElement) -> InstanceData:
 
 @MODELS.register_module()
 class DetectionTTAModel(MirroredViewsTTAModel):
-    """The detections of every pass merged by class-wise NMS at `module.roi_heads.nms_thresh`, at most
-    `module.roi_heads.detections_per_img` kept by score."""
+    """The detections of every pass merged by class-wise NMS at the RoI heads' `nms_thresh`, `detections_per_img`
+    kept."""
 
     def merge_preds(self, data_samples_list: list[list[BaseDataElement]]) -> list[BaseDataElement]:
         merged = []

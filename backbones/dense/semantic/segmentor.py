@@ -18,8 +18,7 @@ Window = tuple[int, int, int, int]  # y1, y2, x1, x2
 
 
 def slide_windows(size: tuple[int, int], crop: tuple[int, int], stride: tuple[int, int]) -> list[Window]:
-    """mmseg's window grid: windows of `crop` every `stride`, the last one of a row or column moved back to end
-    at the border; an image smaller than `crop` gives one window of the image's size."""
+    """mmseg's window grid: `crop` windows every `stride`, the last of a row or column ending at the border."""
     def starts(length: int, crop_len: int, step: int) -> list[tuple[int, int]]:
         count = max(length - crop_len + step - 1, 0) // step + 1
         spans = []
@@ -62,5 +61,5 @@ class SlideBatchEncoderDecoder(EncoderDecoder):
 
 @MODELS.register_module()
 class FlipBatchTTAModel(MirroredViewsTTAModel, SegTTAModel):
-    """mmseg's SegTTAModel over one pipeline view per scale; with `flip`, each view and its mirror image are decoded
-    as one batch. The softmax of every view (and mirror) is averaged, as SegTTAModel does."""
+    """mmseg's SegTTAModel over one view per scale, each with its mirror image in one batch where `flip`; softmax
+    averaged."""
