@@ -21,11 +21,9 @@ __all__ = ['CaiT']
 
 
 class CaiT(TokenModelMixin, Cait):
-    """timm's Cait accepting any input size; the position table has no class slot.
-
-    With `distilled=True` a distillation token (DeiT's hard distillation) goes through the class-attention stage on its
-    own, as the class token does (each attends to itself and the patches), and feeds `head_dist`.
-    """
+    """timm's Cait accepting any input size; the position table has no class slot. A distillation token
+    (`distilled=True`) goes through the class-attention stage on its own, as the class token does, into
+    `head_dist`."""
 
     def __init__(self, *args, distilled: bool = False, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
@@ -57,8 +55,7 @@ class CaiT(TokenModelMixin, Cait):
         return self.pos_drop(tokens), (grid.shape[1], grid.shape[2])
 
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Class-attention stage: the class token (and the distillation token, on its own) attends to the patches,
-        which stay as they are."""
+        """Class-attention stage: the class (and distillation) token attends to the patches, which stay as they are."""
         if self.blocks_token_only is None:
             return x
         cls_token = self._class_attention(self.cls_token, x)

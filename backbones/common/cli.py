@@ -52,8 +52,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """Every command's parser (`command_parser`), its subcommands' parsers included: no abbreviated options (with
-    them `--model lvvit_s` would be read as `--model-kwargs lvvit_s`), the usage text as written, defaults shown."""
+    """Every command's parser (`command_parser`): no abbreviated options (`--model` read as `--model-kwargs`), the
+    usage text as written, defaults shown."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs['allow_abbrev'] = False
@@ -78,8 +78,7 @@ class CommandParser(argparse.ArgumentParser):
         return namespace, rest
 
     def refuse_foreign_flags(self, args: list[str]) -> None:
-        """argparse's error (one line after the usage) for the first foreign flag in `args` (`add_foreign_flags`);
-        the options after `--` are values."""
+        """argparse's error for the first foreign flag in `args` (`add_foreign_flags`), up to `--`."""
         for flag in typed_flags(args):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
@@ -103,8 +102,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def switched_on(action: argparse.Action, value: object) -> bool:
-    """Whether a value an option stored means its setting switched on: a flag's True, or the value an option with an
-    optional value stores given bare (`--torchcompile`, `inductor`, and `--compile`, True, say the same)."""
+    """Whether a stored value means its setting is on: a flag's True, or an optional value's `const` given bare."""
     return value is True or (action.nargs == '?' and value is not None and value == action.const)
 
 
@@ -123,8 +121,7 @@ class _Noted(argparse.Action):
 
 
 def values_given(parser: argparse.ArgumentParser, args: list[str], dest: str) -> list[tuple[str, object]]:
-    """Each value `args` give `parser`'s setting `dest`, in order, with the option name it came under: read by
-    argparse itself (a parser holding only that setting's options; the other arguments are left over)."""
+    """Each value `args` give `parser`'s setting `dest`, in order, with its option name, as argparse reads them."""
     given: list[tuple[str, object]] = []
     noting = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prefix_chars=parser.prefix_chars)
     for action in parser._actions:
@@ -142,8 +139,7 @@ def as_typed(action: argparse.Action, flag: str, value: object) -> str:
 
 
 def typed_flags(args: list[str]) -> list[str]:
-    """The flags of a command line as typed (`--name` of `--name=value` too), up to `--`: what follows it are
-    values."""
+    """The flags of a command line as typed (`--name` of `--name=value` too), up to `--`."""
     return [arg.split('=', 1)[0] for arg in (args[:args.index('--')] if '--' in args else args)]
 
 
@@ -165,8 +161,7 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_model_kwargs(items: list[str], option: str = '--model-kwargs') -> dict:
-    """`--model-kwargs key=value ...` (or another `option` of model arguments): values parsed as Python literals
-    where they are one (numbers, True, None)."""
+    """`--model-kwargs key=value ...` (or `option`'s), values parsed as Python literals where they are one."""
     kwargs = {}
     for item in items:
         key, sep, value = item.partition('=')
@@ -209,8 +204,7 @@ SAME_WORK_EVERYWHERE = 'the same work on every machine, so that the figures comp
 
 def add_model_kwargs_argument(parser: argparse.ArgumentParser, example: str = 'depth=2 embed_dim=64 (a tiny model)',
                               option: str = '--model-kwargs', whose: str = 'the model') -> None:
-    """`--model-kwargs KEY=VALUE ...` (`parse_model_kwargs` reads them); `option` and `whose` for another model of
-    the command (a teacher)."""
+    """`--model-kwargs KEY=VALUE ...`; `option` and `whose` for another model of the command (a teacher)."""
     parser.add_argument(option, nargs='*', default=[], metavar='KEY=VALUE',
                         help=f'arguments of {whose}\'s constructor, values read as Python literals, e.g. {example}')
 
@@ -245,8 +239,7 @@ DEFAULT_SEED = 42
 
 
 def add_seed_argument(parser: argparse.ArgumentParser, effect: str = '') -> None:
-    """`--seed`: the seed of the random streams (`backbones.common.random_state.seed_all`); `effect`, what it
-    decides in this command."""
+    """`--seed` (`backbones.common.random_state.seed_all`); `effect`: what it decides in this command."""
     parser.add_argument('--seed', type=non_negative_int, default=DEFAULT_SEED,
                         help='seed of the random streams (Python, NumPy, torch)' + (f': {effect}' if effect else ''))
 

@@ -22,8 +22,7 @@ def debug_requested(argv: list[str]) -> bool:
 
 
 def one_line(exc: BaseException) -> str:
-    """The message of an error; for one re-raised by a data-loader worker (its text is the worker's traceback),
-    the original error's own message."""
+    """The message of an error; of one re-raised by a loader worker, the original error's message."""
     text = str(exc).strip()
     if 'Original Traceback' in text:
         text = text.splitlines()[-1].split(': ', 1)[-1]
@@ -67,8 +66,7 @@ def run_command(main: Callable[[], object]) -> None:
 
 
 def write_document(text: str) -> None:
-    """A command's result document (JSON) on standard output, where `--json` commands send their log to standard
-    error: the one place besides `run_command` where library code writes to a stream itself."""
+    """A command's result document (JSON) on standard output, its log then on standard error."""
     print(text, flush=True)
 
 
