@@ -64,8 +64,7 @@ def init_linear_and_norm(module: nn.Module) -> None:
 @register_notrace_function  # torch.fx: called whole at run time (its same-grid test needs the sizes, not proxies)
 def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
     """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept (timm's
-    resampling: the table as it is at the same grid, except under torch.export, where the shortcut would fix the
-    traced input size)."""
+    resampling, without its same-grid shortcut under torch.export, which would fix the traced size)."""
     num_prefix = pos_embed.shape[1] - old_grid[0] * old_grid[1]
     return resample_abs_pos_embed(pos_embed, [new_grid[0], new_grid[1]], [old_grid[0], old_grid[1]],
                                   num_prefix_tokens=num_prefix)
@@ -77,8 +76,8 @@ def tokens_with_positions(
         pos_grid: Grid,
         prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Flatten a (B, H, W, D) token grid, prepend the (1, P, D) `prefix` tokens if given (class token, distillation
-    token), add `pos_embed` resized to (H, W)."""
+    """A (B, H, W, D) token grid flattened, the (1, P, D) `prefix` tokens in front, `pos_embed` resized to (H, W)
+    added."""
     B, H, W, D = x.shape
     x = x.reshape(B, H * W, D)
     if prefix is not None:
@@ -128,8 +127,7 @@ class TokenModelMixin:
         return self._tokens_with_positions(self.patch_embed(x), self.patch_embed.grid_size)
 
     def _tokens_with_positions(self, grid: torch.Tensor, pos_grid: Grid) -> tuple[torch.Tensor, Grid]:
-        """A (B, H, W, D) token grid with the prefix tokens in front and the position table (made for `pos_grid`)
-        added; and (H, W)."""
+        """`tokens_with_positions` with this model's prefix tokens and table (made for `pos_grid`); and (H, W)."""
         tokens = tokens_with_positions(grid, self.pos_embed, pos_grid, self.prefix_tokens())
         return tokens, (grid.shape[1], grid.shape[2])
 
@@ -148,8 +146,7 @@ class TokenModelMixin:
         return x[:, 0] if pre_logits else self.head(x[:, 0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits, in training mode as in eval mode (timm's contract; token labeling's dense outputs come from
-        `backbones.token_head.forward_token_labeling`, or LV-ViT's `forward_train`)."""
+        """Logits, in training mode as in eval mode (timm's contract; token labeling has `forward_token_labeling`)."""
         return self.forward_head(self.forward_features(x))
 
     @torch.jit.ignore
@@ -167,8 +164,8 @@ class TokenModelMixin:
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        """timm's parameter grouping (its layer-decay helpers use it): the embedding, each block, the final norm;
-        the heads, matched by nothing, come last."""
+        """timm's parameter grouping (its layer decay): the embedding, each block, the final norm; the heads come
+        last."""
         return dict(stem=r'^cls_token|^dist_token|^pos_embed|^patch_embed|^tokens_to_token',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
@@ -212,9 +209,8 @@ class TokenModelMixin:
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped, as (B, D, H, W) maps
-        ('NCHW') or (B, H*W, D) ('NLC'); with `intermediates_only=False` also the final normalised features, as timm
-        does."""
+        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped, as (B, D, H, W)
+        ('NCHW') or (B, H*W, D) ('NLC'); with `intermediates_only=False` also the final normalised features."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
@@ -245,9 +241,8 @@ def token_model_cfg(first_conv: str, classifier='head', url: str = '', **kwargs)
 
 def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict, kwargs: dict,
                       filter_fn: Callable) -> nn.Module:
-    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights (a tag such as
-    `lvvit_s.tl_in1k_384` gives a 384 model) unless `img_size` is given; `features_only` returns the blocks in
-    `out_indices` through `forward_intermediates`."""
+    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights' tag unless
+    `img_size` is given; `features_only` as `features_only_cfg` says."""
     cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
     kwargs.setdefault('img_size', cfg.input_size[-1])
     size = kwargs['img_size']

@@ -86,7 +86,6 @@ def check_model_name(name: str) -> None:
 
 
 def create_model(name: str, **kwargs) -> nn.Module:
-    """A model with the suite's contract: the family's builder (timm.create_model for models outside the suite);
-    an unknown name is a UsageError listing the closest registered names."""
+    """A model with the suite's contract (the family's builder; timm's for others); an unknown name is a UsageError."""
     check_model_name(name)
     return family_of(name).builder(name, **kwargs)

@@ -175,8 +175,7 @@ class TokensToToken(nn.Module):
         return h, w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid. (Written out step by step: TorchScript takes no
-        loop over different layers.)"""
+        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid (step by step: TorchScript takes no loop over layers)."""
         tokens, (h, w) = self.soft_splits[0](x)
         x = self.attention1(tokens).transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
         tokens, (h, w) = self.soft_splits[1](x)

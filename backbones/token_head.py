@@ -72,10 +72,9 @@ def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
 
 
 class MixTokenHook:
-    """MixToken as a forward hook on a patch embedding, whose tokens come as (B, H, W, D) or flattened (B, H*W, D):
-    while `mask` is set, its cells of the token grid come from the flipped batch (mixing before or after the position
-    embedding is the same: both samples get the same table at the same place); without one, the tokens pass as they
-    are. `TokenLabelingModel` keeps one registered: a hook registered per call breaks a compiled graph."""
+    """MixToken as a forward hook on a patch embedding ((B, H, W, D) or (B, H*W, D) tokens): while `mask` is set, its
+    cells come from the flipped batch (before the position table: both samples get the same one there).
+    `TokenLabelingModel` keeps one registered, since a hook registered per call breaks a compiled graph."""
 
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None  # (H, W) bool on the token grid
@@ -89,8 +88,7 @@ class MixTokenHook:
 
 @contextlib.contextmanager
 def mixing_tokens(embedding: nn.Module, hook: MixTokenHook | None, mask: torch.Tensor | None) -> Iterator[None]:
-    """`mask` in `hook` (registered on `embedding` for the block when None: a model without `TokenLabelingModel`'s
-    hook) for the forward passes of the block."""
+    """`mask` in `hook` for the block's forward passes (a hook registered on `embedding` for the block when None)."""
     temporary = hook is None
     hook = MixTokenHook() if temporary else hook
     handle = embedding.register_forward_hook(hook) if temporary else None
@@ -117,8 +115,7 @@ def add_token_head(model: nn.Module) -> nn.Module:
 
 
 def patch_embedding(model: nn.Module) -> nn.Module | None:
-    """The module that turns the image into a grid of patch tokens: `patch_embed`, or MLP-Mixer's `stem`; None for a
-    feature-map model (a CNN)."""
+    """The module that makes the patch tokens (`patch_embed`, MLP-Mixer's `stem`); None for a feature-map model."""
     for name in ('patch_embed', 'stem'):
         module = getattr(model, name, None)
         if module is not None and hasattr(module, 'grid_size'):
@@ -127,8 +124,7 @@ def patch_embedding(model: nn.Module) -> nn.Module | None:
 
 
 def token_grid(embedding: nn.Module, image_size: Sequence[int]) -> Grid:
-    """The (h, w) token grid a patch embedding gives an (H, W) image: its `dynamic_feat_size` (timm's patch
-    embeddings and the suite's), else the grid of the size it was built for (`grid_size`)."""
+    """The (h, w) token grid a patch embedding gives an (H, W) image: its `dynamic_feat_size`, else its `grid_size`."""
     if hasattr(embedding, 'dynamic_feat_size'):
         return tuple(embedding.dynamic_feat_size(tuple(image_size)))
     return tuple(embedding.grid_size)
@@ -144,8 +140,7 @@ def feature_stride(model: nn.Module) -> int:
 
 
 def feature_grid(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """A feature-map model's `forward_features` output, a (B, C, h, w) map (NHWC where the model says so), as a
-    (B, h, w, C) grid of tokens."""
+    """A feature-map model's (B, C, h, w) map (NHWC where the model says so) as a (B, h, w, C) grid of tokens."""
     return features if getattr(model, 'output_fmt', 'NCHW') == 'NHWC' else features.permute(0, 2, 3, 1)
 
 
@@ -163,8 +158,8 @@ def patch_tokens(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor,
                      weight: float = TOKEN_LOGIT_WEIGHT) -> torch.Tensor:
-    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits. (The weight is an
-    argument: TorchScript reads no module-level float.)"""
+    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits (an argument:
+    TorchScript reads no module-level float)."""
     return cls_logits + weight * token_logits.amax(dim=1)
 
 
@@ -175,9 +170,8 @@ def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0,
                            hook: MixTokenHook | None = None) -> TokenLabelingOutput:
-    """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the token grid unless
-    `mix_token` is 0. For a token model the box is drawn here, eagerly, on the grid the patch embedding gives `x`'s
-    size, and mixed by `hook` (the model's `MixTokenHook`, or one registered for this call)."""
+    """Training forward for token labeling, with MixToken (box area ~ Beta(mix_token, mix_token)) unless `mix_token`
+    is 0; a token model's box drawn here, eagerly, and mixed by `hook` (or one registered for this call)."""
     embedding = patch_embedding(model)
     if embedding is None:
         return _forward_feature_map(model, x, mix_token)
@@ -191,8 +185,7 @@ def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float =
 
 
 def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) -> TokenLabelingOutput:
-    """Token labeling on a CNN: MixToken's box drawn on the last map's (h, w) grid and the pixels under it, `stride`
-    pixels a cell, taken from the flipped batch."""
+    """Token labeling on a CNN: MixToken's box on the last map's grid, its pixels from the flipped batch."""
     stride = feature_stride(model)
     H, W = x.shape[-2:]
     grid = (math.ceil(H / stride), math.ceil(W / stride))
@@ -222,9 +215,8 @@ class TokenLabelingModel(nn.Module):
             embedding.register_forward_hook(self.hook)
 
     def compile(self, *args, **kwargs) -> None:
-        """torch.compile the model's `forward_features` (`torch.compile`'s arguments), not this forward: MixToken's box,
-        drawn from torch's generator as Python numbers, would break a compiled graph and recompile it for every box;
-        drawn here, eagerly, it reaches the compiled graph as a mask tensor."""
+        """torch.compile the model's `forward_features`, not this forward: MixToken's box, drawn here eagerly,
+        reaches the compiled graph as a mask tensor instead of recompiling it for every box."""
         self.model.forward_features = torch.compile(self.model.forward_features, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
@@ -234,7 +226,6 @@ class TokenLabelingModel(nn.Module):
 
 
 def bare_model(model: nn.Module) -> nn.Module:
-    """The classifier itself: without DDP (or any wrapper with a `.module`) and the token-labeling wrapper: what
-    checkpoints hold."""
+    """The classifier itself, without DDP's (any `.module`) or the token-labeling wrapper: what checkpoints hold."""
     model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     return model.model if isinstance(model, TokenLabelingModel) else model

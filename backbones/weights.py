@@ -65,9 +65,8 @@ def _key_list(keys: list[str], limit: int = 12) -> str:
 
 def key_mismatch(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
                  resampled: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """The keys of a checkpoint's `state` that do not fit a module's `own` state dict: `missing` (batch-norm counters
-    aside: torch fills them in), `unexpected`, and `mis-shaped` (with both shapes; keys ending in `resampled`, such
-    as position tables a module resamples on loading, may differ)."""
+    """The keys of `state` that do not fit `own`: `missing` (batch-norm counters aside), `unexpected`, `mis-shaped`
+    (with both shapes; keys ending in `resampled` may differ)."""
     return {
         'missing': [k for k in own if k not in state and not k.endswith('num_batches_tracked')],
         'unexpected': [k for k in state if k not in own],
@@ -129,9 +128,8 @@ def read_state_dict(path: str | Path, use_ema: bool | None = None) -> StateDict:
 
 
 def release_filter(checkpoint: Mapping, model: nn.Module) -> StateDict:
-    """timm's `pretrained_filter_fn` for the suite's families: the file's state dict unwrapped, without prefixes,
-    its position table resampled to the model's grid (timm itself then replaces classifiers for another class
-    count and loads strictly)."""
+    """timm's `pretrained_filter_fn` for the suite's families: the state dict unwrapped, without prefixes, its
+    position table resampled to the model's grid."""
     state_dict = _strip_prefixes(_unwrap(checkpoint, Path(model.pretrained_cfg.get('url') or 'weights'), False))
     if 'pos_embed' in state_dict and state_dict['pos_embed'].shape != model.pos_embed.shape:
         state_dict['pos_embed'] = fit_pos_embed(model, state_dict['pos_embed'])
@@ -254,10 +252,8 @@ HF_WEIGHTS = 'model.safetensors'  # the file of a Hugging Face repo timm reads
 
 def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbone.pretrained',
                      instead: str | None = None) -> str:
-    """A checkpoint as a local file: a path as it is; a URL, or `timm` (the model's timm release, `timm_release`),
-    read from the local cache (torch hub's, the Hugging Face hub's) and downloaded into it the first time. `setting`
-    names where the source was given, for the errors; `instead`, for a flag (--pretrained), the option that takes a
-    local file in its place."""
+    """A checkpoint as a local file: a path as it is; a URL, or `timm` (`timm_release`), from the local cache,
+    downloaded the first time. `setting` and `instead` (a flag's local-file option) name the source in errors."""
     if source == TIMM_RELEASE:
         return timm_release(model_name, setting, instead)
     if urlparse(source).scheme in URL_SCHEMES:
@@ -266,9 +262,8 @@ def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbon
 
 
 def timm_release(model_name: str, setting: str, instead: str | None) -> str:
-    """The weights timm's config of `model_name` names, where timm itself would take them: its Hugging Face repo's
-    (timm's first choice, what `timm.create_model(..., pretrained=True)` caches), else its URL's file. Either copy
-    already in its cache is read before anything is downloaded."""
+    """The weights timm's config of `model_name` names, where timm would take them (its Hugging Face repo, else its
+    URL), read from the cache before anything is downloaded."""
     cfg = get_pretrained_cfg(model_name)
     if cfg is None or not (cfg.url or cfg.hf_hub_id):
         raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "

@@ -36,8 +36,7 @@ WHY_NOT = {
 
 
 def vitdet_global_blocks(depth: int) -> tuple[int, ...]:
-    """ViTDet's 4 evenly spaced global blocks, the last of each quarter of the depth (12 -> 2, 5, 8, 11; 24 -> 5, 11,
-    17, 23); a model of fewer than 4 blocks has every block global."""
+    """ViTDet's 4 evenly spaced global blocks, the last of each quarter (12 -> 2, 5, 8, 11); all below 4 blocks."""
     return tuple(sorted({depth * (i + 1) // 4 - 1 for i in range(4)} - {-1}))
 
 
@@ -149,9 +148,9 @@ class WindowAttention(nn.Module):
         return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
     def _rel_pos_terms(self, q: torch.Tensor, side: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its
-        sum), from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads,
-        L, columns), a query's term towards each key row and each key column of its region."""
+        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its sum)
+        from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads, L,
+        columns)."""
         regions, heads, L, C = q.shape
         grid_q = q.reshape(regions, heads, side[0], side[1], C)
         rows = torch.einsum('nahwc,hkc->nahwk', grid_q, get_rel_pos(side[0], side[0], self.rel_pos_h))
@@ -161,10 +160,9 @@ class WindowAttention(nn.Module):
     def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              terms: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                              regions_per_image: int) -> torch.Tensor:
-        """`_attend` with the relative positions, a chunk of queries at a time. The (queries x keys) bias is built
-        inside each chunk and, when training, under checkpointing: only the small factors are kept for the backward
-        pass, which rebuilds one chunk's bias at a time. Kept for backward, the bias of every block took more
-        memory than global attention in PyTorch's fused kernel (docs/speed.md)."""
+        """`_attend` with the relative positions, a chunk of queries at a time, the bias built inside each chunk
+        under checkpointing when training: a bias kept for backward in every block took more memory than global
+        attention (docs/speed.md)."""
         _, heads, L, _ = q.shape
         # sized per image, not per batch: the chunks may not depend on a batch size that an export keeps dynamic
         rows = max(1, BIAS_CHUNK_ELEMENTS // (regions_per_image * heads * k.shape[2]))
@@ -198,8 +196,8 @@ class WindowAttention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
         """(regions, heads, queries, C) attended to (regions, heads, keys, C): timm's attention, or CaiT's talking
-        heads (the relative positions join the logits before the heads mix, the mask after, and the masked keys'
-        weights are zeroed again after the second mix, whose bias would give them some)."""
+        heads (relative positions before the heads mix, the mask after, masked keys zeroed again after the second
+        mix)."""
         if not self.talking_heads:
             bias = rel_bias if mask is None else mask if rel_bias is None else rel_bias + mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
@@ -223,10 +221,9 @@ def prefix_tokens_in_blocks(model: nn.Module) -> int:
 
 def use_window_attention(model: nn.Module, window_size: int | None, global_blocks: Sequence[int] | None = None,
                          rel_pos: bool = False, depth: int | None = None) -> None:
-    """Window attention of `window_size` tokens a side in every block of `model.blocks` but `global_blocks` (ViTDet's
-    4 evenly spaced ones over `depth`, the model's depth unless told, where None), decomposed relative positions in
-    every block with `rel_pos` (a global block's tables sized for the model's `patch_embed.grid_size`). Without a
-    window size every block is global (relative positions alone)."""
+    """Window attention of `window_size` tokens a side in every block but `global_blocks` (None: ViTDet's 4 over
+    `depth`), decomposed relative positions in every block with `rel_pos` (a global block's sized for the model's
+    grid); without a window size every block is global."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
     if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on

@@ -206,9 +206,7 @@ class EntryChecks(Protocol):
 
 
 def checked_pairs(data_list: list[dict], num_classes: int, task: EntryChecks) -> list[PairCheck]:
-    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`: a COCO-format set's
-    images against their annotation file, a depth set's images with their depth maps, a semantic set's with their
-    masks)."""
+    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`)."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
         return list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
 

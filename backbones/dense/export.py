@@ -62,8 +62,7 @@ def smallest_side(stride: int, least_side: int) -> int:
 
 def checked_images(size: tuple[int, int], stride: int, dynamic_size: bool, least_side: int = 0
                    ) -> tuple[list[torch.Tensor], DynamicDims]:
-    """The images an export is traced on (the first) and checked on, and their dynamic dimensions: with
-    `dynamic_size`, sides of whole `stride`s from `smallest_side` on."""
+    """The images an export is traced on (the first) and checked on, and their dynamic dimensions."""
     if not dynamic_size:
         return batch_examples(*size), BATCH
     if size[0] % stride or size[1] % stride:

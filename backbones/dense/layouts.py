@@ -16,13 +16,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SmallDenseData:
-    """A small data set in the tasks' shared folder layout, which a config is pointed at in place of its own (the
-    embedded pages): under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (0 ignored,
-    class c stored as c + 1); depth/{split}/NAME.png, 16-bit depth, `depth_scale` per metre; and
-    annotations/instances_{split}.json, the instances in COCO's format. Its images are `image_size` (width, height);
-    `scale` is what a semantic config's sizes are multiplied by there, `ratio_range` its training rescaling,
-    `test_ratios` the multi-scale test's, and `mirrored` whether a mirror image is still an image of the data (a
-    mirrored glyph is not: then no flips in training or tests)."""
+    """A small data set in the tasks' shared folder layout (the embedded pages), pointed at in place of a config's
+    own: under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (class c stored as c +
+    1); depth/{split}/NAME.png, `depth_scale` per metre; annotations/instances_{split}.json, COCO's format.
+    `image_size`: (width, height); `scale`, `ratio_range`, `test_ratios`: a semantic config's sizes there;
+    `mirrored`: whether flips are allowed (a mirrored glyph is no glyph)."""
 
     root: Path
     classes: tuple[str, ...]
@@ -98,9 +96,8 @@ LABEL_VALUES = 'label_values'  # a data set's meta: the value its annotation fil
 
 
 def annotation_values(prediction: np.ndarray, meta: Mapping) -> np.ndarray:
-    """Class indices as the data set (its `meta`) stores them in its annotation files, the values test_seg
-    --pred-dir and predict_seg write: its own table where it gives one (Cityscapes: label ids), else class + 1 where
-    it reduces zero (ADE20K, Pascal Context: 0 is 'other'), else the index."""
+    """Class indices as the data set (`meta`) stores them in its annotation files: its own table where it gives one
+    (Cityscapes), else class + 1 where it reduces zero (ADE20K), else the index."""
     if meta.get(LABEL_VALUES) is not None:
         return np.asarray(meta[LABEL_VALUES], np.int64)[prediction]
     return prediction + 1 if meta.get('reduce_zero_label') else prediction

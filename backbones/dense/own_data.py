@@ -86,9 +86,8 @@ def image_suffix(folders: list[Path]) -> str:
 
 
 def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
-    """A classes-file line's name and colour (None without one): "name" or "name R G B", three whole numbers 0-255.
-    Anything else that looks like a colour (two or four numbers, hex, commas) is an error naming `where`: it would
-    become part of the name."""
+    """A classes-file line's name and colour (None without one): "name" or "name R G B"; anything else that looks
+    like a colour is an error naming `where` (it would become part of the name)."""
     words = line.split()
     numbers = 0
     while numbers < len(words) and NUMBER.fullmatch(words[-1 - numbers]):
@@ -109,9 +108,8 @@ def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
 
 
 def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
-    """The class names of a classes file and each one's colour (None where the line gives none). A line is a name,
-    optionally followed by three integers 0-255 (R G B); empty lines and lines starting with # are skipped, and a
-    byte order mark (Windows editors write one) is no part of the first name."""
+    """The class names of a classes file and each one's colour (None where not given); empty lines, # comments and a
+    byte order mark are skipped."""
     names, colours = [], []
     try:
         lines = path.read_text(encoding='utf-8-sig').splitlines()
@@ -268,9 +266,8 @@ def training_images(cfg: Config) -> int:
 
 
 def sized_iterations(cfg: Config, processes: int, grad_accum_steps: int) -> int:
-    """The updates that make the own-data config's `own_data.epochs` passes over its training images with the global
-    batch (images per process x processes x accumulation steps): at least `own_data.min_iters`, at most the
-    config's schedule."""
+    """The updates that make `own_data.epochs` passes over the training images with the global batch, at least
+    `own_data.min_iters`, at most the config's schedule."""
     rule, images = cfg.own_data, training_images(cfg)
     batch = cfg.train_dataloader['batch_size'] * processes * grad_accum_steps
     iters = min(cfg.train_cfg['max_iters'], max(rule['min_iters'], math.ceil(rule['epochs'] * images / batch)))

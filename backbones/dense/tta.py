@@ -15,8 +15,7 @@ from backbones.dense.layouts import SmallDenseData
 
 
 def mirror_image(view: dict) -> dict:
-    """A test batch's horizontal mirror image: inputs flipped (before the data preprocessor pads them, so that the
-    padding stays at the right), samples of the same type holding the meta data, marked flipped."""
+    """A test batch's horizontal mirror image, flipped before the preprocessor pads it, its samples marked flipped."""
     samples = view['data_samples']
     if any(sample.metainfo.get('flip') for sample in samples):
         raise UsageError('the test-time pipeline already flips its views, and the tta_model (flip=True) mirrors '
@@ -33,8 +32,8 @@ def mirrored(view: dict) -> dict:
 
 
 class MirroredViewsTTAModel(BaseTTAModel):
-    """The config's views of each image (one per scale), each with its mirror image where `flip`; the predictions
-    of every image's views go to `merge_preds` together (the unflipped view of the first scale first)."""
+    """The config's views of each image (one per scale), each with its mirror image where `flip`, merged by
+    `merge_preds` (the first scale's unflipped view first)."""
 
     def __init__(self, flip: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -98,8 +97,7 @@ def check_tta_settings(cfg: Config) -> None:
 
 
 def use_small_test_time(cfg: Config, data: SmallDenseData) -> None:
-    """A small data set's multi-scale test: `data.test_ratios` of the single-scale test's size (already set), and
-    no mirror images unless `data.mirrored`."""
+    """A small data set's multi-scale test at `data.test_ratios`, no mirror images unless `data.mirrored`."""
     if cfg.get('tta_model') and not data.mirrored:
         drop_tta_flips(cfg)
     if cfg.get('tta_pipeline'):

@@ -43,12 +43,10 @@ def large_enough(boxes: torch.Tensor, min_size: float) -> torch.Tensor:
 
 def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor,
              iou_threshold: float) -> torch.Tensor:
-    """Which candidates (B, N) greedy NMS keeps, independently per image and per group (`groups` (B, N): a level,
-    a class), among the `valid` ones only; boxes (B, N, 4), scores (B, N). One `nms` over the whole batch:
-    torchvision's `batched_nms` offsets each group's boxes along x by group x (its largest coordinate + 1), and
-    this does the same per image (the first image's boxes are moved exactly as the model moves them) and offsets
-    the images along y, so that no two groups or images overlap. The flagged-out candidates score `DROPPED`, below
-    the rest: they suppress none of them."""
+    """Which candidates (B, N) greedy NMS keeps per image and per group (`groups` (B, N): a level, a class), among
+    the `valid` ones only. One `nms` over the whole batch: each group's boxes offset along x as torchvision's
+    `batched_nms` does, the images along y, so that none overlap; flagged-out candidates score `DROPPED`, below
+    all."""
     count, number = scores.shape
     largest = torch.where(valid[..., None], boxes, torch.zeros_like(boxes)).amax(dim=(1, 2))  # (B,)
     x_offsets = groups.to(boxes) * (largest[:, None] + 1)
@@ -80,9 +78,8 @@ def padded(values: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-    """The detector's multi-level RoIAlign (`detector.RegionAlign`, aligned or not) of boxes (B, N, 4):
-    (B * N, C, S, S), every box pooled from every level and the one its size maps it to kept (torchvision pools each
-    level's boxes only, a data-dependent number; the values are the same)."""
+    """The detector's multi-level RoIAlign of boxes (B, N, 4) -> (B * N, C, S, S): every box pooled from every level,
+    the one its size maps it to kept (torchvision's values, without its data-dependent counts)."""
     count, number = boxes.shape[:2]
     flat = boxes.reshape(-1, 4)
     image = torch.arange(count, device=boxes.device).to(boxes).repeat_interleave(number)
@@ -115,9 +112,8 @@ def interpolation_weights(starts: torch.Tensor, ends: torch.Tensor, source: int,
 
 
 def pasted(masks: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4): torchvision's `paste_masks_in_image`
-    (one pixel of zeros around the mask, its box widened to match and rounded to whole pixels, the mask resized
-    bilinearly to it) with static shapes, a resize being a product with interpolation weights on each side."""
+    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4) as torchvision's `paste_masks_in_image`,
+    with static shapes: a resize is a product with interpolation weights on each side."""
     padded = F.pad(masks, (1, 1, 1, 1))
     source = padded.shape[-1]
     scale = source / masks.shape[-1]
