@@ -88,8 +88,7 @@ def binary_masks_message(where: str | Path) -> str:
 
 
 def loaded_value(value: int, reduce_zero_label: bool, label_map: dict[int, int] | None) -> int:
-    """What mmseg's LoadAnnotations makes of a stored mask value: with reduce_zero_label, v - 1 (0 and 255
-    ignored), then the data set's label map (a published set's ids to its classes: Cityscapes' label ids)."""
+    """What mmseg's LoadAnnotations makes of a stored mask value (`reduce_zero_label`, then the set's `label_map`)."""
     if reduce_zero_label:
         value = IGNORE_INDEX if value in (0, IGNORE_INDEX) else value - 1
     return label_map.get(value, value) if label_map else value
@@ -103,8 +102,7 @@ def loads_as_label(value: int, num_classes: int, reduce_zero_label: bool, label_
 
 def pair_check(img_path: str, seg_path: str, num_classes: int, reduce_zero_label: bool,
                label_map: dict[int, int] | None = None) -> PairCheck:
-    """What is wrong with one image and its annotation, or None; and the annotation's values. With `label_map`
-    (the entry's), a stored value must load as a class or as ignored."""
+    """What is wrong with an image and its annotation, or None; and the annotation's values (through `label_map`)."""
     try:
         image = decoded(img_path)
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... for damaged files
@@ -160,8 +158,7 @@ def stray_images(img_dir: Path, suffix: str) -> list[Path]:
 
 
 def check_labels_used(dataset, values: set[int]) -> None:
-    """Masks of 0 and 255 alone (the values a mask of one foreground is often drawn with) are refused: with 255
-    ignored, such a set teaches and scores its first class only."""
+    """Masks of 0 and 255 alone are refused: with 255 ignored, such a set teaches and scores its first class only."""
     if not dataset.reduce_zero_label and IGNORE_INDEX in values and values <= {0, IGNORE_INDEX}:
         raise DataError(binary_masks_message(dataset.data_prefix['seg_map_path']))
 
@@ -246,8 +243,7 @@ def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
 
 
 def check_data(cfg, keys: Sequence[str], task: EntryChecks, skip_unreadable: bool = False) -> None:
-    """Check the datasets of `keys` (e.g. train_dataloader) as the config's `task` checks them; with
-    `skip_unreadable`, leave out undecodable images (the dataset's `indices`) and say how many."""
+    """Check the datasets of `keys` as `task` checks them; with `skip_unreadable`, leave out undecodable images."""
     for key in keys:
         loader = cfg.get(key)
         if not loader:

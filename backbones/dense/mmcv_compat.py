@@ -24,10 +24,8 @@ def compiled_ops_available() -> bool:
 
 def sigmoid_focal_loss(input: torch.Tensor, target: torch.Tensor, gamma: float = 2.0, alpha: float = 0.25,
                        weight: torch.Tensor | None = None, reduction: str = 'mean') -> torch.Tensor:
-    """PyTorch form of mmcv's compiled op: `target` holds class indices, index C meaning "no class".
-
-    Per element: -alpha_t (1 - p_t)^gamma log p_t, times `weight[target]` per row when given; 'mean' divides by N.
-    """
+    """PyTorch form of mmcv's compiled op (`target`: class indices, C meaning "no class"): per element
+    -alpha_t (1 - p_t)^gamma log p_t, times `weight[target]` per row when given; 'mean' divides by N."""
     one_hot = F.one_hot(target, input.size(1) + 1)[:, :-1].type_as(input)
     prob = input.sigmoid()
     p_t = prob * one_hot + (1 - prob) * (1 - one_hot)

@@ -50,7 +50,7 @@ def write_depth_png(path: str | Path, depth: np.ndarray, scale: float) -> None:
 
 @METRICS.register_module()
 class DepthReport(DepthMetric):
-    """DepthMetric, mended; `depth_metrics`: a subset of METRICS (default: all); `crop_type`: None, 'nyu_crop',
+    """DepthMetric, mended; `depth_metrics`: some of METRICS (default: all); `crop_type`: None, 'nyu_crop',
     'garg_crop'."""
 
     default_prefix = None

@@ -65,8 +65,7 @@ def refined_proposals(stage: RoIHeads, deltas: torch.Tensor, proposals: list[tor
 
 
 class CascadeRoIHeads(nn.Module):
-    """The cascade's box stages (each a torchvision `RoIHeads` without masks: its matcher at the stage's IoU, its
-    sampler, its box coder) and one mask head on the last stage, called as torchvision's `RoIHeads` is."""
+    """The cascade's box stages (each a torchvision `RoIHeads` without masks) and one mask head on the last stage."""
 
     def __init__(self, stages: Sequence[RoIHeads], mask_roi_pool: MultiScaleRoIAlign, mask_head: nn.Module,
                  mask_predictor: nn.Module) -> None:

@@ -37,9 +37,8 @@ MASK_THRESHOLD = 0.5  # a pasted mask's probability from which a pixel belongs t
 
 
 class RegionAlign(MultiScaleRoIAlign):
-    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides (inferred from the
-    first batch, they are a level off for padded images of some heights); `aligned` samples at pixel centres
-    (detectron2's ROIAlignV2, as ViTDet's configs)."""
+    """torchvision's multi-level RoIAlign, its levels' scales set from the pyramid's strides (inferred, they are a
+    level off for some padded heights); `aligned` samples at pixel centres (detectron2's ROIAlignV2)."""
 
     def __init__(self, levels: Sequence[str], strides: Sequence[float], size: int, aligned: bool = False) -> None:
         super().__init__(list(levels), output_size=size, sampling_ratio=0)

@@ -87,9 +87,8 @@ def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOev
 
 @METRICS.register_module()
 class CocoAP(BaseMetric):
-    """Box and mask AP (`box_AP`, ..., `mask_AP`, ...) on the images the loop ran, with each category's in
-    `json_file`; a run that detects nothing scores 0 (`without_detections`). With `predictions_dir`, the
-    detections are written there as COCO results (predictions.json)."""
+    """Box and mask AP (`box_AP`, ..., `mask_AP`, ...), each category's too in `json_file`; a run that detects
+    nothing scores 0. With `predictions_dir`, the detections as COCO results (predictions.json)."""
 
     default_prefix = None
 

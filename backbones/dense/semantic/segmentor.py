@@ -61,5 +61,4 @@ class SlideBatchEncoderDecoder(EncoderDecoder):
 
 @MODELS.register_module()
 class FlipBatchTTAModel(MirroredViewsTTAModel, SegTTAModel):
-    """mmseg's SegTTAModel over one view per scale, each with its mirror image in one batch where `flip`; softmax
-    averaged."""
+    """mmseg's SegTTAModel over one view per scale, each with its mirror in one batch where `flip`; softmax averaged."""
