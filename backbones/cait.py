@@ -1,15 +1,9 @@
 """CaiT: "Going deeper with Image Transformers" (Touvron et al., 2021), on timm's implementation.
 
-timm's `Cait` has the official parameter names (LayerScale `gamma_*`, talking-heads `proj_l`/`proj_w`,
-`blocks_token_only`) and weights, but a fixed input size. `CaiT` adds what the suite's contract needs: inputs of any
-size (position embeddings resampled per forward) and `forward_intermediates` shared with the other families.
-`backbones.create_model` builds every CaiT name with it; timm's names stay timm's in its registry, and only the
-sizes timm lacks (Table 3 at 224: XS24, XS36, S36, S48, M24, M36) are registered here. The LayerScale init of every
-size is Table 3's: XXS36 starts at 1e-6 here, where timm's `cait_xxs36_*` start at 1e-5 (it only matters when
-training from scratch: the gains are learned, and timm's weights load either way). The
-talking-heads attention mixes heads between the logits and the softmax, so it cannot run on
-`scaled_dot_product_attention`; the class-attention stage does (timm's `ClassAttn`).
-"""
+`CaiT` is timm's `Cait` (its parameter names and weights) with inputs of any size (position embeddings resampled
+per forward) and the suite's `forward_intermediates`; `backbones.create_model` builds every CaiT name with it, and
+only the sizes timm lacks (Table 3 at 224: XS24, XS36, S36, S48, M24, M36) are registered here. Every size starts
+LayerScale at Table 3's value (XXS36: 1e-6, timm's 1e-5). docs/models.md tells the rest."""
 from __future__ import annotations
 
 from functools import partial
@@ -27,11 +21,9 @@ __all__ = ['CaiT']
 
 
 class CaiT(TokenModelMixin, Cait):
-    """timm's Cait accepting any input size; the position table has no class slot.
-
-    With `distilled=True` a distillation token (DeiT's hard distillation) goes through the class-attention stage on its
-    own, as the class token does (each attends to itself and the patches), and feeds `head_dist`.
-    """
+    """timm's Cait accepting any input size; the position table has no class slot. A distillation token
+    (`distilled=True`) goes through the class-attention stage on its own, as the class token does, into
+    `head_dist`."""
 
     def __init__(self, *args, distilled: bool = False, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
@@ -63,8 +55,7 @@ class CaiT(TokenModelMixin, Cait):
         return self.pos_drop(tokens), (grid.shape[1], grid.shape[2])
 
     def _finish_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Class-attention stage: the class token (and the distillation token, on its own) attends to the patches,
-        which stay as they are."""
+        """Class-attention stage: the class (and distillation) token attends to the patches, which stay as they are."""
         if self.blocks_token_only is None:
             return x
         cls_token = self._class_attention(self.cls_token, x)

@@ -37,9 +37,8 @@ def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -
 
 
 def forward_macs(forward: Callable[[], object]) -> int:
-    """Multiply-accumulates of `forward()`, a model run without gradients (on meta tensors: no memory, no compute),
-    by torch's FLOP counter: every matrix product and convolution, the attention's products included (counters
-    that see modules only, such as fvcore's or mmengine's, miss those)."""
+    """Multiply-accumulates of `forward()` (no gradients, on meta tensors) by torch's FLOP counter, which counts the
+    attention's products too (module-level counters miss them)."""
     # torch's counter knows no formula for the fused CPU attention kernel: count the math form, same MACs.
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         forward()
@@ -47,8 +46,8 @@ def forward_macs(forward: Callable[[], object]) -> int:
 
 
 def fixed_table_size(model: nn.Module) -> int:
-    """Elements of the fixed tables a model keeps as buffers in its state dict (T2T-ViT's sinusoid table and performer
-    projections): weights of the model, which the papers count; normalisation statistics are not."""
+    """Elements of the fixed tables a model keeps as buffers (T2T-ViT's), weights the papers count; not norm
+    statistics."""
     statistics = {id(b) for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) for b in m.buffers()}
     buffers = {id(b) for b in model.buffers()}
     return sum(t.numel() for t in model.state_dict(keep_vars=True).values() if id(t) in buffers - statistics)

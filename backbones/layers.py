@@ -24,11 +24,8 @@ DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key 
 
 
 class ScaledResidualBlock(nn.Module):
-    """Pre-norm transformer block whose residual branches are divided by `skip_lam`.
-
-    With `skip_lam=1` this is the plain ViT block (T2T-ViT); LV-ViT uses 2 or 3 ("residual scaling").
-    Attention is timm's, which runs on `scaled_dot_product_attention`.
-    """
+    """Pre-norm transformer block whose residual branches are divided by `skip_lam` (1: the plain ViT block; LV-ViT's
+    "residual scaling" takes 2 or 3)."""
 
     def __init__(
             self,
@@ -67,8 +64,7 @@ def init_linear_and_norm(module: nn.Module) -> None:
 @register_notrace_function  # torch.fx: called whole at run time (its same-grid test needs the sizes, not proxies)
 def resize_pos_embed(pos_embed: torch.Tensor, new_grid: Grid, old_grid: Grid) -> torch.Tensor:
     """Bicubically resample the patch part of a [1, prefix + H*W, D] table to `new_grid`, prefix slots kept (timm's
-    resampling: the table as it is at the same grid, except under torch.export, where the shortcut would fix the
-    traced input size)."""
+    resampling, without its same-grid shortcut under torch.export, which would fix the traced size)."""
     num_prefix = pos_embed.shape[1] - old_grid[0] * old_grid[1]
     return resample_abs_pos_embed(pos_embed, [new_grid[0], new_grid[1]], [old_grid[0], old_grid[1]],
                                   num_prefix_tokens=num_prefix)
@@ -80,8 +76,8 @@ def tokens_with_positions(
         pos_grid: Grid,
         prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Flatten a (B, H, W, D) token grid, prepend the (1, P, D) `prefix` tokens if given (class token, distillation
-    token), add `pos_embed` resized to (H, W)."""
+    """A (B, H, W, D) token grid flattened, the (1, P, D) `prefix` tokens in front, `pos_embed` resized to (H, W)
+    added."""
     B, H, W, D = x.shape
     x = x.reshape(B, H * W, D)
     if prefix is not None:
@@ -91,17 +87,12 @@ def tokens_with_positions(
 
 class TokenModelMixin:
     """`forward`, `forward_features` and timm's `forward_intermediates` contract for a token model, scriptable
-    (TorchScript) and traceable (torch.fx, with timm's leaf functions).
+    (TorchScript) and traceable (torch.fx). A model provides `_embed_tokens(x) -> (tokens, (H, W))`, the patch tokens
+    LAST, `blocks` (an nn.Sequential), `norm`, optionally `_finish_tokens`; its `__init__` calls `_init_token_model`.
 
-    A model provides `_embed_tokens(x) -> (tokens, (H, W))` where the patch tokens are the LAST H*W tokens,
-    `blocks` (an nn.Sequential), `norm`, and optionally `_finish_tokens` for stages after the blocks. Its `__init__`
-    calls `_init_token_model`.
-
-    DeiT's distillation token, where a family offers it (`distilled=True`: T2T-ViT, CaiT, LV-ViT), sits right after
-    the class token (`dist_token`, with its own slot in the position table where the class token has one) and feeds
-    its own head (`head_dist`): the names of DeiT's checkpoints. In training, after `set_distilled_training()`, the head
-    returns (class logits, distillation logits), otherwise their mean (DeiT's inference rule).
-    """
+    DeiT's distillation token (`distilled=True`) sits right after the class token (`dist_token`) and feeds its own
+    head (`head_dist`), DeiT's names. In training, after `set_distilled_training()`, the heads return (class logits,
+    distillation logits), otherwise their mean (DeiT's inference rule)."""
 
     __jit_unused_properties__ = ['distilled']
 
@@ -136,8 +127,7 @@ class TokenModelMixin:
         return self._tokens_with_positions(self.patch_embed(x), self.patch_embed.grid_size)
 
     def _tokens_with_positions(self, grid: torch.Tensor, pos_grid: Grid) -> tuple[torch.Tensor, Grid]:
-        """A (B, H, W, D) token grid with the prefix tokens in front and the position table (made for `pos_grid`)
-        added; and (H, W)."""
+        """`tokens_with_positions` with this model's prefix tokens and table (made for `pos_grid`); and (H, W)."""
         tokens = tokens_with_positions(grid, self.pos_embed, pos_grid, self.prefix_tokens())
         return tokens, (grid.shape[1], grid.shape[2])
 
@@ -156,8 +146,7 @@ class TokenModelMixin:
         return x[:, 0] if pre_logits else self.head(x[:, 0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits, in training mode as in eval mode (timm's contract; token labeling's dense outputs come from
-        `backbones.token_head.forward_token_labeling`, or LV-ViT's `forward_train`)."""
+        """Logits, in training mode as in eval mode (timm's contract; token labeling has `forward_token_labeling`)."""
         return self.forward_head(self.forward_features(x))
 
     @torch.jit.ignore
@@ -175,8 +164,8 @@ class TokenModelMixin:
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        """timm's parameter grouping (its layer-decay helpers use it): the embedding, each block, the final norm;
-        the heads, matched by nothing, come last."""
+        """timm's parameter grouping (its layer decay): the embedding, each block, the final norm; the heads come
+        last."""
         return dict(stem=r'^cls_token|^dist_token|^pos_embed|^patch_embed|^tokens_to_token',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
@@ -221,12 +210,9 @@ class TokenModelMixin:
             intermediates_only: bool = False,
             return_prefix_tokens: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped (or, with
-        `return_prefix_tokens`, each given beside them: a (patch tokens, (B, prefix, D)) pair).
-
-        Returns the intermediates as (B, D, H, W) maps (`output_fmt='NCHW'`) or (B, H*W, D) ('NLC');
-        with `intermediates_only=False` also the final normalised features, as timm does.
-        """
+        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped (with
+        `return_prefix_tokens`, each a (patch tokens, (B, prefix, D)) pair), as (B, D, H, W) ('NCHW') or (B, H*W, D)
+        ('NLC'); with `intermediates_only=False` also the final normalised features."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
@@ -258,9 +244,8 @@ def token_model_cfg(first_conv: str, classifier='head', url: str = '', **kwargs)
 
 def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict, kwargs: dict,
                       filter_fn: Callable) -> nn.Module:
-    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights (a tag such as
-    `lvvit_s.tl_in1k_384` gives a 384 model) unless `img_size` is given; `features_only` returns the blocks in
-    `out_indices` through `forward_intermediates`."""
+    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights' tag unless
+    `img_size` is given; `features_only` as `features_only_cfg` says."""
     cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
     kwargs.setdefault('img_size', cfg.input_size[-1])
     size = kwargs['img_size']

@@ -1,12 +1,9 @@
 """LV-ViT: "All Tokens Matter: Token Labeling for Training Better Vision Transformers" (Jiang et al., 2021).
 
-A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and
-an auxiliary head on every patch token. `forward` returns the paper's inference logits,
-`head(cls) + 0.5 * max over tokens of aux_head(patch)`, in training mode too (timm's contract, as its VOLO);
-token labeling trains through `forward_train`, which applies MixToken and returns a `TokenLabelingOutput` for the
-token-labeling loss. Parameter names match the released checkpoints, and
-`pretrained=True` fetches them through timm's download cache (`lvvit_s.tl_in1k_384` for the 384 file).
-"""
+A ViT with a convolutional patch embedding, residual scaling (`skip_lam`), a class head on the class token and an
+auxiliary head on every patch token. `forward` returns the paper's inference logits in training mode too (timm's
+contract); token labeling trains through `forward_train`. Parameter names match the released checkpoints, which
+`pretrained=True` fetches through timm's download cache (`lvvit_s.tl_in1k_384` for the 384 file)."""
 from __future__ import annotations
 
 import torch
@@ -47,8 +44,8 @@ class ConvStemPatchEmbed(nn.Module):
 
     @staticmethod
     def dynamic_feat_size(image_size: Grid) -> Grid:
-        """Token grid for an (H, W) image (timm's name for it, as its PatchEmbed): the first conv halves a side
-        rounding up, the projection takes whole 8-pixel patches."""
+        """Token grid for an (H, W) image: the first conv halves a side rounding up, the projection takes 8-pixel
+        patches."""
         return tuple((side + 1) // 2 // 8 for side in image_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,8 +104,7 @@ class LVViT(TokenModelMixin, nn.Module):
         self.aux_head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 and self.token_head else None
 
     def _class_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Inference logits from normalised tokens: the class head plus half the class-wise max of the token head.
-        (With a distillation token, which rules out a token head, `forward_head` gives DeiT's two heads instead.)"""
+        """Inference logits: the class head plus half the class-wise max of the token head (`inference_logits`)."""
         if pre_logits:
             return x[:, 0]
         logits = self.head(x[:, 0])
@@ -117,8 +113,7 @@ class LVViT(TokenModelMixin, nn.Module):
         return inference_logits(logits, self.aux_head(x[:, 1:]))
 
     def forward_train(self, x: torch.Tensor) -> TokenLabelingOutput:
-        """Token labeling's training forward: MixToken (unless `mix_token` is 0) after the patch embedding, then the
-        class logits, the per-token logits and the mix box (the token-head wrapper's path, `forward_token_labeling`)."""
+        """Token labeling's training forward (`forward_token_labeling`), MixToken unless `mix_token` is 0."""
         return forward_token_labeling(self, x, self.mix_token)
 
 

@@ -1,12 +1,8 @@
 """The suite's model families in timm's registry, and `create_model`, the one way the suite makes a model.
 
-LV-ViT and T2T-ViT (and the CaiT and ViT sizes timm lacks) are registered in timm's registry under their own names.
-For the ViT/DeiT and CaiT names timm already has, the suite uses timm's names and weights but never registers
-them again: after `import backbones`, `timm.create_model` still gives timm's own model for every one of its names.
-What the suite's contract adds (inputs of any size, position embeddings resampled on the fly) comes through
-`create_model`, by the family's builder: timm's own `dynamic_img_size` option for ViT, the suite's subclass of
-timm's `Cait` for CaiT (timm's class has no such option). The rest of a family is its `Family` record.
-"""
+LV-ViT and T2T-ViT (and the CaiT and ViT sizes timm lacks) are registered under their own names; timm's own names
+are never registered again, so `timm.create_model` still gives timm's model for each. `create_model` adds the suite's
+contract (inputs of any size) by the family's builder; the rest of a family is its `Family` record."""
 from __future__ import annotations
 
 import difflib
@@ -90,7 +86,6 @@ def check_model_name(name: str) -> None:
 
 
 def create_model(name: str, **kwargs) -> nn.Module:
-    """A model with the suite's contract: the family's builder (timm.create_model for models outside the suite);
-    an unknown name is a UsageError listing the closest registered names."""
+    """A model with the suite's contract (the family's builder; timm's for others); an unknown name is a UsageError."""
     check_model_name(name)
     return family_of(name).builder(name, **kwargs)

@@ -1,12 +1,9 @@
 """T2T-ViT: "Tokens-to-Token ViT: Training Vision Transformers from Scratch on ImageNet" (Yuan et al., 2021).
 
-The tokens-to-token module soft-splits the image three times (unfold with overlap) and re-structures the tokens
-in between with a light attention layer: a performer (linear attention with positive random features,
-`t2t_vit_*`) or a one-head transformer (`t2t_vit_t_*`). The backbone is a ViT with a fixed 1-D sinusoidal
-position table. State-dict keys match the released checkpoints, the fixed tables (`pos_embed`, performer `w`:
-buffers here, parameters without gradient there, the same keys) included, and `pretrained=True` fetches them through
-timm's download cache (`t2t_vit_14.in1k_384` for 384).
-"""
+The tokens-to-token module soft-splits the image three times, with a performer (`t2t_vit_*`) or a one-head
+transformer (`t2t_vit_t_*`) in between; the backbone is a ViT with a fixed sinusoidal position table. State-dict keys
+match the released checkpoints (the fixed tables are buffers here), which `pretrained=True` fetches through timm's
+download cache (`t2t_vit_14.in1k_384` for 384)."""
 from __future__ import annotations
 
 import math
@@ -69,12 +66,9 @@ def _random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class PerformerLayer(nn.Module):
-    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features.
-
-    Width changes from `dim` to `token_dim`, so the skip adds v, not the input. The feature map and the
-    normalisation run in fp32 even under autocast: exp() of large logits and a tiny denominator are the
-    source of the published fp16 NaNs.
-    """
+    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features. The width
+    changes from `dim` to `token_dim`, so the skip adds v; the feature map and normalisation run in fp32 under
+    autocast (the published fp16 NaNs came from them)."""
 
     def __init__(self, dim: int, token_dim: int = 64, kernel_ratio: float = 0.5, eps: float = 1e-8) -> None:
         super().__init__()
@@ -181,8 +175,7 @@ class TokensToToken(nn.Module):
         return h, w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid. (Written out step by step: TorchScript takes no
-        loop over different layers.)"""
+        """(B, C, H, W) image -> (B, H/16, W/16, D) token grid (step by step: TorchScript takes no loop over layers)."""
         tokens, (h, w) = self.soft_splits[0](x)
         x = self.attention1(tokens).transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
         tokens, (h, w) = self.soft_splits[1](x)

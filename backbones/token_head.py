@@ -1,18 +1,9 @@
 """The model side of token labeling, for any model (the suite's, timm's ViTs and MLP-Mixers, CNNs): a token head
 (`add_token_head`), the MixToken training forward (`forward_token_labeling`, `TokenLabelingModel`) and the inference
-rule (`inference_logits`). (The data side, from the annotator's score maps to the loss, is `classification`'s:
-`token_labeling` and `objectives`.)
-
-Two kinds of model, told apart by their patch embedding (`patch_embedding`): token models, whose patch embedding gives
-an (H, W) grid of tokens and whose `forward_features` returns the H*W patch tokens last, and feature-map models (CNNs),
-whose `forward_features` map's positions are the tokens. MixToken takes the box of the token grid from the flipped
-batch: for token models, a forward hook on the patch embedding (`MixTokenHook`); for feature-map models, a CutMix box
-aligned to the map's stride, pasted in the pixels. The box is drawn eagerly: `TokenLabelingModel.compile` compiles the
-model's `forward_features` only, which sees the box as a mask tensor (one graph for every box). The token head is one
-linear layer on every patch token or map position: LV-ViT has its own (`aux_head`); every other model gets one from
-`add_token_head`, under the same name, so checkpoints look alike. docs/imagenet.md ("Token labeling and distillation
-with your own model") tells the rest.
-"""
+rule (`inference_logits`). Token models (an (H, W) patch grid, the patch tokens last) take the MixToken box through a
+hook on the patch embedding (`MixTokenHook`); feature-map models (CNNs) as a CutMix box aligned to the map's stride.
+The token head is one linear layer on every token, named `aux_head` as LV-ViT's. docs/imagenet.md ("Token labeling
+and distillation with your own model") tells the rest."""
 from __future__ import annotations
 
 import contextlib
@@ -42,10 +33,8 @@ class TokenLabelingOutput(NamedTuple):
 
 
 def sample_mix_box(grid: Grid, alpha: float = 1.0) -> Box:
-    """CutMix box on the token grid: area fraction (1 - lambda), lambda ~ Beta(alpha, alpha), clipped at borders.
-
-    Uses torch's global RNG so that seeding and checkpointed RNG state make it reproducible.
-    """
+    """CutMix box on the token grid: area fraction (1 - lambda), lambda ~ Beta(alpha, alpha), clipped at borders; from
+    torch's global generator, so that seeding and checkpointed random state reproduce it."""
     H, W = grid
     lam = torch.distributions.Beta(alpha, alpha).sample().item()
     cut = (1.0 - lam) ** 0.5
@@ -83,10 +72,9 @@ def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
 
 
 class MixTokenHook:
-    """MixToken as a forward hook on a patch embedding, whose tokens come as (B, H, W, D) or flattened (B, H*W, D):
-    while `mask` is set, its cells of the token grid come from the flipped batch (mixing before or after the position
-    embedding is the same: both samples get the same table at the same place); without one, the tokens pass as they
-    are. `TokenLabelingModel` keeps one registered: a hook registered per call breaks a compiled graph."""
+    """MixToken as a forward hook on a patch embedding ((B, H, W, D) or (B, H*W, D) tokens): while `mask` is set, its
+    cells come from the flipped batch (before the position table: both samples get the same one there).
+    `TokenLabelingModel` keeps one registered, since a hook registered per call breaks a compiled graph."""
 
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None  # (H, W) bool on the token grid
@@ -100,8 +88,7 @@ class MixTokenHook:
 
 @contextlib.contextmanager
 def mixing_tokens(embedding: nn.Module, hook: MixTokenHook | None, mask: torch.Tensor | None) -> Iterator[None]:
-    """`mask` in `hook` (registered on `embedding` for the block when None: a model without `TokenLabelingModel`'s
-    hook) for the forward passes of the block."""
+    """`mask` in `hook` for the block's forward passes (a hook registered on `embedding` for the block when None)."""
     temporary = hook is None
     hook = MixTokenHook() if temporary else hook
     handle = embedding.register_forward_hook(hook) if temporary else None
@@ -119,10 +106,7 @@ def has_token_head(model: nn.Module) -> bool:
 
 
 def add_token_head(model: nn.Module) -> nn.Module:
-    """Give `model` a token head (`aux_head`: one linear classifier shared by all patch tokens) if it has none.
-
-    The checkpoint loader treats `aux_head` as a classifier of every model (dropped when the class count changes).
-    """
+    """Give `model` a token head (`aux_head`: one linear classifier shared by all patch tokens) if it has none."""
     if not has_token_head(model):
         model.aux_head = nn.Linear(model.num_features, model.num_classes)
         trunc_normal_(model.aux_head.weight, std=0.02)
@@ -131,8 +115,7 @@ def add_token_head(model: nn.Module) -> nn.Module:
 
 
 def patch_embedding(model: nn.Module) -> nn.Module | None:
-    """The module that turns the image into a grid of patch tokens: `patch_embed`, or MLP-Mixer's `stem`; None for a
-    feature-map model (a CNN)."""
+    """The module that makes the patch tokens (`patch_embed`, MLP-Mixer's `stem`); None for a feature-map model."""
     for name in ('patch_embed', 'stem'):
         module = getattr(model, name, None)
         if module is not None and hasattr(module, 'grid_size'):
@@ -141,8 +124,7 @@ def patch_embedding(model: nn.Module) -> nn.Module | None:
 
 
 def token_grid(embedding: nn.Module, image_size: Sequence[int]) -> Grid:
-    """The (h, w) token grid a patch embedding gives an (H, W) image: its `dynamic_feat_size` (timm's patch
-    embeddings and the suite's), else the grid of the size it was built for (`grid_size`)."""
+    """The (h, w) token grid a patch embedding gives an (H, W) image: its `dynamic_feat_size`, else its `grid_size`."""
     if hasattr(embedding, 'dynamic_feat_size'):
         return tuple(embedding.dynamic_feat_size(tuple(image_size)))
     return tuple(embedding.grid_size)
@@ -158,8 +140,7 @@ def feature_stride(model: nn.Module) -> int:
 
 
 def feature_grid(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """A feature-map model's `forward_features` output, a (B, C, h, w) map (NHWC where the model says so), as a
-    (B, h, w, C) grid of tokens."""
+    """A feature-map model's (B, C, h, w) map (NHWC where the model says so) as a (B, h, w, C) grid of tokens."""
     return features if getattr(model, 'output_fmt', 'NCHW') == 'NHWC' else features.permute(0, 2, 3, 1)
 
 
@@ -177,8 +158,8 @@ def patch_tokens(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor,
                      weight: float = TOKEN_LOGIT_WEIGHT) -> torch.Tensor:
-    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits. (The weight is an
-    argument: TorchScript reads no module-level float.)"""
+    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits (an argument:
+    TorchScript reads no module-level float)."""
     return cls_logits + weight * token_logits.amax(dim=1)
 
 
@@ -189,9 +170,8 @@ def predict_with_token_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float = 1.0,
                            hook: MixTokenHook | None = None) -> TokenLabelingOutput:
-    """Training forward for token labeling; MixToken (box area ~ Beta(mix_token, mix_token)) on the token grid unless
-    `mix_token` is 0. For a token model the box is drawn here, eagerly, on the grid the patch embedding gives `x`'s
-    size, and mixed by `hook` (the model's `MixTokenHook`, or one registered for this call)."""
+    """Training forward for token labeling, with MixToken (box area ~ Beta(mix_token, mix_token)) unless `mix_token`
+    is 0; a token model's box drawn here, eagerly, and mixed by `hook` (or one registered for this call)."""
     embedding = patch_embedding(model)
     if embedding is None:
         return _forward_feature_map(model, x, mix_token)
@@ -205,8 +185,7 @@ def forward_token_labeling(model: nn.Module, x: torch.Tensor, mix_token: float =
 
 
 def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) -> TokenLabelingOutput:
-    """Token labeling on a CNN: MixToken's box drawn on the last map's (h, w) grid and the pixels under it, `stride`
-    pixels a cell, taken from the flipped batch."""
+    """Token labeling on a CNN: MixToken's box on the last map's grid, its pixels from the flipped batch."""
     stride = feature_stride(model)
     H, W = x.shape[-2:]
     grid = (math.ceil(H / stride), math.ceil(W / stride))
@@ -223,10 +202,8 @@ def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) ->
 
 
 class TokenLabelingModel(nn.Module):
-    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions.
-
-    A module (not a function) so that DistributedDataParallel sees the whole forward.
-    """
+    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions (a module, so
+    that DistributedDataParallel sees the whole forward)."""
 
     def __init__(self, model: nn.Module, mix_token: float = 1.0) -> None:
         super().__init__()
@@ -238,9 +215,8 @@ class TokenLabelingModel(nn.Module):
             embedding.register_forward_hook(self.hook)
 
     def compile(self, *args, **kwargs) -> None:
-        """torch.compile the model's `forward_features` (`torch.compile`'s arguments), not this forward: MixToken's box,
-        drawn from torch's generator as Python numbers, would break a compiled graph and recompile it for every box;
-        drawn here, eagerly, it reaches the compiled graph as a mask tensor."""
+        """torch.compile the model's `forward_features`, not this forward: MixToken's box, drawn here eagerly,
+        reaches the compiled graph as a mask tensor instead of recompiling it for every box."""
         self.model.forward_features = torch.compile(self.model.forward_features, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | TokenLabelingOutput:
@@ -250,7 +226,6 @@ class TokenLabelingModel(nn.Module):
 
 
 def bare_model(model: nn.Module) -> nn.Module:
-    """The classifier itself: without DDP (or any wrapper with a `.module`) and the token-labeling wrapper: what
-    checkpoints hold."""
+    """The classifier itself, without DDP's (any `.module`) or the token-labeling wrapper: what checkpoints hold."""
     model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     return model.model if isinstance(model, TokenLabelingModel) else model

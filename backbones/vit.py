@@ -1,10 +1,7 @@
 """ViT (Dosovitskiy et al., 2021) and DeiT (Touvron et al., 2021): timm's VisionTransformer, names and weights.
 
-timm implements these models with the official key layout. The suite counts timm's ViT-B/16, ViT-L/16 and DeiT-S
-among its models without registering them again, and registers only the ViT-S/16 that the T2T-ViT paper compares
-with (timm < 0.4's `vit_small_patch16_224`, a name timm now gives a DeiT-S sized model). `backbones.create_model`
-builds every one with timm's `dynamic_img_size=True`: inputs of any size, position embeddings resampled per forward.
-"""
+Only the ViT-S/16 the T2T-ViT paper compares with (timm < 0.4's `vit_small_patch16_224`) is registered here;
+`backbones.create_model` builds every ViT with timm's `dynamic_img_size=True` (inputs of any size)."""
 from __future__ import annotations
 
 import timm
@@ -55,10 +52,8 @@ default_cfgs = _timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': 
 
 @suite_model(VIT)
 def vit_small_patch16_legacy_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/16 as compared in the T2T-ViT paper (timm < 0.4): 8 blocks, D 768, MLP 2304, 8 heads, no qkv bias.
-
-    Not timm's current `vit_small_patch16_224` (that one is DeiT-S sized). LayerNorm eps 1e-5 as it had then.
-    """
+    """ViT-S/16 of the T2T-ViT paper (timm < 0.4; not today's DeiT-S sized one): 8 blocks, D 768, MLP 2304, 8 heads,
+    no qkv bias, LayerNorm eps 1e-5."""
     model_args = dict(patch_size=16, embed_dim=768, depth=8, num_heads=8, mlp_ratio=3.0, qkv_bias=False,
                       norm_layer=nn.LayerNorm)
     return _timm_vit._create_vision_transformer('vit_small_patch16_legacy_224', pretrained=pretrained,

@@ -1,16 +1,10 @@
 """Weights for the suite's models: the official release files of every family, timm's and our own checkpoints.
 
-`load_checkpoint(model, path)`, the one entry point every tool uses, reads `.pth`/`.pth.tar`/`.pt` files with
-`torch.load(weights_only=True)` (no code from the file runs) and `.safetensors` files; unwraps the releases' and
-training checkpoints' layouts and strips `module.` / `_orig_mod.` prefixes (`read_state_dict`), taking the file's model
-by default (in the suite's checkpoints the EMA where the run kept one), its EMA copy with `use_ema=True`, its trained
-weights with `use_ema=False`; resamples `pos_embed` to the model's token grid; drops the classifiers (`head`,
-`aux_head`) the model lacks, or all with `new_head`, a classifier of another class count being an error without it;
-and by default fails, before touching the model, naming the missing, unexpected and mis-shaped keys and the family
-the file seems to hold. `release_filter` is the same unwrapping and resizing as timm's `pretrained_filter_fn`, so that
-timm's own download and cache (`pretrained=True`) read the official LV-ViT and T2T-ViT files; `fetch_pretrained`
-gives a path, URL or timm release as a local file. docs/models.md ("Official checkpoints") gives the layouts.
-"""
+`load_checkpoint(model, path)`, the one entry point every tool uses, reads `.pth`/`.pth.tar`/`.pt` files weights-only
+and `.safetensors` files, unwraps the known layouts (`read_state_dict`), resamples `pos_embed` to the model's grid,
+drops the classifiers the model lacks (all with `new_head`) and fails, before touching the model, naming the keys
+that do not fit. `release_filter` is the same for timm's `pretrained_filter_fn`; `fetch_pretrained` gives a path,
+URL or timm release as a local file. docs/models.md ("Official checkpoints") gives the layouts."""
 from __future__ import annotations
 
 import math
@@ -71,9 +65,8 @@ def _key_list(keys: list[str], limit: int = 12) -> str:
 
 def key_mismatch(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
                  resampled: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """The keys of a checkpoint's `state` that do not fit a module's `own` state dict: `missing` (batch-norm counters
-    aside: torch fills them in), `unexpected`, and `mis-shaped` (with both shapes; keys ending in `resampled`, such
-    as position tables a module resamples on loading, may differ)."""
+    """The keys of `state` that do not fit `own`: `missing` (batch-norm counters aside), `unexpected`, `mis-shaped`
+    (with both shapes; keys ending in `resampled` may differ)."""
     return {
         'missing': [k for k in own if k not in state and not k.endswith('num_batches_tracked')],
         'unexpected': [k for k in state if k not in own],
@@ -135,9 +128,8 @@ def read_state_dict(path: str | Path, use_ema: bool | None = None) -> StateDict:
 
 
 def release_filter(checkpoint: Mapping, model: nn.Module) -> StateDict:
-    """timm's `pretrained_filter_fn` for the suite's families: the file's state dict unwrapped, without prefixes,
-    its position table resampled to the model's grid (timm itself then replaces classifiers for another class
-    count and loads strictly)."""
+    """timm's `pretrained_filter_fn` for the suite's families: the state dict unwrapped, without prefixes, its
+    position table resampled to the model's grid."""
     state_dict = _strip_prefixes(_unwrap(checkpoint, Path(model.pretrained_cfg.get('url') or 'weights'), False))
     if 'pos_embed' in state_dict and state_dict['pos_embed'].shape != model.pos_embed.shape:
         state_dict['pos_embed'] = fit_pos_embed(model, state_dict['pos_embed'])
@@ -209,15 +201,10 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
 def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool | None = None, strict: bool = True,
                     allow_unexpected: bool = False, new_head: bool = False,
                     own_init: tuple[str, ...] = ()) -> LoadReport:
-    """Load a checkpoint file into `model`; see the module docstring for the formats understood.
-
-    With `strict` (the default) any missing, unexpected or mis-shaped key raises a CheckpointError naming them
-    and leaves the model untouched; otherwise the fitting keys are loaded and the rest reported.
-    `allow_unexpected` accepts (and reports) keys the model lacks: a backbone pruned of its head and last blocks.
-    `new_head` keeps the model's own (freshly initialised) classifiers, whatever the file's class count.
-    `own_init`: key endings of parameters the model initialises itself where the file lacks them (the window
-    attention's relative-position tables, which a classifier's checkpoint does not have).
-    """
+    """Load a checkpoint file into `model` (the module docstring lists the formats). With `strict` a key that does not
+    fit raises a CheckpointError and leaves the model untouched; otherwise the fitting keys are loaded and the rest
+    reported. `allow_unexpected` accepts keys the model lacks (a pruned backbone); `new_head` keeps the model's own
+    classifiers; `own_init`: key endings of parameters the model initialises itself where the file lacks them."""
     report = LoadReport(str(path))
     own = model.state_dict()
     state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)
@@ -265,10 +252,8 @@ HF_WEIGHTS = 'model.safetensors'  # the file of a Hugging Face repo timm reads
 
 def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbone.pretrained',
                      instead: str | None = None) -> str:
-    """A checkpoint as a local file: a path as it is; a URL, or `timm` (the model's timm release, `timm_release`),
-    read from the local cache (torch hub's, the Hugging Face hub's) and downloaded into it the first time. `setting`
-    names where the source was given, for the errors; `instead`, for a flag (--pretrained), the option that takes a
-    local file in its place."""
+    """A checkpoint as a local file: a path as it is; a URL, or `timm` (`timm_release`), from the local cache,
+    downloaded the first time. `setting` and `instead` (a flag's local-file option) name the source in errors."""
     if source == TIMM_RELEASE:
         return timm_release(model_name, setting, instead)
     if urlparse(source).scheme in URL_SCHEMES:
@@ -277,9 +262,8 @@ def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbon
 
 
 def timm_release(model_name: str, setting: str, instead: str | None) -> str:
-    """The weights timm's config of `model_name` names, where timm itself would take them: its Hugging Face repo's
-    (timm's first choice, what `timm.create_model(..., pretrained=True)` caches), else its URL's file. Either copy
-    already in its cache is read before anything is downloaded."""
+    """The weights timm's config of `model_name` names, where timm would take them (its Hugging Face repo, else its
+    URL), read from the cache before anything is downloaded."""
     cfg = get_pretrained_cfg(model_name)
     if cfg is None or not (cfg.url or cfg.hf_hub_id):
         raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "

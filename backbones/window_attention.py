@@ -1,19 +1,12 @@
 """Window attention and decomposed relative positions in a token model's blocks (ViTDet, Li et al. 2022; MViTv2).
 
 `use_window_attention(model, window_size, global_blocks, rel_pos)` turns the blocks of a suite model, or of timm's
-VisionTransformer, to ViTDet's scheme: every block but the `global_blocks` attends within non-overlapping windows of
-`window_size` x `window_size` tokens, and with `rel_pos` every block adds decomposed relative positions to its logits
-(`q . Rh[qh - kh] + q . Rw[qw - kw]`, tables initialised to zeros as ViTDet does). Built on timm's primitives
-(`timm.models.vision_transformer_sam`).
+VisionTransformer, to ViTDet's scheme: every block but the `global_blocks` attends within `window_size` windows, and
+with `rel_pos` adds decomposed relative positions (tables `blocks.N.attn.rel_pos_h`/`_w`, zeros at first). The
+original layers are taken over by reference, so the checkpoints' keys and weights load unchanged.
 
-Each block's attention is replaced by a `WindowAttention` that takes over the original's layers by reference, so the
-state-dict keys stay the checkpoints' (`blocks.3.attn.qkv.weight`) and pretrained weights load unchanged; with
-`rel_pos` the tables add `blocks.N.attn.rel_pos_h` and `rel_pos_w` (detectron2's names).
-
-The blocks see tokens only, not the grid they come from: whoever runs the model hands the token grid to the window
-modules with `set_token_grid(model, (H, W))` before the forward (the dense backbone does). It stays set, so that the
-blocks recomputed by gradient checkpointing in the backward pass see the grid of their forward.
-"""
+The blocks see tokens only: whoever runs the model hands them the token grid with `set_token_grid(model, (H, W))`
+before the forward (the dense backbone does); it stays set for the blocks recomputed by gradient checkpointing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -43,8 +36,7 @@ WHY_NOT = {
 
 
 def vitdet_global_blocks(depth: int) -> tuple[int, ...]:
-    """ViTDet's 4 evenly spaced global blocks, the last of each quarter of the depth (12 -> 2, 5, 8, 11; 24 -> 5, 11,
-    17, 23); a model of fewer than 4 blocks has every block global."""
+    """ViTDet's 4 evenly spaced global blocks, the last of each quarter (12 -> 2, 5, 8, 11); all below 4 blocks."""
     return tuple(sorted({depth * (i + 1) // 4 - 1 for i in range(4)} - {-1}))
 
 
@@ -60,14 +52,9 @@ class WindowAttention(nn.Module):
     """A block's attention within windows (or over the whole grid, `window_size=None`), with decomposed relative
     positions where `rel_pos_side` is given (the side the tables are sized for: the window's, or the model's grid).
 
-    The patch tokens of a window attend to the tokens of their window and to the prefix tokens (class, distillation,
-    register tokens); the prefix tokens attend to every token (their row of global attention). So a window covering
-    the whole grid without relative positions is global attention exactly. Relative positions apply between patch
-    tokens only.
-
-    A grid that is not a multiple of the window is padded, and the padded keys are masked out, so the outputs do not
-    depend on the padding. This departs from ViTDet, whose windows attend to the zero-padded tokens too.
-    """
+    A window's patch tokens attend to their window and to the prefix tokens, which attend to every token: a window
+    covering the whole grid without relative positions is global attention exactly. A grid that is not a multiple of
+    the window is padded and the padded keys masked out (ViTDet attends to them)."""
 
     def __init__(self, attn: nn.Module, window_size: int | None, rel_pos_side: int | None,
                  num_prefix_tokens: int) -> None:
@@ -161,9 +148,9 @@ class WindowAttention(nn.Module):
         return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
     def _rel_pos_terms(self, q: torch.Tensor, side: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its
-        sum), from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads,
-        L, columns), a query's term towards each key row and each key column of its region."""
+        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its sum)
+        from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads, L,
+        columns)."""
         regions, heads, L, C = q.shape
         grid_q = q.reshape(regions, heads, side[0], side[1], C)
         rows = torch.einsum('nahwc,hkc->nahwk', grid_q, get_rel_pos(side[0], side[0], self.rel_pos_h))
@@ -173,10 +160,9 @@ class WindowAttention(nn.Module):
     def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              terms: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                              regions_per_image: int) -> torch.Tensor:
-        """`_attend` with the relative positions, a chunk of queries at a time. The (queries x keys) bias is built
-        inside each chunk and, when training, under checkpointing: only the small factors are kept for the backward
-        pass, which rebuilds one chunk's bias at a time. Kept for backward, the bias of every block took more
-        memory than global attention in PyTorch's fused kernel (docs/speed.md)."""
+        """`_attend` with the relative positions, a chunk of queries at a time, the bias built inside each chunk
+        under checkpointing when training: a bias kept for backward in every block took more memory than global
+        attention (docs/speed.md)."""
         _, heads, L, _ = q.shape
         # sized per image, not per batch: the chunks may not depend on a batch size that an export keeps dynamic
         rows = max(1, BIAS_CHUNK_ELEMENTS // (regions_per_image * heads * k.shape[2]))
@@ -210,8 +196,8 @@ class WindowAttention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
         """(regions, heads, queries, C) attended to (regions, heads, keys, C): timm's attention, or CaiT's talking
-        heads (the relative positions join the logits before the heads mix, the mask after, and the masked keys'
-        weights are zeroed again after the second mix, whose bias would give them some)."""
+        heads (relative positions before the heads mix, the mask after, masked keys zeroed again after the second
+        mix)."""
         if not self.talking_heads:
             bias = rel_bias if mask is None else mask if rel_bias is None else rel_bias + mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
@@ -235,10 +221,9 @@ def prefix_tokens_in_blocks(model: nn.Module) -> int:
 
 def use_window_attention(model: nn.Module, window_size: int | None, global_blocks: Sequence[int] | None = None,
                          rel_pos: bool = False, depth: int | None = None) -> None:
-    """Window attention of `window_size` tokens a side in every block of `model.blocks` but `global_blocks` (ViTDet's
-    4 evenly spaced ones over `depth`, the model's depth unless told, where None), decomposed relative positions in
-    every block with `rel_pos` (a global block's tables sized for the model's `patch_embed.grid_size`). Without a
-    window size every block is global (relative positions alone)."""
+    """Window attention of `window_size` tokens a side in every block but `global_blocks` (None: ViTDet's 4 over
+    `depth`), decomposed relative positions in every block with `rel_pos` (a global block's sized for the model's
+    grid); without a window size every block is global."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
     if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on

@@ -27,9 +27,8 @@ E = TypeVar('E', bound='EmbeddedData')
 
 
 class EmbeddedData(Protocol):
-    """Data a tool hands its trainer for runs given no data set (the tools give their embedded set): a description
-    for --help, its own options (where it lives), and the instance those options make. Each task refines it with
-    what it needs: `classification.loaders.EmbeddedImageData`, `backbones.dense.run_data.EmbeddedSegData`."""
+    """Data a tool hands its trainer for runs given no data set: a description for --help, its own options, and the
+    instance those options make; each task refines it (`EmbeddedImageData`, `EmbeddedSegData`)."""
 
     description: ClassVar[str]
 
@@ -41,9 +40,8 @@ class EmbeddedData(Protocol):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The usage text as written (its examples keep their lines), and an option's default after its help where there
-    is one to show: not for a required option, a flag, an option whose default is None or an empty list, or a help
-    that names its default itself."""
+    """The usage text as written, and an option's default after its help where there is one worth showing (not for a
+    required option, a flag, a None or empty default, or a help naming its default)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:  # the hook ArgumentDefaultsHelpFormatter overrides
         text = action.help or ''
@@ -54,8 +52,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """Every command's parser (`command_parser`), its subcommands' parsers included: no abbreviated options (with
-    them `--model lvvit_s` would be read as `--model-kwargs lvvit_s`), the usage text as written, defaults shown."""
+    """Every command's parser (`command_parser`): no abbreviated options (`--model` read as `--model-kwargs`), the
+    usage text as written, defaults shown."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs['allow_abbrev'] = False
@@ -64,10 +62,9 @@ class CommandParser(argparse.ArgumentParser):
         self.foreign_flags: dict[str, str] = {}
 
     def add_foreign_flags(self, origin: str, equivalents: Mapping[str, str | None]) -> None:
-        """Flags of another program that users type out of habit (`origin`, e.g. "mmseg's tools/test.py"), each
-        with what this command takes instead, in words (None: nothing). Given one, the command stops with one line
-        naming the flag, its origin and the equivalent, before any other check of the command line. A flag the
-        parser takes itself is its own, so one table may serve several commands. Call it again for another origin."""
+        """Flags of another program (`origin`, e.g. "mmseg's tools/test.py") that users type out of habit, each with
+        what this command takes instead (None: nothing): given one, the command stops with one line naming them,
+        before any other check. A flag the parser takes itself is its own, so one table may serve several commands."""
         for flag, equivalent in equivalents.items():
             instead = f'use {equivalent}' if equivalent else 'it has no equivalent here'
             self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'
@@ -81,18 +78,15 @@ class CommandParser(argparse.ArgumentParser):
         return namespace, rest
 
     def refuse_foreign_flags(self, args: list[str]) -> None:
-        """argparse's error (one line after the usage) for the first foreign flag in `args` (`add_foreign_flags`);
-        the options after `--` are values."""
+        """argparse's error for the first foreign flag in `args` (`add_foreign_flags`), up to `--`."""
         for flag in typed_flags(args):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
 
 
     def refuse_names_at_odds(self, args: list[str]) -> None:
-        """Two names of one setting in `args` with different values (an option and its alias, `--aa X
-        --auto-augment Y`; a flag and its `--no-` form) are a UsageError naming both: argparse would keep the last
-        silently. The same value under both names passes, and so does one name given twice (a later one overrides,
-        as argparse has it)."""
+        """Two names of one setting in `args` with different values (an option and its alias; a flag and its `--no-`
+        form) are a UsageError naming both, where argparse would keep the last silently; one name given twice passes."""
         actions = self._option_string_actions
         typed = [flag for flag in typed_flags(args) if flag in actions]
         for dest in dict.fromkeys(actions[flag].dest for flag in typed):
@@ -108,8 +102,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def switched_on(action: argparse.Action, value: object) -> bool:
-    """Whether a value an option stored means its setting switched on: a flag's True, or the value an option with an
-    optional value stores given bare (`--torchcompile`, `inductor`, and `--compile`, True, say the same)."""
+    """Whether a stored value means its setting is on: a flag's True, or an optional value's `const` given bare."""
     return value is True or (action.nargs == '?' and value is not None and value == action.const)
 
 
@@ -128,8 +121,7 @@ class _Noted(argparse.Action):
 
 
 def values_given(parser: argparse.ArgumentParser, args: list[str], dest: str) -> list[tuple[str, object]]:
-    """Each value `args` give `parser`'s setting `dest`, in order, with the option name it came under: read by
-    argparse itself (a parser holding only that setting's options; the other arguments are left over)."""
+    """Each value `args` give `parser`'s setting `dest`, in order, with its option name, as argparse reads them."""
     given: list[tuple[str, object]] = []
     noting = argparse.ArgumentParser(add_help=False, allow_abbrev=False, prefix_chars=parser.prefix_chars)
     for action in parser._actions:
@@ -147,8 +139,7 @@ def as_typed(action: argparse.Action, flag: str, value: object) -> str:
 
 
 def typed_flags(args: list[str]) -> list[str]:
-    """The flags of a command line as typed (`--name` of `--name=value` too), up to `--`: what follows it are
-    values."""
+    """The flags of a command line as typed (`--name` of `--name=value` too), up to `--`."""
     return [arg.split('=', 1)[0] for arg in (args[:args.index('--')] if '--' in args else args)]
 
 
@@ -170,8 +161,7 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_model_kwargs(items: list[str], option: str = '--model-kwargs') -> dict:
-    """`--model-kwargs key=value ...` (or another `option` of model arguments): values parsed as Python literals
-    where they are one (numbers, True, None)."""
+    """`--model-kwargs key=value ...` (or `option`'s), values parsed as Python literals where they are one."""
     kwargs = {}
     for item in items:
         key, sep, value = item.partition('=')
@@ -214,8 +204,7 @@ SAME_WORK_EVERYWHERE = 'the same work on every machine, so that the figures comp
 
 def add_model_kwargs_argument(parser: argparse.ArgumentParser, example: str = 'depth=2 embed_dim=64 (a tiny model)',
                               option: str = '--model-kwargs', whose: str = 'the model') -> None:
-    """`--model-kwargs KEY=VALUE ...` (`parse_model_kwargs` reads them); `option` and `whose` for another model of
-    the command (a teacher)."""
+    """`--model-kwargs KEY=VALUE ...`; `option` and `whose` for another model of the command (a teacher)."""
     parser.add_argument(option, nargs='*', default=[], metavar='KEY=VALUE',
                         help=f'arguments of {whose}\'s constructor, values read as Python literals, e.g. {example}')
 
@@ -236,9 +225,8 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (the EMA
-    when its run kept one, as timm's loaders take it), `--use-ema` its EMA copy, `--trained-weights` the trained
-    weights (`backbones.weights.read_state_dict`)."""
+    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (its EMA
+    where kept), `--use-ema` its EMA copy, `--trained-weights` the trained weights."""
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--use-ema', dest='use_ema', action='store_const', const=True, default=None,
                          help='the EMA weights of a training checkpoint (default: its model, which is the EMA when '
@@ -251,8 +239,7 @@ DEFAULT_SEED = 42
 
 
 def add_seed_argument(parser: argparse.ArgumentParser, effect: str = '') -> None:
-    """`--seed`: the seed of the random streams (`backbones.common.random_state.seed_all`); `effect`, what it
-    decides in this command."""
+    """`--seed` (`backbones.common.random_state.seed_all`); `effect`: what it decides in this command."""
     parser.add_argument('--seed', type=non_negative_int, default=DEFAULT_SEED,
                         help='seed of the random streams (Python, NumPy, torch)' + (f': {effect}' if effect else ''))
 

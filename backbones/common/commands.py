@@ -1,10 +1,6 @@
-"""How every command runs (`run_command`): the suite's errors (`SuiteError`) print as one line (`error: ...`) with exit
-status 2, and so does a file that cannot be written (a full disk, a read-only folder: `STORAGE_ERRORS`); a command
-asked for what is done already (`AlreadyDone`) says so in one line and exits with status 0; a run stopped on request
-(`Interrupted`) exits with status 75; the log goes to standard output. `--debug` on the command line, or SUITE_DEBUG=1
-in the environment, shows the traceback instead. Errors that are not the suite's (a bug, a
-library failure) keep their traceback.
-"""
+"""How every command runs (`run_command`): the suite's errors (`SuiteError`) and storage faults (`STORAGE_ERRORS`)
+print as one line with exit status 2; `AlreadyDone` says so and exits with 0; `Interrupted` exits with 75; the log
+goes to standard output. `--debug`, or SUITE_DEBUG=1, shows the traceback instead; other errors keep theirs."""
 from __future__ import annotations
 
 import errno
@@ -26,8 +22,7 @@ def debug_requested(argv: list[str]) -> bool:
 
 
 def one_line(exc: BaseException) -> str:
-    """The message of an error; for one re-raised by a data-loader worker (its text is the worker's traceback),
-    the original error's own message."""
+    """The message of an error; of one re-raised by a loader worker, the original error's message."""
     text = str(exc).strip()
     if 'Original Traceback' in text:
         text = text.splitlines()[-1].split(': ', 1)[-1]
@@ -71,8 +66,7 @@ def run_command(main: Callable[[], object]) -> None:
 
 
 def write_document(text: str) -> None:
-    """A command's result document (JSON) on standard output, where `--json` commands send their log to standard
-    error: the one place besides `run_command` where library code writes to a stream itself."""
+    """A command's result document (JSON) on standard output, its log then on standard error."""
     print(text, flush=True)
 
 

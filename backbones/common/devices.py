@@ -62,9 +62,8 @@ TIMED_IN_FP32 = 'the benchmark times float32 unless asked, so that its figures c
 def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why: str = '',
                      choices: tuple[str, ...] = AMP_CHOICES, alone: str | None = None, gpus_only: bool = False
                      ) -> None:
-    """`--amp`, mixed precision (`pick_amp` resolves it): `choices`, those of AMP_CHOICES a command can run;
-    `default` other than auto only with `why`; `alone`, what `--amp` given without a value means (a former flag);
-    `gpus_only`, a command whose bf16 runs on GPUs alone, as its fp16."""
+    """`--amp` (`pick_amp` resolves it): `choices` of AMP_CHOICES; `default` other than auto only with `why`;
+    `alone`, what a bare `--amp` means; `gpus_only`, for a command whose bf16 runs on GPUs alone."""
     if not set(choices) <= set(AMP_CHOICES) or default not in choices or bool(why) != (default != 'auto'):
         raise ValueError(f'--amp: choices {choices} must be among {AMP_CHOICES}, the default {default!r} among '
                          'them, and a default other than auto needs its reason')
@@ -79,8 +78,8 @@ def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why
 
 
 def pick_amp(amp: str, device: torch.device) -> str:
-    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (bf16 runs there too
-    when asked: faster on CPUs with bf16 instructions, but a run's numbers then depend on the CPU)."""
+    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (where bf16 runs if
+    asked)."""
     if amp != 'auto':
         if amp == 'fp16' and device.type != 'cuda':
             raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (--help says whether the command '
@@ -92,8 +91,8 @@ def pick_amp(amp: str, device: torch.device) -> str:
 
 
 def use_tf32(device: torch.device) -> None:
-    """TensorFloat-32 matmuls and convolutions where `device` is CUDA, as timm's train.py sets them: float32 at tensor
-    core speed (products with a 10-bit mantissa, sums in float32). A CPU run is left as it is, its figures too."""
+    """TensorFloat-32 matmuls and convolutions where `device` is CUDA, as timm's train.py sets them; a CPU run as it
+    is."""
     if device.type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -59,8 +59,7 @@ def run_distributed(run: Callable[[DistInfo], T], device: str | None = None) -> 
 
 
 def computed_once(compute: Callable[[], T], info: DistInfo) -> T:
-    """`compute()` in the main process alone, its result (or the error it raised) given to every process: a file
-    listing of 1.28 million images made once per run instead of once per process."""
+    """`compute()` in the main process alone, its result (or error) given to every process."""
     if not info.distributed:
         return compute()
     box: list = [None]
@@ -101,9 +100,8 @@ def on_device(constant: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class HostCopy(NamedTuple):
-    """A tensor on its way to host memory without the host waiting: on a GPU copied into pinned memory behind the
-    kernels queued so far, with an event recorded after the copy, so that `read` waits for that point only, not for
-    what was queued since (by then the stream has long passed it); on a CPU the tensor itself."""
+    """A tensor on its way to host memory without the host waiting: on a GPU, copied into pinned memory with an event
+    recorded after the copy, which `read` waits for; on a CPU the tensor itself."""
 
     host: torch.Tensor
     arrived: torch.cuda.Event | None
@@ -125,13 +123,9 @@ class HostCopy(NamedTuple):
 
 
 class LaggingSum:
-    """Sums of a few numbers over all processes, read one round late so that no round waits for the device.
-
-    `exchange(values)` starts summing `values` and returns the sums the previous round started (zeros at the first).
-    Every process gets the same sums at the same round, which is what agreeing on a stop needs; a per-round
-    `all_reduce_sum` would instead make the host wait for everything queued on the training stream, every update.
-    On a GPU the sums come back as a `HostCopy`: by the next round the training stream has long passed them, so
-    reading them costs no wait."""
+    """Sums of a few numbers over all processes, read one round late so that no round waits for the device:
+    `exchange(values)` starts summing `values` and returns the previous round's sums (zeros at first), the same in
+    every process at the same round (what agreeing on a stop needs), as a `HostCopy` on a GPU."""
 
     def __init__(self, info: DistInfo, size: int) -> None:
         self.info, self.size = info, size
@@ -152,10 +146,9 @@ class LaggingSum:
 
 
 class SamplePlace(NamedTuple):
-    """A sample as a training loader draws it: the dataset's `index`, drawn `position`-th (from 0) in process
-    `rank`'s share of the pass. Its place is what its augmentation is drawn from (`classification.data.folders`):
-    the same in any loader worker, and different for each copy of an image that repeated augmentation draws twice in
-    a pass (on one process or on two)."""
+    """A sample as a training loader draws it: the dataset's `index`, drawn `position`-th in process `rank`'s share
+    of the pass; its augmentation is drawn from it, the same in any loader worker and different for each repeated
+    copy."""
 
     rank: int
     position: int

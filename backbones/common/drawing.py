@@ -24,8 +24,7 @@ Colour = tuple[int, int, int]
 
 
 def class_colours(count: int) -> np.ndarray:
-    """(count, 3) uint8 colours, distinct for neighbouring class indices: matplotlib's tab10 / tab20 up to 20
-    classes, beyond that hues a golden-ratio step apart."""
+    """(count, 3) uint8 colours, distinct for neighbouring indices: tab10 / tab20, beyond 20 golden-ratio hues."""
     if count <= 20:
         table = matplotlib.colormaps['tab10' if count <= 10 else 'tab20'].colors[:count]
         return np.round(np.array(table) * 255).astype(np.uint8)
@@ -35,8 +34,7 @@ def class_colours(count: int) -> np.ndarray:
 
 def figure(rows: int, cols: int, size: tuple[float, float] = (4.0, 4.0),
            width_ratios: Sequence[float] | None = None):
-    """A figure with rows x cols axes of `size` inches each on average (columns as wide as `width_ratios` say):
-    (figure, axes array)."""
+    """A figure with rows x cols axes of `size` inches on average (widths per `width_ratios`): (figure, axes)."""
     fig = Figure(figsize=(cols * size[0], rows * size[1]))
     FigureCanvasAgg(fig)  # the figure's own canvas: rendered without pyplot
     return fig, fig.subplots(rows, cols, squeeze=False, width_ratios=width_ratios)
@@ -49,8 +47,7 @@ def figure_array(fig) -> np.ndarray:
 
 
 def drawable(text: str) -> str:
-    """`text` as the fonts can draw it: a file or folder name's undecodable bytes (surrogate escapes, which
-    matplotlib refuses) shown as U+FFFD."""
+    """`text` with a file name's undecodable bytes (surrogate escapes, which matplotlib refuses) as U+FFFD."""
     return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
 
 
@@ -68,8 +65,7 @@ def can_show() -> bool:
 
 
 def write_png(image: np.ndarray, path: str | Path, show: bool = False) -> Path:
-    """Write an (H, W, 3) uint8 image as a PNG exactly (no resampling), and open it in a window if asked and there
-    is a display; returns the path."""
+    """An (H, W, 3) uint8 image written as a PNG exactly, shown in a window if asked and possible; returns the path."""
     path = Path(path)
     if path.parent and not path.parent.is_dir():
         raise UsageError(f'cannot write {path}: the folder {path.parent} does not exist')

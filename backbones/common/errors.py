@@ -11,8 +11,7 @@ class UsageError(SuiteError, ValueError):
 
 
 class TrackerError(UsageError):
-    """An experiment tracker (Weights & Biases, MLflow) that cannot start its run: no login, a store that does not
-    hold the run, a server that does not answer."""
+    """An experiment tracker (Weights & Biases, MLflow) that cannot start its run."""
 
 
 class DataError(SuiteError, ValueError):
@@ -32,14 +31,12 @@ class DivergedError(SuiteError, FloatingPointError):
 
 
 class AlreadyDone(SuiteError):
-    """What a command was asked to do is done already (`--resume` on a run that finished): one line, exit status 0,
-    nothing written."""
+    """What a command was asked to do is done already: one line, exit status 0, nothing written."""
 
 
 class Interrupted(BaseException):
-    """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75. Like
-    KeyboardInterrupt, no error: code that catches any exception (torch's weight copy, an image check) must not
-    take a stop for a fault of its own."""
+    """A run stopped on request (SIGTERM, SIGUSR1) after writing a checkpoint it resumes from; exit status 75. Not an
+    Exception, as KeyboardInterrupt: code catching any exception must not take a stop for a fault of its own."""
 
     def __init__(self, message: str, exit_code: int = 75) -> None:
         super().__init__(message)

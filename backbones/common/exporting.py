@@ -43,8 +43,7 @@ def batch_examples(height: int, width: int) -> list[torch.Tensor]:
 
 def check_same_outputs(expected: torch.Tensor | Sequence[torch.Tensor], got: torch.Tensor | Sequence[torch.Tensor],
                        what: str) -> None:
-    """`got` (an exported file's outputs: a tensor, or several) are the model's `expected` ones, else a
-    CheckpointError."""
+    """`got` (an exported file's outputs) are the model's `expected` ones, else a CheckpointError."""
     if not torch.is_tensor(expected):
         if torch.is_tensor(got) or len(got) != len(expected):
             raise CheckpointError(f'{what} gives other outputs than the model: nothing was written')
@@ -67,9 +66,8 @@ def read_marker(folder: Path) -> dict | None:
 
 
 def check_export_folder(out: Path, kind: str | None = None) -> None:
-    """`out` may be (re)written: absent, an empty folder, or an export of this suite (its MARKER) of the same `kind`
-    holding only the files it wrote; anything else (a model folder of another tool, an export with files of the
-    user's added, an export of another kind) is a UsageError naming it: an export replaces its folder whole."""
+    """`out` may be (re)written: absent, empty, or an export of this suite (its MARKER) of the same `kind` holding
+    only its own files; anything else is a UsageError naming it, since an export replaces its folder whole."""
     if not out.exists() and not out.is_symlink():
         return
     if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
@@ -90,8 +88,7 @@ def check_export_folder(out: Path, kind: str | None = None) -> None:
 
 
 def check_exported_file(path: Path) -> None:
-    """A file of an export folder must have the SHA-256 the folder's marker records (safetensors files hold no
-    checksum of their own), else a CheckpointReadError naming it; files outside an export pass."""
+    """A file of an export folder has the SHA-256 its marker records, else a CheckpointReadError; others pass."""
     recorded = (read_marker(path.parent) or {}).get('files', {}).get(path.name)
     if recorded is not None and path.is_file() and file_sha256(path) != recorded:
         raise CheckpointReadError(f'{path}: damaged: its bytes do not match the SHA-256 {path.parent / MARKER} '
@@ -101,8 +98,7 @@ def check_exported_file(path: Path) -> None:
 @contextlib.contextmanager
 def staged_folder(out: Path, description: dict) -> Iterator[Path]:
     """A temporary folder beside `out` to write into; when the block ends without an error, marked as the suite's
-    export (`description`, and the SHA-256 of every file) and renamed to `out` (an earlier export or an empty folder
-    replaced, see `check_export_folder`); removed otherwise."""
+    export (`description`, every file's SHA-256) and renamed to `out`; removed otherwise."""
     check_export_folder(out, description.get('export'))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
@@ -122,8 +118,7 @@ def staged_folder(out: Path, description: dict) -> Iterator[Path]:
 
 
 def give_the_umasks_mode(path: Path) -> None:
-    """The mode any new folder or file gets (the umask's), for mkdtemp's folder and for files staged through
-    private temporary files, which only their owner could read."""
+    """The umask's mode, for mkdtemp's folder and files staged through private temporary files."""
     mask = os.umask(0)
     os.umask(mask)
     path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
@@ -135,9 +130,8 @@ def as_inputs(example: torch.Tensor | Inputs) -> Inputs:
 
 
 def export_dims(dynamic: DynamicDims | Sequence[DynamicDims]) -> tuple[dict, ...]:
-    """torch.export's `dynamic_shapes` of the inputs (`dynamic`: one input's, or each input's): each dynamic
-    dimension any size (a batch: from 1), or any multiple of its `multiple` from its fewest (an image side: whole
-    patches, two by default); a name the inputs share is one dimension (the batch of the images and their sizes)."""
+    """torch.export's `dynamic_shapes` of the inputs (`dynamic`: one input's, or each's): each dynamic dimension any
+    size, or any multiple of its `multiple` from its fewest; a name the inputs share is one dimension."""
     made: dict[str, torch.export.Dim] = {}
 
     def dim(name: str, multiple: int, fewest: int = 2):
@@ -162,8 +156,8 @@ def run_checked(run, example: torch.Tensor | Inputs, what: str) -> torch.Tensor:
 
 def write_exported_program(model: torch.nn.Module, examples: Sequence[torch.Tensor | Inputs], path: Path,
                            dynamic: DynamicDims | Sequence[DynamicDims]) -> None:
-    """torch.export's program of the eval-mode `model`, traced on `examples[0]` (images, or a tuple of inputs) with
-    the `dynamic` dimensions, and checked on every example (give ones of other sizes along those dimensions)."""
+    """torch.export's program of the eval-mode `model`, traced on `examples[0]` with the `dynamic` dimensions, and
+    checked on every example."""
     program = torch.export.export(model, as_inputs(examples[0]), dynamic_shapes=export_dims(dynamic))
     torch.export.save(program, path)
     loaded = torch.export.load(path).module()
@@ -176,8 +170,8 @@ def write_exported_program(model: torch.nn.Module, examples: Sequence[torch.Tens
 def write_onnx(model: torch.nn.Module, examples: Sequence[torch.Tensor | Inputs], path: Path,
                dynamic: DynamicDims | Sequence[DynamicDims], output_name: str | Sequence[str],
                input_names: Sequence[str] = ('images',)) -> None:
-    """The eval-mode `model` as ONNX (torch's dynamo exporter; inputs `input_names`, output `output_name`, or one name
-    per output of a model of several), with the `dynamic` dimensions, checked with onnxruntime on every example."""
+    """The eval-mode `model` as ONNX (torch's dynamo exporter) with the `dynamic` dimensions, checked with
+    onnxruntime on every example."""
     names = [output_name] if isinstance(output_name, str) else list(output_name)
     import onnxruntime  # the export's own dependencies, imported when asked for
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter reports its steps on stdout

@@ -24,8 +24,8 @@ TMP_MARK = '.tmp'  # a file being written is `.NAME.tmpPID` beside NAME until it
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call `write(file)` on a temporary file beside `path`, sync it to disk, then rename it over `path`. A write
-    that fails (a full disk) leaves `path` as it was and no temporary file."""
+    """`write(file)` on a temporary file beside `path`, synced and renamed over it; a failed write leaves `path` as
+    it was."""
     path = Path(path)
     tmp = path.with_name(f'.{path.name}{TMP_MARK}{os.getpid()}')
     try:
@@ -86,9 +86,8 @@ def write_json_atomic(path: str | Path, obj: object) -> None:
 
 
 class FolderAdditions:
-    """What is added to `folder` from now on, to take back (`remove`) when a start is refused, so that it leaves
-    nothing behind: the entries that were not there before; the folder itself, with the folders made for it, where
-    it was not there."""
+    """What is added to `folder` from now on (its new entries; the folder itself, with its parents, where it was not
+    there), for `remove` to take back when a start is refused."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -120,9 +119,8 @@ def ready_mark(root: str | Path) -> str:
 
 
 def write_folder_once(root: str | Path, version: str, write: Callable[[Path], object]) -> Path:
-    """`root` as `write(folder)` fills a folder, unless `root`'s READY mark says `version` already: written into a
-    temporary folder beside it (`.NAME.tmpPID`), marked, then renamed into place, so that a reader, a kill or a
-    second writer never meets half a folder (an older version's is replaced)."""
+    """`root` filled by `write(folder)` unless its READY mark says `version` already: written beside it, marked and
+    renamed into place, so that no reader, kill or second writer meets half a folder."""
     root = Path(root)
     if ready_mark(root) == version:
         return root
@@ -146,9 +144,8 @@ RELEASE_GLOBALS = (argparse.Namespace,)
 
 @contextlib.contextmanager
 def release_globals_allowed(extra: Sequence[object] = ()) -> Iterator[None]:
-    """Weights-only loads inside also accept the release files' `RELEASE_GLOBALS` and `extra`. torch's safe_globals
-    context removes on exit every global it was given, one registered globally before included (timm's own loader
-    uses such a context), so each load asks for them again and gives the context only those not yet allowed."""
+    """Weights-only loads inside also accept `RELEASE_GLOBALS` and `extra`. torch's safe_globals context removes on
+    exit every global it was given, so only those not yet allowed are given to it."""
     allowed = torch.serialization.get_safe_globals()
     with torch.serialization.safe_globals([g for g in (*RELEASE_GLOBALS, *extra) if g not in allowed]):
         yield
@@ -156,9 +153,8 @@ def release_globals_allowed(extra: Sequence[object] = ()) -> Iterator[None]:
 
 def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowed: Sequence[object] = (),
                       mmap: bool = False, map_location: str | None = 'cpu') -> object:
-    """`torch.load` with `weights_only=True` (tensors and plain containers, and the `allowed` globals: nothing from
-    the file runs), every failure naming the file: a file that is missing or cannot be read is a CheckpointReadError;
-    one that holds other Python objects is a CheckpointError (loading it would run code from it)."""
+    """`torch.load` with `weights_only=True` (and the `allowed` globals), every failure naming the file: unreadable,
+    a CheckpointReadError; holding other Python objects, a CheckpointError."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')
@@ -195,8 +191,7 @@ NOT_CHECKPOINTS = ((b'version https://git-lfs', 'a git-lfs pointer, not the file
 
 
 def check_torch_format(path: Path, what: str) -> None:
-    """A file that is neither torch's zip format nor its legacy pickle is named for what it looks like, not
-    reported as holding unsafe Python objects."""
+    """A file in neither of torch's formats is named for what it looks like, not as holding unsafe objects."""
     with open(path, 'rb') as f:
         head = f.read(64)
     if (head.startswith(ZIP_MAGIC) or head.startswith(PICKLE_PROTOCOL) or path.suffix == '.safetensors'
@@ -215,16 +210,14 @@ def check_torch_format(path: Path, what: str) -> None:
 
 
 def file_version(path: Path) -> tuple[int, ...]:
-    """What tells one version of a file from another: its device, inode, size and modification time (a file
-    replaced by a rename, or rewritten, is another version)."""
+    """A file's device, inode, size and modification time: another after a rename over it or a rewrite."""
     stat = path.stat()
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def check_zip_checksums(path: Path, what: str = 'PyTorch checkpoint') -> None:
-    """A file in torch's zip format (what torch.save writes) must match the CRC-32 its zip records for every
-    member, else a CheckpointReadError naming it: torch.load does not check them, so a flipped byte in a tensor
-    would load as a wrong number. Files in torch's legacy format record no checksum and pass."""
+    """A file in torch's zip format matches the CRC-32 its zip records for every member (torch.load does not check
+    them), else a CheckpointReadError naming it; legacy files record none and pass."""
     _check_zip_checksums(path, what, file_version(path))
 
 

@@ -1,13 +1,9 @@
 """Image files and ImageNet-layout folders (`train/CLASS/*.JPEG`): listing, class lists, complete decoding (colour
 JPEGs through `backbones.common.jpeg`, with Pillow's pixels; every other file through Pillow).
 
-Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`): that is also the key of each image
-in the token-label store, so a store generated on one machine works for a copy of the data set elsewhere.
-
-Every entry of a split folder is accounted for (`split_entries`): a class folder (a visible folder holding images)
-or a tar (`*.tar`, read by `classification.sources.tars`) is read; hidden entries, `lost+found`, the tar reader's
-index (`tars.index.npz`) and empty folders are ignored; anything else is an error naming it.
-"""
+Image paths are kept relative to the data folder (`train/n01440764/x.JPEG`), the key of each image in the
+token-label store. Every entry of a split folder is accounted for (`split_entries`): a class folder or a tar is
+read, hidden entries, `lost+found`, `tars.index.npz` and empty folders are ignored, anything else is an error."""
 from __future__ import annotations
 
 import io
@@ -67,10 +63,9 @@ def image_bytes(path: Path | BinaryIO) -> bytes:
 
 def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple[int, int] | None] | None = None,
              fast: bool = False) -> DecodedImage:
-    """A file's pixels as `read_image` decodes them, JPEGs at the reduced size `Image.draft` gives for the size
-    `requested` returns for the file's full size (asked once: it may draw the crop). Colour JPEGs through
-    `decode_colour_jpeg` (`fast`: its fast IDCT and upsampling, other pixels); the others, and files it refuses,
-    through Pillow."""
+    """A file's pixels as `read_image` decodes them, JPEGs at the reduced size `Image.draft` gives for what
+    `requested` returns for the full size (asked once); colour JPEGs through `decode_colour_jpeg` (`fast`: its
+    fast IDCT)."""
     drawn = {}
 
     def wanted(size: tuple[int, int]) -> tuple[int, int] | None:
@@ -88,13 +83,10 @@ def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple
 
 def read_image(path: Path | BinaryIO, before_decode: Callable[[Image.Image], bool | None] | None = None,
                data: bytes | None = None) -> Image.Image | None:
-    """Decode an image file (or its bytes read from a tar, `MemberFile`) completely to RGB (a truncated file is an
-    error, not grey pixels); failures name it. Without `before_decode`, colour JPEGs go through `read_rgb`'s decoder.
-
-    `before_decode` sees the opened, not yet decoded image (its size is known): it may ask for a reduced decode
-    (`Image.draft`, JPEG's scaled decoding), or return False to leave the file undecoded (then None is returned).
-    `data`: the file's bytes where the caller read them already (Pillow reads them, not the file again).
-    """
+    """Decode an image file (or its bytes from a tar, `MemberFile`) completely to RGB; failures name it. Without
+    `before_decode`, colour JPEGs go through `read_rgb`'s decoder. `before_decode` sees the opened image: it may
+    ask for a reduced decode (`Image.draft`) or return False to leave it undecoded (None returned). `data`: the
+    file's bytes where the caller read them already."""
     if before_decode is None and data is None:
         data = image_bytes(path)
         size = colour_jpeg_size(data)
@@ -111,16 +103,14 @@ def read_image(path: Path | BinaryIO, before_decode: Callable[[Image.Image], boo
 
 
 def is_image_name(name: str) -> bool:
-    """A file name the readers take as an image: a suffix of IMG_EXTENSIONS, and not hidden (macOS leaves `._NAME.JPEG`
-    resource files beside a copy's images, which do not decode)."""
+    """A name with a suffix of IMG_EXTENSIONS, not hidden (macOS's `._NAME.JPEG` resource files do not decode)."""
     path = Path(name)
     return path.suffix.lower() in IMG_EXTENSIONS and not path.name.startswith('.')
 
 
 def is_class_folder(path: Path) -> bool:
-    """A class is a visible folder holding at least one image (not `.ipynb_checkpoints`, not an empty folder). A
-    visible folder whose entries are none of them images the suite reads (GIFs, say, or a subfolder of images) is
-    an error, never a class silently lost."""
+    """A class is a visible folder holding at least one image; a visible folder of no image the suite reads is an
+    error, never a class silently lost."""
     if not path.is_dir() or path.name.startswith('.'):
         return False
     entries = list(path.iterdir())
@@ -140,8 +130,7 @@ def decompress(tool: str) -> str:
 
 
 def unread_tar_fix(name: str) -> str | None:
-    """What to do with a file named as a tar the readers do not take (compressed, or not spelled `.tar`); None
-    where the name is no such tar's."""
+    """What to do with a file named as a tar the readers do not take; None for any other name."""
     lower = name.lower()
     tool = next((tool for suffix, tool in COMPRESSED_TARS.items() if lower.endswith(suffix)), None)
     if tool is not None:
@@ -157,9 +146,8 @@ def is_split_tar(entry: Path) -> bool:
 
 
 def split_entries(split_dir: Path) -> tuple[list[str], list[Path]]:
-    """A split folder's class folders (names, sorted) and tars (sorted). Hidden entries, `lost+found`, the tars'
-    index and empty folders are ignored; any other entry (an image outside a class folder, a compressed tar, a
-    stray file) is an error naming it, never an entry silently left out."""
+    """A split folder's class folders (names, sorted) and tars (sorted); entries to ignore as the module says, any
+    other an error naming it."""
     classes, tars = [], []
     for entry in sorted(split_dir.iterdir()):
         if entry.name.startswith('.') or entry.name in IGNORED_ENTRIES:
@@ -211,8 +199,8 @@ def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_f
 
 def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
                classes_from: str = 'the training split') -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted class folders, or those given, which come from `classes_from`) and (path relative to
-    `data_dir`, label) of one split. Given classes may lack a folder; a folder outside them is an error."""
+    """Classes (sorted folders, or those given, which may lack a folder) and (path relative to `data_dir`, label) of
+    one split; a folder outside given classes is an error."""
     split_dir = Path(data_dir) / split
     return label_samples(split, str(split_dir), find_classes(split_dir), lambda name: class_files(split_dir / name),
                          classes, classes_from)
@@ -225,8 +213,8 @@ def class_files(folder: Path) -> list[str]:
 
 def label_samples(split: str, where: str, found: Sequence[str], files_of: Callable[[str], list[str]],
                   classes: Sequence[str] | None, classes_from: str) -> tuple[list[str], list[tuple[str, int]]]:
-    """The classes (`found`, or those given, from `classes_from`) and (`split/CLASS/FILE`, label) of the images of
-    a split (`where`, for messages), the file names of each class from `files_of` (sorted)."""
+    """The classes (`found`, or those given) and (`split/CLASS/FILE`, label) of a split's images (`files_of` a
+    class)."""
     classes = list(classes) if classes is not None else list(found)
     unknown = sorted(set(found) - set(classes))
     if unknown:

@@ -1,12 +1,7 @@
 """Colour JPEGs decoded by libjpeg-turbo through simplejpeg, pixel for pixel as Pillow decodes them, at the scale
-Pillow's `Image.draft` picks: numpy arrays without Pillow's file parsing and its image copies.
-
-Taken: baseline and progressive 3-component YCbCr JPEGs (any chroma subsampling). Everything else (grey, CMYK, an
-RGB-coded JPEG, other formats, a file libjpeg-turbo refuses or that is cut short, an image narrower than a JPEG
-block) gets None here and is read by Pillow (`images.read_rgb`). `fast=True` asks
-for libjpeg-turbo's fast integer IDCT and its plain chroma upsampling: faster, but not Pillow's pixels
-(docs/speed.md gives the difference); `pillow_only()` turns this decoder off (tests, benchmark baselines).
-"""
+Pillow's `Image.draft` picks. Baseline and progressive 3-component YCbCr JPEGs only: anything else gets None here
+and is read by Pillow (`images.read_rgb`). `fast=True` trades Pillow's pixels for speed (docs/speed.md);
+`pillow_only()` turns this decoder off."""
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +41,8 @@ def colour_jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def draft_scale(size: tuple[int, int], requested: tuple[int, int] | None) -> int:
-    """The reduction Pillow's `Image.draft('RGB', requested)` decodes a JPEG of `size` at: the largest of 8, 4, 2, 1
-    that keeps both sides at least the requested ones (1 without a request, or for one larger than the image)."""
+    """The reduction `Image.draft('RGB', requested)` decodes a JPEG of `size` at: the largest of 8, 4, 2, 1 keeping
+    both sides at least `requested`."""
     if requested is None:
         return 1
     most = min(size[0] // requested[0], size[1] // requested[1])
@@ -56,9 +51,8 @@ def draft_scale(size: tuple[int, int], requested: tuple[int, int] | None) -> int
 
 def decode_colour_jpeg(data: bytes, size: tuple[int, int], requested: tuple[int, int] | None = None,
                        fast: bool = False) -> np.ndarray | None:
-    """The (h, w, 3) uint8 pixels of a colour JPEG of `size` (`colour_jpeg_size`) at Pillow's draft scale for
-    `requested`; None for an image narrower than SMALLEST_SIDE, or a file simplejpeg refuses (Pillow then reads
-    it, and names or skips a broken one)."""
+    """The (h, w, 3) uint8 pixels of a colour JPEG of `size` at Pillow's draft scale for `requested`; None for an
+    image narrower than SMALLEST_SIDE or a file simplejpeg refuses (Pillow then reads it)."""
     if min(size) < SMALLEST_SIDE:
         return None
     least = tuple(math.ceil(side / draft_scale(size, requested)) for side in size)

@@ -23,8 +23,7 @@ def restarted_by_torchrun() -> bool:
 
 
 class StopRequests:
-    """SIGTERM and SIGUSR1 (or `signals`) noted, not acted on at once, while a run trains; the handlers before are
-    put back after."""
+    """SIGTERM and SIGUSR1 (or `signals`) noted while a run trains, the former handlers put back after."""
 
     def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
         self.signals = signals
@@ -47,9 +46,8 @@ class StopRequests:
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """The stop signals and Ctrl-C held back while the block runs, then delivered as they came: for code that turns
-    any exception into its own (mmengine's config formatting, a bare `except:`, reported a stop at start-up as a
-    syntax error in the config)."""
+    """The stop signals and Ctrl-C held back while the block runs, then delivered: for code that turns any exception
+    into its own (mmengine's config formatting)."""
     with StopRequests((*STOP_SIGNALS, signal.SIGINT)) as held:
         yield
     if held.received:
@@ -58,8 +56,8 @@ def signals_held() -> Iterator[None]:
 
 @contextmanager
 def resumable_on_ctrl_c(last_checkpoint: Callable[[], Path | None]) -> Iterator[None]:
-    """Ctrl-C in a training run that has written a checkpoint (`last_checkpoint()`, None before the first): the
-    interrupted line says that `--resume` continues it (the same command alone is refused: the run is there)."""
+    """Ctrl-C after a training run's first checkpoint (`last_checkpoint()`): the line says that `--resume` continues
+    it."""
     try:
         yield
     except KeyboardInterrupt:
@@ -72,17 +70,14 @@ def resumable_on_ctrl_c(last_checkpoint: Callable[[], Path | None]) -> Iterator[
 
 
 def ignore_stop_signals(_: int) -> None:
-    """Loader workers leave SIGTERM and SIGUSR1 to the training process, which stops them after its checkpoint (a
-    cluster scheduler signals every process of a job)."""
+    """Loader workers leave SIGTERM and SIGUSR1 to the training process, which stops them after its checkpoint."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
 def kill_workers_left_at_exit() -> None:
-    """Python's exit ends daemonic children (loader workers) with SIGTERM, then waits for them, but loader workers
-    ignore SIGTERM (`ignore_stop_signals`). Torch's loader shuts its workers down when it is let go or exhausted;
-    one still holding them at exit (a worker's error ended the run: the loader keeps them past its own clean-up)
-    would make the exit wait forever after the error's line. They are killed first."""
+    """Loader workers still alive at exit are killed: Python's exit would end them with SIGTERM, which they ignore
+    (`ignore_stop_signals`), and wait for them forever (a worker's error ends a run with them held)."""
     children = [child for child in multiprocessing.active_children() if child.daemon]
     if children:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's loader handler would report them as failures
@@ -94,10 +89,8 @@ atexit.register(kill_workers_left_at_exit)
 
 
 def interrupt_on_stop_signals() -> None:
-    """A command's own process turns SIGTERM and SIGUSR1 into `Interrupted` (one line, exit 75) wherever no training
-    loop notes them itself (start-up, evaluation, export): a job signalled then stops with a word instead of dying
-    with status 143, its atomic writes leaving nothing half-written. Processes forked from it (loader workers that
-    set no handler of their own) keep the signals' default action."""
+    """SIGTERM and SIGUSR1 raise `Interrupted` (one line, exit 75) in a command's own process where no training loop
+    notes them; processes forked from it keep the signals' default action."""
     owner = os.getpid()
 
     def interrupt(signum: int, _frame) -> None:

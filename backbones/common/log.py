@@ -10,9 +10,8 @@ _HANDLER_NAME = 'vit_dense.stdout'
 
 
 def show_log(main_process: bool = True, stream: TextIO | None = None) -> None:
-    """Print the suite's messages as plain lines on standard output (or `stream`: standard error for a command whose
-    output is a JSON document): INFO and up on the main process, errors only on the others (under torchrun every
-    process runs the same code)."""
+    """The suite's messages as plain lines on standard output (or `stream`): INFO and up on the main process, errors
+    only on the others."""
     handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
     if handler is None:
         handler = logging.StreamHandler(stream or sys.stdout)

@@ -12,8 +12,8 @@ from backbones.common.errors import UsageError
 
 
 def check_writable(path: str | Path) -> None:
-    """A file a command will write: its folder must exist and be writable, and the path must not be a folder (nor
-    be typed as one, with a trailing slash)."""
+    """A file a command will write: its folder exists and is writable, and the path is no folder (nor ends in a
+    slash)."""
     if str(path).endswith(os.sep):
         raise UsageError(f'{path} names a folder (its trailing {os.sep}); give a file name to write')
     path = Path(path)
@@ -39,8 +39,7 @@ def output_file(value: str) -> str:
 
 
 def png_file(value: str) -> str:
-    """argparse type of a PNG picture a command will write: named .png and checked like `output_file`, before any
-    work (another suffix failed only once the picture was drawn)."""
+    """argparse type of a PNG picture a command will write: named .png and checked as `output_file`, before any work."""
     if Path(value).suffix.lower() != '.png':
         raise argparse.ArgumentTypeError(f'{value}: give a .png file (the picture is written as PNG)')
     return output_file(value)
@@ -53,8 +52,7 @@ def output_folder(value: str) -> Path:
 
 
 def check_output_folder(path: str | Path) -> None:
-    """A folder a command will create or fill: it must not be a file, nor lie under one, and the folder (or the
-    nearest one above it that exists, where it is to be made) must be writable."""
+    """A folder a command will create or fill: no file, nor under one, and writable (or the nearest existing parent)."""
     path = Path(path)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
@@ -63,9 +61,8 @@ def check_output_folder(path: str | Path) -> None:
 
 
 def check_folder_writable(folder: Path, target: Path) -> None:
-    """Files can be made in `folder` (to write `target`): before the work, not after it. access(2) says so for a
-    read-only file system too, root included; a file is made and removed to be sure (root may write anywhere by
-    access(2), yet /proc takes no new file)."""
+    """Files can be made in `folder` (to write `target`), checked before the work: by access(2), then by a file made
+    and removed (root may write anywhere by access(2), yet /proc takes no new file)."""
     if os.access(folder, os.W_OK | os.X_OK):
         try:
             with tempfile.NamedTemporaryFile(dir=folder, prefix='.write-check-'):

@@ -25,15 +25,13 @@ def hash_seed(*values: int) -> int:
 
 
 def batch_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    """A generator on `device` seeded with `seed`: a batch's own draws, the same on whichever thread makes them and
-    whenever (a batch prepared ahead, a resumed run); None without a seed (the process's default generator)."""
+    """A generator on `device` seeded with `seed` (a batch's own draws, wherever and whenever made), or None."""
     return None if seed is None else torch.Generator(device).manual_seed(seed)
 
 
 def seed_sample(*key: int) -> None:
-    """Python's, NumPy's and torch's CPU streams seeded from a sample's `key` (seed, epoch, index): its augmentation
-    the same whichever process or loader worker reads it, and whenever. CUDA's streams (the training step's) are
-    left alone."""
+    """Python's, NumPy's and torch's CPU streams seeded from a sample's `key` (seed, epoch, index), CUDA's left
+    alone."""
     seed = hash_seed(*key)
     random.seed(seed)
     np.random.seed(seed)
@@ -42,8 +40,7 @@ def seed_sample(*key: int) -> None:
 
 @contextlib.contextmanager
 def cpu_streams_kept() -> Iterator[None]:
-    """A block after which Python's, NumPy's and torch's CPU streams are as they were before it (CUDA's are not
-    touched). Saving and restoring them takes about 0.25 ms, NumPy's most of it: once per batch, not per sample."""
+    """Python's, NumPy's and torch's CPU streams put back after the block (0.25 ms: once a batch, not a sample)."""
     state = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
     try:
         yield
@@ -55,8 +52,7 @@ def cpu_streams_kept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def sample_streams(*key: int) -> Iterator[None]:
-    """A block drawing from `seed_sample(*key)`'s streams; the process's own are put back after it (the training
-    process reads samples itself when its loader has no worker processes)."""
+    """A block drawing from `seed_sample(*key)`'s streams; the process's own are put back after it."""
     with cpu_streams_kept():
         seed_sample(*key)
         yield

@@ -15,8 +15,7 @@ from backbones.common.errors import TrackerError, UsageError
 
 
 def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType:
-    """The optional package a flag needs (`module`, installed by the package's `extra`, by default of the same
-    name), imported when the flag is given; absent or broken, a UsageError naming the flag and the extra."""
+    """The optional package a flag needs, imported; absent or broken, a UsageError naming the flag and the extra."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -25,9 +24,8 @@ def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType
 
 
 def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflow_run: str) -> None:
-    """--log-wandb, --log-mlflow: the run's scalars also to an experiment tracker, each client an optional extra
-    (`check_trackers`). `wandb_run` and `mlflow_run` say what the command's run is named after and where it is
-    logged (MLflow's file store, without MLFLOW_TRACKING_URI)."""
+    """--log-wandb, --log-mlflow, each client an optional extra (`check_trackers`); `wandb_run` and `mlflow_run` say
+    what the command's run is named after and where it is logged."""
     parser.add_argument('--log-wandb', action='store_true', help=(
         f'also log to Weights & Biases (pip install \'.[wandb]\'): {wandb_run}; WANDB_MODE=offline keeps it on disk, '
         'without an account'))
@@ -36,8 +34,7 @@ def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflo
 
 
 def check_trackers(wandb: bool, mlflow: bool) -> None:
-    """Before any work: the clients of the trackers asked for (`add_tracker_arguments`) import; those that do not
-    are named together, in one line."""
+    """Before any work: the clients of the trackers asked for import; those that do not are named in one line."""
     missing = []
     for module in [name for name, asked in (('wandb', wandb), ('mlflow', mlflow)) if asked]:
         try:
@@ -50,8 +47,7 @@ def check_trackers(wandb: bool, mlflow: bool) -> None:
 
 @contextlib.contextmanager
 def tracker_errors(flag: str, what: str) -> Iterator[None]:
-    """A tracker client's own error while it starts its run (no login, a run its store does not hold) as a
-    TrackerError, one line naming the flag (`flag`) and what it could not do (`what`)."""
+    """A tracker client's error while it starts its run, as a TrackerError naming `flag` and `what` failed."""
     try:
         yield
     except Exception as e:  # wandb's and MLflow's errors have no common base
@@ -60,8 +56,7 @@ def tracker_errors(flag: str, what: str) -> Iterator[None]:
 
 
 def mlflow_tracking_uri(default_folder: Path) -> str:
-    """The MLflow store a `--log-mlflow` command logs to: MLFLOW_TRACKING_URI, else a file store in `default_folder`
-    (`mlflow ui --backend-store-uri FOLDER` shows it)."""
+    """The MLflow store: MLFLOW_TRACKING_URI, else a file store in `default_folder`."""
     store = os.environ.get('MLFLOW_TRACKING_URI') or default_folder.resolve().as_uri()
     if store.startswith('file:'):
         # MLflow 3 refuses its file store unless asked; the package's extra (mlflow-skinny) has no database one

@@ -1,13 +1,8 @@
 """Dense prediction with the suite's backbones on mmsegmentation 1.x and mmengine: semantic segmentation
-(`semantic`); instance segmentation and detection (`instances`: Mask R-CNN); depth (`depth`). Each task is a
-`tasks.DenseTask` in its folder, found by the model a config builds; the modules here serve every task.
-
-Importing this package (configs do, through `custom_imports`) registers in mmseg's registries: `TokenBackbone`
-(any suite model; also under its former per-family names), `TokenPyramidNeck`, `SlideBatchEncoderDecoder`,
-`LayerDecayOptimWrapperConstructor`, the `IoUReport` metric and the `ValidationPictures` hook; and lets mmengine
-write its checkpoints atomically, read them under torch >= 2.6, and read the LV-ViT segmentation releases of the
-reference's mmseg 0.x code (see `mmengine_io` and `released_segmentors`).
-"""
+(`semantic`), instance segmentation and detection (`instances`), depth (`depth`), each a `tasks.DenseTask` in its
+folder; the modules here serve every task. Importing this package (configs do, through `custom_imports`) registers
+the suite's backbone, neck, segmentor, optimizer constructor, metrics and hooks in mmseg's registries, and sets up
+mmengine's checkpoint reading and writing (`mmengine_io`)."""
 from backbones.dense.mmcv_compat import ensure_mmseg_importable
 from backbones.dense.silenced_warnings import silence_harmless_warnings
 

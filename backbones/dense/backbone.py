@@ -2,18 +2,12 @@
 (registered under that name and the former per-family ones, `LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone` and
 `ViTBackbone`, so that configs written for those still run).
 
-It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps, prefix tokens dropped, no final
-norm, for an image of any size, in test mode too: the image is padded to whole patches (a fixed-grid model such as
-BEiT: to its `img_size`, a larger image refused) and the maps are resampled onto the stride-16 cells of the image's own
-extent (a 14 px model's too), so that the decode head's final resize to the image size is exact. A timm model must be
-a plain ViT (`PLAIN_VIT_PARTS`, square patches); any other is refused naming what it lacks, before a run does any work
-(`check_backbone_model`). `pretrained` (a path, an http(s):// or file:// URL, or `timm`) loads a classification
-checkpoint through `backbones.load_checkpoint`; `window_size`, `global_blocks` and `rel_pos` give ViTDet's window
-attention (backbones/window_attention.py); `frozen`, a fixed feature extractor (no gradient, no backward through
-it, eval mode throughout); `final_norm`, each map through the model's final norm, and `class_token`, the block's
-class token joined to every cell (DINOv2's frozen-feature heads).
-docs/segmentation.md and docs/instances_and_depth.md tell the rest.
-"""
+It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps (prefix tokens dropped, no
+final norm) for an image of any size, resampled onto the stride-16 cells of the image's own extent. A timm model
+must be a plain ViT (`check_backbone_model`). `pretrained` loads a classification checkpoint
+(`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's window attention;
+`frozen`, a fixed feature extractor; `final_norm` and `class_token`, the maps DINOv2's frozen-feature heads read.
+docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +34,7 @@ PLAIN_VITS = 'vit_small_patch14_reg4_dinov2, deit3_small_patch16_224, eva02_smal
 
 def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple[int, int] | None = None
                    ) -> torch.Tensor:
-    """Resample the top-left `extent` (fractions of height, width) of (B, C, h, w) maps onto `cells` (default:
-    h x w) cells."""
+    """The top-left `extent` (fractions of height, width) of (B, C, h, w) maps resampled onto `cells` (or h x w)."""
     fy, fx = extent
     size = [*maps.shape[:2], *(cells or maps.shape[2:])]
     if fy == 1 and fx == 1 and size == list(maps.shape):
@@ -53,8 +46,8 @@ def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple
 
 
 def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwargs: dict) -> nn.Module:
-    """The classifier a dense backbone wraps, without classifier: a suite model, or a plain timm ViT taking any input
-    size where it can (timm's `dynamic_img_size`)."""
+    """The classifier a dense backbone wraps, headless: a suite model, or a timm ViT with `dynamic_img_size` where it
+    can."""
     kwargs = dict(img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs)
     if model_family(model_name) is not None:
         return create_model(model_name, **kwargs)
@@ -79,8 +72,7 @@ def not_a_plain_vit(model_name: str, why: str) -> UsageError:
 
 
 def check_backbone_model(backbone: dict) -> None:
-    """A config's TokenBackbone built on the meta device (no memory, no weights loaded): a model the backbone cannot
-    take, or blocks, windows or relative positions it cannot give, are refused before a run does any work."""
+    """A config's TokenBackbone built on the meta device: what it cannot take or give is refused before any work."""
     if backbone.get('type') not in ('TokenBackbone', *FORMER_NAMES):
         return
     try:
@@ -95,8 +87,7 @@ def check_backbone_model(backbone: dict) -> None:
 
 
 def check_frozen_backbone(cfg: dict) -> None:
-    """A frozen backbone that the config's optimizer would still give a learning rate: refused, naming the setting
-    (it would say the backbone learns)."""
+    """A frozen backbone the config's optimizer would still give a learning rate is refused, naming the setting."""
     if not cfg['model'].get('backbone', {}).get('frozen'):
         return
     wrapper = cfg.get('optim_wrapper') or {}
@@ -129,15 +120,13 @@ def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor, model_name: 
 
 
 def token_stride(model: nn.Module, img_size: int) -> int:
-    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says (the
-    suite's convolutional stems)."""
+    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says."""
     patch = getattr(model.patch_embed, 'patch_size', None)
     return int(patch[0]) if patch else img_size // model.patch_embed.grid_size[0]
 
 
 def fixed_grid(model: nn.Module) -> bool:
-    """Whether the model reads one input size only (its `img_size`): a timm model whose patch embedding insists on
-    its size (built without `dynamic_img_size`)."""
+    """Whether the model reads its `img_size` only (a timm model built without `dynamic_img_size`)."""
     return bool(getattr(model.patch_embed, 'strict_img_size', False))
 
 
@@ -218,8 +207,7 @@ class TokenBackbone(BaseModule):
         self._is_init = True
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
-        """A segmentor checkpoint's position table resampled to this backbone's grid (another crop size, or the
-        reference's released segmentors)."""
+        """A segmentor checkpoint's position table resampled to this backbone's grid."""
         key = f'{prefix}model.pos_embed'
         own = getattr(self.model, 'pos_embed', None)
         if key in state_dict and own is not None and state_dict[key].shape != own.shape:
@@ -237,8 +225,7 @@ class TokenBackbone(BaseModule):
         return self.img_size, self.img_size
 
     def fixed_size_reason(self) -> str | None:
-        """Why a program traced at one input size cannot take others (torch.export fixes what the traced size
-        decides), or None where it can."""
+        """Why a program traced at one input size cannot take others, or None where it can."""
         if self.img_size is not None:
             return f'{self.model_name} reads one input size, its img_size {self.img_size}'
         if self.patch_size != self.stride:

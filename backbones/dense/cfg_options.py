@@ -1,14 +1,9 @@
 """The command line's config changes (`--cfg-options KEY=VALUE`) checked as a config file's model is, then merged.
 
-A key the config does not hold yet is checked against what takes it: at the top, the settings mmengine's Runner
-reads; under a dict built by a registry (a `type`), the parameters of that class (its `__init__`, and its bases'
-while it passes `**kwargs` on; a class whose keywords end nowhere known is not checked); under a data loader, torch's
-`DataLoader`'s and what mmengine's runner takes from it; under a collection of built dicts (`default_hooks`), a new
-one must be given its `type`. A `type` must be registered, and an item of a tuple cannot be set alone. Each fault is
-one line naming the option and the nearest name that exists, before anything is written: mmengine found a misspelt
-key only when it built the object (a traceback after a 400-line config dump, a log folder left behind), ignored a
-misspelt top-level key, and merged an unknown type in silence.
-"""
+A key the config does not hold yet is checked against what takes it (the Runner's settings at the top, a built
+class's parameters under a `type`, a DataLoader's under a loader); a `type` must be registered, and an item of a
+tuple cannot be set alone. Each fault is one line naming the option and the nearest name that exists, before
+anything is written."""
 from __future__ import annotations
 
 import difflib
@@ -123,8 +118,7 @@ def check_option(cfg: Config, options: dict, key: str) -> None:
 
 
 def check_new_key(node: dict, where: list[str], part: str, key: str, options: dict) -> None:
-    """A key the option adds to the dict at `where`: one its builder takes; in a collection of built dicts, a new
-    one with its `type`."""
+    """A key the option adds at `where`: one its builder takes; in a collection of built dicts, one with its `type`."""
     accepted, what = accepted_keys(node, where)
     if accepted is not None and part not in accepted:
         raise UsageError(f'--cfg-options {key}: {what} takes no {part!r}{nearest(part, accepted | set(node))}')

@@ -58,8 +58,7 @@ def segmentor_macs(cfg: Config, model: nn.Module, shape: tuple[int, int]) -> int
 
 
 def config_table(configs: list[str], shape: Sequence[int] | None = None) -> str:
-    """Each config's parameter counts per part, in millions, and its GMACs at `shape` (default: its backbone's
-    training size)."""
+    """Each config's parameters per part (millions) and GMACs at `shape` (default: its backbone's training size)."""
     rows = [f"{'config':<40} " + ' '.join(f'{part:>15}' for part in PARTS) + f" {'total (M)':>10} {'GMACs':>8}"
             + f" {'at HxW':>10}"]
     for path in configs:

@@ -93,8 +93,7 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.dense.silenced_warnings',
 
 
 def present_module(name: str) -> str:
-    """A module a config imports, under its present path (the suite's modules before 0.2.0 moved; a renamed one's
-    modules with it)."""
+    """A module a config imports, under its present path (the suite's modules moved after 0.2.0)."""
     parts = name.split('.')
     for end in range(len(parts), 0, -1):
         former, rest = '.'.join(parts[:end]), parts[end:]
@@ -124,8 +123,7 @@ def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool
 
 
 def read_config(path: str | Path) -> Config:
-    """A config file as mmengine reads it, its `custom_imports` under their present paths (a config saved before the
-    suite's packages moved names `segmentation`), then imported."""
+    """A config file as mmengine reads it, its `custom_imports` under their present paths, then imported."""
     try:
         cfg = FormattedOnceConfig.fromfile(str(path), import_custom_modules=False)
     except (SyntaxError, NameError) as e:  # the config's own code (or its bases')
@@ -159,8 +157,7 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
 
 
 def check_model_type(cfg: Config, path: str) -> None:
-    """The config builds a model mmseg or the suite registers (before any work: a run would fail on it after its
-    data and backbone were prepared)."""
+    """The config builds a model mmseg or the suite registers (checked before any work)."""
     from mmseg.registry import MODELS
 
     kind = model_type(cfg) if cfg.get('model') else None
@@ -172,8 +169,7 @@ def check_model_type(cfg: Config, path: str) -> None:
 
 
 def check_loader_sizes(cfg: Config, path: str) -> None:
-    """Every data loader's batch size and workers are whole numbers that work (a batch of 0 ended in a division by
-    zero when the schedule was sized to the data)."""
+    """Every data loader's batch size and workers are whole numbers that work (a batch of 0 failed late)."""
     for name in LOADERS:
         loader = cfg.get(name) or {}
         for key, least in (('batch_size', 1), ('num_workers', 0)):

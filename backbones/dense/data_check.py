@@ -1,13 +1,8 @@
-"""Segmentation data checked before a run uses it, so that nothing wrong is trained on or scored in silence.
-
-Every image must decode completely (a truncated JPEG is not grey pixels), carry no EXIF orientation (images and
-masks are read as stored, while a mask drawn in an EXIF-aware tool fits the turned picture), have its annotation, of
-the same size, with one channel and only label values the data set defines (or 255, ignored). Masks that hold only 0
-and 255 are refused: 255 is the ignore index, so their foreground would be ignored, never learned, and scored as
-nothing. mmseg lists the images of a folder by one suffix: image files with another suffix would be left out without
-a word, so they are an error too. A report names the first bad files and the count; with `skip_unreadable`, images
-that do not decode are left out and counted instead.
-"""
+"""Segmentation data checked before a run uses it, so that nothing wrong is trained on or scored in silence: every
+image decodes completely, has no EXIF orientation and has its annotation, of its size, one channel, only label values
+the data set defines (or 255); masks of only 0 and 255 and images of another suffix than the one mmseg lists are
+refused. A report names the first bad files and the count; with `skip_unreadable`, images that do not decode are
+left out and counted instead."""
 from __future__ import annotations
 
 import os
@@ -93,8 +88,7 @@ def binary_masks_message(where: str | Path) -> str:
 
 
 def loaded_value(value: int, reduce_zero_label: bool, label_map: dict[int, int] | None) -> int:
-    """What mmseg's LoadAnnotations makes of a stored mask value: with reduce_zero_label, v - 1 (0 and 255
-    ignored), then the data set's label map (a published set's ids to its classes: Cityscapes' label ids)."""
+    """What mmseg's LoadAnnotations makes of a stored mask value (`reduce_zero_label`, then the set's `label_map`)."""
     if reduce_zero_label:
         value = IGNORE_INDEX if value in (0, IGNORE_INDEX) else value - 1
     return label_map.get(value, value) if label_map else value
@@ -108,8 +102,7 @@ def loads_as_label(value: int, num_classes: int, reduce_zero_label: bool, label_
 
 def pair_check(img_path: str, seg_path: str, num_classes: int, reduce_zero_label: bool,
                label_map: dict[int, int] | None = None) -> PairCheck:
-    """What is wrong with one image and its annotation, or None; and the annotation's values. With `label_map`
-    (the entry's), a stored value must load as a class or as ignored."""
+    """What is wrong with an image and its annotation, or None; and the annotation's values (through `label_map`)."""
     try:
         image = decoded(img_path)
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... for damaged files
@@ -165,15 +158,13 @@ def stray_images(img_dir: Path, suffix: str) -> list[Path]:
 
 
 def check_labels_used(dataset, values: set[int]) -> None:
-    """Masks of 0 and 255 alone (the values a mask of one foreground is often drawn with) are refused: with 255
-    ignored, such a set teaches and scores its first class only."""
+    """Masks of 0 and 255 alone are refused: with 255 ignored, such a set teaches and scores its first class only."""
     if not dataset.reduce_zero_label and IGNORE_INDEX in values and values <= {0, IGNORE_INDEX}:
         raise DataError(binary_masks_message(dataset.data_prefix['seg_map_path']))
 
 
 def image_check(img_path: str, size: tuple[int, int], said: str = 'its annotation says') -> Problem | None:
-    """What is wrong with an image its annotation (`said`: which, in words) says is `size` (width, height), or
-    None."""
+    """What is wrong with an image its annotation (`said`) says is `size` (width, height), or None."""
     if not Path(img_path).is_file():
         return Problem(f'{img_path}: image file not found')
     try:
@@ -212,17 +203,14 @@ class EntryChecks(Protocol):
 
 
 def checked_pairs(data_list: list[dict], num_classes: int, task: EntryChecks) -> list[PairCheck]:
-    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`: a COCO-format set's
-    images against their annotation file, a depth set's images with their depth maps, a semantic set's with their
-    masks)."""
+    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`)."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
         return list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
 
 
 def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
-    """Check the files of a dataset config of `task`; returns the indices to use and the images left out as
-    unreadable."""
+    """Check the files of a dataset config of `task`; returns the indices to use and the unreadable images left out."""
     if (layout := layout_of(dataset_cfg)) is not None:
         layout.check(dataset_cfg)
     # unserialised: mmengine's serialisation fails on an empty list with a traceback
@@ -255,8 +243,7 @@ def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
 
 
 def check_data(cfg, keys: Sequence[str], task: EntryChecks, skip_unreadable: bool = False) -> None:
-    """Check the datasets of `keys` (e.g. train_dataloader) as the config's `task` checks them; with
-    `skip_unreadable`, leave out undecodable images (the dataset's `indices`) and say how many."""
+    """Check the datasets of `keys` as `task` checks them; with `skip_unreadable`, leave out undecodable images."""
     for key in keys:
         loader = cfg.get(key)
         if not loader:

@@ -1,17 +1,11 @@
 """A segmentation, detection or depth checkpoint as files for runtimes without mmseg: the logic of tools/export.py
 segmentor (`export_segmentor`; `segmentor_from` reads a folder back).
 
-The folder gets `model.safetensors` (the segmentor's weights, as `MODELS.build(config.model)` names them), `config.py`
-(the config the checkpoint was trained with, data and classes resolved as test_seg resolves them) and `export.json`
-(what a runtime needs besides the network: classes, palette, label values, the input's size and normalisation). With
-`torch_export` and `onnx`, `model.pt2` and `model.onnx`: the task's network (`DenseTask`), a segmentor's whole-image
-forward to per-class logits, a depth model's to metres, a detector whole with static shapes
-(instances/static_detection.py) or its feature pyramid alone (`pyramid_only`). H and W are fixed (the config's test
-window, or `size`, which detectors and depth models need), the batch size dynamic; with `dynamic_size` (torch.export
-only) H and W may be any whole strides. A task refuses the options it has no use for (`DenseTask.check_export_choice`)
-before any work, and each file is checked against the model's outputs (batch sizes 1 to 3, other sizes where
-dynamic) before the folder is given its name. docs/export.md gives each task's inputs, outputs and bounds.
-"""
+The folder gets `model.safetensors`, `config.py` (data and classes resolved as test_seg resolves them) and
+`export.json` (what a runtime needs besides the network); with `torch_export` and `onnx`, `model.pt2` and
+`model.onnx`, the task's network (`DenseTask.exported_network`) at a fixed H and W (any whole strides with
+`dynamic_size`) and a dynamic batch. Each file is checked against the model's outputs before the folder is given its
+name. docs/export.md gives each task's inputs, outputs and bounds."""
 from __future__ import annotations
 
 import argparse
@@ -68,8 +62,7 @@ def smallest_side(stride: int, least_side: int) -> int:
 
 def checked_images(size: tuple[int, int], stride: int, dynamic_size: bool, least_side: int = 0
                    ) -> tuple[list[torch.Tensor], DynamicDims]:
-    """The images an export is traced on (the first) and checked on, and their dynamic dimensions: with
-    `dynamic_size`, sides of whole `stride`s from `smallest_side` on."""
+    """The images an export is traced on (the first) and checked on, and their dynamic dimensions."""
     if not dynamic_size:
         return batch_examples(*size), BATCH
     if size[0] % stride or size[1] % stride:
@@ -86,8 +79,7 @@ def checked_images(size: tuple[int, int], stride: int, dynamic_size: bool, least
 
 
 def check_dynamic_size(backbone: nn.Module) -> None:
-    """--dynamic-size refused in one line for a backbone whose traced program would hold at its traced size only
-    (the export's check at other sizes found it only after the work)."""
+    """--dynamic-size refused at once for a backbone whose traced program would hold at its traced size only."""
     reason = backbone.fixed_size_reason() if isinstance(backbone, TokenBackbone) else None
     if reason:
         raise UsageError(f'--dynamic-size: {reason}; export it at a fixed size (--size H W)')
@@ -117,8 +109,9 @@ def export_segmentor(config: str, checkpoint: str, out: Path, size: tuple[int, i
         raise UsageError('--dynamic-size takes --torch-export only: torch\'s ONNX exporter fails on the whole-patch '
                          'sizes (multiples of the stride) the backbones need; export ONNX at a fixed size (--size)')
     choice = ExportChoice(top_k, pyramid_only, dynamic_size)
-    task_of(load_config(config)).check_export_choice(choice, config)
-    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback)
+    cfg = load_config(config)
+    task_of(cfg).check_export_choice(choice, config)
+    predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback, loaded=cfg)
     if dynamic_size:
         check_dynamic_size(predictor.model.backbone)
     task = predictor.task

@@ -1,14 +1,7 @@
-"""Layer-wise learning-rate decay for the token backbones (mmseg's own constructors know BEiT/MAE/ConvNeXt only).
-
-    optim_wrapper = dict(
-        type='OptimWrapper', optimizer=dict(type='AdamW', lr=6e-5, weight_decay=0.01),
-        constructor='LayerDecayOptimWrapperConstructor', paramwise_cfg=dict(layer_decay_rate=0.9))
-
-BEiT's recipe on timm's parameter groups: layer 0 is the embedding (patch embedding, class token, position table),
-layer i + 1 is block i, and the neck and heads form the last layer, one above the last block, at the base lr; a
-parameter of layer l gets lr * rate ** (last - l). Biases, norm weights (every 1-d parameter) and the model's
-`no_weight_decay()` tables get no weight decay.
-"""
+"""Layer-wise learning-rate decay for the token backbones (`LayerDecayOptimWrapperConstructor`, with
+`paramwise_cfg=dict(layer_decay_rate=0.9)`): BEiT's recipe on timm's parameter groups, layer 0 the embedding,
+layer i + 1 block i, the neck and heads the last layer at the base lr; a parameter of layer l gets
+lr * rate ** (last - l). Biases, norm weights and the model's `no_weight_decay()` tables get no weight decay."""
 from __future__ import annotations
 
 import torch.nn as nn

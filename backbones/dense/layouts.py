@@ -1,12 +1,8 @@
 """Every dense data set's folder layout and label scheme (ADE20K, COCO, NYU-v2, own data, Cityscapes, KITTI, ...),
-each found by the mmseg data-set type a config reads it with: its configs' folder, what the suite checks of such a
-set on disk before a run (a one-line error naming what is missing and the converter that makes it), and how a small
-data set in the tasks' shared layout (the embedded pages, `SmallDenseData`, standing in where the folder is absent)
-is read as it is or written in the set's own layout (`WrittenLayout`: its own reader, file names and ids).
-
-A layout is a class registered by `register_layout` in its task folder's module (or a module of one's own, in a
-config's custom_imports); code elsewhere asks `layout_of(dataset)`, never comparing data-set types or folders.
-"""
+each found by the mmseg data-set type a config reads it with: its configs' folder, what is checked on disk before a
+run, and how the tasks' small data set (`SmallDenseData`) is read as it is or written in the set's own layout
+(`WrittenLayout`). A layout is a class registered by `register_layout`; code elsewhere asks `layout_of(dataset)`,
+never comparing data-set types or folders."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -20,13 +16,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SmallDenseData:
-    """A small data set in the tasks' shared folder layout, which a config is pointed at in place of its own (the
-    embedded pages): under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (0 ignored,
-    class c stored as c + 1); depth/{split}/NAME.png, 16-bit depth, `depth_scale` per metre; and
-    annotations/instances_{split}.json, the instances in COCO's format. Its images are `image_size` (width, height);
-    `scale` is what a semantic config's sizes are multiplied by there, `ratio_range` its training rescaling,
-    `test_ratios` the multi-scale test's, and `mirrored` whether a mirror image is still an image of the data (a
-    mirrored glyph is not: then no flips in training or tests)."""
+    """A small data set in the tasks' shared folder layout (the embedded pages), pointed at in place of a config's
+    own: under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (class c stored as c +
+    1); depth/{split}/NAME.png, `depth_scale` per metre; annotations/instances_{split}.json, COCO's format.
+    `image_size`: (width, height); `scale`, `ratio_range`, `test_ratios`: a semantic config's sizes there;
+    `mirrored`: whether flips are allowed (a mirrored glyph is no glyph)."""
 
     root: Path
     classes: tuple[str, ...]
@@ -40,8 +34,7 @@ class SmallDenseData:
 
 
 class DataLayout(ABC):
-    """One data set's layout. Class attributes say what it is; methods check it and point a config at small data in
-    it."""
+    """One data set's layout: class attributes say what it is; methods check it and point a config at small data."""
 
     title: ClassVar[str]  # in words: 'Cityscapes'
     dataset_types: ClassVar[tuple[str, ...]]  # the mmseg data-set types (registry names) that read it
@@ -64,8 +57,7 @@ class WrittenLayout(DataLayout):
 
     @abstractmethod
     def write_small(self, data: SmallDenseData, root: Path) -> None:
-        """Write `data` (the shared layout) under `root` in this layout and id scheme; nothing if written already
-        (a READY mark of this version)."""
+        """Write `data` under `root` in this layout and id scheme; nothing if written already (a READY mark)."""
 
     def small_root(self, data: SmallDenseData) -> Path:
         """Where `data` is written in this layout: beside it, in a folder named for the layout."""
@@ -104,9 +96,8 @@ LABEL_VALUES = 'label_values'  # a data set's meta: the value its annotation fil
 
 
 def annotation_values(prediction: np.ndarray, meta: Mapping) -> np.ndarray:
-    """Class indices as the data set (its `meta`) stores them in its annotation files, the values test_seg
-    --pred-dir and predict_seg write: its own table where it gives one (Cityscapes: label ids), else class + 1 where
-    it reduces zero (ADE20K, Pascal Context: 0 is 'other'), else the index."""
+    """Class indices as the data set (`meta`) stores them in its annotation files: its own table where it gives one
+    (Cityscapes), else class + 1 where it reduces zero (ADE20K), else the index."""
     if meta.get(LABEL_VALUES) is not None:
         return np.asarray(meta[LABEL_VALUES], np.int64)[prediction]
     return prediction + 1 if meta.get('reduce_zero_label') else prediction

@@ -54,8 +54,7 @@ OVERLAY_TAIL, PICTURE_TAIL = '_overlay.png', '_color.png'  # NAME_overlay.png (-
 
 
 def check_inputs_kept(images: list[Path], outputs: list[Path]) -> None:
-    """No file the command may write is one of its input images (--out their own folder, an image named as a
-    mask)."""
+    """No file the command may write is one of its input images."""
     inputs = {image.resolve() for image in images}
     clash = next((path for path in outputs if path.resolve() in inputs), None)
     if clash is not None:
@@ -73,12 +72,12 @@ def warn_orientation(image: Path, task: DenseTask) -> None:
 
 def main(argv: list[str] | None = None, description: str | None = None,
          fallback: type[EmbeddedSegData] | None = None) -> list[Path]:
-    """tools/predict_seg.py: without the config's data on disk, its classes are `fallback`'s (the tool gives its
-    embedded set)."""
+    """tools/predict_seg.py: without the config's data on disk, its classes are `fallback`'s."""
     args, data_fallback = parse_with_fallback(build_parser(description), argv, fallback)
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
-    task = task_of(load_config(args.config))
+    cfg = load_config(args.config)
+    task = task_of(cfg)
     if args.ms:
         task.check_multi_scale(args.config)
     if args.overlay and task.no_overlay:
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None, description: str | None = None,
     for image in images:
         check_opencv_reads(image)  # before any mask is written
     predictor = SegPredictor(args.config, args.checkpoint, args.ms, not args.no_flip, args.data_root,
-                             fallback=data_fallback, device=device_name(args.device))
+                             fallback=data_fallback, device=device_name(args.device), loaded=cfg)
     for image in images:
         predictor.check_image(image)
         warn_orientation(image, predictor.task)

@@ -1,16 +1,9 @@
-"""Let mmsegmentation 1.2.2 import on mmcv-lite, the pure-Python build of mmcv.
+"""Let mmsegmentation 1.2.2 import on mmcv-lite, the pure-Python build of mmcv (docs/setup.md).
 
-mmseg 1.2.2 imports two compiled ops from `mmcv.ops` at import time without a guard (`point_sample` in
-`mmseg/utils/mask_classification.py`, `models/utils/point_sample.py` and `san_head.py`; `sigmoid_focal_loss` in
-`models/losses/focal_loss.py`), so `import mmseg.models` fails on mmcv-lite with
-`No module named 'mmcv._ext'`. FCN and UperNet need no compiled op.
-
-`ensure_mmseg_importable()` acts only when mmcv's compiled extension is missing: it registers a small stand-in
-`mmcv.ops` that offers those two functions in plain PyTorch (mmcv's own pure `point_sample`, and a sigmoid focal
-loss with the compiled op's semantics). Asking it for any other op raises ModuleNotFoundError naming the op,
-which is what mmseg's guarded imports (`CrissCrossAttention`, `PSAMask`, ...) already handle. With full mmcv
-installed it changes nothing. Import it before `mmseg.models`: the suite's segmentation code does.
-"""
+mmseg 1.2.2 imports two compiled ops from `mmcv.ops` at import time without a guard (`point_sample`,
+`sigmoid_focal_loss`). `ensure_mmseg_importable()`, only where mmcv's compiled extension is missing, registers a
+stand-in `mmcv.ops` with those two in plain PyTorch; asking it for any other op raises ModuleNotFoundError naming the
+op, which mmseg's guarded imports handle. Import it before `mmseg.models`: the suite's segmentation code does."""
 from __future__ import annotations
 
 import importlib
@@ -31,10 +24,8 @@ def compiled_ops_available() -> bool:
 
 def sigmoid_focal_loss(input: torch.Tensor, target: torch.Tensor, gamma: float = 2.0, alpha: float = 0.25,
                        weight: torch.Tensor | None = None, reduction: str = 'mean') -> torch.Tensor:
-    """PyTorch form of mmcv's compiled op: `target` holds class indices, index C meaning "no class".
-
-    Per element: -alpha_t (1 - p_t)^gamma log p_t, times `weight[target]` per row when given; 'mean' divides by N.
-    """
+    """PyTorch form of mmcv's compiled op (`target`: class indices, C meaning "no class"): per element
+    -alpha_t (1 - p_t)^gamma log p_t, times `weight[target]` per row when given; 'mean' divides by N."""
     one_hot = F.one_hot(target, input.size(1) + 1)[:, :-1].type_as(input)
     prob = input.sigmoid()
     p_t = prob * one_hot + (1 - prob) * (1 - one_hot)

@@ -1,18 +1,7 @@
-"""mmengine's checkpoints: written atomically, read under torch >= 2.6 without running pickled code, and the LV-ViT
-segmentation releases (mmseg 0.x layout) read in this suite's layout.
-
-mmengine 0.10.7 writes a checkpoint straight into its final path, so a crash while saving leaves a torn file; the
-local file backend is replaced by one that writes to a temporary file, syncs it and renames it over the target.
-
-mmengine 0.10.7 reads local checkpoints with a bare `torch.load`, which torch >= 2.6 runs as a weights-only load
-that refuses mmengine's checkpoints: their message hub holds `HistoryBuffer` objects (NumPy arrays inside). This
-module replaces mmengine's loader for local paths with a weights-only load that additionally accepts exactly the
-types mmengine itself writes there (and `getattr` only for the HistoryBuffer methods they reference). Nothing else
-from the file is unpickled: a checkpoint that needs any other global fails with an error naming the file. Remote
-URLs keep mmengine's own loaders. A local checkpoint in the layout of the reference's LV-ViT segmentation releases
-is converted on reading (`released_segmentors.py`), so `load_from`, `init_cfg=dict(type='Pretrained', ...)` and
-tools/test_seg.py all take those files.
-"""
+"""mmengine's checkpoints: written atomically (a temporary file, synced and renamed), read under torch >= 2.6 with a
+weights-only load that also accepts exactly the types mmengine writes (any other global fails naming the file), and
+the LV-ViT segmentation releases (mmseg 0.x layout) converted on reading (`released_segmentors`), so `load_from`,
+`init_cfg` and tools/test_seg.py take them. Remote URLs keep mmengine's own loaders."""
 from __future__ import annotations
 
 import pickle
@@ -56,8 +45,7 @@ def plain_values(value: object) -> object:
 
 
 def load_local_checkpoint(filename: str, map_location: str | None = None) -> dict:
-    """mmengine's local-file loader, weights-only with mmengine's own types allowed; a release of the reference's
-    segmentation code comes back in this suite's layout."""
+    """mmengine's local-file loader, weights-only with mmengine's types allowed; a reference release converted."""
     checkpoint = load_weights_only(Path(filename).expanduser(), 'checkpoint', mmengine_checkpoint_globals(),
                                    map_location=map_location)
     weights = checkpoint.get('state_dict') if isinstance(checkpoint, dict) else None

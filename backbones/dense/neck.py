@@ -14,12 +14,9 @@ from backbones.common.errors import UsageError
 
 @MODELS.register_module()
 class TokenPyramidNeck(BaseModule):
-    """One level per input map: upsample by `scales[i]`, then a 1x1 conv to `out_channels[i]`, each with norm + act.
-
-    An upsampling step is a transposed conv with kernel = stride = scale (then norm and activation); scale 1 keeps
-    the resolution. With the papers' scales (4, 2, 1, 1) the four maps become strides 4, 8, 16 and 16.
-    `norm_cfg` defaults to SyncBN, which mmengine's runner turns into plain BN when training on one device.
-    """
+    """One level per input map: upsampled by `scales[i]` (transposed convs of kernel = stride = scale; 1 keeps it),
+    then a 1x1 conv to `out_channels[i]`, each with norm and activation; the papers' (4, 2, 1, 1) give strides 4,
+    8, 16, 16. `norm_cfg` defaults to SyncBN, which mmengine's runner makes plain BN on one device."""
 
     def __init__(
             self,

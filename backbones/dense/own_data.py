@@ -1,17 +1,8 @@
 """A segmentation data set of the user's own: its folder layout, its classes, and a config pointed at it.
-
-The layout (docs/segmentation.md, "Your own data"):
-
-    ROOT/classes.txt                       optional: one class per line, in label order ("name" or "name R G B")
-    ROOT/images/train/NAME.jpg             ("training" also names the split; any one image suffix)
-    ROOT/masks/train/NAME.png              ("annotations" also names the masks folder)
-    ROOT/images/val/..., ROOT/masks/val/...  (or "validation"; ROOT/images/test/... is the test split when there)
-
-A mask holds one class index per pixel: 0 .. N-1 are the N classes (class 0 is a class like any other, background
-say) and 255 marks pixels that no loss or score counts. Without classes.txt the classes are counted from the masks
-(values 0 .. the largest) and named "class 0" ... . An own-data config (`own_data` in it: seg_configs/*_own_data.py)
-takes its classes, heads and schedule from the data; ADE20K's configs take only ADE20K.
-"""
+docs/segmentation.md ("Your own data") gives the layout: images/ and masks/ (or annotations/) per split, an
+optional classes.txt. A mask holds 0 .. N-1 for the N classes and 255 for pixels no loss or score counts; without
+classes.txt the classes are counted from the masks. An own-data config (`own_data` in it) takes its classes, heads
+and schedule from the data."""
 from __future__ import annotations
 
 import json
@@ -52,8 +43,7 @@ COLOUR_LIKE = re.compile(r'^(#|0x)[0-9a-f]+$|^(?=.*\d)[0-9a-f]{6}$|\d,\d', re.IG
 
 @dataclass(frozen=True)
 class OwnData:
-    """A data set in the own-data layout: where each split's images and masks are (relative to `root`), the images'
-    suffix, and the classes with their colours."""
+    """A data set in the own-data layout: each split's images and masks (under `root`), their suffix, the classes."""
 
     root: Path
     splits: dict[str, tuple[str, str]]  # 'train', 'val' (and 'test') -> (image folder, mask folder)
@@ -96,9 +86,8 @@ def image_suffix(folders: list[Path]) -> str:
 
 
 def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
-    """A classes-file line's name and colour (None without one): "name" or "name R G B", three whole numbers 0-255.
-    Anything else that looks like a colour (two or four numbers, hex, commas) is an error naming `where`: it would
-    become part of the name."""
+    """A classes-file line's name and colour (None without one): "name" or "name R G B"; anything else that looks
+    like a colour is an error naming `where` (it would become part of the name)."""
     words = line.split()
     numbers = 0
     while numbers < len(words) and NUMBER.fullmatch(words[-1 - numbers]):
@@ -119,9 +108,8 @@ def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
 
 
 def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
-    """The class names of a classes file and each one's colour (None where the line gives none). A line is a name,
-    optionally followed by three integers 0-255 (R G B); empty lines and lines starting with # are skipped, and a
-    byte order mark (Windows editors write one) is no part of the first name."""
+    """The class names of a classes file and each one's colour (None where not given); empty lines, # comments and a
+    byte order mark are skipped."""
     names, colours = [], []
     try:
         lines = path.read_text(encoding='utf-8-sig').splitlines()
@@ -182,8 +170,7 @@ def counted_classes(root: Path, mask_dirs: list[Path]) -> list[str]:
 
 
 def default_palette(count: int) -> list[list[int]]:
-    """ADE20K's colours for the first 150 classes (the same colour for the same index every time), seeded random
-    ones beyond."""
+    """ADE20K's colours for the first 150 classes, seeded random ones beyond."""
     palette = [list(c) for c in ADE20KDataset.METAINFO['palette'][:count]]
     rng = np.random.default_rng(0)
     palette += [[int(v) for v in rng.integers(0, 256, 3)] for _ in range(count - len(palette))]
@@ -240,8 +227,7 @@ def use_own_data(cfg: Config, data: OwnData) -> None:
 
 
 def trained_classes(checkpoint: str) -> tuple[tuple[str, ...], list[list[int]], bool] | None:
-    """The classes, colours and reduce_zero_label of the data set a checkpoint was trained on, as mmengine recorded
-    them, or None."""
+    """The classes, colours and reduce_zero_label a checkpoint records of its training set, or None."""
     meta = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     if not meta.get('classes'):
         return None
@@ -271,8 +257,7 @@ def check_trained_classes(cfg: Config, checkpoint: str) -> None:
 
 
 def training_images(cfg: Config) -> int:
-    """How many images the config's training split holds (its folder, its suffix; a COCO-format set's annotation
-    file)."""
+    """How many images the config's training split holds."""
     dataset = cfg.train_dataloader.dataset
     if dataset.get('ann_file'):
         return len(json.loads(annotation_file(dataset).read_text())['images'])
@@ -281,9 +266,8 @@ def training_images(cfg: Config) -> int:
 
 
 def sized_iterations(cfg: Config, processes: int, grad_accum_steps: int) -> int:
-    """The updates that make the own-data config's `own_data.epochs` passes over its training images with the global
-    batch (images per process x processes x accumulation steps): at least `own_data.min_iters`, at most the
-    config's schedule."""
+    """The updates that make `own_data.epochs` passes over the training images with the global batch, at least
+    `own_data.min_iters`, at most the config's schedule."""
     rule, images = cfg.own_data, training_images(cfg)
     batch = cfg.train_dataloader['batch_size'] * processes * grad_accum_steps
     iters = min(cfg.train_cfg['max_iters'], max(rule['min_iters'], math.ceil(rule['epochs'] * images / batch)))

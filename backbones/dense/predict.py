@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from mmcv import rescale_size
 from mmcv.transforms import Compose
+from mmengine.config import Config
 from mmengine.dataset import pseudo_collate
 from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 from PIL import Image
@@ -81,10 +82,9 @@ def check_resizable(path: Path, size: tuple[int, int], pipeline: list) -> None:
 
 
 def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png',)) -> list[Path]:
-    """`out/<image stem>.png` for each image, the name tools/predict_seg.py and tools/test_seg.py --pred-dir (mmseg's
-    IoUMetric) give its mask. Every file an image gets is `out/<image stem><tail>` for each of `tails`: two images
-    for which any two would be one file (of one stem in two folders or of two suffixes; `b.png` and `b_color.png`,
-    whose depth picture is `b_color.png` too) are refused, naming both."""
+    """`out/<image stem>.png` for each image (the mask's name). Every file an image gets is `out/<image stem><tail>`
+    for each of `tails`: two images that would write one file (`b.png` and `b_color.png`, whose depth picture is
+    `b_color.png` too) are refused, naming both."""
     written: dict[Path, Path] = {}
     for image in images:
         for path in (out / f'{image.stem}{tail}' for tail in tails):
@@ -96,20 +96,18 @@ def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png'
 
 
 class SegPredictor:
-    """`predictor(path)`: the class index of every pixel of an image (its own size), as tools/test_seg.py predicts
-    it (`multi_scale`: the config's multi-scale test, with flips unless `flip` is False); `predictor.predict(path)`:
-    the model's data sample, for any dense task (`task`: the config's `DenseTask`; its test-time augmentation,
-    `tested`, wraps `model`). The config's data is chosen as
-    test_seg chooses it (`data_root`, the config's folder, else what the checkpoint records it was trained on:
-    `fallback`'s embedded data only for a checkpoint trained on it): its classes, palette and label values are the
-    predictor's. Without any data at hand (an error where the caller `need_data`: a test set's image and its ground
-    truth), the classes (a detector's categories, names and ids) are the ones the checkpoint records, and the sizes
-    the config's, or those of the test pipeline the checkpoint records."""
+    """`predictor(path)`: the class index of every pixel of an image, as tools/test_seg.py predicts it
+    (`multi_scale`, with flips unless `flip` is False); `predictor.predict(path)`: the model's data sample, for
+    any dense task (`task`; `tested` is its test-time augmentation around `model`). The data is chosen as test_seg
+    chooses it (`load_trained_config`, which takes `loaded`): its classes, palette and label values are the
+    predictor's; without data at hand (an error where `need_data`), the checkpoint's classes and recorded test
+    pipeline serve."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
-                 fallback: EmbeddedSegData | None = None, device: str = 'cpu', need_data: bool = False) -> None:
-        cfg, data = load_trained_config(config, checkpoint, cfg_options, data_root, fallback, need_data)
+                 fallback: EmbeddedSegData | None = None, device: str = 'cpu', need_data: bool = False,
+                 loaded: Config | None = None) -> None:
+        cfg, data = load_trained_config(config, checkpoint, cfg_options, data_root, fallback, need_data, loaded)
         self.task = task = task_of(cfg)
         self.data_at_hand = data.at_hand
         resolve_trained_data(cfg, checkpoint, data, fallback, cfg_options)
@@ -150,8 +148,7 @@ class SegPredictor:
         return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
 
     def check_image(self, path: str | Path) -> None:
-        """An image the model can predict (read from its header): a format OpenCV decodes, a size the test pipeline
-        keeps whole pixels of."""
+        """An image the model can predict (read from its header): `check_opencv_reads`, `check_resizable`."""
         check_resizable(Path(path), check_opencv_reads(Path(path)), self.steps)
 
     def predict(self, path: str | Path):

@@ -1,16 +1,9 @@
 """Segmentation training that survives preemption, as classification's does (classification/engine/fit.py).
 
-`PreemptionCheckpoints`: on SIGTERM or SIGUSR1 the current iteration finishes, a checkpoint is written (atomically:
-mmengine_io.py) and the command exits with status 75 saying how to continue; `--checkpoint-minutes M` writes such a
-checkpoint at most every M minutes, each replacing the previous timed one. `ResumableIterLoop` (`make_resumable` sets
-a config up for it) resumes to the same losses, validations, best checkpoint and weights as a run never stopped,
-whatever iteration the stop landed on: the run keeps its seed (`run_seed`, recorded in its checkpoints); the loader
-starts at the iteration resumed from without reading the batches done (restart.py's `PlacedInfiniteSampler`; under
-any other sampler the loop replays them, mmengine's way); torch's random state is saved in every checkpoint and put
-back once the loader is placed; a validating iteration's checkpoints precede its validation, which the resumed loop
-runs first; and a validation leaves training's random streams as they were. docs/segmentation.md ("Preemption") says
-why each is needed.
-"""
+`PreemptionCheckpoints`: on SIGTERM or SIGUSR1 the current iteration finishes, a checkpoint is written and the
+command exits with status 75; `--checkpoint-minutes M` writes one at most every M minutes. `ResumableIterLoop`
+(`make_resumable` sets a config up for it) resumes to the same losses, validations, best checkpoint and weights as
+a run never stopped. docs/segmentation.md ("Preemption") says what that takes."""
 from __future__ import annotations
 
 import bisect
@@ -39,8 +32,7 @@ VALIDATION_DUE_KEY = 'validation_due'  # the checkpoint entry saying its iterati
 
 
 def recorded_seed(work_dir: str | Path) -> int | None:
-    """The seed of the run a work dir holds (its newest readable checkpoint's: resuming passes over damaged ones
-    too), or None."""
+    """The seed of the run a work dir holds (its newest readable checkpoint's), or None."""
     for checkpoint in iteration_checkpoints(work_dir):
         try:
             seed = checkpoint_meta(str(checkpoint)).get('seed')
@@ -88,8 +80,7 @@ class ResumableIterLoop(IterBasedTrainLoop):
         self.resumed_rng, self.resumed_before_validation = rng, before_validation
 
     def run(self):
-        """mmengine's `IterBasedTrainLoop.run`, with `start_reading` and `catch_up` for its replay and `validate` for
-        its validation."""
+        """mmengine's `IterBasedTrainLoop.run`, with `start_reading`, `catch_up` and `validate`."""
         self.runner.call_hook('before_train')
         self.runner.call_hook('before_train_epoch')  # the whole run is one epoch of the iteration-based loop
         self.start_reading()
@@ -139,8 +130,7 @@ class ResumableIterLoop(IterBasedTrainLoop):
 
 @HOOKS.register_module()
 class PreemptionCheckpoints(Hook):
-    """A checkpoint and exit 75 on SIGTERM/SIGUSR1, a checkpoint every `minutes` (see the module docstring); and
-    torch's random state in every checkpoint, put back on resume."""
+    """A checkpoint and exit 75 on SIGTERM/SIGUSR1, a checkpoint every `minutes`; torch's random state kept."""
 
     priority = 'VERY_LOW'  # after the other hooks' after_train_iter (the interval checkpoint, the log line)
 
@@ -195,8 +185,7 @@ class PreemptionCheckpoints(Hook):
 
 
 def make_resumable(cfg: Config, checkpoint_minutes: float | None) -> None:
-    """A config's training loop, sampler and hooks made to stop on request and resume exactly and at once (the module
-    docstring)."""
+    """A config's training loop, sampler and hooks made to stop on request and resume exactly and at once."""
     train = cfg.train_cfg
     loop = train.get('type', 'IterBasedTrainLoop' if train.get('by_epoch') is False else 'EpochBasedTrainLoop')
     if loop not in ('IterBasedTrainLoop', ResumableIterLoop.__name__):

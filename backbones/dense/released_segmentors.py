@@ -1,13 +1,7 @@
 """The LV-ViT segmentation releases (TokenLabeling `v1.1-seg`: `upernet_lvvit_{s,m,l}.pth`), written by the
-reference's mmseg 0.x code, in the layout of this suite's UperNet configs.
-
-The reference stores the neck inside the backbone: `backbone.side_layer1..4`, each an nn.Sequential whose parameters
-sit at indices 0, 1, 3, 4 (transposed conv, SyncBN, ReLU, 1x1 conv, SyncBN, ReLU: the upsampling levels) or 0, 1
-(1x1 conv, SyncBN, ReLU), and the classification model's keys right under `backbone.`. Here the backbone wraps the
-classification model (`backbone.model.*`) and the neck is `TokenPyramidNeck`: `neck.levels.{i}` holds the
-upsampling steps (transposed conv, BN, ReLU) and then a ConvModule (`conv`, `bn`). The heads have mmseg's names in
-both. (The position table is resampled to the config's grid when the model loads it: `TokenBackbone`.)
-"""
+reference's mmseg 0.x code, in the layout of this suite's UperNet configs: the neck the reference stores inside the
+backbone (`backbone.side_layer1..4`) becomes `TokenPyramidNeck`'s `neck.levels.{i}`, the classification model's
+keys move under `backbone.model.`; the heads keep mmseg's names."""
 from __future__ import annotations
 
 import re

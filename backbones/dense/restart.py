@@ -1,18 +1,10 @@
 """What a resumed run reads: the training sampler placed where the stopped run left it, each sample augmented from
-its own seed.
-
-mmengine resumes an iteration-based run by reading and dropping every batch done (2.5 million images at iteration
-150,000 of 160k x 16), the one way its `InfiniteSampler` and the augmentation's random streams (NumPy's, Python's,
-advanced by every sample a loader process read) get where they were. Here neither needs the batches:
+its own seed, so that no batch done is read again (docs/segmentation.md, "Preemption").
 
 - `PlacedInfiniteSampler` yields InfiniteSampler's indices, in its order and split over the processes as it splits
-  them, from any place of that stream (`start_at`); it yields nothing until the training loop places it, so that
-  a restart's loader processes read no batch it would drop;
+  them, from any place of that stream (`start_at`); it yields nothing until the training loop places it;
 - each index comes with the pass over the data it belongs to (`Draw`), and `SeededSamples` reads the sample with
-  the streams seeded from (run seed, pass, index), as classification's loaders seed theirs (from the sample's place
-  in the pass: `backbones.common.distributed.SamplePlace`): a sample is augmented the same whichever loader process
-  (or the training process, without workers) reads it, and whenever.
-"""
+  the streams seeded from (run seed, pass, index), as classification's loaders seed theirs."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
@@ -34,9 +26,8 @@ class Draw(NamedTuple):
 
 @DATA_SAMPLERS.register_module()
 class PlacedInfiniteSampler(InfiniteSampler):
-    """mmengine's InfiniteSampler (the same indices, in the same order, the same share for each process) as `Draw`s,
-    read from a chosen place: `start_at(n)` starts this process's share after its first `n` samples, without
-    reading them. It yields nothing until placed."""
+    """mmengine's InfiniteSampler as `Draw`s, read from a chosen place: `start_at(n)` starts this process's share
+    after its first `n` samples, without reading them. It yields nothing until placed."""
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int | None = None) -> None:
         super().__init__(dataset, shuffle=shuffle, seed=seed)
@@ -49,8 +40,7 @@ class PlacedInfiniteSampler(InfiniteSampler):
         return iter(()) if self.start is None else self.draws(self.start)
 
     def draws(self, taken: int) -> Iterator[Draw]:
-        """This process's share of the endless stream of passes, after its first `taken` samples. The stream's
-        position `rank + world_size * k` is this process's k-th sample (InfiniteSampler's split)."""
+        """This process's share of the endless stream, after its first `taken` samples (InfiniteSampler's split)."""
         generator = torch.Generator()
         generator.manual_seed(self.seed)
         position = self.rank + self.world_size * taken
@@ -69,8 +59,7 @@ class PlacedInfiniteSampler(InfiniteSampler):
 
 class SeededSamples:
     """A dataset read by `Draw`s: each sample read with Python's, NumPy's and torch's streams seeded from (seed,
-    pass, index), which every transform of the configs draws from; the reading process's own streams are left as
-    they were. Everything else is the dataset's (its `metainfo`, its length)."""
+    pass, index), the reading process's own streams left as they were; everything else is the dataset's."""
 
     def __init__(self, dataset: Any, seed: int) -> None:
         self.dataset, self.seed = dataset, int(seed)

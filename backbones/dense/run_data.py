@@ -24,9 +24,8 @@ from backbones.dense.tasks import task_of
 
 @dataclass(frozen=True)
 class TrainedData:
-    """The data a tool runs a trained checkpoint on: one folder for every loader (`data_root`; None: the config's
-    own), the tool's embedded data (`embedded`: the checkpoint was trained on it), or none (`at_hand` False: its
-    predictions need no data set, and the classes or categories the checkpoint records serve)."""
+    """The data a tool runs a trained checkpoint on: one folder for every loader (`data_root`; None: the config's own),
+    the tool's embedded data (`embedded`), or none (`at_hand` False: the checkpoint's classes serve)."""
 
     data_root: str | None = None
     embedded: bool = False
@@ -35,9 +34,8 @@ class TrainedData:
 
 
 def trained_data_record(cfg: Config, embedded: bool) -> dict:
-    """What a training run's checkpoints record of its data (their meta's TRAINED_DATA; the runner writes the
-    config's): the training set's folder, whether the tool's embedded data stood in for the config's, the task, and
-    the test pipeline its validations ran, whose sizes tests and predictions take."""
+    """What a training run's checkpoints record of its data (their meta's TRAINED_DATA): the training set's folder,
+    whether the embedded data stood in, the task, and the test pipeline its validations ran."""
     root = cfg.train_dataloader.dataset.get('data_root') or ''
     return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=task_of(cfg).name,
                              test_pipeline=cfg.test_dataloader.dataset.pipeline,
@@ -45,8 +43,7 @@ def trained_data_record(cfg: Config, embedded: bool) -> dict:
 
 
 def embedded_data_facts(cfg: Config) -> dict:
-    """The embedded data a config reads (its test set's): the published layout it is written in (None: the
-    suite's own) and its version (its READY mark)."""
+    """The embedded data a config reads: its published layout (None: the suite's own) and version (READY mark)."""
     dataset = cfg.test_dataloader.dataset
     layout = layout_of(dataset)
     return dict(layout=layout.title if isinstance(layout, WrittenLayout) else None,
@@ -54,9 +51,8 @@ def embedded_data_facts(cfg: Config) -> dict:
 
 
 def check_same_embedded_data(cfg: Config, record: dict, checkpoint: str) -> None:
-    """A checkpoint trained on the embedded data (`record`, what it records of it) is tested and predicts on that
-    data as it was trained: in the same layout, of the same version; else its scores would be against other ground
-    truth (a checkpoint from before this record is not checked)."""
+    """A checkpoint trained on the embedded data (`record`) runs on that data in the same layout and version, else its
+    scores would be against other ground truth (a checkpoint from before this record is not checked)."""
     now = embedded_data_facts(cfg)
     if 'layout' in record and record['layout'] != now['layout']:
         raise DataError(f'{checkpoint} was trained on the embedded pages {layout_words(record["layout"])}; this '
@@ -72,10 +68,8 @@ def layout_words(layout: str | None) -> str:
 
 
 def checkpoint_record(checkpoint: str) -> dict | None:
-    """What a checkpoint records of the data it was trained on (`trained_data_record`). One from before that record
-    gives the same from the config its meta holds (read without running it), whether its folder was the embedded
-    data's left open (`embedded` None: the tool's embedded data tells); None where it holds neither (mmseg's
-    releases)."""
+    """What a checkpoint records of the data it was trained on (`trained_data_record`); for one from before that record,
+    the same read from its meta's config (`embedded` None: unknown); None where it holds neither (mmseg's releases)."""
     record = trained_data(checkpoint)
     if record is not None:
         return record
@@ -90,11 +84,9 @@ def checkpoint_record(checkpoint: str) -> dict | None:
 
 def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None, cfg_options: dict | None = None,
                         fallback: EmbeddedSegData | None = None, need_data: bool = True) -> TrainedData:
-    """The data for a trained checkpoint: `data_root` (--data-root) if given, else the config's folders where they
-    are on disk; else what the checkpoint records it was trained on: the embedded data for a checkpoint trained on
-    it, the folder it was trained on where that is on disk, else none (an error where the tool `need_data`). A
-    checkpoint that records nothing (mmseg's, a release, the suite's before this record) is taken as the config's folder
-    decides: the embedded data stands in for a known data set's, an own-data config predicts without its data."""
+    """The data for a trained checkpoint: `data_root` if given, else the config's folders where they are on disk, else
+    what the checkpoint records it was trained on (the embedded data, or its folder where on disk), else none (an
+    error where the tool `need_data`). A checkpoint that records nothing is taken as the config's folder decides."""
     if data_root:
         return TrainedData(data_root)
     roots = data_roots(cfg, None, cfg_options)
@@ -128,11 +120,9 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
 
 
 class EmbeddedSegData(EmbeddedData, Protocol):
-    """What a config runs on when its data set is not on disk, which a tool gives the trainer and the tester (the
-    segmentation tools: their embedded set): besides its options, the config pointed at it (written on first use),
-    the schedule a run takes there, and the model's sizes there (which tests and predictions take too). Config
-    edits only: a backbone pretrained for that data is the tool's to make (tools/train_seg.py's first stage), and
-    reaches the trainer as a checkpoint."""
+    """What a config runs on when its data set is not on disk (the segmentation tools' embedded set): besides its
+    options, the config pointed at it (written on first use), the schedule a run takes there and the model's sizes
+    there. Config edits only: a backbone pretrained for that data reaches the trainer as a checkpoint."""
 
     root: Path  # where the data lives: a checkpoint trained on a data set there was trained on it
 
@@ -164,9 +154,8 @@ def own_data_absent(cfg: Config, cfg_options: dict | None = None) -> bool:
 
 
 def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | None:
-    """The config's own folder that is not on disk (a registered layout's, `layout_roots`: ADE20K's, COCO's,
-    NYU-v2's, the published sets', the own-data configs'), where `fallback`'s data stands in for it; None when every
-    folder is there. Any other missing folder is an error."""
+    """The config's own folder (a registered layout's, `layout_roots`) that is not on disk, where `fallback`'s data
+    stands in for it; None when every folder is there. Any other missing folder is an error."""
     missing = sorted(root for root in roots if not Path(root).is_dir())
     if not missing:
         return None
@@ -177,10 +166,8 @@ def missing_data(roots: set[str], fallback: EmbeddedSegData | None) -> str | Non
 
 def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSegData | None = None,
                  checkpoint: str | None = None) -> bool:
-    """Apply `data_root`; an own-data config takes the data's folders and classes (`own_data`), a detector its class
-    count (the training set's categories; with a trained `checkpoint`, the ones it records, which the test set must
-    declare). When the config's own folder (a registered layout's) is not on disk, use `fallback`'s data. True if it
-    did."""
+    """Apply `data_root`, the own data's folders and classes, a detector's class count (with a trained `checkpoint`, the
+    one it records); where the config's own folder is not on disk, use `fallback`'s data. True if it did."""
     if data_root:
         set_data_root(cfg, data_root)
     roots = data_roots(cfg)
@@ -196,10 +183,9 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallback: EmbeddedSegData | None = None,
                          cfg_options: dict | None = None) -> None:
-    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose. The data's classes must be
-    the ones the checkpoint was trained on, by name (a detector's categories, by id and name), or the model's outputs
-    would be scored, named and coloured as others; with no data at hand, the checkpoint's own serve. The test
-    pipeline is the one its validations ran (`use_trained_pipeline`)."""
+    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose: the data's classes must be the
+    ones the checkpoint was trained on (by name; a detector's by id and name), the checkpoint's own serving where no
+    data is at hand, and the test pipeline is the one its validations ran."""
     task = task_of(cfg)
     if not data.at_hand:
         task.use_trained_classes(cfg, checkpoint)

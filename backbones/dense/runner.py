@@ -1,16 +1,9 @@
 """The suite's mmengine Runner: a checkpoint must fit the model, and a run resumes from its newest readable one.
 
-mmengine loads `load_from`, resume and `init_cfg` checkpoints non-strictly: weights a checkpoint lacks keep their
-random initialisation, and a classification checkpoint handed to test_seg scores an untrained model with one warning
-deep in the log. Here any missing, unexpected or mis-shaped key is a CheckpointError naming them. When the newest
-checkpoint of a run cannot be read (a damaged disk, a copy cut short), resuming falls back to the newest
-readable `iter_*.pth`, with a warning naming both. A run resumes from its own work dir's checkpoints only:
-mmengine's `last_checkpoint` holds an absolute path, which in a copied (or moved) work dir names the original's
-file; the file of that name in this work dir is taken instead (or its newest `iter_*.pth`), and the file a run
-resumes from is always logged. While it trains or tests, the suite's own log lines also go to the run's log file.
-Its data loaders' worker processes leave SIGTERM and SIGUSR1 to the training process, which writes its checkpoint
-first (`preemption.py`): a scheduler signals every process of a job.
-"""
+Any missing, unexpected or mis-shaped key of a loaded checkpoint is a CheckpointError naming them (mmengine loads
+non-strictly). Resuming falls back past unreadable checkpoints to the newest readable `iter_*.pth`, takes only its
+own work dir's files (`last_checkpoint` of a copied work dir names the original's) and logs the one it takes. The
+suite's log lines go to the run's log file; loader processes leave SIGTERM and SIGUSR1 to the training process."""
 from __future__ import annotations
 
 import ast
@@ -97,9 +90,8 @@ def pooled_batch_norms(model: nn.Module) -> list[str]:
 
 
 def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option: str) -> None:
-    """A UsageError naming `option` where a training batch of one image meets a BatchNorm of a pooled map: it sees
-    one value per channel, which it cannot normalise (torch's ValueError in the first iteration, after everything
-    else); SyncBN over several processes sees one per process, and trains."""
+    """A UsageError naming `option` where a training batch of one image meets a BatchNorm of a pooled map, which cannot
+    normalise one value per channel (torch fails in the first iteration); SyncBN over several processes trains."""
     if batch_size > 1:
         return
     unsynced = [name for name in pooled_batch_norms(model)
@@ -111,8 +103,7 @@ def check_batch_trains(model: nn.Module, batch_size: int, processes: int, option
 
 
 def check_training_batch(cfg, processes: int) -> None:
-    """`check_batch_trains` for a config's training batch, on its heads built alone (a moment's work, before a run
-    writes anything)."""
+    """`check_batch_trains` for a config's training batch, on its heads built alone, before any work."""
     from mmseg.registry import MODELS
     heads = nn.ModuleDict({key: nn.ModuleList(map(MODELS.build, head)) if isinstance(head, list) else MODELS.build(head)
                            for key in ('decode_head', 'auxiliary_head') if (head := cfg.model.get(key))})
@@ -120,9 +111,8 @@ def check_training_batch(cfg, processes: int) -> None:
 
 
 def checkpoint_meta(filename: str) -> dict:
-    """The `meta` mmengine writes into its checkpoints (the config, the training set's `dataset_meta`, the seed), or
-    {}. Read memory-mapped where the file allows: the tensors' bytes (gigabytes, with the optimizer's state) stay
-    on disk."""
+    """The `meta` mmengine writes into its checkpoints (the config, `dataset_meta`, the seed), or {}; read memory-mapped
+    where the file allows, the tensors staying on disk."""
     checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
                                    mmap=zipfile.is_zipfile(filename))
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
@@ -130,16 +120,14 @@ def checkpoint_meta(filename: str) -> dict:
 
 
 def trained_data(filename: str) -> dict | None:
-    """What a checkpoint of train_seg records of the data it was trained on (`config.trained_data_record`), or None
-    for one that records nothing (mmseg's, a release, or the suite's before this record)."""
+    """What a checkpoint records of its training data (`trained_data_record`), or None."""
     record = checkpoint_meta(filename).get(TRAINED_DATA)
     return record if isinstance(record, dict) else None
 
 
 def recorded_config(filename: str) -> dict:
-    """The config a checkpoint's run trained with, from the text mmengine writes into its meta (`cfg`), read without
-    running it: each assignment of literals, lists, tuples and `dict(...)` (an assignment of anything else is left
-    out); {} where there is no such text."""
+    """The config a checkpoint's run trained with, from its meta's text (`cfg`), read without running it: each
+    assignment of literals, lists, tuples and `dict(...)`; {} where there is no such text."""
     text = checkpoint_meta(filename).get('cfg')
     try:
         body = ast.parse(text).body if isinstance(text, str) else []
@@ -175,8 +163,7 @@ def misfit(state: dict, own: dict) -> str:
 
 
 def load_weights(model: nn.Module, filename: str) -> None:
-    """A checkpoint's weights into `model`: every weight of it and nothing else, else a CheckpointError naming the
-    keys that do not fit (mmengine's own strict load fails with a traceback)."""
+    """Every weight of a checkpoint into `model`, nothing else, or a CheckpointError naming what does not fit."""
     problem = misfit(checkpoint_state(filename), model.state_dict())
     if problem:
         raise CheckpointError(f'{filename} does not fit the model of this config: {problem}')
@@ -191,8 +178,7 @@ def pretrained_inits(module: nn.Module) -> list:
 
 
 def start_worker(worker_id: int, init: Callable[[int], None] | None) -> None:
-    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`
-    (mmengine's seeding)."""
+    """A loader worker's start: the stop signals left to the training process, then the loader's own `init`."""
     ignore_stop_signals(worker_id)
     if init is not None:
         init(worker_id)
@@ -224,10 +210,9 @@ TRACKER_BACKENDS = {
 
 
 class SuiteRunner(Runner):
-    """mmengine's Runner with strict checkpoint loading and a fallback to the newest readable checkpoint, whose log
-    leaves out mmengine's notices that ask nothing of the user (`notices`). Its experiment trackers start their runs
-    when it is built; one that cannot is a TrackerError, and the run leaves nothing behind (the log folder mmengine
-    made before, nor the work dir where the run made it)."""
+    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable checkpoint and a log without
+    mmengine's notices that ask nothing of the user. An experiment tracker that cannot start its run is a
+    TrackerError, and the run leaves nothing behind."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
         additions = FolderAdditions(work_dir)
@@ -239,8 +224,7 @@ class SuiteRunner(Runner):
         self.logger.addFilter(HarmlessLogLines())
 
     def build_visualizer(self, visualizer=None):
-        """mmengine's visualizer, its trackers' runs started now (mmengine starts a backend on its first record),
-        each one's failure one line naming its flag."""
+        """mmengine's visualizer, its trackers' runs started now, a failure one line naming its flag."""
         built = super().build_visualizer(visualizer)
         for name, (flag, what) in TRACKER_BACKENDS.items():
             backend = built.get_backend(name)  # None where the run has none, and on the processes but the main one
@@ -262,8 +246,7 @@ class SuiteRunner(Runner):
         return self._running(super().test)
 
     def _running(self, action: Callable[[], T]) -> T:
-        """`action()` with the suite's logger also writing to the log file of mmengine's logger; the data loaders'
-        worker processes ended after it, however it ends."""
+        """`action()`, the suite's log lines also in mmengine's log file; the loader workers ended after it."""
         files = [handler for handler in self.logger.handlers if isinstance(handler, logging.FileHandler)]
         for handler in files:
             logger.addHandler(handler)
@@ -275,9 +258,8 @@ class SuiteRunner(Runner):
             self.end_loader_workers()
 
     def end_loader_workers(self) -> None:
-        """Ends the worker processes of the loops' data loaders now. torch ends them when their iterator goes, but
-        the runner keeps its loops (and a persistent loader its iterator) to the exit, where Python's multiprocessing
-        stops them with SIGTERM, which they ignore (`start_worker`), and waits for them: for ever."""
+        """Ends the loops' loader worker processes now: kept to the exit, they would be stopped with SIGTERM, which they
+        ignore (`start_worker`), and waited for, for ever."""
         for loop in (self._train_loop, self._val_loop, self._test_loop):
             if not isinstance(loop, BaseLoop):  # a loop not built (its config)
                 continue
@@ -290,9 +272,8 @@ class SuiteRunner(Runner):
     @staticmethod
     def build_dataloader(dataloader: DataLoader | dict, seed: int | None = None,
                          diff_rank_seed: bool = False) -> DataLoader:
-        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process (signalled
-        with the job, they died before the checkpoint was written: a traceback, exit status 1). Under a
-        `PlacedInfiniteSampler` its dataset reads each sample with the streams seeded from (`seed`, pass, index)."""
+        """mmengine's data loader, its worker processes leaving SIGTERM and SIGUSR1 to the training process; under a
+        `PlacedInfiniteSampler` each sample is read with the streams seeded from (`seed`, pass, index)."""
         if isinstance(dataloader, dict) and places_samples(dataloader):
             dataloader = {**dataloader, 'dataset': SeededSamples(built_dataset(dataloader['dataset']), seed)}
         loader = Runner.build_dataloader(dataloader, seed=seed, diff_rank_seed=diff_rank_seed)
@@ -325,9 +306,8 @@ class SuiteRunner(Runner):
         return misfit(checkpoint_state(filename), model.state_dict())
 
     def _init_model_weights(self) -> None:
-        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (the segmentor's, a
-        head's: mmengine loads them non-strictly) holds every weight of its module and nothing else. The backbone
-        loads its own, strictly (`TokenBackbone.init_weights`)."""
+        """mmengine's weight initialisation, after checking that every `Pretrained` init_cfg (loaded non-strictly by
+        mmengine) holds every weight of its module and nothing else; the backbone loads its own, strictly."""
         model = self.model.module if hasattr(self.model, 'module') else self.model
         for name, module in model.named_modules():
             if isinstance(module, TokenBackbone):
@@ -364,8 +344,7 @@ class SuiteRunner(Runner):
                                       f'checkpoint (--cfg-options load_from={filename})')
 
     def own_checkpoint(self, named: str) -> str:
-        """The checkpoint of this work dir that `last_checkpoint` (`named`) means: itself when it lies here, else the
-        file of the same name here, else this work dir's newest iter_*.pth."""
+        """This work dir's checkpoint `last_checkpoint` (`named`) means: it, its name here, or the newest iter_*.pth."""
         work = Path(self.work_dir).resolve()
         if Path(named).resolve().parent == work:
             return named

@@ -20,11 +20,9 @@ def describe_schedule(cfg: Config) -> str:
 
 
 def accumulate_gradients(cfg: Config, steps: int) -> None:
-    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`: each loss divided by
-    `steps`, the gradients summed). mmengine counts iterations, not updates, so every count of the schedule (its
-    length, warm-up and decay, validation and checkpoint intervals) is multiplied by `steps`: the run makes the
-    config's number of updates, each of `steps` times the batch, along the same lr curve. The lr is the config's,
-    which the papers set for their global batch (ADE20K: 16 images per update)."""
+    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`). mmengine counts iterations,
+    so every count of the schedule is multiplied by `steps`: the config's updates, each of `steps` times the
+    batch, along the same lr curve (the config's lr, set for the papers' global batch)."""
     if steps == 1:
         return
     cfg.optim_wrapper['accumulative_counts'] = steps
@@ -40,9 +38,8 @@ def accumulate_gradients(cfg: Config, steps: int) -> None:
 
 
 def drop_one_step_warmup(cfg: Config) -> None:
-    """A warm-up of one iteration (a short run's scaled one) is dropped: mmengine's LinearLR steps begin .. end - 1,
-    so in one step it never leaves its start factor, and the chained decay after it would run the whole schedule at
-    1e-6 of the lr."""
+    """A warm-up of one iteration is dropped: mmengine's LinearLR would never leave its start factor, and the chained
+    decay would run the whole schedule at 1e-6 of the lr."""
     phases = cfg.param_scheduler
     if len(phases) > 1 and phases[0]['type'] == 'LinearLR' and phases[0].get('end', 0) - phases[0].get('begin', 0) == 1:
         cfg.param_scheduler = phases[1:]
@@ -50,10 +47,8 @@ def drop_one_step_warmup(cfg: Config) -> None:
 
 def shorten_schedule(cfg: Config, iters: int, given: Collection[str] = (),
                      validate_at_checkpoints: bool = False) -> None:
-    """Run the schedule in `iters` iterations: warm-up, decay (a step schedule's milestones too) and the checkpoint
-    interval shrink with it, and validation (the slow part of a short run) happens once, at the end, or at every
-    checkpoint. The intervals the command line's --cfg-options name (`given`, their keys) keep the values it
-    gave."""
+    """Run the schedule in `iters` iterations: warm-up, decay and checkpoint interval shrink with it, validation at
+    the end (or at every checkpoint); intervals the command line's --cfg-options name (`given`) keep their values."""
     factor = iters / cfg.train_cfg['max_iters']
     cfg.train_cfg['max_iters'] = iters
     for scheduler in cfg.param_scheduler:

@@ -1,12 +1,7 @@
 """The dense tasks, found by the model a config builds: each task (`semantic/`, `instances/`, `depth/`, registered
 when the package is imported) holds what it does its own way, and the runner, config reading and tools ask it,
-never comparing task names.
-
-A task is a `DenseTask` registered with `register_task`: the model types that make it, the weights only its models
-have, its metric and the scores a test line prints, how its predictions are written and drawn, where its export
-stops, and how its config takes a small data set in the tasks' shared folder layout (the embedded pages). A model
-type no task claims is a segmentor: mmseg's own models, and the suite's, predict a class per pixel.
-"""
+never comparing task names. A task is a `DenseTask` registered with `register_task`; a model type no task claims is
+a segmentor."""
 from __future__ import annotations
 
 import argparse
@@ -28,8 +23,7 @@ from backbones.dense.layouts import DataLayout, SmallDenseData, layout_of
 
 
 class PredictorView(Protocol):
-    """What a task's methods use of the predictor they are handed (a `predict.SegPredictor`): the config and model,
-    the classes and how they are stored and drawn, and the model's predictions for an image."""
+    """What a task's methods use of the `predict.SegPredictor` they are handed."""
 
     cfg: Config
     model: nn.Module
@@ -47,8 +41,7 @@ class PredictorView(Protocol):
 
 @dataclass(frozen=True)
 class PredictionRequest:
-    """What tools/predict_seg.py asks of a task's writer: the images, the file each gets (NAME.png in the output
-    folder), the folder, whether to draw overlays, and a detector's score threshold."""
+    """What tools/predict_seg.py asks of a task's writer: images, their files, folder, overlays, score threshold."""
 
     images: list[Path]
     paths: list[Path]
@@ -59,9 +52,8 @@ class PredictionRequest:
 
 @dataclass(frozen=True)
 class ExportChoice:
-    """What tools/export.py segmentor's options ask of a task's exported network: a detector's number of detections
-    (`top_k`, None for its default) or its feature pyramid alone (`pyramid_only`), and any input size
-    (`dynamic_size`, which the tool checks itself)."""
+    """What tools/export.py segmentor's options ask of a task's exported network: a detector's `top_k` (None: its
+    default) or `pyramid_only`, and `dynamic_size` (which the tool checks itself)."""
 
     top_k: int | None = None
     pyramid_only: bool = False
@@ -84,11 +76,9 @@ def no_other_inputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 @dataclass(frozen=True)
 class ExportedNetwork:
-    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names,
-    and export.json's facts about what it returns (at least `output`, in words). A network that takes more than the
-    images names its inputs (`input_names`, the images first) and makes examples of the others for a batch of images
-    (`other_inputs`, each with a dynamic batch); one that runs at any size from some side on only gives it
-    (`least_side`, pixels)."""
+    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names and
+    export.json's facts (at least `output`); a network taking more than the images names its inputs (`input_names`,
+    images first) and makes examples of the others (`other_inputs`); `least_side`: the smallest side it runs at."""
 
     network: nn.Module
     output_names: str | list[str]
@@ -123,8 +113,7 @@ class DenseTask(ABC):
     # ---- data
 
     def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
-        """The config's classes from its data (`roots`, the folders on disk, or the embedded data), a trained
-        `checkpoint`'s checked against them."""
+        """The config's classes from its data (`roots`, or the embedded data), a trained `checkpoint`'s checked."""
 
     def use_trained_classes(self, cfg: Config, checkpoint: str) -> None:
         """With no data set at hand, the classes the checkpoint records."""
@@ -143,14 +132,12 @@ class DenseTask(ABC):
 
     @abstractmethod
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
-        """What its training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`:
-        the image and a plausible ground truth (the steps after them, and the model's step, cost what they would on
-        the data set's images)."""
+        """What the training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`: the
+        image and a plausible ground truth."""
 
     @abstractmethod
     def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
-        """What is wrong with one entry of its data set (the image and its ground truth), or None; and the ground
-        truth's values (a class map's)."""
+        """What is wrong with one entry of its data set, or None; and the ground truth's values."""
 
     def check_values(self, dataset, values: set[int]) -> None:
         """The ground truth's values over the whole data set, checked (`values`: the union of the entries')."""
@@ -203,9 +190,7 @@ class DenseTask(ABC):
 
     @abstractmethod
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
-        """The network an export holds, as `choice` asks (checked by `check_export_choice`): normalised images
-        (B, 3, H, W) in, its outputs out, with their ONNX names and export.json's facts (at least `output`, as
-        `export_output` says)."""
+        """The network an export holds, as `choice` asks, its outputs as `export_output` says."""
 
     # ---- refusals
 
@@ -227,9 +212,8 @@ SMALL_DATA_SPLITS = {'train_dataloader': 'training', 'val_dataloader': 'validati
 
 
 def small_datasets(cfg: Config, data: SmallDenseData, shared: DataLayout) -> Iterator[dict]:
-    """Each loader's data set pointed at the split of `data` it takes as its layout reads it (`shared`, the shared
-    layout as it is, for a type no layout claims); its pipeline's training rescaling set to `data.ratio_range`, and
-    its flips off unless `data.mirrored` (the task then fits the pipeline's sizes)."""
+    """Each loader's data set pointed at the split of `data` it takes, as its layout reads it (`shared` for a type no
+    layout claims), its training rescaling set to `data.ratio_range` and its flips off unless `data.mirrored`."""
     for loader, split in SMALL_DATA_SPLITS.items():
         if not cfg.get(loader):
             continue
@@ -257,8 +241,7 @@ REQUIRED = ('name', 'title', 'model_kind', 'head_weights', 'summary_keys', 'pred
 
 
 def register_task(task: type[DenseTask]) -> type[DenseTask]:
-    """Class decorator: `task` joins the registry (one instance); it sets every REQUIRED attribute, and its name
-    and model types are new."""
+    """Class decorator: `task` joins the registry; it sets every REQUIRED attribute, and its name and models are new."""
     missing = [name for name in REQUIRED if not hasattr(task, name)]
     if missing:
         raise TypeError(f'dense task {task.__name__} does not set {", ".join(missing)}')
@@ -291,9 +274,8 @@ def tasks() -> list[DenseTask]:
 
 
 class HeadAtInputSize(nn.Module):
-    """A dense model's whole-image forward on normalised RGB images, its decode head's output resampled to the
-    input's size (mmseg's `encode_decode` without its image metas): a segmentor's per-class logits, a depth model's
-    metres."""
+    """A dense model's whole-image forward on normalised RGB images (mmseg's `encode_decode` without image metas), the
+    decode head's output resampled to the input's size: a segmentor's per-class logits, a depth model's metres."""
 
     def __init__(self, model: nn.Module, align_corners: bool) -> None:
         super().__init__()

@@ -94,20 +94,22 @@ def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
         raise UsageError(f'{option} {folder} holds the test set\'s images or annotations; write into another folder')
 
 
-def check_arguments(args: argparse.Namespace) -> None:
-    """The refusals the command line and the config alone decide, before any work: --no-flip without --ms, --ms
-    on a config whose task has no test-time augmentation, --show-dir on a detector's or a depth model's config,
-    output folders that cannot be written."""
+def check_arguments(args: argparse.Namespace, cfg: Config) -> None:
+    """The refusals the command line and the config (`cfg`, as read) alone decide, before any work: --no-flip
+    without --ms, --ms on a config whose task has no test-time augmentation, --show-dir on a detector's or a depth
+    model's config, output folders that cannot be written."""
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
-    task_of(load_config(args.config)).check_test_options(args, args.config)
+    task_of(cfg).check_test_options(args, args.config)
     if args.pred_dir:
         check_output_folder(args.pred_dir)
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> Config:
-    check_arguments(args)
-    cfg, data = load_trained_config(args.config, args.checkpoint, args.cfg_options, args.data_root, fallback)
+    loaded = load_config(args.config)
+    check_arguments(args, loaded)
+    cfg, data = load_trained_config(args.config, args.checkpoint, args.cfg_options, args.data_root, fallback,
+                                    loaded=loaded)
     cfg.launcher = args.launcher
     cfg.work_dir = work_dir_for(cfg, args.config, args.work_dir)
     cfg.load_from = args.checkpoint

@@ -155,8 +155,7 @@ class PretrainedBackbone:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A run's config, its task (looked up once), and the pretraining it needs first (None: its backbone's weights
-    are the config's)."""
+    """A run's config, its task, and the pretraining it needs first (None: its backbone's weights are the config's)."""
 
     cfg: Config
     task: DenseTask
@@ -164,9 +163,8 @@ class PreparedRun:
 
 
 def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: bool) -> Pretraining | None:
-    """The backbone's start: on the fallback's data, the config's ImageNet weights (not on disk) give way to the same
-    model pretrained for it (the Pretraining returned: the tool's first stage). A path given on the command line
-    must exist; None means random initialisation."""
+    """The backbone's start: on the fallback's data, the same model pretrained for it (the Pretraining returned) in
+    place of the config's absent ImageNet weights. A path given must exist; None means random initialisation."""
     backbone = cfg.model.backbone
     pretrained = backbone.get('pretrained')
     if not on_fallback:
@@ -186,9 +184,8 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: boo
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> PreparedRun:
-    """The config a run takes: the data (`fallback`'s without ADE20K, with its schedule), the command line's
-    options, the schedule; and the pretraining it needs first, if any (the tool's to run: `train` takes its
-    checkpoint)."""
+    """The config a run takes (the data, the command line's options, the schedule), and the pretraining it needs
+    first."""
     check_trackers(args.log_wandb, args.log_mlflow)  # before any work, the embedded data's writing included
     training_precision(args.amp)  # likewise: a precision this machine cannot train in
     cfg = load_config(args.config)
@@ -244,9 +241,8 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
 
 
 def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: bool = False) -> None:
-    """Add mmengine's Weights & Biases and MLflow backends to the config's visualizer, as asked: they receive what
-    TensorBoard does (the losses and lr as the logger hook logs them, the validation scores). `prepare` has checked
-    that their clients import."""
+    """mmengine's Weights & Biases and MLflow backends added to the config's visualizer, as asked (`prepare` checked
+    that their clients import)."""
     backends = list(cfg.visualizer.get('vis_backends', []))
     run_name = Path(cfg.work_dir).name
     if wandb:
@@ -261,9 +257,8 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
 
 
 def training_precision(amp: str, gpu: bool | None = None) -> str:
-    """`--amp` resolved (`gpu`: whether the run has one, default: whether PyTorch sees one): 'none', 'bf16' or
-    'fp16'. bf16 and fp16 train through mmengine's AmpOptimWrapper, which runs on GPUs only: asked for without a GPU,
-    a UsageError."""
+    """`--amp` resolved (`gpu`: whether the run has one): 'none', 'bf16' or 'fp16'; bf16 and fp16 need a GPU here
+    (mmengine's AmpOptimWrapper), else a UsageError."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     if not gpu:
         if amp not in ('none', 'auto'):
@@ -292,9 +287,8 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
 
 
 def train(run: PreparedRun, backbone: PretrainedBackbone | None = None) -> None:
-    """Train the segmentor with mmengine's Runner. A run that needs a pretraining (`run.pretraining`) starts its
-    backbone from `backbone`, the checkpoint of that first stage, which its caller made (the function
-    tools/train_seg.py calls)."""
+    """Train the segmentor with mmengine's Runner (tools/train_seg.py's); a run that needs a pretraining starts its
+    backbone from `backbone`, that stage's checkpoint."""
     cfg = run.cfg
     if run.pretraining is not None:
         if backbone is None:

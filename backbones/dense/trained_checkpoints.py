@@ -25,12 +25,14 @@ from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 
 
 def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = None, data_root: str | None = None,
-                        fallback: EmbeddedSegData | None = None, need_data: bool = True) -> tuple[Config, TrainedData]:
+                        fallback: EmbeddedSegData | None = None, need_data: bool = True,
+                        loaded: Config | None = None) -> tuple[Config, TrainedData]:
     """`load_config` for a trained checkpoint's config (test_seg, predict_seg, visualize, export), the checkpoint
     checked to be a model of the config's task first, and the data it runs on (`choose_trained_data`): where the
     embedded data stands in, the model takes the sizes it trained with there (`use_model`), under the command
-    line's options. `resolve_trained_data` then applies the data."""
-    cfg = load_config(path)
+    line's options. `resolve_trained_data` then applies the data. `loaded`: the config as the caller already read
+    it from `path`, taken instead of reading the file again."""
+    cfg = loaded if loaded is not None else load_config(path)
     check_segmentor_checkpoint(checkpoint, task_of(cfg), path)
     data = choose_trained_data(cfg, checkpoint, data_root, cfg_options, fallback, need_data)
     if data.embedded:
@@ -54,8 +56,7 @@ def weight_names(checkpoint: str) -> list[str]:
 
 
 def checkpoint_task(checkpoint: str, names: list[str]) -> DenseTask | None:
-    """The task a checkpoint's model was trained for: as it records it, else as its heads' weights (`names`) show;
-    None if neither says."""
+    """The task a checkpoint was trained for, as it records it or its heads' weights (`names`) show, else None."""
     return task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
 
 
@@ -116,8 +117,7 @@ def check_pretrained(cfg: Config) -> None:
 
 
 def built_segmentor(cfg: Config, checkpoint: str | None = None) -> nn.Module:
-    """The config's model in eval mode: with `checkpoint` (a run's or a release file) every weight from it, none
-    from its backbone's ImageNet file; without, as initialised."""
+    """The config's model in eval mode, every weight from `checkpoint` where given, none from its ImageNet file."""
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     cfg.model.backbone.pretrained = None
     model = MODELS.build(cfg.model)

@@ -1,12 +1,7 @@
 """The test-time augmentation every dense task shares: `MirroredViewsTTAModel`, mmengine's `BaseTTAModel` over one
 pipeline view per scale (the config's `tta_pipeline`), each view decoded with its mirror image in one batch when
-`flip` is on. A task's subclass merges the views' predictions its own way (`merge_preds`): the segmentors average
-their softmax, the depth models their depth, the detectors keep their instances by NMS.
-
-Each view goes back to the original image before it is merged: the model's own post-processing resamples every
-scale to the original size; a mirror image's sample is marked flipped (`flip`, `flip_direction`), which mmseg's
-segmentors and depth estimators undo themselves and a task's `merge_preds` undoes where its model does not.
-"""
+`flip` is on; a task's subclass merges the views' predictions (`merge_preds`), each already back at the original
+image's size, a mirror image's sample marked flipped (undone by `merge_preds` where the model does not undo it)."""
 from __future__ import annotations
 
 import copy
@@ -20,8 +15,7 @@ from backbones.dense.layouts import SmallDenseData
 
 
 def mirror_image(view: dict) -> dict:
-    """A test batch's horizontal mirror image: inputs flipped (before the data preprocessor pads them, so that the
-    padding stays at the right), samples of the same type holding the meta data, marked flipped."""
+    """A test batch's horizontal mirror image, flipped before the preprocessor pads it, its samples marked flipped."""
     samples = view['data_samples']
     if any(sample.metainfo.get('flip') for sample in samples):
         raise UsageError('the test-time pipeline already flips its views, and the tta_model (flip=True) mirrors '
@@ -38,8 +32,8 @@ def mirrored(view: dict) -> dict:
 
 
 class MirroredViewsTTAModel(BaseTTAModel):
-    """The config's views of each image (one per scale), each with its mirror image where `flip`; the predictions
-    of every image's views go to `merge_preds` together (the unflipped view of the first scale first)."""
+    """The config's views of each image (one per scale), each with its mirror image where `flip`, merged by
+    `merge_preds` (the first scale's unflipped view first)."""
 
     def __init__(self, flip: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -103,8 +97,7 @@ def check_tta_settings(cfg: Config) -> None:
 
 
 def use_small_test_time(cfg: Config, data: SmallDenseData) -> None:
-    """A small data set's multi-scale test: `data.test_ratios` of the single-scale test's size (already set), and
-    no mirror images unless `data.mirrored`."""
+    """A small data set's multi-scale test at `data.test_ratios`, no mirror images unless `data.mirrored`."""
     if cfg.get('tta_model') and not data.mirrored:
         drop_tta_flips(cfg)
     if cfg.get('tta_pipeline'):

@@ -30,9 +30,8 @@ class TokenDepthEstimator(DepthEstimator):
 
 @MODELS.register_module()
 class DepthTTAModel(MirroredViewsTTAModel):
-    """The config's scales of each image, with their mirror images where `flip`: the depth maps averaged. The depth
-    estimator's post-processing has already brought each one back to the original image (a mirror image's flipped
-    back, every scale resampled to the original size), so the maps are averaged pixel by pixel."""
+    """The config's scales of each image, with their mirror images where `flip`, already back at the original image
+    (the estimator's post-processing): the depth maps averaged pixel by pixel."""
 
     def merge_preds(self, data_samples_list: list[list[SegDataSample]]) -> list[SegDataSample]:
         merged = []

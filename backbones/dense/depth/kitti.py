@@ -1,12 +1,8 @@
 """KITTI depth as the depth papers use it (`KITTIDepthDataset`): the Eigen split read from BTS's file lists
-(`eigen_train_files_with_gt.txt`, `eigen_test_files_with_gt.txt`: one `IMAGE DEPTH FOCAL` entry a line), KITTI raw's
-images, and the sparse ground truth of Uhrig et al. (KITTI's "improved" depth: projected, accumulated LiDAR) in 16-bit
-PNGs of 1/256 m, 0 where nothing was measured; and KITTI's layout (`KittiLayout`), checked before a run and written
-from the embedded pages where KITTI is not on disk. An entry whose depth is `None` (no improved ground truth: 45 of
-the Eigen test's 697 lines) is left out, counted and named in the log; a line of another form (Monodepth2's
-`FOLDER FRAME SIDE`) is an error naming its file and line. docs/instances_and_depth.md ("KITTI depth") gives the
-layout and an example line.
-"""
+(`IMAGE DEPTH FOCAL` a line), KITTI raw's images and the improved sparse ground truth (16-bit PNGs of 1/256 m, 0
+unmeasured); an entry without ground truth is left out and counted, a line of another form is an error naming it.
+`KittiLayout` checks the layout before a run and writes the embedded pages in it. docs/instances_and_depth.md
+("KITTI depth") gives the layout."""
 from __future__ import annotations
 
 import re
@@ -35,8 +31,7 @@ DRIVE = re.compile(r'(\d{4}_\d{2}_\d{2})_drive_\d{4}_sync$')  # a raw drive's fo
 
 
 class SplitEntry(NamedTuple):
-    """One line of a split file: the image (under the raw images' folder), its depth map (under the ground truth's
-    folder; None without one) and the focal length in pixels."""
+    """One line of a split file: the image, its depth map (None without one) and the focal length in pixels."""
 
     image: str
     depth: str | None
@@ -74,16 +69,14 @@ def parse_split_line(line: str, where: str) -> SplitEntry:
 
 
 def frame_of(path: str) -> tuple[str | None, str | None, str]:
-    """A raw or ground-truth path's drive folder, camera folder (`image_02`, `image_03`) and frame number, where it
-    names them."""
+    """A raw or ground-truth path's drive folder, camera folder and frame number, where it names them."""
     parts = Path(path).parts
     return (next((part for part in parts if DRIVE.match(part)), None),
             next((part for part in parts if CAMERA.fullmatch(part)), None), Path(path).stem)
 
 
 def check_same_frame(entry: SplitEntry, where: str) -> None:
-    """The depth map of a line is its image's frame (drive, camera and frame number, where both paths name them):
-    another frame's ground truth would score every pixel against the wrong scene."""
+    """The depth map of a line is its image's frame (drive, camera, number), else it would score the wrong scene."""
     if entry.depth is None:
         return
     image, depth = frame_of(entry.image), frame_of(entry.depth)
@@ -93,8 +86,7 @@ def check_same_frame(entry: SplitEntry, where: str) -> None:
 
 
 def read_split_file(path: str | Path) -> list[SplitEntry]:
-    """Every entry of a split file, in its order (blank lines skipped); an image listed twice (scored twice) is an
-    error naming both lines."""
+    """Every entry of a split file, in its order; an image listed twice is an error naming both lines."""
     try:
         lines = Path(path).read_text().splitlines()
     except UnicodeDecodeError as e:
@@ -115,9 +107,9 @@ def read_split_file(path: str | Path) -> list[SplitEntry]:
 
 @DATASETS.register_module()
 class KITTIDepthDataset(BaseSegDataset):
-    """KITTI depth: the entries of the split file `ann_file` (under `data_root`) with ground truth, the images under
-    data_prefix['img_path'] and the depth maps under data_prefix['depth_map_path']; those without ground truth are
-    left out (`without_ground_truth`) and the log names them."""
+    """KITTI depth: the entries of the split file `ann_file` with ground truth (the others left out and named in the
+    log, `without_ground_truth`), images under data_prefix['img_path'], depth maps under
+    data_prefix['depth_map_path']."""
 
     # the raw recordings' days (each its own calibration): mmseg's test mode asks for classes, as NYU's name scenes
     METAINFO = dict(classes=('2011_09_26', '2011_09_28', '2011_09_29', '2011_09_30', '2011_10_03'))
@@ -144,9 +136,9 @@ class KITTIDepthDataset(BaseSegDataset):
 
 
 def prediction_name(image: str) -> str:
-    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME, since every drive numbers its
-    frames from 0, and DRIVE_CAMERA_FRAME for a camera other than the Eigen test's image_02, whose frames number as
-    its (BTS's training file lists image_03 too); an image outside a drive's folder: its path's parts joined."""
+    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME (every drive numbers from 0),
+    with the camera for one other than the Eigen test's image_02; outside a drive's folder, its path's parts
+    joined."""
     drive, camera, frame = frame_of(image)
     if drive is None:
         return '_'.join(Path(image).with_suffix('').parts)
@@ -155,8 +147,8 @@ def prediction_name(image: str) -> str:
 
 @register_layout
 class KittiLayout(WrittenLayout):
-    """KITTI depth under data/kitti: input/ (KITTI raw's drives), gt_depth/ (the improved ground truth's drives,
-    train/ and val/ together) and the Eigen split files beside them."""
+    """KITTI depth under data/kitti: input/ (raw drives), gt_depth/ (improved ground truth) and the Eigen split
+    files."""
 
     name = 'kitti'
     title = 'KITTI depth (Eigen split)'
@@ -164,8 +156,7 @@ class KittiLayout(WrittenLayout):
     root = 'data/kitti'
 
     def check(self, dataset_cfg: dict) -> None:
-        """The split file, the raw images' folder and the ground truth's folder must be there; the split file's
-        lines in BTS's form."""
+        """The split file and the images' and ground truth's folders are there; the split file's lines in BTS's form."""
         root = Path(dataset_cfg.get('data_root') or '')
         prefix = {**dict(img_path=IMAGES, depth_map_path=GROUND_TRUTH), **(dataset_cfg.get('data_prefix') or {})}
         split_file = root / dataset_cfg.get('ann_file', SPLIT_FILES['validation'])
@@ -180,9 +171,9 @@ class KittiLayout(WrittenLayout):
         read_split_file(split_file)
 
     def write_small(self, data: SmallDenseData, root: Path) -> None:
-        """The pages as two drives of a fake day: training's the Eigen training split's, validation's the test's
-        (every NO_DEPTH_EVERY-th without ground truth, as the Eigen test has such frames); each page's depth in
-        1/256 m, SMALL_SCENE_SCALE times as far, kept only on LiDAR-like scan lines (`lidar_like`), 0 elsewhere."""
+        """The pages as two drives of a fake day, training's the Eigen training split and validation's the test (some
+        frames without ground truth, as there); each page's depth in 1/256 m, SMALL_SCENE_SCALE times as far, on
+        LiDAR-like lines."""
         write_folder_once(root, SMALL_VERSION + ready_mark(data.root), lambda folder: write_small_drives(data, folder))
 
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
@@ -216,8 +207,7 @@ def write_small_drives(data: SmallDenseData, root: Path) -> None:
 
 
 def lidar_like(depth: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """`depth` kept where projected LiDAR would measure it (about SCAN_KEEP of every SCAN_ROW_EVERY-th row, from a
-    row drawn at random), 0 elsewhere."""
+    """`depth` kept where projected LiDAR would measure it (sparse scan lines), 0 elsewhere."""
     rows = np.arange(depth.shape[0])[:, None] % SCAN_ROW_EVERY == rng.integers(SCAN_ROW_EVERY)
     return np.where(rows & (rng.random(depth.shape) < SCAN_KEEP), depth, 0)
 

@@ -1,12 +1,8 @@
 """`DepthReport`: mmseg's DepthMetric (per-image delta < 1.25, AbsRel, RMSE, log10, ..., averaged over images) with
-its faults mended: SILog is the KITTI benchmark's and BTS's (mmseg's own figure is `silog_mmseg`); predictions are
-clipped to the evaluated range before scoring, as BTS's evaluation does; an explicit metric list works (mmseg 1.2.2
-raises a TypeError); an image without a valid pixel is left out and counted instead of turning every mean into NaN;
-NYU's evaluation crop is refused on images of another size than NYU's, and KITTI's (Garg et al.'s,
-`crop_type='garg_crop'`, a fixed fraction of any image) is there beside it; predictions are written as 16-bit PNGs
-in the data set's scale, rounded and clipped (mmseg's cut off the fraction and wrap past 65,535), each written whole,
-as NAME.png: the sample's `pred_name` where its data set gives one, else its image's name. With `json_file` the
-figures go there too."""
+its faults mended: KITTI's SILog (mmseg's is `silog_mmseg`), predictions clipped to the evaluated range, explicit
+metric lists, images without a valid pixel left out and counted, NYU's crop refused on other sizes and KITTI's Garg
+crop beside it; predictions written as whole 16-bit PNGs in the data set's scale (NAME.png: the sample's
+`pred_name`, else its image's name). With `json_file` the figures go there too."""
 from __future__ import annotations
 
 import os.path as osp
@@ -47,16 +43,15 @@ def depth_png(depth: np.ndarray, scale: float) -> np.ndarray:
 
 
 def write_depth_png(path: str | Path, depth: np.ndarray, scale: float) -> None:
-    """A depth map (metres) as a 16-bit PNG of `scale` units per metre (`depth_png`), written atomically: what
-    test_seg --pred-dir and predict_seg write."""
+    """A depth map (metres) written atomically as a 16-bit PNG of `scale` units per metre (`depth_png`)."""
     image = Image.fromarray(depth_png(depth, scale))
     write_atomic(path, lambda f: image.save(f, format='PNG'))
 
 
 @METRICS.register_module()
 class DepthReport(DepthMetric):
-    """DepthMetric, mended (see the module's docstring); `depth_metrics`: a subset of METRICS (default: all);
-    `crop_type`: None, 'nyu_crop' or 'garg_crop'."""
+    """DepthMetric, mended; `depth_metrics`: some of METRICS (default: all); `crop_type`: None, 'nyu_crop',
+    'garg_crop'."""
 
     default_prefix = None
     # mmseg's figures, and two names of the scale-invariant log error: `silog` the KITTI benchmark's and BTS's,

@@ -78,11 +78,10 @@ class Depth(DenseTask):
     annotation_steps = ('LoadDepthAnnotation',)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The depth maps, read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
-        the training crop is the images' height, the multi-scale test at the data's ratios of the test's size; the
-        evaluation crop (NYU's, for its 640x480 images) off. A config of a published set whose small data is written
-        in its layout (`WrittenLayout`) reads it in that set's own scale, and keeps its crop (KITTI's is a fraction of
-        any image)."""
+        """The depth maps read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
+        the training crop is the images' height, the multi-scale test at the data's ratios; NYU's evaluation crop
+        off. A published set's config whose small data is written in its layout (`WrittenLayout`) keeps its scale
+        and crop."""
         factor = data.image_size[1] / training_crop_height(cfg)
         in_layout = any(isinstance(layout_of(dataset), WrittenLayout) for dataset in datasets(cfg))
         for dataset in small_datasets(cfg, data, NYULayout()):
@@ -109,8 +108,7 @@ class Depth(DenseTask):
         return {**own, 'type': 'DepthReport', 'json_file': out, 'output_dir': pred_dir}
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """Each image's depth as a 16-bit PNG in the data set's scale (`predictor.depth_scale` per metre), and
-        beside it NAME_color.png, near bright and far dark over 0 .. the model's largest depth."""
+        """Each image's depth as a 16-bit PNG in the data set's scale, and its picture beside it (NAME_color.png)."""
         top = float(predictor.model.decode_head.max_depth)
         for image, path in zip(request.images, request.paths):
             _, sample = predictor.predict(image)
@@ -154,8 +152,7 @@ def training_crop_height(cfg: Config) -> int:
 
 
 def colour_depth(depth: np.ndarray, top: float) -> np.ndarray:
-    """A depth map (metres) as an RGB picture: near bright, far dark (matplotlib's magma over 0 .. `top` metres);
-    pixels without a depth (0) black."""
+    """A depth map (metres) as RGB: magma from near bright to far dark over 0 .. `top` metres, no depth (0) black."""
     scale = matplotlib.colormaps['magma']
     shade = 1 - np.clip(depth / max(top, 1e-6), 0, 1)
     rgb = (scale(shade)[..., :3] * 255).round().astype(np.uint8)

@@ -1,17 +1,10 @@
 """`TokenCascadeMaskRCNN`: Cascade Mask R-CNN (Cai and Vasconcelos 2018) as ViTDet runs it (detectron2's
 `CascadeROIHeads`), on `TokenMaskRCNN`'s backbone, pyramid, RPN and data handling, from torchvision's detection parts.
 
-Three box stages, each its own box head (4 convolutions and one fully connected layer, LayerNorm) and predictor with
-class-agnostic box regression (4 deltas), matching regions to the ground truth at IoU 0.5, 0.6 and 0.7 and encoding
-their boxes with the weights (10, 10, 5, 5), (20, 20, 10, 10) and (30, 30, 15, 15): each stage refines the boxes of
-the one before. Training: stage 1 samples from the RPN's proposals plus the ground truth, every later stage from the
-previous stage's refined boxes (detached, clipped to the image, empty ones left out) plus the ground truth, each with
-its own sampler; the losses of every stage are summed, and the gradient entering each stage's head is scaled by 1 /
-the number of stages (as detectron2 does, so that the pyramid's gradient from the three heads adds up to one head's).
-The mask head trains on the last stage's positive regions. Test: each stage classifies the previous stage's boxes;
-the scores are the mean of the stages' class probabilities, the boxes the last stage's; then torchvision's score
-threshold, class-wise NMS and top detections (`roi_heads`' settings), and the masks on those boxes.
-"""
+Three box stages at IoU 0.5, 0.6 and 0.7 (box weights (10, 10, 5, 5), (20, 20, 10, 10), (30, 30, 15, 15)), each
+refining the boxes of the one before with its own head, class-agnostic regression and sampler; each stage's head
+gradient is scaled by 1 / the number of stages, as detectron2 does. The mask head trains on the last stage's
+positives. At test the scores are the mean of the stages' class probabilities, the boxes the last stage's."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -53,16 +46,14 @@ class AgnosticBoxPredictor(nn.Module):
 
 
 def for_every_class(deltas: torch.Tensor, classes: int) -> torch.Tensor:
-    """Class-agnostic deltas (N, 4) as torchvision's class-wise ones (N, classes x 4): the same box for every class,
-    so that its loss and post-processing take them as they are."""
+    """Class-agnostic deltas (N, 4) as torchvision's class-wise ones (N, classes x 4): one box for every class."""
     return deltas.repeat(1, classes)
 
 
 def refined_proposals(stage: RoIHeads, deltas: torch.Tensor, proposals: list[torch.Tensor],
                       image_shapes: list[tuple[int, int]], drop_empty: bool) -> list[torch.Tensor]:
-    """`stage`'s boxes, its deltas decoded on its proposals with its weights, as the next stage's proposals: per
-    image, detached, clipped to the image; empty ones left out if `drop_empty` (in training, where they would have
-    no regression target)."""
+    """`stage`'s boxes decoded from its `deltas` as the next stage's proposals: per image, detached, clipped to the
+    image, empty ones left out if `drop_empty` (in training: they would have no regression target)."""
     boxes = stage.box_coder.decode(deltas.detach(), proposals).reshape(-1, 4)
     refined = []
     for image_boxes, shape in zip(boxes.split([len(p) for p in proposals]), image_shapes):
@@ -74,8 +65,7 @@ def refined_proposals(stage: RoIHeads, deltas: torch.Tensor, proposals: list[tor
 
 
 class CascadeRoIHeads(nn.Module):
-    """The cascade's box stages (each a torchvision `RoIHeads` without masks: its matcher at the stage's IoU, its
-    sampler, its box coder) and one mask head on the last stage, called as torchvision's `RoIHeads` is."""
+    """The cascade's box stages (each a torchvision `RoIHeads` without masks) and one mask head on the last stage."""
 
     def __init__(self, stages: Sequence[RoIHeads], mask_roi_pool: MultiScaleRoIAlign, mask_head: nn.Module,
                  mask_predictor: nn.Module) -> None:
@@ -109,8 +99,7 @@ class CascadeRoIHeads(nn.Module):
 
     def losses(self, features: dict[str, torch.Tensor], proposals: list[torch.Tensor],
                image_shapes: list[tuple[int, int]], targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Each stage's classification and box losses (`_stageN`), and the mask loss on the last stage's positive
-        regions."""
+        """Each stage's classification and box losses (`_stageN`), and the mask loss on the last stage's positives."""
         losses = {}
         for number, stage in enumerate(self.stages, start=1):
             proposals, matched, labels, regression_targets = stage.select_training_samples(proposals, targets)
@@ -129,8 +118,7 @@ class CascadeRoIHeads(nn.Module):
 
     def detections(self, features: dict[str, torch.Tensor], proposals: list[torch.Tensor],
                    image_shapes: list[tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
-        """Every image's boxes, labels, scores and mask probabilities: the stages' mean class probabilities on the
-        last stage's boxes, through torchvision's post-processing (score threshold, class-wise NMS, top-k)."""
+        """Every image's boxes, labels, scores and mask probabilities, through torchvision's post-processing."""
         probabilities = []
         for number, stage in enumerate(self.stages, start=1):
             logits, deltas = self.run_stage(stage, features, proposals, image_shapes)
@@ -150,9 +138,7 @@ class CascadeRoIHeads(nn.Module):
 
 
 class StaticCascadeMaskRCNN(StaticMaskRCNN):
-    """The cascade's inference with static shapes (`StaticMaskRCNN`'s, its box stage the cascade's): each stage
-    classifies the previous stage's boxes (clipped to the image), the scores are the stages' mean probabilities,
-    the boxes the last stage's (one per proposal, whatever the class)."""
+    """The cascade's inference with static shapes: `StaticMaskRCNN`'s, its box stage the cascade's."""
 
     def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,9 +156,8 @@ class StaticCascadeMaskRCNN(StaticMaskRCNN):
 
 @MODELS.register_module()
 class TokenCascadeMaskRCNN(TokenMaskRCNN):
-    """Cascade Mask R-CNN for `num_classes` categories: `TokenMaskRCNN`'s arguments, with one stage per entry of
-    `stage_ious` (its foreground IoU) and `stage_box_weights` (its box coder's weights); `roi_heads` takes
-    torchvision's `RoIHeads` settings but those each stage takes from these two."""
+    """Cascade Mask R-CNN: `TokenMaskRCNN`'s arguments, one stage per entry of `stage_ious` (its foreground IoU) and
+    `stage_box_weights` (its box coder's); `roi_heads` takes torchvision's `RoIHeads` settings but those two."""
 
     static_network = StaticCascadeMaskRCNN
 

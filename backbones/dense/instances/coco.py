@@ -1,13 +1,9 @@
-"""COCO-format instance data: the annotation file read and checked, and `CocoInstances`, the data set over it.
+"""COCO-format instance data: the annotation file read and checked, `CocoInstances`, the data set over it, and COCO's
+and an own set's layouts (`CocoLayout`).
 
-A file is COCO's `instances_*.json`: `images` (id, file_name, width, height), `categories` (id, name) and
-`annotations` (id, image_id, category_id, bbox as x, y, width, height, segmentation as polygons or RLE; `iscrowd`
-and `area` are filled in where absent: not crowd, the mask's area). Ids are whole numbers, each used once. Any
-category ids work: the categories, sorted by id, become labels 0 .. N-1, and the data set's metainfo records both
-(`classes`, `cat_ids`), so mmengine writes them into every checkpoint. Anything that would train or score wrongly
-is a one-line DataError naming the file: an annotation of an undeclared category or image, a box or a mask outside
-its image, a mask of another size than its image. Here too: COCO's and an own set's layouts (`CocoLayout`).
-"""
+Any category ids work: sorted by id, the categories become labels 0 .. N-1, and the data set's metainfo records both
+(`classes`, `cat_ids`), which mmengine writes into every checkpoint. Anything that would train or score wrongly is a
+one-line DataError naming the file. docs/instances_and_depth.md gives the format."""
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +31,7 @@ EDGE = 1.0  # pixels a polygon may reach past its image's border (rounding in an
 
 
 def load_coco(path: str | Path, image_folder: str | Path | None = None) -> COCO:
-    """An annotation file as pycocotools reads it, checked (`check_coco`; against the images in `image_folder`
-    where given); its summary lines go to the log."""
+    """An annotation file as pycocotools reads it, checked (`check_coco`); its summary lines go to the log."""
     try:
         content = json.loads(Path(path).read_text())
     except FileNotFoundError as e:
@@ -53,8 +48,7 @@ def load_coco(path: str | Path, image_folder: str | Path | None = None) -> COCO:
 
 
 def fill_in_annotations(content: dict) -> None:
-    """What COCO's evaluation reads and a file may leave out: `iscrowd` (0) and `area` (the mask's pixels), in
-    place."""
+    """COCO evaluation's `iscrowd` (0) and `area` (the mask's pixels), filled in place where a file leaves them out."""
     sizes = {image['id']: (image['height'], image['width']) for image in content['images']}
     for annotation in content.get('annotations', []):
         annotation.setdefault('iscrowd', 0)
@@ -73,8 +67,7 @@ def mask_rle(mask, height: int, width: int) -> dict:
 
 
 def check_ids(items: list, what: str, path: str | Path) -> None:
-    """Every item of a list has a whole-number `id`, none used twice (pycocotools keys them by id: a repeated one
-    silently replaces the other); a repeated one is named with both entries."""
+    """Every item has a whole-number `id` used once (pycocotools keys them by id); a repeated one names both entries."""
     ids = [item.get('id') if isinstance(item, dict) else None for item in items]
     odd = next((number for number, i in enumerate(ids) if isinstance(i, bool) or not isinstance(i, int)), None)
     if odd is not None:
@@ -102,9 +95,8 @@ def number_list(value, count: int) -> bool:
 
 
 def check_coco(content, path: str | Path, image_folder: str | Path | None = None) -> None:
-    """The parts of a COCO annotation file the suite relies on, each wrong one a DataError naming `path`. A box or
-    mask that does not fit its image is blamed on the image's declared size where the image file in `image_folder`
-    has another."""
+    """The parts of a COCO annotation file the suite relies on, each wrong one a DataError naming `path` (a box or
+    mask outside its image blamed on the declared size where the file in `image_folder` has another)."""
     if not isinstance(content, dict) or not all(isinstance(content.get(k), list) for k in ('images', 'categories')) \
             or not isinstance(content.get('annotations', []), list):
         raise DataError(f'{path}: not a COCO annotation file (it needs "images", "categories" and "annotations" '
@@ -140,8 +132,7 @@ def check_coco(content, path: str | Path, image_folder: str | Path | None = None
 
 
 def check_file_names(images: list[dict], path: str | Path) -> None:
-    """No image file is listed twice: under a second id without annotations, its objects would train as
-    background."""
+    """No image file is listed twice (under a second id, its objects would train as background)."""
     first: dict[str, int] = {}
     for image in images:
         other = first.setdefault(image['file_name'], image['id'])
@@ -151,8 +142,7 @@ def check_file_names(images: list[dict], path: str | Path) -> None:
 
 
 def misdeclared_size(image: dict | None, image_folder: str | Path | None, path: str | Path) -> DataError | None:
-    """The error of an image whose file in `image_folder` is not the size the annotation file declares (read from
-    the file's header), or None."""
+    """The error of an image whose file in `image_folder` is not its declared size, or None."""
     if image is None or image_folder is None:
         return None
     file = Path(image_folder) / image['file_name']
@@ -203,8 +193,7 @@ def check_annotation(annotation, images: dict, declared: set, path: str | Path) 
 
 
 def check_rle(mask: dict, height: int, width: int, where: str) -> None:
-    """An RLE mask of its image's size whose runs decode: uncompressed, whole numbers from 0 adding up to its
-    pixels (pycocotools reads past the end of shorter ones); compressed, a string pycocotools decodes to that size."""
+    """An RLE mask of its image's size whose runs decode (pycocotools reads past the end of shorter ones)."""
     if mask.get('size') != [height, width] or 'counts' not in mask:
         raise DataError(f'{where}: its RLE mask is {mask.get("size")} (height, width), its image {[height, width]}')
     counts = mask['counts']
@@ -281,8 +270,7 @@ def read_split(dataset: dict) -> COCO:
 
 
 def use_coco_categories(cfg: Config) -> tuple[str, ...]:
-    """The model's class count from the training set's categories; every other split must declare the same ones.
-    Returns the names."""
+    """The model's class count from the training set's categories, which every split must declare; returns the names."""
     loaders = [name for name in ('train_dataloader', 'val_dataloader', 'test_dataloader') if cfg.get(name)]
     files = {name: annotation_file(cfg[name].dataset) for name in loaders}
     read = {name: read_split(cfg[name].dataset) for name in loaders}
@@ -301,8 +289,7 @@ def use_coco_categories(cfg: Config) -> tuple[str, ...]:
 
 
 def warn_untrained(coco: COCO, path: Path) -> None:
-    """One line for the categories of a training file that no annotation trains, and one for the annotations
-    training leaves out: boxes of no width or height (torchvision's box coder cannot encode them)."""
+    """One line for a training file's categories without annotations, one for its boxes without width or height."""
     annotations = [a for a in coco.dataset.get('annotations', []) if not a['iscrowd']]
     used = {a['category_id'] for a in annotations}
     unused = [f'{c["name"]} (id {c["id"]})' for c in sorted(coco.dataset['categories'], key=lambda c: c['id'])
@@ -327,8 +314,8 @@ def use_trained_categories(cfg: Config, checkpoint: str) -> None:
 
 
 def use_test_categories(cfg: Config, checkpoint: str) -> None:
-    """A trained detector's class count from the test set's categories, which must be the ones (names and ids) the
-    checkpoint records, where it records them."""
+    """A trained detector's class count from the test set's categories, which must be the checkpoint's, if it records
+    them."""
     trained = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     path = annotation_file(cfg.test_dataloader.dataset)
     names, ids = categories(read_split(cfg.test_dataloader.dataset))

@@ -2,14 +2,8 @@
 ViTDet's simple feature pyramid, as an mmengine model (its `loss`, `predict` and `tensor` modes), so that the
 segmentation runner trains and tests it with the same hooks, resume, layer-wise lr decay, DDP and AMP.
 
-The heads follow ViTDet: an RPN with two 3x3 convolutions over anchors of 32 .. 512 px (one size per level, three
-aspect ratios), RoIAlign from strides 4 .. 32, a box head of four 3x3 convolutions and one fully connected layer, a
-mask head of four convolutions, LayerNorm in both; with `aligned_roi` (the configs' default), RoIAlign samples at
-pixel centres as detectron2's ROIAlignV2. `rpn` and `roi_heads` take torchvision's
-`RegionProposalNetwork` and `RoIHeads` arguments (e.g. `roi_heads=dict(batch_size_per_image=512)`). Images come
-from the data preprocessor padded into one batch; each keeps its own size (`img_shape`), and predictions go back to
-the original image (`ori_shape`): boxes divided by the test resize's `scale_factor`, masks pasted at that size.
-"""
+The heads follow ViTDet (docs/instances_and_depth.md); `rpn` and `roi_heads` take torchvision's
+`RegionProposalNetwork` and `RoIHeads` arguments. Predictions go back to the original image (`ori_shape`)."""
 from __future__ import annotations
 
 import math
@@ -43,11 +37,8 @@ MASK_THRESHOLD = 0.5  # a pasted mask's probability from which a pixel belongs t
 
 
 class RegionAlign(MultiScaleRoIAlign):
-    """torchvision's multi-level RoIAlign with the levels' scales set from the pyramid's strides (left to itself it
-    infers them from the first batch it sees, feature size over the largest image rounded to a power of two, which
-    is a level off for padded images of some heights, and keeps them for every later batch); `aligned` samples at
-    pixel centres, shifting box corners by half a pixel (detectron2's ROIAlignV2, which ViTDet's configs use), where
-    torchvision's (and detectron2's ROIAlign) does not."""
+    """torchvision's multi-level RoIAlign, its levels' scales set from the pyramid's strides (inferred, they are a
+    level off for some padded heights); `aligned` samples at pixel centres (detectron2's ROIAlignV2)."""
 
     def __init__(self, levels: Sequence[str], strides: Sequence[float], size: int, aligned: bool = False) -> None:
         super().__init__(list(levels), output_size=size, sampling_ratio=0)

@@ -61,9 +61,8 @@ AREA_RANGES = {'AP': (0, 1e10), 'AP50': (0, 1e10), 'AP75': (0, 1e10), 'APs': (0,
 
 def without_detections(gt, image_ids: list[int], names: Sequence[str],
                        cat_ids: Sequence[int]) -> tuple[list[float], dict[str, float]]:
-    """The figures COCOeval gives a run that detects nothing, which it cannot load: 0 where there is ground truth to
-    find (not crowd regions: COCO ignores those), undefined (-1, NaN in percent) where there is none, for each summary
-    number's area range and each category."""
+    """The figures COCOeval would give a run that detects nothing (it cannot load one): 0 where there is ground truth
+    to find (not crowd), -1 where there is none, per summary number and category."""
     found = gt.loadAnns(gt.getAnnIds(imgIds=image_ids, iscrowd=False))
     stats = [0.0 if any(low <= a['area'] <= high for a in found) else -1.0
              for low, high in (AREA_RANGES[name] for name in SUMMARY)]
@@ -72,10 +71,9 @@ def without_detections(gt, image_ids: list[int], names: Sequence[str],
 
 
 def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOeval:
-    """pycocotools' evaluation of `results` on `image_ids`, its printout kept out of the output. Each kind sees
-    copies of the entries (loadRes writes into them) holding only its own geometry: with a box present, loadRes
-    would give a mask the box's area, and the mask APs of small, medium and large objects would sort detections by
-    their boxes (as detectron2 and mmdetection, the box is dropped for the masks' evaluation)."""
+    """pycocotools' evaluation of `results` on `image_ids`, its printout kept out. Each kind sees copies of the
+    entries holding only its own geometry: with a box present, loadRes would size a mask's area range by its box
+    (as detectron2 and mmdetection, the box is dropped for the masks)."""
     dropped = 'segmentation' if kind == 'box' else 'bbox'
     entries = [{key: value for key, value in entry.items() if key != dropped} for entry in results]
     with contextlib.redirect_stdout(io.StringIO()):
@@ -89,11 +87,8 @@ def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOev
 
 @METRICS.register_module()
 class CocoAP(BaseMetric):
-    """Box and mask AP (`box_AP`, `box_AP50`, ..., `mask_AP`, ...) on the images the loop ran; with `json_file`, they
-    and each category's AP by name are written there. A run that detects nothing scores 0 where there was something
-    to find (pycocotools cannot load an empty result list: `without_detections`). With `predictions_dir`, the
-    detections are written there as COCO results (predictions.json: image ids, the data set's category ids, boxes as
-    x, y, width, height, masks as RLE)."""
+    """Box and mask AP (`box_AP`, ..., `mask_AP`, ...), each category's too in `json_file`; a run that detects
+    nothing scores 0. With `predictions_dir`, the detections as COCO results (predictions.json)."""
 
     default_prefix = None
 

@@ -19,8 +19,7 @@ SCALES = (4.0, 2.0, 1.0, 0.5)  # ViTDet's: strides 4, 8, 16, 32 from a stride-16
 
 
 def resampling(channels: int, scale: float) -> tuple[nn.Module, int]:
-    """The layers that bring a map to `scale` times its resolution (ViTDet's: transposed convolutions up, max pooling
-    down), and the channels they leave."""
+    """The layers that bring a map to `scale` times its resolution (ViTDet's), and the channels they leave."""
     if scale == 4:
         return nn.Sequential(nn.ConvTranspose2d(channels, channels // 2, 2, stride=2), LayerNorm2d(channels // 2),
                              nn.GELU(), nn.ConvTranspose2d(channels // 2, channels // 4, 2, stride=2)), channels // 4
@@ -35,9 +34,8 @@ def resampling(channels: int, scale: float) -> tuple[nn.Module, int]:
 
 @MODELS.register_module()
 class SimpleFeaturePyramid(BaseModule):
-    """One level per scale of the backbone's last map: resampled, then a 1x1 and a 3x3 convolution to
-    `out_channels`, each followed by a LayerNorm; one more level, the coarsest max-pooled by 2 (ViTDet's `p6`), for
-    the proposals of the largest anchors. The levels are named `p<log2 stride>` (p2 .. p6 for stride 16 in)."""
+    """ViTDet's pyramid: one level per scale of the backbone's last map (resampled, then a 1x1 and a 3x3 convolution
+    with LayerNorms), and `p6`, the coarsest max-pooled by 2; levels named `p<log2 stride>`."""
 
     def __init__(self, in_channels: int, out_channels: int = 256, scales: Sequence[float] = SCALES,
                  in_stride: int = 16, init_cfg: dict | None = None) -> None:

@@ -5,13 +5,9 @@ the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probab
 outside the image); the K = `top_k` best detections by score (default: the RoI heads' `detections_per_img`), padded
 with zero boxes, scores and masks.
 
-It is the detector's own inference, from its own parts, in pieces (`proposals`, `box_stage`, which a cascade replaces,
-`detections`, `masks`), with every number of boxes fixed: where torchvision's keeps a number that depends on the image
-this one keeps every candidate with a flag, and NMS (torchvision's `nms`, which torch.export traces and torch's ONNX
-exporter writes as `NonMaxSuppression`) has its kept indices made a flag at once. It equals the model's `predict` of
-each image up to float rounding, within its own bounds: NMS per class over the `candidates` best class candidates
-(`CANDIDATES`). docs/export.md ("Detectors whole") says how and why.
-"""
+It is the detector's own inference in pieces (`proposals`, `box_stage`, which a cascade replaces, `detections`,
+`masks`), every number of boxes fixed, and equals the model's `predict` up to float rounding within its bounds
+(`CANDIDATES`). docs/export.md ("Detectors whole") says how and why."""
 from __future__ import annotations
 
 import torch
@@ -28,8 +24,7 @@ BOX_MIN_SIZE = 1e-2  # what RoIHeads.postprocess_detections drops as empty
 
 
 def clipped(boxes: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    """Boxes (B, ..., 4) clipped to each image's (height, width) in `sizes` (B, 2), as torchvision's
-    `clip_boxes_to_image`."""
+    """Boxes (B, ..., 4) clipped to each image's (height, width) in `sizes` (B, 2)."""
     limits = sizes.flip(-1).repeat(1, 2).to(boxes.dtype).reshape(-1, *[1] * (boxes.dim() - 2), 4)
     return torch.minimum(boxes.clamp(min=0), limits)  # x1, y1, x2, y2 against width, height, width, height
 
@@ -48,12 +43,10 @@ def large_enough(boxes: torch.Tensor, min_size: float) -> torch.Tensor:
 
 def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor,
              iou_threshold: float) -> torch.Tensor:
-    """Which candidates (B, N) greedy NMS keeps, independently per image and per group (`groups` (B, N): a level,
-    a class), among the `valid` ones only; boxes (B, N, 4), scores (B, N). One `nms` over the whole batch:
-    torchvision's `batched_nms` offsets each group's boxes along x by group x (its largest coordinate + 1), and
-    this does the same per image (the first image's boxes are moved exactly as the model moves them) and offsets
-    the images along y, so that no two groups or images overlap. The flagged-out candidates score `DROPPED`, below
-    the rest: they suppress none of them."""
+    """Which candidates (B, N) greedy NMS keeps per image and per group (`groups` (B, N): a level, a class), among
+    the `valid` ones only. One `nms` over the whole batch: each group's boxes offset along x as torchvision's
+    `batched_nms` does, the images along y, so that none overlap; flagged-out candidates score `DROPPED`, below
+    all."""
     count, number = scores.shape
     largest = torch.where(valid[..., None], boxes, torch.zeros_like(boxes)).amax(dim=(1, 2))  # (B,)
     x_offsets = groups.to(boxes) * (largest[:, None] + 1)
@@ -85,9 +78,8 @@ def padded(values: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-    """The detector's multi-level RoIAlign (`detector.RegionAlign`, aligned or not) of boxes (B, N, 4):
-    (B * N, C, S, S), every box pooled from every level and the one its size maps it to kept (torchvision pools each
-    level's boxes only, a data-dependent number; the values are the same)."""
+    """The detector's multi-level RoIAlign of boxes (B, N, 4) -> (B * N, C, S, S): every box pooled from every level,
+    the one its size maps it to kept (torchvision's values, without its data-dependent counts)."""
     count, number = boxes.shape[:2]
     flat = boxes.reshape(-1, 4)
     image = torch.arange(count, device=boxes.device).to(boxes).repeat_interleave(number)
@@ -120,9 +112,8 @@ def interpolation_weights(starts: torch.Tensor, ends: torch.Tensor, source: int,
 
 
 def pasted(masks: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4): torchvision's `paste_masks_in_image`
-    (one pixel of zeros around the mask, its box widened to match and rounded to whole pixels, the mask resized
-    bilinearly to it) with static shapes, a resize being a product with interpolation weights on each side."""
+    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4) as torchvision's `paste_masks_in_image`,
+    with static shapes: a resize is a product with interpolation weights on each side."""
     padded = F.pad(masks, (1, 1, 1, 1))
     source = padded.shape[-1]
     scale = source / masks.shape[-1]
@@ -161,9 +152,8 @@ class StaticMaskRCNN(nn.Module):
 
     def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor], sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P): each level's best
-        `pre_nms_top_n` anchors decoded, clipped to the image (`sizes`), the small ones dropped, NMS per level,
-        the best `post_nms_top_n`."""
+        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P), as torchvision's RPN chooses
+        them."""
         rpn = self.detector.rpn
         size = tuple(images.shape[-2:])  # the anchors span the padded input, as the detector's own
         levels = list(features.values())
@@ -192,9 +182,8 @@ class StaticMaskRCNN(nn.Module):
 
     def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each proposal's box per class (B, P, classes + 1, 4; a class-agnostic stage may give (B, P, 1, 4)) and
-        class probabilities (B, P, classes + 1), the background first, in images of `sizes`: the RoI heads' box
-        head and predictor."""
+        """Each proposal's box per class (B, P, classes + 1 or 1, 4) and class probabilities (B, P, classes + 1), the
+        background first: the RoI heads' box head and predictor."""
         heads = self.detector.roi_heads
         count, number = proposals.shape[:2]
         logits, regression = heads.box_predictor(heads.box_head(pooled(heads.box_roi_pool, features, proposals)))
@@ -204,9 +193,8 @@ class StaticMaskRCNN(nn.Module):
     def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, sizes: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
         """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections (B, K)) of
-        the box stage's per-class boxes and scores of the proposals flagged `valid`: the RoI heads'
-        postprocessing (background dropped, scores above the threshold, empty boxes dropped, NMS per class), NMS
-        over the `candidates` best only. Padding: zero boxes and scores."""
+        the proposals flagged `valid`, by the RoI heads' post-processing (NMS over the `candidates` best); padded
+        with zeros."""
         heads = self.detector.roi_heads
         count, number, classes = scores.shape
         boxes = clipped(boxes.expand(count, number, classes, 4), sizes)[:, :, 1:].reshape(count, -1, 4)
@@ -224,9 +212,8 @@ class StaticMaskRCNN(nn.Module):
 
     def masks(self, features: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
               kept: torch.Tensor, size: tuple[int, int], sizes: torch.Tensor) -> torch.Tensor:
-        """The detections' mask probabilities (B, K, H, W) in inputs of `size`, pasted at their boxes (zero for
-        padding, and outside each image's `sizes`): the mask head's map of each detection's class (labels from
-        1)."""
+        """The detections' mask probabilities (B, K, H, W), pasted at their boxes in inputs of `size`, zero for
+        padding and outside each image's `sizes`."""
         heads = self.detector.roi_heads
         count, number = boxes.shape[:2]
         logits = heads.mask_predictor(heads.mask_head(pooled(heads.mask_roi_pool, features, boxes)))

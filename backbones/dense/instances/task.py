@@ -86,8 +86,8 @@ class Instances(DenseTask):
         use_trained_categories(cfg, checkpoint)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The instances in COCO's format; the large-scale jitter and the test size the images' own, the multi-scale
-        test at the data's ratios of it."""
+        """The instances in COCO's format, jitter and test size the images' own, the multi-scale test at the data's
+        ratios."""
         for dataset in small_datasets(cfg, data, CocoLayout()):
             for step in dataset['pipeline']:
                 if step['type'] == 'LargeScaleJitter':
@@ -122,9 +122,8 @@ class Instances(DenseTask):
         return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """Every image's instances scoring the threshold or more as one COCO-format file (images, the categories
-        with the ids the checkpoint was trained with, annotations with RLE masks and scores); with overlays, each
-        image's instances drawn over it (NAME_overlay.png)."""
+        """The instances scoring the threshold or more as one COCO-format file (the checkpoint's category ids, RLE
+        masks); with overlays, each image's instances drawn over it (NAME_overlay.png)."""
         path = request.out / INSTANCES
         content = dict(images=[], annotations=[],
                        categories=[dict(id=i, name=n) for i, n in zip(predictor.cat_ids, predictor.classes)])
@@ -156,8 +155,7 @@ class Instances(DenseTask):
 
     def picture(self, predictor: SegPredictor, entry: dict, alpha: float, score_threshold: float,
                 report: str | None, with_labels: bool) -> np.ndarray:
-        """The instances scoring `score_threshold` or more over the image, beside the entry's ground truth,
-        enlarged to about 256 pixels high."""
+        """The instances scoring `score_threshold` or more over the image, beside the entry's ground truth."""
         pixels, sample = predictor.predict(entry['img_path'])
         scale = max(1, 256 // pixels.shape[0])
         big = enlarge(pixels, scale)
@@ -180,15 +178,14 @@ class Instances(DenseTask):
         return side_by_side(panels)
 
     def check_export_choice(self, choice: ExportChoice, config: str) -> None:
-        """A detector takes --top-k or --pyramid-only (not both: ExportChoice refuses them); its whole export is at
-        one size."""
+        """A detector takes --top-k or --pyramid-only; its whole export is at one size."""
         if choice.dynamic_size and not choice.pyramid_only:
             raise UsageError('--dynamic-size: a whole detector is exported at one input size (its proposals per '
                              'level and its pasted masks are sized by it): give --size H W')
 
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
-        """The whole detector, its best `choice.top_k` detections padded (see `StaticMaskRCNN`); with
-        `choice.pyramid_only` the backbone and feature pyramid alone."""
+        """The whole detector, its best `choice.top_k` detections padded, or the backbone and pyramid
+        (`pyramid_only`)."""
         if choice.pyramid_only:
             # torch.export fixes a level of one pixel: the coarsest (p6, pooled from p5) must be two or more
             coarsest = 2 * round(model.neck.strides[-1])
@@ -206,8 +203,8 @@ class Instances(DenseTask):
             input_names=detector.input_names, other_inputs=example_sizes)
 
     def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
-        """The detector's padding (its data preprocessor pads every batch to 32 px, so that the pyramid's levels
-        halve exactly), which a fixed size must be a multiple of."""
+        """The detector's padding (32 px, so that the pyramid's levels halve exactly), which a fixed size is a
+        multiple of."""
         stride = max(model.backbone.stride, model.data_preprocessor.pad_size_divisor)
         if size[0] % stride or size[1] % stride:
             raise UsageError(f'--size {size[0]} {size[1]}: the detector reads images padded to multiples of {stride} '
@@ -220,8 +217,7 @@ class Instances(DenseTask):
 
 
 def check_top_k(model: nn.Module, top_k: int | None) -> None:
-    """A --top-k above the detections the detector can give (one per class of each of its RPN's proposals) refused:
-    the rest would be padding, each with a mask of the input's size."""
+    """A --top-k above the detections the detector can give is refused (the rest would be padding)."""
     proposals = model.rpn._post_nms_top_n['testing']  # the test's count (post_nms_top_n() reads the mode)
     most = proposals * model.num_classes
     if top_k is not None and top_k > most:
@@ -259,8 +255,7 @@ class PyramidFeatures(nn.Module):
 def draw_instances(image: np.ndarray, boxes: np.ndarray, labels: Sequence[int], masks: np.ndarray,
                    classes: Sequence[str], palette: Sequence[Sequence[int]], scores: Sequence[float] | None = None,
                    alpha: float = 0.5) -> np.ndarray:
-    """Instances over an (H, W, 3) RGB image: each mask in its category's colour with opacity `alpha`, its box
-    outlined, its name (and score) above the box."""
+    """Instances over an RGB image: masks in their category's colour (opacity `alpha`), boxes, names and scores."""
     drawn = image.copy()
     for mask, label in zip(masks, labels):
         colour = np.array(palette[label], np.float32)

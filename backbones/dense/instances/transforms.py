@@ -28,8 +28,7 @@ def decode_mask(mask, height: int, width: int) -> np.ndarray:
 @TRANSFORMS.register_module()
 class LoadInstances(BaseTransform):
     """`gt_bboxes` (N, 4: x1, y1, x2, y2), `gt_labels` and `gt_masks` (N, H, W uint8) of the image's instances, crowd
-    regions left out (Mask R-CNN has no ignored regions: torchvision's and detectron2's trainers leave them out
-    too; the AP counts them as COCO does), and boxes without width or height."""
+    regions (as torchvision's and detectron2's trainers) and boxes without width or height left out."""
 
     def transform(self, results: dict) -> dict:
         height, width = results['img'].shape[:2]
@@ -53,9 +52,8 @@ def keep_instances(results: dict, keep: np.ndarray) -> None:
 
 @TRANSFORMS.register_module()
 class LargeScaleJitter(BaseTransform):
-    """ViTDet's large-scale jitter: the image resized to fit `size` (width, height) times a factor drawn from
-    `scale_range`, then a random crop of at most `size`; boxes are cut to the crop, and instances left without
-    pixels dropped."""
+    """ViTDet's large-scale jitter: the image resized to fit `size` times a factor from `scale_range`, then a random
+    crop of at most `size`; boxes cut to the crop, instances left without pixels dropped."""
 
     def __init__(self, size: tuple[int, int] = (1024, 1024), scale_range: tuple[float, float] = (0.1, 2.0)) -> None:
         if not (0 < scale_range[0] <= scale_range[1]) or min(size) < 1:

@@ -1,10 +1,6 @@
-"""`DetectionTTAModel`: a detector's test-time augmentation as mmdet's `DetTTAModel` does it. Every scale of the
-config's `tta_pipeline`, and its mirror image where `flip`, is detected on its own; each pass's detections are
-brought back to the original image (the detector's `predicted` rescales them to `ori_shape`; a mirror image's boxes
-and masks are flipped back here), all of them concatenated, and NMS per class at the detector's RoI-head threshold
-keeps at most its `detections_per_img`, by score, each with its own mask (no mask voting: a kept box keeps the mask
-its pass predicted).
-"""
+"""`DetectionTTAModel`: a detector's test-time augmentation as mmdet's `DetTTAModel` does it: every scale of the
+config's `tta_pipeline`, and its mirror image where `flip`, detected on its own and brought back to the original
+image, then NMS per class at the RoI heads' threshold keeps at most `detections_per_img`, each with its pass's mask."""
 from __future__ import annotations
 
 import torch
@@ -28,8 +24,8 @@ def unflipped(sample: BaseDataElement) -> InstanceData:
 
 @MODELS.register_module()
 class DetectionTTAModel(MirroredViewsTTAModel):
-    """The detections of every pass merged by class-wise NMS at `module.roi_heads.nms_thresh`, at most
-    `module.roi_heads.detections_per_img` kept by score."""
+    """The detections of every pass merged by class-wise NMS at the RoI heads' `nms_thresh`, `detections_per_img`
+    kept."""
 
     def merge_preds(self, data_samples_list: list[list[BaseDataElement]]) -> list[BaseDataElement]:
         merged = []

@@ -22,11 +22,9 @@ from backbones.dense.layouts import annotation_values
 def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Tensor, label: torch.Tensor,
                     classes: Sequence[str], metrics: Sequence[str] = ('mIoU',), nan_to_num: float | None = None,
                     beta: float = 1) -> dict:
-    """mIoU, mAcc, aAcc and the means of the other `metrics` mmseg's IoUMetric computes (mDice; mFscore, with
-    mPrecision and mRecall) in percent, classes absent from ground truth and prediction left out of the means, as
-    mmseg; the class table, from mmseg's own per-class arithmetic (`IoUMetric.total_area_to_metrics`); and the
-    classes the ground truth holds no pixel of (`unlabelled`: the means leave them out or count them at 0, so that
-    a set that labels only its background scores 100)."""
+    """mIoU, mAcc, aAcc and the means of the other `metrics` mmseg's IoUMetric computes, in percent, classes absent
+    from ground truth and prediction left out as mmseg; the class table (mmseg's arithmetic); and the classes the
+    ground truth holds no pixel of (`unlabelled`)."""
     with np.errstate(divide='ignore', invalid='ignore'):
         table = IoUMetric.total_area_to_metrics(intersect, union, pred, label, list(dict.fromkeys(['mIoU', *metrics])),
                                                 nan_to_num, beta)
@@ -48,9 +46,7 @@ def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Te
 def confusion_pairs(pred: torch.Tensor, label: torch.Tensor, num_classes: int, ignore_index: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """One image's confusion matrix, sparse: the cells (ground truth x num_classes + prediction) its pixels fall in
-    and their counts. Pixels of `ignore_index`, or of a label outside the classes, are left out, as mmseg's
-    IoUMetric leaves them out of its areas; an image holds few classes, so a few cells, where a dense matrix of 150
-    classes would be 180 kB an image."""
+    and their counts, ignored pixels and labels outside the classes left out as mmseg's IoUMetric does."""
     kept = (label != ignore_index) & (label >= 0) & (label < num_classes)
     cells = label[kept].long() * num_classes + pred[kept].long()
     cells, counts = torch.unique(cells, return_counts=True)
@@ -66,8 +62,7 @@ def confusion_matrix(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], num_cla
 
 
 def row_shares(matrix: np.ndarray) -> np.ndarray:
-    """A confusion matrix's rows normalised: the share of each ground-truth class's pixels predicted as each class
-    (NaN in the row of a class without ground-truth pixels)."""
+    """A confusion matrix's rows normalised (NaN in the row of a class without ground-truth pixels)."""
     totals = matrix.sum(1, keepdims=True)
     with np.errstate(divide='ignore', invalid='ignore'):
         return np.where(totals > 0, matrix / totals, np.nan)
@@ -81,8 +76,7 @@ def confusion_report(matrix: np.ndarray) -> dict:
 
 
 def unlabelled_warning(report: dict) -> str | None:
-    """A line saying which classes the ground truth holds no pixel of, and what that does to the means; None when it
-    holds every class."""
+    """A line naming the classes the ground truth holds no pixel of, and what that does to the means; else None."""
     missing, count = report['unlabelled'], len(report['per_class'])
     if not missing:
         return None
@@ -96,10 +90,8 @@ MMSEG_ORDER = {'aAcc': 0, 'mIoU': 1, 'mAcc': 2}
 
 @METRICS.register_module()
 class IoUReport(IoUMetric):
-    """IoUMetric that returns unrounded means (mIoU, mAcc, aAcc always; mDice, mFscore, mPrecision, mRecall where
-    `iou_metrics` asks for them, as mmseg's) and, with `json_file`, writes them, the per-class table and the
-    confusion matrix there: {"mIoU", "aAcc", "mAcc", ..., "per_class": {class: {"IoU", "Acc", ...}}, "unlabelled",
-    "confusion": {"counts", "normalised"}} (percent; `confusion_report`)."""
+    """IoUMetric returning unrounded means (mIoU, mAcc, aAcc; those `iou_metrics` asks for) and writing them with the
+    per-class table and the confusion matrix (`confusion_report`) to `json_file`, in percent."""
 
     def __init__(self, json_file: str | None = None, iou_metrics: Sequence[str] = ('mIoU',), **kwargs) -> None:
         super().__init__(iou_metrics=list(iou_metrics), **kwargs)
@@ -108,9 +100,8 @@ class IoUReport(IoUMetric):
         self.labels_dir, self.output_dir = self.output_dir, None
 
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
-        """mmseg's areas of each image, and its confusion pairs (`confusion_pairs`) beside them: a result per image,
-        so that mmengine gathers them from every process as it gathers the areas; each label map written into
-        `output_dir` in the data set's values (`annotation_values`)."""
+        """mmseg's areas of each image, and its `confusion_pairs` beside them (gathered from every process as the
+        areas); each label map written into `output_dir` in the data set's values."""
         super().process(data_batch, data_samples)
         if self.labels_dir is not None:
             for sample in data_samples:
@@ -146,13 +137,17 @@ class IoUReport(IoUMetric):
         return {key: report[key] for key in sorted(means, key=lambda key: MMSEG_ORDER.get(key, len(MMSEG_ORDER)))}
 
 
-def read_report(path: str | Path, classes: Sequence[str]) -> dict:
-    """A report `IoUReport` wrote (tools/test_seg.py --out) for a data set of `classes`; a file that is no such report
-    (damaged, another kind of JSON, or for other classes) is a DataError naming it."""
+def read_json_report(path: str | Path):
+    """A test_seg.py report's JSON, unchecked; a file that does not read as JSON is a DataError naming it."""
     try:
-        report = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f'{path}: not a readable test_seg.py report ({type(e).__name__}: {e})') from e
+
+
+def read_report(path: str | Path, classes: Sequence[str]) -> dict:
+    """A report `IoUReport` wrote for a data set of `classes`; any other file is a DataError naming it."""
+    report = read_json_report(path)
     keys = ('mIoU', 'aAcc', 'mAcc', 'per_class')
     if not isinstance(report, dict) or not all(k in report for k in keys) or not isinstance(report['per_class'], dict):
         raise DataError(f'{path}: not a test_seg.py report (it needs {", ".join(keys)}); write one with '
@@ -165,12 +160,9 @@ def read_report(path: str | Path, classes: Sequence[str]) -> dict:
 
 
 def read_confusion(path: str | Path) -> tuple[list[str], np.ndarray]:
-    """The classes and the confusion matrix's pixel counts (row: ground truth, column: prediction) of a test_seg.py
-    report; a file that is no report, or one without a matrix of its classes, is a DataError naming it."""
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f'{path}: not a readable test_seg.py report ({type(e).__name__}: {e})') from e
+    """The classes and confusion matrix (pixel counts) of a test_seg.py report; any other file is a DataError naming
+    it."""
+    report = read_json_report(path)
     classes = list(report.get('per_class') or {}) if isinstance(report, dict) else []
     counts = (report.get('confusion') or {}).get('counts') if classes else None
     try:
@@ -184,8 +176,7 @@ def read_confusion(path: str | Path) -> tuple[list[str], np.ndarray]:
 
 
 def top_confusions(classes: Sequence[str], matrix: np.ndarray, count: int) -> list[tuple[str, str, float, int]]:
-    """The `count` largest confusions: (ground-truth class, class predicted for it, share of that class's pixels,
-    pixels), largest share first (ties: more pixels first)."""
+    """The `count` largest confusions (truth, prediction, share of the truth's pixels, pixels), largest share first."""
     shares = row_shares(matrix)
     cells = [(shares[t, p], int(matrix[t, p]), t, p) for t, p in zip(*np.nonzero(matrix)) if t != p]
     cells.sort(key=lambda cell: (-cell[0], -cell[1], cell[2], cell[3]))

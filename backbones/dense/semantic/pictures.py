@@ -30,9 +30,8 @@ _NAMES = itertools.count()
 
 def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], palette: Sequence[Sequence[int]],
                 alpha: float = 0.6, with_labels: bool = True) -> np.ndarray:
-    """A label map over an (H, W, 3) RGB image, by mmseg's SegLocalVisualizer: palette colours with opacity `alpha`,
-    class names at the regions' centres. Pixels of no class (255, ignored) show the image as it is, where mmseg
-    would darken them as if painted black."""
+    """A label map over an RGB image, by mmseg's SegLocalVisualizer (palette colours, opacity `alpha`, class names);
+    ignored pixels (255) show the image as it is, where mmseg would darken them."""
     visualizer = SegLocalVisualizer(name=f'suite-picture-{next(_NAMES)}', alpha=alpha)
     visualizer.dataset_meta = dict(classes=list(classes), palette=[list(c) for c in palette])
     sample = SegDataSample()
@@ -48,9 +47,8 @@ def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], p
 
 @HOOKS.register_module()
 class ValidationPictures(SegVisualizationHook):
-    """mmseg's SegVisualizationHook drawing `count` validation batches spread evenly over the set (the same ones at
-    every validation, so that their pictures show the run's progress), ground truth and prediction, into the
-    visualizer's backends (TensorBoard, and `vis_data/vis_image` of the work dir); 0 draws none."""
+    """mmseg's SegVisualizationHook drawing `count` validation batches spread over the set, the same ones at every
+    validation, into the visualizer's backends; 0 draws none."""
 
     def __init__(self, count: int = 4, **kwargs) -> None:
         super().__init__(draw=count > 0, interval=1, **kwargs)
@@ -69,8 +67,7 @@ class ValidationPictures(SegVisualizationHook):
 
 @HOOKS.register_module()
 class PredictionPictures(Hook):
-    """tools/test_seg.py --show-dir: each test image's picture (`segmentation_picture`: the image, its ground truth
-    and the prediction in the data set's palette) as FOLDER/NAME.png, NAME the image's."""
+    """tools/test_seg.py --show-dir: each test image's `segmentation_picture` as FOLDER/NAME.png."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
@@ -90,8 +87,7 @@ class PredictionPictures(Hook):
 
 
 def iou_bars(report: dict) -> np.ndarray:
-    """The per-class IoU of a test_seg.py report as horizontal bars, best first; classes absent from both ground
-    truth and prediction (IoU None) are left out."""
+    """The per-class IoU of a test_seg.py report as bars, best first (classes without an IoU left out)."""
     rows = sorted(((name, v['IoU']) for name, v in report['per_class'].items() if v['IoU'] is not None),
                   key=lambda row: row[1], reverse=True)
     fig, axes = figure(1, 1, size=(6.0, max(1.5, 0.18 * len(rows) + 0.8)))
@@ -107,9 +103,8 @@ def iou_bars(report: dict) -> np.ndarray:
 
 
 def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
-    """The confusion matrix of a test_seg.py report: its rows normalised (the share of each ground-truth class's
-    pixels predicted as each class, on a log scale from 0.1 %, so that rare confusions of 150 classes show), classes
-    named where they are few enough to read; beside it the `top` largest confusions in words."""
+    """The confusion matrix of a test_seg.py report, rows normalised on a log scale from 0.1 %, and the `top` largest
+    confusions in words beside it."""
     classes, matrix = read_confusion(report)
     shares = row_shares(matrix)
     fig, axes = figure(1, 2, size=(6.0, 6.0), width_ratios=(3, 2))
@@ -134,9 +129,8 @@ def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
 
 def read_annotation(path: str, reduce_zero_label: bool = False, label_map: dict[int, int] | None = None
                     ) -> np.ndarray:
-    """A label map as mmseg's LoadAnnotations reads it (Pillow, the stored values), 0 made 255 and the rest one less
-    with `reduce_zero_label` (ADE20K), then through the entry's `label_map` (Cityscapes' label ids to its classes);
-    a damaged file is a DataError naming it."""
+    """A label map as mmseg's LoadAnnotations reads it (`reduce_zero_label`, then the entry's `label_map`); a damaged
+    file is a DataError naming it."""
     try:
         with Image.open(path) as annotation:
             labels = np.asarray(annotation).astype(np.int64)
@@ -151,9 +145,8 @@ def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Seq
                          palette: Sequence[Sequence[int]], ground_truth: np.ndarray | None = None,
                          report: dict | None = None, alpha: float = 0.6, with_labels: bool = True,
                          scale: int | None = None) -> np.ndarray:
-    """The image, its ground truth (if given) and the prediction over it, side by side, enlarged `scale` times
-    (default: to about 256 pixels high; nearest, so colours stay the palette's) before drawing, the report's IoU
-    bars below."""
+    """The image, its ground truth (if given) and the prediction, side by side, enlarged `scale` times (nearest;
+    default to about 256 pixels high), the report's IoU bars below."""
     scale = scale or max(1, 256 // image.shape[0])
     image = enlarge(image, scale)  # before drawing, so that the class names are legible
     panels = [titled(image, 'image')]

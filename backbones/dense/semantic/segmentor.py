@@ -1,17 +1,7 @@
 """Batched tests: `SlideBatchEncoderDecoder`, mmseg's EncoderDecoder whose sliding-window test runs the windows in
-batches, and `FlipBatchTTAModel`, the multi-scale test that decodes each scale and its mirror image as one batch.
-
-mmseg runs every window of a sliding-window test through the model on its own. Windows of one image all have the
-same size, so they can be stacked and decoded together: the result is the same (the model is in eval mode, so no
-layer mixes samples), and a batch of windows costs far less than the same windows one by one, on CPUs above all.
-`test_cfg.window_batch` caps how many windows run at once (memory); 1 is mmseg's behaviour.
-
-mmseg's multi-scale + flip test makes every flipped copy in the data pipeline: each scale is resized twice, its
-annotation read twice, and the two copies run through the model one after the other. `FlipBatchTTAModel` takes
-one view per scale from the pipeline and mirrors it on the device, in the same batch: the same views, the same
-softmax average (tested against mmseg's `SegTTAModel`); the views and mirrors are `tta.MirroredViewsTTAModel`'s,
-which the other tasks' test-time augmentation shares.
-"""
+batches (`test_cfg.window_batch` of them at once; 1 is mmseg's behaviour), and `FlipBatchTTAModel`, the multi-scale
+test that decodes each scale and its mirror image as one batch (`tta.MirroredViewsTTAModel`). Both give mmseg's
+results (the model in eval mode mixes no samples); docs/segmentation.md gives the speed."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -28,8 +18,7 @@ Window = tuple[int, int, int, int]  # y1, y2, x1, x2
 
 
 def slide_windows(size: tuple[int, int], crop: tuple[int, int], stride: tuple[int, int]) -> list[Window]:
-    """mmseg's window grid: windows of `crop` every `stride`, the last one of a row or column moved back to end
-    at the border; an image smaller than `crop` gives one window of the image's size."""
+    """mmseg's window grid: `crop` windows every `stride`, the last of a row or column ending at the border."""
     def starts(length: int, crop_len: int, step: int) -> list[tuple[int, int]]:
         count = max(length - crop_len + step - 1, 0) // step + 1
         spans = []
@@ -72,5 +61,4 @@ class SlideBatchEncoderDecoder(EncoderDecoder):
 
 @MODELS.register_module()
 class FlipBatchTTAModel(MirroredViewsTTAModel, SegTTAModel):
-    """mmseg's SegTTAModel over one pipeline view per scale; with `flip`, each view and its mirror image are decoded
-    as one batch. The softmax of every view (and mirror) is averaged, as SegTTAModel does."""
+    """mmseg's SegTTAModel over one view per scale, each with its mirror in one batch where `flip`; softmax averaged."""

@@ -115,9 +115,8 @@ class SemanticSegmentation(DenseTask):
         check_trained_classes(cfg, checkpoint)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The class maps, the sizes times `data.scale` (the model's window and padding too), the multi-scale test
-        at `data.test_ratios` of the single-scale size, and the data's classes in the data sets and heads (each data
-        set reads the data in its layout, `small_datasets`)."""
+        """The class maps, the sizes (the model's window and padding too) times `data.scale`, the multi-scale test at
+        `data.test_ratios`, and the data's classes in the data sets and heads."""
         set_classes(cfg, data.classes, [list(c) for c in data.palette], reduce_zero_label=True)
         for dataset in small_datasets(cfg, data, OwnSegLayout()):
             scale_sizes(dataset['pipeline'], data.scale)
@@ -148,8 +147,8 @@ class SemanticSegmentation(DenseTask):
         cfg.default_hooks.visualization = dict(type='ValidationPictures', count=pictures)
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """A label map per image in the data set's values (ADE20K: class + 1), with the classes drawn over the image
-        beside it (NAME_overlay.png) if asked."""
+        """A label map per image in the data set's values, with the classes over the image (NAME_overlay.png) if
+        asked."""
         for image, mask in zip(request.images, request.paths):
             pixels, prediction = predictor.segment(image)
             write_mask(predictor.label_values(prediction), mask)
@@ -186,10 +185,8 @@ class SemanticSegmentation(DenseTask):
 
 
 def semantic_evaluator(own: dict | list, out: str | None, pred_dir: str | None) -> dict | list:
-    """A segmentation config's test_evaluator (a metric, or a list of them), as the config gives it: mmseg's
-    IoUMetric becomes the suite's IoUReport with the same settings (its iou_metrics: mDice, mFscore; ignore_index,
-    nan_to_num, beta), which also writes `out` and `pred_dir`; any other metric runs as it is. `out` and `pred_dir`
-    need an IoU metric among them."""
+    """A segmentation config's test_evaluator (one metric or a list), its IoUMetric made the suite's IoUReport with
+    the same settings, which writes `out` and `pred_dir` (they need an IoU metric); any other metric as it is."""
     metrics = [dict(metric) for metric in (own if isinstance(own, (list, tuple)) else [own])]
     unknown = [str(metric.get('type')) for metric in metrics if METRICS.get(metric.get('type')) is None]
     if unknown:
