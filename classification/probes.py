@@ -43,6 +43,7 @@ from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
 from classification.data.cifar import hold_out
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
+from classification.feature_cache import cached_features, feature_identity
 from classification.loaders import EmbeddedImageData
 from classification.models import (
     PRETRAINED_HELP,
@@ -346,6 +347,8 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None,
     p.add_argument('--split', default='val', help='the split the chosen probes are evaluated on')
     p.add_argument('--json', type=output_file, help='write the results to this file (default: '
                                                     'output/probes/MODEL.json)')
+    p.add_argument('--feature-cache', help='keep each split\'s features in this folder (SPLIT.pt) and read them '
+                                           'from there when the weights, pipeline and images are the same')
     p.add_argument('--img-size', type=positive_int, help='default: the checkpoint\'s, else the model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own')
     p.add_argument('--batch-size', type=positive_int, default=64, help='images per forward pass')
@@ -393,6 +396,16 @@ def split_features(model: nn.Module, dataset: ImageFolderDataset, args: argparse
     return features
 
 
+def features_of(model: nn.Module, dataset: ImageFolderDataset, split: str, args: argparse.Namespace,
+                data_cfg: dict, device: torch.device) -> Features:
+    """A split's features: extracted, or with --feature-cache read from (or first written to) DIR/SPLIT.pt."""
+    if not args.feature_cache:
+        return split_features(model, dataset, args, device)
+    identity = feature_identity(args.model, model, data_cfg, dataset.data_dir, dataset.paths, dataset.labels)
+    return Features(**cached_features(Path(args.feature_cache) / f'{split}.pt', identity,
+                                      lambda: vars(split_features(model, dataset, args, device))))
+
+
 def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | None = None,
          description: str | None = None) -> dict:
     """tools/probe_features.py: without --data-dir, the data is `default_data`'s (the tool gives its embedded set)."""
@@ -408,7 +421,8 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
                                   classes_from=f'the split {args.train_split}')
     device = torch.device(device_name(args.device))
     model = frozen_model(args, data_cfg).to(device)
-    train, test = (split_features(model, dataset, args, device) for dataset in (train_set, test_set))
+    train, test = (features_of(model, dataset, split, args, data_cfg, device)
+                   for dataset, split in ((train_set, args.train_split), (test_set, args.split)))
     settings = ProbeSettings(tuple(args.ks), args.temperature, tuple(args.lrs), args.epochs, args.linear_batch_size,
                              args.seed, args.held_out, args.split_seed)
     results = {'model': args.model, 'checkpoint': args.checkpoint or 'random initialisation',

@@ -154,3 +154,62 @@ def test_a_class_token_model_of_fewer_than_four_blocks_keeps_its_mean_patch_toke
     assert features.blocks is None
     _, patches = model.forward_intermediates(images, indices=1, norm=True, output_fmt='NLC')
     torch.testing.assert_close(features.patch_mean, patches[-1].mean(dim=1))
+
+
+def test_heads_trained_from_the_feature_cache_are_those_trained_live(tmp_path):
+    """The cache's features are bit-identical to those extracted live, so the heads (same seed, fp32 CPU) train to
+    the same weights."""
+    from argparse import Namespace
+
+    from classification.data.folders import ImageFolderDataset, config_eval_transform
+    from classification.feature_cache import cached_features, feature_identity
+
+    data = make_image_folder(tmp_path / 'data', {'train': 10})
+    torch.manual_seed(0)
+    model = timm.create_model('deit_tiny_patch16_224', num_classes=0, img_size=32, embed_dim=32, depth=4,
+                              num_heads=2).eval()
+    data_cfg = dict(input_size=(3, 32, 32), crop_pct=0.875, interpolation='bicubic', mean=(0.5,) * 3,
+                    std=(0.5,) * 3, crop_mode='center')
+    dataset = ImageFolderDataset(data, 'train', config_eval_transform(data_cfg))
+    args = Namespace(batch_size=8, workers=0)
+    identity = feature_identity('deit_tiny', model, data_cfg, dataset.data_dir, dataset.paths, dataset.labels)
+
+    def extracted() -> Features:
+        return probes.split_features(model, dataset, args, torch.device('cpu'))
+
+    live = extracted()
+    written = Features(**cached_features(tmp_path / 'train.pt', identity, lambda: vars(extracted())))
+    read = Features(**cached_features(tmp_path / 'train.pt', identity, lambda: pytest.fail('extracted again')))
+    for name in ('pooled', 'blocks', 'patch_mean', 'labels'):
+        assert torch.equal(getattr(read, name), getattr(live, name)) and torch.equal(getattr(written, name),
+                                                                                     getattr(live, name)), name
+    heads = []
+    for features in (live, read):
+        inputs = probes.linear_inputs(features)
+        specs = [HeadSpec(variant, 0.1) for variant in inputs]
+        heads.append(probes.train_linear_heads(inputs, features.labels, specs, 3, epochs=2, batch_size=8, seed=0))
+    assert all(torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias) for a, b in zip(*heads))
+
+
+def test_the_tool_reads_its_feature_cache_and_refuses_a_stale_one(tmp_path):
+    """--feature-cache: the second run reads each split's features (the same results); a cache made by other
+    weights, by another pipeline or of changed images is refused naming what differs, and left as it was."""
+    data = make_image_folder(tmp_path / 'data', {'train': 10, 'val': 4})
+    cache = tmp_path / 'cache'
+    run = [*TINY_PROBE, '--data-dir', data, '--epochs', '2', '--lrs', '0.01', '0.1', '--feature-cache', cache,
+           '--json', tmp_path / 'probes.json']
+    first = succeeded(run_tool('probe_features.py', run))
+    live = json.loads((tmp_path / 'probes.json').read_text())
+    again = succeeded(run_tool('probe_features.py', run))
+    assert f'features written to {cache / "train.pt"}' in first.stdout + first.stderr
+    assert f'features read from {cache / "val.pt"}' in again.stdout + again.stderr
+    assert json.loads((tmp_path / 'probes.json').read_text()) == live
+
+    before = (cache / 'train.pt').read_bytes()
+    for change, says in ((['--seed', '1'], 'weights'), (['--crop-pct', '0.5'], 'pipeline')):
+        message = one_line_error(run_tool('probe_features.py', [*run, *change]))
+        assert f'{cache / "train.pt"}: a feature cache made with other {says} than this run\'s' in message
+    image = sorted((data / 'train').rglob('*.*'))[0]
+    image.write_bytes(image.read_bytes() + b'\0')  # the same name, other bytes
+    assert 'made with other images' in one_line_error(run_tool('probe_features.py', run))
+    assert (cache / 'train.pt').read_bytes() == before
