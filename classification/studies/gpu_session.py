@@ -596,8 +596,8 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
 def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
     """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config (its
     optimizer, its per-GPU batch, fp32 as the configs train), on batches of the data sets' sizes made by the
-    config's own pipeline, each timed in its steady state (classification/studies/dense_step_benchmark.py)."""
-    from classification.studies.dense_step_benchmark import time_dense_step
+    config's own pipeline, each timed in its steady state (classification/studies/dense/training_step.py)."""
+    from classification.studies.dense.training_step import time_dense_step
 
     figures: dict[str, object] = {
         'how': f"each config's training step on batches its training pipeline made from synthetic images of the "
@@ -614,7 +614,7 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
 def dense_windows_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
     """Mask R-CNN's training step with ViTDet's window attention against global attention, each in a fresh process
     (`dense_steps_stage`'s sizes), their ratios of step time and peak memory."""
-    from classification.studies.dense_step_benchmark import compare_window_attention
+    from classification.studies.dense.training_step import compare_window_attention
 
     windows = compare_window_attention(torch.device(device), sizes.dense_seconds, sizes.slow_min_batches,
                                        sizes.dense_warmup, scale=sizes.dense_scale, batch_size=sizes.dense_batch)
