@@ -57,7 +57,7 @@ class Sizes:
     # windows: 50 skipped updates and 15 s at up to 10,000 img/s, above the compiled step's 8,494 on an H200)
     images: int
     seconds: float  # each timing window's least length
-    min_batches: int | None  # the step, loop and pipeline windows' fewest batches (None: benchmark_loop's default)
+    min_batches: int  # the step, loop and pipeline windows' fewest batches
     slow_min_batches: int  # the fewest of the slow steps' windows: label generation's and the dense steps'
     skip_updates: int  # train_cls's and timm's updates before their window
     loop_workers: int  # the loader processes of the loop stages: a 12-core share of a node, one core for training

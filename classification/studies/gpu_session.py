@@ -120,9 +120,8 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
     sizes = args.sizes
     options = ['--models', sizes.model, '--device', args.device, '--amp', session_amp(args.device),
                '--batch-size', sizes.batch_size, '--workers', sizes.workers, '--images', sizes.images, '--seconds',
-               f'{sizes.seconds:g}',
-               '--skip-updates', sizes.skip_updates, '--compare-loop', '--train-cls', '--json']
-    options += ['--min-batches', sizes.min_batches] if sizes.min_batches else []
+               f'{sizes.seconds:g}', '--min-batches', sizes.min_batches, '--skip-updates', sizes.skip_updates,
+               '--compare-loop', '--train-cls', '--json']
     # the file given, wherever this call runs: the benchmark runs in the checkout
     options += ['--timm-train', Path(args.timm_train).resolve()] if args.timm_train else []
     if not args.timm_train:

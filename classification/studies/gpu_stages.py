@@ -14,20 +14,19 @@ from backbones.common.log import logger
 from classification.studies.gpu_plan import DENSE_CONFIGS, Sizes, session_amp
 
 
-def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, images: int, decode: str = 'cpu',
-                    workers: int | None = None):
-    """loop_benchmark's pieces for `model` on `images` synthetic JPEGs under `folder` (and, for a model that trains
-    with token labels, their store), made by the call's first stage that needs them: its BenchedModel."""
+def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, decode: str, workers: int):
+    """loop_benchmark's pieces for `model` on `sizes.images` synthetic JPEGs under `folder` (and, for a model that
+    trains with token labels, their store), made by the call's first stage that needs them: its BenchedModel."""
     from backbones.common.distributed import DistInfo
     from classification.loaders import ImageData
     from classification.recipes import recipe_for
     from classification.studies import loop_benchmark
 
     argv = ['--models', model, '--device', device, '--amp', session_amp(device), '--batch-size', str(sizes.batch_size),
-            '--workers', str(workers or sizes.workers), '--seconds', f'{sizes.seconds:g}', '--decode', decode]
-    argv += ['--min-batches', str(sizes.min_batches)] if sizes.min_batches else []
+            '--workers', str(workers), '--seconds', f'{sizes.seconds:g}', '--decode', decode, '--min-batches',
+            str(sizes.min_batches)]
     args = loop_benchmark.parse_args(argv)
-    root = built_once(folder / 'data', lambda path: loop_benchmark.synthetic_imagenet(path, images))
+    root = built_once(folder / 'data', lambda path: loop_benchmark.synthetic_imagenet(path, sizes.images))
     labels = built_once(folder / 'token_labels', lambda path: loop_benchmark.synthetic_labels(
         root, path / 'store', torch.device(device))) / 'store' if recipe_for(model).uses_score_maps else None
     return loop_benchmark.BenchedModel(model, ImageData(root, labels), args, DistInfo(device=torch.device(device)))
@@ -50,16 +49,14 @@ ChildStage = Callable[[Sizes, str, Path, Callable[[str, object], None]], None]
 def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
     """The whole loop (`--decode gpu`, `loop_workers` loader processes) against the trainer's step on one batch
     already on the device, in the same process and on the same model (the loop trains the model the step timing
-    compiled), eager then compiled, with the loop's data-wait share (on a CPU:
-    the workers decode, and the compiled pair is skipped: compiling there takes minutes and has no peak to
-    compare); its figures go under `key`."""
+    compiled), eager then compiled, with the loop's data-wait share (on a CPU: the workers decode, and the compiled
+    pair is skipped: compiling there takes minutes and has no peak to compare); its figures go under `key`."""
     def run(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
         from classification.engine.trainer import StepOptions
         from classification.studies import loop_benchmark
 
         model, decode, amp = model_of(sizes), 'gpu' if device == 'cuda' else 'cpu', session_amp(device)
-        setup = benchmark_setup(model, sizes, device, tmp, images=sizes.images, decode=decode,
-                                workers=sizes.loop_workers)
+        setup = benchmark_setup(model, sizes, device, tmp, decode, sizes.loop_workers)
         batch = loop_benchmark.device_batch(setup, 'batched')
         figures: dict[str, object] = {}
         loops = {'how': f'the whole loop (the batched path, --decode {decode}, {sizes.loop_workers} workers, the '
@@ -100,8 +97,7 @@ def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, ob
             logger.info('decoding: nvJPEG is skipped on a CPU')
             continue
         # epochs longer than the window: the workers are not started again inside it
-        setup = benchmark_setup(sizes.model, sizes, device, tmp, images=sizes.images, decode=decode,
-                                workers=sizes.decode_workers)
+        setup = benchmark_setup(sizes.model, sizes, device, tmp, decode, sizes.decode_workers)
         figures[f'{decode}_img_s'] = loop_benchmark.pipeline_images_per_second(setup, 'batched', sizes.decode_workers)
         if decode == 'gpu':
             figures['gpu_over_cpu'] = figures['gpu_img_s'] / figures['cpu_img_s']
