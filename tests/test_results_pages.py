@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backbones.common.errors import DataError, UsageError
-from classification.studies import gpu_session, results_pages
+from classification.studies import gpu_plan, gpu_session, results_pages
 from classification.studies.figure_formats import formatted
 from classification.studies.gpu_session_view import gpu_session_figures
 from classification.studies.metafile_runs import embedded_runs
@@ -424,14 +424,14 @@ def test_the_gpu_sessions_pytest_stages_run_on_a_cpu_each_test_a_skip(tmp_path, 
     tests = session[stage]
     assert set(tests['outcomes'].values()) == {'SKIPPED'} and tests['failed'] == tests['passed'] == 0
     if stage == 'sync_canary':  # its two tests alone
-        assert sorted(tests['outcomes']) == sorted(test.split('::')[1] for test in gpu_session.SYNC_CANARY)
+        assert sorted(tests['outcomes']) == sorted(test.split('::')[1] for test in gpu_plan.SYNC_CANARY)
     assert tests['skipped'] == len(tests['outcomes']) >= 2
     assert f'- {row}: 0 passed, 0 failed of 0, {tests["skipped"]} skipped in ' in session_table(tmp_path, session)
 
 
 def test_stages_are_named_and_run_in_the_order_of_value():
     parse = gpu_session.build_parser().parse_args
-    assert parse(['--out', 'x.json']).stages == list(gpu_session.DEFAULT_STAGES)
+    assert parse(['--out', 'x.json']).stages == list(gpu_plan.DEFAULT_STAGES)
     assert parse(['--stages', 'gpu_tests,deit_loop', '--out', 'x.json']).stages == ['deit_loop', 'gpu_tests']
     with pytest.raises(SystemExit):
         parse(['--stages', 'deit_loop,steps', '--out', 'x.json'])
@@ -469,7 +469,7 @@ def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_fr
     progress = {'input pipeline, batched path, 0 workers': 300.0, 'input pipeline, batched path, 15 workers': 3000.0,
                 'model step StepOptions(fused_optimizer=True) amp bf16': 5000.0,
                 'whole loop, batched path, overlapped': 2500.0, 'whole loop, batched path, serial': 2000.0}
-    figures = {'loop_benchmark_progress': progress}
+    figures = {'loop_benchmark_progress': progress, 'loop_from_progress': gpu_session.loop_from_progress(progress)}
     session = envelope(figures, study='gpu_session', machine='NVIDIA H200, 16 CPU cores')
     (tmp_path / 'docs' / 'results').mkdir(parents=True)
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
@@ -479,5 +479,6 @@ def test_a_gpu_session_stopped_before_its_benchmark_document_renders_the_loop_fr
     assert 'serial loop 2,000 img/s (overlap x1.25)' in row and 'bound by the input pipeline (3,000 img/s' in row
 
     progress['input pipeline, batched path, 15 workers'] = 6000.0  # a pipeline faster than the step
+    figures['loop_from_progress'] = gpu_session.loop_from_progress(progress)
     (tmp_path / 'docs' / 'results' / 'cut.json').write_text(json.dumps(session))
     assert 'bound by the model step' in gpu_session_figures(DataFiles(tmp_path), 'cut')

@@ -455,7 +455,7 @@ def test_the_windowed_detector_config_trains_and_predicts_and_the_pages_get_smal
 def test_the_window_comparison_takes_its_ratios_from_the_two_steps(monkeypatch):
     """compare_window_attention's ratios, windows / global: the time of a step (the inverse of the rates), and the
     peak memory (the device's on a GPU; on a CPU the process's above its memory before the first step)."""
-    from classification.studies import dense_step_benchmark as study
+    from classification.studies.dense import training_step as study
 
     def step(config: str, device: torch.device, *args) -> study.DenseStep:
         windows = config.endswith('_windowed.py')  # the same figures with relative positions and without

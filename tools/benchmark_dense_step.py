@@ -12,7 +12,7 @@ GPU; on a CPU the process's resident memory above what it held before the first 
 (tools/measure_gpu.py) measures the same at 1024 px in its dense_windows stage.
 """
 from backbones.common.commands import run_command
-from classification.studies.dense_step_benchmark import main
+from classification.studies.dense.training_step import main
 
 if __name__ == '__main__':
     run_command(lambda: main(description=__doc__))

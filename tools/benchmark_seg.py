@@ -13,7 +13,7 @@ by window (`window_batch=1`), mmseg's (the pipeline makes the ten views, run one
 passes, each view a single-scale test, whose summed time is the baseline of `ms_flip_cost_over_single_passes`.
 """
 from backbones.common.commands import run_command
-from classification.studies.seg_benchmark import main
+from classification.studies.dense.segmentation_speed import main
 
 if __name__ == '__main__':
     run_command(lambda: main(description=__doc__))

@@ -54,7 +54,6 @@ def formatted(value: object, form: str) -> str:
         raise DataError(f'format {form!r} cannot write {value!r}: {exc!r}') from None
 
 
-
 def wrapped(text: str, indent: str = '') -> str:
     """A paragraph in lines of at most WIDTH characters, those after the first indented by `indent` (a list item's);
     links are not broken."""

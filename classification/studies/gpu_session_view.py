@@ -2,7 +2,6 @@
 (`view FILE figures`): a list item per figure it holds, in the issue's order of value, then what it did not measure."""
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from classification.studies.figure_formats import duration, rate, wrapped
@@ -51,28 +50,18 @@ def gpu_loop(session: dict) -> str:
 
 
 def gpu_loop_from_progress(session: dict) -> str:
-    """The loop against its step from the benchmark's progress lines, where it stopped before its document (a later
-    window failed): the same steady-state windows, logged as each was measured."""
-    progress = session.get('loop_benchmark_progress', {})
-
-    def figure(prefix: str) -> float | None:
-        return next((value for label, value in progress.items() if label.startswith(prefix)), None)
-
-    loop, step = figure('whole loop, batched path, overlapped'), figure('model step')
-    if loop is None or step is None:
+    """The loop against its step from the benchmark's progress lines, where it stopped before its document
+    (gpu_session.loop_from_progress)."""
+    f = session.get('loop_from_progress')
+    if not f:
         return ''
-    # the batched path's pipeline with the most loader workers (the one the loop ran with); the bound as the
-    # benchmark names it: the slower of that pipeline and the step
-    pipelines = {int(found[1]): value for label, value in progress.items()
-                 if (found := re.fullmatch(r'input pipeline, batched path, (\d+) workers', label))}
-    pipeline = pipelines[max(pipelines)] if pipelines else None
-    input_bound = pipeline is not None and pipeline < step
-    bound = f'the input pipeline ({rate(pipeline)} img/s, batched path)' if input_bound else 'the model step'
-    serial = figure('whole loop, batched path, serial')
-    serial_text = (f', serial loop {rate(serial)} img/s (overlap x{loop / serial:.2f}){bound_note(input_bound)}'
-                   if serial else '')
-    return (f'loop {rate(loop)} img/s against its step\'s {rate(step)}: **x{loop / step:.2f}**{serial_text}; bound by '
-            f'{bound} (from the benchmark\'s progress lines: its later train_cls window failed)')
+    bound = (f'the input pipeline ({rate(f["pipeline_img_s"])} img/s, batched path)' if f['input_bound']
+             else 'the model step')
+    serial = (f', serial loop {rate(f["serial_img_s"])} img/s (overlap x{f["overlap_gain"]:.2f})'
+              f'{bound_note(f["input_bound"])}' if f['serial_img_s'] else '')
+    return (f'loop {rate(f["loop_img_s"])} img/s against its step\'s {rate(f["step_img_s"])}: '
+            f'**x{f["loop_of_step"]:.2f}**{serial}; bound by {bound} (from the benchmark\'s progress lines: its later '
+            'train_cls window failed)')
 
 
 def gpu_step(kind: str) -> Callable[[dict], str]:
@@ -101,30 +90,22 @@ def gpu_tests(key: str) -> Callable[[dict], str]:
         failures = ''.join(f'; failed: `{name}` ({why})' for name, why in tests.get('failures', {}).items())
         stopped = ' (stopped by its time limit)' if tests.get('timed_out') else ''
         skipped = f', {tests["skipped"]} skipped' if tests.get('skipped') else ''
-        return (f'{tests["passed"]} passed, {tests["failed"]} failed of {tests["passed"] + tests["failed"]}{skipped} '
+        return (f'{tests["passed"]} passed, {tests["failed"]} failed of {tests["ran"]}{skipped} '
                 f'in {duration(tests["seconds"])}{stopped}{failures}')
     return describe
 
 
-def against(name: str, fast: float, base_name: str, base: float) -> str:
-    """Two rates and their ratio: '<name> R img/s, <base_name> B img/s (xR/B)'."""
-    return f'{name} {rate(fast)} img/s, {base_name} {rate(base)} img/s (x{fast / base:.2f})'
-
-
-def gpu_decoding(session: dict) -> str:
-    decoding = session.get('decoding')
-    if not decoding or 'gpu_img_s' not in decoding:
-        return ''
-    return f'{decoding["workers"]} workers: ' + against('nvJPEG', decoding['gpu_img_s'], "the workers' decoding",
-                                                        decoding['cpu_img_s'])
-
-
-def gpu_labels(session: dict) -> str:
-    labels = session.get('label_generation')
-    if not labels or 'bf16_img_s' not in labels:
-        return ''
-    return f'{labels["annotator"]} at {labels["img_size"]} px: ' + against('bf16', labels['bf16_img_s'], 'fp32',
-                                                                          labels['fp32_img_s'])
+def gpu_against(key: str, head: str, faster: tuple[str, str], slower: tuple[str, str],
+                ratio: str) -> Callable[[dict], str]:
+    """A stage's row of two rates (each a name and its figure's key) and their ratio: '<head>: <name> F img/s,
+    <name> S img/s (xRATIO)', `head` formatted with the stage's figures; none before the faster one is measured."""
+    def describe(session: dict) -> str:
+        figures = session.get(key)
+        if not figures or faster[1] not in figures:
+            return ''
+        return (f'{head.format(**figures)}: {faster[0]} {rate(figures[faster[1]])} img/s, {slower[0]} '
+                f'{rate(figures[slower[1]])} img/s (x{figures[ratio]:.2f})')
+    return describe
 
 
 def gpu_decoded_loop(key: str, compiled: bool) -> Callable[[dict], str]:
@@ -169,6 +150,10 @@ GPU_FIGURES = (('the sync canary (the sync-debug test of the loop with `--decode
                ("the trainer's step, eager (bf16, fused AdamW, channels-last)", gpu_step('eager')),
                ('the same, compiled (`--compile`)', gpu_step('compiled')),
                ('the GPU suite (`pytest -m gpu`)', gpu_tests('gpu_tests')),
-               ('nvJPEG decoding (`--decode gpu`)', gpu_decoding),
-               ('bf16 label generation (`generate_token_labels --amp bf16`)', gpu_labels),
+               ('nvJPEG decoding (`--decode gpu`)',
+                gpu_against('decoding', '{workers} workers', ('nvJPEG', 'gpu_img_s'),
+                            ("the workers' decoding", 'cpu_img_s'), 'gpu_over_cpu')),
+               ('bf16 label generation (`generate_token_labels --amp bf16`)',
+                gpu_against('label_generation', '{annotator} at {img_size} px', ('bf16', 'bf16_img_s'),
+                            ('fp32', 'fp32_img_s'), 'bf16_over_fp32')),
                ("the dense training steps (LV-ViT-S, fp32, each config's per-GPU batch)", gpu_dense_steps))

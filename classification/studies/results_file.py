@@ -1,16 +1,10 @@
-"""The one shape of a results file (docs/results/*.json, and what the studies write): an envelope saying what was
-measured, how, where and when, around the figures themselves:
-
-    {"study": "loop", "source": "python tools/benchmark_loop.py ...", "commit": "c24ec1c", "date": "2026-11-28",
-     "machine": "2 CPU cores", "torch": "2.15.0", "notes": {"machine": "the project's shared build machine", ...},
-     "figures": {...}}
-
-`study`, what measured it (the views of its figures are the study's); `source`, the command or the publication the
-figures come from; `machine` in words; `notes` optional. A commit (and torch) may be null only where `notes.commit`
-says why. A file is named by its study, machine and commit (`file_name`): loop_cpu2_c24ec1c.json; a null commit's
-stand-in is the commit that first quoted the figures (`notes.first_quoted`: burst_h100_e2f88b5.json), or a
-publication's key (`notes.key`: token_labeling_paper_jiang2021.json).
-"""
+"""The one shape of a results file (docs/results/*.json, and what the studies write): an envelope, `study` (what
+measured it: the views of its figures are the study's), `source` (the command or the publication the figures come
+from), `commit`, `date`, `machine` (in words), `torch`, `notes` (optional), around the `figures`. A commit (and
+torch) may be null only where `notes.commit` says why. A file is named by its study, machine and commit
+(`file_name`): loop_cpu2_c24ec1c.json; a null commit's stand-in is the commit that first quoted the figures
+(`notes.first_quoted`: burst_h100_e2f88b5.json), or a publication's key (`notes.key`:
+token_labeling_paper_jiang2021.json)."""
 from __future__ import annotations
 
 import re

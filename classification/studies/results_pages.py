@@ -1,12 +1,7 @@
-"""The figures README.md and docs/*.md quote, rendered from their data files (tools/render_results.py; the syntax:
-docs/layout.md, "The figures in the pages"). A page holds renderings of data only, each between markers naming what
-renders it, `<!-- results: KIND ARGS -->...<!-- /results -->`, KIND one of KINDS: `table FILE [ALIAS=FILE ...]` (the
-marker's next lines a table, `{EXPRESSION[:FORMAT]}` in its cells, a line not starting with | going on with the row
-above), `view FILE VIEW ARGS` (VIEWS), `runs [latest|layouts] TASK...` (`metafile_runs`), `value FILE EXPRESSION
-[FORMAT]`. An EXPRESSION is a path alone (`results_data.lookup`), a FORMAT one of `figure_formats`. Every block but
-an inline one ends with a line crediting each file it read. `render_pages(root)` rewrites every block of the pages
-under `root`, or names those whose text is not what their data give.
-"""
+"""The figures README.md and docs/*.md quote, rendered from their data files into the pages' marked blocks
+(tools/render_results.py; the blocks' kinds and syntax: docs/layout.md, "The figures in the pages"):
+`render_pages(root)` rewrites every block of the pages under `root`, or names those whose text is not what their
+data give."""
 from __future__ import annotations
 
 import inspect

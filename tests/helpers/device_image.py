@@ -1,5 +1,5 @@
 """Importing modules as the GPU machine would: only the distributions of its image and the carried wheels there
-(classification/studies/gpu_session.py, DEVICE_IMAGE and CARRIED_WHEELS)."""
+(classification/studies/gpu_plan.py, DEVICE_IMAGE and CARRIED_WHEELS)."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -7,7 +7,7 @@ import re
 
 import tomllib
 
-from classification.studies.gpu_session import CARRIED_WHEELS, DEVICE_IMAGE
+from classification.studies.gpu_plan import CARRIED_WHEELS, DEVICE_IMAGE
 from helpers.commands import ROOT, run_python
 
 # in a fresh interpreter: a finder ahead of the others refuses any top-level module whose distributions are all

@@ -1,17 +1,7 @@
-"""The dense models' training step in its steady state, as tools/train_seg.py runs it on one GPU: the config's model,
-optimizer and per-GPU batch, on batches that its own training pipeline made from synthetic images of the data set's
-usual size (tools/measure_gpu.py's `dense_steps` stage).
-
-Only the pipeline's reading steps (`Load...`) are left out: each synthetic sample is what they would have produced
-(the image, and its class map, instances or depth), so the crops, jitter and padding, and so the step's cost, are the
-data set's. The step is `train_step` followed by reading the logged losses, as mmengine's loop does each iteration.
-
-`compare_window_attention` times Mask R-CNN's step with ViTDet's window attention (seg_configs/
-maskrcnn_lvvit_s_windowed.py), and the same windows without relative positions, against the same detector's global
-attention, each in a fresh process so that its peak memory is its own (the device's on a GPU; the process's resident
-memory on a CPU, where torch keeps no count), with the ratios to global: tools/benchmark_dense_step.py on a CPU, the
-GPU script's `dense_windows` stage on a GPU.
-"""
+"""Each dense config's training step in its steady state, as tools/train_seg.py runs it on one GPU (the config's model,
+optimizer and per-GPU batch), on batches its own training pipeline made from synthetic images of the data set's
+usual size, only its reading steps (`Load...`) left out (tools/measure_gpu.py's `dense_steps`; docs/speed.md); and
+Mask R-CNN's step with window attention against global attention (`compare_window_attention`)."""
 from __future__ import annotations
 
 import argparse
