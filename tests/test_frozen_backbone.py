@@ -82,3 +82,20 @@ def test_train_seg_leaves_a_frozen_backbones_weights_bit_identical_and_trains_th
     assert sum(key.startswith('backbone.model.') for key in states[1]) >= len(classifier.state_dict()) - 2
     heads = [key for key in states[1] if key.startswith('decode_head.') and states[1][key].is_floating_point()]
     assert any(not torch.equal(states[0][key], states[1][key]) for key in heads)  # the heads did learn
+
+
+def test_the_frozen_comparison_times_the_frozen_and_linear_steps_against_fine_tuning(monkeypatch):
+    """benchmark_dense_step.py --compare frozen: UperNet fine-tuning its backbone is the baseline; the ratios are the
+    frozen UperNet's and the linear head's time per step and peak memory over it."""
+    from classification.studies.dense import training_step as study
+
+    def step(config: str, device: torch.device, *args, options: dict | None = None) -> study.DenseStep:
+        frozen = bool(options) or 'linear' in config
+        return study.DenseStep(config, 'semantic', 2, (256, 256), 4.0 if frozen else 2.0, 2.0 if frozen else 1.0,
+                               None, 3.0 if frozen else 5.0, 1.0)
+
+    monkeypatch.setattr(study, 'step_in_fresh_process', lambda *a: step(*a[:2], options=a[-1]))
+    figures = study.compare_steps(study.FROZEN_VARIANTS, torch.device('cpu'), 1.0, 1, 1)
+    assert figures['ratios'] == {name: {'time': 0.5, 'memory': 0.5} for name in ('frozen', 'linear')}  # (3-1)/(5-1)
+    assert figures['frozen']['config'] == figures['fine_tuned']['config'] == 'seg_configs/upernet_lvvit_s.py'
+    assert study.FROZEN_VARIANTS['frozen'][1] == {'model.backbone.frozen': True}

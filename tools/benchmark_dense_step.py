@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Mask R-CNN's training step with ViTDet's window attention, with and without its relative positions, against
-global attention: the time a step takes and its peak memory, each in a fresh process, and their ratios to global.
+global attention (or, with --compare frozen, UperNet's step on a frozen backbone and DINOv2's linear head on it
+against UperNet fine-tuning it): the time a step takes and its peak memory, each in a fresh process, and their ratios.
 
     python tools/benchmark_dense_step.py                                   # 512 px, one image a step, CPU
     python tools/benchmark_dense_step.py --json docs/results/dense_windows_cpu2_COMMIT.json
+    python tools/benchmark_dense_step.py --compare frozen --size 512 --batch-size 2
 
 The detector is seg_configs/maskrcnn_lvvit_s.py against seg_configs/maskrcnn_lvvit_s_windowed.py (14-token windows,
 4 global blocks, relative positions) and the same without relative positions, random weights, on batches its own

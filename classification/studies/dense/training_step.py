@@ -33,11 +33,17 @@ from classification.studies.results_file import write_results
 from classification.studies.timing import SteadyWindow
 
 # the same detector with global attention, with ViTDet's windows (14 tokens, 4 global blocks, relative positions),
-# and with those windows without relative positions: (config, options over it)
+# and with those windows without relative positions: (config, options over it); the first is the baseline
 WINDOW_VARIANTS = {'global': ('seg_configs/maskrcnn_lvvit_s.py', {}),
                    'windows': ('seg_configs/maskrcnn_lvvit_s_windowed.py', {}),
                    'windows_without_rel_pos': ('seg_configs/maskrcnn_lvvit_s_windowed.py',
                                                {'model.backbone.rel_pos': False})}
+# UperNet fine-tuning its backbone, the same on the frozen backbone, and DINOv2's linear head on it
+FROZEN_VARIANTS = {'fine_tuned': ('seg_configs/upernet_lvvit_s.py', {}),
+                   'frozen': ('seg_configs/upernet_lvvit_s.py', {'model.backbone.frozen': True}),
+                   'linear': ('seg_configs/linear_lvvit_s.py', {})}
+# each comparison's variants, the image size its configs are written for, and its results' study name
+COMPARISONS = {'windows': (WINDOW_VARIANTS, 1024, 'dense_windows'), 'frozen': (FROZEN_VARIANTS, 512, 'dense_frozen')}
 
 
 @dataclass(frozen=True)
@@ -139,17 +145,24 @@ def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_b
                           {'options': options})
 
 
+def compare_steps(variants: dict[str, tuple[str, dict]], device: torch.device, seconds: float, min_batches: int,
+                  warmup: int, scale: float = 1.0, batch_size: int | None = None) -> dict:
+    """Each variant's step, each in a fresh process, and `ratios`, each variant's over the first's of the time a step
+    takes and of the peak memory (the device's, or on a CPU the process's resident memory above what it held before
+    the first step)."""
+    steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size, options)
+             for name, (config, options) in variants.items()}
+    baseline = steps[next(iter(variants))]
+    return {**{name: step.as_dict() for name, step in steps.items()},
+            'ratios': {name: {'time': baseline.img_s / step.img_s,
+                              'memory': peak_memory(step) / peak_memory(baseline)}
+                       for name, step in steps.items() if step is not baseline}}
+
+
 def compare_window_attention(device: torch.device, seconds: float, min_batches: int, warmup: int,
                              scale: float = 1.0, batch_size: int | None = None) -> dict:
-    """Mask R-CNN's step with window attention against global attention (WINDOW_VARIANTS), each in a fresh process:
-    every step, and `ratios`, each windowed variant's over global of the time a step takes and of the peak memory
-    (the device's, or on a CPU the process's resident memory above what it held before the first step)."""
-    steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size, options)
-             for name, (config, options) in WINDOW_VARIANTS.items()}
-    plain = steps['global']
-    return {**{name: step.as_dict() for name, step in steps.items()},
-            'ratios': {name: {'time': plain.img_s / step.img_s, 'memory': peak_memory(step) / peak_memory(plain)}
-                       for name, step in steps.items() if name != 'global'}}
+    """Mask R-CNN's step with window attention against global attention (WINDOW_VARIANTS)."""
+    return compare_steps(WINDOW_VARIANTS, device, seconds, min_batches, warmup, scale, batch_size)
 
 
 def peak_memory(step: DenseStep) -> float:
@@ -165,8 +178,11 @@ def largest_image(batch: dict) -> tuple[int, int]:
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
     parser = command_parser(description, 'benchmark_dense_step.py')
     add_device_argument(parser)
+    parser.add_argument('--compare', choices=sorted(COMPARISONS), default='windows',
+                        help='windows: Mask R-CNN with window attention against global attention; frozen: UperNet '
+                             'on a frozen backbone and the linear head against UperNet fine-tuning it')
     parser.add_argument('--size', type=positive_int, default=512,
-                        help="the detector's image size in pixels (its configs' 1024 scaled to it)")
+                        help="the image size in pixels (the detector's 1024, or UperNet's 512 crops, scaled to it)")
     parser.add_argument('--batch-size', type=positive_int, default=1, help='images per step')
     parser.add_argument('--seconds', type=float, default=20.0, help='each step timed for at least this long')
     parser.add_argument('--min-steps', type=positive_int, default=3, help='and at least this many steps')
@@ -180,14 +196,17 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
 def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     """tools/benchmark_dense_step.py."""
     args = parse_args(argv, description)
-    figures = {'size': args.size, **compare_window_attention(
-        torch.device(args.device), args.seconds, args.min_steps, args.warmup, args.size / 1024, args.batch_size)}
-    for name in WINDOW_VARIANTS:
+    variants, written_for, study = COMPARISONS[args.compare]
+    figures = {'size': args.size, **compare_steps(variants, torch.device(args.device), args.seconds, args.min_steps,
+                                                  args.warmup, args.size / written_for, args.batch_size)}
+    baseline = next(iter(variants))
+    for name in variants:
         step = figures[name]
         memory = step['peak_memory_gib'] if step['peak_memory_gib'] is not None else step['peak_process_gib']
         logger.info(f'{name}: {step["it_s"]:.3f} steps/s, peak memory {memory:.2f} GiB')
     for name, ratio in figures['ratios'].items():
-        logger.info(f'{name} / global: x{ratio["time"]:.2f} the time of a step, x{ratio["memory"]:.2f} the memory')
+        logger.info(f'{name} / {baseline}: x{ratio["time"]:.2f} the time of a step, x{ratio["memory"]:.2f} the '
+                    f'memory')
     if args.json:
-        write_results(args.json, 'dense_windows', 'benchmark_dense_step.py', argv, figures, args.device)
+        write_results(args.json, study, 'benchmark_dense_step.py', argv, figures, args.device)
     return figures
