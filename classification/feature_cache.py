@@ -57,11 +57,13 @@ def cached_features(path: Path, identity: dict[str, str],
     a file made otherwise is a UsageError naming what differs."""
     if path.is_file():
         saved = load_weights_only(path, 'feature cache')
-        recorded = saved.get('identity') if isinstance(saved, dict) else None
-        differ = [key for key in identity if not isinstance(recorded, dict) or recorded.get(key) != identity[key]]
+        if not (isinstance(saved, dict) and isinstance(saved.get('identity'), dict) and 'features' in saved):
+            raise UsageError(f'{path}: not a feature cache (no record of what made it); remove it, or give '
+                             f'--feature-cache another folder')
+        differ = [key for key in identity if saved['identity'].get(key) != identity[key]]
         if differ:
-            raise UsageError(f'{path}: a feature cache made with other {", ".join(differ)} than this run\'s; remove '
-                             f'it, or give --feature-cache another folder')
+            raise UsageError(f'{path}: a feature cache whose {", ".join(differ)} differ from this run\'s; remove it, '
+                             f'or give --feature-cache another folder')
         logger.info(f'features read from {path}')
         return saved['features']
     features = compute()

@@ -38,7 +38,7 @@ from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
-from backbones.common.outputs import output_file
+from backbones.common.outputs import output_file, output_folder
 from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
 from classification.data.cifar import hold_out
@@ -347,8 +347,9 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None,
     p.add_argument('--split', default='val', help='the split the chosen probes are evaluated on')
     p.add_argument('--json', type=output_file, help='write the results to this file (default: '
                                                     'output/probes/MODEL.json)')
-    p.add_argument('--feature-cache', help='keep each split\'s features in this folder (SPLIT.pt) and read them '
-                                           'from there when the weights, pipeline and images are the same')
+    p.add_argument('--feature-cache', type=output_folder,
+                   help='keep each split\'s features in this folder (SPLIT.pt) and read them from there when the '
+                        'weights, pipeline and images are the same')
     p.add_argument('--img-size', type=positive_int, help='default: the checkpoint\'s, else the model\'s own')
     p.add_argument('--crop-pct', type=fraction, help='default: the checkpoint\'s, else the model\'s own')
     p.add_argument('--batch-size', type=positive_int, default=64, help='images per forward pass')

@@ -59,6 +59,9 @@ def test_a_frozen_backbone_given_a_learning_rate_is_refused(optim_wrapper, says)
 def test_frozen_takes_a_boolean_and_a_backbone_key_without_a_learning_rate():
     with pytest.raises(UsageError, match="model.backbone.frozen must be True or False, got 'False'"):
         TokenBackbone('lvvit_s', out_indices=(1,), img_size=64, frozen='False', model_kwargs=TINY)
+    for flag, value in (('final_norm', 'yes'), ('class_token', 1)):
+        with pytest.raises(UsageError, match=f'model.backbone.{flag} must be True or False, got {value!r}'):
+            TokenBackbone('lvvit_s', out_indices=(1,), img_size=64, model_kwargs=TINY, **{flag: value})
     check_frozen_backbone(Config(dict(model=dict(backbone=dict(type='TokenBackbone', frozen=True)), optim_wrapper=dict(
         paramwise_cfg=dict(custom_keys={'backbone': dict(decay_mult=0.0)})))))  # no lr given: nothing to refuse
 

@@ -208,8 +208,12 @@ def test_the_tool_reads_its_feature_cache_and_refuses_a_stale_one(tmp_path):
     before = (cache / 'train.pt').read_bytes()
     for change, says in ((['--seed', '1'], 'weights'), (['--crop-pct', '0.5'], 'pipeline')):
         message = one_line_error(run_tool('probe_features.py', [*run, *change]))
-        assert f'{cache / "train.pt"}: a feature cache made with other {says} than this run\'s' in message
+        assert f'{cache / "train.pt"}: a feature cache whose {says} differ from this run\'s' in message
     image = sorted((data / 'train').rglob('*.*'))[0]
     image.write_bytes(image.read_bytes() + b'\0')  # the same name, other bytes
-    assert 'made with other images' in one_line_error(run_tool('probe_features.py', run))
+    assert 'a feature cache whose images differ' in one_line_error(run_tool('probe_features.py', run))
     assert (cache / 'train.pt').read_bytes() == before
+    torch.save([1, 2, 3], cache / 'val.pt')  # a torch file of something else
+    (cache / 'train.pt').unlink()
+    assert f'{cache / "val.pt"}: not a feature cache' in one_line_error(run_tool('probe_features.py', run))
+    assert 'is a file' in one_line_error(run_tool('probe_features.py', [*run[:-4], '--feature-cache', image]))

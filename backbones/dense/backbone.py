@@ -162,8 +162,9 @@ class TokenBackbone(BaseModule):
                 raise UsageError('give the backbone either `pretrained` or `init_cfg`, not both')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg)
-        if not isinstance(frozen, bool):  # a word such as 'False' would freeze it
-            raise UsageError(f'model.backbone.frozen must be True or False, got {frozen!r}')
+        for name, flag in (('frozen', frozen), ('final_norm', final_norm), ('class_token', class_token)):
+            if not isinstance(flag, bool):  # a word such as 'False' would turn it on
+                raise UsageError(f'model.backbone.{name} must be True or False, got {flag!r}')
         self.frozen = frozen
         self.model = dense_model(model_name, img_size, drop_path_rate, model_kwargs or {})
         depth = len(self.model.blocks)
