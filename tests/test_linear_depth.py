@@ -24,6 +24,7 @@ from backbones.common.errors import UsageError
 from backbones.dense.backbone import TokenBackbone
 from helpers.commands import run_tool, succeeded
 from helpers.dense_data import write_tiny_dense_config, write_tiny_nyu
+from helpers.models import hooked_block_outputs
 from helpers.seg_data import CONFIGS, TINY_MODELS
 
 TINY = TINY_MODELS['upernet_lvvit_s.py']
@@ -34,17 +35,6 @@ FROZEN_DPT = sorted(path.name for path in CONFIGS.glob('depth_frozen*.py'))
 @pytest.fixture(autouse=True, scope='module')
 def mmseg_scope():
     init_default_scope('mmseg')
-
-
-def block_tokens(model: torch.nn.Module, images: torch.Tensor, blocks: list[int]) -> list[torch.Tensor]:
-    """Each of `blocks`' output tokens (class token first), from hooks on the classifier's own forward."""
-    outputs = {}
-    hooks = [model.blocks[i].register_forward_hook(lambda _, __, out, i=i: outputs.__setitem__(i, out)) for i in blocks]
-    with torch.no_grad():
-        model.forward_features(images)
-    for hook in hooks:
-        hook.remove()
-    return [outputs[i] for i in blocks]
 
 
 @pytest.mark.parametrize('blocks', [[3], [0, 1, 2, 3]])  # "lin. 1" and "lin. 4"
@@ -59,7 +49,7 @@ def test_the_linear_depth_head_is_dinov2s_classification_over_depth_bins(blocks)
     images = torch.randn(2, 3, 64, 64)
 
     features = []
-    for tokens in block_tokens(classifier, images, blocks):  # (B, 1 + 16, D): the class token, then 4x4 patches
+    for tokens in hooked_block_outputs(classifier, images, blocks):  # (B, 1 + 16, D): the class token, then 4x4 patches
         patches = tokens[:, 1:].transpose(1, 2).reshape(2, dim, 4, 4)
         joined = torch.cat([patches, tokens[:, :1].transpose(1, 2)[..., None].expand(2, dim, 4, 4)], 1)
         features.append(F.interpolate(joined, size=(16, 16), mode='bilinear', align_corners=False))

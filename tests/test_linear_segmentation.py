@@ -29,6 +29,7 @@ from backbones.dense.layouts import SmallDenseData, layout_of
 from backbones.dense.semantic.pascal import VOC_PALETTE, PascalVOCLayout
 from backbones.dense.tasks import TASKS
 from helpers.commands import run_tool, succeeded
+from helpers.models import hooked_block_outputs
 from helpers.seg_data import CONFIGS, TINY_MODELS, tiny_config, write_tiny_config
 
 TINY = TINY_MODELS['upernet_lvvit_s.py']
@@ -46,15 +47,10 @@ def mmseg_scope():
 def normed_block_outputs(model: torch.nn.Module, images: torch.Tensor, blocks: list[int]) -> list[torch.Tensor]:
     """The model's final norm of the outputs of `blocks` (hooks on the classifier's own forward), patch tokens as
     (B, D, h, w) maps."""
-    outputs = {}
-    hooks = [model.blocks[i].register_forward_hook(lambda _, __, out, i=i: outputs.__setitem__(i, out)) for i in blocks]
-    with torch.no_grad():
-        model.forward_features(images)
-    for hook in hooks:
-        hook.remove()
     side = images.shape[-1] // 16
-    return [model.norm(outputs[i])[:, -side * side:].transpose(1, 2).reshape(len(images), -1, side, side)
-            for i in blocks]
+    with torch.no_grad():
+        return [model.norm(out)[:, -side * side:].transpose(1, 2).reshape(len(images), -1, side, side)
+                for out in hooked_block_outputs(model, images, blocks)]
 
 
 @pytest.mark.parametrize('blocks', [[3], [0, 1, 2, 3]])  # "lin.": the last block; "+ms": the last four

@@ -62,3 +62,15 @@ def damaged_copy(checkpoint: Path, copy: Path) -> Path:
         f.seek(-1, 1)
         f.write(bytes([byte ^ 0x7F]))
     return copy
+
+
+def hooked_block_outputs(model: torch.nn.Module, images: torch.Tensor, blocks: list[int]) -> list[torch.Tensor]:
+    """The output tokens of `blocks`, taken by forward hooks on the classifier's own `forward_features` (an
+    independent path to the dense backbone's `forward_intermediates`)."""
+    outputs = {}
+    hooks = [model.blocks[i].register_forward_hook(lambda _, __, out, i=i: outputs.__setitem__(i, out)) for i in blocks]
+    with torch.no_grad():
+        model.forward_features(images)
+    for hook in hooks:
+        hook.remove()
+    return [outputs[i] for i in blocks]
