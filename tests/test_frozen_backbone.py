@@ -74,9 +74,12 @@ def test_train_seg_leaves_a_frozen_backbones_weights_bit_identical_and_trains_th
     torch.save(classifier.state_dict(), weights)
     config = write_tiny_config(tmp_path / 'tiny.py', 'upernet_lvvit_s.py', write_tiny_ade(tmp_path / 'ade'))
     assert (CONFIGS / 'upernet_lvvit_s.py').is_file()
-    succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2', '--cfg-options',
-                                        'model.backbone.frozen=True', f'model.backbone.pretrained={weights}',
-                                        'default_hooks.checkpoint.interval=1']))
+    trained = succeeded(run_tool('train_seg.py', [config, '--work-dir', tmp_path / 'work', '--iters', '2',
+                                                  '--cfg-options', 'model.backbone.frozen=True',
+                                                  f'model.backbone.pretrained={weights}',
+                                                  'default_hooks.checkpoint.interval=1',
+                                                  'optim_wrapper.paramwise_cfg.custom_keys.decode_head.lr_mult=10']))
+    assert 'is skipped since its requires_grad=False' not in trained.stdout + trained.stderr  # one line a parameter
     states = [torch.load(tmp_path / 'work' / f'iter_{i}.pth', weights_only=False)['state_dict'] for i in (1, 2)]
     for key, value in classifier.state_dict().items():
         if f'backbone.model.{key}' in states[1]:  # the pruned parts (the last norm) are not in the segmentor

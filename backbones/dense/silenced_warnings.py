@@ -17,6 +17,11 @@ HARMLESS_LOG_LINES = {
     '"FileClient" will be deprecated': 'mmengine\'s own hooks build one',
     '"HardDiskBackend" is the alias of "LocalBackend"': 'mmengine\'s own hooks build one',
 }
+# mmengine log lines, by a pattern of the whole line
+HARMLESS_LOG_PATTERNS = {
+    r'\S+ is skipped since its requires_grad=False$': 'a frozen backbone\'s parameters, which its optimizer rightly '
+    'leaves out (mmengine says so of each: 191 lines for LV-ViT-S)',
+}
 # a detector's export (torch.export and torch's ONNX exporter tracing torchvision's nms), by their start
 HARMLESS_EXPORT_WARNINGS = {  # FutureWarning
     '`create_unbacked_symint` is deprecated': 'torchvision 0.29\'s own nms meta kernel calls it, once per trace',
@@ -33,15 +38,19 @@ def silence_harmless_warnings() -> None:
         warnings.filterwarnings('ignore', message=re.escape(start), category=UserWarning)
     for start in HARMLESS_EXPORT_WARNINGS:
         warnings.filterwarnings('ignore', message=re.escape(start), category=FutureWarning)
-    logging.getLogger(ONNX_IR_LOGGER).addFilter(HarmlessLogLines(HARMLESS_EXPORT_LOG_LINES))
+    logging.getLogger(ONNX_IR_LOGGER).addFilter(HarmlessLogLines(HARMLESS_EXPORT_LOG_LINES, patterns={}))
 
 
 class HarmlessLogLines(logging.Filter):
-    """A filter for a logger that drops the lines starting as `lines` (mmengine's: `HARMLESS_LOG_LINES`)."""
+    """A filter for a logger that drops the lines starting as `lines` or matching `patterns` (mmengine's:
+    `HARMLESS_LOG_LINES`, `HARMLESS_LOG_PATTERNS`)."""
 
-    def __init__(self, lines: dict[str, str] = HARMLESS_LOG_LINES) -> None:
+    def __init__(self, lines: dict[str, str] = HARMLESS_LOG_LINES,
+                 patterns: dict[str, str] = HARMLESS_LOG_PATTERNS) -> None:
         super().__init__()
         self.starts = tuple(lines)
+        self.patterns = [re.compile(pattern) for pattern in patterns]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.starts)
+        message = record.getMessage()
+        return not (message.startswith(self.starts) or any(pattern.match(message) for pattern in self.patterns))
