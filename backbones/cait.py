@@ -33,6 +33,7 @@ class CaiT(TokenModelMixin, Cait):
             self.num_prefix_tokens = 2
             self._reset_heads(self.num_classes)
 
+    block_prefix_tokens = 0  # the class token joins after the blocks, in the class-attention stage
     # timm's also drops the class token and the class-attention stage, which only the head uses.
     prune_intermediate_layers = Cait.prune_intermediate_layers
     group_matcher = Cait.group_matcher

@@ -1,7 +1,8 @@
 """A frozen model's features of one split kept on disk (`--feature-cache DIR`: DIR/SPLIT.pt), so that probes train
 at the cost of their heads. The file records what made it: the weights' digest, the eval pipeline and the images (each
 path, label, size and modification time); a file made by other weights, another pipeline or other images is refused
-in one line naming what differs, never read."""
+in one line naming what differs, never read. Features are the same only on the same kind of device: it is recorded.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,7 @@ from backbones.common.files import load_weights_only, save_atomic
 from backbones.common.log import logger
 
 VERSION = 1  # of the features' definitions; a change here makes every cache stale
-PIPELINE_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std', 'crop_mode')
+PIPELINE_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std')  # what config_eval_transform reads
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -29,24 +30,33 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def file_stat(path: str | Path) -> str:
+    stat = os.stat(path)
+    return f'{stat.st_size} {stat.st_mtime_ns}'
+
+
 def images_digest(root: Path, paths: Sequence[str], labels: Sequence[int]) -> str:
     """SHA-256 of each image's path (under `root`) and label, with the size and modification time of the file
-    holding it (the image file, or the archive a `ARCHIVE.tar/MEMBER` name is in)."""
+    holding it (the image file, or the archive a `ARCHIVE.tar/MEMBER` name is in); where an image is no file (a
+    saved Hugging Face data set's rows), of every Arrow and Parquet file under `root`."""
     digest = hashlib.sha256()
     stats: dict[str, str] = {}
     for path, label in zip(paths, labels):
         holder = os.path.join(root, path.split('.tar/')[0] + '.tar' if '.tar/' in path else path)
         if holder not in stats:
-            stat = os.stat(holder) if os.path.isfile(holder) else None
-            stats[holder] = f'{stat.st_size} {stat.st_mtime_ns}' if stat else '-'
+            stats[holder] = file_stat(holder) if os.path.isfile(holder) else '-'
         digest.update(f'{path}\t{label}\t{stats[holder]}\n'.encode())
+    if '-' in stats.values():
+        for table in sorted(p for p in Path(root).rglob('*') if p.suffix in ('.arrow', '.parquet')):
+            digest.update(f'{table.relative_to(root)}\t{file_stat(table)}\n'.encode())
     return digest.hexdigest()
 
 
-def feature_identity(model_name: str, model: nn.Module, data_cfg: dict, root: Path, paths: Sequence[str],
+def feature_identity(model: dict, weights: str, data_cfg: dict, root: Path, paths: Sequence[str],
                      labels: Sequence[int]) -> dict[str, str]:
-    """What a split's features depend on, as the cache records it."""
-    return {'version': str(VERSION), 'model': model_name, 'weights': weights_digest(model),
+    """What a split's features depend on, as the cache records it: `model`, the model's name, arguments and
+    device; `weights`, `weights_digest` of it."""
+    return {'version': str(VERSION), 'model': repr(model), 'weights': weights,
             'pipeline': repr({key: data_cfg.get(key) for key in PIPELINE_KEYS}),
             'images': images_digest(root, paths, labels)}
 

@@ -43,7 +43,7 @@ from backbones.common.random_state import seed_all
 from backbones.registry import check_model_name
 from classification.data.cifar import hold_out
 from classification.data.folders import ImageFolderDataset, collate_skipping, config_eval_transform
-from classification.feature_cache import cached_features, feature_identity
+from classification.feature_cache import cached_features, feature_identity, weights_digest
 from classification.loaders import EmbeddedImageData
 from classification.models import (
     PRETRAINED_HELP,
@@ -398,11 +398,13 @@ def split_features(model: nn.Module, dataset: ImageFolderDataset, args: argparse
 
 
 def features_of(model: nn.Module, dataset: ImageFolderDataset, split: str, args: argparse.Namespace,
-                data_cfg: dict, device: torch.device) -> Features:
-    """A split's features: extracted, or with --feature-cache read from (or first written to) DIR/SPLIT.pt."""
+                data_cfg: dict, device: torch.device, weights: str | None) -> Features:
+    """A split's features: extracted, or with --feature-cache (`weights`: the model's `weights_digest`) read from (or
+    first written to) DIR/SPLIT.pt."""
     if not args.feature_cache:
         return split_features(model, dataset, args, device)
-    identity = feature_identity(args.model, model, data_cfg, dataset.data_dir, dataset.paths, dataset.labels)
+    described = {'name': args.model, 'kwargs': args.model_kwargs, 'device': device.type}
+    identity = feature_identity(described, weights, data_cfg, dataset.data_dir, dataset.paths, dataset.labels)
     return Features(**cached_features(Path(args.feature_cache) / f'{split}.pt', identity,
                                       lambda: vars(split_features(model, dataset, args, device))))
 
@@ -422,7 +424,8 @@ def main(argv: list[str] | None = None, default_data: type[EmbeddedImageData] | 
                                   classes_from=f'the split {args.train_split}')
     device = torch.device(device_name(args.device))
     model = frozen_model(args, data_cfg).to(device)
-    train, test = (features_of(model, dataset, split, args, data_cfg, device)
+    weights = weights_digest(model) if args.feature_cache else None
+    train, test = (features_of(model, dataset, split, args, data_cfg, device, weights)
                    for dataset, split in ((train_set, args.train_split), (test_set, args.split)))
     settings = ProbeSettings(tuple(args.ks), args.temperature, tuple(args.lrs), args.epochs, args.linear_batch_size,
                              args.seed, args.held_out, args.split_seed)

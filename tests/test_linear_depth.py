@@ -66,11 +66,36 @@ def test_the_linear_depth_head_is_dinov2s_classification_over_depth_bins(blocks)
     assert 0.001 <= depth.min() and depth.max() <= 80.0
 
 
-def test_a_model_whose_blocks_carry_no_class_token_is_refused():
-    backbone = TokenBackbone('cait_s24_224', out_indices=(1,), img_size=64, class_token=True,
-                             model_kwargs=TINY_MODELS['upernet_cait_s24.py'])
-    with pytest.raises(UsageError, match='the blocks of cait_s24_224 carry no class token'):
-        backbone(torch.zeros(1, 3, 64, 64))
+@pytest.mark.parametrize('model_name, kwargs', [
+    ('cait_s24_224', TINY_MODELS['upernet_cait_s24.py']),  # its class token joins after the blocks
+    ('vit_medium_patch16_gap_256', TINY_MODELS['upernet_deit_s.py']),  # no class token
+    ('vit_medium_patch16_reg1_gap_256', TINY_MODELS['upernet_deit_s.py'])])  # a register, but no class token
+def test_a_model_whose_blocks_carry_no_class_token_is_refused_when_built(model_name, kwargs):
+    with pytest.raises(UsageError, match=f'the blocks of {model_name} carry no class token'):
+        TokenBackbone(model_name, out_indices=(1,), img_size=64, class_token=True, model_kwargs=kwargs)
+
+
+def test_a_model_without_a_norm_over_its_tokens_is_refused_a_final_norm():
+    """EVA-02's and BEiT's norm is over the pooled feature (`fc_norm`), which the dense backbone drops."""
+    with pytest.raises(UsageError, match='eva02_small_patch14_224 has no final norm over its tokens'):
+        TokenBackbone('eva02_small_patch14_224', out_indices=(1,), img_size=64, final_norm=True,
+                      model_kwargs=TINY_MODELS['upernet_deit_s.py'])
+
+
+def test_the_class_token_of_a_model_with_registers_is_its_first_prefix_token():
+    """DINOv2's register models: [class token, 4 registers, patches]; the joined token is the class token."""
+    torch.manual_seed(0)
+    kwargs = TINY_MODELS['upernet_dinov2_s.py']
+    name = 'vit_small_patch14_reg4_dinov2'
+    classifier = create_model(name, img_size=56, num_classes=0, dynamic_img_size=True, **kwargs).eval()
+    backbone = TokenBackbone(name, out_indices=(3,), img_size=56, class_token=True, model_kwargs=kwargs)
+    backbone.model.load_state_dict(classifier.state_dict(), strict=False)
+    images = torch.randn(2, 3, 56, 56)  # 4 x 4 patches of 14 px
+    tokens = hooked_block_outputs(classifier, images, [3])[0]
+    with torch.no_grad():
+        joined = backbone(images)[0]
+    dim = kwargs['embed_dim']
+    torch.testing.assert_close(joined[:, dim:], tokens[:, 0, :, None, None].expand(2, dim, *joined.shape[-2:]))
 
 
 @pytest.mark.parametrize('config', LINEAR_DEPTH + FROZEN_DPT)

@@ -162,17 +162,18 @@ def test_heads_trained_from_the_feature_cache_are_those_trained_live(tmp_path):
     from argparse import Namespace
 
     from classification.data.folders import ImageFolderDataset, config_eval_transform
-    from classification.feature_cache import cached_features, feature_identity
+    from classification.feature_cache import cached_features, feature_identity, weights_digest
 
     data = make_image_folder(tmp_path / 'data', {'train': 10})
     torch.manual_seed(0)
     model = timm.create_model('deit_tiny_patch16_224', num_classes=0, img_size=32, embed_dim=32, depth=4,
                               num_heads=2).eval()
     data_cfg = dict(input_size=(3, 32, 32), crop_pct=0.875, interpolation='bicubic', mean=(0.5,) * 3,
-                    std=(0.5,) * 3, crop_mode='center')
+                    std=(0.5,) * 3)
     dataset = ImageFolderDataset(data, 'train', config_eval_transform(data_cfg))
     args = Namespace(batch_size=8, workers=0)
-    identity = feature_identity('deit_tiny', model, data_cfg, dataset.data_dir, dataset.paths, dataset.labels)
+    identity = feature_identity({'name': 'deit_tiny'}, weights_digest(model), data_cfg, dataset.data_dir, dataset.paths,
+                                dataset.labels)
 
     def extracted() -> Features:
         return probes.split_features(model, dataset, args, torch.device('cpu'))

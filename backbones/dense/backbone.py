@@ -3,8 +3,8 @@
 `ViTBackbone`, so that configs written for those still run).
 
 It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps (prefix tokens dropped, no
-final norm) for an image of any size, resampled onto the stride-16 cells of the image's own extent. A timm model
-must be a plain ViT (`check_backbone_model`). `pretrained` loads a classification checkpoint
+final norm unless `final_norm`) for an image of any size, resampled onto the stride-16 cells of the image's own
+extent. A timm model must be a plain ViT (`check_backbone_model`). `pretrained` loads a classification checkpoint
 (`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's window attention;
 `frozen`, a fixed feature extractor; `final_norm` and `class_token`, the maps DINOv2's frozen-feature heads read.
 docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
@@ -111,11 +111,21 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
                          'patches')
 
 
-def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor, model_name: str) -> torch.Tensor:
+def check_dinov2_inputs(model: nn.Module, model_name: str, final_norm: bool, class_token: bool) -> None:
+    """A model that cannot give what `final_norm` or `class_token` ask: no norm over its tokens (BEiT's and EVA's
+    is over the pooled feature, `fc_norm`), no class token, or one its blocks do not carry (CaiT's joins after them;
+    `block_prefix_tokens` 0)."""
+    if final_norm and isinstance(model.norm, nn.Identity):
+        raise UsageError(f'model.backbone.final_norm: {model_name} has no final norm over its tokens (its norm is '
+                         'over the pooled feature)')
+    carried = getattr(model, 'block_prefix_tokens', model.num_prefix_tokens)
+    if class_token and (getattr(model, 'cls_token', None) is None or not carried):
+        raise UsageError(f'model.backbone.class_token: the blocks of {model_name} carry no class token')
+
+
+def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
     """(B, D, h, w) patch tokens and the block's class token (the first prefix token, before a distillation token
     or registers) beside each: (B, 2D, h, w)."""
-    if not prefix.shape[1]:  # CaiT's class token joins after its blocks
-        raise UsageError(f'model.backbone.class_token: the blocks of {model_name} carry no class token')
     return torch.cat([patch_map, prefix[:, 0, :, None, None].expand_as(patch_map)], 1)
 
 
@@ -171,6 +181,7 @@ class TokenBackbone(BaseModule):
         if not out_indices or any(not -depth <= i < depth for i in out_indices):
             raise UsageError(f'out_indices {tuple(out_indices)} must name blocks of {model_name} (0..{depth - 1})')
         self.final_norm, self.class_token = final_norm, class_token
+        check_dinov2_inputs(self.model, model_name, final_norm, class_token)
         self.out_indices = self.model.prune_intermediate_layers(list(out_indices), prune_norm=not final_norm,
                                                                 prune_head=True)
         if window_size is not None or global_blocks is not None or rel_pos:
@@ -245,7 +256,7 @@ class TokenBackbone(BaseModule):
             maps = self.model.forward_intermediates(padded, self.out_indices, norm=self.final_norm,
                                                     intermediates_only=True, return_prefix_tokens=self.class_token)
         if self.class_token:
-            maps = [with_class_token(m, prefix, self.model_name) for m, prefix in maps]
+            maps = [with_class_token(m, prefix) for m, prefix in maps]
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 

@@ -1,5 +1,6 @@
 # DINOv2's linear segmentation schedule: AdamW lr 1e-3, weight decay 1e-4, 1,500 linear warm-up iterations from
-# 1e-6 of it, then linear (poly, power 1) decay to 0 at 40k iterations; 16 images per iteration (2 per GPU on 8).
+# 1e-6 of it, then linear (poly, power 1) decay to 0 at 40k iterations; DINOv2 trained 16 images an iteration (ADE20K's
+# data config: 2 per GPU on 8).
 _base_ = ['./schedule_160k.py']
 max_iters = 40000
 warmup_iters = 1500
