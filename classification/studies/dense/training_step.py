@@ -1,7 +1,8 @@
 """Each dense config's training step in its steady state, as tools/train_seg.py runs it on one GPU (the config's model,
 optimizer and per-GPU batch), on batches its own training pipeline made from synthetic images of the data set's
 usual size, only its reading steps (`Load...`) left out (tools/measure_gpu.py's `dense_steps`; docs/speed.md); and
-Mask R-CNN's step with window attention against global attention (`compare_window_attention`)."""
+steps compared in fresh processes (`compare_steps`, `COMPARISONS`): Mask R-CNN with window attention against global
+attention, UperNet on a frozen backbone and the linear head against UperNet fine-tuning it."""
 from __future__ import annotations
 
 import argparse
