@@ -26,7 +26,7 @@ def weights_digest(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(f'{name} {tensor.dtype} {tuple(tensor.shape)}\n'.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())  # 0-d too (BN's count)
     return digest.hexdigest()
 
 

@@ -192,6 +192,23 @@ def test_heads_trained_from_the_feature_cache_are_those_trained_live(tmp_path):
     assert all(torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias) for a, b in zip(*heads))
 
 
+def test_the_weights_digest_is_sha256_over_every_tensor_a_zero_dimensional_count_included():
+    """Known answer by hashlib over the tensors' NumPy bytes; a batch norm's 0-d step count is hashed (it once
+    stopped the digest of every model with a batch norm, LV-ViT's stem among them)."""
+    import hashlib
+
+    from classification.feature_cache import weights_digest
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    expected = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        expected.update(f'{name} {tensor.dtype} {tuple(tensor.shape)}\n'.encode())
+        expected.update(np.ascontiguousarray(tensor.numpy()).tobytes())
+    assert weights_digest(model) == expected.hexdigest()
+    model[1].num_batches_tracked += 1
+    assert weights_digest(model) != expected.hexdigest()
+
+
 def test_the_tool_reads_its_feature_cache_and_refuses_a_stale_one(tmp_path):
     """--feature-cache: the second run reads each split's features (the same results); a cache made by other
     weights, by another pipeline or of changed images is refused naming what differs, and left as it was."""

@@ -7,6 +7,7 @@ period, then every process still running under it (in whatever session or group 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -18,7 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from backbones.common.errors import DataError, UsageError
+from backbones.common.errors import DataError, SuiteError, UsageError
+from backbones.common.files import write_json_atomic
+from backbones.common.log import logger
 from classification.engine.fit import update_of_step_line
 from classification.engine.memory import child_pids
 from classification.studies.timing import SteadyWindow
@@ -301,3 +304,40 @@ class LaunchedCommand:
             if complete:
                 return window.images_per_second(), window.timed
         raise self.ended_before(f'{window.warmup} updates and the timing window')
+
+
+class ToolStages:
+    """The suite's tools run as a study's stages: each through `LaunchedCommand` (Ctrl-C or SIGTERM stops the running
+    one by its rule), logged to a file, its seconds kept in `seconds`; `same_command` refuses a stage's results to a
+    rerun with other settings. `device` 'cpu' hides the GPUs from every stage."""
+
+    def __init__(self, device: str | None) -> None:
+        self.env = {'CUDA_VISIBLE_DEVICES': ''} if device == 'cpu' else {}
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, tool: str, argv: list[str], log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        logger.info(f'[{time.strftime("%H:%M:%S")}] {name}')
+        with LaunchedCommand(tool_command(tool, argv), name, env=self.env, log_file=log) as command:
+            status = command.wait()
+        self.seconds[name] = round(command.seconds_since_launch(), 1)
+        if status != 0:
+            raise SuiteError(f'{name} failed (exit {status}); the end of {log}:\n' + '\n'.join(command.log[-15:]))
+
+    @staticmethod
+    def same_command(record: Path, tool: str, argv: list[str], started: bool) -> None:
+        """The stage whose command `record` holds must be run with the same command (`--resume` aside); the first
+        time, the command is recorded. A stage `started` without a record (an older version's) is refused too."""
+        command = [f'{tool}.py', *(arg for arg in argv if arg != '--resume')]
+        if started and not record.is_file():
+            raise UsageError(f'{record.parent} holds results with no record of the settings they were made with: '
+                             f'use another --out')
+        if record.is_file():
+            made = json.loads(record.read_text())
+            if made != command:
+                changed = ' '.join(arg for arg in command if arg not in made) or 'fewer options'
+                raise UsageError(f'{record.parent} was made by `{" ".join(made)}`; this run gives it {changed}: '
+                                 f'use another --out, or the settings it was made with')
+            return
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(record, command)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from backbones.common.cli import command_parser, positive_int
 from backbones.common.devices import add_device_argument, device_name
-from backbones.common.errors import SuiteError, UsageError
+from backbones.common.errors import UsageError
 from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.common.outputs import check_output_folder
@@ -19,7 +19,7 @@ from classification.digits.cls_data import ANNOTATOR, ANNOTATOR_KWARGS, Embedded
 from classification.digits.cls_data import RECIPE as DIGITS_RECIPE
 from classification.engine.checkpoints import BEST, LAST, LOG, METRICS
 from classification.recipes import recipe_for
-from classification.studies.launcher import REPOSITORY, LaunchedCommand, tool_command
+from classification.studies.launcher import REPOSITORY, ToolStages
 from classification.studies.reproduction.plots import plot_tables
 from classification.studies.reproduction.rows import (
     ANNOTATOR_ROWS,
@@ -113,43 +113,13 @@ def shared_backbone(configs: dict[str, str]) -> tuple[str, dict]:
     return next(iter(models.values()))
 
 
-class Stages:
-    """Runs the suite's tools through the studies' launcher (Ctrl-C stops the running one by its rule), each logged
-    to a file, each skipped when its result exists. Each
-    stage's command is recorded (`command.json` files) when it first runs; a rerun into the same --out with other
-    settings is refused, naming the stage, rather than reusing results made with the old ones."""
+class Stages(ToolStages):
+    """The reproduction's stages: each row's pretraining and its transfers (`ToolStages`: one tool run each, logged,
+    skipped when its result exists, refused when made with other settings)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args.device)
         self.args = args
-        self.env = {'CUDA_VISIBLE_DEVICES': ''} if args.device == 'cpu' else {}
-        self.seconds: dict[str, float] = {}
-
-    def run(self, name: str, tool: str, argv: list[str], log: Path) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        logger.info(f'[{time.strftime("%H:%M:%S")}] {name}')
-        with LaunchedCommand(tool_command(tool, argv), name, env=self.env, log_file=log) as command:
-            status = command.wait()
-        self.seconds[name] = round(command.seconds_since_launch(), 1)
-        if status != 0:
-            raise SuiteError(f'{name} failed (exit {status}); the end of {log}:\n' + '\n'.join(command.log[-15:]))
-
-    @staticmethod
-    def same_command(record: Path, tool: str, argv: list[str], started: bool) -> None:
-        """The stage whose command `record` holds must be run with the same command (`--resume` aside); the first
-        time, the command is recorded. A stage `started` without a record (an older version's) is refused too."""
-        command = [f'{tool}.py', *(arg for arg in argv if arg != '--resume')]
-        if started and not record.is_file():
-            raise UsageError(f'{record.parent} holds results with no record of the settings they were made with: '
-                             f'use another --out')
-        if record.is_file():
-            made = json.loads(record.read_text())
-            if made != command:
-                changed = ' '.join(arg for arg in command if arg not in made) or 'fewer options'
-                raise UsageError(f'{record.parent} was made by `{" ".join(made)}`; this run gives it {changed}: '
-                                 f'use another --out, or the settings it was made with')
-            return
-        record.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(record, command)
 
     def pretrain_argv(self, variant: str, seed: int, model: str, out: Path) -> list[str]:
         """tools/train_cls.py's options for a row: its preset and the row's own options."""

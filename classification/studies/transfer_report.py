@@ -1,0 +1,311 @@
+"""tools/transfer_report.py: a classifier's transfer battery. Each protocol is evaluated by the suite's own tools, run
+as a stage (`ToolStages`) whose record (STAGES/NAME.json) is written, atomically, only when its figures are in: a kill
+leaves a stage done or not done, and a rerun into the same --out keeps the done ones (a stopped dense training goes on
+from its last checkpoint). Then one results file in the suite's envelope, a Markdown table and a bar chart. The
+protocols' definitions are in docs/frozen_features.md."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backbones.common.cli import (
+    add_model_kwargs_argument,
+    add_workers_argument,
+    command_parser,
+    parse_model_kwargs,
+    positive_int,
+)
+from backbones.common.devices import add_device_argument, device_name
+from backbones.common.errors import UsageError
+from backbones.common.files import load_weights_only, write_json_atomic
+from backbones.common.log import logger
+from backbones.common.outputs import check_output_folder
+from backbones.dense.config import load_config
+from backbones.dense.layouts import layout_of
+from backbones.dense.runner import trained_data
+from backbones.registry import check_model_name
+from classification.digits.cls_data import EmbeddedScans
+from classification.engine.checkpoints import ARCHITECTURE
+from classification.studies.launcher import ToolStages
+from classification.studies.results_file import results_document
+
+STAGES = 'stages'  # the folder of the stages' records, their logs and work folders
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One row of the report: the evaluation (`title`, as the papers name it), the stage whose run gives its figure
+    (the two probes share one run of tools/probe_features.py; a dense protocol trains and tests `config`), and that
+    figure: `metric` in the stage's scores, times `scale` (a fraction shown in percent)."""
+
+    title: str
+    metric: str
+    unit: str
+    config: str | None = None  # None: the classification probes
+    ms: bool = False  # tested at several scales with flips
+    default: bool = True  # run when no --protocols are given (the frozen-feature ones)
+    scale: float = 1.0
+
+    def stage(self, name: str) -> str:
+        return 'probes' if self.config is None else name
+
+
+PROTOCOLS = {
+    'knn': Protocol('k-NN, T 0.07 (DINOv2)', 'knn', 'top-1 %'),
+    'linear': Protocol('linear probe (DINOv2)', 'linear', 'top-1 %'),
+    'seg-linear': Protocol('lin. (DINOv2)', 'mIoU', 'mIoU %', 'seg_configs/linear_lvvit_s.py'),
+    'seg-linear-ms': Protocol('+ms (DINOv2)', 'mIoU', 'mIoU %', 'seg_configs/linear_ms_lvvit_s.py', ms=True),
+    'depth-linear': Protocol('lin. 1 (DINOv2)', 'd1', 'd1 %', 'seg_configs/depth_linear_lvvit_s.py', scale=100),
+    'depth-linear4': Protocol('lin. 4 (DINOv2)', 'd1', 'd1 %', 'seg_configs/depth_linear4_lvvit_s.py', scale=100),
+    'depth-dpt-frozen': Protocol('DPT, frozen encoder', 'd1', 'd1 %', 'seg_configs/depth_frozen_lvvit_s.py',
+                                 scale=100),
+    'upernet': Protocol('UperNet, fine-tuned', 'mIoU', 'mIoU %', 'seg_configs/upernet_lvvit_s.py', default=False),
+    'maskrcnn': Protocol('Mask R-CNN, fine-tuned', 'box_AP', 'box AP', 'seg_configs/maskrcnn_lvvit_s.py',
+                         default=False),
+    'depth-dpt': Protocol('DPT, fine-tuned', 'd1', 'd1 %', 'seg_configs/depth_lvvit_s.py', default=False, scale=100),
+}
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The classifier every protocol starts from: its model, and the weights as the probes (`probe_args`) and the
+    dense configs (`model.backbone.pretrained=dense`) take them."""
+
+    model: str
+    model_kwargs: dict
+    probe_args: list[str]
+    dense: str
+    described: str
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    p = command_parser(description, 'transfer_report.py')
+    p.add_argument('weights', metavar='CHECKPOINT_OR_MODEL', help=(
+        'a classifier\'s checkpoint (train_cls\'s or transfer\'s, which name their model; a release file with '
+        '--model), or a model name: with --pretrained timm\'s released weights, else the model pretrained with token '
+        'labeling on the embedded scans (trained on first use, minutes on 2 cores), for the embedded data'))
+    p.add_argument('--model', help='the model of a checkpoint that does not record it (a release file)')
+    add_model_kwargs_argument(p)
+    p.add_argument('--pretrained', action='store_true', help='a model name: timm\'s released weights')
+    p.add_argument('--protocols', nargs='+', choices=list(PROTOCOLS), metavar='PROTOCOL', help=(
+        'the protocols to run, in this order (default: the frozen-feature ones, '
+        f'{" ".join(name for name, p in PROTOCOLS.items() if p.default)}; by name also the fine-tuned '
+        f'{" ".join(name for name, p in PROTOCOLS.items() if not p.default)})'))
+    p.add_argument('--config', nargs='+', default=[], metavar='PROTOCOL=CONFIG', help=(
+        'a dense protocol\'s config instead of its LV-ViT-S one on ADE20K or NYU-v2: another model\'s, another data '
+        'set\'s (e.g. seg-linear=seg_configs/linear_lvvit_s_cityscapes.py)'))
+    p.add_argument('--data', nargs='+', default=[], metavar='PROTOCOL=DIR', help=(
+        'a protocol\'s data set on disk (the probes\': an ImageNet-layout folder, or any source probe_features '
+        'reads; a dense one\'s: its config\'s layout); without it a protocol runs on the embedded digits'))
+    p.add_argument('--iters', type=positive_int, help='dense training iterations (default: each config\'s schedule; '
+                                                      'on the embedded data, its own)')
+    p.add_argument('--probe-epochs', type=positive_int, help='epochs of the linear probes (default: the tool\'s)')
+    add_workers_argument(p)
+    add_device_argument(p)
+    p.add_argument('--out', help='output folder (default: output/transfer_report/MODEL)')
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    args.protocols = args.protocols or [name for name, protocol in PROTOCOLS.items() if protocol.default]
+    args.config, args.data = by_protocol(args.config, '--config'), by_protocol(args.data, '--data')
+    probes = [name for name in args.config if PROTOCOLS[name].config is None]
+    if probes:
+        raise UsageError(f'--config {probes[0]}=...: the probes take no config (they run tools/probe_features.py)')
+    if len({value for name, value in args.data.items() if PROTOCOLS[name].config is None}) > 1:
+        raise UsageError('--data knn=... and linear=...: the two probes share one run, so one data set')
+
+
+def by_protocol(items: list[str], option: str) -> dict[str, str]:
+    """`PROTOCOL=VALUE ...` as a dict, each protocol known and given once."""
+    values = {}
+    for item in items:
+        name, sep, value = item.partition('=')
+        if not sep or not value:
+            raise UsageError(f'{option} takes PROTOCOL=VALUE, got {item!r}')
+        if name not in PROTOCOLS:
+            raise UsageError(f'{option} {item}: no protocol {name!r} (the protocols: {", ".join(PROTOCOLS)})')
+        if name in values:
+            raise UsageError(f'{option}: {name} given twice')
+        values[name] = value
+    return values
+
+
+CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.tar', '.bin', '.ckpt')
+
+
+def resolve_weights(args: argparse.Namespace) -> Weights:
+    """The classifier the protocols start from (CHECKPOINT_OR_MODEL, see its help), checked before any stage runs."""
+    kwargs = parse_model_kwargs(args.model_kwargs)
+    if Path(args.weights).exists() or args.weights.endswith(CHECKPOINT_SUFFIXES):
+        checkpoint = load_weights_only(args.weights, 'classifier checkpoint', mmap=True)
+        architecture = (checkpoint.get(ARCHITECTURE) if isinstance(checkpoint, dict) else None) or {}
+        model = args.model or architecture.get('model')
+        if model is None:
+            raise UsageError(f'{args.weights} does not record its model (a release file): give --model')
+        kwargs = {**architecture.get('kwargs', {}), **kwargs}  # the run's own, then --model-kwargs
+        check_model_name(model)
+        path = str(Path(args.weights).resolve())
+        return Weights(model, kwargs, ['--checkpoint', path], path, path)
+    check_model_name(args.weights)
+    if args.pretrained:
+        return Weights(args.weights, kwargs, ['--pretrained'], 'timm', 'timm\'s released weights')
+    on_disk = [name for name in args.protocols if name in args.data]
+    if on_disk:
+        raise UsageError(f'{args.weights} without a checkpoint or --pretrained is the model pretrained on the embedded '
+                         f'scans, for the embedded data; --data {on_disk[0]}=... is yours: give a checkpoint or '
+                         f'--pretrained')
+    path = str(EmbeddedScans().pretrained_backbone(args.weights, kwargs).resolve())
+    return Weights(args.weights, kwargs, ['--checkpoint', path], path, 'pretrained on the embedded scans')
+
+
+def check_configs(args: argparse.Namespace, weights: Weights) -> dict[str, str]:
+    """Each dense protocol's config, whose backbone must be the report's model."""
+    configs = {}
+    for name in args.protocols:
+        config = args.config.get(name, PROTOCOLS[name].config)
+        if config is None:
+            continue
+        backbone = load_config(config).model.backbone
+        built = (backbone.get('model_name'), dict(backbone.get('model_kwargs') or {}))
+        if built != (weights.model, weights.model_kwargs):
+            raise UsageError(f'{name}: {config} builds {built[0]} {built[1] or ""}, not {weights.model} '
+                             f'{weights.model_kwargs or ""}: give --config {name}=CONFIG with its backbone')
+        configs[name] = config
+    return configs
+
+
+class ReportStages(ToolStages):
+    """The report's stages: each one's record STAGES/NAME.json ({'scores', 'data', 'seconds'}) written when it is
+    done, and read instead of running it again."""
+
+    def __init__(self, args: argparse.Namespace, weights: Weights, out: Path) -> None:
+        super().__init__(args.device)
+        self.args, self.weights, self.folder = args, weights, out / STAGES
+
+    def record(self, stage: str, run) -> dict:
+        path = self.folder / f'{stage}.json'
+        if path.is_file():
+            done = json.loads(path.read_text())
+            logger.info(f'{stage}: done in an earlier run ({done["seconds"]:.0f} s), kept')
+            return done
+        started = time.perf_counter()
+        scores, data = run()
+        done = {'scores': scores, 'data': data, 'seconds': round(time.perf_counter() - started, 1)}
+        write_json_atomic(path, done)
+        logger.info(f'{stage}: done in {done["seconds"]:.0f} s')
+        return done
+
+    def probes(self) -> dict:
+        a, w = self.args, self.weights
+        work = self.folder / 'probes'
+        out = work / 'results.json'
+        work.mkdir(parents=True, exist_ok=True)
+        argv = [w.model, *w.probe_args, '--json', out, '--feature-cache', work / 'features']
+        argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in w.model_kwargs.items())] if w.model_kwargs else []
+        data = a.data.get('knn') or a.data.get('linear')
+        argv += (['--data-dir', data] if data else []) + (['--epochs', a.probe_epochs] if a.probe_epochs else [])
+        argv += ['--workers', a.workers, *(['--device', a.device] if a.device else [])]
+        argv = [str(arg) for arg in argv]
+        self.same_command(self.folder / 'probes.command.json', 'probe_features', argv, out.is_file())
+        self.run('probes: k-NN and linear (tools/probe_features.py)', 'probe_features', argv,
+                 self.folder / 'probes.log')
+        results = json.loads(out.read_text())
+        scores = {kind: results[kind]['chosen']['test'] for kind in ('knn', 'linear')}
+        return {**scores, 'chosen': {'k': results['knn']['chosen']['k'], 'head': results['linear']['chosen']}}, \
+            results['data'] if data else 'the embedded digits scans'
+
+    def dense(self, name: str, config: str) -> tuple[dict, str]:
+        """train_seg then test_seg of `config` from the report's weights; a stopped training goes on (--resume)."""
+        a, protocol = self.args, PROTOCOLS[name]
+        work = self.folder / name
+        data = ['--data-root', a.data[name]] if name in a.data else []
+        argv = [config, '--work-dir', str(work), *data, '--cfg-options',
+                f'model.backbone.pretrained={self.weights.dense}', *(['--iters', str(a.iters)] if a.iters else [])]
+        self.same_command(self.folder / f'{name}.command.json', 'train_seg', argv, (work / 'last_checkpoint').is_file())
+        if not (work / 'trained').is_file():
+            argv += ['--resume'] if (work / 'last_checkpoint').is_file() else []
+            self.run(f'{name}: {protocol.title}, training (tools/train_seg.py)', 'train_seg', argv,
+                     self.folder / f'{name}.log')
+            write_json_atomic(work / 'trained', (work / 'last_checkpoint').read_text().strip())
+        checkpoint = json.loads((work / 'trained').read_text())
+        report = work / 'scores.json'
+        argv = [config, checkpoint, '--work-dir', str(work / 'test'), *data, '--out', str(report),
+                *(['--ms'] if protocol.ms else [])]
+        self.run(f'{name}: {protocol.title}, test (tools/test_seg.py)', 'test_seg', argv, self.folder / f'{name}.log')
+        scores = json.loads(report.read_text())
+        return {key: value for key, value in scores.items() if not isinstance(value, (dict, list))}, \
+            data_words(config, checkpoint)
+
+
+def data_words(config: str, checkpoint: str) -> str:
+    """The data set a dense protocol ran on, in words: its config's layout, and the embedded digits or its folder."""
+    dataset = load_config(config).test_dataloader.dataset
+    layout = layout_of(dataset)
+    title = layout.title if layout is not None else dataset.get('type', 'data set')
+    record = trained_data(checkpoint) or {}
+    return f'{title} ({"the embedded digits" if record.get("embedded") else record.get("data_root", "?")})'
+
+
+def report_rows(protocols: list[str], done: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name in protocols:
+        protocol, stage = PROTOCOLS[name], done[PROTOCOLS[name].stage(name)]
+        rows.append({'protocol': name, 'evaluation': protocol.title, 'data': stage['data'], 'metric': protocol.unit,
+                     'score': round(stage['scores'][protocol.metric] * protocol.scale, 2),
+                     'seconds': stage['seconds'], 'stage': protocol.stage(name)})
+    return rows
+
+
+def markdown_table(rows: list[dict], weights: Weights) -> str:
+    lines = [f'Transfer report of {weights.model} ({weights.described})', '',
+             '| protocol | evaluation | data set | metric | score | time |', '|---|---|---|---|---:|---:|']
+    for row in rows:
+        shared = ' (both probes)' if row['stage'] == 'probes' else ''
+        lines.append(f'| {row["protocol"]} | {row["evaluation"]} | {row["data"]} | {row["metric"]} | '
+                     f'{row["score"]:.2f} | {row["seconds"] / 60:.1f} min{shared} |')
+    return '\n'.join(lines) + '\n'
+
+
+def bar_chart(rows: list[dict], title: str, path: Path) -> None:
+    """One horizontal bar per protocol, its score (every metric a percentage) written beside it."""
+    from backbones.common.drawing import figure
+
+    fig, axes = figure(1, 1, (7.0, 1.0 + 0.45 * len(rows)))
+    ax = axes[0][0]
+    labels = [f'{row["protocol"]}\n{row["metric"]}' for row in rows]
+    bars = ax.barh(labels[::-1], [row['score'] for row in rows][::-1], color='tab:blue')
+    ax.bar_label(bars, fmt='%.1f', padding=3)
+    ax.set_xlim(0, 100)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None, description: str | None = None) -> dict:
+    args = build_parser(description).parse_args(argv)
+    check_args(args)
+    out = Path(args.out or Path('output') / 'transfer_report' / Path(args.weights).stem)
+    check_output_folder(out)
+    weights = resolve_weights(args)
+    configs = check_configs(args, weights)
+    stages = ReportStages(args, weights, out)
+    order = list(dict.fromkeys(PROTOCOLS[name].stage(name) for name in args.protocols))
+    started, done = time.time(), {}
+    for number, stage in enumerate(order, 1):
+        logger.info(f'report stage {number}/{len(order)}: {stage}')
+        done[stage] = stages.record(stage, stages.probes if stage == 'probes' else
+                                    lambda stage=stage: stages.dense(stage, configs[stage]))
+    rows = report_rows(args.protocols, done)
+    figures = {'model': weights.model, 'model_kwargs': weights.model_kwargs, 'weights': weights.described,
+               'rows': rows, 'stages': done, 'seconds': round(time.time() - started, 1)}
+    results = results_document('transfer_report', 'transfer_report.py', argv, figures, device_name(args.device))
+    write_json_atomic(out / 'results.json', results)
+    (out / 'report.md').write_text(markdown_table(rows, weights))
+    bar_chart(rows, f'{weights.model} ({weights.described})', out / 'report.png')
+    logger.info((out / 'report.md').read_text())
+    logger.info(f'-> {out / "report.md"}, {out / "report.png"}, {out / "results.json"}')
+    return results
