@@ -4,6 +4,8 @@ for the trainers (`use_tf32`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -96,3 +98,14 @@ def use_tf32(device: torch.device) -> None:
     if device.type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to `count` inside the block, as they were after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

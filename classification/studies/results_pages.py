@@ -137,12 +137,20 @@ def reproduction_figure4(files: DataFiles, name: str) -> str:
             reproduction.annotator_table(results['summary'], results['annotators']))
 
 
+def transfer_report_table(files: DataFiles, name: str) -> str:
+    """The transfer report's own report.md."""
+    from classification.studies.transfer_report import markdown_table  # the report's imports: the dense stack's
+
+    return markdown_table(files.figures(name)).strip()
+
+
 # the studies' views: study -> view -> (renderer, inline)
 VIEWS: dict[str, dict[str, tuple[Callable[..., str], bool]]] = {
     'reproduction': {'table': (reproduction_table, False), 'rows': (reproduction_rows, False),
                      'table7': (reproduction_table7, False), 'figure4': (reproduction_figure4, False),
                      'seeds': (seeds, True)},
     'gpu_session': {'figures': (gpu_session_figures, False)},
+    'transfer_report': {'table': (transfer_report_table, False)},
 }
 
 

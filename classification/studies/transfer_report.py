@@ -260,10 +260,11 @@ def report_rows(protocols: list[str], done: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def markdown_table(rows: list[dict], weights: Weights) -> str:
-    lines = [f'Transfer report of {weights.model} ({weights.described})', '',
-             '| protocol | evaluation | data set | metric | score | time |', '|---|---|---|---|---:|---:|']
-    for row in rows:
+def markdown_table(figures: dict) -> str:
+    """The report's table, from its results' figures (docs/frozen_features.md renders it from the results file)."""
+    lines = [f'Transfer report of {figures["model"]} ({figures["weights"]}), {figures["seconds"] / 60:.1f} min in all',
+             '', '| protocol | evaluation | data set | metric | score | time |', '|---|---|---|---|---:|---:|']
+    for row in figures['rows']:
         shared = ' (both probes)' if row['stage'] == 'probes' else ''
         lines.append(f'| {row["protocol"]} | {row["evaluation"]} | {row["data"]} | {row["metric"]} | '
                      f'{row["score"]:.2f} | {row["seconds"] / 60:.1f} min{shared} |')
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
                'rows': rows, 'stages': done, 'seconds': round(time.time() - started, 1)}
     results = results_document('transfer_report', 'transfer_report.py', argv, figures, device_name(args.device))
     write_json_atomic(out / 'results.json', results)
-    (out / 'report.md').write_text(markdown_table(rows, weights))
+    (out / 'report.md').write_text(markdown_table(figures))
     bar_chart(rows, f'{weights.model} ({weights.described})', out / 'report.png')
     logger.info((out / 'report.md').read_text())
     logger.info(f'-> {out / "report.md"}, {out / "report.png"}, {out / "results.json"}')
