@@ -6,6 +6,7 @@ published layout (backbones/dense/semantic/pascal.py): palette PNGs read as clas
 embedded pages written in it, a linear config trained and tested on it through the tools."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +201,8 @@ def test_voc_refusals_name_the_file_and_the_layout(tmp_path):
     assert 'VOCtrainval_11-May-2012.tar' in message
 
 
-def test_the_pages_written_in_voc_layout_read_back_as_the_pages(tmp_path):
+@pytest.mark.parametrize('config', ['linear_lvvit_s_pascal_voc12.py', 'linear_lvvit_s_pascal_voc12_aug.py'])
+def test_the_pages_written_in_voc_layout_read_back_as_the_pages(tmp_path, config):
     root = tmp_path / 'pages'
     rng = np.random.default_rng(1)
     for split, count in (('training', 3), ('validation', 2)):
@@ -214,19 +216,74 @@ def test_the_pages_written_in_voc_layout_read_back_as_the_pages(tmp_path):
     (root / 'READY').write_text('pages v1\n')
     pages = SmallDenseData(root, ('background', 'one', 'two'), ((0, 0, 0), (255, 0, 0), (0, 255, 0)), SIZE, 0.5,
                            (1.0, 1.0), (1.0,), 1000, mirrored=False)
-    cfg = Config.fromfile(CONFIGS / 'linear_lvvit_s_pascal_voc12.py')
+    cfg = Config.fromfile(CONFIGS / config)
     SEMANTIC.use_small_data(cfg, pages)
     for loader, split in (('train_dataloader', 'training'), ('val_dataloader', 'validation')):
         dataset = cfg[loader].dataset.to_dict()
         assert isinstance(layout_of(dataset), PascalVOCLayout)
         assert check_dataset(dataset, SEMANTIC)[1] == []
         built = DATASETS.build({**dataset, 'pipeline': [dict(type='LoadAnnotations')]})
+        assert len(built) == len(list((root / 'images' / split).glob('*.jpg')))  # every page, VOC's or SBD's part
         for i in range(len(built)):
             entry = built.get_data_info(i)
-            with Image.open(entry['seg_map_path']) as written:
-                assert written.mode == 'P' and written.getpalette()[:9] == VOC_PALETTE[:9]
+            with Image.open(entry['seg_map_path']) as written:  # SBD's part: grayscale class indices
+                sbd = 'SegmentationClassAug' in entry['seg_map_path']
+                assert (written.mode, written.getpalette() and written.getpalette()[:9]) == \
+                    (('L', None) if sbd else ('P', VOC_PALETTE[:9]))
             page = np.asarray(Image.open(root / 'annotations' / split / Path(entry['seg_map_path']).name))
             assert np.array_equal(built[i]['gt_seg_map'], np.where(page == 0, 255, page.astype(int) - 1))
+
+
+SBD_NAMES = ['2008_000002', '2008_000003', '2007_000032']  # the last also in VOC's train.txt, with a mask of its own
+
+
+def write_sbd(root: Path) -> Path:
+    """SBD's part as mmseg's voc_aug.py writes it beside VOC's: JPEGs, class-index masks (grayscale, no boundary) in
+    SegmentationClassAug, and aug.txt listing the SBD images in neither VOC split."""
+    for i, name in enumerate(SBD_NAMES):
+        Image.fromarray(np.full((*SIZE[::-1], 3), 90 + 40 * i, np.uint8)).save(root / 'JPEGImages' / f'{name}.jpg')
+        (root / 'SegmentationClassAug').mkdir(exist_ok=True)
+        Image.fromarray(np.full(SIZE[::-1], 3 + i, np.uint8), mode='L').save(
+            root / 'SegmentationClassAug' / f'{name}.png')
+    (root / 'ImageSets' / 'Segmentation' / 'aug.txt').write_text(''.join(f'{name}\n' for name in SBD_NAMES[:2]))
+    return root
+
+
+def voc_aug_dataset(root: Path) -> dict:
+    dataset = Config.fromfile(CONFIGS / 'linear_lvvit_s_pascal_voc12_aug.py').train_dataloader.dataset.to_dict()
+    return {**dataset, 'data_root': str(root)}
+
+
+def test_the_sbd_training_set_is_vocs_images_with_vocs_masks_then_sbds_with_theirs(tmp_path):
+    root = write_sbd(write_voc(tmp_path))
+    dataset = voc_aug_dataset(root)
+    assert type(layout_of(dataset)).__name__ == 'PascalVOCAugLayout'
+    assert check_dataset(dataset, SEMANTIC)[1] == []
+    built = DATASETS.build({**dataset, 'pipeline': [dict(type='LoadAnnotations')]})
+    assert [Path(built.get_data_info(i)['img_path']).stem for i in range(len(built))] == VOC_NAMES + SBD_NAMES[:2]
+    for i in range(2):  # 2007_000032's own VOC mask, not the one SBD has for it
+        assert np.array_equal(built[i]['gt_seg_map'], voc_mask(i))
+    for i in range(2):
+        assert np.array_equal(built[2 + i]['gt_seg_map'], np.full(SIZE[::-1], 3 + i))
+    val = Config.fromfile(CONFIGS / 'linear_lvvit_s_pascal_voc12_aug.py').val_dataloader.dataset
+    assert val.type == 'PascalVOCIdsDataset' and val.ann_file == 'ImageSets/Segmentation/val.txt'
+
+
+def test_sbd_refusals_name_the_file_and_mmsegs_converter(tmp_path):
+    root = write_sbd(write_voc(tmp_path))
+    dataset = voc_aug_dataset(root)
+    split = root / 'ImageSets' / 'Segmentation' / 'aug.txt'
+    split.write_text(''.join(f'{name}\n' for name in SBD_NAMES))
+    with pytest.raises(DataError, match=f'{split} lists 1 image.* of .*train.txt too, e.g. 2007_000032: each would '
+                                        'be trained on twice'):
+        DATASETS.build({**dataset, 'pipeline': []})
+    (root / 'SegmentationClassAug' / f'{SBD_NAMES[1]}.png').unlink()
+    assert f'no annotation, e.g. {root}/JPEGImages/{SBD_NAMES[1]}.jpg' in refusal(dataset)
+    split.unlink()
+    message = refusal(dataset)
+    assert message.startswith(f'{split}: no such split file') and 'voc_aug.py' in message
+    shutil.rmtree(root / 'SegmentationClassAug')
+    assert refusal(dataset).startswith(f'{root}/SegmentationClassAug: no such folder')
 
 
 @pytest.mark.slow  # two tool runs

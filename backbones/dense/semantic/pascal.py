@@ -1,6 +1,7 @@
 """The Pascal sets of VOCdevkit, each an image folder, a mask folder and split files listing the images: Pascal
-Context-59 (VOC2010, masks from mmseg's converter) and Pascal VOC 2012 (palette PNGs as published: 0 background, 1..20
-the classes, 255 the boundaries, ignored). Checked and written as `layouts.PublishedLayout` says."""
+Context-59 (VOC2010, masks from mmseg's converter), Pascal VOC 2012 (palette PNGs as published: 0 background, 1..20
+the classes, 255 the boundaries, ignored) and its training set with SBD's images ("trainaug", as mmseg's converter
+writes them). Checked and written as `layouts.PublishedLayout` says."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,6 +38,35 @@ class PascalVOCIdsDataset(ClassesById, PascalVOCDataset):
     """mmseg's PascalVOCDataset (21 classes with the background, 255 ignored), its classes by id if asked."""
 
 
+# SBD's images beside VOC 2012's training set, as mmseg's tools/dataset_converters/voc_aug.py writes them: their
+# masks (class indices, 0 background) and the split file of those in neither VOC split (9,118 of them)
+AUG_MASKS, AUG_SPLIT = 'SegmentationClassAug', 'ImageSets/Segmentation/aug.txt'
+
+
+@DATASETS.register_module()
+class PascalVOCAugIdsDataset(PascalVOCIdsDataset):
+    """VOC 2012's training set with SBD's images, the 10,582 of "trainaug" (mmseg's voc12aug): the split file's images
+    with VOC's masks, then `aug_ann_file`'s with theirs in `aug_seg_map_path`. One data set, where mmseg concatenates
+    two: the suite's data checks and the embedded data read a loader's data set alone."""
+
+    def __init__(self, *args, aug_ann_file: str = AUG_SPLIT, aug_seg_map_path: str = AUG_MASKS, **kwargs) -> None:
+        self.aug_ann_file, self.aug_seg_map_path = aug_ann_file, aug_seg_map_path
+        super().__init__(*args, **kwargs)
+
+    def load_data_list(self) -> list[dict]:
+        voc = super().load_data_list()
+        root = Path(self.data_root or '')
+        names = split_names(root / self.aug_ann_file, PascalVOCAugLayout.layout)
+        overlap = {Path(entry['img_path']).stem for entry in voc} & set(names)
+        if overlap:
+            raise DataError(f'{root / self.aug_ann_file} lists {len(overlap)} image(s) of {self.ann_file} too, e.g. '
+                            f'{sorted(overlap)[0]}: each would be trained on twice ({PascalVOCAugLayout.layout})')
+        return voc + [dict(img_path=str(Path(self.data_prefix['img_path']) / f'{name}{self.img_suffix}'),
+                           seg_map_path=str(root / self.aug_seg_map_path / f'{name}{self.seg_map_suffix}'),
+                           label_map=self.label_map, reduce_zero_label=self.reduce_zero_label, seg_fields=[])
+                      for name in names]
+
+
 def split_names(split_file: Path, layout: str) -> list[str]:
     """The image names a split file lists, one a line, as mmseg reads them (each line stripped); a blank line (read
     as an image named '') or a name listed twice (an image trained on twice, or counted twice in the scores) is a
@@ -65,7 +95,10 @@ class SplitFileLayout(PublishedLayout):
 
     def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
         """The images its split file lists."""
-        split_file = under(dataset_cfg, dataset_cfg.get('ann_file') or '')
+        return self.listed(dataset_cfg, under(dataset_cfg, dataset_cfg.get('ann_file') or ''), images, annotations)
+
+    def listed(self, dataset_cfg: dict, split_file: Path, images: Path, annotations: Path) -> list[Pair]:
+        """The images `split_file` lists, each in `images`, with its mask in `annotations`."""
         if not split_file.is_file():
             raise missing(split_file, 'split file', self.layout, self.converter)
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
@@ -136,3 +169,37 @@ class PascalVOCLayout(SplitFileLayout):
         mask = Image.fromarray(train_ids(stored), mode='P')
         mask.putpalette(VOC_PALETTE)
         mask.save(path)
+
+
+@register_layout
+class PascalVOCAugLayout(PascalVOCLayout):
+    """VOC 2012's training set with SBD's images (`PascalVOCAugIdsDataset`); its validation set is VOC's."""
+
+    name = 'pascal_voc12_aug'
+    title = 'Pascal VOC 2012 with SBD (trainaug)'
+    dataset_types = ('PascalVOCAugIdsDataset',)
+    layout = (f'Pascal VOC 2012\'s layout with SBD\'s images: {PascalVOCLayout.layout.partition(": ")[2]}, and '
+              f'{AUG_MASKS}/*.png (class indices), {AUG_SPLIT} (the SBD images in neither VOC split)')
+    converter = ('; mmseg\'s tools/dataset_converters/voc_aug.py writes SegmentationClassAug and aug.txt from SBD\'s '
+                 'benchmark.tgz')
+    small_type = 'PascalVOCAugIdsDataset'
+    voc_share = 3  # the embedded training pages: one in this many in VOC's own part, the others in SBD's
+
+    def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
+        """VOC's training images, then SBD's (`aug_ann_file`, their masks in `aug_seg_map_path`)."""
+        masks = under(dataset_cfg, dataset_cfg.get('aug_seg_map_path', AUG_MASKS))
+        if not masks.is_dir():
+            raise missing(masks, 'folder', self.layout, self.converter)
+        split_file = under(dataset_cfg, dataset_cfg.get('aug_ann_file', AUG_SPLIT))
+        return super().pairs(dataset_cfg, images, annotations) + self.listed(dataset_cfg, split_file, images, masks)
+
+    def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
+        """The training pages' first third as VOC's training set, the others as SBD's (grayscale masks)."""
+        voc = names if split != 'training' else names[:len(names) // self.voc_share]
+        super().write_split(data, root, split, voc)
+        aug = names[len(voc):]
+        for name in aug:
+            copy_image(data, split, name, root / 'JPEGImages' / f'{name}.jpg')
+            write_png(root / AUG_MASKS / f'{name}.png', train_ids(page_mask(data, split, name)))
+        if split == 'training':
+            (root / AUG_SPLIT).write_text(''.join(f'{name}\n' for name in aug))
