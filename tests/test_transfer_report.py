@@ -99,6 +99,8 @@ def test_bad_input_is_one_line_before_any_stage(battery, tmp_path):
                                                  f'seg-linear={other}'],
         'is the model pretrained on the embedded scans': ['lvvit_s', '--data', 'knn=/data/imagenet'],
         'tiny.pth: classifier checkpoint not found': [tmp_path / 'tiny.pth'],
+        "--pretrained takes timm's weights of a model name": [checkpoint, '--pretrained'],
+        '--data upernet=/data: upernet is not among the protocols run': [checkpoint, '--data', 'upernet=/data'],
     }
     for expected, args in refusals.items():
         message = one_line_error(run_tool('transfer_report.py', [*args, *out]))

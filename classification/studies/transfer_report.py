@@ -105,13 +105,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--probe-epochs', type=positive_int, help='epochs of the linear probes (default: the tool\'s)')
     add_workers_argument(p)
     add_device_argument(p)
-    p.add_argument('--out', help='output folder (default: output/transfer_report/MODEL)')
+    p.add_argument('--out', help='output folder (default: output/transfer_report/MODEL, or RUN_CHECKPOINT: the '
+                                 'checkpoint\'s folder and name)')
     return p
 
 
 def check_args(args: argparse.Namespace) -> None:
     args.protocols = args.protocols or [name for name, protocol in PROTOCOLS.items() if protocol.default]
-    args.config, args.data = by_protocol(args.config, '--config'), by_protocol(args.data, '--data')
+    args.config, args.data = by_protocol(args, '--config'), by_protocol(args, '--data')
     probes = [name for name in args.config if PROTOCOLS[name].config is None]
     if probes:
         raise UsageError(f'--config {probes[0]}=...: the probes take no config (they run tools/probe_features.py)')
@@ -119,15 +120,17 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError('--data knn=... and linear=...: the two probes share one run, so one data set')
 
 
-def by_protocol(items: list[str], option: str) -> dict[str, str]:
-    """`PROTOCOL=VALUE ...` as a dict, each protocol known and given once."""
+def by_protocol(args: argparse.Namespace, option: str) -> dict[str, str]:
+    """`option`'s `PROTOCOL=VALUE ...` as a dict, each of the protocols run, given once."""
     values = {}
-    for item in items:
+    for item in getattr(args, option.lstrip('-')):
         name, sep, value = item.partition('=')
         if not sep or not value:
             raise UsageError(f'{option} takes PROTOCOL=VALUE, got {item!r}')
         if name not in PROTOCOLS:
             raise UsageError(f'{option} {item}: no protocol {name!r} (the protocols: {", ".join(PROTOCOLS)})')
+        if name not in args.protocols:
+            raise UsageError(f'{option} {item}: {name} is not among the protocols run ({" ".join(args.protocols)})')
         if name in values:
             raise UsageError(f'{option}: {name} given twice')
         values[name] = value
@@ -137,32 +140,53 @@ def by_protocol(items: list[str], option: str) -> dict[str, str]:
 CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.tar', '.bin', '.ckpt')
 
 
-def resolve_weights(args: argparse.Namespace) -> Weights:
-    """The classifier the protocols start from (CHECKPOINT_OR_MODEL, see its help), checked before any stage runs."""
+def is_checkpoint(weights: str) -> bool:
+    return Path(weights).exists() or weights.endswith(CHECKPOINT_SUFFIXES)
+
+
+def default_out(weights: str) -> Path:
+    """output/transfer_report/MODEL, or RUN_CHECKPOINT for a checkpoint (its folder's name and its own)."""
+    name = f'{Path(weights).parent.name}_{Path(weights).stem}'.lstrip('_') if is_checkpoint(weights) else weights
+    return Path('output') / 'transfer_report' / name
+
+
+def report_model(args: argparse.Namespace) -> tuple[str, dict]:
+    """The model the protocols start from and its arguments: a checkpoint's (what it records, else --model), or the
+    name given."""
     kwargs = parse_model_kwargs(args.model_kwargs)
-    if Path(args.weights).exists() or args.weights.endswith(CHECKPOINT_SUFFIXES):
-        checkpoint = load_weights_only(args.weights, 'classifier checkpoint', mmap=True)
-        architecture = (checkpoint.get(ARCHITECTURE) if isinstance(checkpoint, dict) else None) or {}
-        model = args.model or architecture.get('model')
-        if model is None:
-            raise UsageError(f'{args.weights} does not record its model (a release file): give --model')
-        kwargs = {**architecture.get('kwargs', {}), **kwargs}  # the run's own, then --model-kwargs
-        check_model_name(model)
+    if not is_checkpoint(args.weights):
+        if args.model:
+            raise UsageError(f'--model names the model of a checkpoint; {args.weights} is a model name')
+        check_model_name(args.weights)
+        return args.weights, kwargs
+    if args.pretrained:
+        raise UsageError(f'--pretrained takes timm\'s weights of a model name; {args.weights} is a checkpoint')
+    checkpoint = load_weights_only(args.weights, 'classifier checkpoint', mmap=True)
+    architecture = (checkpoint.get(ARCHITECTURE) if isinstance(checkpoint, dict) else None) or {}
+    model = args.model or architecture.get('model')
+    if model is None:
+        raise UsageError(f'{args.weights} does not record its model (a release file): give --model')
+    check_model_name(model)
+    return model, {**architecture.get('kwargs', {}), **kwargs}  # the run's own, then --model-kwargs
+
+
+def report_weights(args: argparse.Namespace, model: str, kwargs: dict) -> Weights:
+    """The weights as the probes and the dense configs take them (CHECKPOINT_OR_MODEL, see its help); a model pretrained
+    on the embedded scans is trained here the first time."""
+    if is_checkpoint(args.weights):
         path = str(Path(args.weights).resolve())
         return Weights(model, kwargs, ['--checkpoint', path], path, path)
-    check_model_name(args.weights)
     if args.pretrained:
-        return Weights(args.weights, kwargs, ['--pretrained'], 'timm', 'timm\'s released weights')
-    on_disk = [name for name in args.protocols if name in args.data]
-    if on_disk:
-        raise UsageError(f'{args.weights} without a checkpoint or --pretrained is the model pretrained on the embedded '
-                         f'scans, for the embedded data; --data {on_disk[0]}=... is yours: give a checkpoint or '
-                         f'--pretrained')
-    path = str(EmbeddedScans().pretrained_backbone(args.weights, kwargs).resolve())
-    return Weights(args.weights, kwargs, ['--checkpoint', path], path, 'pretrained on the embedded scans')
+        return Weights(model, kwargs, ['--pretrained'], 'timm', 'timm\'s released weights')
+    if args.data:
+        raise UsageError(f'{model} without a checkpoint or --pretrained is the model pretrained on the embedded '
+                         f'scans, for the embedded data; --data {next(iter(args.data))}=... is yours: give a '
+                         f'checkpoint or --pretrained')
+    path = str(EmbeddedScans().pretrained_backbone(model, kwargs).resolve())
+    return Weights(model, kwargs, ['--checkpoint', path], path, 'pretrained on the embedded scans')
 
 
-def check_configs(args: argparse.Namespace, weights: Weights) -> dict[str, str]:
+def check_configs(args: argparse.Namespace, model: str, kwargs: dict) -> dict[str, str]:
     """Each dense protocol's config, whose backbone must be the report's model."""
     configs = {}
     for name in args.protocols:
@@ -171,61 +195,69 @@ def check_configs(args: argparse.Namespace, weights: Weights) -> dict[str, str]:
             continue
         backbone = load_config(config).model.backbone
         built = (backbone.get('model_name'), dict(backbone.get('model_kwargs') or {}))
-        if built != (weights.model, weights.model_kwargs):
-            raise UsageError(f'{name}: {config} builds {built[0]} {built[1] or ""}, not {weights.model} '
-                             f'{weights.model_kwargs or ""}: give --config {name}=CONFIG with its backbone')
+        if built != (model, kwargs):
+            raise UsageError(f'{name}: {config} builds {built[0]} {built[1] or ""}, not {model} {kwargs or ""}: '
+                             f'give --config {name}=CONFIG with its backbone')
         configs[name] = config
     return configs
 
 
 class ReportStages(ToolStages):
     """The report's stages: each one's record STAGES/NAME.json ({'scores', 'data', 'seconds'}) written when it is
-    done, and read instead of running it again."""
+    done, and read instead of running it again (with the settings it was made with: `same_command`)."""
 
-    def __init__(self, args: argparse.Namespace, weights: Weights, out: Path) -> None:
+    def __init__(self, args: argparse.Namespace, weights: Weights, configs: dict[str, str], out: Path) -> None:
         super().__init__(args.device)
-        self.args, self.weights, self.folder = args, weights, out / STAGES
+        self.args, self.weights, self.configs, self.folder = args, weights, configs, out / STAGES
 
-    def record(self, stage: str, run) -> dict:
+    def record(self, stage: str) -> dict:
+        """The stage's record: kept from an earlier run, or its run's."""
+        tool, argv, started = self.probe_command() if stage == 'probes' else self.train_command(stage)
+        self.same_command(self.folder / f'{stage}.command.json', tool, argv, started)
         path = self.folder / f'{stage}.json'
         if path.is_file():
             done = json.loads(path.read_text())
             logger.info(f'{stage}: done in an earlier run ({done["seconds"]:.0f} s), kept')
             return done
-        started = time.perf_counter()
-        scores, data = run()
-        done = {'scores': scores, 'data': data, 'seconds': round(time.perf_counter() - started, 1)}
+        began = time.perf_counter()
+        scores, data = self.probes(argv) if stage == 'probes' else self.dense(stage, argv)
+        done = {'scores': scores, 'data': data, 'seconds': round(time.perf_counter() - began, 1)}
         write_json_atomic(path, done)
         logger.info(f'{stage}: done in {done["seconds"]:.0f} s')
         return done
 
-    def probes(self) -> dict:
-        a, w = self.args, self.weights
-        work = self.folder / 'probes'
-        out = work / 'results.json'
-        work.mkdir(parents=True, exist_ok=True)
-        argv = [w.model, *w.probe_args, '--json', out, '--feature-cache', work / 'features']
+    def probe_command(self) -> tuple[str, list[str], bool]:
+        a, w, out = self.args, self.weights, self.folder / 'probes' / 'results.json'
+        argv = [w.model, *w.probe_args, '--json', out, '--feature-cache', out.parent / 'features']
         argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in w.model_kwargs.items())] if w.model_kwargs else []
         data = a.data.get('knn') or a.data.get('linear')
         argv += (['--data-dir', data] if data else []) + (['--epochs', a.probe_epochs] if a.probe_epochs else [])
         argv += ['--workers', a.workers, *(['--device', a.device] if a.device else [])]
-        argv = [str(arg) for arg in argv]
-        self.same_command(self.folder / 'probes.command.json', 'probe_features', argv, out.is_file())
+        return 'probe_features', [str(arg) for arg in argv], out.is_file()
+
+    def probes(self, argv: list[str]) -> tuple[dict, str]:
+        out = Path(argv[argv.index('--json') + 1])
+        out.parent.mkdir(parents=True, exist_ok=True)
         self.run('probes: k-NN and linear (tools/probe_features.py)', 'probe_features', argv,
                  self.folder / 'probes.log')
         results = json.loads(out.read_text())
         scores = {kind: results[kind]['chosen']['test'] for kind in ('knn', 'linear')}
-        return {**scores, 'chosen': {'k': results['knn']['chosen']['k'], 'head': results['linear']['chosen']}}, \
-            results['data'] if data else 'the embedded digits scans'
+        data = results['data'] if '--data-dir' in argv else 'the embedded digits scans'
+        return {**scores, 'chosen': {'k': results['knn']['chosen']['k'], 'head': results['linear']['chosen']}}, data
 
-    def dense(self, name: str, config: str) -> tuple[dict, str]:
-        """train_seg then test_seg of `config` from the report's weights; a stopped training goes on (--resume)."""
-        a, protocol = self.args, PROTOCOLS[name]
-        work = self.folder / name
-        data = ['--data-root', a.data[name]] if name in a.data else []
-        argv = [config, '--work-dir', str(work), *data, '--cfg-options',
+    def train_command(self, name: str) -> tuple[str, list[str], bool]:
+        a, work = self.args, self.folder / name
+        argv = [self.configs[name], '--work-dir', str(work), *self.data_root(name), '--cfg-options',
                 f'model.backbone.pretrained={self.weights.dense}', *(['--iters', str(a.iters)] if a.iters else [])]
-        self.same_command(self.folder / f'{name}.command.json', 'train_seg', argv, (work / 'last_checkpoint').is_file())
+        return 'train_seg', argv, (work / 'last_checkpoint').is_file()
+
+    def data_root(self, name: str) -> list[str]:
+        return ['--data-root', self.args.data[name]] if name in self.args.data else []
+
+    def dense(self, name: str, argv: list[str]) -> tuple[dict, str]:
+        """train_seg then test_seg of the protocol's config from the report's weights; a stopped training goes on
+        (--resume)."""
+        protocol, config, work = PROTOCOLS[name], self.configs[name], self.folder / name
         if not (work / 'trained').is_file():
             argv += ['--resume'] if (work / 'last_checkpoint').is_file() else []
             self.run(f'{name}: {protocol.title}, training (tools/train_seg.py)', 'train_seg', argv,
@@ -233,7 +265,7 @@ class ReportStages(ToolStages):
             write_json_atomic(work / 'trained', (work / 'last_checkpoint').read_text().strip())
         checkpoint = json.loads((work / 'trained').read_text())
         report = work / 'scores.json'
-        argv = [config, checkpoint, '--work-dir', str(work / 'test'), *data, '--out', str(report),
+        argv = [config, checkpoint, '--work-dir', str(work / 'test'), *self.data_root(name), '--out', str(report),
                 *(['--ms'] if protocol.ms else [])]
         self.run(f'{name}: {protocol.title}, test (tools/test_seg.py)', 'test_seg', argv, self.folder / f'{name}.log')
         scores = json.loads(report.read_text())
@@ -289,24 +321,24 @@ def bar_chart(rows: list[dict], title: str, path: Path) -> None:
 def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     args = build_parser(description).parse_args(argv)
     check_args(args)
-    out = Path(args.out or Path('output') / 'transfer_report' / Path(args.weights).stem)
+    out = Path(args.out or default_out(args.weights))
     check_output_folder(out)
-    weights = resolve_weights(args)
-    configs = check_configs(args, weights)
-    stages = ReportStages(args, weights, out)
+    model, kwargs = report_model(args)
+    configs = check_configs(args, model, kwargs)
+    weights = report_weights(args, model, kwargs)
+    stages = ReportStages(args, weights, configs, out)
     order = list(dict.fromkeys(PROTOCOLS[name].stage(name) for name in args.protocols))
     started, done = time.time(), {}
     for number, stage in enumerate(order, 1):
         logger.info(f'report stage {number}/{len(order)}: {stage}')
-        done[stage] = stages.record(stage, stages.probes if stage == 'probes' else
-                                    lambda stage=stage: stages.dense(stage, configs[stage]))
+        done[stage] = stages.record(stage)
     rows = report_rows(args.protocols, done)
-    figures = {'model': weights.model, 'model_kwargs': weights.model_kwargs, 'weights': weights.described,
-               'rows': rows, 'stages': done, 'seconds': round(time.time() - started, 1)}
+    figures = {'model': model, 'model_kwargs': kwargs, 'weights': weights.described, 'rows': rows, 'stages': done,
+               'seconds': round(time.time() - started, 1)}
     results = results_document('transfer_report', 'transfer_report.py', argv, figures, device_name(args.device))
     write_json_atomic(out / 'results.json', results)
     (out / 'report.md').write_text(markdown_table(figures))
-    bar_chart(rows, f'{weights.model} ({weights.described})', out / 'report.png')
+    bar_chart(rows, f'{model} ({weights.described})', out / 'report.png')
     logger.info((out / 'report.md').read_text())
     logger.info(f'-> {out / "report.md"}, {out / "report.png"}, {out / "results.json"}')
     return results
