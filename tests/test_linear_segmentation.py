@@ -164,8 +164,9 @@ def write_voc(root: Path, splits=(('train', VOC_NAMES), ('val', VOC_NAMES[:1])))
     return root
 
 
-def voc_dataset(root: Path) -> dict:
-    dataset = Config.fromfile(CONFIGS / 'linear_lvvit_s_pascal_voc12.py').train_dataloader.dataset.to_dict()
+def voc_dataset(root: Path, config: str = 'linear_lvvit_s_pascal_voc12.py') -> dict:
+    """The training set of a VOC config, read from `root`."""
+    dataset = Config.fromfile(CONFIGS / config).train_dataloader.dataset.to_dict()
     return {**dataset, 'data_root': str(root)}
 
 
@@ -249,14 +250,9 @@ def write_sbd(root: Path) -> Path:
     return root
 
 
-def voc_aug_dataset(root: Path) -> dict:
-    dataset = Config.fromfile(CONFIGS / 'linear_lvvit_s_pascal_voc12_aug.py').train_dataloader.dataset.to_dict()
-    return {**dataset, 'data_root': str(root)}
-
-
 def test_the_sbd_training_set_is_vocs_images_with_vocs_masks_then_sbds_with_theirs(tmp_path):
     root = write_sbd(write_voc(tmp_path))
-    dataset = voc_aug_dataset(root)
+    dataset = voc_dataset(root, 'linear_lvvit_s_pascal_voc12_aug.py')
     assert type(layout_of(dataset)).__name__ == 'PascalVOCAugLayout'
     assert check_dataset(dataset, SEMANTIC)[1] == []
     built = DATASETS.build({**dataset, 'pipeline': [dict(type='LoadAnnotations')]})
@@ -271,7 +267,7 @@ def test_the_sbd_training_set_is_vocs_images_with_vocs_masks_then_sbds_with_thei
 
 def test_sbd_refusals_name_the_file_and_mmsegs_converter(tmp_path):
     root = write_sbd(write_voc(tmp_path))
-    dataset = voc_aug_dataset(root)
+    dataset = voc_dataset(root, 'linear_lvvit_s_pascal_voc12_aug.py')
     split = root / 'ImageSets' / 'Segmentation' / 'aug.txt'
     split.write_text(''.join(f'{name}\n' for name in SBD_NAMES))
     with pytest.raises(DataError, match=f'{split} lists 1 image.* of .*train.txt too, e.g. 2007_000032: each would '
