@@ -23,7 +23,7 @@ from backbones.layers import (
     init_linear_and_norm,
     token_model_cfg,
 )
-from backbones.registry import Family, suite_model
+from backbones.registry import Family, suite_entrypoints
 from backbones.weights import release_filter
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
@@ -243,7 +243,7 @@ def _cfg(file: str = '', transformer: bool = False, **kwargs) -> dict:
     return token_model_cfg(first_conv, url=f'{RELEASES}/{file}' if file else '', **kwargs)
 
 
-# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio)
+# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio); each an entrypoint (performer or transformer T2T)
 _VARIANTS = {
     't2t_vit_7': ('performer', 256, 7, 4, 2.0),
     't2t_vit_10': ('performer', 256, 10, 4, 2.0),
@@ -279,55 +279,4 @@ def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
     return build_token_model(T2TViT, variant, pretrained, defaults, kwargs, release_filter)
 
 
-@suite_model(T2T_VIT)
-def t2t_vit_7(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-7 (performer T2T): 7 blocks, D 256, 4.3M parameters."""
-    return _t2t_vit('t2t_vit_7', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_10(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-10 (performer T2T): 10 blocks, D 256, 5.9M parameters."""
-    return _t2t_vit('t2t_vit_10', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_12(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-12 (performer T2T): 12 blocks, D 256, 6.9M parameters."""
-    return _t2t_vit('t2t_vit_12', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_14(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-14 (performer T2T): 14 blocks, D 384, 21.5M parameters."""
-    return _t2t_vit('t2t_vit_14', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_19(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-19 (performer T2T): 19 blocks, D 448, 39.2M parameters."""
-    return _t2t_vit('t2t_vit_19', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_24(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-24 (performer T2T): 24 blocks, D 512, 64.1M parameters."""
-    return _t2t_vit('t2t_vit_24', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_t_14(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT_t-14 (transformer T2T): 14 blocks, D 384."""
-    return _t2t_vit('t2t_vit_t_14', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_t_19(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT_t-19 (transformer T2T): 19 blocks, D 448."""
-    return _t2t_vit('t2t_vit_t_19', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_t_24(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT_t-24 (transformer T2T): 24 blocks, D 512."""
-    return _t2t_vit('t2t_vit_t_24', pretrained, kwargs)
+suite_entrypoints(T2T_VIT, __name__, _VARIANTS, _t2t_vit)
