@@ -35,7 +35,6 @@ class ImageData:
     train_images: int | None = None  # train on at most this many images, spread over the split (a smoke run)
 
 
-
 @dataclass(frozen=True)
 class Annotation:
     """What a run on a tool's embedded set needs first when its recipe learns from an annotator's maps: `model`

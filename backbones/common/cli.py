@@ -83,7 +83,6 @@ class CommandParser(argparse.ArgumentParser):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
 
-
     def refuse_names_at_odds(self, args: list[str]) -> None:
         """Two names of one setting in `args` with different values (an option and its alias; a flag and its `--no-`
         form) are a UsageError naming both, where argparse would keep the last silently; one name given twice passes."""

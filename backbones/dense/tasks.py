@@ -221,15 +221,11 @@ def small_datasets(cfg: Config, data: SmallDenseData, shared: DataLayout) -> Ite
         for step in dataset['pipeline']:
             if 'ratio_range' in step:
                 step['ratio_range'] = data.ratio_range
-            if is_flip(step) and not data.mirrored:
+            is_flip = isinstance(step['type'], str) and step['type'].endswith('Flip')  # mmcv's, the detectors'
+            if is_flip and 'prob' in step and not data.mirrored:
                 step['prob'] = 0.0
         (layout_of(dataset) or shared).use_small(dataset, data, split)
         yield dataset
-
-
-def is_flip(step: dict) -> bool:
-    """A pipeline step that mirrors its image with a probability (mmcv's RandomFlip, the detectors')."""
-    return isinstance(step['type'], str) and step['type'].endswith('Flip') and 'prob' in step
 
 
 TASKS: dict[str, DenseTask] = {}  # by name, in registration order

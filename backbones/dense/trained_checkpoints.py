@@ -55,11 +55,6 @@ def weight_names(checkpoint: str) -> list[str]:
             for key in part if isinstance(key, str)]
 
 
-def checkpoint_task(checkpoint: str, names: list[str]) -> DenseTask | None:
-    """The task a checkpoint was trained for, as it records it or its heads' weights (`names`) show, else None."""
-    return task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
-
-
 def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, config: str | None = None) -> None:
     """A checkpoint a dense tool is given: there (checked before any work, such as writing the embedded data), a
     dense model's (an image classifier's weights would fail on every key, after the tool had asked for the data set
@@ -82,7 +77,7 @@ def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, c
 
 def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, config: str | None) -> None:
     """The checkpoint (its weights' `names`) is a model of the config's `task`, where it says which task it is of."""
-    trained = checkpoint_task(checkpoint, names)
+    trained = task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
     if trained is not None and trained is not task:
         raise CheckpointError(f'{checkpoint} holds a {trained.model_kind} ({trained.title}), and {config} is '
                               f'a {task.title} config: give the config it was trained with')

@@ -300,7 +300,6 @@ def run_stage(stage: str, predicted: float, left: float, results: Results, args:
     logger.info(f'{stage}: {status}')
 
 
-
 def stage_list(text: str) -> list[str]:
     """`--stages`: stage names separated by commas, run in the order of value whatever order they are given in."""
     names = [name.strip() for name in text.split(',') if name.strip()]

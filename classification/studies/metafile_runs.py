@@ -30,7 +30,8 @@ def run_item(run: dict) -> str:
     pretraining = meta['Pretraining']
     time = (f'{run_seconds(run, "Pretraining Time", pretraining["Time (s)"])} ({pretraining["Includes"]} included)'
             if 'Time (s)' in pretraining else pretraining['Includes'])
-    baselines = '; '.join(f'{b["Name"]}: {metric_list(b["Metrics"], shown_metrics(run))}'
+    shown = shown_metrics(run)
+    baselines = '; '.join(f'{b["Name"]}: ' + ', '.join(score(key, value, shown) for key, value in b['Metrics'].items())
                           for b in meta.get('Baselines', ()))
     return wrapped(f'- {run_name(run)}: pretraining on the digits {pretraining["Top 1 Accuracy"]:.1f}% top-1, {time}; '
                    f'training {meta["lr schd"]} iterations, {run_seconds(run, "Training Time")}; scores on the '
@@ -90,10 +91,6 @@ def shown_metrics(model: dict) -> dict[str, str | None]:
 def score(key: str, value: float, shown: dict[str, str | None]) -> str:
     """'mask AP 58.2': a metric with the format `shown` gives it, one decimal where it gives none."""
     return f'{key} {value:{shown.get(key) or ".1f"}}'
-
-
-def metric_list(metrics: dict, shown: dict[str, str | None]) -> str:
-    return ', '.join(score(key, value, shown) for key, value in metrics.items())
 
 
 def shown_scores(model: dict) -> str:

@@ -38,7 +38,9 @@ def results_document(study: str, tool: str, argv: list[str] | None, figures: dic
 
     commit = commit or checkout_commit()
     notes = {} if commit else {'commit': 'not recorded: this copy of the code has no git history'}
-    document = {'study': study, 'source': command_line(tool, argv), 'commit': commit,
+    # the command that made it, as a user would type it again from the checkout's root
+    command = shlex.join(['python', tool_path(tool), *map(str, sys.argv[1:] if argv is None else argv)])
+    document = {'study': study, 'source': command, 'commit': commit,
                 'date': time.strftime('%Y-%m-%d'), 'machine': machine_in_words(device), 'torch': torch.__version__,
                 **({'notes': notes} if notes else {}), 'figures': figures}
     return check_envelope(document, f'the {study} results')
@@ -50,11 +52,6 @@ def write_results(path: Path | str, study: str, tool: str, argv: list[str] | Non
     document = results_document(study, tool, argv, figures, device)
     write_json_atomic(Path(path), document)
     return document
-
-
-def command_line(tool: str, argv: list[str] | None) -> str:
-    """The command that made a results file, as a user would type it again from the checkout's root."""
-    return shlex.join(['python', tool_path(tool), *map(str, sys.argv[1:] if argv is None else argv)])
 
 
 def machine_in_words(device: str) -> str:

@@ -45,11 +45,6 @@ class LoadInstances(BaseTransform):
         return results
 
 
-def keep_instances(results: dict, keep: np.ndarray) -> None:
-    for key in ('gt_bboxes', 'gt_labels', 'gt_masks'):
-        results[key] = results[key][keep]
-
-
 @TRANSFORMS.register_module()
 class LargeScaleJitter(BaseTransform):
     """ViTDet's large-scale jitter: the image resized to fit `size` times a factor from `scale_range`, then a random
@@ -81,7 +76,8 @@ class LargeScaleJitter(BaseTransform):
         results['gt_bboxes'] = boxes
         keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1) \
             & results['gt_masks'].any(axis=(1, 2))
-        keep_instances(results, keep)
+        for key in ('gt_bboxes', 'gt_labels', 'gt_masks'):
+            results[key] = results[key][keep]
         results['img_shape'] = (crop_h, crop_w)
         results['scale_factor'] = (new_w / width, new_h / height)
         return results

@@ -124,7 +124,8 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
             break
     img_s = window.images_per_second()
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == 'cuda' else None
-    process = (peak_resident_gib(), resting) if device.type == 'cpu' else (None, None)
+    peak_resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux, in GiB
+    process = (peak_resident, resting) if device.type == 'cpu' else (None, None)
     return DenseStep(path, task_of(cfg).name, batch_size, largest, img_s, img_s / batch_size, peak, *process)
 
 
@@ -133,11 +134,6 @@ def resident_gib() -> float:
     with open('/proc/self/statm') as statm:
         pages = int(statm.read().split()[1])
     return pages * resource.getpagesize() / 2 ** 30
-
-
-def peak_resident_gib() -> float:
-    """This process's largest resident memory so far (getrusage's ru_maxrss, KiB on Linux), in GiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
