@@ -210,9 +210,8 @@ class TokenModelMixin:
             intermediates_only: bool = False,
             return_prefix_tokens: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped (with
-        `return_prefix_tokens`, each a (patch tokens, (B, prefix, D)) pair), as (B, D, H, W) ('NCHW') or (B, H*W, D)
-        ('NLC'); with `intermediates_only=False` also the final normalised features."""
+        """timm's contract: patch tokens after the blocks in `indices` as (B, D, H, W) ('NCHW') or (B, H*W, D)
+        ('NLC'), each with its (B, prefix, D) prefix tokens with `return_prefix_tokens`."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)

@@ -148,9 +148,8 @@ class WindowAttention(nn.Module):
         return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
     def _rel_pos_terms(self, q: torch.Tensor, side: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its sum)
-        from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads, L,
-        columns)."""
+        """`q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads, L, columns) from the unscaled queries, as
+        ViTDet: timm's `get_decomposed_rel_pos_bias` before its sum."""
         regions, heads, L, C = q.shape
         grid_q = q.reshape(regions, heads, side[0], side[1], C)
         rows = torch.einsum('nahwc,hkc->nahwk', grid_q, get_rel_pos(side[0], side[0], self.rel_pos_h))
@@ -195,9 +194,8 @@ class WindowAttention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        """(regions, heads, queries, C) attended to (regions, heads, keys, C): timm's attention, or CaiT's talking
-        heads (relative positions before the heads mix, the mask after, masked keys zeroed again after the second
-        mix)."""
+        """timm's attention, or CaiT's talking heads (relative positions before the heads mix, the mask after, masked
+        keys zeroed again after the second mix)."""
         if not self.talking_heads:
             bias = rel_bias if mask is None else mask if rel_bias is None else rel_bias + mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),

@@ -54,9 +54,8 @@ def freeze_features(model: nn.Module) -> None:
 
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
                       mix_token: float = 1.0, distilled: bool = False, frozen: bool = False, **kwargs) -> nn.Module:
-    """A model for training or evaluation; `token_labeling`: with a token head and MixToken (`backbones.token_head`);
-    `distilled`: with a distillation token and head; `frozen`: `freeze_features`. The model's `architecture` records
-    these arguments."""
+    """A model for training or evaluation, with a token head and MixToken (`token_labeling`), a distillation token
+    and head (`distilled`), `freeze_features` (`frozen`); its `architecture` records these arguments."""
     architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
                     'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
     family = family_of(name)

@@ -147,8 +147,7 @@ class LaggingSum:
 
 class SamplePlace(NamedTuple):
     """A sample as a training loader draws it: the dataset's `index`, drawn `position`-th in process `rank`'s share
-    of the pass; its augmentation is drawn from it, the same in any loader worker and different for each repeated
-    copy."""
+    of the pass, which its augmentation's draws follow (the same in any loader worker, not for a repeated copy)."""
 
     rank: int
     position: int

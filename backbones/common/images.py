@@ -63,9 +63,8 @@ def image_bytes(path: Path | BinaryIO) -> bytes:
 
 def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple[int, int] | None] | None = None,
              fast: bool = False) -> DecodedImage:
-    """A file's pixels as `read_image` decodes them, JPEGs at the reduced size `Image.draft` gives for what
-    `requested` returns for the full size (asked once); colour JPEGs through `decode_colour_jpeg` (`fast`: its
-    fast IDCT)."""
+    """A file's pixels as `read_image` decodes them, JPEGs drafted to what `requested` returns for the full size;
+    colour JPEGs through `decode_colour_jpeg` (`fast`: its fast IDCT)."""
     drawn = {}
 
     def wanted(size: tuple[int, int]) -> tuple[int, int] | None:

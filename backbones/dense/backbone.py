@@ -204,9 +204,8 @@ class TokenBackbone(BaseModule):
         return len(self.model.blocks)
 
     def init_weights(self) -> None:
-        """Load the `Pretrained` checkpoint (`pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)`)
-        through the suite's loader; otherwise keep the model's own init. A missing backbone key is an error; the keys
-        of the pruned parts (heads, final norm, later blocks) are reported in the log."""
+        """Load the `Pretrained` checkpoint through the suite's loader, else keep the model's own init. A missing
+        backbone key is an error; the pruned parts' keys (heads, final norm, later blocks) are logged."""
         if self.init_cfg is None:
             return
         if self.init_cfg.get('type') != 'Pretrained':

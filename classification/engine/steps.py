@@ -158,9 +158,8 @@ class PassHooks:
 def train_one_epoch(model: nn.Module, loader: Iterable[dict], objective: Objective, state: StepState, info: DistInfo,
                     options: PassOptions = PassOptions(), progress: EpochProgress | None = None,
                     hooks: PassHooks = PassHooks()) -> PassResult:
-    """Train for one pass over `loader`, one optimizer update every `options.accumulate` batches (each batch's loss
-    divided by the count); returns the mean loss over all processes and the pass's pace. Batches left over at the
-    end, fewer than an update's, are not trained on; a resumed pass continues `progress`."""
+    """Train for one pass over `loader`, one update every `options.accumulate` batches (the leftover ones at the end
+    untrained); the mean loss over all processes and the pass's pace. A resumed pass continues `progress`."""
     amp, clip_grad, accumulate = options.amp, options.clip_grad, options.accumulate
     log, on_start, after_update = hooks.log, hooks.on_start, hooks.after_update
     model.train()

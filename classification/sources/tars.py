@@ -120,9 +120,8 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
                   out: tuple[list[str], list[int], list[int]], nested: bool,
                   sidecars: list[tuple[str, bytes]] | None = None) -> None:
-    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` to `out`,
-    nested tars (`nested`) in place as `X/NAME`; with `sidecars`, the label members' contents. Any tar or member the
-    reader does not take is an error naming it."""
+    """Append (name, offset in the outer file, size) of each image member of the tar in `fileobj` to `out`, nested
+    tars as `X/NAME`; with `sidecars`, the label members' contents. A tar or member not taken is an error naming it."""
     names, offsets, sizes = out
     links, others, before = [], set(), len(names)
     try:

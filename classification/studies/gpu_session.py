@@ -114,9 +114,8 @@ BENCHMARK_FIGURE = re.compile(r'^(\S+): (.+): ([\d.]+) img/s$')  # loop_benchmar
 
 
 def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: float) -> str:
-    """tools/benchmark_loop.py on DeiT-S: the whole loop against its step (and the serial loop), train_cls and,
-    given --timm-train, timm's train.py on the same data; each figure recorded as the benchmark logs it, its JSON
-    document at the end."""
+    """tools/benchmark_loop.py on DeiT-S (with --timm-train, timm's train.py beside it); each figure recorded as the
+    benchmark logs it, its JSON document at the end."""
     sizes = args.sizes
     options = ['--models', sizes.model, '--device', args.device, '--amp', session_amp(args.device),
                '--batch-size', sizes.batch_size, '--workers', sizes.workers, '--images', sizes.images, '--seconds',
@@ -150,10 +149,9 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
 
 
 def loop_from_progress(progress: dict[str, float]) -> dict | None:
-    """The loop against its step from the benchmark's progress lines (None before both are logged), for a benchmark
-    stopped before its document: the same steady-state windows, logged as each was measured. The bound as the
-    benchmark names it: the slower of the step and the batched path's pipeline with the most loader workers (the one
-    the loop ran with)."""
+    """The loop against its step from the progress lines of a benchmark stopped before its document (None before
+    both are logged), with the bound as the benchmark names it: the slower of the step and the batched pipeline
+    with the most loader workers (the loop's)."""
     def figure(prefix: str) -> float | None:
         return next((value for label, value in progress.items() if label.startswith(prefix)), None)
 
@@ -259,9 +257,8 @@ def stage_limit(predicted: float, left: float, smoke: bool) -> tuple[float, bool
 
 
 def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
-    """The chosen stages in the order of value in one work folder (their shared data, removed at the end), each
-    under its own limit and the call's remaining time, skipped with a line where its predicted length no longer
-    fits."""
+    """The chosen stages in the order of value in one work folder (removed at the end), each under its own limit and
+    the call's remaining time, skipped with a line where its predicted length no longer fits."""
     started = time.perf_counter()
     new = session_document(args.device, args.commit, args.smoke, argv)
     results = open_results(Path(args.out), Path(args.merge) if args.merge else None, new, args.stages)

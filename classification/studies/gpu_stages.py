@@ -47,10 +47,9 @@ ChildStage = Callable[[Sizes, str, Path, Callable[[str, object], None]], None]
 
 
 def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
-    """The whole loop (`--decode gpu`, `loop_workers` loader processes) against the trainer's step on one batch
-    already on the device, in the same process and on the same model (the loop trains the model the step timing
-    compiled), eager then compiled, with the loop's data-wait share (on a CPU: the workers decode, and the compiled
-    pair is skipped: compiling there takes minutes and has no peak to compare); its figures go under `key`."""
+    """The whole loop (`--decode gpu`, `loop_workers` loader processes) against the trainer's step on one batch on the
+    device, on the same model, eager then compiled (not on a CPU, where compiling takes minutes), with the loop's
+    data-wait share; its figures go under `key`."""
     def run(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
         from classification.engine.trainer import StepOptions
         from classification.studies import loop_benchmark
@@ -105,9 +104,8 @@ def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, ob
 
 
 def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The paper's annotator at its size (random weights time the same) as generate_token_labels runs it on each
-    batch: the dense forward under fp32, then bf16 autocast, and the top-5 on fp32 scores, on a batch already on the
-    device, each timed in its steady state (the decoding is the decoding stage's)."""
+    """The paper's annotator at its size (random weights) as generate_token_labels runs it on a batch on the device:
+    the dense forward under fp32, then bf16 autocast, and the top-5 on fp32 scores, each in its steady state."""
     import itertools
 
     import timm
@@ -140,9 +138,8 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
 
 
 def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config (its
-    optimizer, its per-GPU batch, fp32 as the configs train), on batches of the data sets' sizes made by the
-    config's own pipeline, each timed in its steady state (classification/studies/dense/training_step.py)."""
+    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config, on
+    batches of the data sets' sizes from the config's own pipeline, each in its steady state (`time_dense_step`)."""
     from classification.studies.dense.training_step import time_dense_step
 
     figures: dict[str, object] = {

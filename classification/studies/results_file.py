@@ -31,9 +31,8 @@ PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
 
 def results_document(study: str, tool: str, argv: list[str] | None, figures: dict, device: str = 'cpu',
                      commit: str | None = None) -> dict:
-    """A new results document of `figures` measured here and now by tools/`tool` with `argv` (None: this process's
-    own arguments) on `device`: this checkout's commit (or `commit`, given where the copy has no history), today's
-    date, this machine and torch."""
+    """A new results document of `figures` measured now by tools/`tool` with `argv` (None: this process's) on
+    `device`: the checkout's commit (or `commit`, where the copy has no history), the date, the machine, torch."""
     import torch
 
     commit = commit or checkout_commit()
@@ -115,8 +114,7 @@ def is_date(text: object) -> bool:
 
 def machine_slug(machine: str) -> str:
     """A machine's part of a file name: 'cpu2' for '2 CPU cores', the GPU's model for a GPU's machine ('h200' for
-    'NVIDIA H200, 16 CPU cores', 'gh200', 'l4', 'rtx4090' for 'NVIDIA GeForce RTX 4090, ...', 'mi300x'), 'paper' for
-    a publication's figures."""
+    'NVIDIA H200, 16 CPU cores', 'rtx4090' for 'NVIDIA GeForce RTX 4090, ...'), 'paper' for a publication's."""
     if machine.startswith(PUBLISHED):
         return 'paper'
     found = CPU_CORES.match(machine)

@@ -41,11 +41,9 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
 
 
 class SteadyWindow:
-    """A steady-state timing of batches, or of a training run's updates: the first `warmup` are not timed (start-up,
-    what loader workers prefetched, compilation), then at least `seconds` and at least `min_batches` are. Told of each
-    batch once it is done (`done`), or wrapping a source of batches (`batches`); `images_per_second()` once the last
-    has been used. The clock starts when the device has finished the warm-up's work and stops when it has finished
-    the window's."""
+    """A steady-state timing of batches, or of a training run's updates: after `warmup` untimed ones, at least
+    `seconds` and `min_batches`, told of each batch once done (`done`) or wrapping them (`batches`). The clock starts
+    and stops when the device has finished the warm-up's and the window's work."""
 
     def __init__(self, seconds: float, min_batches: int, warmup: int,
                  device: torch.device = torch.device('cpu')) -> None:

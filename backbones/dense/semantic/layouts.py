@@ -148,8 +148,7 @@ class PublishedLayout(WrittenLayout):
 
     def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
         """Each image of the data set (listed from its folder, as mmseg lists it) and its annotation; an annotation
-        without its image is an error naming it (an image folder unpacked or copied in part: the run would train
-        and score on the images there alone)."""
+        without its image (an image folder unpacked in part) is an error naming it."""
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
         names = [str(path.relative_to(images))[:-len(img_suffix)] for path in sorted(images.rglob(f'*{img_suffix}'))]
         pairs = [Pair(images / f'{name}{img_suffix}', self.annotation_files(annotations, name, seg_suffix))
@@ -253,8 +252,7 @@ class CityscapesLayout(PublishedLayout):
 
     def check_annotations(self, pairs: list[Pair], dataset_cfg: dict) -> None:
         """Every image has its label ids or train ids, and train ids are there for all images or for none (a part
-        of them is a converter's run cut short: the rest would be read another way); mmseg's own data class reads
-        train ids only."""
+        of them is a converter's run cut short); mmseg's own data class reads train ids only."""
         super().check_annotations(pairs, dataset_cfg)
         without = [pair for pair in pairs if not pair.annotations[0].is_file()]
         if without and not getattr(DATASETS.get(dataset_cfg.get('type')), 'reads_label_ids', False):

@@ -38,9 +38,8 @@ class PascalVOCIdsDataset(ClassesById, PascalVOCDataset):
 
 
 def split_names(split_file: Path, layout: str) -> list[str]:
-    """The image names a split file lists, one a line, as mmseg reads them (each line stripped); a blank line (read
-    as an image named '') or a name listed twice (an image trained on twice, or counted twice in the scores) is a
-    DataError naming the line."""
+    """The image names a split file lists, one a line, as mmseg reads them (stripped); a blank line or a name listed
+    twice is a DataError naming the line."""
     names: dict[str, int] = {}
     for number, line in enumerate(split_file.read_text().splitlines(), 1):
         name = line.strip()

@@ -67,11 +67,9 @@ def timed(fn, batches: list) -> float:
 
 
 def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
-    """Seconds from a resumed run's loop start to its first batch to train on, at `iteration` of a training loader
-    (`loader_cfg`: its dataset, batch size and workers; the sampler is set here). Before: mmengine's replay,
-    estimated as the first batch (the loader processes' start) plus `iteration` times the seconds of one of
-    `replayed` batches read next (each batch read and dropped); after: the sampler placed there, timed whole. With
-    the load average of the machine's last minute before and after (a shared machine's figures vary with it)."""
+    """Seconds from a resumed run's loop start to its first batch, at `iteration` of the loader of `loader_cfg`:
+    mmengine's replay (estimated as the first batch plus `iteration` times the mean of `replayed` batches read
+    next), and the sampler placed there, timed whole; with the machine's one-minute load average before and after."""
     def build(sampler: str):
         return SuiteRunner.build_dataloader({**copy.deepcopy(loader_cfg), 'sampler': dict(type=sampler)}, seed=0)
 

@@ -103,8 +103,7 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
                     scale: float = 1.0, batch_size: int | None = None, batches: int = 4,
                     options: dict | None = None) -> DenseStep:
     """The training step of the config at `path` (`options` merged over it) on `device`: `warmup` steps, then at
-    least `seconds` and `min_batches`, cycling over `batches` distinct batches (moved to the device each step, as the
-    loop does)."""
+    least `seconds` and `min_batches`, over `batches` distinct batches moved to the device each step."""
     init_default_scope('mmseg')
     cfg = dense_config(path, scale, options)
     batch_size = batch_size or cfg.train_dataloader.batch_size
@@ -146,9 +145,8 @@ def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_b
 
 def compare_steps(variants: dict[str, tuple[str, dict]], device: torch.device, seconds: float, min_batches: int,
                   warmup: int, scale: float = 1.0, batch_size: int | None = None) -> dict:
-    """Each variant's step, each in a fresh process, and `ratios`, each variant's over the first's of the time a step
-    takes and of the peak memory (the device's, or on a CPU the process's resident memory above what it held before
-    the first step)."""
+    """Each variant's step, each in a fresh process, and `ratios` of each variant's step time and peak memory (on a
+    CPU, resident memory above that before the first step) over the first's."""
     steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size, options)
              for name, (config, options) in variants.items()}
     baseline = steps[next(iter(variants))]
