@@ -46,8 +46,7 @@ def forward_macs(forward: Callable[[], object]) -> int:
 
 
 def fixed_table_size(model: nn.Module) -> int:
-    """Elements of the fixed tables a model keeps as buffers (T2T-ViT's), weights the papers count; not norm
-    statistics."""
+    """Elements of the fixed tables a model keeps as buffers (T2T-ViT's), which the papers count as weights."""
     statistics = {id(b) for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) for b in m.buffers()}
     buffers = {id(b) for b in model.buffers()}
     return sum(t.numel() for t in model.state_dict(keep_vars=True).values() if id(t) in buffers - statistics)

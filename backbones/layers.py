@@ -76,8 +76,7 @@ def tokens_with_positions(
         pos_grid: Grid,
         prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A (B, H, W, D) token grid flattened, the (1, P, D) `prefix` tokens in front, `pos_embed` resized to (H, W)
-    added."""
+    """A (B, H, W, D) token grid flattened, the `prefix` tokens in front, `pos_embed` resized to (H, W) added."""
     B, H, W, D = x.shape
     x = x.reshape(B, H * W, D)
     if prefix is not None:
@@ -164,8 +163,7 @@ class TokenModelMixin:
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        """timm's parameter grouping (its layer decay): the embedding, each block, the final norm; the heads come
-        last."""
+        """timm's parameter grouping (layer decay): the embedding, each block, the final norm; the heads last."""
         return dict(stem=r'^cls_token|^dist_token|^pos_embed|^patch_embed|^tokens_to_token',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 

@@ -44,8 +44,7 @@ class ConvStemPatchEmbed(nn.Module):
 
     @staticmethod
     def dynamic_feat_size(image_size: Grid) -> Grid:
-        """Token grid for an (H, W) image: the first conv halves a side rounding up, the projection takes 8-pixel
-        patches."""
+        """Token grid for an (H, W) image: the first conv halves a side rounding up, then 8-pixel patches."""
         return tuple((side + 1) // 2 // 8 for side in image_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

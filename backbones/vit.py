@@ -37,8 +37,7 @@ def distilled_twin(name: str) -> str:
 
 
 def create_any_size(name: str, distilled: bool = False, **kwargs) -> VisionTransformer:
-    """timm's model with `dynamic_img_size=True` unless told otherwise; `distilled`: its DeiT twin with a
-    distillation token and head."""
+    """timm's model with `dynamic_img_size=True` unless told otherwise; `distilled`: its DeiT twin."""
     return timm.create_model(distilled_twin(name) if distilled else name, **{'dynamic_img_size': True, **kwargs})
 
 

@@ -127,8 +127,7 @@ class WindowAttention(nn.Module):
         return self.grid
 
     def _to_regions(self, t: torch.Tensor, H: int, W: int) -> torch.Tensor:
-        """(B, heads, H*W, C) patch tokens as (B * windows, heads, tokens of a window, C); the whole grid as one
-        region without windows."""
+        """(B, heads, H*W, C) patch tokens as (B * windows, heads, tokens of a window, C)."""
         B, heads, _, C = t.shape
         t = t.transpose(1, 2).reshape(B, H, W, heads * C)
         if self.window_size:

@@ -24,8 +24,7 @@ TMP_MARK = '.tmp'  # a file being written is `.NAME.tmpPID` beside NAME until it
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
-    """`write(file)` on a temporary file beside `path`, synced and renamed over it; a failed write leaves `path` as
-    it was."""
+    """`write(file)` on a temporary file beside `path`, synced and renamed over it (a failed write leaves `path`)."""
     path = Path(path)
     tmp = path.with_name(f'.{path.name}{TMP_MARK}{os.getpid()}')
     try:

@@ -145,8 +145,7 @@ def is_split_tar(entry: Path) -> bool:
 
 
 def split_entries(split_dir: Path) -> tuple[list[str], list[Path]]:
-    """A split folder's class folders (names, sorted) and tars (sorted); entries to ignore as the module says, any
-    other an error naming it."""
+    """A split folder's class folders and tars (sorted); entries to ignore as the module says, any other an error."""
     classes, tars = [], []
     for entry in sorted(split_dir.iterdir()):
         if entry.name.startswith('.') or entry.name in IGNORED_ENTRIES:
@@ -212,8 +211,7 @@ def class_files(folder: Path) -> list[str]:
 
 def label_samples(split: str, where: str, found: Sequence[str], files_of: Callable[[str], list[str]],
                   classes: Sequence[str] | None, classes_from: str) -> tuple[list[str], list[tuple[str, int]]]:
-    """The classes (`found`, or those given) and (`split/CLASS/FILE`, label) of a split's images (`files_of` a
-    class)."""
+    """The classes (`found`, or those given) and (`split/CLASS/FILE`, label) of a split's images."""
     classes = list(classes) if classes is not None else list(found)
     unknown = sorted(set(found) - set(classes))
     if unknown:

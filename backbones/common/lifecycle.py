@@ -56,8 +56,7 @@ def signals_held() -> Iterator[None]:
 
 @contextmanager
 def resumable_on_ctrl_c(last_checkpoint: Callable[[], Path | None]) -> Iterator[None]:
-    """Ctrl-C after a training run's first checkpoint (`last_checkpoint()`): the line says that `--resume` continues
-    it."""
+    """Ctrl-C after a training run's first checkpoint: the line says that `--resume` continues it."""
     try:
         yield
     except KeyboardInterrupt:

@@ -46,8 +46,7 @@ def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple
 
 
 def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwargs: dict) -> nn.Module:
-    """The classifier a dense backbone wraps, headless: a suite model, or a timm ViT with `dynamic_img_size` where it
-    can."""
+    """The headless classifier a dense backbone wraps: a suite model, or a timm ViT with `dynamic_img_size`."""
     kwargs = dict(img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs)
     if model_family(model_name) is not None:
         return create_model(model_name, **kwargs)

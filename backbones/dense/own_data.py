@@ -70,8 +70,7 @@ def split_folders(root: Path, split: str) -> tuple[str, str] | None:
 
 
 def image_suffix(folders: list[Path]) -> str:
-    """The one suffix of the images in `folders` (mmseg lists a split by one suffix: other images would be left out
-    without a word)."""
+    """The one suffix of the images in `folders` (mmseg lists a split by one suffix)."""
     suffixes: dict[str, Path] = {}
     for folder in folders:
         for path in sorted(folder.rglob('*')):
@@ -108,8 +107,7 @@ def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
 
 
 def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
-    """The class names of a classes file and each one's colour (None where not given); empty lines, # comments and a
-    byte order mark are skipped."""
+    """A classes file's names and colours (None where not given), skipping empty lines, # comments and a BOM."""
     names, colours = [], []
     try:
         lines = path.read_text(encoding='utf-8-sig').splitlines()
@@ -202,8 +200,7 @@ def read_own_data(root: str | Path) -> OwnData:
 
 def set_classes(cfg: Config, classes: tuple[str, ...], palette: list[list[int]],
                 reduce_zero_label: bool = False) -> None:
-    """The config's data sets and heads for `classes` (mask value v is class v, unless `reduce_zero_label`: then
-    class v - 1, and 0 is ignored)."""
+    """The config's data sets and heads for `classes` (mask value v is class v, or v - 1 with `reduce_zero_label`)."""
     for dataset in datasets(cfg):
         dataset.update(metainfo=dict(classes=tuple(classes), palette=palette), reduce_zero_label=reduce_zero_label)
     for head in HEADS:

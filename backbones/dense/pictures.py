@@ -46,8 +46,7 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
 
 
 def test_entry(dataset, image: str | None) -> dict:
-    """The data set's entry of `image` (the same file, or the same name), its first without one; an image outside
-    the set has no ground truth."""
+    """The data set's entry of `image` (the same file or name), its first without one; else no ground truth."""
     entries = [dataset.get_data_info(i) for i in range(len(dataset))]
     if image is None:
         return entries[0]

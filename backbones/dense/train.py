@@ -178,8 +178,7 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: boo
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> PreparedRun:
-    """The config a run takes (the data, the command line's options, the schedule), and the pretraining it needs
-    first."""
+    """The config a run takes (data, options, schedule), and the pretraining it needs first."""
     check_trackers(args.log_wandb, args.log_mlflow)  # before any work, the embedded data's writing included
     training_precision(args.amp)  # likewise: a precision this machine cannot train in
     cfg = load_config(args.config)
@@ -235,8 +234,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
 
 
 def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: bool = False) -> None:
-    """mmengine's Weights & Biases and MLflow backends added to the config's visualizer, as asked (`prepare` checked
-    that their clients import)."""
+    """mmengine's Weights & Biases and MLflow backends added to the config's visualizer, as asked."""
     backends = list(cfg.visualizer.get('vis_backends', []))
     run_name = Path(cfg.work_dir).name
     if wandb:

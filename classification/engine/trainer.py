@@ -175,8 +175,7 @@ TIMM_TRAIN_FLAGS = {
 def add_run_arguments(parser: CommandParser, default_output: str) -> None:
     """The command-line options of `RunOptions`; timm's train.py flags the command does not take are named."""
     parser.add_argument('--config', metavar='RUN/args.yaml',
-                        help='the settings of an earlier run (its args.yaml): the same run again; options typed after '
-                             'it override its values')
+                        help="an earlier run's settings (its args.yaml); options typed after it override them")
     parser.add_argument('--output', help=f'output folder (default {default_output})')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
                         help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
@@ -194,22 +193,20 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
     parser.add_argument('--torchcompile', dest='compile', nargs='?', const='inductor', choices=['inductor'],
                         help='timm\'s name of --compile (torch.compile\'s default backend, inductor)')
     parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N',
-                        help='one optimizer update every N batches (their gradients summed): the global batch, which '
-                             'the lr follows, is batch size x processes x N; the schedule counts updates')
+                        help='one optimizer update every N batches: the global batch, which the lr follows, is batch '
+                             'size x processes x N')
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write last.pth mid-epoch, at most every M minutes (resumed at the next batch); '
                              'SIGTERM and SIGUSR1 always write one before stopping')
     parser.add_argument('--serial-loop', action='store_true',
-                        help='prepare each batch (copy, decoding, device half of the augmentation, token targets) '
-                             'between the steps on the training thread and stream, not two batches ahead on a thread '
-                             'and stream of their own: the same numbers, slower on GPUs (for comparison)')
+                        help='prepare each batch between the steps, not two batches ahead on a thread and stream of '
+                             'their own: the same numbers, slower on GPUs (for comparison)')
     add_tracker_arguments(parser, 'the run named after the output folder, in --experiment\'s project',
                           'the run named after the output folder, in --experiment, in a file store in OUTPUT/mlruns')
     parser.add_argument('--experiment', help='the wandb project or MLflow experiment the run is logged in (default: '
                                              'the command\'s name)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
-                        help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
-                             '0: none')
+                        help='images drawn into TensorBoard at every validation (0: none)')
     parser.add_foreign_flags("timm's train.py", TIMM_TRAIN_FLAGS)
 
 

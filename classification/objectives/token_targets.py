@@ -20,8 +20,7 @@ def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
 
 
 def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the sub-samples of each token came from, whole-image [-1, 1] (x, y) points (B, H*r, W*r, 2), and whether
-    each lies inside the crop."""
+    """Where each token's sub-samples came from, as whole-image [-1, 1] points, and whether each is in the crop."""
     box, flip, warp = geometry
     B = box.shape[0]
     H, W = grid
@@ -35,8 +34,7 @@ def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[tor
 
 
 def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole-image points in the [-1, 1] coordinates of maps that cover `extent` (B, 4) of their images, and which
-    of them the maps cover."""
+    """Whole-image [-1, 1] points in the coordinates of maps covering `extent` (B, 4), and which they cover."""
     B = extent.shape[0]
     centre = ((extent[:, :2] + extent[:, 2:]) / 2).view(B, 1, 1, 2)
     half = ((extent[:, 2:] - extent[:, :2]) / 2).view(B, 1, 1, 2)

@@ -160,8 +160,7 @@ def attention_values(maps: AttentionMaps, distances: torch.Tensor, similarity: t
 
 def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Tensor, similarity: torch.Tensor,
                      patch_size: float, title: str) -> np.ndarray:
-    """The picture: the image, `shown_maps`, mean attention distance per block and head, the position-embedding
-    similarity tiles."""
+    """The image, `shown_maps`, mean attention distance per block and head, position-embedding similarity."""
     grid = maps.grid
     maps_to_show = shown_maps(maps)
     cols = max(3, len(maps_to_show) + 1)

@@ -55,6 +55,5 @@ def formatted(value: object, form: str) -> str:
 
 
 def wrapped(text: str, indent: str = '') -> str:
-    """A paragraph in lines of at most WIDTH characters, those after the first indented by `indent` (a list item's);
-    links are not broken."""
+    """A paragraph in lines of at most WIDTH characters, the later ones indented by `indent`; links unbroken."""
     return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)

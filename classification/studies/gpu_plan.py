@@ -131,8 +131,7 @@ def predicted_seconds(stage: str, sizes: Sizes, built: frozenset[str] = frozense
 
 
 def call_predictions(stages: list[str], sizes: Sizes) -> dict[str, float]:
-    """Each stage's predicted length in one call that runs `stages` in order: the shared data is built once, by the
-    first stage that needs it."""
+    """Each stage's predicted length in one call of `stages`, each shared data built by its first stage."""
     built: frozenset[str] = frozenset()
     predicted = {}
     for stage in stages:
@@ -175,8 +174,7 @@ def fitting(stages: list[str], sizes: Sizes, room: float) -> list[str]:
 
 
 def plan_lines(device_seconds: float, stages: list[str]) -> list[str]:
-    """`--plan`: the wheels to prepare, then each call's command line with its predicted seconds, then the stages
-    that do not fit."""
+    """`--plan`: the wheels to prepare, each call's command line and seconds, the stages that do not fit."""
     calls, unfitted = session_plan(device_seconds, stages)
     lines = [f'{device_seconds:g} s of device time: {MACHINE_START:g} s for the machine\'s start, then {len(calls)} '
              f'call(s), each {CALL_OVERHEAD:g} s beside its budget (the transfers, the wheels\' install)',

@@ -310,21 +310,17 @@ def stage_list(text: str) -> list[str]:
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p = command_parser(description, 'measure_gpu.py')
     p.add_argument('--stages', type=stage_list, default=list(DEFAULT_STAGES), help=(
-        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}: the canary and the '
-        f'figures no session has measured that two calls of one session hold (--plan); the others are '
-        f'{", ".join(s for s in STAGE_ORDER if s not in DEFAULT_STAGES)}), run in the '
-        f'order {", ".join(STAGE_ORDER)}'))
-    p.add_argument('--out', type=output_file, help='the results file: every figure is written into it as it comes '
-                   '(on the device machine, under $OUT, so that it comes back)')
+        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}), run in the order '
+        f'{", ".join(STAGE_ORDER)}'))
+    p.add_argument('--out', type=output_file, help='the results file, every figure written into it as it comes')
     p.add_argument('--merge', help="an earlier call's results file to add this call's figures to (the same device "
                                    'and commit)')
     p.add_argument('--timm-train', help="timm's train.py, from a clone of timm's repository at the installed timm's "
                                         'version (loop_benchmark: without it the suite is not timed against it)')
     p.add_argument('--commit', help="the source's commit, where this copy has no git history (a device machine's)")
     p.add_argument('--budget', type=positive_float, default=540.0,
-                   help='seconds this call may take (default 540: a call is at most 10 minutes, the install before '
-                        'it included); a stage whose predicted length does not fit what is left is skipped, the last '
-                        'one stopped at the budget')
+                   help='seconds this call may take (default 540); a stage whose predicted length does not fit what '
+                        'is left is skipped')
     p.add_argument('--seconds', type=non_negative_float,
                    help=f'each timing window\'s least length (default {GPU.seconds:g}, the dense steps\' '
                         f'{GPU.dense_seconds:g}; smoke {SMOKE.seconds:g})')
@@ -332,8 +328,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--smoke', action='store_true', help='tiny sizes, for a CPU: every stage runs its code once, the '
                                                         'stages that need CUDA skipped with a line saying so')
     p.add_argument('--plan', type=positive_float, metavar='BUDGET',
-                   help="print the calls a session with BUDGET seconds of device time should make (the machine's "
-                        'start included) for --stages, and the stages that do not fit; measure nothing')
+                   help='print the calls a session with BUDGET seconds of device time should make for --stages')
     p.add_argument('--stage', choices=sorted(CHILD_STAGES), help=argparse.SUPPRESS)  # the stages' own processes
     p.add_argument('--stage-out', help=argparse.SUPPRESS)
     p.add_argument('--work', help=argparse.SUPPRESS)  # the call's work folder, where its stages share their data

@@ -175,8 +175,7 @@ CHILD_STAGES: dict[str, ChildStage] = {
 
 
 def run_child_stage(name: str, out: Path, sizes: Sizes, device: str, work: Path) -> None:
-    """Stage `name` in the call's work folder, its figures written into `out` as they come, then the modules it
-    imported (`imported_modules`)."""
+    """Stage `name` in the call's work folder, its figures into `out` as they come, then its imported modules."""
     written: dict[str, object] = {}
 
     def save(key: str, value: object) -> None:

@@ -65,8 +65,7 @@ def run_name(run: dict) -> str:
 
 
 def run_seconds(run: dict, key: str, seconds: float | None = None) -> str:
-    """A run's time `key` ('Training Time': Metadata's 'Training Time (s)', or `seconds`), 'about' where the
-    metafile lists it as Approximate."""
+    """A run's time `key` (Metadata's '`key` (s)', or `seconds`), 'about' where the metafile says Approximate."""
     meta = run['Metadata']
     seconds = meta[f'{key} (s)'] if seconds is None else seconds
     return ('about ' if key in meta.get('Approximate', ()) else '') + duration(seconds)

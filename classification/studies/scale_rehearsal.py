@@ -183,8 +183,7 @@ def disk_used(path: Path) -> int:
 
 
 def build_trees(root: Path, scale: float) -> dict:
-    """The image tree (`root/imagenet`) and the release tree (`root/release`), unless `root/built.json` says they
-    were built at this scale."""
+    """The image tree and the release tree under `root`, unless `root/built.json` says they are at this scale."""
     record = root / 'built.json'
     built = read_marker(record) or {}  # unreadable (a build killed while writing it): built again
     if built.get('scale') == scale:
@@ -373,8 +372,7 @@ def stage_pass(args: argparse.Namespace, measurements: MeasurementTable, layout:
 
 
 def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[float, list[Memory], list[str]]:
-    """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
-    and the log up to it."""
+    """`torchrun train_cls.py` to its first logged update: seconds, the processes' memory then, the log."""
     shutil.rmtree(output, ignore_errors=True)
     command = tool_command(
         'train_cls',

@@ -54,8 +54,7 @@ class SteadyWindow:
         self.first = 0  # the batch the clock started after
 
     def done(self, count: int, images: int) -> bool:
-        """Batch `count` (counted from 1) is done, with `images` images since the previous call: whether the window is
-        complete."""
+        """Batch `count` (from 1) is done, with `images` images since the last call: whether the window is complete."""
         if self.started is None:
             if count >= self.warmup:
                 synchronize(self.device)

@@ -88,8 +88,7 @@ def _collate_rows(items):
 
 
 def annotator_transform(img_size: int, data_cfg: dict):
-    """The whole image, squashed to img_size x img_size, normalised as the annotator expects (timm's eval transform
-    in its 'squash' mode: no crop)."""
+    """The whole image squashed to img_size, normalised as the annotator expects (timm's 'squash' eval)."""
     return create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
                             interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
 

@@ -146,8 +146,7 @@ def prediction_name(image: str) -> str:
 
 @register_layout
 class KittiLayout(WrittenLayout):
-    """KITTI depth under data/kitti: input/ (raw drives), gt_depth/ (improved ground truth) and the Eigen split
-    files."""
+    """KITTI depth under data/kitti: input/ (raw drives), gt_depth/ (ground truth) and the Eigen split files."""
 
     name = 'kitti'
     title = 'KITTI depth (Eigen split)'

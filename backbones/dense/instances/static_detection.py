@@ -59,8 +59,7 @@ def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, va
 
 
 def best(scores: torch.Tensor, flags: torch.Tensor, count: int) -> torch.Tensor:
-    """The indices (B, count) of the `count` best scores (B, N) among the flagged candidates, best first (the
-    others after them)."""
+    """The indices (B, count) of the `count` best scores (B, N) among the flagged candidates, best first."""
     return torch.where(flags, scores, DROPPED).topk(min(count, scores.shape[1]), dim=1).indices
 
 
@@ -152,8 +151,7 @@ class StaticMaskRCNN(nn.Module):
 
     def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor], sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P), as torchvision's RPN chooses
-        them."""
+        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P), as torchvision's RPN chooses."""
         rpn = self.detector.rpn
         size = tuple(images.shape[-2:])  # the anchors span the padded input, as the detector's own
         levels = list(features.values())

@@ -267,8 +267,7 @@ class CityscapesLayout(PublishedLayout):
                             f'remove them to read the *_gtFine_labelIds.png ({self.layout})')
 
     def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
-        """PNG images in one city folder; label ids whose train ids are the pages' classes, the ignored pixels
-        'unlabeled'."""
+        """PNG images in one city folder; label ids whose train ids are the pages' classes."""
         label_ids = np.full(256, CITYSCAPES_UNLABELED, np.uint8)
         label_ids[list(CITYSCAPES_LABEL_ID_OF)] = list(CITYSCAPES_LABEL_ID_OF.values())
         folder = TRAIN_VAL[split]

@@ -160,8 +160,7 @@ def read_report(path: str | Path, classes: Sequence[str]) -> dict:
 
 
 def read_confusion(path: str | Path) -> tuple[list[str], np.ndarray]:
-    """The classes and confusion matrix (pixel counts) of a test_seg.py report; any other file is a DataError naming
-    it."""
+    """The classes and confusion matrix (pixel counts) of a test_seg.py report, else a DataError naming the file."""
     report = read_json_report(path)
     classes = list(report.get('per_class') or {}) if isinstance(report, dict) else []
     counts = (report.get('confusion') or {}).get('counts') if classes else None

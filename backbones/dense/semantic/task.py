@@ -147,8 +147,7 @@ class SemanticSegmentation(DenseTask):
         cfg.default_hooks.visualization = dict(type='ValidationPictures', count=pictures)
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """A label map per image in the data set's values, with the classes over the image (NAME_overlay.png) if
-        asked."""
+        """A label map per image in the data set's values, and the classes over the image if asked."""
         for image, mask in zip(request.images, request.paths):
             pixels, prediction = predictor.segment(image)
             write_mask(predictor.label_values(prediction), mask)

@@ -90,8 +90,7 @@ def training_batches(cfg: Config, count: int, batch_size: int, scale: float, see
 
 
 def dense_config(path: str, scale: float, options: dict | None = None) -> Config:
-    """The config without its ImageNet weights (random weights time the same), its sizes times `scale`, `options`
-    merged over it."""
+    """The config with random weights, its sizes times `scale`, `options` merged over it."""
     cfg = load_config(path, {'model.backbone.pretrained': None, **(options or {})})
     if scale != 1.0:
         scale_sizes(cfg.train_dataloader.dataset.pipeline, scale)
