@@ -24,8 +24,7 @@ DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key 
 
 
 class ScaledResidualBlock(nn.Module):
-    """Pre-norm transformer block whose residual branches are divided by `skip_lam` (1: the plain ViT block; LV-ViT's
-    "residual scaling" takes 2 or 3)."""
+    """Pre-norm transformer block whose residual branches are divided by `skip_lam` (LV-ViT's 2 or 3; ViT's 1)."""
 
     def __init__(
             self,
@@ -261,6 +260,5 @@ def block_feature_info(depth: int, channels: int, reduction: int = 16) -> list[d
 
 
 def features_only_cfg(kwargs: dict) -> dict:
-    """`build_model_with_cfg`'s feature_cfg: `features_only=True` returns the blocks in `out_indices` (default: the
-    last three) through `forward_intermediates`."""
+    """`build_model_with_cfg`'s feature_cfg: `features_only` gives the blocks in `out_indices` (default: last 3)."""
     return dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter')

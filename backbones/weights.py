@@ -128,8 +128,7 @@ def read_state_dict(path: str | Path, use_ema: bool | None = None) -> StateDict:
 
 
 def release_filter(checkpoint: Mapping, model: nn.Module) -> StateDict:
-    """timm's `pretrained_filter_fn` for the suite's families: the state dict unwrapped, without prefixes, its
-    position table resampled to the model's grid."""
+    """timm's `pretrained_filter_fn`: the state dict unwrapped, its position table resampled to the model's grid."""
     state_dict = _strip_prefixes(_unwrap(checkpoint, Path(model.pretrained_cfg.get('url') or 'weights'), False))
     if 'pos_embed' in state_dict and state_dict['pos_embed'].shape != model.pos_embed.shape:
         state_dict['pos_embed'] = fit_pos_embed(model, state_dict['pos_embed'])

@@ -116,8 +116,7 @@ PRETRAINED_HELP = ("timm's pretrained weights of the model (the release file its
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """The weights a command evaluates: `--checkpoint FILE`, or `--pretrained`, the model's official release
-    through timm's cache (`checkpoint_file`)."""
+    """The weights a command evaluates: `--checkpoint FILE`, or `--pretrained`, the model's official release."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', help='a checkpoint of train_cls/transfer or a release file')
     source.add_argument('--pretrained', action='store_true', help=PRETRAINED_HELP)

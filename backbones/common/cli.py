@@ -52,8 +52,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """Every command's parser (`command_parser`): no abbreviated options (`--model` read as `--model-kwargs`), the
-    usage text as written, defaults shown."""
+    """Every command's parser: no abbreviated options, the usage text as written, defaults shown."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs['allow_abbrev'] = False

@@ -108,8 +108,7 @@ def is_image_name(name: str) -> bool:
 
 
 def is_class_folder(path: Path) -> bool:
-    """A class is a visible folder holding at least one image; a visible folder of no image the suite reads is an
-    error, never a class silently lost."""
+    """A class is a visible folder holding an image; a visible folder of no image read is an error."""
     if not path.is_dir() or path.name.startswith('.'):
         return False
     entries = list(path.iterdir())

@@ -46,8 +46,7 @@ class StopRequests:
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """The stop signals and Ctrl-C held back while the block runs, then delivered: for code that turns any exception
-    into its own (mmengine's config formatting)."""
+    """Stop signals and Ctrl-C held back while the block runs (mmengine's config formatting), then delivered."""
     with StopRequests((*STOP_SIGNALS, signal.SIGINT)) as held:
         yield
     if held.received:

@@ -123,8 +123,7 @@ def check_dinov2_inputs(model: nn.Module, model_name: str, final_norm: bool, cla
 
 
 def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-    """(B, D, h, w) patch tokens and the block's class token (the first prefix token, before a distillation token
-    or registers) beside each: (B, 2D, h, w)."""
+    """Patch tokens (B, D, h, w) and the block's class token beside each: (B, 2D, h, w)."""
     return torch.cat([patch_map, prefix[:, 0, :, None, None].expand_as(patch_map)], 1)
 
 

@@ -132,8 +132,7 @@ class DenseTask(ABC):
 
     @abstractmethod
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
-        """What the training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`: the
-        image and a plausible ground truth."""
+        """The image and a plausible ground truth the pipeline's `Load...` steps give for a synthetic image."""
 
     @abstractmethod
     def check_entry(self, entry: dict, num_classes: int) -> PairCheck:

@@ -32,8 +32,7 @@ def mirrored(view: dict) -> dict:
 
 
 class MirroredViewsTTAModel(BaseTTAModel):
-    """The config's views of each image (one per scale), each with its mirror image where `flip`, merged by
-    `merge_preds` (the first scale's unflipped view first)."""
+    """The config's views of each image (one per scale, mirrored where `flip`), merged by `merge_preds`."""
 
     def __init__(self, flip: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -531,8 +531,7 @@ class BatchAugment:
         return self.erase(x, pending.plan, pending.groups, batch_generator(seed, x.device))
 
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
-        """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
-        which output pixels came from the crop (B, 1, S, S)."""
+        """Crop, resize, flip and warp in one sampling per interpolation; the fill outside, and where the crop is."""
         plan, S, pixels = pending.plan, self.img_size, pending.canvas()
         B = pixels.shape[0]
         grid = sampling_grid(canvas_map(plan, pixels.shape[1:3]), S)

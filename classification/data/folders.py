@@ -111,8 +111,7 @@ class ImageFolderDataset(Dataset):
 
 def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
                   max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray, ItemReader]:
-    """The split's listing (`open_split`), made by the main process and given to the others: one listing of 1.28
-    million files per run, not one per process."""
+    """The split's listing, made once by the main process and given to the others."""
 
     def listing() -> tuple[list[str], PathList, np.ndarray, ItemReader]:
         start = time.perf_counter()

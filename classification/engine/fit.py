@@ -113,8 +113,7 @@ class RunLog:
             self.trackers = list(trackers)
 
     def step(self, step: TrainingStep) -> None:
-        """Every `interval` updates: the step's loss, lr and pace to TensorBoard, and a log line when no progress bar
-        shows them (a log file, a batch job)."""
+        """Every `interval` updates: loss, lr and pace to TensorBoard, and a log line where no progress bar shows."""
         if self.writer is None or step.update % self.interval:
             return
         scalars = {f'train/{key}': value for key, value in (('loss', step.loss), ('lr', step.lr),

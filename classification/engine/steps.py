@@ -224,8 +224,7 @@ def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepS
 
 
 def update(model: nn.Module, state: StepState, clip_grad: float | None) -> None:
-    """One optimizer update from the gradients summed since the last: clip, step (through the fp16 loss scaler),
-    clear, then the EMA and the per-update schedule."""
+    """One optimizer update: clip, step (through the fp16 scaler), clear, then the EMA and the schedule."""
     if state.scaler is not None:
         state.scaler.unscale_(state.optimizer)
     if clip_grad:

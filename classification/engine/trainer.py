@@ -60,8 +60,7 @@ from classification.engine.trackers import StartedTrackers, start_trackers
 
 @dataclass
 class RunOptions:
-    """What every training command takes besides its recipe: where it writes, resuming, model arguments, loader
-    processes, seed, device and precision."""
+    """What every training command takes besides its recipe: output, resume, model, workers, seed, device, amp."""
 
     output: Path
     resume: str | None = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
@@ -387,8 +386,7 @@ class Trainer:
             write_run_args(o.output, o.command, o.settings)
 
     def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Pictures | None = None) -> dict:
-        """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
-        after each validation); the last epoch's record."""
+        """Train to the last epoch, validating, checkpointing and drawing `pictures` each; the last epoch's record."""
         o = self.options
         runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None, [self.trackers])
         last = self.output / LAST

@@ -99,8 +99,7 @@ def cache_location(beside: Path) -> Path:
 
 
 def tars_key(tars: Sequence[Path]) -> str:
-    """What the index was built from: each tar's name, size, modification time, inode and status-change time, so that
-    a replaced or copied tar is indexed again."""
+    """Each tar's name, size, mtime, inode and ctime: a replaced or copied tar is indexed again."""
     stats = [p.stat() for p in tars]
     return json.dumps([INDEX_VERSION] + [[p.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns]
                                          for p, s in zip(tars, stats)])

@@ -114,8 +114,7 @@ BENCHMARK_FIGURE = re.compile(r'^(\S+): (.+): ([\d.]+) img/s$')  # loop_benchmar
 
 
 def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: float) -> str:
-    """tools/benchmark_loop.py on DeiT-S (with --timm-train, timm's train.py beside it); each figure recorded as the
-    benchmark logs it, its JSON document at the end."""
+    """tools/benchmark_loop.py on DeiT-S, each figure recorded as it is logged, its JSON document at the end."""
     sizes = args.sizes
     options = ['--models', sizes.model, '--device', args.device, '--amp', session_amp(args.device),
                '--batch-size', sizes.batch_size, '--workers', sizes.workers, '--images', sizes.images, '--seconds',

@@ -240,8 +240,7 @@ def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, 
 
 
 def timm_pipeline_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> float:
-    """timm's own input pipeline in this process: `create_transform` with the recipe's augmentation over
-    `ImageDataset`, batches collated as timm's loader does."""
+    """timm's own input pipeline (create_transform, ImageDataset, timm's collation) in this process."""
     r, config = bench.recipe, bench.data_cfg
     transform = create_transform(r.img_size, is_training=True, scale=(r.scale_min, 1.0), hflip=r.hflip,
                                  auto_augment=r.auto_augment.replace('-inc1', '') if r.auto_augment else None,
@@ -355,8 +354,7 @@ def timm_train_command(script: Path, model_name: str, num_classes: int, data_roo
 
 
 def check_timm_train(args: argparse.Namespace) -> None:
-    """Before any timing: `--timm-train` has a model without token labeling to run and is a train.py whose --help
-    lists every option the comparison passes."""
+    """Before any timing: `--timm-train` has a model to run and takes every option the comparison passes."""
     plain = [m for m in args.models if not recipe_for(m).token_labeling]
     if not plain:
         raise UsageError(f"--timm-train: timm's train.py runs the models without token labeling, and --models gives "

@@ -445,8 +445,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def timed_batches(loader, batches: int) -> tuple[int, float, float]:
-    """Images, wall seconds and CPU seconds (this process and its loader workers) of `batches` batches, after a first
-    batch that is not timed (the workers' start)."""
+    """Images, wall and CPU seconds (with its workers) of `batches` batches after an untimed first."""
     iterator = iter(loader)
     next(iterator)
     pids = [os.getpid()] + child_pids()

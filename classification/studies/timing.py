@@ -12,8 +12,7 @@ import torch.utils.benchmark as torch_benchmark
 
 
 def seconds_per_call(fn: Callable[[], object], steps: int, warmup: int = 1) -> float:
-    """Mean seconds of one call of `fn` over `steps` calls after `warmup` ones (torch's benchmark Timer: it waits for
-    the GPU, and here uses all of torch's threads)."""
+    """Mean seconds of a call of `fn` over `steps` after `warmup` (torch's Timer: it waits for the GPU)."""
     for _ in range(warmup):
         fn()
     timer = torch_benchmark.Timer(stmt='fn()', globals={'fn': fn}, num_threads=torch.get_num_threads())

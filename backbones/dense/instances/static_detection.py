@@ -210,8 +210,7 @@ class StaticMaskRCNN(nn.Module):
 
     def masks(self, features: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
               kept: torch.Tensor, size: tuple[int, int], sizes: torch.Tensor) -> torch.Tensor:
-        """The detections' mask probabilities (B, K, H, W), pasted at their boxes in inputs of `size`, zero for
-        padding and outside each image's `sizes`."""
+        """The detections' mask probabilities (B, K, H, W) pasted at their boxes, zero outside each image."""
         heads = self.detector.roi_heads
         count, number = boxes.shape[:2]
         logits = heads.mask_predictor(heads.mask_head(pooled(heads.mask_roi_pool, features, boxes)))

@@ -38,8 +38,7 @@ class PascalVOCIdsDataset(ClassesById, PascalVOCDataset):
 
 
 def split_names(split_file: Path, layout: str) -> list[str]:
-    """The image names a split file lists, one a line, as mmseg reads them (stripped); a blank line or a name listed
-    twice is a DataError naming the line."""
+    """A split file's image names, one a line, stripped as mmseg; a blank or repeated name is a DataError."""
     names: dict[str, int] = {}
     for number, line in enumerate(split_file.read_text().splitlines(), 1):
         name = line.strip()

@@ -103,8 +103,7 @@ def iou_bars(report: dict) -> np.ndarray:
 
 
 def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
-    """The confusion matrix of a test_seg.py report, rows normalised on a log scale from 0.1 %, and the `top` largest
-    confusions in words beside it."""
+    """A test_seg.py report's confusion matrix, rows normalised, log scale, the `top` largest confusions beside."""
     classes, matrix = read_confusion(report)
     shares = row_shares(matrix)
     fig, axes = figure(1, 2, size=(6.0, 6.0), width_ratios=(3, 2))
@@ -129,8 +128,7 @@ def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
 
 def read_annotation(path: str, reduce_zero_label: bool = False, label_map: dict[int, int] | None = None
                     ) -> np.ndarray:
-    """A label map as mmseg's LoadAnnotations reads it (`reduce_zero_label`, then the entry's `label_map`); a damaged
-    file is a DataError naming it."""
+    """A label map as mmseg's LoadAnnotations reads it; a damaged file is a DataError naming it."""
     try:
         with Image.open(path) as annotation:
             labels = np.asarray(annotation).astype(np.int64)
