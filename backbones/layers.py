@@ -240,8 +240,7 @@ def token_model_cfg(first_conv: str, classifier='head', url: str = '', **kwargs)
 
 def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict, kwargs: dict,
                       filter_fn: Callable) -> nn.Module:
-    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights' tag unless
-    `img_size` is given; `features_only` as `features_only_cfg` says."""
+    """timm's `build_model_with_cfg` for a suite family, the input size the weights' tag's unless `img_size`."""
     cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
     kwargs.setdefault('img_size', cfg.input_size[-1])
     size = kwargs['img_size']

@@ -52,8 +52,7 @@ def suite_model(family: Family) -> Callable[[_F], _F]:
 
 def suite_entrypoints(family: Family, module: str, names: Iterable[str],
                       build: Callable[[str, bool, dict], nn.Module]) -> None:
-    """`suite_model` for an entrypoint `NAME(pretrained=False, **kwargs)` of each name, made in `module` (where timm
-    reads its `default_cfgs`): it returns `build(NAME, pretrained, kwargs)`."""
+    """`suite_model` for an entrypoint `NAME(pretrained=False, **kwargs)` of each name in `module`."""
     for name in names:
         def entrypoint(pretrained: bool = False, _name: str = name, **kwargs) -> nn.Module:
             return build(_name, pretrained, kwargs)

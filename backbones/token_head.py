@@ -202,8 +202,7 @@ def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) ->
 
 
 class TokenLabelingModel(nn.Module):
-    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions (a module, so
-    that DistributedDataParallel sees the whole forward)."""
+    """Any model for token labeling: training -> `TokenLabelingOutput`, eval -> predictions (one module for DDP)."""
 
     def __init__(self, model: nn.Module, mix_token: float = 1.0) -> None:
         super().__init__()

@@ -65,8 +65,7 @@ def _key_list(keys: list[str], limit: int = 12) -> str:
 
 def key_mismatch(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
                  resampled: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """The keys of `state` that do not fit `own`: `missing` (batch-norm counters aside), `unexpected`, `mis-shaped`
-    (with both shapes; keys ending in `resampled` may differ)."""
+    """The keys of `state` that do not fit `own`: `missing`, `unexpected`, `mis-shaped` (with both shapes)."""
     return {
         'missing': [k for k in own if k not in state and not k.endswith('num_batches_tracked')],
         'unexpected': [k for k in state if k not in own],
@@ -261,8 +260,7 @@ def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbon
 
 
 def timm_release(model_name: str, setting: str, instead: str | None) -> str:
-    """The weights timm's config of `model_name` names, where timm would take them (its Hugging Face repo, else its
-    URL), read from the cache before anything is downloaded."""
+    """The weights timm's config of `model_name` names, read from timm's cache before anything is downloaded."""
     cfg = get_pretrained_cfg(model_name)
     if cfg is None or not (cfg.url or cfg.hf_hub_id):
         raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "

@@ -180,8 +180,7 @@ class WindowAttention(nn.Module):
         return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
 
     def _padding_mask(self, H: int, W: int, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-        """(B * windows, 1, 1, P + L): -inf at the keys that pad the grid to whole windows, 0 elsewhere; None where
-        none do. Built from the coordinates, not from the padded tensors."""
+        """(B * windows, 1, 1, P + L): -inf at the keys padding the grid to whole windows; None where none do."""
         size = self.window_size
         if not size or (H % size == 0 and W % size == 0):
             return None

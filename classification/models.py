@@ -31,8 +31,7 @@ from classification.token_labeling.annotate import dense_scores
 
 
 class FrozenFeatures:
-    """Mixed into a model whose features are fixed (`freeze_features`): training leaves every part of it but the
-    classifiers in eval mode (no dropout, drop-path or batch statistics)."""
+    """Mixed into a model with fixed features: training leaves all but the classifiers in eval mode."""
 
     def train(self, mode: bool = True) -> nn.Module:
         super().train(mode)
@@ -165,8 +164,7 @@ def refuse_pretrained_file(argv: list[str]) -> None:
 
 
 def check_finite(logits: torch.Tensor, checkpoint: str) -> torch.Tensor:
-    """`logits` when all of them are numbers, else a CheckpointError naming the checkpoint: NaN or infinite logits
-    still give an argmax, and an accuracy or a probability that looks like one."""
+    """`logits` when all are numbers, else a CheckpointError naming the checkpoint (NaN still gives an argmax)."""
     finite = torch.isfinite(logits).flatten(1).all(dim=1)
     if not finite.all():
         raise CheckpointError(f'{checkpoint}: the model gives NaN or infinite logits for {int((~finite).sum())} of '
@@ -189,8 +187,7 @@ def takes_input_size(name: str) -> bool:
 
 
 def whole_patches(name: str, img_size: int, model_kwargs: dict | None = None) -> int:
-    """The input size nearest `img_size` that is a whole number of the model's patches (at least one): `img_size`
-    itself for a model that takes any size or whose patches it fits."""
+    """The input size nearest `img_size` of a whole number of the model's patches (at least one)."""
     patch = getattr(patch_embedding(create_model(name, num_classes=0, **(model_kwargs or {}))), 'patch_size', None)
     if not patch or img_size % patch[0] == 0:
         return img_size

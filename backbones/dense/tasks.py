@@ -52,8 +52,7 @@ class PredictionRequest:
 
 @dataclass(frozen=True)
 class ExportChoice:
-    """What tools/export.py segmentor's options ask of a task's exported network: a detector's `top_k` (None: its
-    default) or `pyramid_only`, and `dynamic_size` (which the tool checks itself)."""
+    """What export's segmentor options ask of a task's network: `top_k`, `pyramid_only`, `dynamic_size`."""
 
     top_k: int | None = None
     pyramid_only: bool = False

@@ -81,8 +81,7 @@ def test_files(cfg: Config) -> list[dict]:
 
 
 def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
-    """An output folder must not be one the test set's images or annotations (`test_files`) are in: its files would
-    replace them (and a second test would score the predictions against themselves)."""
+    """An output folder holds none of the test set's files (`test_files`): it would replace them."""
     data = {Path(info[key]).resolve().parent for info in files for key in ('img_path', 'seg_map_path')
             if info.get(key)}
     if folder.resolve() in data:

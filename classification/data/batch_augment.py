@@ -61,8 +61,7 @@ class Region:
 
 @dataclass(frozen=True)
 class RegionBounds:
-    """Where a crop's region lies in an image decoded at some size: its pixels (x1, y1, x2, y2), the whole factors
-    (fx, fy) it is reduced by, and the crop box in the reduced region."""
+    """Where a crop's region lies in a decoded image: its pixels, the whole factors it is reduced by, its box."""
 
     pixels: tuple[int, int, int, int]
     factors: tuple[int, int]
@@ -241,8 +240,7 @@ def batch_plan(plans: Sequence[dict]) -> dict[str, torch.Tensor]:
 
 
 class Groups(NamedTuple):
-    """Which images of a batch each part of the device half takes, decided on the host: slices of the plan's index
-    tensors, so the device half never reads a value back to choose its work."""
+    """Which images each part of the device half takes, as slices decided on the host (no read-back)."""
 
     resample: tuple[tuple[str, int, int], ...]  # (interpolation, start, stop) of plan['resample_index']
     colour: tuple[tuple[int, int, int, int], ...]  # (layer, op code, start, stop) of plan['colour_index']
@@ -504,8 +502,7 @@ def canvas_map(plan: dict[str, torch.Tensor], canvas: tuple[int, int]) -> torch.
 
 
 def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
-    """`F.affine_grid(theta, [B, C, size, size], align_corners=False)`, as two broadcast sums (affine_grid's
-    batched matrix product with an inner size of 3 is several times slower on CPU)."""
+    """`F.affine_grid(theta, [B, C, size, size], align_corners=False)` as two broadcast sums (faster on CPU)."""
     centres = (torch.arange(size, device=theta.device, dtype=torch.float32) * 2 + 1) / size - 1
     x, y = centres.view(1, 1, size), centres.view(1, size, 1)
     t = theta.float().unsqueeze(-1).unsqueeze(-1)  # (B, 2, 3, 1, 1)

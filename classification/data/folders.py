@@ -133,8 +133,7 @@ def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, cla
 
 
 def spread_evenly(samples: Sequence, count: int) -> Sequence:
-    """At most `count` of `samples`, evenly spaced over the list: a split's files are listed class by class, so
-    every class keeps its share (where the first `count` would hold the first classes alone)."""
+    """At most `count` of `samples`, evenly spaced over the list (so that every class keeps its share)."""
     if count >= len(samples):
         return samples
     return [samples[i * len(samples) // count] for i in range(count)]

@@ -110,8 +110,7 @@ class EmbeddedScans:
         return output / BEST
 
     def pretraining_dir(self, model_name: str, model_kwargs: dict) -> Path:
-        """`backbones/MODEL-KEY` (`MODEL_ANNOTATOR-KEY` from another annotator): KEY a digest of everything that
-        shapes the pretraining, so that one made otherwise is never taken for it."""
+        """`backbones/MODEL-KEY`: KEY a digest of everything that shapes the pretraining."""
         shaping = dict(model=model_name, model_kwargs=model_kwargs, annotator=self.annotator, scans=VERSION,
                        recipe=vars(pretraining_recipe(model_name, model_kwargs)))
         key = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=repr).encode()).hexdigest()[:10]

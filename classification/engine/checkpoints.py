@@ -61,8 +61,7 @@ def recorded_data_config(settings: dict) -> dict:
 
 def checkpoint_data_config(checkpoint: str | Path | None, model_config: dict, img_size: int | None = None,
                            crop_pct: float | None = None) -> dict:
-    """The model's own data config, overlaid with what the checkpoint records of its run's evaluation, then with an
-    explicit `img_size` and `crop_pct`; a size other than the recorded one is logged."""
+    """The model's data config, under what the checkpoint records, under `img_size` and `crop_pct`."""
     recorded = recorded_data_config(checkpoint_settings(checkpoint)) if checkpoint else {}
     config = {**model_config, **recorded}
     if img_size is not None:

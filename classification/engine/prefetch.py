@@ -158,8 +158,7 @@ class Prefetcher:
             torch.cuda.set_device(self.device)  # a new thread starts on device 0
 
     def handed_over(self, prepared: Prepared) -> dict:
-        """The batch for the training stream: it waits (on the device) for the preparing stream's event, and the
-        batch's memory is kept from reuse until the training stream is done with it."""
+        """The batch for the training stream, waiting (on the device) for the preparing stream's event."""
         if prepared.done is None:
             return prepared.batch
         training = torch.cuda.current_stream(self.device)

@@ -112,8 +112,7 @@ class Pace:
 
 
 class TrainingStep(NamedTuple):
-    """What a training log line reports: the update, the latest loss read (one step late: `EpochProgress`), the lr,
-    the pass's batch and length (None: unknown), and its pace."""
+    """What a training log line reports: update, latest loss, lr, batch and length (None: unknown), pace."""
 
     update: int
     loss: float

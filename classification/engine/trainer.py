@@ -236,8 +236,7 @@ def fused_optimizer_device(model: nn.Module) -> bool:
 
 
 def use_channels_last(model: nn.Module) -> None:
-    """Convolution weights and the model's input in channels-last layout, for models with 2-D convolutions (conv
-    stems, patch embeddings, CNNs): faster convolutions, the same values."""
+    """Convolution weights and input in channels-last layout, for models with 2-D convolutions."""
     if any(isinstance(m, nn.Conv2d) for m in model.modules()):
         model.to(memory_format=torch.channels_last)
         model.register_forward_pre_hook(channels_last_input)
@@ -249,8 +248,7 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
-    """timm's weight-decay groups of `model` (none on biases, norms and `no_weight_decay()`); with `layer_decay`,
-    timm's layer-wise groups, the top layer's first (the lr logged)."""
+    """timm's weight-decay groups of `model`, or with `layer_decay` its layer-wise groups (the top's first)."""
     skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
     if not layer_decay:
         return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from backbones import bare_model
-from backbones.common.cli import SAME_WORK_EVERYWHERE, add_workers_argument, command_parser, positive_int
+from backbones.common.cli import SAME_WORK_EVERYWHERE, add_workers_argument, command_parser, fraction, positive_int
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
@@ -68,21 +68,11 @@ MB = 1024 ** 2
 COMPARE_ROUNDS, COMPARE_BATCHES = 4, 20  # tar-vs-folders: rounds of each reader, batches timed in each
 
 
-def scale_fraction(value: str) -> float:
-    try:
-        scale = float(value)
-    except ValueError:
-        scale = -1.0
-    if not 0 < scale <= 1:
-        raise argparse.ArgumentTypeError(f'{value!r} is not a fraction in (0, 1]')
-    return scale
-
-
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
     p = command_parser(description, 'rehearse_scale.py')
     p.add_argument('--root', type=output_folder, default=REPOSITORY / 'output' / 'rehearse_scale',
                    help='where the trees, the store and the runs go (kept and reused)')
-    p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
+    p.add_argument('--scale', type=fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
     p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
                    help='the stages to run (in the order above)')
     add_workers_argument(p, 2, SAME_WORK_EVERYWHERE, least=1)
