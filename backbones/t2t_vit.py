@@ -66,9 +66,8 @@ def _random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class PerformerLayer(nn.Module):
-    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features. The width
-    changes from `dim` to `token_dim`, so the skip adds v; the feature map and normalisation run in fp32 under
-    autocast (the published fp16 NaNs came from them)."""
+    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features, the skip
+    adding v (the width changes); fp32 under autocast (the published fp16 NaNs came from there)."""
 
     def __init__(self, dim: int, token_dim: int = 64, kernel_ratio: float = 0.5, eps: float = 1e-8) -> None:
         super().__init__()

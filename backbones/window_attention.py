@@ -158,9 +158,8 @@ class WindowAttention(nn.Module):
     def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              terms: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                              regions_per_image: int) -> torch.Tensor:
-        """`_attend` with the relative positions, a chunk of queries at a time, the bias built inside each chunk
-        under checkpointing when training: a bias kept for backward in every block took more memory than global
-        attention (docs/speed.md)."""
+        """`_attend` with the relative positions, a chunk of queries at a time, each chunk's bias built under
+        checkpointing when training (a bias per block took more memory than global attention)."""
         _, heads, L, _ = q.shape
         # sized per image, not per batch: the chunks may not depend on a batch size that an export keeps dynamic
         rows = max(1, BIAS_CHUNK_ELEMENTS // (regions_per_image * heads * k.shape[2]))

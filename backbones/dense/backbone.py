@@ -112,8 +112,7 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
 
 def check_dinov2_inputs(model: nn.Module, model_name: str, final_norm: bool, class_token: bool) -> None:
     """A model that cannot give what `final_norm` or `class_token` ask: no norm over its tokens (BEiT's and EVA's
-    is over the pooled feature, `fc_norm`), no class token, or one its blocks do not carry (CaiT's joins after them;
-    `block_prefix_tokens` 0)."""
+    `fc_norm` is over the pooled feature), no class token, or one its blocks do not carry (CaiT's)."""
     if final_norm and isinstance(model.norm, nn.Identity):
         raise UsageError(f'model.backbone.final_norm: {model_name} has no final norm over its tokens (its norm is '
                          'over the pooled feature)')

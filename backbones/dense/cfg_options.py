@@ -55,9 +55,8 @@ def registered_names(registry: object) -> set[str]:
 
 
 def keyword_names(target: object) -> set[str] | None:
-    """The keywords `target` (a class or a function) takes: its `__init__`'s, and its bases' (or `KEYWORDS_GO_TO`'s)
-    while each passes `**kwargs` on; None where they end in a `**kwargs` nothing here names (anything may be
-    taken)."""
+    """The keywords `target` (a class or a function) takes: its `__init__`'s, and its bases' while each passes
+    `**kwargs` on; None where they end in a `**kwargs` nothing here names."""
     functions = ([klass.__dict__['__init__'] for klass in target.__mro__ if '__init__' in klass.__dict__]
                  if inspect.isclass(target) else [target])
     if getattr(target, '__name__', None) in KEYWORDS_GO_TO:

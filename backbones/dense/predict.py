@@ -82,9 +82,8 @@ def check_resizable(path: Path, size: tuple[int, int], pipeline: list) -> None:
 
 
 def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png',)) -> list[Path]:
-    """`out/<image stem>.png` for each image (the mask's name). Every file an image gets is `out/<image stem><tail>`
-    for each of `tails`: two images that would write one file (`b.png` and `b_color.png`, whose depth picture is
-    `b_color.png` too) are refused, naming both."""
+    """`out/<image stem>.png` for each image. Every file an image gets is `out/<image stem><tail>` for each of `tails`:
+    two images that would write one file (`b.png`, `b_color.png`) are refused, naming both."""
     written: dict[Path, Path] = {}
     for image in images:
         for path in (out / f'{image.stem}{tail}' for tail in tails):

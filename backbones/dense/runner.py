@@ -210,9 +210,8 @@ TRACKER_BACKENDS = {
 
 
 class SuiteRunner(Runner):
-    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable checkpoint and a log without
-    mmengine's notices that ask nothing of the user. An experiment tracker that cannot start its run is a
-    TrackerError, and the run leaves nothing behind."""
+    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable checkpoint, a log without
+    mmengine's idle notices; a tracker that cannot start its run is a TrackerError."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
         additions = FolderAdditions(work_dir)

@@ -20,9 +20,8 @@ def describe_schedule(cfg: Config) -> str:
 
 
 def accumulate_gradients(cfg: Config, steps: int) -> None:
-    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`). mmengine counts iterations,
-    so every count of the schedule is multiplied by `steps`: the config's updates, each of `steps` times the
-    batch, along the same lr curve (the config's lr, set for the papers' global batch)."""
+    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`): every count of the schedule
+    multiplied by `steps`, so the config's updates follow the same lr curve with `steps` times the batch."""
     if steps == 1:
         return
     cfg.optim_wrapper['accumulative_counts'] = steps

@@ -68,9 +68,8 @@ class ChildMemory:
 
 
 def release_free_memory() -> None:
-    """Give the heap's free pages back to the system (glibc's `malloc_trim`), after a large temporary allocation and
-    before loader workers fork: a worker allocating into its parent's free pages copies each (115 MB a worker after
-    the tar listing, tools/rehearse_scale.py)."""
+    """Give the heap's free pages back to the system (glibc's `malloc_trim`) before loader workers fork: a worker
+    allocating into its parent's free pages copies each (115 MB a worker after the tar listing)."""
     gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)

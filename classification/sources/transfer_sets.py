@@ -163,9 +163,8 @@ class Flowers102(TransferLayout):
 
 @register_source
 class StanfordCars(TransferLayout):
-    """Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `devkit/cars_meta.mat` (`class_names`),
-    `devkit/cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (in `devkit/` or the data folder):
-    `annotations` with `fname` and `class` (1..196)."""
+    """Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `cars_meta.mat` (`class_names`),
+    `cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (`annotations`: `fname`, `class` 1..196)."""
     name, key = 'Stanford Cars', 'cars'
     META, TRAIN_ANNOS, TEST_ANNOS = 'devkit/cars_meta.mat', 'devkit/cars_train_annos.mat', \
         'cars_test_annos_withlabels.mat'
@@ -232,9 +231,8 @@ class OxfordPets(TransferLayout):
 
 
 class INaturalist(TransferLayout):
-    """iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (`train2019.json` / `val2019.json`), COCO-like:
-    `images` (`id`, `file_name` relative to the data folder), `annotations` (`image_id`, `category_id`) and
-    `categories` (`id`, `name`)."""
+    """iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (or 2019's), COCO-like: `images` (`id`, `file_name`
+    under the data folder), `annotations` (`image_id`, `category_id`), `categories` (`id`, `name`)."""
 
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         train, test = (self.annotations(data_dir / name) for name in self.files)

@@ -148,9 +148,8 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
 
 
 def loop_from_progress(progress: dict[str, float]) -> dict | None:
-    """The loop against its step from the progress lines of a benchmark stopped before its document (None before
-    both are logged), with the bound as the benchmark names it: the slower of the step and the batched pipeline
-    with the most loader workers (the loop's)."""
+    """The loop against its step from the progress lines of a benchmark stopped before its document (None before both
+    are logged), with the bound as the benchmark names it."""
     def figure(prefix: str) -> float | None:
         return next((value for label, value in progress.items() if label.startswith(prefix)), None)
 
@@ -206,9 +205,8 @@ def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Resul
 
 
 def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str]:
-    """A stage run in a process of its own (this tool's `--stage NAME`) in the call's work folder: it writes its
-    figures into a file of its own as they come, merged here when it ends or is stopped, and the modules it imported
-    into its stage's record."""
+    """A stage run in a process of its own (`--stage NAME`) in the call's work folder, its figures written into a file
+    of its own as they come, then merged here with the modules it imported."""
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             figures = Path(tmp) / f'{name}.json'

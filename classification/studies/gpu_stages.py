@@ -47,9 +47,8 @@ ChildStage = Callable[[Sizes, str, Path, Callable[[str, object], None]], None]
 
 
 def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
-    """The whole loop (`--decode gpu`, `loop_workers` loader processes) against the trainer's step on one batch on the
-    device, on the same model, eager then compiled (not on a CPU, where compiling takes minutes), with the loop's
-    data-wait share; its figures go under `key`."""
+    """The whole loop (`--decode gpu`, `loop_workers` workers) against the trainer's step on one batch on the device, on
+    the same model, eager then compiled (not on a CPU), its data wait; under `key`."""
     def run(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
         from classification.engine.trainer import StepOptions
         from classification.studies import loop_benchmark

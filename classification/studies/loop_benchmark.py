@@ -197,8 +197,7 @@ class BenchedModel:
 
     def window(self, workers: int, min_batches: int | None = None) -> SteadyWindow:
         """A timing window of at least `min_batches` (default `--min-batches`) past what `workers` loader processes
-        prefetch (2 batches without workers) and the loop's prefetcher holds (DEPTH + 1 batches, trained uncounted
-        inside the window: a loop's figure errs low by at most that many)."""
+        prefetch and the loop's prefetcher holds (trained uncounted: a loop's figure errs low by that many)."""
         return SteadyWindow(self.args.seconds, min_batches or self.args.min_batches,
                             workers * PREFETCH_FACTOR + 2 + DEPTH + 1, self.info.device)
 

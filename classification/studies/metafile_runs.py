@@ -12,9 +12,8 @@ from classification.studies.results_data import DataFiles
 
 
 def embedded_runs(files: DataFiles, *tasks: str) -> str:
-    """The metafile's runs of the embedded defaults of `tasks`, each a list item; `latest` first: each config's
-    latest run alone, a table of its scores and total time; `layouts` first: the runs on the pages in a published
-    set's layout (the others without)."""
+    """The metafile's runs of the embedded defaults of `tasks`, each a list item; `latest` first: each config's latest
+    run, its scores and total time; `layouts` first: the runs in a published set's layout."""
     latest, in_layouts = tasks[:1] == ('latest',), tasks[:1] == ('layouts',)
     runs = embedded_defaults(files, tasks[1:] if latest or in_layouts else tasks, in_layouts)
     if not latest:

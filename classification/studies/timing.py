@@ -40,9 +40,8 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
 
 
 class SteadyWindow:
-    """A steady-state timing of batches, or of a training run's updates: after `warmup` untimed ones, at least
-    `seconds` and `min_batches`, told of each batch once done (`done`) or wrapping them (`batches`). The clock starts
-    and stops when the device has finished the warm-up's and the window's work."""
+    """A steady-state timing of batches or of a run's updates: after `warmup` untimed ones, at least `seconds` and
+    `min_batches`, told of each batch (`done`) or wrapping them (`batches`), clocked on the device."""
 
     def __init__(self, seconds: float, min_batches: int, warmup: int,
                  device: torch.device = torch.device('cpu')) -> None:

@@ -135,9 +135,8 @@ class KITTIDepthDataset(BaseSegDataset):
 
 
 def prediction_name(image: str) -> str:
-    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME (every drive numbers from 0),
-    with the camera for one other than the Eigen test's image_02; outside a drive's folder, its path's parts
-    joined."""
+    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME, with the camera for one other than
+    the Eigen test's image_02; outside a drive's folder, its path's parts joined."""
     drive, camera, frame = frame_of(image)
     if drive is None:
         return '_'.join(Path(image).with_suffix('').parts)

@@ -190,9 +190,8 @@ class StaticMaskRCNN(nn.Module):
 
     def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, sizes: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
-        """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections (B, K)) of
-        the proposals flagged `valid`, by the RoI heads' post-processing (NMS over the `candidates` best); padded
-        with zeros."""
+        """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections) of the
+        proposals flagged `valid`, by the RoI heads' post-processing; padded with zeros."""
         heads = self.detector.roi_heads
         count, number, classes = scores.shape
         boxes = clipped(boxes.expand(count, number, classes, 4), sizes)[:, :, 1:].reshape(count, -1, 4)

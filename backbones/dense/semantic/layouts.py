@@ -67,9 +67,8 @@ class ClassesById:
 
 @DATASETS.register_module()
 class CityscapesIdsDataset(ClassesById, CityscapesDataset):
-    """mmseg's CityscapesDataset, its classes by id if asked; an image without its *_gtFine_labelTrainIds.png reads
-    its *_gtFine_labelIds.png, mapped to train ids by CITYSCAPES_TRAIN_IDS (then by the data set's own label map, if
-    any)."""
+    """mmseg's CityscapesDataset, its classes by id if asked; an image without its *_gtFine_labelTrainIds.png reads its
+    *_gtFine_labelIds.png, mapped by CITYSCAPES_TRAIN_IDS."""
 
     reads_label_ids = True  # the published masks, without mmseg's converter
 
