@@ -217,8 +217,7 @@ def prefix_tokens_in_blocks(model: nn.Module) -> int:
 def use_window_attention(model: nn.Module, window_size: int | None, global_blocks: Sequence[int] | None = None,
                          rel_pos: bool = False, depth: int | None = None) -> None:
     """Window attention of `window_size` tokens a side in every block but `global_blocks` (None: ViTDet's 4 over
-    `depth`), decomposed relative positions in every block with `rel_pos` (a global block's sized for the model's
-    grid); without a window size every block is global."""
+    `depth`), decomposed relative positions in every block with `rel_pos`."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
     if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on

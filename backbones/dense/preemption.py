@@ -55,10 +55,8 @@ def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int 
 
 @LOOPS.register_module()
 class ResumableIterLoop(IterBasedTrainLoop):
-    """mmengine's iteration loop that resumes exactly where its checkpoint was written (see the module docstring):
-    its loader placed there (or replayed), torch's random state put back after that, the validation a checkpoint was
-    written before run first, and every validation kept out of training's random streams. `PreemptionCheckpoints`
-    records and hands over what it needs."""
+    """mmengine's iteration loop resuming exactly where its checkpoint was written (the module docstring): its loader
+    placed there, torch's random state put back, every validation kept out of training's random streams."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -110,9 +108,8 @@ class ResumableIterLoop(IterBasedTrainLoop):
             next(self.dataloader_iterator)
 
     def catch_up(self) -> None:
-        """A resumed run, its loader placed, brought to where the stopped one wrote its checkpoint: torch's random
-        state put back (after the placing: starting a loader's processes draws from it; mmengine restores neither),
-        the validation still due run."""
+        """A resumed run, its loader placed, brought to where the stopped one wrote its checkpoint: torch's random state
+        put back after the placing (which draws from it), the validation still due run."""
         if self.resumed_rng is not None:
             set_torch_rng_state(self.resumed_rng)
         if self.resumed_before_validation and self.validates(self._iter):  # (a schedule changed on resume may not)

@@ -183,9 +183,8 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallback: EmbeddedSegData | None = None,
                          cfg_options: dict | None = None) -> None:
-    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose: the data's classes must be the
-    ones the checkpoint was trained on (by name; a detector's by id and name), the checkpoint's own serving where no
-    data is at hand, and the test pipeline is the one its validations ran."""
+    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose: the checkpoint's classes (its
+    own where no data is at hand), and the test pipeline its validations ran."""
     task = task_of(cfg)
     if not data.at_hand:
         task.use_trained_classes(cfg, checkpoint)

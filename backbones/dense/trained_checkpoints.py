@@ -56,10 +56,8 @@ def weight_names(checkpoint: str) -> list[str]:
 
 
 def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, config: str | None = None) -> None:
-    """A checkpoint a dense tool is given: there (checked before any work, such as writing the embedded data), a
-    dense model's (an image classifier's weights would fail on every key, after the tool had asked for the data set
-    it was trained on), and of the config's `task` (a detector given to a depth config was refused as a class
-    mismatch)."""
+    """A checkpoint a dense tool is given: there, checked before any work; a dense model's (not an image classifier's);
+    and of the config's `task`."""
     if not Path(checkpoint).is_file():
         found = 'a folder, not a checkpoint file' if Path(checkpoint).is_dir() else 'checkpoint file not found'
         raise CheckpointError(f'{checkpoint}: {found}')
@@ -84,9 +82,8 @@ def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, co
 
 
 def check_resumed_run(work_dir: str, task: DenseTask, config: str, max_iters: int) -> None:
-    """The run a work dir holds is of the config's `task`, as its newest readable checkpoint says (the one a resume
-    continues from: `runner.SuiteRunner` falls back past those that do not read, and leaves their naming to it), and
-    has something left to do: one that finished its `max_iters` (trained and validated) is AlreadyDone."""
+    """The run a work dir holds is of the config's `task`, as the checkpoint a resume continues from says, and has
+    something left to do: one that finished its `max_iters` is AlreadyDone."""
     for candidate in iteration_checkpoints(work_dir):
         try:
             names = weight_names(str(candidate))

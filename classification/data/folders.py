@@ -24,10 +24,9 @@ from classification.token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):
-    """One split of a classification data set, as its source lists it. Items: `image`, `label`, `index`, the crop
-    `geometry` with a training transform, and with a token-label store `scores`, `classes`, `extent` and `has_map`.
-    An unreadable image is None with `skip_unreadable` (dropped and counted by `collate_skipping`), else an
-    `ImageReadError`. The index is held in NumPy arrays, which forked loader workers share."""
+    """One split of a classification data set, as its source lists it: `image`, `label`, `index`, `geometry` and the
+    store's `scores`, `classes`, `extent`, `has_map`; an unreadable image None with `skip_unreadable`. The index is in
+    NumPy arrays, which forked workers share."""
 
     def __init__(
             self,

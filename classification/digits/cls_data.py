@@ -101,9 +101,8 @@ class EmbeddedScans:
                           ANNOTATOR_KWARGS)
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
-        """`best.pth` of `model_name` pretrained with token labeling on the scans: the first stage of a segmentation
-        config on the embedded pages. Kept when finished and readable; a stopped run is continued as train_cls
-        --resume does (a stop here exits 75), an unreadable one trained again."""
+        """`best.pth` of `model_name` pretrained with token labeling on the scans, for a segmentation config on the
+        pages: kept when finished, a stopped run continued (a stop here exits 75), an unreadable one redone."""
         model_kwargs = dict(model_kwargs or {})
         output = self.pretraining_dir(model_name, model_kwargs)
         run_distributed(lambda info: self._pretrain(model_name, model_kwargs, output, info))

@@ -116,9 +116,8 @@ class BatchPreparation:
 
 
 class Prefetcher:
-    """`prefetch(batches, seed, first)` yields each batch ready for its step, `depth` batches ahead (0: serially, the
-    targets made in the loss); batch n (from `first`) draws from `hash_seed(seed, n)`. The first batch is prepared
-    alone (its forward gives the token grid); a batch that fails to prepare raises when its turn comes."""
+    """`prefetch(batches, seed, first)` yields each batch ready for its step, `depth` batches ahead (0: serially); batch
+    n draws from `hash_seed(seed, n)`; a batch that fails to prepare raises in its turn."""
 
     def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
                  depth: int = DEPTH, thread: bool | None = None) -> None:

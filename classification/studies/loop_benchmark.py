@@ -421,9 +421,8 @@ def step_flops(bench: BenchedModel, images_per_second: float, peak: float | None
 
 
 def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, device: str) -> dict[str, float]:
-    """Images/s that `workers` loader processes cannot beat on `cores` cores: each does the workers' share of the
-    work at best at the one-core rate, and no more of them run at once than there are cores. On a CPU device the
-    batched path's device half runs on the same cores, so the whole path's one-core rate bounds it too."""
+    """Images/s that `workers` loader processes cannot beat on `cores` cores: the one-core rate times the workers that
+    run at once; on a CPU device, also the whole batched path's one-core rate."""
     busy = min(workers, cores)
     workers_half = busy * per_core['batched_workers_half']  # also bounds any pipeline that does more per image
     batched = min(workers_half, cores * per_core['batched']) if device == 'cpu' else workers_half

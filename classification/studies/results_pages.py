@@ -44,9 +44,8 @@ class Page:
         return wrapped('; '.join(self.measured(name) for name in self.files.read) + '.')
 
     def measured(self, name: str) -> str:
-        """Where and when a data file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
-        c24ec1c, 2026-11-28 ([results/...](results/...))', a study run in stages at several commits naming each
-        (`figures.commits`); a publication's: its source; the metafile's runs name their own."""
+        """Where and when a data file's figures were measured, with a link to it ('2 CPU cores, torch 2.15.0, commit
+        c24ec1c, 2026-11-28 ([results/...](results/...))'); a publication's: its source."""
         document, link = self.files[name], self.link(name)
         if name == 'metafile':
             return f'Each run\'s commit, date and machine: {link}'

@@ -144,9 +144,8 @@ def write_class_tar(path: Path, names: list[str], jpegs: list[bytes]) -> None:
 
 
 def build_tars(root: Path, scale: float) -> dict:
-    """The image tree as tars (`root/imagenet-tar`): the training split a folder of 1,000 per-class tars (the
-    ILSVRC2012 training tar unpacked one level), the validation split one tar of class folders; the same names and
-    bytes as the class folders, so one label store serves both."""
+    """The image tree as tars (`root/imagenet-tar`): the training split 1,000 per-class tars, the validation split one
+    tar of class folders; the same names and bytes, so one label store serves both."""
     data = root / LAYOUTS['tars']
     shutil.rmtree(data, ignore_errors=True)
     (data / 'train').mkdir(parents=True)

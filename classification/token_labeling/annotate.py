@@ -35,9 +35,8 @@ from classification.token_labeling.label_store import (
 
 @torch.no_grad()
 def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, C) class logits at every feature position, global pooling removed: a CNN's own head on each position
-    as a 1x1 map (its norm and pre-logits kept); a token model's token head if it has one, else its class head (a
-    distilled model's two averaged), on every patch token."""
+    """(B, h, w, C) class logits at every feature position: a CNN's own head on each position as a 1x1 map; a token
+    model's token head if it has one, else its class head, on every patch token."""
     features = model.forward_features(x)
     if features.ndim == 4:
         grid = feature_grid(model, features)

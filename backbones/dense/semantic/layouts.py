@@ -52,9 +52,8 @@ CITYSCAPES_UNLABELED = 0  # the label id the embedded pages' ignored pixels are 
 
 
 class ClassesById:
-    """Mixed into an mmseg data class: with `classes_by_id`, the config's classes (another set's, written in this
-    set's layout and ids: the embedded small data) name the stored ids 0, 1, ... in order, where mmseg takes only a
-    subset of the set's own classes, mapped by name."""
+    """Mixed into an mmseg data class: with `classes_by_id`, the config's classes (the embedded data's, written in this
+    set's layout) name the stored ids 0, 1, ... in order, not a subset of the set's own by name."""
 
     def __init__(self, *args, classes_by_id: bool = False, **kwargs) -> None:
         self.classes_by_id = classes_by_id
@@ -194,9 +193,8 @@ class PublishedLayout(WrittenLayout):
 
 
 def fit_resizing(pipeline: list[dict], data: SmallDenseData) -> None:
-    """The pipeline's resizing at the size that the task's scaling (`data.scale`) turns into the small data's own
-    image size: the sets' scales are for their images' shapes (Pascal Context's (520, 520) would shrink a wide page
-    to a third), the pages are drawn at the size the backbone was pretrained at."""
+    """The pipeline's resizing at the size that `data.scale` turns into the small data's image size: the sets' scales
+    are for their images' shapes, the pages drawn at the backbone's pretraining size."""
     width, height = data.image_size
     for step in pipeline:
         if step['type'] in ('Resize', 'RandomResize') and 'scale' in step:

@@ -22,9 +22,8 @@ from backbones.dense.layouts import annotation_values
 def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Tensor, label: torch.Tensor,
                     classes: Sequence[str], metrics: Sequence[str] = ('mIoU',), nan_to_num: float | None = None,
                     beta: float = 1) -> dict:
-    """mIoU, mAcc, aAcc and the means of the other `metrics` mmseg's IoUMetric computes, in percent, classes absent
-    from ground truth and prediction left out as mmseg; the class table (mmseg's arithmetic); and the classes the
-    ground truth holds no pixel of (`unlabelled`)."""
+    """mIoU, mAcc, aAcc and the means of the other `metrics` mmseg's IoUMetric computes, in percent, with mmseg's
+    arithmetic; the class table; the classes without ground-truth pixels (`unlabelled`)."""
     with np.errstate(divide='ignore', invalid='ignore'):
         table = IoUMetric.total_area_to_metrics(intersect, union, pred, label, list(dict.fromkeys(['mIoU', *metrics])),
                                                 nan_to_num, beta)

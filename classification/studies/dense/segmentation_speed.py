@@ -67,9 +67,8 @@ def timed(fn, batches: list) -> float:
 
 
 def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
-    """Seconds from a resumed run's loop start to its first batch, at `iteration` of the loader of `loader_cfg`:
-    mmengine's replay (estimated as the first batch plus `iteration` times the mean of `replayed` batches read
-    next), and the sampler placed there, timed whole; with the machine's one-minute load average before and after."""
+    """Seconds from a resumed run's loop start to its first batch at `iteration`: mmengine's replay (the first batch
+    plus `iteration` times the mean of `replayed`) and the placed sampler's; the load average beside."""
     def build(sampler: str):
         return SuiteRunner.build_dataloader({**copy.deepcopy(loader_cfg), 'sampler': dict(type=sampler)}, seed=0)
 
@@ -93,9 +92,8 @@ def replay_seconds(loader, batches: int) -> tuple[float, float]:
 
 
 def multi_scale_costs(cfg, model, args) -> dict:
-    """Multi-scale + flip (flips on, as on ADE20K, whatever the data): the suite's test (each scale and its mirror
-    image in one batch), the same window by window, and mmseg's (ten pipeline views, one by one); against the sum of
-    the ten single passes (each view as a single-scale test); and the two test-time pipelines' images/s."""
+    """Multi-scale + flip: the suite's test (each scale and its mirror image in one batch), the same window by window,
+    and mmseg's (ten views, one by one), against the ten single passes; the pipelines' images/s."""
     ms_cfg = copy.deepcopy(cfg)
     ms_cfg.tta_model['flip'] = True
     use_multi_scale(ms_cfg, flip=True)
