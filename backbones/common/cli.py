@@ -61,9 +61,8 @@ class CommandParser(argparse.ArgumentParser):
         self.foreign_flags: dict[str, str] = {}
 
     def add_foreign_flags(self, origin: str, equivalents: Mapping[str, str | None]) -> None:
-        """Flags of another program (`origin`, e.g. "mmseg's tools/test.py") that users type out of habit, each with
-        what this command takes instead (None: nothing): given one, the command stops with one line naming them,
-        before any other check. A flag the parser takes itself is its own, so one table may serve several commands."""
+        """Flags of another program (`origin`) that users type out of habit, each with what this command takes instead
+        (None: nothing): given one, the command stops with one line naming them, before any other check."""
         for flag, equivalent in equivalents.items():
             instead = f'use {equivalent}' if equivalent else 'it has no equivalent here'
             self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'

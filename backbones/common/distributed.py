@@ -124,8 +124,7 @@ class HostCopy(NamedTuple):
 
 class LaggingSum:
     """Sums of a few numbers over all processes, read one round late so that no round waits for the device:
-    `exchange(values)` starts summing `values` and returns the previous round's sums (zeros at first), the same in
-    every process at the same round (what agreeing on a stop needs), as a `HostCopy` on a GPU."""
+    `exchange(values)` returns the previous round's sums (zeros at first), the same in every process."""
 
     def __init__(self, info: DistInfo, size: int) -> None:
         self.info, self.size = info, size

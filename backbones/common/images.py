@@ -82,10 +82,9 @@ def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple
 
 def read_image(path: Path | BinaryIO, before_decode: Callable[[Image.Image], bool | None] | None = None,
                data: bytes | None = None) -> Image.Image | None:
-    """Decode an image file (or its bytes from a tar, `MemberFile`) completely to RGB; failures name it. Without
-    `before_decode`, colour JPEGs go through `read_rgb`'s decoder. `before_decode` sees the opened image: it may
-    ask for a reduced decode (`Image.draft`) or return False to leave it undecoded (None returned). `data`: the
-    file's bytes where the caller read them already."""
+    """Decode an image file (or its bytes from a tar, `MemberFile`; `data`: bytes already read) completely to RGB,
+    failures naming it; colour JPEGs by `read_rgb`'s decoder unless `before_decode`, which sees the opened image and may
+    draft it or return False to leave it undecoded (None returned)."""
     if before_decode is None and data is None:
         data = image_bytes(path)
         size = colour_jpeg_size(data)

@@ -139,12 +139,9 @@ def fixed_grid(model: nn.Module) -> bool:
 
 @MODELS.register_module()
 class TokenBackbone(BaseModule):
-    """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) or plain timm ViT as an
-    mmseg backbone: the model pruned to what the blocks in `out_indices` need (no heads, final norm or later blocks),
-    `drop_path_rate` its stochastic depth; `frozen`: no parameter of it requires a gradient, its forward keeps no
-    graph, and it stays in eval mode when the segmentor trains (no dropout or drop-path); `final_norm`: the final
-    norm kept and applied to every map; `class_token`: each map (B, 2D, h, w), the block's class token beside every
-    cell's patch token."""
+    """Any suite model (CaiT without its class-attention stage) or plain timm ViT as an mmseg backbone, pruned to what
+    the blocks in `out_indices` need; `frozen`: no gradient, no graph, always in eval mode; `final_norm`: the final norm
+    on every map; `class_token`: each map (B, 2D, h, w), the block's class token beside every patch token."""
 
     def __init__(
             self,

@@ -16,11 +16,10 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SmallDenseData:
-    """A small data set in the tasks' shared folder layout (the embedded pages), pointed at in place of a config's
-    own: under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (class c stored as c +
-    1); depth/{split}/NAME.png, `depth_scale` per metre; annotations/instances_{split}.json, COCO's format.
-    `image_size`: (width, height); `scale`, `ratio_range`, `test_ratios`: a semantic config's sizes there;
-    `mirrored`: whether flips are allowed (a mirrored glyph is no glyph)."""
+    """A small data set in the tasks' shared layout (the embedded pages), pointed at in place of a config's own: under
+    `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png (class c as c + 1); depth/{split}/NAME.png
+    (`depth_scale` per metre); annotations/instances_{split}.json. `scale`, `ratio_range`, `test_ratios`: a semantic
+    config's sizes; `mirrored`: flips allowed."""
 
     root: Path
     classes: tuple[str, ...]

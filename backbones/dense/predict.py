@@ -95,12 +95,10 @@ def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png'
 
 
 class SegPredictor:
-    """`predictor(path)`: the class index of every pixel of an image, as tools/test_seg.py predicts it
-    (`multi_scale`, with flips unless `flip` is False); `predictor.predict(path)`: the model's data sample, for
-    any dense task (`task`; `tested` is its test-time augmentation around `model`). The data is chosen as test_seg
-    chooses it (`load_trained_config`, which takes `loaded`): its classes, palette and label values are the
-    predictor's; without data at hand (an error where `need_data`), the checkpoint's classes and recorded test
-    pipeline serve."""
+    """`predictor(path)`: the class index of every pixel of an image as tools/test_seg.py predicts it (`multi_scale`,
+    `flip`); `predictor.predict(path)`: the model's data sample, for any dense task (`tested`: its test-time
+    augmentation). The data is chosen as test_seg chooses it (`load_trained_config`); without data at hand, the
+    checkpoint's classes and recorded test pipeline serve."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,

@@ -43,9 +43,8 @@ def recorded_seed(work_dir: str | Path) -> int | None:
 
 
 def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int | None:
-    """The seed a run takes: its config's; on resume the run's own; else None, for mmengine to draw one, the same in
-    every process (it broadcasts the main process's), and keep it in the checkpoints. (A seed drawn here, in each
-    process, would give each its own sampler order: their shares of the data would overlap.)"""
+    """The seed a run takes: its config's; on resume the run's own; else None, for mmengine to draw one and broadcast it
+    (one drawn here in each process would give each its own sampler order)."""
     if configured is not None:
         return int(configured)
     if resume and (seed := recorded_seed(work_dir)) is not None:
