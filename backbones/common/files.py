@@ -158,7 +158,7 @@ def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowe
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')
     check_torch_format(path, what)
-    check_zip_checksums(path, what)
+    check_zip_checksums(path, what, file_version(path))
     try:
         with release_globals_allowed(allowed):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -214,16 +214,12 @@ def file_version(path: Path) -> tuple[int, ...]:
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def check_zip_checksums(path: Path, what: str = 'PyTorch checkpoint') -> None:
-    """A file in torch's zip format matches the CRC-32 its zip records for every member (torch.load does not check
-    them), else a CheckpointReadError naming it; legacy files record none and pass."""
-    _check_zip_checksums(path, what, file_version(path))
-
-
 # The tools read a checkpoint several times (its settings, classes, weights): each version of a file is read whole
 # for its checksums once.
 @functools.lru_cache(maxsize=64)
-def _check_zip_checksums(path: Path, what: str, version: tuple[int, ...]) -> None:
+def check_zip_checksums(path: Path, what: str, version: tuple[int, ...]) -> None:
+    """A file in torch's zip format (`version`: `file_version`'s) matches the CRC-32 its zip records for every member
+    (torch.load does not check them), else a CheckpointReadError naming it; legacy files record none and pass."""
     with open(path, 'rb') as f:
         head = f.read(len(ZIP_MAGIC))
     if head != ZIP_MAGIC and not zipfile.is_zipfile(path):

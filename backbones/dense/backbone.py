@@ -126,11 +126,6 @@ def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor) -> torch.Ten
     return torch.cat([patch_map, prefix[:, 0, :, None, None].expand_as(patch_map)], 1)
 
 
-def token_stride(model: nn.Module, img_size: int) -> int:
-    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says."""
-    patch = getattr(model.patch_embed, 'patch_size', None)
-    return int(patch[0]) if patch else img_size // model.patch_embed.grid_size[0]
-
 
 def fixed_grid(model: nn.Module) -> bool:
     """Whether the model reads its `img_size` only (a timm model built without `dynamic_img_size`)."""
@@ -181,7 +176,8 @@ class TokenBackbone(BaseModule):
         if window_size is not None or global_blocks is not None or rel_pos:
             use_window_attention(self.model, window_size, global_blocks, rel_pos, depth=depth)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
-        self.patch_size = token_stride(self.model, img_size)
+        patch = getattr(self.model.patch_embed, 'patch_size', None)  # timm's; else the grid at `img_size` says
+        self.patch_size = int(patch[0]) if patch else img_size // self.model.patch_embed.grid_size[0]
         self.stride = STRIDE
         self.img_size = img_size if fixed_grid(self.model) else None  # the one input size of a fixed-grid model
         self.use_ema, self.model_name = use_ema, model_name

@@ -202,11 +202,6 @@ class EntryChecks(Protocol):
     def check_values(self, dataset, values: set[int]) -> None: ...
 
 
-def checked_pairs(data_list: list[dict], num_classes: int, task: EntryChecks) -> list[PairCheck]:
-    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`)."""
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
-        return list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
-
 
 def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
@@ -228,7 +223,9 @@ def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
     if stray:
         raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {suffix} and would be left '
                         f'out: {", ".join(map(str, stray[:SHOWN]))}; convert them or set img_suffix')
-    checks = checked_pairs(data_list, len(dataset.metainfo['classes'] or ()), task)
+    num_classes = len(dataset.metainfo['classes'] or ())
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
+        checks = list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
     problems = [check.problem for check in checks]
     fatal = [p.message for p in problems if p and not (skip_unreadable and p.unreadable_image)]
     if fatal:

@@ -373,12 +373,6 @@ def check_timm_train(args: argparse.Namespace) -> None:
                          f"https://github.com/huggingface/pytorch-image-models at the installed timm's version")
 
 
-def timm_train_images_per_second(script: Path, bench: BenchedModel, output: Path) -> dict[str, float | int]:
-    """timm's train.py on the benched model and data (`timm_train_command`), timed by `timed_updates`."""
-    command = timm_train_command(script, bench.name, bench.num_classes, bench.data.root, output, bench.args)
-    return timed_updates(LaunchedCommand(command, f'timm\'s {script.name}', update_of_timm_line), bench)
-
-
 def timed_updates(run: LaunchedCommand, bench: BenchedModel) -> dict[str, float | int]:
     """Images/s of a training run from its update lines, in a window after update `--skip-updates` of at least
     `--seconds` and `--min-batches` updates, within the first epoch; then every process of the run is stopped."""
@@ -505,8 +499,10 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
             figures['train_cls'] = train_cls_images_per_second(bench, loop_path, Path(output))
     if against_timm:
         with tempfile.TemporaryDirectory() as output:
-            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), bench,
-                                                                            Path(output))
+            script = Path(args.timm_train)
+            command = timm_train_command(script, bench.name, bench.num_classes, bench.data.root, Path(output), args)
+            timm_run = figures['timm_train'] = timed_updates(
+                LaunchedCommand(command, f'timm\'s {script.name}', update_of_timm_line), bench)
         timm_run['suite_ratio'] = figures['train_cls']['img_s'] / timm_run['img_s']
     figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
     figures['measurement_errors'] = measurement_errors(figures, args.workers)

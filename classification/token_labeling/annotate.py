@@ -86,12 +86,6 @@ def _collate_rows(items):
                                                                                if image is None]
 
 
-def annotator_transform(img_size: int, data_cfg: dict):
-    """The whole image squashed to img_size, normalised as the annotator expects (timm's 'squash' eval)."""
-    return create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
-                            interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
-
-
 # The meta data values that shape a generated store: a rerun must give the same ones (or leave them out).
 GENERATION_SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'amp', 'topk', 'shard_size', 'split',
                       'classes', 'paths_sha256')
@@ -132,7 +126,9 @@ def generate_token_labels(
     model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
     data_cfg = checkpoint_data_config(checkpoint, resolve_data_config({}, model=model), img_size)
     img_size = data_cfg['input_size'][-1]
-    transform = annotator_transform(img_size, data_cfg)
+    # the whole image squashed to img_size, normalised as the annotator expects
+    transform = create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
+                                 interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
     with torch.no_grad():
         probe = dense_scores(model, torch.zeros(1, 3, img_size, img_size, device=info.device))
     grid, topk = tuple(probe.shape[1:3]), min(topk, len(classes))

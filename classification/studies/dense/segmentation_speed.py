@@ -73,7 +73,9 @@ def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
         return SuiteRunner.build_dataloader({**copy.deepcopy(loader_cfg), 'sampler': dict(type=sampler)}, seed=0)
 
     load_before = os.getloadavg()[0]
-    first, rest = replay_seconds(build('InfiniteSampler'), replayed)
+    read = iter(build('InfiniteSampler'))  # its first batch starts the loader's processes
+    first = timed_call(lambda: next(read))[1]
+    rest = timed_call(lambda: [next(read) for _ in range(replayed)])[1]
     placed = build('PlacedInfiniteSampler')
     placed.sampler.start_at(iteration * placed.batch_size)
     after = timed_call(lambda: next(iter(placed)))[1]
@@ -83,12 +85,6 @@ def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
             'first_batch_s': first, 'replayed_batch_s': rest / replayed, 'images_replayed': iteration *
             placed.batch_size, 'before_s': before, 'before_hours': before / 3600, 'after_s': after,
             'speedup': before / after}
-
-
-def replay_seconds(loader, batches: int) -> tuple[float, float]:
-    """Seconds of a loader's first batch (its processes' start), and of the next `batches` together."""
-    read = iter(loader)
-    return timed_call(lambda: next(read))[1], timed_call(lambda: [next(read) for _ in range(batches)])[1]
 
 
 def multi_scale_costs(cfg, model, args) -> dict:
