@@ -2,12 +2,10 @@
 (registered under that name and the former per-family ones, `LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone` and
 `ViTBackbone`, so that configs written for those still run).
 
-It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps (prefix tokens dropped, no
-final norm unless `final_norm`) for an image of any size, resampled onto the stride-16 cells of the image's own
-extent. A timm model must be a plain ViT (`check_backbone_model`). `pretrained` loads a classification checkpoint
-(`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's window attention;
-`frozen`, a fixed feature extractor; `final_norm` and `class_token`, the maps DINOv2's frozen-feature heads read.
-docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
+It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps for an image of any size,
+resampled onto the stride-16 cells of the image's own extent. A timm model must be a plain ViT; `pretrained` loads a
+classification checkpoint (`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's
+window attention. docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
 from __future__ import annotations
 
 import contextlib

@@ -1,9 +1,6 @@
-"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX (`StaticMaskRCNN`): normalised images
-(B, 3, H, W) at one fixed size, each at the top left of its input and padded with zeros, and `image_sizes` (B, 2), each
-image's height and width there -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K), `labels` (B, K;
-the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities at the input size (zero
-outside the image); the K = `top_k` best detections by score (default: the RoI heads' `detections_per_img`), padded
-with zero boxes, scores and masks.
+"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX (`StaticMaskRCNN`): zero-padded images
+(B, 3, H, W) of one size and `image_sizes` (B, 2) -> `boxes` (B, K, 4), `scores` (B, K), `labels` (B, K; from 0, -1
+for padding) and `masks` (B, K, H, W) of the K = `top_k` best detections (default `detections_per_img`), padded.
 
 It is the detector's own inference in pieces (`proposals`, `box_stage`, which a cascade replaces, `detections`,
 `masks`), every number of boxes fixed, and equals the model's `predict` up to float rounding within its bounds

@@ -2,16 +2,13 @@
 schemes: Cityscapes and COCO-Stuff-164k here, the Pascal sets in `pascal` (`backbones.dense.layouts` says what a
 layout is). Each is read by mmseg's own data class, through a subclass registered here that adds two things:
 
-- Cityscapes' masks are read as published, `*_gtFine_labelIds.png` (34 label ids), mapped to the 19 train ids by
-  the official table through mmseg's own `label_map`, where mmseg's converter (tools/dataset_converters/
-  cityscapes.py, which needs cityscapesscripts) has not written `*_gtFine_labelTrainIds.png`; those are read where
-  present.
+- Cityscapes' masks are read as published, `*_gtFine_labelIds.png`, mapped to the 19 train ids by the official
+  table through mmseg's `label_map`, where mmseg's converter has not written `*_gtFine_labelTrainIds.png`.
 - With `classes_by_id` (the embedded pages written in the set's layout), classes that are not the set's own name
   its ids in order, where mmseg would refuse them (it takes a subset of the set's classes, by name).
 
 Before a run each layout's folders, split files and annotation files are checked (`check`), each problem one line
-naming the file or folder, the layout expected and the converter that writes it; mask values are checked by the
-data check's per-entry reading (`data_check.pair_check`, which applies the entries' label maps).
+naming the file, the layout expected and its converter; mask values by `data_check.pair_check`.
 """
 from __future__ import annotations
 
