@@ -37,8 +37,7 @@ def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -
 
 
 def forward_macs(forward: Callable[[], object]) -> int:
-    """Multiply-accumulates of `forward()` (no gradients, on meta tensors) by torch's FLOP counter, which counts the
-    attention's products too (module-level counters miss them)."""
+    """Multiply-accumulates of `forward()` on meta tensors by torch's FLOP counter, attention's products included."""
     # torch's counter knows no formula for the fused CPU attention kernel: count the math form, same MACs.
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         forward()

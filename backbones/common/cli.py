@@ -222,8 +222,7 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (its EMA
-    where kept), `--use-ema` its EMA copy, `--trained-weights` the trained weights."""
+    """Which weights of a training checkpoint a command takes: its model, `--use-ema` its EMA, `--trained-weights`."""
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--use-ema', dest='use_ema', action='store_const', const=True, default=None,
                          help='the EMA weights of a training checkpoint (default: its model, which is the EMA when '

@@ -85,8 +85,7 @@ def write_json_atomic(path: str | Path, obj: object) -> None:
 
 
 class FolderAdditions:
-    """What is added to `folder` from now on (its new entries; the folder itself, with its parents, where it was not
-    there), for `remove` to take back when a start is refused."""
+    """What is added to `folder` from now on (with the folder itself where new), for `remove` to take back."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -152,8 +151,7 @@ def release_globals_allowed(extra: Sequence[object] = ()) -> Iterator[None]:
 
 def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowed: Sequence[object] = (),
                       mmap: bool = False, map_location: str | None = 'cpu') -> object:
-    """`torch.load` with `weights_only=True` (and the `allowed` globals), every failure naming the file: unreadable,
-    a CheckpointReadError; holding other Python objects, a CheckpointError."""
+    """`torch.load(weights_only=True)` with the `allowed` globals, every failure naming the file."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')

@@ -63,8 +63,7 @@ def image_bytes(path: Path | BinaryIO) -> bytes:
 
 def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple[int, int] | None] | None = None,
              fast: bool = False) -> DecodedImage:
-    """A file's pixels as `read_image` decodes them, JPEGs drafted to what `requested` returns for the full size;
-    colour JPEGs through `decode_colour_jpeg` (`fast`: its fast IDCT)."""
+    """A file's pixels as `read_image` decodes them, JPEGs drafted to what `requested` returns for the full size."""
     drawn = {}
 
     def wanted(size: tuple[int, int]) -> tuple[int, int] | None:
@@ -195,8 +194,7 @@ def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_f
 
 def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
                classes_from: str = 'the training split') -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted folders, or those given, which may lack a folder) and (path relative to `data_dir`, label) of
-    one split; a folder outside given classes is an error."""
+    """Classes (sorted folders, or those given) and (path under `data_dir`, label) of one split's images."""
     split_dir = Path(data_dir) / split
     return label_samples(split, str(split_dir), find_classes(split_dir), lambda name: class_files(split_dir / name),
                          classes, classes_from)

@@ -85,8 +85,7 @@ def image_suffix(folders: list[Path]) -> str:
 
 
 def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
-    """A classes-file line's name and colour (None without one): "name" or "name R G B"; anything else that looks
-    like a colour is an error naming `where` (it would become part of the name)."""
+    """A classes-file line's name and colour (None without one): "name" or "name R G B", else an error at `where`."""
     words = line.split()
     numbers = 0
     while numbers < len(words) and NUMBER.fullmatch(words[-1 - numbers]):
@@ -148,8 +147,7 @@ def mask_values(mask_dirs: list[Path]) -> set[int]:
 
 
 def counted_classes(root: Path, mask_dirs: list[Path]) -> list[str]:
-    """Classes 0 .. the largest value of the masks, named 'class N'. Masks that use few of those values are refused:
-    they hold grey levels or 0/255 masks rather than class indices."""
+    """Classes 0 .. the largest mask value, named 'class N'; masks using few of them (grey levels) are refused."""
     found = mask_values(mask_dirs)
     values = found - {IGNORE_INDEX}
     if not values:
@@ -243,8 +241,7 @@ def use_trained_classes(cfg: Config, checkpoint: str) -> None:
 
 
 def check_trained_classes(cfg: Config, checkpoint: str) -> None:
-    """The data set's classes are the ones the checkpoint was trained on (when it records them): a model of other
-    classes with the same count would be scored under the wrong names."""
+    """The data set's classes are the ones the checkpoint was trained on, where it records them (by name)."""
     trained = trained_classes(checkpoint)
     data = tuple(DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': True}).metainfo['classes'])
     if trained is not None and trained[0] != data:
@@ -263,8 +260,7 @@ def training_images(cfg: Config) -> int:
 
 
 def sized_iterations(cfg: Config, processes: int, grad_accum_steps: int) -> int:
-    """The updates that make `own_data.epochs` passes over the training images with the global batch, at least
-    `own_data.min_iters`, at most the config's schedule."""
+    """The updates of `own_data.epochs` passes at the global batch, within `own_data.min_iters` and the config's."""
     rule, images = cfg.own_data, training_images(cfg)
     batch = cfg.train_dataloader['batch_size'] * processes * grad_accum_steps
     iters = min(cfg.train_cfg['max_iters'], max(rule['min_iters'], math.ceil(rule['epochs'] * images / batch)))

@@ -47,8 +47,7 @@ def without_annotations(pipeline: list, task: DenseTask) -> list:
 
 
 def check_opencv_reads(path: Path) -> tuple[int, int]:
-    """An image file of a format OpenCV decodes, as the configs' pipelines read images (a GIF is not: mmcv fails on
-    it with an assertion); its size (width, height) from its header."""
+    """An image file OpenCV decodes, as the pipelines read images (not a GIF), and its (width, height)."""
     try:
         with Image.open(path) as image:
             kind, size = image.format, image.size

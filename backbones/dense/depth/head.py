@@ -30,8 +30,7 @@ class ResidualUnit(nn.Sequential):
 
 
 class DepthHead(VPDDepthHead):
-    """VPD's loss and prediction without its layers: depth up to `max_depth` from `in_channels`; a subclass's last
-    layer is `depth_layer` (the depth task knows a checkpoint by it)."""
+    """VPD's loss and prediction without its layers: depth up to `max_depth`; a subclass's last is `depth_layer`."""
 
     def __init__(self, in_channels: Sequence[int], channels: int, max_depth: float, align_corners: bool,
                  loss_decode: dict | Sequence[dict], init_cfg: dict | None) -> None:

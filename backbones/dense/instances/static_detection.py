@@ -177,8 +177,7 @@ class StaticMaskRCNN(nn.Module):
 
     def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each proposal's box per class (B, P, classes + 1 or 1, 4) and class probabilities (B, P, classes + 1), the
-        background first: the RoI heads' box head and predictor."""
+        """Each proposal's box per class and class probabilities (background first): the box head and predictor."""
         heads = self.detector.roi_heads
         count, number = proposals.shape[:2]
         logits, regression = heads.box_predictor(heads.box_head(pooled(heads.box_roi_pool, features, proposals)))
