@@ -158,7 +158,7 @@ def patch_tokens(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor,
                      weight: float = TOKEN_LOGIT_WEIGHT) -> torch.Tensor:
-    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits (an argument:
+    """The paper's prediction: class logits + `weight` * class-wise max of the (B, N, C) token logits (an argument:
     TorchScript reads no module-level float)."""
     return cls_logits + weight * token_logits.amax(dim=1)
 

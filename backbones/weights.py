@@ -120,8 +120,7 @@ def _strip_prefixes(state_dict: StateDict) -> StateDict:
 
 
 def read_state_dict(path: str | Path, use_ema: bool | None = None) -> StateDict:
-    """The state dict in a checkpoint file, unwrapped and without `module.` prefixes: the file's model (None), its
-    EMA copy (True) or its trained weights (False)."""
+    """The state dict in a checkpoint file, unwrapped: its model (None), its EMA (True) or trained weights (False)."""
     path = Path(path)
     return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
 

@@ -173,8 +173,7 @@ class WindowAttention(nn.Module):
 
     def _attend_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
                       columns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """`_attend` for a chunk of queries, their relative-position bias summed from its factors (the key index
-        row-major, as timm's), none towards the prefix tokens."""
+        """`_attend` for a chunk of queries with their relative-position bias (none towards the prefix tokens)."""
         bias = (rows[..., :, None] + columns[..., None, :]).flatten(-2)
         return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
 
@@ -191,8 +190,7 @@ class WindowAttention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        """timm's attention, or CaiT's talking heads (relative positions before the heads mix, the mask after, masked
-        keys zeroed again after the second mix)."""
+        """timm's attention, or CaiT's talking heads (relative positions before the heads mix, the mask after)."""
         if not self.talking_heads:
             bias = rel_bias if mask is None else mask if rel_bias is None else rel_bias + mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),

@@ -148,8 +148,7 @@ def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | No
 
 
 def own_data_absent(cfg: Config, cfg_options: dict | None = None) -> bool:
-    """An own-data config whose data set is not on disk: what a checkpoint trained on it predicts for new images
-    needs only the classes it records, never the embedded data's."""
+    """An own-data config whose data set is not on disk: a checkpoint of it predicts with the classes it records."""
     return is_own_data_config(cfg) and not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
 
 
@@ -199,8 +198,7 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallba
 
 
 def use_trained_pipeline(cfg: Config, checkpoint: str, cfg_options: dict | None = None) -> None:
-    """The test pipeline the checkpoint's validations ran, where it records one that differs from the config's
-    (one line says so); the command line's options for the test loader win."""
+    """The test pipeline the checkpoint's validations ran, where it records another than the config's (logged)."""
     recorded = (checkpoint_record(checkpoint) or {}).get('test_pipeline')
     if recorded is None or any(key.startswith('test_dataloader') for key in cfg_options or {}):
         return

@@ -111,8 +111,7 @@ def check_training_batch(cfg, processes: int) -> None:
 
 
 def checkpoint_meta(filename: str) -> dict:
-    """The `meta` mmengine writes into its checkpoints (the config, `dataset_meta`, the seed), or {}; read memory-mapped
-    where the file allows, the tensors staying on disk."""
+    """The `meta` mmengine writes into its checkpoints (config, `dataset_meta`, seed), or {}; read memory-mapped."""
     checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
                                    mmap=zipfile.is_zipfile(filename))
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
@@ -257,8 +256,7 @@ class SuiteRunner(Runner):
             self.end_loader_workers()
 
     def end_loader_workers(self) -> None:
-        """Ends the loops' loader worker processes now: kept to the exit, they would be stopped with SIGTERM, which they
-        ignore (`start_worker`), and waited for, for ever."""
+        """End the loops' loader workers now: at exit they would be sent SIGTERM, which they ignore, and waited for."""
         for loop in (self._train_loop, self._val_loop, self._test_loop):
             if not isinstance(loop, BaseLoop):  # a loop not built (its config)
                 continue

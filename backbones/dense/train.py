@@ -249,8 +249,7 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
 
 
 def training_precision(amp: str, gpu: bool | None = None) -> str:
-    """`--amp` resolved (`gpu`: whether the run has one): 'none', 'bf16' or 'fp16'; bf16 and fp16 need a GPU here
-    (mmengine's AmpOptimWrapper), else a UsageError."""
+    """`--amp` resolved (`gpu`: whether the run has one): 'none', 'bf16' or 'fp16', which need a GPU here."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     if not gpu:
         if amp not in ('none', 'auto'):
@@ -261,8 +260,7 @@ def training_precision(amp: str, gpu: bool | None = None) -> str:
 
 
 def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
-    """`--amp` (`training_precision`): bf16 and fp16 train through mmengine's AmpOptimWrapper in that precision;
-    none (auto without a GPU) leaves the config's optimizer."""
+    """`--amp`: bf16 and fp16 train through mmengine's AmpOptimWrapper; none leaves the config's optimizer."""
     amp = training_precision(amp, gpu)
     if amp != 'none':
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic', dtype=AMP_DTYPES[amp])
@@ -279,8 +277,7 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
 
 
 def train(run: PreparedRun, backbone: PretrainedBackbone | None = None) -> None:
-    """Train the segmentor with mmengine's Runner (tools/train_seg.py's); a run that needs a pretraining starts its
-    backbone from `backbone`, that stage's checkpoint."""
+    """Train the segmentor with mmengine's Runner, its backbone from `backbone` where a pretraining came first."""
     cfg = run.cfg
     if run.pretraining is not None:
         if backbone is None:

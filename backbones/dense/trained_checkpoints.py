@@ -56,8 +56,7 @@ def weight_names(checkpoint: str) -> list[str]:
 
 
 def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, config: str | None = None) -> None:
-    """A checkpoint a dense tool is given: there, checked before any work; a dense model's (not an image classifier's);
-    and of the config's `task`."""
+    """A checkpoint a dense tool is given: there, a dense model's, and of the config's `task`; before any work."""
     if not Path(checkpoint).is_file():
         found = 'a folder, not a checkpoint file' if Path(checkpoint).is_dir() else 'checkpoint file not found'
         raise CheckpointError(f'{checkpoint}: {found}')

@@ -63,8 +63,7 @@ class ClassesById:
 
 @DATASETS.register_module()
 class CityscapesIdsDataset(ClassesById, CityscapesDataset):
-    """mmseg's CityscapesDataset, its classes by id if asked; an image without its *_gtFine_labelTrainIds.png reads its
-    *_gtFine_labelIds.png, mapped by CITYSCAPES_TRAIN_IDS."""
+    """mmseg's CityscapesDataset, classes by id if asked, reading *_gtFine_labelIds.png without the train ids."""
 
     reads_label_ids = True  # the published masks, without mmseg's converter
 
@@ -112,8 +111,7 @@ class Pair:
 
 
 class PublishedLayout(WrittenLayout):
-    """A set of images and class maps in two folders (a split file listing them, where the set has one); the
-    embedded pages written in it through `write_split`."""
+    """A set of images and class maps in two folders (and a split file where it has one), written by `write_split`."""
 
     layout: ClassVar[str]  # the layout in words, as messages name it
     converter: ClassVar[str]  # what writes the annotations, in words ('' where the set ships them)

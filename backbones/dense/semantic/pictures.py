@@ -47,8 +47,7 @@ def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], p
 
 @HOOKS.register_module()
 class ValidationPictures(SegVisualizationHook):
-    """mmseg's SegVisualizationHook drawing `count` validation batches spread over the set, the same ones at every
-    validation, into the visualizer's backends; 0 draws none."""
+    """mmseg's SegVisualizationHook drawing `count` validation batches spread over the set (the same each time)."""
 
     def __init__(self, count: int = 4, **kwargs) -> None:
         super().__init__(draw=count > 0, interval=1, **kwargs)
@@ -143,8 +142,7 @@ def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Seq
                          palette: Sequence[Sequence[int]], ground_truth: np.ndarray | None = None,
                          report: dict | None = None, alpha: float = 0.6, with_labels: bool = True,
                          scale: int | None = None) -> np.ndarray:
-    """The image, its ground truth (if given) and the prediction, side by side, enlarged `scale` times (nearest;
-    default to about 256 pixels high), the report's IoU bars below."""
+    """The image, its ground truth (if given) and the prediction side by side, enlarged, the report's IoU bars below."""
     scale = scale or max(1, 256 // image.shape[0])
     image = enlarge(image, scale)  # before drawing, so that the class names are legible
     panels = [titled(image, 'image')]
