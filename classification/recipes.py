@@ -333,8 +333,7 @@ FIELD_ALIASES = {'auto_augment': ('--aa',), 'ema_decay': ('--model-ema-decay',)}
 
 def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
                          choices: dict[str, Sequence[str]] | None = None) -> None:
-    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given, checked against
-    FIELD_TYPES, FIELD_CHOICES and `choices`; None fields also take `none`."""
+    """One `--flag` per field of a recipe dataclass (absent unless given), typed by FIELD_TYPES and the choices."""
     own = choices or {}
     choices = {**FIELD_CHOICES, **own}
     for f in dataclasses.fields(recipe_class):
@@ -373,8 +372,7 @@ TIMM_EMA_DECAY = 0.9998  # timm's train.py: --model-ema's decay unless --model-e
 
 
 def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) -> Recipe:
-    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied;
-    timm's --model-ema turns an EMA on where the recipe keeps none."""
+    """The model's recipe for the data, --preset and every recipe flag applied (and timm's --model-ema)."""
     recipe = override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
     if getattr(args, 'model_ema', False) and recipe.ema_decay == 0 and not hasattr(args, 'ema_decay'):
         recipe.ema_decay = TIMM_EMA_DECAY

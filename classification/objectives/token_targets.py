@@ -43,8 +43,7 @@ def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) 
 
 
 def bilinear_corners(points: torch.Tensor, map_size: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points, as
-    `grid_sample(align_corners=False, padding_mode='border')`."""
+    """Cell indices and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points (`grid_sample`'s)."""
     h, w = map_size
     ix = ((points[..., 0] + 1) * w - 1).div(2).clamp(0, w - 1)
     iy = ((points[..., 1] + 1) * h - 1).div(2).clamp(0, h - 1)

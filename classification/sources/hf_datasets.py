@@ -40,8 +40,7 @@ class SavedSplit:
 
 
 def saved_folder(folder: Path) -> SavedSplit | None:
-    """The `save_to_disk` folder of one split (None where the folder holds nothing of `datasets`'); arrow files or
-    `dataset_info.json` without `state.json` are named."""
+    """The `save_to_disk` folder of one split (None without one); stray arrow files or dataset_info.json are named."""
     if (folder / 'state.json').is_file():
         return SavedSplit(folder.name, folder=folder)
     if folder.is_dir() and ((folder / 'dataset_info.json').is_file() or any(folder.glob('*.arrow'))):

@@ -65,8 +65,7 @@ class MemberFile(io.BytesIO):
 
 @dataclass(frozen=True)
 class TarSplit:
-    """The tars holding a split: `whole` (the data folder's own tar) or `folder` (a folder's tars, with its class
-    `folders` beside them); `index` is where their index is kept."""
+    """A split's tars: `whole` (the data folder's own tar) or a `folder`'s, its class `folders` beside; `index`."""
 
     tars: list[Path]
     whole: bool
@@ -310,8 +309,7 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
 
 
 def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
-    """Each tar of a split folder holds one layout, as its images show (`first`), the same as its folder's other
-    tars; beside class folders only per-class tars stand."""
+    """Each tar of a split folder holds one layout (`first`'s), and beside class folders only per-class tars stand."""
     for number, tar in enumerate(found.tars):
         if (number, 0) in first and (number, 1) in first:
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '

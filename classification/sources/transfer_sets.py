@@ -91,8 +91,7 @@ class TransferLayout(ImageSource):
                                 f'{self.layout}')
 
     def check_listed_once(self, data_dir: Path, splits: Splits) -> None:
-        """Each image file in one split, once, however its path is spelt (`./a.jpg`, `a//b.jpg`, absolute): a test
-        image trained on would inflate the reported top-1."""
+        """Each image file in one split once, however its path is spelt (a test image trained on inflates the top-1)."""
         seen: dict[str, tuple[str, str]] = {}
         for split, what in ((TRAIN, 'training'), (TEST, 'test')):
             for name, _ in splits[split]:

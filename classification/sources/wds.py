@@ -142,8 +142,7 @@ def is_shard(tar: Path) -> bool:
 
 
 def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
-    """The split's folder (D/SPLIT/, or the Hub's name of it) and its shards, where it holds shards (else none):
-    beside them only hidden entries, `lost+found` and empty folders."""
+    """The split's folder and its shards, where it holds shards; beside them only hidden, lost+found, empty."""
     for name in split_names(split):
         folder = data_dir / name
         if not folder.is_dir():
@@ -212,8 +211,7 @@ def sample_key(member: str) -> str:
 
 
 def class_index(value: object, where: str, text: bool = False) -> int:
-    """A label as a class index: the `text` of a `.cls`, or a JSON number (a JSON text, `"label": "1"`, could be a
-    class's name as well as its index: named, never guessed)."""
+    """A label as a class index: a `.cls` text or a JSON number (a JSON text could be a class's name)."""
     if isinstance(value, str) and text:
         try:
             return int(value.strip())

@@ -42,8 +42,7 @@ DEVICE_IMAGE = frozenset((
 
 
 def session_amp(device: str) -> str:
-    """The steps' precision: bf16 autocast on a GPU; fp32 on a CPU, where bf16 runs emulated (a smoke run's steps
-    took seconds an image) and the figures measure nothing anyway."""
+    """The steps' precision: bf16 autocast on a GPU; fp32 on a CPU, where bf16 runs emulated."""
     return AMP if device == 'cuda' else 'none'
 
 

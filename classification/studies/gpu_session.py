@@ -42,8 +42,7 @@ from classification.studies.results_file import check_envelope, checkout_commit,
 
 
 class Results:
-    """The session's results file (the envelope, study gpu_session): every figure written into its figures as it
-    comes, atomically; a call adds to the file it merges."""
+    """The session's results file: every figure written into it atomically as it comes (`--merge`: an earlier one)."""
 
     def __init__(self, path: Path, document: dict) -> None:
         self.path, self.document = path, document

@@ -59,8 +59,7 @@ def loader(cfg, key: str):
 
 
 def timed(fn, batches: list) -> float:
-    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0] (kernel selection, allocator);
-    the timer's own warm-up calls take the next batches in turn."""
+    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0]."""
     fn(batches[0])
     rest = cycle(batches[1:])
     return seconds_per_call(lambda: fn(next(rest)), len(batches) - 1, warmup=0) * (len(batches) - 1)
