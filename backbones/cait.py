@@ -21,8 +21,7 @@ __all__ = ['CaiT']
 
 
 class CaiT(TokenModelMixin, Cait):
-    """timm's Cait accepting any input size; the position table has no class slot. A distillation token
-    (`distilled=True`) goes through the class-attention stage on its own into `head_dist`."""
+    """timm's Cait taking any input size (no class slot in the position table); `distilled`: a distillation token."""
 
     def __init__(self, *args, distilled: bool = False, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))

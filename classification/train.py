@@ -47,8 +47,7 @@ DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of the
 def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None,
                  prog: str = 'train_cls.py', data_help: str = DATA_HELP,
                  recipe_defaults: str = 'the model\'s paper preset') -> argparse.ArgumentParser:
-    """tools/train_cls.py's options, `default_data`'s among them; `prog`, `data_help` and `recipe_defaults` for
-    another command that trains this way (tools/transfer.py)."""
+    """tools/train_cls.py's options (`default_data`'s too); `prog`, `data_help`, `recipe_defaults` for transfer."""
     p = model_parser(prog, description)
     without = f' (default: {default_data.description})' if default_data else ''
     p.add_argument('--data-dir', help=f'{data_help}{without}')

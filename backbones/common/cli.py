@@ -208,8 +208,7 @@ def add_model_kwargs_argument(parser: argparse.ArgumentParser, example: str = 'd
 
 def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = None, why: str = '',
                          least: int = 0) -> None:
-    """`--workers`: loader processes, by default DEFAULT_WORKERS; a `default` of the command's own only with `why`;
-    `least` 1 for a command that measures its workers."""
+    """`--workers`: loader processes (DEFAULT_WORKERS, or `default` with `why`); `least` 1 to measure them."""
     if (default is None) == bool(why) or least not in (0, 1):
         raise ValueError('--workers: a default of the command\'s own needs its reason, and only then; least is 0 or 1')
     text = 'loader processes beside each process of the command, reading and decoding its data'

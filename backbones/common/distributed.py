@@ -100,8 +100,7 @@ def on_device(constant: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class HostCopy(NamedTuple):
-    """A tensor on its way to host memory without the host waiting: on a GPU, copied into pinned memory with an event
-    recorded after the copy, which `read` waits for; on a CPU the tensor itself."""
+    """A tensor on its way to host memory without the host waiting (on a GPU: pinned, an event `read` waits for)."""
 
     host: torch.Tensor
     arrived: torch.cuda.Event | None

@@ -161,6 +161,5 @@ class SegPredictor:
         return pixels, sample
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray:
-        """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other';
-        Cityscapes: label ids), the values tools/test_seg.py --pred-dir writes."""
+        """Class indices as the data set's annotation files store them (what tools/test_seg.py --pred-dir writes)."""
         return annotation_values(prediction, self.stored_as)

@@ -93,8 +93,7 @@ class ResumableIterLoop(IterBasedTrainLoop):
         return self.runner.model
 
     def start_reading(self) -> None:
-        """The loader brought to iteration `_iter`: a `PlacedInfiniteSampler` placed there (with a new iterator),
-        any other sampler's loader replayed through the iterations done."""
+        """The loader brought to iteration `_iter`: a `PlacedInfiniteSampler` placed there, any other replayed."""
         sampler = self.dataloader.sampler
         if isinstance(sampler, PlacedInfiniteSampler):
             sampler.start_at(self._iter * self.dataloader.batch_size)

@@ -81,8 +81,7 @@ def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, co
 
 
 def check_resumed_run(work_dir: str, task: DenseTask, config: str, max_iters: int) -> None:
-    """The run a work dir holds is of the config's `task`, as the checkpoint a resume continues from says, and has
-    something left to do: one that finished its `max_iters` is AlreadyDone."""
+    """The work dir's run is of the config's `task` and has something left to do (else AlreadyDone)."""
     for candidate in iteration_checkpoints(work_dir):
         try:
             names = weight_names(str(candidate))

@@ -159,8 +159,7 @@ class RunLog:
 
 @dataclass
 class Fit:
-    """One training run: the model as built (a classifier, or its token-labeling wrapper), its optimisation state,
-    where it writes, and the run's settings (`config`, stored in every checkpoint)."""
+    """One training run: the model as built, its optimisation state, where it writes, its settings (`config`)."""
 
     model: nn.Module
     state: StepState

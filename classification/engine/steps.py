@@ -207,8 +207,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable[dict], objective: Objecti
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
                accumulate: int, updating: bool) -> torch.Tensor:
-    """Forward and backward of one prepared batch (`Prefetcher`), its gradients added to those waiting for the
-    update; returns its loss, still on the device (`EpochProgress.add` reads it)."""
+    """Forward and backward of one prepared batch, its gradients added to those waiting; its loss, on the device."""
     images, labels = batch['image'], batch['label']
     # DDP reduces the gradients only in the backward pass that completes an update
     reduce = updating or not hasattr(model, 'no_sync')

@@ -101,16 +101,14 @@ def patch_distances(grid: Grid, patch_size: float) -> torch.Tensor:
 
 def mean_attention_distance(attention: torch.Tensor, grid: Grid, patch_size: float, num_prefix: int = 0
                             ) -> torch.Tensor:
-    """The ViT paper's attention distance (Fig. 7, right) per head: the attention-weighted pixel distance between a
-    patch and the patches it attends to, averaged over patches and images."""
+    """The ViT paper's attention distance per head (Fig. 7, right), averaged over patches and images."""
     patches = attention[:, :, num_prefix:, num_prefix:].double()
     patches = patches / patches.sum(dim=-1, keepdim=True)
     return (patches * patch_distances(grid, patch_size)).sum(dim=-1).mean(dim=(0, 2))
 
 
 def position_similarity(pos_embed: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
-    """(N, N) cosine similarity between the position embeddings of the patches (the ViT paper's Fig. 7, centre):
-    `pos_embed` (1, num_prefix + N, D) or (num_prefix + N, D); prefix slots left out."""
+    """(N, N) cosine similarity of the patches' position embeddings (the ViT paper's Fig. 7, centre)."""
     table = pos_embed.reshape(-1, pos_embed.shape[-1])[num_prefix:].double()
     table = table / table.norm(dim=-1, keepdim=True)
     return table @ table.T

@@ -276,8 +276,7 @@ def class_count(found: ShardSplit, classes: Sequence[str] | None, classes_from: 
 
 def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
                 named: dict[int, tuple[str, str]]) -> list[str]:
-    """The class list in index order: the given or the info file's names, the samples' `class_name` for the rest,
-    else the zero-padded index; a sample's name that differs is an error."""
+    """The class list in index order: the given or info file's names, else the samples' `class_name`, else indices."""
     listed = list(given) if given is not None else found.info.get('classes')
     width = len(str(count - 1))
     names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{width}d}' for i in range(count)]

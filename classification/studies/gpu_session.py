@@ -147,8 +147,7 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
 
 
 def loop_from_progress(progress: dict[str, float]) -> dict | None:
-    """The loop against its step from the progress lines of a benchmark stopped before its document (None before both
-    are logged), with the bound as the benchmark names it."""
+    """The loop against its step from the progress lines of a benchmark stopped before its document (None: none)."""
     def figure(prefix: str) -> float | None:
         return next((value for label, value in progress.items() if label.startswith(prefix)), None)
 

@@ -143,8 +143,7 @@ def source_entry(i: int, classes: int = 4) -> str:
 
 
 def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
-    """A token-label store for the synthetic set: a random-weight annotator's 14x14 top-5 maps of the distinct
-    JPEGs (made on `device`), each hard link given its source's row."""
+    """A token-label store for the synthetic set: a random annotator's maps of the distinct JPEGs, shared by links."""
     tmp = output.parent
     distinct = tmp / 'distinct'
     for path in sorted({source_entry(i) for i in range(DISTINCT_IMAGES)}):
@@ -185,8 +184,7 @@ def torch_threads(count: int):
 
 
 class BenchedModel:
-    """One model under the benchmark: its recipe at the benchmark's batch, data and store, the training pieces
-    `classification.training_pieces` builds for it, and its timing windows."""
+    """One model under the benchmark: its recipe at the benchmark's batch, data and store, its timing windows."""
 
     def __init__(self, model_name: str, data: ImageData, args: argparse.Namespace, info: DistInfo) -> None:
         self.name, self.data, self.args, self.info = model_name, data, args, info
@@ -424,8 +422,7 @@ def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, devi
 
 
 def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
-    """The figures more than TOLERANCE above what bounds them: a pipeline above its ceiling, a step above the
-    device's peak, a loop above the slower of its input pipeline and its step."""
+    """The figures more than TOLERANCE above their bounds (ceiling, peak, the slower of pipeline and step)."""
     pool, ceiling = f[f'pipeline_{workers}_workers_img_s'], f[f'pipeline_{workers}_workers_ceiling_img_s']
     errors = [f'the {workers}-worker {path} pipeline\'s {pool[path]:.1f} img/s is above its ceiling of '
               f'{ceiling[path]:.1f}' for path in ('pil', 'batched') if pool[path] > TOLERANCE * ceiling[path]]

@@ -17,8 +17,7 @@ OWN_FIELDS = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'notes') 
 
 
 class DataFiles:
-    """The data files under a repository root, each read once (and a results file checked for its envelope):
-    `metafile`, or the name of a docs/results file without `.json`."""
+    """The data files under a repository root, each read once: `metafile`, or a docs/results file's stem."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.loaded = root, {}

@@ -220,8 +220,7 @@ def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
 
 
 def check_markers(text: str, page: Page) -> None:
-    """Every results marker of `text` opens or closes a block: one misspelt, unclosed or left over would otherwise
-    be skipped, or take the text up to the next block's end with it."""
+    """Every results marker of `text` opens or closes a block (one misspelt or unclosed would swallow text)."""
     spans = [(match.start(), match.end()) for match in BLOCK.finditer(text)]
     for marker in MARKER.finditer(text):
         line = text.count('\n', 0, marker.start()) + 1

@@ -275,8 +275,7 @@ def _describe(key: str, value) -> str:
 
 
 def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
-    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small is an
-    OSError naming the file here, not a SIGBUS hours later."""
+    """Zeroed .npy files of (name, dtype, shape), taken on the disk now: a full disk is an OSError, not a SIGBUS."""
     made: list[Path] = []
     try:
         for name, dtype, shape in arrays:

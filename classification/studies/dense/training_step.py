@@ -77,8 +77,7 @@ class DenseStep:
 
 
 def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
-    """`count` batches of `batch_size` made by the config's training pipeline, its reading steps left out, from
-    its task's synthetic samples of the data set's usual size times `scale`."""
+    """`count` batches of `batch_size` from the config's pipeline on its task's synthetic samples times `scale`."""
     task = task_of(cfg)
     steps = [step for step in cfg.train_dataloader.dataset.pipeline if not step['type'].startswith('Load')]
     pipeline = Compose(steps)
