@@ -242,17 +242,17 @@ def _cfg(file: str = '', transformer: bool = False, **kwargs) -> dict:
     return token_model_cfg(first_conv, url=f'{RELEASES}/{file}' if file else '', **kwargs)
 
 
-# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio); each an entrypoint (performer or transformer T2T)
+# name: its model arguments (performer or transformer T2T); each name an entrypoint
 _VARIANTS = {
-    't2t_vit_7': ('performer', 256, 7, 4, 2.0),
-    't2t_vit_10': ('performer', 256, 10, 4, 2.0),
-    't2t_vit_12': ('performer', 256, 12, 4, 2.0),
-    't2t_vit_14': ('performer', 384, 14, 6, 3.0),
-    't2t_vit_19': ('performer', 448, 19, 7, 3.0),
-    't2t_vit_24': ('performer', 512, 24, 8, 3.0),
-    't2t_vit_t_14': ('transformer', 384, 14, 6, 3.0),
-    't2t_vit_t_19': ('transformer', 448, 19, 7, 3.0),
-    't2t_vit_t_24': ('transformer', 512, 24, 8, 3.0),
+    't2t_vit_7': dict(tokens_type='performer', embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0),
+    't2t_vit_10': dict(tokens_type='performer', embed_dim=256, depth=10, num_heads=4, mlp_ratio=2.0),
+    't2t_vit_12': dict(tokens_type='performer', embed_dim=256, depth=12, num_heads=4, mlp_ratio=2.0),
+    't2t_vit_14': dict(tokens_type='performer', embed_dim=384, depth=14, num_heads=6, mlp_ratio=3.0),
+    't2t_vit_19': dict(tokens_type='performer', embed_dim=448, depth=19, num_heads=7, mlp_ratio=3.0),
+    't2t_vit_24': dict(tokens_type='performer', embed_dim=512, depth=24, num_heads=8, mlp_ratio=3.0),
+    't2t_vit_t_14': dict(tokens_type='transformer', embed_dim=384, depth=14, num_heads=6, mlp_ratio=3.0),
+    't2t_vit_t_19': dict(tokens_type='transformer', embed_dim=448, depth=19, num_heads=7, mlp_ratio=3.0),
+    't2t_vit_t_24': dict(tokens_type='transformer', embed_dim=512, depth=24, num_heads=8, mlp_ratio=3.0),
 }
 
 # The released ImageNet weights (REFERENCE section 6), named by their top-1; `.in1k_384` tags the 384 files.
@@ -271,11 +271,5 @@ default_cfgs = generate_default_cfgs({
 })
 
 
-def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
-    tokens_type, embed_dim, depth, num_heads, mlp_ratio = _VARIANTS[variant]
-    defaults = dict(tokens_type=tokens_type, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
-                    mlp_ratio=mlp_ratio)
-    return build_token_model(T2TViT, variant, pretrained, defaults, kwargs, release_filter)
-
-
-suite_entrypoints(T2T_VIT, __name__, _VARIANTS, _t2t_vit)
+suite_entrypoints(T2T_VIT, __name__, _VARIANTS, lambda name, pretrained, kwargs: build_token_model(
+    T2TViT, name, pretrained, _VARIANTS[name], kwargs, release_filter))
