@@ -147,8 +147,7 @@ class WindowAttention(nn.Module):
         return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
     def _rel_pos_terms(self, q: torch.Tensor, side: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """`q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads, L, columns) from the unscaled queries, as
-        ViTDet: timm's `get_decomposed_rel_pos_bias` before its sum."""
+        """`q . Rh` and `q . Rw` from the unscaled queries as ViTDet (timm's decomposed bias before its sum)."""
         regions, heads, L, C = q.shape
         grid_q = q.reshape(regions, heads, side[0], side[1], C)
         rows = torch.einsum('nahwc,hkc->nahwk', grid_q, get_rel_pos(side[0], side[0], self.rel_pos_h))
@@ -214,8 +213,7 @@ def prefix_tokens_in_blocks(model: nn.Module) -> int:
 
 def use_window_attention(model: nn.Module, window_size: int | None, global_blocks: Sequence[int] | None = None,
                          rel_pos: bool = False, depth: int | None = None) -> None:
-    """Window attention of `window_size` tokens a side in every block but `global_blocks` (None: ViTDet's 4 over
-    `depth`), decomposed relative positions in every block with `rel_pos`."""
+    """Window attention in every block but `global_blocks` (None: ViTDet's 4), relative positions with `rel_pos`."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
     if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on

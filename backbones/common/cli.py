@@ -27,8 +27,7 @@ E = TypeVar('E', bound='EmbeddedData')
 
 
 class EmbeddedData(Protocol):
-    """Data a tool hands its trainer for runs given no data set: a description for --help, its own options, and the
-    instance those options make; each task refines it (`EmbeddedImageData`, `EmbeddedSegData`)."""
+    """Data a tool's trainer runs on when given no data set: a --help description, its options and what they make."""
 
     description: ClassVar[str]
 
@@ -40,8 +39,7 @@ class EmbeddedData(Protocol):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The usage text as written, and an option's default after its help where there is one worth showing (not for a
-    required option, a flag, a None or empty default, or a help naming its default)."""
+    """The usage text as written, and an option's default after its help where it is worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str:  # the hook ArgumentDefaultsHelpFormatter overrides
         text = action.help or ''

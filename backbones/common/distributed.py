@@ -122,8 +122,7 @@ class HostCopy(NamedTuple):
 
 
 class LaggingSum:
-    """Sums of a few numbers over all processes, read one round late so that no round waits for the device:
-    `exchange(values)` returns the previous round's sums (zeros at first), the same in every process."""
+    """Sums of a few numbers over all processes, read one round late (no round waits for the device)."""
 
     def __init__(self, info: DistInfo, size: int) -> None:
         self.info, self.size = info, size

@@ -97,8 +97,7 @@ def check_exported_file(path: Path) -> None:
 
 @contextlib.contextmanager
 def staged_folder(out: Path, description: dict) -> Iterator[Path]:
-    """A temporary folder beside `out` to write into; when the block ends without an error, marked as the suite's
-    export (`description`, every file's SHA-256) and renamed to `out`; removed otherwise."""
+    """A temporary folder beside `out`: on success marked as the suite's export and renamed to `out`, else removed."""
     check_export_folder(out, description.get('export'))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))

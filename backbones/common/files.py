@@ -117,8 +117,7 @@ def ready_mark(root: str | Path) -> str:
 
 
 def write_folder_once(root: str | Path, version: str, write: Callable[[Path], object]) -> Path:
-    """`root` filled by `write(folder)` unless its READY mark says `version` already: written beside it, marked and
-    renamed into place, so that no reader, kill or second writer meets half a folder."""
+    """`root` filled by `write(folder)` unless its READY mark says `version`: built beside it, renamed (never half)."""
     root = Path(root)
     if ready_mark(root) == version:
         return root

@@ -104,8 +104,7 @@ def present_module(name: str) -> str:
 
 
 def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool = False) -> list[str]:
-    """A config's custom_imports imported under their present paths (returned); one that fails is a one-line error
-    naming the config and the module, or a warning where the config sets `allow_failed_imports`."""
+    """A config's custom_imports imported under their present paths; a failure one line (a warning if allowed)."""
     present = [present_module(name) for name in names]
     for name, module in zip(names, present):
         try:

@@ -45,8 +45,7 @@ class DataLayout(ABC):
 
     @abstractmethod
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
-        """Point a loader's data set of this layout at `split` ('training' or 'validation') of `data`, its classes
-        the small data's: the shared layout as it is, or written in this layout (`WrittenLayout`)."""
+        """Point a loader's data set of this layout at `split` of `data`, its classes the small data's."""
 
 
 class WrittenLayout(DataLayout):
@@ -95,8 +94,7 @@ LABEL_VALUES = 'label_values'  # a data set's meta: the value its annotation fil
 
 
 def annotation_values(prediction: np.ndarray, meta: Mapping) -> np.ndarray:
-    """Class indices as the data set (`meta`) stores them in its annotation files: its own table where it gives one
-    (Cityscapes), else class + 1 where it reduces zero (ADE20K), else the index."""
+    """Class indices as the data set (`meta`) stores them: its own table (Cityscapes), class + 1 (ADE20K) or index."""
     if meta.get(LABEL_VALUES) is not None:
         return np.asarray(meta[LABEL_VALUES], np.int64)[prediction]
     return prediction + 1 if meta.get('reduce_zero_label') else prediction

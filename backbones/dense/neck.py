@@ -14,8 +14,7 @@ from backbones.common.errors import UsageError
 
 @MODELS.register_module()
 class TokenPyramidNeck(BaseModule):
-    """One level per input map: upsampled by `scales[i]` (transposed convs; 1 keeps it), then a 1x1 conv to
-    `out_channels[i]`, each with norm (default SyncBN, plain BN on one device) and activation."""
+    """One level per input map: upsampled by `scales[i]` (transposed convs), a 1x1 conv to `out_channels[i]`."""
 
     def __init__(
             self,

@@ -207,8 +207,7 @@ def set_classes(cfg: Config, classes: tuple[str, ...], palette: list[list[int]],
 
 
 def use_own_data(cfg: Config, data: OwnData) -> None:
-    """Point an own-data config at `data`: each split's folders and suffix, its classes in data sets and heads. The
-    test loader takes the test split when there is one, else the validation split."""
+    """Point an own-data config at `data`: folders, suffix and classes; testing on the test split where there is one."""
     loaders = {'train_dataloader': 'train', 'val_dataloader': 'val',
                'test_dataloader': 'test' if 'test' in data.splits else 'val'}
     for loader, split in loaders.items():

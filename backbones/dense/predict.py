@@ -138,8 +138,7 @@ class SegPredictor:
         return self.segment(path)[1]
 
     def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-        """The image as the model reads it (RGB, the config's decoding: pixels as stored, EXIF orientation ignored),
-        which a picture of the prediction is drawn on, and the class index of each of its pixels."""
+        """The image as the model reads it (RGB, pixels as stored), and the class index of each of its pixels."""
         pixels, sample = self.predict(path)
         return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
 
@@ -148,8 +147,7 @@ class SegPredictor:
         check_resizable(Path(path), check_opencv_reads(Path(path)), self.steps)
 
     def predict(self, path: str | Path):
-        """The image as the model reads it (RGB), and the model's data sample for it: `pred_sem_seg`,
-        `pred_instances` (boxes, labels from 0, scores, boolean masks) or `pred_depth_map` (metres)."""
+        """The image as the model reads it (RGB), and the model's data sample for it (`pred_sem_seg`, ...)."""
         path = Path(path)
         read_image(path)  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
         self.check_image(path)

@@ -43,8 +43,7 @@ def recorded_seed(work_dir: str | Path) -> int | None:
 
 
 def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int | None:
-    """The seed a run takes: its config's; on resume the run's own; else None, for mmengine to draw one and broadcast it
-    (one drawn here in each process would give each its own sampler order)."""
+    """The seed a run takes: its config's; on resume the run's own; else None: mmengine draws one for all processes."""
     if configured is not None:
         return int(configured)
     if resume and (seed := recorded_seed(work_dir)) is not None:

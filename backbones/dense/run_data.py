@@ -34,8 +34,7 @@ class TrainedData:
 
 
 def trained_data_record(cfg: Config, embedded: bool) -> dict:
-    """What a training run's checkpoints record of its data (their meta's TRAINED_DATA): the training set's folder,
-    whether the embedded data stood in, the task, and the test pipeline its validations ran."""
+    """What a training run's checkpoints record of its data: folder, embedded or not, task, test pipeline."""
     root = cfg.train_dataloader.dataset.get('data_root') or ''
     return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=task_of(cfg).name,
                              test_pipeline=cfg.test_dataloader.dataset.pipeline,
@@ -138,8 +137,7 @@ class EmbeddedSegData(EmbeddedData, Protocol):
 
 
 def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> set[str]:
-    """The data sets' folders: `data_root` (--data-root) for all, else each loader's as `cfg_options` (the command
-    line's, not merged yet: `LOADER.dataset.data_root`) or the config give it."""
+    """The data sets' folders: `data_root` for all, else each loader's as `cfg_options` or the config give it."""
     if data_root:
         return {data_root}
     options = cfg_options or {}
@@ -182,8 +180,7 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallback: EmbeddedSegData | None = None,
                          cfg_options: dict | None = None) -> None:
-    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose: the checkpoint's classes (its
-    own where no data is at hand), and the test pipeline its validations ran."""
+    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose."""
     task = task_of(cfg)
     if not data.at_hand:
         task.use_trained_classes(cfg, checkpoint)

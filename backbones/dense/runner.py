@@ -125,8 +125,7 @@ def trained_data(filename: str) -> dict | None:
 
 
 def recorded_config(filename: str) -> dict:
-    """The config a checkpoint's run trained with, from its meta's text (`cfg`), read without running it: each
-    assignment of literals, lists, tuples and `dict(...)`; {} where there is no such text."""
+    """The config a checkpoint's run trained with, read from its meta's text without running it ({} without one)."""
     text = checkpoint_meta(filename).get('cfg')
     try:
         body = ast.parse(text).body if isinstance(text, str) else []

@@ -89,8 +89,7 @@ def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
 
 
 def check_arguments(args: argparse.Namespace, cfg: Config) -> None:
-    """The refusals the command line and `cfg` alone decide, before any work: --no-flip without --ms, --ms or --show-dir
-    where the task has none, output folders that cannot be written."""
+    """The refusals the command line and `cfg` alone decide, before any work."""
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
     task_of(cfg).check_test_options(args, args.config)
@@ -126,8 +125,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
 
 
 def testing_precision(cfg: Config, amp: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The test loop in `amp`'s precision: mmengine's TestLoop autocasts when its `fp16` is set, in the dtype of the
-    returned autocast context; none leaves the config's loop in float32."""
+    """The test loop in `amp`'s precision (the returned autocast context); none leaves the config's float32 loop."""
     if amp == 'none':
         return contextlib.nullcontext()
     cfg.test_cfg = {**(cfg.get('test_cfg') or {}), 'fp16': True}

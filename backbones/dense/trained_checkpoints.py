@@ -45,8 +45,7 @@ def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = N
 
 
 def weight_names(checkpoint: str) -> list[str]:
-    """The names in a checkpoint and in each dict right under it (its state dict's weights, wherever it keeps them),
-    `module.` left out; read memory-mapped where the file allows (the tensors stay on disk)."""
+    """The names in a checkpoint and in each dict right under it, `module.` left out; read memory-mapped."""
     content = load_weights_only(checkpoint, 'checkpoint', mmengine_checkpoint_globals(),
                                 mmap=zipfile.is_zipfile(checkpoint))
     if not isinstance(content, dict):

@@ -82,8 +82,7 @@ def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], cro
 
 
 def cut_region(pixels: np.ndarray, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
-    """The pixels around `crop` from a possibly draft-decoded (h, w, 3) uint8 image, reduced by whole factors
-    (`box_reduce`) while the crop stays at least `out` pixels: a contiguous array of its own."""
+    """The pixels around `crop` from a possibly draft-decoded image, reduced by whole factors (`box_reduce`)."""
     bounds = region_bounds(full_size, (pixels.shape[1], pixels.shape[0]), crop, out)
     x1, y1, x2, y2 = bounds.pixels
     region = pixels[y1:y2, x1:x2]
@@ -210,8 +209,7 @@ class RegionTransform:
             size, crop
 
     def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, list]:
-        """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last
-        geometric op, so it sees the crop's pixels only; `fill`: the geometric ops' fill colour."""
+        """The colour ops in the order applied, padded to the layer count, with `warped` and the `fill` colour."""
         ops, args, warped = [NO_OP] * self.layers, [0.0] * self.layers, [False] * self.layers
         geometric = [i for i, op in enumerate(applied) if op.name in GEOMETRIC_OPS]
         fill = next((op.fill for op in applied if op.fill is not None), (0, 0, 0))
@@ -248,8 +246,7 @@ class Groups(NamedTuple):
 
 
 def grouped_plan(plan: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Groups]:
-    """The collated plan with its index tensors, and their `Groups`: images in index order within each group, the
-    colour ops layer by layer in code order (the order the device half applies them)."""
+    """The collated plan with its index tensors and their `Groups`, in the order the device half applies them."""
     indices = {'resample_index': [], 'colour_index': [], 'erase_index': []}
     resample, colour = [], []
 

@@ -143,8 +143,7 @@ PRETRAINING_PRESET = 'token-labeling'
 
 
 def pretraining_recipe(model_name: str, model_kwargs: dict) -> Recipe:
-    """The recipe a segmentation backbone is pretrained with on the scans: a model of other patches than 16
-    (DINOv2's 14) at the nearest whole number of them, the same number of tokens per scan."""
+    """The recipe a segmentation backbone is pretrained with on the scans (at the same tokens per scan)."""
     recipe = recipe_for(model_name, PRETRAINING_PRESET, RECIPE)
     return replace(recipe, img_size=whole_patches(model_name, recipe.img_size, model_kwargs))
 

@@ -135,8 +135,7 @@ class KITTIDepthDataset(BaseSegDataset):
 
 
 def prediction_name(image: str) -> str:
-    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME, with the camera for one other than
-    the Eigen test's image_02; outside a drive's folder, its path's parts joined."""
+    """The name of a frame's predicted depth map: DRIVE_FRAME, with its camera where not the Eigen test's image_02."""
     drive, camera, frame = frame_of(image)
     if drive is None:
         return '_'.join(Path(image).with_suffix('').parts)
