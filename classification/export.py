@@ -83,8 +83,7 @@ def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dic
 
 def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images: torch.Tensor,
                expected: torch.Tensor) -> torch.nn.Module:
-    """The eval model as timm builds it: without the token-labeling wrapper where the model predicts the same by
-    itself (LV-ViT); other token-labeling models need the wrapper, which timm cannot rebuild."""
+    """The eval model as timm builds it: without the token-labeling wrapper where the model predicts the same alone."""
     if not isinstance(model, TokenLabelingModel):
         return model
     bare = bare_model(model)

@@ -43,8 +43,7 @@ class FrozenFeatures:
 
 
 def freeze_features(model: nn.Module) -> None:
-    """Linear probing's model (`--frozen`): every parameter but the classifiers' fixed (no gradient, so no backward
-    through the features), and the features in eval mode while it trains (`FrozenFeatures`)."""
+    """Linear probing's model (`--frozen`): every parameter but the classifiers' fixed, the features in eval mode."""
     heads = classifier_prefixes(model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name.startswith(heads))

@@ -43,8 +43,7 @@ class Objective(Protocol):
 
 
 def to_device(value, device: torch.device):
-    """A batch value on `device`: tensors (and what has `.to`, such as the batched path's `PendingImages`) copied
-    without blocking the host, sequences of them element by element, anything else as it is."""
+    """A batch value on `device`: what has `.to` copied without blocking the host, sequences element by element."""
     if isinstance(value, (list, tuple)):
         moved = [to_device(v, device) for v in value]
         return type(value)(*moved) if hasattr(value, '_fields') else type(value)(moved)  # named tuples too

@@ -105,8 +105,7 @@ def run_settings(args: argparse.Namespace, recipe: object) -> dict:
 
 def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
                         recipe_choices: Sequence[str] = ()) -> argparse.Namespace:
-    """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them);
-    `recipe_choices` are refused with it, as the file holds the recipe resolved."""
+    """`parser`'s arguments, over `--config RUN/args.yaml`'s when given (`recipe_choices` refused with it)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--config')

@@ -81,8 +81,7 @@ def _inside_patch_embedding(model: nn.Module, module: nn.Module) -> bool:
 
 
 def attention_rollout(blocks: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
-    """Attention rollout (Abnar & Zuidema; the ViT paper's Fig. 6): per block the heads' mean attention, mixed with
-    `residual` identity and renormalised, multiplied through the blocks: (B, N, N)."""
+    """Attention rollout (Abnar & Zuidema; the ViT paper's Fig. 6) through the blocks, with `residual`: (B, N, N)."""
     rollout = None
     for attention in blocks:
         mean = attention.mean(dim=1)
@@ -188,8 +187,7 @@ def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Te
 
 def model_attention(model: nn.Module, images: torch.Tensor) -> tuple[AttentionMaps, torch.Tensor, torch.Tensor,
                                                                       float | None]:
-    """The attention maps of the first image's forward, the mean attention distance per block and head over all the
-    images (blocks, heads), the position-embedding similarity, and the pixels per patch."""
+    """The first image's attention maps, the attention distance per block and head, the position similarity."""
     maps = attention_maps(model, images)
     patch_size = images.shape[-2] / maps.grid[0]
     distances = torch.stack([mean_attention_distance(a, maps.grid, patch_size, maps.num_prefix)

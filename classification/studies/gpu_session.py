@@ -58,8 +58,7 @@ class Results:
 
 
 def session_document(device: str, commit: str | None, smoke: bool, argv: list[str] | None) -> dict:
-    """A new session's results document: the machine, the versions, the source's commit (`commit`, else git's:
-    a device machine's copy of the working tree may have no history, or a stale one) and the date."""
+    """A new session's results document: machine, versions, commit (`commit`, else git's) and date."""
     import timm
     import torchvision
 
@@ -168,8 +167,7 @@ PYTEST_FAILURE = re.compile(r'^(?:FAILED|ERROR) tests/\S+::(\S+) - (.*)$')
 
 
 def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Results, argparse.Namespace, float], str]:
-    """`pytest -m gpu TESTS` (`what` in messages), each test's outcome recorded under `key` as it comes (a run
-    stopped by its limit keeps the outcomes it reached; on a CPU every test is a skip)."""
+    """`pytest -m gpu TESTS`, each test's outcome recorded under `key` as it comes (on a CPU every test a skip)."""
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         outcomes: dict[str, str] = {}
         failures: dict[str, str] = {}
@@ -203,8 +201,7 @@ def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Resul
 
 
 def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str]:
-    """A stage run in a process of its own (`--stage NAME`) in the call's work folder, its figures written into a file
-    of its own as they come, then merged here with the modules it imported."""
+    """A stage run in a process of its own (`--stage NAME`), its figures merged here with the modules it imported."""
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             figures = Path(tmp) / f'{name}.json'
@@ -245,8 +242,7 @@ STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
 
 
 def stage_limit(predicted: float, left: float, smoke: bool) -> tuple[float, bool]:
-    """A stage's time limit and whether it is its own (LIMIT_FACTOR times its prediction) rather than what is left
-    of the call; a smoke run's stages have only the call's (a CPU's lengths are not predicted)."""
+    """A stage's time limit, and whether it is its own (LIMIT_FACTOR times its prediction) or the call's remainder."""
     own = LIMIT_FACTOR * predicted
     return (own, True) if own < left and not smoke else (max(left, 1.0), False)
 
@@ -270,8 +266,7 @@ def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
 
 
 def run_stage(stage: str, predicted: float, left: float, results: Results, args: argparse.Namespace) -> None:
-    """One stage, recorded with its status: skipped where its prediction does not fit what is `left`, killed at its
-    limit (recorded as timed out where the limit was its own), its figures kept either way."""
+    """One stage, recorded with its status: skipped where it does not fit `left`, killed at its limit, figures kept."""
     if predicted > left and not args.smoke:
         status = f'skipped: predicted {predicted:.0f} s, {max(left, 0):.0f} s left of the budget'
     else:

@@ -33,8 +33,7 @@ def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, decode:
 
 
 def built_once(path: Path, build: Callable[[Path], object]) -> Path:
-    """`path`, made by `build` unless an earlier stage of the call finished making it (its marker beside it says
-    so): what a stage killed while building left is removed and made again."""
+    """`path`, made by `build` unless an earlier stage finished making it (its marker); half-made ones made again."""
     marker = path.with_name(f'{path.name}.built')
     if not marker.exists():
         shutil.rmtree(path, ignore_errors=True)
@@ -83,8 +82,7 @@ def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
 
 
 def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The batched path's input pipeline with `decode_workers` loader processes: JPEGs decoded by the workers, then
-    by nvJPEG on the device (`--decode gpu`; not on a CPU), each in its steady state."""
+    """The batched pipeline with `decode_workers` workers, decoding by the workers, then by nvJPEG (not on a CPU)."""
     from classification.studies import loop_benchmark
 
     figures = {'how': f'the batched path\'s input pipeline, {sizes.decode_workers} workers, batch {sizes.batch_size}, '
@@ -154,8 +152,7 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
 
 
 def dense_windows_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """Mask R-CNN's training step with ViTDet's window attention against global attention, each in a fresh process
-    (`dense_steps_stage`'s sizes), their ratios of step time and peak memory."""
+    """Mask R-CNN's step with window attention against global attention, each in a fresh process, their ratios."""
     from classification.studies.dense.training_step import compare_window_attention
 
     windows = compare_window_attention(torch.device(device), sizes.dense_seconds, sizes.slow_min_batches,

@@ -329,8 +329,7 @@ def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path)
 
 def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,
                        args: argparse.Namespace) -> list[str]:
-    """timm's own train.py with the recipe, batch, workers, device and precision train_cls gives the model, timm's
-    defaults otherwise (its GPU prefetcher, pinned memory), one update line per update."""
+    """timm's own train.py with train_cls's recipe, batch, workers, device and precision, logging every update."""
     r = recipe_for(model_name)
     amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
     # the script where it was given: the commands run in the checkout
@@ -403,8 +402,7 @@ def peak_tflops(args: argparse.Namespace) -> float | None:
 
 
 def step_flops(bench: BenchedModel, images_per_second: float, peak: float | None) -> dict[str, float | None]:
-    """The training step's FLOPs per image (6 per MAC of the model's forward at the recipe's size: forward and
-    backward), the TFLOP/s it runs at, and its share of the device's `peak` (MFU; None without a peak)."""
+    """The training step's FLOPs per image (6 per forward MAC), its TFLOP/s and its share of `peak` (MFU)."""
     macs = measure_complexity(bench.name, bench.recipe.img_size, num_classes=bench.num_classes).macs
     per_image = TRAIN_FLOPS_PER_MAC * macs
     achieved = per_image * images_per_second / 1e12

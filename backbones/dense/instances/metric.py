@@ -61,8 +61,7 @@ AREA_RANGES = {'AP': (0, 1e10), 'AP50': (0, 1e10), 'AP75': (0, 1e10), 'APs': (0,
 
 def without_detections(gt, image_ids: list[int], names: Sequence[str],
                        cat_ids: Sequence[int]) -> tuple[list[float], dict[str, float]]:
-    """The figures COCOeval would give a run that detects nothing (it cannot load one): 0 where there is ground truth
-    to find (not crowd), -1 where there is none, per summary number and category."""
+    """What COCOeval would give a run that detects nothing: 0 where there is ground truth to find, else -1."""
     found = gt.loadAnns(gt.getAnnIds(imgIds=image_ids, iscrowd=False))
     stats = [0.0 if any(low <= a['area'] <= high for a in found) else -1.0
              for low, high in (AREA_RANGES[name] for name in SUMMARY)]

@@ -120,8 +120,7 @@ class Instances(DenseTask):
         return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """The instances scoring the threshold or more as one COCO-format file (the checkpoint's category ids, RLE
-        masks); with overlays, each image's instances drawn over it (NAME_overlay.png)."""
+        """The instances scoring the threshold or more as one COCO-format file; with overlays, drawn over each image."""
         path = request.out / INSTANCES
         content = dict(images=[], annotations=[],
                        categories=[dict(id=i, name=n) for i, n in zip(predictor.cat_ids, predictor.classes)])

@@ -99,8 +99,7 @@ class IoUReport(IoUMetric):
         self.labels_dir, self.output_dir = self.output_dir, None
 
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
-        """mmseg's areas of each image, and its `confusion_pairs` beside them (gathered from every process as the
-        areas); each label map written into `output_dir` in the data set's values."""
+        """mmseg's areas of each image with its `confusion_pairs`; each label map written into `output_dir`."""
         super().process(data_batch, data_samples)
         if self.labels_dir is not None:
             for sample in data_samples:

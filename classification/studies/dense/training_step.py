@@ -51,8 +51,7 @@ COMPARISONS = {'windows': (WINDOW_VARIANTS, 1024, 1, 'dense_windows'),
 
 @dataclass(frozen=True)
 class DenseStep:
-    """One config's step timed: images and iterations per second, its batch, the largest image its pipeline gave
-    (before the preprocessor's padding), and the device memory it took at its peak (None on a CPU)."""
+    """One config's step timed: images and iterations per second, its batch, its largest image, its peak memory."""
     config: str
     task: str
     batch_size: int
@@ -143,8 +142,7 @@ def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_b
 
 def compare_steps(variants: dict[str, tuple[str, dict]], device: torch.device, seconds: float, min_batches: int,
                   warmup: int, scale: float = 1.0, batch_size: int | None = None) -> dict:
-    """Each variant's step, each in a fresh process, and `ratios` of each variant's step time and peak memory (on a
-    CPU, resident memory above that before the first step) over the first's."""
+    """Each variant's step in a fresh process, and `ratios` of each's step time and peak memory over the first's."""
     steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size, options)
              for name, (config, options) in variants.items()}
     baseline = steps[next(iter(variants))]
