@@ -87,10 +87,8 @@ class TokenModelMixin:
     """`forward`, `forward_features` and timm's `forward_intermediates` contract for a token model, scriptable
     (TorchScript) and traceable (torch.fx). A model provides `_embed_tokens(x) -> (tokens, (H, W))`, the patch tokens
     LAST, `blocks` (an nn.Sequential), `norm`, optionally `_finish_tokens`; its `__init__` calls `_init_token_model`.
-
-    DeiT's distillation token (`distilled=True`) sits right after the class token (`dist_token`) and feeds its own
-    head (`head_dist`), DeiT's names. In training, after `set_distilled_training()`, the heads return (class logits,
-    distillation logits), otherwise their mean (DeiT's inference rule)."""
+    DeiT's distillation token (`distilled=True`, `dist_token` after the class token) feeds `head_dist`; in training,
+    after `set_distilled_training()`, the heads return both logits, otherwise their mean (DeiT's inference rule)."""
 
     __jit_unused_properties__ = ['distilled']
 

@@ -50,11 +50,9 @@ def resample_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
 
 class WindowAttention(nn.Module):
     """A block's attention within windows (or over the whole grid, `window_size=None`), with decomposed relative
-    positions where `rel_pos_side` is given (the side the tables are sized for: the window's, or the model's grid).
-
-    A window's patch tokens attend to their window and to the prefix tokens, which attend to every token: a window
-    covering the whole grid without relative positions is global attention exactly. A grid that is not a multiple of
-    the window is padded and the padded keys masked out (ViTDet attends to them)."""
+    positions where `rel_pos_side` (the tables' side) is given. A window's patch tokens attend to their window and the
+    prefix tokens, which attend to every token: one window over the grid is global attention exactly. A grid not a
+    multiple of the window is padded and the padded keys masked out (ViTDet attends to them)."""
 
     def __init__(self, attn: nn.Module, window_size: int | None, rel_pos_side: int | None,
                  num_prefix_tokens: int) -> None:

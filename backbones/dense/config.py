@@ -22,10 +22,8 @@ CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')  # the files mmengine reads 
 
 
 class FormattedOnceConfig(Config):
-    """mmengine's Config, its text formatted once for each content it has.
-
-    mmengine formats a config's text with yapf (0.2 s) each time it is asked for it: for the log, the dump, each
-    visualizer backend and every checkpoint's meta, 9 times in a short run, half of a 2-iteration run's time."""
+    """mmengine's Config, its text formatted once for each content it has: mmengine formats it with yapf (0.2 s) for
+    the log, the dump, each visualizer backend and every checkpoint, half of a 2-iteration run's time."""
 
     @staticmethod
     def fromfile(filename: str | Path, **kwargs) -> FormattedOnceConfig:
