@@ -72,9 +72,8 @@ def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
 
 
 class MixTokenHook:
-    """MixToken as a forward hook on a patch embedding ((B, H, W, D) or (B, H*W, D) tokens): while `mask` is set, its
-    cells come from the flipped batch (before the position table: both samples get the same one there).
-    `TokenLabelingModel` keeps one registered, since a hook registered per call breaks a compiled graph."""
+    """MixToken as a forward hook on a patch embedding: while `mask` is set, its cells come from the flipped batch
+    (before the position table). Kept registered: a hook registered per call breaks a compiled graph."""
 
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None  # (H, W) bool on the token grid

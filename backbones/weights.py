@@ -198,10 +198,9 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
 def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool | None = None, strict: bool = True,
                     allow_unexpected: bool = False, new_head: bool = False,
                     own_init: tuple[str, ...] = ()) -> LoadReport:
-    """Load a checkpoint file into `model` (the module docstring lists the formats). With `strict` a key that does not
-    fit raises a CheckpointError and leaves the model untouched; otherwise the fitting keys are loaded and the rest
-    reported. `allow_unexpected` accepts keys the model lacks (a pruned backbone); `new_head` keeps the model's own
-    classifiers; `own_init`: key endings of parameters the model initialises itself where the file lacks them."""
+    """Load a checkpoint file into `model` (formats: the module docstring). `strict`: a key that does not fit is a
+    CheckpointError, the model untouched; else the fitting keys load. `allow_unexpected`, `new_head` (own classifiers
+    kept), `own_init` (key endings the model initialises)."""
     report = LoadReport(str(path))
     own = model.state_dict()
     state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)

@@ -81,9 +81,8 @@ def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple
 
 def read_image(path: Path | BinaryIO, before_decode: Callable[[Image.Image], bool | None] | None = None,
                data: bytes | None = None) -> Image.Image | None:
-    """Decode an image file (or its bytes from a tar, `MemberFile`; `data`: bytes already read) completely to RGB,
-    failures naming it; colour JPEGs by `read_rgb`'s decoder unless `before_decode`, which sees the opened image and may
-    draft it or return False to leave it undecoded (None returned)."""
+    """Decode an image file (or a tar's `MemberFile`; `data`: its bytes) completely to RGB, failures naming it; colour
+    JPEGs by `read_rgb`'s decoder unless `before_decode`, which may draft it or return False (None returned)."""
     if before_decode is None and data is None:
         data = image_bytes(path)
         size = colour_jpeg_size(data)

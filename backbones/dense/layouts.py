@@ -16,10 +16,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SmallDenseData:
-    """A small data set in the tasks' shared layout (the embedded pages), pointed at in place of a config's own: under
-    `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png (class c as c + 1); depth/{split}/NAME.png
-    (`depth_scale` per metre); annotations/instances_{split}.json. `scale`, `ratio_range`, `test_ratios`: a semantic
-    config's sizes; `mirrored`: flips allowed."""
+    """A small data set in the tasks' shared layout (the embedded pages): images/{split}/NAME.jpg,
+    annotations/{split}/NAME.png (class c as c + 1), depth/{split}/NAME.png, annotations/instances_{split}.json under
+    `root`; `scale`, `ratio_range`, `test_ratios`: a semantic config's sizes; `mirrored`: flips allowed."""
 
     root: Path
     classes: tuple[str, ...]

@@ -94,10 +94,9 @@ def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png'
 
 
 class SegPredictor:
-    """`predictor(path)`: the class index of every pixel of an image as tools/test_seg.py predicts it (`multi_scale`,
-    `flip`); `predictor.predict(path)`: the model's data sample, for any dense task (`tested`: its test-time
-    augmentation). The data is chosen as test_seg chooses it (`load_trained_config`); without data at hand, the
-    checkpoint's classes and recorded test pipeline serve."""
+    """`predictor(path)`: each pixel's class index as tools/test_seg.py predicts it (`multi_scale`, `flip`);
+    `predictor.predict(path)`: the model's data sample, any task. The data is chosen as test_seg chooses it; without it,
+    the checkpoint's classes and test pipeline serve."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,

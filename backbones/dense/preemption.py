@@ -114,9 +114,8 @@ class ResumableIterLoop(IterBasedTrainLoop):
             self.validate()
 
     def validate(self) -> None:
-        """The validation, training's random streams left as they were (its loader draws from torch's when it starts
-        its worker processes: at the first validation of a process, with persistent ones, which a resumed run reaches
-        at another validation than a run never stopped)."""
+        """The validation, training's random streams left as they were (its loader draws from torch's when its
+        persistent workers start, which a resumed run reaches at another validation)."""
         with preserved_rng():
             self.runner.val_loop.run()
 

@@ -83,9 +83,8 @@ def checkpoint_record(checkpoint: str) -> dict | None:
 
 def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None, cfg_options: dict | None = None,
                         fallback: EmbeddedSegData | None = None, need_data: bool = True) -> TrainedData:
-    """The data for a trained checkpoint: `data_root` if given, else the config's folders where they are on disk, else
-    what the checkpoint records it was trained on (the embedded data, or its folder where on disk), else none (an
-    error where the tool `need_data`). A checkpoint that records nothing is taken as the config's folder decides."""
+    """The data for a trained checkpoint: `data_root` if given, else the config's folders on disk, else the data it
+    records (embedded, or its folder on disk), else none (an error if `need_data`)."""
     if data_root:
         return TrainedData(data_root)
     roots = data_roots(cfg, None, cfg_options)
@@ -119,9 +118,8 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
 
 
 class EmbeddedSegData(EmbeddedData, Protocol):
-    """What a config runs on when its data set is not on disk (the segmentation tools' embedded set): besides its
-    options, the config pointed at it (written on first use), the schedule a run takes there and the model's sizes
-    there. Config edits only: a backbone pretrained for that data reaches the trainer as a checkpoint."""
+    """What a config runs on when its data set is not on disk (the tools' embedded set): its options, the config pointed
+    at it, the schedule and model sizes there; a backbone pretrained for it comes as a checkpoint."""
 
     root: Path  # where the data lives: a checkpoint trained on a data set there was trained on it
 

@@ -75,9 +75,8 @@ def no_other_inputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 @dataclass(frozen=True)
 class ExportedNetwork:
-    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names and
-    export.json's facts (at least `output`); a network taking more than the images names its inputs (`input_names`,
-    images first) and makes examples of the others (`other_inputs`); `least_side`: the smallest side it runs at."""
+    """What an export holds of a model: the network (normalised images in), its ONNX outputs' names and export.json's
+    facts (`output` at least); `input_names` and `other_inputs` for more inputs; `least_side`."""
 
     network: nn.Module
     output_names: str | list[str]

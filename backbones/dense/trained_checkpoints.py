@@ -27,11 +27,9 @@ from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = None, data_root: str | None = None,
                         fallback: EmbeddedSegData | None = None, need_data: bool = True,
                         loaded: Config | None = None) -> tuple[Config, TrainedData]:
-    """`load_config` for a trained checkpoint's config (test_seg, predict_seg, visualize, export), the checkpoint
-    checked to be a model of the config's task first, and the data it runs on (`choose_trained_data`): where the
-    embedded data stands in, the model takes the sizes it trained with there (`use_model`), under the command
-    line's options. `resolve_trained_data` then applies the data. `loaded`: the config as the caller already read
-    it from `path`, taken instead of reading the file again."""
+    """`load_config` for a trained checkpoint's config, the checkpoint checked to be of the config's task, and the data
+    it runs on (`choose_trained_data`; where the embedded data stands in, the sizes it trained with there). `loaded`:
+    the config already read from `path`."""
     cfg = loaded if loaded is not None else load_config(path)
     check_segmentor_checkpoint(checkpoint, task_of(cfg), path)
     data = choose_trained_data(cfg, checkpoint, data_root, cfg_options, fallback, need_data)

@@ -364,10 +364,9 @@ def decoding_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def decoded_on_own_stream(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """nvJPEG's images, which the calling stream's next work waits for on the device. torchvision's CUDA decoder
-    allocates its outputs on the current stream but writes them from its own stream, which waits for nothing
-    (pytorch/vision#9606): the decode runs on a stream that only ever holds decoded images, each marked as used by
-    the calling stream, so a block is handed out again only once that stream's work on it is done."""
+    """nvJPEG's images, which the calling stream's next work waits for. torchvision's CUDA decoder writes its outputs
+    from its own stream, which waits for nothing (pytorch/vision#9606): the decode runs on a stream holding only decoded
+    images, each marked as used by the calling stream."""
     calling, decoding = torch.cuda.current_stream(device), decoding_stream(device)
     if calling == decoding:  # a caller on the decoding stream itself: drain it, as the only safe order left
         calling.synchronize()

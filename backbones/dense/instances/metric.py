@@ -70,9 +70,8 @@ def without_detections(gt, image_ids: list[int], names: Sequence[str],
 
 
 def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOeval:
-    """pycocotools' evaluation of `results` on `image_ids`, its printout kept out. Each kind sees copies of the
-    entries holding only its own geometry: with a box present, loadRes would size a mask's area range by its box
-    (as detectron2 and mmdetection, the box is dropped for the masks)."""
+    """pycocotools' evaluation of `results` on `image_ids`, quiet. Each kind sees entries with only its own geometry:
+    with a box, loadRes would size a mask's area range by it (detectron2 and mmdetection drop it too)."""
     dropped = 'segmentation' if kind == 'box' else 'bbox'
     entries = [{key: value for key, value in entry.items() if key != dropped} for entry in results]
     with contextlib.redirect_stdout(io.StringIO()):

@@ -40,10 +40,8 @@ def large_enough(boxes: torch.Tensor, min_size: float) -> torch.Tensor:
 
 def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor,
              iou_threshold: float) -> torch.Tensor:
-    """Which candidates (B, N) greedy NMS keeps per image and per group (`groups` (B, N): a level, a class), among
-    the `valid` ones only. One `nms` over the whole batch: each group's boxes offset along x as torchvision's
-    `batched_nms` does, the images along y, so that none overlap; flagged-out candidates score `DROPPED`, below
-    all."""
+    """Which candidates (B, N) greedy NMS keeps per image and `groups` (a level, a class) among the `valid` ones: one
+    `nms` over the batch, groups offset along x (`batched_nms`'s trick), images along y; the others score `DROPPED`."""
     count, number = scores.shape
     largest = torch.where(valid[..., None], boxes, torch.zeros_like(boxes)).amax(dim=(1, 2))  # (B,)
     x_offsets = groups.to(boxes) * (largest[:, None] + 1)
