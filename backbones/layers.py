@@ -205,8 +205,7 @@ class TokenModelMixin:
             intermediates_only: bool = False,
             return_prefix_tokens: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """timm's contract: patch tokens after the blocks in `indices` as (B, D, H, W) ('NCHW') or (B, H*W, D)
-        ('NLC'), each with its (B, prefix, D) prefix tokens with `return_prefix_tokens`."""
+        """timm's contract: the patch tokens after the blocks in `indices` (with their prefix tokens if asked)."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)

@@ -34,8 +34,7 @@ def side_by_side(panels: Sequence[np.ndarray], gap: int = 6) -> np.ndarray:
 def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
                        report: str | None = None, alpha: float = 0.6, with_labels: bool = True,
                        fallback: EmbeddedSegData | None = None, score_threshold: float = 0.5) -> np.ndarray:
-    """What the model of `config` with `checkpoint` predicts for `image` (None: the test set's first), beside its ground
-    truth where the test set has it; `fallback`'s data where the config's is not on disk."""
+    """What `checkpoint` predicts for `image` (None: the test set's first) beside its ground truth, where known."""
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback, need_data=image is None)
     entry = test_entry(predictor.test_set(), image) if predictor.data_at_hand else {'img_path': image}
     if report and not predictor.task.class_maps:

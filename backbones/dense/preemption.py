@@ -53,8 +53,7 @@ def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int 
 
 @LOOPS.register_module()
 class ResumableIterLoop(IterBasedTrainLoop):
-    """mmengine's iteration loop resuming exactly where its checkpoint was written (the module docstring): its loader
-    placed there, torch's random state put back, every validation kept out of training's random streams."""
+    """mmengine's iteration loop resuming exactly where its checkpoint was written (the module docstring says how)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -75,8 +75,7 @@ TRAINED_DATA = 'trained_data'
 
 
 def pooled_batch_norms(model: nn.Module) -> list[str]:
-    """The BatchNorm layers that normalise a map pooled to one pixel (UperNet's and PSPNet's pyramid pooling,
-    DeepLab's image pool: a `Sequential` of `AdaptiveAvgPool2d(1)` and a normalised convolution)."""
+    """The BatchNorm layers that normalise a map pooled to one pixel (pyramid pooling, DeepLab's image pool)."""
     found = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.Sequential):
@@ -208,8 +207,7 @@ TRACKER_BACKENDS = {
 
 
 class SuiteRunner(Runner):
-    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable checkpoint, a log without
-    mmengine's idle notices; a tracker that cannot start its run is a TrackerError."""
+    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable one, a quieter log."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
         additions = FolderAdditions(work_dir)

@@ -506,8 +506,7 @@ def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class BatchAugment:
-    """The device half: `PendingImages` -> normalised (B, 3, S, S) float images, as `TrainTransform` makes them: one
-    `grid_sample` per interpolation, the colour ops with Pillow's formulas, random erasing."""
+    """The device half: `PendingImages` -> normalised (B, 3, S, S) images, as `TrainTransform` makes them."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
         self.img_size = img_size

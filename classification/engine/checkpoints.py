@@ -158,8 +158,7 @@ def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str |
 
 
 def option_tokens(action: argparse.Action, value: object) -> list[str] | None:
-    """`action`'s option with `value` as typed ([]: the value is the option's default, given by leaving it out), or
-    None where this action cannot give the value (another action of the same setting may)."""
+    """`action`'s option with `value` as typed ([]: left out for the default), or None where it cannot give it."""
     flag = action.option_strings[0]
     if isinstance(action, argparse.BooleanOptionalAction):
         return [] if value is None else [flag if value else action.option_strings[1]]

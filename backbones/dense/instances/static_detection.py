@@ -72,8 +72,7 @@ def padded(values: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-    """The detector's multi-level RoIAlign of boxes (B, N, 4) -> (B * N, C, S, S): every box pooled from every level,
-    the one its size maps it to kept (torchvision's values, without its data-dependent counts)."""
+    """The detector's multi-level RoIAlign of boxes (B, N, 4) -> (B * N, C, S, S), with static shapes."""
     count, number = boxes.shape[:2]
     flat = boxes.reshape(-1, 4)
     image = torch.arange(count, device=boxes.device).to(boxes).repeat_interleave(number)
@@ -106,8 +105,7 @@ def interpolation_weights(starts: torch.Tensor, ends: torch.Tensor, source: int,
 
 
 def pasted(masks: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4) as torchvision's `paste_masks_in_image`,
-    with static shapes: a resize is a product with interpolation weights on each side."""
+    """Masks (N, M, M) pasted into images of `size` at boxes (N, 4) as `paste_masks_in_image`, with static shapes."""
     padded = F.pad(masks, (1, 1, 1, 1))
     source = padded.shape[-1]
     scale = source / masks.shape[-1]
@@ -184,8 +182,7 @@ class StaticMaskRCNN(nn.Module):
 
     def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, sizes: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
-        """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections) of the
-        proposals flagged `valid`, by the RoI heads' post-processing; padded with zeros."""
+        """The `top_k` best detections of the `valid` proposals, by the RoI heads' post-processing; zero-padded."""
         heads = self.detector.roi_heads
         count, number, classes = scores.shape
         boxes = clipped(boxes.expand(count, number, classes, 4), sizes)[:, :, 1:].reshape(count, -1, 4)

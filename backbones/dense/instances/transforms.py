@@ -47,8 +47,7 @@ class LoadInstances(BaseTransform):
 
 @TRANSFORMS.register_module()
 class LargeScaleJitter(BaseTransform):
-    """ViTDet's large-scale jitter: the image resized to fit `size` times a factor from `scale_range`, then a random
-    crop of at most `size`; boxes cut to the crop, instances left without pixels dropped."""
+    """ViTDet's large-scale jitter: resized by a factor of `scale_range`, cropped to at most `size`, boxes cut."""
 
     def __init__(self, size: tuple[int, int] = (1024, 1024), scale_range: tuple[float, float] = (0.1, 2.0)) -> None:
         if not (0 < scale_range[0] <= scale_range[1]) or min(size) < 1:

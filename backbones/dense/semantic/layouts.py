@@ -188,8 +188,7 @@ class PublishedLayout(WrittenLayout):
 
 
 def fit_resizing(pipeline: list[dict], data: SmallDenseData) -> None:
-    """The pipeline's resizing at the size that `data.scale` turns into the small data's image size: the sets' scales
-    are for their images' shapes, the pages drawn at the backbone's pretraining size."""
+    """The pipeline's resizing at the size that `data.scale` turns into the small data's image size."""
     width, height = data.image_size
     for step in pipeline:
         if step['type'] in ('Resize', 'RandomResize') and 'scale' in step:
