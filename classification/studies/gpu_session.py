@@ -248,8 +248,7 @@ def stage_limit(predicted: float, left: float, smoke: bool) -> tuple[float, bool
 
 
 def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
-    """The chosen stages in the order of value in one work folder (removed at the end), each under its own limit and
-    the call's remaining time, skipped with a line where its predicted length no longer fits."""
+    """The chosen stages in order of value, each under its limit and the call's remaining time, or skipped."""
     started = time.perf_counter()
     new = session_document(args.device, args.commit, args.smoke, argv)
     results = open_results(Path(args.out), Path(args.merge) if args.merge else None, new, args.stages)

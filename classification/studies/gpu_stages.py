@@ -15,8 +15,7 @@ from classification.studies.gpu_plan import DENSE_CONFIGS, Sizes, session_amp
 
 
 def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, decode: str, workers: int):
-    """loop_benchmark's pieces for `model` on `sizes.images` synthetic JPEGs under `folder` (and, for a model that
-    trains with token labels, their store), made by the call's first stage that needs them: its BenchedModel."""
+    """loop_benchmark's pieces for `model` (JPEGs, labels) under `folder`, made by the first stage that needs them."""
     from backbones.common.distributed import DistInfo
     from classification.loaders import ImageData
     from classification.recipes import recipe_for
@@ -46,8 +45,7 @@ ChildStage = Callable[[Sizes, str, Path, Callable[[str, object], None]], None]
 
 
 def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
-    """The whole loop (`--decode gpu`, `loop_workers` workers) against the trainer's step on one batch on the device, on
-    the same model, eager then compiled (not on a CPU), its data wait; under `key`."""
+    """The whole loop against the trainer's step on the same model, eager then compiled, its data wait; under `key`."""
     def run(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
         from classification.engine.trainer import StepOptions
         from classification.studies import loop_benchmark
@@ -101,8 +99,7 @@ def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, ob
 
 
 def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The paper's annotator at its size (random weights) as generate_token_labels runs it on a batch on the device:
-    the dense forward under fp32, then bf16 autocast, and the top-5 on fp32 scores, each in its steady state."""
+    """The paper's annotator as generate_token_labels runs it on a batch: fp32, bf16 autocast, fp32 top-5."""
     import itertools
 
     import timm
@@ -135,8 +132,7 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
 
 
 def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config, on
-    batches of the data sets' sizes from the config's own pipeline, each in its steady state (`time_dense_step`)."""
+    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config."""
     from classification.studies.dense.training_step import time_dense_step
 
     figures: dict[str, object] = {

@@ -194,8 +194,8 @@ class BenchedModel:
         self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
 
     def window(self, workers: int, min_batches: int | None = None) -> SteadyWindow:
-        """A timing window of at least `min_batches` (default `--min-batches`) past what `workers` loader processes
-        prefetch and the loop's prefetcher holds (trained uncounted: a loop's figure errs low by that many)."""
+        """A window of at least `min_batches` past the workers' prefetch and the loop's prefetcher (DEPTH + 1
+        batches, trained uncounted in the window: a loop's figure errs low by at most that many)."""
         return SteadyWindow(self.args.seconds, min_batches or self.args.min_batches,
                             workers * PREFETCH_FACTOR + 2 + DEPTH + 1, self.info.device)
 
@@ -303,8 +303,7 @@ def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOption
 
 def loop_images_per_second(bench: BenchedModel, augment: str, options: StepOptions, overlap: bool = True,
                            pieces: tuple | None = None) -> Timed:
-    """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: batches prepared ahead), with `pieces`
-    (`step_pieces`, built here where None: a step timed and compiled before is not compiled again)."""
+    """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: ahead), with `pieces` (`step_pieces`)."""
     loader, device_tf = bench.loaders(augment, bench.args.workers)
     model, objective, state = pieces or bench.step_pieces(options, bench.args.amp)
     timed = timed_training(bench.window(bench.args.workers), endless(loader),
@@ -371,8 +370,7 @@ def check_timm_train(args: argparse.Namespace) -> None:
 
 
 def timed_updates(run: LaunchedCommand, bench: BenchedModel) -> dict[str, float | int]:
-    """Images/s of a training run from its update lines, in a window after update `--skip-updates` of at least
-    `--seconds` and `--min-batches` updates, within the first epoch; then every process of the run is stopped."""
+    """Images/s of a training run's update lines in a window after `--skip-updates`; then the run is stopped."""
     args = bench.args
     window = SteadyWindow(args.seconds, args.min_batches, max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2))
     with run:
@@ -505,8 +503,7 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
 
 
 def per_core_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> dict[str, float]:
-    """One core's input pipelines (one thread, no workers): both paths, the batched workers' half, timm's, and the
-    PIL path and the workers' half read by Pillow alone (`pillow_only`), with their ratios."""
+    """One core's input pipelines (no workers): both paths, the workers' half, timm's, Pillow-only decodes."""
     with torch_threads(1):
         per_core = {path: pipeline_images_per_second(bench, path, 0, sizes=sizes) for path in ('pil', 'batched')}
         per_core['batched_workers_half'] = pipeline_images_per_second(bench, 'batched', 0, with_device_half=False)

@@ -12,8 +12,7 @@ from classification.studies.results_data import DataFiles
 
 
 def embedded_runs(files: DataFiles, *tasks: str) -> str:
-    """The metafile's runs of the embedded defaults of `tasks`, each a list item; `latest` first: each config's latest
-    run, its scores and total time; `layouts` first: the runs in a published set's layout."""
+    """The metafile's runs of the embedded defaults of `tasks` (`latest` first, or `layouts` first), as items."""
     latest, in_layouts = tasks[:1] == ('latest',), tasks[:1] == ('layouts',)
     runs = embedded_defaults(files, tasks[1:] if latest or in_layouts else tasks, in_layouts)
     if not latest:
@@ -92,8 +91,7 @@ def score(key: str, value: float, shown: dict[str, str | None]) -> str:
 
 
 def shown_scores(model: dict) -> str:
-    """The scores a run's item or row shows, one decimal unless `Shown` gives a format, mIoU with its spread over the
-    seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
+    """The scores a run's item or row shows (`Shown`'s formats), mIoU with its spread over the seeds."""
     metrics, shown = run_metrics(model), shown_metrics(model)
     parts = []
     for key in shown:

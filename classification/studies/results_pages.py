@@ -68,8 +68,7 @@ def value(files: DataFiles, name: str, expression: str, form: str = '{}') -> str
 
 
 def table(files: DataFiles, *sources: str, template: list[str]) -> str:
-    """The marker's template lines with each `{EXPRESSION[:FORMAT]}` filled from the first of `sources` (each a
-    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them)."""
+    """The template lines, each `{EXPRESSION[:FORMAT]}` filled from `sources` (`{ALIAS#EXPRESSION}`: another)."""
     if not sources:
         raise UsageError('table: name the results file(s) it reads')
     names = dict(source.partition('=')[::2] if '=' in source else (source, source) for source in sources)
@@ -246,8 +245,7 @@ def pages(root: Path) -> list[Path]:
 
 
 def render_pages(root: Path, write: bool = True) -> list[str]:
-    """Render every block of the pages under `root` from the data files there; `write`: rewrite the pages whose
-    blocks changed. Returns the blocks that differed, as 'PAGE:LINE: block "WORDS"'."""
+    """Render every block of the pages under `root`; `write`: rewrite those changed. The blocks that differed."""
     if not (root / 'README.md').is_file():  # a mistyped root would otherwise check nothing and pass
         raise UsageError(f'{root}: no README.md there (give the repository\'s folder)')
     files, differing, rewritten = DataFiles(root), [], {}

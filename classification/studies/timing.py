@@ -40,8 +40,7 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
 
 
 class SteadyWindow:
-    """A steady-state timing of batches or of a run's updates: after `warmup` untimed ones, at least `seconds` and
-    `min_batches`, told of each batch (`done`) or wrapping them (`batches`), clocked on the device."""
+    """A steady-state timing of batches or of updates: after `warmup`, at least `seconds` and `min_batches`."""
 
     def __init__(self, seconds: float, min_batches: int, warmup: int,
                  device: torch.device = torch.device('cpu')) -> None:

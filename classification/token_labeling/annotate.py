@@ -108,8 +108,7 @@ def generate_token_labels(
         skip_unreadable: bool = False,
         amp: str = 'none',
 ) -> dict:
-    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data. `skip_unreadable` gives
-    undecodable images an empty row; `amp` 'bf16' runs the annotator under autocast (top-k on fp32 logits)."""
+    """Write (or finish) the token-label store of `data_dir/split`; its meta data. `amp`: the annotator's autocast."""
     data_dir, output = Path(data_dir), Path(output)
     if topk < 1:
         raise UsageError(f'--topk must be at least 1, got {topk}')

@@ -379,8 +379,8 @@ class StoreRows:
 def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                       shard_rows: Callable[[int, int], Iterable[StoreRows]], with_extent: bool = False,
                       skipped_key: str = 'unreadable', progress: str | None = None) -> dict:
-    """Write (or finish) the store of `paths` in `root`, the one way every store is written: this process's shards not
-    yet done get the rows `shard_rows(start, stop)` yields; then verified and marked complete."""
+    """Write (or finish) the store of `paths` in `root` from `shard_rows`, the one way every store is written; then
+    verify it and mark it complete."""
     writer = StoreWriter(root, meta, paths, shaping, info, with_extent, skipped_key)
     todo = writer.todo()
     bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'{progress} (rank {info.rank})', unit='row',

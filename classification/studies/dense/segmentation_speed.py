@@ -66,8 +66,7 @@ def timed(fn, batches: list) -> float:
 
 
 def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
-    """Seconds from a resumed run's loop start to its first batch at `iteration`: mmengine's replay (the first batch
-    plus `iteration` times the mean of `replayed`) and the placed sampler's; the load average beside."""
+    """Seconds from a resumed run's loop start to its first batch at `iteration`: mmengine's replay and ours."""
     def build(sampler: str):
         return SuiteRunner.build_dataloader({**copy.deepcopy(loader_cfg), 'sampler': dict(type=sampler)}, seed=0)
 

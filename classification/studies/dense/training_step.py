@@ -99,8 +99,7 @@ def dense_config(path: str, scale: float, options: dict | None = None) -> Config
 def time_dense_step(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
                     scale: float = 1.0, batch_size: int | None = None, batches: int = 4,
                     options: dict | None = None) -> DenseStep:
-    """The training step of the config at `path` (`options` merged over it) on `device`: `warmup` steps, then at
-    least `seconds` and `min_batches`, over `batches` distinct batches moved to the device each step."""
+    """The config's training step (`options` over it): `warmup` steps, then at least `seconds` and `min_batches`."""
     init_default_scope('mmseg')
     cfg = dense_config(path, scale, options)
     batch_size = batch_size or cfg.train_dataloader.batch_size
