@@ -119,17 +119,6 @@ def check_dinov2_inputs(model: nn.Module, model_name: str, final_norm: bool, cla
         raise UsageError(f'model.backbone.class_token: the blocks of {model_name} carry no class token')
 
 
-def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-    """Patch tokens (B, D, h, w) and the block's class token beside each: (B, 2D, h, w)."""
-    return torch.cat([patch_map, prefix[:, 0, :, None, None].expand_as(patch_map)], 1)
-
-
-
-def fixed_grid(model: nn.Module) -> bool:
-    """Whether the model reads its `img_size` only (a timm model built without `dynamic_img_size`)."""
-    return bool(getattr(model.patch_embed, 'strict_img_size', False))
-
-
 @MODELS.register_module()
 class TokenBackbone(BaseModule):
     """Any suite model (CaiT without its class-attention stage) or plain timm ViT as an mmseg backbone, pruned to what
@@ -177,7 +166,8 @@ class TokenBackbone(BaseModule):
         patch = getattr(self.model.patch_embed, 'patch_size', None)  # timm's; else the grid at `img_size` says
         self.patch_size = int(patch[0]) if patch else img_size // self.model.patch_embed.grid_size[0]
         self.stride = STRIDE
-        self.img_size = img_size if fixed_grid(self.model) else None  # the one input size of a fixed-grid model
+        # the one input size of a fixed-grid model (a timm model built without `dynamic_img_size`)
+        self.img_size = img_size if getattr(self.model.patch_embed, 'strict_img_size', False) else None
         self.use_ema, self.model_name = use_ema, model_name
         if frozen:
             self.model.requires_grad_(False)
@@ -243,7 +233,8 @@ class TokenBackbone(BaseModule):
             maps = self.model.forward_intermediates(padded, self.out_indices, norm=self.final_norm,
                                                     intermediates_only=True, return_prefix_tokens=self.class_token)
         if self.class_token:
-            maps = [with_class_token(m, prefix) for m, prefix in maps]
+            # the block's class token beside each cell's patch token: (B, 2D, h, w)
+            maps = [torch.cat([m, prefix[:, 0, :, None, None].expand_as(m)], 1) for m, prefix in maps]
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 

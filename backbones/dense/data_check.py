@@ -202,7 +202,6 @@ class EntryChecks(Protocol):
     def check_values(self, dataset, values: set[int]) -> None: ...
 
 
-
 def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check the files of a dataset config of `task`; returns the indices to use and the unreadable images left out."""
