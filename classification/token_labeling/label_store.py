@@ -37,10 +37,6 @@ class TokenLabelError(DataError, RuntimeError):
     """A token-label store that is missing, incomplete, or has no row for an image."""
 
 
-def class_index_dtype(num_classes: int) -> np.dtype:
-    return np.dtype(np.int16 if num_classes <= np.iinfo(np.int16).max + 1 else np.int32)
-
-
 def check_array(path: Path, shape: tuple[int, ...]) -> None:
     """A store array must open (whole, not truncated) with the shape its meta data gives."""
     try:
@@ -310,7 +306,8 @@ class StoreWriter:
                 for name in (SCORES, CLASSES):
                     check_array(root / name, shape)
             else:
-                arrays = [(SCORES, np.float16, shape), (CLASSES, class_index_dtype(meta['num_classes']), shape)]
+                classes = np.int16 if meta['num_classes'] <= np.iinfo(np.int16).max + 1 else np.int32
+                arrays = [(SCORES, np.float16, shape), (CLASSES, classes, shape)]
                 create_arrays(root, arrays + ([(EXTENT, np.float32, (len(paths), 4))] if with_extent else []))
                 (root / PATHS).write_text('\n'.join(paths) + '\n', encoding='utf-8', errors='surrogateescape')
                 write_json_atomic(root / META, {**meta, 'complete': False})
