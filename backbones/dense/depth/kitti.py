@@ -107,8 +107,7 @@ def read_split_file(path: str | Path) -> list[SplitEntry]:
 
 @DATASETS.register_module()
 class KITTIDepthDataset(BaseSegDataset):
-    """KITTI depth: the entries of the split file `ann_file` with ground truth (the others left out and logged,
-    `without_ground_truth`), images and depth maps under data_prefix's img_path and depth_map_path."""
+    """KITTI depth: the split file's entries with ground truth (the others logged), under data_prefix's paths."""
 
     # the raw recordings' days (each its own calibration): mmseg's test mode asks for classes, as NYU's name scenes
     METAINFO = dict(classes=('2011_09_26', '2011_09_28', '2011_09_29', '2011_09_30', '2011_10_03'))
@@ -167,8 +166,7 @@ class KittiLayout(WrittenLayout):
         read_split_file(split_file)
 
     def write_small(self, data: SmallDenseData, root: Path) -> None:
-        """The pages as two drives of a fake day, the Eigen training and test splits (some test frames without ground
-        truth, as there); each page's depth in 1/256 m, SMALL_SCENE_SCALE times as far, on LiDAR-like lines."""
+        """The pages as two drives of a fake day (the Eigen splits), their depths SMALL_SCENE_SCALE times as far."""
         write_folder_once(root, SMALL_VERSION + ready_mark(data.root), lambda folder: write_small_drives(data, folder))
 
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:

@@ -85,8 +85,7 @@ def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOev
 
 @METRICS.register_module()
 class CocoAP(BaseMetric):
-    """Box and mask AP (`box_AP`, ..., `mask_AP`, ...), each category's too in `json_file`; a run that detects
-    nothing scores 0. With `predictions_dir`, the detections as COCO results (predictions.json)."""
+    """Box and mask AP, per category too in `json_file` (0 detecting nothing); `predictions_dir`: COCO results."""
 
     default_prefix = None
 
