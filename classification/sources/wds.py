@@ -6,6 +6,7 @@ tar reader indexes its tars, and each image is one pread, map-style. docs/imagen
 and the Hub publish them") gives every rule."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tarfile
@@ -130,14 +131,12 @@ def check_info_fields(info_file: Path, fields: dict[str, tuple[object, str]]) ->
 
 def is_shard(tar: Path) -> bool:
     """Whether the tar begins with flat members among which a label is: a webdataset shard."""
-    try:
-        with tarfile.open(tar, 'r:') as opened:
-            for _, member in zip(range(PEEK), opened):
-                name = member.name.removeprefix('./')
-                if member.isfile() and '/' not in name and Path(name).suffix in SIDECAR_SUFFIXES:
-                    return True
-    except (OSError, tarfile.TarError):
-        pass  # not a shard: the tar reader names what is wrong with it
+    # a tar that does not open is no shard: the tar reader names what is wrong with it
+    with contextlib.suppress(OSError, tarfile.TarError), tarfile.open(tar, 'r:') as opened:
+        for _, member in zip(range(PEEK), opened):
+            name = member.name.removeprefix('./')
+            if member.isfile() and '/' not in name and Path(name).suffix in SIDECAR_SUFFIXES:
+                return True
     return False
 
 
@@ -213,10 +212,8 @@ def sample_key(member: str) -> str:
 def class_index(value: object, where: str, text: bool = False) -> int:
     """A label as a class index: a `.cls` text or a JSON number (a JSON text could be a class's name)."""
     if isinstance(value, str) and text:
-        try:
+        with contextlib.suppress(ValueError):
             return int(value.strip())
-        except ValueError:
-            pass
     elif isinstance(value, int) and not isinstance(value, bool):
         return value
     kind = 'a JSON text, not a number' if isinstance(value, str) and not text else 'not an integer'
