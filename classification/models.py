@@ -52,8 +52,7 @@ def freeze_features(model: nn.Module) -> None:
 
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
                       mix_token: float = 1.0, distilled: bool = False, frozen: bool = False, **kwargs) -> nn.Module:
-    """A model for training or evaluation, with a token head and MixToken (`token_labeling`), a distillation token
-    and head (`distilled`), `freeze_features` (`frozen`); its `architecture` records these arguments."""
+    """A model for training or evaluation (`token_labeling`, `distilled`, `frozen`); `architecture` records them."""
     architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
                     'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
     family = family_of(name)
@@ -96,15 +95,13 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
 
 def trained_data_config(name: str, checkpoint: str | None, img_size: int | None = None,
                         crop_pct: float | None = None) -> dict:
-    """The data config a checkpoint of model `name` is evaluated with: what its run recorded (input size, crop
-    fraction, mean and std; the model's own where it recorded none), `img_size` and `crop_pct` over it."""
+    """The data config a checkpoint of `name` is evaluated with: its run's record, `img_size` and `crop_pct` over it."""
     return checkpoint_data_config(checkpoint, model_data_config(name), img_size, crop_pct)
 
 
 def load_trained_classifier(name: str, checkpoint: str, data_config: dict, use_ema: bool | None = None,
                             model_kwargs: dict | None = None, num_classes: int | None = None) -> torch.nn.Module:
-    """The trained classifier evaluation, prediction, export and the pictures run: `build_eval_model` at
-    `data_config`'s input size, for the checkpoint's own class count unless `num_classes` (a data set's) is given."""
+    """The trained classifier at `data_config`'s size, for the checkpoint's class count unless `num_classes`."""
     count = checkpoint_class_count(name, checkpoint, use_ema) if num_classes is None else num_classes
     return build_eval_model(name, checkpoint, count, data_config['input_size'][-1], use_ema, model_kwargs or {})
 

@@ -54,8 +54,7 @@ class ShardSampler(Sampler[int]):
 
 @dataclass(frozen=True)
 class Batching:
-    """How a run's loaders batch: `size` images per process, `workers`, the order reshuffled every epoch with `seed`,
-    `collate_fn`, timm's repeated augmentation (`aug_repeats`), and `places` (indices as `SamplePlace`)."""
+    """How a run's loaders batch (per process; reshuffled each epoch with `seed`; `places`: `SamplePlace` indices)."""
 
     size: int
     workers: int

@@ -132,8 +132,7 @@ class PassResult(NamedTuple):
 
 @dataclass(frozen=True)
 class PassOptions:
-    """How a training pass runs: autocast, gradient clipping, one update every `accumulate` batches, the device half
-    of the augmentation, batches prepared ahead (`overlap`), the pass's `seed` and the progress bar's label."""
+    """How a training pass runs: autocast, clipping, accumulation, device transform, `overlap`, `seed`, its label."""
 
     amp: str = 'none'
     clip_grad: float | None = None
