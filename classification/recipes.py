@@ -69,8 +69,7 @@ class Recipe(TrainingRecipe):
     ema_decay: float = 0.99996  # 0 turns the EMA off
     token_participation: float = 1.0  # the fraction of each image's tokens in the token term (paper's Fig. 4, left)
     cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
-    token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps), 'pooled' (the map pooled
-    # over the crop, every token alike: ReLabel's target on every token) or 'label' (the image label)
+    token_target: str = 'map'  # patch-token targets: 'map', 'pooled' (ReLabel's on every token) or 'label'
     label_pooling: bool = False  # ReLabel: no token head; the class target is the map pooled over the crop (CutMix)
     mix_token: float = 1.0
     mixup: float = 0.8  # vanilla mode only
