@@ -52,14 +52,18 @@ def suite_model(family: Family) -> Callable[[_F], _F]:
 
 def suite_entrypoints(family: Family, module: str, names: Iterable[str],
                       build: Callable[[str, bool, dict], nn.Module]) -> None:
-    """`suite_model` for an entrypoint `NAME(pretrained=False, **kwargs)` of each name in `module`."""
-    for name in names:
-        def entrypoint(pretrained: bool = False, _name: str = name, **kwargs) -> nn.Module:
-            return build(_name, pretrained, kwargs)
+    """`suite_model` for an entrypoint `NAME(pretrained=False, **kwargs)` of each name in `module`, returning
+    `build(NAME, pretrained, kwargs)`."""
+    def entrypoint_of(name: str) -> Callable[..., nn.Module]:
+        def entrypoint(pretrained: bool = False, **kwargs) -> nn.Module:
+            return build(name, pretrained, kwargs)
 
         entrypoint.__name__ = entrypoint.__qualname__ = name
         entrypoint.__module__ = module
-        setattr(sys.modules[module], name, suite_model(family)(entrypoint))
+        return entrypoint
+
+    for name in names:
+        setattr(sys.modules[module], name, suite_model(family)(entrypoint_of(name)))
 
 
 def adopt_timm_models(family: Family, names: list[str]) -> None:
