@@ -15,15 +15,13 @@ from timm.models import cait as _timm_cait
 from timm.models.cait import Cait, TalkingHeadAttn
 
 from backbones.layers import Grid, TokenModelMixin, features_only_cfg, tokens_with_positions
-from backbones.registry import Family, adopt_timm_models, suite_model
+from backbones.registry import Family, adopt_timm_models, suite_entrypoints
 
 __all__ = ['CaiT']
 
 
 class CaiT(TokenModelMixin, Cait):
-    """timm's Cait accepting any input size; the position table has no class slot. A distillation token
-    (`distilled=True`) goes through the class-attention stage on its own, as the class token does, into
-    `head_dist`."""
+    """timm's Cait taking any input size (no class slot in the position table); `distilled`: a distillation token."""
 
     def __init__(self, *args, distilled: bool = False, **kwargs) -> None:
         kwargs.setdefault('patch_layer', partial(PatchEmbed, strict_img_size=False, output_fmt='NHWC'))
@@ -108,39 +106,4 @@ def build_cait(name: str, pretrained: bool = False, **kwargs) -> CaiT:
 CAIT = Family('cait', ('blocks_token_only.',), recipe='cait', attention=(TalkingHeadAttn,), distillation_token=True,
               builder=build_cait)
 adopt_timm_models(CAIT, list(_TIMM))
-
-
-@suite_model(CAIT)
-def cait_xs24_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-XS24 at 224: D 288, 24 + 2 blocks, 26.6M parameters."""
-    return build_cait('cait_xs24_224', pretrained, **kwargs)
-
-
-@suite_model(CAIT)
-def cait_xs36_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-XS36 at 224: D 288, 36 + 2 blocks, 38.6M parameters."""
-    return build_cait('cait_xs36_224', pretrained, **kwargs)
-
-
-@suite_model(CAIT)
-def cait_s36_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-S36 at 224: D 384, 36 + 2 blocks, 68.2M parameters."""
-    return build_cait('cait_s36_224', pretrained, **kwargs)
-
-
-@suite_model(CAIT)
-def cait_s48_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-S48 at 224: D 384, 48 + 2 blocks, 89.5M parameters."""
-    return build_cait('cait_s48_224', pretrained, **kwargs)
-
-
-@suite_model(CAIT)
-def cait_m24_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-M24 at 224: D 768, 24 + 2 blocks, 185.9M parameters."""
-    return build_cait('cait_m24_224', pretrained, **kwargs)
-
-
-@suite_model(CAIT)
-def cait_m36_224(pretrained: bool = False, **kwargs) -> CaiT:
-    """CaiT-M36 at 224: D 768, 36 + 2 blocks, 270.9M parameters."""
-    return build_cait('cait_m36_224', pretrained, **kwargs)
+suite_entrypoints(CAIT, __name__, _NEW, lambda name, pretrained, kwargs: build_cait(name, pretrained, **kwargs))

@@ -37,8 +37,7 @@ def measure_complexity(name: str, img_size: int | None = None, **model_kwargs) -
 
 
 def forward_macs(forward: Callable[[], object]) -> int:
-    """Multiply-accumulates of `forward()` (no gradients, on meta tensors) by torch's FLOP counter, which counts the
-    attention's products too (module-level counters miss them)."""
+    """Multiply-accumulates of `forward()` on meta tensors by torch's FLOP counter, attention's products included."""
     # torch's counter knows no formula for the fused CPU attention kernel: count the math form, same MACs.
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         forward()
@@ -46,8 +45,7 @@ def forward_macs(forward: Callable[[], object]) -> int:
 
 
 def fixed_table_size(model: nn.Module) -> int:
-    """Elements of the fixed tables a model keeps as buffers (T2T-ViT's), weights the papers count; not norm
-    statistics."""
+    """Elements of the fixed tables a model keeps as buffers (T2T-ViT's), which the papers count as weights."""
     statistics = {id(b) for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) for b in m.buffers()}
     buffers = {id(b) for b in model.buffers()}
     return sum(t.numel() for t in model.state_dict(keep_vars=True).values() if id(t) in buffers - statistics)

@@ -24,8 +24,7 @@ DIST_HEAD = 'head_dist'  # the distillation head's attribute and checkpoint key 
 
 
 class ScaledResidualBlock(nn.Module):
-    """Pre-norm transformer block whose residual branches are divided by `skip_lam` (1: the plain ViT block; LV-ViT's
-    "residual scaling" takes 2 or 3)."""
+    """Pre-norm transformer block whose residual branches are divided by `skip_lam` (LV-ViT's 2 or 3; ViT's 1)."""
 
     def __init__(
             self,
@@ -76,8 +75,7 @@ def tokens_with_positions(
         pos_grid: Grid,
         prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A (B, H, W, D) token grid flattened, the (1, P, D) `prefix` tokens in front, `pos_embed` resized to (H, W)
-    added."""
+    """A (B, H, W, D) token grid flattened, the `prefix` tokens in front, `pos_embed` resized to (H, W) added."""
     B, H, W, D = x.shape
     x = x.reshape(B, H * W, D)
     if prefix is not None:
@@ -89,10 +87,8 @@ class TokenModelMixin:
     """`forward`, `forward_features` and timm's `forward_intermediates` contract for a token model, scriptable
     (TorchScript) and traceable (torch.fx). A model provides `_embed_tokens(x) -> (tokens, (H, W))`, the patch tokens
     LAST, `blocks` (an nn.Sequential), `norm`, optionally `_finish_tokens`; its `__init__` calls `_init_token_model`.
-
-    DeiT's distillation token (`distilled=True`) sits right after the class token (`dist_token`) and feeds its own
-    head (`head_dist`), DeiT's names. In training, after `set_distilled_training()`, the heads return (class logits,
-    distillation logits), otherwise their mean (DeiT's inference rule)."""
+    DeiT's distillation token (`distilled=True`, `dist_token` after the class token) feeds `head_dist`; in training,
+    after `set_distilled_training()`, the heads return both logits, otherwise their mean (DeiT's inference rule)."""
 
     __jit_unused_properties__ = ['distilled']
 
@@ -164,8 +160,7 @@ class TokenModelMixin:
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        """timm's parameter grouping (its layer decay): the embedding, each block, the final norm; the heads come
-        last."""
+        """timm's parameter grouping (layer decay): the embedding, each block, the final norm; the heads last."""
         return dict(stem=r'^cls_token|^dist_token|^pos_embed|^patch_embed|^tokens_to_token',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
@@ -210,9 +205,7 @@ class TokenModelMixin:
             intermediates_only: bool = False,
             return_prefix_tokens: bool = False,
     ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Patch tokens after the blocks in `indices` (timm semantics), prefix tokens dropped (with
-        `return_prefix_tokens`, each a (patch tokens, (B, prefix, D)) pair), as (B, D, H, W) ('NCHW') or (B, H*W, D)
-        ('NLC'); with `intermediates_only=False` also the final normalised features."""
+        """timm's contract: the patch tokens after the blocks in `indices` (with their prefix tokens if asked)."""
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
@@ -244,8 +237,7 @@ def token_model_cfg(first_conv: str, classifier='head', url: str = '', **kwargs)
 
 def build_token_model(cls: type, variant: str, pretrained: bool, defaults: dict, kwargs: dict,
                       filter_fn: Callable) -> nn.Module:
-    """timm's `build_model_with_cfg` for a suite family: the input size follows the chosen weights' tag unless
-    `img_size` is given; `features_only` as `features_only_cfg` says."""
+    """timm's `build_model_with_cfg` for a suite family, the input size the weights' tag's unless `img_size`."""
     cfg = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
     kwargs.setdefault('img_size', cfg.input_size[-1])
     size = kwargs['img_size']
@@ -264,6 +256,5 @@ def block_feature_info(depth: int, channels: int, reduction: int = 16) -> list[d
 
 
 def features_only_cfg(kwargs: dict) -> dict:
-    """`build_model_with_cfg`'s feature_cfg: `features_only=True` returns the blocks in `out_indices` (default: the
-    last three) through `forward_intermediates`."""
+    """`build_model_with_cfg`'s feature_cfg: `features_only` gives the blocks in `out_indices` (default: last 3)."""
     return dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter')

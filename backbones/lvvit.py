@@ -20,7 +20,7 @@ from backbones.layers import (
     init_linear_and_norm,
     token_model_cfg,
 )
-from backbones.registry import Family, suite_model
+from backbones.registry import Family, suite_entrypoints
 from backbones.token_head import TokenLabelingOutput, forward_token_labeling, inference_logits
 from backbones.weights import release_filter
 
@@ -44,8 +44,7 @@ class ConvStemPatchEmbed(nn.Module):
 
     @staticmethod
     def dynamic_feat_size(image_size: Grid) -> Grid:
-        """Token grid for an (H, W) image: the first conv halves a side rounding up, the projection takes 8-pixel
-        patches."""
+        """Token grid for an (H, W) image: the first conv halves a side rounding up, then 8-pixel patches."""
         return tuple((side + 1) // 2 // 8 for side in image_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,30 +141,12 @@ default_cfgs = generate_default_cfgs({
 })
 
 
-def _lvvit(variant: str, pretrained: bool, defaults: dict, kwargs: dict) -> LVViT:
-    return build_token_model(LVViT, variant, pretrained, defaults, kwargs, release_filter)
-
-
-@suite_model(LVVIT)
-def lvvit_t(pretrained: bool = False, **kwargs) -> LVViT:
-    """LV-ViT-T: 12 blocks, D 240, 4 heads, 8.5M parameters."""
-    return _lvvit('lvvit_t', pretrained, dict(embed_dim=240, depth=12, num_heads=4, skip_lam=1.0), kwargs)
-
-
-@suite_model(LVVIT)
-def lvvit_s(pretrained: bool = False, **kwargs) -> LVViT:
-    """LV-ViT-S: 16 blocks, D 384, 6 heads, residual scaling 2, 26.2M parameters."""
-    return _lvvit('lvvit_s', pretrained, dict(embed_dim=384, depth=16, num_heads=6, skip_lam=2.0), kwargs)
-
-
-@suite_model(LVVIT)
-def lvvit_m(pretrained: bool = False, **kwargs) -> LVViT:
-    """LV-ViT-M: 20 blocks, D 512, 8 heads, residual scaling 2, 55.8M parameters."""
-    return _lvvit('lvvit_m', pretrained, dict(embed_dim=512, depth=20, num_heads=8, skip_lam=2.0), kwargs)
-
-
-@suite_model(LVVIT)
-def lvvit_l(pretrained: bool = False, **kwargs) -> LVViT:
-    """LV-ViT-L: 24 blocks, D 768, 12 heads, 128-channel stem, residual scaling 3, 150.5M parameters (at 288)."""
-    defaults = dict(embed_dim=768, depth=24, num_heads=12, skip_lam=3.0, stem_chs=128)
-    return _lvvit('lvvit_l', pretrained, defaults, kwargs)
+# name: its model arguments; each name an entrypoint
+_VARIANTS = {
+    'lvvit_t': dict(embed_dim=240, depth=12, num_heads=4, skip_lam=1.0),
+    'lvvit_s': dict(embed_dim=384, depth=16, num_heads=6, skip_lam=2.0),
+    'lvvit_m': dict(embed_dim=512, depth=20, num_heads=8, skip_lam=2.0),
+    'lvvit_l': dict(embed_dim=768, depth=24, num_heads=12, skip_lam=3.0, stem_chs=128),
+}
+suite_entrypoints(LVVIT, __name__, _VARIANTS, lambda name, pretrained, kwargs: build_token_model(
+    LVViT, name, pretrained, _VARIANTS[name], kwargs, release_filter))

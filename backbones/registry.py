@@ -6,8 +6,9 @@ contract (inputs of any size) by the family's builder; the rest of a family is i
 from __future__ import annotations
 
 import difflib
+import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple, TypeVar
 
 import timm
@@ -47,6 +48,22 @@ def suite_model(family: Family) -> Callable[[_F], _F]:
         return fn
 
     return register
+
+
+def suite_entrypoints(family: Family, module: str, names: Iterable[str],
+                      build: Callable[[str, bool, dict], nn.Module]) -> None:
+    """`suite_model` for an entrypoint `NAME(pretrained=False, **kwargs)` of each name in `module`, returning
+    `build(NAME, pretrained, kwargs)`."""
+    def entrypoint_of(name: str) -> Callable[..., nn.Module]:
+        def entrypoint(pretrained: bool = False, **kwargs) -> nn.Module:
+            return build(name, pretrained, kwargs)
+
+        entrypoint.__name__ = entrypoint.__qualname__ = name
+        entrypoint.__module__ = module
+        return entrypoint
+
+    for name in names:
+        setattr(sys.modules[module], name, suite_model(family)(entrypoint_of(name)))
 
 
 def adopt_timm_models(family: Family, names: list[str]) -> None:

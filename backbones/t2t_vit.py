@@ -23,7 +23,7 @@ from backbones.layers import (
     init_linear_and_norm,
     token_model_cfg,
 )
-from backbones.registry import Family, suite_model
+from backbones.registry import Family, suite_entrypoints
 from backbones.weights import release_filter
 
 __all__ = ['T2TViT', 'TokensToToken', 'sinusoid_table']
@@ -66,9 +66,8 @@ def _random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class PerformerLayer(nn.Module):
-    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features. The width
-    changes from `dim` to `token_dim`, so the skip adds v; the feature map and normalisation run in fp32 under
-    autocast (the published fp16 NaNs came from them)."""
+    """T2T layer with linear attention: softmax kernel approximated by m = dim/2 positive random features, the skip
+    adding v (the width changes); fp32 under autocast (the published fp16 NaNs came from there)."""
 
     def __init__(self, dim: int, token_dim: int = 64, kernel_ratio: float = 0.5, eps: float = 1e-8) -> None:
         super().__init__()
@@ -243,17 +242,17 @@ def _cfg(file: str = '', transformer: bool = False, **kwargs) -> dict:
     return token_model_cfg(first_conv, url=f'{RELEASES}/{file}' if file else '', **kwargs)
 
 
-# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio)
+# name: its model arguments (performer or transformer T2T); each name an entrypoint
 _VARIANTS = {
-    't2t_vit_7': ('performer', 256, 7, 4, 2.0),
-    't2t_vit_10': ('performer', 256, 10, 4, 2.0),
-    't2t_vit_12': ('performer', 256, 12, 4, 2.0),
-    't2t_vit_14': ('performer', 384, 14, 6, 3.0),
-    't2t_vit_19': ('performer', 448, 19, 7, 3.0),
-    't2t_vit_24': ('performer', 512, 24, 8, 3.0),
-    't2t_vit_t_14': ('transformer', 384, 14, 6, 3.0),
-    't2t_vit_t_19': ('transformer', 448, 19, 7, 3.0),
-    't2t_vit_t_24': ('transformer', 512, 24, 8, 3.0),
+    't2t_vit_7': dict(tokens_type='performer', embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0),
+    't2t_vit_10': dict(tokens_type='performer', embed_dim=256, depth=10, num_heads=4, mlp_ratio=2.0),
+    't2t_vit_12': dict(tokens_type='performer', embed_dim=256, depth=12, num_heads=4, mlp_ratio=2.0),
+    't2t_vit_14': dict(tokens_type='performer', embed_dim=384, depth=14, num_heads=6, mlp_ratio=3.0),
+    't2t_vit_19': dict(tokens_type='performer', embed_dim=448, depth=19, num_heads=7, mlp_ratio=3.0),
+    't2t_vit_24': dict(tokens_type='performer', embed_dim=512, depth=24, num_heads=8, mlp_ratio=3.0),
+    't2t_vit_t_14': dict(tokens_type='transformer', embed_dim=384, depth=14, num_heads=6, mlp_ratio=3.0),
+    't2t_vit_t_19': dict(tokens_type='transformer', embed_dim=448, depth=19, num_heads=7, mlp_ratio=3.0),
+    't2t_vit_t_24': dict(tokens_type='transformer', embed_dim=512, depth=24, num_heads=8, mlp_ratio=3.0),
 }
 
 # The released ImageNet weights (REFERENCE section 6), named by their top-1; `.in1k_384` tags the 384 files.
@@ -272,62 +271,5 @@ default_cfgs = generate_default_cfgs({
 })
 
 
-def _t2t_vit(variant: str, pretrained: bool, kwargs: dict) -> T2TViT:
-    tokens_type, embed_dim, depth, num_heads, mlp_ratio = _VARIANTS[variant]
-    defaults = dict(tokens_type=tokens_type, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
-                    mlp_ratio=mlp_ratio)
-    return build_token_model(T2TViT, variant, pretrained, defaults, kwargs, release_filter)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_7(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-7 (performer T2T): 7 blocks, D 256, 4.3M parameters."""
-    return _t2t_vit('t2t_vit_7', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_10(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-10 (performer T2T): 10 blocks, D 256, 5.9M parameters."""
-    return _t2t_vit('t2t_vit_10', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_12(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-12 (performer T2T): 12 blocks, D 256, 6.9M parameters."""
-    return _t2t_vit('t2t_vit_12', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_14(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-14 (performer T2T): 14 blocks, D 384, 21.5M parameters."""
-    return _t2t_vit('t2t_vit_14', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_19(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-19 (performer T2T): 19 blocks, D 448, 39.2M parameters."""
-    return _t2t_vit('t2t_vit_19', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_24(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT-24 (performer T2T): 24 blocks, D 512, 64.1M parameters."""
-    return _t2t_vit('t2t_vit_24', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_t_14(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT_t-14 (transformer T2T): 14 blocks, D 384."""
-    return _t2t_vit('t2t_vit_t_14', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_t_19(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT_t-19 (transformer T2T): 19 blocks, D 448."""
-    return _t2t_vit('t2t_vit_t_19', pretrained, kwargs)
-
-
-@suite_model(T2T_VIT)
-def t2t_vit_t_24(pretrained: bool = False, **kwargs) -> T2TViT:
-    """T2T-ViT_t-24 (transformer T2T): 24 blocks, D 512."""
-    return _t2t_vit('t2t_vit_t_24', pretrained, kwargs)
+suite_entrypoints(T2T_VIT, __name__, _VARIANTS, lambda name, pretrained, kwargs: build_token_model(
+    T2TViT, name, pretrained, _VARIANTS[name], kwargs, release_filter))

@@ -72,9 +72,8 @@ def mix_token_grid(x: torch.Tensor, box: Box) -> torch.Tensor:
 
 
 class MixTokenHook:
-    """MixToken as a forward hook on a patch embedding ((B, H, W, D) or (B, H*W, D) tokens): while `mask` is set, its
-    cells come from the flipped batch (before the position table: both samples get the same one there).
-    `TokenLabelingModel` keeps one registered, since a hook registered per call breaks a compiled graph."""
+    """MixToken as a forward hook on a patch embedding: while `mask` is set, its cells come from the flipped batch
+    (before the position table). Kept registered: a hook registered per call breaks a compiled graph."""
 
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None  # (H, W) bool on the token grid
@@ -158,7 +157,7 @@ def patch_tokens(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 def inference_logits(cls_logits: torch.Tensor, token_logits: torch.Tensor,
                      weight: float = TOKEN_LOGIT_WEIGHT) -> torch.Tensor:
-    """The paper's prediction: class logits + 0.5 * class-wise max over the (B, N, C) token logits (an argument:
+    """The paper's prediction: class logits + `weight` * class-wise max of the (B, N, C) token logits (an argument:
     TorchScript reads no module-level float)."""
     return cls_logits + weight * token_logits.amax(dim=1)
 
@@ -202,8 +201,7 @@ def _forward_feature_map(model: nn.Module, x: torch.Tensor, mix_token: float) ->
 
 
 class TokenLabelingModel(nn.Module):
-    """Wraps any model for token labeling: training forward -> `TokenLabelingOutput`, eval -> predictions (a module, so
-    that DistributedDataParallel sees the whole forward)."""
+    """Any model for token labeling: training -> `TokenLabelingOutput`, eval -> predictions (one module for DDP)."""
 
     def __init__(self, model: nn.Module, mix_token: float = 1.0) -> None:
         super().__init__()

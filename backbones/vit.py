@@ -37,8 +37,7 @@ def distilled_twin(name: str) -> str:
 
 
 def create_any_size(name: str, distilled: bool = False, **kwargs) -> VisionTransformer:
-    """timm's model with `dynamic_img_size=True` unless told otherwise; `distilled`: its DeiT twin with a
-    distillation token and head."""
+    """timm's model with `dynamic_img_size=True` unless told otherwise; `distilled`: its DeiT twin."""
     return timm.create_model(distilled_twin(name) if distilled else name, **{'dynamic_img_size': True, **kwargs})
 
 
@@ -52,8 +51,7 @@ default_cfgs = _timm_vit.generate_default_cfgs({'vit_small_patch16_legacy_224': 
 
 @suite_model(VIT)
 def vit_small_patch16_legacy_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/16 of the T2T-ViT paper (timm < 0.4; not today's DeiT-S sized one): 8 blocks, D 768, MLP 2304, 8 heads,
-    no qkv bias, LayerNorm eps 1e-5."""
+    """ViT-S/16 of the T2T-ViT paper (timm < 0.4): 8 blocks, D 768, MLP 2304, 8 heads, no qkv bias."""
     model_args = dict(patch_size=16, embed_dim=768, depth=8, num_heads=8, mlp_ratio=3.0, qkv_bias=False,
                       norm_layer=nn.LayerNorm)
     return _timm_vit._create_vision_transformer('vit_small_patch16_legacy_224', pretrained=pretrained,

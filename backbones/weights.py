@@ -65,8 +65,7 @@ def _key_list(keys: list[str], limit: int = 12) -> str:
 
 def key_mismatch(state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
                  resampled: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """The keys of `state` that do not fit `own`: `missing` (batch-norm counters aside), `unexpected`, `mis-shaped`
-    (with both shapes; keys ending in `resampled` may differ)."""
+    """The keys of `state` that do not fit `own`: `missing`, `unexpected`, `mis-shaped` (with both shapes)."""
     return {
         'missing': [k for k in own if k not in state and not k.endswith('num_batches_tracked')],
         'unexpected': [k for k in state if k not in own],
@@ -121,15 +120,13 @@ def _strip_prefixes(state_dict: StateDict) -> StateDict:
 
 
 def read_state_dict(path: str | Path, use_ema: bool | None = None) -> StateDict:
-    """The state dict in a checkpoint file, unwrapped and without `module.` prefixes: the file's model (None), its
-    EMA copy (True) or its trained weights (False)."""
+    """The state dict in a checkpoint file, unwrapped: its model (None), its EMA (True) or trained weights (False)."""
     path = Path(path)
     return _strip_prefixes(_unwrap(_read_file(path), path, use_ema))
 
 
 def release_filter(checkpoint: Mapping, model: nn.Module) -> StateDict:
-    """timm's `pretrained_filter_fn` for the suite's families: the state dict unwrapped, without prefixes, its
-    position table resampled to the model's grid."""
+    """timm's `pretrained_filter_fn`: the state dict unwrapped, its position table resampled to the model's grid."""
     state_dict = _strip_prefixes(_unwrap(checkpoint, Path(model.pretrained_cfg.get('url') or 'weights'), False))
     if 'pos_embed' in state_dict and state_dict['pos_embed'].shape != model.pos_embed.shape:
         state_dict['pos_embed'] = fit_pos_embed(model, state_dict['pos_embed'])
@@ -201,10 +198,9 @@ def adapt_state_dict(model: nn.Module, state_dict: StateDict, own: StateDict, re
 def load_checkpoint(model: nn.Module, path: str | Path, use_ema: bool | None = None, strict: bool = True,
                     allow_unexpected: bool = False, new_head: bool = False,
                     own_init: tuple[str, ...] = ()) -> LoadReport:
-    """Load a checkpoint file into `model` (the module docstring lists the formats). With `strict` a key that does not
-    fit raises a CheckpointError and leaves the model untouched; otherwise the fitting keys are loaded and the rest
-    reported. `allow_unexpected` accepts keys the model lacks (a pruned backbone); `new_head` keeps the model's own
-    classifiers; `own_init`: key endings of parameters the model initialises itself where the file lacks them."""
+    """Load a checkpoint file into `model` (formats: the module docstring). `strict`: a key that does not fit is a
+    CheckpointError, the model untouched; else the fitting keys load. `allow_unexpected`, `new_head` (own classifiers
+    kept), `own_init` (key endings the model initialises)."""
     report = LoadReport(str(path))
     own = model.state_dict()
     state_dict = adapt_state_dict(model, read_state_dict(path, use_ema), own, report, new_head)
@@ -262,8 +258,7 @@ def fetch_pretrained(source: str, model_name: str, setting: str = 'model.backbon
 
 
 def timm_release(model_name: str, setting: str, instead: str | None) -> str:
-    """The weights timm's config of `model_name` names, where timm would take them (its Hugging Face repo, else its
-    URL), read from the cache before anything is downloaded."""
+    """The weights timm's config of `model_name` names, read from timm's cache before anything is downloaded."""
     cfg = get_pretrained_cfg(model_name)
     if cfg is None or not (cfg.url or cfg.hf_hub_id):
         raise CheckpointError(f"{setting}='timm': the timm config of {model_name} names no release file; give "

@@ -50,11 +50,9 @@ def resample_rel_pos(table: torch.Tensor, length: int) -> torch.Tensor:
 
 class WindowAttention(nn.Module):
     """A block's attention within windows (or over the whole grid, `window_size=None`), with decomposed relative
-    positions where `rel_pos_side` is given (the side the tables are sized for: the window's, or the model's grid).
-
-    A window's patch tokens attend to their window and to the prefix tokens, which attend to every token: a window
-    covering the whole grid without relative positions is global attention exactly. A grid that is not a multiple of
-    the window is padded and the padded keys masked out (ViTDet attends to them)."""
+    positions where `rel_pos_side` (the tables' side) is given. A window's patch tokens attend to their window and the
+    prefix tokens, which attend to every token: one window over the grid is global attention exactly. A grid not a
+    multiple of the window is padded and the padded keys masked out (ViTDet attends to them)."""
 
     def __init__(self, attn: nn.Module, window_size: int | None, rel_pos_side: int | None,
                  num_prefix_tokens: int) -> None:
@@ -127,8 +125,7 @@ class WindowAttention(nn.Module):
         return self.grid
 
     def _to_regions(self, t: torch.Tensor, H: int, W: int) -> torch.Tensor:
-        """(B, heads, H*W, C) patch tokens as (B * windows, heads, tokens of a window, C); the whole grid as one
-        region without windows."""
+        """(B, heads, H*W, C) patch tokens as (B * windows, heads, tokens of a window, C)."""
         B, heads, _, C = t.shape
         t = t.transpose(1, 2).reshape(B, H, W, heads * C)
         if self.window_size:
@@ -148,9 +145,7 @@ class WindowAttention(nn.Module):
         return t.reshape(-1, H * W, heads, C).transpose(1, 2)
 
     def _rel_pos_terms(self, q: torch.Tensor, side: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two factors of the decomposed relative positions (timm's `get_decomposed_rel_pos_bias` before its sum)
-        from the unscaled queries as ViTDet: `q . Rh` (regions, heads, L, rows) and `q . Rw` (regions, heads, L,
-        columns)."""
+        """`q . Rh` and `q . Rw` from the unscaled queries as ViTDet (timm's decomposed bias before its sum)."""
         regions, heads, L, C = q.shape
         grid_q = q.reshape(regions, heads, side[0], side[1], C)
         rows = torch.einsum('nahwc,hkc->nahwk', grid_q, get_rel_pos(side[0], side[0], self.rel_pos_h))
@@ -160,9 +155,8 @@ class WindowAttention(nn.Module):
     def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              terms: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                              regions_per_image: int) -> torch.Tensor:
-        """`_attend` with the relative positions, a chunk of queries at a time, the bias built inside each chunk
-        under checkpointing when training: a bias kept for backward in every block took more memory than global
-        attention (docs/speed.md)."""
+        """`_attend` with the relative positions, a chunk of queries at a time, each chunk's bias built under
+        checkpointing when training (a bias per block took more memory than global attention)."""
         _, heads, L, _ = q.shape
         # sized per image, not per batch: the chunks may not depend on a batch size that an export keeps dynamic
         rows = max(1, BIAS_CHUNK_ELEMENTS // (regions_per_image * heads * k.shape[2]))
@@ -176,14 +170,12 @@ class WindowAttention(nn.Module):
 
     def _attend_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
                       columns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """`_attend` for a chunk of queries, their relative-position bias summed from its factors (the key index
-        row-major, as timm's), none towards the prefix tokens."""
+        """`_attend` for a chunk of queries with their relative-position bias (none towards the prefix tokens)."""
         bias = (rows[..., :, None] + columns[..., None, :]).flatten(-2)
         return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
 
     def _padding_mask(self, H: int, W: int, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-        """(B * windows, 1, 1, P + L): -inf at the keys that pad the grid to whole windows, 0 elsewhere; None where
-        none do. Built from the coordinates, not from the padded tensors."""
+        """(B * windows, 1, 1, P + L): -inf at the keys padding the grid to whole windows; None where none do."""
         size = self.window_size
         if not size or (H % size == 0 and W % size == 0):
             return None
@@ -195,9 +187,7 @@ class WindowAttention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        """(regions, heads, queries, C) attended to (regions, heads, keys, C): timm's attention, or CaiT's talking
-        heads (relative positions before the heads mix, the mask after, masked keys zeroed again after the second
-        mix)."""
+        """timm's attention, or CaiT's talking heads (relative positions before the heads mix, the mask after)."""
         if not self.talking_heads:
             bias = rel_bias if mask is None else mask if rel_bias is None else rel_bias + mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
@@ -221,9 +211,7 @@ def prefix_tokens_in_blocks(model: nn.Module) -> int:
 
 def use_window_attention(model: nn.Module, window_size: int | None, global_blocks: Sequence[int] | None = None,
                          rel_pos: bool = False, depth: int | None = None) -> None:
-    """Window attention of `window_size` tokens a side in every block but `global_blocks` (None: ViTDet's 4 over
-    `depth`), decomposed relative positions in every block with `rel_pos` (a global block's sized for the model's
-    grid); without a window size every block is global."""
+    """Window attention in every block but `global_blocks` (None: ViTDet's 4), relative positions with `rel_pos`."""
     blocks = model.blocks
     depth = len(blocks) if depth is None else depth
     if not isinstance(rel_pos, bool):  # a word such as 'no' would otherwise switch them on

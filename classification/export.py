@@ -57,11 +57,6 @@ from classification.predict import class_names
 TIMM_DATA_KEYS = ('input_size', 'crop_pct', 'crop_mode', 'interpolation', 'mean', 'std')
 
 
-def timm_model_from(folder: Path) -> torch.nn.Module:
-    """The model timm builds from an export folder, as a user's `create_model('local-dir:FOLDER')` does."""
-    return create_model(f'local-dir:{folder}', pretrained=True).eval()
-
-
 def check_image(path: Path, size: int) -> Path:
     """A PNG that an eval transform both resizes and crops (wider than tall): colour gradients and noise."""
     height, width = size + size // 3 + 5, 2 * size + 7
@@ -74,7 +69,7 @@ def check_image(path: Path, size: int) -> Path:
 
 def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dict) -> None:
     """timm's own way with the folder (its model and preprocessing) gives the suite's prediction on an image file."""
-    timm_model = timm_model_from(folder)
+    timm_model = create_model(f'local-dir:{folder}', pretrained=True).eval()  # as a user's create_model builds it
     timm_transform = create_transform(**resolve_data_config({}, model=timm_model))
     with tempfile.TemporaryDirectory() as tmp:
         image = check_image(Path(tmp) / 'check.png', data_cfg['input_size'][-1])
@@ -88,8 +83,7 @@ def check_timm_preprocessing(folder: Path, model: torch.nn.Module, data_cfg: dic
 
 def timm_model(model: torch.nn.Module, checkpoint: str, model_name: str, images: torch.Tensor,
                expected: torch.Tensor) -> torch.nn.Module:
-    """The eval model as timm builds it: without the token-labeling wrapper where the model predicts the same by
-    itself (LV-ViT); other token-labeling models need the wrapper, which timm cannot rebuild."""
+    """The eval model as timm builds it: without the token-labeling wrapper where the model predicts the same alone."""
     if not isinstance(model, TokenLabelingModel):
         return model
     bare = bare_model(model)

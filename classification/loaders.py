@@ -35,11 +35,9 @@ class ImageData:
     train_images: int | None = None  # train on at most this many images, spread over the split (a smoke run)
 
 
-
 @dataclass(frozen=True)
 class Annotation:
-    """What a run on a tool's embedded set needs first when its recipe learns from an annotator's maps: `model`
-    trained in `run_dir`, then its token labels written to `labels_dir`."""
+    """What a run on an embedded set needs first for an annotator's maps: `model`, then its token labels."""
 
     model: str
     recipe: Recipe
@@ -49,8 +47,7 @@ class Annotation:
 
 
 class EmbeddedImageData(EmbeddedData, Protocol):
-    """The data a run takes without --data-dir: its options, the recipe values it sets for itself, the images with
-    their token labels' folder, and the annotation that makes those."""
+    """The data a run takes without --data-dir: options, recipe values, images, labels and their annotation."""
 
     recipe_values: ClassVar[dict]
 
@@ -64,8 +61,7 @@ DECODE_CHOICES = ('cpu', 'gpu')
 
 
 def pick_augment(augment: str, device: torch.device) -> str:
-    """`--augment` resolved: auto is the batched path on GPUs and the PIL path on CPUs, where Pillow's resampling
-    is faster than `grid_sample` (tools/benchmark_loop.py measures both)."""
+    """`--augment` resolved: auto is batched on GPUs, pil on CPUs (where Pillow beats `grid_sample`)."""
     if augment == 'auto':
         return 'batched' if device.type == 'cuda' else 'pil'
     return augment

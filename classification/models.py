@@ -31,8 +31,7 @@ from classification.token_labeling.annotate import dense_scores
 
 
 class FrozenFeatures:
-    """Mixed into a model whose features are fixed (`freeze_features`): training leaves every part of it but the
-    classifiers in eval mode (no dropout, drop-path or batch statistics)."""
+    """Mixed into a model with fixed features: training leaves all but the classifiers in eval mode."""
 
     def train(self, mode: bool = True) -> nn.Module:
         super().train(mode)
@@ -44,8 +43,7 @@ class FrozenFeatures:
 
 
 def freeze_features(model: nn.Module) -> None:
-    """Linear probing's model (`--frozen`): every parameter but the classifiers' fixed (no gradient, so no backward
-    through the features), and the features in eval mode while it trains (`FrozenFeatures`)."""
+    """Linear probing's model (`--frozen`): every parameter but the classifiers' fixed, the features in eval mode."""
     heads = classifier_prefixes(model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name.startswith(heads))
@@ -54,9 +52,7 @@ def freeze_features(model: nn.Module) -> None:
 
 def create_classifier(name: str, num_classes: int, img_size: int | None = None, token_labeling: bool = False,
                       mix_token: float = 1.0, distilled: bool = False, frozen: bool = False, **kwargs) -> nn.Module:
-    """A model for training or evaluation; `token_labeling`: with a token head and MixToken (`backbones.token_head`);
-    `distilled`: with a distillation token and head; `frozen`: `freeze_features`. The model's `architecture` records
-    these arguments."""
+    """A model for training or evaluation (`token_labeling`, `distilled`, `frozen`); `architecture` records them."""
     architecture = {'model': name, 'num_classes': num_classes, 'img_size': img_size, 'token_labeling': token_labeling,
                     'mix_token': mix_token, 'distilled': distilled, 'kwargs': dict(kwargs)}
     family = family_of(name)
@@ -99,15 +95,13 @@ def build_eval_model(name: str, checkpoint: str, num_classes: int, img_size: int
 
 def trained_data_config(name: str, checkpoint: str | None, img_size: int | None = None,
                         crop_pct: float | None = None) -> dict:
-    """The data config a checkpoint of model `name` is evaluated with: what its run recorded (input size, crop
-    fraction, mean and std; the model's own where it recorded none), `img_size` and `crop_pct` over it."""
+    """The data config a checkpoint of `name` is evaluated with: its run's record, `img_size` and `crop_pct` over it."""
     return checkpoint_data_config(checkpoint, model_data_config(name), img_size, crop_pct)
 
 
 def load_trained_classifier(name: str, checkpoint: str, data_config: dict, use_ema: bool | None = None,
                             model_kwargs: dict | None = None, num_classes: int | None = None) -> torch.nn.Module:
-    """The trained classifier evaluation, prediction, export and the pictures run: `build_eval_model` at
-    `data_config`'s input size, for the checkpoint's own class count unless `num_classes` (a data set's) is given."""
+    """The trained classifier at `data_config`'s size, for the checkpoint's class count unless `num_classes`."""
     count = checkpoint_class_count(name, checkpoint, use_ema) if num_classes is None else num_classes
     return build_eval_model(name, checkpoint, count, data_config['input_size'][-1], use_ema, model_kwargs or {})
 
@@ -117,8 +111,7 @@ PRETRAINED_HELP = ("timm's pretrained weights of the model (the release file its
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """The weights a command evaluates: `--checkpoint FILE`, or `--pretrained`, the model's official release
-    through timm's cache (`checkpoint_file`)."""
+    """The weights a command evaluates: `--checkpoint FILE`, or `--pretrained`, the model's official release."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', help='a checkpoint of train_cls/transfer or a release file')
     source.add_argument('--pretrained', action='store_true', help=PRETRAINED_HELP)
@@ -167,8 +160,7 @@ def refuse_pretrained_file(argv: list[str]) -> None:
 
 
 def check_finite(logits: torch.Tensor, checkpoint: str) -> torch.Tensor:
-    """`logits` when all of them are numbers, else a CheckpointError naming the checkpoint: NaN or infinite logits
-    still give an argmax, and an accuracy or a probability that looks like one."""
+    """`logits` when all are numbers, else a CheckpointError naming the checkpoint (NaN still gives an argmax)."""
     finite = torch.isfinite(logits).flatten(1).all(dim=1)
     if not finite.all():
         raise CheckpointError(f'{checkpoint}: the model gives NaN or infinite logits for {int((~finite).sum())} of '
@@ -191,8 +183,7 @@ def takes_input_size(name: str) -> bool:
 
 
 def whole_patches(name: str, img_size: int, model_kwargs: dict | None = None) -> int:
-    """The input size nearest `img_size` that is a whole number of the model's patches (at least one): `img_size`
-    itself for a model that takes any size or whose patches it fits."""
+    """The input size nearest `img_size` of a whole number of the model's patches (at least one)."""
     patch = getattr(patch_embedding(create_model(name, num_classes=0, **(model_kwargs or {}))), 'patch_size', None)
     if not patch or img_size % patch[0] == 0:
         return img_size

@@ -41,8 +41,7 @@ IMAGENET_CLASSES = 1000
 
 
 def class_names(checkpoint: str, count: int) -> tuple[list[str], list[str] | None]:
-    """The checkpoint's class names (ImageNet's WordNet ids for an official 1000-class release, else '0', '1', ...)
-    and, where they are ImageNet's ids, their descriptions."""
+    """The checkpoint's class names (ImageNet's ids for an official release) and their descriptions where known."""
     names = checkpoint_classes(checkpoint)
     if names is None:
         names = ImageNetInfo().label_names() if count == IMAGENET_CLASSES else [str(i) for i in range(count)]

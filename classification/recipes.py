@@ -69,8 +69,7 @@ class Recipe(TrainingRecipe):
     ema_decay: float = 0.99996  # 0 turns the EMA off
     token_participation: float = 1.0  # the fraction of each image's tokens in the token term (paper's Fig. 4, left)
     cls_target: str = 'map'  # class-token target with token labeling: 'map' (RoIAlign 1x1) or 'label'
-    token_target: str = 'map'  # patch-token targets: 'map' (the annotator's score maps), 'pooled' (the map pooled
-    # over the crop, every token alike: ReLabel's target on every token) or 'label' (the image label)
+    token_target: str = 'map'  # patch-token targets: 'map', 'pooled' (ReLabel's on every token) or 'label'
     label_pooling: bool = False  # ReLabel: no token head; the class target is the map pooled over the crop (CutMix)
     mix_token: float = 1.0
     mixup: float = 0.8  # vanilla mode only
@@ -333,8 +332,7 @@ FIELD_ALIASES = {'auto_augment': ('--aa',), 'ema_decay': ('--model-ema-decay',)}
 
 def add_recipe_arguments(group: argparse._ArgumentGroup, recipe_class: type,
                          choices: dict[str, Sequence[str]] | None = None) -> None:
-    """One `--flag` per field of a recipe dataclass, absent from the namespace unless given, checked against
-    FIELD_TYPES, FIELD_CHOICES and `choices`; None fields also take `none`."""
+    """One `--flag` per field of a recipe dataclass (absent unless given), typed by FIELD_TYPES and the choices."""
     own = choices or {}
     choices = {**FIELD_CHOICES, **own}
     for f in dataclasses.fields(recipe_class):
@@ -373,8 +371,7 @@ TIMM_EMA_DECAY = 0.9998  # timm's train.py: --model-ema's decay unless --model-e
 
 
 def resolve_recipe(args: argparse.Namespace, data_values: dict | None = None) -> Recipe:
-    """The model's recipe for the data (its `data_values`), with --preset and every recipe flag given applied;
-    timm's --model-ema turns an EMA on where the recipe keeps none."""
+    """The model's recipe for the data, --preset and every recipe flag applied (and timm's --model-ema)."""
     recipe = override_recipe(recipe_for(args.model, chosen_preset(args), data_values), args)
     if getattr(args, 'model_ema', False) and recipe.ema_decay == 0 and not hasattr(args, 'ema_decay'):
         recipe.ema_decay = TIMM_EMA_DECAY

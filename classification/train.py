@@ -47,8 +47,7 @@ DATA_HELP = 'folder with train/CLASS/*.JPEG and val/CLASS/*.JPEG, or tars of the
 def build_parser(default_data: type[EmbeddedImageData] | None = None, description: str | None = None,
                  prog: str = 'train_cls.py', data_help: str = DATA_HELP,
                  recipe_defaults: str = 'the model\'s paper preset') -> argparse.ArgumentParser:
-    """tools/train_cls.py's options, `default_data`'s among them; `prog`, `data_help` and `recipe_defaults` for
-    another command that trains this way (tools/transfer.py)."""
+    """tools/train_cls.py's options (`default_data`'s too); `prog`, `data_help`, `recipe_defaults` for transfer."""
     p = model_parser(prog, description)
     without = f' (default: {default_data.description})' if default_data else ''
     p.add_argument('--data-dir', help=f'{data_help}{without}')
@@ -63,32 +62,23 @@ def build_parser(default_data: type[EmbeddedImageData] | None = None, descriptio
     p.add_argument('--skip-unreadable', action='store_true',
                    help='skip images that cannot be decoded and report the count (default: stop, naming the file)')
     p.add_argument('--train-images', type=positive_int, metavar='N', help=(
-        'train on at most N of the training split\'s images, evenly spaced over its listing (class by class, so '
-        'each class keeps about its share; a class smaller than the spacing can be missed, which is reported) (a '
-        'smoke run of a recipe; validation keeps the whole split)'))
+        'train on at most N of the training split\'s images, evenly spaced over its listing (a smoke run; '
+        'validation keeps the whole split)'))
     p.add_argument('--teacher', metavar='MODEL', help=(
-        'DeiT\'s hard distillation from this classifier (a student of a family with a distillation token, without '
-        'token labeling, gets the token and its head); with token labeling, online token labeling: the teacher is '
-        'the annotator, its dense map of each augmented batch gives the token targets (the paper\'s Table 4), and '
-        'no store is read'))
+        'DeiT\'s hard distillation from this classifier; with token labeling, online token labeling: the teacher '
+        'annotates each augmented batch, and no store is read'))
     p.add_argument('--teacher-checkpoint', metavar='CKPT',
                    help='the teacher\'s weights (default: timm\'s pretrained weights of --teacher)')
     add_model_kwargs_argument(p, 'output_stride=16 (a CNN annotator\'s denser map)', '--teacher-kwargs', 'the teacher')
     p.add_argument('--preset', choices=list(PRESETS), help=(
-        'one of the LV-ViT paper\'s comparison rows, applied over the model\'s recipe: token-labeling (LV-ViT\'s '
-        'default), standard (MixUp 0.8 + CutMix 1.0, no token labels, lr 1e-3 per 1024 images; also what '
-        '--no-token-labeling gives LV-ViT), mixtoken-label (MixToken with the image label only), cutmix-label '
-        '(standard without MixUp), token-labeling-no-mixtoken, relabel (ReLabel: the map pooled over the crop, '
-        'CutMix, no token head), relabel-mixtoken (MixToken, every token learning the pooled map); and '
-        'vit-finetune, the ViT paper\'s fine-tuning (with --finetune)'))
+        'one of the LV-ViT paper\'s comparison rows over the model\'s recipe (docs/imagenet.md), or vit-finetune, '
+        'the ViT paper\'s fine-tuning (with --finetune)'))
     p.add_argument('--augment', choices=AUGMENT_CHOICES, default='auto', help=(
-        'where the training augmentation runs: pil (each image in the loader workers, the reference), batched (the '
-        'workers decode and cut the crop, the training device augments whole batches: for GPUs); auto: batched on '
-        'GPUs, pil on CPUs'))
+        'where the training augmentation runs: pil (each image in the loader workers), batched (whole batches on '
+        'the training device); auto: batched on GPUs, pil on CPUs'))
     p.add_argument('--decode', choices=DECODE_CHOICES, default='cpu', help=(
-        'where the batched path decodes the JPEGs: cpu (the loader workers, at a reduced size where the crop allows), '
-        'gpu (the workers read the files and draw the augmentation, the GPU decodes each batch with nvJPEG: for nodes '
-        'with few cores per GPU; grey, CMYK and non-JPEG files are still decoded by the workers)'))
+        'where the batched path decodes the JPEGs: cpu (the loader workers), gpu (nvJPEG, a batch at a time: for '
+        'nodes with few cores per GPU; other files still in the workers)'))
     p.add_argument('--fast-decode', action='store_true', help=(
         "the workers' colour JPEGs with libjpeg-turbo's fast IDCT and chroma upsampling: faster, but not Pillow's "
         'pixels (1.6 grey levels apart on average, docs/speed.md)'))

@@ -177,8 +177,7 @@ def transfer(model_name: str, dataset: str, data_dir: str, recipe: TransferRecip
 
 def main(argv: list[str] | None = None, description: str | None = None,
          default_data: type[EmbeddedImageData] | None = None, prog: str = 'transfer.py') -> dict:
-    """tools/transfer.py (and tools/transfer_cifar.py, its former name): CIFAR's transfer, or a transfer set's
-    through `classification.train` (`transfer_set_main`) on --data-dir or `default_data`'s embedded data."""
+    """tools/transfer.py (and transfer_cifar.py): CIFAR's transfer, or a transfer set's (`transfer_set_main`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     refuse_pretrained_file(argv)
     dataset = given_dataset(argv, prog)

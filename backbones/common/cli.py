@@ -27,8 +27,7 @@ E = TypeVar('E', bound='EmbeddedData')
 
 
 class EmbeddedData(Protocol):
-    """Data a tool hands its trainer for runs given no data set: a description for --help, its own options, and the
-    instance those options make; each task refines it (`EmbeddedImageData`, `EmbeddedSegData`)."""
+    """Data a tool's trainer runs on when given no data set: a --help description, its options and what they make."""
 
     description: ClassVar[str]
 
@@ -40,8 +39,7 @@ class EmbeddedData(Protocol):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The usage text as written, and an option's default after its help where there is one worth showing (not for a
-    required option, a flag, a None or empty default, or a help naming its default)."""
+    """The usage text as written, and an option's default after its help where it is worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str:  # the hook ArgumentDefaultsHelpFormatter overrides
         text = action.help or ''
@@ -52,8 +50,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """Every command's parser (`command_parser`): no abbreviated options (`--model` read as `--model-kwargs`), the
-    usage text as written, defaults shown."""
+    """Every command's parser: no abbreviated options, the usage text as written, defaults shown."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs['allow_abbrev'] = False
@@ -62,9 +59,8 @@ class CommandParser(argparse.ArgumentParser):
         self.foreign_flags: dict[str, str] = {}
 
     def add_foreign_flags(self, origin: str, equivalents: Mapping[str, str | None]) -> None:
-        """Flags of another program (`origin`, e.g. "mmseg's tools/test.py") that users type out of habit, each with
-        what this command takes instead (None: nothing): given one, the command stops with one line naming them,
-        before any other check. A flag the parser takes itself is its own, so one table may serve several commands."""
+        """Flags of another program (`origin`) that users type out of habit, each with what this command takes instead
+        (None: nothing): given one, the command stops with one line naming them, before any other check."""
         for flag, equivalent in equivalents.items():
             instead = f'use {equivalent}' if equivalent else 'it has no equivalent here'
             self.foreign_flags[flag] = f'{flag} is a flag of {origin}; {self.prog} does not take it: {instead}'
@@ -82,7 +78,6 @@ class CommandParser(argparse.ArgumentParser):
         for flag in typed_flags(args):
             if flag in self.foreign_flags and flag not in self._option_string_actions:
                 self.error(self.foreign_flags[flag])
-
 
     def refuse_names_at_odds(self, args: list[str]) -> None:
         """Two names of one setting in `args` with different values (an option and its alias; a flag and its `--no-`
@@ -211,8 +206,7 @@ def add_model_kwargs_argument(parser: argparse.ArgumentParser, example: str = 'd
 
 def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = None, why: str = '',
                          least: int = 0) -> None:
-    """`--workers`: loader processes, by default DEFAULT_WORKERS; a `default` of the command's own only with `why`;
-    `least` 1 for a command that measures its workers."""
+    """`--workers`: loader processes (DEFAULT_WORKERS, or `default` with `why`); `least` 1 to measure them."""
     if (default is None) == bool(why) or least not in (0, 1):
         raise ValueError('--workers: a default of the command\'s own needs its reason, and only then; least is 0 or 1')
     text = 'loader processes beside each process of the command, reading and decoding its data'
@@ -225,8 +219,7 @@ def add_workers_argument(parser: argparse.ArgumentParser, default: int | None = 
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    """Which weights of a training checkpoint a command takes (`use_ema`): by default the checkpoint's model (its EMA
-    where kept), `--use-ema` its EMA copy, `--trained-weights` the trained weights."""
+    """Which weights of a training checkpoint a command takes: its model, `--use-ema` its EMA, `--trained-weights`."""
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument('--use-ema', dest='use_ema', action='store_const', const=True, default=None,
                          help='the EMA weights of a training checkpoint (default: its model, which is the EMA when '

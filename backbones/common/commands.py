@@ -17,10 +17,6 @@ EXIT_CODE = 2
 STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 
 
-def debug_requested(argv: list[str]) -> bool:
-    return '--debug' in argv or os.environ.get('SUITE_DEBUG', '') not in ('', '0')
-
-
 def one_line(exc: BaseException) -> str:
     """The message of an error; of one re-raised by a loader worker, the original error's message."""
     text = str(exc).strip()
@@ -34,7 +30,7 @@ DEBUG_HINT = '(--debug shows the traceback)'
 
 def run_command(main: Callable[[], object]) -> None:
     """Run a command's `main`: the suite's errors become one line on stderr and exit status 2 (see module doc)."""
-    debug = debug_requested(sys.argv)
+    debug = '--debug' in sys.argv or os.environ.get('SUITE_DEBUG', '') not in ('', '0')
     sys.argv = [arg for arg in sys.argv if arg != '--debug']
     show_log()
     interrupt_on_stop_signals()

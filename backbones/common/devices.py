@@ -80,8 +80,7 @@ def add_amp_argument(parser: argparse.ArgumentParser, default: str = 'auto', why
 
 
 def pick_amp(amp: str, device: torch.device) -> str:
-    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (where bf16 runs if
-    asked)."""
+    """`--amp` resolved: auto is bf16 on GPUs that have it, fp16 on older GPUs, none on CPU (bf16 runs if asked)."""
     if amp != 'auto':
         if amp == 'fp16' and device.type != 'cuda':
             raise UsageError(f'--amp fp16 needs a GPU; this run is on {device} (--help says whether the command '
@@ -93,8 +92,7 @@ def pick_amp(amp: str, device: torch.device) -> str:
 
 
 def use_tf32(device: torch.device) -> None:
-    """TensorFloat-32 matmuls and convolutions where `device` is CUDA, as timm's train.py sets them; a CPU run as it
-    is."""
+    """TensorFloat-32 matmuls and convolutions where `device` is CUDA, as timm's train.py sets them."""
     if device.type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -100,8 +100,7 @@ def on_device(constant: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class HostCopy(NamedTuple):
-    """A tensor on its way to host memory without the host waiting: on a GPU, copied into pinned memory with an event
-    recorded after the copy, which `read` waits for; on a CPU the tensor itself."""
+    """A tensor on its way to host memory without the host waiting (on a GPU: pinned, an event `read` waits for)."""
 
     host: torch.Tensor
     arrived: torch.cuda.Event | None
@@ -123,9 +122,7 @@ class HostCopy(NamedTuple):
 
 
 class LaggingSum:
-    """Sums of a few numbers over all processes, read one round late so that no round waits for the device:
-    `exchange(values)` starts summing `values` and returns the previous round's sums (zeros at first), the same in
-    every process at the same round (what agreeing on a stop needs), as a `HostCopy` on a GPU."""
+    """Sums of a few numbers over all processes, read one round late (no round waits for the device)."""
 
     def __init__(self, info: DistInfo, size: int) -> None:
         self.info, self.size = info, size
@@ -147,8 +144,7 @@ class LaggingSum:
 
 class SamplePlace(NamedTuple):
     """A sample as a training loader draws it: the dataset's `index`, drawn `position`-th in process `rank`'s share
-    of the pass; its augmentation is drawn from it, the same in any loader worker and different for each repeated
-    copy."""
+    of the pass, which its augmentation's draws follow (the same in any loader worker, not for a repeated copy)."""
 
     rank: int
     position: int

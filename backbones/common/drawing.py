@@ -59,11 +59,6 @@ def finished(fig, title: str = '') -> np.ndarray:
     return figure_array(fig)
 
 
-def can_show() -> bool:
-    """Whether a window can open here (a display on Linux; macOS and Windows always)."""
-    return sys.platform in ('darwin', 'win32') or bool(os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY'))
-
-
 def write_png(image: np.ndarray, path: str | Path, show: bool = False) -> Path:
     """An (H, W, 3) uint8 image written as a PNG exactly, shown in a window if asked and possible; returns the path."""
     path = Path(path)
@@ -77,7 +72,7 @@ def write_png(image: np.ndarray, path: str | Path, show: bool = False) -> Path:
 
 def show_image(image: np.ndarray, title: str) -> None:
     """Open the image in a window (a GUI backend for pyplot, asked for by `--show`)."""
-    if not can_show():
+    if sys.platform not in ('darwin', 'win32') and not (os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY')):
         logger.warning(f'no display here: {title} is written, not shown')
         return
     import matplotlib.pyplot as plt

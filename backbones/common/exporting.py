@@ -97,8 +97,7 @@ def check_exported_file(path: Path) -> None:
 
 @contextlib.contextmanager
 def staged_folder(out: Path, description: dict) -> Iterator[Path]:
-    """A temporary folder beside `out` to write into; when the block ends without an error, marked as the suite's
-    export (`description`, every file's SHA-256) and renamed to `out`; removed otherwise."""
+    """A temporary folder beside `out`: on success marked as the suite's export and renamed to `out`, else removed."""
     check_export_folder(out, description.get('export'))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
@@ -156,8 +155,7 @@ def run_checked(run, example: torch.Tensor | Inputs, what: str) -> torch.Tensor:
 
 def write_exported_program(model: torch.nn.Module, examples: Sequence[torch.Tensor | Inputs], path: Path,
                            dynamic: DynamicDims | Sequence[DynamicDims]) -> None:
-    """torch.export's program of the eval-mode `model`, traced on `examples[0]` with the `dynamic` dimensions, and
-    checked on every example."""
+    """torch.export's program of the eval-mode `model` with the `dynamic` dimensions, checked on every example."""
     program = torch.export.export(model, as_inputs(examples[0]), dynamic_shapes=export_dims(dynamic))
     torch.export.save(program, path)
     loaded = torch.export.load(path).module()
@@ -170,8 +168,7 @@ def write_exported_program(model: torch.nn.Module, examples: Sequence[torch.Tens
 def write_onnx(model: torch.nn.Module, examples: Sequence[torch.Tensor | Inputs], path: Path,
                dynamic: DynamicDims | Sequence[DynamicDims], output_name: str | Sequence[str],
                input_names: Sequence[str] = ('images',)) -> None:
-    """The eval-mode `model` as ONNX (torch's dynamo exporter) with the `dynamic` dimensions, checked with
-    onnxruntime on every example."""
+    """The eval-mode `model` as ONNX with the `dynamic` dimensions, checked with onnxruntime on every example."""
     names = [output_name] if isinstance(output_name, str) else list(output_name)
     import onnxruntime  # the export's own dependencies, imported when asked for
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter reports its steps on stdout

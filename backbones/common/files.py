@@ -24,8 +24,7 @@ TMP_MARK = '.tmp'  # a file being written is `.NAME.tmpPID` beside NAME until it
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
-    """`write(file)` on a temporary file beside `path`, synced and renamed over it; a failed write leaves `path` as
-    it was."""
+    """`write(file)` on a temporary file beside `path`, synced and renamed over it (a failed write leaves `path`)."""
     path = Path(path)
     tmp = path.with_name(f'.{path.name}{TMP_MARK}{os.getpid()}')
     try:
@@ -86,8 +85,7 @@ def write_json_atomic(path: str | Path, obj: object) -> None:
 
 
 class FolderAdditions:
-    """What is added to `folder` from now on (its new entries; the folder itself, with its parents, where it was not
-    there), for `remove` to take back when a start is refused."""
+    """What is added to `folder` from now on (with the folder itself where new), for `remove` to take back."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -119,8 +117,7 @@ def ready_mark(root: str | Path) -> str:
 
 
 def write_folder_once(root: str | Path, version: str, write: Callable[[Path], object]) -> Path:
-    """`root` filled by `write(folder)` unless its READY mark says `version` already: written beside it, marked and
-    renamed into place, so that no reader, kill or second writer meets half a folder."""
+    """`root` filled by `write(folder)` unless its READY mark says `version`: built beside it, renamed (never half)."""
     root = Path(root)
     if ready_mark(root) == version:
         return root
@@ -153,13 +150,12 @@ def release_globals_allowed(extra: Sequence[object] = ()) -> Iterator[None]:
 
 def load_weights_only(path: str | Path, what: str = 'PyTorch checkpoint', allowed: Sequence[object] = (),
                       mmap: bool = False, map_location: str | None = 'cpu') -> object:
-    """`torch.load` with `weights_only=True` (and the `allowed` globals), every failure naming the file: unreadable,
-    a CheckpointReadError; holding other Python objects, a CheckpointError."""
+    """`torch.load(weights_only=True)` with the `allowed` globals, every failure naming the file."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointReadError(f'{path}: {what} not found')
     check_torch_format(path, what)
-    check_zip_checksums(path, what)
+    check_zip_checksums(path, what, file_version(path))
     try:
         with release_globals_allowed(allowed):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -215,16 +211,12 @@ def file_version(path: Path) -> tuple[int, ...]:
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def check_zip_checksums(path: Path, what: str = 'PyTorch checkpoint') -> None:
-    """A file in torch's zip format matches the CRC-32 its zip records for every member (torch.load does not check
-    them), else a CheckpointReadError naming it; legacy files record none and pass."""
-    _check_zip_checksums(path, what, file_version(path))
-
-
 # The tools read a checkpoint several times (its settings, classes, weights): each version of a file is read whole
 # for its checksums once.
 @functools.lru_cache(maxsize=64)
-def _check_zip_checksums(path: Path, what: str, version: tuple[int, ...]) -> None:
+def check_zip_checksums(path: Path, what: str, version: tuple[int, ...]) -> None:
+    """A file in torch's zip format (`version`: `file_version`'s) matches the CRC-32 its zip records for every member
+    (torch.load does not check them), else a CheckpointReadError naming it; legacy files record none and pass."""
     with open(path, 'rb') as f:
         head = f.read(len(ZIP_MAGIC))
     if head != ZIP_MAGIC and not zipfile.is_zipfile(path):

@@ -63,9 +63,7 @@ def image_bytes(path: Path | BinaryIO) -> bytes:
 
 def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple[int, int] | None] | None = None,
              fast: bool = False) -> DecodedImage:
-    """A file's pixels as `read_image` decodes them, JPEGs at the reduced size `Image.draft` gives for what
-    `requested` returns for the full size (asked once); colour JPEGs through `decode_colour_jpeg` (`fast`: its
-    fast IDCT)."""
+    """A file's pixels as `read_image` decodes them, JPEGs drafted to what `requested` returns for the full size."""
     drawn = {}
 
     def wanted(size: tuple[int, int]) -> tuple[int, int] | None:
@@ -83,10 +81,8 @@ def read_rgb(path: Path | BinaryIO, requested: Callable[[tuple[int, int]], tuple
 
 def read_image(path: Path | BinaryIO, before_decode: Callable[[Image.Image], bool | None] | None = None,
                data: bytes | None = None) -> Image.Image | None:
-    """Decode an image file (or its bytes from a tar, `MemberFile`) completely to RGB; failures name it. Without
-    `before_decode`, colour JPEGs go through `read_rgb`'s decoder. `before_decode` sees the opened image: it may
-    ask for a reduced decode (`Image.draft`) or return False to leave it undecoded (None returned). `data`: the
-    file's bytes where the caller read them already."""
+    """Decode an image file (or a tar's `MemberFile`; `data`: its bytes) completely to RGB, failures naming it; colour
+    JPEGs by `read_rgb`'s decoder unless `before_decode`, which may draft it or return False (None returned)."""
     if before_decode is None and data is None:
         data = image_bytes(path)
         size = colour_jpeg_size(data)
@@ -109,8 +105,7 @@ def is_image_name(name: str) -> bool:
 
 
 def is_class_folder(path: Path) -> bool:
-    """A class is a visible folder holding at least one image; a visible folder of no image the suite reads is an
-    error, never a class silently lost."""
+    """A class is a visible folder holding an image; a visible folder of no image read is an error."""
     if not path.is_dir() or path.name.startswith('.'):
         return False
     entries = list(path.iterdir())
@@ -146,8 +141,7 @@ def is_split_tar(entry: Path) -> bool:
 
 
 def split_entries(split_dir: Path) -> tuple[list[str], list[Path]]:
-    """A split folder's class folders (names, sorted) and tars (sorted); entries to ignore as the module says, any
-    other an error naming it."""
+    """A split folder's class folders and tars (sorted); entries to ignore as the module says, any other an error."""
     classes, tars = [], []
     for entry in sorted(split_dir.iterdir()):
         if entry.name.startswith('.') or entry.name in IGNORED_ENTRIES:
@@ -199,8 +193,7 @@ def check_same_classes(expected: Sequence[str], found: Sequence[str], expected_f
 
 def scan_split(data_dir: Path, split: str, classes: Sequence[str] | None = None,
                classes_from: str = 'the training split') -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted folders, or those given, which may lack a folder) and (path relative to `data_dir`, label) of
-    one split; a folder outside given classes is an error."""
+    """Classes (sorted folders, or those given) and (path under `data_dir`, label) of one split's images."""
     split_dir = Path(data_dir) / split
     return label_samples(split, str(split_dir), find_classes(split_dir), lambda name: class_files(split_dir / name),
                          classes, classes_from)
@@ -213,8 +206,7 @@ def class_files(folder: Path) -> list[str]:
 
 def label_samples(split: str, where: str, found: Sequence[str], files_of: Callable[[str], list[str]],
                   classes: Sequence[str] | None, classes_from: str) -> tuple[list[str], list[tuple[str, int]]]:
-    """The classes (`found`, or those given) and (`split/CLASS/FILE`, label) of a split's images (`files_of` a
-    class)."""
+    """The classes (`found`, or those given) and (`split/CLASS/FILE`, label) of a split's images."""
     classes = list(classes) if classes is not None else list(found)
     unknown = sorted(set(found) - set(classes))
     if unknown:

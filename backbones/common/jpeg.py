@@ -41,8 +41,7 @@ def colour_jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def draft_scale(size: tuple[int, int], requested: tuple[int, int] | None) -> int:
-    """The reduction `Image.draft('RGB', requested)` decodes a JPEG of `size` at: the largest of 8, 4, 2, 1 keeping
-    both sides at least `requested`."""
+    """The reduction of 8, 4, 2, 1 at which `Image.draft` decodes a JPEG of `size` to at least `requested`."""
     if requested is None:
         return 1
     most = min(size[0] // requested[0], size[1] // requested[1])

@@ -46,8 +46,7 @@ class StopRequests:
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """The stop signals and Ctrl-C held back while the block runs, then delivered: for code that turns any exception
-    into its own (mmengine's config formatting)."""
+    """Stop signals and Ctrl-C held back while the block runs (mmengine's config formatting), then delivered."""
     with StopRequests((*STOP_SIGNALS, signal.SIGINT)) as held:
         yield
     if held.received:
@@ -56,8 +55,7 @@ def signals_held() -> Iterator[None]:
 
 @contextmanager
 def resumable_on_ctrl_c(last_checkpoint: Callable[[], Path | None]) -> Iterator[None]:
-    """Ctrl-C after a training run's first checkpoint (`last_checkpoint()`): the line says that `--resume` continues
-    it."""
+    """Ctrl-C after a training run's first checkpoint: the line says that `--resume` continues it."""
     try:
         yield
     except KeyboardInterrupt:

@@ -10,8 +10,7 @@ _HANDLER_NAME = 'vit_dense.stdout'
 
 
 def show_log(main_process: bool = True, stream: TextIO | None = None) -> None:
-    """The suite's messages as plain lines on standard output (or `stream`): INFO and up on the main process, errors
-    only on the others."""
+    """The suite's messages as plain lines on stdout (or `stream`): INFO and up on the main process, else errors."""
     handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
     if handler is None:
         handler = logging.StreamHandler(stream or sys.stdout)

@@ -12,8 +12,7 @@ from backbones.common.errors import UsageError
 
 
 def check_writable(path: str | Path) -> None:
-    """A file a command will write: its folder exists and is writable, and the path is no folder (nor ends in a
-    slash)."""
+    """A file a command will write: its folder exists and is writable, and the path is no folder."""
     if str(path).endswith(os.sep):
         raise UsageError(f'{path} names a folder (its trailing {os.sep}); give a file name to write')
     path = Path(path)

@@ -30,8 +30,7 @@ def batch_generator(seed: int | None, device: torch.device | str) -> torch.Gener
 
 
 def seed_sample(*key: int) -> None:
-    """Python's, NumPy's and torch's CPU streams seeded from a sample's `key` (seed, epoch, index), CUDA's left
-    alone."""
+    """Python's, NumPy's and torch's CPU streams seeded from a sample's `key` (seed, epoch, index)."""
     seed = hash_seed(*key)
     random.seed(seed)
     np.random.seed(seed)

@@ -24,8 +24,7 @@ def import_extra(module: str, flag: str, extra: str | None = None) -> ModuleType
 
 
 def add_tracker_arguments(parser: argparse.ArgumentParser, wandb_run: str, mlflow_run: str) -> None:
-    """--log-wandb, --log-mlflow, each client an optional extra (`check_trackers`); `wandb_run` and `mlflow_run` say
-    what the command's run is named after and where it is logged."""
+    """--log-wandb, --log-mlflow (optional extras); `wandb_run`, `mlflow_run`: what the run is named after."""
     parser.add_argument('--log-wandb', action='store_true', help=(
         f'also log to Weights & Biases (pip install \'.[wandb]\'): {wandb_run}; WANDB_MODE=offline keeps it on disk, '
         'without an account'))

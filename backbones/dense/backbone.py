@@ -2,12 +2,10 @@
 (registered under that name and the former per-family ones, `LVViTBackbone`, `T2TViTBackbone`, `CaiTBackbone` and
 `ViTBackbone`, so that configs written for those still run).
 
-It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps (prefix tokens dropped, no
-final norm unless `final_norm`) for an image of any size, resampled onto the stride-16 cells of the image's own
-extent. A timm model must be a plain ViT (`check_backbone_model`). `pretrained` loads a classification checkpoint
-(`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's window attention;
-`frozen`, a fixed feature extractor; `final_norm` and `class_token`, the maps DINOv2's frozen-feature heads read.
-docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
+It returns the patch tokens after the blocks in `out_indices` as stride-16 NCHW maps for an image of any size,
+resampled onto the stride-16 cells of the image's own extent. A timm model must be a plain ViT; `pretrained` loads a
+classification checkpoint (`backbones.load_checkpoint`); `window_size`, `global_blocks` and `rel_pos` give ViTDet's
+window attention. docs/segmentation.md and docs/instances_and_depth.md tell the rest."""
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +44,7 @@ def crop_to_extent(maps: torch.Tensor, extent: tuple[float, float], cells: tuple
 
 
 def dense_model(model_name: str, img_size: int, drop_path_rate: float, model_kwargs: dict) -> nn.Module:
-    """The classifier a dense backbone wraps, headless: a suite model, or a timm ViT with `dynamic_img_size` where it
-    can."""
+    """The headless classifier a dense backbone wraps: a suite model, or a timm ViT with `dynamic_img_size`."""
     kwargs = dict(img_size=img_size, num_classes=0, drop_path_rate=drop_path_rate, **model_kwargs)
     if model_family(model_name) is not None:
         return create_model(model_name, **kwargs)
@@ -113,8 +110,7 @@ def check_plain_vit(model_name: str, model: nn.Module) -> None:
 
 def check_dinov2_inputs(model: nn.Module, model_name: str, final_norm: bool, class_token: bool) -> None:
     """A model that cannot give what `final_norm` or `class_token` ask: no norm over its tokens (BEiT's and EVA's
-    is over the pooled feature, `fc_norm`), no class token, or one its blocks do not carry (CaiT's joins after them;
-    `block_prefix_tokens` 0)."""
+    `fc_norm` is over the pooled feature), no class token, or one its blocks do not carry (CaiT's)."""
     if final_norm and isinstance(model.norm, nn.Identity):
         raise UsageError(f'model.backbone.final_norm: {model_name} has no final norm over its tokens (its norm is '
                          'over the pooled feature)')
@@ -123,31 +119,11 @@ def check_dinov2_inputs(model: nn.Module, model_name: str, final_norm: bool, cla
         raise UsageError(f'model.backbone.class_token: the blocks of {model_name} carry no class token')
 
 
-def with_class_token(patch_map: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-    """(B, D, h, w) patch tokens and the block's class token (the first prefix token, before a distillation token
-    or registers) beside each: (B, 2D, h, w)."""
-    return torch.cat([patch_map, prefix[:, 0, :, None, None].expand_as(patch_map)], 1)
-
-
-def token_stride(model: nn.Module, img_size: int) -> int:
-    """The pixels per token: the patch size (timm's models), else what the model's grid at `img_size` says."""
-    patch = getattr(model.patch_embed, 'patch_size', None)
-    return int(patch[0]) if patch else img_size // model.patch_embed.grid_size[0]
-
-
-def fixed_grid(model: nn.Module) -> bool:
-    """Whether the model reads its `img_size` only (a timm model built without `dynamic_img_size`)."""
-    return bool(getattr(model.patch_embed, 'strict_img_size', False))
-
-
 @MODELS.register_module()
 class TokenBackbone(BaseModule):
-    """Any suite model (LV-ViT, T2T-ViT, CaiT without its class-attention stage, ViT/DeiT) or plain timm ViT as an
-    mmseg backbone: the model pruned to what the blocks in `out_indices` need (no heads, final norm or later blocks),
-    `drop_path_rate` its stochastic depth; `frozen`: no parameter of it requires a gradient, its forward keeps no
-    graph, and it stays in eval mode when the segmentor trains (no dropout or drop-path); `final_norm`: the final
-    norm kept and applied to every map; `class_token`: each map (B, 2D, h, w), the block's class token beside every
-    cell's patch token."""
+    """Any suite model (CaiT without its class-attention stage) or plain timm ViT as an mmseg backbone, pruned to what
+    the blocks in `out_indices` need; `frozen`: no gradient, no graph, always in eval mode; `final_norm`: the final norm
+    on every map; `class_token`: each map (B, 2D, h, w), the block's class token beside every patch token."""
 
     def __init__(
             self,
@@ -187,9 +163,11 @@ class TokenBackbone(BaseModule):
         if window_size is not None or global_blocks is not None or rel_pos:
             use_window_attention(self.model, window_size, global_blocks, rel_pos, depth=depth)
         self.model.set_grad_checkpointing(grad_checkpointing)  # recompute blocks in backward: less memory
-        self.patch_size = token_stride(self.model, img_size)
+        patch = getattr(self.model.patch_embed, 'patch_size', None)  # timm's; else the grid at `img_size` says
+        self.patch_size = int(patch[0]) if patch else img_size // self.model.patch_embed.grid_size[0]
         self.stride = STRIDE
-        self.img_size = img_size if fixed_grid(self.model) else None  # the one input size of a fixed-grid model
+        # the one input size of a fixed-grid model (a timm model built without `dynamic_img_size`)
+        self.img_size = img_size if getattr(self.model.patch_embed, 'strict_img_size', False) else None
         self.use_ema, self.model_name = use_ema, model_name
         if frozen:
             self.model.requires_grad_(False)
@@ -204,9 +182,8 @@ class TokenBackbone(BaseModule):
         return len(self.model.blocks)
 
     def init_weights(self) -> None:
-        """Load the `Pretrained` checkpoint (`pretrained=PATH` or `init_cfg=dict(type='Pretrained', checkpoint=PATH)`)
-        through the suite's loader; otherwise keep the model's own init. A missing backbone key is an error; the keys
-        of the pruned parts (heads, final norm, later blocks) are reported in the log."""
+        """Load the `Pretrained` checkpoint through the suite's loader, else keep the model's own init. A missing
+        backbone key is an error; the pruned parts' keys (heads, final norm, later blocks) are logged."""
         if self.init_cfg is None:
             return
         if self.init_cfg.get('type') != 'Pretrained':
@@ -256,7 +233,8 @@ class TokenBackbone(BaseModule):
             maps = self.model.forward_intermediates(padded, self.out_indices, norm=self.final_norm,
                                                     intermediates_only=True, return_prefix_tokens=self.class_token)
         if self.class_token:
-            maps = [with_class_token(m, prefix) for m, prefix in maps]
+            # the block's class token beside each cell's patch token: (B, 2D, h, w)
+            maps = [torch.cat([m, prefix[:, 0, :, None, None].expand_as(m)], 1) for m, prefix in maps]
         cells = (-(-H // self.stride), -(-W // self.stride))
         return tuple(crop_to_extent(m, (H / Hp, W / Wp), cells) for m in maps)
 

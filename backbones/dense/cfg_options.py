@@ -55,9 +55,7 @@ def registered_names(registry: object) -> set[str]:
 
 
 def keyword_names(target: object) -> set[str] | None:
-    """The keywords `target` (a class or a function) takes: its `__init__`'s, and its bases' (or `KEYWORDS_GO_TO`'s)
-    while each passes `**kwargs` on; None where they end in a `**kwargs` nothing here names (anything may be
-    taken)."""
+    """The keywords `target` takes, its bases' too while each passes `**kwargs` on; None where that is open-ended."""
     functions = ([klass.__dict__['__init__'] for klass in target.__mro__ if '__init__' in klass.__dict__]
                  if inspect.isclass(target) else [target])
     if getattr(target, '__name__', None) in KEYWORDS_GO_TO:
@@ -130,8 +128,7 @@ def check_new_key(node: dict, where: list[str], part: str, key: str, options: di
 
 
 def check_type(kind: object, what: str, replaced: str | None = None) -> None:
-    """A `type` that some registry builds, else one line naming the nearest registered name (of the registry that
-    builds the type it replaces, where there is one)."""
+    """A `type` that some registry builds, else one line naming the nearest registered name."""
     if registered(kind) is not None:
         return
     found = registered(replaced) if replaced else None

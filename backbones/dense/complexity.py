@@ -48,9 +48,7 @@ def input_shape(cfg: Config, shape: Sequence[int] | None) -> tuple[int, int]:
 
 
 def segmentor_macs(cfg: Config, model: nn.Module, shape: tuple[int, int]) -> int | None:
-    """MACs of the model's forward pass on one image of `shape` (height, width), as mmseg's get_flops runs it
-    (backbone, neck, decode head to its logits; no auxiliary head, no resizing of the logits), attention counted
-    (`forward_macs`); None for a detector, whose work depends on the proposals its image yields."""
+    """MACs of the forward on one image of `shape`, as mmseg's get_flops runs it; None for a detector."""
     if not task_of(cfg).macs_counted:
         return None
     image = torch.zeros(1, 3, *shape, device='meta')

@@ -22,10 +22,8 @@ CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')  # the files mmengine reads 
 
 
 class FormattedOnceConfig(Config):
-    """mmengine's Config, its text formatted once for each content it has.
-
-    mmengine formats a config's text with yapf (0.2 s) each time it is asked for it: for the log, the dump, each
-    visualizer backend and every checkpoint's meta, 9 times in a short run, half of a 2-iteration run's time."""
+    """mmengine's Config, its text formatted once for each content it has: mmengine formats it with yapf (0.2 s) for
+    the log, the dump, each visualizer backend and every checkpoint, half of a 2-iteration run's time."""
 
     @staticmethod
     def fromfile(filename: str | Path, **kwargs) -> FormattedOnceConfig:
@@ -104,9 +102,7 @@ def present_module(name: str) -> str:
 
 
 def import_custom_modules(path: str | Path, names: list[str], allow_failed: bool = False) -> list[str]:
-    """A config's custom_imports imported under their present paths (returned); one that fails is a one-line error
-    naming the config and the module as the config names it (and where it was looked for, where it moved), unless
-    the config allows failed imports (mmengine's `allow_failed_imports`: then a warning)."""
+    """A config's custom_imports imported under their present paths; a failure one line (a warning if allowed)."""
     present = [present_module(name) for name in names]
     for name, module in zip(names, present):
         try:

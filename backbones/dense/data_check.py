@@ -152,11 +152,6 @@ def id_ranges(ids: list[int]) -> str:
     return ', '.join(f'{a}..{b}' if b > a else f'{a}' for a, b in runs)
 
 
-def stray_images(img_dir: Path, suffix: str) -> list[Path]:
-    """Image files in `img_dir` that mmseg will not list because their suffix is not `suffix`."""
-    return sorted(p for p in img_dir.rglob('*') if p.suffix.lower() in IMG_EXTENSIONS and not p.name.endswith(suffix))
-
-
 def check_labels_used(dataset, values: set[int]) -> None:
     """Masks of 0 and 255 alone are refused: with 255 ignored, such a set teaches and scores its first class only."""
     if not dataset.reduce_zero_label and IGNORE_INDEX in values and values <= {0, IGNORE_INDEX}:
@@ -202,12 +197,6 @@ class EntryChecks(Protocol):
     def check_values(self, dataset, values: set[int]) -> None: ...
 
 
-def checked_pairs(data_list: list[dict], num_classes: int, task: EntryChecks) -> list[PairCheck]:
-    """Every entry of a data set checked as its task checks one (`DenseTask.check_entry`)."""
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
-        return list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
-
-
 def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
                   skip_unreadable: bool = False) -> tuple[list[int], list[str]]:
     """Check the files of a dataset config of `task`; returns the indices to use and the unreadable images left out."""
@@ -224,11 +213,15 @@ def check_dataset(dataset_cfg: ConfigDict, task: EntryChecks,
     if not data_list:
         raise DataError(f'no {suffix or ""} images in {img_dir}' if suffix else
                         f'{dataset.ann_file} lists no images')
-    stray = stray_images(img_dir, suffix) if suffix else []
+    # image files mmseg will not list, their suffix not `suffix`
+    stray = sorted(p for p in img_dir.rglob('*') if p.suffix.lower() in IMG_EXTENSIONS
+                   and not p.name.endswith(suffix)) if suffix else []
     if stray:
         raise DataError(f'{len(stray)} image file(s) in {img_dir} are not {suffix} and would be left '
                         f'out: {", ".join(map(str, stray[:SHOWN]))}; convert them or set img_suffix')
-    checks = checked_pairs(data_list, len(dataset.metainfo['classes'] or ()), task)
+    num_classes = len(dataset.metainfo['classes'] or ())
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # PIL decodes without the GIL
+        checks = list(pool.map(lambda entry: task.check_entry(entry, num_classes), data_list))
     problems = [check.problem for check in checks]
     fatal = [p.message for p in problems if p and not (skip_unreadable and p.unreadable_image)]
     if fatal:

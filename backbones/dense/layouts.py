@@ -16,11 +16,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SmallDenseData:
-    """A small data set in the tasks' shared folder layout (the embedded pages), pointed at in place of a config's
-    own: under `root`, images/{split}/NAME.jpg; annotations/{split}/NAME.png, class maps (class c stored as c +
-    1); depth/{split}/NAME.png, `depth_scale` per metre; annotations/instances_{split}.json, COCO's format.
-    `image_size`: (width, height); `scale`, `ratio_range`, `test_ratios`: a semantic config's sizes there;
-    `mirrored`: whether flips are allowed (a mirrored glyph is no glyph)."""
+    """A small data set in the tasks' shared layout (the embedded pages): images/{split}/NAME.jpg,
+    annotations/{split}/NAME.png (class c as c + 1), depth/{split}/NAME.png, annotations/instances_{split}.json under
+    `root`; `scale`, `ratio_range`, `test_ratios`: a semantic config's sizes; `mirrored`: flips allowed."""
 
     root: Path
     classes: tuple[str, ...]
@@ -46,8 +44,7 @@ class DataLayout(ABC):
 
     @abstractmethod
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:
-        """Point a loader's data set of this layout at `split` ('training' or 'validation') of `data`, its classes
-        the small data's: the shared layout as it is, or written in this layout (`WrittenLayout`)."""
+        """Point a loader's data set of this layout at `split` of `data`, its classes the small data's."""
 
 
 class WrittenLayout(DataLayout):
@@ -96,8 +93,7 @@ LABEL_VALUES = 'label_values'  # a data set's meta: the value its annotation fil
 
 
 def annotation_values(prediction: np.ndarray, meta: Mapping) -> np.ndarray:
-    """Class indices as the data set (`meta`) stores them in its annotation files: its own table where it gives one
-    (Cityscapes), else class + 1 where it reduces zero (ADE20K), else the index."""
+    """Class indices as the data set (`meta`) stores them: its own table (Cityscapes), class + 1 (ADE20K) or index."""
     if meta.get(LABEL_VALUES) is not None:
         return np.asarray(meta[LABEL_VALUES], np.int64)[prediction]
     return prediction + 1 if meta.get('reduce_zero_label') else prediction

@@ -25,8 +25,7 @@ def _history_buffer_method(owner: object, name: str) -> object:
 
 
 def mmengine_checkpoint_globals() -> list[object]:
-    """The non-tensor globals in the checkpoints mmengine writes: its log buffers (with their statistics methods,
-    pickled as `getattr(HistoryBuffer, name)`) and the NumPy arrays in them."""
+    """The non-tensor globals of mmengine's checkpoints: its log buffers (and their methods), NumPy arrays."""
     dtypes = {type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)}
     # NumPy's array and scalar rebuilders, taken from the public pickling protocol rather than its private modules
     _reconstruct, scalar = np.empty(0).__reduce__()[0], np.float64(0).__reduce__()[0]

@@ -14,9 +14,7 @@ from backbones.common.errors import UsageError
 
 @MODELS.register_module()
 class TokenPyramidNeck(BaseModule):
-    """One level per input map: upsampled by `scales[i]` (transposed convs of kernel = stride = scale; 1 keeps it),
-    then a 1x1 conv to `out_channels[i]`, each with norm and activation; the papers' (4, 2, 1, 1) give strides 4,
-    8, 16, 16. `norm_cfg` defaults to SyncBN, which mmengine's runner makes plain BN on one device."""
+    """One level per input map: upsampled by `scales[i]` (transposed convs), a 1x1 conv to `out_channels[i]`."""
 
     def __init__(
             self,

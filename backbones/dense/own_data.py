@@ -70,8 +70,7 @@ def split_folders(root: Path, split: str) -> tuple[str, str] | None:
 
 
 def image_suffix(folders: list[Path]) -> str:
-    """The one suffix of the images in `folders` (mmseg lists a split by one suffix: other images would be left out
-    without a word)."""
+    """The one suffix of the images in `folders` (mmseg lists a split by one suffix)."""
     suffixes: dict[str, Path] = {}
     for folder in folders:
         for path in sorted(folder.rglob('*')):
@@ -86,8 +85,7 @@ def image_suffix(folders: list[Path]) -> str:
 
 
 def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
-    """A classes-file line's name and colour (None without one): "name" or "name R G B"; anything else that looks
-    like a colour is an error naming `where` (it would become part of the name)."""
+    """A classes-file line's name and colour (None without one): "name" or "name R G B", else an error at `where`."""
     words = line.split()
     numbers = 0
     while numbers < len(words) and NUMBER.fullmatch(words[-1 - numbers]):
@@ -108,8 +106,7 @@ def class_line(line: str, where: str) -> tuple[str, list[int] | None]:
 
 
 def read_classes_file(path: Path) -> tuple[list[str], list[list[int] | None]]:
-    """The class names of a classes file and each one's colour (None where not given); empty lines, # comments and a
-    byte order mark are skipped."""
+    """A classes file's names and colours (None where not given), skipping empty lines, # comments and a BOM."""
     names, colours = [], []
     try:
         lines = path.read_text(encoding='utf-8-sig').splitlines()
@@ -150,8 +147,7 @@ def mask_values(mask_dirs: list[Path]) -> set[int]:
 
 
 def counted_classes(root: Path, mask_dirs: list[Path]) -> list[str]:
-    """Classes 0 .. the largest value of the masks, named 'class N'. Masks that use few of those values are refused:
-    they hold grey levels or 0/255 masks rather than class indices."""
+    """Classes 0 .. the largest mask value, named 'class N'; masks using few of them (grey levels) are refused."""
     found = mask_values(mask_dirs)
     values = found - {IGNORE_INDEX}
     if not values:
@@ -202,8 +198,7 @@ def read_own_data(root: str | Path) -> OwnData:
 
 def set_classes(cfg: Config, classes: tuple[str, ...], palette: list[list[int]],
                 reduce_zero_label: bool = False) -> None:
-    """The config's data sets and heads for `classes` (mask value v is class v, unless `reduce_zero_label`: then
-    class v - 1, and 0 is ignored)."""
+    """The config's data sets and heads for `classes` (mask value v is class v, or v - 1 with `reduce_zero_label`)."""
     for dataset in datasets(cfg):
         dataset.update(metainfo=dict(classes=tuple(classes), palette=palette), reduce_zero_label=reduce_zero_label)
     for head in HEADS:
@@ -212,8 +207,7 @@ def set_classes(cfg: Config, classes: tuple[str, ...], palette: list[list[int]],
 
 
 def use_own_data(cfg: Config, data: OwnData) -> None:
-    """Point an own-data config at `data`: each split's folders and suffix, its classes in data sets and heads. The
-    test loader takes the test split when there is one, else the validation split."""
+    """Point an own-data config at `data`: folders, suffix and classes; testing on the test split where there is one."""
     loaders = {'train_dataloader': 'train', 'val_dataloader': 'val',
                'test_dataloader': 'test' if 'test' in data.splits else 'val'}
     for loader, split in loaders.items():
@@ -246,8 +240,7 @@ def use_trained_classes(cfg: Config, checkpoint: str) -> None:
 
 
 def check_trained_classes(cfg: Config, checkpoint: str) -> None:
-    """The data set's classes are the ones the checkpoint was trained on (when it records them): a model of other
-    classes with the same count would be scored under the wrong names."""
+    """The data set's classes are the ones the checkpoint was trained on, where it records them (by name)."""
     trained = trained_classes(checkpoint)
     data = tuple(DATASETS.build({**cfg.test_dataloader.dataset, 'pipeline': [], 'lazy_init': True}).metainfo['classes'])
     if trained is not None and trained[0] != data:
@@ -266,8 +259,7 @@ def training_images(cfg: Config) -> int:
 
 
 def sized_iterations(cfg: Config, processes: int, grad_accum_steps: int) -> int:
-    """The updates that make `own_data.epochs` passes over the training images with the global batch, at least
-    `own_data.min_iters`, at most the config's schedule."""
+    """The updates of `own_data.epochs` passes at the global batch, within `own_data.min_iters` and the config's."""
     rule, images = cfg.own_data, training_images(cfg)
     batch = cfg.train_dataloader['batch_size'] * processes * grad_accum_steps
     iters = min(cfg.train_cfg['max_iters'], max(rule['min_iters'], math.ceil(rule['epochs'] * images / batch)))

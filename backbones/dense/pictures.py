@@ -34,10 +34,7 @@ def side_by_side(panels: Sequence[np.ndarray], gap: int = 6) -> np.ndarray:
 def prediction_picture(config: str, checkpoint: str, image: str | None = None, data_root: str | None = None,
                        report: str | None = None, alpha: float = 0.6, with_labels: bool = True,
                        fallback: EmbeddedSegData | None = None, score_threshold: float = 0.5) -> np.ndarray:
-    """The picture of what the model of `config` with the weights of `checkpoint` predicts for `image` (a path;
-    None: the test set's first image), beside its ground truth where the test set has it: a segmentor's classes
-    (with the per-class IoU of a test_seg.py `report`), a detector's instances (those scoring `score_threshold`
-    or more), a depth model's depth. Without the config's data on disk, the data is `fallback`'s."""
+    """What `checkpoint` predicts for `image` (None: the test set's first) beside its ground truth, where known."""
     predictor = SegPredictor(config, checkpoint, data_root=data_root, fallback=fallback, need_data=image is None)
     entry = test_entry(predictor.test_set(), image) if predictor.data_at_hand else {'img_path': image}
     if report and not predictor.task.class_maps:
@@ -46,8 +43,7 @@ def prediction_picture(config: str, checkpoint: str, image: str | None = None, d
 
 
 def test_entry(dataset, image: str | None) -> dict:
-    """The data set's entry of `image` (the same file, or the same name), its first without one; an image outside
-    the set has no ground truth."""
+    """The data set's entry of `image` (the same file or name), its first without one; else no ground truth."""
     entries = [dataset.get_data_info(i) for i in range(len(dataset))]
     if image is None:
         return entries[0]

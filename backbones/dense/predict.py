@@ -47,8 +47,7 @@ def without_annotations(pipeline: list, task: DenseTask) -> list:
 
 
 def check_opencv_reads(path: Path) -> tuple[int, int]:
-    """An image file of a format OpenCV decodes, as the configs' pipelines read images (a GIF is not: mmcv fails on
-    it with an assertion); its size (width, height) from its header."""
+    """An image file OpenCV decodes, as the pipelines read images (not a GIF), and its (width, height)."""
     try:
         with Image.open(path) as image:
             kind, size = image.format, image.size
@@ -82,9 +81,8 @@ def check_resizable(path: Path, size: tuple[int, int], pipeline: list) -> None:
 
 
 def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png',)) -> list[Path]:
-    """`out/<image stem>.png` for each image (the mask's name). Every file an image gets is `out/<image stem><tail>`
-    for each of `tails`: two images that would write one file (`b.png` and `b_color.png`, whose depth picture is
-    `b_color.png` too) are refused, naming both."""
+    """`out/<image stem>.png` for each image. Every file an image gets is `out/<image stem><tail>` for each of `tails`:
+    two images that would write one file (`b.png`, `b_color.png`) are refused, naming both."""
     written: dict[Path, Path] = {}
     for image in images:
         for path in (out / f'{image.stem}{tail}' for tail in tails):
@@ -96,12 +94,9 @@ def mask_paths(images: Sequence[Path], out: Path, tails: Sequence[str] = ('.png'
 
 
 class SegPredictor:
-    """`predictor(path)`: the class index of every pixel of an image, as tools/test_seg.py predicts it
-    (`multi_scale`, with flips unless `flip` is False); `predictor.predict(path)`: the model's data sample, for
-    any dense task (`task`; `tested` is its test-time augmentation around `model`). The data is chosen as test_seg
-    chooses it (`load_trained_config`, which takes `loaded`): its classes, palette and label values are the
-    predictor's; without data at hand (an error where `need_data`), the checkpoint's classes and recorded test
-    pipeline serve."""
+    """`predictor(path)`: each pixel's class index as tools/test_seg.py predicts it (`multi_scale`, `flip`);
+    `predictor.predict(path)`: the model's data sample, any task. The data is chosen as test_seg chooses it; without it,
+    the checkpoint's classes and test pipeline serve."""
 
     def __init__(self, config: str, checkpoint: str, multi_scale: bool = False, flip: bool = True,
                  data_root: str | None = None, cfg_options: dict | None = None,
@@ -142,8 +137,7 @@ class SegPredictor:
         return self.segment(path)[1]
 
     def segment(self, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-        """The image as the model reads it (RGB, the config's decoding: pixels as stored, EXIF orientation ignored),
-        which a picture of the prediction is drawn on, and the class index of each of its pixels."""
+        """The image as the model reads it (RGB, pixels as stored), and the class index of each of its pixels."""
         pixels, sample = self.predict(path)
         return pixels, sample.pred_sem_seg.data[0].cpu().numpy()
 
@@ -152,8 +146,7 @@ class SegPredictor:
         check_resizable(Path(path), check_opencv_reads(Path(path)), self.steps)
 
     def predict(self, path: str | Path):
-        """The image as the model reads it (RGB), and the model's data sample for it: `pred_sem_seg`,
-        `pred_instances` (boxes, labels from 0, scores, boolean masks) or `pred_depth_map` (metres)."""
+        """The image as the model reads it (RGB), and the model's data sample for it (`pred_sem_seg`, ...)."""
         path = Path(path)
         read_image(path)  # decodes the whole file: OpenCV would read a truncated JPEG as grey, silently
         self.check_image(path)
@@ -165,6 +158,5 @@ class SegPredictor:
         return pixels, sample
 
     def label_values(self, prediction: np.ndarray) -> np.ndarray:
-        """Class indices as the data set's annotation files store them (ADE20K: class + 1, 0 for 'other';
-        Cityscapes: label ids), the values tools/test_seg.py --pred-dir writes."""
+        """Class indices as the data set's annotation files store them (what tools/test_seg.py --pred-dir writes)."""
         return annotation_values(prediction, self.stored_as)

@@ -43,9 +43,7 @@ def recorded_seed(work_dir: str | Path) -> int | None:
 
 
 def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int | None:
-    """The seed a run takes: its config's; on resume the run's own; else None, for mmengine to draw one, the same in
-    every process (it broadcasts the main process's), and keep it in the checkpoints. (A seed drawn here, in each
-    process, would give each its own sampler order: their shares of the data would overlap.)"""
+    """The seed a run takes: its config's; on resume the run's own; else None: mmengine draws one for all processes."""
     if configured is not None:
         return int(configured)
     if resume and (seed := recorded_seed(work_dir)) is not None:
@@ -55,10 +53,7 @@ def run_seed(configured: int | None, work_dir: str | Path, resume: bool) -> int 
 
 @LOOPS.register_module()
 class ResumableIterLoop(IterBasedTrainLoop):
-    """mmengine's iteration loop that resumes exactly where its checkpoint was written (see the module docstring):
-    its loader placed there (or replayed), torch's random state put back after that, the validation a checkpoint was
-    written before run first, and every validation kept out of training's random streams. `PreemptionCheckpoints`
-    records and hands over what it needs."""
+    """mmengine's iteration loop resuming exactly where its checkpoint was written (the module docstring says how)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -96,9 +91,7 @@ class ResumableIterLoop(IterBasedTrainLoop):
         return self.runner.model
 
     def start_reading(self) -> None:
-        """The loader brought to iteration `_iter`: a `PlacedInfiniteSampler` placed there (its loader's iterator made
-        anew: the one mmengine made before the resume had nothing to read), any other sampler's loader replayed
-        through the iterations done."""
+        """The loader brought to iteration `_iter`: a `PlacedInfiniteSampler` placed there, any other replayed."""
         sampler = self.dataloader.sampler
         if isinstance(sampler, PlacedInfiniteSampler):
             sampler.start_at(self._iter * self.dataloader.batch_size)
@@ -111,9 +104,8 @@ class ResumableIterLoop(IterBasedTrainLoop):
             next(self.dataloader_iterator)
 
     def catch_up(self) -> None:
-        """A resumed run, its loader placed, brought to where the stopped one wrote its checkpoint: torch's random
-        state put back (after the placing: starting a loader's processes draws from it; mmengine restores neither),
-        the validation still due run."""
+        """A resumed run, its loader placed, brought to where the stopped one wrote its checkpoint: torch's random state
+        put back after the placing (which draws from it), the validation still due run."""
         if self.resumed_rng is not None:
             set_torch_rng_state(self.resumed_rng)
         if self.resumed_before_validation and self.validates(self._iter):  # (a schedule changed on resume may not)
@@ -121,9 +113,8 @@ class ResumableIterLoop(IterBasedTrainLoop):
             self.validate()
 
     def validate(self) -> None:
-        """The validation, training's random streams left as they were (its loader draws from torch's when it starts
-        its worker processes: at the first validation of a process, with persistent ones, which a resumed run reaches
-        at another validation than a run never stopped)."""
+        """The validation, training's random streams left as they were (its loader draws from torch's when its
+        persistent workers start, which a resumed run reaches at another validation)."""
         with preserved_rng():
             self.runner.val_loop.run()
 

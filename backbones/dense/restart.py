@@ -26,8 +26,7 @@ class Draw(NamedTuple):
 
 @DATA_SAMPLERS.register_module()
 class PlacedInfiniteSampler(InfiniteSampler):
-    """mmengine's InfiniteSampler as `Draw`s, read from a chosen place: `start_at(n)` starts this process's share
-    after its first `n` samples, without reading them. It yields nothing until placed."""
+    """mmengine's InfiniteSampler as `Draw`s, placed by `start_at(n)` after its first `n` samples (unread)."""
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int | None = None) -> None:
         super().__init__(dataset, shuffle=shuffle, seed=seed)

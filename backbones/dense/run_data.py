@@ -34,8 +34,7 @@ class TrainedData:
 
 
 def trained_data_record(cfg: Config, embedded: bool) -> dict:
-    """What a training run's checkpoints record of its data (their meta's TRAINED_DATA): the training set's folder,
-    whether the embedded data stood in, the task, and the test pipeline its validations ran."""
+    """What a training run's checkpoints record of its data: folder, embedded or not, task, test pipeline."""
     root = cfg.train_dataloader.dataset.get('data_root') or ''
     return plain_values(dict(data_root=os.path.abspath(root), embedded=embedded, task=task_of(cfg).name,
                              test_pipeline=cfg.test_dataloader.dataset.pipeline,
@@ -84,9 +83,8 @@ def checkpoint_record(checkpoint: str) -> dict | None:
 
 def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = None, cfg_options: dict | None = None,
                         fallback: EmbeddedSegData | None = None, need_data: bool = True) -> TrainedData:
-    """The data for a trained checkpoint: `data_root` if given, else the config's folders where they are on disk, else
-    what the checkpoint records it was trained on (the embedded data, or its folder where on disk), else none (an
-    error where the tool `need_data`). A checkpoint that records nothing is taken as the config's folder decides."""
+    """The data for a trained checkpoint: `data_root` if given, else the config's folders on disk, else the data it
+    records (embedded, or its folder on disk), else none (an error if `need_data`)."""
     if data_root:
         return TrainedData(data_root)
     roots = data_roots(cfg, None, cfg_options)
@@ -120,9 +118,8 @@ def choose_trained_data(cfg: Config, checkpoint: str, data_root: str | None = No
 
 
 class EmbeddedSegData(EmbeddedData, Protocol):
-    """What a config runs on when its data set is not on disk (the segmentation tools' embedded set): besides its
-    options, the config pointed at it (written on first use), the schedule a run takes there and the model's sizes
-    there. Config edits only: a backbone pretrained for that data reaches the trainer as a checkpoint."""
+    """What a config runs on when its data set is not on disk (the tools' embedded set): its options, the config pointed
+    at it, the schedule and model sizes there; a backbone pretrained for it comes as a checkpoint."""
 
     root: Path  # where the data lives: a checkpoint trained on a data set there was trained on it
 
@@ -138,8 +135,7 @@ class EmbeddedSegData(EmbeddedData, Protocol):
 
 
 def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | None = None) -> set[str]:
-    """The data sets' folders: `data_root` (--data-root) for all, else each loader's as `cfg_options` (the command
-    line's, not merged yet: `LOADER.dataset.data_root`) or the config give it."""
+    """The data sets' folders: `data_root` for all, else each loader's as `cfg_options` or the config give it."""
     if data_root:
         return {data_root}
     options = cfg_options or {}
@@ -148,8 +144,7 @@ def data_roots(cfg: Config, data_root: str | None = None, cfg_options: dict | No
 
 
 def own_data_absent(cfg: Config, cfg_options: dict | None = None) -> bool:
-    """An own-data config whose data set is not on disk: what a checkpoint trained on it predicts for new images
-    needs only the classes it records, never the embedded data's."""
+    """An own-data config whose data set is not on disk: a checkpoint of it predicts with the classes it records."""
     return is_own_data_config(cfg) and not any(Path(root).is_dir() for root in data_roots(cfg, None, cfg_options))
 
 
@@ -183,9 +178,7 @@ def resolve_data(cfg: Config, data_root: str | None = None, fallback: EmbeddedSe
 
 def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallback: EmbeddedSegData | None = None,
                          cfg_options: dict | None = None) -> None:
-    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose: the data's classes must be the
-    ones the checkpoint was trained on (by name; a detector's by id and name), the checkpoint's own serving where no
-    data is at hand, and the test pipeline is the one its validations ran."""
+    """`resolve_data` for a trained checkpoint on the data `choose_trained_data` chose."""
     task = task_of(cfg)
     if not data.at_hand:
         task.use_trained_classes(cfg, checkpoint)
@@ -200,8 +193,7 @@ def resolve_trained_data(cfg: Config, checkpoint: str, data: TrainedData, fallba
 
 
 def use_trained_pipeline(cfg: Config, checkpoint: str, cfg_options: dict | None = None) -> None:
-    """The test pipeline the checkpoint's validations ran, where it records one that differs from the config's
-    (one line says so); the command line's options for the test loader win."""
+    """The test pipeline the checkpoint's validations ran, where it records another than the config's (logged)."""
     recorded = (checkpoint_record(checkpoint) or {}).get('test_pipeline')
     if recorded is None or any(key.startswith('test_dataloader') for key in cfg_options or {}):
         return

@@ -75,8 +75,7 @@ TRAINED_DATA = 'trained_data'
 
 
 def pooled_batch_norms(model: nn.Module) -> list[str]:
-    """The BatchNorm layers that normalise a map pooled to one pixel (UperNet's and PSPNet's pyramid pooling,
-    DeepLab's image pool: a `Sequential` of `AdaptiveAvgPool2d(1)` and a normalised convolution)."""
+    """The BatchNorm layers that normalise a map pooled to one pixel (pyramid pooling, DeepLab's image pool)."""
     found = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.Sequential):
@@ -111,8 +110,7 @@ def check_training_batch(cfg, processes: int) -> None:
 
 
 def checkpoint_meta(filename: str) -> dict:
-    """The `meta` mmengine writes into its checkpoints (the config, `dataset_meta`, the seed), or {}; read memory-mapped
-    where the file allows, the tensors staying on disk."""
+    """The `meta` mmengine writes into its checkpoints (config, `dataset_meta`, seed), or {}; read memory-mapped."""
     checkpoint = load_weights_only(filename, 'checkpoint', mmengine_checkpoint_globals(),
                                    mmap=zipfile.is_zipfile(filename))
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
@@ -126,8 +124,7 @@ def trained_data(filename: str) -> dict | None:
 
 
 def recorded_config(filename: str) -> dict:
-    """The config a checkpoint's run trained with, from its meta's text (`cfg`), read without running it: each
-    assignment of literals, lists, tuples and `dict(...)`; {} where there is no such text."""
+    """The config a checkpoint's run trained with, read from its meta's text without running it ({} without one)."""
     text = checkpoint_meta(filename).get('cfg')
     try:
         body = ast.parse(text).body if isinstance(text, str) else []
@@ -210,9 +207,7 @@ TRACKER_BACKENDS = {
 
 
 class SuiteRunner(Runner):
-    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable checkpoint and a log without
-    mmengine's notices that ask nothing of the user. An experiment tracker that cannot start its run is a
-    TrackerError, and the run leaves nothing behind."""
+    """mmengine's Runner with strict checkpoint loading, a fallback to the newest readable one, a quieter log."""
 
     def __init__(self, model, work_dir: str, *args, **kwargs) -> None:
         additions = FolderAdditions(work_dir)
@@ -258,8 +253,7 @@ class SuiteRunner(Runner):
             self.end_loader_workers()
 
     def end_loader_workers(self) -> None:
-        """Ends the loops' loader worker processes now: kept to the exit, they would be stopped with SIGTERM, which they
-        ignore (`start_worker`), and waited for, for ever."""
+        """End the loops' loader workers now: at exit they would be sent SIGTERM, which they ignore, and waited for."""
         for loop in (self._train_loop, self._val_loop, self._test_loop):
             if not isinstance(loop, BaseLoop):  # a loop not built (its config)
                 continue

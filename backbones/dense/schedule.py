@@ -20,9 +20,8 @@ def describe_schedule(cfg: Config) -> str:
 
 
 def accumulate_gradients(cfg: Config, steps: int) -> None:
-    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`). mmengine counts iterations,
-    so every count of the schedule is multiplied by `steps`: the config's updates, each of `steps` times the
-    batch, along the same lr curve (the config's lr, set for the papers' global batch)."""
+    """One optimizer update every `steps` iterations (mmengine's `accumulative_counts`): every count of the schedule
+    multiplied by `steps`, so the config's updates follow the same lr curve with `steps` times the batch."""
     if steps == 1:
         return
     cfg.optim_wrapper['accumulative_counts'] = steps
@@ -38,8 +37,7 @@ def accumulate_gradients(cfg: Config, steps: int) -> None:
 
 
 def drop_one_step_warmup(cfg: Config) -> None:
-    """A warm-up of one iteration is dropped: mmengine's LinearLR would never leave its start factor, and the chained
-    decay would run the whole schedule at 1e-6 of the lr."""
+    """A one-iteration warm-up dropped: LinearLR would never leave its start factor (the whole run at 1e-6 lr)."""
     phases = cfg.param_scheduler
     if len(phases) > 1 and phases[0]['type'] == 'LinearLR' and phases[0].get('end', 0) - phases[0].get('begin', 0) == 1:
         cfg.param_scheduler = phases[1:]

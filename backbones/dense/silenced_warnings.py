@@ -42,8 +42,7 @@ def silence_harmless_warnings() -> None:
 
 
 class HarmlessLogLines(logging.Filter):
-    """A filter for a logger that drops the lines starting as `lines` or matching `patterns` (mmengine's:
-    `HARMLESS_LOG_LINES`, `HARMLESS_LOG_PATTERNS`)."""
+    """A logger filter dropping the lines starting as `lines` or matching `patterns`."""
 
     def __init__(self, lines: dict[str, str] = HARMLESS_LOG_LINES,
                  patterns: dict[str, str] = HARMLESS_LOG_PATTERNS) -> None:

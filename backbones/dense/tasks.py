@@ -52,8 +52,7 @@ class PredictionRequest:
 
 @dataclass(frozen=True)
 class ExportChoice:
-    """What tools/export.py segmentor's options ask of a task's exported network: a detector's `top_k` (None: its
-    default) or `pyramid_only`, and `dynamic_size` (which the tool checks itself)."""
+    """What export's segmentor options ask of a task's network: `top_k`, `pyramid_only`, `dynamic_size`."""
 
     top_k: int | None = None
     pyramid_only: bool = False
@@ -76,9 +75,8 @@ def no_other_inputs(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 @dataclass(frozen=True)
 class ExportedNetwork:
-    """What an export holds of a model: the network (normalised images (B, 3, H, W) in), its ONNX outputs' names and
-    export.json's facts (at least `output`); a network taking more than the images names its inputs (`input_names`,
-    images first) and makes examples of the others (`other_inputs`); `least_side`: the smallest side it runs at."""
+    """What an export holds of a model: the network (normalised images in), its ONNX outputs' names and export.json's
+    facts (`output` at least); `input_names` and `other_inputs` for more inputs; `least_side`."""
 
     network: nn.Module
     output_names: str | list[str]
@@ -132,8 +130,7 @@ class DenseTask(ABC):
 
     @abstractmethod
     def loaded_sample(self, rng: np.random.Generator, width: int, height: int) -> dict:
-        """What the training pipeline's reading steps (`Load...`) give for a synthetic image of `width` x `height`: the
-        image and a plausible ground truth."""
+        """The image and a plausible ground truth the pipeline's `Load...` steps give for a synthetic image."""
 
     @abstractmethod
     def check_entry(self, entry: dict, num_classes: int) -> PairCheck:
@@ -221,15 +218,11 @@ def small_datasets(cfg: Config, data: SmallDenseData, shared: DataLayout) -> Ite
         for step in dataset['pipeline']:
             if 'ratio_range' in step:
                 step['ratio_range'] = data.ratio_range
-            if is_flip(step) and not data.mirrored:
+            is_flip = isinstance(step['type'], str) and step['type'].endswith('Flip')  # mmcv's, the detectors'
+            if is_flip and 'prob' in step and not data.mirrored:
                 step['prob'] = 0.0
         (layout_of(dataset) or shared).use_small(dataset, data, split)
         yield dataset
-
-
-def is_flip(step: dict) -> bool:
-    """A pipeline step that mirrors its image with a probability (mmcv's RandomFlip, the detectors')."""
-    return isinstance(step['type'], str) and step['type'].endswith('Flip') and 'prob' in step
 
 
 TASKS: dict[str, DenseTask] = {}  # by name, in registration order

@@ -39,24 +39,19 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser = command_parser(description, 'test_seg.py')
     parser.add_argument('config', help='the config the checkpoint was trained with')
     parser.add_argument('checkpoint', help=(
-        'a checkpoint written by tools/train_seg.py (or mmseg\'s train.py). mmengine checkpoints are pickles: '
-        'they are read with torch\'s weights-only unpickler that also accepts the few types mmengine stores in '
-        'them (its log buffers, NumPy arrays), and a file needing more is refused, as unpickling anything else '
-        'could run code. Evaluate only checkpoints you trained or otherwise trust.'))
+        'a checkpoint of tools/train_seg.py (or mmseg\'s train.py), read by torch\'s weights-only unpickler with the '
+        'few types mmengine stores (unpickling more could run code). Evaluate only checkpoints you trust.'))
     add_common_options(parser)
     add_multi_scale_arguments(parser)
     add_amp_argument(parser, alone='fp16')  # as train_seg's
     parser.add_argument('--out', type=scores_file, help=(
-        'write the scores to this JSON file: {"mIoU", "aAcc", "mAcc", "per_class", "confusion"} (percent; the '
-        'confusion matrix\'s pixel counts and its rows normalised) for a segmentor; {"box_AP", ..., "mask_AP", ..., '
-        '"per_class"} (percent) for a detector; {"d1", "abs_rel", "rmse", "log10", ...} for a depth model'))
+        'write the scores to this JSON file (percent): a segmentor\'s mIoU, aAcc, mAcc, per_class and confusion, a '
+        'detector\'s box_AP, mask_AP, ..., per_class, a depth model\'s d1, abs_rel, rmse, log10, ...'))
     parser.add_argument('--pred-dir', help=(
-        'save the predictions here: label maps (PNG, the data set\'s label values) for a segmentor, COCO-format '
-        'results (predictions.json) for a detector, depth maps (16-bit PNG in the data set\'s scale) for a depth '
-        'model'))
+        'save the predictions here: label maps (PNG) for a segmentor, COCO results (predictions.json) for a '
+        'detector, depth maps (16-bit PNG in the data set\'s scale) for a depth model'))
     parser.add_argument('--show-dir', type=output_folder, help=(
-        'a segmentor\'s predictions as pictures here, as mmseg\'s --show-dir: NAME.png of each test image, the '
-        'image, its ground truth and the prediction in the data set\'s palette side by side'))
+        'as mmseg\'s --show-dir: a picture of each test image, its ground truth and a segmentor\'s prediction'))
     parser.add_foreign_flags("mmseg's tools", MMSEG_FLAGS)
     return parser
 
@@ -86,8 +81,7 @@ def test_files(cfg: Config) -> list[dict]:
 
 
 def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
-    """An output folder must not be one the test set's images or annotations (`test_files`) are in: its files would
-    replace them (and a second test would score the predictions against themselves)."""
+    """An output folder holds none of the test set's files (`test_files`): it would replace them."""
     data = {Path(info[key]).resolve().parent for info in files for key in ('img_path', 'seg_map_path')
             if info.get(key)}
     if folder.resolve() in data:
@@ -95,9 +89,7 @@ def check_outside_data(files: list[dict], folder: Path, option: str) -> None:
 
 
 def check_arguments(args: argparse.Namespace, cfg: Config) -> None:
-    """The refusals the command line and the config (`cfg`, as read) alone decide, before any work: --no-flip
-    without --ms, --ms on a config whose task has no test-time augmentation, --show-dir on a detector's or a depth
-    model's config, output folders that cannot be written."""
+    """The refusals the command line and `cfg` alone decide, before any work."""
     if args.no_flip and not args.ms:
         raise UsageError('--no-flip applies to the multi-scale test (--ms, --tta); the single-scale test has no flip')
     task_of(cfg).check_test_options(args, args.config)
@@ -133,9 +125,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
 
 
 def testing_precision(cfg: Config, amp: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The test loop in `amp`'s precision (`pick_amp` resolved): mmengine's TestLoop autocasts its model when its
-    `fp16` is set, in the dtype of the autocast around it (the returned context, for the loop's run); none leaves the
-    config's loop in float32."""
+    """The test loop in `amp`'s precision (the returned autocast context); none leaves the config's float32 loop."""
     if amp == 'none':
         return contextlib.nullcontext()
     cfg.test_cfg = {**(cfg.get('test_cfg') or {}), 'fp16': True}

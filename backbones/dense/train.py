@@ -40,11 +40,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     """Options train_seg and test_seg share."""
     parser.add_argument('--work-dir', help='output folder (default: work_dirs/<config name>)')
     parser.add_argument('--data-root', help=(
-        'the data set\'s folder, instead of the config\'s: ADE20K\'s for the ADE20K configs, yours for the own-data '
-        'configs (*_own_data.py: images/{train,val}/, masks/{train,val}/, optional classes.txt)'))
+        'the data set\'s folder, instead of the config\'s (the own-data configs\' layout: docs/segmentation.md)'))
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override config values, e.g. train_dataloader.batch_size=4 '
-                             'model.backbone.pretrained=None')
+                        help='override config values, e.g. train_dataloader.batch_size=4')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none',
                         help='"pytorch" under torchrun, "slurm" under srun; "none" for one process')
     parser.add_argument('--skip-unreadable', action='store_true',
@@ -90,9 +88,7 @@ def add_multi_scale_arguments(parser: argparse.ArgumentParser) -> None:
     """--ms (alias --tta, mmseg's name) and --no-flip: test_seg's and predict_seg's multi-scale test."""
     parser.add_argument('--ms', '--tta', dest='ms', action='store_true', help=(
         'test-time augmentation with the config\'s tta_pipeline and tta_model, as mmseg\'s --tta: each scale and '
-        'its mirror image, merged as the task does (segmentors: the papers\' ratios 0.75..1.75 of (2048, 512), '
-        'softmax averaged; depth: the image and its mirror image, depth averaged; detectors: ratios 0.75..1.25, '
-        'detections merged by NMS per class); the embedded data without ADE20K takes its own ratios and flips'))
+        'its mirror image, merged as the task does (docs/segmentation.md)'))
     parser.add_argument('--no-flip', action='store_true', help='test-time augmentation without the mirror images')
 
 
@@ -106,17 +102,15 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument('--iters', type=positive_int,
                         help='shorten the schedule to this many iterations (warm-up, decay, intervals scale along)')
     parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N', help=(
-        'one update every N iterations, their gradients summed: the global batch is GPUs x images per GPU x N (the '
-        'paper\'s 16: 8 GPUs x 2, or 2 GPUs x 2 x 4); the schedule\'s counts are multiplied by N, so --iters and the '
-        'config count updates; the lr stays the config\'s'))
+        'one update every N iterations (global batch: GPUs x images per GPU x N); --iters and the config\'s '
+        'schedule count updates, the lr stays the config\'s'))
     # bf16 and fp16 train through mmengine's AmpOptimWrapper (dynamic loss scale) in place of the configs' OptimWrapper
     add_amp_argument(parser, alone='fp16', gpus_only=True)
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write a checkpoint at most every M minutes (each replacing the previous timed one); '
                              'SIGTERM and SIGUSR1 always write one, then exit with status 75')
     parser.add_argument('--pictures', type=non_negative_int, default=4, metavar='N',
-                        help='validation images drawn (ground truth and prediction) into TensorBoard and '
-                             'vis_data/vis_image at every validation (default 4; 0: none)')
+                        help='validation images drawn into TensorBoard and vis_data/ at every validation (0: none)')
     add_tracker_arguments(parser, 'the run named after the work dir, in WANDB_PROJECT (mmengine\'s WandbVisBackend)',
                           'the run named after the work dir, in an experiment named after the config, in a file '
                           'store in WORK_DIR/mlruns (mmengine\'s MLflowVisBackend)')
@@ -184,8 +178,7 @@ def choose_backbone(cfg: Config, config_pretrained: str | None, on_fallback: boo
 
 
 def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -> PreparedRun:
-    """The config a run takes (the data, the command line's options, the schedule), and the pretraining it needs
-    first."""
+    """The config a run takes (data, options, schedule), and the pretraining it needs first."""
     check_trackers(args.log_wandb, args.log_mlflow)  # before any work, the embedded data's writing included
     training_precision(args.amp)  # likewise: a precision this machine cannot train in
     cfg = load_config(args.config)
@@ -241,8 +234,7 @@ def prepare(args: argparse.Namespace, fallback: EmbeddedSegData | None = None) -
 
 
 def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: bool = False) -> None:
-    """mmengine's Weights & Biases and MLflow backends added to the config's visualizer, as asked (`prepare` checked
-    that their clients import)."""
+    """mmengine's Weights & Biases and MLflow backends added to the config's visualizer, as asked."""
     backends = list(cfg.visualizer.get('vis_backends', []))
     run_name = Path(cfg.work_dir).name
     if wandb:
@@ -257,8 +249,7 @@ def use_trackers(cfg: Config, config_path: str, wandb: bool = False, mlflow: boo
 
 
 def training_precision(amp: str, gpu: bool | None = None) -> str:
-    """`--amp` resolved (`gpu`: whether the run has one): 'none', 'bf16' or 'fp16'; bf16 and fp16 need a GPU here
-    (mmengine's AmpOptimWrapper), else a UsageError."""
+    """`--amp` resolved (`gpu`: whether the run has one): 'none', 'bf16' or 'fp16', which need a GPU here."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     if not gpu:
         if amp not in ('none', 'auto'):
@@ -269,8 +260,7 @@ def training_precision(amp: str, gpu: bool | None = None) -> str:
 
 
 def use_amp(cfg: Config, amp: str, gpu: bool | None = None) -> None:
-    """`--amp` (`training_precision`): bf16 and fp16 train through mmengine's AmpOptimWrapper in that precision;
-    none (auto without a GPU) leaves the config's optimizer."""
+    """`--amp`: bf16 and fp16 train through mmengine's AmpOptimWrapper; none leaves the config's optimizer."""
     amp = training_precision(amp, gpu)
     if amp != 'none':
         cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic', dtype=AMP_DTYPES[amp])
@@ -287,8 +277,7 @@ def parse_with_fallback(parser: argparse.ArgumentParser, argv: list[str] | None,
 
 
 def train(run: PreparedRun, backbone: PretrainedBackbone | None = None) -> None:
-    """Train the segmentor with mmengine's Runner (tools/train_seg.py's); a run that needs a pretraining starts its
-    backbone from `backbone`, that stage's checkpoint."""
+    """Train the segmentor with mmengine's Runner, its backbone from `backbone` where a pretraining came first."""
     cfg = run.cfg
     if run.pretraining is not None:
         if backbone is None:

@@ -27,11 +27,9 @@ from backbones.weights import TIMM_RELEASE, URL_SCHEMES, guess_family
 def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = None, data_root: str | None = None,
                         fallback: EmbeddedSegData | None = None, need_data: bool = True,
                         loaded: Config | None = None) -> tuple[Config, TrainedData]:
-    """`load_config` for a trained checkpoint's config (test_seg, predict_seg, visualize, export), the checkpoint
-    checked to be a model of the config's task first, and the data it runs on (`choose_trained_data`): where the
-    embedded data stands in, the model takes the sizes it trained with there (`use_model`), under the command
-    line's options. `resolve_trained_data` then applies the data. `loaded`: the config as the caller already read
-    it from `path`, taken instead of reading the file again."""
+    """`load_config` for a trained checkpoint's config, the checkpoint checked to be of the config's task, and the data
+    it runs on (`choose_trained_data`; where the embedded data stands in, the sizes it trained with there). `loaded`:
+    the config already read from `path`."""
     cfg = loaded if loaded is not None else load_config(path)
     check_segmentor_checkpoint(checkpoint, task_of(cfg), path)
     data = choose_trained_data(cfg, checkpoint, data_root, cfg_options, fallback, need_data)
@@ -45,8 +43,7 @@ def load_trained_config(path: str, checkpoint: str, cfg_options: dict | None = N
 
 
 def weight_names(checkpoint: str) -> list[str]:
-    """The names in a checkpoint and in each dict right under it (its state dict's weights, wherever it keeps them),
-    `module.` left out; read memory-mapped where the file allows (the tensors stay on disk)."""
+    """The names in a checkpoint and in each dict right under it, `module.` left out; read memory-mapped."""
     content = load_weights_only(checkpoint, 'checkpoint', mmengine_checkpoint_globals(),
                                 mmap=zipfile.is_zipfile(checkpoint))
     if not isinstance(content, dict):
@@ -55,16 +52,8 @@ def weight_names(checkpoint: str) -> list[str]:
             for key in part if isinstance(key, str)]
 
 
-def checkpoint_task(checkpoint: str, names: list[str]) -> DenseTask | None:
-    """The task a checkpoint was trained for, as it records it or its heads' weights (`names`) show, else None."""
-    return task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
-
-
 def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, config: str | None = None) -> None:
-    """A checkpoint a dense tool is given: there (checked before any work, such as writing the embedded data), a
-    dense model's (an image classifier's weights would fail on every key, after the tool had asked for the data set
-    it was trained on), and of the config's `task` (a detector given to a depth config was refused as a class
-    mismatch)."""
+    """A checkpoint a dense tool is given: there, a dense model's, and of the config's `task`; before any work."""
     if not Path(checkpoint).is_file():
         found = 'a folder, not a checkpoint file' if Path(checkpoint).is_dir() else 'checkpoint file not found'
         raise CheckpointError(f'{checkpoint}: {found}')
@@ -82,16 +71,14 @@ def check_segmentor_checkpoint(checkpoint: str, task: DenseTask | None = None, c
 
 def check_checkpoint_task(checkpoint: str, names: list[str], task: DenseTask, config: str | None) -> None:
     """The checkpoint (its weights' `names`) is a model of the config's `task`, where it says which task it is of."""
-    trained = checkpoint_task(checkpoint, names)
+    trained = task_named((checkpoint_record(checkpoint) or {}).get('task')) or task_recognised_by(names)
     if trained is not None and trained is not task:
         raise CheckpointError(f'{checkpoint} holds a {trained.model_kind} ({trained.title}), and {config} is '
                               f'a {task.title} config: give the config it was trained with')
 
 
 def check_resumed_run(work_dir: str, task: DenseTask, config: str, max_iters: int) -> None:
-    """The run a work dir holds is of the config's `task`, as its newest readable checkpoint says (the one a resume
-    continues from: `runner.SuiteRunner` falls back past those that do not read, and leaves their naming to it), and
-    has something left to do: one that finished its `max_iters` (trained and validated) is AlreadyDone."""
+    """The work dir's run is of the config's `task` and has something left to do (else AlreadyDone)."""
     for candidate in iteration_checkpoints(work_dir):
         try:
             names = weight_names(str(candidate))

@@ -32,8 +32,7 @@ def mirrored(view: dict) -> dict:
 
 
 class MirroredViewsTTAModel(BaseTTAModel):
-    """The config's views of each image (one per scale), each with its mirror image where `flip`, merged by
-    `merge_preds` (the first scale's unflipped view first)."""
+    """The config's views of each image (one per scale, mirrored where `flip`), merged by `merge_preds`."""
 
     def __init__(self, flip: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -59,8 +58,7 @@ def drop_tta_flips(cfg: Config) -> None:
 
 
 def flipping_tta_pipeline(pipeline: list) -> list:
-    """mmseg's way of a multi-scale + flip test, for comparison: a copy of a test-time pipeline that flips every
-    scale itself (each scale resized twice, ten views for SegTTAModel)."""
+    """mmseg's multi-scale + flip test, for comparison: every scale flipped by the pipeline (ten views)."""
     pipeline = copy.deepcopy(pipeline)
     tta = next(step for step in pipeline if step['type'] == 'TestTimeAug')
     tta['transforms'].insert(1, [dict(type='RandomFlip', prob=0.0, direction='horizontal'),
@@ -80,8 +78,7 @@ def tta_scales(pipeline: list) -> list[dict]:
 
 
 def test_mode(cfg: Config, multi_scale: bool) -> str:
-    """A test's mode in words, as its line names it: 'single-scale', 'multi-scale + flip', 'single-scale + flip'
-    (a test-time augmentation of one scale, the depth papers' flip)."""
+    """A test's mode in words: 'single-scale', 'multi-scale + flip', 'single-scale + flip' (the depth papers')."""
     if not multi_scale:
         return 'single-scale'
     scales = 'multi-scale' if len(tta_scales(cfg.tta_pipeline)) > 1 else 'single-scale'

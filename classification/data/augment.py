@@ -113,8 +113,7 @@ def warp_of(applied: Sequence[AppliedOp], size: tuple[int, int]) -> torch.Tensor
 
 
 class LabelAwareRandAugment:
-    """timm's RandAugment, returning with the image the composed affine map of the geometric ops it applied; `plan`
-    draws the same without touching an image, for the batched path."""
+    """timm's RandAugment, returning the composed affine map of its geometric ops too; `plan` draws without an image."""
 
     def __init__(self, augment: RandAugment) -> None:
         self.augment = augment

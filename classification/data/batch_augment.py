@@ -61,8 +61,7 @@ class Region:
 
 @dataclass(frozen=True)
 class RegionBounds:
-    """Where a crop's region lies in an image decoded at some size: its pixels (x1, y1, x2, y2), the whole factors
-    (fx, fy) it is reduced by, and the crop box in the reduced region."""
+    """Where a crop's region lies in a decoded image: its pixels, the whole factors it is reduced by, its box."""
 
     pixels: tuple[int, int, int, int]
     factors: tuple[int, int]
@@ -83,8 +82,7 @@ def region_bounds(full_size: tuple[int, int], decoded_size: tuple[int, int], cro
 
 
 def cut_region(pixels: np.ndarray, full_size: tuple[int, int], crop: tuple[int, int, int, int], out: int) -> Region:
-    """The pixels around `crop` from a possibly draft-decoded (h, w, 3) uint8 image, reduced by whole factors
-    (`box_reduce`) while the crop stays at least `out` pixels: a contiguous array of its own."""
+    """The pixels around `crop` from a possibly draft-decoded image, reduced by whole factors (`box_reduce`)."""
     bounds = region_bounds(full_size, (pixels.shape[1], pixels.shape[0]), crop, out)
     x1, y1, x2, y2 = bounds.pixels
     region = pixels[y1:y2, x1:x2]
@@ -211,8 +209,7 @@ class RegionTransform:
             size, crop
 
     def colour_plan(self, applied: Sequence[AppliedOp]) -> dict[str, list]:
-        """The colour ops in the order applied, padded to the layer count; `warped`: the op ran before the last
-        geometric op, so it sees the crop's pixels only; `fill`: the geometric ops' fill colour."""
+        """The colour ops in the order applied, padded to the layer count, with `warped` and the `fill` colour."""
         ops, args, warped = [NO_OP] * self.layers, [0.0] * self.layers, [False] * self.layers
         geometric = [i for i, op in enumerate(applied) if op.name in GEOMETRIC_OPS]
         fill = next((op.fill for op in applied if op.fill is not None), (0, 0, 0))
@@ -241,8 +238,7 @@ def batch_plan(plans: Sequence[dict]) -> dict[str, torch.Tensor]:
 
 
 class Groups(NamedTuple):
-    """Which images of a batch each part of the device half takes, decided on the host: slices of the plan's index
-    tensors, so the device half never reads a value back to choose its work."""
+    """Which images each part of the device half takes, as slices decided on the host (no read-back)."""
 
     resample: tuple[tuple[str, int, int], ...]  # (interpolation, start, stop) of plan['resample_index']
     colour: tuple[tuple[int, int, int, int], ...]  # (layer, op code, start, stop) of plan['colour_index']
@@ -250,8 +246,7 @@ class Groups(NamedTuple):
 
 
 def grouped_plan(plan: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Groups]:
-    """The collated plan with its index tensors, and their `Groups`: images in index order within each group, the
-    colour ops layer by layer in code order (the order the device half applies them)."""
+    """The collated plan with its index tensors and their `Groups`, in the order the device half applies them."""
     indices = {'resample_index': [], 'colour_index': [], 'erase_index': []}
     resample, colour = [], []
 
@@ -369,10 +364,9 @@ def decoding_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def decoded_on_own_stream(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """nvJPEG's images, which the calling stream's next work waits for on the device. torchvision's CUDA decoder
-    allocates its outputs on the current stream but writes them from its own stream, which waits for nothing
-    (pytorch/vision#9606): the decode runs on a stream that only ever holds decoded images, each marked as used by
-    the calling stream, so a block is handed out again only once that stream's work on it is done."""
+    """nvJPEG's images, which the calling stream's next work waits for. torchvision's CUDA decoder writes its outputs
+    from its own stream, which waits for nothing (pytorch/vision#9606): the decode runs on a stream holding only decoded
+    images, each marked as used by the calling stream."""
     calling, decoding = torch.cuda.current_stream(device), decoding_stream(device)
     if calling == decoding:  # a caller on the decoding stream itself: drain it, as the only safe order left
         calling.synchronize()
@@ -504,8 +498,7 @@ def canvas_map(plan: dict[str, torch.Tensor], canvas: tuple[int, int]) -> torch.
 
 
 def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
-    """`F.affine_grid(theta, [B, C, size, size], align_corners=False)`, as two broadcast sums (affine_grid's
-    batched matrix product with an inner size of 3 is several times slower on CPU)."""
+    """`F.affine_grid(theta, [B, C, size, size], align_corners=False)` as two broadcast sums (faster on CPU)."""
     centres = (torch.arange(size, device=theta.device, dtype=torch.float32) * 2 + 1) / size - 1
     x, y = centres.view(1, 1, size), centres.view(1, size, 1)
     t = theta.float().unsqueeze(-1).unsqueeze(-1)  # (B, 2, 3, 1, 1)
@@ -513,8 +506,7 @@ def sampling_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class BatchAugment:
-    """The device half: `PendingImages` -> normalised (B, 3, S, S) float images, as `TrainTransform` makes them: one
-    `grid_sample` per interpolation, the colour ops with Pillow's formulas, random erasing."""
+    """The device half: `PendingImages` -> normalised (B, 3, S, S) images, as `TrainTransform` makes them."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float]) -> None:
         self.img_size = img_size
@@ -531,8 +523,7 @@ class BatchAugment:
         return self.erase(x, pending.plan, pending.groups, batch_generator(seed, x.device))
 
     def resample(self, pending: PendingImages) -> tuple[torch.Tensor, torch.Tensor]:
-        """Crop, resize, flip and warp in one sampling per interpolation; fill outside the crop. Also returns
-        which output pixels came from the crop (B, 1, S, S)."""
+        """Crop, resize, flip and warp in one sampling per interpolation; the fill outside, and where the crop is."""
         plan, S, pixels = pending.plan, self.img_size, pending.canvas()
         B = pixels.shape[0]
         grid = sampling_grid(canvas_map(plan, pixels.shape[1:3]), S)

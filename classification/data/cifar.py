@@ -227,9 +227,8 @@ def bilinear_matrix(out_size: int, in_size: int) -> torch.Tensor:
 
 
 class CifarInput:
-    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size`: bilinear upsampling, for
-    training a random crop of it zero-padded by `padding` (default `img_size // 8`) and a flip, as two small matrix
-    products per image; the offsets drawn from a CPU generator seeded with the batch's `seed`."""
+    """uint8 (B, 3, 32, 32) batch on the device -> normalised model input at `img_size` (bilinear), for training a
+    random crop of it zero-padded by `padding` (default `img_size // 8`) and a flip, seeded by `seed`."""
 
     def __init__(self, img_size: int, mean: Sequence[float], std: Sequence[float], train: bool,
                  hflip: float = 0.5, padding: int | None = None, in_size: int = 32) -> None:

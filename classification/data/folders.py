@@ -24,10 +24,9 @@ from classification.token_labeling.label_store import TokenLabelStore
 
 
 class ImageFolderDataset(Dataset):
-    """One split of a classification data set, as its source lists it. Items: `image`, `label`, `index`, the crop
-    `geometry` with a training transform, and with a token-label store `scores`, `classes`, `extent` and `has_map`.
-    An unreadable image is None with `skip_unreadable` (dropped and counted by `collate_skipping`), else an
-    `ImageReadError`. The index is held in NumPy arrays, which forked loader workers share."""
+    """One split of a classification data set, as its source lists it: `image`, `label`, `index`, `geometry` and the
+    store's `scores`, `classes`, `extent`, `has_map`; an unreadable image None with `skip_unreadable`. The index is in
+    NumPy arrays, which forked workers share."""
 
     def __init__(
             self,
@@ -111,8 +110,7 @@ class ImageFolderDataset(Dataset):
 
 def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, classes_from: str,
                   max_images: int | None, info: DistInfo) -> tuple[list[str], PathList, np.ndarray, ItemReader]:
-    """The split's listing (`open_split`), made by the main process and given to the others: one listing of 1.28
-    million files per run, not one per process."""
+    """The split's listing, made once by the main process and given to the others."""
 
     def listing() -> tuple[list[str], PathList, np.ndarray, ItemReader]:
         start = time.perf_counter()
@@ -134,8 +132,7 @@ def split_listing(data_dir: Path, split: str, classes: Sequence[str] | None, cla
 
 
 def spread_evenly(samples: Sequence, count: int) -> Sequence:
-    """At most `count` of `samples`, evenly spaced over the list: a split's files are listed class by class, so
-    every class keeps its share (where the first `count` would hold the first classes alone)."""
+    """At most `count` of `samples`, evenly spaced over the list (so that every class keeps its share)."""
     if count >= len(samples):
         return samples
     return [samples[i * len(samples) // count] for i in range(count)]

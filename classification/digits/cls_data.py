@@ -101,17 +101,15 @@ class EmbeddedScans:
                           ANNOTATOR_KWARGS)
 
     def pretrained_backbone(self, model_name: str, model_kwargs: dict | None = None) -> Path:
-        """`best.pth` of `model_name` pretrained with token labeling on the scans: the first stage of a segmentation
-        config on the embedded pages. Kept when finished and readable; a stopped run is continued as train_cls
-        --resume does (a stop here exits 75), an unreadable one trained again."""
+        """`best.pth` of `model_name` pretrained with token labeling on the scans, for a segmentation config on the
+        pages: kept when finished, a stopped run continued (a stop here exits 75), an unreadable one redone."""
         model_kwargs = dict(model_kwargs or {})
         output = self.pretraining_dir(model_name, model_kwargs)
         run_distributed(lambda info: self._pretrain(model_name, model_kwargs, output, info))
         return output / BEST
 
     def pretraining_dir(self, model_name: str, model_kwargs: dict) -> Path:
-        """`backbones/MODEL-KEY` (`MODEL_ANNOTATOR-KEY` from another annotator): KEY a digest of everything that
-        shapes the pretraining, so that one made otherwise is never taken for it."""
+        """`backbones/MODEL-KEY`: KEY a digest of everything that shapes the pretraining."""
         shaping = dict(model=model_name, model_kwargs=model_kwargs, annotator=self.annotator, scans=VERSION,
                        recipe=vars(pretraining_recipe(model_name, model_kwargs)))
         key = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=repr).encode()).hexdigest()[:10]
@@ -145,8 +143,7 @@ PRETRAINING_PRESET = 'token-labeling'
 
 
 def pretraining_recipe(model_name: str, model_kwargs: dict) -> Recipe:
-    """The recipe a segmentation backbone is pretrained with on the scans: a model of other patches than 16
-    (DINOv2's 14) at the nearest whole number of them, the same number of tokens per scan."""
+    """The recipe a segmentation backbone is pretrained with on the scans (at the same tokens per scan)."""
     recipe = recipe_for(model_name, PRETRAINING_PRESET, RECIPE)
     return replace(recipe, img_size=whole_patches(model_name, recipe.img_size, model_kwargs))
 

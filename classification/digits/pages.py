@@ -74,8 +74,7 @@ def _compose(rng: np.random.Generator, scans: np.ndarray, digits: np.ndarray
 
 
 def depth_map(label: np.ndarray) -> np.ndarray:
-    """A page's synthetic depth (uint16, DEPTH_SCALE per metre) from its annotation: the ground plane, the digits
-    in front of it, 0 on the digits' soft edges."""
+    """A page's synthetic depth (uint16, DEPTH_SCALE per metre): the ground plane, the digits before it."""
     height = label.shape[0]
     top, bottom = GROUND_DEPTH
     metres = np.repeat(np.linspace(top, bottom, height)[:, None], label.shape[1], axis=1)

@@ -35,8 +35,7 @@ TEST_RATIOS = (0.75, 1.0, 1.25, 1.5)
 
 @dataclass(frozen=True)
 class Schedule:
-    """The schedule a config takes on the pages, sized for minutes on 2 CPU cores: AdamW at this lr, linear warm-up
-    then decay; the neck and heads learn `head_lr_mult` times faster than the backbone."""
+    """The schedule a config takes on the pages (minutes on 2 CPU cores); heads learn `head_lr_mult` times faster."""
 
     iters: int = 160
     warmup_iters: int = 16

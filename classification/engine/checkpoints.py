@@ -61,8 +61,7 @@ def recorded_data_config(settings: dict) -> dict:
 
 def checkpoint_data_config(checkpoint: str | Path | None, model_config: dict, img_size: int | None = None,
                            crop_pct: float | None = None) -> dict:
-    """The model's own data config, overlaid with what the checkpoint records of its run's evaluation, then with an
-    explicit `img_size` and `crop_pct`; a size other than the recorded one is logged."""
+    """The model's data config, under what the checkpoint records, under `img_size` and `crop_pct`."""
     recorded = recorded_data_config(checkpoint_settings(checkpoint)) if checkpoint else {}
     config = {**model_config, **recorded}
     if img_size is not None:
@@ -159,8 +158,7 @@ def run_arguments(parser: argparse.ArgumentParser, settings: dict, source: str |
 
 
 def option_tokens(action: argparse.Action, value: object) -> list[str] | None:
-    """`action`'s option with `value` as typed ([]: the value is the option's default, given by leaving it out), or
-    None where this action cannot give the value (another action of the same setting may)."""
+    """`action`'s option with `value` as typed ([]: left out for the default), or None where it cannot give it."""
     flag = action.option_strings[0]
     if isinstance(action, argparse.BooleanOptionalAction):
         return [] if value is None else [flag if value else action.option_strings[1]]

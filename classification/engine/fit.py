@@ -81,11 +81,6 @@ def gather_objects(value, info: DistInfo) -> list:
     return values
 
 
-def gather_rng_states(info: DistInfo) -> list:
-    """Every process's RNG state (index = rank), so a resumed DDP run continues each one's stream."""
-    return gather_objects(rng_state(), info)
-
-
 Pictures = Callable[[], dict[str, np.ndarray]]  # tag -> (H, W, 3) uint8 image
 def step_line(step: TrainingStep) -> str:
     """A training log line: `update 150 batch 150/1251 loss 6.1234 lr 1.00e-03 1234 img/s data 12% ETA 0:04:31`."""
@@ -118,8 +113,7 @@ class RunLog:
             self.trackers = list(trackers)
 
     def step(self, step: TrainingStep) -> None:
-        """Every `interval` updates: the step's loss, lr and pace to TensorBoard, and a log line when no progress bar
-        shows them (a log file, a batch job)."""
+        """Every `interval` updates: loss, lr and pace to TensorBoard, and a log line where no progress bar shows."""
         if self.writer is None or step.update % self.interval:
             return
         scalars = {f'train/{key}': value for key, value in (('loss', step.loss), ('lr', step.lr),
@@ -165,8 +159,7 @@ class RunLog:
 
 @dataclass
 class Fit:
-    """One training run: the model as built (a classifier, or its token-labeling wrapper), its optimisation state,
-    where it writes, and the run's settings (`config`, stored in every checkpoint)."""
+    """One training run: the model as built, its optimisation state, where it writes, its settings (`config`)."""
 
     model: nn.Module
     state: StepState
@@ -296,7 +289,7 @@ class Fit:
 
     def save(self, epochs_done: int, is_best: bool, progress: EpochProgress | None = None) -> None:
         """last.pth after `epochs_done` epochs (mid-epoch: with the next one's `progress`); best.pth if `is_best`."""
-        rng = gather_rng_states(self.info)
+        rng = gather_objects(rng_state(), self.info)  # every process's (index = rank): a resumed DDP run continues each
         if progress is not None:
             progress.settle()
         epoch_loss = gather_objects((progress.loss_sum, progress.steps), self.info) if progress else None

@@ -5,6 +5,7 @@ own heap) are what a forked loader worker adds to a machine's memory (the clean 
 page cache holds once and can drop)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -68,11 +69,8 @@ class ChildMemory:
 
 
 def release_free_memory() -> None:
-    """Give the heap's free pages back to the system (glibc's `malloc_trim`), after a large temporary allocation and
-    before loader workers fork: a worker allocating into its parent's free pages copies each (115 MB a worker after
-    the tar listing, tools/rehearse_scale.py)."""
+    """Give the heap's free pages back to the system (glibc's `malloc_trim`) before loader workers fork: a worker
+    allocating into its parent's free pages copies each (115 MB a worker after the tar listing)."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass

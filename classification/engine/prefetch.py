@@ -43,8 +43,7 @@ class Objective(Protocol):
 
 
 def to_device(value, device: torch.device):
-    """A batch value on `device`: tensors (and what has `.to`, such as the batched path's `PendingImages`) copied
-    without blocking the host, sequences of them element by element, anything else as it is."""
+    """A batch value on `device`: what has `.to` copied without blocking the host, sequences element by element."""
     if isinstance(value, (list, tuple)):
         moved = [to_device(v, device) for v in value]
         return type(value)(*moved) if hasattr(value, '_fields') else type(value)(moved)  # named tuples too
@@ -116,9 +115,8 @@ class BatchPreparation:
 
 
 class Prefetcher:
-    """`prefetch(batches, seed, first)` yields each batch ready for its step, `depth` batches ahead (0: serially, the
-    targets made in the loss); batch n (from `first`) draws from `hash_seed(seed, n)`. The first batch is prepared
-    alone (its forward gives the token grid); a batch that fails to prepare raises when its turn comes."""
+    """`prefetch(batches, seed, first)` yields each batch ready for its step, `depth` batches ahead (0: serially); batch
+    n draws from `hash_seed(seed, n)`; a batch that fails to prepare raises in its turn."""
 
     def __init__(self, info: DistInfo, transform: BatchTransform | None, objective: Objective,
                  depth: int = DEPTH, thread: bool | None = None) -> None:
@@ -158,8 +156,7 @@ class Prefetcher:
             torch.cuda.set_device(self.device)  # a new thread starts on device 0
 
     def handed_over(self, prepared: Prepared) -> dict:
-        """The batch for the training stream: it waits (on the device) for the preparing stream's event, and the
-        batch's memory is kept from reuse until the training stream is done with it."""
+        """The batch for the training stream, waiting (on the device) for the preparing stream's event."""
         if prepared.done is None:
             return prepared.batch
         training = torch.cuda.current_stream(self.device)

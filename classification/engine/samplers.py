@@ -54,8 +54,7 @@ class ShardSampler(Sampler[int]):
 
 @dataclass(frozen=True)
 class Batching:
-    """How a run's loaders batch: `size` images per process, `workers`, the order reshuffled every epoch with `seed`,
-    `collate_fn`, timm's repeated augmentation (`aug_repeats`), and `places` (indices as `SamplePlace`)."""
+    """How a run's loaders batch (per process; reshuffled each epoch with `seed`; `places`: `SamplePlace` indices)."""
 
     size: int
     workers: int
@@ -67,8 +66,7 @@ class Batching:
 
 def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batching: Batching,
                     info: DistInfo) -> list[DataLoader]:
-    """The training loader (sharded over the processes, whole global batches only, resumable mid-epoch:
-    `ResumableSampler`), then one loader per evaluation set (each item exactly once over all processes)."""
+    """The training loader (sharded, whole global batches, resumable mid-epoch), then one per evaluation set."""
     if len(train_set) < batching.size * info.world_size:
         raise DataError(f'{len(train_set)} training images are fewer than one global batch '
                         f'({batching.size} x {info.world_size} processes)')

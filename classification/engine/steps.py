@@ -112,8 +112,7 @@ class Pace:
 
 
 class TrainingStep(NamedTuple):
-    """What a training log line reports: the update, the latest loss read (one step late: `EpochProgress`), the lr,
-    the pass's batch and length (None: unknown), and its pace."""
+    """What a training log line reports: update, latest loss, lr, batch and length (None: unknown), pace."""
 
     update: int
     loss: float
@@ -133,8 +132,7 @@ class PassResult(NamedTuple):
 
 @dataclass(frozen=True)
 class PassOptions:
-    """How a training pass runs: autocast, gradient clipping, one update every `accumulate` batches, the device half
-    of the augmentation, batches prepared ahead (`overlap`), the pass's `seed` and the progress bar's label."""
+    """How a training pass runs: autocast, clipping, accumulation, device transform, `overlap`, `seed`, its label."""
 
     amp: str = 'none'
     clip_grad: float | None = None
@@ -158,9 +156,8 @@ class PassHooks:
 def train_one_epoch(model: nn.Module, loader: Iterable[dict], objective: Objective, state: StepState, info: DistInfo,
                     options: PassOptions = PassOptions(), progress: EpochProgress | None = None,
                     hooks: PassHooks = PassHooks()) -> PassResult:
-    """Train for one pass over `loader`, one optimizer update every `options.accumulate` batches (each batch's loss
-    divided by the count); returns the mean loss over all processes and the pass's pace. Batches left over at the
-    end, fewer than an update's, are not trained on; a resumed pass continues `progress`."""
+    """Train for one pass over `loader`, one update every `options.accumulate` batches (the leftover ones at the end
+    untrained); the mean loss over all processes and the pass's pace. A resumed pass continues `progress`."""
     amp, clip_grad, accumulate = options.amp, options.clip_grad, options.accumulate
     log, on_start, after_update = hooks.log, hooks.on_start, hooks.after_update
     model.train()
@@ -209,8 +206,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable[dict], objective: Objecti
 
 def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepState, info: DistInfo, amp: str,
                accumulate: int, updating: bool) -> torch.Tensor:
-    """Forward and backward of one prepared batch (`Prefetcher`), its gradients added to those waiting for the
-    update; returns its loss, still on the device (`EpochProgress.add` reads it)."""
+    """Forward and backward of one prepared batch, its gradients added to those waiting; its loss, on the device."""
     images, labels = batch['image'], batch['label']
     # DDP reduces the gradients only in the backward pass that completes an update
     reduce = updating or not hasattr(model, 'no_sync')
@@ -225,8 +221,7 @@ def train_step(model: nn.Module, batch: dict, objective: Objective, state: StepS
 
 
 def update(model: nn.Module, state: StepState, clip_grad: float | None) -> None:
-    """One optimizer update from the gradients summed since the last: clip, step (through the fp16 loss scaler),
-    clear, then the EMA and the per-update schedule."""
+    """One optimizer update: clip, step (through the fp16 scaler), clear, then the EMA and the schedule."""
     if state.scaler is not None:
         state.scaler.unscale_(state.optimizer)
     if clip_grad:

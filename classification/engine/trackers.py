@@ -101,8 +101,7 @@ class MlflowTracker:
 
 
 class StartedTrackers:
-    """The tracker runs of one training run as one Tracker. They are closed once; where the process ends without
-    closing them they are closed as stopped."""
+    """The tracker runs of one training run as one Tracker, closed once (as stopped where never closed)."""
 
     def __init__(self, runs: list[Tracker]) -> None:
         self.runs = runs

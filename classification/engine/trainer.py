@@ -60,8 +60,7 @@ from classification.engine.trackers import StartedTrackers, start_trackers
 
 @dataclass
 class RunOptions:
-    """What every training command takes besides its recipe: where it writes, resuming, model arguments, loader
-    processes, seed, device and precision."""
+    """What every training command takes besides its recipe: output, resume, model, workers, seed, device, amp."""
 
     output: Path
     resume: str | None = None  # 'auto' (OUTPUT/last.pth) or a checkpoint path
@@ -106,8 +105,7 @@ def run_settings(args: argparse.Namespace, recipe: object) -> dict:
 
 def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
                         recipe_choices: Sequence[str] = ()) -> argparse.Namespace:
-    """`parser`'s arguments, after those of `--config RUN/args.yaml` when given (the options typed override them);
-    `recipe_choices` are refused with it, as the file holds the recipe resolved."""
+    """`parser`'s arguments, over `--config RUN/args.yaml`'s when given (`recipe_choices` refused with it)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument('--config')
@@ -175,8 +173,7 @@ TIMM_TRAIN_FLAGS = {
 def add_run_arguments(parser: CommandParser, default_output: str) -> None:
     """The command-line options of `RunOptions`; timm's train.py flags the command does not take are named."""
     parser.add_argument('--config', metavar='RUN/args.yaml',
-                        help='the settings of an earlier run (its args.yaml): the same run again; options typed after '
-                             'it override its values')
+                        help="an earlier run's settings (its args.yaml); options typed after it override them")
     parser.add_argument('--output', help=f'output folder (default {default_output})')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CKPT',
                         help='continue an interrupted run: from CKPT, or from OUTPUT/last.pth when no path is given')
@@ -194,22 +191,20 @@ def add_run_arguments(parser: CommandParser, default_output: str) -> None:
     parser.add_argument('--torchcompile', dest='compile', nargs='?', const='inductor', choices=['inductor'],
                         help='timm\'s name of --compile (torch.compile\'s default backend, inductor)')
     parser.add_argument('--grad-accum-steps', type=positive_int, default=1, metavar='N',
-                        help='one optimizer update every N batches (their gradients summed): the global batch, which '
-                             'the lr follows, is batch size x processes x N; the schedule counts updates')
+                        help='one optimizer update every N batches: the global batch, which the lr follows, is batch '
+                             'size x processes x N')
     parser.add_argument('--checkpoint-minutes', type=positive_float, metavar='M',
                         help='also write last.pth mid-epoch, at most every M minutes (resumed at the next batch); '
                              'SIGTERM and SIGUSR1 always write one before stopping')
     parser.add_argument('--serial-loop', action='store_true',
-                        help='prepare each batch (copy, decoding, device half of the augmentation, token targets) '
-                             'between the steps on the training thread and stream, not two batches ahead on a thread '
-                             'and stream of their own: the same numbers, slower on GPUs (for comparison)')
+                        help='prepare each batch between the steps, not two batches ahead on a thread and stream of '
+                             'their own: the same numbers, slower on GPUs (for comparison)')
     add_tracker_arguments(parser, 'the run named after the output folder, in --experiment\'s project',
                           'the run named after the output folder, in --experiment, in a file store in OUTPUT/mlruns')
     parser.add_argument('--experiment', help='the wandb project or MLflow experiment the run is logged in (default: '
                                              'the command\'s name)')
     parser.add_argument('--pictures', type=non_negative_int, default=4,
-                        help='images drawn into TensorBoard at every validation (token labels, with token labeling); '
-                             '0: none')
+                        help='images drawn into TensorBoard at every validation (0: none)')
     parser.add_foreign_flags("timm's train.py", TIMM_TRAIN_FLAGS)
 
 
@@ -240,8 +235,7 @@ def fused_optimizer_device(model: nn.Module) -> bool:
 
 
 def use_channels_last(model: nn.Module) -> None:
-    """Convolution weights and the model's input in channels-last layout, for models with 2-D convolutions (conv
-    stems, patch embeddings, CNNs): faster convolutions, the same values."""
+    """Convolution weights and input in channels-last layout, for models with 2-D convolutions."""
     if any(isinstance(m, nn.Conv2d) for m in model.modules()):
         model.to(memory_format=torch.channels_last)
         model.register_forward_pre_hook(channels_last_input)
@@ -253,8 +247,7 @@ def channels_last_input(module: nn.Module, args: tuple) -> tuple:
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
-    """timm's weight-decay groups of `model` (none on biases, norms and `no_weight_decay()`); with `layer_decay`,
-    timm's layer-wise groups, the top layer's first (the lr logged)."""
+    """timm's weight-decay groups of `model`, or with `layer_decay` its layer-wise groups (the top's first)."""
     skip = model.no_weight_decay() if hasattr(model, 'no_weight_decay') else ()
     if not layer_decay:
         return param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
@@ -390,8 +383,7 @@ class Trainer:
             write_run_args(o.output, o.command, o.settings)
 
     def run(self, fit: Fit, train_loader, val_loader: Iterable[dict], pictures: Pictures | None = None) -> dict:
-        """Train to the last epoch, validating and checkpointing each one (and drawing `pictures` into TensorBoard
-        after each validation); the last epoch's record."""
+        """Train to the last epoch, validating, checkpointing and drawing `pictures` each; the last epoch's record."""
         o = self.options
         runlog = RunLog(self.output, self.info, o.log_interval, pictures if o.pictures else None, [self.trackers])
         last = self.output / LAST

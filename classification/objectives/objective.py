@@ -35,8 +35,7 @@ def cutmix(images: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
 
 def mix_within_batch(mixup: Callable, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
                                                                                          torch.Tensor]:
-    """timm's MixUp/CutMix on a batch of any size: an odd batch (timm refuses one) gets a copy of its first image,
-    which mixes with itself, and the copy is dropped again."""
+    """timm's MixUp/CutMix on a batch of any size: an odd batch gets a copy of its first image, dropped after."""
     if len(images) % 2 == 0:
         return mixup(images, labels)
     images, targets = mixup(torch.cat([images, images[:1]]), torch.cat([labels, labels[:1]]))
@@ -56,8 +55,7 @@ class DistillationTargets(NamedTuple):
 
 @dataclass
 class LabelObjective:
-    """The image label as a (smoothed) soft target, images and targets mixed by timm's MixUp/CutMix where `mixup` is
-    set: the vanilla recipe's loss, and what every other mode builds on."""
+    """The image label as a (smoothed) soft target, mixed by timm's MixUp/CutMix where `mixup` is set."""
 
     num_classes: int
     smoothing: float

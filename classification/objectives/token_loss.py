@@ -37,8 +37,7 @@ def participating_tokens(batch: int, tokens: int, rate: float, device: torch.dev
 
 
 class TokenLabelingLoss(nn.Module):
-    """Soft cross-entropy on the class token plus `dense_weight` (the LV-ViT paper's beta, 0.5; the reference code's
-    1.0) times its mean over a `participation` fraction of the patch tokens."""
+    """Soft cross-entropy on the class token plus `dense_weight` (the paper's beta) times its mean over the tokens."""
 
     def __init__(self, dense_weight: float = 0.5, participation: float = 1.0) -> None:
         super().__init__()

@@ -20,8 +20,7 @@ def smooth(target: torch.Tensor, smoothing: float) -> torch.Tensor:
 
 
 def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the sub-samples of each token came from, whole-image [-1, 1] (x, y) points (B, H*r, W*r, 2), and whether
-    each lies inside the crop."""
+    """Where each token's sub-samples came from, as whole-image [-1, 1] points, and whether each is in the crop."""
     box, flip, warp = geometry
     B = box.shape[0]
     H, W = grid
@@ -35,8 +34,7 @@ def sample_points(geometry: CropGeometry, grid: Grid, samples: int) -> tuple[tor
 
 
 def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole-image points in the [-1, 1] coordinates of maps that cover `extent` (B, 4) of their images, and which
-    of them the maps cover."""
+    """Whole-image [-1, 1] points in the coordinates of maps covering `extent` (B, 4), and which they cover."""
     B = extent.shape[0]
     centre = ((extent[:, :2] + extent[:, 2:]) / 2).view(B, 1, 1, 2)
     half = ((extent[:, 2:] - extent[:, :2]) / 2).view(B, 1, 1, 2)
@@ -45,8 +43,7 @@ def in_extent(points: torch.Tensor, inside: torch.Tensor, extent: torch.Tensor) 
 
 
 def bilinear_corners(points: torch.Tensor, map_size: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cell indices (.., 4) and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points, as
-    `grid_sample(align_corners=False, padding_mode='border')`."""
+    """Cell indices and weights (.., 4) of the bilinear samples of an (h, w) map at [-1, 1] points (`grid_sample`'s)."""
     h, w = map_size
     ix = ((points[..., 0] + 1) * w - 1).div(2).clamp(0, w - 1)
     iy = ((points[..., 1] + 1) * h - 1).div(2).clamp(0, h - 1)

@@ -81,8 +81,7 @@ def _inside_patch_embedding(model: nn.Module, module: nn.Module) -> bool:
 
 
 def attention_rollout(blocks: Sequence[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
-    """Attention rollout (Abnar & Zuidema; the ViT paper's Fig. 6): per block the heads' mean attention, mixed with
-    `residual` identity and renormalised, multiplied through the blocks: (B, N, N)."""
+    """Attention rollout (Abnar & Zuidema; the ViT paper's Fig. 6) through the blocks, with `residual`: (B, N, N)."""
     rollout = None
     for attention in blocks:
         mean = attention.mean(dim=1)
@@ -101,16 +100,14 @@ def patch_distances(grid: Grid, patch_size: float) -> torch.Tensor:
 
 def mean_attention_distance(attention: torch.Tensor, grid: Grid, patch_size: float, num_prefix: int = 0
                             ) -> torch.Tensor:
-    """The ViT paper's attention distance (Fig. 7, right) per head: the attention-weighted pixel distance between a
-    patch and the patches it attends to, averaged over patches and images."""
+    """The ViT paper's attention distance per head (Fig. 7, right), averaged over patches and images."""
     patches = attention[:, :, num_prefix:, num_prefix:].double()
     patches = patches / patches.sum(dim=-1, keepdim=True)
     return (patches * patch_distances(grid, patch_size)).sum(dim=-1).mean(dim=(0, 2))
 
 
 def position_similarity(pos_embed: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
-    """(N, N) cosine similarity between the position embeddings of the patches (the ViT paper's Fig. 7, centre):
-    `pos_embed` (1, num_prefix + N, D) or (num_prefix + N, D); prefix slots left out."""
+    """(N, N) cosine similarity of the patches' position embeddings (the ViT paper's Fig. 7, centre)."""
     table = pos_embed.reshape(-1, pos_embed.shape[-1])[num_prefix:].double()
     table = table / table.norm(dim=-1, keepdim=True)
     return table @ table.T
@@ -160,8 +157,7 @@ def attention_values(maps: AttentionMaps, distances: torch.Tensor, similarity: t
 
 def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Tensor, similarity: torch.Tensor,
                      patch_size: float, title: str) -> np.ndarray:
-    """The picture: the image, `shown_maps`, mean attention distance per block and head, the position-embedding
-    similarity tiles."""
+    """The image, `shown_maps`, mean attention distance per block and head, position-embedding similarity."""
     grid = maps.grid
     maps_to_show = shown_maps(maps)
     cols = max(3, len(maps_to_show) + 1)
@@ -191,8 +187,7 @@ def attention_figure(image: np.ndarray, maps: AttentionMaps, distances: torch.Te
 
 def model_attention(model: nn.Module, images: torch.Tensor) -> tuple[AttentionMaps, torch.Tensor, torch.Tensor,
                                                                       float | None]:
-    """The attention maps of the first image's forward, the mean attention distance per block and head over all the
-    images (blocks, heads), the position-embedding similarity, and the pixels per patch."""
+    """The first image's attention maps, the attention distance per block and head, the position similarity."""
     maps = attention_maps(model, images)
     patch_size = images.shape[-2] / maps.grid[0]
     distances = torch.stack([mean_attention_distance(a, maps.grid, patch_size, maps.num_prefix)

@@ -42,8 +42,7 @@ def _series(records: list[dict], x_key: str, y_key: str) -> Series:
 
 
 def read_run(run_dir: str | Path) -> RunCurves:
-    """The curves of a run folder: a classification run (`log.jsonl`) or an mmengine one (its `vis_data`, every
-    start of a resumed run merged, the later value of a step winning)."""
+    """The curves of a run folder: a classification run's `log.jsonl`, or an mmengine run's (resumes merged)."""
     run_dir = Path(run_dir)
     if (run_dir / 'log.jsonl').is_file():
         records = _json_lines(run_dir / 'log.jsonl')

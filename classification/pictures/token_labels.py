@@ -35,8 +35,7 @@ def to_pixels(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> n
 
 def token_labels(image: Image.Image, scores: np.ndarray, classes: np.ndarray, transform: TrainTransform,
                  num_classes: int, patch_size: int = 16, extent: np.ndarray | None = None) -> TokenLabels:
-    """The dense map (top-k `scores`, `classes`, covering `extent` of the image) and the targets of one augmentation
-    of `image` on its token grid (no label smoothing)."""
+    """The dense map and the token-grid targets of one augmentation of `image` (no label smoothing)."""
     scores_t, classes_t = torch.from_numpy(np.asarray(scores, np.float32)), torch.from_numpy(classes.astype(np.int64))
     map_probs = scores_t.softmax(dim=-1)
     x, geometry = transform(image)

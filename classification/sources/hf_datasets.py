@@ -40,8 +40,7 @@ class SavedSplit:
 
 
 def saved_folder(folder: Path) -> SavedSplit | None:
-    """The `save_to_disk` folder of one split (None where the folder holds nothing of `datasets`'); arrow files or
-    `dataset_info.json` without `state.json` are named."""
+    """The `save_to_disk` folder of one split (None without one); stray arrow files or dataset_info.json are named."""
     if (folder / 'state.json').is_file():
         return SavedSplit(folder.name, folder=folder)
     if folder.is_dir() and ((folder / 'dataset_info.json').is_file() or any(folder.glob('*.arrow'))):
@@ -116,8 +115,7 @@ def parquet_split(data_dir: Path, names: Sequence[str]) -> SavedSplit | None:
 
 
 def check_numbering(files: Sequence[Path], split: str) -> None:
-    """Parquet files numbered as the Hub numbers them (`-NNNNN-of-TOTAL`) are all there, once: an interrupted
-    download would train on part of the split, a file copied in twice on its rows twice."""
+    """Parquet files numbered as the Hub numbers them are all there, once (not part of a download, nor twice)."""
     numbered = {path: NUMBERED.search(path.name) for path in files}
     if not any(numbered.values()):
         return  # named otherwise: nothing says how many there are
@@ -226,8 +224,7 @@ def relabelled(labels: np.ndarray, names: list[str], classes: Sequence[str] | No
 
 
 class ArrowRows:
-    """The images of a listing by their rows of the split (memory-mapped arrow): each one's encoded bytes as a file
-    object, undecoded (a path-only image is read from its file), named by split and row."""
+    """The images of a listing by their rows of the split (memory-mapped arrow), each one's bytes as a file object."""
 
     def __init__(self, dataset, column: str, where: str, split: str, rows: np.ndarray) -> None:
         self.dataset, self.column, self.where, self.split, self.rows = dataset, column, where, split, rows

@@ -75,8 +75,7 @@ class PathList(Sequence[str]):
         return -1
 
     def find(self, paths: Sequence[str]) -> np.ndarray:
-        """The position of each of `paths` here (int64), -1 for those absent. Where `paths` is this very list (the
-        usual case: a store made for the data folder it serves) that is 0, 1, 2, ... at once."""
+        """The position of each of `paths` here (-1 for those absent), at once where `paths` is this very list."""
         if isinstance(paths, PathList) and paths == self:
             return np.arange(len(self), dtype=np.int64)
         return np.fromiter((self.position(path) for path in paths), dtype=np.int64, count=len(paths))

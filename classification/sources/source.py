@@ -50,8 +50,7 @@ class ImageSource(ABC):
     @abstractmethod
     def list_split(self, data_dir: Path, split: str, classes: Sequence[str] | None,
                    classes_from: str) -> Listing | None:
-        """The split if it is stored this way (else None): its classes (`classes` where given: one of its own is an
-        error), its images in a fixed order and their reader."""
+        """The split if it is stored this way (else None): its classes (or `classes`), images in order, their reader."""
 
     def split_classes(self, data_dir: Path, split: str) -> list[str] | None:
         """The split's classes, sorted, if it is stored this way (else None)."""

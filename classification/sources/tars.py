@@ -65,8 +65,7 @@ class MemberFile(io.BytesIO):
 
 @dataclass(frozen=True)
 class TarSplit:
-    """The tars holding a split: `whole` (the data folder's own tar) or `folder` (a folder's tars, with its class
-    `folders` beside them); `index` is where their index is kept."""
+    """A split's tars: `whole` (the data folder's own tar) or a `folder`'s, its class `folders` beside; `index`."""
 
     tars: list[Path]
     whole: bool
@@ -99,8 +98,7 @@ def cache_location(beside: Path) -> Path:
 
 
 def tars_key(tars: Sequence[Path]) -> str:
-    """What the index was built from: each tar's name, size, modification time, inode and status-change time, so that
-    a replaced or copied tar is indexed again."""
+    """Each tar's name, size, mtime, inode and ctime: a replaced or copied tar is indexed again."""
     stats = [p.stat() for p in tars]
     return json.dumps([INDEX_VERSION] + [[p.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns]
                                          for p, s in zip(tars, stats)])
@@ -120,9 +118,8 @@ def check_archive_end(tar: tarfile.TarFile, fileobj: BinaryIO, what: str) -> Non
 def index_members(fileobj: BinaryIO, size: int, what: str, base: int, prefix: str,
                   out: tuple[list[str], list[int], list[int]], nested: bool,
                   sidecars: list[tuple[str, bytes]] | None = None) -> None:
-    """Append (name, offset from the outer file's start, size) of each image member of the tar in `fileobj` to `out`,
-    nested tars (`nested`) in place as `X/NAME`; with `sidecars`, the label members' contents. Any tar or member the
-    reader does not take is an error naming it."""
+    """Append (name, offset in the outer file, size) of each image member of the tar in `fileobj` to `out`, nested
+    tars as `X/NAME`; with `sidecars`, the label members' contents. A tar or member not taken is an error naming it."""
     names, offsets, sizes = out
     links, others, before = [], set(), len(names)
     try:
@@ -312,8 +309,7 @@ def member_sample(name: str, split: str, found: TarSplit, tar: Path, split_folde
 
 
 def check_tar_layouts(found: TarSplit, first: dict[tuple[int, int], str]) -> None:
-    """Each tar of a split folder holds one layout, as its images show (`first`), the same as its folder's other
-    tars; beside class folders only per-class tars stand."""
+    """Each tar of a split folder holds one layout (`first`'s), and beside class folders only per-class tars stand."""
     for number, tar in enumerate(found.tars):
         if (number, 0) in first and (number, 1) in first:
             raise DataError(f'{tar}: flat images ({first[number, 0]}) beside images in class folders '

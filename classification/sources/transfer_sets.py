@@ -91,8 +91,7 @@ class TransferLayout(ImageSource):
                                 f'{self.layout}')
 
     def check_listed_once(self, data_dir: Path, splits: Splits) -> None:
-        """Each image file in one split, once, however its path is spelt (`./a.jpg`, `a//b.jpg`, absolute): a test
-        image trained on would inflate the reported top-1."""
+        """Each image file in one split once, however its path is spelt (a test image trained on inflates the top-1)."""
         seen: dict[str, tuple[str, str]] = {}
         for split, what in ((TRAIN, 'training'), (TEST, 'test')):
             for name, _ in splits[split]:
@@ -163,9 +162,8 @@ class Flowers102(TransferLayout):
 
 @register_source
 class StanfordCars(TransferLayout):
-    """Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `devkit/cars_meta.mat` (`class_names`),
-    `devkit/cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (in `devkit/` or the data folder):
-    `annotations` with `fname` and `class` (1..196)."""
+    """Stanford Cars: `cars_train/`, `cars_test/` and the devkit's `cars_meta.mat` (`class_names`),
+    `cars_train_annos.mat` and `cars_test_annos_withlabels.mat` (`annotations`: `fname`, `class` 1..196)."""
     name, key = 'Stanford Cars', 'cars'
     META, TRAIN_ANNOS, TEST_ANNOS = 'devkit/cars_meta.mat', 'devkit/cars_train_annos.mat', \
         'cars_test_annos_withlabels.mat'
@@ -232,9 +230,8 @@ class OxfordPets(TransferLayout):
 
 
 class INaturalist(TransferLayout):
-    """iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (`train2019.json` / `val2019.json`), COCO-like:
-    `images` (`id`, `file_name` relative to the data folder), `annotations` (`image_id`, `category_id`) and
-    `categories` (`id`, `name`)."""
+    """iNaturalist 2018 / 2019: `train2018.json` / `val2018.json` (or 2019's), COCO-like: `images` (`id`, `file_name`
+    under the data folder), `annotations` (`image_id`, `category_id`), `categories` (`id`, `name`)."""
 
     def read(self, data_dir: Path) -> tuple[list[str], Splits]:
         train, test = (self.annotations(data_dir / name) for name in self.files)

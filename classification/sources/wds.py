@@ -6,6 +6,7 @@ tar reader indexes its tars, and each image is one pread, map-style. docs/imagen
 and the Hub publish them") gives every rule."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tarfile
@@ -130,20 +131,17 @@ def check_info_fields(info_file: Path, fields: dict[str, tuple[object, str]]) ->
 
 def is_shard(tar: Path) -> bool:
     """Whether the tar begins with flat members among which a label is: a webdataset shard."""
-    try:
-        with tarfile.open(tar, 'r:') as opened:
-            for _, member in zip(range(PEEK), opened):
-                name = member.name.removeprefix('./')
-                if member.isfile() and '/' not in name and Path(name).suffix in SIDECAR_SUFFIXES:
-                    return True
-    except (OSError, tarfile.TarError):
-        pass  # not a shard: the tar reader names what is wrong with it
+    # a tar that does not open is no shard: the tar reader names what is wrong with it
+    with contextlib.suppress(OSError, tarfile.TarError), tarfile.open(tar, 'r:') as opened:
+        for _, member in zip(range(PEEK), opened):
+            name = member.name.removeprefix('./')
+            if member.isfile() and '/' not in name and Path(name).suffix in SIDECAR_SUFFIXES:
+                return True
     return False
 
 
 def folder_shards(data_dir: Path, split: str) -> tuple[str, list[Path]]:
-    """The split's folder (D/SPLIT/, or the Hub's name of it) and its shards, where it holds shards (else none):
-    beside them only hidden entries, `lost+found` and empty folders."""
+    """The split's folder and its shards, where it holds shards; beside them only hidden, lost+found, empty."""
     for name in split_names(split):
         folder = data_dir / name
         if not folder.is_dir():
@@ -212,13 +210,10 @@ def sample_key(member: str) -> str:
 
 
 def class_index(value: object, where: str, text: bool = False) -> int:
-    """A label as a class index: the `text` of a `.cls`, or a JSON number (a JSON text, `"label": "1"`, could be a
-    class's name as well as its index: named, never guessed)."""
+    """A label as a class index: a `.cls` text or a JSON number (a JSON text could be a class's name)."""
     if isinstance(value, str) and text:
-        try:
+        with contextlib.suppress(ValueError):
             return int(value.strip())
-        except ValueError:
-            pass
     elif isinstance(value, int) and not isinstance(value, bool):
         return value
     kind = 'a JSON text, not a number' if isinstance(value, str) and not text else 'not an integer'
@@ -278,8 +273,7 @@ def class_count(found: ShardSplit, classes: Sequence[str] | None, classes_from: 
 
 def class_names(found: ShardSplit, count: int, given: Sequence[str] | None,
                 named: dict[int, tuple[str, str]]) -> list[str]:
-    """The class list in index order: the given or the info file's names, the samples' `class_name` for the rest,
-    else the zero-padded index; a sample's name that differs is an error."""
+    """The class list in index order: the given or info file's names, else the samples' `class_name`, else indices."""
     listed = list(given) if given is not None else found.info.get('classes')
     width = len(str(count - 1))
     names = [str(listed[i]) if listed else named[i][0] if i in named else f'{i:0{width}d}' for i in range(count)]

@@ -42,8 +42,7 @@ FORMATS: dict[str, Callable[[object], str]] = {
 
 
 def formatted(value: object, form: str) -> str:
-    """`value` written by one of FORMATS or a Python format; a figure a Python format is given is a number or a word
-    (not a list, a mapping or a truth value)."""
+    """`value` written by one of FORMATS or a Python format (a number or a word only)."""
     if form not in FORMATS and '{' not in form:  # a table cell's spec (`.1f`) given to a value block
         form = f'{{:{form}}}'
     if form not in FORMATS and (isinstance(value, (dict, list, bool)) and form != '{}' or isinstance(value, dict)):
@@ -55,6 +54,5 @@ def formatted(value: object, form: str) -> str:
 
 
 def wrapped(text: str, indent: str = '') -> str:
-    """A paragraph in lines of at most WIDTH characters, those after the first indented by `indent` (a list item's);
-    links are not broken."""
+    """A paragraph in lines of at most WIDTH characters, the later ones indented by `indent`; links unbroken."""
     return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)

@@ -42,8 +42,7 @@ DEVICE_IMAGE = frozenset((
 
 
 def session_amp(device: str) -> str:
-    """The steps' precision: bf16 autocast on a GPU; fp32 on a CPU, where bf16 runs emulated (a smoke run's steps
-    took seconds an image) and the figures measure nothing anyway."""
+    """The steps' precision: bf16 autocast on a GPU; fp32 on a CPU, where bf16 runs emulated."""
     return AMP if device == 'cuda' else 'none'
 
 
@@ -107,9 +106,8 @@ STAGE_NEEDS = {'deit_loop': ('data',), 'lvvit_loop': ('data', 'labels'), 'decodi
 
 
 def predicted_seconds(stage: str, sizes: Sizes, built: frozenset[str] = frozenset()) -> float:
-    """A stage's length on one H100 or H200 with `sizes` (from the 2026-11-26 and 2026-11-28 sessions: 16 cores,
-    torch 2.11), `built` the shared data an earlier stage of the call has made: its start-up, what it builds, its
-    untimed warm-ups and each timing window. A smoke run's own lengths are in its results file."""
+    """A stage's length on one H100 or H200 with `sizes` (the 2026-11 sessions' figures), `built` the shared data an
+    earlier stage made: its start-up, what it builds, its warm-ups and its timing windows."""
     window, dense = sizes.seconds, sizes.dense_seconds
     start = 15  # the process's imports, the model built, one batch on the device
     step = (window + 5) + (window + 70)  # eager; compiled (compiling first)
@@ -131,8 +129,7 @@ def predicted_seconds(stage: str, sizes: Sizes, built: frozenset[str] = frozense
 
 
 def call_predictions(stages: list[str], sizes: Sizes) -> dict[str, float]:
-    """Each stage's predicted length in one call that runs `stages` in order: the shared data is built once, by the
-    first stage that needs it."""
+    """Each stage's predicted length in one call of `stages`, each shared data built by its first stage."""
     built: frozenset[str] = frozenset()
     predicted = {}
     for stage in stages:
@@ -150,9 +147,8 @@ class Call:
 
 
 def session_plan(device_seconds: float, stages: list[str], sizes: Sizes = GPU) -> tuple[list[Call], list[str]]:
-    """The device calls a session with `device_seconds` should make, and the stages that fit none: the machine's
-    start taken first, then calls of at most MAX_CALL seconds (each CALL_OVERHEAD beside it), each holding what
-    fits of the stages not yet placed, in order (its shared data built by its first stage that needs it)."""
+    """The device calls a session with `device_seconds` should make, and the stages that fit none: the machine's start
+    first, then calls of at most MAX_CALL seconds, each holding the stages that fit, in order."""
     left, calls, remaining = device_seconds - MACHINE_START, [], list(stages)
     while remaining and left - CALL_OVERHEAD > RESERVE:
         budget = min(MAX_CALL, left - CALL_OVERHEAD)
@@ -175,8 +171,7 @@ def fitting(stages: list[str], sizes: Sizes, room: float) -> list[str]:
 
 
 def plan_lines(device_seconds: float, stages: list[str]) -> list[str]:
-    """`--plan`: the wheels to prepare, then each call's command line with its predicted seconds, then the stages
-    that do not fit."""
+    """`--plan`: the wheels to prepare, each call's command line and seconds, the stages that do not fit."""
     calls, unfitted = session_plan(device_seconds, stages)
     lines = [f'{device_seconds:g} s of device time: {MACHINE_START:g} s for the machine\'s start, then {len(calls)} '
              f'call(s), each {CALL_OVERHEAD:g} s beside its budget (the transfers, the wheels\' install)',

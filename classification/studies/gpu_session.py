@@ -42,8 +42,7 @@ from classification.studies.results_file import check_envelope, checkout_commit,
 
 
 class Results:
-    """The session's results file (the envelope, study gpu_session): every figure written into its figures as it
-    comes, atomically; a call adds to the file it merges."""
+    """The session's results file: every figure written into it atomically as it comes (`--merge`: an earlier one)."""
 
     def __init__(self, path: Path, document: dict) -> None:
         self.path, self.document = path, document
@@ -59,8 +58,7 @@ class Results:
 
 
 def session_document(device: str, commit: str | None, smoke: bool, argv: list[str] | None) -> dict:
-    """A new session's results document: the machine, the versions, the source's commit (`commit`, else git's:
-    a device machine's copy of the working tree may have no history, or a stale one) and the date."""
+    """A new session's results document: machine, versions, commit (`commit`, else git's) and date."""
     import timm
     import torchvision
 
@@ -114,9 +112,7 @@ BENCHMARK_FIGURE = re.compile(r'^(\S+): (.+): ([\d.]+) img/s$')  # loop_benchmar
 
 
 def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: float) -> str:
-    """tools/benchmark_loop.py on DeiT-S: the whole loop against its step (and the serial loop), train_cls and,
-    given --timm-train, timm's train.py on the same data; each figure recorded as the benchmark logs it, its JSON
-    document at the end."""
+    """tools/benchmark_loop.py on DeiT-S, each figure recorded as it is logged, its JSON document at the end."""
     sizes = args.sizes
     options = ['--models', sizes.model, '--device', args.device, '--amp', session_amp(args.device),
                '--batch-size', sizes.batch_size, '--workers', sizes.workers, '--images', sizes.images, '--seconds',
@@ -150,10 +146,7 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
 
 
 def loop_from_progress(progress: dict[str, float]) -> dict | None:
-    """The loop against its step from the benchmark's progress lines (None before both are logged), for a benchmark
-    stopped before its document: the same steady-state windows, logged as each was measured. The bound as the
-    benchmark names it: the slower of the step and the batched path's pipeline with the most loader workers (the one
-    the loop ran with)."""
+    """The loop against its step from the progress lines of a benchmark stopped before its document (None: none)."""
     def figure(prefix: str) -> float | None:
         return next((value for label, value in progress.items() if label.startswith(prefix)), None)
 
@@ -174,8 +167,7 @@ PYTEST_FAILURE = re.compile(r'^(?:FAILED|ERROR) tests/\S+::(\S+) - (.*)$')
 
 
 def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Results, argparse.Namespace, float], str]:
-    """`pytest -m gpu TESTS` (`what` in messages), each test's outcome recorded under `key` as it comes (a run
-    stopped by its limit keeps the outcomes it reached; on a CPU every test is a skip)."""
+    """`pytest -m gpu TESTS`, each test's outcome recorded under `key` as it comes (on a CPU every test a skip)."""
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         outcomes: dict[str, str] = {}
         failures: dict[str, str] = {}
@@ -209,9 +201,7 @@ def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Resul
 
 
 def child_stage(name: str) -> Callable[[Results, argparse.Namespace, float], str]:
-    """A stage run in a process of its own (this tool's `--stage NAME`) in the call's work folder: it writes its
-    figures into a file of its own as they come, merged here when it ends or is stopped, and the modules it imported
-    into its stage's record."""
+    """A stage run in a process of its own (`--stage NAME`), its figures merged here with the modules it imported."""
     def run(results: Results, args: argparse.Namespace, limit: float) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             figures = Path(tmp) / f'{name}.json'
@@ -252,16 +242,13 @@ STAGES: dict[str, Callable[[Results, argparse.Namespace, float], str]] = {
 
 
 def stage_limit(predicted: float, left: float, smoke: bool) -> tuple[float, bool]:
-    """A stage's time limit and whether it is its own (LIMIT_FACTOR times its prediction) rather than what is left
-    of the call; a smoke run's stages have only the call's (a CPU's lengths are not predicted)."""
+    """A stage's time limit, and whether it is its own (LIMIT_FACTOR times its prediction) or the call's remainder."""
     own = LIMIT_FACTOR * predicted
     return (own, True) if own < left and not smoke else (max(left, 1.0), False)
 
 
 def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
-    """The chosen stages in the order of value in one work folder (their shared data, removed at the end), each
-    under its own limit and the call's remaining time, skipped with a line where its predicted length no longer
-    fits."""
+    """The chosen stages in order of value, each under its limit and the call's remaining time, or skipped."""
     started = time.perf_counter()
     new = session_document(args.device, args.commit, args.smoke, argv)
     results = open_results(Path(args.out), Path(args.merge) if args.merge else None, new, args.stages)
@@ -278,8 +265,7 @@ def run_stages(args: argparse.Namespace, argv: list[str] | None) -> Results:
 
 
 def run_stage(stage: str, predicted: float, left: float, results: Results, args: argparse.Namespace) -> None:
-    """One stage, recorded with its status: skipped where its prediction does not fit what is `left`, killed at its
-    limit (recorded as timed out where the limit was its own), its figures kept either way."""
+    """One stage, recorded with its status: skipped where it does not fit `left`, killed at its limit, figures kept."""
     if predicted > left and not args.smoke:
         status = f'skipped: predicted {predicted:.0f} s, {max(left, 0):.0f} s left of the budget'
     else:
@@ -300,7 +286,6 @@ def run_stage(stage: str, predicted: float, left: float, results: Results, args:
     logger.info(f'{stage}: {status}')
 
 
-
 def stage_list(text: str) -> list[str]:
     """`--stages`: stage names separated by commas, run in the order of value whatever order they are given in."""
     names = [name.strip() for name in text.split(',') if name.strip()]
@@ -314,21 +299,17 @@ def stage_list(text: str) -> list[str]:
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p = command_parser(description, 'measure_gpu.py')
     p.add_argument('--stages', type=stage_list, default=list(DEFAULT_STAGES), help=(
-        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}: the canary and the '
-        f'figures no session has measured that two calls of one session hold (--plan); the others are '
-        f'{", ".join(s for s in STAGE_ORDER if s not in DEFAULT_STAGES)}), run in the '
-        f'order {", ".join(STAGE_ORDER)}'))
-    p.add_argument('--out', type=output_file, help='the results file: every figure is written into it as it comes '
-                   '(on the device machine, under $OUT, so that it comes back)')
+        f'the stages of this call, separated by commas (default {",".join(DEFAULT_STAGES)}), run in the order '
+        f'{", ".join(STAGE_ORDER)}'))
+    p.add_argument('--out', type=output_file, help='the results file, every figure written into it as it comes')
     p.add_argument('--merge', help="an earlier call's results file to add this call's figures to (the same device "
                                    'and commit)')
     p.add_argument('--timm-train', help="timm's train.py, from a clone of timm's repository at the installed timm's "
                                         'version (loop_benchmark: without it the suite is not timed against it)')
     p.add_argument('--commit', help="the source's commit, where this copy has no git history (a device machine's)")
     p.add_argument('--budget', type=positive_float, default=540.0,
-                   help='seconds this call may take (default 540: a call is at most 10 minutes, the install before '
-                        'it included); a stage whose predicted length does not fit what is left is skipped, the last '
-                        'one stopped at the budget')
+                   help='seconds this call may take (default 540); a stage whose predicted length does not fit what '
+                        'is left is skipped')
     p.add_argument('--seconds', type=non_negative_float,
                    help=f'each timing window\'s least length (default {GPU.seconds:g}, the dense steps\' '
                         f'{GPU.dense_seconds:g}; smoke {SMOKE.seconds:g})')
@@ -336,8 +317,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument('--smoke', action='store_true', help='tiny sizes, for a CPU: every stage runs its code once, the '
                                                         'stages that need CUDA skipped with a line saying so')
     p.add_argument('--plan', type=positive_float, metavar='BUDGET',
-                   help="print the calls a session with BUDGET seconds of device time should make (the machine's "
-                        'start included) for --stages, and the stages that do not fit; measure nothing')
+                   help='print the calls a session with BUDGET seconds of device time should make for --stages')
     p.add_argument('--stage', choices=sorted(CHILD_STAGES), help=argparse.SUPPRESS)  # the stages' own processes
     p.add_argument('--stage-out', help=argparse.SUPPRESS)
     p.add_argument('--work', help=argparse.SUPPRESS)  # the call's work folder, where its stages share their data

@@ -26,8 +26,7 @@ def loop_figures(session: dict) -> dict | None:
 
 
 def bound_note(input_bound: bool) -> str:
-    """What a ratio of two loops measured under the same bound can say: under the input pipeline, only how their
-    pipelines compare."""
+    """What a ratio of two loops under the same bound says: under the input pipeline, only the pipelines'."""
     return INPUT_BOUND if input_bound else ''
 
 
@@ -50,8 +49,7 @@ def gpu_loop(session: dict) -> str:
 
 
 def gpu_loop_from_progress(session: dict) -> str:
-    """The loop against its step from the benchmark's progress lines, where it stopped before its document
-    (gpu_session.loop_from_progress)."""
+    """The loop against its step from progress lines (gpu_session.loop_from_progress)."""
     f = session.get('loop_from_progress')
     if not f:
         return ''

@@ -15,8 +15,7 @@ from classification.studies.gpu_plan import DENSE_CONFIGS, Sizes, session_amp
 
 
 def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, decode: str, workers: int):
-    """loop_benchmark's pieces for `model` on `sizes.images` synthetic JPEGs under `folder` (and, for a model that
-    trains with token labels, their store), made by the call's first stage that needs them: its BenchedModel."""
+    """loop_benchmark's pieces for `model` (JPEGs, labels) under `folder`, made by the first stage that needs them."""
     from backbones.common.distributed import DistInfo
     from classification.loaders import ImageData
     from classification.recipes import recipe_for
@@ -33,8 +32,7 @@ def benchmark_setup(model: str, sizes: Sizes, device: str, folder: Path, decode:
 
 
 def built_once(path: Path, build: Callable[[Path], object]) -> Path:
-    """`path`, made by `build` unless an earlier stage of the call finished making it (its marker beside it says
-    so): what a stage killed while building left is removed and made again."""
+    """`path`, made by `build` unless an earlier stage finished making it (its marker); half-made ones made again."""
     marker = path.with_name(f'{path.name}.built')
     if not marker.exists():
         shutil.rmtree(path, ignore_errors=True)
@@ -47,10 +45,7 @@ ChildStage = Callable[[Sizes, str, Path, Callable[[str, object], None]], None]
 
 
 def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
-    """The whole loop (`--decode gpu`, `loop_workers` loader processes) against the trainer's step on one batch
-    already on the device, in the same process and on the same model (the loop trains the model the step timing
-    compiled), eager then compiled, with the loop's data-wait share (on a CPU: the workers decode, and the compiled
-    pair is skipped: compiling there takes minutes and has no peak to compare); its figures go under `key`."""
+    """The whole loop against the trainer's step on the same model, eager then compiled, its data wait; under `key`."""
     def run(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
         from classification.engine.trainer import StepOptions
         from classification.studies import loop_benchmark
@@ -85,8 +80,7 @@ def loop_stage(key: str, model_of: Callable[[Sizes], str]) -> ChildStage:
 
 
 def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The batched path's input pipeline with `decode_workers` loader processes: JPEGs decoded by the workers, then
-    by nvJPEG on the device (`--decode gpu`; not on a CPU), each in its steady state."""
+    """The batched pipeline with `decode_workers` workers, decoding by the workers, then by nvJPEG (not on a CPU)."""
     from classification.studies import loop_benchmark
 
     figures = {'how': f'the batched path\'s input pipeline, {sizes.decode_workers} workers, batch {sizes.batch_size}, '
@@ -105,9 +99,7 @@ def decoding_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, ob
 
 
 def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The paper's annotator at its size (random weights time the same) as generate_token_labels runs it on each
-    batch: the dense forward under fp32, then bf16 autocast, and the top-5 on fp32 scores, on a batch already on the
-    device, each timed in its steady state (the decoding is the decoding stage's)."""
+    """The paper's annotator as generate_token_labels runs it on a batch: fp32, bf16 autocast, fp32 top-5."""
     import itertools
 
     import timm
@@ -140,9 +132,7 @@ def label_generation_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[
 
 
 def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config (its
-    optimizer, its per-GPU batch, fp32 as the configs train), on batches of the data sets' sizes made by the
-    config's own pipeline, each timed in its steady state (classification/studies/dense/training_step.py)."""
+    """The training step of UperNet, Mask R-CNN and the depth model on LV-ViT-S as train_seg runs each config."""
     from classification.studies.dense.training_step import time_dense_step
 
     figures: dict[str, object] = {
@@ -158,8 +148,7 @@ def dense_steps_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str,
 
 
 def dense_windows_stage(sizes: Sizes, device: str, tmp: Path, save: Callable[[str, object], None]) -> None:
-    """Mask R-CNN's training step with ViTDet's window attention against global attention, each in a fresh process
-    (`dense_steps_stage`'s sizes), their ratios of step time and peak memory."""
+    """Mask R-CNN's step with window attention against global attention, each in a fresh process, their ratios."""
     from classification.studies.dense.training_step import compare_window_attention
 
     windows = compare_window_attention(torch.device(device), sizes.dense_seconds, sizes.slow_min_batches,
@@ -178,8 +167,7 @@ CHILD_STAGES: dict[str, ChildStage] = {
 
 
 def run_child_stage(name: str, out: Path, sizes: Sizes, device: str, work: Path) -> None:
-    """Stage `name` in the call's work folder, its figures written into `out` as they come, then the modules it
-    imported (`imported_modules`)."""
+    """Stage `name` in the call's work folder, its figures into `out` as they come, then its imported modules."""
     written: dict[str, object] = {}
 
     def save(key: str, value: object) -> None:

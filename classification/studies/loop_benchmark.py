@@ -69,16 +69,14 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument('--models', nargs='+', default=list(MODELS),
                         help='models, each with its own recipe (token labeling for LV-ViT)')
     parser.add_argument('--data-dir', help='an ImageNet-layout folder (default: synthetic JPEGs)')
-    parser.add_argument('--token-label-dir', help='its token-label store (with --data-dir, for token-labeling models; '
-                                                  'default: made for the synthetic data)')
+    parser.add_argument('--token-label-dir', help="--data-dir's token-label store (default: the synthetic data's)")
     parser.add_argument('--images', type=positive_int, default=16384,
                         help='synthetic training entries (64 distinct JPEGs, the rest hard links)')
     parser.add_argument('--batch-size', type=positive_int, default=16, help='images per batch')
     parser.add_argument('--seconds', type=non_negative_float, default=30.0,
                         help='the least time each stage is timed, after its warm-up')
     parser.add_argument('--min-batches', type=positive_int,
-                        help='the fewest batches each stage is timed (default: 200 on a GPU, 4 on a CPU, whose '
-                             'steps take seconds)')
+                        help='the fewest batches each stage is timed (default: 200 on a GPU, 4 on a CPU)')
     add_workers_argument(parser, 2, SAME_WORK_EVERYWHERE, least=1)
     add_device_argument(parser)
     add_amp_argument(parser, 'none', TIMED_IN_FP32, ('none', 'bf16', 'fp16'))
@@ -87,30 +85,24 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument('--decode', choices=DECODE_CHOICES, default='cpu',
                         help="where the batched path's JPEGs are decoded (gpu: by the device half, with nvJPEG)")
     parser.add_argument('--compile', action='store_true',
-                        help="the trainer's step, the whole loop and train_cls with torch.compile (train_cls "
-                             '--compile); the windows start after the warm-up, which compiles, and graphs compiled '
-                             "inside the step's and the loops' windows are reported")
+                        help='the step, the loop and train_cls with torch.compile (compiled in the warm-up)')
     parser.add_argument('--compare-step', action='store_true',
                         help='also time the model step with each step option alone against the plain step')
     parser.add_argument('--compare-loop', action='store_true',
                         help='also time the serial loop (train_cls --serial-loop) against the overlapped one')
     parser.add_argument('--train-cls', action='store_true',
-                        help='also time a real tools/train_cls.py run on the data: its update lines as they arrive, '
-                             'after --skip-updates updates, over the same window; the run is then stopped')
+                        help='also time a real train_cls.py run on the data, from its update lines')
     parser.add_argument('--skip-updates', type=positive_int, default=50,
                         help="train_cls's updates left out of its timing (start-up and the loader's prefetch)")
     parser.add_argument('--timm-train', metavar='TRAIN_PY',
-                        help="timm's own train.py (from timm's repository: it is not in the wheel): for each model "
-                             'without token labeling, also time it with the DeiT recipe beside train_cls (implies '
-                             '--train-cls for those models) and print the ratio')
+                        help="timm's own train.py (from its repository): also time it beside train_cls on each model "
+                             'without token labeling')
     parser.add_argument('--timm-args', nargs='*', default=[], metavar='ARG',
                         help="more arguments for timm's train.py, e.g. --channels-last (after the recipe's)")
     parser.add_argument('--peak-tflops', type=positive_float,
-                        help="the device's peak TFLOP/s for the step's MFU (default: the bf16/fp16 tensor-core peak "
-                             "of H100, H200 and A100 under --amp bf16/fp16; none on CPUs)")
+                        help="the device's peak TFLOP/s for the step's MFU (default: H100's, H200's, A100's in bf16)")
     parser.add_argument('--per-core-only', action='store_true',
-                        help='time the input pipelines per core alone (with the Pillow-only decode beside them), '
-                             'not the workers, the step or the loop')
+                        help='time the input pipelines per core alone, not the workers, the step or the loop')
     parser.add_argument('--json', action='store_true', help='print the figures as one JSON object')
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
@@ -126,9 +118,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
 
 
 def synthetic_imagenet(root: Path, images: int, classes: int = 4, seed: int = 0) -> Path:
-    """ImageNet-like JPEGs: 500x375 (ImageNet's typical size), quality 90, smooth shapes with grain; the training
-    split's first DISTINCT_IMAGES entries are files, the n-th entry after them a hard link to entry n mod
-    DISTINCT_IMAGES (of the same class: n mod `classes` is its class)."""
+    """ImageNet-like 500x375 JPEGs (quality 90, smooth shapes with grain); the training entries after the first
+    DISTINCT_IMAGES are hard links to them (`source_entry`), entry n of class n mod `classes`."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:375, 0:500]
     for split, count in (('train', images), ('val', classes)):
@@ -152,8 +143,7 @@ def source_entry(i: int, classes: int = 4) -> str:
 
 
 def synthetic_labels(data: Path, output: Path, device: torch.device) -> Path:
-    """A token-label store for the synthetic set: a random-weight annotator's 14x14 top-5 maps of the distinct
-    JPEGs (made on `device`), each hard link given its source's row."""
+    """A token-label store for the synthetic set: a random annotator's maps of the distinct JPEGs, shared by links."""
     tmp = output.parent
     distinct = tmp / 'distinct'
     for path in sorted({source_entry(i) for i in range(DISTINCT_IMAGES)}):
@@ -194,8 +184,7 @@ def torch_threads(count: int):
 
 
 class BenchedModel:
-    """One model under the benchmark: its recipe at the benchmark's batch, data and store, the training pieces
-    `classification.training_pieces` builds for it, and its timing windows."""
+    """One model under the benchmark: its recipe at the benchmark's batch, data and store, its timing windows."""
 
     def __init__(self, model_name: str, data: ImageData, args: argparse.Namespace, info: DistInfo) -> None:
         self.name, self.data, self.args, self.info = model_name, data, args, info
@@ -205,11 +194,8 @@ class BenchedModel:
         self.store = TokenLabelStore(data.token_labels) if self.recipe.uses_score_maps else None
 
     def window(self, workers: int, min_batches: int | None = None) -> SteadyWindow:
-        """A timing window past what `workers` loader processes prefetch (2 batches of warm-up without workers:
-        the first one also builds what the step builds once) and what the training loop's prefetcher holds (the
-        window counts a batch when the loop takes it from the loader, up to DEPTH + 1 batches before its step: the
-        batches still in the prefetcher when the clock starts are trained, uncounted, inside the window, so a loop's
-        figure errs low by at most that many batches), of at least `min_batches` (default `--min-batches`)."""
+        """A window of at least `min_batches` past the workers' prefetch and the loop's prefetcher (DEPTH + 1
+        batches, trained uncounted in the window: a loop's figure errs low by at most that many)."""
         return SteadyWindow(self.args.seconds, min_batches or self.args.min_batches,
                             workers * PREFETCH_FACTOR + 2 + DEPTH + 1, self.info.device)
 
@@ -222,8 +208,7 @@ class BenchedModel:
         return train_loader, device_tf
 
     def step_pieces(self, options: StepOptions, amp: str, preset: str | None = None):
-        """(model, objective, step state) as a training run builds them, with the given step options and precision
-        (and `preset` over the model's recipe)."""
+        """(model, objective, step state) as a training run builds them (`preset` over the model's recipe)."""
         r = self.recipe if preset is None else recipe_for(self.name, preset)
         model, objective = training_pieces(self.name, r, self.num_classes, 0, self.info)
         state, _ = training_state(model, model, r.optimization(r.batch_size), 1000, amp, self.info.device, options)
@@ -238,8 +223,7 @@ def reported(images_per_second: float, bench: BenchedModel, stage: str) -> float
 
 def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, with_device_half: bool = True,
                                sizes: dict[str, float] | None = None) -> float:
-    """Batches through the loader (and, `with_device_half`, the device's half to model input on the device); the
-    bytes per image the workers send (`tensor_bytes`) into `sizes[augment]`."""
+    """Batches through the loader (and `with_device_half`); the bytes per image the workers send into `sizes`."""
     loader, device_tf = bench.loaders(augment, workers)
     # --min-batches is for the GPU's short steps: one core's pipeline makes 200 batches of 256 in minutes, not seconds
     window = bench.window(workers, min_batches=CPU_MIN_BATCHES if workers == 0 else None)
@@ -253,9 +237,7 @@ def pipeline_images_per_second(bench: BenchedModel, augment: str, workers: int, 
 
 
 def timm_pipeline_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> float:
-    """timm's own input pipeline on the same training images, in this process: `timm.data.create_transform` with
-    the recipe's augmentation (crop scale, interpolation, flip, the RandAugment policy as timm's train.py runs it,
-    pixel-mode erasing) over `timm.data.ImageDataset`, batches collated as timm's loader does."""
+    """timm's own input pipeline (create_transform, ImageDataset, timm's collation) in this process."""
     r, config = bench.recipe, bench.data_cfg
     transform = create_transform(r.img_size, is_training=True, scale=(r.scale_min, 1.0), hflip=r.hflip,
                                  auto_augment=r.auto_augment.replace('-inc1', '') if r.auto_augment else None,
@@ -286,8 +268,7 @@ class Timed(NamedTuple):
 
 
 def timed_training(window: SteadyWindow, source: Iterable[dict], train: Callable[[Iterable[dict]], object]) -> Timed:
-    """`train` over `window.batches(source)`, counting the graphs compiled once the window's clock has started (and
-    the pass's data wait, where `train` returns a training pass's result)."""
+    """`train` over `window.batches(source)`, counting the graphs compiled once the window's clock has started."""
     at_start = []
 
     def batches() -> Iterator[dict]:
@@ -311,8 +292,7 @@ def report_compiled(timed: Timed, bench: BenchedModel, stage: str) -> Timed:
 
 def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOptions, amp: str,
                            preset: str | None = None, pieces: tuple | None = None) -> Timed:
-    """The training step alone (the token targets' building included) on one batch already on the device (the
-    warm-up compiles when asked), with `pieces` (`step_pieces`, built here where None)."""
+    """The training step alone (with the token targets' building) on one batch on the device, with `pieces`."""
     model, objective, state = pieces or bench.step_pieces(options, amp, preset)
     window = bench.window(0)  # (a recipe without token labeling leaves the batch's maps unread)
     timed = timed_training(window, itertools.repeat(batch),
@@ -323,9 +303,7 @@ def step_images_per_second(bench: BenchedModel, batch: dict, options: StepOption
 
 def loop_images_per_second(bench: BenchedModel, augment: str, options: StepOptions, overlap: bool = True,
                            pieces: tuple | None = None) -> Timed:
-    """`train_one_epoch` over the real loader, epoch after epoch, with the step `options` (`overlap`: batches
-    prepared ahead), with `pieces` (`step_pieces`, built here where None: a step timed before, compiled, is not
-    compiled again)."""
+    """`train_one_epoch` over the real loader, epoch after epoch (`overlap`: ahead), with `pieces` (`step_pieces`)."""
     loader, device_tf = bench.loaders(augment, bench.args.workers)
     model, objective, state = pieces or bench.step_pieces(options, bench.args.amp)
     timed = timed_training(bench.window(bench.args.workers), endless(loader),
@@ -350,9 +328,7 @@ def train_cls_images_per_second(bench: BenchedModel, augment: str, output: Path)
 
 def timm_train_command(script: Path, model_name: str, num_classes: int, data_root: Path, output: Path,
                        args: argparse.Namespace) -> list[str]:
-    """timm's own train.py with the recipe train_cls gives the model (DeiT's: AdamW, RandAugment, random erasing,
-    MixUp/CutMix, label smoothing, drop-path, EMA), the same batch, workers, device and precision, and timm's own
-    defaults otherwise (its GPU prefetcher, pinned memory), one update line per update."""
+    """timm's own train.py with train_cls's recipe, batch, workers, device and precision, logging every update."""
     r = recipe_for(model_name)
     amp = {'bf16': ['--amp', '--amp-dtype', 'bfloat16'], 'fp16': ['--amp'], 'none': []}[args.amp]
     # the script where it was given: the commands run in the checkout
@@ -373,9 +349,7 @@ def timm_train_command(script: Path, model_name: str, num_classes: int, data_roo
 
 
 def check_timm_train(args: argparse.Namespace) -> None:
-    """Before any timing: `--timm-train` has a model to run (one without token labeling, whose recipe timm's train.py
-    can run) and is a train.py that takes every option the comparison passes (from its --help: seconds, not the
-    minutes of the other stages)."""
+    """Before any timing: `--timm-train` has a model to run and takes every option the comparison passes."""
     plain = [m for m in args.models if not recipe_for(m).token_labeling]
     if not plain:
         raise UsageError(f"--timm-train: timm's train.py runs the models without token labeling, and --models gives "
@@ -395,16 +369,8 @@ def check_timm_train(args: argparse.Namespace) -> None:
                          f"https://github.com/huggingface/pytorch-image-models at the installed timm's version")
 
 
-def timm_train_images_per_second(script: Path, bench: BenchedModel, output: Path) -> dict[str, float | int]:
-    """timm's train.py on the benched model and data (`timm_train_command`), timed by `timed_updates`."""
-    command = timm_train_command(script, bench.name, bench.num_classes, bench.data.root, output, bench.args)
-    return timed_updates(LaunchedCommand(command, f'timm\'s {script.name}', update_of_timm_line), bench)
-
-
 def timed_updates(run: LaunchedCommand, bench: BenchedModel) -> dict[str, float | int]:
-    """Images/s of a training run from its update lines as they arrive, in a steady-state window: after its update
-    `--skip-updates` (past the start-up and the loader's prefetch), at least `--seconds` and `--min-batches`
-    updates; then the run is stopped (every process of it). The window must end within the first epoch."""
+    """Images/s of a training run's update lines in a window after `--skip-updates`; then the run is stopped."""
     args = bench.args
     window = SteadyWindow(args.seconds, args.min_batches, max(args.skip_updates, args.workers * PREFETCH_FACTOR + 2))
     with run:
@@ -414,8 +380,7 @@ def timed_updates(run: LaunchedCommand, bench: BenchedModel) -> dict[str, float 
 
 
 def device_batch(bench: BenchedModel, augment: str) -> dict:
-    """One training batch with its images as model input, everything on the device (read in this process: no
-    loader workers left running beside the step timings)."""
+    """One training batch as model input on the device (read in this process: no workers beside the step timings)."""
     loader, device_tf = bench.loaders(augment, workers=0)
     info = bench.info
     batch = next(iter(loader))
@@ -435,8 +400,7 @@ def peak_tflops(args: argparse.Namespace) -> float | None:
 
 
 def step_flops(bench: BenchedModel, images_per_second: float, peak: float | None) -> dict[str, float | None]:
-    """The training step's FLOPs per image (6 per MAC of the model's forward at the recipe's size: forward and
-    backward), the TFLOP/s it runs at, and its share of the device's `peak` (MFU; None without a peak)."""
+    """The training step's FLOPs per image (6 per forward MAC), its TFLOP/s and its share of `peak` (MFU)."""
     macs = measure_complexity(bench.name, bench.recipe.img_size, num_classes=bench.num_classes).macs
     per_image = TRAIN_FLOPS_PER_MAC * macs
     achieved = per_image * images_per_second / 1e12
@@ -445,9 +409,8 @@ def step_flops(bench: BenchedModel, images_per_second: float, peak: float | None
 
 
 def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, device: str) -> dict[str, float]:
-    """Images/s that `workers` loader processes cannot beat on `cores` cores: each does the workers' share of the
-    work at best at the one-core rate, and no more of them run at once than there are cores. On a CPU device the
-    batched path's device half runs on the same cores, so the whole path's one-core rate bounds it too."""
+    """Images/s that `workers` loader processes cannot beat on `cores` cores: the one-core rate times the workers that
+    run at once; on a CPU device, also the whole batched path's one-core rate."""
     busy = min(workers, cores)
     workers_half = busy * per_core['batched_workers_half']  # also bounds any pipeline that does more per image
     batched = min(workers_half, cores * per_core['batched']) if device == 'cpu' else workers_half
@@ -455,9 +418,7 @@ def pipeline_ceilings(per_core: dict[str, float], workers: int, cores: int, devi
 
 
 def measurement_errors(f: dict[str, object], workers: int) -> list[str]:
-    """The figures that cannot be true: an N-worker pipeline above its ceiling, a step above the device's peak, a
-    loop above the slower of its input pipeline and its step (more than TOLERANCE above: separate windows of a
-    machine differ a little)."""
+    """The figures more than TOLERANCE above their bounds (ceiling, peak, the slower of pipeline and step)."""
     pool, ceiling = f[f'pipeline_{workers}_workers_img_s'], f[f'pipeline_{workers}_workers_ceiling_img_s']
     errors = [f'the {workers}-worker {path} pipeline\'s {pool[path]:.1f} img/s is above its ceiling of '
               f'{ceiling[path]:.1f}' for path in ('pil', 'batched') if pool[path] > TOLERANCE * ceiling[path]]
@@ -531,8 +492,10 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
             figures['train_cls'] = train_cls_images_per_second(bench, loop_path, Path(output))
     if against_timm:
         with tempfile.TemporaryDirectory() as output:
-            timm_run = figures['timm_train'] = timm_train_images_per_second(Path(args.timm_train), bench,
-                                                                            Path(output))
+            script = Path(args.timm_train)
+            command = timm_train_command(script, bench.name, bench.num_classes, bench.data.root, Path(output), args)
+            timm_run = figures['timm_train'] = timed_updates(
+                LaunchedCommand(command, f'timm\'s {script.name}', update_of_timm_line), bench)
         timm_run['suite_ratio'] = figures['train_cls']['img_s'] / timm_run['img_s']
     figures['bound'] = 'input pipeline' if pool[loop_path] < step else 'model step'
     figures['measurement_errors'] = measurement_errors(figures, args.workers)
@@ -540,9 +503,7 @@ def benchmark_model(model_name: str, data: ImageData, args: argparse.Namespace) 
 
 
 def per_core_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> dict[str, float]:
-    """One core's input pipelines (one thread, no workers): both paths, the batched workers' half alone, timm's
-    create_transform, and the PIL path and the workers' half with every image read by Pillow (`pillow_only`, the
-    decode before simplejpeg), with their ratios."""
+    """One core's input pipelines (no workers): both paths, the workers' half, timm's, Pillow-only decodes."""
     with torch_threads(1):
         per_core = {path: pipeline_images_per_second(bench, path, 0, sizes=sizes) for path in ('pil', 'batched')}
         per_core['batched_workers_half'] = pipeline_images_per_second(bench, 'batched', 0, with_device_half=False)

@@ -12,9 +12,7 @@ from classification.studies.results_data import DataFiles
 
 
 def embedded_runs(files: DataFiles, *tasks: str) -> str:
-    """The metafile's runs of the embedded defaults of `tasks`, each a list item; `latest` first: each config's
-    latest run alone, a table of its scores and total time; `layouts` first: the runs on the pages in a published
-    set's layout (the others without)."""
+    """The metafile's runs of the embedded defaults of `tasks` (`latest` first, or `layouts` first), as items."""
     latest, in_layouts = tasks[:1] == ('latest',), tasks[:1] == ('layouts',)
     runs = embedded_defaults(files, tasks[1:] if latest or in_layouts else tasks, in_layouts)
     if not latest:
@@ -30,7 +28,8 @@ def run_item(run: dict) -> str:
     pretraining = meta['Pretraining']
     time = (f'{run_seconds(run, "Pretraining Time", pretraining["Time (s)"])} ({pretraining["Includes"]} included)'
             if 'Time (s)' in pretraining else pretraining['Includes'])
-    baselines = '; '.join(f'{b["Name"]}: {metric_list(b["Metrics"], shown_metrics(run))}'
+    shown = shown_metrics(run)
+    baselines = '; '.join(f'{b["Name"]}: ' + ', '.join(score(key, value, shown) for key, value in b['Metrics'].items())
                           for b in meta.get('Baselines', ()))
     return wrapped(f'- {run_name(run)}: pretraining on the digits {pretraining["Top 1 Accuracy"]:.1f}% top-1, {time}; '
                    f'training {meta["lr schd"]} iterations, {run_seconds(run, "Training Time")}; scores on the '
@@ -64,8 +63,7 @@ def run_name(run: dict) -> str:
 
 
 def run_seconds(run: dict, key: str, seconds: float | None = None) -> str:
-    """A run's time `key` ('Training Time': Metadata's 'Training Time (s)', or `seconds`), 'about' where the
-    metafile lists it as Approximate."""
+    """A run's time `key` (Metadata's '`key` (s)', or `seconds`), 'about' where the metafile says Approximate."""
     meta = run['Metadata']
     seconds = meta[f'{key} (s)'] if seconds is None else seconds
     return ('about ' if key in meta.get('Approximate', ()) else '') + duration(seconds)
@@ -92,13 +90,8 @@ def score(key: str, value: float, shown: dict[str, str | None]) -> str:
     return f'{key} {value:{shown.get(key) or ".1f"}}'
 
 
-def metric_list(metrics: dict, shown: dict[str, str | None]) -> str:
-    return ', '.join(score(key, value, shown) for key, value in metrics.items())
-
-
 def shown_scores(model: dict) -> str:
-    """The scores a run's item or row shows, one decimal unless `Shown` gives a format, mIoU with its spread over the
-    seeds the model lists (`Metadata.Seeds`, `Metrics.mIoU by seed`)."""
+    """The scores a run's item or row shows (`Shown`'s formats), mIoU with its spread over the seeds."""
     metrics, shown = run_metrics(model), shown_metrics(model)
     parts = []
     for key in shown:

@@ -126,11 +126,6 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
     return results
 
 
-def measure_in_fresh_process(args: argparse.Namespace, variant: str) -> dict[str, float]:
-    with multiprocessing.get_context('spawn').Pool(1) as pool:
-        return pool.apply(measure, (args, variant))
-
-
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     """tools/benchmark.py."""
     args = parse_args(argv, description)
@@ -141,7 +136,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         check_model_name(args.teacher)
     variants = ['plain'] + ['unfused'] * args.compare_unfused + \
         ['grad_checkpointing'] * args.compare_grad_checkpointing + ['distillation'] * bool(args.teacher)
-    results = {variant: measure_in_fresh_process(args, variant) for variant in variants}
+    with multiprocessing.get_context('spawn').Pool(1, maxtasksperchild=1) as pool:  # each variant in a fresh process
+        results = {variant: pool.apply(measure, (args, variant)) for variant in variants}
     if args.json:
         figures = {'model': args.model, 'batch_size': args.batch_size, **results}
         write_document(json.dumps(results_document('model_benchmark', 'benchmark.py', argv, figures, args.device)))

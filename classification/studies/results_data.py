@@ -17,8 +17,7 @@ OWN_FIELDS = ('study', 'source', 'commit', 'date', 'machine', 'torch', 'notes') 
 
 
 class DataFiles:
-    """The data files under a repository root, each read once (and a results file checked for its envelope):
-    `metafile`, or the name of a docs/results file without `.json`."""
+    """The data files under a repository root, each read once: `metafile`, or a docs/results file's stem."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.loaded = root, {}
@@ -57,7 +56,8 @@ def lookup(data: object, path: str, where: str) -> object:
     value = data
     for key in path.split('.'):
         if isinstance(value, list):
-            found = [item for i, item in enumerate(value) if key in (str(i), item_name(item))]
+            found = [item for i, item in enumerate(value)
+                     if key in (str(i), isinstance(item, dict) and item.get('Name'))]
             value = found[0] if found else None
         elif isinstance(value, dict) and value.get(key, ...) is None:
             raise DataError(f'{where}: {path} is null (at {key!r})')
@@ -66,8 +66,4 @@ def lookup(data: object, path: str, where: str) -> object:
         if value is None:
             raise DataError(f'{where}: no {path} (stopped at {key!r})')
     return value
-
-
-def item_name(item: object) -> str | None:
-    return item.get('Name') if isinstance(item, dict) else None
 

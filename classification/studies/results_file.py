@@ -31,14 +31,15 @@ PUBLISHED = 'published'  # a publication's machine, as its figures are quoted
 
 def results_document(study: str, tool: str, argv: list[str] | None, figures: dict, device: str = 'cpu',
                      commit: str | None = None) -> dict:
-    """A new results document of `figures` measured here and now by tools/`tool` with `argv` (None: this process's
-    own arguments) on `device`: this checkout's commit (or `commit`, given where the copy has no history), today's
-    date, this machine and torch."""
+    """A new results document of `figures` measured now by tools/`tool` with `argv` (None: this process's) on
+    `device`: the checkout's commit (or `commit`, where the copy has no history), the date, the machine, torch."""
     import torch
 
     commit = commit or checkout_commit()
     notes = {} if commit else {'commit': 'not recorded: this copy of the code has no git history'}
-    document = {'study': study, 'source': command_line(tool, argv), 'commit': commit,
+    # the command that made it, as a user would type it again from the checkout's root
+    command = shlex.join(['python', tool_path(tool), *map(str, sys.argv[1:] if argv is None else argv)])
+    document = {'study': study, 'source': command, 'commit': commit,
                 'date': time.strftime('%Y-%m-%d'), 'machine': machine_in_words(device), 'torch': torch.__version__,
                 **({'notes': notes} if notes else {}), 'figures': figures}
     return check_envelope(document, f'the {study} results')
@@ -50,11 +51,6 @@ def write_results(path: Path | str, study: str, tool: str, argv: list[str] | Non
     document = results_document(study, tool, argv, figures, device)
     write_json_atomic(Path(path), document)
     return document
-
-
-def command_line(tool: str, argv: list[str] | None) -> str:
-    """The command that made a results file, as a user would type it again from the checkout's root."""
-    return shlex.join(['python', tool_path(tool), *map(str, sys.argv[1:] if argv is None else argv)])
 
 
 def machine_in_words(device: str) -> str:
@@ -118,8 +114,7 @@ def is_date(text: object) -> bool:
 
 def machine_slug(machine: str) -> str:
     """A machine's part of a file name: 'cpu2' for '2 CPU cores', the GPU's model for a GPU's machine ('h200' for
-    'NVIDIA H200, 16 CPU cores', 'gh200', 'l4', 'rtx4090' for 'NVIDIA GeForce RTX 4090, ...', 'mi300x'), 'paper' for
-    a publication's figures."""
+    'NVIDIA H200, 16 CPU cores', 'rtx4090' for 'NVIDIA GeForce RTX 4090, ...'), 'paper' for a publication's."""
     if machine.startswith(PUBLISHED):
         return 'paper'
     found = CPU_CORES.match(machine)

@@ -44,9 +44,8 @@ class Page:
         return wrapped('; '.join(self.measured(name) for name in self.files.read) + '.')
 
     def measured(self, name: str) -> str:
-        """Where and when a data file's figures were measured, with a link to it: '2 CPU cores, torch 2.15.0, commit
-        c24ec1c, 2026-11-28 ([results/...](results/...))', a study run in stages at several commits naming each
-        (`figures.commits`); a publication's: its source; the metafile's runs name their own."""
+        """Where and when a data file's figures were measured, with a link to it ('2 CPU cores, torch 2.15.0, commit
+        c24ec1c, 2026-11-28 ([results/...](results/...))'); a publication's: its source."""
         document, link = self.files[name], self.link(name)
         if name == 'metafile':
             return f'Each run\'s commit, date and machine: {link}'
@@ -69,8 +68,7 @@ def value(files: DataFiles, name: str, expression: str, form: str = '{}') -> str
 
 
 def table(files: DataFiles, *sources: str, template: list[str]) -> str:
-    """The marker's template lines with each `{EXPRESSION[:FORMAT]}` filled from the first of `sources` (each a
-    results file's name, or `ALIAS=NAME`; `{ALIAS#EXPRESSION}` reads another of them)."""
+    """The template lines, each `{EXPRESSION[:FORMAT]}` filled from `sources` (`{ALIAS#EXPRESSION}`: another)."""
     if not sources:
         raise UsageError('table: name the results file(s) it reads')
     names = dict(source.partition('=')[::2] if '=' in source else (source, source) for source in sources)
@@ -229,8 +227,7 @@ def render_text(text: str, page: Page) -> tuple[str, list[tuple[str, int]]]:
 
 
 def check_markers(text: str, page: Page) -> None:
-    """Every results marker of `text` opens or closes a block: one misspelt, unclosed or left over would otherwise
-    be skipped, or take the text up to the next block's end with it."""
+    """Every results marker of `text` opens or closes a block (one misspelt or unclosed would swallow text)."""
     spans = [(match.start(), match.end()) for match in BLOCK.finditer(text)]
     for marker in MARKER.finditer(text):
         line = text.count('\n', 0, marker.start()) + 1
@@ -256,8 +253,7 @@ def pages(root: Path) -> list[Path]:
 
 
 def render_pages(root: Path, write: bool = True) -> list[str]:
-    """Render every block of the pages under `root` from the data files there; `write`: rewrite the pages whose
-    blocks changed. Returns the blocks that differed, as 'PAGE:LINE: block "WORDS"'."""
+    """Render every block of the pages under `root`; `write`: rewrite those changed. The blocks that differed."""
     if not (root / 'README.md').is_file():  # a mistyped root would otherwise check nothing and pass
         raise UsageError(f'{root}: no README.md there (give the repository\'s folder)')
     files, differing, rewritten = DataFiles(root), [], {}

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from backbones import bare_model
-from backbones.common.cli import SAME_WORK_EVERYWHERE, add_workers_argument, command_parser, positive_int
+from backbones.common.cli import SAME_WORK_EVERYWHERE, add_workers_argument, command_parser, fraction, positive_int
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.files import write_atomic, write_json_atomic
@@ -68,21 +68,11 @@ MB = 1024 ** 2
 COMPARE_ROUNDS, COMPARE_BATCHES = 4, 20  # tar-vs-folders: rounds of each reader, batches timed in each
 
 
-def scale_fraction(value: str) -> float:
-    try:
-        scale = float(value)
-    except ValueError:
-        scale = -1.0
-    if not 0 < scale <= 1:
-        raise argparse.ArgumentTypeError(f'{value!r} is not a fraction in (0, 1]')
-    return scale
-
-
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
     p = command_parser(description, 'rehearse_scale.py')
     p.add_argument('--root', type=output_folder, default=REPOSITORY / 'output' / 'rehearse_scale',
                    help='where the trees, the store and the runs go (kept and reused)')
-    p.add_argument('--scale', type=scale_fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
+    p.add_argument('--scale', type=fraction, default=1.0, help="fraction of ImageNet's images (1,000 classes)")
     p.add_argument('--stages', nargs='+', choices=STAGES, default=list(DEFAULT_STAGES),
                    help='the stages to run (in the order above)')
     add_workers_argument(p, 2, SAME_WORK_EVERYWHERE, least=1)
@@ -154,9 +144,8 @@ def write_class_tar(path: Path, names: list[str], jpegs: list[bytes]) -> None:
 
 
 def build_tars(root: Path, scale: float) -> dict:
-    """The image tree as tars (`root/imagenet-tar`): the training split a folder of 1,000 per-class tars (the
-    ILSVRC2012 training tar unpacked one level), the validation split one tar of class folders; the same names and
-    bytes as the class folders, so one label store serves both."""
+    """The image tree as tars (`root/imagenet-tar`): the training split 1,000 per-class tars, the validation split one
+    tar of class folders; the same names and bytes, so one label store serves both."""
     data = root / LAYOUTS['tars']
     shutil.rmtree(data, ignore_errors=True)
     (data / 'train').mkdir(parents=True)
@@ -183,8 +172,7 @@ def disk_used(path: Path) -> int:
 
 
 def build_trees(root: Path, scale: float) -> dict:
-    """The image tree (`root/imagenet`) and the release tree (`root/release`), unless `root/built.json` says they
-    were built at this scale."""
+    """The image tree and the release tree under `root`, unless `root/built.json` says they are at this scale."""
     record = root / 'built.json'
     built = read_marker(record) or {}  # unreadable (a build killed while writing it): built again
     if built.get('scale') == scale:
@@ -373,8 +361,7 @@ def stage_pass(args: argparse.Namespace, measurements: MeasurementTable, layout:
 
 
 def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[float, list[Memory], list[str]]:
-    """`torchrun train_cls.py` from launch to its first logged update: seconds, the training processes' memory then,
-    and the log up to it."""
+    """`torchrun train_cls.py` to its first logged update: seconds, the processes' memory then, the log."""
     shutil.rmtree(output, ignore_errors=True)
     command = tool_command(
         'train_cls',
@@ -447,8 +434,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def timed_batches(loader, batches: int) -> tuple[int, float, float]:
-    """Images, wall seconds and CPU seconds (this process and its loader workers) of `batches` batches, after a first
-    batch that is not timed (the workers' start)."""
+    """Images, wall and CPU seconds (with its workers) of `batches` batches after an untimed first."""
     iterator = iter(loader)
     next(iterator)
     pids = [os.getpid()] + child_pids()

@@ -12,8 +12,7 @@ import torch.utils.benchmark as torch_benchmark
 
 
 def seconds_per_call(fn: Callable[[], object], steps: int, warmup: int = 1) -> float:
-    """Mean seconds of one call of `fn` over `steps` calls after `warmup` ones (torch's benchmark Timer: it waits for
-    the GPU, and here uses all of torch's threads)."""
+    """Mean seconds of a call of `fn` over `steps` after `warmup` (torch's Timer: it waits for the GPU)."""
     for _ in range(warmup):
         fn()
     timer = torch_benchmark.Timer(stmt='fn()', globals={'fn': fn}, num_threads=torch.get_num_threads())
@@ -41,11 +40,7 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
 
 
 class SteadyWindow:
-    """A steady-state timing of batches, or of a training run's updates: the first `warmup` are not timed (start-up,
-    what loader workers prefetched, compilation), then at least `seconds` and at least `min_batches` are. Told of each
-    batch once it is done (`done`), or wrapping a source of batches (`batches`); `images_per_second()` once the last
-    has been used. The clock starts when the device has finished the warm-up's work and stops when it has finished
-    the window's."""
+    """A steady-state timing of batches or of updates: after `warmup`, at least `seconds` and `min_batches`."""
 
     def __init__(self, seconds: float, min_batches: int, warmup: int,
                  device: torch.device = torch.device('cpu')) -> None:
@@ -56,8 +51,7 @@ class SteadyWindow:
         self.first = 0  # the batch the clock started after
 
     def done(self, count: int, images: int) -> bool:
-        """Batch `count` (counted from 1) is done, with `images` images since the previous call: whether the window is
-        complete."""
+        """Batch `count` (from 1) is done, with `images` images since the last call: whether the window is complete."""
         if self.started is None:
             if count >= self.warmup:
                 synchronize(self.device)

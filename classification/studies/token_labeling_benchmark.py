@@ -56,9 +56,8 @@ def per_sample_targets(scores, classes, geometry, grid, C: int, smoothing: float
 
 
 def bench_train_step(args, device) -> dict:
-    """One training step (forward, loss, backward, AdamW) with token labeling (targets built from score maps, token
-    head, MixToken) against plain cross-entropy, through the training tool's own model and objective: any model, a
-    CNN included (its token grid is its last feature map)."""
+    """One training step (forward, loss, backward, AdamW) with token labeling against plain cross-entropy, through
+    the training tool's own model and objective: any model, a CNN included (its last feature map the token grid)."""
     B, C, size = args.batch_size, args.num_classes, args.img_size
     x = torch.randn(B, 3, size, size, device=device)
     labels = torch.randint(C, (B,), device=device)

@@ -68,8 +68,7 @@ def transfer_speed(name: str, args: argparse.Namespace, info: DistInfo, amp: str
 
 
 def pipeline_speed(args: argparse.Namespace, device: torch.device) -> dict:
-    """Images/s of the training input pipeline: the reference's per-image PIL transforms (one CPU process) and
-    ours (one batched call on `device`)."""
+    """Images/s of the reference's per-image PIL transforms (one CPU process) and ours (batched on `device`)."""
     size = args.img_size
     reference = transforms.Compose([
         transforms.Resize(size), transforms.RandomCrop(size, padding=size // 8), transforms.RandomHorizontalFlip(),

@@ -35,9 +35,8 @@ from classification.token_labeling.label_store import (
 
 @torch.no_grad()
 def dense_scores(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, C) class logits at every feature position, global pooling removed: a CNN's own head on each position
-    as a 1x1 map (its norm and pre-logits kept); a token model's token head if it has one, else its class head (a
-    distilled model's two averaged), on every patch token."""
+    """(B, h, w, C) class logits at every feature position: a CNN's own head on each position as a 1x1 map; a token
+    model's token head if it has one, else its class head, on every patch token."""
     features = model.forward_features(x)
     if features.ndim == 4:
         grid = feature_grid(model, features)
@@ -87,13 +86,6 @@ def _collate_rows(items):
                                                                                if image is None]
 
 
-def annotator_transform(img_size: int, data_cfg: dict):
-    """The whole image, squashed to img_size x img_size, normalised as the annotator expects (timm's eval transform
-    in its 'squash' mode: no crop)."""
-    return create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
-                            interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
-
-
 # The meta data values that shape a generated store: a rerun must give the same ones (or leave them out).
 GENERATION_SHAPING = ('annotator', 'model_kwargs', 'checkpoint', 'img_size', 'amp', 'topk', 'shard_size', 'split',
                       'classes', 'paths_sha256')
@@ -116,8 +108,7 @@ def generate_token_labels(
         skip_unreadable: bool = False,
         amp: str = 'none',
 ) -> dict:
-    """Write (or finish) the token-label store of `data_dir/split`; returns its meta data. `skip_unreadable` gives
-    undecodable images an empty row; `amp` 'bf16' runs the annotator under autocast (top-k on fp32 logits)."""
+    """Write (or finish) the token-label store of `data_dir/split`; its meta data. `amp`: the annotator's autocast."""
     data_dir, output = Path(data_dir), Path(output)
     if topk < 1:
         raise UsageError(f'--topk must be at least 1, got {topk}')
@@ -134,7 +125,9 @@ def generate_token_labels(
     model = pretrained_model(annotator, checkpoint, len(classes), **(model_kwargs or {})).to(info.device)
     data_cfg = checkpoint_data_config(checkpoint, resolve_data_config({}, model=model), img_size)
     img_size = data_cfg['input_size'][-1]
-    transform = annotator_transform(img_size, data_cfg)
+    # the whole image squashed to img_size, normalised as the annotator expects
+    transform = create_transform(img_size, is_training=False, crop_mode='squash', crop_pct=1.0,
+                                 interpolation=data_cfg['interpolation'], mean=data_cfg['mean'], std=data_cfg['std'])
     with torch.no_grad():
         probe = dense_scores(model, torch.zeros(1, 3, img_size, img_size, device=info.device))
     grid, topk = tuple(probe.shape[1:3]), min(topk, len(classes))

@@ -37,10 +37,6 @@ class TokenLabelError(DataError, RuntimeError):
     """A token-label store that is missing, incomplete, or has no row for an image."""
 
 
-def class_index_dtype(num_classes: int) -> np.dtype:
-    return np.dtype(np.int16 if num_classes <= np.iinfo(np.int16).max + 1 else np.int32)
-
-
 def check_array(path: Path, shape: tuple[int, ...]) -> None:
     """A store array must open (whole, not truncated) with the shape its meta data gives."""
     try:
@@ -275,8 +271,7 @@ def _describe(key: str, value) -> str:
 
 
 def create_arrays(root: Path, arrays: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> None:
-    """Zeroed .npy files of (name, dtype, shape), their whole size taken on the disk now: a disk too small is an
-    OSError naming the file here, not a SIGBUS hours later."""
+    """Zeroed .npy files of (name, dtype, shape), taken on the disk now: a full disk is an OSError, not a SIGBUS."""
     made: list[Path] = []
     try:
         for name, dtype, shape in arrays:
@@ -311,7 +306,8 @@ class StoreWriter:
                 for name in (SCORES, CLASSES):
                     check_array(root / name, shape)
             else:
-                arrays = [(SCORES, np.float16, shape), (CLASSES, class_index_dtype(meta['num_classes']), shape)]
+                classes = np.int16 if meta['num_classes'] <= np.iinfo(np.int16).max + 1 else np.int32
+                arrays = [(SCORES, np.float16, shape), (CLASSES, classes, shape)]
                 create_arrays(root, arrays + ([(EXTENT, np.float32, (len(paths), 4))] if with_extent else []))
                 (root / PATHS).write_text('\n'.join(paths) + '\n', encoding='utf-8', errors='surrogateescape')
                 write_json_atomic(root / META, {**meta, 'complete': False})
@@ -380,9 +376,8 @@ class StoreRows:
 def write_label_store(root: Path, meta: dict, paths: list[str], shaping: Sequence[str], info: DistInfo,
                       shard_rows: Callable[[int, int], Iterable[StoreRows]], with_extent: bool = False,
                       skipped_key: str = 'unreadable', progress: str | None = None) -> dict:
-    """Write (or finish) the store of `paths` in `root`, the one way every store is written: each of this process's
-    shards not yet done gets the rows `shard_rows(start, stop)` yields; then the store is verified and marked
-    complete, its empty rows' paths under `skipped_key` of its meta data. Returns the complete meta data."""
+    """Write (or finish) the store of `paths` in `root` from `shard_rows`, the one way every store is written; then
+    verify it and mark it complete."""
     writer = StoreWriter(root, meta, paths, shaping, info, with_extent, skipped_key)
     todo = writer.todo()
     bar = tqdm(total=sum(stop - start for _, start, stop in todo), desc=f'{progress} (rank {info.rank})', unit='row',

@@ -208,10 +208,6 @@ def release_meta(release: Release, shape: tuple[int, ...], release_dir: Path, cl
             'extra_files': extra_files}
 
 
-def as_list(items: list) -> list:
-    return items
-
-
 def import_released_labels(data_dir: str | Path, release_dir: str | Path, output: str | Path, info: DistInfo,
                            fmt: str = 'auto', split: str = 'train', workers: int = 8, shard_size: int = 4096,
                            skip_missing: bool = False) -> dict:
@@ -244,7 +240,7 @@ def import_released_labels(data_dir: str | Path, release_dir: str | Path, output
     def shard_rows(start: int, stop: int) -> Iterator[StoreRows]:
         rows = ReleaseRows(data_dir, release_dir, paths, listing.reader, row_files, range(start, stop), shape,
                            len(classes), release)
-        for items in DataLoader(rows, batch_size=256, num_workers=workers, collate_fn=as_list):
+        for items in DataLoader(rows, batch_size=256, num_workers=workers, collate_fn=list):
             failed = next((item[1] for item in items if len(item) == 2), None)
             if failed is not None:
                 raise DataError(failed)

@@ -30,8 +30,7 @@ class TokenDepthEstimator(DepthEstimator):
 
 @MODELS.register_module()
 class DepthTTAModel(MirroredViewsTTAModel):
-    """The config's scales of each image, with their mirror images where `flip`, already back at the original image
-    (the estimator's post-processing): the depth maps averaged pixel by pixel."""
+    """The config's scales (mirrored where `flip`) of each image, back at its size: the depth maps averaged."""
 
     def merge_preds(self, data_samples_list: list[list[SegDataSample]]) -> list[SegDataSample]:
         merged = []

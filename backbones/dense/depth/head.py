@@ -30,8 +30,7 @@ class ResidualUnit(nn.Sequential):
 
 
 class DepthHead(VPDDepthHead):
-    """VPD's loss and prediction without its layers: depth up to `max_depth` from `in_channels`; a subclass's last
-    layer is `depth_layer` (the depth task knows a checkpoint by it)."""
+    """VPD's loss and prediction without its layers: depth up to `max_depth`; a subclass's last is `depth_layer`."""
 
     def __init__(self, in_channels: Sequence[int], channels: int, max_depth: float, align_corners: bool,
                  loss_decode: dict | Sequence[dict], init_cfg: dict | None) -> None:
@@ -70,11 +69,9 @@ class DepthFusionHead(DepthHead):
 
 @MODELS.register_module()
 class LinearDepthHead(DepthHead):
-    """DINOv2's linear depth head (its hub's `BNHead` with `classify=True`, which holds no batch norm): the maps of
-    `in_channels` (each a block's patch tokens with its class token, `TokenBackbone(class_token=True)`) upsampled
-    `upsample` times the first's size and concatenated, a 1x1 convolution to `n_bins` scores, made a distribution
-    by "linear" normalisation (relu + 0.1, divided by their sum), whose mean over `n_bins` bins evenly spaced from
-    `min_depth` to `max_depth` is the depth."""
+    """DINOv2's linear depth head (its hub's `BNHead`, `classify=True`): the maps of `in_channels`
+    (`TokenBackbone(class_token=True)`) upsampled and concatenated, a 1x1 convolution to `n_bins` scores, "linear"
+    normalisation (relu + 0.1, over their sum), the mean over bins from `min_depth` to `max_depth`."""
 
     def __init__(self, in_channels: Sequence[int], n_bins: int = 256, upsample: int = 4, min_depth: float = 1e-3,
                  max_depth: float = 10.0, align_corners: bool = False,

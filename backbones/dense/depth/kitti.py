@@ -107,9 +107,7 @@ def read_split_file(path: str | Path) -> list[SplitEntry]:
 
 @DATASETS.register_module()
 class KITTIDepthDataset(BaseSegDataset):
-    """KITTI depth: the entries of the split file `ann_file` with ground truth (the others left out and named in the
-    log, `without_ground_truth`), images under data_prefix['img_path'], depth maps under
-    data_prefix['depth_map_path']."""
+    """KITTI depth: the split file's entries with ground truth (the others logged), under data_prefix's paths."""
 
     # the raw recordings' days (each its own calibration): mmseg's test mode asks for classes, as NYU's name scenes
     METAINFO = dict(classes=('2011_09_26', '2011_09_28', '2011_09_29', '2011_09_30', '2011_10_03'))
@@ -136,9 +134,7 @@ class KITTIDepthDataset(BaseSegDataset):
 
 
 def prediction_name(image: str) -> str:
-    """The name of a frame's predicted depth map (test_seg --pred-dir): DRIVE_FRAME (every drive numbers from 0),
-    with the camera for one other than the Eigen test's image_02; outside a drive's folder, its path's parts
-    joined."""
+    """The name of a frame's predicted depth map: DRIVE_FRAME, with its camera where not the Eigen test's image_02."""
     drive, camera, frame = frame_of(image)
     if drive is None:
         return '_'.join(Path(image).with_suffix('').parts)
@@ -147,8 +143,7 @@ def prediction_name(image: str) -> str:
 
 @register_layout
 class KittiLayout(WrittenLayout):
-    """KITTI depth under data/kitti: input/ (raw drives), gt_depth/ (improved ground truth) and the Eigen split
-    files."""
+    """KITTI depth under data/kitti: input/ (raw drives), gt_depth/ (ground truth) and the Eigen split files."""
 
     name = 'kitti'
     title = 'KITTI depth (Eigen split)'
@@ -171,9 +166,7 @@ class KittiLayout(WrittenLayout):
         read_split_file(split_file)
 
     def write_small(self, data: SmallDenseData, root: Path) -> None:
-        """The pages as two drives of a fake day, training's the Eigen training split and validation's the test (some
-        frames without ground truth, as there); each page's depth in 1/256 m, SMALL_SCENE_SCALE times as far, on
-        LiDAR-like lines."""
+        """The pages as two drives of a fake day (the Eigen splits), their depths SMALL_SCENE_SCALE times as far."""
         write_folder_once(root, SMALL_VERSION + ready_mark(data.root), lambda folder: write_small_drives(data, folder))
 
     def use_small(self, dataset_cfg: dict, data: SmallDenseData, split: str) -> None:

@@ -50,8 +50,7 @@ def write_depth_png(path: str | Path, depth: np.ndarray, scale: float) -> None:
 
 @METRICS.register_module()
 class DepthReport(DepthMetric):
-    """DepthMetric, mended; `depth_metrics`: some of METRICS (default: all); `crop_type`: None, 'nyu_crop',
-    'garg_crop'."""
+    """DepthMetric, mended; `depth_metrics`: some of METRICS (default: all); `crop_type`: None, 'nyu_crop', ..."""
 
     default_prefix = None
     # mmseg's figures, and two names of the scale-invariant log error: `silog` the KITTI benchmark's and BTS's,

@@ -78,10 +78,8 @@ class Depth(DenseTask):
     annotation_steps = ('LoadDepthAnnotation',)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The depth maps read and scored in the data's scale (`depth_scale` per metre); every size scaled so that
-        the training crop is the images' height, the multi-scale test at the data's ratios; NYU's evaluation crop
-        off. A published set's config whose small data is written in its layout (`WrittenLayout`) keeps its scale
-        and crop."""
+        """The depth maps read and scored in the data's scale; every size scaled so that the training crop is the
+        images' height, NYU's evaluation crop off (kept by a set written in its layout, `WrittenLayout`)."""
         factor = data.image_size[1] / training_crop_height(cfg)
         in_layout = any(isinstance(layout_of(dataset), WrittenLayout) for dataset in datasets(cfg))
         for dataset in small_datasets(cfg, data, NYULayout()):

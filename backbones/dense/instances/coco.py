@@ -314,8 +314,7 @@ def use_trained_categories(cfg: Config, checkpoint: str) -> None:
 
 
 def use_test_categories(cfg: Config, checkpoint: str) -> None:
-    """A trained detector's class count from the test set's categories, which must be the checkpoint's, if it records
-    them."""
+    """A trained detector's class count from the test set's categories, which must be those it records."""
     trained = checkpoint_meta(checkpoint).get('dataset_meta') or {}
     path = annotation_file(cfg.test_dataloader.dataset)
     names, ids = categories(read_split(cfg.test_dataloader.dataset))

@@ -61,8 +61,7 @@ AREA_RANGES = {'AP': (0, 1e10), 'AP50': (0, 1e10), 'AP75': (0, 1e10), 'APs': (0,
 
 def without_detections(gt, image_ids: list[int], names: Sequence[str],
                        cat_ids: Sequence[int]) -> tuple[list[float], dict[str, float]]:
-    """The figures COCOeval would give a run that detects nothing (it cannot load one): 0 where there is ground truth
-    to find (not crowd), -1 where there is none, per summary number and category."""
+    """What COCOeval would give a run that detects nothing: 0 where there is ground truth to find, else -1."""
     found = gt.loadAnns(gt.getAnnIds(imgIds=image_ids, iscrowd=False))
     stats = [0.0 if any(low <= a['area'] <= high for a in found) else -1.0
              for low, high in (AREA_RANGES[name] for name in SUMMARY)]
@@ -71,9 +70,8 @@ def without_detections(gt, image_ids: list[int], names: Sequence[str],
 
 
 def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOeval:
-    """pycocotools' evaluation of `results` on `image_ids`, its printout kept out. Each kind sees copies of the
-    entries holding only its own geometry: with a box present, loadRes would size a mask's area range by its box
-    (as detectron2 and mmdetection, the box is dropped for the masks)."""
+    """pycocotools' evaluation of `results` on `image_ids`, quiet. Each kind sees entries with only its own geometry:
+    with a box, loadRes would size a mask's area range by it (detectron2 and mmdetection drop it too)."""
     dropped = 'segmentation' if kind == 'box' else 'bbox'
     entries = [{key: value for key, value in entry.items() if key != dropped} for entry in results]
     with contextlib.redirect_stdout(io.StringIO()):
@@ -87,8 +85,7 @@ def evaluate(gt, results: list[dict], image_ids: list[int], kind: str) -> COCOev
 
 @METRICS.register_module()
 class CocoAP(BaseMetric):
-    """Box and mask AP (`box_AP`, ..., `mask_AP`, ...), each category's too in `json_file`; a run that detects
-    nothing scores 0. With `predictions_dir`, the detections as COCO results (predictions.json)."""
+    """Box and mask AP, per category too in `json_file` (0 detecting nothing); `predictions_dir`: COCO results."""
 
     default_prefix = None
 

@@ -34,8 +34,7 @@ def resampling(channels: int, scale: float) -> tuple[nn.Module, int]:
 
 @MODELS.register_module()
 class SimpleFeaturePyramid(BaseModule):
-    """ViTDet's pyramid: one level per scale of the backbone's last map (resampled, then a 1x1 and a 3x3 convolution
-    with LayerNorms), and `p6`, the coarsest max-pooled by 2; levels named `p<log2 stride>`."""
+    """ViTDet's pyramid: one level per scale of the backbone's last map, and `p6`; levels named `p<log2 stride>`."""
 
     def __init__(self, in_channels: int, out_channels: int = 256, scales: Sequence[float] = SCALES,
                  in_stride: int = 16, init_cfg: dict | None = None) -> None:

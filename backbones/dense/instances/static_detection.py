@@ -1,9 +1,6 @@
-"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX (`StaticMaskRCNN`): normalised images
-(B, 3, H, W) at one fixed size, each at the top left of its input and padded with zeros, and `image_sizes` (B, 2), each
-image's height and width there -> `boxes` (B, K, 4) in input pixels (x1, y1, x2, y2), `scores` (B, K), `labels` (B, K;
-the category index from 0, -1 for padding) and `masks` (B, K, H, W), mask probabilities at the input size (zero
-outside the image); the K = `top_k` best detections by score (default: the RoI heads' `detections_per_img`), padded
-with zero boxes, scores and masks.
+"""A `TokenMaskRCNN`'s inference with static shapes, for torch.export and ONNX (`StaticMaskRCNN`): zero-padded images
+(B, 3, H, W) of one size and `image_sizes` (B, 2) -> `boxes` (B, K, 4), `scores` (B, K), `labels` (B, K; from 0, -1
+for padding) and `masks` (B, K, H, W) of the K = `top_k` best detections (default `detections_per_img`), padded.
 
 It is the detector's own inference in pieces (`proposals`, `box_stage`, which a cascade replaces, `detections`,
 `masks`), every number of boxes fixed, and equals the model's `predict` up to float rounding within its bounds
@@ -43,10 +40,8 @@ def large_enough(boxes: torch.Tensor, min_size: float) -> torch.Tensor:
 
 def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor,
              iou_threshold: float) -> torch.Tensor:
-    """Which candidates (B, N) greedy NMS keeps per image and per group (`groups` (B, N): a level, a class), among
-    the `valid` ones only. One `nms` over the whole batch: each group's boxes offset along x as torchvision's
-    `batched_nms` does, the images along y, so that none overlap; flagged-out candidates score `DROPPED`, below
-    all."""
+    """Which candidates (B, N) greedy NMS keeps per image and `groups` (a level, a class) among the `valid` ones: one
+    `nms` over the batch, groups offset along x (`batched_nms`'s trick), images along y; the others score `DROPPED`."""
     count, number = scores.shape
     largest = torch.where(valid[..., None], boxes, torch.zeros_like(boxes)).amax(dim=(1, 2))  # (B,)
     x_offsets = groups.to(boxes) * (largest[:, None] + 1)
@@ -59,8 +54,7 @@ def nms_kept(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, va
 
 
 def best(scores: torch.Tensor, flags: torch.Tensor, count: int) -> torch.Tensor:
-    """The indices (B, count) of the `count` best scores (B, N) among the flagged candidates, best first (the
-    others after them)."""
+    """The indices (B, count) of the `count` best scores (B, N) among the flagged candidates, best first."""
     return torch.where(flags, scores, DROPPED).topk(min(count, scores.shape[1]), dim=1).indices
 
 
@@ -78,8 +72,7 @@ def padded(values: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def pooled(pool: MultiScaleRoIAlign, features: dict[str, torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-    """The detector's multi-level RoIAlign of boxes (B, N, 4) -> (B * N, C, S, S): every box pooled from every level,
-    the one its size maps it to kept (torchvision's values, without its data-dependent counts)."""
+    """The detector's multi-level RoIAlign of boxes (B, N, 4) -> (B * N, C, S, S), with static shapes."""
     count, number = boxes.shape[:2]
     flat = boxes.reshape(-1, 4)
     image = torch.arange(count, device=boxes.device).to(boxes).repeat_interleave(number)
@@ -112,8 +105,7 @@ def interpolation_weights(starts: torch.Tensor, ends: torch.Tensor, source: int,
 
 
 def pasted(masks: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Masks (N, M, M) pasted into images of `size` (H, W) at boxes (N, 4) as torchvision's `paste_masks_in_image`,
-    with static shapes: a resize is a product with interpolation weights on each side."""
+    """Masks (N, M, M) pasted into images of `size` at boxes (N, 4) as `paste_masks_in_image`, with static shapes."""
     padded = F.pad(masks, (1, 1, 1, 1))
     source = padded.shape[-1]
     scale = source / masks.shape[-1]
@@ -152,8 +144,7 @@ class StaticMaskRCNN(nn.Module):
 
     def proposals(self, images: torch.Tensor, features: dict[str, torch.Tensor], sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P), as torchvision's RPN chooses
-        them."""
+        """The RPN's proposals (B, P, 4), best first, and which are proposals (B, P), as torchvision's RPN chooses."""
         rpn = self.detector.rpn
         size = tuple(images.shape[-2:])  # the anchors span the padded input, as the detector's own
         levels = list(features.values())
@@ -182,8 +173,7 @@ class StaticMaskRCNN(nn.Module):
 
     def box_stage(self, features: dict[str, torch.Tensor], proposals: torch.Tensor, sizes: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each proposal's box per class (B, P, classes + 1 or 1, 4) and class probabilities (B, P, classes + 1), the
-        background first: the RoI heads' box head and predictor."""
+        """Each proposal's box per class and class probabilities (background first): the box head and predictor."""
         heads = self.detector.roi_heads
         count, number = proposals.shape[:2]
         logits, regression = heads.box_predictor(heads.box_head(pooled(heads.box_roi_pool, features, proposals)))
@@ -192,9 +182,7 @@ class StaticMaskRCNN(nn.Module):
 
     def detections(self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, sizes: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
-        """The `top_k` best detections (boxes (B, K, 4), scores, labels from 1, and which are detections (B, K)) of
-        the proposals flagged `valid`, by the RoI heads' post-processing (NMS over the `candidates` best); padded
-        with zeros."""
+        """The `top_k` best detections of the `valid` proposals, by the RoI heads' post-processing; zero-padded."""
         heads = self.detector.roi_heads
         count, number, classes = scores.shape
         boxes = clipped(boxes.expand(count, number, classes, 4), sizes)[:, :, 1:].reshape(count, -1, 4)
@@ -212,8 +200,7 @@ class StaticMaskRCNN(nn.Module):
 
     def masks(self, features: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
               kept: torch.Tensor, size: tuple[int, int], sizes: torch.Tensor) -> torch.Tensor:
-        """The detections' mask probabilities (B, K, H, W), pasted at their boxes in inputs of `size`, zero for
-        padding and outside each image's `sizes`."""
+        """The detections' mask probabilities (B, K, H, W) pasted at their boxes, zero outside each image."""
         heads = self.detector.roi_heads
         count, number = boxes.shape[:2]
         logits = heads.mask_predictor(heads.mask_head(pooled(heads.mask_roi_pool, features, boxes)))

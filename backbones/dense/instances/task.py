@@ -75,8 +75,7 @@ class Instances(DenseTask):
     small_schedule = dict(iters=400, lr=5e-4, batch_size=8, val_interval=400, checkpoint_interval=200)
 
     def resolve_classes(self, cfg: Config, roots: set[str], checkpoint: str | None, embedded: bool) -> None:
-        """The class count: a trained checkpoint's (its test set declaring the same categories), else the training
-        set's."""
+        """The class count: a trained checkpoint's (its test set's categories the same), else the training set's."""
         if checkpoint is None:
             use_coco_categories(cfg)
         else:
@@ -86,8 +85,7 @@ class Instances(DenseTask):
         use_trained_categories(cfg, checkpoint)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The instances in COCO's format, jitter and test size the images' own, the multi-scale test at the data's
-        ratios."""
+        """The instances in COCO's format, jitter and test size the images' own, the multi-scale test's ratios."""
         for dataset in small_datasets(cfg, data, CocoLayout()):
             for step in dataset['pipeline']:
                 if step['type'] == 'LargeScaleJitter':
@@ -122,8 +120,7 @@ class Instances(DenseTask):
         return dict(type='CocoAP', json_file=out, predictions_dir=pred_dir)
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """The instances scoring the threshold or more as one COCO-format file (the checkpoint's category ids, RLE
-        masks); with overlays, each image's instances drawn over it (NAME_overlay.png)."""
+        """The instances scoring the threshold or more as one COCO-format file; with overlays, drawn over each image."""
         path = request.out / INSTANCES
         content = dict(images=[], annotations=[],
                        categories=[dict(id=i, name=n) for i, n in zip(predictor.cat_ids, predictor.classes)])
@@ -184,8 +181,7 @@ class Instances(DenseTask):
                              'level and its pasted masks are sized by it): give --size H W')
 
     def exported_network(self, model: nn.Module, choice: ExportChoice) -> ExportedNetwork:
-        """The whole detector, its best `choice.top_k` detections padded, or the backbone and pyramid
-        (`pyramid_only`)."""
+        """The whole detector, its `choice.top_k` best detections padded, or the backbone and pyramid."""
         if choice.pyramid_only:
             # torch.export fixes a level of one pixel: the coarsest (p6, pooled from p5) must be two or more
             coarsest = 2 * round(model.neck.strides[-1])
@@ -203,8 +199,7 @@ class Instances(DenseTask):
             input_names=detector.input_names, other_inputs=example_sizes)
 
     def input_stride(self, model: nn.Module, size: tuple[int, int]) -> int:
-        """The detector's padding (32 px, so that the pyramid's levels halve exactly), which a fixed size is a
-        multiple of."""
+        """The detector's padding (32 px: the pyramid's levels halve exactly), which a fixed size is a multiple of."""
         stride = max(model.backbone.stride, model.data_preprocessor.pad_size_divisor)
         if size[0] % stride or size[1] % stride:
             raise UsageError(f'--size {size[0]} {size[1]}: the detector reads images padded to multiples of {stride} '

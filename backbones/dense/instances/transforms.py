@@ -45,15 +45,9 @@ class LoadInstances(BaseTransform):
         return results
 
 
-def keep_instances(results: dict, keep: np.ndarray) -> None:
-    for key in ('gt_bboxes', 'gt_labels', 'gt_masks'):
-        results[key] = results[key][keep]
-
-
 @TRANSFORMS.register_module()
 class LargeScaleJitter(BaseTransform):
-    """ViTDet's large-scale jitter: the image resized to fit `size` times a factor from `scale_range`, then a random
-    crop of at most `size`; boxes cut to the crop, instances left without pixels dropped."""
+    """ViTDet's large-scale jitter: resized by a factor of `scale_range`, cropped to at most `size`, boxes cut."""
 
     def __init__(self, size: tuple[int, int] = (1024, 1024), scale_range: tuple[float, float] = (0.1, 2.0)) -> None:
         if not (0 < scale_range[0] <= scale_range[1]) or min(size) < 1:
@@ -81,7 +75,8 @@ class LargeScaleJitter(BaseTransform):
         results['gt_bboxes'] = boxes
         keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1) \
             & results['gt_masks'].any(axis=(1, 2))
-        keep_instances(results, keep)
+        for key in ('gt_bboxes', 'gt_labels', 'gt_masks'):
+            results[key] = results[key][keep]
         results['img_shape'] = (crop_h, crop_w)
         results['scale_factor'] = (new_w / width, new_h / height)
         return results

@@ -24,8 +24,7 @@ def unflipped(sample: BaseDataElement) -> InstanceData:
 
 @MODELS.register_module()
 class DetectionTTAModel(MirroredViewsTTAModel):
-    """The detections of every pass merged by class-wise NMS at the RoI heads' `nms_thresh`, `detections_per_img`
-    kept."""
+    """The detections of every pass merged by class-wise NMS at the RoI heads' `nms_thresh`."""
 
     def merge_preds(self, data_samples_list: list[list[BaseDataElement]]) -> list[BaseDataElement]:
         merged = []

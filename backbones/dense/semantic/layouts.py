@@ -2,16 +2,13 @@
 schemes: Cityscapes and COCO-Stuff-164k here, the Pascal sets in `pascal` (`backbones.dense.layouts` says what a
 layout is). Each is read by mmseg's own data class, through a subclass registered here that adds two things:
 
-- Cityscapes' masks are read as published, `*_gtFine_labelIds.png` (34 label ids), mapped to the 19 train ids by
-  the official table through mmseg's own `label_map`, where mmseg's converter (tools/dataset_converters/
-  cityscapes.py, which needs cityscapesscripts) has not written `*_gtFine_labelTrainIds.png`; those are read where
-  present.
+- Cityscapes' masks are read as published, `*_gtFine_labelIds.png`, mapped to the 19 train ids by the official
+  table through mmseg's `label_map`, where mmseg's converter has not written `*_gtFine_labelTrainIds.png`.
 - With `classes_by_id` (the embedded pages written in the set's layout), classes that are not the set's own name
   its ids in order, where mmseg would refuse them (it takes a subset of the set's classes, by name).
 
 Before a run each layout's folders, split files and annotation files are checked (`check`), each problem one line
-naming the file or folder, the layout expected and the converter that writes it; mask values are checked by the
-data check's per-entry reading (`data_check.pair_check`, which applies the entries' label maps).
+naming the file, the layout expected and its converter; mask values by `data_check.pair_check`.
 """
 from __future__ import annotations
 
@@ -52,9 +49,8 @@ CITYSCAPES_UNLABELED = 0  # the label id the embedded pages' ignored pixels are 
 
 
 class ClassesById:
-    """Mixed into an mmseg data class: with `classes_by_id`, the config's classes (another set's, written in this
-    set's layout and ids: the embedded small data) name the stored ids 0, 1, ... in order, where mmseg takes only a
-    subset of the set's own classes, mapped by name."""
+    """Mixed into an mmseg data class: with `classes_by_id`, the config's classes (the embedded data's, written in this
+    set's layout) name the stored ids 0, 1, ... in order, not a subset of the set's own by name."""
 
     def __init__(self, *args, classes_by_id: bool = False, **kwargs) -> None:
         self.classes_by_id = classes_by_id
@@ -67,9 +63,7 @@ class ClassesById:
 
 @DATASETS.register_module()
 class CityscapesIdsDataset(ClassesById, CityscapesDataset):
-    """mmseg's CityscapesDataset, its classes by id if asked; an image without its *_gtFine_labelTrainIds.png reads
-    its *_gtFine_labelIds.png, mapped to train ids by CITYSCAPES_TRAIN_IDS (then by the data set's own label map, if
-    any)."""
+    """mmseg's CityscapesDataset, classes by id if asked, reading *_gtFine_labelIds.png without the train ids."""
 
     reads_label_ids = True  # the published masks, without mmseg's converter
 
@@ -117,8 +111,7 @@ class Pair:
 
 
 class PublishedLayout(WrittenLayout):
-    """A set of images and class maps in two folders (a split file listing them, where the set has one); the
-    embedded pages written in it through `write_split`."""
+    """A set of images and class maps in two folders (and a split file where it has one), written by `write_split`."""
 
     layout: ClassVar[str]  # the layout in words, as messages name it
     converter: ClassVar[str]  # what writes the annotations, in words ('' where the set ships them)
@@ -148,8 +141,7 @@ class PublishedLayout(WrittenLayout):
 
     def pairs(self, dataset_cfg: dict, images: Path, annotations: Path) -> list[Pair]:
         """Each image of the data set (listed from its folder, as mmseg lists it) and its annotation; an annotation
-        without its image is an error naming it (an image folder unpacked or copied in part: the run would train
-        and score on the images there alone)."""
+        without its image (an image folder unpacked in part) is an error naming it."""
         img_suffix, seg_suffix = self.suffix(dataset_cfg, 'img'), self.suffix(dataset_cfg, 'seg_map')
         names = [str(path.relative_to(images))[:-len(img_suffix)] for path in sorted(images.rglob(f'*{img_suffix}'))]
         pairs = [Pair(images / f'{name}{img_suffix}', self.annotation_files(annotations, name, seg_suffix))
@@ -196,9 +188,7 @@ class PublishedLayout(WrittenLayout):
 
 
 def fit_resizing(pipeline: list[dict], data: SmallDenseData) -> None:
-    """The pipeline's resizing at the size that the task's scaling (`data.scale`) turns into the small data's own
-    image size: the sets' scales are for their images' shapes (Pascal Context's (520, 520) would shrink a wide page
-    to a third), the pages are drawn at the size the backbone was pretrained at."""
+    """The pipeline's resizing at the size that `data.scale` turns into the small data's image size."""
     width, height = data.image_size
     for step in pipeline:
         if step['type'] in ('Resize', 'RandomResize') and 'scale' in step:
@@ -253,8 +243,7 @@ class CityscapesLayout(PublishedLayout):
 
     def check_annotations(self, pairs: list[Pair], dataset_cfg: dict) -> None:
         """Every image has its label ids or train ids, and train ids are there for all images or for none (a part
-        of them is a converter's run cut short: the rest would be read another way); mmseg's own data class reads
-        train ids only."""
+        of them is a converter's run cut short); mmseg's own data class reads train ids only."""
         super().check_annotations(pairs, dataset_cfg)
         without = [pair for pair in pairs if not pair.annotations[0].is_file()]
         if without and not getattr(DATASETS.get(dataset_cfg.get('type')), 'reads_label_ids', False):
@@ -269,8 +258,7 @@ class CityscapesLayout(PublishedLayout):
                             f'remove them to read the *_gtFine_labelIds.png ({self.layout})')
 
     def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
-        """PNG images in one city folder; label ids whose train ids are the pages' classes, the ignored pixels
-        'unlabeled'."""
+        """PNG images in one city folder; label ids whose train ids are the pages' classes."""
         label_ids = np.full(256, CITYSCAPES_UNLABELED, np.uint8)
         label_ids[list(CITYSCAPES_LABEL_ID_OF)] = list(CITYSCAPES_LABEL_ID_OF.values())
         folder = TRAIN_VAL[split]

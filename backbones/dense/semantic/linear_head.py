@@ -14,8 +14,7 @@ from backbones.common.errors import UsageError
 
 @MODELS.register_module()
 class LinearHead(BaseDecodeHead):
-    """A linear classifier of each stride-16 cell: `input_transform='resize_concat'` over `in_index`, the norm of
-    `norm_cfg` (BatchNorm; SyncBN when distributed), no dropout, a 1x1 convolution (`conv_seg`)."""
+    """A linear classifier of each stride-16 cell (`resize_concat` over `in_index`, a norm, a 1x1 `conv_seg`)."""
 
     def __init__(self, norm_cfg: dict | None = None, **kwargs) -> None:
         norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)

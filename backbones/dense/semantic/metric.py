@@ -22,9 +22,8 @@ from backbones.dense.layouts import annotation_values
 def summarise_areas(intersect: torch.Tensor, union: torch.Tensor, pred: torch.Tensor, label: torch.Tensor,
                     classes: Sequence[str], metrics: Sequence[str] = ('mIoU',), nan_to_num: float | None = None,
                     beta: float = 1) -> dict:
-    """mIoU, mAcc, aAcc and the means of the other `metrics` mmseg's IoUMetric computes, in percent, classes absent
-    from ground truth and prediction left out as mmseg; the class table (mmseg's arithmetic); and the classes the
-    ground truth holds no pixel of (`unlabelled`)."""
+    """mIoU, mAcc, aAcc and the means of the other `metrics` mmseg's IoUMetric computes, in percent, with mmseg's
+    arithmetic; the class table; the classes without ground-truth pixels (`unlabelled`)."""
     with np.errstate(divide='ignore', invalid='ignore'):
         table = IoUMetric.total_area_to_metrics(intersect, union, pred, label, list(dict.fromkeys(['mIoU', *metrics])),
                                                 nan_to_num, beta)
@@ -100,8 +99,7 @@ class IoUReport(IoUMetric):
         self.labels_dir, self.output_dir = self.output_dir, None
 
     def process(self, data_batch: dict, data_samples: Sequence[dict]) -> None:
-        """mmseg's areas of each image, and its `confusion_pairs` beside them (gathered from every process as the
-        areas); each label map written into `output_dir` in the data set's values."""
+        """mmseg's areas of each image with its `confusion_pairs`; each label map written into `output_dir`."""
         super().process(data_batch, data_samples)
         if self.labels_dir is not None:
             for sample in data_samples:
@@ -160,8 +158,7 @@ def read_report(path: str | Path, classes: Sequence[str]) -> dict:
 
 
 def read_confusion(path: str | Path) -> tuple[list[str], np.ndarray]:
-    """The classes and confusion matrix (pixel counts) of a test_seg.py report; any other file is a DataError naming
-    it."""
+    """The classes and confusion matrix (pixel counts) of a test_seg.py report, else a DataError naming the file."""
     report = read_json_report(path)
     classes = list(report.get('per_class') or {}) if isinstance(report, dict) else []
     counts = (report.get('confusion') or {}).get('counts') if classes else None

@@ -68,9 +68,7 @@ class PascalVOCAugIdsDataset(PascalVOCIdsDataset):
 
 
 def split_names(split_file: Path, layout: str) -> list[str]:
-    """The image names a split file lists, one a line, as mmseg reads them (each line stripped); a blank line (read
-    as an image named '') or a name listed twice (an image trained on twice, or counted twice in the scores) is a
-    DataError naming the line."""
+    """A split file's image names, one a line, stripped as mmseg; a blank or repeated name is a DataError."""
     names: dict[str, int] = {}
     for number, line in enumerate(split_file.read_text().splitlines(), 1):
         name = line.strip()

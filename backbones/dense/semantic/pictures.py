@@ -47,8 +47,7 @@ def draw_labels(image: np.ndarray, labels: np.ndarray, classes: Sequence[str], p
 
 @HOOKS.register_module()
 class ValidationPictures(SegVisualizationHook):
-    """mmseg's SegVisualizationHook drawing `count` validation batches spread over the set, the same ones at every
-    validation, into the visualizer's backends; 0 draws none."""
+    """mmseg's SegVisualizationHook drawing `count` validation batches spread over the set (the same each time)."""
 
     def __init__(self, count: int = 4, **kwargs) -> None:
         super().__init__(draw=count > 0, interval=1, **kwargs)
@@ -103,8 +102,7 @@ def iou_bars(report: dict) -> np.ndarray:
 
 
 def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
-    """The confusion matrix of a test_seg.py report, rows normalised on a log scale from 0.1 %, and the `top` largest
-    confusions in words beside it."""
+    """A test_seg.py report's confusion matrix, rows normalised, log scale, the `top` largest confusions beside."""
     classes, matrix = read_confusion(report)
     shares = row_shares(matrix)
     fig, axes = figure(1, 2, size=(6.0, 6.0), width_ratios=(3, 2))
@@ -129,8 +127,7 @@ def confusion_picture(report: str | Path, top: int = 20) -> np.ndarray:
 
 def read_annotation(path: str, reduce_zero_label: bool = False, label_map: dict[int, int] | None = None
                     ) -> np.ndarray:
-    """A label map as mmseg's LoadAnnotations reads it (`reduce_zero_label`, then the entry's `label_map`); a damaged
-    file is a DataError naming it."""
+    """A label map as mmseg's LoadAnnotations reads it; a damaged file is a DataError naming it."""
     try:
         with Image.open(path) as annotation:
             labels = np.asarray(annotation).astype(np.int64)
@@ -145,8 +142,7 @@ def segmentation_picture(image: np.ndarray, prediction: np.ndarray, classes: Seq
                          palette: Sequence[Sequence[int]], ground_truth: np.ndarray | None = None,
                          report: dict | None = None, alpha: float = 0.6, with_labels: bool = True,
                          scale: int | None = None) -> np.ndarray:
-    """The image, its ground truth (if given) and the prediction, side by side, enlarged `scale` times (nearest;
-    default to about 256 pixels high), the report's IoU bars below."""
+    """The image, its ground truth (if given) and the prediction side by side, enlarged, the report's IoU bars below."""
     scale = scale or max(1, 256 // image.shape[0])
     image = enlarge(image, scale)  # before drawing, so that the class names are legible
     panels = [titled(image, 'image')]

@@ -115,8 +115,7 @@ class SemanticSegmentation(DenseTask):
         check_trained_classes(cfg, checkpoint)
 
     def use_small_data(self, cfg: Config, data: SmallDenseData) -> None:
-        """The class maps, the sizes (the model's window and padding too) times `data.scale`, the multi-scale test at
-        `data.test_ratios`, and the data's classes in the data sets and heads."""
+        """The class maps, the sizes times `data.scale`, the test at `data.test_ratios`, the data's classes."""
         set_classes(cfg, data.classes, [list(c) for c in data.palette], reduce_zero_label=True)
         for dataset in small_datasets(cfg, data, OwnSegLayout()):
             scale_sizes(dataset['pipeline'], data.scale)
@@ -147,8 +146,7 @@ class SemanticSegmentation(DenseTask):
         cfg.default_hooks.visualization = dict(type='ValidationPictures', count=pictures)
 
     def write_predictions(self, predictor: SegPredictor, request: PredictionRequest) -> list[Path]:
-        """A label map per image in the data set's values, with the classes over the image (NAME_overlay.png) if
-        asked."""
+        """A label map per image in the data set's values, and the classes over the image if asked."""
         for image, mask in zip(request.images, request.paths):
             pixels, prediction = predictor.segment(image)
             write_mask(predictor.label_values(prediction), mask)

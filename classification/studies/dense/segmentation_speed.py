@@ -59,24 +59,21 @@ def loader(cfg, key: str):
 
 
 def timed(fn, batches: list) -> float:
-    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0] (kernel selection, allocator);
-    the timer's own warm-up calls take the next batches in turn."""
+    """Seconds `fn` takes on batches[1:] in all, after a warm-up call on batches[0]."""
     fn(batches[0])
     rest = cycle(batches[1:])
     return seconds_per_call(lambda: fn(next(rest)), len(batches) - 1, warmup=0) * (len(batches) - 1)
 
 
 def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
-    """Seconds from a resumed run's loop start to its first batch to train on, at `iteration` of a training loader
-    (`loader_cfg`: its dataset, batch size and workers; the sampler is set here). Before: mmengine's replay,
-    estimated as the first batch (the loader processes' start) plus `iteration` times the seconds of one of
-    `replayed` batches read next (each batch read and dropped); after: the sampler placed there, timed whole. With
-    the load average of the machine's last minute before and after (a shared machine's figures vary with it)."""
+    """Seconds from a resumed run's loop start to its first batch at `iteration`: mmengine's replay and ours."""
     def build(sampler: str):
         return SuiteRunner.build_dataloader({**copy.deepcopy(loader_cfg), 'sampler': dict(type=sampler)}, seed=0)
 
     load_before = os.getloadavg()[0]
-    first, rest = replay_seconds(build('InfiniteSampler'), replayed)
+    read = iter(build('InfiniteSampler'))  # its first batch starts the loader's processes
+    first = timed_call(lambda: next(read))[1]
+    rest = timed_call(lambda: [next(read) for _ in range(replayed)])[1]
     placed = build('PlacedInfiniteSampler')
     placed.sampler.start_at(iteration * placed.batch_size)
     after = timed_call(lambda: next(iter(placed)))[1]
@@ -88,16 +85,9 @@ def restart_seconds(loader_cfg: dict, iteration: int, replayed: int) -> dict:
             'speedup': before / after}
 
 
-def replay_seconds(loader, batches: int) -> tuple[float, float]:
-    """Seconds of a loader's first batch (its processes' start), and of the next `batches` together."""
-    read = iter(loader)
-    return timed_call(lambda: next(read))[1], timed_call(lambda: [next(read) for _ in range(batches)])[1]
-
-
 def multi_scale_costs(cfg, model, args) -> dict:
-    """Multi-scale + flip (flips on, as on ADE20K, whatever the data): the suite's test (each scale and its mirror
-    image in one batch), the same window by window, and mmseg's (ten pipeline views, one by one); against the sum of
-    the ten single passes (each view as a single-scale test); and the two test-time pipelines' images/s."""
+    """Multi-scale + flip: the suite's test (each scale and its mirror image in one batch), the same window by window,
+    and mmseg's (ten views, one by one), against the ten single passes; the pipelines' images/s."""
     ms_cfg = copy.deepcopy(cfg)
     ms_cfg.tta_model['flip'] = True
     use_multi_scale(ms_cfg, flip=True)

@@ -51,8 +51,7 @@ COMPARISONS = {'windows': (WINDOW_VARIANTS, 1024, 1, 'dense_windows'),
 
 @dataclass(frozen=True)
 class DenseStep:
-    """One config's step timed: images and iterations per second, its batch, the largest image its pipeline gave
-    (before the preprocessor's padding), and the device memory it took at its peak (None on a CPU)."""
+    """One config's step timed: images and iterations per second, its batch, its largest image, its peak memory."""
     config: str
     task: str
     batch_size: int
@@ -77,8 +76,7 @@ class DenseStep:
 
 
 def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
-    """`count` batches of `batch_size` made by the config's training pipeline, its reading steps left out, from
-    its task's synthetic samples of the data set's usual size times `scale`."""
+    """`count` batches of `batch_size` from the config's pipeline on its task's synthetic samples times `scale`."""
     task = task_of(cfg)
     steps = [step for step in cfg.train_dataloader.dataset.pipeline if not step['type'].startswith('Load')]
     pipeline = Compose(steps)
@@ -90,8 +88,7 @@ def training_batches(cfg: Config, count: int, batch_size: int, scale: float, see
 
 
 def dense_config(path: str, scale: float, options: dict | None = None) -> Config:
-    """The config without its ImageNet weights (random weights time the same), its sizes times `scale`, `options`
-    merged over it."""
+    """The config with random weights, its sizes times `scale`, `options` merged over it."""
     cfg = load_config(path, {'model.backbone.pretrained': None, **(options or {})})
     if scale != 1.0:
         scale_sizes(cfg.train_dataloader.dataset.pipeline, scale)
@@ -102,9 +99,7 @@ def dense_config(path: str, scale: float, options: dict | None = None) -> Config
 def time_dense_step(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
                     scale: float = 1.0, batch_size: int | None = None, batches: int = 4,
                     options: dict | None = None) -> DenseStep:
-    """The training step of the config at `path` (`options` merged over it) on `device`: `warmup` steps, then at
-    least `seconds` and `min_batches`, cycling over `batches` distinct batches (moved to the device each step, as the
-    loop does)."""
+    """The config's training step (`options` over it): `warmup` steps, then at least `seconds` and `min_batches`."""
     init_default_scope('mmseg')
     cfg = dense_config(path, scale, options)
     batch_size = batch_size or cfg.train_dataloader.batch_size
@@ -124,7 +119,8 @@ def time_dense_step(path: str, device: torch.device, seconds: float, min_batches
             break
     img_s = window.images_per_second()
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == 'cuda' else None
-    process = (peak_resident_gib(), resting) if device.type == 'cpu' else (None, None)
+    peak_resident = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux, in GiB
+    process = (peak_resident, resting) if device.type == 'cpu' else (None, None)
     return DenseStep(path, task_of(cfg).name, batch_size, largest, img_s, img_s / batch_size, peak, *process)
 
 
@@ -133,11 +129,6 @@ def resident_gib() -> float:
     with open('/proc/self/statm') as statm:
         pages = int(statm.read().split()[1])
     return pages * resource.getpagesize() / 2 ** 30
-
-
-def peak_resident_gib() -> float:
-    """This process's largest resident memory so far (getrusage's ru_maxrss, KiB on Linux), in GiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_batches: int, warmup: int,
@@ -150,9 +141,7 @@ def step_in_fresh_process(path: str, device: torch.device, seconds: float, min_b
 
 def compare_steps(variants: dict[str, tuple[str, dict]], device: torch.device, seconds: float, min_batches: int,
                   warmup: int, scale: float = 1.0, batch_size: int | None = None) -> dict:
-    """Each variant's step, each in a fresh process, and `ratios`, each variant's over the first's of the time a step
-    takes and of the peak memory (the device's, or on a CPU the process's resident memory above what it held before
-    the first step)."""
+    """Each variant's step in a fresh process, and `ratios` of each's step time and peak memory over the first's."""
     steps = {name: step_in_fresh_process(config, device, seconds, min_batches, warmup, scale, batch_size, options)
              for name, (config, options) in variants.items()}
     baseline = steps[next(iter(variants))]
