@@ -3,7 +3,6 @@ stage that bounds it (tools/benchmark_loop.py)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -30,7 +29,14 @@ from backbones.common.cli import (
     positive_int,
 )
 from backbones.common.commands import write_document
-from backbones.common.devices import TIMED_IN_FP32, add_amp_argument, add_device_argument, device_name, pick_amp
+from backbones.common.devices import (
+    TIMED_IN_FP32,
+    add_amp_argument,
+    add_device_argument,
+    device_name,
+    pick_amp,
+    torch_threads,
+)
 from backbones.common.distributed import DistInfo
 from backbones.common.errors import UsageError
 from backbones.common.images import find_classes, scan_split
@@ -171,16 +177,6 @@ def endless(loader: Iterable[dict]) -> Iterator[dict]:
     """The loader's batches epoch after epoch (each epoch starts its workers again, as in training)."""
     while True:
         yield from loader
-
-
-@contextlib.contextmanager
-def torch_threads(count: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class BenchedModel:
