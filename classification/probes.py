@@ -225,8 +225,8 @@ def train_linear_heads(inputs: dict[str, torch.Tensor], labels: torch.Tensor, sp
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * steps_per_epoch, eta_min=0)
     order = torch.Generator().manual_seed(seed)
     # One thread: the heads' products are tiny, and threads sharing them wait on each other longer than they compute
-    # (an epoch of the 52 heads on LV-ViT-S's features of the digits: 15.7 s on 2 threads with the other core busy,
-    # 0.8 s on one)
+    # (an epoch of the 52 heads on LV-ViT-S's features of the embedded scans: 15.7 s on 2 threads with the other core
+    # busy, 0.8 s on one)
     with torch_threads(1):
         for _ in range(epochs):
             for rows in torch.randperm(len(labels), generator=order).split(batch_size):
