@@ -4,6 +4,7 @@ and run again: the finished stage kept, not redone, and the report's rows the st
 each one line before any stage runs."""
 from __future__ import annotations
 
+import fcntl
 import json
 import signal
 import subprocess
@@ -32,7 +33,8 @@ def battery(tmp_path_factory) -> tuple[Path, list[str]]:
     """A tiny LV-ViT classifier's checkpoint as train_cls writes its architecture, and the report's arguments."""
     root = tmp_path_factory.mktemp('battery')
     torch.manual_seed(0)
-    model = create_classifier('lvvit_s', num_classes=4, img_size=64, **TINY)
+    # a training setting among the recorded arguments, as train_cls records them: not the model the configs build
+    model = create_classifier('lvvit_s', num_classes=4, img_size=64, drop_path_rate=0.1, **TINY)
     checkpoint = root / 'tiny.pth'
     torch.save({'state_dict': model.state_dict(), ARCHITECTURE: model.architecture, 'args': {'img_size': 64}},
                checkpoint)
@@ -101,6 +103,9 @@ def test_bad_input_is_one_line_before_any_stage(battery, tmp_path):
         'tiny.pth: classifier checkpoint not found': [tmp_path / 'tiny.pth'],
         "--pretrained takes timm's weights of a model name": [checkpoint, '--pretrained'],
         '--data upernet=/data: upernet is not among the protocols run': [checkpoint, '--data', 'upernet=/data'],
+        '--model deit_small_patch16_224: ': [checkpoint, '--model', 'deit_small_patch16_224'],
+        '--iters 2: none of the protocols run (knn linear) takes it': [checkpoint, '--protocols', 'knn', 'linear',
+                                                                        '--iters', '2'],
     }
     for expected, args in refusals.items():
         message = one_line_error(run_tool('transfer_report.py', [*args, *out]))
@@ -108,3 +113,21 @@ def test_bad_input_is_one_line_before_any_stage(battery, tmp_path):
     assert not (tmp_path / 'out').exists()
     unknown = run_tool('transfer_report.py', [checkpoint, '--protocols', 'segmentation', *out])
     assert unknown.returncode == 2 and "invalid choice: 'segmentation'" in unknown.stderr
+
+
+def test_a_stage_that_failed_takes_other_settings_and_a_done_one_other_workers(battery, tmp_path):
+    """Nothing made: the stage runs with the corrected settings (what the failed try left is dropped); done: kept
+    when only how it runs changes (--workers); an --out in use by another report is refused."""
+    _, argv = battery
+    checkpoint, images = argv[0], next(arg for arg in argv if str(arg).startswith('knn='))
+    out = tmp_path / 'report'
+    probes = [checkpoint, '--protocols', 'knn', 'linear', '--probe-epochs', '2', '--out', out]
+    failed = run_tool('transfer_report.py', [*probes, '--data', 'knn=/nonexistent', '--workers', '0'])
+    assert failed.returncode == 2 and '/nonexistent' in failed.stderr
+    succeeded(run_tool('transfer_report.py', [*probes, '--data', images, '--workers', '0']))
+    again = succeeded(run_tool('transfer_report.py', [*probes, '--data', images, '--workers', '1']))
+    assert 'probes: done in an earlier run' in again.stdout + again.stderr
+    with open(out / '.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        message = one_line_error(run_tool('transfer_report.py', [*probes, '--data', images]))
+    assert f'{out} is in use by another transfer report' in message

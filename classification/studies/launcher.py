@@ -307,13 +307,15 @@ class LaunchedCommand:
 
 
 class ToolStages:
-    """The suite's tools run as a study's stages: each through `LaunchedCommand` (Ctrl-C or SIGTERM stops the running
-    one by its rule), logged to a file, its seconds kept in `seconds`; `same_command` refuses a stage's results to a
-    rerun with other settings. `device` 'cpu' hides the GPUs from every stage."""
+    """The suite's tools run as a study's stages: each through `LaunchedCommand` (Ctrl-C, SIGTERM or a closed terminal
+    stops the running one by its rule), logged to a file, its seconds kept in `seconds`; `same_command` refuses a
+    stage's results to a rerun with other settings. `device` 'cpu' hides the GPUs from every stage."""
 
     def __init__(self, device: str | None) -> None:
         self.env = {'CUDA_VISIBLE_DEVICES': ''} if device == 'cpu' else {}
         self.seconds: dict[str, float] = {}
+        if threading.current_thread() is threading.main_thread():  # a hangup as the stop signals (run_command's)
+            signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))
 
     def run(self, name: str, tool: str, argv: list[str], log: Path) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -325,19 +327,22 @@ class ToolStages:
             raise SuiteError(f'{name} failed (exit {status}); the end of {log}:\n' + '\n'.join(command.log[-15:]))
 
     @staticmethod
-    def same_command(record: Path, tool: str, argv: list[str], started: bool) -> None:
-        """The stage whose command `record` holds must be run with the same command (`--resume` aside); the first
-        time, the command is recorded. A stage `started` without a record (an older version's) is refused too."""
+    def same_command(record: Path, tool: str, argv: list[str], started: bool) -> bool:
+        """The stage whose command `record` holds must be run with the same command (`--resume` aside) once it has
+        `started` (made results); the first time, and while nothing was made, the command is (re)recorded, and True
+        says the settings changed. A stage `started` without a record (an older version's) is refused too."""
         command = [f'{tool}.py', *(arg for arg in argv if arg != '--resume')]
-        if started and not record.is_file():
+        made = json.loads(record.read_text()) if record.is_file() else None
+        if started and made is None:
             raise UsageError(f'{record.parent} holds results with no record of the settings they were made with: '
                              f'use another --out')
-        if record.is_file():
-            made = json.loads(record.read_text())
-            if made != command:
-                changed = ' '.join(arg for arg in command if arg not in made) or 'fewer options'
-                raise UsageError(f'{record.parent} was made by `{" ".join(made)}`; this run gives it {changed}: '
-                                 f'use another --out, or the settings it was made with')
-            return
+        if made == command:
+            return False
+        if started:
+            changed = ' '.join(arg for arg in command if arg not in made) or 'fewer options'
+            raise UsageError(f'{record.name.removesuffix(".command.json")} in {record.parent} was made by '
+                             f'`{" ".join(made)}`; this run gives it {changed}: use another --out, or the settings it '
+                             f'was made with')
         record.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(record, command)
+        return made is not None

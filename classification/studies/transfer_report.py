@@ -6,8 +6,12 @@ protocols' definitions are in docs/frozen_features.md."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
+import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +122,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f'--config {probes[0]}=...: the probes take no config (they run tools/probe_features.py)')
     if len({value for name, value in args.data.items() if PROTOCOLS[name].config is None}) > 1:
         raise UsageError('--data knn=... and linear=...: the two probes share one run, so one data set')
+    dense = [PROTOCOLS[name].config is not None for name in args.protocols]
+    for option, value, used in (('--iters', args.iters, any(dense)), ('--probe-epochs', args.probe_epochs,
+                                                                        not all(dense))):
+        if value is not None and not used:
+            raise UsageError(f'{option} {value}: none of the protocols run ({" ".join(args.protocols)}) takes it')
 
 
 def by_protocol(args: argparse.Namespace, option: str) -> dict[str, str]:
@@ -138,6 +147,11 @@ def by_protocol(args: argparse.Namespace, option: str) -> dict[str, str]:
 
 
 CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.tar', '.bin', '.ckpt')
+# a run's model arguments that shape its training, not the model the protocols evaluate (they run it in eval mode, a
+# dense config sets its own drop-path rate)
+TRAINING_ONLY = {'drop_rate', 'drop_path_rate', 'attn_drop_rate', 'proj_drop_rate', 'pos_drop_rate', 'patch_drop_rate'}
+# options that change how a stage runs, not what it makes: a rerun may change them
+HOW_IT_RUNS = ('--workers', '--device')
 
 
 def is_checkpoint(weights: str) -> bool:
@@ -163,11 +177,14 @@ def report_model(args: argparse.Namespace) -> tuple[str, dict]:
         raise UsageError(f'--pretrained takes timm\'s weights of a model name; {args.weights} is a checkpoint')
     checkpoint = load_weights_only(args.weights, 'classifier checkpoint', mmap=True)
     architecture = (checkpoint.get(ARCHITECTURE) if isinstance(checkpoint, dict) else None) or {}
+    if args.model and architecture.get('model') not in (None, args.model):
+        raise UsageError(f'--model {args.model}: {args.weights} holds {architecture["model"]}')
     model = args.model or architecture.get('model')
     if model is None:
         raise UsageError(f'{args.weights} does not record its model (a release file): give --model')
     check_model_name(model)
-    return model, {**architecture.get('kwargs', {}), **kwargs}  # the run's own, then --model-kwargs
+    recorded = {k: v for k, v in architecture.get('kwargs', {}).items() if k not in TRAINING_ONLY}
+    return model, {**recorded, **kwargs}  # the run's own, then --model-kwargs
 
 
 def report_weights(args: argparse.Namespace, model: str, kwargs: dict) -> Weights:
@@ -196,10 +213,19 @@ def check_configs(args: argparse.Namespace, model: str, kwargs: dict) -> dict[st
         backbone = load_config(config).model.backbone
         built = (backbone.get('model_name'), dict(backbone.get('model_kwargs') or {}))
         if built != (model, kwargs):
-            raise UsageError(f'{name}: {config} builds {built[0]} {built[1] or ""}, not {model} {kwargs or ""}: '
-                             f'give --config {name}=CONFIG with its backbone')
+            raise UsageError(f'{name}: {config} builds {described(*built)}, not {described(model, kwargs)}: give '
+                             f'--config {name}=CONFIG with its backbone')
         configs[name] = config
     return configs
+
+
+def without_options(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """`argv` without `options` and their values."""
+    return [arg for i, arg in enumerate(argv) if arg not in options and (i == 0 or argv[i - 1] not in options)]
+
+
+def described(model: str, kwargs: dict) -> str:
+    return f'{model} with {kwargs}' if kwargs else model
 
 
 class ReportStages(ToolStages):
@@ -213,7 +239,8 @@ class ReportStages(ToolStages):
     def record(self, stage: str) -> dict:
         """The stage's record: kept from an earlier run, or its run's."""
         tool, argv, started = self.probe_command() if stage == 'probes' else self.train_command(stage)
-        self.same_command(self.folder / f'{stage}.command.json', tool, argv, started)
+        if self.same_command(self.folder / f'{stage}.command.json', tool, without_options(argv, HOW_IT_RUNS), started):
+            shutil.rmtree(self.folder / stage, ignore_errors=True)  # what a stopped try with other settings left
         path = self.folder / f'{stage}.json'
         if path.is_file():
             done = json.loads(path.read_text())
@@ -273,6 +300,20 @@ class ReportStages(ToolStages):
             data_words(config, checkpoint)
 
 
+@contextlib.contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """`out` held by this report alone (an advisory lock the system drops when the process ends): a second report into
+    it, say one started while a hung-up one's stage still ran, is refused instead of training beside it."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / '.lock', 'w') as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f'{out} is in use by another transfer report: wait for it, or give another '
+                             f'--out') from None
+        yield
+
+
 def data_words(config: str, checkpoint: str) -> str:
     """The data set a dense protocol ran on, in words: its config's layout, and the embedded digits or its folder."""
     dataset = load_config(config).test_dataloader.dataset
@@ -312,7 +353,7 @@ def bar_chart(rows: list[dict], title: str, path: Path) -> None:
     labels = [f'{row["protocol"]}\n{row["metric"]}' for row in rows]
     bars = ax.barh(labels[::-1], [row['score'] for row in rows][::-1], color='tab:blue')
     ax.bar_label(bars, fmt='%.1f', padding=3)
-    ax.set_xlim(0, 100)
+    ax.set_xlim(0, 112)  # room for a label beside a bar at 100
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -328,13 +369,14 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     weights = report_weights(args, model, kwargs)
     stages = ReportStages(args, weights, configs, out)
     order = list(dict.fromkeys(PROTOCOLS[name].stage(name) for name in args.protocols))
-    started, done = time.time(), {}
-    for number, stage in enumerate(order, 1):
-        logger.info(f'report stage {number}/{len(order)}: {stage}')
-        done[stage] = stages.record(stage)
+    done = {}
+    with locked(out):
+        for number, stage in enumerate(order, 1):
+            logger.info(f'report stage {number}/{len(order)}: {stage}')
+            done[stage] = stages.record(stage)
     rows = report_rows(args.protocols, done)
     figures = {'model': model, 'model_kwargs': kwargs, 'weights': weights.described, 'rows': rows, 'stages': done,
-               'seconds': round(time.time() - started, 1)}
+               'seconds': round(sum(stage['seconds'] for stage in done.values()), 1)}
     results = results_document('transfer_report', 'transfer_report.py', argv, figures, device_name(args.device))
     write_json_atomic(out / 'results.json', results)
     (out / 'report.md').write_text(markdown_table(figures))
