@@ -253,23 +253,29 @@ class ReportStages(ToolStages):
         logger.info(f'{stage}: done in {done["seconds"]:.0f} s')
         return done
 
+    @property
+    def probe_results(self) -> Path:
+        return self.folder / 'probes' / 'results.json'
+
+    def probe_data(self) -> str | None:
+        """The probes' --data (one for both), None: the embedded scans."""
+        return self.args.data.get('knn') or self.args.data.get('linear')
+
     def probe_command(self) -> tuple[str, list[str], bool]:
-        a, w, out = self.args, self.weights, self.folder / 'probes' / 'results.json'
+        a, w, out, data = self.args, self.weights, self.probe_results, self.probe_data()
         argv = [w.model, *w.probe_args, '--json', out, '--feature-cache', out.parent / 'features']
         argv += ['--model-kwargs', *(f'{k}={v!r}' for k, v in w.model_kwargs.items())] if w.model_kwargs else []
-        data = a.data.get('knn') or a.data.get('linear')
         argv += (['--data-dir', data] if data else []) + (['--epochs', a.probe_epochs] if a.probe_epochs else [])
         argv += ['--workers', a.workers, *(['--device', a.device] if a.device else [])]
         return 'probe_features', [str(arg) for arg in argv], out.is_file()
 
     def probes(self, argv: list[str]) -> tuple[dict, str]:
-        out = Path(argv[argv.index('--json') + 1])
-        out.parent.mkdir(parents=True, exist_ok=True)
+        self.probe_results.parent.mkdir(parents=True, exist_ok=True)
         self.run('probes: k-NN and linear (tools/probe_features.py)', 'probe_features', argv,
                  self.folder / 'probes.log')
-        results = json.loads(out.read_text())
+        results = json.loads(self.probe_results.read_text())
         scores = {kind: results[kind]['chosen']['test'] for kind in ('knn', 'linear')}
-        data = results['data'] if '--data-dir' in argv else 'the embedded digits scans'
+        data = results['data'] if self.probe_data() else 'the embedded digits scans'
         return {**scores, 'chosen': {'k': results['knn']['chosen']['k'], 'head': results['linear']['chosen']}}, data
 
     def train_command(self, name: str) -> tuple[str, list[str], bool]:

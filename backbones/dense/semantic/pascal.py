@@ -4,6 +4,7 @@ the classes, 255 the boundaries, ignored) and its training set with SBD's images
 writes them). Checked and written as `layouts.PublishedLayout` says."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -79,6 +80,17 @@ def split_names(split_file: Path, layout: str) -> list[str]:
     return list(names)
 
 
+def write_listed(data: SmallDenseData, split: str, names: list[str], root: Path, masks: Path,
+                 write_mask: Callable[[Path, np.ndarray], None], split_file: Path) -> None:
+    """The pages `names` of `split` as JPEGImages/NAME.jpg, their masks in `masks` (`write_mask` of each page's stored
+    values) and `split_file` listing them."""
+    for name in names:
+        copy_image(data, split, name, root / 'JPEGImages' / f'{name}.jpg')
+        write_mask(masks / f'{name}.png', page_mask(data, split, name))
+    split_file.parent.mkdir(parents=True, exist_ok=True)
+    split_file.write_text(''.join(f'{name}\n' for name in names))
+
+
 class SplitFileLayout(PublishedLayout):
     """A Pascal set: JPEGImages, a mask folder and ImageSets/`split_folder`/{train,val}.txt under its root."""
 
@@ -113,12 +125,8 @@ class SplitFileLayout(PublishedLayout):
 
     def write_split(self, data: SmallDenseData, root: Path, split: str, names: list[str]) -> None:
         """The JPEGs, their masks (`write_mask`) and the split file."""
-        for name in names:
-            copy_image(data, split, name, root / 'JPEGImages' / f'{name}.jpg')
-            self.write_mask(root / self.mask_folder / f'{name}.png', page_mask(data, split, name))
-        split_file = root / 'ImageSets' / self.split_folder / f'{TRAIN_VAL[split]}.txt'
-        split_file.parent.mkdir(parents=True, exist_ok=True)
-        split_file.write_text(''.join(f'{name}\n' for name in names))
+        write_listed(data, split, names, root, root / self.mask_folder, self.write_mask,
+                     root / 'ImageSets' / self.split_folder / f'{TRAIN_VAL[split]}.txt')
 
     def write_mask(self, path: Path, stored: np.ndarray) -> None:
         """A page's mask (class c stored as c + 1, 0 ignored) in this set's values."""
@@ -195,9 +203,6 @@ class PascalVOCAugLayout(PascalVOCLayout):
         """The training pages' first third as VOC's training set, the others as SBD's (grayscale masks)."""
         voc = names if split != 'training' else names[:len(names) // self.voc_share]
         super().write_split(data, root, split, voc)
-        aug = names[len(voc):]
-        for name in aug:
-            copy_image(data, split, name, root / 'JPEGImages' / f'{name}.jpg')
-            write_png(root / AUG_MASKS / f'{name}.png', train_ids(page_mask(data, split, name)))
         if split == 'training':
-            (root / AUG_SPLIT).write_text(''.join(f'{name}\n' for name in aug))
+            write_listed(data, split, names[len(voc):], root, root / AUG_MASKS,
+                         lambda path, stored: write_png(path, train_ids(stored)), root / AUG_SPLIT)
