@@ -91,26 +91,36 @@ def cut_region(pixels: np.ndarray, full_size: tuple[int, int], crop: tuple[int, 
 
 
 @functools.cache
-def reduce_multiplier(count: int) -> int:
-    """Pillow's fixed-point reciprocal of a box of `count` pixels: 2^32 / (2^8 count) in float32, truncated."""
-    return int(np.float32(2.0 ** 32) / np.float32(256 * count))
-
-
-def box_sums(pixels: np.ndarray, factor: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sums over blocks of `factor` along `axis` (the last block the pixels left) and each block's length."""
-    length = pixels.shape[axis]
-    starts = np.arange(0, length, factor)
-    return np.add.reduceat(pixels, starts, axis=axis, dtype=np.int64), np.diff(np.append(starts, length))
+def reduce_table(count: int) -> np.ndarray:
+    """Pillow's `reduce` of every sum a box of `count` pixels can hold: (sum + count // 2) times its fixed-point
+    reciprocal 2^32 / (2^8 count) (in float32, truncated), shifted down 24 bits."""
+    sums = np.arange(255 * count + 1, dtype=np.int64)
+    multiplier = int(np.float32(2.0 ** 32) / np.float32(256 * count))
+    return (((sums + count // 2) * multiplier) >> 24).astype(np.uint8)
 
 
 def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
-    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value (its fixed-point arithmetic)."""
+    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value; the last row and column of
+    blocks may be partial."""
     fx, fy = factors
-    rows, heights = box_sums(pixels, fy, 0)
-    sums, widths = box_sums(rows, fx, 1)
-    counts = heights[:, None] * widths[None, :]
-    multipliers = np.vectorize(reduce_multiplier, otypes=[np.int64])(counts)
-    return (((sums + (counts // 2)[..., None]) * multipliers[..., None]) >> 24).astype(np.uint8)
+    h, w = pixels.shape[:2]
+    rows, cols = -(-h // fy), -(-w // fx)
+    # zeros pad the partial blocks to whole ones: their sums keep, their counts come from the true lengths
+    padded = np.zeros((rows * fy, cols * fx, 3), np.uint16 if 255 * fx * fy < 2 ** 16 else np.uint32)
+    padded[:h, :w] = pixels
+    row_sums = padded[0::fy].copy()
+    for i in range(1, fy):
+        row_sums += padded[i::fy]
+    blocks = row_sums.reshape(rows, cols, fx, 3)
+    sums = blocks[:, :, 0].copy()
+    for j in range(1, fx):
+        sums += blocks[:, :, j]
+    reduced = np.empty(sums.shape, np.uint8)
+    for row_part, height in ((slice(0, h // fy), fy), (slice(h // fy, rows), h % fy)):
+        for col_part, width in ((slice(0, w // fx), fx), (slice(w // fx, cols), w % fx)):
+            if height and width:
+                reduced[row_part, col_part] = reduce_table(height * width)[sums[row_part, col_part]]
+    return reduced
 
 
 def cut_decoded(image: torch.Tensor, bounds: RegionBounds) -> torch.Tensor:
