@@ -24,9 +24,6 @@ from backbones.registry import families
 __all__ = ['REL_POS_KEYS', 'WindowAttention', 'set_token_grid', 'use_window_attention', 'vitdet_global_blocks']
 
 REL_POS_KEYS = ('.attn.rel_pos_h', '.attn.rel_pos_w')  # a block's tables (detectron2's names), zeros at first
-# the most elements (regions x heads x queries x keys) of an image's relative-position bias built at once: 64 MiB in
-# float32
-BIAS_CHUNK_ELEMENTS = 2 ** 24
 
 WHY_NOT = {
     'EvaAttention': 'its rotary position embeddings turn q and k by each token\'s place in the whole grid',
@@ -103,8 +100,7 @@ class WindowAttention(nn.Module):
                         for t, r in zip((k, v), regions[1:]))
         mask = self._padding_mask(H, W, B, x.dtype, x.device)
         if self.rel_pos:
-            out = self._attend_with_rel_pos(regions[0], keys, values, self._rel_pos_terms(regions[0], side), mask,
-                                            count)
+            out = self._attend_with_rel_pos(regions[0], keys, values, side, mask)
         else:
             out = self._attend(regions[0], keys, values, None, mask)
         out = self._from_regions(out, H, W)
@@ -152,27 +148,38 @@ class WindowAttention(nn.Module):
         columns = torch.einsum('nahwc,wkc->nahwk', grid_q, get_rel_pos(side[1], side[1], self.rel_pos_w))
         return rows.reshape(regions, heads, L, side[0]), columns.reshape(regions, heads, L, side[1])
 
-    def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             terms: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                             regions_per_image: int) -> torch.Tensor:
-        """`_attend` with the relative positions, a chunk of queries at a time, each chunk's bias built under
-        checkpointing when training (a bias per block took more memory than global attention)."""
-        _, heads, L, _ = q.shape
-        # sized per image, not per batch: the chunks may not depend on a batch size that an export keeps dynamic
-        rows = max(1, BIAS_CHUNK_ELEMENTS // (regions_per_image * heads * k.shape[2]))
-        recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *terms))
-        chunks = []
-        for start in range(0, L, rows):
-            part = (q[:, :, start:start + rows], k, v, *(t[:, :, start:start + rows] for t in terms), mask)
-            chunks.append(checkpoint(self._attend_chunk, *part, use_reentrant=False) if recompute
-                          else self._attend_chunk(*part))
-        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
+    def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, side: tuple[int, int],
+                             mask: torch.Tensor | None) -> torch.Tensor:
+        """`_attend` with the decomposed relative positions (none towards the prefix tokens). A key's bias is the
+        query's term towards its row plus its term towards its column, so fused attention takes it inside its dot
+        products: each query carries its terms beside its scaled self, each patch key the one-hot of its row and of
+        its column, and no (queries x keys) bias is made or kept for the backward pass (CaiT's talking heads, which
+        make their logits anyway, add the bias to them). When training, the widened queries, keys and values are
+        rebuilt in the backward pass rather than kept (they would take more than the block's other activations)."""
+        if self.talking_heads:
+            rows, columns = self._rel_pos_terms(q, side)
+            bias = (rows[..., :, None] + columns[..., None, :]).flatten(-2)
+            return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, self.rel_pos_h, self.rel_pos_w)):
+            return checkpoint(self._attend_widened, q, k, v, side, mask, use_reentrant=False)
+        return self._attend_widened(q, k, v, side, mask)
 
-    def _attend_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
-                      columns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """`_attend` for a chunk of queries with their relative-position bias (none towards the prefix tokens)."""
-        bias = (rows[..., :, None] + columns[..., None, :]).flatten(-2)
-        return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
+    def _attend_widened(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, side: tuple[int, int],
+                        mask: torch.Tensor | None) -> torch.Tensor:
+        """Fused attention over the queries widened by their relative-position terms and the keys by their places."""
+        rows, columns = self._rel_pos_terms(q, side)
+        places = torch.cat([torch.eye(side[0]).repeat_interleave(side[1], 0), torch.eye(side[1]).repeat(side[0], 1)],
+                           dim=1)
+        places = F.pad(places, (0, 0, self.num_prefix_tokens, 0)).to(k)  # the prefix keys': zeros
+        queries = torch.cat([q * self.scale, rows, columns], dim=-1)
+        keys = torch.cat([k, places.expand(*k.shape[:2], -1, -1)], dim=-1)
+        # the values padded with zeros to the queries' width: the fused kernels take one width (the unfused path,
+        # which another width falls to, keeps the weights)
+        values = F.pad(v, (0, queries.shape[-1] - v.shape[-1]))
+        bias = None if mask is None else mask.to(q.dtype)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias,
+                                             dropout_p=self.attn_drop.p if self.training else 0.0, scale=1.0)
+        return out[..., :v.shape[-1]]
 
     def _padding_mask(self, H: int, W: int, B: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         """(B * windows, 1, 1, P + L): -inf at the keys padding the grid to whole windows; None where none do."""

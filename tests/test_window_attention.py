@@ -141,10 +141,10 @@ def test_what_the_padding_holds_does_not_change_the_outputs(family, monkeypatch)
 
 
 def materialised_attention(module: WindowAttention, x: torch.Tensor) -> torch.Tensor:
-    """An independent reference for a plain (not talking-heads) attention with relative positions: each window's
-    real tokens attend to the prefix tokens and to each other with the full (queries x keys) bias, each pair's term
-    looked up by its row and column offsets (`q . Rh[r_q, r_k] + q . Rw[c_q, c_k]`); the prefix tokens attend to
-    every token without bias. A grid without windows is one window."""
+    """An independent reference for attention with relative positions: each window's real tokens attend to the
+    prefix tokens and to each other with the full (queries x keys) bias, each pair's term looked up by its row and
+    column offsets (`q . Rh[r_q, r_k] + q . Rw[c_q, c_k]`); the prefix tokens attend to every token without bias.
+    A grid without windows is one window. CaiT's talking heads mix the biased logits and the weights across heads."""
     prefix, (H, W) = module.num_prefix_tokens, module.grid
     size = module.window_size or max(H, W)
     tables = [get_rel_pos(side, side, table) for side, table in zip((module.window_size or H, module.window_size or W),
@@ -154,7 +154,10 @@ def materialised_attention(module: WindowAttention, x: torch.Tensor) -> torch.Te
 
     def attend(queries: list[int], keys: list[int], bias: torch.Tensor | float) -> torch.Tensor:
         logits = q[:, :, queries] @ k[:, :, keys].transpose(-2, -1) * module.scale + bias
-        return logits.softmax(-1) @ v[:, :, keys]
+        if not module.talking_heads:
+            return logits.softmax(-1) @ v[:, :, keys]
+        logits = module.proj_l(logits.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return module.proj_w(logits.softmax(-1).permute(0, 2, 3, 1)).permute(0, 3, 1, 2) @ v[:, :, keys]
 
     out = torch.empty_like(q)
     out[:, :, :prefix] = attend(list(range(prefix)), list(range(N)), 0.0)
@@ -169,22 +172,23 @@ def materialised_attention(module: WindowAttention, x: torch.Tensor) -> torch.Te
 
 @pytest.mark.parametrize('dtype, tolerance', [(torch.float32, 1e-5), (torch.float64, 1e-10)])
 @pytest.mark.parametrize('window, grid', [(3, (5, 7)), (3, (6, 6)), (None, (5, 7))])
-@pytest.mark.parametrize('chunk_elements', [1, 2 ** 24])  # a query a chunk; all at once
-def test_relative_positions_built_by_chunks_match_the_materialised_bias_forward_and_backward(
-        window, grid, chunk_elements, dtype, tolerance, monkeypatch):
-    """The bias built a chunk of queries at a time and rebuilt in the backward pass gives the outputs and the
-    gradients (input, qkv and proj weights, both tables) of attention with the whole bias materialised, in windows
-    padded or not and without windows, with class and register tokens."""
-    monkeypatch.setattr(window_attention, 'BIAS_CHUNK_ELEMENTS', chunk_elements)
+@pytest.mark.parametrize('family', ['vit_registers', 'cait'])
+def test_relative_positions_inside_the_dot_products_match_the_materialised_bias_forward_and_backward(
+        window, grid, family, dtype, tolerance):
+    """The bias taken inside fused attention's dot products (each query's row and column terms against each key's
+    one-hot row and column) gives the outputs and the gradients (input, qkv and proj weights, both tables) of
+    attention with the whole bias materialised, in windows padded or not and without windows, with class and
+    register tokens; CaiT's talking heads with the bias added to their logits likewise."""
     torch.manual_seed(0)
-    attn = randomised(tiny_model('vit_registers').blocks[0].attn)
-    module = windowed(attn, window, 3, grid, rel_pos_side=window or max(grid)).to(dtype).train()
+    attn = randomised(tiny_model(family).blocks[0].attn)
+    module = windowed(attn, window, prefix_tokens(family), grid, rel_pos_side=window or max(grid)).to(dtype).train()
     with torch.no_grad():
         module.rel_pos_h.normal_()
         module.rel_pos_w.normal_()
-    x = torch.randn(2, 3 + grid[0] * grid[1], DIM, dtype=dtype, requires_grad=True)
+    x = torch.randn(2, prefix_tokens(family) + grid[0] * grid[1], DIM, dtype=dtype, requires_grad=True)
     weights = torch.randn(x.shape, dtype=dtype)
-    inputs = [x, module.qkv.weight, module.qkv.bias, module.proj.weight, module.rel_pos_h, module.rel_pos_w]
+    inputs = [x, module.qkv.weight, module.proj.weight, module.rel_pos_h, module.rel_pos_w]
+    inputs += [p for name, p in module.named_parameters() if name in ('qkv.bias', 'proj_l.weight', 'proj_w.weight')]
     got, expected = module(x), materialised_attention(module, x)
     assert_close_to_scale(got, expected, tolerance)
     for g, e in zip(torch.autograd.grad((got * weights).sum(), inputs),
@@ -198,25 +202,6 @@ def assert_close_to_scale(got: torch.Tensor, expected: torch.Tensor, tolerance: 
     scale = expected.abs().max()
     assert scale > 0
     torch.testing.assert_close(got, expected, atol=tolerance * scale.item(), rtol=0)
-
-
-def test_talking_heads_relative_positions_by_chunks_match_one_chunk(monkeypatch):
-    """CaiT's talking heads mix the biased logits across heads: a query a chunk gives the outputs and gradients of
-    all queries in one chunk (a 5x7 grid in padded 3x3 windows)."""
-    module = windowed(randomised(tiny_model('cait').blocks[0].attn), 3, 0, (5, 7), rel_pos_side=3).train()
-    with torch.no_grad():
-        module.rel_pos_h.normal_()
-        module.rel_pos_w.normal_()
-    x = torch.randn(2, 35, DIM, requires_grad=True)
-    # not proj_l's bias: it shifts all logits of a head alike, which the softmax undoes (its gradient is rounding)
-    inputs = [x, *(p for name, p in module.named_parameters() if name != 'proj_l.bias')]
-    results = []
-    for chunk_elements in (1, 2 ** 24):
-        monkeypatch.setattr(window_attention, 'BIAS_CHUNK_ELEMENTS', chunk_elements)
-        out = module(x)
-        results.append((out, *torch.autograd.grad(out.square().sum(), inputs)))
-    for got, expected in zip(*results):
-        assert_close_to_scale(got, expected, 1e-5)
 
 
 def backbone(**options) -> torch.nn.Module:
