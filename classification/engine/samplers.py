@@ -39,19 +39,6 @@ class ResumableSampler(Sampler[int]):
         return len(self.sampler) - self.start
 
 
-class ShardSampler(Sampler[int]):
-    """Every world_size-th index from `rank`: each item seen exactly once over all processes (for evaluation)."""
-
-    def __init__(self, num_items: int, info: DistInfo) -> None:
-        self.indices = list(range(info.rank, num_items, info.world_size))
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
 @dataclass(frozen=True)
 class Batching:
     """How a run's loaders batch (per process; reshuffled each epoch with `seed`; `places`: `SamplePlace` indices)."""
@@ -79,6 +66,7 @@ def sharded_loaders(train_set: Dataset, eval_sets: Sequence[Dataset], batching: 
         sampler = DistributedSampler(train_set, info.world_size, info.rank, shuffle=True, seed=batching.seed,
                                      drop_last=True)
     sampler = ResumableSampler(sampler, info.rank if batching.places else None)
+    # evaluation: every world_size-th item from the rank, each seen exactly once over all processes
     return [DataLoader(train_set, batching.size, sampler=sampler, drop_last=True, **common)] + [
-        DataLoader(dataset, batching.size, sampler=ShardSampler(len(dataset), info), **common)
+        DataLoader(dataset, batching.size, sampler=range(info.rank, len(dataset), info.world_size), **common)
         for dataset in eval_sets]
