@@ -10,13 +10,13 @@ give the sizes."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from backbones.common.files import write_folder_once
 from classification.digits.scans import VAL_EVERY, render_scan
 
 CLASSES = ('background',) + tuple(str(d) for d in range(10))
@@ -33,7 +33,6 @@ GROUND_DEPTH = (6.0, 4.0)  # metres at the top and at the bottom of a page
 DIGIT_DEPTH = (1.5, 0.25)  # metres: digit d stands at 1.5 + 0.25 d
 DEPTH_SCALE = 1000  # depth PNG values per metre (NYU-v2's millimetres)
 INSTANCE_CATEGORIES = [dict(id=d + 1, name=str(d)) for d in range(10)]
-READY = 'READY'
 PALETTE = [[120, 120, 120]] + [[int(c) for c in cv2.cvtColor(np.uint8([[[18 * d, 220, 255]]]), cv2.COLOR_HSV2RGB)[0, 0]]
                                for d in range(10)]  # grey background, digits around the hue circle
 
@@ -101,12 +100,11 @@ def scan_splits(count: int) -> dict:
 
 def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
     """Write the set under `root` unless it is complete (a set an older version wrote is replaced)."""
+    return write_folder_once(root, VERSION, lambda folder: _write_pages(folder, seed))
+
+
+def _write_pages(root: Path, seed: int) -> None:
     from sklearn.datasets import load_digits
-    root = Path(root)
-    ready = root / READY
-    if ready.is_file() and ready.read_text() == VERSION:
-        return root
-    shutil.rmtree(root, ignore_errors=True)
     scans, digits = load_digits(return_X_y=True)
     scans = scans.reshape(-1, 8, 8)
     for index, (split, scan_index) in enumerate(scan_splits(len(scans)).items()):
@@ -125,5 +123,3 @@ def write_digits_ade(root: str | Path, seed: int = 0) -> Path:
             coco['annotations'] += [coco_annotation(mask, digit, i + 1, len(coco['annotations']) + n + 1)
                                     for n, (digit, mask) in enumerate(instances) if mask.any()]
         (root / 'annotations' / f'instances_{split}.json').write_text(json.dumps(coco))
-    ready.write_text(VERSION)
-    return root

@@ -2,13 +2,14 @@
 image one scan filling the frame (a ViT learns small scans at random places far too slowly for a few CPU minutes)."""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import cv2
 import numpy as np
 from PIL import Image
+
+from backbones.common.files import write_folder_once
 
 IMAGE_SIZE = 32  # the 8x8 scans are stored upsampled; training resizes them again
 VERSION = 'sklearn.datasets.load_digits: full-frame scans, 32 px, bilinear\n'
@@ -22,22 +23,16 @@ def render_scan(scan: np.ndarray, size: int) -> np.ndarray:
 
 def write_digits_folder(root: Path) -> Path:
     """train/<digit>/<n>.png and val/<digit>/<n>.png from sklearn's digits (an older version's replaced)."""
-    if (root / 'READY').is_file() and (root / 'READY').read_text() == VERSION:
-        return root
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    tmp = root.with_name(root.name + '.tmp')
-    shutil.rmtree(tmp, ignore_errors=True)
-    for n, (scan, label) in enumerate(zip(digits.images, digits.target)):
-        split = 'val' if n % VAL_EVERY == 0 else 'train'
-        folder = tmp / split / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        grey = np.uint8(np.round(render_scan(scan, IMAGE_SIZE) * 255))
-        Image.fromarray(grey, 'L').convert('RGB').save(folder / f'{n:04d}.png')
-    shutil.rmtree(root, ignore_errors=True)
-    os.replace(tmp, root)
-    (root / 'READY').write_text(VERSION)
-    return root
+    def write(folder: Path) -> None:
+        from sklearn.datasets import load_digits
+        digits = load_digits()
+        for n, (scan, label) in enumerate(zip(digits.images, digits.target)):
+            class_folder = folder / ('val' if n % VAL_EVERY == 0 else 'train') / str(label)
+            class_folder.mkdir(parents=True, exist_ok=True)
+            grey = np.uint8(np.round(render_scan(scan, IMAGE_SIZE) * 255))
+            Image.fromarray(grey, 'L').convert('RGB').save(class_folder / f'{n:04d}.png')
+
+    return write_folder_once(root, VERSION, write)
 
 
 def discard_outdated(digits_dir: Path) -> None:

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from mmengine.config import Config
 
+from backbones.common.files import ready_mark
 from backbones.common.log import logger
 from backbones.common.outputs import output_folder
 from backbones.dense.config import LOADERS, datasets
@@ -19,7 +20,7 @@ from backbones.dense.layouts import WrittenLayout, layout_of
 from backbones.dense.tasks import SmallDenseData, task_of
 from backbones.dense.train import PretrainedBackbone, Pretraining
 from classification.digits.cls_data import RECIPE, EmbeddedScans, describe_backbone
-from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, READY, VERSION, write_digits_ade
+from classification.digits.pages import CLASSES, DEPTH_SCALE, IMAGE_SIZE, PALETTE, VERSION, write_digits_ade
 
 PAGES_DIR = Path('data/digits_seg')  # the default --digits-seg-dir
 # The configs run on the pages at the scale that makes their training crop (ADE20K's configs': 512) the input size
@@ -85,8 +86,7 @@ class EmbeddedPages:
 
     def moved_to(self, root: Path) -> EmbeddedPages:
         """The pages in `root` where they are written there whole (its READY mark of this version), else these."""
-        ready = Path(root) / READY
-        if ready.is_file() and ready.read_text() == VERSION:
+        if ready_mark(root) == VERSION:
             return replace(self, root=Path(root))
         return self
 
