@@ -22,7 +22,7 @@ from timm.models._hub import download_cached_file
 
 from backbones.common.errors import CheckpointError, UsageError
 from backbones.common.exporting import check_exported_file
-from backbones.common.files import load_weights_only
+from backbones.common.files import first_line, load_weights_only
 from backbones.layers import DIST_HEAD, resize_pos_embed
 from backbones.registry import create_model, families, model_family
 from backbones.token_head import TOKEN_HEAD
@@ -230,9 +230,8 @@ def pretrained_model(name: str, checkpoint: str | Path | None, num_classes: int,
         try:
             model = create_model(name, pretrained=True, **kwargs)
         except (OSError, RuntimeError) as e:  # offline, or a failed download
-            reason = (str(e).strip().splitlines() or [''])[0]
             raise CheckpointError(f'could not fetch timm\'s pretrained weights for {name} ({type(e).__name__}: '
-                                  f'{reason}); give a local checkpoint file') from e
+                                  f'{first_line(e)}); give a local checkpoint file') from e
     else:
         model = create_model(name, num_classes=num_classes, **kwargs)
         load_checkpoint(model, checkpoint)
@@ -309,5 +308,5 @@ def fetched(source: str, download: Callable[[], str], setting: str, remedy: str)
     try:
         return download()
     except Exception as e:  # urllib, http.client and huggingface_hub raise their own kinds
-        reason = (str(e).strip().splitlines() or [''])[0]
-        raise CheckpointError(f'cannot download the weights {source} ({type(e).__name__}: {reason}); {remedy}') from e
+        raise CheckpointError(f'cannot download the weights {source} ({type(e).__name__}: {first_line(e)}); '
+                              f'{remedy}') from e

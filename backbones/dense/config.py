@@ -69,8 +69,6 @@ RENAMED_MODULES = {'segmentation.notices': 'backbones.dense.silenced_warnings',
                    'visualization.figures': 'backbones.common.drawing',
                    # the dense stack, named `backbones.segmentation` in 0.2.0; own data serves every task
                    'backbones.segmentation': 'backbones.dense',
-                   'segmentation.own_data': 'backbones.dense.own_data',
-                   'backbones.segmentation.own_data': 'backbones.dense.own_data',
                    'backbones.segmentation.semantic.own_data': 'backbones.dense.own_data',
                    # semantic segmentation's modules, moved into its task's folder after 0.2.0
                    'segmentation.metrics': 'backbones.dense.semantic.metric',
