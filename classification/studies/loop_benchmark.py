@@ -3,7 +3,6 @@ stage that bounds it (tools/benchmark_loop.py)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import sys
@@ -68,6 +67,13 @@ TRAIN_FLOPS_PER_MAC = 6  # a training step: the forward's 2 FLOPs per MAC, the b
 # dense bf16/fp16 tensor-core peaks, TFLOP/s (NVIDIA's data sheets), by the device's name; the first match counts
 HALF_PRECISION_PEAKS = (('H100 PCIe', 756.0), ('H100 NVL', 835.0), ('H100', 989.4), ('H200', 989.4),
                         ('A100', 312.0))
+# the per-core figures' ratios: name -> (numerator, denominator)
+PER_CORE_RATIOS = {'batched_over_pil': ('batched', 'pil'), 'workers_half_over_timm': ('batched_workers_half', 'timm'),
+                   'pil_over_timm': ('pil', 'timm'), 'workers_half_over_pil': ('batched_workers_half', 'pil'),
+                   'pillow_decode_workers_half_over_timm': ('batched_workers_half_pillow_decode', 'timm'),
+                   'pillow_decode_pil_over_timm': ('pil_pillow_decode', 'timm'),
+                   'simplejpeg_gain_workers_half': ('batched_workers_half', 'batched_workers_half_pillow_decode'),
+                   'simplejpeg_gain_pil': ('pil', 'pil_pillow_decode')}
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
@@ -113,9 +119,6 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     args = parser.parse_args(argv)
     args.device = device_name(args.device)  # a GPU that is not there is a one-line error
     check_decode(args.decode, 'batched', torch.device(args.device))
-    if args.timm_train and not Path(args.timm_train).is_file():
-        raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
-                         f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
     if args.timm_train:
         check_timm_train(args)
     if args.min_batches is None:
@@ -345,7 +348,10 @@ def timm_train_command(script: Path, model_name: str, num_classes: int, data_roo
 
 
 def check_timm_train(args: argparse.Namespace) -> None:
-    """Before any timing: `--timm-train` has a model to run and takes every option the comparison passes."""
+    """Before any timing: `--timm-train` is a file with a model to run, taking every option the comparison passes."""
+    if not Path(args.timm_train).is_file():
+        raise UsageError(f'--timm-train {args.timm_train}: no such file (timm\'s train.py, from a clone of '
+                         f'https://github.com/huggingface/pytorch-image-models at the installed timm\'s version)')
     plain = [m for m in args.models if not recipe_for(m).token_labeling]
     if not plain:
         raise UsageError(f"--timm-train: timm's train.py runs the models without token labeling, and --models gives "
@@ -378,13 +384,10 @@ def timed_updates(run: LaunchedCommand, bench: BenchedModel) -> dict[str, float 
 def device_batch(bench: BenchedModel, augment: str) -> dict:
     """One training batch as model input on the device (read in this process: no workers beside the step timings)."""
     loader, device_tf = bench.loaders(augment, workers=0)
-    info = bench.info
     batch = next(iter(loader))
-    batch['image'] = model_input(batch, info, device_tf)
-    for key in ('label', 'scores', 'classes'):
-        if key in batch:
-            batch[key] = batch[key].to(info.device)
-    return batch
+    batch['image'] = model_input(batch, bench.info, device_tf)
+    on_device = {key: batch[key].to(bench.info.device) for key in ('label', 'scores', 'classes') if key in batch}
+    return {**batch, **on_device}
 
 
 def peak_tflops(args: argparse.Namespace) -> float | None:
@@ -508,25 +511,15 @@ def per_core_images_per_second(bench: BenchedModel, sizes: dict[str, float]) -> 
             per_core['pil_pillow_decode'] = pipeline_images_per_second(bench, 'pil', 0)
             per_core['batched_workers_half_pillow_decode'] = pipeline_images_per_second(bench, 'batched', 0,
                                                                                         with_device_half=False)
-    per_core['batched_over_pil'] = per_core['batched'] / per_core['pil']
-    per_core['workers_half_over_timm'] = per_core['batched_workers_half'] / per_core['timm']
-    per_core['pil_over_timm'] = per_core['pil'] / per_core['timm']
-    per_core['workers_half_over_pil'] = per_core['batched_workers_half'] / per_core['pil']
-    per_core['pillow_decode_workers_half_over_timm'] = per_core['batched_workers_half_pillow_decode'] / per_core['timm']
-    per_core['pillow_decode_pil_over_timm'] = per_core['pil_pillow_decode'] / per_core['timm']
-    per_core['simplejpeg_gain_workers_half'] = (per_core['batched_workers_half']
-                                                / per_core['batched_workers_half_pillow_decode'])
-    per_core['simplejpeg_gain_pil'] = per_core['pil'] / per_core['pil_pillow_decode']
-    return per_core
+    return {**per_core, **{ratio: per_core[a] / per_core[b] for ratio, (a, b) in PER_CORE_RATIOS.items()}}
 
 
 def step_variants() -> dict[str, tuple[StepOptions, str, None]]:
     """The step with none of the trainer's step options, then with each alone: (options, amp, preset)."""
     plain = StepOptions(fused_optimizer=False, channels_last=False, compile=False)
-    return {'plain': (plain, 'none', None),
-            'fused_optimizer': (dataclasses.replace(plain, fused_optimizer=True), 'none', None),
-            'channels_last': (dataclasses.replace(plain, channels_last=True), 'none', None),
-            'bf16': (plain, 'bf16', None), 'compile': (dataclasses.replace(plain, compile=True), 'none', None)}
+    return {'plain': (plain, 'none', None), 'fused_optimizer': (replace(plain, fused_optimizer=True), 'none', None),
+            'channels_last': (replace(plain, channels_last=True), 'none', None), 'bf16': (plain, 'bf16', None),
+            'compile': (replace(plain, compile=True), 'none', None)}
 
 
 def describe(f: dict[str, object], workers: int) -> list[str]:
