@@ -11,6 +11,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -118,9 +119,9 @@ def loop_benchmark_stage(results: Results, args: argparse.Namespace, limit: floa
                '--batch-size', sizes.batch_size, '--workers', sizes.workers, '--images', sizes.images, '--seconds',
                f'{sizes.seconds:g}', '--min-batches', sizes.min_batches, '--skip-updates', sizes.skip_updates,
                '--compare-loop', '--train-cls', '--json']
-    # the file given, wherever this call runs: the benchmark runs in the checkout
-    options += ['--timm-train', Path(args.timm_train).resolve()] if args.timm_train else []
-    if not args.timm_train:
+    if args.timm_train:  # the file given, wherever this call runs: the benchmark runs in the checkout
+        options += ['--timm-train', Path(args.timm_train).resolve()]
+    else:
         logger.info("loop_benchmark: no --timm-train: timm's train.py is not timed (the suite against it is part 1's "
                     "first figure: bring train.py from a clone of timm's repository)")
     progress: dict[str, float] = {}
@@ -174,22 +175,21 @@ def pytest_stage(key: str, tests: tuple[str, ...], what: str) -> Callable[[Resul
         started = time.perf_counter()
 
         def record(timed_out: bool = False) -> None:
-            counted = {kind: sum(1 for o in outcomes.values() if o == kind) for kind in ('PASSED', 'FAILED', 'SKIPPED')}
-            failed = counted['FAILED'] + sum(1 for o in outcomes.values() if o == 'ERROR')
+            counted = Counter(outcomes.values())
+            failed = counted['FAILED'] + counted['ERROR']
             results.update(key, {
                 'how': f'python -m pytest -m gpu {" ".join(tests)}', 'passed': counted['PASSED'], 'failed': failed,
                 'ran': counted['PASSED'] + failed, 'skipped': counted['SKIPPED'], 'outcomes': dict(outcomes),
-                'failures': dict(failures),
-                'seconds': round(time.perf_counter() - started, 1), 'timed_out': timed_out})
+                'failures': dict(failures), 'seconds': round(time.perf_counter() - started, 1), 'timed_out': timed_out})
 
         def on_line(line: str) -> None:
             logger.info(f'  {line}')
             found, failure = PYTEST_OUTCOME.match(line), PYTEST_FAILURE.match(line)
             if found:
                 outcomes[found[1].split('::', 1)[1]] = found[2]
-                record()
             elif failure:
                 failures[failure[1]] = failure[2][:300]
+            if found or failure:
                 record()
 
         with LaunchedCommand([sys.executable, '-m', 'pytest', '-m', 'gpu', *tests, '-v', '-rfE', '-p',
