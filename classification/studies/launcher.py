@@ -101,11 +101,8 @@ def process_tree(pid: int) -> list[int]:
 
 def session_members(session: int) -> list[int]:
     """The processes of session `session` (its leader's pid): those a leader that ended left behind included."""
-    members = []
-    for entry in Path('/proc').iterdir():
-        if entry.name.isdigit() and (fields := process_fields(int(entry.name))) and fields[3] == str(session):
-            members.append(int(entry.name))
-    return members
+    return [int(entry.name) for entry in Path('/proc').iterdir()
+            if entry.name.isdigit() and (fields := process_fields(int(entry.name))) and fields[3] == str(session)]
 
 
 def kill_processes(roots: Iterable[int], timeout: float = 30.0) -> None:
@@ -121,12 +118,11 @@ def kill_processes(roots: Iterable[int], timeout: float = 30.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGSTOP)
             stopped.add(p)
-    own = os.getpgrp()
     groups = set()
     for p in stopped:
         with contextlib.suppress(ProcessLookupError):
             groups.add(os.getpgid(p))
-    for group in groups - {own}:
+    for group in groups - {os.getpgrp()}:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
     for p in stopped:
