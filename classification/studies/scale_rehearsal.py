@@ -3,6 +3,7 @@ the label store, listing, loader-worker memory, the first update and checkpoints
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import shutil
@@ -240,34 +241,36 @@ class MeasurementTable:
         return '\n'.join(lines + [f'| {stage} | {what} | {value} |' for stage, what, value in self.rows])
 
 
+Recorder = Callable[..., None]  # a stage's rows: MeasurementTable.add with the stage's name given
+
+
 def mb(value: int) -> str:
     return f'{value / MB:,.0f} MB'
 
 
-def stage_build(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_build(args: argparse.Namespace, add: Recorder) -> None:
     built = build_trees(args.root, args.scale)
-    measurements.add('build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
-    measurements.add('build', 'training images, millions', built['train'] / 1000000, f'{built["train"] / 1e6:.2f}M')
+    add('training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    add('training images, millions', built['train'] / 1000000, f'{built["train"] / 1e6:.2f}M')
     if built['reused']:
-        measurements.add('build', 'trees', 'reused from an earlier run')
+        add('trees', 'reused from an earlier run')
         return
-    measurements.add('build', 'files written (images and release)', built['files'])
-    measurements.add('build', 'seconds', round(built['seconds'], 1))
-    measurements.add('build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
+    add('files written (images and release)', built['files'])
+    add('seconds', round(built['seconds'], 1))
+    add('disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
 
 
-def stage_listing(args: argparse.Namespace, measurements: MeasurementTable, split: str = 'train') -> None:
-    stage = 'listing' if split == 'train' else 'val-listing'
+def stage_listing(args: argparse.Namespace, add: Recorder, split: str = 'train') -> None:
     before = process_memory().uss
     (_, samples), seconds = timed(lambda: scan_split(args.root / 'imagenet', split))
-    measurements.add(stage, 'files listed', len(samples))
-    measurements.add(stage, 'seconds', round(seconds, 2))
-    measurements.add(stage, 'files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
+    add('files listed', len(samples))
+    add('seconds', round(seconds, 2))
+    add('files/s', round(len(samples) / seconds), f'{len(samples) / seconds:,.0f}')
     grown = process_memory().uss - before
-    measurements.add(stage, 'memory of the listing (USS)', grown, mb(grown))
+    add('memory of the listing (USS)', grown, mb(grown))
 
 
-def stage_import(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_import(args: argparse.Namespace, add: Recorder) -> None:
     store = args.root / 'imported'
     shutil.rmtree(store, ignore_errors=True)
     _, seconds = timed(lambda: import_released_labels(args.root / 'imagenet', args.root / 'release', store,
@@ -275,29 +278,29 @@ def stage_import(args: argparse.Namespace, measurements: MeasurementTable) -> No
     imported = TokenLabelStore(store, verify=False)
     rows = len(imported)
     size = sum(f.stat().st_size for f in store.iterdir() if f.is_file())
-    measurements.add('import', 'files imported', rows)
-    measurements.add('import', 'seconds', round(seconds, 1))
-    measurements.add('import', 'files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
-    measurements.add('import', 'store size', size, f'{size / 1024 ** 3:.2f} GB')
+    add('files imported', rows)
+    add('seconds', round(seconds, 1))
+    add('files/s', round(rows / seconds), f'{rows / seconds:,.0f}')
+    add('store size', size, f'{size / 1024 ** 3:.2f} GB')
     same = all(np.array_equal(a, b) for a, b in zip(imported.arrays(),
                                                       TokenLabelStore(args.root / 'store', verify=False).arrays()))
-    measurements.add('import', 'rows equal to the directly written store', same)
+    add('rows equal to the directly written store', same)
     shutil.rmtree(store)
 
 
-def stage_store(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_store(args: argparse.Namespace, add: Recorder) -> None:
     before = process_memory().uss
     store, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=False))
-    measurements.add('store', 'open without verification, seconds', round(seconds, 2))
+    add('open without verification, seconds', round(seconds, 2))
     grown = process_memory().uss - before
-    measurements.add('store', 'memory of the open store (USS)', grown, mb(grown))
+    add('memory of the open store (USS)', grown, mb(grown))
     del store
     forget_verification(args.root)
     _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
-    measurements.add('store', 'open with verification, seconds', round(seconds, 1))
+    add('open with verification, seconds', round(seconds, 1))
     if (args.root / 'store' / VERIFIED).exists():  # recorded: the next opening reads no row
         _, seconds = timed(lambda: TokenLabelStore(args.root / 'store', verify=True))
-        measurements.add('store', f'open again ({VERIFIED} recorded), seconds', round(seconds, 2))
+        add(f'open again ({VERIFIED} recorded), seconds', round(seconds, 2))
 
 
 def forget_verification(root: Path) -> None:
@@ -317,17 +320,16 @@ def training_set(args: argparse.Namespace, layout: str = 'folders', labels: bool
                               label_store=TokenLabelStore(args.root / 'store', verify=False) if labels else None)
 
 
-def stage_dataset(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_dataset(args: argparse.Namespace, add: Recorder) -> None:
     before = process_memory().uss
     dataset, seconds = timed(lambda: training_set(args))
-    measurements.add('dataset', 'images', len(dataset))
-    measurements.add('dataset', 'seconds to build', round(seconds, 1))
+    add('images', len(dataset))
+    add('seconds to build', round(seconds, 1))
     grown = process_memory().uss - before
-    measurements.add('dataset', 'memory of the dataset (USS)', grown, mb(grown))
+    add('memory of the dataset (USS)', grown, mb(grown))
 
 
-def stage_pass(args: argparse.Namespace, measurements: MeasurementTable, layout: str = 'folders') -> None:
-    stage = 'pass' if layout == 'folders' else 'tar-pass'
+def stage_pass(args: argparse.Namespace, add: Recorder, layout: str = 'folders') -> None:
     dataset = training_set(args, layout)
     loader = sharded_loaders(dataset, [], Batching(args.batch_size, args.workers, 0, collate_skipping), DistInfo())[0]
     loader.sampler.set_epoch(0)
@@ -346,18 +348,16 @@ def stage_pass(args: argparse.Namespace, measurements: MeasurementTable, layout:
         return seen
 
     seen, seconds = timed(read_pass)
-    measurements.add(stage, 'images read (shuffled order)', seen)
-    measurements.add(stage, 'seconds', round(seconds, 1))
-    measurements.add(stage, 'images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+    add('images read (shuffled order)', seen)
+    add('seconds', round(seconds, 1))
+    add('images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
     for n, pid in enumerate(sorted(memory.first)):
         first, last = memory.first[pid], memory.last[pid]
-        measurements.add(stage, f'worker {n}: USS at start / end', [first.uss, last.uss],
-                         f'{mb(first.uss)} / {mb(last.uss)}')
-        measurements.add(stage, f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
-                         f'{mb(first.dirty)} / {mb(last.dirty)}')
-        measurements.add(stage, f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty,
-                         mb(last.dirty - first.dirty))
-        measurements.add(stage, f'worker {n}: PSS at end', last.pss, mb(last.pss))
+        add(f'worker {n}: USS at start / end', [first.uss, last.uss], f'{mb(first.uss)} / {mb(last.uss)}')
+        add(f'worker {n}: private dirty at start / end', [first.dirty, last.dirty],
+            f'{mb(first.dirty)} / {mb(last.dirty)}')
+        add(f'worker {n}: private dirty growth over the pass', last.dirty - first.dirty, mb(last.dirty - first.dirty))
+        add(f'worker {n}: PSS at end', last.pss, mb(last.pss))
 
 
 def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[float, list[Memory], list[str]]:
@@ -375,20 +375,19 @@ def first_step(args: argparse.Namespace, output: Path, data: Path) -> tuple[floa
         raise run.ended_before('its first update')
 
 
-def stage_first_step(args: argparse.Namespace, measurements: MeasurementTable, layout: str = 'folders') -> None:
+def stage_first_step(args: argparse.Namespace, add: Recorder, layout: str = 'folders') -> None:
     """Two starts of train_cls: the first as a first run's (the store verified; the tars indexed), then a restart."""
-    stage, data = 'first-step' if layout == 'folders' else 'tar-first-step', args.root / LAYOUTS[layout]
+    data = args.root / LAYOUTS[layout]
     forget_verification(args.root)
     if layout == 'tars':
         forget_tar_indexes(data)
     for name in ('first start', 'second start'):
         seconds, memory, log = first_step(args, args.root / 'first_step', data)
-        measurements.add(stage, f'{name}: seconds to the first update', round(seconds, 1))
-        measurements.add(stage, f'{name}: training processes\' USS', [m.uss for m in memory],
-                         ' / '.join(mb(m.uss) for m in memory))
+        add(f'{name}: seconds to the first update', round(seconds, 1))
+        add(f'{name}: training processes\' USS', [m.uss for m in memory], ' / '.join(mb(m.uss) for m in memory))
         store_lines = [line.split('] ')[-1][:120] for line in log
                        if ' verified' in line or ': listed ' in line or ': the index of ' in line]
-        measurements.add(stage, f'{name}: log', store_lines, '; '.join(store_lines))
+        add(f'{name}: log', store_lines, '; '.join(store_lines))
 
 
 def forget_tar_indexes(data: Path) -> None:
@@ -397,34 +396,33 @@ def forget_tar_indexes(data: Path) -> None:
         index.unlink()
 
 
-def stage_tar_build(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_tar_build(args: argparse.Namespace, add: Recorder) -> None:
     built = build_tars(args.root, args.scale)
-    measurements.add('tar-build', 'training / validation images', f'{built["train"]:,} / {built["val"]:,}')
-    measurements.add('tar-build', 'seconds', round(built['seconds'], 1))
-    measurements.add('tar-build', 'disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
+    add('training / validation images', f'{built["train"]:,} / {built["val"]:,}')
+    add('seconds', round(built['seconds'], 1))
+    add('disk used', built['disk_bytes'], f'{built["disk_bytes"] / 1024 ** 3:.1f} GB')
 
 
 def files_under(folder: Path) -> int:
     return sum(len(files) for _, _, files in os.walk(folder))
 
 
-def stage_tar_listing(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_tar_listing(args: argparse.Namespace, add: Recorder) -> None:
     data = args.root / LAYOUTS['tars']
     forget_tar_indexes(data)
     before = process_memory().uss
     for name in ('indexing the tars and listing', 'listing from the kept index'):
         samples, seconds = timed(lambda: open_split(data, 'train').samples)  # the listing alone, not its reader
-        measurements.add('tar-listing', f'{name}: seconds', round(seconds, 1))
-    measurements.add('tar-listing', 'images listed', len(samples))
-    measurements.add('tar-listing', 'images listed, millions', len(samples) / 1000000, f'{len(samples) / 1e6:.2f}M')
-    measurements.add('tar-listing', 'files of the training split on disk (tars and index)', files_under(data / 'train'))
+        add(f'{name}: seconds', round(seconds, 1))
+    add('images listed', len(samples))
+    add('images listed, millions', len(samples) / 1000000, f'{len(samples) / 1e6:.2f}M')
+    add('files of the training split on disk (tars and index)', files_under(data / 'train'))
     if (args.root / LAYOUTS['folders'] / 'train').is_dir():
-        measurements.add('tar-listing', 'files of the training split as class folders',
-                         files_under(args.root / LAYOUTS['folders'] / 'train'))
+        add('files of the training split as class folders', files_under(args.root / LAYOUTS['folders'] / 'train'))
     index = data / 'train' / 'tars.index.npz'
-    measurements.add('tar-listing', 'index size', index.stat().st_size, mb(index.stat().st_size))
+    add('index size', index.stat().st_size, mb(index.stat().st_size))
     grown = process_memory().uss - before
-    measurements.add('tar-listing', 'memory of the listing (USS)', grown, mb(grown))
+    add('memory of the listing (USS)', grown, mb(grown))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -446,7 +444,7 @@ def timed_batches(loader, batches: int) -> tuple[int, float, float]:
     return seen, seconds, cpu
 
 
-def stage_tar_vs_folders(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_tar_vs_folders(args: argparse.Namespace, add: Recorder) -> None:
     """The two readers in the same run, interleaved round by round (the order alternating), so that the machine's
     other load falls on both: images per wall second, and per CPU second of the reading processes."""
     loaders = {}
@@ -460,21 +458,18 @@ def stage_tar_vs_folders(args: argparse.Namespace, measurements: MeasurementTabl
         for layout in (list(LAYOUTS) if round_ % 2 == 0 else list(LAYOUTS)[::-1]):
             loaders[layout].sampler.set_epoch(round_)
             totals[layout] += timed_batches(loaders[layout], min(COMPARE_BATCHES, len(loaders[layout]) - 1))
-    measurements.add('tar-vs-folders', 'load average (1 min) before / after', [load_before[0], os.getloadavg()[0]],
-                     f'{load_before[0]:.2f} / {os.getloadavg()[0]:.2f}')
+    add('load average (1 min) before / after', [load_before[0], os.getloadavg()[0]],
+        f'{load_before[0]:.2f} / {os.getloadavg()[0]:.2f}')
     for layout, (seen, seconds, cpu) in totals.items():
-        measurements.add('tar-vs-folders', f'{layout}: images', int(seen))
-        measurements.add('tar-vs-folders', f'{layout}: images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
-        measurements.add('tar-vs-folders', f'{layout}: images per CPU second', round(seen / cpu),
-                         f'{seen / cpu:,.0f}')
+        add(f'{layout}: images', int(seen))
+        add(f'{layout}: images/s', round(seen / seconds), f'{seen / seconds:,.0f}')
+        add(f'{layout}: images per CPU second', round(seen / cpu), f'{seen / cpu:,.0f}')
     tar, folders = totals['tars'], totals['folders']
-    measurements.add('tar-vs-folders', 'tars / folders, images/s',
-                     round((tar[0] / tar[1]) / (folders[0] / folders[1]), 2))
-    measurements.add('tar-vs-folders', 'tars / folders, images per CPU second',
-                     round((tar[0] / tar[2]) / (folders[0] / folders[2]), 2))
+    add('tars / folders, images/s', round((tar[0] / tar[1]) / (folders[0] / folders[1]), 2))
+    add('tars / folders, images per CPU second', round((tar[0] / tar[2]) / (folders[0] / folders[2]), 2))
 
 
-def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -> None:
+def stage_checkpoint(args: argparse.Namespace, add: Recorder) -> None:
     for name in args.checkpoint_models:
         recipe = recipe_for(name)
         recipe = replace(recipe, img_size=recipe.img_size or model_data_config(name)['input_size'][-1])
@@ -490,13 +485,12 @@ def stage_checkpoint(args: argparse.Namespace, measurements: MeasurementTable) -
         _, seconds = timed(lambda: fit.save(1, is_best=False))
         size = (output / 'last.pth').stat().st_size
         params = sum(p.numel() for p in model.parameters())
-        measurements.add('checkpoint', f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size,
-                         f'{size / 1024 ** 3:.2f} GB')
-        measurements.add('checkpoint', f'{name}: seconds to write', round(seconds, 1))
+        add(f'{name} ({params / 1e6:.0f}M parameters): last.pth size', size, f'{size / 1024 ** 3:.2f} GB')
+        add(f'{name}: seconds to write', round(seconds, 1))
         shutil.rmtree(output)
 
 
-RUNNERS: dict[str, Callable[[argparse.Namespace, MeasurementTable], None]] = {
+RUNNERS: dict[str, Callable[[argparse.Namespace, Recorder], None]] = {
     'build': stage_build, 'listing': stage_listing, 'import': stage_import, 'store': stage_store,
     'dataset': stage_dataset, 'pass': stage_pass, 'val-listing': lambda a, f: stage_listing(a, f, 'val'),
     'first-step': stage_first_step, 'checkpoint': stage_checkpoint, 'tar-build': stage_tar_build,
@@ -524,14 +518,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
         if args.json and measurements.values:
             write_results(args.json, 'scale_rehearsal', 'rehearse_scale.py', argv, measurements.values)
 
-    def run_stages() -> None:
-        for stage in STAGES:
-            if stage in args.stages:
-                RUNNERS[stage](args, measurements)
-                write_figures()
-
-    _, seconds = timed(run_stages)
-    measurements.add('all', 'seconds', round(seconds, 1))
+    started = time.perf_counter()
+    for stage in [stage for stage in STAGES if stage in args.stages]:
+        RUNNERS[stage](args, functools.partial(measurements.add, stage))
+        write_figures()
+    measurements.add('all', 'seconds', round(time.perf_counter() - started, 1))
     logger.info(measurements.markdown())
     write_figures()
     return measurements.values
