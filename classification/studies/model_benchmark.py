@@ -4,7 +4,6 @@ tools/benchmark.py."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import resource
@@ -22,6 +21,7 @@ from backbones.common.devices import TIMED_IN_FP32, add_amp_argument, add_device
 from backbones.common.log import logger, show_log
 from backbones.registry import check_model_name
 from backbones.token_head import has_token_head
+from classification.engine.steps import autocast
 from classification.models import Teacher, create_classifier
 from classification.objectives.objective import DistillationObjective
 from classification.studies.results_file import results_document
@@ -92,17 +92,15 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
         objective = DistillationObjective(model.num_classes, 0.1, teacher=teacher.to(device))
     images = torch.randn(args.batch_size, 3, size, size, device=device)
     target = torch.randint(0, model.num_classes, (args.batch_size,), device=device)
-    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(args.amp)
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == 'fp16')
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def forward_step() -> None:
-        with torch.no_grad(), autocast():
+        with torch.no_grad(), autocast(device, args.amp):
             model(images)
 
     def train_step() -> None:
-        with autocast():
+        with autocast(device, args.amp):
             if objective is None:  # LV-ViT (with its token head) trains through its token-labeling forward
                 loss = training_loss(model.forward_train(images) if has_token_head(model) else model(images), target)
             else:
