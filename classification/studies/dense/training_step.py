@@ -9,7 +9,7 @@ import argparse
 import itertools
 import multiprocessing
 import resource
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -69,10 +69,8 @@ class DenseStep:
         return None if self.peak_process_gib is None else self.peak_process_gib - self.resting_process_gib
 
     def as_dict(self) -> dict:
-        return {'config': self.config, 'task': self.task, 'batch_size': self.batch_size,
-                'largest_image': list(self.largest_image), 'img_s': self.img_s, 'it_s': self.it_s,
-                'peak_memory_gib': self.peak_memory_gib, 'peak_process_gib': self.peak_process_gib,
-                'resting_process_gib': self.resting_process_gib, 'peak_above_rest_gib': self.peak_above_rest_gib}
+        return {**asdict(self), 'largest_image': list(self.largest_image),
+                'peak_above_rest_gib': self.peak_above_rest_gib}
 
 
 def training_batches(cfg: Config, count: int, batch_size: int, scale: float, seed: int = 0) -> list[dict]:
