@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,8 @@ from backbones.registry import check_model_name
 from classification.digits.cls_data import EmbeddedScans
 from classification.engine.checkpoints import ARCHITECTURE
 from classification.studies.launcher import ToolStages
-from classification.studies.results_file import results_document
+from classification.studies.results_file import write_results
+from classification.studies.timing import timed
 
 STAGES = 'stages'  # the folder of the stages' records, their logs and work folders
 
@@ -246,9 +246,8 @@ class ReportStages(ToolStages):
             done = json.loads(path.read_text())
             logger.info(f'{stage}: done in an earlier run ({done["seconds"]:.0f} s), kept')
             return done
-        began = time.perf_counter()
-        scores, data = self.probes(argv) if stage == 'probes' else self.dense(stage, argv)
-        done = {'scores': scores, 'data': data, 'seconds': round(time.perf_counter() - began, 1)}
+        (scores, data), seconds = timed(lambda: self.probes(argv) if stage == 'probes' else self.dense(stage, argv))
+        done = {'scores': scores, 'data': data, 'seconds': round(seconds, 1)}
         write_json_atomic(path, done)
         logger.info(f'{stage}: done in {done["seconds"]:.0f} s')
         return done
@@ -383,8 +382,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     rows = report_rows(args.protocols, done)
     figures = {'model': model, 'model_kwargs': kwargs, 'weights': weights.described, 'rows': rows, 'stages': done,
                'seconds': round(sum(stage['seconds'] for stage in done.values()), 1)}
-    results = results_document('transfer_report', 'transfer_report.py', argv, figures, device_name(args.device))
-    write_json_atomic(out / 'results.json', results)
+    results = write_results(out / 'results.json', 'transfer_report', 'transfer_report.py', argv, figures,
+                            device_name(args.device))
     (out / 'report.md').write_text(markdown_table(figures))
     bar_chart(rows, f'{model} ({weights.described})', out / 'report.png')
     logger.info((out / 'report.md').read_text())

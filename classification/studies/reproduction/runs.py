@@ -11,7 +11,6 @@ from pathlib import Path
 from backbones.common.cli import command_parser, positive_int
 from backbones.common.devices import add_device_argument, device_name
 from backbones.common.errors import UsageError
-from backbones.common.files import write_json_atomic
 from backbones.common.log import logger
 from backbones.common.outputs import check_output_folder
 from backbones.dense.config import load_config
@@ -35,7 +34,7 @@ from classification.studies.reproduction.rows import (
 )
 from classification.studies.reproduction.summary import compare_pairs, summarise
 from classification.studies.reproduction.tables import markdown_table
-from classification.studies.results_file import results_document
+from classification.studies.results_file import write_results
 
 QUICK = dict(seeds=1, epochs=1, train_images=320, iters=20, images=16)  # --quick: every row, smoke-sized
 SEEDS = 3
@@ -249,10 +248,9 @@ def main(argv: list[str] | None = None, description: str | None = None) -> dict:
     figures = {'model': model, 'model_kwargs': model_kwargs, 'settings': settings, 'runs': runs, 'summary': summary,
                'pairs': compare_pairs(runs), 'annotators': annotators, 'stage_seconds': stages.seconds,
                'seconds': round(time.time() - started, 1)}
-    results = results_document('reproduction', 'reproduce_token_labeling.py', argv, figures,
-                               device_name(args.device))
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / 'results.json', results)
+    results = write_results(out / 'results.json', 'reproduction', 'reproduce_token_labeling.py', argv, figures,
+                            device_name(args.device))
     (out / 'table.md').write_text(markdown_table(summary, model, args.seeds, annotators))
     figures = plot_tables(summary, annotators, out, f'{model}, {args.seeds} seed(s)')
     logger.info((out / 'table.md').read_text())
