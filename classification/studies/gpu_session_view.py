@@ -39,27 +39,23 @@ def gpu_against_timm(session: dict) -> str:
 
 
 def gpu_loop(session: dict) -> str:
-    f = loop_figures(session)
-    if not f or 'loop' not in f:
-        return gpu_loop_from_progress(session)
-    serial = (f', serial loop {rate(f["loop"]["serial_img_s"])} img/s (overlap x{f["loop"]["overlap_gain"]:.2f})'
-              f'{bound_note(f["bound"] == "input pipeline")}' if 'serial_img_s' in f['loop'] else '')
-    return (f'loop {rate(f["loop"]["img_s"])} img/s against its step\'s {rate(f["model_step_img_s"])}: '
-            f'**x{f["loop"]["of_step"]:.2f}**{serial}; bound by the {f["bound"]}')
-
-
-def gpu_loop_from_progress(session: dict) -> str:
-    """The loop against its step from progress lines (gpu_session.loop_from_progress)."""
-    f = session.get('loop_from_progress')
-    if not f:
+    """The loop against its step: the benchmark's figures, else its progress lines' (gpu_session.loop_from_progress)."""
+    f, progress = loop_figures(session), session.get('loop_from_progress')
+    if f and 'loop' in f:
+        loop = {'loop_img_s': f['loop']['img_s'], 'step_img_s': f['model_step_img_s'],
+                'loop_of_step': f['loop']['of_step'], 'serial_img_s': f['loop'].get('serial_img_s'),
+                'overlap_gain': f['loop'].get('overlap_gain'), 'input_bound': f['bound'] == 'input pipeline'}
+        bound = f'the {f["bound"]}'
+    elif progress:
+        loop = progress
+        bound = (f'the input pipeline ({rate(loop["pipeline_img_s"])} img/s, batched path)' if loop['input_bound']
+                 else 'the model step') + " (from the benchmark's progress lines: its later train_cls window failed)"
+    else:
         return ''
-    bound = (f'the input pipeline ({rate(f["pipeline_img_s"])} img/s, batched path)' if f['input_bound']
-             else 'the model step')
-    serial = (f', serial loop {rate(f["serial_img_s"])} img/s (overlap x{f["overlap_gain"]:.2f})'
-              f'{bound_note(f["input_bound"])}' if f['serial_img_s'] else '')
-    return (f'loop {rate(f["loop_img_s"])} img/s against its step\'s {rate(f["step_img_s"])}: '
-            f'**x{f["loop_of_step"]:.2f}**{serial}; bound by {bound} (from the benchmark\'s progress lines: its later '
-            'train_cls window failed)')
+    serial = (f', serial loop {rate(loop["serial_img_s"])} img/s (overlap x{loop["overlap_gain"]:.2f})'
+              f'{bound_note(loop["input_bound"])}' if loop['serial_img_s'] else '')
+    return (f'loop {rate(loop["loop_img_s"])} img/s against its step\'s {rate(loop["step_img_s"])}: '
+            f'**x{loop["loop_of_step"]:.2f}**{serial}; bound by {bound}')
 
 
 def gpu_step(kind: str) -> Callable[[dict], str]:
