@@ -9,6 +9,7 @@ The blocks see tokens only: whoever runs the model hands them the token grid wit
 before the forward (the dense backbone does); it stays set for the blocks recomputed by gradient checkpointing."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -150,32 +151,32 @@ class WindowAttention(nn.Module):
 
     def _attend_with_rel_pos(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, side: tuple[int, int],
                              mask: torch.Tensor | None) -> torch.Tensor:
-        """`_attend` with the decomposed relative positions (none towards the prefix tokens). A key's bias is the
-        query's term towards its row plus its term towards its column, so fused attention takes it inside its dot
-        products: each query carries its terms beside its scaled self, each patch key the one-hot of its row and of
-        its column, and no (queries x keys) bias is made or kept for the backward pass (CaiT's talking heads, which
-        make their logits anyway, add the bias to them). When training, the widened queries, keys and values are
-        rebuilt in the backward pass rather than kept (they would take more than the block's other activations)."""
+        """`_attend` with the decomposed relative positions (none towards the prefix tokens). When training, what it
+        builds is rebuilt in the backward pass rather than kept (it would take more than the block's other
+        activations)."""
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, self.rel_pos_h, self.rel_pos_w)):
+            return checkpoint(self._attend_biased, q, k, v, side, mask, use_reentrant=False)
+        return self._attend_biased(q, k, v, side, mask)
+
+    def _attend_biased(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, side: tuple[int, int],
+                       mask: torch.Tensor | None) -> torch.Tensor:
+        """A key's bias is the query's term towards its row plus its term towards its column, so fused attention
+        takes it inside its dot products: each query carries its terms beside its scaled self, each patch key the
+        one-hot of its row and of its column, and no (queries x keys) bias is made (CaiT's talking heads, which make
+        their logits anyway, add the bias to them)."""
+        rows, columns = self._rel_pos_terms(q, side)
         if self.talking_heads:
-            rows, columns = self._rel_pos_terms(q, side)
             bias = (rows[..., :, None] + columns[..., None, :]).flatten(-2)
             return self._attend(q, k, v, F.pad(bias, (self.num_prefix_tokens, 0)), mask)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, self.rel_pos_h, self.rel_pos_w)):
-            return checkpoint(self._attend_widened, q, k, v, side, mask, use_reentrant=False)
-        return self._attend_widened(q, k, v, side, mask)
-
-    def _attend_widened(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, side: tuple[int, int],
-                        mask: torch.Tensor | None) -> torch.Tensor:
-        """Fused attention over the queries widened by their relative-position terms and the keys by their places."""
-        rows, columns = self._rel_pos_terms(q, side)
-        places = torch.cat([torch.eye(side[0]).repeat_interleave(side[1], 0), torch.eye(side[1]).repeat(side[0], 1)],
-                           dim=1)
-        places = F.pad(places, (0, 0, self.num_prefix_tokens, 0)).to(k)  # the prefix keys': zeros
+        eye = functools.partial(torch.eye, device=k.device, dtype=k.dtype)
+        places = torch.cat([eye(side[0]).repeat_interleave(side[1], 0), eye(side[1]).repeat(side[0], 1)], dim=1)
+        places = F.pad(places, (0, 0, self.num_prefix_tokens, 0))  # the prefix keys': zeros
         queries = torch.cat([q * self.scale, rows, columns], dim=-1)
         keys = torch.cat([k, places.expand(*k.shape[:2], -1, -1)], dim=-1)
-        # the values padded with zeros to the queries' width: the fused kernels take one width (the unfused path,
-        # which another width falls to, keeps the weights)
-        values = F.pad(v, (0, queries.shape[-1] - v.shape[-1]))
+        # all three padded with zeros to one width, a multiple of 8: the fused kernels take one width (the unfused
+        # path, which another falls to, keeps the weights), and GPU kernels want multiples of 8
+        width = -(-queries.shape[-1] // 8) * 8
+        queries, keys, values = (F.pad(t, (0, width - t.shape[-1])) for t in (queries, keys, v))
         bias = None if mask is None else mask.to(q.dtype)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias,
                                              dropout_p=self.attn_drop.p if self.training else 0.0, scale=1.0)

@@ -90,7 +90,7 @@ def cut_region(pixels: np.ndarray, full_size: tuple[int, int], crop: tuple[int, 
     return Region(region, bounds.box)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # a box size per entry; the whole factors a run meets are few
 def reduce_table(count: int) -> np.ndarray:
     """Pillow's `reduce` of every sum a box of `count` pixels can hold: (sum + count // 2) times its fixed-point
     reciprocal 2^32 / (2^8 count) (in float32, truncated), shifted down 24 bits."""
@@ -106,12 +106,12 @@ def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
     h, w = pixels.shape[:2]
     rows, cols = -(-h // fy), -(-w // fx)
     # zeros pad the partial blocks to whole ones: their sums keep, their counts come from the true lengths
-    padded = np.zeros((rows * fy, cols * fx, 3), np.uint16 if 255 * fx * fy < 2 ** 16 else np.uint32)
+    padded = np.zeros((rows * fy, cols * fx, *pixels.shape[2:]), np.uint16 if 255 * fx * fy < 2 ** 16 else np.uint32)
     padded[:h, :w] = pixels
     row_sums = padded[0::fy].copy()
     for i in range(1, fy):
         row_sums += padded[i::fy]
-    blocks = row_sums.reshape(rows, cols, fx, 3)
+    blocks = row_sums.reshape(rows, cols, fx, *pixels.shape[2:])
     sums = blocks[:, :, 0].copy()
     for j in range(1, fx):
         sums += blocks[:, :, j]
