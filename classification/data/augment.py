@@ -230,11 +230,9 @@ class TrainTransform:
         W, H = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
         top, left, h, w = self.sample_crop((W, H))
         interpolation, flip = self.sample_view()
-        if isinstance(pixels, Image.Image):
-            crop = pixels.crop((left, top, left + w, top + h))
-        else:
-            # Pillow copies the crop's rows; NumPy's copy of a strided slice into a new image is about 10x slower
-            crop = Image.fromarray(pixels).crop((left, top, left + w, top + h))
+        # Pillow copies the crop's rows; NumPy's copy of a strided slice into a new image is about 10x slower
+        image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels)
+        crop = image.crop((left, top, left + w, top + h))
         img = TF.resize(crop, [self.img_size, self.img_size], interpolation, antialias=True)
         box = torch.tensor([left / W, top / H, (left + w) / W, (top + h) / H])
         if flip:

@@ -100,8 +100,8 @@ def reduce_table(count: int) -> np.ndarray:
 
 
 def box_reduce(pixels: np.ndarray, factors: tuple[int, int]) -> np.ndarray:
-    """Pillow's `Image.reduce(factors)` on (h, w, 3) uint8 pixels, value for value; the last row and column of
-    blocks may be partial."""
+    """Pillow's `Image.reduce(factors)` on (h, w) or (h, w, channels) uint8 pixels, value for value; the last row
+    and column of blocks may be partial."""
     fx, fy = factors
     h, w = pixels.shape[:2]
     rows, cols = -(-h // fy), -(-w // fx)
